@@ -1,0 +1,38 @@
+"""mpitensor: distributed NumPy/CuPy tensors on MPI, with the torch.distributed API.
+
+``import mpitensor as torch`` and ``import mpitensor.distributed as dist`` let code written for
+the PyTorch distributed tutorials run on plain NumPy (CPU) or CuPy (GPU) arrays, launched with
+``mpiexec -n 4 python train.py``.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import _config, backend, distributed, errors
+from .backend import cupy_available, device
+from .dtypes import *  # noqa: F403 - dtype names at package level, as in torch
+from .dtypes import __all__ as _dtype_names
+from .errors import (
+    CollectiveMismatchError,
+    DistributedTimeoutError,
+    MessageTruncatedError,
+    MpiTensorError,
+    NotAGroupMemberError,
+    NotInitializedError,
+    PeerFailedError,
+)
+from .tensor import *  # noqa: F403
+from .tensor import __all__ as _tensor_names
+
+if _config.LOG_LEVEL != "WARNING":
+    import logging as _logging
+
+    _logging.getLogger("mpitensor").setLevel(_config.LOG_LEVEL)
+
+__all__ = [
+    "__version__", "backend", "errors", "distributed", "device", "cupy_available",
+    "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
+    "MessageTruncatedError", "DistributedTimeoutError", "PeerFailedError",
+    *_dtype_names, *_tensor_names,
+]

@@ -1,0 +1,46 @@
+"""Environment switches, read in one place.
+
+``MPITENSOR_DEBUG``   1/true/yes/on: check, before every collective, that all ranks passed the same
+                      op, dtype and shape (one extra small all-gather per call).
+``MPITENSOR_TIMEOUT`` default timeout in seconds for process groups (``init_process_group``).
+``MPITENSOR_LOG``     logging level name for the ``mpitensor`` logger (default WARNING).
+"""
+
+from __future__ import annotations
+
+import os
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """Read a boolean environment switch; reject values that are neither true nor false."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+
+
+def env_float(name: str, default: float) -> float:
+    """Read a positive number of seconds from the environment."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
+    return value
+
+
+DEBUG: bool = env_flag("MPITENSOR_DEBUG")
+DEFAULT_TIMEOUT_S: float = env_float("MPITENSOR_TIMEOUT", 1800.0)
+LOG_LEVEL: str = os.environ.get("MPITENSOR_LOG", "WARNING").upper()

@@ -1,0 +1,161 @@
+"""The array layer: which array module (NumPy or CuPy) a buffer lives in, and devices.
+
+This module knows NumPy and CuPy and nothing about MPI or autograd. CuPy is optional: it is
+imported lazily, the first time a GPU is asked for, and a missing CuPy only fails when used, with
+a message that says how to install it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Union
+
+import numpy as np
+
+__all__ = [
+    "device",
+    "cupy_available",
+    "get_cupy",
+    "is_cupy_array",
+    "is_array",
+    "array_module",
+    "device_of",
+    "to_numpy",
+]
+
+_CUPY_HINT = (
+    "install CuPy for your CUDA version: pip install 'mpitensor[cuda12]' (cupy-cuda12x) or "
+    "'mpitensor[cuda13]' (cupy-cuda13x)"
+)
+
+
+@functools.cache
+def _import_cupy() -> Any:
+    try:
+        import cupy  # noqa: PLC0415 - optional dependency, imported on first use
+    except Exception as exc:  # ImportError, or a broken CUDA runtime raising at import
+        return exc
+    return cupy
+
+
+def cupy_available() -> bool:
+    """Return True when CuPy imports and sees at least one CUDA device."""
+    cp = _import_cupy()
+    if isinstance(cp, Exception):
+        return False
+    try:
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def cupy_unavailable_reason() -> str:
+    """Say why GPU arrays cannot be used here ('' when they can)."""
+    cp = _import_cupy()
+    if isinstance(cp, Exception):
+        return f"CuPy is not importable ({type(cp).__name__}: {cp}); {_CUPY_HINT}"
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return f"CuPy imports but CUDA fails ({type(exc).__name__}: {exc})"
+    return "" if n > 0 else "CuPy imports but no CUDA device is visible"
+
+
+def get_cupy() -> Any:
+    """Return the ``cupy`` module, or raise a RuntimeError that says how to get it."""
+    cp = _import_cupy()
+    if isinstance(cp, Exception):
+        raise RuntimeError(f"a CUDA device was requested but CuPy is missing: {_CUPY_HINT}") from cp
+    return cp
+
+
+def is_cupy_array(x: Any) -> bool:
+    """True when ``x`` is a ``cupy.ndarray`` (checked without importing CuPy)."""
+    return type(x).__module__.startswith("cupy") and hasattr(x, "__cuda_array_interface__")
+
+
+def is_array(x: Any) -> bool:
+    """True for a NumPy or CuPy ndarray."""
+    return isinstance(x, np.ndarray) or is_cupy_array(x)
+
+
+def array_module(x: Any) -> Any:
+    """Return ``numpy`` or ``cupy``: the module that owns array ``x``."""
+    if is_cupy_array(x):
+        return get_cupy()
+    return np
+
+
+class device:  # noqa: N801 - named like torch.device
+    """A device: ``device("cpu")``, ``device("cuda")``, ``device("cuda:1")``, ``device("cuda", 1)``.
+
+    Example:
+        >>> device("cuda:1").index
+        1
+    """
+
+    __slots__ = ("type", "index")
+
+    def __init__(self, spec: Union[str, "device"], index: Union[int, None] = None) -> None:
+        if isinstance(spec, device):
+            if index is not None:
+                raise ValueError("device(device, index) is ambiguous: pass one of them")
+            self.type, self.index = spec.type, spec.index
+            return
+        if not isinstance(spec, str):
+            raise TypeError(f"device() takes a string such as 'cpu' or 'cuda:0', not {spec!r}")
+        kind, sep, idx = spec.strip().partition(":")
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device type {spec!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+        if sep:
+            if index is not None:
+                raise ValueError(f"device({spec!r}, {index}) gives the index twice")
+            if not idx.isdigit():
+                raise ValueError(f"bad device index in {spec!r}: expected a non-negative integer")
+            index = int(idx)
+        if index is not None:
+            if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or index < 0:
+                raise ValueError(f"device index must be a non-negative integer, got {index!r}")
+            if kind == "cpu" and index != 0:
+                raise ValueError(f"cpu has no device {index}")
+            index = int(index)
+        self.type = kind
+        self.index = index if kind == "cuda" else None
+
+    def __repr__(self) -> str:
+        if self.index is None:
+            return f"device(type='{self.type}')"
+        return f"device(type='{self.type}', index={self.index})"
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            try:
+                other = device(other)
+            except (TypeError, ValueError):
+                return False
+        if not isinstance(other, device):
+            return NotImplemented
+        return self.type == other.type and self.index == other.index
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.index))
+
+
+CPU = device("cpu")
+
+
+def device_of(x: Any) -> device:
+    """Return the device array ``x`` lives on."""
+    if is_cupy_array(x):
+        return device("cuda", int(x.device.id))
+    return CPU
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """Return ``x`` as a NumPy array, copying device memory to the host where needed."""
+    if is_cupy_array(x):
+        return x.get()
+    return np.asarray(x)

@@ -1,0 +1,698 @@
+"""``mpitensor.distributed``: the torch.distributed API on MPI.
+
+Port a torch.distributed program by changing its imports::
+
+    import mpitensor as torch
+    import mpitensor.distributed as dist
+
+    dist.init_process_group(backend="mpi")          # rank and size come from mpiexec
+    t = torch.ones(4)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)         # in place: every rank now holds 4s
+
+Rules shared by every function here:
+
+* Tensors may be ``mpitensor.Tensor``, NumPy arrays or CuPy arrays, of any shape and of the
+  dtypes bool, int8-int64, uint8-uint64, float16, float32, float64, complex64, complex128.
+  Outputs are written in place; contiguous buffers are never copied, non-contiguous ones are
+  staged and written back.
+* ``src``/``dst`` are *global* ranks, also when ``group=`` is given (as in torch); use
+  ``group_src``/``group_dst`` for ranks inside the group.
+* ``async_op=True`` returns a :class:`Work` handle (``wait()``, ``is_completed()``) backed by
+  MPI's non-blocking operation; otherwise the call blocks and returns ``None``.
+* Bad arguments raise ``ValueError``/``TypeError`` before any message is sent. Cross-rank
+  agreement (same op, dtype, shape on every rank) is checked when debug mode is on
+  (``MPITENSOR_DEBUG=1`` or :func:`set_debug`), raising :class:`CollectiveMismatchError` on
+  every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from typing import Any, Callable, List, Optional, Sequence
+
+from .. import _config
+from ..errors import (
+    CollectiveMismatchError,
+    DistributedTimeoutError,
+    MessageTruncatedError,
+    MpiTensorError,
+    NotAGroupMemberError,
+    NotInitializedError,
+    PeerFailedError,
+)
+from .process_group import GroupMember, ProcessGroup, ReduceOp, Work, reduce_op
+
+__all__ = [
+    "Backend", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work", "group", "reduce_op",
+    "init_process_group", "destroy_process_group", "is_initialized", "is_available",
+    "is_mpi_available", "is_nccl_available", "is_gloo_available", "get_backend", "get_rank",
+    "get_world_size", "new_group", "get_global_rank", "get_group_rank",
+    "get_process_group_ranks", "set_debug", "get_debug",
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object", "recv_object",
+    "send_object_list", "recv_object_list",
+    "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather",
+    "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "barrier", "broadcast_object_list", "all_gather_object", "gather_object",
+    "scatter_object_list",
+    "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
+    "MessageTruncatedError", "DistributedTimeoutError", "PeerFailedError",
+]
+
+logger = logging.getLogger("mpitensor.distributed")
+
+
+class Backend(str):
+    """Backend names accepted by :func:`init_process_group`: ``"mpi"``, ``"nccl"``, ``"gloo"``.
+
+    ``"gloo"`` is an alias of the CPU MPI path, so programs written for gloo run unchanged.
+    """
+
+    MPI = "mpi"
+    NCCL = "nccl"
+    GLOO = "gloo"
+    UNDEFINED = "undefined"
+
+    def __new__(cls, name: str) -> "Backend":
+        if not isinstance(name, str):
+            raise TypeError(f"backend must be a string such as 'mpi', got {name!r}")
+        return str.__new__(cls, name.lower())
+
+
+class _State:
+    """The default process group and the groups made from it (the one piece of global state)."""
+
+    def __init__(self) -> None:
+        self.world: Optional[ProcessGroup] = None
+        self.groups: "weakref.WeakSet[ProcessGroup]" = weakref.WeakSet()
+        self.debug: bool = _config.DEBUG
+        self.gloo_notice_given = False
+        self.group_count = 0
+
+
+_state = _State()
+
+
+class _GroupNamespace:
+    """``dist.group.WORLD``: the default group, as in torch."""
+
+    @property
+    def WORLD(self) -> Optional[ProcessGroup]:  # noqa: N802 - torch's name
+        return _state.world
+
+
+group = _GroupNamespace()
+
+
+# ---------------------------------------------------------------------------- setup
+def is_available() -> bool:
+    """Return True: the distributed package is always available (MPI via mpi4py)."""
+    return True
+
+
+def is_mpi_available() -> bool:
+    """Return True: mpi4py is a required dependency."""
+    return True
+
+
+def is_gloo_available() -> bool:
+    """Return True: ``backend="gloo"`` is accepted as an alias of the CPU MPI path."""
+    return True
+
+
+def is_nccl_available() -> bool:
+    """Return True when CuPy with NCCL support and a CUDA device are present."""
+    from .nccl import nccl_unavailable_reason
+
+    return nccl_unavailable_reason() == ""
+
+
+def is_initialized() -> bool:
+    """Return True once :func:`init_process_group` has run (and not been destroyed)."""
+    return _state.world is not None
+
+
+def _timeout_seconds(timeout: Any) -> float:
+    if timeout is None:
+        return _config.DEFAULT_TIMEOUT_S
+    if hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or a timedelta, "
+                         f"got {timeout!r}")
+    return float(timeout)
+
+
+def init_process_group(
+    backend: Optional[str] = None,
+    init_method: Optional[str] = None,
+    timeout: Any = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+) -> None:
+    """Initialize the default process group from MPI's world communicator.
+
+    Rank and world size come from MPI (``mpiexec -n N``, or a single process under plain
+    ``python``). ``init_method``, ``store``, ``MASTER_ADDR``/``MASTER_PORT`` and ``group_name``
+    are accepted so torch programs run unchanged, and are unused: MPI's launcher has already
+    done the rendezvous.
+
+    Args:
+        backend: ``"mpi"`` (default), ``"nccl"`` (CuPy arrays through NCCL, CPU through MPI) or
+            ``"gloo"`` (alias of ``"mpi"``, with a one-time notice). torch's
+            ``"cpu:gloo,cuda:nccl"`` form is accepted too.
+        timeout: default timeout of blocking waits, seconds or ``timedelta``
+            (default ``MPITENSOR_TIMEOUT`` or 1800 s).
+        world_size: if given (not -1), must equal MPI's world size.
+        rank: if given (not -1), must equal MPI's rank of this process.
+
+    Raises:
+        RuntimeError: the default group already exists.
+        ValueError: ``rank``/``world_size`` contradict MPI, or an unknown backend.
+
+    Example:
+        >>> dist.init_process_group("mpi")
+        >>> dist.get_rank(), dist.get_world_size()
+        (0, 1)
+    """
+    if _state.world is not None:
+        raise RuntimeError("trying to initialize the default process group twice; call "
+                           "destroy_process_group() first")
+    del init_method, store, group_name, pg_options  # MPI's launcher did the rendezvous
+    name = _parse_backend(backend)
+    seconds = _timeout_seconds(timeout)
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    mpi_rank, mpi_size = comm.Get_rank(), comm.Get_size()
+    for what, given, actual in (("rank", rank, mpi_rank), ("world_size", world_size, mpi_size)):
+        if given is None or given == -1:
+            continue
+        if isinstance(given, bool) or not isinstance(given, int) or given != actual:
+            raise ValueError(
+                f"init_process_group: {what}={given!r} contradicts MPI, which says {what} is "
+                f"{actual} (rank {mpi_rank} of {mpi_size}); drop the argument and let mpiexec "
+                "set it, or launch with `mpiexec -n N`")
+    env_rank = os.environ.get("RANK")
+    if env_rank not in (None, "") and env_rank.isdigit() and int(env_rank) != mpi_rank:
+        logger.warning("RANK=%s in the environment is ignored: MPI says this is rank %d",
+                       env_rank, mpi_rank)
+    if name == Backend.GLOO and not _state.gloo_notice_given:
+        _state.gloo_notice_given = True
+        if mpi_rank == 0:
+            logger.warning("backend 'gloo' runs on mpitensor's MPI path (same API and results)")
+    from .mpi import MPIGroup
+
+    world = MPIGroup(comm.Dup(), list(range(mpi_size)), mpi_rank, "WORLD", seconds,
+                     _state.debug, mpi_size)
+    if name == Backend.NCCL:
+        from .nccl import NCCLGroup
+
+        world = NCCLGroup(world, device_id)
+    world.backend_label = name
+    _state.world = world
+    _state.groups.add(world)
+    GroupMember.WORLD = world
+
+
+def _parse_backend(backend: Optional[str]) -> str:
+    if backend is None:
+        return Backend.MPI
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string such as 'mpi', got {backend!r}")
+    b = backend.strip().lower()
+    if ":" in b:  # torch's "cpu:gloo,cuda:nccl" form
+        parts = dict(p.split(":", 1) for p in b.split(",") if ":" in p)
+        unknown = set(parts.values()) - {"mpi", "gloo", "nccl"}
+        if unknown:
+            raise ValueError(f"unknown backend(s) {sorted(unknown)} in {backend!r}")
+        return Backend.NCCL if parts.get("cuda") == "nccl" else Backend.MPI
+    if b in (Backend.MPI, Backend.GLOO, Backend.NCCL):
+        return Backend(b)
+    raise ValueError(f"unknown backend {backend!r}: use 'mpi', 'nccl' or 'gloo' (an alias of "
+                     "'mpi'); 'ucc' and custom backends are not provided by mpitensor")
+
+
+def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
+    """Free a group's communicator; with no argument, the default group and every sub-group."""
+    if group is None or group is _state.world:
+        if _state.world is None:
+            raise NotInitializedError("destroy_process_group: the default process group is not "
+                                      "initialized")
+        for g in list(_state.groups):
+            g.free()
+        _state.groups = weakref.WeakSet()
+        _state.world = None
+        GroupMember.WORLD = None
+        return
+    group.free()
+    _state.groups.discard(group)
+
+
+def _default() -> ProcessGroup:
+    world = _state.world
+    if world is None:
+        raise NotInitializedError(
+            "the default process group has not been initialized: call "
+            "mpitensor.distributed.init_process_group() first (under `mpiexec -n N python ...`, "
+            "or plain `python` for a single rank)")
+    return world
+
+
+def _pg(group: Optional[ProcessGroup]) -> ProcessGroup:
+    if group is None:
+        world = _state.world
+        if world is None:
+            _default()
+        return world
+    if _state.world is None:
+        _default()
+    if isinstance(group, ProcessGroup):
+        return group
+    raise TypeError(f"group must be a process group from new_group() or None, got {group!r}")
+
+
+def get_backend(group: Optional[ProcessGroup] = None) -> str:
+    """Return the backend name of ``group`` (default group when None): ``"mpi"`` or ``"nccl"``."""
+    return _pg(group).backend_label
+
+
+def get_rank(group: Optional[ProcessGroup] = None) -> int:
+    """Return this process's rank in ``group`` (-1 when it is not a member, as in torch)."""
+    return _pg(group).rank_
+
+
+def get_world_size(group: Optional[ProcessGroup] = None) -> int:
+    """Return the number of ranks in ``group`` (-1 when this process is not a member)."""
+    pg = _pg(group)
+    return pg.size_ if pg.rank_ >= 0 else -1
+
+
+def set_debug(enabled: bool = True) -> None:
+    """Turn cross-rank argument checks on or off for every group (same as MPITENSOR_DEBUG=1).
+
+    Every rank must make the same call: the setting changes what each collective sends.
+    """
+    _state.debug = bool(enabled)
+    for g in list(_state.groups):
+        g.debug = _state.debug
+
+
+def get_debug() -> bool:
+    """Return True when debug-mode checks are on."""
+    return _state.debug
+
+
+# ---------------------------------------------------------------------------- groups
+def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None,
+              backend: Optional[str] = None, pg_options: Any = None,
+              use_local_synchronization: bool = False, group_desc: Optional[str] = None,
+              device_id: Any = None) -> ProcessGroup:
+    """Create a sub-group of the given global ranks (sorted, as in torch).
+
+    Every rank of the world should call it with the same ``ranks``, in the same order as its
+    other ``new_group`` calls; only the members communicate. Non-members get a group object
+    whose ``get_rank`` is -1 and whose operations raise :class:`NotAGroupMemberError`.
+
+    Example:
+        >>> evens = dist.new_group([0, 2])
+        >>> if dist.get_rank(evens) >= 0:
+        ...     dist.all_reduce(t, group=evens)
+    """
+    world = _default()
+    n = world.world_size
+    if ranks is None:
+        ranks = list(range(n))
+    try:
+        ranks = [r.__index__() for r in ranks]
+    except (AttributeError, TypeError):
+        raise TypeError(f"new_group: ranks must be a list of ints, got {ranks!r}") from None
+    bad = [r for r in ranks if not 0 <= r < n]
+    if bad:
+        raise ValueError(f"new_group: ranks {bad} are out of range for world size {n}")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"new_group: ranks {ranks} contain duplicates")
+    if not ranks:
+        raise ValueError("new_group: ranks must not be empty")
+    ranks = sorted(ranks)
+    _state.group_count += 1
+    name = group_desc or f"group{_state.group_count}{ranks}"
+    base = getattr(world, "mpi_group", world)
+    sub = base.split(ranks, name)
+    if timeout is not None:
+        sub.timeout = _timeout_seconds(timeout)
+    label = _parse_backend(backend) if backend is not None else world.backend_label
+    if label == Backend.NCCL and sub.is_member:
+        from .nccl import NCCLGroup
+
+        sub = NCCLGroup(sub, device_id)
+    sub.backend_label = label
+    _state.groups.add(sub)
+    return sub
+
+
+def get_process_group_ranks(group: Optional[ProcessGroup]) -> List[int]:
+    """Return the global ranks of ``group``'s members, in group-rank order."""
+    return list(_pg(group).ranks)
+
+
+def get_global_rank(group: Optional[ProcessGroup], group_rank: int) -> int:
+    """Translate a rank inside ``group`` to its global rank."""
+    pg = _pg(group)
+    r = pg.check_group_rank(group_rank, "group_rank", f"get_global_rank on {pg.name}")
+    return pg.ranks[r]
+
+
+def get_group_rank(group: Optional[ProcessGroup], global_rank: int) -> int:
+    """Translate a global rank to its rank inside ``group`` (ValueError if not a member)."""
+    pg = _pg(group)
+    return pg.group_rank_of(global_rank, "global_rank", f"get_group_rank on {pg.name}")
+
+
+# ---------------------------------------------------------------------------- p2p
+def send(tensor: Any, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
+         tag: int = 0, group_dst: Optional[int] = None) -> None:
+    """Send ``tensor`` to global rank ``dst``; blocks until the buffer may be reused.
+
+    Raises:
+        ValueError: ``dst`` is out of range, not in ``group``, or this rank itself.
+    """
+    _pg(group).send(tensor, dst, tag, group_dst, False)
+
+
+def recv(tensor: Any, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+         tag: int = 0, group_src: Optional[int] = None) -> int:
+    """Receive into ``tensor`` from ``src`` (any rank when None); return the sender's global rank.
+
+    Raises:
+        MessageTruncatedError: the message is larger than ``tensor``.
+    """
+    return _pg(group).recv(tensor, src, tag, group_src, False)
+
+
+def isend(tensor: Any, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
+          tag: int = 0, group_dst: Optional[int] = None) -> Work:
+    """Start sending ``tensor`` to ``dst``; return a :class:`Work` to ``wait()`` on.
+
+    Do not modify ``tensor`` before the work completes.
+    """
+    return _pg(group).send(tensor, dst, tag, group_dst, True)
+
+
+def irecv(tensor: Any, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+          tag: int = 0, group_src: Optional[int] = None) -> Work:
+    """Start receiving into ``tensor``; ``work.wait()`` completes it, ``work.source_rank()``
+    names the sender (useful with ``src=None``)."""
+    return _pg(group).recv(tensor, src, tag, group_src, True)
+
+
+class P2POp:
+    """One point-to-point operation for :func:`batch_isend_irecv`.
+
+    Args:
+        op: :func:`isend` or :func:`irecv` (the functions themselves, as in torch).
+        tensor: the buffer to send or receive into.
+        peer: the global rank of the other side (or ``group_peer`` inside ``group``).
+    """
+
+    __slots__ = ("op", "tensor", "peer", "group", "tag", "group_peer")
+
+    def __init__(self, op: Callable, tensor: Any, peer: Optional[int] = None,
+                 group: Optional[ProcessGroup] = None, tag: int = 0,
+                 group_peer: Optional[int] = None) -> None:
+        if op not in (isend, irecv):
+            raise ValueError("P2POp: op must be mpitensor.distributed.isend or .irecv, got "
+                             f"{getattr(op, '__name__', op)!r}")
+        if peer is None and group_peer is None:
+            raise ValueError("P2POp: peer (or group_peer) is required")
+        self.op, self.tensor, self.peer, self.group = op, tensor, peer, group
+        self.tag, self.group_peer = tag, group_peer
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> List[Work]:
+    """Start every operation in the list and return their work handles.
+
+    All receives are posted before any send, so exchanges such as a ring shift cannot deadlock.
+    """
+    if not isinstance(p2p_op_list, (list, tuple)) or not all(
+            isinstance(p, P2POp) for p in p2p_op_list):
+        raise TypeError("batch_isend_irecv: expects a list of P2POp")
+    if not p2p_op_list:
+        raise ValueError("batch_isend_irecv: the list of P2POp is empty")
+    order = sorted(range(len(p2p_op_list)), key=lambda i: p2p_op_list[i].op is isend)
+    works: List[Any] = [None] * len(p2p_op_list)
+    for i in order:
+        p = p2p_op_list[i]
+        if p.op is isend:
+            works[i] = isend(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+        else:
+            works[i] = irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+    return works
+
+
+def send_object(obj: Any, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:
+    """Send any picklable object to global rank ``dst`` (uses pickle: not for hot paths)."""
+    pg = _pg(group)
+    where = pg._begin_p2p("send_object")
+    pg.send_obj(obj, pg._peer(dst, None, "dst", where), pg._tag(tag, where))
+
+
+def recv_object(src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                tag: int = 0) -> Any:
+    """Receive an object sent with :func:`send_object` (from any rank when ``src`` is None)."""
+    pg = _pg(group)
+    where = pg._begin_p2p("recv_object")
+    peer = pg._peer(src, None, "src", where, allow_any=True)
+    return pg.recv_obj(peer, pg._tag(tag, where))[0]
+
+
+def send_object_list(object_list: List[Any], dst: Optional[int] = None,
+                     group: Optional[ProcessGroup] = None, device: Any = None,
+                     group_dst: Optional[int] = None) -> None:
+    """Send a list of picklable objects to ``dst`` (torch's ``send_object_list``)."""
+    pg = _pg(group)
+    where = pg._begin_p2p("send_object_list")
+    if not isinstance(object_list, list):
+        raise TypeError(f"{where}: object_list must be a list, got {type(object_list).__name__}")
+    pg.send_obj(list(object_list), pg._peer(dst, group_dst, "dst", where), 0)
+
+
+def recv_object_list(object_list: List[Any], src: Optional[int] = None,
+                     group: Optional[ProcessGroup] = None, device: Any = None,
+                     group_src: Optional[int] = None) -> int:
+    """Receive into ``object_list`` (same length as the sender's) in place; return the sender."""
+    pg = _pg(group)
+    where = pg._begin_p2p("recv_object_list")
+    if not isinstance(object_list, list):
+        raise TypeError(f"{where}: object_list must be a list, got {type(object_list).__name__}")
+    objs, sender = pg.recv_obj(pg._peer(src, group_src, "src", where, allow_any=True), 0)
+    if len(objs) != len(object_list):
+        raise ValueError(f"{where}: received {len(objs)} objects from rank {sender} but "
+                         f"object_list has {len(object_list)} slots; make them the same length")
+    object_list[:] = objs
+    return sender
+
+
+# ---------------------------------------------------------------------------- collectives
+def broadcast(tensor: Any, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+              async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+    """Copy ``tensor`` from global rank ``src`` to every rank of the group, in place.
+
+    Contract: same shape and dtype on every rank; ``src`` the same everywhere.
+
+    Example:
+        >>> t = torch.arange(4) if dist.get_rank() == 0 else torch.zeros(4, dtype=torch.int64)
+        >>> dist.broadcast(t, src=0)       # every rank: tensor([0, 1, 2, 3])
+    """
+    return _pg(group).broadcast(tensor, src, async_op, group_src)
+
+
+def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
+               async_op: bool = False) -> Optional[Work]:
+    """Reduce ``tensor`` across the group with ``op``; every rank gets the result in place.
+
+    Contract: same shape and dtype on every rank. ``AVG`` needs a floating/complex dtype,
+    ``BAND``/``BOR``/``BXOR`` an integer or bool one; float16 is reduced in float32 and rounded
+    once.
+
+    Example:
+        >>> t = torch.ones(2)
+        >>> dist.all_reduce(t)             # on 4 ranks: tensor([4., 4.])
+    """
+    return _pg(group).all_reduce(tensor, op, async_op)
+
+
+def reduce(tensor: Any, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM,
+           group: Optional[ProcessGroup] = None, async_op: bool = False,
+           group_dst: Optional[int] = None) -> Optional[Work]:
+    """Reduce ``tensor`` across the group into global rank ``dst`` (default: group rank 0).
+
+    Only ``dst``'s tensor is written; the others are left as they were.
+    """
+    return _pg(group).reduce(tensor, dst, op, async_op, group_dst)
+
+
+def all_gather(tensor_list: List[Any], tensor: Any, group: Optional[ProcessGroup] = None,
+               async_op: bool = False) -> Optional[Work]:
+    """Gather ``tensor`` from every rank into ``tensor_list`` (one entry per rank) on every rank.
+
+    Contract: same dtype everywhere; ``tensor_list[i]`` has as many elements as rank i's
+    ``tensor`` (so uneven sizes work).
+    """
+    return _pg(group).all_gather(tensor_list, tensor, async_op)
+
+
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
+                           group: Optional[ProcessGroup] = None,
+                           async_op: bool = False) -> Optional[Work]:
+    """Gather every rank's ``input_tensor`` into one ``output_tensor`` (concatenated on dim 0,
+    or stacked: any shape with ``world_size × input.numel()`` elements)."""
+    return _pg(group).all_gather_into_tensor(output_tensor, input_tensor, async_op)
+
+
+def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[int] = None,
+           group: Optional[ProcessGroup] = None, async_op: bool = False,
+           group_dst: Optional[int] = None) -> Optional[Work]:
+    """Gather ``tensor`` from every rank into ``gather_list`` on ``dst`` (default group rank 0).
+
+    ``gather_list`` is used only on ``dst``, where it must hold one tensor per rank; other
+    ranks may pass ``None`` or ``[]``.
+    """
+    return _pg(group).gather(tensor, gather_list, dst, async_op, group_dst)
+
+
+def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None,
+            group: Optional[ProcessGroup] = None, async_op: bool = False,
+            group_src: Optional[int] = None) -> Optional[Work]:
+    """Send ``scatter_list[i]`` from ``src`` (default group rank 0) into ``tensor`` on rank i.
+
+    ``scatter_list`` is used only on ``src``; other ranks may pass ``None`` or ``[]``.
+
+    Example:
+        >>> lst = [torch.tensor([float(i + 1)]) for i in range(4)] if rank == 0 else None
+        >>> out = torch.zeros(1)
+        >>> dist.scatter(out, lst, src=0)   # rank r: tensor([r + 1.])
+    """
+    return _pg(group).scatter(tensor, scatter_list, src, async_op, group_src)
+
+
+def reduce_scatter(output: Any, input_list: List[Any], op: ReduceOp = ReduceOp.SUM,
+                   group: Optional[ProcessGroup] = None,
+                   async_op: bool = False) -> Optional[Work]:
+    """Reduce ``input_list[i]`` across ranks into ``output`` on rank i."""
+    return _pg(group).reduce_scatter(output, input_list, op, async_op)
+
+
+def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOp = ReduceOp.SUM,
+                          group: Optional[ProcessGroup] = None,
+                          async_op: bool = False) -> Optional[Work]:
+    """Reduce ``input`` (``world_size × output.numel()`` elements) across ranks; rank i gets
+    block i of the result in ``output``."""
+    return _pg(group).reduce_scatter_tensor(output, input, op, async_op)
+
+
+def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
+               group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """Send ``input_tensor_list[j]`` to rank j; receive rank j's into ``output_tensor_list[j]``."""
+    return _pg(group).all_to_all(output_tensor_list, input_tensor_list, async_op)
+
+
+def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List[int]] = None,
+                      input_split_sizes: Optional[List[int]] = None,
+                      group: Optional[ProcessGroup] = None,
+                      async_op: bool = False) -> Optional[Work]:
+    """All-to-all on single tensors split along dimension 0 (evenly when no split sizes)."""
+    return _pg(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                        async_op)
+
+
+def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
+            device_ids: Any = None) -> Optional[Work]:
+    """Block until every rank of the group has entered the barrier."""
+    return _pg(group).barrier(async_op)
+
+
+# ---------------------------------------------------------------------------- object collectives
+def _root(pg: ProcessGroup, where: str, global_root: Optional[int],
+          group_root: Optional[int], what: str) -> int:
+    if global_root is None and group_root is None:
+        group_root = 0
+    return pg.resolve_peer(global_root, group_root, what, where)
+
+
+def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
+                          group: Optional[ProcessGroup] = None, device: Any = None,
+                          group_src: Optional[int] = None) -> None:
+    """Broadcast the picklable objects of ``object_list`` from ``src``, in place on every rank.
+
+    Every rank passes a list of the same length; non-source entries are replaced.
+    """
+    pg = _pg(group)
+    where = pg._begin("broadcast_object_list")
+    if not isinstance(object_list, list):
+        raise TypeError(f"{where}: object_list must be a list, got {type(object_list).__name__}")
+    root = _root(pg, where, src, group_src, "src")
+    objs = pg.bcast_obj(list(object_list) if pg.rank_ == root else None, root)
+    if len(objs) != len(object_list):
+        raise ValueError(f"{where}: the source broadcast {len(objs)} objects but this rank's "
+                         f"object_list has {len(object_list)} slots")
+    object_list[:] = objs
+
+
+def all_gather_object(object_list: List[Any], obj: Any,
+                      group: Optional[ProcessGroup] = None) -> None:
+    """Gather a picklable ``obj`` from every rank into ``object_list`` (len == group size)."""
+    pg = _pg(group)
+    where = pg._begin("all_gather_object")
+    if not isinstance(object_list, list) or len(object_list) != pg.size_:
+        raise ValueError(f"{where}: object_list must be a list of {pg.size_} entries (one per "
+                         f"rank), got {_len_desc(object_list)}")
+    object_list[:] = pg.allgather_obj(obj)
+
+
+def _len_desc(x: Any) -> str:
+    return f"a list of {len(x)}" if isinstance(x, list) else type(x).__name__
+
+
+def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
+                  dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                  group_dst: Optional[int] = None) -> None:
+    """Gather a picklable ``obj`` from every rank into ``object_gather_list`` on ``dst``."""
+    pg = _pg(group)
+    where = pg._begin("gather_object")
+    root = _root(pg, where, dst, group_dst, "dst")
+    if pg.rank_ == root and (not isinstance(object_gather_list, list)
+                             or len(object_gather_list) != pg.size_):
+        raise ValueError(f"{where}: object_gather_list must be a list of {pg.size_} entries on "
+                         f"the destination rank, got {_len_desc(object_gather_list)}")
+    objs = pg.gather_obj(obj, root)
+    if pg.rank_ == root:
+        object_gather_list[:] = objs
+
+
+def scatter_object_list(scatter_object_output_list: List[Any],
+                        scatter_object_input_list: Optional[List[Any]] = None,
+                        src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                        group_src: Optional[int] = None) -> None:
+    """Scatter ``scatter_object_input_list[i]`` from ``src`` into
+    ``scatter_object_output_list[0]`` on rank i."""
+    pg = _pg(group)
+    where = pg._begin("scatter_object_list")
+    root = _root(pg, where, src, group_src, "src")
+    if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
+        raise ValueError(f"{where}: scatter_object_output_list must be a non-empty list")
+    if pg.rank_ == root and (not isinstance(scatter_object_input_list, list)
+                             or len(scatter_object_input_list) != pg.size_):
+        raise ValueError(f"{where}: scatter_object_input_list must be a list of {pg.size_} "
+                         f"entries on the source rank, got "
+                         f"{_len_desc(scatter_object_input_list)}")
+    scatter_object_output_list[0] = pg.scatter_obj(
+        list(scatter_object_input_list) if pg.rank_ == root else None, root)

@@ -1,0 +1,801 @@
+"""The MPI process group: every torch.distributed operation on mpi4py's buffer methods.
+
+Collectives map one-to-one onto MPI collectives (``Allreduce``, ``Iallreduce``, ``Allgatherv``,
+...), point-to-point onto ``Send``/``Recv``/``Isend``/``Irecv``. Only the ``*_object`` functions
+use mpi4py's pickle methods. CuPy arrays go to MPI directly where MPI is CUDA-aware and through
+host copies otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, List, Optional, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ..backend import array_module
+from ..errors import CollectiveMismatchError, MessageTruncatedError, MpiTensorError
+from ..tensor import Tensor
+from . import _buffers as B
+from .process_group import ProcessGroup, ReduceOp, Work, _Completed
+
+__all__ = ["MPIGroup"]
+
+_IN_PLACE = MPI.IN_PLACE
+_MOVE = B.MOVE_TYPES
+_ANY_SOURCE = MPI.ANY_SOURCE
+_SUM = ReduceOp.SUM
+
+# op -> {dtype: (MPI type, MPI op)} for reductions with no view, upcast or AVG step: the fast
+# path of all_reduce (nested dicts: two identity-hash lookups, no tuple to build)
+_FAST: dict = {op: {} for op in ReduceOp.members.values()}
+for _dt in B.MOVE_TYPES:
+    for _op in ReduceOp.members.values():
+        _p = B._plan(_dt, _op)
+        if not isinstance(_p, str) and _p.view is None and _p.upcast is None and not _p.average:
+            _FAST[_op][_dt] = (_p.mpi_type, _p.mpi_op)
+del _dt, _op, _p
+
+
+def _counts_displs(counts: Sequence[int]) -> "tuple[list, list]":
+    displs, total = [], 0
+    for c in counts:
+        displs.append(total)
+        total += c
+    return list(counts), displs
+
+
+class MPIGroup(ProcessGroup):
+    """A process group backed by an MPI communicator (``None`` on non-member ranks)."""
+
+    backend_name = "mpi"
+
+    def __init__(self, comm: Optional[MPI.Comm], ranks: Sequence[int], my_global_rank: int,
+                 name: str, timeout: float, debug: bool, world_size: int) -> None:
+        super().__init__(ranks, my_global_rank, name, timeout, debug)
+        self.comm = comm
+        self.world_size = world_size
+        self.tag_ub = int(comm.Get_attr(MPI.TAG_UB)) if comm is not None else 0
+        # group rank == global rank: p2p peers need no translation
+        self.identity = self.ranks == tuple(range(self.size_))
+
+    # ------------------------------------------------------------------ plumbing
+    def _begin(self, opname: str) -> str:
+        self.require_member(opname)
+        self.seq += 1
+        return self.where(opname)
+
+    def _begin_p2p(self, opname: str) -> str:
+        self.require_member(opname)
+        self.p2p_seq += 1
+        return self.where(opname, p2p=True)
+
+    def _mpi_error(self, where: str, exc: BaseException) -> BaseException:
+        if isinstance(exc, MPI.Exception):
+            text = exc.Get_error_string().strip().splitlines()[-1].strip()
+            return MpiTensorError(f"{where}: MPI error: {text}")
+        return exc
+
+    def _run(self, where: str, blocking: Callable[[], Any], nonblocking: Callable[[], Any],
+             finish: Optional[Callable[[], None]], async_op: bool, result: Any = None,
+             keep: Any = None) -> Optional[Work]:
+        if async_op:
+            try:
+                req = nonblocking()
+            except MPI.Exception as exc:
+                raise self._mpi_error(where, exc) from exc
+            work = Work(req, finish, result, describe=lambda: where, keep=keep)
+            return work
+        try:
+            blocking()
+        except MPI.Exception as exc:
+            raise self._mpi_error(where, exc) from exc
+        if finish is not None:
+            finish()
+        return None
+
+    def _agree(self, where: str, sig: dict, error: Optional[BaseException]) -> None:
+        """Debug mode: check that every rank entered this call with matching arguments."""
+        sig = dict(sig)
+        sig["error"] = None if error is None else f"{type(error).__name__}: {error}"
+        sigs = self.comm.allgather(sig)
+        problems = []
+        if any(s["error"] for s in sigs):
+            problems.append("argument errors")
+        common = ("op", "seq", "dtype", "reduce", "root", "shape")
+        for key in common:
+            vals = [s.get(key) for s in sigs]
+            if any(v != vals[0] for v in vals):
+                problems.append(f"different {key}")
+        sends = [s.get("send") for s in sigs]
+        recvs = [s.get("recv") for s in sigs]
+        n = len(sigs)
+        for i in range(n):
+            for j in range(n):
+                a = sends[i][j] if sends[i] is not None else None
+                b = recvs[j][i] if recvs[j] is not None else None
+                if a is not None and b is not None and a != b:
+                    problems.append(f"rank {self.ranks[i]} sends {a} elements to rank "
+                                    f"{self.ranks[j]}, which expects {b}")
+        if not problems:
+            return
+        if error is not None:
+            raise error
+        lines = []
+        for g, s in zip(self.ranks, sigs):
+            fields = ", ".join(f"{k}={s[k]}" for k in ("op", "seq", "dtype", "shape", "reduce",
+                                                          "root") if s.get(k) is not None)
+            if s["error"]:
+                fields += f", error={s['error']}"
+            lines.append(f"  rank {g}: {fields}")
+        raise CollectiveMismatchError(
+            f"{where}: ranks disagree ({'; '.join(dict.fromkeys(problems))}):\n"
+            + "\n".join(lines)
+            + "\nEvery rank must make the same collective calls in the same order, with the same "
+            "op, dtype and shape (and matching list sizes)."
+        )
+
+    def _debug(self, where: str, sig: dict, prepare: Callable[[], Any]) -> Any:
+        error = None
+        prepared = None
+        try:
+            prepared = prepare()
+        except (TypeError, ValueError) as exc:
+            error = exc
+        self._agree(where, sig, error)
+        return prepared
+
+    def _sig(self, opname: str, arr: Any = None, **extra: Any) -> dict:
+        sig = {"op": opname, "seq": self.seq}
+        if arr is not None and hasattr(arr, "dtype"):
+            sig["dtype"] = str(arr.dtype)
+        sig.update(extra)
+        return sig
+
+    def _maybe_debug(self, where: str, sig_fn: Callable[[], dict],
+                     prepare: Callable[[], Any]) -> Any:
+        if not self.debug:
+            return prepare()
+        try:
+            sig = sig_fn()
+        except Exception:  # arguments too broken to describe: prepare() will say why
+            sig = {"op": where, "seq": self.seq}
+        return self._debug(where, sig, prepare)
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Optional[Work]:
+        arr = tensor._data if type(tensor) is Tensor else tensor
+        if type(arr) is np.ndarray and not self.debug and self.rank_ >= 0:
+            fast = _FAST.get(op)
+            if fast is not None:
+                fast = fast.get(arr.dtype)
+            if fast is not None:
+                flags = arr.flags
+                if flags.c_contiguous and flags.writeable:
+                    self.seq += 1
+                    if async_op:
+                        req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
+                        return Work(req, None, [tensor], keep=arr,
+                                    describe=lambda s=self.seq: f"all_reduce #{s} on {self.name}")
+                    self.comm.Allreduce(_IN_PLACE, [arr, fast[0]], fast[1])
+                    return None
+        return self._all_reduce(tensor, op, async_op)
+
+    def _all_reduce(self, tensor: Any, op: Any, async_op: bool) -> Optional[Work]:
+        where = self._begin("all_reduce")
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            B.check_dtype(arr, "tensor", where)
+            B.check_writable(arr, "tensor", where)
+            plan = B.reduce_plan(arr.dtype, B.coerce_op(op, where), where)
+            return arr, plan
+
+        arr, plan = self._maybe_debug(
+            where, lambda: self._sig("all_reduce", B.unwrap(tensor, "tensor", where),
+                                     shape=tuple(B.unwrap(tensor, "tensor", where).shape),
+                                     reduce=str(op)), prepare)
+        buf, write_back = B.stage_out(arr)
+        rbuf, narrow = B.apply_plan_out(buf, plan)
+        avg = B.divider(rbuf, self.size_) if plan.average else None
+        spec = [rbuf, plan.mpi_type]
+        comm, mop = self.comm, plan.mpi_op
+        return self._run(where, lambda: comm.Allreduce(_IN_PLACE, spec, mop),
+                         lambda: comm.Iallreduce(_IN_PLACE, spec, mop),
+                         B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec)
+
+    def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
+                  group_src: Optional[int] = None) -> Optional[Work]:
+        where = self._begin("broadcast")
+        root = self.resolve_peer(src, group_src, "src", where)
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            mt = B.check_dtype(arr, "tensor", where)
+            if self.rank_ != root:
+                B.check_writable(arr, "tensor", where)
+            return arr, mt
+
+        arr, mt = self._maybe_debug(
+            where, lambda: self._sig("broadcast", B.unwrap(tensor, "tensor", where),
+                                     shape=tuple(B.unwrap(tensor, "tensor", where).shape),
+                                     root=self.ranks[root]), prepare)
+        if self.rank_ == root:
+            buf, write_back = B.stage_in(arr), None
+        else:
+            buf, write_back = B.stage_out(arr)
+        spec = [buf, mt]
+        comm = self.comm
+        return self._run(where, lambda: comm.Bcast(spec, root), lambda: comm.Ibcast(spec, root),
+                         write_back, async_op, [tensor], keep=spec)
+
+    def reduce(self, tensor: Any, dst: Optional[int] = None, op: Any = _SUM,
+               async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+        where = self._begin("reduce")
+        if dst is None and group_dst is None:
+            group_dst = 0
+        root = self.resolve_peer(dst, group_dst, "dst", where)
+        is_root = self.rank_ == root
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            B.check_dtype(arr, "tensor", where)
+            if is_root:
+                B.check_writable(arr, "tensor", where)
+            return arr, B.reduce_plan(arr.dtype, B.coerce_op(op, where), where)
+
+        arr, plan = self._maybe_debug(
+            where, lambda: self._sig("reduce", B.unwrap(tensor, "tensor", where),
+                                     shape=tuple(B.unwrap(tensor, "tensor", where).shape),
+                                     reduce=str(op), root=self.ranks[root]), prepare)
+        comm, mop = self.comm, plan.mpi_op
+        if is_root:
+            buf, write_back = B.stage_out(arr)
+            rbuf, narrow = B.apply_plan_out(buf, plan)
+            avg = B.divider(rbuf, self.size_) if plan.average else None
+            spec = [rbuf, plan.mpi_type]
+            return self._run(where, lambda: comm.Reduce(_IN_PLACE, spec, mop, root),
+                             lambda: comm.Ireduce(_IN_PLACE, spec, mop, root),
+                             B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec)
+        spec = [B.apply_plan_in(B.stage_in(arr), plan), plan.mpi_type]
+        return self._run(where, lambda: comm.Reduce(spec, None, mop, root),
+                         lambda: comm.Ireduce(spec, None, mop, root), None, async_op, [tensor],
+                         keep=spec)
+
+    def _out_list(self, lst: Any, what: str, where: str, ref: Any) -> list:
+        if not isinstance(lst, (list, tuple)):
+            raise TypeError(f"{where}: {what} must be a list of {self.size_} tensors, "
+                            f"got {type(lst).__name__}")
+        if len(lst) != self.size_:
+            raise ValueError(
+                f"{where}: {what} has {len(lst)} entries but {self.name} has {self.size_} ranks; "
+                f"pass exactly one tensor per rank of the group"
+            )
+        arrs = [B.unwrap(x, f"{what}[{i}]", where) for i, x in enumerate(lst)]
+        for i, a in enumerate(arrs):
+            B.check_same_dtype(ref, a, "tensor", f"{what}[{i}]", where)
+        return arrs
+
+    def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool = False) -> Optional[Work]:
+        where = self._begin("all_gather")
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            mt = B.check_dtype(arr, "tensor", where)
+            outs = self._out_list(tensor_list, "tensor_list", where, arr)
+            for i, o in enumerate(outs):
+                B.check_writable(o, f"tensor_list[{i}]", where)
+            if outs[self.rank_].size != arr.size:
+                raise ValueError(
+                    f"{where}: tensor has {arr.size} elements but tensor_list[{self.rank_}] (this "
+                    f"rank's slot) has {outs[self.rank_].size}; they must match")
+            return arr, mt, outs
+
+        def sig() -> dict:
+            arr = B.unwrap(tensor, "tensor", where)
+            outs = [B.unwrap(x, "", where).size for x in tensor_list]
+            return self._sig("all_gather", arr, send=[arr.size] * self.size_, recv=outs)
+
+        arr, mt, outs = self._maybe_debug(where, sig, prepare)
+        counts, displs = _counts_displs([o.size for o in outs])
+        xp = array_module(arr)
+        flat = xp.empty(sum(counts), dtype=arr.dtype)
+        rbuf, copy_out = self._staged_list_out(flat, outs, counts, displs)
+        sbuf = [B.stage_in(arr), mt]
+        rspec = [rbuf, (counts, displs), mt]
+        comm = self.comm
+        return self._run(where, lambda: comm.Allgatherv(sbuf, rspec),
+                         lambda: comm.Iallgatherv(sbuf, rspec), copy_out, async_op,
+                         list(tensor_list), keep=(sbuf, rspec))
+
+    def _staged_list_out(self, flat: Any, outs: list, counts: list,
+                         displs: list) -> "tuple[Any, Callable[[], None]]":
+        buf, write_back = B.stage_out(flat)
+
+        def copy_out() -> None:
+            if write_back is not None:
+                write_back()
+            for o, c, d in zip(outs, counts, displs):
+                o[...] = flat[d:d + c].reshape(o.shape)
+
+        return buf, copy_out
+
+    def _packed_in(self, arrs: list) -> Any:
+        xp = array_module(arrs[0]) if arrs else np
+        if not arrs:
+            return xp.empty(0)
+        flat = xp.concatenate([a.reshape(-1) for a in arrs]) if len(arrs) > 1 else \
+            xp.ascontiguousarray(arrs[0]).reshape(-1)
+        return B.stage_in(flat)
+
+    def all_gather_into_tensor(self, output: Any, input: Any,
+                               async_op: bool = False) -> Optional[Work]:
+        where = self._begin("all_gather_into_tensor")
+
+        def prepare() -> Any:
+            out = B.unwrap(output, "output_tensor", where)
+            inp = B.unwrap(input, "input_tensor", where)
+            mt = B.check_dtype(inp, "input_tensor", where)
+            B.check_same_dtype(inp, out, "input_tensor", "output_tensor", where)
+            B.check_writable(out, "output_tensor", where)
+            if out.size != inp.size * self.size_:
+                raise ValueError(
+                    f"{where}: output_tensor has {out.size} elements but needs group size × "
+                    f"input size = {self.size_} × {inp.size} = {inp.size * self.size_} "
+                    f"(output shape {tuple(out.shape)}, input shape {tuple(inp.shape)})")
+            return out, inp, mt
+
+        out, inp, mt = self._maybe_debug(
+            where, lambda: self._sig("all_gather_into_tensor",
+                                     B.unwrap(input, "input_tensor", where),
+                                     shape=tuple(B.unwrap(input, "input_tensor", where).shape)),
+            prepare)
+        rbuf, write_back = B.stage_out(out)
+        sspec, rspec = [B.stage_in(inp), mt], [rbuf, mt]
+        comm = self.comm
+        return self._run(where, lambda: comm.Allgather(sspec, rspec),
+                         lambda: comm.Iallgather(sspec, rspec), write_back, async_op, [output],
+                         keep=(sspec, rspec))
+
+    def gather(self, tensor: Any, gather_list: Any = None, dst: Optional[int] = None,
+               async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+        where = self._begin("gather")
+        if dst is None and group_dst is None:
+            group_dst = 0
+        root = self.resolve_peer(dst, group_dst, "dst", where)
+        is_root = self.rank_ == root
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            mt = B.check_dtype(arr, "tensor", where)
+            outs = None
+            if is_root:
+                if gather_list is None:
+                    raise ValueError(f"{where}: gather_list is required on the destination rank "
+                                     f"(a list of {self.size_} tensors)")
+                outs = self._out_list(gather_list, "gather_list", where, arr)
+                for i, o in enumerate(outs):
+                    B.check_writable(o, f"gather_list[{i}]", where)
+                if outs[root].size != arr.size:
+                    raise ValueError(f"{where}: tensor has {arr.size} elements but "
+                                     f"gather_list[{root}] has {outs[root].size}")
+            return arr, mt, outs
+
+        def sig() -> dict:
+            arr = B.unwrap(tensor, "tensor", where)
+            send = [None] * self.size_
+            send[root] = arr.size
+            recv = ([B.unwrap(x, "", where).size for x in gather_list] if is_root else None)
+            return self._sig("gather", arr, root=self.ranks[root], send=send, recv=recv)
+
+        arr, mt, outs = self._maybe_debug(where, sig, prepare)
+        sspec = [B.stage_in(arr), mt]
+        comm = self.comm
+        if not is_root:
+            return self._run(where, lambda: comm.Gatherv(sspec, None, root),
+                             lambda: comm.Igatherv(sspec, None, root), None, async_op, [],
+                             keep=sspec)
+        counts, displs = _counts_displs([o.size for o in outs])
+        flat = array_module(arr).empty(sum(counts), dtype=arr.dtype)
+        rbuf, copy_out = self._staged_list_out(flat, outs, counts, displs)
+        rspec = [rbuf, (counts, displs), mt]
+        return self._run(where, lambda: comm.Gatherv(sspec, rspec, root),
+                         lambda: comm.Igatherv(sspec, rspec, root), copy_out, async_op,
+                         list(gather_list), keep=(sspec, rspec))
+
+    def scatter(self, tensor: Any, scatter_list: Any = None, src: Optional[int] = None,
+                async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+        where = self._begin("scatter")
+        if src is None and group_src is None:
+            group_src = 0
+        root = self.resolve_peer(src, group_src, "src", where)
+        is_root = self.rank_ == root
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            mt = B.check_dtype(arr, "tensor", where)
+            B.check_writable(arr, "tensor", where)
+            ins = None
+            if is_root:
+                if scatter_list is None:
+                    raise ValueError(f"{where}: scatter_list is required on the source rank "
+                                     f"(a list of {self.size_} tensors)")
+                ins = self._out_list(scatter_list, "scatter_list", where, arr)
+                if ins[root].size != arr.size:
+                    raise ValueError(f"{where}: tensor has {arr.size} elements but "
+                                     f"scatter_list[{root}] has {ins[root].size}")
+            return arr, mt, ins
+
+        def sig() -> dict:
+            arr = B.unwrap(tensor, "tensor", where)
+            recv = [None] * self.size_
+            recv[root] = arr.size
+            send = ([B.unwrap(x, "", where).size for x in scatter_list] if is_root else None)
+            return self._sig("scatter", arr, root=self.ranks[root], send=send, recv=recv)
+
+        arr, mt, ins = self._maybe_debug(where, sig, prepare)
+        rbuf, write_back = B.stage_out(arr)
+        rspec = [rbuf, mt]
+        comm = self.comm
+        if not is_root:
+            return self._run(where, lambda: comm.Scatterv(None, rspec, root),
+                             lambda: comm.Iscatterv(None, rspec, root), write_back, async_op,
+                             [tensor], keep=rspec)
+        counts, displs = _counts_displs([a.size for a in ins])
+        sspec = [self._packed_in(ins), (counts, displs), mt]
+        return self._run(where, lambda: comm.Scatterv(sspec, rspec, root),
+                         lambda: comm.Iscatterv(sspec, rspec, root), write_back, async_op,
+                         [tensor], keep=(sspec, rspec))
+
+    def reduce_scatter(self, output: Any, input_list: Any, op: Any = _SUM,
+                       async_op: bool = False) -> Optional[Work]:
+        where = self._begin("reduce_scatter")
+
+        def prepare() -> Any:
+            out = B.unwrap(output, "output", where)
+            B.check_dtype(out, "output", where)
+            B.check_writable(out, "output", where)
+            ins = self._out_list(input_list, "input_list", where, out)
+            if ins[self.rank_].size != out.size:
+                raise ValueError(f"{where}: output has {out.size} elements but "
+                                 f"input_list[{self.rank_}] has {ins[self.rank_].size}")
+            return out, ins, B.reduce_plan(out.dtype, B.coerce_op(op, where), where)
+
+        def sig() -> dict:
+            out = B.unwrap(output, "output", where)
+            return self._sig("reduce_scatter", out, reduce=str(op),
+                             send=[B.unwrap(x, "", where).size for x in input_list],
+                             recv=[out.size] * self.size_)
+
+        out, ins, plan = self._maybe_debug(where, sig, prepare)
+        counts = [a.size for a in ins]
+        sbuf = B.apply_plan_in(self._packed_in(ins), plan)
+        buf, write_back = B.stage_out(out)
+        rbuf, narrow = B.apply_plan_out(buf, plan)
+        avg = B.divider(rbuf, self.size_) if plan.average else None
+        sspec, rspec = [sbuf, plan.mpi_type], [rbuf, plan.mpi_type]
+        comm, mop = self.comm, plan.mpi_op
+        return self._run(where, lambda: comm.Reduce_scatter(sspec, rspec, counts, mop),
+                         lambda: comm.Ireduce_scatter(sspec, rspec, counts, mop),
+                         B.chain(avg, narrow, write_back), async_op, [output],
+                         keep=(sspec, rspec))
+
+    def reduce_scatter_tensor(self, output: Any, input: Any, op: Any = _SUM,
+                              async_op: bool = False) -> Optional[Work]:
+        where = self._begin("reduce_scatter_tensor")
+
+        def prepare() -> Any:
+            out = B.unwrap(output, "output", where)
+            inp = B.unwrap(input, "input", where)
+            B.check_dtype(inp, "input", where)
+            B.check_same_dtype(inp, out, "input", "output", where)
+            B.check_writable(out, "output", where)
+            if inp.size != out.size * self.size_:
+                raise ValueError(
+                    f"{where}: input has {inp.size} elements but needs group size × output size "
+                    f"= {self.size_} × {out.size} = {out.size * self.size_}")
+            return out, inp, B.reduce_plan(out.dtype, B.coerce_op(op, where), where)
+
+        out, inp, plan = self._maybe_debug(
+            where, lambda: self._sig("reduce_scatter_tensor", B.unwrap(input, "input", where),
+                                     shape=tuple(B.unwrap(input, "input", where).shape),
+                                     reduce=str(op)), prepare)
+        sbuf = B.apply_plan_in(B.stage_in(inp), plan)
+        buf, write_back = B.stage_out(out)
+        rbuf, narrow = B.apply_plan_out(buf, plan)
+        avg = B.divider(rbuf, self.size_) if plan.average else None
+        sspec, rspec = [sbuf, plan.mpi_type], [rbuf, plan.mpi_type]
+        comm, mop = self.comm, plan.mpi_op
+        return self._run(where, lambda: comm.Reduce_scatter_block(sspec, rspec, mop),
+                         lambda: comm.Ireduce_scatter_block(sspec, rspec, mop),
+                         B.chain(avg, narrow, write_back), async_op, [output],
+                         keep=(sspec, rspec))
+
+    def all_to_all(self, output_tensor_list: Any, input_tensor_list: Any,
+                   async_op: bool = False) -> Optional[Work]:
+        where = self._begin("all_to_all")
+
+        def prepare() -> Any:
+            if not isinstance(input_tensor_list, (list, tuple)) or not input_tensor_list:
+                raise ValueError(f"{where}: input_tensor_list must be a list of {self.size_} "
+                                 "tensors")
+            ref = B.unwrap(input_tensor_list[0], "input_tensor_list[0]", where)
+            mt = B.check_dtype(ref, "input_tensor_list[0]", where)
+            ins = self._out_list(input_tensor_list, "input_tensor_list", where, ref)
+            outs = self._out_list(output_tensor_list, "output_tensor_list", where, ref)
+            for i, o in enumerate(outs):
+                B.check_writable(o, f"output_tensor_list[{i}]", where)
+            return ins, outs, mt
+
+        def sig() -> dict:
+            ins = [B.unwrap(x, "", where) for x in input_tensor_list]
+            outs = [B.unwrap(x, "", where).size for x in output_tensor_list]
+            return self._sig("all_to_all", ins[0], send=[a.size for a in ins], recv=outs)
+
+        ins, outs, mt = self._maybe_debug(where, sig, prepare)
+        scounts, sdispls = _counts_displs([a.size for a in ins])
+        rcounts, rdispls = _counts_displs([o.size for o in outs])
+        flat = array_module(ins[0]).empty(sum(rcounts), dtype=ins[0].dtype)
+        rbuf, copy_out = self._staged_list_out(flat, outs, rcounts, rdispls)
+        sspec = [self._packed_in(ins), (scounts, sdispls), mt]
+        rspec = [rbuf, (rcounts, rdispls), mt]
+        comm = self.comm
+        return self._run(where, lambda: comm.Alltoallv(sspec, rspec),
+                         lambda: comm.Ialltoallv(sspec, rspec), copy_out, async_op,
+                         list(output_tensor_list), keep=(sspec, rspec))
+
+    def _splits(self, splits: Any, arr: Any, what: str, where: str) -> list:
+        rows = arr.shape[0] if arr.ndim else 1
+        if splits is None or (isinstance(splits, (list, tuple)) and len(splits) == 0):
+            if rows % self.size_:
+                raise ValueError(
+                    f"{where}: {what} is None, so dimension 0 ({rows}) must divide evenly "
+                    f"among {self.size_} ranks; pass {what} explicitly")
+            return [rows // self.size_] * self.size_
+        splits = [int(s) for s in splits]
+        if len(splits) != self.size_:
+            raise ValueError(f"{where}: {what} has {len(splits)} entries but {self.name} has "
+                             f"{self.size_} ranks")
+        if any(s < 0 for s in splits) or sum(splits) != rows:
+            raise ValueError(f"{where}: {what}={splits} must be non-negative and sum to "
+                             f"dimension 0 of the tensor ({rows})")
+        return splits
+
+    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any = None,
+                          input_split_sizes: Any = None,
+                          async_op: bool = False) -> Optional[Work]:
+        where = self._begin("all_to_all_single")
+
+        def prepare() -> Any:
+            out = B.unwrap(output, "output", where)
+            inp = B.unwrap(input, "input", where)
+            mt = B.check_dtype(inp, "input", where)
+            B.check_same_dtype(inp, out, "input", "output", where)
+            B.check_writable(out, "output", where)
+            if inp.shape[1:] != out.shape[1:]:
+                raise ValueError(f"{where}: input shape {tuple(inp.shape)} and output shape "
+                                 f"{tuple(out.shape)} differ beyond dimension 0")
+            ins = self._splits(input_split_sizes, inp, "input_split_sizes", where)
+            outs = self._splits(output_split_sizes, out, "output_split_sizes", where)
+            row = int(np.prod(inp.shape[1:])) if inp.ndim > 1 else 1
+            return out, inp, mt, [s * row for s in ins], [s * row for s in outs]
+
+        def sig() -> dict:
+            out, inp, _, sc, rc = prepare()
+            return self._sig("all_to_all_single", inp, send=sc, recv=rc)
+
+        out, inp, mt, scounts, rcounts = self._maybe_debug(where, sig, prepare)
+        rbuf, write_back = B.stage_out(out)
+        sspec = [B.stage_in(inp), _counts_displs(scounts), mt]
+        rspec = [rbuf, _counts_displs(rcounts), mt]
+        comm = self.comm
+        return self._run(where, lambda: comm.Alltoallv(sspec, rspec),
+                         lambda: comm.Ialltoallv(sspec, rspec), write_back, async_op, [output],
+                         keep=(sspec, rspec))
+
+    def barrier(self, async_op: bool = False) -> Optional[Work]:
+        where = self._begin("barrier")
+        if self.debug:
+            self._agree(where, self._sig("barrier"), None)
+        comm = self.comm
+        return self._run(where, comm.Barrier, comm.Ibarrier, None, async_op)
+
+    # ------------------------------------------------------------------ point-to-point
+    def _tag(self, tag: Any, where: str) -> int:
+        if isinstance(tag, bool) or not hasattr(tag, "__index__"):
+            raise TypeError(f"{where}: tag must be an int, got {tag!r}")
+        tag = tag.__index__()
+        if not 0 <= tag <= self.tag_ub:
+            raise ValueError(f"{where}: tag={tag} is out of range; MPI tags run from 0 to "
+                             f"{self.tag_ub}")
+        return tag
+
+    def _peer(self, peer: Optional[int], group_peer: Optional[int], what: str, where: str,
+              allow_any: bool = False) -> int:
+        r = self.resolve_peer(peer, group_peer, what, where, allow_none=allow_any)
+        if r is None:
+            return _ANY_SOURCE
+        if r == self.rank_:
+            raise ValueError(
+                f"{where}: invalid {what} rank {self.ranks[r]}: {what} rank should not be the "
+                "same as the rank of the current process (a blocking send to itself deadlocks)")
+        return r
+
+    def _p2p_fast(self, arr: Any, peer: Any, tag: Any, group_peer: Any) -> Any:
+        """The MPI datatype when a p2p call needs no checks beyond these, else None.
+
+        True for a contiguous NumPy array of a supported dtype, int peer and tag in range, on a
+        group whose ranks are the world's (so the peer needs no translation).
+        """
+        if (type(arr) is np.ndarray and type(peer) is int and type(tag) is int
+                and group_peer is None and self.identity and 0 <= peer < self.size_
+                and peer != self.rank_ and 0 <= tag <= self.tag_ub and arr.flags.c_contiguous):
+            return _MOVE.get(arr.dtype)
+        return None
+
+    def send(self, tensor: Any, dst: Optional[int], tag: int = 0,
+             group_dst: Optional[int] = None, async_op: bool = False) -> Optional[Work]:
+        arr = tensor._data if type(tensor) is Tensor else tensor
+        mt = self._p2p_fast(arr, dst, tag, group_dst)
+        if mt is not None:
+            self.p2p_seq += 1
+            if async_op:
+                return Work(self.comm.Isend([arr, mt], dst, tag), None, [tensor], keep=arr,
+                            describe=self._describe_p2p("isend"))
+            self.comm.Send([arr, mt], dst, tag)
+            return None
+        return self._send(tensor, dst, tag, group_dst, async_op)
+
+    def _describe_p2p(self, opname: str) -> Callable[[], str]:
+        seq = self.p2p_seq
+        return lambda: f"rank {self.global_rank}: {opname} (p2p #{seq} on {self.name})"
+
+    def _send(self, tensor: Any, dst: Optional[int], tag: int, group_dst: Optional[int],
+              async_op: bool) -> Optional[Work]:
+        where = self._begin_p2p("isend" if async_op else "send")
+        peer = self._peer(dst, group_dst, "dst", where)
+        tag = self._tag(tag, where)
+        arr = B.unwrap(tensor, "tensor", where)
+        spec = [B.stage_in(arr), B.check_dtype(arr, "tensor", where)]
+        comm = self.comm
+        return self._run(where, lambda: comm.Send(spec, peer, tag),
+                         lambda: comm.Isend(spec, peer, tag), None, async_op, [tensor],
+                         keep=spec)
+
+    def recv(self, tensor: Any, src: Optional[int] = None, tag: int = 0,
+             group_src: Optional[int] = None, async_op: bool = False) -> Any:
+        if not async_op:
+            arr = tensor._data if type(tensor) is Tensor else tensor
+            mt = self._p2p_fast(arr, src, tag, group_src)
+            if mt is not None and arr.flags.writeable:
+                status = MPI.Status()
+                self.p2p_seq += 1
+                try:
+                    self.comm.Recv([arr, mt], src, tag, status)
+                except MPI.Exception as exc:
+                    raise self._recv_error(self.where("recv", p2p=True), status, arr.nbytes,
+                                           B.describe(arr), exc) from exc
+                return status.Get_source()
+        return self._recv(tensor, src, tag, group_src, async_op)
+
+    def _recv(self, tensor: Any, src: Optional[int], tag: int, group_src: Optional[int],
+              async_op: bool) -> Any:
+        where = self._begin_p2p("irecv" if async_op else "recv")
+        peer = self._peer(src, group_src, "src", where, allow_any=True)
+        tag = self._tag(tag, where)
+        arr = B.unwrap(tensor, "tensor", where)
+        mt = B.check_dtype(arr, "tensor", where)
+        B.check_writable(arr, "tensor", where)
+        buf, write_back = B.stage_out(arr)
+        spec = [buf, mt]
+        status = MPI.Status()
+        comm = self.comm
+        nbytes = buf.nbytes
+        desc = B.describe(arr)
+
+        def translate(exc: BaseException) -> BaseException:
+            return self._recv_error(where, status, nbytes, desc, exc)
+
+        if async_op:
+            try:
+                req = comm.Irecv(spec, peer, tag)
+            except MPI.Exception as exc:
+                raise translate(exc) from exc
+            work = _RecvWork(req, write_back, [tensor], describe=lambda: where, keep=spec,
+                             status=status)
+            work._translate = translate
+            work._ranks = self.ranks
+            return work
+        try:
+            comm.Recv(spec, peer, tag, status)
+        except MPI.Exception as exc:
+            raise translate(exc) from exc
+        if write_back is not None:
+            write_back()
+        return self.ranks[status.Get_source()]
+
+    def _recv_error(self, where: str, status: MPI.Status, nbytes: int, desc: str,
+                    exc: BaseException) -> BaseException:
+        if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
+            return self._truncated(where, status, nbytes, desc, exc)
+        return self._mpi_error(where, exc)
+
+    def _truncated(self, where: str, status: MPI.Status, nbytes: int, desc: str,
+                   exc: MPI.Exception) -> MessageTruncatedError:
+        text = exc.Get_error_string()
+        src = status.Get_source()
+        numbers = [int(n) for n in re.findall(r"(\d+) bytes", text) +
+                   re.findall(r"buffer size is (\d+)", text)]
+        others = [n for n in numbers if n != nbytes]
+        sender = f" from rank {self.ranks[src]}" if 0 <= src < self.size_ else ""
+        msg_size = f" of {others[0]} bytes" if others else ""
+        return MessageTruncatedError(
+            f"{where}: the incoming message{sender} (tag {status.Get_tag()}){msg_size} is larger "
+            f"than the receive buffer ({desc}, {nbytes} bytes); the message was truncated. "
+            "Allocate the receive tensor with the sender's shape and dtype.")
+
+    # ------------------------------------------------------------------ objects (pickle)
+    def bcast_obj(self, obj: Any, root: int) -> Any:
+        return self.comm.bcast(obj, root)
+
+    def allgather_obj(self, obj: Any) -> list:
+        return self.comm.allgather(obj)
+
+    def gather_obj(self, obj: Any, root: int) -> Optional[list]:
+        return self.comm.gather(obj, root)
+
+    def scatter_obj(self, objs: Optional[list], root: int) -> Any:
+        return self.comm.scatter(objs, root)
+
+    def send_obj(self, obj: Any, peer: int, tag: int) -> None:
+        self.comm.send(obj, peer, tag)
+
+    def recv_obj(self, peer: int, tag: int) -> "tuple[Any, int]":
+        status = MPI.Status()
+        obj = self.comm.recv(None, peer, tag, status)
+        return obj, self.ranks[status.Get_source()]
+
+    # ------------------------------------------------------------------ groups
+    def split(self, ranks: List[int], name: str) -> "MPIGroup":
+        """Make a sub-group of global ``ranks`` (only members touch MPI)."""
+        comm = None
+        if self.global_rank in ranks:
+            members = [self._global_to_group[r] for r in ranks]
+            sub = self.comm.Get_group().Incl(members)
+            comm = self.comm.Create_group(sub)
+            sub.Free()
+        return MPIGroup(comm, ranks, self.global_rank, name, self.timeout, self.debug,
+                        self.world_size)
+
+    def free(self) -> None:
+        if self.comm is not None and self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+        self.comm = None
+
+
+class _RecvWork(Work):
+    """An irecv handle: records the sender and turns MPI errors into readable ones."""
+
+    __slots__ = ("_translate", "_ranks")
+
+    def _complete(self) -> None:
+        self._source = self._ranks[self._status.Get_source()]
+        super()._complete()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        try:
+            return super().wait(timeout)
+        except MPI.Exception as exc:
+            self._done, self._exception = True, self._translate(exc)
+            raise self._exception from exc
+
+    def is_completed(self) -> bool:
+        try:
+            return super().is_completed()
+        except MPI.Exception as exc:
+            self._done, self._exception = True, self._translate(exc)
+            raise self._exception from exc
+
+
+_ = _Completed  # re-exported for the NCCL group

@@ -1,0 +1,280 @@
+"""The NCCL process group: CuPy arrays through ``cupy.cuda.nccl``, everything else through MPI.
+
+NCCL is optional. Importing this module never fails; creating an :class:`NCCLGroup` without
+CuPy, NCCL or a CUDA device raises a ``RuntimeError`` that says what is missing. The NCCL
+unique id is created on group rank 0 and broadcast over the group's MPI communicator.
+
+CPU tensors, object collectives, and operations NCCL lacks (gather, scatter, all_to_all,
+bitwise reductions, complex products) go through the wrapped :class:`MPIGroup`, so a program
+may mix CPU and GPU tensors on one ``nccl`` group.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+from ..backend import cupy_unavailable_reason, get_cupy, is_cupy_array
+from ..tensor import Tensor
+from . import _buffers as B
+from .process_group import ProcessGroup, ReduceOp, Work
+
+__all__ = ["NCCLGroup", "nccl_unavailable_reason"]
+
+
+@functools.cache
+def nccl_unavailable_reason() -> str:
+    """Return why NCCL cannot be used here, or '' when it can."""
+    reason = cupy_unavailable_reason()
+    if reason:
+        return reason
+    try:
+        from cupy.cuda import nccl  # noqa: F401
+    except Exception as exc:
+        return f"CuPy is present but its NCCL binding is not ({type(exc).__name__}: {exc})"
+    if not getattr(nccl, "available", True):
+        return "CuPy was built without NCCL support"
+    return ""
+
+
+class _EventRequest:
+    """Makes a CUDA event look like an MPI request, for :class:`Work`."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+
+    def Wait(self, status: Any = None) -> None:  # noqa: N802 - MPI request protocol
+        self.event.synchronize()
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802
+        return bool(self.event.done)
+
+
+class NCCLGroup(ProcessGroup):
+    """A process group whose CuPy-array collectives run on an NCCL communicator."""
+
+    backend_name = "nccl"
+
+    def __init__(self, mpi_group: Any, device_id: Any = None) -> None:
+        reason = nccl_unavailable_reason()
+        if reason:
+            raise RuntimeError(f"backend 'nccl' is unavailable: {reason}. Use backend='mpi' "
+                               "(CUDA-aware MPI or host staging) instead.")
+        super().__init__(mpi_group.ranks, mpi_group.global_rank, mpi_group.name,
+                         mpi_group.timeout, mpi_group.debug)
+        self.mpi_group = mpi_group
+        self.world_size = mpi_group.world_size
+        cp = get_cupy()
+        from cupy.cuda import nccl
+
+        self._nccl = nccl
+        self._dev = self._select_device(cp, device_id)
+        uid = nccl.get_unique_id() if self.rank_ == 0 else None
+        uid = mpi_group.comm.bcast(uid, 0)
+        with cp.cuda.Device(self._dev):
+            self.nccl_comm = nccl.NcclCommunicator(self.size_, uid, self.rank_)
+        self._types = {
+            "int8": nccl.NCCL_INT8, "uint8": nccl.NCCL_UINT8, "int32": nccl.NCCL_INT32,
+            "uint32": nccl.NCCL_UINT32, "int64": nccl.NCCL_INT64, "uint64": nccl.NCCL_UINT64,
+            "float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32,
+            "float64": nccl.NCCL_FLOAT64,
+        }
+        self._ops = {ReduceOp.SUM: nccl.NCCL_SUM, ReduceOp.PRODUCT: nccl.NCCL_PROD,
+                     ReduceOp.MAX: nccl.NCCL_MAX, ReduceOp.MIN: nccl.NCCL_MIN}
+        if hasattr(nccl, "NCCL_AVG"):
+            self._ops[ReduceOp.AVG] = nccl.NCCL_AVG
+
+    def _select_device(self, cp: Any, device_id: Any) -> int:
+        if device_id is not None:
+            return int(getattr(device_id, "index", device_id) or 0)
+        from mpi4py import MPI
+
+        # one GPU per rank on a node: the node-local rank picks the device
+        node = self.mpi_group.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local = node.Get_rank()
+        node.Free()
+        return local % cp.cuda.runtime.getDeviceCount()
+
+    def __getattr__(self, name: str) -> Any:
+        # everything NCCL does not do (CPU tensors, p2p fallbacks, objects) is the MPI group's
+        return getattr(self.mpi_group, name)
+
+    # -- helpers --------------------------------------------------------------------
+    def _gpu(self, *xs: Any) -> bool:
+        for x in xs:
+            arr = x._data if isinstance(x, Tensor) else x
+            if not is_cupy_array(arr):
+                return False
+        return True
+
+    def _plan(self, arr: Any, op: Any, where: str) -> Optional[tuple]:
+        """(flat view, nccl dtype, nccl op) or None when NCCL cannot do this reduction."""
+        op = B.coerce_op(op, where)
+        B.reduce_plan(arr.dtype, op, where)  # same dtype/op rules as the MPI path
+        flat = arr
+        name = str(arr.dtype)
+        if name == "bool":
+            flat, name = arr.view("uint8"), "uint8"
+            op = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PRODUCT: ReduceOp.MIN}.get(op, op)
+        elif arr.dtype.kind == "c":
+            if op not in (ReduceOp.SUM, ReduceOp.AVG):
+                return None
+            flat = arr.view(arr.real.dtype)
+            name = str(flat.dtype)
+        nt, no = self._types.get(name), self._ops.get(op)
+        if nt is None or no is None:
+            return None
+        return flat, nt, no
+
+    def _launch(self, fn: Any, result: Any, async_op: bool, finish: Any = None,
+                keep: Any = None) -> Optional[Work]:
+        cp = get_cupy()
+        stream = cp.cuda.get_current_stream()
+        with cp.cuda.Device(self._dev):
+            fn(stream.ptr)
+        if not async_op:
+            stream.synchronize()
+            if finish is not None:
+                finish()
+            return None
+        event = cp.cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+        return Work(_EventRequest(event), finish, result, keep=keep,
+                    describe=lambda: f"nccl op on {self.name}")
+
+    def _contiguous(self, arr: Any, what: str, where: str) -> tuple:
+        B.check_dtype(arr, what, where)
+        if arr.flags.c_contiguous:
+            return arr, None
+        cp = get_cupy()
+        buf = cp.ascontiguousarray(arr)
+
+        def write_back() -> None:
+            arr[...] = buf
+
+        return buf, write_back
+
+    # -- collectives on CuPy arrays ---------------------------------------------------
+    def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM,
+                   async_op: bool = False) -> Optional[Work]:
+        if not self._gpu(tensor):
+            return self.mpi_group.all_reduce(tensor, op, async_op)
+        where = self.mpi_group._begin("all_reduce")
+        arr = B.unwrap(tensor, "tensor", where)
+        plan = self._plan(arr, op, where)
+        if plan is None or self.debug:
+            return self.mpi_group._all_reduce(tensor, op, async_op)
+        buf, write_back = self._contiguous(plan[0], "tensor", where)
+        n = buf.size
+        c = self.nccl_comm
+        return self._launch(
+            lambda s: c.allReduce(buf.data.ptr, buf.data.ptr, n, plan[1], plan[2], s),
+            [tensor], async_op, write_back, buf)
+
+    def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
+                  group_src: Optional[int] = None) -> Optional[Work]:
+        if not self._gpu(tensor) or self.debug:
+            return self.mpi_group.broadcast(tensor, src, async_op, group_src)
+        where = self.mpi_group._begin("broadcast")
+        root = self.resolve_peer(src, group_src, "src", where)
+        arr = B.unwrap(tensor, "tensor", where)
+        buf, write_back = self._contiguous(arr.view("uint8") if arr.dtype == bool else arr,
+                                           "tensor", where)
+        nbytes = buf.nbytes
+        c, u8 = self.nccl_comm, self._nccl.NCCL_UINT8
+        return self._launch(lambda s: c.bcast(buf.data.ptr, nbytes, u8, root, s), [tensor],
+                            async_op, write_back, buf)
+
+    def reduce(self, tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM,
+               async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+        if not self._gpu(tensor) or self.debug:
+            return self.mpi_group.reduce(tensor, dst, op, async_op, group_dst)
+        where = self.mpi_group._begin("reduce")
+        if dst is None and group_dst is None:
+            group_dst = 0
+        root = self.resolve_peer(dst, group_dst, "dst", where)
+        arr = B.unwrap(tensor, "tensor", where)
+        plan = self._plan(arr, op, where)
+        if plan is None:
+            self.mpi_group.seq -= 1
+            return self.mpi_group.reduce(tensor, dst, op, async_op, group_dst)
+        buf, write_back = self._contiguous(plan[0], "tensor", where)
+        n = buf.size
+        c = self.nccl_comm
+        return self._launch(
+            lambda s: c.reduce(buf.data.ptr, buf.data.ptr, n, plan[1], plan[2], root, s),
+            [tensor], async_op, write_back if self.rank_ == root else None, buf)
+
+    def all_gather_into_tensor(self, output: Any, input: Any,
+                               async_op: bool = False) -> Optional[Work]:
+        if not self._gpu(output, input) or self.debug:
+            return self.mpi_group.all_gather_into_tensor(output, input, async_op)
+        where = self.mpi_group._begin("all_gather_into_tensor")
+        out = B.unwrap(output, "output_tensor", where)
+        inp = B.unwrap(input, "input_tensor", where)
+        B.check_same_dtype(inp, out, "input_tensor", "output_tensor", where)
+        if out.size != inp.size * self.size_:
+            raise ValueError(f"{where}: output_tensor has {out.size} elements but needs "
+                             f"{self.size_} × {inp.size}")
+        sbuf, _ = self._contiguous(inp, "input_tensor", where)
+        rbuf, write_back = self._contiguous(out, "output_tensor", where)
+        nbytes = sbuf.nbytes
+        c, u8 = self.nccl_comm, self._nccl.NCCL_UINT8
+        return self._launch(lambda s: c.allGather(sbuf.data.ptr, rbuf.data.ptr, nbytes, u8, s),
+                            [output], async_op, write_back, (sbuf, rbuf))
+
+    def reduce_scatter_tensor(self, output: Any, input: Any, op: Any = ReduceOp.SUM,
+                              async_op: bool = False) -> Optional[Work]:
+        if not self._gpu(output, input) or self.debug:
+            return self.mpi_group.reduce_scatter_tensor(output, input, op, async_op)
+        where = self.mpi_group._begin("reduce_scatter_tensor")
+        out = B.unwrap(output, "output", where)
+        inp = B.unwrap(input, "input", where)
+        B.check_same_dtype(inp, out, "input", "output", where)
+        if inp.size != out.size * self.size_:
+            raise ValueError(f"{where}: input has {inp.size} elements but needs "
+                             f"{self.size_} × {out.size}")
+        plan_in, plan_out = self._plan(inp, op, where), self._plan(out, op, where)
+        if plan_in is None:
+            self.mpi_group.seq -= 1
+            return self.mpi_group.reduce_scatter_tensor(output, input, op, async_op)
+        sbuf, _ = self._contiguous(plan_in[0], "input", where)
+        rbuf, write_back = self._contiguous(plan_out[0], "output", where)
+        n = rbuf.size
+        c = self.nccl_comm
+        return self._launch(
+            lambda s: c.reduceScatter(sbuf.data.ptr, rbuf.data.ptr, n, plan_in[1], plan_in[2], s),
+            [output], async_op, write_back, (sbuf, rbuf))
+
+    def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool = False) -> Optional[Work]:
+        if (not self._gpu(tensor, *tensor_list) or self.debug
+                or len({B.unwrap(t, "", "").size for t in tensor_list}) != 1):
+            return self.mpi_group.all_gather(tensor_list, tensor, async_op)
+        cp = get_cupy()
+        arr = B.unwrap(tensor, "tensor", "all_gather")
+        flat = cp.empty(arr.size * self.size_, dtype=arr.dtype)
+        outs = [B.unwrap(t, "", "") for t in tensor_list]
+        if len(outs) != self.size_:
+            return self.mpi_group.all_gather(tensor_list, tensor, async_op)
+
+        def copy_out() -> None:
+            for i, o in enumerate(outs):
+                o[...] = flat[i * arr.size:(i + 1) * arr.size].reshape(o.shape)
+
+        work = self.all_gather_into_tensor(flat, arr, async_op=async_op)
+        if work is None:
+            copy_out()
+            return None
+        return Work(_EventRequest(work._request.event), copy_out, list(tensor_list))
+
+    def barrier(self, async_op: bool = False) -> Optional[Work]:
+        get_cupy().cuda.get_current_stream().synchronize()
+        return self.mpi_group.barrier(async_op)
+
+    def free(self) -> None:
+        comm, self.__dict__["nccl_comm"] = self.__dict__.get("nccl_comm"), None
+        if comm is not None:
+            comm.destroy()
+        self.mpi_group.free()

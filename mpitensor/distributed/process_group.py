@@ -1,0 +1,310 @@
+"""Backend-neutral pieces of the communicator layer: reduce ops, work handles, the group base.
+
+A :class:`ProcessGroup` is one communicator: the world, or a sub-group made by ``new_group``.
+Concrete subclasses (:class:`~mpitensor.distributed.mpi.MPIGroup`,
+:class:`~mpitensor.distributed.nccl.NCCLGroup`) implement the operations; this module holds
+what they share: rank translation, sequence numbers, error wording and the ``Work`` handle.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from ..errors import DistributedTimeoutError, NotAGroupMemberError
+
+__all__ = ["ReduceOp", "reduce_op", "Work", "ProcessGroup", "GroupMember"]
+
+
+class ReduceOp:
+    """Reduction operations, named as in ``torch.distributed.ReduceOp``.
+
+    ``ReduceOp.SUM``, ``PRODUCT``, ``MIN``, ``MAX``, ``BAND``, ``BOR``, ``BXOR``, ``AVG``.
+    ``AVG`` is defined for floating and complex dtypes; ``BAND``/``BOR``/``BXOR`` for integer and
+    bool dtypes; ``MAX``/``MIN`` for real dtypes. Any other combination raises ``ValueError``
+    before any message is sent.
+
+    The members are plain singletons rather than ``enum.Enum`` members: an Enum's attribute
+    access and hash cost ~0.5 µs together, which would double the overhead of a small all_reduce.
+    """
+
+    __slots__ = ("name",)
+    SUM: "ReduceOp"
+    PRODUCT: "ReduceOp"
+    MIN: "ReduceOp"
+    MAX: "ReduceOp"
+    BAND: "ReduceOp"
+    BOR: "ReduceOp"
+    BXOR: "ReduceOp"
+    AVG: "ReduceOp"
+    members: "dict[str, ReduceOp]" = {}
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<ReduceOp.{self.name}>"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> "tuple":
+        return (getattr, (ReduceOp, self.name))
+
+
+for _name in ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG"):
+    setattr(ReduceOp, _name, ReduceOp(_name))
+    ReduceOp.members[_name] = getattr(ReduceOp, _name)
+del _name
+
+
+class _LegacyReduceOp:
+    """The deprecated ``reduce_op`` namespace of old torch tutorials (``dist.reduce_op.SUM``)."""
+
+    SUM = ReduceOp.SUM
+    PRODUCT = ReduceOp.PRODUCT
+    MIN = ReduceOp.MIN
+    MAX = ReduceOp.MAX
+
+    def __repr__(self) -> str:
+        return "reduce_op (legacy alias of ReduceOp)"
+
+
+reduce_op = _LegacyReduceOp()
+
+
+class Work:
+    """Handle of an asynchronous operation (``async_op=True``, ``isend``, ``irecv``).
+
+    ``wait()`` blocks until the operation is done and its output is in place; ``is_completed()``
+    polls without blocking. Finishing steps (writing back a staged buffer, dividing for ``AVG``,
+    unpacking into output lists) run exactly once, in whichever of the two completes it.
+
+    Example:
+        >>> work = dist.all_reduce(t, async_op=True)
+        >>> ...                      # overlap other work here
+        >>> work.wait()
+    """
+
+    __slots__ = ("_request", "_finish", "_done", "_result", "_source", "_describe", "_keep",
+                 "_exception", "_status")
+
+    def __init__(
+        self,
+        request: Any,
+        finish: Optional[Callable[[], None]] = None,
+        result: Any = None,
+        describe: Optional[Callable[[], str]] = None,
+        keep: Any = None,
+        status: Any = None,
+    ) -> None:
+        self._request = request
+        self._finish = finish
+        self._done = False
+        self._result = result
+        self._source: Optional[int] = None
+        self._describe = describe
+        self._keep = keep  # buffers MPI reads or writes must outlive the request
+        self._exception: Optional[BaseException] = None
+        self._status = status
+
+    def _complete(self) -> None:
+        self._done = True
+        finish, self._finish = self._finish, None
+        self._keep = None
+        if finish is not None:
+            try:
+                finish()
+            except BaseException as exc:
+                self._exception = exc
+                raise
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the operation completes; return True.
+
+        Args:
+            timeout: seconds to wait at most (a ``float`` or ``datetime.timedelta``); ``None``
+                waits forever.
+
+        Raises:
+            DistributedTimeoutError: the operation did not complete in time.
+        """
+        if self._done:
+            if self._exception is not None:
+                raise self._exception
+            return True
+        if timeout is None:
+            self._request.Wait(self._status)
+        else:
+            if hasattr(timeout, "total_seconds"):
+                timeout = timeout.total_seconds()
+            deadline = time.monotonic() + float(timeout)
+            pause = 1e-6
+            while not self._request.Test(self._status):
+                if time.monotonic() >= deadline:
+                    what = self._describe() if self._describe is not None else "operation"
+                    raise DistributedTimeoutError(
+                        f"{what} did not complete within {timeout:g} s; a peer may not have "
+                        "entered the matching call. Check that every rank makes the same calls "
+                        "in the same order (MPITENSOR_DEBUG=1 checks collectives)."
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+        self._complete()
+        return True
+
+    def is_completed(self) -> bool:
+        """Return True when the operation has finished (never blocks)."""
+        if self._done:
+            return True
+        if self._request.Test(self._status):
+            self._complete()
+            return True
+        return False
+
+    def is_success(self) -> bool:
+        """Return True when the operation completed without error."""
+        return self._done and self._exception is None
+
+    def exception(self) -> Optional[BaseException]:
+        """Return the error the operation finished with, if any."""
+        return self._exception
+
+    def result(self) -> Any:
+        """Return the output tensors (a list) after waiting for completion."""
+        self.wait()
+        return self._result
+
+    def source_rank(self) -> int:
+        """For a completed ``irecv``: the global rank the message came from."""
+        if not self._done:
+            raise RuntimeError("source_rank() needs a completed irecv: call wait() first")
+        if self._source is None:
+            raise RuntimeError("source_rank() is only defined for irecv work handles")
+        return self._source
+
+    def __repr__(self) -> str:
+        what = self._describe() if self._describe is not None else "work"
+        return f"<Work {what} {'done' if self._done else 'pending'}>"
+
+
+class _Completed(Work):
+    """A work handle that is already complete (a no-op, or a blocking fallback)."""
+
+    __slots__ = ()
+
+    def __init__(self, result: Any = None) -> None:
+        super().__init__(None, None, result)
+        self._done = True
+
+
+class ProcessGroup:
+    """A communicator over a set of global ranks.
+
+    Attributes:
+        ranks: the global ranks of the members, in group-rank order.
+        rank_: this process's rank in the group (-1 when not a member).
+        name: a readable name used in error messages.
+    """
+
+    backend_name = "undefined"
+
+    def __init__(self, ranks: Sequence[int], my_global_rank: int, name: str,
+                 timeout: float, debug: bool) -> None:
+        self.ranks = tuple(int(r) for r in ranks)
+        self._global_to_group = {g: i for i, g in enumerate(self.ranks)}
+        self.global_rank = my_global_rank
+        self.rank_ = self._global_to_group.get(my_global_rank, -1)
+        self.size_ = len(self.ranks)
+        self.name = name
+        self.timeout = timeout
+        self.debug = debug
+        self.seq = 0  # collectives: the same count on every member
+        self.p2p_seq = 0  # point-to-point calls: counted per rank
+
+    # -- membership and rank translation ------------------------------------------------
+    @property
+    def is_member(self) -> bool:
+        return self.rank_ >= 0
+
+    def rank(self) -> int:
+        """This process's rank in the group (-1 when not a member, as in torch)."""
+        return self.rank_
+
+    def size(self) -> int:
+        """Number of ranks in the group."""
+        return self.size_
+
+    def require_member(self, opname: str) -> None:
+        if self.rank_ < 0:
+            raise NotAGroupMemberError(
+                f"rank {self.global_rank}: {opname} on {self.name} (global ranks "
+                f"{list(self.ranks)}), but rank {self.global_rank} is not a member of that group. "
+                "Only members may call its collectives and p2p operations; guard the call with "
+                "`if dist.get_rank(group) >= 0:`."
+            )
+
+    def group_rank_of(self, global_rank: int, what: str, where: str) -> int:
+        """Translate a global rank to a group rank, with a clear error for non-members."""
+        if isinstance(global_rank, bool) or not isinstance(global_rank, int):
+            if hasattr(global_rank, "__index__"):
+                global_rank = global_rank.__index__()
+            else:
+                raise TypeError(f"{where}: {what} must be an int, "
+                                f"got {type(global_rank).__name__} {global_rank!r}")
+        r = self._global_to_group.get(global_rank)
+        if r is None:
+            raise ValueError(
+                f"{where}: {what}={global_rank} is not a rank of {self.name} "
+                f"(global ranks {list(self.ranks)}). Pass a global rank that is a member, or "
+                f"use group_{what.split('=')[0]}= for a rank inside the group."
+            )
+        return r
+
+    def check_group_rank(self, group_rank: int, what: str, where: str) -> int:
+        if isinstance(group_rank, bool) or not hasattr(group_rank, "__index__"):
+            raise TypeError(f"{where}: {what} must be an int, got {group_rank!r}")
+        group_rank = group_rank.__index__()
+        if not 0 <= group_rank < self.size_:
+            raise ValueError(
+                f"{where}: {what}={group_rank} is out of range for {self.name} of "
+                f"size {self.size_}; valid group ranks are 0..{self.size_ - 1}."
+            )
+        return group_rank
+
+    def resolve_peer(self, global_peer: Optional[int], group_peer: Optional[int], what: str,
+                     where: str, allow_none: bool = False) -> Optional[int]:
+        """Return the group rank of a peer given either as a global or a group rank."""
+        if group_peer is not None:
+            if global_peer is not None:
+                raise ValueError(f"{where}: pass {what} or group_{what}, not both")
+            return self.check_group_rank(group_peer, f"group_{what}", where)
+        if global_peer is None:
+            if allow_none:
+                return None
+            raise ValueError(f"{where}: {what} is required")
+        if (not isinstance(global_peer, bool) and hasattr(global_peer, "__index__")
+                and not 0 <= global_peer.__index__() < self.world_size):
+            raise ValueError(
+                f"{where}: {what}={global_peer} is out of range; valid global ranks "
+                f"are 0..{self.world_size - 1} (world size {self.world_size})."
+            )
+        return self.group_rank_of(global_peer, what, where)
+
+    world_size = 1  # set by the factory: size of the world the group lives in
+
+    def where(self, opname: str, p2p: bool = False) -> str:
+        """The prefix of every error message: rank, operation, group and sequence number."""
+        if p2p:
+            return f"rank {self.global_rank}: {opname} (p2p #{self.p2p_seq} on {self.name})"
+        return f"rank {self.global_rank}: {opname} (#{self.seq} on {self.name})"
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} {self.name} ranks={list(self.ranks)} "
+                f"rank={self.rank_} backend={self.backend_name}>")
+
+
+class GroupMember:
+    """Sentinels as in torch: ``GroupMember.WORLD`` (the default group) and ``NON_GROUP_MEMBER``."""
+
+    WORLD: Any = None  # replaced by the default group when it exists
+    NON_GROUP_MEMBER = -100

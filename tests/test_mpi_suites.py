@@ -1,0 +1,41 @@
+"""Launch the MPI test suite (``tests/mpi``) under ``mpiexec`` at 1, 2, 3 and 4 ranks.
+
+Each launch runs with a hard timeout, so a hang fails instead of blocking; every rank writes its
+own summary, and the test asserts that each rank ran the same tests and none failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from .launch import mpiexec_run
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE_TIMEOUT = float(os.environ.get("MPITENSOR_SUITE_TIMEOUT", "900"))
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_mpi_suite(nprocs: int, tmp_path: Path) -> None:
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir()
+    env = {"MPITENSOR_TEST_REPORT_DIR": str(report_dir)}
+    args = [sys.executable, "-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider",
+            "--timeout=180", str(ROOT / "tests" / "mpi")]
+    proc = mpiexec_run(nprocs, args, timeout=SUITE_TIMEOUT, env=env, cwd=ROOT)
+    tail = proc.output[-8000:]
+    assert not proc.timed_out, f"MPI suite at {nprocs} ranks hung (> {SUITE_TIMEOUT}s):\n{tail}"
+    reports = [report_dir / f"rank{r}.json" for r in range(nprocs)]
+    missing = [p.name for p in reports if not p.exists()]
+    assert not missing, f"ranks without a report {missing} (rc={proc.returncode}):\n{tail}"
+    data = [json.loads(p.read_text()) for p in reports]
+    for d in data:
+        assert d["size"] == nprocs
+        assert d["failed"] == 0, f"rank {d['rank']} failures: {d['failures']}\n{tail}"
+        assert d["passed"] > 0, f"rank {d['rank']} ran no test:\n{tail}"
+    assert len({d["passed"] for d in data}) == 1, f"ranks ran different tests: {data}"
+    assert proc.returncode == 0, f"mpiexec exited {proc.returncode}:\n{tail}"
