@@ -25,7 +25,7 @@ def test_mpi_suite(nprocs: int, tmp_path: Path) -> None:
     report_dir.mkdir()
     env = {"MPITENSOR_TEST_REPORT_DIR": str(report_dir)}
     args = [sys.executable, "-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider",
-            "--timeout=180", str(ROOT / "tests" / "mpi")]
+            "--timeout=180", "--timeout-method=thread", str(ROOT / "tests" / "mpi")]
     proc = mpiexec_run(nprocs, args, timeout=SUITE_TIMEOUT, env=env, cwd=ROOT)
     tail = proc.output[-8000:]
     assert not proc.timed_out, f"MPI suite at {nprocs} ranks hung (> {SUITE_TIMEOUT}s):\n{tail}"

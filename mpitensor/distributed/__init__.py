@@ -213,7 +213,11 @@ def init_process_group(
     if name == Backend.NCCL:
         from .nccl import NCCLGroup
 
-        world = NCCLGroup(world, device_id)
+        try:
+            world = NCCLGroup(world, device_id)
+        except BaseException:
+            world.free()  # leave nothing half-made: release the duplicated communicator
+            raise
     world.backend_label = name
     _state.world = world
     _state.groups.add(world)
@@ -350,7 +354,11 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None,
     if label == Backend.NCCL and sub.is_member:
         from .nccl import NCCLGroup
 
-        sub = NCCLGroup(sub, device_id)
+        try:
+            sub = NCCLGroup(sub, device_id)
+        except BaseException:
+            sub.free()  # leave nothing half-made: release the sub-group's communicator
+            raise
     sub.backend_label = label
     _state.groups.add(sub)
     return sub

@@ -201,6 +201,19 @@ def stage_in(arr: Any) -> Any:
     return arr.get()
 
 
+def unalias(send: Any, recv: Any) -> Any:
+    """``send``, or a copy of it where it overlaps ``recv``.
+
+    MPI forbids aliased send and receive buffers, but torch allows an input that is a chunk of
+    the output (the in-place ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` idiom)
+    or the output itself; the overlap test only compares bounds, so it costs O(1).
+    """
+    xp = array_module(send)
+    if xp is array_module(recv) and xp.may_share_memory(send, recv):
+        return send.copy()
+    return send
+
+
 def stage_out(arr: Any) -> "tuple[Any, Optional[Callable[[], None]]]":
     """A contiguous buffer MPI can write, and the step that copies it back into ``arr``."""
     if isinstance(arr, np.ndarray):

@@ -352,7 +352,7 @@ class MPIGroup(ProcessGroup):
                                      shape=tuple(B.unwrap(input, "input_tensor", where).shape)),
             prepare)
         rbuf, write_back = B.stage_out(out)
-        sspec, rspec = [B.stage_in(inp), mt], [rbuf, mt]
+        sspec, rspec = [B.unalias(B.stage_in(inp), rbuf), mt], [rbuf, mt]
         comm = self.comm
         return self._run(where, lambda: comm.Allgather(sspec, rspec),
                          lambda: comm.Iallgather(sspec, rspec), write_back, async_op, [output],
@@ -443,7 +443,7 @@ class MPIGroup(ProcessGroup):
                              lambda: comm.Iscatterv(None, rspec, root), write_back, async_op,
                              [tensor], keep=rspec)
         counts, displs = _counts_displs([a.size for a in ins])
-        sspec = [self._packed_in(ins), (counts, displs), mt]
+        sspec = [B.unalias(self._packed_in(ins), rbuf), (counts, displs), mt]
         return self._run(where, lambda: comm.Scatterv(sspec, rspec, root),
                          lambda: comm.Iscatterv(sspec, rspec, root), write_back, async_op,
                          [tensor], keep=(sspec, rspec))
@@ -473,6 +473,7 @@ class MPIGroup(ProcessGroup):
         sbuf = B.apply_plan_in(self._packed_in(ins), plan)
         buf, write_back = B.stage_out(out)
         rbuf, narrow = B.apply_plan_out(buf, plan)
+        sbuf = B.unalias(sbuf, rbuf)
         avg = B.divider(rbuf, self.size_) if plan.average else None
         sspec, rspec = [sbuf, plan.mpi_type], [rbuf, plan.mpi_type]
         comm, mop = self.comm, plan.mpi_op
@@ -504,6 +505,7 @@ class MPIGroup(ProcessGroup):
         sbuf = B.apply_plan_in(B.stage_in(inp), plan)
         buf, write_back = B.stage_out(out)
         rbuf, narrow = B.apply_plan_out(buf, plan)
+        sbuf = B.unalias(sbuf, rbuf)
         avg = B.divider(rbuf, self.size_) if plan.average else None
         sspec, rspec = [sbuf, plan.mpi_type], [rbuf, plan.mpi_type]
         comm, mop = self.comm, plan.mpi_op
@@ -587,7 +589,7 @@ class MPIGroup(ProcessGroup):
 
         out, inp, mt, scounts, rcounts = self._maybe_debug(where, sig, prepare)
         rbuf, write_back = B.stage_out(out)
-        sspec = [B.stage_in(inp), _counts_displs(scounts), mt]
+        sspec = [B.unalias(B.stage_in(inp), rbuf), _counts_displs(scounts), mt]
         rspec = [rbuf, _counts_displs(rcounts), mt]
         comm = self.comm
         return self._run(where, lambda: comm.Alltoallv(sspec, rspec),

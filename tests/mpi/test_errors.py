@@ -1,0 +1,367 @@
+"""Bad inputs: every one raises a clear ValueError/TypeError (or MpiTensorError) with a message
+that names the problem, before any message is sent.
+
+Errors every rank makes are raised on every rank. Errors that only one rank can see (a wrong
+``scatter_list`` on the source, a wrong ``gather_list`` on the destination) are raised before any
+traffic, so only that rank makes the call; they run on a private group, so the sequence numbers
+of the shared groups stay the same on every rank (debug mode compares them).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import mpitensor.distributed as dist
+from mpitensor.errors import (
+    DistributedTimeoutError,
+    MessageTruncatedError,
+    MpiTensorError,
+    NotAGroupMemberError,
+)
+
+from . import arrayimpl as ai
+
+R = dist.ReduceOp
+
+
+@pytest.fixture(scope="module")
+def _private_group():
+    return dist.new_group(list(range(dist.get_world_size())), group_desc="test_errors")
+
+
+@pytest.fixture
+def private(_private_group):
+    """A group of the whole world used only by this module, for calls only the root makes
+    (with debug mode off: it would make the root wait for the others' signatures)."""
+    with ai.debug_mode(False):
+        yield _private_group
+
+
+def world():
+    return dist.get_world_size(), dist.get_rank()
+
+
+# ---------------------------------------------------------------------------- p2p peers and tags
+def test_send_recv_bad_peer():
+    n, me = world()
+    x = np.zeros(2)
+    for fn, what in ((dist.send, "dst"), (dist.isend, "dst"), (dist.recv, "src"),
+                     (dist.irecv, "src")):
+        for bad in (n, n + 5, -1):
+            with pytest.raises(ValueError, match=rf"{what}={bad} is out of range; valid global "
+                                                 rf"ranks are 0\.\.{n - 1}"):
+                fn(x, bad)
+        with pytest.raises(ValueError, match=rf"invalid {what} rank {me}: .*same as the rank "
+                                             "of the current process"):
+            fn(x, me)
+        with pytest.raises(TypeError, match=f"{what} must be an int"):
+            fn(x, "1")
+    with pytest.raises(ValueError, match="dst is required"):
+        dist.send(x)
+    with pytest.raises(ValueError, match=r"tag=-1 is out of range; MPI tags run from 0 to"):
+        dist.recv(x, None, tag=-1)
+    with pytest.raises(TypeError, match="tag must be an int"):
+        dist.recv(x, None, tag="x")
+    with pytest.raises(ValueError, match="not both"):
+        dist.send(x, dst=0, group_dst=0)
+
+
+def test_bad_p2pop_and_batch():
+    x = np.zeros(1)
+    with pytest.raises(ValueError, match="op must be mpitensor.distributed.isend or .irecv"):
+        dist.P2POp(dist.send, x, 0)
+    with pytest.raises(ValueError, match="peer .* is required"):
+        dist.P2POp(dist.isend, x)
+    with pytest.raises(ValueError, match="list of P2POp is empty"):
+        dist.batch_isend_irecv([])
+    with pytest.raises(TypeError, match="expects a list of P2POp"):
+        dist.batch_isend_irecv([x])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_recv_buffer_too_small():
+    """MessageTruncatedError names the sender, the tag and both sizes; the link still works."""
+    n, me = world()
+    if me == 0:
+        for tag in (0, 1, 2):
+            dist.send(np.arange(10, dtype=np.float64), 1, tag=tag)
+        dist.send(np.arange(3, dtype=np.float64), 1, tag=3)
+    elif me == 1:
+        with pytest.raises(MessageTruncatedError,
+                           match=r"rank 1: recv .*from rank 0 \(tag 0\) of 80 bytes is larger "
+                                 r"than the receive buffer \(float64\[4\], 32 bytes\)"):
+            dist.recv(np.zeros(4), 0, tag=0)
+        work = dist.irecv(np.zeros(4), 0, tag=1)
+        with pytest.raises(MessageTruncatedError, match=r"irecv .* of 80 bytes .*32 bytes"):
+            work.wait()
+        assert work.is_completed() and not work.is_success()
+        assert isinstance(work.exception(), MessageTruncatedError)
+        with pytest.raises(MessageTruncatedError):  # a second wait reports the same error
+            work.wait()
+        with pytest.raises(MessageTruncatedError, match=r"float64\[2\], 16 bytes"):
+            dist.recv(np.zeros(4)[::2], 0, tag=2)  # staged receive buffer
+        y = np.zeros(3)
+        assert dist.recv(y, 0, tag=3) == 0
+        np.testing.assert_array_equal(y, np.arange(3.0))
+    assert issubclass(MessageTruncatedError, MpiTensorError)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_wait_timeout_then_completion():
+    """Work.wait(timeout) raises DistributedTimeoutError; the work can still complete later."""
+    n, me = world()
+    y = np.zeros(2)
+    if me == 1:
+        work = dist.irecv(y, 0, tag=77)
+        with pytest.raises(DistributedTimeoutError, match=r"did not complete within 0\.05 s"):
+            work.wait(timeout=0.05)
+        assert not work.is_completed()
+    dist.barrier()
+    if me == 0:
+        dist.send(np.array([7.0, 8.0]), 1, tag=77)
+    elif me == 1:
+        assert work.wait(timeout=60)
+        np.testing.assert_array_equal(y, [7.0, 8.0])
+
+
+# ---------------------------------------------------------------------------- list lengths
+def test_list_lengths_used_on_every_rank():
+    n, me = world()
+    x = np.zeros(2, np.float32)
+    short = [np.zeros(2, np.float32) for _ in range(n + 1)]
+    msg = rf"has {n + 1} entries but WORLD has {n} ranks"
+    with pytest.raises(ValueError, match="tensor_list " + msg):
+        dist.all_gather(short, x)
+    with pytest.raises(ValueError, match="input_list " + msg):
+        dist.reduce_scatter(x, short)
+    with pytest.raises(ValueError, match="input_tensor_list " + msg):
+        dist.all_to_all([np.zeros(2, np.float32)] * n, short)
+    with pytest.raises(ValueError, match="output_tensor_list " + msg):
+        dist.all_to_all(short, [np.zeros(2, np.float32)] * n)
+    with pytest.raises(TypeError, match="tensor_list must be a list"):
+        dist.all_gather(np.zeros((n, 2), np.float32), x)
+    with pytest.raises(ValueError, match=r"tensor has 2 elements but tensor_list\[\d+\] \(this "
+                                         r"rank's slot\) has 3"):
+        dist.all_gather([np.zeros(3, np.float32) for _ in range(n)], x)
+
+
+def test_list_lengths_on_the_root(private):
+    """scatter_list is used on src, gather_list on dst: only that rank raises (and calls)."""
+    n, me = world()
+    x = np.zeros(2, np.int32)
+    wrong = [np.zeros(2, np.int32) for _ in range(n + 1)]
+    root = n - 1
+    if me == root:
+        with pytest.raises(ValueError, match=rf"scatter_list has {n + 1} entries but "
+                                             rf"test_errors has {n} ranks"):
+            dist.scatter(x, wrong, src=root, group=private)
+        with pytest.raises(ValueError, match="scatter_list is required on the source rank"):
+            dist.scatter(x, None, src=root, group=private)
+        with pytest.raises(ValueError, match=rf"gather_list has {n + 1} entries"):
+            dist.gather(x, wrong, dst=root, group=private)
+        with pytest.raises(ValueError, match="gather_list is required on the destination"):
+            dist.gather(x, None, dst=root, group=private)
+        with pytest.raises(ValueError, match=rf"gather_list has 0 entries but test_errors has "
+                                             rf"{n} ranks"):
+            dist.gather(x, [], dst=root, group=private)
+        with pytest.raises(ValueError, match=rf"object_gather_list must be a list of {n} "):
+            dist.gather_object(1, [None] * (n + 1), dst=root, group=private)
+        with pytest.raises(ValueError, match=rf"scatter_object_input_list must be a list of "
+                                             rf"{n} "):
+            dist.scatter_object_list([None], [1] * (n + 1), src=root, group=private)
+
+
+# ---------------------------------------------------------------------------- dtypes
+def test_mismatched_dtypes():
+    n, me = world()
+    f32, f64 = np.float32, np.float64
+    pat = r"dtype mismatch: {} is {} but {} is {}"
+    with pytest.raises(TypeError, match=r"dtype mismatch: tensor is float32 but "
+                                        r"tensor_list\[0\] is float64"):
+        dist.all_gather([np.zeros(2, f64) for _ in range(n)], np.zeros(2, f32))
+    with pytest.raises(TypeError, match=pat.format("input_tensor", "float32", "output_tensor",
+                                                   "float64")):
+        dist.all_gather_into_tensor(np.zeros(2 * n, f64), np.zeros(2, f32))
+    with pytest.raises(TypeError, match=pat.format("input", "int64", "output", "int32")):
+        dist.reduce_scatter_tensor(np.zeros(2, np.int32), np.zeros(2 * n, np.int64))
+    with pytest.raises(TypeError, match=pat.format("input", "float32", "output", "float64")):
+        dist.all_to_all_single(np.zeros(n, f64), np.zeros(n, f32))
+    with pytest.raises(TypeError, match=r"tensor is float32 but input_list\[\d\] is float64"):
+        dist.reduce_scatter(np.zeros(2, f32), [np.zeros(2, f64) for _ in range(n)])
+    with pytest.raises(TypeError, match=r"output_tensor_list\[0\] is complex64"):
+        dist.all_to_all([np.zeros(2, np.complex64)] * n, [np.zeros(2, f32)] * n)
+
+
+def test_mismatched_dtypes_on_the_root(private):
+    n, me = world()
+    if me == 0:
+        with pytest.raises(TypeError, match=r"gather_list\[0\] is int8"):
+            dist.gather(np.zeros(1, np.uint8), [np.zeros(1, np.int8)] * n, group=private)
+        with pytest.raises(TypeError, match=r"scatter_list\[0\] is bool"):
+            dist.scatter(np.zeros(1, np.uint8), [np.zeros(1, bool)] * n, group=private)
+
+
+@pytest.mark.parametrize("dtype", [np.longdouble, "datetime64[s]", object, "U3", "V8"],
+                         ids=["longdouble", "datetime64", "object", "str", "void"])
+def test_unsupported_dtypes(dtype):
+    n, me = world()
+    a = np.zeros(2, dtype=dtype)
+    if a.dtype == np.float64:  # longdouble is float64 on some platforms
+        pytest.skip("longdouble is float64 here")
+    msg = rf"has unsupported dtype {re.escape(str(a.dtype))}; supported dtypes are bool, int8"
+    with pytest.raises(TypeError, match="tensor " + msg):
+        dist.all_reduce(a)
+    with pytest.raises(TypeError, match="tensor " + msg):
+        dist.broadcast(a, src=0)
+    with pytest.raises(TypeError, match="tensor " + msg):
+        dist.all_gather([a] * n, a)
+    with pytest.raises(TypeError, match="input_tensor " + msg):
+        dist.all_gather_into_tensor(np.zeros(2 * n, dtype=dtype), a)
+    if n > 1:
+        with pytest.raises(TypeError, match="tensor " + msg):
+            dist.send(a, (me + 1) % n)
+        with pytest.raises(TypeError, match="tensor " + msg):
+            dist.irecv(a, (me + 1) % n)
+
+
+def test_not_an_array():
+    with pytest.raises(TypeError, match="tensor must be an mpitensor.Tensor, a NumPy array "
+                                        "or a CuPy array, got list"):
+        dist.all_reduce([1.0, 2.0])
+    with pytest.raises(TypeError, match="got float"):
+        dist.broadcast(1.0, src=0)
+
+
+# ---------------------------------------------------------------------------- ops
+@pytest.mark.parametrize("op", ["median", None, 3, "SUMM"])
+def test_unsupported_op(op):
+    x = np.ones(2)
+    with pytest.raises(ValueError, match=r"unsupported reduce op .*; use one of ReduceOp.SUM"):
+        dist.all_reduce(x, op=op)
+    with pytest.raises(ValueError, match="unsupported reduce op"):
+        dist.reduce(x, dst=0, op=op)
+    with pytest.raises(ValueError, match="unsupported reduce op"):
+        dist.reduce_scatter_tensor(x[:1], np.ones(dist.get_world_size()), op=op)
+    np.testing.assert_array_equal(x, [1.0, 1.0])
+
+
+def test_invalid_op_dtype_pairs():
+    """Every invalid pair raises ValueError on every rank, on every reducing collective."""
+    n, me = world()
+    for dt in ai.ALL_DTYPES:
+        for op in ai.OPS:
+            if ai.valid(dt, op):
+                continue
+            match = ai.invalid_match(dt, op)
+            x = np.zeros(2, dt)
+            with pytest.raises(ValueError, match=match):
+                dist.all_reduce(x, op=op, async_op=True)
+            with pytest.raises(ValueError, match=match):
+                dist.reduce(x, dst=n - 1, op=op)
+            with pytest.raises(ValueError, match=match):
+                dist.reduce_scatter(x, [x.copy() for _ in range(n)], op=op)
+            with pytest.raises(ValueError, match=match):
+                dist.reduce_scatter_tensor(x, np.zeros(2 * n, dt), op=op)
+
+
+# ---------------------------------------------------------------------------- read-only outputs
+def test_read_only_outputs():
+    n, me = world()
+    ro = np.zeros(2 * n, np.float32)
+    ro.setflags(write=False)
+    two = ro[:2]
+    rw = np.zeros(2, np.float32)
+    msg = "is read-only, but this operation writes its result into it"
+    with pytest.raises(ValueError, match="tensor " + msg):
+        dist.all_reduce(two)
+    with pytest.raises(ValueError, match="tensor " + msg):
+        dist.all_reduce(two, op=R.AVG, async_op=True)
+    with pytest.raises(ValueError, match=r"tensor_list\[\d\] " + msg):
+        dist.all_gather([two] * n, rw)
+    with pytest.raises(ValueError, match="output_tensor " + msg):
+        dist.all_gather_into_tensor(ro, rw)
+    with pytest.raises(ValueError, match="output " + msg):
+        dist.reduce_scatter_tensor(two, np.zeros(2 * n, np.float32))
+    with pytest.raises(ValueError, match="output " + msg):
+        dist.all_to_all_single(ro, np.zeros(2 * n, np.float32))
+    with pytest.raises(ValueError, match="tensor " + msg):
+        dist.scatter(two, [rw] * n if me == 0 else None, src=0)
+    with pytest.raises(ValueError, match="tensor " + msg):
+        dist.recv(two, None)
+    with pytest.raises(ValueError, match="tensor " + msg):
+        dist.irecv(two, None)
+
+
+def test_read_only_inputs_are_fine():
+    """Buffers that are only read (broadcast source, send, all_gather input) may be read-only."""
+    n, me = world()
+    src = np.full(3, 5.0)
+    src.setflags(write=False)
+    x = src if me == 0 else np.zeros(3)
+    dist.broadcast(x, src=0)
+    np.testing.assert_array_equal(x, [5.0, 5.0, 5.0])
+    ro = np.full(2, float(me))
+    ro.setflags(write=False)
+    out = [np.zeros(2) for _ in range(n)]
+    dist.all_gather(out, ro)
+    assert [o[0] for o in out] == list(range(n))
+    y = ro.copy()
+    dist.reduce(ro if me != 0 else y, dst=0)
+    if me == 0:
+        assert y[0] == sum(range(n))
+
+
+def test_read_only_outputs_on_the_root(private):
+    n, me = world()
+    if me == 0:
+        ro = np.zeros(1)
+        ro.setflags(write=False)
+        with pytest.raises(ValueError, match="tensor is read-only"):
+            dist.reduce(ro, dst=0, group=private)
+        with pytest.raises(ValueError, match=r"gather_list\[0\] is read-only"):
+            dist.gather(np.zeros(1), [ro] * n, dst=0, group=private)
+
+
+# ---------------------------------------------------------------------------- sizes and roots
+def test_sizes_and_roots():
+    n, me = world()
+    x = np.zeros(3)
+    with pytest.raises(ValueError, match=rf"output_tensor has 5 elements but needs group size "
+                                         rf"× input size = {n} × 3 = {3 * n}"):
+        dist.all_gather_into_tensor(np.zeros(5), x)
+    with pytest.raises(ValueError, match=rf"input has 5 elements but needs group size × output "
+                                         rf"size = {n} × 3"):
+        dist.reduce_scatter_tensor(x, np.zeros(5))
+    with pytest.raises(ValueError, match=rf"input_split_sizes has {n + 1} entries"):
+        dist.all_to_all_single(np.zeros(n), np.zeros(n), input_split_sizes=[1] * (n + 1))
+    with pytest.raises(ValueError, match=r"output_split_sizes=\[.*\] must be non-negative and "
+                                         r"sum to dimension 0"):
+        dist.all_to_all_single(np.zeros(n), np.zeros(n), output_split_sizes=[2] * n)
+    with pytest.raises(ValueError, match=r"differ beyond dimension 0"):
+        dist.all_to_all_single(np.zeros((n, 2)), np.zeros((n, 3)))
+    if n > 1:
+        with pytest.raises(ValueError, match=rf"dimension 0 \({n + 1}\) must divide evenly "
+                                             rf"among {n} ranks"):
+            dist.all_to_all_single(np.zeros(n + 1), np.zeros(n + 1))
+    with pytest.raises(ValueError, match="src is required"):
+        dist.broadcast(x)
+    with pytest.raises(ValueError, match=rf"src={n} is out of range"):
+        dist.broadcast(x, src=n)
+    with pytest.raises(ValueError, match=rf"group_dst={n} is out of range for WORLD of size "
+                                         rf"{n}"):
+        dist.reduce(x, group_dst=n)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_non_member_errors():
+    n, me = world()
+    tail = ai._groups()["tail"]
+    if me == 0:
+        with pytest.raises(NotAGroupMemberError, match=r"rank 0: all_reduce on .* but rank 0 "
+                                                        "is not a member of that group"):
+            dist.all_reduce(np.zeros(1), group=tail)
+        with pytest.raises(NotAGroupMemberError, match=r"rank 0: send on "):
+            dist.send(np.zeros(1), dst=1, group=tail)

@@ -1,0 +1,104 @@
+"""``mpitensor.bench``: the CLI runs under mpiexec and its JSON is complete and consistent.
+
+Functional only: no assertion here depends on how fast anything is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpitensor import bench
+
+from .launch import mpiexec_run
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = [4, 16, 64, 256, 1024]
+
+
+def test_helpers() -> None:
+    assert bench.parse_size("4") == 4
+    assert bench.parse_size("1K") == bench.parse_size("1KiB") == 1024
+    assert bench.parse_size("64M") == 64 << 20
+    with pytest.raises(ValueError):
+        bench.parse_size("lots")
+    assert bench.sweep_sizes(4, 1024, 4) == SIZES
+    assert bench.sweep_sizes(4, 64 << 20)[-1] == 64 << 20
+    assert bench.format_size(4) == "4 B" and bench.format_size(1 << 20) == "1 MiB"
+    assert bench.bus_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert bench.bus_factor("all_gather", 4) == pytest.approx(0.75)
+    assert bench.bus_factor("broadcast", 4) == 1.0
+    assert bench.element_count("all_gather", 4, 4, 2) == 2  # whole elements, split evenly
+    assert bench.element_count("all_reduce", 4, 8, 2) == 1
+
+
+def test_cli_json_under_mpiexec(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    args = [sys.executable, "-m", "mpitensor.bench", "--max-bytes", "1024", "--factor", "4",
+            "--reps", "2", "--rep-time", "0.002", "--warmup", "2", "--json", str(out)]
+    proc = mpiexec_run(2, args, timeout=60, cwd=ROOT)
+    assert not proc.timed_out, f"mpitensor.bench hung:\n{proc.output[-4000:]}"
+    assert proc.returncode == 0, proc.output[-4000:]
+    assert proc.output.count("latency(us)") == 1, "the table must be printed by rank 0 only"
+
+    data = json.loads(out.read_text())
+    assert data["settings"]["ranks"] == 2
+    assert data["settings"]["sizes"] == SIZES
+    assert {"cpu", "nproc", "mpi_library", "numpy"} <= set(data["machine"])
+    rows = data["rows"]
+    seen = {(r["op"], r["size"], r["mode"]) for r in rows}
+    expected = {(op, s, m) for op in bench.OPS for s in SIZES for m in bench.MODES}
+    assert seen == expected, f"missing rows: {sorted(expected - seen)}"
+    assert len(rows) == len(expected)
+    for r in rows:
+        where = f"{r['op']} {r['size']} {r['mode']}"
+        assert r["ranks"] == 2 and r["dtype"] == "float32", where
+        assert r["bytes"] == r["count"] * 4 and r["bytes"] >= r["size"], where
+        assert r["iters"] >= 1 and r["reps"] == 2, where
+        assert math.isfinite(r["latency_us"]) and r["latency_us"] > 0, where
+        assert r["algbw_GBps"] > 0, where
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["latency_us"] / 1e3), where
+        factor = bench.bus_factor(r["op"], 2)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor), where
+    split = [r for r in rows if r["op"] in ("all_gather", "reduce_scatter", "all_to_all")]
+    assert all(r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] / 2) for r in split)
+
+
+@pytest.mark.parametrize("bad", [
+    ["--ops", "all_reduce,nope"],
+    ["--max-bytes", "0"],
+    ["--min-bytes", "1M", "--max-bytes", "1K"],
+    ["--reps", "0"],
+    ["--mode", "sometimes"],
+    ["--dtype", "float8"],
+    ["--rep-time", "-1"],
+])
+def test_bad_arguments_exit_2(bad: list, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(bad)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mpitensor-bench: error:") and "\n" not in err, err
+
+
+def test_bad_argument_under_mpiexec_one_line() -> None:
+    proc = mpiexec_run(2, [sys.executable, "-m", "mpitensor.bench", "--ops", "nope"],
+                       timeout=60, cwd=ROOT)
+    assert not proc.timed_out and proc.returncode == 2, proc.output
+    lines = [ln for ln in proc.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "unknown op 'nope'" in lines[0], proc.output
+
+
+def test_cuda_without_cupy_is_a_clear_error(capsys: pytest.CaptureFixture) -> None:
+    from mpitensor.backend import cupy_unavailable_reason
+
+    if not cupy_unavailable_reason():
+        pytest.skip("CuPy and a GPU are present: --device cuda is valid here")
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--device", "cuda"])
+    assert exc.value.code == 2
+    assert "--device cuda is unavailable" in capsys.readouterr().err

@@ -1,0 +1,279 @@
+"""``mpitensor.distributed`` in one process, without mpiexec (MPI's singleton world of size 1).
+
+Setup and teardown of the default group, argument checks of ``init_process_group`` (rank and
+world size against MPI, backend names, timeouts), the ``nccl`` backend without CuPy, calls made
+before initialization, and the environment switches.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mpitensor.distributed as dist
+from mpitensor import _config
+from mpitensor.distributed.nccl import nccl_unavailable_reason
+from mpitensor.errors import MpiTensorError, NotInitializedError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _no_default_group():
+    """Every test starts and ends without a default process group."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------- before init
+def _calls_before_init():
+    x = np.ones(2)
+    return [
+        ("get_rank", lambda: dist.get_rank()),
+        ("get_world_size", lambda: dist.get_world_size()),
+        ("get_backend", lambda: dist.get_backend()),
+        ("new_group", lambda: dist.new_group([0])),
+        ("get_process_group_ranks", lambda: dist.get_process_group_ranks(None)),
+        ("all_reduce", lambda: dist.all_reduce(x)),
+        ("broadcast", lambda: dist.broadcast(x, src=0)),
+        ("barrier", lambda: dist.barrier()),
+        ("send", lambda: dist.send(x, dst=0)),
+        ("irecv", lambda: dist.irecv(x)),
+        ("all_gather_object", lambda: dist.all_gather_object([None], 1)),
+        ("destroy_process_group", lambda: dist.destroy_process_group()),
+    ]
+
+
+@pytest.mark.parametrize("name,call", _calls_before_init(), ids=lambda v: v if isinstance(
+    v, str) else "")
+def test_calls_before_init_process_group(name, call):
+    assert not dist.is_initialized()
+    assert dist.group.WORLD is None
+    with pytest.raises(NotInitializedError, match=r"(has not been|is not) initialized") as info:
+        call()
+    assert isinstance(info.value, MpiTensorError) and isinstance(info.value, RuntimeError)
+    if name != "destroy_process_group":
+        assert "call mpitensor.distributed.init_process_group() first" in str(info.value)
+
+
+def test_availability():
+    assert dist.is_available() and dist.is_mpi_available() and dist.is_gloo_available()
+    assert dist.is_nccl_available() == (nccl_unavailable_reason() == "")
+
+
+# ---------------------------------------------------------------------------- init and destroy
+def test_init_destroy_and_reinit():
+    dist.init_process_group("mpi")
+    assert dist.is_initialized()
+    assert dist.get_rank() == 0 and dist.get_world_size() == 1
+    assert dist.get_backend() == "mpi"
+    assert dist.group.WORLD is dist.GroupMember.WORLD is not None
+    x = np.arange(3.0)
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    np.testing.assert_array_equal(x, [0.0, 1.0, 2.0])
+    with pytest.raises(ValueError, match="should not be the same as the rank"):
+        dist.send(x, dst=0)
+    dist.destroy_process_group()
+    assert not dist.is_initialized() and dist.group.WORLD is None
+    with pytest.raises(NotInitializedError):
+        dist.destroy_process_group()
+    dist.init_process_group()  # again, after destroy
+    assert dist.get_world_size() == 1
+
+
+def test_init_twice():
+    dist.init_process_group("mpi")
+    with pytest.raises(RuntimeError, match="initialize the default process group twice; call "
+                                           r"destroy_process_group\(\) first"):
+        dist.init_process_group("mpi")
+    assert dist.is_initialized()
+
+
+def test_torch_arguments_are_accepted():
+    dist.init_process_group(backend="mpi", init_method="env://", world_size=1, rank=0,
+                            store=object(), group_name="g", timeout=datetime.timedelta(
+                                seconds=30))
+    assert dist.group.WORLD.timeout == 30.0
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"rank": 1}, r"rank=1 contradicts MPI, which says rank is 0 \(rank 0 of 1\)"),
+    ({"world_size": 4}, r"world_size=4 contradicts MPI, which says world_size is 1"),
+    ({"rank": 0, "world_size": 2}, r"world_size=2 contradicts MPI"),
+    ({"rank": True}, r"rank=True contradicts MPI"),
+    ({"rank": "0"}, r"rank='0' contradicts MPI"),
+])
+def test_rank_and_world_size_must_match_mpi(kwargs, match):
+    with pytest.raises(ValueError, match=match) as info:
+        dist.init_process_group("mpi", **kwargs)
+    assert "mpiexec -n N" in str(info.value)
+    assert not dist.is_initialized()
+
+
+def test_rank_env_mismatch_is_logged(monkeypatch, caplog):
+    monkeypatch.setenv("RANK", "3")
+    with caplog.at_level(logging.WARNING, logger="mpitensor.distributed"):
+        dist.init_process_group("mpi")
+    assert "RANK=3 in the environment is ignored: MPI says this is rank 0" in caplog.text
+
+
+@pytest.mark.parametrize("timeout", [0, -5, "soon", True, float("nan")])
+def test_bad_timeout(timeout):
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        dist.init_process_group("mpi", timeout=timeout)
+    assert not dist.is_initialized()
+
+
+# ---------------------------------------------------------------------------- backends
+@pytest.mark.parametrize("backend,label", [
+    (None, "mpi"), ("mpi", "mpi"), ("MPI", "mpi"), (" gloo ", "gloo"),
+    ("cpu:gloo", "mpi"), ("cpu:mpi,cuda:mpi", "mpi"), ("cpu:gloo,cuda:gloo", "mpi"),
+])
+def test_backend_names(backend, label):
+    dist.init_process_group(backend)
+    assert dist.get_backend() == label
+    assert dist.get_backend(dist.new_group([0])) == label
+    x = np.ones(2, np.float32)
+    dist.all_reduce(x)
+    np.testing.assert_array_equal(x, [1.0, 1.0])
+
+
+def test_gloo_alias_notice(monkeypatch, caplog):
+    monkeypatch.setattr(dist._state, "gloo_notice_given", False)
+    with caplog.at_level(logging.WARNING, logger="mpitensor.distributed"):
+        dist.init_process_group("gloo")
+        dist.destroy_process_group()
+        dist.init_process_group("gloo")
+    assert caplog.text.count("backend 'gloo' runs on mpitensor's MPI path") == 1
+
+
+@pytest.mark.parametrize("backend,exc,match", [
+    ("ucc", ValueError, r"unknown backend 'ucc': use 'mpi', 'nccl' or 'gloo'"),
+    ("", ValueError, "unknown backend ''"),
+    ("cpu:ucc,cuda:nccl", ValueError, r"unknown backend\(s\) \['ucc'\]"),
+    (5, TypeError, "backend must be a string such as 'mpi', got 5"),
+])
+def test_bad_backend(backend, exc, match):
+    with pytest.raises(exc, match=match):
+        dist.init_process_group(backend)
+    assert not dist.is_initialized()
+
+
+def test_backend_class():
+    assert dist.Backend("MPI") == "mpi" == dist.Backend.MPI
+    assert dist.Backend.GLOO == "gloo" and dist.Backend.NCCL == "nccl"
+    with pytest.raises(TypeError, match="backend must be a string"):
+        dist.Backend(1)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl", "NCCL"])
+def test_nccl_without_cupy(backend, monkeypatch):
+    reason = nccl_unavailable_reason()
+    if not reason:
+        pytest.skip("NCCL is available here: the error path cannot be exercised")
+    from mpitensor.distributed.mpi import MPIGroup
+
+    freed = []
+    free = MPIGroup.free
+    monkeypatch.setattr(MPIGroup, "free", lambda self: (freed.append(self.name), free(self)))
+    with pytest.raises(RuntimeError, match=r"backend 'nccl' is unavailable: .*Use "
+                                           r"backend='mpi'") as info:
+        dist.init_process_group(backend)
+    assert reason in str(info.value)
+    assert not dist.is_initialized()
+    assert freed == ["WORLD"]  # the duplicated world communicator was released
+    dist.init_process_group("mpi")  # nothing was left half-initialized
+    assert dist.get_backend() == "mpi"
+
+
+# ---------------------------------------------------------------------------- debug switch
+def test_new_group_nccl_without_cupy():
+    if not nccl_unavailable_reason():
+        pytest.skip("NCCL is available here: the error path cannot be exercised")
+    dist.init_process_group("mpi")
+    with pytest.raises(RuntimeError, match="backend 'nccl' is unavailable"):
+        dist.new_group([0], backend="nccl")
+    x = np.ones(1)
+    dist.all_reduce(x)
+    assert x[0] == 1.0
+
+
+def test_set_debug_reaches_every_group():
+    dist.init_process_group("mpi")
+    g = dist.new_group([0])
+    try:
+        dist.set_debug(True)
+        assert dist.get_debug() and dist.group.WORLD.debug and g.debug
+        x = np.ones(3)
+        dist.all_reduce(x, group=g)  # a checked collective of one rank
+        np.testing.assert_array_equal(x, np.ones(3))
+        h = dist.new_group([0])  # made while debug is on
+        assert h.debug
+    finally:
+        dist.set_debug(False)
+    assert not dist.get_debug() and not g.debug and not dist.group.WORLD.debug
+
+
+# ---------------------------------------------------------------------------- environment
+@pytest.mark.parametrize("raw,value", [
+    ("1", True), ("true", True), (" YES ", True), ("on", True),
+    ("0", False), ("", False), ("false", False), ("No", False), ("off", False),
+])
+def test_env_flag(monkeypatch, raw, value):
+    monkeypatch.setenv("MPITENSOR_TEST_FLAG", raw)
+    assert _config.env_flag("MPITENSOR_TEST_FLAG") is value
+
+
+def test_env_flag_rejects_other_values(monkeypatch):
+    monkeypatch.delenv("MPITENSOR_TEST_FLAG", raising=False)
+    assert _config.env_flag("MPITENSOR_TEST_FLAG", default=True) is True
+    monkeypatch.setenv("MPITENSOR_TEST_FLAG", "maybe")
+    with pytest.raises(ValueError, match="MPITENSOR_TEST_FLAG='maybe' is not a boolean"):
+        _config.env_flag("MPITENSOR_TEST_FLAG")
+
+
+@pytest.mark.parametrize("raw,match", [("abc", "is not a number of seconds"),
+                                       ("-1", "must be a positive number"),
+                                       ("0", "must be a positive number")])
+def test_env_float_rejects_bad_values(monkeypatch, raw, match):
+    monkeypatch.setenv("MPITENSOR_TEST_SECONDS", raw)
+    with pytest.raises(ValueError, match=f"MPITENSOR_TEST_SECONDS='{raw}' {match}"):
+        _config.env_float("MPITENSOR_TEST_SECONDS", 1.0)
+    monkeypatch.setenv("MPITENSOR_TEST_SECONDS", " ")
+    assert _config.env_float("MPITENSOR_TEST_SECONDS", 7.0) == 7.0
+    monkeypatch.setenv("MPITENSOR_TEST_SECONDS", "2.5")
+    assert _config.env_float("MPITENSOR_TEST_SECONDS", 7.0) == 2.5
+
+
+def _fresh_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a new interpreter (the switches are read once, at import)."""
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith(("MPITENSOR_", "PMI_", "PMIX_", "HYDRA_"))}
+    full.update(env)
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-c", code], env=full, cwd=ROOT, timeout=120,
+                          capture_output=True, text=True)
+
+
+def test_env_switches_in_a_fresh_process():
+    code = ("import mpitensor.distributed as dist; dist.init_process_group(); "
+            "print(dist.get_debug(), dist.group.WORLD.timeout)")
+    out = _fresh_python(code, MPITENSOR_DEBUG="1", MPITENSOR_TIMEOUT="12.5")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "12.5"]
+    out = _fresh_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "1800.0"]
+    out = _fresh_python(code, MPITENSOR_DEBUG="perhaps")
+    assert out.returncode != 0
+    assert "MPITENSOR_DEBUG='perhaps' is not a boolean" in out.stderr
