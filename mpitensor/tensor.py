@@ -33,6 +33,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 
@@ -939,7 +940,7 @@ class Tensor:
         True
     """
 
-    __slots__ = ("_data", "_requires_grad", "grad", "grad_fn", "__weakref__")
+    __slots__ = ("_data", "_requires_grad", "grad", "grad_fn", "_hooks", "__weakref__")
 
     __array_priority__ = 1000  # ndarray <op> Tensor defers to Tensor's reflected operator
 
@@ -1001,6 +1002,34 @@ class Tensor:
     def is_leaf(self) -> bool:
         """True for tensors not made by a recorded operation (``grad_fn`` is None)."""
         return self.grad_fn is None
+
+    def backward(
+        self, gradient: Any = None, retain_graph: Optional[bool] = None,
+        create_graph: bool = False, inputs: Any = None,
+    ) -> None:
+        """Accumulate the gradient of this tensor into the ``.grad`` of the graph's leaves.
+
+        Args:
+            gradient: d(something)/d(self), shaped like self; may be omitted for one element.
+            retain_graph: keep the graph's saved arrays for another backward.
+            create_graph: unsupported (no higher-order gradients).
+            inputs: restrict accumulation to these leaves.
+
+        Example:
+            >>> x = tensor([2.0], requires_grad=True)
+            >>> (x * x).backward(ones(1))
+            >>> x.grad
+            tensor([4.])
+        """
+        _autograd.tensor_backward(self, gradient, retain_graph, create_graph, inputs)
+
+    def register_hook(self, hook: Any) -> Any:
+        """Run ``hook(grad)`` when this tensor's gradient is computed; see ``autograd``."""
+        return _autograd.register_hook(self, hook)
+
+    def register_post_accumulate_grad_hook(self, hook: Any) -> Any:
+        """Run ``hook(self)`` right after this leaf's ``.grad`` has been accumulated."""
+        return _autograd.register_post_accumulate_grad_hook(self, hook)
 
     def detach(self) -> Tensor:
         """Return a tensor sharing this one's storage, outside autograd."""

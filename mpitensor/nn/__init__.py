@@ -1,0 +1,18 @@
+"""Neural-network building blocks with PyTorch's names: modules, layers, losses, functional ops.
+
+Example:
+    >>> import mpitensor.nn as nn
+    >>> layer = nn.Linear(4, 2)
+    >>> [name for name, _ in layer.named_parameters()]
+    ['weight', 'bias']
+"""
+
+from __future__ import annotations
+
+from . import functional, init, parallel
+from .layers import *  # noqa: F403
+from .layers import __all__ as _layer_names
+from .module import Module
+from .parameter import Parameter
+
+__all__ = ["Module", "Parameter", "functional", "init", "parallel", *_layer_names]
