@@ -1,2 +1,6 @@
 """Placeholder: being written."""
 __all__: list = []
+
+
+class Module:
+    """Placeholder."""
