@@ -9,7 +9,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import _config, backend, distributed, errors
+from . import _config, autograd, backend, distributed, errors
+from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cupy_available, device
 from .dtypes import *  # noqa: F403 - dtype names at package level, as in torch
 from .dtypes import __all__ as _dtype_names
@@ -31,7 +32,8 @@ if _config.LOG_LEVEL != "WARNING":
     _logging.getLogger("mpitensor").setLevel(_config.LOG_LEVEL)
 
 __all__ = [
-    "__version__", "backend", "errors", "distributed", "device", "cupy_available",
+    "__version__", "backend", "errors", "distributed", "device", "cupy_available", "autograd",
+    "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
     "MessageTruncatedError", "DistributedTimeoutError", "PeerFailedError",
     *_dtype_names, *_tensor_names,
