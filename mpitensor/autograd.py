@@ -28,7 +28,6 @@ import heapq
 import itertools
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 import numpy as np
