@@ -30,8 +30,17 @@ _SUPPORTED = (
 def _half_type() -> MPI.Datatype:
     # MPI-4.1 names a half type; where MPI lacks it, move the bytes as 16-bit words (reductions
     # on float16 upcast to float32 anyway, see _plan)
+    # on float16 upcast to float32 anyway, see _plan). mpi4py's ABI layer may hand out a
+    # FLOAT16_T handle that the library underneath rejects at first use (Open MPI 4.1 does:
+    # MPI_ERR_TYPE in MPI_Bcast), so ask the library itself about it.
     half = getattr(MPI, "FLOAT16_T", MPI.DATATYPE_NULL)
-    return MPI.UINT16_T if half == MPI.DATATYPE_NULL else half
+    if half == MPI.DATATYPE_NULL:
+        return MPI.UINT16_T
+    try:
+        ok = half.Get_size() == 2
+    except MPI.Exception:
+        ok = False
+    return half if ok else MPI.UINT16_T
 
 
 _PREDEFINED = {
