@@ -10,6 +10,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from . import _config, autograd, backend, data, distributed, errors, utils
+from . import models, nn  # after the package core: they build on Tensor and autograd
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cupy_available, device
 from .dtypes import *  # noqa: F403 - dtype names at package level, as in torch
@@ -33,7 +34,7 @@ if _config.LOG_LEVEL != "WARNING":
 
 __all__ = [
     "__version__", "backend", "errors", "distributed", "device", "cupy_available", "autograd",
-    "data", "utils",
+    "data", "utils", "nn", "models",
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
     "MessageTruncatedError", "DistributedTimeoutError", "PeerFailedError",

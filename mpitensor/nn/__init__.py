@@ -12,7 +12,8 @@ from __future__ import annotations
 from . import functional, init, parallel
 from .layers import *  # noqa: F403
 from .layers import __all__ as _layer_names
-from .module import Module
+from .module import Module, RemovableHandle
 from .parameter import Parameter
 
-__all__ = ["Module", "Parameter", "functional", "init", "parallel", *_layer_names]
+__all__ = ["Module", "Parameter", "RemovableHandle", "functional", "init", "parallel",
+           *_layer_names]

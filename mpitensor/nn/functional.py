@@ -1,2 +1,1273 @@
-"""Placeholder: being written."""
-__all__: list = []
+"""``mpitensor.nn.functional``: differentiable neural-network operations with torch's signatures.
+
+Each operation is an autograd :class:`~mpitensor.autograd.Function` whose forward and backward
+sit side by side and work on raw NumPy/CuPy arrays (kernels in ``mpitensor.nn._kernels``).
+Inputs may be Tensors or raw arrays; results are Tensors.
+
+Layout note: like torch's ``channels_last`` tensors, the outputs of :func:`conv2d` (and of
+:func:`relu` applied to them) have the NCHW shape but a channel-major memory layout, which is
+what makes the convolution a single matrix product with no transposing copies. Values, indexing,
+``reshape``, ``flatten`` and every op behave exactly as for a contiguous NCHW tensor; only
+``Tensor.view`` to a shape that merges channels with space refuses (as torch's would on a
+channels-last tensor): use ``reshape``/``flatten`` (or call ``.contiguous()`` first).
+:func:`max_pool2d` returns C-contiguous NCHW tensors.
+
+Example:
+    >>> import numpy as np
+    >>> import mpitensor as mt
+    >>> import mpitensor.nn.functional as F
+    >>> x = mt.tensor(np.ones((2, 1, 6, 6), np.float32), requires_grad=True)
+    >>> w = mt.tensor(np.ones((3, 1, 3, 3), np.float32), requires_grad=True)
+    >>> y = F.max_pool2d(F.relu(F.conv2d(x, w, padding=1)), 2)
+    >>> tuple(y.shape)
+    (2, 3, 3, 3)
+    >>> F.cross_entropy(y.flatten(1), mt.tensor([0, 1])).backward()
+    >>> tuple(w.grad.shape)
+    (3, 1, 3, 3)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from mpitensor import backend as _backend
+from mpitensor.autograd import Function, grad_enabled_for
+from mpitensor.tensor import Tensor, _new
+
+from . import _kernels as K
+
+__all__ = [
+    "relu",
+    "relu_",
+    "linear",
+    "conv2d",
+    "max_pool2d",
+    "avg_pool2d",
+    "log_softmax",
+    "softmax",
+    "nll_loss",
+    "cross_entropy",
+    "mse_loss",
+    "dropout",
+    "flatten",
+]
+
+_IntOrPair = Union[int, tuple, list]
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def _arr(x: Any) -> Any:
+    """The array behind a Tensor, or the array itself."""
+    return x._data if isinstance(x, Tensor) else x
+
+
+def _as_input(x: Any, name: str, fname: str) -> Any:
+    """Accept a Tensor or a NumPy/CuPy array; reject anything else with a clear message."""
+    if isinstance(x, Tensor) or _backend.is_array(x):
+        return x
+    raise TypeError(
+        f"{fname}(): argument '{name}' must be a Tensor or a NumPy/CuPy array, not "
+        f"{type(x).__name__}; wrap it with mpitensor.tensor(...)"
+    )
+
+
+def _dtype_name(dt: Any) -> str:
+    return np.dtype(dt).name
+
+
+def _check_float(x: Any, name: str, fname: str) -> None:
+    if _arr(x).dtype.kind != "f":
+        raise RuntimeError(
+            f"{fname}(): '{name}' must have a floating point dtype, got "
+            f"{_dtype_name(_arr(x).dtype)}; convert it first, e.g. x.float()"
+        )
+
+
+def _check_same_dtype(fname: str, **arrays: Any) -> None:
+    items = [(n, _arr(a).dtype) for n, a in arrays.items() if a is not None]
+    first_name, first = items[0]
+    for n, dt in items[1:]:
+        if dt != first:
+            raise RuntimeError(
+                f"{fname}(): {first_name} type ({_dtype_name(first)}) and {n} type "
+                f"({_dtype_name(dt)}) should be the same; cast one of them, e.g. with .float()"
+            )
+
+
+def _check_same_device(fname: str, **arrays: Any) -> None:
+    devs = {n: _backend.device_of(_arr(a)) for n, a in arrays.items() if a is not None}
+    if len({str(d) for d in devs.values()}) > 1:
+        desc = ", ".join(f"{n} on {d}" for n, d in devs.items())
+        raise RuntimeError(
+            f"{fname}(): expected all tensors on the same device, got {desc}; move them with "
+            f".to(device)"
+        )
+
+
+def _pair(v: Any, name: str, fname: str, minimum: int) -> tuple:
+    if isinstance(v, (tuple, list)):
+        if len(v) == 1:
+            v = (v[0], v[0])
+        if len(v) != 2:
+            raise ValueError(f"{fname}(): {name} must be an int or a pair of ints, got {v!r}")
+        out = tuple(v)
+    else:
+        out = (v, v)
+    for e in out:
+        if isinstance(e, bool) or not isinstance(e, numbers.Integral):
+            raise TypeError(f"{fname}(): {name} must be an int or a pair of ints, got {v!r}")
+        if e < minimum:
+            raise ValueError(
+                f"{fname}(): {name} must be >= {minimum} in every dimension, got {v!r}"
+            )
+    return (int(out[0]), int(out[1]))
+
+
+def _wrap_dim(dim: Any, ndim: int, fname: str) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"{fname}(): dim must be an int, got {dim!r}")
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(
+            f"{fname}(): Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
+            f"but got {dim})"
+        )
+    return int(dim) % n
+
+
+def _shape_str(shape: tuple) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+class _Reshape(Function):
+    """Differentiable reshape (a view where NumPy can make one)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, shape: tuple) -> Any:
+        ctx.in_shape = x.shape
+        return x.reshape(shape)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        return g.reshape(ctx.in_shape), None
+
+
+def _reshape(x: Any, shape: tuple) -> Tensor:
+    return _Reshape.apply(x, tuple(shape))
+
+
+# --------------------------------------------------------------------------------------------
+# relu
+
+
+class _ReLU(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        xp = K.xp_of(x)
+        out = K.empty_like(x)  # keeps x's memory layout (channels-major after conv2d)
+        xp.maximum(x, x.dtype.type(0), out=out)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (out,) = ctx.saved_tensors
+        xp = K.xp_of(out)
+        res = K.empty_like(out)
+        xp.multiply(g, out > 0, out=res)
+        return (res,)
+
+
+def relu(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
+    """Apply ``max(x, 0)`` elementwise.
+
+    Args:
+        input: a tensor (any shape, any memory layout, which the result keeps).
+        inplace: write the result into ``input`` and return it (torch's ``relu_``).
+
+    Returns:
+        The rectified tensor.
+
+    Raises:
+        RuntimeError: ``inplace=True`` on a leaf that requires grad.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> relu(mt.tensor([-1.0, 2.0]))
+        tensor([0., 2.])
+    """
+    _as_input(input, "input", "relu")
+    if inplace:
+        return relu_(input)
+    return _ReLU.apply(input)
+
+
+def relu_(input: Any) -> Tensor:  # noqa: A002 - torch's name
+    """In-place :func:`relu`: overwrite ``input`` with ``max(input, 0)`` and return it.
+
+    Raises:
+        RuntimeError: ``input`` is a leaf that requires grad (as in torch).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> t = mt.tensor([-1.0, 2.0]); _ = relu_(t); t
+        tensor([0., 2.])
+    """
+    _as_input(input, "input", "relu_")
+    if not isinstance(input, Tensor):
+        xp = K.xp_of(input)
+        xp.maximum(input, 0, out=input)
+        return _new(input)
+    if input._requires_grad and input.grad_fn is None and grad_enabled_for(input):
+        raise RuntimeError(
+            "a leaf Variable that requires grad is being used in an in-place operation; use "
+            "relu(x) (not in place) or do this under mpitensor.no_grad()"
+        )
+    x = input._data
+    if grad_enabled_for(input):
+        res = _ReLU.apply(input)
+        x[...] = res._data
+        # The saved output must stay the result even though input's storage now holds it.
+        input.grad_fn = res.grad_fn
+        input._requires_grad = True
+        return input
+    K.xp_of(x).maximum(x, 0, out=x)
+    return input
+
+
+# --------------------------------------------------------------------------------------------
+# linear
+
+
+class _Linear(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, w: Any, b: Any) -> Any:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        out = x2 @ w.T
+        if b is not None:
+            out += b
+        ctx.save_for_backward(x2, w)
+        ctx.lead = lead
+        return out.reshape(*lead, w.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x2, w = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        g2 = g.reshape(-1, w.shape[0])
+        dx = (g2 @ w).reshape(*ctx.lead, w.shape[1]) if need[0] else None
+        dw = g2.T @ x2 if need[1] else None
+        db = g2.sum(axis=0) if len(need) > 2 and need[2] else None
+        return dx, dw, db
+
+
+def linear(input: Any, weight: Any, bias: Any = None) -> Tensor:  # noqa: A002
+    """Apply ``input @ weight.T + bias`` (one matrix product for any leading dimensions).
+
+    Args:
+        input: (*, in_features).
+        weight: (out_features, in_features).
+        bias: (out_features,) or None.
+
+    Returns:
+        A tensor of shape (*, out_features).
+
+    Raises:
+        RuntimeError: mismatched feature sizes, dtypes or devices.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> linear(mt.ones(2, 3), mt.ones(4, 3), mt.zeros(4)).shape
+        mpitensor.Size([2, 4])
+    """
+    for n, a in (("input", input), ("weight", weight)):
+        _as_input(a, n, "linear")
+    if bias is not None:
+        _as_input(bias, "bias", "linear")
+    x, w = _arr(input), _arr(weight)
+    if w.ndim != 2:
+        raise RuntimeError(
+            f"linear(): weight must be 2-D (out_features, in_features), got shape "
+            f"{_shape_str(w.shape)}"
+        )
+    if x.ndim < 1 or x.shape[-1] != w.shape[1]:
+        raise RuntimeError(
+            f"linear(): mat1 and mat2 shapes cannot be multiplied (input "
+            f"{_shape_str(x.shape)} and weight.T {_shape_str(w.shape[::-1])}): the input's last "
+            f"dimension must equal in_features={w.shape[1]}"
+        )
+    if bias is not None and tuple(_arr(bias).shape) not in ((w.shape[0],), ()):
+        raise RuntimeError(
+            f"linear(): bias must have shape [{w.shape[0]}], got {_shape_str(_arr(bias).shape)}"
+        )
+    _check_float(input, "input", "linear")
+    _check_same_dtype("linear", input=input, weight=weight, bias=bias)
+    _check_same_device("linear", input=input, weight=weight, bias=bias)
+    return _Linear.apply(input, weight, bias)
+
+
+# --------------------------------------------------------------------------------------------
+# conv2d
+
+
+class _Conv2d(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, w: Any, b: Any, geom: K.ConvGeom) -> Any:
+        out, cols, wmat = K.conv2d_forward(x, w, b, geom)
+        ctx.save_for_backward(cols, wmat)
+        ctx.geom = geom
+        ctx.has_bias = b is not None
+        return out.transpose(1, 0, 2, 3)  # NCHW shape, channel-major memory
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        cols, wmat = ctx.saved_tensors
+        geom = ctx.geom
+        need = ctx.needs_input_grad
+        gc = g.transpose(1, 0, 2, 3)  # free for gradients in the channel-major layout
+        dx = dw = db = None
+        if need[1]:
+            dw, db = K.conv2d_backward_weight(gc, cols, geom, ctx.has_bias)
+            if not need[2]:
+                db = None
+        elif need[2]:
+            db = K.conv2d_backward_bias(gc)
+        if need[0]:
+            dx = K.conv2d_backward_input(gc, wmat, geom).transpose(1, 0, 2, 3)
+        return dx, dw, db, None
+
+
+def _conv_padding(padding: Any, k: tuple, d: tuple, stride: tuple) -> tuple:
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0, 0, 0)
+        if padding == "same":
+            if stride != (1, 1):
+                raise ValueError(
+                    "conv2d(): padding='same' is not supported for strided convolutions; use "
+                    "stride=1 or give the padding as ints"
+                )
+            th, tw = d[0] * (k[0] - 1), d[1] * (k[1] - 1)
+            return (th // 2, th - th // 2, tw // 2, tw - tw // 2)  # extra on the bottom/right
+        raise ValueError(
+            f"conv2d(): invalid padding string {padding!r}, should be one of {{'valid', 'same'}}"
+        )
+    ph, pw = _pair(padding, "padding", "conv2d", 0)
+    return (ph, ph, pw, pw)
+
+
+def conv2d(
+    input: Any,  # noqa: A002 - torch's name
+    weight: Any,
+    bias: Any = None,
+    stride: _IntOrPair = 1,
+    padding: Union[_IntOrPair, str] = 0,
+    dilation: _IntOrPair = 1,
+    groups: int = 1,
+) -> Tensor:
+    """2-D cross-correlation, as ``torch.nn.functional.conv2d``: im2col + one matrix product.
+
+    Args:
+        input: (N, C_in, H, W), or (C_in, H, W) unbatched.
+        weight: (C_out, C_in / groups, kH, kW).
+        bias: (C_out,) or None.
+        stride: int or (sH, sW).
+        padding: int, (pH, pW), ``'valid'`` (no padding) or ``'same'`` (stride 1 only).
+        dilation: int or (dH, dW).
+        groups: number of blocked connections from input to output channels.
+
+    Returns:
+        (N, C_out, OH, OW) (or (C_out, OH, OW) for unbatched input); channel-major in memory
+        (see the module docstring), NCHW in every observable way.
+
+    Raises:
+        RuntimeError: wrong ranks, channel counts that do not match ``weight``/``groups``, a
+            kernel larger than the padded input, mixed dtypes or devices.
+        ValueError: negative padding, non-positive stride/dilation/groups, bad padding string.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> conv2d(mt.ones(1, 1, 5, 5), mt.ones(2, 1, 3, 3), padding=1).shape
+        mpitensor.Size([1, 2, 5, 5])
+    """
+    _as_input(input, "input", "conv2d")
+    _as_input(weight, "weight", "conv2d")
+    if bias is not None:
+        _as_input(bias, "bias", "conv2d")
+    x, w = _arr(input), _arr(weight)
+    if x.ndim not in (3, 4):
+        raise RuntimeError(
+            f"conv2d(): Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input "
+            f"of size: {_shape_str(x.shape)}"
+        )
+    if w.ndim != 4:
+        raise RuntimeError(
+            f"conv2d(): weight must be 4-D (out_channels, in_channels/groups, kH, kW), got "
+            f"shape {_shape_str(w.shape)}"
+        )
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1:
+        raise ValueError(f"conv2d(): groups must be a positive integer, got {groups!r}")
+    stride_ = _pair(stride, "stride", "conv2d", 1)
+    dil = _pair(dilation, "dilation", "conv2d", 1)
+    pad = _conv_padding(padding, (w.shape[2], w.shape[3]), dil, stride_)
+    unbatched = x.ndim == 3
+    xshape = (1, *x.shape) if unbatched else tuple(x.shape)
+    if w.shape[0] % groups:
+        raise RuntimeError(
+            f"conv2d(): out_channels ({w.shape[0]}) must be divisible by groups ({groups})"
+        )
+    if xshape[1] != w.shape[1] * groups:
+        raise RuntimeError(
+            f"conv2d(): Given groups={groups}, weight of size {_shape_str(w.shape)}, expected "
+            f"input{_shape_str(x.shape)} to have {w.shape[1] * groups} channels, but got "
+            f"{xshape[1]} channels instead"
+        )
+    if bias is not None and tuple(_arr(bias).shape) != (w.shape[0],):
+        raise RuntimeError(
+            f"conv2d(): bias must have shape [{w.shape[0]}] (one per output channel), got "
+            f"{_shape_str(_arr(bias).shape)}"
+        )
+    _check_float(input, "input", "conv2d")
+    _check_same_dtype("conv2d", input=input, weight=weight, bias=bias)
+    _check_same_device("conv2d", input=input, weight=weight, bias=bias)
+    geom = K.ConvGeom(xshape, tuple(w.shape), stride_, pad, dil, int(groups))
+    ekh, ekw = dil[0] * (w.shape[2] - 1) + 1, dil[1] * (w.shape[3] - 1) + 1
+    if geom.Hp < ekh or geom.Wp < ekw:
+        raise RuntimeError(
+            f"conv2d(): Calculated padded input size per channel: ({geom.Hp} x {geom.Wp}). "
+            f"Kernel size: ({ekh} x {ekw}). Kernel size can't be greater than actual input size; "
+            f"pad the input or use a smaller kernel"
+        )
+    if xshape[0] == 0:
+        raise RuntimeError("conv2d(): the batch is empty (input has 0 samples)")
+    xin = _reshape(input, xshape) if unbatched else input
+    out = _Conv2d.apply(xin, weight, bias, geom)
+    return _reshape(out, tuple(out.shape[1:])) if unbatched else out
+
+
+# --------------------------------------------------------------------------------------------
+# pooling
+
+
+class _MaxPool2x2(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, oh: int, ow: int, holder: Optional[list]) -> Any:
+        out, code = K.maxpool2x2_forward(x, oh, ow)
+        ctx.save_for_backward(code)
+        ctx.xshape = x.shape
+        if holder is not None:
+            holder.append(code)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (code,) = ctx.saved_tensors
+        return K.maxpool2x2_backward(g, code, ctx.xshape).transpose(1, 0, 2, 3), None, None, None
+
+
+class _MaxPoolGeneric(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, k: tuple, s: tuple, p: tuple, d: tuple, out_hw: tuple,
+                holder: Optional[list]) -> Any:
+        out, idx, hpwp = K.maxpool_generic_forward(x, k, s, p, d, out_hw)
+        ctx.save_for_backward(idx)
+        ctx.xshape, ctx.p, ctx.hpwp = x.shape, p, hpwp
+        if holder is not None:
+            holder.append((idx, hpwp))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (idx,) = ctx.saved_tensors
+        gin = K.scatter_to_input(g.transpose(1, 0, 2, 3), idx, ctx.xshape, ctx.p, ctx.hpwp)
+        return (gin.transpose(1, 0, 2, 3),) + (None,) * 6
+
+
+def _pool_args(fname: str, input: Any, kernel_size: Any, stride: Any, padding: Any,  # noqa: A002
+               dilation: Any) -> tuple:
+    _as_input(input, "input", fname)
+    x = _arr(input)
+    if x.ndim not in (3, 4):
+        raise RuntimeError(
+            f"{fname}(): Expected 3D or 4D (batch mode) tensor with optional 0 dim batch size "
+            f"for input, but got: {_shape_str(x.shape)}"
+        )
+    k = _pair(kernel_size, "kernel_size", fname, 1)
+    s = k if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0) \
+        else _pair(stride, "stride", fname, 1)
+    p = _pair(padding, "padding", fname, 0)
+    d = _pair(dilation, "dilation", fname, 1)
+    for i in range(2):
+        if p[i] > (d[i] * (k[i] - 1) + 1) // 2:
+            raise RuntimeError(
+                f"{fname}(): pad should be at most half of effective kernel size, but got "
+                f"pad={p[i]}, kernel_size={k[i]} and dilation={d[i]}"
+            )
+    return x, k, s, p, d
+
+
+def max_pool2d(
+    input: Any,  # noqa: A002 - torch's name
+    kernel_size: _IntOrPair,
+    stride: Optional[_IntOrPair] = None,
+    padding: _IntOrPair = 0,
+    dilation: _IntOrPair = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Any:
+    """2-D max pooling, as ``torch.nn.functional.max_pool2d``.
+
+    The gradient of a window goes to its first maximum (row-major order) on ties, as in torch.
+    2x2/stride-2 pooling (any input size) takes a reshape-view fast path; every other geometry
+    a strided-window path. No Python loop runs over the batch or the window.
+
+    Args:
+        input: (N, C, H, W) or (C, H, W).
+        kernel_size: int or (kH, kW).
+        stride: int or pair; default ``kernel_size``.
+        padding: implicit -inf padding on both sides (at most half the kernel).
+        dilation: spacing of window elements.
+        ceil_mode: use ceil instead of floor for the output size.
+        return_indices: also return the argmax indices (flat ``h * W + w`` per plane, int64).
+
+    Returns:
+        The pooled tensor (C-contiguous NCHW), and the indices when asked.
+
+    Raises:
+        RuntimeError: wrong input rank, padding larger than half the kernel, an empty output.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> max_pool2d(mt.arange(16.0).reshape(1, 1, 4, 4), 2)
+        tensor([[[[ 5.,  7.],
+                  [13., 15.]]]])
+    """
+    x, k, s, p, d = _pool_args("max_pool2d", input, kernel_size, stride, padding, dilation)
+    unbatched = x.ndim == 3
+    xshape = (1, *x.shape) if unbatched else tuple(x.shape)
+    H, W = xshape[2], xshape[3]
+    oh = K.pool_out_size(H, k[0], s[0], p[0], d[0], bool(ceil_mode))
+    ow = K.pool_out_size(W, k[1], s[1], p[1], d[1], bool(ceil_mode))
+    if oh < 1 or ow < 1:
+        raise RuntimeError(
+            f"max_pool2d(): Given input size: ({xshape[1]}x{H}x{W}). Calculated output size: "
+            f"({xshape[1]}x{oh}x{ow}). Output size is too small"
+        )
+    xin = _reshape(input, xshape) if unbatched else input
+    holder: Optional[list] = [] if return_indices else None
+    fast = k == (2, 2) and s == (2, 2) and p == (0, 0) and d == (1, 1) \
+        and 2 * oh <= H and 2 * ow <= W
+    if fast:
+        out = _MaxPool2x2.apply(xin, oh, ow, holder)
+    else:
+        out = _MaxPoolGeneric.apply(xin, k, s, p, d, (oh, ow), holder)
+    if unbatched:
+        out = _reshape(out, tuple(out.shape[1:]))
+    if not return_indices:
+        return out
+    xp = K.xp_of(x)
+    if fast:
+        code = holder[0].astype(xp.int64)
+        hh = (xp.arange(oh, dtype=xp.int64) * 2).reshape(1, 1, oh, 1) + code // 2
+        ww = (xp.arange(ow, dtype=xp.int64) * 2).reshape(1, 1, 1, ow) + code % 2
+        ind = (hh * W + ww).transpose(1, 0, 2, 3)
+    else:
+        idx, hpwp = holder[0]
+        ind = K.indices_from_flat(idx, hpwp, p, W)
+    ind = xp.ascontiguousarray(ind)
+    if unbatched:
+        ind = ind[0]
+    return out, _new(ind)
+
+
+class _AvgPool2d(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, k: tuple, s: tuple, p: tuple, out_hw: tuple,
+                count_include_pad: bool, divisor_override: Optional[int]) -> Any:
+        xp = K.xp_of(x)
+        d = (1, 1)
+        win, hpwp = K.pool_windows(x, k, s, p, d, out_hw, 0)
+        total = win.sum(axis=-1)
+        N, C, H, W = x.shape
+        if divisor_override:
+            div = xp.asarray(float(divisor_override), dtype=x.dtype)
+        else:
+            # torch: windows are clipped to the padded input; without count_include_pad, to
+            # the input itself.
+            oh, ow = out_hw
+            hs = np.arange(oh) * s[0] - p[0]
+            ws = np.arange(ow) * s[1] - p[1]
+            if count_include_pad:
+                he = np.minimum(hs + k[0], H + p[0])
+                we = np.minimum(ws + k[1], W + p[1])
+                cnt = np.outer(he - hs, we - ws)
+            else:
+                he = np.minimum(hs + k[0], H)
+                we = np.minimum(ws + k[1], W)
+                cnt = np.outer(he - np.maximum(hs, 0), we - np.maximum(ws, 0))
+            div = xp.asarray(cnt.astype(x.dtype))
+        ctx.div, ctx.k, ctx.s, ctx.p, ctx.hpwp, ctx.xshape = div, k, s, p, hpwp, x.shape
+        return xp.ascontiguousarray((total / div).astype(x.dtype, copy=False)
+                                    .transpose(1, 0, 2, 3))
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        xp = K.xp_of(g)
+        gc = g.transpose(1, 0, 2, 3) / ctx.div  # (C, N, OH, OW)
+        kk = ctx.k[0] * ctx.k[1]
+        C, N, oh, ow = gc.shape
+        taps = xp.arange(kk, dtype=xp.int64).reshape(1, 1, 1, 1, kk)
+        base = K.window_flat_index((C, N, oh, ow), ctx.k, ctx.s, (1, 1), ctx.hpwp,
+                                   xp.zeros((1, 1, 1, 1), dtype=xp.int64), xp)
+        wp = ctx.hpwp[1]
+        offs = (taps // ctx.k[1]) * wp + taps % ctx.k[1]
+        idx = base[..., None] + offs
+        vals = xp.broadcast_to(gc[..., None], idx.shape)
+        gin = K.scatter_to_input(vals.astype(g.dtype), idx, ctx.xshape, ctx.p, ctx.hpwp)
+        return (gin.transpose(1, 0, 2, 3),) + (None,) * 6
+
+
+def avg_pool2d(
+    input: Any,  # noqa: A002 - torch's name
+    kernel_size: _IntOrPair,
+    stride: Optional[_IntOrPair] = None,
+    padding: _IntOrPair = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: Optional[int] = None,
+) -> Tensor:
+    """2-D average pooling, as ``torch.nn.functional.avg_pool2d``.
+
+    Args:
+        input: (N, C, H, W) or (C, H, W).
+        kernel_size, stride, padding, ceil_mode: as in :func:`max_pool2d` (zero padding).
+        count_include_pad: count padded zeros in the divisor.
+        divisor_override: use this divisor instead of the window size.
+
+    Returns:
+        The pooled tensor (C-contiguous NCHW).
+
+    Raises:
+        RuntimeError: wrong input rank, padding larger than half the kernel, empty output.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> avg_pool2d(mt.arange(16.0).reshape(1, 1, 4, 4), 2)
+        tensor([[[[ 2.5000,  4.5000],
+                  [10.5000, 12.5000]]]])
+    """
+    x, k, s, p, d = _pool_args("avg_pool2d", input, kernel_size, stride, padding, 1)
+    _check_float(input, "input", "avg_pool2d")
+    if divisor_override is not None and (isinstance(divisor_override, bool) or
+                                         int(divisor_override) <= 0):
+        raise ValueError(f"avg_pool2d(): divisor must be not zero, got {divisor_override!r}")
+    unbatched = x.ndim == 3
+    xshape = (1, *x.shape) if unbatched else tuple(x.shape)
+    H, W = xshape[2], xshape[3]
+    oh = K.pool_out_size(H, k[0], s[0], p[0], 1, bool(ceil_mode))
+    ow = K.pool_out_size(W, k[1], s[1], p[1], 1, bool(ceil_mode))
+    if oh < 1 or ow < 1:
+        raise RuntimeError(
+            f"avg_pool2d(): Given input size: ({xshape[1]}x{H}x{W}). Calculated output size: "
+            f"({xshape[1]}x{oh}x{ow}). Output size is too small"
+        )
+    xin = _reshape(input, xshape) if unbatched else input
+    out = _AvgPool2d.apply(xin, k, s, p, (oh, ow), bool(count_include_pad), divisor_override)
+    return _reshape(out, tuple(out.shape[1:])) if unbatched else out
+
+
+# --------------------------------------------------------------------------------------------
+# softmax family
+
+
+class _LogSoftmax(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, dim: int) -> Any:
+        out = K.log_softmax(x, dim)
+        ctx.save_for_backward(out)
+        ctx.dim = dim
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (out,) = ctx.saved_tensors
+        xp = K.xp_of(out)
+        return g - xp.exp(out) * g.sum(axis=ctx.dim, keepdims=True), None
+
+
+class _Softmax(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, dim: int) -> Any:
+        out = K.softmax(x, dim)
+        ctx.save_for_backward(out)
+        ctx.dim = dim
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (out,) = ctx.saved_tensors
+        gy = g * out
+        return gy - out * gy.sum(axis=ctx.dim, keepdims=True), None
+
+
+def _softmax_dim(name: str, ndim: int) -> int:
+    warnings.warn(
+        f"Implicit dimension choice for {name} has been deprecated. Change the call to include "
+        f"dim=X as an argument.", UserWarning, stacklevel=3,
+    )
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def _softmax_prep(fname: str, input: Any, dim: Any, dtype: Any) -> tuple:  # noqa: A002
+    _as_input(input, "input", fname)
+    if dtype is not None:
+        from mpitensor import dtypes as _dt  # noqa: PLC0415 - only needed for this option
+
+        input = _Cast.apply(input, _dt.to_dtype(dtype))
+    _check_float(input, "input", fname)
+    x = _arr(input)
+    if dim is None:
+        dim = _softmax_dim(fname, x.ndim)
+    return input, _wrap_dim(dim, x.ndim, fname)
+
+
+class _Cast(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, dt: Any) -> Any:
+        ctx.src = x.dtype
+        return x.astype(dt)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        return g.astype(ctx.src), None
+
+
+def log_softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # noqa: A002
+                dtype: Any = None) -> Tensor:
+    """Apply ``log(softmax(x))`` along ``dim``, computed stably (max-shifted log-sum-exp).
+
+    Args:
+        input: a floating point tensor.
+        dim: the dimension to normalise over (torch's implicit choice, with a warning, if None).
+        dtype: cast the input to this dtype first.
+
+    Returns:
+        A tensor like ``input``.
+
+    Raises:
+        IndexError: ``dim`` out of range.
+        RuntimeError: a non-float input.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> log_softmax(mt.tensor([0.0, 0.0]), dim=0).exp()
+        tensor([0.5000, 0.5000])
+    """
+    input, dim = _softmax_prep("log_softmax", input, dim, dtype)
+    return _LogSoftmax.apply(input, dim)
+
+
+def softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # noqa: A002
+            dtype: Any = None) -> Tensor:
+    """Apply softmax along ``dim`` (arguments as in :func:`log_softmax`).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> softmax(mt.tensor([1.0, 1.0]), dim=0)
+        tensor([0.5000, 0.5000])
+    """
+    input, dim = _softmax_prep("softmax", input, dim, dtype)
+    return _Softmax.apply(input, dim)
+
+
+# --------------------------------------------------------------------------------------------
+# losses
+
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _reduction(reduction: str, size_average: Any, reduce: Any, fname: str) -> str:
+    if size_average is not None or reduce is not None:
+        warnings.warn(
+            "size_average and reduce args will be deprecated, please use reduction='"
+            f"{'sum' if size_average is False else 'mean'}' instead.", UserWarning, stacklevel=3,
+        )
+        sa = True if size_average is None else bool(size_average)
+        rd = True if reduce is None else bool(reduce)
+        reduction = "none" if not rd else ("mean" if sa else "sum")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{fname}(): {reduction} is not a valid value for reduction; use one of "
+                         f"{_REDUCTIONS}")
+    return reduction
+
+
+def _to_rows(x: Any) -> Any:
+    """(N, C, d1, ...) -> (N*d1*..., C) with the class axis last; (C,) -> (1, C)."""
+    if x.ndim == 1:
+        return x.reshape(1, -1)
+    if x.ndim == 2:
+        return x
+    return K.xp_of(x).moveaxis(x, 1, -1).reshape(-1, x.shape[1])
+
+
+def _from_rows(g: Any, shape: tuple) -> Any:
+    """Inverse of :func:`_to_rows` for a gradient."""
+    if len(shape) <= 2:
+        return g.reshape(shape)
+    xp = K.xp_of(g)
+    moved = (shape[0], *shape[2:], shape[1])
+    return xp.moveaxis(g.reshape(moved), -1, 1)
+
+
+def _check_class_target(fname: str, x: Any, t: Any, weight: Any, ignore_index: int) -> None:
+    if t.dtype.kind not in "iu":
+        raise RuntimeError(
+            f"{fname}(): expected target of an integer dtype (class indices), got "
+            f"{_dtype_name(t.dtype)}; convert it with target.long()"
+        )
+    if x.ndim == 1:
+        want = ()
+    elif x.ndim == 2:
+        want = (x.shape[0],)
+    else:
+        want = (x.shape[0], *x.shape[2:])
+    if tuple(t.shape) != want:
+        if x.ndim >= 2 and t.ndim >= 1 and t.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"{fname}(): Expected input batch_size ({x.shape[0]}) to match target "
+                f"batch_size ({t.shape[0]})."
+            )
+        raise RuntimeError(
+            f"{fname}(): expected target of shape {_shape_str(want)} for input of shape "
+            f"{_shape_str(x.shape)}, got {_shape_str(t.shape)}"
+        )
+    if x.ndim == 0:
+        raise RuntimeError(f"{fname}(): input must have at least 1 dimension (the classes)")
+    C = x.shape[0] if x.ndim == 1 else x.shape[1]
+    if weight is not None and tuple(_arr(weight).shape) != (C,):
+        raise RuntimeError(
+            f"{fname}(): weight tensor should be defined either for all {C} classes or no "
+            f"classes but got weight tensor of shape: {_shape_str(_arr(weight).shape)}"
+        )
+    if t.size:
+        tt = t[t != ignore_index] if ignore_index is not None else t
+        if tt.size:
+            lo, hi = int(tt.min()), int(tt.max())
+            if lo < 0 or hi >= C:
+                bad = lo if lo < 0 else hi
+                raise IndexError(
+                    f"{fname}(): Target {bad} is out of bounds: class indices must lie in "
+                    f"[0, {C - 1}] (or equal ignore_index={ignore_index})"
+                )
+
+
+def _class_coeffs(x: Any, t: Any, w: Any, ignore_index: int, reduction: str) -> tuple:
+    """Per-row target weights for index targets: ``(rows_t, coef, denom)``.
+
+    ``coef[i]`` is the weight of row i's target class (0 where ignored); ``denom`` the
+    mean-reduction divisor (sum of coef), or 1.
+    """
+    xp = K.xp_of(x)
+    tf = t.reshape(-1).astype(xp.int64, copy=False)
+    valid = tf != ignore_index
+    safe = xp.where(valid, tf, 0)
+    if w is not None:
+        coef = w.astype(x.dtype, copy=False)[safe] * valid
+    else:
+        coef = valid.astype(x.dtype)
+    denom = coef.sum() if reduction == "mean" else None
+    return safe, coef, denom
+
+
+class _NLLLoss(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, t: Any, w: Any, ignore_index: int, reduction: str) -> Any:
+        xp = K.xp_of(x)
+        rows = _to_rows(x)
+        safe, coef, denom = _class_coeffs(x, t, w, ignore_index, reduction)
+        picked = xp.take_along_axis(rows, safe[:, None], axis=1)[:, 0]
+        losses = -picked * coef
+        ctx.safe, ctx.coef, ctx.denom, ctx.reduction = safe, coef, denom, reduction
+        ctx.xshape, ctx.tshape = x.shape, t.shape
+        if reduction == "none":
+            return losses.reshape(t.shape)
+        total = losses.sum()
+        if reduction == "mean":
+            total = total / denom
+        return xp.asarray(total, dtype=x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        xp = K.xp_of(g)
+        coef = -ctx.coef
+        if ctx.reduction == "none":
+            coef = coef * g.reshape(-1)
+        else:
+            coef = coef * g
+            if ctx.reduction == "mean":
+                coef = coef / ctx.denom
+        C = 1
+        if len(ctx.xshape) >= 1:
+            C = ctx.xshape[0] if len(ctx.xshape) == 1 else ctx.xshape[1]
+        rows = xp.zeros((coef.shape[0], C), dtype=g.dtype)
+        xp.put_along_axis(rows, ctx.safe[:, None], coef.astype(g.dtype)[:, None], axis=1)
+        return _from_rows(rows, ctx.xshape), None, None, None, None
+
+
+def nll_loss(
+    input: Any,  # noqa: A002 - torch's name
+    target: Any,
+    weight: Any = None,
+    size_average: Any = None,
+    ignore_index: int = -100,
+    reduce: Any = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Negative log-likelihood of class indices under log-probabilities ``input``.
+
+    Args:
+        input: (N, C), (C,) or (N, C, d1, ...) log-probabilities.
+        target: integer class indices, (N,), () or (N, d1, ...).
+        weight: optional per-class weights (C,).
+        size_average, reduce: deprecated torch arguments (mapped onto ``reduction``).
+        ignore_index: target value that contributes neither loss nor gradient.
+        reduction: ``'mean'`` (weighted by the targets' class weights), ``'sum'`` or ``'none'``.
+
+    Returns:
+        The loss (a 0-d tensor, or per element for ``'none'``).
+
+    Raises:
+        RuntimeError: a non-integer target or mismatched shapes.
+        IndexError: a target outside ``[0, C)`` that is not ``ignore_index``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> nll_loss(mt.tensor([[-1.0, -2.0]]), mt.tensor([1]))
+        tensor(2.)
+    """
+    reduction = _reduction(reduction, size_average, reduce, "nll_loss")
+    _as_input(input, "input", "nll_loss")
+    target = _as_input(target, "target", "nll_loss")
+    _check_float(input, "input", "nll_loss")
+    x, t = _arr(input), _arr(target)
+    _check_class_target("nll_loss", x, t, weight, ignore_index)
+    _check_same_device("nll_loss", input=input, target=target, weight=weight)
+    w = _arr(weight) if weight is not None else None
+    return _NLLLoss.apply(input, _arr(target), w, int(ignore_index), reduction)
+
+
+class _CrossEntropy(Function):
+    """Fused log_softmax + NLL (index or probability targets, label smoothing, weights)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, t: Any, w: Any, ignore_index: int, reduction: str,
+                eps: float, prob: bool) -> Any:
+        xp = K.xp_of(x)
+        rows = _to_rows(x)
+        R, C = rows.shape
+        lsm = K.log_softmax(rows, 1)
+        wv = w.astype(x.dtype, copy=False) if w is not None else None
+        if prob:
+            tp = _to_rows(t).astype(x.dtype, copy=False)
+            if eps:
+                tp = tp * (1 - eps) + eps / C
+            a = tp * wv if wv is not None else tp  # coefficient of -lsm per (row, class)
+            denom = R if reduction == "mean" else None
+        else:
+            safe, coef, denom = _class_coeffs(x, t, w, ignore_index, reduction)
+            a = xp.zeros((R, C), dtype=x.dtype)
+            xp.put_along_axis(a, safe[:, None], ((1 - eps) * coef)[:, None], axis=1)
+            if eps:
+                valid = (t.reshape(-1) != ignore_index).astype(x.dtype)
+                sm = (eps / C) * valid[:, None]
+                a += sm * wv if wv is not None else sm
+        losses = -(a * lsm).sum(axis=1)
+        ctx.save_for_backward(lsm, a)
+        ctx.denom, ctx.reduction, ctx.xshape, ctx.tshape = denom, reduction, x.shape, t.shape
+        if reduction == "none":
+            shape = t.shape if not prob else ((x.shape[0], *x.shape[2:]) if x.ndim > 1 else ())
+            return losses.reshape(shape)
+        total = losses.sum()
+        if reduction == "mean":
+            total = total / denom
+        return xp.asarray(total, dtype=x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        lsm, a = ctx.saved_tensors
+        xp = K.xp_of(lsm)
+        if ctx.reduction == "none":
+            scale = g.reshape(-1, 1)
+        elif ctx.reduction == "mean":
+            scale = g / ctx.denom
+        else:
+            scale = g
+        # d/dx of -sum_c a_c * lsm_c  =  softmax * sum_c a_c - a
+        grad = (xp.exp(lsm) * a.sum(axis=1, keepdims=True) - a) * scale
+        return (_from_rows(grad.astype(lsm.dtype, copy=False), ctx.xshape),
+                None, None, None, None, None, None)
+
+
+def cross_entropy(
+    input: Any,  # noqa: A002 - torch's name
+    target: Any,
+    weight: Any = None,
+    size_average: Any = None,
+    ignore_index: int = -100,
+    reduce: Any = None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Cross entropy between logits ``input`` and ``target`` (log_softmax + NLL, fused).
+
+    Args:
+        input: (N, C), (C,) or (N, C, d1, ...) unnormalised logits.
+        target: class indices (integer, shaped like :func:`nll_loss`'s target) or class
+            probabilities (float, shaped like ``input``).
+        weight: optional per-class weights (C,).
+        size_average, reduce: deprecated torch arguments (mapped onto ``reduction``).
+        ignore_index: index target that contributes nothing (index targets only).
+        reduction: ``'mean'``, ``'sum'`` or ``'none'``, with torch's normalisation.
+        label_smoothing: in [0, 1]; mixes the target with the uniform distribution.
+
+    Returns:
+        The loss (a 0-d tensor, or per element for ``'none'``).
+
+    Raises:
+        RuntimeError: bad target dtype/shape; IndexError: target out of range;
+        ValueError: label_smoothing outside [0, 1].
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(cross_entropy(mt.tensor([[0.0, 0.0]]), mt.tensor([0]))), 4)
+        0.6931
+    """
+    reduction = _reduction(reduction, size_average, reduce, "cross_entropy")
+    _as_input(input, "input", "cross_entropy")
+    target = _as_input(target, "target", "cross_entropy")
+    _check_float(input, "input", "cross_entropy")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(
+            f"cross_entropy(): label_smoothing must be between 0.0 and 1.0. Got: "
+            f"{label_smoothing}"
+        )
+    x, t = _arr(input), _arr(target)
+    if x.ndim == 0:
+        raise RuntimeError("cross_entropy(): input must have at least 1 dimension (the classes)")
+    _check_same_device("cross_entropy", input=input, target=target, weight=weight)
+    prob = t.dtype.kind == "f"
+    if prob:
+        if tuple(t.shape) != tuple(x.shape):
+            raise RuntimeError(
+                f"cross_entropy(): class-probability targets must have the input's shape "
+                f"{_shape_str(x.shape)}, got {_shape_str(t.shape)}"
+            )
+        C = x.shape[0] if x.ndim == 1 else x.shape[1]
+        if weight is not None and tuple(_arr(weight).shape) != (C,):
+            raise RuntimeError(
+                f"cross_entropy(): weight should have shape [{C}], got "
+                f"{_shape_str(_arr(weight).shape)}"
+            )
+    else:
+        _check_class_target("cross_entropy", x, t, weight, ignore_index)
+    w = _arr(weight) if weight is not None else None
+    return _CrossEntropy.apply(input, t, w, int(ignore_index), reduction,
+                               float(label_smoothing), prob)
+
+
+class _MSELoss(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, y: Any, reduction: str) -> Any:
+        xp = K.xp_of(x)
+        diff = x - y
+        ctx.save_for_backward(diff)
+        ctx.reduction, ctx.xshape, ctx.yshape = reduction, x.shape, y.shape
+        sq = diff * diff
+        if reduction == "none":
+            return sq
+        total = sq.sum()
+        if reduction == "mean":
+            total = total / sq.size
+        return xp.asarray(total, dtype=sq.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (diff,) = ctx.saved_tensors
+        scale = g * 2
+        if ctx.reduction == "mean":
+            scale = scale / diff.size
+        gd = diff * scale
+        need = ctx.needs_input_grad
+        from mpitensor.autograd import _sum_to  # noqa: PLC0415 - broadcasting helper
+
+        dx = _sum_to(gd, ctx.xshape) if need[0] else None
+        dy = -_sum_to(gd, ctx.yshape) if need[1] else None
+        return dx, dy, None
+
+
+def mse_loss(
+    input: Any,  # noqa: A002 - torch's name
+    target: Any,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Mean squared error ``(input - target) ** 2``, reduced as asked.
+
+    Args:
+        input, target: tensors of the same shape (broadcast, with torch's warning, otherwise).
+        size_average, reduce: deprecated torch arguments (mapped onto ``reduction``).
+        reduction: ``'mean'``, ``'sum'`` or ``'none'``.
+
+    Returns:
+        The loss; gradients flow to both ``input`` and ``target``.
+
+    Raises:
+        RuntimeError: shapes that do not broadcast, non-float inputs, mixed devices.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> mse_loss(mt.tensor([1.0, 3.0]), mt.tensor([0.0, 0.0]))
+        tensor(5.)
+    """
+    reduction = _reduction(reduction, size_average, reduce, "mse_loss")
+    _as_input(input, "input", "mse_loss")
+    _as_input(target, "target", "mse_loss")
+    _check_float(input, "input", "mse_loss")
+    _check_float(target, "target", "mse_loss")
+    _check_same_device("mse_loss", input=input, target=target)
+    x, y = _arr(input), _arr(target)
+    if tuple(x.shape) != tuple(y.shape):
+        try:
+            np.broadcast_shapes(x.shape, y.shape)
+        except ValueError:
+            raise RuntimeError(
+                f"mse_loss(): The size of tensor a ({_shape_str(x.shape)}) must match the size "
+                f"of tensor b ({_shape_str(y.shape)})"
+            ) from None
+        warnings.warn(
+            f"Using a target size ({_shape_str(y.shape)}) that is different to the input size "
+            f"({_shape_str(x.shape)}). This will likely lead to incorrect results due to "
+            f"broadcasting. Please ensure they have the same size.", UserWarning, stacklevel=2,
+        )
+    _check_same_dtype("mse_loss", input=input, target=target)
+    return _MSELoss.apply(input, target, reduction)
+
+
+# --------------------------------------------------------------------------------------------
+# dropout, flatten
+
+
+class _MulMask(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, mask: Any) -> Any:
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (mask,) = ctx.saved_tensors
+        return g * mask, None
+
+
+def _dropout_mask(x: Any, p: float) -> Any:
+    from mpitensor.tensor import _random  # noqa: PLC0415 - the global generator's drawer
+
+    dt = x.dtype
+    u = _random("rand", tuple(x.shape), None, np.dtype(dt), _backend.device_of(x))
+    xp = K.xp_of(x)
+    keep = u >= p  # P(keep) = 1 - p
+    return keep.astype(dt) * xp.asarray(1.0 / (1.0 - p), dtype=dt)
+
+
+def dropout(input: Any, p: float = 0.5, training: bool = True,  # noqa: A002 - torch's name
+            inplace: bool = False) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``.
+
+    The mask comes from mpitensor's global generator (CuPy's state of it on a GPU), so
+    ``mpitensor.manual_seed`` makes it reproducible.
+
+    Args:
+        input: a floating point tensor.
+        p: drop probability in [0, 1].
+        training: when False, return ``input`` unchanged.
+        inplace: write the result into ``input``.
+
+    Returns:
+        The tensor with dropout applied.
+
+    Raises:
+        ValueError: ``p`` outside [0, 1].
+
+    Example:
+        >>> import mpitensor as mt
+        >>> dropout(mt.ones(3), p=0.0)
+        tensor([1., 1., 1.])
+    """
+    if not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    _as_input(input, "input", "dropout")
+    if not training or p == 0.0 or _arr(input).size == 0:
+        return input if isinstance(input, Tensor) else _new(input)
+    _check_float(input, "input", "dropout")
+    x = _arr(input)
+    if p == 1.0:
+        mask = K.xp_of(x).zeros(x.shape, dtype=x.dtype)
+    else:
+        mask = _dropout_mask(x, float(p))
+    out = _MulMask.apply(input, mask)
+    if inplace and isinstance(input, Tensor):
+        if input._requires_grad and input.grad_fn is None and grad_enabled_for(input):
+            raise RuntimeError(
+                "a leaf Variable that requires grad is being used in an in-place operation; "
+                "use dropout(x) (not in place)"
+            )
+        x[...] = out._data
+        if out.grad_fn is not None:
+            input.grad_fn = out.grad_fn
+            input._requires_grad = True
+        return input
+    return out
+
+
+def flatten(input: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:  # noqa: A002
+    """Merge dimensions ``start_dim..end_dim`` into one (differentiable; a view when possible).
+
+    Args:
+        input: a tensor.
+        start_dim, end_dim: the first and last dimensions to merge (negative counts from the end).
+
+    Returns:
+        The flattened tensor (values in NCHW order whatever the memory layout).
+
+    Raises:
+        ValueError: ``start_dim`` after ``end_dim``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> flatten(mt.zeros(2, 3, 4), 1).shape
+        mpitensor.Size([2, 12])
+    """
+    _as_input(input, "input", "flatten")
+    shape = tuple(_arr(input).shape)
+    if len(shape) == 0:
+        return _reshape(input, (1,))
+    s = _wrap_dim(start_dim, len(shape), "flatten")
+    e = _wrap_dim(end_dim, len(shape), "flatten")
+    if s > e:
+        raise ValueError(
+            f"flatten() has invalid args: start_dim ({start_dim}) cannot come after end_dim "
+            f"({end_dim})"
+        )
+    new = shape[:s] + (math.prod(shape[s:e + 1]),) + shape[e + 1:]
+    return _reshape(input, new)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpitensor.tensor import Tensor
+from mpitensor.tensor import Tensor, _new
 
 __all__ = ["Parameter"]
 
@@ -33,10 +33,24 @@ class Parameter(Tensor):
             self.requires_grad = True
 
     def __repr__(self) -> str:
-        return "Parameter containing:\n" + super().__repr__()
+        # torch prints the values as a plain tensor: "Parameter containing:\ntensor([...], ...)"
+        t = _new(self._data)
+        t._requires_grad = self._requires_grad
+        return "Parameter containing:\n" + repr(t)
+
+    __str__ = __repr__
 
     def __reduce_ex__(self, proto: int) -> Any:
         return (_rebuild_parameter, (self._data, self._requires_grad))
+
+    def __deepcopy__(self, memo: dict) -> Parameter:
+        if id(self) in memo:
+            return memo[id(self)]
+        result = Parameter(self._data.copy(), self._requires_grad)
+        memo[id(self)] = result
+        if self.grad is not None:
+            result.grad = _new(self.grad._data.copy())
+        return result
 
 
 def _rebuild_parameter(data: Any, requires_grad: bool) -> Parameter:

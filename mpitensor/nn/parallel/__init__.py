@@ -1,1 +1,17 @@
-"""Placeholder: being written."""
+"""Data parallelism: ``DistributedDataParallel`` and the tutorials' explicit gradient sync.
+
+Example:
+    >>> from mpitensor.nn.parallel import DistributedDataParallel as DDP
+    >>> model = DDP(LeNet())                  # after dist.init_process_group()
+"""
+
+from __future__ import annotations
+
+from .distributed import (
+    CommStats,
+    DistributedDataParallel,
+    average_gradients,
+    broadcast_parameters,
+)
+
+__all__ = ["DistributedDataParallel", "CommStats", "average_gradients", "broadcast_parameters"]

@@ -1,0 +1,786 @@
+"""``DistributedDataParallel`` and the tutorials' explicit gradient-sync helpers.
+
+DDP is the one place where autograd meets communication. At construction it broadcasts the
+wrapped module's parameters and buffers from the group's rank 0 (one coalesced broadcast per
+dtype and device) and lays the parameters that require grad out in *buckets*: flat, contiguous
+buffers filled in reverse registration order (the order in which backward produces gradients),
+each up to ``bucket_cap_mb`` megabytes. During ``loss.backward()``:
+
+1. a post-accumulate-grad hook on each parameter copies its final gradient into its slot of its
+   bucket (with ``gradient_as_bucket_view=True`` the gradient *is* that slot, so nothing is
+   copied once ``.grad`` is the view);
+2. when the last gradient of a bucket is in, the bucket is divided by the world size and a
+   non-blocking all-reduce (``async_op=True``, sum) is launched at once, so communication
+   overlaps the rest of backward. Buckets are launched strictly in bucket order, so every rank
+   issues the same collectives in the same sequence;
+3. a callback queued with :func:`mpitensor.autograd.queue_callback` runs when backward ends: it
+   launches what is left, waits for every bucket and writes the averaged gradients back into
+   ``param.grad``. When ``backward()`` returns, the gradients are averaged over the group, ready
+   for ``optimizer.step()``, exactly as in torch.
+
+Example (run with ``mpiexec -n 2 python train.py``)::
+
+    import mpitensor as mt
+    import mpitensor.distributed as dist
+    import mpitensor.nn as nn
+    from mpitensor.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("mpi")
+    model = DDP(nn.Linear(10, 1))
+    opt = mt.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(mt.randn(8, 10)).sum()
+    loss.backward()          # gradients are averaged over the ranks here
+    opt.step()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+
+from mpitensor import autograd as _autograd
+from mpitensor import backend as _backend
+from mpitensor import distributed as dist
+from mpitensor.autograd import Node
+from mpitensor.distributed import ProcessGroup, ReduceOp
+from mpitensor.errors import NotAGroupMemberError, NotInitializedError
+from mpitensor.tensor import Tensor, _new
+
+from ..module import Module
+
+__all__ = [
+    "DistributedDataParallel",
+    "CommStats",
+    "average_gradients",
+    "broadcast_parameters",
+]
+
+logger = logging.getLogger("mpitensor.nn.parallel")
+
+_MB = 1024 * 1024
+#: torch caps the first bucket at 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``) so that the first
+#: all-reduce starts as early as possible in backward; mpitensor does the same.
+DEFAULT_FIRST_BUCKET_BYTES = 1 * _MB
+
+_UNUSED_MSG = (
+    "Expected to have finished reduction in the prior iteration before starting a new one. "
+    "This error indicates that your module has parameters that were not used in producing loss. "
+    "You can enable unused parameter detection by passing the keyword argument "
+    "`find_unused_parameters=True` to `mpitensor.nn.parallel.DistributedDataParallel`, and by "
+    "making sure all `forward` function outputs participate in calculating loss. "
+    "Parameter indices which did not receive grad for rank {rank}: {idx}. "
+    "Parameters which did not receive grad for rank {rank}: {names}"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers shared by DDP and the tutorial functions
+
+
+def _params_of(model_or_params: Any, what: str) -> List[Tensor]:
+    """The distinct tensors of a Module's ``parameters()`` or of an iterable, in order."""
+    if isinstance(model_or_params, Module):
+        items: Iterable = model_or_params.parameters()
+    elif isinstance(model_or_params, Tensor):
+        items = [model_or_params]
+    elif isinstance(model_or_params, Iterable) and not isinstance(model_or_params, (str, bytes)):
+        items = model_or_params
+    else:
+        raise TypeError(f"{what}: expected an mpitensor.nn.Module or an iterable of tensors, got "
+                        f"{type(model_or_params).__name__}")
+    out, seen = [], set()
+    for p in items:
+        if not isinstance(p, Tensor):
+            raise TypeError(f"{what}: expected tensors, got {type(p).__name__}")
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def _group(group: Optional[ProcessGroup], what: str) -> ProcessGroup:
+    """Resolve ``group`` (None: the default group) with errors that say what to do."""
+    if not dist.is_initialized():
+        raise NotInitializedError(
+            f"{what} needs an initialized process group: call "
+            "mpitensor.distributed.init_process_group() first (under `mpiexec -n N python ...`, "
+            "or plain `python` for a single rank)")
+    pg = group if group is not None else dist.group.WORLD
+    if not isinstance(pg, ProcessGroup):
+        raise TypeError(f"{what}: process_group must be a group from "
+                        f"mpitensor.distributed.new_group() or None, got {group!r}")
+    if pg.rank_ < 0:
+        raise NotAGroupMemberError(
+            f"rank {dist.get_rank()}: {what} was given {pg.name} (global ranks "
+            f"{list(pg.ranks)}), of which this rank is not a member; construct it only on the "
+            "group's members")
+    return pg
+
+
+def _device_key(arr: Any) -> str:
+    return "cpu" if type(arr) is np.ndarray else str(_backend.device_of(arr))
+
+
+def _by_dtype_device(arrays: Sequence[Any]) -> "dict[tuple, list]":
+    groups: dict = {}
+    for a in arrays:
+        groups.setdefault((a.dtype, _device_key(a)), []).append(a)
+    return groups
+
+
+def _coalesced_broadcast(arrays: Sequence[Any], pg: ProcessGroup, src: int) -> int:
+    """Broadcast ``arrays`` from global rank ``src`` in place, one message per dtype and device.
+
+    Returns:
+        The number of broadcasts issued.
+    """
+    count = 0
+    for (_dtype, _dev), arrs in _by_dtype_device(arrays).items():
+        if len(arrs) == 1 and arrs[0].flags.c_contiguous:
+            dist.broadcast(arrs[0], src=src, group=pg)
+        else:
+            xp = _backend.array_module(arrs[0])
+            flat = xp.concatenate([a.reshape(-1) for a in arrs])
+            dist.broadcast(flat, src=src, group=pg)
+            off = 0
+            for a in arrs:
+                n = a.size
+                a[...] = flat[off:off + n].reshape(a.shape)
+                off += n
+        count += 1
+    return count
+
+
+def broadcast_parameters(
+    model_or_params: Any, src: int = 0, group: Optional[ProcessGroup] = None,
+    buffers: bool = True,
+) -> None:
+    """Copy parameters (and a module's buffers) from global rank ``src`` to every rank, in place.
+
+    The tutorials' "start every replica from the same weights": tensors are coalesced into one
+    flat message per dtype and device, so a model costs one broadcast per dtype, not one per
+    tensor.
+
+    Args:
+        model_or_params: an ``mpitensor.nn.Module`` or an iterable of tensors.
+        src: the global rank whose values everyone takes (default 0).
+        group: the process group (default: the world).
+        buffers: also broadcast a module's buffers (ignored for a list of tensors).
+
+    Raises:
+        NotInitializedError: no process group has been initialized.
+        TypeError: ``model_or_params`` is neither a Module nor an iterable of tensors.
+
+    Example:
+        >>> model = nn.Linear(4, 2)            # different random weights on each rank
+        >>> broadcast_parameters(model)        # now rank 0's weights everywhere
+    """
+    pg = _group(group, "broadcast_parameters")
+    tensors = _params_of(model_or_params, "broadcast_parameters")
+    if buffers and isinstance(model_or_params, Module):
+        tensors += [b for b in model_or_params.buffers() if b is not None]
+    arrays = [t._data for t in tensors]
+    if arrays:
+        _coalesced_broadcast(arrays, pg, src)
+
+
+def average_gradients(model: Any, group: Optional[ProcessGroup] = None) -> None:
+    """Average every ``param.grad`` over the group, in place (the tutorials' explicit sync).
+
+    Same result as the PyTorch tutorial's loop (``all_reduce(param.grad.data, SUM)`` then
+    ``param.grad.data /= world_size``), but the gradients are packed into one flat buffer per
+    dtype and device, so the whole model costs one all-reduce per dtype. Parameters whose
+    ``grad`` is None are skipped: every rank must have gradients for the same parameters.
+
+    Args:
+        model: an ``mpitensor.nn.Module`` or an iterable of parameters.
+        group: the process group to average over (default: the world).
+
+    Raises:
+        NotInitializedError: no process group has been initialized.
+
+    Example:
+        >>> loss.backward()
+        >>> average_gradients(model)           # every rank now holds the mean gradient
+        >>> optimizer.step()
+    """
+    pg = _group(group, "average_gradients")
+    size = pg.size_
+    grads = [p.grad._data for p in _params_of(model, "average_gradients") if p.grad is not None]
+    for (_dtype, _dev), arrs in _by_dtype_device(grads).items():
+        if len(arrs) == 1 and arrs[0].flags.c_contiguous:
+            dist.all_reduce(arrs[0], op=ReduceOp.SUM, group=pg)
+            if size > 1:
+                arrs[0] /= size
+            continue
+        xp = _backend.array_module(arrs[0])
+        flat = xp.concatenate([a.reshape(-1) for a in arrs])
+        dist.all_reduce(flat, op=ReduceOp.SUM, group=pg)
+        if size > 1:
+            flat /= size
+        off = 0
+        for a in arrs:
+            n = a.size
+            a[...] = flat[off:off + n].reshape(a.shape)
+            off += n
+
+
+# --------------------------------------------------------------------------------------------
+# DDP
+
+
+class CommStats:
+    """Cheap per-step counters of a :class:`DistributedDataParallel` (for profiles).
+
+    Attributes:
+        num_buckets: how many buckets the parameters were grouped into.
+        bucket_bytes: the size of each bucket, in bucket (launch) order.
+        steps: synchronised backward passes so far.
+        launched: buckets launched in the current/last backward (all of them once it ends).
+        overlapped: buckets of the last backward launched *during* backward (before its end).
+        last_wait_s: seconds the last backward's final callback waited for communication
+            (launching the remaining buckets included).
+        total_wait_s: the sum of ``last_wait_s`` over all steps.
+        last_backward_end_s: ``time.perf_counter()`` when the last final callback started.
+    """
+
+    __slots__ = ("num_buckets", "bucket_bytes", "steps", "launched", "overlapped",
+                 "last_wait_s", "total_wait_s", "last_backward_end_s")
+
+    def __init__(self, bucket_bytes: Sequence[int]) -> None:
+        self.num_buckets = len(bucket_bytes)
+        self.bucket_bytes = list(bucket_bytes)
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero the per-step counters (the bucket layout stays)."""
+        self.steps = 0
+        self.launched = 0
+        self.overlapped = 0
+        self.last_wait_s = 0.0
+        self.total_wait_s = 0.0
+        self.last_backward_end_s = 0.0
+
+    def as_dict(self) -> dict:
+        """The counters as a plain dict."""
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __repr__(self) -> str:
+        return (f"CommStats(num_buckets={self.num_buckets}, steps={self.steps}, "
+                f"overlapped={self.overlapped}, last_wait_s={self.last_wait_s:.6f}, "
+                f"total_wait_s={self.total_wait_s:.6f})")
+
+
+class _Bucket:
+    """One flat gradient buffer and the parameters whose gradients live in it."""
+
+    __slots__ = ("index", "params", "buffer", "views", "pending", "work", "nbytes")
+
+    def __init__(self, index: int, params: List[int], buffer: Any, views: List[Any]) -> None:
+        self.index = index
+        self.params = params  # indices into DistributedDataParallel._params
+        self.buffer = buffer
+        self.views = views  # per parameter: its slot, shaped like the parameter
+        self.pending = len(params)
+        self.work: Any = None
+        self.nbytes = int(buffer.nbytes)
+
+
+def _bucket_assignment(sizes_dtypes: Sequence[tuple], cap_bytes: int,
+                       first_cap_bytes: int) -> List[List[int]]:
+    """Group parameter indices into buckets, as torch's ``compute_bucket_assignment_by_size``.
+
+    ``sizes_dtypes`` is ``(index, nbytes, key)`` in the order gradients are expected (reverse
+    registration order). Buckets hold one dtype/device ``key`` each and close once they reach
+    their cap (so a bucket may exceed it by one tensor); the first bucket of each key is capped
+    at ``first_cap_bytes``. Buckets come out ordered by their first tensor.
+    """
+    open_: dict = {}
+    done: List[tuple] = []  # (first position, indices)
+    first_seen: dict = {}
+    for pos, (idx, nbytes, key) in enumerate(sizes_dtypes):
+        cur = open_.get(key)
+        if cur is None:
+            cur = open_[key] = [pos, [], 0]
+        cur[1].append(idx)
+        cur[2] += nbytes
+        limit = first_cap_bytes if key not in first_seen else cap_bytes
+        if cur[2] >= limit:
+            done.append((cur[0], cur[1]))
+            first_seen[key] = True
+            del open_[key]
+    done.extend((c[0], c[1]) for c in open_.values())
+    done.sort(key=lambda t: t[0])
+    return [b for _, b in done]
+
+
+def _collect_tensors(obj: Any, out: list) -> None:
+    if isinstance(obj, Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _collect_tensors(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _collect_tensors(o, out)
+
+
+class DistributedDataParallel(Module):
+    """Data parallelism at the module level, with ``torch.nn.parallel.DistributedDataParallel``'s
+    interface and semantics.
+
+    Each rank holds a replica of ``module`` and runs it on its own share of the batch; during
+    ``backward()`` the gradients are averaged over ``process_group`` in buckets whose all-reduces
+    overlap the rest of backward, so that after ``loss.backward()`` every replica holds the same
+    averaged gradients and, after ``optimizer.step()``, the same parameters.
+
+    Args:
+        module: the ``mpitensor.nn.Module`` to replicate (kept at ``.module``; the state dict's
+            keys are prefixed ``module.`` as in torch).
+        device_ids: None for CPU modules (and for GPU modules already on their device), or a
+            list of one CUDA device (index, ``"cuda:N"`` or ``mpitensor.device``) that the
+            module's parameters must live on.
+        output_device: accepted for compatibility; outputs stay where ``module`` puts them.
+        dim: must be 0 (accepted for compatibility: each rank passes its own shard).
+        broadcast_buffers: broadcast the module's buffers from the group's rank 0 at the
+            start of each forward that will synchronise gradients (as torch).
+        init_sync: check at construction that the replicas have the same parameter shapes
+            and broadcast parameters and buffers from the group's rank 0 (default True).
+        process_group: the group to average over (default: the world).
+        bucket_cap_mb: bucket size in MiB (default 25). The first bucket is capped at
+            ``min(1 MiB, bucket_cap_mb)`` so the first all-reduce starts early, as in torch;
+            ``0`` gives one bucket per parameter.
+        find_unused_parameters: parameters that take no part in producing the outputs (found
+            by walking the autograd graph after each forward) or that get no gradient count as
+            zero gradients and are still all-reduced, so that replicas stay in sync. Without
+            it, a parameter that gets no gradient is an error at the end of ``backward()``.
+        gradient_as_bucket_view: make each ``param.grad`` a view of its bucket slot, saving a
+            copy and the memory of one gradient per parameter.
+        static_graph: the set of used parameters does not change between iterations; unused
+            parameters are learned in the first iteration and then treated as with
+            ``find_unused_parameters`` without walking the graph.
+        overlap: **mpitensor extension** (not in torch): ``True`` (default) launches each
+            bucket's all-reduce as soon as it is ready during backward; ``False`` launches all
+            of them only when backward has finished (for measuring what overlap buys).
+        check_reduction: accepted for compatibility (deprecated in torch); unused.
+
+    Attributes:
+        module: the wrapped module.
+        comm_stats: a :class:`CommStats` with cheap counters (buckets, wait time per step).
+        require_backward_grad_sync: False inside :meth:`no_sync`.
+
+    Raises:
+        TypeError: ``module`` is not an ``mpitensor.nn.Module``, or a bad argument type.
+        ValueError: ``bucket_cap_mb < 0``, parameters on different devices, no parameter that
+            requires grad, ``device_ids`` that do not match the module, or replicas whose
+            parameters differ in number, shape or dtype across ranks.
+        NotInitializedError: the process group has not been initialized.
+
+    Example:
+        >>> model = DistributedDataParallel(LeNet())
+        >>> for x, y in loader:
+        ...     opt.zero_grad()
+        ...     F.nll_loss(model(x), y).backward()     # averaged gradients on every rank
+        ...     opt.step()
+    """
+
+    def __init__(
+        self,
+        module: Module,
+        device_ids: Optional[Sequence[Any]] = None,
+        output_device: Any = None,
+        dim: int = 0,
+        broadcast_buffers: Optional[bool] = True,
+        init_sync: bool = True,
+        process_group: Optional[ProcessGroup] = None,
+        bucket_cap_mb: Optional[float] = None,
+        find_unused_parameters: bool = False,
+        check_reduction: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+        *,
+        overlap: bool = True,
+    ) -> None:
+        super().__init__()
+        # ---- validate everything before any message is sent
+        if broadcast_buffers is None:
+            broadcast_buffers = True
+        if not isinstance(module, Module):
+            raise TypeError(
+                f"DistributedDataParallel: module must be an mpitensor.nn.Module, got "
+                f"{type(module).__name__}; wrap your layers in an nn.Module (or nn.Sequential)")
+        if bucket_cap_mb is None:
+            bucket_cap_mb = 25
+        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)):
+            raise TypeError(f"DistributedDataParallel: bucket_cap_mb must be a number of MiB, "
+                            f"got {bucket_cap_mb!r}")
+        if not bucket_cap_mb >= 0:
+            raise ValueError(f"DistributedDataParallel: bucket_cap_mb must be >= 0 (0 gives one "
+                             f"bucket per parameter), got {bucket_cap_mb!r}")
+        for name, flag in (("broadcast_buffers", broadcast_buffers),
+                           ("find_unused_parameters", find_unused_parameters),
+                           ("gradient_as_bucket_view", gradient_as_bucket_view),
+                           ("static_graph", static_graph), ("overlap", overlap),
+                           ("init_sync", init_sync)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"DistributedDataParallel: {name} must be True or False, got "
+                                f"{flag!r}")
+        if dim != 0:
+            raise ValueError("DistributedDataParallel: dim must be 0 (inputs are not scattered: "
+                             "each rank passes its own shard of the batch)")
+        pg = _group(process_group, "DistributedDataParallel")
+        params = [p for p in _params_of(module, "DistributedDataParallel") if p.requires_grad]
+        if not params:
+            raise ValueError(
+                "DistributedDataParallel is not needed when a module doesn't have any parameter "
+                "that requires a gradient")
+        named = {id(p): n for n, p in module.named_parameters()}
+        devices = sorted({_device_key(p._data) for p in params})
+        if len(devices) > 1:
+            raise ValueError(
+                f"DistributedDataParallel: the module's parameters are on different devices "
+                f"{devices}; move the whole module to one device first (module.to(device))")
+        self._check_device_ids(device_ids, devices[0])
+
+        self.module = module
+        self.device_ids = list(device_ids) if device_ids is not None else None
+        self.output_device = output_device
+        self.dim = dim
+        self.broadcast_buffers = bool(broadcast_buffers)
+        self.process_group = pg
+        self.bucket_bytes_cap = int(bucket_cap_mb * _MB)
+        self.find_unused_parameters = bool(find_unused_parameters)
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
+        self.static_graph = bool(static_graph)
+        self.overlap = bool(overlap)
+        self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True
+        self._world = pg.size_
+        self._src = pg.ranks[0]
+        self._params = params
+        self._names = [named.get(id(p), f"<param {i}>") for i, p in enumerate(params)]
+
+        # ---- same model everywhere, then rank 0's values everywhere
+        self._init_broadcasts = 0
+        if init_sync:
+            if self._world > 1:
+                self._verify_shapes(pg)
+            states = [p._data for p in _params_of(module, "DistributedDataParallel")]
+            states += [b._data for b in module.buffers() if b is not None]
+            self._init_broadcasts = _coalesced_broadcast(states, pg, self._src)
+
+        # ---- buckets
+        self._build_buckets(min(DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap))
+        self.comm_stats = CommStats([b.nbytes for b in self._buckets])
+        nparams = len(params)
+        self._ready = [False] * nparams
+        self._used = [False] * nparams  # got a gradient since the last synchronised backward
+        self._next_launch = 0
+        self._expect_hooks = False
+        self._in_backward = False
+        self._forward_unused: List[int] = []
+        self._static_unused: Optional[List[int]] = None
+        self._hook_handles = []
+        ref = weakref.ref(self)
+        for i, p in enumerate(params):
+            self._hook_handles.append(
+                p.register_post_accumulate_grad_hook(_make_hook(ref, i)))
+
+    # ---------------------------------------------------------------- construction helpers
+    @staticmethod
+    def _check_device_ids(device_ids: Any, device: str) -> None:
+        if device_ids is None:
+            return
+        if not isinstance(device_ids, (list, tuple)) or len(device_ids) != 1:
+            raise ValueError(
+                f"DistributedDataParallel: device_ids must be None or a list of one device "
+                f"(the one this rank's module lives on), got {device_ids!r}")
+        d = device_ids[0]
+        try:
+            want = (d if isinstance(d, _backend.device) else
+                    _backend.device("cuda", int(d)) if isinstance(d, (int, np.integer))
+                    else _backend.device(str(d)))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"DistributedDataParallel: bad device in device_ids: {exc}") from None
+        if want.type == "cpu":
+            raise ValueError(
+                "DistributedDataParallel device_ids and output_device arguments only work with "
+                "single-device/multiple-device GPU modules or CPU modules, but got device_ids "
+                f"{device_ids!r}; pass device_ids=None for a CPU module")
+        if str(want) != device:
+            raise ValueError(
+                f"DistributedDataParallel: device_ids={device_ids!r} but the module's parameters "
+                f"are on {device}; move the module with module.to('{want}') first")
+
+    def _verify_shapes(self, pg: ProcessGroup) -> None:
+        mine = [(tuple(p._data.shape), p._data.dtype.str) for p in self._params]
+        everyone: list = [None] * pg.size_
+        dist.all_gather_object(everyone, mine, group=pg)
+        ref = everyone[0]
+        for r, theirs in enumerate(everyone):
+            if theirs == ref:
+                continue
+            if len(theirs) != len(ref):
+                detail = (f"group rank {r} has {len(theirs)} parameters that require grad, "
+                          f"group rank 0 has {len(ref)}")
+            else:
+                i = next(k for k in range(len(ref)) if theirs[k] != ref[k])
+                detail = (f"parameter {i} ({self._names[i]}) is {theirs[i][0]} {theirs[i][1]} on "
+                          f"group rank {r} but {ref[i][0]} {ref[i][1]} on group rank 0")
+            raise ValueError(
+                f"DistributedDataParallel: the replicas differ across ranks: {detail}; build "
+                "the same model on every rank")
+
+    def _build_buckets(self, first_cap: int) -> None:
+        order = [(i, p._data.nbytes, (p._data.dtype, _device_key(p._data)))
+                 for i, p in reversed(list(enumerate(self._params)))]
+        groups = _bucket_assignment(order, self.bucket_bytes_cap, first_cap)
+        self._buckets: List[_Bucket] = []
+        self._where: List[tuple] = [None] * len(self._params)  # type: ignore[list-item]
+        for b, idx in enumerate(groups):
+            proto = self._params[idx[0]]._data
+            xp = _backend.array_module(proto)
+            total = sum(self._params[i]._data.size for i in idx)
+            buf = xp.zeros_like(proto, shape=(total,), order="C")
+            views, off = [], 0
+            for k, i in enumerate(idx):
+                a = self._params[i]._data
+                views.append(buf[off:off + a.size].reshape(a.shape))
+                off += a.size
+                self._where[i] = (b, k)
+            self._buckets.append(_Bucket(b, idx, buf, views))
+
+    # ---------------------------------------------------------------- public API
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Context manager that turns gradient synchronisation off (gradient accumulation).
+
+        Forward/backward passes run inside it accumulate gradients locally with no
+        communication; the first forward/backward after it synchronises the accumulated
+        gradients. As in torch, the forward pass decides: a forward run inside ``no_sync``
+        is not synchronised.
+
+        Example:
+            >>> with ddp.no_sync():
+            ...     ddp(x1).sum().backward()       # local accumulation only
+            >>> ddp(x2).sum().backward()           # averages the sum of both micro-batches
+        """
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module (after syncing buffers) and prepare the gradient sync."""
+        if self._in_backward:
+            self._recover()
+        sync = self.require_backward_grad_sync and _autograd.is_grad_enabled()
+        self.require_forward_param_sync = sync
+        if sync and self.broadcast_buffers and self._world > 1:
+            bufs = [b._data for b in self.module.buffers() if b is not None]
+            if bufs:
+                _coalesced_broadcast(bufs, self.process_group, self._src)
+        out = self.module(*inputs, **kwargs)
+        if sync:
+            self._expect_hooks = True
+            self._prepare_for_backward(out)
+        return out
+
+    # ---------------------------------------------------------------- the reducer
+    def _prepare_for_backward(self, out: Any) -> None:
+        tensors: list = []
+        _collect_tensors(out, tensors)
+        roots = [t.grad_fn for t in tensors if t.grad_fn is not None]
+        ref = weakref.ref(self)
+
+        def start(grad: Any) -> None:  # the first node of backward: the reduction begins
+            me = ref()
+            if me is not None and me._expect_hooks and not me._in_backward:
+                me._begin_backward()
+
+        for node in roots:
+            node.register_prehook(start)
+        if self.find_unused_parameters and not (self.static_graph and
+                                                self._static_unused is not None):
+            self._forward_unused = self._find_unused(roots)
+
+    def _find_unused(self, roots: List[Node]) -> List[int]:
+        seen_nodes = set()
+        leaves = set()
+        stack = list(roots)
+        while stack:
+            n = stack.pop()
+            if n in seen_nodes:
+                continue
+            seen_nodes.add(n)
+            for nxt in n._next:
+                if nxt is None:
+                    continue
+                if type(nxt) is Node:
+                    stack.append(nxt)
+                else:
+                    leaves.add(id(nxt))
+        return [i for i, p in enumerate(self._params) if id(p) not in leaves]
+
+    def _begin_backward(self) -> None:
+        self._in_backward = True
+        self.comm_stats.launched = 0
+        _autograd.queue_callback(self._finalize)
+        unused = self._forward_unused
+        if self.static_graph and self._static_unused is not None:
+            unused = self._static_unused
+        if unused:
+            for i in unused:
+                self._mark_ready(i, self._params[i], from_hook=False)
+
+    def _on_grad(self, i: int, p: Tensor) -> None:
+        self._used[i] = True
+        if not self._expect_hooks:
+            return  # inside no_sync, or a backward through a graph not made by our forward
+        if not self._in_backward:
+            self._begin_backward()
+        self._mark_ready(i, p, from_hook=True)
+
+    def _mark_ready(self, i: int, p: Tensor, from_hook: bool) -> None:
+        b, k = self._where[i]
+        bucket = self._buckets[b]
+        if self._ready[i]:
+            if bucket.work is None and from_hook:  # not launched yet: take the newer value
+                self._fill(bucket, k, p)
+                return
+            raise RuntimeError(
+                f"Expected to mark a variable ready only once. Parameter {i} "
+                f"({self._names[i]}) got its gradient after its bucket's all-reduce was launched "
+                "(it was taken as unused, or used twice in one backward); if it is used outside "
+                "the module's forward, pass static_graph=False and find_unused_parameters=False, "
+                "or make every use go through the forward")
+        self._ready[i] = True
+        self._fill(bucket, k, p)
+        bucket.pending -= 1
+        if bucket.pending == 0 and self.overlap:
+            self._launch_ready()
+
+    def _fill(self, bucket: _Bucket, k: int, p: Tensor) -> None:
+        view = bucket.views[k]
+        g = p.grad
+        if g is None:
+            view[...] = 0
+            return
+        if g._data is view:
+            return  # the gradient already lives in the bucket
+        view[...] = g._data
+        if self.gradient_as_bucket_view:
+            g._data = view
+
+    def _launch_ready(self) -> None:
+        buckets = self._buckets
+        n = len(buckets)
+        while self._next_launch < n and buckets[self._next_launch].pending == 0:
+            self._launch(buckets[self._next_launch])
+            self._next_launch += 1
+
+    def _launch(self, bucket: _Bucket) -> None:
+        if self._world > 1:
+            bucket.buffer /= self._world  # pre-divide, as torch's default hook
+        bucket.work = dist.all_reduce(bucket.buffer * 0, op=ReduceOp.SUM,
+                                      group=self.process_group, async_op=True)
+        self.comm_stats.launched += 1
+
+    def _finalize(self) -> None:
+        t0 = time.perf_counter()
+        stats = self.comm_stats
+        overlapped = stats.launched
+        missing = [i for i, r in enumerate(self._ready) if not r]
+        tolerate = self.find_unused_parameters or (self.static_graph and
+                                                   self._static_unused is None)
+        for i in missing:
+            self._mark_ready(i, self._params[i], from_hook=False)
+        # every bucket is complete now: launch what is left, in order, on every rank
+        self._launch_ready()
+        used_work = used = None
+        if self.find_unused_parameters or self.static_graph:
+            # every rank makes this call, whether or not it has unused parameters
+            used = np.fromiter(self._used, dtype=np.int32, count=len(self._used))
+            used_work = dist.all_reduce(used, op=ReduceOp.MAX, group=self.process_group,
+                                        async_op=True)
+        for bucket in self._buckets:
+            bucket.work.wait()
+        if used_work is not None:
+            used_work.wait()
+        t1 = time.perf_counter()
+        self._write_back(used)
+        self._reset()
+        stats.steps += 1
+        stats.overlapped = overlapped
+        stats.last_wait_s = t1 - t0
+        stats.total_wait_s += t1 - t0
+        stats.last_backward_end_s = t0
+        if missing and self.static_graph and self._static_unused is None:
+            self._static_unused = missing
+        elif self.static_graph and self._static_unused is None:
+            self._static_unused = []
+        if missing and not tolerate:
+            raise RuntimeError(_UNUSED_MSG.format(
+                rank=dist.get_rank(), idx=" ".join(map(str, missing)),
+                names=" ".join(self._names[i] for i in missing)))
+
+    def _write_back(self, used: Any) -> None:
+        params = self._params
+        view_mode = self.gradient_as_bucket_view
+        for bucket in self._buckets:
+            for k, i in enumerate(bucket.params):
+                if used is not None and not used[i]:
+                    continue  # unused on every rank: leave the gradient alone, as torch
+                p = params[i]
+                view = bucket.views[k]
+                g = p.grad
+                if g is None:
+                    p.grad = _new(view if view_mode else view.copy())
+                elif g._data is not view:
+                    if view_mode:
+                        g._data = view
+                    else:
+                        g._data[...] = view
+
+    def _reset(self) -> None:
+        n = len(self._params)
+        self._ready = [False] * n
+        self._used = [False] * n
+        for bucket in self._buckets:
+            bucket.pending = len(bucket.params)
+            bucket.work = None
+        self._next_launch = 0
+        self._in_backward = False
+        self._expect_hooks = False
+        self._forward_unused = []
+
+    def _recover(self) -> None:
+        """A previous backward stopped half-way (an exception): finish its traffic, start over."""
+        logger.warning("DistributedDataParallel: the previous backward did not finish (an error "
+                       "interrupted it); waiting for its launched all-reduces and starting over")
+        for bucket in self._buckets:
+            if bucket.work is not None:
+                bucket.work.wait()
+        self._reset()
+
+    def extra_repr(self) -> str:
+        return (f"buckets={len(self._buckets)}, bucket_cap_mb={self.bucket_bytes_cap / _MB:g}, "
+                f"world_size={self._world}")
+
+
+def _make_hook(ref: "weakref.ReferenceType[DistributedDataParallel]", i: int) -> Any:
+    def hook(p: Tensor) -> None:
+        ddp = ref()
+        if ddp is not None:
+            ddp._on_grad(i, p)
+
+    return hook
+
