@@ -9,10 +9,22 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import _config, autograd, backend, data, distributed, errors, utils
-from . import models, nn  # after the package core: they build on Tensor and autograd
+from . import (
+    _config,
+    autograd,
+    backend,
+    checkpoint,
+    data,
+    distributed,
+    errors,
+    models,
+    nn,
+    optim,
+    utils,
+)
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cupy_available, device
+from .checkpoint import CheckpointError, load, save
 from .dtypes import *  # noqa: F403 - dtype names at package level, as in torch
 from .dtypes import __all__ as _dtype_names
 from .errors import (
@@ -34,7 +46,7 @@ if _config.LOG_LEVEL != "WARNING":
 
 __all__ = [
     "__version__", "backend", "errors", "distributed", "device", "cupy_available", "autograd",
-    "data", "utils", "nn", "models",
+    "data", "utils", "nn", "models", "optim", "checkpoint", "save", "load", "CheckpointError",
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
     "MessageTruncatedError", "DistributedTimeoutError", "PeerFailedError",

@@ -1,0 +1,19 @@
+"""Optimisers and learning-rate schedules with PyTorch's names (``torch.optim``).
+
+Example:
+    >>> import mpitensor as mt
+    >>> import mpitensor.optim as optim
+    >>> w = mt.tensor([1.0], requires_grad=True)
+    >>> opt = optim.SGD([w], lr=0.1, momentum=0.9)
+    >>> sched = optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+    >>> sched.get_last_lr()
+    [0.1]
+"""
+
+from __future__ import annotations
+
+from . import lr_scheduler
+from .optimizer import Optimizer
+from .sgd import SGD
+
+__all__ = ["Optimizer", "SGD", "lr_scheduler"]

@@ -1,0 +1,364 @@
+"""mpitensor.checkpoint: round trips, RNG streams, atomic writes, and clear errors on bad files."""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import mpitensor as mt
+from mpitensor import checkpoint as ck
+from mpitensor.checkpoint import CheckpointError, load, save
+from mpitensor.errors import MpiTensorError
+from mpitensor.nn import Parameter
+from mpitensor.optim import SGD
+
+
+def _same(a, b):
+    """Deep equality that checks types, dtypes and shapes exactly."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, mt.Tensor):
+        assert a.requires_grad == b.requires_grad
+        _same(a._data, b._data)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    elif isinstance(a, np.generic):
+        assert a.dtype == b.dtype and (a == b or (a != a and b != b))
+    elif isinstance(a, dict):
+        assert list(a.keys()) == list(b.keys())
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif isinstance(a, float) and a != a:
+        assert b != b
+    else:
+        assert a == b
+
+
+def _round_trip(obj, tmp_path, **kw):
+    p = tmp_path / "x.mt"
+    save(obj, p, **kw)
+    return load(p)
+
+
+DTYPES = [np.float16, np.float32, np.float64, np.bool_, np.int8, np.uint8, np.int16, np.int32,
+          np.int64, np.uint64, np.complex64, np.complex128]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_array_dtypes_round_trip(dtype, tmp_path):
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((3, 5)) * 50).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal((3, 5)).astype(dtype)
+    obj = {"arr": a, "t": mt.tensor(a.copy()), "zero_d": a[1, 2].copy().reshape(()),
+           "scalar": a[0, 0], "empty": np.empty((0, 4), dtype=dtype)}
+    out = _round_trip(obj, tmp_path)
+    _same(obj["arr"], out["arr"])
+    _same(obj["t"], out["t"])
+    assert out["zero_d"].shape == () and out["zero_d"].dtype == dtype
+    _same(obj["scalar"], out["scalar"])
+    assert out["empty"].shape == (0, 4) and out["empty"].dtype == dtype
+
+
+def test_non_contiguous_views_and_byte_order(tmp_path):
+    base = np.arange(60, dtype=np.float64).reshape(3, 4, 5)
+    views = {"T": base.T, "step": base[:, ::2, 1::2], "neg": base[::-1, :, ::-1],
+             "big_endian": np.arange(6, dtype=">i4").reshape(2, 3),
+             "fortran": np.asfortranarray(base[0])}
+    out = _round_trip(views, tmp_path)
+    for k, v in views.items():
+        _same(v, out[k])
+        assert out[k].flags.c_contiguous
+    assert out["step"].ctypes.data % 64 == 0 or out["step"].nbytes == 0
+
+
+def test_scalars_containers_and_keys(tmp_path):
+    obj = collections.OrderedDict([
+        ("none", None), ("t", True), ("f", False), ("i", -7), ("big", 2**127 + 12345),
+        ("neg_big", -(2**200)), ("x", 0.1), ("nan", float("nan")), ("inf", float("-inf")),
+        ("c", complex(1.5, -2.25)), ("s", "héllo\n\x00"), ("b", b"\x00\xffbytes"),
+        ("ba", bytearray(b"ab")), ("empty_b", b""), ("list", [1, [2, [3, ()]]]),
+        ("tuple", (1, "a", None)), ("size", mt.Size([2, 3])), ("dtype", np.dtype("float16")),
+        ("np", [np.float32(1.5), np.int64(-3), np.bool_(True), np.complex128(1 - 2j)]),
+        (3, "int key"), ((1, 2), "tuple key"), (None, "none key"), (2.5, "float key"),
+        ("nested", {"a": {"b": {"c": [np.ones(2), {}]}}, "": []}),
+    ])
+    out = _round_trip(obj, tmp_path)
+    _same(obj, out)
+    assert isinstance(out, collections.OrderedDict) and type(out["nested"]) is dict
+    assert isinstance(out["size"], mt.Size)
+
+
+def test_tensors_parameters_and_sharing(tmp_path):
+    w = Parameter(mt.tensor(np.arange(6.0).reshape(2, 3)))
+    frozen = mt.tensor([1.0, 2.0])
+    arr = np.arange(4)
+    out = _round_trip({"w": w, "tied": w, "frozen": frozen, "a": arr, "a2": arr}, tmp_path)
+    assert type(out["w"]) is mt.Tensor and out["w"].requires_grad
+    assert not out["frozen"].requires_grad
+    np.testing.assert_array_equal(out["w"]._data, w._data)
+    assert out["tied"] is out["w"] and out["a2"] is out["a"]
+    out["a"][0] = 99  # loaded arrays are writable
+    assert arr[0] == 0
+
+
+def test_model_like_and_optimizer_state_dict(tmp_path):
+    params = [Parameter(mt.tensor(np.random.default_rng(1).standard_normal(s)))
+              for s in [(4, 3), (4,)]]
+    opt = SGD(params, lr=0.1, momentum=0.9, nesterov=True)
+    for p in params:
+        p.grad = mt.tensor(np.ones(p.shape))
+    opt.step()
+    ckpt = {"model": collections.OrderedDict([("fc.weight", params[0].detach()),
+                                              ("fc.bias", params[1].detach())]),
+            "optimizer": opt.state_dict(), "epoch": 4,
+            "sampler": {"epoch": 4, "position": 1280, "seed": 0}}
+    out = _round_trip(ckpt, tmp_path)
+    _same(ckpt["model"], out["model"])
+    assert out["optimizer"]["param_groups"] == ckpt["optimizer"]["param_groups"]
+    opt2 = SGD([Parameter(mt.tensor(p._data.copy())) for p in params], lr=0.5)
+    opt2.load_state_dict(out["optimizer"])
+    assert opt2.param_groups[0]["nesterov"] is True
+    for k in (0, 1):
+        np.testing.assert_array_equal(opt2.state[opt2.param_groups[0]["params"][k]]
+                                      ["momentum_buffer"]._data,
+                                      opt.state[params[k]]["momentum_buffer"]._data)
+
+
+def test_rng_states_restore_the_exact_stream(tmp_path):
+    mt.manual_seed(1234)
+    mt.rand(5)
+    gen = np.random.default_rng(99)
+    gen.standard_normal(3)
+    legacy = np.random.RandomState(7)
+    legacy.rand(2)
+    random.seed(5)
+    random.random()
+    state = {"mt": mt.get_rng_state(), "np_gen": gen.bit_generator.state,
+             "legacy": legacy.get_state(), "legacy_dict": legacy.get_state(legacy=False),
+             "py": random.getstate()}
+    out = _round_trip(state, tmp_path)
+    _same(state, out)
+    want = (mt.rand(4)._data.copy(), gen.standard_normal(4), legacy.rand(4), random.random())
+    mt.manual_seed(0)
+    mt.set_rng_state(out["mt"])
+    gen2 = np.random.default_rng()
+    gen2.bit_generator.state = out["np_gen"]
+    legacy2 = np.random.RandomState()
+    legacy2.set_state(out["legacy"])
+    random.seed(0)
+    random.setstate(out["py"])
+    got = (mt.rand(4)._data, gen2.standard_normal(4), legacy2.rand(4), random.random())
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_file_objects_and_path_types(tmp_path):
+    buf = io.BytesIO()
+    save({"a": np.arange(3)}, buf)
+    buf.seek(0)
+    _same({"a": np.arange(3)}, load(buf))
+    save([1, 2], str(tmp_path / "s.mt"))
+    assert load(str(tmp_path / "s.mt")) == [1, 2]
+
+
+def test_map_location_cpu_and_bad(tmp_path):
+    p = tmp_path / "m.mt"
+    save({"t": mt.ones(2)}, p)
+    assert load(p, map_location="cpu")["t"].device == mt.device("cpu")
+    assert load(p, map_location=mt.device("cpu"))["t"].device == mt.device("cpu")
+    with pytest.raises(TypeError, match="map_location"):
+        load(p, map_location=lambda s, loc: s)
+
+
+def test_unsupported_types_and_pickle_opt_in(tmp_path):
+    class Thing:
+        pass
+
+    p = tmp_path / "u.mt"
+    with pytest.raises(TypeError, match=r"obj\['x'\]\[1\].*Thing.*allow_pickle=True"):
+        save({"x": [1, Thing()]}, p)
+    with pytest.raises(TypeError, match="defaultdict"):
+        save(collections.defaultdict(int), p)
+    assert not p.exists()
+    save({"x": collections.Counter("aab"), "w": np.ones(2)}, p, allow_pickle=True)
+    with pytest.raises(CheckpointError, match=r"u\.mt.*pickled objects.*weights_only=False"):
+        load(p)
+    out = load(p, weights_only=False)
+    assert out["x"] == collections.Counter("aab")
+    with pytest.raises(TypeError, match="object"):
+        save(np.array([1, "a"], dtype=object), p)
+
+
+def test_load_refuses_a_pickle_file(tmp_path):
+    import pickle
+
+    p = tmp_path / "evil.pt"
+    p.write_bytes(pickle.dumps({"a": 1}))
+    with pytest.raises(CheckpointError, match=r"evil\.pt.*not an mpitensor checkpoint.*pickle"):
+        load(p)
+
+
+def _good_file(tmp_path):
+    p = tmp_path / "good.mt"
+    save({"w": np.arange(100, dtype=np.float32), "e": 3}, p)
+    return p, p.read_bytes()
+
+
+@pytest.mark.parametrize("cut", [0, 3, 8, 40, 64, 70, -400, -1])
+def test_truncated_files(tmp_path, cut):
+    p, data = _good_file(tmp_path)
+    bad = tmp_path / f"trunc{cut}.mt"
+    bad.write_bytes(data[:cut] if cut >= 0 else data[:len(data) + cut])
+    with pytest.raises(CheckpointError, match=rf"trunc{cut}\.mt: .*(truncated|empty)") as ei:
+        load(bad)
+    assert isinstance(ei.value, MpiTensorError) and isinstance(ei.value, ValueError)
+    assert ei.value.__cause__ is None and ei.value.__suppress_context__
+
+
+@pytest.mark.parametrize("where, what", [(70, "header"), (-3, "payload"), (9, "version"),
+                                         (0, "not an mpitensor checkpoint")])
+def test_corrupt_files(tmp_path, where, what):
+    p, data = _good_file(tmp_path)
+    b = bytearray(data)
+    b[where] ^= 0x5A
+    bad = tmp_path / "corrupt.mt"
+    bad.write_bytes(bytes(b))
+    with pytest.raises(CheckpointError, match=rf"corrupt\.mt: .*{what}"):
+        load(bad)
+
+
+def test_garbage_and_trailing_bytes(tmp_path):
+    g = tmp_path / "garbage.bin"
+    g.write_bytes(os.urandom(1000))
+    with pytest.raises(CheckpointError, match=r"garbage\.bin: not an mpitensor checkpoint"):
+        load(g)
+    p, data = _good_file(tmp_path)
+    t = tmp_path / "trailing.mt"
+    t.write_bytes(data + b"xx")
+    with pytest.raises(CheckpointError, match=r"trailing\.mt: corrupt: 2 unexpected bytes"):
+        load(t)
+    with pytest.raises(FileNotFoundError):
+        load(tmp_path / "missing.mt")
+
+
+def test_forged_header_is_rejected_cleanly(tmp_path):
+    """A header with a valid checksum but nonsense content still gives a CheckpointError."""
+    import hashlib
+    import json
+    import struct
+
+    for header in [b"not json", json.dumps({"tree": {"k": "mystery"}, "arrays": [],
+                                            "payload_sha256": hashlib.sha256(b"").hexdigest()}
+                                           ).encode(),
+                   json.dumps({"tree": {"k": "ndarray", "i": 0},
+                               "arrays": [{"dtype": "|O", "shape": [1], "offset": 0,
+                                           "nbytes": 8}],
+                               "payload_sha256": hashlib.sha256(b"").hexdigest()}).encode()]:
+        prefix = struct.pack("<8sIIQQ32s", b"MPITCKPT", 1, 0, len(header), 0,
+                             hashlib.sha256(header).digest())
+        pad = (-(len(prefix) + len(header))) % 64
+        f = tmp_path / "forged.mt"
+        f.write_bytes(prefix + header + bytes(pad))
+        with pytest.raises(CheckpointError, match=r"forged\.mt: .*(malformed|unknown|dtype)"):
+            load(f)
+
+
+def test_atomic_write_failure_keeps_old_file(tmp_path, monkeypatch):
+    p = tmp_path / "ckpt.mt"
+    save({"version": 1}, p)
+    old = p.read_bytes()
+    real_write = ck._write
+
+    def half_then_fail(fh, head, arrays):
+        fh.write(head[: len(head) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ck, "_write", half_then_fail)
+    with pytest.raises(CheckpointError, match=r"ckpt\.mt: No space left.*unchanged"):
+        save({"version": 2, "w": np.ones(1000)}, p)
+    assert p.read_bytes() == old and load(p) == {"version": 1}
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.mt"]
+
+    def interrupted(fh, head, arrays):
+        real_write(fh, head, arrays)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ck, "_write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save({"version": 3}, p)
+    assert p.read_bytes() == old and sorted(os.listdir(tmp_path)) == ["ckpt.mt"]
+    monkeypatch.setattr(ck, "_write", real_write)
+    save({"version": 4}, p)
+    assert load(p) == {"version": 4} and sorted(os.listdir(tmp_path)) == ["ckpt.mt"]
+
+
+def test_atomic_write_survives_a_crash(tmp_path):
+    """A process killed in the middle of writing leaves the previous checkpoint intact."""
+    p = tmp_path / "ckpt.mt"
+    save({"version": 1}, p)
+    old = p.read_bytes()
+    code = textwrap.dedent(f"""
+        import os, numpy as np
+        from mpitensor import checkpoint as ck
+        def crash(fh, head, arrays):
+            fh.write(head)
+            fh.flush()
+            os._exit(3)
+        ck._write = crash
+        ck.save({{"version": 2, "w": np.ones(10000)}}, {str(p)!r})
+    """)
+    r = subprocess.run([sys.executable, "-c", code], timeout=120)
+    assert r.returncode == 3
+    assert p.read_bytes() == old
+    leftovers = [n for n in os.listdir(tmp_path) if n != "ckpt.mt"]
+    assert all(n.startswith(".ckpt.mt.") and n.endswith(".tmp") for n in leftovers)
+
+
+def test_save_keeps_permissions_and_errors_for_bad_targets(tmp_path):
+    p = tmp_path / "perm.mt"
+    save(1, p)
+    os.chmod(p, 0o640)
+    save(2, p)
+    assert os.stat(p).st_mode & 0o777 == 0o640
+    with pytest.raises(CheckpointError, match="is a directory"):
+        save(1, tmp_path)
+    with pytest.raises(CheckpointError, match="no_such_dir"):
+        save(1, tmp_path / "no_such_dir" / "x.mt")
+
+
+def test_distributed_helpers_without_process_group(tmp_path):
+    import mpitensor.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is initialised in this process")
+    p = tmp_path / "solo.mt"
+    ck.save_on_rank0({"a": np.arange(3)}, p)
+    _same({"a": np.arange(3)}, ck.load_on_all_ranks(p))
+
+
+@pytest.mark.gpu
+def test_cupy_arrays_round_trip(tmp_path):
+    cp = mt.backend.get_cupy()
+    a = cp.arange(12, dtype=cp.float32).reshape(3, 4)[:, ::2]
+    p = tmp_path / "gpu.mt"
+    save({"a": a, "t": mt.Tensor(cp.ones(3))}, p)
+    out = load(p)
+    assert mt.backend.is_cupy_array(out["a"]) and mt.backend.is_cupy_array(out["t"]._data)
+    np.testing.assert_array_equal(out["a"].get(), a.get())
+    host = load(p, map_location="cpu")
+    assert isinstance(host["a"], np.ndarray) and host["t"].device == mt.device("cpu")
+    back = load(p, map_location="cuda:0")
+    assert back["t"].device == mt.device("cuda:0")
