@@ -45,7 +45,18 @@ __all__ = [
 ]
 
 _ndarray = np.ndarray
+_object_new = object.__new__
 _seq = itertools.count()  # creation order of nodes: backward runs newest first
+
+# Set by mpitensor.tensor once Tensor exists (the two modules import each other).
+_Tensor: Any = None
+_new: Any = None
+
+
+def _bind_tensor(tensor_cls: type, new: Callable) -> None:
+    """Give the engine the Tensor class and its fast wrapper (called by ``mpitensor.tensor``)."""
+    global _Tensor, _new
+    _Tensor, _new = tensor_cls, new
 
 
 class _GradMode(threading.local):
@@ -195,19 +206,30 @@ class Function:
     @classmethod
     def apply(cls, *args: Any) -> Any:
         """Run the operation on ``args``; record it for autograd where that is needed."""
-        from mpitensor.tensor import Tensor, _new  # noqa: PLC0415 - import cycle
-
+        Tensor = _Tensor  # noqa: N806 - the class
         raw = []
+        nxt = []
+        needs = []
         record = False
-        for a in args:
+        for a in args:  # one pass: the arrays for forward and the graph edges for the node
             if isinstance(a, Tensor):
                 raw.append(a._data)
                 if a._requires_grad:
                     record = True
+                    fn = a.grad_fn
+                    nxt.append(a if fn is None else fn)
+                    needs.append(True)
+                    continue
             else:
                 raw.append(a)
+            nxt.append(None)
+            needs.append(False)
         record = record and _mode.enabled
-        node = Node(cls, args) if record else _NO_RECORD
+        if record:
+            node = _object_new(Node)
+            node._init(cls, nxt, tuple(needs))
+        else:
+            node = _NO_RECORD
         out = cls.forward(node, *raw)
         t = _new(out)
         if record:
@@ -229,9 +251,7 @@ class Node:
     """
 
     def __init__(self, fn: type, args: Sequence[Any]) -> None:
-        from mpitensor.tensor import Tensor  # noqa: PLC0415 - import cycle
-
-        self.fn = fn
+        Tensor = _Tensor  # noqa: N806 - the class
         nxt = []
         needs = []
         for a in args:
@@ -241,8 +261,12 @@ class Node:
             else:
                 nxt.append(None)
                 needs.append(False)
+        self._init(fn, nxt, tuple(needs))
+
+    def _init(self, fn: type, nxt: list, needs: tuple) -> None:
+        self.fn = fn
         self._next = nxt
-        self.needs_input_grad = tuple(needs)
+        self.needs_input_grad = needs
         self.seq = next(_seq)
         self.saved = ()
         self.released = False
@@ -267,7 +291,7 @@ class Node:
 
     def name(self) -> str:
         """The node's name, as torch prints it (``MulBackward``)."""
-        n = self.fn.__name__
+        n = self.fn.__name__.lstrip("_")  # private Function classes print as torch's names
         return n if n.endswith("Backward") else f"{n}Backward"
 
     def register_prehook(self, hook: Callable) -> None:
@@ -339,8 +363,6 @@ def _leaf_grad(t: Any, g: Any) -> Any:
 
 def _accumulate(t: Any, g: Any) -> None:
     """Add ``g`` into leaf ``t``'s ``.grad``, in place when it exists (views of it stay valid)."""
-    from mpitensor.tensor import _new  # noqa: PLC0415 - import cycle
-
     hooks = getattr(t, "_hooks", None)
     if hooks is not None and hooks[0]:
         for h in hooks[0]:
@@ -360,8 +382,7 @@ def _accumulate(t: Any, g: Any) -> None:
 
 
 def _check_grad(t: Any, g: Any, i: int) -> Any:
-    from mpitensor.tensor import Tensor  # noqa: PLC0415 - import cycle
-
+    Tensor = _Tensor  # noqa: N806 - the class (bound by mpitensor.tensor)
     if g is None:
         if t._data.size != 1:
             raise RuntimeError(
@@ -417,8 +438,7 @@ def backward(
         >>> x.grad
         tensor([3., 3.])
     """
-    from mpitensor.tensor import Tensor  # noqa: PLC0415 - import cycle
-
+    Tensor = _Tensor  # noqa: N806 - the class (bound by mpitensor.tensor)
     if create_graph:
         raise NotImplementedError(
             "create_graph=True (higher-order gradients) is not supported by mpitensor's autograd"
@@ -467,7 +487,9 @@ def _run(roots: list, retain: bool, only: Optional[set]) -> None:
     outer = _mode.callbacks
     _mode.callbacks = []
     try:
-        _run_graph(roots, retain, only)
+        # torch computes inf/nan gradients silently; one errstate for the whole pass is cheap
+        with np.errstate(all="ignore"):
+            _run_graph(roots, retain, only)
         # Callbacks may queue more callbacks; run until none is left.
         i = 0
         while i < len(_mode.callbacks):
@@ -560,8 +582,6 @@ def _finish_leaf(t: Any, g: Any, only: Optional[set]) -> None:
 
 
 def _run_prehooks(node: Node, g: Any) -> Any:
-    from mpitensor.tensor import _new  # noqa: PLC0415 - import cycle
-
     for h in node.pre_hooks or ():
         r = h(_new(g))
         if r is not None:

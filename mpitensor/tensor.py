@@ -9,6 +9,11 @@ Semantics follow PyTorch where that is practical: dtype defaults (Python floats 
 torch's type promotion (a Python scalar keeps a float tensor's dtype, ``int / int`` -> float32,
 zero-dim tensors do not widen dimensioned ones), views, ``repr`` and printing options.
 
+Autograd: when an input requires grad and grad mode is on, an operation is recorded through the
+differentiable ``Function`` of the same name in ``mpitensor._ops`` (forward and backward side by
+side); otherwise it runs the plain code here, behind one cheap check. In-place changes of a
+tensor that requires grad are refused while grad mode is on (use ``no_grad()``, as optimisers do).
+
 Example:
     >>> import mpitensor as mt
     >>> t = mt.tensor([[1., 2.], [3., 4.]])
@@ -80,6 +85,32 @@ __all__ = [
     "set_printoptions",
     "get_printoptions",
     "printoptions",
+    # torch-style functions of one tensor (``mt.exp(x)`` is ``x.exp()``)
+    "exp",
+    "log",
+    "sqrt",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "clamp",
+    "clip",
+    "matmul",
+    "mean",
+    "argmax",
+    "argmin",
+    "flatten",
+    "reshape",
+    "transpose",
+    "permute",
+    "squeeze",
+    "unsqueeze",
+    "softmax",
+    "log_softmax",
+    # served by __getattr__ below, so that this module's own code keeps the builtins
+    "sum",
+    "max",
+    "min",
+    "abs",
 ]
 
 DeviceLike = Union[str, int, "_backend.device", None]
@@ -90,6 +121,7 @@ _object_new = object.__new__
 _NOPE = object()  # "not an operand": the binary operator returns NotImplemented
 _INT64 = _dt.int64
 _BOOL = _dt.bool_
+_grad_mode = _autograd._mode  # thread-local; .enabled is False under no_grad()
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,6 +464,8 @@ def _wrap_int(v: Any, x: Any) -> Any:
 def _binary(a: Tensor, other: Any, op: Any, mode: int = _ARITH, rev: bool = False) -> Any:
     x = a._data
     if isinstance(other, Tensor):
+        if (a._requires_grad or other._requires_grad) and _grad_mode.enabled and mode != _COMPARE:
+            return _ops.binary(a, other, op, mode, rev)
         y = other._data
         # hot path: two tensors of one array type and dtype, no promotion or bool rules
         if (
@@ -450,6 +484,8 @@ def _binary(a: Tensor, other: Any, op: Any, mode: int = _ARITH, rev: bool = Fals
             t.grad_fn = None
             return t
     else:
+        if a._requires_grad and _grad_mode.enabled and mode != _COMPARE:
+            return _ops.binary(a, other, op, mode, rev)
         y = _operand(other)
         if y is _NOPE:
             return NotImplemented
@@ -506,6 +542,10 @@ def _binary(a: Tensor, other: Any, op: Any, mode: int = _ARITH, rev: bool = Fals
 
 
 def _inplace(a: Tensor, other: Any, iop: Any, mode: int = _ARITH) -> Any:
+    if (
+        a._requires_grad or (isinstance(other, Tensor) and other._requires_grad)
+    ) and _grad_mode.enabled:
+        _check_inplace(a, other, _OP_NAMES.get(iop, "in-place operator"))
     x = a._data
     y = _operand(other)
     if y is _NOPE:
@@ -595,6 +635,35 @@ _OP_NAMES = {
     operator.ilshift: "<<=",
     operator.irshift: ">>=",
 }
+
+
+def _check_inplace(a: Tensor, src: Any, what: str) -> None:
+    """Refuse an in-place change that autograd would have to record (grad mode on).
+
+    Under ``no_grad()`` it is allowed, as optimisers update parameters in place.
+    """
+    if not _grad_mode.enabled:
+        return
+    if a._requires_grad:
+        if a.grad_fn is None:
+            raise RuntimeError(
+                f"a leaf Variable that requires grad is being used in an in-place operation. "
+                f"({what}; wrap parameter updates in `with mpitensor.no_grad():`, or write to "
+                f"`t.data`)"
+            )
+        raise RuntimeError(
+            f"in-place operation {what} on a tensor produced by a recorded operation "
+            f"({a.grad_fn.name()}) is not supported: mpitensor's autograd has no version "
+            f"counters, so the change could silently corrupt gradients. Use the out-of-place "
+            f"form (e.g. `y = y + 1` instead of `y += 1`), or clone() first and do it under "
+            f"no_grad()"
+        )
+    if isinstance(src, Tensor) and src._requires_grad:
+        raise RuntimeError(
+            f"in-place operation {what} writes a tensor that requires grad into one that does "
+            f"not; mpitensor's autograd cannot record that. Build the result out of place "
+            f"(e.g. `a = a + b`, `mpitensor.cat`, `mpitensor.where`), or detach() the source"
+        )
 
 
 def _index_key(key: Any) -> Any:
@@ -877,7 +946,7 @@ def _repr(t: Tensor) -> str:
             suffixes.append(f"dtype={_dt.dt_repr(dtype)}")
         body = _tensor_str(t, indent)
     if t.grad_fn is not None:
-        suffixes.append(f"grad_fn=<{type(t.grad_fn).__name__}>")
+        suffixes.append(f"grad_fn=<{t.grad_fn.name()}>")
     elif t._requires_grad:
         suffixes.append("requires_grad=True")
     return _add_suffixes(prefix + body, suffixes, indent)
@@ -976,7 +1045,7 @@ class Tensor:
         t.grad_fn = None
         return t
 
-    # ---- autograd placeholders -------------------------------------------------------------
+    # ---- autograd -------------------------------------------------------------------------
 
     @property
     def requires_grad(self) -> bool:
@@ -986,6 +1055,12 @@ class Tensor:
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
         value = bool(value)
+        if self.grad_fn is not None and not value:
+            raise RuntimeError(
+                "you can only change requires_grad flags of leaf variables. If you want to use a "
+                "computed variable in a subgraph that doesn't require differentiation use "
+                "var_no_grad = var.detach()."
+            )
         if value and self._data.dtype.kind not in "fc":
             raise RuntimeError(
                 f"only tensors of floating point and complex dtype can require gradients, this "
@@ -1032,8 +1107,41 @@ class Tensor:
         return _autograd.register_post_accumulate_grad_hook(self, hook)
 
     def detach(self) -> Tensor:
-        """Return a tensor sharing this one's storage, outside autograd."""
+        """Return a tensor sharing this one's storage, outside autograd.
+
+        Example:
+            >>> w = ones(2, requires_grad=True)
+            >>> w.detach().requires_grad
+            False
+        """
         return _new(self._data)
+
+    def detach_(self) -> Tensor:
+        """Detach this tensor from the graph in place (it becomes a leaf without grad)."""
+        self.grad_fn = None
+        self._requires_grad = False
+        return self
+
+    def retain_grad(self) -> None:
+        """Keep the gradient of this non-leaf tensor in ``.grad`` during backward.
+
+        Raises:
+            RuntimeError: the tensor does not require grad.
+        """
+        if not self._requires_grad:
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+        node = self.grad_fn
+        if node is None or getattr(node, "retains_grad", False):
+            return
+        node.retains_grad = True
+
+        def keep(g: Tensor) -> None:
+            if self.grad is None:
+                self.grad = _new(g._data.copy())
+            else:
+                self.grad._data += g._data
+
+        _autograd.register_hook(self, keep)
 
     @property
     def data(self) -> Tensor:
@@ -1212,6 +1320,8 @@ class Tensor:
         x = self._data
         if x.ndim == 0:
             raise TypeError("iteration over a 0-d tensor")
+        if self._requires_grad and _grad_mode.enabled:
+            return (self[i] for i in range(x.shape[0]))
         return (_new(x[i, ...]) for i in range(x.shape[0]))
 
     def __contains__(self, element: Any) -> bool:
@@ -1224,8 +1334,8 @@ class Tensor:
         x, y = _same_device(self._data, y)
         return bool((x == y).any())
 
-    def __hash__(self) -> int:
-        return id(self)
+    # Identity hash (C-level: autograd keys its per-backward tables by leaf tensors).
+    __hash__ = object.__hash__
 
     # ---- array protocols ---------------------------------------------------------------------
 
@@ -1336,10 +1446,17 @@ class Tensor:
         key = _index_key(key)
         r = x[key]
         if isinstance(r, np.generic):  # a single element: torch returns a 0-d view
-            r = x[(*key, Ellipsis) if type(key) is tuple else (key, Ellipsis)]
+            key = (*key, Ellipsis) if type(key) is tuple else (key, Ellipsis)
+            r = x[key]
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Index.apply(self, r, key)
         return _new(r)
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        if (
+            self._requires_grad or (isinstance(value, Tensor) and value._requires_grad)
+        ) and _grad_mode.enabled:
+            _check_inplace(self, value, "__setitem__")
         x = self._data
         key = _index_key(key)
         if isinstance(value, Tensor):
@@ -1491,6 +1608,8 @@ class Tensor:
 
     def __neg__(self) -> Tensor:
         x = self._data
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Neg.apply(self)
         if x.dtype.kind == "b":
             raise TypeError(
                 "Negation, the `-` operator, on a bool tensor is not supported. If you are "
@@ -1499,9 +1618,13 @@ class Tensor:
         return _new(-x)
 
     def __pos__(self) -> Tensor:
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Alias.apply(self, self._data)
         return _new(self._data)
 
     def __abs__(self) -> Tensor:
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Abs.apply(self)
         return _new(abs(self._data))
 
     def __invert__(self) -> Tensor:
@@ -1578,19 +1701,73 @@ class Tensor:
 
     def abs(self) -> Tensor:
         """Return the element-wise absolute value."""
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Abs.apply(self)
         return _new(abs(self._data))
 
     def sqrt(self) -> Tensor:
         """Return the element-wise square root (integers are promoted to the default dtype)."""
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Sqrt.apply(self)
         return _float_unary(self, "sqrt")
 
     def exp(self) -> Tensor:
         """Return the element-wise exponential."""
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Exp.apply(self)
         return _float_unary(self, "exp")
 
     def log(self) -> Tensor:
         """Return the element-wise natural logarithm."""
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Log.apply(self)
         return _float_unary(self, "log")
+
+    def relu(self) -> Tensor:
+        """Return ``max(self, 0)`` element-wise.
+
+        Example:
+            >>> tensor([-1.0, 2.0]).relu()
+            tensor([0., 2.])
+        """
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Relu.apply(self)
+        x = self._data
+        if x.dtype.kind == "b":
+            raise TypeError("relu() is not implemented for bool tensors; convert first, "
+                            "e.g. t.float()")
+        return _new(_ops.relu_forward(x))
+
+    def sigmoid(self) -> Tensor:
+        """Return the logistic function ``1 / (1 + exp(-self))`` element-wise."""
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Sigmoid.apply(self)
+        x = self._data
+        if x.dtype.kind not in "fc":
+            x = x.astype(_dt.get_default_dtype())
+        return _new(_ops.sigmoid_forward(x))
+
+    def tanh(self) -> Tensor:
+        """Return the hyperbolic tangent element-wise."""
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Tanh.apply(self)
+        return _float_unary(self, "tanh")
+
+    def softmax(self, dim: int, dtype: DTypeLike = None) -> Tensor:
+        """Return ``exp(self) / exp(self).sum(dim)`` (see ``mpitensor.nn.functional.softmax``)."""
+        from mpitensor.nn import functional as F  # noqa: PLC0415, N812 - nn imports tensor
+
+        if dtype is None:
+            return F.softmax(self, dim=dim)
+        return F.softmax(self, dim=dim, dtype=dtype)
+
+    def log_softmax(self, dim: int, dtype: DTypeLike = None) -> Tensor:
+        """Return ``log(softmax(self, dim))``, computed stably (``nn.functional.log_softmax``)."""
+        from mpitensor.nn import functional as F  # noqa: PLC0415, N812 - nn imports tensor
+
+        if dtype is None:
+            return F.log_softmax(self, dim=dim)
+        return F.log_softmax(self, dim=dim, dtype=dtype)
 
     def clamp(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 - torch names
         """Return the elements limited to ``[min, max]`` (either bound may be None).
@@ -1609,7 +1786,10 @@ class Tensor:
         if hi is not None:
             r = _xp(x).minimum(r, hi)
         rt = _result_type(*(v for v in (x, lo, hi) if v is not None))
-        return _new(r if r.dtype == rt else r.astype(rt))
+        r = r if r.dtype == rt else r.astype(rt)
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Clamp.apply(self, r, lo, hi)
+        return _new(r)
 
     clip = clamp
 
@@ -1626,6 +1806,8 @@ class Tensor:
         """
         x = self._data
         dt = _dt.to_dtype(dtype) if dtype is not None else _acc_dtype(x.dtype)
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Sum.apply(self, _axes(dim, x.ndim), keepdim, dt)
         return _new(x.sum(axis=_axes(dim, x.ndim), dtype=dt, keepdims=keepdim))
 
     def prod(self, dim: Any = None, keepdim: bool = False, *, dtype: DTypeLike = None) -> Tensor:
@@ -1648,6 +1830,8 @@ class Tensor:
                 f"point or complex dtype. Got: {_dt.dt_repr(dt)}; pass dtype=mpitensor.float32 "
                 f"or call .float() first"
             )
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Mean.apply(self, _axes(dim, x.ndim), keepdim, dt)
         return _new(x.mean(axis=_axes(dim, x.ndim), dtype=dt, keepdims=keepdim))
 
     def var(
@@ -1660,6 +1844,12 @@ class Tensor:
                 f"std and var only support floating point and complex dtypes, got "
                 f"{_dt.dt_repr(x.dtype)}"
             )
+        if self._requires_grad and _grad_mode.enabled:
+            ax = _axes(dim, x.ndim)
+            n = x.size if ax is None else math.prod(
+                x.shape[a] for a in (ax if isinstance(ax, tuple) else (ax,)))
+            d = self - self.mean(dim, keepdim=True)
+            return (d * d).sum(dim, keepdim=keepdim) / max(0, n - correction)
         with np.errstate(divide="ignore", invalid="ignore"):
             return _new(x.var(axis=_axes(dim, x.ndim), ddof=correction, keepdims=keepdim))
 
@@ -1667,7 +1857,7 @@ class Tensor:
         self, dim: Any = None, *, correction: int = 1, keepdim: bool = False
     ) -> Tensor:
         """Return the standard deviation over ``dim`` with Bessel's ``correction``."""
-        return _float_unary(self.var(dim, correction=correction, keepdim=keepdim), "sqrt")
+        return self.var(dim, correction=correction, keepdim=keepdim).sqrt()
 
     def max(self, dim: Any = None, keepdim: bool = False) -> Any:
         """Return the maximum; with ``dim``, a ``(values, indices)`` named tuple.
@@ -1735,6 +1925,8 @@ class Tensor:
 
     def clone(self) -> Tensor:
         """Return a copy with its own storage (keeping the memory layout, as torch does)."""
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Clone.apply(self, self._data.copy(order="K"))
         return _new(self._data.copy(order="K"))
 
     def contiguous(self) -> Tensor:
@@ -1742,6 +1934,8 @@ class Tensor:
         x = self._data
         if x.flags.c_contiguous:
             return self
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Clone.apply(self, _xp(x).ascontiguousarray(x))
         return _new(_xp(x).ascontiguousarray(x))
 
     def reshape(self, *shape: Any) -> Tensor:
@@ -1758,7 +1952,10 @@ class Tensor:
             mpitensor.Size([2, 3])
         """
         x = self._data
-        return _new(x.reshape(_infer_shape(shape, x.size, "reshape")))
+        r = x.reshape(_infer_shape(shape, x.size, "reshape"))
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Reshape.apply(self, r)
+        return _new(r)
 
     def view(self, *shape: Any) -> Tensor:
         """Return a view with a new shape (or a new dtype), never a copy.
@@ -1779,6 +1976,11 @@ class Tensor:
         if len(shape) == 1 and not isinstance(shape[0], (tuple, list)):
             s = shape[0]
             if not isinstance(s, (int, np.integer, Tensor)) or isinstance(s, bool):
+                if self._requires_grad and _grad_mode.enabled:
+                    raise RuntimeError(
+                        "view(dtype) of a tensor that requires grad is not differentiable; "
+                        "call it on t.detach()"
+                    )
                 return _new(x.view(_dt.to_dtype(s)))
         new_shape = _infer_shape(shape, x.size, "view")
         if isinstance(x, _ndarray):
@@ -1801,6 +2003,8 @@ class Tensor:
                 "view size is not compatible with input tensor's size and stride (at least one "
                 "dimension spans across two contiguous subspaces). Use .reshape(...) instead."
             )
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.View.apply(self, r)
         return _new(r)
 
     def view_as(self, other: Tensor) -> Tensor:
@@ -1819,6 +2023,8 @@ class Tensor:
         """
         x = self._data
         if x.ndim == 0:
+            if self._requires_grad and _grad_mode.enabled:
+                return _ops.View.apply(self, x.reshape(1))
             return _new(x.reshape(1))
         s, e = _wrap_dim(start_dim, x.ndim), _wrap_dim(end_dim, x.ndim)
         if s > e:
@@ -1829,6 +2035,8 @@ class Tensor:
         if s == e:
             return self
         shape = x.shape[:s] + (math.prod(x.shape[s : e + 1]),) + x.shape[e + 1 :]
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.View.apply(self, x.reshape(shape))
         return _new(x.reshape(shape))
 
     def squeeze(self, dim: Any = None) -> Tensor:
@@ -1838,18 +2046,25 @@ class Tensor:
         """
         x = self._data
         if dim is None:
-            return _new(x.squeeze())
-        dims = dim if isinstance(dim, (tuple, list)) else (dim,)
-        wrapped = [_wrap_dim(d, x.ndim) for d in dims]
-        if x.ndim == 0:
-            return _new(x[...])
-        axes = tuple(d for d in wrapped if x.shape[d] == 1)
-        return _new(x.squeeze(axis=axes) if axes else x[...])
+            r = x.squeeze()
+        else:
+            dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+            wrapped = [_wrap_dim(d, x.ndim) for d in dims]
+            if x.ndim == 0:
+                r = x[...]
+            else:
+                axes = tuple(d for d in wrapped if x.shape[d] == 1)
+                r = x.squeeze(axis=axes) if axes else x[...]
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Squeeze.apply(self, r)
+        return _new(r)
 
     def unsqueeze(self, dim: int) -> Tensor:
         """Return a view with a size-1 dimension inserted at ``dim``."""
         x = self._data
         d = _wrap_dim(dim, x.ndim + 1)
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Unsqueeze.apply(self, _xp(x).expand_dims(x, d))
         return _new(_xp(x).expand_dims(x, d))
 
     def transpose(self, dim0: int, dim1: int) -> Tensor:
@@ -1857,8 +2072,13 @@ class Tensor:
         x = self._data
         if x.ndim == 0:
             _wrap_dim(dim0, 0), _wrap_dim(dim1, 0)
-            return _new(x[...])
-        return _new(x.swapaxes(_wrap_dim(dim0, x.ndim), _wrap_dim(dim1, x.ndim)))
+            return +self if self._requires_grad and _grad_mode.enabled else _new(x[...])
+        d0, d1 = _wrap_dim(dim0, x.ndim), _wrap_dim(dim1, x.ndim)
+        if self._requires_grad and _grad_mode.enabled:
+            axes = list(range(x.ndim))
+            axes[d0], axes[d1] = d1, d0
+            return _ops.Transpose.apply(self, x.swapaxes(d0, d1), tuple(axes))
+        return _new(x.swapaxes(d0, d1))
 
     swapaxes = transpose
 
@@ -1874,12 +2094,17 @@ class Tensor:
                 f"t() expects a tensor with <= 2 dimensions, but self is {x.ndim}D; "
                 f"use transpose(dim0, dim1) or .mT"
             )
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Permute.apply(self, x.T, tuple(range(x.ndim))[::-1])
         return _new(x.T)
 
     @property
     def T(self) -> Tensor:  # noqa: N802 - torch's name
         """A view with the dimensions reversed."""
-        return _new(self._data.T)
+        x = self._data
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Permute.apply(self, x.T, tuple(range(x.ndim))[::-1])
+        return _new(x.T)
 
     @property
     def mT(self) -> Tensor:  # noqa: N802 - torch's name
@@ -1892,6 +2117,8 @@ class Tensor:
         if x.ndim < 2:
             raise ValueError(f"tensor.mT is only supported on matrices or batches of matrices. "
                              f"Got {x.ndim}-D tensor.")
+        if self._requires_grad and _grad_mode.enabled:
+            return self.transpose(-2, -1)
         return _new(x.swapaxes(-1, -2))
 
     def permute(self, *dims: Any) -> Tensor:
@@ -1911,7 +2138,10 @@ class Tensor:
         wrapped = tuple(_wrap_dim(d, x.ndim) for d in dims)
         if sorted(wrapped) != list(range(x.ndim)):
             raise ValueError(f"permute(): dims {list(dims)} are not a permutation of {x.ndim} dims")
-        return _new(x.transpose(wrapped) if x.ndim else x[...])
+        r = x.transpose(wrapped) if x.ndim else x[...]
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Permute.apply(self, r, wrapped)
+        return _new(r)
 
     def expand(self, *sizes: Any) -> Tensor:
         """Return a read-only broadcast view with size-1 dimensions repeated to ``sizes``.
@@ -1953,6 +2183,8 @@ class Tensor:
                     f"Tensor sizes: {list(x.shape)}"
                 )
             target.append(s)
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Expand.apply(self, _xp(x).broadcast_to(x, tuple(target)))
         return _new(_xp(x).broadcast_to(x, tuple(target)))
 
     def expand_as(self, other: Tensor) -> Tensor:
@@ -1972,6 +2204,8 @@ class Tensor:
                 "Number of dimensions of repeat dims can not be smaller than number of "
                 f"dimensions of tensor ({len(sizes)} < {x.ndim})"
             )
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.Repeat.apply(self, _xp(x).tile(x, sizes), sizes)
         return _new(_xp(x).tile(x, sizes))
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple:
@@ -2010,8 +2244,10 @@ class Tensor:
             sizes = [min(step, n - i) for i in range(0, n, step)] or [0]
         out, start = [], 0
         pre = (slice(None),) * d
+        piece = self.__getitem__ if self._requires_grad and _grad_mode.enabled else (
+            lambda k: _new(x[k]))
         for s in sizes:
-            out.append(_new(x[(*pre, slice(start, start + s))]))
+            out.append(piece((*pre, slice(start, start + s))))
             start += s
         return tuple(out)
 
@@ -2021,6 +2257,8 @@ class Tensor:
         _need_dims(x, "unbind")
         d = _wrap_dim(dim, x.ndim)
         pre = (slice(None),) * d
+        if self._requires_grad and _grad_mode.enabled:
+            return tuple(self[(*pre, i, Ellipsis)] for i in range(x.shape[d]))
         return tuple(_new(x[(*pre, i, Ellipsis)]) for i in range(x.shape[d]))
 
     # ---- in-place fills and copies ------------------------------------------------------------
@@ -2032,6 +2270,8 @@ class Tensor:
             >>> t = zeros(3); _ = t.copy_(tensor([1, 2, 3])); t
             tensor([1., 2., 3.])
         """
+        if self._requires_grad or (isinstance(src, Tensor) and src._requires_grad):
+            _check_inplace(self, src, "copy_()")
         x = self._data
         v = src._data if isinstance(src, Tensor) else src
         if isinstance(x, _ndarray):
@@ -2046,6 +2286,8 @@ class Tensor:
 
     def fill_(self, value: Any) -> Tensor:
         """Set every element to ``value`` (a number or a one-element tensor); returns self."""
+        if self._requires_grad:
+            _check_inplace(self, None, "fill_()")
         if isinstance(value, Tensor):
             value = value.item()
         self._data.fill(value)
@@ -2053,6 +2295,8 @@ class Tensor:
 
     def zero_(self) -> Tensor:
         """Set every element to zero; returns self."""
+        if self._requires_grad:
+            _check_inplace(self, None, "zero_()")
         self._data.fill(0)
         return self
 
@@ -2109,7 +2353,11 @@ class Tensor:
         if dtype is not None:
             r = r.astype(_dt.to_dtype(dtype), copy=False)
         if r is x:
-            return _new(x.copy()) if copy else self
+            if not copy:
+                return self
+            r = x.copy()
+        if self._requires_grad and _grad_mode.enabled and r.dtype.kind in "fc":
+            return _ops.ToCopy.apply(self, r)
         return _new(r)
 
     def cpu(self) -> Tensor:
@@ -2117,6 +2365,8 @@ class Tensor:
         x = self._data
         if isinstance(x, _ndarray):
             return self
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.ToCopy.apply(self, x.get())
         return _new(x.get())
 
     def cuda(self, device: DeviceLike = None, non_blocking: bool = False) -> Tensor:
@@ -2129,7 +2379,11 @@ class Tensor:
         if dev.type != "cuda":
             raise ValueError(f"cuda() needs a CUDA device, got {dev}")
         r = _move(self._data, dev)
-        return self if r is self._data else _new(r)
+        if r is self._data:
+            return self
+        if self._requires_grad and _grad_mode.enabled:
+            return _ops.ToCopy.apply(self, r)
+        return _new(r)
 
     def type(self, dtype: DTypeLike = None) -> Any:
         """Return the type name (``"mpitensor.FloatTensor"``) or, given a dtype, a cast tensor."""
@@ -2238,6 +2492,8 @@ def _cast_tensor(t: Tensor, dt: np.dtype) -> Tensor:
     x = t._data
     if x.dtype == dt:
         return t
+    if t._requires_grad and _grad_mode.enabled and dt.kind in "fc":
+        return _ops.ToCopy.apply(t, x.astype(dt))
     return _new(x.astype(dt))
 
 
@@ -2280,7 +2536,10 @@ def _minmax(t: Tensor, dim: Any, keepdim: bool, is_max: bool) -> Any:
             f"it has no {name}imum"
         )
     if dim is None:
-        return _new(x.max() if is_max else x.min())
+        r = x.max() if is_max else x.min()
+        if t._requires_grad and _grad_mode.enabled:
+            return (_ops.MaxAll if is_max else _ops.MinAll).apply(t, _xp(x).asarray(r))
+        return _new(r)
     ax = _axes(dim, x.ndim)
     if is_max:
         values = x.max(axis=ax, keepdims=keepdim)
@@ -2289,7 +2548,13 @@ def _minmax(t: Tensor, dim: Any, keepdim: bool, is_max: bool) -> Any:
         values = x.min(axis=ax, keepdims=keepdim)
         indices = x.argmin(axis=ax, keepdims=keepdim)
     cls = _MaxResult if is_max else _MinResult
-    return cls(_new(values), _new(indices.astype(_INT64, copy=False)))
+    indices = indices.astype(_INT64, copy=False)
+    if t._requires_grad and _grad_mode.enabled and x.ndim == 0:
+        return cls(_ops.Alias.apply(t, _xp(x).asarray(values)), _new(indices))
+    if t._requires_grad and _grad_mode.enabled:
+        fn = _ops.MaxDim if is_max else _ops.MinDim
+        return cls(fn.apply(t, values, indices, _wrap_dim(ax, x.ndim), keepdim), _new(indices))
+    return cls(_new(values), _new(indices))
 
 
 def _infer_shape(shape: tuple, n: int, fname: str) -> tuple:
@@ -3137,10 +3402,13 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         raise ValueError("cat(): zero-dimensional tensors cannot be concatenated; use stack()")
     d = _wrap_dim(dim, nd)
     try:
-        return _new(_xp(arrays[0]).concatenate(arrays, axis=d))
+        r = _xp(arrays[0]).concatenate(arrays, axis=d)
     except ValueError as exc:
         shapes = [list(a.shape) for a in arrays]
         raise ValueError(f"cat(): shapes {shapes} do not match outside dim {d}: {exc}") from None
+    if _grad_mode.enabled and any(getattr(t, "_requires_grad", False) for t in tensors):
+        return _ops.Cat.apply(d, r, *tensors)
+    return _new(r)
 
 
 concat = cat
@@ -3163,7 +3431,10 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
             f"stack expects each tensor to be equal size, got {[list(a.shape) for a in arrays]}"
         )
     d = _wrap_dim(dim, arrays[0].ndim + 1)
-    return _new(_xp(arrays[0]).stack(arrays, axis=d))
+    r = _xp(arrays[0]).stack(arrays, axis=d)
+    if _grad_mode.enabled and any(getattr(t, "_requires_grad", False) for t in tensors):
+        return _ops.Stack.apply(d, r, *tensors)
+    return _new(r)
 
 
 def where(condition: Any, input: Any = None, other: Any = None) -> Any:  # noqa: A002
@@ -3208,7 +3479,14 @@ def where(condition: Any, input: Any = None, other: Any = None) -> Any:  # noqa:
     if c.dtype != _BOOL:
         c = c.astype(_BOOL)
     r = xp.where(c, _cast(x, rt), _cast(y, rt))
-    return _new(r if r.dtype == rt else r.astype(rt))
+    r = r if r.dtype == rt else r.astype(rt)
+    if _grad_mode.enabled and (
+        getattr(input, "_requires_grad", False) or getattr(other, "_requires_grad", False)
+    ):
+        a = input if isinstance(input, Tensor) else x
+        b = other if isinstance(other, Tensor) else y
+        return _ops.Where.apply(c, a, b, r)
+    return _new(r)
 
 
 def allclose(
@@ -3269,3 +3547,153 @@ def is_floating_point(input: Tensor) -> bool:  # noqa: A002
 def is_complex(input: Tensor) -> bool:  # noqa: A002
     """True when ``input`` has a complex dtype."""
     return input.is_complex()
+
+
+# --------------------------------------------------------------------------------------------
+# torch-style functions (``mt.exp(x)``, ``mt.flatten(x, 1)``, ``mt.max(x, 1)``): each is the
+# method of the same name, so it is differentiable wherever the method is.
+
+
+def exp(input: Tensor) -> Tensor:  # noqa: A002 - torch's argument name
+    """Return ``input.exp()``."""
+    return input.exp()
+
+
+def log(input: Tensor) -> Tensor:  # noqa: A002
+    """Return ``input.log()``."""
+    return input.log()
+
+
+def sqrt(input: Tensor) -> Tensor:  # noqa: A002
+    """Return ``input.sqrt()``."""
+    return input.sqrt()
+
+
+def relu(input: Tensor) -> Tensor:  # noqa: A002
+    """Return ``input.relu()``.
+
+    Example:
+        >>> relu(tensor([-1.0, 2.0]))
+        tensor([0., 2.])
+    """
+    return input.relu()
+
+
+def sigmoid(input: Tensor) -> Tensor:  # noqa: A002
+    """Return ``input.sigmoid()``."""
+    return input.sigmoid()
+
+
+def tanh(input: Tensor) -> Tensor:  # noqa: A002
+    """Return ``input.tanh()``."""
+    return input.tanh()
+
+
+def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+    """Return ``input.clamp(min, max)``."""
+    return input.clamp(min, max)
+
+
+clip = clamp
+
+
+def matmul(input: Tensor, other: Any) -> Tensor:  # noqa: A002
+    """Return ``input @ other``."""
+    return input @ other
+
+
+def mean(input: Tensor, dim: Any = None, keepdim: bool = False, *,  # noqa: A002
+         dtype: DTypeLike = None) -> Tensor:
+    """Return ``input.mean(dim, keepdim, dtype=dtype)``."""
+    return input.mean(dim, keepdim, dtype=dtype)
+
+
+def argmax(input: Tensor, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:  # noqa: A002
+    """Return ``input.argmax(dim, keepdim)``."""
+    return input.argmax(dim, keepdim)
+
+
+def argmin(input: Tensor, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:  # noqa: A002
+    """Return ``input.argmin(dim, keepdim)``."""
+    return input.argmin(dim, keepdim)
+
+
+def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:  # noqa: A002
+    """Return ``input.flatten(start_dim, end_dim)`` (``torch.flatten(x, 1)`` in LeNet)."""
+    return input.flatten(start_dim, end_dim)
+
+
+def reshape(input: Tensor, shape: Sequence[int]) -> Tensor:  # noqa: A002
+    """Return ``input.reshape(shape)``."""
+    return input.reshape(shape)
+
+
+def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:  # noqa: A002
+    """Return ``input.transpose(dim0, dim1)``."""
+    return input.transpose(dim0, dim1)
+
+
+def permute(input: Tensor, dims: Sequence[int]) -> Tensor:  # noqa: A002
+    """Return ``input.permute(dims)``."""
+    return input.permute(dims)
+
+
+def squeeze(input: Tensor, dim: Any = None) -> Tensor:  # noqa: A002
+    """Return ``input.squeeze(dim)``."""
+    return input.squeeze(dim)
+
+
+def unsqueeze(input: Tensor, dim: int) -> Tensor:  # noqa: A002
+    """Return ``input.unsqueeze(dim)``."""
+    return input.unsqueeze(dim)
+
+
+def softmax(input: Tensor, dim: int, dtype: DTypeLike = None) -> Tensor:  # noqa: A002
+    """Return ``input.softmax(dim)`` (computed by ``mpitensor.nn.functional``)."""
+    return input.softmax(dim, dtype)
+
+
+def log_softmax(input: Tensor, dim: int, dtype: DTypeLike = None) -> Tensor:  # noqa: A002
+    """Return ``input.log_softmax(dim)`` (computed by ``mpitensor.nn.functional``)."""
+    return input.log_softmax(dim, dtype)
+
+
+def _sum(input: Tensor, dim: Any = None, keepdim: bool = False, *,  # noqa: A002
+         dtype: DTypeLike = None) -> Tensor:
+    """Return ``input.sum(dim, keepdim, dtype=dtype)`` (``mpitensor.sum``)."""
+    return input.sum(dim, keepdim, dtype=dtype)
+
+
+def _max(input: Tensor, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A002
+    """Return ``input.max(dim, keepdim)`` (``mpitensor.max``): a value, or (values, indices)."""
+    return input.max(dim, keepdim)
+
+
+def _min(input: Tensor, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: A002
+    """Return ``input.min(dim, keepdim)`` (``mpitensor.min``)."""
+    return input.min(dim, keepdim)
+
+
+def _abs(input: Tensor) -> Tensor:  # noqa: A002
+    """Return ``input.abs()`` (``mpitensor.abs``)."""
+    return input.abs()
+
+
+_BUILTIN_NAMED = {"sum": _sum, "max": _max, "min": _min, "abs": _abs}
+for _f, _name in ((_sum, "sum"), (_max, "max"), (_min, "min"), (_abs, "abs")):
+    _f.__name__ = _f.__qualname__ = _name
+
+
+def __getattr__(name: str) -> Any:
+    # mpitensor.sum/max/min/abs: defining them as globals here would shadow the builtins that
+    # this module's own code calls, so they are looked up on attribute access only (PEP 562).
+    f = _BUILTIN_NAMED.get(name)
+    if f is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return f
+
+
+# Differentiable forms of the operations above (imported last: _ops reads this module).
+from mpitensor import _ops  # noqa: E402
+
+_autograd._bind_tensor(Tensor, _new)

@@ -948,7 +948,7 @@ class TestProtocols:
         u = pickle.loads(pickle.dumps(t))
         assert u.tolist() == [1, 2] and u.requires_grad and u.grad is None
         d = copy.deepcopy(t)
-        d[0] = 5
+        d.data[0] = 5
         assert t[0].item() == 1 and d.requires_grad
         assert copy.copy(t).tolist() == [1, 2]
 
