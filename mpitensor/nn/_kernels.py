@@ -4,26 +4,32 @@ Everything here works on raw NumPy or CuPy arrays (the module is taken from the 
 knows nothing about Tensors or autograd. The layout choices are what make these fast on one CPU
 core, so they are stated once here:
 
-- **Convolutions keep activations channel-major in memory.** ``conv2d`` computes
-  ``W (C_out, C_in*kh*kw) @ cols (C_in*kh*kw, N*OH*OW)`` with ONE BLAS call, so its result is
-  laid out ``(C, N, H, W)``; it is returned as ``out.transpose(1, 0, 2, 3)``, a view with the
+- **conv2d keeps activations batch-innermost in memory.** It computes
+  ``W (C_out, C_in*kh*kw) @ cols (C_in*kh*kw, OH*OW*N)`` with ONE BLAS call, so its result is
+  laid out ``(C, H, W, N)``; it is returned as ``out.transpose(3, 0, 1, 2)``, a view with the
   NCHW shape every caller expects (values, indexing, ``reshape`` and ``flatten`` behave exactly as
-  for a contiguous NCHW array). The next ``relu`` keeps that layout (ufuncs use ``order='K'``), the
-  next pooling reads it through the same free transpose, and the gradient flowing back arrives in
-  it, so the backward matmuls need no transposing copies either.
-- **im2col is one strided copy.** ``cols`` is filled from an ``as_strided`` window view of the
-  (padded) input; with the channel-major layout every copied run is a full output row.
+  for a contiguous NCHW array, like torch's ``channels_last`` tensors do). The next ``relu``
+  keeps that layout, the next pooling reads it through the same free transpose, and the
+  gradient flowing back arrives in it, so the backward matmuls need no transposing copies.
+- **im2col is one strided copy with long runs.** ``cols`` is filled from an ``as_strided``
+  window view of the (padded) ``(C, Hp, Wp, N)`` input; with the batch innermost, each copied
+  run is a whole ``OW * N`` stretch (640 floats for LeNet's conv2, against 10 in NCHW).
 - **The bias rides in the matmul**: ``cols`` gets a row of ones and the weight matrix a bias
   column, so the forward adds the bias and the weight-gradient matmul yields the bias gradient.
 - **col2im has no loop**: the input gradient is computed on the full padded grid
   (``Y = W^T @ g_full``, ``g_full`` being the output gradient scattered onto that grid) and reduced
   with one ``sum`` over an ``as_strided`` view whose kernel axes step back by the kernel offsets.
-  Reads that fall before an image's first row land, by construction, on zero entries of
-  ``g_full`` (the grid rows/columns no output window starts on), so no bounds masks are needed.
-- **2x2/stride-2 max pooling** (the common case) is two pairwise ``maximum`` passes on
-  reshape-views; it keeps a small code array (which of the 4 positions won, first one on ties, as
-  torch) and its backward is one broadcast multiply into the input-shaped gradient. Other
-  pooling geometries use a strided window copy, ``argmax`` and a ``bincount`` scatter.
+  Reads that fall before a row of the grid land, by construction, on zero entries of ``g_full``
+  (the grid rows/columns no output window starts on), so no bounds masks are needed. Of the
+  loop-free formulations measured (full correlation of the padded gradient with the flipped
+  kernel: a 4x larger im2col; a two-stage shift along kw then kh), this was the fastest.
+- **2x2/stride-2 max pooling** (the common case) is two pairwise ``maximum`` passes on strided
+  views; it keeps a small code array (which of the 4 positions won, the first one on ties, as
+  torch) and its backward is one broadcast multiply into the 4 planes of the input gradient.
+  Other pooling geometries use a strided window copy, ``argmax`` and a ``bincount`` scatter.
+- **Big buffers are recycled** (:class:`_Workspace`, NumPy only): a training step allocates the
+  same multi-megabyte arrays every iteration, and page-faulting them in again cost as much as
+  the arithmetic.
 """
 
 from __future__ import annotations
@@ -45,21 +51,23 @@ class _Workspace:
 
     A training step allocates the same big arrays (im2col matrices, full-grid gradients,
     activations) every iteration. Fresh multi-megabyte allocations are page-faulted in again
-    each time glibc has handed the previous ones back to the OS, which on one core costs about as
-    much as the arithmetic. Buffers handed out here are views of cached 1-D byte arrays; a
-    buffer is reused only when its reference count shows that no view of it is alive anywhere
-    (saved for backward, wrapped in a Tensor, ...). CuPy arrays are never cached (CuPy has its
-    own memory pool).
+    each time glibc has handed the previous ones back to the OS, which on one core cost about as
+    much as the arithmetic (LeNet: 17 ms a step without, 9.5 ms with). Buffers handed out here are
+    views of cached 1-D byte arrays; a buffer is reused only when its reference count shows that
+    no view of it is alive anywhere (saved for backward, wrapped in a Tensor, held by a hook...).
+    The cache holds at most ``MAX_BUFFERS`` buffers and ``MAX_BYTES`` in all (free buffers are
+    dropped oldest first; past the limit, arrays are simply not cached). CuPy arrays never come
+    from here (CuPy has its own memory pool).
     """
 
     MIN_BYTES = 1 << 18  # small arrays come from NumPy's own cache just fine
-    MAX_BUFFERS = 24
+    MAX_BUFFERS = 32
+    MAX_BYTES = 512 << 20
 
     def __init__(self) -> None:
         self._bufs: list = []
         self._lock = threading.Lock()
-        probe = np.empty(1, np.uint8)
-        self._bufs.append(probe)
+        self._bufs.append(np.empty(1, np.uint8))
         self._free_refs = self._count(0)  # the count of a buffer that only the cache holds
         self._bufs.clear()
 
@@ -76,12 +84,18 @@ class _Workspace:
             bufs = self._bufs
             for i in range(len(bufs)):
                 if bufs[i].nbytes == nbytes and self._count(i) == self._free_refs:
-                    return bufs[i].view(dtype).reshape(shape)
-            if len(bufs) >= self.MAX_BUFFERS:  # forget the oldest free buffer
-                for i in range(len(bufs)):
-                    if self._count(i) == self._free_refs:
-                        del bufs[i]
-                        break
+                    bufs.append(bufs.pop(i))  # most recently used last
+                    return bufs[-1].view(dtype).reshape(shape)
+            total = sum(b.nbytes for b in bufs) + nbytes
+            i = 0
+            while i < len(bufs) and (len(bufs) >= self.MAX_BUFFERS or total > self.MAX_BYTES):
+                if self._count(i) == self._free_refs:
+                    total -= bufs[i].nbytes
+                    del bufs[i]
+                else:
+                    i += 1
+            if len(bufs) >= self.MAX_BUFFERS or total > self.MAX_BYTES:
+                return np.empty(shape, dtype)  # everything cached is in use: do not grow
             buf = np.empty(nbytes, np.uint8)
             bufs.append(buf)
             return buf.view(dtype).reshape(shape)
@@ -109,9 +123,43 @@ def empty_like(x: Any) -> Any:
     xp = xp_of(x)
     if x.flags.c_contiguous:
         return empty(xp, x.shape, x.dtype)
-    order = sorted(range(x.ndim), key=lambda a: -abs(x.strides[a]))
+    order = _memory_order(x)
     buf = empty(xp, tuple(x.shape[a] for a in order), x.dtype)
-    return buf.transpose(tuple(int(i) for i in np.argsort(order)))
+    return buf.transpose(_inverse(order))
+
+
+_zero_cache: dict = {}  # dtype -> read-only flat zeros (grows to the largest size asked for)
+
+
+def relu_into(x: Any, out: Any) -> Any:
+    """``out = max(x, 0)``.
+
+    NumPy's ``maximum`` with a scalar takes a slow broadcast loop (about 2x slower than with an
+    array operand), so on the CPU a read-only zero array laid out like ``x`` is used instead.
+    """
+    xp = xp_of(x)
+    if xp is not np or not (x.flags.c_contiguous or x.flags.f_contiguous or
+                            x.transpose(_memory_order(x)).flags.c_contiguous):
+        return xp.maximum(x, x.dtype.type(0), out=out)
+    z = _zero_cache.get(x.dtype)
+    if z is None or z.size < x.size:
+        z = np.zeros(max(x.size, 1 << 16), dtype=x.dtype)
+        z.flags.writeable = False
+        _zero_cache[x.dtype] = z
+    order = _memory_order(x)
+    zz = z[:x.size].reshape(tuple(x.shape[a] for a in order)).transpose(_inverse(order))
+    return np.maximum(x, zz, out=out)
+
+
+def _memory_order(x: Any) -> tuple:
+    return tuple(sorted(range(x.ndim), key=lambda a: -abs(x.strides[a])))
+
+
+def _inverse(order: tuple) -> tuple:
+    inv = [0] * len(order)
+    for i, a in enumerate(order):
+        inv[a] = i
+    return tuple(inv)
 
 
 def xp_of(x: Any) -> Any:
@@ -147,35 +195,42 @@ class ConvGeom:
         self.OW = (self.Wp - self.dw * (self.kw - 1) - 1) // self.sw + 1
 
 
-def _padded_cnhw(xp: Any, xc: Any, g: ConvGeom, fill: float = 0.0) -> Any:
-    """``xc`` (C, N, H, W) padded to (C, N, Hp, Wp) with ``fill`` (no copy when no padding)."""
-    if not (g.pt or g.pb or g.pl or g.pr):
+def _chwn_source(xp: Any, x: Any, g: ConvGeom) -> Any:
+    """NCHW ``x`` as a (C, Hp, Wp, N) array: zero-padded, batch innermost.
+
+    No copy when ``x`` already is such an array without padding (the output of conv2d/relu);
+    otherwise one copy, which also turns an NCHW-contiguous input around so that every im2col
+    run below is a whole ``OW * N`` stretch of memory.
+    """
+    xc = x.transpose(1, 2, 3, 0)
+    if not (g.pt or g.pb or g.pl or g.pr) and xc.flags.c_contiguous:
         return xc
-    out = empty(xp, (xc.shape[0], xc.shape[1], g.Hp, g.Wp), xc.dtype)
-    out.fill(fill)  # a full memset is cheaper than four border slices for small images
-    out[:, :, g.pt:g.pt + g.H, g.pl:g.pl + g.W] = xc
-    return out
+    src = empty(xp, (g.C, g.Hp, g.Wp, g.N), x.dtype)
+    if g.pt or g.pb or g.pl or g.pr:
+        src.fill(0)  # one memset is cheaper than four border slices for small images
+    src[:, g.pt:g.pt + g.H, g.pl:g.pl + g.W] = xc
+    return src
 
 
 def conv2d_forward(x: Any, w: Any, b: Optional[Any], g: ConvGeom) -> tuple:
-    """Convolve NCHW ``x`` with OIHW ``w``; return ``(out_cnhw, cols, wmat)``.
+    """Convolve NCHW ``x`` with OIHW ``w``; return ``(out_chwn, cols, wmat)``.
 
-    ``out_cnhw`` has shape (O, N, OH, OW) (transpose(1, 0, 2, 3) gives NCHW); ``cols`` is the
-    (G, Kg[+1], N*OH*OW) im2col matrix (last row ones when there is a bias), ``wmat`` the
+    ``out_chwn`` has shape (O, OH, OW, N) (``transpose(3, 0, 1, 2)`` gives NCHW); ``cols`` is
+    the (G, Kg[+1], OH*OW*N) im2col matrix (last row ones when there is a bias), ``wmat`` the
     (G, Og, Kg) weight matrix, both kept for the backward pass.
     """
     xp = xp_of(x)
     G, Cg, Og = g.G, g.C // g.G, g.O // g.G
     Kg = Cg * g.kh * g.kw
-    M = g.N * g.OH * g.OW
-    src = _padded_cnhw(xp, x.transpose(1, 0, 2, 3), g)
-    sC, sN, sH, sW = src.strides
-    win = _as_strided(xp, src, (g.C, g.kh, g.kw, g.N, g.OH, g.OW),
-                      (sC, sH * g.dh, sW * g.dw, sN, sH * g.sh, sW * g.sw))
+    M = g.OH * g.OW * g.N
+    src = _chwn_source(xp, x, g)
+    sC, sH, sW, sN = src.strides
+    win = _as_strided(xp, src, (g.C, g.kh, g.kw, g.OH, g.OW, g.N),
+                      (sC, sH * g.dh, sW * g.dw, sH * g.sh, sW * g.sw, sN))
     rows = Kg + 1 if b is not None else Kg
     cols = empty(xp, (G, rows, M), x.dtype)
-    xp.copyto(cols[:, :Kg].reshape(G, Cg, g.kh, g.kw, g.N, g.OH, g.OW),
-              win.reshape(G, Cg, g.kh, g.kw, g.N, g.OH, g.OW))
+    xp.copyto(cols[:, :Kg].reshape(G, Cg, g.kh, g.kw, g.OH, g.OW, g.N),
+              win.reshape(G, Cg, g.kh, g.kw, g.OH, g.OW, g.N))
     wmat = w.reshape(G, Og, Kg)
     if b is not None:
         cols[:, Kg] = 1
@@ -184,11 +239,11 @@ def conv2d_forward(x: Any, w: Any, b: Optional[Any], g: ConvGeom) -> tuple:
         wext = wmat
     out = empty(xp, (G, Og, M), x.dtype)
     xp.matmul(wext, cols, out=out)
-    return out.reshape(g.O, g.N, g.OH, g.OW), cols, wmat
+    return out.reshape(g.O, g.OH, g.OW, g.N), cols, wmat
 
 
 def conv2d_backward_weight(gc: Any, cols: Any, g: ConvGeom, has_bias: bool) -> tuple:
-    """Weight (and bias) gradient from the output gradient ``gc`` laid out (O, N, OH, OW)."""
+    """Weight (and bias) gradient from the output gradient ``gc`` laid out (O, OH, OW, N)."""
     xp = xp_of(gc)
     G, Og = g.G, g.O // g.G
     Kg = (g.C // G) * g.kh * g.kw
@@ -203,31 +258,31 @@ def conv2d_backward_weight(gc: Any, cols: Any, g: ConvGeom, has_bias: bool) -> t
 
 
 def conv2d_backward_bias(gc: Any) -> Any:
-    """Bias gradient alone: the output gradient summed over batch and space."""
+    """Bias gradient alone: the output gradient summed over space and batch."""
     return gc.sum(axis=(1, 2, 3))
 
 
 def conv2d_backward_input(gc: Any, wmat: Any, g: ConvGeom) -> Any:
-    """Input gradient (C, N, H, W) from ``gc`` (O, N, OH, OW), without a loop (see module doc)."""
+    """Input gradient (C, H, W, N) from ``gc`` (O, OH, OW, N), without a loop (module doc)."""
     xp = xp_of(gc)
     G, Og = g.G, g.O // g.G
     Kg = (g.C // G) * g.kh * g.kw
-    Q = g.N * g.Hp * g.Wp
-    gfull = zeros(xp, (g.O, g.N, g.Hp, g.Wp), gc.dtype)
-    gfull[:, :, 0:(g.OH - 1) * g.sh + 1:g.sh, 0:(g.OW - 1) * g.sw + 1:g.sw] = gc
-    gq = gfull.reshape(G, Og, Q)
+    N = g.N
+    Q = g.Hp * g.Wp * N
+    gfull = zeros(xp, (g.O, g.Hp, g.Wp, N), gc.dtype)
+    gfull[:, 0:(g.OH - 1) * g.sh + 1:g.sh, 0:(g.OW - 1) * g.sw + 1:g.sw] = gc
     y = empty(xp, (G, Kg, Q), gc.dtype)
-    xp.matmul(wmat.transpose(0, 2, 1), gq, out=y)
+    xp.matmul(wmat.transpose(0, 2, 1), gfull.reshape(G, Og, Q), out=y)
     y = y.reshape(G * Kg, Q)
     it = y.itemsize
     kk = g.kh * g.kw
-    # y[(c, i, j), q] holds the contribution of the output at grid position q to the input at
-    # q + i*dh*Wp + j*dw; reading row (c, i, j) shifted back by that offset lines all 25 (or
-    # kh*kw) contributions of one input position up on the same column.
+    # y[(c, i, j), q] holds what the output at grid position q sends to the input at
+    # q + (i*dh*Wp + j*dw)*N; reading row (c, i, j) shifted back by that offset lines all kh*kw
+    # contributions to one input position up on the same column of a strided view.
     r = _as_strided(xp, y, (g.C, g.kh, g.kw, Q),
-                    (kk * Q * it, (g.kw * Q - g.dh * g.Wp) * it, (Q - g.dw) * it, it))
-    z = r.sum(axis=(1, 2)).reshape(g.C, g.N, g.Hp, g.Wp)
-    return z[:, :, g.pt:g.pt + g.H, g.pl:g.pl + g.W]
+                    (kk * Q * it, (g.kw * Q - g.dh * g.Wp * N) * it, (Q - g.dw * N) * it, it))
+    z = r.sum(axis=(1, 2)).reshape(g.C, g.Hp, g.Wp, N)
+    return z[:, g.pt:g.pt + g.H, g.pl:g.pl + g.W]
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,44 +302,50 @@ def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) ->
 def maxpool2x2_forward(x: Any, oh: int, ow: int) -> tuple:
     """2x2/stride-2 max pool of NCHW ``x``; return ``(out_nchw, code)``.
 
-    ``code`` (C, N, oh, ow) uint8 says which of the window's 4 elements won (row-major index,
-    the first one on ties, as torch). The output is C-contiguous NCHW so that ``view`` works.
+    Works on the (C, H, W, N) view, whose stride-2 slices keep the batch as a long contiguous
+    inner loop when ``x`` comes from conv2d/relu. ``code`` (C, oh, ow, N) uint8 says which of
+    the window's 4 elements won (row-major index, the first one on ties, as torch). The output
+    is C-contiguous NCHW so that ``view`` works on it as on torch's.
     """
     xp = xp_of(x)
     N, C = x.shape[0], x.shape[1]
-    xc = x.transpose(1, 0, 2, 3)[:, :, :2 * oh, :2 * ow]
-    a, b = xc[:, :, :, 0::2], xc[:, :, :, 1::2]
+    xc = x.transpose(1, 2, 3, 0)[:, :2 * oh, :2 * ow]
+    a, b = xc[:, :, 0::2], xc[:, :, 1::2]
     mw = xp.maximum(a, b)
     cw = b > a  # right column wins only when strictly greater: first max on ties
-    top, bot = mw[:, :, 0::2], mw[:, :, 1::2]
+    top, bot = mw[:, 0::2], mw[:, 1::2]
     out = empty(xp, (N, C, oh, ow), x.dtype)
-    xp.maximum(top, bot, out=out.transpose(1, 0, 2, 3))
+    xp.maximum(top, bot, out=out.transpose(1, 2, 3, 0))
     ch = bot > top  # bottom row wins only when strictly greater
-    cw_top, cw_bot = cw[:, :, 0::2], cw[:, :, 1::2]
+    cw_top, cw_bot = cw[:, 0::2], cw[:, 1::2]
     dj = cw_top ^ (ch & (cw_top ^ cw_bot))  # the winning row's column choice (no slow where)
     code = ch.view(xp.uint8) << 1
     code |= dj.view(xp.uint8)
     return out, code
 
 
-def maxpool2x2_backward(gout: Any, code: Any, xshape: tuple) -> Any:
-    """Input gradient (C, N, H, W) of :func:`maxpool2x2_forward`.
+_PLANES = np.arange(4, dtype=np.uint8).reshape(2, 2, 1, 1, 1, 1)
 
-    Each pooled gradient goes to one input element, so the flat position of every window's
-    winner (its top-left corner plus the code's offset, via a 4-entry lookup table) takes a
-    single scatter into a zeroed array; no window-shaped temporaries with tiny inner loops.
+
+def maxpool2x2_backward(gout: Any, code: Any, xshape: tuple) -> Any:
+    """Input gradient, laid out (C, H, W, N), of :func:`maxpool2x2_forward`: one broadcast write.
+
+    The input gradient is viewed as 4 planes (one per window position, each shaped like the
+    output); ``code == plane`` broadcasts the winner mask over them and one multiply writes
+    every plane, with long contiguous inner loops (no scatter, no window-sized temporaries).
     """
     xp = xp_of(gout)
     N, C, H, W = xshape
-    oh, ow = code.shape[2], code.shape[3]
-    corner = ((xp.arange(C * N, dtype=xp.int64) * (H * W)).reshape(C * N, 1, 1)
-              + (xp.arange(oh, dtype=xp.int64) * (2 * W)).reshape(1, oh, 1)
-              + xp.arange(0, 2 * ow, 2, dtype=xp.int64).reshape(1, 1, ow))
-    offset = xp.asarray(np.array([0, 1, W, W + 1], dtype=np.int64))
-    flat = corner.reshape(code.shape) + offset[code]
-    gin = zeros(xp, (C * N * H * W,), gout.dtype)
-    gin[flat.ravel()] = gout.transpose(1, 0, 2, 3).ravel()
-    return gin.reshape(C, N, H, W)
+    oh, ow = code.shape[1], code.shape[2]
+    gin = empty(xp, (C, H, W, N), gout.dtype)
+    if H != 2 * oh:
+        gin[:, 2 * oh:] = 0
+    if W != 2 * ow:
+        gin[:, :, 2 * ow:] = 0
+    planes = gin[:, :2 * oh, :2 * ow].reshape(C, oh, 2, ow, 2, N).transpose(2, 4, 0, 1, 3, 5)
+    mask = code == (_PLANES if xp is np else xp.asarray(_PLANES))
+    xp.multiply(xp.ascontiguousarray(gout.transpose(1, 2, 3, 0)), mask, out=planes)
+    return gin
 
 
 def _lowest(dtype: Any) -> Any:
@@ -362,26 +423,15 @@ def indices_from_flat(idx: Any, hpwp: tuple, p: tuple, W: int) -> Any:
 def log_softmax(x: Any, dim: int) -> Any:
     """Numerically stable log-softmax along ``dim`` (same dtype as ``x``)."""
     xp = xp_of(x)
-    m = x.max(axis=dim, keepdims=True)
-    if x.dtype.kind == "f":
-        m = xp.where(xp.isfinite(m), m, 0)  # rows of -inf/inf must not turn into nan here
-    z = x - m
-    lse = xp.log(xp.exp(z).sum(axis=dim, keepdims=True))
-    z -= lse
+    z = x - x.max(axis=dim, keepdims=True)  # as torch: a row of -inf gives nan
+    z -= xp.log(xp.exp(z).sum(axis=dim, keepdims=True))
     return z
 
 
 def softmax(x: Any, dim: int) -> Any:
     """Numerically stable softmax along ``dim``."""
     xp = xp_of(x)
-    m = x.max(axis=dim, keepdims=True)
-    if x.dtype.kind == "f":
-        m = xp.where(xp.isfinite(m), m, 0)
-    e = xp.exp(x - m)
+    e = xp.exp(x - x.max(axis=dim, keepdims=True))
     e /= e.sum(axis=dim, keepdims=True)
     return e
 
-
-def prod(shape: tuple) -> int:
-    """Number of elements of ``shape``."""
-    return math.prod(shape)

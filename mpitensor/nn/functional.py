@@ -5,12 +5,13 @@ sit side by side and work on raw NumPy/CuPy arrays (kernels in ``mpitensor.nn._k
 Inputs may be Tensors or raw arrays; results are Tensors.
 
 Layout note: like torch's ``channels_last`` tensors, the outputs of :func:`conv2d` (and of
-:func:`relu` applied to them) have the NCHW shape but a channel-major memory layout, which is
-what makes the convolution a single matrix product with no transposing copies. Values, indexing,
+:func:`relu` applied to them) have the NCHW shape but a (C, H, W, N) memory layout, which is what
+makes the convolution a single matrix product with no transposing copies. Values, indexing,
 ``reshape``, ``flatten`` and every op behave exactly as for a contiguous NCHW tensor; only
-``Tensor.view`` to a shape that merges channels with space refuses (as torch's would on a
-channels-last tensor): use ``reshape``/``flatten`` (or call ``.contiguous()`` first).
-:func:`max_pool2d` returns C-contiguous NCHW tensors.
+``Tensor.view`` to a shape that merges non-adjacent memory refuses (as torch's does on a
+channels-last tensor): use ``reshape``/``flatten`` (or ``.contiguous()`` first).
+:func:`max_pool2d` and :func:`avg_pool2d` return C-contiguous NCHW tensors, so the classic
+``x.view(-1, 16 * 5 * 5)`` after the last pooling works.
 
 Example:
     >>> import numpy as np
@@ -103,6 +104,8 @@ def _check_same_dtype(fname: str, **arrays: Any) -> None:
 
 
 def _check_same_device(fname: str, **arrays: Any) -> None:
+    if all(a is None or isinstance(_arr(a), np.ndarray) for a in arrays.values()):
+        return  # all on the CPU: the common case, checked without building device objects
     devs = {n: _backend.device_of(_arr(a)) for n, a in arrays.items() if a is not None}
     if len({str(d) for d in devs.values()}) > 1:
         desc = ", ".join(f"{n} on {d}" for n, d in devs.items())
@@ -171,9 +174,8 @@ def _reshape(x: Any, shape: tuple) -> Tensor:
 class _ReLU(Function):
     @staticmethod
     def forward(ctx: Any, x: Any) -> Any:
-        xp = K.xp_of(x)
         out = K.empty_like(x)  # keeps x's memory layout (channels-major after conv2d)
-        xp.maximum(x, x.dtype.type(0), out=out)
+        K.relu_into(x, out)
         ctx.save_for_backward(out)
         return out
 
@@ -182,6 +184,9 @@ class _ReLU(Function):
         (out,) = ctx.saved_tensors
         xp = K.xp_of(out)
         res = K.empty_like(out)
+        if g.strides != out.strides:  # bring g to out's layout first: mixed layouts iterate slowly
+            xp.copyto(res, g)
+            g = res
         xp.multiply(g, out > 0, out=res)
         return (res,)
 
@@ -231,16 +236,23 @@ def relu_(input: Any) -> Tensor:  # noqa: A002 - torch's name
             "a leaf Variable that requires grad is being used in an in-place operation; use "
             "relu(x) (not in place) or do this under mpitensor.no_grad()"
         )
-    x = input._data
     if grad_enabled_for(input):
-        res = _ReLU.apply(input)
-        x[...] = res._data
-        # The saved output must stay the result even though input's storage now holds it.
+        res = _ReLUInplace.apply(input)  # rectifies input's storage and records the op
         input.grad_fn = res.grad_fn
         input._requires_grad = True
         return input
-    K.xp_of(x).maximum(x, 0, out=x)
+    K.relu_into(input._data, input._data)
     return input
+
+
+class _ReLUInplace(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        K.relu_into(x, x)
+        ctx.save_for_backward(x)  # now the output: its sign is all backward needs
+        return x
+
+    backward = staticmethod(_ReLU.backward)
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,14 +338,14 @@ class _Conv2d(Function):
         ctx.save_for_backward(cols, wmat)
         ctx.geom = geom
         ctx.has_bias = b is not None
-        return out.transpose(1, 0, 2, 3)  # NCHW shape, channel-major memory
+        return out.transpose(3, 0, 1, 2)  # NCHW shape, (C, H, W, N) memory
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
         cols, wmat = ctx.saved_tensors
         geom = ctx.geom
         need = ctx.needs_input_grad
-        gc = g.transpose(1, 0, 2, 3)  # free for gradients in the channel-major layout
+        gc = g.transpose(1, 2, 3, 0)  # free for gradients in conv2d's own layout
         dx = dw = db = None
         if need[1]:
             dw, db = K.conv2d_backward_weight(gc, cols, geom, ctx.has_bias)
@@ -342,7 +354,7 @@ class _Conv2d(Function):
         elif need[2]:
             db = K.conv2d_backward_bias(gc)
         if need[0]:
-            dx = K.conv2d_backward_input(gc, wmat, geom).transpose(1, 0, 2, 3)
+            dx = K.conv2d_backward_input(gc, wmat, geom).transpose(3, 0, 1, 2)
         return dx, dw, db, None
 
 
@@ -386,7 +398,7 @@ def conv2d(
         groups: number of blocked connections from input to output channels.
 
     Returns:
-        (N, C_out, OH, OW) (or (C_out, OH, OW) for unbatched input); channel-major in memory
+        (N, C_out, OH, OW) (or (C_out, OH, OW) for unbatched input); (C, H, W, N) in memory
         (see the module docstring), NCHW in every observable way.
 
     Raises:
@@ -471,7 +483,7 @@ class _MaxPool2x2(Function):
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
         (code,) = ctx.saved_tensors
-        return K.maxpool2x2_backward(g, code, ctx.xshape).transpose(1, 0, 2, 3), None, None, None
+        return K.maxpool2x2_backward(g, code, ctx.xshape).transpose(3, 0, 1, 2), None, None, None
 
 
 class _MaxPoolGeneric(Function):
@@ -576,10 +588,10 @@ def max_pool2d(
         return out
     xp = K.xp_of(x)
     if fast:
-        code = holder[0].astype(xp.int64)
-        hh = (xp.arange(oh, dtype=xp.int64) * 2).reshape(1, 1, oh, 1) + code // 2
-        ww = (xp.arange(ow, dtype=xp.int64) * 2).reshape(1, 1, 1, ow) + code % 2
-        ind = (hh * W + ww).transpose(1, 0, 2, 3)
+        code = holder[0].astype(xp.int64)  # (C, oh, ow, N)
+        hh = (xp.arange(oh, dtype=xp.int64) * 2).reshape(1, oh, 1, 1) + code // 2
+        ww = (xp.arange(ow, dtype=xp.int64) * 2).reshape(1, 1, ow, 1) + code % 2
+        ind = (hh * W + ww).transpose(3, 0, 1, 2)
     else:
         idx, hpwp = holder[0]
         ind = K.indices_from_flat(idx, hpwp, p, W)
@@ -859,8 +871,8 @@ def _check_class_target(fname: str, x: Any, t: Any, weight: Any, ignore_index: i
             f"{fname}(): weight tensor should be defined either for all {C} classes or no "
             f"classes but got weight tensor of shape: {_shape_str(_arr(weight).shape)}"
         )
-    if t.size:
-        tt = t[t != ignore_index] if ignore_index is not None else t
+    if t.size and (int(t.min()) < 0 or int(t.max()) >= C):
+        tt = t[t != ignore_index]
         if tt.size:
             lo, hi = int(tt.min()), int(tt.max())
             if lo < 0 or hi >= C:
@@ -889,13 +901,21 @@ def _class_coeffs(x: Any, t: Any, w: Any, ignore_index: int, reduction: str) -> 
     return safe, coef, denom
 
 
+def _mean_div(total: Any, denom: Any) -> Any:
+    """``total / denom``; 0/0 (every target ignored) is nan without a warning, as in torch."""
+    if isinstance(total, (np.ndarray, np.generic)):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return total / denom
+    return total / denom
+
+
 class _NLLLoss(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, t: Any, w: Any, ignore_index: int, reduction: str) -> Any:
         xp = K.xp_of(x)
         rows = _to_rows(x)
         safe, coef, denom = _class_coeffs(x, t, w, ignore_index, reduction)
-        picked = xp.take_along_axis(rows, safe[:, None], axis=1)[:, 0]
+        picked = rows[xp.arange(rows.shape[0]), safe]
         losses = -picked * coef
         ctx.safe, ctx.coef, ctx.denom, ctx.reduction = safe, coef, denom, reduction
         ctx.xshape, ctx.tshape = x.shape, t.shape
@@ -903,7 +923,7 @@ class _NLLLoss(Function):
             return losses.reshape(t.shape)
         total = losses.sum()
         if reduction == "mean":
-            total = total / denom
+            total = _mean_div(total, denom)
         return xp.asarray(total, dtype=x.dtype)
 
     @staticmethod
@@ -920,7 +940,7 @@ class _NLLLoss(Function):
         if len(ctx.xshape) >= 1:
             C = ctx.xshape[0] if len(ctx.xshape) == 1 else ctx.xshape[1]
         rows = xp.zeros((coef.shape[0], C), dtype=g.dtype)
-        xp.put_along_axis(rows, ctx.safe[:, None], coef.astype(g.dtype)[:, None], axis=1)
+        rows[xp.arange(rows.shape[0]), ctx.safe] = coef.astype(g.dtype)  # CuPy lacks put_along_axis
         return _from_rows(rows, ctx.xshape), None, None, None, None
 
 
@@ -986,7 +1006,7 @@ class _CrossEntropy(Function):
         else:
             safe, coef, denom = _class_coeffs(x, t, w, ignore_index, reduction)
             a = xp.zeros((R, C), dtype=x.dtype)
-            xp.put_along_axis(a, safe[:, None], ((1 - eps) * coef)[:, None], axis=1)
+            a[xp.arange(R), safe] = (1 - eps) * coef
             if eps:
                 valid = (t.reshape(-1) != ignore_index).astype(x.dtype)
                 sm = (eps / C) * valid[:, None]
@@ -999,7 +1019,7 @@ class _CrossEntropy(Function):
             return losses.reshape(shape)
         total = losses.sum()
         if reduction == "mean":
-            total = total / denom
+            total = _mean_div(total, denom)
         return xp.asarray(total, dtype=x.dtype)
 
     @staticmethod
