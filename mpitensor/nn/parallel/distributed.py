@@ -340,6 +340,14 @@ class DistributedDataParallel(Module):
     overlap the rest of backward, so that after ``loss.backward()`` every replica holds the same
     averaged gradients and, after ``optimizer.step()``, the same parameters.
 
+    Differences from torch, all deliberate: buckets follow the reverse registration order of the
+    parameters from the first step on (torch starts with one bucket and, after the first
+    iteration, rebuilds them in the order gradients arrived: the same order for models whose
+    layers are registered in forward order, as LeNet and every ``Sequential``); communication
+    hooks, ``join()`` and mixed precision are not provided; the ``overlap`` switch is an
+    extension. MPI has no progress thread, so each gradient hook also tests the oldest
+    in-flight all-reduce, which keeps the launched ones moving during backward.
+
     Args:
         module: the ``mpitensor.nn.Module`` to replicate (kept at ``.module``; the state dict's
             keys are prefixed ``module.`` as in torch).
@@ -482,6 +490,7 @@ class DistributedDataParallel(Module):
         self._ready = [False] * nparams
         self._used = [False] * nparams  # got a gradient since the last synchronised backward
         self._next_launch = 0
+        self._inflight: List[Any] = []  # launched works not yet seen complete, oldest first
         self._expect_hooks = False
         self._in_backward = False
         self._forward_unused: List[int] = []
@@ -513,7 +522,7 @@ class DistributedDataParallel(Module):
                 "DistributedDataParallel device_ids and output_device arguments only work with "
                 "single-device/multiple-device GPU modules or CPU modules, but got device_ids "
                 f"{device_ids!r}; pass device_ids=None for a CPU module")
-        if str(want) != device:
+        if str(want) != device and not (want.index is None and device.startswith("cuda")):
             raise ValueError(
                 f"DistributedDataParallel: device_ids={device_ids!r} but the module's parameters "
                 f"are on {device}; move the module with module.to('{want}') first")
@@ -647,7 +656,17 @@ class DistributedDataParallel(Module):
             return  # inside no_sync, or a backward through a graph not made by our forward
         if not self._in_backward:
             self._begin_backward()
+        elif self._inflight:
+            self._poke()
         self._mark_ready(i, p, from_hook=True)
+
+    def _poke(self) -> None:
+        # MPI has no progress thread: a non-blocking collective advances only inside MPI calls.
+        # One MPI_Test per gradient keeps launched all-reduces moving while backward computes
+        # (a test progresses every pending operation, so testing the oldest one is enough).
+        inflight = self._inflight
+        while inflight and inflight[0].is_completed():
+            inflight.pop(0)
 
     def _mark_ready(self, i: int, p: Tensor, from_hook: bool) -> None:
         b, k = self._where[i]
@@ -690,8 +709,9 @@ class DistributedDataParallel(Module):
     def _launch(self, bucket: _Bucket) -> None:
         if self._world > 1:
             bucket.buffer /= self._world  # pre-divide, as torch's default hook
-        bucket.work = dist.all_reduce(bucket.buffer * 0, op=ReduceOp.SUM,
+        bucket.work = dist.all_reduce(bucket.buffer, op=ReduceOp.SUM,
                                       group=self.process_group, async_op=True)
+        self._inflight.append(bucket.work)
         self.comm_stats.launched += 1
 
     def _finalize(self) -> None:
@@ -758,6 +778,7 @@ class DistributedDataParallel(Module):
             bucket.pending = len(bucket.params)
             bucket.work = None
         self._next_launch = 0
+        self._inflight = []
         self._in_backward = False
         self._expect_hooks = False
         self._forward_unused = []
