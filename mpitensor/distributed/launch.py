@@ -1,0 +1,887 @@
+"""Launching MPI jobs from Python: the ``mpiexec`` finder, hostfiles, rank bootstrap and ``spawn``.
+
+Three pieces live here, shared by the ``mpitensor-run`` command (:mod:`mpitensor.run`) and by
+:func:`spawn`:
+
+* finding the ``mpiexec`` of the installed MPI (the one next to ``sys.executable`` first, the
+  mpich wheel's, then ``PATH``), telling MPICH/hydra from Open MPI, and building a command line
+  with the flags each of them spells differently (:func:`find_mpiexec`, :func:`mpi_flavor`,
+  :func:`build_command`, :func:`parse_hostfile`);
+* the rank side: each rank runs its target inside :func:`run_target`, which prints an unhandled
+  exception's traceback with every line prefixed ``[rank N]`` and calls ``MPI_Abort`` so the
+  whole job dies at once instead of the other ranks hanging in their next collective;
+* :func:`spawn`, the ``torch.multiprocessing.spawn`` pattern on MPI ranks.
+
+Nothing here imports ``mpi4py`` at module level: the launching process never initializes MPI.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import pickle
+import re
+import runpy
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import DistributedTimeoutError, MpiTensorError
+
+__all__ = [
+    "spawn",
+    "SpawnContext",
+    "ProcessRaisedException",
+    "ProcessExitedException",
+    "HostfileError",
+    "find_mpiexec",
+    "mpi_flavor",
+    "parse_hostfile",
+    "build_command",
+    "run_target",
+]
+
+MPICH = "mpich"
+OPENMPI = "openmpi"
+
+# Variables through which an MPI job tells its processes who they are; a job started from inside
+# another (a test under mpiexec, a spawn from a rank) must not inherit the outer job's.
+_JOB_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+                     "PRTE_", "ORTE_")
+
+
+class ProcessRaisedException(MpiTensorError):
+    """A rank started by :func:`spawn` raised; the message names the rank and holds its traceback.
+
+    Attributes:
+        rank: the rank that raised (the earliest, where several did).
+        error_index: the same rank, under torch's attribute name.
+        exc_type: the name of the exception class raised on that rank.
+        traceback_text: the rank's formatted traceback.
+    """
+
+    def __init__(self, msg: str, rank: int, exc_type: str, traceback_text: str) -> None:
+        super().__init__(msg)
+        self.rank = rank
+        self.error_index = rank
+        self.exc_type = exc_type
+        self.traceback_text = traceback_text
+
+
+class ProcessExitedException(MpiTensorError):
+    """A job started by :func:`spawn` ended with a non-zero exit code and no Python exception.
+
+    Attributes:
+        rank: the rank that called ``sys.exit(code)``, or ``None`` when unknown (a rank killed by a
+            signal, or a failure of ``mpiexec`` itself).
+        exit_code: the exit code of the job.
+    """
+
+    def __init__(self, msg: str, rank: Optional[int], exit_code: int) -> None:
+        super().__init__(msg)
+        self.rank = rank
+        self.error_index = rank
+        self.exit_code = exit_code
+
+
+class HostfileError(ValueError):
+    """A hostfile does not exist or a line is neither ``host[:slots]`` nor ``host slots=N``."""
+
+
+# Set on every process of a job started by spawn (a unique value per job), to find them all.
+_JOB_ID_VAR = "MPITENSOR_JOB_ID"
+
+
+# --------------------------------------------------------------------------- finding mpiexec
+
+
+def find_mpiexec(explicit: Optional[str] = None) -> str:
+    """Return the ``mpiexec`` to launch with.
+
+    Args:
+        explicit: a path or command name chosen by the user; used as given when set.
+
+    Returns:
+        The path of the ``mpiexec`` next to ``sys.executable`` (the one the ``mpich`` wheel
+        installs into a virtual environment) if there is one, else the first on ``PATH``.
+
+    Raises:
+        FileNotFoundError: no ``mpiexec`` was found.
+
+    Example:
+        >>> find_mpiexec()  # doctest: +SKIP
+        '/home/me/venv/bin/mpiexec'
+    """
+    if explicit:
+        found = shutil.which(explicit)
+        if found is None:
+            raise FileNotFoundError(f"mpiexec {explicit!r} not found or not executable")
+        return found
+    local = Path(sys.executable).parent / "mpiexec"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if found is None:
+        raise FileNotFoundError("no mpiexec found next to the Python interpreter or on PATH: "
+                                "`pip install mpich` (or load your cluster's MPI module)")
+    return found
+
+
+@functools.lru_cache(maxsize=16)
+def mpi_flavor(mpiexec: str) -> str:
+    """Tell which MPI an ``mpiexec`` belongs to, from its ``--version`` output.
+
+    Args:
+        mpiexec: path of the launcher.
+
+    Returns:
+        ``"mpich"`` for MPICH's hydra and hydra-based MPIs (Intel MPI, MVAPICH), ``"openmpi"`` for
+        Open MPI.
+
+    Raises:
+        RuntimeError: the launcher could not be run or its output names neither.
+
+    Example:
+        >>> mpi_flavor(find_mpiexec())  # doctest: +SKIP
+        'mpich'
+    """
+    try:
+        out = subprocess.run([mpiexec, "--version"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                             timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"could not run `{mpiexec} --version`: {exc}") from None
+    if re.search(r"Open MPI|OpenRTE|Open RTE|PRRTE", out):
+        return OPENMPI
+    if re.search(r"HYDRA|MPICH|Intel\(R\) MPI|MVAPICH", out, re.IGNORECASE):
+        return MPICH
+    first = out.strip().splitlines()[0] if out.strip() else "(nothing)"
+    raise RuntimeError(f"cannot tell which MPI {mpiexec} belongs to (`--version` printed "
+                       f"{first!r}); point --mpiexec at an MPICH or Open MPI mpiexec")
+
+
+# --------------------------------------------------------------------------- hostfiles
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One host of a hostfile: its name and its slot count (``None``: not given)."""
+
+    host: str
+    slots: Optional[int]
+
+
+_HOST_RE = r"[A-Za-z0-9_.\-\[\]]+|\[[0-9A-Fa-f:.]+\]"
+
+
+def parse_hostfile(path: str) -> Tuple[List[HostEntry], str]:
+    """Read and check a hostfile written for MPICH or for Open MPI.
+
+    MPICH lines are ``host`` or ``host:slots``; Open MPI lines are ``host``, ``host slots=N`` and
+    optionally ``max_slots=M``. ``#`` starts a comment; blank lines are allowed. One file must use
+    one syntax.
+
+    Args:
+        path: the hostfile.
+
+    Returns:
+        ``(entries, syntax)`` where ``syntax`` is ``"mpich"``, ``"openmpi"`` or ``"plain"`` (only
+        bare host names, valid for both).
+
+    Raises:
+        HostfileError: the file is missing, unreadable, empty, mixes syntaxes, or has a line of
+            neither syntax (the message names the file and line).
+
+    Example:
+        >>> parse_hostfile("hostfiles/mpich.hostfile")  # doctest: +SKIP
+        ([HostEntry(host='node1', slots=4), HostEntry(host='node2', slots=4)], 'mpich')
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise HostfileError(f"hostfile {path} does not exist")
+    try:
+        lines = p.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HostfileError(f"hostfile {path} cannot be read: {exc}") from None
+    entries: List[HostEntry] = []
+    syntaxes = set()
+    for number, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        tokens = line.split()
+        m = re.fullmatch(rf"({_HOST_RE})(?::(\d+))?", tokens[0])
+        bad = (f"hostfile {path} line {number}: {raw.strip()!r} is neither `host[:slots]` "
+               "(MPICH) nor `host slots=N` (Open MPI)")
+        if m is None:
+            raise HostfileError(bad)
+        host, colon_slots = m.group(1), m.group(2)
+        slots: Optional[int] = None
+        if colon_slots is not None:
+            if len(tokens) > 1 and any(t.startswith(("slots=", "max_slots=")) for t in tokens):
+                raise HostfileError(bad)
+            slots = int(colon_slots)
+            syntaxes.add(MPICH)
+        for tok in tokens[1:]:
+            kv = re.fullmatch(r"(slots|max_slots|max-slots)=(\d+)", tok)
+            if kv is not None:
+                if kv.group(1) == "slots":
+                    slots = int(kv.group(2))
+                syntaxes.add(OPENMPI)
+            elif colon_slots is not None and re.fullmatch(r"ifhn=\S+", tok):
+                continue  # hydra's per-host interface hostname
+            else:
+                raise HostfileError(bad)
+        if slots is not None and slots < 1:
+            raise HostfileError(f"hostfile {path} line {number}: {raw.strip()!r} gives "
+                                f"{slots} slots; slots must be at least 1")
+        entries.append(HostEntry(host, slots))
+    if not entries:
+        raise HostfileError(f"hostfile {path} names no host (only blank lines and comments)")
+    if len(syntaxes) > 1:
+        raise HostfileError(f"hostfile {path} mixes MPICH `host:slots` and Open MPI `host "
+                            "slots=N` lines; use one syntax")
+    return entries, (syntaxes.pop() if syntaxes else "plain")
+
+
+def _hosts_option(entries: Sequence[HostEntry]) -> str:
+    return ",".join(e.host if e.slots is None else f"{e.host}:{e.slots}" for e in entries)
+
+
+# --------------------------------------------------------------------------- command lines
+
+
+@dataclass
+class Command:
+    """An ``mpiexec`` command line and the environment additions it needs."""
+
+    argv: List[str]
+    env: Dict[str, str]
+
+    def shell(self) -> str:
+        """The command as one shell line, environment additions first."""
+        pre = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        return " ".join(pre + [shlex.quote(a) for a in self.argv])
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def build_command(
+    rank_argv: Sequence[str],
+    nprocs: Optional[int] = None,
+    hostfile: Optional[str] = None,
+    mpiexec: Optional[str] = None,
+    flavor: Optional[str] = None,
+    iface: Optional[str] = None,
+    env: Sequence[Tuple[str, str]] = (),
+    tag_output: bool = False,
+    ppn: Optional[int] = None,
+    extra: Sequence[str] = (),
+) -> Command:
+    """Build the ``mpiexec`` command that runs ``rank_argv`` on every rank.
+
+    The flags MPICH and Open MPI spell differently are translated: hostfile (``-f`` /
+    ``--hostfile``; a hostfile in the other MPI's syntax is passed inline as ``-hosts`` /
+    ``--host``), per-rank environment (``-genv`` / ``-x``), network interface (``-iface`` plus
+    ``UCX_NET_DEVICES`` and ``FI_TCP_IFACE`` / ``--mca btl_tcp_if_include``), output tags
+    (``-prepend-rank`` / ``--tag-output``), ranks per node (``-ppn`` / ``--map-by
+    ppr:N:node``). For Open MPI, ``--oversubscribe`` is added where more ranks than slots are
+    asked for, and ``--allow-run-as-root`` (with its two environment
+    variables) when running as root.
+
+    Args:
+        rank_argv: what each rank runs, e.g. ``[sys.executable, "script.py"]``.
+        nprocs: number of ranks (``None``: let the MPI decide, e.g. from the hostfile).
+        hostfile: a hostfile in either syntax (checked by :func:`parse_hostfile`).
+        mpiexec: launcher path (default :func:`find_mpiexec`).
+        flavor: ``"mpich"`` or ``"openmpi"`` (default: detected from the launcher).
+        iface: network interface for MPI traffic, e.g. ``"eth0"``.
+        env: ``(name, value)`` pairs set on every rank.
+        tag_output: prefix each output line with its rank.
+        ppn: ranks per node.
+        extra: further options passed to ``mpiexec`` unchanged, before the program.
+
+    Returns:
+        A :class:`Command`; ``Command.shell()`` is its printable form.
+
+    Raises:
+        HostfileError: the hostfile is missing or malformed.
+        ValueError: ``nprocs`` or ``ppn`` is not a positive integer.
+
+    Example:
+        >>> build_command([sys.executable, "train.py"], 4).argv  # doctest: +SKIP
+        ['/venv/bin/mpiexec', '-n', '4', '/venv/bin/python', 'train.py']
+    """
+    for name, value in (("nprocs", nprocs), ("ppn", ppn)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    launcher = find_mpiexec(mpiexec)
+    kind = flavor or mpi_flavor(launcher)
+    if kind not in (MPICH, OPENMPI):
+        raise ValueError(f"flavor must be 'mpich' or 'openmpi', got {kind!r}")
+    argv: List[str] = [launcher]
+    extra_env: Dict[str, str] = {}
+    entries: List[HostEntry] = []
+    if hostfile is not None:
+        entries, syntax = parse_hostfile(hostfile)
+        if syntax in ("plain", kind):
+            argv += ["-f", hostfile] if kind == MPICH else ["--hostfile", hostfile]
+        else:
+            argv += ["-hosts" if kind == MPICH else "--host", _hosts_option(entries)]
+    if nprocs is not None:
+        argv += ["-n", str(nprocs)]
+    if kind == MPICH:
+        if ppn is not None:
+            argv += ["-ppn", str(ppn)]
+        if iface is not None:
+            argv += ["-iface", iface]
+            # hydra's -iface covers its own connections; the ch4 netmods (UCX, libfabric)
+            # choose their devices themselves, so name the interface to them too
+            env = list(env) + [("UCX_NET_DEVICES", iface), ("FI_TCP_IFACE", iface)]
+        for k, v in env:
+            argv += ["-genv", k, v]
+        if tag_output:
+            argv += ["-prepend-rank"]
+    else:
+        if _is_root():
+            argv += ["--allow-run-as-root"]
+            extra_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        known = [e.slots for e in entries]
+        if nprocs is not None and (
+                (not entries and nprocs > (os.cpu_count() or 1))
+                or (entries and None not in known and nprocs > sum(known))):  # type: ignore
+            argv += ["--oversubscribe"]
+        if ppn is not None:
+            argv += ["--map-by", f"ppr:{ppn}:node"]
+        if iface is not None:
+            argv += ["--mca", "btl_tcp_if_include", iface, "--mca", "oob_tcp_if_include", iface]
+        for k, v in env:
+            argv += ["-x", f"{k}={v}"]
+        if tag_output:
+            argv += ["--tag-output"]
+    argv += list(extra)
+    argv += list(rank_argv)
+    return Command(argv, extra_env)
+
+
+def _job_env(additions: Dict[str, str]) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_JOB_ENV_PREFIXES)}
+    env.update(additions)
+    return env
+
+
+def _job_pids(job_id: str) -> List[int]:
+    """Processes (other than this one) whose environment carries ``MPITENSOR_JOB_ID=job_id``.
+
+    Hydra starts its proxies and the ranks in sessions of their own, so a process group does not
+    reach them; the job id, which every process of the job inherits, does. Linux only (``/proc``);
+    elsewhere the list is empty.
+    """
+    needle = f"{_JOB_ID_VAR}={job_id}".encode()
+    pids = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue  # a zombie is already dead
+        except OSError:
+            continue
+        pids.append(int(entry))
+    return pids
+
+
+def _kill_job(job_id: str, wait: float = 3.0) -> None:
+    """Wait up to ``wait`` s for the job's processes to end, then SIGKILL any left."""
+    deadline = time.monotonic() + wait
+    while _job_pids(job_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in _job_pids(job_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _kill_group(proc: subprocess.Popen, grace: float = 2.0) -> None:
+    """SIGTERM the job's process group, then SIGKILL what is left after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGKILL:
+            break
+        # mpiexec exited on SIGTERM; make sure no rank outlived it
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        break
+
+
+# --------------------------------------------------------------------------- the rank side
+
+
+def _world_rank() -> Optional[int]:
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        value = os.environ.get(name)
+        if value is not None and value.isdigit():
+            return int(value)
+    return None
+
+
+def _prefixed(text: str, rank: Optional[int]) -> str:
+    tag = f"[rank {rank if rank is not None else '?'}] "
+    return "".join(tag + line + "\n" for line in text.rstrip("\n").splitlines())
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not stop the abort
+            pass
+
+
+def _abort(code: int) -> None:
+    """End the whole MPI job now with ``code``; the last resort is ``os._exit``."""
+    _flush()
+    try:
+        from mpi4py import MPI
+
+        if not MPI.Is_finalized():
+            MPI.COMM_WORLD.Abort(code)
+    except BaseException:  # noqa: BLE001 - fall through to the hard exit
+        pass
+    os._exit(code)
+
+
+def _user_frames(tb: Optional[types.TracebackType]) -> Optional[types.TracebackType]:
+    """Drop the bootstrap's own frames (this module, runpy) from the top of a traceback."""
+    here = os.path.abspath(__file__)
+    start = tb
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (os.path.abspath(name) == here or "runpy" in name):
+            return tb
+        tb = tb.tb_next
+    return start
+
+
+def _report_exception(exc: BaseException, rank: Optional[int]) -> str:
+    tb = _user_frames(exc.__traceback__)
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    _flush()
+    sys.stderr.write(_prefixed(text, rank))
+    _flush()
+    return text
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    sys.stderr.write(f"{code}\n")  # sys.exit("message") prints the message and exits 1
+    return 1
+
+
+def run_target(target: Sequence[str], module: bool = False) -> int:
+    """Run a script or module as this rank's ``__main__``, aborting the job on failure.
+
+    On an unhandled exception the traceback goes to stderr with each line prefixed
+    ``[rank N]`` and ``MPI_Abort(MPI_COMM_WORLD, 1)`` ends every rank at once. ``sys.exit(0)`` or
+    falling off the end returns 0; ``sys.exit(code)`` with a non-zero code aborts the job with
+    that code, since the other ranks could otherwise wait for this one forever.
+
+    Args:
+        target: ``[script, *args]`` or, with ``module=True``, ``[module, *args]``.
+        module: run ``target[0]`` as a module (``python -m``).
+
+    Returns:
+        0 when the target ended normally (a failure does not return).
+
+    Example:
+        >>> run_target(["train.py", "--epochs", "1"])  # doctest: +SKIP
+        0
+    """
+    name, args = target[0], list(target[1:])
+    _install_thread_abort()
+    try:
+        try:
+            if module:
+                sys.argv = [name, *args]
+                sys.path.insert(0, os.getcwd())
+                runpy.run_module(name, run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = [name, *args]
+                sys.path.insert(0, os.path.dirname(os.path.abspath(name)))
+                runpy.run_path(name, run_name="__main__")
+        finally:
+            _flush()
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+        if code != 0:
+            rank = _rank_now()
+            sys.stderr.write(f"[rank {rank}] exited with code {code}; ending the job\n")
+            _abort(code)
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
+        _report_exception(exc, _rank_now())
+        _abort(1)
+    return 0
+
+
+def _install_thread_abort() -> None:
+    """Make an exception that kills a thread abort the job too (the main thread is ours)."""
+    try:
+        from ._abort import install_abort_handler
+    except ImportError:  # pragma: no cover - an older tree without the handler
+        return
+    install_abort_handler()
+
+
+def _rank_now() -> Optional[int]:
+    rank = _world_rank()
+    if rank is not None:
+        return rank
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None:
+        try:
+            if mpi.Is_initialized() and not mpi.Is_finalized():
+                return mpi.COMM_WORLD.Get_rank()
+        except Exception:  # noqa: BLE001
+            pass
+    return None
+
+
+# --------------------------------------------------------------------------- spawn
+
+
+def _describe_callable(fn: Callable) -> Dict[str, Any]:
+    """How a rank finds ``fn`` again: by module and qualified name, never by value."""
+    if not callable(fn):
+        raise TypeError(f"spawn: fn must be callable, got {type(fn).__name__}")
+    if isinstance(fn, functools.partial):
+        raise TypeError("spawn: fn must be a function defined at the top level of a module; "
+                        "for a functools.partial, pass the bound values through args=")
+    qualname = getattr(fn, "__qualname__", None)
+    modname = getattr(fn, "__module__", None)
+    if qualname is None or modname is None:
+        raise TypeError(f"spawn: cannot locate {fn!r} by module and name; pass a function "
+                        "defined with `def` at the top level of a module")
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        raise TypeError(f"spawn: fn {qualname!r} is a lambda or a nested function, which the "
+                        "ranks (separate processes) cannot import; define it with `def` at the "
+                        f"top level of module {modname!r}")
+    desc: Dict[str, Any] = {"qualname": qualname, "module": modname, "main_path": None}
+    if modname in ("__main__", "__mp_main__"):
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        if spec is not None and getattr(spec, "name", None):
+            desc["module"] = spec.name  # started as `python -m pkg.mod`
+        else:
+            path = getattr(main, "__file__", None)
+            if not path:
+                raise TypeError("spawn: fn is defined in an interactive session, which the "
+                                "ranks cannot import; put it in a .py file")
+            desc["main_path"] = os.path.abspath(path)
+    obj: Any = sys.modules.get(modname) if desc["main_path"] is None else sys.modules["__main__"]
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if obj is not fn and not (isinstance(fn, types.MethodType) and obj is not None):
+        raise TypeError(f"spawn: {modname}.{qualname} does not name fn (it was redefined or "
+                        "decorated); pass a function reachable by its module and name")
+    return desc
+
+
+class SpawnContext:
+    """A running :func:`spawn` job (what ``spawn(..., join=False)`` returns).
+
+    Attributes:
+        nprocs: the number of ranks.
+        job_id: the value of ``MPITENSOR_JOB_ID`` in the environment of every process of the job.
+        results: after a successful :meth:`join`, each rank's return value, by rank.
+    """
+
+    def __init__(self, proc: subprocess.Popen, workdir: str, nprocs: int,
+                 deadline: Optional[float], timeout: Optional[float], job_id: str) -> None:
+        self._proc = proc
+        self.job_id = job_id
+        self._workdir = workdir
+        self.nprocs = nprocs
+        self._deadline = deadline
+        self._timeout = timeout
+        self.results: Optional[List[Any]] = None
+
+    def pids(self) -> List[int]:
+        """The process id of the job's ``mpiexec`` (ranks are its descendants)."""
+        return [self._proc.pid]
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Wait for the job.
+
+        Args:
+            timeout: seconds to wait in this call (``None``: until the job ends or the hard
+                timeout given to :func:`spawn` passes).
+
+        Returns:
+            True when every rank has finished (``results`` is then set), False when ``timeout``
+            passed first.
+
+        Raises:
+            ProcessRaisedException: a rank raised.
+            ProcessExitedException: the job ended with a non-zero code and no exception.
+            DistributedTimeoutError: the hard timeout given to :func:`spawn` passed; the job was
+                killed.
+        """
+        if self.results is not None:
+            return True
+        limit = timeout
+        if self._deadline is not None:
+            left = max(0.0, self._deadline - time.monotonic())
+            limit = left if limit is None else min(limit, left)
+        try:
+            code = self._proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                self.kill()
+                raise DistributedTimeoutError(
+                    f"spawn: the {self.nprocs} rank(s) did not finish within the timeout of "
+                    f"{self._timeout} s; the job was killed. Raise timeout= or look for a rank "
+                    "waiting in a collective the others never entered") from None
+            return False
+        except BaseException:
+            self.kill()  # Ctrl-C in the parent: the ranks, in their own session, must go too
+            raise
+        try:
+            self._collect(code)
+        finally:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+        return True
+
+    def kill(self) -> None:
+        """Kill the whole job (``mpiexec`` and every rank) and remove its files."""
+        if self._proc.poll() is None:
+            _kill_group(self._proc)
+        else:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        _kill_job(self.job_id)  # ranks live in sessions of their own
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def _collect(self, code: int) -> None:
+        errors = []
+        for f in Path(self._workdir).glob("error.*"):
+            try:
+                errors.append(pickle.loads(f.read_bytes()))
+            except Exception:  # noqa: BLE001 - a half-written record: the abort cut it short
+                continue
+        if errors:
+            first = min(errors, key=lambda e: (e["time"], e["rank"]))
+            also = sorted(e["rank"] for e in errors if e is not first)
+            more = f" (rank(s) {also} raised too)" if also else ""
+            raise ProcessRaisedException(
+                f"rank {first['rank']} of {self.nprocs} raised {first['type']}: "
+                f"{first['message']}{more}\n\n-- Process {first['rank']} terminated with the "
+                f"following error:\n{first['traceback']}",
+                first["rank"], first["type"], first["traceback"])
+        exits = []
+        for f in Path(self._workdir).glob("exit.*"):
+            try:
+                exits.append(pickle.loads(f.read_bytes()))
+            except Exception:  # noqa: BLE001
+                continue
+        if exits:
+            first = min(exits, key=lambda e: (e["time"], e["rank"]))
+            raise ProcessExitedException(
+                f"rank {first['rank']} of {self.nprocs} exited with code {first['code']}",
+                first["rank"], first["code"])
+        if code != 0:
+            how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+                   else f"exited with code {code}")
+            raise ProcessExitedException(
+                f"spawn: the MPI job of {self.nprocs} rank(s) {how} without a Python exception "
+                "(a rank was killed or crashed; see the MPI launcher's message above)",
+                None, code)
+        results: List[Any] = []
+        for r in range(self.nprocs):
+            f = Path(self._workdir) / f"result.{r}"
+            if not f.exists():
+                raise ProcessExitedException(
+                    f"spawn: rank {r} of {self.nprocs} ended without returning from fn", r, code)
+            results.append(pickle.loads(f.read_bytes()))
+        self.results = results
+
+
+def spawn(
+    fn: Callable[..., Any],
+    nprocs: int = 1,
+    args: Tuple[Any, ...] = (),
+    join: bool = True,
+    timeout: Optional[float] = None,
+    *,
+    mpiexec: Optional[str] = None,
+) -> Any:
+    """Run ``fn(rank, world_size, *args)`` on ``nprocs`` new MPI ranks.
+
+    The ``torch.multiprocessing.spawn`` pattern from a plain ``python script.py``: the ranks are
+    started by ``mpiexec`` with the same Python, each one imports ``fn`` by module and name (so
+    ``fn`` must be a top-level ``def`` of a module or of the main script; the script's
+    ``if __name__ == "__main__":`` block does not run again on the ranks) and unpickles ``args``.
+    ``fn`` calls ``dist.init_process_group()`` itself, as in torch's tutorials. Unlike torch's
+    ``mp.spawn`` (``fn(rank, *args)``), ``fn`` also receives the world size.
+
+    Args:
+        fn: a picklable-by-reference function ``fn(rank, world_size, *args)``.
+        nprocs: number of ranks (at least 1).
+        args: further arguments, pickled to every rank.
+        join: wait for the ranks (default); ``False`` returns a :class:`SpawnContext`.
+        timeout: hard limit in seconds for the whole job; past it every rank is killed and
+            :class:`~mpitensor.errors.DistributedTimeoutError` raised.
+        mpiexec: the launcher to use (default :func:`find_mpiexec`).
+
+    Returns:
+        With ``join=True``, the list of ``fn``'s return values by rank (torch returns ``None``;
+        ignoring the list ports unchanged). With ``join=False``, a :class:`SpawnContext`.
+
+    Raises:
+        TypeError: ``fn`` is a lambda, nested function or otherwise not importable by name, or
+            ``args`` is not a tuple/list or cannot be pickled.
+        ValueError: ``nprocs`` is not a positive integer.
+        ProcessRaisedException: a rank raised; the message names the rank and holds its
+            traceback (every rank was ended by ``MPI_Abort``).
+        ProcessExitedException: a rank exited with a non-zero code or was killed.
+        DistributedTimeoutError: ``timeout`` passed.
+
+    Example:
+        >>> def work(rank, world_size, scale):  # at the top level of a module
+        ...     dist.init_process_group("mpi")
+        ...     t = torch.tensor([float(rank)]); dist.all_reduce(t)
+        ...     return t.item() * scale
+        >>> dist.spawn(work, 4, args=(10,))  # doctest: +SKIP
+        [60.0, 60.0, 60.0, 60.0]
+    """
+    if isinstance(nprocs, (tuple, list)):
+        raise TypeError("spawn: nprocs must be an int, got a tuple; the signature is "
+                        "spawn(fn, nprocs, args=()) (torch's positional order is fn, args, "
+                        "nprocs: pass nprocs= and args= by keyword)")
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"spawn: nprocs must be a positive integer, got {nprocs!r}")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"spawn: args must be a tuple, got {type(args).__name__}; for one "
+                        "argument write args=(value,)")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"spawn: timeout must be a positive number of seconds, got {timeout!r}")
+    desc = _describe_callable(fn)
+    try:
+        payload_args = pickle.dumps(tuple(args), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(f"spawn: args cannot be pickled for the ranks: {exc}") from exc
+    workdir = tempfile.mkdtemp(prefix="mpitensor-spawn-")
+    try:
+        desc.update(args=payload_args, workdir=workdir, nprocs=nprocs, sys_path=list(sys.path))
+        (Path(workdir) / "payload").write_bytes(pickle.dumps(desc))
+        cmd = build_command([sys.executable, "-m", "mpitensor.run", "--_spawn",
+                             str(Path(workdir) / "payload")], nprocs, mpiexec=mpiexec)
+        job_id = os.path.basename(workdir)
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd.argv, env=_job_env({**cmd.env, _JOB_ID_VAR: job_id}),
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    ctx = SpawnContext(proc, workdir, nprocs,
+                       None if timeout is None else start + timeout, timeout, job_id)
+    if not join:
+        return ctx
+    ctx.join()
+    return ctx.results
+
+
+def _write_record(workdir: str, name: str, record: Dict[str, Any]) -> None:
+    tmp = Path(workdir) / f".{name}.tmp"
+    tmp.write_bytes(pickle.dumps(record))
+    os.replace(tmp, Path(workdir) / name)
+
+
+def _load_main(desc: Dict[str, Any]) -> types.ModuleType:
+    """Import the module that defines fn; a main script is loaded as ``__mp_main__``."""
+    if desc["main_path"] is None:
+        return importlib.import_module(desc["module"])
+    path = desc["main_path"]
+    mod = types.ModuleType("__mp_main__")
+    mod.__file__ = path
+    # pickles made in the parent say `__main__.Name`: both names must resolve to this module
+    sys.modules["__mp_main__"] = sys.modules["__main__"] = mod
+    code = compile(Path(path).read_bytes(), path, "exec")
+    mod.__dict__["__builtins__"] = __builtins__
+    exec(code, mod.__dict__)
+    return mod
+
+
+def _spawn_worker(payload_path: str) -> int:
+    """The rank side of :func:`spawn` (run as ``python -m mpitensor.run --_spawn PAYLOAD``)."""
+    desc = pickle.loads(Path(payload_path).read_bytes())
+    workdir = desc["workdir"]
+    for entry in reversed(desc["sys_path"]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    rank: Optional[int] = _world_rank()
+    _install_thread_abort()
+    try:
+        from mpi4py import MPI
+
+        rank = MPI.COMM_WORLD.Get_rank()
+        size = MPI.COMM_WORLD.Get_size()
+        mod = _load_main(desc)
+        fn: Any = mod
+        for part in desc["qualname"].split("."):
+            fn = getattr(fn, part)
+        args = pickle.loads(desc["args"])
+        result = fn(rank, size, *args)
+        _write_record(workdir, f"result.{rank}", result)
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+        if code != 0:
+            _write_record(workdir, f"exit.{rank}", {"rank": rank, "code": code,
+                                                     "time": time.time()})
+            sys.stderr.write(f"[rank {rank}] exited with code {code}; ending the job\n")
+            _abort(code)
+    except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
+        text = _report_exception(exc, rank)
+        try:
+            _write_record(workdir, f"error.{rank}", {
+                "rank": rank, "type": type(exc).__name__, "message": str(exc),
+                "traceback": text, "time": time.time()})
+        finally:
+            _abort(1)
+    return 0

@@ -1,0 +1,489 @@
+"""``mpitensor-run`` and ``mpitensor.distributed.spawn``: launching, failing fast, bad input.
+
+Every launch runs in its own session with a hard timeout; on timeout the whole process group is
+killed, and the fault tests assert that no process of the job is left afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import pytest
+
+from mpitensor.distributed import launch
+from mpitensor.distributed.launch import (
+    HostfileError,
+    ProcessExitedException,
+    ProcessRaisedException,
+    parse_hostfile,
+    spawn,
+)
+from mpitensor.errors import DistributedTimeoutError, MpiTensorError
+from mpitensor.run import main as run_main
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 60.0
+
+RANKS_SCRIPT = """\
+import sys
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+total = c.allreduce(c.rank)
+# one write per line, so that hydra's forwarding cannot split it
+sys.stdout.write(f"rank {c.rank} of {c.size} sum {total} args {sys.argv[1:]} name {__name__}\\n")
+sys.stdout.flush()
+"""
+
+RAISE_SCRIPT = """\
+import time
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+if c.rank == 1:
+    def inner():
+        raise ValueError("injected failure on rank one")
+    inner()
+c.barrier()          # the other ranks wait here for rank 1, which never comes
+time.sleep(60)
+"""
+
+EXIT_SCRIPT = """\
+import sys
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+code = sys.argv[1]
+if c.rank == 1 or sys.argv[2] == "all":
+    sys.exit(int(code) if code.lstrip("-").isdigit() else code)
+c.barrier()
+"""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCAL"))}
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)
+    env.update(extra or {})
+    return env
+
+
+def _leftovers(job_id: str, wait: float = 5.0) -> List[int]:
+    """Processes of a job (found by the job id in their environment) still alive after ``wait``."""
+    deadline = time.monotonic() + wait
+    while launch._job_pids(job_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return launch._job_pids(job_id)
+
+
+def _run(args: Sequence[str], timeout: float = TIMEOUT, cwd: Optional[Path] = None,
+         env: Optional[Dict[str, str]] = None) -> Tuple[int, str, str, float]:
+    """Run a command in its own session; kill the group on timeout; assert nothing is left."""
+    job_id = f"test-{uuid.uuid4().hex}"  # hydra puts the ranks in sessions of their own
+    env = {**(env or {}), "MPITENSOR_JOB_ID": job_id}
+    start = time.monotonic()
+    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, cwd=cwd, env=_env(env),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        launch._kill_job(job_id, wait=0)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(args)} hung (> {timeout} s):\n{out}\n{err}")
+    elapsed = time.monotonic() - start
+    left = _leftovers(job_id)
+    launch._kill_job(job_id, wait=0)
+    assert not left, f"processes left behind by {' '.join(args)}: {left}"
+    return proc.returncode, out, err, elapsed
+
+
+def _launcher(*args: str, **kw) -> Tuple[int, str, str, float]:
+    return _run([sys.executable, "-m", "mpitensor.run", *args], **kw)
+
+
+def _script(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def _call_main(capsys: pytest.CaptureFixture, *args: str) -> Tuple[int, str, str]:
+    code = run_main(list(args))
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+# ----------------------------------------------------------------------------- launching
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_launcher_runs_every_rank(n: int, tmp_path: Path) -> None:
+    script = _script(tmp_path, "ranks.py", RANKS_SCRIPT)
+    code, out, err, _ = _launcher("-n", str(n), str(script), "a", "--flag", cwd=tmp_path)
+    assert code == 0, err
+    lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
+    total = n * (n - 1) // 2
+    expected = sorted(f"rank {r} of {n} sum {total} args ['a', '--flag'] name __main__"
+                      for r in range(n))
+    assert lines == expected, out + err
+
+
+def test_exception_on_one_rank_aborts_the_job(tmp_path: Path) -> None:
+    script = _script(tmp_path, "boom.py", RAISE_SCRIPT)
+    code, out, err, elapsed = _launcher("-n", "3", str(script), cwd=tmp_path, timeout=30)
+    assert code != 0
+    assert elapsed < 10, f"the job took {elapsed:.1f} s to die"
+    tagged = [line for line in err.splitlines() if line.startswith("[rank 1] ")]
+    assert tagged[0] == "[rank 1] Traceback (most recent call last):", err
+    assert any('boom.py", line 6, in inner' in line for line in tagged), err
+    assert tagged[-1] == "[rank 1] ValueError: injected failure on rank one", err
+    # the bootstrap's own frames are not shown, and no other rank reported anything
+    assert not any("launch.py" in line or "runpy" in line for line in tagged), err
+    assert not re.search(r"\[rank [02]\]", err), err
+
+
+@pytest.mark.parametrize("code_arg, who, expected", [
+    ("0", "all", 0), ("5", "one", 5), ("3", "all", 3), ("stopped by rank", "one", 1)])
+def test_system_exit_code_passes_through(code_arg: str, who: str, expected: int,
+                                         tmp_path: Path) -> None:
+    script = _script(tmp_path, "ex.py", EXIT_SCRIPT)
+    code, out, err, elapsed = _launcher("-n", "3", str(script), code_arg, who, cwd=tmp_path,
+                                        timeout=30)
+    assert code == expected, err
+    assert elapsed < 10
+    if not code_arg.isdigit():
+        assert "stopped by rank" in err
+
+
+def test_module_target(tmp_path: Path) -> None:
+    pkg = tmp_path / "mtpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "job.py").write_text(RANKS_SCRIPT)
+    code, out, err, _ = _launcher("-n", "2", "-m", "mtpkg.job", "x", cwd=tmp_path)
+    assert code == 0, err
+    lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {r} of 2 sum 1 args ['x'] name __main__" for r in range(2)]
+
+
+def test_console_script_bad_input_exit_code(tmp_path: Path) -> None:
+    code, out, err, _ = _launcher("-n", "0", "whatever.py", cwd=tmp_path)
+    assert code == 2
+    assert err.strip().splitlines() == [
+        "mpitensor-run: error: argument -n: must be a positive number of ranks, got 0"]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture()
+def script(tmp_path: Path) -> Path:
+    return _script(tmp_path, "s.py", "print('hi')\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--frobnicate", "{s}"], "unrecognized argument: --frobnicate"),
+    (["-n", "0", "{s}"], "argument -n: must be a positive number of ranks, got 0"),
+    (["-n", "-2", "{s}"], "argument -n: must be a positive number of ranks, got -2"),
+    (["-n", "two", "{s}"], "argument -n: invalid int value: 'two'"),
+    (["-n"], "argument -n: expected one argument"),
+    (["-n", "2"], "no script given"),
+    (["-n", "2", "{d}/missing.py"], "script {d}/missing.py does not exist"),
+    (["-n", "2", "-m", "no_such_module_xyz"], "no module named no_such_module_xyz"),
+    (["--hostfile", "{d}/nohosts", "{s}"], "hostfile {d}/nohosts does not exist"),
+    (["--env", "NOEQUALS", "{s}"], "argument --env: expected NAME=VALUE"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: List[str], message: str, script: Path,
+                                          capsys: pytest.CaptureFixture) -> None:
+    d = script.parent
+    filled = [a.format(s=script, d=d) for a in args]
+    code, out, err = _call_main(capsys, *filled)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("mpitensor-run: error: " + message.format(d=d)), err
+    assert out == ""
+
+
+@pytest.mark.parametrize("text, line", [
+    ("node1:2\nnode2 3\n", 2),                      # neither syntax
+    ("node1:two\n", 1),
+    ("# ok\nnode1 slots=x\n", 2),
+    ("node1 slot=2\n", 1),
+    ("node1:2 slots=2\n", 1),
+])
+def test_malformed_hostfile(text: str, line: int, script: Path,
+                            capsys: pytest.CaptureFixture) -> None:
+    hf = script.parent / "hosts"
+    hf.write_text(text)
+    code, out, err = _call_main(capsys, "-n", "2", "--hostfile", str(hf), str(script))
+    assert code == 2
+    assert err.count("\n") == 1
+    assert err.startswith(f"mpitensor-run: error: hostfile {hf} line {line}: "), err
+    assert "is neither `host[:slots]` (MPICH) nor `host slots=N` (Open MPI)" in err
+
+
+def test_parse_hostfile(tmp_path: Path) -> None:
+    hf = tmp_path / "h"
+    hf.write_text("# cluster\n\nnode1:4   # big one\nnode2\n10.0.0.3:1\n")
+    entries, syntax = parse_hostfile(str(hf))
+    assert syntax == "mpich"
+    assert [(e.host, e.slots) for e in entries] == [("node1", 4), ("node2", None),
+                                                    ("10.0.0.3", 1)]
+    hf.write_text("node1 slots=2 max_slots=4\nnode2 slots=8\n")
+    entries, syntax = parse_hostfile(str(hf))
+    assert syntax == "openmpi" and [e.slots for e in entries] == [2, 8]
+    hf.write_text("a\nb\n")
+    assert parse_hostfile(str(hf))[1] == "plain"
+    for bad, why in [("a:2\nb slots=2\n", "mixes"), ("# only a comment\n\n", "names no host"),
+                     ("a:0\n", "slots must be at least 1")]:
+        hf.write_text(bad)
+        with pytest.raises(HostfileError, match=why):
+            parse_hostfile(str(hf))
+    shipped = ROOT / "hostfiles"
+    assert parse_hostfile(str(shipped / "mpich.hostfile"))[1] == "mpich"
+    assert parse_hostfile(str(shipped / "openmpi.hostfile"))[1] == "openmpi"
+
+
+# ----------------------------------------------------------------------------- dry runs
+
+
+def _fake_mpiexec(tmp_path: Path, version: str) -> Path:
+    fake = tmp_path / "fake-mpiexec"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{version}'\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def test_dry_run_mpich(script: Path, capsys: pytest.CaptureFixture) -> None:
+    d = script.parent
+    mpich_hf = d / "mpich.hosts"
+    mpich_hf.write_text("n1:2\nn2:2\n")
+    ompi_hf = d / "ompi.hosts"
+    ompi_hf.write_text("n1 slots=2\nn2 slots=3\n")
+    mpiexec = launch.find_mpiexec()
+    assert launch.mpi_flavor(mpiexec) == "mpich"
+    code, out, err = _call_main(capsys, "-n", "4", "--hostfile", str(mpich_hf), "--dry-run",
+                                "--iface", "eth1", "--env", "A=1 2", "--tag-output", "--ppn",
+                                "2", "--mpi-args", "-bind-to core", str(script), "x y")
+    assert code == 0, err
+    py = sys.executable
+    assert out == (f"{mpiexec} -f {mpich_hf} -n 4 -ppn 2 -iface eth1 -genv A '1 2' -genv "
+                   "UCX_NET_DEVICES eth1 -genv FI_TCP_IFACE eth1 -prepend-rank -bind-to core "
+                   f"{py} -m mpitensor.run --_worker {script} 'x y'\n")
+    # an Open MPI hostfile is translated for MPICH into -hosts
+    code, out, err = _call_main(capsys, "--hostfile", str(ompi_hf), "--dry-run", "-m", "json")
+    assert code == 0, err
+    assert out == f"{mpiexec} -hosts n1:2,n2:3 {py} -m mpitensor.run --_worker -m json\n"
+
+
+def test_dry_run_fake_open_mpi(script: Path, capsys: pytest.CaptureFixture) -> None:
+    d = script.parent
+    fake = _fake_mpiexec(d, "mpiexec (Open MPI) 4.1.6")
+    ompi_hf = d / "ompi.hosts"
+    ompi_hf.write_text("n1 slots=2\nn2 slots=2\n")
+    mpich_hf = d / "mpich.hosts"
+    mpich_hf.write_text("n1:1\nn2:1\n")
+    py = sys.executable
+    root = os.geteuid() == 0
+    env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " if root else ""
+    asroot = " --allow-run-as-root" if root else ""
+    code, out, err = _call_main(capsys, "--mpiexec", str(fake), "-n", "4", "--hostfile",
+                                str(ompi_hf), "--dry-run", "--iface", "eth1", "--env", "A=1",
+                                "--tag-output", "--ppn", "2", str(script))
+    assert code == 0, err
+    assert out == (f"{env}{fake} --hostfile {ompi_hf} -n 4{asroot} --map-by ppr:2:node --mca "
+                   "btl_tcp_if_include eth1 --mca oob_tcp_if_include eth1 -x A=1 --tag-output "
+                   f"{py} -m mpitensor.run --_worker {script}\n")
+    # an MPICH hostfile goes inline; more ranks than slots: --oversubscribe
+    code, out, err = _call_main(capsys, "--mpiexec", str(fake), "-n", "3", "--hostfile",
+                                str(mpich_hf), "--dry-run", str(script))
+    assert code == 0, err
+    assert out == (f"{env}{fake} --host n1:1,n2:1 -n 3{asroot} --oversubscribe {py} -m "
+                   f"mpitensor.run --_worker {script}\n")
+
+
+def test_unknown_mpi_is_an_error(script: Path, capsys: pytest.CaptureFixture) -> None:
+    fake = _fake_mpiexec(script.parent, "SuperMPI launcher 1.0")
+    code, out, err = _call_main(capsys, "--mpiexec", str(fake), "-n", "2", str(script))
+    assert code == 2
+    assert err.count("\n") == 1 and "cannot tell which MPI" in err
+    code, out, err = _call_main(capsys, "--mpiexec", str(script.parent / "nope"), str(script))
+    assert code == 2 and "not found" in err
+
+
+# ----------------------------------------------------------------------------- spawn
+
+
+def _spawn_work(rank: int, world_size: int, outdir: str, scale: float) -> Dict[str, float]:
+    import mpitensor as torch
+    import mpitensor.distributed as dist
+
+    dist.init_process_group("mpi")
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    value = t.item() * scale
+    Path(outdir, f"rank{rank}.txt").write_text(f"{rank} {world_size} {value}")
+    dist.destroy_process_group()
+    return {"rank": rank, "value": value}
+
+
+def _spawn_fail(rank: int, world_size: int) -> None:
+    import mpitensor.distributed as dist
+
+    dist.init_process_group("mpi")
+    if rank == world_size - 1:
+        raise KeyError(f"bad key on rank {rank}")
+    dist.barrier()  # the others wait for the failed rank: MPI_Abort must end them
+
+
+def _spawn_exit(rank: int, world_size: int) -> None:
+    if rank == 1:
+        sys.exit(7)
+    time.sleep(30)
+
+
+def _spawn_sleep(rank: int, world_size: int) -> None:
+    time.sleep(60)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_spawn_returns_every_rank(n: int, tmp_path: Path) -> None:
+    results = spawn(_spawn_work, n, args=(str(tmp_path), 10.0), timeout=TIMEOUT)
+    total = 10.0 * n * (n + 1) / 2
+    assert results == [{"rank": r, "value": total} for r in range(n)]
+    for r in range(n):
+        assert (tmp_path / f"rank{r}.txt").read_text() == f"{r} {n} {total}"
+
+
+def test_spawn_reraises_naming_the_rank(tmp_path: Path,
+                                        capfd: pytest.CaptureFixture) -> None:
+    ctx = spawn(_spawn_fail, 3, join=False, timeout=TIMEOUT)
+    start = time.monotonic()
+    with pytest.raises(ProcessRaisedException) as info:
+        ctx.join()
+    assert time.monotonic() - start < 10
+    exc = info.value
+    assert isinstance(exc, MpiTensorError)
+    assert exc.rank == 2 and exc.error_index == 2 and exc.exc_type == "KeyError"
+    assert str(exc).startswith("rank 2 of 3 raised KeyError: 'bad key on rank 2'")
+    assert "in _spawn_fail" in exc.traceback_text
+    assert exc.traceback_text.rstrip().endswith("KeyError: 'bad key on rank 2'")
+    assert exc.traceback_text in str(exc)
+    err = capfd.readouterr().err
+    assert "[rank 2] KeyError: 'bad key on rank 2'" in err
+    assert _leftovers(ctx.job_id) == []
+
+
+def test_spawn_exit_code_and_timeout() -> None:
+    with pytest.raises(ProcessExitedException) as info:
+        spawn(_spawn_exit, 2, timeout=TIMEOUT)
+    assert info.value.rank == 1 and info.value.exit_code == 7
+    assert str(info.value) == "rank 1 of 2 exited with code 7"
+    ctx = spawn(_spawn_sleep, 2, join=False, timeout=3)
+    assert ctx.join(timeout=0.5) is False
+    with pytest.raises(DistributedTimeoutError, match="did not finish within the timeout of 3"):
+        ctx.join()
+    assert _leftovers(ctx.job_id) == []
+
+
+def test_spawn_rejects_what_ranks_cannot_import() -> None:
+    def nested(rank: int, world_size: int) -> None:
+        pass
+
+    with pytest.raises(TypeError, match="lambda or a nested function"):
+        spawn(lambda rank, world_size: None, 2)
+    with pytest.raises(TypeError, match="lambda or a nested function"):
+        spawn(nested, 2)
+    with pytest.raises(TypeError, match="must be callable"):
+        spawn("fn", 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="torch's positional order"):
+        spawn(_spawn_sleep, (1,), 2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="positive integer"):
+        spawn(_spawn_sleep, 0)
+    with pytest.raises(TypeError, match="args must be a tuple"):
+        spawn(_spawn_sleep, 1, args=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        spawn(_spawn_sleep, 1, args=(lambda: 0,))
+
+
+def test_spawn_from_a_main_script(tmp_path: Path) -> None:
+    script = _script(tmp_path, "main_spawn.py", """\
+import sys
+import mpitensor.distributed as dist
+from mpitensor.distributed.launch import spawn
+
+class Box:
+    def __init__(self, v):
+        self.v = v
+
+def work(rank, world_size, box):
+    dist.init_process_group("mpi")
+    out = [None] * world_size
+    dist.all_gather_object(out, rank * box.v)
+    return out
+
+if __name__ == "__main__":
+    print("main block ran once")
+    print(spawn(work, int(sys.argv[1]), args=(Box(3),), timeout=60))
+""")
+    code, out, err, _ = _run([sys.executable, str(script), "3"], cwd=tmp_path)
+    assert code == 0, err
+    assert out.splitlines() == ["main block ran once", "[[0, 3, 6], [0, 3, 6], [0, 3, 6]]"]
+
+
+def test_sigterm_to_the_launcher_ends_the_job(tmp_path: Path) -> None:
+    script = _script(tmp_path, "sleepy.py", """\
+import sys, time
+from mpi4py import MPI
+MPI.COMM_WORLD.barrier()
+sys.stdout.write("up\\n"); sys.stdout.flush()
+time.sleep(60)
+""")
+    job_id = f"test-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([sys.executable, "-m", "mpitensor.run", "-n", "2", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=_env({"MPITENSOR_JOB_ID": job_id}),
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "up\n"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        launch._kill_job(job_id, wait=0) if proc.returncode is None else None
+        proc.communicate()
+    assert proc.returncode != 0
+    assert _leftovers(job_id) == []
+
+
+def test_exception_in_a_thread_aborts_the_job(tmp_path: Path) -> None:
+    script = _script(tmp_path, "thread.py", """\
+import threading, time
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+def work():
+    raise OSError("thread died")
+if c.rank == 0:
+    t = threading.Thread(target=work, name="loader")
+    t.start(); t.join()
+c.barrier()
+time.sleep(60)
+""")
+    code, out, err, elapsed = _launcher("-n", "2", str(script), cwd=tmp_path, timeout=30)
+    assert code != 0 and elapsed < 10
+    assert "[rank 0] OSError: thread died" in err, err
+    assert "'loader'" in err
