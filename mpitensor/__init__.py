@@ -30,6 +30,7 @@ from .dtypes import __all__ as _dtype_names
 from .errors import (
     CollectiveMismatchError,
     DistributedTimeoutError,
+    MessageMismatchError,
     MessageTruncatedError,
     MpiTensorError,
     NotAGroupMemberError,
@@ -49,6 +50,6 @@ __all__ = [
     "data", "utils", "nn", "models", "optim", "checkpoint", "save", "load", "CheckpointError",
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
-    "MessageTruncatedError", "DistributedTimeoutError", "PeerFailedError",
+    "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError", "PeerFailedError",
     *_dtype_names, *_tensor_names,
 ]

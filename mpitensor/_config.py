@@ -2,13 +2,20 @@
 
 ``MPITENSOR_DEBUG``   1/true/yes/on: check, before every collective, that all ranks passed the same
                       op, dtype and shape (one extra small all-gather per call).
-``MPITENSOR_TIMEOUT`` default timeout in seconds for process groups (``init_process_group``).
+``MPITENSOR_TIMEOUT`` default timeout in seconds for process groups (``init_process_group``):
+                      a blocking operation or ``wait()`` waiting longer raises
+                      ``DistributedTimeoutError`` (``inf`` disables the bound).
+``MPITENSOR_STALL_WARN`` seconds a blocking operation may wait before each stuck rank logs a
+                      stall report (default: the smaller of 60 s and half the timeout).
+``MPITENSOR_ABORT_ON_EXCEPTION`` 1/0 (default 1): whether ``init_process_group`` under
+                      ``mpiexec`` (world size > 1) installs the abort-on-unhandled-exception hook.
 ``MPITENSOR_LOG``     logging level name for the ``mpitensor`` logger (default WARNING).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -43,4 +50,7 @@ def env_float(name: str, default: float) -> float:
 
 DEBUG: bool = env_flag("MPITENSOR_DEBUG")
 DEFAULT_TIMEOUT_S: float = env_float("MPITENSOR_TIMEOUT", 1800.0)
+STALL_WARN_S: Optional[float] = (env_float("MPITENSOR_STALL_WARN", 60.0)
+                                 if os.environ.get("MPITENSOR_STALL_WARN", "").strip() else None)
+ABORT_ON_EXCEPTION: bool = env_flag("MPITENSOR_ABORT_ON_EXCEPTION", True)
 LOG_LEVEL: str = os.environ.get("MPITENSOR_LOG", "WARNING").upper()

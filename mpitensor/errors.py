@@ -13,6 +13,7 @@ __all__ = [
     "NotAGroupMemberError",
     "CollectiveMismatchError",
     "MessageTruncatedError",
+    "MessageMismatchError",
     "DistributedTimeoutError",
     "PeerFailedError",
 ]
@@ -38,8 +39,34 @@ class MessageTruncatedError(MpiTensorError):
     """An incoming message was larger than the receive buffer."""
 
 
+class MessageMismatchError(MpiTensorError):
+    """Debug mode: a point-to-point message's dtype or size differs from the receive buffer."""
+
+
 class DistributedTimeoutError(MpiTensorError, TimeoutError):
-    """A blocking operation did not complete within the process group's timeout."""
+    """A blocking operation did not complete within the process group's timeout.
+
+    Attributes (``None`` where unknown): ``op`` (operation name), ``group`` (group name),
+    ``seq`` (sequence number), ``elapsed`` (seconds waited), ``missing`` (global ranks that had
+    not arrived in the operation, as far as this rank could tell), ``request`` (the MPI
+    request still pending, or ``None`` where it was cancelled: a blocking receive is cancelled
+    on timeout, so that link stays usable).
+
+    After a timeout the communicator is in an undefined state (the operation may still be
+    pending inside MPI): do not use the group again. Uncaught, it aborts the whole job when
+    the abort handler is installed (``init_process_group`` does that under ``mpiexec``).
+    """
+
+    def __init__(self, message: str, op: "str | None" = None, group: "str | None" = None,
+                 seq: "int | None" = None, elapsed: "float | None" = None,
+                 missing: "list | None" = None) -> None:
+        super().__init__(message)
+        self.op = op
+        self.group = group
+        self.seq = seq
+        self.elapsed = elapsed
+        self.missing = missing
+        self.request = None
 
 
 class PeerFailedError(MpiTensorError):

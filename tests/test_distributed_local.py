@@ -277,3 +277,64 @@ def test_env_switches_in_a_fresh_process():
     out = _fresh_python(code, MPITENSOR_DEBUG="perhaps")
     assert out.returncode != 0
     assert "MPITENSOR_DEBUG='perhaps' is not a boolean" in out.stderr
+
+
+def test_timeout_and_abort_switches_in_a_fresh_process():
+    code = ("import mpitensor.distributed as dist; dist.init_process_group(); "
+            "g = dist.group.WORLD; from mpitensor.distributed import _abort; "
+            "print(g.timeout, g.stall_warn, _abort.abort_handler_installed())")
+    out = _fresh_python(code, MPITENSOR_TIMEOUT="10", MPITENSOR_STALL_WARN="2.5")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["10.0", "2.5", "False"]  # one rank: no abort handler
+    out = _fresh_python(code, MPITENSOR_TIMEOUT="inf")
+    assert out.stdout.split() == ["inf", "60.0", "False"], out.stderr
+    out = _fresh_python(code, MPITENSOR_ABORT_ON_EXCEPTION="maybe")
+    assert out.returncode != 0
+    assert "MPITENSOR_ABORT_ON_EXCEPTION='maybe' is not a boolean" in out.stderr
+
+
+# ---------------------------------------------------------------------------- abort handler
+def test_abort_handler_install_and_uninstall():
+    import threading
+
+    from mpitensor.distributed import _abort
+
+    before_sys, before_thread = sys.excepthook, threading.excepthook
+    dist.init_process_group()  # one rank: not installed by default
+    assert not _abort.abort_handler_installed()
+    dist.destroy_process_group()
+    dist.init_process_group(abort_on_exception=True)
+    assert _abort.abort_handler_installed()
+    assert sys.excepthook is _abort._excepthook
+    assert threading.excepthook is _abort._thread_excepthook
+    dist.install_abort_handler()  # idempotent
+    dist.destroy_process_group()  # what init installed, destroy removes
+    assert not _abort.abort_handler_installed()
+    assert (sys.excepthook, threading.excepthook) == (before_sys, before_thread)
+    dist.install_abort_handler()  # by hand: stays until uninstalled by hand
+    dist.init_process_group()
+    dist.destroy_process_group()
+    assert _abort.abort_handler_installed()
+    dist.uninstall_abort_handler()
+    dist.uninstall_abort_handler()
+    assert sys.excepthook is before_sys
+
+
+def test_abort_handler_prefixes_every_line(capsys, monkeypatch):
+    """The report: every traceback line prefixed with the rank; then MPI_Abort (stubbed)."""
+    from mpitensor.distributed import _abort
+
+    calls = []
+    monkeypatch.setattr(_abort, "_abort", lambda: calls.append("abort"))
+    monkeypatch.setitem(_abort._saved, "sys", lambda *a: calls.append("previous"))
+    try:
+        raise ValueError("line one\nline two")
+    except ValueError as exc:
+        _abort._excepthook(type(exc), exc, exc.__traceback__)
+    err = capsys.readouterr().err
+    lines = err.rstrip("\n").split("\n")
+    assert all(ln.startswith("[rank 0] ") for ln in lines), err
+    assert "[rank 0] ValueError: line one" in err and "[rank 0] line two" in err
+    assert "[rank 0] Traceback (most recent call last):" in err
+    assert calls == ["abort", "previous"]
+    _abort._saved.clear()

@@ -36,12 +36,16 @@ from .. import _config
 from ..errors import (
     CollectiveMismatchError,
     DistributedTimeoutError,
+    MessageMismatchError,
     MessageTruncatedError,
     MpiTensorError,
     NotAGroupMemberError,
     NotInitializedError,
     PeerFailedError,
 )
+from . import _watchdog
+from ._abort import abort_handler_installed, install_abort_handler, uninstall_abort_handler
+from .launch import ProcessExitedException, ProcessRaisedException, SpawnContext, spawn
 from .process_group import GroupMember, ProcessGroup, ReduceOp, Work, reduce_op
 
 __all__ = [
@@ -49,7 +53,9 @@ __all__ = [
     "init_process_group", "destroy_process_group", "is_initialized", "is_available",
     "is_mpi_available", "is_nccl_available", "is_gloo_available", "get_backend", "get_rank",
     "get_world_size", "new_group", "get_global_rank", "get_group_rank",
-    "get_process_group_ranks", "set_debug", "get_debug",
+    "get_process_group_ranks", "set_debug", "get_debug", "install_abort_handler",
+    "uninstall_abort_handler", "spawn", "SpawnContext", "ProcessRaisedException",
+    "ProcessExitedException", "average_gradients", "broadcast_parameters",
     "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object", "recv_object",
     "send_object_list", "recv_object_list",
     "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather",
@@ -57,7 +63,8 @@ __all__ = [
     "barrier", "broadcast_object_list", "all_gather_object", "gather_object",
     "scatter_object_list",
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
-    "MessageTruncatedError", "DistributedTimeoutError", "PeerFailedError",
+    "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError",
+    "PeerFailedError",
 ]
 
 logger = logging.getLogger("mpitensor.distributed")
@@ -89,6 +96,7 @@ class _State:
         self.debug: bool = _config.DEBUG
         self.gloo_notice_given = False
         self.group_count = 0
+        self.installed_abort_handler = False
 
 
 _state = _State()
@@ -139,8 +147,8 @@ def _timeout_seconds(timeout: Any) -> float:
     if hasattr(timeout, "total_seconds"):
         timeout = timeout.total_seconds()
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds or a timedelta, "
-                         f"got {timeout!r}")
+        raise ValueError(f"timeout must be a positive number of seconds or a timedelta "
+                         f"(float('inf') for no bound), got {timeout!r}")
     return float(timeout)
 
 
@@ -154,6 +162,7 @@ def init_process_group(
     group_name: str = "",
     pg_options: Any = None,
     device_id: Any = None,
+    abort_on_exception: Optional[bool] = None,
 ) -> None:
     """Initialize the default process group from MPI's world communicator.
 
@@ -166,10 +175,18 @@ def init_process_group(
         backend: ``"mpi"`` (default), ``"nccl"`` (CuPy arrays through NCCL, CPU through MPI) or
             ``"gloo"`` (alias of ``"mpi"``, with a one-time notice). torch's
             ``"cpu:gloo,cuda:nccl"`` form is accepted too.
-        timeout: default timeout of blocking waits, seconds or ``timedelta``
-            (default ``MPITENSOR_TIMEOUT`` or 1800 s).
+        timeout: bound on every blocking operation and ``Work.wait()`` of the group's
+            operations, seconds or ``timedelta`` (default ``MPITENSOR_TIMEOUT`` or 1800 s;
+            ``float('inf')`` for none). Past it, ``DistributedTimeoutError`` names the
+            operation, the group, the sequence number and the ranks that had not arrived; past
+            ``MPITENSOR_STALL_WARN`` (default min(60 s, timeout / 2)) each waiting rank logs a
+            stall report. After a timeout the group is unusable.
         world_size: if given (not -1), must equal MPI's world size.
         rank: if given (not -1), must equal MPI's rank of this process.
+        abort_on_exception: install the abort handler (an unhandled exception on any rank
+            prints its traceback prefixed ``[rank N]`` and ends the whole job with
+            ``MPI_Abort``, instead of leaving the other ranks waiting). Default: on when the
+            world has more than one rank, unless ``MPITENSOR_ABORT_ON_EXCEPTION=0``.
 
     Raises:
         RuntimeError: the default group already exists.
@@ -210,6 +227,10 @@ def init_process_group(
 
     world = MPIGroup(comm.Dup(), list(range(mpi_size)), mpi_rank, "WORLD", seconds,
                      _state.debug, mpi_size)
+    if mpi_size > 1:
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        _watchdog.set_node_load(node.Get_size())
+        node.Free()
     if name == Backend.NCCL:
         from .nccl import NCCLGroup
 
@@ -222,6 +243,11 @@ def init_process_group(
     _state.world = world
     _state.groups.add(world)
     GroupMember.WORLD = world
+    if abort_on_exception is None:
+        abort_on_exception = _config.ABORT_ON_EXCEPTION and mpi_size > 1
+    if abort_on_exception and not abort_handler_installed():
+        install_abort_handler()
+        _state.installed_abort_handler = True
 
 
 def _parse_backend(backend: Optional[str]) -> str:
@@ -253,6 +279,9 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         _state.groups = weakref.WeakSet()
         _state.world = None
         GroupMember.WORLD = None
+        if _state.installed_abort_handler:
+            uninstall_abort_handler()
+            _state.installed_abort_handler = False
         return
     group.free()
     _state.groups.discard(group)
@@ -349,7 +378,7 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None,
     base = getattr(world, "mpi_group", world)
     sub = base.split(ranks, name)
     if timeout is not None:
-        sub.timeout = _timeout_seconds(timeout)
+        sub.set_timeout(_timeout_seconds(timeout))
     label = _parse_backend(backend) if backend is not None else world.backend_label
     if label == Backend.NCCL and sub.is_member:
         from .nccl import NCCLGroup
@@ -470,7 +499,7 @@ def send_object(obj: Any, dst: int, group: Optional[ProcessGroup] = None, tag: i
     """Send any picklable object to global rank ``dst`` (uses pickle: not for hot paths)."""
     pg = _pg(group)
     where = pg._begin_p2p("send_object")
-    pg.send_obj(obj, pg._peer(dst, None, "dst", where), pg._tag(tag, where))
+    pg.send_obj(obj, pg._peer(dst, None, "dst", where), pg._tag(tag, where), "send_object")
 
 
 def recv_object(src: Optional[int] = None, group: Optional[ProcessGroup] = None,
@@ -479,7 +508,7 @@ def recv_object(src: Optional[int] = None, group: Optional[ProcessGroup] = None,
     pg = _pg(group)
     where = pg._begin_p2p("recv_object")
     peer = pg._peer(src, None, "src", where, allow_any=True)
-    return pg.recv_obj(peer, pg._tag(tag, where))[0]
+    return pg.recv_obj(peer, pg._tag(tag, where), "recv_object")[0]
 
 
 def send_object_list(object_list: List[Any], dst: Optional[int] = None,
@@ -490,7 +519,8 @@ def send_object_list(object_list: List[Any], dst: Optional[int] = None,
     where = pg._begin_p2p("send_object_list")
     if not isinstance(object_list, list):
         raise TypeError(f"{where}: object_list must be a list, got {type(object_list).__name__}")
-    pg.send_obj(list(object_list), pg._peer(dst, group_dst, "dst", where), 0)
+    pg.send_obj(list(object_list), pg._peer(dst, group_dst, "dst", where), 0,
+                "send_object_list")
 
 
 def recv_object_list(object_list: List[Any], src: Optional[int] = None,
@@ -501,7 +531,8 @@ def recv_object_list(object_list: List[Any], src: Optional[int] = None,
     where = pg._begin_p2p("recv_object_list")
     if not isinstance(object_list, list):
         raise TypeError(f"{where}: object_list must be a list, got {type(object_list).__name__}")
-    objs, sender = pg.recv_obj(pg._peer(src, group_src, "src", where, allow_any=True), 0)
+    objs, sender = pg.recv_obj(pg._peer(src, group_src, "src", where, allow_any=True), 0,
+                               "recv_object_list")
     if len(objs) != len(object_list):
         raise ValueError(f"{where}: received {len(objs)} objects from rank {sender} but "
                          f"object_list has {len(object_list)} slots; make them the same length")
@@ -648,6 +679,7 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
     if not isinstance(object_list, list):
         raise TypeError(f"{where}: object_list must be a list, got {type(object_list).__name__}")
     root = _root(pg, where, src, group_src, "src")
+    pg._count("broadcast_object_list")
     objs = pg.bcast_obj(list(object_list) if pg.rank_ == root else None, root)
     if len(objs) != len(object_list):
         raise ValueError(f"{where}: the source broadcast {len(objs)} objects but this rank's "
@@ -663,6 +695,7 @@ def all_gather_object(object_list: List[Any], obj: Any,
     if not isinstance(object_list, list) or len(object_list) != pg.size_:
         raise ValueError(f"{where}: object_list must be a list of {pg.size_} entries (one per "
                          f"rank), got {_len_desc(object_list)}")
+    pg._count("all_gather_object")
     object_list[:] = pg.allgather_obj(obj)
 
 
@@ -681,6 +714,7 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
                              or len(object_gather_list) != pg.size_):
         raise ValueError(f"{where}: object_gather_list must be a list of {pg.size_} entries on "
                          f"the destination rank, got {_len_desc(object_gather_list)}")
+    pg._count("gather_object")
     objs = pg.gather_obj(obj, root)
     if pg.rank_ == root:
         object_gather_list[:] = objs
@@ -702,5 +736,16 @@ def scatter_object_list(scatter_object_output_list: List[Any],
         raise ValueError(f"{where}: scatter_object_input_list must be a list of {pg.size_} "
                          f"entries on the source rank, got "
                          f"{_len_desc(scatter_object_input_list)}")
+    pg._count("scatter_object_list")
     scatter_object_output_list[0] = pg.scatter_obj(
         list(scatter_object_input_list) if pg.rank_ == root else None, root)
+
+
+def __getattr__(name: str) -> Any:
+    # The tutorials' gradient helpers live with DDP in mpitensor.nn.parallel, which imports this
+    # package: resolve them on first use instead of importing nn from here.
+    if name in ("average_gradients", "broadcast_parameters"):
+        from ..nn.parallel import distributed as _ddp
+
+        return getattr(_ddp, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,7 @@ host copies otherwise.
 
 from __future__ import annotations
 
+import pickle
 import re
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -15,9 +16,16 @@ import numpy as np
 from mpi4py import MPI
 
 from ..backend import array_module
-from ..errors import CollectiveMismatchError, MessageTruncatedError, MpiTensorError
+from ..errors import (
+    CollectiveMismatchError,
+    MessageMismatchError,
+    MessageTruncatedError,
+    MpiTensorError,
+)
 from ..tensor import Tensor
 from . import _buffers as B
+from . import _watchdog as W
+from ._watchdog import MASK as _MASK
 from .process_group import ProcessGroup, ReduceOp, Work, _Completed
 
 __all__ = ["MPIGroup"]
@@ -26,6 +34,14 @@ _IN_PLACE = MPI.IN_PLACE
 _MOVE = B.MOVE_TYPES
 _ANY_SOURCE = MPI.ANY_SOURCE
 _SUM = ReduceOp.SUM
+_wait = W.wait
+_I64 = MPI.INT64_T
+_BYTE = MPI.BYTE
+_HDR_LEN = 16  # debug-mode p2p header: magic, sender's p2p seq, dtype code, nbytes, ndim, shape
+_HDR_MAGIC = 0x6D7074  # "mpt"
+_MAX_DIMS = _HDR_LEN - 5
+_DTYPES = list(B.MOVE_TYPES)
+_DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
 
 # op -> {dtype: (MPI type, MPI op)} for reductions with no view, upcast or AVG step: the fast
 # path of all_reduce (nested dicts: two identity-hash lookups, no tuple to build)
@@ -57,18 +73,26 @@ class MPIGroup(ProcessGroup):
         self.comm = comm
         self.world_size = world_size
         self.tag_ub = int(comm.Get_attr(MPI.TAG_UB)) if comm is not None else 0
+        # private communicators (collective to create: every member runs this): arrival
+        # notices and debug verdicts on one, debug-mode p2p headers on the other, so neither
+        # can ever match the user's messages
+        self.diag = comm.Dup() if comm is not None else None
+        self.hdr = comm.Dup() if comm is not None else None
+        self.verdicts: dict = {}  # debug mode: (receiver, my p2p seq) -> receiver's verdict
+        self.opname = ""  # the collective being prepared (set by _begin)
         # group rank == global rank: p2p peers need no translation
         self.identity = self.ranks == tuple(range(self.size_))
 
     # ------------------------------------------------------------------ plumbing
     def _begin(self, opname: str) -> str:
-        self.require_member(opname)
-        self.seq += 1
-        return self.where(opname)
+        """Check membership; return the error prefix. The call is counted once checked."""
+        if self.rank_ < 0:
+            self.require_member(opname)
+        self.opname = opname
+        return f"rank {self.global_rank}: {opname} (#{self.seq + 1} on {self.name})"
 
     def _begin_p2p(self, opname: str) -> str:
         self.require_member(opname)
-        self.p2p_seq += 1
         return self.where(opname, p2p=True)
 
     def _mpi_error(self, where: str, exc: BaseException) -> BaseException:
@@ -80,15 +104,24 @@ class MPIGroup(ProcessGroup):
     def _run(self, where: str, blocking: Callable[[], Any], nonblocking: Callable[[], Any],
              finish: Optional[Callable[[], None]], async_op: bool, result: Any = None,
              keep: Any = None) -> Optional[Work]:
-        if async_op:
-            try:
-                req = nonblocking()
-            except MPI.Exception as exc:
-                raise self._mpi_error(where, exc) from exc
-            work = Work(req, finish, result, describe=lambda: where, keep=keep)
-            return work
+        """Start the counted collective (the last one ``_count`` recorded) and finish it.
+
+        Blocking calls run as the non-blocking MPI operation plus a bounded wait (as fast as
+        the blocking call for small messages on MPICH, and it can time out); ``blocking`` is
+        kept for the signature's sake only.
+        """
+        s = self.seq
+        op = self.history[s & _MASK][1]
         try:
-            blocking()
+            req = nonblocking()
+        except MPI.Exception as exc:
+            raise self._mpi_error(where, exc) from exc
+        if async_op:
+            return Work(req, finish, result, describe=lambda: where, keep=keep, group=self,
+                        info=(op, s, "coll", None, None))
+        try:
+            if not req.Test():
+                _wait(self, req, op, s)
         except MPI.Exception as exc:
             raise self._mpi_error(where, exc) from exc
         if finish is not None:
@@ -99,7 +132,7 @@ class MPIGroup(ProcessGroup):
         """Debug mode: check that every rank entered this call with matching arguments."""
         sig = dict(sig)
         sig["error"] = None if error is None else f"{type(error).__name__}: {error}"
-        sigs = self.comm.allgather(sig)
+        sigs = self.allgather_obj(sig, f"{sig.get('op', 'collective')} (debug check)")
         problems = []
         if any(s["error"] for s in sigs):
             problems.append("argument errors")
@@ -155,13 +188,31 @@ class MPIGroup(ProcessGroup):
 
     def _maybe_debug(self, where: str, sig_fn: Callable[[], dict],
                      prepare: Callable[[], Any]) -> Any:
+        """Check the arguments (and, in debug mode, agreement); count the call.
+
+        With debug off a call that fails its local checks is not counted, so one rank's
+        argument error cannot make its sequence numbers drift from the others'. In debug mode
+        every rank exchanges signatures, so every rank counts the call.
+        """
+        op = self.opname
         if not self.debug:
-            return prepare()
+            prepared = prepare()
+            self._count(op, prepared[0])
+            return prepared
+        s = self._count(op)
         try:
             sig = sig_fn()
         except Exception:  # arguments too broken to describe: prepare() will say why
-            sig = {"op": where, "seq": self.seq}
-        return self._debug(where, sig, prepare)
+            sig = {"op": op, "seq": self.seq}
+        prepared = self._debug(where, sig, prepare)
+        self._count_fix(s, op, prepared[0])
+        return prepared
+
+    def _count_fix(self, s: int, op: str, arr: Any) -> None:
+        if isinstance(arr, (list, tuple)):
+            arr = arr[0] if arr else None
+        self.history[s & _MASK] = (s, op, getattr(arr, "dtype", None),
+                                   getattr(arr, "shape", None))
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Optional[Work]:
@@ -173,12 +224,15 @@ class MPIGroup(ProcessGroup):
             if fast is not None:
                 flags = arr.flags
                 if flags.c_contiguous and flags.writeable:
-                    self.seq += 1
+                    s = self.seq = self.seq + 1
+                    self.history[s & _MASK] = (s, "all_reduce", arr.dtype, arr.shape)
+                    req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
                     if async_op:
-                        req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
-                        return Work(req, None, [tensor], keep=arr,
-                                    describe=lambda s=self.seq: f"all_reduce #{s} on {self.name}")
-                    self.comm.Allreduce(_IN_PLACE, [arr, fast[0]], fast[1])
+                        return Work(req, None, [tensor], keep=arr, group=self,
+                                    describe=lambda: f"all_reduce #{s} on {self.name}",
+                                    info=("all_reduce", s, "coll", None, None))
+                    if not req.Test():
+                        _wait(self, req, "all_reduce", s)
                     return None
         return self._all_reduce(tensor, op, async_op)
 
@@ -598,6 +652,7 @@ class MPIGroup(ProcessGroup):
 
     def barrier(self, async_op: bool = False) -> Optional[Work]:
         where = self._begin("barrier")
+        self._count("barrier")
         if self.debug:
             self._agree(where, self._sig("barrier"), None)
         comm = self.comm
@@ -621,7 +676,8 @@ class MPIGroup(ProcessGroup):
         if r == self.rank_:
             raise ValueError(
                 f"{where}: invalid {what} rank {self.ranks[r]}: {what} rank should not be the "
-                "same as the rank of the current process (a blocking send to itself deadlocks)")
+                "same as the rank of the current process (point-to-point operations need two "
+                "different ranks; copy the tensor locally instead)")
         return r
 
     def _p2p_fast(self, arr: Any, peer: Any, tag: Any, group_peer: Any) -> Any:
@@ -631,8 +687,9 @@ class MPIGroup(ProcessGroup):
         group whose ranks are the world's (so the peer needs no translation).
         """
         if (type(arr) is np.ndarray and type(peer) is int and type(tag) is int
-                and group_peer is None and self.identity and 0 <= peer < self.size_
-                and peer != self.rank_ and 0 <= tag <= self.tag_ub and arr.flags.c_contiguous):
+                and group_peer is None and self.identity and not self.debug
+                and 0 <= peer < self.size_ and peer != self.rank_ and 0 <= tag <= self.tag_ub
+                and arr.flags.c_contiguous):
             return _MOVE.get(arr.dtype)
         return None
 
@@ -641,11 +698,13 @@ class MPIGroup(ProcessGroup):
         arr = tensor._data if type(tensor) is Tensor else tensor
         mt = self._p2p_fast(arr, dst, tag, group_dst)
         if mt is not None:
-            self.p2p_seq += 1
+            s = self.p2p_seq = self.p2p_seq + 1
+            req = self.comm.Isend([arr, mt], dst, tag)
             if async_op:
-                return Work(self.comm.Isend([arr, mt], dst, tag), None, [tensor], keep=arr,
-                            describe=self._describe_p2p("isend"))
-            self.comm.Send([arr, mt], dst, tag)
+                return Work(req, None, [tensor], keep=arr, describe=self._describe_p2p("isend"),
+                            group=self, info=("isend", s, "p2p", dst, tag))
+            if not req.Test():
+                _wait(self, req, "send", s, "p2p", None, None, dst, tag)
             return None
         return self._send(tensor, dst, tag, group_dst, async_op)
 
@@ -655,15 +714,46 @@ class MPIGroup(ProcessGroup):
 
     def _send(self, tensor: Any, dst: Optional[int], tag: int, group_dst: Optional[int],
               async_op: bool) -> Optional[Work]:
-        where = self._begin_p2p("isend" if async_op else "send")
+        op = "isend" if async_op else "send"
+        where = self._begin_p2p(op)
         peer = self._peer(dst, group_dst, "dst", where)
         tag = self._tag(tag, where)
         arr = B.unwrap(tensor, "tensor", where)
         spec = [B.stage_in(arr), B.check_dtype(arr, "tensor", where)]
-        comm = self.comm
-        return self._run(where, lambda: comm.Send(spec, peer, tag),
-                         lambda: comm.Isend(spec, peer, tag), None, async_op, [tensor],
-                         keep=spec)
+        s = self.p2p_seq = self.p2p_seq + 1
+        header = hreq = None
+        if self.debug:
+            header = _header(arr, s)
+            hreq = self.hdr.Isend([header, _I64], peer, tag)
+        try:
+            req = self.comm.Isend(spec, peer, tag)
+        except MPI.Exception as exc:
+            raise self._mpi_error(where, exc) from exc
+        info = (op, s, "p2p", peer, tag)
+        if async_op:
+            work = _SendWork(req, None, [tensor], describe=lambda: where, keep=(spec, header),
+                             group=self, info=info)
+            work._check = (hreq, peer, s, where) if hreq is not None else None
+            return work
+        try:
+            if not req.Test():
+                _wait(self, req, op, s, "p2p", None, None, peer, tag)
+        except MPI.Exception as exc:
+            raise self._mpi_error(where, exc) from exc
+        if hreq is not None:
+            self._await_verdict(hreq, peer, s, where, None)
+        return None
+
+    def _await_verdict(self, hreq: Any, peer: int, s: int, where: str,
+                       timeout: Optional[float]) -> None:
+        """Debug mode: wait until the receiver has checked this message's header."""
+        _wait(self, hreq, "send (debug header)", s, "p2p", None, timeout, peer)
+        _wait(self, _VerdictRequest(self, peer, s), "send (waiting for the receiver's check)",
+              s, "p2p", None, timeout, peer)
+        problem = self.verdicts.pop((peer, s))
+        if problem is not None:
+            raise MessageMismatchError(f"{where}: rank {self.ranks[peer]} received this message "
+                                       f"and reported: {problem}")
 
     def recv(self, tensor: Any, src: Optional[int] = None, tag: int = 0,
              group_src: Optional[int] = None, async_op: bool = False) -> Any:
@@ -672,47 +762,96 @@ class MPIGroup(ProcessGroup):
             mt = self._p2p_fast(arr, src, tag, group_src)
             if mt is not None and arr.flags.writeable:
                 status = MPI.Status()
-                self.p2p_seq += 1
+                s = self.p2p_seq = self.p2p_seq + 1
                 try:
-                    self.comm.Recv([arr, mt], src, tag, status)
+                    req = self.comm.Irecv([arr, mt], src, tag)
+                    if not req.Test(status):
+                        _wait(self, req, "recv", s, "p2p", status, None, src, tag, True)
                 except MPI.Exception as exc:
-                    raise self._recv_error(self.where("recv", p2p=True), status, arr.nbytes,
-                                           B.describe(arr), exc) from exc
+                    where = f"rank {self.global_rank}: recv (p2p #{s} on {self.name})"
+                    raise self._recv_error(where, status, arr.nbytes, B.describe(arr),
+                                           exc) from exc
                 return status.Get_source()
         return self._recv(tensor, src, tag, group_src, async_op)
 
     def _recv(self, tensor: Any, src: Optional[int], tag: int, group_src: Optional[int],
               async_op: bool) -> Any:
-        where = self._begin_p2p("irecv" if async_op else "recv")
+        op = "irecv" if async_op else "recv"
+        where = self._begin_p2p(op)
         peer = self._peer(src, group_src, "src", where, allow_any=True)
         tag = self._tag(tag, where)
         arr = B.unwrap(tensor, "tensor", where)
         mt = B.check_dtype(arr, "tensor", where)
         B.check_writable(arr, "tensor", where)
+        s = self.p2p_seq = self.p2p_seq + 1
         buf, write_back = B.stage_out(arr)
         spec = [buf, mt]
         status = MPI.Status()
         comm = self.comm
         nbytes = buf.nbytes
         desc = B.describe(arr)
+        debug = self.debug
+
+        def check(exc: Optional[BaseException]) -> Optional[BaseException]:
+            """Debug mode: compare the sender's header with this buffer; answer the sender."""
+            source = status.Get_source()
+            hdr = np.zeros(_HDR_LEN, np.int64)
+            hreq = self.hdr.Irecv([hdr, _I64], source, tag)
+            _wait(self, hreq, f"{op} (debug header)", s, "p2p", None, None, source, tag)
+            sent = _describe_header(hdr)
+            truncated = (isinstance(exc, MPI.Exception)
+                         and exc.Get_error_class() == MPI.ERR_TRUNCATE)
+            problem = None
+            if hdr[0] != _HDR_MAGIC:
+                problem = "its debug header is unreadable (is debug mode on for every rank?)"
+            elif int(hdr[2]) != _DTYPE_CODE.get(arr.dtype, -1) or int(hdr[3]) != nbytes:
+                problem = (f"the sender sent {sent}, but the receive buffer is {desc} "
+                           f"({nbytes} bytes)")
+            self.notice_reqs.append(self.diag.isend((int(hdr[1]), problem), source,
+                                                    W.VERDICT_TAG))
+            if problem is None and exc is None:
+                return None
+            if truncated:
+                return MessageTruncatedError(
+                    f"{where}: the incoming message from rank {self.ranks[source]} (tag {tag}) "
+                    f"is larger than the receive buffer: the sender sent {sent}, this rank "
+                    f"receives into {desc} ({nbytes} bytes); the message was truncated. "
+                    "Allocate the receive tensor with the sender's shape and dtype.")
+            if problem:
+                return MessageMismatchError(
+                    f"{where}: the message from rank {self.ranks[source]} (tag {tag}) does not "
+                    f"match the receive buffer: {problem}. Send and receive tensors must have "
+                    "the same dtype and number of elements.")
+            return None
 
         def translate(exc: BaseException) -> BaseException:
+            if debug and isinstance(exc, MPI.Exception):
+                found = check(exc)
+                if found is not None:
+                    return found
             return self._recv_error(where, status, nbytes, desc, exc)
 
-        if async_op:
-            try:
-                req = comm.Irecv(spec, peer, tag)
-            except MPI.Exception as exc:
-                raise translate(exc) from exc
-            work = _RecvWork(req, write_back, [tensor], describe=lambda: where, keep=spec,
-                             status=status)
-            work._translate = translate
-            work._ranks = self.ranks
-            return work
         try:
-            comm.Recv(spec, peer, tag, status)
+            req = comm.Irecv(spec, peer, tag)
         except MPI.Exception as exc:
             raise translate(exc) from exc
+        info = (op, s, "p2p", None if peer == _ANY_SOURCE else peer, tag)
+        if async_op:
+            work = _RecvWork(req, write_back, [tensor], describe=lambda: where, keep=spec,
+                             status=status, group=self, info=info)
+            work._translate = translate
+            work._ranks = self.ranks
+            work._check = check if debug else None
+            return work
+        try:
+            if not req.Test(status):
+                _wait(self, req, op, s, "p2p", status, None, info[3], tag, True)
+        except MPI.Exception as exc:
+            raise translate(exc) from exc
+        if debug:
+            found = check(None)
+            if found is not None:
+                raise found
         if write_back is not None:
             write_back()
         return self.ranks[status.Get_source()]
@@ -738,25 +877,83 @@ class MPIGroup(ProcessGroup):
             "Allocate the receive tensor with the sender's shape and dtype.")
 
     # ------------------------------------------------------------------ objects (pickle)
-    def bcast_obj(self, obj: Any, root: int) -> Any:
-        return self.comm.bcast(obj, root)
+    # Pickled bytes over non-blocking buffer collectives, so that these too are bounded by the
+    # group's timeout (mpi4py's lower-case methods block inside MPI). The caller counts the call.
+    def _obj_wait(self, req: Any, op: str, status: Any = None) -> None:
+        if not req.Test(status):
+            _wait(self, req, op, self.seq, "coll", status)
 
-    def allgather_obj(self, obj: Any) -> list:
-        return self.comm.allgather(obj)
+    def bcast_obj(self, obj: Any, root: int, op: str = "broadcast_object_list") -> Any:
+        n = np.zeros(1, np.int64)
+        data = None
+        if self.rank_ == root:
+            data = _pickled(obj)
+            n[0] = data.size
+        self._obj_wait(self.comm.Ibcast([n, _I64], root), op)
+        if data is None:
+            data = np.empty(int(n[0]), np.uint8)
+        self._obj_wait(self.comm.Ibcast([data, _BYTE], root), op)
+        return obj if self.rank_ == root else pickle.loads(data)
 
-    def gather_obj(self, obj: Any, root: int) -> Optional[list]:
-        return self.comm.gather(obj, root)
+    def allgather_obj(self, obj: Any, op: str = "all_gather_object") -> list:
+        data = _pickled(obj)
+        n = np.array([data.size], np.int64)
+        sizes = np.empty(self.size_, np.int64)
+        self._obj_wait(self.comm.Iallgather([n, _I64], [sizes, _I64]), op)
+        counts, displs = _counts_displs(sizes.tolist())
+        out = np.empty(sum(counts), np.uint8)
+        self._obj_wait(self.comm.Iallgatherv([data, _BYTE], [out, (counts, displs), _BYTE]), op)
+        return [pickle.loads(out[d:d + c]) for c, d in zip(counts, displs)]
 
-    def scatter_obj(self, objs: Optional[list], root: int) -> Any:
-        return self.comm.scatter(objs, root)
+    def gather_obj(self, obj: Any, root: int, op: str = "gather_object") -> Optional[list]:
+        data = _pickled(obj)
+        n = np.array([data.size], np.int64)
+        is_root = self.rank_ == root
+        sizes = np.empty(self.size_, np.int64) if is_root else None
+        self._obj_wait(self.comm.Igather([n, _I64], [sizes, _I64] if is_root else None, root),
+                       op)
+        if not is_root:
+            self._obj_wait(self.comm.Igatherv([data, _BYTE], None, root), op)
+            return None
+        counts, displs = _counts_displs(sizes.tolist())
+        out = np.empty(sum(counts), np.uint8)
+        self._obj_wait(self.comm.Igatherv([data, _BYTE], [out, (counts, displs), _BYTE], root),
+                       op)
+        return [pickle.loads(out[d:d + c]) for c, d in zip(counts, displs)]
 
-    def send_obj(self, obj: Any, peer: int, tag: int) -> None:
-        self.comm.send(obj, peer, tag)
+    def scatter_obj(self, objs: Optional[list], root: int,
+                    op: str = "scatter_object_list") -> Any:
+        is_root = self.rank_ == root
+        n = np.zeros(1, np.int64)
+        flat = sizes = None
+        if is_root:
+            parts = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in objs]
+            sizes = np.array([len(p) for p in parts], np.int64)
+            flat = np.frombuffer(bytearray(b"".join(parts)), np.uint8)
+        self._obj_wait(self.comm.Iscatter([sizes, _I64] if is_root else None, [n, _I64], root),
+                       op)
+        out = np.empty(int(n[0]), np.uint8)
+        send = [flat, _counts_displs(sizes.tolist()), _BYTE] if is_root else None
+        self._obj_wait(self.comm.Iscatterv(send, [out, _BYTE], root), op)
+        return pickle.loads(out)
 
-    def recv_obj(self, peer: int, tag: int) -> "tuple[Any, int]":
+    def send_obj(self, obj: Any, peer: int, tag: int, op: str = "send_object") -> None:
+        s = self.p2p_seq = self.p2p_seq + 1
+        data = _pickled(obj)
+        req = self.comm.Isend([data, _BYTE], peer, tag)
+        if not req.Test():
+            _wait(self, req, op, s, "p2p", None, None, peer, tag)
+
+    def recv_obj(self, peer: int, tag: int, op: str = "recv_object") -> "tuple[Any, int]":
+        s = self.p2p_seq = self.p2p_seq + 1
         status = MPI.Status()
-        obj = self.comm.recv(None, peer, tag, status)
-        return obj, self.ranks[status.Get_source()]
+        probe = _ProbeRequest(self.comm, peer, tag)
+        _wait(self, probe, op, s, "p2p", status, None, None if peer == _ANY_SOURCE else peer, tag)
+        buf = np.empty(status.Get_count(_BYTE), np.uint8)
+        req = probe.message.Irecv([buf, _BYTE])
+        if not req.Test():
+            _wait(self, req, op, s, "p2p", None, None, status.Get_source(), tag)
+        return pickle.loads(buf), self.ranks[status.Get_source()]
 
     # ------------------------------------------------------------------ groups
     def split(self, ranks: List[int], name: str) -> "MPIGroup":
@@ -771,24 +968,118 @@ class MPIGroup(ProcessGroup):
                         self.world_size)
 
     def free(self) -> None:
-        if self.comm is not None and self.comm != MPI.COMM_NULL:
-            self.comm.Free()
-        self.comm = None
+        for attr in ("comm", "diag", "hdr"):
+            comm = getattr(self, attr, None)
+            if comm is not None and comm != MPI.COMM_NULL:
+                comm.Free()
+            setattr(self, attr, None)
+        self.notice_reqs = []
+
+
+def _pickled(obj: Any) -> np.ndarray:
+    return np.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),
+                         np.uint8)
+
+
+def _header(arr: Any, seq: int) -> np.ndarray:
+    """Debug mode: what a sender tells the receiver about a message (dtype, size, shape)."""
+    h = np.zeros(_HDR_LEN, np.int64)
+    h[0], h[1], h[2], h[3] = _HDR_MAGIC, seq, _DTYPE_CODE.get(arr.dtype, -1), arr.nbytes
+    h[4] = arr.ndim if arr.ndim <= _MAX_DIMS else -1
+    if 0 < arr.ndim <= _MAX_DIMS:
+        h[5:5 + arr.ndim] = arr.shape
+    return h
+
+
+def _describe_header(h: np.ndarray) -> str:
+    code, nbytes, ndim = int(h[2]), int(h[3]), int(h[4])
+    dt = str(_DTYPES[code]) if 0 <= code < len(_DTYPES) else "?"
+    shape = [int(x) for x in h[5:5 + ndim]] if ndim >= 0 else "[...]"
+    return f"{dt}{shape} ({nbytes} bytes)"
+
+
+class _ProbeRequest:
+    """Looks like an MPI request: completes when a matching message has arrived."""
+
+    __slots__ = ("comm", "source", "tag", "message")
+
+    def __init__(self, comm: MPI.Comm, source: int, tag: int) -> None:
+        self.comm, self.source, self.tag, self.message = comm, source, tag, None
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI request protocol
+        m = self.comm.Improbe(self.source, self.tag, status)
+        if m is None:
+            return False
+        self.message = m
+        return True
+
+
+class _VerdictRequest:
+    """Debug mode: completes when the receiver's verdict on message ``seq`` has arrived."""
+
+    __slots__ = ("group", "peer", "key")
+
+    def __init__(self, group: MPIGroup, peer: int, seq: int) -> None:
+        self.group, self.peer, self.key = group, peer, (peer, seq)
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI request protocol
+        g = self.group
+        if self.key in g.verdicts:
+            return True
+        st = MPI.Status()
+        while g.diag.Iprobe(self.peer, W.VERDICT_TAG, st):
+            seq, problem = g.diag.recv(None, self.peer, W.VERDICT_TAG)
+            g.verdicts[(self.peer, seq)] = problem
+        return self.key in g.verdicts
+
+
+class _SendWork(Work):
+    """An isend handle; in debug mode ``wait()`` also waits for the receiver's check."""
+
+    __slots__ = ("_check",)
+
+    def _await(self, timeout: Optional[float]) -> None:
+        super()._await(timeout)
+        check, self._check = self._check, None
+        if check is not None:
+            hreq, peer, s, where = check
+            try:
+                self._group._await_verdict(hreq, peer, s, where, timeout)
+            except MessageMismatchError as exc:
+                self._done, self._exception = True, exc
+                raise
+
+    def is_completed(self) -> bool:
+        if self._check is not None and not self._done:
+            hreq, peer, s, _ = self._check
+            if not (self._request.Test() and hreq.Test()
+                    and _VerdictRequest(self._group, peer, s).Test()):
+                return False
+            self.wait()
+            return True
+        return super().is_completed()
 
 
 class _RecvWork(Work):
     """An irecv handle: records the sender and turns MPI errors into readable ones."""
 
-    __slots__ = ("_translate", "_ranks")
+    __slots__ = ("_translate", "_ranks", "_check")
 
     def _complete(self) -> None:
         self._source = self._ranks[self._status.Get_source()]
+        check, self._check = self._check, None
+        if check is not None:
+            found = check(None)
+            if found is not None:
+                self._done, self._exception, self._finish, self._keep = True, found, None, None
+                raise found
         super()._complete()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         try:
             return super().wait(timeout)
         except MPI.Exception as exc:
+            self._check = None
             self._done, self._exception = True, self._translate(exc)
             raise self._exception from exc
 
@@ -796,6 +1087,7 @@ class _RecvWork(Work):
         try:
             return super().is_completed()
         except MPI.Exception as exc:
+            self._check = None
             self._done, self._exception = True, self._translate(exc)
             raise self._exception from exc
 

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from ..backend import cupy_unavailable_reason, get_cupy, is_cupy_array
 from ..tensor import Tensor
 from . import _buffers as B
+from . import _watchdog
 from .process_group import ProcessGroup, ReduceOp, Work
 
 __all__ = ["NCCLGroup", "nccl_unavailable_reason"]
@@ -66,13 +67,16 @@ class NCCLGroup(ProcessGroup):
                          mpi_group.timeout, mpi_group.debug)
         self.mpi_group = mpi_group
         self.world_size = mpi_group.world_size
+        # one set of counters and history per group: the MPI group's (found by __getattr__)
+        for attr in ("seq", "p2p_seq", "history", "diag", "notices", "notice_reqs"):
+            del self.__dict__[attr]
         cp = get_cupy()
         from cupy.cuda import nccl
 
         self._nccl = nccl
         self._dev = self._select_device(cp, device_id)
         uid = nccl.get_unique_id() if self.rank_ == 0 else None
-        uid = mpi_group.comm.bcast(uid, 0)
+        uid = mpi_group.bcast_obj(uid, 0, "nccl unique id broadcast")
         with cp.cuda.Device(self._dev):
             self.nccl_comm = nccl.NcclCommunicator(self.size_, uid, self.rank_)
         self._types = {
@@ -100,6 +104,13 @@ class NCCLGroup(ProcessGroup):
     def __getattr__(self, name: str) -> Any:
         # everything NCCL does not do (CPU tensors, p2p fallbacks, objects) is the MPI group's
         return getattr(self.mpi_group, name)
+
+    def _count(self, opname: str, arr: Any = None) -> int:
+        return self.mpi_group._count(opname, arr)
+
+    def set_timeout(self, seconds: float) -> None:
+        super().set_timeout(seconds)
+        self.mpi_group.set_timeout(seconds)
 
     # -- helpers --------------------------------------------------------------------
     def _gpu(self, *xs: Any) -> bool:
@@ -130,19 +141,24 @@ class NCCLGroup(ProcessGroup):
 
     def _launch(self, fn: Any, result: Any, async_op: bool, finish: Any = None,
                 keep: Any = None) -> Optional[Work]:
+        """Run the counted collective on the current stream; wait (bounded) unless async."""
         cp = get_cupy()
+        g = self.mpi_group
+        s = g.seq
+        op = g.history[s & _watchdog.MASK][1]
         stream = cp.cuda.get_current_stream()
         with cp.cuda.Device(self._dev):
             fn(stream.ptr)
+        event = cp.cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+        req = _EventRequest(event)
         if not async_op:
-            stream.synchronize()
+            _watchdog.wait(g, req, op, s)
             if finish is not None:
                 finish()
             return None
-        event = cp.cuda.Event(block=False, disable_timing=True)
-        event.record(stream)
-        return Work(_EventRequest(event), finish, result, keep=keep,
-                    describe=lambda: f"nccl op on {self.name}")
+        return Work(req, finish, result, keep=keep, group=g, info=(op, s, "coll", None, None),
+                    describe=lambda: f"nccl {op} #{s} on {self.name}")
 
     def _contiguous(self, arr: Any, what: str, where: str) -> tuple:
         B.check_dtype(arr, what, where)
@@ -167,6 +183,7 @@ class NCCLGroup(ProcessGroup):
         if plan is None or self.debug:
             return self.mpi_group._all_reduce(tensor, op, async_op)
         buf, write_back = self._contiguous(plan[0], "tensor", where)
+        self._count("all_reduce", arr)
         n = buf.size
         c = self.nccl_comm
         return self._launch(
@@ -182,6 +199,7 @@ class NCCLGroup(ProcessGroup):
         arr = B.unwrap(tensor, "tensor", where)
         buf, write_back = self._contiguous(arr.view("uint8") if arr.dtype == bool else arr,
                                            "tensor", where)
+        self._count("broadcast", arr)
         nbytes = buf.nbytes
         c, u8 = self.nccl_comm, self._nccl.NCCL_UINT8
         return self._launch(lambda s: c.bcast(buf.data.ptr, nbytes, u8, root, s), [tensor],
@@ -198,9 +216,9 @@ class NCCLGroup(ProcessGroup):
         arr = B.unwrap(tensor, "tensor", where)
         plan = self._plan(arr, op, where)
         if plan is None:
-            self.mpi_group.seq -= 1
             return self.mpi_group.reduce(tensor, dst, op, async_op, group_dst)
         buf, write_back = self._contiguous(plan[0], "tensor", where)
+        self._count("reduce", arr)
         n = buf.size
         c = self.nccl_comm
         return self._launch(
@@ -220,6 +238,7 @@ class NCCLGroup(ProcessGroup):
                              f"{self.size_} × {inp.size}")
         sbuf, _ = self._contiguous(inp, "input_tensor", where)
         rbuf, write_back = self._contiguous(out, "output_tensor", where)
+        self._count("all_gather_into_tensor", inp)
         nbytes = sbuf.nbytes
         c, u8 = self.nccl_comm, self._nccl.NCCL_UINT8
         return self._launch(lambda s: c.allGather(sbuf.data.ptr, rbuf.data.ptr, nbytes, u8, s),
@@ -238,10 +257,10 @@ class NCCLGroup(ProcessGroup):
                              f"{self.size_} × {out.size}")
         plan_in, plan_out = self._plan(inp, op, where), self._plan(out, op, where)
         if plan_in is None:
-            self.mpi_group.seq -= 1
             return self.mpi_group.reduce_scatter_tensor(output, input, op, async_op)
         sbuf, _ = self._contiguous(plan_in[0], "input", where)
         rbuf, write_back = self._contiguous(plan_out[0], "output", where)
+        self._count("reduce_scatter_tensor", inp)
         n = rbuf.size
         c = self.nccl_comm
         return self._launch(
@@ -267,7 +286,8 @@ class NCCLGroup(ProcessGroup):
         if work is None:
             copy_out()
             return None
-        return Work(_EventRequest(work._request.event), copy_out, list(tensor_list))
+        return Work(work._request, copy_out, list(tensor_list), group=work._group,
+                    info=work._info, describe=work._describe)
 
     def barrier(self, async_op: bool = False) -> Optional[Work]:
         get_cupy().cuda.get_current_stream().synchronize()

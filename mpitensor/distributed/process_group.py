@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import DistributedTimeoutError, NotAGroupMemberError
+from . import _watchdog
 
 __all__ = ["ReduceOp", "reduce_op", "Work", "ProcessGroup", "GroupMember"]
 
@@ -78,6 +79,7 @@ class Work:
     ``wait()`` blocks until the operation is done and its output is in place; ``is_completed()``
     polls without blocking. Finishing steps (writing back a staged buffer, dividing for ``AVG``,
     unpacking into output lists) run exactly once, in whichever of the two completes it.
+    ``wait()`` without a timeout is bounded by the group's timeout (``init_process_group``).
 
     Example:
         >>> work = dist.all_reduce(t, async_op=True)
@@ -86,7 +88,7 @@ class Work:
     """
 
     __slots__ = ("_request", "_finish", "_done", "_result", "_source", "_describe", "_keep",
-                 "_exception", "_status")
+                 "_exception", "_status", "_group", "_info")
 
     def __init__(
         self,
@@ -96,6 +98,8 @@ class Work:
         describe: Optional[Callable[[], str]] = None,
         keep: Any = None,
         status: Any = None,
+        group: Any = None,
+        info: Optional[tuple] = None,
     ) -> None:
         self._request = request
         self._finish = finish
@@ -106,6 +110,8 @@ class Work:
         self._keep = keep  # buffers MPI reads or writes must outlive the request
         self._exception: Optional[BaseException] = None
         self._status = status
+        self._group = group  # the MPI group whose timeout bounds wait()
+        self._info = info  # (op, seq, kind, peer, tag) for timeout and stall reports
 
     def _complete(self) -> None:
         self._done = True
@@ -118,12 +124,34 @@ class Work:
                 self._exception = exc
                 raise
 
+    def _await(self, timeout: Optional[float]) -> None:
+        """Wait for the request itself (subclasses add steps, e.g. debug-mode verdicts)."""
+        g = self._group
+        if g is not None:
+            op, seq, kind, peer, tag = self._info or ("operation", 0, "coll", None, None)
+            _watchdog.wait(g, self._request, op, seq, kind, self._status, timeout, peer, tag)
+            return
+        if timeout is None:
+            self._request.Wait(self._status)
+            return
+        deadline = time.monotonic() + float(timeout)
+        pause = 1e-6
+        while not self._request.Test(self._status):
+            if time.monotonic() >= deadline:
+                what = self._describe() if self._describe is not None else "operation"
+                raise DistributedTimeoutError(
+                    f"{what} did not complete within {timeout:g} s; a peer may not have "
+                    "entered the matching call. Check that every rank makes the same calls "
+                    "in the same order (MPITENSOR_DEBUG=1 checks collectives).")
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until the operation completes; return True.
 
         Args:
             timeout: seconds to wait at most (a ``float`` or ``datetime.timedelta``); ``None``
-                waits forever.
+                waits up to the group's timeout.
 
         Raises:
             DistributedTimeoutError: the operation did not complete in time.
@@ -132,23 +160,9 @@ class Work:
             if self._exception is not None:
                 raise self._exception
             return True
-        if timeout is None:
-            self._request.Wait(self._status)
-        else:
-            if hasattr(timeout, "total_seconds"):
-                timeout = timeout.total_seconds()
-            deadline = time.monotonic() + float(timeout)
-            pause = 1e-6
-            while not self._request.Test(self._status):
-                if time.monotonic() >= deadline:
-                    what = self._describe() if self._describe is not None else "operation"
-                    raise DistributedTimeoutError(
-                        f"{what} did not complete within {timeout:g} s; a peer may not have "
-                        "entered the matching call. Check that every rank makes the same calls "
-                        "in the same order (MPITENSOR_DEBUG=1 checks collectives)."
-                    )
-                time.sleep(pause)
-                pause = min(pause * 2, 1e-3)
+        if timeout is not None and hasattr(timeout, "total_seconds"):
+            timeout = timeout.total_seconds()
+        self._await(timeout)
         self._complete()
         return True
 
@@ -220,6 +234,26 @@ class ProcessGroup:
         self.debug = debug
         self.seq = 0  # collectives: the same count on every member
         self.p2p_seq = 0  # point-to-point calls: counted per rank
+        self.stall_warn = _watchdog.stall_warn_seconds(timeout)
+        self.history: list = [None] * _watchdog.HISTORY  # (seq, op, dtype, shape) ring
+        self.diag: Any = None  # private communicator for arrival notices (MPI groups)
+        self.notices: dict = {}  # group rank -> its latest arrival notice
+        self.notice_reqs: list = []
+
+    def set_timeout(self, seconds: float) -> None:
+        """Change the group's timeout (and the stall threshold that follows from it)."""
+        self.timeout = float(seconds)
+        self.stall_warn = _watchdog.stall_warn_seconds(self.timeout)
+
+    def _count(self, opname: str, arr: Any = None) -> int:
+        """Count one collective that passed its checks; remember it for stall reports."""
+        s = self.seq = self.seq + 1
+        if isinstance(arr, (list, tuple)):
+            arr = arr[0] if arr else None
+        a = getattr(arr, "_data", arr)
+        self.history[s & _watchdog.MASK] = (s, opname, getattr(a, "dtype", None),
+                                            getattr(a, "shape", None))
+        return s
 
     # -- membership and rank translation ------------------------------------------------
     @property
@@ -293,10 +327,14 @@ class ProcessGroup:
     world_size = 1  # set by the factory: size of the world the group lives in
 
     def where(self, opname: str, p2p: bool = False) -> str:
-        """The prefix of every error message: rank, operation, group and sequence number."""
+        """The prefix of every error message: rank, operation, group and sequence number.
+
+        The number is the one this call gets once it passes its checks (a call that fails its
+        local checks is not counted, so the ranks' counters stay equal).
+        """
         if p2p:
-            return f"rank {self.global_rank}: {opname} (p2p #{self.p2p_seq} on {self.name})"
-        return f"rank {self.global_rank}: {opname} (#{self.seq} on {self.name})"
+            return f"rank {self.global_rank}: {opname} (p2p #{self.p2p_seq + 1} on {self.name})"
+        return f"rank {self.global_rank}: {opname} (#{self.seq + 1} on {self.name})"
 
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {self.name} ranks={list(self.ranks)} "

@@ -33,6 +33,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         items[:] = keep
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # A collection error on one rank only (an import error, say) would have that rank leave
+    # while the others run tests and wait for it: stop every rank instead.
+    bad = [r for r, f in enumerate(_COMM.allgather(session.testsfailed > 0)) if f]
+    if bad:
+        session.shouldstop = f"collection errors on rank(s) {bad}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _process_group():
     import mpitensor.distributed as dist

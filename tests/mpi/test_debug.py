@@ -94,6 +94,18 @@ class BaseTestDebug(ai.GroupCase):
         ai.check(x, np.ones(17 + self.rank, np.float32), "untouched after the mismatch")
         self.still_works()
 
+    def test_same_count_other_dimensions(self):
+        """(2, 3) against (3, 2): the element counts agree, the shapes do not."""
+        if self.skip_alone():
+            return
+        shape = (2, 3) if self.rank % 2 == 0 else (3, 2)
+        exc = outcome(dist.all_reduce, np.ones(shape), group=self.group)
+        self.expect_mismatch(exc, "different shape", "shape=(2, 3)", "shape=(3, 2)")
+        exc = outcome(dist.all_gather_into_tensor, np.zeros((self.size, *shape)),
+                      np.ones(shape), group=self.group)
+        self.expect_mismatch(exc, "different shape")
+        self.still_works()
+
     def test_mismatched_dtypes(self):
         if self.skip_alone():
             return

@@ -83,19 +83,26 @@ def test_bad_p2pop_and_batch():
 
 @pytest.mark.mpi(min_size=2)
 def test_recv_buffer_too_small():
-    """MessageTruncatedError names the sender, the tag and both sizes; the link still works."""
+    """MessageTruncatedError names the sender, the tag and both sizes; the link still works.
+
+    The sender's size is named where MPI reports it (MPICH does; Open MPI 4.1 does not).
+    """
     n, me = world()
+    from mpi4py import MPI
+
+    size = " of 80 bytes" if MPI.get_vendor()[0] == "MPICH" else "( of 80 bytes)?"
     if me == 0:
         for tag in (0, 1, 2):
             dist.send(np.arange(10, dtype=np.float64), 1, tag=tag)
         dist.send(np.arange(3, dtype=np.float64), 1, tag=3)
     elif me == 1:
         with pytest.raises(MessageTruncatedError,
-                           match=r"rank 1: recv .*from rank 0 \(tag 0\) of 80 bytes is larger "
+                           match=r"rank 1: recv .*from rank 0 \(tag 0\)" + size + " is larger "
                                  r"than the receive buffer \(float64\[4\], 32 bytes\)"):
             dist.recv(np.zeros(4), 0, tag=0)
         work = dist.irecv(np.zeros(4), 0, tag=1)
-        with pytest.raises(MessageTruncatedError, match=r"irecv .* of 80 bytes .*32 bytes"):
+        with pytest.raises(MessageTruncatedError,
+                           match=r"irecv .*" + size + " is larger .*32 bytes"):
             work.wait()
         assert work.is_completed() and not work.is_success()
         assert isinstance(work.exception(), MessageTruncatedError)

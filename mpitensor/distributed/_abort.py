@@ -1,0 +1,124 @@
+"""Abort the whole MPI job when any rank dies of an unhandled exception.
+
+Without this, one rank that raises leaves the others waiting forever in their next collective.
+:func:`install_abort_handler` chains ``sys.excepthook`` and ``threading.excepthook``: the
+traceback is printed with every line prefixed ``[rank N] ``, stdout and stderr are flushed, and
+``MPI.COMM_WORLD.Abort(1)`` ends every rank of the job at once (mpiexec exits non-zero).
+
+``init_process_group`` installs it under ``mpiexec`` when the world has more than one rank
+(opt out with ``init_process_group(..., abort_on_exception=False)`` or
+``MPITENSOR_ABORT_ON_EXCEPTION=0``). Test runners such as pytest catch test exceptions
+themselves, so the hook only fires for exceptions nothing caught (module level included).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import traceback
+from types import TracebackType
+from typing import Any, Callable, Optional, Type
+
+__all__ = ["install_abort_handler", "uninstall_abort_handler", "abort_handler_installed"]
+
+_saved: "dict[str, Any]" = {}
+
+
+def _rank() -> int:
+    try:
+        from mpi4py import MPI
+
+        return MPI.COMM_WORLD.Get_rank()
+    except Exception:  # MPI gone (finalized) or broken: still print something useful
+        return -1
+
+
+def _report(rank: int, exc_type: Type[BaseException], exc: BaseException,
+            tb: Optional[TracebackType], thread: str = "") -> None:
+    prefix = f"[rank {rank}] "
+    lines = traceback.format_exception(exc_type, exc, tb)
+    head = (f"unhandled exception in thread {thread!r}; aborting the MPI job\n" if thread
+            else "unhandled exception; aborting the MPI job (MPI_Abort)\n")
+    text = "".join(prefix + line + "\n" for chunk in [head, *lines]
+                   for line in chunk.rstrip("\n").split("\n"))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _abort() -> None:
+    """MPI_Abort the job; never returns while MPI is running (returns if it is not)."""
+    try:
+        from mpi4py import MPI
+
+        running = MPI.Is_initialized() and not MPI.Is_finalized()
+    except Exception:
+        return
+    if running:
+        try:
+            MPI.COMM_WORLD.Abort(1)
+        finally:
+            os._exit(1)  # MPICH's Abort may return after telling the launcher: stop here
+
+
+def _excepthook(exc_type: Type[BaseException], exc: BaseException,
+                tb: Optional[TracebackType]) -> None:
+    _report(_rank(), exc_type, exc, tb)
+    _abort()
+    # Abort returned (MPI not running): behave like the hook we replaced
+    previous: Callable = _saved.get("sys", sys.__excepthook__)
+    previous(exc_type, exc, tb)
+
+
+def _thread_excepthook(args: Any) -> None:
+    if args.exc_type is SystemExit:
+        return  # threading ignores SystemExit silently; so do we
+    name = args.thread.name if args.thread is not None else "?"
+    _report(_rank(), args.exc_type, args.exc_value, args.exc_traceback, thread=name)
+    _abort()
+    previous: Callable = _saved.get("threading", threading.__excepthook__)
+    previous(args)
+
+
+def install_abort_handler() -> None:
+    """Make an unhandled exception on this rank abort the whole MPI job (idempotent).
+
+    Chains the current ``sys.excepthook`` and ``threading.excepthook``.
+
+    Example:
+        >>> from mpitensor.distributed import install_abort_handler
+        >>> install_abort_handler()    # init_process_group does this under mpiexec
+    """
+    if _saved:
+        return
+    _saved["sys"] = sys.excepthook
+    _saved["threading"] = threading.excepthook
+    sys.excepthook = _excepthook
+    threading.excepthook = _thread_excepthook
+
+
+def uninstall_abort_handler() -> None:
+    """Restore the exception hooks that :func:`install_abort_handler` replaced.
+
+    A hook someone installed on top of ours is left in place.
+    """
+    if not _saved:
+        return
+    if sys.excepthook is _excepthook:
+        sys.excepthook = _saved["sys"]
+    if threading.excepthook is _thread_excepthook:
+        threading.excepthook = _saved["threading"]
+    _saved.clear()
+
+
+def abort_handler_installed() -> bool:
+    """Return True while the abort handler is installed."""
+    return bool(_saved)

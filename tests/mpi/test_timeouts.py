@@ -1,0 +1,211 @@
+"""Bounded waits: group timeouts, stall reports, and sequence numbers that stay in step.
+
+Runs inside the MPI suite at 1-4 ranks. A scenario in which one rank waits alone (the others
+are in a world barrier meanwhile) uses the private group ``short`` with a 0.6 s timeout, and is
+then completed by the other ranks, so every rank leaves each test with the same calls made on
+every group. Scenarios that leave a group broken (a skipped collective with nobody to finish
+it) run in subprocesses instead: tests/test_faults_comm.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import numpy as np
+import pytest
+
+import mpitensor.distributed as dist
+from mpitensor.distributed import _watchdog
+from mpitensor.errors import DistributedTimeoutError
+
+from . import arrayimpl as ai
+
+SHORT = 0.6
+
+
+@pytest.fixture(scope="module")
+def short():
+    """A group of the whole world with a short timeout, used only by this module."""
+    n = dist.get_world_size()
+    return dist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=SHORT),
+                          group_desc="short")
+
+
+@pytest.fixture
+def quiet(short):
+    """Debug mode off: these scenarios have one rank call alone (a debug check would wait)."""
+    with ai.debug_mode(False):
+        yield short
+
+
+def world():
+    return dist.get_world_size(), dist.get_rank()
+
+
+def seqs_agree(group) -> None:
+    got = group.allgather_obj((group.seq, group.p2p_seq > -1))
+    assert len({s for s, _ in got}) == 1, f"sequence numbers drifted: {got}"
+
+
+def test_group_timeout_and_stall_threshold(short):
+    assert short.timeout == SHORT
+    assert short.stall_warn == pytest.approx(SHORT / 2)
+    assert _watchdog.stall_warn_seconds(1800.0) == 60.0
+    g = dist.new_group(list(range(dist.get_world_size())), timeout=float("inf"))
+    x = np.ones(3)
+    dist.all_reduce(x, group=g)  # no bound: still completes
+    assert (x == dist.get_world_size()).all()
+    for bad in (0, -1, "soon"):
+        with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+            dist.new_group([0], timeout=bad)
+
+
+def test_history_records_each_collective(quiet):
+    n, me = world()
+    x = np.zeros((2, 3), np.float32)
+    dist.all_reduce(x, group=quiet)
+    dist.broadcast(np.zeros(4, np.int64), src=0, group=quiet)
+    dist.barrier(group=quiet)
+    s = quiet.seq
+    lines = _watchdog.history_lines(quiet)
+    assert lines[-3:] == [f"#{s - 2} all_reduce float32[2, 3]", f"#{s - 1} broadcast int64[4]",
+                          f"#{s} barrier"], lines
+    for _ in range(_watchdog.HISTORY + 3):
+        dist.all_reduce(np.ones(1), group=quiet)
+    assert len(_watchdog.history_lines(quiet)) == _watchdog.HISTORY
+
+
+@pytest.mark.mpi(min_size=2)
+def test_recv_timeout_names_the_peer_and_tag(quiet, caplog):
+    """A recv whose sender is late raises after the group's timeout, naming the op, peer and
+    tag; the receive is cancelled, so the message can still be received afterwards."""
+    n, me = world()
+    y = np.zeros(3)
+    if me == 0:
+        with caplog.at_level(logging.WARNING, logger="mpitensor.distributed"):
+            with pytest.raises(DistributedTimeoutError) as info:
+                dist.recv(y, src=1, group=quiet, tag=5)
+        exc = info.value
+        assert f"rank 0: recv from rank 1 (tag 5, p2p #{quiet.p2p_seq} on short) did not " \
+               f"complete within {SHORT:g} s" in str(exc)
+        assert (exc.op, exc.group, exc.missing, exc.request) == ("recv", "short", [1], None)
+        assert exc.elapsed >= SHORT
+        report = "\n".join(r.getMessage() for r in caplog.records)
+        assert "STALL: recv from rank 1 (tag 5" in report, report
+        assert "Python stack of thread 'MainThread'" in report and "test_timeouts.py" in report
+    dist.barrier()
+    if me == 1:
+        dist.send(np.arange(3.0), 0, group=quiet, tag=5)
+    elif me == 0:
+        assert dist.recv(y, src=1, group=quiet, tag=5) == 1
+        np.testing.assert_array_equal(y, [0.0, 1.0, 2.0])
+    dist.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_collective_timeout_names_the_missing_ranks(quiet, caplog):
+    """Rank 0 enters an all_reduce alone: it times out naming the op, the group, the sequence
+    number and the ranks that had not arrived; the others then join and the pending request
+    (kept on the error) completes with the right sum."""
+    n, me = world()
+    x = np.full(2, me + 1.0)
+    exc = None
+    if me == 0:
+        with caplog.at_level(logging.WARNING, logger="mpitensor.distributed"):
+            with pytest.raises(DistributedTimeoutError) as info:
+                dist.all_reduce(x, group=quiet)
+        exc = info.value
+        s = quiet.seq
+        assert str(exc).startswith(f"rank 0: all_reduce (#{s} on short) did not complete "
+                                   f"within {SHORT:g} s")
+        assert f"Ranks that had not arrived: {list(range(1, n))}" in str(exc)
+        assert (exc.op, exc.seq, exc.group, exc.missing) == ("all_reduce", s, "short",
+                                                             list(range(1, n)))
+        assert exc.request is not None
+        report = "\n".join(r.getMessage() for r in caplog.records)
+        assert f"STALL: all_reduce (#{s} on short)" in report, report
+        assert f"#{s} all_reduce float64[2]" in report
+        assert "rank 1: no arrival notice" in report
+    dist.barrier()
+    if me != 0:
+        dist.all_reduce(x, group=quiet)
+    else:
+        exc.request.Wait()
+    np.testing.assert_array_equal(x, np.full(2, n * (n + 1) / 2))
+    seqs_agree(quiet)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_work_wait_is_bounded_by_the_group_timeout(quiet):
+    """``wait()`` without a timeout stops at the group's timeout; the work stays pending."""
+    n, me = world()
+    y = np.zeros(2)
+    work = None
+    if me == 0:
+        work = dist.irecv(y, src=1, group=quiet, tag=9)
+        with pytest.raises(DistributedTimeoutError, match=r"irecv from rank 1 \(tag 9"):
+            work.wait()
+        assert not work.is_completed()
+    dist.barrier()
+    if me == 1:
+        dist.isend(np.array([4.0, 5.0]), 0, group=quiet, tag=9).wait()
+    elif me == 0:
+        assert work.wait() and work.source_rank() == 1
+        np.testing.assert_array_equal(y, [4.0, 5.0])
+    dist.barrier()
+
+
+def test_local_errors_do_not_advance_the_sequence(quiet):
+    """A call that fails its own checks is not counted (debug off): after one rank's argument
+    error, the next collective has the same number everywhere (debug mode compares them)."""
+    n, me = world()
+    before, p2p_before = quiet.seq, quiet.p2p_seq
+    if me == n - 1:
+        with pytest.raises(TypeError, match="unsupported dtype"):
+            dist.all_reduce(np.zeros(2, dtype=object), group=quiet)
+        with pytest.raises(ValueError, match="read-only"):
+            ro = np.zeros(2)
+            ro.setflags(write=False)
+            dist.all_reduce(ro, group=quiet)
+        with pytest.raises(ValueError, match="out of range"):
+            dist.send(np.zeros(1), dst=n + 3, group=quiet)
+        assert (quiet.seq, quiet.p2p_seq) == (before, p2p_before)
+    with ai.debug_mode(True):
+        x = np.ones(2)
+        dist.all_reduce(x, group=quiet)  # would raise "different seq" had it drifted
+        assert (x == n).all()
+    seqs_agree(quiet)
+
+
+def test_self_p2p_error_is_op_neutral():
+    n, me = world()
+    for fn, what in ((dist.send, "dst"), (dist.recv, "src"), (dist.isend, "dst"),
+                     (dist.irecv, "src")):
+        with pytest.raises(ValueError) as info:
+            fn(np.zeros(1), me)
+        text = str(info.value)
+        assert f"invalid {what} rank {me}" in text and "blocking send" not in text
+        assert "point-to-point operations need two different ranks" in text
+
+
+def test_object_collectives_are_counted_and_bounded(quiet):
+    n, me = world()
+    before = quiet.seq
+    got = [None] * n
+    dist.all_gather_object(got, {"r": me}, group=quiet)
+    assert got == [{"r": r} for r in range(n)]
+    objs = [me, "x"] if me == 0 else [None, None]
+    dist.broadcast_object_list(objs, src=0, group=quiet)
+    assert objs == [0, "x"]
+    out = [None]
+    dist.scatter_object_list(out, [f"to {r}" for r in range(n)] if me == 0 else None, src=0,
+                             group=quiet)
+    assert out == [f"to {me}"]
+    gl = [None] * n if me == 0 else None
+    dist.gather_object(me * 10, gl, dst=0, group=quiet)
+    if me == 0:
+        assert gl == [r * 10 for r in range(n)]
+    assert quiet.seq == before + 4
+    assert _watchdog.history_lines(quiet)[-1] == f"#{before + 4} gather_object"
+    seqs_agree(quiet)
