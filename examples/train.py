@@ -33,9 +33,13 @@ Python) and the settings that decide the result (world size, batch size, seed, d
 ``--resume`` a run killed at any point continues from the last checkpoint and ends with
 exactly the parameters of an uninterrupted run.
 
-Errors in the command line exit with code 2 and one line on stderr; errors found while
-running (missing data, a checkpoint from another world size, no GPU) exit with code 1 and one
-line naming the cause and what to do.
+Errors in the command line exit with code 2 and one line on stderr (printed by rank 0 only).
+Errors found while running (missing or corrupt data, a corrupt checkpoint or one from another
+world size or model, no GPU) are agreed on by all ranks and exit with code 1 and one line per
+rank naming the file or cause and what to do, prefixed ``[rank N]`` when there are several
+ranks; nothing is written then. An unexpected exception on one rank prints its traceback (each
+line prefixed ``[rank N]``) and aborts the whole job (``MPI_Abort``). A save interrupted by a
+kill leaves the previous ``last.mt`` intact; the next run removes the partial temporary file.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import argparse
 import math
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -170,7 +175,61 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ------------------------------------------------------------------------------ errors
 class UserError(Exception):
-    """A problem every rank detects alike; reported as one line, exit code 1."""
+    """A problem every rank detects alike; reported as one line per rank, exit code 1."""
+
+
+def _agreed(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` on every rank; a UserError on any rank is raised on every rank.
+
+    Each rank reads its data itself (and on a cluster without a shared filesystem, its own
+    copy), so one rank may fail where others succeed; without agreeing, those others would go
+    on and wait for it in their first collective.
+    """
+    import mpitensor.distributed as dist
+
+    result, err = None, None
+    try:
+        result = fn(*args)
+    except UserError as exc:
+        err = str(exc)
+    world = dist.get_world_size()
+    errors: List[Optional[str]] = [err]
+    if world > 1:
+        errors = [None] * world
+        dist.all_gather_object(errors, err)
+    bad = [r for r, e in enumerate(errors) if e is not None]
+    if bad:
+        first = errors[bad[0]]
+        if len(bad) < world:
+            first = f"{first} (on rank(s) {bad}; the other ranks read their copy fine)"
+        raise UserError(first)
+    return result
+
+
+#: the temporary files of interrupted checkpoint saves (``mpitensor.save``'s naming)
+_PARTIAL = re.compile(r"^\.(last|epoch\d{3,})\.mt\.[A-Za-z0-9_]+\.tmp$")
+
+
+def remove_partial_checkpoints(ckpt_dir: Path) -> List[Path]:
+    """Delete what a killed save of ``last.mt`` or ``epochNNN.mt`` left in ``ckpt_dir``.
+
+    ``mpitensor.save`` writes ``.<name>.<random>.tmp`` and renames it over ``<name>`` only
+    when complete, so a kill mid-save leaves the old checkpoint intact and this partial file
+    behind; it is never read, only wasted space (as large as a checkpoint).
+
+    Returns:
+        The files removed.
+    """
+    removed = []
+    if ckpt_dir.is_dir():
+        for entry in sorted(ckpt_dir.iterdir()):
+            if _PARTIAL.match(entry.name) and entry.is_file():
+                try:
+                    entry.unlink()
+                    removed.append(entry)
+                except OSError:
+                    pass  # another process's, or already gone: harmless either way
+    return removed
 
 
 # ------------------------------------------------------------------------------ data
@@ -476,7 +535,7 @@ def train(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.batch_size is None:
         args.batch_size = max(1, GLOBAL_BATCH // world)
-    data = load_data(args, rank)
+    data = _agreed(load_data, args, rank)
     train_ds, val_ds = data["train"], data["val"]
     config = _config(args, data, world)
 
@@ -543,6 +602,11 @@ def train(args: argparse.Namespace) -> None:
               f"momentum {args.momentum}, seed {args.seed}, {device}", flush=True)
     if rank == 0 and resumed:
         print(resumed, flush=True)
+    if rank == 0:  # after --resume was checked: a refused run changes nothing on disk
+        partial = remove_partial_checkpoints(ckpt_dir)
+        if partial:
+            print(f"removed {len(partial)} partial checkpoint file(s) left in {ckpt_dir} by an "
+                  f"interrupted save: {', '.join(p.name for p in partial)}", flush=True)
     show_progress = rank == 0 and not args.no_progress and sys.stderr.isatty()
 
     def save(epoch: int, step_in_epoch: int, end_of_epoch: bool) -> None:
@@ -667,19 +731,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sys.stdout.reconfigure(line_buffering=True)
     try:
         train(args)
-    except UserError as exc:  # raised alike on every rank: a clean, agreed exit
-        if _rank_now() == 0:
-            sys.stderr.write(f"{PROG}: error: {exc}\n")
-        return 1
-    except BaseException:  # one rank's failure must not leave the others waiting
-        import traceback
-
-        traceback.print_exc()
+    except UserError as exc:  # raised alike on every rank (agreed): a clean exit everywhere
+        # every rank says it, so a reader sees that none is left waiting; one rank: no prefix
+        sys.stderr.write(f"{_rank_prefix()}{PROG}: error: {exc}\n")
         sys.stderr.flush()
+        return 1
+    except BaseException as exc:  # one rank's failure must not leave the others waiting
+        _report_unhandled(exc)
         from mpi4py import MPI
 
-        if MPI.Is_initialized() and MPI.COMM_WORLD.Get_size() > 1:
-            MPI.COMM_WORLD.Abort(1)
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            try:
+                MPI.COMM_WORLD.Abort(1)
+            finally:
+                os._exit(1)  # MPICH's Abort may return after telling the launcher: stop here
         return 1
     return 0
 
@@ -691,6 +756,44 @@ def _rank_now() -> int:
         if MPI.Is_initialized() and not MPI.Is_finalized():
             return MPI.COMM_WORLD.Get_rank()
     return _launcher_rank()
+
+
+def _world_now() -> int:
+    """The number of ranks of this job (1 without a launcher)."""
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            return MPI.COMM_WORLD.Get_size()
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def _rank_prefix() -> str:
+    """``"[rank N] "`` in a job of several ranks (the abort handler's prefix), else ``""``."""
+    return f"[rank {_rank_now()}] " if _world_now() > 1 else ""
+
+
+def _report_unhandled(exc: BaseException) -> None:
+    """Print the traceback, every line prefixed with the rank in a multi-rank job."""
+    import traceback
+
+    prefix = _rank_prefix()
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    if prefix:
+        lines = ["unhandled exception; aborting the MPI job (MPI_Abort)\n", *lines]
+    text = "".join(prefix + line + "\n" for chunk in lines
+                   for line in chunk.rstrip("\n").split("\n"))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not stop the abort
+            pass
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import threading
@@ -95,17 +96,19 @@ class set_grad_enabled:  # noqa: N801 - torch's name
         _mode.enabled = self.prev
 
     def __call__(self, fn: Callable) -> Callable:
-        mode = self.mode
         _mode.enabled = self.prev  # decorating must not change the mode now
+        return _with_mode(fn, self.mode)
 
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with set_grad_enabled(mode):
-                return fn(*args, **kwargs)
 
-        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
-        wrapper.__name__ = getattr(fn, "__name__", "wrapper")
-        wrapper.__doc__ = fn.__doc__
-        return wrapper
+def _with_mode(fn: Callable, mode: bool) -> Callable:
+    """``fn`` wrapped to run with grad mode ``mode`` (the decorator form of the contexts)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with set_grad_enabled(mode):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 class _ModeContext:
@@ -121,16 +124,7 @@ class _ModeContext:
         _mode.enabled = self.prev
 
     def __call__(self, fn: Callable) -> Callable:
-        mode = self._mode_value
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with set_grad_enabled(mode):
-                return fn(*args, **kwargs)
-
-        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
-        wrapper.__name__ = getattr(fn, "__name__", "wrapper")
-        wrapper.__doc__ = fn.__doc__
-        return wrapper
+        return _with_mode(fn, self._mode_value)
 
 
 class no_grad(_ModeContext):  # noqa: N801 - torch's name
