@@ -7,9 +7,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
+
+import pytest
+
+from mpitensor.distributed import launch
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def find_mpiexec() -> str:
@@ -30,26 +38,91 @@ class Result:
     timed_out: bool
 
 
+def _outer_job_var(name: str) -> bool:
+    # An enclosing MPI job's variables must not leak into a child job; the user's Open MPI
+    # settings (OMPI_MCA_*, OMPI_ALLOW_RUN_AS_ROOT*) stay.
+    if name.startswith(("OMPI_MCA_", "OMPI_ALLOW_RUN_AS_ROOT")):
+        return False
+    return name.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCAL"))
+
+
+def clean_env(extra: Optional[dict] = None) -> dict:
+    """This environment minus any outer MPI job's variables, with the repo importable.
+
+    Ranks oversubscribe the cores already, so BLAS gets one thread per rank unless the caller
+    says otherwise (LeNet DDP at 2 ranks: 58 s with default threads, 1.3 s with one).
+    """
+    env = {k: v for k, v in os.environ.items() if not _outer_job_var(k)}
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)
+    env["PYTHONUNBUFFERED"] = "1"
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, "1")
+    env.update(extra or {})
+    return env
+
+
+def leftovers(job_id: str, wait: float = 5.0) -> List[int]:
+    """Processes of a job (found by the job id in their environment) still alive after ``wait``."""
+    deadline = time.monotonic() + wait
+    while launch._job_pids(job_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return launch._job_pids(job_id)
+
+
+def _start(cmd: Sequence[str], env: Optional[dict], cwd: Optional[Path], stdin: Optional[str],
+           merge: bool) -> Tuple[subprocess.Popen, str]:
+    # hydra starts its proxies and the ranks in sessions of their own, out of reach of a
+    # process-group kill: every process of the job carries this id in its environment instead.
+    job_id = f"test-{uuid.uuid4().hex}"
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True,
+                            env=clean_env({**(env or {}), "MPITENSOR_JOB_ID": job_id}), cwd=cwd,
+                            start_new_session=True,
+                            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL)
+    return proc, job_id
+
+
+def _kill(proc: subprocess.Popen, job_id: str) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    launch._kill_job(job_id, wait=0)
+
+
 def mpiexec_run(nprocs: int, args: Sequence[str], timeout: float, env: Optional[dict] = None,
                 cwd: Optional[Path] = None, stdin: Optional[str] = None) -> Result:
-    """Run ``mpiexec -n nprocs args...``; kill the whole process group on timeout."""
-    full_env = dict(os.environ)
-    full_env.pop("PMI_RANK", None)  # an outer MPI job must not leak into the child job
-    full_env.pop("PMI_SIZE", None)
-    full_env.update(env or {})
-    full_env.setdefault("PYTHONUNBUFFERED", "1")
-    # Ranks oversubscribe the cores already: a multi-threaded BLAS per rank makes them fight
-    # (LeNet DDP at 2 ranks: 58 s with default threads, 1.3 s with one).
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        full_env.setdefault(var, "1")
-    cmd = [find_mpiexec(), "-n", str(nprocs), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full_env, cwd=cwd, start_new_session=True,
-                            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL)
+    """Run ``mpiexec -n nprocs args...``; on timeout kill every process of the job."""
+    proc, job_id = _start([find_mpiexec(), "-n", str(nprocs), *args], env, cwd, stdin, True)
     try:
         out, _ = proc.communicate(stdin, timeout=timeout)
         return Result(proc.returncode, out, False)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill(proc, job_id)
         out, _ = proc.communicate()
         return Result(proc.returncode, out, True)
+    finally:
+        launch._kill_job(job_id, wait=0)
+
+
+def run_job(args: Sequence[str], timeout: float, cwd: Optional[Path] = None,
+            env: Optional[dict] = None) -> Tuple[int, str, str, float]:
+    """Run a command (a launcher, mpiexec, ...) with a hard timeout; fail the test on a hang.
+
+    Returns ``(returncode, stdout, stderr, seconds)`` and asserts that no process of the job
+    is left behind.
+    """
+    start = time.monotonic()
+    proc, job_id = _start(args, env, cwd, None, False)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc, job_id)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(args)} hung (> {timeout} s):\n{out[-4000:]}\n{err[-4000:]}")
+    elapsed = time.monotonic() - start
+    left = leftovers(job_id)
+    launch._kill_job(job_id, wait=0)
+    assert not left, f"processes left behind by {' '.join(args)}: {left}"
+    return proc.returncode, out, err, elapsed

@@ -14,19 +14,18 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
 
-from mpitensor.distributed import launch
 from mpitensor.distributed.launch import find_mpiexec, mpi_flavor
+
+from .launch import run_job
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 120.0
@@ -84,40 +83,10 @@ time.sleep(60)
 # ----------------------------------------------------------------------------- helpers
 
 
-def _leftovers(job_id: str, wait: float = 5.0) -> List[int]:
-    """Processes of a job (found by the job id in their environment) still alive after ``wait``."""
-    deadline = time.monotonic() + wait
-    while launch._job_pids(job_id) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return launch._job_pids(job_id)
-
-
 def _run(args: Sequence[str], cwd: Path, timeout: float = TIMEOUT,
          env: Optional[Dict[str, str]] = None) -> Tuple[int, str, str, float]:
-    """Run in a new session with a hard timeout; kill the group on timeout; nothing may stay."""
-    full = {k: v for k, v in os.environ.items()
-            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCAL"))}
-    path = full.get("PYTHONPATH", "")
-    full["PYTHONPATH"] = f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)
-    full["PYTHONUNBUFFERED"] = "1"
-    job_id = f"test-{uuid.uuid4().hex}"  # hydra puts the ranks in sessions of their own
-    full.update({**(env or {}), "MPITENSOR_JOB_ID": job_id})
-    start = time.monotonic()
-    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, cwd=cwd, env=full,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        launch._kill_job(job_id, wait=0)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(args)} hung (> {timeout} s):\n{out[-4000:]}\n{err[-4000:]}")
-    elapsed = time.monotonic() - start
-    left = _leftovers(job_id)
-    launch._kill_job(job_id, wait=0)
-    assert not left, f"processes left behind by {' '.join(args)}: {left}"
-    return proc.returncode, out, err, elapsed
+    """Run with a hard timeout; kill the job on timeout; nothing may stay."""
+    return run_job(args, timeout, cwd=cwd, env=env)
 
 
 def _tx_bytes(link: str) -> int:

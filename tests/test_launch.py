@@ -29,6 +29,8 @@ from mpitensor.distributed.launch import (
 from mpitensor.errors import DistributedTimeoutError, MpiTensorError
 from mpitensor.run import main as run_main
 
+from .launch import clean_env, leftovers, run_job
+
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60.0
 
@@ -68,44 +70,10 @@ c.barrier()
 # ----------------------------------------------------------------------------- helpers
 
 
-def _env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCAL"))}
-    path = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)
-    env.update(extra or {})
-    return env
-
-
-def _leftovers(job_id: str, wait: float = 5.0) -> List[int]:
-    """Processes of a job (found by the job id in their environment) still alive after ``wait``."""
-    deadline = time.monotonic() + wait
-    while launch._job_pids(job_id) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return launch._job_pids(job_id)
-
-
 def _run(args: Sequence[str], timeout: float = TIMEOUT, cwd: Optional[Path] = None,
          env: Optional[Dict[str, str]] = None) -> Tuple[int, str, str, float]:
-    """Run a command in its own session; kill the group on timeout; assert nothing is left."""
-    job_id = f"test-{uuid.uuid4().hex}"  # hydra puts the ranks in sessions of their own
-    env = {**(env or {}), "MPITENSOR_JOB_ID": job_id}
-    start = time.monotonic()
-    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, cwd=cwd, env=_env(env),
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        launch._kill_job(job_id, wait=0)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(args)} hung (> {timeout} s):\n{out}\n{err}")
-    elapsed = time.monotonic() - start
-    left = _leftovers(job_id)
-    launch._kill_job(job_id, wait=0)
-    assert not left, f"processes left behind by {' '.join(args)}: {left}"
-    return proc.returncode, out, err, elapsed
+    """Run a command in its own session with a hard timeout; assert nothing is left."""
+    return run_job(args, timeout, cwd=cwd, env=env)
 
 
 def _launcher(*args: str, **kw) -> Tuple[int, str, str, float]:
@@ -383,7 +351,7 @@ def test_spawn_reraises_naming_the_rank(tmp_path: Path,
     assert exc.traceback_text in str(exc)
     err = capfd.readouterr().err
     assert "[rank 2] KeyError: 'bad key on rank 2'" in err
-    assert _leftovers(ctx.job_id) == []
+    assert leftovers(ctx.job_id) == []
 
 
 def test_spawn_exit_code_and_timeout() -> None:
@@ -395,7 +363,7 @@ def test_spawn_exit_code_and_timeout() -> None:
     assert ctx.join(timeout=0.5) is False
     with pytest.raises(DistributedTimeoutError, match="did not finish within the timeout of 3"):
         ctx.join()
-    assert _leftovers(ctx.job_id) == []
+    assert leftovers(ctx.job_id) == []
 
 
 def test_spawn_rejects_what_ranks_cannot_import() -> None:
@@ -454,7 +422,7 @@ time.sleep(60)
     job_id = f"test-{uuid.uuid4().hex}"
     proc = subprocess.Popen([sys.executable, "-m", "mpitensor.run", "-n", "2", str(script)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, env=_env({"MPITENSOR_JOB_ID": job_id}),
+                            cwd=tmp_path, env=clean_env({"MPITENSOR_JOB_ID": job_id}),
                             start_new_session=True)
     try:
         assert proc.stdout is not None
@@ -467,7 +435,7 @@ time.sleep(60)
         launch._kill_job(job_id, wait=0) if proc.returncode is None else None
         proc.communicate()
     assert proc.returncode != 0
-    assert _leftovers(job_id) == []
+    assert leftovers(job_id) == []
 
 
 def test_exception_in_a_thread_aborts_the_job(tmp_path: Path) -> None:
