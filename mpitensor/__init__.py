@@ -36,6 +36,7 @@ from .errors import (
     NotAGroupMemberError,
     NotInitializedError,
     PeerFailedError,
+    ReplicaDivergenceError,
 )
 from .tensor import *  # noqa: F403
 from .tensor import __all__ as _tensor_names
@@ -51,5 +52,6 @@ __all__ = [
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
     "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError", "PeerFailedError",
+    "ReplicaDivergenceError",
     *_dtype_names, *_tensor_names,
 ]

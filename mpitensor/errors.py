@@ -7,6 +7,8 @@ before any message is sent.
 
 from __future__ import annotations
 
+from typing import Optional
+
 __all__ = [
     "MpiTensorError",
     "NotInitializedError",
@@ -16,6 +18,7 @@ __all__ = [
     "MessageMismatchError",
     "DistributedTimeoutError",
     "PeerFailedError",
+    "ReplicaDivergenceError",
 ]
 
 
@@ -71,3 +74,24 @@ class DistributedTimeoutError(MpiTensorError, TimeoutError):
 
 class PeerFailedError(MpiTensorError):
     """A peer rank failed while this rank was communicating with it."""
+
+
+class ReplicaDivergenceError(MpiTensorError):
+    """DDP replicas hold different parameter or buffer values (raised on every rank).
+
+    Raised by :meth:`mpitensor.nn.parallel.DistributedDataParallel.verify_in_sync` (and at
+    construction with ``init_sync=False``). Attributes: ``differences``, one dict per tensor
+    that differs (keys ``kind`` ("parameter" or "buffer"), ``name``, ``shape``, ``dtype``,
+    ``ranks`` (global ranks whose values differ from the reference rank's), ``max_abs_diff``,
+    ``count`` (elements beyond the tolerance, summed over those ranks) and ``detail`` (per rank:
+    count, max difference, first worst index, value there and on the reference rank); ``ranks``,
+    the sorted global ranks that differ somewhere; ``reference_rank``, the global rank compared
+    against (the group's rank 0).
+    """
+
+    def __init__(self, message: str, differences: Optional[list] = None,
+                 ranks: Optional[list] = None, reference_rank: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.differences = differences or []
+        self.ranks = ranks or []
+        self.reference_rank = reference_rank

@@ -435,3 +435,70 @@ def test_gpu_mixed_devices_rejected():
             DDP(MLP(5), device_ids=["cuda:0"])
     finally:
         dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------
+# join() and verify_in_sync() at world size 1 (multi-rank: tests/mpi/test_ddp_join.py)
+
+
+def test_replica_divergence_error_is_an_mpitensor_error():
+    from mpitensor.errors import MpiTensorError
+    from mpitensor.nn.parallel import ReplicaDivergenceError
+
+    err = ReplicaDivergenceError("x", differences=[{"name": "w"}], ranks=[1], reference_rank=0)
+    assert isinstance(err, MpiTensorError) and isinstance(err, RuntimeError)
+    assert err.differences == [{"name": "w"}] and err.ranks == [1] and err.reference_rank == 0
+
+
+def test_verify_in_sync_world_one(world, monkeypatch):
+    ddp = DDP(MLP(5))
+    assert ddp.verify_in_sync() is None
+    assert ddp.verify_in_sync(atol=1e-6, rtol=0) is None
+    for name in ("broadcast", "all_reduce", "all_gather_object"):
+        monkeypatch.setattr(dist, name, lambda *a, **k: pytest.fail("traffic at world size 1"))
+    assert ddp.verify_in_sync() is None
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    ({"atol": -1}, ValueError, "atol must be >= 0"),
+    ({"rtol": float("nan")}, ValueError, "rtol must be >= 0"),
+    ({"atol": "0"}, TypeError, "atol must be a number"),
+    ({"rtol": True}, TypeError, "rtol must be a number"),
+])
+def test_verify_in_sync_bad_arguments(world, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        DDP(MLP(5)).verify_in_sync(**kwargs)
+
+
+@pytest.mark.parametrize("divide", [True, False])
+def test_join_world_one_is_plain_training(world, divide):
+    """One rank inside join(): gradients as without it, nothing shadowed, state cleared."""
+    ddp, plain = DDP(MLP(5)), MLP(5)
+    with ddp.join(divide_by_initial_world_size=divide):
+        assert ddp._join is not None
+        for s in range(3):
+            for m in (ddp, plain):
+                m.zero_grad()
+                step(m, seed=s)
+            for p, q in zip(ddp.parameters(), plain.parameters()):
+                np.testing.assert_array_equal(val(p.grad), val(q.grad))
+    assert ddp._join is None and ddp._divisor == 1 and ddp._join_zeros is None
+    assert ddp.comm_stats.shadowed == 0 and ddp.comm_stats.steps == 3
+
+
+def test_join_state_cleared_when_the_body_raises(world):
+    ddp = DDP(MLP(5))
+    with pytest.raises(KeyError):
+        with ddp.join(divide_by_initial_world_size=False):
+            step(ddp)
+            raise KeyError("user error")
+    assert ddp._join is None and ddp._divisor == 1
+    with ddp.join():  # usable again
+        step(ddp)
+    assert ddp.comm_stats.steps == 2
+
+
+def test_join_bad_arguments(world):
+    ddp = DDP(MLP(5))
+    with pytest.raises(TypeError, match="enable must be True or False"):
+        ddp.join(enable=None)

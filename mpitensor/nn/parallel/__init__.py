@@ -10,8 +10,10 @@ from __future__ import annotations
 from .distributed import (
     CommStats,
     DistributedDataParallel,
+    ReplicaDivergenceError,
     average_gradients,
     broadcast_parameters,
 )
 
-__all__ = ["DistributedDataParallel", "CommStats", "average_gradients", "broadcast_parameters"]
+__all__ = ["DistributedDataParallel", "CommStats", "ReplicaDivergenceError", "average_gradients",
+           "broadcast_parameters"]

@@ -18,6 +18,10 @@ each up to ``bucket_cap_mb`` megabytes. During ``loss.backward()``:
    ``param.grad``. When ``backward()`` returns, the gradients are averaged over the group, ready
    for ``optimizer.step()``, exactly as in torch.
 
+Ranks with different numbers of batches train inside :meth:`DistributedDataParallel.join`;
+:meth:`DistributedDataParallel.verify_in_sync` checks that the replicas still agree. The full
+reference is ``docs/ddp.md``.
+
 Example (run with ``mpiexec -n 2 python train.py``)::
 
     import mpitensor as mt
@@ -36,6 +40,7 @@ Example (run with ``mpiexec -n 2 python train.py``)::
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 import weakref
@@ -49,7 +54,13 @@ from mpitensor import backend as _backend
 from mpitensor import distributed as dist
 from mpitensor.autograd import Node
 from mpitensor.distributed import ProcessGroup, ReduceOp
-from mpitensor.errors import NotAGroupMemberError, NotInitializedError
+from mpitensor.errors import (
+    CollectiveMismatchError,
+    MpiTensorError,
+    NotAGroupMemberError,
+    NotInitializedError,
+    ReplicaDivergenceError,
+)
 from mpitensor.tensor import Tensor, _new
 
 from ..module import Module
@@ -57,6 +68,7 @@ from ..module import Module
 __all__ = [
     "DistributedDataParallel",
     "CommStats",
+    "ReplicaDivergenceError",
     "average_gradients",
     "broadcast_parameters",
 ]
@@ -77,6 +89,8 @@ _UNUSED_MSG = (
     "Parameter indices which did not receive grad for rank {rank}: {idx}. "
     "Parameters which did not receive grad for rank {rank}: {names}"
 )
+
+
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,10 +262,12 @@ class CommStats:
             (launching the remaining buckets included).
         total_wait_s: the sum of ``last_wait_s`` over all steps.
         last_backward_end_s: ``time.perf_counter()`` when the last final callback started.
+        shadowed: steps this rank shadowed inside :meth:`DistributedDataParallel.join` after
+            running out of inputs (zero gradients all-reduced to match the active ranks).
     """
 
     __slots__ = ("num_buckets", "bucket_bytes", "steps", "launched", "overlapped",
-                 "last_wait_s", "total_wait_s", "last_backward_end_s")
+                 "last_wait_s", "total_wait_s", "last_backward_end_s", "shadowed")
 
     def __init__(self, bucket_bytes: Sequence[int]) -> None:
         self.num_buckets = len(bucket_bytes)
@@ -266,6 +282,7 @@ class CommStats:
         self.last_wait_s = 0.0
         self.total_wait_s = 0.0
         self.last_backward_end_s = 0.0
+        self.shadowed = 0
 
     def as_dict(self) -> dict:
         """The counters as a plain dict."""
@@ -331,6 +348,59 @@ def _collect_tensors(obj: Any, out: list) -> None:
             _collect_tensors(o, out)
 
 
+class _JoinState:
+    """Bookkeeping of one enabled :meth:`DistributedDataParallel.join` context."""
+
+    __slots__ = ("divide_by_initial_world_size", "throw", "step", "xp")
+
+    def __init__(self, divide_by_initial_world_size: bool, throw: bool, xp: Any) -> None:
+        self.divide_by_initial_world_size = divide_by_initial_world_size
+        self.throw = throw
+        self.step = 0  # join all-reduces made so far (the same count on every rank)
+        self.xp = xp
+
+
+def _describe_layout(buckets: Sequence[tuple], limit: int = 8) -> str:
+    total = sum(n for n, _ in buckets)
+    shown = ", ".join(f"{n} {dt}" for n, dt in buckets[:limit])
+    more = f", ... (+{len(buckets) - limit} more)" if len(buckets) > limit else ""
+    return f"{len(buckets)} bucket(s) of [{shown}{more}] elements ({total} in all)"
+
+
+def _fingerprint(arr: Any) -> bytes:
+    """An 8-byte digest of an array's bytes (host copy for device arrays)."""
+    host = np.ascontiguousarray(_backend.to_numpy(arr))
+    return hashlib.blake2b(host.reshape(-1).view(np.uint8), digest_size=8).digest()
+
+
+def _compare(x: Any, ref: Any, atol: float, rtol: float) -> tuple:
+    """``(count, max |x - ref|, index, x there, ref there)`` over the elements beyond tolerance.
+
+    An element is within tolerance when ``|x - ref| <= atol + rtol * |ref|``, when both are
+    equal (infinities included) or when both are NaN. ``count`` is 0 when all are.
+    """
+    xp = _backend.array_module(x)
+    wide = np.complex128 if x.dtype.kind == "c" else np.float64
+    a = x.astype(wide).reshape(-1)
+    b = ref.astype(wide).reshape(-1)
+    d = xp.abs(a - b)
+    ok = (d <= atol + rtol * xp.abs(b)) | (a == b)
+    if x.dtype.kind in "fc":
+        ok |= xp.isnan(a) & xp.isnan(b)
+    bad = ~ok
+    count = int(bad.sum())
+    if count == 0:
+        return (0, 0.0, None, None, None)
+    score = xp.where(bad, xp.where(xp.isnan(d), xp.inf, d), -1.0)
+    k = int(score.argmax())
+    index = tuple(int(i) for i in np.unravel_index(k, x.shape)) if x.ndim else ()
+    return (count, float(d[k]), index, a[k].item(), b[k].item())
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
 class DistributedDataParallel(Module):
     """Data parallelism at the module level, with ``torch.nn.parallel.DistributedDataParallel``'s
     interface and semantics.
@@ -344,9 +414,11 @@ class DistributedDataParallel(Module):
     parameters from the first step on (torch starts with one bucket and, after the first
     iteration, rebuilds them in the order gradients arrived: the same order for models whose
     layers are registered in forward order, as LeNet and every ``Sequential``); communication
-    hooks, ``join()`` and mixed precision are not provided; the ``overlap`` switch is an
-    extension. MPI has no progress thread, so each gradient hook also tests the oldest
-    in-flight all-reduce, which keeps the launched ones moving during backward.
+    hooks and mixed precision are not provided; the ``overlap`` switch and
+    :meth:`verify_in_sync` are extensions; the bucket layouts of all ranks are compared at
+    construction (and, in debug mode, at every synchronising forward). MPI has no progress
+    thread, so each gradient hook also tests the oldest in-flight all-reduce, which keeps the
+    launched ones moving during backward.
 
     Args:
         module: the ``mpitensor.nn.Module`` to replicate (kept at ``.module``; the state dict's
@@ -358,8 +430,9 @@ class DistributedDataParallel(Module):
         dim: must be 0 (accepted for compatibility: each rank passes its own shard).
         broadcast_buffers: broadcast the module's buffers from the group's rank 0 at the
             start of each forward that will synchronise gradients (as torch).
-        init_sync: check at construction that the replicas have the same parameter shapes
-            and broadcast parameters and buffers from the group's rank 0 (default True).
+        init_sync: broadcast parameters and buffers from the group's rank 0 at construction
+            (default True). With False, the replicas must already be equal: construction
+            runs :meth:`verify_in_sync` (one small gather) and raises where they are not.
         process_group: the group to average over (default: the world).
         bucket_cap_mb: bucket size in MiB (default 25). The first bucket is capped at
             ``min(1 MiB, bucket_cap_mb)`` so the first all-reduce starts early, as in torch;
@@ -383,11 +456,19 @@ class DistributedDataParallel(Module):
         comm_stats: a :class:`CommStats` with cheap counters (buckets, wait time per step).
         require_backward_grad_sync: False inside :meth:`no_sync`.
 
+    Uneven inputs: :meth:`join`. Replicas that may have drifted apart: :meth:`verify_in_sync`.
+
     Raises:
         TypeError: ``module`` is not an ``mpitensor.nn.Module``, or a bad argument type.
         ValueError: ``bucket_cap_mb < 0``, parameters on different devices, no parameter that
-            requires grad, ``device_ids`` that do not match the module, or replicas whose
-            parameters differ in number, shape or dtype across ranks.
+            requires grad, or ``device_ids`` that do not match the module.
+        CollectiveMismatchError: on every rank, where the replicas' parameters (number, shape,
+            dtype) or bucket layouts differ across ranks; the message lists each rank's layout.
+            In debug mode (``dist.set_debug()``, ``MPITENSOR_DEBUG=1``) the layouts are also
+            compared at every synchronising forward (say, ranks running backward through
+            different DDP instances).
+        ReplicaDivergenceError: with ``init_sync=False``, on every rank, where the replicas'
+            values differ.
         NotInitializedError: the process group has not been initialized.
 
     Example:
@@ -474,18 +555,24 @@ class DistributedDataParallel(Module):
         self._params = params
         self._names = [named.get(id(p), f"<param {i}>") for i, p in enumerate(params)]
 
-        # ---- same model everywhere, then rank 0's values everywhere
+        self._divisor = self._world  # what each bucket is divided by (join() may change it)
+        self._join: Optional[_JoinState] = None  # set only inside an enabled join()
+        self._join_zeros: Optional[List[Any]] = None
+
+        # ---- buckets (a local computation), then the same model and layout everywhere
+        self._build_buckets(min(DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap))
+        self._layout = [(int(b.buffer.size), b.buffer.dtype.name) for b in self._buckets]
+        self.comm_stats = CommStats([b.nbytes for b in self._buckets])
         self._init_broadcasts = 0
+        if self._world > 1:
+            self._check_layout("construction")
         if init_sync:
-            if self._world > 1:
-                self._verify_shapes(pg)
             states = [p._data for p in _params_of(module, "DistributedDataParallel")]
             states += [b._data for b in module.buffers() if b is not None]
             self._init_broadcasts = _coalesced_broadcast(states, pg, self._src)
-
-        # ---- buckets
-        self._build_buckets(min(DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap))
-        self.comm_stats = CommStats([b.nbytes for b in self._buckets])
+        elif self._world > 1:
+            # no broadcast: the caller promises equal replicas; checking costs one small gather
+            self.verify_in_sync()
         nparams = len(params)
         self._ready = [False] * nparams
         self._used = [False] * nparams  # got a gradient since the last synchronised backward
@@ -526,25 +613,6 @@ class DistributedDataParallel(Module):
             raise ValueError(
                 f"DistributedDataParallel: device_ids={device_ids!r} but the module's parameters "
                 f"are on {device}; move the module with module.to('{want}') first")
-
-    def _verify_shapes(self, pg: ProcessGroup) -> None:
-        mine = [(tuple(p._data.shape), p._data.dtype.str) for p in self._params]
-        everyone: list = [None] * pg.size_
-        dist.all_gather_object(everyone, mine, group=pg)
-        ref = everyone[0]
-        for r, theirs in enumerate(everyone):
-            if theirs == ref:
-                continue
-            if len(theirs) != len(ref):
-                detail = (f"group rank {r} has {len(theirs)} parameters that require grad, "
-                          f"group rank 0 has {len(ref)}")
-            else:
-                i = next(k for k in range(len(ref)) if theirs[k] != ref[k])
-                detail = (f"parameter {i} ({self._names[i]}) is {theirs[i][0]} {theirs[i][1]} on "
-                          f"group rank {r} but {ref[i][0]} {ref[i][1]} on group rank 0")
-            raise ValueError(
-                f"DistributedDataParallel: the replicas differ across ranks: {detail}; build "
-                "the same model on every rank")
 
     def _build_buckets(self, first_cap: int) -> None:
         order = [(i, p._data.nbytes, (p._data.dtype, _device_key(p._data)))
@@ -587,16 +655,420 @@ class DistributedDataParallel(Module):
         finally:
             self.require_backward_grad_sync = old
 
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> contextlib.AbstractContextManager:
+        """Context manager for uneven inputs: ranks may run different numbers of iterations.
+
+        Torch's ``DistributedDataParallel.join`` (``torch.distributed.algorithms.Join``). Inside
+        it, each forward first joins a small all-reduce that says which ranks are still
+        active. A rank whose loop has ended waits in ``__exit__`` and *shadows* the others:
+        for every forward they make it joins that all-reduce, and for every synchronising one
+        it also takes part in the buffer broadcast and in each bucket's all-reduce (same
+        buckets, same order) with zero gradients, so nobody waits for it. Arithmetic: the
+        gradients of a step are ``sum over active ranks of local grad / D``, with ``D`` the
+        initial world size (``divide_by_initial_world_size=True``: the same as an even run in
+        which the missing batches contribute zero gradient) or the number of ranks still
+        active (``False``: the mean over the active ranks). Buffers are broadcast from the
+        lowest active rank (group rank 0 while it is active, as outside ``join()``).
+
+        Exiting the context returns once every rank has exited it; a rank that joined early
+        then receives the parameters and buffers of a rank that ran every step (the highest
+        such rank, as torch), so all replicas end equal. Optimizer state (momentum) of early
+        ranks is not updated, as in torch. Inside ``join()``, follow every forward that
+        synchronises (grad enabled, outside ``no_sync``) by its backward, run evaluation
+        forwards under ``no_grad()``, and do not call other collectives on the group.
+
+        Args:
+            divide_by_initial_world_size: divide by the initial world size (True, default) or
+                by the number of ranks that have not joined yet (False).
+            enable: False turns the context into a no-op (ranks must then be even).
+            throw_on_early_termination: when any rank runs out of inputs, every rank raises
+                :class:`~mpitensor.errors.MpiTensorError` at the same step instead of
+                shadowing.
+
+        Returns:
+            A context manager.
+
+        Raises:
+            TypeError: an argument is not a bool.
+            RuntimeError: ``join()`` is already active on this DDP.
+            MpiTensorError: with ``throw_on_early_termination=True``, on every rank, at the
+                step at which some rank ran out of inputs.
+
+        Example:
+            >>> with ddp.join():
+            ...     for x, y in my_uneven_shard:          # 3 + rank batches, say
+            ...         opt.zero_grad()
+            ...         F.nll_loss(ddp(x), y).backward()
+            ...         opt.step()
+            >>> # every rank now holds the same parameters
+        """
+        for name, flag in (("divide_by_initial_world_size", divide_by_initial_world_size),
+                           ("enable", enable),
+                           ("throw_on_early_termination", throw_on_early_termination)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"DistributedDataParallel.join: {name} must be True or False, "
+                                f"got {flag!r}")
+        if enable and self._join is not None:
+            raise RuntimeError("DistributedDataParallel.join: already inside join() on this "
+                               "DDP; use a single join() context around the training loop")
+        return self._join_context(bool(divide_by_initial_world_size), bool(enable),
+                                  bool(throw_on_early_termination))
+
+    @contextlib.contextmanager
+    def _join_context(self, divide: bool, enable: bool, throw: bool) -> Iterator[None]:
+        if not enable:
+            yield
+            return
+        xp = _backend.array_module(self._params[0]._data)
+        state = _JoinState(divide, throw, xp)
+        self._join = state
+        try:
+            yield
+            # this rank's inputs are exhausted: shadow the others until all are done
+            self._join_wait(state)
+        finally:
+            self._join = None
+            self._divisor = self._world
+            self._join_zeros = None
+
+    def _join_allreduce(self, state: _JoinState, active: bool, sync: bool,
+                        first: bool) -> np.ndarray:
+        # [0, w): who is active; w: how many active ranks synchronise this step; w + 1: a
+        # joined rank asks everyone to stop; [w + 2, 2w + 2): joined ranks in their first
+        # wait (at the last step: the ranks that ran every step)
+        w = self._world
+        me = self.process_group.rank_
+        v = np.zeros(2 * w + 2, np.int64)
+        if active:
+            v[me] = 1
+            v[w] = int(sync)
+        else:
+            v[w + 1] = int(state.throw)
+            v[w + 2 + me] = int(first)
+        if state.xp is not np:
+            dv = state.xp.asarray(v)
+            dist.all_reduce(dv, op=ReduceOp.SUM, group=self.process_group)
+            v = _backend.to_numpy(dv)
+        else:
+            dist.all_reduce(v, op=ReduceOp.SUM, group=self.process_group)
+        state.step += 1
+        return v
+
+    def _join_notify(self, sync: bool) -> int:
+        """An active rank's per-forward join all-reduce; returns the buffer source rank."""
+        state = self._join
+        v = self._join_allreduce(state, True, sync, False)
+        w = self._world
+        active = np.flatnonzero(v[:w])
+        if v[w + 1]:
+            raise self._early_termination_error(v, state)
+        self._divisor = w if state.divide_by_initial_world_size else len(active)
+        return self.process_group.ranks[int(active[0])]
+
+    def _join_wait(self, state: _JoinState) -> None:
+        """A joined rank: shadow the active ranks' steps until every rank has joined."""
+        pg = self.process_group
+        w = self._world
+        first = True
+        while True:
+            v = self._join_allreduce(state, False, False, first)
+            active = np.flatnonzero(v[:w])
+            if len(active) == 0:
+                break
+            if state.throw:
+                raise self._early_termination_error(v, state)
+            first = False
+            if v[w]:
+                self._shadow_step(pg.ranks[int(active[0])])
+        last = np.flatnonzero(v[w + 2:])
+        if len(last) < w:
+            # some ranks stopped early and hold stale parameters: take a rank that ran every
+            # step (the highest, as torch's authoritative rank)
+            states = [p._data for p in _params_of(self.module, "DistributedDataParallel")]
+            states += [b._data for b in self.module.buffers() if b is not None]
+            _coalesced_broadcast(states, pg, pg.ranks[int(last[-1])])
+
+    def _shadow_step(self, src: int) -> None:
+        """Match one synchronising step of the active ranks with zero gradients."""
+        pg = self.process_group
+        if self._world > 1:
+            if pg.debug:
+                self._check_layout("sync")
+            if self.broadcast_buffers:
+                bufs = [b._data for b in self.module.buffers() if b is not None]
+                if bufs:
+                    _coalesced_broadcast(bufs, pg, src)
+        if self._join_zeros is None:
+            self._join_zeros = [_backend.array_module(b.buffer).zeros_like(b.buffer)
+                                for b in self._buckets]
+        zeros = self._join_zeros
+        works = [dist.all_reduce(z, op=ReduceOp.SUM, group=pg, async_op=True) for z in zeros]
+        if self.find_unused_parameters or self.static_graph:
+            used = np.zeros(len(self._params), np.int32)
+            works.append(dist.all_reduce(used, op=ReduceOp.MAX, group=pg, async_op=True))
+        for work in works:
+            work.wait()
+        for z in zeros:
+            z[...] = 0
+        self.comm_stats.shadowed += 1
+
+    def _early_termination_error(self, v: np.ndarray, state: _JoinState) -> MpiTensorError:
+        w = self._world
+        done = [self.process_group.ranks[i] for i in range(w) if not v[i]]
+        return MpiTensorError(
+            f"rank {dist.get_rank()}: DistributedDataParallel.join(throw_on_early_termination="
+            f"True): detected at least one rank that exhausted inputs (rank(s) {done} at join "
+            f"step {state.step}); throwing across all ranks. Give every rank the same number of "
+            "batches (e.g. DistributedSampler(..., drop_last=True)), or use join() without "
+            "throw_on_early_termination so that the other ranks carry on")
+
+    def verify_in_sync(self, atol: float = 0.0, rtol: float = 0.0) -> None:
+        """Check that every replica holds the same parameters and buffers (**mpitensor extension**).
+
+        Cheap when they agree: each rank hashes each tensor (8 bytes per tensor, computed on
+        the host) and one small gather compares the hashes. Only the tensors whose hashes
+        differ are then compared element by element with group rank 0's copy (one broadcast
+        each), and an element differs when ``|x - x0| > atol + rtol * |x0|`` (equal values,
+        infinities included, and NaN against NaN agree). Every rank makes the same decision
+        and raises the same error. Call it on every rank of the group, outside ``join()``.
+
+        Args:
+            atol: absolute tolerance (default 0: bitwise-equal values, up to ``-0.0 == 0.0``).
+            rtol: relative tolerance (default 0).
+
+        Returns:
+            None when the replicas agree.
+
+        Raises:
+            ReplicaDivergenceError: on every rank, naming each parameter or buffer that
+                differs, the ranks whose values differ from group rank 0's, and the largest
+                absolute difference (with where it is).
+            TypeError, ValueError: a tolerance that is not a number >= 0 (before any traffic).
+            RuntimeError: called inside ``join()``.
+
+        Example:
+            >>> ddp.verify_in_sync()                   # every N steps, or after a resume
+            >>> ddp.verify_in_sync(atol=1e-6)          # tolerate round-off
+        """
+        for name, tol in (("atol", atol), ("rtol", rtol)):
+            if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer,
+                                                             np.floating)):
+                raise TypeError(f"DistributedDataParallel.verify_in_sync: {name} must be a "
+                                f"number, got {tol!r}")
+            if not tol >= 0:
+                raise ValueError(f"DistributedDataParallel.verify_in_sync: {name} must be >= 0, "
+                                 f"got {tol!r}")
+        if self._join is not None:
+            raise RuntimeError("DistributedDataParallel.verify_in_sync: not inside join() (the "
+                               "ranks that have joined would not take part); call it after the "
+                               "join() context")
+        if self._world == 1:
+            return None
+        pg = self.process_group
+        op = "DistributedDataParallel.verify_in_sync"
+        tensors = self._state_tensors()
+        meta = [(kind, name, tuple(a.shape), a.dtype.str) for kind, name, a in tensors]
+        mine = {"op": op, "error": None, "ddp": op,
+                "meta": hashlib.blake2b(repr(meta).encode(), digest_size=8).digest(),
+                "hashes": [_fingerprint(a) for _, _, a in tensors]}
+        everyone: list = [None] * pg.size_
+        dist.all_gather_object(everyone, mine, group=pg)
+        self._check_foreign(everyone, op)
+        src = self._src
+        if any(e["meta"] != everyone[0]["meta"] for e in everyone):
+            metas: list = [None] * pg.size_
+            dist.all_gather_object(metas, meta, group=pg)
+            raise self._structure_error(metas)
+        n = len(tensors)
+        differing = [i for i in range(n)
+                     if any(e["hashes"][i] != everyone[0]["hashes"][i] for e in everyone)]
+        if not differing:
+            return None
+        details = []
+        for i in differing:
+            arr = tensors[i][2]
+            xp = _backend.array_module(arr)
+            if pg.rank_ == 0:
+                ref = xp.ascontiguousarray(arr)
+            else:
+                ref = xp.empty(arr.shape, dtype=arr.dtype)
+            dist.broadcast(ref, src=src, group=pg)
+            details.append(_compare(arr, ref, float(atol), float(rtol)))
+        per_rank: list = [None] * pg.size_
+        dist.all_gather_object(per_rank, details, group=pg)
+        diffs = []
+        for k, i in enumerate(differing):
+            kind, name, arr = tensors[i]
+            rows = [(pg.ranks[r], per_rank[r][k]) for r in range(pg.size_)
+                    if per_rank[r][k][0]]
+            if not rows:
+                continue
+            classes: dict = {}
+            for r, e in enumerate(everyone):
+                classes.setdefault(e["hashes"][i], []).append(pg.ranks[r])
+            diffs.append({
+                "kind": kind, "name": name, "shape": tuple(arr.shape), "dtype": arr.dtype.name,
+                "ranks": [g for g, _ in rows],
+                "max_abs_diff": max(d[1] for _, d in rows),
+                "count": sum(d[0] for _, d in rows),
+                "detail": {g: {"count": d[0], "max_abs_diff": d[1], "index": d[2],
+                               "value": d[3], "reference": d[4]} for g, d in rows},
+                "groups": sorted(classes.values()),
+            })
+        if not diffs:
+            return None  # hashes differ, but every difference is within the tolerance
+        raise self._divergence_error(diffs, n, atol, rtol)
+
+    def _state_tensors(self) -> List[tuple]:
+        out = [("parameter", n, p._data) for n, p in self.module.named_parameters()]
+        out += [("buffer", n, b._data) for n, b in self.module.named_buffers() if b is not None]
+        return out
+
+    def _divergence_error(self, diffs: List[dict], n: int, atol: float,
+                          rtol: float) -> ReplicaDivergenceError:
+        pg = self.process_group
+        src = self._src
+        lines = []
+        for d in diffs[:20]:
+            total = int(np.prod(d["shape"])) if d["shape"] else 1
+            head = f"  {d['kind']} '{d['name']}' {d['shape']} {d['dtype']}:"
+            parts = []
+            for g, e in d["detail"].items():
+                parts.append(
+                    f"rank {g}: {e['count']} of {total} element(s) differ, max |diff| "
+                    f"{_fmt(e['max_abs_diff'])} at index {e['index']} ({_fmt(e['value'])} on "
+                    f"rank {g}, {_fmt(e['reference'])} on rank {src})")
+            lines.append(head + " " + "; ".join(parts))
+            groups = d["groups"]
+            if len(groups) == 2 and pg.size_ >= 3 and [src] in groups:
+                others = next(gr for gr in groups if gr != [src])
+                lines.append(f"    (ranks {others} agree with each other: rank {src} is the "
+                             "odd one out)")
+        if len(diffs) > 20:
+            lines.append(f"  ... and {len(diffs) - 20} more")
+        ranks = sorted({g for d in diffs for g in d["ranks"]})
+        return ReplicaDivergenceError(
+            f"rank {dist.get_rank()}: DistributedDataParallel.verify_in_sync: the replicas on "
+            f"{pg.name} have drifted apart: {len(diffs)} of {n} tensor(s) differ from rank "
+            f"{src}'s (group rank 0) beyond atol={atol:g}, rtol={rtol:g}; ranks that differ: "
+            f"{ranks}\n" + "\n".join(lines) +
+            "\nReplicas must stay identical: look for an update made on some ranks only (an "
+            "optimizer step outside DDP, a parameter changed by hand, a buffer updated with "
+            "broadcast_buffers=False, uneven steps without join()). Re-synchronise with "
+            "mpitensor.nn.parallel.broadcast_parameters(ddp.module) or restore a checkpoint.",
+            differences=diffs, ranks=ranks, reference_rank=src)
+
+    def _structure_error(self, metas: List[list]) -> ReplicaDivergenceError:
+        pg = self.process_group
+        ref = metas[0]
+        lines = []
+        for r, m in enumerate(metas):
+            if m == ref:
+                continue
+            g = pg.ranks[r]
+            if len(m) != len(ref):
+                lines.append(f"  rank {g} has {len(m)} parameters and buffers, rank "
+                             f"{pg.ranks[0]} has {len(ref)}")
+            for a, b in zip(m, ref):
+                if a != b:
+                    lines.append(f"  rank {g}: {a[0]} '{a[1]}' {a[2]} {np.dtype(a[3]).name}; "
+                                 f"rank {pg.ranks[0]}: {b[0]} '{b[1]}' {b[2]} "
+                                 f"{np.dtype(b[3]).name}")
+                    break
+        ranks = [pg.ranks[r] for r, m in enumerate(metas) if m != ref]
+        return ReplicaDivergenceError(
+            f"rank {dist.get_rank()}: DistributedDataParallel.verify_in_sync: the replicas on "
+            f"{pg.name} differ in structure (names, shapes or dtypes of their parameters and "
+            "buffers):\n" + "\n".join(lines) +
+            "\nEvery rank must hold the same model; rebuild it the same way on every rank.",
+            differences=[], ranks=ranks, reference_rank=pg.ranks[0])
+
+    def _check_foreign(self, everyone: List[Any], op: str) -> None:
+        """Raise where some rank entered another collective instead of this DDP check."""
+        pg = self.process_group
+        bad = [(pg.ranks[r], e) for r, e in enumerate(everyone)
+               if not (isinstance(e, dict) and e.get("ddp") == op)]
+        if not bad:
+            return
+        lines = []
+        for r, e in enumerate(everyone):
+            what = e.get("op") if isinstance(e, dict) else type(e).__name__
+            seq = e.get("seq") if isinstance(e, dict) else None
+            lines.append(f"  rank {pg.ranks[r]}: {what}" + (f" (#{seq})" if seq else ""))
+        raise CollectiveMismatchError(
+            f"rank {dist.get_rank()}: {op} on {pg.name}: the ranks are in different "
+            "collectives:\n" + "\n".join(lines) +
+            "\nEvery rank must make the same calls in the same order (the same DDP forwards "
+            "and backwards, the same checks).")
+
+    def _check_layout(self, when: str) -> None:
+        """Check that every rank has the same bucket layout (and, at construction, parameters).
+
+        Raises ``CollectiveMismatchError`` on every rank, listing each rank's layout.
+        """
+        pg = self.process_group
+        op = f"DistributedDataParallel {when} check"
+        mine: dict = {"op": op, "error": None, "ddp": op, "buckets": self._layout}
+        if when == "construction":
+            mine["params"] = [(tuple(p._data.shape), p._data.dtype.name) for p in self._params]
+            mine["names"] = self._names
+        everyone: list = [None] * pg.size_
+        dist.all_gather_object(everyone, mine, group=pg)
+        self._check_foreign(everyone, op)
+        ref = everyone[0]
+        if all(e["buckets"] == ref["buckets"] and e.get("params") == ref.get("params")
+               for e in everyone):
+            return
+        r0 = pg.ranks[0]
+        detail = ""
+        for r, e in enumerate(everyone):
+            if e["buckets"] == ref["buckets"] and e.get("params") == ref.get("params"):
+                continue
+            g = pg.ranks[r]
+            mp, rp = e.get("params"), ref.get("params")
+            if mp is not None and mp != rp:
+                if len(mp) != len(rp):
+                    detail = (f"rank {g} has {len(mp)} parameters that require grad, rank {r0} "
+                              f"has {len(rp)}")
+                else:
+                    i = next(k for k in range(len(rp)) if mp[k] != rp[k])
+                    detail = (f"parameter {i} ({e['names'][i]}) is {mp[i][0]} {mp[i][1]} on "
+                              f"rank {g} but {rp[i][0]} {rp[i][1]} on rank {r0}")
+            else:
+                mb, rb = e["buckets"], ref["buckets"]
+                if len(mb) != len(rb):
+                    detail = f"rank {g} has {len(mb)} buckets, rank {r0} has {len(rb)}"
+                else:
+                    i = next(k for k in range(len(rb)) if mb[k] != rb[k])
+                    detail = (f"bucket {i} holds {mb[i][0]} {mb[i][1]} elements on rank {g} but "
+                              f"{rb[i][0]} {rb[i][1]} on rank {r0}")
+            break
+        lines = [f"  rank {pg.ranks[r]}: {_describe_layout(e['buckets'])}"
+                 for r, e in enumerate(everyone)]
+        raise CollectiveMismatchError(
+            f"rank {dist.get_rank()}: DistributedDataParallel ({when} check) on {pg.name}: the "
+            f"replicas' gradient buckets differ across ranks ({detail}):\n" + "\n".join(lines) +
+            "\nBuild the same model (same parameters, shapes and dtypes, in the same order) "
+            "with the same bucket_cap_mb on every rank, and run forward/backward through the "
+            "same DDP on every rank in the same order.")
+
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the wrapped module (after syncing buffers) and prepare the gradient sync."""
         if self._in_backward:
             self._recover()
         sync = self.require_backward_grad_sync and _autograd.is_grad_enabled()
         self.require_forward_param_sync = sync
-        if sync and self.broadcast_buffers and self._world > 1:
-            bufs = [b._data for b in self.module.buffers() if b is not None]
-            if bufs:
-                _coalesced_broadcast(bufs, self.process_group, self._src)
+        src = self._src
+        if self._join is not None:
+            src = self._join_notify(sync)
+        if sync and self._world > 1:
+            if self.process_group.debug:
+                self._check_layout("sync")
+            if self.broadcast_buffers:
+                bufs = [b._data for b in self.module.buffers() if b is not None]
+                if bufs:
+                    _coalesced_broadcast(bufs, self.process_group, src)
         out = self.module(*inputs, **kwargs)
         if sync:
             self._expect_hooks = True
@@ -707,8 +1179,8 @@ class DistributedDataParallel(Module):
             self._next_launch += 1
 
     def _launch(self, bucket: _Bucket) -> None:
-        if self._world > 1:
-            bucket.buffer /= self._world  # pre-divide, as torch's default hook
+        if self._divisor != 1:
+            bucket.buffer /= self._divisor  # pre-divide, as torch's default hook
         bucket.work = dist.all_reduce(bucket.buffer, op=ReduceOp.SUM,
                                       group=self.process_group, async_op=True)
         self._inflight.append(bucket.work)
