@@ -182,26 +182,23 @@ def _agreed(fn: Any, *args: Any) -> Any:
     """``fn(*args)`` on every rank; a UserError on any rank is raised on every rank.
 
     Each rank reads its data itself (and on a cluster without a shared filesystem, its own
-    copy), so one rank may fail where others succeed; without agreeing, those others would go
-    on and wait for it in their first collective.
+    copy) and checks its own GPU, so one rank may fail where others succeed; without agreeing,
+    those others would go on and wait for it in their first collective.
     """
-    import mpitensor.distributed as dist
+    from mpi4py import MPI  # the world, also before the process group exists
 
     result, err = None, None
     try:
         result = fn(*args)
     except UserError as exc:
         err = str(exc)
-    world = dist.get_world_size()
-    errors: List[Optional[str]] = [err]
-    if world > 1:
-        errors = [None] * world
-        dist.all_gather_object(errors, err)
+    world = MPI.COMM_WORLD.Get_size()
+    errors: List[Optional[str]] = MPI.COMM_WORLD.allgather(err) if world > 1 else [err]
     bad = [r for r, e in enumerate(errors) if e is not None]
     if bad:
         first = errors[bad[0]]
         if len(bad) < world:
-            first = f"{first} (on rank(s) {bad}; the other ranks read their copy fine)"
+            first = f"{first} (on rank(s) {bad} only; the other ranks succeeded)"
         raise UserError(first)
     return result
 
@@ -389,6 +386,20 @@ def _flags(key: str) -> str:
             "val_samples": "held-out samples"}[key]
 
 
+def _few(items: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _other_checkpoints(path: Path) -> str:
+    """A hint naming the newest other checkpoint next to ``path`` (epochNNN.mt), if any."""
+    others = sorted(p.name for p in path.parent.glob("epoch*.mt") if p != path) \
+        if path.parent.is_dir() else []
+    if not others:
+        return ""
+    return f" (the newest other checkpoint there is {path.parent / others[-1]})"
+
+
 def validate_checkpoint(ckpt: Any, path: Path, model: Any, config: Dict[str, Any]) -> None:
     """Raise UserError naming ``path`` when ``ckpt`` cannot continue this run exactly."""
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
@@ -399,12 +410,23 @@ def validate_checkpoint(ckpt: Any, path: Path, model: Any, config: Dict[str, Any
                         f"train.py reads version {CHECKPOINT_VERSION}")
     saved = ckpt.get("model_state", {})
     mine = model.state_dict()
-    if ckpt.get("model_name") != type(model).__name__ or set(saved) != set(mine) or any(
-            tuple(saved[k].shape) != tuple(v.shape) for k, v in mine.items()):
+    name = type(model).__name__
+    diffs = []
+    if ckpt.get("model_name") != name:
+        diffs.append(f"it is a {ckpt.get('model_name')!r}")
+    missing, unexpected = sorted(set(mine) - set(saved)), sorted(set(saved) - set(mine))
+    if missing:
+        diffs.append(f"it lacks {_few(missing)}")
+    if unexpected:
+        diffs.append(f"it has {_few(unexpected)}, which this model does not")
+    shapes = [f"{k} {tuple(saved[k].shape)} instead of {tuple(v.shape)}"
+              for k, v in mine.items() if k in saved and tuple(saved[k].shape) != tuple(v.shape)]
+    if shapes:
+        diffs.append(f"shapes differ: {_few(shapes)}")
+    if diffs:
         raise UserError(
-            f"{path} holds a different model ({ckpt.get('model_name')!r} with "
-            f"{len(saved)} tensors) than this run's {type(model).__name__}; resume from a "
-            f"checkpoint of the same model or start without --resume")
+            f"{path} holds a different model than this run's {name} ({'; '.join(diffs)}); "
+            f"resume from a checkpoint of the same model or start without --resume")
     old = ckpt.get("config", {})
     if old.get("world_size") != config["world_size"]:
         raise UserError(
@@ -530,7 +552,7 @@ def train(args: argparse.Namespace) -> None:
     from mpitensor.optim import SGD
     from mpitensor.optim.lr_scheduler import StepLR
 
-    device, backend = _select_device(args)
+    device, backend = _agreed(_select_device, args)
     dist.init_process_group(backend=backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.batch_size is None:
@@ -568,10 +590,14 @@ def train(args: argparse.Namespace) -> None:
                                      read_on_rank0=True)
         except CheckpointError as exc:
             missing = "FileNotFoundError" in str(exc) or "No such file" in str(exc)
+            detail = str(exc).splitlines()[0]
+            detail = detail.replace(f"cannot load checkpoint {path} ", "", 1)
             raise UserError(
                 f"cannot resume from {path}: "
                 + ("no such file; run without --resume to start, or pass --resume PATH"
-                   if missing else str(exc).splitlines()[0])) from None
+                   if missing else
+                   f"{detail}; pass an intact checkpoint with --resume PATH"
+                   f"{_other_checkpoints(path)} or start without --resume")) from None
         validate_checkpoint(ckpt, path, model, config)
         model.load_state_dict(ckpt["model_state"])
         optimizer.load_state_dict(ckpt["optimizer_state"])

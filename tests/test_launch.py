@@ -134,6 +134,34 @@ def test_system_exit_code_passes_through(code_arg: str, who: str, expected: int,
         assert "stopped by rank" in err
 
 
+AGREED_EXIT_SCRIPT = """\
+import sys
+from mpi4py import MPI
+sys.stderr.write(f"rank {MPI.COMM_WORLD.rank} leaving\\n")
+sys.exit(4)
+"""
+
+
+def test_agreed_exit_is_not_an_abort(tmp_path: Path) -> None:
+    """Every rank exiting non-zero: each says its last line, the job exits with that code."""
+    script = _script(tmp_path, "leave.py", AGREED_EXIT_SCRIPT)
+    for _ in range(3):  # before the agreement, the first rank out cut the others off at random
+        code, out, err, elapsed = _launcher("-n", "3", str(script), cwd=tmp_path, timeout=30)
+        assert code == 4, err
+        assert sorted(line for line in err.splitlines() if "leaving" in line) == [
+            f"rank {r} leaving" for r in range(3)], err
+        assert "ending the job" not in err, err
+
+
+def test_train_cli_error_is_one_line_under_the_launcher(tmp_path: Path) -> None:
+    code, out, err, _ = _launcher("-n", "2", str(ROOT / "examples" / "train.py"),
+                                  "--batch-size", "0", cwd=tmp_path, timeout=60)
+    assert code == 2, err
+    assert err.strip().splitlines() == [
+        "train.py: error: argument --batch-size: must be at least 1, got 0 "
+        "(see train.py --help)"], err
+
+
 def test_module_target(tmp_path: Path) -> None:
     pkg = tmp_path / "mtpkg"
     pkg.mkdir()

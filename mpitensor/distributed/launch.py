@@ -517,15 +517,17 @@ def run_target(target: Sequence[str], module: bool = False) -> int:
 
     On an unhandled exception the traceback goes to stderr with each line prefixed
     ``[rank N]`` and ``MPI_Abort(MPI_COMM_WORLD, 1)`` ends every rank at once. ``sys.exit(0)`` or
-    falling off the end returns 0; ``sys.exit(code)`` with a non-zero code aborts the job with
-    that code, since the other ranks could otherwise wait for this one forever.
+    falling off the end returns 0; ``sys.exit(code)`` with a non-zero code returns that code when
+    every rank exits non-zero within a grace of 2 s (``MPITENSOR_EXIT_GRACE``), and otherwise
+    aborts the job with it, since the other ranks could wait for this one forever.
 
     Args:
         target: ``[script, *args]`` or, with ``module=True``, ``[module, *args]``.
         module: run ``target[0]`` as a module (``python -m``).
 
     Returns:
-        0 when the target ended normally (a failure does not return).
+        0 when the target ended normally, or the exit code all ranks agreed on (a failure of
+        one rank does not return).
 
     Example:
         >>> run_target(["train.py", "--epochs", "1"])  # doctest: +SKIP
@@ -533,6 +535,7 @@ def run_target(target: Sequence[str], module: bool = False) -> int:
     """
     name, args = target[0], list(target[1:])
     _install_thread_abort()
+    exit_comm = _exit_communicator()
     try:
         try:
             if module:
@@ -548,6 +551,9 @@ def run_target(target: Sequence[str], module: bool = False) -> int:
     except SystemExit as exc:
         code = _exit_code(exc.code)
         if code != 0:
+            if _every_rank_exits(exit_comm):
+                _flush()
+                return code  # an agreed exit (argparse, checked errors): no abort, no noise
             rank = _rank_now()
             sys.stderr.write(f"[rank {rank}] exited with code {code}; ending the job\n")
             _abort(code)
@@ -556,6 +562,35 @@ def run_target(target: Sequence[str], module: bool = False) -> int:
         _report_exception(exc, _rank_now())
         _abort(1)
     return 0
+
+
+def _exit_communicator() -> Any:
+    """A private duplicate of the world on which exiting ranks meet (None without MPI)."""
+    try:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            return MPI.COMM_WORLD.Dup()
+    except Exception:  # noqa: BLE001 - without it every non-zero exit aborts, as before
+        pass
+    return None
+
+
+def _every_rank_exits(comm: Any, grace: float = 2.0) -> bool:
+    """True when every rank reaches a non-zero ``sys.exit`` within ``grace`` seconds.
+
+    Then each rank exits with its own code and prints its own last line, instead of the first
+    one to get there aborting the others mid-message.
+    """
+    if comm is None:
+        return False
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + float(os.environ.get("MPITENSOR_EXIT_GRACE", grace))
+    while time.monotonic() < deadline:
+        if request.Test():
+            return True
+        time.sleep(0.002)
+    return False
 
 
 def _install_thread_abort() -> None:
