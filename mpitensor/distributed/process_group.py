@@ -135,7 +135,6 @@ class Work:
             self._request.Wait(self._status)
             return
         deadline = time.monotonic() + float(timeout)
-        pause = 1e-6
         while not self._request.Test(self._status):
             if time.monotonic() >= deadline:
                 what = self._describe() if self._describe is not None else "operation"
@@ -143,8 +142,7 @@ class Work:
                     f"{what} did not complete within {timeout:g} s; a peer may not have "
                     "entered the matching call. Check that every rank makes the same calls "
                     "in the same order (MPITENSOR_DEBUG=1 checks collectives).")
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+            _watchdog.yield_cpu()  # not sleep: MPI progresses only inside its calls
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until the operation completes; return True.
