@@ -21,7 +21,7 @@ rotates every repetition) so that noise on this shared machine hits them alike:
 * and, at small sizes, ``mpi4py-pickle``: lowercase ``comm.send``/``comm.recv`` and
   ``comm.allreduce`` on a NumPy array, what the tensor API must never fall onto.
 
-It writes ``docs/benchmarks.md`` (machine, command, targets with MET/NOT MET, tables),
+It writes ``docs/benchmarks-collectives.md`` (machine, command, targets with MET/NOT MET, tables),
 ``docs/img/collectives.png`` (latency against size, one panel per op) and, with ``--json``,
 every row.
 """
@@ -414,7 +414,7 @@ def pickle_table(rows: Sequence[Dict[str, Any]], mode: str) -> str:
 
 def write_markdown(path: Path, rows: Sequence[Dict[str, Any]], meta: Dict[str, Any],
                    targets: List[dict], png: Optional[Path]) -> None:
-    """Write docs/benchmarks.md."""
+    """Write docs/benchmarks-collectives.md."""
     impls = sorted({r["impl"] for r in rows})
     modes = [m for m in B.MODES if any(r["mode"] == m for r in rows)]
     ops = [op for op in B.OPS if any(r["op"] == op for r in rows)]
@@ -563,8 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "torch is installed")
     p.add_argument("--quick", action="store_true",
                    help="short sweep: 4 B to 4 MiB in steps of 4, 5 short repetitions")
-    p.add_argument("--out-md", type=Path, default=ROOT / "docs" / "benchmarks.md",
-                   help="markdown report (default docs/benchmarks.md; '' to skip)")
+    p.add_argument("--out-md", type=Path, default=ROOT / "docs" / "benchmarks-collectives.md",
+                   help="markdown report (default docs/benchmarks-collectives.md; '' to skip)")
     p.add_argument("--out-png", type=Path, default=ROOT / "docs" / "img" / "collectives.png",
                    help="plot (default docs/img/collectives.png; '' to skip)")
     p.add_argument("--json", type=Path, default=None, help="write every row as JSON")
