@@ -36,6 +36,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from mpitensor import _ops
 from mpitensor import backend as _backend
 from mpitensor.autograd import Function, grad_enabled_for
 from mpitensor.tensor import Tensor, _new
@@ -150,21 +151,8 @@ def _shape_str(shape: tuple) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-class _Reshape(Function):
-    """Differentiable reshape (a view where NumPy can make one)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, shape: tuple) -> Any:
-        ctx.in_shape = x.shape
-        return x.reshape(shape)
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        return g.reshape(ctx.in_shape), None
-
-
 def _reshape(x: Any, shape: tuple) -> Tensor:
-    return _Reshape.apply(x, tuple(shape))
+    return _ops.Reshape.apply(x, _arr(x).reshape(tuple(shape)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -744,23 +732,12 @@ def _softmax_prep(fname: str, input: Any, dim: Any, dtype: Any) -> tuple:  # noq
     if dtype is not None:
         from mpitensor import dtypes as _dt  # noqa: PLC0415 - only needed for this option
 
-        input = _Cast.apply(input, _dt.to_dtype(dtype))
+        input = _ops.ToCopy.apply(input, _arr(input).astype(_dt.to_dtype(dtype)))
     _check_float(input, "input", fname)
     x = _arr(input)
     if dim is None:
         dim = _softmax_dim(fname, x.ndim)
     return input, _wrap_dim(dim, x.ndim, fname)
-
-
-class _Cast(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, dt: Any) -> Any:
-        ctx.src = x.dtype
-        return x.astype(dt)
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        return g.astype(ctx.src), None
 
 
 def log_softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # noqa: A002

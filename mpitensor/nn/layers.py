@@ -559,7 +559,26 @@ class Flatten(Module):
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
 
 
-class LogSoftmax(Module):
+class _SoftmaxLike(Module):
+    """Shared body of :class:`LogSoftmax` and :class:`Softmax`: ``_fname`` names the F op."""
+
+    _fname = ""
+
+    def __init__(self, dim: Optional[int] = None) -> None:
+        super().__init__()
+        if dim is not None and not _is_int(dim):
+            raise ValueError(f"{type(self).__name__}: dim must be an int or None, got {dim!r}")
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        dim = self.dim if self.dim is not None else _softmax_dim(self._fname, input.ndim)
+        return getattr(F, self._fname)(input, dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(_SoftmaxLike):
     """``log(softmax(x))`` along ``dim``, computed stably.
 
     Example:
@@ -568,21 +587,10 @@ class LogSoftmax(Module):
         tensor([[0.5000, 0.5000]])
     """
 
-    def __init__(self, dim: Optional[int] = None) -> None:
-        super().__init__()
-        if dim is not None and not _is_int(dim):
-            raise ValueError(f"LogSoftmax: dim must be an int or None, got {dim!r}")
-        self.dim = dim
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        dim = self.dim if self.dim is not None else _softmax_dim("log_softmax", input.ndim)
-        return F.log_softmax(input, dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
+    _fname = "log_softmax"
 
 
-class Softmax(Module):
+class Softmax(_SoftmaxLike):
     """``exp(x) / sum(exp(x))`` along ``dim``.
 
     Example:
@@ -591,18 +599,7 @@ class Softmax(Module):
         tensor([0.5000, 0.5000])
     """
 
-    def __init__(self, dim: Optional[int] = None) -> None:
-        super().__init__()
-        if dim is not None and not _is_int(dim):
-            raise ValueError(f"Softmax: dim must be an int or None, got {dim!r}")
-        self.dim = dim
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        dim = self.dim if self.dim is not None else _softmax_dim("softmax", input.ndim)
-        return F.softmax(input, dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
+    _fname = "softmax"
 
 
 # --------------------------------------------------------------------------------------------
