@@ -121,7 +121,40 @@ def make_batches(batch: int, count: int, seed: int) -> List[Tuple[np.ndarray, np
              rng.integers(0, 10, batch, dtype=np.int64)) for _ in range(count)]
 
 
-class MtLib:
+class _Lib:
+    """One training setup; the loop is the same code for both, as the APIs are the same.
+
+    Subclasses set ``model``, ``opt``, ``F`` (the functional module) and ``data`` (batches).
+    """
+
+    model: Any
+    opt: Any
+    F: Any
+    data: list
+
+    def step(self, i: int) -> None:
+        x, y = self.data[i % len(self.data)]
+        self.opt.zero_grad()
+        loss = self.F.nll_loss(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+
+    def phases(self, i: int) -> Tuple[float, float, float, float]:
+        """One step, timed: (zero_grad, forward + loss, backward, optimizer) in seconds."""
+        x, y = self.data[i % len(self.data)]
+        t0 = time.perf_counter()
+        self.opt.zero_grad()
+        t1 = time.perf_counter()
+        loss = self.F.nll_loss(self.model(x), y)
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        self.opt.step()
+        t4 = time.perf_counter()
+        return t1 - t0, t2 - t1, t3 - t2, t4 - t3
+
+
+class MtLib(_Lib):
     """mpitensor LeNet + SGD (optionally wrapped in DDP): ``step(i)`` trains on batch i."""
 
     name = "mpitensor"
@@ -148,29 +181,9 @@ class MtLib:
         self.F = F
         self.data = [(mt.from_numpy(x), mt.from_numpy(y)) for x, y in batches]
 
-    def step(self, i: int) -> None:
-        x, y = self.data[i % len(self.data)]
-        self.opt.zero_grad()
-        loss = self.F.nll_loss(self.model(x), y)
-        loss.backward()
-        self.opt.step()
-
-    def phases(self, i: int) -> Tuple[float, float, float, float]:
-        """One step, timed: (zero_grad, forward + loss, backward, optimizer) in seconds."""
-        x, y = self.data[i % len(self.data)]
-        t0 = time.perf_counter()
-        self.opt.zero_grad()
-        t1 = time.perf_counter()
-        loss = self.F.nll_loss(self.model(x), y)
-        t2 = time.perf_counter()
-        loss.backward()
-        t3 = time.perf_counter()
-        self.opt.step()
-        t4 = time.perf_counter()
-        return t1 - t0, t2 - t1, t3 - t2, t4 - t3
 
 
-class TorchLib:
+class TorchLib(_Lib):
     """torch LeNet + SGD (optionally DDP on gloo), from mpitensor's initial weights."""
 
     name = "torch"
@@ -195,25 +208,6 @@ class TorchLib:
         self.F = F
         self.data = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
 
-    def step(self, i: int) -> None:
-        x, y = self.data[i % len(self.data)]
-        self.opt.zero_grad()
-        loss = self.F.nll_loss(self.model(x), y)
-        loss.backward()
-        self.opt.step()
-
-    def phases(self, i: int) -> Tuple[float, float, float, float]:
-        x, y = self.data[i % len(self.data)]
-        t0 = time.perf_counter()
-        self.opt.zero_grad()
-        t1 = time.perf_counter()
-        loss = self.F.nll_loss(self.model(x), y)
-        t2 = time.perf_counter()
-        loss.backward()
-        t3 = time.perf_counter()
-        self.opt.step()
-        t4 = time.perf_counter()
-        return t1 - t0, t2 - t1, t3 - t2, t4 - t3
 
 
 def _idle_barrier() -> None:
