@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import traceback
 from types import TracebackType
 from typing import Any, Callable, Optional, Type
@@ -54,8 +55,21 @@ def _report(rank: int, exc_type: Type[BaseException], exc: BaseException,
         pass
 
 
-def _abort() -> None:
-    """MPI_Abort the job; never returns while MPI is running (returns if it is not)."""
+_OUTPUT_GRACE_S = 0.2  # time for the launcher to forward what this rank has just printed
+
+
+def abort_job(code: int = 1) -> None:
+    """Flush, let the launcher forward this rank's last output, then ``MPI_Abort(code)``.
+
+    Never returns while MPI is running (returns if it is not). Without the short pause the
+    launcher could end the job before passing on the traceback just written (seen with hydra on
+    two oversubscribed cores: the job ended with no traceback in its output).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not stop the abort
+            pass
     try:
         from mpi4py import MPI
 
@@ -64,15 +78,16 @@ def _abort() -> None:
         return
     if running:
         try:
-            MPI.COMM_WORLD.Abort(1)
+            time.sleep(_OUTPUT_GRACE_S)
+            MPI.COMM_WORLD.Abort(code)
         finally:
-            os._exit(1)  # MPICH's Abort may return after telling the launcher: stop here
+            os._exit(code)  # MPICH's Abort may return after telling the launcher: stop here
 
 
 def _excepthook(exc_type: Type[BaseException], exc: BaseException,
                 tb: Optional[TracebackType]) -> None:
     _report(_rank(), exc_type, exc, tb)
-    _abort()
+    abort_job(1)
     # Abort returned (MPI not running): behave like the hook we replaced
     previous: Callable = _saved.get("sys", sys.__excepthook__)
     previous(exc_type, exc, tb)
@@ -83,7 +98,7 @@ def _thread_excepthook(args: Any) -> None:
         return  # threading ignores SystemExit silently; so do we
     name = args.thread.name if args.thread is not None else "?"
     _report(_rank(), args.exc_type, args.exc_value, args.exc_traceback, thread=name)
-    _abort()
+    abort_job(1)
     previous: Callable = _saved.get("threading", threading.__excepthook__)
     previous(args)
 

@@ -473,10 +473,9 @@ def _abort(code: int) -> None:
     """End the whole MPI job now with ``code``; the last resort is ``os._exit``."""
     _flush()
     try:
-        from mpi4py import MPI
+        from ._abort import abort_job
 
-        if not MPI.Is_finalized():
-            MPI.COMM_WORLD.Abort(code)
+        abort_job(code)
     except BaseException:  # noqa: BLE001 - fall through to the hard exit
         pass
     os._exit(code)
