@@ -325,7 +325,7 @@ def test_abort_handler_prefixes_every_line(capsys, monkeypatch):
     from mpitensor.distributed import _abort
 
     calls = []
-    monkeypatch.setattr(_abort, "_abort", lambda: calls.append("abort"))
+    monkeypatch.setattr(_abort, "abort_job", lambda code=1: calls.append("abort"))
     monkeypatch.setitem(_abort._saved, "sys", lambda *a: calls.append("previous"))
     try:
         raise ValueError("line one\nline two")
