@@ -143,6 +143,18 @@ class Identity(Module):
         return input
 
 
+def _reset_default(weight: Parameter, bias: Optional[Parameter]) -> None:
+    """torch's default init of Linear and Conv: kaiming-uniform(a=√5), bias in ±1/√fan_in.
+
+    fan_in is never 0 here: the constructors reject empty feature and channel counts.
+    """
+    init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = init._calculate_fan_in_and_fan_out(weight)
+        bound = 1 / math.sqrt(fan_in)
+        init.uniform_(bias, -bound, bound)
+
+
 class Linear(Module):
     """``y = x Wᵀ + b``, with ``W`` of shape (out_features, in_features).
 
@@ -179,11 +191,7 @@ class Linear(Module):
 
     def reset_parameters(self) -> None:
         """Re-draw the parameters as torch does: kaiming-uniform(a=√5), bias ±1/√fan_in."""
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
-            init.uniform_(self.bias, -bound, bound)
+        _reset_default(self.weight, self.bias)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.linear(input, self.weight, self.bias)
@@ -338,12 +346,7 @@ class Conv2d(Module):
 
     def reset_parameters(self) -> None:
         """Re-draw the parameters as torch does: kaiming-uniform(a=√5), bias ±1/√fan_in."""
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            if fan_in != 0:
-                bound = 1 / math.sqrt(fan_in)
-                init.uniform_(self.bias, -bound, bound)
+        _reset_default(self.weight, self.bias)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         if self.padding_mode != "zeros":
