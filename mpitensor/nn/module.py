@@ -529,16 +529,21 @@ class Module:
                 raise AttributeError(f"`{item}` is not an nn.Module")
         return mod
 
+    def _owner_of(self, target: str) -> tuple:
+        """The submodule holding dotted path ``target`` and the attribute's name in it."""
+        module_path, _, name = target.rpartition(".")
+        mod = self.get_submodule(module_path)
+        if not hasattr(mod, name):
+            raise AttributeError(f"{mod._get_name()} has no attribute `{name}`")
+        return mod, name
+
     def get_parameter(self, target: str) -> Parameter:
         """Return the parameter at dotted path ``target`` (``"fc1.weight"``).
 
         Raises:
             AttributeError: the path does not name a Parameter.
         """
-        module_path, _, name = target.rpartition(".")
-        mod = self.get_submodule(module_path)
-        if not hasattr(mod, name):
-            raise AttributeError(f"{mod._get_name()} has no attribute `{name}`")
+        mod, name = self._owner_of(target)
         param = getattr(mod, name)
         if not isinstance(param, Parameter):
             raise AttributeError(f"`{name}` is not an nn.Parameter")
@@ -550,10 +555,7 @@ class Module:
         Raises:
             AttributeError: the path does not name a buffer.
         """
-        module_path, _, name = target.rpartition(".")
-        mod = self.get_submodule(module_path)
-        if not hasattr(mod, name):
-            raise AttributeError(f"{mod._get_name()} has no attribute `{name}`")
+        mod, name = self._owner_of(target)
         if name not in mod._buffers:
             raise AttributeError(f"`{name}` is not a buffer")
         return mod._buffers[name]
