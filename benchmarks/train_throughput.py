@@ -504,25 +504,20 @@ def tables(single: Dict[str, Any], ddp: Dict[str, Any]) -> str:
         t = row.get("torch no sync", {}).get("samples_per_s")
         out.append(f"| {world} processes, no gradient sync (ideal) | {batch} | {_fmt(m)} | "
                    f"{_fmt(t)} | {_r(_paired(row, 'mpitensor no sync', 'torch no sync'))} |")
-    for batch in BATCHES:
-        row = ddp["throughput"][str(batch)]
-        # same steps per repetition: samples/s ratio = world x time(1 process) / time(DDP)
-        sm = _paired(row, "mpitensor", "mpitensor 1 process")
-        st = _paired(row, "torch", "torch 1 process")
-        out.append(f"| DDP scaling ({world} ranks ÷ 1 process, same job) | {batch} | "
-                   f"{_r(sm and world * sm)} | {_r(st and world * st)} | |")
-    for batch in BATCHES:
-        row = ddp["throughput"][str(batch)]
-        im = _paired(row, "mpitensor no sync", "mpitensor 1 process")
-        it = _paired(row, "torch no sync", "torch 1 process")
-        out.append(f"| ceiling: {world} processes without sync ÷ 1 process, same job | {batch} | "
-                   f"{_r(im and world * im)} | {_r(it and world * it)} | |")
-    for batch in BATCHES:
-        row = ddp["throughput"][str(batch)]
-        em = _paired(row, "mpitensor", "mpitensor no sync")
-        et = _paired(row, "torch", "torch no sync")
-        out.append(f"| DDP efficiency (DDP ÷ no sync, same run) | {batch} | {_r(em)} | "
-                   f"{_r(et)} | |")
+    # same steps per repetition: a samples/s ratio is world x time(1 process) / time(other)
+    ratios = (
+        (f"DDP scaling ({world} ranks ÷ 1 process, same job)", "", " 1 process", world),
+        (f"ceiling: {world} processes without sync ÷ 1 process, same job", " no sync",
+         " 1 process", world),
+        ("DDP efficiency (DDP ÷ no sync, same run)", "", " no sync", 1),
+    )
+    for label, num, den, scale in ratios:
+        for batch in BATCHES:
+            row = ddp["throughput"][str(batch)]
+            rm = _paired(row, "mpitensor" + num, "mpitensor" + den)
+            rt = _paired(row, "torch" + num, "torch" + den)
+            out.append(f"| {label} | {batch} | {_r(rm and scale * rm)} | "
+                       f"{_r(rt and scale * rt)} | |")
     out += ["", f"Bucket sweep (mpitensor DDP, {world} ranks, batch {PROFILE_BATCH} per rank; "
             "cap 0 = one bucket per parameter):", "",
             "| bucket_cap_mb | buckets | overlap | samples/s | wait ms/step | "
