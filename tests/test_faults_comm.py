@@ -161,7 +161,14 @@ except DistributedTimeoutError as exc:
         raise
     report(op=exc.op, seq=exc.seq, group=exc.group, missing=exc.missing, elapsed=exc.elapsed,
            msg=str(exc))
-    import os
+    # leave once every waiting rank has reported: the first rank to exit non-zero makes the
+    # launcher kill the rest, and an oversubscribed rank may time out a little later
+    import os, time
+    end = time.monotonic() + 60
+    waiting = [r for r in range(dist.get_world_size()) if r != 1]
+    while (not all(os.path.exists("result%d.json" % r) for r in waiting)
+           and time.monotonic() < end):
+        time.sleep(0.05)
     os._exit(3)
 """
 
