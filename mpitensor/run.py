@@ -25,12 +25,15 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from .distributed.launch import (
+    MPICH,
+    OPENMPI,
     HostfileError,
     build_command,
     find_mpiexec,
+    launcher_option_values,
     mpi_flavor,
     run_target,
 )
@@ -61,6 +64,10 @@ options:
   --mpiexec PATH        the MPI launcher to use (default: next to python, else on PATH)
   --dry-run             print the mpiexec command line and exit
   -m MODULE             run a module as the program (like python -m)
+
+Any other option of the MPI launcher found (MPICH's or Open MPI's mpiexec, e.g. --bind-to core,
+-genv NAME VALUE, --mca KEY VALUE) is passed to it unchanged; an option neither knows is an
+error (exit code 2).
 """
 
 
@@ -99,8 +106,16 @@ def _positive_int(option: str, value: str) -> int:
     return n
 
 
-def parse_args(argv: Sequence[str]) -> Options:
-    """Parse the launcher's own options; everything from the target on belongs to the target."""
+_FLAVOR_NAMES = {MPICH: "MPICH", OPENMPI: "Open MPI"}
+
+
+def parse_args(argv: Sequence[str], flavor: Optional[Callable[[], str]] = None) -> Options:
+    """Parse the command line; everything from the target on belongs to the target.
+
+    Options of mpitensor-run come first; any other option the MPI launcher accepts (asked of
+    ``flavor()``, called at most once, only when such an option appears) is kept, with its
+    values, in ``Options.mpi_args``; an option neither knows is a :class:`UsageError`.
+    """
     opts = Options()
     args = list(argv)
     i = 0
@@ -120,12 +135,25 @@ def parse_args(argv: Sequence[str]) -> Options:
             i += 1
             continue
         if name not in _VALUED or (eq and name == "-m"):
+            kind = flavor() if flavor is not None else None
+            values = launcher_option_values(kind, arg) if kind else None
+            if values is not None:
+                # an option of the launcher found (e.g. --bind-to core): passed through as is
+                if i + values >= len(args):
+                    raise UsageError(f"argument {arg}: expected {values} value"
+                                     f"{'s' if values > 1 else ''} (an option of "
+                                     f"{_FLAVOR_NAMES[kind]}'s mpiexec)")
+                opts.mpi_args += args[i:i + 1 + values]
+                i += 1 + values
+                continue
             # -n4 / -mpkg (attached values), as argparse accepts them
             if arg[:2] in ("-n", "-m", "-f") and len(arg) > 2 and not arg.startswith("--"):
                 name, inline, eq = arg[:2], arg[2:], "="
             else:
-                raise UsageError(f"unrecognized argument: {arg} (options for mpiexec go in "
-                                 '--mpi-args "...", and the script comes last)')
+                which = f" or of {_FLAVOR_NAMES[kind]}'s mpiexec" if kind else ""
+                raise UsageError(f"unrecognized argument: {arg} (not an option of {PROG}{which}; "
+                                 'other launcher options go in --mpi-args "...", and the '
+                                 "script comes last)")
         if eq:
             value = inline
             i += 1
@@ -165,6 +193,16 @@ def parse_args(argv: Sequence[str]) -> Options:
     if not os.path.isfile(opts.target[0]):
         raise UsageError(f"script {opts.target[0]} does not exist")
     return opts
+
+
+def _explicit_mpiexec(args: Sequence[str]) -> Optional[str]:
+    """The first ``--mpiexec PATH`` on the command line (a guess: it may be the target's)."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--mpiexec="):
+            return arg.split("=", 1)[1]
+        if arg == "--mpiexec" and i + 1 < len(args):
+            return args[i + 1]
+    return None
 
 
 def _check_module(name: str) -> None:
@@ -210,9 +248,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return _spawn_worker(args[1])
     try:
-        opts = parse_args(args)
+        found: dict = {}
+
+        def flavor_of(explicit: Optional[str]) -> str:
+            if explicit not in found:
+                found[explicit] = mpi_flavor(find_mpiexec(explicit))
+            return found[explicit]
+
+        # the launcher decides which options pass through, and --mpiexec may come after them:
+        # parse with the first --mpiexec seen, again if that one was the target's argument
+        guess = _explicit_mpiexec(args)
+        opts = parse_args(args, lambda: flavor_of(guess))
+        if opts.mpiexec != guess:
+            explicit = opts.mpiexec
+            opts = parse_args(args, lambda: flavor_of(explicit))
         mpiexec = find_mpiexec(opts.mpiexec)
-        flavor = mpi_flavor(mpiexec)
+        flavor = flavor_of(opts.mpiexec)
         rank_argv = [sys.executable, "-m", "mpitensor.run", "--_worker"]
         rank_argv += ["-m", *opts.target] if opts.module else opts.target
         cmd = build_command(rank_argv, opts.nprocs, opts.hostfile, mpiexec, flavor, opts.iface,

@@ -310,6 +310,61 @@ def test_dry_run_fake_open_mpi(script: Path, capsys: pytest.CaptureFixture) -> N
                    f"mpitensor.run --_worker {script}\n")
 
 
+def test_launcher_options_pass_through_mpich(script: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    """Options of MPICH's mpiexec go to it unchanged, with their values, in order."""
+    mpiexec = launch.find_mpiexec()
+    py = sys.executable
+    code, out, err = _call_main(capsys, "-n", "2", "--bind-to", "core", "-genv", "A", "1 2",
+                                "-l", "-map-by=core", "--dry-run", str(script), "--bind-to", "x")
+    assert code == 0, err
+    assert out == (f"{mpiexec} -n 2 --bind-to core -genv A '1 2' -l -map-by=core {py} -m "
+                   f"mpitensor.run --_worker {script} --bind-to x\n")
+    # Open MPI's --mca is not MPICH's: one line naming both, exit 2
+    code, out, err = _call_main(capsys, "-n", "2", "--mca", "btl", "tcp", str(script))
+    assert code == 2 and out == ""
+    assert err == ("mpitensor-run: error: unrecognized argument: --mca (not an option of "
+                   "mpitensor-run or of MPICH's mpiexec; other launcher options go in "
+                   '--mpi-args "...", and the script comes last)\n')
+    code, out, err = _call_main(capsys, "-n", "2", "-genv", "A")
+    assert code == 2 and err == ("mpitensor-run: error: argument -genv: expected 2 values (an "
+                                 "option of MPICH's mpiexec)\n")
+
+
+def test_launcher_options_pass_through_open_mpi(script: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
+    """With Open MPI (found through --mpiexec, even when given after the options), its own
+    spellings pass through: two-valued --mca, single-dash -mca, -x, flags."""
+    fake = _fake_mpiexec(script.parent, "mpirun (Open MPI) 5.0.3")
+    py = sys.executable
+    root = os.geteuid() == 0
+    env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " if root else ""
+    asroot = " --allow-run-as-root" if root else ""
+    code, out, err = _call_main(capsys, "-n", "1", "--mca", "btl", "self,tcp", "-mca",
+                                "pml", "ob1", "-x", "FOO", "--report-bindings", "--mpiexec",
+                                str(fake), "--dry-run", str(script))
+    assert code == 0, err
+    assert out == (f"{env}{fake} -n 1{asroot} --mca btl self,tcp -mca pml ob1 -x FOO "
+                   f"--report-bindings {py} -m mpitensor.run --_worker {script}\n")
+    code, out, err = _call_main(capsys, "--mpiexec", str(fake), "-n", "1", "-genv", "A", "B",
+                                str(script))
+    assert code == 2 and "unrecognized argument: -genv (not an option of mpitensor-run or " \
+        "of Open MPI's mpiexec" in err and err.count("\n") == 1
+
+
+def test_launcher_option_values() -> None:
+    assert launch.launcher_option_values("mpich", "-genv") == 2
+    assert launch.launcher_option_values("mpich", "--bind-to") == 1
+    assert launch.launcher_option_values("mpich", "-bind-to=core") == 0
+    assert launch.launcher_option_values("mpich", "-prepend-rank") == 0
+    assert launch.launcher_option_values("mpich", "--mca") is None
+    assert launch.launcher_option_values("openmpi", "-mca") == 2
+    assert launch.launcher_option_values("openmpi", "--map-by") == 1
+    assert launch.launcher_option_values("openmpi", "--oversubscribe") == 0
+    assert launch.launcher_option_values("openmpi", "-genv") is None
+    assert launch.launcher_option_values("openmpi", "bind-to") is None  # not an option
+
+
 def test_unknown_mpi_is_an_error(script: Path, capsys: pytest.CaptureFixture) -> None:
     fake = _fake_mpiexec(script.parent, "SuperMPI launcher 1.0")
     code, out, err = _call_main(capsys, "--mpiexec", str(fake), "-n", "2", str(script))

@@ -46,6 +46,7 @@ __all__ = [
     "HostfileError",
     "find_mpiexec",
     "mpi_flavor",
+    "launcher_option_values",
     "parse_hostfile",
     "build_command",
     "run_target",
@@ -168,6 +169,68 @@ def mpi_flavor(mpiexec: str) -> str:
     first = out.strip().splitlines()[0] if out.strip() else "(nothing)"
     raise RuntimeError(f"cannot tell which MPI {mpiexec} belongs to (`--version` printed "
                        f"{first!r}); point --mpiexec at an MPICH or Open MPI mpiexec")
+
+
+# --------------------------------------------------------------------------- launcher options
+
+# The options each launcher accepts, by name without leading dashes, with the number of values
+# that follow them (MPICH's hydra from `mpiexec -h` and its option table; Open MPI from
+# `mpirun --help all` of 4.1 and 5.0). Both launchers accept one or two leading dashes and an
+# inline `=value`. mpitensor-run passes these through unchanged and rejects anything else.
+_HYDRA_OPTIONS: Dict[str, int] = {
+    **dict.fromkeys(["genv", "env"], 2),
+    **dict.fromkeys([
+        "genvlist", "envlist", "f", "hostfile", "machinefile", "hosts", "host", "rankmap",
+        "wdir", "configfile", "launcher", "launcher-exec", "rmk", "topolib", "bind-to",
+        "binding", "map-by", "membind", "demux", "errfile-pattern", "outfile-pattern",
+        "prepend-pattern", "gpus-per-proc", "iface", "localhost", "nameserver", "order-nodes",
+        "ppn", "usize", "memory-alloc-kinds"], 1),
+    **dict.fromkeys([
+        "genvnone", "genvall", "envnone", "envall", "enable-x", "disable-x",
+        "disable-auto-cleanup", "disable-hostname-propagation", "hybrid-hosts", "info",
+        "pmi-port", "prepend-rank", "l", "print-all-exitcodes", "profile", "skip-launch-node",
+        "verbose", "v", "debug"], 0),
+}
+_OPENMPI_OPTIONS: Dict[str, int] = {
+    **dict.fromkeys(["mca", "gmca", "prtemca", "pmixmca"], 2),
+    **dict.fromkeys([
+        "host", "H", "hostfile", "machinefile", "default-hostfile", "map-by", "rank-by",
+        "bind-to", "npernode", "N", "npersocket", "cpus-per-proc", "cpus-per-rank", "cpu-set",
+        "rankfile", "wdir", "wd", "path", "prefix", "x", "output-filename", "timeout",
+        "report-uri", "stdin", "tune", "am", "preload-files", "personality", "output",
+        "display", "runtime-options", "max-vm-size"], 1),
+    **dict.fromkeys([
+        "oversubscribe", "no-oversubscribe", "allow-run-as-root", "report-bindings",
+        "display-map", "display-devel-map", "display-allocation", "tag-output",
+        "timestamp-output", "merge-stderr-to-stdout", "nolocal", "noprefix",
+        "use-hwthread-cpus", "quiet", "q", "verbose", "v", "report-state-on-timeout",
+        "get-stack-traces", "enable-recovery", "disable-recovery", "show-progress",
+        "do-not-resolve", "xml", "continuous"], 0),
+}
+
+
+def launcher_option_values(flavor: str, option: str) -> Optional[int]:
+    """How many values follow ``option`` on the command line of ``flavor``'s ``mpiexec``.
+
+    Args:
+        flavor: ``"mpich"`` or ``"openmpi"`` (see :func:`mpi_flavor`).
+        option: the option as typed, e.g. ``"--bind-to"``, ``"-genv"`` or ``"-map-by=core"``
+            (an inline ``=value`` counts as given: 0 values follow).
+
+    Returns:
+        The number of values that follow, or ``None`` where that launcher has no such option.
+
+    Example:
+        >>> launcher_option_values("openmpi", "--mca")
+        2
+        >>> launcher_option_values("mpich", "--mca") is None
+        True
+    """
+    table = _HYDRA_OPTIONS if flavor == MPICH else _OPENMPI_OPTIONS
+    name, eq, _ = option.lstrip("-").partition("=")
+    if not option.startswith("-") or name not in table:
+        return None
+    return 0 if eq else table[name]
 
 
 # --------------------------------------------------------------------------- hostfiles
