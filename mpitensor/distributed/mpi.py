@@ -54,6 +54,19 @@ for _dt in B.MOVE_TYPES:
 del _dt, _op, _p
 
 
+def _fast_op(op: Any, dtype: Any) -> Any:
+    """``(MPI datatype, MPI op)`` when ``op`` on ``dtype`` needs no plan (see _FAST), else None."""
+    try:
+        return _FAST[op].get(dtype)
+    except (KeyError, TypeError):  # not a ReduceOp (a name, an int, unhashable): the general
+        return None                # path coerces it or says why not
+
+
+def _no_splits(splits: Any) -> bool:
+    """``None`` or an empty list: split dimension 0 evenly (torch's convention)."""
+    return splits is None or (isinstance(splits, (list, tuple)) and len(splits) == 0)
+
+
 def _counts_displs(counts: Sequence[int]) -> "tuple[list, list]":
     displs, total = [], 0
     for c in counts:
@@ -136,7 +149,7 @@ class MPIGroup(ProcessGroup):
         problems = []
         if any(s["error"] for s in sigs):
             problems.append("argument errors")
-        common = ("op", "seq", "dtype", "reduce", "root", "shape")
+        common = ("op", "seq", "dtype", "reduce", "root", "shape", "splits")
         for key in common:
             vals = [s.get(key) for s in sigs]
             if any(v != vals[0] for v in vals):
@@ -158,7 +171,8 @@ class MPIGroup(ProcessGroup):
         lines = []
         for g, s in zip(self.ranks, sigs):
             fields = ", ".join(f"{k}={s[k]}" for k in ("op", "seq", "dtype", "shape", "reduce",
-                                                          "root") if s.get(k) is not None)
+                                                          "root", "splits")
+                               if s.get(k) is not None)
             if s["error"]:
                 fields += f", error={s['error']}"
             lines.append(f"  rank {g}: {fields}")
@@ -218,23 +232,51 @@ class MPIGroup(ProcessGroup):
     def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Optional[Work]:
         arr = tensor._data if type(tensor) is Tensor else tensor
         if type(arr) is np.ndarray and not self.debug and self.rank_ >= 0:
-            fast = _FAST.get(op)
-            if fast is not None:
-                fast = fast.get(arr.dtype)
+            fast = _fast_op(op, arr.dtype)
             if fast is not None:
                 flags = arr.flags
                 if flags.c_contiguous and flags.writeable:
-                    s = self.seq = self.seq + 1
-                    self.history[s & _MASK] = (s, "all_reduce", arr.dtype, arr.shape)
+                    s = self._fast_count("all_reduce", arr)
                     req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
-                    if async_op:
-                        return Work(req, None, [tensor], keep=arr, group=self,
-                                    describe=lambda: f"all_reduce #{s} on {self.name}",
-                                    info=("all_reduce", s, "coll", None, None))
-                    if not req.Test():
-                        _wait(self, req, "all_reduce", s)
-                    return None
+                    return self._fast_finish(req, "all_reduce", s, [tensor], arr, async_op)
         return self._all_reduce(tensor, op, async_op)
+
+    # Fast paths: a contiguous NumPy array (or a Tensor holding one) of a dtype MPI moves as
+    # is, plain int ranks on a group whose ranks are the world's, debug off. Such a call needs
+    # none of the checks, staging or plans of the general path, which it otherwise takes (and
+    # which raises the errors). Each costs about as much as the mpi4py call itself.
+    def _fast_count(self, op: str, arr: Any) -> int:
+        s = self.seq = self.seq + 1
+        self.history[s & _MASK] = (s, op, arr.dtype, arr.shape)
+        return s
+
+    def _fast_finish(self, req: Any, op: str, s: int, tensors: list, keep: Any,
+                     async_op: bool) -> Optional[Work]:
+        if async_op:
+            return Work(req, None, tensors, keep=keep, group=self,
+                        describe=lambda: f"rank {self.global_rank}: {op} (#{s} on {self.name})",
+                        info=(op, s, "coll", None, None))
+        try:
+            if not req.Test():
+                _wait(self, req, op, s)
+        except MPI.Exception as exc:
+            raise self._mpi_error(f"rank {self.global_rank}: {op} (#{s} on {self.name})",
+                                  exc) from exc
+        return None
+
+    def _fast_root(self, root: Any, group_root: Any) -> bool:
+        return (type(root) is int and group_root is None and self.identity and not self.debug
+                and 0 <= root < self.size_)
+
+    @staticmethod
+    def _fast_pair(out: Any, inp: Any) -> Any:
+        """The MPI datatype when ``out`` and ``inp`` qualify together (same dtype, ``out``
+        writable, no shared memory: the in-place idioms take the general path), else None."""
+        if (type(out) is np.ndarray and type(inp) is np.ndarray and out.dtype == inp.dtype
+                and out.ndim and inp.ndim and out.flags.c_contiguous and out.flags.writeable
+                and inp.flags.c_contiguous and not np.may_share_memory(out, inp)):
+            return _MOVE.get(inp.dtype)
+        return None
 
     def _all_reduce(self, tensor: Any, op: Any, async_op: bool) -> Optional[Work]:
         where = self._begin("all_reduce")
@@ -261,6 +303,18 @@ class MPIGroup(ProcessGroup):
 
     def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
                   group_src: Optional[int] = None) -> Optional[Work]:
+        arr = tensor._data if type(tensor) is Tensor else tensor
+        if (type(arr) is np.ndarray and self.rank_ >= 0 and self._fast_root(src, group_src)
+                and arr.flags.c_contiguous and (arr.flags.writeable or src == self.rank_)):
+            mt = _MOVE.get(arr.dtype)
+            if mt is not None:
+                s = self._fast_count("broadcast", arr)
+                req = self.comm.Ibcast([arr, mt], src)
+                return self._fast_finish(req, "broadcast", s, [tensor], arr, async_op)
+        return self._broadcast(tensor, src, async_op, group_src)
+
+    def _broadcast(self, tensor: Any, src: Optional[int], async_op: bool,
+                   group_src: Optional[int]) -> Optional[Work]:
         where = self._begin("broadcast")
         root = self.resolve_peer(src, group_src, "src", where)
 
@@ -286,6 +340,22 @@ class MPIGroup(ProcessGroup):
 
     def reduce(self, tensor: Any, dst: Optional[int] = None, op: Any = _SUM,
                async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+        arr = tensor._data if type(tensor) is Tensor else tensor
+        root = 0 if dst is None and group_dst is None else dst
+        if (type(arr) is np.ndarray and self.rank_ >= 0 and self._fast_root(root, group_dst)
+                and arr.flags.c_contiguous and (arr.flags.writeable or root != self.rank_)):
+            fast = _fast_op(op, arr.dtype)
+            if fast is not None:
+                s = self._fast_count("reduce", arr)
+                if root == self.rank_:
+                    req = self.comm.Ireduce(_IN_PLACE, [arr, fast[0]], fast[1], root)
+                else:
+                    req = self.comm.Ireduce([arr, fast[0]], None, fast[1], root)
+                return self._fast_finish(req, "reduce", s, [tensor], arr, async_op)
+        return self._reduce(tensor, dst, op, async_op, group_dst)
+
+    def _reduce(self, tensor: Any, dst: Optional[int], op: Any, async_op: bool,
+                group_dst: Optional[int]) -> Optional[Work]:
         where = self._begin("reduce")
         if dst is None and group_dst is None:
             group_dst = 0
@@ -385,6 +455,19 @@ class MPIGroup(ProcessGroup):
 
     def all_gather_into_tensor(self, output: Any, input: Any,
                                async_op: bool = False) -> Optional[Work]:
+        out = output._data if type(output) is Tensor else output
+        inp = input._data if type(input) is Tensor else input
+        if self.rank_ >= 0 and not self.debug:
+            mt = self._fast_pair(out, inp)
+            if mt is not None and out.size == inp.size * self.size_:
+                s = self._fast_count("all_gather_into_tensor", inp)
+                req = self.comm.Iallgather([inp, mt], [out, mt])
+                return self._fast_finish(req, "all_gather_into_tensor", s, [output],
+                                         (out, inp), async_op)
+        return self._all_gather_into_tensor(output, input, async_op)
+
+    def _all_gather_into_tensor(self, output: Any, input: Any,
+                                async_op: bool) -> Optional[Work]:
         where = self._begin("all_gather_into_tensor")
 
         def prepare() -> Any:
@@ -538,6 +621,20 @@ class MPIGroup(ProcessGroup):
 
     def reduce_scatter_tensor(self, output: Any, input: Any, op: Any = _SUM,
                               async_op: bool = False) -> Optional[Work]:
+        out = output._data if type(output) is Tensor else output
+        inp = input._data if type(input) is Tensor else input
+        if self.rank_ >= 0 and not self.debug and self._fast_pair(out, inp) is not None \
+                and inp.size == out.size * self.size_:
+            fast = _fast_op(op, inp.dtype)
+            if fast is not None:
+                s = self._fast_count("reduce_scatter_tensor", inp)
+                req = self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1])
+                return self._fast_finish(req, "reduce_scatter_tensor", s, [output],
+                                         (out, inp), async_op)
+        return self._reduce_scatter_tensor(output, input, op, async_op)
+
+    def _reduce_scatter_tensor(self, output: Any, input: Any, op: Any,
+                               async_op: bool) -> Optional[Work]:
         where = self._begin("reduce_scatter_tensor")
 
         def prepare() -> Any:
@@ -603,7 +700,7 @@ class MPIGroup(ProcessGroup):
 
     def _splits(self, splits: Any, arr: Any, what: str, where: str) -> list:
         rows = arr.shape[0] if arr.ndim else 1
-        if splits is None or (isinstance(splits, (list, tuple)) and len(splits) == 0):
+        if _no_splits(splits):
             if rows % self.size_:
                 raise ValueError(
                     f"{where}: {what} is None, so dimension 0 ({rows}) must divide evenly "
@@ -621,6 +718,22 @@ class MPIGroup(ProcessGroup):
     def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any = None,
                           input_split_sizes: Any = None,
                           async_op: bool = False) -> Optional[Work]:
+        out = output._data if type(output) is Tensor else output
+        inp = input._data if type(input) is Tensor else input
+        if (self.rank_ >= 0 and not self.debug and input_split_sizes is None
+                and output_split_sizes is None):
+            mt = self._fast_pair(out, inp)
+            if (mt is not None and inp.shape[1:] == out.shape[1:]
+                    and inp.shape[0] % self.size_ == 0 and out.shape[0] % self.size_ == 0):
+                s = self._fast_count("all_to_all_single", out)
+                req = self.comm.Ialltoall([inp, mt], [out, mt])
+                return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp),
+                                         async_op)
+        return self._all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                       async_op)
+
+    def _all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,
+                           input_split_sizes: Any, async_op: bool) -> Optional[Work]:
         where = self._begin("all_to_all_single")
 
         def prepare() -> Any:
@@ -637,18 +750,30 @@ class MPIGroup(ProcessGroup):
             row = int(np.prod(inp.shape[1:])) if inp.ndim > 1 else 1
             return out, inp, mt, [s * row for s in ins], [s * row for s in outs]
 
+        even = _no_splits(input_split_sizes) and _no_splits(output_split_sizes)
+
         def sig() -> dict:
             out, inp, _, sc, rc = prepare()
-            return self._sig("all_to_all_single", inp, send=sc, recv=rc)
+            return self._sig("all_to_all_single", inp, send=sc, recv=rc,
+                             splits="none" if even else "given")
 
         out, inp, mt, scounts, rcounts = self._maybe_debug(where, sig, prepare)
         rbuf, write_back = B.stage_out(out)
-        sspec = [B.unalias(B.stage_in(inp), rbuf), _counts_displs(scounts), mt]
-        rspec = [rbuf, _counts_displs(rcounts), mt]
+        sbuf = B.unalias(B.stage_in(inp), rbuf)
         comm = self.comm
-        return self._run(where, lambda: comm.Alltoallv(sspec, rspec),
-                         lambda: comm.Ialltoallv(sspec, rspec), write_back, async_op, [output],
-                         keep=(sspec, rspec))
+        if even:
+            # no split sizes (the usual case): MPI_Alltoall, which MPIs implement with
+            # algorithms (Bruck, pairwise) the v-variant cannot use; mpi4py divides each buffer
+            # by the number of ranks. As with torch's MPI backend, every rank must then pass no
+            # split sizes: the choice is made locally, and debug mode checks it agrees
+            sspec, rspec = [sbuf, mt], [rbuf, mt]
+            blocking, nonblocking = comm.Alltoall, comm.Ialltoall
+        else:
+            sspec = [sbuf, _counts_displs(scounts), mt]
+            rspec = [rbuf, _counts_displs(rcounts), mt]
+            blocking, nonblocking = comm.Alltoallv, comm.Ialltoallv
+        return self._run(where, lambda: blocking(sspec, rspec), lambda: nonblocking(sspec, rspec),
+                         write_back, async_op, [output], keep=(sspec, rspec))
 
     def barrier(self, async_op: bool = False) -> Optional[Work]:
         where = self._begin("barrier")

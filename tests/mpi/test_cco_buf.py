@@ -494,10 +494,11 @@ class BaseTestCCO(ai.GroupCase):
         me, n = self.rank, self.size
         for kind in ai.kinds():
             for dt in ai.dtypes_for(mode):
-                for even in (True, False):
-                    what = f"all_to_all_single {kind} {dt} even={even}"
+                # no split sizes (MPI_Alltoall), equal ones given, uneven ones (Alltoallv)
+                for splits in ("none", "equal", "uneven"):
+                    what = f"all_to_all_single {kind} {dt} splits={splits}"
 
-                    def rows(a, b, even=even):
+                    def rows(a, b, even=splits != "uneven"):
                         return 2 if even else (a + b) % 3  # rows a sends to b (0 included)
 
                     inp = np.concatenate([vals((rows(me, j), 3), dt, me, salt=j)
@@ -506,7 +507,7 @@ class BaseTestCCO(ai.GroupCase):
                                            for j in range(n)])
                     x = ai.wrap(kind, inp)
                     out = zeros(kind, want.shape, dt)
-                    kw = {} if even else {
+                    kw = {} if splits == "none" else {
                         "input_split_sizes": [rows(me, j) for j in range(n)],
                         "output_split_sizes": [rows(j, me) for j in range(n)]}
                     work = ai.call(mode, dist.all_to_all_single, out, x, group=self.group, **kw)

@@ -161,6 +161,24 @@ class BaseTestDebug(ai.GroupCase):
                                   f"{self.ranks[last]}, which expects 3")
         self.still_works()
 
+    def test_all_to_all_single_splits_given_on_some_ranks(self):
+        """No split sizes on rank 0 (MPI_Alltoall there), equal ones given elsewhere
+        (MPI_Alltoallv): the counts agree, but the calls would not match."""
+        if self.skip_alone():
+            return
+        n = self.size
+        x = np.arange(2.0 * n) + 10 * self.rank
+        out = np.zeros(2 * n)
+        kw = {} if self.rank == 0 else {"input_split_sizes": [2] * n,
+                                        "output_split_sizes": [2] * n}
+        exc = outcome(dist.all_to_all_single, out, x, group=self.group, **kw)
+        self.expect_mismatch(exc, "different splits", "splits=none", "splits=given")
+        self.still_works()
+        dist.all_to_all_single(out, x, group=self.group)   # alike on every rank: works
+        want = np.concatenate([10 * j + np.arange(2.0 * self.rank, 2.0 * self.rank + 2)
+                               for j in range(n)])
+        np.testing.assert_array_equal(out, want)
+
     def test_local_error_on_one_rank(self):
         """The erroring rank raises its own ValueError; the others a mismatch naming it."""
         if self.skip_alone():
