@@ -1,66 +1,60 @@
-"""Gradient averaging: the PyTorch tutorial's ``average_gradients`` helper.
+"""Gradient averaging: the PyTorch tutorial's ``average_gradients`` helper, on a real model.
 
 In data-parallel training every rank computes gradients on its own share of the data, then
 all-reduces each parameter's gradient (SUM) and divides by the world size, so that every rank
-applies the same averaged update. Here a tiny stand-in model holds a 2x3 weight and a bias of 2,
-and each rank fills in fake gradients (what ``loss.backward()`` would leave)::
+applies the same averaged update. With equal shares and a mean loss, that average is exactly the
+gradient of the loss over the whole batch: this example checks it.
 
-    rank r:  weight.grad = (r + 1) * [[1, 2, 3], [4, 5, 6]]      bias.grad = [r, 1 - r]
+Every rank builds the same ``nn.Linear(3, 2)`` (fixed weights) and the same global batch of 12
+samples, takes its contiguous share (12 / world size rows), runs ``loss.backward()`` on its share
+(MSE loss), and calls ``average_gradients``. It then computes, locally and without any
+communication, the gradient of the loss over all 12 samples, and compares.
 
-so the average over N ranks is ``weight.grad = (N + 1) / 2 * [[1, 2, 3], [4, 5, 6]]`` and
-``bias.grad = [(N - 1) / 2, 1 - (N - 1) / 2]``. Each rank checks its result against that mean.
-
-Launch::
+Launch (any world size that divides 12: 1, 2, 3, 4, 6, 12)::
 
     mpiexec -n 4 python examples/gradient_averaging.py
 
-Expected output (one line per rank, in any order; works at any world size)::
+Expected output (one line per rank, in any order; the same numbers at every world size, since
+the full-batch gradient does not depend on how the batch is split)::
 
-    Rank 0 averaged gradients: weight [[2.5, 5.0, 7.5], [10.0, 12.5, 15.0]] bias [1.5, -0.5] ok
-    Rank 1 averaged gradients: weight [[2.5, 5.0, 7.5], [10.0, 12.5, 15.0]] bias [1.5, -0.5] ok
-    Rank 2 averaged gradients: weight [[2.5, 5.0, 7.5], [10.0, 12.5, 15.0]] bias [1.5, -0.5] ok
-    Rank 3 averaged gradients: weight [[2.5, 5.0, 7.5], [10.0, 12.5, 15.0]] bias [1.5, -0.5] ok
+    Rank 0 (samples 0-2): averaged weight.grad [[-9.3225, -9.7055, -10.0885], [-2.5245, -2.632, -2.7395]] bias.grad [-3.83, -1.075] == full-batch gradient: ok
+    Rank 1 (samples 3-5): averaged weight.grad [[-9.3225, -9.7055, -10.0885], [-2.5245, -2.632, -2.7395]] bias.grad [-3.83, -1.075] == full-batch gradient: ok
+    Rank 2 (samples 6-8): ...  (the same gradients)
+    Rank 3 (samples 9-11): ... (the same gradients)
 
-A rank whose result differs from the mean prints ``MISMATCH`` instead of ``ok`` and the program
-exits with code 1.
+A rank whose result differs prints ``MISMATCH`` instead of ``ok`` and the program exits with
+code 1.
 """
 
 import sys
-from typing import List, Optional
 
 import numpy as np
 
 import mpitensor as torch
 import mpitensor.distributed as dist
+import mpitensor.nn as nn
+import mpitensor.nn.functional as F
+
+SAMPLES = 12
 
 
-class Parameter:
-    """What ``average_gradients`` sees of a parameter: its ``data`` and its ``grad``."""
-
-    def __init__(self, data: "torch.Tensor") -> None:
-        self.data = data
-        self.grad: Optional["torch.Tensor"] = None
-
-
-class TinyModel:
-    """Stands in for an ``nn.Module``: ``parameters()`` yields a 2x3 weight and a bias of 2."""
-
-    def __init__(self) -> None:
-        self.weight = Parameter(torch.zeros(2, 3))
-        self.bias = Parameter(torch.zeros(2))
-
-    def parameters(self) -> List[Parameter]:
-        return [self.weight, self.bias]
+def make_model() -> nn.Linear:
+    """The same model on every rank: a Linear(3, 2) with fixed weights."""
+    model = nn.Linear(3, 2).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[0.1, -0.2, 0.3], [0.4, 0.5, -0.6]]))
+        model.bias.copy_(torch.tensor([0.05, -0.05]))
+    return model
 
 
-def fake_backward(model: TinyModel, rank: int) -> None:
-    """Fill in the gradients a backward pass on this rank's data would have produced."""
-    base = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-    model.weight.grad = base * (rank + 1)
-    model.bias.grad = torch.tensor([float(rank), 1.0 - rank])
+def make_batch() -> "tuple[torch.Tensor, torch.Tensor]":
+    """The global batch every rank knows: inputs 0.0, 0.1, ..., targets from a fixed rule."""
+    x = np.arange(SAMPLES * 3, dtype=np.float64).reshape(SAMPLES, 3) / 10
+    y = np.stack([x.sum(1) - 1.0, 2.0 * x[:, 0] - x[:, 2]], axis=1)
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def average_gradients(model: TinyModel) -> None:
+def average_gradients(model: nn.Module) -> None:
     """Gradient averaging: the tutorial's helper, word for word."""
     size = float(dist.get_world_size())
     for param in model.parameters():
@@ -68,21 +62,32 @@ def average_gradients(model: TinyModel) -> None:
         param.grad.data /= size
 
 
+def rounded(t: "torch.Tensor") -> list:
+    return np.round(t.numpy(), 4).tolist()
+
+
 def main() -> None:
     # one write per line, so lines of different ranks never mix (even under PYTHONUNBUFFERED=1)
     sys.stdout.reconfigure(line_buffering=True, write_through=False)
     dist.init_process_group(backend="mpi")
     rank, size = dist.get_rank(), dist.get_world_size()
-    model = TinyModel()
-    fake_backward(model, rank)
+    if SAMPLES % size:
+        raise SystemExit(f"run on a world size that divides {SAMPLES} (got {size})")
+    x, y = make_batch()
+    share = SAMPLES // size
+    lo, hi = rank * share, (rank + 1) * share
+
+    model = make_model()
+    F.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()   # this rank's share only
     average_gradients(model)
-    # the mean computed locally, without communication, from every rank's known gradients
-    weight_mean = np.mean([(r + 1) * np.arange(1.0, 7.0).reshape(2, 3) for r in range(size)], 0)
-    bias_mean = np.mean([[float(r), 1.0 - r] for r in range(size)], 0)
-    weight, bias = model.weight.grad.tolist(), model.bias.grad.tolist()
-    ok = np.allclose(weight, weight_mean) and np.allclose(bias, bias_mean)
-    print(f"Rank {rank} averaged gradients: weight {weight} bias {bias} "
-          f"{'ok' if ok else 'MISMATCH'}", flush=True)
+
+    full = make_model()                                  # no communication: all 12 samples
+    F.mse_loss(full(x), y).backward()
+    ok = all(np.allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, atol=1e-12)
+             for p, q in zip(model.parameters(), full.parameters()))
+    print(f"Rank {rank} (samples {lo}-{hi - 1}): averaged weight.grad "
+          f"{rounded(model.weight.grad)} bias.grad {rounded(model.bias.grad)} == full-batch "
+          f"gradient: {'ok' if ok else 'MISMATCH'}", flush=True)
     dist.destroy_process_group()
     if not ok:
         sys.exit(1)

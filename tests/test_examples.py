@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+import numpy as np
 import pytest
 
 from .launch import mpiexec_run
@@ -257,12 +258,19 @@ def test_object_collectives(n: int) -> None:
 # ----------------------------------------------------------------------------- averaging
 @pytest.mark.parametrize("n", sizes(3, 4))
 def test_gradient_averaging(n: int) -> None:
-    scale = (n + 1) / 2
-    weight = [[scale * v for v in row] for row in ([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])]
-    bias = [(n - 1) / 2, 1 - (n - 1) / 2]
+    """Each rank's averaged gradient is the full-batch MSE gradient, worked out here by hand."""
+    x = np.arange(36, dtype=np.float64).reshape(12, 3) / 10
+    y = np.stack([x.sum(1) - 1.0, 2.0 * x[:, 0] - x[:, 2]], axis=1)
+    w = np.array([[0.1, -0.2, 0.3], [0.4, 0.5, -0.6]])
+    b = np.array([0.05, -0.05])
+    diff = x @ w.T + b - y
+    dw = 2 * diff.T @ x / diff.size          # d mean((xW^T + b - y)^2) / dW
+    db = 2 * diff.sum(0) / diff.size
+    share = 12 // n
     assert_lines(run_example(n, "gradient_averaging.py"),
-                 [f"Rank {r} averaged gradients: weight {weight} bias {bias} ok"
-                  for r in range(n)])
+                 [f"Rank {r} (samples {r * share}-{(r + 1) * share - 1}): averaged weight.grad "
+                  f"{np.round(dw, 4).tolist()} bias.grad {np.round(db, 4).tolist()} == "
+                  "full-batch gradient: ok" for r in range(n)])
 
 
 # ----------------------------------------------------------------------------- tour
