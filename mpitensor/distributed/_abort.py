@@ -56,6 +56,35 @@ def _report(rank: int, exc_type: Type[BaseException], exc: BaseException,
 
 
 _OUTPUT_GRACE_S = 0.2  # time for the launcher to forward what this rank has just printed
+_DRAIN_TIMEOUT_S = 3.0  # at most this long for the launcher to read this rank's output pipes
+
+
+def _unread_bytes(fd: int) -> int:
+    """Bytes written to pipe ``fd`` that its reader has not read yet (0 if not a pipe)."""
+    import fcntl
+    import stat
+    import struct
+    import termios
+
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return 0
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    except (OSError, ValueError, struct.error):
+        return 0
+
+
+def _wait_output_read(timeout: float = _DRAIN_TIMEOUT_S) -> None:
+    """Wait until the launcher has read what this rank wrote to stdout and stderr.
+
+    Under mpiexec both are pipes to the launcher's proxy; on Linux ``FIONREAD`` on the write
+    end tells how much of a pipe is still unread. An abort before the proxy has read the
+    traceback can lose it (the proxy is killed with the job), and a fixed pause is not enough
+    when the machine is loaded.
+    """
+    deadline = time.monotonic() + timeout
+    while any(_unread_bytes(fd) for fd in (1, 2)) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def abort_job(code: int = 1) -> None:
@@ -78,7 +107,8 @@ def abort_job(code: int = 1) -> None:
         return
     if running:
         try:
-            time.sleep(_OUTPUT_GRACE_S)
+            _wait_output_read()
+            time.sleep(_OUTPUT_GRACE_S)  # and for the proxy to pass it on
             MPI.COMM_WORLD.Abort(code)
         finally:
             os._exit(code)  # MPICH's Abort may return after telling the launcher: stop here
