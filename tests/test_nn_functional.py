@@ -80,8 +80,16 @@ CONV_CASES = [
 ]
 
 
+@pytest.fixture(params=["whole", "banded"])
+def conv_bands(request, monkeypatch):
+    """conv2d on the CPU builds a big im2col matrix band by band (K.BAND_BYTES); "banded"
+    forces one output row per band and one input channel per input-gradient chunk."""
+    monkeypatch.setattr(K, "BAND_BYTES", 1 if request.param == "banded" else 1 << 40)
+    return request.param
+
+
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_conv2d_finite_differences(case):
+def test_conv2d_finite_differences(case, conv_bands):
     N, C, H, W, O, k, s, p, d, g, bias = case
     kk = (k, k) if isinstance(k, int) else k
     x = RNG.standard_normal((N, C, H, W))
@@ -92,6 +100,31 @@ def test_conv2d_finite_differences(case):
         return F.conv2d(t[0], t[1], t[2] if bias else None, s, p, d, g)
 
     _fd_check(fn, arrays, range(len(arrays)))
+
+
+@pytest.mark.parametrize("case", CONV_CASES + [(3, 3, 11, 9, 5, 5, 1, 2, 1, 1, True),
+                                             (2, 6, 12, 12, 4, 3, 2, 0, 2, 1, False)])
+@pytest.mark.parametrize("band_bytes", [1, 40000, 300000])
+def test_conv2d_bands_equal_the_whole_matrix(case, band_bytes, monkeypatch):
+    """Built band by band (several band and chunk sizes, last band short), conv2d gives the
+    values and gradients of the one-matrix computation, in float64 to rounding."""
+    N, C, H, W, O, k, s, p, d, g, bias = case
+    kk = (k, k) if isinstance(k, int) else k
+    x = RNG.standard_normal((N, C, H, W))
+    w = RNG.standard_normal((O, C // g, *kk))
+    b = RNG.standard_normal(O) if bias else None
+    gout = None
+    results = []
+    for limit in (1 << 40, band_bytes):
+        monkeypatch.setattr(K, "BAND_BYTES", limit)
+        ts = [mt.tensor(a, requires_grad=True) for a in (x, w, b) if a is not None]
+        out = F.conv2d(ts[0], ts[1], ts[2] if bias else None, s, p, d, g)
+        if gout is None:
+            gout = RNG.standard_normal(out.shape)
+        out.backward(mt.tensor(gout))
+        results.append([out.detach().numpy()] + [t.grad.numpy() for t in ts])
+    for whole, banded, name in zip(*results, ["out", "dx", "dw", "db"]):
+        np.testing.assert_allclose(banded, whole, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
 @pytest.mark.parametrize("args", [
@@ -636,3 +669,14 @@ def test_gpu_dropout_uses_the_seeded_cupy_state():
     np.testing.assert_array_equal(a.cpu()._data, b.cpu()._data)
     kept = (a.cpu()._data != 0).mean()
     assert 0.65 < kept < 0.85
+
+
+def test_band_bytes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MPITENSOR_CONV_BAND_BYTES", "65536")
+    assert K._env_bytes("MPITENSOR_CONV_BAND_BYTES", 1 << 20) == 65536
+    for bad in ("abc", "0", "-5"):
+        monkeypatch.setenv("MPITENSOR_CONV_BAND_BYTES", bad)
+        with pytest.warns(RuntimeWarning, match="is not a positive number of bytes; using 1048576"):
+            assert K._env_bytes("MPITENSOR_CONV_BAND_BYTES", 1 << 20) == 1 << 20
+    monkeypatch.delenv("MPITENSOR_CONV_BAND_BYTES")
+    assert K._env_bytes("MPITENSOR_CONV_BAND_BYTES", 1 << 20) == 1 << 20

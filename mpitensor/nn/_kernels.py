@@ -23,6 +23,13 @@ core, so they are stated once here:
   (the grid rows/columns no output window starts on), so no bounds masks are needed. Of the
   loop-free formulations measured (full correlation of the padded gradient with the flipped
   kernel: a 4x larger im2col; a two-stage shift along kw then kh), this was the fastest.
+- **Big im2col matrices are never written out whole** (NumPy): past :data:`BAND_BYTES`
+  (1 MiB), conv2d builds the matrix a band of output rows at a time in one cache-sized buffer,
+  multiplies each band at once, and the weight gradient rebuilds the bands from the small padded
+  source; the input gradient's full-grid product is made a few input channels at a time, each
+  summed while it is still in cache. Writing 4-8 MB matrices to memory and reading them back
+  later made two data-parallel ranks on one machine slow each other down by 20-30 % (they share
+  the memory bus and the last-level cache); the bands also make one process faster.
 - **2x2/stride-2 max pooling** (the common case) is two pairwise ``maximum`` passes on strided
   views; it keeps a small code array (which of the 4 positions won, the first one on ties, as
   torch) and its backward is one broadcast multiply into the 4 planes of the input gradient.
@@ -35,6 +42,7 @@ core, so they are stated once here:
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 from typing import Any, Optional
@@ -212,22 +220,95 @@ def _chwn_source(xp: Any, x: Any, g: ConvGeom) -> Any:
     return src
 
 
+#: im2col matrices larger than this are built band by band (rows of the output), each band
+#: multiplied as soon as it is built and rebuilt for the weight gradient (see conv2d_forward)
+#: (``MPITENSOR_CONV_BAND_BYTES`` overrides it; a size near the per-core L2 cache is best)
+def _env_bytes(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if value.strip():
+        try:
+            if int(value) > 0:
+                return int(value)
+        except ValueError:
+            pass
+        import warnings
+
+        warnings.warn(f"{name}={value!r} is not a positive number of bytes; using {default}",
+                      RuntimeWarning, stacklevel=2)
+    return default
+
+
+BAND_BYTES = _env_bytes("MPITENSOR_CONV_BAND_BYTES", 1 << 20)
+
+
+class Banded:
+    """What conv2d keeps for the backward pass when it works band by band: the padded
+    (C, Hp, Wp, N) source, from which each band's im2col block is rebuilt."""
+
+    __slots__ = ("src", "rb", "rows")
+
+    def __init__(self, src: Any, rb: int, rows: int) -> None:
+        self.src, self.rb, self.rows = src, rb, rows
+
+
+def _window(xp: Any, src: Any, g: ConvGeom) -> Any:
+    sC, sH, sW, sN = src.strides
+    return _as_strided(xp, src, (g.C, g.kh, g.kw, g.OH, g.OW, g.N),
+                       (sC, sH * g.dh, sW * g.dw, sH * g.sh, sW * g.sw, sN))
+
+
+def _bands(g: ConvGeom, rb: int) -> Any:
+    """``(r0, r1, m0, m1)`` for each band of ``rb`` output rows: rows and column ranges."""
+    step = g.OW * g.N
+    for r0 in range(0, g.OH, rb):
+        r1 = min(g.OH, r0 + rb)
+        yield r0, r1, r0 * step, r1 * step
+
+
+def _band_cols(xp: Any, buf: Any, win: Any, g: ConvGeom, r0: int, r1: int, K: int) -> Any:
+    """im2col block of output rows ``r0:r1`` into ``buf`` (rows beyond ``K`` left as they are)."""
+    cb = buf[:, :(r1 - r0) * g.OW * g.N]
+    xp.copyto(cb[:K].reshape(g.C, g.kh, g.kw, r1 - r0, g.OW, g.N), win[:, :, :, r0:r1])
+    return cb
+
+
 def conv2d_forward(x: Any, w: Any, b: Optional[Any], g: ConvGeom) -> tuple:
     """Convolve NCHW ``x`` with OIHW ``w``; return ``(out_chwn, cols, wmat)``.
 
     ``out_chwn`` has shape (O, OH, OW, N) (``transpose(3, 0, 1, 2)`` gives NCHW); ``cols`` is
     the (G, Kg[+1], OH*OW*N) im2col matrix (last row ones when there is a bias), ``wmat`` the
     (G, Og, Kg) weight matrix, both kept for the backward pass.
+
+    On the CPU, an im2col matrix over :data:`BAND_BYTES` is not built whole: it is built for
+    a band of output rows at a time into one small buffer that stays in the core's cache, each
+    band multiplied at once into its rows of the output, and ``cols`` is a :class:`Banded`
+    record from which the weight gradient rebuilds the bands. Rebuilding costs a strided copy;
+    writing the whole matrix to memory and reading it back later cost more, and far more when
+    several processes share the memory bus (two data-parallel ranks on one machine).
     """
     xp = xp_of(x)
     G, Cg, Og = g.G, g.C // g.G, g.O // g.G
     Kg = Cg * g.kh * g.kw
     M = g.OH * g.OW * g.N
     src = _chwn_source(xp, x, g)
-    sC, sH, sW, sN = src.strides
-    win = _as_strided(xp, src, (g.C, g.kh, g.kw, g.OH, g.OW, g.N),
-                      (sC, sH * g.dh, sW * g.dw, sH * g.sh, sW * g.sw, sN))
+    win = _window(xp, src, g)
     rows = Kg + 1 if b is not None else Kg
+    row_bytes = rows * g.OW * g.N * x.dtype.itemsize
+    if xp is np and G == 1 and g.OH > 1 and row_bytes * g.OH > BAND_BYTES:
+        rb = max(1, BAND_BYTES // row_bytes)
+        wmat = w.reshape(1, g.O, Kg)
+        wext = wmat[0]
+        if b is not None:
+            wext = np.concatenate([wext, b.reshape(g.O, 1).astype(w.dtype, copy=False)], axis=1)
+        out = empty(xp, (g.O, g.OH, g.OW, g.N), x.dtype)
+        out2 = out.reshape(g.O, M)
+        buf = empty(xp, (rows, min(rb, g.OH) * g.OW * g.N), x.dtype)
+        if b is not None:
+            buf[Kg] = 1
+        for r0, r1, m0, m1 in _bands(g, rb):
+            cb = _band_cols(xp, buf, win, g, r0, r1, Kg)
+            np.matmul(wext, cb, out=out2[:, m0:m1])
+        return out, Banded(src, rb, rows), wmat
     cols = empty(xp, (G, rows, M), x.dtype)
     xp.copyto(cols[:, :Kg].reshape(G, Cg, g.kh, g.kw, g.OH, g.OW, g.N),
               win.reshape(G, Cg, g.kh, g.kw, g.OH, g.OW, g.N))
@@ -248,6 +329,19 @@ def conv2d_backward_weight(gc: Any, cols: Any, g: ConvGeom, has_bias: bool) -> t
     G, Og = g.G, g.O // g.G
     Kg = (g.C // G) * g.kh * g.kw
     g2 = xp.ascontiguousarray(gc).reshape(G, Og, -1)
+    if isinstance(cols, Banded):
+        win = _window(xp, cols.src, g)
+        buf = empty(xp, (cols.rows, min(cols.rb, g.OH) * g.OW * g.N), gc.dtype)
+        if cols.rows > Kg:
+            buf[Kg] = 1
+        dwe = np.zeros((g.O, cols.rows), gc.dtype)
+        part = np.empty_like(dwe)
+        for r0, r1, m0, m1 in _bands(g, cols.rb):
+            cb = _band_cols(xp, buf, win, g, r0, r1, Kg)
+            np.matmul(g2[0, :, m0:m1], cb.T, out=part)
+            dwe += part
+        dw = dwe[:, :Kg].reshape(g.O, g.C, g.kh, g.kw)
+        return dw, (dwe[:, Kg].copy() if has_bias else None)
     if G == 1:
         dwe = (g2[0] @ cols[0].T)[None]
     else:
@@ -271,11 +365,28 @@ def conv2d_backward_input(gc: Any, wmat: Any, g: ConvGeom) -> Any:
     Q = g.Hp * g.Wp * N
     gfull = zeros(xp, (g.O, g.Hp, g.Wp, N), gc.dtype)
     gfull[:, 0:(g.OH - 1) * g.sh + 1:g.sh, 0:(g.OW - 1) * g.sw + 1:g.sw] = gc
+    kk = g.kh * g.kw
+    it = gc.itemsize
+    if xp is np and G == 1 and kk * Q * it * g.C > BAND_BYTES:
+        # a few input channels at a time, so that the products y stay in cache between their
+        # matmul and their sum (the rows of one channel are all its shifted reads need)
+        cc = max(1, BAND_BYTES // (kk * Q * it))
+        wt = wmat[0].T  # (C*kh*kw, O)
+        g2 = gfull.reshape(g.O, Q)
+        buf = empty(xp, (min(cc, g.C) * kk, Q), gc.dtype)
+        z = empty(xp, (g.C, Q), gc.dtype)
+        for c0 in range(0, g.C, cc):
+            c1 = min(g.C, c0 + cc)
+            yc = buf[:(c1 - c0) * kk]
+            np.matmul(wt[c0 * kk:c1 * kk], g2, out=yc)
+            r = _as_strided(xp, yc, (c1 - c0, g.kh, g.kw, Q),
+                            (kk * Q * it, (g.kw * Q - g.dh * g.Wp * N) * it,
+                             (Q - g.dw * N) * it, it))
+            np.sum(r, axis=(1, 2), out=z[c0:c1])
+        return z.reshape(g.C, g.Hp, g.Wp, N)[:, g.pt:g.pt + g.H, g.pl:g.pl + g.W]
     y = empty(xp, (G, Kg, Q), gc.dtype)
     xp.matmul(wmat.transpose(0, 2, 1), gfull.reshape(G, Og, Q), out=y)
     y = y.reshape(G * Kg, Q)
-    it = y.itemsize
-    kk = g.kh * g.kw
     # y[(c, i, j), q] holds what the output at grid position q sends to the input at
     # q + (i*dh*Wp + j*dw)*N; reading row (c, i, j) shifted back by that offset lines all kh*kw
     # contributions to one input position up on the same column of a strided view.
