@@ -764,13 +764,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     except BaseException as exc:  # one rank's failure must not leave the others waiting
         _report_unhandled(exc)
-        from mpi4py import MPI
+        if _world_now() > 1:
+            import mpitensor.distributed as dist
 
-        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-            try:
-                MPI.COMM_WORLD.Abort(1)
-            finally:
-                os._exit(1)  # MPICH's Abort may return after telling the launcher: stop here
+            # ends every rank once the launcher has the traceback (returns if MPI is not up)
+            dist.abort_job(1)
         return 1
     return 0
 

@@ -44,7 +44,12 @@ from ..errors import (
     PeerFailedError,
 )
 from . import _watchdog
-from ._abort import abort_handler_installed, install_abort_handler, uninstall_abort_handler
+from ._abort import (
+    abort_handler_installed,
+    abort_job,
+    install_abort_handler,
+    uninstall_abort_handler,
+)
 from .launch import ProcessExitedException, ProcessRaisedException, SpawnContext, spawn
 from .process_group import GroupMember, ProcessGroup, ReduceOp, Work, reduce_op
 
@@ -53,7 +58,7 @@ __all__ = [
     "init_process_group", "destroy_process_group", "is_initialized", "is_available",
     "is_mpi_available", "is_nccl_available", "is_gloo_available", "get_backend", "get_rank",
     "get_world_size", "new_group", "get_global_rank", "get_group_rank",
-    "get_process_group_ranks", "set_debug", "get_debug", "install_abort_handler",
+    "get_process_group_ranks", "set_debug", "get_debug", "install_abort_handler", "abort_job",
     "uninstall_abort_handler", "spawn", "SpawnContext", "ProcessRaisedException",
     "ProcessExitedException", "average_gradients", "broadcast_parameters",
     "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object", "recv_object",

@@ -21,7 +21,8 @@ import traceback
 from types import TracebackType
 from typing import Any, Callable, Optional, Type
 
-__all__ = ["install_abort_handler", "uninstall_abort_handler", "abort_handler_installed"]
+__all__ = ["install_abort_handler", "uninstall_abort_handler", "abort_handler_installed",
+           "abort_job"]
 
 _saved: "dict[str, Any]" = {}
 
@@ -88,11 +89,23 @@ def _wait_output_read(timeout: float = _DRAIN_TIMEOUT_S) -> None:
 
 
 def abort_job(code: int = 1) -> None:
-    """Flush, let the launcher forward this rank's last output, then ``MPI_Abort(code)``.
+    """End the whole MPI job from this rank, after its last output has reached the launcher.
 
-    Never returns while MPI is running (returns if it is not). Without the short pause the
-    launcher could end the job before passing on the traceback just written (seen with hydra on
-    two oversubscribed cores: the job ended with no traceback in its output).
+    Flushes stdout and stderr, waits until the launcher has read them (at most 3 s; see
+    ``_wait_output_read``) and 0.2 s more for it to pass them on, then calls
+    ``MPI_Abort(MPI_COMM_WORLD, code)``. Without the wait the launcher could end the job before
+    forwarding the traceback just written (seen with hydra on two busy cores). This is what the
+    abort handler calls; call it yourself after reporting an error that must stop every rank.
+
+    Args:
+        code: the exit code the launcher reports.
+
+    Never returns while MPI is running; returns at once if it is not (not initialised, or
+    finalised).
+
+    Example:
+        >>> import mpitensor.distributed as dist
+        >>> dist.abort_job(3)  # doctest: +SKIP
     """
     for stream in (sys.stdout, sys.stderr):
         try:
