@@ -323,6 +323,28 @@ def test_plain_python_is_one_rank(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- benchmark
+def test_conv_bands_benchmark_smoke(tmp_path: Path) -> None:
+    """``benchmarks/conv_bands.py`` runs both settings in 2-rank jobs and prints their rows."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "conv_bands.py"), "--rounds", "1",
+           "--reps", "2", "--steps", "2", "--batch", "8"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), cwd=tmp_path, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        pytest.fail(f"conv_bands.py hung (> {TIMEOUT:.0f} s)")
+    assert proc.returncode == 0, str(Run(proc.returncode, stdout, stderr))
+    rows = [line.split("|")[1:-1] for line in stdout.splitlines()
+            if line.startswith("| whole matrix") or line.startswith("| bands of 1 MiB")]
+    assert [r[0].strip() for r in rows] == ["whole matrix", "bands of 1 MiB"], stdout
+    for r in rows:
+        solo, together, ceiling = (float(v) for v in r[1:])
+        assert solo > 0 and together > 0
+        assert ceiling == pytest.approx(2 * solo / together, abs=0.05)  # printed rounded
+    assert "1 jobs x 2 repetitions of 2 steps per setting" in stdout
+
+
 def test_throughput_benchmark_smoke(tmp_path: Path) -> None:
     """``benchmarks/train_throughput.py --quick`` runs both phases and reports every row."""
     import json

@@ -27,9 +27,10 @@ core, so they are stated once here:
   (1 MiB), conv2d builds the matrix a band of output rows at a time in one cache-sized buffer,
   multiplies each band at once, and the weight gradient rebuilds the bands from the small padded
   source; the input gradient's full-grid product is made a few input channels at a time, each
-  summed while it is still in cache. Writing 4-8 MB matrices to memory and reading them back
-  later made two data-parallel ranks on one machine slow each other down by 20-30 % (they share
-  the memory bus and the last-level cache); the bands also make one process faster.
+  summed while it is still in cache, instead of 4-8 MB matrices written to memory and read back
+  later. LeNet at batch 64 (``benchmarks/conv_bands.py``): a training step 5-20 % faster alone
+  and 15-20 % faster with two processes training at once, which share the memory bus and the
+  last-level cache.
 - **2x2/stride-2 max pooling** (the common case) is two pairwise ``maximum`` passes on strided
   views; it keeps a small code array (which of the 4 positions won, the first one on ties, as
   torch) and its backward is one broadcast multiply into the 4 planes of the input gradient.
@@ -283,7 +284,7 @@ def conv2d_forward(x: Any, w: Any, b: Optional[Any], g: ConvGeom) -> tuple:
     a band of output rows at a time into one small buffer that stays in the core's cache, each
     band multiplied at once into its rows of the output, and ``cols`` is a :class:`Banded`
     record from which the weight gradient rebuilds the bands. Rebuilding costs a strided copy;
-    writing the whole matrix to memory and reading it back later cost more, and far more when
+    writing the whole matrix to memory and reading it back later cost more, alone and when
     several processes share the memory bus (two data-parallel ranks on one machine).
     """
     xp = xp_of(x)
