@@ -323,18 +323,24 @@ def test_plain_python_is_one_rank(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- benchmark
-def test_conv_bands_benchmark_smoke(tmp_path: Path) -> None:
-    """``benchmarks/conv_bands.py`` runs both settings in 2-rank jobs and prints their rows."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "conv_bands.py"), "--rounds", "1",
-           "--reps", "2", "--steps", "2", "--batch", "8"]
+def _run_benchmark(script: str, args: List[str], cwd: Path) -> str:
+    """Run ``benchmarks/<script>`` with a hard timeout; assert it succeeded; return stdout."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=tmp_path, start_new_session=True)
+                            env=_env(), cwd=cwd, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         _kill(proc)
-        pytest.fail(f"conv_bands.py hung (> {TIMEOUT:.0f} s)")
+        pytest.fail(f"{script} {' '.join(args)} hung (> {TIMEOUT:.0f} s)")
     assert proc.returncode == 0, str(Run(proc.returncode, stdout, stderr))
+    return stdout
+
+
+def test_conv_bands_benchmark_smoke(tmp_path: Path) -> None:
+    """``benchmarks/conv_bands.py`` runs both settings in 2-rank jobs and prints their rows."""
+    stdout = _run_benchmark("conv_bands.py", ["--rounds", "1", "--reps", "2", "--steps", "2",
+                                              "--batch", "8"], tmp_path)
     rows = [line.split("|")[1:-1] for line in stdout.splitlines()
             if line.startswith("| whole matrix") or line.startswith("| bands of 1 MiB")]
     assert [r[0].strip() for r in rows] == ["whole matrix", "bands of 1 MiB"], stdout
@@ -350,16 +356,8 @@ def test_throughput_benchmark_smoke(tmp_path: Path) -> None:
     import json
 
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--quick",
-           "--json", str(out), "--md", str(tmp_path / "bench.md")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=tmp_path, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        pytest.fail(f"train_throughput.py --quick hung (> {TIMEOUT:.0f} s)")
-    assert proc.returncode == 0, str(Run(proc.returncode, stdout, stderr))
+    stdout = _run_benchmark("train_throughput.py", ["--quick", "--json", str(out), "--md",
+                                                    str(tmp_path / "bench.md")], tmp_path)
     res = json.loads(out.read_text())
     torch_there = not res["single"]["torch_missing"]
     for phase in ("single", "ddp"):
