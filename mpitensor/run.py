@@ -112,9 +112,9 @@ _FLAVOR_NAMES = {MPICH: "MPICH", OPENMPI: "Open MPI"}
 def parse_args(argv: Sequence[str], flavor: Optional[Callable[[], str]] = None) -> Options:
     """Parse the command line; everything from the target on belongs to the target.
 
-    Options of mpitensor-run come first; any other option the MPI launcher accepts (asked of
-    ``flavor()``, called at most once, only when such an option appears) is kept, with its
-    values, in ``Options.mpi_args``; an option neither knows is a :class:`UsageError`.
+    Options of mpitensor-run come first; any other option the MPI launcher accepts (its kind
+    asked of ``flavor()``, called only when such an option appears) is kept, with its values,
+    in ``Options.mpi_args``; an option neither knows is a :class:`UsageError`.
     """
     opts = Options()
     args = list(argv)
