@@ -680,3 +680,21 @@ def test_band_bytes_from_the_environment(monkeypatch):
             assert K._env_bytes("MPITENSOR_CONV_BAND_BYTES", 1 << 20) == 1 << 20
     monkeypatch.delenv("MPITENSOR_CONV_BAND_BYTES")
     assert K._env_bytes("MPITENSOR_CONV_BAND_BYTES", 1 << 20) == 1 << 20
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("shape", [(4, 3), (3,)])
+def test_every_target_ignored_mean_loss_is_nan_with_zero_gradient(shape, weighted):
+    """As torch: the mean over no counted target is 0/0 = nan, but no row gets a gradient."""
+    x = RNG.standard_normal(shape)
+    t = np.full(shape[:-1], 1)
+    w = mt.tensor([1.0, 0.5, 2.0]) if weighted else None
+    cases = [(F.nll_loss, {}), (F.cross_entropy, {}), (F.cross_entropy, {"label_smoothing": 0.3})]
+    for fn, kw in cases:
+        a = mt.tensor(x, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # no 0/0 warnings either
+            loss = fn(a, mt.tensor(t), w, ignore_index=1, **kw)
+            loss.backward()
+        assert np.isnan(loss.item()), (fn.__name__, kw)
+        np.testing.assert_array_equal(a.grad.numpy(), np.zeros(shape), err_msg=fn.__name__)

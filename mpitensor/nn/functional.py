@@ -861,10 +861,10 @@ def _check_class_target(fname: str, x: Any, t: Any, weight: Any, ignore_index: i
 
 
 def _class_coeffs(x: Any, t: Any, w: Any, ignore_index: int, reduction: str) -> tuple:
-    """Per-row target weights for index targets: ``(rows_t, coef, denom)``.
+    """Per-row target weights for index targets: ``(rows_t, coef, denom, valid)``.
 
     ``coef[i]`` is the weight of row i's target class (0 where ignored); ``denom`` the
-    mean-reduction divisor (sum of coef), or 1.
+    mean-reduction divisor (sum of coef), or None; ``valid[i]`` whether row i counts.
     """
     xp = K.xp_of(x)
     tf = t.reshape(-1).astype(xp.int64, copy=False)
@@ -875,7 +875,7 @@ def _class_coeffs(x: Any, t: Any, w: Any, ignore_index: int, reduction: str) -> 
     else:
         coef = valid.astype(x.dtype)
     denom = coef.sum() if reduction == "mean" else None
-    return safe, coef, denom
+    return safe, coef, denom, valid
 
 
 def _mean_div(total: Any, denom: Any) -> Any:
@@ -886,15 +886,24 @@ def _mean_div(total: Any, denom: Any) -> Any:
     return total / denom
 
 
+def _mean_row_scale(g: Any, denom: Any, valid: Any) -> Any:
+    """Per-row factor of a mean-reduced class loss's gradient: ``g / denom`` where the row's
+    target counts, 0 where it is ignored. As in torch, ignored rows get no gradient even when
+    every target is ignored (the loss is then 0/0 = nan, but its gradient is 0)."""
+    xp = K.xp_of(valid)
+    return xp.where(valid, _mean_div(g, denom), xp.zeros((), dtype=g.dtype))
+
+
 class _NLLLoss(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, t: Any, w: Any, ignore_index: int, reduction: str) -> Any:
         xp = K.xp_of(x)
         rows = _to_rows(x)
-        safe, coef, denom = _class_coeffs(x, t, w, ignore_index, reduction)
+        safe, coef, denom, valid = _class_coeffs(x, t, w, ignore_index, reduction)
         picked = rows[xp.arange(rows.shape[0]), safe]
         losses = -picked * coef
         ctx.safe, ctx.coef, ctx.denom, ctx.reduction = safe, coef, denom, reduction
+        ctx.valid = valid
         ctx.xshape, ctx.tshape = x.shape, t.shape
         if reduction == "none":
             return losses.reshape(t.shape)
@@ -909,10 +918,10 @@ class _NLLLoss(Function):
         coef = -ctx.coef
         if ctx.reduction == "none":
             coef = coef * g.reshape(-1)
+        elif ctx.reduction == "mean":
+            coef = coef * _mean_row_scale(g, ctx.denom, ctx.valid)
         else:
             coef = coef * g
-            if ctx.reduction == "mean":
-                coef = coef / ctx.denom
         C = 1
         if len(ctx.xshape) >= 1:
             C = ctx.xshape[0] if len(ctx.xshape) == 1 else ctx.xshape[1]
@@ -980,17 +989,18 @@ class _CrossEntropy(Function):
                 tp = tp * (1 - eps) + eps / C
             a = tp * wv if wv is not None else tp  # coefficient of -lsm per (row, class)
             denom = R if reduction == "mean" else None
+            valid = None
         else:
-            safe, coef, denom = _class_coeffs(x, t, w, ignore_index, reduction)
+            safe, coef, denom, valid = _class_coeffs(x, t, w, ignore_index, reduction)
             a = xp.zeros((R, C), dtype=x.dtype)
             a[xp.arange(R), safe] = (1 - eps) * coef
             if eps:
-                valid = (t.reshape(-1) != ignore_index).astype(x.dtype)
-                sm = (eps / C) * valid[:, None]
+                sm = (eps / C) * valid.astype(x.dtype)[:, None]
                 a += sm * wv if wv is not None else sm
         losses = -(a * lsm).sum(axis=1)
         ctx.save_for_backward(lsm, a)
         ctx.denom, ctx.reduction, ctx.xshape, ctx.tshape = denom, reduction, x.shape, t.shape
+        ctx.valid = valid
         if reduction == "none":
             shape = t.shape if not prob else ((x.shape[0], *x.shape[2:]) if x.ndim > 1 else ())
             return losses.reshape(shape)
@@ -1006,7 +1016,8 @@ class _CrossEntropy(Function):
         if ctx.reduction == "none":
             scale = g.reshape(-1, 1)
         elif ctx.reduction == "mean":
-            scale = g / ctx.denom
+            scale = (g / ctx.denom if ctx.valid is None  # probability targets: denom = rows
+                     else _mean_row_scale(g, ctx.denom, ctx.valid)[:, None])
         else:
             scale = g
         # d/dx of -sum_c a_c * lsm_c  =  softmax * sum_c a_c - a
