@@ -17,10 +17,13 @@ Launch (any world size that divides 12: 1, 2, 3, 4, 6, 12)::
 Expected output (one line per rank, in any order; the same numbers at every world size, since
 the full-batch gradient does not depend on how the batch is split)::
 
-    Rank 0 (samples 0-2): averaged weight.grad [[-9.3225, -9.7055, -10.0885], [-2.5245, -2.632, -2.7395]] bias.grad [-3.83, -1.075] == full-batch gradient: ok
-    Rank 1 (samples 3-5): averaged weight.grad [[-9.3225, -9.7055, -10.0885], [-2.5245, -2.632, -2.7395]] bias.grad [-3.83, -1.075] == full-batch gradient: ok
-    Rank 2 (samples 6-8): ...  (the same gradients)
+    Rank 0 (samples 0-2): averaged weight.grad [[-9.3225, -9.7055, -10.0885], [-2.5245, -2.632,
+    -2.7395]] bias.grad [-3.83, -1.075] == full-batch gradient: ok
+    Rank 1 (samples 3-5): ... (the same gradients)
+    Rank 2 (samples 6-8): ... (the same gradients)
     Rank 3 (samples 9-11): ... (the same gradients)
+
+(each rank's line is one line; the first is shown wrapped here)
 
 A rank whose result differs prints ``MISMATCH`` instead of ``ok`` and the program exits with
 code 1.
