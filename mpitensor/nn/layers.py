@@ -155,6 +155,18 @@ def _reset_default(weight: Parameter, bias: Optional[Parameter]) -> None:
         init.uniform_(bias, -bound, bound)
 
 
+def _add_weight_and_bias(module: Module, wshape: tuple, bias: bool, dtype: Any,
+                         device: Any) -> None:
+    """Register ``weight`` (``wshape``) and ``bias`` (``wshape[0]``, or None) on ``module``,
+    uninitialised, then draw them with ``module.reset_parameters()``."""
+    module.weight = Parameter(empty(*wshape, dtype=dtype, device=device))
+    if bias:
+        module.bias = Parameter(empty(wshape[0], dtype=dtype, device=device))
+    else:
+        module.register_parameter("bias", None)
+    module.reset_parameters()
+
+
 class Linear(Module):
     """``y = x Wᵀ + b``, with ``W`` of shape (out_features, in_features).
 
@@ -180,14 +192,8 @@ class Linear(Module):
         super().__init__()
         self.in_features = _positive_int(in_features, "Linear", "in_features")
         self.out_features = _positive_int(out_features, "Linear", "out_features")
-        dt = _factory(dtype, "Linear")
-        self.weight = Parameter(empty(self.out_features, self.in_features, dtype=dt,
-                                      device=device))
-        if bias:
-            self.bias = Parameter(empty(self.out_features, dtype=dt, device=device))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        _add_weight_and_bias(self, (self.out_features, self.in_features), bias,
+                             _factory(dtype, "Linear"), device)
 
     def reset_parameters(self) -> None:
         """Re-draw the parameters as torch does: kaiming-uniform(a=√5), bias ±1/√fan_in."""
@@ -334,15 +340,8 @@ class Conv2d(Module):
             for p in reversed(self.padding):
                 pad4 += [p, p]
         self._reversed_padding_repeated_twice = tuple(pad4)
-        dt = _factory(dtype, c)
-        kh, kw = self.kernel_size
-        self.weight = Parameter(empty(self.out_channels, self.in_channels // self.groups, kh, kw,
-                                      dtype=dt, device=device))
-        if bias:
-            self.bias = Parameter(empty(self.out_channels, dtype=dt, device=device))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        _add_weight_and_bias(self, (self.out_channels, self.in_channels // self.groups,
+                                    *self.kernel_size), bias, _factory(dtype, c), device)
 
     def reset_parameters(self) -> None:
         """Re-draw the parameters as torch does: kaiming-uniform(a=√5), bias ±1/√fan_in."""
