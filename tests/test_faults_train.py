@@ -34,7 +34,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import pytest
 
-from .launch import find_mpiexec
+from mpitensor.distributed import launch
+
+from .launch import find_mpiexec, leftovers
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
@@ -45,7 +47,7 @@ HAVE_MNIST = all((MNIST_DIR / f).is_file() for f in MNIST_FILES)
 needs_mnist = pytest.mark.skipif(
     not HAVE_MNIST, reason=f"the MNIST test set is not in {MNIST_DIR} (t10k-*-ubyte.gz)")
 HARD = float(os.environ.get("MPITENSOR_FAULT_TIMEOUT", "120"))
-JOB_VAR = "MPITENSOR_JOB_ID"
+JOB_VAR = launch._JOB_ID_VAR
 
 #: a small, quick Digits run: 640 samples, 2 ranks x 16 = 20 steps per epoch
 DIGITS = ("--dataset", "digits", "--train-size", "640", "--batch-size", "16", "--no-progress",
@@ -53,26 +55,6 @@ DIGITS = ("--dataset", "digits", "--train-size", "640", "--batch-size", "16", "-
 
 
 # ----------------------------------------------------------------------------- jobs
-def job_pids(job_id: str) -> List[int]:
-    """Live (non-zombie) processes whose environment carries ``MPITENSOR_JOB_ID=job_id``."""
-    needle = f"{JOB_VAR}={job_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-        except OSError:
-            continue
-        found.append(int(entry))
-    return found
-
-
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -186,11 +168,7 @@ class Job:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        for pid in job_pids(self.job_id):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        launch._kill_job(self.job_id, wait=0)
         self.proc.wait()
         if self.exit_time is None:
             self.exit_time = time.time()
@@ -198,15 +176,8 @@ class Job:
 
     def leftovers(self, grace: float = 5.0) -> List[int]:
         """The job's processes still alive after up to ``grace`` s (then they are killed)."""
-        deadline = time.monotonic() + grace
-        while job_pids(self.job_id) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = job_pids(self.job_id)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        left = leftovers(self.job_id, grace)
+        launch._kill_job(self.job_id, wait=0)
         return left
 
     @property
