@@ -34,7 +34,6 @@ import functools
 import json
 import os
 import shlex
-import socket
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import numpy as np  # noqa: E402
+from _torch_baseline import free_port, torch_missing_reason  # noqa: E402 (this folder)
 from mpi4py import MPI  # noqa: E402
 
 from mpitensor import bench as B  # noqa: E402
@@ -151,7 +151,7 @@ class GlooApi(B.Api):
 
         self.torch, self.tdist = torch, tdist
         self.dtype = getattr(torch, dtype)
-        port = _free_port() if comm.Get_rank() == 0 else None
+        port = free_port() if comm.Get_rank() == 0 else None
         port = comm.bcast(port, 0)
         tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                                  rank=comm.Get_rank(), world_size=comm.Get_size())
@@ -197,23 +197,6 @@ class GlooApi(B.Api):
 
     def all_to_all(self, out: Any, inp: Any) -> Callable[[], Any]:
         return functools.partial(self.tdist.all_to_all_single, out, inp)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torch_missing_reason() -> str:
-    """'' when torch with gloo imports, else why not."""
-    try:
-        import torch.distributed as tdist
-    except Exception as exc:  # ImportError, or a broken install
-        return f"torch is not importable ({type(exc).__name__}: {exc})"
-    if not tdist.is_available() or not tdist.is_gloo_available():
-        return "this torch build has no distributed/gloo support"
-    return ""
 
 
 # ---------------------------------------------------------------------------- the sweep

@@ -49,7 +49,6 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
 import signal  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -63,6 +62,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import numpy as np  # noqa: E402
+from _torch_baseline import free_port, torch_missing_reason  # noqa: E402 (this folder)
 
 BATCHES = (64, 256)
 SWEEP_MB = (0.0, 0.1, 1.0, 5.0, 25.0)
@@ -71,19 +71,6 @@ LR, MOMENTUM = 0.01, 0.9
 
 
 # ------------------------------------------------------------------------------ torch
-def torch_missing_reason() -> str:
-    """'' when torch (with gloo) imports, else why not."""
-    try:
-        import torch
-        import torch.distributed as tdist
-    except Exception as exc:  # ImportError, or a broken install
-        return f"torch is not importable ({type(exc).__name__}: {exc})"
-    if not tdist.is_available() or not tdist.is_gloo_available():
-        return "this torch build has no distributed/gloo support"
-    del torch
-    return ""
-
-
 def torch_lenet(mt_model: Any) -> Any:
     """torch's LeNet-5 with the same layers as mpitensor's, starting from its weights."""
     import torch
@@ -310,12 +297,6 @@ def phase_single(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ phase: DDP
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _LaunchTimer:
     """Times every ``all_reduce(..., async_op=True)`` (DDP's bucket launches) while active."""
 
@@ -396,7 +377,7 @@ def phase_ddp(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
 
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
-        port = [_free_port() if rank == 0 else None]
+        port = [free_port() if rank == 0 else None]
         dist.broadcast_object_list(port, src=0)
         tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port[0]}", rank=rank,
                                  world_size=world)
