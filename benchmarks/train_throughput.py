@@ -6,18 +6,25 @@ Run (from the repository root)::
     python benchmarks/train_throughput.py --quick               # a smoke run (seconds)
     python benchmarks/train_throughput.py --json out.json --md out.md --png docs/img/t.png
 
-The driver starts two measuring jobs, each one thread per process (``OMP_NUM_THREADS``,
-``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` = 1 before NumPy/torch are imported, and
-``torch.set_num_threads(1)``):
+The driver starts these measuring jobs; all but the last run one thread per process
+(``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` = 1 before NumPy/torch are
+imported, and ``torch.set_num_threads(1)``):
 
 1. ``python train_throughput.py --phase single``: one process; mpitensor's LeNet + SGD against
-   torch's at per-step batch 64 and 256, and a per-phase profile of one step;
+   torch's at per-step batch 64 and 256, and a per-phase profile of one step; then the same
+   comparison again at both libraries' *default* thread counts (``--default-threads``: nothing
+   set, as a user runs them);
 2. ``mpiexec -n 2 python train_throughput.py --phase ddp``: mpitensor
    ``DistributedDataParallel`` (MPI) against ``torch.nn.parallel.DistributedDataParallel``
    (gloo, TCP rendezvous on 127.0.0.1 with rank and size from MPI) in the same two processes,
    at 64 and 256 samples per rank; a bucket sweep (``bucket_cap_mb`` 0 = one bucket per
    parameter, 0.1, 1, 5, 25; overlap on and off); and a profile of one DDP step (forward,
    backward compute, all-reduce launches, wait, optimizer).
+3. the README's command as a user types it (``benchmarks/_as_typed.py``):
+   ``mpiexec -n N python examples/train.py --data-dir D --epochs E --batch-size 64`` at 1, 2
+   and 4 ranks, with no thread variable set, beside the same command with every hand-set
+   thread count; samples/s as train.py prints them, the ratio to the best hand-set
+   configuration, and the scaling against one rank. ``--as-typed`` runs this part alone.
 
 Both libraries train the same network (LeNet-5 as in ``mpitensor.models.LeNet``, torch's copy
 starts from mpitensor's initial weights), with momentum SGD, on the same batches (MNIST-sized
@@ -38,10 +45,14 @@ Where torch is missing, its rows are skipped with a note.
 from __future__ import annotations
 
 import os
+import sys
 
-# one thread per process, before NumPy or torch is imported anywhere
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = "1"
+# one thread per process, before NumPy or torch is imported anywhere (except where a phase
+# measures the libraries' defaults)
+DEFAULT_THREADS = "--default-threads" in sys.argv[1:]
+if not DEFAULT_THREADS:
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = "1"
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -51,7 +62,6 @@ import shlex  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -61,10 +71,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+import _as_typed  # noqa: E402 (this folder)
 import numpy as np  # noqa: E402
 from _torch_baseline import free_port, torch_missing_reason  # noqa: E402 (this folder)
 
 BATCHES = (64, 256)
+SHARED_MNIST = ROOT.parent / "shared" / "data" / "mnist"
 SWEEP_MB = (0.0, 0.1, 1.0, 5.0, 25.0)
 PROFILE_BATCH = 64
 LR, MOMENTUM = 0.01, 0.9
@@ -279,12 +291,13 @@ def profile(libs: Sequence[Any], steps: int, warmup: int) -> Dict[str, Dict[str,
 def phase_single(args: argparse.Namespace) -> Dict[str, Any]:
     """mpitensor vs torch in one process, one thread, batch 64 and 256; per-phase profile."""
     reason = torch_missing_reason()
-    if not reason:
+    if not reason and not DEFAULT_THREADS:
         import torch
 
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
-    result: Dict[str, Any] = {"torch_missing": reason, "throughput": {}, "profile": {}}
+    result: Dict[str, Any] = {"torch_missing": reason, "throughput": {}, "profile": {},
+                              "threads": _threads_in_use(reason)}
     for batch in BATCHES:
         batches = make_batches(batch, 8, seed=batch)
         libs: List[Any] = [MtLib(batches)]
@@ -294,6 +307,18 @@ def phase_single(args: argparse.Namespace) -> Dict[str, Any]:
         if batch == PROFILE_BATCH:
             result["profile"] = profile(libs, args.profile_steps, args.warmup)
     return result
+
+
+def _threads_in_use(torch_reason: str) -> Dict[str, Any]:
+    """The thread counts the libraries run with in this process."""
+    import mpitensor
+
+    out: Dict[str, Any] = {"mpitensor": mpitensor.get_num_threads()}
+    if not torch_reason:
+        import torch
+
+        out["torch"] = torch.get_num_threads()
+    return out
 
 
 # ------------------------------------------------------------------------------ phase: DDP
@@ -417,6 +442,16 @@ def phase_ddp(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------ driver
+def _ranks_list(text: str) -> List[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected rank counts such as 1,2,4, got {text!r}")
+    return out
+
+
 def _launch(cmd: List[str], timeout: float) -> None:
     proc = subprocess.Popen(cmd, start_new_session=True)
     try:
@@ -473,6 +508,15 @@ def tables(single: Dict[str, Any], ddp: Dict[str, Any]) -> str:
         m, t = row["mpitensor"]["samples_per_s"], row.get("torch", {}).get("samples_per_s")
         one[batch] = {"mpitensor": m, "torch": t}
         out.append(f"| 1 process, 1 thread | {batch} | {_fmt(m)} | {_fmt(t)} | "
+                   f"{_r(_paired(row, 'mpitensor', 'torch'))} |")
+    default = single.get("default_threads")
+    for batch in BATCHES if default else ():
+        row = default["throughput"][str(batch)]
+        m, t = row["mpitensor"]["samples_per_s"], row.get("torch", {}).get("samples_per_s")
+        th = default.get("threads", {})
+        label = (f"1 process, default threads (mpitensor {th.get('mpitensor', '?')}, torch "
+                 f"{th.get('torch', '?')})")
+        out.append(f"| {label} | {batch} | {_fmt(m)} | {_fmt(t)} | "
                    f"{_r(_paired(row, 'mpitensor', 'torch'))} |")
     for batch in BATCHES:
         row = ddp["throughput"][str(batch)]
@@ -535,6 +579,13 @@ def tables(single: Dict[str, Any], ddp: Dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def as_typed_text(res: Dict[str, Any]) -> str:
+    """The as-typed table with its command and data line."""
+    return (f"The README's command as typed: `{res['command']}` ({res['reps']} repetition(s), "
+            f"median; {res['cores']} usable cores; mean of the epochs' samples/s as train.py "
+            f"prints them)\n\n{res['header']}\n\n" + _as_typed.table(res))
+
+
 def plot(single: Dict[str, Any], ddp: Dict[str, Any], path: Path) -> None:
     """Bar charts: samples/s per configuration, and the bucket sweep."""
     import matplotlib
@@ -576,15 +627,24 @@ def driver(args: argparse.Namespace, argv: Sequence[str]) -> int:
     me = str(Path(__file__).resolve())
     common = ["--reps", str(args.reps), "--steps", str(args.steps), "--warmup",
               str(args.warmup), "--profile-steps", str(args.profile_steps)]
-    with tempfile.TemporaryDirectory() as tmp:
-        single_json, ddp_json = Path(tmp, "single.json"), Path(tmp, "ddp.json")
-        load0 = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        _launch([sys.executable, me, "--phase", "single", "--out", str(single_json), *common],
-                args.timeout)
-        _launch([_mpiexec(), "-n", str(args.ranks), sys.executable, me, "--phase", "ddp",
-                 "--out", str(ddp_json), *common], args.timeout)
-        single, ddp = json.loads(single_json.read_text()), json.loads(ddp_json.read_text())
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    single: Dict[str, Any] = {}
+    ddp: Dict[str, Any] = {}
+    if not args.as_typed:
+        with tempfile.TemporaryDirectory() as tmp:
+            outs = [Path(tmp, f"{n}.json") for n in ("single", "default", "ddp")]
+            _launch([sys.executable, me, "--phase", "single", "--out", str(outs[0]), *common],
+                    args.timeout)
+            _launch([sys.executable, me, "--phase", "single", "--default-threads", "--out",
+                     str(outs[1]), *common], args.timeout)
+            _launch([_mpiexec(), "-n", str(args.ranks), sys.executable, me, "--phase", "ddp",
+                     "--out", str(outs[2]), *common], args.timeout)
+            single, default, ddp = (json.loads(p.read_text()) for p in outs)
+        single["default_threads"] = default
+    typed = _as_typed.measure(_mpiexec(), args.as_typed_ranks, args.data_dir,
+                              args.as_typed_epochs, 64, args.as_typed_reps, args.timeout,
+                              ["--train-size", "1024"] if args.quick else [])
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": ", ".join(x for x in (platform.node(), f"{os.cpu_count()} cores",
@@ -599,7 +659,7 @@ def driver(args: argparse.Namespace, argv: Sequence[str]) -> int:
         meta["torch"] = torch.__version__
     except Exception:  # noqa: BLE001 - reported as missing in the tables
         meta["torch"] = None
-    text = tables(single, ddp)
+    text = (tables(single, ddp) + "\n\n" if single else "") + as_typed_text(typed)
     head = (f"LeNet training throughput — {meta['date']}, {meta['machine']}, Python "
             f"{meta['python']}, NumPy {meta['numpy']}, torch {meta['torch']}; load average "
             f"{load0:.2f} at start; {args.reps} repetitions of ~{args.steps} steps (batch 64) "
@@ -607,11 +667,11 @@ def driver(args: argparse.Namespace, argv: Sequence[str]) -> int:
     print(head)
     print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "single": single, "ddp": ddp},
-                                              indent=1))
+        Path(args.json).write_text(json.dumps({"meta": meta, "single": single, "ddp": ddp,
+                                               "as_typed": typed}, indent=1))
     if args.md:
         Path(args.md).write_text(head + "\n" + text + "\n")
-    if args.png:
+    if args.png and single:
         plot(single, ddp, Path(args.png))
     return 0
 
@@ -634,18 +694,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--png", help="write a bar chart to this PNG")
     p.add_argument("--render", metavar="JSON",
                    help="print the tables of an earlier run's --json file and exit")
+    p.add_argument("--as-typed", action="store_true",
+                   help="run only the README's command as typed (and with hand-set threads)")
+    p.add_argument("--as-typed-ranks", type=_ranks_list, default=[1, 2, 4],
+                   help="rank counts of the as-typed runs (default 1,2,4)")
+    p.add_argument("--as-typed-epochs", type=int, default=2,
+                   help="epochs of each as-typed run (default 2)")
+    p.add_argument("--as-typed-reps", type=int, default=3,
+                   help="repetitions of each as-typed configuration (default 3)")
+    p.add_argument("--data-dir", default=str(SHARED_MNIST) if SHARED_MNIST.is_dir() else None,
+                   help="MNIST directory for the as-typed runs (default ../shared/data/mnist "
+                        "where it exists, else train.py's own default)")
     p.add_argument("--phase", choices=("single", "ddp"), help=argparse.SUPPRESS)
+    p.add_argument("--default-threads", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name in ("reps", "steps", "warmup", "profile_steps", "ranks"):
+    for name in ("reps", "steps", "warmup", "profile_steps", "ranks", "as_typed_epochs",
+                 "as_typed_reps"):
         if getattr(args, name) < (0 if name == "warmup" else 1):
             p.error(f"--{name.replace('_', '-')} must be positive")
     if args.render:
         saved = json.loads(Path(args.render).read_text())
-        print(tables(saved["single"], saved["ddp"]))
+        parts = [tables(saved["single"], saved["ddp"])] if saved.get("single") else []
+        if saved.get("as_typed"):
+            parts.append(as_typed_text(saved["as_typed"]))
+        print("\n\n".join(parts))
         return 0
     if args.quick:
         args.reps, args.steps, args.warmup, args.profile_steps = 2, 3, 1, 3
+        args.as_typed_ranks, args.as_typed_epochs, args.as_typed_reps = [1, 2], 1, 1
     if args.phase is None:
         return driver(args, argv)
     result = phase_single(args) if args.phase == "single" else phase_ddp(args)

@@ -22,6 +22,7 @@ from . import (
     optim,
     utils,
 )
+from ._threads import get_num_threads, set_num_threads
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cupy_available, device
 from .checkpoint import CheckpointError, load, save
@@ -52,6 +53,6 @@ __all__ = [
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
     "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError", "PeerFailedError",
-    "ReplicaDivergenceError",
+    "ReplicaDivergenceError", "set_num_threads", "get_num_threads",
     *_dtype_names, *_tensor_names,
 ]

@@ -9,6 +9,9 @@
                       stall report (default: the smaller of 60 s and half the timeout).
 ``MPITENSOR_ABORT_ON_EXCEPTION`` 1/0 (default 1): whether ``init_process_group`` under
                       ``mpiexec`` (world size > 1) installs the abort-on-unhandled-exception hook.
+``MPITENSOR_NUM_THREADS`` BLAS/OpenMP threads per rank: ``auto`` (default: a fair share of the
+                      node's cores, applied by ``init_process_group``), a positive integer, or
+                      ``off``; read at ``init_process_group`` by ``mpitensor._threads``.
 ``MPITENSOR_LOG``     logging level name for the ``mpitensor`` logger (default WARNING).
 """
 

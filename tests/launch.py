@@ -49,16 +49,18 @@ def _outer_job_var(name: str) -> bool:
 def clean_env(extra: Optional[dict] = None) -> dict:
     """This environment minus any outer MPI job's variables, with the repo importable.
 
-    Ranks oversubscribe the cores already, so BLAS gets one thread per rank unless the caller
-    says otherwise (LeNet DDP at 2 ranks: 58 s with default threads, 1.3 s with one).
+    Thread pools are left to ``init_process_group``'s per-rank budget, as a user's are. In
+    ``extra``, a value of None removes the variable.
     """
     env = {k: v for k, v in os.environ.items() if not _outer_job_var(k)}
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)
     env["PYTHONUNBUFFERED"] = "1"
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.setdefault(var, "1")
-    env.update(extra or {})
+    for key, value in (extra or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 

@@ -70,8 +70,6 @@ def _env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)
     env["PYTHONUNBUFFERED"] = "1"
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = "1"  # ranks already fill the 2-core CI machine
     env.update(extra or {})
     return env
 

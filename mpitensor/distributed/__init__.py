@@ -32,7 +32,7 @@ import os
 import weakref
 from typing import Any, Callable, List, Optional, Sequence
 
-from .. import _config
+from .. import _config, _threads
 from ..errors import (
     CollectiveMismatchError,
     DistributedTimeoutError,
@@ -208,6 +208,7 @@ def init_process_group(
     del init_method, store, group_name, pg_options  # MPI's launcher did the rendezvous
     name = _parse_backend(backend)
     seconds = _timeout_seconds(timeout)
+    _threads.parse_env(os.environ)  # a malformed MPITENSOR_NUM_THREADS fails before MPI starts
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -232,10 +233,7 @@ def init_process_group(
 
     world = MPIGroup(comm.Dup(), list(range(mpi_size)), mpi_rank, "WORLD", seconds,
                      _state.debug, mpi_size)
-    if mpi_size > 1:
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        _watchdog.set_node_load(node.Get_size())
-        node.Free()
+    _share_node(comm, mpi_rank, mpi_size)
     if name == Backend.NCCL:
         from .nccl import NCCLGroup
 
@@ -253,6 +251,22 @@ def init_process_group(
     if abort_on_exception and not abort_handler_installed():
         install_abort_handler()
         _state.installed_abort_handler = True
+
+
+def _share_node(comm: Any, rank: int, size: int) -> None:
+    """Fit this rank to the node it shares: polling (``_watchdog``) and BLAS/OpenMP threads."""
+    mine = _threads.affinity()
+    everyone: list = [mine]
+    if size > 1:
+        from mpi4py import MPI
+
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            everyone = [frozenset(s) for s in node.allgather(sorted(mine))]
+        finally:
+            node.Free()
+        _watchdog.set_node_load(len(everyone))
+    _threads.apply_node_budget(mine, everyone, rank)
 
 
 def _parse_backend(backend: Optional[str]) -> str:

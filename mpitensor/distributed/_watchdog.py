@@ -2,12 +2,15 @@
 
 :func:`wait` is the one place a rank waits for communication. It
 
-* polls ``Request.Test`` with an adaptive back-off: 50 µs of pure polling (small operations
-  finish within it, so their latency is not hurt; skipped where the node has more ranks than
-  CPUs, see :func:`set_node_load`), then polling with ``sched_yield`` for as long as it
-  takes, as MPICH's own blocking calls do (without the yield 4 ranks on 2 cores ran 5x
-  slower; with sleeps between tests, multi-round transfers starve: MPI progresses only inside
-  its calls);
+* polls ``Request.Test`` with an adaptive back-off (:class:`Backoff`): 50 µs of pure polling
+  (small operations finish within it, so their latency is not hurt; skipped where the node has
+  more ranks than CPUs, see :func:`set_node_load`), then polling with ``sched_yield`` for 2 ms
+  (without the yield 4 ranks on 2 cores ran 5x slower), then short sleeps that grow with the
+  time waited, up to 1 ms, so that a rank waiting on a slow peer leaves its core to the ranks
+  that work (after 100 ms of waiting it uses about 1 % of a core). MPI progresses only inside
+  its calls, and a multi-round transfer starves if its ranks sleep between them (a 32 MiB
+  all_to_all took 1 s instead of 5 ms with blind sleeps of up to 1 ms), so a ``Test`` call that
+  took long enough to have moved data earns a short window of yielding;
 * after ``notify_after`` seconds sends an *arrival notice* ``(kind, seq, op)`` to the other
   members on the group's private notice communicator, and reads theirs, so that a rank that
   times out can say which ranks never arrived and where the others are waiting instead;
@@ -42,10 +45,57 @@ MASK = HISTORY - 1
 NOTICE_TAG = 1  # on the notice communicator: arrival notices
 VERDICT_TAG = 2  # on the notice communicator: debug-mode p2p verdicts (receiver -> sender)
 _SPIN_S = 5e-5  # pure polling inline in wait() (0 on an oversubscribed node: set_node_load)
-_CHECK_EVERY_S = 1e-3  # while polling with sched_yield: notices, stall report, timeout
+_CHECK_EVERY_S = 1e-3  # while polling slowly: notices, stall report, timeout
+_YIELD_S = 2e-3  # after the spin, poll with sched_yield until the wait is this old
+_SLEEP_FRACTION = 0.02  # then sleep this fraction of the time waited so far,
+_SLEEP_MAX_S = 1e-3  # up to this long between tests
+_BUSY_TEST_S = 1e-5  # a Test call this slow moved data (an idle one takes ~1.5 µs here) ...
+_BUSY_WINDOW_S = 2e-4  # ... and earns this much yielding (not sleeping) after it
 _perf = time.perf_counter
+_sleep = time.sleep
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-yield_cpu = _yield  # for the other waiting loops of the package
+
+
+class Backoff:
+    """Pauses between polls of a request that is not complete: yield first, then sleep.
+
+    ``pause(now, test_took)`` is called after each failed ``Test``; ``test_took`` is how long
+    that call ran. The pause is ``sched_yield`` for the first :data:`_YIELD_S` of the wait,
+    then a sleep of :data:`_SLEEP_FRACTION` of the time waited so far, capped at
+    :data:`_SLEEP_MAX_S`: a wait that turns out long costs at most a few per cent more than it
+    would have, and almost no CPU. A long ``Test`` call means MPI moved data through this
+    rank: the transfer is alive and depends on this rank polling again soon, so it earns
+    :data:`_BUSY_WINDOW_S` of yielding without resetting the sleep ramp (a lone slow call, a
+    virtual machine's hiccup, costs a fraction of a millisecond, not a new ramp).
+    """
+
+    __slots__ = ("t0", "yield_until")
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.yield_until = t0 + _YIELD_S
+
+    def pause(self, now: float, test_took: float) -> None:
+        if test_took > _BUSY_TEST_S:
+            self.yield_until = max(self.yield_until, now + _BUSY_WINDOW_S)
+        if now < self.yield_until:
+            _yield()
+        else:
+            _sleep(min(_SLEEP_MAX_S, (now - self.t0) * _SLEEP_FRACTION))
+
+
+def poll(req: Any, status: Any, deadline: float) -> bool:
+    """Poll ``req`` with :class:`Backoff` until it completes (True) or ``deadline`` (False)."""
+    t0 = _perf()
+    backoff = Backoff(t0)
+    while True:
+        before = _perf()
+        if req.Test(status):
+            return True
+        now = _perf()
+        if now >= deadline:
+            return False
+        backoff.pause(now, now - before)
 
 
 def set_node_load(local_ranks: int) -> None:
@@ -117,12 +167,13 @@ def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
     me = (kind, seq, op)
     test = req.Test
     next_check = t0 + min(_CHECK_EVERY_S, limit)
+    backoff = Backoff(t0)
     try:
-        # Poll, yielding the CPU between tests, for as long as it takes: MPI makes progress
-        # only inside its calls, so a sleeping rank starves every multi-round transfer (a
-        # 32 MiB all_to_all took 1 s instead of 5 ms with sleeps of up to 1 ms between tests).
-        # MPICH's own blocking calls poll the same way. The bookkeeping runs once a millisecond.
-        while not test(status):
+        # The bookkeeping runs about once a millisecond, whatever the pause between tests.
+        while True:
+            before = _perf()
+            if test(status):
+                break
             now = _perf()
             if now >= next_check:
                 next_check = now + _CHECK_EVERY_S
@@ -144,7 +195,7 @@ def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
                     err = timeout_error(g, op, seq, kind, elapsed, limit, peer, tag, status)
                     err.request = req
                     raise err
-            _yield()
+            backoff.pause(now, now - before)
     finally:
         if announced:
             _announce(g, me, waiting=False)

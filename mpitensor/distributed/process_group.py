@@ -134,15 +134,12 @@ class Work:
         if timeout is None:
             self._request.Wait(self._status)
             return
-        deadline = time.monotonic() + float(timeout)
-        while not self._request.Test(self._status):
-            if time.monotonic() >= deadline:
-                what = self._describe() if self._describe is not None else "operation"
-                raise DistributedTimeoutError(
-                    f"{what} did not complete within {timeout:g} s; a peer may not have "
-                    "entered the matching call. Check that every rank makes the same calls "
-                    "in the same order (MPITENSOR_DEBUG=1 checks collectives).")
-            _watchdog.yield_cpu()  # not sleep: MPI progresses only inside its calls
+        if not _watchdog.poll(self._request, self._status, time.perf_counter() + float(timeout)):
+            what = self._describe() if self._describe is not None else "operation"
+            raise DistributedTimeoutError(
+                f"{what} did not complete within {timeout:g} s; a peer may not have "
+                "entered the matching call. Check that every rank makes the same calls "
+                "in the same order (MPITENSOR_DEBUG=1 checks collectives).")
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until the operation completes; return True.

@@ -1,0 +1,92 @@
+"""Waiting costs nothing: a rank blocked on a slow peer leaves its core to the ranks that work.
+
+Issue 9 §2: after a short spin and 2 ms of yielding, a waiting rank backs off to sleeps of up to
+1 ms (``_watchdog.Backoff``). Each scenario has rank 0 sleep ``DELAY`` seconds before its part,
+while the other ranks wait in the call and measure their own CPU time (all threads of the
+process). Every rank checks the values it got.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import mpitensor as mt
+import mpitensor.distributed as dist
+from mpitensor.distributed import _watchdog
+
+DELAY = 1.0
+CPU_LIMIT = 0.2  # seconds of CPU for DELAY seconds of waiting (measured: ~0.03)
+
+
+def _waited(call) -> "tuple[float, float]":
+    """(wall, cpu) seconds that ``call`` took on this rank."""
+    c0, w0 = time.process_time(), time.perf_counter()
+    call()
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def _check(wall: float, cpu: float, what: str) -> None:
+    if dist.get_rank() == 0:
+        return
+    assert wall >= 0.8 * DELAY, f"{what}: did not wait ({wall:.2f} s)"
+    assert cpu < CPU_LIMIT, f"{what}: {cpu:.3f} s of CPU over {wall:.2f} s of waiting"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_collective_wait_sleeps():
+    n, r = dist.get_world_size(), dist.get_rank()
+    t = np.full(4, r + 1.0)
+    dist.barrier()
+
+    def call():
+        if r == 0:
+            time.sleep(DELAY)
+        dist.all_reduce(t)
+
+    wall, cpu = _waited(call)
+    assert (t == n * (n + 1) / 2).all()
+    _check(wall, cpu, "all_reduce")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_recv_and_work_wait_sleep():
+    n, r = dist.get_world_size(), dist.get_rank()
+    dist.barrier()
+    if r == 0:
+        time.sleep(DELAY)
+        for peer in range(1, n):
+            dist.send(mt.full((3,), float(peer)), peer)
+        time.sleep(DELAY)
+        for peer in range(1, n):
+            dist.send(mt.full((3,), -float(peer)), peer)
+        return
+    x = mt.zeros(3)
+    wall, cpu = _waited(lambda: dist.recv(x, 0))
+    assert (x.numpy() == r).all()
+    _check(wall, cpu, "recv")
+    y = mt.zeros(3)
+    work = dist.irecv(y, 0)
+    wall, cpu = _waited(lambda: work.wait(timeout=60))  # an explicit timeout: the other path
+    assert (y.numpy() == -r).all()
+    _check(wall, cpu, "irecv().wait(timeout=60)")
+
+
+def test_backoff_schedule(monkeypatch):
+    """Yield for 2 ms, then sleep a growing fraction of the wait, capped at 1 ms; a slow Test
+    (data moved) earns a short window of yielding without restarting the ramp."""
+    calls = []
+    monkeypatch.setattr(_watchdog, "_yield", lambda: calls.append(("yield", 0.0)))
+    monkeypatch.setattr(_watchdog, "_sleep", lambda s: calls.append(("sleep", s)))
+    b = _watchdog.Backoff(0.0)
+    b.pause(0.001, 1e-6)
+    b.pause(0.010, 1e-6)
+    b.pause(0.500, 1e-6)
+    b.pause(0.600, 5e-5)   # a busy Test: yield ...
+    b.pause(0.6001, 1e-6)  # ... for the window after it
+    b.pause(0.601, 1e-6)   # then back to the capped sleep, not to the start of the ramp
+    assert calls == [("yield", 0.0), ("sleep", pytest.approx(0.010 * _watchdog._SLEEP_FRACTION)),
+                     ("sleep", _watchdog._SLEEP_MAX_S), ("yield", 0.0), ("yield", 0.0),
+                     ("sleep", _watchdog._SLEEP_MAX_S)]
