@@ -7,7 +7,7 @@ Run::
     mpiexec -n 2 python benchmarks/compare_collectives.py --ops all_reduce,p2p \\
         --max-bytes 1M --out-md /tmp/b.md --out-png /tmp/b.png --json /tmp/b.json
 
-Three libraries go through the same harness (``mpitensor.bench``: OSU method, median of
+Three libraries go through the same harness (``mpitensor.distributed.bench``: OSU method, median of
 repetitions, slowest rank), on the same sizes, interleaved repetition by repetition (the order
 rotates every repetition) so that noise on this shared machine hits them alike:
 
@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 from _torch_baseline import free_port, torch_missing_reason  # noqa: E402 (this folder)
 from mpi4py import MPI  # noqa: E402
 
-from mpitensor import bench as B  # noqa: E402
+from mpitensor.distributed import bench as B  # noqa: E402
 
 MPI4PY, MPITENSOR, GLOO, PICKLE = "mpi4py", "mpitensor", "gloo", "mpi4py-pickle"
 PICKLE_OPS = ("p2p_latency", "all_reduce")
@@ -529,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=B._positive_int, default=None,
                    help="calls per repetition (default: about --rep-time seconds' worth)")
     p.add_argument("--warmup", type=B._non_negative_int, default=None,
-                   help="warm-up calls (default by size, as in mpitensor.bench)")
+                   help="warm-up calls (default by size, as in mpitensor.distributed.bench)")
     p.add_argument("--rep-time", type=B._positive_float, default=None, metavar="SECONDS",
                    help="target duration of one repetition (default 0.012; 0.006 with --quick)")
     p.add_argument("--window", type=B._positive_int, default=B.P2P_WINDOW,

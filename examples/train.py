@@ -54,6 +54,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
+from mpitensor.distributed.launch import launcher_rank  # importing mpitensor starts no MPI
+
 PROG = "train.py"
 CHECKPOINT_FORMAT = "mpitensor-train-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -67,26 +69,16 @@ GLOBAL_BATCH = 64  # the default --batch-size is this divided by the number of r
 
 
 # ------------------------------------------------------------------------------ command line
-def _launcher_rank() -> int:
-    """This process's rank as the MPI launcher announced it (before MPI is initialised)."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
-                "SLURM_PROCID"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit code 2) printed by rank 0 only."""
 
     def error(self, message: str) -> NoReturn:
-        if _launcher_rank() == 0:
+        if launcher_rank() == 0:
             sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(2)
 
     def _print_message(self, message: str, file: Any = None) -> None:
-        if _launcher_rank() == 0:  # --help: once, not once per rank
+        if launcher_rank() == 0:  # --help: once, not once per rank
             super()._print_message(message, file)
 
 
@@ -779,7 +771,7 @@ def _rank_now() -> int:
 
         if MPI.Is_initialized() and not MPI.Is_finalized():
             return MPI.COMM_WORLD.Get_rank()
-    return _launcher_rank()
+    return launcher_rank()
 
 
 def _world_now() -> int:

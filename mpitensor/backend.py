@@ -61,6 +61,25 @@ def cupy_unavailable_reason() -> str:
     return "" if n > 0 else "CuPy imports but no CUDA device is visible"
 
 
+@functools.cache
+def nccl_unavailable_reason() -> str:
+    """Say why NCCL cannot be used here ('' when CuPy, its NCCL binding and a GPU are present).
+
+    It lives here, not beside the NCCL group, so that asking (``dist.is_nccl_available()``)
+    imports neither the communication layer nor MPI.
+    """
+    reason = cupy_unavailable_reason()
+    if reason:
+        return reason
+    try:
+        from cupy.cuda import nccl
+    except Exception as exc:
+        return f"CuPy is present but its NCCL binding is not ({type(exc).__name__}: {exc})"
+    if not getattr(nccl, "available", True):
+        return "CuPy was built without NCCL support"
+    return ""
+
+
 def get_cupy() -> Any:
     """Return the ``cupy`` module, or raise a RuntimeError that says how to get it."""
     cp = _import_cupy()

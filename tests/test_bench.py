@@ -1,4 +1,4 @@
-"""``mpitensor.bench``: the CLI runs under mpiexec and its JSON is complete and consistent.
+"""``mpitensor.distributed.bench``: the CLI runs under mpiexec; its JSON is complete and consistent.
 
 Functional only: no assertion here depends on how fast anything is.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mpitensor import bench
+from mpitensor.distributed import bench
 
 from .launch import mpiexec_run
 
@@ -38,10 +38,11 @@ def test_helpers() -> None:
 
 def test_cli_json_under_mpiexec(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    args = [sys.executable, "-m", "mpitensor.bench", "--max-bytes", "1024", "--factor", "4",
-            "--reps", "2", "--rep-time", "0.002", "--warmup", "2", "--json", str(out)]
+    args = [sys.executable, "-m", "mpitensor.distributed.bench", "--max-bytes", "1024",
+            "--factor", "4", "--reps", "2", "--rep-time", "0.002", "--warmup", "2",
+            "--json", str(out)]
     proc = mpiexec_run(2, args, timeout=60, cwd=ROOT)
-    assert not proc.timed_out, f"mpitensor.bench hung:\n{proc.output[-4000:]}"
+    assert not proc.timed_out, f"mpitensor.distributed.bench hung:\n{proc.output[-4000:]}"
     assert proc.returncode == 0, proc.output[-4000:]
     assert proc.output.count("latency(us)") == 1, "the table must be printed by rank 0 only"
 
@@ -86,7 +87,7 @@ def test_bad_arguments_exit_2(bad: list, capsys: pytest.CaptureFixture) -> None:
 
 
 def test_bad_argument_under_mpiexec_one_line() -> None:
-    proc = mpiexec_run(2, [sys.executable, "-m", "mpitensor.bench", "--ops", "nope"],
+    proc = mpiexec_run(2, [sys.executable, "-m", "mpitensor.distributed.bench", "--ops", "nope"],
                        timeout=60, cwd=ROOT)
     assert not proc.timed_out and proc.returncode == 2, proc.output
     lines = [ln for ln in proc.output.splitlines() if ln.strip()]

@@ -136,7 +136,7 @@ def is_gloo_available() -> bool:
 
 def is_nccl_available() -> bool:
     """Return True when CuPy with NCCL support and a CUDA device are present."""
-    from .nccl import nccl_unavailable_reason
+    from ..backend import nccl_unavailable_reason
 
     return nccl_unavailable_reason() == ""
 

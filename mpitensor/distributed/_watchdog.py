@@ -31,12 +31,13 @@ import os
 import threading
 import time
 import traceback
-from typing import Any, Optional
-
-from mpi4py import MPI
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import _config
 from ..errors import DistributedTimeoutError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 logger = logging.getLogger("mpitensor.distributed")
 
@@ -203,6 +204,8 @@ def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
 
 def _cancelled(req: Any, status: Any) -> bool:
     """Cancel a pending receive; True if it was cancelled, False if it completed instead."""
+    from mpi4py import MPI  # imported where used: importing mpitensor must not start MPI
+
     st = status if status is not None else MPI.Status()
     try:
         req.Cancel()
@@ -226,6 +229,8 @@ def _announce(g: Any, me: tuple, waiting: bool) -> bool:
 
 def drain_notices(g: Any, me: Optional[tuple] = None) -> bool:
     """Read every arrival notice that has come in; True if one is about ``me``."""
+    from mpi4py import MPI
+
     diag = g.diag
     status = MPI.Status()
     hit = False
@@ -268,6 +273,8 @@ def _pending_messages(g: Any) -> list:
     comm = getattr(g, "comm", None)
     if comm is None:
         return out
+    from mpi4py import MPI
+
     status = MPI.Status()
     for r in range(g.size_):
         if r != g.rank_ and comm.Iprobe(r, MPI.ANY_TAG, status):

@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..errors import DistributedTimeoutError, MpiTensorError
 
 __all__ = [
+    "launcher_rank",
     "spawn",
     "SpawnContext",
     "ProcessRaisedException",
@@ -511,12 +512,32 @@ def _kill_group(proc: subprocess.Popen, grace: float = 2.0) -> None:
 # --------------------------------------------------------------------------- the rank side
 
 
-def _world_rank() -> Optional[int]:
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        value = os.environ.get(name)
-        if value is not None and value.isdigit():
+# what each launcher calls a process's world rank: MPICH/hydra and Intel MPI, Open MPI, PMIx
+# launchers, MVAPICH, SLURM's srun
+LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
+                      "SLURM_PROCID")
+
+
+def launcher_rank(default: Optional[int] = 0) -> Optional[int]:
+    """This process's world rank as its launcher announced it, without initialising MPI.
+
+    For what must happen before ``init_process_group``: printing a usage error once per job,
+    not once per rank, say. Returns ``default`` when no launcher variable is set (a plain
+    ``python`` run).
+
+    Example:
+        >>> launcher_rank()   # under `mpiexec -n 4`: 0, 1, 2 or 3
+        0
+    """
+    for name in LAUNCHER_RANK_VARS:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
             return int(value)
-    return None
+    return default
+
+
+def _world_rank() -> Optional[int]:
+    return launcher_rank(None)
 
 
 def _prefixed(text: str, rank: Optional[int]) -> str:

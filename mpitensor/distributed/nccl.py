@@ -11,31 +11,15 @@ may mix CPU and GPU tensors on one ``nccl`` group.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Optional
 
-from ..backend import cupy_unavailable_reason, get_cupy, is_cupy_array
+from ..backend import get_cupy, is_cupy_array, nccl_unavailable_reason
 from ..tensor import Tensor
 from . import _buffers as B
 from . import _watchdog
 from .process_group import ProcessGroup, ReduceOp, Work
 
 __all__ = ["NCCLGroup", "nccl_unavailable_reason"]
-
-
-@functools.cache
-def nccl_unavailable_reason() -> str:
-    """Return why NCCL cannot be used here, or '' when it can."""
-    reason = cupy_unavailable_reason()
-    if reason:
-        return reason
-    try:
-        from cupy.cuda import nccl  # noqa: F401
-    except Exception as exc:
-        return f"CuPy is present but its NCCL binding is not ({type(exc).__name__}: {exc})"
-    if not getattr(nccl, "available", True):
-        return "CuPy was built without NCCL support"
-    return ""
 
 
 class _EventRequest:
@@ -53,23 +37,47 @@ class _EventRequest:
         return bool(self.event.done)
 
 
+def _on_mpi_group(name: str) -> property:
+    """An attribute that lives on the wrapped MPI group, read and written through it."""
+
+    def get(self: "NCCLGroup") -> Any:
+        return getattr(self.mpi_group, name)
+
+    def set_(self: "NCCLGroup", value: Any) -> None:
+        setattr(self.mpi_group, name, value)
+
+    return property(get, set_, doc=f"The wrapped MPI group's ``{name}``.")
+
+
 class NCCLGroup(ProcessGroup):
-    """A process group whose CuPy-array collectives run on an NCCL communicator."""
+    """A process group whose CuPy-array collectives run on an NCCL communicator.
+
+    It *holds* the :class:`MPIGroup` of the same ranks (``mpi_group``), which carries the
+    group's one set of counters, history, notices, timeout and debug flag (the attributes
+    below are views of the MPI group's, so ``set_debug`` or ``set_timeout`` on this group
+    reach every call, whichever path it takes), and which runs everything NCCL does not:
+    CPU tensors, p2p, gather/scatter/all_to_all, object collectives (``__getattr__``).
+    """
 
     backend_name = "nccl"
+    debug = _on_mpi_group("debug")
+    timeout = _on_mpi_group("timeout")
+    stall_warn = _on_mpi_group("stall_warn")
+    seq = _on_mpi_group("seq")
+    p2p_seq = _on_mpi_group("p2p_seq")
+    history = _on_mpi_group("history")
+    diag = _on_mpi_group("diag")
+    notices = _on_mpi_group("notices")
+    notice_reqs = _on_mpi_group("notice_reqs")
 
     def __init__(self, mpi_group: Any, device_id: Any = None) -> None:
         reason = nccl_unavailable_reason()
         if reason:
             raise RuntimeError(f"backend 'nccl' is unavailable: {reason}. Use backend='mpi' "
                                "(CUDA-aware MPI or host staging) instead.")
-        super().__init__(mpi_group.ranks, mpi_group.global_rank, mpi_group.name,
-                         mpi_group.timeout, mpi_group.debug)
-        self.mpi_group = mpi_group
+        self.mpi_group = mpi_group  # first: the shared attributes above read through it
+        self._set_identity(mpi_group.ranks, mpi_group.global_rank, mpi_group.name)
         self.world_size = mpi_group.world_size
-        # one set of counters and history per group: the MPI group's (found by __getattr__)
-        for attr in ("seq", "p2p_seq", "history", "diag", "notices", "notice_reqs"):
-            del self.__dict__[attr]
         cp = get_cupy()
         from cupy.cuda import nccl
 
@@ -102,14 +110,15 @@ class NCCLGroup(ProcessGroup):
         return local % cp.cuda.runtime.getDeviceCount()
 
     def __getattr__(self, name: str) -> Any:
-        # everything NCCL does not do (CPU tensors, p2p fallbacks, objects) is the MPI group's
+        # only reached for what this class lacks: the operations NCCL does not do
+        if name == "mpi_group":  # not set yet (a failed __init__): no recursion
+            raise AttributeError(name)
         return getattr(self.mpi_group, name)
 
     def _count(self, opname: str, arr: Any = None) -> int:
         return self.mpi_group._count(opname, arr)
 
     def set_timeout(self, seconds: float) -> None:
-        super().set_timeout(seconds)
         self.mpi_group.set_timeout(seconds)
 
     # -- helpers --------------------------------------------------------------------

@@ -219,12 +219,7 @@ class ProcessGroup:
 
     def __init__(self, ranks: Sequence[int], my_global_rank: int, name: str,
                  timeout: float, debug: bool) -> None:
-        self.ranks = tuple(int(r) for r in ranks)
-        self._global_to_group = {g: i for i, g in enumerate(self.ranks)}
-        self.global_rank = my_global_rank
-        self.rank_ = self._global_to_group.get(my_global_rank, -1)
-        self.size_ = len(self.ranks)
-        self.name = name
+        self._set_identity(ranks, my_global_rank, name)
         self.timeout = timeout
         self.debug = debug
         self.seq = 0  # collectives: the same count on every member
@@ -234,6 +229,15 @@ class ProcessGroup:
         self.diag: Any = None  # private communicator for arrival notices (MPI groups)
         self.notices: dict = {}  # group rank -> its latest arrival notice
         self.notice_reqs: list = []
+
+    def _set_identity(self, ranks: Sequence[int], my_global_rank: int, name: str) -> None:
+        """Members, this process's place among them, and the name used in messages."""
+        self.ranks = tuple(int(r) for r in ranks)
+        self._global_to_group = {g: i for i, g in enumerate(self.ranks)}
+        self.global_rank = my_global_rank
+        self.rank_ = self._global_to_group.get(my_global_rank, -1)
+        self.size_ = len(self.ranks)
+        self.name = name
 
     def set_timeout(self, seconds: float) -> None:
         """Change the group's timeout (and the stall threshold that follows from it)."""

@@ -2,11 +2,11 @@
 
 Usage (every rank runs it; rank 0 prints)::
 
-    mpiexec -n 2 python -m mpitensor.bench                       # every op, 4 B .. 64 MiB
+    mpiexec -n 2 python -m mpitensor.distributed.bench       # every op, 4 B .. 64 MiB
     mpiexec -n 2 mpitensor-bench --ops all_reduce,p2p --max-bytes 1M --mode barrier
-    mpiexec -n 4 python -m mpitensor.bench --min-bytes 1K --max-bytes 16M --factor 4 \\
+    mpiexec -n 4 python -m mpitensor.distributed.bench --min-bytes 1K --max-bytes 16M --factor 4 \\
         --reps 9 --json results.json
-    mpiexec -n 2 python -m mpitensor.bench --device cuda --backend nccl    # CuPy arrays
+    mpiexec -n 2 python -m mpitensor.distributed.bench --device cuda --backend nccl    # CuPy arrays
 
 Method (the OSU micro-benchmarks' and nccl-tests'):
 
@@ -48,6 +48,8 @@ import statistics
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .launch import launcher_rank
 
 __all__ = [
     "OPS", "DEFAULT_OPS", "bus_factor", "parse_size", "format_size", "sweep_sizes",
@@ -582,21 +584,11 @@ def _cpu_model() -> str:
 
 
 # ---------------------------------------------------------------------------- command line
-def _launcher_rank() -> int:
-    """This process's rank from the launcher's environment, before MPI is initialized."""
-    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
-                "SLURM_PROCID"):
-        value = os.environ.get(key, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse that speaks once per job (rank 0) and reports errors on one line."""
 
     def _print_message(self, message: str, file: Any = None) -> None:
-        if _launcher_rank() == 0:
+        if launcher_rank() == 0:
             super()._print_message(message, file)
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -661,12 +653,12 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface of ``python -m mpitensor.bench`` / ``mpitensor-bench``."""
+    """The command line of ``python -m mpitensor.distributed.bench`` / ``mpitensor-bench``."""
     p = _Parser(
         prog="mpitensor-bench",
         description="OSU-style latency/bandwidth sweep of mpitensor.distributed collectives and "
                     "point-to-point operations. Run under mpiexec, e.g. "
-                    "`mpiexec -n 2 python -m mpitensor.bench --max-bytes 1M`.",
+                    "`mpiexec -n 2 python -m mpitensor.distributed.bench --max-bytes 1M`.",
         epilog="Sizes take K/M/G suffixes (binary: 1K = 1024). busbw follows nccl-tests: "
                "all_reduce algbw*2(n-1)/n; all_gather, reduce_scatter, all_to_all "
                "algbw*(n-1)/n; broadcast, reduce, p2p algbw.")
@@ -730,7 +722,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.backend is None:
         args.backend = "mpi"
         if args.device == "cuda":
-            from mpitensor.distributed.nccl import nccl_unavailable_reason
+            from mpitensor.backend import nccl_unavailable_reason
 
             args.backend = "nccl" if nccl_unavailable_reason() == "" else "mpi"
     if args.json:

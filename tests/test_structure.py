@@ -1,0 +1,100 @@
+"""The package's structure, checked: what importing it does, and how its groups compose.
+
+See docs/architecture.md for the layers these tests hold in place.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import mpitensor.distributed as dist
+from mpitensor.backend import nccl_unavailable_reason
+from mpitensor.distributed.nccl import NCCLGroup
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_import_does_not_start_mpi():
+    """``import mpitensor`` (and every public subpackage) leaves MPI alone: MPI starts at
+    ``init_process_group`` or first use, so a script that only builds tensors never calls
+    MPI_Init (and never needs an MPI launcher or a working MPI)."""
+    code = ("import sys, mpitensor, mpitensor.distributed, mpitensor.nn, mpitensor.optim, "
+            "mpitensor.data, mpitensor.checkpoint, mpitensor.models, mpitensor.utils.data\n"
+            "import mpitensor.nn.parallel\n"
+            "mpitensor.distributed.is_nccl_available(); mpitensor.cupy_available()\n"
+            "print(sorted(m for m in sys.modules if m.startswith('mpi4py.MPI')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def _fake_mpi_group() -> types.SimpleNamespace:
+    g = types.SimpleNamespace(debug=False, timeout=30.0, stall_warn=15.0, seq=7, p2p_seq=2,
+                              history=[None] * 16, diag=None, notices={}, notice_reqs=[],
+                              ranks=(0,), global_rank=0, name="WORLD", world_size=1)
+
+    def set_timeout(seconds: float) -> None:
+        g.timeout = seconds
+        g.stall_warn = seconds / 2
+
+    g.set_timeout = set_timeout
+    return g
+
+
+def test_nccl_group_shares_state_with_its_mpi_group():
+    """The NCCL group holds its MPI group; debug, timeout and counters are the MPI group's,
+    so ``dist.set_debug`` reaches the operations that run over MPI (a bug while the NCCL group
+    kept a copy of its own)."""
+    inner = _fake_mpi_group()
+    g = object.__new__(NCCLGroup)
+    g.mpi_group = inner
+    g._set_identity(inner.ranks, inner.global_rank, inner.name)
+    dist._state.groups.add(g)
+    was = dist.get_debug()
+    try:
+        dist.set_debug(True)
+        assert inner.debug is True and g.debug is True
+        dist.set_debug(False)
+        assert inner.debug is False
+    finally:
+        dist._state.groups.discard(g)
+        dist.set_debug(was)
+    g.set_timeout(4.0)
+    assert inner.timeout == 4.0 and g.timeout == 4.0 and g.stall_warn == 2.0
+    assert g.seq == 7 and g.p2p_seq == 2
+    g.seq = 8
+    assert inner.seq == 8
+    assert g.history is inner.history and g.notices is inner.notices
+    assert "debug" not in g.__dict__ and "seq" not in g.__dict__
+
+
+def test_nccl_group_half_built_has_no_recursion():
+    g = object.__new__(NCCLGroup)
+    with pytest.raises(AttributeError):
+        g.all_to_all  # noqa: B018 - no mpi_group yet: a plain AttributeError
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(nccl_unavailable_reason()), reason=nccl_unavailable_reason() or "ok")
+def test_set_debug_reaches_a_real_nccl_group():
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("mpi")
+    try:
+        g = dist.new_group([0], backend="nccl")
+        was = dist.get_debug()
+        dist.set_debug(True)
+        try:
+            assert g.mpi_group.debug is True
+        finally:
+            dist.set_debug(was)
+        dist.destroy_process_group(g)
+    finally:
+        if created:
+            dist.destroy_process_group()
