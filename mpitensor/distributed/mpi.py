@@ -114,14 +114,13 @@ class MPIGroup(ProcessGroup):
             return MpiTensorError(f"{where}: MPI error: {text}")
         return exc
 
-    def _run(self, where: str, blocking: Callable[[], Any], nonblocking: Callable[[], Any],
+    def _run(self, where: str, nonblocking: Callable[[], Any],
              finish: Optional[Callable[[], None]], async_op: bool, result: Any = None,
              keep: Any = None) -> Optional[Work]:
         """Start the counted collective (the last one ``_count`` recorded) and finish it.
 
-        Blocking calls run as the non-blocking MPI operation plus a bounded wait (as fast as
-        the blocking call for small messages on MPICH, and it can time out); ``blocking`` is
-        kept for the signature's sake only.
+        Blocking calls too run as the non-blocking MPI operation plus a bounded wait: as fast
+        as the blocking call for small messages on MPICH, and it can time out.
         """
         s = self.seq
         op = self.history[s & _MASK][1]
@@ -297,8 +296,7 @@ class MPIGroup(ProcessGroup):
         avg = B.divider(rbuf, self.size_) if plan.average else None
         spec = [rbuf, plan.mpi_type]
         comm, mop = self.comm, plan.mpi_op
-        return self._run(where, lambda: comm.Allreduce(_IN_PLACE, spec, mop),
-                         lambda: comm.Iallreduce(_IN_PLACE, spec, mop),
+        return self._run(where, lambda: comm.Iallreduce(_IN_PLACE, spec, mop),
                          B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec)
 
     def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
@@ -335,7 +333,7 @@ class MPIGroup(ProcessGroup):
             buf, write_back = B.stage_out(arr)
         spec = [buf, mt]
         comm = self.comm
-        return self._run(where, lambda: comm.Bcast(spec, root), lambda: comm.Ibcast(spec, root),
+        return self._run(where, lambda: comm.Ibcast(spec, root),
                          write_back, async_op, [tensor], keep=spec)
 
     def reduce(self, tensor: Any, dst: Optional[int] = None, op: Any = _SUM,
@@ -379,13 +377,11 @@ class MPIGroup(ProcessGroup):
             rbuf, narrow = B.apply_plan_out(buf, plan)
             avg = B.divider(rbuf, self.size_) if plan.average else None
             spec = [rbuf, plan.mpi_type]
-            return self._run(where, lambda: comm.Reduce(_IN_PLACE, spec, mop, root),
-                             lambda: comm.Ireduce(_IN_PLACE, spec, mop, root),
+            return self._run(where, lambda: comm.Ireduce(_IN_PLACE, spec, mop, root),
                              B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec)
         spec = [B.apply_plan_in(B.stage_in(arr), plan), plan.mpi_type]
-        return self._run(where, lambda: comm.Reduce(spec, None, mop, root),
-                         lambda: comm.Ireduce(spec, None, mop, root), None, async_op, [tensor],
-                         keep=spec)
+        return self._run(where, lambda: comm.Ireduce(spec, None, mop, root), None, async_op,
+                         [tensor], keep=spec)
 
     def _out_list(self, lst: Any, what: str, where: str, ref: Any) -> list:
         if not isinstance(lst, (list, tuple)):
@@ -429,8 +425,7 @@ class MPIGroup(ProcessGroup):
         sbuf = [B.stage_in(arr), mt]
         rspec = [rbuf, (counts, displs), mt]
         comm = self.comm
-        return self._run(where, lambda: comm.Allgatherv(sbuf, rspec),
-                         lambda: comm.Iallgatherv(sbuf, rspec), copy_out, async_op,
+        return self._run(where, lambda: comm.Iallgatherv(sbuf, rspec), copy_out, async_op,
                          list(tensor_list), keep=(sbuf, rspec))
 
     def _staged_list_out(self, flat: Any, outs: list, counts: list,
@@ -491,9 +486,8 @@ class MPIGroup(ProcessGroup):
         rbuf, write_back = B.stage_out(out)
         sspec, rspec = [B.unalias(B.stage_in(inp), rbuf), mt], [rbuf, mt]
         comm = self.comm
-        return self._run(where, lambda: comm.Allgather(sspec, rspec),
-                         lambda: comm.Iallgather(sspec, rspec), write_back, async_op, [output],
-                         keep=(sspec, rspec))
+        return self._run(where, lambda: comm.Iallgather(sspec, rspec), write_back, async_op,
+                         [output], keep=(sspec, rspec))
 
     def gather(self, tensor: Any, gather_list: Any = None, dst: Optional[int] = None,
                async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
@@ -530,15 +524,13 @@ class MPIGroup(ProcessGroup):
         sspec = [B.stage_in(arr), mt]
         comm = self.comm
         if not is_root:
-            return self._run(where, lambda: comm.Gatherv(sspec, None, root),
-                             lambda: comm.Igatherv(sspec, None, root), None, async_op, [],
+            return self._run(where, lambda: comm.Igatherv(sspec, None, root), None, async_op, [],
                              keep=sspec)
         counts, displs = _counts_displs([o.size for o in outs])
         flat = array_module(arr).empty(sum(counts), dtype=arr.dtype)
         rbuf, copy_out = self._staged_list_out(flat, outs, counts, displs)
         rspec = [rbuf, (counts, displs), mt]
-        return self._run(where, lambda: comm.Gatherv(sspec, rspec, root),
-                         lambda: comm.Igatherv(sspec, rspec, root), copy_out, async_op,
+        return self._run(where, lambda: comm.Igatherv(sspec, rspec, root), copy_out, async_op,
                          list(gather_list), keep=(sspec, rspec))
 
     def scatter(self, tensor: Any, scatter_list: Any = None, src: Optional[int] = None,
@@ -576,13 +568,11 @@ class MPIGroup(ProcessGroup):
         rspec = [rbuf, mt]
         comm = self.comm
         if not is_root:
-            return self._run(where, lambda: comm.Scatterv(None, rspec, root),
-                             lambda: comm.Iscatterv(None, rspec, root), write_back, async_op,
+            return self._run(where, lambda: comm.Iscatterv(None, rspec, root), write_back, async_op,
                              [tensor], keep=rspec)
         counts, displs = _counts_displs([a.size for a in ins])
         sspec = [B.unalias(self._packed_in(ins), rbuf), (counts, displs), mt]
-        return self._run(where, lambda: comm.Scatterv(sspec, rspec, root),
-                         lambda: comm.Iscatterv(sspec, rspec, root), write_back, async_op,
+        return self._run(where, lambda: comm.Iscatterv(sspec, rspec, root), write_back, async_op,
                          [tensor], keep=(sspec, rspec))
 
     def reduce_scatter(self, output: Any, input_list: Any, op: Any = _SUM,
@@ -614,8 +604,7 @@ class MPIGroup(ProcessGroup):
         avg = B.divider(rbuf, self.size_) if plan.average else None
         sspec, rspec = [sbuf, plan.mpi_type], [rbuf, plan.mpi_type]
         comm, mop = self.comm, plan.mpi_op
-        return self._run(where, lambda: comm.Reduce_scatter(sspec, rspec, counts, mop),
-                         lambda: comm.Ireduce_scatter(sspec, rspec, counts, mop),
+        return self._run(where, lambda: comm.Ireduce_scatter(sspec, rspec, counts, mop),
                          B.chain(avg, narrow, write_back), async_op, [output],
                          keep=(sspec, rspec))
 
@@ -660,8 +649,7 @@ class MPIGroup(ProcessGroup):
         avg = B.divider(rbuf, self.size_) if plan.average else None
         sspec, rspec = [sbuf, plan.mpi_type], [rbuf, plan.mpi_type]
         comm, mop = self.comm, plan.mpi_op
-        return self._run(where, lambda: comm.Reduce_scatter_block(sspec, rspec, mop),
-                         lambda: comm.Ireduce_scatter_block(sspec, rspec, mop),
+        return self._run(where, lambda: comm.Ireduce_scatter_block(sspec, rspec, mop),
                          B.chain(avg, narrow, write_back), async_op, [output],
                          keep=(sspec, rspec))
 
@@ -694,8 +682,7 @@ class MPIGroup(ProcessGroup):
         sspec = [self._packed_in(ins), (scounts, sdispls), mt]
         rspec = [rbuf, (rcounts, rdispls), mt]
         comm = self.comm
-        return self._run(where, lambda: comm.Alltoallv(sspec, rspec),
-                         lambda: comm.Ialltoallv(sspec, rspec), copy_out, async_op,
+        return self._run(where, lambda: comm.Ialltoallv(sspec, rspec), copy_out, async_op,
                          list(output_tensor_list), keep=(sspec, rspec))
 
     def _splits(self, splits: Any, arr: Any, what: str, where: str) -> list:
@@ -767,12 +754,12 @@ class MPIGroup(ProcessGroup):
             # by the number of ranks. As with torch's MPI backend, every rank must then pass no
             # split sizes: the choice is made locally, and debug mode checks it agrees
             sspec, rspec = [sbuf, mt], [rbuf, mt]
-            blocking, nonblocking = comm.Alltoall, comm.Ialltoall
+            nonblocking = comm.Ialltoall
         else:
             sspec = [sbuf, _counts_displs(scounts), mt]
             rspec = [rbuf, _counts_displs(rcounts), mt]
-            blocking, nonblocking = comm.Alltoallv, comm.Ialltoallv
-        return self._run(where, lambda: blocking(sspec, rspec), lambda: nonblocking(sspec, rspec),
+            nonblocking = comm.Ialltoallv
+        return self._run(where, lambda: nonblocking(sspec, rspec),
                          write_back, async_op, [output], keep=(sspec, rspec))
 
     def barrier(self, async_op: bool = False) -> Optional[Work]:
@@ -781,7 +768,7 @@ class MPIGroup(ProcessGroup):
         if self.debug:
             self._agree(where, self._sig("barrier"), None)
         comm = self.comm
-        return self._run(where, comm.Barrier, comm.Ibarrier, None, async_op)
+        return self._run(where, comm.Ibarrier, None, async_op)
 
     # ------------------------------------------------------------------ point-to-point
     def _tag(self, tag: Any, where: str) -> int:

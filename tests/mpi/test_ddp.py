@@ -13,6 +13,8 @@ Run: ``mpiexec -n N python -m pytest --with-mpi tests/mpi/test_ddp.py``.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -364,7 +366,10 @@ def test_overlap_order_of_events(overlap):
             lambda p, name=name: events.append(("grad", name)))
     m.w1.register_post_accumulate_grad_hook(on_w1)
     x, y = data(0, 8, np.float64)
+    waits_before = ddp.comm_stats.total_wait_s
+    t0 = time.perf_counter()
     mse(ddp(mt.tensor(x)), mt.tensor(y)).backward()
+    step_s = time.perf_counter() - t0
     last = bucket_of[id(m.b3)]
     assert last == 0  # reverse registration order: the last layer's bias comes first
     assert seen_at_w1["in_backward"]
@@ -383,7 +388,10 @@ def test_overlap_order_of_events(overlap):
         assert not any(seen_at_w1["launched"])
         assert ddp.comm_stats.overlapped == 0
     assert ddp.comm_stats.launched == 6
-    assert ddp.comm_stats.last_wait_s >= 0.0
+    # the wait is measured inside this backward: part of its time, and added to the total
+    assert 0.0 <= ddp.comm_stats.last_wait_s <= step_s
+    assert ddp.comm_stats.total_wait_s == pytest.approx(waits_before
+                                                        + ddp.comm_stats.last_wait_s)
 
 
 # --------------------------------------------------------------------------------------------
