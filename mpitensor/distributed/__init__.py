@@ -686,6 +686,27 @@ def _root(pg: ProcessGroup, where: str, global_root: Optional[int],
     return pg.resolve_peer(global_root, group_root, what, where)
 
 
+def _checked(pg: ProcessGroup, where: str, opname: str, root: Optional[int],
+             check: Callable[[], None]) -> None:
+    """Run an object collective's local checks; in debug mode all ranks agree first.
+
+    Debug mode compares the operation, its sequence number and root across the ranks, and
+    every rank raises if any rank's arguments failed (so no rank is left waiting). Then the
+    call is counted.
+    """
+    error: Optional[BaseException] = None
+    try:
+        check()
+    except (TypeError, ValueError) as exc:
+        error = exc
+    if pg.debug:
+        sig = pg._sig(opname) if root is None else pg._sig(opname, root=root)
+        pg._agree(where, sig, error)
+    if error is not None:
+        raise error
+    pg._count(opname)
+
+
 def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
                           group: Optional[ProcessGroup] = None, device: Any = None,
                           group_src: Optional[int] = None) -> None:
@@ -695,10 +716,14 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
     """
     pg = _pg(group)
     where = pg._begin("broadcast_object_list")
-    if not isinstance(object_list, list):
-        raise TypeError(f"{where}: object_list must be a list, got {type(object_list).__name__}")
     root = _root(pg, where, src, group_src, "src")
-    pg._count("broadcast_object_list")
+
+    def check() -> None:
+        if not isinstance(object_list, list):
+            raise TypeError(f"{where}: object_list must be a list, got "
+                            f"{type(object_list).__name__}")
+
+    _checked(pg, where, "broadcast_object_list", root, check)
     objs = pg.bcast_obj(list(object_list) if pg.rank_ == root else None, root)
     if len(objs) != len(object_list):
         raise ValueError(f"{where}: the source broadcast {len(objs)} objects but this rank's "
@@ -711,10 +736,13 @@ def all_gather_object(object_list: List[Any], obj: Any,
     """Gather a picklable ``obj`` from every rank into ``object_list`` (len == group size)."""
     pg = _pg(group)
     where = pg._begin("all_gather_object")
-    if not isinstance(object_list, list) or len(object_list) != pg.size_:
-        raise ValueError(f"{where}: object_list must be a list of {pg.size_} entries (one per "
-                         f"rank), got {_len_desc(object_list)}")
-    pg._count("all_gather_object")
+
+    def check() -> None:
+        if not isinstance(object_list, list) or len(object_list) != pg.size_:
+            raise ValueError(f"{where}: object_list must be a list of {pg.size_} entries (one "
+                             f"per rank), got {_len_desc(object_list)}")
+
+    _checked(pg, where, "all_gather_object", None, check)
     object_list[:] = pg.allgather_obj(obj)
 
 
@@ -729,11 +757,15 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
     pg = _pg(group)
     where = pg._begin("gather_object")
     root = _root(pg, where, dst, group_dst, "dst")
-    if pg.rank_ == root and (not isinstance(object_gather_list, list)
-                             or len(object_gather_list) != pg.size_):
-        raise ValueError(f"{where}: object_gather_list must be a list of {pg.size_} entries on "
-                         f"the destination rank, got {_len_desc(object_gather_list)}")
-    pg._count("gather_object")
+
+    def check() -> None:
+        if pg.rank_ == root and (not isinstance(object_gather_list, list)
+                                 or len(object_gather_list) != pg.size_):
+            raise ValueError(f"{where}: object_gather_list must be a list of {pg.size_} "
+                             f"entries on the destination rank, got "
+                             f"{_len_desc(object_gather_list)}")
+
+    _checked(pg, where, "gather_object", root, check)
     objs = pg.gather_obj(obj, root)
     if pg.rank_ == root:
         object_gather_list[:] = objs
@@ -748,14 +780,17 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     pg = _pg(group)
     where = pg._begin("scatter_object_list")
     root = _root(pg, where, src, group_src, "src")
-    if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
-        raise ValueError(f"{where}: scatter_object_output_list must be a non-empty list")
-    if pg.rank_ == root and (not isinstance(scatter_object_input_list, list)
-                             or len(scatter_object_input_list) != pg.size_):
-        raise ValueError(f"{where}: scatter_object_input_list must be a list of {pg.size_} "
-                         f"entries on the source rank, got "
-                         f"{_len_desc(scatter_object_input_list)}")
-    pg._count("scatter_object_list")
+
+    def check() -> None:
+        if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
+            raise ValueError(f"{where}: scatter_object_output_list must be a non-empty list")
+        if pg.rank_ == root and (not isinstance(scatter_object_input_list, list)
+                                 or len(scatter_object_input_list) != pg.size_):
+            raise ValueError(f"{where}: scatter_object_input_list must be a list of "
+                             f"{pg.size_} entries on the source rank, got "
+                             f"{_len_desc(scatter_object_input_list)}")
+
+    _checked(pg, where, "scatter_object_list", root, check)
     scatter_object_output_list[0] = pg.scatter_obj(
         list(scatter_object_input_list) if pg.rank_ == root else None, root)
 

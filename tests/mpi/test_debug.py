@@ -137,6 +137,38 @@ class BaseTestDebug(ai.GroupCase):
         self.expect_mismatch(exc, "different root")
         self.still_works()
 
+    def test_object_collectives_are_checked(self):
+        """Debug mode covers the object collectives too: roots and operations are compared,
+        and a bad list on one rank raises on every rank instead of leaving them waiting."""
+        if self.skip_alone():
+            return
+        mine = self.ranks[self.rank]
+        exc = outcome(dist.broadcast_object_list, [self.rank], src=mine, group=self.group)
+        self.expect_mismatch(exc, "different root")
+        exc = outcome(dist.gather_object, self.rank, [None] * self.size,
+                      dst=mine, group=self.group)
+        self.expect_mismatch(exc, "different root")
+        # a wrong-length list on the destination only: its own ValueError there, a mismatch
+        # naming the argument error everywhere else
+        bad = [None] * (self.size + (1 if self.rank == 0 else 0))
+        exc = outcome(dist.gather_object, self.rank, bad, group_dst=0, group=self.group)
+        if self.rank == 0:
+            ai.expect(isinstance(exc, ValueError) and "object_gather_list" in str(exc),
+                      f"rank 0: {exc!r}")
+        else:
+            self.expect_mismatch(exc, "argument errors")
+        if self.rank % 2 == 0:
+            exc = outcome(dist.all_gather_object, [None] * self.size, self.rank,
+                          group=self.group)
+        else:
+            exc = outcome(dist.broadcast_object_list, [None], group_src=0, group=self.group)
+        self.expect_mismatch(exc, "different op")
+        got = [None] * self.size
+        exc = outcome(dist.all_gather_object, got, self.rank * 10, group=self.group)
+        ai.expect(exc is None and got == [10 * r for r in range(self.size)],
+                  f"matching all_gather_object after mismatches: {exc!r} {got}")
+        self.still_works()
+
     def test_different_collectives(self):
         if self.skip_alone():
             return
