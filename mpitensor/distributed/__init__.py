@@ -51,6 +51,7 @@ from ._abort import (
     uninstall_abort_handler,
 )
 from .launch import ProcessExitedException, ProcessRaisedException, SpawnContext, spawn
+from .model_sync import average_gradients, broadcast_parameters
 from .process_group import GroupMember, ProcessGroup, ReduceOp, Work, reduce_op
 
 __all__ = [
@@ -793,13 +794,3 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     _checked(pg, where, "scatter_object_list", root, check)
     scatter_object_output_list[0] = pg.scatter_obj(
         list(scatter_object_input_list) if pg.rank_ == root else None, root)
-
-
-def __getattr__(name: str) -> Any:
-    # The tutorials' gradient helpers live with DDP in mpitensor.nn.parallel, which imports this
-    # package: resolve them on first use instead of importing nn from here.
-    if name in ("average_gradients", "broadcast_parameters"):
-        from ..nn.parallel import distributed as _ddp
-
-        return getattr(_ddp, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

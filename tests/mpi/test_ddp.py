@@ -319,13 +319,14 @@ def test_init_broadcast_one_per_dtype(monkeypatch):
     model = MLP(3 + me)
     model.half_param = nn.Parameter(mt.tensor(np.full(4, float(me), dtype=np.float32)))
     calls = []
-    real = dist.broadcast
+    world_group = dist.group.WORLD
+    real = world_group.broadcast
 
     def counting(tensor, *args, **kwargs):
         calls.append(getattr(tensor, "dtype", None))
         return real(tensor, *args, **kwargs)
 
-    monkeypatch.setattr(dist, "broadcast", counting)
+    monkeypatch.setattr(world_group, "broadcast", counting)
     DDP(model)
     monkeypatch.undo()
     assert len(calls) == 2, calls  # float64 (params + buffer) and float32

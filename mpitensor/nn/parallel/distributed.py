@@ -44,7 +44,7 @@ import hashlib
 import logging
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
@@ -54,11 +54,17 @@ from mpitensor import backend as _backend
 from mpitensor import distributed as dist
 from mpitensor.autograd import Node
 from mpitensor.distributed import ProcessGroup, ReduceOp
+from mpitensor.distributed.model_sync import (
+    average_gradients,
+    broadcast_parameters,
+    coalesced_broadcast,
+    device_key,
+    member_group,
+    tensors_of,
+)
 from mpitensor.errors import (
     CollectiveMismatchError,
     MpiTensorError,
-    NotAGroupMemberError,
-    NotInitializedError,
     ReplicaDivergenceError,
 )
 from mpitensor.tensor import Tensor, _new
@@ -91,158 +97,6 @@ _UNUSED_MSG = (
 )
 
 
-
-
-# --------------------------------------------------------------------------------------------
-# Helpers shared by DDP and the tutorial functions
-
-
-def _params_of(model_or_params: Any, what: str) -> List[Tensor]:
-    """The distinct tensors of a Module's ``parameters()`` or of an iterable, in order."""
-    if isinstance(model_or_params, Module):
-        items: Iterable = model_or_params.parameters()
-    elif isinstance(model_or_params, Tensor):
-        items = [model_or_params]
-    elif isinstance(model_or_params, Iterable) and not isinstance(model_or_params, (str, bytes)):
-        items = model_or_params
-    else:
-        raise TypeError(f"{what}: expected an mpitensor.nn.Module or an iterable of tensors, got "
-                        f"{type(model_or_params).__name__}")
-    out, seen = [], set()
-    for p in items:
-        if not isinstance(p, Tensor):
-            raise TypeError(f"{what}: expected tensors, got {type(p).__name__}")
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out
-
-
-def _group(group: Optional[ProcessGroup], what: str) -> ProcessGroup:
-    """Resolve ``group`` (None: the default group) with errors that say what to do."""
-    if not dist.is_initialized():
-        raise NotInitializedError(
-            f"{what} needs an initialized process group: call "
-            "mpitensor.distributed.init_process_group() first (under `mpiexec -n N python ...`, "
-            "or plain `python` for a single rank)")
-    pg = group if group is not None else dist.group.WORLD
-    if not isinstance(pg, ProcessGroup):
-        raise TypeError(f"{what}: process_group must be a group from "
-                        f"mpitensor.distributed.new_group() or None, got {group!r}")
-    if pg.rank_ < 0:
-        raise NotAGroupMemberError(
-            f"rank {dist.get_rank()}: {what} was given {pg.name} (global ranks "
-            f"{list(pg.ranks)}), of which this rank is not a member; construct it only on the "
-            "group's members")
-    return pg
-
-
-def _device_key(arr: Any) -> str:
-    return "cpu" if type(arr) is np.ndarray else str(_backend.device_of(arr))
-
-
-def _by_dtype_device(arrays: Sequence[Any]) -> "dict[tuple, list]":
-    groups: dict = {}
-    for a in arrays:
-        groups.setdefault((a.dtype, _device_key(a)), []).append(a)
-    return groups
-
-
-def _coalesced_broadcast(arrays: Sequence[Any], pg: ProcessGroup, src: int) -> int:
-    """Broadcast ``arrays`` from global rank ``src`` in place, one message per dtype and device.
-
-    Returns:
-        The number of broadcasts issued.
-    """
-    count = 0
-    for (_dtype, _dev), arrs in _by_dtype_device(arrays).items():
-        if len(arrs) == 1 and arrs[0].flags.c_contiguous:
-            dist.broadcast(arrs[0], src=src, group=pg)
-        else:
-            xp = _backend.array_module(arrs[0])
-            flat = xp.concatenate([a.reshape(-1) for a in arrs])
-            dist.broadcast(flat, src=src, group=pg)
-            off = 0
-            for a in arrs:
-                n = a.size
-                a[...] = flat[off:off + n].reshape(a.shape)
-                off += n
-        count += 1
-    return count
-
-
-def broadcast_parameters(
-    model_or_params: Any, src: int = 0, group: Optional[ProcessGroup] = None,
-    buffers: bool = True,
-) -> None:
-    """Copy parameters (and a module's buffers) from global rank ``src`` to every rank, in place.
-
-    The tutorials' "start every replica from the same weights": tensors are coalesced into one
-    flat message per dtype and device, so a model costs one broadcast per dtype, not one per
-    tensor.
-
-    Args:
-        model_or_params: an ``mpitensor.nn.Module`` or an iterable of tensors.
-        src: the global rank whose values everyone takes (default 0).
-        group: the process group (default: the world).
-        buffers: also broadcast a module's buffers (ignored for a list of tensors).
-
-    Raises:
-        NotInitializedError: no process group has been initialized.
-        TypeError: ``model_or_params`` is neither a Module nor an iterable of tensors.
-
-    Example:
-        >>> model = nn.Linear(4, 2)            # different random weights on each rank
-        >>> broadcast_parameters(model)        # now rank 0's weights everywhere
-    """
-    pg = _group(group, "broadcast_parameters")
-    tensors = _params_of(model_or_params, "broadcast_parameters")
-    if buffers and isinstance(model_or_params, Module):
-        tensors += [b for b in model_or_params.buffers() if b is not None]
-    arrays = [t._data for t in tensors]
-    if arrays:
-        _coalesced_broadcast(arrays, pg, src)
-
-
-def average_gradients(model: Any, group: Optional[ProcessGroup] = None) -> None:
-    """Average every ``param.grad`` over the group, in place (the tutorials' explicit sync).
-
-    Same result as the PyTorch tutorial's loop (``all_reduce(param.grad.data, SUM)`` then
-    ``param.grad.data /= world_size``), but the gradients are packed into one flat buffer per
-    dtype and device, so the whole model costs one all-reduce per dtype. Parameters whose
-    ``grad`` is None are skipped: every rank must have gradients for the same parameters.
-
-    Args:
-        model: an ``mpitensor.nn.Module`` or an iterable of parameters.
-        group: the process group to average over (default: the world).
-
-    Raises:
-        NotInitializedError: no process group has been initialized.
-
-    Example:
-        >>> loss.backward()
-        >>> average_gradients(model)           # every rank now holds the mean gradient
-        >>> optimizer.step()
-    """
-    pg = _group(group, "average_gradients")
-    size = pg.size_
-    grads = [p.grad._data for p in _params_of(model, "average_gradients") if p.grad is not None]
-    for (_dtype, _dev), arrs in _by_dtype_device(grads).items():
-        if len(arrs) == 1 and arrs[0].flags.c_contiguous:
-            dist.all_reduce(arrs[0], op=ReduceOp.SUM, group=pg)
-            if size > 1:
-                arrs[0] /= size
-            continue
-        xp = _backend.array_module(arrs[0])
-        flat = xp.concatenate([a.reshape(-1) for a in arrs])
-        dist.all_reduce(flat, op=ReduceOp.SUM, group=pg)
-        if size > 1:
-            flat /= size
-        off = 0
-        for a in arrs:
-            n = a.size
-            a[...] = flat[off:off + n].reshape(a.shape)
-            off += n
 
 
 # --------------------------------------------------------------------------------------------
@@ -523,14 +377,14 @@ class DistributedDataParallel(Module):
         if dim != 0:
             raise ValueError("DistributedDataParallel: dim must be 0 (inputs are not scattered: "
                              "each rank passes its own shard of the batch)")
-        pg = _group(process_group, "DistributedDataParallel")
-        params = [p for p in _params_of(module, "DistributedDataParallel") if p.requires_grad]
+        pg = member_group(process_group, "DistributedDataParallel")
+        params = [p for p in tensors_of(module, "DistributedDataParallel") if p.requires_grad]
         if not params:
             raise ValueError(
                 "DistributedDataParallel is not needed when a module doesn't have any parameter "
                 "that requires a gradient")
         named = {id(p): n for n, p in module.named_parameters()}
-        devices = sorted({_device_key(p._data) for p in params})
+        devices = sorted({device_key(p._data) for p in params})
         if len(devices) > 1:
             raise ValueError(
                 f"DistributedDataParallel: the module's parameters are on different devices "
@@ -567,9 +421,9 @@ class DistributedDataParallel(Module):
         if self._world > 1:
             self._check_layout("construction")
         if init_sync:
-            states = [p._data for p in _params_of(module, "DistributedDataParallel")]
+            states = [p._data for p in tensors_of(module, "DistributedDataParallel")]
             states += [b._data for b in module.buffers() if b is not None]
-            self._init_broadcasts = _coalesced_broadcast(states, pg, self._src)
+            self._init_broadcasts = coalesced_broadcast(states, pg, self._src)
         elif self._world > 1:
             # no broadcast: the caller promises equal replicas; checking costs one small gather
             self.verify_in_sync()
@@ -615,7 +469,7 @@ class DistributedDataParallel(Module):
                 f"are on {device}; move the module with module.to('{want}') first")
 
     def _build_buckets(self, first_cap: int) -> None:
-        order = [(i, p._data.nbytes, (p._data.dtype, _device_key(p._data)))
+        order = [(i, p._data.nbytes, (p._data.dtype, device_key(p._data)))
                  for i, p in reversed(list(enumerate(self._params)))]
         groups = _bucket_assignment(order, self.bucket_bytes_cap, first_cap)
         self._buckets: List[_Bucket] = []
@@ -785,9 +639,9 @@ class DistributedDataParallel(Module):
         if len(last) < w:
             # some ranks stopped early and hold stale parameters: take a rank that ran every
             # step (the highest, as torch's authoritative rank)
-            states = [p._data for p in _params_of(self.module, "DistributedDataParallel")]
+            states = [p._data for p in tensors_of(self.module, "DistributedDataParallel")]
             states += [b._data for b in self.module.buffers() if b is not None]
-            _coalesced_broadcast(states, pg, pg.ranks[int(last[-1])])
+            coalesced_broadcast(states, pg, pg.ranks[int(last[-1])])
 
     def _shadow_step(self, src: int) -> None:
         """Match one synchronising step of the active ranks with zero gradients."""
@@ -798,7 +652,7 @@ class DistributedDataParallel(Module):
             if self.broadcast_buffers:
                 bufs = [b._data for b in self.module.buffers() if b is not None]
                 if bufs:
-                    _coalesced_broadcast(bufs, pg, src)
+                    coalesced_broadcast(bufs, pg, src)
         if self._join_zeros is None:
             self._join_zeros = [_backend.array_module(b.buffer).zeros_like(b.buffer)
                                 for b in self._buckets]
@@ -1068,7 +922,7 @@ class DistributedDataParallel(Module):
             if self.broadcast_buffers:
                 bufs = [b._data for b in self.module.buffers() if b is not None]
                 if bufs:
-                    _coalesced_broadcast(bufs, self.process_group, src)
+                    coalesced_broadcast(bufs, self.process_group, src)
         out = self.module(*inputs, **kwargs)
         if sync:
             self._expect_hooks = True
