@@ -71,7 +71,7 @@ def test_needs_an_initialized_group():
     ({"overlap": None}, TypeError, "overlap must be True or False"),
     ({"dim": 1}, ValueError, "dim must be 0"),
     ({"device_ids": [0]}, ValueError, r"module.to\('cuda:0'\)"),
-    ({"device_ids": ["cpu"]}, ValueError, "device_ids=None for a CPU module"),
+    ({"device_ids": ["cpu"]}, ValueError, "a CPU module takes device_ids=None"),
     ({"device_ids": [0, 1]}, ValueError, "list of one device"),
     ({"device_ids": ["tpu"]}, ValueError, "bad device in device_ids"),
     ({"process_group": "world"}, TypeError, "process_group must be a group"),
@@ -89,7 +89,7 @@ def test_bad_modules(world):
     frozen = MLP(1)
     for p in frozen.parameters():
         p.requires_grad = False
-    with pytest.raises(ValueError, match="doesn't have any parameter that requires a gradient"):
+    with pytest.raises(ValueError, match="has no parameter that requires a gradient"):
         DDP(frozen)
 
 

@@ -351,9 +351,24 @@ class DistributedDataParallel(Module):
         overlap: bool = True,
     ) -> None:
         super().__init__()
-        # ---- validate everything before any message is sent
-        if broadcast_buffers is None:
-            broadcast_buffers = True
+        # every check is local and comes before the first message
+        cap = self._checked_options(module, bucket_cap_mb, dim, broadcast_buffers,
+                                    find_unused_parameters, gradient_as_bucket_view,
+                                    static_graph, overlap, init_sync)
+        pg = member_group(process_group, "DistributedDataParallel")
+        params = self._trainable(module, device_ids)
+        self._set_options(module, pg, params, device_ids, output_device, dim, cap,
+                          broadcast_buffers, find_unused_parameters, gradient_as_bucket_view,
+                          static_graph, overlap)
+        self._make_buckets()
+        self._sync_replicas(init_sync)
+        self._reset()
+        self._install_hooks()
+
+    # ---------------------------------------------------------------- construction steps
+    @staticmethod
+    def _checked_options(module: Any, bucket_cap_mb: Any, dim: int, *flags: Any) -> float:
+        """Validate the arguments; return the bucket cap in MiB (25 when None)."""
         if not isinstance(module, Module):
             raise TypeError(
                 f"DistributedDataParallel: module must be an mpitensor.nn.Module, got "
@@ -366,38 +381,47 @@ class DistributedDataParallel(Module):
         if not bucket_cap_mb >= 0:
             raise ValueError(f"DistributedDataParallel: bucket_cap_mb must be >= 0 (0 gives one "
                              f"bucket per parameter), got {bucket_cap_mb!r}")
-        for name, flag in (("broadcast_buffers", broadcast_buffers),
-                           ("find_unused_parameters", find_unused_parameters),
-                           ("gradient_as_bucket_view", gradient_as_bucket_view),
-                           ("static_graph", static_graph), ("overlap", overlap),
-                           ("init_sync", init_sync)):
+        names = ("broadcast_buffers", "find_unused_parameters", "gradient_as_bucket_view",
+                 "static_graph", "overlap", "init_sync")
+        for name, flag in zip(names, flags):
+            if name == "broadcast_buffers" and flag is None:
+                continue  # torch's None means True
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"DistributedDataParallel: {name} must be True or False, got "
                                 f"{flag!r}")
         if dim != 0:
             raise ValueError("DistributedDataParallel: dim must be 0 (inputs are not scattered: "
                              "each rank passes its own shard of the batch)")
-        pg = member_group(process_group, "DistributedDataParallel")
+        return float(bucket_cap_mb)
+
+    def _trainable(self, module: Module, device_ids: Any) -> List[Tensor]:
+        """The parameters to synchronise: those that require a gradient, on one device."""
         params = [p for p in tensors_of(module, "DistributedDataParallel") if p.requires_grad]
         if not params:
             raise ValueError(
-                "DistributedDataParallel is not needed when a module doesn't have any parameter "
-                "that requires a gradient")
-        named = {id(p): n for n, p in module.named_parameters()}
+                "DistributedDataParallel: the module has no parameter that requires a gradient, "
+                "so there is nothing to synchronise; use the module itself")
         devices = sorted({device_key(p._data) for p in params})
         if len(devices) > 1:
             raise ValueError(
                 f"DistributedDataParallel: the module's parameters are on different devices "
                 f"{devices}; move the whole module to one device first (module.to(device))")
         self._check_device_ids(device_ids, devices[0])
+        return params
 
+    def _set_options(self, module: Module, pg: ProcessGroup, params: List[Tensor],
+                     device_ids: Any, output_device: Any, dim: int, cap_mb: float,
+                     broadcast_buffers: Any, find_unused_parameters: bool,
+                     gradient_as_bucket_view: bool, static_graph: bool, overlap: bool) -> None:
+        """The public attributes (torch's names) and the per-model constants."""
+        named = {id(p): n for n, p in module.named_parameters()}
         self.module = module
         self.device_ids = list(device_ids) if device_ids is not None else None
         self.output_device = output_device
         self.dim = dim
-        self.broadcast_buffers = bool(broadcast_buffers)
+        self.broadcast_buffers = broadcast_buffers is None or bool(broadcast_buffers)
         self.process_group = pg
-        self.bucket_bytes_cap = int(bucket_cap_mb * _MB)
+        self.bucket_bytes_cap = int(cap_mb * _MB)
         self.find_unused_parameters = bool(find_unused_parameters)
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.static_graph = bool(static_graph)
@@ -408,39 +432,35 @@ class DistributedDataParallel(Module):
         self._src = pg.ranks[0]
         self._params = params
         self._names = [named.get(id(p), f"<param {i}>") for i, p in enumerate(params)]
-
         self._divisor = self._world  # what each bucket is divided by (join() may change it)
         self._join: Optional[_JoinState] = None  # set only inside an enabled join()
         self._join_zeros: Optional[List[Any]] = None
+        self._static_unused: Optional[List[int]] = None
 
-        # ---- buckets (a local computation), then the same model and layout everywhere
+    def _make_buckets(self) -> None:
+        """Group the parameters into buckets (local), then check every rank made the same."""
         self._build_buckets(min(DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap))
         self._layout = [(int(b.buffer.size), b.buffer.dtype.name) for b in self._buckets]
         self.comm_stats = CommStats([b.nbytes for b in self._buckets])
-        self._init_broadcasts = 0
         if self._world > 1:
             self._check_layout("construction")
+
+    def _sync_replicas(self, init_sync: bool) -> None:
+        """Start every replica from the source rank's parameters and buffers."""
+        self._init_broadcasts = 0
         if init_sync:
-            states = [p._data for p in tensors_of(module, "DistributedDataParallel")]
-            states += [b._data for b in module.buffers() if b is not None]
-            self._init_broadcasts = coalesced_broadcast(states, pg, self._src)
+            states = [p._data for p in tensors_of(self.module, "DistributedDataParallel")]
+            states += [b._data for b in self.module.buffers() if b is not None]
+            self._init_broadcasts = coalesced_broadcast(states, self.process_group, self._src)
         elif self._world > 1:
             # no broadcast: the caller promises equal replicas; checking costs one small gather
             self.verify_in_sync()
-        nparams = len(params)
-        self._ready = [False] * nparams
-        self._used = [False] * nparams  # got a gradient since the last synchronised backward
-        self._next_launch = 0
-        self._inflight: List[Any] = []  # launched works not yet seen complete, oldest first
-        self._expect_hooks = False
-        self._in_backward = False
-        self._forward_unused: List[int] = []
-        self._static_unused: Optional[List[int]] = None
-        self._hook_handles = []
+
+    def _install_hooks(self) -> None:
+        """A post-accumulate hook per parameter marks it ready (and may launch its bucket)."""
         ref = weakref.ref(self)
-        for i, p in enumerate(params):
-            self._hook_handles.append(
-                p.register_post_accumulate_grad_hook(_make_hook(ref, i)))
+        self._hook_handles = [p.register_post_accumulate_grad_hook(_make_hook(ref, i))
+                              for i, p in enumerate(self._params)]
 
     # ---------------------------------------------------------------- construction helpers
     @staticmethod
@@ -460,9 +480,8 @@ class DistributedDataParallel(Module):
             raise ValueError(f"DistributedDataParallel: bad device in device_ids: {exc}") from None
         if want.type == "cpu":
             raise ValueError(
-                "DistributedDataParallel device_ids and output_device arguments only work with "
-                "single-device/multiple-device GPU modules or CPU modules, but got device_ids "
-                f"{device_ids!r}; pass device_ids=None for a CPU module")
+                f"DistributedDataParallel: device_ids={device_ids!r} names the CPU; a CPU module "
+                "takes device_ids=None (device_ids is for the one GPU this rank's module is on)")
         if str(want) != device and not (want.index is None and device.startswith("cuda")):
             raise ValueError(
                 f"DistributedDataParallel: device_ids={device_ids!r} but the module's parameters "
@@ -1097,6 +1116,7 @@ class DistributedDataParallel(Module):
                         g._data[...] = view
 
     def _reset(self) -> None:
+        """Start a backward pass afresh: no parameter ready or used, no bucket launched."""
         n = len(self._params)
         self._ready = [False] * n
         self._used = [False] * n
