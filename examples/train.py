@@ -530,56 +530,67 @@ def plot_curves(history: Dict[str, Any], path: Path, title: str) -> None:
     os.replace(tmp, path)
 
 
-def train(args: argparse.Namespace) -> None:
-    """Set up the process group, data, model and checkpoints, then train and report."""
-    import numpy as np
+class Training:
+    """One training run: the process group, data, model, optimizer and their progress.
 
-    import mpitensor as mt
-    import mpitensor.distributed as dist
-    import mpitensor.nn.functional as F  # noqa: N812 - torch's spelling
-    from mpitensor.checkpoint import CheckpointError, load_on_all_ranks, save_on_rank0
-    from mpitensor.data import DataLoader, DistributedEvalSampler, DistributedSampler
-    from mpitensor.models import LeNet
-    from mpitensor.nn.parallel import DistributedDataParallel as DDP
-    from mpitensor.optim import SGD
-    from mpitensor.optim.lr_scheduler import StepLR
+    :func:`train` reads as the run's steps; each method here is one of them. Every rank runs
+    every step (checkpoints and the report are written by rank 0).
+    """
 
-    device, backend = _agreed(_select_device, args)
-    dist.init_process_group(backend=backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if args.batch_size is None:
-        args.batch_size = max(1, GLOBAL_BATCH // world)
-    data = _agreed(load_data, args, rank)
-    train_ds, val_ds = data["train"], data["val"]
-    config = _config(args, data, world)
+    def __init__(self, args: argparse.Namespace) -> None:
+        """Join the process group, load the data, build the model, optimizer and loaders."""
+        import numpy as np
 
-    mt.manual_seed(args.seed)
-    np.random.seed(args.seed)
-    random.seed(args.seed)
-    model = LeNet()
-    if device != "cpu":
-        model.to(device)
-    optimizer = SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
-    sampler = DistributedSampler(train_ds, num_replicas=world, rank=rank, shuffle=True,
-                                 seed=args.seed)
-    loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler)
-    val_loader = DataLoader(val_ds, batch_size=EVAL_BATCH,
-                            sampler=DistributedEvalSampler(val_ds, num_replicas=world,
-                                                           rank=rank))
-    steps_per_epoch = len(loader)
+        import mpitensor as mt
+        import mpitensor.distributed as dist
+        from mpitensor.data import DataLoader, DistributedEvalSampler, DistributedSampler
+        from mpitensor.models import LeNet
+        from mpitensor.optim import SGD
+        from mpitensor.optim.lr_scheduler import StepLR
 
-    ckpt_dir = Path(args.checkpoint_dir)
-    history: Dict[str, Any] = {"train_loss": [], "accuracy": [], "samples_per_s": [],
-                               "step_loss": [], "steps_per_epoch": steps_per_epoch}
-    start_epoch, global_step = 0, 0
-    loss_sum, loss_count = 0.0, 0  # this rank's, over the current epoch
-    resumed = ""
-    if args.resume is not None:
-        path = Path(args.resume) if args.resume else ckpt_dir / LAST
+        self.args = args
+        self.device, backend = _agreed(_select_device, args)
+        dist.init_process_group(backend=backend)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if args.batch_size is None:
+            args.batch_size = max(1, GLOBAL_BATCH // self.world)
+        self.data = _agreed(load_data, args, self.rank)
+        train_ds, val_ds = self.data["train"], self.data["val"]
+        self.config = _config(args, self.data, self.world)
+        mt.manual_seed(args.seed)
+        np.random.seed(args.seed)
+        random.seed(args.seed)
+        self.model = LeNet()
+        if self.device != "cpu":
+            self.model.to(self.device)
+        self.optimizer = SGD(self.model.parameters(), lr=args.lr, momentum=args.momentum)
+        self.scheduler = StepLR(self.optimizer, step_size=1, gamma=args.gamma)
+        self.sampler = DistributedSampler(train_ds, num_replicas=self.world, rank=self.rank,
+                                          shuffle=True, seed=args.seed)
+        self.loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=self.sampler)
+        self.val_loader = DataLoader(val_ds, batch_size=EVAL_BATCH,
+                                     sampler=DistributedEvalSampler(val_ds,
+                                                                    num_replicas=self.world,
+                                                                    rank=self.rank))
+        self.steps_per_epoch = len(self.loader)
+        self.ckpt_dir = Path(args.checkpoint_dir)
+        self.history: Dict[str, Any] = {"train_loss": [], "accuracy": [], "samples_per_s": [],
+                                        "step_loss": [], "steps_per_epoch": self.steps_per_epoch}
+        self.start_epoch, self.global_step = 0, 0
+        self.loss_sum, self.loss_count = 0.0, 0  # this rank's, over the current epoch
+        self.resumed = ""
+        self.ddp: Any = None
+        self.last_eval: Optional[Tuple[int, int, int]] = None  # (global step, correct, total)
+
+    # ---------------------------------------------------------------- resume
+    def resume(self) -> None:
+        """Restore everything from ``--resume``'s checkpoint (refused with a UserError)."""
+        from mpitensor.checkpoint import CheckpointError, load_on_all_ranks
+
+        args = self.args
+        path = Path(args.resume) if args.resume else self.ckpt_dir / LAST
         try:
-            ckpt = load_on_all_ranks(path, map_location=device if device != "cpu" else "cpu",
-                                     read_on_rank0=True)
+            ckpt = load_on_all_ranks(path, map_location=self.device, read_on_rank0=True)
         except CheckpointError as exc:
             missing = "FileNotFoundError" in str(exc) or "No such file" in str(exc)
             detail = str(exc).splitlines()[0]
@@ -590,154 +601,204 @@ def train(args: argparse.Namespace) -> None:
                    if missing else
                    f"{detail}; pass an intact checkpoint with --resume PATH"
                    f"{_other_checkpoints(path)} or start without --resume")) from None
-        validate_checkpoint(ckpt, path, model, config)
-        model.load_state_dict(ckpt["model_state"])
-        optimizer.load_state_dict(ckpt["optimizer_state"])
-        scheduler.load_state_dict(ckpt["scheduler_state"])
-        sampler.load_state_dict(ckpt["sampler_state"])
-        start_epoch, global_step = int(ckpt["epoch"]), int(ckpt["global_step"])
-        mine = ckpt["ranks"][rank]
-        _set_rng_states(mine["rng"])
-        loss_sum, loss_count = float(mine["loss_sum"]), int(mine["loss_count"])
-        saved_hist = ckpt["history"]
-        history.update({k: [float(v) for v in saved_hist[k]]
-                        for k in ("train_loss", "accuracy", "samples_per_s", "step_loss")})
-        where = (f"epoch {start_epoch + 1}, step {int(ckpt['step_in_epoch'])} of "
-                 f"{steps_per_epoch}" if ckpt["step_in_epoch"] else
-                 f"the end of epoch {start_epoch}")
-        resumed = f"resumed from {path} at {where} (global step {global_step})"
+        validate_checkpoint(ckpt, path, self.model, self.config)
+        self._restore(ckpt)
+        where = (f"epoch {self.start_epoch + 1}, step {int(ckpt['step_in_epoch'])} of "
+                 f"{self.steps_per_epoch}" if ckpt["step_in_epoch"] else
+                 f"the end of epoch {self.start_epoch}")
+        self.resumed = f"resumed from {path} at {where} (global step {self.global_step})"
         old_args = ckpt.get("args", {})
         kept = [f"--{k} {old_args[k]}" for k in ("lr", "momentum", "gamma")
                 if k in old_args and old_args[k] != getattr(args, k)]
         if kept:  # the optimizer's and scheduler's states carry them, as in torch
-            resumed += f"; the checkpoint's {', '.join(kept)} apply"
+            self.resumed += f"; the checkpoint's {', '.join(kept)} apply"
 
-    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
-    if rank == 0:
-        print(f"training LeNet on {data['description']}: {world} rank(s) x batch "
-              f"{args.batch_size} = global batch {world * args.batch_size}, {args.epochs} "
-              f"epoch(s), {steps_per_epoch} steps each, lr {args.lr} (x{args.gamma}/epoch), "
-              f"momentum {args.momentum}, seed {args.seed}, {device}", flush=True)
-    if rank == 0 and resumed:
-        print(resumed, flush=True)
-    if rank == 0:  # after --resume was checked: a refused run changes nothing on disk
-        partial = remove_partial_checkpoints(ckpt_dir)
+    def _restore(self, ckpt: Dict[str, Any]) -> None:
+        self.model.load_state_dict(ckpt["model_state"])
+        self.optimizer.load_state_dict(ckpt["optimizer_state"])
+        self.scheduler.load_state_dict(ckpt["scheduler_state"])
+        self.sampler.load_state_dict(ckpt["sampler_state"])
+        self.start_epoch, self.global_step = int(ckpt["epoch"]), int(ckpt["global_step"])
+        mine = ckpt["ranks"][self.rank]
+        _set_rng_states(mine["rng"])
+        self.loss_sum, self.loss_count = float(mine["loss_sum"]), int(mine["loss_count"])
+        saved = ckpt["history"]
+        self.history.update({k: [float(v) for v in saved[k]]
+                             for k in ("train_loss", "accuracy", "samples_per_s", "step_loss")})
+
+    # ---------------------------------------------------------------- start
+    def start(self) -> None:
+        """Wrap the model in DDP, print the header, clear what an interrupted save left."""
+        from mpitensor.nn.parallel import DistributedDataParallel as DDP
+
+        args = self.args
+        self.ddp = DDP(self.model, bucket_cap_mb=args.bucket_cap_mb)
+        if self.rank != 0:
+            return
+        print(f"training LeNet on {self.data['description']}: {self.world} rank(s) x batch "
+              f"{args.batch_size} = global batch {self.world * args.batch_size}, "
+              f"{args.epochs} epoch(s), {self.steps_per_epoch} steps each, lr {args.lr} "
+              f"(x{args.gamma}/epoch), momentum {args.momentum}, seed {args.seed}, "
+              f"{self.device}", flush=True)
+        if self.resumed:
+            print(self.resumed, flush=True)
+        # after --resume was checked: a refused run changes nothing on disk
+        partial = remove_partial_checkpoints(self.ckpt_dir)
         if partial:
-            print(f"removed {len(partial)} partial checkpoint file(s) left in {ckpt_dir} by an "
-                  f"interrupted save: {', '.join(p.name for p in partial)}", flush=True)
-    show_progress = rank == 0 and not args.no_progress and sys.stderr.isatty()
+            print(f"removed {len(partial)} partial checkpoint file(s) left in {self.ckpt_dir} "
+                  f"by an interrupted save: {', '.join(p.name for p in partial)}", flush=True)
 
-    def save(epoch: int, step_in_epoch: int, end_of_epoch: bool) -> None:
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, epoch: int, step_in_epoch: int, end_of_epoch: bool) -> None:
         """Every rank calls it: gather per-rank state, rank 0 writes (atomically)."""
-        mine = {"rng": _rng_states(), "loss_sum": loss_sum, "loss_count": loss_count}
-        ranks: Optional[List[Any]] = [None] * world if rank == 0 else None
-        dist.gather_object(mine, ranks, dst=0)
-        ckpt = None
-        if rank == 0:
-            ckpt = {
-                "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
-                "model_name": type(model).__name__,
-                "model_state": model.state_dict(),
-                "optimizer_state": optimizer.state_dict(),
-                "scheduler_state": scheduler.state_dict(),
-                "sampler_state": sampler.state_dict(),
-                "epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step,
-                "config": config, "ranks": ranks,
-                "history": {"train_loss": list(history["train_loss"]),
-                            "accuracy": list(history["accuracy"]),
-                            "samples_per_s": list(history["samples_per_s"]),
-                            "step_loss": np.asarray(history["step_loss"], dtype=np.float64)},
-                "args": {k: v for k, v in vars(args).items()},
-            }
-        if rank == 0:
-            ckpt_dir.mkdir(parents=True, exist_ok=True)
-        if end_of_epoch:
-            save_on_rank0(ckpt, ckpt_dir / f"epoch{epoch:03d}.mt")
-        save_on_rank0(ckpt, ckpt_dir / LAST)
+        import mpitensor.distributed as dist
+        from mpitensor.checkpoint import save_on_rank0
 
-    # a resumed run may already be at --max-steps: then it only evaluates
-    stopped = args.max_steps is not None and global_step >= args.max_steps
-    last_eval: Optional[Tuple[int, int, int]] = None  # (global step, correct, total)
-    for epoch in range(start_epoch, args.epochs):
-        if stopped:
-            break
-        sampler.set_epoch(epoch)  # keeps a resumed position only for the checkpoint's epoch
-        step = sampler.position // args.batch_size
+        mine = {"rng": _rng_states(), "loss_sum": self.loss_sum, "loss_count": self.loss_count}
+        ranks: Optional[List[Any]] = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(mine, ranks, dst=0)
+        ckpt = self._checkpoint(epoch, step_in_epoch, ranks) if self.rank == 0 else None
+        if self.rank == 0:
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if end_of_epoch:
+            save_on_rank0(ckpt, self.ckpt_dir / f"epoch{epoch:03d}.mt")
+        save_on_rank0(ckpt, self.ckpt_dir / LAST)
+
+    def _checkpoint(self, epoch: int, step_in_epoch: int, ranks: Any) -> Dict[str, Any]:
+        import numpy as np
+
+        h = self.history
+        return {
+            "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
+            "model_name": type(self.model).__name__,
+            "model_state": self.model.state_dict(),
+            "optimizer_state": self.optimizer.state_dict(),
+            "scheduler_state": self.scheduler.state_dict(),
+            "sampler_state": self.sampler.state_dict(),
+            "epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": self.global_step,
+            "config": self.config, "ranks": ranks,
+            "history": {"train_loss": list(h["train_loss"]), "accuracy": list(h["accuracy"]),
+                        "samples_per_s": list(h["samples_per_s"]),
+                        "step_loss": np.asarray(h["step_loss"], dtype=np.float64)},
+            "args": dict(vars(self.args)),
+        }
+
+    # ---------------------------------------------------------------- training
+    def at_max_steps(self) -> bool:
+        return self.args.max_steps is not None and self.global_step >= self.args.max_steps
+
+    def fit(self) -> None:
+        """Train the remaining epochs, or up to ``--max-steps`` (which saves where it stops)."""
+        # a resumed run may already be at --max-steps: then it only evaluates
+        if self.at_max_steps():
+            return
+        for epoch in range(self.start_epoch, self.args.epochs):
+            step, samples, elapsed = self.train_epoch(epoch)
+            if step < self.steps_per_epoch:  # stopped by --max-steps inside the epoch
+                self.save(epoch, step, end_of_epoch=False)
+                return
+            self.end_epoch(epoch, samples, elapsed)
+            if self.at_max_steps():
+                return
+
+    def train_epoch(self, epoch: int) -> Tuple[int, int, float]:
+        """One epoch from the sampler's position; returns (steps done, samples, seconds)."""
+        import mpitensor.nn.functional as F  # noqa: N812 - torch's spelling
+
+        args = self.args
+        self.sampler.set_epoch(epoch)  # keeps a resumed position only for its own epoch
+        step = self.sampler.position // args.batch_size
         if step == 0:
-            loss_sum, loss_count = 0.0, 0
-        bar = _progress(steps_per_epoch, step, f"epoch {epoch + 1}/{args.epochs}",
-                        show_progress)
-        ddp.train()
+            self.loss_sum, self.loss_count = 0.0, 0
+        show = self.rank == 0 and not args.no_progress and sys.stderr.isatty()
+        bar = _progress(self.steps_per_epoch, step, f"epoch {epoch + 1}/{args.epochs}", show)
+        self.ddp.train()
         samples, t0 = 0, time.perf_counter()
-        for x, y in loader:
-            if device != "cpu":
-                x, y = x.to(device), y.to(device)
-            optimizer.zero_grad()
-            loss = F.nll_loss(ddp(x), y)
+        for x, y in self.loader:
+            if self.device != "cpu":
+                x, y = x.to(self.device), y.to(self.device)
+            self.optimizer.zero_grad()
+            loss = F.nll_loss(self.ddp(x), y)
             loss.backward()
-            optimizer.step()
-            value = float(loss.item())
-            n = int(y.shape[0])
-            loss_sum += value * n
-            loss_count += n
-            samples += n * world
+            self.optimizer.step()
+            value, n = float(loss.item()), int(y.shape[0])
+            self.loss_sum += value * n
+            self.loss_count += n
+            samples += n * self.world
             step += 1
-            global_step += 1
-            if rank == 0:
-                history["step_loss"].append(value)
+            self.global_step += 1
+            if self.rank == 0:
+                self.history["step_loss"].append(value)
             if bar is not None:
                 bar.update(1)
                 if step % 10 == 0:
                     bar.set_postfix(loss=f"{value:.4f}")
-            if args.max_steps is not None and global_step >= args.max_steps:
-                stopped = step < steps_per_epoch
-                if stopped:
-                    break
+            if self.at_max_steps() and step < self.steps_per_epoch:
+                break
             if args.checkpoint_every and step % args.checkpoint_every == 0 \
-                    and step < steps_per_epoch:
+                    and step < self.steps_per_epoch:
                 elapsed = time.perf_counter() - t0
-                save(epoch, step, end_of_epoch=False)
+                self.save(epoch, step, end_of_epoch=False)
                 t0 = time.perf_counter() - elapsed  # writing checkpoints is not training time
         elapsed = time.perf_counter() - t0
         if bar is not None:
             bar.close()
-        if stopped:
-            save(epoch, step, end_of_epoch=False)
-            break
-        totals = np.array([loss_sum, loss_count], dtype=np.float64)
+        return step, samples, elapsed
+
+    def end_epoch(self, epoch: int, samples: int, elapsed: float) -> None:
+        """Average the loss over all ranks, evaluate, step the schedule, report, save."""
+        import numpy as np
+
+        import mpitensor.distributed as dist
+
+        totals = np.array([self.loss_sum, self.loss_count], dtype=np.float64)
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         train_loss = totals[0] / max(totals[1], 1.0)
-        correct, total = evaluate(model, val_loader, device)
-        last_eval = (global_step, correct, total)
+        correct, total = evaluate(self.model, self.val_loader, self.device)
+        self.last_eval = (self.global_step, correct, total)
         accuracy = correct / max(total, 1)
         rate = samples / elapsed if elapsed > 0 else 0.0
-        history["train_loss"].append(float(train_loss))
-        history["accuracy"].append(accuracy)
-        history["samples_per_s"].append(rate)
-        scheduler.step()
-        if rank == 0:
-            print(f"epoch {epoch + 1}/{args.epochs}: train loss {train_loss:.4f}, held-out "
-                  f"accuracy {100 * accuracy:.2f}% ({correct}/{total}), {rate:,.0f} samples/s",
-                  flush=True)
-        loss_sum, loss_count = 0.0, 0
-        save(epoch + 1, 0, end_of_epoch=True)
-        if args.max_steps is not None and global_step >= args.max_steps:
-            stopped = True
+        self.history["train_loss"].append(float(train_loss))
+        self.history["accuracy"].append(accuracy)
+        self.history["samples_per_s"].append(rate)
+        self.scheduler.step()
+        if self.rank == 0:
+            print(f"epoch {epoch + 1}/{self.args.epochs}: train loss {train_loss:.4f}, "
+                  f"held-out accuracy {100 * accuracy:.2f}% ({correct}/{total}), "
+                  f"{rate:,.0f} samples/s", flush=True)
+        self.loss_sum, self.loss_count = 0.0, 0
+        self.save(epoch + 1, 0, end_of_epoch=True)
 
-    if last_eval is None or last_eval[0] != global_step:  # the model changed since
-        last_eval = (global_step, *evaluate(model, val_loader, device))
-    _, correct, total = last_eval
-    accuracy = correct / max(total, 1)
-    if rank == 0:
-        epochs_done = len(history["train_loss"])
-        line = (f"final held-out accuracy {100 * accuracy:.2f}% ({correct}/{total}) after "
-                f"{epochs_done} epoch(s), {global_step} steps on {world} rank(s), "
-                f"{data['name']}")
-        if not args.no_plot and history["train_loss"]:
-            plot = Path(args.plot) if args.plot else ckpt_dir / "curves.png"
-            plot_curves(history, plot, f"LeNet on {data['description']}, {world} rank(s)")
+    # ---------------------------------------------------------------- the end
+    def report(self) -> None:
+        """The final accuracy (evaluated again if the model changed since) and the curves."""
+        if self.last_eval is None or self.last_eval[0] != self.global_step:
+            self.last_eval = (self.global_step,
+                              *evaluate(self.model, self.val_loader, self.device))
+        _, correct, total = self.last_eval
+        if self.rank != 0:
+            return
+        h = self.history
+        line = (f"final held-out accuracy {100 * correct / max(total, 1):.2f}% "
+                f"({correct}/{total}) after {len(h['train_loss'])} epoch(s), "
+                f"{self.global_step} steps on {self.world} rank(s), {self.data['name']}")
+        if not self.args.no_plot and h["train_loss"]:
+            plot = Path(self.args.plot) if self.args.plot else self.ckpt_dir / "curves.png"
+            plot_curves(h, plot, f"LeNet on {self.data['description']}, {self.world} rank(s)")
             line += f"; curves: {plot}"
         print(line, flush=True)
+
+
+def train(args: argparse.Namespace) -> None:
+    """Set up, resume if asked, train, report: the run's steps, in order."""
+    import mpitensor.distributed as dist
+
+    run = Training(args)
+    if args.resume is not None:
+        run.resume()
+    run.start()
+    run.fit()
+    run.report()
     dist.destroy_process_group()
 
 
