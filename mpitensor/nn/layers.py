@@ -23,7 +23,7 @@ import operator
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import islice
+from itertools import groupby
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -35,7 +35,7 @@ from mpitensor.tensor import Tensor, empty
 
 from . import functional as F  # noqa: N812 - torch's spelling
 from . import init
-from .module import Module, _addindent
+from .module import Module
 from .parameter import Parameter
 
 __all__ = [
@@ -730,20 +730,107 @@ class MSELoss(_Loss):
 
 # --------------------------------------------------------------------------------------------
 # Containers
+#
+# A container keeps its children in the registry that Module itself walks (``_modules``), so
+# parameters(), state_dict(), to() and the repr see them with no extra work. They are read
+# through ``_slots`` alone: ``named_children()`` cannot stand in, since it shows a module
+# registered twice only once, and ``Sequential(relu, relu)`` must still have two positions.
+# Every write goes through ``add_module`` / ``delattr`` so that Module's own checks apply.
 
 
-def _index(idx: Any, size: int, cls: str) -> int:
-    i = operator.index(idx)
-    if not -size <= i < size:
-        raise IndexError(f"index {i} is out of range for a {cls} of length {size}")
-    return i % size
+def _slots(owner: Module) -> Any:
+    """The ordered ``name -> child`` registry of ``owner``, a child registered twice included."""
+    return owner._modules
 
 
-class Sequential(Module):
+def _indent_tail(text: str) -> str:
+    """``text`` with every line but the first pushed right by two spaces, for nested reprs."""
+    return text.replace("\n", "\n  ")
+
+
+class _PositionalContainer(Module):
+    """Shared machinery of Sequential and ModuleList: children addressed by position.
+
+    Keys are the positions "0", "1", ... (a Sequential built from an OrderedDict keeps its
+    own names until an insertion or deletion); any change in the middle relabels every child
+    so that key and position agree again.
+    """
+
+    def _position(self, idx: Any) -> int:
+        """``idx`` (negative counts from the end) as a position in ``range(len(self))``."""
+        size = len(self)
+        pos = operator.index(idx)
+        if pos < -size or pos >= size:
+            raise IndexError(
+                f"{type(self).__name__} index {pos} is out of range: it holds {size} "
+                f"module(s), so use an index from {-size} to {size - 1}"
+            )
+        return pos + size if pos < 0 else pos
+
+    def _sliced(self, idx: slice) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, idx: Union[int, slice]) -> Any:
+        if isinstance(idx, slice):
+            return self._sliced(idx)
+        return list(self)[self._position(idx)]
+
+    def _relabel(self, members: list) -> None:
+        """Make ``members`` the children, keyed by their positions."""
+        for key in list(_slots(self)):
+            delattr(self, key)
+        for pos, module in enumerate(members):
+            self.add_module(str(pos), module)
+
+    def __len__(self) -> int:
+        return len(_slots(self))
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(list(_slots(self).values()))
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        self.add_module(list(_slots(self))[self._position(idx)], module)
+
+    def __delitem__(self, idx: Union[int, slice]) -> None:
+        members = list(self)
+        doomed = set(range(len(members))[idx]) if isinstance(idx, slice) else {self._position(idx)}
+        self._relabel([m for pos, m in enumerate(members) if pos not in doomed])
+
+    def __dir__(self) -> list:
+        return [name for name in super().__dir__() if not name.isdecimal()]
+
+    def append(self, module: Module) -> Any:
+        """Add ``module`` after the last one; returns the container."""
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> Any:
+        """Append each module of ``modules`` in turn; returns the container.
+
+        Raises:
+            TypeError: ``modules`` is not iterable, or holds something that is not a Module.
+        """
+        if not isinstance(modules, Iterable):
+            raise TypeError(
+                f"{type(self).__name__}.extend takes an iterable of modules, got "
+                f"{type(modules).__name__}; wrap a single module in a list or use append"
+            )
+        for module in list(modules):  # a snapshot, so that c.extend(c) terminates
+            self.append(module)
+        return self
+
+    def pop(self, key: Union[int, slice]) -> Any:
+        """Remove the module (or, for a slice, the modules) at ``key`` and return it."""
+        taken = self[key]
+        del self[key]
+        return taken
+
+
+class Sequential(_PositionalContainer):
     """Run modules one after another; built from modules or from an OrderedDict of them.
 
-    Supports indexing (a slice gives a Sequential), ``len``, iteration, ``append``,
-    ``insert``, ``extend``, ``pop``, ``del`` and ``+``.
+    Supports indexing (a slice gives a Sequential that keeps the keys), ``len``, iteration,
+    ``append``, ``insert``, ``extend``, ``pop``, ``del``, ``+``, ``+=``, ``*`` and ``*=``.
 
     Raises:
         TypeError: an element is not a Module.
@@ -757,109 +844,89 @@ class Sequential(Module):
 
     def __init__(self, *args: Any) -> None:
         super().__init__()
-        if len(args) == 1 and isinstance(args[0], OrderedDict):
-            for key, module in args[0].items():
-                self.add_module(key, module)
-        else:
-            for idx, module in enumerate(args):
-                self.add_module(str(idx), module)
+        named = len(args) == 1 and isinstance(args[0], OrderedDict)
+        pairs = args[0].items() if named else ((str(pos), m) for pos, m in enumerate(args))
+        for key, module in pairs:
+            self.add_module(key, module)
 
     def forward(self, input: Any) -> Any:  # noqa: A002 - torch's name
-        for module in self._modules.values():
-            input = module(input)
-        return input
+        out = input
+        for stage in self:
+            out = stage(out)
+        return out
 
-    def __getitem__(self, idx: Union[int, slice]) -> Any:
-        if isinstance(idx, slice):
-            return type(self)(OrderedDict(list(self._modules.items())[idx]))
-        i = _index(idx, len(self._modules), "Sequential")
-        return next(islice(iter(self._modules.values()), i, None))
+    def _sliced(self, idx: slice) -> Sequential:
+        return type(self)(OrderedDict(list(_slots(self).items())[idx]))
 
-    def __setitem__(self, idx: int, module: Module) -> None:
-        i = _index(idx, len(self._modules), "Sequential")
-        key = next(islice(iter(self._modules), i, None))
-        setattr(self, key, module)
-
-    def __delitem__(self, idx: Union[int, slice]) -> None:
-        keys = list(self._modules)
-        if isinstance(idx, slice):
-            for key in keys[idx]:
-                del self._modules[key]
-        else:
-            del self._modules[keys[_index(idx, len(keys), "Sequential")]]
-        # torch renumbers so that indexing keeps working after a deletion
-        self._renumber()
-
-    def _renumber(self) -> None:
-        items = list(self._modules.values())
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self._modules[str(i)] = m
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
+    def _other_sequential(self, other: Any, op: str) -> Sequential:
+        if not isinstance(other, Sequential):
+            raise ValueError(
+                f"Sequential {op} needs another Sequential on the right, got "
+                f"{type(other).__name__}; wrap its modules in nn.Sequential(...) first"
+            )
+        return other
 
     def __add__(self, other: Sequential) -> Sequential:
-        if not isinstance(other, Sequential):
-            raise ValueError(f"add operator supports only objects of Sequential class, but "
-                             f"{type(other)} is given.")
-        ret = Sequential()
-        for layer in self:
-            ret.append(layer)
-        for layer in other:
-            ret.append(layer)
-        return ret
+        joined = Sequential()
+        joined.extend(self)
+        return joined.extend(self._other_sequential(other, "+"))
 
     def __iadd__(self, other: Sequential) -> Sequential:
-        if not isinstance(other, Sequential):
-            raise ValueError(f"add operator supports only objects of Sequential class, but "
-                             f"{type(other)} is given.")
-        for layer in list(other):
-            self.append(layer)
-        return self
+        return self.extend(self._other_sequential(other, "+="))
 
-    def append(self, module: Module) -> Sequential:
-        """Add ``module`` at the end; returns self."""
-        self.add_module(str(len(self)), module)
+    def _repeats(self, times: Any) -> int:
+        if not _is_int(times):
+            raise TypeError(
+                f"a Sequential can only be repeated an int number of times, got "
+                f"{type(times).__name__}"
+            )
+        if times <= 0:
+            raise ValueError(f"a Sequential must be repeated at least once, got {times} times")
+        return int(times)
+
+    def __mul__(self, times: int) -> Sequential:
+        repeated = Sequential()
+        for _ in range(self._repeats(times)):
+            repeated.extend(self)
+        return repeated
+
+    __rmul__ = __mul__
+
+    def __imul__(self, times: int) -> Sequential:
+        once = list(self)
+        for _ in range(self._repeats(times) - 1):
+            self.extend(once)
         return self
 
     def insert(self, index: int, module: Module) -> Sequential:
-        """Insert ``module`` before position ``index``; returns self."""
+        """Put ``module`` at position ``index`` (negative counts from the end); returns self.
+
+        Raises:
+            AssertionError: ``module`` is not a Module (torch's exception type).
+            IndexError: ``index`` is outside ``[-len, len]``.
+        """
         if not isinstance(module, Module):
-            raise AssertionError(f"module should be of type: {Module}")
-        n = len(self._modules)
-        if not -n <= index <= n:
-            raise IndexError(f"Index out of range: {index}")
-        if index < 0:
-            index += n
-        items = list(self._modules.values())
-        items.insert(index, module)
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self._modules[str(i)] = m
+            raise AssertionError(
+                f"Sequential.insert takes a Module, got {type(module).__name__}"
+            )
+        size = len(self)
+        if not -size <= index <= size:
+            raise IndexError(
+                f"Sequential.insert index {index} is out of range for {size} module(s); "
+                f"use an index from {-size} to {size}"
+            )
+        members = list(self)
+        members.insert(index, module)
+        self._relabel(members)
         return self
 
-    def extend(self, sequential: Iterable[Module]) -> Sequential:
-        """Append every module of ``sequential``; returns self."""
-        for layer in sequential:
-            self.append(layer)
-        return self
 
-    def pop(self, key: Union[int, slice]) -> Module:
-        """Remove and return the module at ``key``."""
-        v = self[key]
-        del self[key]
-        return v
-
-    def __dir__(self) -> list:
-        return [k for k in super().__dir__() if not k.isdigit()]
-
-
-class ModuleList(Module):
+class ModuleList(_PositionalContainer):
     """A list of modules, registered so that ``parameters()`` and ``to()`` see them.
+
+    Indexing (a slice gives a ModuleList numbered from 0), ``len``, iteration, ``append``,
+    ``insert``, ``extend``, ``pop``, ``del``, ``+`` and ``+=`` behave as on a list. The repr
+    folds runs of identical modules into one line.
 
     Raises:
         TypeError: an element is not a Module.
@@ -875,103 +942,76 @@ class ModuleList(Module):
         if modules is not None:
             self.extend(modules)
 
-    def __getitem__(self, idx: Union[int, slice]) -> Any:
-        if isinstance(idx, slice):
-            return type(self)(list(self._modules.values())[idx])
-        return self._modules[str(_index(idx, len(self), "ModuleList"))]
-
-    def __setitem__(self, idx: int, module: Module) -> None:
-        setattr(self, str(_index(idx, len(self), "ModuleList")), module)
-
-    def __delitem__(self, idx: Union[int, slice]) -> None:
-        if isinstance(idx, slice):
-            for k in range(len(self._modules))[idx]:
-                delattr(self, str(k))
-        else:
-            delattr(self, str(_index(idx, len(self), "ModuleList")))
-        items = list(self._modules.values())
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self._modules[str(i)] = m
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
+    def _sliced(self, idx: slice) -> ModuleList:
+        return type(self)(list(self)[idx])
 
     def __iadd__(self, modules: Iterable[Module]) -> ModuleList:
         return self.extend(modules)
 
     def __add__(self, other: Iterable[Module]) -> ModuleList:
-        combined = ModuleList()
-        for m in self:
-            combined.append(m)
-        for m in other:
-            combined.append(m)
-        return combined
+        return ModuleList(self).extend(other)
 
     def insert(self, index: int, module: Module) -> None:
-        """Insert ``module`` before position ``index``."""
-        if not isinstance(module, Module):
-            raise TypeError(f"ModuleList.insert: {type(module).__name__} is not a Module")
-        items = list(self._modules.values())
-        items.insert(index, module)
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self._modules[str(i)] = m
-
-    def append(self, module: Module) -> ModuleList:
-        """Add ``module`` at the end; returns self."""
-        self.add_module(str(len(self)), module)
-        return self
-
-    def extend(self, modules: Iterable[Module]) -> ModuleList:
-        """Append every module of ``modules``; returns self.
+        """Put ``module`` before position ``index``, with ``list.insert``'s index rules.
 
         Raises:
-            TypeError: ``modules`` is not iterable.
+            TypeError: ``module`` is not a Module.
         """
-        if not isinstance(modules, Iterable):
-            raise TypeError("ModuleList.extend should be called with an iterable, but got "
-                            + type(modules).__name__)
-        offset = len(self)
-        for i, module in enumerate(modules):
-            self.add_module(str(offset + i), module)
-        return self
-
-    def pop(self, key: Union[int, slice]) -> Module:
-        """Remove and return the module at ``key``."""
-        v = self[key]
-        del self[key]
-        return v
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleList.insert takes a Module, got {type(module).__name__}")
+        members = list(self)
+        members.insert(index, module)
+        self._relabel(members)
 
     def __repr__(self) -> str:
-        reprs = [repr(m) for m in self]
-        if not reprs:
+        if not len(self):
             return self._get_name() + "()"
-        spans = [[0, 0]]
-        blocks = [reprs[0]]
-        for i, r in enumerate(reprs[1:], 1):
-            if r == blocks[-1]:
-                spans[-1][1] += 1
-                continue
-            spans.append([i, i])
-            blocks.append(r)
-        lines = []
-        for (start, end), b in zip(spans, blocks):
-            line = f"({start}): {b}"
-            if start != end:
-                line = f"({start}-{end}): {end - start + 1} x {b}"
-            lines.append(_addindent(line, 2))
-        return self._get_name() + "(\n  " + "\n  ".join(lines) + "\n)"
+        rows, first = [], 0
+        for text, run in groupby(repr(m) for m in self):
+            count = sum(1 for _ in run)
+            if count == 1:
+                head = f"({first}): "
+            else:
+                head = f"({first}-{first + count - 1}): {count} x "
+            rows.append(_indent_tail(head + text))
+            first += count
+        return self._get_name() + "(" + "".join("\n  " + row for row in rows) + "\n)"
 
-    def __dir__(self) -> list:
-        return [k for k in super().__dir__() if not k.isdigit()]
+
+def _module_pairs(source: Any) -> Iterator[tuple]:
+    """The ``(key, module)`` pairs of a mapping, a ModuleDict or an iterable of pairs.
+
+    Pairs are checked one at a time as they are consumed, so an update stops at the first
+    malformed one having applied those before it, like ``dict.update``.
+    """
+    if isinstance(source, (Mapping, ModuleDict)):
+        yield from source.items()
+        return
+    if not isinstance(source, Iterable):
+        raise TypeError(
+            f"ModuleDict.update takes a mapping or an iterable of (key, module) pairs, got "
+            f"{type(source).__name__}"
+        )
+    for pos, pair in enumerate(source):
+        if not isinstance(pair, Iterable):
+            raise TypeError(
+                f"ModuleDict.update: item #{pos} is a {type(pair).__name__}, not a "
+                f"(key, module) pair"
+            )
+        pair = tuple(pair)
+        if len(pair) != 2:
+            raise ValueError(
+                f"ModuleDict.update: item #{pos} has length {len(pair)}, but each item must "
+                f"be a (key, module) pair of length 2"
+            )
+        yield pair
 
 
 class ModuleDict(Module):
     """An ordered dict of modules, registered so that ``parameters()`` and ``to()`` see them.
+
+    Keys keep their insertion order; assigning to an existing key replaces the module in
+    place. ``update`` takes a mapping, another ModuleDict or an iterable of pairs.
 
     Raises:
         TypeError: a value is not a Module.
@@ -988,64 +1028,59 @@ class ModuleDict(Module):
             self.update(modules)
 
     def __getitem__(self, key: str) -> Module:
-        return self._modules[key]
+        return _slots(self)[key]
 
     def __setitem__(self, key: str, module: Module) -> None:
         self.add_module(key, module)
 
     def __delitem__(self, key: str) -> None:
-        del self._modules[key]
+        if key not in _slots(self):
+            raise KeyError(key)
+        delattr(self, key)
 
     def __len__(self) -> int:
-        return len(self._modules)
+        return len(_slots(self))
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._modules)
+        return iter(_slots(self))
 
-    def __contains__(self, key: str) -> bool:
-        return key in self._modules
+    def __contains__(self, key: object) -> bool:
+        return key in _slots(self)
 
     def clear(self) -> None:
         """Remove every module."""
-        self._modules.clear()
+        for key in list(_slots(self)):
+            delattr(self, key)
 
     def pop(self, key: str) -> Module:
-        """Remove and return the module under ``key``."""
-        v = self[key]
+        """Remove the module under ``key`` and return it.
+
+        Raises:
+            KeyError: no module has that key.
+        """
+        module = self[key]
         del self[key]
-        return v
+        return module
 
     def keys(self) -> Iterable[str]:
         """The keys, in insertion order."""
-        return self._modules.keys()
+        return _slots(self).keys()
 
     def items(self) -> Iterable[tuple]:
         """The ``(key, module)`` pairs, in insertion order."""
-        return self._modules.items()
+        return _slots(self).items()
 
     def values(self) -> Iterable[Module]:
         """The modules, in insertion order."""
-        return self._modules.values()
+        return _slots(self).values()
 
     def update(self, modules: Any) -> None:
-        """Add modules from a mapping or an iterable of ``(key, module)`` pairs.
+        """Add (or replace) modules from a mapping or an iterable of ``(key, module)`` pairs.
 
         Raises:
-            TypeError: ``modules`` is neither, or a pair is malformed.
+            TypeError: ``modules`` is neither, an item is not a pair, or a value is not a
+                Module.
+            ValueError: an item has a length other than 2.
         """
-        if isinstance(modules, (OrderedDict, ModuleDict, Mapping)):
-            for key, module in modules.items():
-                self[key] = module
-            return
-        if not isinstance(modules, Iterable):
-            raise TypeError("ModuleDict.update should be called with an iterable of key/value "
-                            "pairs, but got " + type(modules).__name__)
-        for j, m in enumerate(modules):
-            if not isinstance(m, Iterable):
-                raise TypeError(f"ModuleDict update sequence element #{j} should be Iterable; "
-                                f"is {type(m).__name__}")
-            m = list(m)
-            if len(m) != 2:
-                raise ValueError(f"ModuleDict update sequence element #{j} has length {len(m)}; "
-                                 f"2 is required")
-            self[m[0]] = m[1]
+        for key, module in _module_pairs(modules):
+            self[key] = module

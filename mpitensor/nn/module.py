@@ -1,11 +1,11 @@
 """``nn.Module``: the base class of every layer and model, with PyTorch's registration rules.
 
-A Module keeps its learnable :class:`~mpitensor.nn.Parameter` objects, its buffers (tensors that
-are state but not trained) and its sub-modules in three ordered dicts, ``_parameters``,
-``_buffers`` and ``_modules``, filled by plain attribute assignment (``self.fc = Linear(4, 2)``).
-Everything that walks a model (``parameters()``, ``state_dict()``, ``to()``, ``train()``) walks
-those dicts in registration order, so names and orders match PyTorch's exactly and a
-``state_dict`` saved by one loads into the other.
+Plain attribute assignment files a value by its type: a :class:`~mpitensor.nn.Parameter` into
+``_parameters``, a Module into ``_modules``, and a Tensor assigned over a name already
+registered with :meth:`Module.register_buffer` into ``_buffers``; anything else stays an
+ordinary attribute. Each of the three tables keeps insertion order, and everything that walks
+a model (``parameters()``, ``state_dict()``, ``to()``, ``train()``) reads them in that order,
+so names and orders agree with PyTorch's and a ``state_dict`` saved by one loads into the other.
 
 Example:
     >>> import mpitensor.nn as nn
@@ -23,33 +23,63 @@ Example:
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict, namedtuple
+import warnings
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor.autograd import no_grad
-from mpitensor.tensor import Size, Tensor, _new, _parse_device
+from mpitensor.tensor import Size, Tensor, _move, _parse_device
 
 from .parameter import Parameter
 
 __all__ = ["Module", "RemovableHandle"]
 
 
-class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
-    """What :meth:`Module.load_state_dict` returns: the keys it did not match."""
+# --------------------------------------------------------------------------------------------
+# Small helpers
 
-    __slots__ = ()
+
+class _IncompatibleKeys(NamedTuple):
+    """What :meth:`Module.load_state_dict` returns: the keys it could not pair up."""
+
+    missing_keys: list
+    unexpected_keys: list
 
     def __repr__(self) -> str:
-        if not self.missing_keys and not self.unexpected_keys:
-            return "<All keys matched successfully>"
-        return super().__repr__()
+        if self.missing_keys or self.unexpected_keys:
+            # the class name is part of what torch prints, so scripts see the same text
+            return (f"_IncompatibleKeys(missing_keys={self.missing_keys!r}, "
+                    f"unexpected_keys={self.unexpected_keys!r})")
+        return "<All keys matched successfully>"
 
     __str__ = __repr__
+
+
+def _qualified_type(value: Any) -> str:
+    """``int`` for builtins, ``package.module.Class`` otherwise (unambiguous in errors)."""
+    cls = type(value)
+    if cls.__module__ == "builtins":
+        return cls.__name__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _indent_continuation(text: str, spaces: int) -> str:
+    """Indent every line of ``text`` but the first, so it can follow a ``(name): `` label."""
+    return text.replace("\n", "\n" + " " * spaces)
+
+
+
+def _dotted(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+# --------------------------------------------------------------------------------------------
+# Forward hooks
 
 
 class RemovableHandle:
@@ -64,16 +94,15 @@ class RemovableHandle:
         >>> h.remove()
     """
 
-    _ids = itertools.count()
+    _counter = itertools.count()
 
-    def __init__(self, *dicts: dict) -> None:
-        self.id = next(RemovableHandle._ids)
-        self._dicts = dicts
+    def __init__(self, chain: _HookChain) -> None:
+        self.id = next(RemovableHandle._counter)
+        self._chain = chain
 
     def remove(self) -> None:
         """Unregister the hook (a no-op when it is already gone)."""
-        for d in self._dicts:
-            d.pop(self.id, None)
+        self._chain.discard(self.id)
 
     def __enter__(self) -> RemovableHandle:
         return self
@@ -82,79 +111,272 @@ class RemovableHandle:
         self.remove()
 
 
-def _addindent(s: str, num_spaces: int) -> str:
-    lines = s.split("\n")
-    if len(lines) == 1:
-        return s
-    first = lines.pop(0)
-    return first + "\n" + "\n".join(num_spaces * " " + line for line in lines)
+class _Hook:
+    """One registered callable and the calling convention it asked for."""
+
+    __slots__ = ("key", "fn", "with_kwargs", "always_call")
+
+    def __init__(self, key: int, fn: Callable, with_kwargs: bool, always_call: bool) -> None:
+        self.key = key
+        self.fn = fn
+        self.with_kwargs = with_kwargs
+        self.always_call = always_call
+
+    def before(self, module: Module, args: tuple, kwargs: dict) -> tuple:
+        """Run as a pre-hook: the (possibly replaced) ``(args, kwargs)``."""
+        if not self.with_kwargs:
+            new_args = self.fn(module, args)
+            if new_args is None:
+                return args, kwargs
+            return (new_args if isinstance(new_args, tuple) else (new_args,)), kwargs
+        replaced = self.fn(module, args, kwargs)
+        if replaced is None:
+            return args, kwargs
+        if isinstance(replaced, tuple) and len(replaced) == 2:
+            return replaced
+        raise RuntimeError(
+            f"a forward pre-hook registered with with_kwargs=True returned {replaced!r}; it "
+            f"must return None (keep the inputs) or a pair (args_tuple, kwargs_dict)"
+        )
+
+    def after(self, module: Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        """Run as a post-hook: the (possibly replaced) output."""
+        if self.with_kwargs:
+            replaced = self.fn(module, args, kwargs, output)
+        else:
+            replaced = self.fn(module, args, output)
+        return output if replaced is None else replaced
 
 
-def _typename(v: Any) -> str:
-    t = type(v)
-    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+class _HookChain:
+    """The hooks of one kind on one module, kept in the order they run.
+
+    ``len()`` and truth test count the hooks, so ``if module._forward_hooks`` stays cheap on
+    the call path of hook-free modules.
+    """
+
+    __slots__ = ("_hooks",)
+
+    def __init__(self) -> None:
+        self._hooks: list = []
+
+    def add(self, fn: Callable, prepend: bool, with_kwargs: bool,
+            always_call: bool = False) -> RemovableHandle:
+        if not callable(fn):
+            raise TypeError(f"a hook must be callable, got {_qualified_type(fn)} {fn!r}")
+        handle = RemovableHandle(self)
+        hook = _Hook(handle.id, fn, with_kwargs, always_call)
+        self._hooks.insert(0 if prepend else len(self._hooks), hook)
+        return handle
+
+    def discard(self, key: int) -> None:
+        self._hooks = [h for h in self._hooks if h.key != key]
+
+    def snapshot(self) -> list:
+        # hooks that add or remove hooks while running must not disturb this call
+        return list(self._hooks)
+
+    def __len__(self) -> int:
+        return len(self._hooks)
+
+    def __iter__(self) -> Iterator[_Hook]:
+        return iter(self.snapshot())
 
 
-def _parse_to(args: tuple, kwargs: dict) -> tuple:
-    """Read ``Module.to``'s arguments: (device or None, float dtype or None)."""
+# --------------------------------------------------------------------------------------------
+# Arguments of Module.to and values of load_state_dict
+
+
+def _split_to_args(args: tuple, kwargs: dict) -> tuple:
+    """Sort ``Module.to``'s arguments into (device or None, dtype or None) as given."""
     device = kwargs.pop("device", None)
     dtype = kwargs.pop("dtype", None)
-    tensor = kwargs.pop("tensor", None)
-    kwargs.pop("non_blocking", None)
-    kwargs.pop("memory_format", None)
+    like = kwargs.pop("tensor", None)
+    for ignored in ("non_blocking", "memory_format"):
+        kwargs.pop(ignored, None)  # meaningful on torch's allocator only
     if kwargs:
-        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
+        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}; it takes "
+                        f"device=, dtype=, tensor= and non_blocking=")
     if len(args) > 3:
-        raise TypeError(f"to() takes at most 3 positional arguments, got {len(args)}")
+        raise TypeError(f"to() takes at most 3 positional arguments (device, dtype, "
+                        f"non_blocking), got {len(args)}")
     for a in args:
-        if isinstance(a, Tensor):
-            tensor = a
-        elif isinstance(a, bool):  # non_blocking given positionally
+        if a is None or isinstance(a, bool):  # a bool here is non_blocking
             continue
+        if isinstance(a, Tensor):
+            like = a
         elif isinstance(a, (_backend.device, int, np.integer)):
             device = a
         elif isinstance(a, str):
             try:
                 device = _backend.device(a)
             except ValueError:
-                dtype = a
-        elif a is None:
-            continue
+                dtype = a  # "float64" and friends
         else:
             dtype = a
-    if tensor is not None:
-        device, dtype = tensor.device, tensor.dtype
-    dev = _parse_device(device)
-    if dtype is not None:
-        try:
-            dtype = _dt.to_dtype(dtype)
-        except TypeError:
-            raise TypeError(
-                f"to() takes a device, a dtype or a tensor, got {dtype!r}; e.g. "
-                f"model.to('cuda') or model.to(mpitensor.float64)"
-            ) from None
-        if dtype.kind not in "fc":
-            raise TypeError(
-                f"nn.Module.to only accepts floating point or complex dtypes, but got desired "
-                f"dtype={_dt.dt_repr(dtype)}"
-            )
-    return dev, dtype
+    if like is not None:
+        device, dtype = like.device, like.dtype
+    return _parse_device(device), _float_dtype_or_none(dtype)
 
 
-def _to_array(value: Any, key: str) -> Any:
-    """An array (NumPy or CuPy) for a ``load_state_dict`` value, or a TypeError."""
+def _float_dtype_or_none(dtype: Any) -> Any:
+    if dtype is None:
+        return None
+    try:
+        dt = _dt.to_dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"to() takes a device, a dtype or a tensor, got {dtype!r}; e.g. "
+            f"model.to('cuda') or model.to(mpitensor.float64)"
+        ) from None
+    if dt.kind not in "fc":
+        raise TypeError(
+            f"Module.to() casts to floating point or complex dtypes only, got "
+            f"{_dt.dt_repr(dt)}; integer buffers keep their own dtype whatever is asked"
+        )
+    return dt
+
+
+def _as_array(value: Any, key: str) -> Any:
+    """The array (NumPy or CuPy) behind a ``load_state_dict`` value, without copying."""
     if isinstance(value, Tensor):
         return value._data
     if _backend.is_array(value):
         return value
     if hasattr(value, "__array__") or hasattr(value, "__array_interface__"):
-        # torch.Tensor and other array-likes: a view when possible, no copy
-        arr = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
-        return arr
+        if hasattr(value, "detach"):  # torch.Tensor: through NumPy, a view when possible
+            return value.detach().cpu().numpy()
+        return np.asarray(value)
     raise TypeError(
-        f'While copying the parameter named "{key}", expected mpitensor.Tensor or Tensor-like '
-        f"object from checkpoint but received {type(value)}"
+        f'cannot load "{key}" from a {type(value)}: expected mpitensor.Tensor or Tensor-like '
+        f"value (a NumPy/CuPy array or a torch.Tensor)"
     )
+
+
+def _on_device_of(arr: Any, like: Any) -> Any:
+    """``arr`` moved to ``like``'s device and cast to its dtype (``arr`` itself if it fits)."""
+    out = _move(arr, _backend.device_of(like))
+    return out if out.dtype == like.dtype else out.astype(like.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# load_state_dict's planning: everything is checked before anything is written
+
+
+class _LoadPlan:
+    """The outcome of matching a state dict against a module tree, computed up front."""
+
+    def __init__(self) -> None:
+        self.missing: list = []
+        self.unexpected: list = []
+        self.errors: list = []
+        self.copies: list = []  # (owner module, local name, current tensor, new array)
+
+    @classmethod
+    def build(cls, root: Module, state_dict: Mapping) -> _LoadPlan:
+        plan = cls()
+        arriving = _keys_by_owner(root, state_dict)
+        for path, module in _walk_with_paths(root):
+            own = dict(module._persistent_state())
+            for name, current in own.items():
+                plan._match(module, name, current, path + name, state_dict)
+            plan.unexpected += [key for key, rest in arriving.get(path, ()) if rest not in own]
+        return plan
+
+    def _match(self, module: Module, name: str, current: Tensor, key: str,
+               state_dict: Mapping) -> None:
+        if key not in state_dict:
+            self.missing.append(key)
+            return
+        try:
+            arr = _as_array(state_dict[key], key)
+        except TypeError as exc:
+            self.errors.append(str(exc))
+            return
+        want = tuple(current._data.shape)
+        if want == () and tuple(arr.shape) == (1,):
+            arr = arr.reshape(())  # checkpoints from torch 0.3 stored scalars as shape (1,)
+        if tuple(arr.shape) != want:
+            # worded as torch words it, so logs and tests that match on it keep working
+            self.errors.append(
+                f"size mismatch for {key}: copying a param with shape {Size(arr.shape)} "
+                f"from checkpoint, the shape in current model is {Size(want)}."
+            )
+            return
+        self.copies.append((module, name, current, arr))
+
+    def report(self, strict: bool) -> list:
+        """The lines of the RuntimeError to raise (empty when loading may go ahead)."""
+        lines = []
+        if strict and self.missing:
+            lines.append(f"Missing key(s) in state_dict: {_quoted(self.missing)}. ")
+        if strict and self.unexpected:
+            lines.append(f"Unexpected key(s) in state_dict: {_quoted(self.unexpected)}. ")
+        return lines + self.errors
+
+    def apply(self, assign: bool) -> None:
+        with no_grad():
+            for module, name, current, arr in self.copies:
+                if not assign:
+                    current.copy_(arr)
+                    continue
+                fresh = _on_device_of(arr, current._data)
+                if fresh is arr:
+                    fresh = fresh.copy()  # never alias the caller's array
+                if name in module._parameters:
+                    module._parameters[name] = Parameter(fresh, current.requires_grad)
+                else:
+                    module._buffers[name] = Tensor._wrap(fresh)
+
+
+def _quoted(keys: list) -> str:
+    return ", ".join(f'"{k}"' for k in keys)
+
+
+def _walk_with_paths(root: Module) -> Iterator[tuple]:
+    """``(dotted prefix ending in '.', module)`` pre-order; a shared child under each name."""
+    pending = [("", root)]
+    while pending:
+        path, module = pending.pop()
+        yield path, module
+        children = [(f"{path}{n}.", c) for n, c in module._modules.items() if c is not None]
+        pending.extend(reversed(children))
+
+
+def _keys_by_owner(root: Module, state_dict: Mapping) -> dict:
+    """Group the incoming keys by the deepest module their dotted path leads to.
+
+    Returns ``{module prefix: [(key, rest of the key), ...]}``. Keys that run into a child
+    slot holding None are dropped: they are neither loaded nor reported, as in torch.
+    """
+    owners: dict = {}
+    for key in state_dict:
+        module, path, rest = root, "", key
+        while module is not None and "." in rest:
+            head, tail = rest.split(".", 1)
+            if head not in module._modules:
+                break
+            module, path, rest = module._modules[head], f"{path}{head}.", tail
+        if module is not None:
+            owners.setdefault(path, []).append((key, rest))
+    return owners
+
+
+# --------------------------------------------------------------------------------------------
+# Module
+
+
+def _fresh_module_state() -> dict:
+    """The instance attributes ``Module.__init__`` creates (``__setstate__`` fills gaps)."""
+    return {
+        "training": True,
+        "_parameters": OrderedDict(),
+        "_buffers": OrderedDict(),
+        "_modules": OrderedDict(),
+        "_transient_buffers": set(),  # names of buffers registered with persistent=False
+        "_forward_pre_hooks": _HookChain(),
+        "_forward_hooks": _HookChain(),
+    }
 
 
 class Module:
@@ -180,9 +402,6 @@ class Module:
     """
 
     training: bool
-    _version: int = 1
-    dump_patches: bool = False
-    call_super_init: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if args or kwargs:
@@ -190,68 +409,57 @@ class Module:
                 f"{type(self).__name__}.__init__() got unexpected arguments: Module.__init__ "
                 f"takes none; pass them to your subclass's own __init__ instead"
             )
-        setattr_ = object.__setattr__
-        setattr_(self, "training", True)
-        setattr_(self, "_parameters", OrderedDict())
-        setattr_(self, "_buffers", OrderedDict())
-        setattr_(self, "_non_persistent_buffers_set", set())
-        setattr_(self, "_modules", OrderedDict())
-        setattr_(self, "_forward_pre_hooks", OrderedDict())
-        setattr_(self, "_forward_pre_hooks_with_kwargs", OrderedDict())
-        setattr_(self, "_forward_hooks", OrderedDict())
-        setattr_(self, "_forward_hooks_with_kwargs", OrderedDict())
-        setattr_(self, "_forward_hooks_always_called", OrderedDict())
+        self.__dict__.update(_fresh_module_state())
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for name, default in _fresh_module_state().items():
+            self.__dict__.setdefault(name, default)
 
     # ---- the forward call ------------------------------------------------------------------
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Compute the module's output; every subclass defines it."""
         raise NotImplementedError(
-            f'Module [{type(self).__name__}] is missing the required "forward" function; '
-            f"define forward(self, ...) in the subclass"
+            f"Module [{type(self).__name__}] is missing forward(); define "
+            f"forward(self, ...) in the subclass to say what calling it computes"
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not (self._forward_pre_hooks or self._forward_hooks):
-            return self.forward(*args, **kwargs)
-        return self._call_with_hooks(args, kwargs)
+        if self._forward_pre_hooks or self._forward_hooks:
+            return self._hooked_call(args, kwargs)
+        return self.forward(*args, **kwargs)
 
-    def _call_with_hooks(self, args: tuple, kwargs: dict) -> Any:
-        for hid, hook in list(self._forward_pre_hooks.items()):
-            if hid in self._forward_pre_hooks_with_kwargs:
-                r = hook(self, args, kwargs)
-                if r is not None:
-                    if not (isinstance(r, tuple) and len(r) == 2):
-                        raise RuntimeError(
-                            f"forward pre-hook must return None or a tuple of (new_args, "
-                            f"new_kwargs), but got {r!r}"
-                        )
-                    args, kwargs = r
-            else:
-                r = hook(self, args)
-                if r is not None:
-                    args = r if isinstance(r, tuple) else (r,)
+    def _hooked_call(self, args: tuple, kwargs: dict) -> Any:
+        ran_always: set = set()
+        output = None
         try:
-            result = self.forward(*args, **kwargs)
-        except BaseException:
-            for hid, hook in list(self._forward_hooks.items()):
-                if hid in self._forward_hooks_always_called:
-                    try:
-                        if hid in self._forward_hooks_with_kwargs:
-                            hook(self, args, kwargs, None)
-                        else:
-                            hook(self, args, None)
-                    except Exception:  # noqa: BLE001, S110 - the original error matters more
-                        pass
+            for hook in self._forward_pre_hooks.snapshot():
+                args, kwargs = hook.before(self, args, kwargs)
+            output = self.forward(*args, **kwargs)
+            for hook in self._forward_hooks.snapshot():
+                if hook.always_call:
+                    ran_always.add(hook.key)
+                output = hook.after(self, args, kwargs, output)
+            return output
+        except Exception:
+            self._run_always_call_hooks(args, kwargs, output, ran_always)
             raise
-        for hid, hook in list(self._forward_hooks.items()):
-            if hid in self._forward_hooks_with_kwargs:
-                r = hook(self, args, kwargs, result)
-            else:
-                r = hook(self, args, result)
-            if r is not None:
-                result = r
-        return result
+
+    def _run_always_call_hooks(self, args: tuple, kwargs: dict, output: Any,
+                               ran: set) -> None:
+        """Give ``always_call`` hooks their turn after a failure, without masking it."""
+        for hook in self._forward_hooks.snapshot():
+            if not hook.always_call or hook.key in ran:
+                continue
+            try:
+                output = hook.after(self, args, kwargs, output)
+            except Exception as exc:  # noqa: BLE001 - the failure being raised matters more
+                warnings.warn(
+                    f"{type(self).__name__}: an always_call forward hook failed with "
+                    f"{exc!r} while handling an earlier error; that earlier error is raised",
+                    RuntimeWarning, stacklevel=3,
+                )
 
     def register_forward_pre_hook(
         self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
@@ -274,15 +482,7 @@ class Module:
             >>> m(3)
             6
         """
-        if not callable(hook):
-            raise TypeError(f"hook must be callable, got {_typename(hook)}")
-        handle = RemovableHandle(self._forward_pre_hooks, self._forward_pre_hooks_with_kwargs)
-        self._forward_pre_hooks[handle.id] = hook
-        if with_kwargs:
-            self._forward_pre_hooks_with_kwargs[handle.id] = True
-        if prepend:
-            self._forward_pre_hooks.move_to_end(handle.id, last=False)
-        return handle
+        return self._forward_pre_hooks.add(hook, prepend, with_kwargs)
 
     def register_forward_hook(
         self,
@@ -299,7 +499,8 @@ class Module:
                 ``hook(module, args, kwargs, output)``.
             prepend: run it before the hooks already registered.
             with_kwargs: pass the keyword arguments too.
-            always_call: call it (with output None) even when forward raises.
+            always_call: also call it when ``forward`` or another hook raises (with the output
+                so far, None if ``forward`` did not return); the error is then re-raised.
 
         Returns:
             A handle whose ``remove()`` unregisters the hook.
@@ -311,32 +512,27 @@ class Module:
             >>> m(1)
             2
         """
-        if not callable(hook):
-            raise TypeError(f"hook must be callable, got {_typename(hook)}")
-        handle = RemovableHandle(
-            self._forward_hooks, self._forward_hooks_with_kwargs,
-            self._forward_hooks_always_called,
-        )
-        self._forward_hooks[handle.id] = hook
-        if with_kwargs:
-            self._forward_hooks_with_kwargs[handle.id] = True
-        if always_call:
-            self._forward_hooks_always_called[handle.id] = True
-        if prepend:
-            self._forward_hooks.move_to_end(handle.id, last=False)
-        return handle
+        return self._forward_hooks.add(hook, prepend, with_kwargs, always_call)
 
     # ---- registration ----------------------------------------------------------------------
 
-    def _check_name(self, name: Any, what: str) -> None:
+    def _claim_name(self, name: Any, kind: str, table: dict) -> None:
+        """Check that ``name`` may be (re)used for a ``kind`` kept in ``table``, or raise."""
         if "_parameters" not in self.__dict__:
-            raise AttributeError(f"cannot assign {what} before Module.__init__() call")
+            raise AttributeError(
+                f"cannot register {kind} {name!r} before Module.__init__() has run; call "
+                f"super().__init__() at the top of {type(self).__name__}.__init__"
+            )
         if not isinstance(name, str):
-            raise TypeError(f"{what} name should be a string. Got {_typename(name)}")
-        if name == "":
-            raise KeyError(f'{what} name can\'t be empty string ""')
+            raise TypeError(f"a {kind} name must be a str, got {_qualified_type(name)} {name!r}")
+        if not name:
+            raise KeyError(f"a {kind} name can't be the empty string")
         if "." in name:
-            raise KeyError(f'{what} name can\'t contain ".", got: {name}')
+            raise KeyError(f'{kind} names can\'t contain ".", got: {name} (dots are reserved '
+                           f"for paths such as 'fc1.weight'; use '_' instead)")
+        if name not in table and hasattr(self, name):
+            raise KeyError(f"attribute '{name}' already exists on {type(self).__name__}; "
+                           f"delete it first or choose another {kind} name")
 
     def register_parameter(self, name: str, param: Optional[Parameter]) -> None:
         """Add a parameter (or None, a declared-but-absent one) under ``name``.
@@ -344,6 +540,7 @@ class Module:
         Raises:
             TypeError: ``param`` is not a Parameter or None.
             KeyError: a bad name or one already used by another attribute.
+            ValueError: ``param`` was produced by a recorded operation (not a leaf).
 
         Example:
             >>> import mpitensor as mt, mpitensor.nn as nn
@@ -351,19 +548,18 @@ class Module:
             >>> list(m.state_dict())
             ['w']
         """
-        self._check_name(name, "parameter")
-        if hasattr(self, name) and name not in self._parameters:
-            raise KeyError(f"attribute '{name}' already exists")
-        if param is not None and not isinstance(param, Parameter):
-            raise TypeError(
-                f"cannot assign '{_typename(param)}' object to parameter '{name}' "
-                f"(mpitensor.nn.Parameter or None required); wrap it: nn.Parameter(t)"
-            )
-        if param is not None and param.grad_fn is not None:
-            raise ValueError(
-                f"Cannot assign non-leaf Tensor to parameter '{name}'. Model parameters must be "
-                f"created explicitly; wrap a detached tensor: nn.Parameter(t.detach())"
-            )
+        self._claim_name(name, "parameter", self._parameters)
+        if param is not None:
+            if not isinstance(param, Parameter):
+                raise TypeError(
+                    f"parameter '{name}' got a {_qualified_type(param)}, but an "
+                    f"mpitensor.nn.Parameter or None required; wrap it: nn.Parameter(t)"
+                )
+            if param.grad_fn is not None:
+                raise ValueError(
+                    f"parameter '{name}' would be a non-leaf tensor (it has a grad_fn), so "
+                    f"gradients would never reach it; register nn.Parameter(t.detach())"
+                )
         self._parameters[name] = param
 
     def register_buffer(self, name: str, tensor: Optional[Tensor], persistent: bool = True) -> None:
@@ -384,19 +580,16 @@ class Module:
             >>> list(m.state_dict())
             ['steps']
         """
-        self._check_name(name, "buffer")
-        if hasattr(self, name) and name not in self._buffers:
-            raise KeyError(f"attribute '{name}' already exists")
+        self._claim_name(name, "buffer", self._buffers)
         if tensor is not None and not isinstance(tensor, Tensor):
             raise TypeError(
-                f"cannot assign '{_typename(tensor)}' object to buffer '{name}' "
-                f"(mpitensor Tensor or None required)"
+                f"buffer '{name}' got a {_qualified_type(tensor)}, but an mpitensor Tensor or "
+                f"None required; convert it with mpitensor.as_tensor(...)"
             )
+        self._transient_buffers.discard(name)
+        if not persistent:
+            self._transient_buffers.add(name)
         self._buffers[name] = tensor
-        if persistent:
-            self._non_persistent_buffers_set.discard(name)
-        else:
-            self._non_persistent_buffers_set.add(name)
 
     def add_module(self, name: str, module: Optional[Module]) -> None:
         """Add a child module (or None) under ``name``.
@@ -412,10 +605,9 @@ class Module:
             ['fc']
         """
         if module is not None and not isinstance(module, Module):
-            raise TypeError(f"{_typename(module)} is not a Module subclass")
-        self._check_name(name, "module")
-        if hasattr(self, name) and name not in self._modules:
-            raise KeyError(f"attribute '{name}' already exists")
+            raise TypeError(f"add_module('{name}', ...) got {_qualified_type(module)}, which "
+                            f"is not a Module subclass (nor None)")
+        self._claim_name(name, "module", self._modules)
         self._modules[name] = module
 
     def register_module(self, name: str, module: Optional[Module]) -> None:
@@ -423,86 +615,78 @@ class Module:
         self.add_module(name, module)
 
     def __getattr__(self, name: str) -> Any:
-        d = self.__dict__
-        if "_parameters" in d:
-            params = d["_parameters"]
-            if name in params:
-                return params[name]
-            buffers = d["_buffers"]
-            if name in buffers:
-                return buffers[name]
-            modules = d["_modules"]
-            if name in modules:
-                return modules[name]
+        # Only reached when normal lookup fails, i.e. for registered members.
+        tables = self.__dict__
+        if "_parameters" in tables:
+            for table in (tables["_parameters"], tables["_buffers"], tables["_modules"]):
+                if name in table:
+                    return table[name]
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def _unregister(self, name: str, keep: Optional[dict] = None) -> None:
+        """Forget ``name`` in every table but ``keep``.
+
+        The table about to receive the new value keeps its entry, so that replacing a
+        parameter (or child) leaves it at its place in the iteration order.
+        """
+        self.__dict__.pop(name, None)
+        for table in (self._parameters, self._buffers, self._modules):
+            if table is not keep:
+                table.pop(name, None)
+        self._transient_buffers.discard(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         d = self.__dict__
-        params = d.get("_parameters")
-        if isinstance(value, Parameter):
-            if params is None:
-                raise AttributeError("cannot assign parameters before Module.__init__() call")
-            d.pop(name, None)
-            self._buffers.pop(name, None)
-            self._modules.pop(name, None)
-            self._non_persistent_buffers_set.discard(name)
-            self.register_parameter(name, value)
-        elif params is not None and name in params:
-            if value is not None:
-                raise TypeError(
-                    f"cannot assign '{_typename(value)}' as parameter '{name}' "
-                    f"(mpitensor.nn.Parameter or None expected)"
+        ready = "_parameters" in d
+        if isinstance(value, (Parameter, Module)):
+            if not ready:
+                raise AttributeError(
+                    f"cannot assign {type(value).__name__} '{name}' before Module.__init__() "
+                    f"has run; call super().__init__() first in {type(self).__name__}.__init__"
                 )
-            self.register_parameter(name, value)
-        elif isinstance(value, Module):
-            if params is None:
-                raise AttributeError("cannot assign module before Module.__init__() call")
-            d.pop(name, None)
-            params.pop(name, None)
-            self._buffers.pop(name, None)
-            self._non_persistent_buffers_set.discard(name)
-            self._modules[name] = value
-        elif params is not None and name in d["_modules"]:
+            if name in d["_parameters"] and not isinstance(value, Parameter):
+                self._reject(name, value, "parameter", "mpitensor.nn.Parameter or None")
+            if isinstance(value, Parameter):
+                self._unregister(name, keep=self._parameters)
+                self.register_parameter(name, value)
+            else:
+                self._unregister(name, keep=self._modules)
+                self._modules[name] = value
+        elif ready and name in d["_parameters"]:
             if value is not None:
-                raise TypeError(
-                    f"cannot assign '{_typename(value)}' as child module '{name}' "
-                    f"(mpitensor.nn.Module or None expected)"
-                )
-            d["_modules"][name] = value
-        elif params is not None and name in d["_buffers"]:
+                self._reject(name, value, "parameter", "mpitensor.nn.Parameter or None")
+            self._parameters[name] = None
+        elif ready and name in d["_modules"]:
+            if value is not None:
+                self._reject(name, value, "child module", "mpitensor.nn.Module or None")
+            self._modules[name] = None
+        elif ready and name in d["_buffers"]:
             if value is not None and not isinstance(value, Tensor):
-                raise TypeError(
-                    f"cannot assign '{_typename(value)}' as buffer '{name}' "
-                    f"(mpitensor Tensor or None expected)"
-                )
-            d["_buffers"][name] = value
+                self._reject(name, value, "buffer", "mpitensor Tensor or None")
+            self._buffers[name] = value
         else:
             object.__setattr__(self, name, value)
 
+    @staticmethod
+    def _reject(name: str, value: Any, kind: str, allowed: str) -> None:
+        raise TypeError(
+            f"cannot assign '{_qualified_type(value)}' as {kind} '{name}' ({allowed} "
+            f"expected); delete the attribute first to store something else under that name"
+        )
+
     def __delattr__(self, name: str) -> None:
         d = self.__dict__
-        for key in ("_parameters", "_buffers", "_modules"):
-            store = d.get(key)
-            if store is not None and name in store:
-                del store[name]
-                if key == "_buffers":
-                    self._non_persistent_buffers_set.discard(name)
-                return
-        object.__delattr__(self, name)
+        if "_parameters" in d and any(
+            name in d[t] for t in ("_parameters", "_buffers", "_modules")
+        ):
+            self._unregister(name)
+        else:
+            object.__delattr__(self, name)
 
     def __dir__(self) -> list:
-        keys = list(super().__dir__())
-        keys += list(self._parameters) + list(self._buffers) + list(self._modules)
-        return sorted(k for k in set(keys) if not k[:1].isdigit())
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        for key in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
-                    "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_hooks"):
-            if key not in self.__dict__:
-                object.__setattr__(self, key, OrderedDict())
-        if "_non_persistent_buffers_set" not in self.__dict__:
-            object.__setattr__(self, "_non_persistent_buffers_set", set())
+        names = set(super().__dir__()).union(self._parameters, self._buffers, self._modules)
+        # numbered children ("0", "1" of a Sequential) are not identifiers
+        return sorted(n for n in names if not n[:1].isdigit())
 
     # ---- lookups ---------------------------------------------------------------------------
 
@@ -518,24 +702,28 @@ class Module:
             >>> type(net.get_submodule("1")).__name__
             'ReLU'
         """
-        if target == "":
-            return self
-        mod: Module = self
-        for item in target.split("."):
-            if not hasattr(mod, item):
-                raise AttributeError(f"{mod._get_name()} has no attribute `{item}`")
-            mod = getattr(mod, item)
-            if not isinstance(mod, Module):
-                raise AttributeError(f"`{item}` is not an nn.Module")
-        return mod
+        module: Module = self
+        walked = ""
+        for part in target.split(".") if target else ():
+            found = getattr(module, part, _ABSENT)
+            if found is _ABSENT:
+                raise AttributeError(f"{module._get_name()} (at '{walked}' in '{target}') has "
+                                     f"no attribute `{part}`")
+            if not isinstance(found, Module):
+                raise AttributeError(f"`{part}` (in '{target}') is not an nn.Module but a "
+                                     f"{_qualified_type(found)}")
+            module, walked = found, _dotted(walked, part)
+        return module
 
-    def _owner_of(self, target: str) -> tuple:
-        """The submodule holding dotted path ``target`` and the attribute's name in it."""
-        module_path, _, name = target.rpartition(".")
-        mod = self.get_submodule(module_path)
-        if not hasattr(mod, name):
-            raise AttributeError(f"{mod._get_name()} has no attribute `{name}`")
-        return mod, name
+    def _member(self, target: str) -> tuple:
+        """``(owning module, attribute name, value)`` for a dotted path to an attribute."""
+        owner_path, _, name = target.rpartition(".")
+        owner = self.get_submodule(owner_path)
+        value = getattr(owner, name, _ABSENT)
+        if value is _ABSENT:
+            raise AttributeError(f"{owner._get_name()} has no attribute `{name}` (looking up "
+                                 f"'{target}')")
+        return owner, name, value
 
     def get_parameter(self, target: str) -> Parameter:
         """Return the parameter at dotted path ``target`` (``"fc1.weight"``).
@@ -543,11 +731,11 @@ class Module:
         Raises:
             AttributeError: the path does not name a Parameter.
         """
-        mod, name = self._owner_of(target)
-        param = getattr(mod, name)
-        if not isinstance(param, Parameter):
-            raise AttributeError(f"`{name}` is not an nn.Parameter")
-        return param
+        _, name, value = self._member(target)
+        if not isinstance(value, Parameter):
+            raise AttributeError(f"`{name}` (in '{target}') is not an nn.Parameter but a "
+                                 f"{_qualified_type(value)}")
+        return value
 
     def get_buffer(self, target: str) -> Tensor:
         """Return the buffer at dotted path ``target``.
@@ -555,10 +743,11 @@ class Module:
         Raises:
             AttributeError: the path does not name a buffer.
         """
-        mod, name = self._owner_of(target)
-        if name not in mod._buffers:
-            raise AttributeError(f"`{name}` is not a buffer")
-        return mod._buffers[name]
+        owner, name, _ = self._member(target)
+        if name not in owner._buffers:
+            raise AttributeError(f"`{name}` (in '{target}') is not a buffer of "
+                                 f"{owner._get_name()}; see named_buffers() for those it has")
+        return owner._buffers[name]
 
     # ---- iteration -------------------------------------------------------------------------
 
@@ -567,57 +756,59 @@ class Module:
     ) -> Iterator[tuple]:
         """Yield ``(name, module)`` for self and every descendant, depth first, each once.
 
+        Args:
+            memo: modules to leave out (and, with ``remove_duplicate``, to add those seen to).
+            prefix: prepended to every name.
+            remove_duplicate: yield a module reachable under several names only once.
+
         Example:
             >>> import mpitensor.nn as nn
             >>> [n for n, _ in nn.Sequential(nn.Linear(2, 2), nn.ReLU()).named_modules()]
             ['', '0', '1']
         """
-        if memo is None:
-            memo = set()
-        if self in memo:
-            return
-        if remove_duplicate:
-            memo.add(self)
-        yield prefix, self
-        for name, module in self._modules.items():
-            if module is None:
+        seen = set() if memo is None else memo
+        pending = [(prefix, self)]
+        while pending:
+            path, module = pending.pop()
+            if module in seen:
                 continue
-            sub = prefix + ("." if prefix else "") + name
-            yield from module.named_modules(memo, sub, remove_duplicate)
+            if remove_duplicate:
+                seen.add(module)
+            yield path, module
+            kids = [(_dotted(path, n), c) for n, c in module._modules.items() if c is not None]
+            pending.extend(reversed(kids))
 
     def modules(self) -> Iterator[Module]:
         """Yield self and every descendant module, depth first, each once."""
-        for _, m in self.named_modules():
-            yield m
+        return (m for _, m in self.named_modules())
 
     def named_children(self) -> Iterator[tuple]:
         """Yield ``(name, module)`` for each direct child, each once."""
-        memo = set()
-        for name, module in self._modules.items():
-            if module is not None and module not in memo:
-                memo.add(module)
-                yield name, module
+        seen: set = set()
+        for name, child in self._modules.items():
+            if child is None or id(child) in seen:
+                continue
+            seen.add(id(child))
+            yield name, child
 
     def children(self) -> Iterator[Module]:
         """Yield each direct child module once."""
-        for _, m in self.named_children():
-            yield m
+        return (m for _, m in self.named_children())
 
-    def _named_members(
-        self, get: Callable, prefix: str, recurse: bool, remove_duplicate: bool
+    def _named_tensors(
+        self, table: str, prefix: str, recurse: bool, remove_duplicate: bool
     ) -> Iterator[tuple]:
-        memo = set()
-        if recurse:
-            mods = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate)
-        else:
-            mods = [(prefix, self)]
-        for mod_prefix, mod in mods:
-            for k, v in get(mod).items():
-                if v is None or v in memo:
+        """Walk the ``table`` ("_parameters" or "_buffers") of self and, maybe, descendants."""
+        owners = (self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate)
+                  if recurse else [(prefix, self)])
+        seen: set = set()
+        for path, owner in owners:
+            for name, tensor in getattr(owner, table).items():
+                if tensor is None or id(tensor) in seen:
                     continue
                 if remove_duplicate:
-                    memo.add(v)
-                yield mod_prefix + ("." if mod_prefix else "") + k, v
+                    seen.add(id(tensor))
+                yield _dotted(path, name), tensor
 
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
@@ -634,23 +825,21 @@ class Module:
             >>> [n for n, _ in nn.Sequential(nn.Linear(2, 2)).named_parameters()]
             ['0.weight', '0.bias']
         """
-        return self._named_members(lambda m: m._parameters, prefix, recurse, remove_duplicate)
+        return self._named_tensors("_parameters", prefix, recurse, remove_duplicate)
 
     def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
         """Yield the parameters in registration order, each once (optimisers take this)."""
-        for _, p in self.named_parameters(recurse=recurse):
-            yield p
+        return (p for _, p in self.named_parameters(recurse=recurse))
 
     def named_buffers(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
     ) -> Iterator[tuple]:
-        """Yield ``(name, buffer)`` in registration order, each once."""
-        return self._named_members(lambda m: m._buffers, prefix, recurse, remove_duplicate)
+        """Yield ``(name, buffer)`` in registration order, each once (same arguments)."""
+        return self._named_tensors("_buffers", prefix, recurse, remove_duplicate)
 
     def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
         """Yield the buffers in registration order, each once."""
-        for _, b in self.named_buffers(recurse=recurse):
-            yield b
+        return (b for _, b in self.named_buffers(recurse=recurse))
 
     # ---- modes and gradients ---------------------------------------------------------------
 
@@ -667,10 +856,10 @@ class Module:
             False
         """
         if not isinstance(mode, bool):
-            raise ValueError(f"training mode is expected to be boolean, got {mode!r}")
+            raise ValueError(f"train(mode) needs a boolean (True or False), got {mode!r}")
         self.training = mode
-        for module in self.children():
-            module.train(mode)
+        for child in self.children():
+            child.train(mode)  # through the method, so that subclasses' overrides take part
         return self
 
     def eval(self) -> Module:
@@ -690,34 +879,36 @@ class Module:
             set_to_none: drop ``.grad`` (the default, as torch); False zeroes it in place.
         """
         for p in self.parameters():
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 continue
             if set_to_none:
                 p.grad = None
-            else:
-                g = p.grad
-                g.grad_fn = None
-                g._requires_grad = False
-                g._data.fill(0)
+                continue
+            # zeroed in place so that views handed out earlier (e.g. DDP buckets) stay valid
+            grad.grad_fn = None
+            grad._requires_grad = False
+            grad._data.fill(0)
 
     # ---- state_dict ------------------------------------------------------------------------
 
-    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+    def _persistent_state(self) -> Iterator[tuple]:
+        """``(name, tensor)`` of this module's own saved entries: parameters, then buffers."""
         for name, param in self._parameters.items():
             if param is not None:
-                destination[prefix + name] = param if keep_vars else param.detach()
+                yield name, param
         for name, buf in self._buffers.items():
-            if buf is not None and name not in self._non_persistent_buffers_set:
-                destination[prefix + name] = buf if keep_vars else buf.detach()
+            if buf is not None and name not in self._transient_buffers:
+                yield name, buf
 
     def state_dict(
-        self, *args: Any, destination: Optional[dict] = None, prefix: str = "",
-        keep_vars: bool = False,
+        self, *, destination: Optional[dict] = None, prefix: str = "", keep_vars: bool = False
     ) -> dict:
         """Return the parameters and persistent buffers by dotted name (``"conv1.weight"``).
 
         Values are detached tensors sharing storage with the module (the Parameters themselves
-        with ``keep_vars=True``), in registration order.
+        with ``keep_vars=True``), in registration order; a sub-module registered under two
+        names appears under both.
 
         Args:
             destination: a mapping to fill (default: a new OrderedDict).
@@ -732,65 +923,14 @@ class Module:
             >>> list(nn.Linear(2, 3).state_dict())
             ['weight', 'bias']
         """
-        if args:  # torch's deprecated positional form: state_dict(destination, prefix, keep_vars)
-            if len(args) > 3:
-                raise TypeError(f"state_dict() takes at most 3 positional arguments, got "
-                                f"{len(args)}")
-            destination = args[0]
-            if len(args) > 1:
-                prefix = args[1]
-            if len(args) > 2:
-                keep_vars = args[2]
-        if destination is None:
-            destination = OrderedDict()
-        self._save_to_state_dict(destination, prefix, keep_vars)
-        for name, module in self._modules.items():
-            if module is not None:
-                module.state_dict(destination=destination, prefix=prefix + name + ".",
-                                  keep_vars=keep_vars)
-        return destination
-
-    def _check_state(
-        self, state_dict: Mapping, prefix: str, missing: list, unexpected: list,
-        errors: list, todo: list,
-    ) -> None:
-        """Match this module's own entries against ``state_dict`` (torch's rules)."""
-        local = {}
-        for k, v in self._parameters.items():
-            if v is not None:
-                local[k] = (v, True)
-        for k, v in self._buffers.items():
-            if v is not None and k not in self._non_persistent_buffers_set:
-                local[k] = (v, False)
-        for name, (target, is_param) in local.items():
-            key = prefix + name
-            if key not in state_dict:
-                missing.append(key)
-                continue
-            try:
-                arr = _to_array(state_dict[key], key)
-            except TypeError as exc:
-                errors.append(str(exc))
-                continue
-            shape = tuple(target._data.shape)
-            if not shape and tuple(arr.shape) == (1,):  # torch's 0.3-era 1-element checkpoints
-                arr = arr.reshape(())
-            if tuple(arr.shape) != shape:
-                errors.append(
-                    f"size mismatch for {key}: copying a param with shape {Size(arr.shape)} "
-                    f"from checkpoint, the shape in current model is {Size(shape)}."
-                )
-                continue
-            todo.append((self, name, target, is_param, arr))
-        for key in state_dict:
-            if not key.startswith(prefix):
-                continue
-            parts = key[len(prefix):].split(".", 1)
-            if len(parts) > 1:
-                if parts[0] not in self._modules:
-                    unexpected.append(key)
-            elif parts[0] not in local:
-                unexpected.append(key)
+        out = OrderedDict() if destination is None else destination
+        for name, tensor in self._persistent_state():
+            out[prefix + name] = tensor if keep_vars else tensor.detach()
+        for name, child in self._modules.items():
+            if child is not None:  # children may override state_dict, so ask each one
+                child.state_dict(destination=out, prefix=f"{prefix}{name}.",
+                                 keep_vars=keep_vars)
+        return out
 
     def load_state_dict(
         self, state_dict: Mapping, strict: bool = True, assign: bool = False
@@ -799,6 +939,7 @@ class Module:
 
         Values may be mpitensor Tensors, NumPy or CuPy arrays, or array-likes such as
         ``torch.Tensor``; they are cast to each parameter's dtype and moved to its device.
+        Every key is checked before anything is written, so a failed load changes nothing.
 
         Args:
             state_dict: a mapping from dotted names to values, as :meth:`state_dict` returns.
@@ -811,8 +952,8 @@ class Module:
 
         Raises:
             RuntimeError: shape mismatches, or with ``strict`` missing or unexpected keys
-                (all of them listed, in PyTorch's words).
-            TypeError: ``state_dict`` is not a mapping, or a value is not array-like.
+                (all of them listed, in the same text as PyTorch's).
+            TypeError: ``state_dict`` is not a mapping.
 
         Example:
             >>> import mpitensor.nn as nn
@@ -822,74 +963,39 @@ class Module:
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(
-                f"Expected state_dict to be dict-like, got {_typename(state_dict)}."
+                f"load_state_dict() needs a dict-like mapping from names to tensors, got "
+                f"{_qualified_type(state_dict)}; pass what state_dict() returned"
             )
-        missing: list = []
-        unexpected: list = []
-        errors: list = []
-        todo: list = []
-
-        def load(module: Module, local_sd: Mapping, prefix: str) -> None:
-            module._check_state(local_sd, prefix, missing, unexpected, errors, todo)
-            for name, child in module._modules.items():
-                if child is not None:
-                    cp = prefix + name + "."
-                    load(child, {k: v for k, v in local_sd.items() if k.startswith(cp)}, cp)
-
-        load(self, state_dict, "")
-        if strict:
-            if unexpected:
-                errors.insert(0, "Unexpected key(s) in state_dict: {}. ".format(
-                    ", ".join(f'"{k}"' for k in unexpected)))
-            if missing:
-                errors.insert(0, "Missing key(s) in state_dict: {}. ".format(
-                    ", ".join(f'"{k}"' for k in missing)))
-        if errors:
-            raise RuntimeError("Error(s) in loading state_dict for {}:\n\t{}".format(
-                type(self).__name__, "\n\t".join(errors)))
-        with no_grad():
-            for module, name, target, is_param, arr in todo:
-                if assign:
-                    new = _move_cast(arr, target._data)
-                    if new is arr:
-                        new = new.copy()
-                    if is_param:
-                        p = Parameter(_new(new), requires_grad=target.requires_grad)
-                        module._parameters[name] = p
-                    else:
-                        module._buffers[name] = _new(new)
-                else:
-                    target.copy_(arr)
-        return _IncompatibleKeys(missing, unexpected)
+        plan = _LoadPlan.build(self, state_dict)
+        lines = plan.report(strict)
+        if lines:
+            # torch's layout, kept so that existing log parsers and tests match
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:"
+                               + "".join(f"\n\t{line}" for line in lines))
+        plan.apply(assign)
+        return _IncompatibleKeys(plan.missing, plan.unexpected)
 
     # ---- devices and dtypes ----------------------------------------------------------------
 
-    def _apply(self, fn: Callable[[Any], Any]) -> Module:
+    def _convert_arrays(self, fn: Callable[[Any], Any]) -> Module:
         """Replace the array of every parameter, gradient and buffer by ``fn(array)``.
 
-        Parameters keep their identity (their ``.data`` is swapped), so optimisers built
-        before the call still hold the same objects.
+        Parameters and gradients keep their identity (only their array is swapped), so
+        optimisers and hooks that already hold them see the converted values.
         """
         for module in self.modules():
-            for p in module._parameters.values():
-                if p is None:
+            for holder in module._parameters.values():
+                for t in (holder, None if holder is None else holder.grad):
+                    if t is not None:
+                        t._data = fn(t._data)
+            for name, buf in module._buffers.items():
+                if buf is None:
                     continue
-                new = fn(p._data)
-                if new is not p._data:
-                    p._data = new
-                g = p.grad
-                if g is not None:
-                    gnew = fn(g._data)
-                    if gnew is not g._data:
-                        g._data = gnew
-            for k, b in module._buffers.items():
-                if b is None:
-                    continue
-                new = fn(b._data)
-                if new is not b._data:
-                    nb = _new(new)
-                    nb._requires_grad = b._requires_grad
-                    module._buffers[k] = nb
+                converted = fn(buf._data)
+                if converted is not buf._data:
+                    replacement = Tensor._wrap(converted)
+                    replacement._requires_grad = buf._requires_grad
+                    module._buffers[name] = replacement
         return self
 
     def apply(self, fn: Callable[[Module], Any]) -> Module:
@@ -902,8 +1008,8 @@ class Module:
             >>> seen
             ['ReLU', 'Sequential']
         """
-        for module in self.children():
-            module.apply(fn)
+        for child in self.children():
+            child.apply(fn)
         fn(self)
         return self
 
@@ -912,7 +1018,8 @@ class Module:
 
         Accepts ``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(tensor)`` and the
         keywords ``device=``, ``dtype=``, ``non_blocking=``. A dtype applies to floating point
-        parameters and buffers only (integer buffers keep theirs), as in torch.
+        and complex parameters and buffers only (integer buffers keep theirs), and a real
+        dtype leaves complex ones complex, as in torch.
 
         Raises:
             TypeError: a non-floating dtype or an argument of another kind.
@@ -924,57 +1031,55 @@ class Module:
             >>> m.to(mt.float64).weight is w, w.dtype
             (True, dtype('float64'))
         """
-        dev, dtype = _parse_to(args, dict(kwargs))
+        dev, dtype = _split_to_args(args, dict(kwargs))
         if dev is None and dtype is None:
             return self
-        from mpitensor.tensor import _move  # noqa: PLC0415 - private helper
 
         def convert(x: Any) -> Any:
-            if dev is not None:
-                x = _move(x, dev)
-            if dtype is not None and x.dtype.kind in "fc":
-                target = dtype
-                if dtype.kind == "f" and x.dtype.kind == "c":
-                    target = x.dtype  # torch: real dtypes leave complex tensors alone
-                if x.dtype != target:
-                    x = x.astype(target)
-            return x
+            x = _move(x, dev)
+            if dtype is None or x.dtype.kind not in "fc":
+                return x
+            if x.dtype.kind == "c" and dtype.kind == "f":
+                return x
+            return x if x.dtype == dtype else x.astype(dtype)
 
-        return self._apply(convert)
+        return self._convert_arrays(convert)
 
     def cuda(self, device: Any = None) -> Module:
         """Move all parameters and buffers to a GPU (the current one by default)."""
         dev = _backend.device("cuda") if device is None else _parse_device(device)
         if dev.type != "cuda":
-            raise ValueError(f"cuda() needs a CUDA device, got {dev}")
+            raise ValueError(f"cuda() needs a CUDA device, got {dev}; use to({str(dev)!r}) "
+                             f"for other devices")
         return self.to(dev)
 
     def cpu(self) -> Module:
         """Move all parameters and buffers to host memory."""
         return self.to(_backend.CPU)
 
-    def _cast_float(self, dt: np.dtype) -> Module:
+    def _recast(self, dt: np.dtype, only_floating: bool = True) -> Module:
         def convert(x: Any) -> Any:
-            return x.astype(dt) if x.dtype.kind == "f" and x.dtype != dt else x
+            if x.dtype == dt or (only_floating and x.dtype.kind != "f"):
+                return x
+            return x.astype(dt)
 
-        return self._apply(convert)
+        return self._convert_arrays(convert)
 
     def float(self) -> Module:
         """Cast floating point parameters and buffers to float32 in place."""
-        return self._cast_float(_dt.float32)
+        return self._recast(_dt.float32)
 
     def double(self) -> Module:
         """Cast floating point parameters and buffers to float64 in place."""
-        return self._cast_float(_dt.float64)
+        return self._recast(_dt.float64)
 
     def half(self) -> Module:
         """Cast floating point parameters and buffers to float16 in place."""
-        return self._cast_float(_dt.float16)
+        return self._recast(_dt.float16)
 
     def type(self, dst_type: Any) -> Module:
         """Cast all parameters and buffers to ``dst_type`` in place."""
-        dt = _dt.to_dtype(dst_type)
-        return self._apply(lambda x: x if x.dtype == dt else x.astype(dt))
+        return self._recast(_dt.to_dtype(dst_type), only_floating=False)
 
     # ---- printing --------------------------------------------------------------------------
 
@@ -987,25 +1092,13 @@ class Module:
 
     def __repr__(self) -> str:
         extra = self.extra_repr()
-        extra_lines = extra.split("\n") if extra else []
-        child_lines = [
-            f"({key}): " + _addindent(repr(module), 2) for key, module in self._modules.items()
-        ]
-        lines = extra_lines + child_lines
-        main = self._get_name() + "("
-        if lines:
-            if len(extra_lines) == 1 and not child_lines:
-                main += extra_lines[0]
-            else:
-                main += "\n  " + "\n  ".join(lines) + "\n"
-        return main + ")"
+        own = extra.split("\n") if extra else []
+        kids = [f"({name}): {_indent_continuation(repr(child), 2)}"
+                for name, child in self._modules.items()]
+        if not kids and len(own) <= 1:
+            return f"{self._get_name()}({''.join(own)})"
+        body = "".join(f"\n  {line}" for line in own + kids)
+        return f"{self._get_name()}({body}\n)"
 
 
-def _move_cast(arr: Any, like: Any) -> Any:
-    """``arr`` on ``like``'s device and with its dtype."""
-    from mpitensor.tensor import _move  # noqa: PLC0415 - private helper
-
-    out = _move(arr, _backend.device_of(like))
-    if out.dtype != like.dtype:
-        out = out.astype(like.dtype)
-    return out
+_ABSENT = object()  # getattr default that no attribute value can equal

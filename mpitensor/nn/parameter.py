@@ -1,10 +1,16 @@
-"""``nn.Parameter``: a Tensor that a Module registers as a learnable parameter."""
+"""``nn.Parameter``: the Tensor subclass that marks a value as learnable.
+
+Assigning a Parameter as a Module attribute registers it (see ``Module.__setattr__``); a plain
+Tensor assigned the same way stays an ordinary attribute. Apart from that registration a
+Parameter behaves exactly like the Tensor it wraps.
+"""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from mpitensor.tensor import Tensor, _new
+from mpitensor.tensor import Tensor
 
 __all__ = ["Parameter"]
 
@@ -26,32 +32,32 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data: Any = None, requires_grad: bool = True) -> None:
-        if data is None:
-            data = ()
-        super().__init__(data.detach() if isinstance(data, Tensor) else data)
+        if isinstance(data, Tensor):
+            # a Parameter starts a new graph: keep the storage, cut the history
+            data = data.detach()
+        super().__init__(() if data is None else data)
         if requires_grad:
             self.requires_grad = True
 
     def __repr__(self) -> str:
-        # torch prints the values as a plain tensor: "Parameter containing:\ntensor([...], ...)"
-        t = _new(self._data)
-        t._requires_grad = self._requires_grad
-        return "Parameter containing:\n" + repr(t)
+        # The values print as a plain tensor's would, under a one-line header, which is the
+        # layout torch users read and that doctests compare against.
+        shown = Tensor._wrap(self._data)
+        shown._requires_grad = self._requires_grad
+        return f"Parameter containing:\n{shown!r}"
 
     __str__ = __repr__
 
     def __reduce_ex__(self, proto: int) -> Any:
-        return (_rebuild_parameter, (self._data, self._requires_grad))
+        # A pickled Parameter is rebuilt from its values and flag alone: gradients are
+        # training-time scratch, and checkpoints of them would only grow files.
+        return (type(self), (self._data, self._requires_grad))
 
     def __deepcopy__(self, memo: dict) -> Parameter:
-        if id(self) in memo:
-            return memo[id(self)]
-        result = Parameter(self._data.copy(), self._requires_grad)
-        memo[id(self)] = result
+        # An in-memory copy, unlike a pickle, keeps the gradient: deepcopy(model) mid-step
+        # must give a model that an optimizer can step identically.
+        twin = type(self)(copy.deepcopy(self._data, memo), self._requires_grad)
+        memo[id(self)] = twin
         if self.grad is not None:
-            result.grad = _new(self.grad._data.copy())
-        return result
-
-
-def _rebuild_parameter(data: Any, requires_grad: bool) -> Parameter:
-    return Parameter(data, requires_grad)
+            twin.grad = copy.deepcopy(self.grad, memo)
+        return twin
