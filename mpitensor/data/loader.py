@@ -1,21 +1,23 @@
-"""``DataLoader`` and the default collate functions, as in ``torch.utils.data``.
+"""The ``DataLoader`` and the functions that turn samples into batches (``torch.utils.data`` API).
 
-Fast path: with the default ``collate_fn``, a dataset that offers ``gather(indices)``
-(:class:`TensorDataset`, :class:`~mpitensor.data.datasets.MNIST`, ``Digits``, and a
-:class:`Subset` of any of them) is batched with one vectorised gather per field per batch,
-fed by whole index arrays from the sampler: no per-sample Python loop and no per-sample tensor.
-Any other dataset, or a custom ``collate_fn``, takes the general path
-``collate_fn([dataset[i] for i in batch])``; both give the same batches.
+Two ways to build a batch, with equal results. The vectorised one applies when the default
+``collate_fn`` is in use and the dataset has a ``gather(indices)`` method
+(:class:`TensorDataset`, :class:`~mpitensor.data.datasets.MNIST`, ``Digits``, or a
+:class:`Subset` of one of them): the sampler hands over a whole index array per batch and the
+dataset answers with one indexing operation per field, so no Python object is made per sample.
+Every other dataset, and any custom ``collate_fn``, goes through
+``collate_fn([dataset[i] for i in batch])``.
 
-``num_workers > 0`` is accepted for source compatibility but the batches are always loaded
-in this process (there are no worker processes): results are identical, only not overlapped.
-``pin_memory`` is accepted and has no effect (NumPy memory needs no pinning here).
+There are no worker processes. ``num_workers > 0`` is accepted so torch scripts run unchanged;
+batches are then loaded in this process, identical but not overlapped with compute.
+``pin_memory`` is accepted and ignored: host NumPy buffers need no pinning here.
 """
 
 from __future__ import annotations
 
-import collections.abc
-from collections.abc import Iterator
+import functools
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -28,120 +30,237 @@ from .sampler import BatchSampler, RandomSampler, SequentialSampler
 
 __all__ = ["DataLoader", "default_collate", "default_convert", "get_worker_info"]
 
+# dtype kinds with no numeric meaning (object, bytes, str, void): such arrays are not stacked
+_NON_NUMERIC_KINDS = frozenset("OSUV")
+
 
 def _is_array(x: Any) -> bool:
     return isinstance(x, np.ndarray) or _backend.is_cupy_array(x)
 
 
+def _stack(arrays: list, what: str) -> Tensor:
+    shapes = {a.shape for a in arrays}
+    if len(shapes) > 1:
+        raise RuntimeError(f"default_collate: cannot stack {what} of different shapes "
+                           f"{sorted(shapes)}; resize or pad the samples to one shape, or pass "
+                           "a collate_fn that merges them")
+    return _new(_backend.array_module(arrays[0]).stack(arrays))
+
+
+@functools.singledispatch
+def _collate(first: Any, samples: list) -> Any:
+    """Batch ``samples`` (all of the kind of ``first``); registered below per kind."""
+    if _is_array(first):  # CuPy arrays: no class to register without importing CuPy
+        return _collate_array(first, samples)
+    raise TypeError(f"default_collate: cannot batch samples of type {type(first).__name__}; "
+                    "samples may hold tensors, arrays, numbers, strings, and dicts, tuples or "
+                    "lists of those, otherwise pass DataLoader(collate_fn=...)")
+
+
+@_collate.register
+def _collate_tensor(first: Tensor, samples: list) -> Any:
+    return _stack([t._data for t in samples], "tensors")
+
+
+@_collate.register
+def _collate_array(first: np.ndarray, samples: list) -> Any:
+    if first.dtype.kind in _NON_NUMERIC_KINDS:
+        raise TypeError(f"default_collate: arrays of dtype {first.dtype} hold no numbers to "
+                        "stack; convert them, or pass DataLoader(collate_fn=...)")
+    return _stack(samples, "arrays")
+
+
+@_collate.register
+def _collate_numpy_scalar(first: np.generic, samples: list) -> Any:
+    return _new(np.asarray(samples, dtype=first.dtype))
+
+
+def _python_scalar_collator(dtype: type) -> Callable[[Any, list], Any]:
+    def collate(first: Any, samples: list) -> Any:
+        return _new(np.asarray(samples, dtype=dtype))
+    return collate
+
+
+# dispatch follows each class's MRO, so bool (an int) and np.float64 (a float, but first an
+# np.generic) each reach their own handler whatever the order of registration
+for _kind, _dtype in ((bool, np.bool_), (int, np.int64), (float, np.float64)):
+    _collate.register(_kind, _python_scalar_collator(_dtype))
+del _kind, _dtype
+
+
+@_collate.register(str)
+@_collate.register(bytes)
+def _collate_text(first: Any, samples: list) -> Any:
+    return list(samples)
+
+
+@_collate.register
+def _collate_mapping(first: Mapping, samples: list) -> Any:
+    fields = {key: default_collate([s[key] for s in samples]) for key in first}
+    try:
+        return type(first)(fields)
+    except TypeError:  # a Mapping class whose constructor does not take a dict
+        return fields
+
+
+@_collate.register
+def _collate_sequence(first: Sequence, samples: list) -> Any:
+    lengths = {len(s) for s in samples}
+    if len(lengths) > 1:
+        raise RuntimeError(f"default_collate: samples are sequences of different lengths "
+                           f"{sorted(lengths)}; make them equal, or pass a collate_fn that "
+                           "pads them")
+    columns = [default_collate(list(column)) for column in zip(*samples)]
+    if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple keeps its type
+        return type(first)(*columns)
+    return columns
+
+
 def default_collate(batch: list) -> Any:
     """Merge a list of samples into a batch, as ``torch.utils.data.default_collate``.
 
-    Tensors and arrays are stacked into a Tensor with a new first dimension; Python ints become
-    an int64 Tensor, floats float64, bools bool; NumPy scalars keep their dtype; strings and
-    bytes stay a list; mappings, namedtuples and sequences are collated field by field
-    (tuples and lists give a list, as in torch).
+    Tensors and arrays are stacked along a new first dimension; Python ints become an int64
+    Tensor, floats float64, bools bool; NumPy scalars keep their dtype; strings and bytes stay
+    a list; dicts are batched key by key and namedtuples field by field (keeping their type),
+    other tuples and lists position by position (giving a list, as torch does).
+
+    Args:
+        batch: the samples, all of the same structure.
+
+    Returns:
+        The batch, with the structure of one sample.
 
     Raises:
-        TypeError: an element type it cannot collate. RuntimeError: sequences of unequal size.
+        ValueError: ``batch`` is empty.
+        TypeError: a sample holds something it cannot batch.
+        RuntimeError: tensors of different shapes, or sequences of different lengths.
 
     Example:
         >>> default_collate([(mpitensor.zeros(2), 1), (mpitensor.ones(2), 0)])[1]
         tensor([1, 0])
     """
     if not batch:
-        raise ValueError("default_collate: empty batch")
-    elem = batch[0]
-    if isinstance(elem, Tensor):
-        arrays = [t._data for t in batch]
-        return _new(_backend.array_module(arrays[0]).stack(arrays))
-    if _is_array(elem):
-        if elem.dtype.kind in "OSUV":
-            raise TypeError(f"default_collate: cannot collate arrays of dtype {elem.dtype}")
-        return _new(_backend.array_module(elem).stack(batch))
-    if isinstance(elem, np.generic):
-        return _new(np.asarray(batch, dtype=elem.dtype))
-    if isinstance(elem, bool):
-        return _new(np.asarray(batch, dtype=np.bool_))
-    if isinstance(elem, int):
-        return _new(np.asarray(batch, dtype=np.int64))
-    if isinstance(elem, float):
-        return _new(np.asarray(batch, dtype=np.float64))
-    if isinstance(elem, (str, bytes)):
-        return list(batch)
-    if isinstance(elem, collections.abc.Mapping):
-        merged = {k: default_collate([d[k] for d in batch]) for k in elem}
-        try:
-            return type(elem)(merged)
-        except TypeError:  # a Mapping type that cannot be built from a dict
-            return merged
-    if isinstance(elem, tuple) and hasattr(elem, "_fields"):
-        return type(elem)(*(default_collate(list(s)) for s in zip(*batch)))
-    if isinstance(elem, collections.abc.Sequence):
-        size = len(elem)
-        if any(len(e) != size for e in batch):
-            raise RuntimeError("each element in list of batch should be of equal size")
-        return [default_collate(list(s)) for s in zip(*batch)]
-    raise TypeError(f"default_collate: batch must contain tensors, arrays, numbers, dicts or "
-                    f"lists; found {type(elem).__name__}")
+        raise ValueError("default_collate: the batch is empty; a batch needs at least one "
+                         "sample")
+    return _collate(batch[0], batch)
 
 
 def default_convert(data: Any) -> Any:
-    """Turn arrays (and arrays inside containers) into Tensors without batching them.
+    """Turn NumPy data (also inside dicts, tuples and lists) into Tensors, without batching.
+
+    It is the default ``collate_fn`` when batching is off (``batch_size=None``).
 
     Example:
         >>> default_convert(np.zeros(2))
         tensor([0., 0.], dtype=mpitensor.float64)
     """
-    if isinstance(data, Tensor):
+    if isinstance(data, (Tensor, str, bytes)):
         return data
     if _is_array(data):
-        return data if data.dtype.kind in "OSUV" else as_tensor(data)
+        return data if data.dtype.kind in _NON_NUMERIC_KINDS else as_tensor(data)
     if isinstance(data, np.generic):
         return _new(np.asarray(data))
-    if isinstance(data, collections.abc.Mapping):
-        return {k: default_convert(v) for k, v in data.items()}
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(default_convert(d) for d in data))
-    if isinstance(data, tuple):
-        return [default_convert(d) for d in data]
-    if isinstance(data, collections.abc.Sequence) and not isinstance(data, (str, bytes)):
-        return [default_convert(d) for d in data]
+    if isinstance(data, Mapping):
+        converted = {key: default_convert(value) for key, value in data.items()}
+        try:
+            return type(data)(converted)
+        except TypeError:
+            return converted
+    if isinstance(data, Sequence):
+        items = [default_convert(x) for x in data]
+        if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuples keep their type
+            return type(data)(*items)
+        return items
     return data
 
 
 def get_worker_info() -> None:
-    """Return None: batches are always loaded in the main process (see the module notes)."""
+    """Return None, as torch does outside a worker: every batch is loaded in this process."""
     return None
+
+
+def _check_worker_options(num_workers: Any, timeout: float, prefetch_factor: Optional[int],
+                          persistent_workers: bool) -> None:
+    """Reject the worker settings torch rejects, though no workers are started here."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"DataLoader: num_workers={num_workers!r}; pass 0 (load in this "
+                         "process) or a positive int")
+    if timeout < 0:
+        raise ValueError(f"DataLoader: timeout={timeout!r} is negative; pass 0 for no limit")
+    if prefetch_factor is not None and num_workers == 0:
+        raise ValueError(f"DataLoader: prefetch_factor={prefetch_factor!r} applies to worker "
+                         "processes only; leave it None or set num_workers > 0")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("DataLoader: persistent_workers=True needs worker processes; set "
+                         "num_workers > 0 or leave persistent_workers=False")
+
+
+def _check_stream_options(shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
+    """An IterableDataset fixes its own order, so no option that orders indices applies."""
+    given = [f"{name}={value!r}" for name, value, set_ in
+             (("shuffle", shuffle, shuffle not in (None, False)),
+              ("sampler", sampler, sampler is not None),
+              ("batch_sampler", batch_sampler, batch_sampler is not None)) if set_]
+    if given:
+        raise ValueError(f"DataLoader: an IterableDataset yields samples in its own order, so "
+                         f"{', '.join(given)} cannot apply; leave it unset")
+
+
+def _check_batching(batch_size: Optional[int], shuffle: bool, sampler: Any, batch_sampler: Any,
+                    drop_last: bool) -> None:
+    """Refuse combinations where one option would silently override another."""
+    if sampler is not None and shuffle:
+        raise ValueError("DataLoader: sampler= is mutually exclusive with shuffle=True: the "
+                         "sampler decides the order; shuffle inside it (e.g. RandomSampler) "
+                         "or drop shuffle")
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError("DataLoader: batch_sampler= decides the batches by itself; leave "
+                             "batch_size, shuffle, sampler and drop_last at their defaults")
+    elif batch_size is None:
+        if drop_last:
+            raise ValueError("DataLoader: batch_size=None turns batching off, so there is no "
+                             "last batch for drop_last=True to drop; leave drop_last=False")
+    elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"DataLoader: batch_size={batch_size!r}; pass a positive int, or "
+                         "None to turn batching off")
+
+
+def _default_sampler(dataset: Any, shuffle: bool, generator: Any) -> Any:
+    """The sampler torch picks when none is given: random with ``shuffle``, else in order."""
+    if shuffle:
+        return RandomSampler(dataset, generator=generator)
+    return SequentialSampler(dataset)
 
 
 class DataLoader:
     """Iterate over a dataset in (shuffled) batches, as ``torch.utils.data.DataLoader``.
 
     Shuffling uses a :class:`RandomSampler` drawing from ``generator`` (default: mpitensor's
-    global generator), so ``mpitensor.manual_seed(s)`` before building the iterator fixes the
-    order. Arguments are validated as in torch. With the default collate, datasets offering
+    global generator), so ``mpitensor.manual_seed(s)`` before iterating fixes the order.
+    Arguments are checked as torch checks them. With the default collate, datasets offering
     ``gather`` are batched by one vectorised gather (see the module notes); a
     :class:`DistributedSampler` counts the indices handed out, so its ``state_dict()`` taken
     inside the loop resumes after the current batch.
 
     Args:
         dataset: a map-style dataset (or an :class:`IterableDataset`).
-        batch_size: samples per batch; None disables batching (samples are only converted).
-        shuffle: reshuffle every epoch (mutually exclusive with ``sampler``).
+        batch_size: samples per batch; None turns batching off (samples are only converted).
+        shuffle: a new order every epoch (not together with ``sampler``).
         sampler: where indices come from (a Sampler or any iterable with ``__len__``).
-        batch_sampler: yields lists of indices (mutually exclusive with batch_size, shuffle,
+        batch_sampler: yields lists of indices (not together with batch_size, shuffle,
             sampler, drop_last).
         num_workers: accepted for compatibility; loading always runs in this process.
         collate_fn: merges a list of samples (default :func:`default_collate`).
         pin_memory: accepted, no effect.
-        drop_last: drop the last incomplete batch.
+        drop_last: leave out the last batch when it is short.
         timeout, worker_init_fn, prefetch_factor, persistent_workers: accepted for
-            compatibility; ``worker_init_fn(0)`` is called once at the start of each pass when
-            ``num_workers > 0``.
+            compatibility; with ``num_workers > 0``, ``worker_init_fn(0)`` runs at the start
+            of each pass.
         generator: a :class:`mpitensor.Generator` for the shuffle.
 
     Raises:
-        ValueError: conflicting options, as torch raises them.
+        ValueError: options that contradict each other or are out of range.
 
     Example:
         >>> ds = TensorDataset(mpitensor.arange(10.0).reshape(5, 2), mpitensor.arange(5))
@@ -167,139 +286,88 @@ class DataLoader:
         prefetch_factor: Optional[int] = None,
         persistent_workers: bool = False,
     ) -> None:
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
-                             "disable multiprocessing.")
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError("prefetch_factor option could only be specified in multiprocessing."
-                             "let num_workers > 0 to enable multiprocessing, otherwise set "
-                             "prefetch_factor to None.")
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
-        self.dataset = dataset
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.prefetch_factor = prefetch_factor
-        self.persistent_workers = persistent_workers
-        self.generator = generator
-        self._iterable = isinstance(dataset, IterableDataset)
-        if self._iterable:
-            if shuffle not in (False, None):
-                raise ValueError(f"DataLoader with IterableDataset: expected unspecified "
-                                 f"shuffle option, but got shuffle={shuffle}")
-            if sampler is not None:
-                raise ValueError(f"DataLoader with IterableDataset: expected unspecified "
-                                 f"sampler option, but got sampler={sampler}")
-            if batch_sampler is not None:
-                raise ValueError(f"DataLoader with IterableDataset: expected unspecified "
-                                 f"batch_sampler option, but got batch_sampler={batch_sampler}")
+        _check_worker_options(num_workers, timeout, prefetch_factor, persistent_workers)
+        streamed = isinstance(dataset, IterableDataset)
+        if streamed:
+            _check_stream_options(shuffle, sampler, batch_sampler)
         shuffle = bool(shuffle)
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
-                                 "shuffle, sampler, and drop_last")
-            batch_size = None
-            drop_last = False
-        elif batch_size is None:
-            if drop_last:
-                raise ValueError("batch_size=None option disables auto-batching and is mutually "
-                                 "exclusive with drop_last")
-        elif (not isinstance(batch_size, int) or isinstance(batch_size, bool)
-              or batch_size <= 0):
-            raise ValueError(f"batch_size should be a positive integer value, but got "
-                             f"batch_size={batch_size!r}")
-        if sampler is None and not self._iterable:
-            sampler = (RandomSampler(dataset, generator=generator) if shuffle
-                       else SequentialSampler(dataset))
-        if batch_size is not None and batch_sampler is None and not self._iterable:
-            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
-        self._auto_collation = batch_sampler is not None or (self._iterable and batch_size)
+        _check_batching(batch_size, shuffle, sampler, batch_sampler, drop_last)
+        if batch_sampler is not None:  # it owns the batching: these describe nothing
+            batch_size, drop_last = None, False
+        if not streamed:
+            if sampler is None:  # set even beside a batch_sampler, as torch does
+                sampler = _default_sampler(dataset, shuffle, generator)
+            if batch_sampler is None and batch_size is not None:
+                batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        self.dataset, self._streamed = dataset, streamed
+        self.sampler, self.batch_sampler = sampler, batch_sampler
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.generator = generator
+        # kept only so that code reading them back finds what it passed
+        self.num_workers, self.worker_init_fn = num_workers, worker_init_fn
+        self.pin_memory, self.timeout = pin_memory, timeout
+        self.prefetch_factor, self.persistent_workers = prefetch_factor, persistent_workers
+        batched = batch_sampler is not None or (streamed and batch_size is not None)
         if collate_fn is None:
-            collate_fn = default_collate if self._auto_collation else default_convert
+            collate_fn = default_collate if batched else default_convert
         self.collate_fn = collate_fn
-
-    def _gather_fn(self) -> Optional[Callable[[np.ndarray], Any]]:
-        if self.collate_fn is not default_collate or self._iterable:
-            return None
-        fn = getattr(self.dataset, "gather", None)
-        return fn if callable(fn) else None
 
     def __iter__(self) -> Iterator[Any]:
         if self.num_workers > 0 and self.worker_init_fn is not None:
-            self.worker_init_fn(0)
-        if self._iterable:
-            return self._iter_iterable()
+            self.worker_init_fn(0)  # the in-process loader stands in for worker 0
+        if self._streamed:
+            return self._from_stream()
         if self.batch_sampler is None:
-            return self._iter_unbatched()
-        gather = self._gather_fn()
-        if gather is not None:
-            return self._iter_fast(gather)
-        return self._iter_slow()
+            return self._one_by_one()
+        gather = getattr(self.dataset, "gather", None)
+        if self.collate_fn is default_collate and callable(gather):
+            return self._gathered(gather)
+        return self._collated()
 
-    def _index_batches(self) -> Iterator[Any]:
-        bs = self.batch_sampler
-        fast = getattr(bs, "_index_batches", None)
-        if isinstance(bs, BatchSampler) and fast is not None:
-            return fast()
-        return iter(bs)
-
-    def _iter_fast(self, gather: Callable[[np.ndarray], Any]) -> Iterator[Any]:
-        for idx in self._index_batches():
-            yield gather(idx if isinstance(idx, np.ndarray) else np.asarray(idx, np.int64))
-
-    def _iter_slow(self) -> Iterator[Any]:
-        ds, collate = self.dataset, self.collate_fn
+    def _index_arrays(self) -> Iterator[Any]:
+        """The batch sampler's batches: int64 arrays from our samplers, else what it yields."""
         if isinstance(self.batch_sampler, BatchSampler):
-            batches = (b.tolist() for b in self._index_batches())
-        else:
-            batches = iter(self.batch_sampler)
-        for batch in batches:
-            yield collate([ds[i] for i in batch])
+            return self.batch_sampler._index_batches()
+        return iter(self.batch_sampler)
 
-    def _iter_unbatched(self) -> Iterator[Any]:
-        for i in self.sampler:
-            yield self.collate_fn(self.dataset[i])
+    def _gathered(self, gather: Callable[[np.ndarray], Any]) -> Iterator[Any]:
+        for indices in self._index_arrays():
+            yield gather(np.asarray(indices, dtype=np.int64))
 
-    def _iter_iterable(self) -> Iterator[Any]:
-        it = iter(self.dataset)
-        if not self.batch_size:
-            for sample in it:
-                yield self.collate_fn(sample)
+    def _collated(self) -> Iterator[Any]:
+        dataset, collate = self.dataset, self.collate_fn
+        for indices in self._index_arrays():
+            if isinstance(indices, np.ndarray):  # plain ints, as a torch dataset expects
+                indices = indices.tolist()
+            yield collate([dataset[i] for i in indices])
+
+    def _one_by_one(self) -> Iterator[Any]:
+        for index in self.sampler:
+            yield self.collate_fn(self.dataset[index])
+
+    def _from_stream(self) -> Iterator[Any]:
+        samples = iter(self.dataset)
+        if self.batch_size is None:
+            yield from map(self.collate_fn, samples)
             return
         while True:
-            batch = []
-            for sample in it:
-                batch.append(sample)
-                if len(batch) == self.batch_size:
-                    break
-            if not batch or (len(batch) < self.batch_size and self.drop_last):
-                return
-            yield self.collate_fn(batch)
-            if len(batch) < self.batch_size:
+            batch = list(itertools.islice(samples, self.batch_size))
+            short = len(batch) < self.batch_size
+            if batch and not (short and self.drop_last):
+                yield self.collate_fn(batch)
+            if short:  # the stream has ended: do not pull from it again
                 return
 
     def __len__(self) -> int:
-        if self._iterable:
-            n = len(self.dataset)
-            if not self.batch_size:
-                return n
-            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-        if self.batch_sampler is not None:
-            return len(self.batch_sampler)
-        return len(self.sampler)
+        if not self._streamed:
+            return len(self.sampler if self.batch_sampler is None else self.batch_sampler)
+        count = len(self.dataset)
+        if self.batch_size is None:
+            return count
+        full, rest = divmod(count, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
 
     def __repr__(self) -> str:
         return (f"DataLoader(dataset={type(self.dataset).__name__}(len={len(self.dataset)}), "
                 f"batch_size={self.batch_size}, sampler={type(self.sampler).__name__}, "
                 f"drop_last={self.drop_last})")
-

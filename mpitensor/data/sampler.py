@@ -1,20 +1,21 @@
-"""Samplers: which indices a DataLoader fetches, in which order, on which rank.
+"""Samplers: which dataset indices a DataLoader fetches, in which order, and on which rank.
 
-``Sampler``, ``SequentialSampler``, ``RandomSampler``, ``SubsetRandomSampler``,
-``BatchSampler`` and ``DistributedSampler`` follow ``torch.utils.data``. The index-array samplers
-also hand the loader whole NumPy index arrays per batch (``_index_batches``), so batching costs
-one slice per batch instead of one Python int per sample.
+The public classes carry ``torch.utils.data``'s names, arguments and index sequences (the
+shuffled ones drawn from mpitensor's generators). Internally every built-in sampler plans a
+whole pass as one NumPy int64 array (``_plan``); the DataLoader asks for it cut into batch-sized
+slices (``_index_batches``), so batching a pass costs one slice per batch rather than one
+Python int per sample.
 
-Beyond torch, :class:`DistributedSampler` has an evaluation mode (``even=False``, or
-:class:`DistributedEvalSampler`) that gives every sample to exactly one rank, and
-``state_dict()``/``load_state_dict()`` that resume an epoch at the next unconsumed index.
+Additions to torch: :class:`DistributedSampler` has an evaluation mode (``even=False``, also
+spelled :class:`DistributedEvalSampler`) in which every sample goes to exactly one rank, and a
+``state_dict()``/``load_state_dict()`` pair that resumes an epoch at its first unconsumed index.
 """
 
 from __future__ import annotations
 
-import math
+import itertools
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -32,8 +33,33 @@ __all__ = [
 ]
 
 
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _array_chunks(order: np.ndarray, size: int, drop_last: bool) -> Iterator[np.ndarray]:
+    """Views of ``order``, ``size`` at a time; a short tail is kept unless ``drop_last``."""
+    end = len(order)
+    if drop_last:
+        end -= end % size
+    for start in range(0, end, size):
+        yield order[start:start + size]
+
+
+def _list_chunks(items: Iterable[Any], size: int, drop_last: bool) -> Iterator[list]:
+    """Lists of ``size`` items pulled lazily from ``items``; the same tail rule as above."""
+    source = iter(items)
+    while True:
+        chunk = list(itertools.islice(source, size))
+        if len(chunk) < size:
+            if chunk and not drop_last:
+                yield chunk
+            return
+        yield chunk
+
+
 class Sampler:
-    """Base class: an iterable of dataset indices, with ``__len__`` where the count is known.
+    """Base class of samplers: iterate over dataset indices; define ``__len__`` when known.
 
     Example:
         >>> class Evens(Sampler):
@@ -44,30 +70,33 @@ class Sampler:
     """
 
     def __init__(self, data_source: Any = None) -> None:
+        # torch subclasses call super().__init__(data_source); nothing needs keeping
         pass
 
     def __iter__(self) -> Iterator[int]:
-        raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
+        raise NotImplementedError(
+            f"{type(self).__name__} is a Sampler without __iter__; define __iter__ to yield "
+            "the dataset indices of one pass")
 
 
-class _ArraySampler(Sampler):
-    """A sampler whose pass is one NumPy int64 index array (``_epoch_array``)."""
+class _PlannedSampler(Sampler):
+    """A sampler whose pass is computed up front as one int64 array by ``_plan()``."""
 
-    def _epoch_array(self) -> np.ndarray:
+    def _plan(self) -> np.ndarray:
         raise NotImplementedError
 
+    # both are generators so that the pass is planned (and random numbers drawn) at the first
+    # next(), as with torch's samplers, not when iter() is called
+
     def __iter__(self) -> Iterator[int]:
-        yield from self._epoch_array().tolist()
+        yield from self._plan().tolist()
 
     def _index_batches(self, batch_size: int, drop_last: bool) -> Iterator[np.ndarray]:
-        """Yield the pass as index arrays of ``batch_size`` (last one short unless drop_last)."""
-        idx = self._epoch_array()
-        stop = len(idx) - len(idx) % batch_size if drop_last else len(idx)
-        for start in range(0, stop, batch_size):
-            yield idx[start:start + batch_size]
+        """Yield one pass as index arrays of ``batch_size`` entries."""
+        yield from _array_chunks(self._plan(), batch_size, drop_last)
 
 
-class SequentialSampler(_ArraySampler):
+class SequentialSampler(_PlannedSampler):
     """Indices ``0 .. len(data_source)-1`` in order.
 
     Example:
@@ -78,27 +107,30 @@ class SequentialSampler(_ArraySampler):
     def __init__(self, data_source: Any) -> None:
         self.data_source = data_source
 
-    def _epoch_array(self) -> np.ndarray:
+    def _plan(self) -> np.ndarray:
         return np.arange(len(self.data_source), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.data_source)
 
 
-class RandomSampler(_ArraySampler):
-    """A random order of the indices (or ``num_samples`` draws with replacement).
+class RandomSampler(_PlannedSampler):
+    """A random order of the indices, or ``num_samples`` draws with replacement.
 
-    Each pass draws a fresh permutation from ``generator`` (default: mpitensor's global
-    generator), so ``mpitensor.manual_seed(s)`` makes the sequence of epochs reproducible.
+    Each pass draws afresh from ``generator`` (default: mpitensor's global generator), so
+    ``mpitensor.manual_seed(s)`` makes a run's sequence of epochs repeatable. Without
+    replacement and with ``num_samples`` above the dataset size, whole permutations follow one
+    another and the last one is cut short.
 
     Args:
         data_source: the dataset (only its length is used).
         replacement: draw with replacement.
-        num_samples: samples per pass (default ``len(data_source)``).
+        num_samples: indices per pass (default ``len(data_source)``).
         generator: a :class:`mpitensor.Generator` (or NumPy Generator), or None.
 
     Raises:
-        ValueError: ``num_samples`` not positive. TypeError: ``replacement`` not a bool.
+        ValueError: ``num_samples`` is not a positive int.
+        TypeError: ``replacement`` is not a bool.
 
     Example:
         >>> g = mpitensor.Generator().manual_seed(0)
@@ -109,33 +141,36 @@ class RandomSampler(_ArraySampler):
     def __init__(self, data_source: Any, replacement: bool = False,
                  num_samples: Optional[int] = None, generator: Any = None) -> None:
         if not isinstance(replacement, bool):
-            raise TypeError(f"replacement should be a boolean value, but got {replacement!r}")
-        self.data_source = data_source
+            raise TypeError(f"RandomSampler: replacement must be True or False, got "
+                            f"{replacement!r} ({type(replacement).__name__})")
+        self.data_source, self.generator = data_source, generator
         self.replacement = replacement
-        self._num_samples = num_samples
-        self.generator = generator
-        if not isinstance(self.num_samples, int) or self.num_samples <= 0:
-            raise ValueError("num_samples should be a positive integer value, but got "
-                             f"num_samples={self.num_samples}")
+        self._requested = num_samples  # None: follow the dataset's length as it is now
+        count = self.num_samples
+        if not _positive_int(count):
+            raise ValueError(f"RandomSampler: num_samples={count!r} is not a positive int; "
+                             "pass num_samples >= 1 or use a non-empty dataset")
 
     @property
     def num_samples(self) -> int:
-        return len(self.data_source) if self._num_samples is None else self._num_samples
+        """Indices per pass: ``num_samples`` if given, else the dataset's length."""
+        return len(self.data_source) if self._requested is None else self._requested
 
-    def _epoch_array(self) -> np.ndarray:
-        n = len(self.data_source)
+    def _plan(self) -> np.ndarray:
+        size, count = len(self.data_source), self.num_samples
         if self.replacement:
-            return randint(0, n, (self.num_samples,), generator=self.generator)._data
-        reps = [randperm(n, generator=self.generator)._data
-                for _ in range(-(-self.num_samples // n))]
-        return np.concatenate(reps)[:self.num_samples] if len(reps) > 1 else reps[0]
+            return randint(0, size, (count,), generator=self.generator)._data
+        rounds = -(-count // size)
+        perms = [randperm(size, generator=self.generator)._data for _ in range(rounds)]
+        whole = perms[0] if rounds == 1 else np.concatenate(perms)
+        return whole[:count]
 
     def __len__(self) -> int:
         return self.num_samples
 
 
-class SubsetRandomSampler(_ArraySampler):
-    """The given indices in a random order drawn from ``generator`` each pass.
+class SubsetRandomSampler(_PlannedSampler):
+    """The given indices, in a new random order (drawn from ``generator``) each pass.
 
     Example:
         >>> sorted(SubsetRandomSampler([5, 7, 9]))
@@ -144,21 +179,27 @@ class SubsetRandomSampler(_ArraySampler):
 
     def __init__(self, indices: Sequence[int], generator: Any = None) -> None:
         self.indices = indices
-        self._idx = np.asarray([operator.index(i) for i in indices], dtype=np.int64)
         self.generator = generator
+        self._pool = np.fromiter((operator.index(i) for i in indices), dtype=np.int64,
+                                 count=len(indices))
 
-    def _epoch_array(self) -> np.ndarray:
-        return self._idx[randperm(len(self._idx), generator=self.generator)._data]
+    def _plan(self) -> np.ndarray:
+        return self._pool[randperm(len(self._pool), generator=self.generator)._data]
 
     def __len__(self) -> int:
-        return len(self._idx)
+        return len(self._pool)
 
 
 class BatchSampler(Sampler):
     """Group the indices of ``sampler`` into lists of ``batch_size``.
 
+    Args:
+        sampler: any iterable of indices (a Sampler, a range, a list...).
+        batch_size: indices per batch.
+        drop_last: leave out a last batch shorter than ``batch_size``.
+
     Raises:
-        ValueError: ``batch_size`` not a positive int or ``drop_last`` not a bool.
+        ValueError: ``batch_size`` is not a positive int, or ``drop_last`` is not a bool.
 
     Example:
         >>> list(BatchSampler(SequentialSampler(range(5)), 2, drop_last=False))
@@ -166,46 +207,41 @@ class BatchSampler(Sampler):
     """
 
     def __init__(self, sampler: Any, batch_size: int, drop_last: bool) -> None:
-        if (not isinstance(batch_size, int) or isinstance(batch_size, bool)
-                or batch_size <= 0):
-            raise ValueError("batch_size should be a positive integer value, but got "
-                             f"batch_size={batch_size!r}")
+        if not _positive_int(batch_size):
+            raise ValueError(f"BatchSampler: batch_size={batch_size!r} is not a positive int; "
+                             "pass the number of indices per batch (>= 1)")
         if not isinstance(drop_last, bool):
-            raise ValueError(f"drop_last should be a boolean value, but got {drop_last!r}")
-        self.sampler = sampler
-        self.batch_size = batch_size
-        self.drop_last = drop_last
+            raise ValueError(f"BatchSampler: drop_last={drop_last!r} must be True or False")
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
 
     def __iter__(self) -> Iterator[list]:
-        fast = getattr(self.sampler, "_index_batches", None)
-        if fast is not None:
-            for idx in fast(self.batch_size, self.drop_last):
-                yield idx.tolist()
-            return
-        batch: list = []
-        for i in self.sampler:
-            batch.append(i)
-            if len(batch) == self.batch_size:
-                yield batch
-                batch = []
-        if batch and not self.drop_last:
-            yield batch
+        planned = getattr(self.sampler, "_index_batches", None)
+        if planned is None:
+            yield from _list_chunks(self.sampler, self.batch_size, self.drop_last)
+        else:
+            for chunk in planned(self.batch_size, self.drop_last):
+                yield chunk.tolist()
 
     def _index_batches(self, batch_size: int = 0, drop_last: bool = False) -> Iterator[np.ndarray]:
-        """Yield this sampler's batches as index arrays (its own batch_size and drop_last)."""
-        fast = getattr(self.sampler, "_index_batches", None)
-        if fast is not None:
-            yield from fast(self.batch_size, self.drop_last)
+        """Yield this sampler's batches as int64 arrays.
+
+        The arguments exist so a BatchSampler can sit where a planned sampler is expected;
+        the batching of this object (its own ``batch_size``/``drop_last``) always wins.
+        """
+        planned = getattr(self.sampler, "_index_batches", None)
+        if planned is not None:
+            yield from planned(self.batch_size, self.drop_last)
         else:
-            for b in self:
-                yield np.asarray(b, dtype=np.int64)
+            for chunk in _list_chunks(self.sampler, self.batch_size, self.drop_last):
+                yield np.asarray(chunk, dtype=np.int64)
 
     def __len__(self) -> int:
-        n = len(self.sampler)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        full, rest = divmod(len(self.sampler), self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
 
 
-def _default_world(num_replicas: Optional[int], rank: Optional[int]) -> tuple:
+def _world_of_default_group(num_replicas: Optional[int], rank: Optional[int]) -> tuple:
+    """Fill in whichever of ``num_replicas``/``rank`` is None from the default process group."""
     if num_replicas is not None and rank is not None:
         return num_replicas, rank
     from mpitensor import distributed as dist
@@ -217,35 +253,32 @@ def _default_world(num_replicas: Optional[int], rank: Optional[int]) -> tuple:
             "DistributedSampler: num_replicas/rank default to the default process group, which "
             "is not initialized; call mpitensor.distributed.init_process_group() first, or pass "
             "num_replicas= and rank= explicitly")
-    if num_replicas is None:
-        num_replicas = dist.get_world_size()
-    if rank is None:
-        rank = dist.get_rank()
-    return num_replicas, rank
+    return (dist.get_world_size() if num_replicas is None else num_replicas,
+            dist.get_rank() if rank is None else rank)
 
 
-class DistributedSampler(_ArraySampler):
+class DistributedSampler(_PlannedSampler):
     """Give each rank its own shard of the indices, as ``torch.utils.data.DistributedSampler``.
 
-    The index assignment is PyTorch's: a permutation of ``range(len(dataset))`` seeded with
-    ``seed + epoch`` (or the identity with ``shuffle=False``), padded by wrap-around to a
-    multiple of ``num_replicas`` (or truncated with ``drop_last=True``), then rank ``r`` takes
-    ``indices[r:total:num_replicas]``. With ``shuffle=False`` the shards equal torch's exactly;
-    with shuffling the permutation comes from mpitensor's generator (NumPy PCG64), so it is
-    deterministic and identical on every rank but not torch's bit for bit. Call
-    :meth:`set_epoch` at the start of every epoch for a new order.
+    Which rank gets which index is torch's rule. Take the epoch's order (the identity, or with
+    ``shuffle`` a permutation seeded by ``seed + epoch``) and stretch it cyclically to a
+    multiple of ``num_replicas`` (shrink it to one with ``drop_last=True``); rank ``r`` then
+    holds the entries at positions ``r, r + num_replicas, r + 2*num_replicas, ...``. Without
+    shuffling the shards equal torch's; shuffled orders come from mpitensor's generator (NumPy
+    PCG64): identical on every rank and repeatable, but not torch's bit for bit. Call
+    :meth:`set_epoch` before each epoch to get a new order.
 
     Beyond torch:
 
-    * ``even=False`` (evaluation mode; see :class:`DistributedEvalSampler`): no padding and no
-      truncation, rank ``r`` takes ``indices[r::num_replicas]``, so every sample is seen by
-      exactly one rank and shard lengths differ by at most one. Use it for evaluation only:
-      ranks may run different numbers of batches, so no per-batch collective may follow.
+    * ``even=False`` (evaluation mode; see :class:`DistributedEvalSampler`): the order is
+      neither stretched nor shrunk, so every sample lands on exactly one rank and shard lengths
+      differ by at most one. Use it for evaluation only: ranks may run different numbers of
+      batches, so no per-batch collective may follow.
     * :meth:`state_dict` / :meth:`load_state_dict` record the epoch and how many indices this
-      rank has yielded; after loading, the next pass yields only the unconsumed rest of that
-      epoch, and later epochs (after :meth:`set_epoch` with a new epoch) are whole again. A
-      DataLoader pulls indices batch by batch, so a state taken inside ``for batch in loader``
-      counts the batch in hand as consumed.
+      rank has handed out; after loading, the next pass hands out only the rest of that epoch,
+      and later epochs (after :meth:`set_epoch` with another epoch) are whole again. A
+      DataLoader takes indices a batch at a time, so a state taken inside
+      ``for batch in loader`` counts the batch in hand as consumed.
 
     Args:
         dataset: the dataset (only its length is used).
@@ -253,8 +286,9 @@ class DistributedSampler(_ArraySampler):
         rank: this rank (default: ``mpitensor.distributed.get_rank()``).
         shuffle: shuffle the indices every epoch.
         seed: base seed; must be the same on every rank.
-        drop_last: truncate to a multiple of ``num_replicas`` instead of padding.
-        even: pad/truncate so all shards are equal (torch's behaviour); False for evaluation.
+        drop_last: shrink to a multiple of ``num_replicas`` instead of stretching.
+        even: give every rank the same number of indices (torch's behaviour); False for
+            evaluation.
 
     Raises:
         NotInitializedError: num_replicas/rank left out and the process group is not set up.
@@ -267,70 +301,73 @@ class DistributedSampler(_ArraySampler):
         [1, 3, 0]
     """
 
+    # a saved position names other samples unless these agree; rank is not among them because
+    # in the even mode every rank has handed out the same count, so one rank's state serves all
+    _MUST_MATCH = ("seed", "shuffle", "drop_last", "even", "num_replicas", "dataset_len")
+
     def __init__(self, dataset: Any, num_replicas: Optional[int] = None,
                  rank: Optional[int] = None, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, even: bool = True) -> None:
-        num_replicas, rank = _default_world(num_replicas, rank)
-        num_replicas, rank = operator.index(num_replicas), operator.index(rank)
-        if num_replicas < 1:
-            raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
-        if rank >= num_replicas or rank < 0:
-            raise ValueError(f"Invalid rank {rank}, rank should be in the interval "
-                             f"[0, {num_replicas - 1}]")
-        if not even and drop_last:
-            raise ValueError("even=False (evaluation mode) keeps every sample exactly once; it "
-                             "cannot be combined with drop_last=True")
+        world, me = map(operator.index, _world_of_default_group(num_replicas, rank))
+        if world < 1:
+            raise ValueError(f"DistributedSampler: num_replicas={world}; it counts the ranks "
+                             "sharing the data, so pass 1 or more")
+        if not 0 <= me < world:
+            raise ValueError(f"Invalid rank {me} for num_replicas={world}: pass this process's "
+                             f"rank, a number from 0 to {world - 1}")
+        if drop_last and not even:
+            raise ValueError("DistributedSampler: even=False (evaluation mode) keeps every "
+                             "sample exactly once, so it cannot drop any; leave drop_last=False")
         self.dataset = dataset
-        self.num_replicas = num_replicas
-        self.rank = rank
+        self.num_replicas = world
+        self.rank = me
         self.shuffle = shuffle
         self.seed = operator.index(seed)
         self.drop_last = drop_last
         self.even = even
         self.epoch = 0
-        self._position = 0  # indices of this epoch yielded so far
-        self._resume_from = 0  # set by load_state_dict, used by the next pass
-        n = len(dataset)
-        if not even:
-            self.num_samples = len(range(rank, n, num_replicas))
-            self.total_size = n
+        self._handed_out = 0  # indices of this epoch given out by this rank so far
+        self._skip_next = 0  # from load_state_dict: how many the next pass leaves out
+        size = len(dataset)
+        if even:
+            rounds = size // world if drop_last else -(-size // world)
+            self.total_size = rounds * world
+            self.num_samples = rounds
         else:
-            if drop_last and n % num_replicas != 0:
-                self.num_samples = math.ceil((n - num_replicas) / num_replicas)
-            else:
-                self.num_samples = math.ceil(n / num_replicas)
-            self.total_size = self.num_samples * num_replicas
+            self.total_size = size
+            self.num_samples = len(range(me, size, world))
+
+    def _epoch_order(self) -> np.ndarray:
+        """All of this epoch's indices in order, before they are dealt to the ranks."""
+        size = len(self.dataset)
+        if not self.shuffle:
+            return np.arange(size, dtype=np.int64)
+        return randperm(size, generator=Generator().manual_seed(self.seed + self.epoch))._data
 
     def _shard(self) -> np.ndarray:
-        n = len(self.dataset)
-        if self.shuffle:
-            g = Generator().manual_seed(self.seed + self.epoch)
-            indices = randperm(n, generator=g)._data
-        else:
-            indices = np.arange(n, dtype=np.int64)
-        if self.even:
-            # np.resize repeats cyclically: torch's wrap-around padding, or a truncation
-            indices = np.resize(indices, self.total_size) if n else indices[:0]
-            return indices[self.rank:self.total_size:self.num_replicas]
-        return indices[self.rank::self.num_replicas]
+        order = self._epoch_order()
+        if not self.even:
+            return order[self.rank::self.num_replicas]
+        if len(order) == 0:
+            return order
+        # positions past the end of the order wrap to its start: the padding of torch's rule
+        slots = np.arange(self.rank, self.total_size, self.num_replicas)
+        return order[slots % len(order)]
 
-    def _epoch_array(self) -> np.ndarray:
-        start, self._resume_from = self._resume_from, 0
-        self._position = start
-        return self._shard()[start:]
+    def _plan(self) -> np.ndarray:
+        skip, self._skip_next = self._skip_next, 0
+        self._handed_out = skip
+        return self._shard()[skip:]
 
     def __iter__(self) -> Iterator[int]:
-        for i in self._epoch_array().tolist():
-            self._position += 1
-            yield i
+        for index in self._plan().tolist():
+            self._handed_out += 1
+            yield index
 
     def _index_batches(self, batch_size: int, drop_last: bool) -> Iterator[np.ndarray]:
-        idx = self._epoch_array()
-        stop = len(idx) - len(idx) % batch_size if drop_last else len(idx)
-        for start in range(0, stop, batch_size):
-            batch = idx[start:start + batch_size]
-            self._position += len(batch)
-            yield batch
+        for chunk in _array_chunks(self._plan(), batch_size, drop_last):
+            self._handed_out += len(chunk)
+            yield chunk
 
     def __len__(self) -> int:
         return self.num_samples
@@ -338,22 +375,21 @@ class DistributedSampler(_ArraySampler):
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch, which seeds the shuffle (``seed + epoch``); same value on all ranks.
 
-        A pending resume position (from :meth:`load_state_dict`) is kept only when ``epoch``
-        is the loaded epoch.
+        A resume point loaded by :meth:`load_state_dict` survives only when ``epoch`` is the
+        loaded epoch.
 
         Example:
             >>> s = DistributedSampler(range(8), num_replicas=1, rank=0); s.set_epoch(1)
         """
         epoch = operator.index(epoch)
         if epoch != self.epoch:
-            self._resume_from = 0
-            self._position = 0
+            self._handed_out = self._skip_next = 0
         self.epoch = epoch
 
     @property
     def position(self) -> int:
         """How many indices of the current epoch this rank has yielded (or will skip)."""
-        return self._resume_from or self._position
+        return self._skip_next or self._handed_out
 
     def state_dict(self) -> dict:
         """Return ``{"epoch", "position", ...}``: enough to resume this epoch mid-way.
@@ -362,22 +398,16 @@ class DistributedSampler(_ArraySampler):
             >>> DistributedSampler(range(4), num_replicas=2, rank=0).state_dict()["position"]
             0
         """
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "even": self.even,
-            "num_replicas": self.num_replicas,
-            "rank": self.rank,
-            "dataset_len": len(self.dataset),
-        }
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "shuffle": self.shuffle, "drop_last": self.drop_last, "even": self.even,
+                "num_replicas": self.num_replicas, "rank": self.rank,
+                "dataset_len": len(self.dataset)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore epoch and position; the next pass yields only the unconsumed indices.
 
         Raises:
+            TypeError: ``state`` is not a dict from :meth:`state_dict`.
             ValueError: the state was saved with another seed, shuffle, drop_last, even,
                 number of ranks or dataset length (its position would name other samples).
 
@@ -387,22 +417,24 @@ class DistributedSampler(_ArraySampler):
             >>> b.load_state_dict(a.state_dict()); list(b)
             [1, 2, 3]
         """
-        if not isinstance(state, dict) or "epoch" not in state or "position" not in state:
-            raise TypeError("load_state_dict() takes the dict returned by state_dict()")
-        mine = self.state_dict()
-        for key in ("seed", "shuffle", "drop_last", "even", "num_replicas", "dataset_len"):
-            if key in state and state[key] != mine[key]:
+        if not (isinstance(state, dict) and {"epoch", "position"} <= state.keys()):
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise TypeError(f"DistributedSampler.load_state_dict: expected the dict made by "
+                            f"state_dict() (with 'epoch' and 'position'), got {got}")
+        current = self.state_dict()
+        for key in self._MUST_MATCH:
+            mine = current[key]
+            if key in state and state[key] != mine:
                 raise ValueError(
                     f"DistributedSampler.load_state_dict: saved {key}={state[key]!r} but this "
-                    f"sampler has {key}={mine[key]!r}; resume with the same settings and number "
+                    f"sampler has {key}={mine!r}; resume with the same settings and number "
                     "of ranks")
         position = operator.index(state["position"])
         if not 0 <= position <= self.num_samples:
             raise ValueError(f"DistributedSampler.load_state_dict: position {position} is "
-                             f"outside [0, {self.num_samples}]")
+                             f"outside [0, {self.num_samples}], the length of this rank's shard")
         self.epoch = operator.index(state["epoch"])
-        self._position = position
-        self._resume_from = position
+        self._handed_out = self._skip_next = position
 
 
 class DistributedEvalSampler(DistributedSampler):
