@@ -26,7 +26,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import math
 import operator
@@ -38,9 +37,11 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from mpitensor import _printing
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._printing import get_printoptions, printoptions, set_printoptions
 
 __all__ = [
     "Tensor",
@@ -687,272 +688,6 @@ def _check_one_element(t: Tensor) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# Printing (PyTorch's torch/_tensor_str.py algorithm, on host arrays)
-
-
-@dataclasses.dataclass
-class _PrintOptions:
-    precision: int = 4
-    threshold: float = 1000
-    edgeitems: int = 3
-    linewidth: int = 80
-    sci_mode: Optional[bool] = None
-
-
-_PRINT = _PrintOptions()
-
-
-def set_printoptions(
-    precision: Optional[int] = None,
-    threshold: Optional[float] = None,
-    edgeitems: Optional[int] = None,
-    linewidth: Optional[int] = None,
-    profile: Optional[str] = None,
-    sci_mode: Optional[bool] = None,
-) -> None:
-    """Set how tensors print, like ``torch.set_printoptions``.
-
-    Args:
-        precision: digits after the decimal point for floats (default 4).
-        threshold: element count above which tensors are summarized with ``...`` (1000).
-        edgeitems: items shown at each end of a summarized dimension (3).
-        linewidth: characters per line before wrapping (80).
-        profile: ``"default"``, ``"short"`` or ``"full"`` (never summarize).
-        sci_mode: force (True) or forbid (False) scientific notation; None chooses.
-
-    Raises:
-        ValueError: unknown ``profile``.
-
-    Example:
-        >>> set_printoptions(precision=2); set_printoptions(profile="default")
-    """
-    if profile is not None:
-        profiles = {
-            "default": (4, 1000, 3, 80),
-            "short": (2, 1000, 2, 80),
-            "full": (4, math.inf, 3, 80),
-        }
-        if profile not in profiles:
-            raise ValueError(f"unknown print profile {profile!r}: use 'default', 'short' or 'full'")
-        _PRINT.precision, _PRINT.threshold, _PRINT.edgeitems, _PRINT.linewidth = profiles[profile]
-    if precision is not None:
-        _PRINT.precision = precision
-    if threshold is not None:
-        _PRINT.threshold = threshold
-    if edgeitems is not None:
-        _PRINT.edgeitems = edgeitems
-    if linewidth is not None:
-        _PRINT.linewidth = linewidth
-    _PRINT.sci_mode = sci_mode
-
-
-def get_printoptions() -> dict:
-    """Return the print options as a dict that :func:`set_printoptions` accepts."""
-    return dataclasses.asdict(_PRINT)
-
-
-@contextlib.contextmanager
-def printoptions(**kwargs: Any) -> Iterator[None]:
-    """Change print options inside a ``with`` block only.
-
-    Example:
-        >>> with printoptions(precision=2):
-        ...     print(tensor([1.2345]))
-        tensor([1.23])
-    """
-    old = get_printoptions()
-    set_printoptions(**kwargs)
-    try:
-        yield
-    finally:
-        set_printoptions(**old)
-
-
-class _Formatter:
-    """Chooses one width and notation for all elements, as torch's _Formatter does."""
-
-    def __init__(self, a: np.ndarray) -> None:
-        self.floating = a.dtype.kind == "f"
-        self.int_mode = True
-        self.sci_mode = False
-        self.max_width = 1
-        flat = a.reshape(-1)
-        if not self.floating:
-            for v in flat.tolist():
-                self.max_width = max(self.max_width, len(f"{v}"))
-            return
-        v64 = flat.astype(np.float64)
-        nz = v64[np.isfinite(v64) & (v64 != 0)]
-        if nz.size == 0:
-            return
-        absv = np.abs(nz)
-        lo, hi = float(absv.min()), float(absv.max())
-        self.int_mode = bool(np.all(nz == np.ceil(nz)))
-        p = _PRINT.precision
-        if _PRINT.sci_mode is None:
-            self.sci_mode = hi / lo > 1000.0 or hi > 1.0e8 or lo < 1.0e-4
-        else:
-            self.sci_mode = _PRINT.sci_mode
-        vals = nz.tolist()
-        if self.sci_mode:
-            width = max(len(f"{v:.{p}e}") for v in vals)
-        elif self.int_mode:
-            width = max(len(f"{v:.0f}") for v in vals) + 1
-        else:
-            width = max(len(f"{v:.{p}f}") for v in vals)
-        self.max_width = max(self.max_width, width)
-
-    def width(self) -> int:
-        return self.max_width
-
-    def format(self, value: Any) -> str:
-        if self.floating:
-            p = _PRINT.precision
-            if self.sci_mode:
-                ret = f"{value:{self.max_width}.{p}e}"
-            elif self.int_mode:
-                ret = f"{value:.0f}"
-                if not (math.isinf(value) or math.isnan(value)):
-                    ret += "."
-            else:
-                ret = f"{value:.{p}f}"
-        else:
-            ret = f"{value}"
-        return (self.max_width - len(ret)) * " " + ret
-
-
-def _fmt_value(v: Any, f1: _Formatter, f2: Optional[_Formatter]) -> str:
-    if f2 is None:
-        return f1.format(v)
-    real_str = f1.format(v.real)
-    imag_str = (f2.format(v.imag) + "j").lstrip()
-    if imag_str[0] == "+" or imag_str[0] == "-":
-        return real_str + imag_str
-    return real_str + "+" + imag_str
-
-
-def _vector_str(a: np.ndarray, indent: int, summarize: bool, cut: bool, f1: Any, f2: Any) -> str:
-    element_length = f1.width() + 2
-    if f2 is not None:
-        element_length += f2.width() + 1
-    per_line = max(1, math.floor((_PRINT.linewidth - indent) / element_length))
-    e = _PRINT.edgeitems
-    vals = a.tolist()
-    if summarize and not e:
-        data = ["..."]
-    elif cut:
-        data = (
-            [_fmt_value(v, f1, f2) for v in vals[:e]]
-            + [" ..."]
-            + [_fmt_value(v, f1, f2) for v in vals[e:]]
-        )
-    else:
-        data = [_fmt_value(v, f1, f2) for v in vals]
-    lines = [", ".join(data[i : i + per_line]) for i in range(0, len(data), per_line)]
-    return "[" + ("," + "\n" + " " * (indent + 1)).join(lines) + "]"
-
-
-def _nested_str(
-    a: np.ndarray, axis: int, indent: int, summarize: bool, cuts: list, f1: Any, f2: Any
-) -> str:
-    dim = a.ndim
-    if dim == 0:
-        return _fmt_value(a.item(), f1, f2)
-    if dim == 1:
-        return _vector_str(a, indent, summarize, cuts[axis], f1, f2)
-    if cuts[axis]:
-        e = _PRINT.edgeitems
-        slices = (
-            [_nested_str(a[i], axis + 1, indent + 1, summarize, cuts, f1, f2) for i in range(e)]
-            + ["..."]
-            + [
-                _nested_str(a[i], axis + 1, indent + 1, summarize, cuts, f1, f2)
-                for i in range(e, a.shape[0])
-            ]
-        )
-    else:
-        slices = [
-            _nested_str(a[i], axis + 1, indent + 1, summarize, cuts, f1, f2)
-            for i in range(a.shape[0])
-        ]
-    return "[" + ("," + "\n" * (dim - 1) + " " * (indent + 1)).join(slices) + "]"
-
-
-def _summarized_host(x: Any, summarize: bool) -> tuple:
-    """Keep the edge items of each long axis (on the device), then bring them to the host."""
-    cuts = []
-    e = _PRINT.edgeitems
-    if summarize:
-        xp = _xp(x)
-        for ax, n in enumerate(x.shape):
-            if n > 2 * e:
-                head = x[(slice(None),) * ax + (slice(0, e),)]
-                tail = x[(slice(None),) * ax + (slice(n - e, n),)]
-                x = xp.concatenate([head, tail], axis=ax)
-                cuts.append(True)
-            else:
-                cuts.append(False)
-    else:
-        cuts = [False] * x.ndim
-    return _backend.to_numpy(x), cuts
-
-
-def _tensor_str(t: Tensor, indent: int) -> str:
-    x = t._data
-    if x.size == 0:
-        return "[]"
-    summarize = x.size > _PRINT.threshold
-    host, cuts = _summarized_host(x, summarize)
-    if host.dtype.kind == "c":
-        f1, f2 = _Formatter(host.real), _Formatter(host.imag)
-    else:
-        f1, f2 = _Formatter(host), None
-    return _nested_str(host, 0, indent, summarize, cuts, f1, f2)
-
-
-def _add_suffixes(tensor_str: str, suffixes: list, indent: int) -> str:
-    parts = [tensor_str]
-    last_line_len = len(tensor_str) - tensor_str.rfind("\n") + 1
-    for suffix in suffixes:
-        if last_line_len + len(suffix) + 2 > _PRINT.linewidth:
-            parts.append(",\n" + " " * indent + suffix)
-            last_line_len = indent + len(suffix)
-        else:
-            parts.append(", " + suffix)
-            last_line_len += len(suffix) + 2
-    parts.append(")")
-    return "".join(parts)
-
-
-def _repr(t: Tensor) -> str:
-    prefix = "tensor(" if type(t) is Tensor else f"{type(t).__name__}("
-    indent = len(prefix)
-    x = t._data
-    suffixes = []
-    if _is_cupy(x):
-        suffixes.append(f"device='{_dev_str(x)}'")
-    dtype = x.dtype
-    default = _dt.get_default_dtype()
-    if x.size == 0:
-        if x.ndim != 1:
-            suffixes.append(f"size={tuple(x.shape)}")
-        if dtype != default:
-            suffixes.append(f"dtype={_dt.dt_repr(dtype)}")
-        body = "[]"
-    else:
-        if not _PRINT.edgeitems:
-            suffixes.append(f"size={tuple(x.shape)}")
-        if dtype not in (default, _dt.default_complex_dtype(), _INT64, _BOOL):
-            suffixes.append(f"dtype={_dt.dt_repr(dtype)}")
-        body = _tensor_str(t, indent)
-    if t.grad_fn is not None:
-        suffixes.append(f"grad_fn=<{t.grad_fn.name()}>")
-    elif t._requires_grad:
-        suffixes.append("requires_grad=True")
-    return _add_suffixes(prefix + body, suffixes, indent)
-
-
-# --------------------------------------------------------------------------------------------
 # Tensor
 
 
@@ -1427,7 +1162,7 @@ class Tensor:
     # ---- printing ----------------------------------------------------------------------------
 
     def __repr__(self) -> str:
-        return _repr(self)
+        return _printing.tensor_repr(self)
 
     __str__ = __repr__
 
@@ -1437,7 +1172,7 @@ class Tensor:
             return x.item().__format__(spec)
         if spec:
             raise TypeError("unsupported format string passed to Tensor.__format__")
-        return _repr(self)
+        return _printing.tensor_repr(self)
 
     # ---- indexing ----------------------------------------------------------------------------
 
