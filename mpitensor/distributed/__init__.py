@@ -214,6 +214,24 @@ def init_process_group(
 
     comm = MPI.COMM_WORLD
     mpi_rank, mpi_size = comm.Get_rank(), comm.Get_size()
+    _check_against_mpi(rank, world_size, mpi_rank, mpi_size)
+    if name == Backend.GLOO and not _state.gloo_notice_given:
+        _state.gloo_notice_given = True
+        if mpi_rank == 0:
+            logger.warning("backend 'gloo' runs on mpitensor's MPI path (same API and results)")
+    world = _make_world(comm, name, seconds, device_id)
+    _state.world = world
+    _state.groups.add(world)
+    GroupMember.WORLD = world
+    if abort_on_exception is None:
+        abort_on_exception = _config.ABORT_ON_EXCEPTION and mpi_size > 1
+    if abort_on_exception and not abort_handler_installed():
+        install_abort_handler()
+        _state.installed_abort_handler = True
+
+
+def _check_against_mpi(rank: Any, world_size: Any, mpi_rank: int, mpi_size: int) -> None:
+    """``rank``/``world_size`` given to init_process_group must be MPI's (-1/None: not given)."""
     for what, given, actual in (("rank", rank, mpi_rank), ("world_size", world_size, mpi_size)):
         if given is None or given == -1:
             continue
@@ -226,15 +244,16 @@ def init_process_group(
     if env_rank not in (None, "") and env_rank.isdigit() and int(env_rank) != mpi_rank:
         logger.warning("RANK=%s in the environment is ignored: MPI says this is rank %d",
                        env_rank, mpi_rank)
-    if name == Backend.GLOO and not _state.gloo_notice_given:
-        _state.gloo_notice_given = True
-        if mpi_rank == 0:
-            logger.warning("backend 'gloo' runs on mpitensor's MPI path (same API and results)")
+
+
+def _make_world(comm: Any, name: str, seconds: float, device_id: Any) -> ProcessGroup:
+    """The default group on a duplicate of ``comm``, fitted to its node (and NCCL if asked)."""
     from .mpi import MPIGroup
 
-    world = MPIGroup(comm.Dup(), list(range(mpi_size)), mpi_rank, "WORLD", seconds,
-                     _state.debug, mpi_size)
-    _share_node(comm, mpi_rank, mpi_size)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    world: ProcessGroup = MPIGroup(comm.Dup(), list(range(size)), rank, "WORLD", seconds,
+                                   _state.debug, size)
+    _share_node(comm, rank, size)
     if name == Backend.NCCL:
         from .nccl import NCCLGroup
 
@@ -244,14 +263,7 @@ def init_process_group(
             world.free()  # leave nothing half-made: release the duplicated communicator
             raise
     world.backend_label = name
-    _state.world = world
-    _state.groups.add(world)
-    GroupMember.WORLD = world
-    if abort_on_exception is None:
-        abort_on_exception = _config.ABORT_ON_EXCEPTION and mpi_size > 1
-    if abort_on_exception and not abort_handler_installed():
-        install_abort_handler()
-        _state.installed_abort_handler = True
+    return world
 
 
 def _share_node(comm: Any, rank: int, size: int) -> None:

@@ -900,49 +900,9 @@ class MPIGroup(ProcessGroup):
         spec = [buf, mt]
         status = MPI.Status()
         comm = self.comm
-        nbytes = buf.nbytes
-        desc = B.describe(arr)
+        recv = _ReceiveCheck(self, where, op, s, tag, status, arr, buf.nbytes)
+        check, translate = recv.check, recv.translate
         debug = self.debug
-
-        def check(exc: Optional[BaseException]) -> Optional[BaseException]:
-            """Debug mode: compare the sender's header with this buffer; answer the sender."""
-            source = status.Get_source()
-            hdr = np.zeros(_HDR_LEN, np.int64)
-            hreq = self.hdr.Irecv([hdr, _I64], source, tag)
-            _wait(self, hreq, f"{op} (debug header)", s, "p2p", None, None, source, tag)
-            sent = _describe_header(hdr)
-            truncated = (isinstance(exc, MPI.Exception)
-                         and exc.Get_error_class() == MPI.ERR_TRUNCATE)
-            problem = None
-            if hdr[0] != _HDR_MAGIC:
-                problem = "its debug header is unreadable (is debug mode on for every rank?)"
-            elif int(hdr[2]) != _DTYPE_CODE.get(arr.dtype, -1) or int(hdr[3]) != nbytes:
-                problem = (f"the sender sent {sent}, but the receive buffer is {desc} "
-                           f"({nbytes} bytes)")
-            self.notice_reqs.append(self.diag.isend((int(hdr[1]), problem), source,
-                                                    W.VERDICT_TAG))
-            if problem is None and exc is None:
-                return None
-            if truncated:
-                return MessageTruncatedError(
-                    f"{where}: the incoming message from rank {self.ranks[source]} (tag {tag}) "
-                    f"is larger than the receive buffer: the sender sent {sent}, this rank "
-                    f"receives into {desc} ({nbytes} bytes); the message was truncated. "
-                    "Allocate the receive tensor with the sender's shape and dtype.")
-            if problem:
-                return MessageMismatchError(
-                    f"{where}: the message from rank {self.ranks[source]} (tag {tag}) does not "
-                    f"match the receive buffer: {problem}. Send and receive tensors must have "
-                    "the same dtype and number of elements.")
-            return None
-
-        def translate(exc: BaseException) -> BaseException:
-            if debug and isinstance(exc, MPI.Exception):
-                found = check(exc)
-                if found is not None:
-                    return found
-            return self._recv_error(where, status, nbytes, desc, exc)
-
         try:
             req = comm.Irecv(spec, peer, tag)
         except MPI.Exception as exc:
@@ -1170,6 +1130,60 @@ class _SendWork(Work):
             self.wait()
             return True
         return super().is_completed()
+
+
+class _ReceiveCheck:
+    """What a receive needs to explain its failures: the debug-mode header check and the
+    translation of MPI errors into this package's (one object per receive, used by the
+    blocking path and by the work handle of ``irecv``)."""
+
+    def __init__(self, g: "MPIGroup", where: str, op: str, seq: int, tag: int, status: Any,
+                 arr: Any, nbytes: int) -> None:
+        self.g, self.where, self.op, self.seq, self.tag = g, where, op, seq, tag
+        self.status, self.arr, self.nbytes = status, arr, nbytes
+        self.desc = B.describe(arr)
+        self.debug = g.debug  # as when the receive was posted
+
+    def check(self, exc: Optional[BaseException]) -> Optional[BaseException]:
+        """Debug mode: compare the sender's header with this buffer; answer the sender."""
+        g, tag = self.g, self.tag
+        source = self.status.Get_source()
+        hdr = np.zeros(_HDR_LEN, np.int64)
+        hreq = g.hdr.Irecv([hdr, _I64], source, tag)
+        _wait(g, hreq, f"{self.op} (debug header)", self.seq, "p2p", None, None, source, tag)
+        problem = self._header_problem(hdr)
+        g.notice_reqs.append(g.diag.isend((int(hdr[1]), problem), source, W.VERDICT_TAG))
+        if problem is None and exc is None:
+            return None
+        who = f"rank {g.ranks[source]} (tag {tag})"
+        if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
+            return MessageTruncatedError(
+                f"{self.where}: the incoming message from {who} is larger than the receive "
+                f"buffer: the sender sent {_describe_header(hdr)}, this rank receives into "
+                f"{self.desc} ({self.nbytes} bytes); the message was truncated. "
+                "Allocate the receive tensor with the sender's shape and dtype.")
+        if problem:
+            return MessageMismatchError(
+                f"{self.where}: the message from {who} does not match the receive buffer: "
+                f"{problem}. Send and receive tensors must have the same dtype and number of "
+                "elements.")
+        return None
+
+    def _header_problem(self, hdr: Any) -> Optional[str]:
+        if hdr[0] != _HDR_MAGIC:
+            return "its debug header is unreadable (is debug mode on for every rank?)"
+        if int(hdr[2]) != _DTYPE_CODE.get(self.arr.dtype, -1) or int(hdr[3]) != self.nbytes:
+            return (f"the sender sent {_describe_header(hdr)}, but the receive buffer is "
+                    f"{self.desc} ({self.nbytes} bytes)")
+        return None
+
+    def translate(self, exc: BaseException) -> BaseException:
+        """The error to raise for an MPI failure of this receive."""
+        if self.debug and isinstance(exc, MPI.Exception):
+            found = self.check(exc)
+            if found is not None:
+                return found
+        return self.g._recv_error(self.where, self.status, self.nbytes, self.desc, exc)
 
 
 class _RecvWork(Work):
