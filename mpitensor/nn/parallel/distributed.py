@@ -724,18 +724,7 @@ class DistributedDataParallel(Module):
             >>> ddp.verify_in_sync()                   # every N steps, or after a resume
             >>> ddp.verify_in_sync(atol=1e-6)          # tolerate round-off
         """
-        for name, tol in (("atol", atol), ("rtol", rtol)):
-            if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer,
-                                                             np.floating)):
-                raise TypeError(f"DistributedDataParallel.verify_in_sync: {name} must be a "
-                                f"number, got {tol!r}")
-            if not tol >= 0:
-                raise ValueError(f"DistributedDataParallel.verify_in_sync: {name} must be >= 0, "
-                                 f"got {tol!r}")
-        if self._join is not None:
-            raise RuntimeError("DistributedDataParallel.verify_in_sync: not inside join() (the "
-                               "ranks that have joined would not take part); call it after the "
-                               "join() context")
+        self._check_tolerances(atol, rtol)
         if self._world == 1:
             return None
         pg = self.process_group
@@ -748,26 +737,45 @@ class DistributedDataParallel(Module):
         everyone: list = [None] * pg.size_
         dist.all_gather_object(everyone, mine, group=pg)
         self._check_foreign(everyone, op)
-        src = self._src
         if any(e["meta"] != everyone[0]["meta"] for e in everyone):
             metas: list = [None] * pg.size_
             dist.all_gather_object(metas, meta, group=pg)
             raise self._structure_error(metas)
-        n = len(tensors)
-        differing = [i for i in range(n)
+        differing = [i for i in range(len(tensors))
                      if any(e["hashes"][i] != everyone[0]["hashes"][i] for e in everyone)]
         if not differing:
             return None
+        diffs = self._differences(tensors, differing, everyone, float(atol), float(rtol))
+        if not diffs:
+            return None  # hashes differ, but every difference is within the tolerance
+        raise self._divergence_error(diffs, len(tensors), atol, rtol)
+
+    def _check_tolerances(self, atol: Any, rtol: Any) -> None:
+        for name, tol in (("atol", atol), ("rtol", rtol)):
+            if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer,
+                                                             np.floating)):
+                raise TypeError(f"DistributedDataParallel.verify_in_sync: {name} must be a "
+                                f"number, got {tol!r}")
+            if not tol >= 0:
+                raise ValueError(f"DistributedDataParallel.verify_in_sync: {name} must be >= 0, "
+                                 f"got {tol!r}")
+        if self._join is not None:
+            raise RuntimeError("DistributedDataParallel.verify_in_sync: not inside join() (the "
+                               "ranks that have joined would not take part); call it after the "
+                               "join() context")
+
+    def _differences(self, tensors: List[tuple], differing: List[int], everyone: list,
+                     atol: float, rtol: float) -> List[dict]:
+        """Compare the tensors whose hashes differ with group rank 0's copy, element-wise."""
+        pg = self.process_group
         details = []
         for i in differing:
             arr = tensors[i][2]
             xp = _backend.array_module(arr)
-            if pg.rank_ == 0:
-                ref = xp.ascontiguousarray(arr)
-            else:
-                ref = xp.empty(arr.shape, dtype=arr.dtype)
-            dist.broadcast(ref, src=src, group=pg)
-            details.append(_compare(arr, ref, float(atol), float(rtol)))
+            ref = xp.ascontiguousarray(arr) if pg.rank_ == 0 else xp.empty(arr.shape,
+                                                                             dtype=arr.dtype)
+            dist.broadcast(ref, src=self._src, group=pg)
+            details.append(_compare(arr, ref, atol, rtol))
         per_rank: list = [None] * pg.size_
         dist.all_gather_object(per_rank, details, group=pg)
         diffs = []
@@ -789,9 +797,7 @@ class DistributedDataParallel(Module):
                                "value": d[3], "reference": d[4]} for g, d in rows},
                 "groups": sorted(classes.values()),
             })
-        if not diffs:
-            return None  # hashes differ, but every difference is within the tolerance
-        raise self._divergence_error(diffs, n, atol, rtol)
+        return diffs
 
     def _state_tensors(self) -> List[tuple]:
         out = [("parameter", n, p._data) for n, p in self.module.named_parameters()]
