@@ -109,6 +109,24 @@ def _positive_int(option: str, value: str) -> int:
 _FLAVOR_NAMES = {MPICH: "MPICH", OPENMPI: "Open MPI"}
 
 
+def _store(opts: Options, key: str, name: str, value: str) -> None:
+    """Record the value of one of mpitensor-run's own options."""
+    if key in ("nprocs", "ppn"):
+        setattr(opts, key, _positive_int(name, value))
+    elif key == "env":
+        k, sep, v = value.partition("=")
+        if not sep or not k:
+            raise UsageError(f"argument --env: expected NAME=VALUE, got {value!r}")
+        opts.env.append((k, v))
+    elif key == "mpi_args":
+        try:
+            opts.mpi_args += shlex.split(value)
+        except ValueError as exc:
+            raise UsageError(f"argument --mpi-args: {exc}") from None
+    else:
+        setattr(opts, key, value)
+
+
 def parse_args(argv: Sequence[str], flavor: Optional[Callable[[], str]] = None) -> Options:
     """Parse the command line; everything from the target on belongs to the target.
 
@@ -162,30 +180,14 @@ def parse_args(argv: Sequence[str], flavor: Optional[Callable[[], str]] = None) 
                 raise UsageError(f"argument {name}: expected one argument")
             value = args[i + 1]
             i += 2
-        key = _VALUED[name]
-        if key == "nprocs":
-            opts.nprocs = _positive_int(name, value)
-        elif key == "ppn":
-            opts.ppn = _positive_int(name, value)
-        elif key == "env":
-            k, sep, v = value.partition("=")
-            if not sep or not k:
-                raise UsageError(f"argument --env: expected NAME=VALUE, got {value!r}")
-            opts.env.append((k, v))
-        elif key == "mpi_args":
-            try:
-                opts.mpi_args += shlex.split(value)
-            except ValueError as exc:
-                raise UsageError(f"argument --mpi-args: {exc}") from None
-        elif key == "module":
+        if _VALUED[name] == "module":  # -m: the module and everything after it are the target
             if not value:
                 raise UsageError("argument -m: expected a module name")
             opts.module = True
             opts.target = [value, *args[i:]]
             _check_module(value)
             return opts
-        else:
-            setattr(opts, key, value)
+        _store(opts, _VALUED[name], name, value)
     opts.target = args[i:]
     if not opts.target:
         raise UsageError("no script given: mpitensor-run [options] script.py [args...] or "
