@@ -414,6 +414,48 @@ class Case:
         self.keep = keep  # buffers the callable uses
 
 
+def _ping_pong_case(api: Api, rank: int, count: int, nbytes: int) -> Case:
+    """osu_latency: ranks 0 and 1 bounce one message (a call is the round trip)."""
+    buf = api.alloc(count)
+    fn: Callable[[], Any] = _noop
+    if rank in (0, 1):
+        peer = 1 - rank
+        first = api.send(buf, peer) if rank == 0 else api.recv(buf, peer)
+        second = api.recv(buf, peer) if rank == 0 else api.send(buf, peer)
+
+        def fn() -> None:
+            first()
+            second()
+
+    return Case(fn, 2.0, nbytes, count, buf)
+
+
+def _window_case(api: Api, rank: int, count: int, nbytes: int, window: int) -> Case:
+    """osu_bw: rank 0 sends a window of messages, rank 1 answers each window with an ack."""
+    w = max(1, min(window, P2P_WINDOW_BYTES // max(nbytes, 1)))
+    ack = api.alloc(1)
+    fn: Callable[[], Any] = _noop
+    keep: Any = ack
+    waitall = api.waitall
+    if rank == 0:
+        src = api.alloc(count)
+        starts = [api.isend(src, 1)] * w
+        finish = api.recv(ack, 1)
+        keep = (src, ack)
+    elif rank == 1:
+        dst = api.alloc(count * w)
+        starts = [api.irecv(view, 0) for view in api.split(dst, w)]
+        finish = api.send(ack, 0)
+        keep = (dst, ack)
+    if rank in (0, 1):
+
+        def fn() -> None:
+            waitall([start() for start in starts])
+            finish()
+
+    return Case(fn, float(w), nbytes, count, keep)
+
+
 def make_case(api: Api, op: str, size: int, rank: int, n: int, itemsize: int,
               window: int = P2P_WINDOW) -> Case:
     """Build the callable timing ``op`` at nominal ``size`` bytes for this rank.
@@ -429,46 +471,9 @@ def make_case(api: Api, op: str, size: int, rank: int, n: int, itemsize: int,
     if op in ("p2p_latency", "p2p_bw") and n < 2:
         raise ValueError(f"{op} needs at least 2 ranks")
     if op == "p2p_latency":
-        buf = api.alloc(count)
-        fn: Callable[[], Any] = _noop
-        if rank in (0, 1):
-            peer = 1 - rank
-            first = api.send(buf, peer) if rank == 0 else api.recv(buf, peer)
-            second = api.recv(buf, peer) if rank == 0 else api.send(buf, peer)
-
-            def fn() -> None:
-                first()
-                second()
-
-        return Case(fn, 2.0, nbytes, count, buf)
+        return _ping_pong_case(api, rank, count, nbytes)
     if op == "p2p_bw":
-        w = max(1, min(window, P2P_WINDOW_BYTES // max(nbytes, 1)))
-        ack = api.alloc(1)
-        fn = _noop
-        keep: Any = ack
-        if rank == 0:
-            src = api.alloc(count)
-            starts = [api.isend(src, 1)] * w
-            get_ack = api.recv(ack, 1)
-            waitall = api.waitall
-
-            def fn() -> None:
-                waitall([start() for start in starts])
-                get_ack()
-
-            keep = (src, ack)
-        elif rank == 1:
-            dst = api.alloc(count * w)
-            starts = [api.irecv(view, 0) for view in api.split(dst, w)]
-            put_ack = api.send(ack, 0)
-            waitall = api.waitall
-
-            def fn() -> None:
-                waitall([start() for start in starts])
-                put_ack()
-
-            keep = (dst, ack)
-        return Case(fn, float(w), nbytes, count, keep)
+        return _window_case(api, rank, count, nbytes, window)
     if op == "all_reduce":
         buf = api.alloc(count)
         return Case(api.all_reduce(buf), 1.0, nbytes, count, buf)
