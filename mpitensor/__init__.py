@@ -9,8 +9,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+# _ops first: it imports every op module, which add the Tensor methods and the functions of
+# mpitensor.tensor's __all__ before any other module can use them
 from . import (
     _config,
+    _ops,  # noqa: F401 - imported for what importing it does
     autograd,
     backend,
     checkpoint,

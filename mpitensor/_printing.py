@@ -282,18 +282,19 @@ def _close(text: str, notes: List[str], indent: int, linewidth: int) -> str:
     return "\n".join(lines) + ")"
 
 
-def tensor_repr(t: Any) -> str:
+def tensor_repr(t: Any, name: str = "tensor") -> str:
     """Return ``repr(t)`` for a :class:`~mpitensor.Tensor` (what ``print`` shows as well).
 
     Args:
-        t: the tensor; a subclass prints under its own class name.
+        t: the tensor.
+        name: what the text starts with: ``tensor``, or a subclass's own name (``Parameter``).
+            The caller says which, as this module must not import ``mpitensor.tensor`` (which
+            imports it).
 
     Returns:
-        ``tensor([...], <notes>)`` laid out under the current print options.
+        ``<name>([...], <notes>)`` laid out under the current print options.
     """
-    from mpitensor.tensor import Tensor  # here: tensor.py imports this module
-
-    head = "tensor(" if type(t) is Tensor else f"{type(t).__name__}("
+    head = f"{name}("
     options = dict(_options)
     x = t._data
     body = _values_text(x, len(head), options)

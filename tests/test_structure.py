@@ -98,3 +98,106 @@ def test_set_debug_reaches_a_real_nccl_group():
     finally:
         if created:
             dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------- layers
+# Each module's layer; a module imports only from its own layer or below (docs/architecture.md).
+# Lazy (function-level) imports count: they are dependencies all the same.
+LAYERS = [
+    ("base", ["mpitensor._config", "mpitensor.errors", "mpitensor.backend", "mpitensor.dtypes",
+              "mpitensor._threads"]),
+    ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._"]),
+    ("communication", ["mpitensor.distributed"]),
+    ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
+                  "mpitensor.checkpoint", "mpitensor.utils"]),
+    ("entry points", ["mpitensor.run", "mpitensor"]),
+]
+
+
+def _layer_of(module: str) -> int:
+    best, level = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            hit = module == p or module.startswith(p if p.endswith("_") else p + ".")
+            if hit and len(p) > best:
+                best, level = len(p), i
+    assert level is not None, f"{module} is in no layer: add it to LAYERS"
+    return level
+
+
+def _import_graph() -> dict:
+    """module -> the mpitensor modules it imports (module level and inside functions)."""
+    import ast
+
+    pkg = ROOT / "mpitensor"
+    mods = {}
+    for p in pkg.rglob("*.py"):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = p
+    graph = {}
+    for mod, p in mods.items():
+        base = mod.split(".") if p.name == "__init__.py" else mod.split(".")[:-1]
+        out = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                stem = base[:len(base) - node.level + 1] if node.level else []
+                head = ".".join(stem + ([node.module] if node.module else [])) if node.level \
+                    else node.module
+                names = [f"{head}.{a.name}" if f"{head}.{a.name}" in mods else head
+                         for a in node.names]
+            else:
+                continue
+            out |= {n for n in names if n in mods and n != mod}
+        graph[mod] = out
+    return graph
+
+
+def _cycles(graph: dict) -> list:
+    index: dict = {}
+    low: dict = {}
+    stack: list = []
+    found: list = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    assert _cycles(_import_graph()) == []
+
+
+def test_imports_point_down_the_layers():
+    upward = []
+    for mod, deps in sorted(_import_graph().items()):
+        if mod == "mpitensor":
+            continue  # the package itself re-exports every layer
+        for dep in sorted(deps):
+            if dep != "mpitensor" and _layer_of(dep) > _layer_of(mod):
+                upward.append(f"{mod} ({LAYERS[_layer_of(mod)][0]}) imports {dep} "
+                              f"({LAYERS[_layer_of(dep)][0]})")
+    assert upward == []

@@ -1,0 +1,114 @@
+"""Where an array lives: device arguments, and arrays moved to or made on a device.
+
+A tensor's device is its array's: a NumPy array is on the CPU, a CuPy array on the GPU that
+holds it. CuPy is imported only once a CUDA device is actually asked for
+(``backend.get_cupy``), so CPU-only programs never load it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from mpitensor import backend as _backend
+
+DeviceLike = Union[str, int, "_backend.device", None]
+
+_ndarray = np.ndarray
+
+
+def xp(x: Any) -> Any:
+    """The array module (``numpy`` or ``cupy``) that computes on ``x``."""
+    return np if isinstance(x, _ndarray) else _backend.array_module(x)
+
+
+def is_cupy(x: Any) -> bool:
+    """True when ``x`` is a CuPy array (checked without importing CuPy)."""
+    return not isinstance(x, _ndarray) and _backend.is_cupy_array(x)
+
+
+def device_str(x: Any) -> str:
+    """``"cpu"`` or ``"cuda:N"``, for messages."""
+    return str(_backend.device_of(x))
+
+
+def parse_device(device: DeviceLike) -> Optional[_backend.device]:
+    """Read a device argument (``"cpu"``, ``"cuda:1"``, a GPU index, a device, or None).
+
+    Raises:
+        TypeError: none of those.
+    """
+    if device is None or isinstance(device, _backend.device):
+        return device
+    if isinstance(device, str):
+        return _backend.device(device)
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        return _backend.device("cuda", int(device))
+    raise TypeError(
+        f"device must be 'cpu', 'cuda', 'cuda:N', a GPU index or a mpitensor.device, "
+        f"got {device!r}"
+    )
+
+
+def cuda_index(dev: _backend.device) -> int:
+    """The GPU number of a CUDA device; ``cuda`` without a number is the current GPU."""
+    if dev.index is not None:
+        return dev.index
+    return int(_backend.get_cupy().cuda.runtime.getDevice())
+
+
+def is_cpu(dev: Optional[_backend.device]) -> bool:
+    """True for the CPU, and for None (no device asked for: host arrays are the default)."""
+    return dev is None or dev.type == "cpu"
+
+
+def is_on(x: Any, dev: Optional[_backend.device]) -> bool:
+    """True when ``x`` already lives on ``dev`` (always, for None), so no move is needed."""
+    if dev is None:
+        return True
+    if dev.type == "cpu":
+        return isinstance(x, _ndarray)
+    return is_cupy(x) and int(x.device.id) == cuda_index(dev)
+
+
+def move(arr: Any, dev: Optional[_backend.device]) -> Any:
+    """``arr`` on device ``dev``: the same array when it is already there, else a copy."""
+    if is_on(arr, dev):
+        return arr
+    if dev.type == "cpu":
+        return arr.get()
+    cp = _backend.get_cupy()
+    with cp.cuda.Device(cuda_index(dev)):
+        # from the host, or from another GPU (copy() allocates on the current device)
+        return arr.copy() if is_cupy(arr) else cp.asarray(arr)
+
+
+def create(dev: Optional[_backend.device], name: str, *args: Any, **kwargs: Any) -> Any:
+    """Call the array constructor ``name`` (``zeros``, ``full``, ...) of ``dev``'s module there."""
+    if is_cpu(dev):
+        return getattr(np, name)(*args, **kwargs)
+    cp = _backend.get_cupy()
+    with cp.cuda.Device(cuda_index(dev)):
+        return getattr(cp, name)(*args, **kwargs)
+
+
+def same_device(x: Any, y: Any) -> tuple:
+    """Two operands on one device; a host zero-dim array next to a GPU array acts as a number.
+
+    Raises:
+        RuntimeError: a host array with dimensions meets a GPU array.
+    """
+    if not hasattr(x, "ndim") or not hasattr(y, "ndim"):  # a Python number goes anywhere
+        return x, y
+    xc, yc = is_cupy(x), is_cupy(y)
+    if xc == yc:
+        return x, y
+    if not yc and y.ndim == 0:
+        return x, y.item()
+    if not xc and x.ndim == 0:
+        return x.item(), y
+    raise RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"{device_str(x)} and {device_str(y)}! Move one with .to(device) first."
+    )

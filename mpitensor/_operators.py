@@ -1,0 +1,793 @@
+"""Python's operators on tensors (``+ - * / // % ** @``, comparisons, bitwise) and their gradients.
+
+``a op b`` goes through :func:`binary` and ``a op= b`` through :func:`inplace`. Both apply
+torch's rules: type promotion (``mpitensor._promotion``), bools refused by ``-``, ``//``, ``%``
+and ``**``, integers wrapped on overflow, silent division by zero, a CPU zero-dim operand
+acting as a number next to a GPU tensor. :func:`_result` is that forward on arrays and numbers,
+shared by the unrecorded path and by the differentiable ops below, whose backward sits next to
+it (one :class:`~mpitensor.autograd.Function` subclass per operator).
+
+``binary`` itself keeps the common cases (two tensors of one dtype; a float tensor and a Python
+number) in its own body: they are most of the operator calls of a training step.
+
+Example:
+    >>> import mpitensor as mt
+    >>> x = mt.tensor([1.0, 2.0], requires_grad=True)
+    >>> (x * x + 1).grad_fn.name()
+    'AddBackward'
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from typing import Any, Optional
+
+import numpy as np
+
+from mpitensor import autograd as _autograd
+from mpitensor import dtypes as _dt
+from mpitensor._devices import device_str, is_cupy, same_device, xp
+from mpitensor._promotion import can_cast, is_scalar, result_type, true_divide_dtype
+from mpitensor.autograd import Function, _sum_to
+from mpitensor.tensor import Tensor, _check_inplace, _new, _tensor_methods
+
+_ndarray = np.ndarray
+_object_new = object.__new__
+_grad_mode = _autograd._mode
+
+NOT_OPERAND = object()  # what operand() returns for a value the operator must refuse
+
+# Operation kinds: how the result dtype is found and whether division warnings are silenced.
+ARITH, TRUEDIV, COMPARE, DIVLIKE = 0, 1, 2, 3
+
+
+# --------------------------------------------------------------------------------------------
+# Operands
+
+
+def operand(other: Any) -> Any:
+    """The array or Python number on an operator's other side, or ``NOT_OPERAND``."""
+    if isinstance(other, Tensor):
+        return other._data
+    t = type(other)
+    if t is float or t is int or t is bool or t is complex:
+        return other
+    if isinstance(other, np.generic):
+        v = other.item()
+        return v if is_scalar(v) else NOT_OPERAND
+    if isinstance(other, _ndarray) or is_cupy(other):
+        return other
+    if isinstance(other, (bool, int, float, complex)):  # subclasses such as IntEnum
+        for base in (bool, int, float, complex):
+            if isinstance(other, base):
+                return base(other)
+    return NOT_OPERAND
+
+
+def _cast(v: Any, rt: np.dtype) -> Any:
+    if is_scalar(v) or v.dtype == rt:
+        return v
+    return v.astype(rt)
+
+
+def fit_grad(g: Any, shape: tuple, dtype: Any) -> Any:
+    """A gradient reduced to its input's ``shape`` (undoing broadcasting) and ``dtype``, so a
+    float32 leaf used with a float64 operand still gets a float32 ``.grad``."""
+    if g.shape != shape:
+        g = _sum_to(g, shape)
+    if g.dtype != dtype:
+        g = g.astype(dtype)
+    return g
+
+
+# --------------------------------------------------------------------------------------------
+# The forward: torch's rules on arrays and numbers
+
+
+def _apply(op: Any, x: Any, y: Any, mode: int) -> Any:
+    if mode == TRUEDIV or mode == DIVLIKE:
+        if isinstance(x, _ndarray) or isinstance(y, _ndarray):
+            # torch divides by zero silently (inf / nan) where NumPy warns. np.errstate costs
+            # microseconds, so skip it for the common, warning-free "float tensor / number".
+            ty = type(y)
+            if (ty is float or ty is int) and y != 0 and x.dtype.kind == "f":
+                return op(x, y)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                return op(x, y)
+    return op(x, y)
+
+
+_SUB_OPS = (operator.sub, operator.isub)
+_NO_BOOL_OPS = (operator.floordiv, operator.mod, operator.pow,
+                operator.ifloordiv, operator.imod, operator.ipow)
+
+
+def _check_bool(op: Any, x: Any, y: Any, rt: Optional[np.dtype]) -> None:
+    """Refuse what torch refuses for bools: ``-`` with any bool, ``// % **`` on bools."""
+    if op in _SUB_OPS and (
+        (not is_scalar(x) and x.dtype.kind == "b")
+        or (not is_scalar(y) and y.dtype.kind == "b")
+        or type(x) is bool
+        or type(y) is bool
+    ):
+        raise TypeError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. If you are "
+            "trying to invert a mask, use the `~` or `logical_not()` operator instead."
+        )
+    if rt is not None and rt.kind == "b" and op in _NO_BOOL_OPS:
+        raise TypeError(
+            f"{_OP_NAMES[op]} is not implemented for bool tensors; convert them first, "
+            f"e.g. t.int()"
+        )
+
+
+def _wrap_int(v: Any, x: Any) -> Any:
+    """An int scalar outside ``x``'s integer range, wrapped modulo 2**bits as torch does."""
+    if type(v) is int and not is_scalar(x) and x.dtype.kind in "iu":
+        bits = 8 * x.dtype.itemsize
+        return np.array(v % (1 << bits), dtype=np.uint64).astype(x.dtype)
+    return v
+
+
+def _plain(x: Any, y: Any, mode: int) -> bool:
+    """True when ``x op y`` needs no promotion, cast or device check: NumPy's own result is
+    torch's (one dtype, or a Python number that cannot change the tensor's dtype)."""
+    ty = type(y)
+    k = x.dtype.kind
+    if ty is float or ty is int or ty is bool or ty is complex:
+        return (
+            mode == COMPARE
+            or k in "fc"
+            or (mode != TRUEDIV and (ty is int or ty is bool) and k in "iu")
+        )
+    if ty is type(x):
+        return mode == COMPARE or (
+            y.dtype == x.dtype and k != "b" and (mode != TRUEDIV or k in "fc")
+        )
+    return False
+
+
+def _result(x: Any, y: Any, op: Any, mode: int, rev: bool) -> Any:
+    """The array of ``x op y`` (``y op x`` when ``rev``), or NotImplemented.
+
+    ``x`` is the tensor's array; ``y`` an array or a Python number (see :func:`operand`).
+
+    Raises:
+        TypeError: a bool operand of ``-``, ``//``, ``%`` or ``**``, or dtypes the operator
+            does not take.
+        RuntimeError: operands on two devices.
+    """
+    if op is operator.sub:
+        _check_bool(op, x, y, None)
+    x0, y0 = x, y
+    if not _plain(x, y, mode):
+        x, y = same_device(x, y)
+        if mode != COMPARE:
+            rt = result_type(x, y)
+            if mode == TRUEDIV:
+                rt = true_divide_dtype(rt)
+            _check_bool(op, x, y, rt)
+            x, y = _cast(x, rt), _cast(y, rt)
+    try:
+        try:
+            r = _apply(op, y, x, mode) if rev else _apply(op, x, y, mode)
+        except OverflowError:  # a Python int outside the tensor's integer range
+            if mode == COMPARE:
+                raise
+            y = _wrap_int(y, x)
+            r = _apply(op, y, x, mode) if rev else _apply(op, x, y, mode)
+    except TypeError as exc:
+        xd = getattr(x, "dtype", type(x).__name__)
+        yd = getattr(y, "dtype", type(y).__name__)
+        raise TypeError(
+            f"unsupported operand dtypes for {_OP_NAMES.get(op, op)}: {xd} and {yd} ({exc})"
+        ) from exc
+    if mode != COMPARE and r is not NotImplemented and is_cupy(r):
+        # CuPy may apply value-based casting to Python numbers (uint8 + 300 -> uint16)
+        rt = result_type(x0, y0)
+        if mode == TRUEDIV:
+            rt = true_divide_dtype(rt)
+        if r.dtype != rt and op is not operator.matmul:
+            r = r.astype(rt)
+    return r
+
+
+def binary(a: Tensor, other: Any, op: Any, mode: int = ARITH, rev: bool = False) -> Any:
+    """``a op other`` (``other op a`` when ``rev``) as a new tensor, recorded for autograd when
+    an operand requires grad; NotImplemented for an operand it does not take."""
+    # Two tensors of one dtype, the commonest call in a training step, is finished here
+    # without a further call: each one costs a measurable share of a small tensor's operator.
+    x = a._data
+    if isinstance(other, Tensor):
+        if (a._requires_grad or other._requires_grad) and _grad_mode.enabled and mode != COMPARE:
+            return _record(a, other, op, mode, rev)
+        y = other._data
+        if (
+            type(y) is type(x)
+            and y.dtype == x.dtype
+            and (mode == ARITH or mode == COMPARE)
+            and x.dtype.kind != "b"
+        ):
+            r = op(y, x) if rev else op(x, y)
+            if type(r) is not _ndarray:
+                r = np.asarray(r) if isinstance(r, np.generic) else r
+            t = _object_new(Tensor)
+            t._data = r
+            t._requires_grad = False
+            t.grad = None
+            t.grad_fn = None
+            return t
+    else:
+        if a._requires_grad and _grad_mode.enabled and mode != COMPARE:
+            return _record(a, other, op, mode, rev)
+        y = operand(other)
+        if y is NOT_OPERAND:
+            return NotImplemented
+    r = _result(x, y, op, mode, rev)
+    return NotImplemented if r is NotImplemented else _new(r)
+
+
+def inplace(a: Tensor, other: Any, iop: Any, mode: int = ARITH) -> Any:
+    """``a iop= other``, written into ``a``'s array; returns ``a`` (or NotImplemented).
+
+    Raises:
+        TypeError: the result's dtype cannot be written into ``a`` (e.g. a float into an int).
+        RuntimeError: autograd would have to record it, or operands on two devices.
+    """
+    if (
+        a._requires_grad or (isinstance(other, Tensor) and other._requires_grad)
+    ) and _grad_mode.enabled:
+        _check_inplace(a, other, _OP_NAMES.get(iop, "in-place operator"))
+    x = a._data
+    y = operand(other)
+    if y is NOT_OPERAND:
+        return NotImplemented
+    ty = type(y)
+    if ty is type(x):
+        k = x.dtype.kind
+        if y.dtype == x.dtype and k != "b" and (mode != TRUEDIV or k in "fc"):
+            _apply(iop, x, y, mode)  # same dtype: NumPy's in-place operator casts nothing
+            return a
+    elif (ty is float or ty is int) and x.dtype.kind in "fc":
+        _apply(iop, x, y, mode)
+        return a
+    if not is_scalar(y) and is_cupy(x) != is_cupy(y):
+        if y.ndim != 0:
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two "
+                f"devices, {device_str(x)} and {device_str(y)}! Move one with .to(device) first."
+            )
+        y = y.item()
+    rt = result_type(x, y)
+    if mode == TRUEDIV:
+        rt = true_divide_dtype(rt)
+    _check_bool(iop, x, y, rt)
+    if not can_cast(rt, x.dtype):
+        raise TypeError(
+            f"result type {_dt.dt_repr(rt)} can't be cast to the desired output type "
+            f"{_dt.dt_repr(x.dtype)} of this in-place {_OP_NAMES.get(iop, iop)}; use the "
+            f"out-of-place operator or convert the tensor first, e.g. t = t.float()"
+        )
+    # Cast the result unsafely (uint8 += int64 wraps, as in torch); can_cast vetted the kinds.
+    ufunc = getattr(xp(x), _UFUNC_OF[iop])
+    try:
+        _apply(functools.partial(ufunc, out=x, casting="unsafe"), x, y, mode)
+    except OverflowError:
+        _apply(functools.partial(ufunc, out=x, casting="unsafe"), x, _wrap_int(y, x), mode)
+    return a
+
+
+def _trunc_divide(x: Any, y: Any) -> Any:
+    """``x / y`` rounded toward zero (``div(rounding_mode="trunc")``)."""
+    m = xp(y) if is_scalar(x) else xp(x)
+    if result_type(x, y).kind in "fc":
+        return m.trunc(m.true_divide(x, y))
+    # x - fmod(x, y) is an exact multiple of y, so floor division gives the truncated quotient
+    return (x - m.fmod(x, y)) // y
+
+
+_UFUNC_OF = {
+    operator.iadd: "add",
+    operator.isub: "subtract",
+    operator.imul: "multiply",
+    operator.itruediv: "true_divide",
+    operator.ifloordiv: "floor_divide",
+    operator.imod: "remainder",
+    operator.ipow: "power",
+    operator.iand: "bitwise_and",
+    operator.ior: "bitwise_or",
+    operator.ixor: "bitwise_xor",
+    operator.ilshift: "left_shift",
+    operator.irshift: "right_shift",
+}
+
+_OP_NAMES = {
+    operator.add: "+",
+    operator.sub: "-",
+    operator.mul: "*",
+    operator.truediv: "/",
+    operator.floordiv: "//",
+    operator.mod: "%",
+    operator.pow: "**",
+    operator.matmul: "@",
+    operator.and_: "&",
+    operator.or_: "|",
+    operator.xor: "^",
+    operator.lshift: "<<",
+    operator.rshift: ">>",
+    operator.eq: "==",
+    operator.ne: "!=",
+    operator.lt: "<",
+    operator.le: "<=",
+    operator.gt: ">",
+    operator.ge: ">=",
+    operator.iadd: "+=",
+    operator.isub: "-=",
+    operator.imul: "*=",
+    operator.itruediv: "/=",
+    operator.ifloordiv: "//=",
+    operator.imod: "%=",
+    operator.ipow: "**=",
+    operator.iand: "&=",
+    operator.ior: "|=",
+    operator.ixor: "^=",
+    operator.ilshift: "<<=",
+    operator.irshift: ">>=",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The differentiable operators
+#
+# forward(ctx, x, y, (op, mode, rev)): x is the left tensor's array, y the other operand (an
+# array or a Python number, which gets no gradient). Each backward works in math order,
+# ``a op b``, with ``(a, b) = (y, x)`` when ``rev``.
+
+
+class _Binary(Function):
+    keep_inputs = True  # backward reads the operands
+    keep_output = False  # backward reads the result
+
+    @classmethod
+    def forward(cls, ctx: Any, x: Any, y: Any, spec: tuple) -> Any:
+        op, mode, rev = spec
+        out = _result(x, y, op, mode, rev)
+        if out is NotImplemented:
+            raise TypeError(
+                f"{_OP_NAMES.get(op, op)} does not take operands of types "
+                f"{type(x).__name__} and {type(y).__name__}"
+            )
+        ctx.meta = (rev, (x.shape, x.dtype), (y.shape, y.dtype) if hasattr(y, "shape") else None)
+        keep = cls.keep_inputs
+        ctx.save_for_backward(x if keep else None, y if keep else None,
+                              out if cls.keep_output else None)
+        return out
+
+    @staticmethod
+    def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x, y, out = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        grads = ctx.fn._grads
+        rev, mx, my = ctx.meta
+        if rev:  # math order: y op x
+            gy, gx = grads(ctx, g, y, x, out, need[1], need[0])
+        else:
+            gx, gy = grads(ctx, g, x, y, out, need[0], need[1])
+        gx = fit_grad(gx, *mx) if need[0] and gx is not None else None
+        gy = fit_grad(gy, *my) if need[1] and gy is not None and my is not None else None
+        return gx, gy, None
+
+
+class Add(_Binary):
+    """``a + b``."""
+
+    keep_inputs = False
+
+    @staticmethod
+    def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
+        return g, g
+
+
+class Sub(_Binary):
+    """``a - b``."""
+
+    keep_inputs = False
+
+    @staticmethod
+    def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
+        return g, (-g if need_b else None)
+
+
+class Mul(_Binary):
+    """``a * b``."""
+
+    @staticmethod
+    def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
+        return (g * b if need_a else None), (g * a if need_b else None)
+
+
+class Div(_Binary):
+    """``a / b``: d/da = 1/b, d/db = -a/b**2 = -out/b."""
+
+    keep_output = True
+
+    @staticmethod
+    def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
+        return (g / b if need_a else None), (-(g * out) / b if need_b else None)
+
+
+def _log(v: Any) -> Any:
+    if isinstance(v, (int, float)):
+        return math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan)
+    return xp(v).log(v)
+
+
+class Pow(_Binary):
+    """``a ** b``: d/da = b * a**(b-1) (0 where b == 0), d/db = out * log(a) (0 where a == 0 and
+    b >= 0), as torch defines them."""
+
+    keep_output = True
+
+    @staticmethod
+    def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
+        ga = gb = None
+        if need_a:
+            if isinstance(b, (int, float)):
+                if b == 0:
+                    ga = g * 0
+                elif b == 2:
+                    ga = g * (2 * a)
+                else:
+                    ga = g * (b * a ** (b - 1))
+            else:
+                ga = g * xp(b).where(b == 0, 0, b * a ** (b - 1))
+        if need_b:
+            d = out * _log(a)
+            if not isinstance(a, (int, float)):
+                d = xp(a).where((a == 0) & (b >= 0), 0, d)
+            gb = g * d
+        return ga, gb
+
+
+class Remainder(_Binary):
+    """``a % b`` (Python/floor remainder): d/da = 1, d/db = -floor(a / b)."""
+
+    @staticmethod
+    def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
+        gb = None
+        if need_b:
+            gb = -g * xp(b).floor_divide(a, b)
+        return g, gb
+
+
+class _MaxMin(_Binary):
+    is_max = True
+
+    @classmethod
+    def _grads(cls, ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool,
+               need_b: bool) -> tuple:
+        # torch: ties share the gradient half and half
+        m = xp(a) if hasattr(a, "shape") else xp(b)
+        wins = (a > b) if cls.is_max else (a < b)
+        tie = a == b
+        wa = m.where(wins, 1.0, m.where(tie, 0.5, 0.0))
+        return (g * wa if need_a else None), (g * (1.0 - wa) if need_b else None)
+
+
+class Maximum(_MaxMin):
+    """``maximum(a, b)`` (``t.max(other)``)."""
+
+    is_max = True
+
+
+class Minimum(_MaxMin):
+    """``minimum(a, b)`` (``t.min(other)``)."""
+
+    is_max = False
+
+
+class MatMul(_Binary):
+    """``a @ b`` for 1-D and n-D operands with batch broadcasting, as ``torch.matmul``."""
+
+    @staticmethod
+    def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
+        if a.ndim == 1 and b.ndim == 1:  # dot product: g is 0-d
+            return (g * b if need_a else None), (g * a if need_b else None)
+        a1 = a[None, :] if a.ndim == 1 else a
+        b1 = b[:, None] if b.ndim == 1 else b
+        g1 = g
+        if a.ndim == 1:
+            g1 = g1[..., None, :]
+        if b.ndim == 1:
+            g1 = g1[..., None]
+        m = xp(g1)
+        ga = gb = None
+        if need_a:
+            ga = m.matmul(g1, b1.swapaxes(-1, -2))
+            if ga.shape != a1.shape:
+                ga = _sum_to(ga, a1.shape)
+            ga = ga.reshape(a.shape)
+        if need_b:
+            gb = m.matmul(a1.swapaxes(-1, -2), g1)
+            if gb.shape != b1.shape:
+                gb = _sum_to(gb, b1.shape)
+            gb = gb.reshape(b.shape)
+        return ga, gb
+
+
+class _NotDifferentiable(_Binary):
+    name_ = "operation"
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        raise RuntimeError(
+            f"derivative for {ctx.fn.name_} is not implemented; compute it under "
+            f"mpitensor.no_grad() or on detached tensors (t.detach())"
+        )
+
+
+class FloorDivide(_NotDifferentiable):
+    """``a // b`` (recorded so that backward through it fails as in torch)."""
+
+    name_ = "floor_divide"
+
+
+class TruncDivide(_NotDifferentiable):
+    """``div(a, b, rounding_mode='trunc')``."""
+
+    name_ = "div with rounding_mode='trunc'"
+
+
+class NotImplementedOp(_NotDifferentiable):
+    """A binary operator that has no derivative (bitwise operators and the like)."""
+
+    name_ = "this operator"
+
+
+_FUNCTION_OF = {
+    operator.add: Add,
+    operator.sub: Sub,
+    operator.mul: Mul,
+    operator.truediv: Div,
+    operator.pow: Pow,
+    operator.mod: Remainder,
+    operator.floordiv: FloorDivide,
+    operator.matmul: MatMul,
+    _trunc_divide: TruncDivide,
+}
+# maximum/minimum come as NumPy's or CuPy's ufuncs, known by name ("cupy_maximum" on CuPy)
+_FUNCTION_OF_UFUNC = {"maximum": Maximum, "minimum": Minimum}
+
+
+def _record(a: Tensor, other: Any, op: Any, mode: int, rev: bool) -> Any:
+    """The recorded form of :func:`binary`."""
+    if not isinstance(other, Tensor):
+        other = operand(other)
+        if other is NOT_OPERAND:
+            return NotImplemented
+    fn = _FUNCTION_OF.get(op)
+    if fn is None:
+        name = str(getattr(op, "__name__", None) or getattr(op, "name", ""))
+        fn = _FUNCTION_OF_UFUNC.get(name.removeprefix("cupy_"), NotImplementedOp)
+    return fn.apply(a, other, (op, mode, rev))
+
+
+# --------------------------------------------------------------------------------------------
+# The Tensor methods
+
+
+@_tensor_methods
+class _OperatorMethods:
+    def __add__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.add)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.add, rev=True)
+
+    def __iadd__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.iadd)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.sub)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.sub, rev=True)
+
+    def __isub__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.isub)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.mul)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.mul, rev=True)
+
+    def __imul__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.imul)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.truediv, TRUEDIV)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.truediv, TRUEDIV, rev=True)
+
+    def __itruediv__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.itruediv, TRUEDIV)
+
+    def __floordiv__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.floordiv, DIVLIKE)
+
+    def __rfloordiv__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.floordiv, DIVLIKE, rev=True)
+
+    def __ifloordiv__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.ifloordiv, DIVLIKE)
+
+    def __mod__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.mod, DIVLIKE)
+
+    def __rmod__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.mod, DIVLIKE, rev=True)
+
+    def __imod__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.imod, DIVLIKE)
+
+    def __pow__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.pow, DIVLIKE)
+
+    def __rpow__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.pow, DIVLIKE, rev=True)
+
+    def __ipow__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.ipow, DIVLIKE)
+
+    def __matmul__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.matmul)
+
+    def __rmatmul__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.matmul, rev=True)
+
+    def __and__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.and_)
+
+    def __rand__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.and_, rev=True)
+
+    def __iand__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.iand)
+
+    def __or__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.or_)
+
+    def __ror__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.or_, rev=True)
+
+    def __ior__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.ior)
+
+    def __xor__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.xor)
+
+    def __rxor__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.xor, rev=True)
+
+    def __ixor__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.ixor)
+
+    def __lshift__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.lshift)
+
+    def __rlshift__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.lshift, rev=True)
+
+    def __ilshift__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.ilshift)
+
+    def __rshift__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.rshift)
+
+    def __rrshift__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.rshift, rev=True)
+
+    def __irshift__(self, other: Any) -> Tensor:
+        return inplace(self, other, operator.irshift)
+
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        if other is None:
+            return False
+        return binary(self, other, operator.eq, COMPARE)
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        if other is None:
+            return True
+        return binary(self, other, operator.ne, COMPARE)
+
+    def __lt__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.lt, COMPARE)
+
+    def __le__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.le, COMPARE)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.gt, COMPARE)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return binary(self, other, operator.ge, COMPARE)
+
+    # Named forms of the operators, as in torch.
+    def add(self, other: Any, *, alpha: Any = 1) -> Tensor:
+        """Return ``self + alpha * other``."""
+        return self + (other if alpha == 1 else other * alpha)
+
+    def sub(self, other: Any, *, alpha: Any = 1) -> Tensor:
+        """Return ``self - alpha * other``."""
+        return self - (other if alpha == 1 else other * alpha)
+
+    def mul(self, other: Any) -> Tensor:
+        """Return ``self * other``."""
+        return self * other
+
+    def div(self, other: Any, *, rounding_mode: Optional[str] = None) -> Tensor:
+        """Return ``self / other``; ``rounding_mode`` ``"trunc"`` or ``"floor"`` rounds it.
+
+        Raises:
+            ValueError: unknown ``rounding_mode``.
+        """
+        if rounding_mode is None:
+            return self / other
+        if rounding_mode == "floor":
+            return self // other
+        if rounding_mode == "trunc":
+            return binary(self, other, _trunc_divide, DIVLIKE)
+        raise ValueError(
+            f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+            f"{rounding_mode!r}"
+        )
+
+    true_divide = __truediv__
+    floor_divide = __floordiv__
+    remainder = __mod__
+    pow = __pow__
+    matmul = __matmul__
+    eq = __eq__
+    ne = __ne__
+    lt = __lt__
+    le = __le__
+    gt = __gt__
+    ge = __ge__
+
+    def add_(self, other: Any, *, alpha: Any = 1) -> Tensor:
+        """In place: ``self += alpha * other``; returns self."""
+        return inplace(self, other if alpha == 1 else other * alpha, operator.iadd)
+
+    def sub_(self, other: Any, *, alpha: Any = 1) -> Tensor:
+        """In place: ``self -= alpha * other``; returns self."""
+        return inplace(self, other if alpha == 1 else other * alpha, operator.isub)
+
+    def mul_(self, other: Any) -> Tensor:
+        """In place: ``self *= other``; returns self."""
+        return inplace(self, other, operator.imul)
+
+    def div_(self, other: Any) -> Tensor:
+        """In place: ``self /= other``; returns self."""
+        return inplace(self, other, operator.itruediv, TRUEDIV)
+
+    def pow_(self, other: Any) -> Tensor:
+        """In place: ``self **= other``; returns self."""
+        return inplace(self, other, operator.ipow, DIVLIKE)
+
+    def __contains__(self, element: Any) -> bool:
+        y = operand(element)
+        if y is NOT_OPERAND:
+            raise TypeError(
+                f"Tensor.__contains__ only supports a Tensor or a number, got "
+                f"{type(element).__name__}"
+            )
+        x, y = same_device(self._data, y)
+        return bool((x == y).any())

@@ -1,0 +1,280 @@
+"""Reductions over dimensions (``sum``, ``prod``, ``mean``, ``var``, ``std``, ``max``, ``min``,
+``argmax``, ``argmin``, ``all``, ``any``) and the gradients of the differentiable ones.
+
+``dim`` is None (every element), an int, or a tuple of ints, as in torch. Integer and bool
+tensors sum and multiply in int64; ``mean`` wants a float or complex dtype. ``max``/``min``
+with a ``dim`` return ``(values, indices)`` named tuples; ``var`` records through ``mean`` and
+the operators rather than an op of its own.
+
+Example:
+    >>> import mpitensor as mt
+    >>> mt.tensor([[1, 5], [7, 2]]).max(dim=1)
+    mpitensor.return_types.max(
+    values=tensor([5, 7]),
+    indices=tensor([1, 0]))
+"""
+
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+from typing import Any, Optional
+
+import numpy as np
+
+from mpitensor import autograd as _autograd
+from mpitensor import dtypes as _dt
+from mpitensor._devices import xp
+from mpitensor._dims import axes, wrap_dim
+from mpitensor._operators import NOT_OPERAND, binary, operand
+from mpitensor._promotion import sum_dtype
+from mpitensor.autograd import Function
+from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
+
+_INT64 = _dt.int64
+_grad_mode = _autograd._mode
+
+DTypeLike = Any
+
+
+def _unreduce(g: Any, shape: tuple, axis: Any, keepdim: bool) -> Any:
+    """Broadcast the gradient of a reduction back over the reduced axes (a read-only view)."""
+    m = xp(g)
+    if not keepdim and axis is not None and len(shape):
+        g = m.expand_dims(g, axis)
+    return m.broadcast_to(g, shape)
+
+
+class Sum(Function):
+    """``x.sum(dim, keepdim, dtype)``: the gradient is broadcast back."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, dim: Any, keepdim: bool, dtype: DTypeLike) -> Any:
+        dt = _dt.to_dtype(dtype) if dtype is not None else sum_dtype(x.dtype)
+        axis = axes(dim, x.ndim)
+        ctx.meta = (x.shape, x.dtype, axis, keepdim)
+        return x.sum(axis=axis, dtype=dt, keepdims=keepdim)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        shape, dtype, axis, keepdim = ctx.meta
+        g = _unreduce(g, shape, axis, keepdim)
+        return (g.astype(dtype) if g.dtype != dtype else g,)
+
+
+class Mean(Function):
+    """``x.mean(dim, keepdim, dtype)``: the gradient is broadcast back and divided by the
+    number of elements averaged.
+
+    Raises:
+        TypeError: an integer or bool tensor without a float ``dtype``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, dim: Any, keepdim: bool, dtype: DTypeLike) -> Any:
+        dt = _dt.to_dtype(dtype) if dtype is not None else x.dtype
+        if dt.kind not in "fc":
+            raise TypeError(
+                f"mean(): could not infer output dtype. Input dtype must be either a floating "
+                f"point or complex dtype. Got: {_dt.dt_repr(dt)}; pass dtype=mpitensor.float32 "
+                f"or call .float() first"
+            )
+        axis = axes(dim, x.ndim)
+        out = x.mean(axis=axis, dtype=dt, keepdims=keepdim)
+        ctx.meta = (x.shape, x.dtype, axis, keepdim, x.size // max(1, out.size))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        shape, dtype, axis, keepdim, count = ctx.meta
+        g = _unreduce(g / count, shape, axis, keepdim)
+        return (g.astype(dtype) if g.dtype != dtype else g,)
+
+
+class MaxAll(Function):
+    """``x.max()``: the largest element; elements that tie for it share the gradient evenly."""
+
+    largest = True
+
+    @classmethod
+    def forward(cls, ctx: Any, x: Any) -> Any:
+        out = xp(x).asarray(x.max() if cls.largest else x.min())
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x, out = ctx.saved_tensors
+        mask = x == out
+        return ((g / mask.sum()) * mask).astype(x.dtype, copy=False),
+
+
+class MinAll(MaxAll):
+    """``x.min()`` (see :class:`MaxAll`)."""
+
+    largest = False
+
+
+class MaxDim(Function):
+    """The values of ``x.max(dim)`` (``largest``) or ``x.min(dim)``, whose ``indices`` the
+    caller found with ``argmax``/``argmin``: the gradient goes back to those positions."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, indices: Any, axis: int, keepdim: bool, largest: bool) -> Any:
+        ctx.meta = (x.shape, x.dtype, axis, keepdim)
+        ctx.save_for_backward(indices)
+        return (x.max if largest else x.min)(axis=axis, keepdims=keepdim)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        shape, dtype, axis, keepdim = ctx.meta
+        (idx,) = ctx.saved_tensors
+        m = xp(g)
+        if not keepdim:
+            g = m.expand_dims(g, axis)
+            idx = m.expand_dims(idx, axis)
+        n = shape[axis]
+        pos = m.arange(n).reshape((n,) + (1,) * (len(shape) - axis - 1))
+        gx = g * (pos == idx)  # a one-hot mask along the axis, broadcast to the input's shape
+        return (gx.astype(dtype, copy=False),)
+
+
+class MinDim(MaxDim):
+    """The values of ``x.min(dim)`` (see :class:`MaxDim`)."""
+
+
+_MaxResult = namedtuple("max", ["values", "indices"])
+_MinResult = namedtuple("min", ["values", "indices"])
+
+
+def _return_types_repr(self: Any) -> str:
+    return (
+        f"mpitensor.return_types.{type(self).__name__}(\n"
+        f"values={self.values!r},\nindices={self.indices!r})"
+    )
+
+
+_MaxResult.__repr__ = _return_types_repr
+_MinResult.__repr__ = _return_types_repr
+
+
+def _extreme(t: Tensor, dim: Any, keepdim: bool, largest: bool) -> Any:
+    """``t.max(dim, keepdim)`` (``largest``) or ``t.min(...)``, in all three forms: of every
+    element, along ``dim``, or element-wise against another tensor or number."""
+    x = t._data
+    name = "max" if largest else "min"
+    if dim is not None and not isinstance(dim, (int, np.integer)):
+        if operand(dim) is NOT_OPERAND:
+            raise TypeError(f"{name}() takes an int dim or a tensor, got {dim!r}")
+        return binary(t, dim, getattr(xp(x), "maximum" if largest else "minimum"))
+    if x.size == 0 and (dim is None or x.ndim == 0 or x.shape[wrap_dim(dim, x.ndim)] == 0):
+        raise ValueError(
+            f"{name}(): cannot reduce an empty tensor of shape {list(x.shape)}; "
+            f"it has no {name}imum"
+        )
+    if dim is None:
+        return _run(MaxAll if largest else MinAll, t)
+    result = _MaxResult if largest else _MinResult
+    if x.ndim == 0:  # the element itself, at index 0
+        wrap_dim(dim, 0)
+        return result(t.clone(), _new(xp(x).zeros((), dtype=_INT64)))
+    axis = wrap_dim(dim, x.ndim)
+    indices = (x.argmax if largest else x.argmin)(axis=axis, keepdims=keepdim)
+    indices = indices.astype(_INT64, copy=False)
+    values = _run(MaxDim if largest else MinDim, t, indices, axis, keepdim, largest)
+    return result(values, _new(indices))
+
+
+@_tensor_methods
+class _ReductionMethods:
+    def sum(self, dim: Any = None, keepdim: bool = False, *, dtype: DTypeLike = None) -> Tensor:
+        """Return the sum over ``dim`` (an int, a tuple, or None for all elements).
+
+        Integer and bool tensors sum to int64, as in torch.
+
+        Example:
+            >>> import mpitensor as mt
+            >>> mt.tensor([[1, 2], [3, 4]]).sum(dim=0)
+            tensor([4, 6])
+        """
+        return _run(Sum, self, dim, keepdim, dtype)
+
+    def prod(self, dim: Any = None, keepdim: bool = False, *, dtype: DTypeLike = None) -> Tensor:
+        """Return the product over ``dim`` (integers and bools multiply in int64)."""
+        x = self._data
+        dt = _dt.to_dtype(dtype) if dtype is not None else sum_dtype(x.dtype)
+        return _new(x.prod(axis=axes(dim, x.ndim), dtype=dt, keepdims=keepdim))
+
+    def mean(self, dim: Any = None, keepdim: bool = False, *, dtype: DTypeLike = None) -> Tensor:
+        """Return the mean over ``dim``; the tensor (or ``dtype``) must be float or complex.
+
+        Raises:
+            TypeError: an integer or bool tensor without a float ``dtype``.
+        """
+        return _run(Mean, self, dim, keepdim, dtype)
+
+    def var(
+        self, dim: Any = None, *, correction: int = 1, keepdim: bool = False
+    ) -> Tensor:
+        """Return the variance over ``dim`` with Bessel's ``correction`` (1 = unbiased)."""
+        x = self._data
+        if x.dtype.kind not in "fc":
+            raise TypeError(
+                f"std and var only support floating point and complex dtypes, got "
+                f"{_dt.dt_repr(x.dtype)}"
+            )
+        if self._requires_grad and _grad_mode.enabled:  # recorded through mean and operators
+            ax = axes(dim, x.ndim)
+            n = x.size if ax is None else math.prod(
+                x.shape[a] for a in (ax if isinstance(ax, tuple) else (ax,)))
+            d = self - self.mean(dim, keepdim=True)
+            return (d * d).sum(dim, keepdim=keepdim) / max(0, n - correction)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return _new(x.var(axis=axes(dim, x.ndim), ddof=correction, keepdims=keepdim))
+
+    def std(
+        self, dim: Any = None, *, correction: int = 1, keepdim: bool = False
+    ) -> Tensor:
+        """Return the standard deviation over ``dim`` with Bessel's ``correction``."""
+        return self.var(dim, correction=correction, keepdim=keepdim).sqrt()
+
+    def max(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """Return the maximum; with ``dim``, a ``(values, indices)`` named tuple.
+
+        ``t.max(other_tensor)`` is the element-wise maximum, as in torch.
+
+        Raises:
+            ValueError: the tensor is empty and no ``dim`` is given.
+
+        Example:
+            >>> import mpitensor as mt
+            >>> mt.tensor([[1, 5], [7, 2]]).max(dim=1).indices
+            tensor([1, 0])
+        """
+        return _extreme(self, dim, keepdim, True)
+
+    def min(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """Return the minimum; with ``dim``, a ``(values, indices)`` named tuple."""
+        return _extreme(self, dim, keepdim, False)
+
+    def argmax(self, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:
+        """Return the index of the maximum (into the flattened tensor when ``dim`` is None)."""
+        x = self._data
+        ax = None if dim is None else axes(dim, x.ndim)
+        return _new(x.argmax(axis=ax, keepdims=keepdim).astype(_INT64, copy=False))
+
+    def argmin(self, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:
+        """Return the index of the minimum (into the flattened tensor when ``dim`` is None)."""
+        x = self._data
+        ax = None if dim is None else axes(dim, x.ndim)
+        return _new(x.argmin(axis=ax, keepdims=keepdim).astype(_INT64, copy=False))
+
+    def all(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """Return whether all elements (over ``dim``) are non-zero, as a bool tensor."""
+        x = self._data
+        return _new(x.all(axis=axes(dim, x.ndim), keepdims=keepdim))
+
+    def any(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """Return whether any element (over ``dim``) is non-zero, as a bool tensor."""
+        x = self._data
+        return _new(x.any(axis=axes(dim, x.ndim), keepdims=keepdim))
