@@ -215,7 +215,13 @@ class Relu(Function):
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
         (out,) = ctx.saved_tensors
-        return (g * (out > 0),)
+        m = xp(out)
+        res = m.empty_like(out)  # out's memory layout (batch-innermost after nn's conv2d)
+        if g.strides != out.strides:  # mixed layouts iterate slowly: bring g over first
+            m.copyto(res, g)
+            g = res
+        m.multiply(g, out > 0, out=res)
+        return (res,)
 
 
 class Clamp(Function):

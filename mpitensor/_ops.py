@@ -19,14 +19,9 @@ and ``from mpitensor.tensor import zeros`` works wherever the package is importe
 ``_random``         generators, seeds and random tensors
 ``_functions``      ``mpitensor.exp(x)`` and the other function forms of the methods
 ==================  =====================================================================
-
-It also keeps :class:`Reshape` and :class:`ToCopy` in the calling form that
-``nn.functional`` uses, ``Op.apply(x, out)`` with the output already computed by the caller.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from mpitensor import (
     _casting,
@@ -49,23 +44,3 @@ OP_MODULES = (_operators, _elementwise, _softmax, _reductions, _views, _indexing
 _missing = sorted(set(_t._SERVED_NAMES) - set(_t._served))
 if _missing:  # a name of mpitensor.tensor.__all__ that no op module defines
     raise ImportError(f"mpitensor.tensor.__all__ names {_missing}, which no op module serves")
-
-
-class Reshape(_views.Reshape):
-    """``Reshape.apply(x, out)``: ``out`` is ``x``'s data already in its new shape (the
-    gradient is reshaped back, as for ``x.reshape``)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, out: Any) -> Any:
-        ctx.shape = x.shape
-        return out
-
-
-class ToCopy(_casting.ToCopy):
-    """``ToCopy.apply(x, out)``: ``out`` is ``x`` already cast and/or moved (the gradient goes
-    back as for ``x.to(...)``)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, out: Any) -> Any:
-        _casting.ToCopy.remember(ctx, x, out)
-        return out

@@ -127,6 +127,45 @@ def test_conv2d_bands_equal_the_whole_matrix(case, band_bytes, monkeypatch):
         np.testing.assert_allclose(banded, whole, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
+@pytest.mark.parametrize("case", [(8, 3, 12, 12, 5, 3, 1, 1, 1, 1, True),
+                                  (16, 2, 10, 9, 3, 3, 1, 0, 1, 1, False),
+                                  (8, 4, 11, 11, 4, 3, 2, 1, 1, 2, True)])
+@pytest.mark.parametrize("band_bytes", [60000, 1 << 40])
+def test_conv2d_blocked_products_equal_single_calls(case, band_bytes, monkeypatch):
+    """Thin products cut into column blocks (K.SMALL_GEMM) give, in float64 to rounding, what
+    one BLAS call per band gives; and the NumPy col2im input gradient what the full-grid one
+    (CuPy's method) gives."""
+    N, C, H, W, O, k, s, p, d, g, bias = case
+    x = RNG.standard_normal((N, C, H, W))
+    w = RNG.standard_normal((O, C // g, k, k))
+    b = RNG.standard_normal(O) if bias else None
+    gout = None
+    results = []
+    monkeypatch.setattr(K, "BAND_BYTES", band_bytes)
+    for blocked in (False, True):
+        K._block_width.cache_clear()  # its answers depend on SMALL_GEMM
+        if blocked:
+            monkeypatch.setattr(K, "SMALL_GEMM", 1)  # blocks of 65..128 columns
+        else:
+            monkeypatch.setattr(K, "_block_width", lambda width, mk: width)
+        ts = [mt.tensor(a, requires_grad=True) for a in (x, w, b) if a is not None]
+        out = F.conv2d(ts[0], ts[1], ts[2] if bias else None, s, p, d, g)
+        if gout is None:
+            gout = RNG.standard_normal(out.shape)
+        out.backward(mt.tensor(gout))
+        results.append([out.detach().numpy()] + [t.grad.numpy() for t in ts])
+        monkeypatch.undo()
+        monkeypatch.setattr(K, "BAND_BYTES", band_bytes)
+    K._block_width.cache_clear()
+    for single, blocks, name in zip(*results, ["out", "dx", "dw", "db"]):
+        np.testing.assert_allclose(blocks, single, rtol=1e-12, atol=1e-12, err_msg=name)
+    geom = K.ConvGeom(x.shape, w.shape, (s, s), (p, p, p, p), (d, d), g)
+    gc = np.ascontiguousarray(gout.transpose(1, 2, 3, 0))
+    wmat = w.reshape(g, O // g, -1)
+    np.testing.assert_allclose(K._input_grad_col2im(gc, wmat, geom),
+                               K._input_grad_full_grid(gc, wmat, geom), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("args", [
     dict(kernel_size=2), dict(kernel_size=2, ceil_mode=True), dict(kernel_size=3, stride=2,
                                                                    padding=1),

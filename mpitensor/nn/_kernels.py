@@ -5,32 +5,43 @@ knows nothing about Tensors or autograd. The layout choices are what make these 
 core, so they are stated once here:
 
 - **conv2d keeps activations batch-innermost in memory.** It computes
-  ``W (C_out, C_in*kh*kw) @ cols (C_in*kh*kw, OH*OW*N)`` with ONE BLAS call, so its result is
-  laid out ``(C, H, W, N)``; it is returned as ``out.transpose(3, 0, 1, 2)``, a view with the
-  NCHW shape every caller expects (values, indexing, ``reshape`` and ``flatten`` behave exactly as
-  for a contiguous NCHW array, like torch's ``channels_last`` tensors do). The next ``relu``
-  keeps that layout, the next pooling reads it through the same free transpose, and the
-  gradient flowing back arrives in it, so the backward matmuls need no transposing copies.
-- **im2col is one strided copy with long runs.** ``cols`` is filled from an ``as_strided``
-  window view of the (padded) ``(C, Hp, Wp, N)`` input; with the batch innermost, each copied
-  run is a whole ``OW * N`` stretch (640 floats for LeNet's conv2, against 10 in NCHW).
+  ``W (C_out, C_in*kh*kw) @ cols (C_in*kh*kw, OH*OW*N)`` as one matrix product (in bands and
+  blocks, below), so its result is laid out ``(C, H, W, N)``; it is returned as
+  ``out.transpose(3, 0, 1, 2)``, a view with the NCHW shape every caller expects (values,
+  indexing, ``reshape`` and ``flatten`` behave exactly as for a contiguous NCHW array, like
+  torch's ``channels_last`` tensors do). The next ``relu`` keeps that layout, the next pooling
+  reads it through the same free transpose, and the gradient flowing back arrives in it, so
+  the backward matmuls need no transposing copies.
+- **im2col is one strided copy with long runs** (per band, below). ``cols`` is filled from an
+  ``as_strided`` window view of the (padded) ``(C, Hp, Wp, N)`` input; with the batch
+  innermost, each copied run is a stretch of ``N`` or more floats (a whole ``OW * N`` one in a
+  band of whole rows: 640 floats for LeNet's conv2 at batch 64, against 10 in NCHW).
 - **The bias rides in the matmul**: ``cols`` gets a row of ones and the weight matrix a bias
   column, so the forward adds the bias and the weight-gradient matmul yields the bias gradient.
-- **col2im has no loop**: the input gradient is computed on the full padded grid
-  (``Y = W^T @ g_full``, ``g_full`` being the output gradient scattered onto that grid) and reduced
-  with one ``sum`` over an ``as_strided`` view whose kernel axes step back by the kernel offsets.
-  Reads that fall before a row of the grid land, by construction, on zero entries of ``g_full``
-  (the grid rows/columns no output window starts on), so no bounds masks are needed. Of the
-  loop-free formulations measured (full correlation of the padded gradient with the flipped
-  kernel: a 4x larger im2col; a two-stage shift along kw then kh), this was the fastest.
+- **The input gradient is col2im, band by band** (NumPy): ``D = W^T @ g`` for a band of output
+  pixels, then each of D's kh*kw kernel-offset slices is added into the padded input gradient,
+  shifted by its offset, with one strided ``+=`` (in a band of one output row, the kh offsets of
+  a kernel column land on different input rows and go in one add). On CuPy, where a few big
+  kernels beat many small ones, it has no loop: the gradient is computed on the full padded
+  grid (``Y = W^T @ g_full``, ``g_full`` being the output gradient scattered onto that grid) and
+  reduced with one ``sum`` over an ``as_strided`` view whose kernel axes step back by the kernel
+  offsets; reads that fall before a row of the grid land, by construction, on zero entries of
+  ``g_full``, so no bounds masks are needed. On the CPU that does twice the multiply-adds and
+  sums a padded grid 4x the size of D: LeNet's conv2 input gradient took 1.5x (batch 64) to
+  2.5x (batch 256) longer.
 - **Big im2col matrices are never written out whole** (NumPy): past :data:`BAND_BYTES`
-  (1 MiB), conv2d builds the matrix a band of output rows at a time in one cache-sized buffer,
-  multiplies each band at once, and the weight gradient rebuilds the bands from the small padded
-  source; the input gradient's full-grid product is made a few input channels at a time, each
-  summed while it is still in cache, instead of 4-8 MB matrices written to memory and read back
-  later. LeNet at batch 64 (``benchmarks/conv_bands.py``): a training step 5-20 % faster alone
-  and 15-20 % faster with two processes training at once, which share the memory bus and the
-  last-level cache.
+  (1 MiB), conv2d builds the matrix a band of output pixels at a time (whole rows, or part of
+  a row; at most :data:`BAND_COLUMNS` columns) in one cache-sized buffer, multiplies each band
+  at once, and the weight gradient rebuilds the bands from the small padded source, instead of
+  4-20 MB matrices written to memory and read back later. LeNet at batch 64
+  (``benchmarks/conv_bands.py``): a training step 5-20 % faster alone and 15-20 % faster with
+  two processes training at once, which share the memory bus and the last-level cache.
+- **Thin products go to the BLAS in small blocks** (NumPy): a band's ``W @ cols`` (16 x 151 by
+  1 280 columns, say) is one batched ``matmul`` over column blocks of at most
+  :data:`SMALL_GEMM` multiply-adds, which OpenBLAS runs with its small-matrix kernels (no
+  packing: about 1.5x the speed of one call on these shapes; they also run on one thread, where
+  a threaded call on so little work cost more than it saved). The weight gradient is taken as
+  ``cols @ g^T`` (1.6x faster than ``g @ cols^T`` in OpenBLAS), in blocks too.
 - **2x2/stride-2 max pooling** (the common case) is two pairwise ``maximum`` passes on strided
   views; it keeps a small code array (which of the 4 positions won, the first one on ties, as
   torch) and its backward is one broadcast multiply into the 4 planes of the input gradient.
@@ -42,6 +53,7 @@ core, so they are stated once here:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -58,7 +70,7 @@ __all__: list = []  # private module: used by mpitensor.nn.functional
 class _Workspace:
     """Recycles large NumPy arrays once nothing but this cache refers to them.
 
-    A training step allocates the same big arrays (im2col matrices, full-grid gradients,
+    A training step allocates the same big arrays (im2col matrices, col2im products,
     activations) every iteration. Fresh multi-megabyte allocations are page-faulted in again
     each time glibc has handed the previous ones back to the OS, which on one core cost about as
     much as the arithmetic (LeNet: 17 ms a step without, 9.5 ms with). Buffers handed out here are
@@ -221,9 +233,6 @@ def _chwn_source(xp: Any, x: Any, g: ConvGeom) -> Any:
     return src
 
 
-#: im2col matrices larger than this are built band by band (rows of the output), each band
-#: multiplied as soon as it is built and rebuilt for the weight gradient (see conv2d_forward)
-#: (``MPITENSOR_CONV_BAND_BYTES`` overrides it; a size near the per-core L2 cache is best)
 def _env_bytes(name: str, default: int) -> int:
     value = os.environ.get(name, "")
     if value.strip():
@@ -239,17 +248,59 @@ def _env_bytes(name: str, default: int) -> int:
     return default
 
 
+#: im2col matrices larger than this are built band by band (pieces of the output), each band
+#: multiplied as soon as it is built and rebuilt for the weight gradient (see conv2d_forward)
+#: (``MPITENSOR_CONV_BAND_BYTES`` overrides it; a size near the per-core L2 cache is best)
 BAND_BYTES = _env_bytes("MPITENSOR_CONV_BAND_BYTES", 1 << 20)
+
+#: ... and an im2col band is at most this many columns wide: a band and the BLAS's work on it
+#: stay in the core's cache (LeNet's conv1, whose 26-row matrix makes 1 MiB bands 10 000 columns
+#: wide, ran its forward and weight gradient 1.25x faster in bands of 1 792 columns)
+BAND_COLUMNS = 2048
+
+#: products of at most this many multiply-adds (M*N*K) take OpenBLAS's small-matrix kernels,
+#: which skip packing the operands: conv2d's thin products ran 1.5x faster (about 52 against
+#: 35 GMAC/s on one core) cut into blocks of this size than in one call
+SMALL_GEMM = 1 << 20
+
+
+@functools.lru_cache(maxsize=256)
+def _block_width(width: int, mk: int) -> int:
+    """Columns per block when ``(m, k) @ (k, width)`` is cut into equal blocks (``mk = m*k``):
+    the largest divisor of ``width`` that keeps a block within :data:`SMALL_GEMM` (and within
+    128..2048 columns), or ``width`` itself (one call) when no divisor comes close."""
+    target = min(2048, max(128, SMALL_GEMM // max(1, mk)))
+    if width <= target:
+        return width
+    for n in range(target, target // 2, -1):
+        if width % n == 0:
+            return n
+    return width
+
+
+def _col_blocks(a: Any, n: int) -> Any:
+    """(rows, nb*n) with unit column stride -> (nb, rows, n) view, one block per column slab."""
+    it = a.itemsize
+    return _as_strided(np, a, (a.shape[1] // n, a.shape[0], n), (n * it, a.strides[0], it))
+
+
+def _matmul_cols(a: Any, b: Any, out: Any) -> None:
+    """``out = a @ b`` on NumPy 2-D arrays, as one batched call over blocks of b's columns."""
+    n = _block_width(b.shape[1], a.shape[0] * a.shape[1])
+    if n == b.shape[1]:
+        np.matmul(a, b, out=out)
+    else:
+        np.matmul(a, _col_blocks(b, n), out=_col_blocks(out, n))
 
 
 class Banded:
     """What conv2d keeps for the backward pass when it works band by band: the padded
-    (C, Hp, Wp, N) source, from which each band's im2col block is rebuilt."""
+    (C, Hp, Wp, N) source, from which each band's im2col block is rebuilt, and the bands."""
 
-    __slots__ = ("src", "rb", "rows")
+    __slots__ = ("src", "plan", "rows")
 
-    def __init__(self, src: Any, rb: int, rows: int) -> None:
-        self.src, self.rb, self.rows = src, rb, rows
+    def __init__(self, src: Any, plan: list, rows: int) -> None:
+        self.src, self.plan, self.rows = src, plan, rows
 
 
 def _window(xp: Any, src: Any, g: ConvGeom) -> Any:
@@ -258,19 +309,49 @@ def _window(xp: Any, src: Any, g: ConvGeom) -> Any:
                        (sC, sH * g.dh, sW * g.dw, sH * g.sh, sW * g.sw, sN))
 
 
-def _bands(g: ConvGeom, rb: int) -> Any:
-    """``(r0, r1, m0, m1)`` for each band of ``rb`` output rows: rows and column ranges."""
-    step = g.OW * g.N
-    for r0 in range(0, g.OH, rb):
-        r1 = min(g.OH, r0 + rb)
-        yield r0, r1, r0 * step, r1 * step
+def _band_plan(g: ConvGeom, pixel_bytes: int, budget: int, columns: Optional[int]) -> list:
+    """Split the output into bands of at most ``budget`` bytes and ``columns`` columns.
+
+    ``pixel_bytes`` is the size of one output pixel's columns (all its ``N`` samples). A band
+    is ``(y0, y1, x0, x1)``: whole output rows ``y0:y1`` (``x0, x1 = 0, OW``) or, when one row
+    is already too big, columns ``x0:x1`` of row ``y0`` (the row split into equal parts).
+    Either way its columns are one contiguous range of the (OH, OW, N) output. At least one
+    pixel per band, whatever the limits.
+    """
+    per = budget // pixel_bytes
+    if columns is not None:
+        per = min(per, -(-columns // g.N))
+    per = max(1, per)  # output pixels per band
+    if per >= g.OW:
+        rb = per // g.OW
+        return [(y, min(g.OH, y + rb), 0, g.OW) for y in range(0, g.OH, rb)]
+    parts = -(-g.OW // per)
+    nx = -(-g.OW // parts)
+    return [(y, y + 1, x, min(g.OW, x + nx)) for y in range(g.OH) for x in range(0, g.OW, nx)]
 
 
-def _band_cols(xp: Any, buf: Any, win: Any, g: ConvGeom, r0: int, r1: int, K: int) -> Any:
-    """im2col block of output rows ``r0:r1`` into ``buf`` (rows beyond ``K`` left as they are)."""
-    cb = buf[:, :(r1 - r0) * g.OW * g.N]
-    xp.copyto(cb[:K].reshape(g.C, g.kh, g.kw, r1 - r0, g.OW, g.N), win[:, :, :, r0:r1])
+def _band_span(g: ConvGeom, band: tuple) -> tuple:
+    """The band's column range ``(m0, m1)`` in the flattened (OH, OW, N) output."""
+    y0, y1, x0, x1 = band
+    return (y0 * g.OW + x0) * g.N, ((y1 - 1) * g.OW + x1) * g.N
+
+
+def _band_cols(buf: Any, win: Any, g: ConvGeom, band: tuple, K: int) -> Any:
+    """im2col block of ``band`` into ``buf`` (rows beyond ``K`` left as they are)."""
+    y0, y1, x0, x1 = band
+    cb = buf[:, :(y1 - y0) * (x1 - x0) * g.N]
+    np.copyto(cb[:K].reshape(g.C, g.kh, g.kw, y1 - y0, x1 - x0, g.N),
+              win[:, :, :, y0:y1, x0:x1])
     return cb
+
+
+def _band_buffer(rows: int, plan: list, g: ConvGeom, dtype: Any, ones_row: int) -> Any:
+    """An im2col buffer for the widest band, its bias row (``ones_row`` < ``rows``) all ones."""
+    widest = max((y1 - y0) * (x1 - x0) for y0, y1, x0, x1 in plan) * g.N
+    buf = empty(np, (rows, widest), dtype)
+    if rows > ones_row:
+        buf[ones_row] = 1
+    return buf
 
 
 def conv2d_forward(x: Any, w: Any, b: Optional[Any], g: ConvGeom) -> tuple:
@@ -281,35 +362,34 @@ def conv2d_forward(x: Any, w: Any, b: Optional[Any], g: ConvGeom) -> tuple:
     (G, Og, Kg) weight matrix, both kept for the backward pass.
 
     On the CPU, an im2col matrix over :data:`BAND_BYTES` is not built whole: it is built for
-    a band of output rows at a time into one small buffer that stays in the core's cache, each
-    band multiplied at once into its rows of the output, and ``cols`` is a :class:`Banded`
-    record from which the weight gradient rebuilds the bands. Rebuilding costs a strided copy;
-    writing the whole matrix to memory and reading it back later cost more, alone and when
-    several processes share the memory bus (two data-parallel ranks on one machine).
+    a band of the output at a time (:func:`_band_plan`) into a small buffer that stays in the
+    core's cache, each band multiplied at once into its columns of the output (in blocks,
+    :func:`_matmul_cols`), and ``cols`` is a :class:`Banded` record from which the weight
+    gradient rebuilds the bands. Rebuilding costs a strided copy; writing the whole matrix to
+    memory and reading it back later cost more, alone and when several processes share the
+    memory bus (two data-parallel ranks on one machine).
     """
     xp = xp_of(x)
     G, Cg, Og = g.G, g.C // g.G, g.O // g.G
     Kg = Cg * g.kh * g.kw
-    M = g.OH * g.OW * g.N
     src = _chwn_source(xp, x, g)
     win = _window(xp, src, g)
     rows = Kg + 1 if b is not None else Kg
-    row_bytes = rows * g.OW * g.N * x.dtype.itemsize
-    if xp is np and G == 1 and g.OH > 1 and row_bytes * g.OH > BAND_BYTES:
-        rb = max(1, BAND_BYTES // row_bytes)
+    pixel_bytes = rows * g.N * x.dtype.itemsize
+    if xp is np and G == 1 and pixel_bytes * g.OH * g.OW > BAND_BYTES:
         wmat = w.reshape(1, g.O, Kg)
         wext = wmat[0]
         if b is not None:
             wext = np.concatenate([wext, b.reshape(g.O, 1).astype(w.dtype, copy=False)], axis=1)
         out = empty(xp, (g.O, g.OH, g.OW, g.N), x.dtype)
-        out2 = out.reshape(g.O, M)
-        buf = empty(xp, (rows, min(rb, g.OH) * g.OW * g.N), x.dtype)
-        if b is not None:
-            buf[Kg] = 1
-        for r0, r1, m0, m1 in _bands(g, rb):
-            cb = _band_cols(xp, buf, win, g, r0, r1, Kg)
-            np.matmul(wext, cb, out=out2[:, m0:m1])
-        return out, Banded(src, rb, rows), wmat
+        out2 = out.reshape(g.O, -1)
+        plan = _band_plan(g, pixel_bytes, BAND_BYTES, BAND_COLUMNS)
+        buf = _band_buffer(rows, plan, g, x.dtype, Kg)
+        for band in plan:
+            m0, m1 = _band_span(g, band)
+            _matmul_cols(wext, _band_cols(buf, win, g, band, Kg), out2[:, m0:m1])
+        return out, Banded(src, plan, rows), wmat
+    M = g.OH * g.OW * g.N
     cols = empty(xp, (G, rows, M), x.dtype)
     xp.copyto(cols[:, :Kg].reshape(G, Cg, g.kh, g.kw, g.OH, g.OW, g.N),
               win.reshape(G, Cg, g.kh, g.kw, g.OH, g.OW, g.N))
@@ -324,25 +404,36 @@ def conv2d_forward(x: Any, w: Any, b: Optional[Any], g: ConvGeom) -> tuple:
     return out.reshape(g.O, g.OH, g.OW, g.N), cols, wmat
 
 
-def conv2d_backward_weight(gc: Any, cols: Any, g: ConvGeom, has_bias: bool) -> tuple:
-    """Weight (and bias) gradient from the output gradient ``gc`` laid out (O, OH, OW, N)."""
+def conv2d_backward(gc: Any, cols: Any, wmat: Any, g: ConvGeom, need: tuple,
+                    has_bias: bool) -> tuple:
+    """``(dx, dw, db)`` from the output gradient ``gc`` laid out (O, OH, OW, N).
+
+    ``need`` says which of the input, weight and bias gradients to compute (the others are
+    None); ``dx`` is laid out (C, H, W, N). ``cols`` and ``wmat`` are what
+    :func:`conv2d_forward` returned.
+    """
+    xp = xp_of(gc)
+    need_x, need_w, need_b = need
+    dx = dw = db = None
+    if need_w:
+        if isinstance(cols, Banded):
+            dw, db = _banded_weight_grad(gc, cols, g)
+        else:
+            dw, db = _weight_grad_whole(gc, cols, g, has_bias)
+        db = db if need_b else None
+    elif need_b:
+        db = gc.sum(axis=(1, 2, 3))  # the output gradient summed over space and batch
+    if need_x:
+        dx = _input_grad_col2im(gc, wmat, g) if xp is np else _input_grad_full_grid(gc, wmat, g)
+    return dx, dw, db
+
+
+def _weight_grad_whole(gc: Any, cols: Any, g: ConvGeom, has_bias: bool) -> tuple:
+    """Weight (and bias) gradient from a whole im2col matrix: one (batched) product."""
     xp = xp_of(gc)
     G, Og = g.G, g.O // g.G
     Kg = (g.C // G) * g.kh * g.kw
     g2 = xp.ascontiguousarray(gc).reshape(G, Og, -1)
-    if isinstance(cols, Banded):
-        win = _window(xp, cols.src, g)
-        buf = empty(xp, (cols.rows, min(cols.rb, g.OH) * g.OW * g.N), gc.dtype)
-        if cols.rows > Kg:
-            buf[Kg] = 1
-        dwe = np.zeros((g.O, cols.rows), gc.dtype)
-        part = np.empty_like(dwe)
-        for r0, r1, m0, m1 in _bands(g, cols.rb):
-            cb = _band_cols(xp, buf, win, g, r0, r1, Kg)
-            np.matmul(g2[0, :, m0:m1], cb.T, out=part)
-            dwe += part
-        dw = dwe[:, :Kg].reshape(g.O, g.C, g.kh, g.kw)
-        return dw, (dwe[:, Kg].copy() if has_bias else None)
     if G == 1:
         dwe = (g2[0] @ cols[0].T)[None]
     else:
@@ -352,13 +443,97 @@ def conv2d_backward_weight(gc: Any, cols: Any, g: ConvGeom, has_bias: bool) -> t
     return dw, db
 
 
-def conv2d_backward_bias(gc: Any) -> Any:
-    """Bias gradient alone: the output gradient summed over space and batch."""
-    return gc.sum(axis=(1, 2, 3))
+def _banded_weight_grad(gc: Any, cols: Banded, g: ConvGeom) -> tuple:
+    """``g2 @ cols.T`` band by band, each band of ``cols`` rebuilt from the padded source.
+
+    Each band's product is taken as ``band @ g2_band.T`` (rows, O), a batch of products over
+    blocks of its columns (:func:`_block_width`) whose results are summed: OpenBLAS runs that
+    orientation of this long, thin product 1.6x faster than ``g2_band @ band.T``, and 1.5x
+    faster again in small blocks when ``g2.T`` is a contiguous copy (only worth making for the
+    bigger weight matrices: about 0.1 ms at LeNet's conv2, batch 256).
+    """
+    Kg, rows = g.C * g.kh * g.kw, cols.rows
+    g2 = np.ascontiguousarray(gc).reshape(g.O, -1)
+    gt = np.ascontiguousarray(g2.T) if g.O * rows >= 1024 else g2.T
+    win = _window(np, cols.src, g)
+    buf = _band_buffer(rows, cols.plan, g, gc.dtype, Kg)
+    acc = np.zeros((rows, g.O), gc.dtype)
+    part = np.empty((max(1, buf.shape[1] // _block_width(buf.shape[1], rows * g.O)), rows, g.O),
+                    gc.dtype)
+    for band in cols.plan:
+        m0, m1 = _band_span(g, band)
+        cb = _band_cols(buf, win, g, band, Kg)
+        n = _block_width(m1 - m0, rows * g.O)
+        nb = (m1 - m0) // n
+        if nb == 1 or nb > len(part):
+            np.matmul(cb, gt[m0:m1], out=part[0])
+            acc += part[0]
+        else:
+            np.matmul(_col_blocks(cb, n), gt[m0:m1].reshape(nb, n, g.O), out=part[:nb])
+            acc += part[:nb].sum(axis=0)
+    dwe = acc.T
+    return dwe[:, :Kg].reshape(g.O, g.C, g.kh, g.kw), (dwe[:, Kg].copy() if rows > Kg else None)
 
 
-def conv2d_backward_input(gc: Any, wmat: Any, g: ConvGeom) -> Any:
-    """Input gradient (C, H, W, N) from ``gc`` (O, OH, OW, N), without a loop (module doc)."""
+def _input_grad_col2im(gc: Any, wmat: Any, g: ConvGeom) -> Any:
+    """NumPy input gradient: per band, ``D = W.T @ g_band``, then D's kh*kw slices added in place.
+
+    ``D[(c, i, j), pixel]`` is what an output pixel sends to the input pixel at kernel offset
+    (i, j): each (i, j) slice of D is added to the (padded) input gradient, shifted by that
+    offset, with one strided ``+=`` (:func:`_col2im_band`). The product and the adds only touch
+    ``C*kh*kw`` numbers per output pixel, half what the full-grid method (CuPy) multiplies and
+    sums, and a band of D is added while it is still in cache. The bands are of whole output
+    rows where they fit in ``2 * BAND_BYTES`` (LeNet's conv2 at batch 256: one row, 1.5 MB,
+    was the fastest band; narrower ones cost more in calls than they save in cache misses).
+    """
+    G = g.G
+    g3 = np.ascontiguousarray(gc).reshape(G, g.O // G, -1)
+    wt = wmat.transpose(0, 2, 1)  # (G, Kg, Og)
+    plan = _band_plan(g, g.C * g.kh * g.kw * g.N * gc.itemsize, 2 * BAND_BYTES, None)
+    widest = max((y1 - y0) * (x1 - x0) for y0, y1, x0, x1 in plan) * g.N
+    dbuf = empty(np, (G, wt.shape[1], widest), gc.dtype)
+    dx = zeros(np, (g.C, g.Hp, g.Wp, g.N), gc.dtype)
+    for band in plan:
+        m0, m1 = _band_span(g, band)
+        d = dbuf[:, :, :m1 - m0]
+        if G == 1:
+            _matmul_cols(wt[0], g3[0, :, m0:m1], d[0])
+        else:
+            np.matmul(wt, g3[:, :, m0:m1], out=d)
+        _col2im_band(dx, d, g, band)
+    return dx[:, g.pt:g.pt + g.H, g.pl:g.pl + g.W]
+
+
+def _col2im_band(dx: Any, d: Any, g: ConvGeom, band: tuple) -> None:
+    """Add a band's ``D`` (C*kh*kw rows) into the padded (C, Hp, Wp, N) input gradient ``dx``.
+
+    In a band of one output row, the kh kernel rows of a kernel column j land on kh different
+    input rows, so they are added at once (kw adds); a band of several rows takes kh*kw adds.
+    """
+    y0, y1, x0, x1 = band
+    d = d.reshape(g.C, g.kh, g.kw, y1 - y0, x1 - x0, g.N)
+    xs = slice(x0 * g.sw, (x1 - 1) * g.sw + 1, g.sw)
+    if y1 - y0 == 1:
+        top = y0 * g.sh
+        rows = dx[:, top:top + (g.kh - 1) * g.dh + 1:g.dh]
+        for j in range(g.kw):
+            t = rows[:, :, _shift(xs, j * g.dw)]
+            np.add(t, d[:, :, j, 0], out=t)
+        return
+    ys = slice(y0 * g.sh, (y1 - 1) * g.sh + 1, g.sh)
+    for i in range(g.kh):
+        rows = dx[:, _shift(ys, i * g.dh)]
+        for j in range(g.kw):
+            t = rows[:, :, _shift(xs, j * g.dw)]
+            np.add(t, d[:, i, j], out=t)
+
+
+def _shift(s: slice, by: int) -> slice:
+    return slice(s.start + by, s.stop + by, s.step)
+
+
+def _input_grad_full_grid(gc: Any, wmat: Any, g: ConvGeom) -> Any:
+    """Input gradient (C, H, W, N) without a loop (CuPy; see the module docstring)."""
     xp = xp_of(gc)
     G, Og = g.G, g.O // g.G
     Kg = (g.C // G) * g.kh * g.kw
@@ -368,23 +543,6 @@ def conv2d_backward_input(gc: Any, wmat: Any, g: ConvGeom) -> Any:
     gfull[:, 0:(g.OH - 1) * g.sh + 1:g.sh, 0:(g.OW - 1) * g.sw + 1:g.sw] = gc
     kk = g.kh * g.kw
     it = gc.itemsize
-    if xp is np and G == 1 and kk * Q * it * g.C > BAND_BYTES:
-        # a few input channels at a time, so that the products y stay in cache between their
-        # matmul and their sum (the rows of one channel are all its shifted reads need)
-        cc = max(1, BAND_BYTES // (kk * Q * it))
-        wt = wmat[0].T  # (C*kh*kw, O)
-        g2 = gfull.reshape(g.O, Q)
-        buf = empty(xp, (min(cc, g.C) * kk, Q), gc.dtype)
-        z = empty(xp, (g.C, Q), gc.dtype)
-        for c0 in range(0, g.C, cc):
-            c1 = min(g.C, c0 + cc)
-            yc = buf[:(c1 - c0) * kk]
-            np.matmul(wt[c0 * kk:c1 * kk], g2, out=yc)
-            r = _as_strided(xp, yc, (c1 - c0, g.kh, g.kw, Q),
-                            (kk * Q * it, (g.kw * Q - g.dh * g.Wp * N) * it,
-                             (Q - g.dw * N) * it, it))
-            np.sum(r, axis=(1, 2), out=z[c0:c1])
-        return z.reshape(g.C, g.Hp, g.Wp, N)[:, g.pt:g.pt + g.H, g.pl:g.pl + g.W]
     y = empty(xp, (G, Kg, Q), gc.dtype)
     xp.matmul(wmat.transpose(0, 2, 1), gfull.reshape(G, Og, Q), out=y)
     y = y.reshape(G * Kg, Q)
@@ -395,6 +553,7 @@ def conv2d_backward_input(gc: Any, wmat: Any, g: ConvGeom) -> Any:
                     (kk * Q * it, (g.kw * Q - g.dh * g.Wp * N) * it, (Q - g.dw * N) * it, it))
     z = r.sum(axis=(1, 2)).reshape(g.C, g.Hp, g.Wp, N)
     return z[:, g.pt:g.pt + g.H, g.pl:g.pl + g.W]
+
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,19 +29,20 @@ Example:
 
 from __future__ import annotations
 
-import math
 import numbers
 import warnings
 from typing import Any, Optional, Union
 
 import numpy as np
 
-from mpitensor import _ops
 from mpitensor import backend as _backend
+from mpitensor._elementwise import Relu
+from mpitensor._random import _draw
 from mpitensor.autograd import Function, grad_enabled_for
 from mpitensor.tensor import Tensor, _new
 
 from . import _kernels as K
+from ._blas import one_thread as one_blas_thread
 
 __all__ = [
     "relu",
@@ -152,31 +153,11 @@ def _shape_str(shape: tuple) -> str:
 
 
 def _reshape(x: Any, shape: tuple) -> Tensor:
-    return _ops.Reshape.apply(x, _arr(x).reshape(tuple(shape)))
+    return (x if isinstance(x, Tensor) else _new(x)).reshape(tuple(shape))
 
 
 # --------------------------------------------------------------------------------------------
 # relu
-
-
-class _ReLU(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any) -> Any:
-        out = K.empty_like(x)  # keeps x's memory layout (channels-major after conv2d)
-        K.relu_into(x, out)
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (out,) = ctx.saved_tensors
-        xp = K.xp_of(out)
-        res = K.empty_like(out)
-        if g.strides != out.strides:  # bring g to out's layout first: mixed layouts iterate slowly
-            xp.copyto(res, g)
-            g = res
-        xp.multiply(g, out > 0, out=res)
-        return (res,)
 
 
 def relu(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
@@ -200,7 +181,7 @@ def relu(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's n
     _as_input(input, "input", "relu")
     if inplace:
         return relu_(input)
-    return _ReLU.apply(input)
+    return (input if isinstance(input, Tensor) else _new(input)).relu()
 
 
 def relu_(input: Any) -> Tensor:  # noqa: A002 - torch's name
@@ -240,7 +221,7 @@ class _ReLUInplace(Function):
         ctx.save_for_backward(x)  # now the output: its sign is all backward needs
         return x
 
-    backward = staticmethod(_ReLU.backward)
+    backward = staticmethod(Relu.backward)  # the gradient of Tensor.relu: one rule for both
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,7 +233,8 @@ class _Linear(Function):
     def forward(ctx: Any, x: Any, w: Any, b: Any) -> Any:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
-        out = x2 @ w.T
+        with one_blas_thread(x2.shape[0] * w.size):  # small products: no thread hand-off
+            out = x2 @ w.T
         if b is not None:
             out += b
         ctx.save_for_backward(x2, w)
@@ -264,8 +246,9 @@ class _Linear(Function):
         x2, w = ctx.saved_tensors
         need = ctx.needs_input_grad
         g2 = g.reshape(-1, w.shape[0])
-        dx = (g2 @ w).reshape(*ctx.lead, w.shape[1]) if need[0] else None
-        dw = g2.T @ x2 if need[1] else None
+        with one_blas_thread(x2.shape[0] * w.size):
+            dx = (g2 @ w).reshape(*ctx.lead, w.shape[1]) if need[0] else None
+            dw = g2.T @ x2 if need[1] else None
         db = g2.sum(axis=0) if len(need) > 2 and need[2] else None
         return dx, dw, db
 
@@ -319,10 +302,17 @@ def linear(input: Any, weight: Any, bias: Any = None) -> Tensor:  # noqa: A002
 # conv2d
 
 
+def _conv_work(geom: K.ConvGeom) -> int:
+    """Multiply-adds of conv2d's biggest single product (one band's; see _kernels)."""
+    cols = min(geom.OH * geom.OW * geom.N, K.BAND_COLUMNS)
+    return geom.O * (geom.C // geom.G) * geom.kh * geom.kw * cols
+
+
 class _Conv2d(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, w: Any, b: Any, geom: K.ConvGeom) -> Any:
-        out, cols, wmat = K.conv2d_forward(x, w, b, geom)
+        with one_blas_thread(_conv_work(geom)):  # small products: no thread hand-off
+            out, cols, wmat = K.conv2d_forward(x, w, b, geom)
         ctx.save_for_backward(cols, wmat)
         ctx.geom = geom
         ctx.has_bias = b is not None
@@ -334,15 +324,12 @@ class _Conv2d(Function):
         geom = ctx.geom
         need = ctx.needs_input_grad
         gc = g.transpose(1, 2, 3, 0)  # free for gradients in conv2d's own layout
-        dx = dw = db = None
-        if need[1]:
-            dw, db = K.conv2d_backward_weight(gc, cols, geom, ctx.has_bias)
-            if not need[2]:
-                db = None
-        elif need[2]:
-            db = K.conv2d_backward_bias(gc)
-        if need[0]:
-            dx = K.conv2d_backward_input(gc, wmat, geom).transpose(3, 0, 1, 2)
+        need_b = len(need) > 2 and need[2]
+        with one_blas_thread(_conv_work(geom)):
+            dx, dw, db = K.conv2d_backward(gc, cols, wmat, geom, (need[0], need[1], need_b),
+                                           ctx.has_bias)
+        if dx is not None:
+            dx = dx.transpose(3, 0, 1, 2)
         return dx, dw, db, None
 
 
@@ -689,36 +676,6 @@ def avg_pool2d(
 # softmax family
 
 
-class _LogSoftmax(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, dim: int) -> Any:
-        out = K.log_softmax(x, dim)
-        ctx.save_for_backward(out)
-        ctx.dim = dim
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (out,) = ctx.saved_tensors
-        xp = K.xp_of(out)
-        return g - xp.exp(out) * g.sum(axis=ctx.dim, keepdims=True), None
-
-
-class _Softmax(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, dim: int) -> Any:
-        out = K.softmax(x, dim)
-        ctx.save_for_backward(out)
-        ctx.dim = dim
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (out,) = ctx.saved_tensors
-        gy = g * out
-        return gy - out * gy.sum(axis=ctx.dim, keepdims=True), None
-
-
 def _softmax_dim(name: str, ndim: int) -> int:
     warnings.warn(
         f"Implicit dimension choice for {name} has been deprecated. Change the call to include "
@@ -728,16 +685,16 @@ def _softmax_dim(name: str, ndim: int) -> int:
 
 
 def _softmax_prep(fname: str, input: Any, dim: Any, dtype: Any) -> tuple:  # noqa: A002
+    """(the input as a Tensor, cast to ``dtype`` if given; the dimension, checked)."""
     _as_input(input, "input", fname)
+    t = input if isinstance(input, Tensor) else _new(input)
     if dtype is not None:
-        from mpitensor import dtypes as _dt  # noqa: PLC0415 - only needed for this option
-
-        input = _ops.ToCopy.apply(input, _arr(input).astype(_dt.to_dtype(dtype)))
-    _check_float(input, "input", fname)
-    x = _arr(input)
+        t = t.to(dtype)
+    _check_float(t, "input", fname)
+    ndim = t._data.ndim
     if dim is None:
-        dim = _softmax_dim(fname, x.ndim)
-    return input, _wrap_dim(dim, x.ndim, fname)
+        dim = _softmax_dim(fname, ndim)
+    return t, _wrap_dim(dim, ndim, fname)
 
 
 def log_softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # noqa: A002
@@ -761,8 +718,8 @@ def log_softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # 
         >>> log_softmax(mt.tensor([0.0, 0.0]), dim=0).exp()
         tensor([0.5000, 0.5000])
     """
-    input, dim = _softmax_prep("log_softmax", input, dim, dtype)
-    return _LogSoftmax.apply(input, dim)
+    t, dim = _softmax_prep("log_softmax", input, dim, dtype)
+    return t.log_softmax(dim)  # the one implementation, in mpitensor._softmax
 
 
 def softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # noqa: A002
@@ -774,8 +731,8 @@ def softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # noqa
         >>> softmax(mt.tensor([1.0, 1.0]), dim=0)
         tensor([0.5000, 0.5000])
     """
-    input, dim = _softmax_prep("softmax", input, dim, dtype)
-    return _Softmax.apply(input, dim)
+    t, dim = _softmax_prep("softmax", input, dim, dtype)
+    return t.softmax(dim)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1189,10 +1146,8 @@ class _MulMask(Function):
 
 
 def _dropout_mask(x: Any, p: float) -> Any:
-    from mpitensor.tensor import _random  # noqa: PLC0415 - the global generator's drawer
-
     dt = x.dtype
-    u = _random("rand", tuple(x.shape), None, np.dtype(dt), _backend.device_of(x))
+    u = _draw("rand", tuple(x.shape), None, np.dtype(dt), _backend.device_of(x))
     xp = K.xp_of(x)
     keep = u >= p  # P(keep) = 1 - p
     return keep.astype(dt) * xp.asarray(1.0 / (1.0 - p), dtype=dt)
@@ -1267,15 +1222,4 @@ def flatten(input: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:  # noq
         mpitensor.Size([2, 12])
     """
     _as_input(input, "input", "flatten")
-    shape = tuple(_arr(input).shape)
-    if len(shape) == 0:
-        return _reshape(input, (1,))
-    s = _wrap_dim(start_dim, len(shape), "flatten")
-    e = _wrap_dim(end_dim, len(shape), "flatten")
-    if s > e:
-        raise ValueError(
-            f"flatten() has invalid args: start_dim ({start_dim}) cannot come after end_dim "
-            f"({end_dim})"
-        )
-    new = shape[:s] + (math.prod(shape[s:e + 1]),) + shape[e + 1:]
-    return _reshape(input, new)
+    return (input if isinstance(input, Tensor) else _new(input)).flatten(start_dim, end_dim)
