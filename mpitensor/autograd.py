@@ -28,7 +28,7 @@ import functools
 import heapq
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -244,20 +244,9 @@ class Node:
         needs_input_grad: per forward argument, whether a gradient is wanted.
     """
 
-    def __init__(self, fn: type, args: Sequence[Any]) -> None:
-        Tensor = _Tensor  # noqa: N806 - the class
-        nxt = []
-        needs = []
-        for a in args:
-            if isinstance(a, Tensor) and a._requires_grad:
-                nxt.append(a.grad_fn if a.grad_fn is not None else a)
-                needs.append(True)
-            else:
-                nxt.append(None)
-                needs.append(False)
-        self._init(fn, nxt, tuple(needs))
-
     def _init(self, fn: type, nxt: list, needs: tuple) -> None:
+        # Nodes are made by Function.apply with object.__new__ and this method: the hot path
+        # skips the type call and its argument parsing
         self.fn = fn
         self._next = nxt
         self.needs_input_grad = needs
@@ -316,9 +305,9 @@ class _NoRecord:
 _NO_RECORD = _NoRecord()
 
 _SECOND_BACKWARD = (
-    "Trying to backward through the graph a second time (or directly access saved tensors after "
-    "they have already been freed) at {}. Specify retain_graph=True in the first backward() call "
-    "if you need to backward through the graph twice."
+    "{}: this part of the graph was already run backward, and the arrays it saved were freed "
+    "then (also after reading saved tensors once a backward is done); pass retain_graph=True to "
+    "the first backward() to run backward through the same graph again"
 )
 
 
@@ -380,9 +369,9 @@ def _check_grad(t: Any, g: Any, i: int) -> Any:
     if g is None:
         if t._data.size != 1:
             raise RuntimeError(
-                f"grad can be implicitly created only for scalar outputs; tensor {i} has shape "
-                f"{tuple(t._data.shape)}: pass a gradient of that shape, e.g. "
-                f"t.backward(mt.ones_like(t))"
+                f"backward() without a gradient needs a one-element output, but tensor {i} has "
+                f"shape {tuple(t._data.shape)}: pass a gradient of that shape, e.g. "
+                f"t.backward(mt.ones_like(t)), or reduce it first (t.sum().backward())"
             )
         xp = _xp(t._data)
         return xp.ones(t._data.shape, dtype=t._data.dtype)

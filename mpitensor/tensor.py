@@ -167,6 +167,17 @@ def _check_one_element(t: Tensor) -> Any:
     return x.item()
 
 
+def leaf_in_place_error(what: str) -> RuntimeError:
+    """The error for changing, in place, a leaf tensor that requires grad (under grad mode).
+
+    Autograd would lose the value the leaf had; parameter updates belong under ``no_grad()``.
+    """
+    return RuntimeError(
+        f"{what} is an in-place change of a leaf tensor that requires grad, which autograd "
+        "cannot record; wrap parameter updates in `with mpitensor.no_grad():` (or write to "
+        "`t.data`), or use the out-of-place form")
+
+
 def _check_inplace(a: Tensor, src: Any, what: str) -> None:
     """Refuse an in-place change that autograd would have to record (grad mode on).
 
@@ -176,11 +187,7 @@ def _check_inplace(a: Tensor, src: Any, what: str) -> None:
         return
     if a._requires_grad:
         if a.grad_fn is None:
-            raise RuntimeError(
-                f"a leaf Variable that requires grad is being used in an in-place operation. "
-                f"({what}; wrap parameter updates in `with mpitensor.no_grad():`, or write to "
-                f"`t.data`)"
-            )
+            raise leaf_in_place_error(what)
         raise RuntimeError(
             f"in-place operation {what} on a tensor produced by a recorded operation "
             f"({a.grad_fn.name()}) is not supported: mpitensor's autograd has no version "

@@ -391,7 +391,7 @@ def test_leaf_gradients_accumulate_across_backward_calls():
 def test_backward_with_gradient_argument_and_errors():
     x = mt.tensor([1.0, 2.0], requires_grad=True)
     y = x * 3
-    with pytest.raises(RuntimeError, match="only for scalar outputs"):
+    with pytest.raises(RuntimeError, match="without a gradient needs a one-element output"):
         y.backward()
     y.backward(mt.tensor([1.0, 10.0]))
     assert x.grad.tolist() == [3.0, 30.0]
@@ -407,7 +407,7 @@ def test_retain_graph_and_second_backward_error():
     y.backward(retain_graph=True)
     y.backward()
     assert x.grad.tolist() == [4.0, 8.0]
-    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+    with pytest.raises(RuntimeError, match="already run backward.*retain_graph=True"):
         y.backward()
 
 
@@ -497,7 +497,7 @@ def test_queue_callback_runs_after_backward():
 
 def test_in_place_on_leaf_requiring_grad_raises_and_works_under_no_grad():
     w = mt.tensor([1.0, 2.0], requires_grad=True)
-    msg = "a leaf Variable that requires grad is being used in an in-place operation"
+    msg = "an in-place change of a leaf tensor that requires grad"
     for op in (lambda: w.__iadd__(1), lambda: w.add_(1), lambda: w.mul_(2),
                lambda: w.__setitem__(0, 5.0), lambda: w.copy_(mt.zeros(2)),
                lambda: w.fill_(0), lambda: w.zero_(), lambda: w.sub_(w, alpha=0.1)):

@@ -39,7 +39,7 @@ from mpitensor import backend as _backend
 from mpitensor._elementwise import Relu
 from mpitensor._random import _draw
 from mpitensor.autograd import Function, grad_enabled_for
-from mpitensor.tensor import Tensor, _new
+from mpitensor.tensor import Tensor, _new, leaf_in_place_error
 
 from . import _kernels as K
 from ._blas import one_thread as one_blas_thread
@@ -201,10 +201,7 @@ def relu_(input: Any) -> Tensor:  # noqa: A002 - torch's name
         xp.maximum(input, 0, out=input)
         return _new(input)
     if input._requires_grad and input.grad_fn is None and grad_enabled_for(input):
-        raise RuntimeError(
-            "a leaf Variable that requires grad is being used in an in-place operation; use "
-            "relu(x) (not in place) or do this under mpitensor.no_grad()"
-        )
+        raise leaf_in_place_error("relu_()")
     if grad_enabled_for(input):
         res = _ReLUInplace.apply(input)  # rectifies input's storage and records the op
         input.grad_fn = res.grad_fn
@@ -676,12 +673,13 @@ def avg_pool2d(
 # softmax family
 
 
-def _softmax_dim(name: str, ndim: int) -> int:
-    warnings.warn(
-        f"Implicit dimension choice for {name} has been deprecated. Change the call to include "
-        f"dim=X as an argument.", UserWarning, stacklevel=3,
-    )
-    return 0 if ndim in (0, 1, 3) else 1
+def _softmax_dim(name: str, ndim: int, stacklevel: int = 3) -> int:
+    """torch's legacy choice of dimension when none is given, with a warning to pass one."""
+    dim = 0 if ndim in (0, 1, 3) else 1
+    warnings.warn(f"{name} without dim: using dim={dim} for a {ndim}-d input, as torch's "
+                  f"deprecated default does; pass dim= explicitly", UserWarning,
+                  stacklevel=stacklevel)
+    return dim
 
 
 def _softmax_prep(fname: str, input: Any, dim: Any, dtype: Any) -> tuple:  # noqa: A002
@@ -1191,10 +1189,7 @@ def dropout(input: Any, p: float = 0.5, training: bool = True,  # noqa: A002 - t
     out = _MulMask.apply(input, mask)
     if inplace and isinstance(input, Tensor):
         if input._requires_grad and input.grad_fn is None and grad_enabled_for(input):
-            raise RuntimeError(
-                "a leaf Variable that requires grad is being used in an in-place operation; "
-                "use dropout(x) (not in place)"
-            )
+            raise leaf_in_place_error("dropout(inplace=True)")
         x[...] = out._data
         if out.grad_fn is not None:
             input.grad_fn = out.grad_fn

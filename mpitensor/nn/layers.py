@@ -115,13 +115,6 @@ def _reduction(size_average: Any, reduce: Any, reduction: str, cls: str) -> str:
     return reduction
 
 
-def _softmax_dim(name: str, ndim: int) -> int:
-    warnings.warn(
-        f"Implicit dimension choice for {name} has been deprecated. Change the call to include "
-        f"dim=X as an argument.",
-        stacklevel=3,
-    )
-    return 0 if ndim in (0, 1, 3) else 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -573,7 +566,7 @@ class _SoftmaxLike(Module):
         self.dim = dim
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        dim = self.dim if self.dim is not None else _softmax_dim(self._fname, input.ndim)
+        dim = self.dim if self.dim is not None else F._softmax_dim(self._fname, input.ndim)
         return getattr(F, self._fname)(input, dim)
 
     def extra_repr(self) -> str:

@@ -33,7 +33,7 @@ import numpy as np
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor.autograd import no_grad
-from mpitensor.tensor import Size, Tensor, _move, _parse_device
+from mpitensor.tensor import Tensor, _move, _parse_device
 
 from .parameter import Parameter
 
@@ -297,11 +297,8 @@ class _LoadPlan:
         if want == () and tuple(arr.shape) == (1,):
             arr = arr.reshape(())  # checkpoints from torch 0.3 stored scalars as shape (1,)
         if tuple(arr.shape) != want:
-            # worded as torch words it, so logs and tests that match on it keep working
-            self.errors.append(
-                f"size mismatch for {key}: copying a param with shape {Size(arr.shape)} "
-                f"from checkpoint, the shape in current model is {Size(want)}."
-            )
+            self.errors.append(f"{key}: shape {tuple(arr.shape)} in the state dict, "
+                               f"{want} in the model")
             return
         self.copies.append((module, name, current, arr))
 
@@ -309,9 +306,11 @@ class _LoadPlan:
         """The lines of the RuntimeError to raise (empty when loading may go ahead)."""
         lines = []
         if strict and self.missing:
-            lines.append(f"Missing key(s) in state_dict: {_quoted(self.missing)}. ")
+            lines.append(f"missing from the state dict (the model has them): "
+                         f"{_quoted(self.missing)}")
         if strict and self.unexpected:
-            lines.append(f"Unexpected key(s) in state_dict: {_quoted(self.unexpected)}. ")
+            lines.append(f"not in the model (the state dict has them): "
+                         f"{_quoted(self.unexpected)}")
         return lines + self.errors
 
     def apply(self, assign: bool) -> None:
@@ -969,9 +968,11 @@ class Module:
         plan = _LoadPlan.build(self, state_dict)
         lines = plan.report(strict)
         if lines:
-            # torch's layout, kept so that existing log parsers and tests match
-            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:"
-                               + "".join(f"\n\t{line}" for line in lines))
+            raise RuntimeError(
+                f"load_state_dict into {type(self).__name__} refused, nothing was loaded:"
+                + "".join(f"\n  {line}" for line in lines)
+                + "\nstrict=False loads the matching keys and returns the missing and "
+                "unexpected ones; a wrong shape or type is an error either way")
         plan.apply(assign)
         return _IncompatibleKeys(plan.missing, plan.unexpected)
 
