@@ -48,10 +48,12 @@ import os
 import sys
 
 # one thread per process, before NumPy or torch is imported anywhere (except where a phase
-# measures the libraries' defaults)
+# measures the libraries' defaults: it starts from the user's environment, kept here)
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+USER_ENV = dict(os.environ)
 DEFAULT_THREADS = "--default-threads" in sys.argv[1:]
 if not DEFAULT_THREADS:
-    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for _var in THREAD_VARS:
         os.environ[_var] = "1"
 
 import argparse  # noqa: E402
@@ -452,8 +454,8 @@ def _ranks_list(text: str) -> List[int]:
     return out
 
 
-def _launch(cmd: List[str], timeout: float) -> None:
-    proc = subprocess.Popen(cmd, start_new_session=True)
+def _launch(cmd: List[str], timeout: float, env: Optional[Dict[str, str]] = None) -> None:
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
     try:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -637,7 +639,8 @@ def driver(args: argparse.Namespace, argv: Sequence[str]) -> int:
             _launch([sys.executable, me, "--phase", "single", "--out", str(outs[0]), *common],
                     args.timeout)
             _launch([sys.executable, me, "--phase", "single", "--default-threads", "--out",
-                     str(outs[1]), *common], args.timeout)
+                     str(outs[1]), *common], args.timeout,
+                    env={k: v for k, v in USER_ENV.items() if k not in THREAD_VARS})
             _launch([_mpiexec(), "-n", str(args.ranks), sys.executable, me, "--phase", "ddp",
                      "--out", str(outs[2]), *common], args.timeout)
             single, default, ddp = (json.loads(p.read_text()) for p in outs)

@@ -381,7 +381,9 @@ def test_throughput_benchmark_smoke(tmp_path: Path) -> None:
     default = res["single"]["default_threads"]
     for batch in ("64", "256"):
         assert default["throughput"][batch]["mpitensor"]["samples_per_s"] > 0
-    assert default["threads"]["mpitensor"] >= 1
+    # the default-threads phase really ran the libraries' defaults (a pool per core), not the
+    # pinned environment of the phases before it
+    assert default["threads"]["mpitensor"] >= min(2, len(os.sched_getaffinity(0)))
     assert res["single"]["threads"]["mpitensor"] == 1  # the pinned phase really ran 1 thread
     assert "| 1 process, default threads (mpitensor " in stdout
     typed = res["as_typed"]
