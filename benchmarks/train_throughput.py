@@ -78,6 +78,7 @@ import numpy as np  # noqa: E402
 from _torch_baseline import free_port, torch_missing_reason  # noqa: E402 (this folder)
 
 BATCHES = (64, 256)
+PAUSE_S = 0.3  # between repetitions of the default-threads phase (see _rep)
 SHARED_MNIST = ROOT.parent / "shared" / "data" / "mnist"
 SWEEP_MB = (0.0, 0.1, 1.0, 5.0, 25.0)
 PROFILE_BATCH = 64
@@ -228,6 +229,10 @@ def _rep(lib: Any, steps: int, start: int, sync: Optional[Callable[[float], floa
     """
     if sync is not None:
         sync(0.0)  # a barrier: every rank starts together
+    if DEFAULT_THREADS:
+        # idle thread pools spin a while after their last job (torch's OpenMP, OpenBLAS):
+        # let the other library's go quiet, so each repetition starts on an idle machine
+        time.sleep(PAUSE_S)
     elapsed = 0.0
     if not getattr(lib, "solo", False) or _rank() == 0:
         t0 = time.perf_counter()

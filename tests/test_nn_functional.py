@@ -14,6 +14,7 @@ import pytest
 
 import mpitensor as mt
 import mpitensor.nn.functional as F
+from mpitensor import _workspace as W
 from mpitensor.nn import _kernels as K
 
 RNG = np.random.default_rng(1234)
@@ -359,10 +360,10 @@ def test_workspace_recycles_only_free_buffers():
     d = K.empty(np, (512, 512), np.float32)
     assert not np.shares_memory(v, d)
     # bounded: many live arrays of new sizes never grow the cache past its limits
-    live = [K.empty(np, (300 + i, 300), np.float32) for i in range(K._Workspace.MAX_BUFFERS + 5)]
-    bufs = K._workspace._bufs
-    assert len(bufs) <= K._Workspace.MAX_BUFFERS
-    assert sum(b.nbytes for b in bufs) <= K._Workspace.MAX_BYTES
+    live = [K.empty(np, (300 + i, 300), np.float32) for i in range(W._Workspace.MAX_BUFFERS + 5)]
+    bufs = W._workspace._bufs
+    assert len(bufs) <= W._Workspace.MAX_BUFFERS
+    assert sum(b.nbytes for b in bufs) <= W._Workspace.MAX_BYTES
     assert len({a.ctypes.data for a in live}) == len(live)
 
 

@@ -46,146 +46,30 @@ core, so they are stated once here:
   views; it keeps a small code array (which of the 4 positions won, the first one on ties, as
   torch) and its backward is one broadcast multiply into the 4 planes of the input gradient.
   Other pooling geometries use a strided window copy, ``argmax`` and a ``bincount`` scatter.
-- **Big buffers are recycled** (:class:`_Workspace`, NumPy only): a training step allocates the
-  same multi-megabyte arrays every iteration, and page-faulting them in again cost as much as
-  the arithmetic.
+- **Big buffers are recycled** (``mpitensor._workspace``, NumPy only): a training step
+  allocates the same multi-megabyte arrays every iteration, and page-faulting them in again
+  cost as much as the arithmetic.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
-import sys
-import threading
 from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import backend as _backend
+from mpitensor._workspace import (  # noqa: F401 - relu_into and zeros are nn.functional's
+    _inverse,
+    _memory_order,
+    empty,
+    empty_like,
+    relu_into,
+    xp_of,
+    zeros,
+)
 
 __all__: list = []  # private module: used by mpitensor.nn.functional
-
-
-class _Workspace:
-    """Recycles large NumPy arrays once nothing but this cache refers to them.
-
-    A training step allocates the same big arrays (im2col matrices, col2im products,
-    activations) every iteration. Fresh multi-megabyte allocations are page-faulted in again
-    each time glibc has handed the previous ones back to the OS, which on one core cost about as
-    much as the arithmetic (LeNet: 17 ms a step without, 9.5 ms with). Buffers handed out here are
-    views of cached 1-D byte arrays; a buffer is reused only when its reference count shows that
-    no view of it is alive anywhere (saved for backward, wrapped in a Tensor, held by a hook...).
-    The cache holds at most ``MAX_BUFFERS`` buffers and ``MAX_BYTES`` in all (free buffers are
-    dropped oldest first; past the limit, arrays are simply not cached). CuPy arrays never come
-    from here (CuPy has its own memory pool).
-    """
-
-    MIN_BYTES = 1 << 18  # small arrays come from NumPy's own cache just fine
-    MAX_BUFFERS = 32
-    MAX_BYTES = 512 << 20
-
-    def __init__(self) -> None:
-        self._bufs: list = []
-        self._lock = threading.Lock()
-        self._bufs.append(np.empty(1, np.uint8))
-        self._free_refs = self._count(0)  # the count of a buffer that only the cache holds
-        self._bufs.clear()
-
-    def _count(self, i: int) -> int:
-        return sys.getrefcount(self._bufs[i])
-
-    def empty(self, shape: tuple, dtype: Any) -> np.ndarray:
-        """An uninitialised C-contiguous array, recycled when a free one of that size exists."""
-        dtype = np.dtype(dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self.MIN_BYTES:
-            return np.empty(shape, dtype)
-        with self._lock:
-            bufs = self._bufs
-            for i in range(len(bufs)):
-                if bufs[i].nbytes == nbytes and self._count(i) == self._free_refs:
-                    bufs.append(bufs.pop(i))  # most recently used last
-                    return bufs[-1].view(dtype).reshape(shape)
-            total = sum(b.nbytes for b in bufs) + nbytes
-            i = 0
-            while i < len(bufs) and (len(bufs) >= self.MAX_BUFFERS or total > self.MAX_BYTES):
-                if self._count(i) == self._free_refs:
-                    total -= bufs[i].nbytes
-                    del bufs[i]
-                else:
-                    i += 1
-            if len(bufs) >= self.MAX_BUFFERS or total > self.MAX_BYTES:
-                return np.empty(shape, dtype)  # everything cached is in use: do not grow
-            buf = np.empty(nbytes, np.uint8)
-            bufs.append(buf)
-            return buf.view(dtype).reshape(shape)
-
-
-_workspace = _Workspace()
-
-
-def empty(xp: Any, shape: tuple, dtype: Any) -> Any:
-    """``xp.empty`` that recycles large NumPy buffers (see :class:`_Workspace`)."""
-    if xp is np:
-        return _workspace.empty(tuple(shape), dtype)
-    return xp.empty(shape, dtype=dtype)
-
-
-def zeros(xp: Any, shape: tuple, dtype: Any) -> Any:
-    """``xp.zeros`` on a recycled buffer."""
-    out = empty(xp, shape, dtype)
-    out.fill(0)
-    return out
-
-
-def empty_like(x: Any) -> Any:
-    """An uninitialised array shaped like ``x`` with the same axis order in memory."""
-    xp = xp_of(x)
-    if x.flags.c_contiguous:
-        return empty(xp, x.shape, x.dtype)
-    order = _memory_order(x)
-    buf = empty(xp, tuple(x.shape[a] for a in order), x.dtype)
-    return buf.transpose(_inverse(order))
-
-
-_zero_cache: dict = {}  # dtype -> read-only flat zeros (grows to the largest size asked for)
-
-
-def relu_into(x: Any, out: Any) -> Any:
-    """``out = max(x, 0)``.
-
-    NumPy's ``maximum`` with a scalar takes a slow broadcast loop (about 2x slower than with an
-    array operand), so on the CPU a read-only zero array laid out like ``x`` is used instead.
-    """
-    xp = xp_of(x)
-    if xp is not np or not (x.flags.c_contiguous or x.flags.f_contiguous or
-                            x.transpose(_memory_order(x)).flags.c_contiguous):
-        return xp.maximum(x, x.dtype.type(0), out=out)
-    z = _zero_cache.get(x.dtype)
-    if z is None or z.size < x.size:
-        z = np.zeros(max(x.size, 1 << 16), dtype=x.dtype)
-        z.flags.writeable = False
-        _zero_cache[x.dtype] = z
-    order = _memory_order(x)
-    zz = z[:x.size].reshape(tuple(x.shape[a] for a in order)).transpose(_inverse(order))
-    return np.maximum(x, zz, out=out)
-
-
-def _memory_order(x: Any) -> tuple:
-    return tuple(sorted(range(x.ndim), key=lambda a: -abs(x.strides[a])))
-
-
-def _inverse(order: tuple) -> tuple:
-    inv = [0] * len(order)
-    for i, a in enumerate(order):
-        inv[a] = i
-    return tuple(inv)
-
-
-def xp_of(x: Any) -> Any:
-    """The array module (numpy or cupy) of ``x``."""
-    return np if isinstance(x, np.ndarray) else _backend.array_module(x)
 
 
 def _as_strided(xp: Any, x: Any, shape: tuple, strides: tuple) -> Any:
