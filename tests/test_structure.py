@@ -105,7 +105,7 @@ def test_set_debug_reaches_a_real_nccl_group():
 # Lazy (function-level) imports count: they are dependencies all the same.
 LAYERS = [
     ("base", ["mpitensor._config", "mpitensor.errors", "mpitensor.backend", "mpitensor.dtypes",
-              "mpitensor._threads"]),
+              "mpitensor._threads", "mpitensor._workspace"]),
     ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._"]),
     ("communication", ["mpitensor.distributed"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
