@@ -710,8 +710,8 @@ class MPIGroup(ProcessGroup):
         if (self.rank_ >= 0 and not self.debug and input_split_sizes is None
                 and output_split_sizes is None):
             mt = self._fast_pair(out, inp)
-            if (mt is not None and inp.shape[1:] == out.shape[1:]
-                    and inp.shape[0] % self.size_ == 0 and out.shape[0] % self.size_ == 0):
+            if (mt is not None and inp.shape == out.shape
+                    and inp.shape[0] % self.size_ == 0):
                 s = self._fast_count("all_to_all_single", out)
                 req = self.comm.Ialltoall([inp, mt], [out, mt])
                 return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp),
@@ -732,6 +732,14 @@ class MPIGroup(ProcessGroup):
             if inp.shape[1:] != out.shape[1:]:
                 raise ValueError(f"{where}: input shape {tuple(inp.shape)} and output shape "
                                  f"{tuple(out.shape)} differ beyond dimension 0")
+            if even and inp.size != out.size:
+                # MPI_Alltoall would send rows/n of the input to each rank and leave the rest of
+                # a larger output unwritten (or fail on a smaller one): torch refuses it too
+                raise ValueError(
+                    f"{where}: without split sizes, output and input must have the same number "
+                    f"of elements (each rank gets an equal share of every input); got output "
+                    f"{tuple(out.shape)} and input {tuple(inp.shape)}. Pass "
+                    "output_split_sizes and input_split_sizes for uneven exchanges")
             ins = self._splits(input_split_sizes, inp, "input_split_sizes", where)
             outs = self._splits(output_split_sizes, out, "output_split_sizes", where)
             row = int(np.prod(inp.shape[1:])) if inp.ndim > 1 else 1

@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pytest
 
+import mpitensor as mt
 import mpitensor.distributed as dist
 from mpitensor.errors import (
     DistributedTimeoutError,
@@ -349,6 +350,16 @@ def test_sizes_and_roots():
         dist.all_to_all_single(np.zeros(n), np.zeros(n), output_split_sizes=[2] * n)
     with pytest.raises(ValueError, match=r"differ beyond dimension 0"):
         dist.all_to_all_single(np.zeros((n, 2)), np.zeros((n, 3)))
+    # no split sizes and a larger (or smaller) output: refused before any traffic, on the fast
+    # path too (MPI_Alltoall would have filled half of the bigger output and left the rest)
+    big = np.full(2 * n, -1.0)
+    with pytest.raises(ValueError, match=rf"without split sizes, output and input must have "
+                                         rf"the same number of elements.*output \({2 * n},\) "
+                                         rf"and input \({n},\)"):
+        dist.all_to_all_single(big, np.zeros(n))
+    assert (big == -1.0).all()
+    with pytest.raises(ValueError, match=r"same number of elements"):
+        dist.all_to_all_single(mt.zeros(n), mt.zeros(2 * n))
     if n > 1:
         with pytest.raises(ValueError, match=rf"dimension 0 \({n + 1}\) must divide evenly "
                                              rf"among {n} ranks"):
