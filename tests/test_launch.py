@@ -243,13 +243,45 @@ def test_parse_hostfile(tmp_path: Path) -> None:
     hf.write_text("a\nb\n")
     assert parse_hostfile(str(hf))[1] == "plain"
     for bad, why in [("a:2\nb slots=2\n", "mixes"), ("# only a comment\n\n", "names no host"),
-                     ("a:0\n", "slots must be at least 1")]:
+                     ("a:0\n", "slots must be between 1 and 4096"),
+                     ("a:2147483647\n", "slots must be between 1 and 4096"),
+                     ("a slots=5000\n", "a huge count makes mpiexec spin")]:
         hf.write_text(bad)
         with pytest.raises(HostfileError, match=why):
             parse_hostfile(str(hf))
     shipped = ROOT / "hostfiles"
     assert parse_hostfile(str(shipped / "mpich.hostfile"))[1] == "mpich"
     assert parse_hostfile(str(shipped / "openmpi.hostfile"))[1] == "openmpi"
+    for name in ("mpich.hostfile", "openmpi.hostfile"):
+        assert launch.inline_comment_lines(str(shipped / name)) == [], name
+
+
+def test_shipped_mpich_hostfile_runs(tmp_path: Path) -> None:
+    """The shipped MPICH hostfile, as a user copies it (its comments and layout), with its two
+    hosts pointed at this machine, is accepted by MPICH's mpiexec and places the ranks."""
+    text = (ROOT / "hostfiles" / "mpich.hostfile").read_text()
+    local = tmp_path / "mpich.hostfile"
+    local.write_text(text.replace("node1:", "localhost:").replace("node2:", "127.0.0.1:"))
+    code, out, err, _ = run_job([launch.find_mpiexec(), "-f", str(local), "-n", "3",
+                                 sys.executable, "-c", "print('rank up')"], 60)
+    assert code == 0, err
+    assert out.count("rank up") == 3
+
+
+def test_inline_comments_go_through_hosts_for_mpich(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """A hostfile with a comment after a host (which hydra rejects) is passed as -hosts, and the
+    job runs; one with ifhn= settings too is refused with the lines to fix."""
+    hf = tmp_path / "hosts"
+    hf.write_text("# two local slots\nlocalhost:2   # this machine\n")
+    assert launch.inline_comment_lines(str(hf)) == [2]
+    cmd = launch.build_command([sys.executable, "-c", "print('up')"], 2, hostfile=str(hf))
+    assert cmd.argv[1:3] == ["-hosts", "localhost:2"]
+    code, out, err, _ = run_job(cmd.argv, 60)
+    assert code == 0 and out.count("up") == 2, err
+    hf.write_text("localhost:2 ifhn=lo   # this machine\n")
+    with pytest.raises(HostfileError, match=r"lines \[1\]: MPICH's hydra rejects a comment"):
+        launch.build_command([sys.executable, "x.py"], 2, hostfile=str(hf))
 
 
 # ----------------------------------------------------------------------------- dry runs

@@ -245,6 +245,7 @@ class HostEntry:
     slots: Optional[int]
 
 
+MAX_SLOTS = 4096  # per host: far above any node's cores or GPUs
 _HOST_RE = r"[A-Za-z0-9_.\-\[\]]+|\[[0-9A-Fa-f:.]+\]"
 
 
@@ -306,9 +307,10 @@ def parse_hostfile(path: str) -> Tuple[List[HostEntry], str]:
                 continue  # hydra's per-host interface hostname
             else:
                 raise HostfileError(bad)
-        if slots is not None and slots < 1:
+        if slots is not None and not 1 <= slots <= MAX_SLOTS:
             raise HostfileError(f"hostfile {path} line {number}: {raw.strip()!r} gives "
-                                f"{slots} slots; slots must be at least 1")
+                                f"{slots} slots; slots must be between 1 and {MAX_SLOTS} (the "
+                                "ranks one host runs; a huge count makes mpiexec spin)")
         entries.append(HostEntry(host, slots))
     if not entries:
         raise HostfileError(f"hostfile {path} names no host (only blank lines and comments)")
@@ -316,6 +318,16 @@ def parse_hostfile(path: str) -> Tuple[List[HostEntry], str]:
         raise HostfileError(f"hostfile {path} mixes MPICH `host:slots` and Open MPI `host "
                             "slots=N` lines; use one syntax")
     return entries, (syntaxes.pop() if syntaxes else "plain")
+
+
+def inline_comment_lines(path: str) -> List[int]:
+    """Line numbers of ``path`` with a comment after a host: MPICH's hydra rejects those."""
+    out = []
+    for number, raw in enumerate(Path(path).read_text().splitlines(), 1):
+        head, hash_, _ = raw.partition("#")
+        if hash_ and head.strip():
+            out.append(number)
+    return out
 
 
 def _hosts_option(entries: Sequence[HostEntry]) -> str:
@@ -401,7 +413,15 @@ def build_command(
     entries: List[HostEntry] = []
     if hostfile is not None:
         entries, syntax = parse_hostfile(hostfile)
-        if syntax in ("plain", kind):
+        # hydra cannot read a comment after a host: such a file's hosts go on the command line
+        commented = inline_comment_lines(hostfile) if kind == MPICH else []
+        if commented and "ifhn=" in Path(hostfile).read_text():
+            raise HostfileError(
+                f"hostfile {hostfile} lines {commented}: MPICH's hydra rejects a comment after a "
+                "host, and this file's ifhn= settings cannot be passed another way; move the "
+                "comments to lines of their own")
+        direct = syntax in ("plain", kind) and not commented
+        if direct:
             argv += ["-f", hostfile] if kind == MPICH else ["--hostfile", hostfile]
         else:
             argv += ["-hosts" if kind == MPICH else "--host", _hosts_option(entries)]
