@@ -56,4 +56,19 @@ DEFAULT_TIMEOUT_S: float = env_float("MPITENSOR_TIMEOUT", 1800.0)
 STALL_WARN_S: Optional[float] = (env_float("MPITENSOR_STALL_WARN", 60.0)
                                  if os.environ.get("MPITENSOR_STALL_WARN", "").strip() else None)
 ABORT_ON_EXCEPTION: bool = env_flag("MPITENSOR_ABORT_ON_EXCEPTION", True)
-LOG_LEVEL: str = os.environ.get("MPITENSOR_LOG", "WARNING").upper()
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def env_choice(name: str, choices: "tuple[str, ...]", default: str) -> str:
+    """Read an environment switch that takes one of ``choices`` (case-insensitive)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().upper()
+    if value not in choices:
+        raise ValueError(f"{name}={raw!r} is not one of {', '.join(choices)} (case does not "
+                         "matter)")
+    return value
+
+
+LOG_LEVEL: str = env_choice("MPITENSOR_LOG", _LEVELS, "WARNING")

@@ -201,3 +201,39 @@ def test_imports_point_down_the_layers():
                 upward.append(f"{mod} ({LAYERS[_layer_of(mod)][0]}) imports {dep} "
                               f"({LAYERS[_layer_of(dep)][0]})")
     assert upward == []
+
+
+# ---------------------------------------------------------------------------- environment
+@pytest.mark.parametrize("var, value, needle", [
+    ("MPITENSOR_LOG", "LOUD", "MPITENSOR_LOG='LOUD' is not one of DEBUG, INFO, WARNING, ERROR, "
+                              "CRITICAL"),
+    ("MPITENSOR_DEBUG", "maybe", "MPITENSOR_DEBUG='maybe' is not a boolean; use 1/0"),
+    ("MPITENSOR_TIMEOUT", "soon", "MPITENSOR_TIMEOUT='soon' is not a number of seconds"),
+])
+def test_malformed_switch_names_variable_and_values(var, value, needle):
+    """A malformed MPITENSOR_* variable stops the import with one line naming the variable and
+    the values it takes (MPITENSOR_LOG used to end in logging's 'Unknown level')."""
+    out = subprocess.run([sys.executable, "-c", "import mpitensor"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120,
+                         env={**__import__("os").environ, var: value})
+    assert out.returncode != 0
+    assert needle in out.stderr.strip().splitlines()[-1], out.stderr[-2000:]
+
+
+def test_log_level_is_case_insensitive():
+    out = subprocess.run([sys.executable, "-c", "import logging, mpitensor; "
+                          "print(logging.getLogger('mpitensor').level)"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120,
+                         env={**__import__("os").environ, "MPITENSOR_LOG": "debug"})
+    assert out.returncode == 0 and out.stdout.strip() == "10", out.stderr
+
+
+def test_malformed_exit_grace_warns_and_uses_the_default(monkeypatch, capsys):
+    from mpitensor.distributed import launch
+
+    monkeypatch.setenv("MPITENSOR_EXIT_GRACE", "two")
+    assert launch.exit_grace(2.0) == 2.0
+    assert "MPITENSOR_EXIT_GRACE='two' is not a number of seconds; using 2 s" in \
+        capsys.readouterr().err
+    monkeypatch.setenv("MPITENSOR_EXIT_GRACE", "0.5")
+    assert launch.exit_grace(2.0) == 0.5

@@ -679,6 +679,19 @@ def _exit_communicator() -> Any:
     return None
 
 
+def exit_grace(default: float = 2.0) -> float:
+    """``MPITENSOR_EXIT_GRACE`` in seconds; a malformed value is reported (once, on stderr)
+    and the default used: this runs while a rank exits, where raising would hide its own
+    message."""
+    from .. import _config
+
+    try:
+        return _config.env_float("MPITENSOR_EXIT_GRACE", default)
+    except ValueError as exc:
+        sys.stderr.write(f"mpitensor: {exc}; using {default:g} s\n")
+        return default
+
+
 def _every_rank_exits(comm: Any, grace: float = 2.0) -> bool:
     """True when every rank reaches a non-zero ``sys.exit`` within ``grace`` seconds.
 
@@ -688,7 +701,7 @@ def _every_rank_exits(comm: Any, grace: float = 2.0) -> bool:
     if comm is None:
         return False
     request = comm.Ibarrier()
-    deadline = time.monotonic() + float(os.environ.get("MPITENSOR_EXIT_GRACE", grace))
+    deadline = time.monotonic() + exit_grace(grace)
     while time.monotonic() < deadline:
         if request.Test():
             return True
