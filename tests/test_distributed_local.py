@@ -91,6 +91,34 @@ def test_init_destroy_and_reinit():
     assert dist.get_world_size() == 1
 
 
+def test_destroyed_groups_say_so():
+    """A group used after destroy_process_group raises a clear error naming it (it was an
+    AttributeError from deep inside), on the fast paths too, and for an old world handle."""
+    dist.init_process_group("mpi")
+    sub = dist.new_group([0])
+    x = np.ones(3)
+    dist.all_reduce(x, group=sub)
+    dist.destroy_process_group(sub)
+    calls = [lambda: dist.all_reduce(x, group=sub),
+             lambda: dist.broadcast(x, src=0, group=sub),
+             lambda: dist.all_gather_into_tensor(np.zeros(3), x, group=sub),
+             lambda: dist.barrier(group=sub),
+             lambda: dist.isend(x, dst=0, group=sub),
+             lambda: dist.all_gather_object([None], 1, group=sub)]
+    for call in calls:
+        with pytest.raises(MpiTensorError, match=r"rank 0: \w+ on .*, which was destroyed "
+                                                 r"\(destroy_process_group\); create a new "
+                                                 r"group with new_group\(\)"):
+            call()
+    old = dist.group.WORLD
+    dist.destroy_process_group()
+    dist.init_process_group()
+    with pytest.raises(MpiTensorError, match="all_reduce on WORLD, which was destroyed"):
+        dist.all_reduce(x, group=old)
+    dist.all_reduce(x)  # the new default group works
+    assert (x == 1.0).all()
+
+
 def test_init_twice():
     dist.init_process_group("mpi")
     with pytest.raises(RuntimeError, match="initialize the default process group twice; call "

@@ -1054,6 +1054,8 @@ class MPIGroup(ProcessGroup):
                 comm.Free()
             setattr(self, attr, None)
         self.notice_reqs = []
+        self.identity = False  # no fast path either: every call meets require_member
+        self._mark_destroyed()
 
 
 def _pickled(obj: Any) -> np.ndarray:

@@ -307,3 +307,4 @@ class NCCLGroup(ProcessGroup):
         if comm is not None:
             comm.destroy()
         self.mpi_group.free()
+        self._mark_destroyed()

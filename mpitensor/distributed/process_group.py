@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from ..errors import DistributedTimeoutError, NotAGroupMemberError
+from ..errors import DistributedTimeoutError, MpiTensorError, NotAGroupMemberError
 from . import _watchdog
 
 __all__ = ["ReduceOp", "reduce_op", "Work", "ProcessGroup", "GroupMember"]
@@ -267,7 +267,18 @@ class ProcessGroup:
         """Number of ranks in the group."""
         return self.size_
 
+    destroyed = False  # set by free(): the group's communicators are gone
+
+    def _mark_destroyed(self) -> None:
+        """After free(): every later call fails in require_member, with the reason."""
+        self.destroyed = True
+        self.rank_ = -1  # sends every call, fast paths included, to require_member
+
     def require_member(self, opname: str) -> None:
+        if self.destroyed:
+            raise MpiTensorError(
+                f"rank {self.global_rank}: {opname} on {self.name}, which was destroyed "
+                "(destroy_process_group); create a new group with new_group() and use that")
         if self.rank_ < 0:
             raise NotAGroupMemberError(
                 f"rank {self.global_rank}: {opname} on {self.name} (global ranks "

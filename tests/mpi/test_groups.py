@@ -238,6 +238,8 @@ def test_destroy_sub_group_keeps_world():
     assert x[0] == n
     dist.destroy_process_group(g)
     assert dist.is_initialized()
+    with pytest.raises(MpiTensorError, match="which was destroyed"):
+        dist.all_reduce(x, group=g)  # raised locally on every rank: no traffic, no waiting
     dist.all_reduce(x)
     assert x[0] == n * n
 
