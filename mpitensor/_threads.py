@@ -174,13 +174,14 @@ def apply_node_budget(mine: frozenset, everyone: Sequence[frozenset], rank: int,
                    if _budget.explicit is not None else f"{ENV}=off")
             _log_once(rank, f"thread pools left as they are: {why}")
             return None
-        if isinstance(setting, int):
-            n, how = setting, f"{ENV}={setting}"
+        if isinstance(setting, int):  # above the user's OMP_NUM_THREADS & co: every pool
+            n, how, governed = setting, f"{ENV}={setting}", None
         else:
             n = fair_share(mine, everyone, cgroup_cpu_limit())
             how = (f"fair share of {len(mine)} usable core(s) among {len(everyone)} rank(s) "
                    "on this node")
-        pools = _set_pools(n, environ)
+            governed = environ
+        pools = _set_pools(n, governed)
         _budget.applied = n
     parts = [f"{api} {b}->{a}" if a is not None else f"{api} {b} (kept: {why})"
              for api, b, a, why in pools]

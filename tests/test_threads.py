@@ -132,6 +132,10 @@ def test_budget_number_from_environment(pools):
     env = {"MPITENSOR_NUM_THREADS": "3"}
     assert _threads.apply_node_budget(frozenset({0}), [frozenset({0})] * 4, 0, env) == 3
     assert set(_blas_threads()) == {3}
+    # it ranks above the user's OMP_NUM_THREADS & co (the documented order)
+    env = {"MPITENSOR_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    assert _threads.apply_node_budget(frozenset({0}), [frozenset({0})] * 4, 0, env) == 2
+    assert set(_blas_threads()) == {2}
 
 
 def test_budget_leaves_user_variables_and_off(pools):
