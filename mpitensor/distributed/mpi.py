@@ -891,6 +891,9 @@ class MPIGroup(ProcessGroup):
                     where = f"rank {self.global_rank}: recv (p2p #{s} on {self.name})"
                     raise self._recv_error(where, status, arr.nbytes, B.describe(arr),
                                            exc) from exc
+                if status.Get_count(MPI.BYTE) != arr.nbytes:
+                    raise self._short(f"rank {self.global_rank}: recv (p2p #{s} on "
+                                      f"{self.name})", status, arr.nbytes, B.describe(arr))
                 return status.Get_source()
         return self._recv(tensor, src, tag, group_src, async_op)
 
@@ -922,6 +925,7 @@ class MPIGroup(ProcessGroup):
             work._translate = translate
             work._ranks = self.ranks
             work._check = check if debug else None
+            work._short = recv.short
             return work
         try:
             if not req.Test(status):
@@ -932,9 +936,22 @@ class MPIGroup(ProcessGroup):
             found = check(None)
             if found is not None:
                 raise found
+        short = recv.short()
+        if short is not None:
+            raise short
         if write_back is not None:
             write_back()
         return self.ranks[status.Get_source()]
+
+    def _short(self, where: str, status: MPI.Status, nbytes: int,
+               desc: str) -> MessageMismatchError:
+        """A message smaller than the receive buffer: only its bytes were written."""
+        got = status.Get_count(MPI.BYTE)
+        return MessageMismatchError(
+            f"{where}: the message from rank {self.ranks[status.Get_source()]} (tag "
+            f"{status.Get_tag()}) has {got} bytes but the receive buffer is {desc} ({nbytes} "
+            f"bytes): only the first {got} bytes were written. Send and receive tensors must "
+            "have the same dtype and number of elements (as in torch)")
 
     def _recv_error(self, where: str, status: MPI.Status, nbytes: int, desc: str,
                     exc: BaseException) -> BaseException:
@@ -1187,6 +1204,12 @@ class _ReceiveCheck:
                     f"{self.desc} ({self.nbytes} bytes)")
         return None
 
+    def short(self) -> Optional[BaseException]:
+        """After completion: the error for a message smaller than the buffer, else None."""
+        if self.status.Get_count(MPI.BYTE) == self.nbytes:
+            return None
+        return self.g._short(self.where, self.status, self.nbytes, self.desc)
+
     def translate(self, exc: BaseException) -> BaseException:
         """The error to raise for an MPI failure of this receive."""
         if self.debug and isinstance(exc, MPI.Exception):
@@ -1199,16 +1222,17 @@ class _ReceiveCheck:
 class _RecvWork(Work):
     """An irecv handle: records the sender and turns MPI errors into readable ones."""
 
-    __slots__ = ("_translate", "_ranks", "_check")
+    __slots__ = ("_translate", "_ranks", "_check", "_short")
 
     def _complete(self) -> None:
         self._source = self._ranks[self._status.Get_source()]
         check, self._check = self._check, None
-        if check is not None:
-            found = check(None)
-            if found is not None:
-                self._done, self._exception, self._finish, self._keep = True, found, None, None
-                raise found
+        found = check(None) if check is not None else None
+        if found is None:
+            found = self._short()
+        if found is not None:
+            self._done, self._exception, self._finish, self._keep = True, found, None, None
+            raise found
         super()._complete()
 
     def wait(self, timeout: Optional[float] = None) -> bool:

@@ -18,6 +18,7 @@ import mpitensor as mt
 import mpitensor.distributed as dist
 from mpitensor.errors import (
     DistributedTimeoutError,
+    MessageMismatchError,
     MessageTruncatedError,
     MpiTensorError,
     NotAGroupMemberError,
@@ -115,6 +116,35 @@ def test_recv_buffer_too_small():
         assert dist.recv(y, 0, tag=3) == 0
         np.testing.assert_array_equal(y, np.arange(3.0))
     assert issubclass(MessageTruncatedError, MpiTensorError)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_recv_buffer_larger_than_the_message():
+    """A message smaller than the receive buffer is never unnoticed (issue 11 §1): recv, irecv
+    and a staged buffer raise MessageMismatchError naming the sender, the tag and both sizes,
+    always (no debug mode); the link still works afterwards."""
+    n, me = world()
+    if me == 0:
+        for tag in (0, 1, 2, 3):
+            dist.send(np.arange(3, dtype=np.float64), 1, tag=tag)
+        dist.send(np.arange(3, dtype=np.float64), 1, tag=4)
+    elif me == 1:
+        msg = (r"rank 1: {op} .*: the message from rank 0 \(tag {tag}\) has 24 bytes but the "
+               r"receive buffer is float64\[5\] \(40 bytes\): only the first 24 bytes were "
+               r"written.*same dtype and number of elements")
+        with pytest.raises(MessageMismatchError, match=msg.format(op="recv", tag=0)):
+            dist.recv(np.zeros(5), 0, tag=0)  # the fast path
+        with pytest.raises(MessageMismatchError, match=msg.format(op="recv", tag=1)):
+            dist.recv(mt.zeros(5, dtype=mt.float64), 0, tag=1)  # a Tensor: the general path
+        work = dist.irecv(np.zeros(5), 0, tag=2)
+        with pytest.raises(MessageMismatchError, match=msg.format(op="irecv", tag=2)):
+            work.wait()
+        assert work.is_completed() and not work.is_success()
+        with pytest.raises(MessageMismatchError, match="has 24 bytes"):
+            dist.recv(np.zeros(10)[::2], 0, tag=3)  # staged (non-contiguous) buffer
+        y = np.zeros(3)
+        assert dist.recv(y, 0, tag=4) == 0
+        np.testing.assert_array_equal(y, np.arange(3.0))
 
 
 @pytest.mark.mpi(min_size=2)
