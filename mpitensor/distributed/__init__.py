@@ -763,6 +763,14 @@ def _len_desc(x: Any) -> str:
     return f"a list of {len(x)}" if isinstance(x, list) else type(x).__name__
 
 
+def _list_on_root(pg: ProcessGroup, where: str, root: int, lst: Any, name: str,
+                  role: str) -> None:
+    """On the root only: ``lst`` must be a list with one entry per rank of the group."""
+    if pg.rank_ == root and (not isinstance(lst, list) or len(lst) != pg.size_):
+        raise ValueError(f"{where}: {name} must be a list of {pg.size_} entries on the {role} "
+                         f"rank, got {_len_desc(lst)}")
+
+
 def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
                   dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
                   group_dst: Optional[int] = None) -> None:
@@ -772,11 +780,7 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
     root = _root(pg, where, dst, group_dst, "dst")
 
     def check() -> None:
-        if pg.rank_ == root and (not isinstance(object_gather_list, list)
-                                 or len(object_gather_list) != pg.size_):
-            raise ValueError(f"{where}: object_gather_list must be a list of {pg.size_} "
-                             f"entries on the destination rank, got "
-                             f"{_len_desc(object_gather_list)}")
+        _list_on_root(pg, where, root, object_gather_list, "object_gather_list", "destination")
 
     _checked(pg, where, "gather_object", root, check)
     objs = pg.gather_obj(obj, root)
@@ -797,11 +801,8 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     def check() -> None:
         if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
             raise ValueError(f"{where}: scatter_object_output_list must be a non-empty list")
-        if pg.rank_ == root and (not isinstance(scatter_object_input_list, list)
-                                 or len(scatter_object_input_list) != pg.size_):
-            raise ValueError(f"{where}: scatter_object_input_list must be a list of "
-                             f"{pg.size_} entries on the source rank, got "
-                             f"{_len_desc(scatter_object_input_list)}")
+        _list_on_root(pg, where, root, scatter_object_input_list, "scatter_object_input_list",
+                      "source")
 
     _checked(pg, where, "scatter_object_list", root, check)
     scatter_object_output_list[0] = pg.scatter_obj(
