@@ -320,10 +320,14 @@ def parse_hostfile(path: str) -> Tuple[List[HostEntry], str]:
     return entries, (syntaxes.pop() if syntaxes else "plain")
 
 
-def inline_comment_lines(path: str) -> List[int]:
-    """Line numbers of ``path`` with a comment after a host: MPICH's hydra rejects those."""
+def inline_comment_lines(path: str, text: Optional[str] = None) -> List[int]:
+    """Line numbers of ``path`` with a comment after a host: MPICH's hydra rejects those.
+
+    ``text``, when given, is the file's content already read.
+    """
     out = []
-    for number, raw in enumerate(Path(path).read_text().splitlines(), 1):
+    lines = (Path(path).read_text() if text is None else text).splitlines()
+    for number, raw in enumerate(lines, 1):
         head, hash_, _ = raw.partition("#")
         if hash_ and head.strip():
             out.append(number)
@@ -414,8 +418,9 @@ def build_command(
     if hostfile is not None:
         entries, syntax = parse_hostfile(hostfile)
         # hydra cannot read a comment after a host: such a file's hosts go on the command line
-        commented = inline_comment_lines(hostfile) if kind == MPICH else []
-        if commented and "ifhn=" in Path(hostfile).read_text():
+        text = Path(hostfile).read_text()  # parse_hostfile has checked it is readable
+        commented = inline_comment_lines(hostfile, text) if kind == MPICH else []
+        if commented and "ifhn=" in text:
             raise HostfileError(
                 f"hostfile {hostfile} lines {commented}: MPICH's hydra rejects a comment after a "
                 "host, and this file's ifhn= settings cannot be passed another way; move the "
