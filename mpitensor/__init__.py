@@ -40,6 +40,7 @@ from .errors import (
     NotAGroupMemberError,
     NotInitializedError,
     PeerFailedError,
+    DtypeMismatchError,
     ReplicaDivergenceError,
 )
 from .tensor import *  # noqa: F403
@@ -55,7 +56,7 @@ __all__ = [
     "data", "utils", "nn", "models", "optim", "checkpoint", "save", "load", "CheckpointError",
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
-    "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError", "PeerFailedError",
+    "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError", "PeerFailedError", "DtypeMismatchError",
     "ReplicaDivergenceError", "set_num_threads", "get_num_threads",
     *_dtype_names, *_tensor_names,
 ]

@@ -19,6 +19,7 @@ __all__ = [
     "DistributedTimeoutError",
     "PeerFailedError",
     "ReplicaDivergenceError",
+    "DtypeMismatchError",
 ]
 
 
@@ -74,6 +75,14 @@ class DistributedTimeoutError(MpiTensorError, TimeoutError):
 
 class PeerFailedError(MpiTensorError):
     """A peer rank failed while this rank was communicating with it."""
+
+
+class DtypeMismatchError(TypeError, ValueError):
+    """Buffers handed to one collective have different dtypes (checked before any traffic).
+
+    Both a ``TypeError`` (Python's convention for a wrong type) and a ``ValueError`` (what
+    the other argument checks of a collective raise), so either ``except`` clause catches it.
+    """
 
 
 class ReplicaDivergenceError(MpiTensorError):

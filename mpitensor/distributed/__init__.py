@@ -42,6 +42,7 @@ from ..errors import (
     NotAGroupMemberError,
     NotInitializedError,
     PeerFailedError,
+    DtypeMismatchError,
 )
 from . import _watchdog
 from ._abort import (
@@ -70,7 +71,7 @@ __all__ = [
     "scatter_object_list",
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
     "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError",
-    "PeerFailedError",
+    "PeerFailedError", "DtypeMismatchError",
 ]
 
 logger = logging.getLogger("mpitensor.distributed")
@@ -615,8 +616,9 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: Optional[ProcessGroup
                async_op: bool = False) -> Optional[Work]:
     """Gather ``tensor`` from every rank into ``tensor_list`` (one entry per rank) on every rank.
 
-    Contract: same dtype everywhere; ``tensor_list[i]`` has as many elements as rank i's
-    ``tensor`` (so uneven sizes work).
+    Contract (as torch's): every entry of ``tensor_list`` has ``tensor``'s shape and dtype, on
+    every rank; ``ValueError`` before any traffic otherwise. For different sizes per rank, use
+    ``all_gather_object`` for the sizes and pad, or ``all_to_all`` (uneven entries allowed).
     """
     return _pg(group).all_gather(tensor_list, tensor, async_op)
 

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from .. import _config
 from ..backend import array_module, get_cupy, is_cupy_array
+from ..errors import DtypeMismatchError
 from ..tensor import Tensor
 from .process_group import ReduceOp
 
@@ -160,7 +161,7 @@ def check_writable(arr: Any, what: str, where: str) -> None:
 
 def check_same_dtype(a: Any, b: Any, what_a: str, what_b: str, where: str) -> None:
     if a.dtype != b.dtype:
-        raise TypeError(
+        raise DtypeMismatchError(
             f"{where}: dtype mismatch: {what_a} is {a.dtype} but {what_b} is {b.dtype}; "
             "inputs and outputs of a collective must have the same dtype"
         )

@@ -383,7 +383,11 @@ class MPIGroup(ProcessGroup):
         return self._run(where, lambda: comm.Ireduce(spec, None, mop, root), None, async_op,
                          [tensor], keep=spec)
 
-    def _out_list(self, lst: Any, what: str, where: str, ref: Any) -> list:
+    def _out_list(self, lst: Any, what: str, where: str, ref: Any,
+                  ref_what: Optional[str] = None) -> list:
+        """Unwrap a list of one tensor per rank; every item has ``ref``'s dtype and, when
+        ``ref_what`` names ``ref``, its shape too (checked before any traffic: a slot of
+        another size would be partly filled, or overrun, by the peer's message)."""
         if not isinstance(lst, (list, tuple)):
             raise TypeError(f"{where}: {what} must be a list of {self.size_} tensors, "
                             f"got {type(lst).__name__}")
@@ -394,7 +398,12 @@ class MPIGroup(ProcessGroup):
             )
         arrs = [B.unwrap(x, f"{what}[{i}]", where) for i, x in enumerate(lst)]
         for i, a in enumerate(arrs):
-            B.check_same_dtype(ref, a, "tensor", f"{what}[{i}]", where)
+            B.check_same_dtype(ref, a, ref_what or "tensor", f"{what}[{i}]", where)
+            if ref_what is not None and a.shape != ref.shape:
+                raise ValueError(
+                    f"{where}: {what}[{i}] is {a.dtype}{list(a.shape)} but {ref_what} is "
+                    f"{ref.dtype}{list(ref.shape)}; every entry of {what} must have the shape "
+                    f"and dtype of {ref_what}")
         return arrs
 
     def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool = False) -> Optional[Work]:
@@ -403,29 +412,26 @@ class MPIGroup(ProcessGroup):
         def prepare() -> Any:
             arr = B.unwrap(tensor, "tensor", where)
             mt = B.check_dtype(arr, "tensor", where)
-            outs = self._out_list(tensor_list, "tensor_list", where, arr)
+            outs = self._out_list(tensor_list, "tensor_list", where, arr, "tensor")
             for i, o in enumerate(outs):
                 B.check_writable(o, f"tensor_list[{i}]", where)
-            if outs[self.rank_].size != arr.size:
-                raise ValueError(
-                    f"{where}: tensor has {arr.size} elements but tensor_list[{self.rank_}] (this "
-                    f"rank's slot) has {outs[self.rank_].size}; they must match")
             return arr, mt, outs
 
         def sig() -> dict:
             arr = B.unwrap(tensor, "tensor", where)
             outs = [B.unwrap(x, "", where).size for x in tensor_list]
-            return self._sig("all_gather", arr, send=[arr.size] * self.size_, recv=outs)
+            return self._sig("all_gather", arr, shape=tuple(arr.shape),
+                             send=[arr.size] * self.size_, recv=outs)
 
         arr, mt, outs = self._maybe_debug(where, sig, prepare)
-        counts, displs = _counts_displs([o.size for o in outs])
-        xp = array_module(arr)
-        flat = xp.empty(sum(counts), dtype=arr.dtype)
+        counts, displs = _counts_displs([arr.size] * self.size_)
+        # zeros, not empty: never expose uninitialised memory, even if a peer sends too little
+        flat = array_module(arr).zeros(sum(counts), dtype=arr.dtype)
         rbuf, copy_out = self._staged_list_out(flat, outs, counts, displs)
         sbuf = [B.stage_in(arr), mt]
-        rspec = [rbuf, (counts, displs), mt]
+        rspec = [rbuf, mt]
         comm = self.comm
-        return self._run(where, lambda: comm.Iallgatherv(sbuf, rspec), copy_out, async_op,
+        return self._run(where, lambda: comm.Iallgather(sbuf, rspec), copy_out, async_op,
                          list(tensor_list), keep=(sbuf, rspec))
 
     def _staged_list_out(self, flat: Any, outs: list, counts: list,
@@ -505,12 +511,9 @@ class MPIGroup(ProcessGroup):
                 if gather_list is None:
                     raise ValueError(f"{where}: gather_list is required on the destination rank "
                                      f"(a list of {self.size_} tensors)")
-                outs = self._out_list(gather_list, "gather_list", where, arr)
+                outs = self._out_list(gather_list, "gather_list", where, arr, "tensor")
                 for i, o in enumerate(outs):
                     B.check_writable(o, f"gather_list[{i}]", where)
-                if outs[root].size != arr.size:
-                    raise ValueError(f"{where}: tensor has {arr.size} elements but "
-                                     f"gather_list[{root}] has {outs[root].size}")
             return arr, mt, outs
 
         def sig() -> dict:
@@ -524,13 +527,13 @@ class MPIGroup(ProcessGroup):
         sspec = [B.stage_in(arr), mt]
         comm = self.comm
         if not is_root:
-            return self._run(where, lambda: comm.Igatherv(sspec, None, root), None, async_op, [],
+            return self._run(where, lambda: comm.Igather(sspec, None, root), None, async_op, [],
                              keep=sspec)
-        counts, displs = _counts_displs([o.size for o in outs])
-        flat = array_module(arr).empty(sum(counts), dtype=arr.dtype)
+        counts, displs = _counts_displs([arr.size] * self.size_)
+        flat = array_module(arr).zeros(sum(counts), dtype=arr.dtype)
         rbuf, copy_out = self._staged_list_out(flat, outs, counts, displs)
-        rspec = [rbuf, (counts, displs), mt]
-        return self._run(where, lambda: comm.Igatherv(sspec, rspec, root), copy_out, async_op,
+        rspec = [rbuf, mt]
+        return self._run(where, lambda: comm.Igather(sspec, rspec, root), copy_out, async_op,
                          list(gather_list), keep=(sspec, rspec))
 
     def scatter(self, tensor: Any, scatter_list: Any = None, src: Optional[int] = None,
@@ -550,10 +553,7 @@ class MPIGroup(ProcessGroup):
                 if scatter_list is None:
                     raise ValueError(f"{where}: scatter_list is required on the source rank "
                                      f"(a list of {self.size_} tensors)")
-                ins = self._out_list(scatter_list, "scatter_list", where, arr)
-                if ins[root].size != arr.size:
-                    raise ValueError(f"{where}: tensor has {arr.size} elements but "
-                                     f"scatter_list[{root}] has {ins[root].size}")
+                ins = self._out_list(scatter_list, "scatter_list", where, arr, "tensor")
             return arr, mt, ins
 
         def sig() -> dict:
@@ -568,11 +568,10 @@ class MPIGroup(ProcessGroup):
         rspec = [rbuf, mt]
         comm = self.comm
         if not is_root:
-            return self._run(where, lambda: comm.Iscatterv(None, rspec, root), write_back, async_op,
+            return self._run(where, lambda: comm.Iscatter(None, rspec, root), write_back, async_op,
                              [tensor], keep=rspec)
-        counts, displs = _counts_displs([a.size for a in ins])
-        sspec = [B.unalias(self._packed_in(ins), rbuf), (counts, displs), mt]
-        return self._run(where, lambda: comm.Iscatterv(sspec, rspec, root), write_back, async_op,
+        sspec = [B.unalias(self._packed_in(ins), rbuf), mt]
+        return self._run(where, lambda: comm.Iscatter(sspec, rspec, root), write_back, async_op,
                          [tensor], keep=(sspec, rspec))
 
     def reduce_scatter(self, output: Any, input_list: Any, op: Any = _SUM,
@@ -583,10 +582,7 @@ class MPIGroup(ProcessGroup):
             out = B.unwrap(output, "output", where)
             B.check_dtype(out, "output", where)
             B.check_writable(out, "output", where)
-            ins = self._out_list(input_list, "input_list", where, out)
-            if ins[self.rank_].size != out.size:
-                raise ValueError(f"{where}: output has {out.size} elements but "
-                                 f"input_list[{self.rank_}] has {ins[self.rank_].size}")
+            ins = self._out_list(input_list, "input_list", where, out, "output")
             return out, ins, B.reduce_plan(out.dtype, B.coerce_op(op, where), where)
 
         def sig() -> dict:
@@ -677,7 +673,7 @@ class MPIGroup(ProcessGroup):
         ins, outs, mt = self._maybe_debug(where, sig, prepare)
         scounts, sdispls = _counts_displs([a.size for a in ins])
         rcounts, rdispls = _counts_displs([o.size for o in outs])
-        flat = array_module(ins[0]).empty(sum(rcounts), dtype=ins[0].dtype)
+        flat = array_module(ins[0]).zeros(sum(rcounts), dtype=ins[0].dtype)
         rbuf, copy_out = self._staged_list_out(flat, outs, rcounts, rdispls)
         sspec = [self._packed_in(ins), (scounts, sdispls), mt]
         rspec = [rbuf, (rcounts, rdispls), mt]

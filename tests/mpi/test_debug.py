@@ -73,11 +73,11 @@ class BaseTestDebug(ai.GroupCase):
             x = ai.wrap(kind, np.arange(4, dtype=np.float32) + self.rank)
             dist.all_reduce(x, op=R.MAX, group=self.group)
             ai.check(x, np.arange(4, dtype=np.float32) + self.size - 1, "debug all_reduce")
-            out = [ai.wrap(kind, np.zeros(j + 1, np.int8)) for j in range(self.size)]
-            dist.all_gather(out, ai.wrap(kind, np.full(self.rank + 1, self.rank, np.int8)),
+            out = [ai.wrap(kind, np.zeros(3, np.int8)) for j in range(self.size)]
+            dist.all_gather(out, ai.wrap(kind, np.full(3, self.rank, np.int8)),
                             group=self.group)
             for j, o in enumerate(out):
-                ai.check(o, np.full(j + 1, j, np.int8), "debug uneven all_gather")
+                ai.check(o, np.full(3, j, np.int8), "debug all_gather")
             y = ai.wrap(kind, np.zeros(2 * self.size))
             dist.all_to_all_single(y, ai.wrap(kind, np.full(2 * self.size, self.rank * 1.0)),
                                    group=self.group)
@@ -181,14 +181,14 @@ class BaseTestDebug(ai.GroupCase):
         self.still_works()
 
     def test_mismatched_list_sizes(self):
-        """All-gather where the last rank expects a different size from rank 0."""
+        """All-gather where the last rank contributes (and expects) 3 elements, the others 2:
+        each rank's arguments agree locally, so only the exchanged signatures show it."""
         if self.skip_alone():
             return
         last = self.size - 1
-        out = [np.zeros(2, np.int32) for _ in range(self.size)]
-        if self.rank == last:
-            out[0] = np.zeros(3, np.int32)
-        exc = outcome(dist.all_gather, out, np.zeros(2, np.int32), group=self.group)
+        n = 3 if self.rank == last else 2
+        out = [np.zeros(n, np.int32) for _ in range(self.size)]
+        exc = outcome(dist.all_gather, out, np.zeros(n, np.int32), group=self.group)
         self.expect_mismatch(exc, f"rank {self.ranks[0]} sends 2 elements to rank "
                                   f"{self.ranks[last]}, which expects 3")
         self.still_works()

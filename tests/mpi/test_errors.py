@@ -181,9 +181,12 @@ def test_list_lengths_used_on_every_rank():
         dist.all_to_all(short, [np.zeros(2, np.float32)] * n)
     with pytest.raises(TypeError, match="tensor_list must be a list"):
         dist.all_gather(np.zeros((n, 2), np.float32), x)
-    with pytest.raises(ValueError, match=r"tensor has 2 elements but tensor_list\[\d+\] \(this "
-                                         r"rank's slot\) has 3"):
+    with pytest.raises(ValueError, match=r"tensor_list\[0\] is float32\[3\] but tensor is "
+                                         r"float32\[2\]; every entry of tensor_list must have"):
         dist.all_gather([np.zeros(3, np.float32) for _ in range(n)], x)
+    with pytest.raises(ValueError, match=r"tensor_list\[0\] is float32\[2, 1\] but tensor is "
+                                         r"float32\[2\]"):
+        dist.all_gather([np.zeros((2, 1), np.float32) for _ in range(n)], x)
 
 
 def test_list_lengths_on_the_root(private):
@@ -217,8 +220,8 @@ def test_mismatched_dtypes():
     n, me = world()
     f32, f64 = np.float32, np.float64
     pat = r"dtype mismatch: {} is {} but {} is {}"
-    with pytest.raises(TypeError, match=r"dtype mismatch: tensor is float32 but "
-                                        r"tensor_list\[0\] is float64"):
+    with pytest.raises(ValueError, match=r"dtype mismatch: tensor is float32 but "
+                                         r"tensor_list\[0\] is float64"):
         dist.all_gather([np.zeros(2, f64) for _ in range(n)], np.zeros(2, f32))
     with pytest.raises(TypeError, match=pat.format("input_tensor", "float32", "output_tensor",
                                                    "float64")):
@@ -227,7 +230,7 @@ def test_mismatched_dtypes():
         dist.reduce_scatter_tensor(np.zeros(2, np.int32), np.zeros(2 * n, np.int64))
     with pytest.raises(TypeError, match=pat.format("input", "float32", "output", "float64")):
         dist.all_to_all_single(np.zeros(n, f64), np.zeros(n, f32))
-    with pytest.raises(TypeError, match=r"tensor is float32 but input_list\[\d\] is float64"):
+    with pytest.raises(TypeError, match=r"output is float32 but input_list\[\d\] is float64"):
         dist.reduce_scatter(np.zeros(2, f32), [np.zeros(2, f64) for _ in range(n)])
     with pytest.raises(TypeError, match=r"output_tensor_list\[0\] is complex64"):
         dist.all_to_all([np.zeros(2, np.complex64)] * n, [np.zeros(2, f32)] * n)
