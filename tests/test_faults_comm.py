@@ -28,7 +28,7 @@ sys.path.insert(0, {str(ROOT)!r})
 import numpy as np
 import mpitensor.distributed as dist
 from mpitensor.errors import (CollectiveMismatchError, DistributedTimeoutError,
-                              MessageMismatchError, MessageTruncatedError)
+                              MessageMismatchError, MessageTruncatedError, PeerFailedError)
 
 
 def report(**fields):
@@ -111,9 +111,10 @@ def test_abort_handler_opt_out(tmp_path, how):
     assert sorted(got) == [0, 1, 2] and not any(r["installed"] for r in got.values())
     assert "ValueError: boom on rank 1" in res.output
     assert "[rank 1]" not in res.output  # no prefixing hook
-    # ranks 0 and 2 were left waiting: their timeout (3 s) ended the wait, naming rank 1
-    assert re.search(r"rank [02]: barrier \(#2 on WORLD\) did not complete within 3 s", res.output)
-    assert "Ranks that had not arrived: [1]" in res.output
+    # ranks 0 and 2 were left waiting: rank 1's exit notice ended their wait, naming it
+    assert re.search(r"rank [02]: barrier \(#2 on WORLD\) cannot complete: rank 1: the process "
+                     r"left \(sys.exit or the end of its script\) after collective #1",
+                     res.output), res.output
     assert took < 60
 
 
@@ -140,6 +141,54 @@ def test_pytest_under_mpiexec_is_not_aborted(tmp_path):
     assert res.returncode != 0
     assert res.output.count("1 failed, 1 passed") == 2, res.output
     assert "MPI_Abort" not in res.output and "[rank " not in res.output
+
+
+# ---------------------------------------------------------------------------- a rank leaves
+LEAVE = """
+import time
+dist.init_process_group("mpi")          # the default timeout: 30 minutes
+rank = dist.get_rank()
+x = np.ones(4)
+dist.all_reduce(x)
+if rank == 1:
+    report(left=True)
+    if "exit" in sys.argv:
+        sys.exit(0)
+    # "return": falls off the end of the script
+else:
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)              # rank 1 never comes
+    except PeerFailedError as exc:
+        report(took=time.monotonic() - t0, msg=str(exc), culprit=exc.rank, seq=exc.seq)
+        try:
+            dist.barrier()              # the world group is done for: at once, same story
+        except PeerFailedError as again:
+            report(took=time.monotonic() - t0, msg=str(exc), culprit=exc.rank, seq=exc.seq,
+                   again=str(again))
+        raise
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "return"])
+def test_rank_leaving_ends_the_others_wait(tmp_path, how):
+    """sys.exit(0) (or the end of the script) on one rank while the others wait in a
+    collective: their wait ends within seconds with PeerFailedError naming the rank, not
+    after the 30-minute default timeout."""
+    res, took = run_script(tmp_path, LEAVE, 3, how)
+    assert not res.timed_out, res.output
+    assert res.returncode != 0, res.output      # the waiting ranks' errors abort the job
+    got = results(tmp_path)
+    assert got[1]["left"] is True
+    waited = [got[r] for r in (0, 2) if r in got]
+    assert waited, res.output
+    for r in waited:
+        assert r["took"] < 10, r
+        assert r["culprit"] == 1 and r["seq"] == 1, r
+        assert "all_reduce (#2 on WORLD) cannot complete: rank 1: the process left" in r["msg"]
+        if "again" in r:
+            assert "barrier on WORLD refused" in r["again"], r
+    assert took < 60
 
 
 # ---------------------------------------------------------------------------- 3: a skipped call

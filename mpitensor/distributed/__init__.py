@@ -730,35 +730,43 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
     Every rank passes a list of the same length; non-source entries are replaced.
     """
     pg = _pg(group)
-    where = pg._begin("broadcast_object_list")
-    root = _root(pg, where, src, group_src, "src")
 
-    def check() -> None:
-        if not isinstance(object_list, list):
-            raise TypeError(f"{where}: object_list must be a list, got "
-                            f"{type(object_list).__name__}")
+    def body() -> None:
+        where = pg._begin("broadcast_object_list")
+        root = _root(pg, where, src, group_src, "src")
 
-    _checked(pg, where, "broadcast_object_list", root, check)
-    objs = pg.bcast_obj(list(object_list) if pg.rank_ == root else None, root)
-    if len(objs) != len(object_list):
-        raise ValueError(f"{where}: the source broadcast {len(objs)} objects but this rank's "
-                         f"object_list has {len(object_list)} slots")
-    object_list[:] = objs
+        def check() -> None:
+            if not isinstance(object_list, list):
+                raise TypeError(f"{where}: object_list must be a list, got "
+                                f"{type(object_list).__name__}")
+
+        _checked(pg, where, "broadcast_object_list", root, check)
+        objs = pg.bcast_obj(list(object_list) if pg.rank_ == root else None, root)
+        if len(objs) != len(object_list):
+            raise ValueError(f"{where}: the source broadcast {len(objs)} objects but this rank's "
+                             f"object_list has {len(object_list)} slots")
+        object_list[:] = objs
+
+    pg.call_guarded("broadcast_object_list", body)
 
 
 def all_gather_object(object_list: List[Any], obj: Any,
                       group: Optional[ProcessGroup] = None) -> None:
     """Gather a picklable ``obj`` from every rank into ``object_list`` (len == group size)."""
     pg = _pg(group)
-    where = pg._begin("all_gather_object")
 
-    def check() -> None:
-        if not isinstance(object_list, list) or len(object_list) != pg.size_:
-            raise ValueError(f"{where}: object_list must be a list of {pg.size_} entries (one "
-                             f"per rank), got {_len_desc(object_list)}")
+    def body() -> None:
+        where = pg._begin("all_gather_object")
 
-    _checked(pg, where, "all_gather_object", None, check)
-    object_list[:] = pg.allgather_obj(obj)
+        def check() -> None:
+            if not isinstance(object_list, list) or len(object_list) != pg.size_:
+                raise ValueError(f"{where}: object_list must be a list of {pg.size_} entries (one "
+                                 f"per rank), got {_len_desc(object_list)}")
+
+        _checked(pg, where, "all_gather_object", None, check)
+        object_list[:] = pg.allgather_obj(obj)
+
+    pg.call_guarded("all_gather_object", body)
 
 
 def _len_desc(x: Any) -> str:
@@ -778,16 +786,20 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
                   group_dst: Optional[int] = None) -> None:
     """Gather a picklable ``obj`` from every rank into ``object_gather_list`` on ``dst``."""
     pg = _pg(group)
-    where = pg._begin("gather_object")
-    root = _root(pg, where, dst, group_dst, "dst")
 
-    def check() -> None:
-        _list_on_root(pg, where, root, object_gather_list, "object_gather_list", "destination")
+    def body() -> None:
+        where = pg._begin("gather_object")
+        root = _root(pg, where, dst, group_dst, "dst")
 
-    _checked(pg, where, "gather_object", root, check)
-    objs = pg.gather_obj(obj, root)
-    if pg.rank_ == root:
-        object_gather_list[:] = objs
+        def check() -> None:
+            _list_on_root(pg, where, root, object_gather_list, "object_gather_list", "destination")
+
+        _checked(pg, where, "gather_object", root, check)
+        objs = pg.gather_obj(obj, root)
+        if pg.rank_ == root:
+            object_gather_list[:] = objs
+
+    pg.call_guarded("gather_object", body)
 
 
 def scatter_object_list(scatter_object_output_list: List[Any],
@@ -797,15 +809,19 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     """Scatter ``scatter_object_input_list[i]`` from ``src`` into
     ``scatter_object_output_list[0]`` on rank i."""
     pg = _pg(group)
-    where = pg._begin("scatter_object_list")
-    root = _root(pg, where, src, group_src, "src")
 
-    def check() -> None:
-        if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
-            raise ValueError(f"{where}: scatter_object_output_list must be a non-empty list")
-        _list_on_root(pg, where, root, scatter_object_input_list, "scatter_object_input_list",
-                      "source")
+    def body() -> None:
+        where = pg._begin("scatter_object_list")
+        root = _root(pg, where, src, group_src, "src")
 
-    _checked(pg, where, "scatter_object_list", root, check)
-    scatter_object_output_list[0] = pg.scatter_obj(
-        list(scatter_object_input_list) if pg.rank_ == root else None, root)
+        def check() -> None:
+            if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
+                raise ValueError(f"{where}: scatter_object_output_list must be a non-empty list")
+            _list_on_root(pg, where, root, scatter_object_input_list, "scatter_object_input_list",
+                          "source")
+
+        _checked(pg, where, "scatter_object_list", root, check)
+        scatter_object_output_list[0] = pg.scatter_obj(
+            list(scatter_object_input_list) if pg.rank_ == root else None, root)
+
+    pg.call_guarded("scatter_object_list", body)

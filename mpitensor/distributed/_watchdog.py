@@ -34,6 +34,7 @@ import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
 from .. import _config
+from . import _faults
 from ..errors import DistributedTimeoutError
 
 if TYPE_CHECKING:
@@ -180,6 +181,12 @@ def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
                 next_check = now + _CHECK_EVERY_S
                 elapsed = now - t0
                 if diag is not None:
+                    fault = _faults.in_wait(g, kind, seq, op, peer, t0)
+                    if fault is not None:
+                        if cancel and not _cancelled(req, status):
+                            return  # matched while being cancelled: the receive completed
+                        fault.request = None if cancel else req
+                        raise fault
                     if drain_notices(g, me) and not announced:
                         announced = _announce(g, me, waiting=True)
                     if elapsed >= notify_at and not announced:

@@ -8,6 +8,7 @@ host copies otherwise.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import re
 from typing import Any, Callable, List, Optional, Sequence
@@ -24,6 +25,7 @@ from ..errors import (
 )
 from ..tensor import Tensor
 from . import _buffers as B
+from . import _faults
 from . import _watchdog as W
 from ._watchdog import MASK as _MASK
 from .process_group import ProcessGroup, ReduceOp, Work, _Completed
@@ -75,6 +77,17 @@ def _counts_displs(counts: Sequence[int]) -> "tuple[list, list]":
     return list(counts), displs
 
 
+def _guarded(opname: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A collective's general path: a failure before any traffic is settled with the peers
+    (``ProcessGroup.call_guarded``, ``_faults``). Fast paths never raise before posting."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run(self: "MPIGroup", *args: Any, **kwargs: Any) -> Any:
+            return self.call_guarded(opname, fn, self, *args, **kwargs)
+        return run
+    return wrap
+
+
 class MPIGroup(ProcessGroup):
     """A process group backed by an MPI communicator (``None`` on non-member ranks)."""
 
@@ -95,17 +108,22 @@ class MPIGroup(ProcessGroup):
         self.opname = ""  # the collective being prepared (set by _begin)
         # group rank == global rank: p2p peers need no translation
         self.identity = self.ranks == tuple(range(self.size_))
+        if comm is not None:
+            _faults.track(self)  # its peers hear of it if this process exits mid-job
 
     # ------------------------------------------------------------------ plumbing
     def _begin(self, opname: str) -> str:
         """Check membership; return the error prefix. The call is counted once checked."""
         if self.rank_ < 0:
             self.require_member(opname)
+        if self.broken is not None:
+            self.check_usable(opname)
         self.opname = opname
         return f"rank {self.global_rank}: {opname} (#{self.seq + 1} on {self.name})"
 
     def _begin_p2p(self, opname: str) -> str:
         self.require_member(opname)
+        self.check_usable(opname)
         return self.where(opname, p2p=True)
 
     def _mpi_error(self, where: str, exc: BaseException) -> BaseException:
@@ -128,6 +146,7 @@ class MPIGroup(ProcessGroup):
             req = nonblocking()
         except MPI.Exception as exc:
             raise self._mpi_error(where, exc) from exc
+        self.sent += 1
         if async_op:
             return Work(req, finish, result, describe=lambda: where, keep=keep, group=self,
                         info=(op, s, "coll", None, None))
@@ -144,6 +163,7 @@ class MPIGroup(ProcessGroup):
         """Debug mode: check that every rank entered this call with matching arguments."""
         sig = dict(sig)
         sig["error"] = None if error is None else f"{type(error).__name__}: {error}"
+        self.sent += 1  # every rank takes part in the exchange: no fault settling after it
         sigs = self.allgather_obj(sig, f"{sig.get('op', 'collective')} (debug check)")
         problems = []
         if any(s["error"] for s in sigs):
@@ -230,7 +250,7 @@ class MPIGroup(ProcessGroup):
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Optional[Work]:
         arr = tensor._data if type(tensor) is Tensor else tensor
-        if type(arr) is np.ndarray and not self.debug and self.rank_ >= 0:
+        if type(arr) is np.ndarray and not self.slow and self.rank_ >= 0:
             fast = _fast_op(op, arr.dtype)
             if fast is not None:
                 flags = arr.flags
@@ -264,7 +284,7 @@ class MPIGroup(ProcessGroup):
         return None
 
     def _fast_root(self, root: Any, group_root: Any) -> bool:
-        return (type(root) is int and group_root is None and self.identity and not self.debug
+        return (type(root) is int and group_root is None and self.identity and not self.slow
                 and 0 <= root < self.size_)
 
     @staticmethod
@@ -277,6 +297,7 @@ class MPIGroup(ProcessGroup):
             return _MOVE.get(inp.dtype)
         return None
 
+    @_guarded("all_reduce")
     def _all_reduce(self, tensor: Any, op: Any, async_op: bool) -> Optional[Work]:
         where = self._begin("all_reduce")
 
@@ -311,6 +332,7 @@ class MPIGroup(ProcessGroup):
                 return self._fast_finish(req, "broadcast", s, [tensor], arr, async_op)
         return self._broadcast(tensor, src, async_op, group_src)
 
+    @_guarded("broadcast")
     def _broadcast(self, tensor: Any, src: Optional[int], async_op: bool,
                    group_src: Optional[int]) -> Optional[Work]:
         where = self._begin("broadcast")
@@ -352,6 +374,7 @@ class MPIGroup(ProcessGroup):
                 return self._fast_finish(req, "reduce", s, [tensor], arr, async_op)
         return self._reduce(tensor, dst, op, async_op, group_dst)
 
+    @_guarded("reduce")
     def _reduce(self, tensor: Any, dst: Optional[int], op: Any, async_op: bool,
                 group_dst: Optional[int]) -> Optional[Work]:
         where = self._begin("reduce")
@@ -406,6 +429,7 @@ class MPIGroup(ProcessGroup):
                     f"and dtype of {ref_what}")
         return arrs
 
+    @_guarded("all_gather")
     def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool = False) -> Optional[Work]:
         where = self._begin("all_gather")
 
@@ -458,7 +482,7 @@ class MPIGroup(ProcessGroup):
                                async_op: bool = False) -> Optional[Work]:
         out = output._data if type(output) is Tensor else output
         inp = input._data if type(input) is Tensor else input
-        if self.rank_ >= 0 and not self.debug:
+        if self.rank_ >= 0 and not self.slow:
             mt = self._fast_pair(out, inp)
             if mt is not None and out.size == inp.size * self.size_:
                 s = self._fast_count("all_gather_into_tensor", inp)
@@ -467,6 +491,7 @@ class MPIGroup(ProcessGroup):
                                          (out, inp), async_op)
         return self._all_gather_into_tensor(output, input, async_op)
 
+    @_guarded("all_gather_into_tensor")
     def _all_gather_into_tensor(self, output: Any, input: Any,
                                 async_op: bool) -> Optional[Work]:
         where = self._begin("all_gather_into_tensor")
@@ -495,6 +520,7 @@ class MPIGroup(ProcessGroup):
         return self._run(where, lambda: comm.Iallgather(sspec, rspec), write_back, async_op,
                          [output], keep=(sspec, rspec))
 
+    @_guarded("gather")
     def gather(self, tensor: Any, gather_list: Any = None, dst: Optional[int] = None,
                async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
         where = self._begin("gather")
@@ -536,6 +562,7 @@ class MPIGroup(ProcessGroup):
         return self._run(where, lambda: comm.Igather(sspec, rspec, root), copy_out, async_op,
                          list(gather_list), keep=(sspec, rspec))
 
+    @_guarded("scatter")
     def scatter(self, tensor: Any, scatter_list: Any = None, src: Optional[int] = None,
                 async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
         where = self._begin("scatter")
@@ -574,6 +601,7 @@ class MPIGroup(ProcessGroup):
         return self._run(where, lambda: comm.Iscatter(sspec, rspec, root), write_back, async_op,
                          [tensor], keep=(sspec, rspec))
 
+    @_guarded("reduce_scatter")
     def reduce_scatter(self, output: Any, input_list: Any, op: Any = _SUM,
                        async_op: bool = False) -> Optional[Work]:
         where = self._begin("reduce_scatter")
@@ -608,7 +636,7 @@ class MPIGroup(ProcessGroup):
                               async_op: bool = False) -> Optional[Work]:
         out = output._data if type(output) is Tensor else output
         inp = input._data if type(input) is Tensor else input
-        if self.rank_ >= 0 and not self.debug and self._fast_pair(out, inp) is not None \
+        if self.rank_ >= 0 and not self.slow and self._fast_pair(out, inp) is not None \
                 and inp.size == out.size * self.size_:
             fast = _fast_op(op, inp.dtype)
             if fast is not None:
@@ -618,6 +646,7 @@ class MPIGroup(ProcessGroup):
                                          (out, inp), async_op)
         return self._reduce_scatter_tensor(output, input, op, async_op)
 
+    @_guarded("reduce_scatter_tensor")
     def _reduce_scatter_tensor(self, output: Any, input: Any, op: Any,
                                async_op: bool) -> Optional[Work]:
         where = self._begin("reduce_scatter_tensor")
@@ -649,6 +678,7 @@ class MPIGroup(ProcessGroup):
                          B.chain(avg, narrow, write_back), async_op, [output],
                          keep=(sspec, rspec))
 
+    @_guarded("all_to_all")
     def all_to_all(self, output_tensor_list: Any, input_tensor_list: Any,
                    async_op: bool = False) -> Optional[Work]:
         where = self._begin("all_to_all")
@@ -703,7 +733,7 @@ class MPIGroup(ProcessGroup):
                           async_op: bool = False) -> Optional[Work]:
         out = output._data if type(output) is Tensor else output
         inp = input._data if type(input) is Tensor else input
-        if (self.rank_ >= 0 and not self.debug and input_split_sizes is None
+        if (self.rank_ >= 0 and not self.slow and input_split_sizes is None
                 and output_split_sizes is None):
             mt = self._fast_pair(out, inp)
             if (mt is not None and inp.shape == out.shape
@@ -715,6 +745,7 @@ class MPIGroup(ProcessGroup):
         return self._all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                        async_op)
 
+    @_guarded("all_to_all_single")
     def _all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,
                            input_split_sizes: Any, async_op: bool) -> Optional[Work]:
         where = self._begin("all_to_all_single")
@@ -766,6 +797,7 @@ class MPIGroup(ProcessGroup):
         return self._run(where, lambda: nonblocking(sspec, rspec),
                          write_back, async_op, [output], keep=(sspec, rspec))
 
+    @_guarded("barrier")
     def barrier(self, async_op: bool = False) -> Optional[Work]:
         where = self._begin("barrier")
         self._count("barrier")
@@ -803,7 +835,7 @@ class MPIGroup(ProcessGroup):
         group whose ranks are the world's (so the peer needs no translation).
         """
         if (type(arr) is np.ndarray and type(peer) is int and type(tag) is int
-                and group_peer is None and self.identity and not self.debug
+                and group_peer is None and self.identity and not self.slow
                 and 0 <= peer < self.size_ and peer != self.rank_ and 0 <= tag <= self.tag_ub
                 and arr.flags.c_contiguous):
             return _MOVE.get(arr.dtype)
@@ -982,6 +1014,7 @@ class MPIGroup(ProcessGroup):
         if self.rank_ == root:
             data = _pickled(obj)
             n[0] = data.size
+        self.sent += 1
         self._obj_wait(self.comm.Ibcast([n, _I64], root), op)
         if data is None:
             data = np.empty(int(n[0]), np.uint8)
@@ -992,6 +1025,7 @@ class MPIGroup(ProcessGroup):
         data = _pickled(obj)
         n = np.array([data.size], np.int64)
         sizes = np.empty(self.size_, np.int64)
+        self.sent += 1
         self._obj_wait(self.comm.Iallgather([n, _I64], [sizes, _I64]), op)
         counts, displs = _counts_displs(sizes.tolist())
         out = np.empty(sum(counts), np.uint8)
@@ -1003,6 +1037,7 @@ class MPIGroup(ProcessGroup):
         n = np.array([data.size], np.int64)
         is_root = self.rank_ == root
         sizes = np.empty(self.size_, np.int64) if is_root else None
+        self.sent += 1
         self._obj_wait(self.comm.Igather([n, _I64], [sizes, _I64] if is_root else None, root),
                        op)
         if not is_root:
@@ -1023,6 +1058,7 @@ class MPIGroup(ProcessGroup):
             parts = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in objs]
             sizes = np.array([len(p) for p in parts], np.int64)
             flat = np.frombuffer(bytearray(b"".join(parts)), np.uint8)
+        self.sent += 1
         self._obj_wait(self.comm.Iscatter([sizes, _I64] if is_root else None, [n, _I64], root),
                        op)
         out = np.empty(int(n[0]), np.uint8)
@@ -1067,6 +1103,7 @@ class MPIGroup(ProcessGroup):
                 comm.Free()
             setattr(self, attr, None)
         self.notice_reqs = []
+        _faults.forget(self)
         self.identity = False  # no fast path either: every call meets require_member
         self._mark_destroyed()
 

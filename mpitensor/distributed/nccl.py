@@ -69,6 +69,10 @@ class NCCLGroup(ProcessGroup):
     diag = _on_mpi_group("diag")
     notices = _on_mpi_group("notices")
     notice_reqs = _on_mpi_group("notice_reqs")
+    broken = _on_mpi_group("broken")
+    slow = _on_mpi_group("slow")
+    faults = _on_mpi_group("faults")
+    sent = _on_mpi_group("sent")
 
     def __init__(self, mpi_group: Any, device_id: Any = None) -> None:
         reason = nccl_unavailable_reason()

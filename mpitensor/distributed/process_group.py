@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import DistributedTimeoutError, MpiTensorError, NotAGroupMemberError
-from . import _watchdog
+from . import _faults, _watchdog
 
 __all__ = ["ReduceOp", "reduce_op", "Work", "ProcessGroup", "GroupMember"]
 
@@ -221,7 +221,10 @@ class ProcessGroup:
                  timeout: float, debug: bool) -> None:
         self._set_identity(ranks, my_global_rank, name)
         self.timeout = timeout
+        self.broken: Any = None  # a _faults.Story once the group is unusable
         self.debug = debug
+        self.faults: list = []  # fault notices read and not yet consumed: (group rank, msg)
+        self.sent = 0  # calls that reached MPI (posted traffic): a failure before it is local
         self.seq = 0  # collectives: the same count on every member
         self.p2p_seq = 0  # point-to-point calls: counted per rank
         self.stall_warn = _watchdog.stall_warn_seconds(timeout)
@@ -229,6 +232,40 @@ class ProcessGroup:
         self.diag: Any = None  # private communicator for arrival notices (MPI groups)
         self.notices: dict = {}  # group rank -> its latest arrival notice
         self.notice_reqs: list = []
+
+    @property
+    def debug(self) -> bool:
+        """Debug mode (argument agreement before every collective, p2p headers)."""
+        return self._debug_on
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        self._debug_on = bool(value)
+        self.slow = self._debug_on or self.broken is not None  # True: no fast path
+
+    def check_usable(self, opname: str) -> None:
+        """Raise the group's PeerFailedError if a failure made it unusable."""
+        if self.broken is not None:
+            raise _faults.error(self, self.broken, opname)
+
+    def call_guarded(self, opname: str, body: Callable[..., Any], *args: Any,
+                     **kwargs: Any) -> Any:
+        """Run a collective's ``body``; if it raises before any traffic, settle it with the
+        peers (see ``_faults``): the group stays usable only if they all failed the same call.
+        """
+        sent0, seq0 = self.sent, self.seq
+        try:
+            return body(*args, **kwargs)
+        except Exception as exc:
+            if self.sent == sent0 and self.rank_ >= 0 and self.broken is None:
+                if self.seq == seq0:
+                    self._count(opname)
+                story = _faults.agree_on_failure(self, opname, self.seq, exc)
+                if story is not None:
+                    exc.add_note(f"{self.name} is unusable from here on (other ranks had "
+                                 f"entered the call): every later call on it raises "
+                                 f"PeerFailedError; first failure: {story.text()}")
+            raise
 
     def _set_identity(self, ranks: Sequence[int], my_global_rank: int, name: str) -> None:
         """Members, this process's place among them, and the name used in messages."""
@@ -339,8 +376,8 @@ class ProcessGroup:
     def where(self, opname: str, p2p: bool = False) -> str:
         """The prefix of every error message: rank, operation, group and sequence number.
 
-        The number is the one this call gets once it passes its checks (a call that fails its
-        local checks is not counted, so the ranks' counters stay equal).
+        The number is the one this call gets: a call that fails its local checks is counted
+        too, once its peers have heard of it (``_faults``), so the ranks' counters stay equal.
         """
         if p2p:
             return f"rank {self.global_rank}: {opname} (p2p #{self.p2p_seq + 1} on {self.name})"

@@ -239,9 +239,9 @@ class BaseTestDebug(ai.GroupCase):
         exc = outcome(dist.all_gather_into_tensor, out, np.zeros(2, np.float32),
                       group=self.group)
         if self.rank == 0:
-            ai.expect(type(exc) is TypeError and "dtype mismatch" in str(exc), repr(exc))
+            ai.expect(isinstance(exc, TypeError) and "dtype mismatch" in str(exc), repr(exc))
         else:
-            self.expect_mismatch(exc, f"rank {self.ranks[0]}: ", "error=TypeError")
+            self.expect_mismatch(exc, f"rank {self.ranks[0]}: ", "error=DtypeMismatchError")
         self.still_works()
 
 

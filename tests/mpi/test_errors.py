@@ -1,10 +1,11 @@
 """Bad inputs: every one raises a clear ValueError/TypeError (or MpiTensorError) with a message
 that names the problem, before any message is sent.
 
-Errors every rank makes are raised on every rank. Errors that only one rank can see (a wrong
-``scatter_list`` on the source, a wrong ``gather_list`` on the destination) are raised before any
-traffic, so only that rank makes the call; they run on a private group, so the sequence numbers
-of the shared groups stay the same on every rank (debug mode compares them).
+Errors every rank makes are raised on every rank, and the group stays usable. Errors that only
+one rank can see (a wrong ``scatter_list`` on the source, a wrong ``gather_list`` on the
+destination, a read-only buffer on one rank) are raised there before any traffic; the others,
+who made the same call correctly, raise PeerFailedError instead of ever completing it against
+a later call, and the group refuses every later call. They run on fresh groups.
 """
 
 from __future__ import annotations
@@ -22,24 +23,12 @@ from mpitensor.errors import (
     MessageTruncatedError,
     MpiTensorError,
     NotAGroupMemberError,
+    PeerFailedError,
 )
 
 from . import arrayimpl as ai
 
 R = dist.ReduceOp
-
-
-@pytest.fixture(scope="module")
-def _private_group():
-    return dist.new_group(list(range(dist.get_world_size())), group_desc="test_errors")
-
-
-@pytest.fixture
-def private(_private_group):
-    """A group of the whole world used only by this module, for calls only the root makes
-    (with debug mode off: it would make the root wait for the others' signatures)."""
-    with ai.debug_mode(False):
-        yield _private_group
 
 
 def world():
@@ -189,30 +178,118 @@ def test_list_lengths_used_on_every_rank():
         dist.all_gather([np.zeros((2, 1), np.float32) for _ in range(n)], x)
 
 
-def test_list_lengths_on_the_root(private):
-    """scatter_list is used on src, gather_list on dst: only that rank raises (and calls)."""
+def _one_rank_fails(name, root, fail_call, other_call, expect, match, completes=False):
+    """Every rank makes the same call on a fresh group; only ``root``'s fails its local checks.
+
+    The root raises ``expect`` (before any traffic); the others must never complete the call
+    against a later one: they raise PeerFailedError naming the root, the operation and its
+    number (where their part could complete locally, ``completes``, their next call raises).
+    From then on every call on that group raises PeerFailedError on every rank.
+    """
+    n, me = world()
+    g = dist.new_group(list(range(n)), group_desc=f"faults_{name}")
+    story = rf"rank {root}( \(this rank\))? failed in {name} \(#1 on faults_{name}\)"
+    if me == root:
+        with pytest.raises(expect, match=match) as info:
+            fail_call(g)
+        if n > 1:
+            assert any("unusable from here on" in note for note in info.value.__notes__)
+    elif completes:
+        try:
+            other_call(g)
+        except PeerFailedError as exc:
+            assert re.search(story, str(exc)), str(exc)
+    else:
+        with pytest.raises(PeerFailedError, match=story + ".*" + match) as info:
+            other_call(g)
+        err = info.value
+        assert (err.rank, err.op, err.seq, err.group) == (root, name, 1, f"faults_{name}")
+    if n > 1:
+        for _ in range(2):  # at once, and again: the same story every time
+            with pytest.raises(PeerFailedError, match=story):
+                dist.all_reduce(np.zeros(1), group=g)
+        with pytest.raises(PeerFailedError, match=story):
+            dist.send(np.zeros(1), (me + 1) % n, group=g)
+    else:
+        dist.all_reduce(np.zeros(1), group=g)  # alone: nothing was left waiting
+    dist.destroy_process_group(g)
+    dist.barrier()  # the world group is untouched
+
+
+def test_list_lengths_on_the_root():
+    """scatter_list is used on src, gather_list on dst: a bad one there, fine lists elsewhere."""
     n, me = world()
     x = np.zeros(2, np.int32)
     wrong = [np.zeros(2, np.int32) for _ in range(n + 1)]
     root = n - 1
-    if me == root:
-        with pytest.raises(ValueError, match=rf"scatter_list has {n + 1} entries but "
-                                             rf"test_errors has {n} ranks"):
-            dist.scatter(x, wrong, src=root, group=private)
-        with pytest.raises(ValueError, match="scatter_list is required on the source rank"):
-            dist.scatter(x, None, src=root, group=private)
-        with pytest.raises(ValueError, match=rf"gather_list has {n + 1} entries"):
-            dist.gather(x, wrong, dst=root, group=private)
-        with pytest.raises(ValueError, match="gather_list is required on the destination"):
-            dist.gather(x, None, dst=root, group=private)
-        with pytest.raises(ValueError, match=rf"gather_list has 0 entries but test_errors has "
-                                             rf"{n} ranks"):
-            dist.gather(x, [], dst=root, group=private)
-        with pytest.raises(ValueError, match=rf"object_gather_list must be a list of {n} "):
-            dist.gather_object(1, [None] * (n + 1), dst=root, group=private)
-        with pytest.raises(ValueError, match=rf"scatter_object_input_list must be a list of "
-                                             rf"{n} "):
-            dist.scatter_object_list([None], [1] * (n + 1), src=root, group=private)
+    cases = [
+        ("scatter", lambda g: dist.scatter(x, wrong, src=root, group=g),
+         lambda g: dist.scatter(x, None, src=root, group=g),
+         rf"scatter_list has {n + 1} entries but faults_scatter has {n} ranks", False),
+        ("scatter", lambda g: dist.scatter(x, None, src=root, group=g),
+         lambda g: dist.scatter(x, None, src=root, group=g),
+         "scatter_list is required on the source rank", False),
+        ("scatter", lambda g: dist.scatter(x, [np.zeros(3, np.int32)] * n, src=root, group=g),
+         lambda g: dist.scatter(x, None, src=root, group=g),
+         r"scatter_list\[0\] is int32\[3\] but tensor is int32\[2\]", False),
+        ("gather", lambda g: dist.gather(x, wrong, dst=root, group=g),
+         lambda g: dist.gather(x, None, dst=root, group=g),
+         rf"gather_list has {n + 1} entries", True),
+        ("gather", lambda g: dist.gather(x, None, dst=root, group=g),
+         lambda g: dist.gather(x, None, dst=root, group=g),
+         "gather_list is required on the destination", True),
+        ("gather_object", lambda g: dist.gather_object(1, [None] * (n + 1), dst=root, group=g),
+         lambda g: dist.gather_object(1, None, dst=root, group=g),
+         rf"object_gather_list must be a list of {n} ", True),
+        ("scatter_object_list",
+         lambda g: dist.scatter_object_list([None], [1] * (n + 1), src=root, group=g),
+         lambda g: dist.scatter_object_list([None], None, src=root, group=g),
+         rf"scatter_object_input_list must be a list of {n} ", False),
+    ]
+    for name, bad, good, match, completes in cases:
+        _one_rank_fails(name, root, bad, good, ValueError, match, completes)
+
+
+def test_error_on_one_rank_never_matches_the_next_call():
+    """The issue's reproducer: one rank's buffer is read-only, it catches the error and goes
+    on to its next all_reduce; the others, still in the first call, must not complete it
+    against that next call (they would add the wrong values without a word)."""
+    n, me = world()
+    ro = np.ones(3)
+    ro.flags.writeable = False
+    _one_rank_fails("all_reduce", 0, lambda g: dist.all_reduce(ro, group=g),
+                    lambda g: dist.all_reduce(np.ones(3), group=g), ValueError, "read-only")
+    src = n - 1
+    ro0 = np.zeros(2, np.int64)
+    ro0.flags.writeable = False
+    if n > 1:  # a read-only buffer on a receiving rank (the source may pass one)
+        _one_rank_fails("broadcast", 0, lambda g: dist.broadcast(ro0, src=src, group=g),
+                        lambda g: dist.broadcast(np.zeros(2, np.int64), src=src, group=g),
+                        ValueError, "read-only", completes=True)
+    # an unpicklable object on the source of an object broadcast
+    _one_rank_fails("broadcast_object_list", 0,
+                    lambda g: dist.broadcast_object_list([lambda: 0], src=0, group=g),
+                    lambda g: dist.broadcast_object_list([None], src=0, group=g),
+                    Exception, r"[Pp]ickle")
+
+
+def test_every_rank_failing_the_same_call_keeps_the_group():
+    """A bad argument on every rank: nobody posted anything, the group stays usable and the
+    call numbers stay equal (debug mode would notice otherwise)."""
+    n, me = world()
+    g = dist.new_group(list(range(n)), group_desc="faults_all")
+    for _ in range(3):
+        with pytest.raises(ValueError, match="read-only"):
+            ro = np.zeros(2)
+            ro.flags.writeable = False
+            dist.all_reduce(ro, group=g)
+    x = np.full(2, float(me))
+    dist.all_reduce(x, group=g)
+    np.testing.assert_array_equal(x, np.full(2, n * (n - 1) / 2))
+    objs, seq = [None] * n, g.seq
+    dist.all_gather_object(objs, seq, group=g)
+    assert objs == [seq] * n
+    dist.destroy_process_group(g)
 
 
 # ---------------------------------------------------------------------------- dtypes
@@ -236,13 +313,16 @@ def test_mismatched_dtypes():
         dist.all_to_all([np.zeros(2, np.complex64)] * n, [np.zeros(2, f32)] * n)
 
 
-def test_mismatched_dtypes_on_the_root(private):
+def test_mismatched_dtypes_on_the_root():
     n, me = world()
-    if me == 0:
-        with pytest.raises(TypeError, match=r"gather_list\[0\] is int8"):
-            dist.gather(np.zeros(1, np.uint8), [np.zeros(1, np.int8)] * n, group=private)
-        with pytest.raises(TypeError, match=r"scatter_list\[0\] is bool"):
-            dist.scatter(np.zeros(1, np.uint8), [np.zeros(1, bool)] * n, group=private)
+    x = np.zeros(1, np.uint8)
+    _one_rank_fails("gather", 0, lambda g: dist.gather(x, [np.zeros(1, np.int8)] * n, group=g),
+                    lambda g: dist.gather(x, None, group=g), TypeError,
+                    r"gather_list\[0\] is int8", completes=True)
+    _one_rank_fails("scatter", 0,
+                    lambda g: dist.scatter(x, [np.zeros(1, bool)] * n, group=g),
+                    lambda g: dist.scatter(x, None, group=g), TypeError,
+                    r"scatter_list\[0\] is bool")
 
 
 @pytest.mark.parametrize("dtype", [np.longdouble, "datetime64[s]", object, "U3", "V8"],
@@ -355,15 +435,16 @@ def test_read_only_inputs_are_fine():
         assert y[0] == sum(range(n))
 
 
-def test_read_only_outputs_on_the_root(private):
+def test_read_only_outputs_on_the_root():
     n, me = world()
-    if me == 0:
-        ro = np.zeros(1)
-        ro.setflags(write=False)
-        with pytest.raises(ValueError, match="tensor is read-only"):
-            dist.reduce(ro, dst=0, group=private)
-        with pytest.raises(ValueError, match=r"gather_list\[0\] is read-only"):
-            dist.gather(np.zeros(1), [ro] * n, dst=0, group=private)
+    ro = np.zeros(1)
+    ro.setflags(write=False)
+    _one_rank_fails("reduce", 0, lambda g: dist.reduce(ro, dst=0, group=g),
+                    lambda g: dist.reduce(np.zeros(1), dst=0, group=g), ValueError,
+                    "tensor is read-only", completes=True)
+    _one_rank_fails("gather", 0, lambda g: dist.gather(np.zeros(1), [ro] * n, dst=0, group=g),
+                    lambda g: dist.gather(np.zeros(1), None, dst=0, group=g), ValueError,
+                    r"gather_list\[0\] is read-only", completes=True)
 
 
 # ---------------------------------------------------------------------------- sizes and roots

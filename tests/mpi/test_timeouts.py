@@ -156,21 +156,23 @@ def test_work_wait_is_bounded_by_the_group_timeout(quiet):
     dist.barrier()
 
 
-def test_local_errors_do_not_advance_the_sequence(quiet):
-    """A call that fails its own checks is not counted (debug off): after one rank's argument
-    error, the next collective has the same number everywhere (debug mode compares them)."""
+def test_local_errors_keep_the_sequence_equal(quiet):
+    """A collective that fails its own checks on every rank is counted on every rank (the
+    ranks settle the failure together, see _faults): the next collective has the same number
+    everywhere (debug mode compares them). A p2p call that fails its checks is not counted."""
     n, me = world()
     before, p2p_before = quiet.seq, quiet.p2p_seq
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        dist.all_reduce(np.zeros(2, dtype=object), group=quiet)
+    with pytest.raises(ValueError, match="read-only"):
+        ro = np.zeros(2)
+        ro.setflags(write=False)
+        dist.all_reduce(ro, group=quiet)
+    assert quiet.seq == before + 2
     if me == n - 1:
-        with pytest.raises(TypeError, match="unsupported dtype"):
-            dist.all_reduce(np.zeros(2, dtype=object), group=quiet)
-        with pytest.raises(ValueError, match="read-only"):
-            ro = np.zeros(2)
-            ro.setflags(write=False)
-            dist.all_reduce(ro, group=quiet)
         with pytest.raises(ValueError, match="out of range"):
             dist.send(np.zeros(1), dst=n + 3, group=quiet)
-        assert (quiet.seq, quiet.p2p_seq) == (before, p2p_before)
+        assert quiet.p2p_seq == p2p_before
     with ai.debug_mode(True):
         x = np.ones(2)
         dist.all_reduce(x, group=quiet)  # would raise "different seq" had it drifted

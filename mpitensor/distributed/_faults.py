@@ -1,0 +1,240 @@
+"""Fault notices: one rank's error never lets the others complete the wrong call.
+
+A collective call that raises on one rank before it has sent anything (a read-only buffer, a
+wrong list on the root, an MPI error while posting) leaves the other members inside that call,
+or on their way to it. Without care they would later complete it against the failing rank's
+*next* call: two different calls mixed, silently. This module closes that gap with messages on
+each group's private notice communicator (``g.diag``; user messages can never match them):
+
+* **fail** ``(seq, op, error)``: sent by a rank whose collective ``#seq`` failed before any
+  traffic, to every other member. The sender then waits (bounded by the group's timeout) for
+  every peer's answer. Peers that failed in the same call answer with their own *fail* notice:
+  nobody posted anything, the group stays usable, and every rank raises its own error (the
+  usual case of a bad argument passed on every rank). Any other answer means some peer had
+  posted the call: the group is *broken*.
+* **broken** ``(origin)``: sent by a rank that learnt the group cannot be used any more (it
+  was waiting in a call that a failed or departed rank will never make). A rank waiting in any
+  call on the group ends its wait with :class:`~mpitensor.errors.PeerFailedError` at once.
+* **left** ``(last seq)``: sent at interpreter exit by a rank that still holds the group
+  (``sys.exit``, returning from the script). A peer waiting in a collective that the leaver
+  never reached, or in a receive from it, raises instead of waiting for the timeout.
+
+A broken group refuses every later call, collective or point-to-point, on every rank that
+knows, with the same story (which rank, which operation, which call number, why). Waiting
+ranks read these notices on their slow-poll tick (once a millisecond, after the first 50 µs),
+so the fast path of every operation pays nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+import weakref
+from typing import Any, Optional
+
+from ..errors import PeerFailedError
+
+FAULT_TAG = 3  # on the notice communicator (1: arrival notices, 2: debug verdicts)
+_LEFT_GRACE_S = 0.2  # a receive from a rank that left: the data may still be on its way
+
+_live: "weakref.WeakSet" = weakref.WeakSet()  # groups to tell when this process exits
+_hooked = False
+
+
+class Story:
+    """Why a group is broken: the rank, the call and the error that started it."""
+
+    __slots__ = ("rank", "op", "seq", "reason", "group")
+
+    def __init__(self, rank: int, op: str, seq: int, reason: str, group: str) -> None:
+        self.rank, self.op, self.seq, self.reason, self.group = rank, op, seq, reason, group
+
+    def as_tuple(self) -> tuple:
+        return (self.rank, self.op, self.seq, self.reason)
+
+    def text(self) -> str:
+        return f"rank {self.rank}: {self.op} #{self.seq}: {self.reason}"
+
+
+def _story(g: Any, origin: tuple) -> Story:
+    rank, op, seq, reason = origin
+    return Story(rank, op, seq, reason, g.name)
+
+
+def error(g: Any, story: Story, opname: str, seq: Optional[int] = None,
+          waiting: bool = False) -> PeerFailedError:
+    """The error a call on a broken group raises (``waiting``: it was inside the call)."""
+    me = g.global_rank
+    call = f"{opname} (#{seq} on {g.name})" if seq is not None else f"{opname} on {g.name}"
+    culprit = f"rank {story.rank}" + (" (this rank)" if story.rank == me else "")
+    head = (f"rank {me}: {call} cannot complete" if waiting
+            else f"rank {me}: {call} refused: the group is unusable")
+    what = (f"{culprit}: {story.reason}" if story.op == "exit" else
+            f"{culprit} failed in {story.op} (#{story.seq} on {g.name}): {story.reason}")
+    msg = (f"{head}: {what}. The other ranks may have entered calls that will never be matched, "
+           f"so every later call on {g.name} raises this error on every rank that knows; "
+           "create a new group (new_group) or end the job.")
+    err = PeerFailedError(msg)
+    err.rank, err.op, err.seq, err.group, err.reason = story.rank, story.op, story.seq, \
+        g.name, story.reason
+    return err
+
+
+def _send(g: Any, msg: tuple) -> None:
+    """Send ``msg`` to every other member (non-blocking; the requests are kept and reaped)."""
+    diag = g.diag
+    if diag is None:
+        return
+    reqs = [r for r in g.notice_reqs if not r.Test()]
+    for r in range(g.size_):
+        if r != g.rank_:
+            try:
+                reqs.append(diag.isend(msg, r, FAULT_TAG))
+            except Exception:  # noqa: BLE001 - a peer gone, MPI finalising: tell the others
+                pass
+    g.notice_reqs = reqs
+
+
+def drain(g: Any) -> None:
+    """Read every fault notice that has arrived into ``g.faults`` (in arrival order)."""
+    diag = g.diag
+    if diag is None:
+        return
+    from mpi4py import MPI  # imported where used: importing mpitensor must not start MPI
+
+    status = MPI.Status()
+    while diag.Iprobe(MPI.ANY_SOURCE, FAULT_TAG, status):
+        src = status.Get_source()
+        g.faults.append((src, diag.recv(None, src, FAULT_TAG)))
+
+
+def mark_broken(g: Any, story: Story, tell: bool = True) -> None:
+    """Make every later call on ``g`` raise; tell the other members unless they told us."""
+    if g.broken is not None:
+        return
+    g.broken = story
+    g.slow = True  # fast paths off: every call reaches the check in _begin
+    if tell:
+        _send(g, ("broken", story.as_tuple()))
+
+
+def in_wait(g: Any, kind: str, seq: int, op: str, peer: Optional[int],
+            since: float) -> Optional[PeerFailedError]:
+    """Called by a waiting rank on its slow tick: the error that ends the wait, if any.
+
+    ``kind``/``seq``: the call waited on (``"coll"`` with the group's call number, or ``"p2p"``);
+    ``peer``: the p2p peer's group rank (``None``: any source); ``since``: when the wait began.
+    """
+    drain(g)
+    if g.broken is not None:
+        return error(g, g.broken, op, seq if kind == "coll" else None, waiting=True)
+    left = {src for src, msg in g.faults if msg[0] == "left"}
+    for src, msg in g.faults:
+        what = msg[0]
+        if what == "broken":
+            story = _story(g, msg[1])
+        elif what == "fail" and kind == "coll" and msg[1] <= seq:
+            # the failing rank never posted call msg[1]: this call (msg[1] itself, or a later
+            # one this rank reached because its part of msg[1] completed locally) cannot match
+            story = Story(g.ranks[src], msg[2], msg[1], msg[3], g.name)
+        elif what == "left" and (kind == "coll" and msg[1] < seq or kind == "p2p" and (
+                peer == src or peer is None and len(left) == g.size_ - 1)):
+            if kind == "p2p" and time.perf_counter() - since < _LEFT_GRACE_S:
+                continue  # what it sent before leaving may still be on its way
+            story = Story(g.ranks[src], "exit", msg[1],
+                          f"the process left (sys.exit or the end of its script) after "
+                          f"collective #{msg[1]}, while this rank still waited for it", g.name)
+            if kind == "coll":  # no collective can complete on this group any more
+                mark_broken(g, story, tell=False)
+            return error(g, story, op, seq if kind == "coll" else None, waiting=True)
+        else:
+            continue
+        mark_broken(g, story)
+        return error(g, story, op, seq if kind == "coll" else None, waiting=True)
+    return None
+
+
+def agree_on_failure(g: Any, op: str, seq: int, exc: BaseException) -> Optional[Story]:
+    """A rank's collective ``#seq`` failed before any traffic: tell the peers, hear them out.
+
+    Returns ``None`` when every peer failed in the same call (the group stays usable), else
+    the story of the now broken group. Waits at most the group's timeout for the answers.
+    """
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    prefix = f"rank {g.global_rank}: {op} (#{seq} on {g.name}): "
+    if text.startswith(prefix):  # our own messages start with the call: said already
+        text = text[len(prefix):]
+    reason = f"{type(exc).__name__}: {text}"
+    if len(reason) > 300:
+        reason = reason[:297] + "..."
+    mine = Story(g.global_rank, op, seq, reason, g.name)
+    if g.size_ < 2 or g.diag is None:
+        return None
+    _send(g, ("fail", seq, op, reason))
+    need = set(range(g.size_)) - {g.rank_}
+    t0 = time.perf_counter()
+    deadline = t0 + g.timeout
+    other: Optional[Story] = None
+    while True:
+        drain(g)
+        keep = []
+        for src, msg in g.faults:
+            if msg[0] == "fail" and msg[1] == seq:
+                need.discard(src)  # failed in this very call too: consumed
+                continue
+            keep.append((src, msg))
+            if other is None and msg[0] == "broken":
+                other = _story(g, msg[1])
+            elif other is None:  # failed elsewhere, or left: it had passed this call
+                other = mine
+        g.faults = keep
+        if not need:
+            return None
+        if other is not None or g.broken is not None:
+            break
+        now = time.perf_counter()
+        if now >= deadline:
+            ranks = sorted(g.ranks[r] for r in need)
+            mine.reason += (f" (ranks {ranks} neither failed in this call nor answered within "
+                            f"the group's timeout of {g.timeout:g} s)")
+            break
+        if now - t0 < 2e-3:
+            os.sched_yield()
+        else:
+            time.sleep(min(1e-3, (now - t0) * 0.02))
+    story = g.broken or other or mine
+    mark_broken(g, story, tell=g.broken is None)
+    return story
+
+
+def track(g: Any) -> None:
+    """Remember ``g`` so that its peers hear of it when this process exits."""
+    global _hooked
+    _live.add(g)
+    if not _hooked:
+        _hooked = True
+        atexit.register(_at_exit)  # after mpi4py's (LIFO): runs while MPI is still up
+
+
+def forget(g: Any) -> None:
+    _live.discard(g)
+
+
+def _at_exit() -> None:
+    """Tell the peers of every live group that this process is leaving (see module doc)."""
+    try:
+        from mpi4py import MPI
+
+        if not MPI.Is_initialized() or MPI.Is_finalized():
+            return
+    except Exception:  # noqa: BLE001
+        return
+    groups = [g for g in list(_live) if g.diag is not None and g.rank_ >= 0]
+    for g in groups:
+        _send(g, ("left", g.seq))
+    end = time.monotonic() + 0.5  # small eager messages: done at once unless MPI is wedged
+    for g in groups:
+        for r in g.notice_reqs:
+            while not r.Test() and time.monotonic() < end:
+                time.sleep(1e-3)
