@@ -191,6 +191,67 @@ def test_rank_leaving_ends_the_others_wait(tmp_path, how):
     assert took < 60
 
 
+# ---------------------------------------------------------------------------- skipped constructors
+NEWGROUP = """
+import time
+dist.init_process_group("mpi", timeout=float(sys.argv[1]))
+rank = dist.get_rank()
+dist.barrier()
+t0 = time.monotonic()
+if rank != 2:                          # rank 2 skips the new_group every rank must call
+    try:
+        dist.new_group([0, 1, 2])
+    except DistributedTimeoutError as exc:
+        report(took=time.monotonic() - t0, missing=exc.missing, msg=str(exc))
+else:
+    report(skipped=True)
+"""
+
+
+INITSKIP = """
+import os, time
+from mpi4py import MPI                 # MPI_Init: every launcher's processes meet there
+if MPI.COMM_WORLD.Get_rank() == 1:     # this rank never calls init_process_group
+    time.sleep(float(sys.argv[1]) * 2)
+    os._exit(0)
+t0 = time.monotonic()
+try:
+    dist.init_process_group("mpi", timeout=float(sys.argv[1]))
+except DistributedTimeoutError as exc:
+    report(took=time.monotonic() - t0, msg=str(exc))
+    os._exit(3)
+"""
+
+
+def test_skipped_init_process_group_times_out(tmp_path):
+    """A rank that never calls init_process_group: the others raise DistributedTimeoutError
+    within the timeout plus a little (was: waiting in MPI_Comm_dup past any timeout)."""
+    res, took = run_script(tmp_path, INITSKIP, 3, "3")
+    assert not res.timed_out, res.output
+    got = results(tmp_path)
+    assert got, res.output
+    for r in got.values():
+        assert 2.9 < r["took"] < 8, r
+        assert "init_process_group did not complete within 3 s: not every one of the 3 ranks" \
+            in r["msg"], r
+    assert took < 60
+
+
+def test_skipped_new_group_times_out_naming_the_rank(tmp_path):
+    """A rank that skips new_group: the members raise DistributedTimeoutError naming it
+    within the timeout plus a little (was: waiting in MPI_Comm_create_group past any timeout)."""
+    res, took = run_script(tmp_path, NEWGROUP, 3, "3")
+    assert not res.timed_out, res.output
+    got = results(tmp_path)
+    assert got[2]["skipped"] is True
+    for r in (0, 1):
+        assert got[r]["missing"] == [2], got[r]
+        assert 2.9 < got[r]["took"] < 8, got[r]
+        assert "new_group([0, 1, 2]) did not complete within 3 s: ranks [2] never called it" \
+            in got[r]["msg"]
+    assert took < 60
+
+
 # ---------------------------------------------------------------------------- 3: a skipped call
 SKIP = """
 dist.init_process_group("mpi", timeout=float(sys.argv[1]))

@@ -252,7 +252,8 @@ def _make_world(comm: Any, name: str, seconds: float, device_id: Any) -> Process
     from .mpi import MPIGroup
 
     rank, size = comm.Get_rank(), comm.Get_size()
-    world: ProcessGroup = MPIGroup(comm.Dup(), list(range(size)), rank, "WORLD", seconds,
+    own = _watchdog.timed_dup(comm, seconds, "init_process_group")
+    world: ProcessGroup = MPIGroup(own, list(range(size)), rank, "WORLD", seconds,
                                    _state.debug, size)
     _share_node(comm, rank, size)
     if name == Backend.NCCL:
@@ -409,9 +410,10 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None,
     _state.group_count += 1
     name = group_desc or f"group{_state.group_count}{ranks}"
     base = getattr(world, "mpi_group", world)
-    sub = base.split(ranks, name)
-    if timeout is not None:
-        sub.set_timeout(_timeout_seconds(timeout))
+    seconds = _timeout_seconds(timeout) if timeout is not None else None
+    sub = base.split(ranks, name, seconds)
+    if seconds is not None:
+        sub.set_timeout(seconds)
     label = _parse_backend(backend) if backend is not None else world.backend_label
     if label == Backend.NCCL and sub.is_member:
         from .nccl import NCCLGroup

@@ -368,3 +368,68 @@ def timeout_error(g: Any, op: str, seq: int, kind: str, elapsed: float, limit: f
         [g.ranks[peer]] if peer is not None else None)
     return DistributedTimeoutError(" ".join(parts), op=op, group=g.name, seq=seq,
                                    elapsed=elapsed, missing=missing_ranks)
+
+
+# ---------------------------------------------------------------------------- constructors
+RENDEZVOUS_TAG = 4  # on the parent's notice communicator: "I am about to build this group"
+
+
+def timed_dup(comm: Any, timeout: float, what: str) -> Any:
+    """``comm.Dup()`` bounded by ``timeout``: the non-blocking ``Idup``, polled.
+
+    A rank that never makes the call (it skipped ``init_process_group``, or died) would leave
+    the blocking ``Dup`` waiting forever; here the others raise instead.
+    """
+    new, req = comm.Idup()
+    limit = timeout if math.isfinite(timeout) else float("inf")
+    if not poll(req, None, _perf() + limit):
+        raise DistributedTimeoutError(
+            f"rank {comm.Get_rank()}: {what} did not complete within {timeout:g} s: not every "
+            f"one of the {comm.Get_size()} ranks made the call (a rank that skipped it, exited "
+            "early or hangs before it). Every rank must call it.", op=what,
+            elapsed=limit)
+    return new
+
+
+def rendezvous(g: Any, members: list, key: tuple, timeout: float, what: str) -> None:
+    """Before a blocking communicator constructor among ``members`` (group ranks of ``g``):
+    every member tells every other one it has arrived, on ``g``'s notice communicator, and
+    waits for theirs, at most ``timeout`` seconds. Raises DistributedTimeoutError naming the
+    members that never arrived, or CollectiveMismatchError if one arrived for another group.
+    Costs one small message per pair of members, only when groups are made.
+    """
+    from mpi4py import MPI
+
+    from ..errors import CollectiveMismatchError
+
+    diag = g.diag
+    me = g.rank_
+    others = [m for m in members if m != me]
+    reqs = [diag.isend(key, m, RENDEZVOUS_TAG) for m in others]
+    need = set(others)
+    t0 = _perf()
+    deadline = t0 + (timeout if math.isfinite(timeout) else float("inf"))
+    backoff = Backoff(t0)
+    while need:
+        for m in sorted(need):
+            if diag.Iprobe(m, RENDEZVOUS_TAG):
+                theirs = diag.recv(None, m, RENDEZVOUS_TAG)
+                need.discard(m)
+                if theirs != key:
+                    raise CollectiveMismatchError(
+                        f"rank {g.global_rank}: {what}: rank {g.ranks[m]} is making "
+                        f"{theirs[0]}({list(theirs[1])}) at the same point; every rank must "
+                        "make the same new_group calls in the same order")
+        if not need:
+            break
+        now = _perf()
+        if now >= deadline:
+            missing = sorted(g.ranks[m] for m in need)
+            raise DistributedTimeoutError(
+                f"rank {g.global_rank}: {what} did not complete within {timeout:g} s: ranks "
+                f"{missing} never called it (members: {sorted(g.ranks[m] for m in members)}). "
+                "Every member must call new_group with the same ranks, in the same order as "
+                "its other new_group calls.", op=what, group=g.name, elapsed=now - t0,
+                missing=missing)
+        backoff.pause(now, 0.0)
+    MPI.Request.Waitall(reqs)

@@ -1085,11 +1085,20 @@ class MPIGroup(ProcessGroup):
         return pickle.loads(buf), self.ranks[status.Get_source()]
 
     # ------------------------------------------------------------------ groups
-    def split(self, ranks: List[int], name: str) -> "MPIGroup":
-        """Make a sub-group of global ``ranks`` (only members touch MPI)."""
+    def split(self, ranks: List[int], name: str,
+              timeout: Optional[float] = None) -> "MPIGroup":
+        """Make a sub-group of global ``ranks`` (only members touch MPI).
+
+        ``Create_group`` blocks until every member calls it, so the members first meet in a
+        timed rendezvous (``_watchdog.rendezvous``): a member that never comes is named in a
+        DistributedTimeoutError after ``timeout`` (default: this group's) seconds.
+        """
         comm = None
         if self.global_rank in ranks:
+            self.check_usable("new_group")
             members = [self._global_to_group[r] for r in ranks]
+            W.rendezvous(self, members, ("new_group", tuple(ranks)),
+                         self.timeout if timeout is None else timeout, f"new_group({ranks})")
             sub = self.comm.Get_group().Incl(members)
             comm = self.comm.Create_group(sub)
             sub.Free()
