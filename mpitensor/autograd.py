@@ -450,11 +450,14 @@ def backward(
     _run(roots, bool(retain_graph), only)
 
 
-def queue_callback(callback: Callable[[], None]) -> None:
+def queue_callback(callback: Callable[[], None],
+                   on_error: Optional[Callable[[BaseException], None]] = None) -> None:
     """Run ``callback()`` once the backward pass now running has finished (from a hook).
 
     DDP uses it to wait for its last all-reduces before ``backward()`` returns, as torch's
-    ``Variable._execution_engine.queue_callback`` does.
+    ``Variable._execution_engine.queue_callback`` does. ``on_error(exc)``, if given, runs
+    instead when an exception ends the pass before the callback ran (DDP tells its peers that
+    its gradient traffic stopped half-way); the exception then propagates as it was.
 
     Raises:
         RuntimeError: when called outside a backward pass.
@@ -463,21 +466,26 @@ def queue_callback(callback: Callable[[], None]) -> None:
         raise RuntimeError(
             "queue_callback() can only be called during a backward pass (from a hook)"
         )
-    _mode.callbacks.append(callback)
+    _mode.callbacks.append((callback, on_error))
 
 
 def _run(roots: list, retain: bool, only: Optional[set]) -> None:
     outer = _mode.callbacks
     _mode.callbacks = []
+    i = 0  # callbacks started
     try:
         # torch computes inf/nan gradients silently; one errstate for the whole pass is cheap
         with np.errstate(all="ignore"):
             _run_graph(roots, retain, only)
         # Callbacks may queue more callbacks; run until none is left.
-        i = 0
         while i < len(_mode.callbacks):
-            _mode.callbacks[i]()
             i += 1
+            _mode.callbacks[i - 1][0]()
+    except BaseException as exc:
+        for _, on_error in _mode.callbacks[i:]:  # the ones that never ran
+            if on_error is not None:
+                on_error(exc)
+        raise
     finally:
         _mode.callbacks = outer
 

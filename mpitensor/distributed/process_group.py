@@ -248,6 +248,14 @@ class ProcessGroup:
         if self.broken is not None:
             raise _faults.error(self, self.broken, opname)
 
+    def mark_unusable(self, opname: str, reason: str) -> None:
+        """Declare the group unusable because of this rank (e.g. DDP's backward stopped
+        half-way): tell the other members, whose waits end with PeerFailedError, and make
+        every later call on it raise."""
+        if self.rank_ >= 0 and self.broken is None:
+            _faults.mark_broken(self, _faults.Story(self.global_rank, opname, self.seq,
+                                                    reason, self.name))
+
     def call_guarded(self, opname: str, body: Callable[..., Any], *args: Any,
                      **kwargs: Any) -> Any:
         """Run a collective's ``body``; if it raises before any traffic, settle it with the

@@ -13,6 +13,7 @@ Run: ``mpiexec -n N python -m pytest --with-mpi tests/mpi/test_ddp.py``.
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -583,3 +584,46 @@ def test_lenet_equivalence_no_sync(view):
                           lr=0.05, bucket_cap_mb=0.1, gradient_as_bucket_view=view)
     check_equivalent(ref, ddp, np.float64)
     assert ddp.test_sync_log == [[s, s, s + 1] for s in range(STEPS)]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_exception_in_backward_on_one_rank_never_diverges():
+    """A hook raises during one rank's backward; that rank catches it and trains on. The other
+    ranks' gradient all-reduces must never match its next step's (silent divergence): every
+    rank raises PeerFailedError at its next DDP step, and no rank stepped after the fault."""
+    from mpitensor.errors import PeerFailedError
+
+    n, me = world()
+    g = dist.new_group(list(range(n)), group_desc="ddp_fault")
+    ddp = DDP(MLP(7), process_group=g, bucket_cap_mb=0)  # one bucket per parameter
+    opt = SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    bad = n - 1
+    calls = []
+
+    def fail_at_step_1(p):
+        calls.append(1)
+        if me == bad and len(calls) == 2:
+            raise FloatingPointError("hook failed on purpose")
+
+    handle = ddp.module.w1.register_post_accumulate_grad_hook(fail_at_step_1)
+    outcomes = []
+    for step in range(4):
+        x, y = data(step, 4 * n, np.float64)
+        try:
+            opt.zero_grad()
+            mse(ddp(mt.tensor(shard(x, n, me))), mt.tensor(shard(y, n, me))).backward()
+            opt.step()
+            outcomes.append("ok")
+        except FloatingPointError as exc:  # the careless loop: log and go on
+            assert any("ddp_fault is unusable from here on" in note for note in exc.__notes__)
+            outcomes.append("own")
+        except PeerFailedError as exc:
+            assert re.search(rf"rank {bad}( \(this rank\))? failed in DistributedDataParallel "
+                             r"backward .*FloatingPointError interrupted", str(exc)), str(exc)
+            assert exc.rank == bad
+            outcomes.append("peer")
+            break
+    handle.remove()
+    assert outcomes == (["ok", "own", "peer"] if me == bad else ["ok", "peer"]), outcomes
+    assert_replicas_equal(list(ddp.parameters()))  # one step each, on the world group
+    dist.destroy_process_group(g)

@@ -993,7 +993,7 @@ class DistributedDataParallel(Module):
     def _begin_backward(self) -> None:
         self._in_backward = True
         self.comm_stats.launched = 0
-        _autograd.queue_callback(self._finalize)
+        _autograd.queue_callback(self._finalize, self._interrupted)
         unused = self._forward_unused
         if self.static_graph and self._static_unused is not None:
             unused = self._static_unused
@@ -1135,8 +1135,26 @@ class DistributedDataParallel(Module):
         self._expect_hooks = False
         self._forward_unused = []
 
+    def _interrupted(self, exc: BaseException) -> None:
+        """An exception ended this rank's backward before its gradient all-reduces were all
+        launched. The other ranks' all-reduces would match this rank's *next* ones (another
+        step's gradients, or another call): with more than one rank the process group is
+        marked unusable and the others are told, so every rank raises PeerFailedError
+        instead of training on with replicas that silently differ (issue 11 §4)."""
+        if self._world <= 1:
+            return  # nobody to diverge from: the next forward recovers (_recover)
+        launched = sum(b.work is not None for b in self._buckets)
+        reason = (f"{type(exc).__name__} interrupted its DistributedDataParallel backward "
+                  f"after {launched} of {len(self._buckets)} gradient all-reduces; the "
+                  f"replicas can no longer be kept equal")
+        self.process_group.mark_unusable("DistributedDataParallel backward", reason)
+        exc.add_note(f"{self.process_group.name} is unusable from here on: {reason} (every "
+                     "rank's next call on it raises PeerFailedError)")
+
     def _recover(self) -> None:
-        """A previous backward stopped half-way (an exception): finish its traffic, start over."""
+        """A previous backward stopped half-way (an exception): finish its traffic, start over
+        (one rank), or raise the group's PeerFailedError (several: see ``_interrupted``)."""
+        self.process_group.check_usable("DistributedDataParallel.forward")
         logger.warning("DistributedDataParallel: the previous backward did not finish (an error "
                        "interrupted it); waiting for its launched all-reduces and starting over")
         for bucket in self._buckets:
