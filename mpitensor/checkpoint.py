@@ -304,11 +304,41 @@ def _read_exact(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) -
     return data
 
 
-def _read_into(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) -> np.ndarray:
-    """Read n bytes into a fresh 64-byte aligned uint8 array."""
-    raw = np.empty(n + _ALIGN, dtype=np.uint8)
+_STREAM_CHUNK = 1 << 26  # a stream of unknown size is read in pieces of this many bytes
+
+
+def _aligned(n: int, what: str) -> "tuple[np.ndarray, np.ndarray]":
+    try:
+        raw = np.empty(n + _ALIGN, dtype=np.uint8)
+    except (MemoryError, ValueError):
+        raise _Bad(f"the {what} claims {n} bytes, more than this machine can allocate "
+                   "(a forged or corrupt length)") from None
     start = _pad(raw.ctypes.data)
-    out = raw[start:start + n]
+    return raw, raw[start:start + n]
+
+
+def _read_into(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) -> np.ndarray:
+    """Read n bytes into a fresh 64-byte aligned uint8 array.
+
+    From a stream of unknown size, a large ``n`` is read in pieces first: a forged length
+    then ends in "truncated" when the stream does, instead of allocating what it claims.
+    """
+    if size is None and n > _STREAM_CHUNK:
+        parts, got = [], 0
+        while got < n:
+            chunk = fh.read(min(_STREAM_CHUNK, n - got))
+            if not chunk:
+                raise _Bad(f"truncated: the {what} needs {n} bytes at offset {at} but the "
+                           f"stream ends after {at + got} bytes")
+            parts.append(chunk)
+            got += len(chunk)
+        _, out = _aligned(n, what)
+        pos = 0
+        for chunk in parts:
+            out[pos:pos + len(chunk)] = np.frombuffer(chunk, np.uint8)
+            pos += len(chunk)
+        return out
+    raw, out = _aligned(n, what)
     view = memoryview(out)
     got = 0
     readinto = getattr(fh, "readinto", None)

@@ -362,3 +362,35 @@ def test_cupy_arrays_round_trip(tmp_path):
     assert isinstance(host["a"], np.ndarray) and host["t"].device == mt.device("cpu")
     back = load(p, map_location="cuda:0")
     assert back["t"].device == mt.device("cuda:0")
+
+
+@pytest.mark.parametrize("plen", [2**62, 10**12, 200 * 2**20])
+def test_forged_payload_length_in_a_stream_is_a_checkpoint_error(plen):
+    """A stream (no size to check against) whose valid header claims a huge payload: a clear
+    CheckpointError ("truncated"), never a MemoryError or an attempt to allocate the claim."""
+    import hashlib
+    import io
+    import json
+    import struct
+
+    header = json.dumps({"tree": {"k": "ndarray", "i": 0},
+                         "arrays": [{"dtype": "<f8", "shape": [1], "offset": 0, "nbytes": 8}],
+                         "payload_sha256": hashlib.sha256(b"").hexdigest()}).encode()
+    prefix = struct.pack("<8sIIQQ32s", b"MPITCKPT", 1, 0, len(header), plen,
+                         hashlib.sha256(header).digest())
+    pad = (-(len(prefix) + len(header))) % 64
+    data = prefix + header + bytes(pad) + bytes(64)
+
+    class Pipe(io.RawIOBase):  # readable, not seekable: the size is unknown
+        def __init__(self):
+            self.buf = io.BytesIO(data)
+
+        def readable(self):
+            return True
+
+        def read(self, n=-1):
+            return self.buf.read(n)
+
+    with pytest.raises(CheckpointError, match=r"truncated: the payload needs \d+ bytes .* but "
+                                              r"the stream ends after \d+ bytes"):
+        load(Pipe())
