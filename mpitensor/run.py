@@ -284,6 +284,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
 
 
+def _stop(proc: subprocess.Popen) -> int:
+    """End mpiexec (and so its ranks): SIGINT, then SIGTERM, then SIGKILL, 2 s apart."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.wait()
+
+
 def _wait(proc: subprocess.Popen) -> int:
     """Wait for mpiexec; forward SIGTERM/SIGHUP to it so a killed launcher takes the job along."""
     def forward(signum: int, frame: object) -> None:
@@ -299,12 +313,9 @@ def _wait(proc: subprocess.Popen) -> int:
                 code = proc.wait()
                 break
             except KeyboardInterrupt:
-                # mpiexec got the same Ctrl-C from the terminal and is ending the ranks
-                try:
-                    code = proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    code = proc.wait()
+                # a Ctrl-C at the terminal reached mpiexec too, but a SIGINT sent to this
+                # process alone (kill -INT, a scheduler) did not: pass it on, then insist
+                _stop(proc)
                 raise
     finally:
         for s, h in previous.items():

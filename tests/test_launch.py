@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -36,6 +37,7 @@ TIMEOUT = 60.0
 
 RANKS_SCRIPT = """\
 import sys
+import tempfile
 from mpi4py import MPI
 c = MPI.COMM_WORLD
 total = c.allreduce(c.rank)
@@ -58,6 +60,7 @@ time.sleep(60)
 
 EXIT_SCRIPT = """\
 import sys
+import tempfile
 from mpi4py import MPI
 c = MPI.COMM_WORLD
 code = sys.argv[1]
@@ -136,6 +139,7 @@ def test_system_exit_code_passes_through(code_arg: str, who: str, expected: int,
 
 AGREED_EXIT_SCRIPT = """\
 import sys
+import tempfile
 from mpi4py import MPI
 sys.stderr.write(f"rank {MPI.COMM_WORLD.rank} leaving\\n")
 sys.exit(4)
@@ -504,6 +508,7 @@ def test_spawn_rejects_what_ranks_cannot_import() -> None:
 def test_spawn_from_a_main_script(tmp_path: Path) -> None:
     script = _script(tmp_path, "main_spawn.py", """\
 import sys
+import tempfile
 import mpitensor.distributed as dist
 from mpitensor.distributed.launch import spawn
 
@@ -570,3 +575,82 @@ time.sleep(60)
     assert code != 0 and elapsed < 10
     assert "[rank 0] OSError: thread died" in err, err
     assert "'loader'" in err
+
+
+def test_sigint_to_the_launcher_alone_ends_the_job_at_once(tmp_path: Path) -> None:
+    """SIGINT sent to mpitensor-run only (kill -INT, a scheduler; no terminal Ctrl-C reaching
+    mpiexec too): the job ends in about a second (was: 10 s)."""
+    script = _script(tmp_path, "sleepy.py", """\
+import sys, time
+from mpi4py import MPI
+MPI.COMM_WORLD.barrier()
+sys.stdout.write("up\\n"); sys.stdout.flush()
+time.sleep(60)
+""")
+    job_id = f"test-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([sys.executable, "-m", "mpitensor.run", "-n", "2", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=clean_env({"MPITENSOR_JOB_ID": job_id}),
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "up\n"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=15)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert proc.returncode == 130
+    assert took < 4, f"took {took:.1f} s"
+    assert leftovers(job_id) == []
+
+
+SPAWN_PARENT = """\
+import sys, time
+from pathlib import Path
+import mpitensor.distributed as dist
+
+def sleepy(rank, world_size, out):
+    import os
+    Path(out, f"up.{rank}").write_text(os.environ["MPITENSOR_JOB_ID"])
+    time.sleep(120)
+
+if __name__ == "__main__":
+    dist.spawn(sleepy, 2, args=(sys.argv[1],), timeout=300)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_signal_to_the_spawn_parent_ends_every_rank(tmp_path: Path, sig: str) -> None:
+    """SIGTERM, SIGHUP or SIGINT to a process waiting in dist.spawn: every rank ends within
+    10 s and the job's temporary directory is gone (was: ranks orphaned, files left behind,
+    SIGHUP ignored)."""
+    script = _script(tmp_path, "parent.py", SPAWN_PARENT)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env({}), start_new_session=True)
+    job_id = None
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+                (tmp_path / f"up.{r}").exists() for r in range(2)):
+            time.sleep(0.05)
+        job_id = (tmp_path / "up.0").read_text()
+        t0 = time.monotonic()
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if job_id:
+            launch._kill_job(job_id, wait=0)
+        proc.communicate()
+    assert took < 10, f"took {took:.1f} s"
+    assert proc.returncode != 0
+    assert leftovers(job_id) == []
+    assert job_id.startswith("mpitensor-spawn-")
+    assert not list(Path(tempfile.gettempdir()).glob(job_id)), "the job's files stayed behind"

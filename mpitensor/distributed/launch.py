@@ -17,6 +17,7 @@ Nothing here imports ``mpi4py`` at module level: the launching process never ini
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -29,12 +30,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import DistributedTimeoutError, MpiTensorError
 
@@ -824,7 +826,12 @@ class SpawnContext:
             left = max(0.0, self._deadline - time.monotonic())
             limit = left if limit is None else min(limit, left)
         try:
-            code = self._proc.wait(timeout=limit)
+            with _signals_raise():
+                code = self._proc.wait(timeout=limit)
+        except _Signalled as sig:
+            self.kill()  # the ranks live in a session of their own: end them, remove files
+            os.kill(os.getpid(), sig.signum)  # then die of the signal, as without us
+            raise
         except subprocess.TimeoutExpired:
             if self._deadline is not None and time.monotonic() >= self._deadline:
                 self.kill()
@@ -896,6 +903,37 @@ class SpawnContext:
                     f"spawn: rank {r} of {self.nprocs} ended without returning from fn", r, code)
             results.append(pickle.loads(f.read_bytes()))
         self.results = results
+
+
+class _Signalled(BaseException):
+    """SIGTERM or SIGHUP arrived while the parent waited for its spawned job."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """While waiting for a spawned job, SIGTERM and SIGHUP raise :class:`_Signalled` (whose
+    handler ends the ranks and removes their files, then re-raises the signal with its
+    default action restored); SIGINT already raises KeyboardInterrupt. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Signalled(signum)
+
+    # only where the signal would kill this process outright (a handler the program set, or
+    # an ignored signal, keeps its meaning)
+    sigs = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) == signal.SIG_DFL]
+    previous = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def spawn(
