@@ -7,9 +7,10 @@ or on their way to it. Without care they would later complete it against the fai
 each group's private notice communicator (``g.diag``; user messages can never match them):
 
 * **fail** ``(seq, op, error)``: sent by a rank whose collective ``#seq`` failed before any
-  traffic, to every other member. The sender then waits (bounded by the group's timeout) for
-  every peer's answer. Peers that failed in the same call answer with their own *fail* notice:
-  nobody posted anything, the group stays usable, and every rank raises its own error (the
+  traffic, to every other member; the rank raises its own error at once. Its next call on the
+  group first *settles* the failure: it waits (bounded by the group's timeout) for every
+  peer's answer. Peers that failed in the same call answer with their own *fail* notice:
+  nobody posted anything, the group stays usable, and every rank has raised its own error (the
   usual case of a bad argument passed on every rank). Any other answer means some peer had
   posted the call: the group is *broken*.
 * **broken** ``(origin)``: sent by a rank that learnt the group cannot be used any more (it
@@ -155,12 +156,10 @@ def in_wait(g: Any, kind: str, seq: int, op: str, peer: Optional[int],
     return None
 
 
-def agree_on_failure(g: Any, op: str, seq: int, exc: BaseException) -> Optional[Story]:
-    """A rank's collective ``#seq`` failed before any traffic: tell the peers, hear them out.
-
-    Returns ``None`` when every peer failed in the same call (the group stays usable), else
-    the story of the now broken group. Waits at most the group's timeout for the answers.
-    """
+def announce_failure(g: Any, op: str, seq: int, exc: BaseException) -> Optional[Story]:
+    """A rank's collective ``#seq`` failed before any traffic: tell the peers (at once, without
+    waiting; :func:`settle` hears their answers at the group's next call). Returns the story
+    to settle, or ``None`` when there is nobody to tell."""
     text = str(exc).splitlines()[0] if str(exc) else ""
     prefix = f"rank {g.global_rank}: {op} (#{seq} on {g.name}): "
     if text.startswith(prefix):  # our own messages start with the call: said already
@@ -168,10 +167,21 @@ def agree_on_failure(g: Any, op: str, seq: int, exc: BaseException) -> Optional[
     reason = f"{type(exc).__name__}: {text}"
     if len(reason) > 300:
         reason = reason[:297] + "..."
-    mine = Story(g.global_rank, op, seq, reason, g.name)
     if g.size_ < 2 or g.diag is None:
         return None
     _send(g, ("fail", seq, op, reason))
+    return Story(g.global_rank, op, seq, reason, g.name)
+
+
+def settle(g: Any, mine: Story) -> None:
+    """Hear every peer out about the failed call ``mine.seq`` (at most the group's timeout).
+
+    Peers that failed in the same call answer with their own *fail* notice: nobody posted
+    anything and the group stays usable. Any other answer (a *broken* notice from a peer that
+    was waiting in the call, a failure elsewhere, a departure), or silence until the timeout,
+    marks the group broken.
+    """
+    seq = mine.seq
     need = set(range(g.size_)) - {g.rank_}
     t0 = time.perf_counter()
     deadline = t0 + g.timeout
@@ -190,7 +200,7 @@ def agree_on_failure(g: Any, op: str, seq: int, exc: BaseException) -> Optional[
                 other = mine
         g.faults = keep
         if not need:
-            return None
+            return
         if other is not None or g.broken is not None:
             break
         now = time.perf_counter()
@@ -205,7 +215,6 @@ def agree_on_failure(g: Any, op: str, seq: int, exc: BaseException) -> Optional[
             time.sleep(min(1e-3, (now - t0) * 0.02))
     story = g.broken or other or mine
     mark_broken(g, story, tell=g.broken is None)
-    return story
 
 
 def track(g: Any) -> None:

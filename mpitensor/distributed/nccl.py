@@ -70,6 +70,8 @@ class NCCLGroup(ProcessGroup):
     notices = _on_mpi_group("notices")
     notice_reqs = _on_mpi_group("notice_reqs")
     broken = _on_mpi_group("broken")
+    unsettled = _on_mpi_group("unsettled")
+    _debug_on = _on_mpi_group("_debug_on")
     slow = _on_mpi_group("slow")
     faults = _on_mpi_group("faults")
     sent = _on_mpi_group("sent")

@@ -222,6 +222,7 @@ class ProcessGroup:
         self._set_identity(ranks, my_global_rank, name)
         self.timeout = timeout
         self.broken: Any = None  # a _faults.Story once the group is unusable
+        self.unsettled: Any = None  # the Story of a local failure the peers were told of
         self.debug = debug
         self.faults: list = []  # fault notices read and not yet consumed: (group rank, msg)
         self.sent = 0  # calls that reached MPI (posted traffic): a failure before it is local
@@ -241,10 +242,21 @@ class ProcessGroup:
     @debug.setter
     def debug(self, value: bool) -> None:
         self._debug_on = bool(value)
-        self.slow = self._debug_on or self.broken is not None  # True: no fast path
+        self._set_slow()
+
+    def _set_slow(self) -> None:
+        # True: every call takes the general path (debug checks, or a failure to settle)
+        self.slow = self._debug_on or self.broken is not None or self.unsettled is not None
 
     def check_usable(self, opname: str) -> None:
-        """Raise the group's PeerFailedError if a failure made it unusable."""
+        """Settle a local failure with the peers first (``_faults.settle``), then raise the
+        group's PeerFailedError if a failure made it unusable."""
+        if self.unsettled is not None:
+            story, self.unsettled = self.unsettled, None
+            try:
+                _faults.settle(self, story)
+            finally:
+                self._set_slow()
         if self.broken is not None:
             raise _faults.error(self, self.broken, opname)
 
@@ -258,8 +270,9 @@ class ProcessGroup:
 
     def call_guarded(self, opname: str, body: Callable[..., Any], *args: Any,
                      **kwargs: Any) -> Any:
-        """Run a collective's ``body``; if it raises before any traffic, settle it with the
-        peers (see ``_faults``): the group stays usable only if they all failed the same call.
+        """Run a collective's ``body``; if it raises before any traffic, tell the peers at
+        once (see ``_faults``) and raise; the group's next call settles it with them: the group
+        stays usable only if they all failed the same call.
         """
         sent0, seq0 = self.sent, self.seq
         try:
@@ -268,11 +281,14 @@ class ProcessGroup:
             if self.sent == sent0 and self.rank_ >= 0 and self.broken is None:
                 if self.seq == seq0:
                     self._count(opname)
-                story = _faults.agree_on_failure(self, opname, self.seq, exc)
+                story = _faults.announce_failure(self, opname, self.seq, exc)
                 if story is not None:
-                    exc.add_note(f"{self.name} is unusable from here on (other ranks had "
-                                 f"entered the call): every later call on it raises "
-                                 f"PeerFailedError; first failure: {story.text()}")
+                    self.unsettled = story
+                    self.slow = True
+                    exc.add_note(f"the other members of {self.name} were told: if all of "
+                                 "them failed this call too, the group stays usable; if any "
+                                 "had entered it, the group is unusable from here on and its "
+                                 "next call raises PeerFailedError")
             raise
 
     def _set_identity(self, ranks: Sequence[int], my_global_rank: int, name: str) -> None:
