@@ -34,13 +34,13 @@ from .dtypes import __all__ as _dtype_names
 from .errors import (
     CollectiveMismatchError,
     DistributedTimeoutError,
+    DtypeMismatchError,
     MessageMismatchError,
     MessageTruncatedError,
     MpiTensorError,
     NotAGroupMemberError,
     NotInitializedError,
     PeerFailedError,
-    DtypeMismatchError,
     ReplicaDivergenceError,
 )
 from .tensor import *  # noqa: F403

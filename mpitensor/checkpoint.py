@@ -307,14 +307,15 @@ def _read_exact(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) -
 _STREAM_CHUNK = 1 << 26  # a stream of unknown size is read in pieces of this many bytes
 
 
-def _aligned(n: int, what: str) -> "tuple[np.ndarray, np.ndarray]":
+def _aligned(n: int, what: str) -> np.ndarray:
+    """A fresh 64-byte aligned uint8 array of n bytes (a view that keeps its base alive)."""
     try:
         raw = np.empty(n + _ALIGN, dtype=np.uint8)
     except (MemoryError, ValueError):
         raise _Bad(f"the {what} claims {n} bytes, more than this machine can allocate "
                    "(a forged or corrupt length)") from None
     start = _pad(raw.ctypes.data)
-    return raw, raw[start:start + n]
+    return raw[start:start + n]
 
 
 def _read_into(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) -> np.ndarray:
@@ -332,13 +333,13 @@ def _read_into(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) ->
                            f"stream ends after {at + got} bytes")
             parts.append(chunk)
             got += len(chunk)
-        _, out = _aligned(n, what)
+        out = _aligned(n, what)
         pos = 0
         for chunk in parts:
             out[pos:pos + len(chunk)] = np.frombuffer(chunk, np.uint8)
             pos += len(chunk)
         return out
-    raw, out = _aligned(n, what)
+    out = _aligned(n, what)
     view = memoryview(out)
     got = 0
     readinto = getattr(fh, "readinto", None)

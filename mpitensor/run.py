@@ -284,7 +284,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
 
 
-def _stop(proc: subprocess.Popen) -> int:
+def _stop(proc: subprocess.Popen) -> None:
     """End mpiexec (and so its ranks): SIGINT, then SIGTERM, then SIGKILL, 2 s apart."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         try:
@@ -292,10 +292,10 @@ def _stop(proc: subprocess.Popen) -> int:
         except ProcessLookupError:
             pass
         try:
-            return proc.wait(timeout=2)
+            proc.wait(timeout=2)
+            return
         except subprocess.TimeoutExpired:
             continue
-    return proc.wait()
 
 
 def _wait(proc: subprocess.Popen) -> int:

@@ -531,6 +531,25 @@ if __name__ == "__main__":
     assert out.splitlines() == ["main block ran once", "[[0, 3, 6], [0, 3, 6], [0, 3, 6]]"]
 
 
+def _signal_and_time(proc: subprocess.Popen, sig: str, timeout: float) -> float:
+    """Send ``sig`` (a name) to ``proc``; return the seconds until it exited."""
+    t0 = time.monotonic()
+    proc.send_signal(getattr(signal, sig))
+    proc.wait(timeout=timeout)
+    return time.monotonic() - t0
+
+
+def _reap(proc: subprocess.Popen, job_id: Optional[str]) -> None:
+    """End of a signal test: if the process it signalled is still alive (the test failed),
+    kill it and its job, so nothing is left behind; then collect its output. A job whose
+    launcher did exit is left alone, for the test's own check that nothing outlived it."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        if job_id:
+            launch._kill_job(job_id, wait=0)
+    proc.communicate()
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_signal_to_the_launcher_ends_the_job(tmp_path: Path, sig: str) -> None:
     """SIGTERM, or SIGINT sent to mpitensor-run alone (kill -INT, a scheduler: no terminal
@@ -551,15 +570,9 @@ time.sleep(60)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == "up\n"
-        t0 = time.monotonic()
-        proc.send_signal(getattr(signal, sig))
-        proc.wait(timeout=15)
-        took = time.monotonic() - t0
+        took = _signal_and_time(proc, sig, 15)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        launch._kill_job(job_id, wait=0) if proc.returncode is None else None
-        proc.communicate()
+        _reap(proc, job_id)
     assert proc.returncode != 0
     if sig == "SIGINT":
         assert proc.returncode == 130
@@ -617,16 +630,9 @@ def test_signal_to_the_spawn_parent_ends_every_rank(tmp_path: Path, sig: str) ->
                 (tmp_path / f"up.{r}").exists() for r in range(2)):
             time.sleep(0.05)
         job_id = (tmp_path / "up.0").read_text()
-        t0 = time.monotonic()
-        proc.send_signal(getattr(signal, sig))
-        proc.wait(timeout=20)
-        took = time.monotonic() - t0
+        took = _signal_and_time(proc, sig, 20)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        if job_id:
-            launch._kill_job(job_id, wait=0)
-        proc.communicate()
+        _reap(proc, job_id)
     assert took < 10, f"took {took:.1f} s"
     assert proc.returncode != 0
     assert leftovers(job_id) == []

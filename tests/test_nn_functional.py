@@ -103,6 +103,17 @@ def test_conv2d_finite_differences(case, conv_bands):
     _fd_check(fn, arrays, range(len(arrays)))
 
 
+def _conv2d_values_and_grads(x, w, b, geometry, gout=None):
+    """conv2d forward and backward: ([out, dx, dw, (db)], the output gradient used), drawing
+    that gradient from RNG when ``gout`` is None (so repeated runs can share it)."""
+    ts = [mt.tensor(a, requires_grad=True) for a in (x, w, b) if a is not None]
+    out = F.conv2d(ts[0], ts[1], ts[2] if b is not None else None, *geometry)
+    if gout is None:
+        gout = RNG.standard_normal(out.shape)
+    out.backward(mt.tensor(gout))
+    return [out.detach().numpy()] + [t.grad.numpy() for t in ts], gout
+
+
 @pytest.mark.parametrize("case", CONV_CASES + [(3, 3, 11, 9, 5, 5, 1, 2, 1, 1, True),
                                              (2, 6, 12, 12, 4, 3, 2, 0, 2, 1, False)])
 @pytest.mark.parametrize("band_bytes", [1, 40000, 300000])
@@ -118,12 +129,8 @@ def test_conv2d_bands_equal_the_whole_matrix(case, band_bytes, monkeypatch):
     results = []
     for limit in (1 << 40, band_bytes):
         monkeypatch.setattr(K, "BAND_BYTES", limit)
-        ts = [mt.tensor(a, requires_grad=True) for a in (x, w, b) if a is not None]
-        out = F.conv2d(ts[0], ts[1], ts[2] if bias else None, s, p, d, g)
-        if gout is None:
-            gout = RNG.standard_normal(out.shape)
-        out.backward(mt.tensor(gout))
-        results.append([out.detach().numpy()] + [t.grad.numpy() for t in ts])
+        got, gout = _conv2d_values_and_grads(x, w, b, (s, p, d, g), gout)
+        results.append(got)
     for whole, banded, name in zip(*results, ["out", "dx", "dw", "db"]):
         np.testing.assert_allclose(banded, whole, rtol=1e-12, atol=1e-12, err_msg=name)
 
@@ -149,12 +156,8 @@ def test_conv2d_blocked_products_equal_single_calls(case, band_bytes, monkeypatc
             monkeypatch.setattr(K, "SMALL_GEMM", 1)  # blocks of 65..128 columns
         else:
             monkeypatch.setattr(K, "_block_width", lambda width, mk: width)
-        ts = [mt.tensor(a, requires_grad=True) for a in (x, w, b) if a is not None]
-        out = F.conv2d(ts[0], ts[1], ts[2] if bias else None, s, p, d, g)
-        if gout is None:
-            gout = RNG.standard_normal(out.shape)
-        out.backward(mt.tensor(gout))
-        results.append([out.detach().numpy()] + [t.grad.numpy() for t in ts])
+        got, gout = _conv2d_values_and_grads(x, w, b, (s, p, d, g), gout)
+        results.append(got)
         monkeypatch.undo()
         monkeypatch.setattr(K, "BAND_BYTES", band_bytes)
     K._block_width.cache_clear()

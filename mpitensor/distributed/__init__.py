@@ -36,13 +36,13 @@ from .. import _config, _threads
 from ..errors import (
     CollectiveMismatchError,
     DistributedTimeoutError,
+    DtypeMismatchError,
     MessageMismatchError,
     MessageTruncatedError,
     MpiTensorError,
     NotAGroupMemberError,
     NotInitializedError,
     PeerFailedError,
-    DtypeMismatchError,
 )
 from . import _watchdog
 from ._abort import (

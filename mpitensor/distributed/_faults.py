@@ -23,18 +23,18 @@ each group's private notice communicator (``g.diag``; user messages can never ma
 A broken group refuses every later call, collective or point-to-point, on every rank that
 knows, with the same story (which rank, which operation, which call number, why). Waiting
 ranks read these notices on their slow-poll tick (once a millisecond, after the first 50 µs),
-so the fast path of every operation pays nothing.
+so the fast path of every operation pays nothing (``ProcessGroup.fault_in_wait``).
 """
 
 from __future__ import annotations
 
 import atexit
-import os
 import time
 import weakref
 from typing import Any, Optional
 
 from ..errors import PeerFailedError
+from ._watchdog import Backoff
 
 FAULT_TAG = 3  # on the notice communicator (1: arrival notices, 2: debug verdicts)
 _LEFT_GRACE_S = 0.2  # a receive from a rank that left: the data may still be on its way
@@ -46,21 +46,13 @@ _hooked = False
 class Story:
     """Why a group is broken: the rank, the call and the error that started it."""
 
-    __slots__ = ("rank", "op", "seq", "reason", "group")
+    __slots__ = ("rank", "op", "seq", "reason")
 
-    def __init__(self, rank: int, op: str, seq: int, reason: str, group: str) -> None:
-        self.rank, self.op, self.seq, self.reason, self.group = rank, op, seq, reason, group
+    def __init__(self, rank: int, op: str, seq: int, reason: str) -> None:
+        self.rank, self.op, self.seq, self.reason = rank, op, seq, reason
 
     def as_tuple(self) -> tuple:
         return (self.rank, self.op, self.seq, self.reason)
-
-    def text(self) -> str:
-        return f"rank {self.rank}: {self.op} #{self.seq}: {self.reason}"
-
-
-def _story(g: Any, origin: tuple) -> Story:
-    rank, op, seq, reason = origin
-    return Story(rank, op, seq, reason, g.name)
 
 
 def error(g: Any, story: Story, opname: str, seq: Optional[int] = None,
@@ -134,18 +126,18 @@ def in_wait(g: Any, kind: str, seq: int, op: str, peer: Optional[int],
     for src, msg in g.faults:
         what = msg[0]
         if what == "broken":
-            story = _story(g, msg[1])
+            story = Story(*msg[1])
         elif what == "fail" and kind == "coll" and msg[1] <= seq:
             # the failing rank never posted call msg[1]: this call (msg[1] itself, or a later
             # one this rank reached because its part of msg[1] completed locally) cannot match
-            story = Story(g.ranks[src], msg[2], msg[1], msg[3], g.name)
+            story = Story(g.ranks[src], msg[2], msg[1], msg[3])
         elif what == "left" and (kind == "coll" and msg[1] < seq or kind == "p2p" and (
                 peer == src or peer is None and len(left) == g.size_ - 1)):
             if kind == "p2p" and time.perf_counter() - since < _LEFT_GRACE_S:
                 continue  # what it sent before leaving may still be on its way
             story = Story(g.ranks[src], "exit", msg[1],
                           f"the process left (sys.exit or the end of its script) after "
-                          f"collective #{msg[1]}, while this rank still waited for it", g.name)
+                          f"collective #{msg[1]}, while this rank still waited for it")
             if kind == "coll":  # no collective can complete on this group any more
                 mark_broken(g, story, tell=False)
             return error(g, story, op, seq if kind == "coll" else None, waiting=True)
@@ -160,6 +152,8 @@ def announce_failure(g: Any, op: str, seq: int, exc: BaseException) -> Optional[
     """A rank's collective ``#seq`` failed before any traffic: tell the peers (at once, without
     waiting; :func:`settle` hears their answers at the group's next call). Returns the story
     to settle, or ``None`` when there is nobody to tell."""
+    if g.size_ < 2 or g.diag is None:
+        return None
     text = str(exc).splitlines()[0] if str(exc) else ""
     prefix = f"rank {g.global_rank}: {op} (#{seq} on {g.name}): "
     if text.startswith(prefix):  # our own messages start with the call: said already
@@ -167,10 +161,8 @@ def announce_failure(g: Any, op: str, seq: int, exc: BaseException) -> Optional[
     reason = f"{type(exc).__name__}: {text}"
     if len(reason) > 300:
         reason = reason[:297] + "..."
-    if g.size_ < 2 or g.diag is None:
-        return None
     _send(g, ("fail", seq, op, reason))
-    return Story(g.global_rank, op, seq, reason, g.name)
+    return Story(g.global_rank, op, seq, reason)
 
 
 def settle(g: Any, mine: Story) -> None:
@@ -185,6 +177,7 @@ def settle(g: Any, mine: Story) -> None:
     need = set(range(g.size_)) - {g.rank_}
     t0 = time.perf_counter()
     deadline = t0 + g.timeout
+    backoff = Backoff(t0)
     other: Optional[Story] = None
     while True:
         drain(g)
@@ -195,7 +188,7 @@ def settle(g: Any, mine: Story) -> None:
                 continue
             keep.append((src, msg))
             if other is None and msg[0] == "broken":
-                other = _story(g, msg[1])
+                other = Story(*msg[1])
             elif other is None:  # failed elsewhere, or left: it had passed this call
                 other = mine
         g.faults = keep
@@ -209,10 +202,7 @@ def settle(g: Any, mine: Story) -> None:
             mine.reason += (f" (ranks {ranks} neither failed in this call nor answered within "
                             f"the group's timeout of {g.timeout:g} s)")
             break
-        if now - t0 < 2e-3:
-            os.sched_yield()
-        else:
-            time.sleep(min(1e-3, (now - t0) * 0.02))
+        backoff.pause(now, 0.0)
     story = g.broken or other or mine
     mark_broken(g, story, tell=g.broken is None)
 

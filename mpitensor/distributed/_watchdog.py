@@ -14,6 +14,9 @@
 * after ``notify_after`` seconds sends an *arrival notice* ``(kind, seq, op)`` to the other
   members on the group's private notice communicator, and reads theirs, so that a rank that
   times out can say which ranks never arrived and where the others are waiting instead;
+* on the same millisecond tick reads the group's fault notices (``g.fault_in_wait``, see
+  ``_faults``): a peer that failed before this call, left, or broke the group ends the wait
+  with :class:`~mpitensor.errors.PeerFailedError`;
 * past the stall threshold logs a stall report (logger ``mpitensor.distributed``, WARNING):
   the operation, how long it waited, the group's last collectives and the Python stack;
 * past the group's timeout raises :class:`~mpitensor.errors.DistributedTimeoutError`.
@@ -34,7 +37,6 @@ import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
 from .. import _config
-from . import _faults
 from ..errors import DistributedTimeoutError
 
 if TYPE_CHECKING:
@@ -181,7 +183,7 @@ def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
                 next_check = now + _CHECK_EVERY_S
                 elapsed = now - t0
                 if diag is not None:
-                    fault = _faults.in_wait(g, kind, seq, op, peer, t0)
+                    fault = g.fault_in_wait(kind, seq, op, peer, t0)
                     if fault is not None:
                         if cancel and not _cancelled(req, status):
                             return  # matched while being cancelled: the receive completed
@@ -381,13 +383,12 @@ def timed_dup(comm: Any, timeout: float, what: str) -> Any:
     the blocking ``Dup`` waiting forever; here the others raise instead.
     """
     new, req = comm.Idup()
-    limit = timeout if math.isfinite(timeout) else float("inf")
-    if not poll(req, None, _perf() + limit):
+    if not poll(req, None, _perf() + timeout):
         raise DistributedTimeoutError(
             f"rank {comm.Get_rank()}: {what} did not complete within {timeout:g} s: not every "
             f"one of the {comm.Get_size()} ranks made the call (a rank that skipped it, exited "
             "early or hangs before it). Every rank must call it.", op=what,
-            elapsed=limit)
+            elapsed=timeout)
     return new
 
 
@@ -408,7 +409,7 @@ def rendezvous(g: Any, members: list, key: tuple, timeout: float, what: str) -> 
     reqs = [diag.isend(key, m, RENDEZVOUS_TAG) for m in others]
     need = set(others)
     t0 = _perf()
-    deadline = t0 + (timeout if math.isfinite(timeout) else float("inf"))
+    deadline = t0 + timeout
     backoff = Backoff(t0)
     while need:
         for m in sorted(need):

@@ -116,7 +116,7 @@ class MPIGroup(ProcessGroup):
         """Check membership; return the error prefix. The call is counted once checked."""
         if self.rank_ < 0:
             self.require_member(opname)
-        if self.slow and (self.broken is not None or self.unsettled is not None):
+        if self.slow:  # debug mode, or a failure to settle or report (check_usable)
             self.check_usable(opname)
         self.opname = opname
         return f"rank {self.global_rank}: {opname} (#{self.seq + 1} on {self.name})"

@@ -260,13 +260,19 @@ class ProcessGroup:
         if self.broken is not None:
             raise _faults.error(self, self.broken, opname)
 
+    def fault_in_wait(self, kind: str, seq: int, op: str, peer: Optional[int],
+                      since: float) -> Any:
+        """For a rank waiting in ``op`` (``_watchdog``'s slow tick): the PeerFailedError that
+        ends the wait, if a fault notice says the call can never complete (``_faults``)."""
+        return _faults.in_wait(self, kind, seq, op, peer, since)
+
     def mark_unusable(self, opname: str, reason: str) -> None:
         """Declare the group unusable because of this rank (e.g. DDP's backward stopped
         half-way): tell the other members, whose waits end with PeerFailedError, and make
         every later call on it raise."""
         if self.rank_ >= 0 and self.broken is None:
             _faults.mark_broken(self, _faults.Story(self.global_rank, opname, self.seq,
-                                                    reason, self.name))
+                                                    reason))
 
     def call_guarded(self, opname: str, body: Callable[..., Any], *args: Any,
                      **kwargs: Any) -> Any:
