@@ -29,11 +29,13 @@ so the fast path of every operation pays nothing (``ProcessGroup.fault_in_wait``
 from __future__ import annotations
 
 import atexit
+import sys
 import time
 import weakref
 from typing import Any, Optional
 
 from ..errors import PeerFailedError
+from ._abort import _OUTPUT_GRACE_S, _wait_output_read
 from ._watchdog import Backoff
 
 FAULT_TAG = 3  # on the notice communicator (1: arrival notices, 2: debug verdicts)
@@ -140,6 +142,10 @@ def in_wait(g: Any, kind: str, seq: int, op: str, peer: Optional[int],
                           f"collective #{msg[1]}, while this rank still waited for it")
             if kind == "coll":  # no collective can complete on this group any more
                 mark_broken(g, story, tell=False)
+            # the leaver's last output (its traceback, say) has reached its launcher proxy
+            # (_at_exit); give the proxy the abort path's moment to pass it on before this
+            # error perhaps ends the job
+            time.sleep(_OUTPUT_GRACE_S)
             return error(g, story, op, seq if kind == "coll" else None, waiting=True)
         else:
             continue
@@ -230,6 +236,16 @@ def _at_exit() -> None:
     except Exception:  # noqa: BLE001
         return
     groups = [g for g in list(_live) if g.diag is not None and g.rank_ >= 0]
+    if not groups:
+        return
+    # what this rank printed last (an uncaught exception's traceback comes before atexit)
+    # must reach the launcher before a peer's reaction to the notice can end the job
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not stop the notice
+            pass
+    _wait_output_read()
     for g in groups:
         _send(g, ("left", g.seq))
     end = time.monotonic() + 0.5  # small eager messages: done at once unless MPI is wedged
