@@ -13,6 +13,10 @@
                       node's cores, applied by ``init_process_group``), a positive integer, or
                       ``off``; read at ``init_process_group`` by ``mpitensor._threads``.
 ``MPITENSOR_LOG``     logging level name for the ``mpitensor`` logger (default WARNING).
+``MPITENSOR_CHECK_BYTES`` collectives whose buffer has at least this many bytes (default 65536)
+                      check, beside the data, that every rank made the same call (one tiny
+                      reduction; see ``distributed/_fingerprint.py``); ``0`` checks every call,
+                      ``off`` none. Set it alike on every rank (``mpiexec`` passes it on).
 """
 
 from __future__ import annotations
@@ -72,3 +76,25 @@ def env_choice(name: str, choices: "tuple[str, ...]", default: str) -> str:
 
 
 LOG_LEVEL: str = env_choice("MPITENSOR_LOG", _LEVELS, "WARNING")
+
+
+def env_bytes(name: str, default: int) -> int:
+    """Read a byte count (a non-negative integer, or ``off`` for "never") from the environment."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("off", "never", "none"):
+        return OFF_BYTES
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a byte count; use a non-negative integer "
+                         "(0: every call) or off") from None
+    if n < 0:
+        raise ValueError(f"{name}={raw!r} must be a non-negative integer (0: every call) or off")
+    return n
+
+
+OFF_BYTES = 1 << 62  # larger than any buffer
+CHECK_BYTES: int = env_bytes("MPITENSOR_CHECK_BYTES", 64 * 1024)

@@ -106,7 +106,8 @@ def test_set_debug_reaches_a_real_nccl_group():
 LAYERS = [
     ("base", ["mpitensor._config", "mpitensor.errors", "mpitensor.backend", "mpitensor.dtypes",
               "mpitensor._threads", "mpitensor._workspace"]),
-    ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._"]),
+    ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._", "mpitensor.cuda",
+                 "mpitensor.accelerator", "mpitensor.backends"]),
     ("communication", ["mpitensor.distributed"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
                   "mpitensor.checkpoint", "mpitensor.utils"]),
@@ -209,6 +210,8 @@ def test_imports_point_down_the_layers():
                               "CRITICAL"),
     ("MPITENSOR_DEBUG", "maybe", "MPITENSOR_DEBUG='maybe' is not a boolean; use 1/0"),
     ("MPITENSOR_TIMEOUT", "soon", "MPITENSOR_TIMEOUT='soon' is not a number of seconds"),
+    ("MPITENSOR_CHECK_BYTES", "64k", "MPITENSOR_CHECK_BYTES='64k' is not a byte count"),
+    ("MPITENSOR_CHECK_BYTES", "-1", "MPITENSOR_CHECK_BYTES='-1' must be a non-negative integer"),
 ])
 def test_malformed_switch_names_variable_and_values(var, value, needle):
     """A malformed MPITENSOR_* variable stops the import with one line naming the variable and

@@ -26,6 +26,7 @@ from ..errors import (
 from ..tensor import Tensor
 from . import _buffers as B
 from . import _faults
+from . import _fingerprint as _fp
 from . import _watchdog as W
 from ._watchdog import MASK as _MASK
 from .process_group import ProcessGroup, ReduceOp, Work, _Completed
@@ -104,6 +105,7 @@ class MPIGroup(ProcessGroup):
         # can ever match the user's messages
         self.diag = comm.Dup() if comm is not None else None
         self.hdr = comm.Dup() if comm is not None else None
+        self.fp_pool = _fp.Pool(self.diag) if comm is not None else None
         self.verdicts: dict = {}  # debug mode: (receiver, my p2p seq) -> receiver's verdict
         self.opname = ""  # the collective being prepared (set by _begin)
         # group rank == global rank: p2p peers need no translation
@@ -134,11 +136,13 @@ class MPIGroup(ProcessGroup):
 
     def _run(self, where: str, nonblocking: Callable[[], Any],
              finish: Optional[Callable[[], None]], async_op: bool, result: Any = None,
-             keep: Any = None) -> Optional[Work]:
+             keep: Any = None, check: Optional[tuple] = None) -> Optional[Work]:
         """Start the counted collective (the last one ``_count`` recorded) and finish it.
 
         Blocking calls too run as the non-blocking MPI operation plus a bounded wait: as fast
-        as the blocking call for small messages on MPICH, and it can time out.
+        as the blocking call for small messages on MPICH, and it can time out. ``check``:
+        ``(array, reduce op, global root)`` for the agreement check of large calls
+        (``_fingerprint``), which debug mode replaces with its own.
         """
         s = self.seq
         op = self.history[s & _MASK][1]
@@ -147,6 +151,8 @@ class MPIGroup(ProcessGroup):
         except MPI.Exception as exc:
             raise self._mpi_error(where, exc) from exc
         self.sent += 1
+        if check is not None and not self.debug:
+            req = _fp.check(self, req, op, s, keep, *check)
         if async_op:
             return Work(req, finish, result, describe=lambda: where, keep=keep, group=self,
                         info=(op, s, "coll", None, None))
@@ -257,6 +263,8 @@ class MPIGroup(ProcessGroup):
                 if flags.c_contiguous and flags.writeable:
                     s = self._fast_count("all_reduce", arr)
                     req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
+                    if arr.nbytes >= self.check_bytes:
+                        req = _fp.Checked(self, req, "all_reduce", s, arr, op)
                     return self._fast_finish(req, "all_reduce", s, [tensor], arr, async_op)
         return self._all_reduce(tensor, op, async_op)
 
@@ -318,7 +326,8 @@ class MPIGroup(ProcessGroup):
         spec = [rbuf, plan.mpi_type]
         comm, mop = self.comm, plan.mpi_op
         return self._run(where, lambda: comm.Iallreduce(_IN_PLACE, spec, mop),
-                         B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec)
+                         B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec,
+                         check=(arr, B.coerce_op(op, where), -1))
 
     def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
                   group_src: Optional[int] = None) -> Optional[Work]:
@@ -329,6 +338,8 @@ class MPIGroup(ProcessGroup):
             if mt is not None:
                 s = self._fast_count("broadcast", arr)
                 req = self.comm.Ibcast([arr, mt], src)
+                if arr.nbytes >= self.check_bytes:
+                    req = _fp.Checked(self, req, "broadcast", s, arr, None, src)
                 return self._fast_finish(req, "broadcast", s, [tensor], arr, async_op)
         return self._broadcast(tensor, src, async_op, group_src)
 
@@ -356,7 +367,8 @@ class MPIGroup(ProcessGroup):
         spec = [buf, mt]
         comm = self.comm
         return self._run(where, lambda: comm.Ibcast(spec, root),
-                         write_back, async_op, [tensor], keep=spec)
+                         write_back, async_op, [tensor], keep=spec,
+                         check=(arr, None, self.ranks[root]))
 
     def reduce(self, tensor: Any, dst: Optional[int] = None, op: Any = _SUM,
                async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
@@ -371,6 +383,8 @@ class MPIGroup(ProcessGroup):
                     req = self.comm.Ireduce(_IN_PLACE, [arr, fast[0]], fast[1], root)
                 else:
                     req = self.comm.Ireduce([arr, fast[0]], None, fast[1], root)
+                if arr.nbytes >= self.check_bytes:
+                    req = _fp.Checked(self, req, "reduce", s, arr, op, root)
                 return self._fast_finish(req, "reduce", s, [tensor], arr, async_op)
         return self._reduce(tensor, dst, op, async_op, group_dst)
 
@@ -395,16 +409,18 @@ class MPIGroup(ProcessGroup):
                                      shape=tuple(B.unwrap(tensor, "tensor", where).shape),
                                      reduce=str(op), root=self.ranks[root]), prepare)
         comm, mop = self.comm, plan.mpi_op
+        check = (arr, B.coerce_op(op, where), self.ranks[root])
         if is_root:
             buf, write_back = B.stage_out(arr)
             rbuf, narrow = B.apply_plan_out(buf, plan)
             avg = B.divider(rbuf, self.size_) if plan.average else None
             spec = [rbuf, plan.mpi_type]
             return self._run(where, lambda: comm.Ireduce(_IN_PLACE, spec, mop, root),
-                             B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec)
+                             B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec,
+                             check=check)
         spec = [B.apply_plan_in(B.stage_in(arr), plan), plan.mpi_type]
         return self._run(where, lambda: comm.Ireduce(spec, None, mop, root), None, async_op,
-                         [tensor], keep=spec)
+                         [tensor], keep=spec, check=check)
 
     def _out_list(self, lst: Any, what: str, where: str, ref: Any,
                   ref_what: Optional[str] = None) -> list:
@@ -456,7 +472,7 @@ class MPIGroup(ProcessGroup):
         rspec = [rbuf, mt]
         comm = self.comm
         return self._run(where, lambda: comm.Iallgather(sbuf, rspec), copy_out, async_op,
-                         list(tensor_list), keep=(sbuf, rspec))
+                         list(tensor_list), keep=(sbuf, rspec), check=(arr, None, -1))
 
     def _staged_list_out(self, flat: Any, outs: list, counts: list,
                          displs: list) -> "tuple[Any, Callable[[], None]]":
@@ -487,6 +503,9 @@ class MPIGroup(ProcessGroup):
             if mt is not None and out.size == inp.size * self.size_:
                 s = self._fast_count("all_gather_into_tensor", inp)
                 req = self.comm.Iallgather([inp, mt], [out, mt])
+                if inp.nbytes >= self.check_bytes:
+                    req = _fp.Checked(self, req, "all_gather_into_tensor", s, inp,
+                                          keep=(out, inp))
                 return self._fast_finish(req, "all_gather_into_tensor", s, [output],
                                          (out, inp), async_op)
         return self._all_gather_into_tensor(output, input, async_op)
@@ -518,7 +537,7 @@ class MPIGroup(ProcessGroup):
         sspec, rspec = [B.unalias(B.stage_in(inp), rbuf), mt], [rbuf, mt]
         comm = self.comm
         return self._run(where, lambda: comm.Iallgather(sspec, rspec), write_back, async_op,
-                         [output], keep=(sspec, rspec))
+                         [output], keep=(sspec, rspec), check=(inp, None, -1))
 
     @_guarded("gather")
     def gather(self, tensor: Any, gather_list: Any = None, dst: Optional[int] = None,
@@ -552,15 +571,16 @@ class MPIGroup(ProcessGroup):
         arr, mt, outs = self._maybe_debug(where, sig, prepare)
         sspec = [B.stage_in(arr), mt]
         comm = self.comm
+        check = (arr, None, self.ranks[root])
         if not is_root:
             return self._run(where, lambda: comm.Igather(sspec, None, root), None, async_op, [],
-                             keep=sspec)
+                             keep=sspec, check=check)
         counts, displs = _counts_displs([arr.size] * self.size_)
         flat = array_module(arr).zeros(sum(counts), dtype=arr.dtype)
         rbuf, copy_out = self._staged_list_out(flat, outs, counts, displs)
         rspec = [rbuf, mt]
         return self._run(where, lambda: comm.Igather(sspec, rspec, root), copy_out, async_op,
-                         list(gather_list), keep=(sspec, rspec))
+                         list(gather_list), keep=(sspec, rspec), check=check)
 
     @_guarded("scatter")
     def scatter(self, tensor: Any, scatter_list: Any = None, src: Optional[int] = None,
@@ -594,12 +614,13 @@ class MPIGroup(ProcessGroup):
         rbuf, write_back = B.stage_out(arr)
         rspec = [rbuf, mt]
         comm = self.comm
+        check = (arr, None, self.ranks[root])
         if not is_root:
             return self._run(where, lambda: comm.Iscatter(None, rspec, root), write_back, async_op,
-                             [tensor], keep=rspec)
+                             [tensor], keep=rspec, check=check)
         sspec = [B.unalias(self._packed_in(ins), rbuf), mt]
         return self._run(where, lambda: comm.Iscatter(sspec, rspec, root), write_back, async_op,
-                         [tensor], keep=(sspec, rspec))
+                         [tensor], keep=(sspec, rspec), check=check)
 
     @_guarded("reduce_scatter")
     def reduce_scatter(self, output: Any, input_list: Any, op: Any = _SUM,
@@ -630,7 +651,7 @@ class MPIGroup(ProcessGroup):
         comm, mop = self.comm, plan.mpi_op
         return self._run(where, lambda: comm.Ireduce_scatter(sspec, rspec, counts, mop),
                          B.chain(avg, narrow, write_back), async_op, [output],
-                         keep=(sspec, rspec))
+                         keep=(sspec, rspec), check=(out, B.coerce_op(op, where), -1))
 
     def reduce_scatter_tensor(self, output: Any, input: Any, op: Any = _SUM,
                               async_op: bool = False) -> Optional[Work]:
@@ -642,6 +663,9 @@ class MPIGroup(ProcessGroup):
             if fast is not None:
                 s = self._fast_count("reduce_scatter_tensor", inp)
                 req = self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1])
+                if inp.nbytes >= self.check_bytes:
+                    req = _fp.Checked(self, req, "reduce_scatter_tensor", s, inp, op,
+                                          keep=(out, inp))
                 return self._fast_finish(req, "reduce_scatter_tensor", s, [output],
                                          (out, inp), async_op)
         return self._reduce_scatter_tensor(output, input, op, async_op)
@@ -676,7 +700,7 @@ class MPIGroup(ProcessGroup):
         comm, mop = self.comm, plan.mpi_op
         return self._run(where, lambda: comm.Ireduce_scatter_block(sspec, rspec, mop),
                          B.chain(avg, narrow, write_back), async_op, [output],
-                         keep=(sspec, rspec))
+                         keep=(sspec, rspec), check=(inp, B.coerce_op(op, where), -1))
 
     @_guarded("all_to_all")
     def all_to_all(self, output_tensor_list: Any, input_tensor_list: Any,
@@ -740,6 +764,9 @@ class MPIGroup(ProcessGroup):
                     and inp.shape[0] % self.size_ == 0):
                 s = self._fast_count("all_to_all_single", out)
                 req = self.comm.Ialltoall([inp, mt], [out, mt])
+                if out.nbytes >= self.check_bytes:
+                    req = _fp.Checked(self, req, "all_to_all_single", s, out,
+                                          keep=(out, inp))
                 return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp),
                                          async_op)
         return self._all_to_all_single(output, input, output_split_sizes, input_split_sizes,
@@ -795,7 +822,8 @@ class MPIGroup(ProcessGroup):
             rspec = [rbuf, _counts_displs(rcounts), mt]
             nonblocking = comm.Ialltoallv
         return self._run(where, lambda: nonblocking(sspec, rspec),
-                         write_back, async_op, [output], keep=(sspec, rspec))
+                         write_back, async_op, [output], keep=(sspec, rspec),
+                         check=(out, None, -1) if even else None)
 
     @_guarded("barrier")
     def barrier(self, async_op: bool = False) -> Optional[Work]:
@@ -1106,6 +1134,8 @@ class MPIGroup(ProcessGroup):
                         self.world_size)
 
     def free(self) -> None:
+        if self.fp_pool is not None:
+            self.fp_pool.free()
         for attr in ("comm", "diag", "hdr"):
             comm = getattr(self, attr, None)
             if comm is not None and comm != MPI.COMM_NULL:

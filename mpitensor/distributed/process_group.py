@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from .. import _config
 from ..errors import DistributedTimeoutError, MpiTensorError, NotAGroupMemberError
 from . import _faults, _watchdog
 
@@ -231,6 +232,9 @@ class ProcessGroup:
         self.stall_warn = _watchdog.stall_warn_seconds(timeout)
         self.history: list = [None] * _watchdog.HISTORY  # (seq, op, dtype, shape) ring
         self.diag: Any = None  # private communicator for arrival notices (MPI groups)
+        # collectives of this many bytes and more check agreement beside the data (MPI groups;
+        # _fingerprint): the same value on every rank, or a straddling call waits for a partner
+        self.check_bytes: int = _config.CHECK_BYTES
         self.notices: dict = {}  # group rank -> its latest arrival notice
         self.notice_reqs: list = []
 
