@@ -14,9 +14,12 @@ __version__ = "0.1.0"
 from . import (
     _config,
     _ops,  # noqa: F401 - imported for what importing it does
+    accelerator,
     autograd,
     backend,
+    backends,
     checkpoint,
+    cuda,
     data,
     distributed,
     errors,
@@ -57,6 +60,7 @@ __all__ = [
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
     "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError", "PeerFailedError", "DtypeMismatchError",
-    "ReplicaDivergenceError", "set_num_threads", "get_num_threads",
+    "ReplicaDivergenceError", "set_num_threads", "get_num_threads", "cuda", "accelerator",
+    "backends",
     *_dtype_names, *_tensor_names,
 ]

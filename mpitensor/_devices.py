@@ -58,6 +58,37 @@ def cuda_index(dev: _backend.device) -> int:
     return int(_backend.get_cupy().cuda.runtime.getDevice())
 
 
+def cuda_index_arg(device: Any, what: str, optional: bool = True) -> Optional[int]:
+    """Read the GPU argument of a ``mpitensor.cuda`` function: a GPU number, ``"cuda:N"``, a device.
+
+    Args:
+        device: an int, a ``"cuda"``/``"cuda:N"`` string, a CUDA :class:`device`, or None.
+        what: the calling function's name, for messages.
+        optional: whether None and ``"cuda"`` without a number may stand for the current GPU.
+
+    Returns:
+        The GPU number (a negative int is passed through: torch reads it as "no change"), or
+        None for the current GPU.
+
+    Raises:
+        ValueError: a CPU device (a RuntimeError too, as torch.accelerator raises), or an
+            argument of another kind, or no number where one is required.
+    """
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        return int(device)
+    if isinstance(device, (str, _backend.device)):
+        dev = _backend.device(device)
+        if dev.type != "cuda":
+            raise _backend._BadDeviceError(
+                f"{what}() takes a CUDA device, got {str(dev)!r}: pass a GPU number or 'cuda:N'")
+        if dev.index is not None or optional:
+            return dev.index
+    elif device is None and optional:
+        return None
+    raise ValueError(f"{what}() takes a GPU number or a CUDA device with a number "
+                     f"('cuda:0', mpitensor.device('cuda', 0)), got {device!r}")
+
+
 def is_cpu(dev: Optional[_backend.device]) -> bool:
     """True for the CPU, and for None (no device asked for: host arrays are the default)."""
     return dev is None or dev.type == "cpu"

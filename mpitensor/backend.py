@@ -105,6 +105,11 @@ def array_module(x: Any) -> Any:
     return np
 
 
+class _BadDeviceError(ValueError, RuntimeError):
+    """A device string or index that names no device: a ValueError by the house rule for bad
+    arguments, and a RuntimeError because that is what torch raises for one."""
+
+
 class device:  # noqa: N801 - named like torch.device
     """A device: ``device("cpu")``, ``device("cuda")``, ``device("cuda:1")``, ``device("cuda", 1)``.
 
@@ -115,28 +120,34 @@ class device:  # noqa: N801 - named like torch.device
 
     __slots__ = ("type", "index")
 
-    def __init__(self, spec: Union[str, "device"], index: Union[int, None] = None) -> None:
+    def __init__(self, type: Union[str, "device"], index: Union[int, None] = None) -> None:
+        spec = type  # torch's argument name; ``spec`` keeps the builtin readable below
         if isinstance(spec, device):
             if index is not None:
-                raise ValueError("device(device, index) is ambiguous: pass one of them")
+                raise TypeError("device(device, index) is ambiguous: pass a string and an index")
             self.type, self.index = spec.type, spec.index
             return
         if not isinstance(spec, str):
             raise TypeError(f"device() takes a string such as 'cpu' or 'cuda:0', not {spec!r}")
+        if index is not None and (isinstance(index, bool)
+                                  or not isinstance(index, (int, np.integer))):
+            raise TypeError(f"device index must be an int, got {index!r}")
         kind, sep, idx = spec.strip().partition(":")
         if kind not in ("cpu", "cuda"):
-            raise ValueError(f"unknown device type {spec!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+            raise _BadDeviceError(
+                f"unknown device type {spec!r}: expected 'cpu', 'cuda' or 'cuda:N'")
         if sep:
             if index is not None:
-                raise ValueError(f"device({spec!r}, {index}) gives the index twice")
-            if not idx.isdigit():
-                raise ValueError(f"bad device index in {spec!r}: expected a non-negative integer")
+                raise _BadDeviceError(f"device({spec!r}, {index}) gives the index twice")
+            if not (idx.isascii() and idx.isdigit()):
+                raise _BadDeviceError(
+                    f"bad device index in {spec!r}: expected a non-negative integer")
             index = int(idx)
         if index is not None:
-            if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or index < 0:
-                raise ValueError(f"device index must be a non-negative integer, got {index!r}")
+            if index < 0:
+                raise _BadDeviceError(f"device index must be a non-negative integer, got {index}")
             if kind == "cpu" and index != 0:
-                raise ValueError(f"cpu has no device {index}")
+                raise _BadDeviceError(f"cpu has no device {index}")
             index = int(index)
         self.type = kind
         self.index = index if kind == "cuda" else None

@@ -59,6 +59,7 @@ __all__ = [
     "Backend", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work", "group", "reduce_op",
     "init_process_group", "destroy_process_group", "is_initialized", "is_available",
     "is_mpi_available", "is_nccl_available", "is_gloo_available", "get_backend", "get_rank",
+    "get_default_backend_for_device",
     "get_world_size", "new_group", "get_global_rank", "get_group_rank",
     "get_process_group_ranks", "set_debug", "get_debug", "install_abort_handler", "abort_job",
     "uninstall_abort_handler", "spawn", "SpawnContext", "ProcessRaisedException",
@@ -141,6 +142,32 @@ def is_nccl_available() -> bool:
     from ..backend import nccl_unavailable_reason
 
     return nccl_unavailable_reason() == ""
+
+
+def get_default_backend_for_device(device: Any) -> str:
+    """Return the backend that serves tensors on ``device``: ``"mpi"`` for cpu, ``"nccl"`` for cuda.
+
+    torch answers ``"gloo"`` for the CPU; mpitensor's CPU backend is ``"mpi"`` (``"gloo"`` is
+    accepted as its alias), and this name is the one :func:`get_backend` reports.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a :class:`mpitensor.device`.
+
+    Raises:
+        TypeError: ``device`` is neither a string nor a device.
+        ValueError: an unknown device type such as ``"tpu"`` (also a RuntimeError, as in torch).
+
+    Example:
+        >>> import mpitensor as torch, mpitensor.distributed as dist
+        >>> dist.get_default_backend_for_device(torch.device("cuda:1"))
+        'nccl'
+    """
+    from ..backend import device as _device
+
+    if not isinstance(device, (str, _device)):
+        raise TypeError(f"get_default_backend_for_device() takes a device or a string such as "
+                        f"'cpu' or 'cuda', got {device!r}")
+    return Backend.NCCL if _device(device).type == "cuda" else Backend.MPI
 
 
 def is_initialized() -> bool:

@@ -1,0 +1,117 @@
+"""``mpitensor.accelerator``: torch's device-neutral accelerator API; here the accelerator is CUDA.
+
+Every answer agrees with :mod:`mpitensor.cuda`: ``is_available()`` is
+``mpitensor.cuda.is_available()``, ``device_count()`` is ``mpitensor.cuda.device_count()``, and
+the current device index is CuPy's current GPU. Calls that need a GPU raise
+:class:`mpitensor.cuda.CudaUnavailableError` (a RuntimeError, as torch raises) without one.
+
+Example:
+    >>> import mpitensor as torch
+    >>> acc = torch.accelerator.current_accelerator(check_available=True)
+    >>> device = acc if acc is not None else torch.device("cpu")
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from mpitensor import backend as _backend
+from mpitensor import cuda as _cuda
+from mpitensor.backends import cuda as _cuda_backend
+
+__all__ = [
+    "is_available", "current_accelerator", "device_count", "set_device_index",
+    "current_device_index", "synchronize", "device_index",
+]
+
+
+def is_available() -> bool:
+    """Return True when a GPU can be used (CuPy imports and sees one).
+
+    Example:
+        >>> import mpitensor as torch
+        >>> torch.accelerator.is_available() == torch.cuda.is_available()
+        True
+    """
+    return _cuda.is_available()
+
+
+def current_accelerator(check_available: bool = False) -> Optional[_backend.device]:
+    """Return ``device(type='cuda')`` where mpitensor can use CUDA, else None.
+
+    Args:
+        check_available: False: CUDA support is present (CuPy imports), as a CUDA build of
+            torch answers even on a machine without a GPU; True: a GPU is also visible.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> torch.accelerator.current_accelerator(check_available=True)  # None without a GPU
+    """
+    usable = _cuda.is_available() if check_available else _cuda_backend.is_built()
+    return _backend.device("cuda") if usable else None
+
+
+def device_count() -> int:
+    """Return the number of GPUs this process sees (0 without one).
+
+    Example:
+        >>> import mpitensor as torch
+        >>> torch.accelerator.device_count() == torch.cuda.device_count()
+        True
+    """
+    return _cuda.device_count()
+
+
+def set_device_index(device: _cuda.DeviceArg, /) -> None:
+    """Make GPU ``device`` current for this thread (a negative number changes nothing).
+
+    Raises:
+        ValueError: a CPU device (also a RuntimeError, as torch raises), None or another kind.
+        CudaUnavailableError: no GPU can be used.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> if torch.accelerator.is_available():
+        ...     torch.accelerator.set_device_index(0)
+    """
+    _cuda.set_device(device)
+
+
+def current_device_index() -> int:
+    """Return the number of the current GPU.
+
+    Raises:
+        CudaUnavailableError: no GPU can be used.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> if torch.accelerator.is_available():
+        ...     idx = torch.accelerator.current_device_index()
+    """
+    return _cuda.current_device()
+
+
+def synchronize(device: _cuda.DeviceArg = None, /) -> None:
+    """Wait for every kernel queued on a GPU (the current one by default).
+
+    Raises:
+        ValueError: a CPU device or another kind of value.
+        CudaUnavailableError: no GPU can be used.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> if torch.accelerator.is_available():
+        ...     torch.accelerator.synchronize()
+    """
+    _cuda.synchronize(device)
+
+
+def device_index(device: Optional[int], /) -> _cuda.device:
+    """A context manager that makes GPU ``device`` current in a ``with`` block (None: no change).
+
+    Example:
+        >>> import mpitensor as torch
+        >>> with torch.accelerator.device_index(None):
+        ...     pass
+    """
+    return _cuda.device(device)

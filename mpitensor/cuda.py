@@ -1,0 +1,364 @@
+"""``mpitensor.cuda``: ask about GPUs and choose one, with ``torch.cuda``'s names, through CuPy.
+
+A torch program's device set-up runs unchanged::
+
+    import mpitensor as torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(local_rank)
+
+The current GPU is CuPy's (``cupy.cuda.Device(i).use()``), so what ``set_device`` chooses is
+where ``"cuda"`` tensors and CuPy's own arrays go, per thread as in torch.
+
+Without CuPy or without a GPU, the questions have answers (``is_available()`` is False,
+``device_count()`` is 0, ``is_initialized()`` is False, ``memory_allocated()`` is 0), calls that
+only tune GPU state are safe no-ops (``manual_seed``, ``manual_seed_all``, ``empty_cache``), and
+calls that need a GPU (``set_device``, ``current_device``, ``synchronize``, ``get_device_name``,
+``init``, entering ``device(i)``) raise :class:`CudaUnavailableError`, which says why and how to
+get CuPy. CuPy is imported only when a function here needs to ask it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, Union
+
+from mpitensor import backend as _backend
+from mpitensor._devices import cuda_index_arg
+from mpitensor._random import _check_seed, default_generator
+from mpitensor.errors import MpiTensorError
+
+__all__ = [
+    "CudaUnavailableError", "is_available", "device_count", "is_initialized", "init",
+    "set_device", "current_device", "synchronize", "device", "manual_seed", "manual_seed_all",
+    "empty_cache", "get_device_name", "get_device_capability", "memory_allocated",
+    "memory_reserved",
+]
+
+DeviceArg = Union[int, str, _backend.device, None]
+
+
+class CudaUnavailableError(MpiTensorError, AssertionError):
+    """A GPU function was called where CuPy or a GPU is missing.
+
+    A RuntimeError, as ``torch.accelerator`` raises here, and an AssertionError, as a CPU-only
+    build of ``torch.cuda`` raises, so either ``except`` of a torch program catches it.
+    """
+
+
+def _no_gpu(what: str) -> CudaUnavailableError:
+    reason = _backend.cupy_unavailable_reason() or "no CUDA device is visible"
+    return CudaUnavailableError(
+        f"mpitensor.cuda.{what}() needs a GPU, and none can be used here: {reason}. Ask "
+        f"mpitensor.cuda.is_available() first, or run on device('cpu')")
+
+
+def _cupy(what: str) -> Any:
+    """The ``cupy`` module, where a GPU can be used; else a :class:`CudaUnavailableError`."""
+    if not _backend.cupy_available():
+        raise _no_gpu(what)
+    return _backend.get_cupy()
+
+
+def _loaded_cupy() -> Any:
+    """The ``cupy`` module if something already imported it (then GPU state may exist)."""
+    return sys.modules.get("cupy")
+
+
+def _resolve(cp: Any, idx: Optional[int], what: str) -> int:
+    """A GPU number that exists: ``idx`` checked against the count, or the current GPU."""
+    if idx is None or idx < 0:
+        return int(cp.cuda.runtime.getDevice())
+    n = int(cp.cuda.runtime.getDeviceCount())
+    if idx >= n:
+        seen = "GPU 0" if n == 1 else f"GPUs 0 to {n - 1}"
+        raise _backend._BadDeviceError(
+            f"mpitensor.cuda.{what}(): there is no GPU {idx}; this process sees {seen}. Pick "
+            f"one of those (CUDA_VISIBLE_DEVICES decides which GPUs a process sees)")
+    return idx
+
+
+def is_available() -> bool:
+    """Return True when CuPy imports and at least one GPU is visible.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """
+    return _backend.cupy_available()
+
+
+def device_count() -> int:
+    """Return the number of GPUs this process sees (0 without CuPy or a GPU).
+
+    Example:
+        >>> import mpitensor as torch
+        >>> n = torch.cuda.device_count()  # 0 on a machine without a GPU
+    """
+    if not _backend.cupy_available():
+        return 0
+    return int(_backend.get_cupy().cuda.runtime.getDeviceCount())
+
+
+def is_initialized() -> bool:
+    """Return True once CuPy has been loaded (by a GPU tensor, a call here, ...) and sees a GPU.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> torch.cuda.is_initialized()  # False until something uses the GPU
+        False
+    """
+    return _loaded_cupy() is not None and _backend.cupy_available()
+
+
+def init() -> None:
+    """Load CuPy and make sure a GPU can be used (other functions here do this themselves).
+
+    Raises:
+        CudaUnavailableError: CuPy or a GPU is missing.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> if torch.cuda.is_available():
+        ...     torch.cuda.init()
+    """
+    cp = _cupy("init")
+    cp.cuda.runtime.getDevice()
+
+
+def set_device(device: DeviceArg) -> None:
+    """Make GPU ``device`` the current one for this thread (a negative number changes nothing).
+
+    Args:
+        device: a GPU number, ``"cuda:N"`` or ``mpitensor.device("cuda", N)``.
+
+    Raises:
+        ValueError: a CPU device, None, ``"cuda"`` without a number, or another kind of value.
+        CudaUnavailableError: CuPy or a GPU is missing.
+        RuntimeError: there is no GPU with that number (also a ValueError).
+
+    Example:
+        >>> import mpitensor as torch
+        >>> if torch.cuda.is_available():
+        ...     torch.cuda.set_device(0)
+    """
+    idx = cuda_index_arg(device, "set_device", optional=False)
+    if idx < 0:
+        return
+    cp = _cupy("set_device")
+    cp.cuda.Device(_resolve(cp, idx, "set_device")).use()
+
+
+def current_device() -> int:
+    """Return the number of the current GPU.
+
+    Raises:
+        CudaUnavailableError: CuPy or a GPU is missing.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> if torch.cuda.is_available():
+        ...     torch.cuda.set_device(0); assert torch.cuda.current_device() == 0
+    """
+    return int(_cupy("current_device").cuda.runtime.getDevice())
+
+
+def synchronize(device: DeviceArg = None) -> None:
+    """Wait until every kernel queued on a GPU (the current one by default) has finished.
+
+    Args:
+        device: a GPU number, ``"cuda"``/``"cuda:N"``, a CUDA device, or None.
+
+    Raises:
+        ValueError: a CPU device or another kind of value.
+        CudaUnavailableError: CuPy or a GPU is missing.
+        RuntimeError: there is no GPU with that number (also a ValueError).
+
+    Example:
+        >>> import mpitensor as torch
+        >>> if torch.cuda.is_available():
+        ...     torch.cuda.synchronize()  # before reading a timer
+    """
+    idx = cuda_index_arg(device, "synchronize")
+    cp = _cupy("synchronize")
+    cp.cuda.Device(_resolve(cp, idx, "synchronize")).synchronize()
+
+
+class device:  # noqa: N801 - named like torch.cuda.device
+    """A context manager that makes a GPU current inside a ``with`` block, then restores it.
+
+    A negative number or None changes nothing (and needs no GPU), as in torch.
+
+    Args:
+        device: a GPU number, ``"cuda:N"``, a CUDA device, or None.
+
+    Raises:
+        ValueError: a CPU device or another kind of value (when made).
+        CudaUnavailableError: CuPy or a GPU is missing (when entered).
+
+    Example:
+        >>> import mpitensor as torch
+        >>> if torch.cuda.device_count() > 1:
+        ...     with torch.cuda.device(1):
+        ...         x = torch.zeros(3, device="cuda")  # on GPU 1
+    """
+
+    def __init__(self, device: DeviceArg) -> None:
+        self.idx = cuda_index_arg(device, "device")
+        self.prev: Optional[int] = None
+
+    def __enter__(self) -> device:
+        if self.idx is None or self.idx < 0:
+            return self
+        cp = _cupy("device")
+        idx = _resolve(cp, self.idx, "device")
+        self.prev = int(cp.cuda.runtime.getDevice())
+        if idx != self.prev:
+            cp.cuda.Device(idx).use()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.prev is not None:
+            _backend.get_cupy().cuda.Device(self.prev).use()
+            self.prev = None
+
+
+def _seed_gpus(seed: int, indices: Any) -> None:
+    cp = _backend.get_cupy()
+    for i in indices:
+        with cp.cuda.Device(i):
+            # the default generator draws "cuda" tensors from its per-GPU CuPy state, made from
+            # its own seed on first use; replacing that state re-seeds those draws
+            default_generator._cuda[i] = cp.random.RandomState(seed)
+            cp.random.seed(seed)  # CuPy's own global generator on that GPU
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the random numbers drawn on the current GPU (a no-op without a GPU, as in torch).
+
+    Args:
+        seed: any int that fits in 64 bits.
+
+    Raises:
+        TypeError: ``seed`` is not an int (as ``mpitensor.manual_seed``).
+
+    Example:
+        >>> import mpitensor as torch
+        >>> torch.cuda.manual_seed(0)  # safe on a machine without a GPU
+    """
+    seed = _check_seed(seed)
+    if _backend.cupy_available():
+        _seed_gpus(seed, [current_device()])
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed the random numbers drawn on every GPU (a no-op without a GPU, as in torch).
+
+    Args:
+        seed: any int that fits in 64 bits.
+
+    Raises:
+        TypeError: ``seed`` is not an int.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> torch.cuda.manual_seed_all(0)
+    """
+    seed = _check_seed(seed)
+    if _backend.cupy_available():
+        _seed_gpus(seed, range(device_count()))
+
+
+def empty_cache() -> None:
+    """Give the current GPU's unused cached memory (CuPy's memory pools) back to the driver.
+
+    Does nothing where CuPy was never loaded: then no memory was cached.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> torch.cuda.empty_cache()
+    """
+    cp = _loaded_cupy()
+    if cp is None or not _backend.cupy_available():
+        return
+    cp.get_default_memory_pool().free_all_blocks()
+    cp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def _properties(device: DeviceArg, what: str) -> dict:
+    idx = cuda_index_arg(device, what)
+    cp = _cupy(what)
+    return cp.cuda.runtime.getDeviceProperties(_resolve(cp, idx, what))
+
+
+def get_device_name(device: DeviceArg = None) -> str:
+    """Return a GPU's name (the current GPU's by default), e.g. ``"NVIDIA H100 80GB HBM3"``.
+
+    Raises:
+        ValueError: a CPU device or another kind of value.
+        CudaUnavailableError: CuPy or a GPU is missing.
+        RuntimeError: there is no GPU with that number (also a ValueError).
+
+    Example:
+        >>> import mpitensor as torch
+        >>> if torch.cuda.is_available():
+        ...     print(torch.cuda.get_device_name(0))
+    """
+    name = _properties(device, "get_device_name")["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def get_device_capability(device: DeviceArg = None) -> tuple:
+    """Return a GPU's compute capability as ``(major, minor)``, e.g. ``(9, 0)`` for an H100.
+
+    Raises:
+        ValueError: a CPU device or another kind of value.
+        CudaUnavailableError: CuPy or a GPU is missing.
+        RuntimeError: there is no GPU with that number (also a ValueError).
+
+    Example:
+        >>> import mpitensor as torch
+        >>> if torch.cuda.is_available():
+        ...     major, minor = torch.cuda.get_device_capability()
+    """
+    props = _properties(device, "get_device_capability")
+    return int(props["major"]), int(props["minor"])
+
+
+def _pool_bytes(device: DeviceArg, what: str, total: bool) -> int:
+    idx = cuda_index_arg(device, what)
+    cp = _loaded_cupy()
+    if cp is None or not _backend.cupy_available():
+        return 0  # nothing allocated on a GPU yet, as torch answers without one
+    pool = cp.get_default_memory_pool()
+    with cp.cuda.Device(_resolve(cp, idx, what)):
+        return int(pool.total_bytes() if total else pool.used_bytes())
+
+
+def memory_allocated(device: DeviceArg = None) -> int:
+    """Return the bytes held by arrays on a GPU (CuPy's pool), 0 where no GPU was used.
+
+    Raises:
+        ValueError: a CPU device or another kind of value.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> torch.cuda.memory_allocated()  # 0 without a GPU
+        0
+    """
+    return _pool_bytes(device, "memory_allocated", total=False)
+
+
+def memory_reserved(device: DeviceArg = None) -> int:
+    """Return the bytes CuPy's pool holds on a GPU, in use or cached, 0 where no GPU was used.
+
+    Raises:
+        ValueError: a CPU device or another kind of value.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> torch.cuda.memory_reserved()
+        0
+    """
+    return _pool_bytes(device, "memory_reserved", total=True)
