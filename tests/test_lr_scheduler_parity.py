@@ -30,8 +30,35 @@ SCHEDULES = [
     ("MultiStepLR", dict(milestones=[2, 5, 5, 9], gamma=0.1)),
     ("MultiStepLR", dict(milestones=[12, 3, 30], gamma=0.33)),
     ("MultiStepLR", dict(milestones=[])),
+    ("ExponentialLR", dict(gamma=0.9)),
+    ("ExponentialLR", dict(gamma=0.37)),
+    ("CosineAnnealingLR", dict(T_max=10)),
+    ("CosineAnnealingLR", dict(T_max=7, eta_min=0.01)),
+    ("CosineAnnealingLR", dict(T_max=45, eta_min=1e-3)),
+    ("LambdaLR", dict(lr_lambda=lambda epoch: 0.93 ** epoch)),
+    ("LambdaLR", dict(lr_lambda=[lambda e: 1.0 / (e + 1), lambda e: min(1.0, (e + 1) / 5),
+                                 lambda e: 0.5 ** (e // 4)])),
+    ("OneCycleLR", dict(max_lr=0.9, total_steps=45)),
+    ("OneCycleLR", dict(max_lr=[0.9, 0.4, 0.13], epochs=9, steps_per_epoch=5,
+                        anneal_strategy="linear", pct_start=0.25)),
+    ("OneCycleLR", dict(max_lr=0.6, total_steps=41, three_phase=True, div_factor=10.0,
+                        final_div_factor=100.0, base_momentum=0.8, max_momentum=0.99)),
+    ("OneCycleLR", dict(max_lr=0.6, total_steps=50, three_phase=True, pct_start=0.2,
+                        anneal_strategy="linear", cycle_momentum=False)),
 ]
-IDS = [f"{name}-{kw}" for name, kw in SCHEDULES]
+
+
+def _kw_id(kw):
+    def show(v):
+        if callable(v):
+            return "fn"
+        if isinstance(v, list):
+            return "[" + ",".join(show(x) for x in v) + "]"
+        return repr(v)
+    return ",".join(f"{k}={show(v)}" for k, v in kw.items())
+
+
+IDS = [f"{name}-{_kw_id(kw)}" for name, kw in SCHEDULES]
 
 
 def _ours(name, kwargs, **extra):
@@ -68,7 +95,10 @@ def test_same_rates_every_step(name, kwargs):
         assert [g["lr"] for g in opt.param_groups] == seen[-1]
     assert seen == expected
     assert sched.last_epoch == 40
-    assert sched.base_lrs == list(LRS)
+    _, tsched = _theirs(name, kwargs)
+    assert sched.base_lrs == tsched.base_lrs
+    if name != "OneCycleLR":
+        assert sched.base_lrs == list(LRS)
 
 
 @pytest.mark.parametrize("stop", [0, 1, 5, 13])
@@ -181,3 +211,284 @@ def test_subclass_with_own_get_lr_like_torch():
         sched.step()
         tsched.step()
     assert lr_scheduler._LRScheduler is lr_scheduler.LRScheduler
+
+
+# ---- OneCycleLR: momentum / betas, the end of the cycle, arguments ---------------------------
+
+@pytest.mark.parametrize("three_phase", [False, True])
+@pytest.mark.parametrize("anneal", ["cos", "linear"])
+def test_one_cycle_cycles_sgd_momentum_like_torch(anneal, three_phase):
+    kw = dict(max_lr=[0.9, 0.5, 0.2], total_steps=30, anneal_strategy=anneal,
+              three_phase=three_phase, base_momentum=[0.8, 0.85, 0.7], max_momentum=0.97)
+    opt, sched = _ours("OneCycleLR", kw)
+    topt, tsched = _theirs("OneCycleLR", kw)
+    for step in range(31):
+        assert sched.get_last_lr() == tsched.get_last_lr(), step
+        assert [g["momentum"] for g in opt.param_groups] == \
+            [g["momentum"] for g in topt.param_groups], step
+        for key in ("initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"):
+            assert [g[key] for g in opt.param_groups] == [g[key] for g in topt.param_groups]
+        if step < 30:
+            opt.step()
+            topt.step()
+            sched.step()
+            tsched.step()
+
+
+def test_one_cycle_drives_adam_beta1_and_training_matches_torch():
+    import numpy as np
+
+    from mpitensor.optim import Adam
+
+    rng = np.random.default_rng(4)
+    x0 = rng.standard_normal((4, 3))
+    p = Parameter(mt.tensor(x0.copy()))
+    r = torch.nn.Parameter(torch.from_numpy(x0.copy()))
+    opt = Adam([p], lr=0.01, betas=(0.9, 0.99), weight_decay=0.01)
+    topt = torch.optim.Adam([r], lr=0.01, betas=(0.9, 0.99), weight_decay=0.01)
+    kw = dict(max_lr=0.1, epochs=5, steps_per_epoch=5, pct_start=0.4)
+    sched = lr_scheduler.OneCycleLR(opt, **kw)
+    tsched = torch.optim.lr_scheduler.OneCycleLR(topt, **kw)
+    assert sched.use_beta1 and opt.param_groups[0]["betas"] == (0.95, 0.99)
+    for _ in range(25):
+        g = rng.standard_normal((4, 3))
+        p.grad, r.grad = mt.tensor(g), torch.from_numpy(g.copy())
+        opt.step()
+        topt.step()
+        sched.step()
+        tsched.step()
+        assert opt.param_groups[0]["betas"] == topt.param_groups[0]["betas"]
+        assert sched.get_last_lr() == tsched.get_last_lr()
+    np.testing.assert_allclose(p._data, r.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_one_cycle_refuses_to_step_past_the_end():
+    kw = dict(max_lr=0.5, total_steps=6)
+    opt, sched = _ours("OneCycleLR", kw)
+    topt, tsched = _theirs("OneCycleLR", kw)
+    for _ in range(6):
+        sched.step()
+        tsched.step()
+    assert sched.get_last_lr() == tsched.get_last_lr()
+    with pytest.raises(ValueError, match="total_steps=6"):
+        sched.step()
+    with pytest.raises(ValueError):
+        tsched.step()
+    # nothing moved: the rates and the epoch are those of the last valid step
+    assert sched.last_epoch == 6 and sched.get_last_lr() == tsched.get_last_lr()
+    assert [g["lr"] for g in opt.param_groups] == sched.get_last_lr()
+    with pytest.raises(ValueError, match="past the end"):
+        sched.step(7)
+
+
+def _sgd(momentum=0.9, groups=1):
+    return SGD([{"params": [Parameter(mt.zeros(1))]} for _ in range(groups)], lr=0.1,
+               momentum=momentum)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_lr=1.0), "total_steps, or both epochs and steps_per_epoch"),
+    (dict(max_lr=1.0, epochs=3), "total_steps, or both"),
+    (dict(max_lr=1.0, total_steps=0), "total_steps must be a positive int"),
+    (dict(max_lr=1.0, total_steps=10.0), "total_steps must be a positive int"),
+    (dict(max_lr=1.0, epochs=-1, steps_per_epoch=3), "epochs must be a positive int"),
+    (dict(max_lr=1.0, epochs=2, steps_per_epoch=0), "steps_per_epoch must be"),
+    (dict(max_lr=1.0, total_steps=10, pct_start=1.5), "pct_start"),
+    (dict(max_lr=1.0, total_steps=10, pct_start=-0.1), "pct_start"),
+    (dict(max_lr=1.0, total_steps=10, anneal_strategy="exp"), "anneal_strategy"),
+    (dict(max_lr=1.0, total_steps=10, div_factor=0), "div_factor"),
+    (dict(max_lr=1.0, total_steps=10, final_div_factor=-2.0), "final_div_factor"),
+    (dict(max_lr=-1.0, total_steps=10), "max_lr must be >= 0"),
+    (dict(max_lr=[1.0, 2.0], total_steps=10), "2 values but the optimizer has 1"),
+    (dict(max_lr=1.0, total_steps=10, base_momentum=[0.8, 0.9]), "base_momentum has 2"),
+    (dict(max_lr=1.0, total_steps=10, max_momentum=-0.5), "momenta must be >= 0"),
+    # torch divides by zero in these two: the warm-up, or the last phase, has no length
+    (dict(max_lr=1.0, total_steps=10, pct_start=0.1), "no length"),
+    (dict(max_lr=1.0, total_steps=10, pct_start=1.0), "no length"),
+])
+def test_one_cycle_bad_arguments(kwargs, match):
+    opt = _sgd()
+    before = [dict(g) for g in opt.param_groups]
+    with pytest.raises(ValueError, match=match):
+        lr_scheduler.OneCycleLR(opt, **kwargs)
+    assert opt.param_groups == before  # checked before any group was touched
+
+
+def test_one_cycle_needs_momentum_or_betas_to_cycle():
+    from mpitensor.optim import Adagrad
+
+    opt = Adagrad([Parameter(mt.zeros(1))], lr=0.1)
+    with pytest.raises(ValueError, match="cycle_momentum=False"):
+        lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=10)
+    sched = lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=10, cycle_momentum=False)
+    assert sched.get_last_lr() == [pytest.approx(0.04, rel=1e-14)]
+
+
+# ---- LambdaLR with stateful callables ---------------------------------------------------------
+
+class _Warmup:
+    """A callable object with state, which LambdaLR's state dict carries (functions are not)."""
+
+    def __init__(self, steps):
+        self.steps = steps
+        self.calls = 0
+
+    def __call__(self, epoch):
+        self.calls += 1
+        return min(1.0, (epoch + 1) / self.steps)
+
+
+def test_lambda_lr_saves_callable_objects_not_functions():
+    fns = [_Warmup(4), lambda e: 0.9 ** e, _Warmup(7)]
+    tfns = [_Warmup(4), lambda e: 0.9 ** e, _Warmup(7)]
+    opt, sched = _ours("LambdaLR", dict(lr_lambda=fns))
+    _, tsched = _theirs("LambdaLR", dict(lr_lambda=tfns))
+    for _ in range(5):
+        sched.step()
+        tsched.step()
+        assert sched.get_last_lr() == tsched.get_last_lr()
+    sd, tsd = sched.state_dict(), tsched.state_dict()
+    assert sd["lr_lambdas"] == tsd["lr_lambdas"] == [{"steps": 4, "calls": 6}, None,
+                                                   {"steps": 7, "calls": 6}]
+    # a fresh scheduler with fresh objects gets the objects' state back; the dict is unchanged
+    fresh = [_Warmup(1), lambda e: 0.9 ** e, _Warmup(1)]
+    opt2, sched2 = _ours("LambdaLR", dict(lr_lambda=fresh))
+    opt2.load_state_dict(opt.state_dict())
+    sched2.load_state_dict(sd)
+    assert "lr_lambdas" in sd and fresh[0].steps == 4 and fresh[2].steps == 7
+    assert sched2.lr_lambdas[1] is fresh[1] and sched2.last_epoch == 5
+    for _ in range(5):
+        sched.step()
+        sched2.step()
+        assert sched2.get_last_lr() == sched.get_last_lr()
+
+
+def test_lambda_lr_bad_arguments():
+    opt = _sgd(groups=2)
+    with pytest.raises(ValueError, match="3 lr_lambdas for 2 parameter groups"):
+        lr_scheduler.LambdaLR(opt, [lambda e: 1.0] * 3)
+    with pytest.raises(TypeError, match="not callable"):
+        lr_scheduler.LambdaLR(opt, [lambda e: 1.0, 0.5])
+    with pytest.raises(TypeError, match="not an Optimizer"):
+        lr_scheduler.LambdaLR(object(), lambda e: 1.0)
+
+
+def test_exponential_and_cosine_bad_arguments():
+    opt = _sgd()
+    with pytest.raises(ValueError, match="gamma must be >= 0"):
+        lr_scheduler.ExponentialLR(opt, gamma=-0.5)
+    with pytest.raises(ValueError, match="NaN"):
+        lr_scheduler.ExponentialLR(opt, gamma=float("nan"))
+    with pytest.raises(TypeError, match="gamma must be a number"):
+        lr_scheduler.ExponentialLR(opt, gamma="0.5")
+    with pytest.raises(ValueError, match="T_max"):
+        lr_scheduler.CosineAnnealingLR(opt, T_max=0)
+    with pytest.raises(TypeError, match="eta_min must be a number"):
+        lr_scheduler.CosineAnnealingLR(opt, T_max=5, eta_min=None)
+
+
+# ---- ReduceLROnPlateau --------------------------------------------------------------------------
+
+# a loss that improves, stalls, wobbles within the threshold, improves again and then stalls
+METRICS = [5.0, 4.0, 4.0, 3.9999, 4.2, 4.1, 3.0, 3.0, 3.0, 3.0, 2.99, 2.995, 3.5, 3.2, 3.1, 3.1,
+           3.1, 1.0, 1.0, 1.2, 1.1, 1.3, 1.0005, 0.99999, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+
+PLATEAUS = [
+    dict(),
+    dict(patience=0),
+    dict(patience=2, factor=0.5),
+    dict(patience=1, factor=0.5, cooldown=2),
+    dict(patience=1, threshold=0.1, threshold_mode="abs"),
+    dict(patience=1, factor=0.3, min_lr=[0.05, 0.01, 0.02]),
+    dict(patience=0, factor=0.5, min_lr=0.2, eps=0.05),
+    dict(mode="max", patience=1, factor=0.5),
+    dict(mode="max", patience=2, threshold=0.05, threshold_mode="abs", cooldown=1),
+]
+
+
+def _plateau_pair(kw):
+    opt = SGD([{"params": [Parameter(mt.zeros(1))], "lr": lr} for lr in LRS], lr=LRS[0])
+    topt = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr}
+                            for lr in LRS], lr=LRS[0])
+    return (opt, lr_scheduler.ReduceLROnPlateau(opt, **kw),
+            topt, torch.optim.lr_scheduler.ReduceLROnPlateau(topt, **kw))
+
+
+@pytest.mark.parametrize("kw", PLATEAUS, ids=_kw_id)
+def test_plateau_same_rates_every_step(kw):
+    opt, sched, topt, tsched = _plateau_pair(kw)
+    assert sched.get_last_lr() == tsched.get_last_lr() == list(LRS)
+    metrics = METRICS if kw.get("mode") != "max" else [-m for m in METRICS]
+    for i, m in enumerate(metrics):
+        if i % 2:  # a 0-d tensor metric works as well as a number
+            sched.step(mt.tensor(m, dtype=mt.float64))
+            tsched.step(torch.tensor(m, dtype=torch.float64))
+        else:
+            sched.step(m)
+            tsched.step(m)
+        assert sched.get_last_lr() == tsched.get_last_lr(), i
+        assert [g["lr"] for g in opt.param_groups] == sched.get_last_lr()
+        assert (sched.best, sched.num_bad_epochs, sched.cooldown_counter, sched.last_epoch) == \
+            (tsched.best, tsched.num_bad_epochs, tsched.cooldown_counter, tsched.last_epoch), i
+    assert sched.get_last_lr() != list(LRS)  # the sequence did cut the rates
+
+
+@pytest.mark.parametrize("kw", PLATEAUS[2:6], ids=_kw_id)
+def test_plateau_state_dict_round_trip_and_torch_dicts(tmp_path, kw):
+    opt, sched, topt, tsched = _plateau_pair(kw)
+    for m in METRICS[:12]:
+        sched.step(m)
+        tsched.step(m)
+    ours, theirs = sched.state_dict(), tsched.state_dict()
+    assert "optimizer" not in ours and set(ours) <= set(theirs)
+    for key, value in ours.items():
+        assert value == theirs[key], key
+    path = tmp_path / "ckpt.mt"
+    mt.save({"optimizer": opt.state_dict(), "scheduler": ours}, str(path))
+    ckpt = mt.load(str(path))
+    opt2, sched2, _, _ = _plateau_pair(kw)
+    opt2.load_state_dict(ckpt["optimizer"])
+    sched2.load_state_dict(ckpt["scheduler"])
+    opt3, sched3, _, _ = _plateau_pair(kw)  # and one resumed from torch's own state dict
+    opt3.load_state_dict(ckpt["optimizer"])
+    sched3.load_state_dict(tsched.state_dict())
+    for m in METRICS[12:]:
+        for s in (sched2, sched3, tsched):
+            s.step(m)
+        assert sched2.get_last_lr() == sched3.get_last_lr() == tsched.get_last_lr()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(mode="lowest"), "mode must be 'min'"),
+    (dict(threshold_mode="relative"), "threshold_mode"),
+    (dict(factor=1.0), "factor"),
+    (dict(factor=-0.1), "factor"),
+    (dict(patience=-1), "patience"),
+    (dict(patience=2.5), "patience"),
+    (dict(cooldown=-3), "cooldown"),
+    (dict(min_lr=-0.1), "min_lr must be >= 0"),
+    (dict(min_lr=[0.1, 0.2]), "min_lr has 2 values but the optimizer has 3"),
+    (dict(eps=-1e-8), "eps"),
+])
+def test_plateau_bad_arguments(kwargs, match):
+    opt = SGD([{"params": [Parameter(mt.zeros(1))], "lr": lr} for lr in LRS], lr=LRS[0])
+    with pytest.raises(ValueError, match=match):
+        lr_scheduler.ReduceLROnPlateau(opt, **kwargs)
+    sched = lr_scheduler.ReduceLROnPlateau(opt)
+    with pytest.raises(TypeError, match="metric as a number"):
+        sched.step("low")
+    with pytest.raises(TypeError, match="not an Optimizer"):
+        lr_scheduler.ReduceLROnPlateau(object())
+
+
+def test_signatures_match_torch():
+    import inspect
+
+    for name in ("ExponentialLR", "CosineAnnealingLR", "LambdaLR", "OneCycleLR",
+                 "ReduceLROnPlateau"):
+        assert name in lr_scheduler.__all__
+        ours = inspect.signature(getattr(lr_scheduler, name).__init__).parameters.values()
+        theirs = inspect.signature(
+            getattr(torch.optim.lr_scheduler, name).__init__).parameters.values()
+        assert [(p.name, p.kind, p.default) for p in ours] == \
+            [(p.name, p.kind, p.default) for p in theirs], name

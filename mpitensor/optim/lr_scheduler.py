@@ -2,20 +2,27 @@
 
 A scheduler owns no rates of its own: it rewrites ``group["lr"]`` in its optimiser's parameter
 groups each time :meth:`LRScheduler.step` is called (once per epoch, after ``optimizer.step()``),
-and remembers in ``base_lrs`` where every group started. The schedules here decay by powers of a
-``gamma`` factor; they share one base that multiplies the current rates at the epochs where a
-decay falls, which is what makes the sequence bit-for-bit the one torch produces.
+and remembers in ``base_lrs`` where every group started. Each schedule computes the next rates
+the way torch does (most from the current rates, step to step), so that the sequence is
+bit-for-bit the one torch produces: ``StepLR``, ``MultiStepLR`` and ``ExponentialLR`` multiply by
+powers of ``gamma``; ``CosineAnnealingLR`` follows torch's recursive cosine; ``LambdaLR`` scales
+``base_lrs`` by user functions; ``OneCycleLR`` anneals per batch between ``max_lr`` and small
+rates (and cycles the momentum the other way); ``ReduceLROnPlateau`` watches a metric instead of
+the epoch count.
 """
 
 from __future__ import annotations
 
+import math
+import types
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from .optimizer import Optimizer
 
-__all__ = ["LRScheduler", "StepLR", "MultiStepLR"]
+__all__ = ["LRScheduler", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR",
+           "LambdaLR", "OneCycleLR", "ReduceLROnPlateau"]
 
 
 def _check_optimizer(optimizer: Any) -> Optimizer:
@@ -61,7 +68,14 @@ class LRScheduler:
         self.base_lrs: List[float] = _starting_rates(optimizer, last_epoch)
         self.last_epoch = last_epoch
         self._last_lr: List[float] = []
-        self.step()
+        self._step_count = 0
+        # The first step, taken here, may keep the optimiser's current rates (schedules that build
+        # on them check _is_initial), so a resumed run does not move one epoch ahead of itself.
+        self._is_initial = True
+        try:
+            self.step()
+        finally:
+            self._is_initial = False
 
     def get_lr(self) -> List[float]:
         """Return each group's rate for epoch ``last_epoch``, given the rates of the epoch before.
@@ -94,6 +108,7 @@ class LRScheduler:
             >>> s = StepLR(opt, step_size=1, gamma=0.5); s.step(); s.get_last_lr()
             [0.5]
         """
+        self._step_count += 1
         if epoch is not None:
             self.last_epoch = int(epoch)
             new_rates = self._rates_at_epoch()
@@ -240,3 +255,556 @@ class MultiStepLR(_PowerDecay):
         """Restore what :meth:`state_dict` returned."""
         super().load_state_dict(state_dict)
         self.milestones = Counter(self.milestones)
+
+
+# ---- checks shared by the schedules below ---------------------------------------------------
+
+def _real(owner: str, name: str, value: Any) -> float:
+    if isinstance(value, (bool, str, bytes)):
+        raise TypeError(f"{owner}: {name} must be a number, got {type(value).__name__} "
+                        f"({value!r})")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{owner}: {name} must be a number, got {type(value).__name__} "
+                        f"({value!r})") from None
+    if math.isnan(out):
+        raise ValueError(f"{owner}: {name} is NaN; give a number")
+    return out
+
+
+def _positive_int(owner: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
+    return value
+
+
+def _per_group(owner: str, name: str, optimizer: Optimizer, value: Any) -> List[Any]:
+    """One value per parameter group: a list/tuple as given, or a scalar repeated."""
+    n = len(optimizer.param_groups)
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{owner}: {name} has {len(value)} values but the optimizer has "
+                             f"{n} parameter groups; give one value per group or a single "
+                             f"number")
+        return list(value)
+    return [value] * n
+
+
+class ExponentialLR(LRScheduler):
+    """Multiply every group's learning rate by ``gamma`` at every epoch.
+
+    Args:
+        optimizer: the optimiser.
+        gamma: multiplicative factor per epoch (a number >= 0).
+        last_epoch: the last epoch index when resuming (default -1).
+
+    Raises:
+        ValueError: ``gamma`` is negative or NaN.
+        TypeError: ``gamma`` is not a number.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+        >>> s = ExponentialLR(opt, gamma=0.5)
+        >>> for _ in range(3): s.step()
+        >>> s.get_last_lr()
+        [0.125]
+    """
+
+    def __init__(self, optimizer: Optimizer, gamma: float, last_epoch: int = -1) -> None:
+        if _real("ExponentialLR", "gamma", gamma) < 0:
+            raise ValueError(f"ExponentialLR: gamma must be >= 0 (a negative factor would make "
+                             f"negative learning rates), got {gamma!r}")
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        """Return the current rates times ``gamma`` (unchanged on the constructor's step)."""
+        current = [group["lr"] for group in self.optimizer.param_groups]
+        if self._is_initial:
+            return current
+        return [rate * self.gamma for rate in current]
+
+    def _rates_at_epoch(self) -> List[float]:
+        return [base * self.gamma ** self.last_epoch for base in self.base_lrs]
+
+
+class CosineAnnealingLR(LRScheduler):
+    """Anneal every group's rate from its initial value to ``eta_min`` along a half cosine.
+
+    The rate follows ``eta_min + (base_lr - eta_min) * (1 + cos(pi * t / T_max)) / 2``, computed
+    as torch does, from the previous rate at each :meth:`step` (so a rate changed by hand is
+    carried along); past ``T_max`` it climbs back up and keeps oscillating (no restarts).
+
+    Args:
+        optimizer: the optimiser.
+        T_max: half-period, in epochs (a number > 0).
+        eta_min: the lowest rate (default 0).
+        last_epoch: the last epoch index when resuming (default -1).
+
+    Raises:
+        ValueError: ``T_max`` is not > 0, or a value is NaN.
+        TypeError: ``T_max`` or ``eta_min`` is not a number.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+        >>> s = CosineAnnealingLR(opt, T_max=2)
+        >>> s.step(); round(s.get_last_lr()[0], 6)
+        0.5
+    """
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0,  # noqa: N803
+                 last_epoch: int = -1) -> None:
+        if not _real("CosineAnnealingLR", "T_max", T_max) > 0:
+            raise ValueError(f"CosineAnnealingLR: T_max (epochs from the initial rate down to "
+                             f"eta_min) must be > 0, got {T_max!r}")
+        _real("CosineAnnealingLR", "eta_min", eta_min)
+        self.T_max = T_max
+        self.eta_min = eta_min
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        """Return the next rates from the current ones (torch's recursive form)."""
+        groups = self.optimizer.param_groups
+        current = [group["lr"] for group in groups]
+        if self._is_initial:
+            return current
+        t, period, low = self.last_epoch, self.T_max, self.eta_min
+        if (t - 1 - period) % (2 * period) == 0:
+            # the bottom of the cosine: the ratio below would divide by zero, so add the rise
+            rise = (1 - math.cos(math.pi / period)) / 2
+            return [rate + (base - low) * rise for rate, base in zip(current, self.base_lrs)]
+        ratio = (1 + math.cos(math.pi * t / period)) / (1 + math.cos(math.pi * (t - 1) / period))
+        return [ratio * (rate - low) + low for rate in current]
+
+    def _rates_at_epoch(self) -> List[float]:
+        t, period, low = self.last_epoch, self.T_max, self.eta_min
+        return [low + (base - low) * (1 + math.cos(math.pi * t / period)) / 2
+                for base in self.base_lrs]
+
+
+class LambdaLR(LRScheduler):
+    """Set every group's rate to its initial rate times a function of the epoch.
+
+    Args:
+        optimizer: the optimiser.
+        lr_lambda: a function ``epoch -> factor``, or a list/tuple with one per group.
+        last_epoch: the last epoch index when resuming (default -1).
+
+    Raises:
+        ValueError: a list of functions whose length is not the number of groups.
+        TypeError: a function is not callable.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=2.0)
+        >>> s = LambdaLR(opt, lambda epoch: 1 / (epoch + 1))
+        >>> s.step(); s.get_last_lr()
+        [1.0]
+    """
+
+    def __init__(self, optimizer: Optimizer,
+                 lr_lambda: Union[Callable[[int], float], Sequence[Callable[[int], float]]],
+                 last_epoch: int = -1) -> None:
+        _check_optimizer(optimizer)
+        n = len(optimizer.param_groups)
+        if isinstance(lr_lambda, (list, tuple)):
+            if len(lr_lambda) != n:
+                raise ValueError(f"LambdaLR: got {len(lr_lambda)} lr_lambdas for {n} parameter "
+                                 f"groups; give one function per group, or a single function")
+            lambdas = list(lr_lambda)
+        else:
+            lambdas = [lr_lambda] * n
+        odd = [i for i, fn in enumerate(lambdas) if not callable(fn)]
+        if odd:
+            raise TypeError(f"LambdaLR: lr_lambda entries {odd} are not callable; each must map "
+                            f"an epoch number to a factor")
+        self.lr_lambdas: List[Callable[[int], float]] = lambdas
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        """Return ``base_lr * lr_lambda(last_epoch)`` for every group."""
+        return [base * fn(self.last_epoch) for fn, base in zip(self.lr_lambdas, self.base_lrs)]
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the state; plain functions and lambdas are stored as None (they do not pickle
+        reliably), callable objects as a copy of their attributes (``__dict__``).
+        """
+        state = super().state_dict()
+        state["lr_lambdas"] = [dict(vars(fn)) if not isinstance(fn, types.FunctionType)
+                               and hasattr(fn, "__dict__") else None
+                               for fn in self.lr_lambdas]
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore the state; saved attributes go back into this scheduler's callable objects.
+
+        Raises:
+            TypeError: ``state_dict`` is not a dict.
+        """
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"load_state_dict() expects the dict that state_dict() returned, "
+                            f"got {type(state_dict).__name__}")
+        rest = {k: v for k, v in state_dict.items() if k != "lr_lambdas"}
+        super().load_state_dict(rest)
+        for fn, saved in zip(self.lr_lambdas, state_dict.get("lr_lambdas") or []):
+            if saved is not None:
+                fn.__dict__.update(saved)
+
+
+class OneCycleLR(LRScheduler):
+    """The one-cycle policy (Smith & Topin): warm up to ``max_lr``, then anneal far below the start.
+
+    Meant to be stepped after every batch. The rate goes from ``max_lr / div_factor`` up to
+    ``max_lr`` over the first ``pct_start`` of ``total_steps``, then down to
+    ``max_lr / div_factor / final_div_factor``; with ``three_phase`` it first comes back down to
+    the starting rate and only then anneals to the minimum. With ``cycle_momentum``, SGD's
+    ``momentum`` (or Adam's ``beta1``) moves the opposite way between ``max_momentum`` and
+    ``base_momentum``. Each group records ``initial_lr``, ``max_lr``, ``min_lr`` (and
+    ``max_momentum``, ``base_momentum``), as in torch.
+
+    Args:
+        optimizer: the optimiser.
+        max_lr: the peak rate, or one per group.
+        total_steps: the number of steps of the cycle; or give ``epochs`` and
+            ``steps_per_epoch`` (their product is used).
+        epochs, steps_per_epoch: see ``total_steps``.
+        pct_start: the fraction of the cycle spent warming up (default 0.3).
+        anneal_strategy: ``"cos"`` (default) or ``"linear"``.
+        cycle_momentum: cycle the momentum or beta1 inversely to the rate (default True).
+        base_momentum: the momentum at the peak rate, or one per group (default 0.85).
+        max_momentum: the momentum at the start and the end, or one per group (default 0.95).
+        div_factor: ``initial_lr = max_lr / div_factor`` (default 25).
+        final_div_factor: ``min_lr = initial_lr / final_div_factor`` (default 1e4).
+        three_phase: use the three-phase form (default False).
+        last_epoch: the index of the last step taken when resuming (default -1).
+
+    Raises:
+        ValueError: no valid ``total_steps`` (or ``epochs`` and ``steps_per_epoch``),
+            ``pct_start`` outside [0, 1], an unknown ``anneal_strategy``, a non-positive
+            divisor, a negative rate or momentum, a per-group list of the wrong length,
+            ``cycle_momentum`` with an optimiser that has neither ``momentum`` nor ``betas``, a
+            cycle whose first or last phase is empty (torch would divide by zero), or a
+            :meth:`step` past ``total_steps``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=0.1, momentum=0.9)
+        >>> s = OneCycleLR(opt, max_lr=1.0, total_steps=10, anneal_strategy="linear")
+        >>> s.get_last_lr(), opt.param_groups[0]["momentum"]
+        ([0.04], 0.95)
+        >>> for _ in range(2): s.step()
+        >>> s.get_last_lr()  # the peak, at step pct_start * total_steps - 1
+        [1.0]
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        max_lr: Union[float, Sequence[float]],
+        total_steps: Optional[int] = None,
+        epochs: Optional[int] = None,
+        steps_per_epoch: Optional[int] = None,
+        pct_start: float = 0.3,
+        anneal_strategy: str = "cos",
+        cycle_momentum: bool = True,
+        base_momentum: Union[float, Sequence[float]] = 0.85,
+        max_momentum: Union[float, Sequence[float]] = 0.95,
+        div_factor: float = 25.0,
+        final_div_factor: float = 1e4,
+        three_phase: bool = False,
+        last_epoch: int = -1,
+    ) -> None:
+        owner = "OneCycleLR"
+        _check_optimizer(optimizer)
+        # every argument is checked before any group is touched
+        if total_steps is not None:
+            total = _positive_int(owner, "total_steps", total_steps)
+        elif epochs is not None and steps_per_epoch is not None:
+            total = (_positive_int(owner, "epochs", epochs)
+                     * _positive_int(owner, "steps_per_epoch", steps_per_epoch))
+        else:
+            raise ValueError(f"{owner}: the length of the cycle is missing; pass total_steps, or "
+                             f"both epochs and steps_per_epoch")
+        if not 0.0 <= _real(owner, "pct_start", pct_start) <= 1.0:
+            raise ValueError(f"{owner}: pct_start is the fraction of the cycle spent warming up "
+                             f"and must lie in [0, 1], got {pct_start!r}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"{owner}: anneal_strategy must be 'cos' or 'linear', got "
+                             f"{anneal_strategy!r}")
+        for name, value in (("div_factor", div_factor), ("final_div_factor", final_div_factor)):
+            if not _real(owner, name, value) > 0:
+                raise ValueError(f"{owner}: {name} divides a learning rate and must be > 0, "
+                                 f"got {value!r}")
+        max_lrs = _per_group(owner, "max_lr", optimizer, max_lr)
+        for v in max_lrs:
+            if _real(owner, "max_lr", v) < 0:
+                raise ValueError(f"{owner}: max_lr must be >= 0, got {v!r}")
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                kind = type(optimizer).__name__
+                raise ValueError(f"{owner}: cycle_momentum=True needs an optimiser with a "
+                                 f"'momentum' or 'betas' hyper-parameter ({kind} has neither); "
+                                 f"pass cycle_momentum=False")
+            max_moms = _per_group(owner, "max_momentum", optimizer, max_momentum)
+            base_moms = _per_group(owner, "base_momentum", optimizer, base_momentum)
+            for v in max_moms + base_moms:
+                if _real(owner, "momentum", v) < 0:
+                    raise ValueError(f"{owner}: momenta must be >= 0, got {v!r}")
+        warm_end = float(pct_start * total) - 1
+        if three_phase:
+            phases = [
+                dict(end_step=warm_end, start_lr="initial_lr", end_lr="max_lr",
+                     start_momentum="max_momentum", end_momentum="base_momentum"),
+                dict(end_step=float(2 * pct_start * total) - 2, start_lr="max_lr",
+                     end_lr="initial_lr", start_momentum="base_momentum",
+                     end_momentum="max_momentum"),
+                dict(end_step=total - 1, start_lr="initial_lr", end_lr="min_lr",
+                     start_momentum="max_momentum", end_momentum="max_momentum"),
+            ]
+        else:
+            phases = [
+                dict(end_step=warm_end, start_lr="initial_lr", end_lr="max_lr",
+                     start_momentum="max_momentum", end_momentum="base_momentum"),
+                dict(end_step=total - 1, start_lr="max_lr", end_lr="min_lr",
+                     start_momentum="base_momentum", end_momentum="max_momentum"),
+            ]
+        if phases[0]["end_step"] == 0 or phases[-1]["end_step"] == phases[-2]["end_step"]:
+            raise ValueError(f"{owner}: with total_steps={total} and pct_start={pct_start} a "
+                             f"phase of the cycle has no length; change pct_start or use more "
+                             f"steps")
+        self.total_steps = total
+        self._schedule_phases: List[Dict[str, Any]] = phases
+        self._anneal_func_type = anneal_strategy
+        self.cycle_momentum = bool(cycle_momentum)
+        if last_epoch == -1:
+            for group, top in zip(optimizer.param_groups, max_lrs):
+                group["initial_lr"] = top / div_factor
+                group["max_lr"] = top
+                group["min_lr"] = group["initial_lr"] / final_div_factor
+        if self.cycle_momentum:
+            self.use_beta1 = "betas" in optimizer.defaults
+            if last_epoch == -1:
+                for group, high, low in zip(optimizer.param_groups, max_moms, base_moms):
+                    self._set_momentum(group, high)
+                    group["max_momentum"] = high
+                    group["base_momentum"] = low
+        super().__init__(optimizer, last_epoch)
+
+    def _set_momentum(self, group: Dict[str, Any], value: float) -> None:
+        if self.use_beta1:
+            group["betas"] = (value, *group["betas"][1:])
+        else:
+            group["momentum"] = value
+
+    def _anneal(self, start: float, end: float, pct: float) -> float:
+        if self._anneal_func_type == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def get_lr(self) -> List[float]:
+        """Return the rates at step ``last_epoch`` (and set the momenta, when cycled).
+
+        Raises:
+            ValueError: ``last_epoch`` is past ``total_steps``.
+        """
+        n = self.last_epoch
+        if n > self.total_steps:
+            raise ValueError(f"OneCycleLR: step {n} is past the end of the cycle "
+                             f"(total_steps={self.total_steps}); build the scheduler with more "
+                             f"steps, or stop stepping it")
+        rates = []
+        last = len(self._schedule_phases) - 1
+        for group in self.optimizer.param_groups:
+            start = 0.0
+            for i, phase in enumerate(self._schedule_phases):
+                end = phase["end_step"]
+                if n <= end or i == last:
+                    pct = (n - start) / (end - start)
+                    rates.append(self._anneal(group[phase["start_lr"]], group[phase["end_lr"]],
+                                              pct))
+                    if self.cycle_momentum:
+                        self._set_momentum(group, self._anneal(group[phase["start_momentum"]],
+                                                               group[phase["end_momentum"]],
+                                                               pct))
+                    break
+                start = end
+        return rates
+
+    def step(self, epoch: Optional[int] = None) -> None:
+        """Move to the next step (or to step ``epoch``) of the cycle.
+
+        Raises:
+            ValueError: the step would be past ``total_steps``; nothing changes then.
+        """
+        target = self.last_epoch + 1 if epoch is None else int(epoch)
+        if target > self.total_steps:
+            raise ValueError(f"OneCycleLR: step {target} is past the end of the cycle "
+                             f"(total_steps={self.total_steps}); build the scheduler with more "
+                             f"steps, or stop stepping it")
+        super().step(epoch)
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """Cut the learning rates by ``factor`` when a watched metric stops improving.
+
+    Call ``step(metric)`` once per epoch with, say, the validation loss. A value counts as an
+    improvement when it beats the best so far by more than ``threshold`` (relative, or absolute
+    with ``threshold_mode="abs"``); after more than ``patience`` epochs without one, every rate
+    is multiplied by ``factor`` (not below ``min_lr``; changes smaller than ``eps`` are skipped),
+    and ``cooldown`` epochs follow during which bad epochs are not counted.
+
+    Args:
+        optimizer: the optimiser.
+        mode: ``"min"`` (default) when lower is better, ``"max"`` when higher is.
+        factor: multiplier applied to the rates, in [0, 1) (default 0.1).
+        patience: bad epochs tolerated before a cut (default 10).
+        threshold: how much better a value must be to count (default 1e-4).
+        threshold_mode: ``"rel"`` (default) or ``"abs"``.
+        cooldown: epochs to wait after a cut before counting again (default 0).
+        min_lr: the lowest rate, or one per group (default 0).
+        eps: the smallest change of a rate worth making (default 1e-8).
+
+    Raises:
+        ValueError: an unknown ``mode`` or ``threshold_mode``, ``factor`` outside [0, 1), a
+            negative ``patience``, ``cooldown``, ``min_lr`` or ``eps``, or a list of ``min_lr``
+            of the wrong length.
+        TypeError: ``optimizer`` is not an Optimizer, or a value is not a number.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+        >>> s = ReduceLROnPlateau(opt, patience=1, factor=0.5)
+        >>> for loss in (3.0, 2.0, 2.5, 2.5): s.step(loss)
+        >>> s.get_last_lr()
+        [0.5]
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        mode: str = "min",
+        factor: float = 0.1,
+        patience: int = 10,
+        threshold: float = 1e-4,
+        threshold_mode: str = "rel",
+        cooldown: int = 0,
+        min_lr: Union[float, Sequence[float]] = 0,
+        eps: float = 1e-8,
+    ) -> None:
+        owner = "ReduceLROnPlateau"
+        _check_optimizer(optimizer)
+        if mode not in ("min", "max"):
+            raise ValueError(f"{owner}: mode must be 'min' (lower is better) or 'max', got "
+                             f"{mode!r}")
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueError(f"{owner}: threshold_mode must be 'rel' or 'abs', got "
+                             f"{threshold_mode!r}")
+        if not 0.0 <= _real(owner, "factor", factor) < 1.0:
+            raise ValueError(f"{owner}: factor multiplies the rates on a plateau and must lie in "
+                             f"[0, 1), got {factor!r}")
+        for name, value in (("patience", patience), ("cooldown", cooldown)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{owner}: {name} counts epochs and must be an int >= 0, got "
+                                 f"{value!r}")
+        _real(owner, "threshold", threshold)
+        if _real(owner, "eps", eps) < 0:
+            raise ValueError(f"{owner}: eps must be >= 0, got {eps!r}")
+        min_lrs = _per_group(owner, "min_lr", optimizer, min_lr)
+        for v in min_lrs:
+            if _real(owner, "min_lr", v) < 0:
+                raise ValueError(f"{owner}: min_lr must be >= 0, got {v!r}")
+        self.optimizer = optimizer
+        self.factor = factor
+        self.default_min_lr = None if isinstance(min_lr, (list, tuple)) else min_lr
+        self.min_lrs = min_lrs
+        self.patience = patience
+        self.cooldown = cooldown
+        self.eps = eps
+        self.last_epoch = 0
+        self._last_lr = [group["lr"] for group in optimizer.param_groups]
+        self.mode = mode
+        self.threshold = threshold
+        self.threshold_mode = threshold_mode
+        self.mode_worse = math.inf if mode == "min" else -math.inf
+        self.best = self.mode_worse
+        self.cooldown_counter = 0
+        self.num_bad_epochs = 0
+
+    @property
+    def in_cooldown(self) -> bool:
+        """Whether a cut happened less than ``cooldown`` epochs ago."""
+        return self.cooldown_counter > 0
+
+    def _is_better(self, a: float, best: float) -> bool:
+        """Whether the value ``a`` improves on ``best`` by more than the threshold."""
+        if self.threshold_mode == "rel":
+            scale = 1.0 - self.threshold if self.mode == "min" else self.threshold + 1.0
+            return a < best * scale if self.mode == "min" else a > best * scale
+        return a < best - self.threshold if self.mode == "min" else a > best + self.threshold
+
+    def get_lr(self) -> List[float]:
+        """Return the current rates (this schedule changes them only from :meth:`step`)."""
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def step(self, metrics: Any, epoch: Optional[int] = None) -> None:  # type: ignore[override]
+        """Record this epoch's metric and cut the rates if it has stalled for too long.
+
+        Args:
+            metrics: the watched value (a number, or a one-element Tensor/array).
+            epoch: the epoch number to record (deprecated in torch; by default the next one).
+
+        Raises:
+            TypeError: ``metrics`` cannot be read as a number.
+            RuntimeError: groups were added since construction and ``min_lr`` was a list.
+        """
+        try:
+            current = float(metrics)
+        except (TypeError, ValueError):
+            raise TypeError(f"ReduceLROnPlateau.step() takes the watched metric as a number, "
+                            f"got {type(metrics).__name__}") from None
+        self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
+        if self._is_better(current, self.best):
+            self.best = current
+            self.num_bad_epochs = 0
+        else:
+            self.num_bad_epochs += 1
+        if self.in_cooldown:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0  # bad epochs right after a cut do not count
+        if self.num_bad_epochs > self.patience:
+            self._reduce_lr()
+            self.cooldown_counter = self.cooldown
+            self.num_bad_epochs = 0
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def _reduce_lr(self) -> None:
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.min_lrs):
+            if self.default_min_lr is None:
+                raise RuntimeError(f"ReduceLROnPlateau: the optimizer now has {len(groups)} "
+                                   f"parameter groups but min_lr was given for "
+                                   f"{len(self.min_lrs)}; set scheduler.min_lrs to one value "
+                                   f"per group")
+            self.min_lrs = [self.default_min_lr] * len(groups)
+        for group, floor in zip(groups, self.min_lrs):
+            old = float(group["lr"])
+            new = max(old * self.factor, floor)
+            if old - new > self.eps:
+                group["lr"] = new
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (torch's dicts load too).
+
+        Raises:
+            TypeError: ``state_dict`` is not a dict.
+        """
+        super().load_state_dict(state_dict)
+        self.mode_worse = math.inf if self.mode == "min" else -math.inf

@@ -1,0 +1,271 @@
+"""The machinery shared by the adaptive optimisers (Adam, AdamW, Adadelta, Adagrad, RMSprop).
+
+Each of those keeps running statistics per parameter and updates it with a handful of in-place
+array operations. What they have in common lives here: checking hyper-parameters up front (in
+the constructor and in ``add_param_group``), the per-parameter ``"step"`` counter in torch's
+layout (a 0-d float Tensor on the host), state arrays shaped and laid out like their parameter
+on its device, scratch arrays recycled between steps, and the real view torch takes of complex
+parameters (every update rule here acts on the real and imaginary parts independently).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import numpy as np
+
+from mpitensor import autograd as _autograd
+from mpitensor import backend as _backend
+from mpitensor import dtypes as _dtypes
+from mpitensor._workspace import empty_like as _empty_like
+from mpitensor.tensor import Tensor
+
+from .optimizer import Optimizer, required
+
+__all__: list = []  # private module
+
+# A check takes (optimizer name, hyper-parameter name, value) and raises on a bad value.
+Check = Callable[[str, str, Any], None]
+
+
+def _number(owner: str, name: str, value: Any) -> float:
+    if isinstance(value, (bool, str, bytes)):
+        raise TypeError(f"{owner}: {name} must be a real number, got "
+                        f"{type(value).__name__} ({value!r})")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{owner}: {name} must be a real number, got "
+                        f"{type(value).__name__} ({value!r})") from None
+
+
+def nonneg(owner: str, name: str, value: Any) -> None:
+    """Raise unless ``value`` is a number >= 0 (NaN is rejected too)."""
+    if not _number(owner, name, value) >= 0.0:
+        raise ValueError(f"{owner}: invalid {name} {value!r}; it must be a number >= 0")
+
+
+def unit_closed(owner: str, name: str, value: Any) -> None:
+    """Raise unless ``0 <= value <= 1``."""
+    if not 0.0 <= _number(owner, name, value) <= 1.0:
+        raise ValueError(f"{owner}: invalid {name} {value!r}; it must lie in [0, 1]")
+
+
+def unit_half_open(owner: str, name: str, value: Any) -> None:
+    """Raise unless ``0 <= value < 1``."""
+    if not 0.0 <= _number(owner, name, value) < 1.0:
+        raise ValueError(f"{owner}: invalid {name} {value!r}; it must lie in [0, 1)")
+
+
+def betas_pair(owner: str, name: str, value: Any) -> None:
+    """Raise unless ``value`` is a pair of numbers, each in [0, 1)."""
+    try:
+        n = len(value)
+    except TypeError:
+        n = -1
+    if n != 2:
+        raise ValueError(f"{owner}: {name} must be a pair (beta1, beta2) of numbers in [0, 1), "
+                         f"got {value!r}")
+    unit_half_open(owner, f"{name}[0] (beta1)", value[0])
+    unit_half_open(owner, f"{name}[1] (beta2)", value[1])
+
+
+def not_differentiable(owner: str, name: str, value: Any) -> None:
+    """Raise when ``differentiable`` is asked for: the step runs outside autograd."""
+    if value:
+        raise ValueError(f"{owner}: differentiable=True is not supported (the update runs on "
+                         f"the raw arrays, outside autograd); leave it False")
+
+
+class AdaptiveOptimizer(Optimizer):
+    """Base of the optimisers with running per-parameter statistics.
+
+    Subclasses list their hyper-parameter checks in ``_checks`` and implement
+    :meth:`_group_settings` (read a group's hyper-parameters once per step) and :meth:`_update`
+    (one parameter's update, on raw arrays, in place).
+    """
+
+    _checks: Dict[str, Check] = {}
+
+    def _check_hyper(self, values: Dict[str, Any]) -> None:
+        owner = type(self).__name__
+        for name, check in self._checks.items():
+            if name in values and values[name] is not required:
+                check(owner, name, values[name])
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """Add a parameter group, checking its hyper-parameters like the constructor does.
+
+        Args:
+            param_group: a dict with ``"params"`` and optional hyper-parameters.
+
+        Raises:
+            ValueError: a hyper-parameter is out of range (see the class's constructor).
+            TypeError: a hyper-parameter is not a number.
+        """
+        if isinstance(param_group, dict):
+            self._check_hyper(param_group)
+        super().add_param_group(param_group)
+
+    def _group_settings(self, group: Dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], settings: Any) -> None:
+        raise NotImplementedError
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Update every parameter that has a gradient; parameters with ``grad is None`` are skipped.
+
+        Args:
+            closure: optional callable that re-evaluates the model and returns the loss (run
+                with gradients enabled).
+
+        Returns:
+            The closure's loss, or None.
+
+        Raises:
+            ValueError: a gradient is not shaped like its parameter.
+        """
+        loss = None
+        if closure is not None:
+            with _autograd.enable_grad():
+                loss = closure()
+        state = self.state
+        for group in self.param_groups:
+            settings = self._group_settings(group)
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                pa, ga = p._data, g._data
+                if ga.shape != pa.shape:
+                    raise ValueError(f"{type(self).__name__}: a gradient of shape "
+                                     f"{tuple(ga.shape)} was found on a parameter of shape "
+                                     f"{tuple(pa.shape)}; a gradient must be shaped like its "
+                                     f"parameter")
+                with on_device(pa):
+                    self._update(pa, ga, state[p], settings)
+        return loss
+
+
+def on_device(a: Any) -> Any:
+    """A context that makes ``a``'s GPU current (CuPy allocates there); a no-op for NumPy."""
+    if isinstance(a, np.ndarray) or not _backend.is_cupy_array(a):
+        return contextlib.nullcontext()
+    return a.device
+
+
+def new_step() -> Tensor:
+    """A fresh step counter: a 0-d host Tensor of the default float dtype, as torch keeps it."""
+    dt = np.float64 if _dtypes.get_default_dtype() == np.float64 else np.float32
+    return Tensor._wrap(np.zeros((), dtype=dt))
+
+
+def advance_step(state: Dict[str, Any]) -> float:
+    """Add one to ``state["step"]`` and return the new count as a Python float.
+
+    Counters loaded from older checkpoints may be plain numbers; they become Tensors here.
+    """
+    s = state.get("step")
+    if isinstance(s, Tensor) and s._data.ndim == 0 and isinstance(s._data, np.ndarray):
+        s._data += 1
+        return float(s._data)
+    n = (0.0 if s is None else float(_backend.to_numpy(s._data) if isinstance(s, Tensor)
+                                      else s)) + 1.0
+    counter = new_step()
+    counter._data[...] = n
+    state["step"] = counter
+    return n
+
+
+def zeros_state(param: Any, fill: float = 0.0) -> Tensor:
+    """A state Tensor shaped, typed and laid out like ``param``, on its device, set to ``fill``.
+
+    Complex parameters get ``fill`` in both the real and the imaginary part (torch's rule for
+    Adagrad's initial accumulator).
+    """
+    xp = _backend.array_module(param)
+    with on_device(param):
+        out = xp.zeros_like(param)
+        if fill != 0:
+            out.fill(complex(fill, fill) if out.dtype.kind == "c" else fill)
+    return Tensor._wrap(out)
+
+
+def state_array(state: Dict[str, Any], key: str, param: Any, fill: float = 0.0) -> Any:
+    """The raw array of ``state[key]``, created (filled with ``fill``) when missing."""
+    t = state.get(key)
+    if t is None:
+        t = state[key] = zeros_state(param, fill)
+    return t._data
+
+
+def real(a: Any) -> Any:
+    """``a`` itself when real; for a complex array, a writable real view with a trailing axis of 2.
+
+    Every update rule here works elementwise on the real and imaginary parts separately (torch
+    does the same through ``view_as_real``), so the complex case is the real case on this view.
+    """
+    if a.dtype.kind != "c":
+        return a
+    xp = _backend.array_module(a)
+    r = a.real  # same memory and strides, real dtype
+    return xp.lib.stride_tricks.as_strided(r, shape=tuple(a.shape) + (2,),
+                                           strides=tuple(a.strides) + (r.itemsize,))
+
+
+def scratch(a: Any) -> Any:
+    """An uninitialised array laid out like ``a`` (NumPy buffers are recycled between steps)."""
+    return _empty_like(a)
+
+
+def direction(param: Any, grad: Any, weight_decay: float, maximize: bool) -> Tuple[Any, bool]:
+    """The gradient the rules see: ``-grad`` when maximising, plus ``weight_decay * param``.
+
+    Returns:
+        ``(d, owned)``: ``d`` is ``grad`` itself (never written to) when nothing changes it,
+        else a scratch array (``owned`` True) that the caller may overwrite.
+    """
+    xp = _backend.array_module(param)
+    if weight_decay != 0:
+        d = scratch(param)
+        xp.multiply(param, weight_decay, out=d)
+        if maximize:
+            d -= grad  # equals -g + wd*p bit for bit
+        else:
+            d += grad
+        return d, True
+    if maximize:
+        d = scratch(param)
+        xp.negative(grad, out=d)
+        return d, True
+    return grad, False
+
+
+def lerp_(x: Any, end: Any, weight: float, tmp: Any) -> None:
+    """``x += weight * (end - x)`` in place, with torch's two-sided formula (``tmp`` is scratch).
+
+    Near ``weight == 1`` the form ``end - (end - x) * (1 - weight)`` is used, which lands exactly
+    on ``end`` at ``weight == 1``; torch switches at 0.5 and so does this.
+    """
+    xp = _backend.array_module(x)
+    xp.subtract(end, x, out=tmp)
+    if abs(weight) < 0.5:
+        tmp *= weight
+        x += tmp
+    else:
+        tmp *= 1.0 - weight
+        xp.subtract(end, tmp, out=x)
+
+
+def add_square_(acc: Any, x: Any, value: float, tmp: Any) -> None:
+    """``acc += value * x * x`` in place (``tmp`` is scratch)."""
+    xp = _backend.array_module(acc)
+    if value == 1:
+        xp.multiply(x, x, out=tmp)
+    else:
+        xp.multiply(x, value, out=tmp)
+        tmp *= x
+    acc += tmp
+

@@ -1,0 +1,118 @@
+"""``Adadelta``: per-coordinate step sizes from running averages of squared gradients and updates.
+
+The update is ``torch.optim.Adadelta``'s, per parameter::
+
+    g = -grad if maximize else grad
+    if weight_decay != 0:  g = g + weight_decay * p
+    s = rho * s + (1 - rho) * g * g                    'square_avg'
+    delta = sqrt(a + eps) / sqrt(s + eps) * g
+    a = rho * a + (1 - rho) * delta * delta            'acc_delta'
+    p = p - lr * delta
+
+on the raw arrays in place (NumPy or CuPy), with two scratch arrays per parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, NamedTuple, Optional
+
+from mpitensor import backend as _backend
+
+from . import _adaptive as _a
+
+__all__ = ["Adadelta"]
+
+
+class _Settings(NamedTuple):
+    lr: float
+    rho: float
+    eps: float
+    weight_decay: float
+    maximize: bool
+
+
+class Adadelta(_a.AdaptiveOptimizer):
+    """Adadelta (Zeiler, 2012), as ``torch.optim.Adadelta``.
+
+    Per-parameter state (torch's keys): ``step`` (a 0-d float Tensor), ``square_avg`` and
+    ``acc_delta``.
+
+    Args:
+        params: Tensors to optimise, or dicts defining parameter groups.
+        lr: factor applied to the computed update (default 1.0).
+        rho: decay rate of both running averages (default 0.9).
+        eps: added inside the square roots (default 1e-6).
+        weight_decay: L2 penalty added to the gradient (default 0).
+        foreach: accepted for torch compatibility; each parameter is one in-place pass.
+        capturable: accepted for torch compatibility (CUDA-graph capture).
+        maximize: maximise the objective instead of minimising it.
+        differentiable: must be False (the step is not recorded by autograd).
+
+    Raises:
+        ValueError: ``lr``, ``eps`` or ``weight_decay`` is negative or NaN, ``rho`` is outside
+            [0, 1], or ``differentiable`` is True.
+        TypeError: a hyper-parameter is not a number.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> w = mt.tensor([1.0], requires_grad=True)
+        >>> opt = Adadelta([w], lr=1.0, rho=0.0, eps=0.0)
+        >>> w.grad = mt.tensor([2.0])
+        >>> opt.step()
+        >>> w  # rho=0, eps=0: delta = sqrt(0) / |g| * g = 0
+        tensor([1.], requires_grad=True)
+    """
+
+    _checks = {"lr": _a.nonneg, "rho": _a.unit_closed, "eps": _a.nonneg,
+               "weight_decay": _a.nonneg, "differentiable": _a.not_differentiable}
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1.0,
+        rho: float = 0.9,
+        eps: float = 1e-6,
+        weight_decay: float = 0,
+        foreach: Optional[bool] = None,
+        *,
+        capturable: bool = False,
+        maximize: bool = False,
+        differentiable: bool = False,
+    ) -> None:
+        defaults = dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay,
+                        maximize=bool(maximize), capturable=bool(capturable), foreach=foreach,
+                        differentiable=differentiable)
+        self._check_hyper(defaults)
+        defaults["differentiable"] = False
+        super().__init__(params, defaults)
+
+    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
+        return _Settings(float(group["lr"]), float(group["rho"]), float(group["eps"]),
+                         float(group["weight_decay"]), bool(group["maximize"]))
+
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+        if not state:
+            state["step"] = _a.new_step()
+            state["square_avg"] = _a.zeros_state(param)
+            state["acc_delta"] = _a.zeros_state(param)
+        _a.advance_step(state)
+        xp = _backend.array_module(param)
+        sq = _a.real(_a.state_array(state, "square_avg", param))
+        acc = _a.real(_a.state_array(state, "acc_delta", param))
+        p, g = _a.real(param), _a.real(grad)
+        d, _ = _a.direction(p, g, s.weight_decay, s.maximize)
+
+        std = _a.scratch(p)
+        sq *= s.rho
+        _a.add_square_(sq, d, 1.0 - s.rho, std)
+        xp.add(sq, s.eps, out=std)
+        xp.sqrt(std, out=std)
+        delta = _a.scratch(p)
+        xp.add(acc, s.eps, out=delta)
+        xp.sqrt(delta, out=delta)
+        delta /= std
+        delta *= d
+        acc *= s.rho
+        _a.add_square_(acc, delta, 1.0 - s.rho, std)
+        delta *= -s.lr
+        p += delta
