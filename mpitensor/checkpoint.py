@@ -1,11 +1,19 @@
 """Checkpoints: ``save(obj, f)`` / ``load(f)`` in a safe, checksummed, atomically written format.
 
+:func:`load` also reads the files ``torch.save`` writes (zip and legacy layouts, without torch
+and without running code: see ``mpitensor._torch_format``) and ``.safetensors`` files; it tells
+the formats apart by their first bytes. :func:`save` writes torch's zip layout for paths ending
+in ``.pt`` / ``.pth`` (or with ``format="torch"``), which ``torch.load(weights_only=True)``
+reads, safetensors for ``.safetensors``, and the format below for everything else.
+
 ``obj`` may nest dicts (any keys of the supported leaf types), OrderedDicts, lists and tuples of
 Tensors (``nn.Parameter`` included), NumPy and CuPy arrays, NumPy scalars and dtypes, Python
 ``int`` (any size) / ``float`` / ``complex`` / ``bool`` / ``str`` / ``bytes`` and ``None``: enough
 for ``model.state_dict()``, ``optimizer.state_dict()``, sampler state, epoch counters and RNG
 states (``mpitensor.get_rng_state()``, ``numpy.random.Generator.bit_generator.state``,
-``random.getstate()``). Loading never runs pickle unless asked (``weights_only=False``).
+``random.getstate()``). Loading this format never runs pickle unless asked
+(``weights_only=False``); torch files go through a restricted unpickler that calls nothing but
+mpitensor's own stand-ins (see docs/checkpoints.md).
 
 File layout (all integers little-endian)::
 
@@ -45,15 +53,18 @@ import os
 import pickle
 import struct
 import tempfile
-from typing import Any, BinaryIO, Dict, List, Optional, Tuple, Union
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from mpitensor import _torch_format as _tf
 from mpitensor import backend as _backend
 from mpitensor.errors import MpiTensorError
+from mpitensor.nn.parameter import Parameter
 from mpitensor.tensor import Size, Tensor
 
-__all__ = ["save", "load", "save_on_rank0", "load_on_all_ranks", "CheckpointError"]
+__all__ = ["save", "load", "save_on_rank0", "load_on_all_ranks", "save_safetensors",
+           "load_safetensors", "CheckpointError"]
 
 _log = logging.getLogger("mpitensor.checkpoint")
 
@@ -64,6 +75,10 @@ _ALIGN = 64
 _FLAG_PICKLE = 1
 _ARRAY_KINDS = "biufcSU"  # numeric, bool and fixed-width string dtypes; never object/void
 _MAX_HEADER = 1 << 31
+_FORMATS = ("mpitensor", "torch", "safetensors")
+_BY_SUFFIX = {".pt": "torch", ".pth": "torch", ".safetensors": "safetensors"}
+_SNIFF = 16  # bytes read to tell the formats apart
+_MAX_ST_HEADER = 100 << 20  # safetensors' own limit on its JSON header
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 
@@ -224,22 +239,48 @@ def _fsync_dir(d: str) -> None:
         os.close(fd)
 
 
-def save(obj: Any, f: PathOrFile, *, allow_pickle: bool = False) -> None:
-    """Write ``obj`` to ``f`` in the safe checkpoint format, atomically when ``f`` is a path.
+def _format_for(format: Optional[str], f: Any) -> str:
+    if format is None:
+        if isinstance(f, (str, bytes, os.PathLike)):
+            suffix = os.path.splitext(os.fsdecode(os.fspath(f)))[1].lower()
+            return _BY_SUFFIX.get(suffix, "mpitensor")
+        return "mpitensor"
+    if format not in _FORMATS:
+        raise ValueError(f"format must be one of {', '.join(map(repr, _FORMATS))} or None, got "
+                         f"{format!r}")
+    return format
 
-    CuPy arrays are copied to the host and written with their device, so :func:`load` puts them
-    back on the GPU (unless ``map_location="cpu"``). Non-contiguous views are written compactly;
-    an array or Tensor that appears twice is stored once and loads as one object.
+
+def save(obj: Any, f: PathOrFile, *, allow_pickle: bool = False,
+         format: Optional[str] = None) -> None:
+    """Write ``obj`` to ``f``, atomically when ``f`` is a path.
+
+    Three formats, all read back by :func:`load`:
+
+    * ``"mpitensor"`` (the default): the safe format of the module docstring. CuPy arrays are
+      copied to the host and written with their device, so :func:`load` puts them back on the
+      GPU (unless ``map_location="cpu"``). Non-contiguous views are written compactly; an
+      array or Tensor that appears twice is stored once and loads as one object.
+    * ``"torch"`` (the default for paths ending in ``.pt`` / ``.pth``): torch's zip layout,
+      which ``torch.load(path, weights_only=True)`` reads. As with ``torch.save``, views of one
+      array share one storage (the whole array is written) and load as views again; Parameters
+      stay Parameters. Leaves must be what torch's weights-only loader accepts (Tensors,
+      containers, numbers, str, bytes, None, dtypes, Size, device).
+    * ``"safetensors"`` (the default for ``.safetensors``): as :func:`save_safetensors`.
 
     Args:
         obj: the object tree (see the module docstring for the supported types).
         f: a path (written atomically: temporary file, fsync, rename, directory fsync) or a
             binary file object opened for writing (written in place at its position).
         allow_pickle: pickle leaves of other types instead of refusing them; such a file loads
-            only with ``weights_only=False``.
+            only with ``weights_only=False`` (in torch too).
+        format: ``"mpitensor"``, ``"torch"``, ``"safetensors"``, or None to choose by the path's
+            suffix as above (file objects get ``"mpitensor"``).
 
     Raises:
         TypeError: ``obj`` holds an unsupported type (the message gives its path in ``obj``).
+        ValueError: ``format`` is unknown.
+        ImportError: ``"safetensors"`` without the ``safetensors`` package.
         CheckpointError: the file could not be written (the old file, if any, is left intact).
 
     Example:
@@ -249,12 +290,34 @@ def save(obj: Any, f: PathOrFile, *, allow_pickle: bool = False) -> None:
         >>> load(p)["step"]
         10
     """
-    head, arrays, _ = _serialize(obj, allow_pickle)
+    fmt = _format_for(format, f)
+    if fmt == "mpitensor":
+        head, arrays, _ = _serialize(obj, allow_pickle)
+
+        def write(fh: BinaryIO) -> None:
+            _write(fh, head, arrays)  # looked up at call time: tests replace it
+
+    elif fmt == "torch":
+        write = _tf.plan_zip(obj, allow_pickle, Parameter)
+    else:
+        if allow_pickle:
+            raise ValueError("allow_pickle does not apply to safetensors, which hold only "
+                             "arrays")
+        data = _safetensors_bytes(obj, None)
+
+        def write(fh: BinaryIO) -> None:
+            fh.write(data)
+
+    _write_to(f, write)
+
+
+def _write_to(f: PathOrFile, write: Callable[[BinaryIO], None]) -> None:
+    """Run ``write`` on a file object, or atomically on a path (temporary file and rename)."""
     if not isinstance(f, (str, bytes, os.PathLike)):
         if not hasattr(f, "write"):
             raise TypeError(f"save() takes a path or a binary file object, got "
                             f"{type(f).__name__}")
-        _write(f, head, arrays)
+        write(f)
         return
     path = os.path.abspath(os.fsdecode(os.fspath(f)))
     directory = os.path.dirname(path)
@@ -275,7 +338,7 @@ def save(obj: Any, f: PathOrFile, *, allow_pickle: bool = False) -> None:
             mode = 0o666 & ~_umask()
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
-            _write(fh, head, arrays)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -359,17 +422,17 @@ def _read_into(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) ->
 
 
 def _sniff(magic: bytes) -> str:
-    if magic.startswith(b"PK\x03\x04"):
-        return " (it looks like a zip file, e.g. one written by torch.save: load it with torch)"
     if magic[:1] == b"\x80":
-        return " (it looks like a pickle file: mpitensor never unpickles a whole file)"
+        return (" (it looks like a plain pickle file, which neither torch.save nor mpitensor "
+                "writes; mpitensor does not load plain pickles)")
     if magic.startswith(b"\x93NUMPY"):
         return " (it is a .npy file: load it with numpy.load)"
     return ""
 
 
-def _parse(fh: BinaryIO, size: Optional[int], weights_only: bool, map_location: Any) -> Any:
-    prefix = fh.read(_PREFIX.size)
+def _parse(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.Place,
+           head: bytes = b"") -> Any:
+    prefix = head + (fh.read(_PREFIX.size - len(head)) or b"")
     if not prefix:
         raise _Bad("the file is empty")
     if len(prefix) < 8 or prefix[:8] != MAGIC:
@@ -414,7 +477,7 @@ def _parse(fh: BinaryIO, size: Optional[int], weights_only: bool, map_location: 
                    "weights_only=True refuses; pass weights_only=False only if you trust the "
                    "file's source")
     try:
-        dec = _Decoder(payload, arrays_meta, weights_only, map_location)
+        dec = _Decoder(payload, arrays_meta, weights_only, place)
         return dec.decode(tree)
     except _Bad:
         raise
@@ -422,19 +485,13 @@ def _parse(fh: BinaryIO, size: Optional[int], weights_only: bool, map_location: 
         raise _Bad(f"malformed header ({type(exc).__name__}: {exc})") from None
 
 
-def _target_device(map_location: Any, saved: str) -> str:
-    if map_location is None:
-        return saved
-    return str(map_location)
-
-
 class _Decoder:
     def __init__(self, payload: np.ndarray, meta: list, weights_only: bool,
-                 map_location: Any) -> None:
+                 place: _tf.Place) -> None:
         self.payload = payload
         self.meta = meta
         self.weights_only = weights_only
-        self.map_location = map_location
+        self.place = place
         self.cache: Dict[Tuple[int, str], Any] = {}
 
     def host(self, i: int) -> np.ndarray:
@@ -450,13 +507,20 @@ class _Decoder:
         return self.payload[off:off + nbytes].view(dt).reshape(shape)
 
     def array(self, i: int, kind: str) -> Any:
-        dev = _target_device(self.map_location, self.meta[i].get("device", "cpu"))
         key = (i, kind)
         if key in self.cache:
             return self.cache[key]
         arr = self.host(i)
-        if dev != "cpu":
-            arr = _to_gpu(arr, dev)
+        data = arr.reshape(-1).view(np.uint8)
+        placed = self.place(data, str(self.meta[i].get("device", "cpu")))
+        if placed is not data:
+            if _backend.is_cupy_array(placed) and not arr.dtype.isnative:
+                # CuPy has no byte-swapped dtypes: convert on the host, then copy over
+                native = arr.astype(arr.dtype.newbyteorder("="))
+                placed = _to_gpu(native.reshape(-1).view(np.uint8),
+                                 str(_backend.device_of(placed)))
+                arr = native
+            arr = placed.view(arr.dtype).reshape(arr.shape)
         self.cache[key] = arr
         return arr
 
@@ -533,28 +597,168 @@ def _to_gpu(arr: np.ndarray, dev: str) -> Any:
         return cp.asarray(arr)
 
 
-def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True) -> Any:
-    """Read an object written by :func:`save`, verifying both checksums first.
+class _LoadedStorage:
+    """What a ``map_location`` callable receives: one storage's bytes, as in torch.
 
-    Tensors come back as mpitensor Tensors (with their ``requires_grad``), arrays as arrays.
+    It returns the storage itself (``lambda storage, loc: storage`` keeps it in host memory),
+    ``storage.cuda(n)`` / ``storage.cpu()``, or None for the default placement.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Any) -> None:
+        self._data = data  # a 1-D uint8 NumPy or CuPy array
+
+    @property
+    def device(self) -> _backend.device:
+        """Where the bytes are."""
+        return _backend.device_of(self._data)
+
+    @property
+    def is_cuda(self) -> bool:
+        """Whether the bytes are on a GPU."""
+        return self.device.type == "cuda"
+
+    def cpu(self) -> _LoadedStorage:
+        """The storage in host memory."""
+        return _LoadedStorage(_backend.to_numpy(self._data))
+
+    def cuda(self, device: Any = None, non_blocking: bool = False) -> _LoadedStorage:
+        """The storage on GPU ``device`` (an index, ``"cuda:N"`` or a device; None: current)."""
+        if device is None:
+            dev = "cuda"
+        elif isinstance(device, int):
+            dev = f"cuda:{device}"
+        else:
+            dev = str(_backend.device(device))
+        return _LoadedStorage(_to_gpu(_backend.to_numpy(self._data), dev))
+
+    def nbytes(self) -> int:
+        """The number of bytes."""
+        return int(self._data.nbytes)
+
+    def size(self) -> int:
+        """The number of bytes (an untyped storage's elements)."""
+        return int(self._data.nbytes)
+
+    def __len__(self) -> int:
+        return int(self._data.nbytes)
+
+    def __repr__(self) -> str:
+        return f"<storage of {self.nbytes()} bytes on {self.device}>"
+
+
+class _Reraise(Exception):
+    """Carries an exception of the user's ``map_location`` callable out of the format code."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+def _place_on(data: np.ndarray, target: Any, saved: str) -> Any:
+    """Put host bytes on ``target`` (a device or its name) for a storage saved on ``saved``."""
+    try:
+        dev = _backend.device(target)
+    except (TypeError, ValueError):
+        if target == saved:
+            raise _Bad(f"it holds data saved on {saved!r}, a device mpitensor does not use "
+                       f"(only cpu and cuda); pass map_location='cpu' (or a dict such as "
+                       f"{{{saved!r}: 'cpu'}})") from None
+        raise _Bad(f"map_location sends data saved on {saved!r} to {target!r}, which is not "
+                   f"a device ('cpu', 'cuda' or 'cuda:N')") from None
+    if dev.type == "cpu":
+        return data
+    reason = _backend.cupy_unavailable_reason()
+    if reason:
+        if target == saved:
+            raise _Bad(f"it holds data saved on {saved} but {reason}; pass map_location='cpu' "
+                       f"to load it into host memory")
+        raise _Bad(f"map_location puts data saved on {saved} on {dev}, but {reason}")
+    return _to_gpu(data, str(dev))
+
+
+def _place_saved(data: np.ndarray, saved: str) -> Any:
+    return _place_on(data, saved, saved)
+
+
+def _placement(map_location: Any) -> _tf.Place:
+    """Turn ``map_location`` into ``place(bytes, saved_location) -> bytes on the device``."""
+    if map_location is None:
+        return _place_saved
+    if isinstance(map_location, (str, _backend.device)):
+        target = str(_backend.device(map_location))  # a bad name fails here, before reading
+        return lambda data, saved: _place_on(data, target, saved)
+    if isinstance(map_location, dict):
+        table = {str(k): v for k, v in map_location.items()}
+
+        def by_table(data: np.ndarray, saved: str) -> Any:
+            target = table.get(saved, saved)
+            return _place_on(data, target if isinstance(target, str) else str(target), saved)
+
+        return by_table
+    if callable(map_location):
+
+        def by_call(data: np.ndarray, saved: str) -> Any:
+            try:
+                out = map_location(_LoadedStorage(data), saved)
+            except _Bad:
+                raise
+            except Exception as exc:  # the caller's own error: give it back unchanged
+                raise _Reraise(exc) from None
+            if out is None:
+                return _place_saved(data, saved)
+            if not isinstance(out, _LoadedStorage):
+                raise _Reraise(TypeError(
+                    f"map_location returned {type(out).__name__}; it must return the storage "
+                    f"it was given (storage, storage.cpu(), storage.cuda(n)) or None"))
+            return out._data
+
+        return by_call
+    raise TypeError(f"map_location must be None, a device name ('cpu', 'cuda:0'), a "
+                    f"mpitensor.device, a dict from saved locations to devices, or a "
+                    f"callable(storage, location), got {type(map_location).__name__}")
+
+
+def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True) -> Any:
+    """Read a file written by :func:`save`, by ``torch.save`` or in the safetensors format.
+
+    The format is recognised by the file's first bytes, whatever its name:
+
+    * mpitensor checkpoints: both checksums are verified first. Tensors come back as mpitensor
+      Tensors (with their ``requires_grad``), arrays as arrays.
+    * ``torch.save`` files (the zip layout and the legacy one), read without torch: tensors
+      become mpitensor Tensors with the saved dtype, shape, strides and storage offset, views of
+      one storage share memory as they did in torch, and parameters become
+      ``mpitensor.nn.Parameter``. With ``weights_only=True`` only tensors, parameters, storages,
+      dtypes, ``torch.Size``, ``torch.device``, OrderedDict, Counter and plain containers and
+      numbers load: any other global is refused before it is called.
+    * safetensors files: a dict of Tensors, as :func:`load_safetensors`.
 
     Args:
         f: a path or a binary file object opened for reading.
-        map_location: None restores arrays where they were saved (GPU arrays to the GPU);
-            ``"cpu"`` loads everything into host memory; ``"cuda"``/``"cuda:N"`` (or a
-            ``mpitensor.device``) puts every array on that GPU.
-        weights_only: refuse files that hold pickled objects (the default). Pass False only for
-            files from a trusted source that were saved with ``allow_pickle=True``.
+        map_location: where the data goes, as in ``torch.load``. None restores it where it was
+            saved (GPU data to the GPU; data saved on a GPU is an error where none is usable);
+            ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``mpitensor.device`` puts everything
+            there; a dict maps saved locations to devices (``{"cuda:1": "cuda:0"}``; locations
+            it does not name stay); a callable ``(storage, location)`` returns the storage
+            placed (``storage``, ``storage.cpu()``, ``storage.cuda(n)``) or None for the
+            default.
+        weights_only: refuse pickled objects (the default). Pass False only for files from a
+            trusted source: then pickled objects load (mpitensor files saved with
+            ``allow_pickle=True``; torch files may import and call any global, which runs code).
 
     Returns:
         The object tree.
 
     Raises:
         FileNotFoundError: ``f`` does not exist.
-        CheckpointError: the file is truncated, corrupt, not a checkpoint, holds pickled objects
-            while ``weights_only`` is True, or holds GPU arrays where no GPU is usable; the message
-            names the file.
+        CheckpointError: the file is truncated, corrupt, in no format mpitensor reads, holds
+            pickled objects or unknown globals while ``weights_only`` is True, holds a dtype
+            mpitensor lacks (bfloat16, float8, ...), or holds GPU data where no GPU is usable;
+            the message names the file.
         TypeError: ``map_location`` is of an unsupported kind.
+        ImportError: a safetensors file without the ``safetensors`` package.
 
     Example:
         >>> import io, numpy as np
@@ -562,31 +766,219 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True) -> 
         >>> load(b)
         [array([0, 1, 2])]
     """
-    if map_location is not None and not isinstance(map_location, (str, _backend.device)):
-        raise TypeError(f"map_location must be None, 'cpu', 'cuda', 'cuda:N' or a "
-                        f"mpitensor.device, got {type(map_location).__name__}")
-    if map_location is not None:
-        map_location = str(_backend.device(map_location))
+    place = _placement(map_location)
     name = _name(f)
     if isinstance(f, (str, bytes, os.PathLike)):
         with open(os.fspath(f), "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
-            return _load_from(fh, size, name, weights_only, map_location)
+            return _load_from(fh, size, name, weights_only, place, at_start=True)
     if not hasattr(f, "read"):
         raise TypeError(f"load() takes a path or a binary file object, got {type(f).__name__}")
     size = None
+    at_start = False
     with contextlib.suppress(Exception):
         if f.seekable():
             pos = f.tell()
             size = f.seek(0, io.SEEK_END) - pos
             f.seek(pos)
-    return _load_from(f, size, name, weights_only, map_location)
+            at_start = pos == 0
+    return _load_from(f, size, name, weights_only, place, at_start)
 
 
 def _load_from(fh: BinaryIO, size: Optional[int], name: str, weights_only: bool,
-               map_location: Any) -> Any:
+               place: _tf.Place, at_start: bool) -> Any:
     try:
-        return _parse(fh, size, weights_only, map_location)
+        return _dispatch(fh, size, weights_only, place, at_start)
+    except (_Bad, _tf.FormatError) as exc:
+        raise CheckpointError(f"cannot load checkpoint {name}: {exc}") from None
+    except _Reraise as exc:
+        raise exc.original from None
+
+
+def _dispatch(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.Place,
+              at_start: bool) -> Any:
+    head = fh.read(_SNIFF) or b""
+    if not head or (MAGIC.startswith(head[:8]) if len(head) < 8 else head[:8] == MAGIC):
+        return _parse(fh, size, weights_only, place, head)
+
+    def whole() -> Tuple[BinaryIO, int]:
+        # zipfile needs random access from the file's start, which a stream may not give
+        if at_start and size is not None:
+            fh.seek(0)
+            return fh, size
+        data = head + _read_rest(fh, size)
+        return io.BytesIO(data), len(data)
+
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        src, total = whole()
+        return _tf.read_zip(src, place, weights_only, Parameter, total)
+    if _tf.is_legacy(head):
+        src, _ = whole()
+        return _tf.read_legacy(src, place, weights_only, Parameter)
+    if _is_safetensors(head, size):
+        src, _ = whole()
+        return _read_safetensors(src.read(), place)
+    if head.split(b"\0")[0] in (b"sys_info", b"pickle", b"storages", b"tensors") and \
+            b"\0" in head:
+        raise _Bad("it is a tar archive, the layout of torch < 0.4, which mpitensor does not "
+                   "read; load it with torch and save it again")
+    raise _Bad(f"not an mpitensor checkpoint, torch.save file or safetensors file: it starts "
+               f"with {head[:8]!r}{_sniff(head)}")
+
+
+def _read_rest(fh: BinaryIO, size: Optional[int]) -> bytes:
+    if size is not None:
+        return fh.read()
+    parts = []
+    while True:  # a stream: read what is there, in pieces, so a pipe works too
+        chunk = fh.read(_STREAM_CHUNK)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+
+
+# ----------------------------------------------------------------------------------- safetensors
+def _safetensors_numpy() -> Any:
+    try:
+        import safetensors.numpy as stn  # noqa: PLC0415 - an optional dependency
+    except ImportError as exc:
+        raise ImportError("safetensors files need the safetensors package: pip install "
+                          "safetensors (or pip install 'mpitensor[safetensors]')") from exc
+    return stn
+
+
+# safetensors' dtype names that NumPy, and so mpitensor, can hold
+_ST_DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16,
+              "I16": np.int16, "U32": np.uint32, "I32": np.int32, "U64": np.uint64,
+              "I64": np.int64, "F16": np.float16, "F32": np.float32, "F64": np.float64,
+              "C64": np.complex64}
+
+
+def _is_safetensors(head: bytes, size: Optional[int]) -> bool:
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    n = int.from_bytes(head[:8], "little")
+    return n <= _MAX_ST_HEADER and (size is None or 8 + n <= size)
+
+
+def _read_safetensors(data: bytes, place: _tf.Place) -> Dict[str, Tensor]:
+    n = int.from_bytes(data[:8], "little")
+    try:
+        header = json.loads(data[8:8 + n].decode("utf-8"))
+        entries = [(k, v["dtype"]) for k, v in header.items() if k != "__metadata__"]
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError,
+            RecursionError) as exc:
+        raise _Bad(f"malformed safetensors header ({type(exc).__name__}: {exc})") from None
+    for key, dtype in entries:
+        if dtype not in _ST_DTYPES:
+            hint = (" (NumPy has no bfloat16: convert in torch first, e.g. "
+                    "{k: v.float() for k, v in state_dict.items()})" if dtype == "BF16" else "")
+            raise _Bad(f"tensor {key!r} has dtype {dtype}, which mpitensor does not "
+                       f"support{hint}")
+    stn = _safetensors_numpy()
+    try:
+        arrays = stn.load(data)
+    except Exception as exc:  # the library's own error types vary between its versions
+        raise _Bad(f"corrupt safetensors file ({type(exc).__name__}: {exc})") from None
+    if sorted(arrays) != sorted(k for k, _ in entries):
+        raise _Bad("corrupt safetensors file: its header and its tensors disagree")
+    out: Dict[str, Tensor] = {}
+    for key, _ in entries:  # the header's order: the library returns them in any order
+        arr = np.array(arrays[key], copy=True, order="C")  # own, writable memory, apart from `data`
+        placed = place(arr.reshape(-1).view(np.uint8), "cpu")
+        out[key] = Tensor(placed.view(arr.dtype).reshape(arr.shape))
+    return out
+
+
+def _safetensors_bytes(tensors: Any, metadata: Optional[Dict[str, str]]) -> bytes:
+    if not isinstance(tensors, dict):
+        raise TypeError(f"safetensors hold a flat dict of name -> tensor, got "
+                        f"{type(tensors).__name__}")
+    if metadata is not None and not (isinstance(metadata, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise TypeError("safetensors metadata must be a dict of str -> str")
+    arrays: Dict[str, np.ndarray] = {}
+    for k, v in tensors.items():
+        if not isinstance(k, str):
+            raise TypeError(f"safetensors keys must be str, got {k!r}")
+        if isinstance(v, Tensor):
+            v = v._data
+        if not (isinstance(v, np.ndarray) or _backend.is_cupy_array(v)):
+            raise TypeError(f"cannot save {k!r} as safetensors: {type(v).__name__} is not a "
+                            f"tensor or array")
+        host = _backend.to_numpy(v)
+        if host.dtype.type not in _ST_DTYPES.values():
+            raise TypeError(f"cannot save {k!r} as safetensors: dtype {host.dtype}")
+        arr = host.astype(host.dtype.newbyteorder("<"), copy=False)
+        # (np.ascontiguousarray would make 0-d arrays 1-d)
+        arrays[k] = arr if arr.flags.c_contiguous else arr.copy(order="C")
+    return _safetensors_numpy().save(arrays, metadata=metadata)
+
+
+def save_safetensors(tensors: Dict[str, Any], filename: PathOrFile,
+                     metadata: Optional[Dict[str, str]] = None) -> None:
+    """Write a flat dict of tensors as a safetensors file (atomically for a path).
+
+    Like ``safetensors.torch.save_file``: the file holds only arrays and a str -> str metadata
+    dict, so loading it runs no code. Views are written as compact copies (shared memory is not
+    kept); GPU tensors are copied to the host.
+
+    Args:
+        tensors: name -> Tensor, NumPy or CuPy array (e.g. ``model.state_dict()``).
+        filename: a path or a binary file object.
+        metadata: optional text metadata stored in the header.
+
+    Raises:
+        TypeError: a key is not str, a value is not a tensor or array, or its dtype has no
+            safetensors name.
+        ImportError: the ``safetensors`` package is missing.
+        CheckpointError: the file could not be written.
+
+    Example:
+        >>> import os, tempfile, mpitensor as mt
+        >>> p = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+        >>> save_safetensors({"w": mt.ones(2)}, p)
+        >>> load_safetensors(p)["w"]
+        tensor([1., 1.])
+    """
+    data = _safetensors_bytes(tensors, metadata)
+    _write_to(filename, lambda fh: fh.write(data))
+
+
+def load_safetensors(filename: PathOrFile, device: Any = "cpu") -> Dict[str, Tensor]:
+    """Read a safetensors file into a dict of name -> Tensor.
+
+    Like ``safetensors.torch.load_file``; :func:`load` reads these files too.
+
+    Args:
+        filename: a path or a binary file object.
+        device: where the tensors go (``"cpu"``, ``"cuda:N"``, a device, or any
+            ``map_location`` :func:`load` accepts).
+
+    Returns:
+        The tensors, in the file's order.
+
+    Raises:
+        CheckpointError: not a safetensors file, corrupt, or a dtype mpitensor lacks (BF16).
+        ImportError: the ``safetensors`` package is missing.
+
+    Example:
+        >>> import io, mpitensor as mt
+        >>> b = io.BytesIO(); save_safetensors({"b": mt.zeros(1)}, b); _ = b.seek(0)
+        >>> load_safetensors(b)["b"]
+        tensor([0.])
+    """
+    place = _placement(device)
+    name = _name(filename)
+    if isinstance(filename, (str, bytes, os.PathLike)):
+        with open(os.fspath(filename), "rb") as fh:
+            data = fh.read()
+    else:
+        data = filename.read()
+    try:
+        if not _is_safetensors(data[:_SNIFF], len(data)):
+            raise _Bad("not a safetensors file")
+        return _read_safetensors(data, place)
     except _Bad as exc:
         raise CheckpointError(f"cannot load checkpoint {name}: {exc}") from None
 
@@ -599,7 +991,7 @@ def _dist() -> Any:
 
 
 def save_on_rank0(obj: Any, f: PathOrFile, group: Any = None, *,
-                  allow_pickle: bool = False) -> None:
+                  allow_pickle: bool = False, format: Optional[str] = None) -> None:
     """Write ``obj`` on rank 0 of ``group`` only, then make every rank agree on the outcome.
 
     Every rank of the group must call it (it is a collective). Rank 0 saves (atomically) and
@@ -612,6 +1004,7 @@ def save_on_rank0(obj: Any, f: PathOrFile, group: Any = None, *,
         f: the path to write (on rank 0).
         group: the process group (default: the world).
         allow_pickle: as in :func:`save`.
+        format: as in :func:`save`.
 
     Raises:
         CheckpointError: rank 0 could not save (same message on every rank).
@@ -622,14 +1015,14 @@ def save_on_rank0(obj: Any, f: PathOrFile, group: Any = None, *,
     """
     dist = _dist()
     if not dist.is_initialized():
-        save(obj, f, allow_pickle=allow_pickle)
+        save(obj, f, allow_pickle=allow_pickle, format=format)
         return
     rank = dist.get_rank(group)
     err: Optional[str] = None
     cause: Optional[BaseException] = None
     if rank == 0:
         try:
-            save(obj, f, allow_pickle=allow_pickle)
+            save(obj, f, allow_pickle=allow_pickle, format=format)
         except Exception as exc:  # every rank must learn about any failure
             cause = exc
             err = f"{type(exc).__name__}: {exc}"

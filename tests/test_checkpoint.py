@@ -180,7 +180,40 @@ def test_map_location_cpu_and_bad(tmp_path):
     assert load(p, map_location="cpu")["t"].device == mt.device("cpu")
     assert load(p, map_location=mt.device("cpu"))["t"].device == mt.device("cpu")
     with pytest.raises(TypeError, match="map_location"):
-        load(p, map_location=lambda s, loc: s)
+        load(p, map_location=3)
+    with pytest.raises(ValueError, match="gpu"):
+        load(p, map_location="gpu")
+
+
+def test_map_location_dict_and_callable(tmp_path):
+    """torch's other two forms: a dict of saved location -> device, and a callable."""
+    p = tmp_path / "m.mt"
+    save({"t": mt.tensor([1.0, 2.0]), "a": np.arange(3), "big": np.arange(4, dtype=">i4")}, p)
+    out = load(p, map_location={"cpu": "cpu"})
+    np.testing.assert_array_equal(out["t"]._data, [1.0, 2.0])
+    seen = []
+
+    def keep(storage, location):
+        seen.append((location, storage.nbytes(), storage.device))
+        return storage
+
+    out = load(p, map_location=keep)
+    assert sorted(seen, key=lambda s: s[1]) == [("cpu", 8, mt.device("cpu")),
+                                               ("cpu", 16, mt.device("cpu")),
+                                               ("cpu", 24, mt.device("cpu"))]
+    assert out["big"].dtype == np.dtype(">i4") and out["big"].tolist() == [0, 1, 2, 3]
+    out = load(p, map_location=lambda storage, location: None)  # None: the default placement
+    np.testing.assert_array_equal(out["a"], np.arange(3))
+    with pytest.raises(CheckpointError, match=r"m\.mt: map_location sends .*'cpu'.*'tpu:0'"):
+        load(p, map_location={"cpu": "tpu:0"})
+
+    def broken(storage, location):
+        raise KeyError("the caller's own bug")
+
+    with pytest.raises(KeyError, match="own bug"):  # not disguised as a corrupt file
+        load(p, map_location=broken)
+    with pytest.raises(TypeError, match="map_location returned int"):
+        load(p, map_location=lambda storage, location: 5)
 
 
 def test_unsupported_types_and_pickle_opt_in(tmp_path):
@@ -207,8 +240,47 @@ def test_load_refuses_a_pickle_file(tmp_path):
 
     p = tmp_path / "evil.pt"
     p.write_bytes(pickle.dumps({"a": 1}))
-    with pytest.raises(CheckpointError, match=r"evil\.pt.*not an mpitensor checkpoint.*pickle"):
+    with pytest.raises(CheckpointError, match=r"evil\.pt.*not an mpitensor checkpoint.*plain "
+                                              r"pickle"):
         load(p)
+
+
+def test_save_chooses_the_format_by_suffix(tmp_path):
+    """.pt/.pth: torch's zip layout; .safetensors: safetensors; anything else: ours."""
+    obj = {"w": mt.ones(2)}
+    save(obj, tmp_path / "a.mt")
+    assert (tmp_path / "a.mt").read_bytes()[:8] == b"MPITCKPT"
+    for name in ("a.pt", "a.PTH"):
+        save(obj, tmp_path / name)
+        assert (tmp_path / name).read_bytes()[:4] == b"PK\x03\x04"
+        _same(obj, load(tmp_path / name))
+    save(obj, tmp_path / "b.pt", format="mpitensor")
+    assert (tmp_path / "b.pt").read_bytes()[:8] == b"MPITCKPT"
+    buf = io.BytesIO()
+    save(obj, buf)
+    assert buf.getvalue()[:8] == b"MPITCKPT"
+    with pytest.raises(ValueError, match="format must be one of"):
+        save(obj, tmp_path / "c.mt", format="pickle")
+    assert sorted(os.listdir(tmp_path)) == ["a.PTH", "a.mt", "a.pt", "b.pt"]
+
+
+def test_torch_format_round_trip_and_atomic_write(tmp_path, monkeypatch):
+    """save(format="torch") goes through the same atomic write: a failure keeps the old file."""
+    p = tmp_path / "ckpt.pt"
+    save({"version": 1}, p)
+    old = p.read_bytes()
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    import zipfile
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", fail)
+    with pytest.raises(CheckpointError, match=r"ckpt\.pt: No space left.*unchanged"):
+        save({"version": 2}, p)
+    monkeypatch.undo()
+    assert p.read_bytes() == old and sorted(os.listdir(tmp_path)) == ["ckpt.pt"]
+    assert load(p) == {"version": 1}
 
 
 def _good_file(tmp_path):
