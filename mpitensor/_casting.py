@@ -28,6 +28,7 @@ from mpitensor.tensor import Tensor, _new, _tensor_methods
 
 _ndarray = np.ndarray
 _grad_mode = _autograd._mode
+_F16, _BF16, _F32, _F64 = _dt.float16, _dt.bfloat16, _dt.float32, _dt.float64
 
 DTypeLike = Any
 
@@ -35,6 +36,7 @@ _TYPE_NAMES = {
     "float32": "FloatTensor",
     "float64": "DoubleTensor",
     "float16": "HalfTensor",
+    "bfloat16": "BFloat16Tensor",
     "int64": "LongTensor",
     "int32": "IntTensor",
     "int16": "ShortTensor",
@@ -57,7 +59,14 @@ class ToCopy(Function):
     def forward(ctx: Any, x: Any, dev: Optional[_backend.device], dtype: Any) -> Any:
         out = x if dev is None else move(x, dev)
         if dtype is not None:
-            out = out.astype(dtype, copy=False)
+            if dtype == _F16 or dtype == _BF16:  # overflow to inf is silent in torch
+                with np.errstate(over="ignore"):
+                    if out.dtype == _F64 and dtype == _F16:
+                        # torch rounds a double to float first, then to half; match its bits
+                        out = out.astype(_F32)
+                    out = out.astype(dtype, copy=False)
+            else:
+                out = out.astype(dtype, copy=False)
         if out is x:  # nothing changed, and the caller asked for a copy all the same
             out = x.copy()
         ToCopy.remember(ctx, x, out)
@@ -80,7 +89,7 @@ class ToCopy(Function):
 
 def _converted(t: Tensor, dev: Optional[_backend.device], dtype: Optional[np.dtype]) -> Tensor:
     """``t`` on ``dev`` with ``dtype`` (None keeps either), as a new tensor."""
-    out_kind = (t._data.dtype if dtype is None else dtype).kind
+    out_kind = _dt.kind_of(t._data.dtype if dtype is None else dtype)
     if t._requires_grad and _grad_mode.enabled and out_kind in "fc":
         return ToCopy.apply(t, dev, dtype)
     return _new(ToCopy.forward(_NO_RECORD, t._data, dev, dtype))
@@ -187,6 +196,10 @@ class _CastingMethods:
     def half(self) -> Tensor:
         """Return the tensor as float16 (self if it already is)."""
         return _cast(self, _dt.float16)
+
+    def bfloat16(self) -> Tensor:
+        """Return the tensor as bfloat16 (self if it already is), rounded to nearest even."""
+        return _cast(self, _dt.bfloat16)
 
     def double(self) -> Tensor:
         """Return the tensor as float64 (self if it already is)."""

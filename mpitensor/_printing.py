@@ -165,7 +165,7 @@ class _Style:
 def _choose_style(values: np.ndarray, options: Dict[str, Any]) -> _Style:
     """Pick the notation and width that fit every element of ``values`` (real numbers)."""
     precision = options["precision"]
-    if values.dtype.kind not in "fc":
+    if _dt.kind_of(values.dtype) not in "fc":
         widest = max((len(str(v)) for v in values.ravel().tolist()), default=1)
         return _Style("plain", widest, precision)
     numbers = values.ravel().astype(np.float64)

@@ -9,7 +9,9 @@ NumPy and torch disagree in three places that show in results, and these rules f
 - a zero-dim tensor counts like a scalar next to tensors with dimensions.
 
 The operators, ``where``, ``clamp``, ``cat`` and the in-place updates all ask here, so every
-op promotes the same way.
+op promotes the same way. bfloat16 is a float here (NumPy calls its kind ``"V"``, and has no
+common type for it and float16): next to any other float or complex dtype it counts as float32,
+so ``bfloat16 + float16`` is float32, as in torch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from mpitensor import dtypes as _dt
 
 _INT64 = _dt.int64
 _BOOL = _dt.bool_
+_BF16 = _dt.bfloat16
+_F32 = _dt.float32
+_kind = _dt.kind_of
 
 
 def is_scalar(v: Any) -> bool:
@@ -44,7 +49,7 @@ def promote(a: np.dtype, b: np.dtype) -> np.dtype:
     """The common dtype of two tensors' dtypes (``torch.promote_types``)."""
     if a == b:
         return a
-    ka, kb = a.kind, b.kind
+    ka, kb = _kind(a), _kind(b)
     if ka == "b":
         return b
     if kb == "b":
@@ -54,6 +59,10 @@ def promote(a: np.dtype, b: np.dtype) -> np.dtype:
         return b
     if kb in "iu" and ka in "fc":
         return a
+    if a == _BF16:
+        a = _F32
+    elif b == _BF16:
+        b = _F32
     return np.promote_types(a, b)
 
 
@@ -67,7 +76,7 @@ def _merge(stronger: Optional[np.dtype], weaker: Optional[np.dtype]) -> Optional
         return weaker
     if weaker is None:
         return stronger
-    ks, kw = stronger.kind, weaker.kind
+    ks, kw = _kind(stronger), _kind(weaker)
     if ks == "c":
         return stronger
     if kw == "c":
@@ -100,13 +109,13 @@ def result_type(*operands: Any) -> np.dtype:
 def true_divide_dtype(rt: np.dtype) -> np.dtype:
     """The dtype of ``/`` given the promoted operand dtype: integers divide into the default
     float dtype."""
-    return _dt.get_default_dtype() if rt.kind in "biu" else rt
+    return _dt.get_default_dtype() if _kind(rt) in "biu" else rt
 
 
 def can_cast(frm: np.dtype, to: np.dtype) -> bool:
     """Whether an in-place op may write a ``frm`` result into a ``to`` tensor: never a float
     into an integer, a complex into a real, or a number into a bool."""
-    kf, kt = frm.kind, to.kind
+    kf, kt = _kind(frm), _kind(to)
     if kf == "c" and kt != "c":
         return False
     if kf == "f" and kt in "biu":

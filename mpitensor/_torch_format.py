@@ -93,7 +93,7 @@ _STORAGE_DTYPE = {
 _STORAGE_OF = {v: k for k, v in _STORAGE_DTYPE.items()}
 # Torch dtypes mpitensor has no counterpart for; named so the error can say which one it met.
 _FOREIGN_DTYPES = frozenset(
-    ["bfloat16", "complex32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+    ["complex32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
      "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "quint8", "qint8", "qint32",
      "quint4x2", "quint2x4", "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16"]
     + [f"uint{n}" for n in range(1, 8)] + [f"int{n}" for n in range(1, 8)])
@@ -114,10 +114,9 @@ def is_legacy(prefix: bytes) -> bool:
 
 
 def _foreign_dtype(name: str) -> FormatError:
-    hint = (" (NumPy has no bfloat16: convert in torch first, e.g. "
-            "{k: v.float() for k, v in state_dict.items()})" if name == "bfloat16" else "")
     return FormatError(f"it holds a tensor of dtype torch.{name}, which mpitensor does not "
-                       f"support{hint}")
+                       f"support (convert in torch first, e.g. "
+                       f"{{k: v.float() for k, v in state_dict.items()}})")
 
 
 # ------------------------------------------------------------------------------------ reading

@@ -59,6 +59,7 @@ import numpy as np
 
 from mpitensor import _torch_format as _tf
 from mpitensor import backend as _backend
+from mpitensor import dtypes as _dt
 from mpitensor.errors import MpiTensorError
 from mpitensor.nn.parameter import Parameter
 from mpitensor.tensor import Size, Tensor
@@ -81,6 +82,18 @@ _SNIFF = 16  # bytes read to tell the formats apart
 _MAX_ST_HEADER = 100 << 20  # safetensors' own limit on its JSON header
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
+
+
+def _storable(dt: np.dtype) -> bool:
+    """Whether the safe format stores arrays of ``dt`` (bfloat16 is NumPy kind "V", but no
+    record: its 2-byte elements are stored as they are)."""
+    return (dt.kind in _ARRAY_KINDS and dt.fields is None) or dt == _dt.bfloat16
+
+
+def _dtype_str(dt: np.dtype) -> str:
+    """The header's name of ``dt``: NumPy's byte-order string, or ``"bfloat16"`` (whose
+    NumPy string, ``"<V2"``, would read back as raw bytes)."""
+    return "bfloat16" if dt == _dt.bfloat16 else dt.str
 
 
 class CheckpointError(MpiTensorError, ValueError):
@@ -112,14 +125,14 @@ class _Encoder:
         if key is not None and id(key) in self.memo:
             return self.memo[id(key)][1]
         host = _backend.to_numpy(arr)
-        if host.dtype.kind not in _ARRAY_KINDS or host.dtype.fields is not None:
+        if not _storable(host.dtype):
             raise TypeError(f"cannot save an array of dtype {host.dtype}: only numeric, bool and "
                             f"fixed-width string dtypes are stored")
         if not host.flags.c_contiguous:
             host = host.copy(order="C")  # (np.ascontiguousarray would make 0-d arrays 1-d)
         i = len(self.arrays)
         self.arrays.append(host)
-        self.meta.append({"dtype": host.dtype.str, "shape": list(host.shape), **extra})
+        self.meta.append({"dtype": _dtype_str(host.dtype), "shape": list(host.shape), **extra})
         if key is not None:
             self.memo[id(key)] = (key, i)  # keep key alive so its id is not reused
         return i
@@ -135,7 +148,7 @@ class _Encoder:
             i = self._add(x, x, {"device": str(_backend.device_of(x))})
             return {"k": "ndarray", "i": i}
         if isinstance(x, np.generic):
-            if x.dtype.kind not in _ARRAY_KINDS:
+            if not _storable(x.dtype):
                 raise TypeError(f"cannot save {path}: NumPy scalar of dtype {x.dtype}")
             return {"k": "npscalar", "i": self._add(np.asarray(x), None, {"device": "cpu"})}
         t = type(x)
@@ -162,7 +175,7 @@ class _Encoder:
                               self.encode(v, f"{path}[{k!r}]")])
             return {"k": "dict" if t is dict else "odict", "v": items}
         if isinstance(x, np.dtype):
-            return {"k": "dtype", "v": x.str}
+            return {"k": "dtype", "v": _dtype_str(x)}
         if self.allow_pickle:
             self.pickled = True
             data = pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)
@@ -497,7 +510,7 @@ class _Decoder:
     def host(self, i: int) -> np.ndarray:
         m = self.meta[i]
         dt = np.dtype(m["dtype"])
-        if dt.kind not in _ARRAY_KINDS or dt.fields is not None:
+        if not _storable(dt):
             raise _Bad(f"array {i} has dtype {m['dtype']!r}, which the safe format never stores")
         shape = tuple(int(s) for s in m["shape"])
         off, nbytes = int(m["offset"]), int(m["nbytes"])
@@ -871,8 +884,9 @@ def _read_safetensors(data: bytes, place: _tf.Place) -> Dict[str, Tensor]:
         raise _Bad(f"malformed safetensors header ({type(exc).__name__}: {exc})") from None
     for key, dtype in entries:
         if dtype not in _ST_DTYPES:
-            hint = (" (NumPy has no bfloat16: convert in torch first, e.g. "
-                    "{k: v.float() for k, v in state_dict.items()})" if dtype == "BF16" else "")
+            hint = (" (the safetensors package reads no bfloat16 into NumPy: load the file in "
+                    "torch and convert, e.g. {k: v.float() for k, v in state_dict.items()}, or "
+                    "torch.save it)" if dtype == "BF16" else "")
             raise _Bad(f"tensor {key!r} has dtype {dtype}, which mpitensor does not "
                        f"support{hint}")
     stn = _safetensors_numpy()

@@ -1,7 +1,9 @@
 """Tensor element types, named like PyTorch's (``mpitensor.float32``, ``mpitensor.long``, ...).
 
 Every dtype is a plain :class:`numpy.dtype`, so ``t.dtype == numpy.float32`` holds and the arrays
-underneath (NumPy or CuPy) take these objects directly. The names ``bool``, ``float`` and ``int``
+underneath (NumPy or CuPy) take these objects directly. ``bfloat16`` is the NumPy dtype of the
+``ml_dtypes`` package; NumPy files it under kind ``"V"`` (void), so code asks :func:`kind_of` or
+:func:`is_floating_dtype` rather than ``dtype.kind``. The names ``bool``, ``float`` and ``int``
 are torch's aliases (``mpitensor.float`` is float32, as ``torch.float`` is); they are bound at the
 bottom of this module, and code in this module reaches Python's own types through ``builtins``.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import builtins as _builtins
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "int32",
     "int64",
     "float16",
+    "bfloat16",
     "float32",
     "float64",
     "complex64",
@@ -46,6 +50,8 @@ __all__ = [
     "to_dtype",
     "get_default_dtype",
     "set_default_dtype",
+    "finfo",
+    "iinfo",
 ]
 
 dtype = np.dtype  # the type of every dtype object here: ``isinstance(x, mpitensor.dtype)``
@@ -60,6 +66,7 @@ int16 = np.dtype(np.int16)
 int32 = np.dtype(np.int32)
 int64 = np.dtype(np.int64)
 float16 = np.dtype(np.float16)
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
 complex64 = np.dtype(np.complex64)
@@ -84,6 +91,7 @@ _NAMES: dict[np.dtype, str] = {
     int32: "int32",
     int64: "int64",
     float16: "float16",
+    bfloat16: "bfloat16",
     float32: "float32",
     float64: "float64",
     complex64: "complex64",
@@ -184,9 +192,21 @@ def dtype_name(dt: Any) -> str:
     return _NAMES[to_dtype(dt)]
 
 
+def kind_of(dt: np.dtype) -> str:
+    """NumPy's kind letter of ``dt`` (``"b"``, ``"i"``, ``"u"``, ``"f"``, ``"c"``), except that
+    bfloat16, which NumPy files under ``"V"``, is a ``"f"`` like the other floats.
+
+    Example:
+        >>> kind_of(bfloat16), bfloat16.kind
+        ('f', 'V')
+    """
+    k = dt.kind
+    return "f" if k == "V" and dt == bfloat16 else k
+
+
 def is_floating_dtype(dt: np.dtype) -> _builtins.bool:
-    """True for float16, float32 and float64."""
-    return dt.kind == "f"
+    """True for float16, bfloat16, float32 and float64."""
+    return kind_of(dt) == "f"
 
 
 def is_complex_dtype(dt: np.dtype) -> _builtins.bool:
@@ -228,6 +248,107 @@ def set_default_dtype(d: Any) -> None:
 def default_complex_dtype() -> np.dtype:
     """Return the complex dtype paired with the default dtype (complex64 for float32)."""
     return complex128 if _default_dtype == float64 else complex64
+
+
+class finfo:  # noqa: N801 - torch's name
+    """The limits of a floating dtype, as Python floats (``torch.finfo``).
+
+    Attributes:
+        bits: bits per element.
+        eps: the gap between 1.0 and the next larger representable number.
+        max, min: the largest and the most negative finite numbers.
+        tiny, smallest_normal: the smallest positive normal number (two names for it).
+        resolution: about the decimal precision, ``10 ** -digits``.
+        dtype: the dtype's name, e.g. ``"bfloat16"`` (a complex dtype gives its parts' float).
+
+    Args:
+        type: a floating or complex dtype (anything :func:`to_dtype` takes); the default dtype
+            when left out.
+
+    Raises:
+        TypeError: an integer or bool dtype (use :class:`iinfo`).
+
+    Example:
+        >>> finfo(bfloat16).eps
+        0.0078125
+    """
+
+    __slots__ = ("bits", "eps", "max", "min", "tiny", "smallest_normal", "resolution", "dtype")
+
+    def __init__(self, type: Any = None) -> None:  # noqa: A002 - torch's argument name
+        dt = _default_dtype if type is None else to_dtype(type)
+        kind = kind_of(dt)
+        if kind not in "fc":
+            raise TypeError(
+                f"finfo() takes a floating point or complex dtype, got {dt_repr(dt)}; "
+                f"use mpitensor.iinfo for integer dtypes"
+            )
+        if kind == "c":
+            dt = float64 if dt == complex128 else float32
+        info = ml_dtypes.finfo(dt) if dt == bfloat16 else np.finfo(dt)
+        self.bits = _builtins.int(info.bits)
+        self.eps = _builtins.float(info.eps)
+        self.max = _builtins.float(info.max)
+        self.min = _builtins.float(info.min)
+        self.tiny = _builtins.float(info.tiny)
+        self.smallest_normal = _builtins.float(info.smallest_normal)
+        self.resolution = 10.0 ** -_builtins.int(info.precision)
+        self.dtype = _NAMES[dt]
+
+    def __eq__(self, other: object) -> _builtins.bool:
+        return isinstance(other, finfo) and other.dtype == self.dtype
+
+    def __hash__(self) -> _builtins.int:
+        return hash(("finfo", self.dtype))
+
+    def __repr__(self) -> str:
+        return (f"finfo(resolution={self.resolution:g}, min={self.min:g}, max={self.max:g}, "
+                f"eps={self.eps:g}, smallest_normal={self.smallest_normal:g}, "
+                f"tiny={self.tiny:g}, dtype={self.dtype})")
+
+
+class iinfo:  # noqa: N801 - torch's name
+    """The limits of an integer dtype, as Python ints (``torch.iinfo``).
+
+    Attributes:
+        bits: bits per element.
+        max, min: the largest and the smallest value.
+        dtype: the dtype's name, e.g. ``"int32"``.
+
+    Args:
+        type: an integer dtype (anything :func:`to_dtype` takes).
+
+    Raises:
+        TypeError: a bool, floating or complex dtype (use :class:`finfo` for the floats).
+
+    Example:
+        >>> iinfo(uint8).max
+        255
+    """
+
+    __slots__ = ("bits", "max", "min", "dtype")
+
+    def __init__(self, type: Any) -> None:  # noqa: A002 - torch's argument name
+        dt = to_dtype(type)
+        if dt.kind not in "iu":
+            raise TypeError(
+                f"iinfo() takes an integer dtype, got {dt_repr(dt)}; use mpitensor.finfo for "
+                f"floating point dtypes"
+            )
+        info = np.iinfo(dt)
+        self.bits = _builtins.int(info.bits)
+        self.min = _builtins.int(info.min)
+        self.max = _builtins.int(info.max)
+        self.dtype = _NAMES[dt]
+
+    def __eq__(self, other: object) -> _builtins.bool:
+        return isinstance(other, iinfo) and other.dtype == self.dtype
+
+    def __hash__(self) -> _builtins.int:
+        return hash(("iinfo", self.dtype))
+
+    def __repr__(self) -> str:
+        return f"iinfo(min={self.min:g}, max={self.max:g}, dtype={self.dtype})"
 
 
 def dt_repr(dt: np.dtype) -> str:

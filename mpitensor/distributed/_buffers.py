@@ -4,6 +4,11 @@ Everything here is local (no communication). A buffer is passed to mpi4py's buff
 ``[array, MPI datatype]``; contiguous host arrays go through without a copy, other inputs are
 staged into a contiguous (host, where MPI is not CUDA-aware) copy and written back after the
 operation completes.
+
+Half precision: MPI has no bfloat16 type and not every MPI reduces float16, so operations that
+only move data (broadcast, gather, scatter, all_to_all, send/recv) move both as 16-bit words,
+bit for bit, NaN payloads included, and reductions (all_reduce, reduce, reduce_scatter) widen
+them to float32, reduce, and round once, as torch's NCCL and Gloo backends do.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _config
+from .. import dtypes as _dt
 from ..backend import array_module, get_cupy, is_cupy_array
 from ..errors import DtypeMismatchError
 from ..tensor import Tensor
@@ -24,13 +30,12 @@ from .process_group import ReduceOp
 
 _SUPPORTED = (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
 )
 
 
 def _half_type() -> MPI.Datatype:
     # MPI-4.1 names a half type; where MPI lacks it, move the bytes as 16-bit words (reductions
-    # on float16 upcast to float32 anyway, see _plan)
     # on float16 upcast to float32 anyway, see _plan). mpi4py's ABI layer may hand out a
     # FLOAT16_T handle that the library underneath rejects at first use (Open MPI 4.1 does:
     # MPI_ERR_TYPE in MPI_Bcast), so ask the library itself about it.
@@ -47,12 +52,12 @@ def _half_type() -> MPI.Datatype:
 _PREDEFINED = {
     "bool": MPI.C_BOOL, "int8": MPI.INT8_T, "int16": MPI.INT16_T, "int32": MPI.INT32_T,
     "int64": MPI.INT64_T, "uint8": MPI.UINT8_T, "uint16": MPI.UINT16_T, "uint32": MPI.UINT32_T,
-    "uint64": MPI.UINT64_T, "float16": _half_type(), "float32": MPI.FLOAT,
+    "uint64": MPI.UINT64_T, "float16": _half_type(), "bfloat16": MPI.UINT16_T, "float32": MPI.FLOAT,
     "float64": MPI.DOUBLE, "complex64": MPI.C_FLOAT_COMPLEX, "complex128": MPI.C_DOUBLE_COMPLEX,
 }
 
 #: numpy dtype -> MPI datatype used to move its elements
-MOVE_TYPES: dict = {np.dtype(n): _PREDEFINED[n] for n in _SUPPORTED}
+MOVE_TYPES: dict = {_dt.to_dtype(n): _PREDEFINED[n] for n in _SUPPORTED}
 
 _MPI_OPS = {
     ReduceOp.SUM: MPI.SUM, ReduceOp.PRODUCT: MPI.PROD, ReduceOp.MIN: MPI.MIN,
@@ -98,7 +103,7 @@ def coerce_op(op: Any, where: str) -> ReduceOp:
 
 @functools.cache
 def _plan(dt: np.dtype, op: ReduceOp) -> Any:
-    kind = dt.kind
+    kind = _dt.kind_of(dt)
     if kind == "b":
         if op is ReduceOp.AVG:
             return "AVG needs a floating or complex dtype, but the tensor is bool"
@@ -114,7 +119,8 @@ def _plan(dt: np.dtype, op: ReduceOp) -> Any:
         return f"{op.name} is not defined for complex dtype {dt} (complex numbers are unordered)"
     average = op is ReduceOp.AVG
     if dt.itemsize == 2 and kind == "f":
-        # MPI has no portable half type: reduce in float32, round once at the end
+        # float16 and bfloat16: MPI reduces neither portably (bfloat16 moves as uint16), so
+        # reduce in float32 and round once at the end, after AVG's division
         return ReducePlan(_MPI_OPS[op], MOVE_TYPES[_F32], None, _F32, average)
     return ReducePlan(_MPI_OPS[op], MOVE_TYPES[dt], None, None, average)
 
