@@ -5,7 +5,8 @@ Each differentiable one is a :class:`~mpitensor.autograd.Function` whose forward
 op's rules (integers promoted to the default float dtype where torch promotes them, bools
 refused where torch refuses them, NumPy's floating-point warnings silenced as torch computes
 inf and nan silently) and whose backward follows it. The Tensor method runs the forward alone
-when nothing needs recording (``tensor._run``).
+when nothing needs recording (``tensor._run``). The in-place forms ``relu_`` and ``clamp_``
+(``clip_``) are recorded through ``mpitensor.autograd.apply_inplace`` where needed.
 
 Example:
     >>> import mpitensor as mt
@@ -21,14 +22,25 @@ from typing import Any
 
 import numpy as np
 
+from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor._devices import xp
+from mpitensor._half import computes_in_float32
 from mpitensor._operators import fit_grad
 from mpitensor._promotion import result_type
 from mpitensor._views import Alias
 from mpitensor._workspace import empty_like, relu_into
-from mpitensor.autograd import Function
-from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
+from mpitensor.autograd import (
+    _NO_RECORD,
+    Function,
+    apply_inplace,
+    bump_version,
+    inplace_recorded,
+    write_into,
+)
+from mpitensor.tensor import Tensor, _new, _run, _run_view, _tensor_methods
+
+_grad_mode = _autograd._mode
 
 
 def _floating(x: Any) -> Any:
@@ -117,6 +129,7 @@ class Sqrt(_OfOutput):
         return g / (2 * out)
 
 
+@computes_in_float32
 class Tanh(_OfOutput):
     """``tanh(x)``: d/dx = 1 - tanh(x)**2."""
 
@@ -142,6 +155,7 @@ class Log(Function):
         return (g / x,)
 
 
+@computes_in_float32  # half inputs: one rounding, not one per step of the formula, as torch
 class Sigmoid(Function):
     """``1 / (1 + exp(-x))``: d/dx = out * (1 - out)."""
 
@@ -165,15 +179,26 @@ class Sigmoid(Function):
 _SMALL = 1 << 12  # elements: below, NumPy's scalar maximum beats preparing a zero array
 
 
+def _no_bool_relu(x: Any) -> None:
+    if x.dtype.kind == "b":
+        raise TypeError("relu() is not implemented for bool tensors; convert first, "
+                        "e.g. t.float()")
+
+
 class Relu(Function):
     """``max(x, 0)`` (in ``x``'s memory layout): the gradient passes where the output is
-    positive."""
+    positive. ``forward_`` is ``relu_``: it rectifies ``x`` itself."""
+
+    @staticmethod
+    def forward_(ctx: Any, x: Any) -> Any:
+        _no_bool_relu(x)
+        relu_into(x, x)
+        ctx.save_for_backward(x)  # the output: its sign is all backward needs
+        return x
 
     @staticmethod
     def forward(ctx: Any, x: Any) -> Any:
-        if x.dtype.kind == "b":
-            raise TypeError("relu() is not implemented for bool tensors; convert first, "
-                            "e.g. t.float()")
+        _no_bool_relu(x)
         if x.size < _SMALL:
             out = xp(x).maximum(x, x.dtype.type(0))
         else:
@@ -232,7 +257,7 @@ class _ElementwiseMethods:
     negative = __neg__
 
     def __pos__(self) -> Tensor:
-        return _run(Alias, self)
+        return _run_view(Alias, self)
 
     def __abs__(self) -> Tensor:
         return _run(Abs, self)
@@ -271,6 +296,23 @@ class _ElementwiseMethods:
         """
         return _run(Relu, self)
 
+    def relu_(self) -> Tensor:
+        """Replace every element by ``max(element, 0)``; returns self.
+
+        Raises:
+            RuntimeError: self is a leaf that requires grad (outside ``no_grad()``).
+
+        Example:
+            >>> import mpitensor as mt
+            >>> t = mt.tensor([-1.0, 2.0]); _ = t.relu_(); t
+            tensor([0., 2.])
+        """
+        if _grad_mode.enabled and inplace_recorded(self, "relu_()"):
+            return apply_inplace(Relu, "relu_()", self)
+        Relu.forward_(_NO_RECORD, self._data)
+        bump_version(self)
+        return self
+
     def sigmoid(self) -> Tensor:
         """Return the logistic function ``1 / (1 + exp(-self))`` element-wise."""
         return _run(Sigmoid, self)
@@ -290,3 +332,23 @@ class _ElementwiseMethods:
         return _run(Clamp, self, lo, hi)
 
     clip = clamp
+
+    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 - torch names
+        """Limit the elements to ``[min, max]`` in place (either bound may be None); returns self.
+
+        Raises:
+            ValueError: both bounds are None.
+            TypeError: the result's dtype cannot be written into self (a float bound on an
+                integer tensor).
+            RuntimeError: self is a leaf that requires grad (outside ``no_grad()``).
+        """
+        lo = min._data if isinstance(min, Tensor) else min
+        hi = max._data if isinstance(max, Tensor) else max
+        if _grad_mode.enabled and inplace_recorded(self, "clamp_()"):
+            return apply_inplace(Clamp, "clamp_()", self, lo, hi)
+        x = self._data
+        write_into(x, Clamp.forward(_NO_RECORD, x, lo, hi), "clamp_()")
+        bump_version(self)
+        return self
+
+    clip_ = clamp_

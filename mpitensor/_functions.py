@@ -22,7 +22,7 @@ from mpitensor.tensor import Tensor
 __all__ = [
     "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "clamp", "clip", "matmul", "mean",
     "argmax", "argmin", "flatten", "reshape", "transpose", "permute", "squeeze", "unsqueeze",
-    "softmax", "log_softmax", "sum", "max", "min", "abs",
+    "softmax", "log_softmax", "sum", "max", "min", "abs", "sort", "argsort", "topk",
 ]
 
 DTypeLike = Any
@@ -152,6 +152,37 @@ def min(input: Tensor, dim: Any = None, keepdim: bool = False) -> Any:  # noqa: 
 def abs(input: Tensor) -> Tensor:  # noqa: A002
     """Return ``input.abs()``."""
     return input.abs()
+
+
+def sort(input: Tensor, dim: int = -1, descending: bool = False, *,  # noqa: A002
+         stable: bool = False) -> Any:
+    """Return ``input.sort(dim, descending, stable=stable)``: ``(values, indices)``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> sort(mt.tensor([2.0, 1.0])).indices
+        tensor([1, 0])
+    """
+    return input.sort(dim, descending, stable=stable)
+
+
+def argsort(input: Tensor, dim: int = -1, descending: bool = False,  # noqa: A002
+            stable: bool = False) -> Tensor:
+    """Return ``input.argsort(dim, descending, stable)``: the int64 positions in sorted order."""
+    return input.argsort(dim, descending, stable)
+
+
+def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True,  # noqa: A002
+         sorted: bool = True) -> Any:  # noqa: A002 - torch's argument name
+    """Return ``input.topk(k, dim, largest, sorted)``: ``(values, indices)`` of the ``k``
+    largest (or smallest) elements along ``dim``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> topk(mt.tensor([1.0, 3.0, 2.0]), 1).values
+        tensor([3.])
+    """
+    return input.topk(k, dim, largest, sorted)
 
 
 _t._serve({name: globals()[name] for name in __all__})

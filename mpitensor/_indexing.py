@@ -1,10 +1,13 @@
-"""Indexing: ``t[key]``, ``t[key] = value`` and ``nonzero``, with the gradient of ``t[key]``.
+"""Indexing and masked writes: ``t[key]``, ``t[key] = value``, ``masked_fill``/``masked_fill_``
+and ``nonzero``, with their gradients.
 
 A key is anything NumPy indexes with (ints, slices, ``None``, ``...``, bool masks, integer
 arrays and lists), where tensors may stand for arrays. Basic indexing gives views; a single
 element gives a zero-dim view rather than a Python number, as in torch. The gradient of
 ``t[key]`` is written into zeros shaped like ``t``, and for integer-array keys added up, so
-that an element picked twice gets both contributions.
+that an element picked twice gets both contributions. ``t[key]`` with a basic key is a view
+sharing ``t``'s version counter; ``t[key] = value`` is an in-place write, recorded by autograd
+(``mpitensor.autograd.apply_inplace``) when ``t`` or ``value`` requires grad.
 
 Example:
     >>> import mpitensor as mt
@@ -16,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from typing import Any
@@ -26,8 +30,17 @@ from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._devices import move, xp
-from mpitensor.autograd import _NO_RECORD, Function
-from mpitensor.tensor import Tensor, _check_inplace, _new, _tensor_methods
+from mpitensor.autograd import (
+    _NO_RECORD,
+    Function,
+    _sum_to,
+    apply_inplace,
+    bump_version,
+    inplace_recorded,
+    link_view,
+    storage,
+)
+from mpitensor.tensor import Tensor, _new, _replay, _tensor_methods
 
 _ndarray = np.ndarray
 _INT64 = _dt.int64
@@ -91,29 +104,175 @@ class Index(Function):
         return gx, None
 
 
+def _fit(g: Any, shape: tuple, dtype: Any) -> Any:
+    g = g if g.shape == shape else _sum_to(g, shape)
+    return g if g.dtype == dtype else g.astype(dtype)
+
+
+def _on_device_of(x: Any, value: Any) -> Any:
+    """``value`` (an array or anything NumPy takes) where ``x`` lives."""
+    if isinstance(x, _ndarray):
+        return value.get() if _backend.is_cupy_array(value) else value
+    return move(value, _backend.device_of(x)) if isinstance(value, _ndarray) else value
+
+
+class IndexPut(Function):
+    """``x[key] = value``: ``x``'s old value gets the gradient outside the written positions;
+    ``value`` gets it at those positions (summed where it was broadcast)."""
+
+    @staticmethod
+    def forward_(ctx: Any, x: Any, value: Any, key: Any) -> Any:
+        if hasattr(value, "shape") and ctx.needs_input_grad and ctx.needs_input_grad[1]:
+            if _backend.is_cupy_array(value) != _backend.is_cupy_array(x):
+                raise RuntimeError(
+                    "t[key] = value with a value that requires grad needs both on one device; "
+                    "move the value with .to(t.device) first"
+                )
+            ctx.meta = (value.shape, value.dtype)
+        ctx.key = key
+        x[key] = value
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        need = ctx.needs_input_grad
+        key = ctx.key
+        gx = gv = None
+        if need[0]:
+            gx = g.copy()
+            gx[key] = 0
+        if need[1]:
+            gv = xp(g).asarray(g[key])
+            gv = _fit(gv, *ctx.meta)
+        return gx, gv, None
+
+
+def _mask_of(mask: Any, what: str) -> Any:
+    m = mask._data if isinstance(mask, Tensor) else mask
+    if not hasattr(m, "dtype") or m.dtype.kind != "b":
+        raise TypeError(
+            f"{what} takes a bool mask (a tensor of dtype mpitensor.bool), got "
+            f"{getattr(m, 'dtype', type(m).__name__)}; compare to get one, e.g. t > 0"
+        )
+    return m
+
+
+def _fill_value(value: Any, what: str) -> Any:
+    v = value._data if isinstance(value, Tensor) else value
+    if hasattr(v, "ndim") and v.ndim != 0:
+        raise RuntimeError(
+            f"{what} takes a number or a 0-dimensional tensor as the value, got a tensor with "
+            f"{v.ndim} dimension(s)"
+        )
+    return v
+
+
+class MaskedFill(Function):
+    """``x`` with ``value`` where ``mask`` is True (the mask broadcast to ``x``'s shape): ``x``
+    gets the gradient where the mask is False, a tensor ``value`` the sum of the rest."""
+
+    @staticmethod
+    def _note(ctx: Any, x: Any, mask: Any, value: Any) -> None:
+        ctx.save_for_backward(mask)
+        need = ctx.needs_input_grad
+        if need and need[2]:
+            ctx.meta = (value.shape, value.dtype)
+
+    @classmethod
+    def forward(cls, ctx: Any, x: Any, mask: Any, value: Any) -> Any:
+        cls._note(ctx, x, mask, value)
+        out = x.copy()
+        xp(x).copyto(out, value, casting="unsafe", where=mask)
+        return out
+
+    @classmethod
+    def forward_(cls, ctx: Any, x: Any, mask: Any, value: Any) -> Any:
+        cls._note(ctx, x, mask, value)
+        xp(x).copyto(x, value, casting="unsafe", where=mask)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (mask,) = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        m = xp(g)
+        gx = gv = None
+        if need[0]:
+            gx = m.where(mask, g.dtype.type(0), g)
+        if need[2]:
+            shape, dtype = ctx.meta
+            gv = (g * m.broadcast_to(mask, g.shape)).sum().reshape(shape).astype(dtype)
+        return gx, None, gv
+
+
 @_tensor_methods
 class _IndexingMethods:
     def __getitem__(self, key: Any) -> Tensor:
         # tensor._run written out: indexing is frequent enough for its call to show
+        k = index_key(key)
+        x = self._data
         if self._requires_grad and _grad_mode.enabled:
-            return Index.apply(self, index_key(key))
-        return _new(Index.forward(_NO_RECORD, self._data, index_key(key)))
+            r = Index.apply(self, k)
+        else:
+            r = _new(Index.forward(_NO_RECORD, x, k))
+        if storage(r._data) is storage(x):  # a basic key: a view of self
+            link_view(r, self, functools.partial(_replay, Index, (k,)))
+        return r
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if (
-            self._requires_grad or (isinstance(value, Tensor) and value._requires_grad)
-        ) and _grad_mode.enabled:
-            _check_inplace(self, value, "__setitem__")
-        x = self._data
         key = index_key(key)
-        if isinstance(value, Tensor):
-            value = value._data
-        if isinstance(x, _ndarray):
-            if _backend.is_cupy_array(value):
-                value = value.get()
-        elif isinstance(value, _ndarray):
-            value = move(value, _backend.device_of(x))
-        x[key] = value
+        if _grad_mode.enabled and inplace_recorded(self, "t[key] = value", value):
+            if not (isinstance(value, Tensor) and value._requires_grad):
+                value = _on_device_of(
+                    self._data, value._data if isinstance(value, Tensor) else value)
+            apply_inplace(IndexPut, "t[key] = value", self, value, key)
+            return
+        x = self._data
+        x[key] = _on_device_of(x, value._data if isinstance(value, Tensor) else value)
+        bump_version(self)
+
+    def masked_fill(self, mask: Any, value: Any) -> Tensor:
+        """Return a copy with ``value`` where ``mask`` (bool, broadcast to self) is True.
+
+        Args:
+            mask: a bool tensor broadcastable to self's shape.
+            value: a number or a 0-dimensional tensor (which then gets a gradient).
+
+        Raises:
+            TypeError: ``mask`` is not bool.
+            RuntimeError: ``value`` is a tensor with dimensions.
+
+        Example:
+            >>> import mpitensor as mt
+            >>> t = mt.tensor([1.0, -2.0, 3.0])
+            >>> t.masked_fill(t < 0, 0.0)
+            tensor([1., 0., 3.])
+        """
+        m = _mask_of(mask, "masked_fill()")
+        _fill_value(value, "masked_fill()")
+        if _grad_mode.enabled and (
+            self._requires_grad or (isinstance(value, Tensor) and value._requires_grad)
+        ):
+            return MaskedFill.apply(self, mask, value)  # a mask tensor's version is noted
+        return _new(MaskedFill.forward(_NO_RECORD, self._data, m, _fill_value(value, "")))
+
+    def masked_fill_(self, mask: Any, value: Any) -> Tensor:
+        """Write ``value`` into self where ``mask`` (bool, broadcast to self) is True.
+
+        Recorded by autograd when self or ``value`` requires grad; returns self.
+
+        Raises:
+            TypeError: ``mask`` is not bool.
+            RuntimeError: ``value`` is a tensor with dimensions, or self is a leaf that
+                requires grad (outside ``no_grad()``).
+        """
+        m = _mask_of(mask, "masked_fill_()")
+        v = _fill_value(value, "masked_fill_()")
+        if _grad_mode.enabled and inplace_recorded(self, "masked_fill_()", value):
+            return apply_inplace(MaskedFill, "masked_fill_()", self, mask, value)
+        MaskedFill.forward_(_NO_RECORD, self._data, m, v)
+        bump_version(self)
+        return self
 
     def nonzero(self, *, as_tuple: bool = False) -> Any:
         """Return the indices of non-zero elements: an ``(n, ndim)`` int64 tensor, or a tuple

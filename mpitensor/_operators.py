@@ -1,6 +1,7 @@
 """Python's operators on tensors (``+ - * / // % ** @``, comparisons, bitwise) and their gradients.
 
-``a op b`` goes through :func:`binary` and ``a op= b`` through :func:`inplace`. Both apply
+``a op b`` goes through :func:`binary` and ``a op= b`` through :func:`inplace` (recorded by
+autograd, when an operand requires grad, as the operator's op written into ``a``). Both apply
 torch's rules: type promotion (``mpitensor._promotion``), bools refused by ``-``, ``//``, ``%``
 and ``**``, integers wrapped on overflow, silent division by zero, a CPU zero-dim operand
 acting as a number next to a GPU tensor. :func:`_result` is that forward on arrays and numbers,
@@ -26,12 +27,19 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mpitensor import _half
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor._devices import device_str, is_cupy, same_device, xp
 from mpitensor._promotion import can_cast, is_scalar, result_type, true_divide_dtype
-from mpitensor.autograd import Function, _sum_to
-from mpitensor.tensor import Tensor, _check_inplace, _new, _tensor_methods
+from mpitensor.autograd import (
+    Function,
+    _sum_to,
+    apply_inplace,
+    bump_version,
+    inplace_recorded,
+)
+from mpitensor.tensor import Tensor, _new, _tensor_methods
 
 _ndarray = np.ndarray
 _object_new = object.__new__
@@ -134,6 +142,8 @@ def _wrap_int(v: Any, x: Any) -> Any:
 def _plain(x: Any, y: Any, mode: int) -> bool:
     """True when ``x op y`` needs no promotion, cast or device check: NumPy's own result is
     torch's (one dtype, or a Python number that cannot change the tensor's dtype)."""
+    if x.dtype in _half.REDUCED:  # torch's rules for half operands live in _half
+        return False
     ty = type(y)
     k = x.dtype.kind
     if ty is float or ty is int or ty is bool or ty is complex:
@@ -169,7 +179,11 @@ def _result(x: Any, y: Any, op: Any, mode: int, rev: bool) -> Any:
             if mode == TRUEDIV:
                 rt = true_divide_dtype(rt)
             _check_bool(op, x, y, rt)
+            if rt in _half.REDUCED:
+                return _half.binary(op, x, y, rt, rev)
             x, y = _cast(x, rt), _cast(y, rt)
+        elif x.dtype in _half.REDUCED or getattr(y, "dtype", None) in _half.REDUCED:
+            return _half.binary(op, x, y, result_type(x, y), rev)
     try:
         try:
             r = _apply(op, y, x, mode) if rev else _apply(op, x, y, mode)
@@ -209,6 +223,7 @@ def binary(a: Tensor, other: Any, op: Any, mode: int = ARITH, rev: bool = False)
             and y.dtype == x.dtype
             and (mode == ARITH or mode == COMPARE)
             and x.dtype.kind != "b"
+            and (op is not operator.matmul or x.dtype not in _half.REDUCED)
         ):
             r = op(y, x) if rev else op(x, y)
             if type(r) is not _ndarray:
@@ -218,6 +233,8 @@ def binary(a: Tensor, other: Any, op: Any, mode: int = ARITH, rev: bool = False)
             t._requires_grad = False
             t.grad = None
             t.grad_fn = None
+            t._vc = None
+            t._view = None
             return t
     else:
         if a._requires_grad and _grad_mode.enabled and mode != COMPARE:
@@ -234,12 +251,11 @@ def inplace(a: Tensor, other: Any, iop: Any, mode: int = ARITH) -> Any:
 
     Raises:
         TypeError: the result's dtype cannot be written into ``a`` (e.g. a float into an int).
-        RuntimeError: autograd would have to record it, or operands on two devices.
+        RuntimeError: ``a`` is a leaf that requires grad (outside ``no_grad()``), or operands
+            on two devices.
     """
-    if (
-        a._requires_grad or (isinstance(other, Tensor) and other._requires_grad)
-    ) and _grad_mode.enabled:
-        _check_inplace(a, other, _OP_NAMES.get(iop, "in-place operator"))
+    if _grad_mode.enabled and inplace_recorded(a, _OP_NAMES.get(iop, "in-place operator"), other):
+        return _record_inplace(a, other, iop, mode)
     x = a._data
     y = operand(other)
     if y is NOT_OPERAND:
@@ -249,9 +265,11 @@ def inplace(a: Tensor, other: Any, iop: Any, mode: int = ARITH) -> Any:
         k = x.dtype.kind
         if y.dtype == x.dtype and k != "b" and (mode != TRUEDIV or k in "fc"):
             _apply(iop, x, y, mode)  # same dtype: NumPy's in-place operator casts nothing
+            bump_version(a)
             return a
     elif (ty is float or ty is int) and x.dtype.kind in "fc":
         _apply(iop, x, y, mode)
+        bump_version(a)
         return a
     if not is_scalar(y) and is_cupy(x) != is_cupy(y):
         if y.ndim != 0:
@@ -276,7 +294,19 @@ def inplace(a: Tensor, other: Any, iop: Any, mode: int = ARITH) -> Any:
         _apply(functools.partial(ufunc, out=x, casting="unsafe"), x, y, mode)
     except OverflowError:
         _apply(functools.partial(ufunc, out=x, casting="unsafe"), x, _wrap_int(y, x), mode)
+    bump_version(a)
     return a
+
+
+def _record_inplace(a: Tensor, other: Any, iop: Any, mode: int) -> Any:
+    """The recorded form of :func:`inplace`: the operator's op, its result written into ``a``."""
+    if not isinstance(other, Tensor):
+        other = operand(other)
+        if other is NOT_OPERAND:
+            return NotImplemented
+    op = _OP_OF_IOP[iop]
+    fn = _FUNCTION_OF.get(op, NotImplementedOp)
+    return apply_inplace(fn, _OP_NAMES[iop], a, other, (op, mode, False))
 
 
 def _trunc_divide(x: Any, y: Any) -> Any:
@@ -301,6 +331,21 @@ _UFUNC_OF = {
     operator.ixor: "bitwise_xor",
     operator.ilshift: "left_shift",
     operator.irshift: "right_shift",
+}
+
+_OP_OF_IOP = {
+    operator.iadd: operator.add,
+    operator.isub: operator.sub,
+    operator.imul: operator.mul,
+    operator.itruediv: operator.truediv,
+    operator.ifloordiv: operator.floordiv,
+    operator.imod: operator.mod,
+    operator.ipow: operator.pow,
+    operator.iand: operator.and_,
+    operator.ior: operator.or_,
+    operator.ixor: operator.xor,
+    operator.ilshift: operator.lshift,
+    operator.irshift: operator.rshift,
 }
 
 _OP_NAMES = {
@@ -343,12 +388,16 @@ _OP_NAMES = {
 #
 # forward(ctx, x, y, (op, mode, rev)): x is the left tensor's array, y the other operand (an
 # array or a Python number, which gets no gradient). Each backward works in math order,
-# ``a op b``, with ``(a, b) = (y, x)`` when ``rev``.
+# ``a op b``, with ``(a, b) = (y, x)`` when ``rev``. An op saves only what the gradients it
+# must compute read (``_keeps``), as torch does: a saved array pins its tensor's version, so an
+# array saved for nothing would refuse in-place writes that torch allows.
 
 
 class _Binary(Function):
-    keep_inputs = True  # backward reads the operands
-    keep_output = False  # backward reads the result
+    @staticmethod
+    def _keeps(need_a: bool, need_b: bool) -> tuple:
+        """Whether backward reads ``a``, ``b`` and the result, given the gradients wanted."""
+        return True, True, False
 
     @classmethod
     def forward(cls, ctx: Any, x: Any, y: Any, spec: tuple) -> Any:
@@ -360,9 +409,13 @@ class _Binary(Function):
                 f"{type(x).__name__} and {type(y).__name__}"
             )
         ctx.meta = (rev, (x.shape, x.dtype), (y.shape, y.dtype) if hasattr(y, "shape") else None)
-        keep = cls.keep_inputs
-        ctx.save_for_backward(x if keep else None, y if keep else None,
-                              out if cls.keep_output else None)
+        need = ctx.needs_input_grad
+        if need:  # recorded
+            if rev:
+                kb, ka, ko = cls._keeps(need[1], need[0])
+            else:
+                ka, kb, ko = cls._keeps(need[0], need[1])
+            ctx.save_for_backward(x if ka else None, y if kb else None, out if ko else None)
         return out
 
     @staticmethod
@@ -384,10 +437,14 @@ class _Binary(Function):
         return gx, gy, None
 
 
+def _keeps_nothing(need_a: bool, need_b: bool) -> tuple:
+    return False, False, False
+
+
 class Add(_Binary):
     """``a + b``."""
 
-    keep_inputs = False
+    _keeps = staticmethod(_keeps_nothing)
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
@@ -397,15 +454,22 @@ class Add(_Binary):
 class Sub(_Binary):
     """``a - b``."""
 
-    keep_inputs = False
+    _keeps = staticmethod(_keeps_nothing)
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
         return g, (-g if need_b else None)
 
 
+def _keeps_other(need_a: bool, need_b: bool) -> tuple:
+    # each operand's gradient reads the other operand
+    return need_b, need_a, False
+
+
 class Mul(_Binary):
     """``a * b``."""
+
+    _keeps = staticmethod(_keeps_other)
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
@@ -413,13 +477,16 @@ class Mul(_Binary):
 
 
 class Div(_Binary):
-    """``a / b``: d/da = 1/b, d/db = -a/b**2 = -out/b."""
+    """``a / b``: d/da = 1/b, d/db = -a/b**2 (from the operands, not the result, which an
+    in-place write may change, as torch does)."""
 
-    keep_output = True
+    @staticmethod
+    def _keeps(need_a: bool, need_b: bool) -> tuple:
+        return need_b, True, False
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
-        return (g / b if need_a else None), (-(g * out) / b if need_b else None)
+        return (g / b if need_a else None), (-(g * (a / b)) / b if need_b else None)
 
 
 def _log(v: Any) -> Any:
@@ -432,7 +499,9 @@ class Pow(_Binary):
     """``a ** b``: d/da = b * a**(b-1) (0 where b == 0), d/db = out * log(a) (0 where a == 0 and
     b >= 0), as torch defines them."""
 
-    keep_output = True
+    @staticmethod
+    def _keeps(need_a: bool, need_b: bool) -> tuple:
+        return True, True, need_b
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
@@ -457,6 +526,10 @@ class Pow(_Binary):
 
 class Remainder(_Binary):
     """``a % b`` (Python/floor remainder): d/da = 1, d/db = -floor(a / b)."""
+
+    @staticmethod
+    def _keeps(need_a: bool, need_b: bool) -> tuple:
+        return need_b, need_b, False
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
@@ -495,34 +568,42 @@ class Minimum(_MaxMin):
 class MatMul(_Binary):
     """``a @ b`` for 1-D and n-D operands with batch broadcasting, as ``torch.matmul``."""
 
+    _keeps = staticmethod(_keeps_other)
+
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
-        if a.ndim == 1 and b.ndim == 1:  # dot product: g is 0-d
+        # an operand is saved only where the other's gradient reads it: shapes from the meta
+        rev, mx, my = ctx.meta
+        sa, sb = (my[0], mx[0]) if rev else (mx[0], my[0])
+        if len(sa) == 1 and len(sb) == 1:  # dot product: g is 0-d
             return (g * b if need_a else None), (g * a if need_b else None)
-        a1 = a[None, :] if a.ndim == 1 else a
-        b1 = b[:, None] if b.ndim == 1 else b
+        sa1 = (1, *sa) if len(sa) == 1 else sa
+        sb1 = (*sb, 1) if len(sb) == 1 else sb
         g1 = g
-        if a.ndim == 1:
+        if len(sa) == 1:
             g1 = g1[..., None, :]
-        if b.ndim == 1:
+        if len(sb) == 1:
             g1 = g1[..., None]
         m = xp(g1)
         ga = gb = None
         if need_a:
-            ga = m.matmul(g1, b1.swapaxes(-1, -2))
-            if ga.shape != a1.shape:
-                ga = _sum_to(ga, a1.shape)
-            ga = ga.reshape(a.shape)
+            ga = m.matmul(g1, (b[:, None] if len(sb) == 1 else b).swapaxes(-1, -2))
+            if ga.shape != sa1:
+                ga = _sum_to(ga, sa1)
+            if len(sa) == 1:
+                ga = ga.reshape(sa)
         if need_b:
-            gb = m.matmul(a1.swapaxes(-1, -2), g1)
-            if gb.shape != b1.shape:
-                gb = _sum_to(gb, b1.shape)
-            gb = gb.reshape(b.shape)
+            gb = m.matmul((a[None, :] if len(sa) == 1 else a).swapaxes(-1, -2), g1)
+            if gb.shape != sb1:
+                gb = _sum_to(gb, sb1)
+            if len(sb) == 1:
+                gb = gb.reshape(sb)
         return ga, gb
 
 
 class _NotDifferentiable(_Binary):
     name_ = "operation"
+    _keeps = staticmethod(_keeps_nothing)
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:

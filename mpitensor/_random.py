@@ -243,7 +243,7 @@ def _draw(kind: str, shape: tuple, generator: Any, dt: np.dtype, device: Any) ->
 
 def _float_dtype(dtype: Any, fname: str, allow_complex: bool) -> np.dtype:
     dt = dtype_or(dtype, _dt.get_default_dtype())
-    if dt.kind != "f" and not (allow_complex and dt.kind == "c"):
+    if not _dt.is_floating_dtype(dt) and not (allow_complex and dt.kind == "c"):
         raise TypeError(
             f"{fname}() needs a floating point dtype{' or complex' if allow_complex else ''}, "
             f"got {_dt.dt_repr(dt)}"
@@ -370,7 +370,7 @@ def rand_like(
         mpitensor.Size([2, 2])
     """
     shape, dt, dev = like_args(input, dtype, device)
-    if dt.kind != "f":
+    if not _dt.is_floating_dtype(dt):
         raise TypeError(f"rand_like() needs a floating point dtype, got {_dt.dt_repr(dt)}")
     return finish(_draw("rand", shape, generator, dt, dev), requires_grad)
 
@@ -389,7 +389,7 @@ def randn_like(
         dtype('float32')
     """
     shape, dt, dev = like_args(input, dtype, device)
-    if dt.kind not in "fc":
+    if _dt.kind_of(dt) not in "fc":
         raise TypeError(f"randn_like() needs a floating point dtype, got {_dt.dt_repr(dt)}")
     return finish(_draw("randn", shape, generator, dt, dev), requires_grad)
 

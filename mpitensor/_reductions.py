@@ -1,10 +1,13 @@
 """Reductions over dimensions (``sum``, ``prod``, ``mean``, ``var``, ``std``, ``max``, ``min``,
-``argmax``, ``argmin``, ``all``, ``any``) and the gradients of the differentiable ones.
+``argmax``, ``argmin``, ``all``, ``any``), ordering along one (``sort``, ``argsort``, ``topk``)
+and the gradients of the differentiable ones.
 
 ``dim`` is None (every element), an int, or a tuple of ints, as in torch. Integer and bool
 tensors sum and multiply in int64; ``mean`` wants a float or complex dtype. ``max``/``min``
 with a ``dim`` return ``(values, indices)`` named tuples; ``var`` records through ``mean`` and
-the operators rather than an op of its own.
+the operators rather than an op of its own. ``sort`` and ``topk`` also return
+``(values, indices)``; their values take their gradient back to the positions they came from.
+NaN sorts above every number, as in torch.
 
 Example:
     >>> import mpitensor as mt
@@ -17,11 +20,13 @@ Example:
 from __future__ import annotations
 
 import math
+import operator
 from collections import namedtuple
 from typing import Any, Optional
 
 import numpy as np
 
+from mpitensor import _half
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor._devices import xp
@@ -53,6 +58,8 @@ class Sum(Function):
         dt = _dt.to_dtype(dtype) if dtype is not None else sum_dtype(x.dtype)
         axis = axes(dim, x.ndim)
         ctx.meta = (x.shape, x.dtype, axis, keepdim)
+        if (x.dtype if dt is None else dt) in _half.REDUCED:  # float32 accumulator, as torch
+            return _half.sum(x, axis, keepdim, dt)
         return x.sum(axis=axis, dtype=dt, keepdims=keepdim)
 
     @staticmethod
@@ -73,14 +80,17 @@ class Mean(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, dim: Any, keepdim: bool, dtype: DTypeLike) -> Any:
         dt = _dt.to_dtype(dtype) if dtype is not None else x.dtype
-        if dt.kind not in "fc":
+        if _dt.kind_of(dt) not in "fc":
             raise TypeError(
                 f"mean(): could not infer output dtype. Input dtype must be either a floating "
                 f"point or complex dtype. Got: {_dt.dt_repr(dt)}; pass dtype=mpitensor.float32 "
                 f"or call .float() first"
             )
         axis = axes(dim, x.ndim)
-        out = x.mean(axis=axis, dtype=dt, keepdims=keepdim)
+        if dt in _half.REDUCED:  # float32 accumulator, as torch
+            out = _half.mean(x, axis, keepdim, dt)
+        else:
+            out = x.mean(axis=axis, dtype=dt, keepdims=keepdim)
         ctx.meta = (x.shape, x.dtype, axis, keepdim, x.size // max(1, out.size))
         return out
 
@@ -156,6 +166,103 @@ def _return_types_repr(self: Any) -> str:
 
 _MaxResult.__repr__ = _return_types_repr
 _MinResult.__repr__ = _return_types_repr
+_SortResult = namedtuple("sort", ["values", "indices"])
+_SortResult.__repr__ = _return_types_repr
+_TopkResult = namedtuple("topk", ["values", "indices"])
+_TopkResult.__repr__ = _return_types_repr
+
+
+def _along(idx: Any, axis: int, m: Any) -> tuple:
+    """The index tuple that picks, in an array shaped like ``idx`` except along ``axis``, the
+    elements ``idx`` names along ``axis`` (``take_along_axis`` as plain indexing, which CuPy
+    also writes through)."""
+    key = []
+    for d, n in enumerate(idx.shape):
+        if d == axis:
+            key.append(idx)
+        else:
+            key.append(m.arange(n).reshape((n,) + (1,) * (idx.ndim - d - 1)))
+    return tuple(key)
+
+
+class TakeAlong(Function):
+    """``x``'s elements at ``indices`` along ``axis`` (the values of ``sort`` and ``topk``):
+    the gradient goes back to the positions they came from (each picked at most once)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, indices: Any, axis: int) -> Any:
+        ctx.meta = (x.shape, x.dtype, axis)
+        ctx.save_for_backward(indices)
+        return x[_along(indices, axis, xp(x))]
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        shape, dtype, axis = ctx.meta
+        (idx,) = ctx.saved_tensors
+        m = xp(g)
+        gx = m.zeros(shape, dtype=dtype)
+        gx[_along(idx, axis, m)] = g
+        return gx, None, None
+
+
+class Sort(TakeAlong):
+    """The values of ``sort`` (see :class:`TakeAlong`)."""
+
+
+class Topk(TakeAlong):
+    """The values of ``topk`` (see :class:`TakeAlong`)."""
+
+
+def _argsort(x: Any, axis: int, descending: bool, stable: bool) -> Any:
+    """The int64 order of ``x`` along ``axis``, NaN above every number; equal elements keep
+    their order when ``stable``."""
+    m = xp(x)
+    if x.dtype.kind == "c":
+        raise TypeError("sorting is not defined for complex tensors; sort .real or .abs()")
+    kw = {"kind": "stable"} if stable and m is np else {}
+    if not descending:
+        return m.argsort(x, axis=axis, **kw).astype(_INT64, copy=False)
+    # Descending as the ascending order of the reversed array, read backwards: NaN comes
+    # first, and equal elements end up in their original order (stable), which negating
+    # the values could give neither for NaN nor for unsigned and bool dtypes.
+    n = x.shape[axis]
+    a = m.argsort(m.flip(x, axis), axis=axis, **kw)
+    return ((n - 1) - m.flip(a, axis)).astype(_INT64, copy=False)
+
+
+def _sort_dim(x: Any, dim: int) -> int:
+    return wrap_dim(dim, max(x.ndim, 1))  # a 0-d tensor takes dim 0 or -1, as in torch
+
+
+def _scalar_result(t: Tensor, result: Any) -> Any:
+    """``sort``/``topk`` of a 0-d tensor: the element itself, at index 0."""
+    return result(t.clone(), _new(xp(t._data).zeros((), dtype=_INT64)))
+
+
+_PARTITION_MIN = 512  # elements along dim: below, one full sort beats partition + sort
+
+
+def _topk_indices(x: Any, k: int, axis: int, largest: bool, sort: bool) -> Any:
+    """The int64 positions of the ``k`` largest (``largest``) or smallest elements along
+    ``axis``, in sorted order when ``sort``."""
+    m = xp(x)
+    n = x.shape[axis]
+    head = (slice(None),) * axis
+    if k == 0:
+        shape = list(x.shape)
+        shape[axis] = 0
+        return m.zeros(tuple(shape), dtype=_INT64)
+    if k < n and n >= _PARTITION_MIN and (4 * k <= n or n >= 1 << 14):
+        # O(n) selection, then a sort of the k picked only
+        if largest:
+            idx = m.argpartition(x, n - k, axis=axis)[(*head, slice(n - k, n))]
+        else:
+            idx = m.argpartition(x, k - 1, axis=axis)[(*head, slice(0, k))]
+        if sort:
+            order = _argsort(x[_along(idx, axis, m)], axis, largest, False)
+            idx = idx[_along(order, axis, m)]
+        return idx.astype(_INT64, copy=False)
+    return _argsort(x, axis, largest, False)[(*head, slice(0, k))]
 
 
 def _extreme(t: Tensor, dim: Any, keepdim: bool, largest: bool) -> Any:
@@ -218,11 +325,13 @@ class _ReductionMethods:
     ) -> Tensor:
         """Return the variance over ``dim`` with Bessel's ``correction`` (1 = unbiased)."""
         x = self._data
-        if x.dtype.kind not in "fc":
+        if _dt.kind_of(x.dtype) not in "fc":
             raise TypeError(
                 f"std and var only support floating point and complex dtypes, got "
                 f"{_dt.dt_repr(x.dtype)}"
             )
+        if x.dtype in _half.REDUCED:  # in float32, rounded once, as torch
+            return self.float().var(dim, correction=correction, keepdim=keepdim).to(x.dtype)
         if self._requires_grad and _grad_mode.enabled:  # recorded through mean and operators
             ax = axes(dim, x.ndim)
             n = x.size if ax is None else math.prod(
@@ -256,6 +365,95 @@ class _ReductionMethods:
     def min(self, dim: Any = None, keepdim: bool = False) -> Any:
         """Return the minimum; with ``dim``, a ``(values, indices)`` named tuple."""
         return _extreme(self, dim, keepdim, False)
+
+    def sort(self, dim: int = -1, descending: bool = False, *, stable: bool = False) -> Any:
+        """Return the elements sorted along ``dim`` and where they came from.
+
+        NaN sorts above every number. The values are differentiable: their gradient goes back
+        to the positions they came from.
+
+        Args:
+            dim: the dimension to sort along (the last by default).
+            descending: largest first.
+            stable: keep equal elements in their original order.
+
+        Returns:
+            A ``(values, indices)`` named tuple; ``indices`` is int64.
+
+        Raises:
+            IndexError: ``dim`` is out of range.
+            TypeError: a complex tensor.
+
+        Example:
+            >>> import mpitensor as mt
+            >>> mt.tensor([3, 1, 2]).sort()
+            mpitensor.return_types.sort(
+            values=tensor([1, 2, 3]),
+            indices=tensor([1, 2, 0]))
+        """
+        x = self._data
+        axis = _sort_dim(x, dim)
+        if x.ndim == 0:
+            return _scalar_result(self, _SortResult)
+        idx = _argsort(x, axis, descending, stable)
+        return _SortResult(_run(Sort, self, idx, axis), _new(idx))
+
+    def argsort(self, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+        """Return the int64 positions that sort the elements along ``dim`` (see :meth:`sort`).
+
+        Example:
+            >>> import mpitensor as mt
+            >>> mt.tensor([3.0, 1.0, 2.0]).argsort(descending=True)
+            tensor([0, 2, 1])
+        """
+        x = self._data
+        axis = _sort_dim(x, dim)
+        if x.ndim == 0:
+            return _new(xp(x).zeros((), dtype=_INT64))
+        return _new(_argsort(x, axis, descending, stable))
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:  # noqa: A002
+        """Return the ``k`` largest (or smallest) elements along ``dim`` and their positions.
+
+        NaN counts as larger than every number. The values are differentiable: their gradient
+        goes back to the positions they came from.
+
+        Args:
+            k: how many elements to return, 0 to the length of ``dim``.
+            dim: the dimension to search along (the last by default).
+            largest: the largest elements (False: the smallest).
+            sorted: return them in order, largest (smallest) first; otherwise in no
+                particular order.
+
+        Returns:
+            A ``(values, indices)`` named tuple, ``k`` long along ``dim``; ``indices`` is int64.
+
+        Raises:
+            ValueError: ``k`` is negative or larger than the length of ``dim``.
+            IndexError: ``dim`` is out of range.
+            TypeError: a complex tensor.
+
+        Example:
+            >>> import mpitensor as mt
+            >>> mt.tensor([1.0, 5.0, 3.0, 4.0]).topk(2)
+            mpitensor.return_types.topk(
+            values=tensor([5., 4.]),
+            indices=tensor([1, 3]))
+        """
+        x = self._data
+        k = operator.index(k)
+        axis = _sort_dim(x, dim)
+        n = x.shape[axis] if x.ndim else 1
+        if not 0 <= k <= n:
+            raise ValueError(
+                f"topk(): k={k} is out of range for a dimension of length {n}; pass 0 <= k <= {n}"
+            )
+        if x.dtype.kind == "c":
+            raise TypeError("topk() is not defined for complex tensors; use .real or .abs()")
+        if x.ndim == 0:
+            return _scalar_result(self, _TopkResult)
+        idx = _topk_indices(x, k, axis, bool(largest), bool(sorted))
+        return _TopkResult(_run(Topk, self, idx, axis), _new(idx))
 
     def argmax(self, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:
         """Return the index of the maximum (into the flattened tensor when ``dim`` is None)."""

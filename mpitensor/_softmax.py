@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from mpitensor import dtypes as _dt
 from mpitensor._devices import xp
 from mpitensor._dims import wrap_dim
+from mpitensor._half import computes_in_float32
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _run, _tensor_methods
 
@@ -31,7 +33,7 @@ def _axis(x: Any, dim: Any, fname: str) -> Any:
         RuntimeError: ``x`` is not floating point.
         IndexError: ``dim`` is out of range.
     """
-    if x.dtype.kind != "f":
+    if not _dt.is_floating_dtype(x.dtype):
         raise RuntimeError(
             f"{fname}() needs a floating point tensor, got {np.dtype(x.dtype).name}; convert "
             f"it first (x.float()) or pass dtype=mpitensor.float32"
@@ -59,6 +61,7 @@ class _AlongDim(Function):
         raise NotImplementedError
 
 
+@computes_in_float32  # half inputs: float32 inside, one rounding, as torch
 class Softmax(_AlongDim):
     """``exp(x) / exp(x).sum(dim)``: the gradient is ``out * (g - (g * out).sum(dim))``."""
 
@@ -77,6 +80,7 @@ class Softmax(_AlongDim):
         return gy - out * gy.sum(axis=ctx.axis, keepdims=True), None
 
 
+@computes_in_float32
 class LogSoftmax(_AlongDim):
     """``x - log(exp(x).sum(dim))``: the gradient is ``g - exp(out) * g.sum(dim)``."""
 

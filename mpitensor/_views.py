@@ -3,7 +3,8 @@
 ``view``, ``reshape``, ``flatten``, ``squeeze``, ``unsqueeze``, ``permute``, ``transpose``,
 ``t``/``T``/``mT``, ``expand``, ``repeat``, ``split``/``chunk``/``unbind`` and the copies
 ``clone``/``contiguous``. Views share the tensor's storage (a write through one shows in the
-other), as in torch; ``expand`` gives a read-only broadcast view.
+other), as in torch, and one version counter (see ``mpitensor.autograd``); ``expand`` gives a
+read-only broadcast view.
 
 Each differentiable one is a :class:`~mpitensor.autograd.Function`: its forward checks the
 arguments and makes the new array, its backward maps the gradient back to the input's shape.
@@ -28,8 +29,8 @@ from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor._devices import xp
 from mpitensor._dims import infer_shape, need_dims, size_from, wrap_dim
-from mpitensor.autograd import Function, _sum_to
-from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
+from mpitensor.autograd import Function, _sum_to, version_cell
+from mpitensor.tensor import Tensor, _new, _run, _run_view, _tensor_methods
 
 _ndarray = np.ndarray
 _grad_mode = _autograd._mode
@@ -313,7 +314,7 @@ class _ViewMethods:
             >>> mt.arange(6).reshape(2, -1).shape
             mpitensor.Size([2, 3])
         """
-        return _run(Reshape, self, shape)
+        return _run_view(Reshape, self, shape, reshape=True)
 
     def view(self, *shape: Any) -> Tensor:
         """Return a view with a new shape (or a new dtype), never a copy.
@@ -339,8 +340,10 @@ class _ViewMethods:
                         "view(dtype) of a tensor that requires grad is not differentiable; "
                         "call it on t.detach()"
                     )
-                return _new(self._data.view(_dt.to_dtype(s)))
-        return _run(View, self, shape)
+                r = _new(self._data.view(_dt.to_dtype(s)))
+                r._vc = version_cell(self)
+                return r
+        return _run_view(View, self, shape, reshape=True)
 
     def view_as(self, other: Tensor) -> Tensor:
         """Return ``self.view(other.shape)``."""
@@ -357,22 +360,22 @@ class _ViewMethods:
             ValueError: ``start_dim`` comes after ``end_dim``.
         """
         shape = _flat_shape(self._data.shape, start_dim, end_dim)
-        return self if shape is None else _run(Reshape, self, shape)
+        return self if shape is None else _run_view(Reshape, self, shape, reshape=True)
 
     def squeeze(self, dim: Any = None) -> Tensor:
         """Return a view without size-1 dimensions (only those in ``dim`` when given).
 
         Dimensions in ``dim`` whose size is not 1 are left alone, as in torch.
         """
-        return _run(Squeeze, self, dim)
+        return _run_view(Squeeze, self, dim, reshape=True)
 
     def unsqueeze(self, dim: int) -> Tensor:
         """Return a view with a size-1 dimension inserted at ``dim``."""
-        return _run(Unsqueeze, self, dim)
+        return _run_view(Unsqueeze, self, dim, reshape=True)
 
     def transpose(self, dim0: int, dim1: int) -> Tensor:
         """Return a view with dimensions ``dim0`` and ``dim1`` swapped."""
-        return _run(Transpose, self, dim0, dim1)
+        return _run_view(Transpose, self, dim0, dim1)
 
     swapaxes = transpose
 
@@ -388,12 +391,12 @@ class _ViewMethods:
                 f"t() expects a tensor with <= 2 dimensions, but self is {n}D; "
                 f"use transpose(dim0, dim1) or .mT"
             )
-        return _run(Permute, self, None)
+        return _run_view(Permute, self, None)
 
     @property
     def T(self) -> Tensor:  # noqa: N802 - torch's name
         """A view with the dimensions reversed."""
-        return _run(Permute, self, None)
+        return _run_view(Permute, self, None)
 
     @property
     def mT(self) -> Tensor:  # noqa: N802 - torch's name
@@ -416,7 +419,7 @@ class _ViewMethods:
         """
         if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
             dims = tuple(dims[0])
-        return _run(Permute, self, _permutation(dims, self._data.ndim))
+        return _run_view(Permute, self, _permutation(dims, self._data.ndim))
 
     def expand(self, *sizes: Any) -> Tensor:
         """Return a read-only broadcast view with size-1 dimensions repeated to ``sizes``.
@@ -432,7 +435,7 @@ class _ViewMethods:
             tensor([[1, 1, 1],
                     [2, 2, 2]])
         """
-        return _run(Expand, self, sizes)
+        return _run_view(Expand, self, sizes)
 
     def expand_as(self, other: Tensor) -> Tensor:
         """Return ``self.expand(other.shape)``."""
@@ -468,11 +471,9 @@ class _ViewMethods:
         d = wrap_dim(dim, x.ndim)
         sizes = _split_sizes(split_size_or_sections, x.shape[d], d)
         pre = (slice(None),) * d
-        piece = self.__getitem__ if self._requires_grad and _grad_mode.enabled else (
-            lambda k: _new(x[k]))
         out, start = [], 0
         for s in sizes:
-            out.append(piece((*pre, slice(start, start + s))))
+            out.append(self[(*pre, slice(start, start + s))])
             start += s
         return tuple(out)
 
@@ -482,9 +483,7 @@ class _ViewMethods:
         need_dims(x, "unbind")
         d = wrap_dim(dim, x.ndim)
         pre = (slice(None),) * d
-        if self._requires_grad and _grad_mode.enabled:
-            return tuple(self[(*pre, i, Ellipsis)] for i in range(x.shape[d]))
-        return tuple(_new(x[(*pre, i, Ellipsis)]) for i in range(x.shape[d]))
+        return tuple(self[(*pre, i, Ellipsis)] for i in range(x.shape[d]))
 
 
 def _split_sizes(split_size_or_sections: Any, n: int, d: int) -> list:

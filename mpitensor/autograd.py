@@ -14,6 +14,12 @@ into ``.grad`` once, when its last contribution is in; hooks registered with
 ``Tensor.register_post_accumulate_grad_hook`` run right after that (DDP launches its bucket
 all-reduces from there, while the rest of backward is still running).
 
+In-place operations are recorded too (:func:`apply_inplace`). Every tensor has a version
+counter, shared with the views of its storage and raised by each in-place write; a node notes
+the versions of the tensors whose arrays it saved, and reading them in backward fails with a
+clear error when one was changed since. An in-place write into a view also rewires the graph of
+the view's base (:class:`_CopySlices`) and of the base's other live views (:class:`_AsStrided`).
+
 Example:
     >>> import mpitensor as mt
     >>> x = mt.tensor([1.0, 2.0], requires_grad=True)
@@ -27,7 +33,9 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import math
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
@@ -43,6 +51,7 @@ __all__ = [
     "is_grad_enabled",
     "inference_mode",
     "queue_callback",
+    "apply_inplace",
 ]
 
 _ndarray = np.ndarray
@@ -173,6 +182,9 @@ class Function:
       shape); it returns one gradient array (or None) per forward argument, in order. Entries
       for non-tensor arguments and for inputs that need no gradient
       (``ctx.needs_input_grad[i]`` is False) may be None.
+    - ``forward_(ctx, x, *args)``, optional: the in-place form, which writes the result into
+      ``x`` itself and returns it (see :func:`apply_inplace`; without it, ``forward``'s result
+      is copied into the tensor).
 
     ``Function.apply(*args)`` runs forward and, when grad mode is on and any tensor argument
     requires grad, records the node as the output's ``grad_fn``.
@@ -230,6 +242,8 @@ class Function:
             node.out_meta = (out.shape, out.dtype)
             t._requires_grad = True
             t.grad_fn = node
+            if node.saved:
+                _note_versions(node, args, t)
         return t
 
 
@@ -242,7 +256,11 @@ class Node:
             input made by another op, ``(leaf_tensor, 0)``-like entries for leaves (as
             ``AccumulateGrad`` in torch) and ``(None, 0)`` where no gradient is needed.
         needs_input_grad: per forward argument, whether a gradient is wanted.
+        versions: per saved array that belongs to a tensor, ``(counter, version, producer,
+            index into saved)``, checked when backward reads ``saved_tensors``.
     """
+
+    versions: tuple = ()  # most nodes save no tensor's array: no instance attribute then
 
     def _init(self, fn: type, nxt: list, needs: tuple) -> None:
         # Nodes are made by Function.apply with object.__new__ and this method: the hot path
@@ -265,6 +283,8 @@ class Node:
         """The arrays given to :meth:`save_for_backward`."""
         if self.released:
             raise RuntimeError(_SECOND_BACKWARD.format(self.name()))
+        if self.versions:
+            _check_versions(self)
         return self.saved
 
     @property
@@ -316,6 +336,375 @@ def grad_enabled_for(*tensors: Any) -> bool:
     if not _mode.enabled:
         return False
     return any(getattr(t, "_requires_grad", False) for t in tensors)
+
+
+# --------------------------------------------------------------------------------------------
+# Version counters
+#
+# A tensor's ``_vc`` slot is None (version 0, shared with nobody yet) or a counter
+# ``[version, views, prune_at]``: the version, weak references to the live views of the storage
+# (None until the first one) and the length at which dead references are dropped. Views share
+# their base's counter, so a write through any of them is seen by all. A view's ``_view`` slot
+# is ``(root, view_fn, outside)``: the tensor at the root of the chain of views, a function that
+# maps an array shaped like the root to the view's elements, and whether the view was taken
+# outside autograd (under no_grad) from a root that requires grad.
+
+_SELF = object()  # the producer of a saved array that is the recording node's own output
+_SCALARS = (float, int, bool, complex)
+
+
+def version_cell(t: Any) -> list:
+    """The version counter of ``t``, created on first use."""
+    c = getattr(t, "_vc", None)
+    if c is None:
+        c = t._vc = [0, None, 8]
+    return c
+
+
+def bump_version(t: Any) -> None:
+    """Count an in-place write into ``t`` (and so into every view of its storage)."""
+    c = getattr(t, "_vc", None)
+    if c is None:
+        t._vc = [1, None, 8]
+    else:
+        c[0] += 1
+
+
+def storage(x: Any) -> Any:
+    """The object that owns ``x``'s memory (NumPy and CuPy collapse chains of views onto it)."""
+    b = x.base
+    return x if b is None else b
+
+
+def _chain(first: Callable, then: Callable, a: Any) -> Any:
+    return then(first(a))
+
+
+def link_view(out: Any, base: Any, view_fn: Callable) -> None:
+    """Record that ``out``'s array is a view of ``base``'s, taken by ``view_fn`` (array -> array).
+
+    ``out`` shares ``base``'s version counter and remembers the root of the chain of views, so
+    an in-place write into either rewires the graph of the other.
+    """
+    cell = version_cell(base)
+    out._vc = cell
+    info = getattr(base, "_view", None)
+    if info is None:
+        root, fn = base, view_fn
+    else:
+        root, fn = info[0], functools.partial(_chain, info[1], view_fn)
+    out._view = (root, fn, root._requires_grad and not out._requires_grad)
+    views = cell[1]
+    if views is None:
+        cell[1] = [weakref.ref(out)]
+        return
+    views.append(weakref.ref(out))
+    if len(views) > cell[2]:  # drop the dead ones now and then, not on every view
+        views[:] = [r for r in views if r() is not None]
+        cell[2] = 2 * len(views) + 8
+
+
+def _key(s: Any) -> Any:
+    """The owner of array ``s``'s memory (see :func:`storage`); None for anything else."""
+    if s is None or type(s) in _SCALARS:
+        return None
+    b = getattr(s, "base", _SCALARS)
+    if b is _SCALARS:  # not an array
+        return None
+    return s if b is None else b
+
+
+def _note_versions(node: Node, args: Any, out: Any) -> None:
+    """Note, for each array ``node`` saved that belongs to one of ``args`` (or to ``out``, the
+    node's own output), that tensor's counter and current version."""
+    # (on the path of every recorded op that saves arrays: written for speed)
+    Tensor = _Tensor  # noqa: N806 - the class
+    notes = None
+    i = -1
+    for s in node.saved:
+        i += 1
+        if type(s) is _ndarray:
+            k = s.base
+        else:
+            k = _key(s)
+            if k is None:
+                continue
+        if k is None:
+            k = s
+        owner = None
+        for c in args:
+            if isinstance(c, Tensor):
+                d = c._data
+                b = d.base
+                if (d if b is None else b) is k:
+                    owner = c
+                    break
+        if owner is None:
+            if out is None:
+                continue
+            d = out._data
+            b = d.base
+            if (d if b is None else b) is not k:
+                continue
+            owner = out
+        cell = getattr(owner, "_vc", None)
+        if cell is None:
+            cell = owner._vc = [0, None, 8]
+        # producer: a node, or None for a leaf; never the node itself, which would make a
+        # reference cycle and keep the saved arrays alive until the next garbage collection
+        note = (cell, cell[0], _SELF if owner is out else owner.grad_fn, i)
+        if notes is None:
+            notes = [note]
+        else:
+            notes.append(note)
+    if notes is not None:
+        node.versions = tuple(notes)
+
+
+def _check_versions(node: Node) -> None:
+    for cell, version, producer, i in node.versions:
+        if cell[0] != version:
+            s = node.saved[i]
+            if producer is None:
+                what = "a leaf tensor"
+            else:
+                owner = node if producer is _SELF else producer
+                what = f"the output of {owner.name()}"
+            raise RuntimeError(
+                f"{node.name()} cannot compute its gradient: a tensor of shape {list(s.shape)} "
+                f"and dtype {s.dtype} that it saved for backward ({what}) was modified by an "
+                f"inplace operation afterwards: it is at version {cell[0]}, but version "
+                f"{version} was saved. Make that change out of place (e.g. `y = y + 1` "
+                f"instead of `y += 1`), or change a clone() of the tensor"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# In-place operations
+
+
+def leaf_in_place_error(what: str) -> RuntimeError:
+    """The error for changing, in place, a leaf tensor that requires grad (under grad mode).
+
+    Autograd would lose the value the leaf had; parameter updates belong under ``no_grad()``.
+    """
+    return RuntimeError(
+        f"{what} is an in-place change of a leaf tensor that requires grad, which autograd "
+        "cannot record; wrap parameter updates in `with mpitensor.no_grad():` (or write to "
+        "`t.data`), or use the out-of-place form")
+
+
+def _check_view_mode(info: tuple, what: str) -> None:
+    if info[2]:
+        raise RuntimeError(
+            f"{what} writes, with grad mode on, into a view that was taken under no_grad() of a "
+            f"tensor that requires grad; autograd cannot tell whether the write should be "
+            f"recorded. Take the view and write into it both inside no_grad() (not recorded) "
+            f"or both outside it (recorded)"
+        )
+
+
+def inplace_recorded(t: Any, what: str, *others: Any) -> bool:
+    """Whether an in-place write into ``t`` from ``others`` must be recorded (grad mode on and
+    ``t`` or a tensor among ``others`` requires grad); call it only with grad mode on.
+
+    Raises:
+        RuntimeError: ``t`` is a view taken under no_grad() of a tensor that requires grad.
+    """
+    if t._requires_grad:
+        return True
+    Tensor = _Tensor  # noqa: N806 - the class
+    for o in others:
+        if isinstance(o, Tensor) and o._requires_grad:
+            return True
+    info = getattr(t, "_view", None)
+    if info is not None:
+        _check_view_mode(info, what)
+    return False
+
+
+def write_into(x: Any, out: Any, what: str) -> None:
+    """Copy the result ``out`` of an in-place op into ``x``, cast to ``x``'s dtype.
+
+    Raises:
+        TypeError: ``out``'s dtype cannot be written into ``x`` (a float into an integer...).
+    """
+    if out is x:
+        return
+    if out.dtype != x.dtype:
+        from mpitensor._promotion import can_cast  # noqa: PLC0415 - _promotion is light
+
+        if not can_cast(out.dtype, x.dtype):
+            raise TypeError(
+                f"result type {out.dtype} can't be cast to the desired output type {x.dtype} "
+                f"of this in-place {what}; use the out-of-place form or convert the tensor "
+                f"first, e.g. t = t.float()"
+            )
+    _xp(x).copyto(x, out, casting="unsafe")
+
+
+def apply_inplace(fn: type, what: str, t: Any, *args: Any) -> Any:
+    """Write ``fn(t, *args)`` into ``t`` and record it: ``t``'s ``grad_fn`` becomes the new node.
+
+    ``fn`` is a :class:`Function`; if it defines ``forward_(ctx, x, *args)``, that writes into
+    ``x`` itself and returns it, else its ``forward`` result is copied into ``t``. Saved arrays
+    that the write would change are copied first, except ``fn``'s own output, which then is
+    ``t`` at its new version. Call it with grad mode on and ``t`` or a tensor among ``args``
+    requiring grad (see :func:`inplace_recorded`).
+
+    When ``t`` is a view, the write goes into its root's storage, so the root's graph is
+    rewired through a :class:`_CopySlices` node; the root's live views get new grad_fns.
+
+    Raises:
+        RuntimeError: ``t`` is a leaf (or a view of a leaf) that requires grad, or a view taken
+            under no_grad() of a tensor that requires grad.
+        TypeError: the result's dtype cannot be written into ``t``.
+    """
+    Tensor = _Tensor  # noqa: N806 - the class
+    if t._requires_grad and t.grad_fn is None:
+        raise leaf_in_place_error(what)
+    info = getattr(t, "_view", None)
+    root = None
+    if info is not None:
+        _check_view_mode(info, what)
+        root = info[0]
+        if root._requires_grad and root.grad_fn is None:
+            raise RuntimeError(
+                f"{what} writes into a view of a leaf tensor that requires grad, which "
+                f"autograd cannot record; do it under `with mpitensor.no_grad():`, or on a "
+                f"clone() of the leaf"
+            )
+    x = t._data
+    if isinstance(x, _ndarray) and not x.flags.writeable:
+        raise RuntimeError(
+            f"{what} writes into a read-only array (an expand()ed view, in which several "
+            f"elements share one memory location, or a read-only NumPy array); clone() it first"
+        )
+    raw = [x]
+    nxt = [t.grad_fn if t._requires_grad else None]
+    needs = [t._requires_grad]
+    for a in args:
+        if isinstance(a, Tensor):
+            raw.append(a._data)
+            if a._requires_grad:
+                nxt.append(a if a.grad_fn is None else a.grad_fn)
+                needs.append(True)
+                continue
+        else:
+            raw.append(a)
+        nxt.append(None)
+        needs.append(False)
+    node = _object_new(Node)
+    node._init(fn, nxt, tuple(needs))
+    forward_ = getattr(fn, "forward_", None)
+    out = forward_(node, *raw) if forward_ is not None else fn.forward(node, *raw)
+    kx = storage(x)
+    if node.saved and any(isinstance(a, Tensor) and storage(a._data) is kx for a in args):
+        # another operand is t's storage (x.mul_(x)): what the op saved of that operand is
+        # overwritten below, as in torch, where backward then refuses it
+        _note_versions(node, args, None)
+    if out is not x:
+        if node.saved and not node.versions:  # keep old values backward reads from the write
+            node.saved = tuple(s.copy() if s is not out and _key(s) is kx else s
+                               for s in node.saved)
+        if storage(out) is kx:  # a view of x: copying it into x would read what it writes
+            out = out.copy()
+        write_into(x, out, what)
+        if node.saved:  # the output is x now (at its new version), not a second array
+            node.saved = tuple(x if s is out else s for s in node.saved)
+    bump_version(t)
+    node.out_meta = (x.shape, x.dtype)
+    cell = version_cell(t)
+    if root is None:
+        t.grad_fn = node
+        t._requires_grad = True
+    else:
+        cs = _object_new(Node)
+        rg = root._requires_grad
+        cs._init(_CopySlices, [root.grad_fn if rg else None, node], (rg, True))
+        cs.view = (info[1], None)
+        cs.out_meta = (root._data.shape, root._data.dtype)
+        root.grad_fn = cs
+        root._requires_grad = True
+    if node.saved and not node.versions:
+        _note_versions(node, args, t)
+    if cell[1]:
+        _refresh_views(cell, t if root is None else root)
+    return t
+
+
+def _refresh_views(cell: list, root: Any) -> None:
+    """Give every live view of ``root`` (taken with grad mode on) a grad_fn reading ``root``'s
+    current graph: after an in-place write, the old one would miss it."""
+    fn = root.grad_fn
+    shape_dtype = (root._data.shape, root._data.dtype)
+    for r in cell[1]:
+        v = r()
+        if v is None:
+            continue
+        info = v._view
+        if info is None or info[0] is not root or info[2]:
+            continue
+        node = _object_new(Node)
+        node._init(_AsStrided, [fn], (True,))
+        node.view = (info[1], None)
+        node.base_meta = shape_dtype
+        node.out_meta = (v._data.shape, v._data.dtype)
+        v.grad_fn = node
+        v._requires_grad = True
+
+
+def _view_index(node: Node, shape: tuple, m: Any) -> tuple:
+    """The flat (C order) positions in the root that the view of ``node`` holds, shaped like
+    the view, and whether one position appears twice (an expanded view); cached on the node."""
+    view_fn, cached = node.view
+    if cached is None:
+        idx = m.asarray(view_fn(m.arange(math.prod(shape)).reshape(shape)))
+        dup = idx.size > 1 and int(m.bincount(idx.ravel()).max()) > 1
+        cached = (idx, dup)
+        node.view = (view_fn, cached)
+    return cached
+
+
+class _AsStrided(Function):
+    """The grad_fn of a view after an in-place write into its storage: its elements, taken
+    from its root's current value; the gradient goes back to their positions in the root."""
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        shape, dtype = ctx.base_meta
+        m = _xp(g)
+        idx, dup = _view_index(ctx, shape, m)
+        gb = m.zeros(math.prod(shape), dtype=dtype)
+        if dup:
+            if m is np:
+                np.add.at(gb, idx, g)
+            else:
+                import cupyx  # noqa: PLC0415 - only on GPUs
+
+                cupyx.scatter_add(gb, idx, g)
+        else:
+            gb[idx] = g
+        return (gb.reshape(shape),)
+
+
+class _CopySlices(Function):
+    """The grad_fn of a tensor after an in-place write into one of its views: its elements
+    outside the view pass the gradient to its old value; those inside, to the in-place op."""
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        shape = ctx.out_meta[0]
+        m = _xp(g)
+        idx, _ = _view_index(ctx, shape, m)
+        flat = m.ascontiguousarray(g).reshape(-1)
+        region = flat[idx]
+        g_old = None
+        if ctx.needs_input_grad[0]:
+            g_old = flat.copy()
+            g_old[idx] = 0
+            g_old = g_old.reshape(shape)
+        return g_old, region
 
 
 # --------------------------------------------------------------------------------------------

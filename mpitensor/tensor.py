@@ -31,8 +31,10 @@ and :func:`__getattr__` finds them, so this module imports none of its ops (no i
 
 Semantics follow PyTorch where that is practical: dtype defaults (Python floats -> float32),
 torch's type promotion (``mpitensor._promotion``), views, ``repr`` and printing options.
-In-place changes of a tensor that requires grad are refused while grad mode is on (use
-``no_grad()``, as optimisers do).
+In-place changes are recorded by autograd as in torch (``mpitensor.autograd.apply_inplace``):
+each tensor has a version counter (``_version``) shared with its views, and backward refuses
+arrays changed after an op saved them; a leaf that requires grad is changed in place only under
+``no_grad()``, as optimisers do.
 
 Example:
     >>> import mpitensor as mt
@@ -45,6 +47,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Iterator, Sequence
@@ -62,7 +65,8 @@ from mpitensor._devices import parse_device as _parse_device  # noqa: F401 - for
 from mpitensor._dims import size_from, wrap_dim
 from mpitensor._printing import get_printoptions, printoptions, set_printoptions
 from mpitensor._promotion import is_scalar, scalar_dtype
-from mpitensor.autograd import _NO_RECORD
+from mpitensor.autograd import _NO_RECORD, link_view, version_cell
+from mpitensor.autograd import leaf_in_place_error as leaf_in_place_error  # for nn
 
 # The names of __all__ that other modules define and serve (see _serve at the end); they
 # could not be defined here, as their modules import this one.
@@ -78,7 +82,7 @@ _SERVED_NAMES = (
     # torch-style functions of one tensor (mpitensor._functions: ``mt.exp(x)`` is ``x.exp()``)
     "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "clamp", "clip", "matmul", "mean", "argmax",
     "argmin", "flatten", "reshape", "transpose", "permute", "squeeze", "unsqueeze", "softmax",
-    "log_softmax", "sum", "max", "min", "abs",
+    "log_softmax", "sum", "max", "min", "abs", "sort", "argsort", "topk",
 )
 
 __all__ = [
@@ -157,6 +161,8 @@ def _new(arr: Any) -> Tensor:
     t._requires_grad = False
     t.grad = None
     t.grad_fn = None
+    t._vc = None
+    t._view = None
     return t
 
 
@@ -165,42 +171,6 @@ def _check_one_element(t: Tensor) -> Any:
     if x.size != 1:
         raise ValueError("only one element tensors can be converted to Python scalars")
     return x.item()
-
-
-def leaf_in_place_error(what: str) -> RuntimeError:
-    """The error for changing, in place, a leaf tensor that requires grad (under grad mode).
-
-    Autograd would lose the value the leaf had; parameter updates belong under ``no_grad()``.
-    """
-    return RuntimeError(
-        f"{what} is an in-place change of a leaf tensor that requires grad, which autograd "
-        "cannot record; wrap parameter updates in `with mpitensor.no_grad():` (or write to "
-        "`t.data`), or use the out-of-place form")
-
-
-def _check_inplace(a: Tensor, src: Any, what: str) -> None:
-    """Refuse an in-place change that autograd would have to record (grad mode on).
-
-    Under ``no_grad()`` it is allowed, as optimisers update parameters in place.
-    """
-    if not _grad_mode.enabled:
-        return
-    if a._requires_grad:
-        if a.grad_fn is None:
-            raise leaf_in_place_error(what)
-        raise RuntimeError(
-            f"in-place operation {what} on a tensor produced by a recorded operation "
-            f"({a.grad_fn.name()}) is not supported: mpitensor's autograd has no version "
-            f"counters, so the change could silently corrupt gradients. Use the out-of-place "
-            f"form (e.g. `y = y + 1` instead of `y += 1`), or clone() first and do it under "
-            f"no_grad()"
-        )
-    if isinstance(src, Tensor) and src._requires_grad:
-        raise RuntimeError(
-            f"in-place operation {what} writes a tensor that requires grad into one that does "
-            f"not; mpitensor's autograd cannot record that. Build the result out of place "
-            f"(e.g. `a = a + b`, `mpitensor.cat`, `mpitensor.where`), or detach() the source"
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,7 +202,7 @@ def _from_data(data: Any, dtype: Optional[np.dtype]) -> np.ndarray:
         ) from None
     except TypeError as exc:
         raise TypeError(f"tensor() could not convert the data: {exc}") from None
-    if arr.dtype.kind not in "biufc":
+    if _dt.kind_of(arr.dtype) not in "biufc":
         raise TypeError(
             f"tensor() could not infer a numeric dtype from {type(data).__name__} data (NumPy "
             f"made {arr.dtype}); pass numbers, nested sequences of numbers, or arrays"
@@ -276,7 +246,10 @@ class Tensor:
         True
     """
 
-    __slots__ = ("_data", "_requires_grad", "grad", "grad_fn", "_hooks", "__weakref__")
+    # _vc: the version counter (see mpitensor.autograd), None until needed; _view: for a view,
+    # (root tensor, function from the root's array to the view's, taken outside autograd)
+    __slots__ = ("_data", "_requires_grad", "grad", "grad_fn", "_hooks", "_vc", "_view",
+                 "__weakref__")
 
     __array_priority__ = 1000  # ndarray <op> Tensor defers to Tensor's reflected operator
 
@@ -297,6 +270,8 @@ class Tensor:
         self._requires_grad = False
         self.grad = None
         self.grad_fn = None
+        self._vc = None
+        self._view = None
         if requires_grad:
             self.requires_grad = True
 
@@ -310,6 +285,8 @@ class Tensor:
         t._requires_grad = False
         t.grad = None
         t.grad_fn = None
+        t._vc = None
+        t._view = None
         return t
 
     # ---- autograd -------------------------------------------------------------------------
@@ -328,7 +305,7 @@ class Tensor:
                 "computed variable in a subgraph that doesn't require differentiation use "
                 "var_no_grad = var.detach()."
             )
-        if value and self._data.dtype.kind not in "fc":
+        if value and _dt.kind_of(self._data.dtype) not in "fc":
             raise RuntimeError(
                 f"only tensors of floating point and complex dtype can require gradients, this "
                 f"one is {_dt.dt_repr(self._data.dtype)}; convert it first, e.g. t.float()"
@@ -339,6 +316,12 @@ class Tensor:
         """Set ``requires_grad`` in place and return self."""
         self.requires_grad = requires_grad
         return self
+
+    @property
+    def _version(self) -> int:
+        """How many in-place writes this tensor's storage has had (through it or its views)."""
+        c = getattr(self, "_vc", None)
+        return 0 if c is None else c[0]
 
     @property
     def is_leaf(self) -> bool:
@@ -374,19 +357,22 @@ class Tensor:
         return _autograd.register_post_accumulate_grad_hook(self, hook)
 
     def detach(self) -> Tensor:
-        """Return a tensor sharing this one's storage, outside autograd.
+        """Return a tensor sharing this one's storage (and version counter), outside autograd.
 
         Example:
             >>> w = ones(2, requires_grad=True)
             >>> w.detach().requires_grad
             False
         """
-        return _new(self._data)
+        t = _new(self._data)
+        t._vc = version_cell(self)  # one storage: in-place writes through either count for both
+        return t
 
     def detach_(self) -> Tensor:
         """Detach this tensor from the graph in place (it becomes a leaf without grad)."""
         self.grad_fn = None
         self._requires_grad = False
+        self._view = None  # and stays out: writes into its base no longer rewire it
         return self
 
     def retain_grad(self) -> None:
@@ -522,8 +508,8 @@ class Tensor:
         return bool(self._data.flags.c_contiguous)
 
     def is_floating_point(self) -> bool:
-        """True for float16/32/64 tensors."""
-        return self._data.dtype.kind == "f"
+        """True for float16, bfloat16, float32 and float64 tensors."""
+        return _dt.is_floating_dtype(self._data.dtype)
 
     def is_complex(self) -> bool:
         """True for complex64/128 tensors."""
@@ -587,9 +573,7 @@ class Tensor:
         x = self._data
         if x.ndim == 0:
             raise TypeError("iteration over a 0-d tensor")
-        if self._requires_grad and _grad_mode.enabled:
-            return (self[i] for i in range(x.shape[0]))
-        return (_new(x[i, ...]) for i in range(x.shape[0]))
+        return (self[i] for i in range(x.shape[0]))  # views, recorded where needed
 
     # Identity hash (C-level: autograd keys its per-backward tables by leaf tensors).
     __hash__ = object.__hash__
@@ -680,6 +664,8 @@ class Tensor:
         self._requires_grad = state.get("requires_grad", False)
         self.grad = state.get("grad")
         self.grad_fn = None
+        self._vc = None
+        self._view = None
 
     # ---- printing ----------------------------------------------------------------------------
 
@@ -703,39 +689,113 @@ class Tensor:
     def copy_(self, src: Any, non_blocking: bool = False) -> Tensor:
         """Copy ``src`` (broadcast, cast and moved across devices as needed) into self.
 
+        Recorded by autograd when self or ``src`` requires grad: the gradient goes to ``src``.
+
+        Raises:
+            RuntimeError: self is a leaf that requires grad (outside ``no_grad()``).
+
         Example:
             >>> t = zeros(3); _ = t.copy_(tensor([1, 2, 3])); t
             tensor([1., 2., 3.])
         """
-        if self._requires_grad or (isinstance(src, Tensor) and src._requires_grad):
-            _check_inplace(self, src, "copy_()")
-        x = self._data
-        v = src._data if isinstance(src, Tensor) else src
-        if isinstance(x, _ndarray):
-            if _backend.is_cupy_array(v):
-                v = v.get()
-            np.copyto(x, v, casting="unsafe")
-        else:
-            if not _backend.is_cupy_array(v):
-                v = _move(np.asarray(v), _backend.device_of(x))
-            _backend.get_cupy().copyto(x, v, casting="unsafe")
+        if _grad_mode.enabled and _autograd.inplace_recorded(self, "copy_()", src):
+            return _autograd.apply_inplace(_Copy, "copy_()", self, src)
+        _copy_into(self._data, src._data if isinstance(src, Tensor) else src)
+        _autograd.bump_version(self)
         return self
 
     def fill_(self, value: Any) -> Tensor:
-        """Set every element to ``value`` (a number or a one-element tensor); returns self."""
-        if self._requires_grad:
-            _check_inplace(self, None, "fill_()")
-        if isinstance(value, Tensor):
-            value = value.item()
-        self._data.fill(value)
-        return self
+        """Set every element to ``value`` (a number or a one-element tensor); returns self.
+
+        Raises:
+            RuntimeError: self is a leaf that requires grad (outside ``no_grad()``).
+        """
+        return _fill(self, value, "fill_()")
 
     def zero_(self) -> Tensor:
-        """Set every element to zero; returns self."""
-        if self._requires_grad:
-            _check_inplace(self, None, "zero_()")
-        self._data.fill(0)
-        return self
+        """Set every element to zero; returns self.
+
+        Raises:
+            RuntimeError: self is a leaf that requires grad (outside ``no_grad()``).
+        """
+        return _fill(self, 0, "zero_()")
+
+
+def _copy_into(x: Any, v: Any) -> None:
+    """``x[...] = v``, with ``v`` broadcast, cast and moved to ``x``'s device."""
+    if isinstance(x, _ndarray):
+        if _backend.is_cupy_array(v):
+            v = v.get()
+        np.copyto(x, v, casting="unsafe")
+    else:
+        if not _backend.is_cupy_array(v):
+            v = _move(np.asarray(v), _backend.device_of(x))
+        _backend.get_cupy().copyto(x, v, casting="unsafe")
+
+
+def _fill(t: Tensor, value: Any, what: str) -> Tensor:
+    if _grad_mode.enabled and _autograd.inplace_recorded(t, what, value):
+        return _autograd.apply_inplace(_Fill, what, t, value)
+    if isinstance(value, Tensor):
+        value = value.item()
+    t._data.fill(value)
+    _autograd.bump_version(t)
+    return t
+
+
+class _Copy(_autograd.Function):
+    """``x.copy_(src)``: ``src``'s gradient is the output's, summed over the dimensions it
+    was broadcast along, in its dtype and on its device; ``x``'s old value gets zeros."""
+
+    @staticmethod
+    def forward_(ctx: Any, x: Any, src: Any) -> Any:
+        if ctx.needs_input_grad and ctx.needs_input_grad[1]:
+            dev = _backend.device_of(src)
+            ctx.meta = (src.shape, src.dtype, None if dev == _backend.device_of(x) else dev)
+        _copy_into(x, src)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        need = ctx.needs_input_grad
+        gx = _autograd._xp(g).zeros_like(g) if need[0] else None
+        gs = None
+        if need[1]:
+            shape, dtype, src_device = ctx.meta
+            gs = g if g.shape == shape else _autograd._sum_to(g, shape)
+            gs = gs if gs.dtype == dtype else gs.astype(dtype)
+            if src_device is not None:
+                gs = _move(gs, src_device)
+        return gx, gs
+
+
+class _Fill(_autograd.Function):
+    """``x.fill_(value)``: ``x``'s old value gets zeros; a tensor ``value`` gets the sum of
+    the output's gradient."""
+
+    @staticmethod
+    def forward_(ctx: Any, x: Any, value: Any) -> Any:
+        if hasattr(value, "shape"):
+            if value.size != 1:
+                raise RuntimeError(
+                    f"fill_() takes a number or a one-element tensor, got a tensor of shape "
+                    f"{list(value.shape)}"
+                )
+            ctx.meta = (value.shape, value.dtype)
+            x[...] = value.reshape(())
+        else:
+            x.fill(value)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        need = ctx.needs_input_grad
+        gx = _autograd._xp(g).zeros_like(g) if need[0] else None
+        gv = None
+        if need[1]:
+            shape, dtype = ctx.meta
+            gv = g.sum().reshape(shape).astype(dtype, copy=False)
+        return gx, gv
 
 
 # --------------------------------------------------------------------------------------------
@@ -752,6 +812,32 @@ def _run(fn: Any, t: Tensor, *args: Any) -> Tensor:
     if t._requires_grad and _grad_mode.enabled:
         return fn.apply(t, *args)
     return _new(fn.forward(_NO_RECORD, t._data, *args))
+
+
+def _replay(fn: Any, args: tuple, a: Any) -> Any:
+    return fn.forward(_NO_RECORD, a, *args)
+
+
+def _run_view(fn: Any, t: Tensor, *args: Any, reshape: bool = False) -> Tensor:
+    """:func:`_run` for an op that may return a view of ``t``'s array; a view is linked to
+    ``t`` (one version counter; in-place writes into either rewire the other's graph).
+
+    ``reshape``: the op only changes the shape, so replaying it on another array is a reshape
+    (whatever that array's memory layout allows as a view).
+    """
+    r = _run(fn, t, *args)
+    x, y = t._data, r._data
+    bx, by = x.base, y.base
+    if (x if bx is None else bx) is (y if by is None else by):
+        if reshape:
+            link_view(r, t, functools.partial(_reshape_replay, y.shape))
+        else:
+            link_view(r, t, functools.partial(_replay, fn, args))
+    return r
+
+
+def _reshape_replay(shape: tuple, a: Any) -> Any:
+    return a.reshape(shape)
 
 
 # What a class body holds besides what it defines (differs between Python versions).
