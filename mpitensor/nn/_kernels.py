@@ -296,20 +296,30 @@ def conv2d_backward(gc: Any, cols: Any, wmat: Any, g: ConvGeom, need: tuple,
     None); ``dx`` is laid out (C, H, W, N). ``cols`` and ``wmat`` are what
     :func:`conv2d_forward` returned.
     """
-    xp = xp_of(gc)
     need_x, need_w, need_b = need
     dx = dw = db = None
     if need_w:
-        if isinstance(cols, Banded):
-            dw, db = _banded_weight_grad(gc, cols, g)
-        else:
-            dw, db = _weight_grad_whole(gc, cols, g, has_bias)
+        dw, db = conv2d_weight_grad(gc, cols, g, has_bias)
         db = db if need_b else None
     elif need_b:
         db = gc.sum(axis=(1, 2, 3))  # the output gradient summed over space and batch
     if need_x:
-        dx = _input_grad_col2im(gc, wmat, g) if xp is np else _input_grad_full_grid(gc, wmat, g)
+        dx = conv2d_input_grad(gc, wmat, g)
     return dx, dw, db
+
+
+def conv2d_weight_grad(gc: Any, cols: Any, g: ConvGeom, has_bias: bool) -> tuple:
+    """``(dw, db)`` (db None without a bias) from the output gradient and the saved ``cols``."""
+    if isinstance(cols, Banded):
+        return _banded_weight_grad(gc, cols, g)
+    return _weight_grad_whole(gc, cols, g, has_bias)
+
+
+def conv2d_input_grad(gc: Any, wmat: Any, g: ConvGeom) -> Any:
+    """The input gradient, laid out (C, H, W, N), from the output gradient and ``wmat``."""
+    if xp_of(gc) is np:
+        return _input_grad_col2im(gc, wmat, g)
+    return _input_grad_full_grid(gc, wmat, g)
 
 
 def _weight_grad_whole(gc: Any, cols: Any, g: ConvGeom, has_bias: bool) -> tuple:

@@ -29,19 +29,23 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import math
 import numbers
 import warnings
 from typing import Any, Optional, Union
 
 import numpy as np
 
+from mpitensor import _half
 from mpitensor import backend as _backend
-from mpitensor._elementwise import Relu
+from mpitensor import dtypes as _dt
 from mpitensor._random import _draw
-from mpitensor.autograd import Function, grad_enabled_for
+from mpitensor.autograd import Function, _sum_to, grad_enabled_for
 from mpitensor.tensor import Tensor, _new, leaf_in_place_error
 
 from . import _kernels as K
+from . import _norm_kernels as NK
 from ._blas import one_thread as one_blas_thread
 
 __all__ = [
@@ -51,12 +55,21 @@ __all__ = [
     "conv2d",
     "max_pool2d",
     "avg_pool2d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "batch_norm",
+    "group_norm",
+    "layer_norm",
     "log_softmax",
     "softmax",
     "nll_loss",
     "cross_entropy",
     "mse_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "kl_div",
     "dropout",
+    "dropout2d",
     "flatten",
 ]
 
@@ -87,7 +100,7 @@ def _dtype_name(dt: Any) -> str:
 
 
 def _check_float(x: Any, name: str, fname: str) -> None:
-    if _arr(x).dtype.kind != "f":
+    if not _dt.is_floating_dtype(_arr(x).dtype):
         raise RuntimeError(
             f"{fname}(): '{name}' must have a floating point dtype, got "
             f"{_dtype_name(_arr(x).dtype)}; convert it first, e.g. x.float()"
@@ -200,31 +213,14 @@ def relu_(input: Any) -> Tensor:  # noqa: A002 - torch's name
         xp = K.xp_of(input)
         xp.maximum(input, 0, out=input)
         return _new(input)
-    if input._requires_grad and input.grad_fn is None and grad_enabled_for(input):
-        raise leaf_in_place_error("relu_()")
-    if grad_enabled_for(input):
-        res = _ReLUInplace.apply(input)  # rectifies input's storage and records the op
-        input.grad_fn = res.grad_fn
-        input._requires_grad = True
-        return input
-    K.relu_into(input._data, input._data)
-    return input
-
-
-class _ReLUInplace(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any) -> Any:
-        K.relu_into(x, x)
-        ctx.save_for_backward(x)  # now the output: its sign is all backward needs
-        return x
-
-    backward = staticmethod(Relu.backward)  # the gradient of Tensor.relu: one rule for both
+    return input.relu_()  # recorded where needed, and counted by the version counter
 
 
 # --------------------------------------------------------------------------------------------
 # linear
 
 
+@_half.computes_in_float32  # half inputs: float32 products, one rounding, as torch
 class _Linear(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, w: Any, b: Any) -> Any:
@@ -670,6 +666,436 @@ def avg_pool2d(
 
 
 # --------------------------------------------------------------------------------------------
+# adaptive average pooling
+
+
+class _AdaptiveAvgPool2d(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, oh: int, ow: int) -> Any:
+        ctx.xshape = x.shape
+        ctx.batch_innermost = NK._batch_innermost(x)
+        return NK.adaptive_avg_pool2d_forward(x, oh, ow)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        return NK.adaptive_avg_pool2d_backward(g, ctx.xshape, ctx.batch_innermost), None, None
+
+
+def _adaptive_size(output_size: Any, dims: int, fname: str) -> tuple:
+    """``output_size`` as a tuple of ``dims`` entries, each a non-negative int or None."""
+    sizes = output_size if isinstance(output_size, (tuple, list)) else (output_size,) * dims
+    if len(sizes) != dims:
+        raise ValueError(
+            f"{fname}(): output_size must be an int, None or a tuple of {dims}, got "
+            f"{output_size!r}"
+        )
+    for s in sizes:
+        if s is None:
+            continue
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise TypeError(
+                f"{fname}(): output_size entries must be ints or None, got {output_size!r}"
+            )
+        if s < 0:
+            raise ValueError(
+                f"{fname}(): output_size entries must be >= 0, got {output_size!r}"
+            )
+    return tuple(None if s is None else int(s) for s in sizes)
+
+
+def adaptive_avg_pool2d(input: Any, output_size: Any) -> Tensor:  # noqa: A002 - torch's name
+    """2-D adaptive average pooling: average ``input`` over a grid of ``output_size`` bins.
+
+    Output cell ``i`` along a dimension of size ``n`` pooled to ``m`` averages positions
+    ``floor(i * n / m)`` to ``ceil((i + 1) * n / m) - 1``, as torch does: bins overlap when
+    ``m`` does not divide ``n``.
+
+    Args:
+        input: (N, C, H, W) or (C, H, W).
+        output_size: an int (square output), or a pair whose entries are ints or None
+            (None keeps the input's size along that dimension).
+
+    Returns:
+        The pooled tensor, C-contiguous (N, C, oh, ow) (or (C, oh, ow)).
+
+    Raises:
+        RuntimeError: an input that is not 3-D or 4-D, or has an empty non-batch dimension.
+        ValueError: a negative output size or a tuple of the wrong length.
+        TypeError: an output size that is neither an int nor None.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> adaptive_avg_pool2d(mt.arange(16.0).reshape(1, 1, 4, 4), 1)
+        tensor([[[[7.5000]]]])
+    """
+    _as_input(input, "input", "adaptive_avg_pool2d")
+    x = _arr(input)
+    sizes = _adaptive_size(output_size, 2, "adaptive_avg_pool2d")
+    if x.ndim not in (3, 4):
+        raise RuntimeError(
+            f"adaptive_avg_pool2d(): expected a 3-D (C, H, W) or 4-D (N, C, H, W) input, got "
+            f"shape {_shape_str(x.shape)}"
+        )
+    _check_float(input, "input", "adaptive_avg_pool2d")
+    for d in range(x.ndim - 3, x.ndim):
+        if x.shape[d] == 0:
+            raise RuntimeError(
+                f"adaptive_avg_pool2d(): input of shape {_shape_str(x.shape)} has an empty "
+                f"dimension {d}; only the batch dimension may be empty"
+            )
+    H, W = x.shape[-2], x.shape[-1]
+    oh = H if sizes[0] is None else sizes[0]
+    ow = W if sizes[1] is None else sizes[1]
+    unbatched = x.ndim == 3
+    xin = _reshape(input, (1, *x.shape)) if unbatched else input
+    out = _AdaptiveAvgPool2d.apply(xin, oh, ow)
+    return _reshape(out, tuple(out.shape[1:])) if unbatched else out
+
+
+def adaptive_avg_pool1d(input: Any, output_size: Any) -> Tensor:  # noqa: A002 - torch's name
+    """1-D adaptive average pooling over the last dimension (bins as :func:`adaptive_avg_pool2d`).
+
+    Args:
+        input: (N, C, L) or (C, L).
+        output_size: an int (or a 1-tuple holding one).
+
+    Returns:
+        The pooled tensor (N, C, output_size) (or (C, output_size)).
+
+    Raises:
+        RuntimeError: an input that is not 2-D or 3-D, or has an empty non-batch dimension.
+        ValueError, TypeError: a bad output size.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> adaptive_avg_pool1d(mt.tensor([[[1.0, 2.0, 3.0, 4.0]]]), 2)
+        tensor([[[1.5000, 3.5000]]])
+    """
+    _as_input(input, "input", "adaptive_avg_pool1d")
+    x = _arr(input)
+    (size,) = _adaptive_size(output_size, 1, "adaptive_avg_pool1d")
+    if size is None:
+        raise TypeError("adaptive_avg_pool1d(): output_size must be an int, got None")
+    if x.ndim not in (2, 3):
+        raise RuntimeError(
+            f"adaptive_avg_pool1d(): expected a 2-D (C, L) or 3-D (N, C, L) input, got "
+            f"shape {_shape_str(x.shape)}"
+        )
+    t = _reshape(input, (*x.shape[:-1], 1, x.shape[-1]))  # a height of 1: the 2-D pool
+    out = adaptive_avg_pool2d(t, (1, size))
+    return _reshape(out, (*x.shape[:-1], size))
+
+
+# --------------------------------------------------------------------------------------------
+# normalisation
+
+
+def _check_per_channel(fname: str, what: str, v: Any, C: int, xshape: tuple) -> None:
+    _as_input(v, what, fname)
+    if tuple(_arr(v).shape) != (C,):
+        raise RuntimeError(
+            f"{fname}(): {what} must hold one value per channel, i.e. have shape [{C}] for an "
+            f"input of shape {_shape_str(xshape)}; got shape {_shape_str(_arr(v).shape)}"
+        )
+
+
+class _BatchNorm(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, w: Any, b: Any, rm: Any, rv: Any, training: bool,
+                momentum: float, eps: float) -> Any:
+        xp = K.xp_of(x)
+        lay = NK.channel_layout(x)
+        x3 = lay.view(x)
+        y, y3 = lay.empty(xp, x.dtype)
+        if training:
+            mean, invstd, var = NK.batch_norm_train(x3, y3, w, b, eps)
+            n = lay.A * lay.B
+            if rm is not None:
+                rm *= 1.0 - momentum
+                rm += momentum * mean
+            if rv is not None:
+                rv *= 1.0 - momentum
+                rv += (momentum * n / (n - 1)) * var  # the unbiased variance, as torch
+        else:
+            mean = rm.copy()  # the buffer may change in place before backward runs
+            invstd = NK.batch_norm_eval(x3, y3, rm, rv, w, b, eps)
+        ctx.save_for_backward(x3, mean, invstd, w)
+        ctx.layout, ctx.training = lay, training
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x3, mean, invstd, w = ctx.saved_tensors
+        lay = ctx.layout
+        need = ctx.needs_input_grad
+        dx = dx3 = None
+        if need[0]:
+            dx, dx3 = lay.empty(K.xp_of(g), g.dtype)
+        _, dw, db = NK.batch_norm_backward(lay.view(g), x3, mean, invstd, w, ctx.training,
+                                           (need[0], need[1], need[2]), dx3)
+        return dx, dw, db, None, None, None, None, None
+
+
+def batch_norm(
+    input: Any,  # noqa: A002 - torch's name
+    running_mean: Any,
+    running_var: Any,
+    weight: Any = None,
+    bias: Any = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Batch normalisation over every dimension but the channels (dimension 1).
+
+    With ``training=True`` the batch's own mean and biased variance normalise it, and the
+    running statistics given (if any) are updated in place:
+    ``running = (1 - momentum) * running + momentum * batch`` (the variance unbiased, as in
+    torch). With ``training=False`` the running statistics normalise it. The output keeps the
+    input's memory layout (conv2d's batch-innermost one included).
+
+    Args:
+        input: (N, C, *) floating point.
+        running_mean, running_var: (C,) tensors (updated in training), or None.
+        weight, bias: optional (C,) affine parameters.
+        training: use (and track) the batch's statistics.
+        momentum: the weight of the batch in the running update.
+        eps: added to the variance for stability.
+
+    Returns:
+        The normalised tensor, shaped and laid out like ``input``.
+
+    Raises:
+        ValueError: an input of fewer than 2 dimensions, or one value per channel in
+            training (no variance to take).
+        RuntimeError: per-channel tensors of the wrong size, mixed dtypes or devices, or
+            evaluation without running statistics.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> batch_norm(mt.tensor([[1.0], [3.0]]), None, None, training=True)
+        tensor([[-1.0000],
+                [ 1.0000]])
+    """
+    fname = "batch_norm"
+    _as_input(input, "input", fname)
+    x = _arr(input)
+    if x.ndim < 2:
+        raise ValueError(
+            f"{fname}(): input must have at least 2 dimensions (N, C, ...), got shape "
+            f"{_shape_str(x.shape)}"
+        )
+    _check_float(input, "input", fname)
+    C = x.shape[1]
+    extras = {"weight": weight, "bias": bias, "running_mean": running_mean,
+              "running_var": running_var}
+    for name, v in extras.items():
+        if v is not None:
+            _check_per_channel(fname, name, v, C, x.shape)
+    _check_same_dtype(fname, input=input, **extras)
+    _check_same_device(fname, input=input, **extras)
+    if not training and (running_mean is None or running_var is None):
+        raise RuntimeError(
+            f"{fname}(): evaluation (training=False) normalises with running_mean and "
+            f"running_var, but {'running_mean' if running_mean is None else 'running_var'} "
+            f"is None; pass both, or use training=True for the batch's own statistics"
+        )
+    if training and x.size == C:
+        raise ValueError(
+            f"{fname}(): training needs more than 1 value per channel to take a variance, but "
+            f"the input has shape {_shape_str(x.shape)}; use a bigger batch or eval mode"
+        )
+    if x.size == 0:  # nothing to normalise, no statistics to take (torch leaves them alone)
+        return (input if isinstance(input, Tensor) else _new(input)) * 1
+    rm = _arr(running_mean) if running_mean is not None else None
+    rv = _arr(running_var) if running_var is not None else None
+    return _BatchNorm.apply(input, weight, bias, rm, rv, bool(training), float(momentum),
+                            float(eps))
+
+
+class _GroupNorm(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, w: Any, b: Any, groups: int, eps: float) -> Any:
+        y, x2, lay, mean, invstd = NK.group_norm_forward(x, groups, w, b, eps)
+        ctx.save_for_backward(x2, mean, invstd, w)
+        ctx.groups, ctx.layout = groups, lay
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x2, mean, invstd, w = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = NK.group_norm_backward(g, x2, ctx.layout, ctx.groups, mean, invstd, w,
+                                            (need[0], need[1], need[2]))
+        return dx, dw, db, None, None
+
+
+def group_norm(
+    input: Any,  # noqa: A002 - torch's name
+    num_groups: int,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Group normalisation: each sample's channels, in ``num_groups`` groups, normalised apart.
+
+    Every (sample, group) pair is normalised by the mean and biased variance of its
+    ``C / num_groups`` channels over all positions; then a per-channel affine map applies.
+
+    Args:
+        input: (N, C, *) floating point.
+        num_groups: groups to split the C channels into (must divide C).
+        weight, bias: optional (C,) affine parameters.
+        eps: added to the variance for stability.
+
+    Returns:
+        The normalised tensor, shaped like ``input``.
+
+    Raises:
+        ValueError: an input of fewer than 2 dimensions, or num_groups not a positive int.
+        RuntimeError: C not divisible by num_groups, parameters of the wrong size, mixed
+            dtypes or devices.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> group_norm(mt.tensor([[1.0, 3.0]]), 1)
+        tensor([[-1.0000,  1.0000]])
+    """
+    fname = "group_norm"
+    _as_input(input, "input", fname)
+    x = _arr(input)
+    if isinstance(num_groups, bool) or not isinstance(num_groups, numbers.Integral) \
+            or num_groups <= 0:
+        raise ValueError(f"{fname}(): num_groups must be a positive int, got {num_groups!r}")
+    if x.ndim < 2:
+        raise ValueError(
+            f"{fname}(): input must have at least 2 dimensions (N, C, ...), got shape "
+            f"{_shape_str(x.shape)}"
+        )
+    _check_float(input, "input", fname)
+    C = x.shape[1]
+    if C % num_groups:
+        raise RuntimeError(
+            f"{fname}(): the {C} channels of input {_shape_str(x.shape)} cannot be split into "
+            f"num_groups={num_groups} equal groups; use a divisor of {C}"
+        )
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is not None:
+            _check_per_channel(fname, name, v, C, x.shape)
+    _check_same_dtype(fname, input=input, weight=weight, bias=bias)
+    _check_same_device(fname, input=input, weight=weight, bias=bias)
+    if x.size == 0:
+        return (input if isinstance(input, Tensor) else _new(input)) * 1
+    return _GroupNorm.apply(input, weight, bias, int(num_groups), float(eps))
+
+
+class _LayerNorm(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, w: Any, b: Any, k: int, eps: float) -> Any:
+        x2 = K.xp_of(x).ascontiguousarray(x).reshape(-1, math.prod(x.shape[x.ndim - k:]))
+        wf = w.reshape(-1) if w is not None else None
+        bf = b.reshape(-1) if b is not None else None
+        y2, mean, invstd = NK.layer_norm_forward(x2, wf, bf, eps)
+        ctx.save_for_backward(x2, mean, invstd, wf)
+        ctx.xshape = x.shape
+        ctx.pshape = None if w is None and b is None else (w if w is not None else b).shape
+        return y2.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x2, mean, invstd, wf = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        g2 = K.xp_of(g).ascontiguousarray(g).reshape(x2.shape)
+        dx, dw, db = NK.layer_norm_backward(g2, x2, mean, invstd, wf,
+                                            (need[0], need[1], need[2]))
+        dx = dx.reshape(ctx.xshape) if dx is not None else None
+        dw = dw.reshape(ctx.pshape) if dw is not None else None
+        db = db.reshape(ctx.pshape) if db is not None else None
+        return dx, dw, db, None, None
+
+
+def _normalized_shape(normalized_shape: Any, fname: str) -> tuple:
+    shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) \
+        else normalized_shape
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise TypeError(
+            f"{fname}(): normalized_shape must be an int or a sequence of ints, got "
+            f"{normalized_shape!r}"
+        ) from None
+    if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in shape):
+        raise TypeError(
+            f"{fname}(): normalized_shape must be an int or a sequence of ints, got "
+            f"{normalized_shape!r}"
+        )
+    if not shape or any(s <= 0 for s in shape):
+        raise ValueError(
+            f"{fname}(): normalized_shape must hold at least one dimension, each > 0, got "
+            f"{normalized_shape!r}"
+        )
+    return tuple(int(s) for s in shape)
+
+
+def layer_norm(
+    input: Any,  # noqa: A002 - torch's name
+    normalized_shape: Any,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Layer normalisation over the last ``len(normalized_shape)`` dimensions.
+
+    Each slice over those dimensions is normalised by its mean and biased variance; then an
+    elementwise affine map (``weight``, ``bias`` shaped ``normalized_shape``) applies.
+
+    Args:
+        input: (*, *normalized_shape) floating point.
+        normalized_shape: an int or a sequence of ints: the trailing shape to normalise.
+        weight, bias: optional tensors of shape ``normalized_shape``.
+        eps: added to the variance for stability.
+
+    Returns:
+        The normalised tensor, shaped like ``input``.
+
+    Raises:
+        TypeError, ValueError: a malformed normalized_shape.
+        RuntimeError: an input whose trailing shape is not normalized_shape, parameters of
+            the wrong shape, mixed dtypes or devices.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> layer_norm(mt.tensor([[1.0, 3.0]]), 2)
+        tensor([[-1.0000,  1.0000]])
+    """
+    fname = "layer_norm"
+    _as_input(input, "input", fname)
+    shape = _normalized_shape(normalized_shape, fname)
+    x = _arr(input)
+    k = len(shape)
+    if x.ndim < k or tuple(x.shape[x.ndim - k:]) != shape:
+        raise RuntimeError(
+            f"{fname}(): normalized_shape={list(shape)} must be the input's trailing shape, "
+            f"i.e. the input must be [*, {', '.join(map(str, shape))}], but it is "
+            f"{_shape_str(x.shape)}"
+        )
+    _check_float(input, "input", fname)
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is not None:
+            _as_input(v, name, fname)
+            if tuple(_arr(v).shape) != shape:
+                raise RuntimeError(
+                    f"{fname}(): {name} must have shape normalized_shape={list(shape)}, got "
+                    f"{_shape_str(_arr(v).shape)}"
+                )
+    _check_same_dtype(fname, input=input, weight=weight, bias=bias)
+    _check_same_device(fname, input=input, weight=weight, bias=bias)
+    if x.size == 0:
+        return (input if isinstance(input, Tensor) else _new(input)) * 1
+    return _LayerNorm.apply(input, weight, bias, k, float(eps))
+
+
+# --------------------------------------------------------------------------------------------
 # softmax family
 
 
@@ -927,6 +1353,7 @@ def nll_loss(
     return _NLLLoss.apply(input, _arr(target), w, int(ignore_index), reduction)
 
 
+@_half.computes_in_float32
 class _CrossEntropy(Function):
     """Fused log_softmax + NLL (index or probability targets, label smoothing, weights)."""
 
@@ -1048,6 +1475,7 @@ def cross_entropy(
                                float(label_smoothing), prob)
 
 
+@_half.computes_in_float32
 class _MSELoss(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, y: Any, reduction: str) -> Any:
@@ -1071,8 +1499,6 @@ class _MSELoss(Function):
             scale = scale / diff.size
         gd = diff * scale
         need = ctx.needs_input_grad
-        from mpitensor.autograd import _sum_to  # noqa: PLC0415 - broadcasting helper
-
         dx = _sum_to(gd, ctx.xshape) if need[0] else None
         dy = -_sum_to(gd, ctx.yshape) if need[1] else None
         return dx, dy, None
@@ -1127,6 +1553,365 @@ def mse_loss(
     return _MSELoss.apply(input, target, reduction)
 
 
+def _quiet(xp: Any) -> Any:
+    """Silence NumPy's floating point warnings (log(0), 0/0): torch computes these silently."""
+    return np.errstate(all="ignore") if xp is np else contextlib.nullcontext()
+
+
+def _reduce_loss(xp: Any, loss: Any, reduction: str, dtype: Any, batch: Optional[int] = None
+                 ) -> Any:
+    """Apply ``reduction`` ('none', 'sum', 'mean' or 'batchmean') to elementwise losses.
+
+    ``batch`` is what 'batchmean' divides by (the input's first dimension; None for a 0-d
+    input, which is not divided).
+    """
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    if reduction == "mean":
+        total = _mean_div(total, loss.size)
+    elif reduction == "batchmean" and batch is not None:
+        total = _mean_div(total, batch)
+    return xp.asarray(total, dtype=dtype)
+
+
+def _loss_grad(g: Any, reduction: str, shape: tuple, batch: Optional[int] = None) -> Any:
+    """The output gradient of a reduced elementwise loss, per element (broadcastable)."""
+    if reduction == "mean":
+        return g / max(math.prod(shape), 1)  # an empty input's mean is nan; its gradient 0
+    if reduction == "batchmean" and batch is not None:
+        return g / max(batch, 1)
+    return g
+
+
+def _broadcasts_to(fname: str, name: str, v: Any, shape: tuple) -> None:
+    vs = tuple(_arr(v).shape)
+    try:
+        ok = np.broadcast_shapes(vs, shape) == shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise RuntimeError(
+            f"{fname}(): {name} of shape {_shape_str(vs)} does not broadcast to the input's "
+            f"shape {_shape_str(shape)}"
+        )
+
+
+def _no_grad_for(fname: str, **tensors: Any) -> None:
+    for name, v in tensors.items():
+        if isinstance(v, Tensor) and grad_enabled_for(v):
+            raise RuntimeError(
+                f"{fname}(): no gradient is defined with respect to '{name}' (as in torch), "
+                f"but it requires grad; pass {name}.detach()"
+            )
+
+
+#: the floor of x(1 - x) in binary_cross_entropy's input gradient: torch's 1e-12, which it
+#: applies rounded to float32 in every dtype (so float64 gradients at x = 0 or 1 agree too)
+_BCE_GUARD = float(np.float32(1e-12))
+
+
+class _BinaryCrossEntropy(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, t: Any, w: Any, reduction: str) -> Any:
+        xp = K.xp_of(x)
+        with _quiet(xp):
+            log_x = xp.maximum(xp.log(x), -100)  # as torch: clamped, so x = 0 or 1 is finite
+            log_1mx = xp.maximum(xp.log1p(-x), -100)
+            loss = (t - 1) * log_1mx - t * log_x
+        if w is not None:
+            loss *= w
+        ctx.save_for_backward(x, t, w)
+        ctx.reduction = reduction
+        return _reduce_loss(xp, loss, reduction, x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x, t, w = ctx.saved_tensors
+        xp = K.xp_of(x)
+        gs = _loss_grad(g, ctx.reduction, x.shape)
+        if w is not None:
+            gs = gs * w
+        need = ctx.needs_input_grad
+        dx = dt = None
+        with _quiet(xp):
+            if need[0]:
+                # x(1 - x) is kept above torch's guard, so x at 0 or 1 gives finite gradients
+                dx = (x - t) / xp.maximum(x * (1 - x), x.dtype.type(_BCE_GUARD)) * gs
+            if need[1]:
+                dt = (xp.log1p(-x) - xp.log(x)) * gs
+        return dx, dt, None, None
+
+
+def binary_cross_entropy(
+    input: Any,  # noqa: A002 - torch's name
+    target: Any,
+    weight: Any = None,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Binary cross entropy between probabilities ``input`` and ``target``.
+
+    Elementwise ``-w * (t * log(x) + (1 - t) * log(1 - x))`` with both logarithms clamped to
+    >= -100 (as torch), so probabilities of exactly 0 or 1 give finite losses and gradients.
+
+    Args:
+        input: probabilities in [0, 1], any shape.
+        target: a tensor of the same shape and dtype, values in [0, 1].
+        weight: optional rescaling, broadcastable to the input's shape (no gradient).
+        size_average, reduce: deprecated torch arguments (mapped onto ``reduction``).
+        reduction: ``'mean'``, ``'sum'`` or ``'none'``.
+
+    Returns:
+        The loss; gradients flow to ``input`` and ``target``.
+
+    Raises:
+        ValueError: a target shaped unlike the input, or an unknown reduction.
+        RuntimeError: values outside [0, 1] (NaN included), mixed dtypes or devices, a weight
+            that does not broadcast or that requires grad.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(binary_cross_entropy(mt.tensor([0.5]), mt.tensor([1.0]))), 4)
+        0.6931
+    """
+    fname = "binary_cross_entropy"
+    reduction = _reduction(reduction, size_average, reduce, fname)
+    _as_input(input, "input", fname)
+    _as_input(target, "target", fname)
+    x, t = _arr(input), _arr(target)
+    if tuple(t.shape) != tuple(x.shape):
+        raise ValueError(
+            f"{fname}(): target shape {_shape_str(t.shape)} differs from input shape "
+            f"{_shape_str(x.shape)}; give them the same shape (no broadcasting here)"
+        )
+    _check_float(input, "input", fname)
+    _check_same_dtype(fname, input=input, target=target)
+    _check_same_device(fname, input=input, target=target, weight=weight)
+    if weight is not None:
+        _as_input(weight, "weight", fname)
+        _broadcasts_to(fname, "weight", weight, tuple(x.shape))
+        _no_grad_for(fname, weight=weight)
+    for name, a in (("input", x), ("target", t)):
+        if a.size and not (float(a.min()) >= 0.0 and float(a.max()) <= 1.0):  # NaN fails too
+            raise RuntimeError(
+                f"{fname}(): every element of {name} must lie in [0, 1]; found values from "
+                f"{float(a.min())} to {float(a.max())} (apply sigmoid to logits, or use "
+                f"binary_cross_entropy_with_logits)"
+            )
+    w = _arr(weight).astype(x.dtype, copy=False) if weight is not None else None
+    return _BinaryCrossEntropy.apply(input, target, w, reduction)
+
+
+class _BCEWithLogits(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, t: Any, w: Any, pw: Any, reduction: str, dtype: Any) -> Any:
+        xp = K.xp_of(x)
+        xd, td = x.astype(dtype, copy=False), t.astype(dtype, copy=False)
+        # log(sigmoid(x)) without overflow: min(x, 0) - log(1 + exp(-|x|)), in the input's own
+        # dtype before any promotion (as torch: a float32 input with a float64 target agrees)
+        log_sig = (xp.minimum(x, 0) - xp.log1p(xp.exp(-xp.abs(x)))).astype(dtype, copy=False)
+        if pw is None:
+            loss = (1 - td) * xd - log_sig
+        else:
+            loss = (1 - td) * xd - (1 + (pw - 1) * td) * log_sig
+        if w is not None:
+            loss = loss * w
+        ctx.save_for_backward(xd, td, w, pw, log_sig)
+        ctx.reduction, ctx.shapes = reduction, (x.shape, t.shape, x.dtype, t.dtype)
+        return _reduce_loss(xp, loss, reduction, dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x, t, w, pw, log_sig = ctx.saved_tensors
+        xp = K.xp_of(x)
+        xshape, tshape, xdt, tdt = ctx.shapes
+        gs = _loss_grad(g, ctx.reduction, x.shape)
+        if w is not None:
+            gs = gs * w
+        need = ctx.needs_input_grad
+        dx = dt = None
+        if need[0]:
+            sig = xp.exp(log_sig)
+            # d/dx = (1 + (pw - 1) t) sigmoid(x) - pw t, i.e. sigmoid(x) - t without pw
+            dx = (sig - t) if pw is None else ((1 + (pw - 1) * t) * sig - pw * t)
+            dx = _sum_to(dx * gs, xshape).astype(xdt, copy=False)
+        if need[1]:
+            dt = -x if pw is None else (-x - (pw - 1) * log_sig)
+            dt = _sum_to(dt * gs, tshape).astype(tdt, copy=False)
+        return dx, dt, None, None, None, None
+
+
+def binary_cross_entropy_with_logits(
+    input: Any,  # noqa: A002 - torch's name
+    target: Any,
+    weight: Any = None,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+    pos_weight: Any = None,
+) -> Tensor:
+    """Binary cross entropy of ``sigmoid(input)`` against ``target``, computed from the logits.
+
+    Elementwise ``w * ((1 - t) * x - (1 + (pos_weight - 1) * t) * log(sigmoid(x)))``, with
+    ``log(sigmoid(x))`` taken as ``min(x, 0) - log1p(exp(-|x|))``: no overflow for any
+    logit, and more accurate than ``sigmoid`` followed by :func:`binary_cross_entropy`.
+
+    Args:
+        input: logits, any shape.
+        target: a tensor of the input's shape (values usually in [0, 1]).
+        weight: optional rescaling, broadcastable to the input's shape (no gradient).
+        size_average, reduce: deprecated torch arguments (mapped onto ``reduction``).
+        reduction: ``'mean'``, ``'sum'`` or ``'none'``.
+        pos_weight: optional weight of the positive term, broadcast along the last
+            dimension (one per class), no gradient.
+
+    Returns:
+        The loss (dtype promoted from input and target); gradients flow to both.
+
+    Raises:
+        ValueError: a target shaped unlike the input, or an unknown reduction.
+        RuntimeError: a weight or pos_weight that does not broadcast or that requires grad,
+            mixed devices, a non-float input.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(binary_cross_entropy_with_logits(mt.tensor([0.0]), mt.tensor([1.0]))), 4)
+        0.6931
+    """
+    fname = "binary_cross_entropy_with_logits"
+    reduction = _reduction(reduction, size_average, reduce, fname)
+    _as_input(input, "input", fname)
+    _as_input(target, "target", fname)
+    x, t = _arr(input), _arr(target)
+    if tuple(t.shape) != tuple(x.shape):
+        raise ValueError(
+            f"{fname}(): target shape {_shape_str(t.shape)} must equal the input shape "
+            f"{_shape_str(x.shape)}"
+        )
+    _check_float(input, "input", fname)
+    _check_same_device(fname, input=input, target=target, weight=weight, pos_weight=pos_weight)
+    dtype = np.result_type(x.dtype, t.dtype)
+    if dtype.kind != "f":
+        dtype = x.dtype
+    extras = []
+    for name, v in (("weight", weight), ("pos_weight", pos_weight)):
+        if v is not None:
+            _as_input(v, name, fname)
+            _broadcasts_to(fname, name, v, tuple(x.shape))
+            _no_grad_for(fname, **{name: v})
+            extras.append(_arr(v).astype(dtype, copy=False))
+        else:
+            extras.append(None)
+    return _BCEWithLogits.apply(input, target, extras[0], extras[1], reduction, dtype)
+
+
+class _KLDiv(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, t: Any, reduction: str, log_target: bool, dtype: Any) -> Any:
+        xp = K.xp_of(x)
+        xd, td = x.astype(dtype, copy=False), t.astype(dtype, copy=False)
+        with _quiet(xp):
+            if log_target:
+                et = xp.exp(td)
+                loss = et * (td - xd)
+            else:
+                et = None
+                # t * log(t) taken as 0 where t == 0 (the limit), as torch's xlogy does
+                loss = xp.where(td == 0, dtype.type(0), td * xp.log(td)) - td * xd
+        ctx.save_for_backward(xd, td, et)
+        ctx.reduction, ctx.log_target = reduction, log_target
+        ctx.shapes = (x.shape, t.shape, x.dtype, t.dtype, loss.shape)
+        batch = x.shape[0] if x.ndim else None  # torch: 'batchmean' is over input's dim 0
+        ctx.batch = batch
+        return _reduce_loss(xp, loss, reduction, dtype, batch)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x, t, et = ctx.saved_tensors
+        xp = K.xp_of(x)
+        xshape, tshape, xdt, tdt, lshape = ctx.shapes
+        gs = _loss_grad(g, ctx.reduction, lshape, ctx.batch)
+        need = ctx.needs_input_grad
+        dx = dt = None
+        with _quiet(xp):
+            if need[0]:
+                dx = _sum_to(xp.broadcast_to(-(et if ctx.log_target else t) * gs, lshape),
+                              xshape).astype(xdt, copy=False)
+            if need[1]:
+                if ctx.log_target:
+                    d = et * (t - x + 1)
+                else:
+                    # d/dt of t log t - t x; like torch, 0/0 = nan where t == 0
+                    d = xp.where(t == 0, t.dtype.type(0), xp.log(t)) + t / t - x
+                dt = _sum_to(xp.broadcast_to(d * gs, lshape), tshape).astype(tdt, copy=False)
+        return dx, dt, None, None, None
+
+
+def kl_div(
+    input: Any,  # noqa: A002 - torch's name
+    target: Any,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+    log_target: bool = False,
+) -> Tensor:
+    """Kullback-Leibler divergence of ``target`` from ``input`` (given as log-probabilities).
+
+    Elementwise ``t * (log t - x)`` (``exp(t) * (t - x)`` with ``log_target=True``, where
+    ``t`` holds log-probabilities too), 0 where ``t == 0``. Input and target broadcast.
+
+    Args:
+        input: log-probabilities.
+        target: probabilities (log-probabilities with ``log_target=True``).
+        size_average, reduce: deprecated torch arguments (mapped onto ``reduction``).
+        reduction: ``'mean'`` (over every element; warns, as torch does), ``'batchmean'``
+            (the sum divided by the batch size: the mathematical KL divergence), ``'sum'`` or
+            ``'none'``.
+        log_target: whether ``target`` is given in log space.
+
+    Returns:
+        The loss; gradients flow to ``input`` and ``target``.
+
+    Raises:
+        ValueError: an unknown reduction.
+        RuntimeError: shapes that do not broadcast, mixed devices, a non-float input.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> kl_div(mt.tensor([[0.0, 0.0]]).log_softmax(1), mt.tensor([[0.5, 0.5]]),
+        ...        reduction="batchmean")
+        tensor(0.)
+    """
+    fname = "kl_div"
+    if reduction != "batchmean" or size_average is not None or reduce is not None:
+        reduction = _reduction(reduction, size_average, reduce, fname)
+    _as_input(input, "input", fname)
+    _as_input(target, "target", fname)
+    x, t = _arr(input), _arr(target)
+    _check_float(input, "input", fname)
+    try:
+        np.broadcast_shapes(tuple(x.shape), tuple(t.shape))
+    except ValueError:
+        raise RuntimeError(
+            f"{fname}(): input of shape {_shape_str(x.shape)} and target of shape "
+            f"{_shape_str(t.shape)} do not broadcast together"
+        ) from None
+    _check_same_device(fname, input=input, target=target)
+    if reduction == "mean":
+        warnings.warn(
+            "kl_div(): reduction='mean' averages over every element, batch and classes "
+            "alike; the KL divergence is the sum over classes averaged over the batch, which "
+            "is reduction='batchmean' (torch plans to make 'mean' mean that)",
+            UserWarning, stacklevel=2,
+        )
+    dtype = np.result_type(x.dtype, t.dtype)
+    if dtype.kind != "f":
+        dtype = x.dtype
+    return _KLDiv.apply(input, target, reduction, bool(log_target), np.dtype(dtype))
+
+
 # --------------------------------------------------------------------------------------------
 # dropout, flatten
 
@@ -1143,9 +1928,10 @@ class _MulMask(Function):
         return g * mask, None
 
 
-def _dropout_mask(x: Any, p: float) -> Any:
+def _dropout_mask(x: Any, p: float, shape: tuple) -> Any:
+    """A keep mask of ``shape`` (P(keep) = 1 - p), already scaled by ``1 / (1 - p)``."""
     dt = x.dtype
-    u = _draw("rand", tuple(x.shape), None, np.dtype(dt), _backend.device_of(x))
+    u = _draw("rand", shape, None, np.dtype(dt), _backend.device_of(x))
     xp = K.xp_of(x)
     keep = u >= p  # P(keep) = 1 - p
     return keep.astype(dt) * xp.asarray(1.0 / (1.0 - p), dtype=dt)
@@ -1185,17 +1971,81 @@ def dropout(input: Any, p: float = 0.5, training: bool = True,  # noqa: A002 - t
     if p == 1.0:
         mask = K.xp_of(x).zeros(x.shape, dtype=x.dtype)
     else:
-        mask = _dropout_mask(x, float(p))
-    out = _MulMask.apply(input, mask)
+        mask = _dropout_mask(x, float(p), tuple(x.shape))
+    return _apply_mask(input, mask, inplace, "dropout")
+
+
+def _apply_mask(input: Any, mask: Any, inplace: bool, fname: str) -> Tensor:  # noqa: A002
+    """``input * mask`` (mask broadcast), written into ``input`` for ``inplace``."""
     if inplace and isinstance(input, Tensor):
         if input._requires_grad and input.grad_fn is None and grad_enabled_for(input):
-            raise leaf_in_place_error("dropout(inplace=True)")
-        x[...] = out._data
-        if out.grad_fn is not None:
-            input.grad_fn = out.grad_fn
-            input._requires_grad = True
-        return input
+            raise leaf_in_place_error(f"{fname}(inplace=True)")
+    out = _MulMask.apply(input, mask)
+    if inplace and isinstance(input, Tensor):
+        return input.copy_(out)  # recorded where needed, and counted by the version counter
     return out
+
+
+def dropout2d(input: Any, p: float = 0.5, training: bool = True,  # noqa: A002 - torch's name
+              inplace: bool = False) -> Tensor:
+    """Zero whole channels with probability ``p`` and scale the others by ``1 / (1 - p)``.
+
+    One draw per (sample, channel) from mpitensor's global generator (so
+    ``mpitensor.manual_seed`` makes it reproducible) decides for every position of that
+    channel's plane. As in torch, a 3-D input is taken as (N, C, L) (with a warning: torch
+    plans to read it as an unbatched (C, H, W)), and inputs of other ranks as (N, C, *)
+    with a deprecation warning.
+
+    Args:
+        input: (N, C, H, W) floating point (see above for other ranks).
+        p: channel drop probability in [0, 1].
+        training: when False, return ``input`` unchanged.
+        inplace: write the result into ``input``.
+
+    Returns:
+        The tensor with channel dropout applied.
+
+    Raises:
+        ValueError: ``p`` outside [0, 1].
+        RuntimeError: an input of fewer than 2 dimensions, a leaf that requires grad with
+            ``inplace=True``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> dropout2d(mt.ones(1, 2, 2, 2), p=0.0).shape
+        mpitensor.Size([1, 2, 2, 2])
+    """
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"dropout2d(): p is a probability and must be in [0, 1], got {p!r}")
+    _as_input(input, "input", "dropout2d")
+    x = _arr(input)
+    if x.ndim < 2:
+        raise RuntimeError(
+            f"dropout2d(): channel dropout needs at least 2 dimensions (N, C, ...), got shape "
+            f"{_shape_str(x.shape)}"
+        )
+    if x.ndim == 3:
+        warnings.warn(
+            "dropout2d(): a 3-D input is taken as (N, C, L) and whole length-L channels are "
+            "dropped (torch's current behaviour, which it plans to change to reading it as an "
+            "unbatched (C, H, W)); use dropout1d for channel dropout on (N, C, L)",
+            UserWarning, stacklevel=2,
+        )
+    elif x.ndim != 4:
+        warnings.warn(
+            f"dropout2d(): a {x.ndim}-D input is deprecated (torch plans to reject it); "
+            f"channels of (N, C, *) are dropped. dropout2d is meant for (N, C, H, W) inputs; "
+            f"use dropout for elementwise dropout", UserWarning, stacklevel=2,
+        )
+    if not training or p == 0.0 or x.size == 0:
+        return input if isinstance(input, Tensor) else _new(input)
+    _check_float(input, "input", "dropout2d")
+    shape = (*x.shape[:2], *(1,) * (x.ndim - 2))
+    if p == 1.0:
+        mask = K.xp_of(x).zeros(shape, dtype=x.dtype)
+    else:
+        mask = _dropout_mask(x, float(p), shape)
+    return _apply_mask(input, mask, inplace, "dropout2d")
 
 
 def flatten(input: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:  # noqa: A002

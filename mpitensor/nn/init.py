@@ -23,6 +23,7 @@ import warnings
 from typing import Any, Optional
 
 from mpitensor import backend as _backend
+from mpitensor import dtypes as _dt
 from mpitensor.tensor import Tensor, rand, randn
 
 __all__ = [
@@ -53,7 +54,7 @@ def _float_storage(tensor: Any, fname: str) -> Any:
     if not isinstance(tensor, Tensor):
         raise TypeError(f"{fname}() takes a mpitensor Tensor, got {type(tensor).__name__}")
     data = tensor._data
-    if data.dtype.kind != "f":
+    if not _dt.is_floating_dtype(data.dtype):
         raise TypeError(
             f"{fname}() needs a floating point tensor, got dtype {data.dtype}; convert it "
             f"first, e.g. t.float()"

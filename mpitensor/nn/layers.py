@@ -44,8 +44,11 @@ __all__ = [
     "Conv2d",
     "MaxPool2d",
     "AvgPool2d",
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
     "ReLU",
     "Dropout",
+    "Dropout2d",
     "Flatten",
     "LogSoftmax",
     "Softmax",
@@ -55,6 +58,9 @@ __all__ = [
     "NLLLoss",
     "CrossEntropyLoss",
     "MSELoss",
+    "BCELoss",
+    "BCEWithLogitsLoss",
+    "KLDivLoss",
 ]
 
 _IntOrPair = Union[int, tuple]
@@ -91,7 +97,7 @@ def _pair(v: Any, cls: str, name: str, low: int) -> tuple:
 def _factory(dtype: Any, cls: str) -> Any:
     """A floating dtype for new parameters (the default dtype when None)."""
     dt = _dt.get_default_dtype() if dtype is None else _dt.to_dtype(dtype)
-    if dt.kind != "f":
+    if not _dt.is_floating_dtype(dt):
         raise TypeError(f"{cls}: parameters need a floating point dtype, got {_dt.dt_repr(dt)}")
     return dt
 
@@ -469,6 +475,62 @@ class AvgPool2d(Module):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
+class AdaptiveAvgPool2d(Module):
+    """2-D adaptive average pooling to a fixed output size, as ``torch.nn.AdaptiveAvgPool2d``.
+
+    Args:
+        output_size: an int (square output) or a pair of ints or None (None keeps the
+            input's size along that dimension). Bins follow torch's rule (see
+            :func:`~mpitensor.nn.functional.adaptive_avg_pool2d`).
+
+    Raises:
+        ValueError: a negative size or a tuple of the wrong length.
+        TypeError: an entry that is neither an int nor None.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> AdaptiveAvgPool2d((1, 1))(mt.randn(2, 8, 7, 7)).shape
+        mpitensor.Size([2, 8, 1, 1])
+    """
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        F._adaptive_size(output_size, 2, "AdaptiveAvgPool2d")
+        self.output_size = output_size
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.adaptive_avg_pool2d(input, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool1d(Module):
+    """1-D adaptive average pooling of (N, C, L) inputs to ``output_size`` positions.
+
+    Raises:
+        ValueError, TypeError: a negative or non-integer size.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> AdaptiveAvgPool1d(3)(mt.randn(2, 4, 10)).shape
+        mpitensor.Size([2, 4, 3])
+    """
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        (size,) = F._adaptive_size(output_size, 1, "AdaptiveAvgPool1d")
+        if size is None:
+            raise TypeError("AdaptiveAvgPool1d: output_size must be an int, got None")
+        self.output_size = output_size
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.adaptive_avg_pool1d(input, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
 class ReLU(Module):
     """``max(0, x)`` elementwise.
 
@@ -522,6 +584,41 @@ class Dropout(Module):
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.dropout(input, self.p, self.training, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"
+
+
+class Dropout2d(Module):
+    """Zero whole channels with probability ``p`` in training, scaling the rest by 1/(1-p).
+
+    Each (sample, channel) plane of an (N, C, H, W) input is kept or dropped as a whole
+    (see :func:`~mpitensor.nn.functional.dropout2d`); in evaluation mode it is the identity.
+    The draws come from mpitensor's global generator (``mpitensor.manual_seed``).
+
+    Args:
+        p: probability of zeroing a channel, in [0, 1].
+        inplace: overwrite the input.
+
+    Raises:
+        ValueError: ``p`` outside [0, 1].
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Dropout2d(0.5).eval()(mt.ones(1, 2, 1, 1)).flatten()
+        tensor([1., 1.])
+    """
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.floating, np.integer)) \
+                or not 0 <= p <= 1:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p!r}")
+        self.p = float(p)
+        self.inplace = bool(inplace)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.dropout2d(input, self.p, self.training, self.inplace)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, inplace={self.inplace}"
@@ -719,6 +816,102 @@ class MSELoss(_Loss):
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.mse_loss(input, target, reduction=self.reduction)
+
+
+def _loss_tensor(cls: str, name: str, value: Optional[Tensor]) -> Optional[Tensor]:
+    if value is not None and not isinstance(value, Tensor):
+        raise TypeError(f"{cls}: {name} must be a Tensor or None, got {type(value).__name__}")
+    return value
+
+
+class BCELoss(_Loss):
+    """Binary cross entropy between probabilities ``input`` and ``target`` in [0, 1].
+
+    Args:
+        weight: optional rescaling of each element, broadcastable to the input (a buffer).
+        reduction: "mean", "sum" or "none".
+        size_average, reduce: torch's deprecated flags, folded into ``reduction``.
+
+    Raises:
+        ValueError: an unknown reduction. TypeError: a weight that is not a Tensor.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(BCELoss()(mt.tensor([0.5]), mt.tensor([1.0]))), 4)
+        0.6931
+    """
+
+    def __init__(self, weight: Optional[Tensor] = None, size_average: Any = None,
+                 reduce: Any = None, reduction: str = "mean") -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.register_buffer("weight", _loss_tensor("BCELoss", "weight", weight))
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.binary_cross_entropy(input, target, weight=self.weight,
+                                      reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """Binary cross entropy on logits: ``sigmoid`` and :class:`BCELoss` in one stable step.
+
+    Args:
+        weight: optional rescaling of each element, broadcastable to the input (a buffer).
+        reduction: "mean", "sum" or "none".
+        pos_weight: optional weight of the positive term per class (last dimension; a
+            buffer).
+        size_average, reduce: torch's deprecated flags, folded into ``reduction``.
+
+    Raises:
+        ValueError: an unknown reduction. TypeError: a weight that is not a Tensor.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(BCEWithLogitsLoss()(mt.tensor([0.0]), mt.tensor([1.0]))), 4)
+        0.6931
+    """
+
+    def __init__(self, weight: Optional[Tensor] = None, size_average: Any = None,
+                 reduce: Any = None, reduction: str = "mean",
+                 pos_weight: Optional[Tensor] = None) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.register_buffer("weight", _loss_tensor("BCEWithLogitsLoss", "weight", weight))
+        self.register_buffer("pos_weight",
+                             _loss_tensor("BCEWithLogitsLoss", "pos_weight", pos_weight))
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.binary_cross_entropy_with_logits(input, target, self.weight,
+                                                  pos_weight=self.pos_weight,
+                                                  reduction=self.reduction)
+
+
+class KLDivLoss(_Loss):
+    """Kullback-Leibler divergence loss between log-probabilities ``input`` and ``target``.
+
+    Args:
+        reduction: "mean" (over every element; warns, as torch), "batchmean" (the KL
+            divergence proper: sum over classes, mean over the batch), "sum" or "none".
+        log_target: whether the target holds log-probabilities.
+        size_average, reduce: torch's deprecated flags, folded into ``reduction``.
+
+    Raises:
+        ValueError: an unknown reduction.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> KLDivLoss(reduction="batchmean")(mt.zeros(1, 2), mt.ones(1, 2))
+        tensor(0.)
+    """
+
+    def __init__(self, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
+                 log_target: bool = False) -> None:
+        batchmean = reduction == "batchmean" and size_average is None and reduce is None
+        super().__init__(size_average, reduce, "mean" if batchmean else reduction)
+        if batchmean:
+            self.reduction = "batchmean"
+        self.log_target = bool(log_target)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
 
 
 # --------------------------------------------------------------------------------------------

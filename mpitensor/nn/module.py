@@ -229,7 +229,7 @@ def _float_dtype_or_none(dtype: Any) -> Any:
             f"to() takes a device, a dtype or a tensor, got {dtype!r}; e.g. "
             f"model.to('cuda') or model.to(mpitensor.float64)"
         ) from None
-    if dt.kind not in "fc":
+    if _dt.kind_of(dt) not in "fc":
         raise TypeError(
             f"Module.to() casts to floating point or complex dtypes only, got "
             f"{_dt.dt_repr(dt)}; integer buffers keep their own dtype whatever is asked"
@@ -1038,9 +1038,9 @@ class Module:
 
         def convert(x: Any) -> Any:
             x = _move(x, dev)
-            if dtype is None or x.dtype.kind not in "fc":
+            if dtype is None or _dt.kind_of(x.dtype) not in "fc":
                 return x
-            if x.dtype.kind == "c" and dtype.kind == "f":
+            if x.dtype.kind == "c" and _dt.kind_of(dtype) == "f":
                 return x
             return x if x.dtype == dtype else x.astype(dtype)
 
@@ -1060,7 +1060,7 @@ class Module:
 
     def _recast(self, dt: np.dtype, only_floating: bool = True) -> Module:
         def convert(x: Any) -> Any:
-            if x.dtype == dt or (only_floating and x.dtype.kind != "f"):
+            if x.dtype == dt or (only_floating and not _dt.is_floating_dtype(x.dtype)):
                 return x
             return x.astype(dt)
 
@@ -1077,6 +1077,10 @@ class Module:
     def half(self) -> Module:
         """Cast floating point parameters and buffers to float16 in place."""
         return self._recast(_dt.float16)
+
+    def bfloat16(self) -> Module:
+        """Cast floating point parameters and buffers to bfloat16 in place."""
+        return self._recast(_dt.bfloat16)
 
     def type(self, dst_type: Any) -> Module:
         """Cast all parameters and buffers to ``dst_type`` in place."""

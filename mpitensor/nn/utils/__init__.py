@@ -1,0 +1,16 @@
+"""``nn.utils``: gradient clipping and flattening parameters to one vector, as in torch.
+
+Example:
+    >>> import mpitensor as torch
+    >>> model = torch.nn.Linear(3, 1)
+    >>> model(torch.ones(2, 3)).sum().backward()
+    >>> total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
+"""
+
+from __future__ import annotations
+
+from .clip_grad import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
+from .convert_parameters import parameters_to_vector, vector_to_parameters
+
+__all__ = ["clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm",
+           "parameters_to_vector", "vector_to_parameters"]
