@@ -269,13 +269,48 @@ def test_backward_without_ddp_forward_does_not_sync(world):
 
 
 def test_unused_parameter_error_and_find_unused(world):
+    """As torch: backward returns, the next forward with gradients enabled raises (once)."""
     ddp = DDP(MLP(5, unused=True))
-    with pytest.raises(RuntimeError, match=r"find_unused_parameters=True.*spare"):
+    local = MLP(5, unused=True)
+    step(ddp)
+    step(local)
+    assert ddp.module.spare.grad is None  # no gradient, left alone
+    for (name, p), q in zip(ddp.module.named_parameters(), local.parameters()):
+        if name != "spare":
+            np.testing.assert_array_equal(val(p.grad), val(q.grad), err_msg=name)
+    with mt.no_grad():  # a forward that will not synchronise does not raise
+        ddp(mt.tensor(data(1, 4, np.float64)[0]))
+    with pytest.raises(RuntimeError, match=r"no gradient to 1 parameter\(s\).*: spare \(index "
+                                           r"4\)\..*find_unused_parameters=True") as info:
+        ddp(mt.tensor(data(1, 4, np.float64)[0]))
+    assert "rank 0: DistributedDataParallel" in str(info.value)
+    # said once; the next step is checked afresh (and fails the same way at the one after)
+    step(ddp)
+    with pytest.raises(RuntimeError, match="spare"):
         step(ddp)
     ok = DDP(MLP(5, unused=True), find_unused_parameters=True)
-    step(ok)
+    for _ in range(2):
+        step(ok)
     assert ok.module.spare.grad is None
     assert all(p.grad is not None for n, p in ok.module.named_parameters() if n != "spare")
+
+
+def test_unused_error_is_raised_inside_no_sync_too(world):
+    """Any forward with gradients enabled reports it, also one under no_sync (as torch)."""
+    ddp = DDP(MLP(5, unused=True))
+    step(ddp)
+    with ddp.no_sync(), pytest.raises(RuntimeError, match="spare"):
+        ddp(mt.tensor(data(1, 4, np.float64)[0]))
+
+
+@pytest.mark.parametrize("find_unused", [False, True])
+def test_static_graph_tolerates_unused_from_the_start(world, find_unused):
+    ddp = DDP(MLP(5, unused=True), static_graph=True, find_unused_parameters=find_unused)
+    for s in range(3):
+        ddp.zero_grad()
+        step(ddp, s)
+    assert ddp.module.spare.grad is None and ddp._static_unused == [4]
+    assert ddp.comm_stats.steps == 3
 
 
 class _Fails(Function):

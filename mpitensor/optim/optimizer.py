@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import Any, Callable, Dict, List, Optional
 
 from mpitensor import backend as _backend
+from mpitensor import dtypes as _dt
 from mpitensor.tensor import Tensor
 
 __all__ = ["Optimizer", "required"]
@@ -310,7 +311,7 @@ def _cast_state(name: str, v: Any, p: Tensor, index: Any) -> Any:
         arr = v
     else:
         return v  # scalars such as a step count
-    if name == "step" or p._data.dtype.kind not in "fc":
+    if name == "step" or _dt.kind_of(p._data.dtype) not in "fc":
         out = arr.copy()
     else:
         pa = p._data

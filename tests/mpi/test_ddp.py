@@ -6,7 +6,9 @@ N steps of SGD with momentum both must hold the same parameters (float64 rtol 1e
 rtol 1e-5, tolerances relative to each tensor's largest entry), and every replica must be
 bitwise equal to every other. The matrix covers bucket sizes (one per parameter, tiny,
 default), overlap on and off, gradient_as_bucket_view, no_sync gradient accumulation, ranks that
-start from different weights, unused parameters, a sub-group, and LeNet.
+start from different weights, unused parameters, a sub-group, and LeNet. Buffer broadcasts
+follow torch's rule (the previous forward decides; checked against torch itself in
+``test_ddp_buffers.py``).
 
 Run: ``mpiexec -n N python -m pytest --with-mpi tests/mpi/test_ddp.py``.
 """
@@ -401,15 +403,58 @@ def test_overlap_order_of_events(overlap):
 
 
 def test_unused_parameter_without_flag_raises():
+    """As torch: backward returns, the next forward with gradients enabled raises on every rank
+    (the unused parameter is the same on every rank), and the group stays usable."""
     n, me = world()
-    ddp = DDP(MLP(7, unused=True))
+    ddp = DDP(MLP(7, unused=True), bucket_cap_mb=0)
     x, y = data(0, 8, np.float64)
-    loss = mse(ddp(mt.tensor(x)), mt.tensor(y))
-    with pytest.raises(RuntimeError, match="find_unused_parameters=True") as info:
-        loss.backward()
-    assert "spare" in str(info.value)
-    # the DDP is usable again for a model run that uses everything (state was reset)
-    assert not ddp._in_backward and ddp._next_launch == 0
+    mse(ddp(mt.tensor(x)), mt.tensor(y)).backward()
+    after_backward = (ddp.module.spare.grad is None, ddp.comm_stats.steps,
+                      ddp.module.w1.grad is not None)
+    err = None
+    try:
+        ddp(mt.tensor(x))
+    except RuntimeError as exc:
+        err = exc
+    # every rank raised the same error in the same call: the group is still usable
+    mse(ddp(mt.tensor(x)), mt.tensor(y)).backward()
+    assert_replicas_equal([p.grad for n_, p in ddp.module.named_parameters() if n_ != "spare"])
+    assert after_backward == (True, 1, True)
+    assert err is not None and "find_unused_parameters=True" in str(err)
+    assert f"rank {me}: " in str(err) and "spare" in str(err)
+    assert ddp.comm_stats.steps == 2
+
+
+@pytest.mark.mpi(min_size=2)
+def test_unused_parameter_on_one_rank_only_never_hangs():
+    """Without find_unused_parameters, a branch unused on the last rank only: backward
+    completes everywhere, that rank raises at its next forward, and the others are told
+    (PeerFailedError) instead of waiting for it."""
+    from mpitensor.errors import PeerFailedError
+
+    n, me = world()
+    g = dist.new_group(list(range(n)), group_desc="ddp_unused")
+    ddp = DDP(MLP(7, extra=True), process_group=g, bucket_cap_mb=0)
+    bad = n - 1
+    x, y = data(0, 8, np.float64)
+    mse(ddp(mt.tensor(x), use_extra=(me != bad)), mt.tensor(y)).backward()
+    extra = val(ddp.module.extra.grad).copy() if ddp.module.extra.grad is not None else None
+    outcome = None
+    try:
+        for _ in range(2):
+            mse(ddp(mt.tensor(x)), mt.tensor(y)).backward()
+        outcome = "ok"
+    except PeerFailedError as exc:
+        outcome = ("peer", exc.rank)
+    except RuntimeError as exc:
+        outcome = ("own", "find_unused_parameters=True" in str(exc) and "extra" in str(exc))
+    dist.destroy_process_group(g)
+    if me == bad:
+        assert outcome == ("own", True)
+        assert extra is None  # no gradient there: left alone
+    else:
+        assert outcome == ("peer", bad)
+        assert extra is not None
 
 
 @pytest.mark.parametrize("cap", [0, 25])
@@ -447,26 +492,86 @@ def test_static_graph_learns_unused():
 # Buffers, groups, state_dict, the tutorial helpers
 
 
-def test_broadcast_buffers_each_forward():
+def buffer_sync_sequence(ddp, me):
+    """Drive ``ddp`` through forwards of every kind; return the buffer each one saw.
+
+    Before each forward every rank sets the buffer to ``me + 1``; the value the module then
+    holds is rank 0's (1.0) where that forward broadcast the buffers.
+    """
+    x, y = data(0, 4, np.float64)
+    seen = {}
+
+    def run(tag, grad=True, backward=True, no_sync=False, train=True):
+        ddp.module.running._data[...] = me + 1.0
+        ddp.train(train)
+        ctx = ddp.no_sync() if no_sync else mt.enable_grad()
+        with ctx, mt.set_grad_enabled(grad):
+            out = ddp(mt.tensor(x))
+            seen[tag] = float(val(ddp.module.running)[0])
+            if backward:
+                mse(out, mt.tensor(y)).backward()
+
+    run("no_grad, first forward", grad=False, backward=False)
+    run("no_grad, again", grad=False, backward=False)
+    run("train after no_grad")
+    run("train after train")
+    run("eval no_grad after train", grad=False, backward=False, train=False)
+    run("no_sync after eval", no_sync=True)
+    run("train after no_sync")
+    run("eval mode with grad, after train", train=False)
+    return seen
+
+
+#: torch.nn.parallel.DistributedDataParallel's buffer broadcasts for that sequence, as
+#: observed with torch 2.x and gloo (test_ddp_buffers.py checks them against torch itself):
+#: the previous forward decides (it synchronised gradients, or there was none).
+TORCH_BUFFER_SYNCS = {
+    "no_grad, first forward": True,
+    "no_grad, again": False,
+    "train after no_grad": False,
+    "train after train": True,
+    "eval no_grad after train": True,
+    "no_sync after eval": False,
+    "train after no_sync": False,
+    "eval mode with grad, after train": True,
+}
+
+
+def test_broadcast_buffers_follow_the_previous_forward():
     n, me = world()
-    ddp = DDP(MLP(7))
-    ddp.module.running._data[...] = me + 1.0  # replicas drift apart
-    with mt.no_grad():  # as in torch: no buffer sync in forwards that will not sync grads
-        ddp(mt.tensor(data(0, 4, np.float64)[0]))
-    after_no_grad = val(ddp.module.running).copy()
-    with ddp.no_sync():  # nor inside no_sync
-        ddp(mt.tensor(data(0, 4, np.float64)[0]))
-    after_no_sync = val(ddp.module.running).copy()
-    out = ddp(mt.tensor(data(0, 4, np.float64)[0]))
-    after_sync = val(ddp.module.running).copy()
-    mse(out, mt.tensor(data(0, 4, np.float64)[1])).backward()
-    ddp2 = DDP(MLP(7), broadcast_buffers=False)
-    ddp2.module.running._data[...] = me + 1.0
-    ddp2(mt.tensor(data(0, 4, np.float64)[0]))
-    assert np.all(after_no_grad == me + 1.0)
-    assert np.all(after_no_sync == me + 1.0)
-    assert np.all(after_sync == 1.0)  # rank 0's value everywhere
-    assert np.all(val(ddp2.module.running) == me + 1.0)
+    seen = buffer_sync_sequence(DDP(MLP(7)), me)
+    off = buffer_sync_sequence(DDP(MLP(7), broadcast_buffers=False), me)
+    assert seen == {k: 1.0 if v else me + 1.0 for k, v in TORCH_BUFFER_SYNCS.items()}
+    assert off == {k: me + 1.0 for k in TORCH_BUFFER_SYNCS}
+
+
+def test_broadcast_buffers_one_coalesced_broadcast_per_dtype(monkeypatch):
+    """A forward that syncs buffers makes one broadcast per dtype; the others make none."""
+    n, me = world()
+    model = MLP(7)
+    model.register_buffer("count", mt.tensor(np.array(me, np.int64)))
+    ddp = DDP(model)
+    calls = []
+    real = ddp.process_group.broadcast
+
+    def counting(tensor, *args, **kwargs):
+        calls.append(np.dtype(tensor.dtype).name)
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(ddp.process_group, "broadcast", counting)
+    x = mt.tensor(data(0, 4, np.float64)[0])
+    ddp(x)
+    first = sorted(calls)
+    with mt.no_grad():
+        ddp(x)  # broadcasts: the previous forward synchronised
+        ddp(x)  # does not
+    monkeypatch.undo()
+    if n == 1:  # nothing to broadcast to
+        assert calls == []
+        return
+    assert first == ["float64", "int64"]
+    assert len(calls) == 4
+    assert int(val(model.count)) == 0
 
 
 @pytest.mark.mpi(min_size=2)

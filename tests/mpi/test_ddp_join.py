@@ -178,22 +178,42 @@ def test_join_on_a_sub_group():
     assert ddp.comm_stats.shadowed == n_batches(size - 1) - n_batches(r)
 
 
-def test_join_buffers_come_from_the_lowest_active_rank():
+def test_join_buffers_come_from_the_highest_active_rank():
+    """As torch inside join(): the highest active rank's buffers (rank 0 may have joined)."""
     n, me = world()
     ddp = DDP(MLP(7))
     opt = SGD(ddp.parameters(), lr=0.1)
     seen = train_uneven(ddp, opt, set_buffer=True)
     last = n_batches(n - 1) - 1
     final = val(ddp.module.running).copy()
-    # at step t the lowest active rank is the smallest r with 3 + r > t
-    expected = [buffer_value(max(0, t - 2), t) for t in range(n_batches(me))]
+    # rank n - 1 runs the most steps: it is active, and the highest, at every step
+    expected = [buffer_value(n - 1, t) for t in range(n_batches(me))]
     assert seen == expected
     # at the end every rank holds the buffers of the last rank to finish
     assert np.all(final == buffer_value(n - 1, last))
 
 
+@pytest.mark.parametrize("broadcast_buffers", [True, False])
+def test_join_exit_syncs_from_the_last_rank_even_inputs(broadcast_buffers):
+    """As torch: leaving join() broadcasts the parameters, and the buffers only with
+    broadcast_buffers, from the highest rank that ran every step, even inputs included."""
+    n, me = world()
+    ddp = DDP(MLP(7), broadcast_buffers=broadcast_buffers)
+    opt = SGD(ddp.parameters(), lr=0.1)
+    with ddp.join():
+        for t in range(2):
+            opt.zero_grad()
+            x, y = batch(me, t)[0]
+            mse(ddp(mt.tensor(x)), mt.tensor(y)).backward()
+            opt.step()
+            ddp.module.running._data[...] = buffer_value(me, t)  # after the forward's sync
+    got = float(val(ddp.module.running)[0])
+    assert_replicas_equal(list(ddp.parameters()))
+    assert got == buffer_value(n - 1 if broadcast_buffers else me, 1)
+
+
 def test_join_even_inputs_is_plain_ddp():
-    """Even inputs inside join(): the same result as without it, and no final broadcast."""
+    """Even inputs inside join(): the same parameters as without it."""
     n, me = world()
     ddp, plain = DDP(MLP(7), bucket_cap_mb=0), DDP(MLP(7), bucket_cap_mb=0)
     opts = SGD(ddp.parameters(), lr=0.1, momentum=0.9), SGD(plain.parameters(), lr=0.1,

@@ -87,16 +87,14 @@ _MB = 1024 * 1024
 DEFAULT_FIRST_BUCKET_BYTES = 1 * _MB
 
 _UNUSED_MSG = (
-    "Expected to have finished reduction in the prior iteration before starting a new one. "
-    "This error indicates that your module has parameters that were not used in producing loss. "
-    "You can enable unused parameter detection by passing the keyword argument "
-    "`find_unused_parameters=True` to `mpitensor.nn.parallel.DistributedDataParallel`, and by "
-    "making sure all `forward` function outputs participate in calculating loss. "
-    "Parameter indices which did not receive grad for rank {rank}: {idx}. "
-    "Parameters which did not receive grad for rank {rank}: {names}"
+    "rank {rank}: DistributedDataParallel: the previous backward pass gave no gradient to "
+    "{count} parameter(s) that require one: {names}. Their buckets were "
+    "all-reduced with zeros in their place, so that no rank waited for the others. DDP without "
+    "find_unused_parameters=True expects every parameter to take part in the loss of every "
+    "synchronised step. Pass find_unused_parameters=True (or static_graph=True when the same "
+    "parameters go unused at every step), or make every parameter, and every output of "
+    "forward, contribute to the loss"
 )
-
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,7 +281,10 @@ class DistributedDataParallel(Module):
         output_device: accepted for compatibility; outputs stay where ``module`` puts them.
         dim: must be 0 (accepted for compatibility: each rank passes its own shard).
         broadcast_buffers: broadcast the module's buffers from the group's rank 0 at the
-            start of each forward that will synchronise gradients (as torch).
+            start of a forward when the previous forward synchronised gradients (or at the
+            first forward), as torch: so the first evaluation forward after training uses rank
+            0's running statistics on every rank (see :meth:`forward`). None means True.
+            ``False`` also leaves the buffers out of the broadcast at construction (as torch).
         init_sync: broadcast parameters and buffers from the group's rank 0 at construction
             (default True). With False, the replicas must already be equal: construction
             runs :meth:`verify_in_sync` (one small gather) and raises where they are not.
@@ -293,13 +294,22 @@ class DistributedDataParallel(Module):
             ``0`` gives one bucket per parameter.
         find_unused_parameters: parameters that take no part in producing the outputs (found
             by walking the autograd graph after each forward) or that get no gradient count as
-            zero gradients and are still all-reduced, so that replicas stay in sync. Without
-            it, a parameter that gets no gradient is an error at the end of ``backward()``.
+            zero gradients and are still all-reduced, so that replicas stay in sync; the
+            gradient of a parameter unused on every rank is left as it was (None after
+            ``zero_grad()``), as torch. Without it (and without ``static_graph``), a backward
+            that leaves a parameter without gradient still completes on every rank (zeros in
+            its place; its ``.grad`` left alone), and the next forward with gradients enabled
+            raises RuntimeError naming it, as torch.
         gradient_as_bucket_view: make each ``param.grad`` a view of its bucket slot, saving a
             copy and the memory of one gradient per parameter.
-        static_graph: the set of used parameters does not change between iterations; unused
-            parameters are learned in the first iteration and then treated as with
-            ``find_unused_parameters`` without walking the graph.
+        static_graph: the promise that every iteration uses the same parameters in the same
+            way. The parameters unused in the first synchronised backward are learned there
+            (no error) and from then on marked ready at the start of every backward, without
+            walking the graph; their gradients stay untouched, as torch.
+        forward_sync_buffers: torch 2.13's newer name for ``broadcast_buffers``
+            (keyword-only here); when given, it decides the forward broadcasts and
+            ``broadcast_buffers`` is ignored, and construction broadcasts the buffers whatever
+            its value.
         overlap: **mpitensor extension** (not in torch): ``True`` (default) launches each
             bucket's all-reduce as soon as it is ready during backward; ``False`` launches all
             of them only when backward has finished (for measuring what overlap buys).
@@ -309,6 +319,9 @@ class DistributedDataParallel(Module):
         module: the wrapped module.
         comm_stats: a :class:`CommStats` with cheap counters (buckets, wait time per step).
         require_backward_grad_sync: False inside :meth:`no_sync`.
+        require_forward_param_sync: whether the last forward synchronised gradients (True
+            before the first); the next forward broadcasts the buffers only when it is set.
+        forward_sync_buffers: the buffer switch (``broadcast_buffers`` reads and sets it too).
 
     Uneven inputs: :meth:`join`. Replicas that may have drifted apart: :meth:`verify_in_sync`.
 
@@ -348,20 +361,22 @@ class DistributedDataParallel(Module):
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
         *,
+        forward_sync_buffers: Optional[bool] = None,
         overlap: bool = True,
     ) -> None:
         super().__init__()
         # every check is local and comes before the first message
         cap = self._checked_options(module, bucket_cap_mb, dim, broadcast_buffers,
                                     find_unused_parameters, gradient_as_bucket_view,
-                                    static_graph, overlap, init_sync)
+                                    static_graph, overlap, init_sync, forward_sync_buffers)
         pg = member_group(process_group, "DistributedDataParallel")
         params = self._trainable(module, device_ids)
-        self._set_options(module, pg, params, device_ids, output_device, dim, cap,
-                          broadcast_buffers, find_unused_parameters, gradient_as_bucket_view,
-                          static_graph, overlap)
+        init_buffers = self._set_options(module, pg, params, device_ids, output_device, dim,
+                                         cap, broadcast_buffers, forward_sync_buffers,
+                                         find_unused_parameters, gradient_as_bucket_view,
+                                         static_graph, overlap)
         self._make_buckets()
-        self._sync_replicas(init_sync)
+        self._sync_replicas(init_sync, init_buffers)
         self._reset()
         self._install_hooks()
 
@@ -382,10 +397,10 @@ class DistributedDataParallel(Module):
             raise ValueError(f"DistributedDataParallel: bucket_cap_mb must be >= 0 (0 gives one "
                              f"bucket per parameter), got {bucket_cap_mb!r}")
         names = ("broadcast_buffers", "find_unused_parameters", "gradient_as_bucket_view",
-                 "static_graph", "overlap", "init_sync")
+                 "static_graph", "overlap", "init_sync", "forward_sync_buffers")
         for name, flag in zip(names, flags):
-            if name == "broadcast_buffers" and flag is None:
-                continue  # torch's None means True
+            if name.endswith("buffers") and flag is None:
+                continue  # torch's None: the default
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"DistributedDataParallel: {name} must be True or False, got "
                                 f"{flag!r}")
@@ -411,15 +426,26 @@ class DistributedDataParallel(Module):
 
     def _set_options(self, module: Module, pg: ProcessGroup, params: List[Tensor],
                      device_ids: Any, output_device: Any, dim: int, cap_mb: float,
-                     broadcast_buffers: Any, find_unused_parameters: bool,
-                     gradient_as_bucket_view: bool, static_graph: bool, overlap: bool) -> None:
-        """The public attributes (torch's names) and the per-model constants."""
+                     broadcast_buffers: Any, forward_sync_buffers: Any,
+                     find_unused_parameters: bool, gradient_as_bucket_view: bool,
+                     static_graph: bool, overlap: bool) -> bool:
+        """The public attributes (torch's names) and the per-model constants.
+
+        Returns:
+            Whether construction broadcasts the buffers: as torch, the older
+            ``broadcast_buffers=False`` leaves them out, ``forward_sync_buffers`` never does.
+        """
         named = {id(p): n for n, p in module.named_parameters()}
         self.module = module
         self.device_ids = list(device_ids) if device_ids is not None else None
         self.output_device = output_device
         self.dim = dim
-        self.broadcast_buffers = broadcast_buffers is None or bool(broadcast_buffers)
+        if forward_sync_buffers is not None:  # the newer name wins (torch 2.13)
+            self.forward_sync_buffers = bool(forward_sync_buffers)
+            init_buffers = True
+        else:
+            self.forward_sync_buffers = broadcast_buffers is None or bool(broadcast_buffers)
+            init_buffers = self.forward_sync_buffers
         self.process_group = pg
         self.bucket_bytes_cap = int(cap_mb * _MB)
         self.find_unused_parameters = bool(find_unused_parameters)
@@ -436,6 +462,9 @@ class DistributedDataParallel(Module):
         self._join: Optional[_JoinState] = None  # set only inside an enabled join()
         self._join_zeros: Optional[List[Any]] = None
         self._static_unused: Optional[List[int]] = None
+        # set by a backward that left parameters without gradient; raised by the next forward
+        self._unused_error: Optional[RuntimeError] = None
+        return init_buffers
 
     def _make_buckets(self) -> None:
         """Group the parameters into buckets (local), then check every rank made the same."""
@@ -445,12 +474,13 @@ class DistributedDataParallel(Module):
         if self._world > 1:
             self._check_layout("construction")
 
-    def _sync_replicas(self, init_sync: bool) -> None:
-        """Start every replica from the source rank's parameters and buffers."""
+    def _sync_replicas(self, init_sync: bool, buffers: bool) -> None:
+        """Start every replica from the source rank's parameters (and buffers)."""
         self._init_broadcasts = 0
         if init_sync:
             states = [p._data for p in tensors_of(self.module, "DistributedDataParallel")]
-            states += [b._data for b in self.module.buffers() if b is not None]
+            if buffers:
+                states += [b._data for b in self.module.buffers() if b is not None]
             self._init_broadcasts = coalesced_broadcast(states, self.process_group, self._src)
         elif self._world > 1:
             # no broadcast: the caller promises equal replicas; checking costs one small gather
@@ -507,6 +537,16 @@ class DistributedDataParallel(Module):
             self._buckets.append(_Bucket(b, idx, buf, views))
 
     # ---------------------------------------------------------------- public API
+    @property
+    def broadcast_buffers(self) -> bool:
+        """Whether forwards broadcast the buffers (torch's older name of
+        ``forward_sync_buffers``)."""
+        return self.forward_sync_buffers
+
+    @broadcast_buffers.setter
+    def broadcast_buffers(self, value: bool) -> None:
+        self.forward_sync_buffers = bool(value)
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Context manager that turns gradient synchronisation off (gradient accumulation).
@@ -535,21 +575,23 @@ class DistributedDataParallel(Module):
         Torch's ``DistributedDataParallel.join`` (``torch.distributed.algorithms.Join``). Inside
         it, each forward first joins a small all-reduce that says which ranks are still
         active. A rank whose loop has ended waits in ``__exit__`` and *shadows* the others:
-        for every forward they make it joins that all-reduce, and for every synchronising one
-        it also takes part in the buffer broadcast and in each bucket's all-reduce (same
-        buckets, same order) with zero gradients, so nobody waits for it. Arithmetic: the
-        gradients of a step are ``sum over active ranks of local grad / D``, with ``D`` the
-        initial world size (``divide_by_initial_world_size=True``: the same as an even run in
-        which the missing batches contribute zero gradient) or the number of ranks still
-        active (``False``: the mean over the active ranks). Buffers are broadcast from the
-        lowest active rank (group rank 0 while it is active, as outside ``join()``).
+        for every forward they make it joins that all-reduce and the buffer broadcast (when
+        the active ranks make one), and for every synchronising forward it also takes part in
+        each bucket's all-reduce (same buckets, same order) with zero gradients, so nobody
+        waits for it. Arithmetic: the gradients of a step are ``sum over active ranks of local
+        grad / D``, with ``D`` the initial world size (``divide_by_initial_world_size=True``:
+        the same as an even run in which the missing batches contribute zero gradient) or the
+        number of ranks still active (``False``: the mean over the active ranks). Inside
+        ``join()`` the buffers are broadcast from the highest active rank, as in torch (rank 0
+        may have joined and hold stale buffers).
 
-        Exiting the context returns once every rank has exited it; a rank that joined early
-        then receives the parameters and buffers of a rank that ran every step (the highest
-        such rank, as torch), so all replicas end equal. Optimizer state (momentum) of early
-        ranks is not updated, as in torch. Inside ``join()``, follow every forward that
-        synchronises (grad enabled, outside ``no_sync``) by its backward, run evaluation
-        forwards under ``no_grad()``, and do not call other collectives on the group.
+        Exiting the context returns once every rank has exited it; every rank then receives
+        the parameters (and, with ``broadcast_buffers``, the buffers) of a rank that ran every
+        step (the highest such rank, as torch), so all replicas end equal, even inputs
+        included. Optimizer state (momentum) of early ranks is not updated, as in torch.
+        Inside ``join()``, follow every forward that synchronises (grad enabled, outside
+        ``no_sync``) by its backward, run evaluation forwards under ``no_grad()``, and do not
+        call other collectives on the group.
 
         Args:
             divide_by_initial_world_size: divide by the initial world size (True, default) or
@@ -605,17 +647,19 @@ class DistributedDataParallel(Module):
             self._divisor = self._world
             self._join_zeros = None
 
-    def _join_allreduce(self, state: _JoinState, active: bool, sync: bool,
+    def _join_allreduce(self, state: _JoinState, active: bool, sync: bool, bufs: bool,
                         first: bool) -> np.ndarray:
         # [0, w): who is active; w: how many active ranks synchronise this step; w + 1: a
         # joined rank asks everyone to stop; [w + 2, 2w + 2): joined ranks in their first
-        # wait (at the last step: the ranks that ran every step)
+        # wait (at the last step: the ranks that ran every step); 2w + 2: how many active
+        # ranks broadcast the buffers before this forward
         w = self._world
         me = self.process_group.rank_
-        v = np.zeros(2 * w + 2, np.int64)
+        v = np.zeros(2 * w + 3, np.int64)
         if active:
             v[me] = 1
             v[w] = int(sync)
+            v[2 * w + 2] = int(bufs)
         else:
             v[w + 1] = int(state.throw)
             v[w + 2 + me] = int(first)
@@ -628,16 +672,17 @@ class DistributedDataParallel(Module):
         state.step += 1
         return v
 
-    def _join_notify(self, sync: bool) -> int:
+    def _join_notify(self, sync: bool, bufs: bool) -> int:
         """An active rank's per-forward join all-reduce; returns the buffer source rank."""
         state = self._join
-        v = self._join_allreduce(state, True, sync, False)
+        v = self._join_allreduce(state, True, sync, bufs, False)
         w = self._world
         active = np.flatnonzero(v[:w])
         if v[w + 1]:
             raise self._early_termination_error(v, state)
         self._divisor = w if state.divide_by_initial_world_size else len(active)
-        return self.process_group.ranks[int(active[0])]
+        # as torch inside join(): the highest active rank holds the authoritative buffers
+        return self.process_group.ranks[int(active[-1])]
 
     def _join_wait(self, state: _JoinState) -> None:
         """A joined rank: shadow the active ranks' steps until every rank has joined."""
@@ -645,33 +690,35 @@ class DistributedDataParallel(Module):
         w = self._world
         first = True
         while True:
-            v = self._join_allreduce(state, False, False, first)
+            v = self._join_allreduce(state, False, False, False, first)
             active = np.flatnonzero(v[:w])
             if len(active) == 0:
                 break
             if state.throw:
                 raise self._early_termination_error(v, state)
             first = False
-            if v[w]:
-                self._shadow_step(pg.ranks[int(active[0])])
-        last = np.flatnonzero(v[w + 2:])
-        if len(last) < w:
-            # some ranks stopped early and hold stale parameters: take a rank that ran every
-            # step (the highest, as torch's authoritative rank)
-            states = [p._data for p in tensors_of(self.module, "DistributedDataParallel")]
+            self._shadow_step(pg.ranks[int(active[-1])], bool(v[w]), bool(v[2 * w + 2]))
+        # as torch, every rank then takes the state of a rank that ran every step (the
+        # highest): the early ranks' parameters are stale, and buffers may differ anyway
+        last = np.flatnonzero(v[w + 2:2 * w + 2])
+        states = [p._data for p in tensors_of(self.module, "DistributedDataParallel")]
+        if self.broadcast_buffers:
             states += [b._data for b in self.module.buffers() if b is not None]
-            coalesced_broadcast(states, pg, pg.ranks[int(last[-1])])
+        coalesced_broadcast(states, pg, pg.ranks[int(last[-1])])
 
-    def _shadow_step(self, src: int) -> None:
-        """Match one synchronising step of the active ranks with zero gradients."""
+    def _shadow_step(self, src: int, sync: bool, bufs: bool) -> None:
+        """Match one forward of the active ranks (and its backward's all-reduces, if it syncs)
+        with zero gradients."""
         pg = self.process_group
+        # the next forward after join() decides its buffer broadcast as the active ranks do
+        self.require_forward_param_sync = sync
         if self._world > 1:
-            if pg.debug:
+            if sync and pg.debug:
                 self._check_layout("sync")
-            if self.broadcast_buffers:
-                bufs = [b._data for b in self.module.buffers() if b is not None]
-                if bufs:
-                    coalesced_broadcast(bufs, pg, src)
+            if bufs:
+                self._sync_buffers(src)
+        if not sync:
+            return
         if self._join_zeros is None:
             self._join_zeros = [_backend.array_module(b.buffer).zeros_like(b.buffer)
                                 for b in self._buckets]
@@ -933,26 +980,62 @@ class DistributedDataParallel(Module):
             "same DDP on every rank in the same order.")
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        """Run the wrapped module (after syncing buffers) and prepare the gradient sync."""
+        """Run the wrapped module (after syncing buffers) and prepare the gradient sync.
+
+        The buffers are broadcast from the group's rank 0 before the module runs when
+        ``broadcast_buffers`` is on and the *previous* forward synchronised gradients (or this
+        is the first forward), as in torch: the first forward of an evaluation after training
+        still broadcasts, so every replica evaluates with rank 0's running statistics; the
+        following ones (no gradient sync) do not, nor does the first forward after them.
+
+        Raises:
+            RuntimeError: with gradients enabled, when the previous synchronised backward gave
+                no gradient to some parameter and neither ``find_unused_parameters`` nor
+                ``static_graph`` is set (as torch). The other ranks are told: those that did
+                not raise it too get PeerFailedError in their next collective.
+        """
         if self._in_backward:
             self._recover()
-        sync = self.require_backward_grad_sync and _autograd.is_grad_enabled()
-        self.require_forward_param_sync = sync
+        grad_on = _autograd.is_grad_enabled()
+        if grad_on and self._unused_error is not None:
+            self._raise_unused()
+        sync = self.require_backward_grad_sync and grad_on
+        bufs = self.broadcast_buffers and self.require_forward_param_sync
         src = self._src
         if self._join is not None:
-            src = self._join_notify(sync)
-        if sync and self._world > 1:
-            if self.process_group.debug:
+            src = self._join_notify(sync, bufs)
+        if self._world > 1:
+            if sync and self.process_group.debug:
                 self._check_layout("sync")
-            if self.broadcast_buffers:
-                bufs = [b._data for b in self.module.buffers() if b is not None]
-                if bufs:
-                    coalesced_broadcast(bufs, self.process_group, src)
+            if bufs:
+                self._sync_buffers(src)
         out = self.module(*inputs, **kwargs)
+        # decides whether the *next* forward broadcasts the buffers (torch's rule)
+        self.require_forward_param_sync = sync
         if sync:
             self._expect_hooks = True
             self._prepare_for_backward(out)
         return out
+
+    def _sync_buffers(self, src: int) -> None:
+        """Broadcast the module's buffers from group member ``src`` (a global rank)."""
+        bufs = [b._data for b in self.module.buffers() if b is not None]
+        if bufs:
+            coalesced_broadcast(bufs, self.process_group, src)
+
+    def _raise_unused(self) -> None:
+        """Raise the error the previous backward left for the next forward, on this rank.
+
+        Raised through the group's guarded path: the other ranks hear of it, and those that did
+        not raise the same error in the same call (a parameter unused on some ranks only) get
+        PeerFailedError in their next call instead of waiting for this rank.
+        """
+        err, self._unused_error = self._unused_error, None
+
+        def fail() -> None:
+            raise err
+
+        self.process_group.call_guarded("DistributedDataParallel.forward", fail)
 
     # ---------------------------------------------------------------- the reducer
     def _prepare_for_backward(self, out: Any) -> None:
@@ -1070,8 +1153,10 @@ class DistributedDataParallel(Module):
         stats = self.comm_stats
         overlapped = stats.launched
         missing = [i for i, r in enumerate(self._ready) if not r]
-        tolerate = self.find_unused_parameters or (self.static_graph and
-                                                   self._static_unused is None)
+        learning = self.static_graph and self._static_unused is None
+        if learning:  # the first iteration of a static graph: what got no gradient here
+            self._static_unused = [i for i, u in enumerate(self._used) if not u]
+        tolerate = self.find_unused_parameters or learning
         for i in missing:
             self._mark_ready(i, self._params[i], from_hook=False)
         # every bucket is complete now: launch what is left, in order, on every rank
@@ -1087,29 +1172,30 @@ class DistributedDataParallel(Module):
         if used_work is not None:
             used_work.wait()
         t1 = time.perf_counter()
-        self._write_back(used)
+        untouched = missing if missing and not tolerate else ()
+        self._write_back(used, untouched)
         self._reset()
         stats.steps += 1
         stats.overlapped = overlapped
         stats.last_wait_s = t1 - t0
         stats.total_wait_s += t1 - t0
         stats.last_backward_end_s = t0
-        if missing and self.static_graph and self._static_unused is None:
-            self._static_unused = missing
-        elif self.static_graph and self._static_unused is None:
-            self._static_unused = []
         if missing and not tolerate:
-            raise RuntimeError(_UNUSED_MSG.format(
-                rank=dist.get_rank(), idx=" ".join(map(str, missing)),
-                names=" ".join(self._names[i] for i in missing)))
+            # as torch, the next forward with gradients enabled raises: backward itself returns
+            self._unused_error = RuntimeError(_UNUSED_MSG.format(
+                rank=dist.get_rank(), count=len(missing),
+                names=", ".join(f"{self._names[i]} (index {i})" for i in missing)))
 
-    def _write_back(self, used: Any) -> None:
+    def _write_back(self, used: Any, untouched: Sequence[int] = ()) -> None:
         params = self._params
         view_mode = self.gradient_as_bucket_view
+        skip = set(untouched)
         for bucket in self._buckets:
             for k, i in enumerate(bucket.params):
                 if used is not None and not used[i]:
                     continue  # unused on every rank: leave the gradient alone, as torch
+                if i in skip:
+                    continue  # no gradient here, and the next forward raises: as torch
                 p = params[i]
                 view = bucket.views[k]
                 g = p.grad
