@@ -24,6 +24,7 @@ from . import (
     distributed,
     errors,
     models,
+    multiprocessing,
     nn,
     optim,
     utils,
@@ -61,6 +62,6 @@ __all__ = [
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
     "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError", "PeerFailedError", "DtypeMismatchError",
     "ReplicaDivergenceError", "set_num_threads", "get_num_threads", "cuda", "accelerator",
-    "backends",
+    "backends", "multiprocessing",
     *_dtype_names, *_tensor_names,
 ]

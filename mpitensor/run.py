@@ -13,8 +13,19 @@ exception on any rank prints that rank's traceback with each line prefixed ``[ra
 ``MPI_Abort``, so the whole job ends at once with a non-zero exit code instead of the other ranks
 waiting forever. ``sys.exit(code)`` passes ``code`` through as the job's exit code.
 
-Bad input (an unknown option, ``-n 0``, a missing script, a missing or malformed hostfile) is
-reported in one line on stderr with exit code 2, before anything is launched.
+Every rank sees torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``TORCHELASTIC_RESTART_COUNT``, ...) from its first line on: the bootstrap sets them from the MPI
+launcher's per-rank variables before the script starts. torchrun's options are accepted where
+they mean something (``--nproc-per-node``, ``--nnodes``, ``--node-rank``, ``--master-addr``,
+``--master-port``, ``--standalone``, ``--rdzv-endpoint``, ``--rdzv-backend``, ``--rdzv-id``,
+``--max-restarts 0``), so a torchrun command line runs with the name changed::
+
+    mpitensor-run --nproc-per-node 2 train.py --lr 0.1
+
+Bad input (an unknown option, ``-n 0``, a missing script, a missing or malformed hostfile,
+``--max-restarts 2``) is reported in one line on stderr with exit code 2, before anything is
+launched.
 """
 
 from __future__ import annotations
@@ -22,10 +33,12 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .distributed.launch import (
     MPICH,
@@ -35,6 +48,8 @@ from .distributed.launch import (
     find_mpiexec,
     launcher_option_values,
     mpi_flavor,
+    parse_hostfile,
+    rank_env,
     run_target,
 )
 
@@ -63,7 +78,28 @@ options:
                         e.g. --mpi-args "-bind-to core"
   --mpiexec PATH        the MPI launcher to use (default: next to python, else on PATH)
   --dry-run             print the mpiexec command line and exit
-  -m MODULE             run a module as the program (like python -m)
+  -m MODULE, --module MODULE
+                        run a module as the program (like python -m)
+
+torchrun's options (a torchrun command line works with the name changed):
+  --nproc-per-node N    ranks per node: a number, or auto/cpu/gpu (also --nproc_per_node)
+  --nnodes N            number of nodes (N or N:N; default 1, or the hostfile's hosts); more
+                        than one needs --hostfile (or a SLURM/PBS allocation): every node is
+                        started from this one command
+  --node-rank 0         this node's index: mpitensor-run runs on node 0 only
+  --master-addr ADDR    MASTER_ADDR on every rank (default 127.0.0.1; rank 0's host on
+                        several nodes)
+  --master-port PORT    MASTER_PORT on every rank (default 29500; 0: a free port)
+  --standalone          one node, MASTER_ADDR 127.0.0.1 and a free MASTER_PORT
+  --rdzv-endpoint HOST[:PORT]
+                        MASTER_ADDR and MASTER_PORT, where --master-* are not given
+  --rdzv-backend NAME   accepted and unused (mpiexec does the rendezvous)
+  --rdzv-id ID          TORCHELASTIC_RUN_ID on every rank
+  --max-restarts 0      restarting failed ranks is not supported yet: only 0 is accepted
+Each rank sees RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
+ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
+TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID and TORCHELASTIC_USE_AGENT_STORE, as under
+torchrun.
 
 Any other option of the MPI launcher found (MPICH's or Open MPI's mpiexec, e.g. --bind-to core,
 -genv NAME VALUE, --mca KEY VALUE) is passed to it unchanged; an option neither knows is an
@@ -88,31 +124,92 @@ class Options:
     dry_run: bool = False
     module: bool = False
     target: List[str] = field(default_factory=list)
+    # torchrun's
+    nproc_per_node: Optional[str] = None
+    nnodes: Optional[int] = None
+    node_rank: Optional[int] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    standalone: bool = False
+    rdzv_endpoint: Optional[Tuple[str, Optional[int]]] = None
+    rdzv_backend: Optional[str] = None
+    rdzv_id: Optional[str] = None
+    max_restarts: Optional[int] = None
 
 
 _VALUED = {"-n": "nprocs", "--np": "nprocs", "-np": "nprocs", "--hostfile": "hostfile",
            "-f": "hostfile", "--ppn": "ppn", "--iface": "iface", "--env": "env",
-           "--mpi-args": "mpi_args", "--mpiexec": "mpiexec", "-m": "module"}
-_FLAGS = {"--tag-output": "tag_output", "--dry-run": "dry_run"}
+           "--mpi-args": "mpi_args", "--mpiexec": "mpiexec", "-m": "module",
+           "--module": "module"}
+# torchrun's options, in both of its spellings (--nproc-per-node and --nproc_per_node)
+for _name in ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port",
+              "rdzv_endpoint", "rdzv_backend", "rdzv_id", "max_restarts"):
+    _VALUED["--" + _name] = _VALUED["--" + _name.replace("_", "-")] = _name
+_FLAGS = {"--tag-output": "tag_output", "--dry-run": "dry_run", "--standalone": "standalone"}
 
 
-def _positive_int(option: str, value: str) -> int:
+def _positive_int(option: str, value: str, what: str = "ranks") -> int:
     try:
         n = int(value)
     except ValueError:
         raise UsageError(f"argument {option}: invalid int value: {value!r}") from None
     if n < 1:
-        raise UsageError(f"argument {option}: must be a positive number of ranks, got {n}")
+        raise UsageError(f"argument {option}: must be a positive number of {what}, got {n}")
     return n
 
 
 _FLAVOR_NAMES = {MPICH: "MPICH", OPENMPI: "Open MPI"}
 
 
+def _int_in(option: str, value: str, low: int, high: Optional[int] = None) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise UsageError(f"argument {option}: invalid int value: {value!r}") from None
+    if n < low or (high is not None and n > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise UsageError(f"argument {option}: must be {bound}, got {n}")
+    return n
+
+
+def _endpoint(option: str, value: str) -> Tuple[str, Optional[int]]:
+    """``host``, ``host:port`` or ``[v6addr]:port``."""
+    host, port = value, None
+    if value.startswith("["):
+        close = value.find("]")
+        if close < 0 or value[close + 1:close + 2] not in ("", ":"):
+            raise UsageError(f"argument {option}: expected HOST[:PORT], got {value!r}")
+        host, rest = value[1:close], value[close + 2:]
+        port = rest or None
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    if not host:
+        raise UsageError(f"argument {option}: expected HOST[:PORT], got {value!r}")
+    return host, (None if port is None else _int_in(option, port, 0, 65535))
+
+
 def _store(opts: Options, key: str, name: str, value: str) -> None:
     """Record the value of one of mpitensor-run's own options."""
     if key in ("nprocs", "ppn"):
         setattr(opts, key, _positive_int(name, value))
+    elif key == "nproc_per_node":
+        opts.nproc_per_node = value if value in ("auto", "cpu", "gpu") else str(
+            _positive_int(name, value))
+    elif key == "nnodes":
+        low, colon, high = value.partition(":")
+        n = _positive_int(name, low, "nodes")
+        if colon and _positive_int(name, high, "nodes") != n:
+            raise UsageError(f"argument {name}: {value} asks for an elastic number of nodes, "
+                             "which is not supported; give one number")
+        opts.nnodes = n
+    elif key in ("node_rank", "max_restarts"):
+        setattr(opts, key, _int_in(name, value, 0))
+    elif key == "master_port":
+        opts.master_port = _int_in(name, value, 0, 65535)
+    elif key == "rdzv_endpoint":
+        opts.rdzv_endpoint = _endpoint(name, value)
+    elif key in ("master_addr", "rdzv_backend", "rdzv_id") and not value:
+        raise UsageError(f"argument {name}: expected a non-empty value")
     elif key == "env":
         k, sep, v = value.partition("=")
         if not sep or not k:
@@ -221,6 +318,113 @@ def _check_module(name: str) -> None:
         raise UsageError(f"no module named {name}")
 
 
+_ALLOCATION_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID", "PE_HOSTFILE")
+
+
+def _per_node_count(value: str) -> int:
+    """torchrun's ``--nproc-per-node`` value as a number of ranks."""
+    if value == "cpu" or value == "auto":
+        if value == "auto":
+            from .cuda import device_count
+
+            gpus = device_count()
+            if gpus:
+                return gpus
+        return os.cpu_count() or 1
+    if value == "gpu":
+        from .cuda import device_count
+
+        gpus = device_count()
+        if not gpus:
+            raise UsageError("argument --nproc-per-node: 'gpu' asks for one rank per GPU, and "
+                             "no GPU is visible (CuPy missing or no CUDA device); give a number")
+        return gpus
+    return int(value)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _apply_torchrun_options(opts: Options) -> Dict[str, str]:
+    """Turn torchrun's options into ranks (``opts.nprocs``, ``opts.ppn``) and job settings.
+
+    Returns:
+        The job-wide values the bootstrap gives every rank (``MASTER_ADDR``, ``MASTER_PORT``,
+        ``TORCHELASTIC_RUN_ID``), for those the command line decides.
+
+    Raises:
+        UsageError: options that contradict each other or ask for what is not supported.
+    """
+    if opts.max_restarts:
+        raise UsageError(f"argument --max-restarts: restarting failed ranks is not supported "
+                         f"yet (got {opts.max_restarts}); use 0 (the default): a failing rank "
+                         "ends the whole job with its traceback and a non-zero exit code")
+    if opts.node_rank:
+        raise UsageError(f"argument --node-rank: got {opts.node_rank}, but mpitensor-run starts "
+                         "the ranks of every node from one command (mpiexec reaches the other "
+                         "nodes): run it once, on one node, without --node-rank, with "
+                         "--hostfile FILE listing the nodes")
+    if opts.standalone and opts.nnodes not in (None, 1):
+        raise UsageError(f"argument --standalone: runs on one node, but --nnodes is "
+                         f"{opts.nnodes}; drop one of them")
+    per_node = None if opts.nproc_per_node is None else _per_node_count(opts.nproc_per_node)
+    if per_node is not None or opts.nnodes is not None:
+        hosts = len(parse_hostfile(opts.hostfile)[0]) if opts.hostfile else None
+        nnodes = opts.nnodes or (hosts if hosts and per_node is not None else 1)
+        per_node = per_node or 1
+        if nnodes > 1 and hosts is None and not any(os.environ.get(v)
+                                                    for v in _ALLOCATION_VARS):
+            raise UsageError(f"argument --nnodes: {nnodes} nodes need --hostfile FILE naming "
+                             "them (or a SLURM/PBS allocation): mpitensor-run starts every "
+                             "node from this one command")
+        if hosts is not None and hosts < nnodes:
+            raise UsageError(f"argument --nnodes: {nnodes} nodes, but hostfile "
+                             f"{opts.hostfile} names {hosts} host(s)")
+        total = nnodes * per_node
+        if opts.nprocs is not None and opts.nprocs != total:
+            raise UsageError(f"argument -n: {opts.nprocs} ranks contradicts --nnodes {nnodes} "
+                             f"x --nproc-per-node {per_node} = {total}; give one or the other")
+        if nnodes > 1 or hosts is not None:
+            if opts.ppn is not None and opts.ppn != per_node:
+                raise UsageError(f"argument --ppn: {opts.ppn} contradicts --nproc-per-node "
+                                 f"{per_node}; give one or the other")
+            opts.ppn = per_node
+        opts.nprocs = total
+    addr, port = opts.master_addr, opts.master_port
+    if opts.rdzv_endpoint is not None:
+        host, endpoint_port = opts.rdzv_endpoint
+        addr = addr or host
+        port = endpoint_port if port is None else port
+    if opts.standalone:
+        addr = addr or "127.0.0.1"
+        port = 0 if port is None else port
+    settings: Dict[str, str] = {}
+    if addr:
+        settings["MASTER_ADDR"] = addr
+    if port is not None:
+        settings["MASTER_PORT"] = str(port or _free_port())
+    run_id = opts.rdzv_id or (uuid.uuid4().hex if opts.standalone else None)
+    if run_id:
+        settings["TORCHELASTIC_RUN_ID"] = run_id
+    return settings
+
+
+def _worker(args: Sequence[str]) -> int:
+    """The bootstrap each rank runs: torchrun's variables first, then the target."""
+    settings: Dict[str, str] = {}
+    rest = list(args)
+    while rest[:1] == ["--_env"] and len(rest) > 1:
+        name, _, value = rest[1].partition("=")
+        settings[name] = value
+        rest = rest[2:]
+    os.environ.update(rank_env(settings))
+    module = rest[:1] == ["-m"]
+    return run_target(rest[1:] if module else rest, module=module)
+
+
 def _error(msg: str) -> int:
     sys.stderr.write(f"{PROG}: error: {msg}\n")
     return 2
@@ -243,8 +447,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--_worker"]:
-        module = args[1:2] == ["-m"]
-        return run_target(args[2:] if module else args[1:], module=module)
+        return _worker(args[1:])
     if args[:1] == ["--_spawn"]:
         from .distributed.launch import _spawn_worker
 
@@ -264,9 +467,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if opts.mpiexec != guess:
             explicit = opts.mpiexec
             opts = parse_args(args, lambda: flavor_of(explicit))
+        settings = _apply_torchrun_options(opts)
         mpiexec = find_mpiexec(opts.mpiexec)
         flavor = flavor_of(opts.mpiexec)
         rank_argv = [sys.executable, "-m", "mpitensor.run", "--_worker"]
+        for name, value in settings.items():  # on the command line: it reaches every node
+            rank_argv += ["--_env", f"{name}={value}"]
         rank_argv += ["-m", *opts.target] if opts.module else opts.target
         cmd = build_command(rank_argv, opts.nprocs, opts.hostfile, mpiexec, flavor, opts.iface,
                             opts.env, opts.tag_output, opts.ppn, opts.mpi_args)

@@ -169,6 +169,39 @@ def test_mpitensor_run_hostfile_on_the_cluster(cluster, tmp_path: Path) -> None:
     assert not re.search(r"\[rank [013]\]", err), err
 
 
+RANK_ENV = """\
+import os, socket, sys
+names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")
+import mpitensor.distributed as dist
+dist.init_process_group("mpi")
+seen = " ".join(f"{k}={os.environ.get(k)}" for k in names)
+sys.stdout.write(f"rank {dist.get_rank()} host {socket.gethostname()} {seen}\\n")
+"""
+
+
+def test_torchrun_variables_across_hosts(cluster, tmp_path: Path) -> None:
+    """LOCAL_RANK, GROUP_RANK (the node's index) and MASTER_ADDR (rank 0's host) on two
+    hosts: set by mpitensor-run's bootstrap before the script, and by init_process_group under
+    plain mpiexec; both the same."""
+    prog = tmp_path / "env.py"
+    prog.write_text(RANK_ENV)
+    hydra = f"-launcher ssh -launcher-exec {cluster.launcher} -localhost {cluster.head}"
+    expected = sorted(
+        f"rank {r} host {cluster.namespaces[r // 2]} RANK={r} LOCAL_RANK={r % 2} WORLD_SIZE=4 "
+        f"LOCAL_WORLD_SIZE=2 GROUP_RANK={r // 2} MASTER_ADDR={cluster.namespaces[0]}"
+        for r in range(4))
+    runs = {
+        "mpitensor-run": [sys.executable, "-m", "mpitensor.run", "--hostfile", cluster.hostfile,
+                          "--nproc-per-node", "2", "--mpi-args", hydra, str(prog)],
+        "mpiexec": _cluster_cmd(cluster, 4, str(prog)),
+    }
+    for name, cmd in runs.items():
+        code, out, err, _ = _run(cmd, tmp_path, env=NET_ENV)
+        assert code == 0, name + out + err
+        lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
+        assert lines == expected, name + "\n" + out + err
+
+
 def test_collectives_tour_across_hosts(cluster, tmp_path: Path) -> None:
     tour = str(ROOT / "examples" / "tour.py")
     code, out, err, _ = _run(_cluster_cmd(cluster, 4, tour), tmp_path, env=NET_ENV)

@@ -1,5 +1,8 @@
 """``mpitensor-run`` and ``mpitensor.distributed.spawn``: launching, failing fast, bad input.
 
+(torchrun's options and variables: ``test_torchrun_env.py``; torch's ``mp.spawn``, of which
+``dist.spawn`` is a thin wrapper: ``test_multiprocessing.py``.)
+
 Every launch runs in its own session with a hard timeout; on timeout the whole process group is
 killed, and the fault tests assert that no process of the job is left afterwards.
 """
@@ -457,6 +460,8 @@ def test_spawn_returns_every_rank(n: int, tmp_path: Path) -> None:
 def test_spawn_reraises_naming_the_rank(tmp_path: Path,
                                         capfd: pytest.CaptureFixture) -> None:
     ctx = spawn(_spawn_fail, 3, join=False, timeout=TIMEOUT)
+    # the wrapper hands back the one implementation's context
+    assert isinstance(ctx, launch.ProcessContext) and launch.SpawnContext is launch.ProcessContext
     start = time.monotonic()
     with pytest.raises(ProcessRaisedException) as info:
         ctx.join()

@@ -108,7 +108,7 @@ LAYERS = [
               "mpitensor._threads", "mpitensor._workspace"]),
     ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._", "mpitensor.cuda",
                  "mpitensor.accelerator", "mpitensor.backends"]),
-    ("communication", ["mpitensor.distributed"]),
+    ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
                   "mpitensor.checkpoint", "mpitensor.utils"]),
     ("entry points", ["mpitensor.run", "mpitensor"]),

@@ -12,7 +12,8 @@ Port a torch.distributed program by changing its imports::
 Rules shared by every function here:
 
 * Tensors may be ``mpitensor.Tensor``, NumPy arrays or CuPy arrays, of any shape and of the
-  dtypes bool, int8-int64, uint8-uint64, float16, float32, float64, complex64, complex128.
+  dtypes bool, int8-int64, uint8-uint64, float16, bfloat16, float32, float64, complex64,
+  complex128 (float16 and bfloat16 are reduced in float32 and rounded once).
   Outputs are written in place; contiguous buffers are never copied, non-contiguous ones are
   staged and written back.
 * ``src``/``dst`` are *global* ranks, also when ``group=`` is given (as in torch); use
@@ -51,7 +52,14 @@ from ._abort import (
     install_abort_handler,
     uninstall_abort_handler,
 )
-from .launch import ProcessExitedException, ProcessRaisedException, SpawnContext, spawn
+from .launch import (
+    ProcessExitedException,
+    ProcessRaisedException,
+    SpawnContext,
+    export_rank_env,
+    launcher_rank,
+    spawn,
+)
 from .model_sync import average_gradients, broadcast_parameters
 from .process_group import GroupMember, ProcessGroup, ReduceOp, Work, reduce_op
 
@@ -201,9 +209,11 @@ def init_process_group(
     """Initialize the default process group from MPI's world communicator.
 
     Rank and world size come from MPI (``mpiexec -n N``, or a single process under plain
-    ``python``). ``init_method``, ``store``, ``MASTER_ADDR``/``MASTER_PORT`` and ``group_name``
-    are accepted so torch programs run unchanged, and are unused: MPI's launcher has already
-    done the rendezvous.
+    ``python``). Under an MPI launcher, torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+    ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` and
+    ``TORCHELASTIC_RESTART_COUNT`` are set from MPI where absent. ``init_method``, ``store``,
+    ``MASTER_ADDR``/``MASTER_PORT`` and ``group_name`` are accepted so torch programs run
+    unchanged, and are unused: MPI's launcher has already done the rendezvous.
 
     Args:
         backend: ``"mpi"`` (default), ``"nccl"`` (CuPy arrays through NCCL, CPU through MPI) or
@@ -215,8 +225,12 @@ def init_process_group(
             operation, the group, the sequence number and the ranks that had not arrived; past
             ``MPITENSOR_STALL_WARN`` (default min(60 s, timeout / 2)) each waiting rank logs a
             stall report. After a timeout the group is unusable.
-        world_size: if given (not -1), must equal MPI's world size.
-        rank: if given (not -1), must equal MPI's rank of this process.
+        world_size: if given, must equal MPI's world size (-1 and 0, torch's MPI
+            placeholders, mean "not given").
+        rank: if given, must equal MPI's rank of this process (-1, and 0 without a
+            ``world_size``, mean "not given"). A process started without an MPI launcher
+            (``multiprocessing.Process``, a plain ``python``) is a world of one: a larger
+            ``world_size`` there is an error that says how to launch instead, never a hang.
         abort_on_exception: install the abort handler (an unhandled exception on any rank
             prints its traceback prefixed ``[rank N]`` and ends the whole job with
             ``MPI_Abort``, instead of leaving the other ranks waiting). Default: on when the
@@ -248,6 +262,14 @@ def init_process_group(
         if mpi_rank == 0:
             logger.warning("backend 'gloo' runs on mpitensor's MPI path (same API and results)")
     world = _make_world(comm, name, seconds, device_id)
+    if mpi_size > 1 or launcher_rank(None) is not None:
+        # torchrun's RANK, LOCAL_RANK, ... where the launcher did not set them (a plain python
+        # process, a job of its own, is left alone, so its children inherit nothing stale)
+        try:
+            export_rank_env(comm)
+        except BaseException:
+            world.free()
+            raise
     _state.world = world
     _state.groups.add(world)
     GroupMember.WORLD = world
@@ -259,15 +281,32 @@ def init_process_group(
 
 
 def _check_against_mpi(rank: Any, world_size: Any, mpi_rank: int, mpi_size: int) -> None:
-    """``rank``/``world_size`` given to init_process_group must be MPI's (-1/None: not given)."""
-    for what, given, actual in (("rank", rank, mpi_rank), ("world_size", world_size, mpi_size)):
-        if given is None or given == -1:
+    """``rank``/``world_size`` given to init_process_group must be MPI's.
+
+    Not given: ``None`` or -1, and the placeholders of torch's MPI recipes (``world_size=0``;
+    ``rank=0`` without a world size), which torch ignores for MPI too.
+    """
+    size_given = world_size is not None and (isinstance(world_size, bool)
+                                             or world_size not in (-1, 0))
+    rank_given = rank not in (None, -1) and (rank != 0 or size_given or rank is False)
+    launched = launcher_rank(None) is not None
+    for what, given, actual in (("world_size", world_size, mpi_size), ("rank", rank, mpi_rank)):
+        if not (size_given if what == "world_size" else rank_given):
             continue
         if isinstance(given, bool) or not isinstance(given, int) or given != actual:
-            raise ValueError(
-                f"init_process_group: {what}={given!r} contradicts MPI, which says {what} is "
-                f"{actual} (rank {mpi_rank} of {mpi_size}); drop the argument and let mpiexec "
-                "set it, or launch with `mpiexec -n N`")
+            msg = (f"init_process_group: {what}={given!r} contradicts MPI, which says {what} is "
+                   f"{actual} (rank {mpi_rank} of {mpi_size})")
+            if mpi_size == 1 and not launched:
+                n = (f" (here N={world_size})" if isinstance(world_size, int)
+                     and not isinstance(world_size, bool) and world_size > 1 else "")
+                raise ValueError(
+                    f"{msg}: this process was started without an MPI launcher, so it is a job "
+                    "of its own. Processes started by multiprocessing or by hand cannot join "
+                    "one MPI job through MASTER_ADDR/MASTER_PORT; start all of them with "
+                    f"`mpiexec -n N python script.py`{n}, `mpitensor-run --nproc-per-node N "
+                    "script.py`, or mpitensor.multiprocessing.spawn")
+            raise ValueError(f"{msg}; drop the argument and let mpiexec set it, or launch with "
+                             "`mpiexec -n N`")
     env_rank = os.environ.get("RANK")
     if env_rank not in (None, "") and env_rank.isdigit() and int(env_rank) != mpi_rank:
         logger.warning("RANK=%s in the environment is ignored: MPI says this is rank %d",
@@ -621,8 +660,8 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: Optional[Process
     """Reduce ``tensor`` across the group with ``op``; every rank gets the result in place.
 
     Contract: same shape and dtype on every rank. ``AVG`` needs a floating/complex dtype,
-    ``BAND``/``BOR``/``BXOR`` an integer or bool one; float16 is reduced in float32 and rounded
-    once.
+    ``BAND``/``BOR``/``BXOR`` an integer or bool one; float16 and bfloat16 are reduced in
+    float32 and rounded once.
 
     Example:
         >>> t = torch.ones(2)

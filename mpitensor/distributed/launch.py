@@ -1,7 +1,7 @@
-"""Launching MPI jobs from Python: the ``mpiexec`` finder, hostfiles, rank bootstrap and ``spawn``.
+"""Launching MPI jobs from Python: the ``mpiexec`` finder, hostfiles, rank bootstrap and spawning.
 
-Three pieces live here, shared by the ``mpitensor-run`` command (:mod:`mpitensor.run`) and by
-:func:`spawn`:
+Four pieces live here, shared by the ``mpitensor-run`` command (:mod:`mpitensor.run`),
+:mod:`mpitensor.multiprocessing` and ``mpitensor.distributed.spawn``:
 
 * finding the ``mpiexec`` of the installed MPI (the one next to ``sys.executable`` first, the
   mpich wheel's, then ``PATH``), telling MPICH/hydra from Open MPI, and building a command line
@@ -10,13 +10,18 @@ Three pieces live here, shared by the ``mpitensor-run`` command (:mod:`mpitensor
 * the rank side: each rank runs its target inside :func:`run_target`, which prints an unhandled
   exception's traceback with every line prefixed ``[rank N]`` and calls ``MPI_Abort`` so the
   whole job dies at once instead of the other ranks hanging in their next collective;
-* :func:`spawn`, the ``torch.multiprocessing.spawn`` pattern on MPI ranks.
+* torchrun's per-rank variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ...) from the MPI
+  launcher's own (:func:`layout_from_env`, :func:`rank_env`) or from MPI
+  (:func:`layout_from_mpi`, :func:`export_rank_env`);
+* :func:`start_processes`, torch's ``multiprocessing`` spawning on MPI ranks, the one
+  implementation behind :func:`mpitensor.multiprocessing.spawn` and :func:`spawn`.
 
 Nothing here imports ``mpi4py`` at module level: the launching process never initializes MPI.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib
@@ -24,6 +29,7 @@ import os
 import pickle
 import re
 import runpy
+import select
 import shlex
 import shutil
 import signal
@@ -43,7 +49,11 @@ from ..errors import DistributedTimeoutError, MpiTensorError
 __all__ = [
     "launcher_rank",
     "spawn",
+    "start_processes",
+    "ProcessContext",
     "SpawnContext",
+    "RankProcess",
+    "ProcessException",
     "ProcessRaisedException",
     "ProcessExitedException",
     "HostfileError",
@@ -53,6 +63,13 @@ __all__ = [
     "parse_hostfile",
     "build_command",
     "run_target",
+    "RANK_ENV_VARS",
+    "RUN_ONLY_ENV_VARS",
+    "RankLayout",
+    "layout_from_env",
+    "layout_from_mpi",
+    "rank_env",
+    "export_rank_env",
 ]
 
 MPICH = "mpich"
@@ -64,38 +81,70 @@ _JOB_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCALRANKID", "MPI
                      "PRTE_", "ORTE_")
 
 
-class ProcessRaisedException(MpiTensorError):
-    """A rank started by :func:`spawn` raised; the message names the rank and holds its traceback.
+class ProcessException(MpiTensorError):
+    """A process started by :func:`start_processes` (or a ``spawn``) failed.
 
     Attributes:
-        rank: the rank that raised (the earliest, where several did).
-        error_index: the same rank, under torch's attribute name.
+        error_index: the failing process's index, which is its MPI rank (``None`` where it
+            could not be told, e.g. several ranks vanished at once).
+        rank: the same, under mpitensor's name.
+        error_pid: that process's id (``None`` when unknown); also ``pid``.
+    """
+
+    def __init__(self, msg: str, error_index: Optional[int], error_pid: Optional[int]) -> None:
+        super().__init__(msg)
+        self.msg = msg
+        self.error_index = error_index
+        self.rank = error_index
+        self.error_pid = error_pid
+        self.pid = error_pid
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        return type(self), (self.msg, self.error_index, self.error_pid)
+
+
+class ProcessRaisedException(ProcessException):
+    """A rank raised; the message names the rank and holds its traceback.
+
+    Attributes:
+        error_index: the rank that raised (the earliest, where several did); also ``rank``.
+        error_pid: its process id; also ``pid``.
         exc_type: the name of the exception class raised on that rank.
         traceback_text: the rank's formatted traceback.
     """
 
-    def __init__(self, msg: str, rank: int, exc_type: str, traceback_text: str) -> None:
-        super().__init__(msg)
-        self.rank = rank
-        self.error_index = rank
+    def __init__(self, msg: str, error_index: Optional[int], error_pid: Optional[int],
+                 exc_type: str = "", traceback_text: str = "") -> None:
+        super().__init__(msg, error_index, error_pid)
         self.exc_type = exc_type
         self.traceback_text = traceback_text
 
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        return type(self), (self.msg, self.error_index, self.error_pid, self.exc_type,
+                            self.traceback_text)
 
-class ProcessExitedException(MpiTensorError):
-    """A job started by :func:`spawn` ended with a non-zero exit code and no Python exception.
+
+class ProcessExitedException(ProcessException):
+    """A rank ended with a non-zero exit code or a signal, without a Python exception.
 
     Attributes:
-        rank: the rank that called ``sys.exit(code)``, or ``None`` when unknown (a rank killed by a
-            signal, or a failure of ``mpiexec`` itself).
-        exit_code: the exit code of the job.
+        error_index: the rank (``None`` where it cannot be told: a failure of ``mpiexec`` itself,
+            or several ranks gone at the same instant); also ``rank``.
+        error_pid: its process id, where known; also ``pid``.
+        exit_code: the exit code; negative (``-signum``) for a rank killed by a signal, as
+            :attr:`multiprocessing.Process.exitcode` and torch have it.
+        signal_name: ``"SIGKILL"`` and the like for a rank killed by a signal, else ``None``.
     """
 
-    def __init__(self, msg: str, rank: Optional[int], exit_code: int) -> None:
-        super().__init__(msg)
-        self.rank = rank
-        self.error_index = rank
+    def __init__(self, msg: str, error_index: Optional[int], error_pid: Optional[int],
+                 exit_code: int, signal_name: Optional[str] = None) -> None:
+        super().__init__(msg, error_index, error_pid)
         self.exit_code = exit_code
+        self.signal_name = signal_name
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        return type(self), (self.msg, self.error_index, self.error_pid, self.exit_code,
+                            self.signal_name)
 
 
 class HostfileError(ValueError):
@@ -468,8 +517,16 @@ def build_command(
     return Command(argv, extra_env)
 
 
+# torchrun's per-rank variables: a job started from a rank of another job must not inherit that
+# rank's (a job started from a plain process keeps what its user set, as torch's children do)
+_PER_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")
+
+
 def _job_env(additions: Dict[str, str]) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_JOB_ENV_PREFIXES)}
+    nested = launcher_rank(None) is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_JOB_ENV_PREFIXES)
+           and not (nested and k in _PER_RANK_VARS)}
     env.update(additions)
     return env
 
@@ -565,6 +622,205 @@ def launcher_rank(default: Optional[int] = 0) -> Optional[int]:
 
 def _world_rank() -> Optional[int]:
     return launcher_rank(None)
+
+
+# --------------------------------------------------------------------------- torchrun's variables
+
+#: The variables torchrun gives every worker that programs read: ``mpitensor-run`` sets them on
+#: every rank before the script starts, and ``init_process_group`` sets the ones that are absent
+#: under any other MPI launcher.
+RANK_ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")
+#: The rest of torchrun's set, which only ``mpitensor-run`` gives (they describe its launch).
+RUN_ONLY_ENV_VARS = ("GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
+                     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+                     "TORCHELASTIC_USE_AGENT_STORE")
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+DEFAULT_MASTER_PORT = 29500  # torchrun's
+
+# Per quantity, the launchers' variables in order of trust: MPICH's hydra (also Intel MPI),
+# Open MPI, MVAPICH, PMIx, and SLURM last, because a job started inside an allocation inherits
+# the allocation's SLURM_* values, which describe another launch.
+_LAYOUT_VARS: Dict[str, Tuple[str, ...]] = {
+    "rank": ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK",
+             "SLURM_PROCID"),
+    "size": ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS",
+             "SLURM_NPROCS"),
+    "local_rank": ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                   "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"),
+    "local_size": ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                   "MV2_COMM_WORLD_LOCAL_SIZE"),
+}
+
+
+@dataclass
+class RankLayout:
+    """Where one rank sits: its rank and the world's size, on its node, and its node's index."""
+
+    rank: Optional[int] = None
+    size: Optional[int] = None
+    local_rank: Optional[int] = None
+    local_size: Optional[int] = None
+    node_rank: Optional[int] = None
+    nnodes: Optional[int] = None
+
+    def complete(self) -> bool:
+        """True when every field is known."""
+        return None not in (self.rank, self.size, self.local_rank, self.local_size,
+                            self.node_rank, self.nnodes)
+
+
+def _slurm_tasks_on_node(spec: str, node: int) -> Optional[int]:
+    """The task count of node ``node`` in SLURM's ``2(x3),1`` notation."""
+    counts: List[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[node] if 0 <= node < len(counts) else None
+
+
+def layout_from_env(environ: Optional[Dict[str, str]] = None) -> RankLayout:
+    """What the MPI launcher's per-rank variables say about this rank, without starting MPI.
+
+    Reads MPICH/hydra's ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``, ``MPI_LOCALNRANKS``,
+    Open MPI's ``OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}``, MVAPICH's
+    ``MV2_COMM_WORLD_*`` and SLURM's ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
+    ``SLURM_NODEID``, ``SLURM_STEP_TASKS_PER_NODE``. The node index is known on one node
+    (every rank local) and under ``srun``; elsewhere it stays ``None``.
+
+    Args:
+        environ: the variables to read (default ``os.environ``).
+
+    Returns:
+        A :class:`RankLayout`; fields no variable gives are ``None``.
+
+    Example:
+        >>> layout_from_env({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1",
+        ...                  "MPI_LOCALNRANKS": "2"})
+        RankLayout(rank=1, size=2, local_rank=1, local_size=2, node_rank=0, nnodes=1)
+    """
+    env = os.environ if environ is None else environ
+    found: Dict[str, Optional[int]] = {}
+    source: Dict[str, str] = {}
+    for key, names in _LAYOUT_VARS.items():
+        found[key] = None
+        for name in names:
+            value = env.get(name, "").strip()
+            if value.isdigit():
+                found[key], source[key] = int(value), name
+                break
+    lay = RankLayout(**found)
+    if source.get("rank") == "SLURM_PROCID":  # srun started the ranks: its node ids hold
+        node = env.get("SLURM_NODEID", "").strip()
+        nnodes = (env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "").strip()
+        if node.isdigit() and nnodes.isdigit():
+            lay.node_rank, lay.nnodes = int(node), int(nnodes)
+            spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+            if lay.local_size is None and spec:
+                lay.local_size = _slurm_tasks_on_node(spec, int(node))
+    if lay.size is not None and lay.local_size == lay.size:
+        lay.node_rank, lay.nnodes = 0, 1
+    return lay
+
+
+def layout_from_mpi(comm: Any) -> Tuple[RankLayout, str]:
+    """This rank's layout as MPI sees it: collective over ``comm`` (every rank must call it).
+
+    The node is the set of ranks sharing memory (``MPI_Comm_split_type(COMM_TYPE_SHARED)``);
+    nodes are numbered in the order of their lowest rank.
+
+    Returns:
+        ``(layout, host)``: the :class:`RankLayout` and the host name of rank 0.
+    """
+    import socket
+
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size == 1:
+        return RankLayout(0, 1, 0, 1, 0, 1), socket.gethostname()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    try:
+        local_rank, local_size = node.Get_rank(), node.Get_size()
+        leader = node.bcast(rank, root=0)
+    finally:
+        node.Free()
+    info = comm.allgather((local_rank == 0, socket.gethostname() if rank == 0 else None))
+    node_rank = sum(1 for lead, _ in info[:leader] if lead)
+    nnodes = sum(1 for lead, _ in info if lead)
+    return RankLayout(rank, size, local_rank, local_size, node_rank, nnodes), info[0][1]
+
+
+def _layout_env(lay: RankLayout, master_addr: str, master_port: str) -> Dict[str, str]:
+    return {"RANK": str(lay.rank), "LOCAL_RANK": str(lay.local_rank),
+            "WORLD_SIZE": str(lay.size), "LOCAL_WORLD_SIZE": str(lay.local_size),
+            "GROUP_RANK": str(lay.node_rank), "MASTER_ADDR": master_addr,
+            "MASTER_PORT": master_port, "TORCHELASTIC_RESTART_COUNT": "0"}
+
+
+def rank_env(settings: Optional[Dict[str, str]] = None,
+             environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """torchrun's variables for this rank, as ``mpitensor-run``'s bootstrap sets them.
+
+    The values come from the launcher's per-rank variables (:func:`layout_from_env`); where
+    those leave something open (ranks on several nodes, outside ``srun``; an MPI whose launcher
+    sets none), MPI is started here and asked (:func:`layout_from_mpi`), so that the script
+    reads exact values from its first line on.
+
+    Args:
+        settings: the launch's own values: ``MASTER_ADDR``, ``MASTER_PORT``,
+            ``TORCHELASTIC_RUN_ID``, ``ROLE_NAME`` (defaults: ``127.0.0.1`` on one node, rank
+            0's host on several; ``29500``; ``none``; ``default``).
+        environ: the launcher's variables (default ``os.environ``).
+
+    Returns:
+        ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+        ``GROUP_WORLD_SIZE``, ``ROLE_RANK``, ``ROLE_NAME``, ``ROLE_WORLD_SIZE``,
+        ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RESTART_COUNT`` (0),
+        ``TORCHELASTIC_MAX_RESTARTS`` (0), ``TORCHELASTIC_RUN_ID``,
+        ``TORCHELASTIC_USE_AGENT_STORE`` (``False``), as strings.
+
+    Example:
+        >>> rank_env({"MASTER_PORT": "29600"})["LOCAL_RANK"]  # doctest: +SKIP
+        '1'
+    """
+    settings = dict(settings or {})
+    lay = layout_from_env(environ)
+    master = settings.get("MASTER_ADDR")
+    if not lay.complete() or (master is None and lay.nnodes != 1):
+        from mpi4py import MPI
+
+        lay, host0 = layout_from_mpi(MPI.COMM_WORLD)
+        if master is None and lay.nnodes != 1:
+            master = host0
+    env = _layout_env(lay, master or DEFAULT_MASTER_ADDR,
+                      settings.get("MASTER_PORT", str(DEFAULT_MASTER_PORT)))
+    env.update(GROUP_WORLD_SIZE=str(lay.nnodes), ROLE_RANK=str(lay.rank),
+               ROLE_NAME=settings.get("ROLE_NAME", "default"), ROLE_WORLD_SIZE=str(lay.size),
+               TORCHELASTIC_MAX_RESTARTS="0",
+               TORCHELASTIC_RUN_ID=settings.get("TORCHELASTIC_RUN_ID", "none"),
+               TORCHELASTIC_USE_AGENT_STORE="False")
+    return env
+
+
+def export_rank_env(comm: Any) -> Dict[str, str]:
+    """Set those of :data:`RANK_ENV_VARS` that are absent, from MPI; collective over ``comm``.
+
+    What ``init_process_group`` does under a launcher other than ``mpitensor-run`` (plain
+    ``mpiexec``, ``srun``), so that code after it may read ``os.environ["LOCAL_RANK"]`` as
+    under torchrun. Values already set are left alone.
+
+    Returns:
+        The variables it set, with their values.
+    """
+    lay, host0 = layout_from_mpi(comm)
+    values = _layout_env(lay, DEFAULT_MASTER_ADDR if lay.nnodes == 1 else host0,
+                         str(DEFAULT_MASTER_PORT))
+    added = {k: v for k, v in values.items() if os.environ.get(k, "") == ""}
+    os.environ.update(added)
+    return added
 
 
 def _prefixed(text: str, rank: Optional[int]) -> str:
@@ -779,47 +1035,138 @@ def _describe_callable(fn: Callable) -> Dict[str, Any]:
     return desc
 
 
-class SpawnContext:
-    """A running :func:`spawn` job (what ``spawn(..., join=False)`` returns).
+class ProcessContext:
+    """The ranks started by one :func:`start_processes` call, under one ``mpiexec``.
+
+    torch's ``ProcessContext`` interface (``join(timeout)``, ``pids()``, ``processes``) on MPI
+    ranks, plus :meth:`kill`, ``results`` and ``job_id``. ``spawn(..., join=False)`` returns one.
 
     Attributes:
         nprocs: the number of ranks.
+        processes: one :class:`RankProcess` per rank, by rank.
+        daemon: whether the job is killed when this process exits (else waited for).
         job_id: the value of ``MPITENSOR_JOB_ID`` in the environment of every process of the job.
-        results: after a successful :meth:`join`, each rank's return value, by rank.
+        results: after a successful :meth:`join`, each rank's return value, by rank (``None``
+            for a rank that left through ``sys.exit(0)`` or whose value could not be pickled).
     """
 
     def __init__(self, proc: subprocess.Popen, workdir: str, nprocs: int,
-                 deadline: Optional[float], timeout: Optional[float], job_id: str) -> None:
+                 deadline: Optional[float], timeout: Optional[float], job_id: str,
+                 daemon: bool = False, flavor: Optional[str] = None) -> None:
         self._proc = proc
         self.job_id = job_id
         self._workdir = workdir
         self.nprocs = nprocs
+        self.daemon = daemon
         self._deadline = deadline
         self._timeout = timeout
+        self._flavor = flavor
         self.results: Optional[List[Any]] = None
+        self._finished = False
+        self._error: Optional[BaseException] = None
+        self._lock = threading.Lock()
+        self._pid_of: Dict[int, int] = {}
+        self._exitcodes: Dict[int, int] = {}
+        self._ended: List[List[int]] = []  # ranks seen to end, in batches, earliest first
+        self.processes = [RankProcess(self, r) for r in range(nprocs)]
+        self._watcher = threading.Thread(target=self._watch, name=f"{job_id}-watch",
+                                         daemon=True)
+        self._watcher.start()
+        atexit.register(self._at_exit)
 
-    def pids(self) -> List[int]:
-        """The process id of the job's ``mpiexec`` (ranks are its descendants)."""
-        return [self._proc.pid]
+    # ------------------------------------------------------------------ the ranks' processes
 
-    def join(self, timeout: Optional[float] = None) -> bool:
+    def _read_pids(self) -> Dict[int, int]:
+        """Ranks that registered since the last call, with their process ids."""
+        new: Dict[int, int] = {}
+        if len(self._pid_of) >= self.nprocs:
+            return new
+        for f in Path(self._workdir).glob("pid.*"):
+            try:
+                rank = int(f.name.split(".", 1)[1])
+                if rank in self._pid_of:
+                    continue
+                pid = pickle.loads(f.read_bytes())
+            except Exception:  # noqa: BLE001 - gone with the directory, or half-written
+                continue
+            with self._lock:
+                if rank not in self._pid_of:
+                    self._pid_of[rank] = new[rank] = pid
+        return new
+
+    def _watch(self) -> None:
+        """Note the order in which ranks end, to name the one that took the job down."""
+        use_fd = hasattr(os, "pidfd_open")
+        fds: Dict[int, int] = {}  # pidfd -> rank
+        polled: Dict[int, int] = {}  # rank -> pid, where there is no pidfd
+        try:
+            while self._proc.poll() is None and not self._finished:
+                ended: List[int] = []
+                for rank, pid in self._read_pids().items():
+                    if not use_fd:
+                        polled[rank] = pid
+                        continue
+                    try:
+                        fds[os.pidfd_open(pid)] = rank
+                    except ProcessLookupError:
+                        ended.append(rank)
+                    except OSError:
+                        polled[rank] = pid
+                if fds:
+                    # wakes the moment a rank ends, before mpiexec kills the others
+                    ready, _, _ = select.select(list(fds), [], [], 0.05)
+                    for fd in ready:
+                        ended.append(fds.pop(fd))
+                        os.close(fd)
+                else:
+                    time.sleep(0.02)
+                for rank, pid in list(polled.items()):
+                    if not _alive(pid):
+                        ended.append(rank)
+                        del polled[rank]
+                if ended:
+                    with self._lock:
+                        self._ended.append(sorted(ended))
+        except Exception:  # noqa: BLE001 - the watch only improves error messages
+            pass
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def pids(self) -> List[Optional[int]]:
+        """The ranks' process ids, by rank (waits until every rank has started or the job ended;
+        ``None`` for a rank that never started)."""
+        while (len(self._pid_of) < self.nprocs and not self._finished
+               and self._proc.poll() is None):
+            self._read_pids()
+            time.sleep(0.01)
+        self._read_pids()
+        return [self._pid_of.get(r) for r in range(self.nprocs)]
+
+    # ------------------------------------------------------------------ waiting and ending
+
+    def join(self, timeout: Optional[float] = None, grace_period: Optional[float] = None) -> bool:
         """Wait for the job.
 
         Args:
             timeout: seconds to wait in this call (``None``: until the job ends or the hard
-                timeout given to :func:`spawn` passes).
+                timeout given to :func:`start_processes` passes).
+            grace_period: accepted for torch's signature; a failing rank ends the others at once
+                (``MPI_Abort``), so there is nothing to wait for.
 
         Returns:
             True when every rank has finished (``results`` is then set), False when ``timeout``
             passed first.
 
         Raises:
-            ProcessRaisedException: a rank raised.
-            ProcessExitedException: the job ended with a non-zero code and no exception.
-            DistributedTimeoutError: the hard timeout given to :func:`spawn` passed; the job was
-                killed.
+            ProcessRaisedException: a rank raised (raised again by later calls).
+            ProcessExitedException: a rank exited with a non-zero code or was killed.
+            DistributedTimeoutError: the hard timeout passed; the job was killed.
         """
-        if self.results is not None:
+        del grace_period
+        if self._finished:
+            if self._error is not None:
+                raise self._error
             return True
         limit = timeout
         if self._deadline is not None:
@@ -835,18 +1182,23 @@ class SpawnContext:
         except subprocess.TimeoutExpired:
             if self._deadline is not None and time.monotonic() >= self._deadline:
                 self.kill()
-                raise DistributedTimeoutError(
+                self._error = DistributedTimeoutError(
                     f"spawn: the {self.nprocs} rank(s) did not finish within the timeout of "
                     f"{self._timeout} s; the job was killed. Raise timeout= or look for a rank "
-                    "waiting in a collective the others never entered") from None
+                    "waiting in a collective the others never entered")
+                raise self._error from None
             return False
         except BaseException:
             self.kill()  # Ctrl-C in the parent: the ranks, in their own session, must go too
             raise
+        self._watcher.join(timeout=2.0)
         try:
             self._collect(code)
+        except ProcessException as exc:
+            self._error = exc
+            raise
         finally:
-            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._finish()
         return True
 
     def kill(self) -> None:
@@ -859,50 +1211,205 @@ class SpawnContext:
             except (ProcessLookupError, PermissionError):
                 pass
         _kill_job(self.job_id)  # ranks live in sessions of their own
+        self._finish()
+
+    def _finish(self) -> None:
+        self._finished = True
         shutil.rmtree(self._workdir, ignore_errors=True)
+        atexit.unregister(self._at_exit)
+
+    def _at_exit(self) -> None:
+        """At interpreter exit, as :mod:`multiprocessing` does with its children: a daemonic
+        job is killed, another one waited for; either way its files go."""
+        if self._finished:
+            return
+        if self._proc.poll() is None and not self.daemon:
+            left = None if self._deadline is None else max(0.0,
+                                                           self._deadline - time.monotonic())
+            try:
+                self._proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._proc.poll() is None:
+            # at once and quietly (SIGTERM would have mpiexec report every rank's end)
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            _kill_job(self.job_id, wait=0)
+        self._finish()
+
+    # ------------------------------------------------------------------ outcome
+
+    def _records(self) -> Dict[str, Dict[int, Any]]:
+        out: Dict[str, Dict[int, Any]] = {"result": {}, "exit": {}, "error": {}}
+        for kind, by_rank in out.items():
+            for f in Path(self._workdir).glob(f"{kind}.*"):
+                try:
+                    by_rank[int(f.name.split(".", 1)[1])] = pickle.loads(f.read_bytes())
+                except Exception:  # noqa: BLE001 - a half-written record: the abort cut it short
+                    continue
+        return out
+
+    def _culprit(self, explained: set) -> Optional[int]:
+        """The rank that ended first without saying why, if the watch saw it end alone."""
+        with self._lock:
+            batches = [list(b) for b in self._ended]
+        for batch in batches:
+            silent = [r for r in batch if r not in explained]
+            if silent:
+                return silent[0] if len(silent) == 1 else None
+        return None
 
     def _collect(self, code: int) -> None:
-        errors = []
-        for f in Path(self._workdir).glob("error.*"):
-            try:
-                errors.append(pickle.loads(f.read_bytes()))
-            except Exception:  # noqa: BLE001 - a half-written record: the abort cut it short
-                continue
-        if errors:
+        recs = self._records()
+        self._read_pids()
+        for rank in recs["result"]:
+            self._exitcodes[rank] = 0
+        for rank, e in recs["exit"].items():
+            self._exitcodes[rank] = e["code"]
+        for rank in recs["error"]:
+            self._exitcodes[rank] = 1
+        n = self.nprocs
+        if recs["error"]:
+            errors = list(recs["error"].values())
             first = min(errors, key=lambda e: (e["time"], e["rank"]))
             also = sorted(e["rank"] for e in errors if e is not first)
             more = f" (rank(s) {also} raised too)" if also else ""
+            pid = first.get("pid")
             raise ProcessRaisedException(
-                f"rank {first['rank']} of {self.nprocs} raised {first['type']}: "
-                f"{first['message']}{more}\n\n-- Process {first['rank']} terminated with the "
-                f"following error:\n{first['traceback']}",
-                first["rank"], first["type"], first["traceback"])
-        exits = []
-        for f in Path(self._workdir).glob("exit.*"):
-            try:
-                exits.append(pickle.loads(f.read_bytes()))
-            except Exception:  # noqa: BLE001
-                continue
-        if exits:
-            first = min(exits, key=lambda e: (e["time"], e["rank"]))
+                f"rank {first['rank']} of {n} raised {first['type']}: {first['message']}{more}"
+                f"\n\n-- traceback of rank {first['rank']} (pid {pid}):\n{first['traceback']}",
+                first["rank"], pid, first["type"], first["traceback"])
+        if recs["exit"]:
+            first = min(recs["exit"].values(), key=lambda e: (e["time"], e["rank"]))
             raise ProcessExitedException(
-                f"rank {first['rank']} of {self.nprocs} exited with code {first['code']}",
-                first["rank"], first["code"])
+                f"rank {first['rank']} of {n} exited with code {first['code']}",
+                first["rank"], first.get("pid"), first["code"])
         if code != 0:
-            how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+            explained = set(recs["result"])
+            rank = self._culprit(explained)
+            signal_name: Optional[str] = None
+            exit_code = code
+            if code < 0:
+                signal_name = _signal_name(-code)  # mpiexec itself was killed
+            elif self._flavor == MPICH and code in _DEATH_SIGNALS:
+                # hydra exits with the signal number of a rank a signal killed
+                signal_name, exit_code = _signal_name(code), -code
+            who = (f"rank {rank} of {n}" if rank is not None and code > 0
+                   else f"the MPI job of {n} rank(s)")
+            how = (f"was killed by signal {signal_name}" if signal_name
                    else f"exited with code {code}")
+            if rank is not None and code > 0:
+                self._exitcodes[rank] = exit_code
             raise ProcessExitedException(
-                f"spawn: the MPI job of {self.nprocs} rank(s) {how} without a Python exception "
-                "(a rank was killed or crashed; see the MPI launcher's message above)",
-                None, code)
-        results: List[Any] = []
-        for r in range(self.nprocs):
-            f = Path(self._workdir) / f"result.{r}"
-            if not f.exists():
-                raise ProcessExitedException(
-                    f"spawn: rank {r} of {self.nprocs} ended without returning from fn", r, code)
-            results.append(pickle.loads(f.read_bytes()))
-        self.results = results
+                f"spawn: {who} {how} without a Python exception (see the MPI launcher's "
+                "message above)", rank if code > 0 else None,
+                self._pid_of.get(rank) if rank is not None else None, exit_code, signal_name)
+        self.results = [recs["result"].get(r) for r in range(n)]
+        for r in range(n):
+            self._exitcodes.setdefault(r, 0)
+
+
+#: torch's deprecated name for the same object.
+SpawnContext = ProcessContext
+
+# exit codes of mpiexec (hydra) read as "a rank was killed by this signal": the signals that
+# kill a process (crashes, the OOM killer, kill); low codes that programs exit with are not read
+_DEATH_SIGNALS = frozenset(int(s) for s in (signal.SIGILL, signal.SIGABRT, signal.SIGBUS,
+                                            signal.SIGFPE, signal.SIGKILL, signal.SIGSEGV,
+                                            signal.SIGTERM))
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return True  # no /proc: kill(0) said it exists
+
+
+class RankProcess:
+    """One rank of a :class:`ProcessContext`, as a :class:`multiprocessing.Process` look-alike.
+
+    ``mpiexec`` started the process, not this one, so only the parts that make sense for it are
+    here: ``pid``, ``name``, ``daemon``, ``is_alive()``, ``exitcode``, ``join(timeout)``,
+    ``terminate()``, ``kill()``. Ending one rank ends the job (MPI's launcher sees to that).
+    """
+
+    def __init__(self, ctx: ProcessContext, rank: int) -> None:
+        self._ctx = ctx
+        self.rank = rank
+        self.name = f"rank-{rank}"
+        self.daemon = ctx.daemon
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The process id (waits until the rank has started; ``None`` if it never did)."""
+        if self.rank not in self._ctx._pid_of:
+            self._ctx.pids()
+        return self._ctx._pid_of.get(self.rank)
+
+    def is_alive(self) -> bool:
+        """True while the rank runs (or is still starting)."""
+        if self._ctx._finished:
+            return False
+        self._ctx._read_pids()
+        pid = self._ctx._pid_of.get(self.rank)
+        if pid is None:
+            return self._ctx._proc.poll() is None
+        return _alive(pid)
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        """``None`` while the rank runs or before the job was joined; then 0 for a rank that
+        returned, its code for ``sys.exit(code)``, 1 for an exception, ``-signum`` for a
+        signal where one could be told, else the job's exit code."""
+        if self.is_alive():
+            return None
+        if self.rank in self._ctx._exitcodes:
+            return self._ctx._exitcodes[self.rank]
+        return self._ctx._proc.returncode
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        """Wait until the rank has ended, or ``timeout`` seconds passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.is_alive() and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.01)
+
+    def terminate(self) -> None:
+        """Send SIGTERM to the rank."""
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Send SIGKILL to the rank."""
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        pid = self.pid
+        if pid is not None and self.is_alive():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def __repr__(self) -> str:
+        state = "alive" if self.is_alive() else f"exitcode={self.exitcode}"
+        return f"<RankProcess {self.name} pid={self._ctx._pid_of.get(self.rank)} {state}>"
 
 
 class _Signalled(BaseException):
@@ -936,6 +1443,112 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(s, h)
 
 
+# how fn is called on rank r of n: torch's fn(r, *args), or dist.spawn's fn(r, n, *args)
+_INDEX, _RANK_AND_SIZE = "index", "rank_and_size"
+
+
+def _launch(fn: Callable[..., Any], args: Sequence[Any], nprocs: int, daemon: bool,
+            start_method: str, timeout: Optional[float], mpiexec: Optional[str],
+            convention: str) -> ProcessContext:
+    """Check the arguments, start ``mpiexec -n nprocs`` on the spawn bootstrap, return the
+    context (the one implementation behind every ``spawn`` and :func:`start_processes`)."""
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"spawn: nprocs must be a positive integer, got {nprocs!r}")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"spawn: args must be a tuple, got {type(args).__name__}; for one "
+                        "argument write args=(value,)")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"spawn: timeout must be a positive number of seconds, got {timeout!r}")
+    if not isinstance(daemon, bool):
+        raise TypeError(f"spawn: daemon must be True or False, got {daemon!r}")
+    import multiprocessing
+
+    if start_method not in multiprocessing.get_all_start_methods():
+        raise ValueError(f"spawn: start_method must be one of "
+                         f"{multiprocessing.get_all_start_methods()}, got {start_method!r}")
+    desc = _describe_callable(fn)
+    try:
+        payload_args = pickle.dumps(tuple(args), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(f"spawn: args cannot be pickled for the ranks: {exc}") from exc
+    launcher = find_mpiexec(mpiexec)
+    flavor = mpi_flavor(launcher)
+    workdir = tempfile.mkdtemp(prefix="mpitensor-spawn-")
+    try:
+        desc.update(args=payload_args, workdir=workdir, nprocs=nprocs, sys_path=list(sys.path),
+                    convention=convention)
+        (Path(workdir) / "payload").write_bytes(pickle.dumps(desc))
+        cmd = build_command([sys.executable, "-m", "mpitensor.run", "--_spawn",
+                             str(Path(workdir) / "payload")], nprocs, mpiexec=launcher,
+                            flavor=flavor)
+        job_id = os.path.basename(workdir)
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd.argv, env=_job_env({**cmd.env, _JOB_ID_VAR: job_id}),
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return ProcessContext(proc, workdir, nprocs, None if timeout is None else start + timeout,
+                          timeout, job_id, daemon, flavor)
+
+
+def start_processes(
+    fn: Callable[..., Any],
+    args: Tuple[Any, ...] = (),
+    nprocs: int = 1,
+    join: bool = True,
+    daemon: bool = False,
+    start_method: str = "spawn",
+    *,
+    timeout: Optional[float] = None,
+    mpiexec: Optional[str] = None,
+) -> Optional[ProcessContext]:
+    """Run ``fn(i, *args)`` for ``i`` in ``range(nprocs)``, each in a new MPI rank ``i``.
+
+    torch's ``torch.multiprocessing.start_processes`` on MPI: ``mpiexec -n nprocs`` starts the
+    processes with this Python, so they form one MPI job and ``dist.init_process_group()`` in
+    ``fn`` needs no rendezvous. Each process imports ``fn`` by module and name (a top-level
+    ``def`` of a module or of the main script, whose ``if __name__ == "__main__":`` block does
+    not run again) and unpickles ``args``. This is the one implementation behind
+    :func:`mpitensor.multiprocessing.spawn` and :func:`mpitensor.distributed.spawn`.
+
+    Args:
+        fn: a function importable by module and name, called as ``fn(i, *args)``.
+        args: further arguments, pickled to every process.
+        nprocs: number of processes (at least 1).
+        join: wait for them (default; returns ``None``) or return the :class:`ProcessContext`.
+        daemon: kill the job when this process exits; otherwise it is waited for at exit.
+        start_method: ``"spawn"``, ``"fork"`` or ``"forkserver"``, all accepted: every process
+            is a fresh interpreter started by ``mpiexec``, as with ``"spawn"``.
+        timeout: hard limit in seconds for the whole job (an mpitensor extension); past it
+            every process is killed and ``DistributedTimeoutError`` raised.
+        mpiexec: the launcher to use (default :func:`find_mpiexec`).
+
+    Returns:
+        ``None`` with ``join=True``; the :class:`ProcessContext` with ``join=False``.
+
+    Raises:
+        TypeError: ``fn`` is not importable by name (a lambda, a nested function), or ``args``
+            is not a tuple or cannot be pickled.
+        ValueError: ``nprocs`` is not a positive integer, or an unknown ``start_method``.
+        ProcessRaisedException: a process raised; the message holds its traceback.
+        ProcessExitedException: a process exited with a non-zero code or was killed.
+        DistributedTimeoutError: ``timeout`` passed.
+
+    Example:
+        >>> def work(i, scale):  # at the top level of a module
+        ...     print(i * scale)
+        >>> start_processes(work, args=(10,), nprocs=2)  # doctest: +SKIP
+        0
+        10
+    """
+    ctx = _launch(fn, args, nprocs, daemon, start_method, timeout, mpiexec, _INDEX)
+    if not join:
+        return ctx
+    ctx.join()
+    return None
+
+
 def spawn(
     fn: Callable[..., Any],
     nprocs: int = 1,
@@ -945,31 +1558,31 @@ def spawn(
     *,
     mpiexec: Optional[str] = None,
 ) -> Any:
-    """Run ``fn(rank, world_size, *args)`` on ``nprocs`` new MPI ranks.
+    """Run ``fn(rank, world_size, *args)`` on ``nprocs`` new MPI ranks; return their results.
 
-    The ``torch.multiprocessing.spawn`` pattern from a plain ``python script.py``: the ranks are
-    started by ``mpiexec`` with the same Python, each one imports ``fn`` by module and name (so
-    ``fn`` must be a top-level ``def`` of a module or of the main script; the script's
-    ``if __name__ == "__main__":`` block does not run again on the ranks) and unpickles ``args``.
-    ``fn`` calls ``dist.init_process_group()`` itself, as in torch's tutorials. Unlike torch's
-    ``mp.spawn`` (``fn(rank, *args)``), ``fn`` also receives the world size.
+    ``mpitensor.distributed.spawn``, the form mpitensor had before
+    :mod:`mpitensor.multiprocessing`: a thin wrapper over :func:`start_processes` (the same
+    launch, failures and timeout) that keeps its own calling convention: ``fn`` also receives
+    the world size, the positional order is ``fn, nprocs, args``, and the ranks' return values
+    come back. Code ported from torch should use :func:`mpitensor.multiprocessing.spawn`, which
+    calls ``fn(rank, *args)`` as torch does.
 
     Args:
-        fn: a picklable-by-reference function ``fn(rank, world_size, *args)``.
+        fn: a function importable by module and name, ``fn(rank, world_size, *args)``.
         nprocs: number of ranks (at least 1).
         args: further arguments, pickled to every rank.
-        join: wait for the ranks (default); ``False`` returns a :class:`SpawnContext`.
+        join: wait for the ranks (default); ``False`` returns the :class:`ProcessContext`.
         timeout: hard limit in seconds for the whole job; past it every rank is killed and
             :class:`~mpitensor.errors.DistributedTimeoutError` raised.
         mpiexec: the launcher to use (default :func:`find_mpiexec`).
 
     Returns:
-        With ``join=True``, the list of ``fn``'s return values by rank (torch returns ``None``;
-        ignoring the list ports unchanged). With ``join=False``, a :class:`SpawnContext`.
+        With ``join=True``, the list of ``fn``'s return values by rank. With ``join=False``, a
+        :class:`ProcessContext` (whose ``results`` holds them after ``join()``).
 
     Raises:
-        TypeError: ``fn`` is a lambda, nested function or otherwise not importable by name, or
-            ``args`` is not a tuple/list or cannot be pickled.
+        TypeError: as :func:`start_processes`; also a tuple given as ``nprocs`` (torch's
+            positional order).
         ValueError: ``nprocs`` is not a positive integer.
         ProcessRaisedException: a rank raised; the message names the rank and holds its
             traceback (every rank was ended by ``MPI_Abort``).
@@ -987,41 +1600,16 @@ def spawn(
     if isinstance(nprocs, (tuple, list)):
         raise TypeError("spawn: nprocs must be an int, got a tuple; the signature is "
                         "spawn(fn, nprocs, args=()) (torch's positional order is fn, args, "
-                        "nprocs: pass nprocs= and args= by keyword)")
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-        raise ValueError(f"spawn: nprocs must be a positive integer, got {nprocs!r}")
-    if not isinstance(args, (tuple, list)):
-        raise TypeError(f"spawn: args must be a tuple, got {type(args).__name__}; for one "
-                        "argument write args=(value,)")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"spawn: timeout must be a positive number of seconds, got {timeout!r}")
-    desc = _describe_callable(fn)
-    try:
-        payload_args = pickle.dumps(tuple(args), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise TypeError(f"spawn: args cannot be pickled for the ranks: {exc}") from exc
-    workdir = tempfile.mkdtemp(prefix="mpitensor-spawn-")
-    try:
-        desc.update(args=payload_args, workdir=workdir, nprocs=nprocs, sys_path=list(sys.path))
-        (Path(workdir) / "payload").write_bytes(pickle.dumps(desc))
-        cmd = build_command([sys.executable, "-m", "mpitensor.run", "--_spawn",
-                             str(Path(workdir) / "payload")], nprocs, mpiexec=mpiexec)
-        job_id = os.path.basename(workdir)
-        start = time.monotonic()
-        proc = subprocess.Popen(cmd.argv, env=_job_env({**cmd.env, _JOB_ID_VAR: job_id}),
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
-    ctx = SpawnContext(proc, workdir, nprocs,
-                       None if timeout is None else start + timeout, timeout, job_id)
+                        "nprocs: pass nprocs= and args= by keyword, or use "
+                        "mpitensor.multiprocessing.spawn)")
+    ctx = _launch(fn, args, nprocs, False, "spawn", timeout, mpiexec, _RANK_AND_SIZE)
     if not join:
         return ctx
     ctx.join()
     return ctx.results
 
 
-def _write_record(workdir: str, name: str, record: Dict[str, Any]) -> None:
+def _write_record(workdir: str, name: str, record: Any) -> None:
     tmp = Path(workdir) / f".{name}.tmp"
     tmp.write_bytes(pickle.dumps(record))
     os.replace(tmp, Path(workdir) / name)
@@ -1042,40 +1630,58 @@ def _load_main(desc: Dict[str, Any]) -> types.ModuleType:
     return mod
 
 
+def _write_result(workdir: str, rank: int, result: Any, strict: bool) -> None:
+    """Store fn's return value; torch ignores it, so where it cannot be pickled the torch-style
+    spawn stores None instead of failing the rank."""
+    try:
+        _write_record(workdir, f"result.{rank}", result)
+    except Exception:
+        if strict:
+            raise
+        _write_record(workdir, f"result.{rank}", None)
+
+
 def _spawn_worker(payload_path: str) -> int:
-    """The rank side of :func:`spawn` (run as ``python -m mpitensor.run --_spawn PAYLOAD``)."""
+    """The rank side of :func:`start_processes` (``python -m mpitensor.run --_spawn PAYLOAD``)."""
     desc = pickle.loads(Path(payload_path).read_bytes())
     workdir = desc["workdir"]
+    strict = desc.get("convention") == _RANK_AND_SIZE
     for entry in reversed(desc["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
     rank: Optional[int] = _world_rank()
+    if rank is not None:
+        _write_record(workdir, f"pid.{rank}", os.getpid())
     _install_thread_abort()
     try:
         from mpi4py import MPI
 
+        known = rank is not None
         rank = MPI.COMM_WORLD.Get_rank()
         size = MPI.COMM_WORLD.Get_size()
+        if not known:
+            _write_record(workdir, f"pid.{rank}", os.getpid())
         mod = _load_main(desc)
         fn: Any = mod
         for part in desc["qualname"].split("."):
             fn = getattr(fn, part)
         args = pickle.loads(desc["args"])
-        result = fn(rank, size, *args)
-        _write_record(workdir, f"result.{rank}", result)
+        result = fn(rank, size, *args) if strict else fn(rank, *args)
+        _write_result(workdir, rank, result, strict)
     except SystemExit as exc:
         code = _exit_code(exc.code)
         if code != 0:
             _write_record(workdir, f"exit.{rank}", {"rank": rank, "code": code,
-                                                     "time": time.time()})
+                                                     "pid": os.getpid(), "time": time.time()})
             sys.stderr.write(f"[rank {rank}] exited with code {code}; ending the job\n")
             _abort(code)
+        _write_result(workdir, rank, None, strict)  # torch: sys.exit(0) ends a process cleanly
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
         text = _report_exception(exc, rank)
         try:
             _write_record(workdir, f"error.{rank}", {
                 "rank": rank, "type": type(exc).__name__, "message": str(exc),
-                "traceback": text, "time": time.time()})
+                "traceback": text, "pid": os.getpid(), "time": time.time()})
         finally:
             _abort(1)
     return 0
