@@ -1,0 +1,252 @@
+"""The torch programs of ``examples/ported``, run as a user runs them, and against PyTorch.
+
+Each program picks its library with one switch (``USE_MPITENSOR``, default 1: mpitensor) and is
+otherwise plain torch code. The tests run every program under mpitensor, the way its docstring
+says (``python`` or ``mpiexec``), and, where PyTorch is installed, run it a second time under
+torch with the same initial weights (an ``.npz`` written here), the same data order and no
+randomness that cannot match across libraries (``--dropout 0``, ``--fixed-noise``,
+``--no-shuffle``), and require every printed step loss to agree to 1e-5 relative.
+
+Every launch runs under coreutils ``timeout`` and ``tests/launch.py``'s hard timeout, in
+``tmp_path``, and must leave no process behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pytest
+
+from .launch import find_mpiexec, run_job
+
+ROOT = Path(__file__).resolve().parent.parent
+PORTED = ROOT / "examples" / "ported"
+# the shared MNIST test set beside the checkout, as in test_train.py (never copied into it)
+MNIST = Path(os.environ.get("MPITENSOR_MNIST_DIR", ROOT.parent / "shared" / "data" / "mnist"))
+TIMEOUT = float(os.environ.get("MPITENSOR_PORTED_TIMEOUT", "90"))
+RTOL = 1e-5
+
+needs_mnist = pytest.mark.skipif(
+    not (MNIST / "t10k-images-idx3-ubyte.gz").exists()
+    and not (MNIST / "t10k-images-idx3-ubyte").exists(),
+    reason=f"no MNIST IDX files in {MNIST} (set MPITENSOR_MNIST_DIR)")
+
+_STEP = re.compile(r"step (\d+) (?:\[[^\]]*\] )?loss (\d+\.\d+)")
+_RANK_STEP = re.compile(r"rank (\d+) epoch \d+ step (\d+) loss (\d+\.\d+)")
+# PYTHONUNBUFFERED splits a print into two writes, so lines of two ranks can run together:
+# results are found by pattern anywhere in the output, never by splitting it into lines.
+_RESULT = re.compile(r"rank (\d+) ([^:\n]+?): (tensor\(.*?\]\))")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_program(name: str, args: Sequence[str], cwd: Path, *, nprocs: Optional[int] = None,
+                torch_lib: bool = False) -> str:
+    """Run ``[mpiexec -n N] python examples/ported/name args`` under a timeout; return stdout.
+
+    Asserts exit status 0 and that no process of the job is left.
+    """
+    cmd = [sys.executable, str(PORTED / name), *args]
+    if nprocs is not None:
+        cmd = [find_mpiexec(), "-n", str(nprocs), *cmd]
+    cmd = ["timeout", "-k", "5", str(int(TIMEOUT)), *cmd]
+    env: Dict[str, Optional[str]] = {"USE_MPITENSOR": "0" if torch_lib else "1",
+                                     "PYTHONUNBUFFERED": None}
+    if torch_lib:
+        # one thread per rank on a small machine; a fresh port per run for env:// rendezvous
+        env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    rc, out, err, _ = run_job(cmd, timeout=TIMEOUT + 15, cwd=cwd, env=env)
+    lib = "torch" if torch_lib else "mpitensor"
+    assert rc == 0, f"{name} under {lib} exited {rc}:\n{out[-4000:]}\n{err[-4000:]}"
+    return out
+
+
+def _load_program(name: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("USE_MPITENSOR", "1")
+    spec = importlib.util.spec_from_file_location(f"ported_{name}", PORTED / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def save_initial_weights(path: Path, module: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Write a freshly initialised model's state dict as an .npz of numpy arrays."""
+    prog = _load_program(path.stem, monkeypatch)
+    prog.torch.manual_seed(0)
+    model = getattr(prog, module)()
+    np.savez(path.with_suffix(".npz"),
+             **{k: np.asarray(v.numpy()) for k, v in model.state_dict().items()})
+
+
+def steps(out: str) -> Dict[int, float]:
+    found = {int(s): float(v) for s, v in _STEP.findall(out)}
+    assert found, f"no 'step N loss X' line in:\n{out[-3000:]}"
+    return found
+
+
+def rank_steps(out: str) -> Dict[Tuple[int, int], float]:
+    found = {(int(r), int(s)): float(v) for r, s, v in _RANK_STEP.findall(out)}
+    assert found, f"no 'rank R epoch E step N loss X' line in:\n{out[-3000:]}"
+    return found
+
+
+def max_rel_diff(ours: Dict, theirs: Dict) -> float:
+    assert ours.keys() == theirs.keys(), f"different steps: {sorted(ours)} vs {sorted(theirs)}"
+    return max(abs(ours[k] - theirs[k]) / max(abs(theirs[k]), 1e-12) for k in ours)
+
+
+def assert_losses_match(ours: Dict, theirs: Dict, what: str) -> None:
+    worst = max_rel_diff(ours, theirs)
+    table = "\n".join(f"{k}: mpitensor {ours[k]!r} torch {theirs[k]!r}" for k in sorted(ours))
+    assert worst <= RTOL, f"{what}: losses differ by {worst:.3g} relative (> {RTOL}):\n{table}"
+
+
+# ------------------------------------------------------------------------------ mnist_cnn
+@needs_mnist
+def test_mnist_cnn_trains_and_tests(tmp_path: Path) -> None:
+    out = run_program("mnist_cnn.py", ["--data-dir", str(MNIST), "--epochs", "1",
+                                       "--train-limit", "960", "--batch-size", "32",
+                                       "--test-limit", "200", "--log-interval", "10",
+                                       "--save-model"], tmp_path)
+    losses = steps(out)
+    assert sorted(losses) == [1, 11, 21], out
+    assert all(np.isfinite(v) and 0 < v < 5 for v in losses.values()), out
+    acc = re.search(r"Test set: Average loss: (\d+\.\d+), Accuracy: (\d+)/200 ", out)
+    assert acc, out
+    assert int(acc.group(2)) > 40, f"chance is 20/200; a trained net does better:\n{out}"
+    assert (tmp_path / "mnist_cnn.pt").stat().st_size > 0
+
+
+@needs_mnist
+def test_mnist_cnn_dry_run(tmp_path: Path) -> None:
+    out = run_program("mnist_cnn.py", ["--data-dir", str(MNIST), "--dry-run", "--epochs", "2",
+                                       "--test-limit", "100"], tmp_path)
+    assert sorted(steps(out)) == [1, 2], out  # one batch per epoch
+    assert len(re.findall(r"Accuracy: \d+/100 ", out)) == 2, out
+
+
+@needs_mnist
+def test_mnist_cnn_matches_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    save_initial_weights(tmp_path / "mnist_cnn.npz", "Net", monkeypatch)
+    args = ["--data-dir", str(MNIST), "--epochs", "2", "--train-limit", "256",
+            "--batch-size", "32", "--test-limit", "200", "--log-interval", "1",
+            "--dropout", "0", "--init-from", str(tmp_path / "mnist_cnn.npz"), "--save-model"]
+    ours = run_program("mnist_cnn.py", args, tmp_path)
+    saved = torch.load(tmp_path / "mnist_cnn.pt")  # mpitensor.save's file, read by torch
+    theirs = run_program("mnist_cnn.py", args, tmp_path, torch_lib=True)
+    assert sorted(steps(ours)) == list(range(1, 17))
+    assert_losses_match(steps(ours), steps(theirs), "mnist_cnn (Adadelta + StepLR)")
+    # the two libraries end with the same weights and the same test accuracy
+    assert re.findall(r"Accuracy: .*", ours) == re.findall(r"Accuracy: .*", theirs)
+    final = torch.load(tmp_path / "mnist_cnn.pt")  # torch's own, same names and shapes
+    assert saved.keys() == final.keys()
+    for k in final:
+        torch.testing.assert_close(saved[k], final[k], rtol=1e-3, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------ vae
+@needs_mnist
+def test_vae_trains_and_samples(tmp_path: Path) -> None:
+    out = run_program("vae.py", ["--data-dir", str(MNIST), "--epochs", "2", "--limit", "512",
+                                 "--batch-size", "64", "--log-interval", "4",
+                                 "--samples", str(tmp_path / "samples.npy")], tmp_path)
+    losses = steps(out)
+    assert sorted(losses) == [1, 5, 9, 13], out
+    assert losses[13] < losses[1], f"the VAE's loss did not fall:\n{out}"
+    epochs = [float(v) for v in re.findall(r"Epoch: \d+ Average loss: (\d+\.\d+)", out)]
+    tests = [float(v) for v in re.findall(r"Test set loss: (\d+\.\d+)", out)]
+    assert len(epochs) == 2 and len(tests) == 2 and tests[1] < tests[0], out
+    sample = np.load(tmp_path / "samples.npy")
+    assert sample.shape == (64, 28, 28) and 0 <= sample.min() and sample.max() <= 1
+
+
+@needs_mnist
+def test_vae_matches_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    save_initial_weights(tmp_path / "vae.npz", "VAE", monkeypatch)
+    args = ["--data-dir", str(MNIST), "--epochs", "2", "--limit", "384", "--batch-size", "64",
+            "--log-interval", "1", "--fixed-noise", "--init-from", str(tmp_path / "vae.npz")]
+    ours = run_program("vae.py", args, tmp_path)
+    theirs = run_program("vae.py", args, tmp_path, torch_lib=True)
+    assert sorted(steps(ours)) == list(range(1, 13))
+    assert_losses_match(steps(ours), steps(theirs), "vae (Adam, BCE + KL)")
+    assert re.findall(r"Test set loss: .*", ours) == re.findall(r"Test set loss: .*", theirs)
+
+
+# ----------------------------------------------------------------------------- resnet_ddp
+DDP_ARGS = ["--epochs", "2", "--max-steps", "3", "--train-size", "256", "--test-size", "64",
+            "--image-size", "16", "--batch-size", "16", "--log-interval", "1"]
+
+
+def test_resnet_ddp_two_ranks(tmp_path: Path) -> None:
+    out = run_program("resnet_ddp.py", [*DDP_ARGS, "--save-model", "resnet.pt"], tmp_path,
+                      nprocs=2)
+    losses = rank_steps(out)
+    assert sorted(losses) == [(r, s) for r in (0, 1) for s in range(1, 7)], out
+    assert all(np.isfinite(v) and 0 < v < 10 for v in losses.values()), out
+    assert len(re.findall(r"epoch \d test accuracy \d+\.\d%", out)) == 2, out
+    assert (tmp_path / "resnet.pt").stat().st_size > 0
+
+
+def test_resnet_ddp_matches_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    save_initial_weights(tmp_path / "resnet_ddp.npz", "SmallResNet", monkeypatch)
+    args = [*DDP_ARGS, "--no-shuffle", "--init-from", str(tmp_path / "resnet_ddp.npz")]
+    ours = run_program("resnet_ddp.py", args, tmp_path, nprocs=2)
+    theirs = run_program("resnet_ddp.py", args, tmp_path, nprocs=2, torch_lib=True)
+    assert_losses_match(rank_steps(ours), rank_steps(theirs),
+                        "resnet_ddp (2-rank DDP, SGD nesterov + OneCycleLR, BatchNorm)")
+    accuracy = re.compile(r"epoch \d test accuracy \d+\.\d%")
+    assert accuracy.findall(ours) == accuracy.findall(theirs)
+
+
+def test_resnet_ddp_clip_grad_norm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = [*DDP_ARGS, "--clip-grad-norm", "0.5", "--max-steps", "2", "--epochs", "1"]
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        ours = run_program("resnet_ddp.py", args, tmp_path, nprocs=2)
+        assert rank_steps(ours)
+        return
+    save_initial_weights(tmp_path / "resnet_ddp.npz", "SmallResNet", monkeypatch)
+    args += ["--no-shuffle", "--init-from", str(tmp_path / "resnet_ddp.npz")]
+    ours = run_program("resnet_ddp.py", args, tmp_path, nprocs=2)
+    theirs = run_program("resnet_ddp.py", args, tmp_path, nprocs=2, torch_lib=True)
+    assert_losses_match(rank_steps(ours), rank_steps(theirs), "resnet_ddp --clip-grad-norm")
+
+
+# -------------------------------------------------------------------- collectives_tutorial
+def _results(out: str) -> List[Tuple[int, str, str]]:
+    return sorted((int(r), name, value) for r, name, value in _RESULT.findall(out))
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_collectives_tutorial(tmp_path: Path, nprocs: int) -> None:
+    out = run_program("collectives_tutorial.py", [], tmp_path, nprocs=nprocs)
+    for rank in range(nprocs):
+        assert f"rank {rank} all checks passed" in out, out
+    names = {name for _, name, _ in _results(out)}
+    assert {"isend/irecv ring", "all_reduce SUM", "all_reduce MAX", "broadcast", "reduce",
+            "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all",
+            "all_to_all_single", "new_group([0, 1]) all_reduce"} <= names, out
+
+
+def test_collectives_tutorial_matches_torch(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    ours = run_program("collectives_tutorial.py", [], tmp_path, nprocs=3)
+    theirs = run_program("collectives_tutorial.py", [], tmp_path, nprocs=3, torch_lib=True)
+    # same results, printed the same way, on every rank
+    assert _results(ours) == _results(theirs)
+    assert len(_results(ours)) == 12 + 11 + 12  # rank 1 has no reduce/gather result
