@@ -52,6 +52,17 @@ from ._abort import (
     install_abort_handler,
     uninstall_abort_handler,
 )
+from ._store import (
+    DistError,
+    DistNetworkError,
+    DistStoreError,
+    FileStore,
+    HashStore,
+    PrefixStore,
+    Store,
+    StoreTimeoutError,
+    TCPStore,
+)
 from .launch import (
     ProcessExitedException,
     ProcessRaisedException,
@@ -81,6 +92,8 @@ __all__ = [
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
     "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError",
     "PeerFailedError", "DtypeMismatchError",
+    "Store", "TCPStore", "FileStore", "HashStore", "PrefixStore", "DistError", "DistStoreError",
+    "DistNetworkError", "StoreTimeoutError",
 ]
 
 logger = logging.getLogger("mpitensor.distributed")
