@@ -13,11 +13,18 @@ Example:
 
 from __future__ import annotations
 
+import builtins as _builtins
+import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from mpitensor import autograd as _autograd
+from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
-from mpitensor.tensor import Tensor
+from mpitensor._devices import xp
+from mpitensor._promotion import can_cast as can_cast_dtype
+from mpitensor._promotion import is_scalar
+from mpitensor.tensor import Tensor, _new
 
 __all__ = [
     "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "clamp", "clip", "matmul", "mean",
@@ -185,4 +192,193 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True,  # noqa: A0
     return input.topk(k, dim, largest, sorted)
 
 
-_t._serve({name: globals()[name] for name in __all__})
+# torch functions that are their Tensor method with the tensor first: ``torch.sin(x)`` is
+# ``x.sin()``; each also takes ``out=``.
+_FORWARDED = (
+    "absolute", "acos", "arccos", "acosh", "arccosh", "asin", "arcsin", "asinh", "arcsinh",
+    "atan", "arctan", "atanh", "arctanh", "ceil", "cos", "cosh", "deg2rad", "digamma", "erf",
+    "erfc", "erfinv", "exp2", "expm1", "fix", "floor", "frac", "lgamma", "log10", "log1p",
+    "log2", "logit", "nan_to_num", "neg", "negative", "positive", "rad2deg", "reciprocal",
+    "round", "rsqrt", "sgn", "sign", "signbit", "sin", "sinc", "sinh", "square", "tan", "trunc",
+    "isnan", "isinf", "isfinite", "isposinf", "isneginf", "isreal", "conj", "conj_physical",
+    "resolve_conj", "resolve_neg", "is_conj", "is_neg", "is_nonzero", "is_same_size",
+    "is_signed",
+    "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide",
+    "floor_divide", "remainder", "fmod", "pow", "float_power", "atan2", "arctan2", "hypot",
+    "logaddexp", "logaddexp2", "copysign", "xlogy", "maximum", "minimum", "fmax", "fmin",
+    "gcd", "lcm", "nextafter", "heaviside", "ldexp", "lerp", "addcmul", "addcdiv",
+    "eq", "ne", "lt", "le", "gt", "ge", "greater", "greater_equal", "less", "less_equal",
+    "not_equal", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift",
+    "isclose", "clamp_min", "clamp_max", "angle", "real", "imag", "frexp", "put", "zero_",
+    "index_put", "index_reduce", "select_scatter", "slice_scatter", "diagonal_scatter",
+    "nonzero_static", "renorm", "cov", "corrcoef", "unsafe_chunk", "unsafe_split",
+    "unsafe_split_with_sizes", "fill_",
+    "all", "any", "prod", "std", "var", "amax", "amin", "aminmax",
+    "logsumexp", "nansum", "nanmean", "count_nonzero", "median", "nanmedian", "mode",
+    "kthvalue", "msort", "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp",
+    "mm", "bmm", "mv", "dot", "vdot", "inner", "outer", "ger", "addmm", "addbmm", "baddbmm",
+    "addmv", "addr", "kron", "trace", "tril", "triu", "diag", "diagonal", "diag_embed",
+    "diagflat", "inverse", "det", "logdet", "slogdet", "matrix_power", "norm",
+    "flip", "fliplr", "flipud", "roll", "rot90", "narrow", "select", "movedim", "moveaxis",
+    "swapaxes", "swapdims", "ravel", "unflatten", "broadcast_to", "repeat_interleave", "tile",
+    "chunk", "split", "tensor_split", "hsplit", "vsplit", "dsplit", "split_with_sizes",
+    "unbind", "gather", "scatter", "scatter_add", "scatter_reduce", "index_select",
+    "index_add", "index_copy", "index_fill", "masked_select", "masked_scatter", "masked_fill",
+    "take", "take_along_dim", "nonzero", "argwhere", "clone", "t", "detach", "diff", "cross",
+)
+
+
+def rsub(input: Any, other: Any, *, alpha: Any = 1) -> Any:  # noqa: A002
+    """Return ``other - alpha * input``."""
+    return other - (input if alpha == 1 else input * alpha)
+
+
+def std_mean(input: Tensor, dim: Any = None, unbiased: Optional[bool] = None,  # noqa: A002
+             keepdim: bool = False, *, correction: Any = None) -> tuple:
+    """Return ``(std, mean)`` over ``dim`` (see ``Tensor.var``)."""
+    if isinstance(dim, bool):  # std_mean(x, False): the form whose argument is unbiased
+        dim, unbiased = None, dim
+    return (input.std(dim, unbiased, keepdim, correction=correction),
+            input.mean(dim, keepdim))
+
+
+def var_mean(input: Tensor, dim: Any = None, unbiased: Optional[bool] = None,  # noqa: A002
+             keepdim: bool = False, *, correction: Any = None) -> tuple:
+    """Return ``(var, mean)`` over ``dim`` (see ``Tensor.var``)."""
+    if isinstance(dim, bool):
+        dim, unbiased = None, dim
+    return (input.var(dim, unbiased, keepdim, correction=correction),
+            input.mean(dim, keepdim))
+
+
+# math's constants under torch's names
+pi = math.pi
+e = math.e
+inf = math.inf
+nan = math.nan
+newaxis = None
+
+
+def result_type(tensor1: Any, tensor2: Any) -> Any:
+    """Return the dtype of an arithmetic op on the two (tensors or numbers), as torch."""
+    from mpitensor._promotion import result_type as _rt  # noqa: PLC0415 - light
+
+    def operand(v: Any) -> Any:
+        return v._data if isinstance(v, Tensor) else v
+
+    return _rt(operand(tensor1), operand(tensor2))
+
+
+def promote_types(type1: Any, type2: Any) -> Any:
+    """Return the smallest dtype both dtypes convert to without losing their category."""
+    from mpitensor._promotion import promote  # noqa: PLC0415 - light
+
+    return promote(_dt.to_dtype(type1), _dt.to_dtype(type2))
+
+
+def can_cast(from_: Any, to: Any) -> bool:
+    """Whether torch's casting rules allow ``from_`` into ``to`` (no float into an integer,
+    no complex into a real, nothing into bool but bool)."""
+    return can_cast_dtype(_dt.to_dtype(from_), _dt.to_dtype(to))
+
+
+def empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = None,
+                  requires_grad: bool = False, **kwargs: Any) -> Tensor:
+    """Make an uninitialized tensor of ``size`` (its strides are NumPy's C order)."""
+    from mpitensor._creation import empty  # noqa: PLC0415 - imported by now
+
+    return empty(tuple(size), dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def scalar_tensor(s: Any, *, dtype: Any = None, device: Any = None,
+                  requires_grad: bool = False) -> Tensor:
+    """Make a 0-d tensor of the number ``s`` (of the default float dtype unless given)."""
+    from mpitensor._creation import tensor  # noqa: PLC0415 - imported by now
+
+    return tensor(s, dtype=_dt.get_default_dtype() if dtype is None else dtype,
+                  device=device, requires_grad=requires_grad)
+
+
+def logspace(start: Any, end: Any, steps: int, base: float = 10.0, *, dtype: Any = None,
+             device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Make ``steps`` values ``base ** linspace(start, end, steps)``."""
+    from mpitensor._creation import finish, linspace  # noqa: PLC0415 - imported by now
+
+    exps = linspace(start, end, steps, dtype=_dt.float64, device=device)._data
+    dt = _dt.get_default_dtype() if dtype is None else _dt.to_dtype(dtype)
+    return finish((base ** exps).astype(dt), requires_grad)
+
+
+def asarray(obj: Any, *, dtype: Any = None, device: Any = None, copy: Optional[bool] = None,
+            requires_grad: bool = False) -> Tensor:
+    """Make a tensor of ``obj``, sharing its memory where possible (``copy=True``: never)."""
+    from mpitensor._creation import as_tensor  # noqa: PLC0415 - imported by now
+
+    t = as_tensor(obj, dtype=dtype, device=device)
+    if copy:
+        t = t.detach().clone()
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def write_out(out: Any, result: Any, name: str) -> Any:
+    """Copy ``result`` into the ``out=`` tensor(s) of a torch function, resized (new storage)
+    where its shape differs, as torch resizes; returns ``out``.
+
+    Raises:
+        TypeError: ``out`` is not a tensor (a tuple of them for tuple results), or cannot
+            hold the result's dtype.
+        RuntimeError: ``out`` requires grad (``out=`` is not differentiable).
+    """
+    if isinstance(result, tuple):
+        if not isinstance(out, (tuple, list)) or len(out) != len(result):
+            raise TypeError(f"{name}(): out must be a tuple of {len(result)} tensors")
+        for o, r in zip(out, result):
+            write_out(o, r, name)
+        return out
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{name}(): out must be a Tensor, got {type(out).__name__}")
+    if out.requires_grad and _autograd.is_grad_enabled():
+        raise RuntimeError(f"{name}(): functions with out=... arguments don't support "
+                           f"automatic differentiation, but out requires grad")
+    r = result._data if isinstance(result, Tensor) else result
+    x = out._data
+    if hasattr(r, "dtype") and not can_cast_dtype(r.dtype, x.dtype):
+        raise TypeError(f"{name}(): the result's dtype {_dt.dt_repr(r.dtype)} can't be cast "
+                        f"to out's dtype {_dt.dt_repr(x.dtype)}")
+    if tuple(getattr(r, "shape", ())) != tuple(x.shape):
+        out._data = xp(x).empty(tuple(getattr(r, "shape", ())), dtype=x.dtype)
+    with _autograd.no_grad():
+        out.copy_(result if isinstance(result, Tensor) else _new(xp(x).asarray(r)))
+    return out
+
+
+def _forward_to_method(name: str) -> Any:
+    def fn(input: Any, *args: Any, out: Any = None, **kwargs: Any) -> Any:  # noqa: A002
+        if not isinstance(input, Tensor):
+            if is_scalar(input) and _builtins.any(isinstance(a, Tensor) for a in args):
+                from mpitensor._creation import tensor  # noqa: PLC0415 - imported by now
+
+                input = tensor(input)  # noqa: A001 - a number first (torch.pow(2, t))
+            else:
+                raise TypeError(f"{name}(): argument 'input' must be a Tensor, got "
+                                f"{type(input).__name__}")
+        attr = getattr(input, name)
+        r = attr(*args, **kwargs) if callable(attr) else attr  # real/imag are properties
+        return r if out is None else write_out(out, r, name)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"Return ``input.{name}(*args, **kwargs)`` (see ``Tensor.{name}``); "
+                  f"``out=`` receives the result.")
+    return fn
+
+
+for _name in _FORWARDED:
+    globals()[_name] = _forward_to_method(_name)
+
+_OWN = ("rsub", "std_mean", "var_mean", "pi", "e", "inf", "nan", "newaxis", "result_type",
+        "promote_types", "can_cast", "empty_strided", "scalar_tensor", "logspace", "asarray")
+
+_t._serve({name: globals()[name] for name in (*__all__, *_FORWARDED, *_OWN)})

@@ -298,6 +298,33 @@ def inplace(a: Tensor, other: Any, iop: Any, mode: int = ARITH) -> Any:
     return a
 
 
+def binary_inplace(a: Tensor, other: Any, op: Any, mode: int, what: str) -> Tensor:
+    """``a = op(a, other)`` written into ``a``'s array (cast to its dtype), for the named
+    in-place forms of binary functions (``atan2_``, ``eq_``, ...); recorded by autograd as
+    ``op``'s Function when an operand requires grad. Returns ``a``.
+
+    Raises:
+        TypeError: ``other`` is not a tensor or a number, or the result's dtype cannot be
+            written into ``a`` (a float into an integer tensor...).
+        ValueError: the result does not broadcast to ``a``'s shape.
+    """
+    if _grad_mode.enabled and inplace_recorded(a, what, other):
+        if not isinstance(other, Tensor):
+            other = operand(other)
+            if other is NOT_OPERAND:
+                raise TypeError(f"{what}: other must be a tensor or a number, got "
+                                f"{type(other).__name__}")
+        return apply_inplace(_function_of(op), what, a, other, (op, mode, False))
+    y = operand(other)
+    if y is NOT_OPERAND:
+        raise TypeError(f"{what}: other must be a tensor or a number, got "
+                        f"{type(other).__name__}")
+    x = a._data
+    _autograd.write_into(x, _result(x, y, op, mode, False), what)
+    bump_version(a)
+    return a
+
+
 def _record_inplace(a: Tensor, other: Any, iop: Any, mode: int) -> Any:
     """The recorded form of :func:`inplace`: the operator's op, its result written into ``a``."""
     if not isinstance(other, Tensor):
@@ -545,12 +572,18 @@ class _MaxMin(_Binary):
     @classmethod
     def _grads(cls, ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool,
                need_b: bool) -> tuple:
-        # torch: ties share the gradient half and half
-        m = xp(a) if hasattr(a, "shape") else xp(b)
-        wins = (a > b) if cls.is_max else (a < b)
+        # torch: ties share the gradient half and half; where a NaN is involved, both
+        # operands get all of it
+        m = xp(g)
+        a_loses = (a < b) if cls.is_max else (a > b)
+        b_loses = (a > b) if cls.is_max else (a < b)
         tie = a == b
-        wa = m.where(wins, 1.0, m.where(tie, 0.5, 0.0))
-        return (g * wa if need_a else None), (g * (1.0 - wa) if need_b else None)
+        ga = gb = None
+        if need_a:
+            ga = g * m.where(a_loses, 0.0, m.where(tie, 0.5, 1.0))
+        if need_b:
+            gb = g * m.where(b_loses, 0.0, m.where(tie, 0.5, 1.0))
+        return ga, gb
 
 
 class Maximum(_MaxMin):
@@ -652,11 +685,19 @@ def _record(a: Tensor, other: Any, op: Any, mode: int, rev: bool) -> Any:
         other = operand(other)
         if other is NOT_OPERAND:
             return NotImplemented
+    fn = _FUNCTION_OF.get(op)  # (_function_of written out: this runs for every recorded op)
+    if fn is None:
+        fn = _function_of(op)
+    return fn.apply(a, other, (op, mode, rev))
+
+
+def _function_of(op: Any) -> Any:
+    """The differentiable Function of binary op ``op`` (``NotImplementedOp`` if none)."""
     fn = _FUNCTION_OF.get(op)
     if fn is None:
         name = str(getattr(op, "__name__", None) or getattr(op, "name", ""))
         fn = _FUNCTION_OF_UFUNC.get(name.removeprefix("cupy_"), NotImplementedOp)
-    return fn.apply(a, other, (op, mode, rev))
+    return fn
 
 
 # --------------------------------------------------------------------------------------------
@@ -831,6 +872,18 @@ class _OperatorMethods:
             f"{rounding_mode!r}"
         )
 
+    def subtract(self, other: Any, *, alpha: Any = 1) -> Tensor:
+        """Return ``self - alpha * other`` (``sub``)."""
+        return self - (other if alpha == 1 else other * alpha)
+
+    def multiply(self, other: Any) -> Tensor:
+        """Return ``self * other`` (``mul``)."""
+        return self * other
+
+    def divide(self, other: Any, *, rounding_mode: Optional[str] = None) -> Tensor:
+        """Return ``self / other`` (``div``), rounded as ``rounding_mode`` says."""
+        return self.div(other, rounding_mode=rounding_mode)
+
     true_divide = __truediv__
     floor_divide = __floordiv__
     remainder = __mod__
@@ -855,9 +908,46 @@ class _OperatorMethods:
         """In place: ``self *= other``; returns self."""
         return inplace(self, other, operator.imul)
 
-    def div_(self, other: Any) -> Tensor:
+    def div_(self, other: Any, *, rounding_mode: Optional[str] = None) -> Tensor:
+        """In place: ``self /= other`` (rounded as ``rounding_mode`` says); returns self.
+
+        Raises:
+            ValueError: unknown ``rounding_mode``.
+        """
+        if rounding_mode is None:
+            return inplace(self, other, operator.itruediv, TRUEDIV)
+        if rounding_mode == "floor":
+            return inplace(self, other, operator.ifloordiv, DIVLIKE)
+        if rounding_mode == "trunc":
+            return binary_inplace(self, other, _trunc_divide, DIVLIKE, "div_()")
+        raise ValueError(
+            f"div_ expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+            f"{rounding_mode!r}"
+        )
+
+    def subtract_(self, other: Any, *, alpha: Any = 1) -> Tensor:
+        """In place: ``self -= alpha * other``; returns self."""
+        return inplace(self, other if alpha == 1 else other * alpha, operator.isub)
+
+    def multiply_(self, other: Any) -> Tensor:
+        """In place: ``self *= other``; returns self."""
+        return inplace(self, other, operator.imul)
+
+    def divide_(self, other: Any, *, rounding_mode: Optional[str] = None) -> Tensor:
+        """In place: ``self /= other``; returns self (see :meth:`div_`)."""
+        return self.div_(other, rounding_mode=rounding_mode)
+
+    def true_divide_(self, other: Any) -> Tensor:
         """In place: ``self /= other``; returns self."""
         return inplace(self, other, operator.itruediv, TRUEDIV)
+
+    def floor_divide_(self, other: Any) -> Tensor:
+        """In place: ``self //= other``; returns self."""
+        return inplace(self, other, operator.ifloordiv, DIVLIKE)
+
+    def remainder_(self, other: Any) -> Tensor:
+        """In place: ``self %= other``; returns self."""
+        return inplace(self, other, operator.imod, DIVLIKE)
 
     def pow_(self, other: Any) -> Tensor:
         """In place: ``self **= other``; returns self."""

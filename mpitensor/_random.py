@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
@@ -206,6 +207,9 @@ class _CupyDraws:
 
     def permutation(self, n: int) -> Any:
         return self.rs.permutation(n)
+
+    def poisson(self, lam: Any, size: Any = None) -> Any:
+        return self.rs.poisson(lam, size=size)
 
 
 def _drawn(generator: Any, device: Any, draw: Any) -> Any:
@@ -394,5 +398,286 @@ def randn_like(
     return finish(_draw("randn", shape, generator, dt, dev), requires_grad)
 
 
+# --------------------------------------------------------------------------------------------
+# In-place random fills and sampling from tensors of parameters
+
+
+def _device_of_tensor(t: Tensor) -> Any:
+    return _backend.device_of(t._data)
+
+
+def _uniform01(t: Tensor, generator: Any) -> Any:
+    """Uniform numbers in [0, 1) shaped like ``t``, in float64 for float64 tensors and in
+    float32 otherwise, on ``t``'s device."""
+    x = t._data
+    fdt = _dt.float64 if x.dtype in (_dt.float64, _dt.complex128, _dt.int64) else _dt.float32
+    return _drawn(generator, _device_of_tensor(t), lambda rng: rng.random(x.shape, fdt))
+
+
+def _normal01(t: Tensor, generator: Any) -> Any:
+    x = t._data
+    fdt = _dt.float64 if x.dtype == _dt.float64 else _dt.float32
+    return _drawn(generator, _device_of_tensor(t),
+                  lambda rng: rng.standard_normal(x.shape, fdt))
+
+
+class _Overwrite(_autograd.Function):
+    """A tensor's elements replaced by ``values`` (a random fill): the old value gets a zero
+    gradient, as in torch."""
+
+    @staticmethod
+    def forward_(ctx: Any, x: Any, values: Any) -> Any:
+        _t._copy_into(x, values)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        return _autograd._xp(g).zeros_like(g), None
+
+
+def _fill_with(t: Tensor, values: Any, what: str) -> Tensor:
+    """Write ``values`` (an array shaped like ``t``) into ``t``: an in-place write, recorded
+    by autograd where needed."""
+    if _autograd._mode.enabled and _autograd.inplace_recorded(t, what):
+        return _autograd.apply_inplace(_Overwrite, what, t, values)
+    _t._copy_into(t._data, values)
+    _autograd.bump_version(t)
+    return t
+
+
+def _floating_only(t: Tensor, what: str) -> None:
+    if _dt.kind_of(t._data.dtype) != "f":
+        raise TypeError(f"{what} needs a floating point tensor, got "
+                        f"{_dt.dt_repr(t._data.dtype)}")
+
+
+def _prob(p: Any, t: Tensor) -> Any:
+    if isinstance(p, Tensor):
+        return p._data.astype(_dt.float64)
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"expected a probability in [0, 1], got {p}")
+    return p
+
+
+def _random_bounds(t: Tensor, frm: int, to: Any) -> tuple:
+    """``random_``'s range ``[frm, to)``; by default every integer the dtype holds exactly
+    (``[0, 2**mantissa]`` for floats, as torch)."""
+    dt = t._data.dtype
+    if to is None:
+        if dt.kind == "b":
+            to = 2
+        elif dt.kind in "iu":
+            to = int(np.iinfo(dt).max) + 1
+        else:  # the significand's digits: every integer up to 2**digits is exact
+            digits = 8 if dt == _dt.bfloat16 else {8: 53, 4: 24, 2: 11}[dt.itemsize]
+            to = 2 ** digits + 1
+    if to <= frm:
+        raise ValueError(f"random_(): expected from < to, got from={frm}, to={to}")
+    return frm, to
+
+
+@_t._tensor_methods
+class _RandomMethods:
+    def normal_(self, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Tensor:
+        """Fill with normal numbers of mean ``mean`` and standard deviation ``std``; returns
+        self.
+
+        Raises:
+            TypeError: not a floating point tensor.
+        """
+        _floating_only(self, "normal_()")
+        return _fill_with(self, mean + std * _normal01(self, generator), "normal_()")
+
+    def uniform_(self, from_: float = 0.0, to: float = 1.0, *, generator: Any = None,
+                 **kwargs: Any) -> Tensor:
+        """Fill with uniform numbers in ``[from, to)``; returns self."""
+        from_ = kwargs.pop("from", from_)
+        if kwargs:
+            raise TypeError(f"uniform_() got unexpected arguments {sorted(kwargs)}")
+        _floating_only(self, "uniform_()")
+        return _fill_with(self, from_ + (to - from_) * _uniform01(self, generator),
+                          "uniform_()")
+
+    def bernoulli_(self, p: Any = 0.5, *, generator: Any = None) -> Tensor:
+        """Fill with 1 (probability ``p``, a number or a tensor) or 0; returns self."""
+        return _fill_with(self, _uniform01(self, generator) < _prob(p, self), "bernoulli_()")
+
+    def random_(self, from_: int = 0, to: Any = None, *, generator: Any = None,
+                **kwargs: Any) -> Tensor:
+        """Fill with random integers in ``[from, to)``; ``random_(to)`` means ``[0, to)``;
+        without bounds, every integer the dtype holds exactly."""
+        from_ = kwargs.pop("from", from_)
+        if kwargs:
+            raise TypeError(f"random_() got unexpected arguments {sorted(kwargs)}")
+        if to is None and from_ != 0:
+            from_, to = 0, from_
+        lo, hi = _random_bounds(self, operator.index(from_), to)
+        shape = self._data.shape
+        hi = min(hi, 2 ** 63)  # drawn as int64
+        arr = _drawn(generator, _device_of_tensor(self),
+                     lambda rng: rng.integers(lo, hi, shape, np.int64))
+        return _fill_with(self, arr, "random_()")
+
+    def exponential_(self, lambd: float = 1.0, *, generator: Any = None) -> Tensor:
+        """Fill with exponential numbers of rate ``lambd``; returns self."""
+        _floating_only(self, "exponential_()")
+        u = _uniform01(self, generator)
+        return _fill_with(self, -_backend.array_module(u).log1p(-u) / lambd, "exponential_()")
+
+    def geometric_(self, p: float, *, generator: Any = None) -> Tensor:
+        """Fill with the number of trials up to the first success of probability ``p``
+        (1, 2, ...); returns self."""
+        p = float(p)
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"geometric_(): expected 0 < p < 1, got {p}")
+        u = _uniform01(self, generator)
+        m = _backend.array_module(u)
+        with np.errstate(all="ignore"):
+            k = m.maximum(m.ceil(m.log1p(-u) / np.log1p(-p)), 1)
+        return _fill_with(self, k, "geometric_()")
+
+    def cauchy_(self, median: float = 0.0, sigma: float = 1.0, *,
+                generator: Any = None) -> Tensor:
+        """Fill with Cauchy numbers of location ``median`` and scale ``sigma``; returns self."""
+        _floating_only(self, "cauchy_()")
+        u = _uniform01(self, generator)
+        m = _backend.array_module(u)
+        return _fill_with(self, median + sigma * m.tan(np.pi * (u - 0.5)), "cauchy_()")
+
+    def bernoulli(self, p: Any = None, *, generator: Any = None) -> Tensor:
+        """Return 1 or 0 per element, 1 with the probability the element holds (or ``p``)."""
+        return bernoulli(self, p, generator=generator)
+
+    def multinomial(self, num_samples: int, replacement: bool = False, *,
+                    generator: Any = None) -> Tensor:
+        """Draw category indices from these weights (see :func:`multinomial`)."""
+        return multinomial(self, num_samples, replacement, generator=generator)
+
+    def log_normal_(self, mean: float = 1.0, std: float = 2.0, *,
+                    generator: Any = None) -> Tensor:
+        """Fill with ``exp(N(mean, std))`` numbers; returns self."""
+        _floating_only(self, "log_normal_()")
+        z = _normal01(self, generator)
+        return _fill_with(self, _backend.array_module(z).exp(mean + std * z), "log_normal_()")
+
+
+def bernoulli(input: Tensor, p: Any = None, *, generator: Any = None) -> Tensor:  # noqa: A002
+    """Return 1 or 0 per element, 1 with the probability the element holds (or ``p``), in
+    ``input``'s dtype.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> mt.bernoulli(mt.zeros(3)).tolist()
+        [0.0, 0.0, 0.0]
+    """
+    probs = input._data
+    u = _uniform01(input, generator)
+    p = probs if p is None else _prob(p, input)
+    return Tensor._wrap((u < p).astype(probs.dtype))
+
+
+def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *,  # noqa: A002
+                generator: Any = None) -> Tensor:
+    """Draw ``num_samples`` category indices per row of the weights ``input`` (1-D or 2-D,
+    non-negative, not necessarily summing to 1), with or without replacement.
+
+    Raises:
+        ValueError: negative or all-zero weights, or more samples than non-zero categories
+            without replacement.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> mt.multinomial(mt.tensor([0.0, 1.0]), 2, replacement=True).tolist()
+        [1, 1]
+    """
+    w = input._data
+    if w.ndim not in (1, 2):
+        raise ValueError(f"multinomial(): expected 1-D or 2-D weights, got {w.ndim} dimensions")
+    n = operator.index(num_samples)
+    w2 = w.reshape(1, -1) if w.ndim == 1 else w
+    m = _backend.array_module(w2)
+    w2 = w2.astype(_dt.float64)
+    if n <= 0:
+        raise ValueError(f"multinomial(): num_samples must be positive, got {n}")
+    if bool((w2 < 0).any()) or not bool(m.isfinite(w2).all()):
+        raise ValueError("multinomial(): weights must be finite and non-negative")
+    total = w2.sum(axis=1, keepdims=True)
+    if bool((total <= 0).any()):
+        raise ValueError("multinomial(): each row of weights must have a positive sum")
+    rows, k = w2.shape
+    dev = _backend.device_of(w2)
+    if not replacement:
+        if n > int((w2 > 0).sum(axis=1).min()):
+            raise ValueError(f"multinomial(): cannot draw {n} samples without replacement from "
+                             f"fewer non-zero categories")
+        u = _drawn(generator, dev, lambda rng: rng.random((rows, k), _dt.float64))
+        with np.errstate(divide="ignore"):  # Gumbel top-k: log w + Gumbel noise
+            keys = m.log(w2) - m.log(-m.log1p(-u))
+        out = m.argsort(-keys, axis=1)[:, :n]
+    else:
+        cdf = m.cumsum(w2 / total, axis=1)
+        u = _drawn(generator, dev, lambda rng: rng.random((rows, n), _dt.float64))
+        # every row shifted by its number: one search over all rows at once
+        shift = m.arange(rows, dtype=_dt.float64)[:, None] * 2.0
+        pos = m.searchsorted((cdf + shift).reshape(-1), (u + shift).reshape(-1), side="right")
+        out = m.minimum(pos.reshape(rows, n) - m.arange(rows)[:, None] * k, k - 1)
+    out = out.astype(_INT64)
+    return Tensor._wrap(out.reshape(-1) if w.ndim == 1 else out)
+
+
+def normal(mean: Any = 0.0, std: Any = 1.0, size: Any = None, *, generator: Any = None,
+           dtype: DTypeLike = None, device: DeviceLike = None,
+           requires_grad: bool = False) -> Tensor:
+    """Draw normal numbers: element-wise from tensors ``mean`` and/or ``std`` (broadcast),
+    or of ``size`` from two numbers.
+
+    Raises:
+        TypeError: two numbers without ``size``.
+        ValueError: a negative ``std``.
+    """
+    mt_, st_ = isinstance(mean, Tensor), isinstance(std, Tensor)
+    if not mt_ and not st_:
+        if size is None:
+            raise TypeError("normal(): with a number mean and std, pass a size")
+        if float(std) < 0:
+            raise ValueError(f"normal(): std must be non-negative, got {std}")
+        out = randn(size, generator=generator, dtype=dtype, device=device)
+        return finish(out._data * std + mean, requires_grad)
+    ref = mean if mt_ else std
+    mv = mean._data if mt_ else mean
+    sv = std._data if st_ else std
+    if st_ and bool((sv < 0).any()):
+        raise ValueError("normal(): std must be non-negative")
+    shape = tuple(np.broadcast_shapes(getattr(mv, "shape", ()), getattr(sv, "shape", ())))
+    dt = ref._data.dtype if _dt.kind_of(ref._data.dtype) == "f" else _dt.get_default_dtype()
+    z = _draw("randn", shape, generator, dt, _backend.device_of(ref._data))
+    return Tensor._wrap((z * sv + mv).astype(dt, copy=False))
+
+
+def poisson(input: Tensor, generator: Any = None) -> Tensor:  # noqa: A002
+    """Draw a Poisson number per element, of rate the element holds (``input``'s dtype)."""
+    lam = input._data
+    out = _drawn(generator, _backend.device_of(lam), lambda rng: rng.poisson(lam, lam.shape))
+    return Tensor._wrap(out.astype(lam.dtype))
+
+
+def randint_like(input: Tensor, low: int = 0, high: Any = None, *,  # noqa: A002
+                 generator: Any = None, dtype: DTypeLike = None, device: DeviceLike = None,
+                 requires_grad: bool = False) -> Tensor:
+    """Random integers in ``[low, high)`` with the shape (dtype, device) of ``input``;
+    ``randint_like(x, high)`` means ``[0, high)``."""
+    if high is None:
+        low, high = 0, low
+    shape, dt, dev = like_args(input, dtype, device)
+    low, high = operator.index(low), operator.index(high)
+    if high <= low:
+        raise ValueError(f"randint_like(): expected low < high, got low={low}, high={high}")
+    arr = _drawn(generator, dev, lambda rng: rng.integers(low, high, shape, np.int64))
+    return finish(arr.astype(dt, copy=False), requires_grad)
+
+
 # nn.functional draws dropout masks with it, under its old name
-_t._serve({**{name: globals()[name] for name in __all__}, "_random": _draw})
+_t._serve({**{name: globals()[name] for name in __all__}, "_random": _draw,
+           **{name: globals()[name] for name in ("bernoulli", "multinomial", "normal",
+                                                  "poisson", "randint_like")}})

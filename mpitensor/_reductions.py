@@ -153,6 +153,146 @@ class MinDim(MaxDim):
     """The values of ``x.min(dim)`` (see :class:`MaxDim`)."""
 
 
+def _full(a: Any, shape: tuple, axis: Any, keepdim: bool) -> Any:
+    """A reduction's result (or gradient) broadcast back over the reduced axes."""
+    return _unreduce(a, shape, axis, keepdim)
+
+
+class Prod(Function):
+    """``x.prod(dim, keepdim, dtype)``: d/dx_i = the product of the others, found without
+    dividing by zero (one zero in a slice: only it gets a gradient; two: none does)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, dim: Any, keepdim: bool, dtype: DTypeLike) -> Any:
+        dt = _dt.to_dtype(dtype) if dtype is not None else sum_dtype(x.dtype)
+        axis = axes(dim, x.ndim)
+        if (x.dtype if dt is None else dt) in _half.REDUCED:  # float32 accumulator
+            out = x.prod(axis=axis, dtype=_dt.float32, keepdims=keepdim).astype(
+                dt or x.dtype)
+        else:
+            out = x.prod(axis=axis, dtype=dt, keepdims=keepdim)
+        ctx.meta = (x.shape, x.dtype, axis, keepdim)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        shape, dtype, axis, keepdim = ctx.meta
+        x, out = ctx.saved_tensors
+        m = xp(g)
+        gf = _full(g, shape, axis, keepdim)
+        of = _full(out, shape, axis, keepdim)
+        zero = x == 0
+        with np.errstate(all="ignore"):
+            if not zero.any():
+                return (gf * of / x).astype(dtype, copy=False), None, None, None
+            zeros = _full(zero.sum(axis=axis, keepdims=keepdim), shape, axis, keepdim)
+            others = _full(m.where(zero, 1, x).prod(axis=axis, keepdims=keepdim), shape, axis,
+                           keepdim)
+            gx = m.where(zeros == 0, gf * of / m.where(zero, 1, x),
+                         m.where((zeros == 1) & zero, gf * others, 0))
+        return gx.astype(dtype, copy=False), None, None, None
+
+
+class AMax(Function):
+    """``amax(x, dim, keepdim)`` (``largest``) or ``amin``: the elements equal to the result
+    share its gradient evenly."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, dim: Any, keepdim: bool, largest: bool) -> Any:
+        axis = axes(dim, x.ndim)
+        if x.size == 0:
+            raise ValueError(f"{'amax' if largest else 'amin'}(): cannot reduce an empty "
+                             f"tensor of shape {list(x.shape)}")
+        out = (x.max if largest else x.min)(axis=axis, keepdims=keepdim)
+        ctx.meta = (x.shape, x.dtype, axis, keepdim)
+        ctx.save_for_backward(x, out)
+        return xp(x).asarray(out)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        shape, dtype, axis, keepdim = ctx.meta
+        x, out = ctx.saved_tensors
+        mask = x == _full(out, shape, axis, keepdim)
+        count = _full(mask.sum(axis=axis, keepdims=keepdim), shape, axis, keepdim)
+        gx = _full(g, shape, axis, keepdim) * mask / count
+        return gx.astype(dtype, copy=False), None, None, None
+
+
+@_half.computes_in_float32
+class LogSumExp(Function):
+    """``log(sum(exp(x)))`` over ``dim``, shifted by the maximum so that nothing overflows:
+    d/dx = exp(x - out)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, dim: Any, keepdim: bool) -> Any:
+        if _dt.kind_of(x.dtype) in "biu":
+            x = x.astype(_dt.get_default_dtype())
+        m = xp(x)
+        axis = axes(dim, x.ndim)
+        with np.errstate(all="ignore"):
+            if x.size == 0:
+                out = m.log(m.exp(x).sum(axis=axis, keepdims=keepdim))
+            else:
+                mx = x.max(axis=axis, keepdims=True)
+                mx = m.where(m.isinf(mx), 0, mx)
+                out = m.log(m.exp(x - mx).sum(axis=axis, keepdims=True)) + mx
+                if not keepdim:
+                    out = out.reshape(()) if axis is None else m.squeeze(out, axis=axis)
+        ctx.meta = (x.shape, axis, keepdim)
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        shape, axis, keepdim = ctx.meta
+        x, out = ctx.saved_tensors
+        m = xp(g)
+        with np.errstate(all="ignore"):
+            gx = _full(g, shape, axis, keepdim) * m.exp(x - _full(out, shape, axis, keepdim))
+        return gx, None, None
+
+
+class NanSum(Function):
+    """``nansum`` (``mean`` True: ``nanmean``): NaN counted as zero (and not counted); the
+    gradient passes where ``x`` is not NaN."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, dim: Any, keepdim: bool, dtype: DTypeLike,
+                mean: bool) -> Any:
+        m = xp(x)
+        dt = _dt.to_dtype(dtype) if dtype is not None else (
+            x.dtype if mean else sum_dtype(x.dtype))
+        if mean and _dt.kind_of(dt or x.dtype) not in "fc":
+            raise TypeError(f"nanmean(): expected a floating point or complex tensor, got "
+                            f"{_dt.dt_repr(x.dtype)}; call .float() first")
+        axis = axes(dim, x.ndim)
+        valid = ~m.isnan(x) if _dt.kind_of(x.dtype) in "fc" else None
+        acc = _dt.float32 if (dt or x.dtype) in _half.REDUCED else dt
+        z = x if valid is None else m.where(valid, x, 0)
+        with np.errstate(all="ignore"):
+            out = z.sum(axis=axis, dtype=acc, keepdims=keepdim)
+            count = None
+            if mean:
+                count = (m.ones(x.shape, dtype=_INT64) if valid is None else valid).sum(
+                    axis=axis, keepdims=keepdim)
+                out = out / count
+        ctx.meta = (x.shape, x.dtype, axis, keepdim, count)
+        ctx.save_for_backward(valid)
+        return xp(x).asarray(out).astype(dt or x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        shape, dtype, axis, keepdim, count = ctx.meta
+        (valid,) = ctx.saved_tensors
+        if count is not None:
+            g = g / count
+        gx = _full(g, shape, axis, keepdim)
+        if valid is not None:
+            gx = gx * valid
+        return gx.astype(dtype, copy=False), None, None, None, None
+
+
 _MaxResult = namedtuple("max", ["values", "indices"])
 _MinResult = namedtuple("min", ["values", "indices"])
 
@@ -170,6 +310,9 @@ _SortResult = namedtuple("sort", ["values", "indices"])
 _SortResult.__repr__ = _return_types_repr
 _TopkResult = namedtuple("topk", ["values", "indices"])
 _TopkResult.__repr__ = _return_types_repr
+_AminmaxResult = namedtuple("aminmax", ["min", "max"])
+_AminmaxResult.__repr__ = lambda self: (
+    f"mpitensor.return_types.aminmax(\nmin={self.min!r},\nmax={self.max!r})")
 
 
 def _along(idx: Any, axis: int, m: Any) -> tuple:
@@ -307,10 +450,11 @@ class _ReductionMethods:
         return _run(Sum, self, dim, keepdim, dtype)
 
     def prod(self, dim: Any = None, keepdim: bool = False, *, dtype: DTypeLike = None) -> Tensor:
-        """Return the product over ``dim`` (integers and bools multiply in int64)."""
-        x = self._data
-        dt = _dt.to_dtype(dtype) if dtype is not None else sum_dtype(x.dtype)
-        return _new(x.prod(axis=axes(dim, x.ndim), dtype=dt, keepdims=keepdim))
+        """Return the product over ``dim`` (integers and bools multiply in int64).
+
+        Differentiable, also where elements are zero.
+        """
+        return _run(Prod, self, dim, keepdim, dtype)
 
     def mean(self, dim: Any = None, keepdim: bool = False, *, dtype: DTypeLike = None) -> Tensor:
         """Return the mean over ``dim``; the tensor (or ``dtype``) must be float or complex.
@@ -320,10 +464,15 @@ class _ReductionMethods:
         """
         return _run(Mean, self, dim, keepdim, dtype)
 
-    def var(
-        self, dim: Any = None, *, correction: int = 1, keepdim: bool = False
-    ) -> Tensor:
-        """Return the variance over ``dim`` with Bessel's ``correction`` (1 = unbiased)."""
+    def var(self, dim: Any = None, unbiased: Optional[bool] = None, keepdim: bool = False, *,
+            correction: Any = None) -> Tensor:
+        """Return the variance over ``dim``, divided by ``N - correction`` (1 by default;
+        ``unbiased=False`` means 0).
+
+        Raises:
+            TypeError: an integer or bool tensor.
+        """
+        dim, c = _correction(dim, unbiased, correction)
         x = self._data
         if _dt.kind_of(x.dtype) not in "fc":
             raise TypeError(
@@ -331,21 +480,22 @@ class _ReductionMethods:
                 f"{_dt.dt_repr(x.dtype)}"
             )
         if x.dtype in _half.REDUCED:  # in float32, rounded once, as torch
-            return self.float().var(dim, correction=correction, keepdim=keepdim).to(x.dtype)
+            return self.float().var(dim, correction=c, keepdim=keepdim).to(x.dtype)
         if self._requires_grad and _grad_mode.enabled:  # recorded through mean and operators
             ax = axes(dim, x.ndim)
             n = x.size if ax is None else math.prod(
                 x.shape[a] for a in (ax if isinstance(ax, tuple) else (ax,)))
             d = self - self.mean(dim, keepdim=True)
-            return (d * d).sum(dim, keepdim=keepdim) / max(0, n - correction)
+            return (d * d).sum(dim, keepdim=keepdim) / max(0, n - c)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return _new(x.var(axis=axes(dim, x.ndim), ddof=correction, keepdims=keepdim))
+            return _new(xp(x).asarray(
+                x.var(axis=axes(dim, x.ndim), ddof=c, keepdims=keepdim)))
 
-    def std(
-        self, dim: Any = None, *, correction: int = 1, keepdim: bool = False
-    ) -> Tensor:
-        """Return the standard deviation over ``dim`` with Bessel's ``correction``."""
-        return self.var(dim, correction=correction, keepdim=keepdim).sqrt()
+    def std(self, dim: Any = None, unbiased: Optional[bool] = None, keepdim: bool = False, *,
+            correction: Any = None) -> Tensor:
+        """Return the standard deviation over ``dim`` (see :meth:`var`)."""
+        dim, c = _correction(dim, unbiased, correction)
+        return self.var(dim, correction=c, keepdim=keepdim).sqrt()
 
     def max(self, dim: Any = None, keepdim: bool = False) -> Any:
         """Return the maximum; with ``dim``, a ``(values, indices)`` named tuple.
@@ -476,3 +626,68 @@ class _ReductionMethods:
         """Return whether any element (over ``dim``) is non-zero, as a bool tensor."""
         x = self._data
         return _new(x.any(axis=axes(dim, x.ndim), keepdims=keepdim))
+
+    def amax(self, dim: Any = (), keepdim: bool = False) -> Tensor:
+        """Return the maximum over ``dim`` (an int, a tuple; ``()`` or None: every element).
+
+        Elements that tie for the maximum share its gradient evenly.
+
+        Raises:
+            ValueError: the tensor is empty.
+        """
+        return _run(AMax, self, _all_dims(dim), keepdim, True)
+
+    def amin(self, dim: Any = (), keepdim: bool = False) -> Tensor:
+        """Return the minimum over ``dim`` (see :meth:`amax`)."""
+        return _run(AMax, self, _all_dims(dim), keepdim, False)
+
+    def aminmax(self, *, dim: Optional[int] = None, keepdim: bool = False) -> Any:
+        """Return ``(min, max)`` over ``dim`` (every element when None) as a named tuple."""
+        d = None if dim is None else dim
+        return _AminmaxResult(self.amin(d, keepdim), self.amax(d, keepdim))
+
+    def logsumexp(self, dim: Any = (), keepdim: bool = False) -> Tensor:
+        """Return ``log(sum(exp(self)))`` over ``dim``, computed without overflow (integers
+        are promoted to the default float dtype)."""
+        return _run(LogSumExp, self, _all_dims(dim), keepdim)
+
+    def nansum(self, dim: Any = None, keepdim: bool = False, *,
+               dtype: DTypeLike = None) -> Tensor:
+        """Return the sum over ``dim`` with NaN counted as zero."""
+        return _run(NanSum, self, dim, keepdim, dtype, False)
+
+    def nanmean(self, dim: Any = None, keepdim: bool = False, *,
+                dtype: DTypeLike = None) -> Tensor:
+        """Return the mean over ``dim`` of the elements that are not NaN.
+
+        Raises:
+            TypeError: an integer or bool tensor without a float ``dtype``.
+        """
+        return _run(NanSum, self, dim, keepdim, dtype, True)
+
+    def count_nonzero(self, dim: Any = None) -> Tensor:
+        """Return the int64 number of non-zero elements over ``dim`` (all when None)."""
+        x = self._data
+        return _new(xp(x).asarray(
+            (x != 0).sum(axis=axes(dim, x.ndim))).astype(_INT64, copy=False))
+
+
+def _all_dims(dim: Any) -> Any:
+    """``amax``'s ``dim``: ``()`` and ``[]`` mean every dimension, as None does."""
+    return None if dim is None or (isinstance(dim, (tuple, list)) and not dim) else dim
+
+
+def _correction(dim: Any, unbiased: Optional[bool], correction: Any) -> tuple:
+    """``(dim, correction)`` from ``var``'s signatures: ``var(unbiased)``,
+    ``var(dim, unbiased, keepdim)`` and ``var(dim, *, correction)``.
+
+    Raises:
+        ValueError: both ``unbiased`` and ``correction`` are given.
+    """
+    if isinstance(dim, bool):  # var(False): the old form whose only argument is unbiased
+        dim, unbiased = None, dim
+    if correction is not None and unbiased is not None:
+        raise ValueError("var()/std(): pass either unbiased or correction, not both")
+    if correction is None:
+        correction = 0 if unbiased is False else 1
+    return dim, correction

@@ -83,6 +83,48 @@ _SERVED_NAMES = (
     "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "clamp", "clip", "matmul", "mean", "argmax",
     "argmin", "flatten", "reshape", "transpose", "permute", "squeeze", "unsqueeze", "softmax",
     "log_softmax", "sum", "max", "min", "abs", "sort", "argsort", "topk",
+    # function forms of methods added by the op modules (mpitensor._functions, _FORWARDED)
+    "absolute", "acos", "arccos", "acosh", "arccosh", "asin", "arcsin", "asinh", "arcsinh",
+    "atan", "arctan", "atanh", "arctanh", "ceil", "cos", "cosh", "deg2rad", "digamma", "erf",
+    "erfc", "erfinv", "exp2", "expm1", "fix", "floor", "frac", "lgamma", "log10", "log1p",
+    "log2", "logit", "nan_to_num", "neg", "negative", "positive", "rad2deg", "reciprocal",
+    "round", "rsqrt", "sgn", "sign", "signbit", "sin", "sinc", "sinh", "square", "tan", "trunc",
+    "isnan", "isinf", "isfinite", "isposinf", "isneginf", "isreal", "conj", "conj_physical",
+    "resolve_conj", "resolve_neg", "is_conj", "is_neg", "is_nonzero", "is_same_size",
+    "is_signed",
+    "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide",
+    "floor_divide", "remainder", "fmod", "pow", "float_power", "atan2", "arctan2", "hypot",
+    "logaddexp", "logaddexp2", "copysign", "xlogy", "maximum", "minimum", "fmax", "fmin",
+    "gcd", "lcm", "nextafter", "heaviside", "ldexp", "lerp", "addcmul", "addcdiv", "rsub",
+    "eq", "ne", "lt", "le", "gt", "ge", "greater", "greater_equal", "less", "less_equal",
+    "not_equal", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift",
+    "isclose", "clamp_min", "clamp_max",
+    "all", "any", "prod", "std", "var", "std_mean", "var_mean", "amax", "amin", "aminmax",
+    "logsumexp", "nansum", "nanmean", "count_nonzero", "median", "nanmedian", "mode",
+    "kthvalue", "msort", "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp",
+    "mm", "bmm", "mv", "dot", "vdot", "inner", "outer", "ger", "addmm", "addbmm", "baddbmm",
+    "addmv", "addr", "kron", "trace", "tril", "triu", "diag", "diagonal", "diag_embed",
+    "diagflat", "inverse", "det", "logdet", "slogdet", "matrix_power", "norm",
+    "flip", "fliplr", "flipud", "roll", "rot90", "narrow", "select", "movedim", "moveaxis",
+    "swapaxes", "swapdims", "ravel", "unflatten", "broadcast_to", "repeat_interleave", "tile",
+    "chunk", "split", "tensor_split", "hsplit", "vsplit", "dsplit", "split_with_sizes",
+    "unbind", "gather", "scatter", "scatter_add", "scatter_reduce", "index_select",
+    "index_add", "index_copy", "index_fill", "masked_select", "masked_scatter", "masked_fill",
+    "take", "take_along_dim", "nonzero", "argwhere", "clone", "t", "detach", "diff", "cross",
+    "bincount", "histc", "unique", "unique_consecutive", "angle", "real", "imag", "frexp",
+    "put", "zero_", "index_put", "index_reduce", "select_scatter", "slice_scatter",
+    "diagonal_scatter", "nonzero_static", "renorm", "cov", "corrcoef", "unsafe_chunk",
+    "unsafe_split", "unsafe_split_with_sizes", "fill_", "rsub", "std_mean", "var_mean", "pi",
+    "e", "inf", "nan", "newaxis", "result_type", "promote_types", "can_cast", "empty_strided",
+    "scalar_tensor", "logspace", "asarray",
+    # functions of their own (mpitensor._linalg_ops, _shape_ops, _counting, _random)
+    "einsum", "tensordot", "dist", "broadcast_tensors", "broadcast_shapes", "atleast_1d",
+    "atleast_2d", "atleast_3d", "hstack", "vstack", "row_stack", "dstack", "column_stack",
+    "concatenate", "meshgrid", "cartesian_prod", "block_diag", "tril_indices", "triu_indices",
+    "searchsorted", "bucketize", "bernoulli", "multinomial", "normal", "poisson",
+    "randint_like", "isin", "histogram", "cdist", "combinations", "vander", "trapezoid",
+    "trapz", "cumulative_trapezoid", "unravel_index",
 )
 
 __all__ = [
@@ -507,6 +549,103 @@ class Tensor:
         """True when the elements are laid out in C (row-major) order without gaps."""
         return bool(self._data.flags.c_contiguous)
 
+    def storage_offset(self) -> int:
+        """Return how many elements into its storage this tensor's first element lies."""
+        x = self._data
+        b = x.base
+        if b is None or not hasattr(b, "dtype") or x.size == 0:
+            return 0
+        return (self.data_ptr() - _new(b).data_ptr()) // x.itemsize
+
+    def is_signed(self) -> bool:
+        """True for dtypes with negative numbers (not bool or unsigned integers)."""
+        return _dt.kind_of(self._data.dtype) in "ifc"
+
+    def is_nonzero(self) -> bool:
+        """Return whether the single element is non-zero.
+
+        Raises:
+            RuntimeError: the tensor does not have exactly one element.
+        """
+        x = self._data
+        if x.size != 1:
+            raise RuntimeError(
+                f"is_nonzero() needs a tensor with one element, this one has {x.size}"
+            )
+        return bool(x.reshape(()).item())
+
+    def is_same_size(self, other: Tensor) -> bool:
+        """True when ``other`` has this tensor's shape."""
+        return tuple(self._data.shape) == tuple(other._data.shape)
+
+    def get_device(self) -> int:
+        """Return the GPU index of a CUDA tensor, -1 for a CPU tensor."""
+        x = self._data
+        if isinstance(x, _ndarray):
+            return -1
+        return int(_backend.device_of(x).index or 0)
+
+    def pin_memory(self, device: Any = None) -> Tensor:
+        """Return self: NumPy memory is what CPU tensors have (no page-locked copies)."""
+        return self
+
+    def is_pinned(self, device: Any = None) -> bool:
+        """False: CPU tensors are plain NumPy memory."""
+        return False
+
+    def apply_(self, callable: Any) -> Tensor:  # noqa: A002 - torch's name
+        """Replace every element ``v`` by ``callable(v)`` (a Python loop; CPU tensors only);
+        returns self.
+
+        Raises:
+            TypeError: a GPU tensor.
+            RuntimeError: self requires grad (outside ``no_grad()``).
+        """
+        return _map_into(self, lambda v: callable(v), (), "apply_()")
+
+    def map_(self, tensor: Tensor, callable: Any) -> Tensor:  # noqa: A002 - torch's name
+        """Replace every element ``v`` by ``callable(v, w)``, ``w`` the matching element of
+        ``tensor`` (broadcast to self); a Python loop, CPU tensors only; returns self."""
+        return _map_into(self, callable, (tensor,), "map_()")
+
+    @property
+    def retains_grad(self) -> bool:
+        """True for a non-leaf whose gradient ``retain_grad()`` keeps."""
+        return self.grad_fn is not None and bool(getattr(self.grad_fn, "retains_grad", False))
+
+    def is_inference(self) -> bool:
+        """False: this implementation has no inference tensors."""
+        return False
+
+    def is_shared(self) -> bool:
+        """False: tensors are not in shared memory (``multiprocessing`` pickles the data)."""
+        return False
+
+    def share_memory_(self) -> Tensor:
+        """Return self (tensors cross processes pickled, with their data)."""
+        return self
+
+    def is_distributed(self) -> bool:
+        """False (torch's answer for ordinary tensors too)."""
+        return False
+
+    def is_set_to(self, tensor: Tensor) -> bool:
+        """True when ``tensor`` views the same memory with the same shape and strides."""
+        x, y = self._data, tensor._data
+        return (type(x) is type(y) and x.shape == y.shape and x.strides == y.strides
+                and x.dtype == y.dtype and self.data_ptr() == tensor.data_ptr())
+
+    # what a dense CPU/CUDA array never is
+    is_sparse = is_sparse_csr = is_quantized = is_meta = is_mkldnn = is_nested = False
+    is_vulkan = is_xpu = is_mps = is_ipu = is_xla = is_maia = is_mtia = False
+
+    def new_empty_strided(self, size: Any, stride: Any, *, dtype: Any = None,
+                          device: Any = None, requires_grad: bool = False, **kwargs: Any
+                          ) -> Tensor:
+        """Return an uninitialized tensor of ``size`` (the strides are NumPy's own: C
+        order), with self's dtype and device unless given."""
+        return self.new_empty(size, dtype=dtype, device=device, requires_grad=requires_grad)
+
     def is_floating_point(self) -> bool:
         """True for float16, bfloat16, float32 and float64 tensors."""
         return _dt.is_floating_dtype(self._data.dtype)
@@ -719,6 +858,23 @@ class Tensor:
             RuntimeError: self is a leaf that requires grad (outside ``no_grad()``).
         """
         return _fill(self, 0, "zero_()")
+
+
+def _map_into(t: Tensor, fn: Any, others: tuple, what: str) -> Tensor:
+    """``apply_``/``map_``: every element replaced by ``fn(element, *matching others)``."""
+    x = t._data
+    if not isinstance(x, _ndarray):
+        raise TypeError(f"{what} runs Python code per element and works on CPU tensors only")
+    if t._requires_grad and _grad_mode.enabled:
+        raise RuntimeError(f"{what} cannot be recorded by autograd; call it under "
+                           f"mpitensor.no_grad() or on a detached tensor")
+    arrays = [np.broadcast_to(o._data if isinstance(o, Tensor) else np.asarray(o), x.shape)
+              for o in others]
+    flat = [a.reshape(-1).tolist() for a in arrays]
+    values = [fn(v, *(f[i] for f in flat)) for i, v in enumerate(x.reshape(-1).tolist())]
+    x[...] = np.asarray(values, dtype=x.dtype).reshape(x.shape)
+    _autograd.bump_version(t)
+    return t
 
 
 def _copy_into(x: Any, v: Any) -> None:

@@ -107,7 +107,7 @@ LAYERS = [
     ("base", ["mpitensor._config", "mpitensor.errors", "mpitensor.backend", "mpitensor.dtypes",
               "mpitensor._threads", "mpitensor._workspace"]),
     ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._", "mpitensor.cuda",
-                 "mpitensor.accelerator", "mpitensor.backends"]),
+                 "mpitensor.accelerator", "mpitensor.backends", "mpitensor.linalg"]),
     ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
                   "mpitensor.checkpoint", "mpitensor.utils"]),

@@ -1,0 +1,105 @@
+"""``mpitensor.linalg``: the common functions of ``torch.linalg``.
+
+``import mpitensor as torch`` then ``torch.linalg.norm(x)``, ``torch.linalg.solve(A, B)``...
+The functions are those of ``mpitensor._linalg_ops`` under their ``torch.linalg`` names and
+signatures, differentiable where torch's are; a singular matrix raises :class:`LinAlgError`
+(NumPy's, a ``ValueError``).
+
+Example:
+    >>> import mpitensor as mt
+    >>> mt.linalg.norm(mt.tensor([3.0, 4.0]))
+    tensor(5.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mpitensor._linalg_ops import matrix_norm, solve, vector_norm
+from mpitensor.tensor import Tensor
+
+__all__ = [
+    "norm", "vector_norm", "matrix_norm", "inv", "det", "slogdet", "solve", "matmul", "cross",
+    "diagonal", "matrix_power", "multi_dot", "vecdot", "LinAlgError",
+]
+
+LinAlgError = np.linalg.LinAlgError
+
+
+def norm(A: Tensor, ord: Any = None, dim: Any = None, keepdim: bool = False, *,  # noqa: N803, A002
+         dtype: Any = None) -> Tensor:
+    """Return a vector or matrix norm, as ``torch.linalg.norm``: over every element (2-norm)
+    when ``ord`` and ``dim`` are None; a vector norm for an int ``dim`` or a 1-D input; a matrix
+    norm for a pair ``dim`` or a 2-D input.
+
+    Raises:
+        ValueError: ``ord`` given without ``dim`` for an input of more than 2 dimensions.
+    """
+    nd = A.dim()
+    if dim is None:
+        if ord is None:
+            return vector_norm(A, 2, None, keepdim, dtype=dtype)
+        if nd == 1:
+            return vector_norm(A, ord, None, keepdim, dtype=dtype)
+        if nd == 2:
+            return matrix_norm(A, ord, (-2, -1), keepdim, dtype=dtype)
+        raise ValueError(f"linalg.norm(): with ord, the input must be 1-D or 2-D unless dim is "
+                         f"given; it has {nd} dimensions")
+    if isinstance(dim, (int, np.integer)) or len(dim) == 1:
+        return vector_norm(A, 2 if ord is None else ord, dim, keepdim, dtype=dtype)
+    if len(dim) == 2:
+        return matrix_norm(A, "fro" if ord is None else ord, dim, keepdim, dtype=dtype)
+    raise ValueError(f"linalg.norm(): dim must name 1 or 2 dimensions, got {dim!r}")
+
+
+def inv(A: Tensor) -> Tensor:  # noqa: N803
+    """Return the inverse of a square matrix (or of each in a batch)."""
+    return A.inverse()
+
+
+def det(A: Tensor) -> Tensor:  # noqa: N803
+    """Return the determinant of a square matrix (or of each in a batch)."""
+    return A.det()
+
+
+def slogdet(A: Tensor) -> Any:  # noqa: N803
+    """Return ``(sign, logabsdet)`` of the determinant."""
+    return A.slogdet()
+
+
+def matmul(input: Tensor, other: Tensor) -> Tensor:  # noqa: A002
+    """Return ``input @ other``."""
+    return input @ other
+
+
+def cross(input: Tensor, other: Tensor, *, dim: int = -1) -> Tensor:  # noqa: A002
+    """Return the cross product along ``dim`` (the last by default)."""
+    return input.cross(other, dim)
+
+
+def diagonal(A: Tensor, *, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:  # noqa: N803
+    """Return the view of the diagonals of the last two dimensions (by default)."""
+    return A.diagonal(offset, dim1, dim2)
+
+
+def matrix_power(A: Tensor, n: int) -> Tensor:  # noqa: N803
+    """Return the square matrix to the integer power ``n``."""
+    return A.matrix_power(n)
+
+
+def multi_dot(tensors: Any) -> Tensor:
+    """Return the product of the matrices in order (the first may be 1-D, as the last)."""
+    ts = list(tensors)
+    if len(ts) < 2:
+        raise ValueError("multi_dot(): expected at least two tensors")
+    out = ts[0]
+    for t in ts[1:]:
+        out = out @ t
+    return out
+
+
+def vecdot(x: Tensor, y: Tensor, *, dim: int = -1) -> Tensor:
+    """Return the dot products of ``x`` (conjugated) and ``y`` along ``dim``."""
+    return (x.conj() * y).sum(dim)
