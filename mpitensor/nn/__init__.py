@@ -10,14 +10,39 @@ Example:
 from __future__ import annotations
 
 from . import functional, init, parallel, utils
+from .activation import *  # noqa: F403
+from .activation import __all__ as _activation_names
+from .distance import *  # noqa: F403
+from .distance import __all__ as _distance_names
+from .dropout import *  # noqa: F403
+from .dropout import __all__ as _dropout_names
 from .layers import *  # noqa: F403
 from .layers import __all__ as _layer_names
+from .linear import *  # noqa: F403
+from .linear import __all__ as _linear_names
+from .loss import *  # noqa: F403
+from .loss import __all__ as _loss_names
 from .module import Module, RemovableHandle
 from .normalization import *  # noqa: F403
 from .normalization import __all__ as _norm_names
+from .padding import *  # noqa: F403
+from .padding import __all__ as _padding_names
 from .parallel import DataParallel
 from .parameter import Parameter
+from .pooling import *  # noqa: F403
+from .pooling import __all__ as _pooling_names
+from .rms_norm import *  # noqa: F403
+from .rms_norm import __all__ as _rms_norm_names
+from .shape import *  # noqa: F403
+from .shape import __all__ as _shape_names
+from .sparse import *  # noqa: F403
+from .sparse import __all__ as _sparse_names
+from .transformer import *  # noqa: F403
+from .transformer import __all__ as _transformer_names
 
 __all__ = ["Module", "Parameter", "RemovableHandle", "functional", "init", "parallel", "utils",
            "DataParallel",
-           *_layer_names, *_norm_names]
+           *_layer_names, *_norm_names, *_activation_names,
+           *_distance_names, *_loss_names, *_sparse_names, *_dropout_names,
+           *_linear_names, *_padding_names, *_pooling_names, *_shape_names,
+           *_rms_norm_names, *_transformer_names]

@@ -2068,3 +2068,33 @@ def flatten(input: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:  # noq
     """
     _as_input(input, "input", "flatten")
     return (input if isinstance(input, Tensor) else _new(input)).flatten(start_dim, end_dim)
+
+
+# --------------------------------------------------------------------------------------------
+# Re-exports: the ops that live beside this file, in modules of their own (which cannot import
+# this one back: the package's import graph has no cycles)
+
+from ._activations import *  # noqa: E402, F403
+from ._activations import __all__ as _activation_names  # noqa: E402
+from ._attention import *  # noqa: E402, F403
+from ._attention import __all__ as _attention_names  # noqa: E402
+from ._bilinear import *  # noqa: E402, F403
+from ._bilinear import __all__ as _bilinear_names  # noqa: E402
+from ._distance import *  # noqa: E402, F403
+from ._distance import __all__ as _distance_names  # noqa: E402
+from ._dropout import *  # noqa: E402, F403
+from ._dropout import __all__ as _dropout_names  # noqa: E402
+from ._embedding import *  # noqa: E402, F403
+from ._embedding import __all__ as _embedding_names  # noqa: E402
+from ._losses import *  # noqa: E402, F403
+from ._losses import __all__ as _loss_names  # noqa: E402
+from ._pooling1d import *  # noqa: E402, F403
+from ._pooling1d import __all__ as _pooling1d_names  # noqa: E402
+from ._rms_norm import *  # noqa: E402, F403
+from ._rms_norm import __all__ as _rms_norm_names  # noqa: E402
+from ._spatial import *  # noqa: E402, F403
+from ._spatial import __all__ as _spatial_names  # noqa: E402
+
+__all__ += [*_activation_names, *_attention_names, *_bilinear_names, *_distance_names,
+            *_dropout_names, *_embedding_names, *_loss_names, *_pooling1d_names,
+            *_rms_norm_names, *_spatial_names]

@@ -1,0 +1,338 @@
+"""Loss modules with ``torch.nn``'s names, arguments and attributes (the classification ones,
+``NLLLoss``, ``CrossEntropyLoss``, ``MSELoss``, ``BCELoss``..., live in :mod:`.layers`).
+
+Each module keeps its configuration and calls the function of the same name in
+:mod:`mpitensor.nn.functional`. Class weights are buffers, as in torch, so they appear in the
+state dict and follow ``.to()``.
+
+Example:
+    >>> import mpitensor as mt
+    >>> import mpitensor.nn as nn
+    >>> nn.SmoothL1Loss(beta=0.5)(mt.tensor([1.0]), mt.tensor([0.0]))
+    tensor(0.7500)
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Optional
+
+from mpitensor.tensor import Tensor
+
+from . import functional as F  # noqa: N812 - torch's spelling
+from ._checks import is_number
+from .distance import PairwiseDistance
+from .layers import NLLLoss, _Loss, _WeightedLoss
+
+__all__ = [
+    "L1Loss", "SmoothL1Loss", "HuberLoss", "SoftMarginLoss", "MarginRankingLoss",
+    "HingeEmbeddingLoss", "CosineEmbeddingLoss", "TripletMarginLoss",
+    "TripletMarginWithDistanceLoss", "PoissonNLLLoss", "GaussianNLLLoss",
+    "MultiLabelSoftMarginLoss", "MultiMarginLoss", "MultiLabelMarginLoss", "NLLLoss2d",
+]
+
+
+def _number(cls: str, name: str, v: Any) -> Any:
+    if not is_number(v):
+        raise TypeError(f"{cls}: {name} must be a real number, got {v!r}")
+    return v
+
+
+class L1Loss(_Loss):
+    """Mean absolute error.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> L1Loss()(mt.tensor([1.0, -1.0]), mt.tensor([0.0, 0.0]))
+        tensor(1.)
+    """
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.l1_loss(input, target, reduction=self.reduction)
+
+
+class SmoothL1Loss(_Loss):
+    """Squared error below ``beta``, absolute error above.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> SmoothL1Loss()(mt.tensor([3.0]), mt.tensor([0.0]))
+        tensor(2.5000)
+    """
+
+    def __init__(self, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
+                 beta: float = 1.0) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.beta = _number("SmoothL1Loss", "beta", beta)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class HuberLoss(_Loss):
+    """Halved squared error below ``delta``, ``delta``-scaled absolute error above.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> HuberLoss(delta=2.0)(mt.tensor([3.0]), mt.tensor([0.0]))
+        tensor(4.)
+    """
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
+        super().__init__(reduction=reduction)
+        self.delta = _number("HuberLoss", "delta", delta)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+class SoftMarginLoss(_Loss):
+    """Two-class logistic loss, targets in {1, -1}.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(SoftMarginLoss()(mt.tensor([0.0]), mt.tensor([1.0]))), 4)
+        0.6931
+    """
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.soft_margin_loss(input, target, reduction=self.reduction)
+
+
+class _MarginLoss(_Loss):
+    _default_margin = 0.0
+
+    def __init__(self, margin: Optional[float] = None, size_average: Any = None,
+                 reduce: Any = None, reduction: str = "mean") -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.margin = _number(type(self).__name__, "margin",
+                              self._default_margin if margin is None else margin)
+
+
+class MarginRankingLoss(_MarginLoss):
+    """``max(0, -target * (x1 - x2) + margin)``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> MarginRankingLoss()(mt.tensor([1.0]), mt.tensor([2.0]), mt.tensor([1.0]))
+        tensor(1.)
+    """
+
+    def __init__(self, margin: float = 0.0, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean") -> None:
+        super().__init__(margin, size_average, reduce, reduction)
+
+    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
+        return F.margin_ranking_loss(input1, input2, target, margin=self.margin,
+                                     reduction=self.reduction)
+
+
+class HingeEmbeddingLoss(_MarginLoss):
+    """``x`` for target 1, ``max(0, margin - x)`` for target -1.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> HingeEmbeddingLoss()(mt.tensor([0.25]), mt.tensor([-1.0]))
+        tensor(0.7500)
+    """
+
+    def __init__(self, margin: float = 1.0, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean") -> None:
+        super().__init__(margin, size_average, reduce, reduction)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.hinge_embedding_loss(input, target, margin=self.margin,
+                                      reduction=self.reduction)
+
+
+class CosineEmbeddingLoss(_MarginLoss):
+    """``1 - cos`` for target 1, ``max(0, cos - margin)`` for target -1.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> CosineEmbeddingLoss()(mt.tensor([[1.0, 0.0]]), mt.tensor([[0.0, 1.0]]),
+        ...                       mt.tensor([1.0]))
+        tensor(1.)
+    """
+
+    def __init__(self, margin: float = 0.0, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean") -> None:
+        super().__init__(margin, size_average, reduce, reduction)
+
+    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
+        return F.cosine_embedding_loss(input1, input2, target, margin=self.margin,
+                                       reduction=self.reduction)
+
+
+class TripletMarginLoss(_Loss):
+    """``max(0, d(a, p) - d(a, n) + margin)`` with the p-norm distance.
+
+    Raises:
+        ValueError: ``margin <= 0``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> a = mt.zeros(1, 2)
+        >>> TripletMarginLoss(eps=0.0)(a, a, mt.tensor([[0.0, 3.0]]))
+        tensor(0.)
+    """
+
+    def __init__(self, margin: float = 1.0, p: float = 2.0, eps: float = 1e-6,
+                 swap: bool = False, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean") -> None:
+        super().__init__(size_average, reduce, reduction)
+        if not _number("TripletMarginLoss", "margin", margin) > 0:
+            raise ValueError(f"TripletMarginLoss: margin must be greater than 0, got {margin}")
+        self.margin = margin
+        self.p = _number("TripletMarginLoss", "p", p)
+        self.eps = _number("TripletMarginLoss", "eps", eps)
+        self.swap = swap
+
+    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        return F.triplet_margin_loss(anchor, positive, negative, margin=self.margin, p=self.p,
+                                     eps=self.eps, swap=self.swap, reduction=self.reduction)
+
+
+class TripletMarginWithDistanceLoss(_Loss):
+    """:class:`TripletMarginLoss` with any distance (default :class:`PairwiseDistance`, a
+    child module, as in torch).
+
+    Raises:
+        ValueError: ``margin <= 0``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> a = mt.zeros(1, 2)
+        >>> TripletMarginWithDistanceLoss()(a, a, mt.tensor([[0.0, 3.0]]))
+        tensor(0.)
+    """
+
+    def __init__(self, *, distance_function: Optional[Callable] = None, margin: float = 1.0,
+                 swap: bool = False, reduction: str = "mean") -> None:
+        super().__init__(reduction=reduction)
+        if not _number("TripletMarginWithDistanceLoss", "margin", margin) > 0:
+            raise ValueError(f"TripletMarginWithDistanceLoss: margin must be greater than 0, "
+                             f"got {margin}")
+        self.distance_function = (distance_function if distance_function is not None
+                                  else PairwiseDistance())
+        self.margin = margin
+        self.swap = swap
+
+    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        return F.triplet_margin_with_distance_loss(
+            anchor, positive, negative, distance_function=self.distance_function,
+            margin=self.margin, swap=self.swap, reduction=self.reduction)
+
+
+class PoissonNLLLoss(_Loss):
+    """Poisson negative log-likelihood (see :func:`~mpitensor.nn.functional.poisson_nll_loss`).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> PoissonNLLLoss()(mt.tensor([0.0]), mt.tensor([1.0]))
+        tensor(1.)
+    """
+
+    def __init__(self, log_input: bool = True, full: bool = False, size_average: Any = None,
+                 eps: float = 1e-8, reduce: Any = None, reduction: str = "mean") -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.log_input = log_input
+        self.full = full
+        self.eps = _number("PoissonNLLLoss", "eps", eps)
+
+    def forward(self, log_input: Tensor, target: Tensor) -> Tensor:
+        return F.poisson_nll_loss(log_input, target, log_input=self.log_input, full=self.full,
+                                  eps=self.eps, reduction=self.reduction)
+
+
+class GaussianNLLLoss(_Loss):
+    """Gaussian negative log-likelihood (see
+    :func:`~mpitensor.nn.functional.gaussian_nll_loss`).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> GaussianNLLLoss()(mt.tensor([1.0]), mt.tensor([1.0]), mt.tensor([1.0]))
+        tensor(0.)
+    """
+
+    def __init__(self, *, full: bool = False, eps: float = 1e-6,
+                 reduction: str = "mean") -> None:
+        super().__init__(reduction=reduction)
+        self.full = full
+        self.eps = _number("GaussianNLLLoss", "eps", eps)
+
+    def forward(self, input: Tensor, target: Tensor, var: Any) -> Tensor:  # noqa: A002
+        return F.gaussian_nll_loss(input, target, var, full=self.full, eps=self.eps,
+                                   reduction=self.reduction)
+
+
+class MultiLabelSoftMarginLoss(_WeightedLoss):
+    """Per-class logistic loss averaged over the classes.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(MultiLabelSoftMarginLoss()(mt.zeros(1, 2), mt.ones(1, 2))), 4)
+        0.6931
+    """
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.multilabel_soft_margin_loss(input, target, weight=self.weight,
+                                             reduction=self.reduction)
+
+
+class MultiMarginLoss(_WeightedLoss):
+    """Multi-class hinge loss (``p`` = 1 or 2).
+
+    Raises:
+        ValueError: another ``p``, or a weight that is not 1-D.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> MultiMarginLoss()(mt.tensor([[0.0, 0.5]]), mt.tensor([0]))
+        tensor(0.7500)
+    """
+
+    def __init__(self, p: int = 1, margin: float = 1.0, weight: Optional[Tensor] = None,
+                 size_average: Any = None, reduce: Any = None, reduction: str = "mean") -> None:
+        super().__init__(weight, size_average, reduce, reduction)
+        if p not in (1, 2) or isinstance(p, bool):
+            raise ValueError(f"MultiMarginLoss: p must be 1 or 2, got {p!r}")
+        self.p = p
+        self.margin = _number("MultiMarginLoss", "margin", margin)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.multi_margin_loss(input, target, p=self.p, margin=self.margin,
+                                   weight=self.weight, reduction=self.reduction)
+
+
+class MultiLabelMarginLoss(_Loss):
+    """Multi-label hinge loss (targets: class indices, ended by -1).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> MultiLabelMarginLoss()(mt.tensor([[0.1, 0.2, 0.4, 0.8]]), mt.tensor([[3, 0, -1, 1]]))
+        tensor(0.8500)
+    """
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.multilabel_margin_loss(input, target, reduction=self.reduction)
+
+
+
+class NLLLoss2d(NLLLoss):
+    """Deprecated: :class:`NLLLoss` under its old name for (N, C, H, W) inputs (warns, as in
+    torch); it takes any shape NLLLoss takes.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     NLLLoss2d()
+        NLLLoss2d()
+    """
+
+    def __init__(self, weight: Optional[Tensor] = None, size_average: Any = None,
+                 ignore_index: int = -100, reduce: Any = None, reduction: str = "mean") -> None:
+        warnings.warn("NLLLoss2d is deprecated; use NLLLoss, which takes the same inputs",
+                      FutureWarning, stacklevel=2)
+        super().__init__(weight, size_average, ignore_index, reduce, reduction)
