@@ -385,3 +385,21 @@ def test_sgd_on_cupy_matches_numpy(dtype, fused):
         if kw["momentum"]:
             buf = opt.state[params[0]]["momentum_buffer"]._data
             assert mt.backend.is_cupy_array(buf) and buf.dtype == dtype
+
+
+@pytest.mark.parametrize("make", [lambda ps: mt.optim.SGD(ps, lr=0.1, momentum=0.9),
+                                  lambda ps: mt.optim.SGD(ps, lr=0.1),
+                                  lambda ps: mt.optim.Adam(ps, lr=0.1)])
+def test_step_between_forward_and_backward_is_caught(make):
+    """An optimizer step writes the parameters in place: a graph recorded before it that saved
+    a parameter raises at backward, as torch does, instead of using the new values."""
+    w = mt.nn.Parameter(mt.tensor([1.0, 2.0]))
+    opt = make([w])
+    (w * w).sum().backward()
+    loss = (w * w).sum()
+    opt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    w.grad = None
+    (w * w).sum().backward()  # a graph recorded after the step is fine
+    assert w.grad is not None

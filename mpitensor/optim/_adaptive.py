@@ -146,6 +146,7 @@ class AdaptiveOptimizer(Optimizer):
                                      f"parameter")
                 with on_device(pa):
                     self._update(pa, ga, state[p], settings)
+                _autograd.bump_version(p)  # an in-place write, seen by graphs that saved p
         return loss
 
 

@@ -152,6 +152,9 @@ class SGD(Optimizer):
                 else:
                     sgd(p._data, g._data, None, lr=lr, momentum=0, dampening=dampening,
                         weight_decay=wd, nesterov=nesterov, maximize=maximize, fused=fused)
+                # an in-place write: a graph that saved p (a forward before this step) must
+                # not run its backward on the new values, as in torch
+                _autograd.bump_version(p)
         return loss
 
 
