@@ -1,0 +1,964 @@
+"""The RPC agent: one per process, on a private duplicate of ``MPI.COMM_WORLD``.
+
+Threads and who touches MPI:
+
+* the **progress thread** finds incoming header messages (``Improbe``/``Mrecv``), posts the
+  receives of their out-of-band buffers, tests outstanding sends and receives, expires
+  deadlines, and sends what the control queue holds (RRef fork/delete notices, which are queued
+  by ``__del__`` methods that may run in any thread at any moment). It runs no user code: a
+  request goes to the worker pool;
+* the **worker pool** (``num_worker_threads``) unpickles requests, runs the functions, and
+  sends the replies itself;
+* a **user thread** pickles its call and sends it itself, then sleeps on the future's lock.
+
+Sending from any thread needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default); measured against
+queueing every send to the progress thread, sending directly saved a thread hand-off per
+message (see docs/rpc.md). Each message's buffers have a tag of their own, so concurrent
+senders never mix them up.
+
+The progress thread never sleeps while work is fresh: after each message it polls with
+``sched_yield`` for 2 ms (as ``_watchdog.Backoff`` does), keeps yielding while transfers are
+in flight, and then sleeps for a growing fraction of the idle time, up to 1 ms: an idle agent
+costs about 1 % of a core. A thread that sends a request wakes it, so the reply is met hot.
+
+Graceful shutdown is a termination protocol over point-to-point messages (so it needs only
+the workers still alive): the lowest live rank coordinates rounds; in each, every worker that
+is inside ``shutdown`` and idle (no call awaiting its reply, no request being served, nothing
+queued) answers with its counts of messages sent and received. Two consecutive rounds with the
+same totals, and sent == received, prove that nothing is in flight and nothing can start
+again (the four-counter method); the coordinator then tells everyone to stop.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ... import _workspace
+from ...errors import DistributedTimeoutError, PeerFailedError
+from .. import _watchdog
+from . import _wire
+from ._future import Future
+from .errors import RpcNotInitializedError, UnknownWorkerError
+
+logger = logging.getLogger("mpitensor.distributed.rpc")
+_perf = time.perf_counter
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+_IMPROBE_BATCH = 64  # headers taken per loop turn before the other duties get a look
+_TRANSFER_YIELD_S = 0.02  # with transfers in flight, yield (never sleep) this long
+_LEAVE_WAIT_S = 0.5  # how long a leaving agent waits for its notices to go out
+_TOKEN_WAIT_S = 2e-5  # a pool thread waits this long for the progress thread's turn to end
+
+
+class WorkerInfo:
+    """A worker's name and id (its rank), as ``get_worker_info`` returns them.
+
+    Example:
+        >>> rpc.get_worker_info("worker1")
+        WorkerInfo(id=1, name=worker1)
+    """
+
+    __slots__ = ("name", "id")
+
+    def __init__(self, name: str, id: int) -> None:  # noqa: A002 - torch's argument name
+        self.name = name
+        self.id = id
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, WorkerInfo) and self.name == other.name
+                and self.id == other.id)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.id))
+
+    def __repr__(self) -> str:
+        return f"WorkerInfo(id={self.id}, name={self.name})"
+
+    def __reduce__(self) -> tuple:
+        return (WorkerInfo, (self.name, self.id))
+
+
+class _Pending:
+    """An outgoing request awaiting its reply."""
+
+    __slots__ = ("fut", "dest", "deadline", "what", "t0")
+
+    def __init__(self, fut: Future, dest: int, deadline: float, what: str, t0: float) -> None:
+        self.fut, self.dest, self.deadline, self.what, self.t0 = fut, dest, deadline, what, t0
+
+
+class _Incoming:
+    """A header received whose out-of-band buffers are still arriving."""
+
+    __slots__ = ("src", "kind", "flags", "reqid", "data", "arrays", "reqs")
+
+    def __init__(self, src: int, kind: int, flags: int, reqid: int, data: Any,
+                 arrays: list, reqs: list) -> None:
+        self.src, self.kind, self.flags, self.reqid = src, kind, flags, reqid
+        self.data, self.arrays, self.reqs = data, arrays, reqs
+
+
+class OwnerEntry:
+    """An RRef's value on its owner, and the forks (user RRefs elsewhere) that keep it alive.
+
+    ``forks`` maps a fork id to a count that fork notices move up and delete notices move
+    down; notices travel on different links and may arrive in any order, so a count may dip
+    below zero for a while. The entry is kept by the agent while any count is not zero or
+    while its creating request has not arrived; owner RRef objects in this process hold it too.
+    """
+
+    __slots__ = ("id", "future", "forks", "created", "__weakref__")
+
+    def __init__(self, rref_id: Tuple[int, int], created: bool) -> None:
+        self.id = rref_id
+        self.future: Future = Future()
+        self.forks: Dict[Tuple[int, int], int] = {}
+        self.created = created
+
+
+class _AsyncResult:
+    """Returned by a served function whose reply is a future's eventual value."""
+
+    __slots__ = ("fut",)
+
+    def __init__(self, fut: Any) -> None:
+        self.fut = fut
+
+
+def is_async(func: Any) -> bool:
+    """Whether ``func`` was decorated with ``rpc.functions.async_execution``."""
+    return bool(getattr(func, "_wrapped_async_rpc_function", False))
+
+
+class Agent:
+    """One process's RPC endpoint (made by ``init_rpc``, ended by ``shutdown``)."""
+
+    def __init__(self, name: str, num_worker_threads: int, rpc_timeout: float,
+                 world_comm: Any, init_timeout: float) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = _watchdog.timed_dup(world_comm, init_timeout, "init_rpc")
+        try:
+            self.rank = self.comm.Get_rank()
+            self.size = self.comm.Get_size()
+            names = self.comm.allgather(name)
+        except BaseException:
+            self.comm.Free()
+            raise
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            self.comm.Free()
+            ranks = {n: [r for r, m in enumerate(names) if m == n] for n in dup}
+            raise ValueError(f"init_rpc: worker names must be unique, but {ranks} (name: "
+                             f"ranks) share names; give each rank its own name, e.g. "
+                             f"f'worker{{rank}}'")
+        self.name = name
+        self.infos = [WorkerInfo(n, r) for r, n in enumerate(names)]
+        self.by_name = {n: r for r, n in enumerate(names)}
+        self.where = f"{self.infos[self.rank]!r}"
+        self.rpc_timeout = rpc_timeout
+        self.num_worker_threads = num_worker_threads
+        self.tag_ub = int(self.comm.Get_attr(MPI.TAG_UB))
+        self.pool = ThreadPoolExecutor(num_worker_threads, thread_name_prefix="mpitensor-rpc")
+        self.reqids = itertools.count(1)  # request ids and RRef/fork ids, one sequence
+        self.pending: Dict[int, _Pending] = {}
+        self.new_deadlines: collections.deque = collections.deque()
+        self.new_sends: collections.deque = collections.deque()
+        self.ctlq: collections.deque = collections.deque()
+        # the progress engine's state, touched only by the thread holding ``token``
+        self.token = threading.Lock()
+        self.status = MPI.Status()
+        self.sends: list = []  # (requests, message, buffers) of sends not yet complete
+        self.incoming: List[_Incoming] = []  # headers whose buffers are still arriving
+        self.heap: list = []  # (deadline, request id)
+        self.grab = False
+        self.grabbed: Optional[Tuple[Callable, tuple]] = None
+        self.pollers = 0  # threads polling instead of the progress thread (0 or 1)
+        self.standing_by = False
+        self.active_at = 0.0
+        self.gone: set = set()
+        self.lock = threading.Lock()  # counters below
+        self.sent_to = [0] * self.size
+        self.recv_from = [0] * self.size
+        self.busy = 0  # requests being served, callbacks being run
+        # approximate (updated without a lock): what the tests and benchmarks look at
+        self.stats = {"messages": 0, "inband_bytes": 0, "oob_bytes": 0, "oob_buffers": 0,
+                      "grabbed": 0, "spawned": 0}
+        self.owner_lock = threading.RLock()
+        self.owned: Dict[Tuple[int, int], OwnerEntry] = {}
+        self.owned_weak: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+        # graceful shutdown
+        self.in_shutdown = False
+        self.probe: Optional[Tuple[int, int]] = None  # (coordinator, round) to answer
+        self.counts: Dict[int, Dict[int, Tuple[int, int]]] = {}
+        self.term_done = False
+        # progress thread
+        self.running = True
+        self.stop_flag = False
+        self.sleeping = False
+        self.wake_evt = threading.Event()
+        self.last_post = _perf()
+        self.thread = threading.Thread(target=self._loop, name="mpitensor-rpc-progress",
+                                       daemon=True)
+
+    def start(self) -> None:
+        """Start serving (once this agent is the process's: requests may come at once)."""
+        self.thread.start()
+
+    # ------------------------------------------------------------------------ addressing
+    def resolve(self, to: Any, what: str) -> int:
+        """The rank ``to`` (a name, a rank or a WorkerInfo) names; raise before any traffic."""
+        if isinstance(to, WorkerInfo):
+            if not (0 <= to.id < self.size) or self.infos[to.id].name != to.name:
+                raise UnknownWorkerError(
+                    f"{what}: {to!r} is not a worker of this RPC group (workers: "
+                    f"{self._names()}); use rpc.get_worker_info(name) to get one")
+            return to.id
+        if isinstance(to, str):
+            rank = self.by_name.get(to)
+            if rank is None:
+                raise UnknownWorkerError(
+                    f"{what}: unknown destination worker {to!r}; the workers are "
+                    f"{self._names()} (the names given to init_rpc on each rank)")
+            return rank
+        if isinstance(to, (int, np.integer)) and not isinstance(to, bool):
+            if not 0 <= int(to) < self.size:
+                raise UnknownWorkerError(
+                    f"{what}: worker id {int(to)} is out of range: ids are 0..{self.size - 1} "
+                    f"(workers: {self._names()})")
+            return int(to)
+        raise TypeError(f"{what}: 'to' must be a worker name, a worker id or a WorkerInfo, got "
+                        f"{type(to).__name__} {to!r}")
+
+    def _names(self) -> str:
+        names = [i.name for i in self.infos]
+        return str(names if len(names) <= 8 else names[:8] + ["..."])
+
+    def info(self, rank: int) -> WorkerInfo:
+        return self.infos[rank]
+
+    def deadline_of(self, timeout: Any, what: str) -> Tuple[float, float]:
+        """(seconds, deadline) for a call's ``timeout`` (-1: the agent's; 0: none)."""
+        if hasattr(timeout, "total_seconds"):
+            timeout = timeout.total_seconds()
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"{what}: timeout must be a number of seconds, got {timeout!r}")
+        if timeout < 0:
+            if timeout != -1:
+                raise ValueError(f"{what}: timeout must be >= 0 seconds (0: no deadline) or "
+                                 f"-1 (the default set by init_rpc), got {timeout!r}")
+            timeout = self.rpc_timeout
+        seconds = math.inf if timeout == 0 else float(timeout)
+        return seconds, _perf() + seconds
+
+    # ------------------------------------------------------------------------ sending
+    def check_running(self, what: str) -> None:
+        if not self.running:
+            raise RpcNotInitializedError(f"{what}: the RPC agent of {self.where} has been shut "
+                                         "down; call init_rpc again to make calls")
+
+    def call(self, dest: int, kind: int, obj: Any, timeout: Any, what: str,
+             flags: int = 0, reqid: Optional[int] = None) -> Future:
+        """Send a request; the returned future completes with its reply, or an error.
+
+        Raises before sending: ``TypeError`` for an argument that cannot be pickled,
+        ``PeerFailedError`` if ``dest`` has left, ``RpcNotInitializedError`` after shutdown.
+        """
+        self.check_running(what)
+        seconds, deadline = self.deadline_of(timeout, what)
+        if kind == _wire.CALL:
+            ctx = _wire.hooks.current()
+            if ctx is not None:  # the callee runs inside this distributed autograd context
+                obj = (*obj, ctx)
+        data, bufs = self.pickle_for(dest, obj, what, "its arguments")
+        if reqid is None:
+            reqid = next(self.reqids)
+        fut: Future = Future()
+        fut._hot = self._poll_for
+        t0 = _perf()
+        self.pending[reqid] = _Pending(fut, dest, deadline, what, t0)
+        if dest in self.gone or not self.running:
+            self.pending.pop(reqid, None)
+            self.check_running(what)
+            raise self.gone_error(dest, what, waiting=False)
+        if seconds != math.inf:
+            self.new_deadlines.append((deadline, reqid))
+        self.post(dest, kind, flags, reqid, data, bufs)
+        return fut
+
+    def pickle_for(self, dest: int, obj: Any, what: str, whose: str) -> Tuple[bytes, list]:
+        try:
+            return _wire.dumps(obj, dest)
+        except Exception as e:  # noqa: BLE001 - any pickling failure reads the same
+            raise TypeError(
+                f"{what}: {whose} cannot be pickled for {self.infos[dest]!r}: "
+                f"{type(e).__name__}: {e}. RPC sends functions by reference (define them at "
+                "module level, importable on every worker) and arguments by pickle; lambdas, "
+                "local functions, locks, sockets and open files cannot be sent") from e
+
+    def post(self, dest: int, kind: int, flags: int, reqid: int, data: bytes,
+             bufs: List[memoryview]) -> None:
+        """Send one message (header + buffers) from this thread."""
+        if not self.running and kind != _wire.LEAVE:
+            return  # shut down non-gracefully: nothing goes out any more
+        MPI = self.MPI
+        buftag = _wire.next_buffer_tag(self.tag_ub) if bufs else 0
+        msg = _wire.pack(kind, flags, reqid, buftag, data, bufs)
+        if kind <= _wire.COUNTED:
+            with self.lock:
+                self.sent_to[dest] += 1
+        stats = self.stats
+        stats["messages"] += 1
+        stats["inband_bytes"] += len(msg)
+        comm = self.comm
+        reqs = [comm.Isend([msg, MPI.BYTE], dest, _wire.TAG_HEADER)]
+        for b in bufs:
+            reqs.append(comm.Isend([b, MPI.BYTE], dest, buftag))
+            stats["oob_bytes"] += b.nbytes
+            stats["oob_buffers"] += 1
+        if not MPI.Request.Testall(reqs):
+            self.new_sends.append((reqs, msg, bufs))
+        self.last_post = _perf()
+        if self.sleeping:
+            self.wake_evt.set()
+
+    def enqueue(self, kind: int, dest: int, obj: Any) -> None:
+        """Queue a control message for the progress thread (safe from ``__del__``)."""
+        if self.running:
+            self.ctlq.append((kind, dest, obj))
+            if self.sleeping:
+                self.wake_evt.set()
+
+    def gone_error(self, dest: int, what: str, waiting: bool) -> PeerFailedError:
+        info = self.infos[dest]
+        state = (f"stopped waiting for a reply from {info!r}" if waiting
+                 else f"cannot send to {info!r}")
+        err = PeerFailedError(
+            f"{what}: {self.where} {state}: that worker has left (it "
+            "called shutdown(graceful=False) or its process exited) and serves no requests any "
+            "more. Make the call to a live worker, or have every worker call rpc.shutdown() "
+            "so that none leaves while others still need it")
+        err.rank = dest  # type: ignore[attr-defined]
+        return err
+
+    # ------------------------------------------------------------------------ serving
+    def spawn(self, fn: Callable, *args: Any) -> None:
+        """Run ``fn(*args)`` on the worker pool, counted as work for shutdown."""
+        with self.lock:
+            self.busy += 1
+        try:
+            self.pool.submit(self._task, fn, args)
+        except RuntimeError:  # the interpreter is exiting: the pool takes nothing new
+            with self.lock:
+                self.busy -= 1
+            raise
+
+    def _task(self, fn: Callable, args: tuple) -> None:
+        """A pool task; afterwards the thread polls for the next request and runs it itself."""
+        while True:
+            try:
+                fn(*args)
+            except BaseException:  # noqa: BLE001 - a task must never kill a pool thread
+                logger.exception("RPC worker task failed on %s", self.where)
+            finally:
+                with self.lock:
+                    self.busy -= 1
+            del fn, args
+            if self.pollers or not self.running:
+                return  # another thread polls already
+            nxt = self.poll_hot(None, True, _TOKEN_WAIT_S)
+            if nxt is None:
+                return
+            fn, args = nxt
+            del nxt  # (the request's buffers must not outlive its run)
+
+    def hold(self) -> None:
+        """Count a reply still to be sent after its task ended (async_execution)."""
+        with self.lock:
+            self.busy += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.busy -= 1
+
+    def reply(self, dest: int, reqid: int, value: Any, what: str) -> None:
+        """Send ``value`` as the reply to request ``reqid`` (an error reply if it won't pickle)."""
+        try:
+            data, bufs = self.pickle_for(dest, value, what, "the result")
+        except TypeError as e:
+            self.reply_error(dest, reqid, e)
+            return
+        self.post(dest, _wire.REPLY, 0, reqid, data, bufs)
+
+    def reply_error(self, dest: int, reqid: int, exc: BaseException) -> None:
+        data, bufs = _wire.dumps(_wire.encode_error(exc, self.where), dest)
+        self.post(dest, _wire.ERROR, 0, reqid, data, bufs)
+
+    def reply_from_future(self, dest: int, reqid: int, fut: Any, what: str) -> None:
+        """Send the reply once ``fut`` completes (the reply of an async_execution function)."""
+        if not isinstance(fut, Future):
+            self.reply_error(dest, reqid, TypeError(
+                f"{what}: a function decorated with @rpc.functions.async_execution must return "
+                f"a Future (torch.futures.Future), but it returned {type(fut).__name__}"))
+            return
+        self.hold()
+
+        def done(f: Future) -> None:
+            try:
+                exc = f.exception()
+                if exc is not None:
+                    self.reply_error(dest, reqid, exc)
+                else:
+                    self.reply(dest, reqid, f.value(), what)
+            finally:
+                self.release()
+
+        fut.add_done_callback(done)
+
+    def _serve_call(self, src: int, reqid: int, data: Any, arrays: list) -> None:
+        what: Any = _Lazy(lambda: f"rpc from {self.infos[src]!r}")
+        token = None
+        try:
+            try:
+                call = _wire.loads(data, arrays)
+                del data, arrays
+                func, args, kwargs = call[:3]
+                if len(call) > 3:
+                    token = _wire.hooks.enter(call[3])
+                del call
+                what = _Lazy(lambda: f"{_func_name(func)} called by {self.infos[src]!r}")
+                result = func(*args, **kwargs)
+                del args, kwargs
+            except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
+                self.reply_error(src, reqid, e)
+                return
+            if isinstance(result, _AsyncResult):
+                self.reply_from_future(src, reqid, result.fut, what)
+            elif is_async(func):
+                self.reply_from_future(src, reqid, result, what)
+            else:
+                self.reply(src, reqid, result, what)
+        finally:
+            if token is not None:
+                _wire.hooks.exit(token)
+
+    def _serve_remote(self, entry: OwnerEntry, src: int, data: Any, arrays: list) -> None:
+        try:
+            func, args, kwargs = _wire.loads(data, arrays)
+            del data, arrays
+            result = func(*args, **kwargs)
+            del args, kwargs
+        except BaseException as e:  # noqa: BLE001 - kept for to_here() to raise
+            entry.future._try_complete(None, e)
+            return
+        if isinstance(result, _AsyncResult) or is_async(func):
+            fut = result.fut if isinstance(result, _AsyncResult) else result
+            if not isinstance(fut, Future):
+                entry.future._try_complete(None, TypeError(
+                    f"{_func_name(func)} is decorated with @rpc.functions.async_execution but "
+                    f"returned {type(fut).__name__}, not a Future"))
+                return
+            self.hold()
+
+            def done(f: Future) -> None:
+                try:
+                    entry.future._try_complete(f._value, f.exception())
+                finally:
+                    self.release()
+
+            fut.add_done_callback(done)
+        else:
+            entry.future._try_complete(result, None)
+
+    def _serve_fetch(self, src: int, reqid: int, data: Any) -> None:
+        try:
+            rref_id = _wire.loads(data, [])
+        except BaseException as e:  # noqa: BLE001
+            self.reply_error(src, reqid, e)
+            return
+        entry = self.owner_get(rref_id)
+        self.reply_from_future(src, reqid, entry.future, f"to_here() by {self.infos[src]!r}")
+
+    def remote_self(self, entry: OwnerEntry, obj: Any, what: str) -> None:
+        """``remote()`` to this very worker: run on the pool, arguments copied as a message's."""
+        self.check_running(what)
+        data, bufs = self.pickle_for(self.rank, obj, what, "its arguments")
+        self.spawn(self._serve_remote, entry, self.rank, data, [bytearray(b) for b in bufs])
+
+    # ------------------------------------------------------------------------ RRef owner side
+    def owner_get(self, rref_id: Tuple[int, int]) -> OwnerEntry:
+        """The entry of an RRef owned here (made, waiting for its creator, if unknown yet)."""
+        with self.owner_lock:
+            e = self.owned.get(rref_id) or self.owned_weak.get(rref_id)
+            if e is None:
+                e = OwnerEntry(rref_id, created=False)
+                self.owned_weak[rref_id] = e
+                self.owned[rref_id] = e
+            return e
+
+    def owner_new(self) -> OwnerEntry:
+        """A fresh entry owned here, held only by the owner RRef objects that refer to it."""
+        rref_id = (self.rank, next(self.reqids))
+        e = OwnerEntry(rref_id, created=True)
+        with self.owner_lock:
+            self.owned_weak[rref_id] = e
+        return e
+
+    def owner_count(self, rref_id: Tuple[int, int], fork: Tuple[int, int], delta: int,
+                    create: bool = False) -> None:
+        with self.owner_lock:
+            e = self.owned.get(rref_id) or self.owned_weak.get(rref_id)
+            if e is None:
+                e = OwnerEntry(rref_id, created=False)
+                self.owned_weak[rref_id] = e
+            if create:
+                e.created = True
+            if delta:
+                c = e.forks.get(fork, 0) + delta
+                if c:
+                    e.forks[fork] = c
+                else:
+                    e.forks.pop(fork, None)
+            if e.forks or not e.created:
+                self.owned[rref_id] = e
+            else:
+                # no fork left anywhere: only this process's owner RRefs (if any) keep it
+                self.owned.pop(rref_id, None)
+
+    def fork(self, owner: int, rref_id: Tuple[int, int]) -> Tuple[int, int]:
+        """A new fork of an RRef that is being pickled: counted at the owner before use."""
+        fork_id = (self.rank, next(self.reqids))
+        if owner == self.rank:
+            self.owner_count(rref_id, fork_id, +1)
+        else:
+            self.enqueue(_wire.ADD, owner, (rref_id, fork_id))
+        return fork_id
+
+    def drop_fork(self, owner: int, rref_id: Tuple[int, int], fork_id: Tuple[int, int]) -> None:
+        """A fork is gone (a user RRef deleted, or a fork that reached its owner)."""
+        if owner == self.rank:
+            self.owner_count(rref_id, fork_id, -1)
+        else:
+            self.enqueue(_wire.DEL, owner, (rref_id, fork_id))
+
+    # ------------------------------------------------------------------------ progress thread
+    def _progress_once(self, grab: bool = False) -> Tuple[bool, float]:
+        """One turn of the progress engine (the caller holds ``self.token``).
+
+        Sends queued control messages, takes incoming headers, tests transfers in flight and
+        expires deadlines. Returns (whether anything happened, how long the tests took).
+        ``grab``: the caller is a pool thread willing to run one incoming request itself.
+        """
+        worked = False
+        ctlq = self.ctlq
+        while ctlq:
+            kind, dest, obj = ctlq.popleft()
+            if dest in self.gone:
+                continue
+            data, bufs = _wire.dumps(obj, dest)
+            self.post(dest, kind, 0, 0, data, bufs)
+            worked = True
+        self.grab = grab
+        try:
+            return self._progress_rest(worked)
+        finally:
+            self.grab = False
+
+    def _progress_rest(self, worked: bool) -> Tuple[bool, float]:
+        MPI = self.MPI
+        improbe = self.comm.Improbe
+        status = self.status
+        for _ in range(_IMPROBE_BATCH):
+            m = improbe(MPI.ANY_SOURCE, _wire.TAG_HEADER, status)
+            if m is None:
+                break
+            worked = True
+            self._receive(m, status)
+            if self.grabbed is not None:
+                break
+        sends, incoming, heap = self.sends, self.incoming, self.heap
+        while self.new_sends:
+            sends.append(self.new_sends.popleft())
+        while self.new_deadlines:
+            heapq.heappush(heap, self.new_deadlines.popleft())
+        took = 0.0
+        if incoming or sends:
+            before = _perf()
+            testall = MPI.Request.Testall
+            if incoming:
+                left = []
+                for inc in incoming:
+                    if testall(inc.reqs):
+                        self._deliver(inc.src, inc.kind, inc.flags, inc.reqid, inc.data,
+                                      inc.arrays)
+                        worked = True
+                    else:
+                        left.append(inc)
+                incoming[:] = left
+            if sends:
+                n = len(sends)
+                sends[:] = [x for x in sends if not testall(x[0])]
+                worked = worked or len(sends) != n
+            took = _perf() - before
+        if heap and heap[0][0] <= _perf():
+            self._expire(heap, _perf())
+        return worked, took
+
+    def poll_hot(self, done: Optional[Callable[[], bool]], grab: bool,
+                 wait_token: float = 0.0) -> Optional[Tuple[Callable, tuple]]:
+        """Drive progress from this thread for a while, instead of the progress thread.
+
+        A thread waiting for a reply (``done``: its future's ``done``) meets the reply itself,
+        and a pool thread that has just served a request (``grab``) meets the next request
+        and runs it itself: no thread hand-off on the hot path of back-to-back calls. Polls
+        with ``sched_yield`` for at most :data:`_watchdog._YIELD_S` without news; meanwhile
+        the progress thread stands aside. Returns the request grabbed (to run), if any.
+        """
+        token = self.token
+        if not (token.acquire(timeout=wait_token) if wait_token else token.acquire(False)):
+            return None
+        task = None
+        self.pollers += 1
+        try:
+            t0 = _perf()
+            end = t0 + _watchdog._YIELD_S
+            while self.running and not (done is not None and done()):
+                worked, took = self._progress_once(grab)
+                if self.grabbed is not None:
+                    task, self.grabbed = self.grabbed, None
+                    break
+                now = _perf()
+                if worked or took > _watchdog._BUSY_TEST_S:
+                    end = now + _watchdog._YIELD_S
+                    self.active_at = now
+                elif now >= end:
+                    break
+                _yield()
+        finally:
+            self.pollers -= 1
+            token.release()
+            if self.standing_by and task is None and (self.pending or self.sends
+                                                      or self.incoming or self.ctlq):
+                # work is left that needs polling. (Otherwise the progress thread takes over
+                # within a millisecond: a thread that took a request polls again when it has
+                # served it, and one whose reply came will likely call again soon; waking the
+                # progress thread meanwhile costs them a core.)
+                self.wake_evt.set()
+        return task
+
+    def _poll_for(self, fut: Future) -> None:
+        """Called by ``fut.wait()`` before it blocks: meet the reply here if it comes soon."""
+        if self.running and threading.current_thread() is not self.thread:
+            self.poll_hot(fut.done, False)
+
+    def _loop(self) -> None:
+        """The progress thread: drives progress whenever no other thread does."""
+        token = self.token
+        wake = self.wake_evt
+        idle_since = _perf()
+        yield_until = idle_since + _watchdog._YIELD_S
+        try:
+            while not self.stop_flag:
+                if self.pollers:  # another thread polls: stand aside until it stops
+                    self.standing_by = True
+                    if self.pollers:
+                        wake.wait(_watchdog._SLEEP_MAX_S)
+                    self.standing_by = False
+                    wake.clear()
+                    idle_since = max(idle_since, self.active_at)
+                    yield_until = max(yield_until, idle_since + _watchdog._YIELD_S)
+                    continue
+                with token:
+                    worked, took = self._progress_once()
+                now = _perf()
+                if worked:
+                    idle_since = now
+                    yield_until = now + _watchdog._YIELD_S
+                    continue
+                posted = max(self.last_post, self.active_at)
+                if posted > idle_since:  # a request just went out: its reply comes soon
+                    idle_since = posted
+                    yield_until = max(yield_until, posted + _watchdog._YIELD_S)
+                if took > _watchdog._BUSY_TEST_S:
+                    yield_until = max(yield_until, now + _watchdog._BUSY_WINDOW_S)
+                if now < yield_until or ((self.sends or self.incoming)
+                                         and now - idle_since < _TRANSFER_YIELD_S):
+                    _yield()
+                    continue
+                nap = min(_watchdog._SLEEP_MAX_S, (now - idle_since) * _watchdog._SLEEP_FRACTION)
+                self.sleeping = True
+                if not (self.ctlq or self.new_sends or self.new_deadlines
+                        or self.last_post > idle_since or self.pollers):
+                    wake.wait(nap)
+                self.sleeping = False
+                wake.clear()
+        except BaseException:  # noqa: BLE001 - report, then fail every waiter
+            logger.exception("the RPC progress thread of %s failed", self.where)
+            self.running = False
+            self._fail_all(lambda p: RuntimeError(
+                f"{p.what}: the RPC progress thread of {self.where} failed (see the log); "
+                "this agent cannot complete calls any more"))
+
+    def _receive(self, m: Any, status: Any) -> None:
+        MPI = self.MPI
+        src = status.Get_source()
+        buf = bytearray(status.Get_count(MPI.BYTE))
+        m.Recv([buf, MPI.BYTE])
+        kind, flags, reqid, buftag, data, sizes = _wire.unpack(buf)
+        if not sizes:
+            self._deliver(src, kind, flags, reqid, data, [])
+            return
+        # recycled buffers: a fresh 64 MiB array is page-faulted in by the receive itself,
+        # which took as long as the transfer (the buffer is reused once nothing refers to it)
+        arrays = [_workspace.empty(np, (s,), np.uint8) for s in sizes]
+        reqs = [self.comm.Irecv([a, MPI.BYTE], src, buftag) for a in arrays]
+        if MPI.Request.Testall(reqs):
+            self._deliver(src, kind, flags, reqid, data, arrays)
+        else:
+            self.incoming.append(_Incoming(src, kind, flags, reqid, data, arrays, reqs))
+
+    def _deliver(self, src: int, kind: int, flags: int, reqid: int, data: Any,
+                 arrays: list) -> None:
+        if kind <= _wire.COUNTED:
+            with self.lock:
+                self.recv_from[src] += 1
+        if kind == _wire.REPLY or kind == _wire.ERROR:
+            p = self.pending.pop(reqid, None)
+            if p is None:
+                return  # its caller gave up (deadline passed): nobody wants it
+            try:
+                obj = _wire.loads(data, arrays)
+                if kind == _wire.ERROR:
+                    value, exc = None, _wire.decode_error(obj)
+                else:
+                    value, exc = obj, None
+            except BaseException as e:  # noqa: BLE001 - e.g. a class unknown here
+                value, exc = None, TypeError(f"{p.what}: the reply from {self.infos[src]!r} "
+                                             f"cannot be unpickled here: {type(e).__name__}: "
+                                             f"{e}")
+            self._complete(p.fut, value, exc)
+        elif kind == _wire.CALL:
+            if self.grab and self.grabbed is None:  # the polling pool thread runs it itself
+                with self.lock:
+                    self.busy += 1
+                self.grabbed = (self._serve_call, (src, reqid, data, arrays))
+                self.stats["grabbed"] += 1
+            else:
+                self.stats["spawned"] += 1
+                self._spawn_or_refuse(src, reqid, self._serve_call, src, reqid, data, arrays)
+        elif kind == _wire.REMOTE:
+            rref_id = (src, reqid)
+            no_fork = bool(flags & _wire.FLAG_NO_FORK)
+            self.owner_count(rref_id, rref_id, 0 if no_fork else +1, create=True)
+            entry = self.owner_get(rref_id)
+            if not no_fork:
+                self.post(src, _wire.REPLY, 0, reqid, *_wire.dumps(None, src))
+            try:
+                self.spawn(self._serve_remote, entry, src, data, arrays)
+            except RuntimeError as e:
+                entry.future._try_complete(None, e)
+        elif kind == _wire.FETCH:
+            self._spawn_or_refuse(src, reqid, self._serve_fetch, src, reqid, data)
+        elif kind == _wire.ADD or kind == _wire.DEL:
+            rref_id, fork_id = _wire.loads(data, arrays)
+            self.owner_count(rref_id, fork_id, +1 if kind == _wire.ADD else -1)
+        elif kind == _wire.LEAVE:
+            self._peer_left(src)
+        elif kind == _wire.PROBE:
+            self.probe = (src, reqid)
+        elif kind == _wire.COUNT:
+            self.counts.setdefault(reqid, {})[src] = _wire.loads(data, arrays)
+        elif kind == _wire.DONE:
+            self.term_done = True
+        else:
+            logger.error("%s: message of unknown kind %d from rank %d dropped", self.where,
+                         kind, src)
+
+    def _spawn_or_refuse(self, src: int, reqid: int, fn: Callable, *args: Any) -> None:
+        try:
+            self.spawn(fn, *args)
+        except RuntimeError:
+            self.reply_error(src, reqid, RuntimeError(
+                f"{self.where} is exiting (interpreter shutdown) and takes no new requests"))
+
+    def _complete(self, fut: Future, value: Any, exc: Optional[BaseException]) -> None:
+        """Complete a future from the progress thread; its callbacks run on the pool."""
+        if fut._has_callbacks():
+            try:
+                self.spawn(fut._try_complete, value, exc)
+                return
+            except RuntimeError:
+                pass
+        fut._try_complete(value, exc, self._run_callbacks_elsewhere)
+
+    def _run_callbacks_elsewhere(self, run: Callable[[], None]) -> None:
+        try:
+            self.spawn(run)
+        except RuntimeError:
+            run()
+
+    def _expire(self, heap: list, now: float) -> None:
+        while heap and heap[0][0] <= now:
+            _, reqid = heapq.heappop(heap)
+            p = self.pending.pop(reqid, None)
+            if p is None:
+                continue
+            elapsed = now - p.t0
+            err = DistributedTimeoutError(
+                f"{p.what}: no reply from {self.infos[p.dest]!r} within the RPC timeout of "
+                f"{p.deadline - p.t0:g} s (waited {elapsed:.3g} s). The remote function may "
+                "still be running or the worker may be stuck; pass a larger timeout= to the "
+                "call (0: none) or set rpc_timeout in TensorPipeRpcBackendOptions",
+                op=p.what, elapsed=elapsed, missing=[p.dest])
+            self._complete(p.fut, None, err)
+
+    def _peer_left(self, src: int) -> None:
+        if src == self.rank or src in self.gone:
+            return
+        self.gone.add(src)
+        logger.info("%s: %r left", self.where, self.infos[src])
+        self._fail_all(lambda p: self.gone_error(p.dest, p.what, waiting=True),
+                       lambda p: p.dest == src)
+
+    def _fail_all(self, make: Callable[[_Pending], BaseException],
+                  which: Callable[[_Pending], bool] = lambda p: True) -> None:
+        for reqid, p in list(self.pending.items()):
+            if which(p) and self.pending.pop(reqid, None) is not None:
+                self._complete(p.fut, None, make(p))
+
+    # ------------------------------------------------------------------------ shutdown
+    def idle(self) -> bool:
+        """Nothing of this worker's own is under way (see the termination protocol)."""
+        return (not self.pending and self.busy == 0 and not self.ctlq
+                and not self.incoming)
+
+    def live(self) -> List[int]:
+        return [r for r in range(self.size) if r not in self.gone]
+
+    def my_counts(self, live: List[int]) -> Tuple[int, int]:
+        with self.lock:
+            return (sum(self.sent_to[r] for r in live), sum(self.recv_from[r] for r in live))
+
+    def shutdown_graceful(self, timeout: float) -> None:
+        """Wait until every live worker is idle with no message in flight, then stop."""
+        self.in_shutdown = True
+        t0 = _perf()
+        deadline = t0 + (timeout if timeout > 0 else math.inf)
+        backoff = _watchdog.Backoff(t0)
+        rnd = 0
+        prev: Optional[Tuple[int, int]] = None
+        asked: Optional[List[int]] = None
+        while not self.term_done:
+            if not self.running:
+                raise RpcNotInitializedError("shutdown: the RPC agent stopped while waiting")
+            live = self.live()
+            coord = live[0]
+            now = _perf()
+            if now >= deadline:
+                raise DistributedTimeoutError(
+                    f"shutdown on {self.where}: the workers did not all finish their work "
+                    f"within {timeout:g} s (coordinator {self.infos[coord]!r}); some worker is "
+                    "still making calls, serving a slow request, or has not called shutdown",
+                    op="shutdown", elapsed=now - t0)
+            if coord == self.rank:
+                others = [r for r in live if r != self.rank]
+                if asked is None or asked != live:
+                    if asked is not None:
+                        prev = None  # a worker left: both waves must count the same workers
+                    rnd += 1
+                    asked = live
+                    for r in others:
+                        self.post(r, _wire.PROBE, 0, rnd, b"", [])
+                got = self.counts.get(rnd, {})
+                if self.idle() and all(r in got for r in others):
+                    mine = self.my_counts(live)
+                    sent = mine[0] + sum(got[r][0] for r in others)
+                    recv = mine[1] + sum(got[r][1] for r in others)
+                    self.counts.pop(rnd, None)
+                    if sent == recv and prev == (sent, recv):
+                        for r in others:
+                            self.post(r, _wire.DONE, 0, rnd, b"", [])
+                        break
+                    prev = (sent, recv)
+                    asked = None  # next round
+                    backoff = _watchdog.Backoff(_perf())
+                    continue
+            else:
+                probe = self.probe
+                if probe is not None and probe[0] == coord and self.idle():
+                    self.probe = None
+                    data, _ = _wire.dumps(self.my_counts(live), coord)
+                    self.post(coord, _wire.COUNT, 0, probe[1], data, [])
+                    backoff = _watchdog.Backoff(_perf())
+                    continue
+            backoff.pause(_perf(), 0.0)
+        self.stop(leave=False)
+
+    def stop(self, leave: bool) -> None:
+        """Stop serving: tell the peers (``leave``), end the progress thread, fail waiters."""
+        if not self.running and self.stop_flag:
+            return
+        MPI = self.MPI
+        if leave:
+            reqs = []
+            for r in self.live():
+                if r != self.rank:
+                    try:
+                        msg = _wire.pack(_wire.LEAVE, 0, 0, 0, b"", [])
+                        reqs.append((self.comm.Isend([msg, MPI.BYTE], r, _wire.TAG_HEADER), msg))
+                    except Exception:  # noqa: BLE001 - a peer gone already: tell the others
+                        pass
+            end = _perf() + _LEAVE_WAIT_S
+            while reqs and _perf() < end:
+                reqs = [x for x in reqs if not x[0].Test()]
+                if reqs:
+                    time.sleep(1e-4)
+            self._abandoned = reqs  # never freed while MPI may still touch them
+        else:
+            # the last messages (DONE, COUNT) must leave before the progress thread stops
+            end = _perf() + _LEAVE_WAIT_S
+            while (self.new_sends or self.sends) and _perf() < end:
+                time.sleep(1e-4)
+        self.running = False
+        self.stop_flag = True
+        self.wake_evt.set()
+        if threading.current_thread() is not self.thread:
+            self.thread.join()
+        self._fail_all(lambda p: RpcNotInitializedError(
+            f"{p.what}: the RPC agent of {self.where} was shut down before the reply came"))
+        self.pool.shutdown(wait=not leave, cancel_futures=leave)
+        if not leave and not self.gone:
+            try:
+                self.comm.Free()
+            except Exception:  # noqa: BLE001 - MPI finalising: nothing to free
+                pass
+
+
+class _Lazy:
+    """A description for error messages, formatted only if one is written."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], str]) -> None:
+        self.make = make
+
+    def __str__(self) -> str:
+        return self.make()
+
+    __repr__ = __str__
+
+
+def _func_name(func: Any) -> str:
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
