@@ -741,3 +741,135 @@ def test_every_target_ignored_mean_loss_is_nan_with_zero_gradient(shape, weighte
             loss.backward()
         assert np.isnan(loss.item()), (fn.__name__, kw)
         np.testing.assert_array_equal(a.grad.numpy(), np.zeros(shape), err_msg=fn.__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# conv2d by Winograd F(2x2, 3x3), and conv2d's work shared out over threads (_blas.run_split)
+
+def _rel_err(a, b):
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / max(np.abs(b).max(), 1e-300))
+
+
+WINOGRAD_CASES = [
+    # (N, C, H, W, O, padding, bias)
+    (2, 3, 6, 6, 4, 1, False),
+    (2, 3, 7, 5, 4, 1, True),        # odd sizes: the last tiles are cut
+    (3, 5, 9, 8, 2, 0, True),        # "valid"
+    (2, 4, 5, 6, 3, 2, False),       # padding 2
+    (1, 2, 4, 4, 3, (0, 1), False),  # different paddings per side
+    (1, 2, 1, 2, 2, 1, True),        # a one-row input
+]
+
+
+@pytest.fixture
+def winograd_everywhere(monkeypatch):
+    """Winograd for any channel count (it is only taken from WINOGRAD_MIN_CHANNELS on)."""
+    monkeypatch.setattr(K, "WINOGRAD_MIN_CHANNELS", 1)
+    calls = []
+    real = K.winograd_forward
+    monkeypatch.setattr(K, "winograd_forward", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-5), (np.float64, 1e-10)])
+@pytest.mark.parametrize("case", WINOGRAD_CASES)
+def test_conv2d_winograd_matches_torch(case, dtype, tol, winograd_everywhere):
+    """3x3 stride-1 conv2d by Winograd: values and all three gradients as torch's, to a
+    relative error (of the largest entry) of 1e-5 in float32 and 1e-10 in float64."""
+    torch = _torch()
+    N, C, H, W, O, p, bias = case
+    x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+    w = RNG.standard_normal((O, C, 3, 3)).astype(dtype)
+    b = RNG.standard_normal(O).astype(dtype) if bias else None
+    got, gout = _conv2d_values_and_grads(x, w, b, (1, p, 1, 1))
+    assert winograd_everywhere, "the Winograd path was not taken"
+    ts = [torch.tensor(a, requires_grad=True) for a in (x, w, b) if a is not None]
+    tout = torch.nn.functional.conv2d(ts[0], ts[1], ts[2] if bias else None, 1, p)
+    tout.backward(torch.tensor(gout.astype(dtype)))
+    want = [tout.detach().numpy()] + [t.grad.numpy() for t in ts]
+    for g_, w_, name in zip(got, want, ["out", "dx", "dw", "db"]):
+        assert g_.dtype == dtype
+        assert _rel_err(g_, w_) < tol, name
+
+
+@pytest.mark.parametrize("case", WINOGRAD_CASES[:4])
+def test_conv2d_winograd_finite_differences(case, winograd_everywhere):
+    N, C, H, W, O, p, bias = case
+    arrays = [RNG.standard_normal((N, C, H, W)), RNG.standard_normal((O, C, 3, 3))]
+    if bias:
+        arrays.append(RNG.standard_normal(O))
+    _fd_check(lambda *t: F.conv2d(t[0], t[1], t[2] if bias else None, 1, p), arrays,
+              range(len(arrays)))
+    assert winograd_everywhere
+
+
+def test_conv2d_winograd_taken_for_wide_layers_only():
+    """Winograd for 3x3/stride 1/no dilation/one group with enough channels; else im2col."""
+    def geom(C, O, k=3, s=1, d=1, groups=1):
+        return K.ConvGeom((2, C, 8, 8), (O, C // groups, k, k), (s, s), (1, 1, 1, 1), (d, d),
+                          groups)
+
+    x = np.zeros((2, 64, 8, 8), np.float32)
+    assert K.winograd_applies(x, geom(64, 64))
+    assert not K.winograd_applies(x, geom(64, 32))          # too few output channels
+    assert not K.winograd_applies(x, geom(64, 64, s=2))
+    assert not K.winograd_applies(x, geom(64, 64, k=5))
+    assert not K.winograd_applies(x, geom(64, 64, d=2))
+    assert not K.winograd_applies(x, geom(64, 64, groups=2))
+    assert not K.winograd_applies(x.astype(np.float16), geom(64, 64))
+
+
+@pytest.mark.parametrize("case", [(4, 64, 8, 8, 64, 1, False), (3, 64, 7, 9, 80, 1, True),
+                                  (2, 64, 6, 6, 64, 0, False)])
+@pytest.mark.parametrize("threads,band_bytes", [(1, 1), (2, 1 << 40), (3, 1)])
+def test_conv2d_winograd_bands_and_threads_agree(case, threads, band_bytes, monkeypatch):
+    """Winograd in bands of tile rows and shared out over threads (float64): what one band on
+    one thread gives, to rounding."""
+    N, C, H, W, O, p, bias = case
+    x, w = RNG.standard_normal((N, C, H, W)), RNG.standard_normal((O, C, 3, 3))
+    b = RNG.standard_normal(O) if bias else None
+    ref, gout = _conv2d_values_and_grads(x, w, b, (1, p, 1, 1))
+    monkeypatch.setattr(K, "WINOGRAD_BAND_BYTES", band_bytes)
+    monkeypatch.setattr(K, "WINOGRAD_BAND_COLUMNS", 1)
+    monkeypatch.setattr(K, "blas_threads", lambda: threads)
+    got, _ = _conv2d_values_and_grads(x, w, b, (1, p, 1, 1), gout)
+    for r, g_, name in zip(ref, got, ["out", "dx", "dw", "db"]):
+        np.testing.assert_allclose(g_, r, rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("case", [(8, 4, 24, 24, 16, 3, 2, 1, 1, 1, True),  # 1152 columns
+                                  (2, 4, 9, 9, 6, 1, 2, 0, 1, 1, False),    # 1x1, stride 2
+                                  (2, 4, 10, 10, 6, 3, 1, 1, 1, 2, True)])  # groups: one share
+@pytest.mark.parametrize("band_bytes", [1, 1 << 40])
+def test_conv2d_threads_share_out_the_im2col_work(case, band_bytes, monkeypatch):
+    """im2col conv2d with its bands, columns, input channels and output channels shared out
+    over 3 threads (float64): what one thread gives, to rounding."""
+    N, C, H, W, O, k, s, p, d, g, bias = case
+    x, w = RNG.standard_normal((N, C, H, W)), RNG.standard_normal((O, C // g, k, k))
+    b = RNG.standard_normal(O) if bias else None
+    monkeypatch.setattr(K, "BAND_BYTES", band_bytes)
+    ref, gout = _conv2d_values_and_grads(x, w, b, (s, p, d, g))
+    monkeypatch.setattr(K, "blas_threads", lambda: 3)
+    got, _ = _conv2d_values_and_grads(x, w, b, (s, p, d, g), gout)
+    for r, g_, name in zip(ref, got, ["out", "dx", "dw", "db"]):
+        np.testing.assert_allclose(g_, r, rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_run_split_runs_every_part_and_raises_the_first_error():
+    from mpitensor.nn import _blas
+
+    seen = []
+    assert _blas.run_split(lambda p: seen.append(p) or p * 2, [1, 2, 3]) == [2, 4, 6]
+    assert sorted(seen) == [1, 2, 3]
+    assert _blas.run_split(lambda p: p, []) == []
+    assert _blas.split_ranges(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    assert _blas.split_ranges(2, 4) == [(0, 1), (1, 2)]
+
+    def fail(p):
+        if p == 2:
+            raise ValueError("part 2")
+        return p
+
+    with pytest.raises(ValueError, match="part 2"):
+        _blas.run_split(fail, [1, 2, 3])
+    assert _blas.blas_threads() >= 1

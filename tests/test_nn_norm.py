@@ -713,3 +713,40 @@ def test_gpu_matches_cpu(name):
     np.testing.assert_allclose(gv, cv, rtol=1e-10, atol=1e-12)
     for a, b in zip(cg, gg):
         np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# batch norm shared out over threads (conv2d's layout)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine", ["both", "none"])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_batch_norm_split_over_threads_matches_torch(dtype, affine, threads, monkeypatch):
+    """Batch norm of a batch-innermost input cut into channel shares, one per thread
+    (``_norm_kernels.SPLIT_ELEMENTS`` lowered so that a small input is split): torch's values,
+    gradients and running statistics."""
+    from mpitensor.nn import _norm_kernels as NK
+
+    torch = _torch()
+    calls = []
+    real = NK.run_split
+    monkeypatch.setattr(NK, "SPLIT_ELEMENTS", 1)
+    monkeypatch.setattr(NK, "blas_threads", lambda: threads)
+    monkeypatch.setattr(NK, "run_split", lambda fn, parts: calls.append(len(parts))
+                        or real(fn, parts))
+    shape, C = (4, 7, 5, 6), 7
+    x = RNG.standard_normal(shape) * 3 + 2
+    w = RNG.uniform(0.5, 1.5, C) if affine == "both" else None
+    b = RNG.standard_normal(C) if affine == "both" else None
+    rm, rv = RNG.standard_normal(C).astype(dtype), RNG.uniform(0.5, 2, C).astype(dtype)
+    mrm, mrv = mt.tensor(rm), mt.tensor(rv)
+    trm, trv = torch.tensor(rm), torch.tensor(rv)
+    _assert_parity(
+        lambda x_, w_, b_: F.batch_norm(x_, mrm, mrv, w_, b_, training=True, momentum=0.3),
+        lambda x_, w_, b_: torch.nn.functional.batch_norm(x_, trm, trv, w_, b_, training=True,
+                                                          momentum=0.3),
+        [x, w, b], dtype, ["batch_inner", "nchw", "nchw"])
+    _close(_np(mrm), trm.numpy(), dtype, "running_mean")
+    _close(_np(mrv), trv.numpy(), dtype, "running_var")
+    assert calls and all(n == threads for n in calls)  # forward and backward both split

@@ -34,6 +34,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mpitensor._workspace import _inverse, _memory_order, empty, xp_of
+from mpitensor.nn._blas import blas_threads, run_split, split_ranges
 
 __all__: list = []  # private module: used by mpitensor.nn.functional
 
@@ -197,11 +198,45 @@ def _axpby(xp: Any, a: Any, ka: Any, b: Any, kb: Any, kc: Any, out: Any) -> Any:
 # batch norm
 
 
+#: batch norm shares the channels of a (1, C, B) input (conv2d's layout) out over the BLAS
+#: threads (``_blas.run_split``) from this many elements on
+SPLIT_ELEMENTS = 1 << 18
+
+
+def _channel_parts(x3: Any) -> list:
+    """Channel ranges for the BLAS threads: several only for big NumPy (1, C, B) arrays, whose
+    channel slices are contiguous (``[(0, C)]`` otherwise)."""
+    C = x3.shape[1]
+    if xp_of(x3) is not np or x3.shape[0] != 1 or x3.size < SPLIT_ELEMENTS:
+        return [(0, C)]
+    return split_ranges(C, blas_threads())
+
+
+def _cut(v: Optional[Any], span: tuple) -> Optional[Any]:
+    return None if v is None else v[span[0]:span[1]]
+
+
+def _joined(parts: list) -> tuple:
+    """Per-part tuples of per-channel vectors (or None) -> one tuple of whole vectors."""
+    return tuple(None if vs[0] is None else np.concatenate(vs) for vs in zip(*parts))
+
+
 def batch_norm_train(x3: Any, y3: Any, w: Optional[Any], b: Optional[Any], eps: float) -> tuple:
     """Normalise (A, C, B) ``x3`` with its own per-channel statistics into ``y3``.
 
-    Returns ``(mean, invstd, biased_var)``, each of shape (C,).
+    Returns ``(mean, invstd, biased_var)``, each of shape (C,). Big conv2d outputs are done
+    a share of the channels per BLAS thread.
     """
+    parts = _channel_parts(x3)
+    if len(parts) > 1:
+        return _joined(run_split(
+            lambda s: _batch_norm_train(x3[:, s[0]:s[1]], y3[:, s[0]:s[1]], _cut(w, s),
+                                        _cut(b, s), eps), parts))
+    return _batch_norm_train(x3, y3, w, b, eps)
+
+
+def _batch_norm_train(x3: Any, y3: Any, w: Optional[Any], b: Optional[Any],
+                      eps: float) -> tuple:
     xp = xp_of(x3)
     n = x3.shape[0] * x3.shape[2]
     mean = channel_sum(x3) / n
@@ -235,8 +270,22 @@ def batch_norm_backward(g3: Any, x3: Any, mean: Any, invstd: Any, w: Optional[An
 
     ``batch_stats`` says whether the statistics were the batch's own (training), so that
     they depend on the input; ``need`` = (input, weight, bias) flags; ``dx3`` receives the
-    input gradient (C-contiguous (A, C, B), or None when it is not needed).
+    input gradient (C-contiguous (A, C, B), or None when it is not needed). Big conv2d
+    outputs are done a share of the channels per BLAS thread.
     """
+    parts = _channel_parts(g3) if x3.shape[0] == 1 else [(0, g3.shape[1])]
+    if len(parts) > 1:
+        dw, db = _joined([r[1:] for r in run_split(
+            lambda s: _batch_norm_backward(
+                g3[:, s[0]:s[1]], x3[:, s[0]:s[1]], mean[s[0]:s[1]], invstd[s[0]:s[1]],
+                _cut(w, s), batch_stats, need, None if dx3 is None else dx3[:, s[0]:s[1]]),
+            parts)])
+        return dx3, dw, db
+    return _batch_norm_backward(g3, x3, mean, invstd, w, batch_stats, need, dx3)
+
+
+def _batch_norm_backward(g3: Any, x3: Any, mean: Any, invstd: Any, w: Optional[Any],
+                         batch_stats: bool, need: tuple, dx3: Optional[Any]) -> tuple:
     xp = xp_of(g3)
     need_x, need_w, need_b = need
     sg = channel_sum(g3) if (need_b or need_w or (need_x and batch_stats)) else None
