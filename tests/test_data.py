@@ -686,7 +686,7 @@ def test_utils_data_alias():
 
     assert DL is DataLoader and DS is DistributedSampler and TD is TensorDataset
     # torch's submodule path, as the official DDP examples import it
-    from mpitensor.utils.data.distributed import DistributedSampler as DS2
     import mpitensor.utils.data.distributed as dmod
+    from mpitensor.utils.data.distributed import DistributedSampler as DS2
 
     assert DS2 is DistributedSampler and dmod.DistributedSampler is DistributedSampler
