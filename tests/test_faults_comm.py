@@ -530,3 +530,32 @@ def test_sustained_load(tmp_path):
         growth = d["rss_end"] - d["rss_tenth"]
         assert growth < 8 * 2**20, f"rank {r}: RSS grew {growth / 2**20:.1f} MiB: {d}"
     assert len({json.dumps(d["counts"], sort_keys=True) for d in got.values()}) == 1
+
+
+def test_settling_keeps_a_faster_peers_later_failure_for_later():
+    """Two failing calls in a row on every rank, one rank faster: while a slow rank settles call
+    #5 it may already hold the fast rank's notice for #6. That notice is not a fault of #5 (the
+    fast rank failed #5 too, its notices arrive in order): the group stays usable and the
+    notice waits for #6's settling (seen under load at 4 ranks: the group broke)."""
+    from mpitensor.distributed import _faults
+
+    class G:
+        size_, rank_, ranks, timeout, broken, name = 2, 0, (0, 1), 5.0, None, "G"
+        global_rank, diag = 0, None
+
+        def __init__(self):
+            self.faults = [(1, ("fail", 5, "ValueError: bad op")),
+                           (1, ("fail", 6, "ValueError: bad op"))]
+
+    g = G()
+    _faults.settle(g, _faults.Story(0, "reduce", 5, "ValueError: bad op"))
+    assert g.broken is None
+    assert g.faults == [(1, ("fail", 6, "ValueError: bad op"))]
+    _faults.settle(g, _faults.Story(0, "reduce", 6, "ValueError: bad op"))
+    assert g.broken is None and g.faults == []
+    # a peer that never failed #5 but reports a failure of #6 had posted #5: broken
+    g = G()
+    g.faults = [(1, ("fail", 6, "ValueError: bad op"))]
+    g.slow = False
+    _faults.settle(g, _faults.Story(0, "reduce", 5, "ValueError: bad op"))
+    assert g.broken is not None

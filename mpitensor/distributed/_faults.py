@@ -195,6 +195,10 @@ def settle(g: Any, mine: Story) -> None:
             keep.append((src, msg))
             if other is None and msg[0] == "broken":
                 other = Story(*msg[1])
+            elif msg[0] == "fail" and src not in need and msg[1] > seq:
+                # it failed this call too (notices from one rank arrive in order) and has
+                # since failed a later one: kept for that call's settling, not a fault here
+                continue
             elif other is None:  # failed elsewhere, or left: it had passed this call
                 other = mine
         g.faults = keep
