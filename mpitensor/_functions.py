@@ -193,40 +193,9 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True,  # noqa: A0
 
 
 # torch functions that are their Tensor method with the tensor first: ``torch.sin(x)`` is
-# ``x.sin()``; each also takes ``out=``.
-_FORWARDED = (
-    "absolute", "acos", "arccos", "acosh", "arccosh", "asin", "arcsin", "asinh", "arcsinh",
-    "atan", "arctan", "atanh", "arctanh", "ceil", "cos", "cosh", "deg2rad", "digamma", "erf",
-    "erfc", "erfinv", "exp2", "expm1", "fix", "floor", "frac", "lgamma", "log10", "log1p",
-    "log2", "logit", "nan_to_num", "neg", "negative", "positive", "rad2deg", "reciprocal",
-    "round", "rsqrt", "sgn", "sign", "signbit", "sin", "sinc", "sinh", "square", "tan", "trunc",
-    "isnan", "isinf", "isfinite", "isposinf", "isneginf", "isreal", "conj", "conj_physical",
-    "resolve_conj", "resolve_neg", "is_conj", "is_neg", "is_nonzero", "is_same_size",
-    "is_signed",
-    "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide",
-    "floor_divide", "remainder", "fmod", "pow", "float_power", "atan2", "arctan2", "hypot",
-    "logaddexp", "logaddexp2", "copysign", "xlogy", "maximum", "minimum", "fmax", "fmin",
-    "gcd", "lcm", "nextafter", "heaviside", "ldexp", "lerp", "addcmul", "addcdiv",
-    "eq", "ne", "lt", "le", "gt", "ge", "greater", "greater_equal", "less", "less_equal",
-    "not_equal", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and",
-    "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift",
-    "isclose", "clamp_min", "clamp_max", "angle", "real", "imag", "frexp", "put", "zero_",
-    "index_put", "index_reduce", "select_scatter", "slice_scatter", "diagonal_scatter",
-    "nonzero_static", "renorm", "cov", "corrcoef", "unsafe_chunk", "unsafe_split",
-    "unsafe_split_with_sizes", "fill_",
-    "all", "any", "prod", "std", "var", "amax", "amin", "aminmax",
-    "logsumexp", "nansum", "nanmean", "count_nonzero", "median", "nanmedian", "mode",
-    "kthvalue", "msort", "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp",
-    "mm", "bmm", "mv", "dot", "vdot", "inner", "outer", "ger", "addmm", "addbmm", "baddbmm",
-    "addmv", "addr", "kron", "trace", "tril", "triu", "diag", "diagonal", "diag_embed",
-    "diagflat", "inverse", "det", "logdet", "slogdet", "matrix_power", "norm",
-    "flip", "fliplr", "flipud", "roll", "rot90", "narrow", "select", "movedim", "moveaxis",
-    "swapaxes", "swapdims", "ravel", "unflatten", "broadcast_to", "repeat_interleave", "tile",
-    "chunk", "split", "tensor_split", "hsplit", "vsplit", "dsplit", "split_with_sizes",
-    "unbind", "gather", "scatter", "scatter_add", "scatter_reduce", "index_select",
-    "index_add", "index_copy", "index_fill", "masked_select", "masked_scatter", "masked_fill",
-    "take", "take_along_dim", "nonzero", "argwhere", "clone", "t", "detach", "diff", "cross",
-)
+# ``x.sin()``; each also takes ``out=``. The names live in mpitensor.tensor, beside the others
+# it serves.
+_FORWARDED = _t._FORWARDED_NAMES
 
 
 def rsub(input: Any, other: Any, *, alpha: Any = 1) -> Any:  # noqa: A002
