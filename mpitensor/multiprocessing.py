@@ -69,15 +69,14 @@ from multiprocessing import (
 from typing import Any, Callable, Optional, Set, Tuple
 
 from .distributed.launch import (
-    _INDEX,
     ProcessContext,
     ProcessException,
     ProcessExitedException,
     ProcessRaisedException,
     RankProcess,
     SpawnContext,
-    _launch,
 )
+from .distributed.launch import start_processes as _start_processes
 
 __all__ = [
     "spawn", "start_processes", "ProcessContext", "SpawnContext", "RankProcess",
@@ -144,11 +143,8 @@ def start_processes(
         >>> while not ctx.join(): pass
     """
     _warn_start_method(start_method)
-    ctx = _launch(fn, args, nprocs, daemon, start_method, timeout, mpiexec, _INDEX)
-    if not join:
-        return ctx
-    ctx.join()
-    return None
+    return _start_processes(fn, args, nprocs, join, daemon, start_method, timeout=timeout,
+                            mpiexec=mpiexec)
 
 
 def spawn(
@@ -176,11 +172,8 @@ def spawn(
         ...     mp.spawn(work, args=(2,), nprocs=2)  # doctest: +SKIP
     """
     _warn_start_method(start_method)
-    ctx = _launch(fn, args, nprocs, daemon, start_method, timeout, mpiexec, _INDEX)
-    if not join:
-        return ctx
-    ctx.join()
-    return None
+    return _start_processes(fn, args, nprocs, join, daemon, start_method, timeout=timeout,
+                            mpiexec=mpiexec)
 
 
 def get_all_sharing_strategies() -> Set[str]:
