@@ -91,20 +91,15 @@ class MultiheadAttention(Module):
         def param(*shape: int) -> Parameter:
             return Parameter(empty(*shape, dtype=dt, device=device))
 
-        if not self._qkv_same_embed_dim:
-            self.q_proj_weight = param(e, e)
-            self.k_proj_weight = param(e, self.kdim)
-            self.v_proj_weight = param(e, self.vdim)
-            self.register_parameter("in_proj_weight", None)
-        else:
-            self.in_proj_weight = param(3 * e, e)
-            self.register_parameter("q_proj_weight", None)
-            self.register_parameter("k_proj_weight", None)
-            self.register_parameter("v_proj_weight", None)
-        if bias:
-            self.in_proj_bias = param(3 * e)
-        else:
-            self.register_parameter("in_proj_bias", None)
+        # one packed (3e, e) projection when query, key and value share the width, else three;
+        # the absent ones are registered as None, so the state-dict keys are torch's
+        packed = self._qkv_same_embed_dim
+        for name, shape, used in (("in_proj_weight", (3 * e, e), packed),
+                                  ("q_proj_weight", (e, e), not packed),
+                                  ("k_proj_weight", (e, self.kdim), not packed),
+                                  ("v_proj_weight", (e, self.vdim), not packed),
+                                  ("in_proj_bias", (3 * e,), bias)):
+            self.register_parameter(name, param(*shape) if used else None)
         self.out_proj = NonDynamicallyQuantizableLinear(e, e, bias=bias, device=device,
                                                         dtype=dt)
         if add_bias_kv:
@@ -113,22 +108,21 @@ class MultiheadAttention(Module):
         else:
             self.bias_k = self.bias_v = None
         self.add_zero_attn = add_zero_attn
-        self._reset_parameters()
+        self._init_weights()
 
-    def _reset_parameters(self) -> None:
-        if self._qkv_same_embed_dim:
-            init.xavier_uniform_(self.in_proj_weight)
-        else:
-            init.xavier_uniform_(self.q_proj_weight)
-            init.xavier_uniform_(self.k_proj_weight)
-            init.xavier_uniform_(self.v_proj_weight)
+    def _init_weights(self) -> None:
+        """torch's initialisation: Xavier-uniform projections, zero biases, Xavier-normal
+        ``bias_k``/``bias_v``."""
+        for w in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight,
+                  self.v_proj_weight):
+            if w is not None:
+                init.xavier_uniform_(w)
         if self.in_proj_bias is not None:
-            init.constant_(self.in_proj_bias, 0.0)
-            init.constant_(self.out_proj.bias, 0.0)
-        if self.bias_k is not None:
-            init.xavier_normal_(self.bias_k)
-        if self.bias_v is not None:
-            init.xavier_normal_(self.bias_v)
+            for b in (self.in_proj_bias, self.out_proj.bias):
+                init.constant_(b, 0.0)
+        for b in (self.bias_k, self.bias_v):
+            if b is not None:
+                init.xavier_normal_(b)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor,
                 key_padding_mask: Optional[Tensor] = None, need_weights: bool = True,
@@ -406,12 +400,12 @@ class Transformer(Module):
             self.decoder = TransformerDecoder(
                 layer, num_decoder_layers, LayerNorm(d_model, eps=layer_norm_eps, bias=bias,
                                                      **kw))
-        self._reset_parameters()
+        self._init_weights()
         self.d_model = d_model
         self.nhead = nhead
         self.batch_first = batch_first
 
-    def _reset_parameters(self) -> None:
+    def _init_weights(self) -> None:
         for p in self.parameters():
             if p.ndim > 1:
                 init.xavier_uniform_(p)

@@ -743,12 +743,14 @@ class ReduceLROnPlateau(LRScheduler):
         """Whether a cut happened less than ``cooldown`` epochs ago."""
         return self.cooldown_counter > 0
 
-    def _is_better(self, a: float, best: float) -> bool:
-        """Whether the value ``a`` improves on ``best`` by more than the threshold."""
+    def _improves(self, value: float) -> bool:
+        """Whether ``value`` beats the best so far by more than the threshold."""
+        sign = 1.0 if self.mode == "max" else -1.0  # +1: higher is better
         if self.threshold_mode == "rel":
-            scale = 1.0 - self.threshold if self.mode == "min" else self.threshold + 1.0
-            return a < best * scale if self.mode == "min" else a > best * scale
-        return a < best - self.threshold if self.mode == "min" else a > best + self.threshold
+            bar = self.best * (1.0 + sign * self.threshold)
+        else:
+            bar = self.best + sign * self.threshold
+        return sign * (value - bar) > 0
 
     def get_lr(self) -> List[float]:
         """Return the current rates (this schedule changes them only from :meth:`step`)."""
@@ -771,21 +773,21 @@ class ReduceLROnPlateau(LRScheduler):
             raise TypeError(f"ReduceLROnPlateau.step() takes the watched metric as a number, "
                             f"got {type(metrics).__name__}") from None
         self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
-        if self._is_better(current, self.best):
+        improved = self._improves(current)
+        if improved:
             self.best = current
+        if self.cooldown_counter > 0:  # right after a cut, stalled epochs are not counted
+            self.cooldown_counter -= 1
             self.num_bad_epochs = 0
         else:
-            self.num_bad_epochs += 1
-        if self.in_cooldown:
-            self.cooldown_counter -= 1
-            self.num_bad_epochs = 0  # bad epochs right after a cut do not count
+            self.num_bad_epochs = 0 if improved else self.num_bad_epochs + 1
         if self.num_bad_epochs > self.patience:
-            self._reduce_lr()
+            self._cut_rates()
             self.cooldown_counter = self.cooldown
             self.num_bad_epochs = 0
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
-    def _reduce_lr(self) -> None:
+    def _cut_rates(self) -> None:
         groups = self.optimizer.param_groups
         if len(groups) != len(self.min_lrs):
             if self.default_min_lr is None:
