@@ -1,6 +1,7 @@
 """Time each LeNet layer's forward and backward in mpitensor and in PyTorch, in the same run.
 
-Both run single-threaded (OpenBLAS/OMP/MKL threads = 1 for NumPy, ``torch.set_num_threads(1)``);
+Both run single-threaded (OpenBLAS/OMP/MKL threads = 1 for NumPy, ``torch.set_num_threads(1)``)
+unless ``--threads default`` leaves both libraries at their own default thread counts;
 repetitions alternate between the two so that load from other processes hits both alike, and the
 median of each is reported with the ratio mpitensor/torch (below 1.0 means mpitensor is faster).
 The last rows time a whole LeNet training step (forward, backward, SGD update) and give
@@ -8,14 +9,20 @@ samples/s.
 
 Usage:
     python benchmarks/profile_kernels.py [--batch 64] [--reps 40] [--dtype float32]
+                                         [--threads 1|default]
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_v] = "1"
+# Read before NumPy is imported: the thread variables only count then.
+_DEFAULT_THREADS = "--threads=default" in sys.argv or any(
+    a == "--threads" and sys.argv[i + 1:i + 2] == ["default"] for i, a in enumerate(sys.argv))
+if not _DEFAULT_THREADS:
+    for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_v] = "1"
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
@@ -112,11 +119,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--threads", default="1", choices=["1", "default"],
+                    help="1: both libraries on one thread; default: each at its own default")
     args = ap.parse_args()
     import torch  # noqa: PLC0415 - the baseline, imported after the thread settings
     import torch.nn.functional as TF  # noqa: PLC0415, N812
 
-    torch.set_num_threads(1)
+    if not _DEFAULT_THREADS:
+        torch.set_num_threads(1)
+    print(f"threads: mpitensor {mt.get_num_threads()}, torch {torch.get_num_threads()}")
     dt = np.dtype(args.dtype)
     rng = np.random.default_rng(0)
     N = args.batch

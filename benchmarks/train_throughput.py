@@ -629,6 +629,27 @@ def plot(single: Dict[str, Any], ddp: Dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _blas_kernel() -> str:
+    """NumPy's BLAS and the kernel it runs, and any environment override of that choice.
+
+    Some hosts set ``OPENBLAS_CORETYPE`` (an older kernel than the CPU supports); NumPy's
+    matrix products then run 1.3-1.6x slower, which the reader of a ratio against torch (which
+    brings its own kernels) must know.
+    """
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    except Exception:  # noqa: BLE001 - the header just says less
+        blas = []
+    text = ", ".join(f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')} "
+                     f"kernel)" for i in blas) or "BLAS unknown"
+    forced = {k: v for k, v in USER_ENV.items() if k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    if forced:
+        text += "; set in the environment: " + ", ".join(f"{k}={v}" for k, v in forced.items())
+    return text
+
+
 def driver(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run both phases as subprocesses, then print (and write) the tables."""
     me = str(Path(__file__).resolve())
@@ -660,6 +681,7 @@ def driver(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "python": platform.python_version(), "numpy": np.__version__,
         "command": "python benchmarks/train_throughput.py " + shlex.join(argv),
         "load_average_at_start": load0, "seconds": time.perf_counter() - t0,
+        "blas": _blas_kernel(),
     }
     try:
         import torch
@@ -669,7 +691,8 @@ def driver(args: argparse.Namespace, argv: Sequence[str]) -> int:
         meta["torch"] = None
     text = (tables(single, ddp) + "\n\n" if single else "") + as_typed_text(typed)
     head = (f"LeNet training throughput — {meta['date']}, {meta['machine']}, Python "
-            f"{meta['python']}, NumPy {meta['numpy']}, torch {meta['torch']}; load average "
+            f"{meta['python']}, NumPy {meta['numpy']} ({meta['blas']}), torch {meta['torch']}; "
+            f"load average "
             f"{load0:.2f} at start; {args.reps} repetitions of ~{args.steps} steps (batch 64) "
             f"after {args.warmup} warm-up, median\nCommand: `{meta['command']}`\n")
     print(head)

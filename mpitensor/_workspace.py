@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from mpitensor import backend as _backend
+from mpitensor._parallel import split_pass
 
 __all__: list = []  # private module
 
@@ -99,7 +100,7 @@ def empty_like(x: Any) -> Any:
     xp = xp_of(x)
     if x.flags.c_contiguous:
         return empty(xp, x.shape, x.dtype)
-    order = _memory_order(x)
+    order = memory_order(x)
     buf = empty(xp, tuple(x.shape[a] for a in order), x.dtype)
     return buf.transpose(_inverse(order))
 
@@ -111,23 +112,37 @@ def relu_into(x: Any, out: Any) -> Any:
     """``out = max(x, 0)``.
 
     NumPy's ``maximum`` with a scalar takes a slow broadcast loop (about 2x slower than with an
-    array operand), so on the CPU a read-only zero array laid out like ``x`` is used instead.
+    array operand), so on the CPU a read-only zero array is used instead. When ``x`` and
+    ``out`` are single blocks of memory in the same axis order (the usual case: ``out`` is
+    ``x`` or :func:`empty_like` of it) the pass runs over them flat, shared across threads when
+    it is big (:func:`mpitensor._parallel.split_pass`).
     """
     xp = xp_of(x)
-    if xp is not np or not (x.flags.c_contiguous or x.flags.f_contiguous or
-                            x.transpose(_memory_order(x)).flags.c_contiguous):
+    if xp is not np:
         return xp.maximum(x, x.dtype.type(0), out=out)
+    order = memory_order(x)
+    xt = x.transpose(order)
+    if not xt.flags.c_contiguous:
+        return np.maximum(x, x.dtype.type(0), out=out)
     z = _zero_cache.get(x.dtype)
     if z is None or z.size < x.size:
         z = np.zeros(max(x.size, 1 << 16), dtype=x.dtype)
         z.flags.writeable = False
         _zero_cache[x.dtype] = z
-    order = _memory_order(x)
-    zz = z[:x.size].reshape(tuple(x.shape[a] for a in order)).transpose(_inverse(order))
-    return np.maximum(x, zz, out=out)
+    ot = out.transpose(order)
+    if not ot.flags.c_contiguous:  # out laid out otherwise: one broadcast pass
+        zz = z[:x.size].reshape(xt.shape).transpose(_inverse(order))
+        return np.maximum(x, zz, out=out)
+    xf, of = xt.reshape(-1), ot.reshape(-1)
+
+    def part(span: tuple) -> None:
+        np.maximum(xf[span[0]:span[1]], z[:span[1] - span[0]], out=of[span[0]:span[1]])
+
+    split_pass(part, x.size, x.size)
+    return out
 
 
-def _memory_order(x: Any) -> tuple:
+def memory_order(x: Any) -> tuple:
     return tuple(sorted(range(x.ndim), key=lambda a: -abs(x.strides[a])))
 
 

@@ -14,6 +14,7 @@ import pytest
 
 import mpitensor as mt
 import mpitensor.nn.functional as F
+from mpitensor import _parallel
 from mpitensor import _workspace as W
 from mpitensor.nn import _kernels as K
 
@@ -744,7 +745,7 @@ def test_every_target_ignored_mean_loss_is_nan_with_zero_gradient(shape, weighte
 
 
 # --------------------------------------------------------------------------------------------
-# conv2d by Winograd F(2x2, 3x3), and conv2d's work shared out over threads (_blas.run_split)
+# conv2d by Winograd F(2x2, 3x3), and conv2d's work shared out over threads (_parallel.run_split)
 
 def _rel_err(a, b):
     return float(np.abs(np.asarray(a) - np.asarray(b)).max() / max(np.abs(b).max(), 1e-300))
@@ -856,14 +857,12 @@ def test_conv2d_threads_share_out_the_im2col_work(case, band_bytes, monkeypatch)
 
 
 def test_run_split_runs_every_part_and_raises_the_first_error():
-    from mpitensor.nn import _blas
-
     seen = []
-    assert _blas.run_split(lambda p: seen.append(p) or p * 2, [1, 2, 3]) == [2, 4, 6]
+    assert _parallel.run_split(lambda p: seen.append(p) or p * 2, [1, 2, 3]) == [2, 4, 6]
     assert sorted(seen) == [1, 2, 3]
-    assert _blas.run_split(lambda p: p, []) == []
-    assert _blas.split_ranges(10, 3) == [(0, 3), (3, 6), (6, 10)]
-    assert _blas.split_ranges(2, 4) == [(0, 1), (1, 2)]
+    assert _parallel.run_split(lambda p: p, []) == []
+    assert _parallel.split_ranges(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    assert _parallel.split_ranges(2, 4) == [(0, 1), (1, 2)]
 
     def fail(p):
         if p == 2:
@@ -871,5 +870,96 @@ def test_run_split_runs_every_part_and_raises_the_first_error():
         return p
 
     with pytest.raises(ValueError, match="part 2"):
-        _blas.run_split(fail, [1, 2, 3])
-    assert _blas.blas_threads() >= 1
+        _parallel.run_split(fail, [1, 2, 3])
+    assert _parallel.blas_threads() >= 1
+
+
+def test_run_split_nested_and_concurrent_splits_run_their_parts_in_place():
+    """A split started from inside a part, or by a second Python thread while one runs, runs
+    its parts itself (the helpers are busy): every part runs once, nothing deadlocks."""
+    import threading
+
+    inner = []
+
+    def outer(p):
+        return sum(_parallel.run_split(lambda q: inner.append((p, q)) or q, [p, p + 10]))
+
+    assert _parallel.run_split(outer, [1, 2, 3]) == [12, 14, 16]
+    assert sorted(inner) == [(1, 1), (1, 11), (2, 2), (2, 12), (3, 3), (3, 13)]
+    results = {}
+
+    def user_thread(k):
+        results[k] = [sum(_parallel.run_split(lambda s: sum(range(*s)),
+                                              _parallel.split_ranges(1000, 2)))
+                      for _ in range(200)]
+
+    threads = [threading.Thread(target=user_thread, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {k: [499500] * 200 for k in range(3)}
+
+
+def test_split_pass_covers_every_row_once_and_shares_only_big_passes(monkeypatch):
+    monkeypatch.setattr(_parallel, "blas_threads", lambda: 2)
+    calls = []
+    _parallel.split_pass(calls.append, 10, _parallel.SPLIT_ELEMENTS)
+    assert sorted(calls) == [(0, 5), (5, 10)]
+    calls.clear()
+    _parallel.split_pass(calls.append, 10, _parallel.SPLIT_ELEMENTS - 1)
+    assert calls == [(0, 10)]
+    calls.clear()
+    _parallel.split_pass(calls.append, 1, 1 << 30)  # one row cannot be split
+    assert calls == [(0, 1)]
+
+
+def _relu_pool_values(x):
+    """relu -> 2x2 max pool forward, and the input gradient for a fixed output gradient."""
+    t = mt.Tensor(x.copy()).requires_grad_()
+    h = F.relu(t * 1.0)
+    out = F.max_pool2d(h, 2)
+    gout = np.arange(out.numel(), dtype=x.dtype).reshape(tuple(out.shape)) % 7 - 3
+    out.backward(mt.Tensor(gout))
+    return h.detach().numpy().copy(), out.detach().numpy().copy(), t.grad.numpy().copy()
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 8, 8), (3, 5, 7, 9), (2, 1, 6, 6), (8, 3, 4, 2)])
+@pytest.mark.parametrize("layout", ["nchw", "chwn"])
+def test_relu_and_maxpool_shared_across_threads_give_the_one_thread_values(
+        monkeypatch, shape, layout):
+    """relu and 2x2 max pooling (both directions) split by channel or by flat range across 3
+    threads give bit for bit what one pass gives: ties (many zeros after relu), odd sizes, a
+    single channel, both memory layouts."""
+    from mpitensor import _elementwise as E
+
+    rng = np.random.default_rng(1)
+    x = rng.integers(-3, 4, shape).astype(np.float32)  # small integers: many ties
+    if layout == "chwn":
+        x = np.ascontiguousarray(x.transpose(1, 2, 3, 0)).transpose(3, 0, 1, 2)
+    ref = _relu_pool_values(x)
+    monkeypatch.setattr(_parallel, "SPLIT_ELEMENTS", 1)
+    monkeypatch.setattr(E, "SPLIT_ELEMENTS", 1)
+    monkeypatch.setattr(_parallel, "blas_threads", lambda: 3)
+    got = _relu_pool_values(x)
+    for r, g_, name in zip(ref, got, ["relu", "pool", "grad"]):
+        np.testing.assert_array_equal(g_, r, err_msg=name)
+    # and against the definition
+    h = np.maximum(x, 0)
+    np.testing.assert_array_equal(got[0], h)
+    oh, ow = shape[2] // 2, shape[3] // 2
+    win = h[:, :, :2 * oh, :2 * ow].reshape(shape[0], shape[1], oh, 2, ow, 2)
+    np.testing.assert_array_equal(got[1], win.max(axis=(3, 5)))
+
+
+def test_one_thread_blocks_still_report_the_budget_to_splits():
+    """Inside ``one_thread`` (small products on one BLAS thread) ``blas_threads`` reports the
+    budget from before, so a layer's own split still uses it; outside it reports the live
+    limit."""
+    before = _parallel.blas_threads()
+    with _parallel.one_thread(0):
+        assert _parallel.blas_threads() == before
+        with _parallel.one_thread(0):
+            assert _parallel.blas_threads() == before
+    assert _parallel.blas_threads() == before
+    assert _parallel._lowered == []

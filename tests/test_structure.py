@@ -105,7 +105,7 @@ def test_set_debug_reaches_a_real_nccl_group():
 # Lazy (function-level) imports count: they are dependencies all the same.
 LAYERS = [
     ("base", ["mpitensor._config", "mpitensor.errors", "mpitensor.backend", "mpitensor.dtypes",
-              "mpitensor._threads", "mpitensor._workspace"]),
+              "mpitensor._threads", "mpitensor._workspace", "mpitensor._parallel"]),
     ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._", "mpitensor.cuda",
                  "mpitensor.accelerator", "mpitensor.backends", "mpitensor.linalg"]),
     ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),

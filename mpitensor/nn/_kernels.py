@@ -51,9 +51,10 @@ core, so they are stated once here:
   110-140 GFLOP/s here, OpenBLAS's at 60-100), they now cost slightly less. Results agree with
   the im2col ones to rounding (float32 relative errors of a few 1e-7).
 - **Big layers share their work out over the BLAS threads themselves**
-  (``_blas.run_split``): bands of Winograd tiles or of im2col output pixels, input or output
+  (``_parallel.run_split``): bands of Winograd tiles or of im2col output pixels, input or output
   channels, one share per thread, each on a one-thread BLAS, so that the copies and transforms
-  around the products run in parallel too and the threads meet once per call (see ``_blas``).
+  around the products run in parallel too and the threads meet once per call (see
+  ``mpitensor._parallel``).
 - **2x2/stride-2 max pooling** (the common case) is two pairwise ``maximum`` passes on strided
   views; it keeps a small code array (which of the 4 positions won, the first one on ties, as
   torch) and its backward is one broadcast multiply into the 4 planes of the input gradient.
@@ -71,16 +72,16 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mpitensor._parallel import blas_threads, run_split, split_pass, split_ranges
 from mpitensor._workspace import (  # noqa: F401 - relu_into and zeros are nn.functional's
     _inverse,
-    _memory_order,
     empty,
     empty_like,
+    memory_order,
     relu_into,
     xp_of,
     zeros,
 )
-from mpitensor.nn._blas import blas_threads, run_split, split_ranges
 
 __all__: list = []  # private module: used by mpitensor.nn.functional
 
@@ -792,22 +793,34 @@ def maxpool2x2_forward(x: Any, oh: int, ow: int) -> tuple:
     Works on the (C, H, W, N) view, whose stride-2 slices keep the batch as a long contiguous
     inner loop when ``x`` comes from conv2d/relu. ``code`` (C, oh, ow, N) uint8 says which of
     the window's 4 elements won (row-major index, the first one on ties, as torch). The output
-    is C-contiguous NCHW so that ``view`` works on it as on torch's.
+    is C-contiguous NCHW so that ``view`` works on it as on torch's. Big inputs are shared out
+    across threads by channel (:func:`split_pass`).
     """
     xp = xp_of(x)
     N, C = x.shape[0], x.shape[1]
     xc = x.transpose(1, 2, 3, 0)[:, :2 * oh, :2 * ow]
-    a, b = xc[:, :, 0::2], xc[:, :, 1::2]
-    mw = xp.maximum(a, b)
-    cw = b > a  # right column wins only when strictly greater: first max on ties
-    top, bot = mw[:, 0::2], mw[:, 1::2]
     out = empty(xp, (N, C, oh, ow), x.dtype)
-    xp.maximum(top, bot, out=out.transpose(1, 2, 3, 0))
-    ch = bot > top  # bottom row wins only when strictly greater
-    cw_top, cw_bot = cw[:, 0::2], cw[:, 1::2]
-    dj = cw_top ^ (ch & (cw_top ^ cw_bot))  # the winning row's column choice (no slow where)
-    code = ch.view(xp.uint8) << 1
-    code |= dj.view(xp.uint8)
+    oc = out.transpose(1, 2, 3, 0)
+    code = empty(xp, (C, oh, ow, N), xp.uint8)
+
+    def channels(span: tuple) -> None:
+        xs = xc[span[0]:span[1]]
+        a, b = xs[:, :, 0::2], xs[:, :, 1::2]
+        mw = xp.maximum(a, b)
+        cw = b > a  # right column wins only when strictly greater: first max on ties
+        top, bot = mw[:, 0::2], mw[:, 1::2]
+        xp.maximum(top, bot, out=oc[span[0]:span[1]])
+        ch = bot > top  # bottom row wins only when strictly greater
+        cw_top, cw_bot = cw[:, 0::2], cw[:, 1::2]
+        dj = cw_top ^ (ch & (cw_top ^ cw_bot))  # the winning row's column choice (no slow where)
+        cc = code[span[0]:span[1]]
+        xp.left_shift(ch.view(xp.uint8), 1, out=cc)
+        cc |= dj.view(xp.uint8)
+
+    if xp is np:
+        split_pass(channels, C, x.size)
+    else:
+        channels((0, C))
     return out, code
 
 
@@ -820,6 +833,7 @@ def maxpool2x2_backward(gout: Any, code: Any, xshape: tuple) -> Any:
     The input gradient is viewed as 4 planes (one per window position, each shaped like the
     output); ``code == plane`` broadcasts the winner mask over them and one multiply writes
     every plane, with long contiguous inner loops (no scatter, no window-sized temporaries).
+    Big gradients are shared out across threads by channel (:func:`split_pass`).
     """
     xp = xp_of(gout)
     N, C, H, W = xshape
@@ -830,8 +844,18 @@ def maxpool2x2_backward(gout: Any, code: Any, xshape: tuple) -> Any:
     if W != 2 * ow:
         gin[:, :, 2 * ow:] = 0
     planes = gin[:, :2 * oh, :2 * ow].reshape(C, oh, 2, ow, 2, N).transpose(2, 4, 0, 1, 3, 5)
-    mask = code == (_PLANES if xp is np else xp.asarray(_PLANES))
-    xp.multiply(xp.ascontiguousarray(gout.transpose(1, 2, 3, 0)), mask, out=planes)
+    ref = _PLANES if xp is np else xp.asarray(_PLANES)
+    gc = gout.transpose(1, 2, 3, 0)
+
+    def channels(span: tuple) -> None:
+        c0, c1 = span
+        xp.multiply(xp.ascontiguousarray(gc[c0:c1]), code[c0:c1] == ref,
+                    out=planes[:, :, c0:c1])
+
+    if xp is np:
+        split_pass(channels, C, 4 * gout.size)
+    else:
+        channels((0, C))
     return gin
 
 

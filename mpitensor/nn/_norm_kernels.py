@@ -33,8 +33,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._workspace import _inverse, _memory_order, empty, xp_of
-from mpitensor.nn._blas import blas_threads, run_split, split_ranges
+from mpitensor._parallel import blas_threads, run_split, split_ranges
+from mpitensor._workspace import _inverse, empty, memory_order, xp_of
 
 __all__: list = []  # private module: used by mpitensor.nn.functional
 
@@ -102,7 +102,7 @@ def channel_layout(x: Any) -> ChannelLayout:
 
     A non-dense input (a slice, say) is read through one contiguous copy in NCHW order.
     """
-    order = _memory_order(x)
+    order = memory_order(x)
     if not x.transpose(order).flags.c_contiguous:
         order = tuple(range(x.ndim))
     return ChannelLayout(order, tuple(x.shape))
@@ -199,7 +199,7 @@ def _axpby(xp: Any, a: Any, ka: Any, b: Any, kb: Any, kc: Any, out: Any) -> Any:
 
 
 #: batch norm shares the channels of a (1, C, B) input (conv2d's layout) out over the BLAS
-#: threads (``_blas.run_split``) from this many elements on
+#: threads (``_parallel.run_split``) from this many elements on
 SPLIT_ELEMENTS = 1 << 18
 
 

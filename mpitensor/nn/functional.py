@@ -40,13 +40,14 @@ import numpy as np
 from mpitensor import _half
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._parallel import one_thread as one_blas_thread
+from mpitensor._parallel import serial
 from mpitensor._random import _draw
 from mpitensor.autograd import Function, _sum_to, grad_enabled_for
 from mpitensor.tensor import Tensor, _new, leaf_in_place_error
 
 from . import _kernels as K
 from . import _norm_kernels as NK
-from ._blas import one_thread as one_blas_thread
 
 __all__ = [
     "relu",
@@ -301,10 +302,45 @@ def _conv_work(geom: K.ConvGeom) -> int:
     return geom.O * (geom.C // geom.G) * geom.kh * geom.kw * cols
 
 
+#: conv2d shares its bands out across threads only when one band's product is at least this
+#: many multiply-adds ... (LeNet's conv1, 6 x 26 x 2 048 = 0.3 M a band, ran slower split: its
+#: bands are mostly Python, which the threads take turns at)
+SPLIT_BAND_WORK = 1 << 21
+#: ... and the whole convolution at least this many (LeNet's conv2 gained from splitting at
+#: batch 256, 62 M, and lost at batch 128, 31 M)
+SPLIT_TOTAL_WORK = 40 << 20
+
+
+def _conv_threads(geom: K.ConvGeom) -> Any:
+    """The thread context of one conv2d call: small products on one BLAS thread, and the
+    bands kept on this thread where splitting them would not pay."""
+    work = _conv_work(geom)
+    total = geom.O * (geom.C // geom.G) * geom.kh * geom.kw * geom.OH * geom.OW * geom.N
+    if work < SPLIT_BAND_WORK or total < SPLIT_TOTAL_WORK:
+        return _both(one_blas_thread(work), serial())
+    return one_blas_thread(work)
+
+
+class _both:  # noqa: N801 - a context manager
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self.a, self.b = a, b
+
+    def __enter__(self) -> "_both":
+        self.a.__enter__()
+        self.b.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.b.__exit__(*exc)
+        self.a.__exit__(*exc)
+
+
 class _Conv2d(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, w: Any, b: Any, geom: K.ConvGeom) -> Any:
-        with one_blas_thread(_conv_work(geom)):  # small products: no thread hand-off
+        with _conv_threads(geom):  # small products: no thread hand-off
             out, cols, wmat = K.conv2d_forward(x, w, b, geom)
         ctx.save_for_backward(cols, wmat)
         ctx.geom = geom
@@ -318,7 +354,7 @@ class _Conv2d(Function):
         need = ctx.needs_input_grad
         gc = g.transpose(1, 2, 3, 0)  # free for gradients in conv2d's own layout
         need_b = len(need) > 2 and need[2]
-        with one_blas_thread(_conv_work(geom)):
+        with _conv_threads(geom):
             dx, dw, db = K.conv2d_backward(gc, cols, wmat, geom, (need[0], need[1], need_b),
                                            ctx.has_bias)
         if dx is not None:
