@@ -33,6 +33,7 @@ second core idle.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from typing import Any, Callable, Optional, Sequence
@@ -139,48 +140,77 @@ def blas_threads() -> int:
     return max(live, max(_lowered, default=1))
 
 
-class _Hand:
-    """One helper thread: it waits on ``go``, runs the job it was handed, releases ``done``.
+class _Job:
+    """One :func:`run_split` call: its parts, taken one at a time by whichever thread is free.
 
-    Two bare locks make the hand-off: about 15 us from handing a part over to having its result
-    back, where a ``ThreadPoolExecutor`` (futures, a queue, condition variables) took about 75 us
-    on the same machine. That difference decides whether splitting a 0.3 ms elementwise pass in
-    two pays at all.
+    Parts are handed out by a shared counter (``next`` on an ``itertools.count`` is atomic
+    under the GIL), so a helper that the OS has not scheduled yet takes nothing: the caller
+    runs the parts itself and waits only for parts a helper has actually started. With the
+    other core busy (another rank, another program) splitting then costs the hand-off and no
+    more, where a fixed share per thread made the caller wait a scheduler slice for it.
     """
 
-    __slots__ = ("go", "done", "job", "result", "error", "thread")
+    __slots__ = ("fn", "parts", "results", "errors", "next", "done", "finished")
+
+    def __init__(self, fn: Callable[[Any], Any], parts: Sequence[Any]) -> None:
+        self.fn, self.parts = fn, parts
+        n = len(parts)
+        self.results: list = [None] * n
+        self.errors: list = [None] * n
+        self.next = itertools.count()
+        self.done = itertools.count(1)
+        self.finished = threading.Lock()
+        self.finished.acquire()  # released by whoever completes the last part
+
+    def work(self) -> None:
+        n = len(self.parts)
+        while True:
+            i = next(self.next)
+            if i >= n:
+                return
+            try:
+                self.results[i] = self.fn(self.parts[i])
+            except BaseException as exc:  # noqa: BLE001 - raised by the caller
+                self.errors[i] = exc
+            if next(self.done) == n:
+                self.finished.release()
+
+
+class _Hand:
+    """One helper thread: it waits on ``go``, works on the job it was handed, and waits again.
+
+    A bare lock makes the hand-off: about 15 us from handing work over to the helper running
+    it, where a ``ThreadPoolExecutor`` (futures, a queue, condition variables) took about 75 us
+    on the same machine. That difference decides whether splitting a 0.3 ms elementwise pass in
+    two pays at all. ``idle`` is set just before the helper blocks, and work is handed only to
+    an idle helper, so ``go`` is never released twice.
+    """
+
+    __slots__ = ("go", "job", "idle", "thread")
 
     def __init__(self) -> None:
         self.go = threading.Lock()
         self.go.acquire()
-        self.done = threading.Lock()
-        self.done.acquire()
-        self.job: Optional[tuple] = None
-        self.result: Any = None
-        self.error: Optional[BaseException] = None
+        self.job: Optional[_Job] = None
+        self.idle = False
         self.thread = threading.Thread(target=self._serve, name="mpitensor-split", daemon=True)
         self.thread.start()
 
     def _serve(self) -> None:
         while True:
-            self.go.acquire()
-            fn, part = self.job  # type: ignore[misc]
             self.job = None
-            try:
-                self.result = fn(part)
-            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
-                self.error = exc
-            self.done.release()
+            self.idle = True
+            self.go.acquire()
+            self.job.work()  # type: ignore[union-attr]
 
-    def give(self, fn: Callable[[Any], Any], part: Any) -> None:
-        self.job = (fn, part)
+    def give(self, job: _Job) -> bool:
+        """Hand ``job`` over if this helper is waiting; False if it is still busy."""
+        if not self.idle:
+            return False
+        self.idle = False
+        self.job = job
         self.go.release()
-
-    def take(self) -> tuple:
-        self.done.acquire()
-        out = (self.result, self.error)
-        self.result = self.error = None
-        return out
+        return True
 
 
 class _Crew:
@@ -207,13 +237,15 @@ _crew = _Crew()
 
 
 def run_split(fn: Callable[[Any], Any], parts: Sequence[Any]) -> list:
-    """``[fn(part) for part in parts]``, each part on its own thread (this one takes the
-    first), with the BLAS on one thread meanwhile; raises the first error once all are done.
+    """``[fn(part) for part in parts]``, the parts shared between this thread and up to
+    ``len(parts) - 1`` helpers, with the BLAS on one thread meanwhile; raises the first error
+    (in part order) once all parts are done.
 
-    NumPy releases the GIL in its loops and BLAS calls, so the parts run in parallel. With a
-    single part, ``fn`` just runs here (on the BLAS threads as they are). A split started while
-    another is running (from a part, or from a second Python thread of the user's) runs its
-    parts one after the other here: the helpers are busy, and waiting for them could deadlock.
+    NumPy releases the GIL in its loops and BLAS calls, so the parts run in parallel; each part
+    goes to whichever thread is free next (:class:`_Job`). With a single part, ``fn`` just runs
+    here (on the BLAS threads as they are). A split started while another is running (from a
+    part, or from a second Python thread of the user's) runs its parts one after the other here:
+    the helpers are busy, and waiting for them could deadlock.
     """
     if len(parts) <= 1:
         return [fn(part) for part in parts]
@@ -224,23 +256,15 @@ def run_split(fn: Callable[[Any], Any], parts: Sequence[Any]) -> list:
             return [fn(part) for part in parts]
     try:
         with one_thread(0):
-            for hand, part in zip(hands, parts[1:]):
-                hand.give(fn, part)
-            first: Any = None
-            error: Optional[BaseException] = None
-            try:
-                first = fn(parts[0])
-            except BaseException as exc:  # noqa: BLE001 - re-raised once the others are done
-                error = exc
-            results = [first]
+            job = _Job(fn, parts)
             for hand in hands:
-                res, exc = hand.take()
-                if exc is not None and error is None:
-                    error = exc
-                results.append(res)
-            if error is not None:
-                raise error
-            return results
+                hand.give(job)
+            job.work()
+            job.finished.acquire()  # the parts the helpers took are done
+        for exc in job.errors:
+            if exc is not None:
+                raise exc
+        return job.results
     finally:
         busy.release()
 
