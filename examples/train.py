@@ -31,7 +31,10 @@ keeps ``epochNNN.mt``). A checkpoint holds the model, optimizer and LR-scheduler
 epoch, the sampler's position inside the epoch, every rank's RNG states (mpitensor, NumPy,
 Python) and the settings that decide the result (world size, batch size, seed, data). With
 ``--resume`` a run killed at any point continues from the last checkpoint and ends with
-exactly the parameters of an uninterrupted run.
+exactly the parameters of an uninterrupted run. Restarted by ``mpitensor-run --max-restarts N``
+(``TORCHELASTIC_RESTART_COUNT`` above 0), it resumes from ``--checkpoint-dir/last.mt`` by
+itself when that file exists, so ``mpitensor-run --max-restarts 2 --nproc-per-node 4
+examples/train.py`` survives a rank that dies.
 
 Errors in the command line exit with code 2 and one line on stderr (printed by rank 0 only).
 Errors found while running (missing or corrupt data, a corrupt checkpoint or one from another
@@ -789,11 +792,31 @@ class Training:
         print(line, flush=True)
 
 
+def _elastic_restart(run: "Training") -> bool:
+    """True when this is a restart (``mpitensor-run --max-restarts N`` or torchrun set
+    ``TORCHELASTIC_RESTART_COUNT`` above 0) and rank 0 finds ``--checkpoint-dir/last.mt``: the
+    run then resumes from it, as if ``--resume`` had been given. Decided by rank 0, for all."""
+    import mpitensor.distributed as dist
+
+    try:
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        restarts = 0
+    if restarts <= 0:
+        return False
+    found = [run.rank == 0 and (run.ckpt_dir / LAST).is_file()]
+    if run.world > 1:
+        dist.broadcast_object_list(found, src=0)
+    return bool(found[0])
+
+
 def train(args: argparse.Namespace) -> None:
     """Set up, resume if asked, train, report: the run's steps, in order."""
     import mpitensor.distributed as dist
 
     run = Training(args)
+    if args.resume is None and _elastic_restart(run):
+        args.resume = ""  # --checkpoint-dir/last.mt
     if args.resume is not None:
         run.resume()
     run.start()

@@ -218,6 +218,33 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert "2 rank(s), this run has 1" in bad.err_lines[0]
 
 
+def test_elastic_restart_resumes_by_itself(tmp_path: Path) -> None:
+    """Started again by ``mpitensor-run --max-restarts`` (TORCHELASTIC_RESTART_COUNT > 0),
+    train.py resumes from --checkpoint-dir/last.mt without --resume, and the result equals an
+    uninterrupted run's; a first attempt, or a restart with no checkpoint yet, starts afresh."""
+    args = ("--dataset", "digits", "--epochs", "2", "--no-plot", "--seed", "0",
+            "--checkpoint-every", "0")
+    full = train(2, *args, "--checkpoint-dir", str(tmp_path / "full"), cwd=tmp_path)
+    assert full.returncode == 0, str(full)
+    part = train(2, *args[:2], "--epochs", "1", *args[4:], "--checkpoint-dir",
+                 str(tmp_path / "part"), cwd=tmp_path)
+    assert part.returncode == 0, str(part)
+    restart = {"TORCHELASTIC_RESTART_COUNT": "1"}
+    resumed = train(2, *args, "--checkpoint-dir", str(tmp_path / "part"), cwd=tmp_path,
+                    env=restart)
+    assert resumed.returncode == 0, str(resumed)
+    assert (f"resumed from {tmp_path / 'part' / 'last.mt'} at the end of epoch 1"
+            in resumed.stdout), str(resumed)
+    a = load_checkpoint(tmp_path / "full" / "last.mt")
+    b = load_checkpoint(tmp_path / "part" / "last.mt")
+    for name in a["model_state"]:
+        assert np.array_equal(a["model_state"][name].numpy(), b["model_state"][name].numpy())
+    fresh = train(2, *args[:2], "--epochs", "1", *args[4:], "--checkpoint-dir",
+                  str(tmp_path / "none"), cwd=tmp_path, env=restart)
+    assert fresh.returncode == 0, str(fresh)
+    assert "resumed from" not in fresh.stdout
+
+
 def test_resume_refuses_other_model_and_missing_file(tmp_path: Path) -> None:
     """A file that is not a LeNet train.py checkpoint, or none at all: one line, exit 1."""
     from mpitensor import save
