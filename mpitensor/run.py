@@ -19,31 +19,43 @@ Every rank sees torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 launcher's per-rank variables before the script starts. torchrun's options are accepted where
 they mean something (``--nproc-per-node``, ``--nnodes``, ``--node-rank``, ``--master-addr``,
 ``--master-port``, ``--standalone``, ``--rdzv-endpoint``, ``--rdzv-backend``, ``--rdzv-id``,
-``--max-restarts 0``), so a torchrun command line runs with the name changed::
+``--max-restarts``), so a torchrun command line runs with the name changed::
 
     mpitensor-run --nproc-per-node 2 train.py --lr 0.1
 
+``--max-restarts N``: when a rank fails, the whole job is stopped and every rank started again,
+up to N times, with ``TORCHELASTIC_RESTART_COUNT`` counting the restarts; a program that saves
+checkpoints and resumes from them continues where it was. A signal to the launcher (SIGINT,
+SIGTERM, SIGHUP) ends the job and is never followed by a restart.
+
 Bad input (an unknown option, ``-n 0``, a missing script, a missing or malformed hostfile,
-``--max-restarts 2``) is reported in one line on stderr with exit code 2, before anything is
+``--node-rank 1``) is reported in one line on stderr with exit code 2, before anything is
 launched.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .distributed.launch import (
+    _DEATH_SIGNALS,
     MPICH,
     OPENMPI,
+    Command,
     HostfileError,
+    _kill_job,
+    _signal_name,
     build_command,
     find_mpiexec,
     launcher_option_values,
@@ -83,9 +95,10 @@ options:
 
 torchrun's options (a torchrun command line works with the name changed):
   --nproc-per-node N    ranks per node: a number, or auto/cpu/gpu (also --nproc_per_node)
-  --nnodes N            number of nodes (N or N:N; default 1, or the hostfile's hosts); more
-                        than one needs --hostfile (or a SLURM/PBS allocation): every node is
-                        started from this one command
+  --nnodes N            number of nodes (default 1, or the hostfile's hosts); more than one
+                        needs --hostfile (or a SLURM/PBS allocation): every node is started
+                        from this one command. MIN:MAX takes the hostfile's hosts (at most
+                        MAX, at least MIN), fixed for the whole run, restarts included
   --node-rank 0         this node's index: mpitensor-run runs on node 0 only
   --master-addr ADDR    MASTER_ADDR on every rank (default 127.0.0.1; rank 0's host on
                         several nodes)
@@ -95,7 +108,10 @@ torchrun's options (a torchrun command line works with the name changed):
                         MASTER_ADDR and MASTER_PORT, where --master-* are not given
   --rdzv-backend NAME   accepted and unused (mpiexec does the rendezvous)
   --rdzv-id ID          TORCHELASTIC_RUN_ID on every rank
-  --max-restarts 0      restarting failed ranks is not supported yet: only 0 is accepted
+  --max-restarts N      when a rank fails (non-zero exit, signal), stop every rank and start
+                        them all again, up to N times (default 0: the job ends with the
+                        failing code); TORCHELASTIC_RESTART_COUNT counts the restarts. The
+                        world size stays the same; a signal to mpitensor-run never restarts
 Each rank sees RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
 ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
 TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID and TORCHELASTIC_USE_AGENT_STORE, as under
@@ -127,6 +143,7 @@ class Options:
     # torchrun's
     nproc_per_node: Optional[str] = None
     nnodes: Optional[int] = None
+    nnodes_max: Optional[int] = None  # --nnodes MIN:MAX with MIN < MAX
     node_rank: Optional[int] = None
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
@@ -198,10 +215,11 @@ def _store(opts: Options, key: str, name: str, value: str) -> None:
     elif key == "nnodes":
         low, colon, high = value.partition(":")
         n = _positive_int(name, low, "nodes")
-        if colon and _positive_int(name, high, "nodes") != n:
-            raise UsageError(f"argument {name}: {value} asks for an elastic number of nodes, "
-                             "which is not supported; give one number")
-        opts.nnodes = n
+        most = _positive_int(name, high, "nodes") if colon else n
+        if most < n:
+            raise UsageError(f"argument {name}: {value} gives MIN > MAX; write MIN:MAX with "
+                             "MIN <= MAX")
+        opts.nnodes, opts.nnodes_max = n, (most if most > n else None)
     elif key in ("node_rank", "max_restarts"):
         setattr(opts, key, _int_in(name, value, 0))
     elif key == "master_port":
@@ -342,6 +360,32 @@ def _per_node_count(value: str) -> int:
     return int(value)
 
 
+_NODE_COUNT_VARS = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+
+
+def _nodes_in_range(opts: Options) -> int:
+    """The number of nodes ``--nnodes MIN:MAX`` gives, decided once, before the first start.
+
+    The hostfile's hosts (or a SLURM allocation's nodes) when there are at least MIN of them,
+    at most MAX of them; MIN where nothing says how many nodes there are. mpiexec starts every
+    rank at once, so the number never changes later, restarts included.
+    """
+    low, high = opts.nnodes or 1, opts.nnodes_max or 1
+    if opts.hostfile:
+        have, where = len(parse_hostfile(opts.hostfile)[0]), f"hostfile {opts.hostfile} names"
+    else:
+        counts = [os.environ.get(v, "").strip() for v in _NODE_COUNT_VARS]
+        known = [int(c) for c in counts if c.isdigit()]
+        if not known:
+            return low
+        have, where = known[0], "the SLURM allocation has"
+    if have < low:
+        raise UsageError(f"argument --nnodes: {low}:{high} needs at least {low} nodes, but "
+                         f"{where} {have}; mpitensor-run starts every node at once and cannot "
+                         "wait for more to join")
+    return min(have, high)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -358,10 +402,8 @@ def _apply_torchrun_options(opts: Options) -> Dict[str, str]:
     Raises:
         UsageError: options that contradict each other or ask for what is not supported.
     """
-    if opts.max_restarts:
-        raise UsageError(f"argument --max-restarts: restarting failed ranks is not supported "
-                         f"yet (got {opts.max_restarts}); use 0 (the default): a failing rank "
-                         "ends the whole job with its traceback and a non-zero exit code")
+    if opts.nnodes_max is not None:
+        opts.nnodes = _nodes_in_range(opts)
     if opts.node_rank:
         raise UsageError(f"argument --node-rank: got {opts.node_rank}, but mpitensor-run starts "
                          "the ranks of every node from one command (mpiexec reaches the other "
@@ -421,8 +463,13 @@ def _worker(args: Sequence[str]) -> int:
         settings[name] = value
         rest = rest[2:]
     os.environ.update(rank_env(settings))
+    # the launcher's, for this attempt only: the program's own children must not connect
+    rank = os.environ["RANK"]
+    link = _WatchLink.open(os.environ.pop(_WATCH_VAR, None),
+                           int(rank) if rank.isdigit() else None)
     module = rest[:1] == ["-m"]
-    return run_target(rest[1:] if module else rest, module=module)
+    return run_target(rest[1:] if module else rest, module=module,
+                      on_end=link.ended if link is not None else None)
 
 
 def _error(msg: str) -> int:
@@ -470,17 +517,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         settings = _apply_torchrun_options(opts)
         mpiexec = find_mpiexec(opts.mpiexec)
         flavor = flavor_of(opts.mpiexec)
-        rank_argv = [sys.executable, "-m", "mpitensor.run", "--_worker"]
-        for name, value in settings.items():  # on the command line: it reaches every node
-            rank_argv += ["--_env", f"{name}={value}"]
-        rank_argv += ["-m", *opts.target] if opts.module else opts.target
-        cmd = build_command(rank_argv, opts.nprocs, opts.hostfile, mpiexec, flavor, opts.iface,
-                            opts.env, opts.tag_output, opts.ppn, opts.mpi_args)
+
+        def command(attempt: int) -> Command:
+            job = dict(settings)
+            if opts.max_restarts:
+                job.update(TORCHELASTIC_RESTART_COUNT=str(attempt),
+                           TORCHELASTIC_MAX_RESTARTS=str(opts.max_restarts))
+            rank_argv = [sys.executable, "-m", "mpitensor.run", "--_worker"]
+            for name, value in job.items():  # on the command line: it reaches every node
+                rank_argv += ["--_env", f"{name}={value}"]
+            rank_argv += ["-m", *opts.target] if opts.module else opts.target
+            return build_command(rank_argv, opts.nprocs, opts.hostfile, mpiexec, flavor,
+                                 opts.iface, opts.env, opts.tag_output, opts.ppn, opts.mpi_args)
+
+        cmd = command(0)
     except (UsageError, HostfileError, FileNotFoundError, RuntimeError, ValueError) as exc:
         return _error(str(exc))
     if opts.dry_run:
         sys.stdout.write(cmd.shell() + "\n")
         return 0
+    if opts.max_restarts:
+        return _ElasticJob(command, opts.max_restarts, opts.nprocs, flavor).run()
     env = dict(os.environ)
     env.update(cmd.env)
     proc = subprocess.Popen(cmd.argv, env=env)
@@ -527,6 +584,274 @@ def _wait(proc: subprocess.Popen) -> int:
         for s, h in previous.items():
             signal.signal(s, h)
     return code if code >= 0 else 128 - code
+
+
+# --------------------------------------------------------------------------- --max-restarts
+
+# the launcher's socket for one attempt (a Linux abstract socket name): each rank's bootstrap
+# connects, says its rank, reports how it ends, and the connection's end tells when it ended
+_WATCH_VAR = "MPITENSOR_RUN_WATCH"
+# carried by every process of one attempt (mpiexec, its proxies, the ranks, their children), so
+# that the launcher can find and end any of them still running before the next attempt starts
+_ATTEMPT_VAR = "MPITENSOR_RUN_ATTEMPT"
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"{PROG}: {msg}\n")
+    sys.stderr.flush()
+
+
+class _WatchLink:
+    """A rank's connection to the launcher's :class:`_RankWatch` (the rank side).
+
+    Open for the rank's whole life: the kernel closes it when the process ends, however it
+    ends, in the same instant as it closes the rank's connections to mpiexec. Children forked
+    by the rank close their copy at once, so that it never outlives the rank.
+    """
+
+    def __init__(self, name: str, rank: int) -> None:
+        self._sock: Optional[socket.socket] = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(5.0)
+        self._sock.connect("\0" + name)
+        self._sock.sendall(f"rank {rank}\n".encode())
+        os.register_at_fork(after_in_child=self._drop)
+
+    @classmethod
+    def open(cls, name: Optional[str], rank: Optional[int]) -> Optional[_WatchLink]:
+        """Connect, or None where the launcher cannot be reached (another host, not Linux)."""
+        if not name or rank is None:
+            return None
+        try:
+            return cls(name, rank)
+        except OSError:
+            return None
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def ended(self, code: int, how: str) -> None:
+        """Tell the launcher how this rank ends (``run_target``'s ``on_end``); never raises."""
+        if self._sock is None:
+            return
+        try:
+            self._sock.sendall(f"end {code} {time.time():.6f} {how}\n".encode())
+        except OSError:
+            pass
+
+
+class _RankWatch(threading.Thread):
+    """The launcher's side of the ranks' :class:`_WatchLink`: how and in what order they end.
+
+    A rank that raises or calls ``sys.exit`` says so (``end CODE TIME HOW``) before it goes; a
+    rank killed by a signal or ended by ``os._exit`` says nothing, and its connection just
+    closes. The kernel closes it as it closes the rank's connections to mpiexec, before mpiexec
+    can end the other ranks, so the rank that took the job down is always among the first seen
+    to end (with ``select``); when this thread looks late, on a busy machine, it may see others
+    end in the same instant, and then it cannot tell which one came first. Ranks on other hosts
+    cannot connect and are not seen.
+    """
+
+    def __init__(self, nprocs: Optional[int]) -> None:
+        super().__init__(name="mpitensor-run-watch", daemon=True)
+        self.address = f"mpitensor-run-{uuid.uuid4().hex}"
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind("\0" + self.address)  # abstract: no file to remove, no path limit
+        self._listener.listen(max(nprocs or 0, 64))
+        self._listener.setblocking(False)
+        self._halt = threading.Event()
+        self.connected: Set[int] = set()
+        self.ends: Dict[int, Tuple[int, float, str]] = {}  # rank -> (code, time, how)
+        self.batches: List[List[int]] = []  # ranks seen to fail (or end), a batch per look
+
+    def run(self) -> None:
+        conns: Dict[socket.socket, List[Any]] = {}  # connection -> [rank or None, bytes so far]
+        try:
+            while not self._halt.is_set():
+                ready, _, _ = select.select([self._listener, *conns], [], [], 0.05)
+                batch: List[int] = []
+                for sock in ready:
+                    if sock is self._listener:
+                        try:
+                            conn, _ = self._listener.accept()
+                        except OSError:
+                            continue
+                        conn.setblocking(False)
+                        conns[conn] = [None, b""]
+                        continue
+                    state = conns[sock]
+                    try:
+                        data = sock.recv(4096)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if data:
+                        state[1] += data
+                        *lines, state[1] = state[1].split(b"\n")
+                        for line in lines:
+                            self._message(state, line.decode(errors="replace"), batch)
+                    else:  # the rank is gone
+                        if state[0] is not None:
+                            batch.append(state[0])
+                        del conns[sock]
+                        sock.close()
+                if batch:
+                    self.batches.append(sorted(set(batch)))
+        except Exception:  # noqa: BLE001 - the watch only improves the messages
+            pass
+        finally:
+            for sock in conns:
+                sock.close()
+            self._listener.close()
+
+    def _message(self, state: List[Any], line: str, batch: List[int]) -> None:
+        words = line.split(" ", 4)
+        if words[0] == "rank" and len(words) == 2 and words[1].isdigit():
+            state[0] = int(words[1])
+            self.connected.add(state[0])
+        elif words[0] == "end" and state[0] is not None and len(words) >= 3:
+            try:
+                code, when = int(words[1]), float(words[2])
+            except ValueError:
+                return
+            self.ends[state[0]] = (code, when, " ".join(words[3:]) or "exit")
+            if code != 0:
+                batch.append(state[0])
+
+    def stop(self) -> None:
+        """End the watch (after mpiexec has exited) and wait for it."""
+        self._halt.set()
+        self.join(timeout=2.0)
+
+    def failed_first(self) -> List[int]:
+        """The ranks of the first look that saw a rank fail: one rank, or several seen to fail
+        in the same instant; a rank that said it ended well (code 0) is not a failure."""
+        for batch in self.batches:
+            failed = [r for r in batch if self.ends.get(r, (1,))[0] != 0]
+            if failed:
+                return failed
+        return []
+
+
+class _ElasticJob:
+    """``mpitensor-run --max-restarts N``: run the job, and after a failure stop it and run it
+    again, up to N times.
+
+    Every attempt is a fresh ``mpiexec`` with the same command line but for
+    ``TORCHELASTIC_RESTART_COUNT``. Between attempts nothing of the failed one may run on: after
+    mpiexec has exited, any process still carrying the attempt's tag (a rank, a child of one) is
+    given 3 s and then SIGKILLed. SIGTERM and SIGHUP are forwarded to mpiexec and SIGINT stops
+    it, as without restarts; after any of them no attempt follows.
+    """
+
+    def __init__(self, command: Callable[[int], Command], max_restarts: int,
+                 nprocs: Optional[int], flavor: str) -> None:
+        self._command = command
+        self._max = max_restarts
+        self._nprocs = nprocs
+        self._flavor = flavor
+        self._run_id = uuid.uuid4().hex
+        self._proc: Optional[subprocess.Popen] = None
+        self._signalled: Optional[int] = None
+
+    def _forward(self, signum: int, frame: object) -> None:
+        self._signalled = signum
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def run(self) -> int:
+        """Run the attempts; return the exit code of the last one (0 once one succeeded)."""
+        previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+        attempt = 0
+        try:
+            while True:
+                code, failure = self._attempt(attempt)
+                if code == 0 or self._signalled is not None:
+                    return code  # a signal to the launcher ends the run: never a restart
+                if attempt == self._max:
+                    _say(f"{failure}; restarts exhausted ({self._max} of --max-restarts "
+                         f"{self._max} used): exiting with code {code}")
+                    return code
+                if self._signalled is not None:  # arrived while the job was being stopped
+                    return code
+                attempt += 1
+                _say(f"{failure}; every rank was stopped: restart {attempt} of {self._max} "
+                     f"(TORCHELASTIC_RESTART_COUNT={attempt})")
+        except KeyboardInterrupt:
+            if self._proc is not None and self._proc.poll() is None:
+                _stop(self._proc)
+            return 130
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            if self._proc is not None:
+                _kill_job(self._tag(attempt), wait=2.0, var=_ATTEMPT_VAR)
+
+    def _tag(self, attempt: int) -> str:
+        return f"{self._run_id}.{attempt}"
+
+    def _attempt(self, attempt: int) -> Tuple[int, str]:
+        """Run attempt ``attempt``; return its exit code and, for a failure, what failed."""
+        cmd = self._command(attempt)
+        env = dict(os.environ)
+        env.update(cmd.env)
+        env[_ATTEMPT_VAR] = self._tag(attempt)
+        watch: Optional[_RankWatch] = None
+        if sys.platform.startswith("linux"):  # abstract sockets; elsewhere no rank is named
+            try:
+                watch = _RankWatch(self._nprocs)
+            except OSError:
+                pass
+        if watch is not None:
+            env[_WATCH_VAR] = watch.address
+            watch.start()
+        try:
+            self._proc = proc = subprocess.Popen(cmd.argv, env=env)
+            if self._signalled is not None:  # arrived while mpiexec was being started
+                self._forward(self._signalled, None)
+            code = proc.wait()
+        finally:
+            if watch is not None:
+                watch.stop()
+        # hydra ends every rank before it exits; anything still there is ended now
+        _kill_job(self._tag(attempt), wait=3.0, var=_ATTEMPT_VAR)
+        if code == 0:
+            return 0, ""
+        return (code if code >= 0 else 128 - code), self._diagnose(code, watch)
+
+    def _diagnose(self, code: int, watch: Optional[_RankWatch]) -> str:
+        """Which rank failed, and how, in words."""
+        if code < 0:
+            return f"mpiexec was killed by signal {_signal_name(-code)}"
+        n = self._nprocs or (len(watch.connected) if watch is not None else 0) or None
+        of = f" of {n}" if n else ""
+        first = watch.failed_first() if watch is not None else []
+        ends = watch.ends if watch is not None else {}
+        if first and all(r in ends for r in first):
+            # each of them said how it ends: the earliest to say so (their clocks are this
+            # host's) took the job down, e.g. several ranks agreeing on sys.exit(2)
+            rank = min(first, key=lambda r: (ends[r][1], r))
+            rc, _, how = ends[rank]
+            if how.startswith("raised"):
+                return f"rank {rank}{of} {how} (exit code {rc})"
+            return f"rank {rank}{of} exited with code {rc}"
+        if len(first) == 1:
+            who = f"rank {first[0]}{of}"
+        elif first:
+            who = (f"one of ranks {', '.join(map(str, first))}{of} (they ended in the same "
+                   "instant)")
+        else:
+            who = "a rank"
+        if self._flavor == MPICH and code in _DEATH_SIGNALS:
+            # hydra exits with the signal number of a rank a signal killed
+            return f"{who} was killed by signal {_signal_name(code)} (exit code {code})"
+        return f"{who} exited with code {code}"
 
 
 if __name__ == "__main__":

@@ -531,14 +531,15 @@ def _job_env(additions: Dict[str, str]) -> Dict[str, str]:
     return env
 
 
-def _job_pids(job_id: str) -> List[int]:
+def _job_pids(job_id: str, var: str = _JOB_ID_VAR) -> List[int]:
     """Processes (other than this one) whose environment carries ``MPITENSOR_JOB_ID=job_id``.
 
     Hydra starts its proxies and the ranks in sessions of their own, so a process group does not
     reach them; the job id, which every process of the job inherits, does. Linux only (``/proc``);
-    elsewhere the list is empty.
+    elsewhere the list is empty. ``var`` names another variable to look for (``mpitensor-run``
+    tags each attempt of a restarting job with one of its own).
     """
-    needle = f"{_JOB_ID_VAR}={job_id}".encode()
+    needle = f"{var}={job_id}".encode()
     pids = []
     try:
         entries = os.listdir("/proc")
@@ -560,16 +561,22 @@ def _job_pids(job_id: str) -> List[int]:
     return pids
 
 
-def _kill_job(job_id: str, wait: float = 3.0) -> None:
-    """Wait up to ``wait`` s for the job's processes to end, then SIGKILL any left."""
+def _kill_job(job_id: str, wait: float = 3.0, var: str = _JOB_ID_VAR) -> List[int]:
+    """Wait up to ``wait`` s for the job's processes to end, then SIGKILL any left.
+
+    Returns:
+        The processes that were still there after ``wait`` and got the SIGKILL.
+    """
     deadline = time.monotonic() + wait
-    while _job_pids(job_id) and time.monotonic() < deadline:
+    while _job_pids(job_id, var) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for pid in _job_pids(job_id):
+    left = _job_pids(job_id, var)
+    for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    return left
 
 
 def _kill_group(proc: subprocess.Popen, grace: float = 2.0) -> None:
@@ -771,15 +778,16 @@ def rank_env(settings: Optional[Dict[str, str]] = None,
 
     Args:
         settings: the launch's own values: ``MASTER_ADDR``, ``MASTER_PORT``,
-            ``TORCHELASTIC_RUN_ID``, ``ROLE_NAME`` (defaults: ``127.0.0.1`` on one node, rank
-            0's host on several; ``29500``; ``none``; ``default``).
+            ``TORCHELASTIC_RUN_ID``, ``ROLE_NAME``, ``TORCHELASTIC_RESTART_COUNT``,
+            ``TORCHELASTIC_MAX_RESTARTS`` (defaults: ``127.0.0.1`` on one node, rank 0's host
+            on several; ``29500``; ``none``; ``default``; ``0``; ``0``).
         environ: the launcher's variables (default ``os.environ``).
 
     Returns:
         ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
         ``GROUP_WORLD_SIZE``, ``ROLE_RANK``, ``ROLE_NAME``, ``ROLE_WORLD_SIZE``,
-        ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RESTART_COUNT`` (0),
-        ``TORCHELASTIC_MAX_RESTARTS`` (0), ``TORCHELASTIC_RUN_ID``,
+        ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RESTART_COUNT``,
+        ``TORCHELASTIC_MAX_RESTARTS``, ``TORCHELASTIC_RUN_ID``,
         ``TORCHELASTIC_USE_AGENT_STORE`` (``False``), as strings.
 
     Example:
@@ -799,7 +807,8 @@ def rank_env(settings: Optional[Dict[str, str]] = None,
                       settings.get("MASTER_PORT", str(DEFAULT_MASTER_PORT)))
     env.update(GROUP_WORLD_SIZE=str(lay.nnodes), ROLE_RANK=str(lay.rank),
                ROLE_NAME=settings.get("ROLE_NAME", "default"), ROLE_WORLD_SIZE=str(lay.size),
-               TORCHELASTIC_MAX_RESTARTS="0",
+               TORCHELASTIC_RESTART_COUNT=settings.get("TORCHELASTIC_RESTART_COUNT", "0"),
+               TORCHELASTIC_MAX_RESTARTS=settings.get("TORCHELASTIC_MAX_RESTARTS", "0"),
                TORCHELASTIC_RUN_ID=settings.get("TORCHELASTIC_RUN_ID", "none"),
                TORCHELASTIC_USE_AGENT_STORE="False")
     return env
@@ -878,7 +887,8 @@ def _exit_code(code: Any) -> int:
     return 1
 
 
-def run_target(target: Sequence[str], module: bool = False) -> int:
+def run_target(target: Sequence[str], module: bool = False,
+               on_end: Optional[Callable[[int, str], None]] = None) -> int:
     """Run a script or module as this rank's ``__main__``, aborting the job on failure.
 
     On an unhandled exception the traceback goes to stderr with each line prefixed
@@ -890,6 +900,9 @@ def run_target(target: Sequence[str], module: bool = False) -> int:
     Args:
         target: ``[script, *args]`` or, with ``module=True``, ``[module, *args]``.
         module: run ``target[0]`` as a module (``python -m``).
+        on_end: called as ``on_end(code, how)`` just before this rank ends, with the exit
+            code (0: a normal end) and ``"exit"`` or ``"raised <ExceptionName>"``; it must not
+            raise (``mpitensor-run --max-restarts`` reports the ending to the launcher with it).
 
     Returns:
         0 when the target ended normally, or the exit code all ranks agreed on (a failure of
@@ -917,16 +930,21 @@ def run_target(target: Sequence[str], module: bool = False) -> int:
     except SystemExit as exc:
         code = _exit_code(exc.code)
         if code != 0:
+            if on_end is not None:
+                on_end(code, "exit")
             if _every_rank_exits(exit_comm):
                 _flush()
                 return code  # an agreed exit (argparse, checked errors): no abort, no noise
             rank = _rank_now()
             sys.stderr.write(f"[rank {rank}] exited with code {code}; ending the job\n")
             _abort(code)
-        return 0
     except BaseException as exc:  # noqa: BLE001 - any failure must end the whole job
+        if on_end is not None:
+            on_end(1, f"raised {type(exc).__name__}")
         _report_exception(exc, _rank_now())
         _abort(1)
+    if on_end is not None:
+        on_end(0, "exit")
     return 0
 
 
