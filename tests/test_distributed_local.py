@@ -136,8 +136,7 @@ def test_torch_arguments_are_accepted():
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"rank": 1}, r"rank=1 contradicts MPI, which says rank is 0 \(rank 0 of 1\)"),
-    ({"world_size": 4}, r"world_size=4 contradicts MPI, which says world_size is 1"),
-    ({"rank": 0, "world_size": 2}, r"world_size=2 contradicts MPI"),
+    ({"world_size": -4}, r"world_size=-4 contradicts MPI, which says world_size is 1"),
     ({"rank": True}, r"rank=True contradicts MPI"),
     ({"rank": "0"}, r"rank='0' contradicts MPI"),
 ])
@@ -145,6 +144,22 @@ def test_rank_and_world_size_must_match_mpi(kwargs, match):
     with pytest.raises(ValueError, match=match) as info:
         dist.init_process_group("mpi", **kwargs)
     assert "mpiexec -n N" in str(info.value)
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"world_size": 4}, r"world_size=4 but no rank for this process"),
+    ({"rank": 0, "world_size": 2}, r"environment variable MASTER_ADDR expected, but not set"),
+])
+def test_world_size_above_one_asks_for_a_rendezvous(kwargs, match, monkeypatch):
+    """A process no launcher started, given a world of several, meets the others through
+    init_method (tests/test_rendezvous.py); what it lacks for that is said before any
+    traffic."""
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "PMI_RANK",
+                 "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=match):
+        dist.init_process_group("mpi", **kwargs)
     assert not dist.is_initialized()
 
 
@@ -177,12 +192,33 @@ def test_backend_names(backend, label):
 
 
 def test_gloo_alias_notice(monkeypatch, caplog):
+    """One info line per process, not a warning: "gloo" is a name torch programs use."""
     monkeypatch.setattr(dist._state, "gloo_notice_given", False)
-    with caplog.at_level(logging.WARNING, logger="mpitensor.distributed"):
+    with caplog.at_level(logging.INFO, logger="mpitensor.distributed"):
         dist.init_process_group("gloo")
         dist.destroy_process_group()
         dist.init_process_group("gloo")
-    assert caplog.text.count("backend 'gloo' runs on mpitensor's MPI path") == 1
+    notices = [r for r in caplog.records if "runs on mpitensor's MPI path" in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in notices] == [
+        (logging.INFO, "backend 'gloo' runs on mpitensor's MPI path (same API and results)")]
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl", "NCCL"])
+def test_nccl_without_a_gpu_runs_on_mpi(backend, monkeypatch, caplog):
+    """Without a GPU, "nccl" (a CUDA-only program's name) means the MPI path, said once."""
+    monkeypatch.setattr(dist, "_gpu_present", lambda: False)
+    monkeypatch.setattr(dist._state, "gloo_notice_given", False)
+    with caplog.at_level(logging.INFO, logger="mpitensor.distributed"):
+        dist.init_process_group(backend)
+        sub = dist.new_group([0], backend="nccl")
+    assert dist.get_backend() == "mpi" and dist.get_backend(sub) == "mpi"
+    x = np.ones(2)
+    dist.all_reduce(x, group=sub)
+    np.testing.assert_array_equal(x, [1.0, 1.0])
+    notices = [r for r in caplog.records if "runs on mpitensor's MPI path" in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in notices] == [
+        (logging.INFO, "backend 'nccl' runs on mpitensor's MPI path (same API and results); "
+                       "no GPU here, so NCCL is not used")]
 
 
 @pytest.mark.parametrize("backend,exc,match", [
@@ -206,9 +242,11 @@ def test_backend_class():
 
 @pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl", "NCCL"])
 def test_nccl_without_cupy(backend, monkeypatch):
+    """A GPU but no usable CuPy/NCCL: "nccl" is an error that says what is missing."""
     reason = nccl_unavailable_reason()
     if not reason:
         pytest.skip("NCCL is available here: the error path cannot be exercised")
+    monkeypatch.setattr(dist, "_gpu_present", lambda: True)
     from mpitensor.distributed.mpi import MPIGroup
 
     freed = []
@@ -225,9 +263,10 @@ def test_nccl_without_cupy(backend, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- debug switch
-def test_new_group_nccl_without_cupy():
+def test_new_group_nccl_without_cupy(monkeypatch):
     if not nccl_unavailable_reason():
         pytest.skip("NCCL is available here: the error path cannot be exercised")
+    monkeypatch.setattr(dist, "_gpu_present", lambda: True)
     dist.init_process_group("mpi")
     with pytest.raises(RuntimeError, match="backend 'nccl' is unavailable"):
         dist.new_group([0], backend="nccl")

@@ -104,9 +104,10 @@ NOTES: Dict[str, str] = {
         "limits them to the rank's share of the node's cores"
     ),
     "torch.distributed.init_process_group": (
-        'backend `"mpi"` by default; `"gloo"` is an alias of `"mpi"`; `init_method`, `store`, '
-        "`MASTER_ADDR`/`MASTER_PORT` are accepted and unused (`mpiexec` did the rendezvous); "
-        "`rank`/`world_size`, when given, must equal MPI's ([distributed.md](distributed.md))"
+        'backend `"mpi"` by default; `"gloo"` (and `"nccl"` without a GPU) run on MPI; under '
+        "`mpiexec` `rank`/`world_size`, when given, must equal MPI's and `init_method` is not "
+        "needed; processes no launcher started meet through `init_method`/`store`/"
+        "`MASTER_ADDR` and are joined into one MPI job ([distributed.md](distributed.md))"
     ),
     "torch.distributed.get_default_backend_for_device": (
         '`"mpi"` for the CPU where torch answers `"gloo"`; `"nccl"` for CUDA'

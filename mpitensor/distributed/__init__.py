@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import weakref
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -219,31 +220,42 @@ def init_process_group(
     device_id: Any = None,
     abort_on_exception: Optional[bool] = None,
 ) -> None:
-    """Initialize the default process group from MPI's world communicator.
+    """Initialize the default process group: MPI's world, or the processes that meet here.
 
-    Rank and world size come from MPI (``mpiexec -n N``, or a single process under plain
-    ``python``). Under an MPI launcher, torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-    ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` and
-    ``TORCHELASTIC_RESTART_COUNT`` are set from MPI where absent. ``init_method``, ``store``,
-    ``MASTER_ADDR``/``MASTER_PORT`` and ``group_name`` are accepted so torch programs run
-    unchanged, and are unused: MPI's launcher has already done the rendezvous.
+    Under an MPI launcher (``mpiexec``, ``mpitensor-run``, ``srun``,
+    ``mpitensor.multiprocessing.spawn``), rank and world size come from MPI, and torchrun's
+    ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+    ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_RESTART_COUNT`` are set from MPI where
+    absent; ``init_method`` and ``store`` are then unused.
+
+    Processes that no launcher started (``multiprocessing.Process``, several shells, a
+    scheduler) and that are given a ``world_size`` above 1 meet as torch's do: through
+    ``init_method`` (``"env://"``, the default: ``MASTER_ADDR``/``MASTER_PORT``, and
+    ``WORLD_SIZE``/``RANK`` where the arguments do not give them; ``"tcp://host:port"``;
+    ``"file:///path"``) or ``store``, and become one MPI world whose rank is each one's
+    ``rank`` (see ``_rendezvous`` and docs/launching.md). Everything then works as under
+    ``mpiexec``.
 
     Args:
-        backend: ``"mpi"`` (default), ``"nccl"`` (CuPy arrays through NCCL, CPU through MPI) or
-            ``"gloo"`` (alias of ``"mpi"``, with a one-time notice). torch's
-            ``"cpu:gloo,cuda:nccl"`` form is accepted too.
-        timeout: bound on every blocking operation and ``Work.wait()`` of the group's
-            operations, seconds or ``timedelta`` (default ``MPITENSOR_TIMEOUT`` or 1800 s;
-            ``float('inf')`` for none). Past it, ``DistributedTimeoutError`` names the
+        backend: ``"mpi"`` (default), ``"nccl"`` (CuPy arrays through NCCL, CPU through MPI;
+            without a GPU it means ``"mpi"``, with one info log line) or ``"gloo"`` (alias of
+            ``"mpi"``, with one info log line). torch's ``"cpu:gloo,cuda:nccl"`` form is
+            accepted too.
+        init_method: where processes started without a launcher meet (above).
+        timeout: bound on the rendezvous, on every blocking operation and ``Work.wait()`` of
+            the group's operations, seconds or ``timedelta`` (default ``MPITENSOR_TIMEOUT`` or
+            1800 s; ``float('inf')`` for none). Past it, ``DistributedTimeoutError`` names the
             operation, the group, the sequence number and the ranks that had not arrived; past
             ``MPITENSOR_STALL_WARN`` (default min(60 s, timeout / 2)) each waiting rank logs a
             stall report. After a timeout the group is unusable.
-        world_size: if given, must equal MPI's world size (-1 and 0, torch's MPI
-            placeholders, mean "not given").
-        rank: if given, must equal MPI's rank of this process (-1, and 0 without a
-            ``world_size``, mean "not given"). A process started without an MPI launcher
-            (``multiprocessing.Process``, a plain ``python``) is a world of one: a larger
-            ``world_size`` there is an error that says how to launch instead, never a hang.
+        world_size: under a launcher, if given, must equal MPI's world size (-1 and 0,
+            torch's MPI placeholders, mean "not given"); without one, the number of
+            processes that meet.
+        rank: under a launcher, if given, must equal MPI's rank of this process (-1, and 0
+            without a ``world_size``, mean "not given"); without one, this process's rank
+            among those that meet.
+        store: a Store to meet through instead of ``init_method`` (with ``rank`` and
+            ``world_size``, as in torch).
         abort_on_exception: install the abort handler (an unhandled exception on any rank
             prints its traceback prefixed ``[rank N]`` and ends the whole job with
             ``MPI_Abort``, instead of leaving the other ranks waiting). Default: on when the
@@ -251,7 +263,12 @@ def init_process_group(
 
     Raises:
         RuntimeError: the default group already exists.
-        ValueError: ``rank``/``world_size`` contradict MPI, or an unknown backend.
+        ValueError: ``rank``/``world_size`` contradict MPI, an unknown backend, or (without a
+            launcher) a missing or malformed rendezvous setting, or ranks that disagree.
+        StoreTimeoutError: without a launcher, not all ``world_size`` processes arrived within
+            ``timeout`` (the message names which came).
+        DistNetworkError: without a launcher, rank 0 cannot serve the rendezvous port (it is
+            taken) or another rank cannot reach it.
 
     Example:
         >>> dist.init_process_group("mpi")
@@ -261,20 +278,19 @@ def init_process_group(
     if _state.world is not None:
         raise RuntimeError("trying to initialize the default process group twice; call "
                            "destroy_process_group() first")
-    del init_method, store, group_name, pg_options  # MPI's launcher did the rendezvous
+    del group_name, pg_options
     name = _parse_backend(backend)
     seconds = _timeout_seconds(timeout)
     _threads.parse_env(os.environ)  # a malformed MPITENSOR_NUM_THREADS fails before MPI starts
+    joined = _meet(init_method, rank, world_size, store, seconds)
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
+    comm = MPI.COMM_WORLD if joined is None else joined
     mpi_rank, mpi_size = comm.Get_rank(), comm.Get_size()
-    _check_against_mpi(rank, world_size, mpi_rank, mpi_size)
-    if name == Backend.GLOO and not _state.gloo_notice_given:
-        _state.gloo_notice_given = True
-        if mpi_rank == 0:
-            logger.warning("backend 'gloo' runs on mpitensor's MPI path (same API and results)")
-    world = _make_world(comm, name, seconds, device_id)
+    if joined is None:
+        _check_against_mpi(rank, world_size, mpi_rank, mpi_size)
+    label = _backend_notice(name, mpi_rank)
+    world = _make_world(comm, label, seconds, device_id)
     if mpi_size > 1 or launcher_rank(None) is not None:
         # torchrun's RANK, LOCAL_RANK, ... where the launcher did not set them (a plain python
         # process, a job of its own, is left alone, so its children inherit nothing stale)
@@ -291,6 +307,50 @@ def init_process_group(
     if abort_on_exception and not abort_handler_installed():
         install_abort_handler()
         _state.installed_abort_handler = True
+
+
+def _meet(init_method: Any, rank: Any, world_size: Any, store: Any, seconds: float) -> Any:
+    """The communicator of the processes that meet through ``init_method``/``store``, or
+    ``None`` where MPI's world is the group (a launcher started this process, MPI already
+    has a world of several, or there is no world of several to meet)."""
+    if launcher_rank(None) is not None:
+        return None  # the launcher did the rendezvous: init_method and store are unused
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and mpi.COMM_WORLD.Get_size() > 1:
+        return None  # a world of several already (an earlier rendezvous, another launcher)
+    from . import _rendezvous
+
+    plan = _rendezvous.plan(init_method, rank, world_size, store)
+    if plan is None:
+        return None
+    earlier = _rendezvous.previous(plan)
+    return earlier if earlier is not None else _rendezvous.join(plan, seconds)
+
+
+def _gpu_present() -> bool:
+    """Whether this host has a CUDA device (CuPy sees one, or a device node exists)."""
+    from ..backend import cupy_unavailable_reason
+
+    if cupy_unavailable_reason() == "":
+        return True
+    import glob
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible not in ("", "-1") and bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def _backend_notice(name: str, rank: int) -> str:
+    """The label a group gets for backend ``name``: ``"gloo"`` and, without a GPU,
+    ``"nccl"`` run on the MPI path, said once per process in one info line (rank 0)."""
+    if name == Backend.GLOO or (name == Backend.NCCL and not _gpu_present()):
+        if not _state.gloo_notice_given:
+            _state.gloo_notice_given = True
+            if rank == 0:
+                logger.info("backend %r runs on mpitensor's MPI path (same API and results)%s",
+                            str(name), "; no GPU here, so NCCL is not used"
+                            if name == Backend.NCCL else "")
+        return Backend.GLOO if name == Backend.GLOO else Backend.MPI
+    return name
 
 
 def _check_against_mpi(rank: Any, world_size: Any, mpi_rank: int, mpi_size: int) -> None:
@@ -310,14 +370,13 @@ def _check_against_mpi(rank: Any, world_size: Any, mpi_rank: int, mpi_size: int)
             msg = (f"init_process_group: {what}={given!r} contradicts MPI, which says {what} is "
                    f"{actual} (rank {mpi_rank} of {mpi_size})")
             if mpi_size == 1 and not launched:
-                n = (f" (here N={world_size})" if isinstance(world_size, int)
-                     and not isinstance(world_size, bool) and world_size > 1 else "")
                 raise ValueError(
-                    f"{msg}: this process was started without an MPI launcher, so it is a job "
-                    "of its own. Processes started by multiprocessing or by hand cannot join "
-                    "one MPI job through MASTER_ADDR/MASTER_PORT; start all of them with "
-                    f"`mpiexec -n N python script.py`{n}, `mpitensor-run --nproc-per-node N "
-                    "script.py`, or mpitensor.multiprocessing.spawn")
+                    f"{msg}: this process was started without an MPI launcher and given no "
+                    "world_size above 1, so it is a world of its own. For processes started "
+                    "by multiprocessing or by hand, pass world_size=N and each one's rank "
+                    "(they meet through MASTER_ADDR/MASTER_PORT, or init_method); or start all "
+                    "of them with `mpiexec -n N python script.py`, `mpitensor-run "
+                    "--nproc-per-node N script.py`, or mpitensor.multiprocessing.spawn")
             raise ValueError(f"{msg}; drop the argument and let mpiexec set it, or launch with "
                              "`mpiexec -n N`")
     env_rank = os.environ.get("RANK")
@@ -493,7 +552,8 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None,
     sub = base.split(ranks, name, seconds)
     if seconds is not None:
         sub.set_timeout(seconds)
-    label = _parse_backend(backend) if backend is not None else world.backend_label
+    label = (_backend_notice(_parse_backend(backend), world.rank_) if backend is not None
+             else world.backend_label)
     if label == Backend.NCCL and sub.is_member:
         from .nccl import NCCLGroup
 

@@ -1,0 +1,541 @@
+"""Processes no MPI launcher started meet through a Store and become one MPI world.
+
+``init_process_group(backend, init_method=..., rank=r, world_size=n)`` in a process started by
+``multiprocessing``, by hand in several shells, or by a scheduler: the processes find each
+other through a :class:`~._store.Store` (``env://`` and ``tcp://host:port``: a
+:class:`~._store.TCPStore` served by rank 0; ``file:///path``: a
+:class:`~._store.FileStore`; or the ``store=`` given), agree on the world (every rank claims
+its number once, all name the same ``world_size``), and are then joined into one MPI
+communicator whose rank is the ``rank`` each passed:
+
+* **pmi** (the default, when MPI is not yet initialized in any of them): rank 0 starts a
+  small PMI-1 server (:mod:`._pmi`) and every rank calls ``MPI_Init`` against it, as ranks
+  started by ``mpiexec`` do against hydra. The result is a real ``MPI_COMM_WORLD`` of ``n``
+  ranks, with shared memory between the ranks of a host; ``MPI_Abort`` and a rank that dies
+  end every rank, as under ``mpiexec``. Works with MPICH 4.x and 5.x (measured: 4.3.2, 5.0.2).
+* **connect** (when some process had initialized MPI already, as a world of one): MPI's
+  dynamic-process calls: rank 0 opens a port, publishes its name in the store, and the members
+  accept each newcomer together (``MPI_Comm_accept`` / ``MPI_Comm_connect``, then
+  ``MPI_Intercomm_merge``); a final ``MPI_Comm_split`` orders the ranks. ``MPI_COMM_WORLD``
+  stays a world of one in each process. MPICH 5.0.x cannot connect singletons
+  (pmodels/mpich#7805): there every rank fails at once with an error that says what to do.
+
+``MPITENSOR_RENDEZVOUS=connect`` forces the second scheme where both would work (to measure
+or test it); ``pmi`` refuses to fall back.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from .. import _config
+from ..errors import MpiTensorError
+from . import _pmi
+from ._store import (
+    DistNetworkError,
+    DistStoreError,
+    FileStore,
+    PrefixStore,
+    Store,
+    StoreTimeoutError,
+    TCPStore,
+)
+
+__all__ = ["Plan", "plan", "join", "previous"]
+
+logger = logging.getLogger("mpitensor.distributed")
+
+_PREFIX = "mpitensor/init"
+_POLL_S = 0.25  # how often a waiting rank looks for another rank's posted error
+_MODES = ("AUTO", "PMI", "CONNECT")
+# MPI libraries whose singletons cannot MPI_Comm_connect/accept (pmodels/mpich#7805)
+_BROKEN_DPM = ("MPICH Version:      5.0.", "MPICH Version: 5.0.")
+
+# The communicator a rendezvous made (for a later init_process_group after
+# destroy_process_group), with its rank and size; and rank 0's helper process.
+_joined: Dict[str, Any] = {}
+
+
+@dataclass
+class Plan:
+    """What one process brings to the rendezvous, checked before any traffic.
+
+    Attributes:
+        rank: this process's rank, ``0 <= rank < world_size``.
+        world_size: the number of processes that meet, at least 2.
+        scheme: ``"env"``, ``"tcp"``, ``"file"`` or ``"store"``.
+        where: the rendezvous as messages name it (``tcp://10.0.0.1:29500``, ...).
+        host, port: the TCPStore's master (``env``, ``tcp``).
+        path: the FileStore's file (``file``).
+        store: the store passed to ``init_process_group`` (``store``).
+    """
+
+    rank: int
+    world_size: int
+    scheme: str
+    where: str
+    host: str = ""
+    port: int = 0
+    path: str = ""
+    store: Optional[Store] = None
+
+
+def _given_int(value: Any) -> Optional[int]:
+    """A world size as an int, or ``None`` when not given (torch's -1 and 0) or not an int
+    (the check against MPI's world then names it)."""
+    if value is None or isinstance(value, bool) or not hasattr(value, "__index__"):
+        return None
+    value = value.__index__()
+    return None if value in (-1, 0) else value
+
+
+def _from_text(text: str, what: str, source: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"init_process_group: {what} from {source} is {text!r}, not a "
+                         "whole number") from None
+
+
+def plan(init_method: Optional[str], rank: Any, world_size: Any,
+         store: Optional[Store]) -> Optional[Plan]:
+    """Read ``init_method``, ``rank``, ``world_size`` and ``store`` as torch does.
+
+    ``env://`` (the default without ``store``) takes ``MASTER_ADDR``, ``MASTER_PORT`` and,
+    where the arguments do not give them, ``WORLD_SIZE`` and ``RANK`` from the environment;
+    ``tcp://host:port`` and ``file:///path`` take them from the arguments or from the URL's
+    query (``?rank=0&world_size=2``). ``world_size`` -1 or 0 and ``rank`` -1 mean "not given".
+
+    Returns:
+        ``None`` when there is no world of several to meet (no world size above 1: the
+        caller checks the arguments against MPI's world of one); else a :class:`Plan`.
+
+    Raises:
+        ValueError: an unknown scheme, a missing or malformed address, port, rank or world
+            size, a rank outside ``0..world_size-1``, or both ``init_method`` and ``store``.
+        TypeError: a ``rank`` that is not an int, a ``store`` that is not a Store.
+
+    Example:
+        >>> plan("tcp://10.0.0.1:29500", rank=1, world_size=2, store=None).where
+        'tcp://10.0.0.1:29500'
+    """
+    url = init_method if init_method is not None else ("env://" if store is None else "")
+    parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+    query = ({k: v[-1] for k, v in urllib.parse.parse_qs(parts.query).items()}
+             if parts is not None else {})
+    from_env = store is None and parts is not None and parts.scheme.lower() == "env"
+    n = _given_int(world_size)
+    if n is None and "world_size" in query:
+        n = _from_text(query["world_size"], "world_size", f"init_method {url!r}")
+    if n is None and from_env and os.environ.get("WORLD_SIZE", "").strip():
+        n = _from_text(os.environ["WORLD_SIZE"], "world_size", "WORLD_SIZE")
+    if n is None or n <= 1:
+        return None  # a world of one (or a value MPI's world of one will contradict)
+    if store is not None and init_method is not None:
+        raise ValueError("init_process_group: pass init_method or store, not both (torch "
+                         "refuses both too)")
+    if store is not None and not isinstance(store, Store):
+        raise TypeError(f"init_process_group: store must be a mpitensor.distributed Store "
+                        f"(TCPStore, FileStore, HashStore, PrefixStore), got {store!r}")
+    if parts is None:
+        raise TypeError(f"init_process_group: init_method must be a string such as "
+                        f"'env://', got {init_method!r}")
+    scheme = "store" if store is not None else parts.scheme.lower()
+    if scheme not in ("env", "tcp", "file", "store"):
+        raise ValueError(f"init_process_group: unknown init_method {url!r}: use 'env://', "
+                         "'tcp://host:port' or 'file:///path'")
+    if rank is not None and (isinstance(rank, bool) or not hasattr(rank, "__index__")):
+        raise TypeError(f"init_process_group: rank must be an int, got {rank!r}")
+    r = None if rank is None or rank.__index__() == -1 else rank.__index__()
+    if r is None and "rank" in query:
+        r = _from_text(query["rank"], "rank", f"init_method {url!r}")
+    if r is None and from_env and os.environ.get("RANK", "").strip():
+        r = _from_text(os.environ["RANK"], "rank", "RANK")
+    if r is None:
+        raise ValueError(f"init_process_group: world_size={n} but no rank for this process: "
+                         f"pass rank= (0..{n - 1}), set RANK, or add ?rank= to init_method")
+    if not 0 <= r < n:
+        raise ValueError(f"init_process_group: rank={r} is out of range for world_size={n}; "
+                         f"ranks are 0..{n - 1}")
+    if scheme == "store":
+        return Plan(r, n, "store", f"the store {type(store).__name__}", store=store)
+    if scheme == "file":
+        path = urllib.parse.unquote(parts.path)
+        if not path:
+            raise ValueError(f"init_process_group: init_method {url!r} names no file; use "
+                             "'file:///absolute/path'")
+        return Plan(r, n, "file", f"file://{path}", path=path)
+    if scheme == "env":
+        host = os.environ.get("MASTER_ADDR", "").strip()
+        port_text = os.environ.get("MASTER_PORT", "").strip()
+        for name, value in (("MASTER_ADDR", host), ("MASTER_PORT", port_text)):
+            if not value:
+                raise ValueError(
+                    f"init_process_group: init_method='env://' with world_size={n}: "
+                    f"environment variable {name} expected, but not set. Set MASTER_ADDR and "
+                    "MASTER_PORT to rank 0's host and a free port in every process (or start "
+                    "the processes with mpiexec, mpitensor-run or "
+                    "mpitensor.multiprocessing.spawn, which need neither)")
+        port = _from_text(port_text, "the port", "MASTER_PORT")
+    else:
+        try:
+            host, port = parts.hostname or "", parts.port or 0
+        except ValueError as exc:
+            raise ValueError(f"init_process_group: init_method {url!r}: {exc}") from None
+        if not host or not port:
+            raise ValueError(f"init_process_group: init_method {url!r} needs a host and a "
+                             "port: 'tcp://10.0.0.1:29500'")
+    if not 0 < port < 65536:
+        raise ValueError(f"init_process_group: port {port} is out of range (1..65535)")
+    shown = f"[{host}]" if ":" in host else host
+    return Plan(r, n, scheme, f"{scheme}://{shown}:{port}", host=host, port=port)
+
+
+def previous(p: Plan) -> Any:
+    """The communicator an earlier rendezvous of this process made for the same rank and
+    size (after ``destroy_process_group``), or ``None``."""
+    comm = _joined.get("comm")
+    if comm is not None and (_joined["rank"], _joined["size"]) == (p.rank, p.world_size):
+        return comm
+    return None
+
+
+# ---------------------------------------------------------------------- the store side
+def _open_store(p: Plan, seconds: float) -> Tuple[Store, bool]:
+    """The rendezvous store and whether this process owns (and so closes) it."""
+    if p.store is not None:
+        return p.store, False
+    if p.scheme == "file":
+        try:
+            return FileStore(p.path, p.world_size), True
+        except DistStoreError as exc:
+            raise DistStoreError(f"init_process_group: rank {p.rank} cannot use {p.where}: "
+                                 f"{exc}") from exc
+    try:
+        return TCPStore(p.host, p.port, None, is_master=(p.rank == 0), timeout=seconds,
+                        wait_for_workers=False), True
+    except DistNetworkError as exc:
+        if p.rank == 0 and "already in use" in str(exc):
+            raise DistNetworkError(
+                f"init_process_group: rank 0 cannot serve the rendezvous at {p.where}: port "
+                f"{p.port} is already in use (another job, another program, or an earlier run "
+                "that is still exiting holds it); choose a free port (MASTER_PORT, or the port "
+                "in init_method) and give the same one to every process") from exc
+        raise DistNetworkError(f"init_process_group: rank {p.rank} cannot "
+                               f"{'serve' if p.rank == 0 else 'reach'} the rendezvous at "
+                               f"{p.where}: {exc}") from exc
+
+
+def _post_error(s: Store, p: Plan, kind: str, message: str) -> None:
+    """Tell the other ranks why this one stops, so that they stop too (best effort)."""
+    try:
+        s.set("error", json.dumps({"kind": kind, "message": message, "rank": p.rank}))
+    except Exception:  # noqa: BLE001 - the store itself may be what failed
+        pass
+
+
+def _has_error(s: Store) -> bool:
+    try:
+        return s.check(["error"])
+    except Exception:  # noqa: BLE001 - the store itself may be what failed
+        return False
+
+
+def _raise_posted(raw: bytes) -> None:
+    info = json.loads(raw.decode())
+    kind = {"ValueError": ValueError, "timeout": StoreTimeoutError}.get(info["kind"],
+                                                                         MpiTensorError)
+    exc = kind(info["message"])
+    exc.posted = True  # type: ignore[attr-defined]  # told by another rank: pass it on as is
+    raise exc
+
+
+def _wait(s: Store, keys: List[str], deadline: float) -> None:
+    """Wait until ``keys`` are set, raising another rank's posted error as soon as it
+    appears; ``StoreTimeoutError`` (with ``.keys``) at the deadline."""
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            s.wait(keys, timeout=max(0.0, min(left, _POLL_S)))
+            return
+        except StoreTimeoutError as exc:
+            if s.check(["error"]):
+                _raise_posted(s.get("error"))
+            if left <= _POLL_S:
+                exc.keys = [k for k in keys if not s.check([k])]  # type: ignore[attr-defined]
+                raise exc
+            del exc
+
+
+def _arrive(s: Store, p: Plan, seconds: float, deadline: float) -> List[Dict[str, Any]]:
+    """Claim this rank, check that everyone names the same world size, wait for all."""
+    me = {"rank": p.rank, "world_size": p.world_size, "host": socket.gethostname(),
+          "pid": os.getpid(), "mpi": _mpi_state()}
+    mine = json.dumps(me)
+    size_claim = f"{p.world_size} {p.rank}"
+    first = s.compare_set("world_size", "", size_claim).decode()
+    if first.split(" ")[0] != str(p.world_size):
+        other_size, other_rank = first.split(" ")
+        msg = (f"init_process_group: rank {p.rank} was given world_size={p.world_size}, but "
+               f"rank {other_rank} was given world_size={other_size} (rendezvous at "
+               f"{p.where}); pass the same world_size to every process")
+        _post_error(s, p, "ValueError", msg)
+        raise ValueError(msg)
+    claimed = s.compare_set(f"rank/{p.rank}", "", mine).decode()
+    if claimed != mine:
+        other = json.loads(claimed)
+        msg = (f"init_process_group: rank {p.rank} was claimed twice at {p.where}: by pid "
+               f"{other['pid']} on {other['host']} and by pid {me['pid']} on {me['host']}; give "
+               "every process its own rank (a FileStore file left by an earlier run causes "
+               "this too: delete it)")
+        _post_error(s, p, "ValueError", msg)
+        raise ValueError(msg)
+    keys = [f"rank/{i}" for i in range(p.world_size)]
+    try:
+        _wait(s, keys, deadline)
+    except StoreTimeoutError as exc:
+        if getattr(exc, "posted", False):
+            raise
+        missing = sorted(int(k.rsplit("/", 1)[1]) for k in getattr(exc, "keys", [])
+                         if isinstance(k, str) and k.startswith("rank/"))
+        came = [i for i in range(p.world_size) if i not in missing]
+        msg = (f"init_process_group: only {len(came)} of world_size={p.world_size} processes "
+               f"arrived at the rendezvous ({p.where}) within {seconds:g} s: rank(s) {came} "
+               f"came, rank(s) {missing} did not. Start {p.world_size} processes with ranks "
+               f"0..{p.world_size - 1}, or pass the number of processes you start as "
+               "world_size")
+        raise StoreTimeoutError(msg) from None
+    return [json.loads(v) for v in s.multi_get(keys)]
+
+
+def _mpi_state() -> str:
+    """``"initialized"`` if this process already initialized MPI (a world of one), else
+    ``"fresh"`` (importing ``mpi4py.MPI`` initializes it: nothing here imports it)."""
+    mod = sys.modules.get("mpi4py.MPI")
+    if mod is not None and mod.Is_initialized():
+        return "initialized"
+    return "fresh"
+
+
+def _mode_wanted() -> str:
+    return _config.env_choice("MPITENSOR_RENDEZVOUS", _MODES, "AUTO")
+
+
+# ---------------------------------------------------------------------- joining
+def join(p: Plan, seconds: float) -> Any:
+    """Meet the other ranks of ``p`` and return the MPI communicator of all of them.
+
+    Collective over the ``p.world_size`` processes; every failure raises on every rank that
+    is still waiting, within ``seconds``.
+
+    Raises:
+        DistNetworkError: the store's master cannot serve (port taken) or cannot be reached.
+        StoreTimeoutError: not every rank arrived within ``seconds`` (the message names which
+            came and which did not).
+        ValueError: the ranks disagree on ``world_size``, or two claim one rank.
+        MpiTensorError: the MPI library cannot join them (what to do is in the message).
+    """
+    want = _mode_wanted()  # a malformed MPITENSOR_RENDEZVOUS fails before any traffic
+    t0 = time.monotonic()
+    deadline = t0 + seconds
+    store, owned = _open_store(p, seconds)
+    s = PrefixStore(_PREFIX, store)
+    helper = None
+    try:
+        members = _arrive(s, p, seconds, deadline)
+        t1 = time.monotonic()
+        fresh = all(m["mpi"] == "fresh" for m in members)
+        if p.rank == 0:
+            if want == "PMI" and not fresh:
+                late = [m["rank"] for m in members if m["mpi"] != "fresh"]
+                msg = (f"init_process_group: MPITENSOR_RENDEZVOUS=pmi, but rank(s) {late} had "
+                       "initialized MPI before init_process_group; call it before anything "
+                       "imports mpi4py.MPI")
+                _post_error(s, p, "ValueError", msg)
+                raise ValueError(msg)
+            if fresh and want != "CONNECT":
+                helper, port, _kvs, token = _pmi.start_helper(
+                    p.world_size, max(1.0, deadline - time.monotonic()))
+                s.set("mode", json.dumps({"kind": "pmi", "port": port, "token": token,
+                                          "host": socket.gethostname(),
+                                          "addr": p.host or socket.gethostname()}))
+            else:
+                s.set("mode", json.dumps({"kind": "connect"}))
+        _wait(s, ["mode"], deadline)
+        mode = json.loads(s.get("mode"))
+        comm, scheme = None, mode["kind"]
+        if scheme == "pmi":
+            comm = _join_pmi(p, mode, deadline)
+            if comm is None:  # this MPI ignored PMI_FD: not an MPICH-family library
+                if helper is not None:
+                    helper.kill()
+                    helper.wait()
+                    helper = None
+                logger.info("rank %d: the MPI library did not join through PMI; joining with "
+                            "MPI_Comm_connect/accept instead", p.rank)
+        if comm is None:
+            late = [m["rank"] for m in members if m["mpi"] != "fresh"]
+            why = (f"rank(s) {late} had initialized MPI before init_process_group, so each "
+                   "is an MPI job of its own" if late else
+                   "MPITENSOR_RENDEZVOUS=connect asks for them" if want == "CONNECT" else
+                   "this MPI library does not take MPICH's PMI protocol")
+            comm, scheme = _join_connect(s, p, deadline, why), "connect"
+        t2 = time.monotonic()
+        comm.Barrier()  # nobody needs the store past this point
+        logger.debug("rank %d: rendezvous at %s: %d ranks arrived in %.3f s, joined (%s) in "
+                     "%.3f s", p.rank, p.where, p.world_size, t1 - t0, scheme, t2 - t1)
+        if not owned and p.rank == 0:
+            for key in ["world_size", "mode", "dpm/port", "error"] + [
+                    f"rank/{i}" for i in range(p.world_size)]:
+                s.delete_key(key)
+    except BaseException as exc:
+        if not _has_error(s):
+            if isinstance(exc, (ValueError, StoreTimeoutError)):  # the same words everywhere
+                _post_error(s, p, "ValueError" if isinstance(exc, ValueError) else "timeout",
+                            str(exc))
+            else:
+                _post_error(s, p, "error", f"init_process_group: rank {p.rank} failed during "
+                            f"the rendezvous at {p.where}: {type(exc).__name__}: {exc}")
+        if helper is not None and not _mpi_running():
+            helper.kill()
+            helper.wait()
+        if owned and p.rank == 0 and isinstance(store, TCPStore):
+            # the others read the error from this process's store: give them a moment
+            time.sleep(2 * _POLL_S)
+        raise
+    finally:
+        if owned:
+            store.close()
+    _joined.update(comm=comm, rank=p.rank, size=p.world_size)
+    if helper is not None:
+        _joined["helper"] = helper  # reaped at exit; it ends when every rank has finalized
+    return comm
+
+
+def _mpi_running() -> bool:
+    mod = sys.modules.get("mpi4py.MPI")
+    return mod is not None and mod.Is_initialized() and not mod.Is_finalized()
+
+
+def _init_mpi() -> Any:
+    """Import mpi4py's MPI, which initializes it (or initialize it where ``mpi4py.rc``
+    said not to), and make sure it is finalized at exit, also in multiprocessing children."""
+    import mpi4py
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():
+        levels = {"single": MPI.THREAD_SINGLE, "funneled": MPI.THREAD_FUNNELED,
+                  "serialized": MPI.THREAD_SERIALIZED, "multiple": MPI.THREAD_MULTIPLE}
+        MPI.Init_thread(levels.get(str(mpi4py.rc.thread_level).lower(), MPI.THREAD_MULTIPLE))
+        atexit.register(_finalize_mpi)
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        # a forked multiprocessing child leaves with os._exit(), past every atexit hook
+        # (mpi4py's MPI_Finalize included); its own exit steps still run these finalizers
+        from multiprocessing import util
+
+        util.Finalize(None, _finalize_mpi, exitpriority=-100)
+    return MPI
+
+
+def _finalize_mpi() -> None:
+    mod = sys.modules.get("mpi4py.MPI")
+    if mod is not None and mod.Is_initialized() and not mod.Is_finalized():
+        mod.Finalize()
+
+
+def _join_pmi(p: Plan, mode: Dict[str, Any], deadline: float) -> Any:
+    """``MPI_Init`` against rank 0's PMI helper; ``MPI_COMM_WORLD``, or ``None`` if this MPI
+    library ignored the helper (it then initialized as a world of one)."""
+    host = "127.0.0.1" if mode["host"] == socket.gethostname() else mode["addr"]
+    try:
+        fd = _pmi.connect_pmi(host, mode["port"], p.rank, mode["token"], deadline)
+    except OSError as exc:
+        raise DistNetworkError(f"init_process_group: rank {p.rank} cannot reach rank 0's PMI "
+                               f"helper at {host}:{mode['port']}: {exc}") from exc
+    names = {"PMI_FD": str(fd), "PMI_RANK": str(p.rank), "PMI_SIZE": str(p.world_size)}
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update(names)
+    try:
+        MPI = _init_mpi()
+    finally:
+        # children of this process must not find a PMI connection to use
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != p.world_size:
+        os.close(fd)
+        return None
+    if comm.Get_rank() != p.rank:
+        raise MpiTensorError(f"init_process_group: MPI made rank {p.rank} rank "
+                             f"{comm.Get_rank()} of {comm.Get_size()}; this is a bug")
+    _joined["watch"] = _pmi.Watch(host, mode["port"], p.rank, mode["token"], deadline)
+    return comm
+
+
+def _library() -> str:
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().strip().splitlines()[0].strip()
+
+
+def _join_connect(s: Store, p: Plan, deadline: float, why: str) -> Any:
+    """Join with ``MPI_Comm_accept``/``MPI_Comm_connect`` and ``MPI_Intercomm_merge``: the
+    members accept each newcomer together; ``MPI_Comm_split`` then orders the ranks."""
+    MPI = _init_mpi()
+    lib = _library()
+    if lib.startswith(_BROKEN_DPM):
+        raise MpiTensorError(
+            f"init_process_group: cannot join these processes with MPI_Comm_accept/"
+            f"MPI_Comm_connect: {why}, and MPICH 5.0.x (here {lib!r}) fails those calls "
+            "between such jobs of one (\"Local and remote groups in MPI_Intercomm_create must "
+            "not overlap\", pmodels/mpich#7805). Call init_process_group before anything "
+            "imports mpi4py.MPI, in every process (it then starts MPI itself through "
+            "mpitensor's PMI helper, which works with this MPICH), or install mpich 4.3 "
+            "(pip install 'mpich==4.3.2'), or start the processes with mpiexec or "
+            "mpitensor-run")
+    if p.rank == 0:
+        port = MPI.Open_port()
+        s.set("dpm/port", port)
+    else:
+        _wait(s, ["dpm/port"], deadline)
+        port = s.get("dpm/port").decode()
+    try:
+        if p.rank == 0:
+            group = MPI.COMM_SELF.Dup()
+        else:
+            inter = MPI.COMM_SELF.Connect(port)
+            group = inter.Merge(high=True)
+            inter.Free()
+        while group.Get_size() < p.world_size:
+            inter = group.Accept(port, root=0)
+            merged = inter.Merge(high=False)
+            inter.Free()
+            group.Free()
+            group = merged
+        world = group.Split(0, p.rank)
+        group.Free()
+    finally:
+        if p.rank == 0:
+            MPI.Close_port(port)
+    return world
+
+
+@atexit.register
+def _reap_helper() -> None:
+    helper = _joined.get("helper")
+    if helper is not None:
+        helper.poll()  # collect it if it has ended; a live one ends by itself
