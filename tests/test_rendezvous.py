@@ -663,3 +663,32 @@ def test_init_fails_before_any_traffic(no_torchrun_env, caplog) -> None:
         with pytest.raises(ValueError, match="MASTER_ADDR expected, but not set"):
             dist.init_process_group("gloo", rank=1, world_size=2)
     assert not dist.is_initialized()
+
+
+TORCHRUN_SCRIPT = """\
+    import mpitensor as torch
+    import mpitensor.distributed as dist
+
+    dist.init_process_group("gloo")  # RANK, WORLD_SIZE, MASTER_* from torchrun
+    t = torch.ones(3) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()}: {t.tolist()}\\n", end="",
+          flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_script_under_torchrun_is_one_job(tmp_path: Path) -> None:
+    """``torchrun --nproc-per-node 2 script.py``: torchrun's agent holds MASTER_PORT with its
+    own store, so the ranks meet on the port after it and form one MPI job of 2."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed (it comes with torch, the dev extra's oracle)")
+    script = _script(tmp_path, "tr.py", TORCHRUN_SCRIPT)
+    port = _free_port()
+    results = _run([[str(torchrun), "--nproc-per-node", "2", "--master-port", str(port),
+                     script]], tmp_path)
+    code, out, err = results[0]
+    assert code == 0, (out, err)
+    assert _lines(out, "rank ") == ["rank 0 of 2: [3.0, 3.0, 3.0]",
+                                    "rank 1 of 2: [3.0, 3.0, 3.0]"], (out, err)

@@ -111,7 +111,8 @@ def plan(init_method: Optional[str], rank: Any, world_size: Any,
     """Read ``init_method``, ``rank``, ``world_size`` and ``store`` as torch does.
 
     ``env://`` (the default without ``store``) takes ``MASTER_ADDR``, ``MASTER_PORT`` and,
-    where the arguments do not give them, ``WORLD_SIZE`` and ``RANK`` from the environment;
+    where the arguments do not give them, ``WORLD_SIZE`` and ``RANK`` from the environment
+    (under torchrun, whose agent holds ``MASTER_PORT``, the port after it);
     ``tcp://host:port`` and ``file:///path`` take them from the arguments or from the URL's
     query (``?rank=0&world_size=2``). ``world_size`` -1 or 0 and ``rank`` -1 mean "not given".
 
@@ -186,6 +187,10 @@ def plan(init_method: Optional[str], rank: Any, world_size: Any,
                     "the processes with mpiexec, mpitensor-run or "
                     "mpitensor.multiprocessing.spawn, which need neither)")
         port = _from_text(port_text, "the port", "MASTER_PORT")
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true":
+            # torchrun's agent serves its own store (torch's wire protocol) on MASTER_PORT:
+            # ours takes the next port on the same host, which every node can work out alike
+            port = port + 1 if port < 65535 else port - 1
     else:
         try:
             host, port = parts.hostname or "", parts.port or 0
