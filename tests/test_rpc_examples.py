@@ -237,6 +237,7 @@ def test_pipeline_two_ranks_uneven_chunks(workdir: Path) -> None:
 # ------------------------------------------------------------------------ init_rpc's threads
 THREAD_PROBE = textwrap.dedent("""
     import json
+    import sys
     from mpi4py import MPI
     from threadpoolctl import threadpool_info
     import mpitensor.distributed.rpc as rpc
@@ -248,9 +249,11 @@ THREAD_PROBE = textwrap.dedent("""
     mine = _threads.affinity()
     everyone = [frozenset(s) for s in node.allgather(sorted(mine))]
     blas = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
-    print(json.dumps({"rank": rank, "blas": blas,
+    row = json.dumps({"rank": rank, "blas": blas,
                       "expected": _threads.fair_share(mine, everyone,
-                                                      _threads.cgroup_cpu_limit())}))
+                                                      _threads.cgroup_cpu_limit())})
+    sys.stdout.write(row + "\\n")  # one write: the ranks share mpiexec's stdout
+    sys.stdout.flush()
     rpc.shutdown()
 """)
 
@@ -265,7 +268,10 @@ def test_init_rpc_fits_thread_pools(workdir: Path) -> None:
     script.write_text(THREAD_PROBE)
     code, lines, err = launch(3, script, [], workdir, env={v: None for v in THREAD_VARS})
     assert code == 0, "\n".join(lines) + err
-    rows = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
+    # each rank's row is one JSON object; on a busy machine mpiexec may still join two ranks'
+    # output on one line, so the objects are taken from the text, not line by line
+    objects = re.findall(r"\{[^{}]*\}", "\n".join(lines))
+    rows = sorted((json.loads(obj) for obj in objects), key=lambda r: r["rank"])
     assert [r["rank"] for r in rows] == [0, 1, 2], lines
     for row in rows:
         assert row["blas"] and set(row["blas"]) == {row["expected"]}, row
