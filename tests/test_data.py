@@ -382,10 +382,75 @@ def test_state_dict_resumes_mid_epoch(loader_drop_last):
     assert list(s4) == []
 
 
+def _consume(world: int, n: int, steps: int, **kw) -> tuple:
+    """``world`` ranks taking ``steps`` indices each (as DDP steps do); their samplers and the
+    indices they took."""
+    samplers = [DistributedSampler(range(n), world, r, **kw) for r in range(world)]
+    taken = []
+    for s in samplers:
+        it = iter(s)
+        taken += [next(it) for _ in range(steps)]
+    return samplers, taken
+
+
+@pytest.mark.parametrize("old,new", [(2, 3), (4, 2), (3, 1), (2, 5)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_resume_mid_epoch_at_another_world_size_covers_the_rest_once(old, new, drop_last):
+    """Saved by ``old`` ranks after 3 steps, loaded by ``new`` ranks: together the new ranks
+    yield every index the old ones had not taken exactly once (plus torch's padding to an
+    even split, taken from the epoch's start), in an even split; the next epoch is exactly
+    what a run of ``new`` ranks would have."""
+    n, kw = 23, {"shuffle": True, "seed": 7, "drop_last": drop_last}
+    samplers, taken = _consume(old, n, 3, **kw)
+    state = samplers[0].state_dict()
+    assert state["position"] == 3 and state["num_replicas"] == old
+    fresh = [DistributedSampler(range(n), new, r, **kw) for r in range(new)]
+    for s in fresh:
+        s.load_state_dict(state)
+    rest = [list(s) for s in fresh]
+    assert len({len(r) for r in rest}) == 1  # an even split: the ranks step together
+    order = list(DistributedSampler(range(n), 1, 0, **kw))  # the epoch's order
+    left = order[3 * old:]
+    got = [i for r in rest for i in r]
+    if drop_last:
+        assert len(got) == len(left) // new * new and set(got) <= set(left)
+        assert len(set(got)) == len(got)
+    else:
+        assert set(got) == set(left) and len(got) == -(-len(left) // new) * new
+    assert not set(got) & set(taken[:3 * old])
+    # the next epoch is the one a fresh run of the new size deals
+    for r, s in enumerate(fresh):
+        s.set_epoch(1)
+        d = DistributedSampler(range(n), new, r, **kw)
+        d.set_epoch(1)
+        assert list(s) == list(d)
+
+
+def test_reshard_twice_keeps_count_of_what_was_consumed():
+    """2 ranks take 2 each, 3 ranks resume and take 2 each, 4 ranks resume: what is left is
+    the epoch after its first 2*2 + 2*3 positions."""
+    n, kw = 30, {"shuffle": True, "seed": 3}
+    two, _ = _consume(2, n, 2, **kw)
+    three = [DistributedSampler(range(n), 3, r, **kw) for r in range(3)]
+    for s in three:
+        s.load_state_dict(two[0].state_dict())
+        it = iter(s)
+        next(it), next(it)
+    state = three[0].state_dict()
+    assert state["offset"] == 4 and state["position"] == 2
+    four = [DistributedSampler(range(n), 4, r, **kw) for r in range(4)]
+    for s in four:
+        s.load_state_dict(state)
+    order = list(DistributedSampler(range(n), 1, 0, **kw))
+    assert sorted(i for s in four for i in s) == sorted(order[10:])  # 20 left: 5 each
+
+
 def test_state_dict_rejects_other_settings():
     s = DistributedSampler(range(10), 2, 0)
-    with pytest.raises(ValueError, match="num_replicas"):
-        DistributedSampler(range(10), 3, 0).load_state_dict(s.state_dict())
+    with pytest.raises(ValueError, match="position 6 is outside"):
+        DistributedSampler(range(10), 3, 0).load_state_dict({**s.state_dict(), "position": 6})
+    with pytest.raises(ValueError, match="dataset_len"):
+        DistributedSampler(range(11), 3, 0).load_state_dict(s.state_dict())
     with pytest.raises(ValueError, match="seed"):
         DistributedSampler(range(10), 2, 0, seed=1).load_state_dict(s.state_dict())
     with pytest.raises(TypeError):

@@ -328,6 +328,9 @@ class DistributedSampler(_PlannedSampler):
         self.epoch = 0
         self._handed_out = 0  # indices of this epoch given out by this rank so far
         self._skip_next = 0  # from load_state_dict: how many the next pass leaves out
+        # positions of this epoch's order consumed before its indices were dealt to these ranks
+        # (above 0 after resuming mid-epoch at another number of ranks)
+        self._offset = 0
         size = len(dataset)
         if even:
             rounds = size // world if drop_last else -(-size // world)
@@ -345,13 +348,17 @@ class DistributedSampler(_PlannedSampler):
         return randperm(size, generator=Generator().manual_seed(self.seed + self.epoch))._data
 
     def _shard(self) -> np.ndarray:
-        order = self._epoch_order()
+        order = self._epoch_order()[self._offset:]
         if not self.even:
             return order[self.rank::self.num_replicas]
         if len(order) == 0:
             return order
+        total = self.total_size
+        if self._offset:  # what is left of the epoch, dealt evenly to these ranks
+            world = self.num_replicas
+            total = (len(order) // world if self.drop_last else -(-len(order) // world)) * world
         # positions past the end of the order wrap to its start: the padding of torch's rule
-        slots = np.arange(self.rank, self.total_size, self.num_replicas)
+        slots = np.arange(self.rank, total, self.num_replicas)
         return order[slots % len(order)]
 
     def _plan(self) -> np.ndarray:
@@ -383,7 +390,7 @@ class DistributedSampler(_PlannedSampler):
         """
         epoch = operator.index(epoch)
         if epoch != self.epoch:
-            self._handed_out = self._skip_next = 0
+            self._handed_out = self._skip_next = self._offset = 0
         self.epoch = epoch
 
     @property
@@ -401,15 +408,22 @@ class DistributedSampler(_PlannedSampler):
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
                 "shuffle": self.shuffle, "drop_last": self.drop_last, "even": self.even,
                 "num_replicas": self.num_replicas, "rank": self.rank,
-                "dataset_len": len(self.dataset)}
+                "dataset_len": len(self.dataset), "offset": self._offset}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore epoch and position; the next pass yields only the unconsumed indices.
 
+        A state saved by another number of ranks is resharded: every rank of the saving run
+        is taken to have consumed ``position`` indices (as under DDP, where all ranks step
+        together), so the epoch's first ``position * saved num_replicas`` positions are done,
+        and the rest of the epoch is dealt afresh to this sampler's ranks (evenly, with
+        torch's padding rule). Together the new ranks then yield each remaining index once
+        (plus padding), and the next epoch is the one a run of this size would have.
+
         Raises:
             TypeError: ``state`` is not a dict from :meth:`state_dict`.
-            ValueError: the state was saved with another seed, shuffle, drop_last, even,
-                number of ranks or dataset length (its position would name other samples).
+            ValueError: the state was saved with another seed, shuffle, drop_last, even or
+                dataset length (its position would name other samples).
 
         Example:
             >>> a = DistributedSampler(range(4), num_replicas=1, rank=0, shuffle=False)
@@ -424,17 +438,33 @@ class DistributedSampler(_PlannedSampler):
         current = self.state_dict()
         for key in self._MUST_MATCH:
             mine = current[key]
-            if key in state and state[key] != mine:
+            if key != "num_replicas" and key in state and state[key] != mine:
                 raise ValueError(
                     f"DistributedSampler.load_state_dict: saved {key}={state[key]!r} but this "
-                    f"sampler has {key}={mine!r}; resume with the same settings and number "
-                    "of ranks")
+                    f"sampler has {key}={mine!r}; resume with the same settings (the number "
+                    "of ranks may differ)")
         position = operator.index(state["position"])
-        if not 0 <= position <= self.num_samples:
+        offset = operator.index(state.get("offset", 0))
+        saved_world = operator.index(state.get("num_replicas", self.num_replicas))
+        size = len(self.dataset)
+        if saved_world < 1 or not 0 <= offset <= size:
+            raise ValueError(f"DistributedSampler.load_state_dict: num_replicas={saved_world}, "
+                             f"offset={offset} do not describe a sampler of {size} indices")
+        left = size - offset  # the length of the order that run dealt out
+        if self.even:
+            most = left // saved_world if self.drop_last else -(-left // saved_world)
+        else:
+            most = -(-left // saved_world)
+        if not 0 <= position <= most:
             raise ValueError(f"DistributedSampler.load_state_dict: position {position} is "
-                             f"outside [0, {self.num_samples}], the length of this rank's shard")
+                             f"outside [0, {most}], the length of a shard of the saving run")
         self.epoch = operator.index(state["epoch"])
-        self._handed_out = self._skip_next = position
+        if saved_world == self.num_replicas:
+            self._offset = offset
+            self._handed_out = self._skip_next = position
+        else:  # reshard: the saving ranks consumed position * saved_world positions together
+            self._offset = min(size, offset + position * saved_world)
+            self._handed_out = self._skip_next = 0
 
 
 class DistributedEvalSampler(DistributedSampler):
