@@ -17,9 +17,13 @@ the same run with repetitions interleaved (this machine is shared, so drift hits
   is installed (a note says so where not). Ranks and size come from ``PMI_RANK``/``PMI_SIZE``,
   the rendezvous from ``MASTER_ADDR``/``MASTER_PORT`` (rank 0 picks a free port).
 
-Each repetition times a batch of round trips (about 20 ms worth at least) and keeps the mean;
-the median repetition is reported. While rank 0 times, rank 1's main thread waits on a
-non-blocking barrier polled with sleeps, leaving the cores to the servers.
+Each repetition times a batch of round trips (``--rep-time``, 50 ms worth by default, sized
+on warm calls) and keeps the mean; the median repetition is reported. Before each batch both
+ranks meet at a barrier, wait 5 ms more, so that the RPC agents' threads, which keep polling
+for 2 ms after their last message, are quiet when a raw ping-pong batch starts, and meet at a
+blocking barrier, so that they start together. While
+rank 0 times, rank 1's main thread waits on a non-blocking barrier polled with sleeps, leaving
+the cores to the servers.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import mpitensor  # noqa: E402
 import mpitensor.distributed.rpc as rpc  # noqa: E402
 
 MIB = 1 << 20
+SETTLE_S = 0.005
 CASES = [("int", 8), ("1 MiB tensor", MIB), ("64 MiB tensor", 64 * MIB)]
 
 
@@ -52,10 +57,15 @@ def echo(x: Any) -> Any:
 
 
 def quiet_barrier(comm: Any) -> None:
-    """A barrier that sleeps while it waits (a spinning one would take a server's core)."""
+    """A barrier that sleeps while it waits (a spinning one would take a server's core).
+
+    Rank 1 waits here while rank 0 times its RPC batch: each wake-up takes the GIL from the
+    thread serving the calls (polls every 200 µs cost about 1 µs per int round trip), so it
+    sleeps 1 ms between polls.
+    """
     req = comm.Ibarrier()
     while not req.Test():
-        time.sleep(2e-4)
+        time.sleep(1e-3)
 
 
 def serve_raw(comm: Any, name: str, buf: np.ndarray, n: int) -> None:
@@ -77,9 +87,15 @@ def timed(fn: Callable[[], None], n: int) -> float:
 
 
 def batch_size(fn: Callable[[], None], target_s: float) -> int:
-    """Round trips per repetition: enough for ``target_s`` seconds (at least 2)."""
-    one = timed(fn, 3)
-    return max(2, min(5000, int(target_s / max(one, 1e-7))))
+    """Round trips per repetition: enough for ``target_s`` seconds (at least 2).
+
+    Timed after a few warm-up calls: the first call after a pause is slower (the peer's
+    progress thread is napping), and sizing the batch on it gave batches of a few hundred int
+    round trips, each paying that first call (about 6 µs per call of a 13 µs round trip).
+    """
+    timed(fn, 3)
+    one = min(timed(fn, 10), timed(fn, 10))
+    return max(2, min(20000, int(target_s / max(one, 1e-7))))
 
 
 def _torch_rpc(comm: Any) -> "tuple[Optional[Any], str]":
@@ -116,6 +132,11 @@ def measure(comm: Any, libs: Dict[str, Callable[[], None]], raw_buf: np.ndarray,
     for _rep in range(reps + 1):  # repetition 0 warms up and sizes the batches
         for name, fn in libs.items():
             quiet_barrier(comm)
+            # the RPC agents poll for 2 ms after their last message: let them go quiet, so
+            # that they do not compete with a raw ping-pong batch; then start together (the
+            # quiet barrier lets the ranks leave up to a millisecond apart)
+            time.sleep(SETTLE_S)
+            comm.Barrier()
             if name.startswith("mpi4py"):
                 first = name not in sizes
                 n = 5 if first else sizes[name]

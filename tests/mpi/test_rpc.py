@@ -279,6 +279,15 @@ def test_many_concurrent_async(rpc_world):
     assert [f.wait() for f in futs] == [i * i for i in range(1000)]
 
 
+def test_deadline_table_stays_small(rpc_world):
+    """Answered calls leave no deadline behind for long (it would grow by 20,000 a second)."""
+    rank, size = rpc_world
+    agent = rpc._get_current_rpc_agent()
+    for i in range(3000):
+        assert rpc.rpc_sync((rank + 1) % size, square, args=(i,)) == i * i
+    assert len(agent.heap) < 1100, len(agent.heap)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_large_array_zero_copy(rpc_world):
     rank, size = rpc_world
@@ -662,3 +671,65 @@ def test_distributed_optimizer(rpc_world):
         opt = DistributedOptimizer(optim.SGD, [w], lr=0.5)
         opt.step(cid)
     np.testing.assert_allclose(rpc.rpc_sync(owner, param_value, args=(w,)), [-0.5, 0.0])
+
+
+def affine(x, w):
+    return x * w + w
+
+
+def make_param64():
+    return torch.tensor(np.array([1.5, -2.0]), requires_grad=True)
+
+
+def fetch_and_square(rref):
+    """Runs on another worker inside the caller's context: to_here() there, then more graph."""
+    return rref.to_here() ** 2
+
+
+def owner_grad(cid, rref):
+    """On an RRef's owner: the context's gradient of the tensor the RRef holds."""
+    import mpitensor.distributed.autograd as dist_autograd
+
+    g = dist_autograd.get_gradients(cid).get(rref.local_value())
+    return None if g is None else g.numpy().copy()
+
+
+def test_dist_autograd_remote_and_to_here(rpc_world):
+    """remote()'s arguments and to_here()'s value are recorded: backward crosses both."""
+    import mpitensor.distributed.autograd as dist_autograd
+    import mpitensor.optim as optim
+    from mpitensor.distributed.optim import DistributedOptimizer
+
+    rank, size = rpc_world
+    peer, third = (rank + 1) % size, (rank + 2) % size
+    x0, w0 = np.array([0.5, -1.0]), np.array([2.0, 3.0])
+    # the oracle: one process, the same weights
+    lx = torch.tensor(x0, requires_grad=True)
+    lw = torch.tensor(w0, requires_grad=True)
+    lp = make_param64()
+    ly = affine(lx, lw)
+    ((ly ** 2 * ly).sum() + (lp * ly).sum()).backward()
+
+    p_rref = rpc.remote(peer, make_param64)  # a parameter that lives on the peer
+    with dist_autograd.context() as cid:
+        x = torch.tensor(x0, requires_grad=True)
+        w = torch.tensor(w0, requires_grad=True)
+        y_rref = rpc.remote(peer, affine, args=(x, w))  # the arguments' edges: here -> peer
+        z = rpc.rpc_sync(third, fetch_and_square, args=(y_rref,))  # peer -> third -> here
+        y = y_rref.to_here()  # peer -> here
+        p = p_rref.to_here()  # the parameter, peer -> here
+        assert y.requires_grad and p.requires_grad and z.requires_grad
+        dist_autograd.backward(cid, [(z * y).sum() + (p * y).sum()])
+        grads = dist_autograd.get_gradients(cid)
+        np.testing.assert_allclose(grads[x].numpy(), lx.grad.numpy(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(grads[w].numpy(), lw.grad.numpy(), rtol=1e-6, atol=1e-6)
+        assert x.grad is None and w.grad is None
+        # the parameter's gradient is on its owner
+        np.testing.assert_allclose(rpc.rpc_sync(peer, owner_grad, args=(cid, p_rref)),
+                                   lp.grad.numpy(), rtol=1e-6, atol=1e-6)
+        DistributedOptimizer(optim.SGD, [p_rref], lr=0.25).step(cid)
+    np.testing.assert_allclose(p_rref.to_here().detach().numpy(),
+                               lp.detach().numpy() - 0.25 * lp.grad.numpy(), rtol=1e-6)
+    # outside a context nothing is recorded: a plain copy
+    assert not rpc.remote(peer, affine, args=(torch.tensor(x0), torch.tensor(w0))) \
+        .to_here().requires_grad

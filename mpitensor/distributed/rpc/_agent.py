@@ -7,9 +7,14 @@ Threads and who touches MPI:
   deadlines, and sends what the control queue holds (RRef fork/delete notices, which are queued
   by ``__del__`` methods that may run in any thread at any moment). It runs no user code: a
   request goes to the worker pool;
-* the **worker pool** (``num_worker_threads``) unpickles requests, runs the functions, and
-  sends the replies itself;
-* a **user thread** pickles its call and sends it itself, then sleeps on the future's lock.
+* the **worker pool** (``num_worker_threads``, ``_pool.WorkerPool``: a one-lock hand-off per
+  task) unpickles requests, runs the functions, and sends the replies itself;
+* a **user thread** pickles its call and sends it itself, then polls for the reply itself
+  (``poll_hot``) and, if it is slow to come, sleeps on the future's lock.
+
+On the hot path of back-to-back calls no thread hands anything to another: the caller meets
+its reply, and the pool thread that served a request polls for the next one and runs it
+(``poll_hot``) while the progress thread stands aside.
 
 Sending from any thread needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default); measured against
 queueing every send to the progress thread, sending directly saved a thread hand-off per
@@ -19,7 +24,11 @@ senders never mix them up.
 The progress thread never sleeps while work is fresh: after each message it polls with
 ``sched_yield`` for 2 ms (as ``_watchdog.Backoff`` does), keeps yielding while transfers are
 in flight, and then sleeps for a growing fraction of the idle time, up to 1 ms: an idle agent
-costs about 1 % of a core. A thread that sends a request wakes it, so the reply is met hot.
+costs about 2-3 % of a core. A thread that sends a request wakes it, so the reply is met hot.
+
+Peers that die without a word (SIGKILL) are noticed by the thread driving progress, through
+the process table or a heartbeat (``_liveness``): the calls waiting on them fail with
+``PeerFailedError`` instead of at their deadline.
 
 Graceful shutdown is a termination protocol over point-to-point messages (so it needs only
 the workers still alive): the lowest live rank coordinates rounds; in each, every worker that
@@ -40,7 +49,6 @@ import os
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -48,8 +56,9 @@ import numpy as np
 from ... import _workspace
 from ...errors import DistributedTimeoutError, PeerFailedError
 from .. import _watchdog
-from . import _wire
+from . import _liveness, _wire
 from ._future import Future
+from ._pool import WorkerPool
 from .errors import RpcNotInitializedError, UnknownWorkerError
 
 logger = logging.getLogger("mpitensor.distributed.rpc")
@@ -59,6 +68,13 @@ _IMPROBE_BATCH = 64  # headers taken per loop turn before the other duties get a
 _TRANSFER_YIELD_S = 0.02  # with transfers in flight, yield (never sleep) this long
 _LEAVE_WAIT_S = 0.5  # how long a leaving agent waits for its notices to go out
 _TOKEN_WAIT_S = 2e-5  # a pool thread waits this long for the progress thread's turn to end
+_CHORES_S = 1e-4  # a hot poller tests transfers, expires deadlines etc. this often
+# a hot poller polls without yielding this long after news: a reply or the next request
+# comes within about 10 µs when the cores are free. Longer spins (50-200 µs) measured no
+# better there, and worse under load (mean round trip 1.5-2x that of no spin, with other jobs
+# on the two cores), where spinning holds the core a descheduled peer needs
+_SPIN_S = 1e-5
+_NUMBERS = (int, float)
 
 
 class WorkerInfo:
@@ -153,10 +169,11 @@ class Agent:
         try:
             self.rank = self.comm.Get_rank()
             self.size = self.comm.Get_size()
-            names = self.comm.allgather(name)
+            idents = self.comm.allgather((name, _liveness.identity()))
         except BaseException:
             self.comm.Free()
             raise
+        names = [n for n, _ in idents]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             self.comm.Free()
@@ -171,8 +188,10 @@ class Agent:
         self.rpc_timeout = rpc_timeout
         self.num_worker_threads = num_worker_threads
         self.tag_ub = int(self.comm.Get_attr(MPI.TAG_UB))
-        self.pool = ThreadPoolExecutor(num_worker_threads, thread_name_prefix="mpitensor-rpc")
+        self.pool = WorkerPool(num_worker_threads, "mpitensor-rpc")
         self.reqids = itertools.count(1)  # request ids and RRef/fork ids, one sequence
+        self.func_refs: Dict[Any, bytes] = {}  # functions sent by reference (see _wire)
+        self.funcs: Dict[bytes, Any] = {}  # and those received
         self.pending: Dict[int, _Pending] = {}
         self.new_deadlines: collections.deque = collections.deque()
         self.new_sends: collections.deque = collections.deque()
@@ -180,16 +199,21 @@ class Agent:
         # the progress engine's state, touched only by the thread holding ``token``
         self.token = threading.Lock()
         self.status = MPI.Status()
-        self.sends: list = []  # (requests, message, buffers) of sends not yet complete
+        self.sends: list = []  # (requests, message, buffers, dest) of sends not yet complete
         self.incoming: List[_Incoming] = []  # headers whose buffers are still arriving
         self.heap: list = []  # (deadline, request id)
         self.grab = False
         self.grabbed: Optional[Tuple[Callable, tuple]] = None
         self.pollers = 0  # threads polling instead of the progress thread (0 or 1)
+        self.chores_at = 0.0  # when a hot poller next takes a full turn (see poll_hot)
         self.standing_by = False
         self.active_at = 0.0
         self.gone: set = set()
-        self.lock = threading.Lock()  # counters below
+        self.gone_why: Dict[int, str] = {}  # peers that died without notice: how we know
+        self.abandoned: list = []  # transfers with dead peers: never complete, never freed
+        self.watch = _liveness.PeerWatch(self.rank, [i for _, i in idents])
+        self.seen = self.watch.seen
+        self.lock = threading.Lock()  # sent_to and busy (recv_from is written under token)
         self.sent_to = [0] * self.size
         self.recv_from = [0] * self.size
         self.busy = 0  # requests being served, callbacks being run
@@ -212,6 +236,7 @@ class Agent:
         self.last_post = _perf()
         self.thread = threading.Thread(target=self._loop, name="mpitensor-rpc-progress",
                                        daemon=True)
+        self.poll_for = self._poll_for  # (bound once: every call's future gets it)
 
     def start(self) -> None:
         """Start serving (once this agent is the process's: requests may come at once)."""
@@ -220,6 +245,12 @@ class Agent:
     # ------------------------------------------------------------------------ addressing
     def resolve(self, to: Any, what: str) -> int:
         """The rank ``to`` (a name, a rank or a WorkerInfo) names; raise before any traffic."""
+        if to.__class__ is str:  # the common cases first
+            rank = self.by_name.get(to)
+            if rank is not None:
+                return rank
+        elif to.__class__ is int and 0 <= to < self.size:
+            return to
         if isinstance(to, WorkerInfo):
             if not (0 <= to.id < self.size) or self.infos[to.id].name != to.name:
                 raise UnknownWorkerError(
@@ -276,18 +307,32 @@ class Agent:
         Raises before sending: ``TypeError`` for an argument that cannot be pickled,
         ``PeerFailedError`` if ``dest`` has left, ``RpcNotInitializedError`` after shutdown.
         """
-        self.check_running(what)
-        seconds, deadline = self.deadline_of(timeout, what)
-        if kind == _wire.CALL:
-            ctx = _wire.hooks.current()
-            if ctx is not None:  # the callee runs inside this distributed autograd context
-                obj = (*obj, ctx)
+        if not self.running:
+            self.check_running(what)
+        t0 = _perf()
+        if timeout == -1 and type(timeout) in _NUMBERS:  # the default: the common case
+            seconds = self.rpc_timeout or math.inf
+            deadline = t0 + seconds
+        else:
+            seconds, deadline = self.deadline_of(timeout, what)
+        if kind <= _wire.FETCH:
+            # inside a distributed autograd context, the request carries it: the callee runs
+            # the function (CALL, REMOTE) or pickles the value (FETCH) inside it, so that the
+            # tensors that travel are recorded on both sides
+            ctx = _wire.hooks.attach(dest)
+            if kind == _wire.FETCH:
+                obj = (obj, ctx)
+            else:
+                ref = _wire.func_ref(obj[0], self.func_refs)
+                if ref is not None:  # the function's pickle, made once (see _wire)
+                    obj = (ref, *obj[1:])
+                if ctx is not None:
+                    obj = (*obj, ctx)
         data, bufs = self.pickle_for(dest, obj, what, "its arguments")
         if reqid is None:
             reqid = next(self.reqids)
         fut: Future = Future()
-        fut._hot = self._poll_for
-        t0 = _perf()
+        fut._hot = self.poll_for
         self.pending[reqid] = _Pending(fut, dest, deadline, what, t0)
         if dest in self.gone or not self.running:
             self.pending.pop(reqid, None)
@@ -298,38 +343,49 @@ class Agent:
         self.post(dest, kind, flags, reqid, data, bufs)
         return fut
 
-    def pickle_for(self, dest: int, obj: Any, what: str, whose: str) -> Tuple[bytes, list]:
+    def pickle_for(self, dest: int, obj: Any, what: Any, whose: str) -> Tuple[bytes, list]:
         try:
             return _wire.dumps(obj, dest)
         except Exception as e:  # noqa: BLE001 - any pickling failure reads the same
-            raise TypeError(
-                f"{what}: {whose} cannot be pickled for {self.infos[dest]!r}: "
-                f"{type(e).__name__}: {e}. RPC sends functions by reference (define them at "
-                "module level, importable on every worker) and arguments by pickle; lambdas, "
-                "local functions, locks, sockets and open files cannot be sent") from e
+            raise self.unpicklable(dest, what, whose, e) from e
+
+    def unpicklable(self, dest: int, what: Any, whose: str, e: Exception) -> TypeError:
+        """The error for a message to ``dest`` that cannot be pickled."""
+        return TypeError(
+            f"{what}: {whose} cannot be pickled for {self.infos[dest]!r}: "
+            f"{type(e).__name__}: {e}. RPC sends functions by reference (define them at "
+            "module level, importable on every worker) and arguments by pickle; lambdas, "
+            "local functions, locks, sockets and open files cannot be sent")
 
     def post(self, dest: int, kind: int, flags: int, reqid: int, data: bytes,
              bufs: List[memoryview]) -> None:
         """Send one message (header + buffers) from this thread."""
         if not self.running and kind != _wire.LEAVE:
             return  # shut down non-gracefully: nothing goes out any more
-        MPI = self.MPI
-        buftag = _wire.next_buffer_tag(self.tag_ub) if bufs else 0
-        msg = _wire.pack(kind, flags, reqid, buftag, data, bufs)
         if kind <= _wire.COUNTED:
             with self.lock:
                 self.sent_to[dest] += 1
         stats = self.stats
         stats["messages"] += 1
-        stats["inband_bytes"] += len(msg)
         comm = self.comm
-        reqs = [comm.Isend([msg, MPI.BYTE], dest, _wire.TAG_HEADER)]
-        for b in bufs:
-            reqs.append(comm.Isend([b, MPI.BYTE], dest, buftag))
-            stats["oob_bytes"] += b.nbytes
-            stats["oob_buffers"] += 1
-        if not MPI.Request.Testall(reqs):
-            self.new_sends.append((reqs, msg, bufs))
+        if not bufs:
+            msg = _wire.pack_small(kind, flags, reqid, data)
+            stats["inband_bytes"] += len(msg)
+            req = comm.Isend(msg, dest, _wire.TAG_HEADER)
+            if not req.Test():
+                self.new_sends.append(([req], msg, bufs, dest))
+        else:
+            MPI = self.MPI
+            buftag = _wire.next_buffer_tag(self.tag_ub)
+            msg = _wire.pack(kind, flags, reqid, buftag, data, bufs)
+            stats["inband_bytes"] += len(msg)
+            reqs = [comm.Isend([msg, MPI.BYTE], dest, _wire.TAG_HEADER)]
+            for b in bufs:
+                reqs.append(comm.Isend([b, MPI.BYTE], dest, buftag))
+                stats["oob_bytes"] += b.nbytes
+                stats["oob_buffers"] += 1
+            if not MPI.Request.Testall(reqs):
+                self.new_sends.append((reqs, msg, bufs, dest))
         self.last_post = _perf()
         if self.sleeping:
             self.wake_evt.set()
@@ -345,11 +401,19 @@ class Agent:
         info = self.infos[dest]
         state = (f"stopped waiting for a reply from {info!r}" if waiting
                  else f"cannot send to {info!r}")
-        err = PeerFailedError(
-            f"{what}: {self.where} {state}: that worker has left (it "
-            "called shutdown(graceful=False) or its process exited) and serves no requests any "
-            "more. Make the call to a live worker, or have every worker call rpc.shutdown() "
-            "so that none leaves while others still need it")
+        why = self.gone_why.get(dest)
+        if why is not None:
+            err = PeerFailedError(
+                f"{what}: {self.where} {state}: that worker died without notice ({why}) and "
+                "serves no requests any more. Make the call to a live worker; to carry on "
+                "without it, have the surviving workers call rpc.shutdown(), which no longer "
+                "waits for it")
+        else:
+            err = PeerFailedError(
+                f"{what}: {self.where} {state}: that worker has left (it "
+                "called shutdown(graceful=False) or its process exited) and serves no requests "
+                "any more. Make the call to a live worker, or have every worker call "
+                "rpc.shutdown() so that none leaves while others still need it")
         err.rank = dest  # type: ignore[attr-defined]
         return err
 
@@ -366,23 +430,28 @@ class Agent:
             raise
 
     def _task(self, fn: Callable, args: tuple) -> None:
-        """A pool task; afterwards the thread polls for the next request and runs it itself."""
-        while True:
-            try:
-                fn(*args)
-            except BaseException:  # noqa: BLE001 - a task must never kill a pool thread
-                logger.exception("RPC worker task failed on %s", self.where)
-            finally:
-                with self.lock:
-                    self.busy -= 1
-            del fn, args
-            if self.pollers or not self.running:
-                return  # another thread polls already
-            nxt = self.poll_hot(None, True, _TOKEN_WAIT_S)
-            if nxt is None:
-                return
-            fn, args = nxt
-            del nxt  # (the request's buffers must not outlive its run)
+        """A pool task; afterwards the thread polls for the next request and runs it itself.
+
+        The task counts as work (``busy``) until the thread stops polling: a request it grabs
+        is counted from its arrival, without touching the counter.
+        """
+        try:
+            while True:
+                try:
+                    fn(*args)
+                except BaseException:  # noqa: BLE001 - a task must never kill a pool thread
+                    logger.exception("RPC worker task failed on %s", self.where)
+                del fn, args
+                if self.pollers or not self.running:
+                    return  # another thread polls already
+                nxt = self.poll_hot(None, True, _TOKEN_WAIT_S)
+                if nxt is None:
+                    return
+                fn, args = nxt
+                del nxt  # (the request's buffers must not outlive its run)
+        finally:
+            with self.lock:
+                self.busy -= 1
 
     def hold(self) -> None:
         """Count a reply still to be sent after its task ended (async_execution)."""
@@ -406,8 +475,13 @@ class Agent:
         data, bufs = _wire.dumps(_wire.encode_error(exc, self.where), dest)
         self.post(dest, _wire.ERROR, 0, reqid, data, bufs)
 
-    def reply_from_future(self, dest: int, reqid: int, fut: Any, what: str) -> None:
-        """Send the reply once ``fut`` completes (the reply of an async_execution function)."""
+    def reply_from_future(self, dest: int, reqid: int, fut: Any, what: Any,
+                          ctx: Any = None) -> None:
+        """Send the reply once ``fut`` completes (the reply of an async_execution function).
+
+        ``ctx``: the distributed autograd context the request carried: the reply is pickled
+        inside it (in whichever thread completes ``fut``).
+        """
         if not isinstance(fut, Future):
             self.reply_error(dest, reqid, TypeError(
                 f"{what}: a function decorated with @rpc.functions.async_execution must return "
@@ -416,53 +490,82 @@ class Agent:
         self.hold()
 
         def done(f: Future) -> None:
+            token = None
             try:
                 exc = f.exception()
                 if exc is not None:
                     self.reply_error(dest, reqid, exc)
                 else:
+                    if ctx is not None:
+                        token = _wire.hooks.enter(ctx)
                     self.reply(dest, reqid, f.value(), what)
             finally:
+                if token is not None:
+                    _wire.hooks.exit(token)
                 self.release()
 
         fut.add_done_callback(done)
 
     def _serve_call(self, src: int, reqid: int, data: Any, arrays: list) -> None:
-        what: Any = _Lazy(lambda: f"rpc from {self.infos[src]!r}")
-        token = None
+        token = ctx = None
         try:
             try:
                 call = _wire.loads(data, arrays)
                 del data, arrays
-                func, args, kwargs = call[:3]
-                if len(call) > 3:
-                    token = _wire.hooks.enter(call[3])
+                if len(call) == 3:
+                    func, args, kwargs = call
+                else:
+                    func, args, kwargs, ctx = call
+                    token = _wire.hooks.enter(ctx)
                 del call
-                what = _Lazy(lambda: f"{_func_name(func)} called by {self.infos[src]!r}")
+                if func.__class__ is bytes:
+                    func = _wire.load_func(func, self.funcs)
                 result = func(*args, **kwargs)
                 del args, kwargs
             except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
                 self.reply_error(src, reqid, e)
                 return
-            if isinstance(result, _AsyncResult):
-                self.reply_from_future(src, reqid, result.fut, what)
-            elif is_async(func):
-                self.reply_from_future(src, reqid, result, what)
-            else:
-                self.reply(src, reqid, result, what)
+            if result.__class__ is _AsyncResult or is_async(func):
+                what = _Lazy(lambda: f"{_func_name(func)} called by {self.infos[src]!r}")
+                fut = result.fut if result.__class__ is _AsyncResult else result
+                del result
+                self.reply_from_future(src, reqid, fut, what, ctx)
+            else:  # (reply() inlined: the hot path of every call)
+                try:
+                    data, bufs = _wire.dumps(result, src)
+                except Exception as e:  # noqa: BLE001 - the caller gets a clear TypeError
+                    what = f"{_func_name(func)} called by {self.infos[src]!r}"
+                    err = self.unpicklable(src, what, "the result", e)
+                    err.__cause__ = e
+                    self.reply_error(src, reqid, err)
+                    return
+                del result
+                self.post(src, _wire.REPLY, 0, reqid, data, bufs)
         finally:
             if token is not None:
                 _wire.hooks.exit(token)
 
     def _serve_remote(self, entry: OwnerEntry, src: int, data: Any, arrays: list) -> None:
+        token = None
         try:
-            func, args, kwargs = _wire.loads(data, arrays)
+            call = _wire.loads(data, arrays)
             del data, arrays
+            if len(call) == 3:
+                func, args, kwargs = call
+            else:  # made inside a distributed autograd context: run inside it
+                func, args, kwargs, ctx = call
+                token = _wire.hooks.enter(ctx)
+            del call
+            if func.__class__ is bytes:
+                func = _wire.load_func(func, self.funcs)
             result = func(*args, **kwargs)
             del args, kwargs
         except BaseException as e:  # noqa: BLE001 - kept for to_here() to raise
             entry.future._try_complete(None, e)
             return
+        finally:
+            if token is not None:
+                _wire.hooks.exit(token)
         if isinstance(result, _AsyncResult) or is_async(func):
             fut = result.fut if isinstance(result, _AsyncResult) else result
             if not isinstance(fut, Future):
@@ -484,16 +587,20 @@ class Agent:
 
     def _serve_fetch(self, src: int, reqid: int, data: Any) -> None:
         try:
-            rref_id = _wire.loads(data, [])
+            rref_id, ctx = _wire.loads(data, [])
         except BaseException as e:  # noqa: BLE001
             self.reply_error(src, reqid, e)
             return
         entry = self.owner_get(rref_id)
-        self.reply_from_future(src, reqid, entry.future, f"to_here() by {self.infos[src]!r}")
+        self.reply_from_future(src, reqid, entry.future, f"to_here() by {self.infos[src]!r}",
+                               ctx)
 
     def remote_self(self, entry: OwnerEntry, obj: Any, what: str) -> None:
         """``remote()`` to this very worker: run on the pool, arguments copied as a message's."""
         self.check_running(what)
+        ctx = _wire.hooks.attach(self.rank)
+        if ctx is not None:
+            obj = (*obj, ctx)
         data, bufs = self.pickle_for(self.rank, obj, what, "its arguments")
         self.spawn(self._serve_remote, entry, self.rank, data, [bytearray(b) for b in bufs])
 
@@ -590,9 +697,12 @@ class Agent:
                 break
         sends, incoming, heap = self.sends, self.incoming, self.heap
         while self.new_sends:
-            sends.append(self.new_sends.popleft())
+            x = self.new_sends.popleft()
+            (self.abandoned if x[3] in self.gone else sends).append(x)
         while self.new_deadlines:
             heapq.heappush(heap, self.new_deadlines.popleft())
+        if len(heap) > 2 * len(self.pending) + 1024:
+            self._prune_deadlines()
         took = 0.0
         if incoming or sends:
             before = _perf()
@@ -609,12 +719,55 @@ class Agent:
                 incoming[:] = left
             if sends:
                 n = len(sends)
-                sends[:] = [x for x in sends if not testall(x[0])]
+                failed: list = []
+                sends[:] = [x for x in sends if not self._sent(x, testall, failed)]
                 worked = worked or len(sends) != n
+                for rank, why in failed:
+                    self._peer_died(rank, why)
             took = _perf() - before
-        if heap and heap[0][0] <= _perf():
-            self._expire(heap, _perf())
+        now = _perf()
+        if heap and heap[0][0] <= now:
+            self._expire(heap, now)
+        if now >= self.watch.next_at:
+            self._check_peers(now)
         return worked, took
+
+    def _sent(self, entry: tuple, testall: Callable, failed: list) -> bool:
+        """Whether an outstanding send is over: complete, or failed (noted in ``failed``)."""
+        try:
+            return testall(entry[0])
+        except self.MPI.Exception as e:  # the destination is dead (a network error)
+            failed.append((entry[3], f"sending to it failed: {e}"))
+            return True
+
+    def _check_peers(self, now: float) -> None:
+        """Check that the peers this worker waits on are alive (see ``_liveness``)."""
+        if self.in_shutdown:
+            targets = set(self.live())
+        else:
+            targets = {p.dest for p in list(self.pending.values())}
+        targets.discard(self.rank)
+        targets -= self.gone
+        pings, dead = self.watch.check(now, targets)
+        for r in pings:
+            try:
+                self.post(r, _wire.PING, 0, 0, b"", [])
+            except self.MPI.Exception as e:
+                dead.append((r, f"sending to it failed: {e}"))
+        for r, why in dead:
+            self._peer_died(r, why)
+
+    def _prune_deadlines(self) -> None:
+        """Rebuild the deadline heap from the calls still waiting.
+
+        A call answered before its deadline leaves its entry in the heap (removing it would
+        cost a search); at 20,000 calls a second with the default 60 s deadline that would be
+        over a million entries.
+        """
+        pending = self.pending
+        heap = [e for e in self.heap if e[1] in pending]
+        heapq.heapify(heap)
+        self.heap[:] = heap
 
     def poll_hot(self, done: Optional[Callable[[], bool]], grab: bool,
                  wait_token: float = 0.0) -> Optional[Tuple[Callable, tuple]]:
@@ -622,9 +775,15 @@ class Agent:
 
         A thread waiting for a reply (``done``: its future's ``done``) meets the reply itself,
         and a pool thread that has just served a request (``grab``) meets the next request
-        and runs it itself: no thread hand-off on the hot path of back-to-back calls. Polls
-        with ``sched_yield`` for at most :data:`_watchdog._YIELD_S` without news; meanwhile
-        the progress thread stands aside. Returns the request grabbed (to run), if any.
+        and runs it itself: no thread hand-off on the hot path of back-to-back calls. After
+        news it polls without pause for :data:`_SPIN_S` (not where the node has more ranks
+        than cores), then with ``sched_yield`` between polls, and gives up after
+        :data:`_watchdog._YIELD_S` without news; meanwhile the progress thread stands aside.
+        Returns the request grabbed (to run), if any.
+
+        Between full turns of the engine (every :data:`_CHORES_S`, or every poll while
+        transfers or notices are under way) a poll is one ``Improbe``: the reply or request
+        is met within about a microsecond of its arrival, and checked for at once.
         """
         token = self.token
         if not (token.acquire(timeout=wait_token) if wait_token else token.acquire(False)):
@@ -632,10 +791,29 @@ class Agent:
         task = None
         self.pollers += 1
         try:
-            t0 = _perf()
-            end = t0 + _watchdog._YIELD_S
+            improbe = self.comm.Improbe
+            status = self.status
+            anywhere, tag = self.MPI.ANY_SOURCE, _wire.TAG_HEADER
+            now = _perf()
+            end = now + _watchdog._YIELD_S
+            # spin before yielding, unless this node has more ranks than cores (then a spin
+            # takes the core from the peer whose message is awaited; see _watchdog)
+            spin = _SPIN_S if _watchdog._SPIN_S else 0.0
+            spin_until = now + spin
             while self.running and not (done is not None and done()):
-                worked, took = self._progress_once(grab)
+                if (now >= self.chores_at or self.sends or self.incoming or self.ctlq
+                        or self.new_sends):
+                    worked, took = self._progress_once(grab)
+                    self.chores_at = now + _CHORES_S
+                else:
+                    m = improbe(anywhere, tag, status)
+                    worked, took = m is not None, 0.0
+                    if worked:
+                        self.grab = grab
+                        try:
+                            self._receive(m, status)
+                        finally:
+                            self.grab = False
                 if self.grabbed is not None:
                     task, self.grabbed = self.grabbed, None
                     break
@@ -643,9 +821,14 @@ class Agent:
                 if worked or took > _watchdog._BUSY_TEST_S:
                     end = now + _watchdog._YIELD_S
                     self.active_at = now
+                    if worked:
+                        spin_until = now + spin
+                        continue  # the reply may be in: check before yielding the core
                 elif now >= end:
                     break
-                _yield()
+                if now >= spin_until:
+                    _yield()
+                    now = _perf()
         finally:
             self.pollers -= 1
             token.release()
@@ -712,14 +895,15 @@ class Agent:
                 "this agent cannot complete calls any more"))
 
     def _receive(self, m: Any, status: Any) -> None:
-        MPI = self.MPI
         src = status.Get_source()
-        buf = bytearray(status.Get_count(MPI.BYTE))
-        m.Recv([buf, MPI.BYTE])
+        self.seen[src] = 1
+        buf = bytearray(status.Get_count())  # (the count of MPI.BYTE: the default type)
+        m.Recv(buf)
         kind, flags, reqid, buftag, data, sizes = _wire.unpack(buf)
         if not sizes:
             self._deliver(src, kind, flags, reqid, data, [])
             return
+        MPI = self.MPI
         # recycled buffers: a fresh 64 MiB array is page-faulted in by the receive itself,
         # which took as long as the transfer (the buffer is reused once nothing refers to it)
         arrays = [_workspace.empty(np, (s,), np.uint8) for s in sizes]
@@ -732,8 +916,7 @@ class Agent:
     def _deliver(self, src: int, kind: int, flags: int, reqid: int, data: Any,
                  arrays: list) -> None:
         if kind <= _wire.COUNTED:
-            with self.lock:
-                self.recv_from[src] += 1
+            self.recv_from[src] += 1  # (only the thread holding ``token`` writes it)
         if kind == _wire.REPLY or kind == _wire.ERROR:
             p = self.pending.pop(reqid, None)
             if p is None:
@@ -751,8 +934,6 @@ class Agent:
             self._complete(p.fut, value, exc)
         elif kind == _wire.CALL:
             if self.grab and self.grabbed is None:  # the polling pool thread runs it itself
-                with self.lock:
-                    self.busy += 1
                 self.grabbed = (self._serve_call, (src, reqid, data, arrays))
                 self.stats["grabbed"] += 1
             else:
@@ -782,6 +963,10 @@ class Agent:
             self.counts.setdefault(reqid, {})[src] = _wire.loads(data, arrays)
         elif kind == _wire.DONE:
             self.term_done = True
+        elif kind == _wire.PING:
+            self.post(src, _wire.PONG, 0, 0, b"", [])
+        elif kind == _wire.PONG:
+            pass  # (_receive noted that src is alive)
         else:
             logger.error("%s: message of unknown kind %d from rank %d dropped", self.where,
                          kind, src)
@@ -823,6 +1008,24 @@ class Agent:
                 "call (0: none) or set rpc_timeout in TensorPipeRpcBackendOptions",
                 op=p.what, elapsed=elapsed, missing=[p.dest])
             self._complete(p.fut, None, err)
+
+    def _peer_died(self, rank: int, why: str) -> None:
+        """``rank`` died without notice: fail the calls waiting on it, and refuse new ones."""
+        if rank == self.rank or rank in self.gone:
+            return
+        self.gone_why[rank] = why
+        self.gone.add(rank)
+        logger.warning("%s: %r died without notice (%s); calls to it fail from now on",
+                       self.where, self.infos[rank], why)
+        # its transfers will never complete: stop testing them, and never free them
+        dead_sends = [x for x in self.sends if x[3] == rank]
+        dead_incoming = [x for x in self.incoming if x.src == rank]
+        if dead_sends or dead_incoming:
+            self.abandoned += dead_sends + dead_incoming
+            self.sends[:] = [x for x in self.sends if x[3] != rank]
+            self.incoming[:] = [x for x in self.incoming if x.src != rank]
+        self._fail_all(lambda p: self.gone_error(p.dest, p.what, waiting=True),
+                       lambda p: p.dest == rank)
 
     def _peer_left(self, src: int) -> None:
         if src == self.rank or src in self.gone:
@@ -925,7 +1128,7 @@ class Agent:
                 reqs = [x for x in reqs if not x[0].Test()]
                 if reqs:
                     time.sleep(1e-4)
-            self._abandoned = reqs  # never freed while MPI may still touch them
+            self.abandoned += reqs  # never freed while MPI may still touch them
         else:
             # the last messages (DONE, COUNT) must leave before the progress thread stops
             end = _perf() + _LEAVE_WAIT_S

@@ -76,6 +76,18 @@ def _current() -> Optional[_CtxRef]:
     return None if cid is None else _CtxRef(cid)
 
 
+def _attach(dest: int) -> Optional[_CtxRef]:
+    """The context a request to ``dest`` made in this thread carries (``dest`` joins it)."""
+    cid = getattr(_tls, "ctx", None)
+    if cid is None:
+        return None
+    ctx = _contexts.get(cid)
+    if ctx is not None:
+        with ctx.lock:
+            ctx.peers.add(dest)  # so that leaving the context releases it there too
+    return _CtxRef(cid)
+
+
 def _get(cid: int, create: bool = False) -> _Context:
     with _lock:
         ctx = _contexts.get(cid)
@@ -125,6 +137,7 @@ def _exit(token: Any) -> None:
 
 
 _wire.hooks.current = _current
+_wire.hooks.attach = _attach
 _wire.hooks.enter = _enter
 _wire.hooks.exit = _exit
 _wire.hooks.reduce = _reduce

@@ -19,11 +19,14 @@ import io
 import itertools
 import pickle
 import struct
+import sys
 import threading
 import traceback
-from typing import Any, Callable, List, Optional, Tuple
+import types
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 HEADER = struct.Struct("<BBHiQ")  # kind, flags, nbufs, buffer tag, request id
+_pack_head = HEADER.pack
 TAG_HEADER = 1
 _TAG_FIRST_BUF = 2
 OOB_MIN_BYTES = 32 * 1024  # smaller buffers are cheaper inside the pickle than as a message
@@ -41,10 +44,12 @@ LEAVE = 8  # the sender stops serving (shutdown(graceful=False), or its process 
 PROBE = 9  # graceful shutdown: the coordinator asks for the message counts
 COUNT = 10  # graceful shutdown: a worker's counts, sent once it is idle
 DONE = 11  # graceful shutdown: every worker is idle and no message is in flight
+PING = 12  # liveness probe of a silent peer (see _liveness): answered at once with a PONG
+PONG = 13  # the answer to a PING
 
 KIND_NAMES = {CALL: "rpc", REMOTE: "remote", FETCH: "to_here", REPLY: "reply", ERROR: "error",
               ADD: "rref fork", DEL: "rref delete", LEAVE: "leave", PROBE: "probe",
-              COUNT: "count", DONE: "done"}
+              COUNT: "count", DONE: "done", PING: "ping", PONG: "pong"}
 
 FLAG_NO_FORK = 1  # REMOTE to this very process: the caller holds the owner RRef itself
 
@@ -66,12 +71,15 @@ class ContextHooks:
     """How distributed autograd rides on RPC messages (set by ``_dist_autograd`` on import).
 
     ``current()``: the context id of this thread's ``dist_autograd.context()``, or None;
-    ``enter(ctx)``/``exit(token)``: run a served call inside the caller's context;
+    ``attach(dest)``: the same, for a request to ``dest`` made in this thread (the context
+    then reaches ``dest``, which is told when it ends), or None;
+    ``enter(ctx)``/``exit(token)``: run a served request inside the caller's context;
     ``reduce(obj, ctx, dest)``: a pickle reduction for ``obj`` (a tensor that requires grad)
     that records the send in the context, or NotImplemented.
     """
 
     current: Callable[[], Any] = staticmethod(lambda: None)
+    attach: Callable[[int], Any] = staticmethod(lambda dest: None)
     enter: Callable[[Any], Any] = staticmethod(lambda ctx: None)
     exit: Callable[[Any], None] = staticmethod(lambda token: None)
     reduce: Optional[Callable[[Any, Any, int], Any]] = None
@@ -89,6 +97,59 @@ class _ContextPickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         return hooks.reduce(obj, self.ctx, self.dest)
+
+
+# ---- functions by reference, pickled once --------------------------------------------------
+# A call's function travels by reference (module and name), as pickle sends it; pickling and
+# unpickling that reference means an import lookup each way. A plain module-level function's
+# reference is pickled once per process and sent as bytes, and the receiver keeps the function
+# it names: a call's pickling went from 0.75 to 0.52 µs, its unpickling from 0.60 to 0.37 µs.
+# Both sides check before each use that the module still binds that name to that very
+# function (as pickle itself checks), so a redefined or reloaded function is looked up afresh.
+# The two tables belong to the agent (function -> pickle, pickle -> function).
+_REF_TYPES = (types.FunctionType, types.BuiltinFunctionType)
+_CACHE_MAX = 4096
+
+
+def _current(func: Any) -> bool:
+    """Whether ``func`` is what its module binds to its name (a module-level function)."""
+    try:
+        mod = sys.modules.get(getattr(func, "__module__", None) or "")
+        return mod is not None and getattr(mod, getattr(func, "__qualname__", ""), None) is func
+    except Exception:  # noqa: BLE001 - a module's own __getattr__ failing: not ours to judge
+        return False
+
+
+def func_ref(func: Any, refs: Dict[Any, bytes]) -> Optional[bytes]:
+    """The pickle of a module-level function (kept in ``refs`` for the next call), else None."""
+    ref = refs.get(func) if type(func) in _REF_TYPES else None
+    if ref is not None:
+        if _current(func):
+            return ref
+        refs.pop(func, None)
+    if type(func) not in _REF_TYPES or not _current(func):
+        return None  # pickled with the arguments (or refused there, with the usual message)
+    try:
+        ref = pickle.dumps(func, protocol=5)
+    except Exception:  # noqa: BLE001 - let the ordinary pickling report it
+        return None
+    if len(refs) >= _CACHE_MAX:
+        refs.clear()
+    refs[func] = ref
+    return ref
+
+
+def load_func(ref: bytes, funcs: Dict[bytes, Any]) -> Any:
+    """The function a :func:`func_ref` pickle names (kept in ``funcs`` for the next call)."""
+    func = funcs.get(ref)
+    if func is not None and _current(func):
+        return func
+    func = pickle.loads(ref)
+    if type(func) in _REF_TYPES and _current(func):
+        if len(funcs) >= _CACHE_MAX:
+            funcs.clear()
+        funcs[ref] = func
+    return func
 
 
 def dumps(obj: Any, dest: int) -> Tuple[bytes, List[memoryview]]:
@@ -126,6 +187,11 @@ def pack(kind: int, flags: int, reqid: int, buftag: int, data: bytes,
     if not bufs:
         return head + data
     return b"".join((head, data, struct.pack(f"<{len(bufs)}Q", *(b.nbytes for b in bufs))))
+
+
+def pack_small(kind: int, flags: int, reqid: int, data: bytes) -> bytes:
+    """The header message of a message without out-of-band buffers (the common case)."""
+    return _pack_head(kind, flags, 0, 0, reqid) + data
 
 
 def unpack(msg: bytearray) -> Tuple[int, int, int, int, memoryview, Tuple[int, ...]]:
