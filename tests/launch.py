@@ -128,3 +128,49 @@ def run_job(args: Sequence[str], timeout: float, cwd: Optional[Path] = None,
     launch._kill_job(job_id, wait=0)
     assert not left, f"processes left behind by {' '.join(args)}: {left}"
     return proc.returncode, out, err, elapsed
+
+
+# ------------------------------------------------------------------ MPICH's shared memory
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "mpich_shm_"
+
+
+def mpich_segments() -> set:
+    """Names of MPICH's shared-memory segments in /dev/shm (empty where there is none)."""
+    try:
+        return {p.name for p in SHM_DIR.glob(SHM_PREFIX + "*")}
+    except OSError:
+        return set()
+
+
+def _mapped_segments() -> set:
+    """The segments some live process has mapped (``/proc/*/maps``)."""
+    names = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # gone, or not ours to read
+            continue
+        for line in text.splitlines():
+            at = line.find(str(SHM_DIR / SHM_PREFIX))
+            if at >= 0:
+                names.add(Path(line[at:].split()[0]).name)
+    return names
+
+
+def sweep_mpich_segments(before: set) -> List[str]:
+    """Remove the segments made since ``before`` that no live process maps; return them.
+
+    MPICH unlinks a job's segment in ``MPI_Finalize``; a job whose ranks were killed or
+    aborted (the fault tests make many) leaves its 2 MB behind in RAM-backed /dev/shm. A
+    segment still mapped belongs to a job that is running, and stays.
+    """
+    stale = sorted(mpich_segments() - set(before) - _mapped_segments())
+    removed = []
+    for name in stale:
+        try:
+            (SHM_DIR / name).unlink()
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
