@@ -36,7 +36,7 @@ import numpy as np
 from mpitensor._parallel import blas_threads, run_split, split_ranges
 from mpitensor._workspace import _inverse, empty, memory_order, xp_of
 
-__all__: list = []  # private module: used by mpitensor.nn.functional
+__all__: list = []  # private module: used by mpitensor.nn.functional and SyncBatchNorm
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,6 +248,19 @@ def _batch_norm_train(x3: Any, y3: Any, w: Optional[Any], b: Optional[Any],
     if b is not None:
         xp.add(y3, _col(b), out=y3)
     return mean, invstd, var
+
+
+def update_running_stats(rm: Optional[Any], rv: Optional[Any], mean: Any, var: Any, n: float,
+                         momentum: float) -> None:
+    """Move the running mean and variance (either may be None) toward a batch's ``mean`` and
+    biased ``var`` over ``n`` values per channel, in place; the variance as the unbiased one,
+    as torch does."""
+    if rm is not None:
+        rm *= 1.0 - momentum
+        rm += momentum * mean
+    if rv is not None:
+        rv *= 1.0 - momentum
+        rv += (momentum * n / (n - 1)) * var
 
 
 def batch_norm_eval(x3: Any, y3: Any, mean: Any, var: Any, w: Optional[Any], b: Optional[Any],

@@ -94,12 +94,7 @@ class _SyncBatchNorm(Function):
                 f"group to take a variance, but its {size} ranks hold 1 in all (this rank's "
                 f"input has shape {list(x.shape)}); use bigger batches or eval mode")
         invstd = 1.0 / xp.sqrt(var + eps)
-        if rm is not None:
-            rm *= 1.0 - momentum
-            rm += momentum * mean
-        if rv is not None:
-            rv *= 1.0 - momentum
-            rv += (momentum * count / (count - 1)) * var  # the unbiased variance, as torch
+        NK.update_running_stats(rm, rv, mean, var, count, momentum)
         if x3 is None:
             y = xp.empty(x.shape, dtype=x.dtype)
         else:

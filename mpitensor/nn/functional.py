@@ -845,13 +845,7 @@ class _BatchNorm(Function):
         y, y3 = lay.empty(xp, x.dtype)
         if training:
             mean, invstd, var = NK.batch_norm_train(x3, y3, w, b, eps)
-            n = lay.A * lay.B
-            if rm is not None:
-                rm *= 1.0 - momentum
-                rm += momentum * mean
-            if rv is not None:
-                rv *= 1.0 - momentum
-                rv += (momentum * n / (n - 1)) * var  # the unbiased variance, as torch
+            NK.update_running_stats(rm, rv, mean, var, lay.A * lay.B, momentum)
         else:
             mean = rm.copy()  # the buffer may change in place before backward runs
             invstd = NK.batch_norm_eval(x3, y3, rm, rv, w, b, eps)
