@@ -74,6 +74,8 @@ _pools = _Pools()
 
 #: the limits that active :class:`one_thread` blocks lowered to 1 (the thread budget they hide)
 _lowered: list = []
+#: active :class:`one_thread` blocks made with ``split=False``
+_serial: list = []
 
 
 class one_thread:  # noqa: N801 - used as a context manager, like threadpoolctl's
@@ -82,13 +84,17 @@ class one_thread:  # noqa: N801 - used as a context manager, like threadpoolctl'
 
     :func:`blas_threads` still reports the limit from before, inside the block: a layer whose
     products are small runs them on one BLAS thread each, and still shares its bands out over
-    that many threads of its own (:func:`run_split`).
+    that many threads of its own (:func:`run_split`). With ``split=False`` it reports 1
+    instead, so that the splits inside run in one part here: for work whose parts would be too
+    small to pay for the hand-off (LeNet's first convolution: bands of 300 K multiply-adds,
+    each mostly Python).
     """
 
-    __slots__ = ("work", "saved", "hidden")
+    __slots__ = ("work", "split", "saved", "hidden")
 
-    def __init__(self, work: int) -> None:
+    def __init__(self, work: int, split: bool = True) -> None:
         self.work = work
+        self.split = split
         self.saved: list = []
         self.hidden = 0
 
@@ -102,9 +108,13 @@ class one_thread:  # noqa: N801 - used as a context manager, like threadpoolctl'
             if self.saved:
                 self.hidden = max(n for _, n in self.saved)
                 _lowered.append(self.hidden)
+        if not self.split:
+            _serial.append(1)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if not self.split:
+            _serial.pop()
         for lib, n in self.saved:
             lib.set_num_threads(n)
         self.saved.clear()
@@ -113,27 +123,10 @@ class one_thread:  # noqa: N801 - used as a context manager, like threadpoolctl'
             self.hidden = 0
 
 
-#: active :class:`serial` blocks
-_serial: list = []
-
-
-class serial:  # noqa: N801 - a context manager
-    """``with serial():`` makes :func:`blas_threads` answer 1 for the duration, so that the
-    splits inside run in one part here: for work whose parts would be too small to pay for the
-    hand-off (LeNet's first convolution: bands of 300 K multiply-adds, each mostly Python)."""
-
-    def __enter__(self) -> "serial":
-        _serial.append(1)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        _serial.pop()
-
-
 def blas_threads() -> int:
     """The thread budget of this process: the BLAS pool's limit (the largest pool's; 1 without
     threadpoolctl), or the limit an active :class:`one_thread` block lowered, if larger; 1
-    inside :class:`serial`."""
+    inside ``one_thread(..., split=False)``."""
     if _serial:
         return 1
     live = max((lib.num_threads for lib in _pools.get()), default=1)

@@ -41,7 +41,6 @@ from mpitensor import _half
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._parallel import one_thread as one_blas_thread
-from mpitensor._parallel import serial
 from mpitensor._random import _draw
 from mpitensor.autograd import Function, _sum_to, grad_enabled_for
 from mpitensor.tensor import Tensor, _new, leaf_in_place_error
@@ -316,25 +315,7 @@ def _conv_threads(geom: K.ConvGeom) -> Any:
     bands kept on this thread where splitting them would not pay."""
     work = _conv_work(geom)
     total = geom.O * (geom.C // geom.G) * geom.kh * geom.kw * geom.OH * geom.OW * geom.N
-    if work < SPLIT_BAND_WORK or total < SPLIT_TOTAL_WORK:
-        return _both(one_blas_thread(work), serial())
-    return one_blas_thread(work)
-
-
-class _both:  # noqa: N801 - a context manager
-    __slots__ = ("a", "b")
-
-    def __init__(self, a: Any, b: Any) -> None:
-        self.a, self.b = a, b
-
-    def __enter__(self) -> "_both":
-        self.a.__enter__()
-        self.b.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.b.__exit__(*exc)
-        self.a.__exit__(*exc)
+    return one_blas_thread(work, split=work >= SPLIT_BAND_WORK and total >= SPLIT_TOTAL_WORK)
 
 
 class _Conv2d(Function):
