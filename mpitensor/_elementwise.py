@@ -30,7 +30,7 @@ from mpitensor._operators import fit_grad
 from mpitensor._parallel import SPLIT_ELEMENTS, split_pass
 from mpitensor._promotion import result_type
 from mpitensor._views import Alias
-from mpitensor._workspace import empty_like, memory_order, relu_into
+from mpitensor._workspace import empty_like, flat_in_order, memory_order, relu_into
 from mpitensor.autograd import (
     _NO_RECORD,
     Function,
@@ -215,14 +215,13 @@ class Relu(Function):
         if g.strides != out.strides:  # mixed layouts iterate slowly: bring g over first
             m.copyto(res, g)
             g = res
-        if m is np and out.size >= SPLIT_ELEMENTS:
-            order = memory_order(out)
-            flat = [a.transpose(order) for a in (g, out, res)]
-            if all(a.flags.c_contiguous for a in flat):
-                gf, of, rf = (a.reshape(-1) for a in flat)
-                split_pass(lambda s: np.multiply(gf[s[0]:s[1]], of[s[0]:s[1]] > 0,
-                                                 out=rf[s[0]:s[1]]), out.size, out.size)
-                return (res,)
+        flat = (flat_in_order(memory_order(out), g, out, res)
+                if m is np and out.size >= SPLIT_ELEMENTS else None)
+        if flat is not None:
+            gf, of, rf = flat
+            split_pass(lambda s: np.multiply(gf[s[0]:s[1]], of[s[0]:s[1]] > 0,
+                                             out=rf[s[0]:s[1]]), out.size, out.size)
+            return (res,)
         m.multiply(g, out > 0, out=res)
         return (res,)
 

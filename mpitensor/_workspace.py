@@ -129,17 +129,26 @@ def relu_into(x: Any, out: Any) -> Any:
         z = np.zeros(max(x.size, 1 << 16), dtype=x.dtype)
         z.flags.writeable = False
         _zero_cache[x.dtype] = z
-    ot = out.transpose(order)
-    if not ot.flags.c_contiguous:  # out laid out otherwise: one broadcast pass
+    flat = flat_in_order(order, x, out)
+    if flat is None:  # out laid out otherwise: one broadcast pass
         zz = z[:x.size].reshape(xt.shape).transpose(_inverse(order))
         return np.maximum(x, zz, out=out)
-    xf, of = xt.reshape(-1), ot.reshape(-1)
+    xf, of = flat
 
     def part(span: tuple) -> None:
         np.maximum(xf[span[0]:span[1]], z[:span[1] - span[0]], out=of[span[0]:span[1]])
 
     split_pass(part, x.size, x.size)
     return out
+
+
+def flat_in_order(order: tuple, *arrays: Any) -> Any:
+    """The arrays as 1-D views of their memory, when each is one block laid out in the axis
+    ``order`` (so that position ``i`` of every view is the same element); else None."""
+    views = [a.transpose(order) for a in arrays]
+    if not all(v.flags.c_contiguous for v in views):
+        return None
+    return [v.reshape(-1) for v in views]
 
 
 def memory_order(x: Any) -> tuple:
