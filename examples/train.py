@@ -31,15 +31,19 @@ keeps ``epochNNN.mt``). A checkpoint holds the model, optimizer and LR-scheduler
 epoch, the sampler's position inside the epoch, every rank's RNG states (mpitensor, NumPy,
 Python) and the settings that decide the result (world size, batch size, seed, data). With
 ``--resume`` a run killed at any point continues from the last checkpoint and ends with
-exactly the parameters of an uninterrupted run. Restarted by ``mpitensor-run --max-restarts N``
-(``TORCHELASTIC_RESTART_COUNT`` above 0), it resumes from ``--checkpoint-dir/last.mt`` by
-itself when that file exists, so ``mpitensor-run --max-restarts 2 --nproc-per-node 4
-examples/train.py`` survives a rank that dies.
+exactly the parameters of an uninterrupted run. Resumed on another number of ranks (an elastic
+restart that lost or gained hosts, or another ``mpiexec -n``), it deals the rest of the epoch
+afresh to the ranks it has (each remaining sample once), keeps the global batch (unless
+``--batch-size`` is given) and says that the result is no longer bit-identical. Restarted
+by ``mpitensor-run --max-restarts N`` (``TORCHELASTIC_RESTART_COUNT`` above 0), it resumes from
+``--checkpoint-dir/last.mt`` by itself when that file exists, so ``mpitensor-run
+--max-restarts 2 --nproc-per-node 4 examples/train.py`` survives a rank that dies, and with
+``--hostfile FILE --nnodes MIN:MAX`` a host that is lost.
 
 Errors in the command line exit with code 2 and one line on stderr (printed by rank 0 only).
 Errors found while running (missing or corrupt data, a corrupt checkpoint or one from another
-world size or model, no GPU) are agreed on by all ranks and exit with code 1 and one line per
-rank naming the file or cause and what to do, prefixed ``[rank N]`` when there are several
+model or data, no GPU) are agreed on by all ranks and exit with code 1 and one line per rank
+naming the file or cause and what to do, prefixed ``[rank N]`` when there are several
 ranks; nothing is written then. An unexpected exception on one rank prints its traceback (each
 line prefixed ``[rank N]``) and aborts the whole job (``MPI_Abort``). A save interrupted by a
 kill leaves the previous ``last.mt`` intact; the next run removes the partial temporary file.
@@ -396,7 +400,11 @@ def _other_checkpoints(path: Path) -> str:
 
 
 def validate_checkpoint(ckpt: Any, path: Path, model: Any, config: Dict[str, Any]) -> None:
-    """Raise UserError naming ``path`` when ``ckpt`` cannot continue this run exactly."""
+    """Raise UserError naming ``path`` when ``ckpt`` cannot continue this run.
+
+    The model, seed and data must be the run's own. The number of ranks may differ (an elastic
+    restart on fewer or more hosts): then the batch size is not compared either, and the rest
+    of the epoch is resharded."""
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise UserError(f"{path} is not a train.py checkpoint; pass a file written by "
                         f"train.py (--resume PATH) or start without --resume")
@@ -423,13 +431,17 @@ def validate_checkpoint(ckpt: Any, path: Path, model: Any, config: Dict[str, Any
             f"{path} holds a different model than this run's {name} ({'; '.join(diffs)}); "
             f"resume from a checkpoint of the same model or start without --resume")
     old = ckpt.get("config", {})
-    if old.get("world_size") != config["world_size"]:
-        raise UserError(
-            f"{path} was written by a run on {old.get('world_size')!r} rank(s), this run has "
-            f"{config['world_size']}; resume with `mpiexec -n {old.get('world_size')}` (the "
-            f"data shards and the result depend on it) or start afresh with another "
-            f"--checkpoint-dir")
+    saved_world, saved_batch = old.get("world_size"), old.get("batch_size")
+    if not (type(saved_world) is int and saved_world >= 1 and type(saved_batch) is int
+            and saved_batch >= 1 and len(ckpt.get("ranks") or ()) == saved_world):
+        raise UserError(f"{path} does not record the number of ranks and the batch size that "
+                        f"wrote it consistently; pass a checkpoint written by train.py or start "
+                        f"without --resume")
+    # at another number of ranks the rest of the epoch is resharded (see Training.resume)
+    resharded = saved_world != config["world_size"]
     for key, value in config.items():
+        if resharded and key in ("world_size", "batch_size"):
+            continue
         if old.get(key) != value:
             raise UserError(
                 f"{path} was written with {_flags(key)} = {old.get(key)!r}, this run has "
@@ -555,6 +567,7 @@ class Training:
         self.device, backend = _agreed(_select_device, args)
         dist.init_process_group(backend=backend)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.batch_given = args.batch_size is not None
         if args.batch_size is None:
             args.batch_size = max(1, GLOBAL_BATCH // self.world)
         self.data = _agreed(load_data, args, self.rank)
@@ -605,16 +618,54 @@ class Training:
                    f"{detail}; pass an intact checkpoint with --resume PATH"
                    f"{_other_checkpoints(path)} or start without --resume")) from None
         validate_checkpoint(ckpt, path, self.model, self.config)
+        saved = ckpt["config"]
+        saved_world, saved_batch = saved["world_size"], saved["batch_size"]
+        # the steps of an epoch of the saving run (the sampler's padded shard, in batches)
+        saved_steps = -(-(-(-len(self.data["train"]) // saved_world)) // saved_batch)
+        if saved_world != self.world:
+            self._rebatch(saved_world * saved_batch)
         self._restore(ckpt)
         where = (f"epoch {self.start_epoch + 1}, step {int(ckpt['step_in_epoch'])} of "
-                 f"{self.steps_per_epoch}" if ckpt["step_in_epoch"] else
-                 f"the end of epoch {self.start_epoch}")
+                 f"{saved_steps}"
+                 if ckpt["step_in_epoch"] else f"the end of epoch {self.start_epoch}")
         self.resumed = f"resumed from {path} at {where} (global step {self.global_step})"
+        if saved_world != self.world:
+            left = self.sampler.remaining() if ckpt["step_in_epoch"] else 0
+            self.resumed += (
+                f"; it was written by {saved_world} rank(s), this run has {self.world}: "
+                + (f"the {self._left_in_epoch(left):,} samples left in the epoch are dealt "
+                   "afresh to these ranks, " if left else "")
+                + f"global batch {self.world * args.batch_size} ({args.batch_size} per rank"
+                + (", --batch-size" if self.batch_given else "") + "); the result is not "
+                "bit-identical to a run without the change")
         old_args = ckpt.get("args", {})
         kept = [f"--{k} {old_args[k]}" for k in ("lr", "momentum", "gamma")
                 if k in old_args and old_args[k] != getattr(args, k)]
         if kept:  # the optimizer's and scheduler's states carry them, as in torch
             self.resumed += f"; the checkpoint's {', '.join(kept)} apply"
+
+    def _rebatch(self, saved_global_batch: int) -> None:
+        """At another number of ranks: keep the global batch (unless --batch-size was given)."""
+        from mpitensor.data import DataLoader
+
+        args = self.args
+        if not self.batch_given:
+            args.batch_size = max(1, saved_global_batch // self.world)
+            self.config["batch_size"] = args.batch_size
+            self.loader = DataLoader(self.data["train"], batch_size=args.batch_size,
+                                     sampler=self.sampler)
+            self.steps_per_epoch = self.history["steps_per_epoch"] = len(self.loader)
+
+    def _left_in_epoch(self, mine: int) -> int:
+        """The samples left in the epoch over all ranks, from this rank's count."""
+        import numpy as np
+
+        import mpitensor.distributed as dist
+
+        total = np.array([mine], dtype=np.int64)
+        if self.world > 1:
+            dist.all_reduce(total)
+        return int(total[0])
 
     def _restore(self, ckpt: Dict[str, Any]) -> None:
         self.model.load_state_dict(ckpt["model_state"])
@@ -622,9 +673,20 @@ class Training:
         self.scheduler.load_state_dict(ckpt["scheduler_state"])
         self.sampler.load_state_dict(ckpt["sampler_state"])
         self.start_epoch, self.global_step = int(ckpt["epoch"]), int(ckpt["global_step"])
-        mine = ckpt["ranks"][self.rank]
-        _set_rng_states(mine["rng"])
-        self.loss_sum, self.loss_count = float(mine["loss_sum"]), int(mine["loss_count"])
+        ranks = ckpt["ranks"]
+        if len(ranks) == self.world:
+            mine = ranks[self.rank]
+            _set_rng_states(mine["rng"])
+            self.loss_sum, self.loss_count = float(mine["loss_sum"]), int(mine["loss_count"])
+        else:
+            # resharded: a rank that existed keeps its random streams (the others keep the
+            # seeded ones), and rank 0 carries the epoch's loss so far, so the epoch's mean
+            # train loss still counts every step
+            if self.rank < len(ranks):
+                _set_rng_states(ranks[self.rank]["rng"])
+            if self.rank == 0:
+                self.loss_sum = float(sum(float(r["loss_sum"]) for r in ranks))
+                self.loss_count = int(sum(int(r["loss_count"]) for r in ranks))
         saved = ckpt["history"]
         self.history.update({k: [float(v) for v in saved[k]]
                              for k in ("train_loss", "accuracy", "samples_per_s", "step_loss")})
@@ -710,7 +772,9 @@ class Training:
 
         args = self.args
         self.sampler.set_epoch(epoch)  # keeps a resumed position only for its own epoch
-        step = self.sampler.position // args.batch_size
+        # the steps already done in this epoch: all of them but those the sampler has left
+        # (a resumed epoch, possibly resharded from another number of ranks)
+        step = max(0, self.steps_per_epoch - -(-self.sampler.remaining() // args.batch_size))
         if step == 0:
             self.loss_sum, self.loss_count = 0.0, 0
         show = self.rank == 0 and not args.no_progress and sys.stderr.isatty()

@@ -407,7 +407,9 @@ def test_resume_mid_epoch_at_another_world_size_covers_the_rest_once(old, new, d
     fresh = [DistributedSampler(range(n), new, r, **kw) for r in range(new)]
     for s in fresh:
         s.load_state_dict(state)
+    remaining = [s.remaining() for s in fresh]
     rest = [list(s) for s in fresh]
+    assert remaining == [len(r) for r in rest]  # what a training loop counts its steps by
     assert len({len(r) for r in rest}) == 1  # an even split: the ranks step together
     order = list(DistributedSampler(range(n), 1, 0, **kw))  # the epoch's order
     left = order[3 * old:]
@@ -424,6 +426,22 @@ def test_resume_mid_epoch_at_another_world_size_covers_the_rest_once(old, new, d
         d = DistributedSampler(range(n), new, r, **kw)
         d.set_epoch(1)
         assert list(s) == list(d)
+
+
+def test_remaining_counts_what_the_next_pass_hands_out():
+    """remaining(): the whole shard for a fresh epoch, the rest after a same-size resume, the
+    whole shard again in the next epoch; never negative."""
+    s = DistributedSampler(range(10), 3, 1, shuffle=True, seed=2)
+    assert s.remaining() == len(s) == 4
+    it = iter(s)
+    next(it), next(it)
+    t = DistributedSampler(range(10), 3, 1, shuffle=True, seed=2)
+    t.load_state_dict(s.state_dict())
+    assert t.remaining() == 2 == len(list(t))
+    t.set_epoch(1)
+    assert t.remaining() == 4 == len(list(t))
+    e = DistributedEvalSampler(range(10), num_replicas=3, rank=2)
+    assert e.remaining() == 3 == len(list(e))
 
 
 def test_reshard_twice_keeps_count_of_what_was_consumed():

@@ -401,6 +401,51 @@ def test_kill_at_random_moments_then_resume(uninterrupted: dict, jobs: Callable[
     _same_result(uninterrupted, load(ck / "last.mt"))
 
 
+def test_resume_on_another_number_of_ranks(jobs: Callable[..., Job], tmp_path: Path) -> None:
+    """A 2-rank run stopped inside its first epoch, resumed on 3 ranks and then on 1: each
+    resume deals the rest of the epoch to the ranks it has, keeps the global batch (the
+    default --batch-size), says so, and trains every remaining sample of the epoch once."""
+    ck = tmp_path / "ck"
+    common = ["--dataset", "digits", "--train-size", "640", "--no-progress", "--no-plot",
+              "--epochs", "2", "--checkpoint-dir", str(ck)]
+    first = run(jobs, command("mpiexec", 2, TRAIN, [*common, "--max-steps", "3"]), tmp_path)
+    assert first.proc.returncode == 0, str(first)
+    saved = load(ck / "last.mt")
+    assert (saved["config"]["world_size"], saved["config"]["batch_size"]) == (2, 32)
+    assert (saved["epoch"], saved["step_in_epoch"], saved["global_step"]) == (0, 3, 3)
+
+    # 3 ranks: 640 - 3 x 64 = 448 samples left, 150 per rank (padded), batch 64 // 3 = 21:
+    # 8 steps finish epoch 1 (step 3 + 8 = 11 of 11 at this size), then 11 steps of epoch 2
+    second = run(jobs, command("mpiexec", 3, TRAIN, [*common, "--resume", "--max-steps", "14"]),
+                 tmp_path)
+    assert second.proc.returncode == 0, str(second)
+    assert (f"resumed from {ck / 'last.mt'} at epoch 1, step 3 of 10 (global step 3); it was "
+            "written by 2 rank(s), this run has 3: the 450 samples left in the epoch are dealt "
+            "afresh to these ranks, global batch 63 (21 per rank); the result is not "
+            "bit-identical to a run without the change") in second.stdout, str(second)
+    assert re.search(r"^epoch 1/2: train loss [\d.]+, held-out", second.stdout, re.M), str(second)
+    mid = load(ck / "last.mt")
+    assert (mid["config"]["world_size"], mid["config"]["batch_size"]) == (3, 21)
+    # the end of epoch 1 came after 3 + 8 steps; epoch 2 stopped at global step 14
+    assert (mid["epoch"], mid["step_in_epoch"], mid["global_step"]) == (1, 3, 14)
+    assert len(mid["history"]["train_loss"]) == 1
+    assert len(mid["history"]["step_loss"]) == 14
+
+    # back to one process, with --batch-size given: it is kept
+    third = run(jobs, command("python", 1, TRAIN, [*common, "--resume", "--batch-size", "16"]),
+                tmp_path)
+    assert third.proc.returncode == 0, str(third)
+    assert ("at epoch 2, step 3 of 11 (global step 14); it was written by 3 rank(s), this "
+            "run has 1: the 451 samples left in the epoch "
+            "are dealt afresh to these ranks, global batch 16 (16 per rank, --batch-size)"
+            ) in third.stdout, str(third)
+    end = load(ck / "last.mt")
+    # epoch 2 had 3 x 3 x 21 = 189 of its 640 samples done: 640 - 189 = 451 left, in 29 steps
+    assert (end["epoch"], end["step_in_epoch"], end["global_step"]) == (2, 0, 14 + 29)
+    assert len(end["history"]["train_loss"]) == 2
+    assert all(np.isfinite(v) for v in end["history"]["train_loss"])
+
+
 # ----------------------------------------------------------------------------- fault 8
 def _per_rank_error(job: Job, nprocs: int) -> str:
     """The one error line every rank printed (identical apart from the prefix); returns it."""
@@ -453,11 +498,23 @@ def _edit_model(src: Path, how: str) -> bytes:
         return (Path(d) / "x.mt").read_bytes()
 
 
+def _edit_config(src: Path, **changes: object) -> bytes:
+    from mpitensor import save
+
+    ckpt = load(src)
+    ckpt["config"].update(changes)
+    with tempfile.TemporaryDirectory() as d:
+        save(ckpt, Path(d) / "x.mt")
+        return (Path(d) / "x.mt").read_bytes()
+
+
 @pytest.mark.parametrize("case, needle", [
     ("flipped", "corrupt: the payload's SHA-256 checksum does not match"),
     ("truncated", "truncated"),
     ("not-a-checkpoint", "not an mpitensor checkpoint"),
-    ("world-size", "was written by a run on 1 rank(s), this run has 2"),
+    ("other-seed", "was written with --seed = 7, this run has 0; resume with the same "
+                   "setting"),
+    ("no-world", "does not record the number of ranks and the batch size that wrote it"),
     ("renamed-key", "holds a different model than this run's LeNet (it lacks fc3.weight; it "
                     "has head.weight, which this model does not); resume from a checkpoint of "
                     "the same model or start without --resume"),
@@ -472,7 +529,8 @@ def test_bad_checkpoint_is_the_same_error_on_every_rank(
     good = one_rank_checkpoint.read_bytes()
     data = {"flipped": lambda: _flip(good), "truncated": lambda: good[:len(good) // 2],
             "not-a-checkpoint": lambda: b"epoch=3\nweights=...\n" * 10,
-            "world-size": lambda: good,
+            "other-seed": lambda: _edit_config(one_rank_checkpoint, seed=7),
+            "no-world": lambda: _edit_config(one_rank_checkpoint, world_size=None),
             "renamed-key": lambda: _edit_model(one_rank_checkpoint, "renamed"),
             "other-shape": lambda: _edit_model(one_rank_checkpoint, "shape")}[case]()
     ck = tmp_path / "ck"

@@ -278,7 +278,9 @@ class DistributedSampler(_PlannedSampler):
       rank has handed out; after loading, the next pass hands out only the rest of that epoch,
       and later epochs (after :meth:`set_epoch` with another epoch) are whole again. A
       DataLoader takes indices a batch at a time, so a state taken inside
-      ``for batch in loader`` counts the batch in hand as consumed.
+      ``for batch in loader`` counts the batch in hand as consumed. A state saved by another
+      number of ranks is resharded (see :meth:`load_state_dict`); :meth:`remaining` says how
+      many indices the next pass hands out.
 
     Args:
         dataset: the dataset (only its length is used).
@@ -397,6 +399,21 @@ class DistributedSampler(_PlannedSampler):
     def position(self) -> int:
         """How many indices of the current epoch this rank has yielded (or will skip)."""
         return self._skip_next or self._handed_out
+
+    def remaining(self) -> int:
+        """How many indices the next pass over the current epoch hands out on this rank.
+
+        ``len(self)`` for a fresh epoch; less after :meth:`load_state_dict` restored a point
+        inside it (a training loop uses it to know how many of the epoch's steps are left).
+
+        Example:
+            >>> s = DistributedSampler(range(8), num_replicas=2, rank=0, shuffle=False)
+            >>> s.load_state_dict({"epoch": 0, "position": 1, "num_replicas": 4}); s.remaining()
+            2
+        """
+        if not self._offset:
+            return max(0, self.num_samples - self._skip_next)
+        return max(0, len(self._shard()) - self._skip_next)
 
     def state_dict(self) -> dict:
         """Return ``{"epoch", "position", ...}``: enough to resume this epoch mid-way.
