@@ -48,11 +48,19 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from ._hostpool import (
+    JOIN_TIMEOUT_S,
+    KEEP_ALIVE_INTERVAL_S,
+    KEEP_ALIVE_MAX_ATTEMPT,
+    HostPool,
+    NotEnoughHosts,
+)
 from .distributed.launch import (
     _DEATH_SIGNALS,
     MPICH,
     OPENMPI,
     Command,
+    HostEntry,
     HostfileError,
     _kill_job,
     _signal_name,
@@ -97,8 +105,12 @@ torchrun's options (a torchrun command line works with the name changed):
   --nproc-per-node N    ranks per node: a number, or auto/cpu/gpu (also --nproc_per_node)
   --nnodes N            number of nodes (default 1, or the hostfile's hosts); more than one
                         needs --hostfile (or a SLURM/PBS allocation): every node is started
-                        from this one command. MIN:MAX takes the hostfile's hosts (at most
-                        MAX, at least MIN), fixed for the whole run, restarts included
+                        from this one command. MIN:MAX with --hostfile: before every start
+                        (restarts too) each host is asked, and the job runs on those that
+                        answer, at most MAX; a lost host is left out of the restart, one
+                        back is taken again, so the world size may change; with fewer than
+                        MIN it waits (see join_timeout). MIN:MAX from a SLURM allocation
+                        takes its nodes, fixed for the run
   --node-rank 0         this node's index: mpitensor-run runs on node 0 only
   --master-addr ADDR    MASTER_ADDR on every rank (default 127.0.0.1; rank 0's host on
                         several nodes)
@@ -108,10 +120,17 @@ torchrun's options (a torchrun command line works with the name changed):
                         MASTER_ADDR and MASTER_PORT, where --master-* are not given
   --rdzv-backend NAME   accepted and unused (mpiexec does the rendezvous)
   --rdzv-id ID          TORCHELASTIC_RUN_ID on every rank
+  --rdzv-conf KEY=VALUE[,KEY=VALUE...]
+                        for --nnodes MIN:MAX, as torchrun: join_timeout (how long to wait
+                        for MIN hosts, default 600 s), keep_alive_interval (how often the
+                        running job's hosts are asked, default 5 s), keep_alive_max_attempt
+                        (failed asks in a row that end the attempt as a lost host, default
+                        3); torchrun's other keys are accepted and unused
   --max-restarts N      when a rank fails (non-zero exit, signal), stop every rank and start
                         them all again, up to N times (default 0: the job ends with the
                         failing code); TORCHELASTIC_RESTART_COUNT counts the restarts. The
-                        world size stays the same; a signal to mpitensor-run never restarts
+                        world size stays the same unless --nnodes MIN:MAX lets the hosts
+                        change; a signal to mpitensor-run never restarts
 Each rank sees RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
 ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
 TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID and TORCHELASTIC_USE_AGENT_STORE, as under
@@ -152,6 +171,9 @@ class Options:
     rdzv_backend: Optional[str] = None
     rdzv_id: Optional[str] = None
     max_restarts: Optional[int] = None
+    join_timeout: Optional[float] = None  # --rdzv-conf join_timeout=S
+    keep_alive_interval: Optional[float] = None  # --rdzv-conf keep_alive_interval=S
+    keep_alive_max_attempt: Optional[int] = None  # --rdzv-conf keep_alive_max_attempt=N
 
 
 _VALUED = {"-n": "nprocs", "--np": "nprocs", "-np": "nprocs", "--hostfile": "hostfile",
@@ -160,7 +182,7 @@ _VALUED = {"-n": "nprocs", "--np": "nprocs", "-np": "nprocs", "--hostfile": "hos
            "--module": "module"}
 # torchrun's options, in both of its spellings (--nproc-per-node and --nproc_per_node)
 for _name in ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port",
-              "rdzv_endpoint", "rdzv_backend", "rdzv_id", "max_restarts"):
+              "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "max_restarts"):
     _VALUED["--" + _name] = _VALUED["--" + _name.replace("_", "-")] = _name
 _FLAGS = {"--tag-output": "tag_output", "--dry-run": "dry_run", "--standalone": "standalone"}
 
@@ -205,6 +227,38 @@ def _endpoint(option: str, value: str) -> Tuple[str, Optional[int]]:
     return host, (None if port is None else _int_in(option, port, 0, 65535))
 
 
+# torchrun's --rdzv-conf keys: join_timeout (how long --nnodes MIN:MAX waits for MIN hosts),
+# keep_alive_interval and keep_alive_max_attempt (how a lost host is noticed) are used; the
+# others configure torchrun's own rendezvous store and mean nothing here
+_RDZV_CONF_UNUSED = ("timeout", "last_call_timeout", "read_timeout", "close_timeout",
+                     "is_host", "use_libuv")
+
+
+def _rdzv_conf(opts: Options, name: str, value: str) -> None:
+    for item in value.split(","):
+        if not item.strip():
+            continue
+        key, eq, v = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise UsageError(f"argument {name}: expected KEY=VALUE[,KEY=VALUE...], got {item!r}")
+        if key in ("join_timeout", "keep_alive_interval"):
+            try:
+                seconds = float(v)
+            except ValueError:
+                seconds = -1.0
+            if not 0 < seconds < float("inf"):
+                raise UsageError(f"argument {name}: {key} must be a positive number of "
+                                 f"seconds, got {v!r}")
+            setattr(opts, key, seconds)
+        elif key == "keep_alive_max_attempt":
+            opts.keep_alive_max_attempt = _positive_int(name, v, "attempts")
+        elif key not in _RDZV_CONF_UNUSED:
+            raise UsageError(f"argument {name}: unknown key {key!r} (known: join_timeout, "
+                             "keep_alive_interval, keep_alive_max_attempt, and torchrun's "
+                             f"{', '.join(_RDZV_CONF_UNUSED)}, accepted and unused)")
+
+
 def _store(opts: Options, key: str, name: str, value: str) -> None:
     """Record the value of one of mpitensor-run's own options."""
     if key in ("nprocs", "ppn"):
@@ -226,6 +280,8 @@ def _store(opts: Options, key: str, name: str, value: str) -> None:
         opts.master_port = _int_in(name, value, 0, 65535)
     elif key == "rdzv_endpoint":
         opts.rdzv_endpoint = _endpoint(name, value)
+    elif key == "rdzv_conf":
+        _rdzv_conf(opts, name, value)
     elif key in ("master_addr", "rdzv_backend", "rdzv_id") and not value:
         raise UsageError(f"argument {name}: expected a non-empty value")
     elif key == "env":
@@ -361,14 +417,16 @@ def _per_node_count(value: str) -> int:
 
 
 _NODE_COUNT_VARS = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+PROBE_TIMEOUT_S = 20.0  # a host that has not run `python -c ""` by then is taken as lost
 
 
 def _nodes_in_range(opts: Options) -> int:
-    """The number of nodes ``--nnodes MIN:MAX`` gives, decided once, before the first start.
+    """The number of nodes ``--nnodes MIN:MAX`` gives at most, decided before the first start.
 
     The hostfile's hosts (or a SLURM allocation's nodes) when there are at least MIN of them,
-    at most MAX of them; MIN where nothing says how many nodes there are. mpiexec starts every
-    rank at once, so the number never changes later, restarts included.
+    at most MAX of them; MIN where nothing says how many nodes there are. With a hostfile,
+    :class:`~mpitensor._hostpool.HostPool` then takes, before every start, those of them that
+    answer; an allocation's count stays fixed.
     """
     low, high = opts.nnodes or 1, opts.nnodes_max or 1
     if opts.hostfile:
@@ -514,11 +572,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if opts.mpiexec != guess:
             explicit = opts.mpiexec
             opts = parse_args(args, lambda: flavor_of(explicit))
+        low = opts.nnodes
         settings = _apply_torchrun_options(opts)
         mpiexec = find_mpiexec(opts.mpiexec)
         flavor = flavor_of(opts.mpiexec)
+        pool = None
+        if opts.nnodes_max is not None and opts.hostfile and not opts.dry_run:
+            pool = _host_pool(opts, low or 1, mpiexec, flavor)
 
-        def command(attempt: int) -> Command:
+        def command(attempt: int, probe: bool = True) -> Command:
+            hostfile, nprocs = opts.hostfile, opts.nprocs
+            if pool is not None and probe:
+                hostfile, nprocs = pool.pick(attempt)
             job = dict(settings)
             if opts.max_restarts:
                 job.update(TORCHELASTIC_RESTART_COUNT=str(attempt),
@@ -527,17 +592,66 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for name, value in job.items():  # on the command line: it reaches every node
                 rank_argv += ["--_env", f"{name}={value}"]
             rank_argv += ["-m", *opts.target] if opts.module else opts.target
-            return build_command(rank_argv, opts.nprocs, opts.hostfile, mpiexec, flavor,
+            return build_command(rank_argv, nprocs, hostfile, mpiexec, flavor,
                                  opts.iface, opts.env, opts.tag_output, opts.ppn, opts.mpi_args)
 
-        cmd = command(0)
+        cmd = command(0, probe=False)
     except (UsageError, HostfileError, FileNotFoundError, RuntimeError, ValueError) as exc:
         return _error(str(exc))
     if opts.dry_run:
         sys.stdout.write(cmd.shell() + "\n")
         return 0
-    if opts.max_restarts:
-        return _ElasticJob(command, opts.max_restarts, opts.nprocs, flavor).run()
+    try:
+        return _run_job(command, opts, flavor, pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _host_pool(opts: Options, low: int, mpiexec: str, flavor: str) -> HostPool:
+    """The hosts of ``--hostfile`` under ``--nnodes MIN:MAX``, asked before every start."""
+    entries, syntax = parse_hostfile(opts.hostfile or "")
+
+    def probe(entry: HostEntry, scratch: str) -> Tuple[bool, str]:
+        # one rank of `python -c ""` on this host alone, through the job's launcher options
+        path = os.path.join(scratch, "hostfile")
+        with open(path, "w") as f:
+            f.write(entry.host + "\n")
+        cmd = build_command([sys.executable, "-c", ""], 1, path, mpiexec, flavor, opts.iface,
+                            (), False, None, opts.mpi_args)
+        env = dict(os.environ)
+        env.update(cmd.env)
+        for var in (_ATTEMPT_VAR, _WATCH_VAR):
+            env.pop(var, None)
+        proc = subprocess.Popen(cmd.argv, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.communicate()
+            return False, f"no answer within {PROBE_TIMEOUT_S:g} s"
+        if proc.returncode == 0:
+            return True, ""
+        lines = [ln.strip() for ln in err.decode(errors="replace").splitlines() if ln.strip()]
+        return False, f"exit code {proc.returncode}" + (f": {lines[0][:200]}" if lines else "")
+
+    join = opts.join_timeout if opts.join_timeout is not None else JOIN_TIMEOUT_S
+    high = opts.nnodes_max or opts.nnodes or low  # the command line's MAX (for messages)
+    return HostPool(entries, syntax, low, high, opts.ppn or 1, probe, join, _say,
+                    opts.keep_alive_interval or KEEP_ALIVE_INTERVAL_S,
+                    opts.keep_alive_max_attempt or KEEP_ALIVE_MAX_ATTEMPT)
+
+
+def _run_job(command: Callable[..., Command], opts: Options, flavor: str,
+             pool: Optional[HostPool]) -> int:
+    if opts.max_restarts or pool is not None:  # (the hosts are watched while it runs)
+        return _ElasticJob(command, opts.max_restarts or 0, opts.nprocs, flavor, pool).run()
+    cmd = command(0, probe=False)
     env = dict(os.environ)
     env.update(cmd.env)
     proc = subprocess.Popen(cmd.argv, env=env)
@@ -747,11 +861,12 @@ class _ElasticJob:
     """
 
     def __init__(self, command: Callable[[int], Command], max_restarts: int,
-                 nprocs: Optional[int], flavor: str) -> None:
+                 nprocs: Optional[int], flavor: str, pool: Optional[HostPool] = None) -> None:
         self._command = command
         self._max = max_restarts
         self._nprocs = nprocs
         self._flavor = flavor
+        self._pool = pool
         self._run_id = uuid.uuid4().hex
         self._proc: Optional[subprocess.Popen] = None
         self._signalled: Optional[int] = None
@@ -775,14 +890,20 @@ class _ElasticJob:
                 if code == 0 or self._signalled is not None:
                     return code  # a signal to the launcher ends the run: never a restart
                 if attempt == self._max:
-                    _say(f"{failure}; restarts exhausted ({self._max} of --max-restarts "
-                         f"{self._max} used): exiting with code {code}")
+                    if self._max:
+                        _say(f"{failure}; restarts exhausted ({self._max} of --max-restarts "
+                             f"{self._max} used): exiting with code {code}")
+                    else:
+                        _say(f"{failure}: exiting with code {code}")
                     return code
                 if self._signalled is not None:  # arrived while the job was being stopped
                     return code
                 attempt += 1
                 _say(f"{failure}; every rank was stopped: restart {attempt} of {self._max} "
                      f"(TORCHELASTIC_RESTART_COUNT={attempt})")
+        except NotEnoughHosts as exc:  # already waited for them: no restart can help
+            _say(f"{exc}; exiting with code 1")
+            return 1
         except KeyboardInterrupt:
             if self._proc is not None and self._proc.poll() is None:
                 _stop(self._proc)
@@ -798,7 +919,9 @@ class _ElasticJob:
 
     def _attempt(self, attempt: int) -> Tuple[int, str]:
         """Run attempt ``attempt``; return its exit code and, for a failure, what failed."""
-        cmd = self._command(attempt)
+        cmd = self._command(attempt)  # NotEnoughHosts ends the run (see run)
+        if self._pool is not None:
+            self._nprocs = self._pool.nprocs
         env = dict(os.environ)
         env.update(cmd.env)
         env[_ATTEMPT_VAR] = self._tag(attempt)
@@ -811,19 +934,37 @@ class _ElasticJob:
         if watch is not None:
             env[_WATCH_VAR] = watch.address
             watch.start()
+        stop = threading.Event()
+        lost: List[str] = []
+        keeper: Optional[threading.Thread] = None
         try:
             self._proc = proc = subprocess.Popen(cmd.argv, env=env)
             if self._signalled is not None:  # arrived while mpiexec was being started
                 self._forward(self._signalled, None)
+            if self._pool is not None:
+                def on_lost(entry: HostEntry, why: str) -> None:
+                    lost.append(f"host {entry.host} was lost ({why})")
+                    _say(f"{lost[0]}: ending the job")
+                    _stop(proc)
+
+                keeper = threading.Thread(target=self._pool.keep_alive, args=(stop, on_lost),
+                                          name="mpitensor-run keep-alive", daemon=True)
+                keeper.start()
             code = proc.wait()
         finally:
+            stop.set()
+            if keeper is not None:
+                keeper.join()
             if watch is not None:
                 watch.stop()
         # hydra ends every rank before it exits; anything still there is ended now
         _kill_job(self._tag(attempt), wait=3.0, var=_ATTEMPT_VAR)
         if code == 0:
             return 0, ""
-        return (code if code >= 0 else 128 - code), self._diagnose(code, watch)
+        code = code if code >= 0 else 128 - code
+        if lost:
+            return (code or 1), lost[0]
+        return code, self._diagnose(proc.returncode, watch)
 
     def _diagnose(self, code: int, watch: Optional[_RankWatch]) -> str:
         """Which rank failed, and how, in words."""

@@ -287,3 +287,161 @@ def test_cluster_teardown_leaves_nothing(tmp_path: Path) -> None:
         bad.up()
     assert netns_cluster.leftovers(bad.prefix) == []
     assert not bad.dir or not os.path.exists(bad.dir)
+
+
+# ----------------------------------------------------------------------------- elastic hosts
+ELASTIC = """\
+import os, socket, sys, time
+from pathlib import Path
+import mpitensor.distributed as dist
+d = Path(sys.argv[1])
+dist.init_process_group("mpi")
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+rank, world = dist.get_rank(), dist.get_world_size()
+sys.stdout.write(f"attempt {attempt} rank {rank} of {world} host {socket.gethostname()}\\n")
+sys.stdout.flush()
+dist.barrier()
+if attempt < 2:
+    if rank == 0:
+        (d / f"ready{attempt}").touch()
+    # attempt 0: the test takes the second host away; attempt 1: rank 0 fails once it is back
+    deadline = time.monotonic() + 60
+    while not (d / f"go{attempt}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if rank == 0:
+        sys.exit(3)
+    time.sleep(60)
+"""
+
+
+def _lose_host(c: "netns_cluster.NetnsCluster", i: int) -> None:
+    """Host ``i`` (0-based) goes away: every process on it dies and its cable is pulled."""
+    pids = subprocess.run(["ip", "netns", "pids", c.namespaces[i]], capture_output=True,
+                          text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), 9)
+        except ProcessLookupError:
+            pass
+    subprocess.run(["ip", "link", "set", f"{c.prefix}v{i + 1}", "down"], check=True)
+
+
+def _wait_for(path: Path, timeout: float, job: "threading.Thread") -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert job.is_alive(), f"the job ended before {path.name} appeared"
+        assert time.monotonic() < deadline, f"{path.name} did not appear in {timeout} s"
+        time.sleep(0.05)
+
+
+def test_elastic_restart_follows_the_hosts_that_answer(tmp_path: Path) -> None:
+    """mpitensor-run --nnodes 1:2 --max-restarts 2 on two hosts: the second host is lost
+    (its processes killed, its cable pulled), the restart runs on the first alone with half
+    the ranks; the host comes back, and the next restart takes it again."""
+    import threading
+
+    prog = tmp_path / "elastic.py"
+    prog.write_text(ELASTIC)
+    with netns_cluster.NetnsCluster(hosts=2, slots=2) as c:
+        hydra = f"-launcher ssh -launcher-exec {c.launcher} -localhost {c.head}"
+        cmd = [sys.executable, "-m", "mpitensor.run", "--hostfile", c.hostfile,
+               "--nproc-per-node", "2", "--nnodes", "1:2", "--max-restarts", "2",
+               "--rdzv-conf", "join_timeout=30", "--mpi-args", hydra, str(prog), str(tmp_path)]
+        result: list = []
+        job = threading.Thread(target=lambda: result.append(
+            _run(cmd, tmp_path, env=NET_ENV, timeout=150)))
+        job.start()
+        try:
+            _wait_for(tmp_path / "ready0", 60, job)
+            _lose_host(c, 1)
+            (tmp_path / "go0").touch()
+            _wait_for(tmp_path / "ready1", 60, job)
+            subprocess.run(["ip", "link", "set", f"{c.prefix}v2", "up"], check=True)
+            (tmp_path / "go1").touch()
+        finally:
+            (tmp_path / "go0").touch()
+            (tmp_path / "go1").touch()
+            job.join(160)
+        assert result, "the job did not end"
+        code, out, err, _ = result[0]
+    assert code == 0, out + err
+    seen = sorted(line for line in out.splitlines() if line.startswith("attempt "))
+    h1, h2 = c.namespaces
+    assert seen == sorted(
+        [f"attempt 0 rank {r} of 4 host {(h1, h1, h2, h2)[r]}" for r in range(4)]
+        + [f"attempt 1 rank {r} of 2 host {h1}" for r in range(2)]
+        + [f"attempt 2 rank {r} of 4 host {(h1, h1, h2, h2)[r]}" for r in range(4)]), out + err
+    ip1, ip2 = c.host_ips
+    assert f"mpitensor-run: starting on 2 of 2 host(s) ({ip1}, {ip2}), 4 rank(s)" in err, err
+    assert re.search(rf"mpitensor-run: restarting on 1 of 2 host\(s\) \({re.escape(ip1)}\), "
+                     rf"2 rank\(s\); left out, not answering: {re.escape(ip2)} \(exit code ",
+                     err), err
+    assert f"mpitensor-run: restarting on 2 of 2 host(s) ({ip1}, {ip2}), 4 rank(s)" in err, err
+
+
+def test_elastic_start_with_too_few_hosts_ends_after_join_timeout(tmp_path: Path) -> None:
+    """--nnodes 2:3 when one of the hostfile's two hosts is unreachable: asked again until
+    join_timeout, then exit code 1 naming the host and why, without running the script."""
+    prog = tmp_path / "never.py"
+    prog.write_text("raise SystemExit('the script must not run')\n")
+    with netns_cluster.NetnsCluster(hosts=2, slots=1) as c:
+        _lose_host(c, 1)
+        hydra = f"-launcher ssh -launcher-exec {c.launcher} -localhost {c.head}"
+        cmd = [sys.executable, "-m", "mpitensor.run", "--hostfile", c.hostfile,
+               "--nnodes", "2:3", "--max-restarts", "1", "--rdzv-conf", "join_timeout=8",
+               "--mpi-args", hydra, str(prog)]
+        code, out, err, elapsed = _run(cmd, tmp_path, env=NET_ENV, timeout=60)
+        ip2 = c.host_ips[1]
+    assert code == 1, out + err
+    assert "the script must not run" not in err
+    assert "1 of 2 host(s) answer, --nnodes 2:3 needs 2: asking again every" in err, err
+    assert re.search(rf"--nnodes 2:3 needs at least 2 host\(s\), but only 1 of the hostfile's 2 "
+                     rf"answered within --rdzv-conf join_timeout=8 s: {re.escape(ip2)}: exit "
+                     rf"code \d+.*; exiting with code 1", err), err
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+
+
+def test_train_survives_a_lost_host_at_half_the_ranks(tmp_path: Path) -> None:
+    """examples/train.py under mpitensor-run --nnodes 1:2 --max-restarts 1 on two hosts: the
+    second host is lost after the first checkpoint; the restart runs on the first host with 2
+    ranks instead of 4, resumes from last.mt at that size (resharded) and finishes."""
+    import threading
+
+    import mpitensor
+
+    train = str(ROOT / "examples" / "train.py")
+    ck = tmp_path / "ck"
+    with netns_cluster.NetnsCluster(hosts=2, slots=2) as c:
+        hydra = f"-launcher ssh -launcher-exec {c.launcher} -localhost {c.head}"
+        cmd = [sys.executable, "-m", "mpitensor.run", "--hostfile", c.hostfile,
+               "--nproc-per-node", "2", "--nnodes", "1:2", "--max-restarts", "1",
+               "--rdzv-conf", "join_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=2",
+               "--mpi-args", hydra, train,
+               "--dataset", "digits", "--train-size", "1280", "--epochs", "6",
+               "--checkpoint-every", "3", "--checkpoint-dir", str(ck), "--no-progress",
+               "--no-plot"]
+        result: list = []
+        job = threading.Thread(target=lambda: result.append(
+            _run(cmd, tmp_path, env=NET_ENV, timeout=180)))
+        job.start()
+        try:
+            _wait_for(ck / "last.mt", 90, job)
+            _lose_host(c, 1)
+        finally:
+            job.join(190)
+        assert result, "the job did not end"
+        code, out, err, _ = result[0]
+    assert code == 0, out + err
+    assert "4 rank(s) x batch 16 = global batch 64" in out, out
+    ip2 = c.host_ips[1]
+    # a lost host gives MPI no error: the keep-alive notices it (2 failed asks, 1 s apart)
+    assert re.search(rf"mpitensor-run: host {re.escape(ip2)} was lost \(2 keep-alive asks in a "
+                     rf"row failed, the last: exit code \d+.*\): ending the job", err), err
+    assert "restarting on 1 of 2 host(s)" in err, err
+    assert "2 rank(s) x batch 32 = global batch 64" in out, out
+    assert "it was written by 4 rank(s), this run has 2" in out, out
+    assert re.search(r"final held-out accuracy [\d.]+% \(\d+/\d+\) after 6 epoch\(s\), \d+ steps "
+                     r"on 2 rank\(s\)", out), out
+    end = mpitensor.load(str(ck / "last.mt"))
+    assert end["config"]["world_size"] == 2 and end["epoch"] == 6
+    assert len(end["history"]["train_loss"]) == 6

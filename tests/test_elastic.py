@@ -291,6 +291,19 @@ def test_nnodes_range_takes_the_hosts_once(script: Path, capsys: pytest.CaptureF
                                                 "nodes, but hostfile {hf} names 2"),
     (["--max-restarts", "-1"], "argument --max-restarts: must be at least 0, got -1"),
     (["--max-restarts", "x"], "argument --max-restarts: invalid int value: 'x'"),
+    (["--rdzv-conf", "join_timeout=soon"], "argument --rdzv-conf: join_timeout must be a "
+                                           "positive number of seconds, got 'soon'"),
+    (["--rdzv-conf", "keep_alive_interval=0"], "argument --rdzv-conf: keep_alive_interval must "
+                                               "be a positive number of seconds, got '0'"),
+    (["--rdzv-conf", "join_timeout=inf"], "argument --rdzv-conf: join_timeout must be a "
+                                          "positive number of seconds, got 'inf'"),
+    (["--rdzv-conf", "keep_alive_max_attempt=0"], "argument --rdzv-conf: must be a positive "
+                                                  "number of attempts, got 0"),
+    (["--rdzv-conf", "join_timeout"], "argument --rdzv-conf: expected KEY=VALUE[,KEY=VALUE...], "
+                                      "got 'join_timeout'"),
+    (["--rdzv-conf", "jointimeout=5"], "argument --rdzv-conf: unknown key 'jointimeout' (known: "
+                                       "join_timeout, keep_alive_interval, "
+                                       "keep_alive_max_attempt, and torchrun's timeout,"),
 ])
 def test_bad_elastic_input_is_one_line_and_exit_2(args: Sequence[str], message: str,
                                                   script: Path, capsys: pytest.CaptureFixture,
