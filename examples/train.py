@@ -621,7 +621,7 @@ class Training:
         saved = ckpt["config"]
         saved_world, saved_batch = saved["world_size"], saved["batch_size"]
         # the steps of an epoch of the saving run (the sampler's padded shard, in batches)
-        saved_steps = -(-(-(-len(self.data["train"]) // saved_world)) // saved_batch)
+        saved_steps = math.ceil(math.ceil(len(self.data["train"]) / saved_world) / saved_batch)
         if saved_world != self.world:
             self._rebatch(saved_world * saved_batch)
         self._restore(ckpt)
@@ -774,7 +774,7 @@ class Training:
         self.sampler.set_epoch(epoch)  # keeps a resumed position only for its own epoch
         # the steps already done in this epoch: all of them but those the sampler has left
         # (a resumed epoch, possibly resharded from another number of ranks)
-        step = max(0, self.steps_per_epoch - -(-self.sampler.remaining() // args.batch_size))
+        step = max(0, self.steps_per_epoch - math.ceil(self.sampler.remaining() / args.batch_size))
         if step == 0:
             self.loss_sum, self.loss_count = 0.0, 0
         show = self.rank == 0 and not args.no_progress and sys.stderr.isatty()

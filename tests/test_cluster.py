@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -326,7 +326,26 @@ def _lose_host(c: "netns_cluster.NetnsCluster", i: int) -> None:
     subprocess.run(["ip", "link", "set", f"{c.prefix}v{i + 1}", "down"], check=True)
 
 
-def _wait_for(path: Path, timeout: float, job: "threading.Thread") -> None:
+def _in_background(cmd: Sequence[str], cwd: Path, timeout: float) -> Tuple[Any, list]:
+    """Run a job on the cluster in a thread (the test acts on it meanwhile): (thread, result),
+    where result gets ``_run``'s tuple when the job ends."""
+    import threading
+
+    result: list = []
+    job = threading.Thread(target=lambda: result.append(
+        _run(cmd, cwd, env=NET_ENV, timeout=timeout)))
+    job.start()
+    return job, result
+
+
+def _elastic_cmd(c: "netns_cluster.NetnsCluster", conf: str, *rest: str) -> List[str]:
+    hydra = f"-launcher ssh -launcher-exec {c.launcher} -localhost {c.head}"
+    return [sys.executable, "-m", "mpitensor.run", "--hostfile", c.hostfile,
+            "--nproc-per-node", "2", "--nnodes", "1:2", "--rdzv-conf", conf,
+            "--mpi-args", hydra, *rest]
+
+
+def _wait_for(path: Path, timeout: float, job: Any) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert job.is_alive(), f"the job ended before {path.name} appeared"
@@ -338,19 +357,12 @@ def test_elastic_restart_follows_the_hosts_that_answer(tmp_path: Path) -> None:
     """mpitensor-run --nnodes 1:2 --max-restarts 2 on two hosts: the second host is lost
     (its processes killed, its cable pulled), the restart runs on the first alone with half
     the ranks; the host comes back, and the next restart takes it again."""
-    import threading
-
     prog = tmp_path / "elastic.py"
     prog.write_text(ELASTIC)
     with netns_cluster.NetnsCluster(hosts=2, slots=2) as c:
-        hydra = f"-launcher ssh -launcher-exec {c.launcher} -localhost {c.head}"
-        cmd = [sys.executable, "-m", "mpitensor.run", "--hostfile", c.hostfile,
-               "--nproc-per-node", "2", "--nnodes", "1:2", "--max-restarts", "2",
-               "--rdzv-conf", "join_timeout=30", "--mpi-args", hydra, str(prog), str(tmp_path)]
-        result: list = []
-        job = threading.Thread(target=lambda: result.append(
-            _run(cmd, tmp_path, env=NET_ENV, timeout=150)))
-        job.start()
+        job, result = _in_background(
+            _elastic_cmd(c, "join_timeout=30", "--max-restarts", "2", str(prog), str(tmp_path)),
+            tmp_path, 150)
         try:
             _wait_for(tmp_path / "ready0", 60, job)
             _lose_host(c, 1)
@@ -405,25 +417,16 @@ def test_train_survives_a_lost_host_at_half_the_ranks(tmp_path: Path) -> None:
     """examples/train.py under mpitensor-run --nnodes 1:2 --max-restarts 1 on two hosts: the
     second host is lost after the first checkpoint; the restart runs on the first host with 2
     ranks instead of 4, resumes from last.mt at that size (resharded) and finishes."""
-    import threading
-
     import mpitensor
 
     train = str(ROOT / "examples" / "train.py")
     ck = tmp_path / "ck"
     with netns_cluster.NetnsCluster(hosts=2, slots=2) as c:
-        hydra = f"-launcher ssh -launcher-exec {c.launcher} -localhost {c.head}"
-        cmd = [sys.executable, "-m", "mpitensor.run", "--hostfile", c.hostfile,
-               "--nproc-per-node", "2", "--nnodes", "1:2", "--max-restarts", "1",
-               "--rdzv-conf", "join_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=2",
-               "--mpi-args", hydra, train,
-               "--dataset", "digits", "--train-size", "1280", "--epochs", "6",
-               "--checkpoint-every", "3", "--checkpoint-dir", str(ck), "--no-progress",
-               "--no-plot"]
-        result: list = []
-        job = threading.Thread(target=lambda: result.append(
-            _run(cmd, tmp_path, env=NET_ENV, timeout=180)))
-        job.start()
+        job, result = _in_background(_elastic_cmd(
+            c, "join_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=2",
+            "--max-restarts", "1", train, "--dataset", "digits", "--train-size", "1280",
+            "--epochs", "6", "--checkpoint-every", "3", "--checkpoint-dir", str(ck),
+            "--no-progress", "--no-plot"), tmp_path, 180)
         try:
             _wait_for(ck / "last.mt", 90, job)
             _lose_host(c, 1)
