@@ -490,6 +490,73 @@ def test_spawn_exit_code_and_timeout() -> None:
     assert leftovers(ctx.job_id) == []
 
 
+def _watched(nprocs: int, workdir: Path) -> Tuple["launch.ProcessContext", subprocess.Popen]:
+    """A ProcessContext over a stand-in job (a sleeping ``mpiexec``) and a work directory in
+    which the test registers the ranks' pids itself, when it chooses."""
+    import pickle
+
+    job = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    ctx = launch.ProcessContext(job, str(workdir), nprocs, None, None, f"t-{uuid.uuid4().hex}")
+    ctx.register = lambda rank, pid: (workdir / f"pid.{rank}").write_bytes(pickle.dumps(pid))
+    return ctx, job
+
+
+def _stop_watch(ctx: "launch.ProcessContext", job: subprocess.Popen) -> None:
+    ctx._finished = True
+    job.kill()
+    job.wait()
+    ctx._watcher.join(5)
+    launch.atexit.unregister(ctx._at_exit)
+
+
+def test_the_watch_names_no_rank_rather_than_the_wrong_one(tmp_path: Path) -> None:
+    """Under load a rank may die before the watch has read its pid, and the launcher then
+    kills the others: the first end the watch sees is a killed rank's. It must not be named
+    as the one that failed (it was, as the only rank in the first batch)."""
+    ranks = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    ctx, job = _watched(2, tmp_path)
+    try:
+        ctx.register(0, ranks[0].pid)
+        deadline = time.monotonic() + 5
+        while 0 not in ctx._pid_of and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ranks[1].kill()  # the failing rank: dead before it was registered
+        ranks[1].wait()
+        ctx.register(1, ranks[1].pid)
+        ranks[0].kill()  # the launcher ends the other rank
+        ranks[0].wait()
+        while len(ctx._ended) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert ctx._culprit(set()) is None, ctx._ended
+        # with every rank watched before anything ended, the first to end alone is named
+        ranks2 = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+        (tmp_path / "two").mkdir()
+        ctx2, job2 = _watched(2, tmp_path / "two")
+        try:
+            for r, p in enumerate(ranks2):
+                ctx2.register(r, p.pid)
+            while len(ctx2._pid_of) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            ranks2[1].kill()
+            ranks2[1].wait()
+            while not ctx2._ended and time.monotonic() < deadline:
+                time.sleep(0.01)
+            ranks2[0].kill()
+            ranks2[0].wait()
+            assert ctx2._culprit(set()) == 1, ctx2._ended
+        finally:
+            _stop_watch(ctx2, job2)
+            for p in ranks2:
+                p.kill()
+                p.wait()
+    finally:
+        _stop_watch(ctx, job)
+        for p in ranks:
+            p.kill()
+            p.wait()
+
+
 def test_spawn_rejects_what_ranks_cannot_import() -> None:
     def nested(rank: int, world_size: int) -> None:
         pass

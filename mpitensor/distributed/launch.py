@@ -1085,7 +1085,9 @@ class ProcessContext:
         self._lock = threading.Lock()
         self._pid_of: Dict[int, int] = {}
         self._exitcodes: Dict[int, int] = {}
-        self._ended: List[List[int]] = []  # ranks seen to end, in batches, earliest first
+        # ranks seen to end, in batches, earliest first, each with whether every rank was
+        # watched when it was seen (else a rank not yet watched may have ended before it)
+        self._ended: List[Tuple[List[int], bool]] = []
         self.processes = [RankProcess(self, r) for r in range(nprocs)]
         self._watcher = threading.Thread(target=self._watch, name=f"{job_id}-watch",
                                          daemon=True)
@@ -1143,8 +1145,21 @@ class ProcessContext:
                         ended.append(rank)
                         del polled[rank]
                 if ended:
+                    # a rank registered since the last turn may be gone already: when, is not
+                    # known, so it joins this batch (which then names nobody rather than the
+                    # wrong rank), and a rank not registered at all makes the order unknown
+                    for rank, pid in self._read_pids().items():
+                        if not _alive(pid):
+                            ended.append(rank)
+                        elif use_fd:
+                            try:
+                                fds[os.pidfd_open(pid)] = rank
+                            except OSError:
+                                polled[rank] = pid
+                        else:
+                            polled[rank] = pid
                     with self._lock:
-                        self._ended.append(sorted(ended))
+                        self._ended.append((sorted(ended), len(self._pid_of) >= self.nprocs))
         except Exception:  # noqa: BLE001 - the watch only improves error messages
             pass
         finally:
@@ -1270,13 +1285,14 @@ class ProcessContext:
         return out
 
     def _culprit(self, explained: set) -> Optional[int]:
-        """The rank that ended first without saying why, if the watch saw it end alone."""
+        """The rank that ended first without saying why, if the watch saw it end alone while
+        it watched every rank (else None: better no name than a wrong one)."""
         with self._lock:
-            batches = [list(b) for b in self._ended]
-        for batch in batches:
+            batches = [(list(b), complete) for b, complete in self._ended]
+        for batch, complete in batches:
             silent = [r for r in batch if r not in explained]
             if silent:
-                return silent[0] if len(silent) == 1 else None
+                return silent[0] if len(silent) == 1 and complete else None
         return None
 
     def _collect(self, code: int) -> None:
