@@ -85,7 +85,7 @@ def _send(g: Any, msg: tuple) -> None:
     for r in range(g.size_):
         if r != g.rank_:
             try:
-                reqs.append(diag.isend(msg, r, FAULT_TAG))
+                reqs.append(diag.isend(msg, r, FAULT_TAG + g.tag_base))
             except Exception:  # noqa: BLE001 - a peer gone, MPI finalising: tell the others
                 pass
     g.notice_reqs = reqs
@@ -99,9 +99,10 @@ def drain(g: Any) -> None:
     from mpi4py import MPI  # imported where used: importing mpitensor must not start MPI
 
     status = MPI.Status()
-    while diag.Iprobe(MPI.ANY_SOURCE, FAULT_TAG, status):
+    tag = FAULT_TAG + g.tag_base
+    while diag.Iprobe(MPI.ANY_SOURCE, tag, status):
         src = status.Get_source()
-        g.faults.append((src, diag.recv(None, src, FAULT_TAG)))
+        g.faults.append((src, diag.recv(None, src, tag)))
 
 
 def mark_broken(g: Any, story: Story, tell: bool = True) -> None:

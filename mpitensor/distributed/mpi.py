@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import pickle
 import re
+import secrets
 from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
@@ -105,6 +106,14 @@ class MPIGroup(ProcessGroup):
         # can ever match the user's messages
         self.diag = comm.Dup() if comm is not None else None
         self.hdr = comm.Dup() if comm is not None else None
+        if comm is not None:
+            # The notice tags carry this group's incarnation, drawn by its rank 0. A notice
+            # that reaches a rank after it destroyed the group waits unmatched in MPI's queue,
+            # and MPICH gives a later communicator the same context id: without the
+            # incarnation, a later group read a dead group's "broken" notice as its own.
+            span = max(1, self.tag_ub // 4 - 1)
+            draw = secrets.randbelow(span) + 1 if comm.Get_rank() == 0 else None
+            self.tag_base = 4 * int(comm.bcast(draw, root=0))
         self.fp_pool = _fp.Pool(self.diag) if comm is not None else None
         self.verdicts: dict = {}  # debug mode: (receiver, my p2p seq) -> receiver's verdict
         self.opname = ""  # the collective being prepared (set by _begin)
@@ -1198,8 +1207,9 @@ class _VerdictRequest:
         if self.key in g.verdicts:
             return True
         st = MPI.Status()
-        while g.diag.Iprobe(self.peer, W.VERDICT_TAG, st):
-            seq, problem = g.diag.recv(None, self.peer, W.VERDICT_TAG)
+        tag = W.VERDICT_TAG + g.tag_base
+        while g.diag.Iprobe(self.peer, tag, st):
+            seq, problem = g.diag.recv(None, self.peer, tag)
             g.verdicts[(self.peer, seq)] = problem
         return self.key in g.verdicts
 
@@ -1251,7 +1261,8 @@ class _ReceiveCheck:
         hreq = g.hdr.Irecv([hdr, _I64], source, tag)
         _wait(g, hreq, f"{self.op} (debug header)", self.seq, "p2p", None, None, source, tag)
         problem = self._header_problem(hdr)
-        g.notice_reqs.append(g.diag.isend((int(hdr[1]), problem), source, W.VERDICT_TAG))
+        g.notice_reqs.append(g.diag.isend((int(hdr[1]), problem), source,
+                                          W.VERDICT_TAG + g.tag_base))
         if problem is None and exc is None:
             return None
         who = f"rank {g.ranks[source]} (tag {tag})"

@@ -232,6 +232,7 @@ class ProcessGroup:
         self.stall_warn = _watchdog.stall_warn_seconds(timeout)
         self.history: list = [None] * _watchdog.HISTORY  # (seq, op, dtype, shape) ring
         self.diag: Any = None  # private communicator for arrival notices (MPI groups)
+        self.tag_base = 0  # added to the notice tags on ``diag``: this group's incarnation
         # collectives of this many bytes and more check agreement beside the data (MPI groups;
         # _fingerprint): the same value on every rank, or a straddling call waits for a partner
         self.check_bytes: int = _config.CHECK_BYTES

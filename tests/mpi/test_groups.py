@@ -7,6 +7,8 @@ collective and point-to-point operation is also run with ``group=`` by the class
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -258,3 +260,36 @@ def test_numpy_integer_ranks():
             dist.send(np.array([5]), dst=peer)
         else:
             assert dist.recv(y, src=peer) == 0 and y[0] == 5
+
+
+def test_a_dead_groups_late_notice_never_breaks_a_new_group():
+    """A failure notice that reaches a rank after it destroyed the group stays unmatched in
+    MPI's queue, and MPICH gives the next communicators the same context ids: a later group
+    must not read it as its own (it did: every call on the new group raised PeerFailedError
+    naming the old failure)."""
+    from mpitensor.errors import PeerFailedError
+
+    n, me = dist.get_world_size(), dist.get_rank()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    for _ in range(3):
+        g = dist.new_group(list(range(n)))
+        if me == n - 1:
+            dist.destroy_process_group(g)  # gone before the others' notices arrive
+        dist.barrier()
+        if me != n - 1:
+            # a bad call on one rank: it tells every member that the group is unusable
+            with pytest.raises(ValueError):
+                dist.all_reduce(np.zeros(3, np.float64), op="no such op", group=g)
+            dist.destroy_process_group(g)
+        dist.barrier()
+        fresh = dist.new_group(list(range(n)))
+        a = np.full(4, me + 1.0)
+        if me != n - 1:
+            time.sleep(0.05)  # the last rank waits, and so reads what its group has received
+        try:
+            dist.all_reduce(a, group=fresh)
+        except PeerFailedError as exc:  # pragma: no cover - the failure this test guards
+            pytest.fail(f"the new group took a dead group's notice: {exc}")
+        assert (a == n * (n + 1) / 2).all()
+        dist.destroy_process_group(fresh)
