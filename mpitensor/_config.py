@@ -17,6 +17,9 @@
                       check, beside the data, that every rank made the same call (one tiny
                       reduction; see ``distributed/_fingerprint.py``); ``0`` checks every call,
                       ``off`` none. Set it alike on every rank (``mpiexec`` passes it on).
+``MPITENSOR_NODE_REDUCE`` ``auto`` (default), ``on`` or ``off``: whether DDP's gradient buckets
+                      meet in shared memory where the ranks outnumber the node's cores (see
+                      ``distributed/_node_reduce.py``); read when a DDP is made.
 ``MPITENSOR_RENDEZVOUS`` ``auto`` (default), ``pmi`` or ``connect``: how processes that no MPI
                       launcher started are joined into one MPI job in ``init_process_group``
                       (see ``distributed/_rendezvous.py``); read there, at that call.

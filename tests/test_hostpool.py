@@ -14,8 +14,8 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from mpitensor import _hostpool
-from mpitensor._hostpool import HostPool, NotEnoughHosts
+from mpitensor.distributed import _hostpool
+from mpitensor.distributed._hostpool import HostPool, NotEnoughHosts
 from mpitensor.distributed.launch import HostEntry, parse_hostfile
 
 HOSTS = [HostEntry("n1", 2), HostEntry("n2", 2), HostEntry("n3", 2)]

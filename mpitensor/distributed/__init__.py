@@ -46,7 +46,7 @@ from ..errors import (
     NotInitializedError,
     PeerFailedError,
 )
-from . import _watchdog
+from . import _node_reduce, _watchdog
 from ._abort import (
     abort_handler_installed,
     abort_job,
@@ -419,6 +419,7 @@ def _share_node(comm: Any, rank: int, size: int) -> None:
         finally:
             node.Free()
         _watchdog.set_node_load(len(everyone))
+        _node_reduce.note_node(len(everyone), len(frozenset().union(*everyone)))
     _threads.apply_node_budget(mine, everyone, rank)
 
 

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from .distributed.launch import HostEntry
+from .launch import HostEntry
 
 #: seconds between two rounds of probes while fewer than MIN hosts answer
 RETRY_S = 3.0

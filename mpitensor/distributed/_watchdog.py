@@ -75,9 +75,10 @@ class Backoff:
 
     __slots__ = ("t0", "yield_until")
 
-    def __init__(self, t0: float) -> None:
+    def __init__(self, t0: float, passive: bool = False) -> None:
         self.t0 = t0
-        self.yield_until = t0 + _YIELD_S
+        # a passive request (shared-memory arrivals) moves without polling: sleep at once
+        self.yield_until = t0 if passive else t0 + _YIELD_S
 
     def pause(self, now: float, test_took: float) -> None:
         if test_took > _BUSY_TEST_S:
@@ -171,7 +172,7 @@ def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
     me = (kind, seq, op)
     test = req.Test
     next_check = t0 + min(_CHECK_EVERY_S, limit)
-    backoff = Backoff(t0)
+    backoff = Backoff(t0, getattr(req, "passive", False))
     try:
         # The bookkeeping runs about once a millisecond, whatever the pause between tests.
         while True:
@@ -231,7 +232,7 @@ def _announce(g: Any, me: tuple, waiting: bool) -> bool:
     reqs = [r for r in g.notice_reqs if not r.Test()]
     for r in range(g.size_):
         if r != g.rank_:
-            reqs.append(diag.isend((me, waiting, time.time()), r, NOTICE_TAG))
+            reqs.append(diag.isend((me, waiting, time.time()), r, NOTICE_TAG + g.tag_base))
     g.notice_reqs = reqs
     return True
 
@@ -243,9 +244,10 @@ def drain_notices(g: Any, me: Optional[tuple] = None) -> bool:
     diag = g.diag
     status = MPI.Status()
     hit = False
-    while diag.Iprobe(MPI.ANY_SOURCE, NOTICE_TAG, status):
+    tag = NOTICE_TAG + g.tag_base
+    while diag.Iprobe(MPI.ANY_SOURCE, tag, status):
         src = status.Get_source()
-        what, waiting, _ = diag.recv(None, src, NOTICE_TAG)
+        what, waiting, _ = diag.recv(None, src, tag)
         g.notices[src] = (what, waiting)
         if waiting and what == me:
             hit = True

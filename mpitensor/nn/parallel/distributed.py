@@ -54,6 +54,7 @@ from mpitensor import backend as _backend
 from mpitensor import distributed as dist
 from mpitensor.autograd import Node
 from mpitensor.distributed import ProcessGroup, ReduceOp
+from mpitensor.distributed._node_reduce import NodeReduce
 from mpitensor.distributed.model_sync import (
     average_gradients,
     broadcast_parameters,
@@ -471,8 +472,14 @@ class DistributedDataParallel(Module):
         self._build_buckets(min(DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap))
         self._layout = [(int(b.buffer.size), b.buffer.dtype.name) for b in self._buckets]
         self.comm_stats = CommStats([b.nbytes for b in self._buckets])
+        self._node: Optional[NodeReduce] = None
         if self._world > 1:
             self._check_layout("construction")
+            if getattr(self.process_group, "backend_name", None) == "mpi":
+                # ranks outnumbering the node's cores: buckets meet in shared memory (agreed by
+                # every rank, or by none)
+                self._node = NodeReduce.create(self.process_group,
+                                               [b.buffer for b in self._buckets])
 
     def _sync_replicas(self, init_sync: bool, buffers: bool) -> None:
         """Start every replica from the source rank's parameters (and buffers)."""
@@ -723,7 +730,10 @@ class DistributedDataParallel(Module):
             self._join_zeros = [_backend.array_module(b.buffer).zeros_like(b.buffer)
                                 for b in self._buckets]
         zeros = self._join_zeros
-        works = [dist.all_reduce(z, op=ReduceOp.SUM, group=pg, async_op=True) for z in zeros]
+        node = self._node  # the active ranks' buckets go where theirs do
+        works = [node.start(i, z) if node is not None else
+                 dist.all_reduce(z, op=ReduceOp.SUM, group=pg, async_op=True)
+                 for i, z in enumerate(zeros)]
         if self.find_unused_parameters or self.static_graph:
             used = np.zeros(len(self._params), np.int32)
             works.append(dist.all_reduce(used, op=ReduceOp.MAX, group=pg, async_op=True))
@@ -1143,8 +1153,11 @@ class DistributedDataParallel(Module):
     def _launch(self, bucket: _Bucket) -> None:
         if self._divisor != 1:
             bucket.buffer /= self._divisor  # pre-divide, as torch's default hook
-        bucket.work = dist.all_reduce(bucket.buffer, op=ReduceOp.SUM,
-                                      group=self.process_group, async_op=True)
+        if self._node is not None:  # (join()'s shadow steps post their zeros there too)
+            bucket.work = self._node.start(bucket.index, bucket.buffer)
+        else:
+            bucket.work = dist.all_reduce(bucket.buffer, op=ReduceOp.SUM,
+                                          group=self.process_group, async_op=True)
         self._inflight.append(bucket.work)
         self.comm_stats.launched += 1
 
