@@ -19,13 +19,14 @@ for 4 LeNet ranks on 2 cores (25.3k against 22.7k through MPI; 28.1k without any
 When it is used: by ``DistributedDataParallel`` for its gradient buckets, when every rank of
 its group runs on this node, the group has more ranks than the node has cores (the union of
 the ranks' CPU affinities), the buckets are float32/float64 NumPy arrays of at most
-:data:`MAX_BYTES` in all, and the machine is x86-64 (whose stores become visible in program
-order: a mark is never seen before the data it follows). Every rank agrees before any rank
+:data:`MAX_BYTES` (8 MiB) in all, and the machine is x86-64 (whose stores become visible in
+program order: a mark is never seen before the data it follows). Every rank agrees before any rank
 uses it. ``MPITENSOR_NODE_REDUCE``: ``auto`` (default: as above), ``on`` (also without
 oversubscription, on one node: for tests), ``off`` (always MPI).
 
-The segment is a file in ``/dev/shm`` that rank 0 of the node creates and removes as soon as
-every rank has mapped it: nothing is left behind, whatever way the job ends. Waits go through
+The segment is a file in ``/dev/shm`` that rank 0 of the node creates, with every page reserved
+(where ``/dev/shm`` is too small, MPI is used instead), and removes as soon as every rank has
+mapped it: nothing is left behind, whatever way the job ends. Waits go through
 :func:`_watchdog.wait`, so the group's timeout, fault notices (a peer that raised or left)
 and stall reports work as for any collective.
 """
@@ -43,7 +44,10 @@ import numpy as np
 from .. import _config
 
 ENV = "MPITENSOR_NODE_REDUCE"
-MAX_BYTES = 64 << 20  # the buckets' bytes, per rank (the segment holds two of each)
+# the buckets' bytes, per rank (the segment holds two copies of each, per rank). Every rank
+# reads every rank's slots, W x the data per step, against about 2 x for MPI's large-message
+# all-reduce: past a few MiB the copies cost more than the polling saved
+MAX_BYTES = 8 << 20
 _ALIGN = 64
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _SHM = "/dev/shm"
@@ -124,10 +128,16 @@ class NodeReduce:
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
                 try:
-                    os.ftruncate(fd, size)
+                    # reserve every page now: a tmpfs that runs out (a container's 64 MiB
+                    # /dev/shm) then fails here, instead of SIGBUS at a later write
+                    os.posix_fallocate(fd, 0, size)
                 finally:
                     os.close(fd)
             except OSError:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
                 path = None
         # the name, as 32 hex digits (all zero: rank 0 could not make it), passed on by a MAX
         # all-reduce of rank 0's digits and the others' zeros

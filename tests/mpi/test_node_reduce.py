@@ -198,3 +198,21 @@ def test_env_is_read_alike_on_every_rank_or_agreed(mode):
     ddp, params = _train(np.float32, steps=2)
     assert ddp._node is None
     assert len(set(_gathered(params))) == 1
+
+
+def test_no_room_in_dev_shm_means_mpi_and_no_file_left(mode, monkeypatch):
+    """Rank 0 cannot reserve the segment (a container's small /dev/shm: ENOSPC): every rank
+    uses MPI, training works, and no file is left behind."""
+    import errno
+
+    mode("on")
+    if dist.get_rank() == 0:
+        def full(fd, offset, length):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(_node_reduce.os, "posix_fallocate", full)
+    before = set(glob.glob("/dev/shm/mpitensor-ddp-*"))
+    ddp, params = _train(np.float32, steps=2)
+    assert ddp._node is None
+    assert len(set(_gathered(params))) == 1
+    dist.barrier()
+    assert set(glob.glob("/dev/shm/mpitensor-ddp-*")) - before == set()
