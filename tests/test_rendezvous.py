@@ -365,7 +365,12 @@ def test_helper_is_gone_after_the_job(tmp_path: Path) -> None:
     results = _run([[sys.executable, w, str(r), "2", url, "30"] for r in (0, 1)], tmp_path)
     _expect_ok(results, 2)
     [pid] = [int(m) for _, out, _ in results for m in re.findall(r"helper pid (\d+)", out)]
-    assert _zombie(pid), f"rank 0's PMI helper {pid} is still running"
+    # it leaves once the last rank has closed its connection: that may be a moment after the
+    # ranks' processes have ended (about 1 run in 10 on this 2-core machine under load)
+    deadline = time.monotonic() + 5.0
+    while not _zombie(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _zombie(pid), f"rank 0's PMI helper {pid} is still running 5 s after the job"
 
 
 # A world made by the rendezvous runs the MPI suite (tests/mpi) as one that mpiexec started.

@@ -61,6 +61,7 @@ _LINE_MAX = 1 << 16  # a client that sends a longer line is not an MPICH rank: d
 # ranks of its host still connected after the grace are killed.
 _END_LINGER_S = 2.0
 _KILL_GRACE_S = 0.5
+_SHM_PATIENCE_S = 3.0  # how long a failed job's shared memory may stay mapped by a dying rank
 # A single connect or reply from the helper takes at most this long (a timeout may be inf).
 _IO_MAX_S = 300.0
 
@@ -116,6 +117,7 @@ class HelperServer:
         self.kill_at = 0.0  # when the ranks of this host that are still alive get SIGKILL
         self.host = socket.gethostname()
         self.shm: set = set()  # MPICH's shared-memory files of this job, removed if it fails
+        self.shm_noted = -1e9  # when they were last looked for (see _note_shm)
         self.sel = selectors.DefaultSelector()
         self.listener = self._listen()
         self.sel.register(self.listener, selectors.EVENT_READ, None)
@@ -155,6 +157,7 @@ class HelperServer:
             elif not self.ranks:
                 return 0  # everyone finalized (or left) and closed
             else:
+                self._note_shm()
                 wait = 1.0
             for key, mask in self.sel.select(timeout=max(0.01, min(wait, 1.0))):
                 if key.data is None:
@@ -292,6 +295,7 @@ class HelperServer:
                 self._send(c, "cmd=barrier_out rc=0")
             self.barrier.clear()
             self.barriers_passed += 1
+            self._note_shm(force=True)
 
     def _lost(self, c: _Conn) -> None:
         """A connection closed: a rank that never finalized means the job cannot go on."""
@@ -325,27 +329,47 @@ class HelperServer:
             return
         for w in self.watches:
             self._send(w, f"cmd=mpitensor-end from={rank} code={code} why={why}")
-        for c in self.ranks.values():
-            if c.pid:
-                self.shm |= _shm_files(c.pid)
+        self._note_shm(force=True)
         now = time.monotonic()
         self.kill_at = now + _KILL_GRACE_S
         self.ending = now + _END_LINGER_S
 
-    def _remove_shm(self) -> None:
-        """Remove the shared-memory files of a failed job, which ``MPI_Finalize`` would have
-        removed (``mpiexec`` leaves them in ``/dev/shm``), unless a process still maps one."""
-        if not self.shm:
+    def _note_shm(self, force: bool = False) -> None:
+        """Add the MPICH shared-memory files the local ranks map now to the job's. Noted at
+        every PMI barrier, about once a second while the job runs, and when it ends: by the time
+        a failure is handled here its ranks may be gone, and their maps with them (once the
+        helper, scheduled late, found none and left the job's files behind)."""
+        now = time.monotonic()
+        if now < self.shm_noted + 1.0 and not force:
             return
-        in_use: set = set()
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                in_use |= _shm_files(int(entry))
-        for path in self.shm - in_use:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        self.shm_noted = now
+        for c in self.ranks.values():
+            if c.pid:
+                self.shm |= _shm_files(c.pid)
+
+    def _remove_shm(self, patience: float = _SHM_PATIENCE_S) -> None:
+        """Remove the shared-memory files of a failed job, which ``MPI_Finalize`` would have
+        removed (``mpiexec`` leaves them in ``/dev/shm``), once no process maps them.
+
+        A rank that raised may still be on its way out (its abort handler drains its output)
+        and map the files when the job's end is declared: a file still in use is looked at
+        again every 0.1 s for up to ``patience`` seconds (once, it was left behind)."""
+        left = set(self.shm)
+        deadline = time.monotonic() + patience
+        while left:
+            in_use: set = set()
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    in_use |= _shm_files(int(entry))
+            for path in left - in_use:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            left &= in_use
+            if not left or time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
 
     def _kill_local(self) -> None:
         self.kill_at = 0.0
