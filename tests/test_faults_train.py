@@ -484,28 +484,30 @@ def _flip(data: bytes) -> bytes:
     return bytes(b)
 
 
-def _edit_model(src: Path, how: str) -> bytes:
+def _rewritten(src: Path, edit: Callable[[dict], None]) -> bytes:
+    """The bytes of checkpoint ``src`` after ``edit`` changed it in place."""
     from mpitensor import save
 
     ckpt = load(src)
-    state = ckpt["model_state"]
-    if how == "renamed":
-        state["head.weight"] = state.pop("fc3.weight")
-    else:  # a wider first fully connected layer
-        state["fc1.weight"] = np.zeros((130, state["fc1.weight"].shape[1]), np.float32)
+    edit(ckpt)
     with tempfile.TemporaryDirectory() as d:
         save(ckpt, Path(d) / "x.mt")
         return (Path(d) / "x.mt").read_bytes()
+
+
+def _edit_model(src: Path, how: str) -> bytes:
+    def edit(ckpt: dict) -> None:
+        state = ckpt["model_state"]
+        if how == "renamed":
+            state["head.weight"] = state.pop("fc3.weight")
+        else:  # a wider first fully connected layer
+            state["fc1.weight"] = np.zeros((130, state["fc1.weight"].shape[1]), np.float32)
+
+    return _rewritten(src, edit)
 
 
 def _edit_config(src: Path, **changes: object) -> bytes:
-    from mpitensor import save
-
-    ckpt = load(src)
-    ckpt["config"].update(changes)
-    with tempfile.TemporaryDirectory() as d:
-        save(ckpt, Path(d) / "x.mt")
-        return (Path(d) / "x.mt").read_bytes()
+    return _rewritten(src, lambda ckpt: ckpt["config"].update(changes))
 
 
 @pytest.mark.parametrize("case, needle", [

@@ -19,6 +19,7 @@ for messages that never come, and MPICH's launcher waits for its proxy), so a ho
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -76,37 +77,20 @@ class HostPool:
 
     def close(self) -> None:
         """Remove the scratch files."""
-        for name in os.listdir(self.dir):
-            try:
-                os.unlink(os.path.join(self.dir, name))
-            except OSError:
-                pass
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def _ask_all(self, entries: Optional[Sequence[HostEntry]] = None
                  ) -> List[Tuple[HostEntry, bool, str]]:
         """Probe the hosts (default: all) at once; (entry, answered, why not), in order."""
         entries = self.entries if entries is None else list(entries)
         results: List[Optional[Tuple[bool, str]]] = [None] * len(entries)
-        index = {id(e): self.entries.index(e) for e in entries}
 
         def ask(i: int) -> None:
-            scratch = os.path.join(self.dir, f"probe{index[id(entries[i])]}")
-            os.makedirs(scratch, exist_ok=True)
-            try:
-                results[i] = self.probe(entries[i], scratch)
-            except Exception as exc:  # noqa: BLE001 - a probe that breaks is a host that failed
-                results[i] = (False, f"{type(exc).__name__}: {exc}")
-            finally:
-                for name in os.listdir(scratch):
-                    try:
-                        os.unlink(os.path.join(scratch, name))
-                    except OSError:
-                        pass
-                os.rmdir(scratch)
+            with tempfile.TemporaryDirectory(dir=self.dir) as scratch:
+                try:
+                    results[i] = self.probe(entries[i], scratch)
+                except Exception as exc:  # noqa: BLE001 - a probe that breaks: a failed host
+                    results[i] = (False, f"{type(exc).__name__}: {exc}")
 
         threads = [threading.Thread(target=ask, args=(i,), daemon=True)
                    for i in range(len(entries))]

@@ -1119,19 +1119,28 @@ class ProcessContext:
         use_fd = hasattr(os, "pidfd_open")
         fds: Dict[int, int] = {}  # pidfd -> rank
         polled: Dict[int, int] = {}  # rank -> pid, where there is no pidfd
+
+        def register(ended: List[int]) -> None:
+            """Watch the ranks registered since the last call; one already gone ends now."""
+            for rank, pid in self._read_pids().items():
+                if not _alive(pid):
+                    ended.append(rank)
+                    continue
+                if use_fd:
+                    try:
+                        fds[os.pidfd_open(pid)] = rank
+                        continue
+                    except ProcessLookupError:
+                        ended.append(rank)
+                        continue
+                    except OSError:
+                        pass
+                polled[rank] = pid
+
         try:
             while self._proc.poll() is None and not self._finished:
                 ended: List[int] = []
-                for rank, pid in self._read_pids().items():
-                    if not use_fd:
-                        polled[rank] = pid
-                        continue
-                    try:
-                        fds[os.pidfd_open(pid)] = rank
-                    except ProcessLookupError:
-                        ended.append(rank)
-                    except OSError:
-                        polled[rank] = pid
+                register(ended)
                 if fds:
                     # wakes the moment a rank ends, before mpiexec kills the others
                     ready, _, _ = select.select(list(fds), [], [], 0.05)
@@ -1148,16 +1157,7 @@ class ProcessContext:
                     # a rank registered since the last turn may be gone already: when, is not
                     # known, so it joins this batch (which then names nobody rather than the
                     # wrong rank), and a rank not registered at all makes the order unknown
-                    for rank, pid in self._read_pids().items():
-                        if not _alive(pid):
-                            ended.append(rank)
-                        elif use_fd:
-                            try:
-                                fds[os.pidfd_open(pid)] = rank
-                            except OSError:
-                                polled[rank] = pid
-                        else:
-                            polled[rank] = pid
+                    register(ended)
                     with self._lock:
                         self._ended.append((sorted(ended), len(self._pid_of) >= self.nprocs))
         except Exception:  # noqa: BLE001 - the watch only improves error messages

@@ -730,10 +730,7 @@ class DistributedDataParallel(Module):
             self._join_zeros = [_backend.array_module(b.buffer).zeros_like(b.buffer)
                                 for b in self._buckets]
         zeros = self._join_zeros
-        node = self._node  # the active ranks' buckets go where theirs do
-        works = [node.start(i, z) if node is not None else
-                 dist.all_reduce(z, op=ReduceOp.SUM, group=pg, async_op=True)
-                 for i, z in enumerate(zeros)]
+        works = [self._sum_bucket(i, z) for i, z in enumerate(zeros)]
         if self.find_unused_parameters or self.static_graph:
             used = np.zeros(len(self._params), np.int32)
             works.append(dist.all_reduce(used, op=ReduceOp.MAX, group=pg, async_op=True))
@@ -1153,13 +1150,17 @@ class DistributedDataParallel(Module):
     def _launch(self, bucket: _Bucket) -> None:
         if self._divisor != 1:
             bucket.buffer /= self._divisor  # pre-divide, as torch's default hook
-        if self._node is not None:  # (join()'s shadow steps post their zeros there too)
-            bucket.work = self._node.start(bucket.index, bucket.buffer)
-        else:
-            bucket.work = dist.all_reduce(bucket.buffer, op=ReduceOp.SUM,
-                                          group=self.process_group, async_op=True)
+        bucket.work = self._sum_bucket(bucket.index, bucket.buffer)
         self._inflight.append(bucket.work)
         self.comm_stats.launched += 1
+
+    def _sum_bucket(self, index: int, buffer: Any) -> Any:
+        """Start summing bucket ``index`` (held in ``buffer``) over the ranks; its Work. Through
+        shared memory where the ranks outnumber the cores (``_node``), else MPI; join()'s
+        shadow steps come here too, so that every rank takes the same path."""
+        if self._node is not None:
+            return self._node.start(index, buffer)
+        return dist.all_reduce(buffer, op=ReduceOp.SUM, group=self.process_group, async_op=True)
 
     def _finalize(self) -> None:
         t0 = time.perf_counter()
