@@ -21,9 +21,9 @@ Rules shared by every function here:
 * ``async_op=True`` returns a :class:`Work` handle (``wait()``, ``is_completed()``) backed by
   MPI's non-blocking operation; otherwise the call blocks and returns ``None``.
 * Bad arguments raise ``ValueError``/``TypeError`` before any message is sent. Cross-rank
-  agreement (same op, dtype, shape on every rank) is checked when debug mode is on
-  (``MPITENSOR_DEBUG=1`` or :func:`set_debug`), raising :class:`CollectiveMismatchError` on
-  every rank.
+  agreement (same op, dtype, shape on every rank) is checked always for buffers of
+  ``MPITENSOR_CHECK_BYTES`` (64 KiB) and more, and for every call when debug mode is on
+  (``MPITENSOR_DEBUG=1`` or :func:`set_debug`), raising :class:`CollectiveMismatchError`.
 """
 
 from __future__ import annotations

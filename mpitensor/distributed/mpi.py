@@ -12,6 +12,7 @@ import functools
 import pickle
 import re
 import secrets
+import time
 from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
@@ -114,7 +115,13 @@ class MPIGroup(ProcessGroup):
             span = max(1, self.tag_ub // 4 - 1)
             draw = secrets.randbelow(span) + 1 if comm.Get_rank() == 0 else None
             self.tag_base = 4 * int(comm.bcast(draw, root=0))
-        self.fp_pool = _fp.Pool(self.diag) if comm is not None else None
+        # the agreement check of large calls: shared slots where the members share a machine,
+        # else a persistent reduction per call (_fingerprint)
+        self.fp_node = (_fp.NodeCheck.create(comm)
+                        if comm is not None and comm.Get_size() > 1 else None)
+        self.fp_pool = _fp.Pool(self.diag) if comm is not None and self.fp_node is None \
+            else None
+        self.fp_tok: Optional[tuple] = None  # the blocking checked call in progress (slots)
         self.verdicts: dict = {}  # debug mode: (receiver, my p2p seq) -> receiver's verdict
         self.opname = ""  # the collective being prepared (set by _begin)
         # group rank == global rank: p2p peers need no translation
@@ -160,19 +167,71 @@ class MPIGroup(ProcessGroup):
         except MPI.Exception as exc:
             raise self._mpi_error(where, exc) from exc
         self.sent += 1
-        if check is not None and not self.debug:
-            req = _fp.check(self, req, op, s, keep, *check)
+        if check is not None and not self.debug and check[0].nbytes >= self.check_bytes:
+            req = self._fp_check(req, s, op, check[0], check[1], check[2], keep)
         if async_op:
-            return Work(req, finish, result, describe=lambda: where, keep=keep, group=self,
-                        info=(op, s, "coll", None, None))
+            return Work(self._fp_async(req), finish, result, describe=lambda: where, keep=keep,
+                        group=self, info=(op, s, "coll", None, None))
         try:
             if not req.Test():
                 _wait(self, req, op, s)
         except MPI.Exception as exc:
+            self._fp_explain(exc)
             raise self._mpi_error(where, exc) from exc
+        if self.fp_tok is not None:
+            self._fp_settle(op, s)
         if finish is not None:
             finish()
         return None
+
+    def _fp_check(self, req: Any, s: int, op: str, arr: Any, reduce: Any, root: int,
+                  keep: Any) -> Any:
+        """Check agreement on call ``s``, whose data operation ``req`` was just posted: post
+        this rank's fingerprint to the group's shared slots (compared once the data is done:
+        ``fp_tok`` says which call awaits that), or, without slots, wrap ``req`` in a
+        reduction check (``_fingerprint``)."""
+        node = self.fp_node
+        if node is None:
+            return _fp.Checked(self, req, op, s, arr, reduce, root, keep)
+        self.fp_tok = node.post(s, op, arr, reduce, root, keep)
+        return req
+
+    def _fp_async(self, req: Any) -> Any:
+        """An async call's request, made to settle its fingerprint too (shared slots)."""
+        tok = self.fp_tok
+        if tok is None:
+            return req
+        self.fp_tok = None
+        return _fp.NodeChecked(self, req, tok)
+
+    def _fp_settle(self, op: str, s: int) -> None:
+        """A blocking checked call's data is done: compare the slots, waiting (bounded by
+        the group's timeout) for members that have not posted theirs yet."""
+        tok = self.fp_tok
+        if not self.fp_node.settle(tok, self):
+            _wait(self, _fp.Settling(self, tok), op, s)
+        self.fp_tok = None
+
+    def _fp_explain(self, exc: BaseException) -> None:
+        """MPI failed a checked call (MPICH: ``MPIDU_Sched_progress_state``...): where another
+        member's fingerprint for it differs, raise that mismatch instead, which says why."""
+        tok = self.fp_tok
+        if tok is None:
+            return
+        deadline = time.monotonic() + 0.1  # a member may be about to post its fingerprint
+        try:
+            while not self.fp_node.settle(tok, self) and time.monotonic() < deadline:
+                time.sleep(1e-4)
+        except CollectiveMismatchError as mismatch:
+            raise mismatch from exc
+        self.fp_tok = None
+
+    def fault_in_wait(self, kind: str, seq: int, op: str, peer: Optional[int],
+                      since: float) -> Any:
+        tok = self.fp_tok
+        if tok is not None and kind == "coll" and tok[0] == seq:
+            self.fp_node.peek(tok, self)  # a mismatch MPI may never complete: raise now
+        return super().fault_in_wait(kind, seq, op, peer, since)
 
     def _agree(self, where: str, sig: dict, error: Optional[BaseException]) -> None:
         """Debug mode: check that every rank entered this call with matching arguments."""
@@ -273,7 +332,7 @@ class MPIGroup(ProcessGroup):
                     s = self._fast_count("all_reduce", arr)
                     req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
                     if arr.nbytes >= self.check_bytes:
-                        req = _fp.Checked(self, req, "all_reduce", s, arr, op)
+                        req = self._fp_check(req, s, "all_reduce", arr, op, -1, arr)
                     return self._fast_finish(req, "all_reduce", s, [tensor], arr, async_op)
         return self._all_reduce(tensor, op, async_op)
 
@@ -289,15 +348,18 @@ class MPIGroup(ProcessGroup):
     def _fast_finish(self, req: Any, op: str, s: int, tensors: list, keep: Any,
                      async_op: bool) -> Optional[Work]:
         if async_op:
-            return Work(req, None, tensors, keep=keep, group=self,
+            return Work(self._fp_async(req), None, tensors, keep=keep, group=self,
                         describe=lambda: f"rank {self.global_rank}: {op} (#{s} on {self.name})",
                         info=(op, s, "coll", None, None))
         try:
             if not req.Test():
                 _wait(self, req, op, s)
         except MPI.Exception as exc:
+            self._fp_explain(exc)
             raise self._mpi_error(f"rank {self.global_rank}: {op} (#{s} on {self.name})",
                                   exc) from exc
+        if self.fp_tok is not None:
+            self._fp_settle(op, s)
         return None
 
     def _fast_root(self, root: Any, group_root: Any) -> bool:
@@ -348,7 +410,7 @@ class MPIGroup(ProcessGroup):
                 s = self._fast_count("broadcast", arr)
                 req = self.comm.Ibcast([arr, mt], src)
                 if arr.nbytes >= self.check_bytes:
-                    req = _fp.Checked(self, req, "broadcast", s, arr, None, src)
+                    req = self._fp_check(req, s, "broadcast", arr, None, src, arr)
                 return self._fast_finish(req, "broadcast", s, [tensor], arr, async_op)
         return self._broadcast(tensor, src, async_op, group_src)
 
@@ -393,7 +455,7 @@ class MPIGroup(ProcessGroup):
                 else:
                     req = self.comm.Ireduce([arr, fast[0]], None, fast[1], root)
                 if arr.nbytes >= self.check_bytes:
-                    req = _fp.Checked(self, req, "reduce", s, arr, op, root)
+                    req = self._fp_check(req, s, "reduce", arr, op, root, arr)
                 return self._fast_finish(req, "reduce", s, [tensor], arr, async_op)
         return self._reduce(tensor, dst, op, async_op, group_dst)
 
@@ -513,8 +575,8 @@ class MPIGroup(ProcessGroup):
                 s = self._fast_count("all_gather_into_tensor", inp)
                 req = self.comm.Iallgather([inp, mt], [out, mt])
                 if inp.nbytes >= self.check_bytes:
-                    req = _fp.Checked(self, req, "all_gather_into_tensor", s, inp,
-                                          keep=(out, inp))
+                    req = self._fp_check(req, s, "all_gather_into_tensor", inp, None, -1,
+                                         (out, inp))
                 return self._fast_finish(req, "all_gather_into_tensor", s, [output],
                                          (out, inp), async_op)
         return self._all_gather_into_tensor(output, input, async_op)
@@ -673,8 +735,8 @@ class MPIGroup(ProcessGroup):
                 s = self._fast_count("reduce_scatter_tensor", inp)
                 req = self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1])
                 if inp.nbytes >= self.check_bytes:
-                    req = _fp.Checked(self, req, "reduce_scatter_tensor", s, inp, op,
-                                          keep=(out, inp))
+                    req = self._fp_check(req, s, "reduce_scatter_tensor", inp, op, -1,
+                                         (out, inp))
                 return self._fast_finish(req, "reduce_scatter_tensor", s, [output],
                                          (out, inp), async_op)
         return self._reduce_scatter_tensor(output, input, op, async_op)
@@ -774,8 +836,8 @@ class MPIGroup(ProcessGroup):
                 s = self._fast_count("all_to_all_single", out)
                 req = self.comm.Ialltoall([inp, mt], [out, mt])
                 if out.nbytes >= self.check_bytes:
-                    req = _fp.Checked(self, req, "all_to_all_single", s, out,
-                                          keep=(out, inp))
+                    req = self._fp_check(req, s, "all_to_all_single", out, None, -1,
+                                         (out, inp))
                 return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp),
                                          async_op)
         return self._all_to_all_single(output, input, output_split_sizes, input_split_sizes,
@@ -1145,6 +1207,9 @@ class MPIGroup(ProcessGroup):
     def free(self) -> None:
         if self.fp_pool is not None:
             self.fp_pool.free()
+        if self.fp_node is not None:
+            self.fp_node.close()
+            self.fp_node = None
         for attr in ("comm", "diag", "hdr"):
             comm = getattr(self, attr, None)
             if comm is not None and comm != MPI.COMM_NULL:

@@ -5,9 +5,16 @@ checks, beside its data, that every rank made the same call. Each mismatch below
 numbers without a word when nothing checks (the data moves: same byte count, or a different
 reduction); here every rank must raise CollectiveMismatchError, and the group must refuse every
 later call. Each case runs on a group of its own, since a mismatch leaves it unusable.
+
+Every test runs with both mechanisms: the shared slots of a group on one machine (what these
+ranks get) and the reduction that groups spanning machines use (forced here by making the
+slots unavailable while the group is created).
 """
 
 from __future__ import annotations
+
+import glob
+import time
 
 import numpy as np
 import pytest
@@ -15,10 +22,22 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 from mpitensor._config import OFF_BYTES
+from mpitensor.distributed import _fingerprint
 from mpitensor.errors import CollectiveMismatchError, PeerFailedError
 
 R = dist.ReduceOp
 BIG = 1 << 14  # float32 elements: 64 KiB, checked by default
+MECHANISM = "slots"
+
+
+@pytest.fixture(autouse=True, params=["slots", "reduction"])
+def mechanism(request, monkeypatch):
+    """Which check the groups made by ``fresh`` use (every rank runs the same parameter)."""
+    global MECHANISM
+    MECHANISM = request.param
+    if request.param == "reduction":
+        monkeypatch.setattr(_fingerprint.NodeCheck, "create", classmethod(lambda cls, c: None))
+    return request.param
 
 
 def world():
@@ -27,7 +46,10 @@ def world():
 
 def fresh(tag):
     n, _ = world()
-    return dist.new_group(list(range(n)), group_desc=f"agree_{tag}")
+    g = dist.new_group(list(range(n)), group_desc=f"agree_{tag}")
+    if n > 1:
+        assert (g.fp_node is not None) == (MECHANISM == "slots")
+    return g
 
 
 def expect_mismatch(g, call, match):
@@ -214,12 +236,12 @@ def test_matching_calls_of_every_checked_op_give_the_right_numbers():
 
 
 def test_more_async_calls_in_flight_than_the_pool_holds():
-    """A DDP-like burst of async large all_reduces (more than the persistent-request pool
-    holds): the pool's slots are reused in order and every result is right."""
+    """A DDP-like burst of async large all_reduces (more than the persistent-request pool, or
+    the ring of shared slots, holds): slots are reused in order and every result is right."""
     n, _ = world()
     g = fresh("burst")
     g.check_bytes = 0
-    bufs = [np.full(64, float(i)) for i in range(40)]
+    bufs = [np.full(64, float(i)) for i in range(3 * _fingerprint.RING)]
     works = [dist.all_reduce(b, group=g, async_op=True) for b in bufs]
     for i, (b, w) in enumerate(zip(bufs, works)):
         w.wait()
@@ -235,4 +257,69 @@ def test_check_off():
     x = np.ones(BIG, np.float32)
     dist.all_reduce(x, group=g)
     assert x[0] == n
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_rank_claiming_the_root():
+    """Each rank broadcasts from itself: MPI waits for ever (nobody receives), and no rank
+    returns; the slots show the disagreement at once."""
+    _, me = world()
+    g = fresh("roots")
+    g.timeout = 60.0
+    x = np.full(BIG, float(me), np.float32)
+    t0 = time.monotonic()
+    expect_mismatch(g, lambda g: dist.broadcast(x, src=me, group=g), "root")
+    assert time.monotonic() - t0 < 30  # not the group's timeout
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_late_member_is_waited_for():
+    """The root's broadcast is done before the others even call it: its check waits for
+    their fingerprints instead of calling the match good (or bad) too early."""
+    n, me = world()
+    g = fresh("late")
+    for i in range(3):
+        x = np.full(BIG, 7.0 + i if me == 0 else -1.0, np.float32)
+        if me != 0:
+            time.sleep(0.2)
+        dist.broadcast(x, src=0, group=g)
+        assert (x == 7.0 + i).all()
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_late_member_that_disagrees():
+    """The root is done and waiting for the others' fingerprints; the last rank comes late,
+    with another dtype of the same byte count: every rank raises."""
+    n, me = world()
+    g = fresh("late_bad")
+    x = np.ones(BIG, np.int32 if me == n - 1 else np.float32)
+    if me == n - 1:
+        time.sleep(0.3)
+    expect_mismatch(g, lambda g: dist.broadcast(x, src=0, group=g), "dtype")
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mpi_error_is_explained_by_the_mismatch():
+    """Different byte counts in a broadcast: MPICH's own error on the receivers names an
+    internal scheduler; the mismatch, with both byte counts, is raised instead."""
+    _, me = world()
+    g = fresh("mpi_error")
+    x = np.ones(BIG * (1 if me == 0 else 2), np.float32)
+    err = expect_mismatch(g, lambda g: dist.broadcast(x, src=0, group=g), "byte count")
+    assert "from 65536 to 131072" in str(err)
+    dist.destroy_process_group(g)
+
+
+def test_slot_segment_leaves_no_file():
+    """The slots' shared-memory file is unlinked as soon as every member has mapped it."""
+    n, me = world()
+    before = set(glob.glob("/dev/shm/mpitensor-check-*"))
+    g = fresh("files")
+    dist.barrier()
+    if me == 0:
+        assert set(glob.glob("/dev/shm/mpitensor-check-*")) <= before
     dist.destroy_process_group(g)
