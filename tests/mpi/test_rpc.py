@@ -279,6 +279,53 @@ def test_many_concurrent_async(rpc_world):
     assert [f.wait() for f in futs] == [i * i for i in range(1000)]
 
 
+def test_rpc_sync_from_many_threads(rpc_world):
+    """User threads calling rpc_sync at once: one at a time drives progress and sends before
+    it registers its call; the others register first and sleep until their reply is met for
+    them (by another caller, a pool thread or the progress thread). Every result is right."""
+    rank, size = rpc_world
+    peer = (rank + 1) % size
+    results, errors = {}, []
+
+    def worker(t):
+        try:
+            results[t] = [rpc.rpc_sync(peer, add, args=(t, i)) for i in range(300)]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    assert results == {t: [t + i for i in range(300)] for t in range(8)}
+
+
+def test_rpc_sync_argument_kinds(rpc_world):
+    """Plain arguments take the short pickling path; anything else (keyword arguments, a
+    list, an array, a float subclass) the general one: same results either way."""
+    rank, size = rpc_world
+    peer = (rank + 1) % size
+
+    class Num(float):
+        pass
+
+    assert rpc.rpc_sync(peer, add, args=(2, 3)) == 5
+    assert rpc.rpc_sync(peer, add, args=("a", "b")) == "ab"
+    assert rpc.rpc_sync(peer, add, args=(b"x", b"y")) == b"xy"
+    assert rpc.rpc_sync(peer, echo, args=(None,)) is None
+    assert rpc.rpc_sync(peer, add, args=[1, 2]) == 3  # a list of arguments
+    assert rpc.rpc_sync(peer, add, kwargs={"a": 1.5, "b": 2}) == 3.5
+    assert rpc.rpc_sync(peer, add, args=(1,), kwargs={"b": 2}) == 3
+    assert rpc.rpc_sync(peer, echo, args=([1, (2, 3)],)) == [1, (2, 3)]
+    got = rpc.rpc_sync(peer, echo, args=(np.arange(5.0),))
+    assert got.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert rpc.rpc_sync(peer, echo, args=(True,)) is True
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        rpc.rpc_sync(peer, echo, args=(Num(1.0),))  # a local class: refused before sending
+
+
 def test_deadline_table_stays_small(rpc_world):
     """Answered calls leave no deadline behind for long (it would grow by 20,000 a second)."""
     rank, size = rpc_world

@@ -188,6 +188,9 @@ def _get_worker_infos() -> List[WorkerInfo]:
     return list(_state.current("_get_worker_infos").infos)
 
 
+_NO_KWARGS: Dict[str, Any] = {}  # sent for a call without keyword arguments (never changed)
+
+
 def _call_args(func: Any, args: Any, kwargs: Any, what: str) -> Tuple[tuple, dict]:
     if not callable(func):
         raise TypeError(f"{what}: func must be callable, got {type(func).__name__} {func!r}")
@@ -260,10 +263,15 @@ def rpc_sync(to: Any, func: Callable, args: Optional[tuple] = None,
         tensor([4., 4.])
     """
     what = _what("rpc_sync", to, func)
-    agent = _state.current(what)
-    args, kwargs = _call_args(func, args, kwargs, what)
+    agent = _state.agent
+    if agent is None or not agent.running:
+        agent = _state.current(what)
+    if args.__class__ is tuple and kwargs is None and callable(func):
+        kwargs = _NO_KWARGS  # (the common case: _call_args's checks, passed)
+    else:
+        args, kwargs = _call_args(func, args, kwargs, what)
     dest = agent.resolve(to, what)
-    return agent.call(dest, _wire.CALL, (func, args, kwargs), timeout, what).wait()
+    return agent.call_sync(dest, (func, args, kwargs), timeout, what)
 
 
 def remote(to: Any, func: Callable, args: Optional[tuple] = None,
