@@ -170,13 +170,13 @@ class MPIGroup(ProcessGroup):
         if check is not None and not self.debug and check[0].nbytes >= self.check_bytes:
             req = self._fp_check(req, s, op, check[0], check[1], check[2], keep)
         if async_op:
-            return Work(self._fp_async(req), finish, result, describe=lambda: where, keep=keep,
-                        group=self, info=(op, s, "coll", None, None))
+            return Work(self._fp_async(req, s), finish, result, describe=lambda: where,
+                        keep=keep, group=self, info=(op, s, "coll", None, None))
         try:
             if not req.Test():
                 _wait(self, req, op, s)
         except MPI.Exception as exc:
-            self._fp_explain(exc)
+            self._fp_explain(exc, s)
             raise self._mpi_error(where, exc) from exc
         if self.fp_tok is not None:
             self._fp_settle(op, s)
@@ -196,27 +196,34 @@ class MPIGroup(ProcessGroup):
         self.fp_tok = node.post(s, op, arr, reduce, root, keep)
         return req
 
-    def _fp_async(self, req: Any) -> Any:
-        """An async call's request, made to settle its fingerprint too (shared slots)."""
+    def _fp_async(self, req: Any, s: int) -> Any:
+        """Async call ``s``'s request, made to settle its fingerprint too (shared slots)."""
         tok = self.fp_tok
         if tok is None:
             return req
         self.fp_tok = None
+        if tok[0] != s:  # left by an earlier call that raised while it waited: not this one's
+            return req
         return _fp.NodeChecked(self, req, tok)
 
     def _fp_settle(self, op: str, s: int) -> None:
-        """A blocking checked call's data is done: compare the slots, waiting (bounded by
-        the group's timeout) for members that have not posted theirs yet."""
+        """Blocking call ``s``'s data is done: compare the slots, waiting (bounded by the
+        group's timeout) for members that have not posted theirs yet."""
         tok = self.fp_tok
+        self.fp_tok = None  # (also when that wait raises)
+        if tok[0] != s:  # left by an earlier call that raised while it waited: not this one's
+            return
         if not self.fp_node.settle(tok, self):
+            self.fp_tok = tok  # (for the slow tick's look at the slots: fault_in_wait)
             _wait(self, _fp.Settling(self, tok), op, s)
-        self.fp_tok = None
+            self.fp_tok = None
 
-    def _fp_explain(self, exc: BaseException) -> None:
+    def _fp_explain(self, exc: BaseException, s: int) -> None:
         """MPI failed a checked call (MPICH: ``MPIDU_Sched_progress_state``...): where another
         member's fingerprint for it differs, raise that mismatch instead, which says why."""
         tok = self.fp_tok
-        if tok is None:
+        self.fp_tok = None
+        if tok is None or tok[0] != s:
             return
         deadline = time.monotonic() + 0.1  # a member may be about to post its fingerprint
         try:
@@ -224,7 +231,6 @@ class MPIGroup(ProcessGroup):
                 time.sleep(1e-4)
         except CollectiveMismatchError as mismatch:
             raise mismatch from exc
-        self.fp_tok = None
 
     def fault_in_wait(self, kind: str, seq: int, op: str, peer: Optional[int],
                       since: float) -> Any:
@@ -348,14 +354,14 @@ class MPIGroup(ProcessGroup):
     def _fast_finish(self, req: Any, op: str, s: int, tensors: list, keep: Any,
                      async_op: bool) -> Optional[Work]:
         if async_op:
-            return Work(self._fp_async(req), None, tensors, keep=keep, group=self,
+            return Work(self._fp_async(req, s), None, tensors, keep=keep, group=self,
                         describe=lambda: f"rank {self.global_rank}: {op} (#{s} on {self.name})",
                         info=(op, s, "coll", None, None))
         try:
             if not req.Test():
                 _wait(self, req, op, s)
         except MPI.Exception as exc:
-            self._fp_explain(exc)
+            self._fp_explain(exc, s)
             raise self._mpi_error(f"rank {self.global_rank}: {op} (#{s} on {self.name})",
                                   exc) from exc
         if self.fp_tok is not None:
