@@ -133,7 +133,7 @@ class RandomSampler(_PlannedSampler):
         TypeError: ``replacement`` is not a bool.
 
     Example:
-        >>> g = mpitensor.Generator().manual_seed(0)
+        >>> g = Generator().manual_seed(0)
         >>> sorted(RandomSampler(range(4), generator=g))
         [0, 1, 2, 3]
     """

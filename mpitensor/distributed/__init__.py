@@ -418,8 +418,9 @@ def _share_node(comm: Any, rank: int, size: int) -> None:
             everyone = [frozenset(s) for s in node.allgather(sorted(mine))]
         finally:
             node.Free()
-        _watchdog.set_node_load(len(everyone))
-        _node_reduce.note_node(len(everyone), len(frozenset().union(*everyone)))
+        cpus = len(frozenset().union(*everyone))  # the CPUs the node's ranks may use
+        _watchdog.set_node_load(len(everyone), cpus)
+        _node_reduce.note_node(len(everyone), cpus)
     _threads.apply_node_budget(mine, everyone, rank)
 
 

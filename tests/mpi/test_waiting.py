@@ -90,3 +90,19 @@ def test_backoff_schedule(monkeypatch):
     assert calls == [("yield", 0.0), ("sleep", pytest.approx(0.010 * _watchdog._SLEEP_FRACTION)),
                      ("sleep", _watchdog._SLEEP_MAX_S), ("yield", 0.0), ("yield", 0.0),
                      ("sleep", _watchdog._SLEEP_MAX_S)]
+
+
+def test_spin_is_skipped_only_where_ranks_outnumber_their_cpus():
+    """The node's CPUs are the union of its ranks' affinities: four ranks bound one to a core
+    each on four cores are not oversubscribed, four unbound ranks on two cores are."""
+    W = _watchdog
+    saved = W._SPIN_S
+    try:
+        W.set_node_load(4, 2)
+        assert W._SPIN_S == 0.0
+        W.set_node_load(4, 4)
+        assert W._SPIN_S > 0
+        W.set_node_load(1, 2)
+        assert W._SPIN_S > 0
+    finally:
+        W._SPIN_S = saved
