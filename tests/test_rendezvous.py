@@ -195,6 +195,53 @@ def test_tutorial_mp_process(tmp_path: Path, start_method: str, size: int) -> No
     assert f"exit codes {[0] * size}" in out, out + err
 
 
+LINGER = """\
+    import os
+    import sys
+    import time
+    from multiprocessing import util
+
+    import mpitensor as torch
+    import mpitensor.distributed as dist
+    import mpitensor.multiprocessing as mp
+
+
+    def run(rank, size):
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = sys.argv[1]
+        dist.init_process_group("gloo", rank=rank, world_size=size)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        if rank == 1:  # still running, after MPI_Finalize, when the others have ended
+            util.Finalize(None, time.sleep, args=(1.0,), exitpriority=-200)
+        print(f"Rank {rank} has data {t[0].item()}\\n", end="", flush=True)
+
+
+    if __name__ == "__main__":
+        mp.set_start_method("fork")
+        processes = [mp.Process(target=run, args=(r, 3)) for r in range(3)]
+        for p in processes:
+            p.start()
+        for p in processes:
+            p.join()
+        print(f"exit codes {[p.exitcode for p in processes]}\\n", end="", flush=True)
+"""
+
+
+def test_a_rank_that_ends_last_is_not_killed(tmp_path: Path) -> None:
+    """A rank still in its exit steps after MPI_Finalize while the others have ended: their
+    ends are normal (each told the helper it was finalizing), so nothing is reported and
+    nobody is killed. Before, the helper saw no PMI ``finalize`` from MPICH, took every end
+    for a death, and killed the last rank with exit code 1 (the tutorial test failed so, 1 to
+    3 runs in 60)."""
+    prog = _script(tmp_path, "linger.py", LINGER)
+    [(code, out, err)] = _run([[sys.executable, prog, str(_free_port())]], tmp_path)
+    assert code == 0, err
+    assert _lines(out, "Rank") == [f"Rank {r} has data 3.0" for r in range(3)], out + err
+    assert "exit codes [0, 0, 0]" in out, out + err
+    assert "ended without finalizing" not in err, err
+
+
 # "Getting Started with Distributed Data Parallel": setup() with MASTER_ADDR/MASTER_PORT, the
 # function started by mp.spawn(fn, args=(world_size,), nprocs=world_size, join=True).
 DDP_TUTORIAL = """\

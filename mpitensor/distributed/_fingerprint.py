@@ -289,6 +289,8 @@ class NodeCheck:
         """Collective over ``comm``: the group's slots, or None on every member where they
         cannot be shared (another machine, no /dev/shm, not x86-64)."""
         size, rank = comm.Get_size(), comm.Get_rank()
+        if os.environ.get("MT_NO_SLOTS"):  # TEMP
+            return None
         ok = platform.machine().lower() in ("x86_64", "amd64") and os.path.isdir(_SHM)
         nbytes = cls.segment_bytes(size)
         name = None

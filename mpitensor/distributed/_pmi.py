@@ -34,7 +34,11 @@ Wire, one line per message (``\\n``-terminated, ``key=value`` words):
   ``get_universe_size``, ``put``, ``get``, ``barrier_in``, ``finalize``, ``abort``);
 * a watch connection: ``cmd=mpitensor-watch rank=R token=T``, after which the server only
   writes, at most once: ``cmd=mpitensor-end from=R code=N why=WORDS`` (``why`` is the rest of
-  the line).
+  the line); the rank writes ``cmd=mpitensor-finalizing`` on it as it enters
+  ``MPI_Finalize``. MPICH 5's ``PMI_Finalize`` sends no ``finalize`` here, so without that
+  word every rank's end looked like a death, and a rank still running when the others ended
+  was killed with exit code 1 ("rank 0 ended without finalizing MPI"; 1 to 3 runs in 60 of a
+  3-rank job started with ``multiprocessing``).
 """
 
 from __future__ import annotations
@@ -233,7 +237,11 @@ class HelperServer:
             self._greet(c, cmd, w)
             return
         if c.kind == "watch":
-            return  # watches only listen
+            if cmd == "mpitensor-finalizing":  # the rank's own word: it is in MPI_Finalize
+                pmi = self.ranks.get(c.rank)
+                if pmi is not None:
+                    pmi.finalized = True
+            return  # watches otherwise only listen
         if cmd == "init":
             self._send(c, "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1")
         elif cmd == "get_maxes":
@@ -309,6 +317,11 @@ class HelperServer:
         self.ranks.pop(c.rank, None)
         if c in self.barrier:
             self.barrier.remove(c)
+        if not c.finalized and not self.ending:
+            # its watch may hold its last word, "finalizing", unread: the two connections
+            # are read in no particular order
+            for w in [w for w in self.watches if w.rank == c.rank]:
+                self._read(w)
         if not c.finalized and not self.ending:
             if not self.barriers_passed:
                 self._close_all()  # during MPI_Init: make every other MPI_Init fail now
@@ -529,6 +542,15 @@ class Watch:
             except Exception:  # noqa: BLE001 - a closed stream must not stop the exit
                 pass
         os._exit(code if 0 < code < 256 else 1)
+
+    def finalizing(self) -> None:
+        """Tell the helper that this rank is finalizing MPI (MPICH's ``PMI_Finalize`` sends
+        nothing the helper could see): its connections closing after this are its normal
+        end, not a failure to report to the other ranks."""
+        try:
+            self.sock.sendall(b"cmd=mpitensor-finalizing\n")
+        except OSError:
+            pass
 
     def close(self) -> None:
         """Stop watching (the helper then ends nothing in this process)."""

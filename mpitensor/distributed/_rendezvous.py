@@ -456,6 +456,9 @@ def _init_mpi() -> Any:
 def _finalize_mpi() -> None:
     mod = sys.modules.get("mpi4py.MPI")
     if mod is not None and mod.Is_initialized() and not mod.Is_finalized():
+        watch = _joined.get("watch")
+        if watch is not None:  # (a job of init_process_group's own PMI helper)
+            watch.finalizing()
         mod.Finalize()
 
 
