@@ -242,6 +242,55 @@ def test_a_rank_that_ends_last_is_not_killed(tmp_path: Path) -> None:
     assert "ended without finalizing" not in err, err
 
 
+DIES_IN_FINALIZE = """\
+    import os
+    import sys
+    import time
+
+    import mpitensor as torch
+    import mpitensor.distributed as dist
+    import mpitensor.multiprocessing as mp
+    from mpitensor.distributed import _rendezvous
+
+
+    def run(rank, size):
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = sys.argv[1]
+        dist.init_process_group("gloo", rank=rank, world_size=size)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        if rank == 2:  # as if it died inside MPI_Finalize, after its first word
+            _rendezvous._joined["watch"].finalizing()
+            os._exit(0)
+        time.sleep(0.5)  # the others finalize later, and would wait for it for ever
+
+
+    if __name__ == "__main__":
+        mp.set_start_method("fork")
+        processes = [mp.Process(target=run, args=(r, 3)) for r in range(3)]
+        for p in processes:
+            p.start()
+        for p in processes:
+            p.join()
+        print(f"exit codes {[p.exitcode for p in processes]}\\n", end="", flush=True)
+"""
+
+
+def test_a_rank_dying_inside_finalize_ends_the_others(tmp_path: Path) -> None:
+    """A rank that said it was finalizing and then vanished: the others' MPI_Finalize waits
+    for it in a barrier it will never enter. The helper ends them instead of leaving them
+    there: inside MPI_Finalize their watch threads cannot run (the call holds the GIL), so
+    they are killed, as mpiexec kills a failed job's ranks."""
+    prog = _script(tmp_path, "dies.py", DIES_IN_FINALIZE)
+    t0 = time.monotonic()
+    [(code, out, err)] = _run([[sys.executable, prog, str(_free_port())]], tmp_path)
+    codes = re.search(r"exit codes \[(-?\d+), (-?\d+), (-?\d+)\]", out)
+    assert codes is not None, out + err
+    assert [int(c) for c in codes.groups()][2] == 0, out + err
+    assert all(int(c) in (1, -9) for c in codes.groups()[:2]), out + err
+    assert time.monotonic() - t0 < 30
+
+
 # "Getting Started with Distributed Data Parallel": setup() with MASTER_ADDR/MASTER_PORT, the
 # function started by mp.spawn(fn, args=(world_size,), nprocs=world_size, join=True).
 DDP_TUTORIAL = """\

@@ -262,6 +262,13 @@ class HelperServer:
                        else "cmd=get_result rc=-1 msg=key_not_found")
         elif cmd == "barrier_in":
             self.barrier.append(c)
+            gone = sorted(set(range(self.size)) - set(self.ranks))
+            if gone and self.barriers_passed and not self.ending:
+                # a rank that has left can never enter it (one that said it was finalizing
+                # and died inside MPI_Finalize): the waiters would wait for ever
+                self._end(gone[0], 1, "ended inside MPI_Finalize, before the others could "
+                                      "finish it")
+                return
             self._release_barrier()
         elif cmd == "finalize":
             c.finalized = True
@@ -315,14 +322,19 @@ class HelperServer:
         if c.kind != "pmi":
             return
         self.ranks.pop(c.rank, None)
-        if c in self.barrier:
+        waited = c in self.barrier  # it left a barrier that others wait in: they never pass it
+        if waited:
             self.barrier.remove(c)
         if not c.finalized and not self.ending:
             # its watch may hold its last word, "finalizing", unread: the two connections
             # are read in no particular order
             for w in [w for w in self.watches if w.rank == c.rank]:
                 self._read(w)
-        if not c.finalized and not self.ending:
+        if c.finalized and (waited or self.barrier) and not self.ending:
+            # finalizing, yet gone while ranks wait in a barrier it never completed (MPICH's
+            # MPI_Finalize passes one with every rank): it died inside MPI_Finalize
+            self._end(c.rank, 1, "ended inside MPI_Finalize, before the others could finish it")
+        elif not c.finalized and not self.ending:
             if not self.barriers_passed:
                 self._close_all()  # during MPI_Init: make every other MPI_Init fail now
                 self.ending = time.monotonic() + 0.01
