@@ -470,17 +470,19 @@ class NodeChecked:
     """An async checked call on a group with :class:`NodeCheck` slots, as an MPI request:
     complete once the data operation is and every member's fingerprint agrees."""
 
-    __slots__ = ("data", "group", "tok", "done")
+    __slots__ = ("data", "group", "tok", "done", "polls")
 
     def __init__(self, g: Any, data: Any, tok: tuple) -> None:
-        self.data, self.group, self.tok, self.done = data, g, tok, False
+        self.data, self.group, self.tok, self.done, self.polls = data, g, tok, False, 0
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI request protocol
         if self.done:
             return True
         g = self.group
         if not self.data.Test(status):
-            g.fp_node.peek(self.tok, g)
+            self.polls += 1
+            if not self.polls & 63:  # a look at the slots now and then (a group of many
+                g.fp_node.peek(self.tok, g)  # members costs a read per member)
             return False
         self.done = g.fp_node.settle(self.tok, g)
         return self.done

@@ -275,6 +275,23 @@ def test_every_rank_claiming_the_root():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_every_rank_claiming_the_root_async():
+    """The same, async: the wait looks at the slots while it polls."""
+    _, me = world()
+    g = fresh("roots_async")
+    g.timeout = 60.0
+    x = np.full(BIG, float(me), np.float32)
+    t0 = time.monotonic()
+    work = dist.broadcast(x, src=me, group=g, async_op=True)
+    with pytest.raises(CollectiveMismatchError, match="root"):
+        work.wait()
+    assert time.monotonic() - t0 < 30
+    with pytest.raises(PeerFailedError, match="unusable"):
+        dist.all_reduce(np.ones(1), group=g)
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_late_member_is_waited_for():
     """The root's broadcast is done before the others even call it: its check waits for
     their fingerprints instead of calling the match good (or bad) too early."""
