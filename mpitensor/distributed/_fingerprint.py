@@ -458,6 +458,7 @@ def _mismatch(g: Any, tok: tuple, reason: str) -> None:
     """Break ``g`` (telling the others: they may not have seen it) and raise."""
     _orphans.append(tok[5])  # the data operation may still write into these buffers
     g.fp_tok = None
+    g.fp_async.pop(tok[0], None)
     _faults.mark_broken(g, _faults.Story(g.global_rank, tok[4], tok[0], reason))
     raise CollectiveMismatchError(
         f"rank {g.global_rank}: {tok[4]} (#{tok[0]} on {g.name}): {reason}. Every rank must "
@@ -485,6 +486,8 @@ class NodeChecked:
                 g.fp_node.peek(self.tok, g)  # members costs a read per member)
             return False
         self.done = g.fp_node.settle(self.tok, g)
+        if self.done:
+            g.fp_async.pop(self.tok[0], None)
         return self.done
 
 

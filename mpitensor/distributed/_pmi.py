@@ -352,9 +352,11 @@ class HelperServer:
         """
         if self.ending:
             return
+        # the files first: a rank told to end is gone a moment later, and its maps with it
+        # (noted after the telling, the files of a two-rank job were left behind 1 run in 12)
+        self._note_shm(force=True)
         for w in self.watches:
             self._send(w, f"cmd=mpitensor-end from={rank} code={code} why={why}")
-        self._note_shm(force=True)
         now = time.monotonic()
         self.kill_at = now + _KILL_GRACE_S
         self.ending = now + _END_LINGER_S

@@ -122,6 +122,7 @@ class MPIGroup(ProcessGroup):
         self.fp_pool = _fp.Pool(self.diag) if comm is not None and self.fp_node is None \
             else None
         self.fp_tok: Optional[tuple] = None  # the blocking checked call in progress (slots)
+        self.fp_async: dict = {}  # call number -> token of an async checked call not settled
         self.verdicts: dict = {}  # debug mode: (receiver, my p2p seq) -> receiver's verdict
         self.opname = ""  # the collective being prepared (set by _begin)
         # group rank == global rank: p2p peers need no translation
@@ -204,6 +205,10 @@ class MPIGroup(ProcessGroup):
         self.fp_tok = None
         if tok[0] != s:  # left by an earlier call that raised while it waited: not this one's
             return req
+        pending = self.fp_async
+        if len(pending) >= _fp.RING:  # never waited for: past the ring, they cannot settle
+            pending.pop(next(iter(pending)))
+        pending[s] = tok
         return _fp.NodeChecked(self, req, tok)
 
     def _fp_settle(self, op: str, s: int) -> None:
@@ -235,8 +240,12 @@ class MPIGroup(ProcessGroup):
     def fault_in_wait(self, kind: str, seq: int, op: str, peer: Optional[int],
                       since: float) -> Any:
         tok = self.fp_tok
+        if tok is None or tok[0] != seq:
+            tok = self.fp_async.get(seq)
         if tok is not None and kind == "coll" and tok[0] == seq:
-            self.fp_node.peek(tok, self)  # a mismatch MPI may never complete: raise now
+            # a mismatch MPI may never complete: raise it now, and before any notice of a peer
+            # that saw it first (which would say less: PeerFailedError)
+            self.fp_node.peek(tok, self)
         return super().fault_in_wait(kind, seq, op, peer, since)
 
     def _agree(self, where: str, sig: dict, error: Optional[BaseException]) -> None:
