@@ -23,22 +23,30 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 _shm_before: set = set()
+_hydra_before: set = set()
+_torch_logs_before: set = set()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not session.config.getoption("with_mpi", default=False):
-        from .launch import mpich_segments
+        from .launch import hydra_files, mpich_segments, torch_log_dirs
 
         _shm_before.update(mpich_segments())
+        _hydra_before.update(hydra_files())
+        _torch_logs_before.update(torch_log_dirs())
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The whole run leaves no MPICH shared memory behind: jobs that the fault tests kill or
-    abort never unlink theirs (about 60 segments, 120 MB of RAM, per run before this)."""
+    abort never unlink theirs (about 60 segments, 120 MB of RAM, per run before this); nor
+    hydra's topology files in /tmp, which ``mpiexec`` leaves when a job aborts (about 35), nor
+    the log directory torch's own launcher leaves there when a test runs it as the oracle."""
     if not session.config.getoption("with_mpi", default=False):
-        from .launch import sweep_mpich_segments
+        from .launch import sweep_hydra_files, sweep_mpich_segments, sweep_torch_log_dirs
 
         sweep_mpich_segments(_shm_before)
+        sweep_hydra_files(_hydra_before)
+        sweep_torch_log_dirs(_torch_logs_before)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:

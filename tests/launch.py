@@ -174,3 +174,97 @@ def sweep_mpich_segments(before: set) -> List[str]:
         except OSError:
             pass
     return removed
+
+
+HYDRA_XML_GLOB = "/tmp/hydra_hwloc_xmlfile_*"
+
+
+def hydra_files() -> set:
+    """MPICH hydra's topology files in /tmp (one per ``mpiexec``; it removes its own on a
+    normal exit, and leaves it behind when the job calls ``MPI_Abort``)."""
+    return {str(p) for p in Path("/tmp").glob(HYDRA_XML_GLOB.rsplit("/", 1)[1])}
+
+
+def _hydra_starts() -> List[float]:
+    """Start times (epoch seconds) of the live hydra processes (``mpiexec``, its proxies)."""
+    try:
+        boot = float(next(line.split()[1] for line in open("/proc/stat")
+                          if line.startswith("btime")))
+    except (OSError, StopIteration, ValueError):
+        return [0.0]  # unknown: treat every file as possibly in use
+    ticks = os.sysconf("SC_CLK_TCK")
+    starts = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.find("(") + 1:text.rfind(")")]
+        if "hydra" in name or name.startswith("mpiexec"):
+            fields = text[text.rfind(")") + 2:].split()
+            starts.append(boot + int(fields[19]) / ticks)
+    return starts
+
+
+def sweep_hydra_files(before: set, patience: float = 3.0) -> List[str]:
+    """Remove the hydra topology files made since ``before`` that no live hydra process can
+    own (none started before the file was written); return them. The fault tests abort
+    jobs on purpose, about 35 a run. A launcher of the last test may still be on its way
+    out: files it could own are looked at again for up to ``patience`` seconds."""
+    removed: List[str] = []
+    left = sorted(hydra_files() - set(before))
+    deadline = time.monotonic() + patience
+    while left:
+        starts = _hydra_starts()
+        kept = []
+        for path in left:
+            try:
+                made = os.stat(path).st_mtime
+                if any(start <= made + 1.0 for start in starts):
+                    kept.append(path)  # a running job may still read it
+                    continue
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+        left = kept
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    return removed
+
+
+TORCH_LOG_GLOB = "torchelastic_*"
+
+
+def torch_log_dirs() -> set:
+    """torch's per-run log directories in /tmp (``torch.distributed.elastic`` makes one for
+    every run of its launcher, and leaves it behind)."""
+    return {str(p) for p in Path("/tmp").glob(TORCH_LOG_GLOB) if p.is_dir()}
+
+
+def _open_paths() -> set:
+    """The files live processes hold open (``/proc/*/fd``)."""
+    paths = set()
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            paths.add(os.readlink(fd))
+        except OSError:
+            continue
+    return paths
+
+
+def sweep_torch_log_dirs(before: set) -> List[str]:
+    """Remove the torch log directories made since ``before`` that no live process holds a
+    file of (the torch oracles of the test suite make one a run); return them."""
+    stale = sorted(torch_log_dirs() - set(before))
+    if not stale:
+        return []
+    held = _open_paths()
+    removed = []
+    for path in stale:
+        if any(p == path or p.startswith(path + "/") for p in held):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
