@@ -23,14 +23,15 @@ the data operation was posted against a different call, so nothing on this group
 **Groups on one machine** (the common case: every rank of a one-node job, and any group of
 ranks sharing a node) do without the reduction: the 2 µs it costs was 13-25 % of a 64 KiB
 all-reduce or broadcast here (the target is 3 %). Their members share a small memory segment
-(:class:`NodeCheck`, made with the group) with a ring of :data:`RING` slots per rank. Before
-posting a checked call, a rank writes its fingerprint into its slot for that call number (a few
-stores); when its data operation is done, it reads the same slot of every other member and
-compares. A member that has not written that slot yet is waited for (as every rank waited for
-the reduction), and one whose counter has already passed the call without writing it made that
-call unchecked, with a smaller buffer: a mismatch too. A rank that waits for its data also
-looks at the slots on its slow tick, so a mismatch that leaves MPI waiting for ever (different
-byte counts) ends in the same error instead of the timeout. The rank that finds a mismatch
+(:class:`NodeCheck`, made with the group) with a ring of :data:`RING` slots per rank. Right
+after posting a checked call's data operation, a rank writes its fingerprint into its slot for
+that call number (a few stores); when its data operation is done, it reads the same slot of
+every other member and compares. A member that has not written that slot yet is waited for (as
+every rank waited for the reduction), and one whose counter has already passed the call without
+writing it made that call unchecked, with a smaller buffer: a mismatch too. A rank that waits
+for its data (blocking or async) also looks at the slots now and then, so a mismatch that
+leaves MPI waiting for ever (every rank claiming the root) ends in the same error instead of
+the timeout. The rank that finds a mismatch
 tells the others, as for any error that breaks a group. Groups that span machines (or where the
 segment cannot be made, or on CPUs other than x86-64, whose stores may be seen out of order)
 keep the reduction.
