@@ -40,9 +40,6 @@ keep the reduction.
 from __future__ import annotations
 
 import mmap
-import os
-import platform
-import uuid
 import zlib
 from typing import Any, Optional
 
@@ -50,7 +47,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import CollectiveMismatchError
-from . import _faults
+from . import _faults, _shm
 from ._watchdog import wait as _wait
 from .process_group import ReduceOp
 
@@ -238,7 +235,6 @@ class Checked:
 # ------------------------------------------------------------------------------ one machine
 RING = 64  # slots per rank: a member can be this many checked calls ahead of a reader
 _LINE = 8  # int64 words per slot (a cache line): call number, operation, byte count, shape
-_SHM = "/dev/shm"
 # (op, dtype, shape, reduce, root) -> (operation word, byte count, shape hash)
 _words_cache: dict = {}
 
@@ -290,38 +286,16 @@ class NodeCheck:
         """Collective over ``comm``: the group's slots, or None on every member where they
         cannot be shared (another machine, no /dev/shm, not x86-64)."""
         size, rank = comm.Get_size(), comm.Get_rank()
-        if os.environ.get("MT_NO_SLOTS"):  # TEMP
-            return None
-        ok = platform.machine().lower() in ("x86_64", "amd64") and os.path.isdir(_SHM)
+        ok = _shm.usable()
         nbytes = cls.segment_bytes(size)
-        name = None
-        if rank == 0 and ok:
-            name = f"mpitensor-check-{uuid.uuid4().hex}"
-            try:
-                fd = os.open(os.path.join(_SHM, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-                try:
-                    os.posix_fallocate(fd, 0, nbytes)  # no SIGBUS later on a full /dev/shm
-                finally:
-                    os.close(fd)
-            except OSError:
-                _unlink(name)
-                name = None
-        name = comm.bcast(name, root=0)
-        mm = None
-        if name is not None and ok:
-            try:
-                fd = os.open(os.path.join(_SHM, name), os.O_RDWR)
-                try:
-                    mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-                finally:
-                    os.close(fd)
-            except (OSError, ValueError):
-                mm = None  # another machine: the name is not there
+        path = _shm.create("mpitensor-check-", nbytes) if rank == 0 and ok else None
+        path = comm.bcast(path, root=0)
+        mm = _shm.attach(path, nbytes) if path is not None and ok else None
         try:
             everyone = comm.allreduce(int(mm is not None), op=MPI.MIN)
         finally:
-            if rank == 0 and name is not None:
-                _unlink(name)  # every member has mapped it (or given up): the name can go
+            if rank == 0 and path is not None:
+                _shm.remove(path)  # every member has mapped it (or given up): the name can go
         if not everyone:
             if mm is not None:
                 mm.close()
@@ -424,13 +398,6 @@ class NodeCheck:
                           f"this rank passed {_described(tok)}, but rank {g.ranks[r]} made "
                           f"call #{tok[0]} with fewer than {g.check_bytes} bytes (unchecked), "
                           "or made one call more or fewer before it")
-
-
-def _unlink(name: str) -> None:
-    try:
-        os.unlink(os.path.join(_SHM, name))
-    except OSError:
-        pass
 
 
 def _dtype_name(code: int) -> str:

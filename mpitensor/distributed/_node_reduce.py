@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import mmap
 import os
-import platform
-import uuid
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
 from .. import _config
+from . import _shm
 
 ENV = "MPITENSOR_NODE_REDUCE"
 # the buckets' bytes, per rank (the segment holds two copies of each, per rank). Every rank
@@ -50,7 +49,7 @@ ENV = "MPITENSOR_NODE_REDUCE"
 MAX_BYTES = 8 << 20
 _ALIGN = 64
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_SHM = "/dev/shm"
+_PREFIX = "mpitensor-ddp-"
 
 
 # this node, as init_process_group found it: ranks of the world here, and the CPUs they may
@@ -113,8 +112,7 @@ class NodeReduce:
         collectives are used (no communicator is made), so a peer that fails meanwhile gives
         its usual error."""
         want = setting()
-        ok = (want != "off" and platform.machine().lower() in ("x86_64", "amd64")
-              and os.path.isdir(_SHM)
+        ok = (want != "off" and _shm.usable()
               and all(type(b) is np.ndarray and b.dtype in _DTYPES and b.flags.c_contiguous
                       for b in buffers)
               and sum(b.nbytes for b in buffers) <= MAX_BYTES
@@ -122,23 +120,7 @@ class NodeReduce:
         if not _all(g, ok):
             return None
         size = cls.segment_bytes(buffers, g.size_)
-        path = None
-        if g.rank_ == 0:
-            path = os.path.join(_SHM, f"mpitensor-ddp-{uuid.uuid4().hex}")
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-                try:
-                    # reserve every page now: a tmpfs that runs out (a container's 64 MiB
-                    # /dev/shm) then fails here, instead of SIGBUS at a later write
-                    os.posix_fallocate(fd, 0, size)
-                finally:
-                    os.close(fd)
-            except OSError:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
-                path = None
+        path = _shm.create(_PREFIX, size) if g.rank_ == 0 else None
         # the name, as 32 hex digits (all zero: rank 0 could not make it), passed on by a MAX
         # all-reduce of rank 0's digits and the others' zeros
         from .process_group import ReduceOp
@@ -149,23 +131,12 @@ class NodeReduce:
         g.all_reduce(name, ReduceOp.MAX)
         mm: Optional[mmap.mmap] = None
         if name.any():
-            try:
-                fd = os.open(os.path.join(_SHM, "mpitensor-ddp-" + name.tobytes().decode()),
-                             os.O_RDWR)
-                try:
-                    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-                finally:
-                    os.close(fd)
-            except (OSError, ValueError):
-                mm = None
+            mm = _shm.attach(os.path.join(_shm.DIR, _PREFIX + name.tobytes().decode()), size)
         try:
             mapped = _all(g, mm is not None)
         finally:
             if path is not None:
-                try:
-                    os.unlink(path)  # every rank has it mapped (or gave up): the name can go
-                except OSError:
-                    pass
+                _shm.remove(path)  # every rank has it mapped (or gave up): the name can go
         if not mapped:
             if mm is not None:
                 mm.close()
