@@ -321,13 +321,18 @@ class NodeCheck:
         q[self.me] = s
         return (s, w[0], w[1], w[2], op, keep)
 
-    def settle(self, tok: tuple, g: Any) -> bool:
+    def settle(self, tok: tuple, g: Any, look: bool = False) -> bool:
         """After this rank's data operation completed: True when every other member posted
         the same fingerprint for the call, False while one has not posted yet; raises
-        CollectiveMismatchError (and breaks the group) when one differs."""
+        CollectiveMismatchError (and breaks the group) when one differs.
+
+        ``look``: while this rank still waits for its data, raise for any member that already
+        shows a different fingerprint (a mismatch MPI might never complete), passing over the
+        ones that have not posted instead of stopping at the first."""
         s, a, nbytes, h = tok[0], tok[1], tok[2], tok[3]
         q = self.q
         off = (s & (RING - 1)) << 3
+        posted = True
         for r, head, base in self.peers:
             i = base + off
             t = q[i]
@@ -339,24 +344,15 @@ class NodeCheck:
                 continue  # it already compared its call s with this rank's, and went on
             elif t != -1 and q[head] > s:
                 self._unchecked(tok, g, r)
-            else:
+            elif not look:
                 return False  # not posted yet (or being written)
-        return True
+            else:
+                posted = False
+        return posted
 
     def peek(self, tok: tuple, g: Any) -> None:
-        """While this rank waits for its data: raise if a member already shows a different
-        fingerprint for the call (a mismatch MPI might never complete)."""
-        s = tok[0]
-        q = self.q
-        off = (s & (RING - 1)) << 3
-        for r, head, base in self.peers:
-            i = base + off
-            t = q[i]
-            if t == s:
-                if q[i + 1] != tok[1] or q[i + 2] != tok[2] or q[i + 3] != tok[3]:
-                    self._differs(tok, g, r, i)
-            elif t < s and t != -1 and q[head] > s:
-                self._unchecked(tok, g, r)
+        """:meth:`settle` while this rank waits for its data (see ``look``)."""
+        self.settle(tok, g, look=True)
 
     def _differs(self, tok: tuple, g: Any, r: int, i: int) -> None:
         q = self.q

@@ -417,6 +417,16 @@ class Agent:
             return self._sync(dest, reqid, data, bufs, deadline, seconds, what, t0)
         fut: Future = Future()
         fut._hot = self.poll_for
+        self._register_and_post(fut, dest, kind, flags, reqid, data, bufs, deadline, seconds,
+                                what, t0)
+        return fut
+
+    def _register_and_post(self, fut: Any, dest: int, kind: int, flags: int, reqid: int,
+                           data: bytes, bufs: list, deadline: float, seconds: float,
+                           what: Any, t0: float) -> None:
+        """Enter the call in the request table and the deadline queue, then send it: the
+        order for a caller that does not hold the progress token (another thread may meet
+        the reply as soon as the request is out)."""
         self.pending[reqid] = _Pending(fut, dest, deadline, what, t0)
         if dest in self.gone or not self.running:
             self.pending.pop(reqid, None)
@@ -425,7 +435,6 @@ class Agent:
         if seconds != math.inf:
             self.new_deadlines.append((deadline, reqid))
         self.post(dest, kind, flags, reqid, data, bufs)
-        return fut
 
     def _sync(self, dest: int, reqid: int, data: bytes, bufs: list, deadline: float,
               seconds: float, what: Any, t0: float) -> Any:
@@ -440,14 +449,8 @@ class Agent:
         token = self.token
         if threading.get_ident() == self.thread.ident or not token.acquire(False):
             # another thread drives progress, and may meet the reply: register first
-            self.pending[reqid] = _Pending(reply, dest, deadline, what, t0)
-            if dest in self.gone or not self.running:
-                self.pending.pop(reqid, None)
-                self.check_running(what)
-                raise self.gone_error(dest, what, waiting=False)
-            if seconds != math.inf:
-                self.new_deadlines.append((deadline, reqid))
-            self.post(dest, _wire.CALL, 0, reqid, data, bufs)
+            self._register_and_post(reply, dest, _wire.CALL, 0, reqid, data, bufs, deadline,
+                                    seconds, what, t0)
             self._poll_for(reply)
             return reply.wait()
         try:  # (holding the token: no peer can be found gone meanwhile)
