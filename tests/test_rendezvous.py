@@ -195,7 +195,7 @@ def test_tutorial_mp_process(tmp_path: Path, start_method: str, size: int) -> No
     assert f"exit codes {[0] * size}" in out, out + err
 
 
-LINGER = """\
+ENDINGS = """\
     import os
     import sys
     import time
@@ -204,6 +204,7 @@ LINGER = """\
     import mpitensor as torch
     import mpitensor.distributed as dist
     import mpitensor.multiprocessing as mp
+    from mpitensor.distributed import _rendezvous
 
 
     def run(rank, size):
@@ -212,9 +213,16 @@ LINGER = """\
         dist.init_process_group("gloo", rank=rank, world_size=size)
         t = torch.ones(1)
         dist.all_reduce(t)
-        if rank == 1:  # still running, after MPI_Finalize, when the others have ended
+        if sys.argv[2] == "linger" and rank == 1:
+            # still running, after MPI_Finalize, when the others have ended
             util.Finalize(None, time.sleep, args=(1.0,), exitpriority=-200)
+        if sys.argv[2] == "dies" and rank == 2:
+            # as if it died inside MPI_Finalize, after its first word
+            _rendezvous._joined["watch"].finalizing()
+            os._exit(0)
         print(f"Rank {rank} has data {t[0].item()}\\n", end="", flush=True)
+        if sys.argv[2] == "dies":
+            time.sleep(0.5)  # the others finalize later, and would wait for it for ever
 
 
     if __name__ == "__main__":
@@ -234,46 +242,12 @@ def test_a_rank_that_ends_last_is_not_killed(tmp_path: Path) -> None:
     nobody is killed. Before, the helper saw no PMI ``finalize`` from MPICH, took every end
     for a death, and killed the last rank with exit code 1 (the tutorial test failed so, 1 to
     3 runs in 60)."""
-    prog = _script(tmp_path, "linger.py", LINGER)
-    [(code, out, err)] = _run([[sys.executable, prog, str(_free_port())]], tmp_path)
+    prog = _script(tmp_path, "endings.py", ENDINGS)
+    [(code, out, err)] = _run([[sys.executable, prog, str(_free_port()), "linger"]], tmp_path)
     assert code == 0, err
     assert _lines(out, "Rank") == [f"Rank {r} has data 3.0" for r in range(3)], out + err
     assert "exit codes [0, 0, 0]" in out, out + err
     assert "ended without finalizing" not in err, err
-
-
-DIES_IN_FINALIZE = """\
-    import os
-    import sys
-    import time
-
-    import mpitensor as torch
-    import mpitensor.distributed as dist
-    import mpitensor.multiprocessing as mp
-    from mpitensor.distributed import _rendezvous
-
-
-    def run(rank, size):
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = sys.argv[1]
-        dist.init_process_group("gloo", rank=rank, world_size=size)
-        t = torch.ones(1)
-        dist.all_reduce(t)
-        if rank == 2:  # as if it died inside MPI_Finalize, after its first word
-            _rendezvous._joined["watch"].finalizing()
-            os._exit(0)
-        time.sleep(0.5)  # the others finalize later, and would wait for it for ever
-
-
-    if __name__ == "__main__":
-        mp.set_start_method("fork")
-        processes = [mp.Process(target=run, args=(r, 3)) for r in range(3)]
-        for p in processes:
-            p.start()
-        for p in processes:
-            p.join()
-        print(f"exit codes {[p.exitcode for p in processes]}\\n", end="", flush=True)
-"""
 
 
 def test_a_rank_dying_inside_finalize_ends_the_others(tmp_path: Path) -> None:
@@ -281,9 +255,9 @@ def test_a_rank_dying_inside_finalize_ends_the_others(tmp_path: Path) -> None:
     for it in a barrier it will never enter. The helper ends them instead of leaving them
     there: inside MPI_Finalize their watch threads cannot run (the call holds the GIL), so
     they are killed, as mpiexec kills a failed job's ranks."""
-    prog = _script(tmp_path, "dies.py", DIES_IN_FINALIZE)
+    prog = _script(tmp_path, "endings.py", ENDINGS)
     t0 = time.monotonic()
-    [(code, out, err)] = _run([[sys.executable, prog, str(_free_port())]], tmp_path)
+    [(code, out, err)] = _run([[sys.executable, prog, str(_free_port()), "dies"]], tmp_path)
     codes = re.search(r"exit codes \[(-?\d+), (-?\d+), (-?\d+)\]", out)
     assert codes is not None, out + err
     assert [int(c) for c in codes.groups()][2] == 0, out + err

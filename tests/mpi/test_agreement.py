@@ -282,12 +282,9 @@ def test_every_rank_claiming_the_root_async():
     g.timeout = 60.0
     x = np.full(BIG, float(me), np.float32)
     t0 = time.monotonic()
-    work = dist.broadcast(x, src=me, group=g, async_op=True)
-    with pytest.raises(CollectiveMismatchError, match="root"):
-        work.wait()
+    expect_mismatch(g, lambda g: dist.broadcast(x, src=me, group=g, async_op=True).wait(),
+                    "root")
     assert time.monotonic() - t0 < 30
-    with pytest.raises(PeerFailedError, match="unusable"):
-        dist.all_reduce(np.ones(1), group=g)
     dist.destroy_process_group(g)
 
 
