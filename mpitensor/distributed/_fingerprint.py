@@ -343,7 +343,7 @@ class NodeCheck:
             elif t > s:
                 continue  # it already compared its call s with this rank's, and went on
             elif t != -1 and q[head] > s:
-                self._unchecked(tok, g, r)
+                self._passed(tok, g, r, i)  # raises unless it posted call s after all
             elif not look:
                 return False  # not posted yet (or being written)
             else:
@@ -389,11 +389,28 @@ class NodeCheck:
                           f"passed {_described(tok)}, rank {g.ranks[r]} passed "
                           f"{', '.join(said) or 'other arguments'}{extra}")
 
+    def _passed(self, tok: tuple, g: Any, r: int, i: int) -> None:
+        """Member ``r``'s header is past call ``s`` but its slot ``i`` did not hold ``s``.
+
+        The slot was read before the header, so the member may have posted ``s`` (and gone
+        on to its next call) between the two reads. It writes a slot before its header, so
+        the slot read again now is final for call ``s``: ``s`` itself is compared as usual,
+        a later call (or one being written) means it went on after posting, and only an
+        earlier one means it made call ``s`` without a fingerprint."""
+        q, s = self.q, tok[0]
+        t = q[i]
+        if t == s:
+            if q[i + 1] != tok[1] or q[i + 2] != tok[2] or q[i + 3] != tok[3]:
+                self._differs(tok, g, r, i)
+        elif t < s and t != -1:
+            self._unchecked(tok, g, r)
+
     def _unchecked(self, tok: tuple, g: Any, r: int) -> None:
+        small = (f"call #{tok[0]} with fewer than {g.check_bytes} bytes (unchecked), or "
+                 if g.check_bytes > 0 else "")
         _mismatch(g, tok, f"ranks disagree on the call number or the byte count of this call: "
                           f"this rank passed {_described(tok)}, but rank {g.ranks[r]} made "
-                          f"call #{tok[0]} with fewer than {g.check_bytes} bytes (unchecked), "
-                          "or made one call more or fewer before it")
+                          f"{small}one call more or fewer before it")
 
 
 def _dtype_name(code: int) -> str:
