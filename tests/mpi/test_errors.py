@@ -135,6 +135,34 @@ def test_recv_buffer_larger_than_the_message():
         assert dist.recv(y, 0, tag=4) == 0
         np.testing.assert_array_equal(y, np.arange(3.0))
 
+@pytest.mark.mpi(min_size=2)
+def test_recv_of_another_element_size_is_explained_not_aborted():
+    """float32 x 3 (12 bytes) received into float64 x 3, int16 x 3 into float32 x 1: a byte
+    count that is no whole number of the receive buffer's elements. A receive typed with the
+    element type made MPICH abort the whole job ('Assertion failed ... typerep_yaksa_pack.c');
+    messages now move as bytes, and the receiver gets the size errors above, on every path."""
+    n, me = world()
+    if me == 0:
+        for tag in (0, 1, 2):
+            dist.send(np.arange(3, dtype=np.float32), 1, tag=tag)
+        dist.send(mt.ones(3, dtype=mt.int16), 1, tag=3)
+        dist.send(np.arange(3, dtype=np.float32), 1, tag=4)
+    elif me == 1:
+        msg = (r"rank 1: {op} .*\(tag {tag}\) has 12 bytes but the receive buffer is "
+               r"float64\[3\] \(24 bytes\)")
+        with pytest.raises(MessageMismatchError, match=msg.format(op="recv", tag=0)):
+            dist.recv(np.zeros(3), 0, tag=0)
+        with pytest.raises(MessageMismatchError, match=msg.format(op="irecv", tag=1)):
+            dist.irecv(mt.zeros(3, dtype=mt.float64), 0, tag=1).wait()
+        with pytest.raises(MessageMismatchError, match=msg.format(op="recv", tag=2)):
+            dist.recv(np.zeros(6)[::2], 0, tag=2)
+        with pytest.raises(MessageTruncatedError, match=r"of 6 bytes is larger .*float32\[1\]"):
+            dist.recv(np.zeros(1, np.float32), 0, tag=3)
+        y = np.zeros(3, np.float32)
+        assert dist.recv(y, 0, tag=4) == 0
+        np.testing.assert_array_equal(y, np.arange(3.0))
+
+
 
 @pytest.mark.mpi(min_size=2)
 def test_wait_timeout_then_completion():
