@@ -1,0 +1,87 @@
+"""conv2d's compiled band loops (``_conv_native``, built from ``_conv_native.c`` when mpitensor
+is installed) and the BLAS products they call.
+
+The loops take the matrix products from the BLAS library NumPy itself loaded (its CBLAS
+``?gemm``, found through threadpoolctl's handle on the library), so that they run on the same
+kernels, under the same thread limits, as NumPy's own ``matmul``. They are used where all of
+this holds, and the NumPy loops in :mod:`mpitensor.nn._kernels` everywhere else:
+
+- the extension was built (a C compiler at install time; without one the install still
+  succeeds, as a pure-Python package);
+- a CBLAS ``sgemm``/``dgemm`` is found in a loaded BLAS (NumPy's wheels: OpenBLAS with 64-bit
+  integers, ``scipy_cblas_sgemm64_``; other builds: ``cblas_sgemm64_`` or ``cblas_sgemm``);
+- ``MPITENSOR_NATIVE_CONV`` is not off (``0``/``off``: the NumPy loops, e.g. to compare).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Optional
+
+import numpy as np
+
+from mpitensor import _config
+
+__all__: list = []  # private module
+
+#: (symbol pattern, 64-bit integers) tried in this order in each loaded BLAS
+_SYMBOLS = (("scipy_cblas_{}gemm64_", True), ("cblas_{}gemm64_", True),
+            ("scipy_cblas_{}gemm", False), ("cblas_{}gemm", False))
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _find_gemm(letter: str) -> Optional[tuple]:
+    """``(address, ilp64)`` of a CBLAS ``?gemm`` in a BLAS that threadpoolctl sees loaded."""
+    from mpitensor._parallel import _pools  # noqa: PLC0415 - the controllers, found once
+
+    for lib in _pools.get():
+        dll = getattr(lib, "dynlib", None)
+        if dll is None:
+            continue
+        for pattern, ilp64 in _SYMBOLS:
+            try:
+                fn = getattr(dll, pattern.format(letter))
+            except AttributeError:
+                continue
+            addr = ctypes.cast(fn, ctypes.c_void_p).value
+            if addr:
+                return addr, ilp64
+    return None
+
+
+def _load() -> dict:
+    """{itemsize: (module, gemm)} for the dtypes the compiled loops can take (maybe none)."""
+    if not _config.env_flag("MPITENSOR_NATIVE_CONV", True):
+        return {}
+    try:
+        from mpitensor.nn import _conv_native  # noqa: PLC0415 - built at install, or absent
+    except ImportError:
+        return {}
+    found = {}
+    for itemsize, letter in ((4, "s"), (8, "d")):
+        gemm = _find_gemm(letter)
+        if gemm is not None:
+            found[itemsize] = (_conv_native, gemm)
+    return found
+
+
+def get(dtype: Any) -> Optional[tuple]:
+    """``(module, gemm)`` for conv2d's compiled loops on ``dtype`` (float32, float64), or None
+    where they do not apply."""
+    if "loaded" not in _state:
+        with _lock:
+            if "loaded" not in _state:
+                _state["by_size"] = _load()
+                _state["loaded"] = True
+    if dtype != np.float32 and dtype != np.float64:
+        return None
+    return _state["by_size"].get(np.dtype(dtype).itemsize)
+
+
+def reset() -> None:
+    """Look again on next use (tests switch ``MPITENSOR_NATIVE_CONV``)."""
+    with _lock:
+        _state.clear()
