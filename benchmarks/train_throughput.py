@@ -233,6 +233,14 @@ def _rep(lib: Any, steps: int, start: int, sync: Optional[Callable[[float], floa
         # idle thread pools spin a while after their last job (torch's OpenMP, OpenBLAS):
         # let the other library's go quiet, so each repetition starts on an idle machine
         time.sleep(PAUSE_S)
+        # ... but a machine left idle runs its first tens of milliseconds of work slowly
+        # (measured on the 2-core VM: LeNet's two-thread steps took 1.3-1.5x their steady
+        # time for about 50 ms after the pause, which is a fifth of a batch-256 repetition):
+        # untimed steps first (half as many as are timed: about 50 ms, the same count on
+        # every rank), so that the timed ones are what a training loop runs at
+        if not getattr(lib, "solo", False) or _rank() == 0:
+            for i in range(start, start + max(2, steps // 2)):
+                lib.step(i)
     elapsed = 0.0
     if not getattr(lib, "solo", False) or _rank() == 0:
         t0 = time.perf_counter()
