@@ -55,14 +55,14 @@ core, so they are stated once here:
   channels, one share per thread, each on a one-thread BLAS, so that the copies and transforms
   around the products run in parallel too and the threads meet once per call (see
   ``mpitensor._parallel``).
-- **The banded loops run in C where they can** (``_conv_native.c``, see
+- **The banded loops run in C where they can** (``_cpu_kernels.c``, see
   :mod:`mpitensor.nn._native`): the same bands, the same products (CBLAS ``?gemm`` from the
   BLAS NumPy loaded), but each thread's share is one call that releases the interpreter lock
   for all of it. Written as NumPy calls, the bands handed the lock between the threads at
   every call, and LeNet's convolutions ran slower on two threads than on one; in C its
   training step gained 1.2x (batch 64) and 1.5x (batch 256) from the second thread, and
   10-15 % on one thread (no Python per band). The NumPy loops remain for everything else
-  (groups, CuPy, no compiler at install, ``MPITENSOR_NATIVE_CONV=0``).
+  (groups, CuPy, no compiler at install, ``MPITENSOR_NATIVE=0``).
 - **2x2/stride-2 max pooling** (the common case) is two pairwise ``maximum`` passes on strided
   views; it keeps a small code array (which of the 4 positions won, the first one on ties, as
   torch) and its backward is one broadcast multiply into the 4 planes of the input gradient.
@@ -886,6 +886,15 @@ def maxpool2x2_forward(x: Any, oh: int, ow: int) -> tuple:
         xp.left_shift(ch.view(xp.uint8), 1, out=cc)
         cc |= dj.view(xp.uint8)
 
+    mod = _native.module(x.dtype) if xp is np and x.dtype == np.float32 else None
+    if mod is not None and x.transpose(1, 2, 3, 0).flags.c_contiguous:
+        src = x.transpose(1, 2, 3, 0)  # the whole (C, H, W, N) array, odd edges included
+        dims = (C, src.shape[1], src.shape[2], N, oh, ow)
+        it = x.itemsize
+        strides = tuple(st // it for st in out.strides)
+        split_pass(lambda s: mod.maxpool2x2(src, out, code, dims, strides, s[0], s[1], it),
+                   C, x.size)
+        return out, code
     if xp is np:
         split_pass(channels, C, x.size)
     else:
@@ -921,11 +930,30 @@ def maxpool2x2_backward(gout: Any, code: Any, xshape: tuple) -> Any:
         xp.multiply(xp.ascontiguousarray(gc[c0:c1]), code[c0:c1] == ref,
                     out=planes[:, :, c0:c1])
 
+    mod = _native.module(gout.dtype) if xp is np else None
+    if mod is not None and gout.dtype == gin.dtype:
+        base = _contiguous_base(gout)
+        if base is not None:
+            it = gout.itemsize
+            strides = tuple(st // it for st in gout.strides)
+            dims = (C, H, W, N, oh, ow)
+            split_pass(lambda s: mod.maxpool2x2_backward(base, strides, code, gin, dims, s[0],
+                                                         s[1], it), C, 4 * gout.size)
+            return gin
     if xp is np:
         split_pass(channels, C, 4 * gout.size)
     else:
         channels((0, C))
     return gin
+
+
+def _contiguous_base(a: Any) -> Any:
+    """``a`` laid out as one C-contiguous block in some axis order, as that block (a view to
+    hand to C with ``a``'s own strides), or None."""
+    if any(st < 0 for st in a.strides):
+        return None
+    t = a.transpose(memory_order(a))
+    return t if t.flags.c_contiguous else None
 
 
 def _lowest(dtype: Any) -> Any:

@@ -1,16 +1,20 @@
-"""conv2d's compiled band loops (``_conv_native``, built from ``_conv_native.c`` when mpitensor
-is installed) and the BLAS products they call.
+"""conv2d's and 2x2 max pooling's compiled loops (``_cpu_kernels``, built from
+``_cpu_kernels.c`` when mpitensor is installed) and the BLAS products they call.
 
-The loops take the matrix products from the BLAS library NumPy itself loaded (its CBLAS
-``?gemm``, found through threadpoolctl's handle on the library), so that they run on the same
-kernels, under the same thread limits, as NumPy's own ``matmul``. They are used where all of
-this holds, and the NumPy loops in :mod:`mpitensor.nn._kernels` everywhere else:
+The loops release the interpreter lock for all of their work, so that the threads a layer
+shares its work out to (``mpitensor._parallel.run_split``) run in parallel. conv2d's take the
+matrix products from the BLAS library NumPy itself loaded (its CBLAS ``?gemm``, found through
+threadpoolctl's handle on the library), so that they run on the same kernels, under the same
+thread limits, as NumPy's own ``matmul``. They are used where all of this holds, and the NumPy
+loops in :mod:`mpitensor.nn._kernels` everywhere else:
 
 - the extension was built (a C compiler at install time; without one the install still
   succeeds, as a pure-Python package);
-- a CBLAS ``sgemm``/``dgemm`` is found in a loaded BLAS (NumPy's wheels: OpenBLAS with 64-bit
-  integers, ``scipy_cblas_sgemm64_``; other builds: ``cblas_sgemm64_`` or ``cblas_sgemm``);
-- ``MPITENSOR_NATIVE_CONV`` is not off (``0``/``off``: the NumPy loops, e.g. to compare).
+- float32 or float64 NumPy arrays;
+- for conv2d, a CBLAS ``sgemm``/``dgemm`` is found in a loaded BLAS (NumPy's wheels: OpenBLAS
+  with 64-bit integers, ``scipy_cblas_sgemm64_``; other builds: ``cblas_sgemm64_`` or
+  ``cblas_sgemm``);
+- ``MPITENSOR_NATIVE`` is not off (``0``/``off``: the NumPy loops, e.g. to compare).
 """
 
 from __future__ import annotations
@@ -53,35 +57,49 @@ def _find_gemm(letter: str) -> Optional[tuple]:
 
 
 def _load() -> dict:
-    """{itemsize: (module, gemm)} for the dtypes the compiled loops can take (maybe none)."""
-    if not _config.env_flag("MPITENSOR_NATIVE_CONV", True):
-        return {}
+    """The module (or None) and {itemsize: (module, gemm)} for conv2d's loops."""
+    if not _config.env_flag("MPITENSOR_NATIVE", True):
+        return {"module": None, "by_size": {}}
     try:
-        from mpitensor.nn import _conv_native  # noqa: PLC0415 - built at install, or absent
+        from mpitensor import _cpu_kernels  # noqa: PLC0415 - built at install, or absent
     except ImportError:
-        return {}
+        return {"module": None, "by_size": {}}
     found = {}
     for itemsize, letter in ((4, "s"), (8, "d")):
         gemm = _find_gemm(letter)
         if gemm is not None:
-            found[itemsize] = (_conv_native, gemm)
-    return found
+            found[itemsize] = (_cpu_kernels, gemm)
+    return {"module": _cpu_kernels, "by_size": found}
+
+
+def _loaded() -> dict:
+    if "loaded" not in _state:
+        with _lock:
+            if "loaded" not in _state:
+                _state.update(_load())
+                _state["loaded"] = True
+    return _state
 
 
 def get(dtype: Any) -> Optional[tuple]:
     """``(module, gemm)`` for conv2d's compiled loops on ``dtype`` (float32, float64), or None
     where they do not apply."""
-    if "loaded" not in _state:
-        with _lock:
-            if "loaded" not in _state:
-                _state["by_size"] = _load()
-                _state["loaded"] = True
+    state = _loaded()
     if dtype != np.float32 and dtype != np.float64:
         return None
-    return _state["by_size"].get(np.dtype(dtype).itemsize)
+    return state["by_size"].get(np.dtype(dtype).itemsize)
+
+
+def module(dtype: Any) -> Any:
+    """The compiled loops' module for a loop that needs no BLAS (pooling) on ``dtype``, or
+    None."""
+    state = _loaded()
+    if dtype != np.float32 and dtype != np.float64:
+        return None
+    return state["module"]
 
 
 def reset() -> None:
-    """Look again on next use (tests switch ``MPITENSOR_NATIVE_CONV``)."""
+    """Look again on next use (tests switch ``MPITENSOR_NATIVE``)."""
     with _lock:
         _state.clear()

@@ -1,10 +1,11 @@
-"""conv2d's compiled band loops (``mpitensor/nn/_conv_native.c``) against its NumPy loops.
+"""The compiled loops (``mpitensor/_cpu_kernels.c``) against the NumPy loops they stand for.
 
-Both compute the same bands in the same order; the products come from the same BLAS, so the
+conv2d: both compute the same bands in the same order; the products come from the same BLAS, so the
 two agree to rounding. The band budget is shrunk here so that small layers are cut into many
 bands, including parts of a row, and every geometry the loops index (stride, dilation,
 asymmetric padding, bias or none, float32 and float64) runs on one thread and split across two.
 Where torch is installed it is the oracle of the forward and backward results as well.
+2x2 max pooling: the same values, winners (ties, NaN) and gradients, bit for bit.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from mpitensor.nn import _native
 
 pytestmark = pytest.mark.skipif(
     _native.get(np.float32) is None,
-    reason="mpitensor.nn._conv_native was not built (no C compiler at install) or no CBLAS "
+    reason="mpitensor._cpu_kernels was not built (no C compiler at install) or no CBLAS "
            "gemm was found in NumPy's BLAS: conv2d uses its NumPy loops")
 
 
@@ -32,7 +33,7 @@ def numpy_loops(monkeypatch):
     def use() -> object:
         saved = dict(_native._state)
         _native._state.clear()
-        _native._state.update(loaded=True, by_size={})
+        _native._state.update(loaded=True, module=None, by_size={})
         try:
             yield
         finally:
@@ -141,12 +142,74 @@ def test_loops_refuse_buffers_that_do_not_fit_the_geometry():
 
 
 def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv("MPITENSOR_NATIVE_CONV", "0")
+    monkeypatch.setenv("MPITENSOR_NATIVE", "0")
     _native.reset()
     try:
         assert _native.get(np.float32) is None
     finally:
-        monkeypatch.delenv("MPITENSOR_NATIVE_CONV")
+        monkeypatch.delenv("MPITENSOR_NATIVE")
         _native.reset()
     assert _native.get(np.float32) is not None
     assert _native.get(np.float16) is None
+
+
+def _chwn(a):
+    """``a`` (N, C, H, W) laid out (C, H, W, N) in memory, as conv2d's outputs are."""
+    return np.ascontiguousarray(a.transpose(1, 2, 3, 0)).transpose(3, 0, 1, 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("hw", [(8, 8), (7, 9)])
+@pytest.mark.parametrize("grad_layout", ["nchw", "chwn"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_maxpool2x2_compiled_agrees_with_numpy(monkeypatch, numpy_loops, dtype, hw, grad_layout,
+                                               threads):
+    """Values, winners (first on ties), NaN windows and the gradient, whatever its layout."""
+    from mpitensor import _parallel
+
+    monkeypatch.setattr(_parallel, "SPLIT_ELEMENTS", 0)  # split however small
+    rng = np.random.default_rng(2)
+    N, C = 5, 3
+    x = rng.integers(-3, 3, (N, C) + hw).astype(dtype)  # many ties
+    x[0, 0, 0, 0] = np.nan
+    x[1, 2, 3, 2] = x[1, 2, 2, 3] = np.nan
+    x = _chwn(x)
+    oh, ow = hw[0] // 2, hw[1] // 2
+    g = rng.standard_normal((N, C, oh, ow)).astype(dtype)
+    g[2, 1, 1, 1] = np.nan
+    if grad_layout == "chwn":
+        g = _chwn(g)
+    threads0 = mt.get_num_threads()
+    mt.set_num_threads(threads)
+    try:
+        out, code = K.maxpool2x2_forward(x, oh, ow)
+        gin = K.maxpool2x2_backward(g, code, x.shape)
+        with numpy_loops():
+            ref_out, ref_code = K.maxpool2x2_forward(x, oh, ow)
+            ref_gin = K.maxpool2x2_backward(g, ref_code, x.shape)
+    finally:
+        mt.set_num_threads(threads0)
+    np.testing.assert_array_equal(out, ref_out)  # NaN == NaN here
+    np.testing.assert_array_equal(code, ref_code)
+    np.testing.assert_array_equal(gin, ref_gin)
+    assert out.flags.c_contiguous  # NCHW, as torch's, so view() works on it
+
+
+def test_maxpool2x2_compiled_refuses_misfits():
+    mod = _native.module(np.float32)
+    x = np.zeros((2, 4, 4, 3), np.float32)
+    out = np.zeros((3, 2, 2, 2), np.float32)
+    code = np.zeros((2, 2, 2, 3), np.uint8)
+    dims, strides = (2, 4, 4, 3, 2, 2), (8, 4, 2, 1)
+    mod.maxpool2x2(x, out, code, dims, strides, 0, 2, 4)
+    with pytest.raises(ValueError, match="too small for its strides"):
+        mod.maxpool2x2(x, out, code, dims, (9, 4, 2, 1), 0, 2, 4)
+    with pytest.raises(ValueError, match="do not fit"):
+        mod.maxpool2x2(x[:1], out, code, dims, strides, 0, 2, 4)
+    with pytest.raises(ValueError, match="do not fit"):
+        mod.maxpool2x2(x, out, code, dims, strides, 0, 3, 4)
+    with pytest.raises(ValueError, match="inconsistent"):
+        mod.maxpool2x2(x, out, code, (2, 3, 4, 3, 2, 2), strides, 0, 2, 4)
+    gin = np.zeros_like(x)
+    with pytest.raises(ValueError, match="inconsistent"):
+        mod.maxpool2x2_backward(out, (-8, 4, 2, 1), code, gin, dims, 0, 2, 4)
