@@ -209,6 +209,7 @@ def test_imports_point_down_the_layers():
     ("MPITENSOR_LOG", "LOUD", "MPITENSOR_LOG='LOUD' is not one of DEBUG, INFO, WARNING, ERROR, "
                               "CRITICAL"),
     ("MPITENSOR_DEBUG", "maybe", "MPITENSOR_DEBUG='maybe' is not a boolean; use 1/0"),
+    ("MPITENSOR_NATIVE", "fast", "MPITENSOR_NATIVE='fast' is not a boolean; use 1/0"),
     ("MPITENSOR_TIMEOUT", "soon", "MPITENSOR_TIMEOUT='soon' is not a number of seconds"),
     ("MPITENSOR_CHECK_BYTES", "64k", "MPITENSOR_CHECK_BYTES='64k' is not a byte count"),
     ("MPITENSOR_CHECK_BYTES", "-1", "MPITENSOR_CHECK_BYTES='-1' must be a non-negative integer"),

@@ -11,9 +11,9 @@ loops in :mod:`mpitensor.nn._kernels` everywhere else:
 - the extension was built (a C compiler at install time; without one the install still
   succeeds, as a pure-Python package);
 - float32 or float64 NumPy arrays;
-- for conv2d, a CBLAS ``sgemm``/``dgemm`` is found in a loaded BLAS (NumPy's wheels: OpenBLAS
-  with 64-bit integers, ``scipy_cblas_sgemm64_``; other builds: ``cblas_sgemm64_`` or
-  ``cblas_sgemm``);
+- for conv2d, a CBLAS ``sgemm``/``dgemm`` whose integer width its name says is found in a
+  loaded BLAS (NumPy's wheels: OpenBLAS with 64-bit integers, ``scipy_cblas_sgemm64_``; also
+  ``cblas_sgemm64_`` and SciPy's 32-bit ``scipy_cblas_sgemm``);
 - ``MPITENSOR_NATIVE`` is not off (``0``/``off``: the NumPy loops, e.g. to compare).
 """
 
@@ -29,9 +29,11 @@ from mpitensor import _config
 
 __all__: list = []  # private module
 
-#: (symbol pattern, 64-bit integers) tried in this order in each loaded BLAS
+#: (symbol pattern, 64-bit integers) tried in this order in each loaded BLAS: only names that
+#: say their integer width (a bare ``cblas_sgemm`` is 32-bit in most builds but 64-bit in
+#: some, e.g. MKL with MKL_INTERFACE_LAYER=ILP64, and a wrong guess corrupts memory)
 _SYMBOLS = (("scipy_cblas_{}gemm64_", True), ("cblas_{}gemm64_", True),
-            ("scipy_cblas_{}gemm", False), ("cblas_{}gemm", False))
+            ("scipy_cblas_{}gemm", False))
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -61,7 +63,7 @@ def _load() -> dict:
     if not _config.env_flag("MPITENSOR_NATIVE", True):
         return {"module": None, "by_size": {}}
     try:
-        from mpitensor import _cpu_kernels  # noqa: PLC0415 - built at install, or absent
+        import mpitensor._cpu_kernels as _cpu_kernels  # noqa: PLC0415 - built, or absent
     except ImportError:
         return {"module": None, "by_size": {}}
     found = {}
