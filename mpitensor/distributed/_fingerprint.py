@@ -39,6 +39,7 @@ keep the reduction.
 
 from __future__ import annotations
 
+import array
 import mmap
 import zlib
 from typing import Any, Optional
@@ -482,3 +483,68 @@ class Settling:
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI request protocol
         return self.group.fp_node.settle(self.tok, self.group)
+
+
+class Splits:
+    """An all-to-all whose ranks exchange pieces of their own sizes (``all_to_all`` lists,
+    ``all_to_all_single`` with split sizes), as an MPI request: complete once the data is
+    and every peer's count for this rank, exchanged beside the data, is the count this rank
+    expects from it.
+
+    A count that differs is what MPI leaves unsaid: a piece smaller than expected fills only
+    the front of its place in the output (the rest keeps what was there), with no error. Each
+    rank sends every peer the count it sends it, in one ``Ialltoall`` of int64 on the group's
+    header communicator (which carries no other collective), started with the data; the rank
+    that sees a count it does not expect raises ``CollectiveMismatchError`` naming the peer
+    and both counts, and breaks the group, which ends the peers' waits as well.
+    """
+
+    __slots__ = ("data", "req", "group", "op", "seq", "sent", "seen", "expect", "what",
+                 "unit", "keep", "done")
+
+    def __init__(self, g: Any, data: Any, op: str, seq: int, send: list, expect: list,
+                 what: str, unit: int, keep: Any) -> None:
+        self.data, self.group, self.op, self.seq = data, g, op, seq
+        self.sent = array.array("q", send)
+        self.seen = array.array("q", bytes(8 * len(expect)))
+        self.expect, self.what, self.unit, self.keep = expect, what, unit, keep
+        self.done = False
+        self.req = g.hdr.Ialltoall([self.sent, _I64], [self.seen, _I64])
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI request protocol
+        if self.done:
+            return True
+        if self.req is not None:
+            if not self.req.Test():
+                return False
+            self.req = None
+            self._verify()
+        if not self.data.Test(status):
+            return False
+        self.done = True
+        return True
+
+    def _verify(self) -> None:
+        seen, expect = self.seen.tolist(), self.expect
+        if seen == expect:
+            return
+        bad = [r for r in range(len(expect)) if seen[r] != expect[r]]
+        g = self.group
+        _orphans.append((self.data, self.keep))  # the data may still be moving
+        unit = self.unit
+
+        def amount(n: int) -> str:
+            if unit <= 1:
+                return f"{n} elements"
+            return f"{n // unit} row{'s' if n // unit != 1 else ''} ({n} elements)"
+
+        said = "; ".join(f"rank {g.ranks[r]} sends {amount(seen[r])} to this rank, which "
+                         f"expects {amount(expect[r])} from it ({self.what}[{r}])"
+                         for r in bad[:4])
+        reason = f"ranks disagree on the split sizes of this call: {said}"
+        _faults.mark_broken(g, _faults.Story(g.global_rank, self.op, self.seq, reason))
+        raise CollectiveMismatchError(
+            f"rank {g.global_rank}: {self.op} (#{self.seq} on {g.name}): {reason}. What rank "
+            "i sends rank j (its input split j) must be what rank j expects from rank i (its "
+            f"output split i); the data was already posted, so every later call on {g.name} "
+            "raises.")

@@ -18,6 +18,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from .._config import OFF_BYTES
 from ..backend import array_module
 from ..errors import (
     CollectiveMismatchError,
@@ -153,13 +154,17 @@ class MPIGroup(ProcessGroup):
 
     def _run(self, where: str, nonblocking: Callable[[], Any],
              finish: Optional[Callable[[], None]], async_op: bool, result: Any = None,
-             keep: Any = None, check: Optional[tuple] = None) -> Optional[Work]:
+             keep: Any = None, check: Optional[tuple] = None,
+             splits: Optional[tuple] = None) -> Optional[Work]:
         """Start the counted collective (the last one ``_count`` recorded) and finish it.
 
         Blocking calls too run as the non-blocking MPI operation plus a bounded wait: as fast
         as the blocking call for small messages on MPICH, and it can time out. ``check``:
         ``(array, reduce op, global root)`` for the agreement check of large calls
-        (``_fingerprint``), which debug mode replaces with its own.
+        (``_fingerprint``), which debug mode replaces with its own. ``splits``: ``(send counts,
+        receive counts, what names the receive counts, elements per row)`` of an all-to-all
+        whose pieces have sizes of their own, checked against the peers' beside the data
+        (``_fingerprint.Splits``; debug mode checks them before).
         """
         s = self.seq
         op = self.history[s & _MASK][1]
@@ -170,6 +175,8 @@ class MPIGroup(ProcessGroup):
         self.sent += 1
         if check is not None and not self.debug and check[0].nbytes >= self.check_bytes:
             req = self._fp_check(req, s, op, check[0], check[1], check[2], keep)
+        elif splits is not None and not self.debug and self.check_bytes < OFF_BYTES:
+            req = _fp.Splits(self, req, op, s, *splits, keep)
         if async_op:
             return Work(self._fp_async(req, s), finish, result, describe=lambda: where,
                         keep=keep, group=self, info=(op, s, "coll", None, None))
@@ -819,7 +826,8 @@ class MPIGroup(ProcessGroup):
         rspec = [rbuf, (rcounts, rdispls), mt]
         comm = self.comm
         return self._run(where, lambda: comm.Ialltoallv(sspec, rspec), copy_out, async_op,
-                         list(output_tensor_list), keep=(sspec, rspec))
+                         list(output_tensor_list), keep=(sspec, rspec),
+                         splits=(scounts, rcounts, "output_tensor_list", 1))
 
     def _splits(self, splits: Any, arr: Any, what: str, where: str) -> list:
         rows = arr.shape[0] if arr.ndim else 1
@@ -907,9 +915,12 @@ class MPIGroup(ProcessGroup):
             sspec = [sbuf, _counts_displs(scounts), mt]
             rspec = [rbuf, _counts_displs(rcounts), mt]
             nonblocking = comm.Ialltoallv
+        row = int(np.prod(inp.shape[1:])) if inp.ndim > 1 else 1
         return self._run(where, lambda: nonblocking(sspec, rspec),
                          write_back, async_op, [output], keep=(sspec, rspec),
-                         check=(out, None, -1) if even else None)
+                         check=(out, None, -1) if even else None,
+                         splits=None if even else (scounts, rcounts, "output_split_sizes",
+                                                   row))
 
     @_guarded("barrier")
     def barrier(self, async_op: bool = False) -> Optional[Work]:

@@ -18,6 +18,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 from mpitensor.errors import (
+    CollectiveMismatchError,
     DistributedTimeoutError,
     MessageMismatchError,
     MessageTruncatedError,
@@ -554,3 +555,127 @@ def test_one_rank_error_is_raised_at_once():
             dist.all_reduce(np.zeros(2), group=g)
     dist.destroy_process_group(g)
     dist.barrier()
+
+
+def _split_sizes_case(tag, call, check=None):
+    """``call(g, n, me)`` on a fresh group. A rank that sees a count it does not expect raises
+    CollectiveMismatchError naming the peer and both counts; a rank whose own pieces all
+    matched may complete (then ``check(result)`` holds: its output is right) or raise
+    PeerFailedError; no rank returns an output partly filled from the wrong pieces. Every
+    later call on the group raises, on every rank, with the story."""
+    n, me = world()
+    g = dist.new_group(list(range(n)), group_desc=f"splits_{tag}")
+    err = None
+    try:
+        result = call(g, n, me)
+    except (CollectiveMismatchError, PeerFailedError) as exc:
+        err = exc
+    else:
+        assert check is not None and check(result), result
+    with pytest.raises(PeerFailedError, match="disagree on the split sizes"):
+        dist.all_reduce(np.ones(1), group=g)  # the story, refused at once or at the notice
+    return err
+
+
+@pytest.mark.mpi(min_size=2)
+def test_all_to_all_single_split_sizes_that_disagree_across_ranks():
+    """Every rank passes [1, n, ..., n] as both its input and its output splits: each list is
+    valid on its own (it sums to its tensor's rows), but rank 0 sends rank 1 n rows where rank
+    1 expects 1 from rank 0, and rank 1 sends rank 0 1 row where rank 0 expects n. MPI completed
+    such an exchange without a word: the bigger piece was cut, the smaller one left the rest of
+    its place as it was (seen: [1, 2, -7, -7])."""
+    n, me = world()
+
+    def call(g, n, me):
+        split = [1] + [n] * (n - 1)
+        rows = sum(split)
+        out = np.full((rows, 2), -7.0)
+        dist.all_to_all_single(out, np.full((rows, 2), float(me)), output_split_sizes=split,
+                               input_split_sizes=split, group=g)
+        return out
+
+    err = _split_sizes_case("single", call)
+    if me == 1:
+        assert isinstance(err, CollectiveMismatchError)
+        assert re.search(rf"rank 0 sends {n} rows \({2 * n} elements\) to this rank, which "
+                         r"expects 1 row \(2 elements\) from it \(output_split_sizes\[0\]\)",
+                         str(err)), str(err)
+    if me == 0:
+        assert isinstance(err, CollectiveMismatchError)
+        assert f"rank 1 sends 1 row (2 elements) to this rank, which expects {n} rows" in str(err)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_all_to_all_list_item_sizes_that_disagree_across_ranks():
+    """Rank 0 sends rank 1 three elements where rank 1 expects two (async). Rank 1 raises;
+    rank 0, whose own pieces all matched, may return them (right), then finds the group
+    broken like everyone else."""
+    def call(g, n, me):
+        ins = [np.full(3 if (me == 0 and r == 1) else 2, float(me)) for r in range(n)]
+        outs = [np.full(2, -7.0) for _ in range(n)]
+        work = dist.all_to_all(outs, ins, group=g, async_op=True)
+        work.wait()
+        return outs
+
+    n, me = world()
+    err = _split_sizes_case("list", call, check=lambda outs: me != 1 and all(
+        (o == float(r)).all() for r, o in enumerate(outs)))
+    if me == 1:
+        assert isinstance(err, CollectiveMismatchError)
+        assert "rank 0 sends 3 elements to this rank, which expects 2 elements from it " \
+               "(output_tensor_list[0])" in str(err)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_uneven_all_to_all_that_agrees_gives_the_pieces():
+    """The check's own traffic does not disturb matching calls, blocking or async."""
+    n, me = world()
+    send = [r + 1 + me for r in range(n)]  # rank me sends rank r (r + 1 + me) rows
+    recv = [me + 1 + r for r in range(n)]  # so rank me gets (me + 1 + r) rows from rank r
+    inp = np.concatenate([np.full(send[r], 100 * me + r, np.float32) for r in range(n)])
+    for async_op in (False, True):
+        out = np.full(sum(recv), -7.0, np.float32)
+        work = dist.all_to_all_single(out, inp, output_split_sizes=recv,
+                                      input_split_sizes=send, async_op=async_op)
+        if async_op:
+            work.wait()
+        expect = np.concatenate([np.full(recv[r], 100 * r + me, np.float32) for r in range(n)])
+        np.testing.assert_array_equal(out, expect)
+    outs = [np.zeros(recv[r]) for r in range(n)]
+    dist.all_to_all(outs, [np.full(send[r], 10.0 * me + r) for r in range(n)])
+    for r in range(n):
+        np.testing.assert_array_equal(outs[r], np.full(recv[r], 10.0 * r + me))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_split_sizes_check_off_with_the_agreement_check():
+    """MPITENSOR_CHECK_BYTES=off (the group's threshold at OFF_BYTES) turns this check off too:
+    one switch for every agreement check. Matching calls still work; nothing is exchanged."""
+    from mpitensor._config import OFF_BYTES
+    from mpitensor.distributed import _fingerprint
+
+    n, me = world()
+    g = dist.new_group(list(range(n)), group_desc="splits_off")
+    g.check_bytes = OFF_BYTES
+    made = []
+    real = _fingerprint.Splits
+
+    class Spy(real):
+        def __init__(self, *a):
+            made.append(1)
+            super().__init__(*a)
+
+    _fingerprint.Splits = Spy
+    try:
+        send = [1 + r for r in range(n)]
+        recv = [1 + me] * n
+        out = np.zeros(sum(recv))
+        dist.all_to_all_single(out, np.full(sum(send), float(me)), recv, send, group=g)
+        np.testing.assert_array_equal(out, np.repeat(np.arange(n, dtype=float), 1 + me))
+        assert made == []
+        g.check_bytes = 1 << 16
+        dist.all_to_all_single(out, np.full(sum(send), float(me)), recv, send, group=g)
+        assert made == [1]
+    finally:
+        _fingerprint.Splits = real
+    dist.destroy_process_group(g)
