@@ -23,21 +23,17 @@
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 
-/* CBLAS ?gemm with 64-bit or 32-bit integers (ILP64 / LP64 builds of the library). */
-typedef void (*sgemm64_t)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
-                          const float *, int64_t, const float *, int64_t, float, float *,
-                          int64_t);
-typedef void (*dgemm64_t)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double,
-                          const double *, int64_t, const double *, int64_t, double, double *,
-                          int64_t);
-typedef void (*sgemm32_t)(int, int, int, int, int, int, float, const float *, int,
-                          const float *, int, float, float *, int);
-typedef void (*dgemm32_t)(int, int, int, int, int, int, double, const double *, int,
-                          const double *, int, double, double *, int);
+/* CBLAS ?gemm with 64-bit integers (an ILP64 build of the library, as NumPy's wheels ship:
+ * mpitensor.nn._native takes no 32-bit one, whose sizes a large layer could overflow). */
+typedef void (*sgemm_t)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                        const float *, int64_t, const float *, int64_t, float, float *,
+                        int64_t);
+typedef void (*dgemm_t)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double,
+                        const double *, int64_t, const double *, int64_t, double, double *,
+                        int64_t);
 
 typedef struct {
     void *fn;
-    int ilp64;
     int itemsize;
 } Gemm;
 
@@ -45,20 +41,10 @@ static void gemm(const Gemm *g, int ta, int tb, int64_t m, int64_t n, int64_t k,
                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
                  void *c, int64_t ldc)
 {
-    if (g->itemsize == 4) {
-        if (g->ilp64)
-            ((sgemm64_t)g->fn)(ROW_MAJOR, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, (float)beta,
-                               c, ldc);
-        else
-            ((sgemm32_t)g->fn)(ROW_MAJOR, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b,
-                               (int)ldb, (float)beta, c, (int)ldc);
-    } else {
-        if (g->ilp64)
-            ((dgemm64_t)g->fn)(ROW_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
-        else
-            ((dgemm32_t)g->fn)(ROW_MAJOR, ta, tb, (int)m, (int)n, (int)k, 1.0, a, (int)lda, b,
-                               (int)ldb, beta, c, (int)ldc);
-    }
+    if (g->itemsize == 4)
+        ((sgemm_t)g->fn)(ROW_MAJOR, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, (float)beta, c, ldc);
+    else
+        ((dgemm_t)g->fn)(ROW_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
 }
 
 typedef struct {
@@ -104,8 +90,11 @@ static int parse_gemm(PyObject *t, int itemsize, Gemm *g)
         PyErr_SetString(PyExc_ValueError, "gemm: null address");
         return -1;
     }
+    if (!ilp64) {
+        PyErr_SetString(PyExc_ValueError, "gemm: a 64-bit integer CBLAS only");
+        return -1;
+    }
     g->fn = (void *)(uintptr_t)addr;
-    g->ilp64 = ilp64;
     g->itemsize = itemsize;
     return 0;
 }

@@ -139,6 +139,8 @@ def test_loops_refuse_buffers_that_do_not_fit_the_geometry():
         mod.forward(src, w, out, geom[:7] + (0,) + geom[8:], plan, 0, 1, buf, gemm, 4)
     with pytest.raises(TypeError, match="argument 3"):
         mod.forward(src, w, out[:, ::2], geom, plan, 0, 1, buf, gemm, 4)  # not contiguous
+    with pytest.raises(ValueError, match="64-bit integer CBLAS only"):
+        mod.forward(src, w, out, geom, plan, 0, 1, buf, (gemm[0], False), 4)
 
 
 def test_switched_off_by_the_environment(monkeypatch):

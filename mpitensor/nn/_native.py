@@ -11,9 +11,8 @@ loops in :mod:`mpitensor.nn._kernels` everywhere else:
 - the extension was built (a C compiler at install time; without one the install still
   succeeds, as a pure-Python package);
 - float32 or float64 NumPy arrays;
-- for conv2d, a CBLAS ``sgemm``/``dgemm`` whose integer width its name says is found in a
-  loaded BLAS (NumPy's wheels: OpenBLAS with 64-bit integers, ``scipy_cblas_sgemm64_``; also
-  ``cblas_sgemm64_`` and SciPy's 32-bit ``scipy_cblas_sgemm``);
+- for conv2d, a CBLAS ``sgemm``/``dgemm`` that takes 64-bit integers is found in a loaded BLAS
+  (NumPy's wheels: OpenBLAS, ``scipy_cblas_sgemm64_``; also ``cblas_sgemm64_``);
 - ``MPITENSOR_NATIVE`` is not off (``0``/``off``: the NumPy loops, e.g. to compare).
 """
 
@@ -29,11 +28,11 @@ from mpitensor import _config
 
 __all__: list = []  # private module
 
-#: (symbol pattern, 64-bit integers) tried in this order in each loaded BLAS: only names that
-#: say their integer width (a bare ``cblas_sgemm`` is 32-bit in most builds but 64-bit in
-#: some, e.g. MKL with MKL_INTERFACE_LAYER=ILP64, and a wrong guess corrupts memory)
-_SYMBOLS = (("scipy_cblas_{}gemm64_", True), ("cblas_{}gemm64_", True),
-            ("scipy_cblas_{}gemm", False))
+#: (symbol pattern, 64-bit integers) tried in this order over every loaded BLAS: only names
+#: that say they take 64-bit integers (a bare ``cblas_sgemm`` is 32-bit in most builds but
+#: 64-bit in some, e.g. MKL with MKL_INTERFACE_LAYER=ILP64, and a wrong guess corrupts memory;
+#: a 32-bit one would overflow on a layer of more than 2**31 output elements)
+_SYMBOLS = (("scipy_cblas_{}gemm64_", True), ("cblas_{}gemm64_", True))
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -43,11 +42,10 @@ def _find_gemm(letter: str) -> Optional[tuple]:
     """``(address, ilp64)`` of a CBLAS ``?gemm`` in a BLAS that threadpoolctl sees loaded."""
     from mpitensor._parallel import _pools  # noqa: PLC0415 - the controllers, found once
 
-    for lib in _pools.get():
-        dll = getattr(lib, "dynlib", None)
-        if dll is None:
-            continue
-        for pattern, ilp64 in _SYMBOLS:
+    libs = [dll for dll in (getattr(lib, "dynlib", None) for lib in _pools.get())
+            if dll is not None]
+    for pattern, ilp64 in _SYMBOLS:
+        for dll in libs:
             try:
                 fn = getattr(dll, pattern.format(letter))
             except AttributeError:
