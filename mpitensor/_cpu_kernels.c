@@ -201,6 +201,82 @@ static int64_t band_width(const Geom *g, const int64_t *band)
     return (band[1] - band[0]) * (band[3] - band[2]) * g->N;
 }
 
+/* One call of the three conv entry points: (first, second, third, geom, plan, r0, r1, buf,
+ * gemm, itemsize), the buffers in that order, r0..r1 a range of bands or of channels. */
+typedef struct {
+    Py_buffer a, b, c, plan, buf;
+    Py_ssize_t r0, r1;
+    int it;
+    Geom g;
+    Gemm k;
+    int64_t widest;
+} Call;
+
+static void release(Call *c)
+{
+    PyBuffer_Release(&c->a); PyBuffer_Release(&c->b); PyBuffer_Release(&c->c);
+    PyBuffer_Release(&c->plan); PyBuffer_Release(&c->buf);
+}
+
+/* Parse and check a call; ``bands``: r0..r1 is the range of plan's bands to check (else all
+ * of them are, and r0..r1 is left to the caller). On failure, nothing is held. */
+static int conv_args(PyObject *args, Call *c, int bands)
+{
+    PyObject *geom, *gm;
+    if (!PyArg_ParseTuple(args, "y*y*w*O!y*nnw*O!i", &c->a, &c->b, &c->c, &PyTuple_Type, &geom,
+                          &c->plan, &c->r0, &c->r1, &c->buf, &PyTuple_Type, &gm, &c->it))
+        return -1;
+    int64_t nb = c->plan.len / 32;
+    if (c->it != 4 && c->it != 8) {
+        PyErr_SetString(PyExc_ValueError, "float32 or float64 only");
+    } else if (!parse_geom(geom, &c->g) && !parse_gemm(gm, c->it, &c->k)
+               && !check_plan(&c->plan, bands ? c->r0 : 0, bands ? c->r1 : nb, &c->g,
+                              &c->widest)) {
+        return 0;
+    }
+    release(c);
+    return -1;
+}
+
+/* forward and weight_grad: each band's im2col block is built in buf, then multiplied into
+ * the output (forward: out[:, band] = wext @ block) or into the weight gradient
+ * (acc += gc[:, band] @ block.T). */
+static PyObject *im2col_bands(PyObject *args, int wgrad)
+{
+    Call c;
+    if (conv_args(args, &c, 1))
+        return NULL;
+    const Geom *g = &c.g;
+    int it = c.it;
+    int64_t widest = c.widest, M = g->OH * g->OW * g->N, small = g->O * g->rows;
+    if (need(&c.a, g->C * g->Hp * g->Wp * g->N, it, "src")
+        || need(&c.b, wgrad ? g->O * M : small, it, wgrad ? "gc" : "wext")
+        || need(&c.c, wgrad ? small : g->O * M, it, wgrad ? "acc" : "out")
+        || need(&c.buf, g->rows * widest, it, "buf")) {
+        release(&c);
+        return NULL;
+    }
+    const int64_t *p = c.plan.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t b = c.r0; b < c.r1; b++) {
+        const int64_t *band = p + 4 * b;
+        if (it == 4)
+            im2col_float(c.a.buf, g, band, c.buf.buf, widest);
+        else
+            im2col_double(c.a.buf, g, band, c.buf.buf, widest);
+        int64_t at = band_start(g, band) * it, w = band_width(g, band);
+        if (wgrad)
+            gemm(&c.k, NO_TRANS, TRANS, g->O, g->rows, w, (const char *)c.b.buf + at, M,
+                 c.buf.buf, widest, 1.0, c.c.buf, g->rows);
+        else
+            gemm(&c.k, NO_TRANS, NO_TRANS, g->O, w, g->rows, c.b.buf, g->rows, c.buf.buf,
+                 widest, 0.0, (char *)c.c.buf + at, M);
+    }
+    Py_END_ALLOW_THREADS
+    release(&c);
+    Py_RETURN_NONE;
+}
+
 static const char forward_doc[] =
     "forward(src, wext, out, geom, plan, b0, b1, buf, gemm, itemsize)\n\n"
     "out[:, band] = wext (O, rows) @ im2col(band) for the bands b0..b1 of plan; buf holds\n"
@@ -208,47 +284,7 @@ static const char forward_doc[] =
 
 static PyObject *forward(PyObject *self, PyObject *args)
 {
-    Py_buffer src, w, out, plan, buf;
-    int it;
-    PyObject *geom, *gm;
-    Py_ssize_t b0, b1;
-    Geom g;
-    Gemm k;
-    int64_t widest;
-    if (!PyArg_ParseTuple(args, "y*y*w*O!y*nnw*O!i", &src, &w, &out, &PyTuple_Type, &geom,
-                          &plan, &b0, &b1, &buf, &PyTuple_Type, &gm, &it))
-        return NULL;
-    PyObject *result = NULL;
-    if (parse_geom(geom, &g) || (it != 4 && it != 8
-        && (PyErr_SetString(PyExc_ValueError, "float32 or float64 only"), 1))
-        || parse_gemm(gm, it, &k) || check_plan(&plan, b0, b1, &g, &widest))
-        goto done;
-    if (need(&src, g.C * g.Hp * g.Wp * g.N, it, "src") || need(&w, g.O * g.rows, it, "wext")
-        || need(&out, g.O * g.OH * g.OW * g.N, it, "out")
-        || need(&buf, g.rows * widest, it, "buf"))
-        goto done;
-    {
-        const int64_t *p = plan.buf;
-        int64_t M = g.OH * g.OW * g.N;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t b = b0; b < b1; b++) {
-            const int64_t *band = p + 4 * b;
-            if (it == 4)
-                im2col_float(src.buf, &g, band, buf.buf, widest);
-            else
-                im2col_double(src.buf, &g, band, buf.buf, widest);
-            char *o = (char *)out.buf + band_start(&g, band) * it;
-            gemm(&k, NO_TRANS, NO_TRANS, g.O, band_width(&g, band), g.rows, w.buf, g.rows,
-                 buf.buf, widest, 0.0, o, M);
-        }
-        Py_END_ALLOW_THREADS
-    }
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
-    PyBuffer_Release(&src); PyBuffer_Release(&w); PyBuffer_Release(&out);
-    PyBuffer_Release(&plan); PyBuffer_Release(&buf);
-    return result;
+    return im2col_bands(args, 0);
 }
 
 static const char weight_grad_doc[] =
@@ -258,47 +294,7 @@ static const char weight_grad_doc[] =
 
 static PyObject *weight_grad(PyObject *self, PyObject *args)
 {
-    Py_buffer src, gc, acc, plan, buf;
-    int it;
-    PyObject *geom, *gm;
-    Py_ssize_t b0, b1;
-    Geom g;
-    Gemm k;
-    int64_t widest;
-    if (!PyArg_ParseTuple(args, "y*y*w*O!y*nnw*O!i", &src, &gc, &acc, &PyTuple_Type, &geom,
-                          &plan, &b0, &b1, &buf, &PyTuple_Type, &gm, &it))
-        return NULL;
-    PyObject *result = NULL;
-    if (parse_geom(geom, &g) || (it != 4 && it != 8
-        && (PyErr_SetString(PyExc_ValueError, "float32 or float64 only"), 1))
-        || parse_gemm(gm, it, &k) || check_plan(&plan, b0, b1, &g, &widest))
-        goto done;
-    if (need(&src, g.C * g.Hp * g.Wp * g.N, it, "src")
-        || need(&gc, g.O * g.OH * g.OW * g.N, it, "gc") || need(&acc, g.O * g.rows, it, "acc")
-        || need(&buf, g.rows * widest, it, "buf"))
-        goto done;
-    {
-        const int64_t *p = plan.buf;
-        int64_t M = g.OH * g.OW * g.N;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t b = b0; b < b1; b++) {
-            const int64_t *band = p + 4 * b;
-            if (it == 4)
-                im2col_float(src.buf, &g, band, buf.buf, widest);
-            else
-                im2col_double(src.buf, &g, band, buf.buf, widest);
-            const char *gb = (const char *)gc.buf + band_start(&g, band) * it;
-            gemm(&k, NO_TRANS, TRANS, g.O, g.rows, band_width(&g, band), gb, M, buf.buf,
-                 widest, 1.0, acc.buf, g.rows);
-        }
-        Py_END_ALLOW_THREADS
-    }
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
-    PyBuffer_Release(&src); PyBuffer_Release(&gc); PyBuffer_Release(&acc);
-    PyBuffer_Release(&plan); PyBuffer_Release(&buf);
-    return result;
+    return im2col_bands(args, 1);
 }
 
 static const char input_grad_doc[] =
@@ -309,54 +305,40 @@ static const char input_grad_doc[] =
 
 static PyObject *input_grad(PyObject *self, PyObject *args)
 {
-    Py_buffer gc, w, dx, plan, dbuf;
-    int it;
-    PyObject *geom, *gm;
-    Py_ssize_t c0, c1;
-    Geom g;
-    Gemm k;
-    int64_t widest;
-    if (!PyArg_ParseTuple(args, "y*y*w*O!y*nnw*O!i", &gc, &w, &dx, &PyTuple_Type, &geom,
-                          &plan, &c0, &c1, &dbuf, &PyTuple_Type, &gm, &it))
+    Call c;
+    if (conv_args(args, &c, 0))
         return NULL;
-    PyObject *result = NULL;
-    int64_t kk = 0, nb = plan.len / 32;
-    if (parse_geom(geom, &g) || (it != 4 && it != 8
-        && (PyErr_SetString(PyExc_ValueError, "float32 or float64 only"), 1))
-        || parse_gemm(gm, it, &k) || check_plan(&plan, 0, nb, &g, &widest))
-        goto done;
-    kk = g.kh * g.kw;
-    if (c0 < 0 || c1 <= c0 || c1 > g.C) {
+    const Geom *g = &c.g;
+    int it = c.it;
+    int64_t widest = c.widest, M = g->OH * g->OW * g->N, kk = g->kh * g->kw;
+    int64_t c0 = c.r0, c1 = c.r1, nb = c.plan.len / 32;
+    if (c0 < 0 || c1 <= c0 || c1 > g->C) {
         PyErr_SetString(PyExc_ValueError, "channels outside the input");
-        goto done;
+        release(&c);
+        return NULL;
     }
-    if (need(&gc, g.O * g.OH * g.OW * g.N, it, "gc") || need(&w, g.O * g.rows, it, "wext")
-        || need(&dx, g.C * g.Hp * g.Wp * g.N, it, "dx")
-        || need(&dbuf, (c1 - c0) * kk * widest, it, "dbuf"))
-        goto done;
-    {
-        const int64_t *p = plan.buf;
-        int64_t M = g.OH * g.OW * g.N;
-        const char *wc = (const char *)w.buf + c0 * kk * it;  /* columns of channels c0.. */
-        Py_BEGIN_ALLOW_THREADS
-        for (int64_t b = 0; b < nb; b++) {
-            const int64_t *band = p + 4 * b;
-            const char *gb = (const char *)gc.buf + band_start(&g, band) * it;
-            gemm(&k, TRANS, NO_TRANS, (c1 - c0) * kk, band_width(&g, band), g.O, wc, g.rows,
-                 gb, M, 0.0, dbuf.buf, widest);
-            if (it == 4)
-                col2im_float(dx.buf, &g, band, dbuf.buf, widest, c0, c1);
-            else
-                col2im_double(dx.buf, &g, band, dbuf.buf, widest, c0, c1);
-        }
-        Py_END_ALLOW_THREADS
+    if (need(&c.a, g->O * M, it, "gc") || need(&c.b, g->O * g->rows, it, "wext")
+        || need(&c.c, g->C * g->Hp * g->Wp * g->N, it, "dx")
+        || need(&c.buf, (c1 - c0) * kk * widest, it, "dbuf")) {
+        release(&c);
+        return NULL;
     }
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
-    PyBuffer_Release(&gc); PyBuffer_Release(&w); PyBuffer_Release(&dx);
-    PyBuffer_Release(&plan); PyBuffer_Release(&dbuf);
-    return result;
+    const int64_t *p = c.plan.buf;
+    const char *wc = (const char *)c.b.buf + c0 * kk * it;  /* columns of channels c0.. */
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t *band = p + 4 * b;
+        const char *gb = (const char *)c.a.buf + band_start(g, band) * it;
+        gemm(&c.k, TRANS, NO_TRANS, (c1 - c0) * kk, band_width(g, band), g->O, wc, g->rows, gb,
+             M, 0.0, c.buf.buf, widest);
+        if (it == 4)
+            col2im_float(c.c.buf, g, band, c.buf.buf, widest, c0, c1);
+        else
+            col2im_double(c.c.buf, g, band, c.buf.buf, widest, c0, c1);
+    }
+    Py_END_ALLOW_THREADS
+    release(&c);
+    Py_RETURN_NONE;
 }
 
 /* ---------------------------------------------------------------------------------------
