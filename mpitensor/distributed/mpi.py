@@ -891,16 +891,16 @@ class MPIGroup(ProcessGroup):
             ins = self._splits(input_split_sizes, inp, "input_split_sizes", where)
             outs = self._splits(output_split_sizes, out, "output_split_sizes", where)
             row = int(np.prod(inp.shape[1:])) if inp.ndim > 1 else 1
-            return out, inp, mt, [s * row for s in ins], [s * row for s in outs]
+            return out, inp, mt, [s * row for s in ins], [s * row for s in outs], row
 
         even = _no_splits(input_split_sizes) and _no_splits(output_split_sizes)
 
         def sig() -> dict:
-            out, inp, _, sc, rc = prepare()
+            out, inp, _, sc, rc, _ = prepare()
             return self._sig("all_to_all_single", inp, send=sc, recv=rc,
                              splits="none" if even else "given")
 
-        out, inp, mt, scounts, rcounts = self._maybe_debug(where, sig, prepare)
+        out, inp, mt, scounts, rcounts, row = self._maybe_debug(where, sig, prepare)
         rbuf, write_back = B.stage_out(out)
         sbuf = B.unalias(B.stage_in(inp), rbuf)
         comm = self.comm
@@ -915,7 +915,6 @@ class MPIGroup(ProcessGroup):
             sspec = [sbuf, _counts_displs(scounts), mt]
             rspec = [rbuf, _counts_displs(rcounts), mt]
             nonblocking = comm.Ialltoallv
-        row = int(np.prod(inp.shape[1:])) if inp.ndim > 1 else 1
         return self._run(where, lambda: nonblocking(sspec, rspec),
                          write_back, async_op, [output], keep=(sspec, rspec),
                          check=(out, None, -1) if even else None,
