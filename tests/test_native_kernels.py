@@ -10,6 +10,10 @@ Where torch is installed it is the oracle of the forward and backward results as
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -83,7 +87,8 @@ def test_compiled_loops_agree_with_numpy_loops(monkeypatch, numpy_loops, geom, b
     w0 = rng.standard_normal((O, C) + k).astype(dtype)
     b0 = rng.standard_normal(O).astype(dtype) if bias else None
     pads = (padding[0], padding[0], padding[1], padding[1])
-    applies = K.native_applies(K.ConvGeom(x0.shape, w0.shape, stride, pads, dilation, 1), dtype)
+    applies = K.native_applies(x0, K.ConvGeom(x0.shape, w0.shape, stride, pads, dilation, 1),
+                               bias)
     assert applies or band_bytes > 1 << 9  # the small budget bands every geometry here
     tol = dict(rtol=2e-5, atol=2e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
     threads0 = mt.get_num_threads()
@@ -143,15 +148,29 @@ def test_loops_refuse_buffers_that_do_not_fit_the_geometry():
         mod.forward(src, w, out, geom, plan, 0, 1, buf, (gemm[0], False), 4)
 
 
-def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv("MPITENSOR_NATIVE", "0")
-    _native.reset()
-    try:
-        assert _native.get(np.float32) is None
-    finally:
-        monkeypatch.delenv("MPITENSOR_NATIVE")
-        _native.reset()
-    assert _native.get(np.float32) is not None
+def test_switched_off_by_the_environment():
+    """MPITENSOR_NATIVE=0 as a user sets it: the layers take their NumPy loops (and give the
+    same numbers); unset, the compiled loops."""
+    code = ("import numpy as np, mpitensor as mt, mpitensor.nn.functional as F; "
+            "from mpitensor.nn import _native; "
+            "x = np.random.default_rng(0).standard_normal((64, 1, 28, 28)).astype(np.float32); "
+            "w = np.ones((6, 1, 5, 5), np.float32); "
+            "y = F.max_pool2d(F.conv2d(mt.tensor(x), mt.tensor(w), padding=2), 2); "
+            "print(_native.get(np.float32) is not None, _native.module(np.float32) is not None,"
+            " float(y.sum()))")
+    runs = {}
+    for value in ("0", None):
+        env = {k: v for k, v in os.environ.items() if k != "MPITENSOR_NATIVE"}
+        if value is not None:
+            env["MPITENSOR_NATIVE"] = value
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        on_conv, on_pool, total = out.stdout.split()
+        runs[value] = (on_conv, on_pool, float(total))
+    assert runs["0"][:2] == ("False", "False")
+    assert runs[None][:2] == ("True", "True")
+    assert runs["0"][2] == pytest.approx(runs[None][2], rel=1e-5)
     assert _native.get(np.float16) is None
 
 

@@ -267,11 +267,17 @@ def _native_geom(g: ConvGeom, rows: int) -> tuple:
     return (g.C, g.Hp, g.Wp, g.N, g.O, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.OH, g.OW, rows)
 
 
-def native_applies(g: ConvGeom, dtype: Any) -> bool:
-    """Whether conv2d with these sizes runs its bands in the compiled loops on the CPU."""
-    return (g.G == 1 and _native.get(dtype) is not None
-            and (g.C * g.kh * g.kw + 1) * g.N * np.dtype(dtype).itemsize * g.OH * g.OW
-            > BAND_BYTES)
+def _banded(g: ConvGeom, rows: int, itemsize: int) -> bool:
+    """Whether conv2d's im2col matrix (``rows`` by the output's pixels) is built in bands."""
+    return rows * g.N * itemsize * g.OH * g.OW > BAND_BYTES
+
+
+def native_applies(x: Any, g: ConvGeom, has_bias: bool) -> bool:
+    """Whether conv2d of ``x`` with geometry ``g`` runs its bands in the compiled loops
+    (:func:`conv2d_forward`'s banded path, with :mod:`mpitensor.nn._native` available)."""
+    return (type(x) is np.ndarray and g.G == 1 and not winograd_applies(x, g)
+            and _native.get(x.dtype) is not None
+            and _banded(g, g.C * g.kh * g.kw + has_bias, x.itemsize))
 
 
 def conv2d_forward(x: Any, w: Any, b: Optional[Any], g: ConvGeom) -> tuple:
@@ -299,7 +305,7 @@ def conv2d_forward(x: Any, w: Any, b: Optional[Any], g: ConvGeom) -> tuple:
     win = _window(xp, src, g)
     rows = Kg + 1 if b is not None else Kg
     pixel_bytes = rows * g.N * x.dtype.itemsize
-    if xp is np and G == 1 and pixel_bytes * g.OH * g.OW > BAND_BYTES:
+    if xp is np and G == 1 and _banded(g, rows, x.dtype.itemsize):
         wmat = w.reshape(1, g.O, Kg)
         wext = wmat[0]
         if b is not None:

@@ -316,12 +316,13 @@ SPLIT_TOTAL_WORK = 40 << 20
 SPLIT_NATIVE_WORK = 2 << 20
 
 
-def _conv_threads(geom: K.ConvGeom, dtype: Any) -> Any:
+def _conv_threads(geom: K.ConvGeom, native: bool) -> Any:
     """The thread context of one conv2d call: small products on one BLAS thread, and the
-    bands kept on this thread where splitting them would not pay."""
+    bands kept on this thread where splitting them would not pay (``native``: the call runs
+    them in the compiled loops, ``K.native_applies``)."""
     work = _conv_work(geom)
     total = geom.O * (geom.C // geom.G) * geom.kh * geom.kw * geom.OH * geom.OW * geom.N
-    if K.native_applies(geom, dtype):
+    if native:
         return one_blas_thread(work, split=total >= SPLIT_NATIVE_WORK)
     return one_blas_thread(work, split=work >= SPLIT_BAND_WORK and total >= SPLIT_TOTAL_WORK)
 
@@ -329,10 +330,12 @@ def _conv_threads(geom: K.ConvGeom, dtype: Any) -> Any:
 class _Conv2d(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, w: Any, b: Any, geom: K.ConvGeom) -> Any:
-        with _conv_threads(geom, x.dtype):  # small products: no thread hand-off
+        native = K.native_applies(x, geom, b is not None)
+        with _conv_threads(geom, native):  # small products: no thread hand-off
             out, cols, wmat = K.conv2d_forward(x, w, b, geom)
         ctx.save_for_backward(cols, wmat)
         ctx.geom = geom
+        ctx.native = native
         ctx.has_bias = b is not None
         return out.transpose(3, 0, 1, 2)  # NCHW shape, (C, H, W, N) memory
 
@@ -343,7 +346,7 @@ class _Conv2d(Function):
         need = ctx.needs_input_grad
         gc = g.transpose(1, 2, 3, 0)  # free for gradients in conv2d's own layout
         need_b = len(need) > 2 and need[2]
-        with _conv_threads(geom, g.dtype):
+        with _conv_threads(geom, ctx.native):
             dx, dw, db = K.conv2d_backward(gc, cols, wmat, geom, (need[0], need[1], need_b),
                                            ctx.has_bias)
         if dx is not None:
