@@ -58,7 +58,7 @@ def _find_gemm(letter: str) -> Optional[tuple]:
 
 def _load() -> dict:
     """The module (or None) and {itemsize: (module, gemm)} for conv2d's loops."""
-    if not _config.env_flag("MPITENSOR_NATIVE", True):
+    if not _config.NATIVE:
         return {"module": None, "by_size": {}}
     try:
         import mpitensor._cpu_kernels as _cpu_kernels  # noqa: PLC0415 - built, or absent
@@ -98,8 +98,3 @@ def module(dtype: Any) -> Any:
         return None
     return state["module"]
 
-
-def reset() -> None:
-    """Look again on next use (tests switch ``MPITENSOR_NATIVE``)."""
-    with _lock:
-        _state.clear()
