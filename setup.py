@@ -1,12 +1,24 @@
-"""Build script for the one compiled part of mpitensor (everything else is in setup.cfg).
+"""Build script for mpitensor's compiled parts (everything else is in setup.cfg).
 
-``mpitensor/_cpu_kernels.c`` holds conv2d's band loops and 2x2 max pooling, which run without
-the interpreter lock (see ``mpitensor/nn/_native.py``). The extension is optional: where it
-cannot be built (no C compiler), the install still succeeds and these layers use their NumPy
-loops.
+Both extensions are optional: where one cannot be built (no C compiler, or NumPy's headers
+missing), the install still succeeds and the pure-Python code it speeds up runs instead.
+
+* ``mpitensor/_cpu_kernels.c``: conv2d's band loops and 2x2 max pooling, which run without the
+  interpreter lock (see ``mpitensor/nn/_native.py``);
+* ``mpitensor/distributed/_slots.c``: the agreement check's shared slots of a one-machine group
+  (see ``mpitensor/distributed/_fingerprint.py``), built against NumPy's headers.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("mpitensor._cpu_kernels", ["mpitensor/_cpu_kernels.c"],
-                             optional=True)])
+extensions = [Extension("mpitensor._cpu_kernels", ["mpitensor/_cpu_kernels.c"], optional=True)]
+try:
+    import numpy
+except ImportError:  # a build without NumPy at hand (pyproject.toml asks for it)
+    pass
+else:
+    extensions.append(Extension("mpitensor.distributed._slots",
+                                ["mpitensor/distributed/_slots.c"],
+                                include_dirs=[numpy.get_include()], optional=True))
+
+setup(ext_modules=extensions)

@@ -66,7 +66,8 @@ DEFAULT_TIMEOUT_S: float = env_float("MPITENSOR_TIMEOUT", 1800.0)
 STALL_WARN_S: Optional[float] = (env_float("MPITENSOR_STALL_WARN", 60.0)
                                  if os.environ.get("MPITENSOR_STALL_WARN", "").strip() else None)
 ABORT_ON_EXCEPTION: bool = env_flag("MPITENSOR_ABORT_ON_EXCEPTION", True)
-#: the compiled CPU loops (mpitensor/_cpu_kernels.c) where they were built; off: NumPy's
+#: the compiled parts where they were built (mpitensor/_cpu_kernels.c, the CPU loops;
+#: mpitensor/distributed/_slots.c, the agreement slots); off: their pure-Python paths
 NATIVE: bool = env_flag("MPITENSOR_NATIVE", True)
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 

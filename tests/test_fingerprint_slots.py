@@ -2,7 +2,11 @@
 
 Two members share an anonymous mapping as two ranks share the group's /dev/shm segment. The
 interleavings that a two-rank job meets only once in a few hundred thousand calls (a member
-that posts and goes on between two of the reader's loads) are played here step by step.
+that posts and goes on between two of the reader's loads) are played here step by step, on the
+Python reading (``_settle_py``) that the compiled ``settle`` hands every such case to.
+
+Every test runs on both implementations of ``post``/``settle`` (Python, and ``_slots.c`` where
+it was built), and on a pair that mixes them: they must write and read the same words.
 """
 
 from __future__ import annotations
@@ -21,20 +25,39 @@ class Mismatch(Exception):
     pass
 
 
-@pytest.fixture
-def pair(monkeypatch):
+PY = _fingerprint._PyNodeCheck
+C = getattr(_fingerprint, "_CNodeCheck", None)
+needs_c = pytest.mark.skipif(C is None, reason="mpitensor.distributed._slots was not built "
+                                               "(no C compiler at install time)")
+KINDS = [pytest.param((PY, PY), id="python"),
+         pytest.param((C, C), id="compiled", marks=needs_c),
+         pytest.param((C, PY), id="compiled-python", marks=needs_c),
+         pytest.param((PY, C), id="python-compiled", marks=needs_c)]
+
+
+@pytest.fixture(params=KINDS)
+def pair(request, monkeypatch):
     """Members 0 and 1 of one segment; a mismatch raises ``Mismatch`` with the reason."""
     def report(g, tok, reason):
         raise Mismatch(reason)
 
     monkeypatch.setattr(_fingerprint, "_mismatch", report)
     mm = mmap.mmap(-1, NodeCheck.segment_bytes(2))
-    a, b = NodeCheck(mm, 0, 2), NodeCheck(mm, 1, 2)
+    ka, kb = request.param
+    a, b = ka(mm, 0, 2), kb(mm, 1, 2)
     g = types.SimpleNamespace(ranks=[0, 1], check_bytes=65536)
     views = (a.q, b.q)
     yield a, b, g
-    for v in views:
-        v.release()
+    a.q, b.q = views  # (a test may have put a Racing view in)
+    release(mm, a, b)
+
+
+def release(mm, *members):
+    """Let go of one mapping that several members share (``close`` is one member's own)."""
+    for m in members:
+        if hasattr(m, "release"):
+            m.release()
+        m.q.release()
     mm.close()
 
 
@@ -72,7 +95,7 @@ def test_a_member_posting_and_going_on_between_two_loads_agrees(pair):
     # b posts call 3 and goes on to call 4 exactly between a's load of b's slot for call 3
     # (which then held nothing for it) and a's load of b's header
     a.q = Racing(a.q, slot, lambda: (post(b, 3), post(b, 4)))
-    assert a.settle(tok, g)
+    assert a._settle_py(tok, g)
 
 
 def test_a_member_that_posted_a_different_fingerprint_in_between_is_a_mismatch(pair):
@@ -81,7 +104,7 @@ def test_a_member_that_posted_a_different_fingerprint_in_between_is_a_mismatch(p
     slot = b.mine + (1 << 3)
     a.q = Racing(a.q, slot, lambda: (post(b, 1, np.zeros(16384, np.int32)), post(b, 2)))
     with pytest.raises(Mismatch, match="dtype"):
-        a.settle(tok, g)
+        a._settle_py(tok, g)
 
 
 @pytest.mark.parametrize("threshold", [65536, 0])
@@ -104,3 +127,138 @@ def test_a_member_not_there_yet_is_waited_for(pair):
     assert not a.settle(tok, g)
     post(b, 1)
     assert a.settle(tok, g)
+
+
+def test_a_member_that_posted_another_shape_is_a_mismatch(pair):
+    a, b, g = pair
+    tok = post(a, 1, np.zeros((128, 128), np.float32))
+    post(b, 1, np.zeros((256, 64), np.float32))  # same bytes, another shape
+    with pytest.raises(Mismatch, match="disagree on the shape"):
+        a.settle(tok, g)
+
+
+def test_a_member_that_went_on_agrees_and_one_left_behind_is_waited_for(pair):
+    a, b, g = pair
+    for s in range(1, 4):
+        post(b, s)
+    tok = post(a, 1)
+    assert a.settle(tok, g)  # b posted call 1 and went on to 3: it agreed on 1
+    tok = post(a, 4)
+    assert not a.settle(tok, g)
+    a.peek(tok, g)  # while waiting: nothing to say yet
+    post(b, 4)
+    assert a.settle(tok, g)
+
+
+ARRAYS = [np.zeros(3, t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.uint16,
+                                    np.int32, np.uint32, np.int64, np.uint64, np.float16,
+                                    np.float32, np.float64, np.complex64, np.complex128)]
+ARRAYS += [np.zeros((), np.float32), np.zeros((0,), np.float32), np.zeros((0, 5), np.float32),
+           np.zeros((2, 3, 4, 5), np.float64), np.zeros((3, 1), np.float32),
+           np.zeros((1, 3), np.float32), np.zeros(3, np.dtype("q")), np.zeros(3, np.dtype("l")),
+           np.zeros(3, np.dtype(">f4")), np.zeros(4, "V2")]
+try:
+    import ml_dtypes
+    ARRAYS += [np.zeros(3, ml_dtypes.bfloat16), np.zeros(3, ml_dtypes.float8_e4m3fn)]
+except ImportError:  # (an optional dependency)
+    pass
+
+
+@needs_c
+def test_compiled_and_python_words_are_the_same():
+    """A rank whose words come from ``_slots.c`` and one whose words come from Python agree
+    exactly when their calls do: the same words for the same dtype (however it is spelled) and
+    shape, and a different word for every different one."""
+    mm = mmap.mmap(-1, NodeCheck.segment_bytes(2))
+    c, p = C(mm, 0, 2), PY(mm, 1, 2)
+    try:
+        words = []
+        for i, arr in enumerate(ARRAYS):
+            for op, red, root in (("all_reduce", _fingerprint.ReduceOp.SUM, -1),
+                                  ("broadcast", None, 3), ("reduce", _fingerprint.ReduceOp.MAX, 0)):
+                tc = tuple(c.post(i, op, arr, red, root, arr))
+                tp = p.post(i, op, arr, red, root, arr)
+                assert tc[:4] == tp[:4], (arr.dtype, arr.shape, op)
+                assert tc[4] == op and tc[5] is arr
+                words.append((str(arr.dtype), arr.shape, op, tc[1:4]))
+        # int64 spelled 'l' and 'q' are one dtype; every other pair of rows differs
+        distinct = {(d.replace("int64", "i8"), sh, op): w for d, sh, op, w in words}
+        assert len(set(distinct.values())) == len(distinct)
+    finally:
+        release(mm, c, p)
+
+
+@needs_c
+def test_compiled_post_takes_other_arrays_through_python():
+    """Arrays that are not plain ``np.ndarray`` (a subclass here, CuPy arrays in use) get
+    their words from the Python method: the same as the plain array's."""
+    class Sub(np.ndarray):
+        pass
+
+    mm = mmap.mmap(-1, NodeCheck.segment_bytes(2))
+    c = C(mm, 0, 2)
+    try:
+        arr = np.zeros((4, 5), np.float32)
+        sub = tuple(c.post(1, "all_gather", arr.view(Sub), None, -1, None))
+        plain = tuple(c.post(2, "all_gather", arr, None, -1, None))
+        assert sub[1:4] == plain[1:4]
+    finally:
+        c.close()
+
+
+@needs_c
+def test_compiled_slots_refuse_what_does_not_fit():
+    mm = mmap.mmap(-1, NodeCheck.segment_bytes(2))
+    try:
+        with pytest.raises(ValueError, match="too small"):
+            _fingerprint._CSlots(mm, 0, 3, _fingerprint.RING, _fingerprint._LINE, {}, {})
+        with pytest.raises(ValueError, match="bad rank"):
+            _fingerprint._CSlots(mm, 2, 2, _fingerprint.RING, _fingerprint._LINE, {}, {})
+        with pytest.raises(BufferError):
+            _fingerprint._CSlots(b"read-only", 0, 1, 1, 4, {}, {})
+        c = C(mm, 0, 2)
+        arr = np.zeros(4, np.float32)
+        with pytest.raises(TypeError, match="token"):
+            c.settle((1, 2), None)
+        with pytest.raises(TypeError):
+            c.post(1, "all_reduce", arr)
+        c.close()  # the segment is let go: later use raises instead of touching it
+        with pytest.raises(ValueError, match="released"):
+            c.post(1, "all_reduce", arr, None, -1, arr)
+        with pytest.raises(ValueError, match="released"):
+            c.settle((1, 0, 0, 0, "all_reduce", None), None)
+    finally:
+        mm.close()
+
+
+def test_native_off_takes_the_python_slots():
+    """``MPITENSOR_NATIVE=0`` is the switch to every pure-Python path, these slots included."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from mpitensor.distributed import _fingerprint as f; "
+            "print(f.NodeCheck.__name__)")
+    env = dict(os.environ, MPITENSOR_NATIVE="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == ["_PyNodeCheck"]
+
+
+@needs_c
+def test_compiled_token_reads_like_the_python_tuple():
+    """The error paths read a compiled token as they read the Python slots' tuple."""
+    mm = mmap.mmap(-1, NodeCheck.segment_bytes(2))
+    c, p = C(mm, 0, 2), PY(mm, 1, 2)
+    try:
+        arr = np.zeros((3, 4), np.float64)
+        tc = c.post(7, "broadcast", arr, None, 1, arr)
+        tp = p.post(7, "broadcast", arr, None, 1, arr)
+        assert len(tc) == 6 and tuple(tc) == tp
+        assert tc[0] == 7 and tc[4] == "broadcast" and tc[5] is arr
+        with pytest.raises(IndexError):
+            tc[6]
+        # settle takes either kind of token
+        assert c.settle(tc, None) and c.settle(tp, None) and p.settle(tc, None)
+    finally:
+        release(mm, c, p)

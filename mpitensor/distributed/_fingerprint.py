@@ -31,10 +31,17 @@ every rank waited for the reduction), and one whose counter has already passed t
 writing it made that call unchecked, with a smaller buffer: a mismatch too. A rank that waits
 for its data (blocking or async) also looks at the slots now and then, so a mismatch that
 leaves MPI waiting for ever (every rank claiming the root) ends in the same error instead of
-the timeout. The rank that finds a mismatch
-tells the others, as for any error that breaks a group. Groups that span machines (or where the
-segment cannot be made, or on CPUs other than x86-64, whose stores may be seen out of order)
-keep the reduction.
+the timeout. The rank that finds a mismatch tells the others, as for any error that breaks a
+group. Groups that span machines (or where the segment cannot be made, or on CPUs other than
+x86-64, whose stores may be seen out of order) keep the reduction.
+
+The write and the read are compiled (``_slots.c``, built at install where a C compiler is
+present): in Python they cost about 0.7 µs a call (7-11 % at 64 KiB), compiled about 0.2 µs
+(1-3 %). The compiled ``post`` reads the fingerprint straight from a NumPy array's dtype and
+shape; its ``settle`` answers the plain cases (all agree, one not there yet) and hands every
+other reading to the Python one (``_settle_py``), which reads again and words the error. Both
+write the same words (``_dtype16``, ``_shape_hash``), so ranks running either agree.
+``MPITENSOR_NATIVE=0`` takes the Python methods.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from typing import Any, Optional
 import numpy as np
 from mpi4py import MPI
 
+from .. import _config
 from ..errors import CollectiveMismatchError
 from . import _faults, _shm
 from ._watchdog import wait as _wait
@@ -238,14 +246,32 @@ RING = 64  # slots per rank: a member can be this many checked calls ahead of a 
 _LINE = 8  # int64 words per slot (a cache line): call number, operation, byte count, shape
 # (op, dtype, shape, reduce, root) -> (operation word, byte count, shape hash)
 _words_cache: dict = {}
+_M64 = (1 << 64) - 1
+
+
+def _dtype16(dtype: Any) -> int:
+    """A dtype's 16 bits in the slots: its kind, whether it is big-endian, its item size
+    (``_slots.c`` computes the same from the array). Equal dtypes give equal bits, however they
+    were spelled (int64 as 'l' or 'q')."""
+    d = np.dtype(dtype)
+    return (ord(d.kind) & 0x7F) | (d.byteorder == ">") << 7 | (d.itemsize & 0xFF) << 8
+
+
+def _shape_hash(shape: tuple) -> int:
+    """A shape's hash in the slots (``_slots.c`` computes the same): 64-bit FNV-style steps
+    over the dimensions, cut to 62 bits."""
+    h = 0x9E3779B97F4A7C15 ^ len(shape)
+    for d in shape:
+        h = ((h ^ d) * 0x100000001B3) & _M64
+    return h & 0x3FFFFFFFFFFFFFFF
 
 
 def _words(op: str, dtype: Any, shape: tuple, reduce: Any, root: int, nbytes: int) -> tuple:
     """The slot words of a call: operation, reduction, dtype and root packed in one (5, 5,
     16 and 32 bits), the byte count and the shape's hash."""
     a = (_OPS.get(op, 0) | (_REDUCE.get(reduce, 0) if reduce is not None else 0) << 5
-         | (_dtype_code(dtype) & 0xFFFF) << 10 | (root + 1) << 26)
-    w = (a, nbytes, _shape_code(shape))
+         | _dtype16(dtype) << 10 | (root + 1) << 26)
+    w = (a, nbytes, _shape_hash(shape))
     if len(_words_cache) >= 4096:
         _words_cache.clear()
     _words_cache[(op, dtype, shape, reduce, root)] = w
@@ -257,19 +283,24 @@ def _unpack(a: int) -> dict:
             "root": (a >> 26) - 1}
 
 
-class NodeCheck:
-    """The agreement slots of a group whose members share one machine (see the module text).
+try:  # the compiled post and settle (_slots.c), where they were built
+    from ._slots import Slots as _CSlots
+except ImportError:
+    _CSlots = None
 
-    Each member owns a region of the segment: a header word (the number of the last call it
-    posted a fingerprint for), then :data:`RING` slots, each in a cache line of its own (a
-    line that two ranks write in turn costs a transfer between cores every call). A writer
-    marks the slot (-1) before filling it and writes the call number last, so a reader that
-    sees the call number sees the words of that call; x86-64 keeps stores in order.
-    """
 
-    __slots__ = ("mm", "q", "me", "mine", "peers")
+class _Common:
+    """What the Python and the compiled slots share: making the segment, and every reading
+    that is not plain agreement (read again and worded here)."""
 
-    def __init__(self, mm: mmap.mmap, rank: int, size: int) -> None:
+    __slots__ = ()
+    mm: mmap.mmap
+    q: Any
+    me: int
+    mine: int
+    peers: list
+
+    def _fields(self, mm: mmap.mmap, rank: int, size: int) -> None:
         self.mm = mm
         self.q = memoryview(mm).cast("q")
         region = (RING + 1) * _LINE
@@ -309,23 +340,20 @@ class NodeCheck:
             q.release()
             self.mm.close()
 
-    def post(self, s: int, op: str, arr: Any, reduce: Any, root: int, keep: Any) -> tuple:
-        """Write this rank's fingerprint of call ``s``; return the token to settle it with."""
+    def _words_of(self, op: str, arr: Any, reduce: Any, root: int) -> tuple:
         w = _words_cache.get((op, arr.dtype, arr.shape, reduce, root))
         if w is None:
             w = _words(op, arr.dtype, arr.shape, reduce, root, arr.nbytes)
-        q = self.q
-        i = self.mine + ((s & (RING - 1)) << 3)
-        q[i] = -1
-        q[i + 1], q[i + 2], q[i + 3] = w
-        q[i] = s
-        q[self.me] = s
-        return (s, w[0], w[1], w[2], op, keep)
+        return w
 
-    def settle(self, tok: tuple, g: Any, look: bool = False) -> bool:
-        """After this rank's data operation completed: True when every other member posted
-        the same fingerprint for the call, False while one has not posted yet; raises
-        CollectiveMismatchError (and breaks the group) when one differs.
+    def peek(self, tok: tuple, g: Any) -> None:
+        """:meth:`settle` while this rank waits for its data (see ``look``)."""
+        self.settle(tok, g, True)
+
+    def _settle_py(self, tok: tuple, g: Any, look: bool = False) -> bool:
+        """:meth:`settle`, every case: after this rank's data operation completed, True when
+        every other member posted the same fingerprint for the call, False while one has not
+        posted yet; raises CollectiveMismatchError (and breaks the group) when one differs.
 
         ``look``: while this rank still waits for its data, raise for any member that already
         shows a different fingerprint (a mismatch MPI might never complete), passing over the
@@ -350,10 +378,6 @@ class NodeCheck:
             else:
                 posted = False
         return posted
-
-    def peek(self, tok: tuple, g: Any) -> None:
-        """:meth:`settle` while this rank waits for its data (see ``look``)."""
-        self.settle(tok, g, look=True)
 
     def _differs(self, tok: tuple, g: Any, r: int, i: int) -> None:
         q = self.q
@@ -414,10 +438,59 @@ class NodeCheck:
                           f"{small}one call more or fewer before it")
 
 
+class _PyNodeCheck(_Common):
+    """The slots in Python (where ``_slots.c`` was not built, or ``MPITENSOR_NATIVE`` is off).
+
+    Each member owns a region of the segment: a header word (the number of the last call it
+    posted a fingerprint for), then :data:`RING` slots, each in a cache line of its own (a
+    line that two ranks write in turn costs a transfer between cores every call). A writer
+    marks the slot (-1) before filling it and writes the call number last, so a reader that
+    sees the call number sees the words of that call; x86-64 keeps stores in order.
+    """
+
+    __slots__ = ("mm", "q", "me", "mine", "peers")
+
+    def __init__(self, mm: mmap.mmap, rank: int, size: int) -> None:
+        self._fields(mm, rank, size)
+
+    def post(self, s: int, op: str, arr: Any, reduce: Any, root: int, keep: Any) -> tuple:
+        """Write this rank's fingerprint of call ``s``; return the token to settle it with."""
+        w = _words_cache.get((op, arr.dtype, arr.shape, reduce, root))
+        if w is None:
+            w = _words(op, arr.dtype, arr.shape, reduce, root, arr.nbytes)
+        q = self.q
+        i = self.mine + ((s & (RING - 1)) << 3)
+        q[i] = -1
+        q[i + 1], q[i + 2], q[i + 3] = w
+        q[i] = s
+        q[self.me] = s
+        return (s, w[0], w[1], w[2], op, keep)
+
+    settle = _Common._settle_py
+
+
+if _CSlots is not None:
+    class _CNodeCheck(_Common, _CSlots):
+        """The slots with the compiled ``post`` and ``settle`` (``_slots.c``), same layout."""
+
+        __slots__ = ("mm", "q", "me", "mine", "peers")
+
+        def __init__(self, mm: mmap.mmap, rank: int, size: int) -> None:
+            _CSlots.__init__(self, mm, rank, size, RING, _LINE, _OPS, _REDUCE)
+            self._fields(mm, rank, size)
+
+        def close(self) -> None:
+            self.release()
+            _Common.close(self)
+
+# the groups' slots: compiled, unless MPITENSOR_NATIVE is off (or they were not built)
+NodeCheck: type = _CNodeCheck if _CSlots is not None and _config.NATIVE else _PyNodeCheck
+
+
 def _dtype_name(code: int) -> str:
     for t in np.sctypeDict.values():
         try:
-            if _dtype_code(np.dtype(t)) & 0xFFFF == code:
+            if _dtype16(t) == code:
                 return str(np.dtype(t))
         except TypeError:
             continue

@@ -354,7 +354,11 @@ class MPIGroup(ProcessGroup):
                     s = self._fast_count("all_reduce", arr)
                     req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
                     if arr.nbytes >= self.check_bytes:
-                        req = self._fp_check(req, s, "all_reduce", arr, op, -1, arr)
+                        node = self.fp_node
+                        if node is not None:  # shared slots: post this rank's fingerprint
+                            self.fp_tok = node.post(s, "all_reduce", arr, op, -1, arr)
+                        else:
+                            req = _fp.Checked(self, req, "all_reduce", s, arr, op, -1, arr)
                     return self._fast_finish(req, "all_reduce", s, [tensor], arr, async_op)
         return self._all_reduce(tensor, op, async_op)
 
@@ -380,8 +384,12 @@ class MPIGroup(ProcessGroup):
             self._fp_explain(exc, s)
             raise self._mpi_error(f"rank {self.global_rank}: {op} (#{s} on {self.name})",
                                   exc) from exc
-        if self.fp_tok is not None:
-            self._fp_settle(op, s)
+        tok = self.fp_tok
+        if tok is not None:
+            if tok[0] == s and self.fp_node.settle(tok, self):
+                self.fp_tok = None  # every member agreed (the common case, without a call)
+            else:
+                self._fp_settle(op, s)
         return None
 
     def _fast_root(self, root: Any, group_root: Any) -> bool:
@@ -432,7 +440,11 @@ class MPIGroup(ProcessGroup):
                 s = self._fast_count("broadcast", arr)
                 req = self.comm.Ibcast([arr, mt], src)
                 if arr.nbytes >= self.check_bytes:
-                    req = self._fp_check(req, s, "broadcast", arr, None, src, arr)
+                    node = self.fp_node
+                    if node is not None:  # shared slots: post this rank's fingerprint
+                        self.fp_tok = node.post(s, "broadcast", arr, None, src, arr)
+                    else:
+                        req = _fp.Checked(self, req, "broadcast", s, arr, None, src, arr)
                 return self._fast_finish(req, "broadcast", s, [tensor], arr, async_op)
         return self._broadcast(tensor, src, async_op, group_src)
 
@@ -477,7 +489,11 @@ class MPIGroup(ProcessGroup):
                 else:
                     req = self.comm.Ireduce([arr, fast[0]], None, fast[1], root)
                 if arr.nbytes >= self.check_bytes:
-                    req = self._fp_check(req, s, "reduce", arr, op, root, arr)
+                    node = self.fp_node
+                    if node is not None:  # shared slots: post this rank's fingerprint
+                        self.fp_tok = node.post(s, "reduce", arr, op, root, arr)
+                    else:
+                        req = _fp.Checked(self, req, "reduce", s, arr, op, root, arr)
                 return self._fast_finish(req, "reduce", s, [tensor], arr, async_op)
         return self._reduce(tensor, dst, op, async_op, group_dst)
 
@@ -597,8 +613,13 @@ class MPIGroup(ProcessGroup):
                 s = self._fast_count("all_gather_into_tensor", inp)
                 req = self.comm.Iallgather([inp, mt], [out, mt])
                 if inp.nbytes >= self.check_bytes:
-                    req = self._fp_check(req, s, "all_gather_into_tensor", inp, None, -1,
-                                         (out, inp))
+                    node = self.fp_node
+                    if node is not None:  # shared slots: post this rank's fingerprint
+                        self.fp_tok = node.post(s, "all_gather_into_tensor", inp, None, -1,
+                                                (out, inp))
+                    else:
+                        req = _fp.Checked(self, req, "all_gather_into_tensor", s, inp, None, -1,
+                                          (out, inp))
                 return self._fast_finish(req, "all_gather_into_tensor", s, [output],
                                          (out, inp), async_op)
         return self._all_gather_into_tensor(output, input, async_op)
@@ -757,8 +778,12 @@ class MPIGroup(ProcessGroup):
                 s = self._fast_count("reduce_scatter_tensor", inp)
                 req = self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1])
                 if inp.nbytes >= self.check_bytes:
-                    req = self._fp_check(req, s, "reduce_scatter_tensor", inp, op, -1,
-                                         (out, inp))
+                    node = self.fp_node
+                    if node is not None:  # shared slots: post this rank's fingerprint
+                        self.fp_tok = node.post(s, "reduce_scatter_tensor", inp, op, -1, (out, inp))
+                    else:
+                        req = _fp.Checked(self, req, "reduce_scatter_tensor", s, inp, op, -1,
+                                          (out, inp))
                 return self._fast_finish(req, "reduce_scatter_tensor", s, [output],
                                          (out, inp), async_op)
         return self._reduce_scatter_tensor(output, input, op, async_op)
@@ -859,8 +884,12 @@ class MPIGroup(ProcessGroup):
                 s = self._fast_count("all_to_all_single", out)
                 req = self.comm.Ialltoall([inp, mt], [out, mt])
                 if out.nbytes >= self.check_bytes:
-                    req = self._fp_check(req, s, "all_to_all_single", out, None, -1,
-                                         (out, inp))
+                    node = self.fp_node
+                    if node is not None:  # shared slots: post this rank's fingerprint
+                        self.fp_tok = node.post(s, "all_to_all_single", out, None, -1, (out, inp))
+                    else:
+                        req = _fp.Checked(self, req, "all_to_all_single", s, out, None, -1,
+                                          (out, inp))
                 return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp),
                                          async_op)
         return self._all_to_all_single(output, input, output_split_sizes, input_split_sizes,
