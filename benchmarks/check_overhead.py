@@ -13,7 +13,9 @@ For each operation and size the same call runs three ways, interleaved repetitio
 * ``mpi4py``: the raw buffer call, the floor.
 
 Sizes below the threshold show the checked and unchecked runs doing the same work (their ratio
-is the noise floor). The ratio reported is paired: the median over repetitions of
+is the noise floor), except for ``all_to_all_single_uneven`` (split sizes given), whose split
+sizes are checked by any size: its unchecked run is the group with every check off
+(``MPITENSOR_CHECK_BYTES=off``). The ratio reported is paired: the median over repetitions of
 checked ÷ unchecked of the same repetition. Target: under 1.03 from 64 KiB up.
 """
 
@@ -32,7 +34,10 @@ import mpitensor.distributed as dist
 from mpitensor._config import OFF_BYTES
 from mpitensor.distributed import bench
 
-OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor")
+OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+       "all_to_all_single_uneven")
+# checked by any size (their split sizes: see docs/failures.md, "Split sizes of all-to-all")
+ALWAYS = ("all_to_all_single_uneven",)
 
 
 def _cases(op: str, nbytes: int, n: int) -> "tuple":
@@ -56,6 +61,14 @@ def _cases(op: str, nbytes: int, n: int) -> "tuple":
         to = mpitensor.from_numpy(out)
         return (lambda: dist.reduce_scatter_tensor(to, t),
                 lambda: comm.Reduce_scatter_block([buf, MPI.FLOAT], [out, MPI.FLOAT], MPI.SUM))
+    if op == "all_to_all_single_uneven":  # split sizes given: MPI_Alltoallv, always checked
+        out = np.zeros(count, np.float32)
+        to = mpitensor.from_numpy(out)
+        split = [count // n] * n
+        counts, displs = split, [i * (count // n) for i in range(n)]
+        return (lambda: dist.all_to_all_single(to, t, split, split),
+                lambda: comm.Alltoallv([buf, (counts, displs), MPI.FLOAT],
+                                       [out, (counts, displs), MPI.FLOAT]))
     raise ValueError(op)
 
 
@@ -68,7 +81,14 @@ def main(argv: "list[str] | None" = None) -> int:
     p.add_argument("--reps", type=int, default=11)
     p.add_argument("--rep-time", type=float, default=0.02)
     p.add_argument("--json", default=None)
+    p.add_argument("--no-board", action="store_true",
+                   help="split sizes checked by the exchange that groups across machines use, "
+                        "not the shared board of a one-machine group")
     args = p.parse_args(argv)
+    if args.no_board:
+        from mpitensor.distributed import _fingerprint
+
+        _fingerprint.BOARD_MAX = 0
 
     dist.init_process_group("mpi")
     comm = MPI.COMM_WORLD
@@ -108,17 +128,24 @@ def main(argv: "list[str] | None" = None) -> int:
             row = {"op": op, "bytes": nbytes, "checked_us": med["checked"],
                    "unchecked_us": med["unchecked"], "mpi4py_us": med["mpi4py"],
                    "checked_over_unchecked": ratio, "checked_over_mpi4py": vs_raw,
-                   "checked_on": nbytes >= threshold}
+                   "checked_on": nbytes >= threshold or op in ALWAYS}
             rows.append(row)
             if rank == 0:
                 print(f"{op:<24}{bench.format_size(nbytes):>10}{med['checked']:>12.1f}"
                       f"{med['unchecked']:>14.1f}{med['mpi4py']:>11.1f}{ratio:>19.3f}"
                       f"{vs_raw:>16.3f}", flush=True)
     if rank == 0:
-        on = [r["checked_over_unchecked"] for r in rows if r["checked_on"]]
+        on = [r["checked_over_unchecked"] for r in rows
+              if r["bytes"] >= threshold and r["op"] not in ALWAYS]
         if on:
             print(f"# checked calls: median overhead {(statistics.median(on) - 1) * 100:+.1f} %, "
                   f"worst {(max(on) - 1) * 100:+.1f} % (target: under +3 %)")
+        for op in ALWAYS:
+            split = [f"{bench.format_size(r['bytes'])} "
+                     f"{(r['checked_over_unchecked'] - 1) * 100:+.1f} %"
+                     for r in rows if r["op"] == op]
+            if split:
+                print(f"# {op} (split sizes checked by any size): " + ", ".join(split))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": n, "threshold": threshold, "rows": rows,

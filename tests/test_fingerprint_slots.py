@@ -38,7 +38,7 @@ KINDS = [pytest.param((PY, PY), id="python"),
 @pytest.fixture(params=KINDS)
 def pair(request, monkeypatch):
     """Members 0 and 1 of one segment; a mismatch raises ``Mismatch`` with the reason."""
-    def report(g, tok, reason):
+    def report(g, tok, reason, advice=""):
         raise Mismatch(reason)
 
     monkeypatch.setattr(_fingerprint, "_mismatch", report)
@@ -211,22 +211,21 @@ def test_compiled_slots_refuse_what_does_not_fit():
     mm = mmap.mmap(-1, NodeCheck.segment_bytes(2))
     try:
         with pytest.raises(ValueError, match="too small"):
-            _fingerprint._CSlots(mm, 0, 3, _fingerprint.RING, _fingerprint._LINE, {}, {})
+            _fingerprint._CSlots(mm, 0, 3, _fingerprint.RING, _fingerprint._LINE, -1, {}, {})
         with pytest.raises(ValueError, match="bad rank"):
-            _fingerprint._CSlots(mm, 2, 2, _fingerprint.RING, _fingerprint._LINE, {}, {})
+            _fingerprint._CSlots(mm, 2, 2, _fingerprint.RING, _fingerprint._LINE, -1, {}, {})
         with pytest.raises(BufferError):
-            _fingerprint._CSlots(b"read-only", 0, 1, 1, 4, {}, {})
+            _fingerprint._CSlots(b"read-only", 0, 1, 1, 4, -1, {}, {})
         c = C(mm, 0, 2)
         arr = np.zeros(4, np.float32)
-        with pytest.raises(TypeError, match="token"):
-            c.settle((1, 2), None)
+        tok = c.post(1, "all_reduce", arr, None, -1, arr)
         with pytest.raises(TypeError):
             c.post(1, "all_reduce", arr)
         c.close()  # the segment is let go: later use raises instead of touching it
         with pytest.raises(ValueError, match="released"):
             c.post(1, "all_reduce", arr, None, -1, arr)
         with pytest.raises(ValueError, match="released"):
-            c.settle((1, 0, 0, 0, "all_reduce", None), None)
+            c.settle(tok, None)
     finally:
         mm.close()
 
@@ -262,3 +261,116 @@ def test_compiled_token_reads_like_the_python_tuple():
         assert c.settle(tc, None) and c.settle(tp, None) and p.settle(tc, None)
     finally:
         release(mm, c, p)
+
+
+def splits(m, s, send, expect, dtype=np.float32):
+    return m.post_splits(s, "all_to_all_single", send, expect, "output_split_sizes", 1, dtype,
+                         None)
+
+
+def test_split_sizes_that_agree_settle(pair):
+    a, b, g = pair
+    # a sends [1, 2] (to itself, to b), b sends [3, 4]: a expects [1, 3], b expects [2, 4]
+    tok = splits(a, 1, [1, 2], [1, 3])
+    assert not a.settle(tok, g)  # b not there yet
+    splits(b, 1, [3, 4], [2, 4])
+    assert a.settle(tok, g)
+
+
+def test_split_sizes_that_disagree_name_the_peer_and_both_counts(pair):
+    a, b, g = pair
+    tok = splits(a, 1, [1, 2], [1, 5])
+    tok_b = splits(b, 1, [3, 4], [2, 4])
+    with pytest.raises(Mismatch, match=r"rank 1 sends 3 elements to this rank, which expects "
+                                       r"5 elements from it \(output_split_sizes\[1\]\)"):
+        a.settle(tok, g)
+    # b's own pieces matched: it completes (its output is right); a tells it of the break
+    assert b.settle(tok_b, g)
+
+
+def test_split_sizes_to_itself_are_checked_too(pair):
+    a, b, g = pair
+    tok = splits(a, 1, [2, 2], [1, 3])  # sends itself 2, expects 1 from itself
+    splits(b, 1, [3, 1], [2, 1])
+    with pytest.raises(Mismatch, match=r"rank 0 sends 2 elements to this rank, which expects 1"):
+        a.settle(tok, g)
+
+
+def test_split_sizes_in_another_dtype_are_a_mismatch(pair):
+    a, b, g = pair
+    tok = splits(a, 1, [1, 2], [1, 3])
+    splits(b, 1, [3, 4], [2, 4], np.float64)
+    with pytest.raises(Mismatch, match="dtype"):
+        a.settle(tok, g)
+
+
+def test_split_sizes_against_another_call_are_a_mismatch(pair):
+    a, b, g = pair
+    tok = splits(a, 1, [1, 2], [1, 3])
+    post(b, 1)
+    with pytest.raises(Mismatch, match="operation"):
+        a.settle(tok, g)
+    tok = post(a, 2)
+    splits(b, 2, [3, 4], [2, 4])
+    with pytest.raises(Mismatch, match="operation"):
+        a.settle(tok, g)
+
+
+def test_split_sizes_of_a_member_posting_between_two_loads_are_read(pair):
+    """The member posts call 3 (with a count this rank does not expect) and goes on to call 4
+    between the reader's load of its slot and of its header: the count is still compared."""
+    a, b, g = pair
+    for s in (1, 2):
+        tok = splits(a, s, [1, 2], [1, 3])
+        splits(b, s, [3, 4], [2, 4])
+        assert a.settle(tok, g)
+    tok = splits(a, 3, [1, 2], [1, 3])
+    slot = b.mine + ((3 % _fingerprint.RING) << 3)
+    a.q = Racing(a.q, slot, lambda: (splits(b, 3, [9, 4], [2, 4]), post(b, 4)))
+    with pytest.raises(Mismatch, match="rank 1 sends 9 elements"):
+        a._settle_py(tok, g)
+
+
+def test_groups_past_the_board_size_have_no_board():
+    n = _fingerprint.BOARD_MAX + 1
+    mm = mmap.mmap(-1, NodeCheck.segment_bytes(n))
+    m = PY(mm, 0, n)
+    try:
+        assert m.board == -1
+        assert NodeCheck.segment_bytes(n) == 8 * n * (_fingerprint.RING + 1) * _fingerprint._LINE
+        small = NodeCheck.segment_bytes(2) - 8 * 2 * (_fingerprint.RING + 1) * _fingerprint._LINE
+        assert small == 8 * 2 * _fingerprint.RING * 2
+    finally:
+        release(mm, m)
+
+
+@needs_c
+def test_compiled_post_splits_writes_what_python_writes_and_refuses_misfits():
+    mm = mmap.mmap(-1, NodeCheck.segment_bytes(2))
+    c, p = C(mm, 0, 2), PY(mm, 1, 2)
+    try:
+        for op in ("all_to_all", "all_to_all_single"):
+            for dt in (np.float32, np.dtype("q"), np.complex128):
+                tc = tuple(c.post_splits(5, op, [3, 4], [3, 1], "w", 2, dt, None))
+                tp = p.post_splits(5, op, [3, 4], [3, 1], "w", 2, dt, None)
+                assert tc[:4] == tp[:4] and tc[4:] == tp[4:]
+                # each wrote its row of the board: what it sends each member
+                board, n = c.board, 2
+                assert [c.q[board + (r * _fingerprint.RING + 5) * n + j]
+                        for r in (0, 1) for j in (0, 1)] == [3, 4, 3, 4]
+        with pytest.raises(ValueError, match="lists of 2 ints"):
+            c.post_splits(1, "all_to_all", [1, 2, 3], [1, 2], "w", 1, np.float32, None)
+        with pytest.raises(ValueError, match="lists of 2 ints"):
+            c.post_splits(1, "all_to_all", [1, 2], "12", "w", 1, np.float32, None)
+        with pytest.raises(TypeError):
+            c.post_splits(1, "all_to_all", [1, 2], [1, 2], "w", 1, "no such dtype", None)
+    finally:
+        release(mm, c, p)
+    n = _fingerprint.BOARD_MAX + 1
+    mm = mmap.mmap(-1, NodeCheck.segment_bytes(n))
+    c = C(mm, 0, n)
+    try:
+        with pytest.raises(ValueError, match="no split sizes board"):
+            c.post_splits(1, "all_to_all", [1] * n, [1] * n, "w", 1, np.float32, None)
+    finally:
+        release(mm, c)

@@ -36,12 +36,20 @@ group. Groups that span machines (or where the segment cannot be made, or on CPU
 x86-64, whose stores may be seen out of order) keep the reduction.
 
 The write and the read are compiled (``_slots.c``, built at install where a C compiler is
-present): in Python they cost about 0.7 µs a call (7-11 % at 64 KiB), compiled about 0.2 µs
-(1-3 %). The compiled ``post`` reads the fingerprint straight from a NumPy array's dtype and
+present): in Python they cost about 0.7 µs a call (5-10 % at 64 KiB), compiled 0.1-0.15 µs
+(under 2 %). The compiled ``post`` reads the fingerprint straight from a NumPy array's dtype and
 shape; its ``settle`` answers the plain cases (all agree, one not there yet) and hands every
 other reading to the Python one (``_settle_py``), which reads again and words the error. Both
 write the same words (``_dtype16``, ``_shape_hash``), so ranks running either agree.
 ``MPITENSOR_NATIVE=0`` takes the Python methods.
+
+**Split sizes.** An all-to-all whose pieces have sizes of their own (``all_to_all`` lists,
+``all_to_all_single`` with split sizes) is checked by any size: what rank i sends rank j must
+be what rank j expects from rank i, in the same dtype, and MPI says nothing when it is not. A
+group on one machine of up to :data:`BOARD_MAX` ranks shares a board beside its slots: each
+rank writes the count it sends every member into its row (``post_splits``), then its slot, and
+reads its column once its data is done. Other groups exchange the counts beside the data
+(:class:`Splits`).
 """
 
 from __future__ import annotations
@@ -65,7 +73,10 @@ from .process_group import ReduceOp
 # all_to_all_single with split sizes move different amounts per rank: never checked here.
 SHAPED = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
           "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "all_to_all_single")
-_OPS = {name: i + 1 for i, name in enumerate(SHAPED)}
+# the all-to-alls whose pieces have sizes of their own, checked by their split sizes (Splits,
+# NodeCheck.post_splits) rather than by a shape
+UNEVEN = ("all_to_all", "all_to_all_single with split sizes")
+_OPS = {name: i + 1 for i, name in enumerate(SHAPED + UNEVEN)}
 _REDUCE = {op: i + 1 for i, op in enumerate(ReduceOp.members.values())}
 _FIELDS = ("call number", "operation", "dtype", "byte count", "shape", "reduction", "root")
 _N = len(_FIELDS)
@@ -243,6 +254,7 @@ class Checked:
 
 # ------------------------------------------------------------------------------ one machine
 RING = 64  # slots per rank: a member can be this many checked calls ahead of a reader
+BOARD_MAX = 16  # groups up to this size also share a board of split sizes (RING * size² words)
 _LINE = 8  # int64 words per slot (a cache line): call number, operation, byte count, shape
 # (op, dtype, shape, reduce, root) -> (operation word, byte count, shape hash)
 _words_cache: dict = {}
@@ -299,6 +311,9 @@ class _Common:
     me: int
     mine: int
     peers: list
+    rank: int
+    size: int
+    board: int
 
     def _fields(self, mm: mmap.mmap, rank: int, size: int) -> None:
         self.mm = mm
@@ -308,10 +323,50 @@ class _Common:
         self.mine = self.me + _LINE  # and its first slot
         # (member, its header word, its first slot) of every other member
         self.peers = [(r, r * region, r * region + _LINE) for r in range(size) if r != rank]
+        self.rank, self.size = rank, size
+        # the split sizes board (see post_splits): after the slots, or none (-1)
+        self.board = size * region if size <= BOARD_MAX else -1
 
     @staticmethod
     def segment_bytes(size: int) -> int:
-        return 8 * size * (RING + 1) * _LINE
+        board = size * RING * size if size <= BOARD_MAX else 0
+        return 8 * (size * (RING + 1) * _LINE + board)
+
+    def _settle_splits(self, tok: tuple, g: Any, look: bool) -> bool:
+        """:meth:`_settle_py` for a token of :meth:`post_splits`: the slots as for any call,
+        and each member's count for this rank on the board."""
+        s, a = tok[0], tok[1]
+        send, expect, what, unit = tok[6]
+        q, n, me = self.q, self.size, self.rank
+        c = s & (RING - 1)
+        off = c << 3
+        bad = [] if send[me] == expect[me] else [(me, send[me])]
+        posted = True
+        for r, head, base in self.peers:
+            i = base + off
+            t = q[i]
+            if t != s and t != -1 and t < s and q[head] > s:
+                # past call s: posted it between the two loads (read again: final), or not
+                t = q[i]
+                if t < s and t != -1:
+                    self._unchecked(tok, g, r)
+            if t == s:
+                if q[i + 1] != a or q[i + 2] or q[i + 3]:
+                    self._differs(tok, g, r, i)
+                    continue  # (being rewritten: it went on)
+                got = q[self.board + (r * RING + c) * n + me]
+                if q[i] == s and got != expect[r]:  # (else rewritten meanwhile: it went on)
+                    bad.append((r, got))
+            elif t > s:
+                continue  # it went on: more than RING calls ahead, its word is taken for it
+            elif not look:
+                return False  # not posted yet (or being written)
+            else:
+                posted = False
+        if bad:
+            bad.sort()
+            _mismatch(g, tok, _split_reason(g, bad, expect, what, unit), _SPLIT_ADVICE)
+        return posted
 
     @classmethod
     def create(cls, comm: Any) -> Optional["NodeCheck"]:
@@ -358,6 +413,8 @@ class _Common:
         ``look``: while this rank still waits for its data, raise for any member that already
         shows a different fingerprint (a mismatch MPI might never complete), passing over the
         ones that have not posted instead of stopping at the first."""
+        if len(tok) > 6:
+            return self._settle_splits(tok, g, look)
         s, a, nbytes, h = tok[0], tok[1], tok[2], tok[3]
         q = self.q
         off = (s & (RING - 1)) << 3
@@ -448,7 +505,7 @@ class _PyNodeCheck(_Common):
     sees the call number sees the words of that call; x86-64 keeps stores in order.
     """
 
-    __slots__ = ("mm", "q", "me", "mine", "peers")
+    __slots__ = ("mm", "q", "me", "mine", "peers", "rank", "size", "board")
 
     def __init__(self, mm: mmap.mmap, rank: int, size: int) -> None:
         self._fields(mm, rank, size)
@@ -466,6 +523,24 @@ class _PyNodeCheck(_Common):
         q[self.me] = s
         return (s, w[0], w[1], w[2], op, keep)
 
+    def post_splits(self, s: int, op: str, send: list, expect: list, what: str, unit: int,
+                    dtype: Any, keep: Any) -> tuple:
+        """Post call ``s``, an all-to-all whose pieces have sizes of their own: this rank's
+        row of the board (the count it sends each member), then its slot (the operation and
+        dtype, no byte count or shape: those differ between ranks in a correct program).
+        Its settle compares every member's count for this rank with ``expect``."""
+        q, n = self.q, self.size
+        c = s & (RING - 1)
+        row = self.board + (self.rank * RING + c) * n
+        q[row:row + n] = array.array("q", send)
+        a = _OPS[UNEVEN[0] if op == "all_to_all" else UNEVEN[1]] | _dtype16(dtype) << 10
+        i = self.mine + (c << 3)
+        q[i] = -1
+        q[i + 1], q[i + 2], q[i + 3] = a, 0, 0
+        q[i] = s
+        q[self.me] = s
+        return (s, a, 0, 0, op, keep, (send, expect, what, unit))
+
     settle = _Common._settle_py
 
 
@@ -473,11 +548,11 @@ if _CSlots is not None:
     class _CNodeCheck(_Common, _CSlots):
         """The slots with the compiled ``post`` and ``settle`` (``_slots.c``), same layout."""
 
-        __slots__ = ("mm", "q", "me", "mine", "peers")
+        __slots__ = ("mm", "q", "me", "mine", "peers", "rank", "size", "board")
 
         def __init__(self, mm: mmap.mmap, rank: int, size: int) -> None:
-            _CSlots.__init__(self, mm, rank, size, RING, _LINE, _OPS, _REDUCE)
             self._fields(mm, rank, size)
+            _CSlots.__init__(self, mm, rank, size, RING, _LINE, self.board, _OPS, _REDUCE)
 
         def close(self) -> None:
             self.release()
@@ -501,7 +576,8 @@ def _described(tok: tuple) -> str:
     w = _unpack(tok[1])
     reds = {v: k.name for k, v in _REDUCE.items()}
     names = {v: k for k, v in _OPS.items()}
-    parts = [f"call #{tok[0]}", names.get(w["operation"], tok[4]), f"{tok[2]} bytes"]
+    parts = [f"call #{tok[0]}", names.get(w["operation"], tok[4]),
+             "split sizes of its own" if len(tok) > 6 else f"{tok[2]} bytes"]
     if w["reduction"]:
         parts.append(f"op {reds.get(w['reduction'], '?')}")
     if w["root"] >= 0:
@@ -509,17 +585,23 @@ def _described(tok: tuple) -> str:
     return ", ".join(parts)
 
 
-def _mismatch(g: Any, tok: tuple, reason: str) -> None:
+def _mismatch(g: Any, tok: tuple, reason: str, advice: str = "") -> None:
     """Break ``g`` (telling the others: they may not have seen it) and raise."""
     _orphans.append(tok[5])  # the data operation may still write into these buffers
     g.fp_tok = None
     g.fp_async.pop(tok[0], None)
     _faults.mark_broken(g, _faults.Story(g.global_rank, tok[4], tok[0], reason))
-    raise CollectiveMismatchError(
-        f"rank {g.global_rank}: {tok[4]} (#{tok[0]} on {g.name}): {reason}. Every rank must "
-        "make the same collective calls in the same order with the same dtype, shape, op and "
-        f"root; the data was already posted against a different call, so every later call on "
-        f"{g.name} raises. Run with MPITENSOR_DEBUG=1 to see each rank's arguments.")
+    raise CollectiveMismatchError(_mismatch_text(g, tok[4], tok[0], reason, advice))
+
+
+def _mismatch_text(g: Any, op: str, seq: int, reason: str, advice: str = "") -> str:
+    if not advice:
+        advice = ("Every rank must make the same collective calls in the same order with the "
+                  "same dtype, shape, op and root; the data was already posted against a "
+                  "different call")
+    return (f"rank {g.global_rank}: {op} (#{seq} on {g.name}): {reason}. {advice}, so every "
+            f"later call on {g.name} raises. Run with MPITENSOR_DEBUG=1 to see each rank's "
+            "arguments.")
 
 
 class NodeChecked:
@@ -558,31 +640,54 @@ class Settling:
         return self.group.fp_node.settle(self.tok, self.group)
 
 
+def _split_reason(g: Any, bad: list, expect: list, what: str, unit: int) -> str:
+    """What a rank says of the peers ``bad`` (``(group rank, count it sends this rank)``) whose
+    pieces differ from what this rank expects of them."""
+    def amount(n: int) -> str:
+        if unit <= 1:
+            return f"{n} elements"
+        return f"{n // unit} row{'s' if n // unit != 1 else ''} ({n} elements)"
+
+    said = "; ".join(f"rank {g.ranks[r]} sends {amount(n)} to this rank, which expects "
+                     f"{amount(expect[r])} from it ({what}[{r}])" for r, n in bad[:4])
+    return f"ranks disagree on the split sizes of this call: {said}"
+
+
+_SPLIT_ADVICE = ("What rank i sends rank j (its input split j) must be what rank j expects from "
+                 "rank i (its output split i), in the same dtype; the data was already posted")
+
+
 class Splits:
     """An all-to-all whose ranks exchange pieces of their own sizes (``all_to_all`` lists,
-    ``all_to_all_single`` with split sizes), as an MPI request: complete once the data is
-    and every peer's count for this rank, exchanged beside the data, is the count this rank
-    expects from it.
+    ``all_to_all_single`` with split sizes), as an MPI request, on a group without shared
+    slots (see :meth:`NodeCheck.post_splits` for those): complete once the data is and every
+    peer's count for this rank, exchanged beside the data, is the count this rank expects from
+    it, in the same dtype.
 
     A count that differs is what MPI leaves unsaid: a piece smaller than expected fills only
     the front of its place in the output (the rest keeps what was there), with no error. Each
-    rank sends every peer the count it sends it, in one ``Ialltoall`` of int64 on the group's
-    header communicator (which carries no other collective), started with the data; the rank
-    that sees a count it does not expect raises ``CollectiveMismatchError`` naming the peer
-    and both counts, and breaks the group, which ends the peers' waits as well.
+    rank sends every peer the count it sends it and its dtype's code, in one ``Ialltoall`` of
+    int64 pairs on the group's header communicator (which carries no other collective),
+    started with the data; the rank that sees a count or dtype it does not expect raises
+    ``CollectiveMismatchError`` naming the peer and both counts, and breaks the group, which
+    ends the peers' waits as well.
     """
 
     __slots__ = ("data", "req", "group", "op", "seq", "sent", "seen", "expect", "what",
-                 "unit", "keep", "done")
+                 "unit", "code", "keep", "done")
 
     def __init__(self, g: Any, data: Any, op: str, seq: int, send: list, expect: list,
-                 what: str, unit: int, keep: Any) -> None:
+                 what: str, unit: int, dtype: Any, keep: Any) -> None:
         self.data, self.group, self.op, self.seq = data, g, op, seq
-        self.sent = array.array("q", send)
-        self.seen = array.array("q", bytes(8 * len(expect)))
+        self.code = code = _dtype16(dtype)
+        pairs = array.array("q", bytes(16 * len(send)))
+        pairs[0::2] = array.array("q", send)
+        pairs[1::2] = array.array("q", [code]) * len(send)
+        self.sent = pairs
+        self.seen = array.array("q", bytes(16 * len(expect)))
         self.expect, self.what, self.unit, self.keep = expect, what, unit, keep
         self.done = False
-        self.req = g.hdr.Ialltoall([self.sent, _I64], [self.seen, _I64])
+        self.req = g.hdr.Ialltoall([self.sent, _I64], [self.seen, _I64])  # a pair per rank
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI request protocol
         if self.done:
@@ -598,26 +703,19 @@ class Splits:
         return True
 
     def _verify(self) -> None:
-        seen, expect = self.seen.tolist(), self.expect
-        if seen == expect:
+        counts, codes, expect = self.seen[0::2].tolist(), self.seen[1::2].tolist(), self.expect
+        if counts == expect and codes.count(self.code) == len(codes):
             return
-        bad = [r for r in range(len(expect)) if seen[r] != expect[r]]
         g = self.group
         _orphans.append((self.data, self.keep))  # the data may still be moving
-        unit = self.unit
-
-        def amount(n: int) -> str:
-            if unit <= 1:
-                return f"{n} elements"
-            return f"{n // unit} row{'s' if n // unit != 1 else ''} ({n} elements)"
-
-        said = "; ".join(f"rank {g.ranks[r]} sends {amount(seen[r])} to this rank, which "
-                         f"expects {amount(expect[r])} from it ({self.what}[{r}])"
-                         for r in bad[:4])
-        reason = f"ranks disagree on the split sizes of this call: {said}"
+        other = [r for r in range(len(codes)) if codes[r] != self.code]
+        if other:
+            reason = (f"ranks disagree on the dtype of this call: this rank passed "
+                      f"{_dtype_name(self.code)}, rank {g.ranks[other[0]]} passed "
+                      f"{_dtype_name(codes[other[0]])}")
+        else:
+            bad = [(r, counts[r]) for r in range(len(expect)) if counts[r] != expect[r]]
+            reason = _split_reason(g, bad, expect, self.what, self.unit)
         _faults.mark_broken(g, _faults.Story(g.global_rank, self.op, self.seq, reason))
-        raise CollectiveMismatchError(
-            f"rank {g.global_rank}: {self.op} (#{self.seq} on {g.name}): {reason}. What rank "
-            "i sends rank j (its input split j) must be what rank j expects from rank i (its "
-            f"output split i); the data was already posted, so every later call on {g.name} "
-            "raises.")
+        raise CollectiveMismatchError(_mismatch_text(g, self.op, self.seq, reason,
+                                                     _SPLIT_ADVICE))

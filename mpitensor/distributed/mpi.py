@@ -163,8 +163,9 @@ class MPIGroup(ProcessGroup):
         ``(array, reduce op, global root)`` for the agreement check of large calls
         (``_fingerprint``), which debug mode replaces with its own. ``splits``: ``(send counts,
         receive counts, what names the receive counts, elements per row)`` of an all-to-all
-        whose pieces have sizes of their own, checked against the peers' beside the data
-        (``_fingerprint.Splits``; debug mode checks them before).
+        whose pieces have sizes of their own, and their dtype, checked against the peers'
+        beside the data (shared slots: ``NodeCheck.post_splits``, else ``_fingerprint.Splits``;
+        debug mode checks them before).
         """
         s = self.seq
         op = self.history[s & _MASK][1]
@@ -176,7 +177,11 @@ class MPIGroup(ProcessGroup):
         if check is not None and not self.debug and check[0].nbytes >= self.check_bytes:
             req = self._fp_check(req, s, op, check[0], check[1], check[2], keep)
         elif splits is not None and not self.debug and self.check_bytes < OFF_BYTES:
-            req = _fp.Splits(self, req, op, s, *splits, keep)
+            node = self.fp_node
+            if node is not None and node.board >= 0:  # shared slots and a board
+                self.fp_tok = node.post_splits(s, op, *splits, keep)
+            else:
+                req = _fp.Splits(self, req, op, s, *splits, keep)
         if async_op:
             return Work(self._fp_async(req, s), finish, result, describe=lambda: where,
                         keep=keep, group=self, info=(op, s, "coll", None, None))
@@ -852,7 +857,7 @@ class MPIGroup(ProcessGroup):
         comm = self.comm
         return self._run(where, lambda: comm.Ialltoallv(sspec, rspec), copy_out, async_op,
                          list(output_tensor_list), keep=(sspec, rspec),
-                         splits=(scounts, rcounts, "output_tensor_list", 1))
+                         splits=(scounts, rcounts, "output_tensor_list", 1, ins[0].dtype))
 
     def _splits(self, splits: Any, arr: Any, what: str, where: str) -> list:
         rows = arr.shape[0] if arr.ndim else 1
@@ -948,7 +953,7 @@ class MPIGroup(ProcessGroup):
                          write_back, async_op, [output], keep=(sspec, rspec),
                          check=(out, None, -1) if even else None,
                          splits=None if even else (scounts, rcounts, "output_split_sizes",
-                                                   row))
+                                                   row, inp.dtype))
 
     @_guarded("barrier")
     def barrier(self, async_op: bool = False) -> Optional[Work]:

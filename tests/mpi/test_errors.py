@@ -557,6 +557,18 @@ def test_one_rank_error_is_raised_at_once():
     dist.barrier()
 
 
+@pytest.fixture(params=["board", "exchange"])
+def split_check(request, monkeypatch):
+    """How the groups made in the test check split sizes (every rank runs the same parameter):
+    on the shared board of a one-machine group (``NodeCheck.post_splits``), or by the exchange
+    of counts beside the data that groups across machines use (``_fingerprint.Splits``)."""
+    from mpitensor.distributed import _fingerprint
+
+    if request.param == "exchange":
+        monkeypatch.setattr(_fingerprint, "BOARD_MAX", 0)
+    return request.param
+
+
 def _split_sizes_case(tag, call, check=None):
     """``call(g, n, me)`` on a fresh group. A rank that sees a count it does not expect raises
     CollectiveMismatchError naming the peer and both counts; a rank whose own pieces all
@@ -578,7 +590,7 @@ def _split_sizes_case(tag, call, check=None):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_all_to_all_single_split_sizes_that_disagree_across_ranks():
+def test_all_to_all_single_split_sizes_that_disagree_across_ranks(split_check):
     """Every rank passes [1, n, ..., n] as both its input and its output splits: each list is
     valid on its own (it sums to its tensor's rows), but rank 0 sends rank 1 n rows where rank
     1 expects 1 from rank 0, and rank 1 sends rank 0 1 row where rank 0 expects n. MPI completed
@@ -606,7 +618,7 @@ def test_all_to_all_single_split_sizes_that_disagree_across_ranks():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_all_to_all_list_item_sizes_that_disagree_across_ranks():
+def test_all_to_all_list_item_sizes_that_disagree_across_ranks(split_check):
     """Rank 0 sends rank 1 three elements where rank 1 expects two (async). Rank 1 raises;
     rank 0, whose own pieces all matched, may return them (right), then finds the group
     broken like everyone else."""
@@ -627,7 +639,7 @@ def test_all_to_all_list_item_sizes_that_disagree_across_ranks():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_uneven_all_to_all_that_agrees_gives_the_pieces():
+def test_uneven_all_to_all_that_agrees_gives_the_pieces(split_check):
     """The check's own traffic does not disturb matching calls, blocking or async."""
     n, me = world()
     send = [r + 1 + me for r in range(n)]  # rank me sends rank r (r + 1 + me) rows
@@ -648,9 +660,9 @@ def test_uneven_all_to_all_that_agrees_gives_the_pieces():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_split_sizes_check_off_with_the_agreement_check():
+def test_split_sizes_check_off_with_the_agreement_check(split_check, monkeypatch):
     """MPITENSOR_CHECK_BYTES=off (the group's threshold at OFF_BYTES) turns this check off too:
-    one switch for every agreement check. Matching calls still work; nothing is exchanged."""
+    one switch for every agreement check. Matching calls still work; nothing is posted."""
     from mpitensor._config import OFF_BYTES
     from mpitensor.distributed import _fingerprint
 
@@ -658,24 +670,49 @@ def test_split_sizes_check_off_with_the_agreement_check():
     g = dist.new_group(list(range(n)), group_desc="splits_off")
     g.check_bytes = OFF_BYTES
     made = []
-    real = _fingerprint.Splits
+    if split_check == "board":
+        real = type(g.fp_node).post_splits
 
-    class Spy(real):
-        def __init__(self, *a):
+        def spy(self, *a):
             made.append(1)
-            super().__init__(*a)
+            return real(self, *a)
 
-    _fingerprint.Splits = Spy
-    try:
-        send = [1 + r for r in range(n)]
-        recv = [1 + me] * n
-        out = np.zeros(sum(recv))
-        dist.all_to_all_single(out, np.full(sum(send), float(me)), recv, send, group=g)
-        np.testing.assert_array_equal(out, np.repeat(np.arange(n, dtype=float), 1 + me))
-        assert made == []
-        g.check_bytes = 1 << 16
-        dist.all_to_all_single(out, np.full(sum(send), float(me)), recv, send, group=g)
-        assert made == [1]
-    finally:
-        _fingerprint.Splits = real
+        monkeypatch.setattr(type(g.fp_node), "post_splits", spy)
+    else:
+        class Spy(_fingerprint.Splits):
+            def __init__(self, *a):
+                made.append(1)
+                super().__init__(*a)
+
+        monkeypatch.setattr(_fingerprint, "Splits", Spy)
+    send = [1 + r for r in range(n)]
+    recv = [1 + me] * n
+    out = np.zeros(sum(recv))
+    dist.all_to_all_single(out, np.full(sum(send), float(me)), recv, send, group=g)
+    np.testing.assert_array_equal(out, np.repeat(np.arange(n, dtype=float), 1 + me))
+    assert made == []
+    g.check_bytes = 1 << 16
+    dist.all_to_all_single(out, np.full(sum(send), float(me)), recv, send, group=g)
+    assert made == [1]
     dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_uneven_all_to_all_in_another_dtype_on_one_rank(split_check):
+    """Rank 1 passes float64 where the others pass float32, with split sizes that match: the
+    counts agree, the bytes do not (MPI fills half of each float64 place, or cuts, without a
+    word). The dtype travels with the counts: raised, never returned."""
+    def call(g, n, me):
+        dt = np.float64 if me == 1 else np.float32
+        out = np.full(2 * n, -7.0, dt)
+        dist.all_to_all_single(out, np.full(2 * n, float(me), dt), [2] * n, [2] * n, group=g)
+        return out
+
+    n, me = world()
+    g = dist.new_group(list(range(n)), group_desc="splits_dtype")
+    with pytest.raises((CollectiveMismatchError, PeerFailedError)) as info:
+        call(g, n, me)
+    if isinstance(info.value, CollectiveMismatchError):
+        assert "disagree on the dtype" in str(info.value), str(info.value)
+    with pytest.raises(PeerFailedError, match="disagree on the dtype"):
+        dist.all_reduce(np.ones(1), group=g)
