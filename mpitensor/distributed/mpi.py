@@ -897,8 +897,56 @@ class MPIGroup(ProcessGroup):
                                           (out, inp))
                 return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp),
                                          async_op)
+        elif self.rank_ >= 0 and not self.slow:
+            mt = self._fast_pair(out, inp)
+            if mt is not None and inp.shape[1:] == out.shape[1:]:
+                sends = self._fast_splits(input_split_sizes, inp.shape[0])
+                recvs = self._fast_splits(output_split_sizes, out.shape[0])
+                if sends is not None and recvs is not None:
+                    return self._fast_uneven(output, out, inp, mt, sends, recvs, async_op)
         return self._all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                        async_op)
+
+    def _fast_splits(self, splits: Any, rows: int) -> Optional[list]:
+        """Split sizes the fast path takes as they are (None or [] for an even split, or a
+        list or tuple of n non-negative ints summing to ``rows``), else None: the general
+        path then says what is wrong with them."""
+        n = self.size_
+        if splits is None or (type(splits) in (list, tuple) and not splits):
+            return [rows // n] * n if rows % n == 0 else None
+        if type(splits) not in (list, tuple) or len(splits) != n:
+            return None
+        total = 0
+        for v in splits:
+            if type(v) is not int or v < 0:
+                return None
+            total += v
+        return list(splits) if total == rows else None
+
+    def _fast_uneven(self, output: Any, out: Any, inp: Any, mt: Any, sends: list, recvs: list,
+                     async_op: bool) -> Optional[Work]:
+        """all_to_all_single with split sizes, on the fast path (see all_to_all_single)."""
+        row = 1
+        for d in inp.shape[1:]:
+            row *= d
+        sc, rc = [v * row for v in sends], [v * row for v in recvs]
+        sd, rd, a, b = [], [], 0, 0
+        for i in range(self.size_):
+            sd.append(a)
+            rd.append(b)
+            a += sc[i]
+            b += rc[i]
+        s = self._fast_count("all_to_all_single", out)
+        req = self.comm.Ialltoallv([inp, (sc, sd), mt], [out, (rc, rd), mt])
+        if self.check_bytes < OFF_BYTES:  # the split sizes, checked by any size
+            node = self.fp_node
+            if node is not None and node.board >= 0:
+                self.fp_tok = node.post_splits(s, "all_to_all_single", sc, rc,
+                                               "output_split_sizes", row, inp.dtype, (out, inp))
+            else:
+                req = _fp.Splits(self, req, "all_to_all_single", s, sc, rc, "output_split_sizes",
+                                 row, inp.dtype, (out, inp))
+        return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp), async_op)
 
     @_guarded("all_to_all_single")
     def _all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,

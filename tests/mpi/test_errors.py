@@ -659,6 +659,38 @@ def test_uneven_all_to_all_that_agrees_gives_the_pieces(split_check):
         np.testing.assert_array_equal(outs[r], np.full(recv[r], 10.0 * r + me))
 
 
+@pytest.mark.mpi(min_size=1)
+def test_uneven_all_to_all_single_takes_any_form_of_split_sizes(split_check):
+    """Split sizes as lists of ints take the fast path; tuples, NumPy ints, a Tensor output,
+    rows of several elements, a non-contiguous input and one side left even take the general
+    path or the fast one: every form gives the same pieces."""
+    n, me = world()
+    send = [r + 1 + me for r in range(n)]  # rank me sends rank r (r + 1 + me) rows of 3
+    recv = [me + 1 + r for r in range(n)]
+    inp = np.concatenate([np.full((send[r], 3), 100 * me + r, np.float64) for r in range(n)])
+    expect = np.concatenate([np.full((recv[r], 3), 100 * r + me, np.float64)
+                             for r in range(n)])
+    forms = [(recv, send), (tuple(recv), tuple(send)),
+             ([np.int64(v) for v in recv], [np.int64(v) for v in send])]
+    for rs, ss in forms:
+        out = np.full((sum(recv), 3), -7.0)
+        dist.all_to_all_single(out, inp, rs, ss)
+        np.testing.assert_array_equal(out, expect)
+    out = mt.full((sum(recv), 3), -7.0, dtype=mt.float64)
+    dist.all_to_all_single(out, mt.from_numpy(inp), recv, send)
+    np.testing.assert_array_equal(out.numpy(), expect)
+    wide = np.zeros((inp.shape[0], 6))
+    wide[:, ::2] = inp  # a strided view: staged by the general path
+    out = np.full((sum(recv), 3), -7.0)
+    dist.all_to_all_single(out, wide[:, ::2], recv, send)
+    np.testing.assert_array_equal(out, expect)
+    # one side even: every rank sends every rank 2 rows; each receives as the list says
+    inp2 = np.repeat(np.arange(n, dtype=np.float32) + 10 * me, 2)
+    out2 = np.full(2 * n, -7.0, np.float32)
+    dist.all_to_all_single(out2, inp2, [2] * n, None)
+    np.testing.assert_array_equal(out2, np.repeat(np.arange(n) * 10 + me, 2).astype(np.float32))
+
+
 @pytest.mark.mpi(min_size=2)
 def test_split_sizes_check_off_with_the_agreement_check(split_check, monkeypatch):
     """MPITENSOR_CHECK_BYTES=off (the group's threshold at OFF_BYTES) turns this check off too:
