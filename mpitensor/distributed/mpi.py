@@ -897,7 +897,9 @@ class MPIGroup(ProcessGroup):
                                           (out, inp))
                 return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp),
                                          async_op)
-        elif self.rank_ >= 0 and not self.slow:
+        elif (self.rank_ >= 0 and not self.slow
+              and not (_no_splits(input_split_sizes) and _no_splits(output_split_sizes))):
+            # (both [] is torch's even split, as both None: MPI_Alltoall on the general path)
             mt = self._fast_pair(out, inp)
             if mt is not None and inp.shape[1:] == out.shape[1:]:
                 sends = self._fast_splits(input_split_sizes, inp.shape[0])

@@ -684,11 +684,15 @@ def test_uneven_all_to_all_single_takes_any_form_of_split_sizes(split_check):
     out = np.full((sum(recv), 3), -7.0)
     dist.all_to_all_single(out, wide[:, ::2], recv, send)
     np.testing.assert_array_equal(out, expect)
-    # one side even: every rank sends every rank 2 rows; each receives as the list says
+    # one side even: every rank sends every rank 2 rows; each receives as the list says; and
+    # both even, as None or as [] (torch's spellings: the same call on every rank)
     inp2 = np.repeat(np.arange(n, dtype=np.float32) + 10 * me, 2)
-    out2 = np.full(2 * n, -7.0, np.float32)
-    dist.all_to_all_single(out2, inp2, [2] * n, None)
-    np.testing.assert_array_equal(out2, np.repeat(np.arange(n) * 10 + me, 2).astype(np.float32))
+    mixed = None if me % 2 else []  # one rank says None where another says []: the same
+    for rs, ss in (([2] * n, None), (None, []), ([], None), ([], []), (mixed, mixed)):
+        out2 = np.full(2 * n, -7.0, np.float32)
+        dist.all_to_all_single(out2, inp2, rs, ss)
+        np.testing.assert_array_equal(out2,
+                                      np.repeat(np.arange(n) * 10 + me, 2).astype(np.float32))
 
 
 @pytest.mark.mpi(min_size=2)
