@@ -451,10 +451,16 @@ class _Common:
         if mine["dtype"] != theirs["dtype"]:
             differ.append("dtype")
             said.append(_dtype_name(theirs["dtype"]))
-        if nbytes != tok[2]:
+        # an all-to-all with split sizes has no byte count or shape of its own (0 in its slot)
+        sized = names.get(mine["operation"]) not in UNEVEN and \
+            names.get(theirs["operation"]) not in UNEVEN
+        if nbytes != tok[2] and sized:
             differ.append("byte count")
             said.append(f"{nbytes} bytes")
-        if h != tok[3]:
+        elif names.get(theirs["operation"]) in UNEVEN and mine["operation"] != \
+                theirs["operation"]:
+            said.append("split sizes of its own")
+        if h != tok[3] and sized:
             differ.append("shape")
         if mine["reduction"] != theirs["reduction"]:
             differ.append("reduction")
@@ -463,7 +469,7 @@ class _Common:
             differ.append("root")
             said.append(f"root {theirs['root']}")
         extra = ""
-        if nbytes != tok[2]:
+        if nbytes != tok[2] and sized:
             lo, hi = sorted((nbytes, tok[2]))
             extra = f" (byte count from {lo} to {hi} across the ranks)"
         what = ", ".join(differ[:-1]) + " and " + differ[-1] if len(differ) > 1 else differ[0]
