@@ -36,8 +36,8 @@ group. Groups that span machines (or where the segment cannot be made, or on CPU
 x86-64, whose stores may be seen out of order) keep the reduction.
 
 The write and the read are compiled (``_slots.c``, built at install where a C compiler is
-present): in Python they cost about 0.7 µs a call (5-10 % at 64 KiB), compiled 0.1-0.15 µs
-(under 2 %). The compiled ``post`` reads the fingerprint straight from a NumPy array's dtype and
+present): in Python they cost about 0.7 µs a call (6-10 % at 64 KiB), compiled 0.1-0.2 µs
+(1-2 %). The compiled ``post`` reads the fingerprint straight from a NumPy array's dtype and
 shape; its ``settle`` answers the plain cases (all agree, one not there yet) and hands every
 other reading to the Python one (``_settle_py``), which reads again and words the error. Both
 write the same words (``_dtype16``, ``_shape_hash``), so ranks running either agree.
