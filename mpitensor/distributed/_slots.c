@@ -50,6 +50,7 @@ typedef struct {
     Py_ssize_t *peers;  /* (header word, first slot, rank) of every other member */
     PyObject *ops;      /* operation name -> code */
     PyObject *reduces;  /* ReduceOp -> code */
+    int64_t uneven[2];  /* the codes of all_to_all and of all_to_all_single with split sizes */
 } Slots;
 
 /* The token of a posted call: (call number, operation word, byte count, shape hash, op, keep)
@@ -212,6 +213,16 @@ static int Slots_init(Slots *self, PyObject *args, PyObject *kw)
         self->peers[3 * self->npeers + 2] = r;
         self->npeers++;
     }
+    static const char *const uneven[2] = {"all_to_all", "all_to_all_single with split sizes"};
+    for (int k = 0; k < 2; k++) {
+        PyObject *v = PyDict_GetItemString(ops, uneven[k]);  /* (borrowed; absent: 0) */
+        self->uneven[k] = v == NULL ? 0 : PyLong_AsLongLong(v);
+        if (self->uneven[k] == -1 && PyErr_Occurred()) {
+            PyBuffer_Release(&self->view);
+            self->view.obj = NULL;
+            return -1;
+        }
+    }
     Py_INCREF(ops);
     Py_INCREF(reduces);
     self->ops = ops;
@@ -293,9 +304,6 @@ static PyObject *Slots_post(Slots *self, PyObject *const *args, Py_ssize_t nargs
     return (PyObject *)new_token(s, a, nbytes, h, args[1], args[5], NULL);
 }
 
-/* settle(tok, g, look=False): see _fingerprint.NodeCheck.settle. True: every other member
- * posted the same words for the call; False: one has not posted yet; anything else is read
- * again, and worded, by the Python method. */
 /* A count of a list or tuple of n ints (checked by post_splits), or -1 with an error set. */
 static int64_t count_at(PyObject *seq, Py_ssize_t i)
 {
@@ -336,17 +344,9 @@ static PyObject *Slots_post_splits(Slots *self, PyObject *const *args, Py_ssize_
     int64_t s = PyLong_AsLongLong(args[0]);
     if (s == -1 && PyErr_Occurred())
         return NULL;
-    int single = PyUnicode_Check(args[1])
-                 && PyUnicode_CompareWithASCIIString(args[1], "all_to_all") != 0;
-    PyObject *name = PyUnicode_FromString(single ? "all_to_all_single with split sizes"
-                                                 : "all_to_all");
-    if (name == NULL)
-        return NULL;
-    int64_t op;
-    int bad = code_of(self->ops, name, &op);
-    Py_DECREF(name);
-    if (bad < 0)
-        return NULL;
+    int single = !PyUnicode_Check(args[1])
+                 || PyUnicode_CompareWithASCIIString(args[1], "all_to_all") != 0;
+    const int64_t op = self->uneven[single];
     int64_t row[n > 0 ? n : 1];
     for (Py_ssize_t j = 0; j < n; j++) {
         row[j] = count_at(args[2], j);
@@ -426,6 +426,10 @@ static int settle_splits(Slots *self, Token *tok, int look)
     return posted;
 }
 
+/* settle(tok, g, look=False): see _fingerprint.NodeCheck.settle. True: every other member
+ * posted the same words for the call (and, for post_splits' tokens, the counts
+ * expected); False: one has not posted yet; anything else is read
+ * again, and worded, by the Python method. */
 static PyObject *Slots_settle(Slots *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2 && nargs != 3) {
