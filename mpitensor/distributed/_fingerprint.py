@@ -665,8 +665,9 @@ _SPLIT_ADVICE = ("What rank i sends rank j (its input split j) must be what rank
 
 class Splits:
     """An all-to-all whose ranks exchange pieces of their own sizes (``all_to_all`` lists,
-    ``all_to_all_single`` with split sizes), as an MPI request, on a group without shared
-    slots (see :meth:`NodeCheck.post_splits` for those): complete once the data is and every
+    ``all_to_all_single`` with split sizes), as an MPI request, on a group without a board of
+    split sizes (across machines, or of more than :data:`BOARD_MAX` ranks; see
+    ``NodeCheck.post_splits`` for the others): complete once the data is and every
     peer's count for this rank, exchanged beside the data, is the count this rank expects from
     it, in the same dtype.
 
