@@ -516,18 +516,21 @@ class _PyNodeCheck(_Common):
     def __init__(self, mm: mmap.mmap, rank: int, size: int) -> None:
         self._fields(mm, rank, size)
 
-    def post(self, s: int, op: str, arr: Any, reduce: Any, root: int, keep: Any) -> tuple:
-        """Write this rank's fingerprint of call ``s``; return the token to settle it with."""
-        w = _words_cache.get((op, arr.dtype, arr.shape, reduce, root))
-        if w is None:
-            w = _words(op, arr.dtype, arr.shape, reduce, root, arr.nbytes)
+    def _write(self, s: int, a: int, nbytes: int, h: int) -> None:
+        """Fill this rank's slot for call ``s``: marked, the words, the call number, then the
+        header (the order readers rely on)."""
         q = self.q
         i = self.mine + ((s & (RING - 1)) << 3)
         q[i] = -1
-        q[i + 1], q[i + 2], q[i + 3] = w
+        q[i + 1], q[i + 2], q[i + 3] = a, nbytes, h
         q[i] = s
         q[self.me] = s
-        return (s, w[0], w[1], w[2], op, keep)
+
+    def post(self, s: int, op: str, arr: Any, reduce: Any, root: int, keep: Any) -> tuple:
+        """Write this rank's fingerprint of call ``s``; return the token to settle it with."""
+        a, nbytes, h = self._words_of(op, arr, reduce, root)
+        self._write(s, a, nbytes, h)
+        return (s, a, nbytes, h, op, keep)
 
     def post_splits(self, s: int, op: str, send: list, expect: list, what: str, unit: int,
                     dtype: Any, keep: Any) -> tuple:
@@ -535,16 +538,11 @@ class _PyNodeCheck(_Common):
         row of the board (the count it sends each member), then its slot (the operation and
         dtype, no byte count or shape: those differ between ranks in a correct program).
         Its settle compares every member's count for this rank with ``expect``."""
-        q, n = self.q, self.size
-        c = s & (RING - 1)
-        row = self.board + (self.rank * RING + c) * n
-        q[row:row + n] = array.array("q", send)
+        n = self.size
+        row = self.board + (self.rank * RING + (s & (RING - 1))) * n
+        self.q[row:row + n] = array.array("q", send)
         a = _OPS[UNEVEN[0] if op == "all_to_all" else UNEVEN[1]] | _dtype16(dtype) << 10
-        i = self.mine + (c << 3)
-        q[i] = -1
-        q[i + 1], q[i + 2], q[i + 3] = a, 0, 0
-        q[i] = s
-        q[self.me] = s
+        self._write(s, a, 0, 0)
         return (s, a, 0, 0, op, keep, (send, expect, what, unit))
 
     settle = _Common._settle_py

@@ -249,6 +249,24 @@ static int usable(Slots *self)
     return 1;
 }
 
+/* Fill this rank's slot for call s: marked, the words, the call number, then the header (the
+ * order readers rely on); then start fetching the other members' slots for the call (a member
+ * that posted already has its line on the way while this rank waits for its data). */
+static void write_slot(Slots *self, int64_t s, int64_t a, int64_t nbytes, int64_t h)
+{
+    int64_t *q = self->q;
+    Py_ssize_t off = (Py_ssize_t)((s & self->mask) * self->line);
+    Py_ssize_t i = self->mine + off;
+    STORE(&q[i], -1);
+    STORE(&q[i + 1], a);
+    STORE(&q[i + 2], nbytes);
+    STORE(&q[i + 3], h);
+    STORE(&q[i], s);
+    STORE(&q[self->me], s);
+    for (Py_ssize_t p = 0; p < self->npeers; p++)
+        __builtin_prefetch(q + self->peers[3 * p + 1] + off, 0, 3);
+}
+
 /* post(s, op, arr, reduce, root, keep): write this rank's fingerprint of call s and return the
  * token to settle it with (a Token). */
 static PyObject *Slots_post(Slots *self, PyObject *const *args, Py_ssize_t nargs)
@@ -288,19 +306,7 @@ static PyObject *Slots_post(Slots *self, PyObject *const *args, Py_ssize_t nargs
     int64_t s = PyLong_AsLongLong(args[0]);
     if (s == -1 && PyErr_Occurred())
         return NULL;
-    int64_t *q = self->q;
-    Py_ssize_t i = self->mine + (Py_ssize_t)((s & self->mask) * self->line);
-    STORE(&q[i], -1);
-    STORE(&q[i + 1], a);
-    STORE(&q[i + 2], nbytes);
-    STORE(&q[i + 3], h);
-    STORE(&q[i], s);
-    STORE(&q[self->me], s);
-    /* start fetching the other members' slots for this call: a member that posted already
-     * has its line on the way while this rank waits for its data */
-    Py_ssize_t off = (Py_ssize_t)((s & self->mask) * self->line);
-    for (Py_ssize_t p = 0; p < self->npeers; p++)
-        __builtin_prefetch(q + self->peers[3 * p + 1] + off, 0, 3);
+    write_slot(self, s, a, nbytes, h);
     return (PyObject *)new_token(s, a, nbytes, h, args[1], args[5], NULL);
 }
 
@@ -362,16 +368,9 @@ static PyObject *Slots_post_splits(Slots *self, PyObject *const *args, Py_ssize_
     int64_t *mine = q + self->board + (self->rank * (self->mask + 1) + c) * n;
     for (Py_ssize_t j = 0; j < n; j++)
         STORE(&mine[j], row[j]);
-    Py_ssize_t i = self->mine + (Py_ssize_t)(c * self->line);
-    STORE(&q[i], -1);
-    STORE(&q[i + 1], a);
-    STORE(&q[i + 2], 0);
-    STORE(&q[i + 3], 0);
-    STORE(&q[i], s);
-    STORE(&q[self->me], s);
-    for (Py_ssize_t p = 0; p < self->npeers; p++) {  /* (as in post) */
+    write_slot(self, s, a, 0, 0);
+    for (Py_ssize_t p = 0; p < self->npeers; p++) {  /* and their counts for this rank */
         Py_ssize_t r = self->peers[3 * p + 2];
-        __builtin_prefetch(q + self->peers[3 * p + 1] + c * self->line, 0, 3);
         __builtin_prefetch(q + self->board + (r * (self->mask + 1) + c) * n + self->rank, 0, 3);
     }
     PyObject *tok = (PyObject *)new_token(s, a, 0, 0, args[1], args[7], splits);

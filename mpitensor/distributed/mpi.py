@@ -931,13 +931,8 @@ class MPIGroup(ProcessGroup):
         row = 1
         for d in inp.shape[1:]:
             row *= d
-        sc, rc = [v * row for v in sends], [v * row for v in recvs]
-        sd, rd, a, b = [], [], 0, 0
-        for i in range(self.size_):
-            sd.append(a)
-            rd.append(b)
-            a += sc[i]
-            b += rc[i]
+        sc, sd = _counts_displs([v * row for v in sends])
+        rc, rd = _counts_displs([v * row for v in recvs])
         s = self._fast_count("all_to_all_single", out)
         req = self.comm.Ialltoallv([inp, (sc, sd), mt], [out, (rc, rd), mt])
         if self.check_bytes < OFF_BYTES:  # the split sizes, checked by any size
