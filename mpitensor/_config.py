@@ -23,6 +23,11 @@
 ``MPITENSOR_RENDEZVOUS`` ``auto`` (default), ``pmi`` or ``connect``: how processes that no MPI
                       launcher started are joined into one MPI job in ``init_process_group``
                       (see ``distributed/_rendezvous.py``); read there, at that call.
+``MPITENSOR_SECRET``  a shared secret (any text; unset or empty: none): every TCPStore
+                      connection then proves it in both directions (HMAC challenge and
+                      response, see ``distributed/_auth.py``; the secret never goes on the
+                      wire). ``mpitensor-run`` makes a random one for the processes it starts
+                      where none is set. Read at each connection (``env_secret``).
 """
 
 from __future__ import annotations
@@ -107,3 +112,11 @@ def env_bytes(name: str, default: int) -> int:
 
 OFF_BYTES = 1 << 62  # larger than any buffer
 CHECK_BYTES: int = env_bytes("MPITENSOR_CHECK_BYTES", 64 * 1024)
+
+
+def env_secret() -> Optional[bytes]:
+    """``MPITENSOR_SECRET`` as UTF-8 bytes, or None where it is unset or empty (read now)."""
+    raw = os.environ.get("MPITENSOR_SECRET")
+    if not raw:
+        return None
+    return raw.encode("utf-8", "surrogateescape")
