@@ -10,18 +10,37 @@ store) and ``L`` (a user closed it). Every operation opens the file, takes an ``
 to read, exclusive to write), reads the records appended since its last visit, and appends its
 own; so readers never see half a record, and ``add``/``compare_set`` are atomic across
 processes. A record cut short by a writer that died is ignored, and cut off by the next writer.
-With ``world_size`` > 0 the last of ``world_size`` users to close removes the file, as torch's
-FileStore does. ``get``/``wait`` poll the file's size (a file offers nothing to sleep on),
-backing off to 50 ms between looks.
+``get``/``wait`` poll the file's size (a file offers nothing to sleep on), backing off to 50 ms
+between looks.
+
+Who is still using the file is proved by the kernel, not by the records: each handle holds, for
+its whole life, a shared open-file-description lock (``F_OFD_SETLK``) on one byte far past the
+file's end (a range no data reaches; ``flock`` serves the operations). The kernel drops it when
+the handle closes or its process dies, however it dies, so "no live user" is one ``F_OFD_GETLK``
+away. Joining and leaving happen under the exclusive ``flock``, so that answer cannot change
+while a user joins or leaves. Hence:
+
+* the file is removed only by the last *live* user to close it, and only once ``world_size``
+  users have closed it (torch's rule: its reference count at 0 and its count of finished users
+  at ``world_size``); a handle with a smaller ``world_size`` never removes it under another;
+* a file whose users all died without closing (more ``J`` than ``L`` records, and no live user)
+  was left by a crashed job: the next user to open it empties it, with a warning naming it,
+  instead of reading the dead job's values. A file whose users all closed it cleanly (fewer
+  than ``world_size`` of them, or ``world_size`` -1) keeps its keys, as torch's does.
+
+Where open-file-description locks are missing (not Linux), liveness falls back to the records:
+users are those with a ``J`` and no ``L``, and a crashed job's file cannot be told apart.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import math
 import os
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -44,6 +63,41 @@ _SET, _DELETE, _JOIN, _LEAVE = b"S"[0], b"D"[0], b"J"[0], b"L"[0]
 _KINDS = {_SET, _DELETE, _JOIN, _LEAVE}
 _POLL_FIRST = 0.001
 _POLL_MAX = 0.05
+_log = logging.getLogger("mpitensor.distributed")
+
+# struct flock of 64-bit Linux (short type, short whence, off_t start, off_t len, pid_t pid)
+_FLOCK = struct.Struct("hhqqi4x")
+_OFD = (sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLK")
+        and struct.calcsize("P") == 8)
+_LIVE_BYTE = 1 << 62  # the byte whose shared lock marks a live user: far past any data
+
+
+def _live_lock(fd: int, cmd: int, kind: int) -> int:
+    """Apply (or, with F_OFD_GETLK, test) an OFD lock on the live byte; return the lock type."""
+    arg = _FLOCK.pack(kind, os.SEEK_SET, _LIVE_BYTE, 1, 0)
+    return _FLOCK.unpack(fcntl.fcntl(fd, cmd, arg))[0]
+
+
+def _others_alive(fd: int) -> bool:
+    """Whether any open file description other than ``fd``'s holds a user's live lock."""
+    return _live_lock(fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK) != fcntl.F_UNLCK
+
+
+# the descriptors holding live locks: a forked child closes its copies at once, so that a
+# child never keeps its parent's handle looking alive (closing a copy leaves the parent's lock)
+_LIVE_FDS: "weakref.WeakSet[_Log]" = weakref.WeakSet()
+
+
+def _close_inherited() -> None:
+    for log in list(_LIVE_FDS):
+        if log.live_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(log.live_fd)
+            log.live_fd = None
+
+
+if _OFD:
+    os.register_at_fork(after_in_child=_close_inherited)
 
 
 def _record(kind: int, key: bytes = b"", value: bytes = b"") -> bytes:
@@ -66,11 +120,26 @@ class _Log:
         self.offset = 0
         self.ident: Optional[Tuple[int, int]] = None
         self.size = 0
+        self.live_fd: Optional[int] = None  # holds this handle's live lock (see the docstring)
 
     @contextlib.contextmanager
     def locked(self, exclusive: bool, create: bool = True) -> Iterator[int]:
         """Open the file, lock it, bring the table up to date; yield the descriptor."""
         with self.lock:
+            fd = self._open_locked(exclusive, create)
+            try:
+                self._catch_up(fd)
+                yield fd
+            finally:
+                os.close(fd)  # releases the lock
+
+    def _open_locked(self, exclusive: bool, create: bool) -> int:
+        """A descriptor of the file now at ``path``, flocked.
+
+        The last user removes the file under the exclusive lock; a process that opened it just
+        before would lock a file no one else sees any more, so it looks again.
+        """
+        while True:
             try:
                 fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
             except FileNotFoundError:
@@ -83,10 +152,68 @@ class _Log:
                                      "its directory exists and is writable") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-                self._catch_up(fd)
-                yield fd
-            finally:
-                os.close(fd)  # releases the lock
+                st = os.fstat(fd)
+                try:
+                    now = os.stat(self.path)
+                    same = (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+                except FileNotFoundError:
+                    same = False
+            except BaseException:
+                os.close(fd)
+                raise
+            if same:
+                return fd
+            os.close(fd)
+            if not create:
+                raise FileNotFoundError(self.path)
+
+    def join(self) -> None:
+        """Count this handle in: empty a file its users left by dying, then hold the live lock."""
+        with self.locked(exclusive=True) as fd:
+            live = os.open(self.path, os.O_RDWR)  # the same file: it cannot change under flock
+            try:
+                if _OFD:
+                    if self.offset and self.joins > self.leaves and not _others_alive(fd):
+                        self._reset(fd)
+                    _live_lock(live, fcntl.F_OFD_SETLK, fcntl.F_RDLCK)
+                self.append(fd, [_record(_JOIN)])
+            except BaseException:
+                os.close(live)
+                raise
+            self.live_fd = live
+            _LIVE_FDS.add(self)
+
+    def _reset(self, fd: int) -> None:
+        _log.warning(
+            "FileStore %r was left by a job whose %d user(s) ended without closing it and none "
+            "of whom is alive (a crash or a kill): its keys are dropped and the store starts "
+            "empty. Give each job its own file to keep this from happening",
+            self.path, self.joins - self.leaves)
+        os.ftruncate(fd, 0)
+        self.table = _Table()
+        self.joins = self.leaves = self.offset = self.size = 0
+
+    def leave(self, world_size: int) -> None:
+        """Count this handle out; remove the file when no user is left and ``world_size``
+        users have closed it."""
+        live, self.live_fd = self.live_fd, None
+        _LIVE_FDS.discard(self)
+        try:
+            with self.locked(exclusive=True, create=False) as fd:
+                if live is not None and os.fstat(live)[1:3] != os.fstat(fd)[1:3]:
+                    return  # the file was replaced by hand: its records are not ours to count
+                self.append(fd, [_record(_LEAVE)])
+                if live is not None and _OFD:
+                    # unlock first: a forked child's copy of the descriptor would keep it
+                    _live_lock(live, fcntl.F_OFD_SETLK, fcntl.F_UNLCK)
+                    alone = not _others_alive(fd)
+                else:
+                    alone = self.leaves >= self.joins
+                if alone and world_size > 0 and self.leaves >= world_size:
+                    os.unlink(self.path)
+        finally:
+            if live is not None:
+                os.close(live)
 
     def _catch_up(self, fd: int) -> None:
         st = os.fstat(fd)
@@ -156,8 +283,9 @@ class FileStore(Store):
     Args:
         file_name: the file's path; created where missing. Use a fresh path per job.
         world_size: the number of users. With a positive value, the file is removed when that
-            many handles have been closed (or garbage collected); with ``-1`` (the default)
-            it is kept.
+            many handles have been closed (or garbage collected) and no handle is open any more
+            (in any process); with ``-1`` (the default) it is kept. A file whose users all died
+            without closing it (a crashed job) is emptied by the next user that opens it.
 
     Raises:
         DistStoreError: the file cannot be opened or holds something else.
@@ -179,8 +307,7 @@ class FileStore(Store):
         self._path = os.fspath(file_name)
         self._world_size = world_size
         self._log = _Log(self._path)
-        with self._log.locked(exclusive=True) as fd:
-            self._log.append(fd, [_record(_JOIN)])
+        self._log.join()
         self._closer = weakref.finalize(self, _leave, self._log, world_size, os.getpid())
 
     @property
@@ -297,14 +424,10 @@ class FileStore(Store):
 
 
 def _leave(log: _Log, world_size: int, pid: int) -> None:
-    """Append this handle's ``L`` record; the last expected user removes the file."""
+    """Count the handle out (see :meth:`_Log.leave`); never raises."""
     if os.getpid() != pid:  # a forked child's copy: the parent still uses the store
         return
     try:
-        with log.locked(exclusive=True, create=False) as fd:
-            log.append(fd, [_record(_LEAVE)])
-            if world_size > 0 and log.leaves >= world_size:
-                os.unlink(log.path)
+        log.leave(world_size)
     except (OSError, DistStoreError):
         pass  # the file is gone or unreadable: nothing left to clean up
-
