@@ -29,8 +29,11 @@ __all__ = [
 
 #: Longest key any store accepts, in bytes (UTF-8 for ``str`` keys).
 MAX_KEY_BYTES = 64 * 1024
-#: Largest value any store accepts, in bytes.
+#: Largest value any store accepts, in bytes (also what ``append`` may grow a value to).
 MAX_VALUE_BYTES = 64 * 1024 * 1024
+#: Most keys one call may name (``wait``, ``multi_get``, ``multi_set``, ``check``): the TCP
+#: server parks each missing key, and other clients wait while it does.
+MAX_KEYS = 1 << 16
 #: torch's default store timeout.
 DEFAULT_TIMEOUT = timedelta(seconds=300)
 
@@ -96,7 +99,11 @@ def key_list(keys: Any, what: str = "keys") -> List[bytes]:
     if isinstance(keys, (str, bytes, bytearray)) or not isinstance(keys, Iterable):
         raise TypeError(f"store {what} must be a list of str keys, got "
                         f"{type(keys).__name__}: {keys!r} (write [key] for one key)")
-    return [key_bytes(k, "key") for k in keys]
+    out = [key_bytes(k, "key") for k in keys]
+    if len(out) > MAX_KEYS:
+        raise ValueError(f"store {what}: {len(out)} keys in one call, over the limit of "
+                         f"{MAX_KEYS}; split the call")
+    return out
 
 
 def value_bytes(value: Any, what: str = "value") -> bytes:
@@ -202,7 +209,12 @@ class _Table:
         return old
 
     def append(self, key: bytes, value: bytes) -> None:
-        self.data[key] = self.data.get(key, b"") + value
+        old = self.data.get(key, b"")
+        if len(old) + len(value) > MAX_VALUE_BYTES:
+            raise ValueError(f"append({show_key(key)[:80]!r}): the value would grow to "
+                             f"{len(old) + len(value)} bytes, over the limit of "
+                             f"{MAX_VALUE_BYTES} bytes; split it over several keys")
+        self.data[key] = old + value
 
     def delete(self, key: bytes) -> bool:
         return self.data.pop(key, None) is not None

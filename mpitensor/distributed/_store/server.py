@@ -8,6 +8,18 @@ are buffered), so each client sees its answers in order.
 
 A connection that breaks the protocol gets a ``REJECTED`` reply and is closed; the others do
 not notice. A client that disconnects, cleanly or mid-frame, just loses its waiter.
+
+What one connection can make the server hold is bounded: its input buffer (one frame, at most
+``wire.MAX_FRAME``, plus one read), and its queued replies (back-pressure: while more than
+``_OUT_HIGH`` bytes wait to be sent, the server neither reads from that connection nor serves
+its next request, so a client that never reads its replies only fills its own socket).
+Replies refer to the stored values instead of copying them. No deadline, however far, is
+handed to ``select`` (whose timeout has a ceiling), and an unexpected error in the loop is
+logged and survived.
+
+With a shared secret (``MPITENSOR_SECRET``), a new connection is sent the challenge of
+``distributed/_auth.py`` and nothing else it sends is parsed until its proof checks out; a
+connection that has not finished its handshake within ``_HANDSHAKE_S`` is dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import time
 from collections import deque
 from typing import Deque, Dict, List, Optional, Set, Tuple
 
+from .. import _auth
 from . import wire
 from .common import _Table
 
@@ -31,7 +44,19 @@ logger = logging.getLogger("mpitensor.distributed.store")
 _RECV_CHUNK = 1 << 18
 # A client with a parked request may send at most this much more before it is cut off (our
 # client never sends while waiting; this only bounds what a misbehaving one can make us hold).
-_MAX_PENDING = 2 * wire.MAX_FRAME + 64
+_MAX_PENDING = wire.MAX_FRAME + 4
+# While more than this many reply bytes wait to be sent on a connection, it is not read from
+# and its next request is not served (back-pressure).
+_OUT_HIGH = 256 * 1024
+# Seconds a new connection has to send its greeting (and prove the secret, where there is one).
+_HANDSHAKE_S = 10.0
+# Most bytes a connection may send before its handshake is done (the proof and greeting are
+# 80 bytes; our client sends nothing more before it is accepted).
+_MAX_UNGREETED = 64 * 1024
+# The longest single wait handed to select(): epoll's and poll's timeouts end near 24.8 days.
+_MAX_SELECT_WAIT = 60.0
+# Buffers handed to one sendmsg().
+_IOV = 64
 # Seconds stop() waits for the thread to finish.
 _STOP_GRACE = 5.0
 # Seconds a rejected client has to read our answer before its connection is cut.
@@ -43,18 +68,22 @@ _ACCEPT_PAUSE = 0.5
 class _Conn:
     """One client connection: its socket, buffers and the request it has parked (if any)."""
 
-    __slots__ = ("sock", "peer", "inbuf", "outbuf", "greeted", "waiter", "closing", "writing",
-                 "close_by")
+    __slots__ = ("sock", "peer", "inbuf", "outq", "outlen", "greeted", "auth", "waiter",
+                 "closing", "events", "close_by")
 
     def __init__(self, sock: socket.socket, peer: str) -> None:
         self.sock = sock
         self.peer = peer
         self.inbuf = bytearray()
-        self.outbuf = bytearray()
+        # replies not yet sent: buffers (some of them stored values, not copies) and their size
+        self.outq: Deque[memoryview] = deque()
+        self.outlen = 0
         self.greeted = False
+        # the handshake in progress where the server has a secret, else None
+        self.auth: Optional[_auth.ServerHandshake] = None
         self.waiter: Optional[_Waiter] = None
         self.closing = False
-        self.writing = False
+        self.events = selectors.EVENT_READ
         self.close_by = math.inf
 
 
@@ -77,8 +106,9 @@ class _Waiter:
 class StoreServer:
     """The server behind a master TCPStore; owns its listening socket once started."""
 
-    def __init__(self, listener: socket.socket) -> None:
+    def __init__(self, listener: socket.socket, secret: Optional[bytes] = None) -> None:
         self.listener = listener
+        self._secret = secret
         self.port: int = listener.getsockname()[1]
         self._sel = selectors.DefaultSelector()
         self._table = _Table()
@@ -91,6 +121,8 @@ class StoreServer:
         self._tick = itertools.count()
         self._ready: Deque[_Conn] = deque()
         self._lingering: List[_Conn] = []
+        # (deadline, tick, connection) of the connections still in their handshake
+        self._handshakes: List[Tuple[float, int, _Conn]] = []
         # While accept() fails (out of descriptors), the listener is left out of the selector
         # until this time, instead of waking the loop over and over.
         self._accept_paused_until = math.inf
@@ -141,28 +173,36 @@ class StoreServer:
     def _run(self) -> None:
         try:
             while not self._stopping:
-                due = min([c.close_by for c in self._lingering] + [self._accept_paused_until])
-                if self._deadlines:
-                    due = min(due, self._deadlines[0][0])
-                wait = None if due == math.inf else max(0.0, due - time.monotonic())
-                for key, mask in self._sel.select(wait):
-                    tag = key.data
-                    if tag == "accept":
-                        self._accept()
-                    elif tag == "wake":
-                        self._drain_wake()
-                    else:
-                        self._guard(tag, self._on_event, tag, mask)
-                self._expire()
-                while self._ready:
-                    conn = self._ready.popleft()
-                    self._guard(conn, self._serve, conn)
-        except Exception:  # pragma: no cover - a bug here must not die silently
-            logger.exception("TCPStore server on port %d stopped on an internal error",
-                             self.port)
+                try:
+                    self._step()
+                except Exception:  # a bug here must neither stop the server nor spin
+                    logger.exception("TCPStore server on port %d: internal error in its loop; "
+                                     "serving on", self.port)
+                    time.sleep(0.01)
         finally:
             self._stopping = True
             self._close_all()
+
+    def _step(self) -> None:
+        """One turn of the loop: wait for events or the next deadline, then handle them."""
+        due = min([c.close_by for c in self._lingering] + [self._accept_paused_until])
+        if self._deadlines:
+            due = min(due, self._deadlines[0][0])
+        if self._handshakes:
+            due = min(due, self._handshakes[0][0])
+        wait = min(_MAX_SELECT_WAIT, max(0.0, due - time.monotonic()))
+        for key, mask in self._sel.select(wait):
+            tag = key.data
+            if tag == "accept":
+                self._accept()
+            elif tag == "wake":
+                self._drain_wake()
+            else:
+                self._guard(tag, self._on_event, tag, mask)
+        self._expire()
+        while self._ready:
+            conn = self._ready.popleft()
+            self._guard(conn, self._serve, conn)
 
     def _guard(self, conn: _Conn, fn, *args) -> None:
         """Run one connection's handler; an unexpected error drops that connection only."""
@@ -197,7 +237,13 @@ class StoreServer:
             conn = _Conn(sock, f"{addr[0]}:{addr[1]}")
             self._conns.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, conn)
-            self._send(conn, wire.MAGIC)
+            heapq.heappush(self._handshakes,
+                           (time.monotonic() + _HANDSHAKE_S, next(self._tick), conn))
+            if self._secret is not None:
+                conn.auth = _auth.ServerHandshake(self._secret)
+                self._send(conn, conn.auth.hello)
+            else:
+                self._send(conn, wire.MAGIC)
 
     def _on_event(self, conn: _Conn, mask: int) -> None:
         if mask & selectors.EVENT_WRITE:
@@ -223,6 +269,9 @@ class StoreServer:
                 self._reject(conn, "sent too much while a request was pending")
             return
         self._serve(conn)
+        if (not conn.greeted and not conn.closing and conn in self._conns
+                and len(conn.inbuf) > _MAX_UNGREETED):
+            self._reject(conn, "sent too much before its handshake was done")
 
     # ---------------------------------------------------------------- requests
     def _serve(self, conn: _Conn) -> None:
@@ -230,7 +279,22 @@ class StoreServer:
         buf = conn.inbuf
         pos = 0
         try:
-            while conn.waiter is None and not conn.closing and conn in self._conns:
+            while (conn.waiter is None and not conn.closing and conn.outlen <= _OUT_HIGH
+                   and conn in self._conns):
+                if conn.auth is not None:
+                    # nothing past the proof is looked at before the proof checks out
+                    if len(buf) - pos < _auth.PROOF_BYTES:
+                        break
+                    proof = bytes(buf[pos:pos + _auth.PROOF_BYTES])
+                    pos += _auth.PROOF_BYTES
+                    try:
+                        accept = conn.auth.answer(proof)
+                    except _auth.AuthError as exc:
+                        self._refuse(conn, str(exc))
+                        break
+                    conn.auth = None
+                    self._send(conn, accept + wire.MAGIC)
+                    continue
                 if not conn.greeted:
                     if len(buf) - pos < len(wire.MAGIC):
                         if not wire.MAGIC.startswith(bytes(buf[pos:])):
@@ -244,8 +308,9 @@ class StoreServer:
                 n = wire.frame_length(buf, pos)
                 if n is None or len(buf) - pos - 4 < n:
                     break
-                # a copy, not a view: a view still alive (in a traceback) would pin the buffer
-                op, fields = wire.decode(memoryview(bytes(buf[pos + 4:pos + 4 + n])))
+                # released at once: a view still alive (in a traceback) would pin the buffer
+                with memoryview(buf) as view, view[pos + 4:pos + 4 + n] as body:
+                    op, fields = wire.decode(body, wire.MAX_FIELDS)
                 pos += 4 + n
                 wire.check_request(op, fields)
                 self._dispatch(conn, op, fields)
@@ -276,7 +341,11 @@ class StoreServer:
             self._reply(conn, wire.OK, [out])
             self._wake(f[0])
         elif op == wire.APPEND:
-            t.append(f[0], f[1])
+            try:
+                t.append(f[0], f[1])
+            except ValueError as exc:
+                self._reply(conn, wire.VALUE_ERROR, [str(exc).encode()])
+                return
             self._reply(conn, wire.OK)
             self._wake(f[0])
         elif op == wire.CHECK:
@@ -305,6 +374,7 @@ class StoreServer:
     # ---------------------------------------------------------------- waiting
     @staticmethod
     def _deadline(timeout_ms: int) -> float:
+        # any int64 gives a finite float here; select() never sees more than _MAX_SELECT_WAIT
         return math.inf if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
 
     def _park(self, conn: _Conn, op: int, keys: List[bytes], timeout_ms: int) -> None:
@@ -405,16 +475,40 @@ class StoreServer:
         if self._lingering:
             for conn in [c for c in self._lingering if c.close_by <= now]:
                 self._drop(conn)
+        while self._handshakes and self._handshakes[0][0] <= now:
+            _, _, conn = heapq.heappop(self._handshakes)
+            if conn in self._conns and (not conn.greeted or conn.auth is not None):
+                logger.warning("TCPStore server: dropping client %s: no handshake within "
+                               "%g s", conn.peer, _HANDSHAKE_S)
+                self._drop(conn)
         if self._accept_paused_until <= now:
             self._accept_paused_until = math.inf
             self._sel.register(self.listener, selectors.EVENT_READ, "accept")
 
     # ---------------------------------------------------------------- output
     def _reply(self, conn: _Conn, status: int, fields: Optional[List[bytes]] = None) -> None:
-        self._send(conn, wire.encode(status, fields or []))
+        fields = fields or []
+        size = sum(len(f) + 4 for f in fields)
+        if size > wire.MAX_REPLY_BODY:
+            status, fields = wire.VALUE_ERROR, [
+                f"the reply would be {size} bytes, over the limit of {wire.MAX_REPLY_BODY} "
+                "bytes; ask for fewer keys per call".encode()]
+        parts, _ = wire.encode_parts(status, fields)
+        self._send(conn, *parts)
+
+    def _refuse(self, conn: _Conn, reason: str) -> None:
+        """Close a connection that failed to authenticate, telling it so first."""
+        logger.warning("TCPStore server: refused client %s: %s", conn.peer, reason)
+        self._close_after(conn, _auth.REFUSE)
 
     def _reject(self, conn: _Conn, reason: str) -> None:
         logger.warning("TCPStore server: rejected client %s: %s", conn.peer, reason)
+        if conn not in self._conns:
+            return
+        self._close_after(conn, wire.encode(wire.REJECTED, [reason.encode()[:4096]]))
+
+    def _close_after(self, conn: _Conn, last: bytes) -> None:
+        """Send ``last`` (after what is queued), then close; nothing more is read or served."""
         if conn not in self._conns:
             return
         if conn.waiter is not None:
@@ -423,30 +517,48 @@ class StoreServer:
         conn.inbuf.clear()
         conn.close_by = time.monotonic() + _LINGER
         self._lingering.append(conn)
-        self._send(conn, wire.encode(wire.REJECTED, [reason.encode()]))
+        self._send(conn, last)
 
-    def _send(self, conn: _Conn, data: bytes) -> None:
+    def _send(self, conn: _Conn, *parts: bytes) -> None:
         if conn not in self._conns:
             return
-        conn.outbuf += data
+        for p in parts:
+            if p:
+                conn.outq.append(memoryview(p))
+                conn.outlen += len(p)
         self._flush(conn)
 
     def _flush(self, conn: _Conn) -> None:
-        while conn.outbuf:
+        q = conn.outq
+        while q:
             try:
-                n = conn.sock.send(conn.outbuf)
+                n = conn.sock.sendmsg(list(itertools.islice(q, _IOV)))
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
                 self._drop(conn)
                 return
-            del conn.outbuf[:n]
-        want_write = bool(conn.outbuf)
-        if want_write != conn.writing:
-            conn.writing = want_write
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
+            conn.outlen -= n
+            while n:
+                head = q[0]
+                if n >= len(head):
+                    n -= len(head)
+                    q.popleft()
+                else:
+                    q[0] = head[n:]
+                    n = 0
+        # back-pressure: a connection whose replies pile up is not read from; the kernel's
+        # buffers then fill, and its sender blocks, instead of our memory growing
+        events = selectors.EVENT_WRITE if q else 0
+        if conn.outlen <= _OUT_HIGH or conn.closing:
+            events |= selectors.EVENT_READ
+        if events != conn.events:
+            conn.events = events
             self._sel.modify(conn.sock, events, conn)
-        if not conn.outbuf and conn.closing:
+            if (events & selectors.EVENT_READ and conn.inbuf and conn.waiter is None
+                    and not conn.closing):
+                self._ready.append(conn)  # requests held back by the pressure
+        if not q and conn.closing:
             # Half-close and read on until the client hangs up (or _LINGER passes): closing
             # with its unread bytes still queued would reset the connection and could destroy
             # our answer before the client reads it.
@@ -471,3 +583,7 @@ class StoreServer:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
+        # the handshake heap may keep the object a while: let its buffers go now
+        conn.inbuf = bytearray()
+        conn.outq.clear()
+        conn.outlen = 0

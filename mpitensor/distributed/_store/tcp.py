@@ -19,6 +19,7 @@ import weakref
 from datetime import timedelta
 from typing import Any, List, Optional, Tuple
 
+from .. import _auth
 from . import wire
 from .common import (
     DEFAULT_TIMEOUT,
@@ -169,16 +170,17 @@ class TCPStore(Store):
         self._is_master = bool(is_master)
         server = None
         connect_to = host_name
+        secret = _auth.secret_from_env()
         if is_master:
             listener = _listen(port, master_listen_fd)
-            server = StoreServer(listener)
+            server = StoreServer(listener, secret)
             server.start()
             port = server.port
             # The master reaches its own server over loopback: its host_name may name an
             # interface that routes elsewhere.
             bound = listener.getsockname()[0]
             connect_to = "127.0.0.1" if bound in ("", "0.0.0.0", "::") else bound
-        self._init_handle(server, connect_to, port)
+        self._init_handle(server, connect_to, port, secret)
         try:
             self._sock = self._holder[0] = self._connect(self._timeout_s, retry=True)
             if world_size is not None and wait_for_workers:
@@ -189,9 +191,12 @@ class TCPStore(Store):
             self.close()
             raise
 
-    def _init_handle(self, server: Optional[StoreServer], connect_to: str, port: int) -> None:
+    def _init_handle(self, server: Optional[StoreServer], connect_to: str, port: int,
+                     secret: Optional[bytes]) -> None:
         """The per-handle state: lock, socket slot, and the finalizer that releases them."""
         self._server = server
+        # MPITENSOR_SECRET as it was when the store was made (clones and reconnects keep it)
+        self._secret = secret
         self._connect_to = connect_to
         self._port = port
         self._lock = threading.Lock()
@@ -223,7 +228,7 @@ class TCPStore(Store):
         other = TCPStore.__new__(TCPStore)
         Store.__init__(other, self.timeout)
         other._host, other._world_size, other._is_master = self._host, None, False
-        other._init_handle(None, self._connect_to, self._port)
+        other._init_handle(None, self._connect_to, self._port, self._secret)
         other._sock = other._holder[0] = other._connect(other._timeout_s, retry=True)
         return other
 
@@ -266,10 +271,13 @@ class TCPStore(Store):
                 try:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     _keepalive(sock)
-                    greeting = _recv_exact(sock, len(wire.MAGIC), time.monotonic() + attempt)
+                    greeting = self._greet(sock, time.monotonic() + attempt)
                 except (OSError, EOFError) as exc:
                     sock.close()
                     last = exc
+                except BaseException:
+                    sock.close()
+                    raise
                 else:
                     if greeting != wire.MAGIC:
                         sock.close()
@@ -288,6 +296,35 @@ class TCPStore(Store):
             f"could not connect to the TCPStore master at {self._where()}{waited} (last "
             f"error: {last}); check that the master process (is_master=True) is running and "
             "that host and port (MASTER_ADDR/MASTER_PORT) are right") from None
+
+    def _greet(self, sock: socket.socket, deadline: float) -> bytes:
+        """Read the server's greeting, authenticating first where either side has a secret.
+
+        Returns the store greeting (checked by the caller).
+
+        Raises:
+            AuthError: one side has a secret and the other none, or the secrets differ.
+        """
+        first = _recv_exact(sock, len(wire.MAGIC), deadline)
+        if first == _auth.MAGIC:
+            if self._secret is None:
+                raise _auth.AuthError(
+                    f"the TCPStore master at {self._where()} requires a shared secret: set "
+                    f"{_auth.ENV_VAR} in this process to the master's value (mpitensor-run "
+                    "passes one to the processes it starts)")
+            hello = first + _recv_exact(sock, _auth.HELLO_BYTES - len(first), deadline)
+            try:
+                _auth.client_handshake(sock, self._secret, max(deadline - time.monotonic(),
+                                                               0.001), hello)
+            except _auth.AuthError as exc:
+                raise _auth.AuthError(f"TCPStore master at {self._where()}: {exc}") from None
+            return _recv_exact(sock, len(wire.MAGIC), deadline)
+        if self._secret is not None and first == wire.MAGIC:
+            raise _auth.AuthError(
+                f"the TCPStore master at {self._where()} does not authenticate, but "
+                f"{_auth.ENV_VAR} is set in this process: set it to the same value in every "
+                "process of the job, the master's included (or unset it everywhere)")
+        return first
 
     def _request(self, op: int, fields: List[bytes],
                  wait_s: Optional[float] = None) -> Tuple[int, List[bytes]]:

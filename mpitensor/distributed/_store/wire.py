@@ -10,9 +10,14 @@ Then the client sends requests and the server answers each in order:
 
 All integers are little-endian; ``length`` counts the bytes after itself. Numbers inside
 fields (amounts, counters, timeouts in milliseconds) are signed 64-bit. Keys are at most
-64 KiB, values at most 64 MiB, a whole frame at most :data:`MAX_FRAME` bytes; the server
+64 KiB, values at most 64 MiB, a request names at most :data:`MAX_KEYS` keys, a whole frame
+is at most :data:`MAX_FRAME` bytes, a reply at most :data:`MAX_REPLY_BODY`; the server
 answers anything else (an unknown opcode, a wrong field count, a field of the wrong size)
 with a ``REJECTED`` reply and closes that connection only.
+
+Where ``MPITENSOR_SECRET`` is set, the connection first runs the handshake of
+``distributed/_auth.py`` (the server's challenge comes before :data:`MAGIC`), and the server
+parses nothing else a client sends until that client has proven the secret.
 """
 
 from __future__ import annotations
@@ -20,13 +25,17 @@ from __future__ import annotations
 import struct
 from typing import List, Optional, Sequence, Tuple
 
-from .common import MAX_KEY_BYTES, MAX_VALUE_BYTES
+from .common import MAX_KEY_BYTES, MAX_KEYS, MAX_VALUE_BYTES
 
 MAGIC = b"MPTSTOR1"
 #: Largest frame either side accepts: one value of the largest size plus room for its key.
 MAX_FRAME = MAX_VALUE_BYTES + 2 * MAX_KEY_BYTES + 1024
 #: Largest reply a client accepts (a multi_get may return several large values).
 MAX_REPLY = 2 ** 32 - 1
+#: Most fields one frame may carry (a multi_set of MAX_KEYS pairs, plus its head).
+MAX_FIELDS = 2 * MAX_KEYS + 2
+#: Largest reply the server builds (beyond it a multi_get/list_keys is answered VALUE_ERROR).
+MAX_REPLY_BODY = 1 << 30
 
 _LEN = struct.Struct("<I")
 _HEAD = struct.Struct("<BI")
@@ -78,6 +87,32 @@ def encode(code: int, fields: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
+def encode_parts(code: int, fields: Sequence[bytes]) -> Tuple[List[bytes], int]:
+    """One frame as a list of buffers and its total size, without copying large fields.
+
+    Small pieces are joined; a field of 64 KiB or more is passed on as is, so a reply that
+    returns a stored value refers to it instead of holding a second copy.
+    """
+    parts: List[bytes] = []
+    small: List[bytes] = [b"", _HEAD.pack(code, len(fields))]
+    total = _HEAD.size
+    for f in fields:
+        small.append(_LEN.pack(len(f)))
+        total += _LEN.size + len(f)
+        if len(f) >= 1 << 16:
+            parts.append(b"".join(small))
+            parts.append(f)
+            small = []
+        else:
+            small.append(f)
+    if small:
+        parts.append(b"".join(small))
+    if total > MAX_REPLY:
+        raise ProtocolError(f"frame of {total} bytes does not fit its 32-bit length")
+    parts[0] = _LEN.pack(total) + parts[0]
+    return parts, total + _LEN.size
+
+
 def frame_length(buf: bytes | bytearray, pos: int = 0, limit: int = MAX_FRAME) -> Optional[int]:
     """The body length announced at ``buf[pos:]`` (None until its 4 bytes are there).
 
@@ -94,8 +129,10 @@ def frame_length(buf: bytes | bytearray, pos: int = 0, limit: int = MAX_FRAME) -
     return n
 
 
-def decode(body: memoryview) -> Tuple[int, List[bytes]]:
+def decode(body: memoryview, max_fields: int = MAX_REPLY) -> Tuple[int, List[bytes]]:
     """A frame body (after the length) as ``(code, fields)``; fields are checked for framing.
+
+    ``max_fields``: the most fields accepted (checked before any is copied).
 
     Raises:
         ProtocolError: the fields do not add up to the body.
@@ -105,6 +142,9 @@ def decode(body: memoryview) -> Tuple[int, List[bytes]]:
     end = len(body)
     if count > (end - pos) // _LEN.size:
         raise ProtocolError(f"frame announces {count} fields in {end} bytes")
+    if count > max_fields:
+        raise ProtocolError(f"frame of {count} fields exceeds the limit of {max_fields} (at "
+                            f"most {MAX_KEYS} keys per request)")
     fields = []
     for _ in range(count):
         if pos + _LEN.size > end:
@@ -133,6 +173,9 @@ def check_request(op: int, fields: List[bytes]) -> None:
     n_tail = len(fields) - len(head)
     if n_tail < 0 or (tail == "" and n_tail) or (tail and n_tail % len(tail)):
         raise ProtocolError(f"{NAMES[op]} request with {len(fields)} fields")
+    if tail and n_tail // len(tail) > MAX_KEYS:
+        raise ProtocolError(f"{NAMES[op]} request names {n_tail // len(tail)} keys, over the "
+                            f"limit of {MAX_KEYS} keys per request")
     kinds = head + tail * (n_tail // len(tail) if tail else 0)
     for kind, f in zip(kinds, fields):
         if kind == "I":
