@@ -42,11 +42,11 @@ by ``mpitensor-run --max-restarts N`` (``TORCHELASTIC_RESTART_COUNT`` above 0), 
 
 Errors in the command line exit with code 2 and one line on stderr (printed by rank 0 only).
 Errors found while running (missing or corrupt data, a corrupt checkpoint or one from another
-model or data, no GPU) are agreed on by all ranks and exit with code 1 and one line per rank
-naming the file or cause and what to do, prefixed ``[rank N]`` when there are several
-ranks; nothing is written then. An unexpected exception on one rank prints its traceback (each
-line prefixed ``[rank N]``) and aborts the whole job (``MPI_Abort``). A save interrupted by a
-kill leaves the previous ``last.mt`` intact; the next run removes the partial temporary file.
+model or data, no GPU) are agreed on by all ranks: rank 0 prints one line naming the file or
+cause and what to do, and every rank exits with code 1; nothing is written then. An
+unexpected exception on one rank prints its traceback (each line prefixed ``[rank N]``) and
+aborts the whole job (``MPI_Abort``). A save interrupted by a kill leaves the previous
+``last.mt`` intact; the next run removes the partial temporary file.
 """
 
 from __future__ import annotations
@@ -174,7 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ------------------------------------------------------------------------------ errors
 class UserError(Exception):
-    """A problem every rank detects alike; reported as one line per rank, exit code 1."""
+    """A problem every rank detects alike; rank 0 reports it in one line, exit code 1.
+
+    ``everywhere`` is False for one that this rank found alone, where the ranks could not
+    compare yet (torchrun's processes before ``init_process_group``): that rank reports it.
+    """
+
+    def __init__(self, message: str, everywhere: bool = True) -> None:
+        super().__init__(message)
+        self.everywhere = everywhere
 
 
 def _agreed(fn: Any, *args: Any) -> Any:
@@ -184,22 +192,69 @@ def _agreed(fn: Any, *args: Any) -> Any:
     copy) and checks its own GPU, so one rank may fail where others succeed; without agreeing,
     those others would go on and wait for it in their first collective.
     """
-    from mpi4py import MPI  # the world, also before the process group exists
-
     result, err = None, None
     try:
         result = fn(*args)
     except UserError as exc:
         err = str(exc)
-    world = MPI.COMM_WORLD.Get_size()
-    errors: List[Optional[str]] = MPI.COMM_WORLD.allgather(err) if world > 1 else [err]
+    errors = _errors_of_all_ranks(err)
     bad = [r for r, e in enumerate(errors) if e is not None]
     if bad:
         first = errors[bad[0]]
-        if len(bad) < world:
+        if len(bad) < len(errors):
             first = f"{first} (on rank(s) {bad} only; the other ranks succeeded)"
-        raise UserError(first)
+        raise UserError(first, everywhere=len(errors) == _world_now())
     return result
+
+
+def _mpi_launched() -> bool:
+    """Whether an MPI launcher (mpiexec, mpitensor-run, srun) started this process, so that
+    MPI's world is the job already before ``init_process_group``."""
+    if any(os.environ.get(v, "").strip().isdigit() for v in
+           ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")):
+        return True
+    # a batch script's SLURM_PROCID is inherited by what it starts; torchrun's workers say so
+    return (os.environ.get("SLURM_PROCID", "").strip().isdigit()
+            and "TORCHELASTIC_RUN_ID" not in os.environ)
+
+
+def _errors_of_all_ranks(err: Optional[str]) -> List[Optional[str]]:
+    """Every rank's error (None where it had none), by rank, as far as ranks can meet yet."""
+    import mpitensor.distributed as dist
+
+    if dist.is_initialized():
+        if dist.get_world_size() == 1:
+            return [err]
+        errors: List[Optional[str]] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, err)
+        return errors
+    if not _mpi_launched():
+        # torchrun or a plain `python`: these processes become one MPI job only inside
+        # init_process_group, and importing mpi4py.MPI before it would make each of them an
+        # MPI job of its own; each checks alone (torchrun's agent ends the others if one fails)
+        return [err]
+    from mpi4py import MPI  # an MPI launcher's world: the job, also before the process group
+
+    if MPI.COMM_WORLD.Get_size() == 1:
+        return [err]
+    return MPI.COMM_WORLD.allgather(err)
+
+
+def _first_failure(text: str) -> str:
+    """One line from a download error: what failed, where, and the first attempt's error.
+
+    The error lists every attempt on lines of their own (``    URL: error``) under a head
+    line that ends in a colon; the head alone would say nothing of why.
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return "unknown error"
+    head = lines[0].rstrip(":")
+    attempts = [line for line in text.splitlines() if line.startswith("    ")]
+    if not attempts:
+        return head
+    more = f"; {len(attempts) - 1} more attempt(s) failed" if len(attempts) > 1 else ""
+    return f"{head}: {attempts[0].strip()}{more}"
 
 
 #: the temporary files of interrupted checkpoint saves (``mpitensor.save``'s naming)
@@ -288,7 +343,7 @@ def load_data(args: argparse.Namespace, rank: int) -> Dict[str, Any]:
                     MNIST(root, train=False, download=True, timeout=30.0)  # rank 0 fetches
                     have = _mnist_files(root)
                 except DatasetError as exc:
-                    reason = str(exc).splitlines()[0]
+                    reason = _first_failure(str(exc))
         if have["train"] or have["t10k"]:
             try:
                 test = MNIST(root, train=False) if have["t10k"] else None
@@ -463,8 +518,6 @@ def _select_device(args: argparse.Namespace) -> Tuple[str, str]:
     """(device string, process-group backend) for ``--device``; checks CuPy and the GPU."""
     if args.device == "cpu":
         return "cpu", "mpi"
-    from mpi4py import MPI
-
     from mpitensor import backend
     from mpitensor.distributed import is_nccl_available
 
@@ -473,9 +526,15 @@ def _select_device(args: argparse.Namespace) -> Tuple[str, str]:
         raise UserError(f"--device cuda needs CuPy and a CUDA GPU: {reason}; or use "
                         "--device cpu")
     cp = backend.get_cupy()
-    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    local, per_node = node.Get_rank(), node.Get_size()
-    node.Free()
+    if _mpi_launched():
+        from mpi4py import MPI
+
+        node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+        local, per_node = node.Get_rank(), node.Get_size()
+        node.Free()
+    else:  # torchrun's variables (before init_process_group, MPI must not start here)
+        local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     gpus = cp.cuda.runtime.getDeviceCount()
     index = local % gpus
     cp.cuda.Device(index).use()
@@ -898,8 +957,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         train(args)
     except UserError as exc:  # raised alike on every rank (agreed): a clean exit everywhere
-        # every rank says it, so a reader sees that none is left waiting; one rank: no prefix
-        sys.stderr.write(f"{_rank_prefix()}{PROG}: error: {exc}\n")
+        # one line for the job, as argparse's errors: rank 0 says what every rank found
+        if exc.everywhere:
+            if _rank_now() == 0:
+                sys.stderr.write(f"{PROG}: error: {exc}\n")
+        else:  # found by this rank alone
+            sys.stderr.write(f"{_rank_prefix()}{PROG}: error: {exc}\n")
         sys.stderr.flush()
         return 1
     except BaseException as exc:  # one rank's failure must not leave the others waiting
@@ -914,26 +977,41 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _rank_now() -> int:
-    if "mpi4py.MPI" in sys.modules:
-        from mpi4py import MPI
-
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            return MPI.COMM_WORLD.Get_rank()
-    return launcher_rank()
+    """This process's rank: the process group's, MPI's, the launcher's or torchrun's (0)."""
+    group = _group_now()
+    if group is not None:
+        return group[0]
+    value = launcher_rank(None)
+    if value is not None:
+        return value
+    value_text = os.environ.get("RANK", "").strip()  # torchrun, before init_process_group
+    return int(value_text) if value_text.isdigit() else 0
 
 
 def _world_now() -> int:
     """The number of ranks of this job (1 without a launcher)."""
-    if "mpi4py.MPI" in sys.modules:
-        from mpi4py import MPI
-
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            return MPI.COMM_WORLD.Get_size()
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"):
-        value = os.environ.get(var, "")
+    group = _group_now()
+    if group is not None:
+        return group[1]
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS",
+                "WORLD_SIZE"):
+        value = os.environ.get(var, "").strip()
         if value.isdigit():
             return int(value)
     return 1
+
+
+def _group_now() -> Optional[Tuple[int, int]]:
+    """(rank, world size) of the default process group or of MPI's world, once either is up."""
+    dist = sys.modules.get("mpitensor.distributed")
+    if dist is not None and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if "mpi4py.MPI" in sys.modules and _mpi_launched():
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    return None
 
 
 def _rank_prefix() -> str:

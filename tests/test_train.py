@@ -294,6 +294,53 @@ def test_bad_command_line_under_mpiexec_prints_once(tmp_path: Path) -> None:
                              "(see train.py --help)"], str(run)
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["--dataset", "mnist", "--no-download"], "--dataset mnist: no MNIST files in data/mnist"),
+    (["--device", "cuda"], "--device cuda needs CuPy and a CUDA GPU"),
+    (["--dataset", "digits", "--resume"], "cannot resume from checkpoints/last.mt: no such file"),
+])
+def test_runtime_error_under_mpiexec_is_one_line(args: List[str], needle: str,
+                                                 tmp_path: Path) -> None:
+    """docs/training.md: a problem found while running prints *one* ``train.py: error:`` line,
+    and every rank exits 1; at -n 4 it used to be four lines, each prefixed ``[rank N]``."""
+    if args[0] == "--device":
+        from mpitensor import backend
+
+        if not backend.cupy_unavailable_reason():
+            pytest.skip("CuPy and a GPU are present here: --device cuda would train")
+    run = train(4, *args, cwd=tmp_path, timeout=120)
+    assert run.returncode == 1, str(run)
+    assert len(run.err_lines) == 1, str(run)
+    assert run.err_lines[0].startswith(f"train.py: error: {needle}"), str(run)
+    assert run.stdout == ""
+
+
+def test_torchrun_as_documented(tmp_path: Path) -> None:
+    """``torchrun --nproc-per-node 2 train.py --lr 0.1`` (docs/launching.md, training.md):
+    train.py used to import mpi4py.MPI before init_process_group, so each process was an MPI
+    job of its own and both exited 1."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed (torch is the tests' optional oracle)")
+    (tmp_path / "train.py").write_bytes(TRAIN.read_bytes())
+    env = _env({"MPITENSOR_MNIST_MIRRORS": "http://127.0.0.1:9/"})  # offline at once
+    proc = subprocess.Popen([str(torchrun), "--nproc-per-node", "2", "train.py", "--lr", "0.1",
+                             "--epochs", "1", "--max-steps", "4", "--no-plot"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        pytest.fail("torchrun --nproc-per-node 2 train.py hung")
+    run = Run(proc.returncode, out, err)
+    assert run.returncode == 0, str(run)
+    assert "2 rank(s) x batch 32 = global batch 64" in run.lines[0], str(run)
+    assert "lr 0.1 " in run.lines[0], str(run)
+    assert run.lines[-1].startswith("final held-out accuracy") and "4 steps on 2 rank(s)" in \
+        run.lines[-1], str(run)
+
+
 # ----------------------------------------------------------------------------- datasets
 def test_auto_falls_back_to_digits_with_one_warning(tmp_path: Path) -> None:
     """Empty --data-dir and no reachable mirror: Digits, announced by exactly one line."""
@@ -307,6 +354,8 @@ def test_auto_falls_back_to_digits_with_one_warning(tmp_path: Path) -> None:
     warnings = [ln for ln in run.err_lines if "warning" in ln]
     assert len(warnings) == 1 and run.err_lines == warnings, str(run)
     assert "Digits" in warnings[0] and "MNIST unavailable" in warnings[0]
+    # the reason is said, not an empty pair of parentheses after a colon (issue 27 item 3)
+    assert ":)" not in warnings[0] and "http://127.0.0.1:9/" in warnings[0], warnings[0]
     assert "Digits (scikit-learn) 1,438 train / 359 held out" in run.lines[0]
     final = FINAL.match(run.lines[-1])
     assert final and int(final.group(3)) == 359, str(run)
