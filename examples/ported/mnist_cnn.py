@@ -59,8 +59,9 @@ def load_mnist(data_dir, train_limit=0, test_limit=0):
         train = (train[0][:train_limit], train[1][:train_limit])
     if test_limit:
         test = (test[0][:test_limit], test[1][:test_limit])
-    return (TensorDataset(torch.from_numpy(train[0]), torch.from_numpy(train[1])),
-            TensorDataset(torch.from_numpy(test[0]), torch.from_numpy(test[1])))
+    real = torch.get_default_dtype()  # float32 unless --dtype float64
+    return (TensorDataset(torch.from_numpy(train[0]).to(real), torch.from_numpy(train[1])),
+            TensorDataset(torch.from_numpy(test[0]).to(real), torch.from_numpy(test[1])))
 
 
 class Net(nn.Module):
@@ -136,7 +137,10 @@ def main():
     parser.add_argument("--test-limit", type=int, default=0)
     parser.add_argument("--init-from", default=None,
                         help="start from a state dict saved as .npz (name -> array)")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                        help="the dtype of weights and images (torch.set_default_dtype)")
     args = parser.parse_args()
+    torch.set_default_dtype(getattr(torch, args.dtype))
 
     use_accel = not args.no_accel and torch.accelerator.is_available()
     device = torch.accelerator.current_accelerator() if use_accel else torch.device("cpu")

@@ -99,7 +99,7 @@ def synthetic_cifar(n, size, seed):
     x = rng.standard_normal((n, 3, size, size)).astype(np.float32)
     pooled = x.reshape(n, 3, 4, size // 4, 4, size // 4).mean(axis=(3, 5)).reshape(n, -1)
     y = (pooled @ teacher).argmax(axis=1).astype(np.int64)
-    return TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    return TensorDataset(torch.from_numpy(x).to(torch.get_default_dtype()), torch.from_numpy(y))
 
 
 def evaluate(model, loader, device):
@@ -138,7 +138,10 @@ def main():
     parser.add_argument("--init-from", default=None,
                         help="start from a state dict saved as .npz (name -> array)")
     parser.add_argument("--save-model", default=None, help="rank 0 saves the weights here")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                        help="the dtype of weights and images (torch.set_default_dtype)")
     args = parser.parse_args()
+    torch.set_default_dtype(getattr(torch, args.dtype))
 
     rank, world_size = setup(args.backend)
     torch.manual_seed(args.seed)

@@ -93,7 +93,7 @@ def numpy_noise(seed):
 
     def like(t):
         return torch.from_numpy(rng.standard_normal(tuple(t.shape)).astype(np.float32)).to(
-            t.device)
+            device=t.device, dtype=t.dtype)
     return like
 
 
@@ -144,13 +144,17 @@ def main():
                         help="start from a state dict saved as .npz (name -> array)")
     parser.add_argument("--samples", default=None,
                         help="after training, decode 64 latent draws and save them (.npy)")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                        help="the dtype of weights and images (torch.set_default_dtype)")
     args = parser.parse_args()
+    torch.set_default_dtype(getattr(torch, args.dtype))
 
     torch.manual_seed(args.seed)
     train_x, test_x = mnist_pixels(args.data_dir, args.limit)
-    train_loader = DataLoader(TensorDataset(torch.from_numpy(train_x)),
+    real = torch.get_default_dtype()
+    train_loader = DataLoader(TensorDataset(torch.from_numpy(train_x).to(real)),
                               batch_size=args.batch_size, shuffle=False)
-    test_loader = DataLoader(TensorDataset(torch.from_numpy(test_x)),
+    test_loader = DataLoader(TensorDataset(torch.from_numpy(test_x).to(real)),
                              batch_size=args.batch_size)
 
     model = VAE(noise=numpy_noise(args.seed) if args.fixed_noise else None)
