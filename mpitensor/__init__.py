@@ -51,10 +51,38 @@ from .errors import (
 from .tensor import *  # noqa: F403
 from .tensor import __all__ as _tensor_names
 
-if _config.LOG_LEVEL != "WARNING":
+if _config.LOG_SET:
     import logging as _logging
 
-    _logging.getLogger("mpitensor").setLevel(_config.LOG_LEVEL)
+    class _RankFilter(_logging.Filter):
+        """Stamps each record with this process's rank, found when the record is made."""
+
+        def filter(self, record: _logging.LogRecord) -> bool:
+            record.rank = _rank_for_log()
+            return True
+
+    def _rank_for_log() -> str:
+        if distributed.is_initialized():
+            return str(distributed.get_rank())
+        rank = distributed.launcher_rank(None)  # mpiexec's, before init_process_group
+        if rank is None:
+            rank = _os.environ.get("RANK", "").strip()  # torchrun's
+            return rank if rank.isdigit() else "0"
+        return str(rank)
+
+    import os as _os
+
+    # The switch asks to see these lines: they go to stderr through a handler of the
+    # "mpitensor" logger only (the root logger and the application's handlers stay as they
+    # are, and records do not also reach them, which would print each line twice)
+    _logger = _logging.getLogger("mpitensor")
+    _logger.setLevel(_config.LOG_LEVEL)
+    _handler = _logging.StreamHandler()  # sys.stderr, looked up at each record
+    _handler.setFormatter(_logging.Formatter("[rank %(rank)s] %(name)s %(levelname)s: "
+                                             "%(message)s"))
+    _handler.addFilter(_RankFilter())
+    _logger.addHandler(_handler)
+    _logger.propagate = False
 
 __all__ = [
     "__version__", "backend", "errors", "distributed", "device", "cupy_available", "autograd",

@@ -12,7 +12,10 @@
 ``MPITENSOR_NUM_THREADS`` BLAS/OpenMP threads per rank: ``auto`` (default: a fair share of the
                       node's cores, applied by ``init_process_group``), a positive integer, or
                       ``off``; read at ``init_process_group`` by ``mpitensor._threads``.
-``MPITENSOR_LOG``     logging level name for the ``mpitensor`` logger (default WARNING).
+``MPITENSOR_LOG``     logging level name for the ``mpitensor`` logger (default WARNING); when set,
+                      the logger gets a handler of its own that prints each line on stderr as
+                      ``[rank N] mpitensor.module LEVEL: message`` (and no longer passes it on
+                      to the root logger's handlers).
 ``MPITENSOR_CHECK_BYTES`` collectives whose buffer has at least this many bytes (default 65536)
                       check, beside the data, that every rank made the same call (one tiny
                       reduction; see ``distributed/_fingerprint.py``); ``0`` checks every call,
@@ -23,6 +26,9 @@
 ``MPITENSOR_RENDEZVOUS`` ``auto`` (default), ``pmi`` or ``connect``: how processes that no MPI
                       launcher started are joined into one MPI job in ``init_process_group``
                       (see ``distributed/_rendezvous.py``); read there, at that call.
+``MPITENSOR_LOAD_MAX_BYTES`` the most memory ``mpitensor.load`` may allocate for one file's
+                      tensors (a byte count, or ``off``); default: the memory available at each
+                      call. ``load(..., max_bytes=N)`` overrides it (see docs/checkpoints.md).
 ``MPITENSOR_SECRET``  a shared secret (any text; unset or empty: none): every TCPStore
                       connection then proves it in both directions (HMAC challenge and
                       response, see ``distributed/_auth.py``; the secret never goes on the
@@ -90,6 +96,7 @@ def env_choice(name: str, choices: "tuple[str, ...]", default: str) -> str:
 
 
 LOG_LEVEL: str = env_choice("MPITENSOR_LOG", _LEVELS, "WARNING")
+LOG_SET: bool = bool(os.environ.get("MPITENSOR_LOG", "").strip())
 
 
 def env_bytes(name: str, default: int) -> int:
@@ -120,3 +127,24 @@ def env_secret() -> Optional[bytes]:
     if not raw:
         return None
     return raw.encode("utf-8", "surrogateescape")
+
+
+def env_limit(name: str) -> Optional[int]:
+    """Read a memory bound: a byte count, ``off`` (no bound: OFF_BYTES), or unset (None)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    value = raw.strip().lower()
+    if value in ("off", "never", "none"):
+        return OFF_BYTES
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{name}={raw!r} is not a byte count; use a non-negative integer "
+                         "(e.g. 8000000000) or off")
+    return n
+
+
+LOAD_MAX_BYTES: Optional[int] = env_limit("MPITENSOR_LOAD_MAX_BYTES")

@@ -176,6 +176,126 @@ def sweep_mpich_segments(before: set) -> List[str]:
     return removed
 
 
+#: set by the test session (conftest.py) in its environment, which every process it starts
+#: inherits: what tells this session's processes, and so its segments, from other runs'
+SESSION_VAR = "MPITENSOR_TEST_SESSION"
+
+
+def _in_session(pid: int, token: bytes) -> bool:
+    try:
+        return token in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def session_pids(session: str) -> List[int]:
+    """The live processes that carry ``SESSION_VAR=session`` (this one left out)."""
+    token = f"{SESSION_VAR}={session}".encode()
+    me = os.getpid()
+    return [int(p.name) for p in Path("/proc").glob("[0-9]*")
+            if int(p.name) != me and _in_session(int(p.name), token)]
+
+
+def _mappers(names: set) -> dict:
+    """For each segment of ``names``, the pids of the live processes that map it."""
+    found: dict = {name: set() for name in names}
+    prefix = str(SHM_DIR / SHM_PREFIX)
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            at = line.find(prefix)
+            if at >= 0:
+                name = Path(line[at:].split()[0]).name
+                if name in found:
+                    found[name].add(int(maps.parent.name))
+    return found
+
+
+class SegmentWatch:
+    """Notes which new MPICH segments this test session's processes make, as they appear.
+
+    A segment's file says nothing of its job, and other runs (other checkouts, other
+    users' tests) make segments in the same /dev/shm at the same time: a segment is this
+    session's when a process carrying ``SESSION_VAR=session`` maps it. A rank maps its
+    segment from ``MPI_Init`` to its exit, so a poll every ``interval`` seconds sees it.
+    """
+
+    def __init__(self, session: str, interval: float = 0.1) -> None:
+        import threading
+
+        self.session = session
+        self.token = f"{SESSION_VAR}={session}".encode()
+        self.interval = interval
+        self.ours: set = set()
+        self._seen = mpich_segments()  # there before: never ours
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="mpich-segment-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    def poll(self) -> None:
+        """Look once at the segments that appeared since the last look."""
+        with self._lock:
+            new = mpich_segments() - self._seen
+            if not new:
+                return
+            for name, pids in _mappers(new).items():
+                if any(_in_session(pid, self.token) for pid in pids):
+                    self.ours.add(name)
+                    self._seen.add(name)
+                elif pids:
+                    self._seen.add(name)  # another run's
+                # mapped by nobody (yet, or any more): looked at again next time
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - a failed look must not end the watch
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.poll()
+
+
+def end_session(watch: SegmentWatch, patience: float = 3.0) -> List[str]:
+    """Kill what this session started that still runs, then remove the segments it made.
+
+    Returns the segments removed. Processes of an interrupted run's jobs run in sessions of
+    their own, out of reach of the terminal's Ctrl-C: they carry the session's variable.
+    """
+    deadline = time.monotonic() + patience
+    pids = session_pids(watch.session)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.05)
+            pids = session_pids(watch.session)
+        if not pids:
+            break
+        deadline = time.monotonic() + 2.0
+    watch.stop()
+    mapped = _mapped_segments()
+    removed = []
+    for name in sorted(watch.ours - mapped):
+        try:
+            (SHM_DIR / name).unlink()
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
 HYDRA_XML_GLOB = "/tmp/hydra_hwloc_xmlfile_*"
 
 
