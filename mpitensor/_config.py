@@ -26,6 +26,12 @@
 ``MPITENSOR_RENDEZVOUS`` ``auto`` (default), ``pmi`` or ``connect``: how processes that no MPI
                       launcher started are joined into one MPI job in ``init_process_group``
                       (see ``distributed/_rendezvous.py``); read there, at that call.
+``MPITENSOR_JOB_ID``   the identity of the job this process belongs to (any text; set on every
+                      process of a job by ``mpitensor-run`` and ``spawn`` where it is not set
+                      already): a rendezvous refuses a process whose job differs from the
+                      job of the first process there, so two jobs given one port do not merge
+                      (torchrun's ``TORCHELASTIC_RUN_ID`` comes first, unless it is ``none``);
+                      read at that call by :func:`job_id`.
 ``MPITENSOR_LOAD_MAX_BYTES`` the most memory ``mpitensor.load`` may allocate for one file's
                       tensors (a byte count, or ``off``); default: the memory available at each
                       call. ``load(..., max_bytes=N)`` overrides it (see docs/checkpoints.md).
@@ -97,6 +103,12 @@ def env_choice(name: str, choices: "tuple[str, ...]", default: str) -> str:
 
 LOG_LEVEL: str = env_choice("MPITENSOR_LOG", _LEVELS, "WARNING")
 LOG_SET: bool = bool(os.environ.get("MPITENSOR_LOG", "").strip())
+
+
+def job_id() -> str:
+    """``MPITENSOR_JOB_ID`` as set now, stripped (``""`` where unset): read at each rendezvous,
+    since launchers and tests set it per job in the processes they start."""
+    return os.environ.get("MPITENSOR_JOB_ID", "").strip()
 
 
 def env_bytes(name: str, default: int) -> int:
