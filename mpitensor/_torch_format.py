@@ -63,7 +63,7 @@ from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor.tensor import Size, Tensor
 
-__all__ = ["FormatError", "Place", "read_zip", "read_legacy", "write_zip", "plan_zip",
+__all__ = ["FormatError", "Place", "Budget", "read_zip", "read_legacy", "write_zip", "plan_zip",
            "check_weights_only", "is_legacy", "LEGACY_MAGIC"]
 
 _log = logging.getLogger("mpitensor.checkpoint")
@@ -106,6 +106,37 @@ _DTYPES: Dict[str, np.dtype] = {name: np.dtype(dt) for dt, name in _dt._NAMES.it
 
 class FormatError(Exception):
     """What is wrong with a torch file (the caller adds the file's name)."""
+
+
+class Budget:
+    """The memory one load may allocate: every allocation is counted before it is made.
+
+    Args:
+        limit: the most bytes, or None for no bound.
+        hint: what the refusal adds after the numbers: where the limit came from and how to
+            raise it.
+
+    Example:
+        >>> b = Budget(100, "")
+        >>> b.need(60, "storage '0'")  # a second 60 would raise FormatError
+        >>> b.used
+        60
+    """
+
+    __slots__ = ("limit", "hint", "used")
+
+    def __init__(self, limit: Optional[int] = None, hint: str = "") -> None:
+        self.limit = limit
+        self.hint = hint
+        self.used = 0
+
+    def need(self, n: int, what: str) -> None:
+        """Count ``n`` more bytes for ``what``, or raise FormatError (nothing allocated)."""
+        if self.limit is not None and self.used + n > self.limit:
+            raise FormatError(f"its tensors need at least {self.used + n} bytes of memory "
+                              f"({what}), more than the limit of {self.limit} bytes"
+                              f"{self.hint}")
+        self.used += n
 
 
 def is_legacy(prefix: bytes) -> bool:
@@ -254,8 +285,12 @@ class _Unpickler(pickle._Unpickler):
 
     def __init__(self, file: BinaryIO, read: Optional[Callable[[str, int], np.ndarray]],
                  place: Place, weights_only: bool, swap: bool, parameter: type,
-                 storages: Optional[Dict[str, _Storage]] = None) -> None:
+                 storages: Optional[Dict[str, _Storage]] = None,
+                 budget: Optional[Budget] = None) -> None:
         super().__init__(file, fix_imports=True, encoding="utf-8", errors="strict")
+        self.budget = Budget() if budget is None else budget
+        # (storage key, dtype, conj, neg) -> the storage with the flags applied, placed
+        self.flagged: Dict[Tuple[str, str, bool, bool], Any] = {}
         self.parameter = parameter
         self.read_storage = read
         self.dry = False  # the legacy layout's first pass: learn the storages, build nothing
@@ -387,6 +422,22 @@ class _Unpickler(pickle._Unpickler):
             st.placed = self.place(st.host, st.location)
         return st.placed
 
+    def _flagged(self, st: _Storage, buf: Any, dtype: np.dtype, conj: bool, neg: bool) -> Any:
+        """A copy of the storage, seen as ``dtype``, conjugated and/or negated (one per kind)."""
+        key = (st.key, dtype.str, conj, neg)
+        out = self.flagged.get(key)
+        if out is None:
+            nbytes = st.nbytes - st.nbytes % dtype.itemsize
+            how = " and ".join(w for w, f in (("conjugated", conj), ("negated", neg)) if f)
+            self.budget.need(nbytes, f"a {how} copy of storage {st.key!r}")
+            typed = buf[:nbytes].view(dtype)
+            copy = typed.conj() if conj else typed.copy()
+            if neg:
+                _backend.array_module(copy).negative(copy, out=copy)
+            out = copy.view(np.uint8)
+            self.flagged[key] = out
+        return out
+
     # --- rebuild functions -------------------------------------------------------------------
     def _view(self, ref: Any, dtype: Optional[np.dtype], offset: Any, size: Any, stride: Any,
               requires_grad: Any = False, metadata: Any = None) -> Optional[Tensor]:
@@ -413,6 +464,16 @@ class _Unpickler(pickle._Unpickler):
                 f"stride {list(stride)} at offset {offset} needs {end * item} bytes but its "
                 f"storage {st.key!r} holds {st.nbytes}")
         buf = self._placed(st, dtype)
+        if metadata:
+            if not isinstance(metadata, dict):
+                raise FormatError("malformed tensor: metadata is not a dict")
+            # torch keeps conjugation and negation as lazy flags on a view of the storage:
+            # apply them to the storage (its size is bounded by the file), never to the view,
+            # whose size is not (zeros(1).expand(n, n) is 4 bytes of storage)
+            conj = bool(metadata.get("conj")) and dtype.kind == "c"
+            neg = bool(metadata.get("neg"))
+            if conj or neg:
+                buf = self._flagged(st, buf, dtype, conj, neg)
         try:
             if numel == 0:
                 arr = _backend.array_module(buf).empty(size, dtype=dtype)
@@ -424,13 +485,6 @@ class _Unpickler(pickle._Unpickler):
                                  strides=[s * item for s in stride])
         except (ValueError, TypeError, OverflowError, MemoryError) as exc:
             raise FormatError(f"malformed tensor of size {list(size)}: {exc}") from None
-        if metadata:
-            if not isinstance(metadata, dict):
-                raise FormatError("malformed tensor: metadata is not a dict")
-            if metadata.get("conj"):
-                arr = arr.conj()  # torch stores conjugate views lazily: resolve them here
-            if metadata.get("neg"):
-                arr = -arr
         t = Tensor(arr)
         if requires_grad:
             try:
@@ -586,7 +640,7 @@ def _read_record(zf: zipfile.ZipFile, info: zipfile.ZipInfo, n: int) -> np.ndarr
 
 
 def read_zip(fh: BinaryIO, place: Place, weights_only: bool, parameter: type,
-             total: Optional[int] = None) -> Any:
+             total: Optional[int] = None, budget: Optional[Budget] = None) -> Any:
     """Read a zip-layout ``torch.save`` file from a seekable binary file.
 
     Args:
@@ -596,29 +650,33 @@ def read_zip(fh: BinaryIO, place: Place, weights_only: bool, parameter: type,
         parameter: the class parameters load as (``mpitensor.nn.Parameter``; passed in
             because this module sits below ``nn`` in the layers).
         total: the file's size, where known (checks record sizes before reading them).
+        budget: the memory the load may allocate (None: no bound). The records of the
+            storages are counted before any is read; copies made for torch's lazy
+            conjugation and negation, before each is made.
 
     Returns:
         The object tree, with mpitensor Tensors and Parameters; views of one storage share it.
 
     Raises:
-        FormatError: the file is not a torch file, is truncated or corrupt, or holds what
-            mpitensor does not read.
+        FormatError: the file is not a torch file, is truncated or corrupt, holds what
+            mpitensor does not read, or needs more memory than ``budget`` allows.
     """
     try:
-        return _read_zip(fh, place, weights_only, parameter, total)
+        return _read_zip(fh, place, weights_only, parameter, total,
+                         Budget() if budget is None else budget)
     except _ERRORS as exc:
         raise FormatError(f"truncated or corrupt torch file ({type(exc).__name__}: "
                           f"{_short(str(exc))})") from None
 
 
 def _read_zip(fh: BinaryIO, place: Place, weights_only: bool, parameter: type,
-              total: Optional[int]) -> Any:
+              total: Optional[int], budget: Budget) -> Any:
     with zipfile.ZipFile(fh) as zf:  # closing it leaves fh open: the caller owns fh
-        return _read_archive(zf, place, weights_only, parameter, total)
+        return _read_archive(zf, place, weights_only, parameter, total, budget)
 
 
 def _read_archive(zf: zipfile.ZipFile, place: Place, weights_only: bool, parameter: type,
-                  total: Optional[int]) -> Any:
+                  total: Optional[int], budget: Budget) -> Any:
     infos = {i.filename: i for i in zf.infolist()}
     pkls = [n for n in infos if n.endswith("/data.pkl") and n.count("/") == 1]
     if not pkls:
@@ -651,12 +709,19 @@ def _read_archive(zf: zipfile.ZipFile, place: Place, weights_only: bool, paramet
 
     info = infos[pkls[0]]
     _check_sizes(info, total)
+    # each storage reads its whole record (its size is checked against the pickle's claim):
+    # their sum, with the pickle's, bounds what reading allocates; refused before any is read
+    records = sum(i.file_size for n, i in infos.items() if n.startswith(prefix + "data/"))
+    budget.need(info.file_size + records, f"the pickle, and {records} bytes of storages in "
+                f"{sum(n.startswith(prefix + 'data/') for n in infos)} records")
     data = _read_record(zf, info, info.file_size)
-    unp = _Unpickler(io.BytesIO(data), read, place, weights_only, swap, parameter)
+    unp = _Unpickler(io.BytesIO(data), read, place, weights_only, swap, parameter,
+                     budget=budget)
     return unp.finish(unp.load())
 
 
-def read_legacy(fh: BinaryIO, place: Place, weights_only: bool, parameter: type) -> Any:
+def read_legacy(fh: BinaryIO, place: Place, weights_only: bool, parameter: type,
+                budget: Optional[Budget] = None) -> Any:
     """Read a legacy-layout ``torch.save`` file (``_use_new_zipfile_serialization=False``).
 
     Args:
@@ -664,6 +729,8 @@ def read_legacy(fh: BinaryIO, place: Place, weights_only: bool, parameter: type)
         place: puts each storage's bytes on its device.
         weights_only: as in :func:`read_zip`.
         parameter: as in :func:`read_zip`.
+        budget: as in :func:`read_zip` (the storages are counted once their sizes are known,
+            before any is read).
 
     Returns:
         The object tree.
@@ -672,13 +739,15 @@ def read_legacy(fh: BinaryIO, place: Place, weights_only: bool, parameter: type)
         FormatError: as in :func:`read_zip`.
     """
     try:
-        return _read_legacy(fh, place, weights_only, parameter)
+        return _read_legacy(fh, place, weights_only, parameter,
+                            Budget() if budget is None else budget)
     except _ERRORS as exc:
         raise FormatError(f"truncated or corrupt legacy torch file ({type(exc).__name__}: "
                           f"{_short(str(exc))})") from None
 
 
-def _read_legacy(fh: BinaryIO, place: Place, weights_only: bool, parameter: type) -> Any:
+def _read_legacy(fh: BinaryIO, place: Place, weights_only: bool, parameter: type,
+                 budget: Budget) -> Any:
     def nothing(data: np.ndarray, location: str) -> np.ndarray:
         return data
 
@@ -706,6 +775,8 @@ def _read_legacy(fh: BinaryIO, place: Place, weights_only: bool, parameter: type
     if not isinstance(keys, list) or not all(type(k) is str for k in keys):
         raise FormatError("corrupt: the legacy storage key list is malformed")
     storages = first.storages
+    budget.need(sum(st.nbytes for st in storages.values()),
+                f"{len(storages)} storages of the legacy layout")
     for key in keys:
         st = storages.get(key)
         head = fh.read(8)
@@ -729,7 +800,7 @@ def _read_legacy(fh: BinaryIO, place: Place, weights_only: bool, parameter: type
         fresh[key] = _Storage(key, st.nbytes, st.location)
         fresh[key].host = st.host
     second = _Unpickler(fh, None, place, weights_only, order != sys.byteorder, parameter,
-                        storages=fresh)
+                        storages=fresh, budget=budget)
     obj = second.finish(second.load())
     fh.seek(end)
     return obj

@@ -30,7 +30,10 @@ File layout (all integers little-endian)::
 
 A file is written to a temporary file in the target's directory, flushed and fsynced, renamed
 over the target with ``os.replace`` and the directory fsynced, so a crash leaves either the old
-file or the new one, never half of one.
+file or the new one, never half of one. The writer holds an ``flock`` on its temporary file
+(``.<name>.<random>.mpitensor.tmp``) from its creation to the rename; a writer killed on the way
+leaves the file behind, unlocked, and the next save into that directory removes every such
+file nobody holds (a live writer's, locked, is never touched).
 
 Example:
     >>> import io, mpitensor as mt
@@ -45,18 +48,21 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import logging
 import os
 import pickle
+import stat
 import struct
 import tempfile
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from mpitensor import _config
 from mpitensor import _torch_format as _tf
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
@@ -252,6 +258,61 @@ def _fsync_dir(d: str) -> None:
         os.close(fd)
 
 
+_TMP_SUFFIX = ".mpitensor.tmp"  # a save's temporary file: ".<target>.<random>" + this
+
+
+def _locked_temp(path: str) -> Tuple[int, str]:
+    """Create the temporary file for ``path`` and lock it (the proof its writer lives)."""
+    directory = os.path.dirname(path)
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".",
+                                   suffix=_TMP_SUFFIX, dir=directory)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_nlink:
+                return fd, tmp
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        # another save found it unlocked in the instant before the lock and removed it
+        os.close(fd)
+
+
+def _remove_dead_temps(directory: str) -> None:
+    """Remove the temporary files of saves whose writer died (nobody holds their lock)."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue  # gone already, a link, or not ours to open
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its writer is alive (or the lock cannot be had: leave it)
+            now = os.lstat(entry.path)
+            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                os.unlink(entry.path)
+                _log.info("removed %s, left by a save that did not finish (%d bytes)",
+                          entry.path, st.st_size)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+
+
 def _format_for(format: Optional[str], f: Any) -> str:
     if format is None:
         if isinstance(f, (str, bytes, os.PathLike)):
@@ -337,9 +398,9 @@ def _write_to(f: PathOrFile, write: Callable[[BinaryIO], None]) -> None:
     if os.path.isdir(path):
         raise CheckpointError(f"cannot save checkpoint to {path}: it is a directory; give a file "
                               f"name inside it")
+    _remove_dead_temps(directory)
     try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                                   dir=directory)
+        fd, tmp = _locked_temp(path)
     except OSError as exc:
         raise CheckpointError(f"cannot save checkpoint to {path}: cannot create a file in "
                               f"{directory} ({exc.strerror or exc}); check that the directory "
@@ -350,11 +411,11 @@ def _write_to(f: PathOrFile, write: Callable[[BinaryIO], None]) -> None:
         except OSError:
             mode = 0o666 & ~_umask()
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
+        with os.fdopen(fd, "wb") as fh:  # closing it drops the lock: after the rename
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -394,27 +455,34 @@ def _aligned(n: int, what: str) -> np.ndarray:
     return raw[start:start + n]
 
 
-def _read_into(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) -> np.ndarray:
-    """Read n bytes into a fresh 64-byte aligned uint8 array.
+def _read_into(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int,
+               budget: Optional[_tf.Budget] = None) -> np.ndarray:
+    """Read n bytes into a fresh 64-byte aligned uint8 array, counted in ``budget``.
 
     From a stream of unknown size, a large ``n`` is read in pieces first: a forged length
-    then ends in "truncated" when the stream does, instead of allocating what it claims.
+    then ends in "truncated" when the stream does, instead of allocating what it claims (and
+    a stream that goes on past the budget is refused when it passes it).
     """
+    budget = _tf.Budget() if budget is None else budget
     if size is None and n > _STREAM_CHUNK:
         parts, got = [], 0
         while got < n:
+            if budget.limit is not None and budget.used + got > budget.limit:
+                budget.need(got, f"the {what}, {n} bytes long by its header")
             chunk = fh.read(min(_STREAM_CHUNK, n - got))
             if not chunk:
                 raise _Bad(f"truncated: the {what} needs {n} bytes at offset {at} but the "
                            f"stream ends after {at + got} bytes")
             parts.append(chunk)
             got += len(chunk)
+        budget.need(n, f"the {what}")
         out = _aligned(n, what)
         pos = 0
         for chunk in parts:
             out[pos:pos + len(chunk)] = np.frombuffer(chunk, np.uint8)
             pos += len(chunk)
         return out
+    budget.need(n, f"the {what}")
     out = _aligned(n, what)
     view = memoryview(out)
     got = 0
@@ -444,7 +512,7 @@ def _sniff(magic: bytes) -> str:
 
 
 def _parse(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.Place,
-           head: bytes = b"") -> Any:
+           head: bytes = b"", budget: Optional[_tf.Budget] = None) -> Any:
     prefix = head + (fh.read(_PREFIX.size - len(head)) or b"")
     if not prefix:
         raise _Bad("the file is empty")
@@ -481,7 +549,7 @@ def _parse(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.Pla
             raise _Bad(f"truncated: the payload needs {plen} bytes after offset {start} but the "
                        f"file has {size} bytes")
         raise _Bad(f"corrupt: {size - start - plen} unexpected bytes after the payload")
-    payload = _read_into(fh, plen, "payload", size, start)
+    payload = _read_into(fh, plen, "payload", size, start, budget)
     if hashlib.sha256(payload).hexdigest() != payload_sha:
         raise _Bad("corrupt: the payload's SHA-256 checksum does not match (the file was "
                    "modified or damaged after it was written)")
@@ -733,7 +801,8 @@ def _placement(map_location: Any) -> _tf.Place:
                     f"callable(storage, location), got {type(map_location).__name__}")
 
 
-def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True) -> Any:
+def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True, *,
+         max_bytes: Optional[int] = None) -> Any:
     """Read a file written by :func:`save`, by ``torch.save`` or in the safetensors format.
 
     The format is recognised by the file's first bytes, whatever its name:
@@ -760,6 +829,14 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True) -> 
         weights_only: refuse pickled objects (the default). Pass False only for files from a
             trusted source: then pickled objects load (mpitensor files saved with
             ``allow_pickle=True``; torch files may import and call any global, which runs code).
+        max_bytes: the most memory the file's tensors may take, in bytes; a file that needs
+            more is refused before it is read (a forged or compressed size cannot make
+            ``load`` allocate more). None (the default): ``MPITENSOR_LOAD_MAX_BYTES`` where
+            set (a number, or ``off`` for no bound), else the memory available when ``load``
+            is called (``MemAvailable``, and the cgroup's room where it is smaller). What
+            counts: the bytes of every storage (a view costs nothing beyond its storage; an
+            expanded tensor is as small as in torch) and, per storage torch saved behind a
+            lazy conjugation or negation, one copy with it applied.
 
     Returns:
         The object tree.
@@ -768,9 +845,9 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True) -> 
         FileNotFoundError: ``f`` does not exist.
         CheckpointError: the file is truncated, corrupt, in no format mpitensor reads, holds
             pickled objects or unknown globals while ``weights_only`` is True, holds a dtype
-            mpitensor lacks (bfloat16, float8, ...), or holds GPU data where no GPU is usable;
-            the message names the file.
-        TypeError: ``map_location`` is of an unsupported kind.
+            mpitensor lacks (bfloat16, float8, ...), holds GPU data where no GPU is usable, or
+            needs more memory than ``max_bytes``; the message names the file.
+        TypeError: ``map_location`` is of an unsupported kind, or ``max_bytes`` not an int.
         ImportError: a safetensors file without the ``safetensors`` package.
 
     Example:
@@ -780,11 +857,12 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True) -> 
         [array([0, 1, 2])]
     """
     place = _placement(map_location)
+    budget = _budget(max_bytes)
     name = _name(f)
     if isinstance(f, (str, bytes, os.PathLike)):
         with open(os.fspath(f), "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
-            return _load_from(fh, size, name, weights_only, place, at_start=True)
+            return _load_from(fh, size, name, weights_only, place, True, budget)
     if not hasattr(f, "read"):
         raise TypeError(f"load() takes a path or a binary file object, got {type(f).__name__}")
     size = None
@@ -795,13 +873,55 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True) -> 
             size = f.seek(0, io.SEEK_END) - pos
             f.seek(pos)
             at_start = pos == 0
-    return _load_from(f, size, name, weights_only, place, at_start)
+    return _load_from(f, size, name, weights_only, place, at_start, budget)
+
+
+def _memory_available() -> Optional[int]:
+    """Bytes this process can still allocate, as far as the system tells (None: unknown)."""
+    found: List[int] = []
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    if not found:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    with contextlib.suppress(OSError, ValueError):  # a container's own bound (cgroup v2)
+        with open("/sys/fs/cgroup/memory.max") as fh:
+            top = fh.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as fh:
+            now = int(fh.read().strip())
+        if top != "max":
+            found.append(max(int(top) - now, 0))
+    return min(found) if found else None
+
+
+_RAISE = ("pass load(..., max_bytes=N) with a larger N, or set MPITENSOR_LOAD_MAX_BYTES (a "
+          "byte count, or off), if the file is trusted and the memory is there")
+
+
+def _budget(max_bytes: Optional[int]) -> _tf.Budget:
+    """The memory one load may allocate: ``max_bytes``, the switch, or what is available."""
+    if max_bytes is not None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+            raise TypeError(f"max_bytes must be an int (bytes) or None, got {max_bytes!r}")
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        return _tf.Budget(max_bytes, f" (max_bytes); {_RAISE}")
+    if _config.LOAD_MAX_BYTES is not None:
+        if _config.LOAD_MAX_BYTES >= _config.OFF_BYTES:
+            return _tf.Budget(None)
+        return _tf.Budget(_config.LOAD_MAX_BYTES, f" (MPITENSOR_LOAD_MAX_BYTES); {_RAISE}")
+    return _tf.Budget(_memory_available(), f" (the memory available now); {_RAISE}")
 
 
 def _load_from(fh: BinaryIO, size: Optional[int], name: str, weights_only: bool,
-               place: _tf.Place, at_start: bool) -> Any:
+               place: _tf.Place, at_start: bool, budget: Optional[_tf.Budget] = None) -> Any:
+    budget = _tf.Budget() if budget is None else budget
     try:
-        return _dispatch(fh, size, weights_only, place, at_start)
+        return _dispatch(fh, size, weights_only, place, at_start, budget)
     except (_Bad, _tf.FormatError) as exc:
         raise CheckpointError(f"cannot load checkpoint {name}: {exc}") from None
     except _Reraise as exc:
@@ -809,10 +929,10 @@ def _load_from(fh: BinaryIO, size: Optional[int], name: str, weights_only: bool,
 
 
 def _dispatch(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.Place,
-              at_start: bool) -> Any:
+              at_start: bool, budget: _tf.Budget) -> Any:
     head = fh.read(_SNIFF) or b""
     if not head or (MAGIC.startswith(head[:8]) if len(head) < 8 else head[:8] == MAGIC):
-        return _parse(fh, size, weights_only, place, head)
+        return _parse(fh, size, weights_only, place, head, budget)
 
     def whole() -> Tuple[BinaryIO, int]:
         # zipfile needs random access from the file's start, which a stream may not give
@@ -824,11 +944,13 @@ def _dispatch(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.
 
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         src, total = whole()
-        return _tf.read_zip(src, place, weights_only, Parameter, total)
+        return _tf.read_zip(src, place, weights_only, Parameter, total, budget)
     if _tf.is_legacy(head):
         src, _ = whole()
-        return _tf.read_legacy(src, place, weights_only, Parameter)
+        return _tf.read_legacy(src, place, weights_only, Parameter, budget)
     if _is_safetensors(head, size):
+        if size is not None:  # the file's bytes, and a copy of its arrays
+            budget.need(2 * size, "the safetensors file's bytes and its arrays")
         src, _ = whole()
         return _read_safetensors(src.read(), place)
     if head.split(b"\0")[0] in (b"sys_info", b"pickle", b"storages", b"tensors") and \
@@ -1047,7 +1169,8 @@ def save_on_rank0(obj: Any, f: PathOrFile, group: Any = None, *,
 
 
 def load_on_all_ranks(f: PathOrFile, map_location: Any = None, weights_only: bool = True,
-                      group: Any = None, *, read_on_rank0: bool = False) -> Any:
+                      group: Any = None, *, read_on_rank0: bool = False,
+                      max_bytes: Optional[int] = None) -> Any:
     """Load a checkpoint on every rank of ``group``; a bad file raises the same error everywhere.
 
     Every rank of the group must call it (it is a collective). By default each rank reads the
@@ -1062,6 +1185,7 @@ def load_on_all_ranks(f: PathOrFile, map_location: Any = None, weights_only: boo
         weights_only: as in :func:`load`.
         group: the process group (default: the world).
         read_on_rank0: read on rank 0 only and broadcast the bytes.
+        max_bytes: as in :func:`load`.
 
     Returns:
         The object tree, loaded independently on each rank.
@@ -1077,7 +1201,7 @@ def load_on_all_ranks(f: PathOrFile, map_location: Any = None, weights_only: boo
     """
     dist = _dist()
     if not dist.is_initialized():
-        return load(f, map_location, weights_only)
+        return load(f, map_location, weights_only, max_bytes=max_bytes)
     rank = dist.get_rank(group)
     name = _name(f)
     if read_on_rank0:
@@ -1100,7 +1224,7 @@ def load_on_all_ranks(f: PathOrFile, map_location: Any = None, weights_only: boo
         src = f
     result, err = None, None
     try:
-        result = load(src, map_location, weights_only)
+        result = load(src, map_location, weights_only, max_bytes=max_bytes)
     except CheckpointError as exc:
         err = str(exc).replace(f"cannot load checkpoint {name}: ", "", 1)
     except Exception as exc:  # every rank must take part in the agreement below

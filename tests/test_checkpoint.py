@@ -396,7 +396,7 @@ def test_atomic_write_survives_a_crash(tmp_path):
     assert r.returncode == 3
     assert p.read_bytes() == old
     leftovers = [n for n in os.listdir(tmp_path) if n != "ckpt.mt"]
-    assert all(n.startswith(".ckpt.mt.") and n.endswith(".tmp") for n in leftovers)
+    assert all(n.startswith(".ckpt.mt.") and n.endswith(".mpitensor.tmp") for n in leftovers)
 
 
 def test_save_keeps_permissions_and_errors_for_bad_targets(tmp_path):
@@ -466,3 +466,97 @@ def test_forged_payload_length_in_a_stream_is_a_checkpoint_error(plen):
     with pytest.raises(CheckpointError, match=r"truncated: the payload needs \d+ bytes .* but "
                                               r"the stream ends after \d+ bytes"):
         load(Pipe())
+
+
+# A saver that stops in the middle of writing: says "writing" once half the payload is in its
+# temporary file, then waits for a line on stdin (or to be killed) before finishing.
+_SLOW_SAVER = """\
+import sys
+import numpy as np
+from mpitensor import checkpoint as ck
+real = ck._write
+def slow(fh, head, arrays):
+    fh.write(head[: len(head) // 2])
+    fh.flush()
+    print("writing", flush=True)
+    sys.stdin.readline()
+    fh.seek(0)
+    fh.truncate()
+    real(fh, head, arrays)
+ck._write = slow
+ck.save({"writer": sys.argv[2], "w": np.ones(1 << 16)}, sys.argv[1])
+print("saved", flush=True)
+"""
+
+
+def _slow_saver(path, tag: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_SAVER, str(path), tag],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if line != "writing\n":
+        proc.kill()
+        proc.wait(timeout=60)
+        raise AssertionError(f"the saver did not start writing: {line!r}")
+    return proc
+
+
+def _temps(d):
+    return sorted(n for n in os.listdir(d) if n.endswith(".tmp"))
+
+
+def test_next_save_removes_temporaries_of_killed_savers_only(tmp_path):
+    """12 SIGKILLed saves left 480 MB of hidden temporary files that nothing removed. The next
+    save into the folder removes those whose writer is gone; a live writer's stays, and its
+    save then completes."""
+    p = tmp_path / "ckpt.mt"
+    save({"writer": "first"}, p)
+    procs = []
+    try:
+        live = _slow_saver(p, "live")  # a writer, alive, in the middle of its write
+        procs.append(live)
+        live_temp = _temps(tmp_path)
+        assert len(live_temp) == 1 and live_temp[0].startswith(".ckpt.mt.")
+        dead = [_slow_saver(p, f"dead{i}") for i in range(3)]  # each is a save too
+        procs.extend(dead)
+        assert len(_temps(tmp_path)) == 4  # none of them took the live writer's file
+        for proc in dead:  # killed mid-write
+            proc.kill()
+            assert proc.wait(timeout=60) == -9
+        assert len(_temps(tmp_path)) == 4
+        other = tmp_path / "other.mt"  # a save to another file of the folder cleans up too
+        save({"writer": "other"}, other)
+        assert _temps(tmp_path) == live_temp  # the dead ones' went, the live one's stayed
+        assert load(p) == {"writer": "first"}
+        out, _ = live.communicate("go\n", timeout=60)
+        assert live.returncode == 0 and out == "saved\n"
+        got = load(p)
+        assert got["writer"] == "live" and got["w"].shape == (1 << 16,)
+        assert _temps(tmp_path) == [] and sorted(os.listdir(tmp_path)) == ["ckpt.mt",
+                                                                           "other.mt"]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=60)
+
+
+def test_dead_temp_removal_leaves_other_files_alone(tmp_path):
+    """Only this module's temporaries, only plain files, only unlocked ones."""
+    import fcntl
+
+    keep = [".notes.tmp", ".x.abc.tmp", "x.mpitensor.tmp.bak"]
+    for name in keep:
+        (tmp_path / name).write_text("mine")
+    os.symlink(tmp_path / ".notes.tmp", tmp_path / ".link.abcdefgh.mpitensor.tmp")
+    os.mkdir(tmp_path / ".dir.abcdefgh.mpitensor.tmp")
+    held = tmp_path / ".held.abcdefgh.mpitensor.tmp"
+    held.write_text("a writer holds me")
+    with open(held) as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        save(1, tmp_path / "c.mt")
+        assert held.exists()
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        keep + ["c.mt", ".link.abcdefgh.mpitensor.tmp", ".dir.abcdefgh.mpitensor.tmp",
+                ".held.abcdefgh.mpitensor.tmp"])
+    save(2, tmp_path / "c.mt")  # now unheld: a dead writer's
+    assert not held.exists() and (tmp_path / ".notes.tmp").read_text() == "mine"

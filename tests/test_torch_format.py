@@ -13,6 +13,7 @@ import io
 import logging
 import os
 import struct
+import subprocess
 import sys
 import zipfile
 
@@ -757,3 +758,212 @@ def test_safetensors_corrupt_and_missing_package(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match="pip install safetensors"):
         ck.save_safetensors({"w": mt.ones(1)}, tmp_path / "d.safetensors")
     assert not os.path.exists(tmp_path / "d.safetensors")
+
+
+# ------------------------------------------------------------- lazy flags and the memory limit
+def _flagged_tensor(key: str, numel: int, size, stride, flags: str, storage: str) -> bytes:
+    """_rebuild_tensor_v2 with torch's 7th argument, the metadata dict ({"neg": True}...)."""
+    pid = _tup(_str("storage"), _glob("torch", storage), _str(key), _str("cpu"), _int(numel))
+    meta = b"}(" + b"".join(_str(f) + b"\x88" for f in flags.split(",")) + b"u"
+    return (_glob("torch._utils", "_rebuild_tensor_v2")
+            + _tup(pid + b"Q", _int(0), _tup(*map(_int, size)), _tup(*map(_int, stride)),
+                   b"\x89", _glob("collections", "OrderedDict") + b")R", meta)
+            + b"R")
+
+
+N_BIG = 16384  # zeros(1).expand(N, N): 1 GiB as a float32 array, 4 bytes of storage
+
+
+def _lazy_flag_file(path) -> None:
+    """The hostile 1.7 KB file: zeros(1).expand(16384, 16384)._neg_view(), and a complex
+    storage behind a lazy conjugation; with torch where it is installed, by hand otherwise."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        c = (torch.arange(3).to(torch.complex64) * (1 + 2j)).expand(N_BIG, 3).conj()
+        torch.save({"x": torch.zeros(1).expand(N_BIG, N_BIG)._neg_view(), "c": c,
+                    "plain": torch.arange(3.0)}, path)
+        return
+    pkl = _dict_pickle(
+        x=_flagged_tensor("0", 1, (N_BIG, N_BIG), (0, 0), "neg", "FloatStorage"),
+        c=_flagged_tensor("1", 3, (N_BIG, 3), (0, 1), "conj", "ComplexFloatStorage"),
+        plain=_tensor("2", 3, 0, (3,), (1,)))
+    _torch_zip(path, pkl, {"0": np.zeros(1, np.float32).tobytes(),
+                           "1": (np.arange(3) * (1 + 2j)).astype(np.complex64).tobytes(),
+                           "2": np.arange(3, dtype=np.float32).tobytes()})
+
+
+def _peak_of(code: str, tmp_path, env=None) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter that prints the growth of its peak RSS (bytes)."""
+    prog = ("import resource, sys\n"
+            "import mpitensor as mt\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            + code +
+            "\nafter = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "print('peak-growth', (after - before) * 1024)\n")
+    full = dict(os.environ)
+    full.pop("MPITENSOR_LOAD_MAX_BYTES", None)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=full)
+
+
+def _growth(r: subprocess.CompletedProcess) -> int:
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.split("peak-growth")[-1])
+
+
+def test_lazy_negation_and_conjugation_load_without_materialising(tmp_path):
+    """mpitensor.load spent 850 MB on a 1.7 KB file (a negated 16384 x 16384 expand);
+    torch.load spends nothing: the flags go on the storage, before the view."""
+    p = tmp_path / "lazy.pt"
+    _lazy_flag_file(p)
+    assert p.stat().st_size < 4096
+    r = _peak_of(f"""
+d = mt.load({str(p)!r})
+x, c = d["x"], d["c"]
+assert tuple(x.shape) == ({N_BIG}, {N_BIG}) and x.stride() == (0, 0), (x.shape, x.stride())
+assert x._data[123, 4567] == 0 and str(x._data[0, 0]) == "-0.0"
+assert c._data.shape == ({N_BIG}, 3) and c.stride() == (0, 1)
+assert list(c._data[9]) == [0, 1 - 2j, 2 - 4j], c._data[9]
+assert list(d["plain"]._data) == [0, 1, 2]
+""", tmp_path)
+    assert _growth(r) < 32 << 20, r.stdout  # it was ~1 GiB
+    torch = sys.modules.get("torch") or _try_torch()
+    if torch is not None:  # the oracle agrees on the values, at a point of each
+        theirs = torch.load(p, weights_only=True)
+        ours = load(p)
+        assert theirs["x"].is_neg() and theirs["c"].is_conj()
+        assert ours["x"]._data[7, 9] == theirs["x"][7, 9].item()
+        np.testing.assert_array_equal(ours["c"]._data[:4], theirs["c"][:4].resolve_conj())
+
+
+def _try_torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def test_lazy_flags_on_a_shared_storage_leave_the_other_views_alone(tmp_path):
+    pkl = _dict_pickle(a=_tensor("0", 4, 0, (4,), (1,)),
+                       neg=_flagged_tensor("0", 4, (2, 4), (0, 1), "neg", "FloatStorage"),
+                       neg2=_flagged_tensor("0", 4, (4,), (1,), "neg", "FloatStorage"))
+    p = tmp_path / "shared.pt"
+    _torch_zip(p, pkl, {"0": np.arange(1, 5, dtype=np.float32).tobytes()})
+    out = load(p)
+    np.testing.assert_array_equal(out["a"]._data, [1, 2, 3, 4])
+    np.testing.assert_array_equal(out["neg"]._data, [[-1, -2, -3, -4]] * 2)
+    np.testing.assert_array_equal(out["neg2"]._data, [-1, -2, -3, -4])
+    # one negated copy of the storage serves both negated views
+    assert np.shares_memory(out["neg"]._data, out["neg2"]._data)
+    fits = len(pkl) + 16  # the pickle and the storage fit; the storage's negated copy not
+    with pytest.raises(CheckpointError, match=rf"{len(pkl) + 32} bytes of memory \(a negated "
+                                              rf"copy of storage '0'\).* limit of {fits} bytes "
+                                              r"\(max_bytes\)"):
+        load(p, max_bytes=fits)
+    assert load(p, max_bytes=fits + 16)["neg2"]._data[0] == -1
+
+
+def _stored_zip(path, nbytes: int, compress: bool) -> None:
+    """A float32 storage of ``nbytes`` zeros, written 1 MiB at a time (stored or deflated)."""
+    numel = nbytes // 4
+    pkl = _dict_pickle(w=_tensor("0", numel, 0, (numel,), (1,)))
+    kind = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    with zipfile.ZipFile(path, "w", compression=kind) as zf:
+        zf.writestr("archive/data.pkl", pkl)
+        zf.writestr("archive/byteorder", b"little")
+        info = zipfile.ZipInfo("archive/data/0")
+        info.compress_type = kind
+        with zf.open(info, "w", force_zip64=True) as w:
+            chunk = bytes(1 << 20)
+            for _ in range(nbytes >> 20):
+                w.write(chunk)
+        zf.writestr("archive/version", b"3\n")
+
+
+def test_memory_limit_refuses_before_anything_is_allocated(tmp_path):
+    """A 256 KB deflated file whose storage is 256 MiB of zeros: refused above the limit,
+    with its peak memory unchanged; below the limit (or by default) it loads."""
+    p = tmp_path / "bomb.pt"
+    _stored_zip(p, 256 << 20, compress=True)
+    assert p.stat().st_size < 1 << 20
+    refused = _peak_of(f"""
+try:
+    mt.load({str(p)!r}, max_bytes=64 << 20)
+except mt.checkpoint.CheckpointError as exc:
+    print("refused:", exc)
+""", tmp_path)
+    assert "refused: cannot load checkpoint" in refused.stdout, refused.stdout + refused.stderr
+    assert "268435456 bytes of storages" in refused.stdout
+    assert "more than the limit of 67108864 bytes (max_bytes)" in refused.stdout
+    assert _growth(refused) < 16 << 20, refused.stdout
+    # the switch: the same refusal, named after it; "off" lifts it
+    by_env = _peak_of(f"""
+try:
+    mt.load({str(p)!r})
+except mt.checkpoint.CheckpointError as exc:
+    print("refused:", exc)
+""", tmp_path, env={"MPITENSOR_LOAD_MAX_BYTES": str(1 << 20)})
+    assert "limit of 1048576 bytes (MPITENSOR_LOAD_MAX_BYTES)" in by_env.stdout, by_env
+    assert _growth(by_env) < 16 << 20
+    bad = _peak_of("pass", tmp_path, env={"MPITENSOR_LOAD_MAX_BYTES": "lots"})
+    assert bad.returncode != 0 and "MPITENSOR_LOAD_MAX_BYTES='lots' is not a byte count" in \
+        bad.stderr
+    loaded = _peak_of(f"""
+w = mt.load({str(p)!r}, max_bytes=512 << 20)["w"]
+assert w.shape == ({(256 << 20) // 4},) and not w._data.any()
+w2 = mt.load({str(p)!r})["w"]  # the default: the memory available
+""", tmp_path, env={"MPITENSOR_LOAD_MAX_BYTES": "off"})
+    assert _growth(loaded) > 200 << 20  # it really was read (the limit is not a no-op)
+    with pytest.raises(TypeError, match="max_bytes must be an int"):
+        load(p, max_bytes=1.5)
+    with pytest.raises(ValueError, match="max_bytes must be >= 0"):
+        load(p, max_bytes=-1)
+
+
+def test_memory_limit_covers_every_format(tmp_path):
+    arr = np.ones(1 << 18, np.float32)  # 1 MiB
+    for name, kwargs in (("a.mt", {}), ("a.pt", {}), ("a.safetensors", {})):
+        if name.endswith(".safetensors"):
+            pytest.importorskip("safetensors")
+        p = tmp_path / name
+        save({"w": mt.tensor(arr)} if name != "a.mt" else {"w": arr}, p, **kwargs)
+        with pytest.raises(CheckpointError, match=r"limit of 500000 bytes \(max_bytes\)"):
+            load(p, max_bytes=500_000)
+        out = load(p, max_bytes=4 << 20)["w"]
+        np.testing.assert_array_equal(out if isinstance(out, np.ndarray) else out._data, arr)
+    # a stream of unknown size is cut where it passes the limit, not where it claims to end
+    p = tmp_path / "a.mt"
+
+    class Pipe(io.RawIOBase):
+        def __init__(self):
+            self.buf = io.BytesIO(p.read_bytes())
+
+        def readable(self):
+            return True
+
+        def read(self, n=-1):
+            return self.buf.read(n)
+
+        def readinto(self, b):
+            return self.buf.readinto(b)
+
+    with pytest.raises(CheckpointError, match=r"the payload.*limit of 500000 bytes"):
+        load(Pipe(), max_bytes=500_000)
+    assert load(Pipe())["w"].shape == arr.shape
+
+
+def test_memory_limit_on_legacy_files(tmp_path):
+    torch = _torch()
+    p = tmp_path / "legacy.pt"
+    torch.save({"w": torch.ones(1 << 18), "n": torch.zeros(4)._neg_view()}, p,
+               _use_new_zipfile_serialization=False)
+    with pytest.raises(CheckpointError, match=r"2 storages of the legacy layout.*limit of "
+                                              r"500000 bytes"):
+        load(p, max_bytes=500_000)
+    out = load(p, max_bytes=2 << 20)
+    assert out["w"].shape == (1 << 18,) and str(out["n"]._data[0]) == "-0.0"
