@@ -26,9 +26,6 @@
 ``MPITENSOR_RENDEZVOUS`` ``auto`` (default), ``pmi`` or ``connect``: how processes that no MPI
                       launcher started are joined into one MPI job in ``init_process_group``
                       (see ``distributed/_rendezvous.py``); read there, at that call.
-``MPITENSOR_LOAD_MAX_BYTES`` the most memory ``mpitensor.load`` may allocate for one file's
-                      tensors (a byte count, or ``off``); default: the memory available at each
-                      call. ``load(..., max_bytes=N)`` overrides it (see docs/checkpoints.md).
 ``MPITENSOR_JOB_ID``   the identity of the job this process belongs to (any text; set on every
                       process of a job by ``mpitensor-run`` and ``spawn`` where it is not set
                       already): a rendezvous refuses a process whose job differs from the
@@ -143,26 +140,6 @@ def env_secret() -> Optional[bytes]:
         return None
     return raw.encode("utf-8", "surrogateescape")
 
-
-def env_limit(name: str) -> Optional[int]:
-    """Read a memory bound: a byte count, ``off`` (no bound: OFF_BYTES), or unset (None)."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    value = raw.strip().lower()
-    if value in ("off", "never", "none"):
-        return OFF_BYTES
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(f"{name}={raw!r} is not a byte count; use a non-negative integer "
-                         "(e.g. 8000000000) or off")
-    return n
-
-
-LOAD_MAX_BYTES: Optional[int] = env_limit("MPITENSOR_LOAD_MAX_BYTES")
 
 def env_limit(name: str) -> Optional[int]:
     """Read a memory bound: a byte count, ``off`` (no bound: OFF_BYTES), or unset (None)."""
