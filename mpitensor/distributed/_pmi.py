@@ -43,31 +43,60 @@ Wire, one line per message (``\\n``-terminated, ``key=value`` words):
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import re
 import secrets
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
-__all__ = ["HelperServer", "start_helper", "connect_pmi", "Watch"]
+__all__ = ["HelperServer", "Helper", "start_helper", "connect_pmi", "Watch", "process_mapping"]
 
 # The limits the server advertises; MPICH splits longer values itself.
 _KVSNAME_MAX = 256
 _KEY_MAX = 64
 _VAL_MAX = 1024
 _LINE_MAX = 1 << 16  # a client that sends a longer line is not an MPICH rank: dropped
+_KVS_BYTES_MAX = 64 << 20  # all puts together; MPICH's are a few hundred bytes per rank
 # After telling the ranks to end, the server lingers this long so the lines get out; the
 # ranks of its host still connected after the grace are killed.
 _END_LINGER_S = 2.0
 _KILL_GRACE_S = 0.5
 _SHM_PATIENCE_S = 3.0  # how long a failed job's shared memory may stay mapped by a dying rank
+_SHM_NOTE_S = 2.0  # how often /dev/shm is looked at while the job runs (see _note_shm)
 # A single connect or reply from the helper takes at most this long (a timeout may be inf).
 _IO_MAX_S = 300.0
+# A connection must send its first line within this many seconds of being accepted (ours
+# send it at once); at most this many connections may be waiting for theirs at one time.
+_GREET_S = 5.0
+_NEW_MAX = 64
+_ACCEPT_BURST = 256  # connections taken per wake-up of the listener
+_PAUSE_S = 0.25  # the listener rests this long when no descriptor is left to accept with
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_UINT = re.compile(r"[0-9]{1,9}\Z")
+_INT = re.compile(r"-?[0-9]{1,9}\Z")
+_WORD = re.compile(r"[!-~]*\Z")  # printable ASCII without space: keys, values, names
+
+
+def _uint(text: Optional[str]) -> Optional[int]:
+    """``text`` as a non-negative int if it is 1-9 ASCII digits, else ``None``.
+
+    ``str.isdigit`` and ``int`` take other scripts' digits (``"²".isdigit()`` is true and
+    ``int("²")`` raises; ``int("٣")`` is 3): what a client sends is read by this alone."""
+    return int(text) if text is not None and _UINT.match(text) else None
+
+
+def _sint(text: Optional[str]) -> Optional[int]:
+    """Like :func:`_uint`, with an optional leading ``-``."""
+    return int(text) if text is not None and _INT.match(text) else None
 
 
 def _words(line: str) -> Dict[str, str]:
@@ -80,19 +109,54 @@ def _words(line: str) -> Dict[str, str]:
     return out
 
 
+def process_mapping(hosts: Sequence[str]) -> Optional[str]:
+    """MPICH's ``PMI_process_mapping`` for ranks on ``hosts`` (one name per rank, in order).
+
+    The value is ``(vector,(start_node,num_nodes,ppn),...)``: each block places ``ppn``
+    consecutive ranks on each of ``num_nodes`` nodes counted from ``start_node``; nodes are
+    numbered by first appearance. ``["a", "a", "b", "b"]`` -> ``(vector,(0,2,2))``,
+    ``["a", "b", "a", "b"]`` -> ``(vector,(0,2,1),(0,2,1))``. ``None`` where the value would
+    not fit a PMI value (MPICH then exchanges host names itself).
+    """
+    ids: Dict[str, int] = {}
+    runs: List[List[int]] = []  # [node, ranks in a row]
+    for host in hosts:
+        node = ids.setdefault(host, len(ids))
+        if runs and runs[-1][0] == node:
+            runs[-1][1] += 1
+        else:
+            runs.append([node, 1])
+    blocks: List[List[int]] = []  # [start_node, num_nodes, ppn]
+    for node, count in runs:
+        last = blocks[-1] if blocks else None
+        if last is not None and last[2] == count and last[0] + last[1] == node:
+            last[1] += 1
+        else:
+            blocks.append([node, 1, count])
+    text = "(vector," + ",".join(f"({a},{b},{c})" for a, b, c in blocks) + ")"
+    return text if blocks and len(text) <= _VAL_MAX else None
+
+
 class _Conn:
     """One client connection: a PMI rank, a watch, or not yet known."""
 
-    __slots__ = ("sock", "buf", "kind", "rank", "pid", "finalized", "out")
+    __slots__ = ("sock", "buf", "kind", "rank", "pid", "pidfd", "finalized", "out", "born",
+                 "auth", "local")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, local: bool) -> None:
         self.sock = sock
         self.buf = b""
         self.kind = "new"  # "pmi" after the hello, "watch" after the watch line
         self.rank = -1
-        self.pid = 0  # the rank's process id where it runs on this host, else 0
+        # the peer's process where the kernel vouched for it (SO_PEERCRED on the local
+        # socket), else 0; never a number the peer wrote
+        self.pid = 0
+        self.pidfd = -1
         self.finalized = False
         self.out = b""
+        self.born = time.monotonic()
+        self.auth = None  # the handshake in progress where a secret is set
+        self.local = local
 
 
 class HelperServer:
@@ -105,34 +169,71 @@ class HelperServer:
         init_timeout: seconds within which all ``size`` ranks must have connected and passed
             ``MPI_Init``'s first PMI barrier; past it every connection is closed, so each
             waiting ``MPI_Init`` fails instead of waiting forever.
+        bind: the address to listen on (the one the ranks reach: the master's, or loopback
+            when every rank is on this host); ``""``: every interface.
+        mapping: the ``PMI_process_mapping`` to answer (see :func:`process_mapping`).
+        secret: where set (``MPITENSOR_SECRET``), every connection first proves that it
+            knows it (``_auth``'s challenge and response), before any line is read.
+        unix: the name of a local socket to listen on too (Linux's abstract namespace): the
+            ranks of this host connect there, and the kernel tells who they are.
     """
 
-    def __init__(self, size: int, token: str, init_timeout: float) -> None:
+    def __init__(self, size: int, token: str, init_timeout: float, bind: str = "127.0.0.1",
+                 mapping: Optional[str] = None, secret: Optional[bytes] = None,
+                 unix: Optional[str] = None) -> None:
         self.size = size
         self.token = token
+        self.mapping = mapping
+        self.secret = secret
         self.kvsname = "mpitensor_" + secrets.token_hex(8)
         self.kvs: Dict[str, str] = {}
+        self.kvs_bytes = 0
         self.deadline = time.monotonic() + init_timeout
-        self.barrier: List[_Conn] = []
+        self.barrier: Dict[int, _Conn] = {}  # the ranks in the barrier now
         self.ranks: Dict[int, _Conn] = {}
         self.watches: List[_Conn] = []
-        self.barriers_passed = 0  # MPI_Init's first PMI barrier ends the start-up phase
+        self.new: Dict[_Conn, None] = {}  # not yet greeted, oldest first
+        self.barriers_passed = 0
+        self.watched: set = set()  # the ranks that connected a watch: they passed MPI_Init
         self.ending = 0.0  # monotonic time the server stops after ending the job
         self.kill_at = 0.0  # when the ranks of this host that are still alive get SIGKILL
-        self.host = socket.gethostname()
+        self.last_word = ""  # what the watches were told when the job ended
+        self.paused = 0.0  # until when the listeners rest (no descriptor left)
         self.shm: set = set()  # MPICH's shared-memory files of this job, removed if it fails
-        self.shm_noted = -1e9  # when they were last looked for (see _note_shm)
+        self.shm_noted = -1e9  # when /dev/shm was last looked at (see _note_shm)
+        self.shm_seen: frozenset = frozenset()
         self.sel = selectors.DefaultSelector()
-        self.listener = self._listen()
-        self.sel.register(self.listener, selectors.EVENT_READ, None)
+        self.listeners: List[socket.socket] = [self._listen(bind)]
+        self.unix = None
+        if unix:
+            try:
+                self.unix = self._listen_unix(unix)
+                self.listeners.append(self.unix)
+            except OSError:
+                self.unix = None  # no local socket here: every rank uses TCP
+        for lst in self.listeners:
+            lst.setblocking(False)
+            self.sel.register(lst, selectors.EVENT_READ, None)
+
+    @property
+    def started(self) -> bool:
+        """Whether every rank passed ``MPI_Init``: a PMI barrier passed by all, or all
+        connected their watch (which each does once ``MPI_Init`` returned). Where the
+        process mapping puts every rank on one host MPICH's ``MPI_Init`` needs no barrier
+        here, and the first one comes in ``MPI_Finalize``."""
+        return self.barriers_passed > 0 or len(self.watched) >= self.size
 
     @property
     def port(self) -> int:
-        return self.listener.getsockname()[1]
+        return self.listeners[0].getsockname()[1]
 
     @staticmethod
-    def _listen() -> socket.socket:
-        """A listening socket on every interface (IPv6 and IPv4 where the host has both)."""
+    def _listen(bind: str) -> socket.socket:
+        """A listening socket on ``bind`` (``""``: every interface, IPv6 and IPv4 where the
+        host has both)."""
+        if bind:
+            family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+            return socket.create_server((bind, 0), family=family, backlog=socket.SOMAXCONN)
         if socket.has_dualstack_ipv6():
             try:
                 return socket.create_server(("", 0), family=socket.AF_INET6,
@@ -141,6 +242,17 @@ class HelperServer:
                 pass  # IPv6 present but unusable (a container without it): IPv4 alone
         return socket.create_server(("", 0), backlog=socket.SOMAXCONN)
 
+    @staticmethod
+    def _listen_unix(name: str) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind("\0" + name)  # abstract: no file to leave behind
+            sock.listen(socket.SOMAXCONN)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
     # ------------------------------------------------------------------ the loop
     def serve(self) -> int:
         """Serve until every rank has finalized and closed, or the job ended; the exit code."""
@@ -148,12 +260,17 @@ class HelperServer:
             now = time.monotonic()
             if self.kill_at and now >= self.kill_at:
                 self._kill_local()
+            if self.paused and now >= self.paused:
+                self.paused = 0.0
+                for lst in self.listeners:
+                    self.sel.register(lst, selectors.EVENT_READ, None)
+            self._expire(now)
             if self.ending:
                 if now >= self.ending:
                     self._remove_shm()
                     return 1
                 wait = min(self.ending, self.kill_at or self.ending) - now
-            elif not self.barriers_passed:
+            elif not self.started:
                 if now >= self.deadline:
                     self._close_all()  # MPI_Init fails in every rank that is waiting in it
                     return 1
@@ -162,23 +279,96 @@ class HelperServer:
                 return 0  # everyone finalized (or left) and closed
             else:
                 self._note_shm()
-                wait = 1.0
+                wait = _SHM_NOTE_S
+            if self.new:
+                wait = min(wait, next(iter(self.new)).born + _GREET_S - now)
+            if self.paused:
+                wait = min(wait, self.paused - now)
             for key, mask in self.sel.select(timeout=max(0.01, min(wait, 1.0))):
                 if key.data is None:
-                    self._accept()
-                elif mask & selectors.EVENT_READ:
-                    self._read(key.data)
-                if key.data is not None and mask & selectors.EVENT_WRITE:
-                    self._flush(key.data)
+                    self._accept(key.fileobj)  # type: ignore[arg-type]
+                    continue
+                c = key.data
+                if mask & selectors.EVENT_READ:
+                    self._read(c)
+                if mask & selectors.EVENT_WRITE and c.sock.fileno() >= 0:
+                    self._flush(c)
 
-    def _accept(self) -> None:
-        try:
-            sock, _ = self.listener.accept()
-        except OSError:
-            return
+    def _expire(self, now: float) -> None:
+        """Drop the connections that have not greeted within :data:`_GREET_S`."""
+        while self.new:
+            c = next(iter(self.new))
+            if c.born + _GREET_S > now:
+                return
+            self._drop(c)
+
+    def _accept(self, listener: socket.socket) -> None:
+        """Take every pending connection (up to a burst); with no descriptor left, drop the
+        oldest un-greeted one or, with none, let the listeners rest a moment (a readable
+        listener that cannot be accepted from would otherwise wake the loop at once, for
+        ever)."""
+        for _ in range(_ACCEPT_BURST):
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF_FDS:
+                    if self.new:
+                        self._drop(next(iter(self.new)))
+                        continue
+                    self._pause()
+                return
+            self._admit(sock, local=listener is self.unix)
+
+    def _pause(self) -> None:
+        self.paused = time.monotonic() + _PAUSE_S
+        for lst in self.listeners:
+            try:
+                self.sel.unregister(lst)
+            except (KeyError, ValueError):
+                pass
+
+    def _admit(self, sock: socket.socket, local: bool) -> None:
+        while len(self.new) >= _NEW_MAX:
+            # the oldest waiting connection goes; one whose first line is already here is
+            # read first, so a rank among a crowd of idle connections still gets through
+            oldest = next(iter(self.new))
+            self._read(oldest)
+            if oldest in self.new:
+                self._drop(oldest)
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sel.register(sock, selectors.EVENT_READ, _Conn(sock))
+        c = _Conn(sock, local)
+        if local:
+            if not self._vouch(c):
+                sock.close()
+                return
+        else:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.new[c] = None
+        self.sel.register(sock, selectors.EVENT_READ, c)
+        if self.secret is not None:
+            c.auth = _auth().ServerHandshake(self.secret)
+            self._send_raw(c, c.auth.hello)
+
+    def _vouch(self, c: _Conn) -> bool:
+        """Ask the kernel who is at the other end of a local connection; only a process of
+        this user is served. Its process id (and a pidfd, which a reused id cannot fool) is
+        what :meth:`_kill_local` may signal later."""
+        try:
+            pid, uid, _gid = struct.unpack("3i", c.sock.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        except (OSError, AttributeError):
+            return False
+        if uid != os.getuid() or pid <= 0:
+            return False
+        c.pid = pid
+        if hasattr(os, "pidfd_open"):
+            try:
+                c.pidfd = os.pidfd_open(pid)
+            except OSError:
+                c.pid = 0  # gone already
+        return True
 
     def _read(self, c: _Conn) -> None:
         try:
@@ -191,16 +381,58 @@ class HelperServer:
             self._lost(c)
             return
         c.buf += data
+        if c.auth is not None:
+            if not self._authenticate(c):
+                return
         while b"\n" in c.buf:
             raw, c.buf = c.buf.split(b"\n", 1)
-            self._handle(c, raw.decode("utf-8", "replace"))
+            try:
+                line = raw.decode("ascii")
+            except UnicodeDecodeError:
+                line = None
+            try:
+                if line is None or len(raw) > _LINE_MAX:
+                    self._bad(c, "the line is not ASCII")
+                else:
+                    self._handle(c, line)
+            except Exception:  # noqa: BLE001 - no line may end the helper: its sender goes
+                self._lost(c)
             if c.sock.fileno() < 0:
                 return
         if len(c.buf) > _LINE_MAX:
+            self._lost(c)
+
+    def _authenticate(self, c: _Conn) -> bool:
+        """Collect the peer's proof and answer it; ``True`` once it is accepted."""
+        auth = _auth()
+        if len(c.buf) < auth.PROOF_BYTES:
+            return False
+        proof, c.buf = c.buf[:auth.PROOF_BYTES], c.buf[auth.PROOF_BYTES:]
+        try:
+            self._send_raw(c, c.auth.answer(proof))
+        except auth.AuthError:
+            try:
+                c.sock.send(auth.REFUSE)
+            except OSError:
+                pass
             self._drop(c)
+            return False
+        c.auth = None
+        return True
+
+    def _bad(self, c: _Conn, why: str) -> None:
+        """A malformed line: a connection that has not greeted is dropped; a rank's gets an
+        error reply (MPICH never sends one)."""
+        if c.kind == "pmi":
+            self._send(c, f"cmd=error rc=-1 msg={why.replace(' ', '_')}")
+        else:
+            self._lost(c)
 
     def _send(self, c: _Conn, line: str) -> None:
-        c.out += (line + "\n").encode()
+        self._send_raw(c, (line + "\n").encode("ascii", "replace"))
+
+    def _send_raw(self, c: _Conn, data: bytes) -> None:
+        c.out += data
         self._flush(c)
 
     def _flush(self, c: _Conn) -> None:
@@ -214,10 +446,14 @@ class HelperServer:
             c.out = b""
             return
         c.out = c.out[sent:]
+        if len(c.out) > _LINE_MAX * 4:  # a peer that never reads its replies
+            self._lost(c)
+            return
         self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0),
                         c)
 
     def _drop(self, c: _Conn) -> None:
+        self.new.pop(c, None)
         try:
             self.sel.unregister(c.sock)
         except (KeyError, ValueError):
@@ -242,7 +478,9 @@ class HelperServer:
                 if pmi is not None:
                     pmi.finalized = True
             return  # watches otherwise only listen
-        if cmd == "init":
+        if not _WORD.match(cmd):
+            self._bad(c, "malformed command")
+        elif cmd == "init":
             self._send(c, "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1")
         elif cmd == "get_maxes":
             self._send(c, f"cmd=maxes rc=0 kvsname_max={_KVSNAME_MAX} keylen_max={_KEY_MAX} "
@@ -254,59 +492,83 @@ class HelperServer:
         elif cmd == "get_universe_size":
             self._send(c, f"cmd=universe_size rc=0 size={self.size}")
         elif cmd == "put":
-            self.kvs[w.get("key", "")] = w.get("value", "")
-            self._send(c, "cmd=put_result rc=0 msg=success")
+            key, value = w.get("key", ""), w.get("value", "")
+            if not (0 < len(key) <= _KEY_MAX and len(value) <= _VAL_MAX
+                    and _WORD.match(key) and _WORD.match(value)):
+                self._send(c, "cmd=put_result rc=-1 msg=bad_key_or_value")
+            elif self.kvs_bytes + len(key) + len(value) > _KVS_BYTES_MAX:
+                self._send(c, "cmd=put_result rc=-1 msg=kvs_full")
+            else:
+                old = self.kvs.get(key)
+                if old is not None:
+                    self.kvs_bytes -= len(key) + len(old)
+                self.kvs[key] = value
+                self.kvs_bytes += len(key) + len(value)
+                self._send(c, "cmd=put_result rc=0 msg=success")
         elif cmd == "get":
-            value = self.kvs.get(w.get("key", ""))
+            key = w.get("key", "")
+            value = self.kvs.get(key)
+            if value is None and key == "PMI_process_mapping":
+                # hydra's answer: without it MPICH exchanges every rank's host name (each
+                # rank asks for all the others': N^2 requests here)
+                value = self.mapping
             self._send(c, f"cmd=get_result rc=0 msg=success value={value}" if value is not None
                        else "cmd=get_result rc=-1 msg=key_not_found")
         elif cmd == "barrier_in":
-            self.barrier.append(c)
-            gone = sorted(set(range(self.size)) - set(self.ranks))
-            if gone and self.barriers_passed and not self.ending:
+            if c.rank in self.barrier:
+                self._send(c, "cmd=barrier_out rc=-1 msg=already_in_the_barrier")
+                return
+            self.barrier[c.rank] = c
+            if len(self.ranks) < self.size and self.started and not self.ending:
                 # a rank that has left can never enter it (one that said it was finalizing
                 # and died inside MPI_Finalize): the waiters would wait for ever
-                self._end(gone[0], 1, "ended inside MPI_Finalize, before the others could "
-                                      "finish it")
+                gone = min(set(range(self.size)) - set(self.ranks))
+                self._end(gone, 1, "ended inside MPI_Finalize, before the others could "
+                                   "finish it")
                 return
             self._release_barrier()
         elif cmd == "finalize":
             c.finalized = True
             self._send(c, "cmd=finalize_ack rc=0")
         elif cmd == "abort":
-            code = w.get("exitcode", "1")
-            self._end(c.rank, int(code) if code.lstrip("-").isdigit() else 1,
-                      "called MPI_Abort")
+            code = _sint(w.get("exitcode"))
+            self._end(c.rank, 1 if code is None else code, "called MPI_Abort")
         else:
             self._send(c, f"cmd={cmd or 'unknown'} rc=-1 msg=unsupported_by_mpitensor")
 
     def _greet(self, c: _Conn, cmd: str, w: Dict[str, str]) -> None:
-        rank = w.get("rank", "")
-        if (w.get("token") != self.token or not rank.isdigit()
-                or not 0 <= int(rank) < self.size):
+        rank = _uint(w.get("rank"))
+        token = w.get("token", "")
+        if (not secrets.compare_digest(token.encode(), self.token.encode())
+                or rank is None or not rank < self.size):
             self._drop(c)  # not one of ours
             return
-        c.rank = int(rank)
-        pid = w.get("pid", "")
-        if w.get("host") == self.host and pid.isdigit():
-            c.pid = int(pid)
+        # the hello's pid= and host= words (older ranks send them) are not believed: a pid
+        # signalled later is one the kernel vouched for (_vouch)
         if cmd == "mpitensor-watch":
-            c.kind = "watch"
+            self.new.pop(c, None)
+            c.kind, c.rank = "watch", rank
             self.watches.append(c)
+            if rank in self.ranks:  # (a watch of a rank nobody said hello for starts nothing)
+                self.watched.add(rank)
+            if self.ending and self.last_word:  # the job ended before this rank watched
+                self._send(c, self.last_word)
         elif cmd == "mpitensor-hello":
-            if c.rank in self.ranks or self.barriers_passed:
-                self._send(c, f"cmd=mpitensor-hello rc=1 msg=rank_{c.rank}_is_taken")
+            if rank in self.ranks or self.started:
+                self._send(c, f"cmd=mpitensor-hello rc=1 msg=rank_{rank}_is_taken")
+                self._drop(c)
                 return
-            c.kind = "pmi"
-            self.ranks[c.rank] = c
+            self.new.pop(c, None)
+            c.kind, c.rank = "pmi", rank
+            self.ranks[rank] = c
             self._send(c, "cmd=mpitensor-hello rc=0")
         else:
             self._drop(c)
 
     def _release_barrier(self) -> None:
-        live = sum(1 for c in self.ranks.values() if c.sock.fileno() >= 0)
-        if len(self.barrier) == self.size and live == self.size:
-            for c in self.barrier:
+        # every rank in self.barrier is connected: _lost takes a closed one out of both
+        if len(self.barrier) == self.size:
+            for c in self.barrier.values():
                 self._send(c, "cmd=barrier_out rc=0")
             self.barrier.clear()
             self.barriers_passed += 1
@@ -319,12 +581,10 @@ class HelperServer:
             if c in self.watches:
                 self.watches.remove(c)
             return
-        if c.kind != "pmi":
+        if c.kind != "pmi" or self.ranks.get(c.rank) is not c:
             return
-        self.ranks.pop(c.rank, None)
-        waited = c in self.barrier  # it left a barrier that others wait in: they never pass it
-        if waited:
-            self.barrier.remove(c)
+        del self.ranks[c.rank]
+        waited = self.barrier.pop(c.rank, None) is not None  # others wait for it in vain
         if not c.finalized and not self.ending:
             # its watch may hold its last word, "finalizing", unread: the two connections
             # are read in no particular order
@@ -335,9 +595,17 @@ class HelperServer:
             # MPI_Finalize passes one with every rank): it died inside MPI_Finalize
             self._end(c.rank, 1, "ended inside MPI_Finalize, before the others could finish it")
         elif not c.finalized and not self.ending:
-            if not self.barriers_passed:
-                self._close_all()  # during MPI_Init: make every other MPI_Init fail now
-                self.ending = time.monotonic() + 0.01
+            if not self.started:
+                # during MPI_Init: make every other MPI_Init fail now (their PMI connections
+                # close); ranks already past it are told to end through their watches
+                if self.watches:
+                    self._end(c.rank, 1, "ended during MPI_Init (it exited, crashed or was "
+                                         "killed)")
+                    for other in list(self.ranks.values()):
+                        self._drop(other)
+                else:
+                    self._close_all()
+                    self.ending = time.monotonic() + 0.01
             else:
                 self._end(c.rank, 1, "ended without finalizing MPI (it exited, crashed or "
                                      "was killed)")
@@ -348,31 +616,48 @@ class HelperServer:
 
         A rank's watch thread cannot act while its main thread holds Python's GIL inside a
         blocking MPI call (``MPI_Finalize``, say), so the ranks on this host that are still
-        connected after the grace get SIGKILL, as ``mpiexec`` kills a failed job's ranks.
+        connected after the grace get SIGKILL, as ``mpiexec`` kills a failed job's ranks:
+        only those whose process the kernel named (:meth:`_vouch`).
         """
         if self.ending:
             return
         # the files first: a rank told to end is gone a moment later, and its maps with it
         # (noted after the telling, the files of a two-rank job were left behind 1 run in 12)
         self._note_shm(force=True)
+        self.last_word = f"cmd=mpitensor-end from={rank} code={code} why={why}"
         for w in self.watches:
-            self._send(w, f"cmd=mpitensor-end from={rank} code={code} why={why}")
+            self._send(w, self.last_word)
         now = time.monotonic()
         self.kill_at = now + _KILL_GRACE_S
         self.ending = now + _END_LINGER_S
 
+    def _vouched(self) -> List[_Conn]:
+        """The connected ranks and watches whose process the kernel named."""
+        return [c for c in list(self.ranks.values()) + self.watches
+                if c.pid and c.sock.fileno() >= 0]
+
     def _note_shm(self, force: bool = False) -> None:
-        """Add the MPICH shared-memory files the local ranks map now to the job's. Noted at
-        every PMI barrier, about once a second while the job runs, and when it ends: by the time
-        a failure is handled here its ranks may be gone, and their maps with them (once the
-        helper, scheduled late, found none and left the job's files behind)."""
+        """Add the MPICH shared-memory files the local ranks map now to the job's.
+
+        Looked for at every PMI barrier, every :data:`_SHM_NOTE_S` seconds while the job
+        runs, and when it ends: by the time a failure is handled here its ranks may be gone,
+        and their maps with them (once the helper, scheduled late, found none and left the
+        job's files behind). A look is one listing of ``/dev/shm``; the ranks' maps are read
+        only when MPICH files appeared there since the last look (or when it ends)."""
         now = time.monotonic()
-        if now < self.shm_noted + 1.0 and not force:
+        if now < self.shm_noted + _SHM_NOTE_S and not force:
             return
         self.shm_noted = now
-        for c in self.ranks.values():
-            if c.pid:
-                self.shm |= _shm_files(c.pid)
+        try:
+            names = frozenset(n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_"))
+        except OSError:
+            names = frozenset()
+        if not names or (names <= self.shm_seen and not force):
+            self.shm_seen = names
+            return
+        self.shm_seen = names
+        for pid in {c.pid for c in self._vouched()}:
+            self.shm |= _shm_files(pid)
 
     def _remove_shm(self, patience: float = _SHM_PATIENCE_S) -> None:
         """Remove the shared-memory files of a failed job, which ``MPI_Finalize`` would have
@@ -399,13 +684,18 @@ class HelperServer:
             time.sleep(0.1)
 
     def _kill_local(self) -> None:
+        """SIGKILL the ranks of this host still connected: only processes the kernel named
+        on the local socket (never a number a client wrote), through their pidfd where the
+        system has them (a reused process id is then not hit)."""
         self.kill_at = 0.0
-        for c in list(self.ranks.values()):
-            if c.pid and c.sock.fileno() >= 0:  # connected: the process is alive
-                try:
+        for c in self._vouched():
+            try:
+                if c.pidfd >= 0:
+                    signal.pidfd_send_signal(c.pidfd, signal.SIGKILL)
+                else:
                     os.kill(c.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            except OSError:
+                pass
 
 
 def _shm_files(pid: int) -> set:
@@ -418,93 +708,163 @@ def _shm_files(pid: int) -> set:
         return set()
 
 
+_AUTH = None
+
+
+def _auth():  # type: ignore[no-untyped-def]
+    """The ``_auth`` module. The helper runs as ``python -I -S _pmi.py``, without the
+    package's ``__init__`` (which imports NumPy): its parents are registered here as bare
+    namespaces, so that ``_auth`` and what it imports (``_config``, ``errors``: standard
+    library only) load from their files."""
+    global _AUTH
+    if _AUTH is None:
+        if __package__:
+            from . import _auth as mod
+        else:
+            import importlib
+            import types
+
+            here = os.path.dirname(os.path.abspath(__file__))
+            for name, path in (("mpitensor", os.path.dirname(here)),
+                               ("mpitensor.distributed", here)):
+                if name not in sys.modules:
+                    pkg = types.ModuleType(name)
+                    pkg.__path__ = [path]  # type: ignore[attr-defined]
+                    sys.modules[name] = pkg
+            mod = importlib.import_module("mpitensor.distributed._auth")
+        _AUTH = mod
+    return _AUTH
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    """The helper process: ``_pmi.py SIZE INIT_TIMEOUT_S`` with the token on stdin.
+    """The helper process: ``_pmi.py SIZE INIT_TIMEOUT_S``; on stdin the token's line, then
+    one line of JSON settings (``bind``, ``mapping``, ``unix``); ``MPITENSOR_SECRET`` from
+    the environment.
 
     Prints ``PORT KVSNAME`` on stdout once listening, then closes stdout.
     """
     args = sys.argv[1:] if argv is None else argv
     size, init_timeout = int(args[0]), float(args[1])
     token = sys.stdin.readline().strip()
+    settings = json.loads(sys.stdin.readline() or "{}")
+    raw = os.environ.get("MPITENSOR_SECRET", "")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C ends the ranks; they end us
-    server = HelperServer(size, token, init_timeout)
-    sys.stdout.write(f"{server.port} {server.kvsname}\n")
+    server = HelperServer(size, token, init_timeout, bind=settings.get("bind", "127.0.0.1"),
+                          mapping=settings.get("mapping"),
+                          secret=raw.encode() if raw else None, unix=settings.get("unix"))
+    sys.stdout.write(f"{server.port} {server.kvsname} {'unix' if server.unix else '-'}\n")
     sys.stdout.flush()
     os.close(1)
     return server.serve()
 
 
 # ---------------------------------------------------------------------- the rank side
-def start_helper(size: int, init_timeout: float) -> Tuple["subprocess.Popen[bytes]", int, str,
-                                                           str]:
-    """Start the helper process; return ``(process, port, kvsname, token)``.
+class Helper(NamedTuple):
+    """A started helper: its process, where it listens, and what the ranks need to know."""
+
+    proc: "subprocess.Popen[bytes]"
+    port: int
+    kvsname: str
+    token: str
+    unix: str  # the local socket's name, or "" where there is none
+
+
+def start_helper(size: int, init_timeout: float, bind: str = "127.0.0.1",
+                 mapping: Optional[str] = None) -> Helper:
+    """Start the helper process, listening on ``bind`` (and on a local socket).
 
     The helper runs in a session of its own (a Ctrl-C in the terminal reaches the ranks, and
     their sockets closing ends it) with no output of its own; it exits when every rank has
     finalized and closed, when the job ended, or ``init_timeout`` seconds after it started if
-    the ranks never all arrived.
+    the ranks never all arrived. ``MPITENSOR_SECRET``, where set, reaches it through the
+    environment.
     """
     token = secrets.token_hex(16)
+    unix = "mpitensor-pmi-" + secrets.token_hex(12)
     proc = subprocess.Popen(
         [sys.executable, "-I", "-S", os.path.abspath(__file__), str(size), repr(init_timeout)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True)
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        proc.stdin.write((token + "\n").encode())
+        proc.stdin.write((token + "\n" + json.dumps({"bind": bind, "mapping": mapping,
+                                                     "unix": unix}) + "\n").encode())
         proc.stdin.close()
         line = proc.stdout.readline().decode().split()
         proc.stdout.close()
-        if len(line) != 2 or not line[0].isdigit():
+        if len(line) != 3 or _uint(line[0]) is None:
             raise RuntimeError(f"the PMI helper process did not start (exit code "
                                f"{proc.poll()}, said {line!r})")
     except BaseException:
         proc.kill()
         proc.wait()
         raise
-    return proc, int(line[0]), line[1], token
+    return Helper(proc, int(line[0]), line[1], token, unix if line[2] == "unix" else "")
 
 
-def _connect(host: str, port: int, deadline: float) -> socket.socket:
+def _connect(host: str, port: int, deadline: float, unix: str = "") -> socket.socket:
+    """Connect to the helper: on its local socket where ``unix`` names one that this
+    process reaches (same host, same network namespace), else over TCP; then authenticate
+    where ``MPITENSOR_SECRET`` is set."""
+    sock = None
+    if unix:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(min(_IO_MAX_S, max(0.1, deadline - time.monotonic())))
+            sock.connect("\0" + unix)
+        except OSError:
+            sock.close()
+            sock = None  # another host, or another network namespace: TCP
     delay = 0.01
-    while True:
+    while sock is None:
         try:
             sock = socket.create_connection(
                 (host, port), timeout=min(_IO_MAX_S, max(0.1, deadline - time.monotonic())))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
         except OSError:
             if time.monotonic() + delay >= deadline:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
+    raw = os.environ.get("MPITENSOR_SECRET", "")
+    if raw:
+        try:
+            _auth().client_handshake(sock, raw.encode(),
+                                     min(_IO_MAX_S, max(0.1, deadline - time.monotonic())))
+        except BaseException:
+            sock.close()
+            raise
+    return sock
 
 
-def connect_pmi(host: str, port: int, rank: int, token: str, deadline: float) -> int:
+def connect_pmi(host: str, port: int, rank: int, token: str, deadline: float,
+                unix: str = "") -> int:
     """Connect to the helper as ``rank`` and return the socket's file descriptor for PMI_FD.
 
     The descriptor is detached from Python, so that nothing closes it before MPICH's
-    ``MPI_Finalize`` has used it.
+    ``MPI_Finalize`` has used it. MPICH's simple PMI then reads and writes it as it would
+    the one ``mpiexec`` gives: a local (Unix) socket or an authenticated one alike.
 
     Raises:
         ConnectionError: the helper refused the rank (taken) or closed the connection.
         OSError: the helper could not be reached before ``deadline``.
+        AuthError: ``MPITENSOR_SECRET`` differs from rank 0's (or only one side has it).
     """
-    sock = _connect(host, port, deadline)
+    sock = _connect(host, port, deadline, unix)
     try:
         sock.settimeout(min(_IO_MAX_S, max(0.1, deadline - time.monotonic())))
-        sock.sendall(f"cmd=mpitensor-hello rank={rank} token={token} pid={os.getpid()} "
-                     f"host={socket.gethostname()}\n".encode())
+        sock.sendall(f"cmd=mpitensor-hello rank={rank} token={token}\n".encode())
         reply = b""
         while not reply.endswith(b"\n"):
             chunk = sock.recv(1)  # byte by byte: nothing past the reply may be read here
             if not chunk:
                 raise ConnectionError("the PMI helper closed the connection")
             reply += chunk
-        words = _words(reply.decode().strip())
+        text = reply.decode("ascii", "replace").strip()
+        words = _words(text)
         if words.get("rc") != "0":
             raise ConnectionError(f"the PMI helper refused rank {rank}: "
-                                  f"{words.get('msg', reply.decode().strip())}")
+                                  f"{words.get('msg', text)}")
         sock.settimeout(None)
         return sock.detach()
     except BaseException:
@@ -522,9 +882,11 @@ class Watch:
     normally) ends nothing.
     """
 
-    def __init__(self, host: str, port: int, rank: int, token: str, deadline: float) -> None:
+    def __init__(self, host: str, port: int, rank: int, token: str, deadline: float,
+                 unix: str = "") -> None:
         self.rank = rank
-        self.sock = _connect(host, port, deadline)
+        self.sock = _connect(host, port, deadline, unix)
+        self.sock.settimeout(None)
         self.sock.sendall(f"cmd=mpitensor-watch rank={rank} token={token}\n".encode())
         self.thread = threading.Thread(target=self._run, name="mpitensor-pmi-watch",
                                        daemon=True)
@@ -540,11 +902,12 @@ class Watch:
                 buf += chunk
         except OSError:
             return
-        line = buf.split(b"\n", 1)[0].decode("utf-8", "replace")
+        line = buf.split(b"\n", 1)[0].decode("ascii", "replace")
         w = _words(line)
         if w.get("cmd") != "mpitensor-end":
             return
-        code = int(w["code"]) if w.get("code", "").lstrip("-").isdigit() else 1
+        code = _sint(w.get("code"))
+        code = 1 if code is None else code
         who = w.get("from", "?")
         if who != str(self.rank):
             why = line.split(" why=", 1)[1] if " why=" in line else "failed"
