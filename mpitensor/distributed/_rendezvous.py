@@ -230,6 +230,7 @@ def _open_store(p: Plan, seconds: float) -> Tuple[Store, bool]:
                         wait_for_workers=False), True
     except DistNetworkError as exc:
         if p.rank == 0 and "already in use" in str(exc):
+            _tell_the_job_there(p)
             raise DistNetworkError(
                 f"init_process_group: rank 0 cannot serve the rendezvous at {p.where}: port "
                 f"{p.port} is already in use (another job, another program, or an earlier run "
@@ -238,6 +239,36 @@ def _open_store(p: Plan, seconds: float) -> Tuple[Store, bool]:
         raise DistNetworkError(f"init_process_group: rank {p.rank} cannot "
                                f"{'serve' if p.rank == 0 else 'reach'} the rendezvous at "
                                f"{p.where}: {exc}") from exc
+
+
+def _tell_the_job_there(p: Plan) -> None:
+    """Rank 0 found its port taken: where a rendezvous of a job it cannot be told apart
+    from (neither has an id, or both the same) is gathering there, its ranks may include
+    this job's: fail that rendezvous too, on every side, rather than let the two merge."""
+    ident, _ = _job_identity()
+    try:
+        other = TCPStore(p.host, p.port, None, is_master=False, timeout=0.5,
+                         wait_for_workers=False)
+    except Exception:  # noqa: BLE001 - not a store (another program), or unreachable
+        return
+    try:
+        s = PrefixStore(_PREFIX, other)
+        if not s.check(["job"]):
+            return
+        job = json.loads(s.get("job").decode("utf-8", "replace"))
+        if str(job.get("id", "")) != ident:
+            return  # another job, told apart by its id: it refuses this job's ranks itself
+        msg = (f"init_process_group: a second rank 0 (pid {os.getpid()} on "
+               f"{socket.gethostname()}) found port {p.port} of the rendezvous at {p.where} "
+               f"taken by {_job_text(job)}: two jobs were given the same address, and ranks "
+               "of one may have joined the other. Give each job its own port (MASTER_PORT, or "
+               "the port in init_method), or a job id (MPITENSOR_JOB_ID, torchrun's "
+               "--rdzv-id) of its own")
+        _post_error(s, Plan(0, p.world_size, p.scheme, p.where), "ValueError", msg)
+    except Exception:  # noqa: BLE001 - best effort: this rank fails in any case
+        pass
+    finally:
+        other.close()
 
 
 def _post_error(s: Store, p: Plan, kind: str, message: str) -> None:
@@ -281,10 +312,77 @@ def _wait(s: Store, keys: List[str], deadline: float) -> None:
             del exc
 
 
+def _job_identity() -> Tuple[str, str]:
+    """This process's job: ``(id, where it came from)``, or ``("", "")`` where none is known.
+
+    torchrun's ``--rdzv-id`` (``TORCHELASTIC_RUN_ID``), unless it is torchrun's default
+    ``none``, which every torchrun job has; else ``MPITENSOR_JOB_ID`` (``mpitensor-run``
+    makes one for its ranks; a user or a scheduler may set one). Processes started by
+    ``mp.spawn`` or by hand usually have neither: their rendezvous takes the identity of the
+    first rank that reaches it (see :func:`_claim_job`).
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if run_id and run_id.lower() != "none":
+        return run_id, "TORCHELASTIC_RUN_ID"
+    job = _config.job_id()
+    if job:
+        return job, "MPITENSOR_JOB_ID"
+    return "", ""
+
+
+def _job_text(job: Dict[str, Any]) -> str:
+    if job.get("id"):
+        return f"job {job['id']!r} ({job.get('source', '?')})"
+    return (f"a job without an id (begun by rank {job.get('rank', '?')}, pid "
+            f"{job.get('pid', '?')} on {job.get('host', '?')})")
+
+
+def _claim_job(s: Store, p: Plan) -> None:
+    """Name this rendezvous's job, or check that this process belongs to the job named.
+
+    The first process to arrive writes its job (its id, or, without one, where it started);
+    a process whose id differs, or that has an id where the job has none or the other way
+    round, belongs to another job that was given the same address: it is refused at once,
+    before it claims a rank, with an error naming the port (its own job's rank 0 fails on
+    the port in use). Jobs without ids cannot be told apart: there a second rank 0
+    (:func:`_open_store`) or a rank claimed twice (:func:`_arrive`) fails the rendezvous on
+    every side instead.
+    """
+    ident, source = _job_identity()
+    me = {"id": ident, "source": source, "rank": p.rank, "pid": os.getpid(),
+          "host": socket.gethostname(), "start": time.time()}
+    mine = json.dumps(me)
+    first = s.compare_set("job", "", mine).decode("utf-8", "replace")
+    if first == mine:
+        return
+    try:
+        job = json.loads(first)
+        theirs = str(job.get("id", ""))
+    except (ValueError, AttributeError):
+        job, theirs = {}, "?"
+    if theirs == ident:
+        return
+    port = f"port {p.port}" if p.port else p.where
+    msg = (f"init_process_group: rank {p.rank} of {_job_text(me)} was refused by the "
+           f"rendezvous at {p.where}: {port} serves {_job_text(job)}. Two jobs were given "
+           f"the same rendezvous address; give each job its own (MASTER_PORT, or the port "
+           "in init_method), or the same job id to every process of one job")
+    if p.scheme == "file":
+        msg += " (a rendezvous file left by an earlier run causes this too: delete it)"
+    try:  # the other job's rank 0 logs it (its rendezvous goes on: its ranks differ)
+        s.set("refused", msg)
+    except Exception:  # noqa: BLE001 - the refusal stands whatever the store does
+        pass
+    exc = ValueError(msg)
+    exc.foreign = True  # type: ignore[attr-defined]  # not posted: the job there is not ours
+    raise exc
+
+
 def _arrive(s: Store, p: Plan, seconds: float, deadline: float) -> List[Dict[str, Any]]:
     """Claim this rank, check that everyone names the same world size, wait for all."""
+    _claim_job(s, p)
     me = {"rank": p.rank, "world_size": p.world_size, "host": socket.gethostname(),
-          "pid": os.getpid(), "mpi": _mpi_state()}
+          "netns": _netns(), "pid": os.getpid(), "mpi": _mpi_state()}
     mine = json.dumps(me)
     size_claim = f"{p.world_size} {p.rank}"
     first = s.compare_set("world_size", "", size_claim).decode()
@@ -320,6 +418,41 @@ def _arrive(s: Store, p: Plan, seconds: float, deadline: float) -> List[Dict[str
                "world_size")
         raise StoreTimeoutError(msg) from None
     return [json.loads(v) for v in s.multi_get(keys)]
+
+
+def _netns() -> str:
+    """This process's network namespace (``""`` where unknown): ranks that share a host name
+    may still not share a loopback interface (``ip netns``, containers)."""
+    try:
+        st = os.stat("/proc/self/ns/net")
+    except OSError:
+        return ""
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def _helper_address(p: Plan, members: List[Dict[str, Any]]) -> Tuple[str, str]:
+    """Where rank 0's PMI helper listens, and the address the ranks connect to.
+
+    Loopback when every rank shares this host and its network namespace; else the master's
+    address (``MASTER_ADDR``, the host of ``tcp://``), which every rank reached already;
+    with neither (``file://``, ``store=``), the address this host's name resolves to, or
+    every interface where that is a loopback address (the ranks then still need the token
+    from the store, and ``MPITENSOR_SECRET`` where set)."""
+    here, ns = socket.gethostname(), _netns()
+    if all(m.get("host") == here and m.get("netns", "") == ns for m in members):
+        return "127.0.0.1", "127.0.0.1"
+    for name in ([p.host] if p.host else []) + [here]:
+        try:
+            infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        for family, _type, _proto, _name, sockaddr in infos:
+            addr = str(sockaddr[0])
+            if family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            if name == p.host or not (addr.startswith("127.") or addr == "::1"):
+                return addr, addr
+    return "", p.host or here
 
 
 def _mpi_state() -> str:
@@ -368,11 +501,14 @@ def join(p: Plan, seconds: float) -> Any:
                 _post_error(s, p, "ValueError", msg)
                 raise ValueError(msg)
             if fresh and want != "CONNECT":
-                helper, port, _kvs, token = _pmi.start_helper(
-                    p.world_size, max(1.0, deadline - time.monotonic()))
-                s.set("mode", json.dumps({"kind": "pmi", "port": port, "token": token,
-                                          "host": socket.gethostname(),
-                                          "addr": p.host or socket.gethostname()}))
+                bind, addr = _helper_address(p, members)
+                started = _pmi.start_helper(
+                    p.world_size, max(1.0, deadline - time.monotonic()), bind=bind,
+                    mapping=_pmi.process_mapping([m["host"] for m in members]))
+                helper = started.proc
+                s.set("mode", json.dumps({"kind": "pmi", "port": started.port,
+                                          "token": started.token, "unix": started.unix,
+                                          "host": socket.gethostname(), "addr": addr}))
             else:
                 s.set("mode", json.dumps({"kind": "connect"}))
         _wait(s, ["mode"], deadline)
@@ -396,14 +532,18 @@ def join(p: Plan, seconds: float) -> Any:
             comm, scheme = _join_connect(s, p, deadline, why), "connect"
         t2 = time.monotonic()
         comm.Barrier()  # nobody needs the store past this point
+        if p.rank == 0 and s.check(["refused"]):
+            logger.warning("rank 0: a process of another job came to the rendezvous at %s "
+                           "and was refused: %s", p.where, s.get("refused").decode("utf-8",
+                                                                                "replace"))
         logger.debug("rank %d: rendezvous at %s: %d ranks arrived in %.3f s, joined (%s) in "
                      "%.3f s", p.rank, p.where, p.world_size, t1 - t0, scheme, t2 - t1)
         if not owned and p.rank == 0:
-            for key in ["world_size", "mode", "dpm/port", "error"] + [
+            for key in ["job", "refused", "world_size", "mode", "dpm/port", "error"] + [
                     f"rank/{i}" for i in range(p.world_size)]:
                 s.delete_key(key)
     except BaseException as exc:
-        if not _has_error(s):
+        if not getattr(exc, "foreign", False) and not _has_error(s):
             if isinstance(exc, (ValueError, StoreTimeoutError)):  # the same words everywhere
                 _post_error(s, p, "ValueError" if isinstance(exc, ValueError) else "timeout",
                             str(exc))
@@ -465,9 +605,9 @@ def _finalize_mpi() -> None:
 def _join_pmi(p: Plan, mode: Dict[str, Any], deadline: float) -> Any:
     """``MPI_Init`` against rank 0's PMI helper; ``MPI_COMM_WORLD``, or ``None`` if this MPI
     library ignored the helper (it then initialized as a world of one)."""
-    host = "127.0.0.1" if mode["host"] == socket.gethostname() else mode["addr"]
+    host, unix = mode["addr"], mode.get("unix", "")
     try:
-        fd = _pmi.connect_pmi(host, mode["port"], p.rank, mode["token"], deadline)
+        fd = _pmi.connect_pmi(host, mode["port"], p.rank, mode["token"], deadline, unix)
     except OSError as exc:
         raise DistNetworkError(f"init_process_group: rank {p.rank} cannot reach rank 0's PMI "
                                f"helper at {host}:{mode['port']}: {exc}") from exc
@@ -490,7 +630,7 @@ def _join_pmi(p: Plan, mode: Dict[str, Any], deadline: float) -> Any:
     if comm.Get_rank() != p.rank:
         raise MpiTensorError(f"init_process_group: MPI made rank {p.rank} rank "
                              f"{comm.Get_rank()} of {comm.Get_size()}; this is a bug")
-    _joined["watch"] = _pmi.Watch(host, mode["port"], p.rank, mode["token"], deadline)
+    _joined["watch"] = _pmi.Watch(host, mode["port"], p.rank, mode["token"], deadline, unix)
     return comm
 
 
