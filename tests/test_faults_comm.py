@@ -266,11 +266,14 @@ try:
     else:
         import time
         time.sleep(float(sys.argv[1]) * 3)
-except DistributedTimeoutError as exc:
+except (DistributedTimeoutError, PeerFailedError) as exc:
     if not caught:
         raise
-    report(op=exc.op, seq=exc.seq, group=exc.group, missing=exc.missing, elapsed=exc.elapsed,
-           msg=str(exc))
+    # the first rank to time out breaks the group: the others, waiting in the same call,
+    # learn it from its notice (PeerFailedError) before their own timeout
+    report(kind=type(exc).__name__, op=exc.op, seq=exc.seq, group=exc.group,
+           missing=getattr(exc, "missing", None), culprit=getattr(exc, "rank", None),
+           elapsed=getattr(exc, "elapsed", None), msg=str(exc))
     # leave once every waiting rank has reported: the first rank to exit non-zero makes the
     # launcher kill the rest, and an oversubscribed rank may time out a little later
     import os, time
@@ -304,17 +307,29 @@ def test_skipped_collective_times_out_naming_the_op(tmp_path):
 
 
 def test_skipped_collective_error_fields(tmp_path):
-    """Caught, the error carries the op, the sequence number, the group and who was missing."""
+    """Caught, the error carries the op, the sequence number, the group and who was missing.
+    The first rank to time out breaks the group; a rank still waiting in the call then raises
+    PeerFailedError naming that rank and its call (never completing it later, against the
+    skipping rank's next call)."""
     res, _ = run_script(tmp_path, SKIP, 4, "2", "catch")
     assert not res.timed_out, res.output
     got = results(tmp_path)
     assert sorted(got) == [0, 2, 3], res.output
+    timed_out = [r for r, d in got.items() if d["kind"] == "DistributedTimeoutError"]
+    assert timed_out, got
     for r, d in got.items():
-        assert (d["op"], d["seq"], d["group"], d["missing"]) == ("all_reduce", 2, "WORLD", [1])
-        assert 2.0 <= d["elapsed"] < 10
-        others = [o for o in (0, 2, 3) if o != r]
-        for o in others:
-            assert f"rank {o}: waiting in all_reduce #2 too" in d["msg"], d["msg"]
+        assert (d["op"], d["seq"], d["group"]) == ("all_reduce", 2, "WORLD"), d
+        if d["kind"] == "DistributedTimeoutError":
+            assert d["missing"] == [1], d
+            assert 2.0 <= d["elapsed"] < 10
+            others = [o for o in (0, 2, 3) if o != r]
+            for o in others:  # (one that got the break's notice has left the call)
+                assert re.search(rf"rank {o}: (waiting|arrived) in all_reduce #2 too",
+                                 d["msg"]), d["msg"]
+        else:
+            assert d["kind"] == "PeerFailedError" and d["culprit"] in timed_out, d
+            assert (f"rank {r}: all_reduce (#2 on WORLD) cannot complete: rank {d['culprit']} "
+                    "failed in all_reduce (#2 on WORLD): DistributedTimeoutError") in d["msg"], d
 
 
 # ---------------------------------------------------------------------------- 4: mismatches

@@ -20,10 +20,22 @@ each group's private notice communicator (``g.diag``; user messages can never ma
   (``sys.exit``, returning from the script). A peer waiting in a collective that the leaver
   never reached, or in a receive from it, raises instead of waiting for the timeout.
 
+A call that ends with its data still posted in MPI breaks its group too: one that ran past the
+group's timeout, or raised while it waited (``ProcessGroup.break_after``, from ``_watchdog``).
+Its request stays posted, and a peer's later call would complete against it: two different
+calls mixed, silently. The rank sends the *broken* notice at once, before it words its error.
+
 A broken group refuses every later call, collective or point-to-point, on every rank that
 knows, with the same story (which rank, which operation, which call number, why). Waiting
-ranks read these notices on their slow-poll tick (once a millisecond, after the first 50 µs),
-so the fast path of every operation pays nothing (``ProcessGroup.fault_in_wait``).
+ranks read these notices on their slow-poll tick (once a millisecond, after the first 50 µs);
+a rank entering a call looks whether a member broke the group (``ProcessGroup.slow``), so
+that a call that would complete at once against a broken peer's posted request is refused
+before it posts anything. Where the members share a machine that look is one word of shared
+memory (:func:`shared_flag`), which the breaking rank sets before it sends its notice: MPI
+alone is no good here, since MPICH moves one queued message a probe, and a rank back from a
+long computation may hold several before the notice. Across machines it is an ``Iprobe`` on
+the notice communicator, which can miss a notice stuck behind others: there a call entered in
+the first moments after the break may still complete against the posted request.
 """
 
 from __future__ import annotations
@@ -35,26 +47,40 @@ import weakref
 from typing import Any, Optional
 
 from ..errors import PeerFailedError
+from . import _shm
 from ._abort import _OUTPUT_GRACE_S, _wait_output_read
 from ._watchdog import Backoff
 
 FAULT_TAG = 3  # on the notice communicator (1: arrival notices, 2: debug verdicts)
 _LEFT_GRACE_S = 0.2  # a receive from a rank that left: the data may still be on its way
+_NOTICE_WAIT_S = 5.0  # the flag is up: the breaking rank's notice follows, within this
+FLAG_BYTES = 64  # the shared flag's segment: one word, on a cache line of its own
 
 _live: "weakref.WeakSet" = weakref.WeakSet()  # groups to tell when this process exits
 _hooked = False
 
 
 class Story:
-    """Why a group is broken: the rank, the call and the error that started it."""
+    """Why a group is broken: the rank, the call and the error that started it.
 
-    __slots__ = ("rank", "op", "seq", "reason")
+    ``kind``: ``"coll"`` (``seq`` is the group's collective number) or ``"p2p"`` (``seq``
+    counts that rank's point-to-point calls).
+    """
 
-    def __init__(self, rank: int, op: str, seq: int, reason: str) -> None:
-        self.rank, self.op, self.seq, self.reason = rank, op, seq, reason
+    __slots__ = ("rank", "op", "seq", "reason", "kind")
+
+    def __init__(self, rank: int, op: str, seq: int, reason: str, kind: str = "coll") -> None:
+        self.rank, self.op, self.seq, self.reason, self.kind = rank, op, seq, reason, kind
 
     def as_tuple(self) -> tuple:
-        return (self.rank, self.op, self.seq, self.reason)
+        return (self.rank, self.op, self.seq, self.reason, self.kind)
+
+    def call(self, group_name: str) -> str:
+        """The call that broke the group, as messages name it: ``all_reduce (#2 on WORLD)``."""
+        if self.seq < 0:  # not known (its notice never came)
+            return f"{self.op} on {group_name}"
+        number = f"p2p #{self.seq}" if self.kind == "p2p" else f"#{self.seq}"
+        return f"{self.op} ({number} on {group_name})"
 
 
 def error(g: Any, story: Story, opname: str, seq: Optional[int] = None,
@@ -66,13 +92,14 @@ def error(g: Any, story: Story, opname: str, seq: Optional[int] = None,
     head = (f"rank {me}: {call} cannot complete" if waiting
             else f"rank {me}: {call} refused: the group is unusable")
     what = (f"{culprit}: {story.reason}" if story.op == "exit" else
-            f"{culprit} failed in {story.op} (#{story.seq} on {g.name}): {story.reason}")
+            f"{culprit} failed in {story.call(g.name)}: {story.reason}")
     msg = (f"{head}: {what}. The other ranks may have entered calls that will never be matched, "
            f"so every later call on {g.name} raises this error on every rank that knows; "
            "create a new group (new_group) or end the job.")
     err = PeerFailedError(msg)
     err.rank, err.op, err.seq, err.group, err.reason = story.rank, story.op, story.seq, \
         g.name, story.reason
+    err.kind = story.kind
     return err
 
 
@@ -105,14 +132,85 @@ def drain(g: Any) -> None:
         g.faults.append((src, diag.recv(None, src, tag)))
 
 
+def shared_flag(comm: Any) -> Optional[Any]:
+    """Collective over ``comm``: a word of shared memory that every member maps (an ``mmap``),
+    or None on every member where they do not share a machine (or /dev/shm, or x86-64).
+
+    Nonzero once a member broke the group: that member's global rank + 1 (:func:`mark_broken`).
+    """
+    if comm.Get_size() < 2:
+        return None
+    from mpi4py import MPI
+
+    ok = _shm.usable()
+    rank = comm.Get_rank()
+    path = _shm.create("mpitensor-fault-", FLAG_BYTES) if rank == 0 and ok else None
+    path = comm.bcast(path, root=0)
+    mm = _shm.attach(path, FLAG_BYTES) if path is not None and ok else None
+    try:
+        everyone = comm.allreduce(int(mm is not None), op=MPI.MIN)
+    finally:
+        if rank == 0 and path is not None:
+            _shm.remove(path)  # every member has mapped it (or given up): the name can go
+    if not everyone:
+        if mm is not None:
+            mm.close()
+        return None
+    return mm
+
+
 def mark_broken(g: Any, story: Story, tell: bool = True) -> None:
-    """Make every later call on ``g`` raise; tell the other members unless they told us."""
+    """Make every later call on ``g`` raise; tell the other members unless they told us.
+
+    Telling raises the group's shared flag first (where it has one), then sends the notice:
+    a member entering a call sees the flag at once, and waits for the notice that says why.
+    """
     if g.broken is not None:
         return
     g.broken = story
     g.slow = True  # fast paths off: every call reaches the check in _begin
     if tell:
+        word = getattr(g, "fault_word", None)
+        if word is not None and not word[0]:
+            word[0] = g.global_rank + 1
         _send(g, ("broken", story.as_tuple()))
+
+
+def heed(g: Any) -> None:
+    """A rank entering a call on ``g``: read the fault notices that have come, and break ``g``
+    here too if one says a peer broke it (the others stay for ``in_wait`` and ``settle``).
+
+    Where the shared flag is up, the breaking rank's notice is on its way: wait for it (it
+    names the call), at most a few seconds."""
+    if _heed_notices(g):
+        return
+    word = getattr(g, "fault_word", None)
+    if word is None or not word[0]:
+        return
+    t0 = time.perf_counter()
+    backoff = Backoff(t0)
+    while True:
+        if _heed_notices(g):
+            return
+        now = time.perf_counter()
+        if now - t0 >= _NOTICE_WAIT_S:
+            mark_broken(g, Story(word[0] - 1, "a call", -1, "it marked the group broken, but "
+                                 f"its notice of why did not arrive within {_NOTICE_WAIT_S:g} s"),
+                        tell=False)
+            return
+        backoff.pause(now, 0.0)
+
+
+def _heed_notices(g: Any) -> bool:
+    """Drain ``g``'s fault notices; True once ``g`` is broken (here, or by a peer's notice)."""
+    drain(g)
+    if g.broken is not None:
+        return True
+    for _, msg in g.faults:
+        if msg[0] == "broken":
+            mark_broken(g, Story(*msg[1]), tell=False)  # its origin told every member
+            return True
+    return False
 
 
 def in_wait(g: Any, kind: str, seq: int, op: str, peer: Optional[int],

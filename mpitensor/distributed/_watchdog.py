@@ -31,13 +31,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import time
 import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
 from .. import _config
-from ..errors import DistributedTimeoutError
+from ..errors import DistributedTimeoutError, PeerFailedError
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -200,13 +201,51 @@ def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
                         req = None
                     elif cancel:
                         return  # matched while being cancelled: the receive completed
-                    err = timeout_error(g, op, seq, kind, elapsed, limit, peer, tag, status)
+                    if timeout is None:  # the group's own bound: the call is given up
+                        _break(g, op, seq, kind, _timed_out(g, op, seq, kind, limit, req))
+                    err = timeout_error(g, op, seq, kind, elapsed, limit, peer, tag, status,
+                                        broke=timeout is None)
                     err.request = req
                     raise err
             backoff.pause(now, now - before)
+    except BaseException as exc:
+        # anything else that ends the wait (KeyboardInterrupt, an error from a check's
+        # request) leaves the call posted; a peer's failure (PeerFailedError) is _faults'
+        # business, and an MPI error the caller's (a truncated receive completed). A wait
+        # with a bound of its own (Work.wait(timeout=...)) leaves its work pending, to be
+        # waited on again: the group stays as it is.
+        if timeout is None and not isinstance(exc, (DistributedTimeoutError,
+                                                     PeerFailedError)):
+            mpi = sys.modules.get("mpi4py.MPI")
+            if mpi is None or not isinstance(exc, mpi.Exception):
+                text = str(exc).splitlines()[0] if str(exc) else ""
+                _break(g, op, seq, kind, f"{type(exc).__name__}{': ' if text else ''}"
+                       f"{text[:200]} (raised while it waited); its request is still posted "
+                       "in MPI, where a later call would meet it")
+        raise
     finally:
         if announced:
             _announce(g, me, waiting=False)
+
+
+def _break(g: Any, op: str, seq: int, kind: str, reason: str) -> None:
+    """Break ``g`` on every member (``ProcessGroup.break_after``): its call ``#seq`` ended with
+    its data still posted."""
+    brk = getattr(g, "break_after", None)
+    if brk is not None:
+        brk(op, seq, kind, reason)
+
+
+def _timed_out(g: Any, op: str, seq: int, kind: str, limit: float, req: Any) -> str:
+    """Why a call that ran past the group's timeout broke it (the story its peers are told)."""
+    head = f"DistributedTimeoutError: it did not complete within the timeout of {limit:g} s"
+    if kind == "coll":
+        missing, _ = _others(g, op, seq, kind)
+        if missing:
+            head += f" (ranks that had not arrived: {missing})"
+    if req is None:  # a receive, cancelled: the message it waited for may still come
+        return (f"{head}; the message may still come, and a later receive would take it")
+    return f"{head}; its request is still posted in MPI, where a later call would meet it"
 
 
 def _cancelled(req: Any, status: Any) -> bool:
@@ -265,8 +304,10 @@ def _others(g: Any, op: str, seq: int, kind: str) -> "tuple[list, list]":
                 lines.append(f"rank {who}: no arrival notice (not in {op} #{seq})")
             continue
         (k, s, o), waiting = seen
-        if kind == "coll" and waiting and (k, s, o) == (kind, seq, op):
-            lines.append(f"rank {who}: waiting in {op} #{seq} too")
+        if kind == "coll" and (k, s, o) == (kind, seq, op):
+            # one that has left this very call had arrived (the group broke, say)
+            lines.append(f"rank {who}: " + (f"waiting in {op} #{seq} too" if waiting else
+                                            f"arrived in {op} #{seq} too (and has left it)"))
             continue
         where = f"{o} #{s}" if k == "coll" else f"{o} (p2p #{s})"
         if kind == "coll":
@@ -340,8 +381,9 @@ def stall_report(g: Any, op: str, seq: int, kind: str, elapsed: float, limit: fl
 
 def timeout_error(g: Any, op: str, seq: int, kind: str, elapsed: float, limit: float,
                   peer: Optional[int], tag: Optional[int],
-                  status: Any = None) -> DistributedTimeoutError:
-    """Build the DistributedTimeoutError for an operation that ran out of time."""
+                  status: Any = None, broke: bool = True) -> DistributedTimeoutError:
+    """Build the DistributedTimeoutError for an operation that ran out of time (``broke``:
+    the group's own timeout, which broke the group; else a bound of the caller's own)."""
     _grace(g)
     missing, others = _others(g, op, seq, kind)
     parts = [f"rank {g.global_rank}: {_label(op, seq, kind, g, peer, tag)} did not complete "
@@ -364,7 +406,14 @@ def timeout_error(g: Any, op: str, seq: int, kind: str, elapsed: float, limit: f
                 parts.append("Unreceived messages waiting here: " + "; ".join(pending)
                              + " (wrong peer or tag?).")
         parts.append("Check that the peer makes the matching call with the same tag.")
-    parts.append("The group is unusable after this error; uncaught, it aborts the job.")
+    if broke:
+        parts.append(f"{g.name} is broken from here on: every later call on it raises "
+                     "PeerFailedError on every member (they were told). To go on, make a new "
+                     "group (new_group), or destroy_process_group() and init_process_group() "
+                     "again; uncaught, this error aborts the job.")
+    else:
+        parts.append("The operation is still pending: wait on it again (the group stays "
+                     "usable); uncaught, this error aborts the job.")
     missing_ranks = missing if kind == "coll" else (
         [g.ranks[peer]] if peer is not None else None)
     return DistributedTimeoutError(" ".join(parts), op=op, group=g.name, seq=seq,

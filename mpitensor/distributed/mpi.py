@@ -9,6 +9,7 @@ host copies otherwise.
 from __future__ import annotations
 
 import functools
+import operator
 import pickle
 import re
 import secrets
@@ -25,6 +26,7 @@ from ..errors import (
     MessageMismatchError,
     MessageTruncatedError,
     MpiTensorError,
+    PeerFailedError,
 )
 from ..tensor import Tensor
 from . import _buffers as B
@@ -96,6 +98,8 @@ class MPIGroup(ProcessGroup):
     """A process group backed by an MPI communicator (``None`` on non-member ranks)."""
 
     backend_name = "mpi"
+    fault_mm: Any = None  # the shared flag's segment (_faults.shared_flag), where there is one
+    fault_word: Any = None  # its word: nonzero once a member broke the group
 
     def __init__(self, comm: Optional[MPI.Comm], ranks: Sequence[int], my_global_rank: int,
                  name: str, timeout: float, debug: bool, world_size: int) -> None:
@@ -116,6 +120,16 @@ class MPIGroup(ProcessGroup):
             span = max(1, self.tag_ub // 4 - 1)
             draw = secrets.randbelow(span) + 1 if comm.Get_rank() == 0 else None
             self.tag_base = 4 * int(comm.bcast(draw, root=0))
+            # asked by every call on its way in (ProcessGroup.slow): has a member broken the
+            # group? A word of shared memory where the members share a machine, else a probe
+            # for a fault notice (partials: no Python frame)
+            self.fault_mm = _faults.shared_flag(comm)
+            if self.fault_mm is not None:
+                self.fault_word = memoryview(self.fault_mm).cast("q")
+                self._heard = functools.partial(operator.getitem, self.fault_word, 0)
+            elif comm.Get_size() > 1:
+                self._heard = functools.partial(self.diag.Iprobe, _ANY_SOURCE,
+                                                _faults.FAULT_TAG + self.tag_base)
         # the agreement check of large calls: shared slots where the members share a machine,
         # else a persistent reduction per call (_fingerprint)
         self.fp_node = (_fp.NodeCheck.create(comm)
@@ -189,7 +203,7 @@ class MPIGroup(ProcessGroup):
             if not req.Test():
                 _wait(self, req, op, s)
         except MPI.Exception as exc:
-            self._fp_explain(exc, s)
+            self._fp_failed(exc, op, s)
             raise self._mpi_error(where, exc) from exc
         if self.fp_tok is not None:
             self._fp_settle(op, s)
@@ -234,6 +248,16 @@ class MPIGroup(ProcessGroup):
             self.fp_tok = tok  # (for the slow tick's look at the slots: fault_in_wait)
             _wait(self, _fp.Settling(self, tok), op, s)
             self.fp_tok = None
+
+    def _fp_failed(self, exc: BaseException, op: str, s: int) -> None:
+        """MPI failed collective ``s`` after it was posted: the members may be anywhere in it,
+        so the group breaks (after the agreement check's explanation, where it has one)."""
+        try:
+            self._fp_explain(exc, s)
+        finally:
+            text = exc.Get_error_string().strip().splitlines()[-1].strip() \
+                if isinstance(exc, MPI.Exception) else str(exc)
+            self.break_after(op, s, "coll", f"MPI error: {text}")
 
     def _fp_explain(self, exc: BaseException, s: int) -> None:
         """MPI failed a checked call (MPICH: ``MPIDU_Sched_progress_state``...): where another
@@ -386,7 +410,7 @@ class MPIGroup(ProcessGroup):
             if not req.Test():
                 _wait(self, req, op, s)
         except MPI.Exception as exc:
-            self._fp_explain(exc, s)
+            self._fp_failed(exc, op, s)
             raise self._mpi_error(f"rank {self.global_rank}: {op} (#{s} on {self.name})",
                                   exc) from exc
         tok = self.fp_tok
@@ -1304,7 +1328,13 @@ class MPIGroup(ProcessGroup):
         """
         comm = None
         if self.global_rank in ranks:
-            self.check_usable("new_group")
+            try:
+                self.check_usable("new_group")
+            except PeerFailedError:
+                # a broken parent still makes groups: the rendezvous and MPI's constructor
+                # use tags of their own, which the calls left posted on it cannot match
+                if self.broken is None:
+                    raise
             members = [self._global_to_group[r] for r in ranks]
             W.rendezvous(self, members, ("new_group", tuple(ranks)),
                          self.timeout if timeout is None else timeout, f"new_group({ranks})")
@@ -1326,6 +1356,12 @@ class MPIGroup(ProcessGroup):
                 comm.Free()
             setattr(self, attr, None)
         self.notice_reqs = []
+        self._heard = None
+        word, self.fault_word = self.fault_word, None
+        if word is not None:
+            word.release()
+            self.fault_mm.close()
+            self.fault_mm = None
         _faults.forget(self)
         self.identity = False  # no fast path either: every call meets require_member
         self._mark_destroyed()

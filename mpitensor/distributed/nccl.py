@@ -73,6 +73,7 @@ class NCCLGroup(ProcessGroup):
     unsettled = _on_mpi_group("unsettled")
     _debug_on = _on_mpi_group("_debug_on")
     slow = _on_mpi_group("slow")
+    _heard = _on_mpi_group("_heard")  # (ProcessGroup has a class default, so no __getattr__)
     faults = _on_mpi_group("faults")
     sent = _on_mpi_group("sent")
 

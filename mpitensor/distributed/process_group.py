@@ -249,21 +249,55 @@ class ProcessGroup:
         self._debug_on = bool(value)
         self._set_slow()
 
+    _slow = False
+    _heard: Optional[Callable[[], bool]] = None  # True while a fault notice waits in MPI
+
+    @property
+    def slow(self) -> bool:
+        """True: a call takes the general path, which checks the group before any traffic.
+
+        Set for debug mode, a failure to settle and a broken group; also true while a peer's
+        fault notice waits unread (one ``Iprobe`` on the notice communicator, about 0.3 µs):
+        a peer may have broken the group, and this call must not complete against the
+        request its broken call left posted (``_faults``)."""
+        if self._slow:
+            return True
+        heard = self._heard
+        return heard is not None and heard()
+
+    @slow.setter
+    def slow(self, value: bool) -> None:
+        self._slow = bool(value)
+
     def _set_slow(self) -> None:
         # True: every call takes the general path (debug checks, or a failure to settle)
         self.slow = self._debug_on or self.broken is not None or self.unsettled is not None
 
     def check_usable(self, opname: str) -> None:
-        """Settle a local failure with the peers first (``_faults.settle``), then raise the
-        group's PeerFailedError if a failure made it unusable."""
+        """Settle a local failure with the peers first (``_faults.settle``), read the fault
+        notices that came (a peer that broke the group), then raise the group's
+        PeerFailedError if a failure made it unusable."""
         if self.unsettled is not None:
             story, self.unsettled = self.unsettled, None
             try:
                 _faults.settle(self, story)
             finally:
                 self._set_slow()
+        if self.broken is None and self._heard is not None:
+            _faults.heed(self)
         if self.broken is not None:
             raise _faults.error(self, self.broken, opname)
+
+    def break_after(self, op: str, seq: int, kind: str, reason: str) -> None:
+        """Call ``op`` (``#seq``, ``kind`` ``"coll"`` or ``"p2p"``) ended, for ``reason``, while
+        its data was posted in MPI: break the group here and tell the other members, whose
+        waits end with PeerFailedError and whose later calls are refused (``_faults``).
+
+        A peer's later call would otherwise complete against what is still posted: the
+        timed-out all_reduce of one rank summed with the next all_reduce of another."""
+        if self.rank_ < 0 or self.broken is not None:
+            return
+        _faults.mark_broken(self, _faults.Story(self.global_rank, op, seq, reason, kind))
 
     def fault_in_wait(self, kind: str, seq: int, op: str, peer: Optional[int],
                       since: float) -> Any:
