@@ -1,23 +1,25 @@
 """Bounded waits: group timeouts, stall reports, and sequence numbers that stay in step.
 
 Runs inside the MPI suite at 1-4 ranks. A scenario in which one rank waits alone (the others
-are in a world barrier meanwhile) uses the private group ``short`` with a 0.6 s timeout, and is
-then completed by the other ranks, so every rank leaves each test with the same calls made on
-every group. Scenarios that leave a group broken (a skipped collective with nobody to finish
-it) run in subprocesses instead: tests/test_faults_comm.py.
+are in a world barrier meanwhile) until it times out uses a group of its own with a 0.6 s
+timeout (``fresh``): a timeout on the group's bound breaks the group on every member, which the
+test then checks and destroys. Programs that go on after such a break run in subprocesses:
+tests/test_group_broken.py, tests/test_faults_comm.py.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import re
+import time
 
 import numpy as np
 import pytest
 
 import mpitensor.distributed as dist
 from mpitensor.distributed import _watchdog
-from mpitensor.errors import DistributedTimeoutError
+from mpitensor.errors import DistributedTimeoutError, PeerFailedError
 
 from . import arrayimpl as ai
 
@@ -30,6 +32,36 @@ def short():
     n = dist.get_world_size()
     return dist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=SHORT),
                           group_desc="short")
+
+
+@pytest.fixture
+def fresh():
+    """A group of the whole world with a short timeout, debug mode off, for one test that
+    breaks it (a timeout on its bound); destroyed afterwards."""
+    n = dist.get_world_size()
+    with ai.debug_mode(False):
+        g = dist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=SHORT),
+                           group_desc="fresh")
+        try:
+            yield g
+        finally:
+            dist.barrier()
+            dist.destroy_process_group(g)
+
+
+def broken_everywhere(g, culprit: str) -> None:
+    """After a world barrier, every member's next call on ``g`` raises PeerFailedError at once,
+    naming the call that broke it (whatever its kind: the flag or the notice tells them)."""
+    n, me = world()
+    dist.barrier()
+    t0 = time.monotonic()
+    calls = [lambda: dist.all_reduce(np.ones(2), group=g),
+             lambda: dist.send(np.ones(2), (me + 1) % n, group=g, tag=3),
+             lambda: dist.all_reduce(np.ones(2), group=g, async_op=True).wait()]
+    for call in calls if n > 1 else calls[:1]:
+        with pytest.raises(PeerFailedError, match=re.escape(culprit)):
+            call()
+    assert time.monotonic() - t0 < 5
 
 
 @pytest.fixture
@@ -77,83 +109,72 @@ def test_history_records_each_collective(quiet):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_recv_timeout_names_the_peer_and_tag(quiet, caplog):
+def test_recv_timeout_names_the_peer_and_tag(fresh, caplog):
     """A recv whose sender is late raises after the group's timeout, naming the op, peer and
-    tag; the receive is cancelled, so the message can still be received afterwards."""
+    tag; the receive is cancelled, but the late message would be taken by the next receive:
+    the group is broken on every member (the sender's send is refused too)."""
     n, me = world()
     y = np.zeros(3)
     if me == 0:
         with caplog.at_level(logging.WARNING, logger="mpitensor.distributed"):
             with pytest.raises(DistributedTimeoutError) as info:
-                dist.recv(y, src=1, group=quiet, tag=5)
+                dist.recv(y, src=1, group=fresh, tag=5)
         exc = info.value
-        assert f"rank 0: recv from rank 1 (tag 5, p2p #{quiet.p2p_seq} on short) did not " \
+        assert f"rank 0: recv from rank 1 (tag 5, p2p #{fresh.p2p_seq} on fresh) did not " \
                f"complete within {SHORT:g} s" in str(exc)
-        assert (exc.op, exc.group, exc.missing, exc.request) == ("recv", "short", [1], None)
+        assert "fresh is broken from here on" in str(exc)
+        assert (exc.op, exc.group, exc.missing, exc.request) == ("recv", "fresh", [1], None)
         assert exc.elapsed >= SHORT
         report = "\n".join(r.getMessage() for r in caplog.records)
         assert "STALL: recv from rank 1 (tag 5" in report, report
         assert "Python stack of thread 'MainThread'" in report and "test_timeouts.py" in report
-    dist.barrier()
-    if me == 1:
-        dist.send(np.arange(3.0), 0, group=quiet, tag=5)
-    elif me == 0:
-        assert dist.recv(y, src=1, group=quiet, tag=5) == 1
-        np.testing.assert_array_equal(y, [0.0, 1.0, 2.0])
-    dist.barrier()
+    broken_everywhere(fresh, "failed in recv (p2p #1 on fresh): DistributedTimeoutError")
 
 
 @pytest.mark.mpi(min_size=2)
-def test_collective_timeout_names_the_missing_ranks(quiet, caplog):
+def test_collective_timeout_names_the_missing_ranks(fresh, caplog):
     """Rank 0 enters an all_reduce alone: it times out naming the op, the group, the sequence
-    number and the ranks that had not arrived; the others then join and the pending request
-    (kept on the error) completes with the right sum."""
+    number and the ranks that had not arrived. The group is then broken on every rank: the
+    others' all_reduce is refused instead of completing the request rank 0 left posted."""
     n, me = world()
     x = np.full(2, me + 1.0)
     exc = None
     if me == 0:
         with caplog.at_level(logging.WARNING, logger="mpitensor.distributed"):
             with pytest.raises(DistributedTimeoutError) as info:
-                dist.all_reduce(x, group=quiet)
+                dist.all_reduce(x, group=fresh)
         exc = info.value
-        s = quiet.seq
-        assert str(exc).startswith(f"rank 0: all_reduce (#{s} on short) did not complete "
+        s = fresh.seq
+        assert str(exc).startswith(f"rank 0: all_reduce (#{s} on fresh) did not complete "
                                    f"within {SHORT:g} s")
         assert f"Ranks that had not arrived: {list(range(1, n))}" in str(exc)
-        assert (exc.op, exc.seq, exc.group, exc.missing) == ("all_reduce", s, "short",
+        assert (exc.op, exc.seq, exc.group, exc.missing) == ("all_reduce", s, "fresh",
                                                              list(range(1, n)))
         assert exc.request is not None
         report = "\n".join(r.getMessage() for r in caplog.records)
-        assert f"STALL: all_reduce (#{s} on short)" in report, report
+        assert f"STALL: all_reduce (#{s} on fresh)" in report, report
         assert f"#{s} all_reduce float64[2]" in report
         assert "rank 1: no arrival notice" in report
-    dist.barrier()
-    if me != 0:
-        dist.all_reduce(x, group=quiet)
-    else:
-        exc.request.Wait()
-    np.testing.assert_array_equal(x, np.full(2, n * (n + 1) / 2))
-    seqs_agree(quiet)
+    broken_everywhere(fresh, "failed in all_reduce (#1 on fresh): DistributedTimeoutError")
+    if me == 0:
+        assert not exc.request.Test()  # nobody completed it against another call
+        np.testing.assert_array_equal(x, [1.0, 1.0])
 
 
 @pytest.mark.mpi(min_size=2)
-def test_work_wait_is_bounded_by_the_group_timeout(quiet):
-    """``wait()`` without a timeout stops at the group's timeout; the work stays pending."""
+def test_work_wait_is_bounded_by_the_group_timeout(fresh):
+    """``wait()`` without a timeout stops at the group's timeout and breaks the group: the work
+    stays pending, and waiting on it again raises PeerFailedError at once."""
     n, me = world()
     y = np.zeros(2)
-    work = None
     if me == 0:
-        work = dist.irecv(y, src=1, group=quiet, tag=9)
+        work = dist.irecv(y, src=1, group=fresh, tag=9)
         with pytest.raises(DistributedTimeoutError, match=r"irecv from rank 1 \(tag 9"):
             work.wait()
         assert not work.is_completed()
-    dist.barrier()
-    if me == 1:
-        dist.isend(np.array([4.0, 5.0]), 0, group=quiet, tag=9).wait()
-    elif me == 0:
-        assert work.wait() and work.source_rank() == 1
-        np.testing.assert_array_equal(y, [4.0, 5.0])
-    dist.barrier()
+        with pytest.raises(PeerFailedError, match="cannot complete"):
+            work.wait()
+    broken_everywhere(fresh, "failed in irecv (p2p #1 on fresh): DistributedTimeoutError")
 
 
 def test_local_errors_keep_the_sequence_equal(quiet):
