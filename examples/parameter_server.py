@@ -73,6 +73,7 @@ from train import (  # noqa: E402 - after the path it is found on
     _float_in,
     _int_at_least,
     _Parser,
+    load_blas_users_first,
     load_data,
 )
 
@@ -363,6 +364,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)
     rank = launcher_rank()
+    load_blas_users_first(args)  # before init_rpc limits the BLAS pools to this rank's share
     rpc.init_rpc(SERVER if rank == 0 else f"worker{rank}")
     from mpi4py import MPI  # initialized by init_rpc
 

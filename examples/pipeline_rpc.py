@@ -74,6 +74,7 @@ from train import (  # noqa: E402 - after the path it is found on
     _float_in,
     _int_at_least,
     _Parser,
+    load_blas_users_first,
     load_data,
 )
 
@@ -319,6 +320,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         build_parser().error(f"argument --chunks: at most 8, got {args.chunks}")
     sys.stdout.reconfigure(line_buffering=True)
     rank = launcher_rank()
+    load_blas_users_first(args)  # before init_rpc limits the BLAS pools to this rank's share
     rpc.init_rpc(TRAINER if rank == 0 else f"worker{rank}")
     from mpi4py import MPI  # initialized by init_rpc
 

@@ -316,6 +316,25 @@ def _mnist_files(root: Path) -> Dict[str, bool]:
             for split in ("train", "t10k")}
 
 
+def load_blas_users_first(args: argparse.Namespace) -> None:
+    """Import scikit-learn (for Digits) now, where this run may train on Digits.
+
+    Call it before ``init_process_group`` (or ``init_rpc``): that call limits the BLAS pools
+    loaded by then to this rank's share of the cores, and scikit-learn brings SciPy's own
+    OpenBLAS, which a later import would leave at a thread per core. mpitensor's layers split
+    their work by the largest pool, so that rank ran two-way splits beside the others' one-way
+    ones: the cores oversubscribed, and sums taken in another order (the pipeline example's
+    "bit for bit" check was off by 7e-8 on Digits; docs/rpc.md).
+    """
+    root = Path(args.data_dir or os.environ.get("MPITENSOR_DATA_DIR") or DEFAULT_DATA_DIR)
+    if args.dataset == "mnist" or (args.dataset == "auto" and any(_mnist_files(root).values())):
+        return
+    try:
+        import sklearn.datasets  # noqa: F401 - loaded for its BLAS, before the thread budget
+    except ImportError:
+        pass  # load_data says what is missing, on every rank alike
+
+
 def load_data(args: argparse.Namespace, rank: int) -> Dict[str, Any]:
     """Build the training and held-out TensorDatasets; every rank reads the same data.
 
@@ -624,6 +643,7 @@ class Training:
 
         self.args = args
         self.device, backend = _agreed(_select_device, args)
+        load_blas_users_first(args)
         dist.init_process_group(backend=backend)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.batch_given = args.batch_size is not None
