@@ -40,6 +40,7 @@ import select
 import shlex
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -755,6 +756,41 @@ class _WatchLink:
             pass
 
 
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is ``ancestor`` or one of its descendants (Linux /proc)."""
+    for _ in range(256):  # a chain longer than this is no job's
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            pid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False  # gone already: nothing it said can be trusted to be the job's
+    return False
+
+
+def _peer_is_ours(conn: socket.socket) -> bool:
+    """Whether the process at the other end of ``conn`` is this launcher's descendant.
+
+    An abstract socket has no permissions: any local process can find its name (in
+    /proc/net/unix) and connect. The kernel's record of who connected (SO_PEERCRED) cannot be
+    forged; only the ranks (the launcher's descendants, through mpiexec) pass.
+    """
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except (OSError, AttributeError):
+        return False
+    pid, uid, _ = _PEERCRED.unpack(raw)
+    return uid == os.getuid() and pid > 0 and _descends_from(pid, os.getpid())
+
+
 class _RankWatch(threading.Thread):
     """The launcher's side of the ranks' :class:`_WatchLink`: how and in what order they end.
 
@@ -764,7 +800,8 @@ class _RankWatch(threading.Thread):
     can end the other ranks, so the rank that took the job down is always among the first seen
     to end (with ``select``); when this thread looks late, on a busy machine, it may see others
     end in the same instant, and then it cannot tell which one came first. Ranks on other hosts
-    cannot connect and are not seen.
+    cannot connect and are not seen. A connection from any other process (checked with the
+    kernel's peer credentials) is closed unread.
     """
 
     def __init__(self, nprocs: Optional[int]) -> None:
@@ -790,6 +827,9 @@ class _RankWatch(threading.Thread):
                         try:
                             conn, _ = self._listener.accept()
                         except OSError:
+                            continue
+                        if not _peer_is_ours(conn):
+                            conn.close()  # a stranger: not a word of it reaches the report
                             continue
                         conn.setblocking(False)
                         conns[conn] = [None, b""]

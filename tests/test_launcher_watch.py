@@ -1,0 +1,145 @@
+"""``mpitensor-run``'s rank watch hears only the job's own processes.
+
+The watch is an abstract Unix socket: it has no permissions, and any local process can find
+its name in /proc/net/unix and connect. A stranger made the launcher print "rank 9 of 2 raised
+FakeError". Here a stranger (a process of the test, not of the job) connects while the job
+runs and forges reports; the launcher must print nothing of them, and name the rank that
+really failed. The launch runs in its own session with a hard timeout and leaves no process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from mpitensor import run as _run
+
+from .launch import _kill, _start, leftovers
+
+TIMEOUT = 120.0
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the rank watch uses Linux abstract sockets")
+
+# Every rank says it is up, then waits for the test's "go"; on the first attempt rank 1 fails
+# for real, on the second every rank ends well.
+JOB = """\
+import os, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+(out / f"up.{rank}.{attempt}").write_text(str(os.getpid()))
+deadline = time.monotonic() + 60
+while not (out / f"go.{attempt}").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+class RealError(Exception):
+    pass
+if attempt == "0" and rank == "1":
+    raise RealError("the job's own failure")
+if attempt == "0":
+    time.sleep(60)  # ended by the launcher when rank 1 fails
+"""
+
+# The stranger: connects to the socket named in argv and forges the reports of a rank that
+# does not exist and of one that does, dated before anything the job did.
+STRANGER = """\
+import socket, sys, time
+early = time.time() - 1000
+said = []
+for lines in ([f"rank 9", f"end 1 {early:.6f} raised FakeError: from a stranger"],
+              [f"rank 1", f"end 1 {early:.6f} raised FakeError: forged for rank 1"],
+              [f"rank 0"]):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect("\\0" + sys.argv[1])
+        s.sendall("".join(l + "\\n" for l in lines).encode())
+        said.append("sent")
+    except OSError as exc:
+        said.append(type(exc).__name__)
+    finally:
+        s.close()
+print(" ".join(said), flush=True)
+"""
+
+
+def _watch_name(launcher_pid: int, deadline: float) -> str:
+    """The abstract name of the launcher's watch, found as a stranger finds it: the
+    launcher's socket inodes (/proc/PID/fd) looked up in /proc/net/unix."""
+    while time.monotonic() < deadline:
+        inodes = set()
+        fd_dir = Path(f"/proc/{launcher_pid}/fd")
+        for fd in fd_dir.iterdir() if fd_dir.exists() else []:
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            m = re.fullmatch(r"socket:\[(\d+)\]", link)
+            if m:
+                inodes.add(m.group(1))
+        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 8 and parts[6] in inodes and parts[7].startswith("@mpitensor-run-"):
+                return parts[7][1:]
+        time.sleep(0.05)
+    raise AssertionError("the launcher's watch socket was not found")
+
+
+def _wait_for(paths: List[Path], deadline: float) -> None:
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"the ranks did not come up: {paths}"
+        time.sleep(0.05)
+
+
+def test_a_strangers_reports_are_not_heard(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc, job_id = _start([sys.executable, "-m", "mpitensor.run", "--max-restarts", "1",
+                           "--nproc-per-node", "2", str(script), str(out)],
+                          None, tmp_path, None, False)
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        _wait_for([out / "up.0.0", out / "up.1.0"], deadline)
+        name = _watch_name(proc.pid, deadline)
+        stranger = subprocess.run([sys.executable, "-c", STRANGER, name],
+                                  capture_output=True, text=True, timeout=60)
+        assert stranger.returncode == 0, stranger.stderr
+        time.sleep(0.5)  # time enough for the watch to have read every word of it
+        (out / "go.0").write_text("")
+        _wait_for([out / "up.0.1", out / "up.1.1"], deadline)
+        (out / "go.1").write_text("")
+        stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        _kill(proc, job_id)
+        proc.communicate()
+        raise
+    assert not leftovers(job_id)
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("mpitensor-run: ")]
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "FakeError" not in stderr and "rank 9" not in stderr, stderr[-3000:]
+    assert len(lines) == 1, lines
+    assert lines[0] == ("mpitensor-run: rank 1 of 2 raised RealError (exit code 1); every rank "
+                        "was stopped: restart 1 of 1 (TORCHELASTIC_RESTART_COUNT=1)"), lines
+
+
+def test_the_peer_check(tmp_path: Path) -> None:
+    """The check itself: this process and its children pass, a process outside does not."""
+    here = os.getpid()
+    assert _run._descends_from(here, here)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert _run._descends_from(child.pid, here)
+        assert not _run._descends_from(here, child.pid)
+        assert not _run._descends_from(os.getppid(), here)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert not _run._descends_from(child.pid, here)  # gone: never trusted
