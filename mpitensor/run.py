@@ -28,6 +28,10 @@ up to N times, with ``TORCHELASTIC_RESTART_COUNT`` counting the restarts; a prog
 checkpoints and resumes from them continues where it was. A signal to the launcher (SIGINT,
 SIGTERM, SIGHUP) ends the job and is never followed by a restart.
 
+Where ``MPITENSOR_SECRET`` is not set, a random one is made for the job's processes (through
+their environment), so the stores they open accept only each other (``docs/launching.md``);
+set it yourself to let another process in, or set it empty for none.
+
 Bad input (an unknown option, ``-n 0``, a missing script, a missing or malformed hostfile,
 ``--node-rank 1``) is reported in one line on stderr with exit code 2, before anything is
 launched.
@@ -36,6 +40,7 @@ launched.
 from __future__ import annotations
 
 import os
+import secrets
 import select
 import shlex
 import signal
@@ -602,6 +607,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if opts.dry_run:
         sys.stdout.write(cmd.shell() + "\n")
         return 0
+    if "MPITENSOR_SECRET" not in os.environ:  # set but empty: the user's "no secret"
+        # the job's stores then accept only its own processes (docs/launching.md); through the
+        # environment, never the command line, where `ps` would show it to every user
+        os.environ["MPITENSOR_SECRET"] = secrets.token_hex(32)
     try:
         return _run_job(command, opts, flavor, pool)
     finally:
