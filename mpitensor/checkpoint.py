@@ -31,7 +31,7 @@ File layout (all integers little-endian)::
 A file is written to a temporary file in the target's directory, flushed and fsynced, renamed
 over the target with ``os.replace`` and the directory fsynced, so a crash leaves either the old
 file or the new one, never half of one. The writer holds an ``flock`` on its temporary file
-(``.<name>.<random>.mpitensor.tmp``) from its creation to the rename; a writer killed on the way
+(``.<name>.mpitensor_<random>.tmp``) from its creation to the rename; a writer killed on the way
 leaves the file behind, unlocked, and the next save into that directory removes every such
 file nobody holds (a live writer's, locked, is never touched).
 
@@ -55,6 +55,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import stat
 import struct
 import tempfile
@@ -258,15 +259,17 @@ def _fsync_dir(d: str) -> None:
         os.close(fd)
 
 
-_TMP_SUFFIX = ".mpitensor.tmp"  # a save's temporary file: ".<target>.<random>" + this
+# a save's temporary file: ".<target>.mpitensor_<8 of mkstemp's characters>.tmp"
+_TMP_MARK = "mpitensor_"
+_TMP_NAME = re.compile(r"\..+\." + _TMP_MARK + r"[a-z0-9_]{8}\.tmp")
 
 
 def _locked_temp(path: str) -> Tuple[int, str]:
     """Create the temporary file for ``path`` and lock it (the proof its writer lives)."""
     directory = os.path.dirname(path)
     while True:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".",
-                                   suffix=_TMP_SUFFIX, dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + "." + _TMP_MARK,
+                                   suffix=".tmp", dir=directory)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if os.fstat(fd).st_nlink:
@@ -287,8 +290,7 @@ def _remove_dead_temps(directory: str) -> None:
     except OSError:
         return
     for entry in entries:
-        name = entry.name
-        if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
+        if not _TMP_NAME.fullmatch(entry.name):
             continue
         try:
             fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)

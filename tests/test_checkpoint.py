@@ -6,6 +6,7 @@ import collections
 import io
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -396,7 +397,7 @@ def test_atomic_write_survives_a_crash(tmp_path):
     assert r.returncode == 3
     assert p.read_bytes() == old
     leftovers = [n for n in os.listdir(tmp_path) if n != "ckpt.mt"]
-    assert all(n.startswith(".ckpt.mt.") and n.endswith(".mpitensor.tmp") for n in leftovers)
+    assert all(n.startswith(".ckpt.mt.") and n.endswith(".tmp") for n in leftovers)
 
 
 def test_save_keeps_permissions_and_errors_for_bad_targets(tmp_path):
@@ -515,7 +516,7 @@ def test_next_save_removes_temporaries_of_killed_savers_only(tmp_path):
         live = _slow_saver(p, "live")  # a writer, alive, in the middle of its write
         procs.append(live)
         live_temp = _temps(tmp_path)
-        assert len(live_temp) == 1 and live_temp[0].startswith(".ckpt.mt.")
+        assert len(live_temp) == 1 and re.fullmatch(r"\.ckpt\.mt\.\w+\.tmp", live_temp[0])
         dead = [_slow_saver(p, f"dead{i}") for i in range(3)]  # each is a save too
         procs.extend(dead)
         assert len(_temps(tmp_path)) == 4  # none of them took the live writer's file
@@ -544,19 +545,20 @@ def test_dead_temp_removal_leaves_other_files_alone(tmp_path):
     """Only this module's temporaries, only plain files, only unlocked ones."""
     import fcntl
 
-    keep = [".notes.tmp", ".x.abc.tmp", "x.mpitensor.tmp.bak"]
+    keep = [".notes.tmp", ".x.abcdefgh.tmp", ".x.mpitensor_abcdefgh.tmp.bak",
+            "x.mpitensor_abcdefgh.tmp", ".x.mpitensor_abc.tmp"]
     for name in keep:
         (tmp_path / name).write_text("mine")
-    os.symlink(tmp_path / ".notes.tmp", tmp_path / ".link.abcdefgh.mpitensor.tmp")
-    os.mkdir(tmp_path / ".dir.abcdefgh.mpitensor.tmp")
-    held = tmp_path / ".held.abcdefgh.mpitensor.tmp"
+    os.symlink(tmp_path / ".notes.tmp", tmp_path / ".link.mpitensor_abcdefgh.tmp")
+    os.mkdir(tmp_path / ".dir.mpitensor_abcdefgh.tmp")
+    held = tmp_path / ".held.mpitensor_abcdefgh.tmp"
     held.write_text("a writer holds me")
     with open(held) as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         save(1, tmp_path / "c.mt")
         assert held.exists()
     assert sorted(os.listdir(tmp_path)) == sorted(
-        keep + ["c.mt", ".link.abcdefgh.mpitensor.tmp", ".dir.abcdefgh.mpitensor.tmp",
-                ".held.abcdefgh.mpitensor.tmp"])
+        keep + ["c.mt", ".link.mpitensor_abcdefgh.tmp", ".dir.mpitensor_abcdefgh.tmp",
+                ".held.mpitensor_abcdefgh.tmp"])
     save(2, tmp_path / "c.mt")  # now unheld: a dead writer's
     assert not held.exists() and (tmp_path / ".notes.tmp").read_text() == "mine"
