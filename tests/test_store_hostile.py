@@ -500,3 +500,48 @@ def test_secret_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _auth.secret_from_env() is None
     monkeypatch.delenv(SECRET_VAR)
     assert _auth.secret_from_env() is None
+
+
+_RANK_SCRIPT = """
+import hashlib, os
+from datetime import timedelta
+from mpitensor.distributed import TCPStore
+secret = os.environ.get("MPITENSOR_SECRET", "")
+rank = int(os.environ["RANK"])
+store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 2, rank == 0,
+                 timedelta(seconds=30))
+store.set(f"from{rank}", str(rank))
+print(rank, len(secret), hashlib.sha256(secret.encode()).hexdigest()[:16],
+      store.get(f"from{1 - rank}").decode(), flush=True)
+if rank == 1:
+    store.set("bye", "1")
+else:
+    store.get("bye")  # the master's process leaves last
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("given_secret", [None, "chosen by the user"])
+def test_mpitensor_run_gives_its_processes_one_secret(tmp_path: "os.PathLike[str]",
+                                                      given_secret: Optional[str]) -> None:
+    script = os.path.join(str(tmp_path), "ranks.py")
+    with open(script, "w") as f:
+        f.write(_RANK_SCRIPT)
+    env = dict(os.environ)
+    env.pop(SECRET_VAR, None)
+    if given_secret is not None:
+        env[SECRET_VAR] = given_secret
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    out = subprocess.run([sys.executable, "-m", "mpitensor.run", "-n", "2", "--master-addr",
+                          "127.0.0.1", "--master-port", str(port), script], env=env,
+                         capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = sorted(ln.split() for ln in out.stdout.splitlines() if ln.strip())
+    assert [ln[0] for ln in lines] == ["0", "1"] and [ln[3] for ln in lines] == ["1", "0"]
+    assert lines[0][1:3] == lines[1][1:3]  # the same secret on both ranks
+    if given_secret is None:
+        assert lines[0][1] == "64"  # 32 random bytes, as hex
+    else:
+        want = hashlib.sha256(given_secret.encode()).hexdigest()[:16]
+        assert lines[0][1:3] == [str(len(given_secret)), want]
