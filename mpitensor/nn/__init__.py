@@ -33,6 +33,8 @@ from .pooling import *  # noqa: F403
 from .pooling import __all__ as _pooling_names
 from .rms_norm import *  # noqa: F403
 from .rms_norm import __all__ as _rms_norm_names
+from .rnn import *  # noqa: F403
+from .rnn import __all__ as _rnn_names
 from .shape import *  # noqa: F403
 from .shape import __all__ as _shape_names
 from .sparse import *  # noqa: F403
@@ -45,4 +47,4 @@ __all__ = ["Module", "Parameter", "RemovableHandle", "functional", "init", "para
            *_layer_names, *_norm_names, *_activation_names,
            *_distance_names, *_loss_names, *_sparse_names, *_dropout_names,
            *_linear_names, *_padding_names, *_pooling_names, *_shape_names,
-           *_rms_norm_names, *_transformer_names]
+           *_rms_norm_names, *_rnn_names, *_transformer_names]

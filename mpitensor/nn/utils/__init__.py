@@ -1,4 +1,5 @@
-"""``nn.utils``: gradient clipping and flattening parameters to one vector, as in torch.
+"""``nn.utils``: gradient clipping, flattening parameters to one vector, and packed
+variable-length sequences (``nn.utils.rnn``), as in torch.
 
 Example:
     >>> import mpitensor as torch
@@ -9,8 +10,9 @@ Example:
 
 from __future__ import annotations
 
+from . import rnn
 from .clip_grad import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
 from .convert_parameters import parameters_to_vector, vector_to_parameters
 
-__all__ = ["clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm",
+__all__ = ["rnn", "clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm",
            "parameters_to_vector", "vector_to_parameters"]
