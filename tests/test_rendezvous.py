@@ -773,3 +773,145 @@ def test_a_script_under_torchrun_is_one_job(tmp_path: Path) -> None:
     assert code == 0, (out, err)
     assert _lines(out, "rank ") == ["rank 0 of 2: [3.0, 3.0, 3.0]",
                                     "rank 1 of 2: [3.0, 3.0, 3.0]"], (out, err)
+
+
+# ---------------------------------------------------------------------------- two jobs, one port
+def _start_tagged(cmd: Sequence[str], cwd: Path, tag: str,
+                  job: Optional[str]) -> "subprocess.Popen[str]":
+    """One process of a job: ``MPITENSOR_JOB_ID=job`` (unset for None), tagged for the
+    leftover check with a variable of the test's own."""
+    env = _env({"MPITENSOR_JOB_ID": job, "TORCHELASTIC_RUN_ID": None,
+                "MPITENSOR_TEST_RUN": tag})
+    return subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=cwd, env=env, start_new_session=True)
+
+
+def _wait_for_job_key(port: int, timeout: float = 60.0) -> Dict[str, object]:
+    """What a stranger reaching the port reads: the rendezvous's job, once rank 0 wrote it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            store = dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=5,
+                                  wait_for_workers=False)
+            try:
+                store.wait(["mpitensor/init/job"], timeout=max(0.1, deadline - time.monotonic()))
+                return json.loads(store.get("mpitensor/init/job"))
+            finally:
+                store.close()
+        except Exception:  # noqa: BLE001 - rank 0 not listening yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _finish(procs: List["subprocess.Popen[str]"], tag: str) -> List[Tuple[int, str, str]]:
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=HARD_TIMEOUT)
+            results.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        deadline = time.monotonic() + 6.0
+        while True:
+            left = [pid for pid in launch._job_pids(tag, "MPITENSOR_TEST_RUN")
+                    if not _zombie(pid)]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        launch._kill_job(tag, wait=0, var="MPITENSOR_TEST_RUN")
+    assert not left, f"processes left behind: {left}"
+    return results
+
+
+def test_two_jobs_with_ids_on_one_port(tmp_path: Path) -> None:
+    """Job A (ranks 0 and 1) and job B (ranks 1 and 0) given the same port, B's rank 1
+    arriving before A's: it is refused at once with an error naming the port, B's rank 0
+    fails on the port in use, and A runs as if B had not come (its rank 0 logs the refusal).
+    Before, B's rank 1 became A's rank 1, both exited 0, and A's own rank 1 failed."""
+    w, port = _worker(tmp_path), _free_port()
+    url, tag = f"tcp://127.0.0.1:{port}", f"test-rdv-{uuid.uuid4().hex}"
+    job_a, job_b = f"{tag}-A", f"{tag}-B"
+    a0 = _start_tagged([sys.executable, w, "0", "2", url, "30"], tmp_path, tag, job_a)
+    procs = [a0]
+    try:
+        assert _wait_for_job_key(port)["id"] == job_a
+        t0 = time.monotonic()
+        b1 = _start_tagged([sys.executable, w, "1", "2", url, "30"], tmp_path, tag, job_b)
+        procs.append(b1)
+        b1.wait(timeout=HARD_TIMEOUT)
+        b0 = _start_tagged([sys.executable, w, "0", "2", url, "30"], tmp_path, tag, job_b)
+        procs.append(b0)
+        b0.wait(timeout=HARD_TIMEOUT)
+        a1 = _start_tagged([sys.executable, w, "1", "2", url, "30"], tmp_path, tag, job_a)
+        procs.append(a1)
+    finally:
+        results = _finish(procs, tag)
+    (c_a0, out_a0, err_a0), (c_b1, out_b1, err_b1), (c_b0, out_b0, _), (c_a1, out_a1, _) = \
+        results
+    assert (c_a0, c_a1) == (0, 0), results
+    assert _lines(out_a0 + out_a1, "rank ") == [
+        f"rank {r} of 2: all_reduce [3.0, 3.0, 3.0] group [1.0] RANK={r}" for r in (0, 1)
+    ], results
+    assert (f"rank 0: a process of another job came to the rendezvous at {url} and was "
+            f"refused: init_process_group: rank 1 of job '{job_b}'") in err_a0, err_a0
+    fails = _failures([(c_b1, out_b1, err_b1), (c_b0, out_b0, "")])
+    kind, seconds, msg = fails[1].split(" ", 2)
+    assert kind == "ValueError" and float(seconds) < 10, fails
+    assert msg.startswith(f"init_process_group: rank 1 of job '{job_b}' (MPITENSOR_JOB_ID) was "
+                          f"refused by the rendezvous at {url}: port {port} serves job "
+                          f"'{job_a}' (MPITENSOR_JOB_ID). Two jobs were given the same "
+                          "rendezvous address"), msg
+    assert time.monotonic() - t0 < 60
+    kind, seconds, msg = fails[0].split(" ", 2)
+    assert kind == "DistNetworkError", fails
+    assert f"port {port} is already in use" in msg, msg
+
+
+def test_two_jobs_without_ids_on_one_port(tmp_path: Path) -> None:
+    """Jobs without ids (processes started by hand, mp.Process) cannot be told apart: job
+    B's rank 1 is taken into job A's rendezvous. B's rank 0 then finds the port taken and
+    fails that rendezvous on every side, with an error naming the port: no process joins a
+    world it does not belong to. Before, A's rank 0 and B's rank 1 formed a world (3 ranks
+    here: they waited for rank 2) that B's rank 0 never learned about."""
+    w, port = _worker(tmp_path), _free_port()
+    url, tag = f"tcp://127.0.0.1:{port}", f"test-rdv-{uuid.uuid4().hex}"
+    a0 = _start_tagged([sys.executable, w, "0", "3", url, "30"], tmp_path, tag, None)
+    procs = [a0]
+    try:
+        job = _wait_for_job_key(port)
+        assert job["id"] == "" and job["rank"] == 0, job
+        b1 = _start_tagged([sys.executable, w, "1", "3", url, "30"], tmp_path, tag, None)
+        procs.append(b1)
+        time.sleep(3.0)  # B's rank 1 claims rank 1 in A's rendezvous
+        b0 = _start_tagged([sys.executable, w, "0", "3", url, "30"], tmp_path, tag, None)
+        procs.append(b0)
+    finally:
+        results = _finish(procs, tag)
+    fails = _failures(results[:2])
+    for rank in (0, 1):
+        kind, seconds, msg = fails[rank].split(" ", 2)
+        assert kind == "ValueError" and float(seconds) < 20, fails
+        assert msg.startswith("init_process_group: a second rank 0 (pid ") and (
+            f"found port {port} of the rendezvous at {url} taken by a job without an id "
+            "(begun by rank 0, pid ") in msg, msg
+    kind, seconds, msg = _failures(results[2:])[0].split(" ", 2)
+    assert kind == "DistNetworkError" and f"port {port} is already in use" in msg, msg
+
+
+@pytest.mark.parametrize("env, want", [
+    ({"TORCHELASTIC_RUN_ID": "r1", "MPITENSOR_JOB_ID": "j"}, ("r1", "TORCHELASTIC_RUN_ID")),
+    ({"TORCHELASTIC_RUN_ID": "none", "MPITENSOR_JOB_ID": "j"}, ("j", "MPITENSOR_JOB_ID")),
+    ({"TORCHELASTIC_RUN_ID": " None "}, ("", "")),  # torchrun's default: every job has it
+    ({"MPITENSOR_JOB_ID": " j "}, ("j", "MPITENSOR_JOB_ID")),
+    ({}, ("", "")),
+])
+def test_job_identity(no_torchrun_env, env, want) -> None:
+    for name in ("TORCHELASTIC_RUN_ID", "MPITENSOR_JOB_ID"):
+        no_torchrun_env.delenv(name, raising=False)
+    for k, v in env.items():
+        no_torchrun_env.setenv(k, v)
+    assert _rendezvous._job_identity() == want
