@@ -30,7 +30,8 @@ SIGTERM, SIGHUP) ends the job and is never followed by a restart.
 
 Where ``MPITENSOR_SECRET`` is not set, a random one is made for the job's processes (through
 their environment), so the stores they open accept only each other (``docs/launching.md``);
-set it yourself to let another process in, or set it empty for none.
+set it yourself to let another process in, or set it empty for none. ``MPITENSOR_JOB_ID``,
+where not set, is made the same way: one id for every process of the job.
 
 Bad input (an unknown option, ``-n 0``, a missing script, a missing or malformed hostfile,
 ``--node-rank 1``) is reported in one line on stderr with exit code 2, before anything is
@@ -611,6 +612,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # the job's stores then accept only its own processes (docs/launching.md); through the
         # environment, never the command line, where `ps` would show it to every user
         os.environ["MPITENSOR_SECRET"] = secrets.token_hex(32)
+    # one identity for the whole job (kept where one is set: a scheduler's, a test's): a
+    # rendezvous its processes hold refuses processes of another job (docs/launching.md)
+    os.environ.setdefault("MPITENSOR_JOB_ID", f"mpitensor-run-{uuid.uuid4().hex}")
     try:
         return _run_job(command, opts, flavor, pool)
     finally:

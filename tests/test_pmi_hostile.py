@@ -469,3 +469,44 @@ def test_fuzzed_frames_never_stop_a_legitimate_rank() -> None:
         rank0.close()
         h.proc.kill()
         h.proc.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------------- shared secret
+def test_with_a_secret_every_connection_proves_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MPITENSOR_SECRET`` set: a client that knows the token (read from a store) but not
+    the secret gets a challenge instead of an answer and is dropped, over TCP and over the
+    local socket; a client with another secret is refused; a rank with the secret is served
+    (its authenticated socket is what MPICH then gets as PMI_FD)."""
+    from mpitensor.distributed import _auth
+
+    monkeypatch.setenv("MPITENSOR_SECRET", "s3cret")
+    h = _pmi.start_helper(2, 30.0)
+    try:
+        raw = _conn(h.port)
+        raw.sendall(f"cmd=mpitensor-hello rank=0 token={h.token}\n".encode())
+        first = raw.recv(_auth.HELLO_BYTES)
+        assert first.startswith(_auth.MAGIC), first
+        assert _closed_by_peer(raw, 5.0)
+        raw.close()
+        if h.unix:
+            local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            local.connect("\0" + h.unix)
+            local.sendall(f"cmd=mpitensor-hello rank=0 token={h.token}\n".encode())
+            local.settimeout(5)
+            assert local.recv(_auth.HELLO_BYTES).startswith(_auth.MAGIC)
+            assert _closed_by_peer(local, 5.0)
+            local.close()
+        monkeypatch.setenv("MPITENSOR_SECRET", "another")
+        with pytest.raises(_auth.AuthError):
+            _pmi.connect_pmi("127.0.0.1", h.port, 0, h.token, time.monotonic() + 10)
+        monkeypatch.setenv("MPITENSOR_SECRET", "s3cret")
+        fd = _pmi.connect_pmi("127.0.0.1", h.port, 0, h.token, time.monotonic() + 10, h.unix)
+        rank = socket.socket(fileno=fd)
+        rank.settimeout(5)
+        rank.sendall(b"cmd=get_universe_size\n")
+        assert _line(rank) == b"cmd=universe_size rc=0 size=2\n"
+        rank.close()
+        assert h.proc.poll() is None
+    finally:
+        h.proc.kill()
+        h.proc.wait(timeout=10)

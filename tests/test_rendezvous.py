@@ -379,6 +379,48 @@ def test_tcp_init_by_hand(tmp_path: Path) -> None:
     _expect_ok(results, 3)
 
 
+def test_tcp_init_with_a_secret(tmp_path: Path) -> None:
+    """``MPITENSOR_SECRET`` in every process: each rank's PMI connection authenticates with
+    the helper before MPICH gets it as PMI_FD (MPICH cannot take part in a handshake), and
+    the job runs as without one (shared memory included)."""
+    w, url = _worker(tmp_path), f"tcp://127.0.0.1:{_free_port()}"
+    envs = [_env({"MPITENSOR_SECRET": "s3cret"})] * 2
+    results = _run([[sys.executable, w, str(r), "2", url, "30"] for r in (0, 1)], tmp_path,
+                   envs)
+    _expect_ok(results, 2)
+
+
+NODE = """\
+    import sys
+
+    import mpitensor.distributed as dist
+
+    rank, url = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("mpi", init_method=url, rank=rank, world_size=3, timeout=30)
+    from mpi4py import MPI
+
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    with open("/proc/self/maps") as maps:
+        shm = any("/dev/shm/mpich_shm_" in line for line in maps)
+    print(f"rank {rank}: node of {node.Get_size()}, shared memory mapped {shm}\\n", end="",
+          flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def test_ranks_of_one_host_share_memory(tmp_path: Path) -> None:
+    """The helper answers MPICH's PMI_process_mapping from the ranks' hosts (no host-name
+    exchange: N^2 requests at scale): the three ranks of this host still see one node and
+    map MPICH's shared memory (MPICH 5.0.2 maps /dev/shm/mpich_shm_*; 4.3.2 no such file)."""
+    prog, url = _script(tmp_path, "node.py", NODE), f"tcp://127.0.0.1:{_free_port()}"
+    results = _run([[sys.executable, prog, str(r), url] for r in (0, 1, 2)], tmp_path)
+    assert [code for code, _, _ in results] == [0, 0, 0], results
+    lines = sorted(line for _, out, _ in results for line in out.splitlines())
+    mapped = "5.0." in _library()
+    assert lines == [f"rank {r}: node of 3, shared memory mapped {mapped}" for r in range(3)], \
+        results
+
+
 def test_file_init_by_hand(tmp_path: Path) -> None:
     w, path = _worker(tmp_path), tmp_path / "rendezvous"
     results = _run([[sys.executable, w, str(r), "2", f"file://{path}", "30"] for r in (0, 1)],
