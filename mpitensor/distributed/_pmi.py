@@ -289,6 +289,8 @@ class HelperServer:
                     self._accept(key.fileobj)  # type: ignore[arg-type]
                     continue
                 c = key.data
+                if c.sock.fileno() < 0:
+                    continue  # dropped while an earlier event of this wake-up was handled
                 if mask & selectors.EVENT_READ:
                     self._read(c)
                 if mask & selectors.EVENT_WRITE and c.sock.fileno() >= 0:
@@ -454,6 +456,12 @@ class HelperServer:
 
     def _drop(self, c: _Conn) -> None:
         self.new.pop(c, None)
+        if c.pidfd >= 0:
+            try:
+                os.close(c.pidfd)
+            except OSError:
+                pass
+            c.pidfd = -1
         try:
             self.sel.unregister(c.sock)
         except (KeyError, ValueError):
@@ -749,6 +757,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     settings = json.loads(sys.stdin.readline() or "{}")
     raw = os.environ.get("MPITENSOR_SECRET", "")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C ends the ranks; they end us
+    try:  # two connections and a pidfd per local rank: the soft limit (often 1024) is low
+        import resource
+
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, OSError, ValueError):
+        pass
     server = HelperServer(size, token, init_timeout, bind=settings.get("bind", "127.0.0.1"),
                           mapping=settings.get("mapping"),
                           secret=raw.encode() if raw else None, unix=settings.get("unix"))
