@@ -177,3 +177,31 @@ def test_a_forked_child_does_not_keep_its_parents_handle_alive(tmp_path: Path) -
         os.close(w)
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+_KEPT: List[dist.FileStore] = []
+
+
+def _child_sets_and_returns(path: str) -> None:
+    store = dist.FileStore(path, -1)
+    store.set("result", "from the child")  # and no close(): the child just returns,
+    _KEPT.append(store)  # with the store still referenced (a module's, a global's)
+
+
+def test_a_multiprocessing_child_that_returns_is_not_a_crash(tmp_path: Path) -> None:
+    """multiprocessing ends its children with os._exit (no atexit, no finalizer): a store
+    they opened and never closed must not look like a crashed job's to the next user."""
+    import multiprocessing
+
+    path = tmp_path / "store"
+    ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    child = ctx.Process(target=_child_sets_and_returns, args=(str(path),))
+    child.start()
+    child.join(TIMEOUT)
+    if child.is_alive():  # pragma: no cover - only on failure
+        child.kill()
+        child.join(5)
+    assert child.exitcode == 0
+    store = dist.FileStore(str(path), -1)
+    assert store.check(["result"]) and store.get("result") == b"from the child"
+    store.close()

@@ -38,6 +38,7 @@ import contextlib
 import fcntl
 import logging
 import math
+import multiprocessing.util
 import os
 import struct
 import sys
@@ -309,6 +310,9 @@ class FileStore(Store):
         self._log = _Log(self._path)
         self._log.join()
         self._closer = weakref.finalize(self, _leave, self._log, world_size, os.getpid())
+        # a multiprocessing child ends with os._exit, which skips the finalizer above: without
+        # its L record, a user that simply returned would look like one that crashed
+        multiprocessing.util.Finalize(self, self._closer, exitpriority=0)
 
     @property
     def path(self) -> str:
