@@ -33,7 +33,7 @@ MAX_KEY_BYTES = 64 * 1024
 MAX_VALUE_BYTES = 64 * 1024 * 1024
 #: Most keys one call may name (``wait``, ``multi_get``, ``multi_set``, ``check``): the TCP
 #: server parks each missing key, and other clients wait while it does.
-MAX_KEYS = 1 << 16
+MAX_KEYS = 1 << 13
 #: torch's default store timeout.
 DEFAULT_TIMEOUT = timedelta(seconds=300)
 
