@@ -148,6 +148,22 @@ def test_timed_out_work_wait_breaks_the_group(tmp_path):
             refused(got[r][name], "failed in all_reduce (#2 on WORLD)")
 
 
+def test_exception_inside_a_wait_breaks_the_group(tmp_path):
+    """Rank 0's all_reduce, with an hour's timeout, is interrupted by an exception its signal
+    handler raises (as Ctrl-C does), which the program catches; its data was posted, so the
+    group breaks: rank 1, back from skipping the call, is refused instead of completing
+    rank 0's posted all_reduce with its next one."""
+    got = run(tmp_path, "interrupt", 2)
+    never_wrong(got, 2)
+    first = got[0]["skipped_all_reduce"]
+    assert first["error"] == "Interrupted" and first["took"] < TIMEOUT, first
+    culprit = ("failed in all_reduce (#2 on WORLD): Interrupted: signal 14 while waiting "
+               "(raised while it waited)")
+    for r in range(2):
+        for name in LATER:
+            refused(got[r][name], culprit)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_recovery_after_the_break(tmp_path, n):
     """After the break a program goes on as torch programs do: new_group works (on the broken

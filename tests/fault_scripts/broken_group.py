@@ -23,6 +23,9 @@ Scenarios:
 - ``work``: rank 0's async all_reduce, waited on with ``wait()``, times out; rank 1 meanwhile
   waits in ``irecv(...).wait(timeout=3600)`` for a message rank 0 sends after the all_reduce:
   it must learn of the break at once, not in an hour.
+- ``interrupt``: rank 1 skips an all_reduce for a while; rank 0, with a timeout of an hour,
+  is interrupted inside it by a signal handler that raises (as Ctrl-C raises
+  ``KeyboardInterrupt``), catches that and goes on: its data was posted, so the group breaks.
 - ``recover``: the ``all_reduce`` scenario, then ``new_group`` on the broken world, then
   ``destroy_process_group()`` and ``init_process_group()`` again: their calls give the right
   numbers on every rank.
@@ -34,6 +37,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, List
@@ -143,6 +147,22 @@ def work_wait(rank: int) -> None:
         call("irecv_long_wait", long_wait)
 
 
+class Interrupted(Exception):
+    """What the program's SIGALRM handler raises inside the wait."""
+
+
+def interrupt(rank: int, timeout: float) -> None:
+    if rank == 1:
+        time.sleep(timeout * 1.5)
+        return
+    if rank == 0:
+        def handler(signum: int, frame: Any) -> None:
+            raise Interrupted(f"signal {signum} while waiting")
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, timeout * 0.5)
+    call("skipped_all_reduce", lambda: all_reduce(rank, "skipped_all_reduce"))
+
+
 def recover(rank: int, n: int, timeout: float) -> None:
     skip("all_reduce", rank, timeout)
     call("refused_all_reduce", lambda: all_reduce(rank, "refused_all_reduce"))
@@ -162,7 +182,8 @@ def recover(rank: int, n: int, timeout: float) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("scenario", choices=["all_reduce", "broadcast", "recv", "work", "recover"])
+    p.add_argument("scenario", choices=["all_reduce", "broadcast", "recv", "work", "interrupt",
+                                        "recover"])
     p.add_argument("--timeout", type=float, default=2.0)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
@@ -177,6 +198,10 @@ def main() -> int:
         later_calls(rank, n)
     elif args.scenario == "work":
         work_wait(rank)
+        later_calls(rank, n)
+    elif args.scenario == "interrupt":
+        dist.GroupMember.WORLD.set_timeout(3600)  # nothing times out: the signal ends the wait
+        interrupt(rank, args.timeout)
         later_calls(rank, n)
     else:
         recover(rank, n, args.timeout)
