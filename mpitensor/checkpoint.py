@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import fcntl
 import hashlib
 import io
@@ -261,6 +262,7 @@ def _fsync_dir(d: str) -> None:
 
 # a save's temporary file: ".<target>.mpitensor_<8 of mkstemp's characters>.tmp"
 _TMP_MARK = "mpitensor_"
+_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 _TMP_NAME = re.compile(r"\..+\." + _TMP_MARK + r"[a-z0-9_]{8}\.tmp")
 
 
@@ -271,7 +273,13 @@ def _locked_temp(path: str) -> Tuple[int, str]:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + "." + _TMP_MARK,
                                    suffix=".tmp", dir=directory)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as exc:
+                if exc.errno not in _NO_FLOCK:
+                    raise
+                # a filesystem without flock: nobody can prove this writer dead, so no save
+                # removes its file (the cleaner's lock fails there too); it still works
             if os.fstat(fd).st_nlink:
                 return fd, tmp
         except BaseException:

@@ -562,3 +562,20 @@ def test_dead_temp_removal_leaves_other_files_alone(tmp_path):
                 ".held.mpitensor_abcdefgh.tmp"])
     save(2, tmp_path / "c.mt")  # now unheld: a dead writer's
     assert not held.exists() and (tmp_path / ".notes.tmp").read_text() == "mine"
+
+
+def test_save_works_where_flock_does_not(tmp_path, monkeypatch):
+    """On a filesystem without flock the save still works; its file just is not proved live,
+    and no save removes another's temporary file there."""
+    import errno
+    import fcntl
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    other = tmp_path / ".c.mt.mpitensor_abcdefgh.tmp"
+    other.write_text("another writer's, on this filesystem")
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    save({"v": 1}, tmp_path / "c.mt")
+    assert load(tmp_path / "c.mt") == {"v": 1} and other.exists()
+    assert sorted(os.listdir(tmp_path)) == [".c.mt.mpitensor_abcdefgh.tmp", "c.mt"]
