@@ -205,3 +205,17 @@ def test_a_multiprocessing_child_that_returns_is_not_a_crash(tmp_path: Path) -> 
     store = dist.FileStore(str(path), -1)
     assert store.check(["result"]) and store.get("result") == b"from the child"
     store.close()
+
+
+@pytest.mark.skipif(not _file._OFD, reason="needs open-file-description locks (Linux)")
+def test_a_filesystem_without_the_locks_is_a_clear_error(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def refuse(fd: int, cmd: int, kind: int) -> int:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(_file, "_live_lock", refuse)
+    with pytest.raises(dist.DistStoreError, match=r"cannot lock .*store.*Invalid argument.*"
+                                                  r"local filesystem"):
+        dist.FileStore(str(tmp_path / "store"), 1)

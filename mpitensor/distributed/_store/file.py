@@ -174,9 +174,17 @@ class _Log:
             live = os.open(self.path, os.O_RDWR)  # the same file: it cannot change under flock
             try:
                 if _OFD:
-                    if self.offset and self.joins > self.leaves and not _others_alive(fd):
+                    try:
+                        stale = self.offset and self.joins > self.leaves and \
+                            not _others_alive(fd)
+                        _live_lock(live, fcntl.F_OFD_SETLK, fcntl.F_RDLCK)
+                    except OSError as exc:
+                        raise DistStoreError(
+                            f"FileStore cannot lock {self.path!r} ({exc.strerror or exc}): its "
+                            "filesystem lacks the locks that tell its live users apart; put the "
+                            "file on a local filesystem (or NFS)") from None
+                    if stale:
                         self._reset(fd)
-                    _live_lock(live, fcntl.F_OFD_SETLK, fcntl.F_RDLCK)
                 self.append(fd, [_record(_JOIN)])
             except BaseException:
                 os.close(live)
