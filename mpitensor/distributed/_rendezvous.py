@@ -379,7 +379,12 @@ def _claim_job(s: Store, p: Plan) -> None:
 
 
 def _arrive(s: Store, p: Plan, seconds: float, deadline: float) -> List[Dict[str, Any]]:
-    """Claim this rank, check that everyone names the same world size, wait for all."""
+    """Claim this rank, check that everyone names the same world size, wait for all.
+
+    Returns:
+        On rank 0 every rank's claim, by rank (what it decides the joining from); elsewhere
+        ``[]``.
+    """
     _claim_job(s, p)
     me = {"rank": p.rank, "world_size": p.world_size, "host": socket.gethostname(),
           "netns": _netns(), "pid": os.getpid(), "mpi": _mpi_state()}
@@ -403,13 +408,16 @@ def _arrive(s: Store, p: Plan, seconds: float, deadline: float) -> List[Dict[str
         _post_error(s, p, "ValueError", msg)
         raise ValueError(msg)
     keys = [f"rank/{i}" for i in range(p.world_size)]
+    # one counter and one key that the last to arrive sets: each rank waits for one key, not
+    # for all N (N^2 key checks in the store for the whole job)
+    if s.add("arrived", 1) >= p.world_size:
+        s.set("arrived/all", "1")
     try:
-        _wait(s, keys, deadline)
+        _wait(s, ["arrived/all"], deadline)
     except StoreTimeoutError as exc:
         if getattr(exc, "posted", False):
             raise
-        missing = sorted(int(k.rsplit("/", 1)[1]) for k in getattr(exc, "keys", [])
-                         if isinstance(k, str) and k.startswith("rank/"))
+        missing = [i for i in range(p.world_size) if not s.check([f"rank/{i}"])]
         came = [i for i in range(p.world_size) if i not in missing]
         msg = (f"init_process_group: only {len(came)} of world_size={p.world_size} processes "
                f"arrived at the rendezvous ({p.where}) within {seconds:g} s: rank(s) {came} "
@@ -417,6 +425,8 @@ def _arrive(s: Store, p: Plan, seconds: float, deadline: float) -> List[Dict[str
                f"0..{p.world_size - 1}, or pass the number of processes you start as "
                "world_size")
         raise StoreTimeoutError(msg) from None
+    if p.rank != 0:
+        return []  # rank 0 decides from everyone's claims; the others learn it from "mode"
     return [json.loads(v) for v in s.multi_get(keys)]
 
 
@@ -510,7 +520,8 @@ def join(p: Plan, seconds: float) -> Any:
                                           "token": started.token, "unix": started.unix,
                                           "host": socket.gethostname(), "addr": addr}))
             else:
-                s.set("mode", json.dumps({"kind": "connect"}))
+                s.set("mode", json.dumps({"kind": "connect", "late": [
+                    m["rank"] for m in members if m["mpi"] != "fresh"]}))
         _wait(s, ["mode"], deadline)
         mode = json.loads(s.get("mode"))
         comm, scheme = None, mode["kind"]
@@ -524,7 +535,7 @@ def join(p: Plan, seconds: float) -> Any:
                 logger.info("rank %d: the MPI library did not join through PMI; joining with "
                             "MPI_Comm_connect/accept instead", p.rank)
         if comm is None:
-            late = [m["rank"] for m in members if m["mpi"] != "fresh"]
+            late = mode.get("late", [])
             why = (f"rank(s) {late} had initialized MPI before init_process_group, so each "
                    "is an MPI job of its own" if late else
                    "MPITENSOR_RENDEZVOUS=connect asks for them" if want == "CONNECT" else
@@ -539,7 +550,8 @@ def join(p: Plan, seconds: float) -> Any:
         logger.debug("rank %d: rendezvous at %s: %d ranks arrived in %.3f s, joined (%s) in "
                      "%.3f s", p.rank, p.where, p.world_size, t1 - t0, scheme, t2 - t1)
         if not owned and p.rank == 0:
-            for key in ["job", "refused", "world_size", "mode", "dpm/port", "error"] + [
+            for key in ["job", "refused", "arrived", "arrived/all", "world_size", "mode",
+                        "dpm/port", "error"] + [
                     f"rank/{i}" for i in range(p.world_size)]:
                 s.delete_key(key)
     except BaseException as exc:
