@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 # mpitensor.tensor's __all__ before any other module can use them
 from . import (
     _config,
+    _mpi_import,  # noqa: F401 - from here on, the first import of mpi4py.MPI is noted
     _ops,  # noqa: F401 - imported for what importing it does
     accelerator,
     autograd,

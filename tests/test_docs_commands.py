@@ -153,3 +153,48 @@ def test_interrupted_pytest_leaves_no_segments_or_ranks(sig: int) -> None:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+
+
+# ------------------------------------------------------------------------------ MPI imported early
+EARLY = textwrap.dedent('''
+    import mpitensor.distributed as dist
+    from mpi4py import MPI  # too early: each process is an MPI job of its own from here on
+
+    dist.init_process_group("gloo")
+''')
+
+
+def test_mpi_imported_before_init_process_group_names_the_line(tmp_path: Path) -> None:
+    """Processes started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT, no MPI
+    launcher) that import mpi4py.MPI before init_process_group cannot be joined with this
+    MPICH: the error says which line of which file started MPI, and to move it."""
+    import socket
+
+    from mpitensor.distributed._rendezvous import _library
+
+    if not _library().startswith("MPICH Version:      5.0"):
+        pytest.skip("only MPICH 5.0.x refuses to connect processes that started MPI alone")
+    script = tmp_path / "early.py"
+    script.write_text(EARLY)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+        env=clean_env({"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port), "MPITENSOR_TIMEOUT": "60"}))
+        for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for rank, (p, (_, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 1, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        assert f"In this process (rank {rank}) mpi4py.MPI, which starts MPI, was first " \
+               f"imported at {script}, line 3, in <module>: `from mpi4py import MPI`: move " \
+               "that import below init_process_group" in last, last

@@ -324,7 +324,20 @@ def _meet(init_method: Any, rank: Any, world_size: Any, store: Any, seconds: flo
     if plan is None:
         return None
     earlier = _rendezvous.previous(plan)
-    return earlier if earlier is not None else _rendezvous.join(plan, seconds)
+    if earlier is not None:
+        return earlier
+    try:
+        return _rendezvous.join(plan, seconds)
+    except MpiTensorError as exc:
+        from .. import _mpi_import
+
+        site = _mpi_import.site()
+        if site is None or "initialized MPI before init_process_group" not in str(exc):
+            raise
+        # say which line to move: the import that started MPI in this process
+        raise type(exc)(f"{exc}. In this process (rank {plan.rank}) mpi4py.MPI, which starts "
+                        f"MPI, was first imported at {site}: move that import below "
+                        "init_process_group") from exc
 
 
 def _gpu_present() -> bool:
