@@ -23,6 +23,10 @@ Differences from torch: every spawned process is a fresh interpreter (as with
 ``start_method="spawn"``; other start methods are accepted with a warning), so ``fn`` must be
 importable by module and name and ``args`` picklable, both checked before anything starts;
 ``nprocs < 1`` is a ``ValueError`` (torch starts nothing); ``timeout=`` bounds the whole job.
+
+Tensors in shared memory (``Tensor.share_memory_``, ``Module.share_memory``) are shared with
+``Process`` children, whatever their start method, and through ``Queue`` and ``Pipe``: several
+processes can train one model (Hogwild!). See :mod:`mpitensor._shared`.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from multiprocessing import (
 )
 from typing import Any, Callable, Optional, Set, Tuple
 
+from . import _shared
 from .distributed.launch import (
     ProcessContext,
     ProcessException,
@@ -77,6 +82,7 @@ from .distributed.launch import (
     SpawnContext,
 )
 from .distributed.launch import start_processes as _start_processes
+from .tensor import Tensor
 
 __all__ = [
     "spawn", "start_processes", "ProcessContext", "SpawnContext", "RankProcess",
@@ -91,6 +97,9 @@ __all__ = [
     "log_to_stderr", "parent_process", "set_executable", "set_forkserver_preload",
     "set_start_method",
 ]
+
+# shared tensors cross Process, Queue and Pipe as shared memory
+_shared.register_reductions(Tensor)
 
 _SHARING_STRATEGIES = frozenset({"file_descriptor", "file_system"})
 _sharing = {"strategy": "file_descriptor"}
@@ -187,10 +196,13 @@ def get_sharing_strategy() -> str:
 
 
 def set_sharing_strategy(new_strategy: str) -> None:
-    """Accept torch's setting for programs that make it.
+    """Set torch's sharing strategy, for programs that set it.
 
-    It changes nothing: tensors put on a ``Queue`` are pickled with their data, whichever
-    strategy is set.
+    Both strategies share the same way here: a tensor in shared memory (``share_memory_``,
+    ``Module.share_memory``) crosses ``Process`` arguments, ``Queue`` and ``Pipe`` as a
+    descriptor of its anonymous shared file (torch's ``file_descriptor``), which leaves nothing
+    in ``/dev/shm`` when a process is killed, the reason programs pick ``file_system``. Other
+    tensors are pickled with their data, as in torch.
 
     Raises:
         ValueError: ``new_strategy`` is not one of :func:`get_all_sharing_strategies`.

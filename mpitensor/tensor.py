@@ -625,11 +625,38 @@ class Tensor:
         return False
 
     def is_shared(self) -> bool:
-        """False: tensors are not in shared memory (``multiprocessing`` pickles the data)."""
-        return False
+        """Whether the data is in memory shared between processes (see :meth:`share_memory_`)."""
+        from mpitensor import _shared  # noqa: PLC0415 - the base layer's shared arrays
+
+        return _shared.is_shared(self._data)
 
     def share_memory_(self) -> Tensor:
-        """Return self (tensors cross processes pickled, with their data)."""
+        """Move the data into memory shared between processes, in place; return self.
+
+        Afterwards, processes forked from this one, and processes this tensor reaches through
+        ``multiprocessing`` (``Process`` arguments, ``Queue``, ``Pipe``; ``mpitensor.
+        multiprocessing`` re-exports them) read and write the same values: one model trained
+        by several processes at once (Hogwild!). Views taken before the call keep the old,
+        private memory, so call it first, as torch programs do. See :mod:`mpitensor._shared`.
+
+        Raises:
+            RuntimeError: for a CuPy tensor (GPU memory is not shared this way).
+        """
+        from mpitensor import _shared  # noqa: PLC0415
+
+        x = self._data
+        if self._view is not None and not _shared.is_shared(x):
+            raise RuntimeError(
+                "share_memory_(): this tensor is a view of another tensor's memory; call "
+                "share_memory_() on the tensor that owns it, before taking views")
+        if not isinstance(x, _ndarray):
+            raise RuntimeError(
+                "share_memory_(): this tensor is on a GPU (CuPy); only CPU tensors can be "
+                "moved into shared memory here. Share it from the CPU (t.cpu().share_memory_()) "
+                "or send it between processes through torch.distributed calls")
+        if not _shared.is_shared(x):
+            self._data = _shared.share(x)
+        _shared.register_reductions(Tensor, type(self))
         return self
 
     def is_distributed(self) -> bool:

@@ -1058,6 +1058,18 @@ class Module:
         """Move all parameters and buffers to host memory."""
         return self.to(_backend.CPU)
 
+    def share_memory(self) -> Module:
+        """Move every parameter, buffer and existing gradient into memory shared between
+        processes (``Tensor.share_memory_``), in place; return self. Call it before building
+        the optimizer and before the processes start, as Hogwild! programs do."""
+        seen = set()
+        for t in (*self.parameters(), *self.buffers()):
+            for u in (t, t.grad):
+                if u is not None and id(u) not in seen:
+                    seen.add(id(u))
+                    u.share_memory_()
+        return self
+
     def _recast(self, dt: np.dtype, only_floating: bool = True) -> Module:
         def convert(x: Any) -> Any:
             if x.dtype == dt or (only_floating and not _dt.is_floating_dtype(x.dtype)):
