@@ -957,3 +957,73 @@ def test_job_identity(no_torchrun_env, env, want) -> None:
     for k, v in env.items():
         no_torchrun_env.setenv(k, v)
     assert _rendezvous._job_identity() == want
+
+
+# ---------------------------------------------------------------------------- two hosts
+# Two network namespaces act as two hosts (hostfiles/netns_cluster.py; root needed). Rank 0
+# reports the addresses its PMI helper listens on, read from the helper's own sockets.
+TWO_HOSTS = """\
+    import os
+    import sys
+
+    import numpy as np
+
+    import mpitensor.distributed as dist
+    from mpitensor.distributed import _rendezvous
+
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=60)
+    x = np.full(3, rank + 1.0)
+    dist.all_reduce(x)
+    listening = []
+    helper = _rendezvous._joined.get("helper")
+    if helper is not None:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{helper.pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{helper.pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+        for table in ("tcp", "tcp6"):
+            with open(f"/proc/{helper.pid}/net/{table}") as f:
+                for row in f.read().splitlines()[1:]:
+                    cols = row.split()
+                    if cols[3] == "0A" and cols[9] in inodes:
+                        listening.append(cols[1].rsplit(":", 1)[0])
+    print(f"rank {rank}: all_reduce {x.tolist()} helper listens on {sorted(listening)}\\n",
+          end="", flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def test_helper_listens_on_the_master_address_across_hosts(tmp_path: Path) -> None:
+    """Ranks on two hosts (network namespaces sharing a host name): the helper listens on
+    the master's address only, never on every interface, and the rank of the other host
+    reaches it there over TCP (the local socket of rank 0's host is out of its reach)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "netns_cluster", Path(__file__).resolve().parent.parent / "hostfiles" / "netns_cluster.py")
+    assert spec is not None and spec.loader is not None
+    netns = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(netns)
+    reason = netns.netns_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"namespace cluster: {reason}")
+    prog = _script(tmp_path, "two_hosts.py", TWO_HOSTS)
+    with netns.NetnsCluster(hosts=2, slots=1) as cluster:
+        master = cluster.host_ips[0]
+        port = "29611"
+        envs = [_env({"MASTER_ADDR": master, "MASTER_PORT": port, "UCX_TLS": "tcp,self",
+                      "UCX_NET_DEVICES": netns.IFACE, "FI_PROVIDER": "tcp",
+                      "FI_TCP_IFACE": netns.IFACE}) for _ in range(2)]
+        cmds = [["ip", "netns", "exec", cluster.namespaces[r], sys.executable, prog, str(r)]
+                for r in (0, 1)]
+        results = _run(cmds, tmp_path, envs)
+    assert [code for code, _, _ in results] == [0, 0], results
+    want = "".join(f"{int(part):02X}" for part in reversed(master.split(".")))
+    assert results[0][1].strip() == (f"rank 0: all_reduce [3.0, 3.0, 3.0] helper listens on "
+                                      f"['{want}']"), results
+    assert results[1][1].strip() == "rank 1: all_reduce [3.0, 3.0, 3.0] helper listens on []"
