@@ -148,6 +148,22 @@ def test_timed_out_work_wait_breaks_the_group(tmp_path):
             refused(got[r][name], "failed in all_reduce (#2 on WORLD)")
 
 
+def test_dropped_work_after_its_own_wait_timeout_breaks_the_group(tmp_path):
+    """``wait(timeout=...)`` with a bound of its own leaves the work pending, to be waited on
+    again (the group stays usable: tests/mpi/test_errors.py). A program that drops the work
+    instead leaves its request posted: the group breaks when the work is collected, and rank 1,
+    back from skipping the call, is refused instead of meeting it."""
+    got = run(tmp_path, "poll", 2)
+    never_wrong(got, 2)
+    first = got[0]["skipped_all_reduce"]
+    assert first["error"] == "DistributedTimeoutError", first
+    assert "The operation is still pending: wait on it again" in first["msg"], first
+    culprit = "failed in all_reduce (#2 on WORLD): its work was dropped unfinished"
+    for r in range(2):
+        for name in LATER:
+            refused(got[r][name], culprit)
+
+
 def test_exception_inside_a_wait_breaks_the_group(tmp_path):
     """Rank 0's all_reduce, with an hour's timeout, is interrupted by an exception its signal
     handler raises (as Ctrl-C does), which the program catches; its data was posted, so the

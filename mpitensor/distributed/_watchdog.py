@@ -206,7 +206,12 @@ def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
                     err = timeout_error(g, op, seq, kind, elapsed, limit, peer, tag, status,
                                         broke=timeout is None)
                     err.request = req
-                    raise err
+                    try:
+                        raise err
+                    finally:
+                        # no cycle error -> traceback -> this frame -> error: a work dropped
+                        # after its own wait(timeout=...) ran out is collected at once
+                        del err
             backoff.pause(now, now - before)
     except BaseException as exc:
         # anything else that ends the wait (KeyboardInterrupt, an error from a check's

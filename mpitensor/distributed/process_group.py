@@ -9,6 +9,7 @@ what they share: rank translation, sequence numbers, error wording and the ``Wor
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 from .. import _config
@@ -89,7 +90,7 @@ class Work:
     """
 
     __slots__ = ("_request", "_finish", "_done", "_result", "_source", "_describe", "_keep",
-                 "_exception", "_status", "_group", "_info")
+                 "_exception", "_status", "_group", "_info", "_orphan", "__weakref__")
 
     def __init__(
         self,
@@ -113,9 +114,12 @@ class Work:
         self._status = status
         self._group = group  # the MPI group whose timeout bounds wait()
         self._info = info  # (op, seq, kind, peer, tag) for timeout and stall reports
+        self._orphan: Any = None  # after wait(timeout=...) ran out: breaks the group if dropped
 
     def _complete(self) -> None:
         self._done = True
+        if self._orphan is not None:
+            self._orphan.detach()
         finish, self._finish = self._finish, None
         self._keep = None
         if finish is not None:
@@ -158,7 +162,12 @@ class Work:
             return True
         if timeout is not None and hasattr(timeout, "total_seconds"):
             timeout = timeout.total_seconds()
-        self._await(timeout)
+        try:
+            self._await(timeout)
+        except DistributedTimeoutError:
+            if timeout is not None and self._orphan is None and self._group is not None:
+                self._orphan = _guard_dropped(self)
+            raise
         self._complete()
         return True
 
@@ -195,6 +204,26 @@ class Work:
     def __repr__(self) -> str:
         what = self._describe() if self._describe is not None else "work"
         return f"<Work {what} {'done' if self._done else 'pending'}>"
+
+
+def _guard_dropped(work: Work) -> Any:
+    """A work whose ``wait(timeout=...)`` ran out stays pending, to be waited on again; should
+    the program drop it unfinished instead, its request is still posted, and a peer's later call
+    would meet it: break the group then (when the work is collected)."""
+    fin = weakref.finalize(work, _dropped, work._group, work._request, work._info)
+    fin.atexit = False  # at exit MPI may be gone, and the peers hear that this rank left
+    return fin
+
+
+def _dropped(g: Any, request: Any, info: Optional[tuple]) -> None:
+    try:
+        if request.Test():
+            return  # completed after all: nothing is left posted
+    except Exception:  # noqa: BLE001 - failed, or MPI gone: nothing left to match
+        return
+    op, seq, kind = (info or ("operation", 0, "coll"))[:3]
+    g.break_after(op, seq, kind, "its work was dropped unfinished after wait(timeout=...) ran "
+                  "out; its request is still posted in MPI, where a later call would meet it")
 
 
 class _Completed(Work):

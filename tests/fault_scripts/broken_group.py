@@ -23,6 +23,8 @@ Scenarios:
 - ``work``: rank 0's async all_reduce, waited on with ``wait()``, times out; rank 1 meanwhile
   waits in ``irecv(...).wait(timeout=3600)`` for a message rank 0 sends after the all_reduce:
   it must learn of the break at once, not in an hour.
+- ``poll``: rank 0 polls its async all_reduce with ``wait(timeout=...)`` (a bound of its own:
+  the work stays pending), which runs out, and drops the work; rank 1 comes back later.
 - ``interrupt``: rank 1 skips an all_reduce for a while; rank 0, with a timeout of an hour,
   is interrupted inside it by a signal handler that raises (as Ctrl-C raises
   ``KeyboardInterrupt``), catches that and goes on: its data was posted, so the group breaks.
@@ -147,6 +149,19 @@ def work_wait(rank: int) -> None:
         call("irecv_long_wait", long_wait)
 
 
+def poll_and_drop(rank: int, timeout: float) -> None:
+    if rank == 1:
+        time.sleep(timeout * 1.5)
+        return
+
+    def poll() -> Any:
+        t = torch.full((2,), value(rank, "skipped_all_reduce"))
+        work = dist.all_reduce(t, async_op=True)
+        work.wait(timeout=timeout * 0.25)  # runs out; the work is dropped with this frame
+        return t.numpy()
+    call("skipped_all_reduce", poll)
+
+
 class Interrupted(Exception):
     """What the program's SIGALRM handler raises inside the wait."""
 
@@ -182,8 +197,8 @@ def recover(rank: int, n: int, timeout: float) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("scenario", choices=["all_reduce", "broadcast", "recv", "work", "interrupt",
-                                        "recover"])
+    p.add_argument("scenario", choices=["all_reduce", "broadcast", "recv", "work", "poll",
+                                        "interrupt", "recover"])
     p.add_argument("--timeout", type=float, default=2.0)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
@@ -198,6 +213,9 @@ def main() -> int:
         later_calls(rank, n)
     elif args.scenario == "work":
         work_wait(rank)
+        later_calls(rank, n)
+    elif args.scenario == "poll":
+        poll_and_drop(rank, args.timeout)
         later_calls(rank, n)
     elif args.scenario == "interrupt":
         dist.GroupMember.WORLD.set_timeout(3600)  # nothing times out: the signal ends the wait
