@@ -944,6 +944,78 @@ def test_two_jobs_without_ids_on_one_port(tmp_path: Path) -> None:
     assert kind == "DistNetworkError" and f"port {port} is already in use" in msg, msg
 
 
+# A program that starts its two ranks with multiprocessing, the second ``gap`` s after the
+# first: argv = init_method, the first rank, gap.
+MP_JOB = """\
+    import sys
+    import time
+    import multiprocessing as mp
+
+    import numpy as np
+
+    import mpitensor.distributed as dist
+
+
+    def run(rank, url):
+        t0 = time.monotonic()
+        try:
+            dist.init_process_group("gloo", init_method=url, rank=rank, world_size=2, timeout=30)
+        except Exception as exc:
+            print(f"rank {rank} {type(exc).__name__} after {time.monotonic() - t0:.1f} s: "
+                  f"{exc}\\n", end="", flush=True)
+            sys.exit(3)
+        x = np.full(1, rank + 1.0)
+        dist.all_reduce(x)
+        print(f"rank {rank} of {dist.get_world_size()}: {x.tolist()}\\n", end="", flush=True)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        url, first, gap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+        mp.set_start_method("fork")
+        procs = [mp.Process(target=run, args=(first, url))]
+        procs[0].start()
+        time.sleep(gap)
+        procs.append(mp.Process(target=run, args=(1 - first, url)))
+        procs[1].start()
+        for p in procs:
+            p.join()
+        print(f"exit codes {[p.exitcode for p in procs]}\\n", end="", flush=True)
+"""
+
+
+def test_two_multiprocessing_jobs_without_ids_on_one_port(tmp_path: Path) -> None:
+    """Two programs that each start their ranks with multiprocessing, no job ids, one port:
+    the ranks of one job share the process that started them, so the second program's rank
+    1, arriving before the first program's, is refused at once naming the port and the
+    first program's process; its rank 0 fails on the port in use; the first job runs on."""
+    prog, port = _script(tmp_path, "mp_job.py", MP_JOB), _free_port()
+    url, tag = f"tcp://127.0.0.1:{port}", f"test-rdv-{uuid.uuid4().hex}"
+    job_a = _start_tagged([sys.executable, prog, url, "0", "12"], tmp_path, tag, None)
+    procs = [job_a]
+    try:
+        job = _wait_for_job_key(port)
+        assert job["parent"].split("@")[0] == str(job_a.pid), job
+        job_b = _start_tagged([sys.executable, prog, url, "1", "2"], tmp_path, tag, None)
+        procs.append(job_b)
+    finally:
+        results = _finish(procs, tag)
+    (code_a, out_a, err_a), (code_b, out_b, err_b) = results
+    assert code_a == 0 and _lines(out_a, "rank ") == ["rank 0 of 2: [3.0]",
+                                                       "rank 1 of 2: [3.0]"], results
+    assert "exit codes [0, 0]" in out_a, results
+    assert "exit codes [3, 3]" in out_b, results
+    refused = re.search(r"^rank 1 ValueError after ([\d.]+) s: (.*)$", out_b, re.M)
+    assert refused is not None and float(refused.group(1)) < 10, out_b
+    assert refused.group(2).startswith(
+        "init_process_group: rank 1 of a job without an id (begun by rank 1, pid "), out_b
+    assert (f"was refused by the rendezvous at {url}: port {port} serves a job without an id "
+            f"(begun by rank 0, pid ") in refused.group(2), out_b
+    assert f"started by process {job_a.pid})" in refused.group(2), out_b
+    busy = re.search(r"^rank 0 DistNetworkError after [\d.]+ s: (.*)$", out_b, re.M)
+    assert busy is not None and f"port {port} is already in use" in busy.group(1), out_b
+
+
 @pytest.mark.parametrize("env, want", [
     ({"TORCHELASTIC_RUN_ID": "r1", "MPITENSOR_JOB_ID": "j"}, ("r1", "TORCHELASTIC_RUN_ID")),
     ({"TORCHELASTIC_RUN_ID": "none", "MPITENSOR_JOB_ID": "j"}, ("j", "MPITENSOR_JOB_ID")),

@@ -245,7 +245,7 @@ def _tell_the_job_there(p: Plan) -> None:
     """Rank 0 found its port taken: where a rendezvous of a job it cannot be told apart
     from (neither has an id, or both the same) is gathering there, its ranks may include
     this job's: fail that rendezvous too, on every side, rather than let the two merge."""
-    ident, _ = _job_identity()
+    me = _my_job(0)
     try:
         other = TCPStore(p.host, p.port, None, is_master=False, timeout=0.5,
                          wait_for_workers=False)
@@ -256,8 +256,8 @@ def _tell_the_job_there(p: Plan) -> None:
         if not s.check(["job"]):
             return
         job = json.loads(s.get("job").decode("utf-8", "replace"))
-        if str(job.get("id", "")) != ident:
-            return  # another job, told apart by its id: it refuses this job's ranks itself
+        if _same_job(me, job) is False:
+            return  # another job, told apart: it refuses this job's ranks itself
         msg = (f"init_process_group: a second rank 0 (pid {os.getpid()} on "
                f"{socket.gethostname()}) found port {p.port} of the rendezvous at {p.where} "
                f"taken by {_job_text(job)}: two jobs were given the same address, and ranks "
@@ -330,11 +330,56 @@ def _job_identity() -> Tuple[str, str]:
     return "", ""
 
 
+def _parent() -> str:
+    """For a process started by ``multiprocessing`` (``mp.Process``, a spawn of one's own),
+    the process that started it, as ``"PID@START"`` (its start time in clock ticks since
+    boot, so that a reused pid is not taken for it); ``""`` for any other process.
+
+    The ranks of one such job on one host share it, and two jobs started from two programs
+    do not: where neither has a job id, this still tells them apart on a host. (Processes
+    started by hand, or by torchrun, have no common parent to go by.)"""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    pid = getattr(parent, "pid", None) if parent is not None else None
+    if not pid:
+        return ""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        start = "?"
+    return f"{pid}@{start}"
+
+
 def _job_text(job: Dict[str, Any]) -> str:
     if job.get("id"):
         return f"job {job['id']!r} ({job.get('source', '?')})"
+    started = (f", started by process {str(job['parent']).split('@')[0]}"
+               if job.get("parent") else "")
     return (f"a job without an id (begun by rank {job.get('rank', '?')}, pid "
-            f"{job.get('pid', '?')} on {job.get('host', '?')})")
+            f"{job.get('pid', '?')} on {job.get('host', '?')}{started})")
+
+
+def _same_job(mine: Dict[str, Any], job: Dict[str, Any]) -> Optional[bool]:
+    """Whether two job records are one job: ``False`` when told apart (by their ids, or,
+    without ids, by the multiprocessing parents of two processes on one host), ``None`` when
+    they cannot be told apart, ``True`` when the ids agree."""
+    if str(job.get("id", "")) != mine["id"]:
+        return False
+    if mine["id"]:
+        return True
+    if (mine["parent"] and job.get("parent") and job.get("host") == mine["host"]
+            and job.get("parent") != mine["parent"]):
+        return False
+    return None
+
+
+def _my_job(rank: int) -> Dict[str, Any]:
+    ident, source = _job_identity()
+    return {"id": ident, "source": source, "rank": rank, "pid": os.getpid(),
+            "host": socket.gethostname(), "parent": "" if ident else _parent(),
+            "start": time.time()}
 
 
 def _claim_job(s: Store, p: Plan) -> None:
@@ -342,25 +387,26 @@ def _claim_job(s: Store, p: Plan) -> None:
 
     The first process to arrive writes its job (its id, or, without one, where it started);
     a process whose id differs, or that has an id where the job has none or the other way
-    round, belongs to another job that was given the same address: it is refused at once,
+    round, or, without ids, that ``multiprocessing`` started from another program on the
+    same host (:func:`_parent`), belongs to another job that was given the same address:
+    it is refused at once,
     before it claims a rank, with an error naming the port (its own job's rank 0 fails on
     the port in use). Jobs without ids cannot be told apart: there a second rank 0
     (:func:`_open_store`) or a rank claimed twice (:func:`_arrive`) fails the rendezvous on
     every side instead.
     """
-    ident, source = _job_identity()
-    me = {"id": ident, "source": source, "rank": p.rank, "pid": os.getpid(),
-          "host": socket.gethostname(), "start": time.time()}
+    me = _my_job(p.rank)
     mine = json.dumps(me)
     first = s.compare_set("job", "", mine).decode("utf-8", "replace")
     if first == mine:
         return
     try:
         job = json.loads(first)
-        theirs = str(job.get("id", ""))
-    except (ValueError, AttributeError):
-        job, theirs = {}, "?"
-    if theirs == ident:
+        if not isinstance(job, dict):
+            raise ValueError(first)
+    except ValueError:
+        job = {"id": "?"}
+    if _same_job(me, job) is not False:
         return
     port = f"port {p.port}" if p.port else p.where
     msg = (f"init_process_group: rank {p.rank} of {_job_text(me)} was refused by the "
