@@ -24,14 +24,25 @@ job whose rank failed; ranks on the helper's host that are still there half a se
 SIGKILL, as ``mpiexec``'s ranks do; then the job's MPICH shared-memory files, which
 ``MPI_Finalize`` would have removed, are removed from ``/dev/shm``.
 
+What a client writes is never trusted (``tests/test_pmi_hostile.py``): the helper listens on
+the address the ranks use (loopback when all are local) and on a local socket in Linux's
+abstract namespace, where the kernel names the peer (``SO_PEERCRED``); it signals only
+processes named so, never a pid from a line. A connection must greet within
+:data:`_GREET_S` seconds, at most :data:`_NEW_MAX` wait to, and running out of descriptors
+makes room or rests instead of spinning. Lines are strict ASCII; a bad one is answered with
+an error or drops its connection. With ``MPITENSOR_SECRET`` set every connection first proves
+it (``_auth``); MPICH cannot, so the rank's Python does, then hands the socket to MPICH.
+
 Wire, one line per message (``\\n``-terminated, ``key=value`` words):
 
+* with ``MPITENSOR_SECRET``, first the challenge and response of ``_auth``;
 * each rank's first line, sent by mpitensor before MPICH takes the socket:
-  ``cmd=mpitensor-hello rank=R token=T pid=P host=H`` → ``cmd=mpitensor-hello rc=0`` (or
-  ``rc=1 msg=...``; ``T`` is the secret rank 0 put in the Store, so that strangers reaching the
-  port are dropped);
+  ``cmd=mpitensor-hello rank=R token=T`` → ``cmd=mpitensor-hello rc=0`` (or ``rc=1 msg=...``
+  and the connection closed; ``T`` is the token rank 0 put in the Store, so that strangers
+  reaching the port are dropped; older ranks' ``pid=`` and ``host=`` words are ignored);
 * then MPICH's PMI-1 requests (``init``, ``get_maxes``, ``get_appnum``, ``get_my_kvsname``,
   ``get_universe_size``, ``put``, ``get``, ``barrier_in``, ``finalize``, ``abort``);
+  ``get`` of ``PMI_process_mapping`` is answered from the ranks' hosts, as hydra does;
 * a watch connection: ``cmd=mpitensor-watch rank=R token=T``, after which the server only
   writes, at most once: ``cmd=mpitensor-end from=R code=N why=WORDS`` (``why`` is the rest of
   the line); the rank writes ``cmd=mpitensor-finalizing`` on it as it enters
