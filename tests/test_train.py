@@ -118,9 +118,12 @@ def load_checkpoint(path: Path) -> dict:
 
 # ----------------------------------------------------------------------------- accuracy
 @needs_mnist
-@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("nprocs", [2])
 def test_accuracy_mnist_split(nprocs: int, tmp_path: Path) -> None:
-    """8,000 t10k images for training, 2,000 held out: >= 95 % after 5 epochs, global batch 64."""
+    """8,000 t10k images for training, 2,000 held out: >= 95 % after 5 epochs, global batch 64.
+
+    At 4 ranks the docs test runs the same training (docs/training.md's command, as written)
+    and compares every epoch's loss and accuracy with the transcript there."""
     run = train(nprocs, "--data-dir", str(MNIST_DIR), "--dataset", "mnist", "--epochs", "5",
                 "--batch-size", str(64 // nprocs), "--lr", "0.03", "--momentum", "0.9",
                 "--gamma", "0.6", "--seed", "0", "--checkpoint-dir", str(tmp_path / "ck"),
