@@ -95,7 +95,8 @@ def error(g: Any, story: Story, opname: str, seq: Optional[int] = None,
             f"{culprit} failed in {story.call(g.name)}: {story.reason}")
     msg = (f"{head}: {what}. The other ranks may have entered calls that will never be matched, "
            f"so every later call on {g.name} raises this error on every rank that knows; "
-           "create a new group (new_group) or end the job.")
+           "create a new group (new_group), or destroy_process_group() and "
+           "init_process_group() again, or end the job.")
     err = PeerFailedError(msg)
     err.rank, err.op, err.seq, err.group, err.reason = story.rank, story.op, story.seq, \
         g.name, story.reason
