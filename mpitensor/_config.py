@@ -40,6 +40,8 @@
                       response, see ``distributed/_auth.py``; the secret never goes on the
                       wire). ``mpitensor-run`` makes a random one for the processes it starts
                       where none is set. Read at each connection (``env_secret``).
+``MPITENSOR_STORE_MAX_BYTES`` the most bytes (keys and values together) a TCPStore master holds
+                      (default 2 GiB, ``off``: no bound); a write past it gets ValueError.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ def env_bytes(name: str, default: int) -> int:
 
 OFF_BYTES = 1 << 62  # larger than any buffer
 CHECK_BYTES: int = env_bytes("MPITENSOR_CHECK_BYTES", 64 * 1024)
+STORE_MAX_BYTES: int = env_bytes("MPITENSOR_STORE_MAX_BYTES", 2 << 30)
 
 
 def env_secret() -> Optional[bytes]:

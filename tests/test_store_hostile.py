@@ -283,6 +283,35 @@ def test_a_reply_past_its_limit_is_an_error_not_a_crash(master: dist.TCPStore,
     assert master.multi_get(["a"]) == [b"x" * 600]
 
 
+def test_the_store_as_a_whole_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mpitensor import _config
+
+    monkeypatch.setattr(_config, "STORE_MAX_BYTES", 1000)
+    monkeypatch.setattr(server_mod, "_MAX_STORE_KEYS", 5)
+    with dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5),
+                       wait_for_workers=False) as m:
+        m.multi_set(["a", "b", "c", "d"], [b"x" * 100] * 4)       # 4 * 101 bytes
+        with pytest.raises(ValueError, match="MPITENSOR_STORE_MAX_BYTES"):
+            m.set("big", b"y" * 700)
+        m.set("a", b"x" * 600)                                     # replaces: 904 bytes
+        with pytest.raises(ValueError, match="limit of 5 keys"):
+            m.multi_set(["e", "f"], ["1", "2"])                    # all or nothing
+        assert not m.check(["e"]) and m.num_keys() == 4
+        with pytest.raises(ValueError, match="limit"):
+            m.append("b", b"z" * 100)
+        with pytest.raises(ValueError, match="limit"):
+            m.compare_set("b", b"x" * 100, b"z" * 200)
+        assert m.get("b") == b"x" * 100
+        m.set("a", b"x" * 600)                                     # no growth: allowed
+        assert m.delete_key("a")
+        m.set("big", b"y" * 600)                                   # room again
+        m.add("n", 5)
+        assert sorted(m.list_keys()) == ["b", "big", "c", "d", "n"]
+        with pytest.raises(ValueError, match="limit of 5 keys"):
+            m.add("n2", 1)
+        assert m.add("n", 1) == 6
+
+
 # ---------------------------------------------------------------------------- fuzz
 _I64_EDGES = st.sampled_from([0, 1, -1, 2 ** 31, 2 ** 62, 2 ** 63 - 1, -(2 ** 63)])
 _FIELD = st.one_of(st.binary(max_size=64), _I64_EDGES.map(wire.i64))
@@ -511,7 +540,7 @@ rank = int(os.environ["RANK"])
 store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 2, rank == 0,
                  timedelta(seconds=30))
 store.set(f"from{rank}", str(rank))
-print(rank, len(secret), hashlib.sha256(secret.encode()).hexdigest()[:16],
+print("RANKLINE", rank, len(secret), hashlib.sha256(secret.encode()).hexdigest()[:16],
       store.get(f"from{1 - rank}").decode(), flush=True)
 if rank == 1:
     store.set("bye", "1")
@@ -537,8 +566,9 @@ def test_mpitensor_run_gives_its_processes_one_secret(tmp_path: "os.PathLike[str
                           "127.0.0.1", "--master-port", str(port), script], env=env,
                          capture_output=True, text=True, timeout=100)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = sorted(ln.split() for ln in out.stdout.splitlines() if ln.strip())
-    assert [ln[0] for ln in lines] == ["0", "1"] and [ln[3] for ln in lines] == ["1", "0"]
+    lines = sorted(ln.split()[1:] for ln in out.stdout.splitlines() if "RANKLINE" in ln)
+    assert [ln[0] for ln in lines] == ["0", "1"], out.stdout
+    assert [ln[3] for ln in lines] == ["1", "0"], out.stdout
     assert lines[0][1:3] == lines[1][1:3]  # the same secret on both ranks
     if given_secret is None:
         assert lines[0][1] == "64"  # 32 random bytes, as hex

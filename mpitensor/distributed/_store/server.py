@@ -35,6 +35,7 @@ import time
 from collections import deque
 from typing import Deque, Dict, List, Optional, Set, Tuple
 
+from ... import _config
 from .. import _auth
 from . import wire
 from .common import _Table
@@ -57,6 +58,8 @@ _MAX_UNGREETED = 64 * 1024
 _MAX_SELECT_WAIT = 60.0
 # Buffers handed to one sendmsg().
 _IOV = 64
+# Most keys the store holds: list_keys of this many holds the loop ~0.1 s on a loaded machine.
+_MAX_STORE_KEYS = 1 << 15
 # Seconds stop() waits for the thread to finish.
 _STOP_GRACE = 5.0
 # Seconds a rejected client has to read our answer before its connection is cut.
@@ -106,9 +109,13 @@ class _Waiter:
 class StoreServer:
     """The server behind a master TCPStore; owns its listening socket once started."""
 
-    def __init__(self, listener: socket.socket, secret: Optional[bytes] = None) -> None:
+    def __init__(self, listener: socket.socket, secret: Optional[bytes] = None,
+                 max_bytes: Optional[int] = None) -> None:
         self.listener = listener
         self._secret = secret
+        # the most bytes (keys and values) the store holds; what it holds now
+        self._max_bytes = _config.STORE_MAX_BYTES if max_bytes is None else max_bytes
+        self._bytes = 0
         self.port: int = listener.getsockname()[1]
         self._sel = selectors.DefaultSelector()
         self._table = _Table()
@@ -321,6 +328,40 @@ class StoreServer:
                 del buf[:pos]
 
     def _dispatch(self, conn: _Conn, op: int, f: List[bytes]) -> None:
+        t = self._table
+        # what each key that the request writes would hold at most afterwards, in bytes
+        sizes: Optional[Dict[bytes, int]] = None
+        if op in (wire.SET, wire.CAS):
+            sizes = {f[0]: len(f[-1])}
+        elif op == wire.ADD:
+            sizes = {f[0]: 21}
+        elif op == wire.APPEND:
+            sizes = {f[0]: len(t.data.get(f[0], b"")) + len(f[1])}
+        elif op == wire.MSET:
+            sizes = {k: len(v) for k, v in zip(f[0::2], f[1::2])}
+        elif op == wire.DELETE:
+            sizes = {f[0]: 0}
+        if sizes is None:
+            self._serve_op(conn, op, f)
+            return
+        data = t.data
+        new_keys = sum(k not in data for k in sizes)
+        grow = sum(n - len(data[k]) if k in data else len(k) + n for k, n in sizes.items())
+        if grow > 0 and (len(data) + new_keys > _MAX_STORE_KEYS
+                         or self._bytes + grow > self._max_bytes):
+            self._reply(conn, wire.VALUE_ERROR, [(
+                f"{wire.NAMES[op]}: the store holds {len(data)} keys and {self._bytes} bytes; "
+                f"this would pass its limit of {_MAX_STORE_KEYS} keys or {self._max_bytes} "
+                "bytes (MPITENSOR_STORE_MAX_BYTES on the master); delete keys you no longer "
+                "need").encode()])
+            return
+        before = sum(len(k) + len(data[k]) for k in sizes if k in data)
+        try:
+            self._serve_op(conn, op, f)
+        finally:
+            self._bytes += sum(len(k) + len(data[k]) for k in sizes if k in data) - before
+
+    def _serve_op(self, conn: _Conn, op: int, f: List[bytes]) -> None:
         t = self._table
         if op == wire.SET:
             t.set(f[0], f[1])
