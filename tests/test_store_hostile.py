@@ -223,15 +223,21 @@ def test_a_wait_on_too_many_keys_is_refused_at_once() -> None:
 @pytest.mark.timeout(120)
 def test_a_wait_on_the_most_keys_allowed_delays_no_one(master: dist.TCPStore) -> None:
     keys = [b"k%d" % i for i in range(wire.MAX_KEYS)]
+    frame_bytes = frame(wire.WAIT, wire.i64(60_000), *keys)
     delays = []
-    with raw_client(master.port) as s:
-        for _ in range(3):
-            s.sendall(frame(wire.WAIT, wire.i64(60_000), *keys))
+    waiters = [raw_client(master.port) for _ in range(3)]
+    try:
+        for s in waiters:  # each parks all its keys while a new client is being served
+            s.sendall(frame_bytes)
             delays.append(round_trip(master.port))
-            master.multi_set([k.decode() for k in keys[:10]], ["v"] * 10)
             s.sendall(frame(wire.CHECK, b"k0"))  # queued behind the parked wait
         master.multi_set([k.decode() for k in keys], ["v"] * len(keys))
-        assert reply(s) == (wire.OK, [])
+        for s in waiters:
+            assert reply(s) == (wire.OK, [])
+            assert reply(s) == (wire.OK, [b"\x01"])
+    finally:
+        for s in waiters:
+            s.close()
     assert max(delays) < ROUND_TRIP_BOUND_S, delays
 
 
