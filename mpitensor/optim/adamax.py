@@ -1,0 +1,117 @@
+"""``Adamax``: Adam with the infinity norm in place of the second moment.
+
+The update is ``torch.optim.Adamax``'s, per parameter::
+
+    t += 1
+    g = -grad if maximize else grad
+    if weight_decay != 0:  g = g + weight_decay * p
+    m = lerp(m, g, 1 - beta1)                      'exp_avg'
+    u = max(beta2 * u, |g| + eps)                  'exp_inf'
+    p = p - lr / (1 - beta1**t) * m / u
+
+on the raw arrays in place (NumPy or CuPy), with one scratch array per parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+from mpitensor import backend as _backend
+
+from . import _adaptive as _a
+
+__all__ = ["Adamax"]
+
+
+class _Settings(NamedTuple):
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    maximize: bool
+
+
+class Adamax(_a.AdaptiveOptimizer):
+    """Adamax (Kingma & Ba, section 7), as ``torch.optim.Adamax``.
+
+    Per-parameter state (torch's keys): ``step`` (a 0-d float Tensor), ``exp_avg`` and
+    ``exp_inf`` (the exponentially weighted infinity norm).
+
+    Args:
+        params: Tensors to optimise, or dicts defining parameter groups.
+        lr: learning rate (default 2e-3).
+        betas: decay rates ``(beta1, beta2)`` of the first moment and the infinity norm
+            (default (0.9, 0.999)).
+        eps: added to ``|g|`` before the maximum (default 1e-8).
+        weight_decay: L2 penalty added to the gradient (default 0).
+        foreach: accepted for torch compatibility; each parameter is one in-place pass.
+        maximize: maximise the objective instead of minimising it.
+        differentiable: must be False (the step is not recorded by autograd).
+        capturable: accepted for torch compatibility (CUDA-graph capture).
+
+    Raises:
+        ValueError: ``lr``, ``eps`` or ``weight_decay`` is negative or NaN, a beta is outside
+            [0, 1), or ``differentiable`` is True.
+        TypeError: a hyper-parameter is not a number.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> w = mt.tensor([1.0, -2.0], requires_grad=True)
+        >>> opt = Adamax([w], lr=0.1)
+        >>> w.grad = mt.tensor([0.5, -3.0])
+        >>> opt.step()
+        >>> w  # the first step moves each weight by about lr against its gradient's sign
+        tensor([ 0.9000, -1.9000], requires_grad=True)
+    """
+
+    _checks = {"lr": _a.nonneg, "betas": _a.betas_pair, "eps": _a.nonneg,
+               "weight_decay": _a.nonneg, "differentiable": _a.not_differentiable}
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 2e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        foreach: Optional[bool] = None,
+        *,
+        maximize: bool = False,
+        differentiable: bool = False,
+        capturable: bool = False,
+    ) -> None:
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
+                        maximize=bool(maximize), differentiable=differentiable,
+                        capturable=bool(capturable))
+        self._check_hyper(defaults)
+        defaults["betas"] = (float(betas[0]), float(betas[1]))
+        defaults["differentiable"] = False
+        super().__init__(params, defaults)
+
+    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
+        b1, b2 = group["betas"]
+        return _Settings(float(group["lr"]), float(b1), float(b2), float(group["eps"]),
+                         float(group["weight_decay"]), bool(group["maximize"]))
+
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+        if not state:
+            state["step"] = _a.new_step()
+            state["exp_avg"] = _a.zeros_state(param)
+            state["exp_inf"] = _a.zeros_state(param)
+        step = _a.advance_step(state)
+        xp = _backend.array_module(param)
+        m = _a.real(_a.state_array(state, "exp_avg", param))
+        u = _a.real(_a.state_array(state, "exp_inf", param))
+        p, g = _a.real(param), _a.real(grad)
+        d, _ = _a.direction(p, g, s.weight_decay, s.maximize)
+        t = _a.scratch(p)
+        _a.lerp_(m, d, 1.0 - s.beta1, t)
+        u *= s.beta2
+        xp.abs(d, out=t)
+        t += s.eps
+        xp.maximum(u, t, out=u)
+        del d
+        xp.multiply(m, -(s.lr / (1.0 - s.beta1 ** step)), out=t)
+        t /= u
+        p += t

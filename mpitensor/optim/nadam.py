@@ -1,0 +1,167 @@
+"""``NAdam``: Adam with Nesterov momentum and a momentum schedule (Dozat, 2016).
+
+The update is ``torch.optim.NAdam``'s, per parameter::
+
+    t += 1
+    g = -grad if maximize else grad
+    if weight_decay != 0:
+        p = p * (1 - lr * weight_decay)            decoupled_weight_decay
+        g = g + weight_decay * p                   otherwise (L2)
+    mu_t   = beta1 * (1 - 0.5 * 0.96 ** (t * momentum_decay))
+    mu_t1  = beta1 * (1 - 0.5 * 0.96 ** ((t + 1) * momentum_decay))
+    P = P * mu_t                                   'mu_product', a 0-d float Tensor
+    m = lerp(m, g, 1 - beta1)                      'exp_avg'
+    v = beta2 * v + (1 - beta2) * g * g            'exp_avg_sq'
+    denom = sqrt(v / (1 - beta2**t)) + eps
+    p = p - lr * (1 - mu_t) / (1 - P) * g / denom
+    p = p - lr * mu_t1 / (1 - P * mu_t1) * m / denom
+
+The running product ``P`` is kept, as torch keeps it, in a 0-d Tensor of the default float dtype
+(float32 unless changed): its rounding is part of the update, so it is reproduced.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+from mpitensor import backend as _backend
+from mpitensor.tensor import Tensor
+
+from . import _adaptive as _a
+
+__all__ = ["NAdam"]
+
+
+class _Settings(NamedTuple):
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    momentum_decay: float
+    decoupled: bool
+    maximize: bool
+
+
+class NAdam(_a.AdaptiveOptimizer):
+    """NAdam (Adam with Nesterov momentum), optionally with decoupled weight decay (NAdamW).
+
+    Per-parameter state (torch's keys): ``step`` and ``mu_product`` (0-d float Tensors),
+    ``exp_avg`` and ``exp_avg_sq``.
+
+    Args:
+        params: Tensors to optimise, or dicts defining parameter groups.
+        lr: learning rate (default 2e-3).
+        betas: ``(beta1, beta2)`` (default (0.9, 0.999)).
+        eps: added to the denominator (default 1e-8).
+        weight_decay: weight decay factor (default 0).
+        momentum_decay: the ``psi`` of the momentum schedule (default 4e-3).
+        decoupled_weight_decay: shrink the weights directly instead of adding an L2 term to
+            the gradient (default False).
+        foreach, capturable: accepted for torch compatibility.
+        maximize: maximise the objective instead of minimising it.
+        differentiable: must be False (the step is not recorded by autograd).
+
+    Raises:
+        ValueError: ``lr``, ``eps``, ``weight_decay`` or ``momentum_decay`` is negative or NaN,
+            a beta is outside [0, 1), or ``differentiable`` is True.
+        TypeError: a hyper-parameter is not a number.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> w = mt.tensor([1.0], requires_grad=True)
+        >>> opt = NAdam([w], lr=0.1)
+        >>> w.grad = mt.tensor([2.0])
+        >>> opt.step()
+        >>> round(float(w), 4)
+        0.9
+    """
+
+    _checks = {"lr": _a.nonneg, "betas": _a.betas_pair, "eps": _a.nonneg,
+               "weight_decay": _a.nonneg, "momentum_decay": _a.nonneg,
+               "differentiable": _a.not_differentiable}
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 2e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        momentum_decay: float = 4e-3,
+        decoupled_weight_decay: bool = False,
+        *,
+        foreach: Optional[bool] = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+    ) -> None:
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        momentum_decay=momentum_decay,
+                        decoupled_weight_decay=bool(decoupled_weight_decay),
+                        maximize=bool(maximize), foreach=foreach, capturable=bool(capturable),
+                        differentiable=differentiable)
+        self._check_hyper(defaults)
+        defaults["betas"] = (float(betas[0]), float(betas[1]))
+        defaults["differentiable"] = False
+        super().__init__(params, defaults)
+
+    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
+        b1, b2 = group["betas"]
+        return _Settings(float(group["lr"]), float(b1), float(b2), float(group["eps"]),
+                         float(group["weight_decay"]), float(group["momentum_decay"]),
+                         bool(group.get("decoupled_weight_decay")), bool(group["maximize"]))
+
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+        if not state:
+            state["step"] = _a.new_step()
+            mu_product = _a.new_step()
+            mu_product._data[...] = 1.0
+            state["mu_product"] = mu_product
+            state["exp_avg"] = _a.zeros_state(param)
+            state["exp_avg_sq"] = _a.zeros_state(param)
+        step = _a.advance_step(state)
+        xp = _backend.array_module(param)
+        m = _a.real(_a.state_array(state, "exp_avg", param))
+        v = _a.real(_a.state_array(state, "exp_avg_sq", param))
+        p, g = _a.real(param), _a.real(grad)
+        if s.decoupled and s.weight_decay != 0:
+            p *= 1.0 - s.lr * s.weight_decay
+            d, _ = _a.direction(p, g, 0.0, s.maximize)
+        else:
+            d, _ = _a.direction(p, g, s.weight_decay, s.maximize)
+        mu = s.beta1 * (1.0 - 0.5 * 0.96 ** (step * s.momentum_decay))
+        mu_next = s.beta1 * (1.0 - 0.5 * 0.96 ** ((step + 1) * s.momentum_decay))
+        prod = _mu_product(state)
+        prod *= mu  # in the counter's own dtype, as torch rounds it
+        mu_prod = float(prod)
+        t = _a.scratch(p)
+        _a.lerp_(m, d, 1.0 - s.beta1, t)
+        v *= s.beta2
+        _a.add_square_(v, d, 1.0 - s.beta2, t)
+        denom = t
+        xp.divide(v, 1.0 - s.beta2 ** step, out=denom)
+        xp.sqrt(denom, out=denom)
+        denom += s.eps
+        u = _a.scratch(p)
+        xp.multiply(d, -s.lr * (1.0 - mu) / (1.0 - mu_prod), out=u)
+        u /= denom
+        p += u
+        del d
+        xp.multiply(m, (-s.lr * mu_next) / (1.0 - mu_prod * mu_next), out=u)
+        u /= denom
+        p += u
+
+
+def _mu_product(state: Dict[str, Any]) -> Any:
+    """The raw 0-d array of ``state["mu_product"]``; a plain number from an old dict becomes one.
+
+    After ``load_state_dict`` it is in the parameter's dtype and on its device, as torch casts it.
+    """
+    mp = state.get("mu_product")
+    if not isinstance(mp, Tensor):
+        value = 1.0 if mp is None else float(mp)
+        mp = _a.new_step()
+        mp._data[...] = value
+        state["mu_product"] = mp
+    return mp._data

@@ -1,0 +1,143 @@
+"""``RAdam``: Adam whose adaptive step is switched on only once its variance is tractable.
+
+The update is ``torch.optim.RAdam``'s (Liu et al., 2019), per parameter::
+
+    t += 1
+    g = -grad if maximize else grad
+    if weight_decay != 0:
+        p = p * (1 - lr * weight_decay)            decoupled_weight_decay
+        g = g + weight_decay * p                   otherwise (L2)
+    m = lerp(m, g, 1 - beta1)                      'exp_avg'
+    v = beta2 * v + (1 - beta2) * g * g            'exp_avg_sq'
+    m_hat = m / (1 - beta1**t)
+    rho_inf = 2 / (1 - beta2) - 1
+    rho_t = rho_inf - 2 t beta2**t / (1 - beta2**t)
+    if rho_t > 5:
+        r = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf - 4)(rho_inf - 2) rho_t))
+        p = p - m_hat * lr * (sqrt(1 - beta2**t) / (sqrt(v) + eps)) * r
+    else:
+        p = p - m_hat * lr                         (plain momentum SGD in the first steps)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+from mpitensor import backend as _backend
+
+from . import _adaptive as _a
+
+__all__ = ["RAdam"]
+
+
+class _Settings(NamedTuple):
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    decoupled: bool
+    maximize: bool
+
+
+class RAdam(_a.AdaptiveOptimizer):
+    """Rectified Adam, optionally with decoupled weight decay, as ``torch.optim.RAdam``.
+
+    Per-parameter state (torch's keys): ``step`` (a 0-d float Tensor), ``exp_avg`` and
+    ``exp_avg_sq``.
+
+    Args:
+        params: Tensors to optimise, or dicts defining parameter groups.
+        lr: learning rate (default 1e-3).
+        betas: ``(beta1, beta2)`` (default (0.9, 0.999)).
+        eps: added to the denominator (default 1e-8).
+        weight_decay: weight decay factor (default 0).
+        decoupled_weight_decay: shrink the weights directly (as AdamW) instead of adding an L2
+            term to the gradient (default False).
+        foreach, capturable: accepted for torch compatibility.
+        maximize: maximise the objective instead of minimising it.
+        differentiable: must be False (the step is not recorded by autograd).
+
+    Raises:
+        ValueError: ``lr``, ``eps`` or ``weight_decay`` is negative or NaN, a beta is outside
+            [0, 1), or ``differentiable`` is True.
+        TypeError: a hyper-parameter is not a number.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> w = mt.tensor([1.0], requires_grad=True)
+        >>> opt = RAdam([w], lr=0.1)
+        >>> w.grad = mt.tensor([2.0])
+        >>> opt.step()
+        >>> w  # the first steps are plain momentum: 1 - 0.1 * 2
+        tensor([0.8000], requires_grad=True)
+    """
+
+    _checks = {"lr": _a.nonneg, "betas": _a.betas_pair, "eps": _a.nonneg,
+               "weight_decay": _a.nonneg, "differentiable": _a.not_differentiable}
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        decoupled_weight_decay: bool = False,
+        *,
+        foreach: Optional[bool] = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+    ) -> None:
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        maximize=bool(maximize), foreach=foreach, capturable=bool(capturable),
+                        decoupled_weight_decay=bool(decoupled_weight_decay),
+                        differentiable=differentiable)
+        self._check_hyper(defaults)
+        defaults["betas"] = (float(betas[0]), float(betas[1]))
+        defaults["differentiable"] = False
+        super().__init__(params, defaults)
+
+    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
+        b1, b2 = group["betas"]
+        return _Settings(float(group["lr"]), float(b1), float(b2), float(group["eps"]),
+                         float(group["weight_decay"]), bool(group.get("decoupled_weight_decay")),
+                         bool(group["maximize"]))
+
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+        if not state:
+            state["step"] = _a.new_step()
+            state["exp_avg"] = _a.zeros_state(param)
+            state["exp_avg_sq"] = _a.zeros_state(param)
+        step = _a.advance_step(state)
+        xp = _backend.array_module(param)
+        m = _a.real(_a.state_array(state, "exp_avg", param))
+        v = _a.real(_a.state_array(state, "exp_avg_sq", param))
+        p, g = _a.real(param), _a.real(grad)
+        if s.decoupled and s.weight_decay != 0:
+            p *= 1.0 - s.lr * s.weight_decay
+            d, _ = _a.direction(p, g, 0.0, s.maximize)
+        else:
+            d, _ = _a.direction(p, g, s.weight_decay, s.maximize)
+        t = _a.scratch(p)
+        _a.lerp_(m, d, 1.0 - s.beta1, t)
+        v *= s.beta2
+        _a.add_square_(v, d, 1.0 - s.beta2, t)
+        del d
+        bc1 = 1.0 - s.beta1 ** step
+        bc2 = 1.0 - s.beta2 ** step
+        rho_inf = 2.0 / (1.0 - s.beta2) - 1.0
+        rho_t = rho_inf - 2.0 * step * (s.beta2 ** step) / bc2
+        u = _a.scratch(p)
+        xp.divide(m, bc1, out=u)  # the bias-corrected first moment
+        u *= s.lr
+        if rho_t > 5.0:
+            rect = ((rho_t - 4.0) * (rho_t - 2.0) * rho_inf
+                    / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t)) ** 0.5
+            xp.sqrt(v, out=t)
+            t += s.eps
+            xp.divide(bc2 ** 0.5, t, out=t)
+            u *= t
+            u *= rect
+        p -= u
