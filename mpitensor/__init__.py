@@ -24,13 +24,17 @@ from . import (
     data,
     distributed,
     errors,
+    futures,
+    jit,
     linalg,
     models,
     multiprocessing,
     nn,
+    onnx,
     optim,
     utils,
 )
+from ._compile import compile  # noqa: A004 - torch's name
 from ._threads import get_num_threads, set_num_threads
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cupy_available, device
@@ -93,6 +97,6 @@ __all__ = [
     "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError", "PeerFailedError",
     "DtypeMismatchError",
     "ReplicaDivergenceError", "set_num_threads", "get_num_threads", "cuda", "accelerator",
-    "backends", "multiprocessing", "linalg",
+    "backends", "multiprocessing", "linalg", "futures", "jit", "onnx", "compile",
     *_dtype_names, *_tensor_names,
 ]

@@ -105,9 +105,11 @@ def test_set_debug_reaches_a_real_nccl_group():
 # Lazy (function-level) imports count: they are dependencies all the same.
 LAYERS = [
     ("base", ["mpitensor._config", "mpitensor.errors", "mpitensor.backend", "mpitensor.dtypes",
-              "mpitensor._threads", "mpitensor._workspace", "mpitensor._parallel"]),
+              "mpitensor._threads", "mpitensor._workspace", "mpitensor._parallel",
+              "mpitensor.futures"]),
     ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._", "mpitensor.cuda",
-                 "mpitensor.accelerator", "mpitensor.backends", "mpitensor.linalg"]),
+                 "mpitensor.accelerator", "mpitensor.backends", "mpitensor.linalg",
+                 "mpitensor.jit", "mpitensor.onnx"]),
     ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
                   "mpitensor.checkpoint", "mpitensor.utils"]),

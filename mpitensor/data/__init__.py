@@ -14,7 +14,16 @@ Example:
 from __future__ import annotations
 
 from . import datasets
-from .dataset import ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset, random_split
+from .dataset import (
+    ChainDataset,
+    ConcatDataset,
+    Dataset,
+    IterableDataset,
+    StackDataset,
+    Subset,
+    TensorDataset,
+    random_split,
+)
 from .loader import DataLoader, default_collate, default_convert, get_worker_info
 from .mnist import DatasetCorruptError, DatasetError, DatasetNotFoundError, DownloadError
 from .sampler import (
@@ -25,6 +34,7 @@ from .sampler import (
     Sampler,
     SequentialSampler,
     SubsetRandomSampler,
+    WeightedRandomSampler,
 )
 
 __all__ = [
@@ -34,6 +44,8 @@ __all__ = [
     "TensorDataset",
     "Subset",
     "ConcatDataset",
+    "ChainDataset",
+    "StackDataset",
     "random_split",
     "DataLoader",
     "default_collate",
@@ -43,6 +55,7 @@ __all__ = [
     "SequentialSampler",
     "RandomSampler",
     "SubsetRandomSampler",
+    "WeightedRandomSampler",
     "BatchSampler",
     "DistributedSampler",
     "DistributedEvalSampler",

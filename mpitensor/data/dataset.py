@@ -26,6 +26,8 @@ __all__ = [
     "TensorDataset",
     "Subset",
     "ConcatDataset",
+    "ChainDataset",
+    "StackDataset",
     "random_split",
 ]
 
@@ -208,6 +210,73 @@ class ConcatDataset(Dataset):
         if d >= len(self.datasets):
             raise IndexError(f"index {idx} out of range for ConcatDataset of length {len(self)}")
         return self.datasets[d][idx - (self.cumulative_sizes[d - 1] if d else 0)]
+
+
+class ChainDataset(IterableDataset):
+    """Several iterable datasets, one stream after another (chained lazily).
+
+    Example:
+        >>> class Count(IterableDataset):
+        ...     def __init__(self, n): self.n = n
+        ...     def __iter__(self): return iter(range(self.n))
+        >>> list(ChainDataset([Count(2), Count(3)]))
+        [0, 1, 0, 1, 2]
+    """
+
+    def __init__(self, datasets: Iterable[Dataset]) -> None:
+        self.datasets = datasets
+
+    def __iter__(self) -> Iterator[Any]:
+        for d in self.datasets:
+            if not isinstance(d, IterableDataset):
+                raise TypeError(f"ChainDataset only chains IterableDatasets, got "
+                                f"{type(d).__name__}")
+            yield from d
+
+    def __len__(self) -> int:
+        total = 0
+        for d in self.datasets:
+            if not isinstance(d, IterableDataset):
+                raise TypeError(f"ChainDataset only chains IterableDatasets, got "
+                                f"{type(d).__name__}")
+            total += len(d)  # a stream without __len__ raises TypeError here, as in torch
+        return total
+
+
+class StackDataset(Dataset):
+    """Datasets of one length side by side: sample ``i`` is the tuple ``(d[i] for d in
+    args)``, or the dict ``{k: d[i]}`` when they are given by keyword.
+
+    Raises:
+        ValueError: datasets both by position and by keyword, none at all, or of different
+            lengths.
+
+    Example:
+        >>> ds = StackDataset(x=TensorDataset(mpitensor.arange(3)), y=[10, 20, 30])
+        >>> ds[1]["y"], len(ds)
+        (20, 3)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if args and kwargs:
+            raise ValueError("StackDataset: give the datasets by position (tuple samples) or by "
+                             "keyword (dict samples), not both")
+        if not args and not kwargs:
+            raise ValueError("StackDataset needs at least one dataset")
+        self.datasets: Union[tuple, dict] = args if args else kwargs
+        parts = list(args) if args else list(kwargs.values())
+        lengths = {len(d) for d in parts}
+        if len(lengths) != 1:
+            raise ValueError(f"StackDataset: the datasets differ in length: {sorted(lengths)}")
+        self._length = lengths.pop()
+
+    def __getitem__(self, index: int) -> Any:
+        if isinstance(self.datasets, dict):
+            return {k: d[index] for k, d in self.datasets.items()}
+        return tuple(d[index] for d in self.datasets)
+
+    def __len__(self) -> int:
+        return self._length
 
 
 def random_split(

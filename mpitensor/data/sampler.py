@@ -27,6 +27,7 @@ __all__ = [
     "SequentialSampler",
     "RandomSampler",
     "SubsetRandomSampler",
+    "WeightedRandomSampler",
     "BatchSampler",
     "DistributedSampler",
     "DistributedEvalSampler",
@@ -188,6 +189,58 @@ class SubsetRandomSampler(_PlannedSampler):
 
     def __len__(self) -> int:
         return len(self._pool)
+
+
+class WeightedRandomSampler(_PlannedSampler):
+    """``num_samples`` indices drawn with probabilities proportional to ``weights``.
+
+    Args:
+        weights: one non-negative weight per index (a sequence or a 1-D tensor); they need not
+            sum to 1.
+        num_samples: indices per pass.
+        replacement: draw with replacement (default); without it, ``num_samples`` may not
+            exceed the number of non-zero weights.
+        generator: a :class:`mpitensor.Generator`, or None for the global one.
+
+    The draws come from mpitensor's generators, so they differ from torch's for the same seed;
+    their distribution is the same.
+
+    Raises:
+        ValueError: ``num_samples`` not a positive int, ``replacement`` not a bool, or weights
+            that are not a 1-D sequence of finite non-negative numbers with a positive sum.
+
+    Example:
+        >>> list(WeightedRandomSampler([0.0, 0.0, 1.0], 3))
+        [2, 2, 2]
+    """
+
+    def __init__(self, weights: Any, num_samples: int, replacement: bool = True,
+                 generator: Any = None) -> None:
+        if not _positive_int(num_samples):
+            raise ValueError(f"WeightedRandomSampler: num_samples should be a positive integer, "
+                             f"got {num_samples!r}")
+        if not isinstance(replacement, bool):
+            raise ValueError(f"WeightedRandomSampler: replacement should be a bool, got "
+                             f"{replacement!r}")
+        from mpitensor.tensor import Tensor, as_tensor  # noqa: PLC0415
+
+        w = weights._data if isinstance(weights, Tensor) else np.asarray(weights)
+        if getattr(w, "ndim", 1) != 1:
+            raise ValueError(f"WeightedRandomSampler: weights must be 1-D, got shape "
+                             f"{tuple(w.shape)}")
+        self.weights = as_tensor(w, dtype=np.float64)
+        self.num_samples = int(num_samples)
+        self.replacement = replacement
+        self.generator = generator
+
+    def _plan(self) -> np.ndarray:
+        from mpitensor._random import multinomial  # noqa: PLC0415
+
+        return np.asarray(multinomial(self.weights, self.num_samples, self.replacement,
+                                      generator=self.generator)._data, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.num_samples
 
 
 class BatchSampler(Sampler):

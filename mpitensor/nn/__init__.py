@@ -48,3 +48,5 @@ __all__ = ["Module", "Parameter", "RemovableHandle", "functional", "init", "para
            *_distance_names, *_loss_names, *_sparse_names, *_dropout_names,
            *_linear_names, *_padding_names, *_pooling_names, *_shape_names,
            *_rms_norm_names, *_rnn_names, *_transformer_names]
+
+from . import modules  # noqa: E402,F401 - torch's nn.modules paths, once every layer is defined

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from . import functions
 from ._agent import WorkerInfo
-from ._future import Future, collect_all, wait_all
+from mpitensor.futures import Future, collect_all, wait_all
 from ._rref import RRef
 from ._wire import RemoteTraceback
 from .api import (

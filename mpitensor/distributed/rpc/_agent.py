@@ -58,7 +58,7 @@ from ... import _workspace
 from ...errors import DistributedTimeoutError, PeerFailedError
 from .. import _watchdog
 from . import _liveness, _wire
-from ._future import Future
+from mpitensor.futures import Future
 from ._pool import WorkerPool
 from .errors import RpcNotInitializedError, UnknownWorkerError
 

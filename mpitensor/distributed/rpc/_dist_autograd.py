@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ... import autograd as _autograd
 from ...tensor import Tensor
 from . import _state, _wire
-from ._future import Future
+from mpitensor.futures import Future
 
 __all__ = ["context", "backward", "get_gradients"]
 

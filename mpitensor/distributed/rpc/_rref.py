@@ -25,7 +25,7 @@ from typing import Any, Generic, Optional, Tuple, TypeVar
 from ...errors import DistributedTimeoutError
 from . import _state, _wire
 from ._agent import Agent, OwnerEntry, WorkerInfo, _AsyncResult, is_async
-from ._future import Future
+from mpitensor.futures import Future
 
 __all__ = ["RRef"]
 

@@ -17,7 +17,7 @@ from ... import _threads
 from ...errors import DistributedTimeoutError
 from . import _state, _wire
 from ._agent import Agent, WorkerInfo
-from ._future import Future
+from mpitensor.futures import Future
 from ._rref import RRef, make_remote
 from .constants import DEFAULT_SHUTDOWN_TIMEOUT, UNSET_RPC_TIMEOUT
 from .errors import RpcNotInitializedError

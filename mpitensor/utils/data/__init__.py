@@ -1,6 +1,7 @@
 """``mpitensor.utils.data``: the same names as :mod:`mpitensor.data`, at torch's import path.
 
-Its submodules follow torch's too: ``mpitensor.utils.data.distributed.DistributedSampler``.
+Its submodules follow torch's too: ``mpitensor.utils.data.distributed.DistributedSampler``,
+``.sampler``, ``.dataset`` and ``.dataloader``.
 
 Example:
     >>> from mpitensor.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -12,4 +13,4 @@ from __future__ import annotations
 from mpitensor.data import *  # noqa: F403
 from mpitensor.data import __all__  # noqa: F401
 
-from . import distributed  # noqa: E402,F401 - torch's `torch.utils.data.distributed` path
+from . import dataloader, dataset, distributed, sampler  # noqa: E402,F401 - torch's paths

@@ -1,4 +1,6 @@
-"""``Future``: the result of an asynchronous call, with torch.futures.Future's methods.
+"""``mpitensor.futures`` (``torch.futures``): ``Future``, the result of an asynchronous call,
+with ``wait_all`` and ``collect_all``. RPC's calls return these futures, and programs make
+their own.
 
 A future is completed once, with a value (:meth:`Future.set_result`) or an exception
 (:meth:`Future.set_exception`). Waiting costs one lock: the future holds a lock from birth

@@ -1,0 +1,120 @@
+"""``torch.nn.modules``' import paths: ``from mpitensor.nn.modules.loss import _Loss`` works as
+``from torch.nn.modules.loss import _Loss`` does.
+
+The classes live where mpitensor keeps them (``mpitensor.nn``); each submodule here
+(``activation``, ``batchnorm``, ``container``, ``conv``, ``loss``, ``module``, ``rnn``, ...)
+names the ones torch keeps in its submodule of that name, including the base classes programs
+subclass (``_Loss``, ``_WeightedLoss``, ``_BatchNorm``, ``_DropoutNd``). A name torch has there
+and mpitensor lacks is missing here too, so importing it fails at once with ImportError
+(docs/porting.md lists what is missing). ``utils`` is a module of its own (``_pair``,
+``consume_prefix_in_state_dict_if_present``, ...).
+
+Example:
+    >>> from mpitensor.nn.modules.loss import _Loss
+    >>> from mpitensor.nn.modules.batchnorm import _BatchNorm
+    >>> import mpitensor.nn as nn
+    >>> issubclass(nn.MSELoss, _Loss), issubclass(nn.BatchNorm2d, _BatchNorm)
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Dict, List
+
+from mpitensor.nn import (
+    activation,
+    distance,
+    dropout,
+    layers,
+    linear,
+    loss,
+    module,
+    normalization,
+    padding,
+    pooling,
+    rms_norm,
+    rnn,
+    shape,
+    sparse,
+    transformer,
+)
+
+from . import utils
+
+#: where mpitensor keeps its layers (the submodules of mpitensor.nn that define them)
+_HOMES = (layers, activation, distance, dropout, linear, loss, module, normalization, padding,
+          pooling, rms_norm, rnn, shape, sparse, transformer)
+
+#: torch's submodule -> the names it holds there that mpitensor has
+_PATHS: Dict[str, List[str]] = {
+    "activation": ["Threshold", "ReLU", "RReLU", "Hardtanh", "ReLU6", "Sigmoid", "Hardsigmoid",
+                   "Tanh", "SiLU", "Mish", "Hardswish", "ELU", "CELU", "SELU", "GLU", "GELU",
+                   "Hardshrink", "LeakyReLU", "LogSigmoid", "Softplus", "Softshrink",
+                   "MultiheadAttention", "PReLU", "Softsign", "Tanhshrink", "Softmin", "Softmax",
+                   "Softmax2d", "LogSoftmax"],
+    "batchnorm": ["_BatchNorm", "BatchNorm1d", "BatchNorm2d", "SyncBatchNorm"],
+    "channelshuffle": ["ChannelShuffle"],
+    "container": ["Sequential", "ModuleList", "ModuleDict"],
+    "conv": ["Conv2d"],
+    "distance": ["PairwiseDistance", "CosineSimilarity"],
+    "dropout": ["_DropoutNd", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
+                "FeatureAlphaDropout"],
+    "flatten": ["Flatten", "Unflatten"],
+    "fold": ["Fold", "Unfold"],
+    "linear": ["Identity", "Linear", "Bilinear"],
+    "loss": ["_Loss", "_WeightedLoss", "L1Loss", "NLLLoss", "NLLLoss2d", "PoissonNLLLoss",
+             "GaussianNLLLoss", "KLDivLoss", "MSELoss", "BCELoss", "BCEWithLogitsLoss",
+             "HingeEmbeddingLoss", "MultiLabelMarginLoss", "SmoothL1Loss", "HuberLoss",
+             "SoftMarginLoss", "CrossEntropyLoss", "MultiLabelSoftMarginLoss",
+             "CosineEmbeddingLoss", "MarginRankingLoss", "MultiMarginLoss", "TripletMarginLoss",
+             "TripletMarginWithDistanceLoss"],
+    "module": ["Module"],
+    "normalization": ["LocalResponseNorm", "LayerNorm", "GroupNorm", "RMSNorm"],
+    "padding": ["CircularPad1d", "CircularPad2d", "CircularPad3d", "ConstantPad1d",
+                "ConstantPad2d", "ConstantPad3d", "ReflectionPad1d", "ReflectionPad2d",
+                "ReflectionPad3d", "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d",
+                "ZeroPad1d", "ZeroPad2d", "ZeroPad3d"],
+    "pixelshuffle": ["PixelShuffle", "PixelUnshuffle"],
+    "pooling": ["MaxPool1d", "MaxPool2d", "MaxUnpool1d", "AvgPool1d", "AvgPool2d", "LPPool1d",
+                "AdaptiveMaxPool1d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d"],
+    "rnn": ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"],
+    "sparse": ["Embedding", "EmbeddingBag"],
+    "transformer": ["Transformer", "TransformerEncoder", "TransformerDecoder",
+                    "TransformerEncoderLayer", "TransformerDecoderLayer"],
+    "upsampling": ["Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d"],
+}
+
+#: the base classes torch keeps private that programs subclass
+_PRIVATE = {"_Loss": layers._Loss, "_WeightedLoss": layers._WeightedLoss,
+            "_BatchNorm": normalization._BatchNorm, "_DropoutNd": dropout._DropoutNd}
+
+
+def _find(name: str) -> type:
+    if name in _PRIVATE:
+        return _PRIVATE[name]
+    for home in _HOMES:
+        if name in getattr(home, "__all__", ()) or (name == "Module" and home is module):
+            return getattr(home, name)
+    raise AssertionError(f"no mpitensor.nn submodule defines {name}")  # a wrong table above
+
+
+def _submodule(name: str, names: List[str]) -> types.ModuleType:
+    mod = types.ModuleType(f"{__name__}.{name}",
+                           f"``torch.nn.modules.{name}``'s classes that mpitensor has.")
+    for n in names:
+        setattr(mod, n, _find(n))
+    mod.__all__ = [n for n in names if not n.startswith("_")]
+    sys.modules[mod.__name__] = mod
+    return mod
+
+
+for _name, _names in _PATHS.items():
+    globals()[_name] = _submodule(_name, _names)
+del _name, _names
+
+# torch.nn.modules also holds every layer at its top level
+__all__ = sorted({n for names in _PATHS.values() for n in names if not n.startswith("_")})
+globals().update({n: _find(n) for n in __all__})
+__all__ += ["utils", *_PATHS]
