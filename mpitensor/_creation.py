@@ -32,12 +32,131 @@ from mpitensor.tensor import Tensor, _from_data, _new, _tensor_methods
 __all__ = [
     "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange",
     "linspace", "eye", "zeros_like", "ones_like", "empty_like", "full_like",
+    "memory_format", "contiguous_format", "preserve_format", "channels_last",
+    "channels_last_3d", "layout", "strided",
 ]
 
 DTypeLike = Any
 
 _ndarray = np.ndarray
 _INT64 = _dt.int64
+
+
+class BadValueError(ValueError, RuntimeError):
+    """A bad argument value where torch raises ``RuntimeError``: catchable as either, so
+    code written against torch and code that expects a ``ValueError`` both see it."""
+
+
+class UnsupportedDtypeError(TypeError, NotImplementedError):
+    """A dtype an operation does not support (an integer tensor for a float-only draw),
+    where torch raises ``NotImplementedError``: catchable as either that or ``TypeError``."""
+
+
+class memory_format:  # noqa: N801 - torch's name
+    """A memory layout request (``contiguous_format``, ``preserve_format``,
+    ``channels_last``, ``channels_last_3d``), accepted where torch takes one.
+
+    Arrays here are always laid out as NumPy/CuPy make them (C order), so every format gives
+    the same values; only the stride pattern, which mpitensor does not expose, would differ.
+    """
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"mpitensor.{self._name}"
+
+    def __reduce__(self) -> str:
+        return self._name
+
+
+class layout:  # noqa: N801 - torch's name
+    """A tensor layout; ``strided`` (dense) is the only one mpitensor has."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"mpitensor.{self._name}"
+
+    def __reduce__(self) -> str:
+        return self._name
+
+
+contiguous_format = memory_format("contiguous_format")
+preserve_format = memory_format("preserve_format")
+channels_last = memory_format("channels_last")
+channels_last_3d = memory_format("channels_last_3d")
+strided = layout("strided")
+
+
+def check_placement(fname: str, layout: Any = None, memory_format: Any = None,
+                    pin_memory: Any = False) -> None:
+    """Check the ``layout=``, ``memory_format=`` and ``pin_memory=`` arguments torch's
+    constructors take (all dense C-order arrays here, so they change no values).
+
+    Raises:
+        TypeError: an argument of the wrong kind.
+        BadValueError: a layout other than ``strided``.
+    """
+    if memory_format is not None and not isinstance(memory_format, globals()["memory_format"]):
+        raise TypeError(f"{fname}(): memory_format must be a mpitensor.memory_format such as "
+                        f"mpitensor.contiguous_format, got {memory_format!r}")
+    if layout is not None:
+        if not isinstance(layout, globals()["layout"]):
+            raise TypeError(f"{fname}(): layout must be mpitensor.strided, got {layout!r}")
+        if layout is not strided:
+            raise BadValueError(f"{fname}(): only the strided layout is supported")
+    if pin_memory not in (None, False, True):
+        raise TypeError(f"{fname}(): pin_memory must be a bool, got {pin_memory!r}")
+
+
+def write_into(out: Any, arr: Any, fname: str) -> Tensor:
+    """Write the new array ``arr`` into the ``out=`` tensor, which is resized (new storage)
+    where its shape differs, as torch resizes; returns ``out``.
+
+    Raises:
+        TypeError: ``out`` is not a Tensor.
+        RuntimeError: ``out`` requires grad while grad mode is on.
+    """
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{fname}(): out must be a Tensor, got {type(out).__name__}")
+    from mpitensor import autograd as _ag  # noqa: PLC0415 - a layer below; imported by now
+
+    if out.requires_grad and _ag.is_grad_enabled():
+        raise RuntimeError(f"{fname}(): out= does not take part in autograd, but out requires "
+                           f"grad; pass a tensor that does not, or call under no_grad()")
+    x = out._data
+    if tuple(arr.shape) != tuple(x.shape):
+        out._data = create(_backend.device_of(x), "empty", tuple(arr.shape), dtype=x.dtype)
+    _t._copy_into(out._data, arr)
+    _ag.bump_version(out)
+    return out
+
+
+def sizes(size: tuple, kw: Any, fname: str) -> tuple:
+    """The shape of a constructor called with sizes as varargs, one sequence, or ``size=``.
+
+    Raises:
+        TypeError: both, or sizes that are not ints.
+        ValueError: a negative size.
+    """
+    if kw is not None:
+        if size:
+            raise TypeError(f"{fname}(): pass the size either positionally or as size=, not "
+                            f"both")
+        size = (kw,)
+    if len(size) == 1 and not isinstance(size[0], (tuple, list)):
+        try:
+            operator.index(size[0])
+        except TypeError:
+            raise TypeError(f"{fname}(): size must be ints or one tuple of ints, got "
+                            f"{size[0]!r}") from None
+    return size_from(size, fname)
 
 
 def dtype_or(dtype: DTypeLike, default: np.dtype) -> np.dtype:
@@ -67,8 +186,27 @@ def like_args(t: Any, dtype: Any, device: Any) -> tuple:
     return x.shape, dt, dev
 
 
-def _filled(name: str, size: tuple, fname: str, dtype: Any, device: Any, rg: bool) -> Tensor:
-    shape = size_from(size, fname)
+def _size_kw(kwargs: dict, fname: str) -> Any:
+    """The ``size=`` keyword of a constructor that takes sizes as varargs (None if absent).
+
+    Raises:
+        TypeError: any other keyword.
+    """
+    size = kwargs.pop("size", None)
+    if kwargs:
+        raise TypeError(f"{fname}() got unexpected keyword arguments {sorted(kwargs)}")
+    return size
+
+
+def _filled(name: str, size: tuple, fname: str, dtype: Any, device: Any, rg: bool,
+            out: Any = None, size_kw: Any = None, **placement: Any) -> Tensor:
+    shape = sizes(size, size_kw, fname)
+    check_placement(fname, **placement)
+    if out is not None:
+        default = out.dtype if isinstance(out, Tensor) else None
+        dt = dtype_or(dtype, default or _dt.get_default_dtype())
+        dev = parse_device(device) or _backend.device_of(getattr(out, "_data", None))
+        return write_into(out, create(dev, name, shape, dtype=dt), fname)
     dt = dtype_or(dtype, _dt.get_default_dtype())
     return finish(create(parse_device(device), name, shape, dtype=dt), rg)
 
@@ -180,13 +318,19 @@ def from_numpy(ndarray: np.ndarray) -> Tensor:
 
 
 def zeros(
-    *size: Any, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+    *size: Any, out: Optional[Tensor] = None, dtype: DTypeLike = None, layout: Any = None,
+    device: DeviceLike = None, requires_grad: bool = False, pin_memory: bool = False,
+    **kwargs: Any,
 ) -> Tensor:
     """Make a tensor of zeros.
 
     Args:
-        size: ints or one tuple/list, e.g. ``zeros(2, 3)`` or ``zeros((2, 3))``.
+        size: ints, one tuple/list/Size, or ``size=``: ``zeros(2, 3)``, ``zeros((2, 3))``.
+        out: a tensor to write the result into (resized if its shape differs; its dtype
+            and device are the defaults).
         dtype: element type (default float32, see :func:`get_default_dtype`).
+        layout, pin_memory (and ``memory_format`` for :func:`empty`): accepted as torch takes
+            them; arrays here are dense and C-ordered, so they change no values.
         device: ``"cpu"`` (default), ``"cuda"``, ``"cuda:N"`` or a :class:`device`.
         requires_grad: mark the result for autograd.
 
@@ -198,11 +342,14 @@ def zeros(
         >>> zeros(2, 3).shape
         mpitensor.Size([2, 3])
     """
-    return _filled("zeros", size, "zeros", dtype, device, requires_grad)
+    return _filled("zeros", size, "zeros", dtype, device, requires_grad, out,
+                   _size_kw(kwargs, "zeros"), layout=layout, pin_memory=pin_memory)
 
 
 def ones(
-    *size: Any, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+    *size: Any, out: Optional[Tensor] = None, dtype: DTypeLike = None, layout: Any = None,
+    device: DeviceLike = None, requires_grad: bool = False, pin_memory: bool = False,
+    **kwargs: Any,
 ) -> Tensor:
     """Make a tensor of ones (arguments as in :func:`zeros`).
 
@@ -211,11 +358,14 @@ def ones(
         >>> mt.ones(2, dtype=mt.int64)
         tensor([1, 1])
     """
-    return _filled("ones", size, "ones", dtype, device, requires_grad)
+    return _filled("ones", size, "ones", dtype, device, requires_grad, out,
+                   _size_kw(kwargs, "ones"), layout=layout, pin_memory=pin_memory)
 
 
 def empty(
-    *size: Any, dtype: DTypeLike = None, device: DeviceLike = None, requires_grad: bool = False
+    *size: Any, out: Optional[Tensor] = None, dtype: DTypeLike = None, layout: Any = None,
+    device: DeviceLike = None, requires_grad: bool = False, pin_memory: bool = False,
+    memory_format: Any = None, **kwargs: Any,
 ) -> Tensor:
     """Make an uninitialized tensor (arguments as in :func:`zeros`).
 
@@ -223,15 +373,20 @@ def empty(
         >>> empty(4).numel()
         4
     """
-    return _filled("empty", size, "empty", dtype, device, requires_grad)
+    return _filled("empty", size, "empty", dtype, device, requires_grad, out,
+                   _size_kw(kwargs, "empty"), layout=layout, pin_memory=pin_memory,
+                   memory_format=memory_format)
 
 
 def full(
     size: Any,
     fill_value: Any,
     *,
+    out: Optional[Tensor] = None,
     dtype: DTypeLike = None,
+    layout: Any = None,
     device: DeviceLike = None,
+    pin_memory: bool = False,
     requires_grad: bool = False,
 ) -> Tensor:
     """Make a tensor filled with ``fill_value``; the dtype follows the value as in torch.
@@ -252,15 +407,21 @@ def full(
         fill_value = fill_value.item()
     if not is_scalar(fill_value):
         raise TypeError(f"full(): fill_value must be a number, got {fill_value!r}")
+    check_placement("full", layout, None, pin_memory)
     shape = size_from(size if isinstance(size, (tuple, list)) else (size,), "full")
+    if out is not None:
+        dt = dtype_or(dtype, getattr(out, "dtype", None) or scalar_dtype(fill_value))
+        dev = parse_device(device) or _backend.device_of(getattr(out, "_data", None))
+        return write_into(out, create(dev, "full", shape, fill_value, dtype=dt), "full")
     dt = dtype_or(dtype, scalar_dtype(fill_value))
     return finish(create(parse_device(device), "full", shape, fill_value, dtype=dt),
                    requires_grad)
 
 
 def zeros_like(
-    input: Any, *, dtype: DTypeLike = None, device: DeviceLike = None,  # noqa: A002
-    requires_grad: bool = False,
+    input: Any, *, dtype: DTypeLike = None, layout: Any = None,  # noqa: A002
+    device: DeviceLike = None, requires_grad: bool = False, memory_format: Any = None,
+    pin_memory: bool = False,
 ) -> Tensor:
     """Make zeros with the shape (and by default dtype and device) of ``input``.
 
@@ -268,13 +429,15 @@ def zeros_like(
         >>> zeros_like(tensor([1, 2]))
         tensor([0, 0])
     """
+    check_placement("*_like", layout, memory_format, pin_memory)
     shape, dt, dev = like_args(input, dtype, device)
     return finish(create(dev, "zeros", shape, dtype=dt), requires_grad)
 
 
 def ones_like(
-    input: Any, *, dtype: DTypeLike = None, device: DeviceLike = None,  # noqa: A002
-    requires_grad: bool = False,
+    input: Any, *, dtype: DTypeLike = None, layout: Any = None,  # noqa: A002
+    device: DeviceLike = None, requires_grad: bool = False, memory_format: Any = None,
+    pin_memory: bool = False,
 ) -> Tensor:
     """Make ones with the shape (and by default dtype and device) of ``input``.
 
@@ -282,13 +445,15 @@ def ones_like(
         >>> ones_like(zeros(2))
         tensor([1., 1.])
     """
+    check_placement("*_like", layout, memory_format, pin_memory)
     shape, dt, dev = like_args(input, dtype, device)
     return finish(create(dev, "ones", shape, dtype=dt), requires_grad)
 
 
 def empty_like(
-    input: Any, *, dtype: DTypeLike = None, device: DeviceLike = None,  # noqa: A002
-    requires_grad: bool = False,
+    input: Any, *, dtype: DTypeLike = None, layout: Any = None,  # noqa: A002
+    device: DeviceLike = None, requires_grad: bool = False, memory_format: Any = None,
+    pin_memory: bool = False,
 ) -> Tensor:
     """Make an uninitialized tensor with the shape (dtype, device) of ``input``.
 
@@ -296,13 +461,15 @@ def empty_like(
         >>> empty_like(zeros(2, 3)).shape
         mpitensor.Size([2, 3])
     """
+    check_placement("*_like", layout, memory_format, pin_memory)
     shape, dt, dev = like_args(input, dtype, device)
     return finish(create(dev, "empty", shape, dtype=dt), requires_grad)
 
 
 def full_like(
-    input: Any, fill_value: Any, *, dtype: DTypeLike = None,  # noqa: A002
-    device: DeviceLike = None, requires_grad: bool = False,
+    input: Any, fill_value: Any, *, dtype: DTypeLike = None, layout: Any = None,  # noqa: A002
+    device: DeviceLike = None, requires_grad: bool = False, memory_format: Any = None,
+    pin_memory: bool = False,
 ) -> Tensor:
     """Make a tensor like ``input`` filled with ``fill_value`` (keeping ``input``'s dtype).
 
@@ -312,17 +479,21 @@ def full_like(
     """
     if isinstance(fill_value, Tensor):
         fill_value = fill_value.item()
+    check_placement("*_like", layout, memory_format, pin_memory)
     shape, dt, dev = like_args(input, dtype, device)
     return finish(create(dev, "full", shape, fill_value, dtype=dt), requires_grad)
 
 
 def arange(
-    start: Any,
+    start: Any = None,
     end: Any = None,
     step: Any = 1,
     *,
+    out: Optional[Tensor] = None,
     dtype: DTypeLike = None,
+    layout: Any = None,
     device: DeviceLike = None,
+    pin_memory: bool = False,
     requires_grad: bool = False,
 ) -> Tensor:
     """Make ``[start, start + step, ...]`` up to (not including) ``end``, like ``torch.arange``.
@@ -337,7 +508,9 @@ def arange(
         dtype, device, requires_grad: as in :func:`zeros`.
 
     Raises:
-        ValueError: ``step`` is zero or points away from ``end``.
+        TypeError: no end.
+        BadValueError: (a ``ValueError`` and ``RuntimeError``) ``step`` is zero or points
+            away from ``end``.
 
     Example:
         >>> arange(5)
@@ -346,7 +519,13 @@ def arange(
         tensor([0.0000, 0.2500, 0.5000, 0.7500])
     """
     if end is None:
+        if start is None:
+            raise TypeError("arange() needs an end: arange(end), arange(start, end[, step]) "
+                            "or arange(end=...)")
         start, end = 0, start
+    elif start is None:
+        start = 0
+    check_placement("arange", layout, None, pin_memory)
     vals = []
     for v in (start, end, step):
         if isinstance(v, (Tensor, np.generic)):
@@ -356,9 +535,9 @@ def arange(
         vals.append(v)
     start, end, step = vals
     if step == 0:
-        raise ValueError("arange(): step must be nonzero")
+        raise BadValueError("arange(): step must be nonzero")
     if (step > 0 and end < start) or (step < 0 and end > start):
-        raise ValueError(
+        raise BadValueError(
             f"arange(): upper bound and lower bound inconsistent with step sign "
             f"(start={start}, end={end}, step={step})"
         )
@@ -373,6 +552,10 @@ def arange(
         arr = np.arange(start, start + n * step, step, dtype=dt)[:n]
     else:
         arr = (start + np.arange(n, dtype=np.float64) * step).astype(dt)
+    if out is not None:
+        if dtype is None and isinstance(out, Tensor):
+            arr = arr.astype(out._data.dtype)
+        return write_into(out, arr, "arange")
     return finish(move(arr, dev), requires_grad)
 
 

@@ -28,9 +28,17 @@ from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
-from mpitensor._creation import dtype_or, finish, like_args
+from mpitensor._creation import (
+    BadValueError,
+    UnsupportedDtypeError,
+    check_placement,
+    dtype_or,
+    finish,
+    like_args,
+    sizes,
+    write_into,
+)
 from mpitensor._devices import DeviceLike, cuda_index, is_cpu, move, parse_device
-from mpitensor._dims import size_from
 from mpitensor.tensor import Tensor
 
 __all__ = [
@@ -47,12 +55,16 @@ def _fresh_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
+class BadSeedError(TypeError, RuntimeError):
+    """A seed that is not an int, where torch raises ``RuntimeError``: catchable as either."""
+
+
 def _check_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int, got {seed!r}")
+        raise BadSeedError(f"seed must be an int, got {seed!r}")
     seed = int(seed)
     if not -(2**63) <= seed < 2**64:
-        raise ValueError(f"seed must fit in 64 bits ([-2**63, 2**64)), got {seed}")
+        raise BadValueError(f"seed must fit in 64 bits ([-2**63, 2**64)), got {seed}")
     return seed & 0xFFFF_FFFF_FFFF_FFFF
 
 
@@ -248,47 +260,68 @@ def _draw(kind: str, shape: tuple, generator: Any, dt: np.dtype, device: Any) ->
 def _float_dtype(dtype: Any, fname: str, allow_complex: bool) -> np.dtype:
     dt = dtype_or(dtype, _dt.get_default_dtype())
     if not _dt.is_floating_dtype(dt) and not (allow_complex and dt.kind == "c"):
-        raise TypeError(
+        raise UnsupportedDtypeError(
             f"{fname}() needs a floating point dtype{' or complex' if allow_complex else ''}, "
             f"got {_dt.dt_repr(dt)}"
         )
     return dt
 
 
+def _random_fill(kind: str, shape: tuple, generator: Any, out: Any, dtype: Any,
+                 layout: Any, device: Any, requires_grad: bool, pin_memory: bool) -> Tensor:
+    """:func:`rand` or :func:`randn` (``kind``) after their arguments are read."""
+    check_placement(kind, layout, None, pin_memory)
+    if out is not None and isinstance(out, Tensor):
+        dtype = out.dtype if dtype is None else dtype
+        device = _device_of_tensor(out) if device is None else device
+    dt = _float_dtype(dtype, kind, allow_complex=kind == "randn")
+    arr = _draw(kind, shape, generator, dt, device)
+    return finish(arr, requires_grad) if out is None else write_into(out, arr, kind)
+
+
 def rand(
-    *size: Any,
+    *sizes_: Any,
     generator: Any = None,
+    out: Any = None,
     dtype: DTypeLike = None,
+    layout: Any = None,
     device: DeviceLike = None,
     requires_grad: bool = False,
+    pin_memory: bool = False,
+    size: Any = None,
 ) -> Tensor:
     """Make a tensor of uniform random numbers in ``[0, 1)``.
 
     Args:
-        size: ints or one tuple/list.
+        sizes_: ints or one tuple/list/Size (or ``size=``).
         generator: a :class:`Generator` or ``numpy.random.Generator`` (default: the global one,
             seeded by :func:`manual_seed`).
+        out: a tensor to write into (its dtype is then the default).
         dtype: a float dtype (default float32).
-        device, requires_grad: as in :func:`zeros`.
+        layout, device, requires_grad, pin_memory: as in :func:`zeros`.
 
     Raises:
-        TypeError: a non-float dtype.
+        UnsupportedDtypeError: (a ``TypeError`` and ``NotImplementedError``) a non-float
+            dtype.
 
     Example:
         >>> _ = manual_seed(0); float(rand(1)) < 1.0
         True
     """
-    shape = size_from(size, "rand")
-    dt = _float_dtype(dtype, "rand", allow_complex=False)
-    return finish(_draw("rand", shape, generator, dt, device), requires_grad)
+    return _random_fill("rand", sizes(sizes_, size, "rand"), generator, out, dtype, layout,
+                        device, requires_grad, pin_memory)
 
 
 def randn(
-    *size: Any,
+    *sizes_: Any,
     generator: Any = None,
+    out: Any = None,
     dtype: DTypeLike = None,
+    layout: Any = None,
     device: DeviceLike = None,
     requires_grad: bool = False,
+    pin_memory: bool = False,
+    size: Any = None,
 ) -> Tensor:
     """Make a tensor of standard normal random numbers (arguments as in :func:`rand`).
 
@@ -298,55 +331,115 @@ def randn(
         >>> randn(2, 3).shape
         mpitensor.Size([2, 3])
     """
-    shape = size_from(size, "randn")
-    dt = _float_dtype(dtype, "randn", allow_complex=True)
-    return finish(_draw("randn", shape, generator, dt, device), requires_grad)
+    return _random_fill("randn", sizes(sizes_, size, "randn"), generator, out, dtype, layout,
+                        device, requires_grad, pin_memory)
+
+
+def _bound(v: Any, what: str) -> int:
+    """A bound of :func:`randint`: an int (a float is refused, as in torch).
+
+    Raises:
+        TypeError: not an int.
+    """
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"randint(): {what} must be an int, got {v!r}") from None
+
+
+_UNSET = object()
 
 
 def randint(
-    low: int,
-    high: Any = None,
+    *args: Any,
+    low: Any = _UNSET,
+    high: Any = _UNSET,
     size: Any = None,
-    *,
     generator: Any = None,
+    out: Any = None,
     dtype: DTypeLike = None,
+    layout: Any = None,
     device: DeviceLike = None,
     requires_grad: bool = False,
+    pin_memory: bool = False,
 ) -> Tensor:
-    """Make random integers in ``[low, high)``: ``randint(high, size)`` or ``(low, high, size)``.
+    """Make random integers in ``[low, high)`` (``low`` defaults to 0), with torch's overloads:
+    ``randint(high, size)``, ``randint(low, high, size)``, and any of ``low``, ``high``,
+    ``size`` given by keyword instead.
+
+    Args:
+        low, high: the bounds (ints).
+        size: a tuple, list or Size (not a bare int, as in torch).
+        generator, out, layout, device, requires_grad, pin_memory: as in :func:`rand`.
+        dtype: the result's dtype (default int64; a float dtype may require grad).
 
     Raises:
-        ValueError: ``high <= low``.
+        TypeError: missing ``high`` or ``size``, too many arguments, or a size that is not a
+            sequence.
+        BadValueError: (a ``ValueError`` and ``RuntimeError``) ``high <= low``.
 
     Example:
         >>> randint(0, 10, (3,)).dtype
         dtype('int64')
+        >>> randint(3, size=(4,)).shape
+        mpitensor.Size([4])
     """
+    pos = list(args)
     if size is None:
-        low, high, size = 0, low, high
-    if size is None:
-        raise TypeError("randint() needs a size, e.g. randint(10, (3,))")
-    low, high = operator.index(low), operator.index(high)
+        if not pos:
+            raise TypeError("randint() needs a size, e.g. randint(10, (3,))")
+        size = pos.pop()
+    if len(pos) > 2:
+        raise TypeError(f"randint() takes at most (low, high, size) positionally, got "
+                        f"{len(args)} arguments")
+    if len(pos) == 2:
+        if low is not _UNSET or high is not _UNSET:
+            raise TypeError("randint(): low/high given both positionally and by keyword")
+        low, high = pos
+    elif len(pos) == 1:
+        if high is not _UNSET:
+            if low is not _UNSET:
+                raise TypeError("randint(): too many bounds")
+            low = pos[0]
+        else:
+            if low is not _UNSET:
+                raise TypeError("randint(): low given both positionally and by keyword")
+            high = pos[0]
+    if high is _UNSET:
+        raise TypeError("randint() needs high, e.g. randint(10, (3,))")
+    low = 0 if low is _UNSET else _bound(low, "low")
+    high = _bound(high, "high")
+    if not isinstance(size, (tuple, list)):
+        raise TypeError(f"randint(): size must be a tuple of ints, got {size!r}")
+    shape = sizes((size,), None, "randint")
+    check_placement("randint", layout, None, pin_memory)
     if high <= low:
-        raise ValueError(f"randint(): expected low < high, got low={low}, high={high}")
-    shape = size_from(size if isinstance(size, (tuple, list)) else (size,), "randint")
+        raise BadValueError(f"randint(): expected low < high, got low={low}, high={high}")
+    if out is not None and isinstance(out, Tensor):
+        dtype = out.dtype if dtype is None else dtype
+        device = _device_of_tensor(out) if device is None else device
     dt = dtype_or(dtype, _INT64)
     arr = _drawn(generator, device, lambda rng: rng.integers(low, high, shape, np.int64))
-    return finish(arr.astype(dt, copy=False), requires_grad)
+    arr = arr.astype(dt, copy=False)
+    return finish(arr, requires_grad) if out is None else write_into(out, arr, "randint")
 
 
 def randperm(
     n: int,
     *,
     generator: Any = None,
+    out: Any = None,
     dtype: DTypeLike = None,
+    layout: Any = None,
     device: DeviceLike = None,
     requires_grad: bool = False,
+    pin_memory: bool = False,
 ) -> Tensor:
-    """Make a random permutation of ``0 .. n-1`` (int64 by default).
+    """Make a random permutation of ``0 .. n-1`` (int64 by default; arguments as in
+    :func:`rand`).
 
     Raises:
-        ValueError: ``n`` is negative.
+        BadValueError: (a ``ValueError`` and ``RuntimeError``) ``n`` is negative.
 
     Example:
         >>> sorted(randperm(4).tolist())
@@ -354,47 +447,61 @@ def randperm(
     """
     n = operator.index(n)
     if n < 0:
-        raise ValueError(f"randperm(): n must be non-negative, got {n}")
+        raise BadValueError(f"randperm(): n must be non-negative, got {n}")
+    check_placement("randperm", layout, None, pin_memory)
+    if out is not None and isinstance(out, Tensor):
+        dtype = out.dtype if dtype is None else dtype
+        device = _device_of_tensor(out) if device is None else device
     dt = dtype_or(dtype, _INT64)
-    return finish(_drawn(generator, device, lambda rng: rng.permutation(n)).astype(dt),
-                  requires_grad)
+    arr = _drawn(generator, device, lambda rng: rng.permutation(n)).astype(dt)
+    return finish(arr, requires_grad) if out is None else write_into(out, arr, "randperm")
 
 
 def rand_like(
     input: Any, *, generator: Any = None, dtype: DTypeLike = None,  # noqa: A002
-    device: DeviceLike = None, requires_grad: bool = False,
+    layout: Any = None, device: DeviceLike = None, requires_grad: bool = False,
+    memory_format: Any = None, pin_memory: bool = False,
 ) -> Tensor:
     """Make uniform random numbers with the shape (dtype, device) of ``input``.
 
     Raises:
-        TypeError: the dtype is not floating point.
+        UnsupportedDtypeError: (a ``TypeError`` and ``NotImplementedError``) the dtype is not
+            floating point.
 
     Example:
-        >>> rand_like(zeros(2, 2)).shape
+        >>> import mpitensor as mt
+        >>> rand_like(mt.zeros(2, 2)).shape
         mpitensor.Size([2, 2])
     """
+    check_placement("rand_like", layout, memory_format, pin_memory)
     shape, dt, dev = like_args(input, dtype, device)
     if not _dt.is_floating_dtype(dt):
-        raise TypeError(f"rand_like() needs a floating point dtype, got {_dt.dt_repr(dt)}")
+        raise UnsupportedDtypeError(f"rand_like() needs a floating point dtype, got "
+                                    f"{_dt.dt_repr(dt)}")
     return finish(_draw("rand", shape, generator, dt, dev), requires_grad)
 
 
 def randn_like(
     input: Any, *, generator: Any = None, dtype: DTypeLike = None,  # noqa: A002
-    device: DeviceLike = None, requires_grad: bool = False,
+    layout: Any = None, device: DeviceLike = None, requires_grad: bool = False,
+    memory_format: Any = None, pin_memory: bool = False,
 ) -> Tensor:
     """Make standard normal numbers with the shape (dtype, device) of ``input``.
 
     Raises:
-        TypeError: the dtype is neither floating point nor complex.
+        UnsupportedDtypeError: (a ``TypeError`` and ``NotImplementedError``) the dtype is
+            neither floating point nor complex.
 
     Example:
-        >>> randn_like(zeros(3)).dtype
+        >>> import mpitensor as mt
+        >>> randn_like(mt.zeros(3)).dtype
         dtype('float32')
     """
+    check_placement("randn_like", layout, memory_format, pin_memory)
     shape, dt, dev = like_args(input, dtype, device)
     if _dt.kind_of(dt) not in "fc":
-        raise TypeError(f"randn_like() needs a floating point dtype, got {_dt.dt_repr(dt)}")
+        raise UnsupportedDtypeError(f"randn_like() needs a floating point dtype, got "
+                                    f"{_dt.dt_repr(dt)}")
     return finish(_draw("randn", shape, generator, dt, dev), requires_grad)
 
 
@@ -447,16 +554,19 @@ def _fill_with(t: Tensor, values: Any, what: str) -> Tensor:
 
 def _floating_only(t: Tensor, what: str) -> None:
     if _dt.kind_of(t._data.dtype) != "f":
-        raise TypeError(f"{what} needs a floating point tensor, got "
+        raise UnsupportedDtypeError(f"{what} needs a floating point tensor, got "
                         f"{_dt.dt_repr(t._data.dtype)}")
 
 
 def _prob(p: Any, t: Tensor) -> Any:
     if isinstance(p, Tensor):
-        return p._data.astype(_dt.float64)
+        p = p._data.astype(_dt.float64)
+        if bool(((p < 0) | (p > 1) | (p != p)).any()):
+            raise BadValueError("expected probabilities in [0, 1]")
+        return p
     p = float(p)
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"expected a probability in [0, 1], got {p}")
+        raise BadValueError(f"expected a probability in [0, 1], got {p}")
     return p
 
 
@@ -473,7 +583,7 @@ def _random_bounds(t: Tensor, frm: int, to: Any) -> tuple:
             digits = 8 if dt == _dt.bfloat16 else {8: 53, 4: 24, 2: 11}[dt.itemsize]
             to = 2 ** digits + 1
     if to <= frm:
-        raise ValueError(f"random_(): expected from < to, got from={frm}, to={to}")
+        raise BadValueError(f"random_(): expected from < to, got from={frm}, to={to}")
     return frm, to
 
 
@@ -487,6 +597,8 @@ class _RandomMethods:
             TypeError: not a floating point tensor.
         """
         _floating_only(self, "normal_()")
+        if std < 0:
+            raise BadValueError(f"normal_(): std must be >= 0, got {std}")
         return _fill_with(self, mean + std * _normal01(self, generator), "normal_()")
 
     def uniform_(self, from_: float = 0.0, to: float = 1.0, *, generator: Any = None,
@@ -496,6 +608,8 @@ class _RandomMethods:
         if kwargs:
             raise TypeError(f"uniform_() got unexpected arguments {sorted(kwargs)}")
         _floating_only(self, "uniform_()")
+        if from_ > to:
+            raise BadValueError(f"uniform_(): expected from <= to, got from={from_}, to={to}")
         return _fill_with(self, from_ + (to - from_) * _uniform01(self, generator),
                           "uniform_()")
 
@@ -522,6 +636,8 @@ class _RandomMethods:
     def exponential_(self, lambd: float = 1.0, *, generator: Any = None) -> Tensor:
         """Fill with exponential numbers of rate ``lambd``; returns self."""
         _floating_only(self, "exponential_()")
+        if not lambd > 0:
+            raise BadValueError(f"exponential_(): lambd must be > 0, got {lambd}")
         u = _uniform01(self, generator)
         return _fill_with(self, -_backend.array_module(u).log1p(-u) / lambd, "exponential_()")
 
@@ -530,7 +646,7 @@ class _RandomMethods:
         (1, 2, ...); returns self."""
         p = float(p)
         if not 0.0 < p < 1.0:
-            raise ValueError(f"geometric_(): expected 0 < p < 1, got {p}")
+            raise BadValueError(f"geometric_(): expected 0 < p < 1, got {p}")
         u = _uniform01(self, generator)
         m = _backend.array_module(u)
         with np.errstate(all="ignore"):
@@ -541,6 +657,8 @@ class _RandomMethods:
                 generator: Any = None) -> Tensor:
         """Fill with Cauchy numbers of location ``median`` and scale ``sigma``; returns self."""
         _floating_only(self, "cauchy_()")
+        if not sigma > 0:
+            raise BadValueError(f"cauchy_(): sigma must be > 0, got {sigma}")
         u = _uniform01(self, generator)
         m = _backend.array_module(u)
         return _fill_with(self, median + sigma * m.tan(np.pi * (u - 0.5)), "cauchy_()")
@@ -558,6 +676,8 @@ class _RandomMethods:
                     generator: Any = None) -> Tensor:
         """Fill with ``exp(N(mean, std))`` numbers; returns self."""
         _floating_only(self, "log_normal_()")
+        if not std > 0:
+            raise BadValueError(f"log_normal_(): std must be > 0, got {std}")
         z = _normal01(self, generator)
         return _fill_with(self, _backend.array_module(z).exp(mean + std * z), "log_normal_()")
 
@@ -572,8 +692,8 @@ def bernoulli(input: Tensor, p: Any = None, *, generator: Any = None) -> Tensor:
         [0.0, 0.0, 0.0]
     """
     probs = input._data
+    p = _prob(input if p is None else p, input)
     u = _uniform01(input, generator)
-    p = probs if p is None else _prob(p, input)
     return Tensor._wrap((u < p).astype(probs.dtype))
 
 
@@ -583,8 +703,8 @@ def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *,  
     non-negative, not necessarily summing to 1), with or without replacement.
 
     Raises:
-        ValueError: negative or all-zero weights, or more samples than non-zero categories
-            without replacement.
+        BadValueError: (a ``ValueError`` and ``RuntimeError``) negative or all-zero
+            weights, or more samples than non-zero categories without replacement.
 
     Example:
         >>> import mpitensor as mt
@@ -593,23 +713,23 @@ def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *,  
     """
     w = input._data
     if w.ndim not in (1, 2):
-        raise ValueError(f"multinomial(): expected 1-D or 2-D weights, got {w.ndim} dimensions")
+        raise BadValueError(f"multinomial(): expected 1-D or 2-D weights, got {w.ndim} dimensions")
     n = operator.index(num_samples)
     w2 = w.reshape(1, -1) if w.ndim == 1 else w
     m = _backend.array_module(w2)
     w2 = w2.astype(_dt.float64)
     if n <= 0:
-        raise ValueError(f"multinomial(): num_samples must be positive, got {n}")
+        raise BadValueError(f"multinomial(): num_samples must be positive, got {n}")
     if bool((w2 < 0).any()) or not bool(m.isfinite(w2).all()):
-        raise ValueError("multinomial(): weights must be finite and non-negative")
+        raise BadValueError("multinomial(): weights must be finite and non-negative")
     total = w2.sum(axis=1, keepdims=True)
     if bool((total <= 0).any()):
-        raise ValueError("multinomial(): each row of weights must have a positive sum")
+        raise BadValueError("multinomial(): each row of weights must have a positive sum")
     rows, k = w2.shape
     dev = _backend.device_of(w2)
     if not replacement:
         if n > int((w2 > 0).sum(axis=1).min()):
-            raise ValueError(f"multinomial(): cannot draw {n} samples without replacement from "
+            raise BadValueError(f"multinomial(): cannot draw {n} samples without replacement from "
                              f"fewer non-zero categories")
         u = _drawn(generator, dev, lambda rng: rng.random((rows, k), _dt.float64))
         with np.errstate(divide="ignore"):  # Gumbel top-k: log w + Gumbel noise
@@ -627,32 +747,66 @@ def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *,  
 
 
 def normal(mean: Any = 0.0, std: Any = 1.0, size: Any = None, *, generator: Any = None,
-           dtype: DTypeLike = None, device: DeviceLike = None,
+           out: Any = None, dtype: DTypeLike = None, layout: Any = None,
+           device: DeviceLike = None, pin_memory: bool = False,
            requires_grad: bool = False) -> Tensor:
-    """Draw normal numbers: element-wise from tensors ``mean`` and/or ``std`` (broadcast),
-    or of ``size`` from two numbers.
+    """Draw normal numbers, with torch's four overloads: ``normal(mean_tensor, std_tensor)``,
+    ``normal(mean_tensor, std=1.0)`` and ``normal(mean, std_tensor)`` draw one number per
+    element of the broadcast shape (in the dtype of ``mean`` if it is a tensor, else of
+    ``std``; the gradient flows to tensor arguments); ``normal(mean, std, size)`` with two
+    numbers draws ``size`` of them (``dtype``, ``layout``, ``device``, ``pin_memory``,
+    ``requires_grad`` as in :func:`rand`, and only there).
 
     Raises:
-        TypeError: two numbers without ``size``.
-        ValueError: a negative ``std``.
+        TypeError: two numbers without ``size``, or ``size``/``dtype``/... beside a tensor.
+        UnsupportedDtypeError: (a ``TypeError`` and ``NotImplementedError``) a tensor that
+            is not floating point.
+        BadValueError: (a ``ValueError`` and ``RuntimeError``) a negative ``std``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> mt.normal(mt.zeros(2, 3), 1.0).shape
+        mpitensor.Size([2, 3])
+        >>> mt.normal(0.0, 1.0, (4,)).dtype
+        dtype('float32')
     """
     mt_, st_ = isinstance(mean, Tensor), isinstance(std, Tensor)
     if not mt_ and not st_:
         if size is None:
-            raise TypeError("normal(): with a number mean and std, pass a size")
-        if float(std) < 0:
-            raise ValueError(f"normal(): std must be non-negative, got {std}")
-        out = randn(size, generator=generator, dtype=dtype, device=device)
-        return finish(out._data * std + mean, requires_grad)
+            raise TypeError("normal(): with a number mean and std, pass a size, e.g. "
+                            "normal(0.0, 1.0, (3,))")
+        mean, std = float(mean), float(std)
+        if std < 0:
+            raise BadValueError(f"normal(): std must be >= 0, got {std}")
+        shape = sizes((size,) if isinstance(size, (tuple, list)) else (size,), None, "normal")
+        check_placement("normal", layout, None, pin_memory)
+        if out is not None and isinstance(out, Tensor):
+            dtype = out.dtype if dtype is None else dtype
+            device = _device_of_tensor(out) if device is None else device
+        dt = _float_dtype(dtype, "normal", allow_complex=False)
+        arr = _draw("randn", shape, generator, dt, device)
+        arr = (arr * std + mean).astype(dt, copy=False)
+        return finish(arr, requires_grad) if out is None else write_into(out, arr, "normal")
+    extra = [k for k, v in (("size", size), ("dtype", dtype), ("layout", layout),
+                            ("device", device)) if v is not None]
+    if extra or requires_grad or pin_memory:
+        raise TypeError(f"normal(): with a tensor mean or std, {extra or 'requires_grad'} "
+                        f"cannot be given; the result takes the tensor's shape and dtype")
     ref = mean if mt_ else std
-    mv = mean._data if mt_ else mean
-    sv = std._data if st_ else std
-    if st_ and bool((sv < 0).any()):
-        raise ValueError("normal(): std must be non-negative")
-    shape = tuple(np.broadcast_shapes(getattr(mv, "shape", ()), getattr(sv, "shape", ())))
-    dt = ref._data.dtype if _dt.kind_of(ref._data.dtype) == "f" else _dt.get_default_dtype()
-    z = _draw("randn", shape, generator, dt, _backend.device_of(ref._data))
-    return Tensor._wrap((z * sv + mv).astype(dt, copy=False))
+    dt = ref._data.dtype
+    for t in (mean, std):
+        if isinstance(t, Tensor) and _dt.kind_of(t._data.dtype) != "f":
+            raise UnsupportedDtypeError(f"normal() needs floating point tensors, got "
+                                        f"{_dt.dt_repr(t._data.dtype)}")
+    if bool((std._data < 0).any()) if st_ else float(std) < 0:
+        raise BadValueError("normal(): std must be >= 0")
+    shape = tuple(np.broadcast_shapes(tuple(mean.shape) if mt_ else (),
+                                      tuple(std.shape) if st_ else ()))
+    z = Tensor._wrap(_draw("randn", shape, generator, dt, _backend.device_of(ref._data)))
+    res = z * std + mean
+    if res.dtype != dt:
+        res = res.to(dt)
+    return res if out is None else write_into(out, res._data, "normal")
 
 
 def poisson(input: Tensor, generator: Any = None) -> Tensor:  # noqa: A002
@@ -663,16 +817,28 @@ def poisson(input: Tensor, generator: Any = None) -> Tensor:  # noqa: A002
 
 
 def randint_like(input: Tensor, low: int = 0, high: Any = None, *,  # noqa: A002
-                 generator: Any = None, dtype: DTypeLike = None, device: DeviceLike = None,
-                 requires_grad: bool = False) -> Tensor:
+                 generator: Any = None, dtype: DTypeLike = None, layout: Any = None,
+                 device: DeviceLike = None, requires_grad: bool = False,
+                 memory_format: Any = None, pin_memory: bool = False) -> Tensor:
     """Random integers in ``[low, high)`` with the shape (dtype, device) of ``input``;
-    ``randint_like(x, high)`` means ``[0, high)``."""
+    ``randint_like(x, high)`` means ``[0, high)``; other arguments as in :func:`rand_like`.
+
+    Raises:
+        TypeError: a bound that is not an int.
+        BadValueError: (a ``ValueError`` and ``RuntimeError``) ``high <= low``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> randint_like(mt.zeros(3, dtype=mt.int32), 5).dtype
+        dtype('int32')
+    """
     if high is None:
         low, high = 0, low
+    check_placement("randint_like", layout, memory_format, pin_memory)
     shape, dt, dev = like_args(input, dtype, device)
-    low, high = operator.index(low), operator.index(high)
+    low, high = _bound(low, "low"), _bound(high, "high")
     if high <= low:
-        raise ValueError(f"randint_like(): expected low < high, got low={low}, high={high}")
+        raise BadValueError(f"randint_like(): expected low < high, got low={low}, high={high}")
     arr = _drawn(generator, dev, lambda rng: rng.integers(low, high, shape, np.int64))
     return finish(arr.astype(dt, copy=False), requires_grad)
 
