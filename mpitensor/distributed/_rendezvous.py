@@ -318,8 +318,9 @@ def _job_identity() -> Tuple[str, str]:
     torchrun's ``--rdzv-id`` (``TORCHELASTIC_RUN_ID``), unless it is torchrun's default
     ``none``, which every torchrun job has; else ``MPITENSOR_JOB_ID`` (``mpitensor-run``
     makes one for its ranks; a user or a scheduler may set one). Processes started by
-    ``mp.spawn`` or by hand usually have neither: their rendezvous takes the identity of the
-    first rank that reaches it (see :func:`_claim_job`).
+    ``multiprocessing`` or by hand usually have neither: their rendezvous takes the identity
+    of the first rank that reaches it, and its parent process where it has one (see
+    :func:`_claim_job`, :func:`_parent`).
     """
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
     if run_id and run_id.lower() != "none":
@@ -388,12 +389,15 @@ def _claim_job(s: Store, p: Plan) -> None:
     The first process to arrive writes its job (its id, or, without one, where it started);
     a process whose id differs, or that has an id where the job has none or the other way
     round, or, without ids, that ``multiprocessing`` started from another program on the
-    same host (:func:`_parent`), belongs to another job that was given the same address:
-    it is refused at once,
-    before it claims a rank, with an error naming the port (its own job's rank 0 fails on
-    the port in use). Jobs without ids cannot be told apart: there a second rank 0
-    (:func:`_open_store`) or a rank claimed twice (:func:`_arrive`) fails the rendezvous on
-    every side instead.
+    same host (:func:`_parent`), belongs to another job that was given the same address: it
+    is refused at once, before it claims a rank, with an error naming the port (its own
+    job's rank 0 fails on the port in use). Jobs with nothing to tell them apart (started by
+    hand): there a second rank 0 (:func:`_open_store`) or a rank claimed twice
+    (:func:`_arrive`) fails the rendezvous on every side instead.
+
+    Raises:
+        ValueError: this process belongs to another job (marked ``foreign``: not posted to
+            the job it was refused by).
     """
     me = _my_job(p.rank)
     mine = json.dumps(me)
