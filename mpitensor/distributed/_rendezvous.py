@@ -22,6 +22,10 @@ communicator whose rank is the ``rank`` each passed:
 
 ``MPITENSOR_RENDEZVOUS=connect`` forces the second scheme where both would work (to measure
 or test it); ``pmi`` refuses to fall back.
+
+One rendezvous is one job: the first process there names it (torchrun's run id, else
+``MPITENSOR_JOB_ID``, else where it started), and a process of another job given the same
+address is refused at once with an error naming the port (:func:`_claim_job`).
 """
 
 from __future__ import annotations
@@ -539,7 +543,8 @@ def join(p: Plan, seconds: float) -> Any:
         DistNetworkError: the store's master cannot serve (port taken) or cannot be reached.
         StoreTimeoutError: not every rank arrived within ``seconds`` (the message names which
             came and which did not).
-        ValueError: the ranks disagree on ``world_size``, or two claim one rank.
+        ValueError: the ranks disagree on ``world_size``, two claim one rank, or this process
+            belongs to another job than the one gathering at the address.
         MpiTensorError: the MPI library cannot join them (what to do is in the message).
     """
     want = _mode_wanted()  # a malformed MPITENSOR_RENDEZVOUS fails before any traffic
