@@ -31,7 +31,8 @@ ranks read these notices on their slow-poll tick (once a millisecond, after the 
 a rank entering a call looks whether a member broke the group (``ProcessGroup.slow``), so
 that a call that would complete at once against a broken peer's posted request is refused
 before it posts anything. Where the members share a machine that look is one word of shared
-memory (:func:`shared_flag`), which the breaking rank sets before it sends its notice: MPI
+memory (:func:`shared_flag`), which a rank whose call was left posted sets before it sends its
+notice (other breaks are found by every member, or leave nothing posted, and do not set it): MPI
 alone is no good here, since MPICH moves one queued message a probe, and a rank back from a
 long computation may hold several before the notice. Across machines it is an ``Iprobe`` on
 the notice communicator, which can miss a notice stuck behind others: there a call entered in
@@ -160,20 +161,24 @@ def shared_flag(comm: Any) -> Optional[Any]:
     return mm
 
 
-def mark_broken(g: Any, story: Story, tell: bool = True) -> None:
+def mark_broken(g: Any, story: Story, tell: bool = True, flag: bool = False) -> None:
     """Make every later call on ``g`` raise; tell the other members unless they told us.
 
-    Telling raises the group's shared flag first (where it has one), then sends the notice:
-    a member entering a call sees the flag at once, and waits for the notice that says why.
+    ``flag``: a call of this rank was left posted (``ProcessGroup.break_after``): raise the
+    group's shared flag first (where it has one), then send the notice, so that a member
+    entering a call sees the flag at once (and waits for the notice that says why) instead of
+    completing against the posted call. The other breaks (a mismatch every member finds, a
+    failure before any traffic) leave it down: the members learn them from the notice.
     """
     if g.broken is not None:
         return
     g.broken = story
     g.slow = True  # fast paths off: every call reaches the check in _begin
-    if tell:
+    if flag:
         word = getattr(g, "fault_word", None)
         if word is not None and not word[0]:
             word[0] = g.global_rank + 1
+    if tell:
         _send(g, ("broken", story.as_tuple()))
 
 

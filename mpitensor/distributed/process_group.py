@@ -326,7 +326,8 @@ class ProcessGroup:
         timed-out all_reduce of one rank summed with the next all_reduce of another."""
         if self.rank_ < 0 or self.broken is not None:
             return
-        _faults.mark_broken(self, _faults.Story(self.global_rank, op, seq, reason, kind))
+        _faults.mark_broken(self, _faults.Story(self.global_rank, op, seq, reason, kind),
+                            flag=True)
 
     def fault_in_wait(self, kind: str, seq: int, op: str, peer: Optional[int],
                       since: float) -> Any:
