@@ -35,6 +35,17 @@ from . import (
     utils,
 )
 from ._compile import compile  # noqa: A004 - torch's name
+from ._creation import (
+    channels_last,
+    channels_last_3d,
+    contiguous_format,
+    layout,
+    memory_format,
+    preserve_format,
+    strided,
+)
+from ._legacy_types import *  # noqa: F403 - FloatTensor, LongTensor, ... as in torch
+from ._legacy_types import __all__ as _legacy_type_names
 from ._threads import get_num_threads, set_num_threads
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cupy_available, device
@@ -98,5 +109,7 @@ __all__ = [
     "DtypeMismatchError",
     "ReplicaDivergenceError", "set_num_threads", "get_num_threads", "cuda", "accelerator",
     "backends", "multiprocessing", "linalg", "futures", "jit", "onnx", "compile",
-    *_dtype_names, *_tensor_names,
+    "memory_format", "contiguous_format", "preserve_format", "channels_last",
+    "channels_last_3d", "layout", "strided",
+    *_dtype_names, *_tensor_names, *_legacy_type_names,
 ]

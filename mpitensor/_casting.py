@@ -23,6 +23,7 @@ from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._devices import DeviceLike, is_cupy, is_on, move, parse_device
+from mpitensor._legacy_types import parse_type, type_name
 from mpitensor.autograd import _NO_RECORD, Function
 from mpitensor.tensor import Tensor, _new, _tensor_methods
 
@@ -31,24 +32,6 @@ _grad_mode = _autograd._mode
 _F16, _BF16, _F32, _F64 = _dt.float16, _dt.bfloat16, _dt.float32, _dt.float64
 
 DTypeLike = Any
-
-_TYPE_NAMES = {
-    "float32": "FloatTensor",
-    "float64": "DoubleTensor",
-    "float16": "HalfTensor",
-    "bfloat16": "BFloat16Tensor",
-    "int64": "LongTensor",
-    "int32": "IntTensor",
-    "int16": "ShortTensor",
-    "int8": "CharTensor",
-    "uint8": "ByteTensor",
-    "uint16": "UInt16Tensor",
-    "uint32": "UInt32Tensor",
-    "uint64": "UInt64Tensor",
-    "bool": "BoolTensor",
-    "complex64": "ComplexFloatTensor",
-    "complex128": "ComplexDoubleTensor",
-}
 
 
 class ToCopy(Function):
@@ -180,13 +163,22 @@ class _CastingMethods:
             return self
         return _converted(self, dev, None)
 
-    def type(self, dtype: DTypeLike = None) -> Any:
-        """Return the type name (``"mpitensor.FloatTensor"``) or, given a dtype, a cast tensor."""
+    def type(self, dtype: DTypeLike = None, non_blocking: bool = False) -> Any:
+        """Return the type name (``"mpitensor.FloatTensor"``) or, given a dtype, a legacy
+        class (``mpitensor.DoubleTensor``) or a name (``"torch.DoubleTensor"``,
+        ``"torch.cuda.FloatTensor"``), the tensor in that type (self when it already is).
+
+        Raises:
+            ValueError: a name that is no tensor type.
+            TypeError: ``dtype`` is none of these.
+        """
         x = self._data
         if dtype is None:
-            name = _TYPE_NAMES[_dt.dtype_name(x.dtype)]
-            return f"mpitensor.cuda.{name}" if is_cupy(x) else f"mpitensor.{name}"
-        return _cast(self, _dt.to_dtype(dtype))
+            return type_name(x.dtype, is_cupy(x))
+        dt, on_gpu = parse_type(dtype)
+        if on_gpu is None or on_gpu == is_cupy(x):
+            return _cast(self, dt)
+        return _converted(self, _backend.device("cuda") if on_gpu else _backend.CPU, dt)
 
     def type_as(self, other: Tensor) -> Tensor:
         """Return the tensor cast to ``other``'s dtype."""
