@@ -507,3 +507,38 @@ def test_with_a_secret_every_connection_proves_it(monkeypatch: pytest.MonkeyPatc
     finally:
         h.proc.kill()
         h.proc.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------------- scale
+def test_a_barrier_costs_linear_time() -> None:
+    """2000 ranks entering one barrier: each ``barrier_in`` costs O(1) (before, each scanned
+    every rank twice: 0.69 s at 1000 ranks and 22 s at 4000 on this VM, against 0.06 s and
+    0.17 s now). In-process, on socket pairs; the bound leaves a tenfold margin."""
+    import selectors
+
+    n = 2000
+    server = _pmi.HelperServer(n, "t" * 32, 60.0)
+    pairs = []
+    try:
+        for r in range(n):
+            a, b = socket.socketpair()
+            a.setblocking(False)
+            pairs.append((a, b))
+            c = _pmi._Conn(a, False)
+            c.kind, c.rank = "pmi", r
+            server.sel.register(a, selectors.EVENT_READ, c)
+            server.ranks[r] = c
+        t0 = time.perf_counter()
+        for r in range(n):
+            server._handle(server.ranks[r], "cmd=barrier_in")
+        took = time.perf_counter() - t0
+        assert server.barriers_passed == 1
+        assert all(b.recv(64) == b"cmd=barrier_out rc=0\n" for _, b in pairs)
+        assert took < 1.5, f"one barrier of {n} ranks took {took:.2f} s"
+    finally:
+        server._close_all()
+        for lst in server.listeners:
+            lst.close()
+        server.sel.close()
+        for _, b in pairs:
+            b.close()
