@@ -45,6 +45,7 @@ from mpitensor._random import _draw
 from mpitensor.autograd import Function, _sum_to, grad_enabled_for
 from mpitensor.tensor import Tensor, _new, leaf_in_place_error
 
+from . import _convnd as CN
 from . import _kernels as K
 from . import _norm_kernels as NK
 
@@ -52,7 +53,12 @@ __all__ = [
     "relu",
     "relu_",
     "linear",
+    "conv1d",
     "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
     "max_pool2d",
     "avg_pool2d",
     "adaptive_avg_pool1d",
@@ -460,6 +466,400 @@ def conv2d(
     xin = _reshape(input, xshape) if unbatched else input
     out = _Conv2d.apply(xin, weight, bias, geom)
     return _reshape(out, tuple(out.shape[1:])) if unbatched else out
+
+
+# --------------------------------------------------------------------------------------------
+# the convolution family: conv1d, conv3d, conv_transpose1d/2d/3d (mpitensor.nn._convnd)
+
+
+def _spatial_arg(v: Any, name: str, fname: str, nd: int, minimum: int, what: str) -> tuple:
+    """An int or ``nd`` ints (>= minimum) for one of a convolution's per-dimension options."""
+    items = list(v) if isinstance(v, (tuple, list)) else [v] * nd
+    if any(isinstance(e, bool) or not isinstance(e, numbers.Integral) for e in items):
+        raise TypeError(f"{fname}(): argument '{name}' must be an int or a tuple of {nd} ints, "
+                        f"got {v!r}")
+    if len(items) == 1:
+        items = items * nd
+    if len(items) != nd:
+        raise RuntimeError(f"{fname}(): expected {name} to be a single integer value or a list "
+                           f"of {nd} values to match the convolution dimensions, but got "
+                           f"{name}={list(items)}")
+    if any(e < minimum for e in items):
+        raise RuntimeError(f"{fname}(): {what} {name} is not supported, got {v!r}")
+    return tuple(int(e) for e in items)
+
+
+def _conv_family_args(fname: str, nd: int, input: Any, weight: Any, bias: Any,  # noqa: A002
+                      stride: Any, dilation: Any, groups: Any, transposed: bool) -> tuple:
+    """The checks every member of the family makes before any work; returns
+    ``(x, w, stride, dilation, unbatched, xshape)``."""
+    _as_input(input, "input", fname)
+    _as_input(weight, "weight", fname)
+    if bias is not None:
+        _as_input(bias, "bias", fname)
+    x, w = _arr(input), _arr(weight)
+    if x.ndim not in (nd + 1, nd + 2):
+        raise RuntimeError(
+            f"{fname}(): Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input to {fname}, "
+            f"but got input of size: {_shape_str(x.shape)}"
+        )
+    if w.ndim != nd + 2:
+        layout = "(in_channels, out_channels/groups" if transposed else \
+            "(out_channels, in_channels/groups"
+        raise RuntimeError(f"{fname}(): weight must be {nd + 2}-D {layout}, *kernel_size), got "
+                           f"shape {_shape_str(w.shape)}")
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral):
+        raise TypeError(f"{fname}(): argument 'groups' must be int, got {groups!r}")
+    if groups < 1:
+        raise RuntimeError(f"{fname}(): non-positive groups is not supported, got {groups}")
+    stride_ = _spatial_arg(stride, "stride", fname, nd, 1, "non-positive")
+    dil = _spatial_arg(dilation, "dilation", fname, nd, 1, "non-positive")
+    unbatched = x.ndim == nd + 1
+    xshape = (1, *x.shape) if unbatched else tuple(x.shape)
+    cin = w.shape[0] if transposed else w.shape[1] * groups
+    if xshape[1] != cin:
+        raise RuntimeError(
+            f"{fname}(): Given {'transposed=1, ' if transposed else ''}groups={groups}, weight "
+            f"of size {_shape_str(w.shape)}, expected input{_shape_str(x.shape)} to have {cin} "
+            f"channels, but got {xshape[1]} channels instead"
+        )
+    if w.shape[0] % groups:
+        raise RuntimeError(f"{fname}(): the weight's first dimension ({w.shape[0]}) must be "
+                           f"divisible by groups ({groups})")
+    cout = w.shape[1] * groups if transposed else w.shape[0]
+    if bias is not None and tuple(_arr(bias).shape) != (cout,):
+        raise RuntimeError(f"{fname}(): bias must have shape [{cout}] (one per output channel), "
+                           f"got {_shape_str(_arr(bias).shape)}")
+    _check_float(input, "input", fname)
+    _check_same_dtype(fname, input=input, weight=weight, bias=bias)
+    _check_same_device(fname, input=input, weight=weight, bias=bias)
+    if xshape[0] == 0:
+        raise RuntimeError(f"{fname}(): the batch is empty (input has 0 samples)")
+    return x, w, stride_, dil, unbatched, xshape
+
+
+def _nc_view(a: Any, nd: int) -> Any:
+    """A (C, *S, N) array as its NC... view."""
+    return a.transpose(nd + 1, *range(nd + 1))
+
+
+def _cs_n_view(a: Any, nd: int) -> Any:
+    """An NC... array as its (C, *S, N) view."""
+    return a.transpose(*range(1, nd + 2), 0)
+
+
+class _ConvNd(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, w: Any, b: Any, geom: CN.Geom) -> Any:
+        out, saved = CN.conv_forward(x, w, b, geom)
+        ctx.save_for_backward(*saved)
+        ctx.geom = geom
+        ctx.has_bias = b is not None
+        return _nc_view(out, geom.nd)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        saved = ctx.saved_tensors
+        geom = ctx.geom
+        need = ctx.needs_input_grad
+        gc = _cs_n_view(g, geom.nd)
+        dx = dw = db = None
+        if need[1] or (ctx.has_bias and need[2]):
+            dw, db = CN.conv_weight_grad(gc, saved, geom, ctx.has_bias)
+        if need[0]:
+            dx = _nc_view(CN.conv_input_grad(gc, saved, geom), geom.nd)
+        return dx, dw, db, None
+
+
+class _ConvTransposeNd(Function):
+    """The adjoint of :class:`_ConvNd` with the same weight (see :mod:`._convnd`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, w: Any, b: Any, geom: CN.Geom) -> Any:
+        nd = geom.nd
+        xc = CN.pad_to(_cs_n_view(x, nd), geom.out)
+        wmat = CN.weight_matrix(w, geom)
+        out = CN.conv_input_grad(xc, (None, wmat), geom)
+        if b is not None:
+            out = out + b.reshape((-1,) + (1,) * (nd + 1))
+        ctx.save_for_backward(xc, w)
+        ctx.geom = geom
+        ctx.xsizes = tuple(x.shape[2:])
+        return _nc_view(out, nd)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        xc, w = ctx.saved_tensors
+        geom = ctx.geom
+        need = ctx.needs_input_grad
+        dx = dw = db = None
+        if need[0] or need[1]:
+            dxc, saved = CN.conv_forward(g, w, None, geom)
+            if need[0]:
+                dx = _nc_view(CN.crop_to(dxc, ctx.xsizes), geom.nd)
+            if need[1]:
+                dw, _ = CN.conv_weight_grad(xc, saved, geom, False)
+        if len(need) > 2 and need[2]:
+            db = g.sum(axis=(0, *range(2, g.ndim)))
+        return dx, dw, db, None
+
+
+class _PadNd(Function):
+    """Reflect / replicate / circular padding of the last dimensions (the padding modes)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, pads: tuple, mode: str) -> Any:
+        out, ctx.maps = CN.pad_forward(x, pads, mode)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        return CN.pad_backward(g, ctx.maps), None, None
+
+
+def _pad_mode(input: Any, pads: tuple, mode: str) -> Tensor:  # noqa: A002 - torch's name
+    """``input`` padded by ``mode`` on its last ``len(pads)`` dimensions ((before, after) each),
+    for the convolution modules' padding modes."""
+    shape = _arr(input).shape[-len(pads):]
+    for n, (lo, hi) in zip(shape, pads):
+        if mode == "reflect" and (lo >= n or hi >= n):
+            raise RuntimeError(f"padding_mode='reflect' needs each padding smaller than its "
+                               f"input dimension, got padding ({lo}, {hi}) for size {n}")
+        if mode == "circular" and (lo > n or hi > n):
+            raise RuntimeError(f"padding_mode='circular' needs each padding at most its input "
+                               f"dimension, got padding ({lo}, {hi}) for size {n}")
+    return _PadNd.apply(input, tuple(pads), mode)
+
+
+def _conv_nd(fname: str, nd: int, input: Any, weight: Any, bias: Any,  # noqa: A002
+             stride: Any, padding: Any, dilation: Any, groups: Any) -> Tensor:
+    x, w, stride_, dil, unbatched, xshape = _conv_family_args(
+        fname, nd, input, weight, bias, stride, dilation, groups, False)
+    k = tuple(w.shape[2:])
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = ((0, 0),) * nd
+        elif padding == "same":
+            if any(s != 1 for s in stride_):
+                raise RuntimeError(f"{fname}(): padding='same' is not supported for strided "
+                                   f"convolutions; use stride=1 or give the padding as ints")
+            # an odd total puts the extra position at the end, as torch does
+            pads = tuple((d * (kk - 1) // 2, d * (kk - 1) - d * (kk - 1) // 2)
+                         for d, kk in zip(dil, k))
+        else:
+            raise RuntimeError(f"{fname}(): invalid padding string {padding!r}, should be one "
+                               f"of 'valid' or 'same'")
+    else:
+        pads = tuple((p, p) for p in _spatial_arg(padding, "padding", fname, nd, 0, "negative"))
+    geom = CN.Geom(xshape, tuple(w.shape), stride_, pads, dil, int(groups))
+    if any(n < d * (kk - 1) + 1 for n, d, kk in zip(geom.Sp, dil, k)):
+        raise RuntimeError(
+            f"{fname}(): Calculated padded input size per channel: {geom.Sp}. Kernel size: "
+            f"{tuple(d * (kk - 1) + 1 for d, kk in zip(dil, k))}. Kernel size can't be greater "
+            f"than actual input size; pad the input or use a smaller kernel"
+        )
+    xin = _reshape(input, xshape) if unbatched else input
+    out = _ConvNd.apply(xin, weight, bias, geom)
+    return _reshape(out, tuple(out.shape[1:])) if unbatched else out
+
+
+def _conv_transpose_nd(fname: str, nd: int, input: Any, weight: Any, bias: Any,  # noqa: A002
+                       stride: Any, padding: Any, output_padding: Any, groups: Any,
+                       dilation: Any) -> Tensor:
+    x, w, stride_, dil, unbatched, xshape = _conv_family_args(
+        fname, nd, input, weight, bias, stride, dilation, groups, True)
+    pad = _spatial_arg(padding, "padding", fname, nd, 0, "negative")
+    opad = _spatial_arg(output_padding, "output_padding", fname, nd, 0, "negative")
+    for op, s, d in zip(opad, stride_, dil):
+        if op >= max(s, d):
+            raise RuntimeError(f"{fname}(): output padding must be smaller than either stride "
+                               f"or dilation, got output_padding={opad}, stride={stride_}, "
+                               f"dilation={dil}")
+    geom = CN.adjoint_geometry(xshape, tuple(w.shape), stride_, pad, opad, dil, int(groups))
+    if any(t < 1 for t in geom.S):
+        raise RuntimeError(f"{fname}(): the output size {geom.S} is too small: the padding "
+                           f"{pad} takes more than the input {xshape[2:]} gives; reduce it")
+    xin = _reshape(input, xshape) if unbatched else input
+    out = _ConvTransposeNd.apply(xin, weight, bias, geom)
+    return _reshape(out, tuple(out.shape[1:])) if unbatched else out
+
+
+def conv1d(
+    input: Any,  # noqa: A002 - torch's name
+    weight: Any,
+    bias: Any = None,
+    stride: Union[int, tuple] = 1,
+    padding: Union[int, tuple, str] = 0,
+    dilation: Union[int, tuple] = 1,
+    groups: int = 1,
+) -> Tensor:
+    """1-D cross-correlation, as ``torch.nn.functional.conv1d`` (conv2d's kernels at height 1).
+
+    Args:
+        input: (N, C_in, L), or (C_in, L) unbatched.
+        weight: (C_out, C_in / groups, k).
+        bias: (C_out,) or None.
+        stride, padding, dilation: an int or a 1-tuple; padding also ``'valid'`` (none) or
+            ``'same'`` (stride 1 only; an odd total pads one more at the end).
+        groups: blocked connections from input to output channels.
+
+    Returns:
+        (N, C_out, L_out), or (C_out, L_out) for unbatched input.
+
+    Raises:
+        RuntimeError: wrong ranks, channel counts that do not match ``weight``/``groups``, a
+            kernel larger than the padded input, a bad padding string, negative padding,
+            non-positive stride/dilation/groups, mixed dtypes or devices.
+        TypeError: a non-integer size.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> conv1d(mt.ones(2, 3, 10), mt.ones(4, 3, 3), padding="same").shape
+        mpitensor.Size([2, 4, 10])
+    """
+    return _conv_nd("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv3d(
+    input: Any,  # noqa: A002 - torch's name
+    weight: Any,
+    bias: Any = None,
+    stride: Union[int, tuple] = 1,
+    padding: Union[int, tuple, str] = 0,
+    dilation: Union[int, tuple] = 1,
+    groups: int = 1,
+) -> Tensor:
+    """3-D cross-correlation, as ``torch.nn.functional.conv3d``: im2col + one product a group.
+
+    Args:
+        input: (N, C_in, D, H, W), or (C_in, D, H, W) unbatched.
+        weight: (C_out, C_in / groups, kD, kH, kW).
+        bias: (C_out,) or None.
+        stride, padding, dilation: an int or a 3-tuple; padding also ``'valid'`` or ``'same'``
+            (stride 1 only).
+        groups: blocked connections from input to output channels.
+
+    Returns:
+        (N, C_out, D_out, H_out, W_out), or without N for unbatched input.
+
+    Raises:
+        RuntimeError, TypeError: as :func:`conv1d`.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> conv3d(mt.ones(1, 2, 4, 4, 4), mt.ones(3, 2, 3, 3, 3)).shape
+        mpitensor.Size([1, 3, 2, 2, 2])
+    """
+    return _conv_nd("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv_transpose1d(
+    input: Any,  # noqa: A002 - torch's name
+    weight: Any,
+    bias: Any = None,
+    stride: Union[int, tuple] = 1,
+    padding: Union[int, tuple] = 0,
+    output_padding: Union[int, tuple] = 0,
+    groups: int = 1,
+    dilation: Union[int, tuple] = 1,
+) -> Tensor:
+    """1-D transposed convolution, as ``torch.nn.functional.conv_transpose1d``: the input
+    gradient of :func:`conv1d` with the same weight and geometry.
+
+    Args:
+        input: (N, C_in, L), or (C_in, L) unbatched.
+        weight: (C_in, C_out / groups, k).
+        bias: (C_out,) or None.
+        stride, padding, dilation: an int or a 1-tuple (padding removes ``dilation * (k - 1)
+            - padding`` zero-padding from both sides of the output).
+        output_padding: extra size added to one side of the output (smaller than the stride
+            or the dilation).
+        groups: blocked connections from input to output channels.
+
+    Returns:
+        (N, C_out, L_out), L_out = (L - 1) * stride - 2 * padding + dilation * (k - 1)
+        + output_padding + 1.
+
+    Raises:
+        RuntimeError: as :func:`conv1d`, and an output padding not smaller than the stride or
+            the dilation.
+        TypeError: a non-integer size, or a padding string.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> conv_transpose1d(mt.ones(2, 3, 5), mt.ones(3, 4, 4), stride=2, padding=1).shape
+        mpitensor.Size([2, 4, 10])
+    """
+    return _conv_transpose_nd("conv_transpose1d", 1, input, weight, bias, stride, padding,
+                              output_padding, groups, dilation)
+
+
+def conv_transpose2d(
+    input: Any,  # noqa: A002 - torch's name
+    weight: Any,
+    bias: Any = None,
+    stride: Union[int, tuple] = 1,
+    padding: Union[int, tuple] = 0,
+    output_padding: Union[int, tuple] = 0,
+    groups: int = 1,
+    dilation: Union[int, tuple] = 1,
+) -> Tensor:
+    """2-D transposed convolution, as ``torch.nn.functional.conv_transpose2d`` (conv2d's
+    input gradient: col2im of one product per group).
+
+    Args:
+        input: (N, C_in, H, W), or (C_in, H, W) unbatched.
+        weight: (C_in, C_out / groups, kH, kW).
+        bias, stride, padding, output_padding, groups, dilation: as :func:`conv_transpose1d`,
+            with pairs.
+
+    Returns:
+        (N, C_out, H_out, W_out), sizes as :func:`conv_transpose1d`'s per dimension; laid out
+        (C, H, W, N) in memory like :func:`conv2d`'s output.
+
+    Raises:
+        RuntimeError, TypeError: as :func:`conv_transpose1d`.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> conv_transpose2d(mt.ones(1, 8, 4, 4), mt.ones(8, 3, 4, 4), stride=2, padding=1).shape
+        mpitensor.Size([1, 3, 8, 8])
+    """
+    return _conv_transpose_nd("conv_transpose2d", 2, input, weight, bias, stride, padding,
+                              output_padding, groups, dilation)
+
+
+def conv_transpose3d(
+    input: Any,  # noqa: A002 - torch's name
+    weight: Any,
+    bias: Any = None,
+    stride: Union[int, tuple] = 1,
+    padding: Union[int, tuple] = 0,
+    output_padding: Union[int, tuple] = 0,
+    groups: int = 1,
+    dilation: Union[int, tuple] = 1,
+) -> Tensor:
+    """3-D transposed convolution, as ``torch.nn.functional.conv_transpose3d``.
+
+    Args:
+        input: (N, C_in, D, H, W), or (C_in, D, H, W) unbatched.
+        weight: (C_in, C_out / groups, kD, kH, kW).
+        bias, stride, padding, output_padding, groups, dilation: as :func:`conv_transpose1d`,
+            with triples.
+
+    Returns:
+        (N, C_out, D_out, H_out, W_out), sizes as :func:`conv_transpose1d`'s per dimension.
+
+    Raises:
+        RuntimeError, TypeError: as :func:`conv_transpose1d`.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> conv_transpose3d(mt.ones(1, 2, 2, 2, 2), mt.ones(2, 1, 3, 3, 3)).shape
+        mpitensor.Size([1, 1, 4, 4, 4])
+    """
+    return _conv_transpose_nd("conv_transpose3d", 3, input, weight, bias, stride, padding,
+                              output_padding, groups, dilation)
 
 
 # --------------------------------------------------------------------------------------------
