@@ -587,7 +587,7 @@ class HelperServer:
     def _release_barrier(self) -> None:
         # every rank in self.barrier is connected: _lost takes a closed one out of both
         if len(self.barrier) == self.size:
-            for c in self.barrier.values():
+            for c in list(self.barrier.values()):  # (a send may drop a peer that never reads)
                 self._send(c, "cmd=barrier_out rc=0")
             self.barrier.clear()
             self.barriers_passed += 1
@@ -644,7 +644,7 @@ class HelperServer:
         # (noted after the telling, the files of a two-rank job were left behind 1 run in 12)
         self._note_shm(force=True)
         self.last_word = f"cmd=mpitensor-end from={rank} code={code} why={why}"
-        for w in self.watches:
+        for w in list(self.watches):
             self._send(w, self.last_word)
         now = time.monotonic()
         self.kill_at = now + _KILL_GRACE_S
