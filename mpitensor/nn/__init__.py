@@ -12,6 +12,8 @@ from __future__ import annotations
 from . import functional, init, parallel, utils
 from .activation import *  # noqa: F403
 from .activation import __all__ as _activation_names
+from .conv import *  # noqa: F403
+from .conv import __all__ as _conv_names
 from .distance import *  # noqa: F403
 from .distance import __all__ as _distance_names
 from .dropout import *  # noqa: F403
@@ -47,6 +49,6 @@ __all__ = ["Module", "Parameter", "RemovableHandle", "functional", "init", "para
            *_layer_names, *_norm_names, *_activation_names,
            *_distance_names, *_loss_names, *_sparse_names, *_dropout_names,
            *_linear_names, *_padding_names, *_pooling_names, *_shape_names,
-           *_rms_norm_names, *_rnn_names, *_transformer_names]
+           *_rms_norm_names, *_rnn_names, *_transformer_names, *_conv_names]
 
 from . import modules  # noqa: E402,F401 - torch's nn.modules paths, once every layer is defined

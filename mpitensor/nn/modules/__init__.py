@@ -25,6 +25,7 @@ from typing import Dict, List
 
 from mpitensor.nn import (
     activation,
+    conv,
     distance,
     dropout,
     layers,
@@ -44,7 +45,7 @@ from mpitensor.nn import (
 from . import utils
 
 #: where mpitensor keeps its layers (the submodules of mpitensor.nn that define them)
-_HOMES = (layers, activation, distance, dropout, linear, loss, module, normalization, padding,
+_HOMES = (layers, activation, conv, distance, dropout, linear, loss, module, normalization, padding,
           pooling, rms_norm, rnn, shape, sparse, transformer)
 
 #: torch's submodule -> the names it holds there that mpitensor has
@@ -57,7 +58,8 @@ _PATHS: Dict[str, List[str]] = {
     "batchnorm": ["_BatchNorm", "BatchNorm1d", "BatchNorm2d", "SyncBatchNorm"],
     "channelshuffle": ["ChannelShuffle"],
     "container": ["Sequential", "ModuleList", "ModuleDict"],
-    "conv": ["Conv2d"],
+    "conv": ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+             "ConvTranspose3d"],
     "distance": ["PairwiseDistance", "CosineSimilarity"],
     "dropout": ["_DropoutNd", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
                 "FeatureAlphaDropout"],
