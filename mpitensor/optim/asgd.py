@@ -125,8 +125,10 @@ class ASGD(_a.AdaptiveOptimizer):
             ax += t
         else:
             ax[...] = p
-        eta_t[...] = s.lr / ((1.0 + s.lambd * s.lr * step) ** s.alpha)
-        mu_t[...] = 1.0 / max(1.0, step - s.t0)
+        # the new values are made in the default dtype and then stored, as torch makes them:
+        # a counter cast to float64 by load_state_dict still receives float32-rounded values
+        eta_t[...] = _scalar(s.lr / ((1.0 + s.lambd * s.lr * step) ** s.alpha))._data
+        mu_t[...] = _scalar(1.0 / max(1.0, step - s.t0))._data
 
 
 def _scalar(value: float) -> Tensor:
