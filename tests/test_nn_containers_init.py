@@ -491,8 +491,9 @@ def test_init_misuse_matches_torch(torch):
         init.normal_(mt.zeros(3, dtype=mt.int64))
     with pytest.raises(TypeError, match="takes a mpitensor Tensor, got ndarray"):
         init.ones_(np.zeros(3))
-    with pytest.raises(ValueError, match="widen the interval"):
-        init.trunc_normal_(mt.empty(100), mean=0.0, std=1.0, a=30.0, b=31.0)
+    # an interval far in the tail is sampled (exactly), as torch samples it
+    far = init.trunc_normal_(mt.empty(100), mean=0.0, std=1.0, a=30.0, b=31.0)
+    assert bool(((far >= 30.0) & (far <= 31.0)).all())
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a full tensor draws without a warning
         init.kaiming_uniform_(mt.empty(2, 2))
