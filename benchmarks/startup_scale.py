@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import selectors
 import socket
 import statistics
@@ -155,7 +156,8 @@ def mpiexec_run(n: int, prog: str) -> float:
     out = subprocess.run([str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(n),
                           sys.executable, prog], capture_output=True, text=True, timeout=300,
                          check=True).stdout
-    return max(float(x) for x in out.split())
+    # the ranks' lines may come interleaved through mpiexec: take every 4-decimal number
+    return max(float(x) for x in re.findall(r"\d+\.\d{4}", out))
 
 
 def main() -> int:
