@@ -32,6 +32,7 @@ from . import (
     nn,
     onnx,
     optim,
+    serialization,
     utils,
 )
 from ._compile import compile  # noqa: A004 - torch's name
@@ -109,6 +110,7 @@ __all__ = [
     "DtypeMismatchError",
     "ReplicaDivergenceError", "set_num_threads", "get_num_threads", "cuda", "accelerator",
     "backends", "multiprocessing", "linalg", "futures", "jit", "onnx", "compile",
+    "serialization",
     "memory_format", "contiguous_format", "preserve_format", "channels_last",
     "channels_last_3d", "layout", "strided",
     *_dtype_names, *_tensor_names, *_legacy_type_names,

@@ -44,6 +44,7 @@ from __future__ import annotations
 import _compat_pickle
 import codecs
 import collections
+import importlib
 import io
 import logging
 import math
@@ -59,6 +60,7 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from mpitensor import _safe_globals
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor.tensor import Size, Tensor
@@ -349,21 +351,23 @@ class _Unpickler(pickle._Unpickler):
             return found
         if module == "torch" and name in _FOREIGN_DTYPES:
             raise _foreign_dtype(name)
-        if module == "torch" or module.startswith("torch."):
-            raise FormatError(f"it references {module}.{name}, which mpitensor cannot rebuild "
-                              f"(it reads tensors, parameters, storages, dtypes, torch.Size, "
-                              f"torch.device and plain containers; save a state_dict() "
-                              f"instead of whole torch objects)")
+        allowed = _safe_globals.lookup(module, name)
+        if allowed is not None:
+            return allowed
         if self.weights_only:
             raise FormatError(
                 f"it references the global {module}.{name}, which weights_only=True refuses "
                 f"(nothing was called); only tensors, parameters, containers and numbers load "
-                f"this way. Pass weights_only=False only if you trust the file's source")
+                f"this way. If you trust the file's source, pass weights_only=False, or allow "
+                f"just this global with mpitensor.serialization.add_safe_globals([...]) or "
+                f"inside a `with mpitensor.serialization.safe_globals([...]):` block")
+        if module == "torch" or module.startswith("torch."):
+            return _torch_global(module, name)
         return super().find_class(module, name)
 
     # --- opcodes with side effects -----------------------------------------------------------
     def _load_build(self) -> None:
-        if not self.weights_only:
+        if not self.weights_only or _safe_globals.allows_instance(self.stack[-2]):
             pickle._Unpickler.load_build(self)
             return
         state = self.stack.pop()
@@ -565,6 +569,22 @@ class _Unpickler(pickle._Unpickler):
             return memo[id(x)]
 
         return fix(obj)
+
+
+def _torch_global(module: str, name: str) -> Any:
+    """A global of torch's (``torch.nn.modules.linear.Linear``), as mpitensor's object of the
+    same path (``mpitensor.nn.modules.linear.Linear``): a whole module saved by torch loads as
+    mpitensor's module (``weights_only=False`` or an allowed global only)."""
+    ours = "mpitensor" + module[len("torch"):]
+    try:
+        obj = importlib.import_module(ours)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        raise FormatError(f"it references {module}.{name}, which mpitensor has no counterpart "
+                          f"of ({ours}.{name}); save a state_dict() instead of whole torch "
+                          f"objects, or see docs/porting.md for what is missing") from None
+    return obj
 
 
 def _refusing(code: bytes) -> Callable[[_Unpickler], None]:

@@ -64,7 +64,7 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from mpitensor import _config
+from mpitensor import _config, _safe_globals
 from mpitensor import _torch_format as _tf
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
@@ -193,8 +193,9 @@ class _Encoder:
             f"cannot save {path}: objects of type {t.__module__}.{t.__qualname__} are not part of "
             f"the safe checkpoint format (dict, OrderedDict, list, tuple, Tensor, NumPy/CuPy "
             f"array, NumPy scalar, int, float, complex, bool, str, bytes, None); convert it "
-            f"(e.g. dict(x), list(x)) or pass allow_pickle=True (then loading needs "
-            f"weights_only=False)"
+            f"(e.g. dict(x), list(x)) or leave allow_pickle at its default (then loading "
+            f"needs weights_only=False or the class in mpitensor.serialization."
+            f"add_safe_globals)"
         )
 
 
@@ -335,7 +336,7 @@ def _format_for(format: Optional[str], f: Any) -> str:
     return format
 
 
-def save(obj: Any, f: PathOrFile, *, allow_pickle: bool = False,
+def save(obj: Any, f: PathOrFile, *, allow_pickle: Optional[bool] = None,
          format: Optional[str] = None) -> None:
     """Write ``obj`` to ``f``, atomically when ``f`` is a path.
 
@@ -356,8 +357,12 @@ def save(obj: Any, f: PathOrFile, *, allow_pickle: bool = False,
         obj: the object tree (see the module docstring for the supported types).
         f: a path (written atomically: temporary file, fsync, rename, directory fsync) or a
             binary file object opened for writing (written in place at its position).
-        allow_pickle: pickle leaves of other types instead of refusing them; such a file loads
-            only with ``weights_only=False`` (in torch too).
+        allow_pickle: what to do with leaves of other types (a whole ``nn.Module``, a custom
+            class): None (the default) and True pickle them, as ``torch.save`` does, and such
+            a file loads only with ``weights_only=False`` or with its classes allowed
+            (``mpitensor.serialization.add_safe_globals``), in torch too; False refuses them
+            with a TypeError naming the leaf, for programs that want every checkpoint to load
+            without pickle.
         format: ``"mpitensor"``, ``"torch"``, ``"safetensors"``, or None to choose by the path's
             suffix as above (file objects get ``"mpitensor"``).
 
@@ -375,6 +380,8 @@ def save(obj: Any, f: PathOrFile, *, allow_pickle: bool = False,
         10
     """
     fmt = _format_for(format, f)
+    if allow_pickle is None:
+        allow_pickle = fmt != "safetensors"  # as torch.save: any picklable object
     if fmt == "mpitensor":
         head, arrays, _ = _serialize(obj, allow_pickle)
 
@@ -563,10 +570,6 @@ def _parse(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.Pla
     if hashlib.sha256(payload).hexdigest() != payload_sha:
         raise _Bad("corrupt: the payload's SHA-256 checksum does not match (the file was "
                    "modified or damaged after it was written)")
-    if (flags & _FLAG_PICKLE) and weights_only:
-        raise _Bad("it contains pickled objects (it was saved with allow_pickle=True), which "
-                   "weights_only=True refuses; pass weights_only=False only if you trust the "
-                   "file's source")
     try:
         dec = _Decoder(payload, arrays_meta, weights_only, place)
         return dec.decode(tree)
@@ -661,11 +664,33 @@ class _Decoder:
         if k == "dtype":
             return np.dtype(n["v"])
         if k == "pickle":
+            data = io.BytesIO(self.host(n["i"]).tobytes())
             if self.weights_only:
-                raise _Bad("it contains a pickled object, which weights_only=True refuses; pass "
-                           "weights_only=False only if you trust the file's source")
-            return pickle.loads(self.host(n["i"]).tobytes())
+                return _AllowListUnpickler(data).load()
+            return pickle.loads(data.getvalue())
         raise _Bad(f"unknown node kind {k!r} in the header")
+
+
+class _AllowListUnpickler(pickle.Unpickler):
+    """Unpickles a leaf under ``weights_only=True``: plain containers, and the globals that
+    ``mpitensor.serialization.add_safe_globals`` / ``safe_globals`` allow; nothing else is
+    imported or called."""
+
+    _PLAIN = {("collections", "OrderedDict"): collections.OrderedDict,
+              ("collections", "Counter"): collections.Counter,
+              ("builtins", "set"): set, ("builtins", "frozenset"): frozenset,
+              ("builtins", "complex"): complex}
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self._PLAIN.get((module, name)) or _safe_globals.lookup(module, name)
+        if found is None:
+            raise _Bad(
+                f"it contains a pickled {module}.{name}, which weights_only=True refuses "
+                f"(nothing was called). If you trust the file's source, pass "
+                f"weights_only=False, or allow just this global with mpitensor.serialization."
+                f"add_safe_globals([...]) or inside a `with mpitensor.serialization."
+                f"safe_globals([...]):` block")
+        return found
 
 
 def _to_gpu(arr: np.ndarray, dev: str) -> Any:
@@ -1137,7 +1162,7 @@ def _dist() -> Any:
 
 
 def save_on_rank0(obj: Any, f: PathOrFile, group: Any = None, *,
-                  allow_pickle: bool = False, format: Optional[str] = None) -> None:
+                  allow_pickle: Optional[bool] = None, format: Optional[str] = None) -> None:
     """Write ``obj`` on rank 0 of ``group`` only, then make every rank agree on the outcome.
 
     Every rank of the group must call it (it is a collective). Rank 0 saves (atomically) and

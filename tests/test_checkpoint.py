@@ -217,23 +217,69 @@ def test_map_location_dict_and_callable(tmp_path):
         load(p, map_location=lambda storage, location: 5)
 
 
-def test_unsupported_types_and_pickle_opt_in(tmp_path):
-    class Thing:
-        pass
+class Thing:
+    """A custom class a checkpoint may hold (module level: picklable by reference)."""
 
+    def __init__(self, v=0):
+        self.v = v
+
+
+def test_other_types_pickle_as_torch_save_does_and_load_only_when_allowed(tmp_path):
     p = tmp_path / "u.mt"
-    with pytest.raises(TypeError, match=r"obj\['x'\]\[1\].*Thing.*allow_pickle=True"):
-        save({"x": [1, Thing()]}, p)
+    # allow_pickle=False: the strict format, every leaf named when it is refused
+    with pytest.raises(TypeError, match=r"obj\['x'\]\[1\].*Thing.*allow_pickle"):
+        save({"x": [1, Thing()]}, p, allow_pickle=False)
     with pytest.raises(TypeError, match="defaultdict"):
-        save(collections.defaultdict(int), p)
+        save(collections.defaultdict(int), p, allow_pickle=False)
     assert not p.exists()
-    save({"x": collections.Counter("aab"), "w": np.ones(2)}, p, allow_pickle=True)
-    with pytest.raises(CheckpointError, match=r"u\.mt.*pickled objects.*weights_only=False"):
+    # the default pickles what torch.save would
+    save({"x": [1, Thing(5)], "c": collections.Counter("aab"), "w": np.ones(2)}, p)
+    with pytest.raises(CheckpointError, match=r"u\.mt.*Thing.*weights_only=False.*"
+                                              r"add_safe_globals.*safe_globals"):
         load(p)
-    out = load(p, weights_only=False)
-    assert out["x"] == collections.Counter("aab")
+    assert load(p, weights_only=False)["x"][1].v == 5
+    with mt.serialization.safe_globals([Thing]):
+        out = load(p)
+    assert out["x"][1].v == 5 and out["c"] == collections.Counter("aab")
+    with pytest.raises(CheckpointError, match="Thing"):
+        load(p)  # only inside the block
+    mt.serialization.add_safe_globals([Thing])
+    try:
+        assert Thing in mt.serialization.get_safe_globals()
+        assert load(p)["x"][1].v == 5
+    finally:
+        mt.serialization.clear_safe_globals()
     with pytest.raises(TypeError, match="object"):
-        save(np.array([1, "a"], dtype=object), p)
+        save(np.array([1, "a"], dtype=object), p, allow_pickle=False)
+
+
+def test_whole_models_save_and_load_as_with_torch(tmp_path):
+    """torch.save(model) of a whole module, and load(..., weights_only=False) of it, in both
+    formats; a whole torch model saved by torch loads as mpitensor's layers."""
+    model = mt.nn.Sequential(mt.nn.Linear(3, 4), mt.nn.ReLU(), mt.nn.BatchNorm1d(4))
+    x = mt.randn(5, 3)
+    model.eval()
+    for name in ("model.pt", "model.ckpt"):
+        save(model, tmp_path / name)
+        with pytest.raises(CheckpointError, match="weights_only=False.*add_safe_globals"):
+            load(tmp_path / name)
+        back = load(tmp_path / name, weights_only=False)
+        assert type(back) is type(model) and not back.training
+        assert np.array_equal(back(x).detach().numpy(), model(x).detach().numpy())
+    torch = pytest.importorskip("torch")
+    theirs = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(),
+                                 torch.nn.BatchNorm1d(4)).eval()
+    torch.save(theirs, tmp_path / "torch_model.pt")
+    with pytest.raises(CheckpointError, match="torch.nn.modules.container.Sequential"):
+        load(tmp_path / "torch_model.pt")
+    ours = load(tmp_path / "torch_model.pt", weights_only=False)
+    assert isinstance(ours, mt.nn.Sequential) and isinstance(ours[0], mt.nn.Linear)
+    got = ours(mt.tensor(x.numpy())).detach().numpy()
+    want = theirs(torch.tensor(x.numpy())).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=4 * 2.0 ** -24 * np.abs(want).max() * 4)
+    # and torch reads mpitensor's whole-model file when told where the classes are
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert type(loaded).__module__.startswith("mpitensor")
 
 
 def test_load_refuses_a_pickle_file(tmp_path):

@@ -180,9 +180,12 @@ def test_hostile_opcodes_are_refused(tmp_path):
         "pid_type": (b"\x80\x02" + _tup(_str("storage"), _call("builtins", "set", b"]"),
                                         _str("0"), _str("cpu"), _int(1)) + b"Q.",
                      r"storage type set\(\)"),
-        # a whole torch module (weights_only or not, mpitensor cannot rebuild it)
+        # a whole torch module: refused unless weights_only=False (then mpitensor's layer)
         "module": (b"\x80\x02" + _call("torch.nn.modules.linear", "Linear") + b".",
-                   r"torch\.nn\.modules\.linear\.Linear, which mpitensor cannot rebuild"),
+                   r"torch\.nn\.modules\.linear\.Linear, which weights_only=True refuses"),
+        # a torch global mpitensor has no counterpart of
+        "no_counterpart": (b"\x80\x02" + _call("torch.nn.modules.fancy", "Nothing") + b".",
+                           r"torch\.nn\.modules\.fancy\.Nothing, which weights_only=True"),
         "not_a_pickle": (b"\x00\x01garbage", r"truncated or corrupt torch file"),
         "truncated_pickle": (_dict_pickle(a=_int(1))[:-3], r"truncated or corrupt torch file"),
     }
@@ -191,8 +194,8 @@ def test_hostile_opcodes_are_refused(tmp_path):
         _torch_zip(p, pkl)
         with pytest.raises(CheckpointError, match=rf"{what}\.pt: .*{msg}"):
             load(p)
-    with pytest.raises(CheckpointError, match="cannot rebuild"):
-        load(tmp_path / "module.pt", weights_only=False)
+    with pytest.raises(CheckpointError, match="no counterpart"):
+        load(tmp_path / "no_counterpart.pt", weights_only=False)
     assert not marker.exists()
 
 
