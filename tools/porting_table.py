@@ -92,8 +92,9 @@ NOTES: Dict[str, str] = {
     ),
     "torch.load": (
         "reads mpitensor, torch zip, torch legacy and safetensors files (told apart by their "
-        "first bytes); `weights_only=True` is the default, as in torch >= 2.6, and a whole "
-        "pickled `nn.Module` is refused either way ([checkpoints.md](checkpoints.md))"
+        "first bytes); `weights_only=True` is the default, as in torch >= 2.6; a whole "
+        "pickled `nn.Module` (torch's too) loads with `weights_only=False` or its classes in "
+        "`serialization.add_safe_globals` ([checkpoints.md](checkpoints.md))"
     ),
     "torch.device": (
         "also equals its string (`device('cuda:0') == 'cuda:0'`) ([devices.md](devices.md))"

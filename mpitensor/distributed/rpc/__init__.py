@@ -18,9 +18,10 @@ pickle. See docs/rpc.md for the design and how it differs from torch.
 
 from __future__ import annotations
 
+from mpitensor.futures import Future, collect_all, wait_all
+
 from . import functions
 from ._agent import WorkerInfo
-from mpitensor.futures import Future, collect_all, wait_all
 from ._rref import RRef
 from ._wire import RemoteTraceback
 from .api import (

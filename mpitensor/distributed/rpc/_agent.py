@@ -54,11 +54,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from mpitensor.futures import Future
+
 from ... import _workspace
 from ...errors import DistributedTimeoutError, PeerFailedError
 from .. import _watchdog
 from . import _liveness, _wire
-from mpitensor.futures import Future
 from ._pool import WorkerPool
 from .errors import RpcNotInitializedError, UnknownWorkerError
 

@@ -27,10 +27,11 @@ import itertools
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
+from mpitensor.futures import Future
+
 from ... import autograd as _autograd
 from ...tensor import Tensor
 from . import _state, _wire
-from mpitensor.futures import Future
 
 __all__ = ["context", "backward", "get_gradients"]
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 import functools
 from typing import Any, Generic, Optional, Tuple, TypeVar
 
+from mpitensor.futures import Future
+
 from ...errors import DistributedTimeoutError
 from . import _state, _wire
 from ._agent import Agent, OwnerEntry, WorkerInfo, _AsyncResult, is_async
-from mpitensor.futures import Future
 
 __all__ = ["RRef"]
 

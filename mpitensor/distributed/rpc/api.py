@@ -13,11 +13,12 @@ import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from mpitensor.futures import Future
+
 from ... import _threads
 from ...errors import DistributedTimeoutError
 from . import _state, _wire
 from ._agent import Agent, WorkerInfo
-from mpitensor.futures import Future
 from ._rref import RRef, make_remote
 from .constants import DEFAULT_SHUTDOWN_TIMEOUT, UNSET_RPC_TIMEOUT
 from .errors import RpcNotInitializedError
