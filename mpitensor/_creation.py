@@ -534,28 +534,35 @@ def arange(
             raise TypeError(f"arange() takes real numbers, got {v!r}")
         vals.append(v)
     start, end, step = vals
-    if step == 0:
+    if not all(math.isfinite(v) for v in vals):
+        raise BadValueError(f"arange(): start, end and step must be finite, got {vals}")
+    all_int = all(isinstance(v, int) for v in vals)
+    if dtype is None and isinstance(out, Tensor):
+        dtype = out._data.dtype
+    dt = dtype_or(dtype, _INT64 if all_int else _dt.get_default_dtype())
+    if dt.kind == "b":
+        raise UnsupportedDtypeError("arange() does not make bool tensors")
+    # an integer dtype takes the bounds and step cut to ints, as torch does; the length comes
+    # from the cut values for int64 and from the given ones for the narrower integer types
+    istart, iend, istep = (int(v) for v in vals) if dt.kind in "iu" else vals
+    if (istep if dt == _INT64 else step) == 0:
         raise BadValueError("arange(): step must be nonzero")
     if (step > 0 and end < start) or (step < 0 and end > start):
         raise BadValueError(
             f"arange(): upper bound and lower bound inconsistent with step sign "
             f"(start={start}, end={end}, step={step})"
         )
-    all_int = all(isinstance(v, int) for v in vals)
-    dt = dtype_or(dtype, _INT64 if all_int else _dt.get_default_dtype())
-    dev = parse_device(device)
-    if all_int:
-        n = max(0, -((start - end) // step))
+    if all_int or dt == _INT64:
+        n = max(0, -((istart - iend) // istep))
     else:
         n = max(0, math.ceil((end - start) / step))
-    if all_int and dt.kind in "iu":
-        arr = np.arange(start, start + n * step, step, dtype=dt)[:n]
+    if dt.kind in "iu":
+        arr = (istart + np.arange(n, dtype=np.int64) * istep).astype(dt)
     else:
         arr = (start + np.arange(n, dtype=np.float64) * step).astype(dt)
     if out is not None:
-        if dtype is None and isinstance(out, Tensor):
-            arr = arr.astype(out._data.dtype)
         return write_into(out, arr, "arange")
+    dev = parse_device(device)
     return finish(move(arr, dev), requires_grad)
 
 

@@ -753,7 +753,8 @@ def normal(mean: Any = 0.0, std: Any = 1.0, size: Any = None, *, generator: Any 
     """Draw normal numbers, with torch's four overloads: ``normal(mean_tensor, std_tensor)``,
     ``normal(mean_tensor, std=1.0)`` and ``normal(mean, std_tensor)`` draw one number per
     element of the broadcast shape (in the dtype of ``mean`` if it is a tensor, else of
-    ``std``; the gradient flows to tensor arguments); ``normal(mean, std, size)`` with two
+    ``std``; tensor arguments get a zero gradient, as in torch); ``normal(mean, std, size)``
+    with two
     numbers draws ``size`` of them (``dtype``, ``layout``, ``device``, ``pin_memory``,
     ``requires_grad`` as in :func:`rand`, and only there).
 
@@ -802,11 +803,27 @@ def normal(mean: Any = 0.0, std: Any = 1.0, size: Any = None, *, generator: Any 
         raise BadValueError("normal(): std must be >= 0")
     shape = tuple(np.broadcast_shapes(tuple(mean.shape) if mt_ else (),
                                       tuple(std.shape) if st_ else ()))
-    z = Tensor._wrap(_draw("randn", shape, generator, dt, _backend.device_of(ref._data)))
-    res = z * std + mean
-    if res.dtype != dt:
-        res = res.to(dt)
-    return res if out is None else write_into(out, res._data, "normal")
+    z = _draw("randn", shape, generator, dt, _backend.device_of(ref._data))
+    vals = (z * (std._data if st_ else std) + (mean._data if mt_ else mean)).astype(dt)
+    if out is not None:
+        return write_into(out, vals, "normal")
+    return _DrawnWith.apply(mean, std, vals)
+
+
+class _DrawnWith(_autograd.Function):
+    """Numbers drawn with tensor parameters: like torch, the parameters get a zero gradient
+    (the draw is not reparameterized; write ``mean + std * randn_like(mean)`` for that)."""
+
+    @staticmethod
+    def forward(ctx: Any, mean: Any, std: Any, values: Any) -> Any:
+        ctx.shapes = (getattr(mean, "shape", None), getattr(std, "shape", None))
+        return values
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        xp = _autograd._xp(g)
+        return (*(None if s is None else xp.zeros(s, dtype=g.dtype) for s in ctx.shapes),
+                None)
 
 
 def poisson(input: Tensor, generator: Any = None) -> Tensor:  # noqa: A002
