@@ -8,11 +8,16 @@ bit-for-bit the one torch produces: ``StepLR``, ``MultiStepLR`` and ``Exponentia
 powers of ``gamma``; ``CosineAnnealingLR`` follows torch's recursive cosine; ``LambdaLR`` scales
 ``base_lrs`` by user functions; ``OneCycleLR`` anneals per batch between ``max_lr`` and small
 rates (and cycles the momentum the other way); ``ReduceLROnPlateau`` watches a metric instead of
-the epoch count.
+the epoch count. ``LinearLR``, ``ConstantLR`` and ``PolynomialLR`` warm up or decay over
+``total_iters`` epochs; ``CosineAnnealingWarmRestarts`` restarts the cosine (periods growing by
+``T_mult``); ``CyclicLR`` cycles between two rates per batch; ``SequentialLR`` hands over from
+one schedule to the next at milestones and ``ChainedScheduler`` applies several at every step.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 import types
 from collections import Counter
@@ -22,7 +27,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 from .optimizer import Optimizer
 
 __all__ = ["LRScheduler", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR",
-           "LambdaLR", "OneCycleLR", "ReduceLROnPlateau"]
+           "LambdaLR", "OneCycleLR", "ReduceLROnPlateau", "LinearLR", "ConstantLR",
+           "PolynomialLR", "CosineAnnealingWarmRestarts", "CyclicLR", "SequentialLR",
+           "ChainedScheduler"]
 
 
 def _check_optimizer(optimizer: Any) -> Optimizer:
@@ -68,9 +75,15 @@ class LRScheduler:
         self.base_lrs: List[float] = _starting_rates(optimizer, last_epoch)
         self.last_epoch = last_epoch
         self._last_lr: List[float] = []
+        self._initial_step()
+
+    def _initial_step(self) -> None:
+        """Take the first step, as the constructor does (SequentialLR repeats it for its first).
+
+        That step may keep the optimiser's current rates (schedules that build on them check
+        ``_is_initial``), so a resumed run does not move one epoch ahead of itself.
+        """
         self._step_count = 0
-        # The first step, taken here, may keep the optimiser's current rates (schedules that build
-        # on them check _is_initial), so a resumed run does not move one epoch ahead of itself.
         self._is_initial = True
         try:
             self.step()
@@ -810,3 +823,571 @@ class ReduceLROnPlateau(LRScheduler):
         """
         super().load_state_dict(state_dict)
         self.mode_worse = math.inf if self.mode == "min" else -math.inf
+
+
+# ---- warm-up and decay over a fixed number of epochs ------------------------------------------
+
+def _factor(owner: str, name: str, value: Any, low_open: bool) -> float:
+    v = _real(owner, name, value)
+    if v > 1.0 or (v <= 0.0 if low_open else v < 0.0):
+        bound = "(0, 1]" if low_open else "[0, 1]"
+        raise ValueError(f"{owner}: {name} multiplies the initial rates and must lie in {bound}, "
+                         f"got {value!r}")
+    return v
+
+
+class LinearLR(LRScheduler):
+    """Scale every group's rate linearly from ``start_factor`` to ``end_factor`` of its initial
+    value over ``total_iters`` epochs, then keep it (a linear warm-up, or a linear decay).
+
+    Args:
+        optimizer: the optimiser.
+        start_factor: factor at epoch 0, in (0, 1] (default 1/3).
+        end_factor: factor from epoch ``total_iters`` on, in [0, 1] (default 1).
+        total_iters: epochs the change takes (default 5).
+        last_epoch: the last epoch index when resuming (default -1).
+
+    Raises:
+        ValueError: a factor is out of range or NaN.
+        TypeError: a factor is not a number.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+        >>> s = LinearLR(opt, start_factor=0.5, total_iters=2)
+        >>> [round(s.get_last_lr()[0], 6)] + [(s.step(), round(s.get_last_lr()[0], 6))[1]
+        ...                                   for _ in range(3)]
+        [0.5, 0.75, 1.0, 1.0]
+    """
+
+    def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3,
+                 end_factor: float = 1.0, total_iters: int = 5, last_epoch: int = -1) -> None:
+        _factor("LinearLR", "start_factor", start_factor, low_open=True)
+        _factor("LinearLR", "end_factor", end_factor, low_open=False)
+        self.start_factor = start_factor
+        self.end_factor = end_factor
+        self.total_iters = total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        """Return the next rates from the current ones (torch's step-to-step form)."""
+        current = [group["lr"] for group in self.optimizer.param_groups]
+        t, a, b = self.last_epoch, self.start_factor, self.end_factor
+        if t == 0:
+            return [rate * a for rate in current]
+        if self._is_initial or t > self.total_iters:  # a resumed run keeps its current rates
+            return current
+        # the ratio of the factor at t to the factor at t - 1
+        ratio = 1.0 + (b - a) / (self.total_iters * a + (t - 1) * (b - a))
+        return [rate * ratio for rate in current]
+
+    def _rates_at_epoch(self) -> List[float]:
+        a, b = self.start_factor, self.end_factor
+        done = min(self.total_iters, self.last_epoch)
+        return [base * (a + (b - a) * done / self.total_iters) for base in self.base_lrs]
+
+
+class ConstantLR(LRScheduler):
+    """Multiply every group's rate by ``factor`` for the first ``total_iters`` epochs, then
+    restore it.
+
+    Args:
+        optimizer: the optimiser.
+        factor: the factor applied until epoch ``total_iters``, in [0, 1] (default 1/3).
+        total_iters: epochs at the reduced rate (default 5).
+        last_epoch: the last epoch index when resuming (default -1).
+
+    Raises:
+        ValueError: ``factor`` is out of range or NaN.
+        TypeError: ``factor`` is not a number.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+        >>> s = ConstantLR(opt, factor=0.5, total_iters=2)
+        >>> s.get_last_lr(), (s.step(), s.get_last_lr())[1], (s.step(), s.get_last_lr())[1]
+        ([0.5], [0.5], [1.0])
+    """
+
+    def __init__(self, optimizer: Optimizer, factor: float = 1.0 / 3, total_iters: int = 5,
+                 last_epoch: int = -1) -> None:
+        _factor("ConstantLR", "factor", factor, low_open=False)
+        self.factor = factor
+        self.total_iters = total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        """Return the current rates, times ``factor`` at epoch 0, divided by it at the end."""
+        current = [group["lr"] for group in self.optimizer.param_groups]
+        if self.last_epoch == 0:
+            return [rate * self.factor for rate in current]
+        if self.last_epoch != self.total_iters:
+            return current
+        return [rate * (1.0 / self.factor) for rate in current]
+
+    def _rates_at_epoch(self) -> List[float]:
+        over = self.last_epoch >= self.total_iters
+        return [base * (self.factor + over * (1 - self.factor)) for base in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    """Decay every group's rate to zero over ``total_iters`` epochs along ``(1 - t/T) ** power``.
+
+    Args:
+        optimizer: the optimiser.
+        total_iters: epochs until the rate reaches zero (default 5).
+        power: the polynomial's power (default 1, a linear decay).
+        last_epoch: the last epoch index when resuming (default -1).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+        >>> s = PolynomialLR(opt, total_iters=4, power=2.0)
+        >>> s.step(); s.get_last_lr()
+        [0.5625]
+    """
+
+    def __init__(self, optimizer: Optimizer, total_iters: int = 5, power: float = 1.0,
+                 last_epoch: int = -1) -> None:
+        self.total_iters = total_iters
+        self.power = power
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        """Return the next rates from the current ones (torch's step-to-step form)."""
+        current = [group["lr"] for group in self.optimizer.param_groups]
+        t, total = self.last_epoch, self.total_iters
+        if self._is_initial or t == 0 or t > total:
+            return current
+        ratio = ((1.0 - t / total) / (1.0 - (t - 1) / total)) ** self.power
+        return [rate * ratio for rate in current]
+
+    def _rates_at_epoch(self) -> List[float]:
+        left = 1.0 - min(self.total_iters, self.last_epoch) / self.total_iters
+        return [base * left ** self.power for base in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing with warm restarts (SGDR, Loshchilov & Hutter).
+
+    Within a period of ``T_i`` epochs the rate follows
+    ``eta_min + (base_lr - eta_min) * (1 + cos(pi * T_cur / T_i)) / 2``; at its end it restarts
+    from ``base_lr``, and the next period is ``T_mult`` times longer. ``step(epoch)`` takes a
+    fractional epoch (e.g. ``epoch + batch / batches`` after every batch).
+
+    Args:
+        optimizer: the optimiser.
+        T_0: epochs of the first period (a positive int).
+        T_mult: growth factor of the periods (an int >= 1, default 1).
+        eta_min: the lowest rate (default 0).
+        last_epoch: the last epoch index when resuming (default -1).
+
+    Raises:
+        ValueError: ``T_0`` is not a positive int, ``T_mult`` not an int >= 1, ``eta_min`` not a
+            number; at :meth:`step`, a negative epoch.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+        >>> s = CosineAnnealingWarmRestarts(opt, T_0=2)
+        >>> [(s.step(), round(s.get_last_lr()[0], 6))[1] for _ in range(3)]
+        [0.5, 1.0, 0.5]
+    """
+
+    def __init__(self, optimizer: Optimizer, T_0: int, T_mult: int = 1,  # noqa: N803
+                 eta_min: float = 0.0, last_epoch: int = -1) -> None:
+        owner = "CosineAnnealingWarmRestarts"
+        if isinstance(T_0, bool) or not isinstance(T_0, int) or T_0 <= 0:
+            raise ValueError(f"{owner}: T_0 (epochs of the first period) must be a positive "
+                             f"int, got {T_0!r}")
+        if isinstance(T_mult, bool) or not isinstance(T_mult, int) or T_mult < 1:
+            raise ValueError(f"{owner}: T_mult (growth of the periods) must be an int >= 1, "
+                             f"got {T_mult!r}")
+        if isinstance(eta_min, bool) or not isinstance(eta_min, (float, int)):
+            raise ValueError(f"{owner}: eta_min must be a float or an int, got "
+                             f"{type(eta_min).__name__} ({eta_min!r})")
+        self.T_0 = T_0
+        self.T_i = T_0
+        self.T_mult = T_mult
+        self.eta_min = eta_min
+        self.T_cur: Union[int, float] = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        """Return the rates at position ``T_cur`` of the current period ``T_i``."""
+        low = self.eta_min
+        wave = (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+        return [low + (base - low) * wave for base in self.base_lrs]
+
+    def step(self, epoch: Optional[float] = None) -> None:  # type: ignore[override]
+        """Advance one epoch, or go to ``epoch`` (a float: a fraction of the way through one).
+
+        Args:
+            epoch: the (fractional) epoch to go to; by default the next whole epoch.
+
+        Raises:
+            ValueError: ``epoch`` is negative.
+
+        Example:
+            >>> import mpitensor as mt
+            >>> from mpitensor.optim import SGD
+            >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+            >>> s = CosineAnnealingWarmRestarts(opt, T_0=2)
+            >>> s.step(0.5); round(s.get_last_lr()[0], 6)
+            0.853553
+        """
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur = self.T_cur + 1
+            if self.T_cur >= self.T_i:
+                self.T_cur = self.T_cur - self.T_i
+                self.T_i = self.T_i * self.T_mult
+        else:
+            if epoch < 0:
+                raise ValueError(f"CosineAnnealingWarmRestarts: epochs are >= 0, got {epoch!r}")
+            if epoch >= self.T_0:
+                if self.T_mult == 1:
+                    self.T_cur = epoch % self.T_0
+                else:
+                    # periods T_0, T_0 m, T_0 m^2, ...: n whole periods end before epoch
+                    m = self.T_mult
+                    n = int(math.log((epoch / self.T_0 * (m - 1) + 1), m))
+                    self.T_cur = epoch - self.T_0 * (m ** n - 1) / (m - 1)
+                    self.T_i = self.T_0 * m ** n
+            else:
+                self.T_i = self.T_0
+                self.T_cur = epoch
+        self.last_epoch = math.floor(epoch)
+        groups = self.optimizer.param_groups
+        for group, rate in zip(groups, self.get_lr()):
+            group["lr"] = rate
+        self._last_lr = [group["lr"] for group in groups]
+
+
+def _triangular_scale(x: float) -> float:
+    return 1.0
+
+
+def _triangular2_scale(x: float) -> float:
+    return 1 / (2.0 ** (x - 1))
+
+
+def _exp_range_scale(gamma: float, x: float) -> float:
+    return gamma ** x
+
+
+class CyclicLR(LRScheduler):
+    """Cycle every group's rate between ``base_lr`` and ``max_lr`` (Smith, 2017), per batch.
+
+    Each cycle rises for ``step_size_up`` steps and falls for ``step_size_down``; the amplitude
+    is scaled by a policy: ``"triangular"`` (constant), ``"triangular2"`` (halved every cycle),
+    ``"exp_range"`` (``gamma ** step``), or a ``scale_fn`` of the cycle number
+    (``scale_mode="cycle"``) or of the step (``"iterations"``). With ``cycle_momentum``, the
+    momentum (or Adam's ``beta1``) moves the opposite way between ``max_momentum`` and
+    ``base_momentum``; groups record ``max_momentum`` and ``base_momentum``, as in torch.
+
+    Args:
+        optimizer: the optimiser.
+        base_lr: the lower rate, or one per group (the groups' ``lr`` is set to it).
+        max_lr: the upper rate, or one per group.
+        step_size_up: steps of the rising half (default 2000).
+        step_size_down: steps of the falling half (default: ``step_size_up``).
+        mode: ``"triangular"``, ``"triangular2"`` or ``"exp_range"`` (ignored with
+            ``scale_fn``).
+        gamma: the base of ``"exp_range"`` (default 1).
+        scale_fn: a custom amplitude policy, one argument.
+        scale_mode: what ``scale_fn`` is given: ``"cycle"`` or ``"iterations"``.
+        cycle_momentum: cycle the momentum too (default True).
+        base_momentum, max_momentum: the momentum bounds, or one per group (default 0.8, 0.9).
+        last_epoch: the last batch index when resuming (default -1).
+
+    Raises:
+        ValueError: an unknown ``mode`` without ``scale_fn``, a list of the wrong length, or
+            ``cycle_momentum`` with an optimiser that has neither ``momentum`` nor ``betas``.
+        TypeError: ``optimizer`` is not an Optimizer.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=0.1, momentum=0.9)
+        >>> s = CyclicLR(opt, base_lr=0.1, max_lr=0.5, step_size_up=2)
+        >>> [round((s.step(), s.get_last_lr()[0])[1], 6) for _ in range(4)]
+        [0.3, 0.5, 0.3, 0.1]
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        base_lr: Union[float, List[float]],
+        max_lr: Union[float, List[float]],
+        step_size_up: int = 2000,
+        step_size_down: Optional[int] = None,
+        mode: str = "triangular",
+        gamma: float = 1.0,
+        scale_fn: Optional[Callable[[float], float]] = None,
+        scale_mode: str = "cycle",
+        cycle_momentum: bool = True,
+        base_momentum: float = 0.8,
+        max_momentum: float = 0.9,
+        last_epoch: int = -1,
+    ) -> None:
+        owner = "CyclicLR"
+        _check_optimizer(optimizer)
+        base_lrs = _per_group(owner, "base_lr", optimizer, base_lr)
+        max_lrs = _per_group(owner, "max_lr", optimizer, max_lr)
+        if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+            raise ValueError(f"{owner}: mode must be 'triangular', 'triangular2' or "
+                             f"'exp_range' (or give a scale_fn), got {mode!r}")
+        if scale_fn is not None and scale_mode not in ("cycle", "iterations"):
+            raise ValueError(f"{owner}: scale_mode must be 'cycle' or 'iterations', got "
+                             f"{scale_mode!r}")
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError(f"{owner}: cycle_momentum=True needs an optimiser with a "
+                                 f"'momentum' or 'betas' hyper-parameter "
+                                 f"({type(optimizer).__name__} has neither); pass "
+                                 f"cycle_momentum=False")
+            base_moms = _per_group(owner, "base_momentum", optimizer, base_momentum)
+            max_moms = _per_group(owner, "max_momentum", optimizer, max_momentum)
+        if last_epoch == -1:
+            for group, rate in zip(optimizer.param_groups, base_lrs):
+                group["lr"] = rate
+        self.max_lrs = max_lrs
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        self.total_size = up + down
+        self.step_ratio = up / self.total_size
+        self.mode = mode
+        self.gamma = gamma
+        self._scale_fn_custom = scale_fn
+        self.scale_mode = scale_mode
+        self._init_scale_fn()
+        self.cycle_momentum = bool(cycle_momentum)
+        if self.cycle_momentum:
+            self.use_beta1 = "betas" in optimizer.defaults
+            self.base_momentums = base_moms
+            self.max_momentums = max_moms
+            if last_epoch == -1:
+                for group, high, low in zip(optimizer.param_groups, max_moms, base_moms):
+                    self._set_momentum(group, high)
+                    group["max_momentum"] = high
+                    group["base_momentum"] = low
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def _init_scale_fn(self) -> None:
+        self._scale_fn_ref: Callable[[float], float]
+        if self._scale_fn_custom is not None:
+            return
+        if self.mode == "triangular":
+            self._scale_fn_ref, self.scale_mode = _triangular_scale, "cycle"
+        elif self.mode == "triangular2":
+            self._scale_fn_ref, self.scale_mode = _triangular2_scale, "cycle"
+        else:
+            self._scale_fn_ref = functools.partial(_exp_range_scale, self.gamma)
+            self.scale_mode = "iterations"
+
+    def scale_fn(self, x: float) -> float:
+        """The amplitude policy at ``x`` (the cycle number or the step, per ``scale_mode``)."""
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        return self._scale_fn_ref(x)
+
+    def _set_momentum(self, group: Dict[str, Any], value: float) -> None:
+        if self.use_beta1:
+            group["betas"] = (value, *group["betas"][1:])
+        else:
+            group["momentum"] = value
+
+    def get_lr(self) -> List[float]:
+        """Return the rates at batch ``last_epoch`` (and set the momenta, when cycled)."""
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle  # position within the cycle
+        if x <= self.step_ratio:
+            rise = x / self.step_ratio
+        else:
+            rise = (x - 1) / (self.step_ratio - 1)
+        scale = self.scale_fn(cycle if self.scale_mode == "cycle" else self.last_epoch)
+        rates = [base + (top - base) * rise * scale
+                 for base, top in zip(self.base_lrs, self.max_lrs)]
+        if self.cycle_momentum:
+            for group, low, high in zip(self.optimizer.param_groups, self.base_momentums,
+                                        self.max_momentums):
+                self._set_momentum(group, high - (high - low) * rise * scale)
+        return rates
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the state; a custom ``scale_fn`` is stored as None (a function) or as a copy
+        of its attributes (a callable object), as torch stores it.
+        """
+        state = super().state_dict()
+        state.pop("_scale_fn_ref", None)
+        fn = state.pop("_scale_fn_custom", None)
+        state["_scale_fn_custom"] = None
+        if fn is not None and not isinstance(fn, types.FunctionType):
+            state["_scale_fn_custom"] = dict(vars(fn)) if hasattr(fn, "__dict__") else None
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore the state; saved attributes go back into this scheduler's ``scale_fn``.
+
+        Raises:
+            TypeError: ``state_dict`` is not a dict.
+        """
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"load_state_dict() expects the dict that state_dict() returned, "
+                            f"got {type(state_dict).__name__}")
+        rest = {k: v for k, v in state_dict.items() if k != "_scale_fn_custom"}
+        super().load_state_dict(rest)
+        saved = state_dict.get("_scale_fn_custom")
+        if saved is not None and self._scale_fn_custom is not None:
+            self._scale_fn_custom.__dict__.update(saved)
+        self._init_scale_fn()
+
+
+# ---- schedules made of schedules --------------------------------------------------------------
+
+def _check_parts(owner: str, schedulers: Any, optimizer: Optimizer) -> List[LRScheduler]:
+    parts = list(schedulers)
+    if not parts:
+        raise ValueError(f"{owner} expects at least one scheduler")
+    for i, s in enumerate(parts):
+        if not hasattr(s, "optimizer"):
+            raise TypeError(f"{owner}: schedulers[{i}] is a {type(s).__name__}, not a "
+                            f"learning-rate scheduler")
+        if isinstance(s, ReduceLROnPlateau):
+            raise ValueError(f"{owner}: schedulers[{i}] is a ReduceLROnPlateau, which steps on "
+                             f"a metric and cannot be combined; step it on its own")
+        if s.optimizer is not optimizer:
+            raise ValueError(f"{owner}: schedulers[{i}] drives a different optimizer than the "
+                             f"others; every scheduler must be built on the same optimizer")
+    return parts
+
+
+class SequentialLR(LRScheduler):
+    """Run one schedule after another, handing over at the milestone epochs.
+
+    ``schedulers[i]`` drives the rates from ``milestones[i - 1]`` on; at a milestone the next
+    schedule starts from its epoch 0 (its closed form at 0). Creating it resets the groups to
+    their initial rates and takes the first schedule's first step.
+
+    Args:
+        optimizer: the optimiser every schedule drives.
+        schedulers: the schedules, in order.
+        milestones: the epochs at which the next schedule takes over (one fewer than
+            ``schedulers``).
+        last_epoch: the last epoch index when resuming (default -1).
+
+    Raises:
+        ValueError: no schedulers, a ReduceLROnPlateau among them, one built on another
+            optimiser, or the wrong number of milestones.
+        TypeError: an entry is not a scheduler.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+        >>> warm = ConstantLR(opt, factor=0.1, total_iters=2)
+        >>> decay = ExponentialLR(opt, gamma=0.5)
+        >>> s = SequentialLR(opt, [warm, decay], milestones=[2])
+        >>> [round((s.step(), s.get_last_lr()[0])[1], 6) for _ in range(4)]
+        [0.1, 1.0, 0.5, 0.25]
+    """
+
+    def __init__(self, optimizer: Optimizer, schedulers: List[LRScheduler],
+                 milestones: List[int], last_epoch: int = -1) -> None:
+        _check_optimizer(optimizer)
+        parts = _check_parts("SequentialLR", schedulers, optimizer)
+        if len(milestones) != len(parts) - 1:
+            raise ValueError(f"SequentialLR: {len(parts)} schedulers need {len(parts) - 1} "
+                             f"milestones, got {len(milestones)}")
+        self._schedulers = parts
+        self._milestones = list(milestones)
+        self.last_epoch = last_epoch + 1
+        self.optimizer = optimizer
+        for group in optimizer.param_groups:  # the parts' constructors already moved them
+            group["lr"] = group["initial_lr"]
+        for s in parts:  # and stepped once each: take those steps back
+            s.last_epoch -= 1
+        parts[0]._initial_step()
+        self._last_lr = parts[0].get_last_lr()
+
+    def step(self) -> None:  # type: ignore[override]
+        """Advance one epoch with the schedule in charge (a new one starts at its epoch 0)."""
+        self.last_epoch += 1
+        i = bisect.bisect_right(self._milestones, self.last_epoch)
+        part = self._schedulers[i]
+        if i > 0 and self._milestones[i - 1] == self.last_epoch:
+            part.step(0)
+        else:
+            part.step()
+        self._last_lr = part.get_last_lr()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the state, with each part's state dict under ``"_schedulers"`` (torch's
+        layout)."""
+        state = {k: v for k, v in vars(self).items() if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore the state and every part's.
+
+        Raises:
+            TypeError: ``state_dict`` is not a dict.
+        """
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"load_state_dict() expects the dict that state_dict() returned, "
+                            f"got {type(state_dict).__name__}")
+        vars(self).update({k: v for k, v in state_dict.items() if k != "_schedulers"})
+        for s, saved in zip(self._schedulers, state_dict.get("_schedulers", [])):
+            s.load_state_dict(saved)
+
+
+class ChainedScheduler(LRScheduler):
+    """Step several schedules together: each :meth:`step` steps every one of them, in order.
+
+    Args:
+        schedulers: the schedules (all on the same optimiser).
+        optimizer: that optimiser (default: the first schedule's).
+
+    Raises:
+        ValueError: no schedulers, a ReduceLROnPlateau among them, or one built on another
+            optimiser.
+        TypeError: an entry is not a scheduler.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+        >>> s = ChainedScheduler([ConstantLR(opt, factor=0.5, total_iters=2),
+        ...                       ExponentialLR(opt, gamma=0.9)])
+        >>> [round((s.step(), s.get_last_lr()[0])[1], 6) for _ in range(2)]
+        [0.45, 0.81]
+    """
+
+    def __init__(self, schedulers: Sequence[LRScheduler],
+                 optimizer: Optional[Optimizer] = None) -> None:
+        parts = list(schedulers)
+        if not parts:
+            raise ValueError("ChainedScheduler expects at least one scheduler")
+        opt = optimizer if optimizer is not None else getattr(parts[0], "optimizer", None)
+        _check_optimizer(opt)
+        self._schedulers = _check_parts("ChainedScheduler", parts, opt)
+        self.optimizer = opt
+        self._last_lr = [group["lr"] for group in opt.param_groups]
+
+    def step(self) -> None:  # type: ignore[override]
+        """Step every schedule once, in order."""
+        for s in self._schedulers:
+            s.step()
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    state_dict = SequentialLR.state_dict
+    load_state_dict = SequentialLR.load_state_dict
