@@ -617,17 +617,22 @@ class _PadNd(Function):
         return CN.pad_backward(g, ctx.maps), None, None
 
 
+class _PaddingSizeError(ValueError, RuntimeError):
+    """A padding mode's padding too big for its input: torch raises RuntimeError, mpitensor's
+    Conv2d raised ValueError first, so either handler catches it."""
+
+
 def _pad_mode(input: Any, pads: tuple, mode: str) -> Tensor:  # noqa: A002 - torch's name
     """``input`` padded by ``mode`` on its last ``len(pads)`` dimensions ((before, after) each),
     for the convolution modules' padding modes."""
     shape = _arr(input).shape[-len(pads):]
     for n, (lo, hi) in zip(shape, pads):
         if mode == "reflect" and (lo >= n or hi >= n):
-            raise RuntimeError(f"padding_mode='reflect' needs each padding smaller than its "
-                               f"input dimension, got padding ({lo}, {hi}) for size {n}")
+            raise _PaddingSizeError(f"padding_mode='reflect' needs padding smaller than the input "
+                                   f"size, got padding ({lo}, {hi}) for a dimension of size {n}")
         if mode == "circular" and (lo > n or hi > n):
-            raise RuntimeError(f"padding_mode='circular' needs each padding at most its input "
-                               f"dimension, got padding ({lo}, {hi}) for size {n}")
+            raise _PaddingSizeError(f"padding_mode='circular' needs padding at most the input "
+                                   f"size, got padding ({lo}, {hi}) for a dimension of size {n}")
     return _PadNd.apply(input, tuple(pads), mode)
 
 

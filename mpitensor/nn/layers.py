@@ -28,9 +28,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, empty
 
 from . import functional as F  # noqa: N812 - torch's spelling
@@ -209,56 +207,6 @@ class Linear(Module):
 _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 
 
-def _pad_index(n: int, before: int, after: int, mode: str) -> np.ndarray:
-    """For each padded position along one axis, the input position it copies."""
-    if mode == "reflect" and (before >= n or after >= n):
-        raise ValueError(
-            f"Conv2d: padding_mode='reflect' needs padding smaller than the input size; got "
-            f"padding ({before}, {after}) on a dimension of size {n}"
-        )
-    if mode == "circular" and (before > n or after > n):
-        raise ValueError(
-            f"Conv2d: padding_mode='circular' needs padding at most the input size; got "
-            f"padding ({before}, {after}) on a dimension of size {n}"
-        )
-    idx = np.arange(-before, n + after)
-    if mode == "replicate":
-        return np.clip(idx, 0, n - 1)
-    if mode == "circular":
-        return idx % n
-    period = 2 * (n - 1)
-    m = idx % period if period else np.zeros_like(idx)
-    return np.where(m >= n, period - m, m)
-
-
-class _Pad(Function):
-    """Reflect / replicate / circular padding of the last two dimensions (Conv2d's modes).
-
-    Forward gathers rows and columns through index maps; backward scatters the gradient back
-    with two small one-hot matrix products, so it runs the same on NumPy and CuPy.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, pad: tuple, mode: str) -> Any:
-        xp = _backend.array_module(x)
-        h, w = x.shape[-2], x.shape[-1]
-        rows = _pad_index(h, pad[2], pad[3], mode)
-        cols = _pad_index(w, pad[0], pad[1], mode)
-        if xp is not np:
-            rows, cols = xp.asarray(rows), xp.asarray(cols)
-        ctx.maps = (rows, cols, h, w)
-        return x[..., rows[:, None], cols[None, :]]
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        rows, cols, h, w = ctx.maps
-        xp = _backend.array_module(g)
-        sh = (rows[:, None] == xp.arange(h)[None, :]).astype(g.dtype)
-        sw = (cols[:, None] == xp.arange(w)[None, :]).astype(g.dtype)
-        return (sh.T @ g @ sw, None, None)
-
-
-
 class Conv2d(Module):
     """2-D convolution (cross-correlation) over an NCHW input, as ``torch.nn.Conv2d``.
 
@@ -338,7 +286,9 @@ class Conv2d(Module):
             pad4 = []
             for p in reversed(self.padding):
                 pad4 += [p, p]
-        self._reversed_padding_repeated_twice = tuple(pad4)
+        # a list for string paddings, a tuple otherwise, as torch keeps it
+        self._reversed_padding_repeated_twice = pad4 if isinstance(padding, str) else tuple(pad4)
+        self._pads = ((pad4[2], pad4[3]), (pad4[0], pad4[1]))
         _add_weight_and_bias(self, (self.out_channels, self.in_channels // self.groups,
                                     *self.kernel_size), bias, _factory(dtype, c), device)
 
@@ -348,7 +298,7 @@ class Conv2d(Module):
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         if self.padding_mode != "zeros":
-            input = _Pad.apply(input, self._reversed_padding_repeated_twice, self.padding_mode)
+            input = F._pad_mode(input, self._pads, self.padding_mode)
             return F.conv2d(input, self.weight, self.bias, self.stride, 0, self.dilation,
                             self.groups)
         return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation,
