@@ -143,7 +143,7 @@ def sizes(size: tuple, kw: Any, fname: str) -> tuple:
 
     Raises:
         TypeError: both, or sizes that are not ints.
-        ValueError: a negative size.
+        BadValueError: (a ``ValueError`` and ``RuntimeError``) a negative size.
     """
     if kw is not None:
         if size:
@@ -156,7 +156,10 @@ def sizes(size: tuple, kw: Any, fname: str) -> tuple:
         except TypeError:
             raise TypeError(f"{fname}(): size must be ints or one tuple of ints, got "
                             f"{size[0]!r}") from None
-    return size_from(size, fname)
+    try:
+        return size_from(size, fname)
+    except ValueError as e:  # a negative size: torch raises RuntimeError
+        raise BadValueError(str(e)) from None
 
 
 def dtype_or(dtype: DTypeLike, default: np.dtype) -> np.dtype:
@@ -408,7 +411,7 @@ def full(
     if not is_scalar(fill_value):
         raise TypeError(f"full(): fill_value must be a number, got {fill_value!r}")
     check_placement("full", layout, None, pin_memory)
-    shape = size_from(size if isinstance(size, (tuple, list)) else (size,), "full")
+    shape = sizes((size if isinstance(size, (tuple, list)) else (size,)), None, "full")
     if out is not None:
         dt = dtype_or(dtype, getattr(out, "dtype", None) or scalar_dtype(fill_value))
         dev = parse_device(device) or _backend.device_of(getattr(out, "_data", None))
