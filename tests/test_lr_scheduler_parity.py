@@ -512,3 +512,286 @@ def test_signatures_match_torch():
             getattr(torch.optim.lr_scheduler, name).__init__).parameters.values()
         assert [(p.name, p.kind, p.default) for p in ours] == \
             [(p.name, p.kind, p.default) for p in theirs], name
+
+
+# ---- CosineAnnealingWarmRestarts with fractional epochs ----------------------------------------
+
+@pytest.mark.parametrize("kw", [dict(T_0=3), dict(T_0=2, T_mult=2, eta_min=0.01),
+                                dict(T_0=4, T_mult=3)], ids=_kw_id)
+def test_warm_restarts_fractional_epochs_like_torch(kw):
+    opt, sched = _ours("CosineAnnealingWarmRestarts", kw)
+    topt, tsched = _theirs("CosineAnnealingWarmRestarts", kw)
+    batches = 7
+    for epoch in range(20):
+        for b in range(batches):
+            sched.step(epoch + b / batches)
+            tsched.step(epoch + b / batches)
+            assert sched.get_last_lr() == tsched.get_last_lr(), (epoch, b)
+            assert (sched.T_cur, sched.T_i, sched.last_epoch) == \
+                (tsched.T_cur, tsched.T_i, tsched.last_epoch)
+    ours, theirs = sched.state_dict(), tsched.state_dict()
+    assert set(ours) <= set(theirs)
+    assert all(ours[k] == theirs[k] for k in ours)
+    # and back to whole epochs: the period bookkeeping continues as torch's does
+    for _ in range(15):
+        sched.step()
+        tsched.step()
+        assert sched.get_last_lr() == tsched.get_last_lr()
+
+
+def test_warm_restarts_bad_arguments_like_torch():
+    for kw in (dict(T_0=0), dict(T_0=2.5), dict(T_0=3, T_mult=0), dict(T_0=3, T_mult=1.5),
+               dict(T_0=3, eta_min="0")):
+        with pytest.raises(Exception) as theirs:
+            _theirs("CosineAnnealingWarmRestarts", kw)
+        with pytest.raises(theirs.type):
+            _ours("CosineAnnealingWarmRestarts", kw)
+    _, sched = _ours("CosineAnnealingWarmRestarts", dict(T_0=3))
+    _, tsched = _theirs("CosineAnnealingWarmRestarts", dict(T_0=3))
+    with pytest.raises(ValueError):
+        tsched.step(-1)
+    with pytest.raises(ValueError, match="epochs are >= 0"):
+        sched.step(-1)
+
+
+# ---- CyclicLR: momentum, betas, custom scale functions ------------------------------------------
+
+class _Decay:
+    """A callable scale_fn object with state, which CyclicLR's state dict carries."""
+
+    def __init__(self, rate):
+        self.rate = rate
+
+    def __call__(self, x):
+        return self.rate ** x
+
+
+@pytest.mark.parametrize("mode", ["triangular", "triangular2", "exp_range"])
+def test_cyclic_cycles_sgd_momentum_like_torch(mode):
+    kw = dict(base_lr=[0.01, 0.02, 0.03], max_lr=0.5, step_size_up=3, step_size_down=5,
+              mode=mode, gamma=0.95, base_momentum=[0.8, 0.7, 0.85], max_momentum=0.95)
+    opt, sched = _ours("CyclicLR", kw)
+    topt, tsched = _theirs("CyclicLR", kw)
+    for step in range(30):
+        assert sched.get_last_lr() == tsched.get_last_lr(), step
+        for key in ("momentum", "max_momentum", "base_momentum", "initial_lr"):
+            assert [g[key] for g in opt.param_groups] == [g[key] for g in topt.param_groups]
+        sched.step()
+        tsched.step()
+
+
+def test_cyclic_drives_adam_beta1_like_torch():
+    import numpy as np
+
+    from mpitensor.optim import Adam
+
+    rng = np.random.default_rng(5)
+    x0 = rng.standard_normal(5)
+    p = Parameter(mt.tensor(x0.copy()))
+    r = torch.nn.Parameter(torch.from_numpy(x0.copy()))
+    opt, topt = Adam([p], lr=0.01), torch.optim.Adam([r], lr=0.01)
+    kw = dict(base_lr=0.001, max_lr=0.05, step_size_up=4, base_momentum=0.85,
+              max_momentum=0.95)
+    sched = lr_scheduler.CyclicLR(opt, **kw)
+    tsched = torch.optim.lr_scheduler.CyclicLR(topt, **kw)
+    assert sched.use_beta1 and opt.param_groups[0]["betas"] == topt.param_groups[0]["betas"]
+    for _ in range(20):
+        g = rng.standard_normal(5)
+        p.grad, r.grad = mt.tensor(g), torch.from_numpy(g.copy())
+        opt.step()
+        topt.step()
+        sched.step()
+        tsched.step()
+        assert opt.param_groups[0]["betas"] == topt.param_groups[0]["betas"]
+        assert sched.get_last_lr() == tsched.get_last_lr()
+    np.testing.assert_allclose(p._data, r.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_cyclic_state_dict_keeps_a_callable_scale_fn_like_torch():
+    kw = dict(base_lr=0.01, max_lr=0.3, step_size_up=3, scale_mode="iterations")
+    opt, sched = _ours("CyclicLR", dict(kw, scale_fn=_Decay(0.9)))
+    _, tsched = _theirs("CyclicLR", dict(kw, scale_fn=_Decay(0.9)))
+    for _ in range(5):
+        sched.step()
+        tsched.step()
+    ours, theirs = sched.state_dict(), tsched.state_dict()
+    assert ours["_scale_fn_custom"] == theirs["_scale_fn_custom"] == {"rate": 0.9}
+    assert "_scale_fn_ref" not in ours
+    assert set(ours) <= set(theirs) and all(ours[k] == theirs[k] for k in ours)
+    fresh = _Decay(0.1)
+    opt2, sched2 = _ours("CyclicLR", dict(kw, scale_fn=fresh))
+    opt2.load_state_dict(opt.state_dict())
+    sched2.load_state_dict(theirs)
+    assert fresh.rate == 0.9
+    for _ in range(8):
+        sched2.step()
+        tsched.step()
+        assert sched2.get_last_lr() == tsched.get_last_lr()
+    # a plain function is not stored (it does not pickle reliably), in either library
+    _, fsched = _ours("CyclicLR", dict(kw, scale_fn=lambda x: 0.5))
+    assert fsched.state_dict()["_scale_fn_custom"] is None
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(base_lr=0.1, max_lr=1.0, mode="sawtooth"),
+    dict(base_lr=[0.1, 0.2], max_lr=1.0),
+    dict(base_lr=0.1, max_lr=[1.0, 2.0]),
+], ids=_kw_id)
+def test_cyclic_bad_arguments_like_torch(kwargs):
+    with pytest.raises(Exception) as theirs:
+        _theirs("CyclicLR", kwargs)
+    with pytest.raises(theirs.type):
+        _ours("CyclicLR", kwargs)
+
+
+def test_cyclic_momentum_needs_momentum_or_betas_like_torch():
+    from mpitensor.optim import Adagrad
+
+    with pytest.raises(ValueError):
+        torch.optim.lr_scheduler.CyclicLR(
+            torch.optim.Adagrad([torch.nn.Parameter(torch.zeros(1))]), 0.1, 1.0)
+    opt = Adagrad([Parameter(mt.zeros(1))], lr=0.1)
+    with pytest.raises(ValueError, match="cycle_momentum=False"):
+        lr_scheduler.CyclicLR(opt, 0.1, 1.0)
+    lr_scheduler.CyclicLR(opt, 0.1, 1.0, cycle_momentum=False)
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("LinearLR", dict(start_factor=0.0)), ("LinearLR", dict(start_factor=1.5)),
+    ("LinearLR", dict(end_factor=-0.1)), ("LinearLR", dict(end_factor=1.1)),
+    ("ConstantLR", dict(factor=1.5)), ("ConstantLR", dict(factor=-0.5)),
+], ids=lambda v: v if isinstance(v, str) else _kw_id(v))
+def test_warmup_bad_arguments_like_torch(name, kwargs):
+    with pytest.raises(Exception) as theirs:
+        _theirs(name, kwargs)
+    with pytest.raises(theirs.type):
+        _ours(name, kwargs)
+
+
+# ---- SequentialLR and ChainedScheduler -------------------------------------------------------
+
+def _parts(lib, opt, which):
+    ls = lib.optim.lr_scheduler if lib is torch else lr_scheduler
+    if which == "warmup-cosine":
+        return [ls.LinearLR(opt, start_factor=0.1, total_iters=4),
+                ls.CosineAnnealingLR(opt, T_max=20, eta_min=0.001)], [4]
+    if which == "constant-exp-step":
+        return [ls.ConstantLR(opt, factor=0.5, total_iters=3), ls.ExponentialLR(opt, 0.9),
+                ls.StepLR(opt, step_size=3, gamma=0.5)], [3, 9]
+    if which == "poly-restarts":
+        return [ls.PolynomialLR(opt, total_iters=6, power=2.0),
+                ls.CosineAnnealingWarmRestarts(opt, T_0=4, T_mult=2)], [5]
+    return [ls.ExponentialLR(opt, 0.95), ls.StepLR(opt, step_size=4, gamma=0.3),
+            ls.LinearLR(opt, start_factor=0.5, total_iters=6)], None
+
+
+def _combo(lib, kind, which):
+    if lib is torch:
+        opt = torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr}
+                               for lr in LRS], lr=LRS[0])
+        ls = torch.optim.lr_scheduler
+    else:
+        opt = SGD([{"params": [Parameter(mt.zeros(1))], "lr": lr} for lr in LRS], lr=LRS[0])
+        ls = lr_scheduler
+    parts, milestones = _parts(lib, opt, which)
+    if kind == "SequentialLR":
+        return opt, ls.SequentialLR(opt, parts, milestones=milestones)
+    return opt, ls.ChainedScheduler(parts)
+
+
+COMBOS = [("SequentialLR", "warmup-cosine"), ("SequentialLR", "constant-exp-step"),
+          ("SequentialLR", "poly-restarts"), ("ChainedScheduler", "chain")]
+
+
+def _same_state(ours, theirs):
+    assert set(ours) <= set(theirs)
+    for key, value in ours.items():
+        if key == "_schedulers":
+            assert len(value) == len(theirs[key])
+            for a, b in zip(value, theirs[key]):
+                _same_state(a, b)
+        else:
+            assert value == theirs[key], key
+
+
+@pytest.mark.parametrize("kind, which", COMBOS)
+def test_combined_schedules_match_torch(tmp_path, kind, which):
+    opt, sched = _combo(mt, kind, which)
+    topt, tsched = _combo(torch, kind, which)
+    assert sched.get_last_lr() == tsched.get_last_lr()
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in topt.param_groups]
+    for step in range(30):
+        opt.step()
+        topt.step()
+        sched.step()
+        tsched.step()
+        assert sched.get_last_lr() == tsched.get_last_lr(), step
+        assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in topt.param_groups]
+        if step == 12:
+            _same_state(sched.state_dict(), tsched.state_dict())
+            path = tmp_path / "ckpt.mt"
+            mt.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, str(path))
+    # resume from our checkpoint (written at step 12) and from torch's dict: both continue as
+    # torch does
+    for source in ("ours", "torch"):
+        _, tref = _combo(torch, kind, which)
+        topt2 = tref.optimizer
+        for _ in range(13):
+            topt2.step()
+            tref.step()
+        opt2, sched2 = _combo(mt, kind, which)
+        ckpt = mt.load(str(path))
+        opt2.load_state_dict(ckpt["optimizer"])
+        sched2.load_state_dict(ckpt["scheduler"] if source == "ours" else tref.state_dict())
+        for step in range(15):
+            sched2.step()
+            tref.step()
+            assert sched2.get_last_lr() == tref.get_last_lr(), (source, step)
+
+
+def test_combined_schedules_bad_arguments_like_torch():
+    def both(build):
+        with pytest.raises(Exception) as theirs:
+            build(torch, torch.optim.lr_scheduler)
+        with pytest.raises(theirs.type):
+            build(mt, lr_scheduler)
+
+    def opt_of(lib):
+        if lib is torch:
+            return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        return SGD([Parameter(mt.zeros(1))], lr=0.1)
+
+    both(lambda lib, ls: ls.SequentialLR(opt_of(lib), [], milestones=[]))
+    both(lambda lib, ls: ls.ChainedScheduler([]))
+
+    def wrong_milestones(lib, ls):
+        o = opt_of(lib)
+        return ls.SequentialLR(o, [ls.ConstantLR(o), ls.ExponentialLR(o, 0.9)], milestones=[])
+
+    def other_optimizer(lib, ls):
+        o = opt_of(lib)
+        return ls.SequentialLR(o, [ls.ConstantLR(o), ls.ExponentialLR(opt_of(lib), 0.9)], [2])
+
+    def with_plateau(lib, ls):
+        o = opt_of(lib)
+        return ls.ChainedScheduler([ls.ConstantLR(o), ls.ReduceLROnPlateau(o)])
+
+    def not_a_scheduler(lib, ls):
+        o = opt_of(lib)
+        return ls.SequentialLR(o, [ls.ConstantLR(o), object()], [2])
+
+    for build in (wrong_milestones, other_optimizer, with_plateau, not_a_scheduler):
+        both(build)
+
+
+def test_new_signatures_match_torch():
+    import inspect
+
+    for name in ("LinearLR", "ConstantLR", "PolynomialLR", "CosineAnnealingWarmRestarts",
+                 "CyclicLR", "SequentialLR", "ChainedScheduler"):
+        assert name in lr_scheduler.__all__
+        ours = inspect.signature(getattr(lr_scheduler, name).__init__).parameters.values()
+        theirs = inspect.signature(
+            getattr(torch.optim.lr_scheduler, name).__init__).parameters.values()
+        assert [(p.name, p.kind, p.default) for p in ours] == \
+            [(p.name, p.kind, p.default) for p in theirs], name

@@ -1324,6 +1324,8 @@ class SequentialLR(LRScheduler):
         i = bisect.bisect_right(self._milestones, self.last_epoch)
         part = self._schedulers[i]
         if i > 0 and self._milestones[i - 1] == self.last_epoch:
+            # the part starts afresh: its epoch 0 (closed form), counted as its first step
+            part._step_count = 0
             part.step(0)
         else:
             part.step()
