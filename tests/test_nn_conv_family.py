@@ -146,6 +146,24 @@ def test_conv_transpose_values_and_gradients_match_torch(nd, dtype):
             _check(fname, x, w, b, dtype, lengths, **kw)
 
 
+@pytest.mark.parametrize("fname,x,w,kw", [
+    # conv2d's banded im2col and compiled loops (one group, big im2col matrices)
+    ("conv_transpose2d", (8, 128, 8, 8), (128, 64, 4, 4), {"stride": 2, "padding": 1}),
+    ("conv_transpose2d", (16, 100, 1, 1), (100, 256, 4, 4), {}),
+    # the input gradient through Winograd's F(2x2, 3x3) (3x3, stride 1, 64+ channels)
+    ("conv_transpose2d", (4, 64, 12, 12), (64, 64, 3, 3), {"padding": 1}),
+    ("conv1d", (8, 64, 300), (96, 64, 5), {"padding": 2}),
+    ("conv_transpose1d", (8, 96, 150), (96, 64, 4), {"stride": 2, "padding": 1}),
+])
+def test_fast_paths_of_conv2d_kernels(fname, x, w, kw):
+    """Shapes big enough to take conv2d's bands, compiled loops and Winograd (float32)."""
+    cin, k = x[1], math.prod(w[2:])
+    length = max(cin * k, w[1] * k, x[0] * math.prod(x[2:]) * 4)
+    b = RNG.standard_normal(w[1] if fname.startswith("conv_t") else w[0])
+    _check(fname, RNG.standard_normal(x), RNG.standard_normal(w), b, np.float32,
+           (length, length, length), **kw)
+
+
 def test_conv_transpose_is_the_adjoint_of_conv():
     """<conv(x), y> == <x, conv_transpose(y)> for the same weight and geometry."""
     x = RNG.standard_normal((2, 6, 9, 8))
