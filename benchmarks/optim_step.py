@@ -41,6 +41,14 @@ CONFIGS: List[Tuple[str, str, dict]] = [
     ("Adagrad", "Adagrad", dict(lr=1e-2)),
     ("RMSprop", "RMSprop", dict(lr=1e-3)),
     ("RMSprop ctr mom", "RMSprop", dict(lr=1e-3, centered=True, momentum=0.9)),
+    ("Adamax", "Adamax", dict()),
+    ("NAdam", "NAdam", dict()),
+    ("NAdam decoupled", "NAdam", dict(weight_decay=1e-2, decoupled_weight_decay=True)),
+    ("RAdam", "RAdam", dict()),
+    ("ASGD", "ASGD", dict(t0=1.0)),
+    ("Rprop", "Rprop", dict()),
+    ("SparseAdam", "SparseAdam", dict()),
+    ("LBFGS 5 it", "LBFGS", dict(max_iter=5, history_size=10)),
 ]
 
 
@@ -77,6 +85,21 @@ def _time_pair(fm: Callable[[], Any], ft: Optional[Callable[[], Any]], reps: int
     return _median_ms(a), (_median_ms(b) if b else float("nan"))
 
 
+def _stepper(opt: Any, params: List[Any]) -> Callable[[], Any]:
+    """LBFGS's step with a closure: the loss 0.5 * |p|^2, its gradient p, set by hand (the same
+    few array operations in both libraries, no autograd), so the optimiser's own work is timed.
+    """
+    def closure() -> float:
+        total = 0.0
+        for p in params:
+            d = p.detach()
+            p.grad = d.clone()
+            total += 0.5 * float((d * d).sum())
+        return total
+
+    return lambda: opt.step(closure)
+
+
 def main() -> None:
     """Time every configuration and print a table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -107,13 +130,18 @@ def main() -> None:
         for p, g in zip(mine, grads):
             p.grad = mt.tensor(g.copy())
         opt = getattr(optim, name)(mine, **kw)
+        fm = _stepper(opt, mine) if name == "LBFGS" else opt.step
         ft = None
         if torch is not None:
             ref = [torch.nn.Parameter(torch.from_numpy(v.copy())) for v in values]
             for r, g in zip(ref, grads):
+                # torch's SparseAdam takes sparse gradients only: the same (dense) values
                 r.grad = torch.from_numpy(g.copy())
-            ft = getattr(torch.optim, name)(ref, **kw).step
-        m, t = _time_pair(opt.step, ft, args.reps)
+                if name == "SparseAdam":
+                    r.grad = r.grad.to_sparse()
+            topt = getattr(torch.optim, name)(ref, **kw)
+            ft = _stepper(topt, ref) if name == "LBFGS" else topt.step
+        m, t = _time_pair(fm, ft, args.reps)
         if torch is None:
             print(f"{label:<17} {m:12.3f} {'-':>9} {'-':>6}")
             continue
