@@ -50,6 +50,16 @@ NOTES: Dict[str, str] = {
         "also equals its string (`device('cuda:0') == 'cuda:0'`) ([devices.md](devices.md))"
     ),
     "torch.manual_seed": "seeds the CPU and every GPU (CuPy); returns the default `Generator`",
+    "torch.Generator": (
+        "NumPy's PCG64 on the CPU (CuPy's generator on a GPU): the same seed gives the same "
+        "numbers within mpitensor, not torch's numbers; `get_state()` is a picklable dict, not "
+        "a ByteTensor"
+    ),
+    "torch.get_rng_state": "a picklable dict (the default `Generator`'s state), not a ByteTensor",
+    "torch.Tensor.type": (
+        "with no argument, names the type `'mpitensor.FloatTensor'`; takes `'torch.FloatTensor'`"
+        "-style names, the legacy classes and dtypes"
+    ),
     "torch.set_num_threads": (
         "sets NumPy's BLAS and OpenMP pools (threadpoolctl); `init_process_group` already "
         "limits them to the rank's share of the node's cores"
