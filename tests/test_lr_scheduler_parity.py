@@ -45,6 +45,9 @@ SCHEDULES = [
                         final_div_factor=100.0, base_momentum=0.8, max_momentum=0.99)),
     ("OneCycleLR", dict(max_lr=0.6, total_steps=50, three_phase=True, pct_start=0.2,
                         anneal_strategy="linear", cycle_momentum=False)),
+    ("MultiplicativeLR", dict(lr_lambda=lambda epoch: 0.95)),
+    ("MultiplicativeLR", dict(lr_lambda=[lambda e: 0.9, lambda e: 1.0 - 0.01 * e,
+                                         lambda e: 0.5 if e % 4 == 0 else 1.0])),
     ("LinearLR", dict()),
     ("LinearLR", dict(start_factor=0.1, end_factor=0.7, total_iters=9)),
     ("LinearLR", dict(start_factor=1.0, end_factor=0.05, total_iters=30)),
@@ -788,7 +791,7 @@ def test_new_signatures_match_torch():
     import inspect
 
     for name in ("LinearLR", "ConstantLR", "PolynomialLR", "CosineAnnealingWarmRestarts",
-                 "CyclicLR", "SequentialLR", "ChainedScheduler"):
+                 "CyclicLR", "SequentialLR", "ChainedScheduler", "MultiplicativeLR"):
         assert name in lr_scheduler.__all__
         ours = inspect.signature(getattr(lr_scheduler, name).__init__).parameters.values()
         theirs = inspect.signature(

@@ -29,7 +29,7 @@ from .optimizer import Optimizer
 __all__ = ["LRScheduler", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR",
            "LambdaLR", "OneCycleLR", "ReduceLROnPlateau", "LinearLR", "ConstantLR",
            "PolynomialLR", "CosineAnnealingWarmRestarts", "CyclicLR", "SequentialLR",
-           "ChainedScheduler"]
+           "ChainedScheduler", "MultiplicativeLR"]
 
 
 def _check_optimizer(optimizer: Any) -> Optimizer:
@@ -468,6 +468,40 @@ class LambdaLR(LRScheduler):
         for fn, saved in zip(self.lr_lambdas, state_dict.get("lr_lambdas") or []):
             if saved is not None:
                 fn.__dict__.update(saved)
+
+
+class MultiplicativeLR(LambdaLR):
+    """Multiply every group's current rate by a function of the epoch, at every epoch.
+
+    Unlike :class:`LambdaLR` (``base_lr * f(epoch)``), the factors compound:
+    ``lr_t = lr_{t-1} * f(t)``.
+
+    Args:
+        optimizer: the optimiser.
+        lr_lambda: a function ``epoch -> factor``, or a list/tuple with one per group.
+        last_epoch: the last epoch index when resuming (default -1).
+
+    Raises:
+        ValueError: a list of functions whose length is not the number of groups.
+        TypeError: a function is not callable.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+        >>> s = MultiplicativeLR(opt, lambda epoch: 0.5)
+        >>> for _ in range(3): s.step()
+        >>> s.get_last_lr()
+        [0.125]
+    """
+
+    def get_lr(self) -> List[float]:
+        """Return the current rates times ``lr_lambda(last_epoch)`` (unchanged on the first
+        step, taken by the constructor)."""
+        current = [group["lr"] for group in self.optimizer.param_groups]
+        if self._is_initial:
+            return current
+        return [rate * fn(self.last_epoch) for fn, rate in zip(self.lr_lambdas, current)]
 
 
 class OneCycleLR(LRScheduler):
