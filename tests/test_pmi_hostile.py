@@ -542,3 +542,51 @@ def test_a_barrier_costs_linear_time() -> None:
         server.sel.close()
         for _, b in pairs:
             b.close()
+
+
+LOCAL_RANK = """\
+    import socket, sys, time
+    unix, rank, token = sys.stdin.readline().split()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("\\0" + unix)
+    s.sendall(f"cmd=mpitensor-hello rank={rank} token={token}\\n".encode())
+    print(s.recv(100).decode().strip(), flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_local_rank_is_served_only_to_the_process_that_claimed_it() -> None:
+    """The rendezvous tells the helper which process claimed each rank of its host: a
+    stranger holding the token (read from the store) cannot take such a rank, over TCP nor
+    over the local socket, while the process that claimed it is served. Before, the first
+    to say hello with the token got any rank."""
+    rank1 = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LOCAL_RANK)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    h = _pmi.start_helper(2, 30.0, local_pids={1: rank1.pid})
+    try:
+        if not h.unix:
+            pytest.skip("no local (abstract Unix) socket on this system")
+        stranger = _conn(h.port)
+        stranger.sendall(f"cmd=mpitensor-hello rank=1 token={h.token}\n".encode())
+        assert _line(stranger) == (b"cmd=mpitensor-hello rc=1 "
+                                   b"msg=rank_1_was_claimed_by_another_process\n")
+        assert _closed_by_peer(stranger, 5.0)
+        local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        local.settimeout(5)
+        local.connect("\0" + h.unix)
+        local.sendall(f"cmd=mpitensor-hello rank=1 token={h.token}\n".encode())
+        assert _line(local) == (b"cmd=mpitensor-hello rc=1 "
+                                b"msg=rank_1_was_claimed_by_another_process\n")
+        local.close()
+        assert rank1.stdin is not None and rank1.stdout is not None
+        rank1.stdin.write(f"{h.unix} 1 {h.token}\n")
+        rank1.stdin.flush()
+        assert rank1.stdout.readline().strip() == "cmd=mpitensor-hello rc=0"
+        rank0 = _hello(h.port, 0, h.token)  # a rank of another host (none bound): TCP
+        rank0.close()
+        assert h.proc.poll() is None or h.proc.wait(timeout=5) == 1  # rank 0 left: job ends
+    finally:
+        _end(rank1)
+        h.proc.kill()
+        h.proc.wait(timeout=10)

@@ -187,14 +187,19 @@ class HelperServer:
             knows it (``_auth``'s challenge and response), before any line is read.
         unix: the name of a local socket to listen on too (Linux's abstract namespace): the
             ranks of this host connect there, and the kernel tells who they are.
+        local_pids: rank -> process id of the ranks on this host, as they claimed their rank
+            in the rendezvous: where the local socket exists, such a rank is served only on
+            it and only to that process (a stranger holding the token cannot take it).
     """
 
     def __init__(self, size: int, token: str, init_timeout: float, bind: str = "127.0.0.1",
                  mapping: Optional[str] = None, secret: Optional[bytes] = None,
-                 unix: Optional[str] = None) -> None:
+                 unix: Optional[str] = None,
+                 local_pids: Optional[Dict[int, int]] = None) -> None:
         self.size = size
         self.token = token
         self.mapping = mapping
+        self.local_pids = dict(local_pids or {})
         self.secret = secret
         self.kvsname = "mpitensor_" + secrets.token_hex(8)
         self.kvs: Dict[str, str] = {}
@@ -564,6 +569,14 @@ class HelperServer:
             return
         # the hello's pid= and host= words (older ranks send them) are not believed: a pid
         # signalled later is one the kernel vouched for (_vouch)
+        want = self.local_pids.get(rank) if self.unix is not None else None
+        if want is not None and (not c.local or c.pid != want):
+            # a rank of this host, but not the process that claimed it in the rendezvous
+            if cmd == "mpitensor-hello":
+                self._send(c, f"cmd=mpitensor-hello rc=1 msg=rank_{rank}_was_claimed_by_"
+                              f"another_process")
+            self._drop(c)
+            return
         if cmd == "mpitensor-watch":
             self.new.pop(c, None)
             c.kind, c.rank = "watch", rank
@@ -777,7 +790,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         pass
     server = HelperServer(size, token, init_timeout, bind=settings.get("bind", "127.0.0.1"),
                           mapping=settings.get("mapping"),
-                          secret=raw.encode() if raw else None, unix=settings.get("unix"))
+                          secret=raw.encode() if raw else None, unix=settings.get("unix"),
+                          local_pids={int(r): int(pid) for r, pid in
+                                      (settings.get("local_pids") or {}).items()})
     sys.stdout.write(f"{server.port} {server.kvsname} {'unix' if server.unix else '-'}\n")
     sys.stdout.flush()
     os.close(1)
@@ -796,8 +811,12 @@ class Helper(NamedTuple):
 
 
 def start_helper(size: int, init_timeout: float, bind: str = "127.0.0.1",
-                 mapping: Optional[str] = None) -> Helper:
+                 mapping: Optional[str] = None,
+                 local_pids: Optional[Dict[int, int]] = None) -> Helper:
     """Start the helper process, listening on ``bind`` (and on a local socket).
+
+    ``local_pids`` (rank -> pid of the ranks on this host, from the rendezvous) binds each
+    such rank to its process: see :class:`HelperServer`.
 
     The helper runs in a session of its own (a Ctrl-C in the terminal reaches the ranks, and
     their sockets closing ends it) with no output of its own; it exits when every rank has
@@ -813,8 +832,10 @@ def start_helper(size: int, init_timeout: float, bind: str = "127.0.0.1",
         start_new_session=True, close_fds=True)
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        proc.stdin.write((token + "\n" + json.dumps({"bind": bind, "mapping": mapping,
-                                                     "unix": unix}) + "\n").encode())
+        proc.stdin.write((token + "\n" + json.dumps({
+            "bind": bind, "mapping": mapping, "unix": unix,
+            "local_pids": {str(r): int(pid) for r, pid in (local_pids or {}).items()}})
+            + "\n").encode())
         proc.stdin.close()
         line = proc.stdout.readline().decode().split()
         proc.stdout.close()

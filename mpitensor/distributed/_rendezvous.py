@@ -441,7 +441,8 @@ def _arrive(s: Store, p: Plan, seconds: float, deadline: float) -> List[Dict[str
     """
     _claim_job(s, p)
     me = {"rank": p.rank, "world_size": p.world_size, "host": socket.gethostname(),
-          "netns": _netns(), "pid": os.getpid(), "mpi": _mpi_state()}
+          "netns": _netns(), "pidns": _netns("pid"), "pid": os.getpid(),
+          "mpi": _mpi_state()}
     mine = json.dumps(me)
     size_claim = f"{p.world_size} {p.rank}"
     first = s.compare_set("world_size", "", size_claim).decode()
@@ -484,11 +485,12 @@ def _arrive(s: Store, p: Plan, seconds: float, deadline: float) -> List[Dict[str
     return [json.loads(v) for v in s.multi_get(keys)]
 
 
-def _netns() -> str:
-    """This process's network namespace (``""`` where unknown): ranks that share a host name
-    may still not share a loopback interface (``ip netns``, containers)."""
+def _netns(kind: str = "net") -> str:
+    """This process's network (or ``kind``) namespace (``""`` where unknown): ranks that share
+    a host name may still not share a loopback interface (``ip netns``, containers), nor
+    process ids."""
     try:
-        st = os.stat("/proc/self/ns/net")
+        st = os.stat(f"/proc/self/ns/{kind}")
     except OSError:
         return ""
     return f"{st.st_dev}:{st.st_ino}"
@@ -567,9 +569,14 @@ def join(p: Plan, seconds: float) -> Any:
                 raise ValueError(msg)
             if fresh and want != "CONNECT":
                 bind, addr = _helper_address(p, members)
+                here, ns, pidns = socket.gethostname(), _netns(), _netns("pid")
                 started = _pmi.start_helper(
                     p.world_size, max(1.0, deadline - time.monotonic()), bind=bind,
-                    mapping=_pmi.process_mapping([m["host"] for m in members]))
+                    mapping=_pmi.process_mapping([m["host"] for m in members]),
+                    # a rank of this host (and of its namespaces) is bound to its process
+                    local_pids={m["rank"]: m["pid"] for m in members
+                                if m["host"] == here and m.get("netns", "") == ns
+                                and m.get("pidns", "") == pidns})
                 helper = started.proc
                 s.set("mode", json.dumps({"kind": "pmi", "port": started.port,
                                           "token": started.token, "unix": started.unix,
