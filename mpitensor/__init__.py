@@ -33,9 +33,12 @@ from . import (
     onnx,
     optim,
     serialization,
+    testing,
     utils,
+    version,
 )
 from ._compile import compile  # noqa: A004 - torch's name
+from ._precision import get_float32_matmul_precision, set_float32_matmul_precision
 from ._creation import (
     channels_last,
     channels_last_3d,
@@ -110,7 +113,8 @@ __all__ = [
     "DtypeMismatchError",
     "ReplicaDivergenceError", "set_num_threads", "get_num_threads", "cuda", "accelerator",
     "backends", "multiprocessing", "linalg", "futures", "jit", "onnx", "compile",
-    "serialization",
+    "serialization", "testing", "version", "get_float32_matmul_precision",
+    "set_float32_matmul_precision",
     "memory_format", "contiguous_format", "preserve_format", "channels_last",
     "channels_last_3d", "layout", "strided",
     *_dtype_names, *_tensor_names, *_legacy_type_names,

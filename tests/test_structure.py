@@ -109,7 +109,7 @@ LAYERS = [
               "mpitensor.futures"]),
     ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._", "mpitensor.cuda",
                  "mpitensor.accelerator", "mpitensor.backends", "mpitensor.linalg",
-                 "mpitensor.jit", "mpitensor.onnx"]),
+                 "mpitensor.jit", "mpitensor.onnx", "mpitensor.testing", "mpitensor.version"]),
     ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
                   "mpitensor.checkpoint", "mpitensor.utils"]),
