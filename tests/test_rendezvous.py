@@ -1070,10 +1070,13 @@ TWO_HOSTS = """\
 """
 
 
-def test_helper_listens_on_the_master_address_across_hosts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("secret", [None, "s3cret"])
+def test_helper_listens_on_the_master_address_across_hosts(tmp_path: Path,
+                                                            secret: Optional[str]) -> None:
     """Ranks on two hosts (network namespaces sharing a host name): the helper listens on
     the master's address only, never on every interface, and the rank of the other host
-    reaches it there over TCP (the local socket of rank 0's host is out of its reach)."""
+    reaches it there over TCP (the local socket of rank 0's host is out of its reach); with
+    MPITENSOR_SECRET that TCP connection authenticates before MPICH gets it."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -1090,7 +1093,8 @@ def test_helper_listens_on_the_master_address_across_hosts(tmp_path: Path) -> No
         port = "29611"
         envs = [_env({"MASTER_ADDR": master, "MASTER_PORT": port, "UCX_TLS": "tcp,self",
                       "UCX_NET_DEVICES": netns.IFACE, "FI_PROVIDER": "tcp",
-                      "FI_TCP_IFACE": netns.IFACE}) for _ in range(2)]
+                      "FI_TCP_IFACE": netns.IFACE, "MPITENSOR_SECRET": secret})
+                for _ in range(2)]
         cmds = [["ip", "netns", "exec", cluster.namespaces[r], sys.executable, prog, str(r)]
                 for r in (0, 1)]
         results = _run(cmds, tmp_path, envs)
