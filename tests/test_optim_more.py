@@ -246,6 +246,26 @@ def test_groups_and_missing_grads_match_torch(name):
         [g["params"] for g in topt.state_dict()["param_groups"]] == [[0, 1], [2]]
 
 
+@pytest.mark.parametrize("name, kw", [("Adamax", dict(weight_decay=0.1)),
+                                      ("NAdam", dict(weight_decay=0.1)),
+                                      ("RAdam", dict(betas=(0.9, 0.6))),
+                                      ("ASGD", dict(t0=2.5)), ("Rprop", dict())],
+                         ids=["Adamax", "NAdam", "RAdam", "ASGD", "Rprop"])
+def test_complex_parameters_match_torch(name, kw):
+    dtype = np.complex128
+    mine, opt, ref, topt, mats, noise = _pair(name, kw, dtype, seed=2)
+    _run_mt(name, opt, mine, mats, noise, dtype, 0, 10)
+    _run_torch(name, topt, ref, mats, noise, dtype, 0, 10)
+    for p, r in zip(mine, ref):
+        assert p.dtype == dtype
+        np.testing.assert_allclose(p._data, r.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for k, tst in topt.state_dict()["state"].items():
+        for key, tv in tst.items():
+            if key not in SCALARS:
+                np.testing.assert_allclose(opt.state_dict()["state"][k][key]._data, tv.numpy(),
+                                           rtol=1e-10, atol=1e-12)
+
+
 def test_sparse_adam_leaves_absent_entries_alone_as_torch_does():
     x0 = np.array([[1.0, -2.0, 0.5], [3.0, 0.25, -1.0]])
     p = Parameter(mt.tensor(x0.copy()))

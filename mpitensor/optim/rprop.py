@@ -124,9 +124,8 @@ class Rprop(_a.AdaptiveOptimizer):
         if not state:
             state["step"] = _a.new_step()
             state["prev"] = _a.zeros_state(param)
-            size = _a.zeros_state(param)
-            size._data.fill(s.lr)  # complex: lr + 0j, as a full_like of the gradient gives
-            state["step_size"] = size
+            # complex parameters: lr in the real and in the imaginary part, as torch starts them
+            state["step_size"] = _a.zeros_state(param, s.lr)
         _a.advance_step(state)
         xp = _backend.array_module(param)
         prev = _a.real(_a.state_array(state, "prev", param))
