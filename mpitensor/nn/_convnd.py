@@ -211,6 +211,20 @@ def pad_to(a: Any, sizes: tuple) -> Any:
     return out
 
 
+def contiguous(a: Any, add: Optional[Any] = None) -> Any:
+    """``a`` (plus ``add``, broadcast) as a C-contiguous array in a recycled buffer; ``a``
+    itself when it already is one and there is nothing to add."""
+    if add is None and a.flags.c_contiguous:
+        return a
+    xp = xp_of(a)
+    out = empty(xp, a.shape, a.dtype)
+    if add is None:
+        xp.copyto(out, a)
+    else:
+        xp.add(a, add, out=out)
+    return out
+
+
 def crop_to(a: Any, sizes: tuple) -> Any:
     """(C, *S, N) ``a`` cut down to its first ``sizes`` spatial positions (a view)."""
     return a[(slice(None), *(slice(0, n) for n in sizes))]

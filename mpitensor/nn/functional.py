@@ -577,11 +577,15 @@ class _ConvTransposeNd(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, w: Any, b: Any, geom: CN.Geom) -> Any:
         nd = geom.nd
-        xc = CN.pad_to(_cs_n_view(x, nd), geom.out)
+        # one contiguous (C, *S, N) copy of the input, if it is not one already, serves the
+        # forward product and the weight gradient (each would copy it otherwise)
+        xc = CN.contiguous(CN.pad_to(_cs_n_view(x, nd), geom.out))
         wmat = CN.weight_matrix(w, geom)
-        out = CN.conv_input_grad(xc, (None, wmat), geom)
-        if b is not None:
-            out = out + b.reshape((-1,) + (1,) * (nd + 1))
+        # the result is a crop of the padded col2im buffer: copied out whole (with the bias
+        # added on the way), so that the next layer (batch norm, relu, a convolution) reads
+        # one contiguous (C, *S, N) array and copies nothing itself
+        out = CN.contiguous(CN.conv_input_grad(xc, (None, wmat), geom),
+                            None if b is None else b.reshape((-1,) + (1,) * (nd + 1)))
         ctx.save_for_backward(xc, w)
         ctx.geom = geom
         ctx.xsizes = tuple(x.shape[2:])
