@@ -31,8 +31,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import weakref
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from .. import _config, _threads
 from ..errors import (
@@ -70,6 +73,7 @@ from .launch import (
     SpawnContext,
     export_rank_env,
     launcher_rank,
+    layout_from_env,
     spawn,
 )
 from .model_sync import average_gradients, broadcast_parameters
@@ -88,7 +92,9 @@ __all__ = [
     "send_object_list", "recv_object_list",
     "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather",
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "barrier", "broadcast_object_list", "all_gather_object", "gather_object",
+    "barrier", "monitored_barrier", "new_subgroups", "new_subgroups_by_enumeration",
+    "get_node_local_rank", "is_torchelastic_launched", "broadcast_object_list",
+    "all_gather_object", "gather_object",
     "scatter_object_list",
     "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
     "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError",
@@ -847,6 +853,157 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
             device_ids: Any = None) -> Optional[Work]:
     """Block until every rank of the group has entered the barrier."""
     return _pg(group).barrier(async_op)
+
+
+# ------------------------------------------------------------------ barriers, subgroups, env
+#: the tag of monitored_barrier's messages, apart from a program's own small tags
+_TAG = 0x6D6F6E  # "mon"
+
+
+def is_torchelastic_launched() -> bool:
+    """Whether torchrun (torch elastic) started this process: ``TORCHELASTIC_RUN_ID`` is set,
+    as torch decides."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
+def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
+    """This process's rank on its node: ``LOCAL_RANK`` (torchrun, ``mpitensor-run``, and
+    ``init_process_group`` under an MPI launcher set it), else the MPI launcher's own variable
+    (``MPI_LOCALRANKID``, ``OMPI_COMM_WORLD_LOCAL_RANK``, ...), else ``fallback_rank``.
+
+    Raises:
+        RuntimeError: none of these is known and no ``fallback_rank`` was given.
+    """
+    value = os.environ.get("LOCAL_RANK", "").strip()
+    if value.isascii() and value.isdigit():
+        return int(value)
+    local = layout_from_env().local_rank
+    if local is not None:
+        return local
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError("get_node_local_rank(): LOCAL_RANK is not set and no MPI launcher said "
+                       "which rank this is on its node; launch with torchrun, mpitensor-run or "
+                       "mpiexec, or pass fallback_rank")
+
+
+def monitored_barrier(group: Any = None, timeout: Any = None,
+                      wait_all_ranks: bool = False) -> None:
+    """A barrier that names the ranks that did not come, as torch's.
+
+    Every rank other than the group's rank 0 reports to it; rank 0 waits up to ``timeout``
+    (default: the group's) for all of them, then releases them. Where some are missing, rank 0
+    raises :class:`~mpitensor.errors.DistributedTimeoutError` naming the first one (all of them
+    with ``wait_all_ranks=True``); the group is then broken, as after any timeout, and the
+    waiting ranks raise too.
+    """
+    pg = _pg(group)
+    size = get_world_size(pg)
+    if size == 1:
+        return
+    seconds = _timeout_seconds(timeout) if timeout is not None else float(pg.timeout)
+    me = pg.rank_
+    token = np.zeros(1, np.int8)
+    if me != 0:
+        isend(token, dst=pg.ranks[0], group=pg, tag=_TAG).wait()
+        irecv(token, src=pg.ranks[0], group=pg, tag=_TAG).wait()
+        return
+    arrivals = {r: irecv(np.zeros(1, np.int8), src=pg.ranks[r], group=pg, tag=_TAG)
+                for r in range(1, size)}
+    deadline = time.monotonic() + seconds
+    missing: List[int] = []
+    for r, work in arrivals.items():
+        left = deadline - time.monotonic()
+        try:
+            work.wait(timeout=max(left, 0.0))
+        except DistributedTimeoutError:
+            missing.append(pg.ranks[r])
+            if not wait_all_ranks:
+                break
+    if missing:
+        who = (f"ranks {missing} did not" if wait_all_ranks and len(missing) > 1
+               else f"rank {missing[0]} did not")
+        raise DistributedTimeoutError(
+            f"monitored_barrier on {pg.name}: {who} reach the barrier within {seconds:g} s"
+            f"{'' if wait_all_ranks else ' (wait_all_ranks=True names every missing rank)'}")
+    for r in range(1, size):
+        isend(token, dst=pg.ranks[r], group=pg, tag=_TAG).wait()
+
+
+def _check_ranks_lists(lists: Sequence[Sequence[int]], world: int, fname: str) -> List[List[int]]:
+    out: List[List[int]] = []
+    seen: set = set()
+    for ranks in lists:
+        try:
+            ranks = [r.__index__() for r in ranks]
+        except (AttributeError, TypeError):
+            raise TypeError(f"{fname}: each subgroup must be a list of ints, got "
+                            f"{ranks!r}") from None
+        again = seen.intersection(ranks)
+        if again:
+            raise ValueError(f"{fname}: rank {min(again)} is in more than one subgroup")
+        seen.update(ranks)
+        out.append(ranks)
+    return out
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]],
+                                 timeout: Any = None, backend: Optional[str] = None,
+                                 pg_options: Any = None, group_desc: Optional[str] = None
+                                 ) -> Tuple[Any, List[Any]]:
+    """Make one group per list of global ranks; return ``(this rank's group, all of them)``.
+
+    Every rank calls it with the same lists (each ``new_group`` is collective). A rank in no
+    list gets None as its group, as in torch.
+
+    Raises:
+        ValueError: an empty list of subgroups, or a rank in more than one subgroup.
+    """
+    world = _default()
+    lists = _check_ranks_lists(ranks_per_subgroup_list, world.world_size,
+                               "new_subgroups_by_enumeration")
+    if not lists:
+        raise ValueError("new_subgroups_by_enumeration: the list of subgroups is empty")
+    mine, groups = None, []
+    for i, ranks in enumerate(lists):
+        desc = f"{group_desc}_{i}" if group_desc else None
+        g = new_group(ranks, timeout=timeout, backend=backend, pg_options=pg_options,
+                      group_desc=desc)
+        groups.append(g)
+        if world.rank_ in ranks:
+            mine = g
+    return mine, groups
+
+
+def new_subgroups(group_size: Optional[int] = None, group: Any = None, timeout: Any = None,
+                  backend: Optional[str] = None, pg_options: Any = None,
+                  group_desc: Optional[str] = None) -> Tuple[Any, List[Any]]:
+    """Cut the world into consecutive groups of ``group_size`` ranks (default: the ranks per
+    node, as torch's default of one group per node's GPUs); return ``(this rank's group, all
+    of them)``.
+
+    Raises:
+        ValueError: ``group_size`` not positive, larger than the world, or not dividing it.
+    """
+    world = _default()
+    n = world.world_size
+    if group is not None:
+        raise ValueError("new_subgroups: group= is not supported here; cut the world, or "
+                         "list the subgroups with new_subgroups_by_enumeration")
+    if group_size is None:
+        group_size = layout_from_env().local_size or int(
+            os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or n
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(f"new_subgroups: group_size must be a positive int, got "
+                         f"{group_size!r}")
+    if group_size > n:
+        raise ValueError(f"new_subgroups: group_size {group_size} exceeds the world size {n}")
+    if n % group_size:
+        raise ValueError(f"new_subgroups: the world size {n} is not divisible by group_size "
+                         f"{group_size}")
+    lists = [list(range(s, s + group_size)) for s in range(0, n, group_size)]
+    return new_subgroups_by_enumeration(lists, timeout=timeout, backend=backend,
+                                        pg_options=pg_options, group_desc=group_desc)
 
 
 # ---------------------------------------------------------------------------- object collectives
