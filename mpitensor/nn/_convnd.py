@@ -32,6 +32,7 @@ import numpy as np
 from mpitensor._workspace import empty, xp_of, zeros
 
 from . import _kernels as K
+from . import _native
 
 __all__: list = []  # private module: used by mpitensor.nn.functional
 
@@ -138,6 +139,12 @@ def _generic_weight_grad(gc: Any, cols: Any, g: Geom, has_bias: bool) -> tuple:
     return dw, db
 
 
+def _compiled(a: Any, g: Geom) -> bool:
+    """Whether conv2d's compiled loops can take this gradient's bands (they release the
+    interpreter lock, so sharing them over threads pays sooner: ``_conv_threads``)."""
+    return type(a) is np.ndarray and g.G == 1 and _native.get(a.dtype) is not None
+
+
 def conv_forward(x: Any, w: Any, b: Optional[Any], g: Geom) -> tuple:
     """Convolve NC... ``x`` with ``w``; return ``(out, saved)``, ``out`` laid out
     (O, *out, N) and ``saved`` what the two gradients below need."""
@@ -159,7 +166,7 @@ def conv_input_grad(gc: Any, saved: tuple, g: Geom) -> Any:
         from .functional import _conv_threads
 
         gc4 = gc if g.nd == 2 else gc.reshape(gc.shape[0], 1, *gc.shape[1:])
-        with _conv_threads(g.k2, False):
+        with _conv_threads(g.k2, _compiled(gc, g) and not isinstance(wmat, K.Winograd)):
             return _cs_n(K.conv2d_input_grad(gc4, wmat, g.k2), g)
     return _generic_input_grad(gc, wmat, g)
 
@@ -171,7 +178,7 @@ def conv_weight_grad(gc: Any, saved: tuple, g: Geom, has_bias: bool) -> tuple:
         from .functional import _conv_threads
 
         gc4 = gc if g.nd == 2 else gc.reshape(gc.shape[0], 1, *gc.shape[1:])
-        with _conv_threads(g.k2, False):
+        with _conv_threads(g.k2, _compiled(gc, g) and isinstance(cols, K.Banded)):
             dw, db = K.conv2d_weight_grad(gc4, cols, g.k2, has_bias)
         if db is None and has_bias:
             db = gc.sum(axis=tuple(range(1, gc.ndim)))
