@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import operator
+import warnings
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from mpitensor.tensor import Size, Tensor
 __all__ = [
     "FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
     "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor", "ComplexFloatTensor",
-    "ComplexDoubleTensor",
+    "ComplexDoubleTensor", "set_default_tensor_type",
 ]
 
 # type name -> dtype name, in torch's spelling
@@ -166,3 +167,38 @@ def parse_type(spec: Any) -> tuple:
     except (TypeError, ValueError):
         raise TypeError(f"type() takes a dtype, a type name or a legacy tensor class, got "
                         f"{spec!r}") from None
+
+
+def set_default_tensor_type(t: Any) -> None:
+    """Make the float type ``t`` (a legacy class such as :data:`DoubleTensor` or a name such
+    as ``"torch.DoubleTensor"``) the default dtype; deprecated as in torch (it warns), use
+    :func:`mpitensor.set_default_dtype`.
+
+    Raises:
+        TypeError: not a floating point type, a CUDA type (tensors are placed with
+            ``device=``), or a float type :func:`set_default_dtype` does not take.
+        ValueError: a name that is no tensor type.
+
+    Example:
+        >>> import warnings, mpitensor as mt
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     mt.set_default_tensor_type(mt.DoubleTensor)
+        ...     d = mt.zeros(1).dtype
+        ...     mt.set_default_tensor_type("torch.FloatTensor")
+        >>> d
+        dtype('float64')
+    """
+    warnings.warn("set_default_tensor_type() is deprecated (as in torch); use "
+                  "set_default_dtype() instead", UserWarning, stacklevel=2)
+    if not isinstance(t, (str, _LegacyTensorType)):
+        raise TypeError(f"set_default_tensor_type() takes a type name or a legacy tensor class, "
+                        f"got {t!r}")
+    dt, on_gpu = parse_type(t)
+    if on_gpu:
+        raise TypeError(f"set_default_tensor_type({t!r}): CUDA default types are not "
+                        f"supported; pass device= to the constructors, or move with .to()")
+    if not _dt.is_floating_dtype(dt):
+        raise TypeError(f"set_default_tensor_type({t!r}): only floating point types can be "
+                        f"the default type")
+    _dt.set_default_dtype(dt)

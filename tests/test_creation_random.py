@@ -373,3 +373,22 @@ def test_data_shuffles_follow_their_generator() -> None:
     a1, _ = random_split(ds, [15, 5], generator=mt.Generator().manual_seed(2))
     a2, _ = random_split(ds, [15, 5], generator=mt.Generator().manual_seed(2))
     assert list(a1.indices) == list(a2.indices)
+
+
+def test_set_default_tensor_type_as_torch(torch: Any) -> None:
+    for T in (torch, mt):
+        try:
+            with pytest.warns(UserWarning):
+                T.set_default_tensor_type(T.DoubleTensor)
+            assert str(T.zeros(1).dtype).split(".")[-1] == "float64"
+            assert str(T.get_default_dtype()).split(".")[-1] == "float64"
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                T.set_default_tensor_type("torch.FloatTensor")
+                assert str(T.rand(1).dtype).split(".")[-1] == "float32"
+                with pytest.raises(TypeError):
+                    T.set_default_tensor_type("torch.LongTensor")
+                with pytest.raises(TypeError):
+                    T.set_default_tensor_type(T.float64)
+        finally:
+            T.set_default_dtype(T.float32)
