@@ -112,6 +112,25 @@ RANDOM_CALLS = [
     "T.randint_like(T.zeros(2), 5, dtype=T.int64)",
     "T.randint_like(T.zeros(2), 5, generator=T.Generator())",
     "T.randint_like(T.zeros(2), 5, memory_format=T.preserve_format)",
+    # the in-place fills and samplers that take generator=, and what they refuse
+    "T.zeros(3).random_(generator=T.Generator())", "T.zeros(3).random_(5, generator=T.Generator())",
+    "T.zeros(3).random_(1, 5, generator=T.Generator())", "T.zeros(3).random_(5, 1)",
+    "T.zeros(3).uniform_(generator=T.Generator())", "T.zeros(3).uniform_(1, 2)",
+    "T.zeros(3).uniform_(2, 1)", "T.zeros(3, dtype=T.int64).uniform_()",
+    "T.zeros(3).normal_(generator=T.Generator())", "T.zeros(3).normal_(0, -1)",
+    "T.zeros(3).normal_(0, 0)", "T.zeros(3, dtype=T.int64).normal_()",
+    "T.zeros(3).bernoulli_(0.5, generator=T.Generator())", "T.zeros(3).bernoulli_(2)",
+    "T.zeros(3).bernoulli_(-1)", "T.zeros(3).exponential_(generator=T.Generator())",
+    "T.zeros(3).exponential_(-1)", "T.zeros(3).exponential_(0)",
+    "T.zeros(3).geometric_(0.5, generator=T.Generator())", "T.zeros(3).geometric_(1.0)",
+    "T.zeros(3).geometric_(0)", "T.zeros(3).cauchy_(generator=T.Generator())",
+    "T.zeros(3).cauchy_(0, -1)", "T.zeros(3).log_normal_(generator=T.Generator())",
+    "T.zeros(3).log_normal_(0, 0)", "T.zeros(3).bernoulli(generator=T.Generator())",
+    "T.multinomial(T.ones(3), 2, generator=T.Generator())", "T.multinomial(T.ones(3), 4)",
+    "T.multinomial(T.tensor([-1., 1.]), 1)", "T.multinomial(T.ones(3), 0)",
+    "T.multinomial(T.ones(2, 2, 2), 1)", "T.multinomial(T.ones(2, 3), 5, True)",
+    "T.bernoulli(T.ones(3) * 0.5, generator=T.Generator())", "T.bernoulli(T.ones(3) * 2)",
+    "T.bernoulli(T.ones(3), 0.5)", "T.poisson(T.ones(3), generator=T.Generator())",
 ]
 
 CREATION_CALLS = [
