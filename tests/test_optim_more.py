@@ -1,4 +1,5 @@
-"""The rest of torch.optim (Adamax, NAdam, RAdam, ASGD, Rprop, SparseAdam, LBFGS) against torch.
+"""The rest of torch.optim (Adamax, NAdam, RAdam, ASGD, Rprop, SparseAdam, Adafactor, LBFGS)
+against torch.
 
 The same method as tests/test_optim_adaptive.py: the gradients come from a fixed quadratic
 evaluated on each library's own parameters (so a difference compounds over the steps), and the
@@ -23,7 +24,7 @@ from tests.test_optim_adaptive import _grads, _problem
 torch = pytest.importorskip("torch", reason="torch is the oracle these tests compare with")
 
 STEPS = 15
-NEW = ["Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "SparseAdam", "LBFGS"]
+NEW = ["Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "SparseAdam", "Adafactor", "LBFGS"]
 
 CASES = [
     ("Adamax", dict()),
@@ -46,6 +47,9 @@ CASES = [
     ("Rprop", dict(maximize=True)),
     ("SparseAdam", dict()),
     ("SparseAdam", dict(betas=(0.8, 0.95), eps=1e-6, maximize=True)),
+    ("Adafactor", dict()),
+    ("Adafactor", dict(weight_decay=0.1, maximize=True)),
+    ("Adafactor", dict(eps=(1e-6, 1e-2), d=1.5, beta2_decay=-0.5)),
 ]
 IDS = [f"{name}-" + "-".join(f"{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 
@@ -56,7 +60,15 @@ STATE_KEYS = {
     "ASGD": {"step", "eta", "mu", "ax"},
     "Rprop": {"step", "prev", "step_size"},
     "SparseAdam": {"step", "exp_avg", "exp_avg_sq"},
+    # Adafactor factors the second moment of matrices (parameter 0 is 3x4) into rows and columns
+    "Adafactor": {"step", "variance"},
 }
+
+
+def _expected_keys(name, index):
+    if name == "Adafactor" and index == 0:
+        return {"step", "row_var", "col_var"}
+    return STATE_KEYS[name]
 SCALARS = {"step", "mu_product", "eta", "mu"}  # 0-d Tensors of the default dtype, as in torch
 
 
@@ -122,7 +134,7 @@ def test_matches_torch(name, kw, dtype):
     assert sorted(sd["state"]) == sorted(tsd["state"]) == [0, 1, 2]
     for k, tst in tsd["state"].items():
         st = sd["state"][k]
-        assert set(st) == set(tst) == STATE_KEYS[name]
+        assert set(st) == set(tst) == _expected_keys(name, k)
         for key, tv in tst.items():
             v = st[key]
             if name == "SparseAdam" and key == "step":
@@ -146,8 +158,8 @@ def test_matches_torch(name, kw, dtype):
 
 
 @pytest.mark.parametrize("name, kw", [CASES[1], CASES[5], CASES[10], CASES[13], CASES[15],
-                                      CASES[18]],
-                         ids=[IDS[1], IDS[5], IDS[10], IDS[13], IDS[15], IDS[18]])
+                                      CASES[18], CASES[20]],
+                         ids=[IDS[1], IDS[5], IDS[10], IDS[13], IDS[15], IDS[18], IDS[20]])
 def test_state_dicts_travel_between_mpitensor_and_torch(name, kw):
     dtype = np.float64
     mine, opt, ref, topt, mats, noise = _pair(name, kw, dtype, seed=1)
@@ -217,7 +229,8 @@ def test_state_dict_round_trip_continues_identically(tmp_path, name, kw):
             np.testing.assert_array_equal(a._data, b._data)
 
 
-@pytest.mark.parametrize("name", ["Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "SparseAdam"])
+@pytest.mark.parametrize("name", ["Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "SparseAdam",
+                                  "Adafactor"])
 def test_groups_and_missing_grads_match_torch(name):
     rng = np.random.default_rng(3)
     x0 = [rng.standard_normal(s) for s in [(4,), (2, 3), (3,)]]
@@ -284,9 +297,10 @@ def test_sparse_adam_leaves_absent_entries_alone_as_torch_does():
         topt.step()
 
 
-def test_sparse_adam_refuses_complex_parameters():
+@pytest.mark.parametrize("name", ["SparseAdam", "Adafactor"])
+def test_complex_parameters_are_refused(name):
     p = Parameter(mt.tensor(np.array([1 + 1j, 2.0])))
-    opt = optim.SparseAdam([p])
+    opt = getattr(optim, name)([p])
     p.grad = mt.tensor(np.array([1 + 0j, 1.0]))
     with pytest.raises(TypeError, match="real floating point"):
         opt.step()
@@ -305,6 +319,9 @@ BAD = [
     ("SparseAdam", dict(lr=-1.0)), ("SparseAdam", dict(eps=-1.0)),
     ("SparseAdam", dict(betas=(1.0, 0.9))), ("SparseAdam", dict(betas=(0.9, 1.5))),
     ("LBFGS", dict(lr=-1.0)),
+    ("Adafactor", dict(lr=-1.0)), ("Adafactor", dict(beta2_decay=0.5)),
+    ("Adafactor", dict(eps=(-1.0, 1e-3))), ("Adafactor", dict(eps=(None, -1e-3))),
+    ("Adafactor", dict(d=0.5)), ("Adafactor", dict(weight_decay=-0.1)),
 ]
 
 

@@ -315,7 +315,9 @@ def _cast_state(name: str, v: Any, p: Tensor, index: Any) -> Any:
         out = arr.copy()
     else:
         pa = p._data
-        if arr.ndim != 0 and tuple(arr.shape) != tuple(pa.shape):
+        # Adafactor's row and column statistics keep the parameter's axes with one of them 1
+        factored = arr.ndim == pa.ndim and all(a in (1, b) for a, b in zip(arr.shape, pa.shape))
+        if arr.ndim != 0 and tuple(arr.shape) != tuple(pa.shape) and not factored:
             raise ValueError(
                 f"state_dict['state'][{index!r}][{name!r}] has shape {tuple(arr.shape)} but "
                 f"the parameter it belongs to has shape {tuple(pa.shape)}; the state dict was "
