@@ -32,13 +32,13 @@ from . import (
     nn,
     onnx,
     optim,
+    random,
     serialization,
     testing,
     utils,
     version,
 )
 from ._compile import compile  # noqa: A004 - torch's name
-from ._precision import get_float32_matmul_precision, set_float32_matmul_precision
 from ._creation import (
     channels_last,
     channels_last_3d,
@@ -50,6 +50,7 @@ from ._creation import (
 )
 from ._legacy_types import *  # noqa: F403 - FloatTensor, LongTensor, ... as in torch
 from ._legacy_types import __all__ as _legacy_type_names
+from ._precision import get_float32_matmul_precision, set_float32_matmul_precision
 from ._threads import get_num_threads, set_num_threads
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cupy_available, device
@@ -112,7 +113,7 @@ __all__ = [
     "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError", "PeerFailedError",
     "DtypeMismatchError",
     "ReplicaDivergenceError", "set_num_threads", "get_num_threads", "cuda", "accelerator",
-    "backends", "multiprocessing", "linalg", "futures", "jit", "onnx", "compile",
+    "backends", "multiprocessing", "linalg", "random", "futures", "jit", "onnx", "compile",
     "serialization", "testing", "version", "get_float32_matmul_precision",
     "set_float32_matmul_precision",
     "memory_format", "contiguous_format", "preserve_format", "channels_last",

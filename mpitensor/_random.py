@@ -80,7 +80,8 @@ class Generator:
         True
     """
 
-    __slots__ = ("device", "_seed", "_rng", "_cuda")
+    # _cuda_seed: None, or the seed of the GPU states made inside mpitensor.random.fork_rng
+    __slots__ = ("device", "_seed", "_rng", "_cuda", "_cuda_seed")
 
     def __init__(self, device: DeviceLike = "cpu") -> None:
         self.device = parse_device(device) or _backend.CPU
@@ -91,6 +92,7 @@ class Generator:
         self._seed = seed
         self._rng = np.random.default_rng(seed)
         self._cuda = {}
+        self._cuda_seed = None
 
     def manual_seed(self, seed: int) -> Generator:
         """Seed the generator (any 64-bit int) and return it.
@@ -133,7 +135,8 @@ class Generator:
         rs = self._cuda.get(idx)
         if rs is None:
             with cp.cuda.Device(idx):
-                rs = cp.random.RandomState(self._seed)
+                rs = cp.random.RandomState(self._seed if self._cuda_seed is None
+                                           else self._cuda_seed)
             self._cuda[idx] = rs
         return rs
 

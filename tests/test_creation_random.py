@@ -411,3 +411,25 @@ def test_set_default_tensor_type_as_torch(torch: Any) -> None:
                     T.set_default_tensor_type(T.float64)
         finally:
             T.set_default_dtype(T.float32)
+
+
+def test_torch_random_module(torch: Any) -> None:
+    """torch.random's members, and fork_rng putting the global state back (or, disabled,
+    leaving it moved), in both libraries."""
+    names = ("Generator", "default_generator", "fork_rng", "get_rng_state", "initial_seed",
+             "manual_seed", "seed", "set_rng_state")
+    for T in (torch, mt):
+        assert all(hasattr(T.random, n) for n in names)
+        assert T.random.default_generator is T.default_generator
+        T.random.manual_seed(4)
+        assert T.random.initial_seed() == 4
+        a = T.rand(3)
+        T.manual_seed(4)
+        with T.random.fork_rng():
+            inside = T.rand(3)
+        assert T.equal(inside, a)  # the CPU numbers continue from the entry state
+        assert T.equal(T.rand(3), a)  # and leaving put the state back
+        T.manual_seed(4)
+        with T.random.fork_rng(enabled=False):
+            T.rand(3)
+        assert not T.equal(T.rand(3), a)
