@@ -112,6 +112,7 @@ LAYERS = [
                  "mpitensor.jit", "mpitensor.onnx", "mpitensor.testing", "mpitensor.version"]),
     ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
+                  "mpitensor.distributed.nn",
                   "mpitensor.checkpoint", "mpitensor.utils"]),
     ("entry points", ["mpitensor.run", "mpitensor"]),
 ]
