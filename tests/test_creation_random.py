@@ -19,7 +19,14 @@ import pytest
 
 import mpitensor as mt
 from mpitensor import backend
-from mpitensor.data import DataLoader, RandomSampler, TensorDataset, random_split
+from mpitensor.data import (
+    DataLoader,
+    RandomSampler,
+    SubsetRandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+    random_split,
+)
 
 
 @pytest.fixture(scope="module")
@@ -389,6 +396,10 @@ def test_data_shuffles_follow_their_generator() -> None:
     s1 = list(RandomSampler(range(10), generator=mt.Generator().manual_seed(8)))
     s2 = list(RandomSampler(range(10), generator=mt.Generator().manual_seed(8)))
     assert s1 == s2
+    for make in (lambda g: SubsetRandomSampler([3, 5, 7, 9, 11], generator=g),
+                 lambda g: WeightedRandomSampler([0.1, 0.5, 0.2, 0.2], 12, generator=g)):
+        first, again = (list(make(mt.Generator().manual_seed(6))) for _ in range(2))
+        assert first == again
     a1, _ = random_split(ds, [15, 5], generator=mt.Generator().manual_seed(2))
     a2, _ = random_split(ds, [15, 5], generator=mt.Generator().manual_seed(2))
     assert list(a1.indices) == list(a2.indices)
