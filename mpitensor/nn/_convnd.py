@@ -23,9 +23,10 @@ into the ``cols`` matrix. Everything takes its array module from its inputs (Num
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -141,44 +142,49 @@ def _generic_weight_grad(gc: Any, cols: Any, g: Geom, has_bias: bool) -> tuple:
 
 def _compiled(a: Any, g: Geom) -> bool:
     """Whether conv2d's compiled loops can take this gradient's bands (they release the
-    interpreter lock, so sharing them over threads pays sooner: ``_conv_threads``)."""
+    interpreter lock, so sharing them over threads pays sooner: ``Threads``)."""
     return type(a) is np.ndarray and g.G == 1 and _native.get(a.dtype) is not None
 
 
-def conv_forward(x: Any, w: Any, b: Optional[Any], g: Geom) -> tuple:
+def _no_threads(geom: K.ConvGeom, compiled: bool) -> Any:
+    return contextlib.nullcontext()
+
+
+#: ``threads(geom2d, compiled)``: the thread context a call on conv2d's kernels runs in
+#: (``nn.functional._conv_threads``, handed in by the caller, which owns that policy)
+Threads = Callable[[K.ConvGeom, bool], Any]
+
+
+def conv_forward(x: Any, w: Any, b: Optional[Any], g: Geom,
+                 threads: Threads = _no_threads) -> tuple:
     """Convolve NC... ``x`` with ``w``; return ``(out, saved)``, ``out`` laid out
     (O, *out, N) and ``saved`` what the two gradients below need."""
     if g.k2 is not None:
-        from .functional import _conv_threads
-
         x4, w4 = _to4(x, g.nd), _to4(w, g.nd)
-        with _conv_threads(g.k2, K.native_applies(x4, g.k2, b is not None)):
+        with threads(g.k2, K.native_applies(x4, g.k2, b is not None)):
             out, cols, wmat = K.conv2d_forward(x4, w4, b, g.k2)
         return _cs_n(out, g), (cols, wmat)
     return _generic_forward(x, w, b, g)
 
 
-def conv_input_grad(gc: Any, saved: tuple, g: Geom) -> Any:
+def conv_input_grad(gc: Any, saved: tuple, g: Geom, threads: Threads = _no_threads) -> Any:
     """The input gradient, laid out (C, *S, N), from the output gradient ``gc`` laid out
     (O, *out, N)."""
     wmat = saved[1]
     if g.k2 is not None:
-        from .functional import _conv_threads
-
         gc4 = gc if g.nd == 2 else gc.reshape(gc.shape[0], 1, *gc.shape[1:])
-        with _conv_threads(g.k2, _compiled(gc, g) and not isinstance(wmat, K.Winograd)):
+        with threads(g.k2, _compiled(gc, g) and not isinstance(wmat, K.Winograd)):
             return _cs_n(K.conv2d_input_grad(gc4, wmat, g.k2), g)
     return _generic_input_grad(gc, wmat, g)
 
 
-def conv_weight_grad(gc: Any, saved: tuple, g: Geom, has_bias: bool) -> tuple:
+def conv_weight_grad(gc: Any, saved: tuple, g: Geom, has_bias: bool,
+                     threads: Threads = _no_threads) -> tuple:
     """``(dw, db)`` (db None without a bias) from the output gradient (O, *out, N)."""
     cols = saved[0]
     if g.k2 is not None:
-        from .functional import _conv_threads
-
         gc4 = gc if g.nd == 2 else gc.reshape(gc.shape[0], 1, *gc.shape[1:])
-        with _conv_threads(g.k2, _compiled(gc, g) and isinstance(cols, K.Banded)):
+        with threads(g.k2, _compiled(gc, g) and isinstance(cols, K.Banded)):
             dw, db = K.conv2d_weight_grad(gc4, cols, g.k2, has_bias)
         if db is None and has_bias:
             db = gc.sum(axis=tuple(range(1, gc.ndim)))

@@ -551,7 +551,7 @@ def _cs_n_view(a: Any, nd: int) -> Any:
 class _ConvNd(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, w: Any, b: Any, geom: CN.Geom) -> Any:
-        out, saved = CN.conv_forward(x, w, b, geom)
+        out, saved = CN.conv_forward(x, w, b, geom, _conv_threads)
         ctx.save_for_backward(*saved)
         ctx.geom = geom
         ctx.has_bias = b is not None
@@ -565,9 +565,9 @@ class _ConvNd(Function):
         gc = _cs_n_view(g, geom.nd)
         dx = dw = db = None
         if need[1] or (ctx.has_bias and need[2]):
-            dw, db = CN.conv_weight_grad(gc, saved, geom, ctx.has_bias)
+            dw, db = CN.conv_weight_grad(gc, saved, geom, ctx.has_bias, _conv_threads)
         if need[0]:
-            dx = _nc_view(CN.conv_input_grad(gc, saved, geom), geom.nd)
+            dx = _nc_view(CN.conv_input_grad(gc, saved, geom, _conv_threads), geom.nd)
         return dx, dw, db, None
 
 
@@ -584,7 +584,7 @@ class _ConvTransposeNd(Function):
         # the result is a crop of the padded col2im buffer: copied out whole (with the bias
         # added on the way), so that the next layer (batch norm, relu, a convolution) reads
         # one contiguous (C, *S, N) array and copies nothing itself
-        out = CN.contiguous(CN.conv_input_grad(xc, (None, wmat), geom),
+        out = CN.contiguous(CN.conv_input_grad(xc, (None, wmat), geom, _conv_threads),
                             None if b is None else b.reshape((-1,) + (1,) * (nd + 1)))
         ctx.save_for_backward(xc, w)
         ctx.geom = geom
@@ -598,11 +598,11 @@ class _ConvTransposeNd(Function):
         need = ctx.needs_input_grad
         dx = dw = db = None
         if need[0] or need[1]:
-            dxc, saved = CN.conv_forward(g, w, None, geom)
+            dxc, saved = CN.conv_forward(g, w, None, geom, _conv_threads)
             if need[0]:
                 dx = _nc_view(CN.crop_to(dxc, ctx.xsizes), geom.nd)
             if need[1]:
-                dw, _ = CN.conv_weight_grad(xc, saved, geom, False)
+                dw, _ = CN.conv_weight_grad(xc, saved, geom, False, _conv_threads)
         if len(need) > 2 and need[2]:
             db = g.sum(axis=(0, *range(2, g.ndim)))
         return dx, dw, db, None
