@@ -62,7 +62,7 @@ def test_a_custom_loss_subclasses_loss_as_in_torch() -> None:
 
 def test_a_missing_class_fails_at_import() -> None:
     with pytest.raises(ImportError):
-        from mpitensor.nn.modules.conv import ConvTranspose3d  # noqa: F401
+        from mpitensor.nn.modules.conv import LazyConv1d  # noqa: F401
 
 
 def test_modules_utils_match_torch() -> None:
