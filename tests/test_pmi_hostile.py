@@ -233,10 +233,13 @@ def test_local_socket_names_the_peer_by_kernel_credentials() -> None:
 
 # ---------------------------------------------------------------------------- idle crowds
 def test_idle_connections_are_dropped_and_capped(helper: _pmi.Helper) -> None:
-    """Connections that never greet: at most _NEW_MAX wait at once (the oldest go first), a
-    rank arriving among them is served, and each is dropped after _GREET_S seconds.
-    Before, they stayed for the helper's whole life."""
-    idle = [_conn(helper.port) for _ in range(_pmi._NEW_MAX + 36)]
+    """Connections that never greet: at most _NEW_MAX + 2 per rank wait at once (the oldest
+    go first, once older than _YOUNG_S), a rank arriving among them is served, and each is
+    dropped after _GREET_S seconds. Before, they stayed for the helper's whole life."""
+    cap = _pmi._NEW_MAX + 2 * 2
+    idle = [_conn(helper.port) for _ in range(cap)]
+    time.sleep(_pmi._YOUNG_S + 0.3)
+    idle += [_conn(helper.port) for _ in range(36)]
     try:
         t0 = time.monotonic()
         rank = _hello(helper.port, 0, helper.token)
@@ -588,5 +591,25 @@ def test_a_local_rank_is_served_only_to_the_process_that_claimed_it() -> None:
         assert h.proc.poll() is None or h.proc.wait(timeout=5) == 1  # rank 0 left: job ends
     finally:
         _end(rank1)
+        h.proc.kill()
+        h.proc.wait(timeout=10)
+
+
+def test_every_rank_of_a_large_job_connecting_at_once_is_served() -> None:
+    """300 ranks connect before any says hello (a large job starting): none is dropped for
+    the cap on waiting connections, which grows with the world (two per rank) and spares
+    young connections."""
+    n = 300
+    h = _pmi.start_helper(n, 60.0)
+    socks: List[socket.socket] = []
+    try:
+        socks = [_conn(h.port, timeout=20) for _ in range(n)]
+        time.sleep(0.3)  # all accepted, none greeted yet
+        for r, s in enumerate(socks):
+            s.sendall(f"cmd=mpitensor-hello rank={r} token={h.token}\n".encode())
+        assert [_line(s) for s in socks] == [b"cmd=mpitensor-hello rc=0\n"] * n
+    finally:
+        for s in socks:
+            s.close()
         h.proc.kill()
         h.proc.wait(timeout=10)

@@ -28,10 +28,11 @@ What a client writes is never trusted (``tests/test_pmi_hostile.py``): the helpe
 the address the ranks use (loopback when all are local) and on a local socket in Linux's
 abstract namespace, where the kernel names the peer (``SO_PEERCRED``); it signals only
 processes named so, never a pid from a line. A connection must greet within
-:data:`_GREET_S` seconds, at most :data:`_NEW_MAX` wait to, and running out of descriptors
-makes room or rests instead of spinning. Lines are strict ASCII; a bad one is answered with
-an error or drops its connection. With ``MPITENSOR_SECRET`` set every connection first proves
-it (``_auth``); MPICH cannot, so the rank's Python does, then hands the socket to MPICH.
+:data:`_GREET_S` seconds, at most :data:`_NEW_MAX` more than two per rank wait to, and
+running out of descriptors makes room or rests instead of spinning. Lines are strict ASCII;
+a bad one is answered with an error or drops its connection. With ``MPITENSOR_SECRET`` set
+every connection first proves it (``_auth``); MPICH cannot, so the rank's Python does, then
+hands the socket to MPICH.
 
 Wire, one line per message (``\\n``-terminated, ``key=value`` words):
 
@@ -88,7 +89,8 @@ _IO_MAX_S = 300.0
 # A connection must send its first line within this many seconds of being accepted (ours
 # send it at once); at most this many connections may be waiting for theirs at one time.
 _GREET_S = 5.0
-_NEW_MAX = 64
+_NEW_MAX = 64  # beyond two per rank (a PMI and a watch connection each, all at once at scale)
+_YOUNG_S = 0.5  # a connection younger than this is not dropped for the cap: its line may come
 _ACCEPT_BURST = 256  # connections taken per wake-up of the listener
 _PAUSE_S = 0.25  # the listener rests this long when no descriptor is left to accept with
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -209,6 +211,7 @@ class HelperServer:
         self.ranks: Dict[int, _Conn] = {}
         self.watches: List[_Conn] = []
         self.new: Dict[_Conn, None] = {}  # not yet greeted, oldest first
+        self.new_max = _NEW_MAX + 2 * size
         self.barriers_passed = 0
         self.watched: set = set()  # the ranks that connected a watch: they passed MPI_Init
         self.ending = 0.0  # monotonic time the server stops after ending the job
@@ -348,10 +351,15 @@ class HelperServer:
                 pass
 
     def _admit(self, sock: socket.socket, local: bool) -> None:
-        while len(self.new) >= _NEW_MAX:
+        now = time.monotonic()
+        while len(self.new) >= self.new_max:
             # the oldest waiting connection goes; one whose first line is already here is
-            # read first, so a rank among a crowd of idle connections still gets through
+            # read first, so a rank among a crowd of idle connections still gets through. A
+            # young one stays: every rank of a large job connects at once, and its line may
+            # not be here yet (a flood of young ones meets the descriptor limit instead)
             oldest = next(iter(self.new))
+            if oldest.born + _YOUNG_S > now:
+                break
             self._read(oldest)
             if oldest in self.new:
                 self._drop(oldest)
