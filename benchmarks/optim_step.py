@@ -48,6 +48,7 @@ CONFIGS: List[Tuple[str, str, dict]] = [
     ("ASGD", "ASGD", dict(t0=1.0)),
     ("Rprop", "Rprop", dict()),
     ("SparseAdam", "SparseAdam", dict()),
+    ("Adafactor", "Adafactor", dict()),
     ("LBFGS 5 it", "LBFGS", dict(max_iter=5, history_size=10)),
 ]
 
