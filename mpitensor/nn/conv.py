@@ -1,9 +1,9 @@
-"""The convolution layers ``Conv1d``, ``Conv3d`` and ``ConvTranspose1d/2d/3d``, as ``torch.nn``'s.
+"""The convolution layers ``Conv1d/2d/3d`` and ``ConvTranspose1d/2d/3d``, as ``torch.nn``'s.
 
-``Conv2d`` lives in :mod:`mpitensor.nn.layers`; all of them call :mod:`mpitensor.nn.functional`
-for the math, whose N-d kernels (:mod:`mpitensor.nn._convnd`) make a transposed convolution the
-adjoint of a convolution. Constructors check their arguments up front and raise ``ValueError``
-naming the bad value, as torch's do.
+One base class holds what they share (arguments, parameters, init, repr); each calls
+:mod:`mpitensor.nn.functional` for the math, whose N-d kernels (:mod:`mpitensor.nn._convnd`)
+make a transposed convolution the adjoint of a convolution. Constructors check their arguments
+up front and raise ``ValueError`` naming the bad value, as torch's do.
 
 Example:
     >>> import mpitensor as mt
@@ -30,7 +30,7 @@ from .layers import (
 from .module import Module
 from .parameter import Parameter
 
-__all__ = ["Conv1d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 
 _Size = Union[int, tuple]
 
@@ -40,7 +40,8 @@ def _tuple(v: Any, nd: int, cls: str, name: str, low: int) -> tuple:
     if _is_int(v):
         v = (v,) * nd
     if not isinstance(v, (tuple, list)) or len(v) != nd or not all(_is_int(e) for e in v):
-        raise ValueError(f"{cls}: {name} must be an int or a tuple of {nd} ints, got {v!r}")
+        many = "a pair of ints" if nd == 2 else f"a tuple of {nd} ints"
+        raise ValueError(f"{cls}: {name} must be an int or {many}, got {v!r}")
     if any(e < low for e in v):
         bound = "positive" if low == 1 else "non-negative"
         raise ValueError(f"{cls}: {name} must be {bound}, got {v!r}")
@@ -184,6 +185,34 @@ class Conv1d(_Conv):
 
     _nd = 1
     _fn = staticmethod(F.conv1d)
+
+
+class Conv2d(_Conv):
+    """2-D convolution (cross-correlation) over an NCHW input, as ``torch.nn.Conv2d``.
+
+    Args:
+        in_channels, out_channels: channel counts (> 0, divisible by ``groups``).
+        kernel_size: an int or a pair (> 0).
+        stride: an int or a pair (> 0).
+        padding: an int or a pair (>= 0), or "valid" / "same".
+        dilation: an int or a pair (> 0).
+        groups: blocked connections from input to output channels.
+        bias: whether to learn an additive bias.
+        padding_mode: "zeros", "reflect", "replicate" or "circular".
+        device, dtype: where and in which float dtype to create the parameters.
+
+    Raises:
+        ValueError: a bad size, an indivisible channel count, an unknown padding or padding
+            mode, or padding="same" with a stride other than 1.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Conv2d(1, 6, 5, padding=2)(mt.randn(2, 1, 28, 28)).shape
+        mpitensor.Size([2, 6, 28, 28])
+    """
+
+    _nd = 2
+    _fn = staticmethod(F.conv2d)
 
 
 class Conv3d(_Conv):

@@ -39,7 +39,6 @@ from .parameter import Parameter
 __all__ = [
     "Identity",
     "Linear",
-    "Conv2d",
     "MaxPool2d",
     "AvgPool2d",
     "AdaptiveAvgPool1d",
@@ -205,119 +204,6 @@ class Linear(Module):
 
 
 _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
-
-
-class Conv2d(Module):
-    """2-D convolution (cross-correlation) over an NCHW input, as ``torch.nn.Conv2d``.
-
-    Args:
-        in_channels, out_channels: channel counts (> 0, divisible by ``groups``).
-        kernel_size: an int or a pair (> 0).
-        stride: an int or a pair (> 0).
-        padding: an int or a pair (>= 0), or "valid" / "same".
-        dilation: an int or a pair (> 0).
-        groups: blocked connections from input to output channels.
-        bias: whether to learn an additive bias.
-        padding_mode: "zeros", "reflect", "replicate" or "circular".
-        device, dtype: where and in which float dtype to create the parameters.
-
-    Raises:
-        ValueError: a bad size, an indivisible channel count, an unknown padding or padding
-            mode, or padding="same" with a stride other than 1.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Conv2d(1, 6, 5, padding=2)(mt.randn(2, 1, 28, 28)).shape
-        mpitensor.Size([2, 6, 28, 28])
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: _IntOrPair,
-        stride: _IntOrPair = 1,
-        padding: Union[_IntOrPair, str] = 0,
-        dilation: _IntOrPair = 1,
-        groups: int = 1,
-        bias: bool = True,
-        padding_mode: str = "zeros",
-        device: Any = None,
-        dtype: Any = None,
-    ) -> None:
-        super().__init__()
-        c = "Conv2d"
-        self.in_channels = _positive_int(in_channels, c, "in_channels")
-        self.out_channels = _positive_int(out_channels, c, "out_channels")
-        self.groups = _positive_int(groups, c, "groups")
-        if self.in_channels % self.groups:
-            raise ValueError(f"Conv2d: in_channels ({in_channels}) must be divisible by groups "
-                             f"({groups})")
-        if self.out_channels % self.groups:
-            raise ValueError(f"Conv2d: out_channels ({out_channels}) must be divisible by groups "
-                             f"({groups})")
-        self.kernel_size = _pair(kernel_size, c, "kernel_size", 1)
-        self.stride = _pair(stride, c, "stride", 1)
-        self.dilation = _pair(dilation, c, "dilation", 1)
-        if padding_mode not in _PADDING_MODES:
-            raise ValueError(f"Conv2d: padding_mode must be one of {list(_PADDING_MODES)}, got "
-                             f"{padding_mode!r}")
-        self.padding_mode = padding_mode
-        self.output_padding = (0, 0)
-        self.transposed = False
-        # (left, right, top, bottom): torch's order, used when padding_mode is not "zeros"
-        if isinstance(padding, str):
-            if padding not in ("valid", "same"):
-                raise ValueError(f"Conv2d: invalid padding string {padding!r}, should be one of "
-                                 f"['valid', 'same']")
-            if padding == "same" and self.stride != (1, 1):
-                raise ValueError("Conv2d: padding='same' is not supported for strided "
-                                 "convolutions; use stride=1 or an explicit padding")
-            self.padding: Any = padding
-            totals = [0, 0] if padding == "valid" else [
-                d * (k - 1) for d, k in zip(self.dilation, self.kernel_size)
-            ]
-            pad4 = []
-            for total in reversed(totals):
-                left = total // 2
-                pad4 += [left, total - left]
-        else:
-            self.padding = _pair(padding, c, "padding", 0)
-            pad4 = []
-            for p in reversed(self.padding):
-                pad4 += [p, p]
-        # a list for string paddings, a tuple otherwise, as torch keeps it
-        self._reversed_padding_repeated_twice = pad4 if isinstance(padding, str) else tuple(pad4)
-        self._pads = ((pad4[2], pad4[3]), (pad4[0], pad4[1]))
-        _add_weight_and_bias(self, (self.out_channels, self.in_channels // self.groups,
-                                    *self.kernel_size), bias, _factory(dtype, c), device)
-
-    def reset_parameters(self) -> None:
-        """Re-draw the parameters as torch does: kaiming-uniform(a=√5), bias ±1/√fan_in."""
-        _reset_default(self.weight, self.bias)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        if self.padding_mode != "zeros":
-            input = F._pad_mode(input, self._pads, self.padding_mode)
-            return F.conv2d(input, self.weight, self.bias, self.stride, 0, self.dilation,
-                            self.groups)
-        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation,
-                        self.groups)
-
-    def extra_repr(self) -> str:
-        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-             f"stride={self.stride}")
-        if self.padding != (0,) * len(self.padding):
-            s += f", padding={self.padding}"
-        if self.dilation != (1, 1):
-            s += f", dilation={self.dilation}"
-        if self.groups != 1:
-            s += f", groups={self.groups}"
-        if self.bias is None:
-            s += ", bias=False"
-        if self.padding_mode != "zeros":
-            s += f", padding_mode={self.padding_mode}"
-        return s
 
 
 class MaxPool2d(Module):
