@@ -386,3 +386,43 @@ def test_family_on_cupy():
     m.bias = nn.Parameter(mt.tensor(cp.asarray(_np(m.bias))))
     out = m(mt.tensor(cp.asarray(RNG.standard_normal((2, 4, 7)))))
     assert isinstance(out._data, cp.ndarray)
+
+
+# --------------------------------------------------------------------------------------------
+# layers chained as models chain them (each layer's output layout feeds the next)
+
+
+def _chain(lib, kind):
+    nn_ = lib.nn
+    if kind == "generator":
+        return nn_.Sequential(
+            nn_.ConvTranspose2d(8, 16, 4, 1, 0, bias=False), nn_.BatchNorm2d(16), nn_.ReLU(True),
+            nn_.ConvTranspose2d(16, 8, 4, 2, 1, bias=False), nn_.BatchNorm2d(8), nn_.ReLU(True),
+            nn_.ConvTranspose2d(8, 3, 4, 2, 1), nn_.Tanh())
+    if kind == "conv1d":
+        return nn_.Sequential(
+            nn_.Conv1d(4, 8, 5, padding=2), nn_.ReLU(), nn_.Conv1d(8, 8, 3, stride=2),
+            nn_.ReLU(), nn_.ConvTranspose1d(8, 4, 3, stride=2, output_padding=1),
+            nn_.Conv1d(4, 2, 3, padding="same", padding_mode="reflect"))
+    return nn_.Sequential(
+        nn_.Conv3d(2, 4, 3, padding=1), nn_.ReLU(), nn_.Conv3d(4, 4, 2, stride=2),
+        nn_.ConvTranspose3d(4, 2, 2, stride=2), nn_.Conv3d(2, 2, 3, padding="same",
+                                                           padding_mode="circular"))
+
+
+@pytest.mark.parametrize("kind,shape", [("generator", (3, 8, 1, 1)), ("conv1d", (3, 4, 20)),
+                                        ("conv3d", (2, 2, 6, 4, 6))])
+def test_chained_layers_match_torch(kind, shape):
+    ours, theirs = _chain(mt, kind).double(), _chain(torch, kind).double()
+    ours.load_state_dict({k: mt.tensor(v.detach().numpy()) for k, v in
+                          theirs.state_dict().items()})
+    x = RNG.standard_normal(shape)
+    X, tx = mt.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    y, ty = ours(X), theirs(tx)
+    gy = RNG.standard_normal(tuple(ty.shape))
+    (y * mt.tensor(gy)).sum().backward()
+    (ty * torch.tensor(gy)).sum().backward()
+    _assert_close(_np(y), ty.detach().numpy(), np.float64, 1, f"{kind} output")
+    _assert_close(_np(X.grad), tx.grad.numpy(), np.float64, 1, f"{kind} input grad")
+    for (name, p), tp in zip(ours.named_parameters(), theirs.parameters()):
+        _assert_close(_np(p.grad), tp.grad.numpy(), np.float64, 1, f"{kind} {name} grad")
