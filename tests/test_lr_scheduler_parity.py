@@ -684,6 +684,14 @@ def _parts(lib, opt, which):
     if which == "poly-restarts":
         return [ls.PolynomialLR(opt, total_iters=6, power=2.0),
                 ls.CosineAnnealingWarmRestarts(opt, T_0=4, T_mult=2)], [5]
+    if which == "nested-sequential":
+        inner = ls.SequentialLR(opt, [ls.ConstantLR(opt, factor=0.5, total_iters=2),
+                                      ls.ExponentialLR(opt, 0.9)], milestones=[2])
+        return [inner, ls.StepLR(opt, step_size=2, gamma=0.5)], [5]
+    if which == "chained-in-sequential":
+        inner = ls.ChainedScheduler([ls.ConstantLR(opt, factor=0.5, total_iters=2),
+                                     ls.ExponentialLR(opt, 0.9)])
+        return [inner, ls.CosineAnnealingLR(opt, T_max=6)], [7]
     return [ls.ExponentialLR(opt, 0.95), ls.StepLR(opt, step_size=4, gamma=0.3),
             ls.LinearLR(opt, start_factor=0.5, total_iters=6)], None
 
@@ -703,7 +711,8 @@ def _combo(lib, kind, which):
 
 
 COMBOS = [("SequentialLR", "warmup-cosine"), ("SequentialLR", "constant-exp-step"),
-          ("SequentialLR", "poly-restarts"), ("ChainedScheduler", "chain")]
+          ("SequentialLR", "poly-restarts"), ("ChainedScheduler", "chain"),
+          ("SequentialLR", "nested-sequential"), ("SequentialLR", "chained-in-sequential")]
 
 
 def _same_state(ours, theirs):

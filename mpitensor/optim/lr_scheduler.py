@@ -1304,6 +1304,17 @@ def _check_parts(owner: str, schedulers: Any, optimizer: Optimizer) -> List[LRSc
     return parts
 
 
+def _undo_step(scheduler: Any) -> None:
+    """Take back one step of every schedule inside ``scheduler`` (the parts of nested
+    SequentialLR/ChainedScheduler included; a composite has no epoch of its own to undo)."""
+    parts = getattr(scheduler, "_schedulers", None)
+    if parts is not None:
+        for part in parts:
+            _undo_step(part)
+    elif hasattr(scheduler, "last_epoch"):
+        scheduler.last_epoch -= 1
+
+
 class SequentialLR(LRScheduler):
     """Run one schedule after another, handing over at the milestone epochs.
 
@@ -1347,8 +1358,7 @@ class SequentialLR(LRScheduler):
         self.optimizer = optimizer
         for group in optimizer.param_groups:  # the parts' constructors already moved them
             group["lr"] = group["initial_lr"]
-        for s in parts:  # and stepped once each: take those steps back
-            s.last_epoch -= 1
+        _undo_step(self)  # and stepped once each: take those steps back
         parts[0]._initial_step()
         self._last_lr = parts[0].get_last_lr()
 
