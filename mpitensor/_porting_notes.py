@@ -100,6 +100,15 @@ NOTES: Dict[str, str] = {
         "`device(type='cuda')` wherever CuPy imports (as a CUDA build of torch answers), "
         "else `None`"
     ),
+    "torch.optim.SparseAdam": (
+        "mpitensor has no sparse tensors: gradients are dense, and the entries updated (weights "
+        "and moments) are the nonzero ones, those `grad.to_sparse()` would keep; torch refuses "
+        "dense gradients"
+    ),
+    "torch.optim.LBFGS": (
+        "an unknown `line_search_fn` is a RuntimeError at construction (torch raises it at the "
+        "first `step`)"
+    ),
 }
 
 #: Names mpitensor has at another path: torch path -> (mpitensor path, how it differs).
