@@ -1,0 +1,234 @@
+"""Constraints: the sets a distribution's parameters and values live in, with torch's names.
+
+Each constraint is an object with ``check(value)``, which returns a boolean tensor telling,
+per element (per event for constraints over events, such as :data:`simplex`), whether
+``value`` lies in the set. Distributions name theirs in ``arg_constraints`` and ``support``.
+
+Example:
+    >>> import mpitensor as mt
+    >>> from mpitensor.distributions import constraints
+    >>> constraints.positive.check(mt.tensor([1.0, -1.0])).tolist()
+    [True, False]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpitensor.tensor import Tensor, as_tensor
+
+__all__ = [
+    "Constraint", "boolean", "real", "real_vector", "positive", "nonnegative",
+    "greater_than", "greater_than_eq", "less_than", "interval", "half_open_interval",
+    "unit_interval", "simplex", "integer_interval", "nonnegative_integer", "positive_integer",
+    "independent", "lower_cholesky", "positive_definite", "one_hot", "dependent",
+    "is_dependent",
+]
+
+
+def _t(value: Any) -> Tensor:
+    return value if isinstance(value, Tensor) else as_tensor(value)
+
+
+class Constraint:
+    """A set of values; ``check(value)`` answers, element by element, whether ``value`` is in it.
+
+    ``is_discrete`` says whether the set is countable; ``event_dim`` how many rightmost
+    dimensions make one point of it (0 for elementwise constraints).
+    """
+
+    is_discrete = False
+    event_dim = 0
+
+    def check(self, value: Any) -> Tensor:
+        """Return a boolean tensor: True where ``value`` satisfies the constraint."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return type(self).__name__.lstrip("_") + "()"
+
+
+class _Dependent(Constraint):
+    """A set that depends on other parameters (a support that cannot be checked alone)."""
+
+    def check(self, value: Any) -> Tensor:
+        raise ValueError("a dependent constraint cannot be checked on its own")
+
+
+def is_dependent(constraint: Any) -> bool:
+    """True when ``constraint`` is a dependent one (it cannot be checked on its own)."""
+    return isinstance(constraint, _Dependent)
+
+
+class _Boolean(Constraint):
+    is_discrete = True
+
+    def check(self, value: Any) -> Tensor:
+        v = _t(value)
+        return (v == 0) | (v == 1)
+
+
+class _Real(Constraint):
+    def check(self, value: Any) -> Tensor:
+        v = _t(value)
+        return v == v  # False at NaN only
+
+
+class _GreaterThan(Constraint):
+    def __init__(self, lower_bound: Any) -> None:
+        self.lower_bound = lower_bound
+
+    def check(self, value: Any) -> Tensor:
+        return self.lower_bound < _t(value)
+
+    def __repr__(self) -> str:
+        return f"GreaterThan(lower_bound={self.lower_bound})"
+
+
+class _GreaterThanEq(_GreaterThan):
+    def check(self, value: Any) -> Tensor:
+        return self.lower_bound <= _t(value)
+
+    def __repr__(self) -> str:
+        return f"GreaterThanEq(lower_bound={self.lower_bound})"
+
+
+class _LessThan(Constraint):
+    def __init__(self, upper_bound: Any) -> None:
+        self.upper_bound = upper_bound
+
+    def check(self, value: Any) -> Tensor:
+        return _t(value) < self.upper_bound
+
+    def __repr__(self) -> str:
+        return f"LessThan(upper_bound={self.upper_bound})"
+
+
+class _Interval(Constraint):
+    def __init__(self, lower_bound: Any, upper_bound: Any) -> None:
+        self.lower_bound, self.upper_bound = lower_bound, upper_bound
+
+    def check(self, value: Any) -> Tensor:
+        v = _t(value)
+        return (self.lower_bound <= v) & (v <= self.upper_bound)
+
+    def __repr__(self) -> str:
+        return f"Interval(lower_bound={self.lower_bound}, upper_bound={self.upper_bound})"
+
+
+class _HalfOpenInterval(_Interval):
+    def check(self, value: Any) -> Tensor:
+        v = _t(value)
+        return (self.lower_bound <= v) & (v < self.upper_bound)
+
+    def __repr__(self) -> str:
+        return f"HalfOpenInterval(lower_bound={self.lower_bound}, upper_bound={self.upper_bound})"
+
+
+class _IntegerInterval(_Interval):
+    is_discrete = True
+
+    def check(self, value: Any) -> Tensor:
+        v = _t(value)
+        return (v % 1 == 0) & (self.lower_bound <= v) & (v <= self.upper_bound)
+
+    def __repr__(self) -> str:
+        return f"IntegerInterval(lower_bound={self.lower_bound}, upper_bound={self.upper_bound})"
+
+
+class _IntegerGreaterThan(Constraint):
+    is_discrete = True
+
+    def __init__(self, lower_bound: int) -> None:
+        self.lower_bound = lower_bound
+
+    def check(self, value: Any) -> Tensor:
+        v = _t(value)
+        return (v % 1 == 0) & (v >= self.lower_bound)
+
+    def __repr__(self) -> str:
+        return f"IntegerGreaterThan(lower_bound={self.lower_bound})"
+
+
+class _Simplex(Constraint):
+    event_dim = 1
+
+    def check(self, value: Any) -> Tensor:
+        v = _t(value)
+        return (v >= 0).all(dim=-1) & ((v.sum(-1) - 1).abs() < 1e-6)
+
+
+class _OneHot(Constraint):
+    is_discrete = True
+    event_dim = 1
+
+    def check(self, value: Any) -> Tensor:
+        v = _t(value)
+        return ((v == 0) | (v == 1)).all(dim=-1) & (v.sum(-1) == 1)
+
+
+class _Independent(Constraint):
+    """A constraint over the ``reinterpreted_batch_ndims`` rightmost dimensions as one event."""
+
+    def __init__(self, base_constraint: Constraint, reinterpreted_batch_ndims: int) -> None:
+        self.base_constraint = base_constraint
+        self.reinterpreted_batch_ndims = reinterpreted_batch_ndims
+        self.is_discrete = base_constraint.is_discrete
+        self.event_dim = base_constraint.event_dim + reinterpreted_batch_ndims
+
+    def check(self, value: Any) -> Tensor:
+        ok = self.base_constraint.check(value)
+        for _ in range(self.reinterpreted_batch_ndims):
+            ok = ok.all(dim=-1)
+        return ok
+
+    def __repr__(self) -> str:
+        return f"IndependentConstraint({self.base_constraint!r}, {self.reinterpreted_batch_ndims})"
+
+
+class _LowerCholesky(Constraint):
+    event_dim = 2
+
+    def check(self, value: Any) -> Tensor:
+        v = _t(value)
+        lower = (v.tril() == v).all(dim=-1).all(dim=-1)
+        return lower & (v.diagonal(dim1=-2, dim2=-1) > 0).all(dim=-1)
+
+
+class _PositiveDefinite(Constraint):
+    event_dim = 2
+
+    def check(self, value: Any) -> Tensor:
+        import numpy as np
+
+        from mpitensor import backend as _backend
+
+        v = _t(value)
+        a = v.detach()._data
+        xp = _backend.array_module(a)
+        sym = xp.all(xp.abs(a - xp.swapaxes(a, -1, -2)) <= 1e-6 * (1 + xp.abs(a)), axis=(-2, -1))
+        eig = xp.linalg.eigvalsh(a)
+        ok = sym & xp.all(eig > 0, axis=-1)
+        return Tensor._wrap(xp.asarray(ok, dtype=np.bool_))
+
+
+dependent = _Dependent()
+boolean = _Boolean()
+real = _Real()
+real_vector = _Independent(real, 1)
+positive = _GreaterThan(0.0)
+nonnegative = _GreaterThanEq(0.0)
+unit_interval = _Interval(0.0, 1.0)
+simplex = _Simplex()
+one_hot = _OneHot()
+nonnegative_integer = _IntegerGreaterThan(0)
+positive_integer = _IntegerGreaterThan(1)
+lower_cholesky = _LowerCholesky()
+positive_definite = _PositiveDefinite()
+greater_than = _GreaterThan
+greater_than_eq = _GreaterThanEq
+less_than = _LessThan
+interval = _Interval
+half_open_interval = _HalfOpenInterval
+integer_interval = _IntegerInterval
+independent = _Independent

@@ -1,0 +1,169 @@
+"""Kullback-Leibler divergence between distributions: :func:`kl_divergence` and the
+:func:`register_kl` decorator that adds a pair of families.
+
+Example:
+    >>> import mpitensor as mt
+    >>> from mpitensor.distributions import Normal
+    >>> kl_divergence(Normal(0.0, 1.0), Normal(0.0, 1.0)).item()
+    0.0
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Tuple
+
+from mpitensor.tensor import Tensor, digamma, lgamma, where
+
+from ._common import softplus
+from .bernoulli import Bernoulli
+from .categorical import Categorical, OneHotCategorical
+from .distribution import Distribution
+from .gamma import Beta, Dirichlet, Gamma
+from .independent import Independent, _sum_right
+from .laplace import Exponential, Laplace
+from .normal import Normal
+from .poisson import Poisson
+from .uniform import Uniform
+
+__all__ = ["kl_divergence", "register_kl"]
+
+_KL: Dict[Tuple[type, type], Callable] = {}
+
+
+def register_kl(type_p: type, type_q: type) -> Callable[[Callable], Callable]:
+    """Decorator: register ``fn(p, q)`` as the KL divergence of a ``type_p`` from a ``type_q``.
+
+    The most specific registered pair (by the classes' method resolution orders) is used.
+
+    Raises:
+        TypeError: a type that is not a subclass of :class:`Distribution`.
+
+    Example:
+        >>> @register_kl(Normal, Normal)
+        ... def my_kl(p, q): ...
+        >>> _ = _KL.pop((Normal, Normal)); _KL[(Normal, Normal)] = _kl_normal_normal
+    """
+    for t in (type_p, type_q):
+        if not (isinstance(t, type) and issubclass(t, Distribution)):
+            raise TypeError(f"register_kl() takes Distribution subclasses, got {t!r}")
+
+    def deco(fn: Callable) -> Callable:
+        _KL[(type_p, type_q)] = fn
+        return fn
+
+    return deco
+
+
+def _lookup(tp: type, tq: type) -> Callable:
+    best, rank = None, None
+    for (a, b), fn in _KL.items():
+        if issubclass(tp, a) and issubclass(tq, b):
+            r = (tp.__mro__.index(a), tq.__mro__.index(b))
+            if rank is None or r < rank:
+                best, rank = fn, r
+    if best is None:
+        raise NotImplementedError(f"no KL divergence is registered for {tp.__name__} and "
+                                  f"{tq.__name__}; register one with @register_kl")
+    return best
+
+
+def kl_divergence(p: Distribution, q: Distribution) -> Tensor:
+    """Return KL(p || q), one number per batch element.
+
+    Raises:
+        NotImplementedError: no function is registered for the pair of types.
+    """
+    return _lookup(type(p), type(q))(p, q)
+
+
+def _inf_where(mask: Tensor, t: Tensor) -> Tensor:
+    return where(mask, math.inf, t)
+
+
+@register_kl(Normal, Normal)
+def _kl_normal_normal(p: Normal, q: Normal) -> Tensor:
+    var_ratio = (p.scale / q.scale) ** 2
+    t1 = ((p.loc - q.loc) / q.scale) ** 2
+    return 0.5 * (var_ratio + t1 - 1 - var_ratio.log())
+
+
+@register_kl(Categorical, Categorical)
+def _kl_categorical_categorical(p: Categorical, q: Categorical) -> Tensor:
+    t = p.probs * (p.logits - q.logits)
+    zero_q = (q.probs == 0).expand(*t.shape)
+    t = _inf_where(zero_q, t)
+    t = where((p.probs == 0).expand(*t.shape), 0.0, t)
+    return t.sum(-1)
+
+
+@register_kl(OneHotCategorical, OneHotCategorical)
+def _kl_onehot_onehot(p: OneHotCategorical, q: OneHotCategorical) -> Tensor:
+    return _kl_categorical_categorical(p._categorical, q._categorical)
+
+
+@register_kl(Bernoulli, Bernoulli)
+def _kl_bernoulli_bernoulli(p: Bernoulli, q: Bernoulli) -> Tensor:
+    pp, qp = p.probs, q.probs
+    t1 = pp * (softplus(-q.logits) - softplus(-p.logits))
+    t1 = where(pp == 0, 0.0, _inf_where(qp == 0, t1))
+    t2 = (1 - pp) * (softplus(q.logits) - softplus(p.logits))
+    t2 = where(pp == 1, 0.0, _inf_where(qp == 1, t2))
+    return t1 + t2
+
+
+@register_kl(Uniform, Uniform)
+def _kl_uniform_uniform(p: Uniform, q: Uniform) -> Tensor:
+    r = ((q.high - q.low) / (p.high - p.low)).log()
+    return _inf_where((q.low > p.low) | (q.high < p.high), r)
+
+
+@register_kl(Exponential, Exponential)
+def _kl_exponential_exponential(p: Exponential, q: Exponential) -> Tensor:
+    ratio = q.rate / p.rate
+    return -ratio.log() + ratio - 1
+
+
+@register_kl(Laplace, Laplace)
+def _kl_laplace_laplace(p: Laplace, q: Laplace) -> Tensor:
+    scale_ratio = p.scale / q.scale
+    d = (p.loc - q.loc).abs()
+    return -scale_ratio.log() + d / q.scale + scale_ratio * (-d / p.scale).exp() - 1
+
+
+@register_kl(Gamma, Gamma)
+def _kl_gamma_gamma(p: Gamma, q: Gamma) -> Tensor:
+    pc, qc, pr, qr = p.concentration, q.concentration, p.rate, q.rate
+    return (qc * (pr / qr).log() + lgamma(qc) - lgamma(pc) + (pc - qc) * digamma(pc)
+            + (qr - pr) * (pc / pr))
+
+
+def _kl_dirichlet_concentrations(pc: Tensor, qc: Tensor) -> Tensor:
+    sp, sq = pc.sum(-1), qc.sum(-1)
+    t1 = lgamma(sp) - lgamma(sq)
+    t2 = (lgamma(pc) - lgamma(qc)).sum(-1)
+    t4 = digamma(pc) - digamma(sp).unsqueeze(-1)
+    return t1 - t2 + ((pc - qc) * t4).sum(-1)
+
+
+@register_kl(Dirichlet, Dirichlet)
+def _kl_dirichlet_dirichlet(p: Dirichlet, q: Dirichlet) -> Tensor:
+    return _kl_dirichlet_concentrations(p.concentration, q.concentration)
+
+
+@register_kl(Beta, Beta)
+def _kl_beta_beta(p: Beta, q: Beta) -> Tensor:
+    return _kl_dirichlet_concentrations(p._dirichlet_concentration, q._dirichlet_concentration)
+
+
+@register_kl(Poisson, Poisson)
+def _kl_poisson_poisson(p: Poisson, q: Poisson) -> Tensor:
+    return p.rate * (p.rate.log() - q.rate.log()) - (p.rate - q.rate)
+
+
+@register_kl(Independent, Independent)
+def _kl_independent_independent(p: Independent, q: Independent) -> Any:
+    if p.reinterpreted_batch_ndims != q.reinterpreted_batch_ndims:
+        raise NotImplementedError("kl_divergence of Independent distributions with different "
+                                  "reinterpreted_batch_ndims is not implemented")
+    return _sum_right(kl_divergence(p.base_dist, q.base_dist), p.reinterpreted_batch_ndims)

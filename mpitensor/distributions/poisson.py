@@ -1,0 +1,58 @@
+"""The Poisson distribution."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from mpitensor.tensor import Tensor, lgamma, poisson, xlogy
+
+from . import constraints
+from .distribution import Distribution, ShapeLike, _expand_params, broadcast_all
+
+__all__ = ["Poisson"]
+
+
+class Poisson(Distribution):
+    """Poisson distribution of rate ``rate`` (>= 0) over the non-negative integers.
+
+    Raises:
+        ValueError: with validation, a negative rate or a value that is not a non-negative
+            integer.
+
+    Example:
+        >>> Poisson(3.0).variance.item()
+        3.0
+    """
+
+    arg_constraints = {"rate": constraints.nonnegative}
+    support = constraints.nonnegative_integer
+
+    def __init__(self, rate: Any, validate_args: Optional[bool] = None) -> None:
+        (self.rate,) = broadcast_all(rate)
+        super().__init__(self.rate.shape, (), validate_args)
+
+    def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Poisson:
+        """Return this distribution with its rate expanded to ``batch_shape``."""
+        return _expand_params(self, Poisson, ("rate",), batch_shape, _instance)
+
+    @property
+    def mean(self) -> Tensor:
+        return self.rate
+
+    @property
+    def mode(self) -> Tensor:
+        return self.rate.floor()
+
+    @property
+    def variance(self) -> Tensor:
+        return self.rate
+
+    def sample(self, sample_shape: ShapeLike = ()) -> Tensor:
+        shape = tuple(self._extended_shape(sample_shape))
+        return poisson(self.rate.detach().expand(*shape).contiguous())
+
+    def log_prob(self, value: Any) -> Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        rate, value = broadcast_all(self.rate, value)
+        return xlogy(value, rate) - rate - lgamma(value + 1)
