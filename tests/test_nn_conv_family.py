@@ -426,3 +426,23 @@ def test_chained_layers_match_torch(kind, shape):
     _assert_close(_np(X.grad), tx.grad.numpy(), np.float64, 1, f"{kind} input grad")
     for (name, p), tp in zip(ours.named_parameters(), theirs.parameters()):
         _assert_close(_np(p.grad), tp.grad.numpy(), np.float64, 1, f"{kind} {name} grad")
+
+
+@pytest.mark.parametrize("fname,x,w,kw", [
+    ("conv1d", (0, 4, 9), (6, 2, 3), {"groups": 2}),
+    ("conv2d", (0, 4, 9, 8), (6, 4, 3, 3), {"stride": 2}),
+    ("conv3d", (0, 4, 5, 5, 5), (6, 4, 3, 3, 3), {"padding": "same"}),
+    ("conv_transpose1d", (0, 4, 5), (4, 3, 3), {"stride": 2}),
+    ("conv_transpose2d", (0, 4, 5, 5), (4, 3, 3, 3), {"stride": 2, "output_padding": 1}),
+    ("conv_transpose3d", (0, 4, 2, 3, 2), (4, 1, 2, 2, 2), {"groups": 2}),
+])
+def test_empty_batch_gives_torchs_empty_output_and_zero_gradients(fname, x, w, kw):
+    cout = w[1] * kw.get("groups", 1) if "transpose" in fname else w[0]
+    X, W = mt.zeros(*x, requires_grad=True), mt.randn(*w, requires_grad=True)
+    B = mt.randn(cout, requires_grad=True)
+    y = getattr(F, fname)(X, W, B, **kw)
+    want = getattr(TF, fname)(torch.zeros(x), torch.randn(w), torch.randn(cout), **kw)
+    assert tuple(y.shape) == tuple(want.shape)
+    y.sum().backward()
+    assert tuple(X.grad.shape) == x
+    assert not _np(W.grad).any() and not _np(B.grad).any()

@@ -462,7 +462,7 @@ def conv2d(
             f"pad the input or use a smaller kernel"
         )
     if xshape[0] == 0:
-        raise RuntimeError("conv2d(): the batch is empty (input has 0 samples)")
+        return _EmptyBatchConv.apply(input, weight, bias, (0, w.shape[0], geom.OH, geom.OW))
     xin = _reshape(input, xshape) if unbatched else input
     out = _Conv2d.apply(xin, weight, bias, geom)
     return _reshape(out, tuple(out.shape[1:])) if unbatched else out
@@ -533,8 +533,6 @@ def _conv_family_args(fname: str, nd: int, input: Any, weight: Any, bias: Any,  
     _check_float(input, "input", fname)
     _check_same_dtype(fname, input=input, weight=weight, bias=bias)
     _check_same_device(fname, input=input, weight=weight, bias=bias)
-    if xshape[0] == 0:
-        raise RuntimeError(f"{fname}(): the batch is empty (input has 0 samples)")
     return x, w, stride_, dil, unbatched, xshape
 
 
@@ -546,6 +544,21 @@ def _nc_view(a: Any, nd: int) -> Any:
 def _cs_n_view(a: Any, nd: int) -> Any:
     """An NC... array as its (C, *S, N) view."""
     return a.transpose(*range(1, nd + 2), 0)
+
+
+class _EmptyBatchConv(Function):
+    """A convolution of an empty batch, as torch gives it: an empty output of the right
+    shape, and zero gradients for the weight and bias."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, w: Any, b: Any, shape: tuple) -> Any:
+        ctx.shapes = (x.shape, w.shape, None if b is None else b.shape)
+        return K.xp_of(x).zeros(shape, x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        xp = K.xp_of(g)
+        return (*(None if s is None else xp.zeros(s, g.dtype) for s in ctx.shapes), None)
 
 
 class _ConvNd(Function):
@@ -667,6 +680,8 @@ def _conv_nd(fname: str, nd: int, input: Any, weight: Any, bias: Any,  # noqa: A
             f"{tuple(d * (kk - 1) + 1 for d, kk in zip(dil, k))}. Kernel size can't be greater "
             f"than actual input size; pad the input or use a smaller kernel"
         )
+    if xshape[0] == 0:
+        return _EmptyBatchConv.apply(input, weight, bias, (0, w.shape[0], *geom.out))
     xin = _reshape(input, xshape) if unbatched else input
     out = _ConvNd.apply(xin, weight, bias, geom)
     return _reshape(out, tuple(out.shape[1:])) if unbatched else out
@@ -688,6 +703,8 @@ def _conv_transpose_nd(fname: str, nd: int, input: Any, weight: Any, bias: Any, 
     if any(t < 1 for t in geom.S):
         raise RuntimeError(f"{fname}(): the output size {geom.S} is too small: the padding "
                            f"{pad} takes more than the input {xshape[2:]} gives; reduce it")
+    if xshape[0] == 0:
+        return _EmptyBatchConv.apply(input, weight, bias, (0, geom.C, *geom.S))
     xin = _reshape(input, xshape) if unbatched else input
     out = _ConvTransposeNd.apply(xin, weight, bias, geom)
     return _reshape(out, tuple(out.shape[1:])) if unbatched else out
