@@ -285,6 +285,11 @@ def test_module_paths():
     )
 
     assert ConvTranspose2d is nn.ConvTranspose2d
+    from mpitensor.nn.modules.conv import _ConvNd, _ConvTransposeNd
+
+    for cls in (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d):
+        assert issubclass(cls, _ConvNd)
+        assert issubclass(cls, _ConvTransposeNd) == cls.__name__.startswith("ConvTranspose")
     for name in ("conv1d", "conv3d", "conv_transpose1d", "conv_transpose2d",
                  "conv_transpose3d"):
         assert name in F.__all__

@@ -235,7 +235,7 @@ class Conv3d(_Conv):
     _fn = staticmethod(F.conv3d)
 
 
-class _ConvTranspose(_ConvNd):
+class _ConvTransposeNd(_ConvNd):
     _transposed = True
     _fn: Any = None
 
@@ -278,7 +278,7 @@ class _ConvTranspose(_ConvNd):
                               output_padding, self.groups, self.dilation)
 
 
-class ConvTranspose1d(_ConvTranspose):
+class ConvTranspose1d(_ConvTransposeNd):
     """1-D transposed convolution over an (N, C, L) input, as ``torch.nn.ConvTranspose1d``:
     the gradient of :class:`Conv1d` with respect to its input.
 
@@ -311,7 +311,7 @@ class ConvTranspose1d(_ConvTranspose):
     _fn = staticmethod(F.conv_transpose1d)
 
 
-class ConvTranspose2d(_ConvTranspose):
+class ConvTranspose2d(_ConvTransposeNd):
     """2-D transposed convolution over an NCHW input, as ``torch.nn.ConvTranspose2d``.
 
     Args:
@@ -332,7 +332,7 @@ class ConvTranspose2d(_ConvTranspose):
     _fn = staticmethod(F.conv_transpose2d)
 
 
-class ConvTranspose3d(_ConvTranspose):
+class ConvTranspose3d(_ConvTransposeNd):
     """3-D transposed convolution over an (N, C, D, H, W) input, as
     ``torch.nn.ConvTranspose3d``.
 

@@ -58,8 +58,8 @@ _PATHS: Dict[str, List[str]] = {
     "batchnorm": ["_BatchNorm", "BatchNorm1d", "BatchNorm2d", "SyncBatchNorm"],
     "channelshuffle": ["ChannelShuffle"],
     "container": ["Sequential", "ModuleList", "ModuleDict"],
-    "conv": ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-             "ConvTranspose3d"],
+    "conv": ["_ConvNd", "_ConvTransposeNd", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
+             "ConvTranspose2d", "ConvTranspose3d"],
     "distance": ["PairwiseDistance", "CosineSimilarity"],
     "dropout": ["_DropoutNd", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
                 "FeatureAlphaDropout"],
@@ -90,7 +90,8 @@ _PATHS: Dict[str, List[str]] = {
 
 #: the base classes torch keeps private that programs subclass
 _PRIVATE = {"_Loss": layers._Loss, "_WeightedLoss": layers._WeightedLoss,
-            "_BatchNorm": normalization._BatchNorm, "_DropoutNd": dropout._DropoutNd}
+            "_BatchNorm": normalization._BatchNorm, "_DropoutNd": dropout._DropoutNd,
+            "_ConvNd": conv._ConvNd, "_ConvTransposeNd": conv._ConvTransposeNd}
 
 
 def _find(name: str) -> type:
