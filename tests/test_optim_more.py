@@ -540,3 +540,69 @@ def test_lbfgs_returns_the_first_loss_and_stops_at_a_zero_gradient():
     evals = opt.state[w]["func_evals"]
     opt.step(closure)  # at the optimum: one evaluation, then nothing to do
     assert opt.state[w]["func_evals"] == evals + 1
+
+
+# ---- swap_in_optimizer_params_and_state --------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["Adam", "NAdam", "Rprop"])
+def test_swap_in_params_and_state_like_torch(name):
+    rng = np.random.default_rng(9)
+    x0 = [rng.standard_normal(s) for s in [(3, 2), (4,)]]
+    mine = [Parameter(mt.tensor(x.copy())) for x in x0]
+    ref = [torch.nn.Parameter(torch.from_numpy(x.copy())) for x in x0]
+    opt = getattr(optim, name)([{"params": [mine[0]]}, {"params": [mine[1]], "lr": 0.2}], lr=0.05)
+    topt = getattr(torch.optim, name)([{"params": [ref[0]]}, {"params": [ref[1]], "lr": 0.2}],
+                                      lr=0.05)
+    for _ in range(3):
+        for p, r in zip(mine, ref):
+            g = rng.standard_normal(p.shape)
+            p.grad, r.grad = mt.tensor(g), torch.from_numpy(g.copy())
+        opt.step()
+        topt.step()
+    before = [p._data.copy() for p in mine]
+    live_state = {k: {n: np.array(v._data) for n, v in st.items()}
+                  for k, st in opt.state_dict()["state"].items()}
+    # other weights and a copy of the state, with another learning rate for group 0
+    y0 = [rng.standard_normal(x.shape) for x in x0]
+    sd = opt.state_dict()
+    swap_sd = {"state": {k: {n: mt.tensor(np.array(v._data)) for n, v in st.items()}
+                         for k, st in sd["state"].items()},
+               "param_groups": [dict(g) for g in sd["param_groups"]]}
+    tsd = topt.state_dict()
+    tswap_sd = {"state": {k: {n: v.clone() for n, v in st.items()}
+                          for k, st in tsd["state"].items()},
+                "param_groups": [dict(g) for g in tsd["param_groups"]]}
+    swap_sd["param_groups"][0]["lr"] = tswap_sd["param_groups"][0]["lr"] = 0.3
+    swap = {f"p{i}": Parameter(mt.tensor(y.copy())) for i, y in enumerate(y0)}
+    tswap = {f"p{i}": torch.nn.Parameter(torch.from_numpy(y.copy())) for i, y in enumerate(y0)}
+    for (p, r) in zip(swap.values(), tswap.values()):
+        g = rng.standard_normal(p.shape)
+        p.grad, r.grad = mt.tensor(g), torch.from_numpy(g.copy())
+    with optim.swap_in_optimizer_params_and_state(opt, swap, swap_sd):
+        assert opt.param_groups[0]["params"][0] is swap["p0"]
+        assert opt.param_groups[0]["lr"] == 0.3
+        opt.step()
+    with torch.optim.swap_in_optimizer_params_and_state(topt, tswap, tswap_sd):
+        topt.step()
+    for p, r in zip(swap.values(), tswap.values()):
+        np.testing.assert_allclose(p._data, r.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for k, st in tswap_sd["state"].items():  # the step's in-place updates land in the dicts
+        for n, tv in st.items():
+            np.testing.assert_allclose(np.asarray(swap_sd["state"][k][n]._data), tv.numpy(),
+                                       rtol=1e-10, atol=1e-12)
+    # the live optimiser and its parameters are as they were
+    assert opt.param_groups[0]["params"][0] is mine[0] and opt.param_groups[0]["lr"] == 0.05
+    for p, b in zip(mine, before):
+        np.testing.assert_array_equal(p._data, b)
+    for k, st in opt.state_dict()["state"].items():
+        for n, v in st.items():
+            np.testing.assert_array_equal(np.asarray(v._data), live_state[k][n])
+
+
+def test_swap_in_refuses_a_wrong_parameter_count():
+    w = Parameter(mt.ones(2))
+    opt = optim.SGD([w], lr=0.1)
+    with pytest.raises(ValueError, match="1 parameters in 1 groups"):
+        with optim.swap_in_optimizer_params_and_state(opt, {}, opt.state_dict()):
+            pass
+    assert opt.param_groups[0]["params"][0] is w

@@ -21,7 +21,7 @@ from .adamax import Adamax
 from .asgd import ASGD
 from .lbfgs import LBFGS
 from .nadam import NAdam
-from .optimizer import Optimizer
+from .optimizer import Optimizer, swap_in_optimizer_params_and_state
 from .radam import RAdam
 from .rmsprop import RMSprop
 from .rprop import Rprop
@@ -30,4 +30,4 @@ from .sparse_adam import SparseAdam
 
 __all__ = ["ASGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "LBFGS",
            "NAdam", "Optimizer", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam",
-           "lr_scheduler", "swa_utils"]
+           "lr_scheduler", "swa_utils", "swap_in_optimizer_params_and_state"]

@@ -9,14 +9,15 @@ parameters by their position across the groups:
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor.tensor import Tensor
 
-__all__ = ["Optimizer", "required"]
+__all__ = ["Optimizer", "required", "swap_in_optimizer_params_and_state"]
 
 
 class _RequiredParameter:
@@ -301,6 +302,70 @@ class Optimizer:
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+@contextlib.contextmanager
+def swap_in_optimizer_params_and_state(optimizer: Optimizer, swapin_parameters: Dict[str, Tensor],
+                                       swapin_optim_state: Dict[str, Any]) -> Iterator[None]:
+    """Run with other parameters and state in ``optimizer``; the live ones come back on exit.
+
+    Inside the context ``optimizer.param_groups`` hold ``swapin_parameters`` (in the order of
+    the optimiser's own parameters, as ``model.named_parameters()`` gives them) with the
+    hyper-parameters of ``swapin_optim_state["param_groups"]``, and ``optimizer.state`` holds
+    ``swapin_optim_state["state"]`` keyed by those parameters. The state Tensors are used as
+    they are, so in-place updates (a ``step()``) land in the dict given; entries added or
+    replaced in the per-parameter dicts do not.
+
+    Args:
+        optimizer: the live optimiser.
+        swapin_parameters: name -> Tensor, one per parameter of the optimiser, in its order.
+        swapin_optim_state: a dict shaped like :meth:`Optimizer.state_dict`'s.
+
+    Raises:
+        ValueError: the number of parameters or groups does not match the optimiser's, or a
+            state entry names a parameter index no group lists.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.optim import SGD
+        >>> w = mt.tensor([1.0], requires_grad=True)
+        >>> opt = SGD([w], lr=0.5)
+        >>> other = mt.tensor([4.0], requires_grad=True)
+        >>> other.grad = mt.tensor([2.0])
+        >>> with swap_in_optimizer_params_and_state(opt, {"w": other}, opt.state_dict()):
+        ...     opt.step()
+        >>> other, w
+        (tensor([3.], requires_grad=True), tensor([1.], requires_grad=True))
+    """
+    params = list(swapin_parameters.values())
+    live_groups, live_state = optimizer.param_groups, optimizer.state
+    count = sum(len(g["params"]) for g in live_groups)
+    saved_groups = swapin_optim_state["param_groups"]
+    if len(params) != count or len(saved_groups) != len(live_groups):
+        raise ValueError(f"swap_in_optimizer_params_and_state: the optimizer has {count} "
+                         f"parameters in {len(live_groups)} groups; got {len(params)} "
+                         f"parameters and {len(saved_groups)} groups to swap in")
+    groups: List[Dict[str, Any]] = []
+    by_index: Dict[Any, Tensor] = {}
+    position = 0
+    for live, saved in zip(live_groups, saved_groups):
+        mine = params[position:position + len(live["params"])]
+        position += len(mine)
+        group = {k: v for k, v in saved.items() if k != "params"}
+        group["params"] = mine
+        by_index.update(zip(saved["params"], mine))
+        groups.append(group)
+    state: defaultdict = defaultdict(dict)
+    for index, entry in swapin_optim_state["state"].items():
+        if index not in by_index:
+            raise ValueError(f"swap_in_optimizer_params_and_state: state for parameter index "
+                             f"{index!r}, which no group lists")
+        state[by_index[index]] = dict(entry)
+    optimizer.param_groups, optimizer.state = groups, state
+    try:
+        yield
+    finally:
+        optimizer.param_groups, optimizer.state = live_groups, live_state
 
 
 def _cast_state(name: str, v: Any, p: Tensor, index: Any) -> Any:
