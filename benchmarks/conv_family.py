@@ -8,7 +8,11 @@ Two workloads, each a full step (forward, loss, backward, Adam update):
   output; loss = mean squared error to a fixed target;
 - ``conv1d``: a 1-D convolutional classifier: Conv1d 32->64 (7, padding 3), 64->128 (5,
   stride 2, padding 2), 128->128 (3, padding 1), ReLU after each, the mean over time, a linear
-  layer to 10 classes and cross-entropy; batch 64, length 512.
+  layer to 10 classes and cross-entropy; batch 64, length 512;
+- ``conv3d``: Conv3d 16->32 (3, padding 1), 32->32 (3, stride 2, padding 1), ReLU after each,
+  ConvTranspose3d 32->16 (2, stride 2) back to the input's size; batch 8, 16x16x16 volumes;
+  loss = mean squared error to a fixed target. (3-D runs on the generic im2col kernel, one
+  product per group, against torch's oneDNN direct convolution.)
 
 Both libraries run single-threaded (OpenBLAS/OMP/MKL threads = 1, ``torch.set_num_threads(1)``)
 and alternate repetitions, so load from elsewhere hits both alike; the median of each is
@@ -16,7 +20,7 @@ reported with the ratio torch / mpitensor (the speed relative to torch: above 1.
 is faster). Without torch the torch columns are skipped with a note.
 
 Usage:
-    python benchmarks/conv_family.py [--reps 7] [--only dcgan,conv1d] [--dtype float32]
+    python benchmarks/conv_family.py [--reps 7] [--only dcgan,conv1d,conv3d] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -99,7 +103,29 @@ def _conv1d(lib: Any, dtype: str) -> Tuple[Any, Callable[[], Any]]:
     return model, step
 
 
-WORKLOADS = {"dcgan": _dcgan, "conv1d": _conv1d}
+def _conv3d(lib: Any, dtype: str) -> Tuple[Any, Callable[[], Any]]:
+    nn = lib.nn
+    model = nn.Sequential(
+        nn.Conv3d(16, 32, 3, padding=1), nn.ReLU(),
+        nn.Conv3d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
+        nn.ConvTranspose3d(32, 16, 2, stride=2),
+    ).to(getattr(lib, dtype))
+    rng = np.random.default_rng(2)
+    x = lib.tensor(rng.standard_normal((8, 16, 16, 16, 16)).astype(dtype))
+    target = lib.tensor(rng.standard_normal((8, 16, 16, 16, 16)).astype(dtype))
+    opt = lib.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step() -> Any:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, step
+
+
+WORKLOADS = {"dcgan": _dcgan, "conv1d": _conv1d, "conv3d": _conv3d}
 
 
 def _time(step: Callable[[], Any]) -> float:
@@ -115,7 +141,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     args = ap.parse_args(argv)
     torch, reason = _torch_or_reason()
-    print(f"one thread, batch {BATCH}, {args.dtype}, median of {args.reps} alternating "
+    print(f"one thread, batch {BATCH} (conv3d: 8), {args.dtype}, median of {args.reps} alternating "
           f"repetitions (one step each, after one warm-up step)")
     if torch is None:
         print(f"torch rows skipped: {reason}")
