@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from mpitensor import autograd as _autograd
-from mpitensor.tensor import Tensor, digamma, lgamma, stack, xlogy
+from mpitensor.tensor import Tensor, digamma, lgamma, stack, where, xlogy
 
 from . import constraints
 from ._common import standard_gamma
@@ -78,6 +78,15 @@ class Gamma(Distribution):
         return c - self.rate.log() + lgamma(c) + (1.0 - c) * digamma(c)
 
 
+def _dirichlet_mode(c: Tensor) -> Tensor:
+    """The mode of Dirichlet(c): ``(c - 1)+`` normalised; where every concentration is below 1
+    (the density grows towards the corners), the corner of the largest one."""
+    cm1 = (c - 1).clamp(min=0)
+    mode = cm1 / cm1.sum(-1, keepdim=True)
+    corner = (c == c.max(-1, keepdim=True).values).to(c.dtype)
+    return where((c < 1).all(-1, keepdim=True), corner, mode)
+
+
 class Dirichlet(Distribution):
     """Dirichlet distribution over the simplex of the last dimension of ``concentration``.
 
@@ -111,9 +120,7 @@ class Dirichlet(Distribution):
 
     @property
     def mode(self) -> Tensor:
-        c = self.concentration
-        k = c.shape[-1]
-        return (c - 1).clamp(min=0) / (c.sum(-1, keepdim=True) - k)
+        return _dirichlet_mode(self.concentration)
 
     @property
     def variance(self) -> Tensor:
@@ -173,8 +180,7 @@ class Beta(Distribution):
 
     @property
     def mode(self) -> Tensor:
-        a, b = self.concentration1, self.concentration0
-        return (a - 1) / (a + b - 2)
+        return _dirichlet_mode(self._dirichlet_concentration)[..., 0]
 
     @property
     def variance(self) -> Tensor:

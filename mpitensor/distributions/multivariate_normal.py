@@ -57,9 +57,9 @@ class _Cholesky(_autograd.Function):
         P = _tril(xp, _mT(xp, L) @ g)
         n = L.shape[-1]
         P = P - 0.5 * P * xp.eye(n, dtype=P.dtype)
-        # S = L^-T P L^-1
-        X = _solve_lower(xp, L, _mT(xp, P))       # L^-1 P^T
-        S = _mT(xp, _solve_lower(xp, L, _mT(xp, X)))  # (L^-1 (L^-1 P^T)^T)^T = L^-T P L^-1
+        # S = L^-T P L^-1, by two solves with the upper triangular L^T
+        Y = xp.linalg.solve(_mT(xp, L), P)                   # L^-T P
+        S = _mT(xp, xp.linalg.solve(_mT(xp, L), _mT(xp, Y)))  # (L^-T (L^-T P)^T)^T
         return (0.5 * (S + _mT(xp, S)),)
 
 
