@@ -24,7 +24,7 @@ from tests.test_optim_adaptive import _grads, _problem
 torch = pytest.importorskip("torch", reason="torch is the oracle these tests compare with")
 
 STEPS = 15
-NEW = ["Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "SparseAdam", "Adafactor", "LBFGS"]
+NEW = ["Adamax", "NAdam", "RAdam", "ASGD", "Rprop", "SparseAdam", "Adafactor", "LBFGS", "Muon"]
 
 CASES = [
     ("Adamax", dict()),
@@ -322,20 +322,22 @@ BAD = [
     ("Adafactor", dict(lr=-1.0)), ("Adafactor", dict(beta2_decay=0.5)),
     ("Adafactor", dict(eps=(-1.0, 1e-3))), ("Adafactor", dict(eps=(None, -1e-3))),
     ("Adafactor", dict(d=0.5)), ("Adafactor", dict(weight_decay=-0.1)),
+    ("Muon", dict(lr=-1.0)), ("Muon", dict(weight_decay=-0.1)), ("Muon", dict(momentum=-0.5)),
+    ("Muon", dict(adjust_lr_fn="spectral")),
 ]
 
 
 @pytest.mark.parametrize("name, kwargs", BAD, ids=[f"{n}-{k}" for n, k in BAD])
 def test_bad_arguments_raise_what_torch_raises(name, kwargs):
     with pytest.raises(Exception) as theirs:
-        getattr(torch.optim, name)([torch.nn.Parameter(torch.ones(2))], **kwargs)
-    w = Parameter(mt.ones(2))
+        getattr(torch.optim, name)([torch.nn.Parameter(torch.ones(2, 2))], **kwargs)
+    w = Parameter(mt.ones(2, 2))
     with pytest.raises(theirs.type):
         getattr(optim, name)([w], **kwargs)
     if name != "LBFGS":  # a group with the bad value is refused too
         opt = getattr(optim, name)([w])
         with pytest.raises(theirs.type):
-            opt.add_param_group({"params": [Parameter(mt.ones(1))], **kwargs})
+            opt.add_param_group({"params": [Parameter(mt.ones(1, 1))], **kwargs})
         assert len(opt.param_groups) == 1
 
 
@@ -346,8 +348,8 @@ def test_signatures_defaults_and_exports_match_torch(name):
     theirs = inspect.signature(getattr(torch.optim, name).__init__).parameters.values()
     assert [(p.name, p.kind, p.default) for p in ours] == \
         [(p.name, p.kind, p.default) for p in theirs]
-    mine = getattr(optim, name)([Parameter(mt.zeros(1))]).defaults
-    ref = getattr(torch.optim, name)([torch.nn.Parameter(torch.zeros(1))]).defaults
+    mine = getattr(optim, name)([Parameter(mt.zeros(1, 1))]).defaults  # 2-D: Muon's kind
+    ref = getattr(torch.optim, name)([torch.nn.Parameter(torch.zeros(1, 1))]).defaults
     assert mine == ref
 
 
@@ -606,3 +608,55 @@ def test_swap_in_refuses_a_wrong_parameter_count():
         with optim.swap_in_optimizer_params_and_state(opt, {}, opt.state_dict()):
             pass
     assert opt.param_groups[0]["params"][0] is w
+
+
+# ---- Muon -------------------------------------------------------------------------------------
+
+MUON_CASES = [dict(), dict(nesterov=False), dict(adjust_lr_fn="match_rms_adamw", weight_decay=0.0),
+              dict(momentum=0.5, ns_steps=3, lr=0.02, ns_coefficients=(3.0, -3.2, 1.2))]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kw", MUON_CASES, ids=[str(k) for k in MUON_CASES])
+def test_muon_matches_torch(kw, dtype):
+    # torch orthogonalises in bfloat16; so does Muon here, operation for operation. A product
+    # summed in another order can round to the neighbouring bfloat16 now and then: the bound is
+    # one bfloat16 step (2**-8 relative, on entries of order 1) of the update per step
+    rng = np.random.default_rng(11)
+    shapes = [(4, 6), (6, 4), (16, 8)]
+    x0 = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    mine = [Parameter(mt.tensor(x.copy())) for x in x0]
+    ref = [torch.nn.Parameter(torch.from_numpy(x.copy())) for x in x0]
+    opt, topt = optim.Muon(mine, **kw), torch.optim.Muon(ref, **kw)
+    steps = 10
+    noise = [[rng.standard_normal(s) for s in shapes] for _ in range(steps)]
+    for k in range(steps):
+        for p, r, e in zip(mine, ref, noise[k]):
+            p.grad = mt.tensor((np.sin(p._data) + e).astype(dtype))
+            r.grad = torch.from_numpy((np.sin(r.detach().numpy()) + e).astype(dtype))
+        opt.step()
+        topt.step()
+    lr = kw.get("lr", 1e-3)
+    for p, r, shape in zip(mine, ref, shapes):
+        scale = (0.2 * max(shape) ** 0.5 if kw.get("adjust_lr_fn") == "match_rms_adamw"
+                 else max(1.0, shape[0] / shape[1]) ** 0.5)
+        bound = steps * lr * scale * 2.0 ** -8 + _tol(dtype, steps)["atol"]
+        np.testing.assert_allclose(p._data, r.detach().numpy(), rtol=0, atol=bound)
+    sd, tsd = opt.state_dict(), topt.state_dict()
+    assert sorted(sd["state"]) == sorted(tsd["state"]) == [0, 1, 2]
+    for k, tst in tsd["state"].items():
+        assert set(sd["state"][k]) == set(tst) == {"momentum_buffer"}
+        np.testing.assert_allclose(sd["state"][k]["momentum_buffer"]._data,
+                                   tst["momentum_buffer"].numpy(), rtol=1e-3, atol=1e-3)
+    (g,), (tg,) = sd["param_groups"], tsd["param_groups"]
+    assert g == tg
+
+
+def test_muon_takes_only_matrices_like_torch():
+    with pytest.raises(ValueError):
+        torch.optim.Muon([torch.nn.Parameter(torch.zeros(3))])
+    with pytest.raises(ValueError, match="only 2-D parameters"):
+        optim.Muon([Parameter(mt.zeros(3))])
+    opt = optim.Muon([Parameter(mt.zeros(2, 2))])
+    with pytest.raises(ValueError, match="only 2-D parameters"):
+        opt.add_param_group({"params": [Parameter(mt.zeros(2, 2, 2))]})

@@ -20,6 +20,7 @@ from .adam import Adam, AdamW
 from .adamax import Adamax
 from .asgd import ASGD
 from .lbfgs import LBFGS
+from .muon import Muon
 from .nadam import NAdam
 from .optimizer import Optimizer, swap_in_optimizer_params_and_state
 from .radam import RAdam
@@ -29,5 +30,5 @@ from .sgd import SGD
 from .sparse_adam import SparseAdam
 
 __all__ = ["ASGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "LBFGS",
-           "NAdam", "Optimizer", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam",
+           "Muon", "NAdam", "Optimizer", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam",
            "lr_scheduler", "swa_utils", "swap_in_optimizer_params_and_state"]
