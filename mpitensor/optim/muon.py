@@ -12,7 +12,8 @@ The update is ``torch.optim.Muon``'s documented algorithm, per parameter::
 ``U`` has more rows than columns): ``A = X X^T``, ``B = b A + c A A``, ``X = a X + B X``, with
 ``(a, b, c) = ns_coefficients``. torch computes it in bfloat16 (each product accumulated in
 float32 and rounded once), and so does this: float32 arithmetic rounded to bfloat16 after every
-operation, the rounding done on the bits so NumPy and CuPy give the same numbers.
+operation (the rounding is done on the bits, so it is the same on NumPy and CuPy; a product
+summed in another order by the BLAS can still land on the neighbouring bfloat16 now and then).
 ``adjusted_lr`` is ``lr * sqrt(max(1, rows / cols))`` ("original", Keller Jordan's) or
 ``0.2 * lr * sqrt(max(rows, cols))`` ("match_rms_adamw", Moonshot's).
 """
