@@ -50,6 +50,7 @@ CONFIGS: List[Tuple[str, str, dict]] = [
     ("SparseAdam", "SparseAdam", dict()),
     ("Adafactor", "Adafactor", dict()),
     ("LBFGS 5 it", "LBFGS", dict(max_iter=5, history_size=10)),
+    ("Muon (matrices)", "Muon", dict()),
 ]
 
 
@@ -127,17 +128,19 @@ def main() -> None:
     for label, name, kw in CONFIGS:
         if only and name not in only:
             continue
-        mine = [Parameter(mt.tensor(v.copy())) for v in values]
-        for p, g in zip(mine, grads):
-            p.grad = mt.tensor(g.copy())
+        # Muon takes only the weight matrices (the biases go to another optimiser)
+        keep = [i for i, v in enumerate(values) if name != "Muon" or v.ndim == 2]
+        mine = [Parameter(mt.tensor(values[i].copy())) for i in keep]
+        for p, i in zip(mine, keep):
+            p.grad = mt.tensor(grads[i].copy())
         opt = getattr(optim, name)(mine, **kw)
         fm = _stepper(opt, mine) if name == "LBFGS" else opt.step
         ft = None
         if torch is not None:
-            ref = [torch.nn.Parameter(torch.from_numpy(v.copy())) for v in values]
-            for r, g in zip(ref, grads):
+            ref = [torch.nn.Parameter(torch.from_numpy(values[i].copy())) for i in keep]
+            for r, i in zip(ref, keep):
                 # torch's SparseAdam takes sparse gradients only: the same (dense) values
-                r.grad = torch.from_numpy(g.copy())
+                r.grad = torch.from_numpy(grads[i].copy())
                 if name == "SparseAdam":
                     r.grad = r.grad.to_sparse()
             topt = getattr(torch.optim, name)(ref, **kw)
