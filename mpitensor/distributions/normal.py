@@ -28,8 +28,8 @@ class Normal(Distribution):
 
     Example:
         >>> import mpitensor as mt
-        >>> Normal(0.0, 1.0).log_prob(mt.tensor(0.0)).item() == -0.5 * math.log(2 * math.pi)
-        True
+        >>> round(Normal(0.0, 1.0).log_prob(mt.tensor(0.0)).item(), 4)
+        -0.9189
     """
 
     arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
