@@ -339,6 +339,15 @@ BAD_CALLS = [
     lambda n, f, t: f.conv_transpose1d(t(X3[:, :3]), t(W3)),  # channel mismatch
     lambda n, f, t: f.conv_transpose2d(t(X3), t(W3[..., None])),
     lambda n, f, t: f.conv_transpose3d(t(X5), t(W5), groups=3),
+    # conv2d: its first errors were ValueError; they are torch's RuntimeError too now
+    lambda n, f, t: f.conv2d(t(X3[None]), t(W3[..., None]), padding="full"),
+    lambda n, f, t: f.conv2d(t(X3[None]), t(W3[..., None]), padding="same", stride=2),
+    lambda n, f, t: f.conv2d(t(X3[None]), t(W3[..., None]), padding=-1),
+    lambda n, f, t: f.conv2d(t(X3[None]), t(W3[..., None]), stride=0),
+    lambda n, f, t: f.conv2d(t(X3[None]), t(W3[..., None]), dilation=(1, 0)),
+    lambda n, f, t: f.conv2d(t(X3[None]), t(W3[..., None]), groups=0),
+    lambda n, f, t: f.conv2d(t(X3[None]), t(W3[..., None]), stride=(1, 1, 1)),
+    lambda n, f, t: n.Conv2d(4, 4, 3, padding=3, padding_mode="reflect")(t(X3[None])),
     lambda n, f, t: n.Conv1d(3, 4, 3, groups=2),
     lambda n, f, t: n.Conv1d(4, 3, 3, groups=2),
     lambda n, f, t: n.Conv1d(4, 4, 3, groups=0),

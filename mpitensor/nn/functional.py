@@ -301,6 +301,12 @@ def linear(input: Any, weight: Any, bias: Any = None) -> Tensor:  # noqa: A002
 # conv2d
 
 
+class _ConvArgumentError(ValueError, RuntimeError):
+    """A bad convolution argument that torch answers with RuntimeError and mpitensor's conv2d
+    and Conv2d answered with ValueError first (a negative padding, a zero stride, a padding
+    too big for its mode, ...): either handler catches it."""
+
+
 def _conv_work(geom: K.ConvGeom) -> int:
     """Multiply-adds of conv2d's biggest single product (one band's; see _kernels)."""
     cols = min(geom.OH * geom.OW * geom.N, K.BAND_COLUMNS)
@@ -428,11 +434,14 @@ def conv2d(
             f"conv2d(): weight must be 4-D (out_channels, in_channels/groups, kH, kW), got "
             f"shape {_shape_str(w.shape)}"
         )
-    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1:
-        raise ValueError(f"conv2d(): groups must be a positive integer, got {groups!r}")
-    stride_ = _pair(stride, "stride", "conv2d", 1)
-    dil = _pair(dilation, "dilation", "conv2d", 1)
-    pad = _conv_padding(padding, (w.shape[2], w.shape[3]), dil, stride_)
+    try:
+        if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1:
+            raise ValueError(f"conv2d(): groups must be a positive integer, got {groups!r}")
+        stride_ = _pair(stride, "stride", "conv2d", 1)
+        dil = _pair(dilation, "dilation", "conv2d", 1)
+        pad = _conv_padding(padding, (w.shape[2], w.shape[3]), dil, stride_)
+    except ValueError as e:  # torch's class too (RuntimeError), for programs that catch it
+        raise _ConvArgumentError(str(e)) from None
     unbatched = x.ndim == 3
     xshape = (1, *x.shape) if unbatched else tuple(x.shape)
     if w.shape[0] % groups:
@@ -634,21 +643,16 @@ class _PadNd(Function):
         return CN.pad_backward(g, ctx.maps), None, None
 
 
-class _PaddingSizeError(ValueError, RuntimeError):
-    """A padding mode's padding too big for its input: torch raises RuntimeError, mpitensor's
-    Conv2d raised ValueError first, so either handler catches it."""
-
-
 def _pad_mode(input: Any, pads: tuple, mode: str) -> Tensor:  # noqa: A002 - torch's name
     """``input`` padded by ``mode`` on its last ``len(pads)`` dimensions ((before, after) each),
     for the convolution modules' padding modes."""
     shape = _arr(input).shape[-len(pads):]
     for n, (lo, hi) in zip(shape, pads):
         if mode == "reflect" and (lo >= n or hi >= n):
-            raise _PaddingSizeError(f"padding_mode='reflect' needs padding smaller than the input "
+            raise _ConvArgumentError(f"padding_mode='reflect' needs padding smaller than the input "
                                    f"size, got padding ({lo}, {hi}) for a dimension of size {n}")
         if mode == "circular" and (lo > n or hi > n):
-            raise _PaddingSizeError(f"padding_mode='circular' needs padding at most the input "
+            raise _ConvArgumentError(f"padding_mode='circular' needs padding at most the input "
                                    f"size, got padding ({lo}, {hi}) for a dimension of size {n}")
     return _PadNd.apply(input, tuple(pads), mode)
 
