@@ -113,20 +113,36 @@ def _generic_forward(x: Any, w: Any, b: Optional[Any], g: Geom) -> tuple:
     return out, (cols, wmat)
 
 
+#: the generic input gradient's product is taken for a slab of the first output dimension at a
+#: time, about this many bytes of it, so that its kernel-offset slices are added into the input
+#: gradient while they are still in cache
+SLAB_BYTES = 4 << 20
+
+
 def _generic_input_grad(gc: Any, wmat: Any, g: Geom) -> Any:
     xp = xp_of(gc)
     G, Og = g.G, g.O // g.G
-    Kg = (g.C // G) * math.prod(g.k)
-    M = math.prod(g.out) * g.N
-    d = empty(xp, (G, Kg, M), gc.dtype)
-    xp.matmul(wmat.transpose(0, 2, 1), xp.ascontiguousarray(gc).reshape(G, Og, M), out=d)
-    d = d.reshape(g.C, math.prod(g.k), *g.out, g.N)
+    kk = math.prod(g.k)
+    Kg = (g.C // G) * kk
+    plane = math.prod(g.out[1:]) * g.N  # columns per position of the first output dimension
+    g3 = xp.ascontiguousarray(gc).reshape(G, Og, g.out[0], plane)
+    wt = wmat.transpose(0, 2, 1)
+    step = max(1, SLAB_BYTES // max(1, G * Kg * plane * gc.itemsize)) if xp is np else g.out[0]
+    buf = empty(xp, (G, Kg, min(step, g.out[0]) * plane), gc.dtype)
     dx = zeros(xp, (g.C, *g.Sp, g.N), gc.dtype)
-    for j, off in enumerate(itertools.product(*(range(k) for k in g.k))):
-        sl = tuple(slice(i * dd, i * dd + (o - 1) * s + 1, s)
-                   for i, dd, o, s in zip(off, g.d, g.out, g.s))
-        t = dx[(slice(None), *sl)]
-        xp.add(t, d[:, j], out=t)
+    offsets = list(itertools.product(*(range(k) for k in g.k)))
+    for o0 in range(0, g.out[0], step):
+        o1 = min(o0 + step, g.out[0])
+        d = buf[:, :, :(o1 - o0) * plane]
+        xp.matmul(wt, g3[:, :, o0:o1].reshape(G, Og, -1), out=d)
+        d = d.reshape(g.C, kk, o1 - o0, *g.out[1:], g.N)
+        for j, off in enumerate(offsets):
+            first = slice(off[0] * g.d[0] + o0 * g.s[0],
+                          off[0] * g.d[0] + (o1 - 1) * g.s[0] + 1, g.s[0])
+            rest = tuple(slice(i * dd, i * dd + (o - 1) * s + 1, s)
+                         for i, dd, o, s in zip(off[1:], g.d[1:], g.out[1:], g.s[1:]))
+            t = dx[(slice(None), first, *rest)]
+            xp.add(t, d[:, j], out=t)
     inner = tuple(slice(lo, lo + n) for (lo, _), n in zip(g.p, g.S))
     return dx[(slice(None), *inner)]
 
