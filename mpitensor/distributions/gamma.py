@@ -1,14 +1,17 @@
 """The gamma family: :class:`Gamma`, :class:`Beta` and :class:`Dirichlet`.
 
-Draws come from the generator's gamma sampler. ``rsample`` passes gradients into ``rate``
-(a draw is ``standard_gamma / rate``); the implicit gradient with respect to a concentration
-is not implemented, and asking for it raises ``NotImplementedError``.
+Draws come from the generator's gamma sampler. ``rsample`` is reparameterised: a draw is
+``standard_gamma(concentration) / rate``, and the gradient of a standard gamma draw ``x`` with
+respect to its concentration ``a`` is the implicit one, ``dx/da = -(dP/da)(a, x) / p(x)``
+(``P`` the regularised lower incomplete gamma function, ``p`` the density): the change of ``x``
+that keeps its quantile fixed. ``dP/da`` is summed from P's power series term by term.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from mpitensor import _special
 from mpitensor import autograd as _autograd
 from mpitensor.tensor import Tensor, digamma, lgamma, stack, where, xlogy
 
@@ -19,11 +22,46 @@ from .distribution import Distribution, ShapeLike, _expand_params, _size, broadc
 __all__ = ["Gamma", "Beta", "Dirichlet"]
 
 
-def _no_concentration_grad(name: str, *concentrations: Tensor) -> None:
-    if _autograd.is_grad_enabled() and any(c.requires_grad for c in concentrations):
-        raise NotImplementedError(
-            f"{name}.rsample(): gradients with respect to the concentration are not "
-            f"implemented; detach it, or use sample() and a score-function estimator")
+def _dx_dalpha(a: Any, x: Any) -> Any:
+    """``dx/da`` of a Gamma(a, 1) draw ``x`` at a fixed quantile (arrays of one shape)."""
+    xp = _autograd._xp(x)
+    logx = xp.log(x)
+    # P(a, x) = sum_n exp((a + n) log x - x - lgamma(a + n + 1)); its terms peak near n = x - a
+    n_max = int(float(xp.max(x)) + 12 * float(xp.max(x)) ** 0.5 + 40)
+    dp = xp.zeros_like(x)
+    big = xp.zeros_like(x)
+    for n in range(n_max + 1):
+        an1 = a + n + 1
+        t = xp.exp((a + n) * logx - x - _special.lgamma(an1))
+        dp = dp + t * (logx - _special.digamma(an1))
+        big = xp.maximum(big, t)
+        if n > 8 and bool(xp.all(t <= 1e-18 * big)):
+            break
+    log_pdf = (a - 1) * logx - x - _special.lgamma(a)
+    return -dp / xp.exp(log_pdf)
+
+
+class _StandardGamma(_autograd.Function):
+    """Standard gamma draws ``x`` (computed outside) as a function of their concentration,
+    with the implicit gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Any, x: Any) -> Any:
+        ctx.save_for_backward(a, x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        a, x = ctx.saved_tensors
+        return g * _dx_dalpha(a, x), None
+
+
+def _gamma_draw(concentration: Tensor, shape: tuple) -> Tensor:
+    """Gamma(concentration, 1) draws of ``shape``, differentiable in the concentration."""
+    x = standard_gamma(concentration, shape)
+    if not (concentration.requires_grad and _autograd.is_grad_enabled()):
+        return x
+    return _StandardGamma.apply(concentration.expand(*shape), x)
 
 
 class Gamma(Distribution):
@@ -63,9 +101,8 @@ class Gamma(Distribution):
         return self.concentration / self.rate ** 2
 
     def rsample(self, sample_shape: ShapeLike = ()) -> Tensor:
-        _no_concentration_grad("Gamma", self.concentration)
         shape = tuple(self._extended_shape(sample_shape))
-        return standard_gamma(self.concentration, shape) / self.rate
+        return _gamma_draw(self.concentration, shape) / self.rate
 
     def log_prob(self, value: Any) -> Tensor:
         if self._validate_args:
@@ -129,8 +166,7 @@ class Dirichlet(Distribution):
         return c * (c0 - c) / (c0 ** 2 * (c0 + 1))
 
     def rsample(self, sample_shape: ShapeLike = ()) -> Tensor:
-        _no_concentration_grad("Dirichlet", self.concentration)
-        g = standard_gamma(self.concentration, tuple(self._extended_shape(sample_shape)))
+        g = _gamma_draw(self.concentration, tuple(self._extended_shape(sample_shape)))
         return g / g.sum(-1, keepdim=True)
 
     def log_prob(self, value: Any) -> Tensor:
@@ -190,9 +226,8 @@ class Beta(Distribution):
 
     def rsample(self, sample_shape: ShapeLike = ()) -> Tensor:
         a, b = self.concentration1, self.concentration0
-        _no_concentration_grad("Beta", a, b)
         shape = tuple(_size(self._extended_shape(sample_shape)))
-        ga, gb = standard_gamma(a, shape), standard_gamma(b, shape)
+        ga, gb = _gamma_draw(a, shape), _gamma_draw(b, shape)
         return ga / (ga + gb)
 
     def log_prob(self, value: Any) -> Tensor:
