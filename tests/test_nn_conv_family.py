@@ -460,3 +460,23 @@ def test_empty_batch_gives_torchs_empty_output_and_zero_gradients(fname, x, w, k
     y.sum().backward()
     assert tuple(X.grad.shape) == x
     assert not _np(W.grad).any() and not _np(B.grad).any()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_3d_kernels_in_slabs_match_torch(monkeypatch, dtype):
+    """The generic kernels' slab loops (one position of the first output dimension a slab)
+    give what the whole matrices give."""
+    from mpitensor.nn import _convnd
+
+    monkeypatch.setattr(_convnd, "SLAB_BYTES", 1)
+    for fname, sizes, k, kw in [
+        ("conv3d", (5, 6, 4), (3, 2, 3), {"stride": (2, 1, 1), "padding": 1, "groups": 2}),
+        ("conv3d", (7, 5, 5), (3, 3, 3), {"dilation": (2, 1, 1), "padding": "same"}),
+        ("conv_transpose3d", (3, 4, 2), (3, 3, 2), {"stride": 2, "output_padding": 1}),
+    ]:
+        x = RNG.standard_normal((2, 4, *sizes))
+        wshape = (4, 3, *k) if "transpose" in fname else (6, 4 // kw.get("groups", 1), *k)
+        w = RNG.standard_normal(wshape)
+        b = RNG.standard_normal(3 if "transpose" in fname else 6)
+        kk = math.prod(k)
+        _check(fname, x, w, b, dtype, (4 * kk, 6 * kk, 2 * math.prod(sizes)), **kw)

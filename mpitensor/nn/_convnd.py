@@ -97,20 +97,60 @@ def _window(xp: Any, src: Any, g: Geom) -> Any:
     return xp.lib.stride_tricks.as_strided(src, shape=shape, strides=strides)
 
 
+class Slabs:
+    """What the generic forward keeps for the weight gradient when its im2col matrix was built a
+    slab at a time: the padded source, from which the backward rebuilds the same slabs."""
+
+    __slots__ = ("src", "step")
+
+    def __init__(self, src: Any, step: int) -> None:
+        self.src, self.step = src, step
+
+
+def _slab_step(xp: Any, g: Geom, rows: int, itemsize: int) -> int:
+    """Positions of the first output dimension per slab (all of them on CuPy, where a few big
+    kernels beat many small ones)."""
+    if xp is not np:
+        return g.out[0]
+    plane = math.prod(g.out[1:]) * g.N
+    return max(1, SLAB_BYTES // max(1, rows * plane * itemsize))
+
+
+def _slab_cols(xp: Any, win: Any, g: Geom, o0: int, o1: int, buf: Any) -> Any:
+    """The (G, C/G * prod(k), columns) im2col matrix of output positions o0..o1 of the first
+    dimension, copied from the window view into ``buf``."""
+    plane = math.prod(g.out[1:]) * g.N
+    cols = buf[:, :, :(o1 - o0) * plane]
+    part = win[(slice(None),) * (1 + g.nd) + (slice(o0, o1),)]
+    xp.copyto(cols.reshape(g.C, *g.k, o1 - o0, *g.out[1:], g.N), part)
+    return cols
+
+
 def _generic_forward(x: Any, w: Any, b: Optional[Any], g: Geom) -> tuple:
+    """im2col and one product per group; past :data:`SLAB_BYTES` the matrix is built and
+    multiplied a slab of the first output dimension at a time, in one cache-sized buffer, and
+    the weight gradient rebuilds the slabs (:class:`Slabs`) instead of keeping a matrix
+    ``prod(k)`` times the input's size."""
     xp = xp_of(x)
     G, Og = g.G, g.O // g.G
     Kg = (g.C // G) * math.prod(g.k)
     M = math.prod(g.out) * g.N
-    cols = empty(xp, (G, Kg, M), x.dtype)
-    xp.copyto(cols.reshape(g.C, *g.k, *g.out, g.N), _window(xp, _source(xp, x, g), g))
+    plane = M // g.out[0]
+    src = _source(xp, x, g)
+    win = _window(xp, src, g)
     wmat = w.reshape(G, Og, Kg)
     out = empty(xp, (G, Og, M), x.dtype)
-    xp.matmul(wmat, cols, out=out)
+    step = _slab_step(xp, g, G * Kg, x.dtype.itemsize)
+    buf = empty(xp, (G, Kg, min(step, g.out[0]) * plane), x.dtype)
+    for o0 in range(0, g.out[0], step):
+        o1 = min(o0 + step, g.out[0])
+        xp.matmul(wmat, _slab_cols(xp, win, g, o0, o1, buf),
+                  out=out[:, :, o0 * plane:o1 * plane])
     out = out.reshape(g.O, *g.out, g.N)
     if b is not None:
         out += b.reshape((g.O,) + (1,) * (g.nd + 1))
-    return out, (cols, wmat)
+    saved = buf if step >= g.out[0] else Slabs(src, step)
+    return out, (saved, wmat)
 
 
 #: the generic input gradient's product is taken for a slab of the first output dimension at a
@@ -151,7 +191,18 @@ def _generic_weight_grad(gc: Any, cols: Any, g: Geom, has_bias: bool) -> tuple:
     xp = xp_of(gc)
     G, Og = g.G, g.O // g.G
     g3 = xp.ascontiguousarray(gc).reshape(G, Og, -1)
-    dw = xp.matmul(g3, cols.transpose(0, 2, 1)).reshape(g.O, g.C // G, *g.k)
+    if isinstance(cols, Slabs):
+        plane = g3.shape[2] // g.out[0]
+        win = _window(xp, cols.src, g)
+        buf = empty(xp, (G, (g.C // G) * math.prod(g.k), cols.step * plane), gc.dtype)
+        dw = xp.zeros((G, Og, buf.shape[1]), gc.dtype)
+        for o0 in range(0, g.out[0], cols.step):
+            o1 = min(o0 + cols.step, g.out[0])
+            c = _slab_cols(xp, win, g, o0, o1, buf)
+            dw += xp.matmul(g3[:, :, o0 * plane:o1 * plane], c.transpose(0, 2, 1))
+        dw = dw.reshape(g.O, g.C // G, *g.k)
+    else:
+        dw = xp.matmul(g3, cols.transpose(0, 2, 1)).reshape(g.O, g.C // G, *g.k)
     db = g3.sum(axis=2).reshape(g.O) if has_bias else None
     return dw, db
 
