@@ -17,8 +17,10 @@ the batch innermost in memory, ``(C, *spatial, N)``, returned to callers as an N
 One- and two-dimensional geometries run on conv2d's tuned kernels (bands, compiled loops,
 Winograd; a 1-D convolution is a 2-D one of height 1); other dimensionalities on the generic
 kernels here, whose gather is a strided window view of the zero-padded source (the index
-arithmetic done by the strides, so there is no index array to build or cache), copied once
-into the ``cols`` matrix. Everything takes its array module from its inputs (NumPy or CuPy).
+arithmetic done by the strides, so there is no index array to build or cache), copied into
+the ``cols`` matrix a slab of the first output dimension at a time (:data:`SLAB_BYTES`), each
+slab multiplied while in cache. Everything takes its array module from its inputs (NumPy or
+CuPy).
 """
 
 from __future__ import annotations
