@@ -222,7 +222,7 @@ def test_rsample_gradient(name: str) -> None:
 
 KL_PAIRS = ["Normal", "Categorical_probs", "Categorical_logits", "OneHotCategorical",
             "Bernoulli_probs", "Uniform", "Laplace", "Exponential", "Gamma", "Beta",
-            "Dirichlet", "Poisson", "Independent"]
+            "Dirichlet", "Poisson", "Independent", "MVN_cov", "MVN_tril", "MVN_shared_cov"]
 
 
 @pytest.mark.parametrize("name", KL_PAIRS)
@@ -231,8 +231,12 @@ def test_kl_divergence(name: str) -> None:
     saved = {k: P[k].copy() for k in names}
     pm, pt = _params(names, mt), _params(names, torch)
     for k in names:  # a second distribution of the family: parameters shifted a little
-        P[k] = saved[k][::-1].copy() if name != "Uniform" else saved[k] + (
-            -0.25 if k == "low" else 0.25)
+        if name == "Uniform":
+            P[k] = saved[k] + (-0.25 if k == "low" else 0.25)
+        elif k == "cov1":  # one matrix, no batch to reverse
+            P[k] = saved[k] * 1.5
+        else:
+            P[k] = saved[k][::-1].copy()
     try:
         qm, qt = _params(names, mt), _params(names, torch)
     finally:

@@ -22,6 +22,7 @@ from .distribution import Distribution
 from .gamma import Beta, Dirichlet, Gamma
 from .independent import Independent, _sum_right
 from .laplace import Exponential, Laplace
+from .multivariate_normal import MultivariateNormal, _batch_mahalanobis, _SolveLower
 from .normal import Normal
 from .poisson import Poisson
 from .uniform import Uniform
@@ -167,3 +168,16 @@ def _kl_independent_independent(p: Independent, q: Independent) -> Any:
         raise NotImplementedError("kl_divergence of Independent distributions with different "
                                   "reinterpreted_batch_ndims is not implemented")
     return _sum_right(kl_divergence(p.base_dist, q.base_dist), p.reinterpreted_batch_ndims)
+
+
+@register_kl(MultivariateNormal, MultivariateNormal)
+def _kl_mvn_mvn(p: MultivariateNormal, q: MultivariateNormal) -> Tensor:
+    if p.event_shape != q.event_shape:
+        raise ValueError(f"kl_divergence: MultivariateNormals of different event shapes "
+                         f"{tuple(p.event_shape)} and {tuple(q.event_shape)}")
+    lp, lq = p._unbroadcasted_scale_tril, q._unbroadcasted_scale_tril
+    half_log_det = (lq.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+                    - lp.diagonal(dim1=-2, dim2=-1).log().sum(-1))
+    trace = (_SolveLower.apply(lq, lp) ** 2).sum((-2, -1))  # tr(Sq^-1 Sp) = |Lq^-1 Lp|_F^2
+    maha = _batch_mahalanobis(lq, q.loc - p.loc)
+    return half_log_det + 0.5 * (trace + maha - p.event_shape[0])
