@@ -800,8 +800,8 @@ def conv_transpose1d(
         input: (N, C_in, L), or (C_in, L) unbatched.
         weight: (C_in, C_out / groups, k).
         bias: (C_out,) or None.
-        stride, padding, dilation: an int or a 1-tuple (padding removes ``dilation * (k - 1)
-            - padding`` zero-padding from both sides of the output).
+        stride, padding, dilation: an int or a 1-tuple; ``padding`` positions are cut from
+            each end of the output (the padding of the convolution this is the adjoint of).
         output_padding: extra size added to one side of the output (smaller than the stride
             or the dilation).
         groups: blocked connections from input to output channels.
