@@ -285,8 +285,8 @@ class ConvTranspose1d(_ConvTransposeNd):
     Args:
         in_channels, out_channels: channel counts (> 0, divisible by ``groups``).
         kernel_size, stride, dilation: an int or a 1-tuple (> 0).
-        padding: an int or a 1-tuple (>= 0): ``dilation * (kernel_size - 1) - padding`` of
-            zero padding is added to both sides of the input.
+        padding: an int or a 1-tuple (>= 0): positions cut from each end of the output (the
+            padding of the convolution this layer is the gradient of).
         output_padding: an int or a 1-tuple added to one side of the output (smaller than the
             stride or the dilation).
         groups: blocked connections from input to output channels.
