@@ -480,3 +480,19 @@ def test_3d_kernels_in_slabs_match_torch(monkeypatch, dtype):
         b = RNG.standard_normal(3 if "transpose" in fname else 6)
         kk = math.prod(k)
         _check(fname, x, w, b, dtype, (4 * kk, 6 * kk, 2 * math.prod(sizes)), **kw)
+
+
+def test_whole_torch_modules_load_and_run(tmp_path):
+    """A torch convolution pickled whole (torch.save(module)) loads as ours and computes the
+    same: forward reads only the attributes torch's objects carry."""
+    for m in [torch.nn.Conv1d(2, 3, 3, padding_mode="reflect", padding=1),
+              torch.nn.Conv2d(2, 3, (3, 2), padding="same", padding_mode="circular"),
+              torch.nn.Conv3d(2, 3, (3, 2, 1), padding=(1, 2, 0), padding_mode="replicate"),
+              torch.nn.ConvTranspose2d(2, 3, 4, stride=2, output_padding=1)]:
+        path = tmp_path / "m.pt"
+        torch.save(m.double(), path)
+        ours = mt.load(path, weights_only=False)
+        assert type(ours).__name__ == type(m).__name__
+        x = RNG.standard_normal((1, 2) + (6,) * (m.weight.dim() - 2))
+        _assert_close(_np(ours(mt.tensor(x))), m(torch.tensor(x)).detach().numpy(),
+                      np.float64, 1, type(m).__name__)

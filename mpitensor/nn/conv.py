@@ -100,7 +100,6 @@ class _ConvNd(Module):
         # (a list for string paddings, a tuple otherwise, as torch keeps it)
         rev = [e for pair in reversed(pads) for e in pair]
         self._reversed_padding_repeated_twice: Any = rev if isinstance(padding, str) else tuple(rev)
-        self._pads = tuple(pads)
         if self._transposed:
             wshape = (self.in_channels, self.out_channels // self.groups, *self.kernel_size)
         else:
@@ -151,7 +150,11 @@ class _Conv(_ConvNd):
                       bias: Optional[Tensor]) -> Tensor:
         fn = type(self)._fn
         if self.padding_mode != "zeros":
-            padded = F._pad_mode(input, self._pads, self.padding_mode)
+            # read off torch's attribute (last dimension first), which a module unpickled from
+            # torch's objects has too
+            rev = self._reversed_padding_repeated_twice
+            pads = tuple((rev[i], rev[i + 1]) for i in range(len(rev) - 2, -1, -2))
+            padded = F._pad_mode(input, pads, self.padding_mode)
             return fn(padded, weight, bias, self.stride, 0, self.dilation, self.groups)
         return fn(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
