@@ -413,14 +413,16 @@ def test_round_trip_in_torch_format_keeps_types_views_and_flags(tmp_path):
     assert type(out["meta"]["size"]) is mt.Size and type(out["meta"]["dev"]) is mt.device
 
 
-def test_torch_format_refuses_what_torch_would_refuse_unless_pickling(tmp_path):
+def test_torch_format_pickles_what_torch_pickles_and_refuses_it_on_request(tmp_path):
     p = tmp_path / "np.pt"
+    # allow_pickle=False: what torch.load(weights_only=True) would refuse is refused at once
     with pytest.raises(TypeError, match=r"obj\['a'\].*numpy\.ndarray.*format='mpitensor'"):
-        save({"a": np.arange(3)}, p)
+        save({"a": np.arange(3)}, p, allow_pickle=False)
     with pytest.raises(TypeError, match=r"obj\['s'\]\[0\].*\.item\(\)"):
-        save({"s": [np.float64(1.0)]}, p)
+        save({"s": [np.float64(1.0)]}, p, allow_pickle=False)
     assert not p.exists()
-    save({"a": np.arange(3)}, p, allow_pickle=True)
+    # the default pickles it, as torch.save does; loading it then needs weights_only=False
+    save({"a": np.arange(3)}, p)
     with pytest.raises(CheckpointError, match=r"np\.pt: it references the global numpy"):
         load(p)
     np.testing.assert_array_equal(load(p, weights_only=False)["a"], np.arange(3))
