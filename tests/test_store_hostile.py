@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import hmac
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -546,8 +547,9 @@ rank = int(os.environ["RANK"])
 store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 2, rank == 0,
                  timedelta(seconds=30))
 store.set(f"from{rank}", str(rank))
-print("RANKLINE", rank, len(secret), hashlib.sha256(secret.encode()).hexdigest()[:16],
-      store.get(f"from{1 - rank}").decode(), flush=True)
+line = (f"RANKLINE {rank} {len(secret)} {hashlib.sha256(secret.encode()).hexdigest()[:16]} "
+        f"{store.get(f'from{1 - rank}').decode()}" + chr(10))
+os.write(1, line.encode())  # one write: the two ranks' lines cannot interleave
 if rank == 1:
     store.set("bye", "1")
 else:
@@ -572,7 +574,10 @@ def test_mpitensor_run_gives_its_processes_one_secret(tmp_path: "os.PathLike[str
                           "127.0.0.1", "--master-port", str(port), script], env=env,
                          capture_output=True, text=True, timeout=100)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = sorted(ln.split()[1:] for ln in out.stdout.splitlines() if "RANKLINE" in ln)
+    # PYTHONUNBUFFERED may split a print in two writes, so two ranks' lines can run
+    # together: the records are found by pattern, not by line
+    lines = sorted(list(m) for m in
+                   re.findall(r"RANKLINE (\d+) (\d+) ([0-9a-f]{16}) (\d+)", out.stdout))
     assert [ln[0] for ln in lines] == ["0", "1"], out.stdout
     assert [ln[3] for ln in lines] == ["1", "0"], out.stdout
     assert lines[0][1:3] == lines[1][1:3]  # the same secret on both ranks
