@@ -11,8 +11,23 @@ Example:
 from __future__ import annotations
 
 from . import rnn
-from .clip_grad import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm
+from .clip_grad import (
+    clip_grad_norm,
+    clip_grad_norm_,
+    clip_grad_value_,
+    clip_grads_with_norm_,
+    get_total_norm,
+)
 from .convert_parameters import parameters_to_vector, vector_to_parameters
+from .fusion import (
+    fuse_conv_bn_eval,
+    fuse_conv_bn_weights,
+    fuse_linear_bn_eval,
+    fuse_linear_bn_weights,
+)
+from .init import skip_init
 
-__all__ = ["rnn", "clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm",
+__all__ = ["rnn", "clip_grad_norm", "fuse_conv_bn_eval", "fuse_conv_bn_weights",
+           "fuse_linear_bn_eval", "fuse_linear_bn_weights", "skip_init", "clip_grad_norm_",
+           "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm",
            "parameters_to_vector", "vector_to_parameters"]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Iterable, List, Optional, Union
 
 from ...backend import array_module
 from ...tensor import Tensor
 
-__all__ = ["get_total_norm", "clip_grads_with_norm_", "clip_grad_norm_", "clip_grad_value_"]
+__all__ = ["get_total_norm", "clip_grads_with_norm_", "clip_grad_norm_", "clip_grad_norm",
+           "clip_grad_value_"]
 
 Params = Union[Tensor, Iterable[Tensor]]
 
@@ -127,6 +129,14 @@ def clip_grad_norm_(parameters: Params, max_norm: float, norm_type: float = 2.0,
     total = get_total_norm(_grads(parameters), norm_type, error_if_nonfinite, foreach)
     clip_grads_with_norm_(parameters, max_norm, total, foreach)
     return total
+
+
+def clip_grad_norm(parameters: Params, max_norm: float, norm_type: float = 2.0,
+                   error_if_nonfinite: bool = False, foreach: Any = None) -> Tensor:
+    """The deprecated spelling of :func:`clip_grad_norm_` (it warns, then does the same)."""
+    warnings.warn("nn.utils.clip_grad_norm is deprecated: call clip_grad_norm_, which it "
+                  "calls (it clips in place either way)", FutureWarning, stacklevel=2)
+    return clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
 
 
 def clip_grad_value_(parameters: Params, clip_value: float,
