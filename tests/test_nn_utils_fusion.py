@@ -109,3 +109,80 @@ def test_deprecated_clip_grad_norm_warns_and_clips() -> None:
         total = nn.utils.clip_grad_norm([p], 1.0)
     assert abs(total.item() - 6.0) < 1e-6
     assert abs(float(p.grad.norm()) - 1.0) < 1e-5
+
+
+# ------------------------------------------------------------------ weight and spectral norm
+def _same_params(ours: Any, theirs: Any) -> None:
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    ours.load_state_dict({k: mt.tensor(v.detach().numpy()) for k, v in
+                          theirs.state_dict().items()})
+
+
+@pytest.mark.parametrize("cls, args, dim, shape", [
+    ("Linear", (5, 4), 0, (3, 5)),
+    ("Conv2d", (3, 4, 3), 0, (2, 3, 6, 6)),
+    ("Conv2d", (3, 4, 3), None, (2, 3, 6, 6)),
+    ("Linear", (5, 4), 1, (3, 5)),
+])
+def test_weight_norm_matches_torch(cls: str, args: tuple, dim: Any, shape: tuple) -> None:
+    torch = _torch()
+    theirs = torch.nn.utils.weight_norm(getattr(torch.nn, cls)(*args).double(), dim=dim)
+    ours = nn.utils.weight_norm(getattr(nn, cls)(*args, dtype="float64"), dim=dim)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    _same_params(ours, theirs)
+    x = np.random.default_rng(1).standard_normal(shape)
+    yo, yt = ours(mt.tensor(x)), theirs(torch.tensor(x))
+    np.testing.assert_allclose(yo.detach().numpy(), yt.detach().numpy(), rtol=1e-12, atol=1e-12)
+    (yo ** 2).sum().backward()
+    (yt ** 2).sum().backward()
+    for (n, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters()):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-10, atol=1e-12,
+                                   err_msg=n)
+    nn.utils.remove_weight_norm(ours)
+    torch.nn.utils.remove_weight_norm(theirs)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    np.testing.assert_allclose(ours.weight.detach().numpy(), theirs.weight.detach().numpy(),
+                               rtol=1e-12)
+    for lib, m in ((mt, ours), (torch, theirs)):
+        with pytest.raises(ValueError):
+            lib.nn.utils.remove_weight_norm(m)
+
+
+@pytest.mark.parametrize("cls, args, shape", [
+    ("Linear", (5, 4), (3, 5)),
+    ("Conv2d", (3, 4, 3), (2, 3, 6, 6)),
+    ("ConvTranspose2d", (3, 4, 3), (2, 3, 5, 5)),
+])
+def test_spectral_norm_matches_torch(cls: str, args: tuple, shape: tuple) -> None:
+    torch = _torch()
+    theirs = torch.nn.utils.spectral_norm(getattr(torch.nn, cls)(*args).double(),
+                                          n_power_iterations=2)
+    ours = nn.utils.spectral_norm(getattr(nn, cls)(*args, dtype="float64"),
+                                  n_power_iterations=2)
+    _same_params(ours, theirs)  # weight_orig, and the vectors u and v torch drew
+    x = np.random.default_rng(2).standard_normal(shape)
+    for _ in range(2):  # training: power iteration refines u and v at each forward
+        yo, yt = ours(mt.tensor(x)), theirs(torch.tensor(x))
+        np.testing.assert_allclose(yo.detach().numpy(), yt.detach().numpy(), rtol=1e-10,
+                                   atol=1e-12)
+    for k in ("weight_u", "weight_v"):
+        np.testing.assert_allclose(ours.state_dict()[k].numpy(), theirs.state_dict()[k].numpy(),
+                                   rtol=1e-10, atol=1e-14)
+    (yo ** 2).sum().backward()
+    (yt ** 2).sum().backward()
+    np.testing.assert_allclose(ours.weight_orig.grad.numpy(), theirs.weight_orig.grad.numpy(),
+                               rtol=1e-9, atol=1e-12)
+    ours.eval()
+    theirs.eval()
+    before = ours.state_dict()["weight_u"].numpy().copy()
+    np.testing.assert_allclose(ours(mt.tensor(x)).detach().numpy(),
+                               theirs(torch.tensor(x)).detach().numpy(), rtol=1e-10, atol=1e-12)
+    assert np.array_equal(ours.state_dict()["weight_u"].numpy(), before)  # eval: no iteration
+    nn.utils.remove_spectral_norm(ours)
+    torch.nn.utils.remove_spectral_norm(theirs)
+    assert list(ours.state_dict()) == list(theirs.state_dict()) == ["bias", "weight"]
+    np.testing.assert_allclose(ours.weight.detach().numpy(), theirs.weight.detach().numpy(),
+                               rtol=1e-10, atol=1e-12)
+    for lib in (mt, torch):
+        with pytest.raises(ValueError):
+            lib.nn.utils.spectral_norm(lib.nn.Linear(2, 2), n_power_iterations=0)

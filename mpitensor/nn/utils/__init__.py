@@ -26,8 +26,10 @@ from .fusion import (
     fuse_linear_bn_weights,
 )
 from .init import skip_init
+from .weight_norm import remove_spectral_norm, remove_weight_norm, spectral_norm, weight_norm
 
-__all__ = ["rnn", "clip_grad_norm", "fuse_conv_bn_eval", "fuse_conv_bn_weights",
+__all__ = ["rnn", "weight_norm", "remove_weight_norm", "spectral_norm", "remove_spectral_norm",
+           "clip_grad_norm", "fuse_conv_bn_eval", "fuse_conv_bn_weights",
            "fuse_linear_bn_eval", "fuse_linear_bn_weights", "skip_init", "clip_grad_norm_",
            "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm",
            "parameters_to_vector", "vector_to_parameters"]
