@@ -37,7 +37,11 @@ def init_rpc(name: str, backend: Optional[BackendType] = None, rank: int = -1,
     """Start this process's RPC agent; every rank of the MPI job must call it.
 
     Rank and world size come from MPI (``mpiexec -n N``), whether or not
-    ``init_process_group`` was called; the names are exchanged among all ranks. As
+    ``init_process_group`` was called; the names are exchanged among all ranks. Processes
+    started without an MPI launcher (two commands, torchrun, ``multiprocessing``) pass
+    ``rank`` and ``world_size`` and meet through ``rpc_backend_options.init_method``
+    (``env://``, the default: ``MASTER_ADDR``/``MASTER_PORT``), as ``init_process_group``'s
+    do; they then form one MPI job. As
     ``init_process_group`` does, it limits this rank's BLAS/OpenMP thread pools to its share
     of the node's cores (``MPITENSOR_NUM_THREADS``, the user's ``OMP_NUM_THREADS`` & co. and
     ``set_num_threads`` win; see ``mpitensor._threads``).
@@ -80,6 +84,12 @@ def init_rpc(name: str, backend: Optional[BackendType] = None, rank: int = -1,
         raise TypeError(f"init_rpc: rpc_backend_options must be a TensorPipeRpcBackendOptions, "
                         f"got {type(opts).__name__}")
     threads = getattr(opts, "num_worker_threads", 16)
+    # processes started without an MPI launcher (by hand, torchrun, multiprocessing) meet
+    # through init_method (MASTER_ADDR/MASTER_PORT for env://), as init_process_group's do
+    from .. import _meet
+
+    joined = _meet(getattr(opts, "init_method", None), None if rank == -1 else rank,
+                   world_size, None, float(_INIT_TIMEOUT_S))
     from mpi4py import MPI
 
     level = MPI.Query_thread()
@@ -91,8 +101,9 @@ def init_rpc(name: str, backend: Optional[BackendType] = None, rank: int = -1,
             "but RPC serves requests on threads of its own and needs 'multiple'. mpi4py asks "
             "for 'multiple' unless told otherwise: remove the `mpi4py.rc.thread_level = ...` "
             "setting (or set it to 'multiple') before mpi4py.MPI is first imported")
-    comm = MPI.COMM_WORLD
-    _check_rank(rank, world_size, comm.Get_rank(), comm.Get_size())
+    comm = MPI.COMM_WORLD if joined is None else joined
+    if joined is None:
+        _check_rank(rank, world_size, comm.Get_rank(), comm.Get_size())
     _threads.parse_env(os.environ)  # a malformed MPITENSOR_NUM_THREADS fails before any traffic
     agent = Agent(name, threads, opts.rpc_timeout, comm, _INIT_TIMEOUT_S)
     try:

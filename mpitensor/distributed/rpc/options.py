@@ -1,10 +1,10 @@
 """Backend choices and options of ``init_rpc``, with torch's names.
 
 There is one backend, the MPI agent; ``BackendType.TENSORPIPE`` (torch's default) names it,
-so programs that pass it run unchanged. Of the options, ``num_worker_threads`` and
-``rpc_timeout`` are honoured; ``init_method``, ``device_maps``, ``devices`` and the transport
-and channel lists are accepted and unused (``mpiexec`` did the rendezvous; arrays travel
-through host memory).
+so programs that pass it run unchanged. Of the options, ``num_worker_threads``,
+``rpc_timeout`` and ``init_method`` are honoured (the last where no MPI launcher started the
+processes: they meet through it); ``device_maps``, ``devices`` and the transport and channel
+lists are accepted and unused (arrays travel through host memory).
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
     Args:
         num_worker_threads: threads that run incoming requests (default 16, as torch).
         rpc_timeout: default deadline of every call in seconds (default 60; 0: no deadline).
-        init_method, device_maps, devices: accepted, unused.
+        init_method: where processes started without an MPI launcher meet (default
+            ``env://``: ``MASTER_ADDR``/``MASTER_PORT``); unused under ``mpiexec``.
+        device_maps, devices: accepted, unused.
 
     Example:
         >>> opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=4, rpc_timeout=20)
