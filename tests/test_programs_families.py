@@ -6,6 +6,8 @@ printed losses agree to float32 rounding times the steps (float32) and to 1e-9 (
   detached hidden state, gradient clipping, manual SGD);
 - tests/programs/gru_classifier.py: a bidirectional GRU over packed, unsorted sequences
   (pad_sequence, pack_padded_sequence, pad_packed_sequence), Adam;
+- tests/programs/dcgan.py: a ConvTranspose2d generator against a Conv2d discriminator, with
+  BatchNorm2d, Adam and BCE in the usual alternating loop;
 - tests/programs/hogwild.py (shared memory) has its own tests in test_shared_memory.py.
 """
 
@@ -64,6 +66,7 @@ def test_program_trains(name: str, build: str, kw: dict, n_steps: int, tmp_path:
 @pytest.mark.parametrize("name, build, kw, n_steps", [
     ("lstm_lm.py", "RNNModel", dict(ntoken=50, ninp=32, nhid=32, nlayers=2), 40),
     ("gru_classifier.py", "Classifier", {}, 20),
+    ("dcgan.py", "Pair", {}, 6),
 ])
 def test_program_matches_torch(name: str, build: str, kw: dict, n_steps: int, tmp_path: Path,
                                monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,6 +77,10 @@ def test_program_matches_torch(name: str, build: str, kw: dict, n_steps: int, tm
         args = ["--init-from", str(weights), "--dtype", dtype]
         ours, theirs = _run(name, args, tmp_path), _run(name, args, tmp_path, torch_lib=True)
         assert_losses_match(steps(ours), steps(theirs), f"{name} {dtype}", rtol)
+        d_loss = r"step (\d+) loss_D (\d+\.\d+)"
+        ours_d = {int(k): float(v) for k, v in re.findall(d_loss, ours)}
+        theirs_d = {int(k): float(v) for k, v in re.findall(d_loss, theirs)}
+        assert_losses_match(ours_d, theirs_d, f"{name} {dtype} (discriminator)", rtol)
         if dtype == "float64":  # argmax counts and printed digits: only where no ulp decides
             for pattern in (r"train accuracy .*", r"valid loss .*"):
                 assert re.findall(pattern, ours) == re.findall(pattern, theirs)
