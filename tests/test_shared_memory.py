@@ -152,3 +152,10 @@ def test_hogwild_program_under_torch_agrees() -> None:
     theirs = _accuracies(_run_hogwild("spawn", torch_lib=True))[1]
     # lock-free updates race differently each run: the same outcome, not the same digits
     assert ours >= 0.95 and theirs >= 0.95
+
+
+def test_supports_context_flag_as_torch() -> None:
+    torch = pytest.importorskip("torch")
+    import torch.multiprocessing as tmp
+
+    assert mp._supports_context is tmp._supports_context is True
