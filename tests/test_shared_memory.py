@@ -154,8 +154,8 @@ def test_hogwild_program_under_torch_agrees() -> None:
     assert ours >= 0.95 and theirs >= 0.95
 
 
-def test_supports_context_flag_as_torch() -> None:
-    torch = pytest.importorskip("torch")
-    import torch.multiprocessing as tmp
-
-    assert mp._supports_context is tmp._supports_context is True
+def test_supports_context_flag_of_older_torch() -> None:
+    """Programs written for torch before 2.x test ``mp._supports_context`` (torch 2.13 no
+    longer has it); it is True wherever multiprocessing has contexts, as here."""
+    assert mp._supports_context is True
+    assert mp.get_context("spawn") is not None
