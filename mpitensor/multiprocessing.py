@@ -101,7 +101,7 @@ __all__ = [
 # shared tensors cross Process, Queue and Pipe as shared memory
 _shared.register_reductions(Tensor)
 
-#: torch's flag for multiprocessing contexts (Python >= 3.4: always), which programs read
+#: older torch's flag for multiprocessing contexts (always true on Python 3), which programs read
 _supports_context = True
 
 _SHARING_STRATEGIES = frozenset({"file_descriptor", "file_system"})
