@@ -802,11 +802,16 @@ def _lazy_flag_file(path) -> None:
 
 def _peak_of(code: str, tmp_path, env=None) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter that prints the growth of its peak RSS (bytes)."""
-    prog = ("import resource, sys\n"
+    # VmHWM, this process's own peak: ru_maxrss starts at the parent's peak after fork + exec
+    # (Linux keeps it in the signal struct), so under a big pytest process it hid the growth
+    prog = ("import sys\n"
             "import mpitensor as mt\n"
-            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "def hwm():\n"
+            "    with open('/proc/self/status') as f:\n"
+            "        return next(int(l.split()[1]) for l in f if l.startswith('VmHWM:'))\n"
+            "before = hwm()\n"
             + code +
-            "\nafter = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "\nafter = hwm()\n"
             "print('peak-growth', (after - before) * 1024)\n")
     full = dict(os.environ)
     full.pop("MPITENSOR_LOAD_MAX_BYTES", None)
