@@ -536,7 +536,10 @@ def test_world_size_that_nobody_fills(tmp_path: Path) -> None:
     for r in (0, 1):
         kind, seconds, msg = fails[r].split(" ", 2)
         assert kind == "StoreTimeoutError", fails
-        assert 2.9 <= float(seconds) <= 6, fails  # rank 0 keeps its store 0.5 s longer
+        # rank 0 times out at its own 3 s (and keeps its store 0.5 s longer); rank 1 raises
+        # rank 0's posted error when it appears, sooner by however much later rank 1 started
+        # (2.8 s seen in CI on two busy cores)
+        assert (2.9 if r == 0 else 1.5) <= float(seconds) <= 6, fails
         assert msg == (f"init_process_group: only 2 of world_size=3 processes arrived at the "
                        f"rendezvous (tcp://127.0.0.1:{port}) within 3 s: rank(s) [0, 1] came, "
                        "rank(s) [2] did not. Start 3 processes with ranks 0..2, or pass the "
