@@ -37,6 +37,7 @@ from ._recurrent import (
     padded_rows,
     split_outputs,
 )
+from .layers import _factory, _positive_int
 from .module import Module
 from .parameter import Parameter
 from .utils.rnn import PackedSequence
@@ -45,17 +46,7 @@ __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell"
 
 
 def _count(v: Any, cls: str, name: str, low: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
-        what = "a positive" if low == 1 else "a non-negative"
-        raise ValueError(f"{cls}: {name} must be {what} integer, got {v!r}")
-    return int(v)
-
-
-def _param_dtype(dtype: Any, cls: str) -> Any:
-    dt = _dt.get_default_dtype() if dtype is None else _dt.to_dtype(dtype)
-    if not _dt.is_floating_dtype(dt):
-        raise TypeError(f"{cls}: parameters need a floating point dtype, got {_dt.dt_repr(dt)}")
-    return dt
+    return _positive_int(v, cls, name, allow_zero=low == 0)
 
 
 def _check_input_dtype(cls: str, x: Tensor, w: Tensor) -> None:
@@ -106,7 +97,7 @@ class RNNBase(Module):
         if self.proj_size >= self.hidden_size:
             raise ValueError(f"{cls}: proj_size ({self.proj_size}) must be smaller than "
                              f"hidden_size ({self.hidden_size})")
-        dt = _param_dtype(dtype, cls)
+        dt = _factory(dtype, cls)
         gates = GATES[mode] * self.hidden_size
         real_hidden = self.proj_size or self.hidden_size
         directions = 2 if self.bidirectional else 1
@@ -384,7 +375,7 @@ class RNNCellBase(Module):
         self.input_size = _count(input_size, cls, "input_size", 1)
         self.hidden_size = _count(hidden_size, cls, "hidden_size", 1)
         self.bias = bool(bias)
-        dt = _param_dtype(dtype, cls)
+        dt = _factory(dtype, cls)
         rows = num_chunks * self.hidden_size
         self.weight_ih = Parameter(empty(rows, self.input_size, dtype=dt, device=device))
         self.weight_hh = Parameter(empty(rows, self.hidden_size, dtype=dt, device=device))
