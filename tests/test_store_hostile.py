@@ -405,6 +405,29 @@ def test_right_secret_works_both_ways(secret: bytes) -> None:
             assert reply(s) == (wire.OK, [b"v"])
 
 
+def test_a_client_that_skips_the_proof_is_dropped_at_once(secret: bytes) -> None:
+    """A short request where the proof belongs (fewer bytes than a proof) is refused as soon
+    as its first bytes cannot begin one, not when the greeting time runs out."""
+    with dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5),
+                       wait_for_workers=False) as m:
+        with socket.create_connection(("127.0.0.1", m.port), timeout=5) as s:
+            assert s.recv(_auth.HELLO_BYTES, socket.MSG_WAITALL).startswith(_auth.MAGIC)
+            start = time.monotonic()
+            s.sendall(wire.MAGIC + frame(wire.GET, wire.i64(1000), b"k"))
+            rest = b""
+            while True:
+                try:
+                    chunk = s.recv(4096)
+                except ConnectionResetError:
+                    break
+                if not chunk:
+                    break
+                rest += chunk
+            assert time.monotonic() - start < 2.0
+            assert rest == _auth.REFUSE  # refused, and the request was never answered
+        assert m.set("still", "serving") is None and m.get("still") == b"serving"
+
+
 def test_wrong_secret_is_refused_with_a_clear_error(secret: bytes,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     with dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5),

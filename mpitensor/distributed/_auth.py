@@ -113,6 +113,14 @@ class ServerHandshake:
         #: the bytes to send first
         self.hello: bytes = MAGIC + self._nonce
 
+    @staticmethod
+    def foreign(start: bytes) -> bool:
+        """Whether the first bytes a peer sent can no longer begin a proof: a peer that
+        speaks another protocol (or answers nothing but its own request) is told at once,
+        not after the greeting time-out."""
+        head = bytes(start[:len(MAGIC)])
+        return not MAGIC.startswith(head)
+
     def answer(self, proof: bytes) -> bytes:
         """Check the client's proof (exactly :data:`PROOF_BYTES` bytes); return ACCEPT.
 

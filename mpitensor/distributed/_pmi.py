@@ -431,7 +431,7 @@ class HelperServer:
     def _authenticate(self, c: _Conn) -> bool:
         """Collect the peer's proof and answer it; ``True`` once it is accepted."""
         auth = _auth()
-        if len(c.buf) < auth.PROOF_BYTES:
+        if len(c.buf) < auth.PROOF_BYTES and not c.auth.foreign(c.buf):
             return False
         proof, c.buf = c.buf[:auth.PROOF_BYTES], c.buf[auth.PROOF_BYTES:]
         try:

@@ -290,7 +290,8 @@ class StoreServer:
                    and conn in self._conns):
                 if conn.auth is not None:
                     # nothing past the proof is looked at before the proof checks out
-                    if len(buf) - pos < _auth.PROOF_BYTES:
+                    if (len(buf) - pos < _auth.PROOF_BYTES
+                            and not conn.auth.foreign(bytes(buf[pos:pos + len(_auth.MAGIC)]))):
                         break
                     proof = bytes(buf[pos:pos + _auth.PROOF_BYTES])
                     pos += _auth.PROOF_BYTES
