@@ -4,6 +4,8 @@ It reads each program without running it (its syntax tree), follows its imports 
 aliases (``import torch.nn as nn``, ``from torch import optim``, ``from torch.nn import
 functional as F``, ``from torch.utils.data import DataLoader``), and looks every ``torch``
 name the program uses up at the same path in mpitensor (``nn.LSTM`` -> ``mpitensor.nn.LSTM``).
+Names follow Python's scopes: after ``from torch.utils import data``, a function whose parameter
+or variable is also called ``data`` uses its own ``data``, not torch's.
 It prints, with ``file:line``:
 
 - ``missing``: a name mpitensor lacks (the exit status is then 1);
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import functools
 import importlib
 import json
 import sys
@@ -56,7 +59,7 @@ def _tensor_only_methods() -> frozenset:
     """Methods and properties of torch's Tensor (the snapshot) that mpitensor's Tensor lacks."""
     from mpitensor.tensor import Tensor  # noqa: PLC0415 - the package's tensor, once loaded
 
-    names = json.loads(_SNAPSHOT.read_text(encoding="utf-8"))["namespaces"]["torch.Tensor"]
+    names = _torch_snapshot()["torch.Tensor"]
     return frozenset(n for n in names["names"] if not hasattr(Tensor, n))
 
 
@@ -88,59 +91,261 @@ def _notes() -> Dict[str, str]:
     return out
 
 
-class _Uses(ast.NodeVisitor):
-    """The torch paths a module uses (with their lines), and its other attribute names."""
+class _Scope:
+    """One Python scope (module, class, function, lambda or comprehension) and what it binds.
 
-    def __init__(self) -> None:
-        self.aliases: Dict[str, str] = {}  # local name -> torch path
+    ``torch`` maps a name to the torch paths imports bind it to (with their lines); ``other``
+    holds the names bound to anything else (parameters, assignments, loop and ``with``
+    targets, ``except ... as``, ``def``/``class`` names, other imports).
+    """
+
+    def __init__(self, kind: str, parent: Optional["_Scope"]) -> None:
+        self.kind = kind
+        self.parent = parent
+        self.torch: Dict[str, List[Tuple[int, str]]] = {}
+        self.other: set = set()
+        self.declared_global: set = set()
+        self.declared_nonlocal: set = set()
+
+    def target(self, name: str) -> "_Scope":
+        """The scope a binding of ``name`` made here lands in (``global``/``nonlocal``)."""
+        if name in self.declared_global:
+            s = self
+            while s.parent is not None:
+                s = s.parent
+            return s
+        if name in self.declared_nonlocal:
+            s = self.parent
+            while s is not None and s.kind in ("class", "comprehension"):
+                s = s.parent
+            return s or self
+        return self
+
+
+_FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _is_torch(module: str) -> bool:
+    return module == "torch" or module.startswith("torch.")
+
+
+class _Uses(ast.NodeVisitor):
+    """The torch paths a module uses (with their lines), and its other attribute names.
+
+    Names follow Python's scoping: an alias imported at module level is not the import inside
+    a function (or lambda, comprehension, class body) that binds the same name otherwise. When
+    one scope binds a name both to a torch import and to something else, which one a use sees
+    depends on the run; such a use counts as torch only where the attribute is one of torch's
+    names (the snapshot), so ``data.mean`` after ``from torch.utils import data`` and
+    ``for data in loader`` is not reported while ``data.DataLoader`` is.
+    """
+
+    def __init__(self, torch_names: Optional[Dict[str, Any]] = None) -> None:
+        self.scope = _Scope("module", None)
         self.paths: List[Tuple[int, str]] = []
         self.attributes: List[Tuple[int, str]] = []
+        self._chains: List[Tuple[int, str, List[str], _Scope]] = []
+        self._torch_names = torch_names
+
+    # -- bindings ---------------------------------------------------------------------------
+    def _bind(self, name: str, torch_path: Optional[str] = None, line: int = 0,
+              scope: Optional[_Scope] = None) -> None:
+        s = (scope or self.scope).target(name)
+        if torch_path is None:
+            s.other.add(name)
+        else:
+            s.torch.setdefault(name, []).append((line, torch_path))
 
     def visit_Import(self, node: ast.Import) -> None:  # noqa: N802 - ast's name
         for a in node.names:
-            if a.name == "torch" or a.name.startswith("torch."):
-                if a.asname:
-                    self.aliases[a.asname] = a.name
-                    self.paths.append((node.lineno, a.name))
-                else:  # `import torch.nn` binds `torch`
-                    self.aliases["torch"] = "torch"
-                    self.paths.append((node.lineno, a.name))
+            bound = a.asname or a.name.split(".")[0]
+            if not _is_torch(a.name):
+                self._bind(bound)
+                continue
+            self.paths.append((node.lineno, a.name))
+            # `import torch.nn` binds `torch`; `import torch.nn as nn` binds the submodule
+            self._bind(bound, a.name if a.asname else "torch", node.lineno)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:  # noqa: N802
         mod = node.module or ""
-        if node.level or not (mod == "torch" or mod.startswith("torch.")):
-            return
+        torch = not node.level and _is_torch(mod)
         for a in node.names:
             if a.name == "*":
-                self.paths.append((node.lineno, mod))
+                if torch:
+                    self.paths.append((node.lineno, mod))
+                continue
+            if not torch:
+                self._bind(a.asname or a.name)
                 continue
             path = f"{mod}.{a.name}"
-            self.aliases[a.asname or a.name] = path
+            self._bind(a.asname or a.name, path, node.lineno)
             self.paths.append((node.lineno, path))
 
+    def visit_Global(self, node: ast.Global) -> None:  # noqa: N802
+        self.scope.declared_global.update(node.names)
+
+    def visit_Nonlocal(self, node: ast.Nonlocal) -> None:  # noqa: N802
+        self.scope.declared_nonlocal.update(node.names)
+
+    def visit_Name(self, node: ast.Name) -> None:  # noqa: N802
+        # a bare use of `from torch... import X` is checked at the import itself
+        if not isinstance(node.ctx, ast.Load):
+            self._bind(node.id)
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:  # noqa: N802
+        self.visit(node.value)
+        s = self.scope  # `:=` in a comprehension binds in the enclosing function or module
+        while s.kind == "comprehension" and s.parent is not None:
+            s = s.parent
+        if isinstance(node.target, ast.Name):
+            self._bind(node.target.id, scope=s)
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:  # noqa: N802
+        if node.name:
+            self._bind(node.name)
+        self.generic_visit(node)
+
+    def _bind_pattern_names(self, node: ast.AST) -> None:
+        for sub in ast.walk(node):
+            for field in ("name", "rest"):  # MatchAs, MatchStar, MatchMapping
+                name = getattr(sub, field, None)
+                if isinstance(name, str) and sub.__class__.__name__.startswith("Match"):
+                    self._bind(name)
+
+    def visit_match_case(self, node: Any) -> None:
+        self._bind_pattern_names(node.pattern)
+        self.generic_visit(node)
+
+    # -- scopes -----------------------------------------------------------------------------
+    def _enter(self, kind: str, body: Iterable[ast.AST]) -> None:
+        outer, self.scope = self.scope, _Scope(kind, self.scope)
+        try:
+            for item in body:
+                self.visit(item)
+        finally:
+            self.scope = outer
+
+    def _visit_function(self, node: Any) -> None:
+        args = node.args
+        for default in [*args.defaults, *(d for d in args.kw_defaults if d is not None)]:
+            self.visit(default)
+        if not isinstance(node, ast.Lambda):
+            self._bind(node.name)
+            for item in [*node.decorator_list, node.returns]:
+                if item is not None:
+                    self.visit(item)
+        every = [*args.posonlyargs, *args.args, *args.kwonlyargs,
+                 *(a for a in (args.vararg, args.kwarg) if a is not None)]
+        for a in every:
+            if a.annotation is not None:
+                self.visit(a.annotation)
+        body = node.body if isinstance(node.body, list) else [node.body]
+        outer, self.scope = self.scope, _Scope("function", self.scope)
+        try:
+            for a in every:
+                self._bind(a.arg)
+            for item in body:
+                self.visit(item)
+        finally:
+            self.scope = outer
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _visit_function  # noqa: N815
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:  # noqa: N802
+        for item in [*node.decorator_list, *node.bases, *node.keywords]:
+            self.visit(item)
+        self._bind(node.name)
+        self._enter("class", node.body)
+
+    def _visit_comprehension(self, node: Any) -> None:
+        gens = node.generators
+        self.visit(gens[0].iter)  # the first iterable is evaluated outside
+        outer, self.scope = self.scope, _Scope("comprehension", self.scope)
+        try:
+            for i, g in enumerate(gens):
+                self.visit(g.target)
+                if i:
+                    self.visit(g.iter)
+                for cond in g.ifs:
+                    self.visit(cond)
+            for part in ("elt", "key", "value"):
+                if getattr(node, part, None) is not None:
+                    self.visit(getattr(node, part))
+        finally:
+            self.scope = outer
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = (  # noqa: N815
+        _visit_comprehension)
+
+    # -- uses -------------------------------------------------------------------------------
     def visit_Attribute(self, node: ast.Attribute) -> None:  # noqa: N802
         chain = []
         cur: Any = node
         while isinstance(cur, ast.Attribute):
             chain.append(cur.attr)
             cur = cur.value
-        if isinstance(cur, ast.Name) and cur.id in self.aliases:
-            self.paths.append((node.lineno, ".".join([self.aliases[cur.id], *reversed(chain)])))
-            return  # the chain's inner attributes are part of this path
+        if isinstance(cur, ast.Name) and isinstance(cur.ctx, ast.Load):
+            # resolved once every binding is known (a function's later assignment counts)
+            self._chains.append((node.lineno, cur.id, chain[::-1], self.scope))
+            return
         self.attributes.append((node.lineno, node.attr))
         self.generic_visit(node)
 
-    def visit_Name(self, node: ast.Name) -> None:  # noqa: N802
-        # a name bound by `from torch... import X` used bare: X(...) is checked at the import
-        return
+    def _lookup(self, scope: _Scope, name: str, line: int, first: str) -> Optional[str]:
+        """The torch path ``name`` stands for in ``scope`` (None: not torch there)."""
+        s: Optional[_Scope] = scope
+        here = True
+        while s is not None:
+            if name in s.declared_global:
+                while s.parent is not None:
+                    s = s.parent
+            skip = s.kind == "class" and not here  # a class body is not seen by its methods
+            here = False
+            if not skip and (name in s.torch or name in s.other):
+                if name not in s.torch:
+                    return None
+                binds = s.torch[name]
+                before = [p for ln, p in binds if ln <= line]
+                path = before[-1] if before else binds[0][1]
+                if name in s.other and not self._torch_has(path, first):
+                    return None
+                return path
+            s = s.parent
+        return None
+
+    def _torch_has(self, namespace: str, attr: str) -> bool:
+        entry = (self._torch_names or {}).get(namespace)
+        if entry is None:  # a namespace the snapshot lacks: count it only where mpitensor has it
+            return resolve(f"{namespace}.{attr}") is not _MISSING
+        return attr in entry["names"] or attr in entry.get("other", ())
+
+    def finish(self) -> None:
+        """Resolve the attribute chains seen, once the whole module has been read."""
+        for line, root, chain, scope in self._chains:
+            path = self._lookup(scope, root, line, chain[0])
+            if path is not None:
+                self.paths.append((line, ".".join([path, *chain])))
+            else:
+                self.attributes.extend((line, attr) for attr in chain)
+        self._chains = []
+        self.paths.sort(key=lambda item: item[0])
+        self.attributes.sort(key=lambda item: item[0])
+
+
+@functools.cache
+def _torch_snapshot() -> Dict[str, Any]:
+    """torch's names per namespace, as ``tools/porting_table.py`` recorded them."""
+    return json.loads(_SNAPSHOT.read_text(encoding="utf-8"))["namespaces"]
 
 
 def check_source(source: str, path: str = "<string>", *, tensor_methods: Optional[frozenset]
                  = None) -> List[Finding]:
     """The findings for one program's source text (see the module's description)."""
     tree = ast.parse(source, filename=path)
-    uses = _Uses()
+    uses = _Uses(_torch_snapshot())
     uses.visit(tree)
+    uses.finish()
     notes = _notes()
     findings: List[Finding] = []
     seen: set = set()
