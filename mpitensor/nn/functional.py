@@ -60,10 +60,12 @@ __all__ = [
     "conv_transpose2d",
     "conv_transpose3d",
     "max_pool2d",
+    "max_pool2d_with_indices",
     "avg_pool2d",
     "adaptive_avg_pool1d",
     "adaptive_avg_pool2d",
     "batch_norm",
+    "instance_norm",
     "group_norm",
     "layer_norm",
     "log_softmax",
@@ -1027,6 +1029,14 @@ def max_pool2d(
     return out, _new(ind)
 
 
+def max_pool2d_with_indices(input: Any, kernel_size: _IntOrPair,  # noqa: A002 - torch's name
+                            stride: Optional[_IntOrPair] = None, padding: _IntOrPair = 0,
+                            dilation: _IntOrPair = 1, ceil_mode: bool = False,
+                            return_indices: bool = False) -> tuple:
+    """:func:`max_pool2d` that returns ``(output, indices)``."""
+    return max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
 class _AvgPool2d(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, k: tuple, s: tuple, p: tuple, out_hw: tuple,
@@ -1363,6 +1373,68 @@ def batch_norm(
     rv = _arr(running_var) if running_var is not None else None
     return _BatchNorm.apply(input, weight, bias, rm, rv, bool(training), float(momentum),
                             float(eps))
+
+
+def instance_norm(
+    input: Any,  # noqa: A002 - torch's name
+    running_mean: Any = None,
+    running_var: Any = None,
+    weight: Any = None,
+    bias: Any = None,
+    use_input_stats: bool = True,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalise each (sample, channel) plane of (N, C, ...) by its own mean and variance.
+
+    It is :func:`batch_norm` over the input seen as one sample of N*C channels; the running
+    statistics (when given and ``use_input_stats``) move toward the batch's average of the
+    per-plane statistics, updated in place.
+
+    Args:
+        running_mean, running_var: optional (C,) running statistics.
+        weight, bias: optional (C,) affine parameters.
+        use_input_stats: normalise with the planes' own statistics (else the running ones).
+        momentum: the weight of this batch in the running statistics.
+        eps: added to the variance.
+
+    Raises:
+        ValueError: an input of fewer than 2 dimensions, or a single value per plane.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> instance_norm(mt.randn(2, 3, 5)).shape
+        mpitensor.Size([2, 3, 5])
+    """
+    fname = "instance_norm"
+    _as_input(input, "input", fname)
+    t = input if isinstance(input, Tensor) else _new(input)
+    if t.ndim < 2:
+        raise ValueError(f"{fname}(): input must have at least 2 dimensions (N, C, ...), got "
+                         f"shape {_shape_str(t.shape)}")
+    if use_input_stats and math.prod(t.shape[2:]) == 1:
+        raise ValueError(f"{fname}(): normalising with the input's statistics needs more than "
+                         f"one spatial element per plane, got shape {_shape_str(t.shape)}")
+    n, c = t.shape[0], t.shape[1]
+    for name, v in (("weight", weight), ("bias", bias), ("running_mean", running_mean),
+                    ("running_var", running_var)):
+        if v is not None:
+            _check_per_channel(fname, name, v, c, t.shape)
+    xp = K.xp_of(t._data)
+
+    def tiled(v: Any) -> Any:
+        if v is None:
+            return None
+        return v.repeat(n) if isinstance(v, Tensor) else _new(xp.tile(_arr(v), n))
+
+    rm, rv = tiled(running_mean), tiled(running_var)
+    out = batch_norm(t.reshape((1, n * c, *t.shape[2:])), rm, rv, tiled(weight), tiled(bias),
+                     bool(use_input_stats), momentum, eps)
+    if use_input_stats:
+        for buf, rep in ((running_mean, rm), (running_var, rv)):
+            if buf is not None:
+                _arr(buf)[...] = rep._data.reshape(n, c).mean(axis=0)
+    return out.reshape(tuple(t.shape))
 
 
 class _GroupNorm(Function):
@@ -2542,6 +2614,8 @@ from ._losses import *  # noqa: E402, F403
 from ._losses import __all__ as _loss_names  # noqa: E402
 from ._pooling1d import *  # noqa: E402, F403
 from ._pooling1d import __all__ as _pooling1d_names  # noqa: E402
+from ._poolingnd import *  # noqa: E402, F403
+from ._poolingnd import __all__ as _poolingnd_names  # noqa: E402
 from ._rms_norm import *  # noqa: E402, F403
 from ._rms_norm import __all__ as _rms_norm_names  # noqa: E402
 from ._spatial import *  # noqa: E402, F403
@@ -2549,4 +2623,4 @@ from ._spatial import __all__ as _spatial_names  # noqa: E402
 
 __all__ += [*_activation_names, *_attention_names, *_bilinear_names, *_distance_names,
             *_dropout_names, *_embedding_names, *_loss_names, *_pooling1d_names,
-            *_rms_norm_names, *_spatial_names]
+            *_poolingnd_names, *_rms_norm_names, *_spatial_names]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import warnings
 from typing import Any, Optional, Union
 
 import mpitensor.distributed as dist
@@ -40,7 +41,8 @@ from .layers import _factory, _positive_int
 from .module import Module
 from .parameter import Parameter
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "GroupNorm", "LayerNorm", "SyncBatchNorm"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "GroupNorm", "InstanceNorm1d",
+           "InstanceNorm2d", "InstanceNorm3d", "LayerNorm", "SyncBatchNorm"]
 
 
 def _check_eps(cls: str, eps: Any) -> float:
@@ -66,8 +68,9 @@ def _reset_affine(module: Module) -> None:
         init.zeros_(module.bias)
 
 
-class _BatchNorm(Module):
-    """Shared body of the batch-norm layers; subclasses say which input ranks they take."""
+class _NormBase(Module):
+    """Shared body of the batch- and instance-norm layers: the affine parameters, the running
+    statistics and their resets; subclasses say which input ranks they take."""
 
     _ranks: tuple = ()
 
@@ -129,6 +132,15 @@ class _BatchNorm(Module):
             raise ValueError(f"{type(self).__name__}: expected a {want} input, got a "
                              f"{input.ndim}D input of shape {tuple(input.shape)}")
 
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, bias={self.bias is not None}, "
+                f"track_running_stats={self.track_running_stats}")
+
+
+class _BatchNorm(_NormBase):
+    """Shared body of the batch-norm layers."""
+
     def _momentum_factor(self) -> float:
         """Count a training batch; return the weight of its statistics in the running ones."""
         factor = 0.0 if self.momentum is None else float(self.momentum)
@@ -151,11 +163,6 @@ class _BatchNorm(Module):
         return F.batch_norm(input, self.running_mean if track else None,
                             self.running_var if track else None, self.weight, self.bias,
                             use_batch, factor, self.eps)
-
-    def extra_repr(self) -> str:
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-                f"affine={self.affine}, bias={self.bias is not None}, "
-                f"track_running_stats={self.track_running_stats}")
 
 
 class BatchNorm1d(_BatchNorm):
@@ -203,6 +210,90 @@ class BatchNorm2d(_BatchNorm):
     """
 
     _ranks = (4,)
+
+
+class BatchNorm3d(_BatchNorm):
+    """Batch normalisation of (N, C, D, H, W) inputs, per channel (arguments as
+    :class:`BatchNorm1d`).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> BatchNorm3d(3)(mt.randn(2, 3, 2, 4, 4)).shape
+        mpitensor.Size([2, 3, 2, 4, 4])
+    """
+
+    _ranks = (5,)
+
+
+class _InstanceNorm(_NormBase):
+    """Shared body of the instance-norm layers: each (sample, channel) plane is normalised by
+    its own statistics; an unbatched input (one rank fewer) is taken as a batch of one."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1,
+                 affine: bool = False, track_running_stats: bool = False, device: Any = None,
+                 dtype: Any = None, *, bias: bool = True) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device,
+                         dtype, bias=bias)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        self._check_input_dim(input)
+        unbatched = input.ndim == self._ranks[0]
+        channel_dim = 0 if unbatched else 1
+        if input.shape[channel_dim] != self.num_features:
+            if self.affine:
+                raise ValueError(f"{type(self).__name__}: expected {self.num_features} channels "
+                                 f"(dimension {channel_dim}) to match num_features, got "
+                                 f"{input.shape[channel_dim]}")
+            warnings.warn(f"{type(self).__name__}: input has {input.shape[channel_dim]} "
+                          f"channels but num_features is {self.num_features}; with "
+                          f"affine=False the channels are normalised anyway", stacklevel=2)
+        x = input.unsqueeze(0) if unbatched else input
+        out = F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                              self.training or not self.track_running_stats,
+                              0.0 if self.momentum is None else float(self.momentum), self.eps)
+        return out.squeeze(0) if unbatched else out
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """Instance normalisation of (N, C, L) or (C, L) inputs: each plane by its own mean and
+    (biased) variance.
+
+    Args: as :class:`BatchNorm1d`, but ``affine`` and ``track_running_stats`` default to
+    False; with running statistics, evaluation mode normalises with them.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> InstanceNorm1d(3)
+        InstanceNorm1d(3, eps=1e-05, momentum=0.1, affine=False, bias=False, track_running_stats=False)
+    """
+
+    _ranks = (2, 3)
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """Instance normalisation of (N, C, H, W) or (C, H, W) inputs (see
+    :class:`InstanceNorm1d`).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> InstanceNorm2d(3, affine=True)(mt.randn(2, 3, 4, 4)).shape
+        mpitensor.Size([2, 3, 4, 4])
+    """
+
+    _ranks = (3, 4)
+
+
+class InstanceNorm3d(_InstanceNorm):
+    """Instance normalisation of (N, C, D, H, W) or (C, D, H, W) inputs (see
+    :class:`InstanceNorm1d`).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> InstanceNorm3d(3)(mt.randn(2, 3, 2, 4, 4)).shape
+        mpitensor.Size([2, 3, 2, 4, 4])
+    """
+
+    _ranks = (4, 5)
 
 
 class SyncBatchNorm(_BatchNorm):

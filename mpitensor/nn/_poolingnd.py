@@ -1,0 +1,644 @@
+"""N-d pooling of ``torch.nn.functional``: ``max_pool3d``, ``avg_pool3d``,
+``adaptive_avg_pool3d``, ``adaptive_max_pool2d``/``3d``, ``max_unpool2d``/``3d``,
+``lp_pool2d``/``3d`` and ``fractional_max_pool2d``/``3d`` (with their ``*_with_indices``
+forms).
+
+Every pooling here is one gather through a (windows, window elements) map of flat positions
+into each (sample, channel) plane, then a reduction; backward is one scatter-add. Positions
+that fall in the padding are masked (``-inf`` for a max, weight 0 for a mean), so no padded
+copy of the input is made, and no Python loop runs over the batch, the channels or the
+windows. Fractional pooling draws its windows per plane, so its map carries a plane axis.
+
+Re-exported by :mod:`mpitensor.nn.functional`; import them from there.
+
+Example:
+    >>> import mpitensor as mt
+    >>> max_pool3d(mt.arange(8.0).reshape(1, 1, 2, 2, 2), 2).flatten().tolist()
+    [7.0]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+from mpitensor import dtypes as _dt
+from mpitensor.autograd import Function
+from mpitensor.tensor import Tensor, _new
+
+from ._checks import as_tensor, check_float, is_int, scatter_add_flat, shape_str, xp_of
+from ._pooling1d import _SignedAbs, _Unpool1d
+
+__all__ = ["max_pool3d", "max_pool3d_with_indices", "avg_pool3d", "adaptive_avg_pool3d",
+           "adaptive_max_pool2d", "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d",
+           "adaptive_max_pool3d_with_indices", "max_unpool2d", "max_unpool3d", "lp_pool2d",
+           "lp_pool3d", "fractional_max_pool2d", "fractional_max_pool2d_with_indices",
+           "fractional_max_pool3d", "fractional_max_pool3d_with_indices"]
+
+
+# --------------------------------------------------------------------------------------------
+# argument checks and window maps
+
+def _tuple(v: Any, name: str, fname: str, nd: int, low: int) -> tuple:
+    vals = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+    if len(vals) == 1:
+        vals = vals * nd
+    if len(vals) != nd:
+        raise RuntimeError(f"{fname}(): {name} must be an int or a {nd}-tuple, got {v!r}")
+    for x in vals:
+        if not is_int(x):
+            raise TypeError(f"{fname}(): {name} must hold ints, got {v!r}")
+        if x < low:
+            raise RuntimeError(f"{fname}(): {name} must be >= {low}, got {v!r}")
+    return tuple(int(x) for x in vals)
+
+
+def _planes(input: Any, nd: int, fname: str) -> Tensor:  # noqa: A002 - torch's name
+    t = as_tensor(input, "input", fname)
+    if t.ndim not in (nd + 1, nd + 2) or any(s == 0 for s in t.shape[-nd:]):
+        raise RuntimeError(f"{fname}(): expected a {nd + 1}-D or {nd + 2}-D input with non-zero "
+                           f"spatial sizes, got shape {shape_str(t.shape)}")
+    return t
+
+
+def _out_len(n: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
+    span = n + 2 * p - d * (k - 1) - 1
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= n + p:
+        out -= 1  # the last window must start inside the input or its left padding
+    return out
+
+
+def _combine(pos: list, sizes: tuple) -> tuple:
+    """Per-dimension positions ``pos[i]`` of shape (..., out_i, k_i) (possibly out of range)
+    -> (flat positions (..., prod out, prod k) clipped into the plane, in-range mask)."""
+    nd = len(pos)
+    flat = valid = None
+    for i, (p, n) in enumerate(zip(pos, sizes)):
+        lead = p.shape[:-2]
+        shape = (*lead, *[p.shape[-2] if j == i else 1 for j in range(nd)],
+                 *[p.shape[-1] if j == i else 1 for j in range(nd)])
+        q = p.reshape(shape)
+        ok = (q >= 0) & (q < n)
+        term = np.clip(q, 0, n - 1) * int(np.prod(sizes[i + 1:], dtype=np.int64))
+        flat = term if flat is None else flat + term
+        valid = ok if valid is None else valid & ok
+    o = int(np.prod([p.shape[-2] for p in pos]))
+    k = int(np.prod([p.shape[-1] for p in pos]))
+    lead = flat.shape[:-2 * nd]
+    return flat.reshape(*lead, o, k), valid.reshape(*lead, o, k)
+
+
+def _sliding(sizes: tuple, k: tuple, s: tuple, p: tuple, d: tuple, outs: tuple) -> list:
+    return [np.arange(o)[:, None] * si - pi + np.arange(ki)[None, :] * di
+            for o, ki, si, pi, di in zip(outs, k, s, p, d)]
+
+
+def _adaptive_pos(n: int, out: int) -> tuple:
+    o = np.arange(out)
+    start = (o * n) // out
+    end = -((-(o + 1) * n) // out)
+    k = int((end - start).max())
+    pos = start[:, None] + np.arange(k)[None, :]
+    inside = pos < end[:, None]
+    return np.where(inside, pos, end[:, None] - 1), inside, end - start
+
+
+def _dev(xp: Any, *arrays: Any) -> tuple:
+    return arrays if xp is np else tuple(xp.asarray(a) for a in arrays)
+
+
+# --------------------------------------------------------------------------------------------
+# the two kernels: a masked max and a weighted sum over windows
+
+def _gather(x2: Any, idx: Any) -> Any:
+    """x2 (B, P) gathered through idx (O, K) or (B, O, K) -> (B, O, K)."""
+    if idx.ndim == 2:
+        return x2[:, idx]
+    xp = xp_of(x2)
+    return xp.take_along_axis(x2[:, None, :], idx.reshape(idx.shape[0], 1, -1),
+                              axis=2).reshape(idx.shape)
+
+
+class _WindowMax(Function):
+    """Max over windows of each plane; the forward also records each max's flat position."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, nd: int, idx: Any, valid: Any, out_sp: tuple,
+                holder: Optional[list]) -> Any:
+        xp = xp_of(x)
+        lead, sp = x.shape[:-nd], x.shape[-nd:]
+        planes = int(np.prod(lead, dtype=np.int64))
+        x2 = x.reshape(planes, -1)
+        win = _gather(x2, idx)
+        if valid is not None:
+            fill = -xp.inf if _dt.kind_of(x.dtype) == "f" else xp.iinfo(x.dtype).min
+            win = xp.where(valid, win, xp.asarray(fill, dtype=x.dtype))
+        arg = win.argmax(axis=-1)[..., None]
+        out = xp.take_along_axis(win, arg, axis=-1)[..., 0]
+        src = xp.take_along_axis(xp.broadcast_to(idx, win.shape), arg, axis=-1)[..., 0]
+        ctx.save_for_backward(src)
+        ctx.shape = x.shape
+        if holder is not None:
+            holder.append(src)
+        return out.reshape(*lead, *out_sp)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (src,) = ctx.saved_tensors
+        xp = xp_of(g)
+        planes, o = src.shape
+        n = int(np.prod(ctx.shape, dtype=np.int64)) // max(planes, 1)
+        pos = src + (xp.arange(planes, dtype=np.int64) * n)[:, None]
+        gx = scatter_add_flat(xp, planes * n, pos, xp.ascontiguousarray(g).reshape(planes, o))
+        return gx.reshape(ctx.shape), None, None, None, None, None
+
+
+def _max_pool(t: Tensor, nd: int, idx: Any, valid: Any, out_sp: tuple,
+              return_indices: bool) -> Any:
+    xp = xp_of(t)
+    if valid is not None and bool(valid.all()):
+        valid = None
+    idx, = _dev(xp, idx)
+    if valid is not None:
+        valid, = _dev(xp, valid)
+    holder: Optional[list] = [] if return_indices else None
+    out = _WindowMax.apply(t, nd, idx, valid, out_sp, holder)
+    if not return_indices:
+        return out
+    return out, _new(holder[0].astype(np.int64).reshape(tuple(out.shape)))
+
+
+class _WindowMean(Function):
+    """Weighted sum over windows of each plane (weights 0 on padding, 1/divisor elsewhere)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, nd: int, idx: Any, wts: Any, out_sp: tuple) -> Any:
+        lead = x.shape[:-nd]
+        planes = int(np.prod(lead, dtype=np.int64))
+        win = x.reshape(planes, -1)[:, idx]
+        out = (win * wts).sum(axis=-1)
+        ctx.meta = (x.shape, idx, wts)
+        return out.astype(x.dtype, copy=False).reshape(*lead, *out_sp)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        shape, idx, wts = ctx.meta
+        xp = xp_of(g)
+        planes = g.size // idx.shape[0] if idx.shape[0] else 0
+        n = int(np.prod(shape, dtype=np.int64)) // max(planes, 1)
+        gw = g.reshape(planes, -1)[..., None] * wts
+        pos = idx[None] + (xp.arange(planes, dtype=np.int64) * n)[:, None, None]
+        gx = scatter_add_flat(xp, planes * n, xp.broadcast_to(pos, gw.shape), gw)
+        return gx.astype(g.dtype, copy=False).reshape(shape), None, None, None, None
+
+
+# --------------------------------------------------------------------------------------------
+# max and mean pooling with sliding windows
+
+def _maxpool_nd(nd: int, fname: str, input: Any, kernel_size: Any,  # noqa: A002
+                stride: Any, padding: Any, dilation: Any, ceil_mode: bool,
+                return_indices: bool) -> Any:
+    t = _planes(input, nd, fname)
+    k = _tuple(kernel_size, "kernel_size", fname, nd, 1)
+    s = k if stride is None or (isinstance(stride, (tuple, list)) and not stride) else \
+        _tuple(stride, "stride", fname, nd, 1)
+    p = _tuple(padding, "padding", fname, nd, 0)
+    d = _tuple(dilation, "dilation", fname, nd, 1)
+    for ki, pi, di in zip(k, p, d):
+        if pi > (di * (ki - 1) + 1) // 2:
+            raise RuntimeError(f"{fname}(): padding {p} should be at most half of the "
+                               f"effective kernel size {k} (dilation {d})")
+    sp = tuple(t.shape[-nd:])
+    outs = tuple(_out_len(n, *a, bool(ceil_mode)) for n, a in zip(sp, zip(k, s, p, d)))
+    if min(outs) < 1:
+        raise RuntimeError(f"{fname}(): the output size {outs} is too small for an input of "
+                           f"spatial size {sp}")
+    idx, valid = _combine(_sliding(sp, k, s, p, d, outs), sp)
+    return _max_pool(t, nd, idx, valid, outs, return_indices)
+
+
+def max_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
+               dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    """Max over sliding 3-D windows of (N, C, D, H, W) or (C, D, H, W).
+
+    Args:
+        kernel_size, stride (default ``kernel_size``), padding (implicit -inf, at most half
+            the effective window), dilation: ints or triples.
+        ceil_mode: round the output size up (a last, partial window).
+        return_indices: also return each max's flat position ``d * H * W + h * W + w``.
+
+    Raises:
+        RuntimeError: a bad input rank, a padding above half the window, an empty output.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> max_pool3d(mt.ones(1, 2, 4, 4, 4), 2).shape
+        mpitensor.Size([1, 2, 2, 2, 2])
+    """
+    return _maxpool_nd(3, "max_pool3d", input, kernel_size, stride, padding, dilation,
+                       ceil_mode, return_indices)
+
+
+def max_pool3d_with_indices(input: Any, kernel_size: Any, stride: Any = None,  # noqa: A002
+                            padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False,
+                            return_indices: bool = False) -> tuple:
+    """:func:`max_pool3d` that returns ``(output, indices)``."""
+    return max_pool3d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+def _avgpool_nd(nd: int, fname: str, input: Any, kernel_size: Any, stride: Any,  # noqa: A002
+                padding: Any, ceil_mode: bool, count_include_pad: bool,
+                divisor_override: Optional[int]) -> Tensor:
+    t = _planes(input, nd, fname)
+    check_float(t, "input", fname)
+    k = _tuple(kernel_size, "kernel_size", fname, nd, 1)
+    s = k if stride is None or (isinstance(stride, (tuple, list)) and not stride) else \
+        _tuple(stride, "stride", fname, nd, 1)
+    p = _tuple(padding, "padding", fname, nd, 0)
+    if any(pi > ki // 2 for pi, ki in zip(p, k)):
+        raise RuntimeError(f"{fname}(): padding {p} should be at most half of the kernel "
+                           f"size {k}")
+    if divisor_override is not None and (not is_int(divisor_override) or divisor_override == 0):
+        raise RuntimeError(f"{fname}(): divisor_override must be a non-zero int, got "
+                           f"{divisor_override!r}")
+    sp = tuple(t.shape[-nd:])
+    outs = tuple(_out_len(n, ki, si, pi, 1, bool(ceil_mode))
+                 for n, ki, si, pi in zip(sp, k, s, p))
+    if min(outs) < 1:
+        raise RuntimeError(f"{fname}(): the output size {outs} is too small for an input of "
+                           f"spatial size {sp}")
+    pos = _sliding(sp, k, s, p, (1,) * nd, outs)
+    idx, valid = _combine(pos, sp)
+    # each window's divisor, a product over dimensions
+    div = np.ones(1)
+    for n, ki, pi, q in zip(sp, k, p, pos):
+        start = q[:, 0]
+        end = np.minimum(start + ki, n + pi)
+        cnt = (end - start) if count_include_pad else \
+            (np.minimum(end, n) - np.maximum(start, 0))
+        div = (div[..., None] * cnt).reshape(-1) if div.ndim else div * cnt
+    if divisor_override is not None:
+        div = np.full(div.shape, float(divisor_override))
+    x = t._data
+    wts = (valid / div.reshape(-1, 1)).astype(x.dtype)
+    idx, wts = _dev(xp_of(x), idx, wts)
+    return _WindowMean.apply(t, nd, idx, wts, outs)
+
+
+def avg_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
+               ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: Optional[int] = None) -> Tensor:
+    """Mean over sliding 3-D windows of (N, C, D, H, W) or (C, D, H, W).
+
+    Args:
+        kernel_size, stride (default ``kernel_size``), padding (zeros, at most half the
+            window): ints or triples.
+        ceil_mode: round the output size up.
+        count_include_pad: count the padded zeros in each window's divisor.
+        divisor_override: divide every window's sum by this instead.
+
+    Raises:
+        RuntimeError: a bad input rank, a padding above half the window, an empty output.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> avg_pool3d(mt.ones(1, 1, 2, 2, 2), 2).flatten().tolist()
+        [1.0]
+    """
+    return _avgpool_nd(3, "avg_pool3d", input, kernel_size, stride, padding, ceil_mode,
+                       count_include_pad, divisor_override)
+
+
+# --------------------------------------------------------------------------------------------
+# adaptive pooling
+
+def _adaptive_sizes(output_size: Any, sp: tuple, fname: str) -> tuple:
+    nd = len(sp)
+    vals = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * nd
+    if len(vals) != nd:
+        raise ValueError(f"{fname}(): output_size must be an int or a {nd}-tuple, got "
+                         f"{output_size!r}")
+    outs = []
+    for v, n in zip(vals, sp):
+        if v is None:
+            v = n
+        if not is_int(v) or v < 0:
+            raise RuntimeError(f"{fname}(): output_size must hold non-negative ints or None, "
+                               f"got {output_size!r}")
+        outs.append(int(v))
+    return tuple(outs)
+
+
+def _adaptive_maps(t: Tensor, nd: int, output_size: Any, fname: str) -> tuple:
+    sp = tuple(t.shape[-nd:])
+    outs = _adaptive_sizes(output_size, sp, fname)
+    if min(outs) < 1:
+        raise RuntimeError(f"{fname}(): output_size {outs} must be positive")
+    parts = [_adaptive_pos(n, o) for n, o in zip(sp, outs)]
+    idx, _ = _combine([q for q, _, _ in parts], sp)
+    inside = None
+    for i, (_, m, _) in enumerate(parts):
+        shape = [1] * (2 * nd)
+        shape[i], shape[nd + i] = m.shape
+        mm = m.reshape(shape)
+        inside = mm if inside is None else inside & mm
+    return outs, idx, inside.reshape(idx.shape), [c for _, _, c in parts]
+
+
+def adaptive_avg_pool3d(input: Any, output_size: Any) -> Tensor:  # noqa: A002 - torch's name
+    """Mean over windows that tile (N, C, D, H, W) or (C, D, H, W) into ``output_size``
+    cells (None keeps a dimension's size); window i of a dimension of size n spans
+    ``[floor(i n / out), ceil((i + 1) n / out))``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> adaptive_avg_pool3d(mt.ones(1, 3, 5, 6, 7), (2, None, 3)).shape
+        mpitensor.Size([1, 3, 2, 6, 3])
+    """
+    fname = "adaptive_avg_pool3d"
+    t = _planes(input, 3, fname)
+    check_float(t, "input", fname)
+    outs, idx, inside, counts = _adaptive_maps(t, 3, output_size, fname)
+    div = np.ones(1)
+    for c in counts:
+        div = (div[:, None] * c[None, :]).reshape(-1)
+    wts = (inside / div[:, None]).astype(t._data.dtype)
+    idx, wts = _dev(xp_of(t), idx, wts)
+    return _WindowMean.apply(t, 3, idx, wts, outs)
+
+
+def _adaptive_max(nd: int, fname: str, input: Any, output_size: Any,  # noqa: A002
+                  return_indices: bool) -> Any:
+    t = _planes(input, nd, fname)
+    outs, idx, _, _ = _adaptive_maps(t, nd, output_size, fname)
+    # a window's repeated last element cannot change its max or its first maximum
+    return _max_pool(t, nd, idx, None, outs, return_indices)
+
+
+def adaptive_max_pool2d(input: Any, output_size: Any, return_indices: bool = False) -> Any:  # noqa: A002
+    """Max over windows that tile (N, C, H, W) or (C, H, W) into ``output_size`` cells.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> adaptive_max_pool2d(mt.arange(16.0).reshape(1, 4, 4), 2).tolist()
+        [[[5.0, 7.0], [13.0, 15.0]]]
+    """
+    return _adaptive_max(2, "adaptive_max_pool2d", input, output_size, return_indices)
+
+
+def adaptive_max_pool2d_with_indices(input: Any, output_size: Any,  # noqa: A002
+                                     return_indices: bool = False) -> tuple:
+    """:func:`adaptive_max_pool2d` that returns ``(output, indices)``."""
+    return adaptive_max_pool2d(input, output_size, True)
+
+
+def adaptive_max_pool3d(input: Any, output_size: Any, return_indices: bool = False) -> Any:  # noqa: A002
+    """Max over windows that tile (N, C, D, H, W) or (C, D, H, W) into ``output_size``
+    cells.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> adaptive_max_pool3d(mt.ones(1, 1, 4, 4, 4), 1).shape
+        mpitensor.Size([1, 1, 1, 1, 1])
+    """
+    return _adaptive_max(3, "adaptive_max_pool3d", input, output_size, return_indices)
+
+
+def adaptive_max_pool3d_with_indices(input: Any, output_size: Any,  # noqa: A002
+                                     return_indices: bool = False) -> tuple:
+    """:func:`adaptive_max_pool3d` that returns ``(output, indices)``."""
+    return adaptive_max_pool3d(input, output_size, True)
+
+
+# --------------------------------------------------------------------------------------------
+# unpooling and power-average pooling
+
+def _unpool_nd(nd: int, fname: str, input: Any, indices: Any, kernel_size: Any,  # noqa: A002
+               stride: Any, padding: Any, output_size: Any) -> Tensor:
+    t = _planes(input, nd, fname)
+    ix = as_tensor(indices, "indices", fname)._data
+    if tuple(ix.shape) != tuple(t.shape) or _dt.kind_of(ix.dtype) not in "iu":
+        raise RuntimeError(f"{fname}(): indices must be integers of the input's shape "
+                           f"{shape_str(t.shape)}, got {shape_str(ix.shape)}")
+    k = _tuple(kernel_size, "kernel_size", fname, nd, 1)
+    s = k if stride is None else _tuple(stride, "stride", fname, nd, 1)
+    p = _tuple(padding, "padding", fname, nd, 0)
+    sp = tuple(t.shape[-nd:])
+    default = tuple((n - 1) * si - 2 * pi + ki for n, ki, si, pi in zip(sp, k, s, p))
+    outs = default
+    if output_size is not None:
+        vals = tuple(int(v) for v in output_size) if isinstance(output_size, (tuple, list)) \
+            else (int(output_size),)
+        if len(vals) == nd + (t.ndim - nd):
+            vals = vals[t.ndim - nd:]
+        if len(vals) != nd:
+            raise ValueError(f"{fname}(): output_size should have {nd} or {t.ndim} entries, "
+                             f"got {len(vals)}")
+        for v, dv, si in zip(vals, default, s):
+            if not dv - si < v < dv + si:
+                raise ValueError(f"{fname}(): invalid output_size {vals} (each entry must lie "
+                                 f"strictly between {tuple(a - b for a, b in zip(default, s))} "
+                                 f"and {tuple(a + b for a, b in zip(default, s))})")
+        outs = vals
+    total = int(np.prod(outs))
+    if min(outs) <= 0:
+        raise RuntimeError(f"{fname}(): the output size {outs} must be positive")
+    if ix.size and (int(ix.min()) < 0 or int(ix.max()) >= total):
+        raise RuntimeError(f"{fname}(): an index is out of range for an output of spatial "
+                           f"size {outs}")
+    lead = tuple(t.shape[:-nd])
+    flat = t.reshape((*lead, int(np.prod(sp))))
+    out = _Unpool1d.apply(flat, ix.reshape(*lead, -1).astype(np.int64, copy=False), total)
+    return out.reshape((*lead, *outs))
+
+
+def max_unpool2d(input: Any, indices: Any, kernel_size: Any, stride: Any = None,  # noqa: A002
+                 padding: Any = 0, output_size: Any = None) -> Tensor:
+    """The partial inverse of a 2-D max pooling: each value goes to the flat position
+    ``h * W + w`` its index names; every other position is 0.
+
+    Args:
+        output_size: the (H, W) (or full) output size; default
+            ``(in - 1) * stride - 2 * padding + kernel_size`` per dimension.
+
+    Raises:
+        RuntimeError: indices of another shape or out of range. ValueError: a bad
+            ``output_size``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> from mpitensor.nn.functional import max_pool2d
+        >>> out, idx = max_pool2d(mt.arange(4.0).reshape(1, 1, 2, 2), 2, return_indices=True)
+        >>> max_unpool2d(out, idx, 2).flatten().tolist()
+        [0.0, 0.0, 0.0, 3.0]
+    """
+    return _unpool_nd(2, "max_unpool2d", input, indices, kernel_size, stride, padding,
+                      output_size)
+
+
+def max_unpool3d(input: Any, indices: Any, kernel_size: Any, stride: Any = None,  # noqa: A002
+                 padding: Any = 0, output_size: Any = None) -> Tensor:
+    """The partial inverse of :func:`max_pool3d` (flat positions ``d * H * W + h * W + w``).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> out, idx = max_pool3d(mt.arange(8.0).reshape(1, 1, 2, 2, 2), 2, return_indices=True)
+        >>> max_unpool3d(out, idx, 2).flatten().tolist()[-1]
+        7.0
+    """
+    return _unpool_nd(3, "max_unpool3d", input, indices, kernel_size, stride, padding,
+                      output_size)
+
+
+def _lp_pool_nd(nd: int, fname: str, input: Any, norm_type: float, kernel_size: Any,  # noqa: A002
+                stride: Any, ceil_mode: bool) -> Tensor:
+    t = as_tensor(input, "input", fname)
+    if nd == 2 and t.ndim < 3:  # torch reads the spatial sizes first, and fails on the index
+        raise IndexError(f"{fname}(): expected a 3-D or 4-D input, got shape "
+                         f"{shape_str(t.shape)}")
+    k = _tuple(kernel_size, "kernel_size", fname, nd, 1)
+    pw = float(norm_type)
+    out = _avgpool_nd(nd, fname, t ** pw, k, stride, 0, ceil_mode, True, None)
+    return (_SignedAbs.apply(out) * math.prod(k)) ** (1.0 / pw)
+
+
+def lp_pool2d(input: Any, norm_type: float, kernel_size: Any, stride: Any = None,  # noqa: A002
+              ceil_mode: bool = False) -> Tensor:
+    """Power-average pooling over 2-D windows: ``(sum of x^p over the window) ^ (1 / p)``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> lp_pool2d(mt.tensor([[[[3.0, 4.0]]]]), 2, (1, 2)).flatten().tolist()
+        [5.0]
+    """
+    return _lp_pool_nd(2, "lp_pool2d", input, norm_type, kernel_size, stride, ceil_mode)
+
+
+def lp_pool3d(input: Any, norm_type: float, kernel_size: Any, stride: Any = None,  # noqa: A002
+              ceil_mode: bool = False) -> Tensor:
+    """Power-average pooling over 3-D windows.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> lp_pool3d(mt.ones(1, 1, 2, 2, 2), 1, 2).flatten().tolist()
+        [8.0]
+    """
+    return _lp_pool_nd(3, "lp_pool3d", input, norm_type, kernel_size, stride, ceil_mode)
+
+
+# --------------------------------------------------------------------------------------------
+# fractional max pooling
+
+def _fractional_starts(u: Any, n: int, out: int, k: int) -> Any:
+    """Window starts for samples ``u`` (any shape, in [0, 1)) -> u.shape + (out,): spread
+    pseudo-randomly so the last window ends at the input's end; computed in u's dtype."""
+    starts = np.empty((*u.shape, out), dtype=np.int64)
+    if out > 1:
+        alpha = u.dtype.type(n - k) / u.dtype.type(out - 1)
+        i = np.arange(out - 1, dtype=u.dtype)
+        first = (u * alpha).astype(np.int64)
+        starts[..., :-1] = ((i + u[..., None]) * alpha).astype(np.int64) - first[..., None]
+    starts[..., -1] = n - k
+    return starts
+
+
+def _fractional(nd: int, fname: str, input: Any, kernel_size: Any,  # noqa: A002
+                output_size: Any, output_ratio: Any, return_indices: bool,
+                _random_samples: Any) -> Any:
+    t = _planes(input, nd, fname)
+    k = _tuple(kernel_size, "kernel_size", fname, nd, 1)
+    sp = tuple(t.shape[-nd:])
+    if output_size is None and output_ratio is None:
+        raise ValueError(f"{fname}(): give either output_size or output_ratio")
+    if output_size is None:
+        ratios = tuple(output_ratio) if isinstance(output_ratio, (tuple, list)) else \
+            (output_ratio,) * nd
+        if len(ratios) != nd or not all(0 < float(r) < 1 for r in ratios):
+            raise ValueError(f"{fname}(): output_ratio must be {nd} numbers in (0, 1), got "
+                             f"{output_ratio!r}")
+        outs = tuple(int(n * float(r)) for n, r in zip(sp, ratios))
+    else:
+        outs = _tuple(output_size, "output_size", fname, nd, 1)
+    for n, o, ki in zip(sp, outs, k):
+        if o + ki - 1 > n:
+            raise RuntimeError(f"{fname}(): output_size {outs} with kernel_size {k} does not "
+                               f"fit in an input of spatial size {sp}")
+    batched = t.ndim == nd + 2
+    n_b = t.shape[0] if batched else 1
+    c = t.shape[-nd - 1]
+    xp = xp_of(t)
+    if _random_samples is None:
+        from mpitensor._random import rand  # noqa: PLC0415 - the global generator
+
+        samples = rand(n_b, c, nd, dtype=t.dtype, device=t.device)._data
+    else:
+        samples = as_tensor(_random_samples, "_random_samples", fname)._data
+        if tuple(samples.shape) != (n_b, c, nd):
+            raise RuntimeError(f"{fname}(): _random_samples must have shape "
+                               f"{(n_b, c, nd)}, got {shape_str(samples.shape)}")
+    u = np.asarray(samples.get() if xp is not np else samples).reshape(n_b * c, nd)
+    # the samples name the dimensions innermost first for 2-D windows, outermost first for 3-D
+    order = [1, 0] if nd == 2 else [0, 1, 2]
+    pos = []
+    for i, (n, o, ki) in enumerate(zip(sp, outs, k)):
+        st = _fractional_starts(u[:, order[i]].astype(t._data.dtype), n, o, ki)
+        pos.append(st[..., None] + np.arange(ki))
+    idx, _ = _combine(pos, sp)
+    return _max_pool(t, nd, idx, None, outs, return_indices)
+
+
+def fractional_max_pool2d(input: Any, kernel_size: Any, output_size: Any = None,  # noqa: A002
+                          output_ratio: Any = None, return_indices: bool = False,
+                          _random_samples: Any = None) -> Any:
+    """Fractional max pooling over (N, C, H, W) or (C, H, W): windows of ``kernel_size``
+    placed at pseudo-random steps (one sample in [0, 1) per plane and dimension, drawn unless
+    ``_random_samples`` of shape (N, C, 2) gives them) so the output has ``output_size``
+    (or ``int(input size * output_ratio)``) cells.
+
+    Raises:
+        ValueError: neither ``output_size`` nor ``output_ratio``, or a ratio outside (0, 1).
+        RuntimeError: an output that does not fit, or a bad input rank.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> fractional_max_pool2d(mt.ones(1, 1, 5, 5), 2, output_size=3).shape
+        mpitensor.Size([1, 1, 3, 3])
+    """
+    return _fractional(2, "fractional_max_pool2d", input, kernel_size, output_size,
+                       output_ratio, return_indices, _random_samples)
+
+
+def fractional_max_pool2d_with_indices(input: Any, kernel_size: Any,  # noqa: A002
+                                       output_size: Any = None, output_ratio: Any = None,
+                                       return_indices: bool = False,
+                                       _random_samples: Any = None) -> tuple:
+    """:func:`fractional_max_pool2d` that returns ``(output, indices)``."""
+    return fractional_max_pool2d(input, kernel_size, output_size, output_ratio, True,
+                                 _random_samples)
+
+
+def fractional_max_pool3d(input: Any, kernel_size: Any, output_size: Any = None,  # noqa: A002
+                          output_ratio: Any = None, return_indices: bool = False,
+                          _random_samples: Any = None) -> Any:
+    """Fractional max pooling over (N, C, D, H, W) or (C, D, H, W) (samples of shape
+    (N, C, 3)); see :func:`fractional_max_pool2d`.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> fractional_max_pool3d(mt.ones(1, 1, 5, 5, 5), 2, output_ratio=0.5).shape
+        mpitensor.Size([1, 1, 2, 2, 2])
+    """
+    return _fractional(3, "fractional_max_pool3d", input, kernel_size, output_size,
+                       output_ratio, return_indices, _random_samples)
+
+
+def fractional_max_pool3d_with_indices(input: Any, kernel_size: Any,  # noqa: A002
+                                       output_size: Any = None, output_ratio: Any = None,
+                                       return_indices: bool = False,
+                                       _random_samples: Any = None) -> tuple:
+    """:func:`fractional_max_pool3d` that returns ``(output, indices)``."""
+    return fractional_max_pool3d(input, kernel_size, output_size, output_ratio, True,
+                                 _random_samples)
