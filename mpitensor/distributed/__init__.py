@@ -288,7 +288,12 @@ def init_process_group(
     name = _parse_backend(backend)
     seconds = _timeout_seconds(timeout)
     _threads.parse_env(os.environ)  # a malformed MPITENSOR_NUM_THREADS fails before MPI starts
-    joined = _meet(init_method, rank, world_size, store, seconds)
+    from . import _subjob
+
+    # k processes of a larger job (RPC over all, DDP over k trainers) form a group of their own
+    joined = _subjob.within(init_method, rank, world_size, store, seconds)
+    if joined is None:
+        joined = _meet(init_method, rank, world_size, store, seconds)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD if joined is None else joined
