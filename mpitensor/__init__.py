@@ -35,6 +35,7 @@ from . import (
     optim,
     random,
     serialization,
+    sparse,
     testing,
     utils,
     version,
@@ -52,6 +53,7 @@ from ._creation import (
 from ._legacy_types import *  # noqa: F403 - FloatTensor, LongTensor, ... as in torch
 from ._legacy_types import __all__ as _legacy_type_names
 from ._precision import get_float32_matmul_precision, set_float32_matmul_precision
+from ._sparse import sparse_coo, sparse_coo_tensor, spmm
 from ._threads import get_num_threads, set_num_threads
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cupy_available, device
@@ -119,5 +121,6 @@ __all__ = [
     "set_float32_matmul_precision", "distributions",
     "memory_format", "contiguous_format", "preserve_format", "channels_last",
     "channels_last_3d", "layout", "strided",
+    "sparse", "sparse_coo", "sparse_coo_tensor", "spmm",
     *_dtype_names, *_tensor_names, *_legacy_type_names,
 ]

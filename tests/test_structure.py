@@ -110,7 +110,7 @@ LAYERS = [
     ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._", "mpitensor.cuda",
                  "mpitensor.accelerator", "mpitensor.backends", "mpitensor.linalg",
                  "mpitensor.jit", "mpitensor.onnx", "mpitensor.testing", "mpitensor.version",
-                 "mpitensor.distributions"]),
+                 "mpitensor.distributions", "mpitensor.sparse"]),
     ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
                   "mpitensor.distributed.nn",
