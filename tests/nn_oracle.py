@@ -25,6 +25,10 @@ def close(a: Any, b: Any, rtol: float, what: str = "") -> None:
     a = np.asarray(a.detach().numpy() if hasattr(a, "detach") else a, dtype=np.float64)
     b = np.asarray(b.detach().numpy() if hasattr(b, "detach") else b, dtype=np.float64)
     assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
+    fin = np.isfinite(b)
+    assert np.array_equal(fin, np.isfinite(a)), f"{what}: inf/nan at other places"
+    assert np.array_equal(a[~fin], b[~fin], equal_nan=True), f"{what}: other infinities"
+    a, b = a[fin], b[fin]
     scale = max(float(np.abs(b).max()) if b.size else 0.0, 1.0)
     err = float(np.abs(a - b).max()) if a.size else 0.0
     assert err <= rtol * scale, f"{what}: max error {err} > {rtol} * {scale}"

@@ -2604,6 +2604,8 @@ from ._attention import *  # noqa: E402, F403
 from ._attention import __all__ as _attention_names  # noqa: E402
 from ._bilinear import *  # noqa: E402, F403
 from ._bilinear import __all__ as _bilinear_names  # noqa: E402
+from ._ctc import *  # noqa: E402, F403
+from ._ctc import __all__ as _ctc_names  # noqa: E402
 from ._distance import *  # noqa: E402, F403
 from ._distance import __all__ as _distance_names  # noqa: E402
 from ._dropout import *  # noqa: E402, F403
@@ -2621,6 +2623,7 @@ from ._rms_norm import __all__ as _rms_norm_names  # noqa: E402
 from ._spatial import *  # noqa: E402, F403
 from ._spatial import __all__ as _spatial_names  # noqa: E402
 
-__all__ += [*_activation_names, *_attention_names, *_bilinear_names, *_distance_names,
+__all__ += [*_activation_names, *_attention_names, *_bilinear_names, *_ctc_names,
+            *_distance_names,
             *_dropout_names, *_embedding_names, *_loss_names, *_pooling1d_names,
             *_poolingnd_names, *_rms_norm_names, *_spatial_names]

@@ -29,6 +29,7 @@ __all__ = [
     "HingeEmbeddingLoss", "CosineEmbeddingLoss", "TripletMarginLoss",
     "TripletMarginWithDistanceLoss", "PoissonNLLLoss", "GaussianNLLLoss",
     "MultiLabelSoftMarginLoss", "MultiMarginLoss", "MultiLabelMarginLoss", "NLLLoss2d",
+    "CTCLoss",
 ]
 
 
@@ -336,3 +337,32 @@ class NLLLoss2d(NLLLoss):
         warnings.warn("NLLLoss2d is deprecated; use NLLLoss, which takes the same inputs",
                       FutureWarning, stacklevel=2)
         super().__init__(weight, size_average, ignore_index, reduce, reduction)
+
+
+class CTCLoss(_Loss):
+    """The connectionist temporal classification loss (see
+    :func:`mpitensor.nn.functional.ctc_loss`).
+
+    Args:
+        blank: the blank class (default 0).
+        reduction: ``'mean'`` (each sample's loss over its target length, averaged),
+            ``'sum'`` or ``'none'``.
+        zero_infinity: impossible alignments give a loss and gradient of 0.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> lp = mt.randn(6, 2, 4).log_softmax(2)
+        >>> CTCLoss()(lp, mt.tensor([[1, 2], [3, 3]]), (6, 5), (2, 2)).shape
+        mpitensor.Size([])
+    """
+
+    def __init__(self, blank: int = 0, reduction: str = "mean",
+                 zero_infinity: bool = False) -> None:
+        super().__init__(reduction=reduction)
+        self.blank = blank
+        self.zero_infinity = zero_infinity
+
+    def forward(self, log_probs: Tensor, targets: Tensor, input_lengths: Any,
+                target_lengths: Any) -> Tensor:
+        return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank,
+                          self.reduction, self.zero_infinity)

@@ -73,7 +73,7 @@ _PATHS: Dict[str, List[str]] = {
              "HingeEmbeddingLoss", "MultiLabelMarginLoss", "SmoothL1Loss", "HuberLoss",
              "SoftMarginLoss", "CrossEntropyLoss", "MultiLabelSoftMarginLoss",
              "CosineEmbeddingLoss", "MarginRankingLoss", "MultiMarginLoss", "TripletMarginLoss",
-             "TripletMarginWithDistanceLoss"],
+             "TripletMarginWithDistanceLoss", "CTCLoss"],
     "module": ["Module"],
     "normalization": ["LocalResponseNorm", "CrossMapLRN2d", "LayerNorm", "GroupNorm",
                       "RMSNorm"],
