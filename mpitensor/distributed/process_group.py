@@ -193,6 +193,14 @@ class Work:
         self.wait()
         return self._result
 
+    def get_future(self) -> Any:
+        """A :class:`~mpitensor.futures.Future` of this operation, holding its list of output
+        tensors. MPI has no progress thread: the future completes when it (or a future chained
+        from it with ``then``) is waited on, or once this work has completed."""
+        from ._work_future import WorkFuture
+
+        return WorkFuture.of_work(self)
+
     def source_rank(self) -> int:
         """For a completed ``irecv``: the global rank the message came from."""
         if not self._done:

@@ -45,7 +45,7 @@ import logging
 import time
 import weakref
 from collections.abc import Iterator
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -54,6 +54,7 @@ from mpitensor import backend as _backend
 from mpitensor import distributed as dist
 from mpitensor.autograd import Node
 from mpitensor.distributed import ProcessGroup, ReduceOp
+from mpitensor.distributed._grad_bucket import BuiltinCommHookType, GradBucket
 from mpitensor.distributed._node_reduce import NodeReduce
 from mpitensor.distributed.model_sync import (
     average_gradients,
@@ -462,6 +463,8 @@ class DistributedDataParallel(Module):
         self._divisor = self._world  # what each bucket is divided by (join() may change it)
         self._join: Optional[_JoinState] = None  # set only inside an enabled join()
         self._join_zeros: Optional[List[Any]] = None
+        self._comm_hook: Any = None  # register_comm_hook's hook, called as hook(state, bucket)
+        self._comm_state: Any = None
         self._static_unused: Optional[List[int]] = None
         # set by a backward that left parameters without gradient; raised by the next forward
         self._unused_error: Optional[RuntimeError] = None
@@ -553,6 +556,60 @@ class DistributedDataParallel(Module):
     @broadcast_buffers.setter
     def broadcast_buffers(self, value: bool) -> None:
         self.forward_sync_buffers = bool(value)
+
+    def register_comm_hook(self, state: Any, hook: Callable[[Any, GradBucket], Any]) -> None:
+        """Replace the averaging of each gradient bucket by ``hook(state, bucket)``.
+
+        ``bucket`` is a :class:`~mpitensor.distributed.GradBucket`; the hook returns a
+        :class:`~mpitensor.futures.Future` whose value is a tensor with the bucket's number of
+        elements (or a list holding one), which becomes the parameters' gradients. Nothing is
+        divided by the world size for the hook: averaging is its job (as torch's). Ready-made
+        hooks live in :mod:`mpitensor.distributed.algorithms.ddp_comm_hooks`. Hooks run in
+        bucket order on every rank, so the collectives they issue match across ranks; inside
+        :meth:`join`, joined ranks call the hook on zero buckets.
+
+        Raises:
+            TypeError: ``hook`` is not callable.
+            RuntimeError: a hook is already registered (one per model, as torch). A hook that
+                does not return a future, or whose result has the wrong number of elements,
+                makes the backward pass raise ``RuntimeError``.
+
+        Example:
+            >>> from mpitensor.distributed.algorithms.ddp_comm_hooks import default_hooks
+            >>> ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        """
+        if not callable(hook):
+            raise TypeError(f"DistributedDataParallel.register_comm_hook: the hook must be "
+                            f"callable, got {type(hook).__name__}")
+        if self._comm_hook is not None:
+            raise RuntimeError("DistributedDataParallel: register_comm_hook or "
+                               "_register_builtin_comm_hook may be called once per model")
+        self._comm_hook, self._comm_state = hook, state
+
+    def _register_builtin_comm_hook(self, comm_hook_type: Any) -> None:
+        """Register a built-in hook by :class:`~mpitensor.distributed.BuiltinCommHookType`:
+        ``ALLREDUCE`` (DDP's averaging) or ``FP16_COMPRESS`` (averaging in float16), both over
+        this model's process group."""
+        from mpitensor.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hooks = {BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+                 BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}
+        if comm_hook_type not in hooks:
+            raise TypeError(f"DistributedDataParallel._register_builtin_comm_hook: expected a "
+                            f"BuiltinCommHookType, got {comm_hook_type!r}")
+        self.register_comm_hook(self.process_group, hooks[comm_hook_type])
+
+    def _run_comm_hook(self, index: int, buffer: Any) -> Any:
+        """Call the hook on bucket ``index`` (its data in ``buffer``); the future it returns."""
+        b = self._buckets[index]
+        grad_bucket = GradBucket(index, buffer, [v.shape for v in b.views],
+                                 [self._params[i] for i in b.params],
+                                 index == len(self._buckets) - 1)
+        fut = self._comm_hook(self._comm_state, grad_bucket)
+        if not (hasattr(fut, "wait") and hasattr(fut, "then")):
+            raise RuntimeError(f"DistributedDataParallel: the communication hook must return a "
+                               f"mpitensor.futures.Future, got {type(fut).__name__}")
+        return fut
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -730,7 +787,8 @@ class DistributedDataParallel(Module):
             self._join_zeros = [_backend.array_module(b.buffer).zeros_like(b.buffer)
                                 for b in self._buckets]
         zeros = self._join_zeros
-        works = [self._sum_bucket(i, z) for i, z in enumerate(zeros)]
+        works = [_HookWork(self, i, z) if self._comm_hook is not None else self._sum_bucket(i, z)
+                 for i, z in enumerate(zeros)]
         if self.find_unused_parameters or self.static_graph:
             used = np.zeros(len(self._params), np.int32)
             works.append(dist.all_reduce(used, op=ReduceOp.MAX, group=pg, async_op=True))
@@ -1148,10 +1206,13 @@ class DistributedDataParallel(Module):
             self._next_launch += 1
 
     def _launch(self, bucket: _Bucket) -> None:
-        if self._divisor != 1:
-            bucket.buffer /= self._divisor  # pre-divide, as torch's default hook
-        bucket.work = self._sum_bucket(bucket.index, bucket.buffer)
-        self._inflight.append(bucket.work)
+        if self._comm_hook is not None:
+            bucket.work = _HookWork(self, bucket.index, bucket.buffer)
+        else:
+            if self._divisor != 1:
+                bucket.buffer /= self._divisor  # pre-divide, as torch's default hook
+            bucket.work = self._sum_bucket(bucket.index, bucket.buffer)
+            self._inflight.append(bucket.work)
         self.comm_stats.launched += 1
 
     def _sum_bucket(self, index: int, buffer: Any) -> Any:
@@ -1265,6 +1326,34 @@ class DistributedDataParallel(Module):
     def extra_repr(self) -> str:
         return (f"buckets={len(self._buckets)}, bucket_cap_mb={self.bucket_bytes_cap / _MB:g}, "
                 f"world_size={self._world}")
+
+
+class _HookWork:
+    """A bucket's communication-hook call, as a work handle: ``wait()`` waits for the hook's
+    future and writes its value into the bucket."""
+
+    __slots__ = ("future", "buffer", "index")
+
+    def __init__(self, ddp: DistributedDataParallel, index: int, buffer: Any) -> None:
+        self.index = index
+        self.buffer = buffer
+        self.future = ddp._run_comm_hook(index, buffer)
+
+    def wait(self) -> bool:
+        value = self.future.wait()
+        if isinstance(value, (list, tuple)) and len(value) == 1:
+            value = value[0]
+        if not isinstance(value, Tensor):
+            raise RuntimeError(f"DistributedDataParallel: the communication hook's future must "
+                               f"hold a tensor, got {type(value).__name__}")
+        arr = value._data
+        if arr.size != self.buffer.size:
+            raise RuntimeError(
+                f"DistributedDataParallel: the communication hook returned {arr.size} elements "
+                f"for bucket {self.index}, which holds {self.buffer.size}")
+        if arr is not self.buffer:
+            self.buffer[...] = arr.reshape(-1)
+        return True
 
 
 def _make_hook(ref: "weakref.ReferenceType[DistributedDataParallel]", i: int) -> Any:
