@@ -124,3 +124,12 @@ __all__ = [
     "sparse", "sparse_coo", "sparse_coo_tensor", "spmm",
     *_dtype_names, *_tensor_names, *_legacy_type_names,
 ]
+
+
+def __getattr__(name: str) -> object:
+    # torch.fx loads on first use: most programs never trace, so they skip its import
+    if name == "fx":
+        import importlib
+
+        return importlib.import_module(".fx", __name__)
+    raise AttributeError(f"module 'mpitensor' has no attribute {name!r}")

@@ -115,7 +115,7 @@ LAYERS = [
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
                   "mpitensor.distributed.nn",
                   "mpitensor.checkpoint", "mpitensor.utils"]),
-    ("entry points", ["mpitensor.run", "mpitensor"]),
+    ("entry points", ["mpitensor.run", "mpitensor.fx", "mpitensor"]),
 ]
 
 

@@ -1,0 +1,150 @@
+"""GraphModule: an nn.Module whose ``forward`` is Python generated from a Graph."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import linecache
+from typing import Any, Union
+
+from mpitensor import nn
+from mpitensor.nn.parameter import Parameter
+from mpitensor.tensor import Tensor
+
+from .graph import Graph
+
+__all__ = ["GraphModule"]
+
+_counter = itertools.count()
+
+
+def _fetch(owner: Any, target: str) -> Any:
+    for atom in target.split("."):
+        if not hasattr(owner, atom):
+            raise AttributeError(f"{type(owner).__name__} has no attribute {atom!r} "
+                                 f"(looking up {target!r})")
+        owner = getattr(owner, atom)
+    return owner
+
+
+def _assign(to: nn.Module, target: str, value: Any) -> None:
+    *prefix, field = target.split(".")
+    for atom in prefix:
+        nxt = getattr(to, atom, None)
+        if not isinstance(nxt, nn.Module):
+            nxt = nn.Module()
+            setattr(to, atom, nxt)
+        to = nxt
+    if isinstance(value, Tensor) and not isinstance(value, Parameter):
+        to.register_buffer(field, value)
+    else:
+        setattr(to, field, value)
+
+
+class GraphModule(nn.Module):
+    """An ``nn.Module`` made from a Graph: its ``forward`` is the graph's generated code.
+
+    Args:
+        root: a module whose submodules, parameters and buffers named by the graph's
+            ``call_module``/``get_attr`` nodes are copied in (by reference), or a dict of
+            qualified name -> object.
+        graph: the graph to run.
+        class_name: the name shown for the module's class.
+
+    After editing ``gm.graph`` in place, call ``gm.recompile()`` to regenerate ``forward``.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> GraphModule:
+        # each instance gets its own class, so that its generated forward is its own
+        for base in cls.__mro__:
+            if base.__name__ == "GraphModuleImpl" and base.__module__ == __name__:
+                cls = base.__bases__[0]
+                break
+        impl = type("GraphModuleImpl", (cls,), {"__module__": __name__})
+        return super().__new__(impl)
+
+    def __init__(self, root: Union[nn.Module, dict], graph: Graph,
+                 class_name: str = "GraphModule") -> None:
+        super().__init__()
+        type(self).__name__ = class_name
+        type(self).__qualname__ = class_name
+        if isinstance(root, nn.Module):
+            if hasattr(root, "training"):
+                self.training = root.training
+            for node in graph.nodes:
+                if node.op in ("get_attr", "call_module"):
+                    if not isinstance(node.target, str):
+                        raise TypeError(f"node {node.name}: target must be a string")
+                    _assign(self, node.target, _fetch(root, node.target))
+        elif isinstance(root, dict):
+            for node in graph.nodes:
+                if node.op in ("get_attr", "call_module"):
+                    if node.target not in root:
+                        raise RuntimeError(f"node {node.name!r} targets {node.target!r}, "
+                                           f"which the root dict does not hold")
+                    _assign(self, node.target, root[node.target])
+        else:
+            raise TypeError(f"GraphModule root must be an nn.Module or a dict, got "
+                            f"{type(root).__name__}")
+        self.graph = graph
+
+    @property
+    def graph(self) -> Graph:
+        """The graph this module runs; assigning one regenerates ``forward``."""
+        return self.__dict__["_graph"]
+
+    @graph.setter
+    def graph(self, g: Graph) -> None:
+        if not isinstance(g, Graph):
+            raise TypeError(f"GraphModule.graph must be a Graph, got {type(g).__name__}")
+        self.__dict__["_graph"] = g
+        g.owning_module = self
+        self.recompile()
+
+    @property
+    def code(self) -> str:
+        """The Python source of the generated ``forward``."""
+        return self.__dict__["_code"]
+
+    def recompile(self) -> Any:
+        """Regenerate ``forward`` from the (possibly edited) graph; returns the PythonCode."""
+        python_code = self.graph.python_code(root_module="self")
+        self.__dict__["_code"] = python_code.src
+        filename = f"<eval_with_key>.{next(_counter)}"
+        # the generated lines show up in tracebacks and inspect.getsource
+        linecache.cache[filename] = (len(python_code.src), None,
+                                     python_code.src.splitlines(True), filename)
+        namespace = dict(python_code.globals)
+        exec(compile(python_code.src, filename, "exec"), namespace)  # noqa: S102
+        type(self).forward = namespace["forward"]
+        return python_code
+
+    def print_readable(self, print_output: bool = True) -> str:
+        """The module's generated code under a class header; printed unless told not to."""
+        body = self.code.strip("\n").replace("\n", "\n    ")
+        text = f"class {type(self).__name__}(torch.nn.Module):\n    {body.rstrip()}\n"
+        if print_output:
+            print(text)  # noqa: T201 - printing is what the caller asked for
+        return text
+
+    def __str__(self) -> str:
+        return super().__repr__() + "\n" + self.code + \
+            "\n# To see more debug info, please use `graph_module.print_readable()`"
+
+    def __copy__(self) -> GraphModule:
+        res = GraphModule(self, self.graph, type(self).__name__)
+        res.__dict__.update({k: v for k, v in self.__dict__.items()
+                             if k not in ("_graph", "_code")})
+        return res
+
+    def __deepcopy__(self, memo: dict) -> GraphModule:
+        fake = nn.Module()
+        fake.__dict__ = copy.deepcopy(self.__dict__ | {"_graph": None}, memo)
+        res = GraphModule(fake, copy.deepcopy(self.graph, memo), type(self).__name__)
+        return res
+
+    def __reduce__(self) -> Any:
+        raise NotImplementedError("pickling a GraphModule is not supported; save its "
+                                  "state_dict and rebuild it by tracing the source module")
+
+
