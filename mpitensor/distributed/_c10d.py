@@ -128,8 +128,9 @@ def is_xccl_available() -> bool:
 
 
 def supports_complex(reduceOp: Any) -> bool:  # noqa: N803 - torch's argument name
-    """Whether ``reduceOp`` is defined on complex tensors (not ``MAX``, ``MIN``, the bitwise
-    ops; ``SUM``, ``PRODUCT``, ``AVG`` are)."""
+    """Whether ``reduceOp`` is defined on complex tensors here: ``SUM``, ``AVG`` and (unlike
+    torch's backends, as MPI multiplies complex numbers) ``PRODUCT``; not ``MAX``, ``MIN`` or
+    the bitwise ops."""
     return reduceOp not in (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.BAND, ReduceOp.BOR,
                             ReduceOp.BXOR)
 
@@ -151,8 +152,8 @@ class BackendConfig:
         ValueError: a malformed string, or a backend that is not known.
     """
 
-    _DEVICES = ("cpu", "cuda")
-    _KNOWN = ("mpi", "gloo", "nccl")
+    #: the device types each backend serves
+    _DEVICES = {"mpi": ("cpu", "cuda"), "gloo": ("cpu", "cuda"), "nccl": ("cuda",)}
 
     def __init__(self, backend: Any) -> None:
         text = str(backend).strip().lower()
@@ -161,7 +162,7 @@ class BackendConfig:
             mapping = {"cpu": "gloo", "cuda": "nccl"}
         elif ":" not in text:
             self._check(text, backend)
-            mapping = {d: text for d in self._DEVICES}
+            mapping = {d: text for d in self._DEVICES[text]}
         else:
             for item in text.split(","):
                 dev, sep, name = item.strip().partition(":")
@@ -173,9 +174,9 @@ class BackendConfig:
         self._map = mapping
 
     def _check(self, name: str, given: Any) -> None:
-        if name not in self._KNOWN:
+        if name not in self._DEVICES:
             raise ValueError(f"BackendConfig: unknown backend {name!r} in {given!r}; known: "
-                             f"{', '.join(self._KNOWN)}")
+                             f"{', '.join(self._DEVICES)}")
 
     def get_device_backend_map(self) -> Dict[str, str]:
         """``{device type: backend name}``."""
