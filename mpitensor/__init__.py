@@ -16,10 +16,12 @@ from . import (
     _mpi_import,  # noqa: F401 - from here on, the first import of mpi4py.MPI is noted
     _ops,  # noqa: F401 - imported for what importing it does
     accelerator,
+    amp,
     autograd,
     backend,
     backends,
     checkpoint,
+    cpu,
     cuda,
     data,
     distributed,
@@ -55,6 +57,24 @@ from ._legacy_types import __all__ as _legacy_type_names
 from ._precision import get_float32_matmul_precision, set_float32_matmul_precision
 from ._sparse import sparse_coo, sparse_coo_tensor, spmm
 from ._threads import get_num_threads, set_num_threads
+from .amp import autocast
+from .amp.autocast_mode import (
+    autocast_decrement_nesting,
+    autocast_increment_nesting,
+    clear_autocast_cache,
+    get_autocast_cpu_dtype,
+    get_autocast_dtype,
+    get_autocast_gpu_dtype,
+    is_autocast_cache_enabled,
+    is_autocast_cpu_enabled,
+    is_autocast_enabled,
+    set_autocast_cache_enabled,
+    set_autocast_cpu_dtype,
+    set_autocast_cpu_enabled,
+    set_autocast_dtype,
+    set_autocast_enabled,
+    set_autocast_gpu_dtype,
+)
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cupy_available, device
 from .checkpoint import CheckpointError, load, save
@@ -121,6 +141,11 @@ __all__ = [
     "set_float32_matmul_precision", "distributions",
     "memory_format", "contiguous_format", "preserve_format", "channels_last",
     "channels_last_3d", "layout", "strided",
+    "amp", "cpu", "autocast", "is_autocast_enabled", "get_autocast_dtype", "set_autocast_enabled",
+    "set_autocast_dtype", "is_autocast_cpu_enabled", "set_autocast_cpu_enabled",
+    "get_autocast_cpu_dtype", "set_autocast_cpu_dtype", "get_autocast_gpu_dtype",
+    "set_autocast_gpu_dtype", "is_autocast_cache_enabled", "set_autocast_cache_enabled",
+    "clear_autocast_cache", "autocast_increment_nesting", "autocast_decrement_nesting",
     "sparse", "sparse_coo", "sparse_coo_tensor", "spmm",
     *_dtype_names, *_tensor_names, *_legacy_type_names,
 ]

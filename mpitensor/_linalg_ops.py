@@ -32,6 +32,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from mpitensor import _autocast
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
@@ -211,6 +212,7 @@ def _normalise_einsum(eq: str, shapes: list) -> str:
     return ",".join(new_subs) + "->" + out
 
 
+@_autocast.op("einsum")
 def einsum(equation: str, *operands: Any) -> Tensor:
     """Sum products of the operands' elements as the equation says (``numpy.einsum``).
 
@@ -236,6 +238,7 @@ def einsum(equation: str, *operands: Any) -> Tensor:
     return _new(Einsum.forward(_NO_RECORD, eq, *(t._data for t in ts)))
 
 
+@_autocast.op("tensordot")
 def tensordot(a: Tensor, b: Tensor, dims: Any = 2) -> Tensor:
     """Contract ``a``'s and ``b``'s dimensions listed in ``dims``: an int ``n`` pairs ``a``'s
     last ``n`` with ``b``'s first ``n``; a pair of lists names them.
@@ -687,6 +690,8 @@ class _LinalgMethods:
             ValueError: an operand is not 2-D, or the inner sizes differ.
             TypeError: the dtypes differ.
         """
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("mm", Tensor.mm, self, mat2)
         mat2 = _tensor_arg(mat2, "mm()")
         _need_dims(self, 2, "mm()", "self")
         _need_dims(mat2, 2, "mm()", "mat2")
@@ -698,6 +703,8 @@ class _LinalgMethods:
 
     def bmm(self, mat2: Tensor) -> Tensor:
         """Return the batched matrix product of two 3-D tensors of one batch size."""
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("bmm", Tensor.bmm, self, mat2)
         mat2 = _tensor_arg(mat2, "bmm()")
         _need_dims(self, 3, "bmm()", "self")
         _need_dims(mat2, 3, "bmm()", "mat2")
@@ -707,6 +714,7 @@ class _LinalgMethods:
             raise ValueError(f"bmm(): shapes {list(a)} and {list(b)} cannot be multiplied")
         return self @ mat2
 
+    @_autocast.op("mv")
     def mv(self, vec: Tensor) -> Tensor:
         """Return the product of a 2-D tensor and a 1-D one."""
         vec = _tensor_arg(vec, "mv()")
@@ -718,6 +726,7 @@ class _LinalgMethods:
                              f"{list(vec._data.shape)} cannot be multiplied")
         return self @ vec
 
+    @_autocast.op("dot")
     def dot(self, other: Tensor) -> Tensor:
         """Return the dot product of two 1-D tensors of one size and dtype."""
         other = _tensor_arg(other, "dot()")
@@ -750,24 +759,29 @@ class _LinalgMethods:
 
     ger = outer
 
+    @_autocast.op("addmm")
     def addmm(self, mat1: Tensor, mat2: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
         """Return ``beta * self + alpha * (mat1 @ mat2)`` (self ignored when beta is 0)."""
         return _add_scaled(self, beta, _scaled(mat1.mm(mat2), alpha))
 
+    @_autocast.op("addbmm")
     def addbmm(self, batch1: Tensor, batch2: Tensor, *, beta: Any = 1,
                alpha: Any = 1) -> Tensor:
         """Return ``beta * self + alpha * sum_b(batch1[b] @ batch2[b])``."""
         return _add_scaled(self, beta, _scaled(batch1.bmm(batch2).sum(0), alpha))
 
+    @_autocast.op("baddbmm")
     def baddbmm(self, batch1: Tensor, batch2: Tensor, *, beta: Any = 1,
                 alpha: Any = 1) -> Tensor:
         """Return ``beta * self + alpha * bmm(batch1, batch2)``."""
         return _add_scaled(self, beta, _scaled(batch1.bmm(batch2), alpha))
 
+    @_autocast.op("addmv")
     def addmv(self, mat: Tensor, vec: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
         """Return ``beta * self + alpha * (mat @ vec)``."""
         return _add_scaled(self, beta, _scaled(mat.mv(vec), alpha))
 
+    @_autocast.op("addr")
     def addr(self, vec1: Tensor, vec2: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
         """Return ``beta * self + alpha * outer(vec1, vec2)``."""
         return _add_scaled(self, beta, _scaled(vec1.outer(vec2), alpha))
@@ -803,6 +817,7 @@ class _LinalgMethods:
             return Kron.apply(self, other)
         return _new(Kron.forward(_NO_RECORD, self._data, other._data))
 
+    @_autocast.op("trace")
     def trace(self) -> Tensor:
         """Return the sum of the main diagonal of a 2-D tensor (integers sum in int64)."""
         _need_dims(self, 2, "trace()", "self")
@@ -855,6 +870,7 @@ class _LinalgMethods:
         """Return the square matrix with the flattened self on diagonal ``offset``."""
         return self.reshape(-1).diag(offset)
 
+    @_autocast.op("inverse")
     def inverse(self) -> Tensor:
         """Return the inverse of a square matrix (or of each in a batch).
 
@@ -989,6 +1005,7 @@ def dist(input: Tensor, other: Tensor, p: float = 2) -> Tensor:  # noqa: A002
     return vector_norm(input - other, p)
 
 
+@_autocast.op("cdist")
 def cdist(x1: Tensor, x2: Tensor, p: float = 2.0, compute_mode: Any = None) -> Tensor:
     """Return the ``p``-norm distances between the rows of ``x1`` (``... x P x M``) and those
     of ``x2`` (``... x R x M``): a ``... x P x R`` tensor.

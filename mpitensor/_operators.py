@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _half
+from mpitensor import _autocast, _half
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor._devices import device_str, is_cupy, same_device, xp
@@ -770,9 +770,13 @@ class _OperatorMethods:
         return inplace(self, other, operator.ipow, DIVLIKE)
 
     def __matmul__(self, other: Any) -> Tensor:
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("matmul", Tensor.__matmul__, self, other)
         return binary(self, other, operator.matmul)
 
     def __rmatmul__(self, other: Any) -> Tensor:
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("matmul", Tensor.__rmatmul__, self, other)
         return binary(self, other, operator.matmul, rev=True)
 
     def __and__(self, other: Any) -> Tensor:

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _half
+from mpitensor import _autocast, _half
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor._devices import xp
@@ -449,6 +449,7 @@ class _ReductionMethods:
         """
         return _run(Sum, self, dim, keepdim, dtype)
 
+    @_autocast.op("prod")
     def prod(self, dim: Any = None, keepdim: bool = False, *, dtype: DTypeLike = None) -> Tensor:
         """Return the product over ``dim`` (integers and bools multiply in int64).
 

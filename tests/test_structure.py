@@ -109,6 +109,7 @@ LAYERS = [
               "mpitensor.futures"]),
     ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._", "mpitensor.cuda",
                  "mpitensor.accelerator", "mpitensor.backends", "mpitensor.linalg",
+                 "mpitensor.amp", "mpitensor.cpu",
                  "mpitensor.jit", "mpitensor.onnx", "mpitensor.testing", "mpitensor.version",
                  "mpitensor.distributions", "mpitensor.sparse"]),
     ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mpitensor import _autocast
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._random import _draw
@@ -827,6 +828,7 @@ class _Prelu(Function):
         return gx, gw
 
 
+@_autocast.op("prelu")
 def prelu(input: Any, weight: Any) -> Tensor:  # noqa: A002 - torch's name
     """``x`` for x > 0, ``weight * x`` otherwise; ``weight`` has 1 element or one per channel
     (dimension 1; an input of fewer than 2 dimensions has one channel).

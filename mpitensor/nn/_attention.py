@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _half
+from mpitensor import _autocast, _half
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._combining import cat
@@ -88,6 +88,7 @@ def _float_mask(mask: Tensor, dtype: Any, allowed_when_true: bool) -> Tensor:
     return mask if m.dtype == dtype else mask.to(dtype)
 
 
+@_autocast.op("scaled_dot_product_attention")
 def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
                                  dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: Optional[float] = None,

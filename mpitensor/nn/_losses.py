@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from mpitensor import _half
+from mpitensor import _autocast, _half
 from mpitensor import dtypes as _dt
 from mpitensor.autograd import Function, grad_enabled_for
 from mpitensor.tensor import Tensor
@@ -144,6 +144,7 @@ def _weighted(fname: str, loss: Tensor, weight: Any, x: Tensor, reduction: str,
     return wl.sum() / w.sum() if mean_by_weight else wl.mean()
 
 
+@_autocast.op("l1_loss")
 def l1_loss(input: Any, target: Any, size_average: Any = None,  # noqa: A002 - torch's name
             reduce: Any = None, reduction: str = "mean", weight: Any = None) -> Tensor:
     """Mean absolute error ``|input - target|``.
@@ -175,6 +176,7 @@ def l1_loss(input: Any, target: Any, size_average: Any = None,  # noqa: A002 - t
     return _Regression.apply(x, t, "l1", 0.0, reduction, dt)
 
 
+@_autocast.op("smooth_l1_loss")
 def smooth_l1_loss(input: Any, target: Any, size_average: Any = None,  # noqa: A002
                    reduce: Any = None, reduction: str = "mean", beta: float = 1.0) -> Tensor:
     """Squared error below ``beta`` (scaled by ``1 / beta``), absolute error above it.
@@ -195,6 +197,7 @@ def smooth_l1_loss(input: Any, target: Any, size_average: Any = None,  # noqa: A
     return _Regression.apply(x, t, "smooth_l1", b, reduction, dt)
 
 
+@_autocast.op("huber_loss")
 def huber_loss(input: Any, target: Any, reduction: str = "mean",  # noqa: A002 - torch's name
                delta: float = 1.0, weight: Any = None) -> Tensor:
     """Squared error (halved) below ``delta``, ``delta``-scaled absolute error above it.
@@ -253,6 +256,7 @@ class _SoftMargin(Function):
         return sum_to(gx, xs).astype(xdt, copy=False), None, None, None
 
 
+@_autocast.op("soft_margin_loss")
 def soft_margin_loss(input: Any, target: Any, size_average: Any = None,  # noqa: A002
                      reduce: Any = None, reduction: str = "mean") -> Tensor:
     """Two-class logistic loss ``log(1 + exp(-target * input))``, targets in {1, -1}.
@@ -277,6 +281,7 @@ def soft_margin_loss(input: Any, target: Any, size_average: Any = None,  # noqa:
 # composite margin losses
 
 
+@_autocast.op("margin_ranking_loss")
 def margin_ranking_loss(input1: Any, input2: Any, target: Any, margin: float = 0.0,
                         size_average: Any = None, reduce: Any = None,
                         reduction: str = "mean") -> Tensor:
@@ -306,6 +311,7 @@ def margin_ranking_loss(input1: Any, input2: Any, target: Any, margin: float = 0
     return reduce_tensor(loss, reduction)
 
 
+@_autocast.op("hinge_embedding_loss")
 def hinge_embedding_loss(input: Any, target: Any, margin: float = 1.0,  # noqa: A002
                          size_average: Any = None, reduce: Any = None,
                          reduction: str = "mean") -> Tensor:
@@ -330,6 +336,7 @@ def hinge_embedding_loss(input: Any, target: Any, margin: float = 1.0,  # noqa: 
 _COS_EPS = 1e-12
 
 
+@_autocast.op("cosine_embedding_loss")
 def cosine_embedding_loss(input1: Any, input2: Any, target: Any, margin: float = 0.0,
                           size_average: Any = None, reduce: Any = None,
                           reduction: str = "mean") -> Tensor:
@@ -409,6 +416,7 @@ def _triplet(fname: str, anchor: Any, positive: Any, negative: Any,
     return reduce_tensor((margin + d_pos - d_neg).clamp(min=0), reduction)
 
 
+@_autocast.op("triplet_margin_loss")
 def triplet_margin_loss(anchor: Any, positive: Any, negative: Any, margin: float = 1.0,
                         p: float = 2, eps: float = 1e-6, swap: bool = False,
                         size_average: Any = None, reduce: Any = None,
@@ -472,6 +480,7 @@ def triplet_margin_with_distance_loss(anchor: Any, positive: Any, negative: Any,
 # likelihood losses
 
 
+@_autocast.op("poisson_nll_loss")
 def poisson_nll_loss(input: Any, target: Any, log_input: bool = True,  # noqa: A002
                      full: bool = False, size_average: Any = None, eps: float = 1e-8,
                      reduce: Any = None, reduction: str = "mean") -> Tensor:
@@ -620,6 +629,7 @@ class _MultiMargin(Function):
         return gx.reshape(xs), None, None, None, None, None, None
 
 
+@_autocast.op("multi_margin_loss")
 def multi_margin_loss(input: Any, target: Any, p: int = 1, margin: float = 1.0,  # noqa: A002
                       weight: Any = None, size_average: Any = None, reduce: Any = None,
                       reduction: str = "mean") -> Tensor:
@@ -704,6 +714,7 @@ class _MultiLabelMargin(Function):
         return gx.reshape(xs), None, None, None
 
 
+@_autocast.op("multilabel_margin_loss")
 def multilabel_margin_loss(input: Any, target: Any, size_average: Any = None,  # noqa: A002
                            reduce: Any = None, reduction: str = "mean") -> Tensor:
     """Multi-label hinge loss: for each sample, ``sum_{j, i} max(0, 1 - (x[y_j] - x[i])) / C``

@@ -37,7 +37,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from mpitensor import _half
+from mpitensor import _autocast, _half
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._parallel import one_thread as one_blas_thread
@@ -273,6 +273,8 @@ def linear(input: Any, weight: Any, bias: Any = None) -> Tensor:  # noqa: A002
         >>> linear(mt.ones(2, 3), mt.ones(4, 3), mt.zeros(4)).shape
         mpitensor.Size([2, 4])
     """
+    if _autocast.ON and _autocast.active():
+        return _autocast.run("linear", linear, input, weight, bias)
     for n, a in (("input", input), ("weight", weight)):
         _as_input(a, n, "linear")
     if bias is not None:
@@ -421,6 +423,9 @@ def conv2d(
         >>> conv2d(mt.ones(1, 1, 5, 5), mt.ones(2, 1, 3, 3), padding=1).shape
         mpitensor.Size([1, 2, 5, 5])
     """
+    if _autocast.ON and _autocast.active():
+        return _autocast.run("conv2d", conv2d, input, weight, bias, stride, padding, dilation,
+                             groups)
     _as_input(input, "input", "conv2d")
     _as_input(weight, "weight", "conv2d")
     if bias is not None:
@@ -661,6 +666,9 @@ def _pad_mode(input: Any, pads: tuple, mode: str) -> Tensor:  # noqa: A002 - tor
 
 def _conv_nd(fname: str, nd: int, input: Any, weight: Any, bias: Any,  # noqa: A002
              stride: Any, padding: Any, dilation: Any, groups: Any) -> Tensor:
+    if _autocast.ON and _autocast.active():
+        return _autocast.run(fname, _conv_nd, fname, nd, input, weight, bias, stride, padding,
+                             dilation, groups)
     x, w, stride_, dil, unbatched, xshape = _conv_family_args(
         fname, nd, input, weight, bias, stride, dilation, groups, False)
     k = tuple(w.shape[2:])
@@ -696,6 +704,9 @@ def _conv_nd(fname: str, nd: int, input: Any, weight: Any, bias: Any,  # noqa: A
 def _conv_transpose_nd(fname: str, nd: int, input: Any, weight: Any, bias: Any,  # noqa: A002
                        stride: Any, padding: Any, output_padding: Any, groups: Any,
                        dilation: Any) -> Tensor:
+    if _autocast.ON and _autocast.active():
+        return _autocast.run(fname, _conv_transpose_nd, fname, nd, input, weight, bias, stride,
+                             padding, output_padding, groups, dilation)
     x, w, stride_, dil, unbatched, xshape = _conv_family_args(
         fname, nd, input, weight, bias, stride, dilation, groups, True)
     pad = _spatial_arg(padding, "padding", fname, nd, 0, "negative")
@@ -1454,6 +1465,7 @@ class _GroupNorm(Function):
         return dx, dw, db, None, None
 
 
+@_autocast.op("group_norm")
 def group_norm(
     input: Any,  # noqa: A002 - torch's name
     num_groups: int,
@@ -1561,6 +1573,7 @@ def _normalized_shape(normalized_shape: Any, fname: str) -> tuple:
     return tuple(int(s) for s in shape)
 
 
+@_autocast.op("layer_norm")
 def layer_norm(
     input: Any,  # noqa: A002 - torch's name
     normalized_shape: Any,
@@ -1666,6 +1679,8 @@ def log_softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # 
         >>> log_softmax(mt.tensor([0.0, 0.0]), dim=0).exp()
         tensor([0.5000, 0.5000])
     """
+    if _autocast.ON and _autocast.active():
+        return _autocast.run("log_softmax", log_softmax, input, dim, _stacklevel + 2, dtype=dtype)
     t, dim = _softmax_prep("log_softmax", input, dim, dtype)
     return t.log_softmax(dim)  # the one implementation, in mpitensor._softmax
 
@@ -1679,6 +1694,8 @@ def softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # noqa
         >>> softmax(mt.tensor([1.0, 1.0]), dim=0)
         tensor([0.5000, 0.5000])
     """
+    if _autocast.ON and _autocast.active():
+        return _autocast.run("softmax", softmax, input, dim, _stacklevel + 2, dtype=dtype)
     t, dim = _softmax_prep("softmax", input, dim, dtype)
     return t.softmax(dim)
 
@@ -1835,6 +1852,7 @@ class _NLLLoss(Function):
         return _from_rows(rows, ctx.xshape), None, None, None, None
 
 
+@_autocast.op("nll_loss")
 def nll_loss(
     input: Any,  # noqa: A002 - torch's name
     target: Any,
@@ -1932,6 +1950,7 @@ class _CrossEntropy(Function):
                 None, None, None, None, None, None)
 
 
+@_autocast.op("cross_entropy")
 def cross_entropy(
     input: Any,  # noqa: A002 - torch's name
     target: Any,
@@ -2028,6 +2047,7 @@ class _MSELoss(Function):
         return dx, dy, None
 
 
+@_autocast.op("mse_loss")
 def mse_loss(
     input: Any,  # noqa: A002 - torch's name
     target: Any,
@@ -2167,6 +2187,7 @@ class _BinaryCrossEntropy(Function):
         return dx, dt, None, None
 
 
+@_autocast.op("binary_cross_entropy")
 def binary_cross_entropy(
     input: Any,  # noqa: A002 - torch's name
     target: Any,
@@ -2267,6 +2288,7 @@ class _BCEWithLogits(Function):
         return dx, dt, None, None, None, None
 
 
+@_autocast.op("binary_cross_entropy_with_logits")
 def binary_cross_entropy_with_logits(
     input: Any,  # noqa: A002 - torch's name
     target: Any,
@@ -2373,6 +2395,7 @@ class _KLDiv(Function):
         return dx, dt, None, None, None
 
 
+@_autocast.op("kl_div")
 def kl_div(
     input: Any,  # noqa: A002 - torch's name
     target: Any,

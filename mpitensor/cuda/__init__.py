@@ -362,3 +362,13 @@ def memory_reserved(device: DeviceArg = None) -> int:
         0
     """
     return _pool_bytes(device, "memory_reserved", total=True)
+
+
+def __getattr__(name: str) -> Any:
+    # mpitensor.cuda.amp imports mpitensor.amp, which needs the tensor ops that import this
+    # module: it is loaded on first use
+    if name == "amp":
+        import importlib
+
+        return importlib.import_module("mpitensor.cuda.amp")
+    raise AttributeError(f"module 'mpitensor.cuda' has no attribute {name!r}")
