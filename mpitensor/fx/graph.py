@@ -374,8 +374,10 @@ class _CodeWriter:
         if obj is None or isinstance(obj, (bool, int, str)):
             return repr(obj)
         qual = _qualified_name(obj) if callable(obj) else ""
-        if qual.startswith(("torch.", "operator.")):
+        if qual.startswith("torch."):
             return qual
+        if qual.startswith("operator."):
+            qual = f"{obj.__module__}.{obj.__name__}"  # torch.fx writes _operator_abs
         if qual.startswith("builtins."):
             return qual[len("builtins."):]
         if isinstance(obj, type) and obj.__module__ == "builtins":

@@ -133,7 +133,10 @@ def replace_pattern(gm: GraphModule, pattern: Union[Callable, GraphModule],
         matches.append(Match(node, nodes_map))
     for anchor, nodes_map in matches:
         val_map = {r: nodes_map[p] for r, p in zip(repl_inputs, matcher.placeholders)}
-        with graph.inserting_before(anchor):
+        # the replacement goes just before the first reader of the matched value
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        readers = sorted(anchor.users, key=order.__getitem__)
+        with graph.inserting_before(readers[0] if readers else anchor):
             out = graph.graph_copy(repl, val_map)
         if isinstance(out, (tuple, list)) and len(out) == 1:
             out = out[0]
