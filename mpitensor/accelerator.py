@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from mpitensor import backend as _backend
 from mpitensor import cuda as _cuda
@@ -21,7 +21,10 @@ from mpitensor.backends import cuda as _cuda_backend
 
 __all__ = [
     "is_available", "current_accelerator", "device_count", "set_device_index",
-    "current_device_index", "synchronize", "device_index",
+    "current_device_index", "synchronize", "device_index", "current_stream", "set_stream",
+    "empty_cache", "memory_allocated", "max_memory_allocated", "memory_reserved",
+    "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats", "get_memory_info",
 ]
 
 
@@ -115,3 +118,56 @@ def device_index(device: Optional[int], /) -> _cuda.device:
         ...     pass
     """
     return _cuda.device(device)
+
+
+def _gpu(what: str) -> None:
+    """Raise, as torch.accelerator does, where no GPU can be used."""
+    if not _cuda.is_available():
+        raise _cuda._no_gpu(f"accelerator.{what}")
+
+
+def current_stream(device: _cuda.DeviceArg = None, /) -> _cuda.Stream:
+    """Return the stream GPU work now goes to (see :func:`mpitensor.cuda.current_stream`)."""
+    _gpu("current_stream")
+    return _cuda.current_stream(device)
+
+
+def set_stream(stream: _cuda.Stream) -> None:
+    """Make ``stream`` the current stream of its GPU."""
+    _gpu("set_stream")
+    _cuda.set_stream(stream)
+
+
+def empty_cache() -> None:
+    """Give the unused memory CuPy's pools cache back to the driver.
+
+    Raises:
+        CudaUnavailableError: no GPU can be used (as torch.accelerator raises).
+    """
+    _gpu("empty_cache")
+    _cuda.empty_cache()
+
+
+def _memory(what: str) -> Callable:
+    """``torch.accelerator.<what>(device_index=None)``: ``mpitensor.cuda.<what>`` once a GPU
+    is known to be there (torch.accelerator raises where none is)."""
+    target = getattr(_cuda, what)
+
+    def call(device_index: _cuda.DeviceArg = None, /) -> Any:
+        _gpu(what)
+        return target(device_index)
+    call.__name__ = call.__qualname__ = what
+    call.__doc__ = (f"``mpitensor.cuda.{what}`` of a GPU (the current one by default).\n\n"
+                    f"Raises:\n    CudaUnavailableError: no GPU can be used.")
+    return call
+
+
+memory_allocated = _memory("memory_allocated")
+max_memory_allocated = _memory("max_memory_allocated")
+memory_reserved = _memory("memory_reserved")
+max_memory_reserved = _memory("max_memory_reserved")
+memory_stats = _memory("memory_stats")
+reset_peak_memory_stats = _memory("reset_peak_memory_stats")
+reset_accumulated_memory_stats = _memory("reset_accumulated_memory_stats")
+get_memory_info = _memory("mem_get_info")
+get_memory_info.__name__ = get_memory_info.__qualname__ = "get_memory_info"

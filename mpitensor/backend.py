@@ -12,6 +12,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from mpitensor import _gpu_memory
+
 __all__ = [
     "device",
     "cupy_available",
@@ -35,6 +37,7 @@ def _import_cupy() -> Any:
         import cupy  # noqa: PLC0415 - optional dependency, imported on first use
     except Exception as exc:  # ImportError, or a broken CUDA runtime raising at import
         return exc
+    _gpu_memory.install(cupy)  # count peaks from the first use on (torch.cuda's statistics)
     return cupy
 
 

@@ -106,7 +106,7 @@ def test_set_debug_reaches_a_real_nccl_group():
 LAYERS = [
     ("base", ["mpitensor._config", "mpitensor.errors", "mpitensor.backend", "mpitensor.dtypes",
               "mpitensor._threads", "mpitensor._workspace", "mpitensor._parallel",
-              "mpitensor.futures"]),
+              "mpitensor.futures", "mpitensor._gpu_memory"]),
     ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._", "mpitensor.cuda",
                  "mpitensor.accelerator", "mpitensor.backends", "mpitensor.linalg",
                  "mpitensor.amp", "mpitensor.cpu",

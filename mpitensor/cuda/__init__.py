@@ -21,62 +21,27 @@ get CuPy. CuPy is imported only when a function here needs to ask it.
 
 from __future__ import annotations
 
-import sys
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from mpitensor import backend as _backend
 from mpitensor._devices import cuda_index_arg
 from mpitensor._random import _check_seed, default_generator
-from mpitensor.errors import MpiTensorError
+
+from ._common import (  # noqa: F401 - the package's own helpers, kept here for callers
+    CudaUnavailableError,
+    DeviceArg,
+    _cupy,
+    _loaded_cupy,
+    _no_gpu,
+    _resolve,
+)
 
 __all__ = [
     "CudaUnavailableError", "is_available", "device_count", "is_initialized", "init",
     "set_device", "current_device", "synchronize", "device", "manual_seed", "manual_seed_all",
-    "empty_cache", "get_device_name", "get_device_capability", "memory_allocated",
-    "memory_reserved",
+    "empty_cache", "get_device_name", "get_device_capability",
 ]
 
-DeviceArg = Union[int, str, _backend.device, None]
-
-
-class CudaUnavailableError(MpiTensorError, AssertionError):
-    """A GPU function was called where CuPy or a GPU is missing.
-
-    A RuntimeError, as ``torch.accelerator`` raises here, and an AssertionError, as a CPU-only
-    build of ``torch.cuda`` raises, so either ``except`` of a torch program catches it.
-    """
-
-
-def _no_gpu(what: str) -> CudaUnavailableError:
-    reason = _backend.cupy_unavailable_reason() or "no CUDA device is visible"
-    return CudaUnavailableError(
-        f"mpitensor.cuda.{what}() needs a GPU, and none can be used here: {reason}. Ask "
-        f"mpitensor.cuda.is_available() first, or run on device('cpu')")
-
-
-def _cupy(what: str) -> Any:
-    """The ``cupy`` module, where a GPU can be used; else a :class:`CudaUnavailableError`."""
-    if not _backend.cupy_available():
-        raise _no_gpu(what)
-    return _backend.get_cupy()
-
-
-def _loaded_cupy() -> Any:
-    """The ``cupy`` module if something already imported it (then GPU state may exist)."""
-    return sys.modules.get("cupy")
-
-
-def _resolve(cp: Any, idx: Optional[int], what: str) -> int:
-    """A GPU number that exists: ``idx`` checked against the count, or the current GPU."""
-    if idx is None or idx < 0:
-        return int(cp.cuda.runtime.getDevice())
-    n = int(cp.cuda.runtime.getDeviceCount())
-    if idx >= n:
-        seen = "GPU 0" if n == 1 else f"GPUs 0 to {n - 1}"
-        raise _backend._BadDeviceError(
-            f"mpitensor.cuda.{what}(): there is no GPU {idx}; this process sees {seen}. Pick "
-            f"one of those (CUDA_VISIBLE_DEVICES decides which GPUs a process sees)")
-    return idx
 
 
 def is_available() -> bool:
@@ -326,42 +291,12 @@ def get_device_capability(device: DeviceArg = None) -> tuple:
     return int(props["major"]), int(props["minor"])
 
 
-def _pool_bytes(device: DeviceArg, what: str, total: bool) -> int:
-    idx = cuda_index_arg(device, what)
-    cp = _loaded_cupy()
-    if cp is None or not _backend.cupy_available():
-        return 0  # nothing allocated on a GPU yet, as torch answers without one
-    pool = cp.get_default_memory_pool()
-    with cp.cuda.Device(_resolve(cp, idx, what)):
-        return int(pool.total_bytes() if total else pool.used_bytes())
+from .memory import *  # noqa: E402, F403 - torch.cuda's memory statistics
+from .memory import __all__ as _memory_names  # noqa: E402
+from .streams import *  # noqa: E402, F403 - torch.cuda's Event and Stream
+from .streams import __all__ as _stream_names  # noqa: E402
 
-
-def memory_allocated(device: DeviceArg = None) -> int:
-    """Return the bytes held by arrays on a GPU (CuPy's pool), 0 where no GPU was used.
-
-    Raises:
-        ValueError: a CPU device or another kind of value.
-
-    Example:
-        >>> import mpitensor as torch
-        >>> torch.cuda.memory_allocated()  # 0 without a GPU
-        0
-    """
-    return _pool_bytes(device, "memory_allocated", total=False)
-
-
-def memory_reserved(device: DeviceArg = None) -> int:
-    """Return the bytes CuPy's pool holds on a GPU, in use or cached, 0 where no GPU was used.
-
-    Raises:
-        ValueError: a CPU device or another kind of value.
-
-    Example:
-        >>> import mpitensor as torch
-        >>> torch.cuda.memory_reserved()
-        0
-    """
-    return _pool_bytes(device, "memory_reserved", total=True)
+__all__ += [*_memory_names, *_stream_names]
 
 
 def __getattr__(name: str) -> Any:
