@@ -437,6 +437,27 @@ try:
     raise AssertionError("no rank raised")
 except RuntimeError as e:
     assert "ran out of inputs" in str(e), e
+
+# DDP is a Joinable: Join([ddp]) trains on uneven inputs as ddp.join() does (same final state);
+# with allreduce_hook the joined ranks run the hook on zero buckets
+def train(use_generic, hook):
+    m, _ = make(np.float64)
+    ddp = DDP(m)
+    if hook:
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    opt = mt.optim.SGD(ddp.parameters(), lr=0.1)
+    ctx = Join([ddp]) if use_generic else ddp.join()
+    with ctx:
+        for step in range(2 + 2 * rank):
+            opt.zero_grad()
+            (ddp(mt.tensor(inputs(step, np.float64, rank))) ** 2).sum().backward()
+            opt.step()
+    return [p.detach().numpy().copy() for p in ddp.parameters()]
+
+ref = train(False, False)
+for generic, hook in ((True, False), (True, True), (False, True)):
+    for a, b in zip(train(generic, hook), ref):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 dist.destroy_process_group()
 print("rank", rank, "OK", flush=True)
 '''

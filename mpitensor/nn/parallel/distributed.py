@@ -55,6 +55,8 @@ from mpitensor import distributed as dist
 from mpitensor.autograd import Node
 from mpitensor.distributed import ProcessGroup, ReduceOp
 from mpitensor.distributed._grad_bucket import BuiltinCommHookType, GradBucket
+from mpitensor.distributed.algorithms.join import Join, Joinable, JoinHook
+from mpitensor.distributed.algorithms.join import _DISABLED as _NO_JOIN
 from mpitensor.distributed._node_reduce import NodeReduce
 from mpitensor.distributed.model_sync import (
     average_gradients,
@@ -255,7 +257,7 @@ def _fmt(v: Any) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
-class DistributedDataParallel(Module):
+class DistributedDataParallel(Module, Joinable):
     """Data parallelism at the module level, with ``torch.nn.parallel.DistributedDataParallel``'s
     interface and semantics.
 
@@ -367,6 +369,8 @@ class DistributedDataParallel(Module):
         overlap: bool = True,
     ) -> None:
         super().__init__()
+        self._join_config = _NO_JOIN  # set by an algorithms.join.Join around the loop
+        self._join_divide = True
         # every check is local and comes before the first message
         cap = self._checked_options(module, bucket_cap_mb, dim, broadcast_buffers,
                                     find_unused_parameters, gradient_as_bucket_view,
@@ -710,6 +714,54 @@ class DistributedDataParallel(Module):
             self._join = None
             self._divisor = self._world
             self._join_zeros = None
+
+    # ------------------------------------------------ algorithms.join.Join([ddp, ...]) support
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        """The hook :class:`~mpitensor.distributed.algorithms.Join` runs on a rank that ran out
+        of inputs: it shadows the active ranks' forwards and backwards (as :meth:`join`
+        does), then every rank takes the final state of the last rank to join.
+
+        Args:
+            divide_by_initial_world_size: as in :meth:`join` (default True); given to ``Join``
+                as a keyword argument.
+        """
+        divide = kwargs.get("divide_by_initial_world_size", True)
+        if not isinstance(divide, (bool, np.bool_)):
+            raise TypeError(f"DistributedDataParallel.join_hook: divide_by_initial_world_size "
+                            f"must be True or False, got {divide!r}")
+        self._join_divide = bool(divide)
+        return _DDPJoinHook(self)
+
+    @property
+    def join_device(self) -> Any:
+        """The device of the parameters (where the join's counts are summed)."""
+        return self._params[0].device
+
+    @property
+    def join_process_group(self) -> ProcessGroup:
+        """The process group gradients are averaged over."""
+        return self.process_group
+
+    def _generic_join_state(self) -> _JoinState:
+        if self._join is None:
+            self._join = _JoinState(self._join_divide, False,
+                                    _backend.array_module(self._params[0]._data))
+        return self._join
+
+    def _generic_join_notify(self) -> None:
+        """An active rank's forward inside ``Join([ddp])``: the join's count, then (below,
+        in forward) the same per-forward all-reduce as inside :meth:`join`."""
+        try:
+            Join.notify_join_context(self)
+        except RuntimeError:
+            self._end_generic_join()  # throw_on_early_termination: this join is over
+            raise
+        self._generic_join_state()
+
+    def _end_generic_join(self) -> None:
+        self._join = None
+        self._divisor = self._world
+        self._join_zeros = None
 
     def _join_allreduce(self, state: _JoinState, active: bool, sync: bool, bufs: bool,
                         first: bool) -> np.ndarray:
@@ -1067,6 +1119,8 @@ class DistributedDataParallel(Module):
         sync = self.require_backward_grad_sync and grad_on
         bufs = self.broadcast_buffers and self.require_forward_param_sync
         src = self._src
+        if self._join_config.enable:
+            self._generic_join_notify()
         if self._join is not None:
             src = self._join_notify(sync, bufs)
         if self._world > 1:
@@ -1326,6 +1380,37 @@ class DistributedDataParallel(Module):
     def extra_repr(self) -> str:
         return (f"buckets={len(self._buckets)}, bucket_cap_mb={self.bucket_bytes_cap / _MB:g}, "
                 f"world_size={self._world}")
+
+
+class _DDPJoinHook(JoinHook):
+    """What a joined rank does for its DDP inside ``algorithms.join.Join``."""
+
+    def __init__(self, ddp: DistributedDataParallel) -> None:
+        self.ddp = ddp
+
+    def main_hook(self) -> None:
+        ddp = self.ddp
+        state = ddp._generic_join_state()
+        v = ddp._join_allreduce(state, False, False, False, False)
+        w = ddp._world
+        active = np.flatnonzero(v[:w])
+        ddp._shadow_step(ddp.process_group.ranks[int(active[-1])], bool(v[w]),
+                         bool(v[2 * w + 2]))
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        # every rank takes the state of the last rank to join (the highest, if several)
+        ddp = self.ddp
+        pg = ddp.process_group
+        try:
+            if ddp._world > 1:
+                mine = np.array([pg.rank_ if is_last_joiner else -1], np.int64)
+                dist.all_reduce(mine, op=ReduceOp.MAX, group=pg)
+                states = [p._data for p in tensors_of(ddp.module, "DistributedDataParallel")]
+                if ddp.broadcast_buffers:
+                    states += [b._data for b in ddp.module.buffers() if b is not None]
+                coalesced_broadcast(states, pg, pg.ranks[int(mine[0])])
+        finally:
+            ddp._end_generic_join()
 
 
 class _HookWork:
