@@ -9,14 +9,14 @@ import pytest
 
 import mpitensor as mt
 from mpitensor import backend
+from tests.test_devices_api import HAS_GPU, no_gpu
 
-HAS_GPU = backend.cupy_available()
-no_gpu = pytest.mark.skipif(HAS_GPU, reason="checks the answers of a machine without a GPU")
 gpu = pytest.mark.skipif(not HAS_GPU, reason=f"GPU test: {backend.cupy_unavailable_reason()}")
 
 
 @pytest.fixture(scope="module")
 def torch():
+    """A CPU-only torch, whose answers the no-GPU checks compare with."""
     t = pytest.importorskip("torch", reason="torch is the oracle for the parity checks")
     if t.cuda.is_available():
         pytest.skip("the installed torch sees a GPU; these checks compare CPU-only answers")

@@ -11,8 +11,8 @@ Example:
     >>> import mpitensor as torch
     >>> with torch.autocast(device_type="cpu"):
     ...     y = torch.ones(2, 3) @ torch.ones(3, 4)
-    >>> y.dtype
-    torch.bfloat16
+    >>> y.dtype == torch.bfloat16
+    True
 """
 
 from __future__ import annotations
@@ -180,8 +180,8 @@ class autocast:  # noqa: N801 - torch's name
         >>> lin = torch.nn.Linear(3, 2)
         >>> with torch.autocast("cpu", dtype=torch.bfloat16):
         ...     out = lin(torch.ones(4, 3))
-        >>> out.dtype, lin.weight.dtype
-        (torch.bfloat16, torch.float32)
+        >>> out.dtype == torch.bfloat16, lin.weight.dtype == torch.float32
+        (True, True)
     """
 
     def __init__(self, device_type: str, dtype: Optional[_dt.dtype] = None,

@@ -106,6 +106,11 @@ class GradScaler:
             raise AssertionError(f"GradScaler.{what}() was called before scale(): call "
                                  f"scaler.scale(loss) (or outputs) earlier in the iteration")
 
+    def _state_of(self, optimizer: Any, what: str) -> dict:
+        """``optimizer``'s stage and inf checks in this iteration (after scale() was called)."""
+        self._need_scale(what)
+        return self._per_optimizer_states[id(optimizer)]
+
     def _lazy_init(self, device: Any) -> None:
         self._scale = tensor(self._init_scale, dtype=_dt.float32, device=device)
         self._growth_tracker = tensor(self._init_growth_tracker, dtype=_dt.int32, device=device)
@@ -135,8 +140,7 @@ class GradScaler:
         """
         if not self._enabled:
             return
-        self._need_scale("unscale_")
-        state = self._per_optimizer_states[id(optimizer)]
+        state = self._state_of(optimizer, "unscale_")
         if state["stage"] is OptState.UNSCALED:
             raise RuntimeError("GradScaler.unscale_(): already called for this optimizer "
                                "since the last update()")
@@ -177,8 +181,7 @@ class GradScaler:
         if "closure" in kwargs:
             raise RuntimeError("GradScaler.step(): a closure is not supported while the "
                                "scaler is enabled; compute the loss before step()")
-        self._need_scale("step")
-        state = self._per_optimizer_states[id(optimizer)]
+        state = self._state_of(optimizer, "step")
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("GradScaler.step(): already called for this optimizer since "
                                "the last update()")

@@ -36,6 +36,8 @@ from ._common import (  # noqa: F401 - the package's own helpers, kept here for 
     _resolve,
 )
 
+CudaUnavailableError.__module__ = __name__  # its public home
+
 __all__ = [
     "CudaUnavailableError", "is_available", "device_count", "is_initialized", "init",
     "set_device", "current_device", "synchronize", "device", "manual_seed", "manual_seed_all",

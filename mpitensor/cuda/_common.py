@@ -20,9 +20,11 @@ class CudaUnavailableError(MpiTensorError, AssertionError):
 
 
 def _no_gpu(what: str) -> CudaUnavailableError:
+    """The error for ``what``: a name in mpitensor.cuda, or ``accelerator.<name>``."""
     reason = _backend.cupy_unavailable_reason() or "no CUDA device is visible"
+    where = f"mpitensor.{what}" if what.startswith("accelerator.") else f"mpitensor.cuda.{what}"
     return CudaUnavailableError(
-        f"mpitensor.cuda.{what}() needs a GPU, and none can be used here: {reason}. Ask "
+        f"{where}() needs a GPU, and none can be used here: {reason}. Ask "
         f"mpitensor.cuda.is_available() first, or run on device('cpu')")
 
 
