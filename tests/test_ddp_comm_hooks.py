@@ -29,19 +29,11 @@ from mpitensor.futures import Future
 from mpitensor.nn.parallel import DistributedDataParallel as DDP
 
 from .launch import mpiexec_run
+from .test_ddp import world  # noqa: F401 - the fixture: a default group of size 1
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parent.parent
 DTYPES = [np.float32, np.float64]
-
-
-@pytest.fixture
-def world():
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("mpi")
-    yield
-    dist.destroy_process_group()
 
 
 def make(dtype, seed=0):
@@ -463,10 +455,16 @@ print("rank", rank, "OK", flush=True)
 '''
 
 
-def test_two_ranks(tmp_path):
-    script = tmp_path / "hooks2.py"
-    script.write_text(SCRIPT.format(root=str(ROOT)))
-    proc = mpiexec_run(2, [sys.executable, str(script)], timeout=240, cwd=ROOT)
+def run_on_ranks(tmp_path, script_text, nprocs=2, timeout=240):
+    """Run ``script_text`` (a template with ``{root}``) under ``mpiexec -n nprocs``; every
+    rank must print ``OK``."""
+    script = tmp_path / "ranks.py"
+    script.write_text(script_text.format(root=str(ROOT)))
+    proc = mpiexec_run(nprocs, [sys.executable, str(script)], timeout=timeout, cwd=ROOT)
     assert not proc.timed_out, proc.output[-4000:]
     assert proc.returncode == 0, proc.output[-6000:]
-    assert proc.output.count("OK") == 2, proc.output[-4000:]
+    assert proc.output.count("OK") == nprocs, proc.output[-4000:]
+
+
+def test_two_ranks(tmp_path):
+    run_on_ranks(tmp_path, SCRIPT)

@@ -9,8 +9,6 @@ collectives run at world size 1 here and at 2 ranks under ``mpiexec`` at the end
 from __future__ import annotations
 
 import datetime
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,11 +16,10 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 
-from .launch import mpiexec_run
+from .test_ddp_comm_hooks import run_on_ranks
 
 torch = pytest.importorskip("torch")
 tdist = torch.distributed
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -224,9 +221,4 @@ print("rank", r, "OK", flush=True)
 
 
 def test_two_ranks(tmp_path):
-    script = tmp_path / "cov2.py"
-    script.write_text(SCRIPT.format(root=str(ROOT)))
-    proc = mpiexec_run(2, [sys.executable, str(script)], timeout=180, cwd=ROOT)
-    assert not proc.timed_out, proc.output[-4000:]
-    assert proc.returncode == 0, proc.output[-6000:]
-    assert proc.output.count("OK") == 2, proc.output[-4000:]
+    run_on_ranks(tmp_path, SCRIPT, timeout=180)

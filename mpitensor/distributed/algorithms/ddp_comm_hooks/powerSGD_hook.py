@@ -208,6 +208,18 @@ def _finish_step(state: PowerSGDState, index: int, before: Optional[Any], after:
     state.maybe_increase_iter(bucket)
 
 
+def _plain_phase(state: PowerSGDState, bucket: GradBucket) -> Tuple[Any, Tensor,
+                                                                     Optional[WorkFuture]]:
+    """``(group, bucket tensor, future)``: the future of plain averaging while fewer than
+    ``start_powerSGD_iter`` iterations have run, else ``None`` (compress)."""
+    group = _group(state.process_group)
+    buf_t = bucket.buffer()
+    if state.iter < state.start_powerSGD_iter:
+        state.maybe_increase_iter(bucket)
+        return group, buf_t, _allreduce_fut(group, buf_t)
+    return group, buf_t, None
+
+
 def _sum(arr: Any, group: Any) -> WorkFuture:
     from .... import distributed as dist
 
@@ -225,12 +237,10 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> WorkFuture:  # no
         ...                       start_powerSGD_iter=10)
         >>> ddp.register_comm_hook(state, powerSGD_hook)
     """
-    group = _group(state.process_group)
+    group, buf_t, plain = _plain_phase(state, bucket)
+    if plain is not None:
+        return plain
     world = group.size()
-    buf_t = bucket.buffer()
-    if state.iter < state.start_powerSGD_iter:
-        state.maybe_increase_iter(bucket)
-        return _allreduce_fut(group, buf_t)
     flat = buf_t._data
     xp = array_module(flat)
     index = bucket.index()
@@ -323,12 +333,10 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> WorkFutur
     """PowerSGD on the whole bucket at once: the flat bucket, zero-padded to a square
     ``s x s`` matrix (``s = ceil(sqrt(numel))``), gets one rank-``r`` approximation. Cheaper
     than :func:`powerSGD_hook` but usually less accurate (it ignores the gradients' shapes)."""
-    group = _group(state.process_group)
+    group, buf_t, plain = _plain_phase(state, bucket)
+    if plain is not None:
+        return plain
     world = group.size()
-    buf_t = bucket.buffer()
-    if state.iter < state.start_powerSGD_iter:
-        state.maybe_increase_iter(bucket)
-        return _allreduce_fut(group, buf_t)
     flat = buf_t._data
     xp = array_module(flat)
     length = flat.size
