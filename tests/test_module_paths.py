@@ -62,7 +62,7 @@ def test_a_custom_loss_subclasses_loss_as_in_torch() -> None:
 
 def test_a_missing_class_fails_at_import() -> None:
     with pytest.raises(ImportError):
-        from mpitensor.nn.modules.conv import LazyConv1d  # noqa: F401
+        from mpitensor.nn.modules.conv import _LazyConvXdMixin  # noqa: F401 - torch-private
 
 
 def test_modules_utils_match_torch() -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from . import functional, init, parallel, utils
 from .activation import *  # noqa: F403
 from .activation import __all__ as _activation_names
+from .container import *  # noqa: F403
+from .container import __all__ as _container_names
 from .conv import *  # noqa: F403
 from .conv import __all__ as _conv_names
 from .distance import *  # noqa: F403
@@ -20,6 +22,8 @@ from .dropout import *  # noqa: F403
 from .dropout import __all__ as _dropout_names
 from .layers import *  # noqa: F403
 from .layers import __all__ as _layer_names
+from .lazy import *  # noqa: F403
+from .lazy import __all__ as _lazy_names
 from .linear import *  # noqa: F403
 from .linear import __all__ as _linear_names
 from .loss import *  # noqa: F403
@@ -30,7 +34,7 @@ from .normalization import __all__ as _norm_names
 from .padding import *  # noqa: F403
 from .padding import __all__ as _padding_names
 from .parallel import DataParallel
-from .parameter import Parameter
+from .parameter import Buffer, Parameter, UninitializedBuffer, UninitializedParameter
 from .pooling import *  # noqa: F403
 from .pooling import __all__ as _pooling_names
 from .rms_norm import *  # noqa: F403
@@ -45,7 +49,8 @@ from .transformer import *  # noqa: F403
 from .transformer import __all__ as _transformer_names
 
 __all__ = ["Module", "Parameter", "RemovableHandle", "functional", "init", "parallel", "utils",
-           "DataParallel",
+           "DataParallel", "Buffer", "UninitializedParameter", "UninitializedBuffer",
+           *_lazy_names, *_container_names,
            *_layer_names, *_norm_names, *_activation_names,
            *_distance_names, *_loss_names, *_sparse_names, *_dropout_names,
            *_linear_names, *_padding_names, *_pooling_names, *_shape_names,

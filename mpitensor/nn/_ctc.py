@@ -172,8 +172,8 @@ def ctc_loss(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: A
     Example:
         >>> import mpitensor as mt
         >>> lp = mt.zeros(3, 1, 2)  # every class has log-probability 0
-        >>> float(ctc_loss(lp, mt.tensor([[1]]), (3,), (1,), reduction="sum"))
-        -1.791759469228055
+        >>> round(float(ctc_loss(lp, mt.tensor([[1]]), (3,), (1,), reduction="sum")), 4)
+        -1.7918
     """
     fname = "ctc_loss"
     red = reduction_of(reduction, None, None, fname)

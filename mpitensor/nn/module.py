@@ -35,7 +35,7 @@ from mpitensor import dtypes as _dt
 from mpitensor.autograd import no_grad
 from mpitensor.tensor import Tensor, _move, _parse_device
 
-from .parameter import Parameter
+from .parameter import Buffer, Parameter, _pending, is_lazy
 
 __all__ = ["Module", "RemovableHandle"]
 
@@ -277,6 +277,9 @@ class _LoadPlan:
         plan = cls()
         arriving = _keys_by_owner(root, state_dict)
         for path, module in _walk_with_paths(root):
+            lazy = getattr(module, "_lazy_load_hook", None)
+            if lazy is not None:  # a lazy module takes its shapes from the state dict
+                lazy(state_dict, path)
             own = dict(module._persistent_state())
             for name, current in own.items():
                 plan._match(module, name, current, path + name, state_dict)
@@ -637,7 +640,10 @@ class Module:
     def __setattr__(self, name: str, value: Any) -> None:
         d = self.__dict__
         ready = "_parameters" in d
-        if isinstance(value, (Parameter, Module)):
+        if isinstance(value, Buffer) and ready:
+            self._unregister(name, keep=self._buffers)
+            self.register_buffer(name, value, persistent=value.persistent)
+        elif isinstance(value, (Parameter, Module)):
             if not ready:
                 raise AttributeError(
                     f"cannot assign {type(value).__name__} '{name}' before Module.__init__() "
@@ -984,13 +990,22 @@ class Module:
         Parameters and gradients keep their identity (only their array is swapped), so
         optimisers and hooks that already hold them see the converted values.
         """
+        def pending(old: Any) -> Any:  # an uninitialized tensor keeps only dtype and device
+            moved = fn(np.empty(0, dtype=old.dtype))
+            new = _pending(moved.dtype)
+            new.device_wanted = _backend.device_of(moved)
+            return new
+
         for module in self.modules():
             for holder in module._parameters.values():
                 for t in (holder, None if holder is None else holder.grad):
                     if t is not None:
-                        t._data = fn(t._data)
+                        t._data = pending(t._data) if is_lazy(t) else fn(t._data)
             for name, buf in module._buffers.items():
                 if buf is None:
+                    continue
+                if is_lazy(buf):
+                    buf._data = pending(buf._data)
                     continue
                 converted = fn(buf._data)
                 if converted is not buf._data:

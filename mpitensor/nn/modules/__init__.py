@@ -25,10 +25,12 @@ from typing import Dict, List
 
 from mpitensor.nn import (
     activation,
+    container,
     conv,
     distance,
     dropout,
     layers,
+    lazy,
     linear,
     loss,
     module,
@@ -45,8 +47,8 @@ from mpitensor.nn import (
 from . import utils
 
 #: where mpitensor keeps its layers (the submodules of mpitensor.nn that define them)
-_HOMES = (layers, activation, conv, distance, dropout, linear, loss, module, normalization, padding,
-          pooling, rms_norm, rnn, shape, sparse, transformer)
+_HOMES = (layers, activation, container, conv, distance, dropout, lazy, linear, loss, module,
+          normalization, padding, pooling, rms_norm, rnn, shape, sparse, transformer)
 
 #: torch's submodule -> the names it holds there that mpitensor has
 _PATHS: Dict[str, List[str]] = {
@@ -56,18 +58,22 @@ _PATHS: Dict[str, List[str]] = {
                    "MultiheadAttention", "PReLU", "Softsign", "Tanhshrink", "Softmin", "Softmax",
                    "Softmax2d", "LogSoftmax"],
     "batchnorm": ["_NormBase", "_BatchNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
-                  "SyncBatchNorm"],
+                  "SyncBatchNorm", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"],
     "channelshuffle": ["ChannelShuffle"],
-    "container": ["Sequential", "ModuleList", "ModuleDict"],
+    "container": ["Container", "Sequential", "ModuleList", "ModuleDict", "ParameterList",
+                  "ParameterDict"],
     "conv": ["_ConvNd", "_ConvTransposeNd", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
-             "ConvTranspose2d", "ConvTranspose3d"],
+             "ConvTranspose2d", "ConvTranspose3d", "LazyConv1d", "LazyConv2d", "LazyConv3d",
+             "LazyConvTranspose1d", "LazyConvTranspose2d", "LazyConvTranspose3d"],
     "distance": ["PairwiseDistance", "CosineSimilarity"],
     "dropout": ["_DropoutNd", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
                 "FeatureAlphaDropout"],
     "flatten": ["Flatten", "Unflatten"],
     "fold": ["Fold", "Unfold"],
-    "instancenorm": ["_InstanceNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"],
-    "linear": ["Identity", "Linear", "Bilinear"],
+    "instancenorm": ["_InstanceNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d",
+                     "LazyInstanceNorm1d", "LazyInstanceNorm2d", "LazyInstanceNorm3d"],
+    "lazy": ["LazyModuleMixin"],
+    "linear": ["Identity", "Linear", "Bilinear", "LazyLinear"],
     "loss": ["_Loss", "_WeightedLoss", "L1Loss", "NLLLoss", "NLLLoss2d", "PoissonNLLLoss",
              "GaussianNLLLoss", "KLDivLoss", "MSELoss", "BCELoss", "BCEWithLogitsLoss",
              "HingeEmbeddingLoss", "MultiLabelMarginLoss", "SmoothL1Loss", "HuberLoss",
