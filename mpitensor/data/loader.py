@@ -288,6 +288,11 @@ class DataLoader:
     ) -> None:
         _check_worker_options(num_workers, timeout, prefetch_factor, persistent_workers)
         streamed = isinstance(dataset, IterableDataset)
+        if streamed and getattr(dataset, "_is_datapipe", False):
+            # an IterDataPipe takes shuffle= as torch's does: it turns its shufflers on or off
+            from mpitensor.utils.data.graph_settings import apply_shuffle_settings  # noqa: PLC0415
+
+            dataset, shuffle = apply_shuffle_settings(dataset, shuffle), None
         if streamed:
             _check_stream_options(shuffle, sampler, batch_sampler)
         shuffle = bool(shuffle)

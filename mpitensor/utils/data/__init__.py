@@ -11,6 +11,30 @@ Example:
 from __future__ import annotations
 
 from mpitensor.data import *  # noqa: F403
-from mpitensor.data import __all__  # noqa: F401
+from mpitensor.data import __all__ as _data_names
 
-from . import dataloader, dataset, distributed, sampler  # noqa: E402,F401 - torch's paths
+from . import (  # noqa: F401 - torch's paths
+    dataloader,
+    datapipes,
+    dataset,
+    distributed,
+    graph,
+    graph_settings,
+    sampler,
+)
+from .datapipes import (
+    DataChunk,
+    DFIterDataPipe,
+    IterDataPipe,
+    MapDataPipe,
+    argument_validation,
+    functional_datapipe,
+    guaranteed_datapipes_determinism,
+    non_deterministic,
+    runtime_validation,
+    runtime_validation_disabled,
+)
+
+__all__ = [*_data_names, "DFIterDataPipe", "DataChunk", "IterDataPipe", "MapDataPipe",
+           "argument_validation", "functional_datapipe", "guaranteed_datapipes_determinism",
+           "non_deterministic", "runtime_validation", "runtime_validation_disabled"]

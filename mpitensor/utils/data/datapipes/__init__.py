@@ -1,0 +1,23 @@
+"""``torch.utils.data.datapipes``: composable data loading pipelines.
+
+``iter`` holds the iterable-style DataPipes, ``map`` the map-style ones; ``datapipe`` the base
+classes (:class:`IterDataPipe`, :class:`MapDataPipe`, :class:`DataChunk`,
+:class:`DFIterDataPipe`).
+"""
+
+from __future__ import annotations
+
+from . import datapipe, iter, map  # noqa: A004 - torch's module names
+from ._decorator import (
+    argument_validation,
+    functional_datapipe,
+    guaranteed_datapipes_determinism,
+    non_deterministic,
+    runtime_validation,
+    runtime_validation_disabled,
+)
+from .datapipe import DataChunk, DFIterDataPipe, IterDataPipe, MapDataPipe
+
+__all__ = ["DFIterDataPipe", "DataChunk", "IterDataPipe", "MapDataPipe", "argument_validation",
+           "datapipe", "functional_datapipe", "guaranteed_datapipes_determinism", "iter", "map",
+           "non_deterministic", "runtime_validation", "runtime_validation_disabled"]
