@@ -12,6 +12,8 @@ from __future__ import annotations
 from . import functional, init, parallel, utils
 from .activation import *  # noqa: F403
 from .activation import __all__ as _activation_names
+from .adaptive import *  # noqa: F403
+from .adaptive import __all__ as _adaptive_names
 from .container import *  # noqa: F403
 from .container import __all__ as _container_names
 from .conv import *  # noqa: F403
@@ -50,7 +52,7 @@ from .transformer import __all__ as _transformer_names
 
 __all__ = ["Module", "Parameter", "RemovableHandle", "functional", "init", "parallel", "utils",
            "DataParallel", "Buffer", "UninitializedParameter", "UninitializedBuffer",
-           *_lazy_names, *_container_names,
+           *_lazy_names, *_container_names, *_adaptive_names,
            *_layer_names, *_norm_names, *_activation_names,
            *_distance_names, *_loss_names, *_sparse_names, *_dropout_names,
            *_linear_names, *_padding_names, *_pooling_names, *_shape_names,

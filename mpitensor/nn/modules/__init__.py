@@ -25,6 +25,7 @@ from typing import Dict, List
 
 from mpitensor.nn import (
     activation,
+    adaptive,
     container,
     conv,
     distance,
@@ -47,7 +48,7 @@ from mpitensor.nn import (
 from . import utils
 
 #: where mpitensor keeps its layers (the submodules of mpitensor.nn that define them)
-_HOMES = (layers, activation, container, conv, distance, dropout, lazy, linear, loss, module,
+_HOMES = (layers, activation, adaptive, container, conv, distance, dropout, lazy, linear, loss, module,
           normalization, padding, pooling, rms_norm, rnn, shape, sparse, transformer)
 
 #: torch's submodule -> the names it holds there that mpitensor has
@@ -57,6 +58,7 @@ _PATHS: Dict[str, List[str]] = {
                    "Hardshrink", "LeakyReLU", "LogSigmoid", "Softplus", "Softshrink",
                    "MultiheadAttention", "PReLU", "Softsign", "Tanhshrink", "Softmin", "Softmax",
                    "Softmax2d", "LogSoftmax"],
+    "adaptive": ["AdaptiveLogSoftmaxWithLoss"],
     "batchnorm": ["_NormBase", "_BatchNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
                   "SyncBatchNorm", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"],
     "channelshuffle": ["ChannelShuffle"],
