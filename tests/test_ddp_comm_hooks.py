@@ -388,6 +388,20 @@ for dtype in (np.float32, np.float64):
                                    atol=t_["atol"] * sc)
         errors = errs
 
+# one bucket per parameter: each hook's chained sums start at wait time, in bucket order, on
+# every rank (were a callback run where its first sum happened to finish, the ranks' collectives
+# would interleave differently); the replicas end with equal, rank-1 weight gradients
+m, t = make(np.float64)
+ddp = DDP(m, bucket_cap_mb=0)
+state = powerSGD_hook.PowerSGDState(None, start_powerSGD_iter=2)
+ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+for step in range(4):
+    grads = our_step(ddp, inputs(step, np.float64, rank))
+for mine, *theirs in zip(grads, *everyone(grads)):
+    for other in theirs:
+        np.testing.assert_array_equal(mine, other)
+assert np.linalg.matrix_rank(grads[1], tol=1e-8 * np.abs(grads[1]).max()) == 1
+
 class Counter(Joinable):
     def __init__(self):
         super().__init__()

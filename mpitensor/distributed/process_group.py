@@ -196,7 +196,7 @@ class Work:
     def get_future(self) -> Any:
         """A :class:`~mpitensor.futures.Future` of this operation, holding its list of output
         tensors. MPI has no progress thread: the future completes when it (or a future chained
-        from it with ``then``) is waited on, or once this work has completed."""
+        from it with ``then``) is waited on, and its callbacks run then."""
         from ._work_future import WorkFuture
 
         return WorkFuture.of_work(self)

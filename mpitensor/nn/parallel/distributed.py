@@ -55,6 +55,7 @@ from mpitensor import distributed as dist
 from mpitensor.autograd import Node
 from mpitensor.distributed import ProcessGroup, ReduceOp
 from mpitensor.distributed._grad_bucket import BuiltinCommHookType, GradBucket
+from mpitensor.distributed._work_future import progress
 from mpitensor.distributed.algorithms.join import Join, Joinable, JoinHook
 from mpitensor.distributed.algorithms.join import _DISABLED as _NO_JOIN
 from mpitensor.distributed._node_reduce import NodeReduce
@@ -1266,7 +1267,7 @@ class DistributedDataParallel(Module, Joinable):
             if self._divisor != 1:
                 bucket.buffer /= self._divisor  # pre-divide, as torch's default hook
             bucket.work = self._sum_bucket(bucket.index, bucket.buffer)
-            self._inflight.append(bucket.work)
+        self._inflight.append(bucket.work)
         self.comm_stats.launched += 1
 
     def _sum_bucket(self, index: int, buffer: Any) -> Any:
@@ -1423,6 +1424,12 @@ class _HookWork:
         self.index = index
         self.buffer = buffer
         self.future = ddp._run_comm_hook(index, buffer)
+
+    def is_completed(self) -> bool:
+        """Advance the hook's collective (see ``_poke``); False: only ``wait`` completes it,
+        so that hooks' callbacks run in bucket order on every rank."""
+        progress(self.future)
+        return False
 
     def wait(self) -> bool:
         value = self.future.wait()
