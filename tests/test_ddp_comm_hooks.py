@@ -482,3 +482,33 @@ def run_on_ranks(tmp_path, script_text, nprocs=2, timeout=240):
 
 def test_two_ranks(tmp_path):
     run_on_ranks(tmp_path, SCRIPT)
+
+
+# ------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("hook_name", ["allreduce_hook", "fp16_compress_hook", "powerSGD_hook",
+                                       "batched_powerSGD_hook"])
+def test_gpu_hooks_match_cpu(world, hook_name):
+    """The hooks on a CUDA model give the CPU model's gradients (same seeds: PowerSGD's Q is
+    drawn on the CPU, as torch's)."""
+    from mpitensor.backend import get_cupy, to_numpy
+
+    cp = get_cupy()
+    results = []
+    for device in ("cpu", "cuda"):
+        m, _ = make(np.float64)
+        ddp = DDP(m.to(device), device_ids=[0] if device == "cuda" else None)
+        if "powerSGD" in hook_name:
+            state = powerSGD_hook.PowerSGDState(None, start_powerSGD_iter=2, random_seed=1)
+            ddp.register_comm_hook(state, getattr(powerSGD_hook, hook_name))
+        else:
+            ddp.register_comm_hook(None, getattr(default_hooks, hook_name))
+        for step in range(4):
+            for p in ddp.parameters():
+                p.grad = None
+            (ddp(mt.tensor(inputs(step, np.float64), device=device)) ** 2).sum().backward()
+        if device == "cuda":
+            assert all(isinstance(p.grad._data, cp.ndarray) for p in ddp.parameters())
+        results.append([to_numpy(p.grad._data) for p in ddp.parameters()])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11)
