@@ -144,10 +144,34 @@ def release() -> None:
                     ns[name] = original
 
 
+_tracing = 0
+
+
 def hold_while_alive(obj: Any) -> None:
-    """Hold the wrappers for as long as ``obj`` lives."""
+    """Hold the wrappers for as long as ``obj`` lives, unless a trace holds them already
+    (its proxies may outlive it in a traceback, and must not keep the wrappers in place)."""
+    if _tracing:
+        return
     hold()
     weakref.finalize(obj, release)
+
+
+class tracing:
+    """Context manager of ``Tracer.trace``: holds the wrappers (and swaps the functions of
+    ``extra_globals``) for the duration of the trace."""
+
+    def __init__(self, extra_globals: tuple) -> None:
+        self.extra = extra_globals
+
+    def __enter__(self) -> None:
+        global _tracing
+        hold(self.extra)
+        _tracing += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        global _tracing
+        _tracing -= 1
+        release()
 
 
 def active() -> bool:

@@ -191,7 +191,6 @@ class Tracer(TracerBase):
         self._tensor_paths: dict = {}
         for name, t in list(self.root.named_buffers()) + list(self.root.named_parameters()):
             self._tensor_paths.setdefault(id(t), name)
-        args = self._placeholders(fn, len(bound), concrete_args or {})
         cache: dict = {}
         extra = [fn.__globals__] if hasattr(fn, "__globals__") else []
         for m in self.root.modules():
@@ -208,8 +207,10 @@ class Tracer(TracerBase):
         def module_getattr(mod: nn.Module, name: str) -> Any:
             return tracer.getattr(name, orig_getattr(mod, name), cache)
 
-        _dispatch.hold(tuple(extra))
+        recording = _dispatch.tracing(tuple(extra))
+        recording.__enter__()
         try:
+            args = self._placeholders(fn, len(bound), concrete_args or {})
             nn.Module.__call__ = module_call
             nn.Module.__getattr__ = module_getattr
             result = fn(*bound, *args)
@@ -224,7 +225,7 @@ class Tracer(TracerBase):
                     g.pop(name, None)
                 else:
                     g[name] = orig
-            _dispatch.release()
+            recording.__exit__()
         return self.graph
 
     def _placeholders(self, fn: Callable, skip: int, concrete_args: dict) -> list:

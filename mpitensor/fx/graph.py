@@ -114,8 +114,12 @@ class Graph:
         >>> import operator
         >>> g = Graph()
         >>> x = g.placeholder("x")
-        >>> g.output(g.call_function(operator.add, (x, 1)))
-        return add
+        >>> out = g.output(g.call_function(operator.add, (x, 1)))
+        >>> print(g)
+        graph():
+            %x : [num_users=1] = placeholder[target=x]
+            %add : [num_users=1] = call_function[target=operator.add](args = (%x, 1), kwargs = {})
+            return add
         >>> [n.op for n in g.nodes]
         ['placeholder', 'call_function', 'output']
     """

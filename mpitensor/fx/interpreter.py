@@ -188,6 +188,7 @@ class Transformer(Interpreter):
     def transform(self) -> GraphModule:
         """Run the transformation; returns the new GraphModule."""
         result = super().run(enable_io_processing=False)
+        self.env = {}  # its proxies would keep the recording wrappers installed
         if result is not None:
             def strip(a: Any) -> Any:
                 return a.node if isinstance(a, Proxy) else a
