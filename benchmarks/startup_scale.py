@@ -1,28 +1,55 @@
 """Start-up cost of processes that meet without a launcher, as the number of ranks grows.
 
-Two parts, both run in the same invocation so that the machine's load hits them alike:
+Processes started without ``mpiexec`` (torchrun, ``mp.spawn``, by hand) first meet in the
+TCPStore (``mpitensor/distributed/_rendezvous.py``: ``_arrive`` + ``join``); then rank 0
+starts a PMI-1 helper (``mpitensor/distributed/_pmi.py``) and every rank calls ``MPI_Init``
+against it. This script simulates both steps for N ranks, 8 per simulated host, with every
+server in a process of its own (its CPU time read from ``/proc/PID/stat``, its peak memory
+from ``VmHWM`` in ``/proc/PID/status``), the N clients driven from this process
+(non-blocking sockets) or, for torch's client objects, from threads in a few processes:
 
-* **helper**: rank 0's PMI helper (``mpitensor/distributed/_pmi.py``) serving N fake ranks
-  that speak MPICH's start-up sequence from one process (non-blocking sockets on 127.0.0.1):
-  hello, ``init``, ``get_maxes``, ``get_my_kvsname``, ``get PMI_process_mapping``, ``put``
-  of a business card, ``barrier_in``, ``get`` of a neighbour's card. Two forms: *mapping*
-  (the helper answers ``PMI_process_mapping``, as now) and *hostnames* (it does not, so each
-  rank also puts its host name and gets every other rank's, as MPICH does then: N^2
-  requests). Reported: the wall time from the first connection to the last rank done, and
-  the requests served.
-* **ranks**: N real processes started by hand on ``tcp://127.0.0.1`` calling
+* **mpi_init**: the helper serving N simulated MPICH ranks: hello, ``init``, ``get_maxes``,
+  ``get_my_kvsname``, ``get PMI_process_mapping``; then, as MPICH adapts to the answer: with
+  the mapping (what the helper answers) no host-name exchange, only the exchange of node
+  addresses among the first rank of each host (each puts its address as ``--addr-keys`` keys,
+  all ranks pass ``barrier_in``, each first rank gets every other host's keys: about
+  ``addr_keys * H^2`` requests for H hosts, counted apart as ``node_req``); without it
+  (``--hostnames-max``, the old behaviour, N^2) each rank also puts its host name and gets
+  every other rank's. Reported: the time from the first connection to the last rank done.
+* **rendezvous** (ours): our TCPStore master process; N ranks arriving over ``--spread``
+  seconds, each doing what ``_arrive`` + ``join`` do on the store: compare_set ``job``,
+  compare_set ``world_size``, compare_set ``rank/i``, add ``arrived`` (the last sets
+  ``arrived/all``), wait for ``arrived/all`` in 0.25 s waits with a check of ``error`` between
+  them, rank 0 multi_get of every rank's record then set ``mode``, every rank waits for
+  ``mode`` (the same way) and gets it. Reported: the time from the last arrival to the last
+  rank done, and the requests served.
+* **env_ours** / **env_torch**: torch's own ``env://`` pattern (each rank adds one to a counter,
+  the last sets a key, every rank waits for that key) with the same arrivals, against our
+  master (raw frames, as above) and against ``torch.distributed.TCPStore`` (``is_master=True``
+  in its own process; clients are torch's own objects, one thread each, in chunks of
+  ``--chunk`` threads per process).
+
+For every quantity a growth fit ``a*N^b`` (least squares on log-log over the N measured) gives
+``b``, with the ratio of the values at 2048 and 1024 where both were measured.
+
+* **ranks** (``--ranks``): N real processes started by hand on ``tcp://127.0.0.1`` calling
   ``init_process_group`` (store, helper, ``MPI_Init``); reported: from the last rank's call to
-  the last rank's return (the others' waits for its imports left out), median of the
-  repetitions, beside the slowest ``MPI_Init`` under ``mpiexec -n N``.
+  the last rank's return, median of the repetitions, beside the slowest ``MPI_Init`` under
+  ``mpiexec -n N``.
 
-Usage: ``python benchmarks/startup_scale.py [--fake 64,256,1024] [--ranks 2,4] [--reps 3]``.
+Usage: ``python benchmarks/startup_scale.py [--fake 16,64,256,1024] [--ranks 2,4] [--reps 1]``
+(``--ranks ''`` skips the real ranks; ``--parts mpi_init,rendezvous,env_ours,env_torch``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import random
 import re
+import resource
 import selectors
 import socket
 import statistics
@@ -32,81 +59,451 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, Generator, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mpitensor.distributed import _pmi  # noqa: E402
+from mpitensor.distributed._store import wire  # noqa: E402
+
+PER_HOST = 8
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
-class _Fake:
-    __slots__ = ("rank", "sock", "steps", "i", "buf", "done", "sent")
-
-    def __init__(self, rank: int, sock: socket.socket, steps: List[str]) -> None:
-        self.rank, self.sock, self.steps = rank, sock, steps
-        self.i, self.buf, self.done, self.sent = 0, b"", False, 0
-
-
-def _steps(rank: int, n: int, token: str, hostnames: bool) -> List[str]:
-    out = [f"cmd=mpitensor-hello rank={rank} token={token}", "cmd=init pmi_version=1 "
-           "pmi_subversion=1", "cmd=get_maxes", "cmd=get_my_kvsname",
-           "cmd=get kvsname=k key=PMI_process_mapping"]
-    if hostnames:
-        out.append(f"cmd=put kvsname=k key=hostname[{rank}] value=host{rank % 4}")
-    out += [f"cmd=put kvsname=k key=card-{rank} value=tcp://10.0.0.{rank % 250}:{rank}",
-            "cmd=barrier_in"]
-    if hostnames:
-        out += [f"cmd=get kvsname=k key=hostname[{i}]" for i in range(n) if i != rank]
-    out.append(f"cmd=get kvsname=k key=card-{(rank + 1) % n}")
-    return out
+# ------------------------------------------------------------------ /proc readings
+def proc_stats(pid: int) -> Tuple[float, float, float]:
+    """(CPU seconds user+system, VmHWM MiB, VmRSS MiB) of process ``pid``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15)
+    hwm = rss = 0.0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) / 1024
+            elif line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+    return cpu, hwm, rss
 
 
-def helper_run(n: int, hostnames: bool) -> Tuple[float, int]:
-    """Serve ``n`` fake ranks; return (seconds, requests)."""
-    mapping = None if hostnames else _pmi.process_mapping([f"host{r // 4}" for r in range(n)])
-    h = _pmi.start_helper(n, 300.0, mapping=mapping)
+class Server:
+    """A server process: its CPU and memory at ready and at the end of the work."""
+
+    def __init__(self, proc: subprocess.Popen, port: int) -> None:
+        self.proc, self.port = proc, port
+        self.cpu0, _, self.rss0 = proc_stats(proc.pid)
+
+    def finish(self) -> Dict[str, float]:
+        cpu, hwm, _ = proc_stats(self.proc.pid)
+        return {"cpu": cpu - self.cpu0, "hwm": hwm, "grow": max(0.0, hwm - self.rss0)}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+OUR_MASTER = """\
+import sys
+from datetime import timedelta
+sys.path.insert(0, sys.argv[1])
+from mpitensor.distributed import TCPStore
+m = TCPStore("127.0.0.1", 0, None, is_master=True, timeout=timedelta(seconds=600),
+             wait_for_workers=False)
+print(m.port, flush=True)
+sys.stdin.read()
+"""
+
+TORCH_MASTER = """\
+import sys
+from datetime import timedelta
+import torch.distributed as d
+m = d.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=timedelta(seconds=600),
+               wait_for_workers=False)
+print(m.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def start_master(code: str) -> Server:
+    env = {k: v for k, v in os.environ.items() if k != "MPITENSOR_SECRET"}
+    # (torch's master warns once per client that it cannot name the client's host)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ROOT)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode().strip()
+    if not line.isdigit():
+        proc.kill()
+        raise RuntimeError(f"the store master did not start (said {line!r})")
+    return Server(proc, int(line))
+
+
+# ------------------------------------------------------------------ growth fit
+def growth(ns: Sequence[int], ys: Sequence[float]) -> Tuple[Optional[float], Optional[float]]:
+    """(b of a*N^b fitted by least squares on log-log, y(2048)/y(1024)); None where unknown."""
+    pts = [(math.log(n), math.log(y)) for n, y in zip(ns, ys) if y and y > 0]
+    b = None
+    if len(pts) >= 2:
+        mx = sum(x for x, _ in pts) / len(pts)
+        my = sum(y for _, y in pts) / len(pts)
+        sxx = sum((x - mx) ** 2 for x, _ in pts)
+        if sxx > 0:
+            b = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    by = dict(zip(ns, ys))
+    ratio = by[2048] / by[1024] if by.get(1024) and by.get(2048) is not None else None
+    return b, ratio
+
+
+# ------------------------------------------------------------------ mpi_init: the helper
+def _mpich_rank(rank: int, n: int, token: str, addr_keys: int,
+                count: List[int]) -> Generator[str, str, None]:
+    """What one MPICH rank sends the helper in MPI_Init, adapting to the answers; ``count``
+    collects [requests, node-address requests]."""
+    for line in (f"cmd=mpitensor-hello rank={rank} token={token}",
+                 "cmd=init pmi_version=1 pmi_subversion=1", "cmd=get_maxes",
+                 "cmd=get_my_kvsname"):
+        yield line
+    answer = yield "cmd=get kvsname=k key=PMI_process_mapping"
+    mapped = "rc=0" in answer
+    if mapped:
+        hosts = (n + PER_HOST - 1) // PER_HOST
+        host = rank // PER_HOST  # (vector,(0,H,8)): blocks of 8
+    else:
+        hosts, host = n, rank  # MPICH then treats every rank as its own until it knows
+        yield f"cmd=put kvsname=k key=hostname[{rank}] value=host{rank // PER_HOST}"
+    root = not mapped or rank % PER_HOST == 0
+    if hosts == 1 and mapped:
+        return  # every rank on one host: MPICH passes no PMI barrier
+    if root and mapped:
+        for s in range(addr_keys):
+            count[1] += 1
+            yield f"cmd=put kvsname=k key=addr-{host}-{s} value=tcp://10.0.{host // 250}." \
+                  f"{host % 250}:{5000 + s}"
+    yield "cmd=barrier_in"
+    if not mapped:
+        for i in range(n):
+            if i != rank:
+                yield f"cmd=get kvsname=k key=hostname[{i}]"
+        return
+    if root:
+        for h in range(hosts):
+            if h != host:
+                for s in range(addr_keys):
+                    count[1] += 1
+                    yield f"cmd=get kvsname=k key=addr-{h}-{s}"
+
+
+def mpi_init_run(n: int, hostnames: bool, addr_keys: int) -> Dict[str, float]:
+    """The helper serving ``n`` simulated MPICH ranks."""
+    mapping = None if hostnames else _pmi.process_mapping(
+        [f"host{r // PER_HOST}" for r in range(n)])
+    h = _pmi.start_helper(n, 600.0, mapping=mapping)
+    server = Server(h.proc, h.port)
     sel = selectors.DefaultSelector()
-    fakes: List[_Fake] = []
-    requests = 0
+    socks: List[socket.socket] = []
+    count = [0, 0]
     try:
         t0 = time.perf_counter()
         for r in range(n):
             sock = socket.create_connection(("127.0.0.1", h.port))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            socks.append(sock)
+            gen = _mpich_rank(r, n, h.token, addr_keys, count)
+            line = next(gen)
             sock.setblocking(False)
-            f = _Fake(r, sock, _steps(r, n, h.token, hostnames))
-            fakes.append(f)
-            sel.register(sock, selectors.EVENT_READ, f)
-            sock.sendall((f.steps[0] + "\n").encode())
-            requests += 1
+            sel.register(sock, selectors.EVENT_READ, [r, gen, b""])
+            sock.send((line + "\n").encode())
+            count[0] += 1
         left = n
         while left:
-            for key, _ in sel.select(timeout=60):
-                f = key.data
-                data = f.sock.recv(1 << 16)
+            events = sel.select(timeout=120)
+            if not events:
+                raise RuntimeError(f"the helper went silent with {left} ranks left")
+            for key, _ in events:
+                st = key.data
+                data = key.fileobj.recv(1 << 16)  # type: ignore[union-attr]
                 if not data:
-                    raise RuntimeError(f"the helper closed fake rank {f.rank}")
-                f.buf += data
-                while b"\n" in f.buf:
-                    line, f.buf = f.buf.split(b"\n", 1)
-                    if b"rc=0" not in line and b"key_not_found" not in line:
-                        raise RuntimeError(f"fake rank {f.rank}: {line!r}")
-                    f.i += 1
-                    if f.i == len(f.steps):
-                        f.done = True
+                    raise RuntimeError(f"the helper closed simulated rank {st[0]}")
+                st[2] += data
+                while b"\n" in st[2]:
+                    line, st[2] = st[2].split(b"\n", 1)
+                    text = line.decode()
+                    if "rc=0" not in text and "key_not_found" not in text:
+                        raise RuntimeError(f"simulated rank {st[0]}: {text!r}")
+                    try:
+                        nxt = st[1].send(text)
+                    except StopIteration:
                         left -= 1
-                        sel.unregister(f.sock)
+                        sel.unregister(key.fileobj)
                         break
-                    f.sock.sendall((f.steps[f.i] + "\n").encode())
-                    requests += 1
-        return time.perf_counter() - t0, requests
+                    key.fileobj.send((nxt + "\n").encode())  # type: ignore[union-attr]
+                    count[0] += 1
+        took = time.perf_counter() - t0
+        out = server.finish()
+        out.update(time=took, req=count[0], node_req=count[1])
+        return out
     finally:
-        for f in fakes:
-            f.sock.close()
-        h.proc.kill()
-        h.proc.wait()
+        for s in socks:
+            s.close()
+        server.stop()
 
 
+# ------------------------------------------------------------------ our store's wire, raw
+_P = b"mpitensor/init/"
+Reply = Tuple[int, List[bytes]]
+Script = Generator[Tuple[int, List[bytes]], Reply, None]
+
+
+def _ms(seconds: float) -> bytes:
+    return wire.i64(int(math.ceil(seconds * 1000)))
+
+
+def _wait_key(key: bytes, deadline_s: float, poll: Optional[float]) -> Script:
+    """``_rendezvous._wait`` on one key: waits of ``poll`` seconds with a check of ``error``
+    after each that timed out (``poll=None``: one wait, as torch's clients do)."""
+    while True:
+        status, _ = yield (wire.WAIT, [_ms(poll or deadline_s), key])
+        if status == wire.OK:
+            return
+        if poll is None:
+            raise RuntimeError(f"wait for {key!r} timed out")
+        status, f = yield (wire.CHECK, [_P + b"error"])
+        if f[0] == b"\x01":
+            raise RuntimeError("an error was posted")
+
+
+def rendezvous_rank(rank: int, n: int) -> Script:
+    """What ``_arrive`` + ``join`` send the store for one rank (the helper's start left out)."""
+    job = json.dumps({"id": "", "source": "", "rank": rank, "pid": 100000 + rank,
+                      "host": f"host{rank // PER_HOST}", "parent": "bench:1",
+                      "start": time.time()}).encode()
+    yield (wire.CAS, [_P + b"job", b"", job])
+    _, f = yield (wire.CAS, [_P + b"world_size", b"", f"{n} {rank}".encode()])
+    if f[0].split(b" ")[0] != str(n).encode():
+        raise RuntimeError("world sizes differ")
+    me = json.dumps({"rank": rank, "world_size": n, "host": f"host{rank // PER_HOST}",
+                     "netns": "4:4026531840", "pidns": "4:4026531836", "pid": 100000 + rank,
+                     "mpi": "fresh"}).encode()
+    _, f = yield (wire.CAS, [_P + f"rank/{rank}".encode(), b"", me])
+    if f[0] != me:
+        raise RuntimeError(f"rank {rank} claimed twice")
+    _, f = yield (wire.ADD, [_P + b"arrived", wire.i64(1)])
+    if wire.as_i64(f[0]) >= n:
+        yield (wire.SET, [_P + b"arrived/all", b"1"])
+    yield from _wait_key(_P + b"arrived/all", 600.0, 0.25)
+    if rank == 0:
+        status, f = yield (wire.MGET, [_ms(600.0)] + [_P + f"rank/{i}".encode()
+                                                      for i in range(n)])
+        if status != wire.OK or len(f) != n:
+            raise RuntimeError("multi_get of the rank records failed")
+        mode = json.dumps({"kind": "pmi", "port": 40000, "token": "0" * 32,
+                           "unix": "mpitensor-pmi-" + "0" * 24, "host": "host0",
+                           "addr": "127.0.0.1"}).encode()
+        yield (wire.SET, [_P + b"mode", mode])
+    yield from _wait_key(_P + b"mode", 600.0, 0.25)
+    status, f = yield (wire.GET, [_ms(600.0), _P + b"mode"])
+    if status != wire.OK:
+        raise RuntimeError("get mode failed")
+
+
+def env_rank(rank: int, n: int) -> Script:
+    """torch's env:// pattern on our store: add a counter, the last sets a key, wait for it."""
+    _, f = yield (wire.ADD, [b"counter", wire.i64(1)])
+    if wire.as_i64(f[0]) == n:
+        yield (wire.SET, [b"done", b"1"])
+    yield from _wait_key(b"done", 600.0, None)
+
+
+class _Raw:
+    __slots__ = ("rank", "sock", "script", "buf", "greeted", "done")
+
+    def __init__(self, rank: int, sock: socket.socket, script: Script) -> None:
+        self.rank, self.sock, self.script = rank, sock, script
+        self.buf, self.greeted, self.done = bytearray(), False, 0.0
+
+
+def drive_ours(port: int, starts: Sequence[float],
+               script: Callable[[int, int], Script]) -> Dict[str, float]:
+    """Run ``script`` for every rank against our master on ``port``, rank ``r`` connecting at
+    ``starts[r]`` seconds; returns the time from the last arrival to the last rank done, and
+    the requests sent."""
+    n = len(starts)
+    order = sorted(range(n), key=lambda r: starts[r])
+    sel = selectors.DefaultSelector()
+    clients: List[_Raw] = []
+    requests = 0
+    left = n
+    nxt = 0
+    t0 = time.perf_counter()
+
+    def send(c: _Raw, req: Tuple[int, List[bytes]]) -> None:
+        frame = wire.encode(req[0], req[1])
+        if len(frame) > 1 << 15:
+            c.sock.setblocking(True)
+            c.sock.sendall(frame)
+            c.sock.setblocking(False)
+        else:
+            c.sock.send(frame)
+
+    try:
+        while left:
+            now = time.perf_counter() - t0
+            while nxt < n and starts[order[nxt]] <= now:
+                r = order[nxt]
+                nxt += 1
+                sock = socket.socket()
+                sock.setblocking(False)
+                sock.connect_ex(("127.0.0.1", port))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                c = _Raw(r, sock, script(r, n))
+                clients.append(c)
+                sel.register(sock, selectors.EVENT_READ, c)
+            wait = 30.0 if nxt >= n else max(0.0, starts[order[nxt]] - now)
+            events = sel.select(timeout=min(wait, 30.0))
+            if not events and nxt >= n:
+                raise RuntimeError(f"the store went silent with {left} ranks left")
+            for key, _ in events:
+                c = key.data
+                try:
+                    data = c.sock.recv(1 << 20)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                if not data:
+                    raise RuntimeError(f"the store closed simulated rank {c.rank}")
+                c.buf += data
+                if not c.greeted:
+                    if len(c.buf) < len(wire.MAGIC):
+                        continue
+                    if bytes(c.buf[:len(wire.MAGIC)]) != wire.MAGIC:
+                        raise RuntimeError("not our store's greeting")
+                    del c.buf[:len(wire.MAGIC)]
+                    c.greeted = True
+                    c.sock.send(wire.MAGIC)
+                    send(c, next(c.script))
+                    requests += 1
+                while True:
+                    size = wire.frame_length(c.buf, 0, wire.MAX_REPLY)
+                    if size is None or len(c.buf) < 4 + size:
+                        break
+                    status, fields = wire.decode(memoryview(bytes(c.buf[4:4 + size])))
+                    del c.buf[:4 + size]
+                    if status not in (wire.OK, wire.TIMEOUT):
+                        raise RuntimeError(f"rank {c.rank}: status {status} {fields!r}")
+                    try:
+                        req = c.script.send((status, fields))
+                    except StopIteration:
+                        c.done = time.perf_counter() - t0
+                        left -= 1
+                        sel.unregister(c.sock)
+                        break
+                    send(c, req)
+                    requests += 1
+        last_done = max(c.done for c in clients)
+        return {"time": last_done - max(starts), "total": last_done, "req": requests}
+    finally:
+        for c in clients:
+            c.sock.close()
+
+
+# ------------------------------------------------------------------ torch's client objects
+TORCH_CHUNK = """\
+import json, sys, threading, time
+from datetime import timedelta
+import torch.distributed as d
+port, n = int(sys.argv[1]), int(sys.argv[2])
+mine = json.loads(sys.stdin.readline())  # [[rank, start offset], ...]
+print("ready", flush=True)  # torch imported: the start times count from here
+t0 = float(sys.stdin.readline())
+threading.stack_size(256 * 1024)
+done, errors, keep = [], [], []
+lock = threading.Lock()
+def rank(r, at):
+    try:
+        time.sleep(max(0.0, t0 + at - time.time()))
+        s = d.TCPStore("127.0.0.1", port, None, is_master=False,
+                       timeout=timedelta(seconds=600), wait_for_workers=False)
+        if s.add("counter", 1) == n:
+            s.set("done", "1")
+        s.wait(["done"])
+        with lock:
+            done.append(time.time())
+            keep.append(s)
+    except BaseException as exc:
+        with lock:
+            errors.append(repr(exc))
+threads = [threading.Thread(target=rank, args=(r, at), daemon=True) for r, at in mine]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps({"last": max(done) if done else 0.0, "done": len(done),
+                  "errors": errors[:3], "n_errors": len(errors)}), flush=True)
+"""
+
+
+def drive_torch(port: int, starts: Sequence[float], chunk: int) -> Dict[str, float]:
+    """torch's env:// pattern with torch's own clients, ``chunk`` threads per process."""
+    n = len(starts)
+    procs = []
+    last, errors = 0.0, []
+    try:
+        for lo in range(0, n, chunk):
+            p = subprocess.Popen([sys.executable, "-c", TORCH_CHUNK, str(port), str(n)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True)
+            procs.append(p)
+            assert p.stdin is not None
+            p.stdin.write(json.dumps([[r, starts[r]] for r in range(lo, min(n, lo + chunk))])
+                          + "\n")
+            p.stdin.flush()
+        for p in procs:  # every chunk has imported torch
+            assert p.stdout is not None
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError("a torch client process did not start")
+        t0 = time.time() + 0.2
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(f"{t0!r}\n")
+            p.stdin.close()
+        for p in procs:
+            assert p.stdout is not None
+            out = p.stdout.read()
+            p.wait()
+            if p.returncode or not out.strip():
+                raise RuntimeError(f"a torch client process failed (exit code {p.returncode})")
+            info = json.loads(out.strip().splitlines()[-1])
+            last = max(last, info["last"])
+            errors += info["errors"]
+            if info["n_errors"]:
+                raise RuntimeError(f"{info['n_errors']} torch clients failed, e.g. "
+                                   f"{errors[:2]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return {"time": last - (t0 + max(starts)), "total": last - t0, "req": 2 * n + 1}
+
+
+def store_run(part: str, n: int, spread: float, chunk: int, seed: int) -> Dict[str, float]:
+    rng = random.Random(seed + n)
+    starts = [rng.uniform(0.0, spread) for _ in range(n)]
+    server = start_master(TORCH_MASTER if part == "env_torch" else OUR_MASTER)
+    try:
+        if part == "rendezvous":
+            out = drive_ours(server.port, starts, rendezvous_rank)
+        elif part == "env_ours":
+            out = drive_ours(server.port, starts, env_rank)
+        else:
+            out = drive_torch(server.port, starts, chunk)
+        out.update(server.finish())
+        return out
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------ real ranks
 RANK = """\
     import sys, time
     import mpitensor.distributed as dist
@@ -160,30 +557,109 @@ def mpiexec_run(n: int, prog: str) -> float:
     return max(float(x) for x in re.findall(r"\d+\.\d{4}", out))
 
 
+# ------------------------------------------------------------------ report
+COLUMNS = {  # part -> [(key, heading, format)]
+    "mpi_init": [("time", "MPI_Init s", "{:9.3f}"), ("cpu", "helper CPU s", "{:12.3f}"),
+                 ("hwm", "peak MiB", "{:8.1f}"), ("grow", "grew MiB", "{:8.1f}"),
+                 ("req", "requests", "{:9d}"), ("node_req", "node_req", "{:9d}")],
+    "hostnames": [("time", "MPI_Init s", "{:9.3f}"), ("cpu", "helper CPU s", "{:12.3f}"),
+                  ("hwm", "peak MiB", "{:8.1f}"), ("grow", "grew MiB", "{:8.1f}"),
+                  ("req", "requests", "{:9d}")],
+}
+for _part in ("rendezvous", "env_ours", "env_torch"):
+    COLUMNS[_part] = [("time", "after last s", "{:12.3f}"), ("total", "total s", "{:8.3f}"),
+                      ("cpu", "master CPU s", "{:12.3f}"), ("hwm", "peak MiB", "{:8.1f}"),
+                      ("grow", "grew MiB", "{:8.1f}"), ("req", "requests", "{:9d}")]
+
+TITLES = {
+    "mpi_init": "mpi_init: the PMI helper (own process) serving N simulated MPICH ranks, "
+                "mapping answered",
+    "hostnames": "hostnames: the same without PMI_process_mapping (each rank gets every "
+                 "host name)",
+    "rendezvous": "rendezvous: our TCPStore master (own process), _arrive + join of N ranks",
+    "env_ours": "env_ours: torch's env:// pattern (add, last sets, wait) on our TCPStore master",
+    "env_torch": "env_torch: the same pattern on torch.distributed.TCPStore's master, torch "
+                 "clients",
+}
+
+
+def report(part: str, rows: Dict[int, List[Dict[str, float]]]) -> None:
+    cols = COLUMNS[part]
+    print(f"\n{TITLES[part]}")
+    print("  " + "  ".join([f"{'N':>5}"] + [h for _, h, _ in cols]))
+    med: Dict[int, Dict[str, float]] = {}
+    for n, runs in sorted(rows.items()):
+        med[n] = {k: statistics.median(r[k] for r in runs) for k, _, _ in cols}
+        cells = [f"{n:5d}"]
+        for k, h, fmt in cols:
+            v = med[n][k]
+            cells.append(fmt.format(int(v) if "d}" in fmt else v).rjust(len(h)))
+        print(f"  {part} " + "  ".join(cells))
+    ns = sorted(med)
+    for k, h, _ in cols:
+        b, ratio = growth(ns, [med[n][k] for n in ns])
+        print(f"  fit {part} {h.strip()}: b = " + ("  n/a" if b is None else f"{b:5.2f}")
+              + ", 2048/1024 = " + ("n/a" if ratio is None else f"{ratio:.2f}"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fake", default="64,256,1024")
-    ap.add_argument("--ranks", default="2,4")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--fake", default="16,64,256,1024",
+                    help="simulated world sizes, comma separated")
+    ap.add_argument("--parts", default="mpi_init,rendezvous,env_ours,env_torch")
+    ap.add_argument("--hostnames-max", type=int, default=0,
+                    help="also run the helper without the mapping (N^2) up to this N")
+    ap.add_argument("--addr-keys", type=int, default=10,
+                    help="PMI keys per node address in MPICH's node-root exchange")
+    ap.add_argument("--spread", type=float, default=5.0,
+                    help="seconds over which the simulated ranks arrive at the store")
+    ap.add_argument("--chunk", type=int, default=1024,
+                    help="torch client threads per process")
+    ap.add_argument("--ranks", default="2,4", help="real ranks ('' for none)")
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    print(f"host {socket.gethostname()}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
-    print("\nhelper with N fake ranks (median of reps): seconds, requests, µs per request")
-    for n in [int(x) for x in args.fake.split(",") if x]:
-        row: Dict[str, Tuple[float, int]] = {}
-        for form in ("mapping", "hostnames"):
-            runs = [helper_run(n, form == "hostnames") for _ in range(args.reps)]
-            row[form] = (statistics.median(t for t, _ in runs), runs[0][1])
-        m, hn = row["mapping"], row["hostnames"]
-        print(f"  N={n:5d}  mapping {m[0]:7.3f} s {m[1]:8d} req {m[0] / m[1] * 1e6:6.1f} µs  |  "
-              f"hostnames {hn[0]:7.3f} s {hn[1]:8d} req {hn[0] / hn[1] * 1e6:6.1f} µs  |  "
-              f"ratio {hn[0] / m[0]:5.1f}")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # N sockets here
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    print(f"host {socket.gethostname()}, {os.cpu_count()} CPUs, python "
+          f"{sys.version.split()[0]}, commit {commit}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+          f"{os.getloadavg()[0]:.1f} at start (wall times on a loaded machine stretch; CPU "
+          "times of the server processes do not)")
+    print(f"{PER_HOST} simulated ranks per host; arrivals at the store spread over "
+          f"{args.spread:g} s; {args.addr_keys} PMI keys per node address")
+    sizes = [int(x) for x in args.fake.split(",") if x]
+    parts = [p for p in args.parts.split(",") if p]
+    for part in parts:
+        if part not in COLUMNS or part == "hostnames":
+            ap.error(f"unknown part {part!r}")
+    if args.hostnames_max:
+        parts.insert(parts.index("mpi_init") + 1 if "mpi_init" in parts else 0, "hostnames")
+    for part in parts:
+        rows: Dict[int, List[Dict[str, float]]] = {}
+        for n in sizes:
+            if part == "hostnames" and n > args.hostnames_max:
+                continue
+            for rep in range(args.reps):
+                if part in ("mpi_init", "hostnames"):
+                    r = mpi_init_run(n, part == "hostnames", args.addr_keys)
+                else:
+                    r = store_run(part, n, args.spread, args.chunk, args.seed + rep)
+                rows.setdefault(n, []).append(r)
+        report(part, rows)
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
+    ranks = [int(x) for x in args.ranks.split(",") if x]
+    if not ranks:
+        return 0
     with tempfile.TemporaryDirectory() as d:
         rank = os.path.join(d, "rank.py")
         Path(rank).write_text(textwrap.dedent(RANK))
         under = os.path.join(d, "under.py")
         Path(under).write_text(textwrap.dedent(UNDER_MPIEXEC))
         print("\nreal ranks: seconds from the last rank's call (median of reps)")
-        for n in [int(x) for x in args.ranks.split(",") if x]:
+        for n in ranks:
             ours, theirs = [], []
             for _ in range(args.reps):  # alternate, so that load hits both
                 ours.append(ranks_run(n, rank))
