@@ -126,22 +126,30 @@ def test_to_sparse_bad_sparse_dim():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fn", ["spmm", "mm", "matmul", "sparse.mm"])
 def test_sparse_times_dense_grads(dtype, fn):
+    def run(lib, s, dt):
+        f = {"spmm": lib.spmm, "mm": lib.mm, "matmul": lambda x, y: x @ y,
+             "sparse.mm": lib.sparse.mm}[fn]
+        return f(s, dt)
+
+    _grads_agree(dtype, RNG.standard_normal((5, 3)), run, (4, 3), 5)
+
+
+def _grads_agree(dtype, dense, run, out_shape, n):
+    """``run(lib, sparse, dense)`` under both libraries: the result and the gradients of the
+    sparse tensor's values and of the dense operand agree."""
     torch = _torch()
     v = RNG.standard_normal(IDX.shape[1]).astype(dtype)
-    d = RNG.standard_normal((5, 3)).astype(dtype)
-    g = RNG.standard_normal((4, 3)).astype(dtype)
+    d = dense.astype(dtype)
+    g = RNG.standard_normal(out_shape).astype(dtype)
     outs = []
     for lib in (mt, torch):
         vt = lib.tensor(v, requires_grad=True)
         dt = lib.tensor(d, requires_grad=True)
-        s = lib.sparse_coo_tensor(lib.tensor(IDX), vt, SIZE)
-        f = {"spmm": lib.spmm, "mm": lib.mm, "matmul": lambda x, y: x @ y,
-             "sparse.mm": lib.sparse.mm}[fn]
-        out = f(s, dt)
+        out = run(lib, lib.sparse_coo_tensor(lib.tensor(IDX), vt, SIZE), dt)
         out.backward(lib.tensor(g))
         outs.append((_dense(out), _dense(dt.grad), _dense(vt.grad)))
     for got, want in zip(*outs):
-        _close(got, want, dtype, 5)
+        _close(got, want, dtype, n)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -222,19 +230,10 @@ def test_arithmetic(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_arithmetic_grads(dtype):
-    torch = _torch()
-    v = RNG.standard_normal(IDX.shape[1]).astype(dtype)
-    w = RNG.standard_normal(SIZE).astype(dtype)
-    got = []
-    for lib in (mt, torch):
-        vt = lib.tensor(v, requires_grad=True)
-        wt = lib.tensor(w, requires_grad=True)
-        s = lib.sparse_coo_tensor(lib.tensor(IDX), vt, SIZE)
-        out = ((s * 3 + s) * wt).to_dense() + (wt + s)
-        out.backward(lib.tensor(w))
-        got.append((_dense(out), _dense(vt.grad), _dense(wt.grad)))
-    for x, y in zip(*got):
-        _close(x, y, dtype, 4)
+    def run(lib, s, w):
+        return ((s * 3 + s) * w).to_dense() + (w + s)
+
+    _grads_agree(dtype, RNG.standard_normal(SIZE), run, SIZE, 4)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -22,19 +22,7 @@ from . import (  # noqa: F401 - torch's paths
     graph_settings,
     sampler,
 )
-from .datapipes import (
-    DataChunk,
-    DFIterDataPipe,
-    IterDataPipe,
-    MapDataPipe,
-    argument_validation,
-    functional_datapipe,
-    guaranteed_datapipes_determinism,
-    non_deterministic,
-    runtime_validation,
-    runtime_validation_disabled,
-)
+from .datapipes import *  # noqa: F403 - IterDataPipe, functional_datapipe, ...
+from .datapipes import __all__ as _pipe_names
 
-__all__ = [*_data_names, "DFIterDataPipe", "DataChunk", "IterDataPipe", "MapDataPipe",
-           "argument_validation", "functional_datapipe", "guaranteed_datapipes_determinism",
-           "non_deterministic", "runtime_validation", "runtime_validation_disabled"]
+__all__ = [*_data_names, *_pipe_names]

@@ -7,7 +7,7 @@ classes (:class:`IterDataPipe`, :class:`MapDataPipe`, :class:`DataChunk`,
 
 from __future__ import annotations
 
-from . import datapipe, iter, map  # noqa: A004 - torch's module names
+from . import datapipe, iter, map  # noqa: A004,F401 - torch's module names
 from ._decorator import (
     argument_validation,
     functional_datapipe,
@@ -18,6 +18,8 @@ from ._decorator import (
 )
 from .datapipe import DataChunk, DFIterDataPipe, IterDataPipe, MapDataPipe
 
+# what mpitensor.utils.data exports from here (the submodules iter, map and datapipe are
+# reached as attributes, as in torch)
 __all__ = ["DFIterDataPipe", "DataChunk", "IterDataPipe", "MapDataPipe", "argument_validation",
-           "datapipe", "functional_datapipe", "guaranteed_datapipes_determinism", "iter", "map",
-           "non_deterministic", "runtime_validation", "runtime_validation_disabled"]
+           "functional_datapipe", "guaranteed_datapipes_determinism", "non_deterministic",
+           "runtime_validation", "runtime_validation_disabled"]

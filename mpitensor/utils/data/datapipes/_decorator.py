@@ -49,24 +49,32 @@ class functional_datapipe:  # noqa: N801 - torch's name
         return cls
 
 
-_determinism = False
+class _Switch:
+    """A module-wide flag set on construction (as torch's switches are) and restored when the
+    ``with`` block ends."""
 
-
-class guaranteed_datapipes_determinism:  # noqa: N801 - torch's name
-    """While active (a ``with`` block), making a DataPipe marked :func:`non_deterministic`
-    raises ``TypeError``."""
+    _flag = ""
+    _value = True
 
     def __init__(self) -> None:
-        global _determinism
-        self.prev = _determinism
-        _determinism = True
+        self.prev = _flags[self._flag]
+        _flags[self._flag] = self._value
 
     def __enter__(self) -> None:
         pass
 
     def __exit__(self, *exc: Any) -> None:
-        global _determinism
-        _determinism = self.prev
+        _flags[self._flag] = self.prev
+
+
+_flags = {"determinism": False, "runtime_validation": True}
+
+
+class guaranteed_datapipes_determinism(_Switch):  # noqa: N801 - torch's name
+    """While active (a ``with`` block), making a DataPipe marked :func:`non_deterministic`
+    raises ``TypeError``."""
+
+    _flag = "determinism"
 
 
 class non_deterministic:  # noqa: N801 - torch's name
@@ -96,7 +104,7 @@ class non_deterministic:  # noqa: N801 - torch's name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.cls is not None:  # making an instance of the always non-deterministic class
-            if _determinism:
+            if _flags["determinism"]:
                 raise TypeError(f"{self.cls.__name__} is non-deterministic, and "
                                 f"guaranteed_datapipes_determinism is set; leave it out of "
                                 f"the pipeline or make the block allow non-determinism")
@@ -113,7 +121,7 @@ class non_deterministic:  # noqa: N801 - torch's name
         if not isinstance(res, bool):
             raise TypeError(f"the function given to non_deterministic must return a bool, "
                             f"got {type(res).__name__}")
-        if _determinism and res:
+        if _flags["determinism"] and res:
             raise TypeError(f"{self.cls.__name__} is non-deterministic with these arguments, "
                             f"and guaranteed_datapipes_determinism is set")
         return self.cls(*args, **kwargs)
@@ -152,23 +160,11 @@ def argument_validation(f: Callable) -> Callable:
     return wrapper
 
 
-_runtime_validation = True
-
-
-class runtime_validation_disabled:  # noqa: N801 - torch's name
+class runtime_validation_disabled(_Switch):  # noqa: N801 - torch's name
     """While active (a ``with`` block), :func:`runtime_validation` lets every item through."""
 
-    def __init__(self) -> None:
-        global _runtime_validation
-        self.prev = _runtime_validation
-        _runtime_validation = False
-
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc: Any) -> None:
-        global _runtime_validation
-        _runtime_validation = self.prev
+    _flag = "runtime_validation"
+    _value = False
 
 
 def runtime_validation(f: Callable) -> Callable:
@@ -183,7 +179,7 @@ def runtime_validation(f: Callable) -> Callable:
 
     @functools.wraps(f)
     def wrapper(self: Any) -> Any:
-        if not _runtime_validation:
+        if not _flags["runtime_validation"]:
             yield from f(self)
             return
         for item in f(self):

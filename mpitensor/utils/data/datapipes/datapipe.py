@@ -147,3 +147,33 @@ class DFIterDataPipe(IterDataPipe):
 
     def _is_dfpipe(self) -> bool:
         return True
+
+
+class ManySources:
+    """Mixin of the pipes over several sources (``concat``, ``zip``, ``mux``): ``__init__``
+    keeps them as ``self.datapipes``, after checking there is one at least, each a pipe of
+    the class's own kind (``ValueError``, ``TypeError``)."""
+
+    _what = ""
+
+    def __init__(self, *datapipes: Any) -> None:
+        kind = IterDataPipe if isinstance(self, IterDataPipe) else MapDataPipe
+        if not datapipes:
+            raise ValueError(f"{self._what}: expected at least one DataPipe, got none")
+        if not all(isinstance(dp, kind) for dp in datapipes):
+            raise TypeError(f"{self._what}: every input must be an {kind.__name__}")
+        self.datapipes = datapipes
+
+
+class Batching:
+    """Mixin of the ``batch`` pipes: their arguments, checked, and the number of batches."""
+
+    def __init__(self, datapipe: Any, batch_size: int, drop_last: bool = False,
+                 wrapper_class: type = DataChunk) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch: batch_size must be positive, got {batch_size}")
+        self.datapipe, self.batch_size = datapipe, batch_size
+        self.drop_last, self.wrapper_class = drop_last, wrapper_class
+
+    def _batches(self, n: int) -> int:
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)

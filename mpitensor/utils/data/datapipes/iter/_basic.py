@@ -12,7 +12,7 @@ from mpitensor.data.sampler import SequentialSampler
 
 from .._decorator import functional_datapipe
 from .._shuffling import ShuffleSwitch
-from ..datapipe import DataChunk, IterDataPipe
+from ..datapipe import Batching, DataChunk, IterDataPipe
 
 __all__ = ["Batcher", "Collator", "Filter", "Grouper", "IterableWrapper", "Mapper", "Sampler",
            "ShardingFilter", "Shuffler", "UnBatcher"]
@@ -159,16 +159,9 @@ class FilterIterDataPipe(IterDataPipe):
 
 
 @functional_datapipe("batch")
-class BatcherIterDataPipe(IterDataPipe):
+class BatcherIterDataPipe(Batching, IterDataPipe):
     """Group consecutive items into batches of ``batch_size`` (functional name ``batch``);
     the last, shorter one is kept unless ``drop_last``."""
-
-    def __init__(self, datapipe: IterDataPipe, batch_size: int, drop_last: bool = False,
-                 wrapper_class: type = DataChunk) -> None:
-        if batch_size <= 0:
-            raise ValueError(f"batch: batch_size must be positive, got {batch_size}")
-        self.datapipe, self.batch_size = datapipe, batch_size
-        self.drop_last, self.wrapper_class = drop_last, wrapper_class
 
     def __iter__(self) -> Iterator[Any]:
         batch: list = []
@@ -181,8 +174,7 @@ class BatcherIterDataPipe(IterDataPipe):
             yield self.wrapper_class(batch)
 
     def __len__(self) -> int:
-        n = _length(self, self.datapipe)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return self._batches(_length(self, self.datapipe))
 
 
 @functional_datapipe("unbatch")

@@ -7,26 +7,17 @@ from collections.abc import Iterator
 from typing import Any, Callable, List, Optional
 
 from .._decorator import functional_datapipe
-from ..datapipe import IterDataPipe
+from ..datapipe import IterDataPipe, ManySources
 from ._basic import _length
 
 __all__ = ["Concater", "Demultiplexer", "Forker", "Multiplexer", "Zipper"]
 
 
-def _sources(what: str, datapipes: tuple) -> tuple:
-    if not datapipes:
-        raise ValueError(f"{what}: expected at least one DataPipe, got none")
-    if not all(isinstance(dp, IterDataPipe) for dp in datapipes):
-        raise TypeError(f"{what}: every input must be an IterDataPipe")
-    return datapipes
-
-
 @functional_datapipe("concat")
-class ConcaterIterDataPipe(IterDataPipe):
+class ConcaterIterDataPipe(ManySources, IterDataPipe):
     """The items of each source in turn (functional name ``concat``)."""
 
-    def __init__(self, *datapipes: IterDataPipe) -> None:
-        self.datapipes = _sources("concat", datapipes)
+    _what = "concat"
 
     def __iter__(self) -> Iterator[Any]:
         for dp in self.datapipes:
@@ -37,12 +28,11 @@ class ConcaterIterDataPipe(IterDataPipe):
 
 
 @functional_datapipe("zip")
-class ZipperIterDataPipe(IterDataPipe):
+class ZipperIterDataPipe(ManySources, IterDataPipe):
     """Tuples of one item from each source, until the shortest ends (functional name
     ``zip``)."""
 
-    def __init__(self, *datapipes: IterDataPipe) -> None:
-        self.datapipes = _sources("zip", datapipes)
+    _what = "zip"
 
     def __iter__(self) -> Iterator[tuple]:
         yield from zip(*self.datapipes)
@@ -52,12 +42,11 @@ class ZipperIterDataPipe(IterDataPipe):
 
 
 @functional_datapipe("mux")
-class MultiplexerIterDataPipe(IterDataPipe):
+class MultiplexerIterDataPipe(ManySources, IterDataPipe):
     """One item from each source in turn, until the shortest ends (functional name
     ``mux``)."""
 
-    def __init__(self, *datapipes: IterDataPipe) -> None:
-        self.datapipes = _sources("mux", datapipes)
+    _what = "mux"
 
     def __iter__(self) -> Iterator[Any]:
         its = [iter(dp) for dp in self.datapipes]

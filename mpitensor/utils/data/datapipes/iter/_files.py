@@ -14,6 +14,13 @@ from ._basic import IterableWrapperIterDataPipe
 __all__ = ["FileLister", "FileOpener", "StreamReader"]
 
 
+def _declared_length(self: Any) -> int:
+    """The ``length=`` a file pipe was given; -1 (the default) is no length."""
+    if self.length == -1:
+        raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
+    return self.length
+
+
 def _matches(name: str, masks: Sequence[str]) -> bool:
     return not masks or any(fnmatch.fnmatch(name, m) for m in masks)
 
@@ -61,10 +68,7 @@ class FileListerIterDataPipe(IterDataPipe):
             yield from _walk(root, self.masks, self.recursive, self.abspath,
                              self.non_deterministic)
 
-    def __len__(self) -> int:
-        if self.length == -1:
-            raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
-        return self.length
+    __len__ = _declared_length
 
 
 @functional_datapipe("open_files")
@@ -86,10 +90,7 @@ class FileOpenerIterDataPipe(IterDataPipe):
         for path in self.datapipe:
             yield path, open(path, self.mode, encoding=self.encoding)  # noqa: SIM115
 
-    def __len__(self) -> int:
-        if self.length == -1:
-            raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
-        return self.length
+    __len__ = _declared_length
 
 
 @functional_datapipe("read_from_stream")

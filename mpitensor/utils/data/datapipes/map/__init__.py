@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from .._decorator import functional_datapipe
 from .._shuffling import ShuffleSwitch
-from ..datapipe import DataChunk, MapDataPipe
+from ..datapipe import Batching, ManySources, MapDataPipe
 
 __all__ = ["Batcher", "Concater", "Mapper", "SequenceWrapper", "Shuffler", "Zipper"]
 
@@ -58,16 +58,9 @@ class MapperMapDataPipe(MapDataPipe):
 
 
 @functional_datapipe("batch")
-class BatcherMapDataPipe(MapDataPipe):
+class BatcherMapDataPipe(Batching, MapDataPipe):
     """Batch ``i`` holds items ``i * batch_size`` on (functional name ``batch``); the last,
     shorter one is kept unless ``drop_last``."""
-
-    def __init__(self, datapipe: MapDataPipe, batch_size: int, drop_last: bool = False,
-                 wrapper_class: type = DataChunk) -> None:
-        if batch_size <= 0:
-            raise ValueError(f"batch: batch_size must be positive, got {batch_size}")
-        self.datapipe, self.batch_size = datapipe, batch_size
-        self.drop_last, self.wrapper_class = drop_last, wrapper_class
 
     def __getitem__(self, index: int) -> Any:
         if not 0 <= index < len(self):
@@ -77,25 +70,15 @@ class BatcherMapDataPipe(MapDataPipe):
         return self.wrapper_class([self.datapipe[i] for i in range(start, stop)])
 
     def __len__(self) -> int:
-        n = len(self.datapipe)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-
-def _map_sources(what: str, datapipes: tuple) -> tuple:
-    if not datapipes:
-        raise ValueError(f"{what}: expected at least one DataPipe, got none")
-    if not all(isinstance(dp, MapDataPipe) for dp in datapipes):
-        raise TypeError(f"{what}: every input must be a MapDataPipe")
-    return datapipes
+        return self._batches(len(self.datapipe))
 
 
 @functional_datapipe("concat")
-class ConcaterMapDataPipe(MapDataPipe):
+class ConcaterMapDataPipe(ManySources, MapDataPipe):
     """The items of each source in turn, indexed 0 to the total length (functional name
     ``concat``)."""
 
-    def __init__(self, *datapipes: MapDataPipe) -> None:
-        self.datapipes = _map_sources("concat", datapipes)
+    _what = "concat"
 
     def __getitem__(self, index: int) -> Any:
         offset = index
@@ -110,11 +93,10 @@ class ConcaterMapDataPipe(MapDataPipe):
 
 
 @functional_datapipe("zip")
-class ZipperMapDataPipe(MapDataPipe):
+class ZipperMapDataPipe(ManySources, MapDataPipe):
     """``(dp1[i], dp2[i], ...)``, as long as the shortest (functional name ``zip``)."""
 
-    def __init__(self, *datapipes: MapDataPipe) -> None:
-        self.datapipes = _map_sources("zip", datapipes)
+    _what = "zip"
 
     def __getitem__(self, index: Any) -> tuple:
         return tuple(dp[index] for dp in self.datapipes)
