@@ -51,8 +51,10 @@ _CUDA_FP32 = ("layer_norm", "group_norm", "cosine_embedding_loss", "nll_loss",
               "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
               "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
               "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits",
-              "poisson_nll_loss", "cdist", "cross_entropy")
-_CUDA_FP32_OPT = ("prod", "softmax", "log_softmax")
+              "poisson_nll_loss", "cdist", "cross_entropy", "acos", "asin", "cosh", "erfinv",
+              "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh",
+              "tan", "pow", "logsumexp")
+_CUDA_FP32_OPT = ("prod", "softmax", "log_softmax", "sum", "cumsum", "cumprod")
 _CUDA_PROMOTE = ("dot", "tensordot")
 
 #: device type -> op name -> policy (the ops whose entry points call :func:`run`)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from mpitensor import _autocast
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor._devices import xp
@@ -288,10 +289,14 @@ class _ElementwiseMethods:
 
     def exp(self) -> Tensor:
         """Return the element-wise exponential."""
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("exp", Tensor.exp, self)
         return _run(Exp, self)
 
     def log(self) -> Tensor:
         """Return the element-wise natural logarithm."""
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("log", Tensor.log, self)
         return _run(Log, self)
 
     def relu(self) -> Tensor:

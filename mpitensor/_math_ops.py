@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _special
+from mpitensor import _autocast, _special
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
@@ -357,6 +357,8 @@ def _unary_method(name: str) -> Any:
     fn = _UNARY_FN[name]
 
     def method(self: Tensor) -> Tensor:
+        if _autocast.ON and _autocast.active():
+            return _autocast.run(name, method, self)
         return _run(fn, self)
 
     method.__name__ = name

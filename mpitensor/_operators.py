@@ -761,9 +761,13 @@ class _OperatorMethods:
         return inplace(self, other, operator.imod, DIVLIKE)
 
     def __pow__(self, other: Any) -> Tensor:
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("pow", Tensor.__pow__, self, other)
         return binary(self, other, operator.pow, DIVLIKE)
 
     def __rpow__(self, other: Any) -> Tensor:
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("pow", Tensor.__rpow__, self, other)
         return binary(self, other, operator.pow, DIVLIKE, rev=True)
 
     def __ipow__(self, other: Any) -> Tensor:

@@ -447,6 +447,8 @@ class _ReductionMethods:
             >>> mt.tensor([[1, 2], [3, 4]]).sum(dim=0)
             tensor([4, 6])
         """
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("sum", Tensor.sum, self, dim, keepdim, dtype=dtype)
         return _run(Sum, self, dim, keepdim, dtype)
 
     @_autocast.op("prod")
@@ -650,6 +652,8 @@ class _ReductionMethods:
     def logsumexp(self, dim: Any = (), keepdim: bool = False) -> Tensor:
         """Return ``log(sum(exp(self)))`` over ``dim``, computed without overflow (integers
         are promoted to the default float dtype)."""
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("logsumexp", Tensor.logsumexp, self, dim, keepdim)
         return _run(LogSumExp, self, _all_dims(dim), keepdim)
 
     def nansum(self, dim: Any = None, keepdim: bool = False, *,

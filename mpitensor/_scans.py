@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from mpitensor import _autocast
 from mpitensor import dtypes as _dt
 from mpitensor._devices import xp
 from mpitensor._dims import wrap_dim
@@ -191,6 +192,8 @@ class _ScanMethods:
             tensor([[1, 3],
                     [3, 7]])
         """
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("cumsum", Tensor.cumsum, self, dim, dtype=dtype)
         return _run(Cumsum, self, _scan_axis(self._data, dim), dtype)
 
     def cumsum_(self, dim: int, *, dtype: DTypeLike = None) -> Tensor:
@@ -199,6 +202,8 @@ class _ScanMethods:
 
     def cumprod(self, dim: int, *, dtype: DTypeLike = None) -> Tensor:
         """Return the cumulative products along ``dim`` (integers and bools in int64)."""
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("cumprod", Tensor.cumprod, self, dim, dtype=dtype)
         return _run(Cumprod, self, _scan_axis(self._data, dim), dtype)
 
     def cumprod_(self, dim: int, *, dtype: DTypeLike = None) -> Tensor:

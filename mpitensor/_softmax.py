@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mpitensor import _autocast
 from mpitensor import dtypes as _dt
 from mpitensor._devices import xp
 from mpitensor._dims import wrap_dim
@@ -112,8 +113,12 @@ class _SoftmaxMethods:
             RuntimeError: a tensor (or ``dtype``) that is not floating point.
             IndexError: ``dim`` out of range.
         """
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("softmax", Tensor.softmax, self, dim, dtype=dtype)
         return _run(Softmax, self if dtype is None else self.to(dtype), dim)
 
     def log_softmax(self, dim: int, dtype: DTypeLike = None) -> Tensor:
         """Return ``log(softmax(self, dim))``, computed stably (arguments as in ``softmax``)."""
+        if _autocast.ON and _autocast.active():
+            return _autocast.run("log_softmax", Tensor.log_softmax, self, dim, dtype=dtype)
         return _run(LogSoftmax, self if dtype is None else self.to(dtype), dim)

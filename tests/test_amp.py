@@ -309,3 +309,54 @@ def test_custom_fwd_casts_and_turns_autocast_off():
     assert seen["bwd"] is True and x.grad.dtype == mt.bfloat16
     with pytest.raises(TypeError):
         mt.amp.custom_fwd(lambda ctx: None)
+
+
+@pytest.fixture
+def simulated_cuda_autocast(monkeypatch):
+    """CUDA's policies applied to CPU tensors: the tables and entry points are exercised
+    without a GPU (the dtypes asserted are those torch's CUDA autocast reference lists)."""
+    from mpitensor import _autocast
+
+    monkeypatch.setattr(_autocast, "_device_type", lambda t: "cuda")
+    _autocast.set_enabled("cuda", True)
+    yield
+    _autocast.set_enabled("cuda", False)
+
+
+CUDA_DTYPES = {
+    "mv": (lambda a: mt.mv(a, a[0]), mt.float16),
+    "addmv": (lambda a: mt.addmv(a[0], a, a[0]), mt.float16),
+    "linear": (lambda a: F_linear(a, a), mt.float16),
+    "exp": (lambda a: a.half().exp(), mt.float32),
+    "log": (lambda a: a.half().abs().log(), mt.float32),
+    "rsqrt": (lambda a: a.half().abs().rsqrt(), mt.float32),
+    "arcsin": (lambda a: (a.half() / 10).arcsin(), mt.float32),
+    "pow": (lambda a: a.half() ** 2, mt.float32),
+    "rpow": (lambda a: 2 ** a.half(), mt.float32),
+    "sum": (lambda a: a.half().sum(), mt.float32),
+    "sum_dtype": (lambda a: a.half().sum(dtype=mt.float16), mt.float16),
+    "cumsum": (lambda a: a.half().cumsum(0), mt.float32),
+    "softmax": (lambda a: mt.softmax(a.half(), 1), mt.float32),
+    "layer_norm": (lambda a: mt.nn.functional.layer_norm(a.half(), (4,)), mt.float32),
+    "logsumexp": (lambda a: a.half().logsumexp(1), mt.float32),
+    "dot_promote": (lambda a: mt.dot(a[0].half(), a[1]), mt.float32),
+    "relu_unlisted": (lambda a: a.half().relu(), mt.float16),
+    "exp_inplace_unlisted": (lambda a: a.half().exp_(), mt.float16),
+}
+
+
+def F_linear(a, w):  # noqa: N802
+    return mt.nn.functional.linear(a, w)
+
+
+@pytest.mark.parametrize("name", sorted(CUDA_DTYPES))
+def test_cuda_policies_on_simulated_device(simulated_cuda_autocast, name):
+    fn, want = CUDA_DTYPES[name]
+    a = mt.tensor(np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32))
+    assert fn(a).dtype == want
+
+
+def test_cuda_binary_cross_entropy_is_refused(simulated_cuda_autocast):
+    p = mt.full((3,), 0.5)
+    with pytest.raises(RuntimeError, match="binary_cross_entropy_with_logits"):
+        mt.nn.functional.binary_cross_entropy(p, p)
