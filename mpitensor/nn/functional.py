@@ -2635,6 +2635,8 @@ from ._dropout import *  # noqa: E402, F403
 from ._dropout import __all__ as _dropout_names  # noqa: E402
 from ._embedding import *  # noqa: E402, F403
 from ._embedding import __all__ as _embedding_names  # noqa: E402
+from ._linear_ce import *  # noqa: E402, F403
+from ._linear_ce import __all__ as _linear_ce_names  # noqa: E402
 from ._losses import *  # noqa: E402, F403
 from ._losses import __all__ as _loss_names  # noqa: E402
 from ._pooling1d import *  # noqa: E402, F403
@@ -2648,5 +2650,5 @@ from ._spatial import __all__ as _spatial_names  # noqa: E402
 
 __all__ += [*_activation_names, *_attention_names, *_bilinear_names, *_ctc_names,
             *_distance_names,
-            *_dropout_names, *_embedding_names, *_loss_names, *_pooling1d_names,
-            *_poolingnd_names, *_rms_norm_names, *_spatial_names]
+            *_dropout_names, *_embedding_names, *_linear_ce_names, *_loss_names,
+            *_pooling1d_names, *_poolingnd_names, *_rms_norm_names, *_spatial_names]

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Callable, Optional
 
@@ -21,15 +22,16 @@ from mpitensor.tensor import Tensor
 
 from . import functional as F  # noqa: N812 - torch's spelling
 from ._checks import is_number
+from ._linear_ce import LinearCrossEntropyOptions
 from .distance import PairwiseDistance
-from .layers import NLLLoss, _Loss, _WeightedLoss
+from .layers import Linear, NLLLoss, _Loss, _WeightedLoss
 
 __all__ = [
     "L1Loss", "SmoothL1Loss", "HuberLoss", "SoftMarginLoss", "MarginRankingLoss",
     "HingeEmbeddingLoss", "CosineEmbeddingLoss", "TripletMarginLoss",
     "TripletMarginWithDistanceLoss", "PoissonNLLLoss", "GaussianNLLLoss",
     "MultiLabelSoftMarginLoss", "MultiMarginLoss", "MultiLabelMarginLoss", "NLLLoss2d",
-    "CTCLoss",
+    "CTCLoss", "LinearCrossEntropyLoss", "LinearCrossEntropyOptions",
 ]
 
 
@@ -366,3 +368,57 @@ class CTCLoss(_Loss):
                 target_lengths: Any) -> Tensor:
         return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank,
                           self.reduction, self.zero_infinity)
+
+
+class LinearCrossEntropyLoss(_WeightedLoss):
+    """A classifier head and its cross entropy in one: ``self.linear`` maps the inputs to
+    ``num_classes`` (times ``prod(out_features)`` for a K-dimensional loss) logits, scored
+    by :func:`~mpitensor.nn.functional.linear_cross_entropy`.
+
+    Args:
+        in_features: the size of each input row.
+        num_classes: the class count C.
+        out_features: extra loss dimensions (d1, ..., dK); the logits are (N, C, d1, ...).
+        bias: give the linear map a bias.
+        device, dtype: for the linear map's parameters.
+        reduction, weight, ignore_index, label_smoothing: as
+            :class:`~mpitensor.nn.CrossEntropyLoss` (``ignore_index=None`` means -100).
+        options: a :class:`LinearCrossEntropyOptions` to chunk the batch, or None.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> loss = LinearCrossEntropyLoss(4, 5)
+        >>> loss(mt.randn(3, 4), mt.tensor([0, 1, 4])).shape
+        mpitensor.Size([])
+    """
+
+    def __init__(self, in_features: int, num_classes: int, *, out_features: tuple = (),
+                 bias: bool = False, device: Any = None, dtype: Any = None,
+                 reduction: str = "mean", weight: Optional[Tensor] = None,
+                 ignore_index: Optional[int] = None, label_smoothing: float = 0.0,
+                 options: Optional[LinearCrossEntropyOptions] = None) -> None:
+        super().__init__(weight, None, None, reduction)
+        self.num_classes = num_classes
+        self.out_features = tuple(out_features)
+        self.ignore_index = ignore_index
+        self.label_smoothing = label_smoothing
+        self.options = options
+        self.linear = Linear(in_features, num_classes * math.prod(self.out_features), bias=bias,
+                             device=device, dtype=dtype)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        w = self.linear.weight.reshape((self.num_classes, *self.out_features,
+                                        self.linear.in_features))
+        b = self.linear.bias
+        if b is not None:
+            b = b.reshape((self.num_classes, *self.out_features))
+        return F.linear_cross_entropy(input, w, target, linear_bias=b, weight=self.weight,
+                                      reduction=self.reduction, ignore_index=self.ignore_index,
+                                      label_smoothing=self.label_smoothing,
+                                      options=self.options)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.linear.in_features}, num_classes={self.num_classes}, "
+                f"out_features={self.out_features}, bias={self.linear.bias is not None}, "
+                f"reduction={self.reduction}, ignore_index={self.ignore_index}, "
+                f"label_smoothing={self.label_smoothing}, options={self.options}")
