@@ -18,7 +18,6 @@ import mpitensor as mt
 import mpitensor.distributed as dist
 import mpitensor.nn as nn
 from mpitensor import _random
-from mpitensor.distributed.algorithms import Join, Joinable, JoinHook
 from mpitensor.distributed.algorithms.ddp_comm_hooks import (
     DDPCommHookType,
     default_hooks,
@@ -91,7 +90,7 @@ def hand_powersgd(grads_per_rank, errors, qs, rank=1, min_rate=2):
     """One PowerSGD step over ranks. ``grads_per_rank[r]``: rank r's gradients in bucket order;
     ``errors[r]``: its flat error (or None); ``qs``: per compressed matrix its Q before
     orthogonalization. Returns (result per rank, new error per rank, new qs)."""
-    world = len(grads_per_rank)
+    n_ranks = len(grads_per_rank)
     shapes = [g.shape for g in grads_per_rank[0]]
     flats = [np.concatenate([g.ravel() for g in gs]) for gs in grads_per_rank]
     if errors is not None:
@@ -107,12 +106,12 @@ def hand_powersgd(grads_per_rank, errors, qs, rank=1, min_rate=2):
         if (n + m) * r * min_rate < n * m:
             q = orth(qs[k])
             p = orth(sum(mat @ q for mat in mats))
-            qn = sum(mat.T @ p for mat in mats) / world
+            qn = sum(mat.T @ p for mat in mats) / n_ranks
             out[at:at + size] = (p @ qn.T).ravel()
             new_qs.append(qn)
             k += 1
         else:
-            out[at:at + size] = sum(f[at:at + size] for f in flats) / world
+            out[at:at + size] = sum(f[at:at + size] for f in flats) / n_ranks
         at += size
     return out, [f - out for f in flats], new_qs
 
@@ -131,7 +130,8 @@ def first_qs(shapes, seed_rng, dtype, rank=1):
 
 # ------------------------------------------------------------------------------ the hooks
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_allreduce_hook_equals_torch_gradients(world, dtype):
+@pytest.mark.usefixtures("world")
+def test_allreduce_hook_equals_torch_gradients(dtype):
     m, t = make(dtype)
     ddp = DDP(m)
     ddp.register_comm_hook(None, default_hooks.allreduce_hook)
@@ -145,7 +145,8 @@ def test_allreduce_hook_equals_torch_gradients(world, dtype):
 @pytest.mark.parametrize("name,half,eps", [("fp16_compress_hook", torch.float16, 2.0 ** -11),
                                            ("bf16_compress_hook", torch.bfloat16, 2.0 ** -8)])
 @pytest.mark.parametrize("wrapped", [False, True])
-def test_low_precision_hooks_round_like_torch(world, name, half, eps, wrapped):
+@pytest.mark.usefixtures("world")
+def test_low_precision_hooks_round_like_torch(name, half, eps, wrapped):
     dtype = np.float32
     m, t = make(dtype)
     hook = getattr(default_hooks, name)
@@ -165,7 +166,8 @@ def test_low_precision_hooks_round_like_torch(world, name, half, eps, wrapped):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_powersgd_matches_the_hand_computation(world, dtype):
+@pytest.mark.usefixtures("world")
+def test_powersgd_matches_the_hand_computation(dtype):
     m, t = make(dtype)
     ddp = DDP(m)
     state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1,
@@ -201,7 +203,8 @@ def test_powersgd_matches_the_hand_computation(world, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_batched_powersgd_is_a_rank_r_projection(world, dtype):
+@pytest.mark.usefixtures("world")
+def test_batched_powersgd_is_a_rank_r_projection(dtype):
     m, t = make(dtype)
     ddp = DDP(m)
     state = powerSGD_hook.PowerSGDState(None, start_powerSGD_iter=2, warm_start=False,
@@ -229,7 +232,8 @@ def test_batched_powersgd_is_a_rank_r_projection(world, dtype):
     assert not state.p_memory_dict and not state.q_memory_dict  # no warm start: memory freed
 
 
-def test_grad_bucket_seen_by_a_hook(world):
+@pytest.mark.usefixtures("world")
+def test_grad_bucket_seen_by_a_hook():
     m, _ = make(np.float64)
     ddp = DDP(m, bucket_cap_mb=0)  # one bucket per parameter
     seen = []
@@ -257,7 +261,8 @@ def test_grad_bucket_seen_by_a_hook(world):
         np.testing.assert_array_equal(a, 2 * b)
 
 
-def test_work_futures_chain(world):
+@pytest.mark.usefixtures("world")
+def test_work_futures_chain():
     t = mt.tensor([1.0, 2.0])
     fut = dist.all_reduce(t, async_op=True).get_future()
     doubled = fut.then(lambda f: f.value()[0] * 2).then(lambda f: f.value() + 1)
@@ -265,7 +270,8 @@ def test_work_futures_chain(world):
     assert fut.done() and fut.value()[0] is t
 
 
-def test_registration_errors(world):
+@pytest.mark.usefixtures("world")
+def test_registration_errors():
     ddp = DDP(make(np.float64)[0])
     with pytest.raises(TypeError, match="callable"):
         ddp.register_comm_hook(None, 5)
@@ -299,14 +305,16 @@ def _bad_hooks():
 
 
 @pytest.mark.parametrize("hook,match", _bad_hooks())
-def test_bad_hook_results_raise(world, hook, match):
+@pytest.mark.usefixtures("world")
+def test_bad_hook_results_raise(hook, match):
     ddp = DDP(make(np.float64)[0])
     ddp.register_comm_hook(None, hook)
     with pytest.raises(RuntimeError, match=match):
         our_step(ddp, inputs(0, np.float64))
 
 
-def test_builtin_and_enum_registration(world):
+@pytest.mark.usefixtures("world")
+def test_builtin_and_enum_registration():
     x = inputs(0, np.float32)
     m, t = make(np.float32)
     ddp = DDP(m)
@@ -488,7 +496,8 @@ def test_two_ranks(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("hook_name", ["allreduce_hook", "fp16_compress_hook", "powerSGD_hook",
                                        "batched_powerSGD_hook"])
-def test_gpu_hooks_match_cpu(world, hook_name):
+@pytest.mark.usefixtures("world")
+def test_gpu_hooks_match_cpu(hook_name):
     """The hooks on a CUDA model give the CPU model's gradients (same seeds: PowerSGD's Q is
     drawn on the CPU, as torch's)."""
     from mpitensor.backend import get_cupy, to_numpy

@@ -133,10 +133,19 @@ def test_coalesced_at_world_size_one(world, dtype):
     out = [[mt.zeros(2, dtype=dtype), mt.zeros(3, dtype=dtype)]]
     dist.all_gather_coalesced(out, ts)
     np.testing.assert_array_equal(out[0][1].numpy(), [2, 2, 2])
-    with pytest.raises(ValueError, match="one per rank"):
+    with pytest.raises(RuntimeError, match="one per rank"):
         dist.all_gather_coalesced([[mt.zeros(2, dtype=dtype)]], ts)
     with pytest.raises(TypeError, match="list of tensors"):
-        dist.all_reduce_coalesced(mt.ones(2))
+        dist.all_gather_coalesced(out, ts[0])
+    with pytest.raises(TypeError, match="list of tensors"):
+        dist.all_reduce_coalesced([1.0])
+    with pytest.raises(ValueError, match="one dtype"):
+        dist.all_reduce_coalesced([mt.ones(2, dtype=mt.float32), mt.ones(2, dtype=mt.float64)])
+    with pytest.raises(RuntimeError, match="empty"):
+        dist.all_reduce_coalesced([])
+    one = mt.ones(2, dtype=dtype)
+    dist.all_reduce_coalesced(one)  # one tensor, as torch accepts
+    np.testing.assert_array_equal(one.numpy(), [1, 1])
     o = mt.zeros(3, dtype=dtype)
     dist.all_gather_single(o, mt.ones(3, dtype=dtype))
     dist.reduce_scatter_single(o, mt.full((3,), 4.0, dtype=dtype))

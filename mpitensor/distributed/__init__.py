@@ -1146,6 +1146,7 @@ def scatter_object_list(scatter_object_output_list: List[Any],
 
 
 # ------------------------------------------------ torch.distributed's smaller members, DDP hooks
+from . import _c10d  # noqa: E402
 from ._c10d import (  # noqa: E402 - they look up this package's functions when called
     AllreduceCoalescedOptions,
     AllreduceOptions,
@@ -1165,7 +1166,7 @@ from ._c10d import (  # noqa: E402 - they look up this package's functions when 
     all_gather_coalesced,
     all_gather_single,
     all_reduce_coalesced,
-    breakpoint,
+    breakpoint,  # noqa: F401 - torch's dist.breakpoint (kept out of __all__)
     default_pg_timeout,
     get_backend_config,
     get_debug_level,
@@ -1173,18 +1174,27 @@ from ._c10d import (  # noqa: E402 - they look up this package's functions when 
     is_backend_available,
     is_ucc_available,
     is_xccl_available,
+    reduce_scatter_single,
     register_rendezvous_handler,
     rendezvous,
-    reduce_scatter_single,
     set_debug_level,
     set_debug_level_from_env,
     split_group,
     supports_complex,
 )
-from ._c10d import __all__ as _c10d_all  # noqa: E402
-from . import _c10d  # noqa: E402
 
 _c10d._package = sys.modules[__name__]
 from ._grad_bucket import BuiltinCommHookType, GradBucket  # noqa: E402
 
-__all__ += [n for n in _c10d_all if n != "breakpoint"] + ["BuiltinCommHookType", "GradBucket"]
+__all__ += [
+    "AllToAllOptions", "AllreduceCoalescedOptions", "AllreduceOptions", "BackendConfig",
+    "BarrierOptions", "BroadcastOptions", "DebugLevel", "DistBackendError", "GatherOptions",
+    "GroupName", "ProcessGroupGloo", "QueueEmptyError", "ReduceOptions", "ReduceScatterOptions",
+    "ScatterOptions", "all_gather_coalesced", "all_gather_single", "all_reduce_coalesced",
+    "default_pg_timeout", "get_backend_config", "get_debug_level", "get_pg_count",
+    "is_backend_available", "is_ucc_available", "is_xccl_available",
+    "register_rendezvous_handler", "rendezvous", "reduce_scatter_single", "set_debug_level",
+    "set_debug_level_from_env", "split_group", "supports_complex", "BuiltinCommHookType",
+    "GradBucket",
+]
+# breakpoint stays out of __all__: a star import must not hide the builtin

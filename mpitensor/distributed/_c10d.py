@@ -303,14 +303,26 @@ def _gather_works(works: List[Any], result: Any, async_op: bool) -> Optional[Wor
 def all_reduce_coalesced(tensors: Sequence[Any], op: Any = ReduceOp.SUM,
                          group: Optional[ProcessGroup] = None,
                          async_op: bool = False) -> Optional[Work]:
-    """All-reduce each tensor of ``tensors`` in place (as :func:`all_reduce` on each, one
-    after the other on every rank).
+    """All-reduce each tensor of ``tensors`` (a list, or one tensor) in place, as
+    :func:`all_reduce` on each, one after the other on every rank.
 
     Raises:
-        TypeError: ``tensors`` is not a list or tuple of tensors.
+        TypeError: ``tensors`` is not a tensor or a list or tuple of tensors.
+        ValueError: the tensors' dtypes differ (checked before any traffic).
+        RuntimeError: the list is empty.
     """
+    from ..tensor import Tensor
+
     d = _dist()
+    if isinstance(tensors, Tensor):
+        tensors = [tensors]
     tensors = _tensor_list(tensors, "all_reduce_coalesced", "tensors")
+    if not tensors:
+        raise RuntimeError("all_reduce_coalesced: no tensor to reduce (an empty list)")
+    dtypes = sorted({str(t.dtype) for t in tensors})
+    if len(dtypes) > 1:
+        raise ValueError(f"all_reduce_coalesced: the tensors must share one dtype, got "
+                         f"{', '.join(dtypes)}")
     works = [d.all_reduce(t, op=op, group=group, async_op=True) for t in tensors]
     if not async_op:
         for w in works:
@@ -326,8 +338,8 @@ def all_gather_coalesced(output_tensor_lists: Sequence[Sequence[Any]],
 
     Raises:
         TypeError: the arguments are not lists of tensors.
-        ValueError: ``output_tensor_lists`` does not hold one list per rank of the inputs'
-            length.
+        RuntimeError: ``output_tensor_lists`` does not hold one list per rank of the inputs'
+            length (as torch's error).
     """
     d = _dist()
     inputs = _tensor_list(input_tensor_list, "all_gather_coalesced", "input_tensor_list")
@@ -338,9 +350,9 @@ def all_gather_coalesced(output_tensor_lists: Sequence[Sequence[Any]],
             for o in output_tensor_lists]
     n = d.get_world_size(group)
     if len(outs) != n or any(len(o) != len(inputs) for o in outs):
-        raise ValueError(f"all_gather_coalesced: output_tensor_lists must hold {n} lists (one "
-                         f"per rank) of {len(inputs)} tensors each, got "
-                         f"{[len(o) for o in outs]}")
+        raise RuntimeError(f"all_gather_coalesced: output_tensor_lists must hold {n} lists "
+                           f"(one per rank) of {len(inputs)} tensors each, got "
+                           f"{[len(o) for o in outs]}")
     works = [d.all_gather([outs[r][i] for r in range(n)], t, group=group, async_op=True)
              for i, t in enumerate(inputs)]
     if not async_op:

@@ -2,9 +2,9 @@
 
 MPI has no progress thread, so nothing completes a collective's future in the background: the
 future is completed by whoever waits on it (or on a future chained from it with ``then``), by
-waiting on the underlying :class:`Work` (:func:`progress` lets MPI advance it meanwhile). A chained future drives its source when waited on, so
-``work.get_future().then(f).then(g).wait()`` runs the collective, ``f`` and ``g`` in order, in
-the waiting thread.
+waiting on the underlying :class:`Work` (:func:`progress` lets MPI advance it meanwhile). A
+chained future drives its source when waited on, so ``work.get_future().then(f).then(g).wait()``
+runs the collective, ``f`` and ``g`` in order, in the waiting thread.
 """
 
 from __future__ import annotations

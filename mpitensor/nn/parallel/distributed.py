@@ -55,10 +55,10 @@ from mpitensor import distributed as dist
 from mpitensor.autograd import Node
 from mpitensor.distributed import ProcessGroup, ReduceOp
 from mpitensor.distributed._grad_bucket import BuiltinCommHookType, GradBucket
-from mpitensor.distributed._work_future import progress
-from mpitensor.distributed.algorithms.join import Join, Joinable, JoinHook
-from mpitensor.distributed.algorithms.join import _DISABLED as _NO_JOIN
 from mpitensor.distributed._node_reduce import NodeReduce
+from mpitensor.distributed._work_future import progress
+from mpitensor.distributed.algorithms.join import _DISABLED as _NO_JOIN
+from mpitensor.distributed.algorithms.join import Join, Joinable, JoinHook
 from mpitensor.distributed.model_sync import (
     average_gradients,
     broadcast_parameters,

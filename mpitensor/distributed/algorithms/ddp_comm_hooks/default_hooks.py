@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ... import _grad_bucket
-from ...process_group import ProcessGroup
 from ..._work_future import WorkFuture
+from ...process_group import ProcessGroup
 
 __all__ = ["allreduce_hook", "bf16_compress_hook", "bf16_compress_wrapper",
            "fp16_compress_hook", "fp16_compress_wrapper"]
