@@ -1,22 +1,23 @@
 """How a call such as ``torch.relu(proxy)`` becomes a graph node.
 
-torch reaches its tracer through ``__torch_function__``, a check that every torch function
-pays on every call. mpitensor has no such dispatch path, and adding one to every op would
+torch reaches its tracer through ``__torch_function__``, a check every torch function pays on
+every call. mpitensor has no such per-call dispatch path, and adding one to every op would
 tax every eager program. Instead, the public functions of ``mpitensor``,
-``mpitensor.nn.functional`` and ``mpitensor.linalg`` are swapped for recording wrappers only
-while they can meet a :class:`~mpitensor.fx.Proxy`:
+``mpitensor.nn.functional`` and ``mpitensor.linalg`` get a recording body only while they
+can meet a :class:`~mpitensor.fx.Proxy`:
 
-* while ``Tracer.trace`` runs (it also swaps such functions inside the traced code's module
-  globals, for code that imported them by name), and
-* while any Proxy object is alive (for graphs built by hand from proxies, as in
-  ``torch.cat([proxy_a, proxy_b])`` at module level).
+* while ``Tracer.trace`` runs, and
+* while a Proxy made outside a trace is alive (graphs built by hand from proxies, as in
+  ``torch.cat([proxy_a, proxy_b])`` at module level, or a ``Transformer`` at work).
 
-A reference count decides: the first holder installs the wrappers, the last one to let go
-puts the original functions back, and ``trace`` lets go in a ``finally`` clause, so an error
-in the traced code restores them too. Outside these windows the namespaces hold the
-original functions and eager code pays nothing. A wrapper called without any Proxy among
-its arguments simply calls the original function; it compares and hashes equal to it, so
-``node.target == torch.add`` holds whichever of the two the name is bound to.
+The function objects themselves stay in place: only their ``__code__`` is swapped for a
+short trampoline that records a ``call_function`` node when a Proxy is among the arguments
+and otherwise calls a copy of the original function. So ``node.target is torch.relu``
+holds, and names imported early (``from mpitensor import relu``) record too. A reference
+count decides: the first holder swaps the code in, the last one to let go puts every
+original ``__code__`` back, and ``trace`` lets go in a ``finally`` clause, so an error in
+the traced code restores them too. Outside these windows the functions run their own code
+and eager programs pay nothing.
 """
 
 from __future__ import annotations
@@ -28,46 +29,17 @@ from typing import Any
 
 _lock = threading.RLock()
 _holders = 0
-_saved: list = []  # (namespace dict, name, original) put back on the last release
+_tracing = 0
+_saved: list = []  # (function, its own __code__) put back on the last release
+_CALL = "__mpitensor_fx_record__"  # bound in each swapped function's globals meanwhile
+_ENTRY = "__mpitensor_fx_entry__"  # placeholder constant of the trampoline template
+_TEMPLATES: dict = {}  # free-variable names -> trampoline code with those names
 
 
 class Recordable:
     """Base of values whose operations are recorded (``fx.Proxy``)."""
 
     __slots__ = ()
-
-
-class _Recording:
-    """Stands in for a public function while proxies exist: records a node when a Proxy is
-    among the arguments, and otherwise calls the function."""
-
-    __slots__ = ("__wrapped__", "__weakref__")
-
-    def __init__(self, fn: Any) -> None:
-        self.__wrapped__ = fn
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        proxy = find_proxy(args, kwargs)
-        if proxy is None:
-            return self.__wrapped__(*args, **kwargs)
-        return proxy.tracer.create_proxy("call_function", self.__wrapped__, args, kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__wrapped__, name)
-
-    def __eq__(self, other: Any) -> bool:
-        return unwrap(other) is self.__wrapped__
-
-    def __hash__(self) -> int:
-        return hash(self.__wrapped__)
-
-    def __repr__(self) -> str:
-        return repr(self.__wrapped__)
-
-
-def unwrap(fn: Any) -> Any:
-    """The original function behind a recording wrapper (anything else as it is)."""
-    return fn.__wrapped__ if type(fn) is _Recording else fn
 
 
 def find_proxy(args: Any, kwargs: Any = None) -> Any:
@@ -86,70 +58,90 @@ def find_proxy(args: Any, kwargs: Any = None) -> Any:
     return None
 
 
-def _namespaces() -> list:
+def _record(entry: tuple, args: tuple, kwargs: dict) -> Any:
+    fn, own = entry
+    proxy = find_proxy(args, kwargs)
+    if proxy is None:
+        return own(*args, **kwargs)
+    return proxy.tracer.create_proxy("call_function", fn, args, kwargs)
+
+
+def _template(freevars: tuple) -> types.CodeType:
+    """Trampoline code whose closure takes the same cells as the function it replaces."""
+    code = _TEMPLATES.get(freevars)
+    if code is None:
+        lines = ["def _outer():"] + [f"    {v} = None" for v in freevars]
+        lines.append("    def _trampoline(*args, **kwargs):")
+        if freevars:
+            lines.append("        " + ", ".join(freevars))  # makes them free variables
+        lines += [f"        return {_CALL}({_ENTRY!r}, args, kwargs)", "    return _trampoline"]
+        ns: dict = {}
+        exec("\n".join(lines), ns)  # noqa: S102 - fixed template, names from code objects
+        code = ns["_outer"]().__code__
+        _TEMPLATES[freevars] = code
+    return code
+
+
+def _public_functions() -> list:
     import mpitensor
+    import mpitensor.linalg as linalg
     import mpitensor.nn.functional as functional
 
-    return [vars(mpitensor), vars(functional), vars(mpitensor.linalg)]
+    seen: dict = {}
+    for ns in (mpitensor, functional, linalg):
+        for name, val in vars(ns).items():
+            if not name.startswith("_") and isinstance(val, types.FunctionType):
+                seen.setdefault(id(val), val)
+    return list(seen.values())
 
 
-_RECORDABLE = (types.FunctionType, types.BuiltinFunctionType)
+def _swap_in() -> None:
+    for fn in _public_functions():
+        code = fn.__code__
+        template = _template(code.co_freevars)
+        if template.co_freevars != code.co_freevars:
+            continue  # cannot share the closure: such a function runs unrecorded
+        own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__,
+                                 fn.__closure__)
+        own.__kwdefaults__ = fn.__kwdefaults__
+        consts = tuple((fn, own) if isinstance(c, str) and c == _ENTRY else c
+                       for c in template.co_consts)
+        fn.__globals__[_CALL] = _record
+        _saved.append((fn, code))
+        fn.__code__ = template.replace(co_consts=consts, co_name=code.co_name,
+                                       co_qualname=code.co_qualname,
+                                       co_filename=code.co_filename,
+                                       co_firstlineno=code.co_firstlineno)
 
 
-def _originals() -> dict:
-    """id(original) -> its wrapper, for every public function of the namespaces."""
-    found: dict = {}
-    for ns in _namespaces():
-        for name, val in list(ns.items()):
-            if not name.startswith("_") and isinstance(val, _RECORDABLE):
-                found.setdefault(id(val), _Recording(val))
-    return found
+def _swap_out() -> None:
+    while _saved:
+        fn, code = _saved.pop()
+        fn.__code__ = code
+        fn.__globals__.pop(_CALL, None)
 
 
-_WRAPPERS: dict = {}
-
-
-def _swap(ns: dict) -> None:
-    for name, val in list(ns.items()):
-        w = _WRAPPERS.get(id(val)) if isinstance(val, _RECORDABLE) else None
-        if w is not None and w.__wrapped__ is val:
-            _saved.append((ns, name, val))
-            ns[name] = w
-
-
-def hold(extra_globals: tuple = ()) -> None:
-    """Take a reference: install the wrappers if nobody held them; also swap the functions
-    bound in each dict of ``extra_globals`` until this hold is released."""
+def hold() -> None:
+    """Take a reference: swap the recording code in if nobody held it."""
     global _holders
     with _lock:
-        if not _WRAPPERS:
-            _WRAPPERS.update(_originals())
         if _holders == 0:
-            for ns in _namespaces():
-                _swap(ns)
-        for g in extra_globals:
-            _swap(g)
+            _swap_in()
         _holders += 1
 
 
 def release() -> None:
-    """Let go of a reference; the last one puts every original function back."""
+    """Let go of a reference; the last one puts every original ``__code__`` back."""
     global _holders
     with _lock:
         _holders -= 1
         if _holders == 0:
-            while _saved:
-                ns, name, original = _saved.pop()
-                if type(ns.get(name)) is _Recording:
-                    ns[name] = original
-
-
-_tracing = 0
+            _swap_out()
 
 
 def hold_while_alive(obj: Any) -> None:
-    """Hold the wrappers for as long as ``obj`` lives, unless a trace holds them already
-    (its proxies may outlive it in a traceback, and must not keep the wrappers in place)."""
+    """Hold the recording code for as long as ``obj`` lives, unless a trace holds it already
+    (its proxies may outlive it in a traceback, and must not keep the code swapped)."""
     if _tracing:
         return
     hold()
@@ -157,15 +149,11 @@ def hold_while_alive(obj: Any) -> None:
 
 
 class tracing:
-    """Context manager of ``Tracer.trace``: holds the wrappers (and swaps the functions of
-    ``extra_globals``) for the duration of the trace."""
-
-    def __init__(self, extra_globals: tuple) -> None:
-        self.extra = extra_globals
+    """Context manager of ``Tracer.trace``: holds the recording code for the trace."""
 
     def __enter__(self) -> None:
         global _tracing
-        hold(self.extra)
+        hold()
         _tracing += 1
 
     def __exit__(self, *exc: Any) -> None:
@@ -175,5 +163,5 @@ class tracing:
 
 
 def active() -> bool:
-    """Whether the recording wrappers are installed now."""
+    """Whether the recording code is swapped in now."""
     return _holders > 0

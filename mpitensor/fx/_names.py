@@ -8,15 +8,13 @@ import inspect
 import operator
 from typing import Any, Optional
 
-from ._dispatch import unwrap
-
 # id(function) -> function, for every function registered with fx.wrap
 WRAPPED: dict = {}
 
 
 def wrapped(fn: Any) -> bool:
     """Whether ``fn`` was registered with ``fx.wrap``."""
-    return id(unwrap(fn)) in WRAPPED
+    return id(fn) in WRAPPED
 
 
 def _public_paths() -> dict:
@@ -32,7 +30,6 @@ def _public_paths() -> dict:
             for name, val in vars(ns).items():
                 if name.startswith("_") or inspect.ismodule(val):
                     continue
-                val = unwrap(val)
                 # an alias (concatenate for cat) never shadows the function's own name
                 if id(val) not in paths or name == getattr(val, "__name__", None):
                     paths[id(val)] = (f"{prefix}.{name}", val)
@@ -45,7 +42,6 @@ _PATHS: Optional[dict] = None
 
 def qualified_name(fn: Any) -> str:
     """The dotted name torch.fx would print for a call target."""
-    fn = unwrap(fn)
     hit = _public_paths().get(id(fn))
     if hit is not None and hit[1] is fn:
         return hit[0]

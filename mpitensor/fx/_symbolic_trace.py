@@ -56,7 +56,7 @@ def wrap(fn_or_name: Union[str, Callable]) -> Union[str, Callable]:
     _WRAP_SITES[(id(g), name)] = g
     target = g.get(name, getattr(builtins, name, None))
     if target is not None:
-        WRAPPED[id(_dispatch.unwrap(target))] = target
+        WRAPPED[id(target)] = target
     return fn_or_name
 
 
@@ -207,7 +207,7 @@ class Tracer(TracerBase):
         def module_getattr(mod: nn.Module, name: str) -> Any:
             return tracer.getattr(name, orig_getattr(mod, name), cache)
 
-        recording = _dispatch.tracing(tuple(extra))
+        recording = _dispatch.tracing()
         recording.__enter__()
         try:
             args = self._placeholders(fn, len(bound), concrete_args or {})

@@ -372,9 +372,6 @@ class _CodeWriter:
 
     def add_global(self, obj: Any) -> str:
         """A name under which the generated code can reach ``obj``."""
-        from ._dispatch import unwrap
-
-        obj = unwrap(obj)
         if obj is None or isinstance(obj, (bool, int, str)):
             return repr(obj)
         qual = _qualified_name(obj) if callable(obj) else ""

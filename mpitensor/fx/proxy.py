@@ -108,7 +108,7 @@ def _is_plain_constant(a: Any) -> bool:
     import mpitensor
 
     return isinstance(a, (numpy.dtype, mpitensor.device, type, numpy.generic)) or \
-        inspect.isroutine(a) or isinstance(a, _dispatch._Recording)
+        inspect.isroutine(a)
 
 
 class GraphAppendingTracer(TracerBase):
