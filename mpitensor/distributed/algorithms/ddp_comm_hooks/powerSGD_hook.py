@@ -208,16 +208,18 @@ def _finish_step(state: PowerSGDState, index: int, before: Optional[Any], after:
     state.maybe_increase_iter(bucket)
 
 
-def _plain_phase(state: PowerSGDState, bucket: GradBucket) -> Tuple[Any, Tensor,
-                                                                     Optional[WorkFuture]]:
-    """``(group, bucket tensor, future)``: the future of plain averaging while fewer than
-    ``start_powerSGD_iter`` iterations have run, else ``None`` (compress)."""
+def _plain_phase(state: PowerSGDState, bucket: GradBucket) -> Tuple[Optional[WorkFuture],
+                                                                     tuple]:
+    """``(future, (group, its size, bucket tensor, its array, array module))``: the future of
+    plain averaging while fewer than ``start_powerSGD_iter`` iterations have run, else
+    ``None`` (compress)."""
     group = _group(state.process_group)
     buf_t = bucket.buffer()
+    parts = (group, group.size(), buf_t, buf_t._data, array_module(buf_t._data))
     if state.iter < state.start_powerSGD_iter:
         state.maybe_increase_iter(bucket)
-        return group, buf_t, _allreduce_fut(group, buf_t)
-    return group, buf_t, None
+        return _allreduce_fut(group, buf_t), parts
+    return None, parts
 
 
 def _sum(arr: Any, group: Any) -> WorkFuture:
@@ -237,12 +239,9 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> WorkFuture:  # no
         ...                       start_powerSGD_iter=10)
         >>> ddp.register_comm_hook(state, powerSGD_hook)
     """
-    group, buf_t, plain = _plain_phase(state, bucket)
+    plain, (group, world, buf_t, flat, xp) = _plain_phase(state, bucket)
     if plain is not None:
         return plain
-    world = group.size()
-    flat = buf_t._data
-    xp = array_module(flat)
     index = bucket.index()
     before = _add_error_feedback(state, index, flat)
 
@@ -333,12 +332,9 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> WorkFutur
     """PowerSGD on the whole bucket at once: the flat bucket, zero-padded to a square
     ``s x s`` matrix (``s = ceil(sqrt(numel))``), gets one rank-``r`` approximation. Cheaper
     than :func:`powerSGD_hook` but usually less accurate (it ignores the gradients' shapes)."""
-    group, buf_t, plain = _plain_phase(state, bucket)
+    plain, (group, world, buf_t, flat, xp) = _plain_phase(state, bucket)
     if plain is not None:
         return plain
-    world = group.size()
-    flat = buf_t._data
-    xp = array_module(flat)
     length = flat.size
     side = math.ceil(math.sqrt(length))
     rank = min(side, state.matrix_approximation_rank)
