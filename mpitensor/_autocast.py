@@ -38,7 +38,8 @@ DEFAULT_DTYPE = {"cpu": _dt.bfloat16, "cuda": _dt.float16}
 
 _CPU_LOWER = ("conv1d", "conv2d", "conv3d", "bmm", "mm", "baddbmm", "addmm", "addbmm", "linear",
               "matmul", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "prelu",
-              "scaled_dot_product_attention", "tensordot")  # (torch composes it of mm)
+              "scaled_dot_product_attention",
+              "tensordot", "einsum")  # (these two torch composes of mm/bmm; see einsum)
 _CPU_FP32 = ("binary_cross_entropy", "prod", "cdist", "trace", "inverse", "mse_loss",
              "cosine_embedding_loss", "nll_loss", "hinge_embedding_loss", "poisson_nll_loss",
              "smooth_l1_loss", "cross_entropy", "l1_loss", "huber_loss", "margin_ranking_loss",
@@ -46,7 +47,8 @@ _CPU_FP32 = ("binary_cross_entropy", "prod", "cdist", "trace", "inverse", "mse_l
              "multilabel_margin_loss", "binary_cross_entropy_with_logits")
 _CUDA_LOWER = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
                "conv_transpose3d", "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm",
-               "mv", "linear", "addbmm", "baddbmm", "bmm", "scaled_dot_product_attention")
+               "mv", "linear", "addbmm", "baddbmm", "bmm", "scaled_dot_product_attention",
+               "einsum_no_contraction")
 _CUDA_FP32 = ("layer_norm", "group_norm", "cosine_embedding_loss", "nll_loss",
               "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
               "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",

@@ -101,6 +101,7 @@ def _add_scaled(inp: Any, beta: Any, prod: Tensor) -> Tensor:
 # einsum
 
 
+@computes_in_float32  # half operands: float32 products and sums, one rounding (as bmm)
 class Einsum(Function):
     """``einsum(eq, *operands)`` for a normalised equation (explicit output, no ellipsis):
     each operand's gradient is the ``einsum`` of the output's gradient with the others."""
@@ -212,7 +213,17 @@ def _normalise_einsum(eq: str, shapes: list) -> str:
     return ",".join(new_subs) + "->" + out
 
 
-@_autocast.op("einsum")
+def _contracts(equation: str, n: int) -> bool:
+    """Whether an einsum sums an index shared by two operands (torch then computes it with
+    bmm, which CPU autocast casts; without one it multiplies or reduces, which it does not)."""
+    terms = equation.replace(" ", "").replace("...", "").split("->")
+    ins = terms[0].split(",")[:n]
+    letters = "".join(ins)
+    out = terms[1] if len(terms) > 1 else "".join(c for c in set(letters)
+                                                      if letters.count(c) == 1)
+    return any(sum(c in t for t in ins) > 1 for c in set(letters) - set(out))
+
+
 def einsum(equation: str, *operands: Any) -> Tensor:
     """Sum products of the operands' elements as the equation says (``numpy.einsum``).
 
@@ -231,6 +242,9 @@ def einsum(equation: str, *operands: Any) -> Tensor:
     """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    if _autocast.ON and _autocast.active() and isinstance(equation, str):
+        kind = "einsum" if _contracts(equation, len(operands)) else "einsum_no_contraction"
+        return _autocast.run(kind, einsum, equation, *operands)
     ts = [_tensor_arg(t, "einsum()") for t in operands]
     eq = _normalise_einsum(equation, [t._data.shape for t in ts])
     if _grad_mode.enabled and any(t._requires_grad for t in ts):
