@@ -456,9 +456,6 @@ class _CodeWriter:
         for node in reversed(nodes):
             for inp in node.all_input_nodes:
                 last_use.setdefault(inp, node)
-        dies_at: dict = {}
-        for value, user in last_use.items():
-            dies_at.setdefault(user, []).append(value)
         params, body = [], []
         for node in nodes:
             if node.op == "placeholder":
@@ -473,7 +470,7 @@ class _CodeWriter:
                 body.append(f"return {self.fmt(node.args[0])}")
                 continue
             line = f"{node.name} = {self.expression(node)}"
-            dead = sorted(dies_at.get(node, []), key=lambda v: nodes.index(v))
+            dead = [v for v in node.all_input_nodes if last_use[v] is node]
             if not node.users:
                 dead.append(node)
             if dead:
