@@ -735,6 +735,9 @@ def _leaf_grad(t: Any, g: Any) -> Any:
 
 def _accumulate(t: Any, g: Any) -> None:
     """Add ``g`` into leaf ``t``'s ``.grad``, in place when it exists (views of it stay valid)."""
+    if getattr(g, "is_sparse_grad", False):  # rows of a lookup with sparse=True: a sparse .grad
+        g.accumulate_into(t)
+        return
     hooks = getattr(t, "_hooks", None)
     if hooks is not None and hooks[0]:
         for h in hooks[0]:

@@ -395,3 +395,63 @@ def test_gpu_spmm_matches_cpu():
     _close(_dense(ac.coalesce().cpu()), _dense(a), np.float32, 2)
     _close(_dense(mt.sparse.softmax(ac, 1).cpu()), _dense(mt.sparse.softmax(a, 1)),
            np.float32, 4)
+
+
+# ---- nn.Embedding(sparse=True): sparse gradients, and the optimisers that take them
+
+
+def _embedding_run(lib, dtype, opt_name, steps=3, **opt_kw):
+    w = np.random.default_rng(5).standard_normal((6, 3)).astype(dtype)
+    e = lib.nn.Embedding(6, 3, sparse=True, padding_idx=1, dtype=getattr(lib, str(
+        np.dtype(dtype))))
+    with lib.no_grad():
+        e.weight.copy_(lib.tensor(w))
+    opt = getattr(lib.optim, opt_name)(e.parameters(), lr=0.1, **opt_kw)
+    grads = []
+    for _ in range(steps):
+        opt.zero_grad()
+        (e(lib.tensor([[0, 2, 2], [5, 1, 2]])) ** 2).sum().backward()
+        g = e.weight.grad
+        grads.append((g.is_sparse, g._nnz(), _dense(g._indices()), _dense(g)))
+        opt.step()
+    return grads, _dense(e.weight)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("opt_name", ["SparseAdam", "SGD"])
+def test_embedding_sparse_grad_and_optimisers(dtype, opt_name):
+    torch = _torch()
+    (g_mt, w_mt), (g_t, w_t) = (_embedding_run(lib, dtype, opt_name) for lib in (mt, torch))
+    for a, b in zip(g_mt, g_t):
+        assert a[:2] == b[:2]
+        np.testing.assert_array_equal(a[2], b[2])  # one entry per lookup, padding left out
+        _close(a[3], b[3], dtype, 3)
+    _close(w_mt, w_t, dtype, 12)
+
+
+def test_embedding_sparse_grad_accumulates():
+    torch = _torch()
+    got = []
+    for lib in (mt, torch):
+        e = lib.nn.Embedding(4, 2, sparse=True)
+        for ix in ([0, 3], [3, 3]):
+            e(lib.tensor(ix)).sum().backward()
+        got.append((e.weight.grad._nnz(), _dense(e.weight.grad)))
+    assert got[0][0] == got[1][0] == 4
+    np.testing.assert_array_equal(got[0][1], got[1][1])
+
+
+def test_embedding_sparse_refusals():
+    torch = _torch()
+    for lib in (mt, torch):
+        e = lib.nn.Embedding(4, 2, sparse=True, scale_grad_by_freq=True)
+        with pytest.raises(RuntimeError):
+            e(lib.tensor([0, 3, 3])).sum().backward()
+        e = lib.nn.Embedding(4, 2, sparse=True)
+        e(lib.tensor([1])).sum().backward()
+        with pytest.raises(RuntimeError):  # Adam takes no sparse gradient
+            lib.optim.Adam(e.parameters()).step()
+    e = mt.nn.Embedding(4, 2, sparse=True)
+    e(mt.tensor([1])).sum().backward()
+    with pytest.raises(NotImplementedError):
+        mt.optim.SGD(e.parameters(), lr=0.1, momentum=0.9).step()

@@ -4,9 +4,9 @@ The gradient of a lookup is a scatter-add of the output gradient into the rows o
 (``numpy.add.at``, ``cupyx.scatter_add`` on a GPU): vectorised, and exact for repeated
 indices. As in torch, the ``padding_idx`` row gets no gradient, ``scale_grad_by_freq``
 divides each row's gradient by how often the row was looked up, and ``max_norm`` renormalises
-the looked-up rows of the table in place (counted by its version counter). ``sparse=True`` is
-accepted; the gradient is a dense tensor (mpitensor has no sparse tensors), which every
-optimizer takes.
+the looked-up rows of the table in place (counted by its version counter). ``sparse=True``
+gives the table a sparse COO gradient, as in torch (``optim.SparseAdam`` and ``optim.SGD`` take
+it).
 
 Re-exported by :mod:`mpitensor.nn.functional`; import them from there.
 
@@ -26,6 +26,7 @@ import numpy as np
 
 from mpitensor import _half
 from mpitensor import dtypes as _dt
+from mpitensor._sparse import SparseGrad
 from mpitensor.autograd import Function, bump_version
 from mpitensor.tensor import Tensor, _new
 
@@ -134,9 +135,11 @@ def _renorm_(weight: Tensor, idx: Any, max_norm: float, norm_type: float) -> Non
 
 class _Embedding(Function):
     @staticmethod
-    def forward(ctx: Any, w: Any, idx: Any, padding_idx: Optional[int], by_freq: bool) -> Any:
+    def forward(ctx: Any, w: Any, idx: Any, padding_idx: Optional[int], by_freq: bool,
+                sparse: bool = False) -> Any:
         ctx.save_for_backward(idx)
         ctx.meta = (w.shape, w.dtype, padding_idx, by_freq)
+        ctx.sparse = sparse
         return w[idx]
 
     @staticmethod
@@ -149,11 +152,15 @@ class _Embedding(Function):
         if by_freq:
             counts = xp.bincount(flat, minlength=wshape[0])
             rows = rows / counts[flat][:, None].astype(rows.dtype)
+        if ctx.sparse:  # torch's sparse gradient: one entry per lookup, padding ones left out
+            keep = flat != padding_idx if padding_idx is not None else slice(None)
+            return (SparseGrad(flat[keep][None, :], rows[keep].astype(wdt), wshape),
+                    None, None, None, None)
         if padding_idx is not None:
             rows = rows * (flat != padding_idx)[:, None].astype(rows.dtype)
         gw = xp.zeros(wshape, dtype=wdt)
         _scatter_rows(xp, gw, flat, rows.astype(wdt, copy=False))
-        return gw, None, None, None
+        return gw, None, None, None, None
 
 
 def embedding(input: Any, weight: Any, padding_idx: Optional[int] = None,  # noqa: A002
@@ -169,7 +176,8 @@ def embedding(input: Any, weight: Any, padding_idx: Optional[int] = None,  # noq
             larger than this, to this norm.
         norm_type: the norm for ``max_norm``.
         scale_grad_by_freq: divide each row's gradient by its number of lookups in ``input``.
-        sparse: accepted for torch compatibility; the gradient is dense.
+        sparse: give a leaf ``weight`` a sparse COO gradient (one entry per lookup), as
+            torch does; a weight made by other ops gets a dense one.
 
     Returns:
         A tensor of shape ``(*input.shape, D)``.
@@ -196,9 +204,14 @@ def embedding(input: Any, weight: Any, padding_idx: Optional[int] = None,  # noq
         bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
         raise IndexError(f"embedding(): index {bad} is out of range for a table of {n} rows")
     pad = _padding_index(padding_idx, n, "embedding")
+    sparse = bool(sparse) and w.grad_fn is None
+    if sparse and scale_grad_by_freq and w.requires_grad:
+        raise RuntimeError("embedding(): scale_grad_by_freq is not supported with sparse "
+                           "gradients (as in torch); drop one of them")
     if max_norm is not None:
         _renorm_(w, idx, float(max_norm), float(norm_type))
-    return _Embedding.apply(w, idx.astype(np.int64, copy=False), pad, bool(scale_grad_by_freq))
+    return _Embedding.apply(w, idx.astype(np.int64, copy=False), pad, bool(scale_grad_by_freq),
+                            sparse)
 
 
 # --------------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ class Embedding(Module):
         padding_idx: a row whose gradient stays 0 (and which starts at zeros).
         max_norm, norm_type: renormalise looked-up rows longer than ``max_norm`` (in place).
         scale_grad_by_freq: divide row gradients by their lookup counts in the batch.
-        sparse: accepted; the gradient is dense.
+        sparse: give the table a sparse COO gradient (for SparseAdam and SGD).
         _weight, _freeze: torch's private constructor arguments (a given table; no grad).
         device, dtype: where and how to make the table.
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
+from mpitensor._sparse import add_sparse_
 from mpitensor.tensor import Tensor
 
 from .optimizer import Optimizer, required
@@ -140,6 +141,14 @@ class SGD(Optimizer):
             for p in group["params"]:
                 g = p.grad
                 if g is None:
+                    continue
+                if g.is_sparse:  # nn.Embedding(sparse=True): added in entry by entry, as torch
+                    if momentum != 0 or wd != 0:
+                        raise NotImplementedError(
+                            "SGD: momentum and weight_decay are not supported with a sparse "
+                            "gradient here; use them with a dense one, or SparseAdam")
+                    add_sparse_(p._data, g, lr if maximize else -lr)
+                    _autograd.bump_version(p)
                     continue
                 if momentum != 0:
                     st = state[p]

@@ -1,10 +1,11 @@
-"""``SparseAdam``: the lazy Adam of ``torch.optim.SparseAdam``, on dense gradients.
+"""``SparseAdam``: the lazy Adam of ``torch.optim.SparseAdam``.
 
 torch's SparseAdam takes sparse gradients (``nn.Embedding(sparse=True)``) and updates only the
 entries a gradient holds: their moments and their weights; every other entry, moments included,
-is left as it is. mpitensor has no sparse tensors, so its gradients are dense. Here the entries a
-gradient "holds" are its **nonzero** entries: the ones ``grad.to_sparse()`` would keep in torch.
-With that reading the update is torch's, element for element::
+is left as it is. A sparse gradient here (from ``nn.Embedding(sparse=True)``, or set by hand)
+holds the entries it lists, as in torch. A dense gradient is also taken: the entries it "holds"
+are its **nonzero** entries, the ones ``grad.to_sparse()`` would keep in torch. Either way the
+update is torch's, element for element::
 
     t += 1                                         'step', a Python int as torch keeps it
     for each entry i with g_i != 0  (g = -grad if maximize):
@@ -14,10 +15,10 @@ With that reading the update is torch's, element for element::
 
 Where it differs from torch, and why:
 
-* torch raises on a dense gradient; here every gradient is dense, and is read as above.
-* An entry that torch's sparse gradient lists with an explicit zero value (for instance an
-  embedding row that was looked up but whose gradient came out exactly 0.0) moves its moments
-  in torch and does not move here. Gradients of floating-point losses are rarely exactly 0.0.
+* torch raises on a dense gradient; here it is read as above. An entry that torch's sparse
+  gradient lists with an explicit zero value (an embedding row looked up whose gradient came
+  out exactly 0.0) moves its moments in torch; in a dense gradient here it does not (a sparse
+  gradient, as ``nn.Embedding(sparse=True)`` gives, moves it as torch does).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import math
 from typing import Any, Dict, NamedTuple, Tuple
 
 from mpitensor import backend as _backend
+from mpitensor._sparse import held_entries, sparse_of
 
 from . import _adaptive as _a
 
@@ -106,7 +108,11 @@ class SparseAdam(_a.AdaptiveOptimizer):
         xp = _backend.array_module(param)
         m = _a.state_array(state, "exp_avg", param)
         v = _a.state_array(state, "exp_avg_sq", param)
-        held = grad != 0
+        sparse = sparse_of(grad)
+        if sparse is None:
+            held = grad != 0
+        else:  # a sparse gradient (nn.Embedding(sparse=True)): its entries, as in torch
+            grad, held = held_entries(param, sparse)
         g = grad[held]
         if s.maximize:
             g = -g
