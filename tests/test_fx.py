@@ -421,3 +421,25 @@ def test_traced_module_runs_on_gpu():
     out = gm(mt.tensor(xn, device="cuda"))
     assert out[0].device.type == "cuda"
     _close(out[0].cpu(), theirs(torch.tensor(xn))[0], 1e-11)
+
+
+_WRAP_PROGRAM = '''
+from math import sqrt
+torch.fx.wrap("len")
+
+class M(torch.nn.Module):
+    def forward(self, x):
+        return x * len(x) + sqrt(x.size(0)) + x.size(1)
+
+gm = torch.fx.symbolic_trace(M())
+'''
+
+
+def test_wrap_by_name_and_autowrapped_math_match_torch():
+    ours, theirs = {"torch": mt, "__name__": "fx_prog"}, {"torch": torch, "__name__": "fx_prog"}
+    exec(_WRAP_PROGRAM, ours)  # noqa: S102 - a module-level program, as wrap() requires
+    exec(_WRAP_PROGRAM, theirs)  # noqa: S102
+    assert ours["gm"].code == theirs["gm"].code
+    assert 'wrap("len")' in ours["gm"].code
+    np.testing.assert_array_equal(ours["gm"](mt.ones(4, 2)).numpy(),
+                                  theirs["gm"](torch.ones(4, 2)).numpy())

@@ -261,6 +261,7 @@ class Tracer(TracerBase):
         for g in extra:
             for name, val in list(g.items()):
                 if id(val) in self._autowrap_ids and type(val) is not _LeafCall:
+                    WRAPPED[id(val)] = val  # printed with its wrap() line, as torch does
                     patched.append((g, name, val))
                     g[name] = _LeafCall(val)
         return patched

@@ -270,17 +270,18 @@ class Graph:
         """Context manager: new nodes go just before ``n`` (the graph's start when None)."""
         if n is None:
             return self.inserting_after(self._root)
-        if n.graph is not self:
-            raise ValueError("inserting_before: the node is not in this graph")
-        return self._insert_point(n.prepend)
+        return self._insert_point(self._mine(n, "inserting_before").prepend)
 
     def inserting_after(self, n: Optional[Node] = None) -> Any:
         """Context manager: new nodes go just after ``n`` (the graph's end when None)."""
         if n is None:
             return self.inserting_before(self._root)
+        return self._insert_point(self._mine(n, "inserting_after").append)
+
+    def _mine(self, n: Node, what: str) -> Node:
         if n.graph is not self:
-            raise ValueError("inserting_after: the node is not in this graph")
-        return self._insert_point(n.append)
+            raise ValueError(f"{what}: node {n.name!r} is not in this graph")
+        return n
 
     def eliminate_dead_code(self, is_impure_node: Optional[Callable[[Node], bool]] = None
                             ) -> bool:

@@ -123,6 +123,15 @@ class Node:
         """Move (or insert) ``x`` just after this node."""
         self._next.prepend(x)
 
+    @property
+    def stack_trace(self) -> Optional[str]:
+        """Where the traced code made this node, when recorded (``meta['stack_trace']``)."""
+        return self.meta.get("stack_trace")
+
+    @stack_trace.setter
+    def stack_trace(self, trace: Optional[str]) -> None:
+        self.meta["stack_trace"] = trace
+
     # --- arguments ---------------------------------------------------------------------------
     @property
     def args(self) -> tuple:
