@@ -600,6 +600,7 @@ class _ConvNd(Function):
         return dx, dw, db, None
 
 
+@_half.computes_in_float32  # half inputs: col2im adds in float32, one rounding, as torch
 class _ConvTransposeNd(Function):
     """The adjoint of :class:`_ConvNd` with the same weight (see :mod:`._convnd`)."""
 
