@@ -35,7 +35,7 @@ def _answer(fn):
 
 ZERO_ANSWERS = ["memory_allocated", "max_memory_allocated", "memory_reserved",
                 "max_memory_reserved", "memory_cached", "max_memory_cached", "memory_stats",
-                "memory_stats_as_nested_dict", "empty_cache"]
+                "memory_stats_as_nested_dict", "empty_cache", "is_bf16_supported"]
 
 
 @no_gpu

@@ -41,7 +41,7 @@ CudaUnavailableError.__module__ = __name__  # its public home
 __all__ = [
     "CudaUnavailableError", "is_available", "device_count", "is_initialized", "init",
     "set_device", "current_device", "synchronize", "device", "manual_seed", "manual_seed_all",
-    "empty_cache", "get_device_name", "get_device_capability",
+    "empty_cache", "get_device_name", "get_device_capability", "is_bf16_supported",
 ]
 
 
@@ -291,6 +291,31 @@ def get_device_capability(device: DeviceArg = None) -> tuple:
     """
     props = _properties(device, "get_device_capability")
     return int(props["major"]), int(props["minor"])
+
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Return whether bfloat16 tensors can be used on the current GPU (False without one).
+
+    True where a bfloat16 tensor can be made there; with ``including_emulation=False`` the GPU
+    must also compute in bfloat16 natively (compute capability 8.0 or newer), as in torch.
+
+    Example:
+        >>> import mpitensor as torch
+        >>> dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    """
+    if not is_available():
+        return False
+    if not including_emulation and get_device_capability()[0] < 8:
+        return False
+    from mpitensor import dtypes
+    from mpitensor._creation import zeros
+
+    try:
+        zeros(1, dtype=dtypes.bfloat16, device="cuda")
+    except (TypeError, ValueError, RuntimeError):
+        return False  # CuPy without bfloat16 arrays
+    return True
 
 
 from .memory import *  # noqa: E402, F403 - torch.cuda's memory statistics
