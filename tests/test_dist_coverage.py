@@ -190,6 +190,24 @@ def test_distributed_c10d_module_resolves_package_names():
         c10d.no_such_name  # noqa: B018
 
 
+def test_record_comm_names_the_operations(world):
+    with dist.record_comm("layer1 grads"):
+        with pytest.raises(ValueError, match=r"all_reduce \[layer1 grads\] \(#"):
+            dist.all_reduce(mt.ones(2), op=dist.ReduceOp.BAND)
+        with dist.record_comm("inner"):
+            with pytest.raises(ValueError, match=r"all_reduce \[inner\]"):
+                dist.all_reduce(mt.ones(2), op=dist.ReduceOp.BOR)
+            dist.all_reduce(mt.ones(2))
+        with pytest.raises(ValueError, match=r"\[layer1 grads\]"):
+            dist.all_reduce(mt.ones(2), op=dist.ReduceOp.BAND)
+    with pytest.raises(ValueError) as info:
+        dist.all_reduce(mt.ones(2), op=dist.ReduceOp.BAND)
+    assert "[" not in str(info.value).split(":")[1]
+    with pytest.raises(TypeError):
+        with dist.record_comm(3):
+            pass
+
+
 def test_breakpoint_skips_then_barrier(world, monkeypatch):
     calls = []
     monkeypatch.setattr("pdb.Pdb.set_trace", lambda self, frame=None: calls.append(frame))

@@ -1174,6 +1174,7 @@ from ._c10d import (  # noqa: E402 - they look up this package's functions when 
     is_backend_available,
     is_ucc_available,
     is_xccl_available,
+    record_comm,
     reduce_scatter_single,
     register_rendezvous_handler,
     rendezvous,
@@ -1195,6 +1196,6 @@ __all__ += [
     "is_backend_available", "is_ucc_available", "is_xccl_available",
     "register_rendezvous_handler", "rendezvous", "reduce_scatter_single", "set_debug_level",
     "set_debug_level_from_env", "split_group", "supports_complex", "BuiltinCommHookType",
-    "GradBucket",
+    "GradBucket", "record_comm",
 ]
 # breakpoint stays out of __all__: a star import must not hide the builtin

@@ -8,6 +8,7 @@ Imported by the package ``__init__`` at its end, which then hands this module th
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import os
@@ -24,7 +25,7 @@ __all__ = [
     "GroupName", "ProcessGroupGloo", "QueueEmptyError", "ReduceOptions", "ReduceScatterOptions",
     "ScatterOptions", "all_gather_coalesced", "all_gather_single", "all_reduce_coalesced",
     "breakpoint", "default_pg_timeout", "get_backend_config", "get_debug_level", "get_pg_count",
-    "is_backend_available", "is_ucc_available", "is_xccl_available",
+    "is_backend_available", "is_ucc_available", "is_xccl_available", "record_comm",
     "register_rendezvous_handler", "rendezvous", "reduce_scatter_single", "set_debug_level",
     "set_debug_level_from_env", "split_group", "supports_complex",
 ]
@@ -497,6 +498,29 @@ def _builtin_handler(url: str, timeout: Any = None, **kwargs: Any) -> Iterator[T
 
 for _scheme in ("env", "tcp", "file"):
     register_rendezvous_handler(_scheme, _builtin_handler)
+
+
+# ------------------------------------------------------------------------ record_comm
+@contextlib.contextmanager
+def record_comm(name: str) -> Iterator[None]:
+    """Name the collectives called inside, in the messages of the errors their argument
+    checks raise: ``rank 0: all_reduce [layer1 grads] (#4 on WORLD): ...`` (torch uses the
+    name as the profiling title; there is no collective profiler here). Nests; the outer
+    name comes back on exit.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"record_comm: name must be a string, got {name!r}")
+    from .process_group import COMM_NAME
+
+    outer = COMM_NAME[0]
+    COMM_NAME[0] = name
+    try:
+        yield
+    finally:
+        COMM_NAME[0] = outer
 
 
 # ----------------------------------------------------------------- the gloo group class

@@ -34,7 +34,7 @@ from . import _faults
 from . import _fingerprint as _fp
 from . import _watchdog as W
 from ._watchdog import MASK as _MASK
-from .process_group import ProcessGroup, ReduceOp, Work, _Completed
+from .process_group import COMM_NAME, ProcessGroup, ReduceOp, Work, _Completed
 
 __all__ = ["MPIGroup"]
 
@@ -153,6 +153,8 @@ class MPIGroup(ProcessGroup):
         if self.slow:  # debug mode, or a failure to settle or report (check_usable)
             self.check_usable(opname)
         self.opname = opname
+        if COMM_NAME[0]:  # inside record_comm(name): messages carry the name
+            opname = f"{opname} [{COMM_NAME[0]}]"
         return f"rank {self.global_rank}: {opname} (#{self.seq + 1} on {self.name})"
 
     def _begin_p2p(self, opname: str) -> str:

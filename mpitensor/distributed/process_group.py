@@ -75,6 +75,11 @@ class _LegacyReduceOp:
 reduce_op = _LegacyReduceOp()
 
 
+#: the name ``record_comm(name)`` gives the collectives called inside it ("" outside): the
+#: error prefixes of their argument checks carry it
+COMM_NAME = [""]
+
+
 class Work:
     """Handle of an asynchronous operation (``async_op=True``, ``isend``, ``irecv``).
 
@@ -486,6 +491,8 @@ class ProcessGroup:
         The number is the one this call gets: a call that fails its local checks is counted
         too, once its peers have heard of it (``_faults``), so the ranks' counters stay equal.
         """
+        if COMM_NAME[0]:  # inside record_comm(name)
+            opname = f"{opname} [{COMM_NAME[0]}]"
         if p2p:
             return f"rank {self.global_rank}: {opname} (p2p #{self.p2p_seq + 1} on {self.name})"
         return f"rank {self.global_rank}: {opname} (#{self.seq + 1} on {self.name})"
