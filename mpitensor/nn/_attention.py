@@ -22,7 +22,8 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from enum import IntEnum
+from typing import Any, FrozenSet, Optional
 
 import numpy as np
 
@@ -37,6 +38,30 @@ from mpitensor.tensor import Tensor, _new
 from ._checks import as_tensor, check_float, quiet, shape_str, xp_of
 
 __all__ = ["scaled_dot_product_attention", "multi_head_attention_forward"]
+
+
+class SDPBackend(IntEnum):
+    """The kernels torch's scaled_dot_product_attention may choose from (mpitensor has the
+    MATH one); see :mod:`mpitensor.nn.attention`."""
+
+    ERROR = -1
+    MATH = 0
+    FLASH_ATTENTION = 1
+    EFFICIENT_ATTENTION = 2
+    CUDNN_ATTENTION = 3
+    OVERRIDEABLE = 4
+
+
+# the backends sdpa_kernel() allows (all, outside any sdpa_kernel block)
+_ALLOWED = {"now": frozenset(SDPBackend)}
+
+
+def _allowed_backends() -> FrozenSet[SDPBackend]:
+    return _ALLOWED["now"]
+
+
+def _set_allowed_backends(allowed: FrozenSet[SDPBackend]) -> None:
+    _ALLOWED["now"] = allowed
 
 
 @_half.computes_in_float32
@@ -119,6 +144,12 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
         mpitensor.Size([2, 3, 6])
     """
     fname = "scaled_dot_product_attention"
+    if SDPBackend.MATH not in _ALLOWED["now"]:
+        raise RuntimeError(f"{fname}(): no available kernel: sdpa_kernel() allows only "
+                           f"{sorted(b.name for b in _ALLOWED['now'])}, and mpitensor has only "
+                           f"the MATH kernel; include SDPBackend.MATH")
+    if hasattr(attn_mask, "_materialize"):  # a CausalBias of mpitensor.nn.attention.bias
+        attn_mask = attn_mask._materialize(getattr(query, "device", None))
     q = as_tensor(query, "query", fname)
     k = as_tensor(key, "key", fname)
     v = as_tensor(value, "value", fname)

@@ -1,6 +1,7 @@
-"""``torch.nn.functional.linear_cross_entropy`` and its chunking options
-(:class:`LinearCrossEntropyOptions`): the cross entropy of ``linear(input, weight, bias)``
-against the targets.
+"""The chunking options of ``torch.nn.functional.linear_cross_entropy``
+(:class:`LinearCrossEntropyOptions`) and its chunked path; the function itself, the cross
+entropy of ``linear(input, weight, bias)`` against the targets, is in
+:mod:`mpitensor.nn.functional`.
 
 Without options it is exactly that composition (the logits are made in full). With options,
 the batch is processed ``batch_chunk_size`` rows at a time inside one autograd function that
@@ -13,6 +14,7 @@ Re-exported by :mod:`mpitensor.nn.functional`; import it from there.
 
 Example:
     >>> import mpitensor as mt
+    >>> from mpitensor.nn.functional import linear_cross_entropy
     >>> x, w = mt.randn(6, 4), mt.randn(10, 4)
     >>> t = mt.tensor([1, 2, 3, 4, 5, 6])
     >>> a = linear_cross_entropy(x, w, t)
@@ -24,7 +26,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from typing import Any, Optional
 
@@ -34,9 +35,9 @@ from mpitensor import dtypes as _dt
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
-from ._checks import as_tensor, reduction_of, shape_str, xp_of
+from ._checks import as_tensor, xp_of
 
-__all__ = ["linear_cross_entropy", "LinearCrossEntropyOptions"]
+__all__ = ["LinearCrossEntropyOptions"]
 
 _POLICIES = ("accurate", "balanced", "compact", "auto")
 #: logits per chunk when the options leave the chunk size to us
@@ -145,74 +146,27 @@ def _chunk_size(options: LinearCrossEntropyOptions, n: int, c: int) -> int:
     return max(1, min(n, _AUTO_LOGITS // max(c, 1)))
 
 
-def linear_cross_entropy(input: Any, linear_weight: Any, target: Any, *,  # noqa: A002
-                         linear_bias: Any = None, weight: Any = None, reduction: str = "mean",
-                         ignore_index: Optional[int] = None, label_smoothing: float = 0.0,
-                         options: Optional[LinearCrossEntropyOptions] = None) -> Tensor:
-    """``cross_entropy(linear(input, linear_weight, linear_bias), target, ...)``.
-
-    Args:
-        input: (N, in) or (in,) samples.
-        linear_weight: (C, in), or (C, d1, ..., dK, in) for a K-dimensional loss (the
-            logits are then reshaped to (N, C, d1, ..., dK)).
-        target: class indices or class probabilities, as :func:`cross_entropy` takes them.
-        linear_bias: (C,) or (C, d1, ..., dK), optional.
-        weight, reduction, label_smoothing: as :func:`cross_entropy`.
-        ignore_index: the ignored class index (None means -100).
-        options: chunk the batch (see :class:`LinearCrossEntropyOptions`); None computes the
-            logits in full.
-
-    Raises:
-        RuntimeError: an input of another rank than 1 or 2, or mismatched feature sizes.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> linear_cross_entropy(mt.zeros(2, 3), mt.zeros(4, 3), mt.tensor([0, 1])).item()
-        1.3862943649291992
-    """
-    from .functional import cross_entropy, linear  # noqa: PLC0415 - this file is re-exported there
-
-    fname = "linear_cross_entropy"
-    x = as_tensor(input, "input", fname)
-    w = as_tensor(linear_weight, "linear_weight", fname)
-    if x.ndim not in (1, 2):
-        raise RuntimeError(f"{fname}(): expected a 1-D or 2-D input, got shape "
-                           f"{shape_str(x.shape)}")
-    if w.ndim < 2 or w.shape[-1] != x.shape[-1]:
-        raise RuntimeError(f"{fname}(): linear_weight must be (C, ..., {x.shape[-1]}), got "
-                           f"shape {shape_str(w.shape)}")
-    red = reduction_of(reduction, None, None, fname)
-    ignore = -100 if ignore_index is None else int(ignore_index)
-    t = target if isinstance(target, Tensor) else as_tensor(target, "target", fname)
-    chunked = options is not None
-    if chunked:
-        ok = (x.ndim == 2 and w.ndim == 2 and red in ("mean", "sum")
-              and _dt.kind_of(t.dtype) in "iu" and t.ndim == 1
-              and (linear_bias is None or as_tensor(linear_bias, "linear_bias", fname).ndim == 1))
-        if not ok:
-            warnings.warn(f"{fname}(): the chunked path takes 2-D inputs, (C, in) weights, "
-                          f"(C,) biases, class-index targets and the 'mean' or 'sum' "
-                          f"reduction; computing the logits in full instead", stacklevel=2)
-            chunked = False
-    if chunked:
-        b = None if linear_bias is None else as_tensor(linear_bias, "linear_bias", fname)
-        cw = None if weight is None else as_tensor(weight, "weight", fname)._data
-        acc = options.acc_dtype
-        acc = np.dtype(np.float64) if acc is None and options.acc_policy == "accurate" else (
-            x._data.dtype if acc is None else _dt.to_dtype(acc))
-        tv = t._data
-        if tv.shape[0] != x.shape[0]:
-            raise ValueError(f"{fname}(): expected {x.shape[0]} targets, got {tv.shape[0]}")
-        return _ChunkedLinearCE.apply(x, w, b, tv.astype(np.int64, copy=False), cw, ignore,
-                                      float(label_smoothing), red,
-                                      _chunk_size(options, x.shape[0], w.shape[0]), acc)
-    c, extra = w.shape[0], tuple(w.shape[1:-1])
-    flat_w = w.reshape((c * math.prod(extra), w.shape[-1])) if extra else w
-    b = linear_bias
-    if b is not None and extra:
-        b = as_tensor(b, "linear_bias", fname).reshape((c * math.prod(extra),))
-    logits = linear(x, flat_w, b)
-    if extra:
-        logits = logits.reshape((*x.shape[:-1], c, *extra))
-    return cross_entropy(logits, t, weight, ignore_index=ignore, reduction=red,
-                         label_smoothing=label_smoothing)
+def chunked_linear_cross_entropy(fname: str, x: Tensor, w: Tensor, linear_bias: Any,
+                                 t: Tensor, weight: Any, red: str, ignore: int,
+                                 label_smoothing: float,
+                                 options: LinearCrossEntropyOptions) -> Optional[Tensor]:
+    """The chunked path, or None (after a warning) where it does not apply."""
+    ok = (x.ndim == 2 and w.ndim == 2 and red in ("mean", "sum")
+          and _dt.kind_of(t.dtype) in "iu" and t.ndim == 1
+          and (linear_bias is None or as_tensor(linear_bias, "linear_bias", fname).ndim == 1))
+    if not ok:
+        warnings.warn(f"{fname}(): the chunked path takes 2-D inputs, (C, in) weights, "
+                      f"(C,) biases, class-index targets and the 'mean' or 'sum' "
+                      f"reduction; computing the logits in full instead", stacklevel=3)
+        return None
+    b = None if linear_bias is None else as_tensor(linear_bias, "linear_bias", fname)
+    cw = None if weight is None else as_tensor(weight, "weight", fname)._data
+    acc = options.acc_dtype
+    acc = np.dtype(np.float64) if acc is None and options.acc_policy == "accurate" else (
+        x._data.dtype if acc is None else _dt.to_dtype(acc))
+    tv = t._data
+    if tv.shape[0] != x.shape[0]:
+        raise ValueError(f"{fname}(): expected {x.shape[0]} targets, got {tv.shape[0]}")
+    return _ChunkedLinearCE.apply(x, w, b, tv.astype(np.int64, copy=False), cw, ignore,
+                                  float(label_smoothing), red,
+                                  _chunk_size(options, x.shape[0], w.shape[0]), acc)

@@ -18,11 +18,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-import mpitensor as _mt
 from mpitensor import dtypes as _dt
+from mpitensor._combining import cat
+from mpitensor.autograd import no_grad
 from mpitensor.tensor import Tensor
 
 from . import functional as F  # noqa: N812 - torch's spelling
+from ._checks import as_tensor
 from .layers import Linear, ModuleList, Sequential
 from .module import Module
 
@@ -108,8 +110,8 @@ class AdaptiveLogSoftmaxWithLoss(Module):
         """
         fname = "AdaptiveLogSoftmaxWithLoss"
         x, batched = self._rows(input, fname)
-        tgt = target if isinstance(target, Tensor) else _mt.tensor(target)
-        t = np.asarray(_mt.Tensor._wrap(tgt._data).cpu().numpy()).reshape(-1)
+        tgt = as_tensor(target, "target", fname)
+        t = np.asarray(Tensor._wrap(tgt._data).cpu().numpy()).reshape(-1)
         if (tgt.ndim != (1 if batched else 0)) or t.shape[0] != x.shape[0]:
             raise RuntimeError(f"{fname}: input and target must have the same batch size, got "
                                f"input {tuple(input.shape)} and target {tuple(tgt.shape)}")
@@ -140,7 +142,7 @@ class AdaptiveLogSoftmaxWithLoss(Module):
             back[:] = rows.size
             back[rows] = np.arange(rows.size)
             zero = output[:1] * 0 if n else output
-            output = output + _mt.cat([*parts, zero.detach()])[back]
+            output = output + cat([*parts, zero.detach()])[back]
         loss = (-output).mean()
         return _ASMoutput(output if batched else output[0], loss)
 
@@ -150,7 +152,7 @@ class AdaptiveLogSoftmaxWithLoss(Module):
         for i, layers in enumerate(self.tail):
             cluster_lp = F.log_softmax(layers(x), dim=1)
             cols.append(cluster_lp + head_lp[:, self.shortlist_size + i].unsqueeze(1))
-        return _mt.cat(cols, dim=1)
+        return cat(cols, dim=1)
 
     def log_prob(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         """Log-probabilities of every class: (N, n_classes), or (n_classes,) for one row.
@@ -174,6 +176,6 @@ class AdaptiveLogSoftmaxWithLoss(Module):
             mpitensor.Size([3])
         """
         x, batched = self._rows(input, "AdaptiveLogSoftmaxWithLoss.predict")
-        with _mt.no_grad():
+        with no_grad():
             out = self._full_log_prob(x, self.head(x)).argmax(dim=1)
         return out if batched else out[0]

@@ -46,6 +46,8 @@ from mpitensor.autograd import Function, _sum_to, grad_enabled_for
 from mpitensor.tensor import Tensor, _new, leaf_in_place_error
 
 from . import _convnd as CN
+from . import _linear_ce as LCE
+from ._checks import as_tensor as _tensor_arg
 from . import _kernels as K
 from . import _norm_kernels as NK
 
@@ -76,6 +78,7 @@ __all__ = [
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
     "kl_div",
+    "linear_cross_entropy",
     "dropout",
     "dropout2d",
     "flatten",
@@ -113,6 +116,15 @@ def _check_float(x: Any, name: str, fname: str) -> None:
             f"{fname}(): '{name}' must have a floating point dtype, got "
             f"{_dtype_name(_arr(x).dtype)}; convert it first, e.g. x.float()"
         )
+
+
+def _half_with_float_params(input: Any, *params: Any) -> bool:  # noqa: A002
+    """A half-precision input with float32 parameters: torch's CPU norms accept the mix (as
+    autocast makes it: a bfloat16 activation, float32 weights), compute in float32 and
+    return the input's dtype."""
+    given = [p for p in params if p is not None]
+    return (isinstance(input, Tensor) and input.dtype in _half.REDUCED and bool(given)
+            and all(_arr(p).dtype == _dt.float32 for p in given))
 
 
 def _check_same_dtype(fname: str, **arrays: Any) -> None:
@@ -1366,6 +1378,9 @@ def batch_norm(
     for name, v in extras.items():
         if v is not None:
             _check_per_channel(fname, name, v, C, x.shape)
+    if _half_with_float_params(input, *extras.values()):
+        return batch_norm(input.float(), running_mean, running_var, weight, bias, training,
+                          momentum, eps).to(input.dtype)
     _check_same_dtype(fname, input=input, **extras)
     _check_same_device(fname, input=input, **extras)
     if not training and (running_mean is None or running_var is None):
@@ -1519,6 +1534,8 @@ def group_norm(
     for name, v in (("weight", weight), ("bias", bias)):
         if v is not None:
             _check_per_channel(fname, name, v, C, x.shape)
+    if _half_with_float_params(input, weight, bias):
+        return group_norm(input.float(), num_groups, weight, bias, eps).to(input.dtype)
     _check_same_dtype(fname, input=input, weight=weight, bias=bias)
     _check_same_device(fname, input=input, weight=weight, bias=bias)
     if x.size == 0:
@@ -1626,6 +1643,8 @@ def layer_norm(
                     f"{fname}(): {name} must have shape normalized_shape={list(shape)}, got "
                     f"{_shape_str(_arr(v).shape)}"
                 )
+    if _half_with_float_params(input, weight, bias):
+        return layer_norm(input.float(), normalized_shape, weight, bias, eps).to(input.dtype)
     _check_same_dtype(fname, input=input, weight=weight, bias=bias)
     _check_same_device(fname, input=input, weight=weight, bias=bias)
     if x.size == 0:
@@ -2616,6 +2635,60 @@ def flatten(input: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:  # noq
     """
     _as_input(input, "input", "flatten")
     return (input if isinstance(input, Tensor) else _new(input)).flatten(start_dim, end_dim)
+
+
+def linear_cross_entropy(input: Any, linear_weight: Any, target: Any, *,  # noqa: A002
+                         linear_bias: Any = None, weight: Any = None, reduction: str = "mean",
+                         ignore_index: Optional[int] = None, label_smoothing: float = 0.0,
+                         options: Optional[LCE.LinearCrossEntropyOptions] = None) -> Tensor:
+    """``cross_entropy(linear(input, linear_weight, linear_bias), target, ...)``.
+
+    Args:
+        input: (N, in) or (in,) samples.
+        linear_weight: (C, in), or (C, d1, ..., dK, in) for a K-dimensional loss (the
+            logits are then reshaped to (N, C, d1, ..., dK)).
+        target: class indices or class probabilities, as :func:`cross_entropy` takes them.
+        linear_bias: (C,) or (C, d1, ..., dK), optional.
+        weight, reduction, label_smoothing: as :func:`cross_entropy`.
+        ignore_index: the ignored class index (None means -100).
+        options: chunk the batch (see :class:`LinearCrossEntropyOptions`); None computes the
+            logits in full.
+
+    Raises:
+        RuntimeError: an input of another rank than 1 or 2, or mismatched feature sizes.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> linear_cross_entropy(mt.zeros(2, 3), mt.zeros(4, 3), mt.tensor([0, 1])).item()
+        1.3862943649291992
+    """
+    fname = "linear_cross_entropy"
+    x = _tensor_arg(input, "input", fname)
+    w = _tensor_arg(linear_weight, "linear_weight", fname)
+    if x.ndim not in (1, 2):
+        raise RuntimeError(f"{fname}(): expected a 1-D or 2-D input, got shape "
+                           f"{_shape_str(x.shape)}")
+    if w.ndim < 2 or w.shape[-1] != x.shape[-1]:
+        raise RuntimeError(f"{fname}(): linear_weight must be (C, ..., {x.shape[-1]}), got "
+                           f"shape {_shape_str(w.shape)}")
+    red = _reduction(reduction, None, None, fname)
+    ignore = -100 if ignore_index is None else int(ignore_index)
+    t = target if isinstance(target, Tensor) else _tensor_arg(target, "target", fname)
+    if options is not None:
+        out = LCE.chunked_linear_cross_entropy(fname, x, w, linear_bias, t, weight, red, ignore,
+                                               label_smoothing, options)
+        if out is not None:
+            return out
+    c, extra = w.shape[0], tuple(w.shape[1:-1])
+    flat_w = w.reshape((c * math.prod(extra), w.shape[-1])) if extra else w
+    b = linear_bias
+    if b is not None and extra:
+        b = _tensor_arg(b, "linear_bias", fname).reshape((c * math.prod(extra),))
+    logits = linear(x, flat_w, b)
+    if extra:
+        logits = logits.reshape((*x.shape[:-1], c, *extra))
+    return cross_entropy(logits, t, weight, ignore_index=ignore, reduction=red,
+                         label_smoothing=label_smoothing)
 
 
 # --------------------------------------------------------------------------------------------
