@@ -286,6 +286,38 @@ def test_registration_errors():
         register_ddp_comm_hook("ALLREDUCE", ddp)
 
 
+def test_powersgd_state_pickles_without_its_group():
+    import pickle
+
+    state = powerSGD_hook.PowerSGDState(None, start_powerSGD_iter=3, random_seed=4)
+    state.iter = 7
+    state.error_dict[0] = mt.ones(3)
+    back = pickle.loads(pickle.dumps(state))
+    assert back.process_group is None and back.iter == 7 and back.start_powerSGD_iter == 3
+    np.testing.assert_array_equal(back.error_dict[0].numpy(), [1, 1, 1])
+    assert back.rng.randint(1000) == np.random.RandomState(4).randint(1000)
+
+
+@pytest.mark.usefixtures("world")
+def test_powersgd_refuses_complex_buckets():
+    class Bucket:  # the GradBucket API, over a complex buffer
+        def __init__(self):
+            self.buf = mt.tensor(np.ones(6, np.complex128))
+
+        def buffer(self):
+            return self.buf
+
+        def is_last(self):
+            return True
+
+    state = powerSGD_hook.PowerSGDState(None, start_powerSGD_iter=2)
+    for _ in range(2):  # plain averaging of complex numbers is fine
+        powerSGD_hook.powerSGD_hook(state, Bucket()).wait()
+    for hook in (powerSGD_hook.powerSGD_hook, powerSGD_hook.batched_powerSGD_hook):
+        with pytest.raises(TypeError, match="complex"):
+            hook(state, Bucket())
+
+
 def _bad_hooks():
     def returns_tensor(state, bucket):
         return bucket.buffer()

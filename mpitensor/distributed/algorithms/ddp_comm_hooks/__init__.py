@@ -9,7 +9,6 @@ hooks of torch are not provided (their members are absent).
 from __future__ import annotations
 
 import enum
-from functools import partial
 from typing import Any
 
 from . import debugging_hooks as debugging
@@ -19,16 +18,24 @@ from . import powerSGD_hook as powerSGD  # noqa: N812 - torch's name
 __all__ = ["DDPCommHookType", "register_ddp_comm_hook"]
 
 
-def _plain(model: Any, state: Any, comm_hook: Any) -> None:
-    model.register_comm_hook(state, comm_hook)
+class _Registration:
+    """How a :class:`DDPCommHookType` member registers its hook (an object, not a function,
+    so that it is an enum member on every Python)."""
 
+    def __init__(self, hook: Any, power_sgd_rank: int = 0) -> None:
+        self.hook = hook
+        self.power_sgd_rank = power_sgd_rank  # 0: the state is used as it is
 
-def _power_sgd(model: Any, state: Any, comm_hook: Any, matrix_approximation_rank: int,
-               start_powerSGD_iter: int = 1_000) -> None:  # noqa: N803 - torch's name
-    ps = powerSGD.PowerSGDState(process_group=state,
-                                matrix_approximation_rank=matrix_approximation_rank,
-                                start_powerSGD_iter=start_powerSGD_iter)
-    model.register_comm_hook(ps, comm_hook)
+    def __call__(self, model: Any, state: Any = None, start_powerSGD_iter: int = 1_000  # noqa: N803
+                 ) -> None:
+        if self.power_sgd_rank:
+            state = powerSGD.PowerSGDState(process_group=state,
+                                           matrix_approximation_rank=self.power_sgd_rank,
+                                           start_powerSGD_iter=start_powerSGD_iter)
+        model.register_comm_hook(state, self.hook)
+
+    def __repr__(self) -> str:
+        return f"<register {self.hook.__name__}>"
 
 
 class DDPCommHookType(enum.Enum):
@@ -36,18 +43,14 @@ class DDPCommHookType(enum.Enum):
     :func:`register_ddp_comm_hook` does). PowerSGD members make a :class:`PowerSGDState`
     from ``state`` (the process group) with rank 1 or 2."""
 
-    ALLREDUCE = enum.member(partial(_plain, comm_hook=default.allreduce_hook))
-    FP16_COMPRESS = enum.member(partial(_plain, comm_hook=default.fp16_compress_hook))
-    BF16_COMPRESS = enum.member(partial(_plain, comm_hook=default.bf16_compress_hook))
-    POWER_SGD = enum.member(partial(_power_sgd, comm_hook=powerSGD.powerSGD_hook,
-                                    matrix_approximation_rank=1))
-    POWER_SGD_RANK2 = enum.member(partial(_power_sgd, comm_hook=powerSGD.powerSGD_hook,
-                                          matrix_approximation_rank=2))
-    BATCHED_POWER_SGD = enum.member(partial(
-        _power_sgd, comm_hook=powerSGD.batched_powerSGD_hook, matrix_approximation_rank=1))
-    BATCHED_POWER_SGD_RANK2 = enum.member(partial(
-        _power_sgd, comm_hook=powerSGD.batched_powerSGD_hook, matrix_approximation_rank=2))
-    NOOP = enum.member(partial(_plain, comm_hook=debugging.noop_hook))
+    ALLREDUCE = _Registration(default.allreduce_hook)
+    FP16_COMPRESS = _Registration(default.fp16_compress_hook)
+    BF16_COMPRESS = _Registration(default.bf16_compress_hook)
+    POWER_SGD = _Registration(powerSGD.powerSGD_hook, 1)
+    POWER_SGD_RANK2 = _Registration(powerSGD.powerSGD_hook, 2)
+    BATCHED_POWER_SGD = _Registration(powerSGD.batched_powerSGD_hook, 1)
+    BATCHED_POWER_SGD_RANK2 = _Registration(powerSGD.batched_powerSGD_hook, 2)
+    NOOP = _Registration(debugging.noop_hook)
 
 
 def register_ddp_comm_hook(comm_hook_type: DDPCommHookType, model: Any,

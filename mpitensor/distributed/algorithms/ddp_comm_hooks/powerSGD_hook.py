@@ -212,13 +212,20 @@ def _plain_phase(state: PowerSGDState, bucket: GradBucket) -> Tuple[Optional[Wor
                                                                      tuple]:
     """``(future, (group, its size, bucket tensor, its array, array module))``: the future of
     plain averaging while fewer than ``start_powerSGD_iter`` iterations have run, else
-    ``None`` (compress)."""
+    ``None`` (compress).
+
+    Raises:
+        TypeError: compressing a complex bucket.
+    """
     group = _group(state.process_group)
     buf_t = bucket.buffer()
     parts = (group, group.size(), buf_t, buf_t._data, array_module(buf_t._data))
     if state.iter < state.start_powerSGD_iter:
         state.maybe_increase_iter(bucket)
         return _allreduce_fut(group, buf_t), parts
+    if buf_t._data.dtype.kind == "c":
+        raise TypeError("PowerSGD: complex gradients cannot be compressed (its "
+                        "orthogonalization is real); average them with allreduce_hook")
     return None, parts
 
 
