@@ -74,7 +74,7 @@ def _softmax(input: SparseTensor, dim: int, dtype: Any, log: bool) -> SparseTens
     what = "sparse.log_softmax()" if log else "sparse.softmax()"
     if not _is_sparse(input):
         raise TypeError(f"{what}: input must be a sparse COO tensor")
-    s = input.coalesce()
+    s = input._co()
     if dtype is not None:
         s = s.to(_dt.to_dtype(dtype))
     if _dt.kind_of(s.dtype) != "f":

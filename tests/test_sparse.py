@@ -29,7 +29,7 @@ def _tol(dtype, n=1):
 
 
 def _dense(t):
-    t = t.to_dense() if t.is_sparse else t
+    t = t.to_dense() if t.is_sparse or t.is_sparse_csr else t
     return np.asarray(t.detach()._data) if hasattr(t, "_data") else t.detach().numpy()
 
 
@@ -455,3 +455,109 @@ def test_embedding_sparse_refusals():
     e(mt.tensor([1])).sum().backward()
     with pytest.raises(NotImplementedError):
         mt.optim.SGD(e.parameters(), lr=0.1, momentum=0.9).step()
+
+
+# ---- CSR
+
+
+CROW, COL = [0, 2, 2, 3, 5], [0, 3, 1, 2, 4]  # row 1 empty
+
+
+def _csr_pair(dtype, requires_grad=False):
+    torch = _torch()
+    vals = RNG.standard_normal(5).astype(dtype)
+    a = mt.sparse_csr_tensor(CROW, COL, mt.tensor(vals), SIZE, requires_grad=requires_grad)
+    b = torch.sparse_csr_tensor(torch.tensor(CROW), torch.tensor(COL), torch.tensor(vals),
+                                SIZE, requires_grad=requires_grad)
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_csr_layout_and_parts(dtype):
+    a, b = _csr_pair(dtype)
+    assert a.layout is mt.sparse_csr and a.is_sparse_csr and not a.is_sparse
+    assert b.is_sparse_csr and not b.is_sparse and a._nnz() == b._nnz() == 5
+    np.testing.assert_array_equal(a.crow_indices()._data, b.crow_indices().numpy())
+    np.testing.assert_array_equal(a.col_indices()._data, b.col_indices().numpy())
+    np.testing.assert_array_equal(a.values()._data, b.values().numpy())
+    np.testing.assert_array_equal(_dense(a), _dense(b))
+    assert "layout=mpitensor.sparse_csr" in repr(a)
+    inferred = mt.sparse_csr_tensor(CROW, COL, mt.ones(5))
+    assert tuple(inferred.shape) == (4, 5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_csr_conversions(dtype):
+    torch = _torch()
+    x = RNG.standard_normal((4, 3)).astype(dtype) * (RNG.random((4, 3)) < 0.5)
+    a, b = mt.tensor(x).to_sparse_csr(), torch.tensor(x).to_sparse_csr()
+    np.testing.assert_array_equal(a.crow_indices()._data, b.crow_indices().numpy())
+    np.testing.assert_array_equal(a.col_indices()._data, b.col_indices().numpy())
+    np.testing.assert_array_equal(_dense(a), x)
+    coo_a, coo_b = a.to_sparse(), b.to_sparse()
+    assert coo_a.is_sparse and coo_a.is_coalesced() and coo_b.is_coalesced()
+    np.testing.assert_array_equal(coo_a.indices()._data, coo_b.indices().numpy())
+    back = coo_a.to_sparse_csr()
+    assert back.is_sparse_csr and a.to_sparse_csr() is a
+    s, _ = _pair(dtype)  # an uncoalesced COO matrix: summed on the way
+    _close(_dense(s.to_sparse_csr()), _dense(s), dtype, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_csr_products_and_grads(dtype):
+    torch = _torch()
+    v = RNG.standard_normal(5).astype(dtype)
+    d = RNG.standard_normal((5, 2)).astype(dtype)
+    g = RNG.standard_normal((4, 2)).astype(dtype)
+    res = []
+    for lib in (mt, torch):
+        vt = lib.tensor(v, requires_grad=True)
+        dt = lib.tensor(d, requires_grad=True)
+        c = lib.sparse_csr_tensor(lib.tensor(CROW), lib.tensor(COL), vt, SIZE)
+        out = c @ dt
+        out.backward(lib.tensor(g))
+        res.append((_dense(out), _dense(dt.grad), _dense(vt.grad)))
+    for x, y in zip(*res):
+        _close(x, y, dtype, 5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_csr_arithmetic(dtype):
+    torch = _torch()
+    a, b = _csr_pair(dtype)
+    w = RNG.standard_normal(SIZE).astype(dtype)
+    for f in (lambda c, lib: c * 3, lambda c, lib: -c, lambda c, lib: c + c,
+              lambda c, lib: lib.tensor(w) + c, lambda c, lib: c.abs()):
+        got, want = f(a, mt), f(b, torch)
+        assert got.layout.__repr__().split(".")[-1] == str(want.layout).split(".")[-1]
+        _close(_dense(got), _dense(want), dtype, 2)
+
+
+@pytest.mark.parametrize("case", ["crow_end", "unsorted", "col_range", "crow_start",
+                                  "size_rows"])
+def test_csr_errors(case):
+    torch = _torch()
+    crow, col, size = {"crow_end": ([0, 2, 4], [0, 2, 1], (2, 3)),
+                       "unsorted": ([0, 2, 3], [2, 0, 1], (2, 3)),
+                       "col_range": ([0, 2, 3], [0, 5, 1], (2, 3)),
+                       "crow_start": ([1, 2, 3], [0, 2, 1], (2, 3)),
+                       "size_rows": ([0, 2, 3], [0, 2, 1], (3, 3))}[case]
+    with pytest.raises(RuntimeError):
+        torch.sparse_csr_tensor(torch.tensor(crow), torch.tensor(col),
+                                torch.tensor([1.0, 2.0, 3.0]), size, check_invariants=True)
+    with pytest.raises(RuntimeError):
+        mt.sparse_csr_tensor(crow, col, [1.0, 2.0, 3.0], size)
+
+
+def test_csr_refusals():
+    _torch()
+    a, b = _csr_pair(np.float32)
+    for s in (a, b):
+        with pytest.raises(RuntimeError):
+            s.indices()
+        with pytest.raises(RuntimeError):
+            s.coalesce()
+    with pytest.raises(NotImplementedError):  # torch gives CSC, a layout mpitensor lacks
+        a.t()
+    with pytest.raises(RuntimeError):
+        mt.sparse_coo_tensor(np.zeros((3, 1), np.int64), mt.ones(1), (2, 2, 2)).to_sparse_csr()
