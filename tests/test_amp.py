@@ -366,3 +366,35 @@ def test_cuda_binary_cross_entropy_is_refused(simulated_cuda_autocast):
     p = mt.full((3,), 0.5)
     with pytest.raises(RuntimeError, match="binary_cross_entropy_with_logits"):
         mt.nn.functional.binary_cross_entropy(p, p)
+
+
+NORMS = {
+    "batch_norm_train": lambda m, x, w, b: m.nn.functional.batch_norm(
+        x, m.zeros(4), m.ones(4), w, b, training=True),
+    "batch_norm_eval": lambda m, x, w, b: m.nn.functional.batch_norm(
+        x, m.full((4,), 0.1), m.full((4,), 2.0), w, b),
+    "group_norm": lambda m, x, w, b: m.nn.functional.group_norm(x, 2, w, b),
+    "layer_norm": lambda m, x, w, b: m.nn.functional.layer_norm(x, (4, 3), w.reshape(4, 1)
+                                                                .expand(4, 3), None),
+    "instance_norm": lambda m, x, w, b: m.nn.functional.instance_norm(x, weight=w, bias=b),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NORMS))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_norms_take_a_half_input_with_float32_parameters(name, dtype):
+    """As autocast hands them over (a conv's bfloat16 output, float32 weights): float32
+    arithmetic, the input's dtype out, float32 parameter gradients."""
+    fn = NORMS[name]
+    (x, tx), (w, tw), (b, tb) = _pair((2, 4, 3), 0), _pair((4,), 1, grad=True), \
+        _pair((4,), 2, grad=True)
+    x = x.to(getattr(mt, dtype)).requires_grad_()
+    tx = tx.to(getattr(torch, dtype)).requires_grad_()
+    y, ty = fn(mt, x, w, b), fn(torch, tx, tw, tb)
+    _close(y, ty, atol=0)
+    y.float().pow(2).sum().backward()
+    ty.float().pow(2).sum().backward()
+    assert x.grad.dtype == getattr(mt, dtype) and w.grad.dtype == mt.float32
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=4 * BF16_RTOL, atol=1e-2)
+    np.testing.assert_allclose(x.grad.float().numpy(), tx.grad.float().numpy(),
+                               rtol=4 * BF16_RTOL, atol=5e-2)
