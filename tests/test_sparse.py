@@ -134,18 +134,22 @@ def test_sparse_times_dense_grads(dtype, fn):
     _grads_agree(dtype, RNG.standard_normal((5, 3)), run, (4, 3), 5)
 
 
-def _grads_agree(dtype, dense, run, out_shape, n):
-    """``run(lib, sparse, dense)`` under both libraries: the result and the gradients of the
-    sparse tensor's values and of the dense operand agree."""
+def _coo_of(lib, values):
+    return lib.sparse_coo_tensor(lib.tensor(IDX), values, SIZE)
+
+
+def _grads_agree(dtype, dense, run, out_shape, n, build=_coo_of, nnz=IDX.shape[1]):
+    """``run(lib, build(lib, values), dense)`` under both libraries: the result and the
+    gradients of the sparse tensor's values and of the dense operand agree."""
     torch = _torch()
-    v = RNG.standard_normal(IDX.shape[1]).astype(dtype)
+    v = RNG.standard_normal(nnz).astype(dtype)
     d = dense.astype(dtype)
     g = RNG.standard_normal(out_shape).astype(dtype)
     outs = []
     for lib in (mt, torch):
         vt = lib.tensor(v, requires_grad=True)
         dt = lib.tensor(d, requires_grad=True)
-        out = run(lib, lib.sparse_coo_tensor(lib.tensor(IDX), vt, SIZE), dt)
+        out = run(lib, build(lib, vt), dt)
         out.backward(lib.tensor(g))
         outs.append((_dense(out), _dense(dt.grad), _dense(vt.grad)))
     for got, want in zip(*outs):
@@ -505,20 +509,11 @@ def test_csr_conversions(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_csr_products_and_grads(dtype):
-    torch = _torch()
-    v = RNG.standard_normal(5).astype(dtype)
-    d = RNG.standard_normal((5, 2)).astype(dtype)
-    g = RNG.standard_normal((4, 2)).astype(dtype)
-    res = []
-    for lib in (mt, torch):
-        vt = lib.tensor(v, requires_grad=True)
-        dt = lib.tensor(d, requires_grad=True)
-        c = lib.sparse_csr_tensor(lib.tensor(CROW), lib.tensor(COL), vt, SIZE)
-        out = c @ dt
-        out.backward(lib.tensor(g))
-        res.append((_dense(out), _dense(dt.grad), _dense(vt.grad)))
-    for x, y in zip(*res):
-        _close(x, y, dtype, 5)
+    def build(lib, values):
+        return lib.sparse_csr_tensor(lib.tensor(CROW), lib.tensor(COL), values, SIZE)
+
+    _grads_agree(dtype, RNG.standard_normal((5, 2)), lambda lib, c, d: c @ d, (4, 2), 5,
+                 build, 5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
