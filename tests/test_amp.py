@@ -398,3 +398,45 @@ def test_norms_take_a_half_input_with_float32_parameters(name, dtype):
     np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=4 * BF16_RTOL, atol=1e-2)
     np.testing.assert_allclose(x.grad.float().numpy(), tx.grad.float().numpy(),
                                rtol=4 * BF16_RTOL, atol=5e-2)
+
+
+
+def _block(m):
+    """A transformer block and a conv/norm stack under CPU autocast, as programs write them;
+    returns each stage's output and a gradient."""
+    rng = np.random.default_rng(0)
+    F = m.nn.functional  # noqa: N806 - the usual name
+    mods = {"ln": m.nn.LayerNorm(8), "qkv": m.nn.Linear(8, 24), "proj": m.nn.Linear(8, 8),
+            "bn": m.nn.BatchNorm1d(8), "emb": m.nn.Embedding(10, 8),
+            "conv": m.nn.Conv1d(8, 8, 3, padding=1), "gn": m.nn.GroupNorm(2, 8)}
+    for mod in mods.values():
+        for p in mod.parameters():
+            with m.no_grad():
+                p.copy_(m.tensor(rng.standard_normal(tuple(p.shape)).astype(np.float32)))
+    idx = m.tensor(rng.integers(0, 10, (2, 5)))
+    out = {}
+    with m.autocast("cpu"):
+        out["emb"] = x = mods["emb"](idx)
+        out["ln"] = h = mods["ln"](x)
+        out["qkv"] = qkv = mods["qkv"](h)
+        q, k, v = qkv.split(8, dim=-1)
+        out["sdpa"] = att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out["resid"] = y = x + mods["proj"](att)
+        out["gelu"] = g = F.gelu(y)
+        out["conv"] = c = mods["conv"](g.transpose(1, 2))
+        out["bn"] = b = mods["bn"](c)
+        out["gn"] = mods["gn"](c)
+        out["softmax"] = b.softmax(-1)
+        out["loss"] = loss = F.cross_entropy(b.mean(-1), m.tensor([1, 2]))
+    loss.backward()
+    out["grad_qkv"] = mods["qkv"].weight.grad
+    return out
+
+
+def test_blocks_under_autocast_match_torch_stage_by_stage():
+    ours, theirs = _block(mt), _block(torch)
+    for key, y in ours.items():
+        ty = theirs[key]
+        # each stage re-rounds to bfloat16: allow two ulps of the stage's largest value
+        scale = float(ty.detach().float().abs().max())
+        _close(y, ty, rtol=0, atol=2 * 2.0**-7 * scale)
