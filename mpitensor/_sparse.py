@@ -1133,6 +1133,17 @@ class _SparseMethods:
             raise RuntimeError(f"to_sparse_csr(): a 2-D tensor is needed, got {self.dim()}-D")
         return _coo_to_csr(self.to_sparse())
 
+    def sparse_dim(self) -> int:
+        """0: a dense tensor has no sparse dimensions."""
+        return 0
+
+    def dense_dim(self) -> int:
+        """The number of dimensions: all of a dense tensor's are dense."""
+        return self.dim()
+
+    def _nnz(self) -> int:
+        raise NotImplementedError("_nnz() is for sparse tensors; this one is dense")
+
     def sparse_mask(self, mask: SparseTensor) -> SparseTensor:
         """Return the entries of self at ``mask``'s coordinates, as a sparse tensor."""
         if not _is_sparse(mask):
@@ -1219,3 +1230,18 @@ def held_entries(param: Any, grad: SparseTensor) -> tuple:
     held = xp.zeros(param.shape, dtype=bool)
     held[tuple(s._idx)] = True
     return s.to_dense().detach()._data, held
+
+
+def _layout_only(name: str, layout_name: str) -> Any:
+    def fn(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{name}() is for {layout_name} tensors, and this one's layout is "
+                           f"{self.layout!r}")
+
+    fn.__name__ = name
+    return fn
+
+
+for _name in ("indices", "values", "coalesce", "is_coalesced", "_indices", "_values"):
+    setattr(Tensor, _name, _layout_only(_name, "sparse"))  # SparseTensor has its own
+for _name in ("crow_indices", "col_indices"):
+    setattr(Tensor, _name, _layout_only(_name, "sparse CSR"))  # as SparseCsrTensor has

@@ -556,3 +556,16 @@ def test_csr_refusals():
         a.t()
     with pytest.raises(RuntimeError):
         mt.sparse_coo_tensor(np.zeros((3, 1), np.int64), mt.ones(1), (2, 2, 2)).to_sparse_csr()
+
+
+def test_dense_tensors_answer_the_sparse_questions_as_torch():
+    torch = _torch()
+    for lib in (mt, torch):
+        x = lib.ones(2, 3)
+        assert (x.sparse_dim(), x.dense_dim(), x.to_dense() is x) == (0, 2, True)
+        for name in ("indices", "values", "coalesce", "is_coalesced", "crow_indices",
+                     "col_indices"):
+            with pytest.raises(RuntimeError):
+                getattr(x, name)()
+        with pytest.raises(NotImplementedError):
+            x._nnz()
