@@ -153,6 +153,7 @@ def test_module_paths():
     from mpitensor.nn.modules.container import ParameterDict, ParameterList
     from mpitensor.nn.modules.lazy import LazyModuleMixin
     from mpitensor.nn.modules.linear import LazyLinear
+
     from mpitensor.nn.parameter import UninitializedParameter
     assert issubclass(LazyLinear, LazyModuleMixin) and ParameterList and ParameterDict
     assert UninitializedParameter is nn.UninitializedParameter

@@ -144,7 +144,10 @@ def test_cross_map_lrn2d(size):
     h = 1e-6
     d = np.zeros_like(x)
     d[1, 2, 1, 0] = h
-    f = lambda v: (nn.CrossMapLRN2d(size, 0.3, 0.7, 2)(mt.tensor(v)).numpy() * g).sum()
+
+    def f(v):
+        return (nn.CrossMapLRN2d(size, 0.3, 0.7, 2)(mt.tensor(v)).numpy() * g).sum()
+
     assert abs((f(x + d) - f(x - d)) / (2 * h) - a.grad.numpy()[1, 2, 1, 0]) < 1e-7
     assert repr(nn.CrossMapLRN2d(3)) == repr(torch.nn.CrossMapLRN2d(3))
 

@@ -71,26 +71,6 @@ def _out_len(n: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
     return out
 
 
-def _combine(pos: list, sizes: tuple) -> tuple:
-    """Per-dimension positions ``pos[i]`` of shape (..., out_i, k_i) (possibly out of range)
-    -> (flat positions (..., prod out, prod k) clipped into the plane, in-range mask)."""
-    nd = len(pos)
-    flat = valid = None
-    for i, (p, n) in enumerate(zip(pos, sizes)):
-        lead = p.shape[:-2]
-        shape = (*lead, *[p.shape[-2] if j == i else 1 for j in range(nd)],
-                 *[p.shape[-1] if j == i else 1 for j in range(nd)])
-        q = p.reshape(shape)
-        ok = (q >= 0) & (q < n)
-        term = np.clip(q, 0, n - 1) * int(np.prod(sizes[i + 1:], dtype=np.int64))
-        flat = term if flat is None else flat + term
-        valid = ok if valid is None else valid & ok
-    o = int(np.prod([p.shape[-2] for p in pos]))
-    k = int(np.prod([p.shape[-1] for p in pos]))
-    lead = flat.shape[:-2 * nd]
-    return flat.reshape(*lead, o, k), valid.reshape(*lead, o, k)
-
-
 def _sliding(sizes: tuple, k: tuple, s: tuple, p: tuple, d: tuple, outs: tuple) -> list:
     return [np.arange(o)[:, None] * si - pi + np.arange(ki)[None, :] * di
             for o, ki, si, pi, di in zip(outs, k, s, p, d)]
@@ -113,37 +93,60 @@ def _dev(xp: Any, *arrays: Any) -> tuple:
 # --------------------------------------------------------------------------------------------
 # the two kernels: a masked max and a weighted sum over windows
 
-def _gather(x2: Any, idx: Any) -> Any:
-    """x2 (B, P) gathered through idx (O, K) or (B, O, K) -> (B, O, K)."""
-    if idx.ndim == 2:
-        return x2[:, idx]
-    xp = xp_of(x2)
-    return xp.take_along_axis(x2[:, None, :], idx.reshape(idx.shape[0], 1, -1),
-                              axis=2).reshape(idx.shape)
+def _pick(y: Any, ij: Any) -> Any:
+    """``y`` (B, ..., n) read at positions ``ij`` of its last axis: shared (O,) or per-plane
+    (B, O) -> (B, ..., O)."""
+    if ij.ndim == 1:
+        return y[..., ij]
+    xp = xp_of(y)
+    flat = ij.reshape(ij.shape[0], *(1,) * (y.ndim - 2), ij.shape[1])
+    if y.shape[0] != ij.shape[0]:
+        y = xp.broadcast_to(y, (ij.shape[0], *y.shape[1:]))
+    return xp.take_along_axis(y, xp.broadcast_to(flat, (*y.shape[:-1], ij.shape[1])), axis=-1)
 
 
 class _WindowMax(Function):
-    """Max over windows of each plane; the forward also records each max's flat position."""
+    """Max over box windows of each plane, one spatial dimension at a time (innermost first,
+    so ties go to the first maximum in row-major window order); the forward also records
+    each max's flat position in its plane."""
 
     @staticmethod
-    def forward(ctx: Any, x: Any, nd: int, idx: Any, valid: Any, out_sp: tuple,
+    def forward(ctx: Any, x: Any, nd: int, maps: tuple, out_sp: tuple,
                 holder: Optional[list]) -> Any:
         xp = xp_of(x)
         lead, sp = x.shape[:-nd], x.shape[-nd:]
         planes = int(np.prod(lead, dtype=np.int64))
-        x2 = x.reshape(planes, -1)
-        win = _gather(x2, idx)
-        if valid is not None:
-            fill = -xp.inf if _dt.kind_of(x.dtype) == "f" else xp.iinfo(x.dtype).min
-            win = xp.where(valid, win, xp.asarray(fill, dtype=x.dtype))
-        arg = win.argmax(axis=-1)[..., None]
-        out = xp.take_along_axis(win, arg, axis=-1)[..., 0]
-        src = xp.take_along_axis(xp.broadcast_to(idx, win.shape), arg, axis=-1)[..., 0]
+        y = x.reshape(planes, *sp)
+        pos = xp.arange(int(np.prod(sp)), dtype=np.int64).reshape(1, *sp)
+        fill = xp.asarray(-xp.inf if _dt.kind_of(x.dtype) == "f" else xp.iinfo(x.dtype).min,
+                          dtype=x.dtype)
+        is_float = _dt.kind_of(x.dtype) == "f"
+        for i in reversed(range(nd)):
+            idx, valid = maps[i]
+            ax = 1 + i
+            ym, pm = xp.moveaxis(y, ax, -1), xp.moveaxis(pos, ax, -1)
+            # one pass per window element (k is small): keep the first maximum, or the
+            # first NaN, as a scan of the window in order would
+            for j in range(idx.shape[-1]):
+                v, pj = _pick(ym, idx[..., j]), _pick(pm, idx[..., j])
+                if valid is not None:
+                    v = xp.where(valid[..., j], v, fill)
+                if j == 0:
+                    best, where_ = v, pj
+                    continue
+                take = v > best
+                if is_float:
+                    take |= xp.isnan(v) & ~xp.isnan(best)
+                best = xp.where(take, v, best)
+                where_ = xp.where(take, pj, where_)
+            y = xp.moveaxis(best, -1, ax)
+            pos = xp.moveaxis(xp.broadcast_to(where_, best.shape), -1, ax)
+        src = xp.ascontiguousarray(pos).reshape(planes, -1)
         ctx.save_for_backward(src)
         ctx.shape = x.shape
         if holder is not None:
             holder.append(src)
-        return out.reshape(*lead, *out_sp)
+        return xp.ascontiguousarray(y).reshape(*lead, *out_sp)
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
@@ -153,46 +156,54 @@ class _WindowMax(Function):
         n = int(np.prod(ctx.shape, dtype=np.int64)) // max(planes, 1)
         pos = src + (xp.arange(planes, dtype=np.int64) * n)[:, None]
         gx = scatter_add_flat(xp, planes * n, pos, xp.ascontiguousarray(g).reshape(planes, o))
-        return gx.reshape(ctx.shape), None, None, None, None, None
+        return gx.reshape(ctx.shape), None, None, None, None
 
 
-def _max_pool(t: Tensor, nd: int, idx: Any, valid: Any, out_sp: tuple,
-              return_indices: bool) -> Any:
+def _max_pool(t: Tensor, nd: int, maps: list, out_sp: tuple, return_indices: bool) -> Any:
+    """``maps``: per spatial dimension, (positions (O, k) or (planes, O, k) clipped into
+    the input, in-range mask or None)."""
     xp = xp_of(t)
-    if valid is not None and bool(valid.all()):
-        valid = None
-    idx, = _dev(xp, idx)
-    if valid is not None:
-        valid, = _dev(xp, valid)
+    dev_maps = []
+    for idx, valid in maps:
+        if valid is not None and bool(valid.all()):
+            valid = None
+        dev_maps.append(_dev(xp, idx) + ((None,) if valid is None else _dev(xp, valid)))
     holder: Optional[list] = [] if return_indices else None
-    out = _WindowMax.apply(t, nd, idx, valid, out_sp, holder)
+    out = _WindowMax.apply(t, nd, tuple(dev_maps), out_sp, holder)
     if not return_indices:
         return out
     return out, _new(holder[0].astype(np.int64).reshape(tuple(out.shape)))
 
 
-class _WindowMean(Function):
-    """Weighted sum over windows of each plane (weights 0 on padding, 1/divisor elsewhere)."""
+class _SeparableMean(Function):
+    """A window mean whose weights are a product over dimensions (every mean pooling here):
+    one small (out, in) matrix product per spatial dimension, and their transposes back."""
 
     @staticmethod
-    def forward(ctx: Any, x: Any, nd: int, idx: Any, wts: Any, out_sp: tuple) -> Any:
-        lead = x.shape[:-nd]
-        planes = int(np.prod(lead, dtype=np.int64))
-        win = x.reshape(planes, -1)[:, idx]
-        out = (win * wts).sum(axis=-1)
-        ctx.meta = (x.shape, idx, wts)
-        return out.astype(x.dtype, copy=False).reshape(*lead, *out_sp)
+    def forward(ctx: Any, x: Any, nd: int, mats: tuple) -> Any:
+        y = x
+        for i, m in enumerate(mats):
+            ax = x.ndim - nd + i
+            y = (y.swapaxes(ax, -1) @ m.T).swapaxes(ax, -1)
+        ctx.meta = (nd, mats)
+        return y.astype(x.dtype, copy=False).copy(order="C")
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        shape, idx, wts = ctx.meta
-        xp = xp_of(g)
-        planes = g.size // idx.shape[0] if idx.shape[0] else 0
-        n = int(np.prod(shape, dtype=np.int64)) // max(planes, 1)
-        gw = g.reshape(planes, -1)[..., None] * wts
-        pos = idx[None] + (xp.arange(planes, dtype=np.int64) * n)[:, None, None]
-        gx = scatter_add_flat(xp, planes * n, xp.broadcast_to(pos, gw.shape), gw)
-        return gx.astype(g.dtype, copy=False).reshape(shape), None, None, None, None
+        nd, mats = ctx.meta
+        for i in reversed(range(nd)):
+            ax = g.ndim - nd + i
+            g = (g.swapaxes(ax, -1) @ mats[i]).swapaxes(ax, -1)
+        return g.copy(order="C"), None, None
+
+
+def _mean_matrix(pos: Any, n: int, div: Any, dtype: Any) -> Any:
+    """(out, n) weights: 1 / div[o] at each in-range position of window o."""
+    m = np.zeros((pos.shape[0], n))
+    rows = np.broadcast_to(np.arange(pos.shape[0])[:, None], pos.shape)
+    ok = (pos >= 0) & (pos < n)
+    np.add.at(m, (rows[ok], pos[ok]), 1.0)
+    return (m / np.asarray(div, dtype=float).reshape(-1, 1)).astype(dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,8 +227,9 @@ def _maxpool_nd(nd: int, fname: str, input: Any, kernel_size: Any,  # noqa: A002
     if min(outs) < 1:
         raise RuntimeError(f"{fname}(): the output size {outs} is too small for an input of "
                            f"spatial size {sp}")
-    idx, valid = _combine(_sliding(sp, k, s, p, d, outs), sp)
-    return _max_pool(t, nd, idx, valid, outs, return_indices)
+    maps = [(np.clip(q, 0, n - 1), (q >= 0) & (q < n))
+            for q, n in zip(_sliding(sp, k, s, p, d, outs), sp)]
+    return _max_pool(t, nd, maps, outs, return_indices)
 
 
 def max_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
@@ -270,22 +282,18 @@ def _avgpool_nd(nd: int, fname: str, input: Any, kernel_size: Any, stride: Any, 
     if min(outs) < 1:
         raise RuntimeError(f"{fname}(): the output size {outs} is too small for an input of "
                            f"spatial size {sp}")
-    pos = _sliding(sp, k, s, p, (1,) * nd, outs)
-    idx, valid = _combine(pos, sp)
-    # each window's divisor, a product over dimensions
-    div = np.ones(1)
-    for n, ki, pi, q in zip(sp, k, p, pos):
+    x = t._data
+    mats = []
+    for n, ki, pi, q in zip(sp, k, p, _sliding(sp, k, s, p, (1,) * nd, outs)):
         start = q[:, 0]
         end = np.minimum(start + ki, n + pi)
         cnt = (end - start) if count_include_pad else \
             (np.minimum(end, n) - np.maximum(start, 0))
-        div = (div[..., None] * cnt).reshape(-1) if div.ndim else div * cnt
+        mats.append(_mean_matrix(q, n, np.ones_like(cnt) if divisor_override else cnt,
+                                 x.dtype))
     if divisor_override is not None:
-        div = np.full(div.shape, float(divisor_override))
-    x = t._data
-    wts = (valid / div.reshape(-1, 1)).astype(x.dtype)
-    idx, wts = _dev(xp_of(x), idx, wts)
-    return _WindowMean.apply(t, nd, idx, wts, outs)
+        mats[0] = (mats[0] / float(divisor_override)).astype(x.dtype)
+    return _SeparableMean.apply(t, nd, _dev(xp_of(x), *mats))
 
 
 def avg_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
@@ -332,22 +340,6 @@ def _adaptive_sizes(output_size: Any, sp: tuple, fname: str) -> tuple:
     return tuple(outs)
 
 
-def _adaptive_maps(t: Tensor, nd: int, output_size: Any, fname: str) -> tuple:
-    sp = tuple(t.shape[-nd:])
-    outs = _adaptive_sizes(output_size, sp, fname)
-    if min(outs) < 1:
-        raise RuntimeError(f"{fname}(): output_size {outs} must be positive")
-    parts = [_adaptive_pos(n, o) for n, o in zip(sp, outs)]
-    idx, _ = _combine([q for q, _, _ in parts], sp)
-    inside = None
-    for i, (_, m, _) in enumerate(parts):
-        shape = [1] * (2 * nd)
-        shape[i], shape[nd + i] = m.shape
-        mm = m.reshape(shape)
-        inside = mm if inside is None else inside & mm
-    return outs, idx, inside.reshape(idx.shape), [c for _, _, c in parts]
-
-
 def adaptive_avg_pool3d(input: Any, output_size: Any) -> Tensor:  # noqa: A002 - torch's name
     """Mean over windows that tile (N, C, D, H, W) or (C, D, H, W) into ``output_size``
     cells (None keeps a dimension's size); window i of a dimension of size n spans
@@ -361,21 +353,27 @@ def adaptive_avg_pool3d(input: Any, output_size: Any) -> Tensor:  # noqa: A002 -
     fname = "adaptive_avg_pool3d"
     t = _planes(input, 3, fname)
     check_float(t, "input", fname)
-    outs, idx, inside, counts = _adaptive_maps(t, 3, output_size, fname)
-    div = np.ones(1)
-    for c in counts:
-        div = (div[:, None] * c[None, :]).reshape(-1)
-    wts = (inside / div[:, None]).astype(t._data.dtype)
-    idx, wts = _dev(xp_of(t), idx, wts)
-    return _WindowMean.apply(t, 3, idx, wts, outs)
+    sp = tuple(t.shape[-3:])
+    outs = _adaptive_sizes(output_size, sp, fname)
+    if min(outs) < 1:
+        raise RuntimeError(f"{fname}(): output_size {outs} must be positive")
+    mats = []
+    for n, o in zip(sp, outs):
+        pos, inside, cnt = _adaptive_pos(n, o)
+        mats.append(_mean_matrix(np.where(inside, pos, -1), n, cnt, t._data.dtype))
+    return _SeparableMean.apply(t, 3, _dev(xp_of(t), *mats))
 
 
 def _adaptive_max(nd: int, fname: str, input: Any, output_size: Any,  # noqa: A002
                   return_indices: bool) -> Any:
     t = _planes(input, nd, fname)
-    outs, idx, _, _ = _adaptive_maps(t, nd, output_size, fname)
+    sp = tuple(t.shape[-nd:])
+    outs = _adaptive_sizes(output_size, sp, fname)
+    if min(outs) < 1:
+        raise RuntimeError(f"{fname}(): output_size {outs} must be positive")
     # a window's repeated last element cannot change its max or its first maximum
-    return _max_pool(t, nd, idx, None, outs, return_indices)
+    maps = [(_adaptive_pos(n, o)[0], None) for n, o in zip(sp, outs)]
+    return _max_pool(t, nd, maps, outs, return_indices)
 
 
 def adaptive_max_pool2d(input: Any, output_size: Any, return_indices: bool = False) -> Any:  # noqa: A002
@@ -586,8 +584,7 @@ def _fractional(nd: int, fname: str, input: Any, kernel_size: Any,  # noqa: A002
     for i, (n, o, ki) in enumerate(zip(sp, outs, k)):
         st = _fractional_starts(u[:, order[i]].astype(t._data.dtype), n, o, ki)
         pos.append(st[..., None] + np.arange(ki))
-    idx, _ = _combine(pos, sp)
-    return _max_pool(t, nd, idx, None, outs, return_indices)
+    return _max_pool(t, nd, [(q, None) for q in pos], outs, return_indices)
 
 
 def fractional_max_pool2d(input: Any, kernel_size: Any, output_size: Any = None,  # noqa: A002

@@ -216,7 +216,7 @@ class ParameterDict(Module):
 
     def fromkeys(self, keys: Iterable[str], default: Any = None) -> ParameterDict:
         """A new ParameterDict with each of ``keys`` set to ``default``."""
-        return ParameterDict(((k, default) for k in keys))
+        return ParameterDict((k, default) for k in keys)
 
     def update(self, parameters: Any) -> None:
         """Add (or replace) entries from a mapping, a ParameterDict or (key, value) pairs.

@@ -46,10 +46,10 @@ from mpitensor.autograd import Function, _sum_to, grad_enabled_for
 from mpitensor.tensor import Tensor, _new, leaf_in_place_error
 
 from . import _convnd as CN
-from . import _linear_ce as LCE
-from ._checks import as_tensor as _tensor_arg
 from . import _kernels as K
+from . import _linear_ce as LCE
 from . import _norm_kernels as NK
+from ._checks import as_tensor as _tensor_arg
 
 __all__ = [
     "relu",

@@ -263,8 +263,8 @@ class InstanceNorm1d(_InstanceNorm):
 
     Example:
         >>> import mpitensor as mt
-        >>> InstanceNorm1d(3)
-        InstanceNorm1d(3, eps=1e-05, momentum=0.1, affine=False, bias=False, track_running_stats=False)
+        >>> InstanceNorm1d(3).extra_repr()
+        '3, eps=1e-05, momentum=0.1, affine=False, bias=False, track_running_stats=False'
     """
 
     _ranks = (2, 3)

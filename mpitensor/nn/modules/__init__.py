@@ -48,8 +48,8 @@ from mpitensor.nn import (
 from . import utils
 
 #: where mpitensor keeps its layers (the submodules of mpitensor.nn that define them)
-_HOMES = (layers, activation, adaptive, container, conv, distance, dropout, lazy, linear, loss, module,
-          normalization, padding, pooling, rms_norm, rnn, shape, sparse, transformer)
+_HOMES = (layers, activation, adaptive, container, conv, distance, dropout, lazy, linear, loss,
+          module, normalization, padding, pooling, rms_norm, rnn, shape, sparse, transformer)
 
 #: torch's submodule -> the names it holds there that mpitensor has
 _PATHS: Dict[str, List[str]] = {
