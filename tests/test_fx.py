@@ -443,3 +443,41 @@ def test_wrap_by_name_and_autowrapped_math_match_torch():
     assert 'wrap("len")' in ours["gm"].code
     np.testing.assert_array_equal(ours["gm"](mt.ones(4, 2)).numpy(),
                                   theirs["gm"](torch.ones(4, 2)).numpy())
+
+
+def _make_scaled(lib):
+    class Scaled(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = lib.tensor([1.0, 2.0, 3.0])  # a plain attribute, not a buffer
+
+        def forward(self, x):
+            return x + self.scale.mul(x) - self.scale * x
+    return Scaled()
+
+
+@pytest.mark.parametrize("dtype,rtol", DTYPES)
+def test_real_tensor_meeting_a_proxy_matches_torch(dtype, rtol):
+    m, tm = _both(_make_scaled)
+    gm, tgm = fx.symbolic_trace(m), tfx.symbolic_trace(tm)
+    # tensor * proxy: torch records the method mul, mpitensor the operator (same value)
+    assert [n.target for n in gm.graph.nodes if n.op == "get_attr"] == \
+        [n.target for n in tgm.graph.nodes if n.op == "get_attr"]
+    assert "= scale.mul(x)" in gm.code and "= scale.mul(x)" in tgm.code
+    xn = np.random.default_rng(2).standard_normal((2, 3)).astype(dtype)
+    _close(gm(mt.tensor(xn)), tgm(torch.tensor(xn)), rtol)
+
+
+def test_plain_tensor_sliced_by_a_traced_size():
+    class PosEnc(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = mt.arange(24.0).reshape(1, 8, 3)  # torch.fx cannot trace this one
+
+        def forward(self, x):
+            return x + self.table[:, :x.size(1)]
+    m = PosEnc()
+    gm = fx.symbolic_trace(m)
+    x = mt.randn(2, 5, 3)
+    np.testing.assert_array_equal(gm(x).numpy(), m(x).numpy())
+    assert "operator.getitem" in str(gm.graph)

@@ -22,6 +22,7 @@ and eager programs pay nothing.
 
 from __future__ import annotations
 
+import operator
 import threading
 import types
 import weakref
@@ -59,11 +60,13 @@ def find_proxy(args: Any, kwargs: Any = None) -> Any:
 
 
 def _record(entry: tuple, args: tuple, kwargs: dict) -> Any:
-    fn, own = entry
+    own, kind, target, reflected = entry
     proxy = find_proxy(args, kwargs)
     if proxy is None:
         return own(*args, **kwargs)
-    return proxy.tracer.create_proxy("call_function", fn, args, kwargs)
+    if reflected:  # tensor.__radd__(proxy) computes proxy + tensor
+        args = (args[1], args[0]) + args[2:]
+    return proxy.tracer.create_proxy(kind, target, args, kwargs)
 
 
 def _template(freevars: tuple) -> types.CodeType:
@@ -82,21 +85,48 @@ def _template(freevars: tuple) -> types.CodeType:
     return code
 
 
-def _public_functions() -> list:
+_BINARY = {"add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or",
+           "xor", "lshift", "rshift", "eq", "ne", "lt", "le", "gt", "ge"}
+
+
+def _tensor_method_node(name: str) -> Any:
+    """(kind, target, reflected) recorded for ``Tensor.<name>`` called with a Proxy among
+    its arguments, or None for the methods that are never recorded."""
+    if not name.startswith("__"):
+        return "call_method", name, False
+    bare = name[2:-2]
+    if bare in ("getitem", "setitem"):
+        return "call_function", getattr(operator, bare), False
+    for reflected, op in ((False, bare), (True, bare[1:])):
+        if op in _BINARY and (not reflected or bare.startswith("r")):
+            return "call_function", getattr(operator, op + "_" if op in ("and", "or")
+                                            else op), reflected
+    return None
+
+
+def _recordable_functions() -> list:
+    """(function, kind, target, reflected) for each function that records while swapped:
+    the public functions of the three namespaces, and the Tensor methods (a real tensor
+    meeting a proxy argument: ``table[:, :proxy]``, ``weight.mul(proxy)``)."""
     import mpitensor
     import mpitensor.linalg as linalg
     import mpitensor.nn.functional as functional
+    from mpitensor.tensor import Tensor
 
     seen: dict = {}
     for ns in (mpitensor, functional, linalg):
         for name, val in vars(ns).items():
             if not name.startswith("_") and isinstance(val, types.FunctionType):
-                seen.setdefault(id(val), val)
+                seen.setdefault(id(val), (val, "call_function", val, False))
+    for name, val in vars(Tensor).items():
+        node = _tensor_method_node(name)
+        if node is not None and isinstance(val, types.FunctionType):
+            seen.setdefault(id(val), (val, *node))
     return list(seen.values())
 
 
 def _swap_in() -> None:
-    for fn in _public_functions():
+    for fn, kind, target, reflected in _recordable_functions():
         code = fn.__code__
         template = _template(code.co_freevars)
         if template.co_freevars != code.co_freevars:
@@ -104,7 +134,8 @@ def _swap_in() -> None:
         own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__,
                                  fn.__closure__)
         own.__kwdefaults__ = fn.__kwdefaults__
-        consts = tuple((fn, own) if isinstance(c, str) and c == _ENTRY else c
+        entry = (own, kind, target, reflected)
+        consts = tuple(entry if isinstance(c, str) and c == _ENTRY else c
                        for c in template.co_consts)
         fn.__globals__[_CALL] = _record
         _saved.append((fn, code))

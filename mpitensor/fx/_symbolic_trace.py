@@ -191,6 +191,10 @@ class Tracer(TracerBase):
         self._tensor_paths: dict = {}
         for name, t in list(self.root.named_buffers()) + list(self.root.named_parameters()):
             self._tensor_paths.setdefault(id(t), name)
+        for prefix, m in self.root.named_modules():  # plain tensor attributes too
+            for name, t in vars(m).items():
+                if isinstance(t, Tensor):
+                    self._tensor_paths.setdefault(id(t), f"{prefix}.{name}" if prefix else name)
         cache: dict = {}
         extra = [fn.__globals__] if hasattr(fn, "__globals__") else []
         for m in self.root.modules():
