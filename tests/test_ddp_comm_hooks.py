@@ -553,3 +553,66 @@ def test_gpu_hooks_match_cpu(hook_name):
         results.append([to_numpy(p.grad._data) for p in ddp.parameters()])
     for a, b in zip(*results):
         np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11)
+
+
+# ------------------------------------------------------------------ torch's own PowerSGD
+@pytest.mark.usefixtures("world")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batched,rank", [(False, 2), (False, 3), (True, 2)])
+def test_powersgd_equals_torchs_hook_from_the_same_q(dtype, batched, rank, monkeypatch):
+    """torch's DDP with torch's PowerSGD hook (gloo, one rank) as the oracle: before the first
+    compressed step both states get the same warm-start Q (the only random input), then two
+    compressed steps (warm start, error feedback) must give torch's gradients.
+
+    torch 2.13's batched hook hands its orthogonalization a 2-D matrix, which that function
+    refuses (AssertionError at the first compressed step); the oracle gets it as a batch of
+    one (a view: the in-place work lands in the matrix)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as tps
+
+    orthogonalize = tps._orthogonalize
+    monkeypatch.setattr(tps, "_orthogonalize", lambda mats, epsilon=0: orthogonalize(
+        mats.unsqueeze(0) if mats.dim() == 2 else mats, epsilon))
+
+    tdist = torch.distributed
+    tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
+    try:
+        m, t = make(dtype)
+        tddp = torch.nn.parallel.DistributedDataParallel(t)
+        ddp = DDP(m)
+        # rank 3 (QR, not Gram-Schmidt) compresses these small matrices only below rate 2
+        kw = dict(matrix_approximation_rank=rank, start_powerSGD_iter=2,
+                  min_compression_rate=2 if rank == 2 else 0.5)
+        tstate, state = tps.PowerSGDState(None, **kw), powerSGD_hook.PowerSGDState(None, **kw)
+        name = "batched_powerSGD_hook" if batched else "powerSGD_hook"
+        tddp.register_comm_hook(tstate, getattr(tps, name))
+        ddp.register_comm_hook(state, getattr(powerSGD_hook, name))
+        n = 4 + 20 + 5 + 30  # the bucket: b2, w2, b1, w1
+        side = int(np.ceil(np.sqrt(n)))
+        # P and Q memories: the compressed matrices' (n, r) and (m, r) blocks, in bucket order
+        p_total = q_total = 0
+        for n_, m_ in ((4, 1), (4, 5), (5, 1), (5, 6)):  # bucket order, as matrices
+            r = min(n_, m_, rank)
+            if (n_ + m_) * r * kw["min_compression_rate"] < n_ * m_:
+                p_total, q_total = p_total + n_ * r, q_total + m_ * r
+        p_size, q_shape = ((side, rank), (side, rank)) if batched else ((p_total,), (q_total,))
+        q0 = np.random.default_rng(9).standard_normal(q_shape).astype(dtype)
+        for step in range(4):
+            x = inputs(step, dtype)
+            if step == 2:
+                tstate.p_memory_dict[0] = torch.zeros(p_size, dtype=torch.from_numpy(q0).dtype)
+                tstate.q_memory_dict[0] = torch.from_numpy(q0.copy())
+                state.p_memory_dict[0] = mt.zeros(p_size, dtype=m[0].weight.dtype)
+                state.q_memory_dict[0] = mt.tensor(q0.copy())
+            tddp.zero_grad()
+            (tddp(torch.from_numpy(x)) ** 2).sum().backward()
+            want = [p.grad.numpy() for p in t.parameters()]
+            got = [g for g in reversed(our_step(ddp, x))]
+            scale = max(np.abs(w).max() for w in want)
+            t_ = tol(dtype, 64)
+            for a, b in zip(got, want):
+                np.testing.assert_allclose(a, b, rtol=t_["rtol"], atol=t_["atol"] * scale)
+        assert state.iter == tstate.iter == 4
+        np.testing.assert_allclose(state.error_dict[0].numpy(), tstate.error_dict[0].numpy(),
+                                   rtol=t_["rtol"], atol=t_["atol"] * scale)
+    finally:
+        tdist.destroy_process_group()
