@@ -371,6 +371,21 @@ def test_graph_module_state_dict_roundtrip_and_copy():
         fx.GraphModule(42, gm.graph)
 
 
+def test_graph_module_pickles_and_saves(tmp_path):
+    import pickle
+
+    ours_cls, _ = _both(_make_net)
+    gm = fx.symbolic_trace(ours_cls())
+    x = mt.randn(3, 4)
+    back = pickle.loads(pickle.dumps(gm))
+    assert back.code == gm.code and type(back).__name__ == "Net"
+    for a, b in zip(back(x), gm(x)):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+    mt.save(gm, tmp_path / "gm.pt")
+    loaded = mt.load(tmp_path / "gm.pt", weights_only=False)
+    np.testing.assert_array_equal(loaded(x)[1].detach().numpy(), gm(x)[1].detach().numpy())
+
+
 def test_module_paths_and_constants():
     class M(nn.Module):
         def __init__(self):

@@ -12,6 +12,7 @@ from mpitensor.nn.parameter import Parameter
 from mpitensor.tensor import Tensor
 
 from .graph import Graph
+from .node import map_aggregate, map_arg
 
 __all__ = ["GraphModule"]
 
@@ -144,7 +145,38 @@ class GraphModule(nn.Module):
         return res
 
     def __reduce__(self) -> Any:
-        raise NotImplementedError("pickling a GraphModule is not supported; save its "
-                                  "state_dict and rebuild it by tracing the source module")
+        # by value: the objects the graph names, and the graph as a list of node records
+        # (call targets pickle by reference, as functions do)
+        targets = {n.target: _fetch(self, n.target) for n in self.graph.nodes
+                   if n.op in ("get_attr", "call_module")}
+        nodes = [(n.op, n.target, map_arg(n.args, _NodeRef.of), map_arg(n.kwargs, _NodeRef.of),
+                  n.name, n.type) for n in self.graph.nodes]
+        return _rebuild, (targets, nodes, type(self).__name__, self.training)
+
+
+class _NodeRef:
+    """A node's name standing for the node inside a pickled graph."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @classmethod
+    def of(cls, node: Any) -> _NodeRef:
+        return cls(node.name)
+
+
+def _rebuild(targets: dict, nodes: list, class_name: str, training: bool) -> GraphModule:
+    graph = Graph()
+    env: dict = {}
+
+    def load(a: Any) -> Any:
+        return env[a.name] if isinstance(a, _NodeRef) else a
+
+    for op, target, args, kwargs, name, type_expr in nodes:
+        env[name] = graph.create_node(op, target, map_aggregate(args, load),
+                                      map_aggregate(kwargs, load), name, type_expr)
+    gm = GraphModule(targets, graph, class_name)
+    gm.train(training)
+    return gm
 
 
