@@ -569,3 +569,35 @@ def test_dense_tensors_answer_the_sparse_questions_as_torch():
                 getattr(x, name)()
         with pytest.raises(NotImplementedError):
             x._nnz()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kw", [{"mode": "sum"}, {"mode": "mean", "padding_idx": 1},
+                                {"mode": "sum", "psw": True}])
+def test_embedding_bag_sparse_grad(dtype, kw):
+    torch = _torch()
+    kw = dict(kw)
+    psw = np.arange(1.0, 6.0).astype(dtype) if kw.pop("psw", False) else None
+    w = np.random.default_rng(2).standard_normal((5, 2)).astype(dtype)
+    got = []
+    for lib in (mt, torch):
+        wt = lib.tensor(w, requires_grad=True)
+        out = lib.nn.functional.embedding_bag(
+            lib.tensor([0, 1, 3, 3, 4]), wt, lib.tensor([0, 2]), sparse=True,
+            per_sample_weights=None if psw is None else lib.tensor(psw), **kw)
+        (out * lib.tensor(w[:2])).sum().backward()
+        g = wt.grad
+        got.append((g.is_sparse, _dense(g._indices()), _dense(g._values()), _dense(g)))
+    assert got[0][0] and got[1][0]
+    np.testing.assert_array_equal(got[0][1], got[1][1])
+    for a, b in zip(got[0][2:], got[1][2:]):
+        _close(a, b, dtype, 3)
+
+
+def test_embedding_bag_sparse_refusals():
+    torch = _torch()
+    for lib in (mt, torch):
+        w = lib.ones(5, 2, requires_grad=True)
+        with pytest.raises(ValueError):
+            lib.nn.functional.embedding_bag(lib.tensor([0, 1]), w, lib.tensor([0]),
+                                            mode="max", sparse=True)

@@ -222,7 +222,8 @@ def embedding(input: Any, weight: Any, padding_idx: Optional[int] = None,  # noq
 class _EmbeddingBag(Function):
     @staticmethod
     def forward(ctx: Any, w: Any, psw: Any, flat: Any, bag: Any, keep: Any, nbags: int,
-                mode: str, by_freq: bool) -> Any:
+                mode: str, by_freq: bool, sparse: bool = False) -> Any:
+        ctx.sparse = sparse
         xp = xp_of(w)
         d = w.shape[1]
         fi, fb = flat[keep], bag[keep]
@@ -276,9 +277,12 @@ class _EmbeddingBag(Function):
             if by_freq:
                 cnt = xp.bincount(fi, minlength=w.shape[0])
                 r = r / cnt[fi][:, None].astype(r.dtype)
+            if ctx.sparse:  # torch's sparse gradient: one entry per looked-up index
+                return (SparseGrad(fi[None, :], r.astype(w.dtype), w.shape), gpsw,
+                        None, None, None, None, None, None, None)
             gw = xp.zeros(w.shape, dtype=w.dtype)
             _scatter_rows(xp, gw, fi, r.astype(w.dtype, copy=False))
-        return gw, gpsw, None, None, None, None, None, None
+        return gw, gpsw, None, None, None, None, None, None, None
 
 
 def embedding_bag(input: Any, weight: Any, offsets: Any = None,  # noqa: A002
@@ -374,4 +378,12 @@ def embedding_bag(input: Any, weight: Any, offsets: Any = None,  # noqa: A002
         _renorm_(w, flat[keep], float(max_norm), float(norm_type))
     if not _dt.is_floating_dtype(arr(w).dtype):
         raise RuntimeError(f"{fname}(): weight must be floating point")
-    return _EmbeddingBag.apply(w, psw, flat, bag, keep, nbags, mode, bool(scale_grad_by_freq))
+    sparse = bool(sparse) and w.grad_fn is None
+    if sparse and mode == "max":
+        raise ValueError(f"{fname}(): max mode does not support sparse gradients (as in "
+                         f"torch); use mode='sum' or 'mean', or sparse=False")
+    if sparse and scale_grad_by_freq and w.requires_grad:
+        raise RuntimeError(f"{fname}(): scale_grad_by_freq is not supported with sparse "
+                           f"gradients (as in torch); drop one of them")
+    return _EmbeddingBag.apply(w, psw, flat, bag, keep, nbags, mode, bool(scale_grad_by_freq),
+                               sparse)
