@@ -29,7 +29,8 @@ from typing import Any, Callable
 
 from mpitensor import dtypes as _dt
 
-__all__ = ["ON", "active", "run", "state", "set_enabled", "set_dtype", "POLICIES"]
+__all__ = ["ON", "active", "run", "op", "lower_dtype", "state", "set_enabled", "set_dtype",
+           "POLICIES"]
 
 LOWER, FP32, FP32_OPT, PROMOTE, BANNED = "lower", "fp32", "fp32_opt", "promote", "banned"
 
@@ -39,7 +40,8 @@ DEFAULT_DTYPE = {"cpu": _dt.bfloat16, "cuda": _dt.float16}
 _CPU_LOWER = ("conv1d", "conv2d", "conv3d", "bmm", "mm", "baddbmm", "addmm", "addbmm", "linear",
               "matmul", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "prelu",
               "scaled_dot_product_attention",
-              "tensordot", "einsum")  # (these two torch composes of mm/bmm; see einsum)
+              "tensordot", "einsum",  # (these two torch composes of mm/bmm; see einsum)
+              "lstm")  # (oneDNN's LSTM; here float32, rounded once: see nn.RNNBase)
 _CPU_FP32 = ("binary_cross_entropy", "prod", "cdist", "trace", "inverse", "mse_loss",
              "cosine_embedding_loss", "nll_loss", "hinge_embedding_loss", "poisson_nll_loss",
              "smooth_l1_loss", "cross_entropy", "l1_loss", "huber_loss", "margin_ranking_loss",
@@ -48,7 +50,7 @@ _CPU_FP32 = ("binary_cross_entropy", "prod", "cdist", "trace", "inverse", "mse_l
 _CUDA_LOWER = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
                "conv_transpose3d", "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm",
                "mv", "linear", "addbmm", "baddbmm", "bmm", "scaled_dot_product_attention",
-               "einsum_no_contraction")
+               "einsum_no_contraction", "lstm")
 _CUDA_FP32 = ("layer_norm", "group_norm", "cosine_embedding_loss", "nll_loss",
               "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
               "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
@@ -159,6 +161,19 @@ def _target(name: str, tensors: list, kwargs: dict) -> dict:
             if len(floats) > 1:
                 out[dev] = _dt.float64 if _dt.float64 in floats else _dt.float32
     return out
+
+
+def lower_dtype(name: str, t: Any) -> Any:
+    """The autocast dtype where op ``name`` is on the lower-precision list for ``t``'s device
+    and autocast is on there (``t`` a floating tensor other than float64), else None."""
+    from mpitensor.tensor import Tensor
+
+    if not isinstance(t, Tensor) or t.dtype == _dt.float64 or not _dt.is_floating_dtype(t.dtype):
+        return None
+    dev = _device_type(t)
+    if _tls.enabled[dev] and POLICIES[dev].get(name) == LOWER:
+        return _tls.dtype[dev]
+    return None
 
 
 def _cast(v: Any, target: dict, Tensor: type) -> Any:  # noqa: N803

@@ -194,6 +194,8 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
 
 
 def _linear(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
+    if _autocast.ON and _autocast.active():  # the bias is cast with them, as F.linear's
+        return _autocast.run("linear", _linear, x, w, b)
     y = x.matmul(w.t())
     return y + b if b is not None else y
 

@@ -23,7 +23,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from mpitensor import _creation
+from mpitensor import _autocast, _creation
 from mpitensor import dtypes as _dt
 from mpitensor.tensor import Tensor, empty
 
@@ -197,7 +197,18 @@ class RNNBase(Module):
             states.append(t)
         return states[0], (states[1] if lstm else None)
 
+    def _forward_rounded(self, input: Tensor, hx: Any, low: Any) -> Any:  # noqa: A002
+        """Under autocast, torch's CPU LSTM (oneDNN) returns the autocast dtype: run in float32
+        and round each result once."""
+        out, (h, c) = _autocast.run("rnn", type(self).forward, self, input.float(),
+                                    _as_float32(hx))
+        return out.to(low), (h.to(low), c.to(low))
+
     def forward(self, input: Any, hx: Any = None) -> Any:  # noqa: A002 - torch's name
+        if _autocast.ON and _autocast.active():
+            low = _autocast.lower_dtype(type(self).__name__.lower(), input)
+            if low is not None:
+                return self._forward_rounded(input, hx, low)
         cls = type(self).__name__
         packed = isinstance(input, PackedSequence)
         order = unorder = None
@@ -319,6 +330,12 @@ class RNN(RNNBase):
             raise ValueError(f"RNN: unknown nonlinearity {self.nonlinearity!r}; use 'tanh' "
                              f"or 'relu'")
         super().__init__(mode, *args, **kwargs)
+
+
+def _as_float32(hx: Any) -> Any:
+    if hx is None:
+        return None
+    return tuple(h.float() for h in hx) if isinstance(hx, tuple) else hx.float()
 
 
 class LSTM(RNNBase):
