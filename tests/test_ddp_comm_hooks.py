@@ -486,13 +486,14 @@ except RuntimeError as e:
 
 # DDP is a Joinable: Join([ddp]) trains on uneven inputs as ddp.join() does (same final state);
 # with allreduce_hook the joined ranks run the hook on zero buckets
-def train(use_generic, hook):
+def train(use_generic, hook, divide=True):
     m, _ = make(np.float64)
     ddp = DDP(m)
     if hook:
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     opt = mt.optim.SGD(ddp.parameters(), lr=0.1)
-    ctx = Join([ddp]) if use_generic else ddp.join()
+    ctx = (Join([ddp], divide_by_initial_world_size=divide) if use_generic
+           else ddp.join(divide_by_initial_world_size=divide))
     with ctx:
         for step in range(2 + 2 * rank):
             opt.zero_grad()
@@ -504,6 +505,8 @@ ref = train(False, False)
 for generic, hook in ((True, False), (True, True), (False, True)):
     for a, b in zip(train(generic, hook), ref):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+for a, b in zip(train(True, False, False), train(False, False, False)):
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 dist.destroy_process_group()
 print("rank", rank, "OK", flush=True)
 '''
