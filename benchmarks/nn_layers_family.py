@@ -29,21 +29,12 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
-from typing import Any, Callable, List, Optional, Tuple  # noqa: E402
+from typing import Any, Callable, List, Optional  # noqa: E402
 
 import numpy as np  # noqa: E402
+from conv_family import _time, _torch_or_reason  # noqa: E402 - this folder's shared pieces
 
 import mpitensor as mt  # noqa: E402
-
-
-def _torch_or_reason() -> Tuple[Optional[Any], str]:
-    try:
-        import torch  # noqa: PLC0415 - the baseline, imported after the thread settings
-    except Exception as exc:  # ImportError, or a broken install
-        return None, f"torch is not importable ({type(exc).__name__}: {exc})"
-    torch.set_num_threads(1)
-    return torch, ""
 
 
 def _input(lib: Any, shape: tuple, dtype: str, seed: int = 0) -> Any:
@@ -117,10 +108,13 @@ LAYERS = {"instancenorm2d": _instancenorm2d, "maxpool3d": _maxpool3d, "avgpool3d
           "maxunpool2d": _maxunpool2d}
 
 
-def _time(step: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    step()
-    return time.perf_counter() - t0
+def _medians_ms(steps: List[Callable[[], Any]], reps: int) -> List[float]:
+    """Each step's median time (ms) over ``reps`` rounds that run every step once in turn,
+    after one warm-up call each."""
+    for step in steps:
+        step()
+    rounds = [[_time(step) for step in steps] for _ in range(reps)]
+    return [statistics.median(r[i] for r in rounds) * 1e3 for i in range(len(steps))]
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -136,23 +130,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(f"torch rows skipped: {reason}")
     print(f"{'layer':<18} {'mpitensor ms':>13} {'torch ms':>10} {'torch/mpitensor':>16}")
     for name in args.only.split(","):
-        ours = LAYERS[name](mt, args.dtype)
-        theirs = LAYERS[name](torch, args.dtype) if torch is not None else None
-        ours()
-        if theirs is not None:
-            theirs()
-        t_ours: List[float] = []
-        t_theirs: List[float] = []
-        for _ in range(args.reps):
-            t_ours.append(_time(ours))
-            if theirs is not None:
-                t_theirs.append(_time(theirs))
-        a = statistics.median(t_ours) * 1e3
-        if t_theirs:
-            b = statistics.median(t_theirs) * 1e3
-            print(f"{name:<18} {a:>13.2f} {b:>10.2f} {b / a:>16.2f}", flush=True)
-        else:
-            print(f"{name:<18} {a:>13.2f} {'-':>10} {'-':>16}", flush=True)
+        steps = [LAYERS[name](lib, args.dtype) for lib in (mt, torch) if lib is not None]
+        times = _medians_ms(steps, args.reps)
+        theirs = f"{times[1]:>10.2f} {times[1] / times[0]:>16.2f}" if len(times) > 1 else \
+            f"{'-':>10} {'-':>16}"
+        print(f"{name:<18} {times[0]:>13.2f} {theirs}", flush=True)
 
 
 if __name__ == "__main__":

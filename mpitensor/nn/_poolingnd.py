@@ -29,7 +29,7 @@ from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
 
 from ._checks import as_tensor, check_float, is_int, scatter_add_flat, shape_str, xp_of
-from ._pooling1d import _SignedAbs, _Unpool1d
+from ._pooling1d import _adaptive_windows, _SignedAbs, _Unpool1d
 
 __all__ = ["max_pool3d", "max_pool3d_with_indices", "avg_pool3d", "adaptive_avg_pool3d",
            "adaptive_max_pool2d", "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d",
@@ -77,13 +77,9 @@ def _sliding(sizes: tuple, k: tuple, s: tuple, p: tuple, d: tuple, outs: tuple) 
 
 
 def _adaptive_pos(n: int, out: int) -> tuple:
-    o = np.arange(out)
-    start = (o * n) // out
-    end = -((-(o + 1) * n) // out)
-    k = int((end - start).max())
-    pos = start[:, None] + np.arange(k)[None, :]
-    inside = pos < end[:, None]
-    return np.where(inside, pos, end[:, None] - 1), inside, end - start
+    """Adaptive windows of one dimension: (positions (out, k), in-window mask, lengths)."""
+    pos, inside = _adaptive_windows(n, out)
+    return pos, inside, inside.sum(axis=1)
 
 
 def _dev(xp: Any, *arrays: Any) -> tuple:

@@ -51,46 +51,33 @@ def _vjp(conv: Callable, fname: str, which: str, fixed: Tensor, size: Any, grad_
     return free.grad
 
 
-def conv1d_input(input_size: Any, weight: Tensor, grad_output: Tensor, stride: Any = 1,
-                 padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
-    """The gradient of ``conv1d`` with respect to an input of ``input_size``."""
-    return _vjp(F.conv1d, "conv1d_input", "input", weight, input_size, grad_output, stride,
-                padding, dilation, groups)
+def _input_grad(nd: int) -> Callable:
+    conv = getattr(F, f"conv{nd}d")
+    name = f"conv{nd}d_input"
+
+    def fn(input_size: Any, weight: Tensor, grad_output: Tensor, stride: Any = 1,
+           padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
+        return _vjp(conv, name, "input", weight, input_size, grad_output, stride, padding,
+                    dilation, groups)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"The gradient of ``conv{nd}d`` with respect to an input of ``input_size``."
+    return fn
 
 
-def conv1d_weight(input: Tensor, weight_size: Any, grad_output: Tensor,  # noqa: A002
-                  stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                  groups: int = 1) -> Tensor:
-    """The gradient of ``conv1d`` with respect to a weight of ``weight_size``."""
-    return _vjp(F.conv1d, "conv1d_weight", "weight", input, weight_size, grad_output, stride,
-                padding, dilation, groups)
+def _weight_grad(nd: int) -> Callable:
+    conv = getattr(F, f"conv{nd}d")
+    name = f"conv{nd}d_weight"
+
+    def fn(input: Tensor, weight_size: Any, grad_output: Tensor,  # noqa: A002
+           stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
+        return _vjp(conv, name, "weight", input, weight_size, grad_output, stride, padding,
+                    dilation, groups)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"The gradient of ``conv{nd}d`` with respect to a weight of ``weight_size``."
+    return fn
 
 
-def conv2d_input(input_size: Any, weight: Tensor, grad_output: Tensor, stride: Any = 1,
-                 padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
-    """The gradient of ``conv2d`` with respect to an input of ``input_size``."""
-    return _vjp(F.conv2d, "conv2d_input", "input", weight, input_size, grad_output, stride,
-                padding, dilation, groups)
-
-
-def conv2d_weight(input: Tensor, weight_size: Any, grad_output: Tensor,  # noqa: A002
-                  stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                  groups: int = 1) -> Tensor:
-    """The gradient of ``conv2d`` with respect to a weight of ``weight_size``."""
-    return _vjp(F.conv2d, "conv2d_weight", "weight", input, weight_size, grad_output, stride,
-                padding, dilation, groups)
-
-
-def conv3d_input(input_size: Any, weight: Tensor, grad_output: Tensor, stride: Any = 1,
-                 padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
-    """The gradient of ``conv3d`` with respect to an input of ``input_size``."""
-    return _vjp(F.conv3d, "conv3d_input", "input", weight, input_size, grad_output, stride,
-                padding, dilation, groups)
-
-
-def conv3d_weight(input: Tensor, weight_size: Any, grad_output: Tensor,  # noqa: A002
-                  stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                  groups: int = 1) -> Tensor:
-    """The gradient of ``conv3d`` with respect to a weight of ``weight_size``."""
-    return _vjp(F.conv3d, "conv3d_weight", "weight", input, weight_size, grad_output, stride,
-                padding, dilation, groups)
+conv1d_input, conv2d_input, conv3d_input = (_input_grad(nd) for nd in (1, 2, 3))
+conv1d_weight, conv2d_weight, conv3d_weight = (_weight_grad(nd) for nd in (1, 2, 3))

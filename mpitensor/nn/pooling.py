@@ -41,6 +41,15 @@ def _single(v: Any) -> tuple:
     return _ntuple(v, 1)
 
 
+def _set_window(module: Module, kernel_size: Any, stride: Any, padding: Any,
+                ceil_mode: bool) -> None:
+    """The sliding-window attributes, as torch keeps them (stride defaults to the kernel)."""
+    module.kernel_size = kernel_size
+    module.stride = stride if stride is not None else kernel_size
+    module.padding = padding
+    module.ceil_mode = ceil_mode
+
+
 class _MaxPoolNd(Module):
     """Shared body of the sliding-window max poolings; subclasses name their function."""
 
@@ -50,12 +59,9 @@ class _MaxPoolNd(Module):
                  dilation: Any = 1, return_indices: bool = False,
                  ceil_mode: bool = False) -> None:
         super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = stride if stride is not None else kernel_size
-        self.padding = padding
+        _set_window(self, kernel_size, stride, padding, ceil_mode)
         self.dilation = dilation
         self.return_indices = return_indices
-        self.ceil_mode = ceil_mode
 
     def forward(self, input: Tensor) -> Any:  # noqa: A002 - torch's name
         return self._fn(input, self.kernel_size, self.stride, self.padding, self.dilation,
@@ -191,10 +197,7 @@ class AvgPool3d(Module):
                  ceil_mode: bool = False, count_include_pad: bool = True,
                  divisor_override: Optional[int] = None) -> None:
         super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = stride if stride is not None else kernel_size
-        self.padding = padding
-        self.ceil_mode = ceil_mode
+        _set_window(self, kernel_size, stride, padding, ceil_mode)
         self.count_include_pad = count_include_pad
         self.divisor_override = divisor_override
 
