@@ -221,6 +221,22 @@ class SparseTensor(Tensor):
         t._src = None
         return t
 
+    def __getstate__(self) -> dict:
+        leaf = self.requires_grad and self.grad_fn is None
+        return {"indices": self._idx, "values": self._vals.detach(), "size": self._size,
+                "coalesced": self._coalesced, "requires_grad": leaf}
+
+    def __setstate__(self, state: dict) -> None:
+        # pickle and copy.deepcopy: the tensor is rebuilt as _make builds one
+        vals = state["values"]
+        if state.get("requires_grad"):
+            vals.requires_grad_(True)
+        made = type(self)._make(state["indices"], vals, state["size"], state["coalesced"])
+        for name in ("_vc", "_view", *_SPARSE_SLOTS, *getattr(type(self), "__slots__", ())):
+            setattr(self, name, getattr(made, name))
+        self._data = _SparseData(made._size, vals._data.dtype)
+        self._data.tensor = self
+
     def _with_values(self, vals: Tensor, coalesced: Optional[bool] = None) -> SparseTensor:
         return type(self)._make(self._idx, vals, self._size,
                                   self._coalesced if coalesced is None else coalesced)
@@ -926,6 +942,8 @@ def spmm(input: Any, mat2: Any) -> Any:  # noqa: A002 - torch's name
         raise TypeError("spmm(): input must be a sparse COO tensor (use mm for dense ones)")
     return input.mm(mat2)
 
+
+_SPARSE_SLOTS = SparseTensor.__slots__
 
 # --------------------------------------------------------------------------------------------
 # CSR: a coalesced 2-D COO tensor that also keeps its row pointers

@@ -601,3 +601,16 @@ def test_embedding_bag_sparse_refusals():
         with pytest.raises(ValueError):
             lib.nn.functional.embedding_bag(lib.tensor([0, 1]), w, lib.tensor([0]),
                                             mode="max", sparse=True)
+
+
+def test_copy_and_pickle_keep_sparse_tensors():
+    import copy
+    import pickle
+
+    a, _ = _pair(np.float64, requires_grad=True)
+    c = mt.tensor([[1.0, 0.0], [0.0, 2.0]]).to_sparse_csr()
+    for t in (a, c):
+        for r in (copy.deepcopy(t), pickle.loads(pickle.dumps(t))):
+            assert type(r) is type(t) and r.layout is t.layout
+            assert r.requires_grad == t.requires_grad and r.is_coalesced() == t.is_coalesced()
+            np.testing.assert_array_equal(_dense(r), _dense(t))
