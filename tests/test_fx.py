@@ -496,3 +496,35 @@ def test_plain_tensor_sliced_by_a_traced_size():
     x = mt.randn(2, 5, 3)
     np.testing.assert_array_equal(gm(x).numpy(), m(x).numpy())
     assert "operator.getitem" in str(gm.graph)
+
+
+def test_transformer_and_shape_prop_match_torch():
+    def build(lib):
+        class Swap(lib.fx.Transformer):
+            def call_function(self, target, args, kwargs):
+                if target is lib.sigmoid:
+                    return lib.neg(*args, **kwargs)
+                return super().call_function(target, args, kwargs)
+
+            def call_method(self, target, args, kwargs):
+                if target == "neg":
+                    return args[0].sigmoid(*args[1:], **kwargs)
+                return super().call_method(target, args, kwargs)
+        return Swap, lambda x: lib.sigmoid(x).neg().transpose(0, 1)
+    (swap, f), (tswap, tf) = _both(build)
+    new, tnew = swap(fx.symbolic_trace(f)).transform(), tswap(tfx.symbolic_trace(tf)).transform()
+    assert new.code == tnew.code
+    xn = np.arange(6.0).reshape(2, 3)
+    _close(new(mt.tensor(xn)), tnew(torch.tensor(xn)), 1e-12)
+
+    from torch.fx.passes.shape_prop import ShapeProp as TorchShapeProp
+
+    from mpitensor.fx.passes.shape_prop import ShapeProp
+    gm, tgm = fx.symbolic_trace(f), tfx.symbolic_trace(tf)
+    ShapeProp(gm).propagate(mt.ones(2, 3))
+    TorchShapeProp(tgm).propagate(torch.ones(2, 3))
+    for n, tn in zip(gm.graph.nodes, tgm.graph.nodes):
+        a, b = n.meta["tensor_meta"], tn.meta["tensor_meta"]
+        assert (tuple(a.shape), a.requires_grad, a.stride) == \
+            (tuple(b.shape), b.requires_grad, b.stride)
+        assert str(a.dtype) == str(b.dtype).replace("torch.", "")
