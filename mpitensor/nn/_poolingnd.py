@@ -29,7 +29,7 @@ from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
 
 from ._checks import as_tensor, check_float, is_int, scatter_add_flat, shape_str, xp_of
-from ._pooling1d import _adaptive_windows, _SignedAbs, _Unpool1d
+from ._pooling1d import _adaptive_windows, _out_len, _SignedAbs, _Unpool1d
 
 __all__ = ["max_pool3d", "max_pool3d_with_indices", "avg_pool3d", "adaptive_avg_pool3d",
            "adaptive_max_pool2d", "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d",
@@ -61,14 +61,6 @@ def _planes(input: Any, nd: int, fname: str) -> Tensor:  # noqa: A002 - torch's 
         raise RuntimeError(f"{fname}(): expected a {nd + 1}-D or {nd + 2}-D input with non-zero "
                            f"spatial sizes, got shape {shape_str(t.shape)}")
     return t
-
-
-def _out_len(n: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
-    span = n + 2 * p - d * (k - 1) - 1
-    out = (-(-span // s) if ceil else span // s) + 1
-    if ceil and (out - 1) * s >= n + p:
-        out -= 1  # the last window must start inside the input or its left padding
-    return out
 
 
 def _sliding(sizes: tuple, k: tuple, s: tuple, p: tuple, d: tuple, outs: tuple) -> list:
