@@ -10,17 +10,9 @@ import pytest
 import mpitensor as mt
 from mpitensor import backend
 from tests.test_devices_api import HAS_GPU, no_gpu
+from tests.test_devices_api import torch as cpu_torch  # noqa: F401 - the oracle fixture, by this name
 
 gpu = pytest.mark.skipif(not HAS_GPU, reason=f"GPU test: {backend.cupy_unavailable_reason()}")
-
-
-@pytest.fixture(scope="module")
-def torch():
-    """A CPU-only torch, whose answers the no-GPU checks compare with."""
-    t = pytest.importorskip("torch", reason="torch is the oracle for the parity checks")
-    if t.cuda.is_available():
-        pytest.skip("the installed torch sees a GPU; these checks compare CPU-only answers")
-    return t
 
 
 def _answer(fn):
@@ -40,9 +32,9 @@ ZERO_ANSWERS = ["memory_allocated", "max_memory_allocated", "memory_reserved",
 
 @no_gpu
 @pytest.mark.parametrize("name", ZERO_ANSWERS)
-def test_cpu_answers_match_a_cpu_only_torch(torch, name):
+def test_cpu_answers_match_a_cpu_only_torch(cpu_torch, name):  # noqa: F811 - the fixture
     (kind, ours), ow = _answer(getattr(mt.cuda, name))
-    (tkind, theirs), tw = _answer(getattr(torch.cuda, name))
+    (tkind, theirs), tw = _answer(getattr(cpu_torch.cuda, name))
     assert (kind, ours, ow) == (tkind, theirs, tw)
 
 
@@ -56,9 +48,9 @@ def test_cpu_answers_match_a_cpu_only_torch(torch, name):
     lambda m: m.accelerator.current_stream(), lambda m: m.accelerator.get_memory_info(),
     lambda m: m.accelerator.empty_cache(),
 ])
-def test_calls_that_need_a_gpu_raise_torchs_type(torch, call):
+def test_calls_that_need_a_gpu_raise_torchs_type(cpu_torch, call):  # noqa: F811 - the fixture
     (kind, ours), _ = _answer(lambda: call(mt))
-    (tkind, theirs), _ = _answer(lambda: call(torch))
+    (tkind, theirs), _ = _answer(lambda: call(cpu_torch))
     assert kind == tkind == "raise"
     assert isinstance(ours, type(theirs))
 
@@ -67,10 +59,10 @@ def test_calls_that_need_a_gpu_raise_torchs_type(torch, call):
 @pytest.mark.parametrize("name", ["reset_peak_memory_stats", "reset_max_memory_allocated",
                                   "reset_max_memory_cached", "reset_accumulated_memory_stats",
                                   "memory_summary"])
-def test_resets_and_summary_raise_without_a_gpu(torch, name):
+def test_resets_and_summary_raise_without_a_gpu(cpu_torch, name):  # noqa: F811 - the fixture
     # a CPU-only torch fails here too (with an AttributeError/KeyError from its internals);
     # ours says why, as the other GPU-only calls do
-    (tkind, _), tw = _answer(getattr(torch.cuda, name))
+    (tkind, _), tw = _answer(getattr(cpu_torch.cuda, name))
     (kind, err), ow = _answer(getattr(mt.cuda, name))
     assert kind == tkind == "raise"
     assert isinstance(err, mt.cuda.CudaUnavailableError) and "needs a GPU" in str(err)
@@ -78,7 +70,7 @@ def test_resets_and_summary_raise_without_a_gpu(torch, name):
 
 
 @no_gpu
-def test_stream_none_is_a_no_op_context(torch):
+def test_stream_none_is_a_no_op_context(cpu_torch):  # noqa: F811 - the fixture
     with mt.cuda.stream(None) as s:
         assert s is None
     mt.cuda.set_stream(None)
