@@ -132,3 +132,99 @@ def test_gpu_events_time_work_and_streams_order_it():
     assert float(z.sum()) == 2000.0 and float(y) == 3.0 * (1 << 20)
     with pytest.raises(NotImplementedError):
         ev.ipc_handle()
+
+
+class _FakePool:
+    """CuPy's MemoryPool as _gpu_memory sees it: used and held bytes, 512-byte blocks."""
+
+    def __init__(self):
+        self.used = self.held = 0
+        self.live = []
+
+    def malloc(self, size):
+        import types
+
+        if size > 1 << 30:
+            raise _FakeOOM()
+        size = -(-size // 512) * 512
+        self.used += size
+        self.held = max(self.held, self.used)
+        mem = types.SimpleNamespace(mem=types.SimpleNamespace(size=size))
+        self.live.append(mem)
+        return mem
+
+    def free(self, mem):
+        self.live.remove(mem)
+        self.used -= mem.mem.size
+
+    def used_bytes(self):
+        return self.used
+
+    def total_bytes(self):
+        return self.held
+
+
+class _FakeOOM(MemoryError):
+    pass
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """A stand-in for the parts of CuPy the counting allocator uses, with fresh counts."""
+    import contextlib
+    import types
+
+    from mpitensor import _gpu_memory
+    from mpitensor.cuda import memory
+
+    pool = _FakePool()
+    cp = types.SimpleNamespace(get_default_memory_pool=lambda: pool)
+    cp.cuda = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDevice=lambda: 0, memGetInfo=lambda: (3, 8)),
+        memory=types.SimpleNamespace(OutOfMemoryError=_FakeOOM),
+        Device=lambda i: contextlib.nullcontext(), allocator=pool.malloc)
+    cp.cuda.get_allocator = lambda: cp.cuda.allocator
+    cp.cuda.set_allocator = lambda f: setattr(cp.cuda, "allocator", f)
+    monkeypatch.setattr(_gpu_memory, "_state", {"installed": False, "tried": False})
+    monkeypatch.setattr(_gpu_memory, "_per_device", {})
+    monkeypatch.setattr(memory, "_used", lambda device, what: (cp, 0))
+    monkeypatch.setattr(memory, "_gpu", lambda device, what: (cp, 0))
+    _gpu_memory.install(cp)
+    return cp, pool
+
+
+def test_counting_allocator_peaks_and_counts(fake_cupy):
+    cp, pool = fake_cupy
+    a = cp.cuda.allocator(1000)   # 1024 in blocks
+    b = cp.cuda.allocator(4096)
+    pool.free(a)
+    assert mt.cuda.memory_allocated() == 4096
+    assert mt.cuda.max_memory_allocated() == 5120  # the peak outlives the free
+    assert mt.cuda.max_memory_reserved() == 5120
+    with pytest.raises(_FakeOOM):
+        cp.cuda.allocator(1 << 31)
+    stats = mt.cuda.memory_stats()
+    assert stats["allocation.all.allocated"] == 2 and stats["num_ooms"] == 1
+    assert stats["allocated_bytes.all.allocated"] == 5120
+    assert mt.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]["peak"] == 5120
+    mt.cuda.reset_peak_memory_stats()
+    assert mt.cuda.max_memory_allocated() == 4096
+    mt.cuda.reset_accumulated_memory_stats()
+    assert mt.cuda.memory_stats()["allocation.all.allocated"] == 0
+    assert "allocated_bytes.all.peak" in mt.cuda.memory_summary()
+    assert mt.cuda.mem_get_info() == (3, 8)
+    pool.free(b)
+
+
+def test_a_programs_own_allocator_is_left_alone(fake_cupy, monkeypatch):
+    from mpitensor import _gpu_memory
+
+    cp, _ = fake_cupy
+    mine = object()
+    cp.cuda.allocator = mine
+    monkeypatch.setattr(_gpu_memory, "_state", {"installed": False, "tried": False})
+    _gpu_memory.install(cp)
+    assert cp.cuda.allocator is mine and not _gpu_memory.installed()
+    with pytest.raises(RuntimeError, match="own allocator"):
+        mt.cuda.max_memory_allocated()
+    assert "allocated_bytes.all.peak" not in mt.cuda.memory_stats()
