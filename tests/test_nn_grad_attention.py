@@ -82,3 +82,14 @@ def test_common_types():
     names = [n for n in dir(theirs) if n.startswith("_size") or n.startswith("_ratio")
              or n.startswith("_scalar_or_tuple")]
     assert all(hasattr(nn.common_types, n) for n in names)
+
+
+def test_factory_kwargs():
+    for kw in ({"device": "cpu", "dtype": 1}, None, {"factory_kwargs": {"device": "cpu"},
+                                                     "dtype": 2}):
+        assert nn.factory_kwargs(kw) == torch.nn.factory_kwargs(kw)
+    for bad in ({"foo": 1}, {"factory_kwargs": {"device": "cpu"}, "device": "cpu"}):
+        with pytest.raises(TypeError):
+            torch.nn.factory_kwargs(bad)
+        with pytest.raises(TypeError):
+            nn.factory_kwargs(bad)

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 from . import attention, common_types, functional, grad, init, parallel, utils
+from ._factory import factory_kwargs
 from .activation import *  # noqa: F403
 from .activation import __all__ as _activation_names
 from .adaptive import *  # noqa: F403
@@ -51,7 +52,7 @@ from .transformer import *  # noqa: F403
 from .transformer import __all__ as _transformer_names
 
 __all__ = ["Module", "Parameter", "RemovableHandle", "functional", "init", "parallel", "utils",
-           "attention", "common_types", "grad",
+           "attention", "common_types", "grad", "factory_kwargs",
            "DataParallel", "Buffer", "UninitializedParameter", "UninitializedBuffer",
            *_lazy_names, *_container_names, *_adaptive_names,
            *_layer_names, *_norm_names, *_activation_names,
