@@ -528,3 +528,28 @@ def test_transformer_and_shape_prop_match_torch():
         assert (tuple(a.shape), a.requires_grad, a.stride) == \
             (tuple(b.shape), b.requires_grad, b.stride)
         assert str(a.dtype) == str(b.dtype).replace("torch.", "")
+
+
+def test_sequential_root_module_list_and_dict_output_match_torch():
+    def build(lib):
+        class M(lib.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = lib.nn.ModuleList([lib.nn.Linear(2, 2) for _ in range(2)])
+                self.d = lib.nn.ModuleDict({"a": lib.nn.Tanh()})
+
+            def forward(self, x):
+                for layer in self.layers:
+                    x = layer(x)
+                return {"out": self.d["a"](x).clamp(min=-0.5, max=0.5), "n": x.numel()}
+        seq = lib.nn.Sequential(lib.nn.Linear(3, 4), lib.nn.ReLU(),
+                                lib.nn.Sequential(lib.nn.Linear(4, 2), lib.nn.Sigmoid()))
+        return M(), seq
+    (m, seq), (tm, tseq) = _both(build)
+    for ours, theirs in ((m, tm), (seq, tseq)):
+        gm, tgm = fx.symbolic_trace(ours), tfx.symbolic_trace(theirs)
+        assert gm.code == tgm.code  # Sequential's parameter 'input' is renamed like torch's
+        assert str(gm.graph) == str(tgm.graph)
+    x = mt.randn(5, 3)
+    np.testing.assert_array_equal(fx.symbolic_trace(seq)(x).detach().numpy(),
+                                  seq(x).detach().numpy())

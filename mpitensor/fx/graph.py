@@ -460,12 +460,16 @@ class _CodeWriter:
         params, body = [], []
         for node in nodes:
             if node.op == "placeholder":
+                # the parameter keeps the program's name; a node renamed away from it
+                # (input -> input_1, a builtin's name) is bound first thing
                 if node.target.startswith("*"):
                     params.append(node.target)
                 elif node.args:
-                    params.append(f"{node.name} = {self.fmt(node.args[0])}")
+                    params.append(f"{node.target} = {self.fmt(node.args[0])}")
                 else:
-                    params.append(node.name)
+                    params.append(node.target)
+                if node.name != node.target and not node.target.startswith("*"):
+                    body.append(f"{node.name} = {node.target}")
                 continue
             if node.op == "output":
                 body.append(f"return {self.fmt(node.args[0])}")

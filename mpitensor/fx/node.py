@@ -247,5 +247,5 @@ def _fmt(a: Argument, mark: str = "%") -> str:
     if isinstance(a, list):
         return "[" + ", ".join(_fmt(x, mark) for x in a) + "]"
     if isinstance(a, dict):
-        return "{" + ", ".join(f"{k}: {_fmt(v, mark)}" for k, v in a.items()) + "}"
+        return "{" + ", ".join(f"{k!r}: {_fmt(v, mark)}" for k, v in a.items()) + "}"
     return str(a)
