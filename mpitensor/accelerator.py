@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Optional
 
 from mpitensor import backend as _backend
@@ -24,7 +25,8 @@ __all__ = [
     "current_device_index", "synchronize", "device_index", "current_stream", "set_stream",
     "empty_cache", "memory_allocated", "max_memory_allocated", "memory_reserved",
     "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
-    "reset_accumulated_memory_stats", "get_memory_info",
+    "reset_accumulated_memory_stats", "get_memory_info", "empty_host_cache",
+    "current_device_idx", "set_device_idx",
 ]
 
 
@@ -146,6 +148,30 @@ def empty_cache() -> None:
     """
     _gpu("empty_cache")
     _cuda.empty_cache()
+
+
+def empty_host_cache() -> None:
+    """Give the unused pinned host memory CuPy's pinned pool caches back to the system.
+
+    Raises:
+        CudaUnavailableError: no GPU can be used (as torch.accelerator raises).
+    """
+    _gpu("empty_host_cache")
+    _backend.get_cupy().get_default_pinned_memory_pool().free_all_blocks()
+
+
+def current_device_idx() -> int:
+    """Deprecated name of :func:`current_device_index` (warns DeprecationWarning, as torch)."""
+    warnings.warn("mpitensor.accelerator.current_device_idx is deprecated, as in torch; use "
+                  "current_device_index", DeprecationWarning, stacklevel=2)
+    return current_device_index()
+
+
+def set_device_idx(device: _cuda.DeviceArg, /) -> None:
+    """Deprecated name of :func:`set_device_index` (warns DeprecationWarning, as torch)."""
+    warnings.warn("mpitensor.accelerator.set_device_idx is deprecated, as in torch; use "
+                  "set_device_index", DeprecationWarning, stacklevel=2)
+    set_device_index(device)
 
 
 def _memory(what: str) -> Callable:

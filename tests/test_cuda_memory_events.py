@@ -46,7 +46,8 @@ def test_cpu_answers_match_a_cpu_only_torch(cpu_torch, name):  # noqa: F811 - th
     lambda m: m.accelerator.memory_allocated(), lambda m: m.accelerator.max_memory_allocated(),
     lambda m: m.accelerator.memory_stats(), lambda m: m.accelerator.reset_peak_memory_stats(),
     lambda m: m.accelerator.current_stream(), lambda m: m.accelerator.get_memory_info(),
-    lambda m: m.accelerator.empty_cache(),
+    lambda m: m.accelerator.empty_cache(), lambda m: m.accelerator.empty_host_cache(),
+    lambda m: m.accelerator.current_device_idx(), lambda m: m.accelerator.set_device_idx(0),
 ])
 def test_calls_that_need_a_gpu_raise_torchs_type(cpu_torch, call):  # noqa: F811 - the fixture
     (kind, ours), _ = _answer(lambda: call(mt))
