@@ -55,7 +55,17 @@ from ._creation import (
 from ._legacy_types import *  # noqa: F403 - FloatTensor, LongTensor, ... as in torch
 from ._legacy_types import __all__ as _legacy_type_names
 from ._precision import get_float32_matmul_precision, set_float32_matmul_precision
-from ._sparse import sparse_coo, sparse_coo_tensor, sparse_csr, sparse_csr_tensor, spmm
+from ._sparse import (
+    dsmm,
+    hsmm,
+    hspmm,
+    smm,
+    sparse_coo,
+    sparse_coo_tensor,
+    sparse_csr,
+    sparse_csr_tensor,
+    spmm,
+)
 from ._threads import get_num_threads, set_num_threads
 from .amp import autocast
 from .amp.autocast_mode import (
@@ -147,6 +157,7 @@ __all__ = [
     "set_autocast_gpu_dtype", "is_autocast_cache_enabled", "set_autocast_cache_enabled",
     "clear_autocast_cache", "autocast_increment_nesting", "autocast_decrement_nesting",
     "sparse", "sparse_coo", "sparse_coo_tensor", "sparse_csr", "sparse_csr_tensor", "spmm",
+    "dsmm", "hsmm", "hspmm", "smm",
     *_dtype_names, *_tensor_names, *_legacy_type_names,
 ]
 

@@ -34,8 +34,8 @@ from mpitensor._dims import wrap_dim
 from mpitensor.autograd import Function, grad_enabled_for
 from mpitensor.tensor import Size, Tensor, _new, _tensor_methods
 
-__all__ = ["SparseCsrTensor", "SparseTensor", "sparse_coo", "sparse_coo_tensor", "sparse_csr",
-           "sparse_csr_tensor", "spmm"]
+__all__ = ["SparseCsrTensor", "SparseTensor", "dsmm", "hsmm", "hspmm", "smm", "sparse_coo",
+           "sparse_coo_tensor", "sparse_csr", "sparse_csr_tensor", "spmm"]
 
 sparse_coo = layout("sparse_coo")
 sparse_csr = layout("sparse_csr")
@@ -449,6 +449,14 @@ class SparseTensor(Tensor):
     def to_sparse_csr(self, dense_dim: Any = None) -> SparseCsrTensor:
         """Return the sparse CSR form of a 2-D sparse matrix (coalesced)."""
         return _coo_to_csr(self)
+
+    def to_sparse_coo(self) -> SparseTensor:
+        """Return the sparse COO form (self for a COO tensor)."""
+        return self.to_sparse()
+
+    def smm(self, mat: Any) -> SparseTensor:
+        """``mpitensor.smm(self, mat)``."""
+        return smm(self, mat)
 
     def indices(self) -> Tensor:
         """Return the int64 coordinates, shape ``(sparse_dim, nnz)`` (coalesced tensors only)."""
@@ -936,6 +944,36 @@ def sparse_coo_tensor(indices: Any, values: Any, size: Any = None, *, dtype: Any
     return SparseTensor._make(idx, vals, size, coalesced)
 
 
+def dsmm(input: Any, mat2: Any) -> Tensor:  # noqa: A002 - torch's name
+    """Return ``input @ mat2`` (a dense result) for a sparse 2-D ``input``."""
+    return spmm(input, mat2)
+
+
+def hspmm(mat1: Any, mat2: Any) -> SparseTensor:
+    """Return ``mat1 @ mat2`` for a sparse ``mat1`` and a dense ``mat2`` as a hybrid sparse
+    tensor: one sparse dimension (the rows ``mat1`` has entries in) and one dense (each row's
+    values); differentiable."""
+    out = spmm(mat1, mat2)
+    xp = _backend.array_module(mat1._idx)
+    rows = xp.unique(mat1._idx[0]).astype(np.int64)
+    return SparseTensor._make(rows[None, :], _Gather.apply(out, (rows,)), tuple(out.shape),
+                              False)
+
+
+hsmm = hspmm
+
+
+def smm(input: Any, mat: Any) -> SparseTensor:  # noqa: A002 - torch's name
+    """Return ``input @ mat`` as a sparse matrix holding every entry of the rows ``input`` has
+    entries in (two sparse dimensions; see :func:`hspmm` for the hybrid form)."""
+    h = hspmm(input, mat)
+    xp = _backend.array_module(h._idx)
+    k = h._size[1]
+    rows = xp.repeat(h._idx[0], k)
+    cols = xp.tile(xp.arange(k, dtype=np.int64), h._idx.shape[1])
+    return SparseTensor._make(xp.stack([rows, cols]), h._vals.reshape(-1), h._size, False)
+
+
 def spmm(input: Any, mat2: Any) -> Any:  # noqa: A002 - torch's name
     """Return ``input @ mat2`` for a sparse 2-D ``input`` and a dense 2-D ``mat2``."""
     if not _is_sparse(input):
@@ -1144,6 +1182,10 @@ class _SparseMethods:
         if vals.requires_grad:
             out._src = self
         return out
+
+    def to_sparse_coo(self) -> SparseTensor:
+        """Return the sparse COO form (as ``to_sparse()``)."""
+        return self.to_sparse()
 
     def to_sparse_csr(self, dense_dim: Any = None) -> SparseCsrTensor:
         """Return the sparse CSR form of a 2-D tensor (its nonzero entries); differentiable."""
