@@ -7,12 +7,17 @@ gradients of the distributed autograd context (``dist_autograd.get_gradients``).
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Dict, List
 
 from .rpc import RRef, remote, rpc_async
 from .rpc._dist_autograd import get_gradients
 
 __all__ = ["DistributedOptimizer"]
+
+# One local step at a time in a process: two trainers stepping the same parameters (a shared
+# embedding table) would otherwise each set .grad and step with the other's gradient.
+_step_lock = threading.Lock()
 
 
 class _LocalOptimizer:
@@ -25,10 +30,11 @@ class _LocalOptimizer:
 
     def step(self, context_id: int) -> None:
         grads = get_gradients(context_id)
-        for p in self.params:
-            g = grads.get(p)
-            p.grad = None if g is None else g
-        self.optim.step()
+        with _step_lock:
+            for p in self.params:
+                g = grads.get(p)
+                p.grad = None if g is None else g
+            self.optim.step()
 
 
 def _step(local: RRef, context_id: int) -> None:
