@@ -265,25 +265,7 @@ class SparseTensor(Tensor):
         """The number of dimensions."""
         return len(self._size)
 
-    @property
-    def dtype(self) -> np.dtype:
-        """The element type of the values."""
-        return self._vals._data.dtype
-
-    @property
-    def device(self) -> _backend.device:
-        """The device of the indices and values."""
-        return self._vals.device
-
-    @property
-    def is_cuda(self) -> bool:
-        """True when the values live on a GPU."""
-        return self._vals.is_cuda
-
-    @property
-    def is_cpu(self) -> bool:
-        """True when the values live in host memory."""
-        return self._vals.is_cpu
+    # dtype, device, is_cuda, is_cpu: the values' (see _values_property below)
 
     def sparse_dim(self) -> int:
         """Return the number of sparse dimensions."""
@@ -702,6 +684,15 @@ class SparseTensor(Tensor):
     def _coalesced_map(self, name: str) -> SparseTensor:
         s = self._co()
         return s._with_values(getattr(s._vals, name)())
+
+
+def _values_property(name: str) -> property:
+    return property(lambda self: getattr(self._vals, name),
+                    doc=f"The values' ``{name}`` (the indices live with them).")
+
+
+for _name in ("dtype", "device", "is_cuda", "is_cpu"):
+    setattr(SparseTensor, _name, _values_property(_name))
 
 
 def _zero_keeping(name: str) -> Any:
