@@ -470,3 +470,22 @@ def test_lstm_and_multihead_attention_under_autocast_match_torch():
         # torch's LSTM computes in bfloat16 throughout (ours in float32, rounded once): its
         # gates' roundings add up over the 3 steps and 2 layers, a few ulps of values below 1
         _close(y, theirs[key], rtol=0, atol=8 * 2.0**-8)
+
+
+def test_scaler_inf_checks_that_libraries_call_match_torch():
+    def run(m):
+        p = m.nn.Parameter(m.ones(3))
+        opt = m.optim.SGD([p], lr=0.1)
+        s = m.amp.GradScaler("cpu", init_scale=8.0)
+        s.scale((p * 2).sum()).backward()
+        p.grad[1] = float("nan")
+        flags = s._check_inf_per_device(opt)
+        kept = p.grad.tolist()
+        return ({str(k): v.tolist() for k, v in flags.items()},
+                {str(k): v.tolist() for k, v in s._found_inf_per_device(opt).items()}, kept,
+                float(s._get_scale_async()))
+
+    ours, theirs = run(mt), run(torch)
+    assert ours[0] == theirs[0] == ours[1] == theirs[1] == {"cpu": 1.0}
+    np.testing.assert_array_equal(ours[2], theirs[2])  # not unscaled
+    assert ours[3] == theirs[3] == 8.0

@@ -148,25 +148,43 @@ class GradScaler:
             raise RuntimeError("GradScaler.unscale_(): called after step(); unscale before "
                                "stepping, then call update()")
         inv = _f32(1.0 / self._scale.item())  # the reciprocal in double, held in float32
+        state["found_inf_per_device"] = self._unscale_grads_(optimizer, inv, False)
+        state["stage"] = OptState.UNSCALED
+
+    def _unscale_grads_(self, optimizer: Any, inv_scale: float, allow_fp16: bool) -> dict:
+        """Multiply ``optimizer``'s gradients by ``inv_scale`` in place; return, per device, a
+        zero-dim float32 tensor that is 1 where a gradient held an inf or NaN."""
         grads = [p.grad for group in optimizer.param_groups for p in group["params"]
                  if p.grad is not None]
-        for g in grads:
-            if g.dtype == _dt.float16:
-                raise ValueError("GradScaler.unscale_(): a gradient is float16; keep the "
-                                 "parameters in float32 (autocast casts them) and unscale "
-                                 "their float32 gradients")
+        if not allow_fp16 and any(g.dtype == _dt.float16 for g in grads):
+            raise ValueError("GradScaler.unscale_(): a gradient is float16; keep the "
+                             "parameters in float32 (autocast casts them) and unscale their "
+                             "float32 gradients")
         found: dict = {}
         with no_grad():
             for g in grads:
-                dev = str(g.device)
+                dev = g.device
                 bad = not bool(xp(g._data).isfinite(g._data).all())
                 found[dev] = found.get(dev, False) or bad
-                if inv != 1.0:
-                    g.mul_(inv)
-        state["found_inf_per_device"] = {
-            dev: tensor([1.0 if bad else 0.0], dtype=_dt.float32, device=dev)
-            for dev, bad in found.items()}
-        state["stage"] = OptState.UNSCALED
+                if inv_scale != 1.0:
+                    g.mul_(inv_scale)
+        return {dev: tensor(1.0 if bad else 0.0, dtype=_dt.float32, device=dev)
+                for dev, bad in found.items()}
+
+    def _check_inf_per_device(self, optimizer: Any) -> dict:
+        """Look for inf/NaN in ``optimizer``'s gradients without unscaling them (as libraries
+        built on torch's GradScaler call it); record and return the per-device flags."""
+        state = self._state_of(optimizer, "_check_inf_per_device")
+        state["found_inf_per_device"] = self._unscale_grads_(optimizer, 1.0, True)
+        return state["found_inf_per_device"]
+
+    def _found_inf_per_device(self, optimizer: Any) -> dict:
+        """The per-device inf/NaN flags recorded for ``optimizer`` in this iteration."""
+        return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+
+    def _get_scale_async(self) -> Optional[Tensor]:
+        """The scale as a tensor (None before the first ``scale()``)."""
+        return self._scale
 
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """Unscale (if not yet done) and call ``optimizer.step()`` unless a gradient was
