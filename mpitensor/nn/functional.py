@@ -56,6 +56,7 @@ __all__ = [
     "relu_",
     "linear",
     "conv1d",
+    "conv_tbc",
     "conv2d",
     "conv3d",
     "conv_transpose1d",
@@ -774,6 +775,33 @@ def conv1d(
         mpitensor.Size([2, 4, 10])
     """
     return _conv_nd("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv_tbc(input: Any, weight: Any, bias: Any, pad: int = 0) -> Tensor:  # noqa: A002
+    """A 1-D convolution in (time, batch, channels) layout: ``input`` (T, B, C_in),
+    ``weight`` (K, C_in, C_out), ``bias`` (C_out,), ``pad`` zeros at both ends of time;
+    returns (T + 2 pad - K + 1, B, C_out).
+
+    Raises:
+        RuntimeError: ranks or sizes that do not fit.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> conv_tbc(mt.ones(5, 2, 3), mt.ones(2, 3, 4), mt.zeros(4)).shape
+        mpitensor.Size([4, 2, 4])
+    """
+    fname = "conv_tbc"
+    x, w, b = (_tensor_arg(v, n, fname) for v, n in ((input, "input"), (weight, "weight"),
+                                                     (bias, "bias")))
+    if x.ndim != 3 or w.ndim != 3 or b.ndim != 1:
+        raise RuntimeError(f"{fname}(): expected a 3-D input (T, B, C_in), a 3-D weight "
+                           f"(K, C_in, C_out) and a 1-D bias, got {_shape_str(x.shape)}, "
+                           f"{_shape_str(w.shape)} and {_shape_str(b.shape)}")
+    if x.shape[2] != w.shape[1] or b.shape[0] != w.shape[2]:
+        raise RuntimeError(f"{fname}(): input channels {x.shape[2]} / weight "
+                           f"{_shape_str(w.shape)} / bias {_shape_str(b.shape)} do not fit")
+    y = conv1d(x.permute(1, 2, 0), w.permute(2, 1, 0), b, padding=int(pad))
+    return y.permute(2, 0, 1)
 
 
 def conv3d(
@@ -2719,10 +2747,13 @@ from ._poolingnd import *  # noqa: E402, F403
 from ._poolingnd import __all__ as _poolingnd_names  # noqa: E402
 from ._rms_norm import *  # noqa: E402, F403
 from ._rms_norm import __all__ as _rms_norm_names  # noqa: E402
+from ._sampling import *  # noqa: E402, F403
+from ._sampling import __all__ as _sampling_names  # noqa: E402
 from ._spatial import *  # noqa: E402, F403
 from ._spatial import __all__ as _spatial_names  # noqa: E402
 
 __all__ += [*_activation_names, *_attention_names, *_bilinear_names, *_ctc_names,
             *_distance_names,
             *_dropout_names, *_embedding_names, *_linear_ce_names, *_loss_names,
-            *_pooling1d_names, *_poolingnd_names, *_rms_norm_names, *_spatial_names]
+            *_pooling1d_names, *_poolingnd_names, *_rms_norm_names, *_sampling_names,
+            *_spatial_names]
