@@ -196,3 +196,54 @@ def test_remote_device_forms_and_refusals_match_torch(results: Dict[str, Dict]) 
         # also a RuntimeError (mpitensor.device's error), so `except RuntimeError` still works
         assert [a or b for a, b in zip(got, kind)] == got and any(
             g and k for g, k in zip(got, kind)), (what, got, kind)
+
+
+GPU_SCRIPT = r'''
+import json
+import numpy as np
+import mpitensor as torch
+import mpitensor.distributed as dist
+import mpitensor.distributed.autograd as dist_autograd
+import mpitensor.distributed.rpc as rpc
+from mpitensor.distributed.nn import RemoteModule
+
+
+def make(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(3, 2).double()
+
+
+rank = dist.launcher_rank()
+rpc.init_rpc(f"worker{rank}")
+if rank == 0:
+    rm = RemoteModule("worker1/cuda:0", make, args=(7,))
+    local = make(7)
+    x = torch.from_numpy(np.linspace(-1, 1, 12).reshape(4, 3)).requires_grad_()
+    x_local = x.detach().clone().requires_grad_()
+    with dist_autograd.context() as cid:
+        y = rm(x)
+        dist_autograd.backward(cid, [(y * y).sum()])
+        gx = dist_autograd.get_gradients(cid)[x]
+    y_local = local(x_local)
+    (y_local * y_local).sum().backward()
+    print("RESULT " + json.dumps({"device": str(y.device),
+                                  "y": float((y - y_local).abs().max()),
+                                  "gx": float((gx - x_local.grad).abs().max())}), flush=True)
+rpc.shutdown()
+'''
+
+
+@pytest.mark.gpu
+def test_gpu_remote_module_returns_cpu_tensors(tmp_path: Path) -> None:
+    """``"worker1/cuda:0"``: the module is moved to that GPU there, inputs follow it, outputs
+    come back on the CPU (torch without device maps); values and gradients as on the CPU."""
+    from .launch import find_mpiexec
+
+    script = tmp_path / "gpu_remote_module.py"
+    script.write_text(GPU_SCRIPT)
+    rc, out, err, _ = run_job([find_mpiexec(), "-n", "2", sys.executable, str(script)],
+                              timeout=150, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert rc == 0, f"{out}\n{err}"
+    got = json.loads([s for s in out.splitlines() if s.startswith("RESULT ")][0][7:])
+    assert got["device"] == "cpu"
+    assert got["y"] < 1e-12 and got["gx"] < 1e-12, got
