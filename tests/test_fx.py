@@ -553,3 +553,26 @@ def test_sequential_root_module_list_and_dict_output_match_torch():
     x = mt.randn(5, 3)
     np.testing.assert_array_equal(fx.symbolic_trace(seq)(x).detach().numpy(),
                                   seq(x).detach().numpy())
+
+
+_ANNOTATED = """
+import typing
+
+class M(lib.nn.Module):
+    def forward(self, x: lib.Tensor, n: int = 2,
+                y: typing.Optional[lib.Tensor] = None) -> lib.Tensor:
+        return x * n
+"""
+
+
+def test_annotations_print_like_torch():
+    # this file postpones annotations (strings are not printed); the program does not
+    ours, theirs = {"lib": mt}, {"lib": torch}
+    program = compile(_ANNOTATED, "<annotated>", "exec", dont_inherit=True)
+    exec(program, ours)  # noqa: S102 - the program, with evaluated annotations
+    exec(program, theirs)  # noqa: S102
+    gm, tgm = fx.symbolic_trace(ours["M"]()), tfx.symbolic_trace(theirs["M"]())
+    assert "x : torch.Tensor" in gm.code
+    assert gm.code == tgm.code and str(gm.graph) == str(tgm.graph)
+    x = mt.ones(2)
+    np.testing.assert_array_equal(gm(x, 3).numpy(), [3.0, 3.0])

@@ -51,3 +51,21 @@ def qualified_name(fn: Any) -> str:
         return f"operator.{fn.__name__}"
     module = getattr(fn, "__module__", None) or "_unknown"
     return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', type(fn).__name__))}"
+
+
+def is_tensor_class(t: Any) -> bool:
+    """Whether ``t`` is mpitensor's Tensor class (shown as torch.Tensor)."""
+    from mpitensor.tensor import Tensor
+
+    return t is Tensor
+
+
+def type_str(t: Any) -> str:
+    """How ``str(graph)`` shows a node's type: torch.Tensor for mpitensor's tensor class."""
+    if t is None or isinstance(t, str):  # a postponed annotation is not shown
+        return ""
+    if is_tensor_class(t):
+        return "torch.Tensor"
+    if isinstance(t, type):
+        return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    return repr(t).replace("mpitensor.tensor.Tensor", "torch.Tensor")

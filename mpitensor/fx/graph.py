@@ -14,10 +14,12 @@ import keyword
 import math
 import operator
 import re
+import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple, Optional
 
+from ._names import is_tensor_class as _is_tensor_class
 from ._names import qualified_name as _qualified_name
 from ._names import wrapped as _wrapped_name
 from .node import Argument, Node, Target, _nodes_in, map_arg
@@ -389,6 +391,33 @@ class _CodeWriter:
         self.globals[name] = obj
         return name
 
+    def annotation(self, t: Any, sep: str) -> str:
+        """``sep`` and the source of type annotation ``t`` ('' for none, or a string one)."""
+        if t is None or isinstance(t, str):
+            return ""
+        return sep + self.type_source(t)
+
+    def type_source(self, t: Any) -> str:
+        args = typing.get_args(t)
+        origin = typing.get_origin(t)
+        if origin is not None and args:
+            head = _TYPING_NAMES.get(origin, None)
+            name = self.add_global_as(origin, f"typing_{head}") if head else self.add_global(origin)
+            return f"{name}[{','.join(self.type_source(a) for a in args)}]"
+        if t is type(None):
+            return "NoneType"
+        if _is_tensor_class(t):
+            return "torch.Tensor"
+        if isinstance(t, type) and t.__module__ == "builtins":
+            return t.__name__
+        return self.add_global(t)
+
+    def add_global_as(self, obj: Any, candidate: str) -> str:
+        """Bind ``obj`` in the generated module under ``candidate`` (made unique)."""
+        name = self.names.create_name(candidate, obj)
+        self.globals[name] = obj
+        return name
+
     def fmt(self, a: Argument) -> str:
         if isinstance(a, Node):
             return a.name
@@ -457,22 +486,21 @@ class _CodeWriter:
         for node in reversed(nodes):
             for inp in node.all_input_nodes:
                 last_use.setdefault(inp, node)
-        params, body = [], []
+        params, body, returns = [], [], ""
         for node in nodes:
             if node.op == "placeholder":
                 # the parameter keeps the program's name; a node renamed away from it
                 # (input -> input_1, a builtin's name) is bound first thing
-                if node.target.startswith("*"):
-                    params.append(node.target)
-                elif node.args:
-                    params.append(f"{node.target} = {self.fmt(node.args[0])}")
-                else:
-                    params.append(node.target)
+                param = node.target + self.annotation(node.type, " : ")
+                if node.args and not node.target.startswith("*"):
+                    param += f" = {self.fmt(node.args[0])}"
+                params.append(param)
                 if node.name != node.target and not node.target.startswith("*"):
                     body.append(f"{node.name} = {node.target}")
                 continue
             if node.op == "output":
                 body.append(f"return {self.fmt(node.args[0])}")
+                returns = self.annotation(node.type, " -> ")
                 continue
             line = f"{node.name} = {self.expression(node)}"
             dead = [v for v in node.all_input_nodes if last_use[v] is node]
@@ -484,9 +512,12 @@ class _CodeWriter:
         if not body or not body[-1].startswith("return"):
             body.append("return None")
         wraps = "\n".join(f'torch.fx._symbolic_trace.wrap("{w}")' for w in self.wrapped)
-        src = (f"\n{wraps}\n\ndef forward({', '.join([self.root] + params)}):\n"
+        src = (f"\n{wraps}\n\ndef forward({', '.join([self.root] + params)}){returns}:\n"
                + "".join(f"    {line}\n" for line in body) + "    ")
         return PythonCode(src, self.globals)
+
+
+_TYPING_NAMES = {typing.Union: "Union", tuple: "Tuple", list: "List", dict: "Dict"}
 
 
 def _dtype_name(a: Any) -> Optional[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
-from ._names import qualified_name
+from ._names import qualified_name, type_str
 
 __all__ = ["Node", "Target", "Argument", "map_arg", "map_aggregate", "has_side_effect"]
 
@@ -222,7 +222,8 @@ class Node:
         """One line describing the node, as ``str(graph)`` prints it."""
         if self.op == "output":
             return f"return {_fmt(self.args[0], '')}"
-        head = (f"%{self.name} : [num_users={len(self.users)}] = "
+        shown = type_str(self.type)
+        head = (f"%{self.name} : {shown + ' ' if shown else ''}[num_users={len(self.users)}] = "
                 f"{self.op}[target={_target_str(self.target)}]")
         if self.op == "placeholder":
             return head + (f"(default={self.args[0]!r})" if self.args else "")
