@@ -93,6 +93,29 @@ def _pick(y: Any, ij: Any) -> Any:
     return xp.take_along_axis(y, xp.broadcast_to(flat, (*y.shape[:-1], ij.shape[1])), axis=-1)
 
 
+def _window_columns(xp: Any, ym: Any, pm: Any, spec: tuple, fill: Any) -> Any:
+    """The j-th elements of every window along the last axis, for j = 0, 1, ...: values and
+    their positions. ``spec`` is (positions, mask) or, for evenly strided windows,
+    (None, (left pad, right pad, stride, dilation, k, windows)), read as strided views."""
+    idx, valid = spec
+    if idx is None:
+        left, right, step, dil, k, count = valid
+        if left or right:
+            pad = [(0, 0)] * (ym.ndim - 1) + [(left, right)]
+            ym = xp.pad(ym, pad, constant_values=fill)
+            pm = xp.pad(pm, pad)
+        span = (count - 1) * step + 1
+        for j in range(k):
+            cut = slice(j * dil, j * dil + span, step)
+            yield ym[..., cut], pm[..., cut]
+        return
+    for j in range(idx.shape[-1]):
+        v = _pick(ym, idx[..., j])
+        if valid is not None:
+            v = xp.where(valid[..., j], v, fill)
+        yield v, _pick(pm, idx[..., j])
+
+
 class _WindowMax(Function):
     """Max over box windows of each plane, one spatial dimension at a time (innermost first,
     so ties go to the first maximum in row-major window order); the forward also records
@@ -110,16 +133,13 @@ class _WindowMax(Function):
                           dtype=x.dtype)
         is_float = _dt.kind_of(x.dtype) == "f"
         for i in reversed(range(nd)):
-            idx, valid = maps[i]
             ax = 1 + i
             ym, pm = xp.moveaxis(y, ax, -1), xp.moveaxis(pos, ax, -1)
+            best, where_ = None, None
             # one pass per window element (k is small): keep the first maximum, or the
             # first NaN, as a scan of the window in order would
-            for j in range(idx.shape[-1]):
-                v, pj = _pick(ym, idx[..., j]), _pick(pm, idx[..., j])
-                if valid is not None:
-                    v = xp.where(valid[..., j], v, fill)
-                if j == 0:
+            for v, pj in _window_columns(xp, ym, pm, maps[i], fill):
+                if best is None:
                     best, where_ = v, pj
                     continue
                 take = v > best
@@ -149,10 +169,13 @@ class _WindowMax(Function):
 
 def _max_pool(t: Tensor, nd: int, maps: list, out_sp: tuple, return_indices: bool) -> Any:
     """``maps``: per spatial dimension, (positions (O, k) or (planes, O, k) clipped into
-    the input, in-range mask or None)."""
+    the input, in-range mask or None), or a strided-window spec (see _window_columns)."""
     xp = xp_of(t)
     dev_maps = []
     for idx, valid in maps:
+        if idx is None:  # strided windows: no arrays to move
+            dev_maps.append((idx, valid))
+            continue
         if valid is not None and bool(valid.all()):
             valid = None
         dev_maps.append(_dev(xp, idx) + ((None,) if valid is None else _dev(xp, valid)))
@@ -215,8 +238,8 @@ def _maxpool_nd(nd: int, fname: str, input: Any, kernel_size: Any,  # noqa: A002
     if min(outs) < 1:
         raise RuntimeError(f"{fname}(): the output size {outs} is too small for an input of "
                            f"spatial size {sp}")
-    maps = [(np.clip(q, 0, n - 1), (q >= 0) & (q < n))
-            for q, n in zip(_sliding(sp, k, s, p, d, outs), sp)]
+    maps = [(None, (pi, max(0, (o - 1) * si + (ki - 1) * di + 1 - n - pi), si, di, ki, o))
+            for n, ki, si, pi, di, o in zip(sp, k, s, p, d, outs)]
     return _max_pool(t, nd, maps, outs, return_indices)
 
 
