@@ -95,15 +95,8 @@ class Node:
         self._set_args_kwargs(tuple(args), dict(kwargs))
 
     # --- linked list -------------------------------------------------------------------------
-    @property
-    def next(self) -> Node:
-        """The node after this one in the graph's order."""
-        return self._next
-
-    @property
-    def prev(self) -> Node:
-        """The node before this one in the graph's order."""
-        return self._prev
+    next = property(lambda self: self._next, doc="The node after this one, in order.")
+    prev = property(lambda self: self._prev, doc="The node before this one, in order.")
 
     def _unlink(self) -> None:
         p, n = self._prev, self._next
