@@ -39,7 +39,7 @@ DEFAULT_DTYPE = {"cpu": _dt.bfloat16, "cuda": _dt.float16}
 
 _CPU_LOWER = ("conv1d", "conv2d", "conv3d", "bmm", "mm", "baddbmm", "addmm", "addbmm", "linear",
               "matmul", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "prelu",
-              "scaled_dot_product_attention",
+              "scaled_dot_product_attention", "linalg_vecdot",
               "tensordot", "einsum",  # (these two torch composes of mm/bmm; see einsum)
               "lstm")  # (oneDNN's LSTM; here float32, rounded once: see nn.RNNBase)
 _CPU_FP32 = ("binary_cross_entropy", "prod", "cdist", "trace", "inverse", "mse_loss",
@@ -50,7 +50,7 @@ _CPU_FP32 = ("binary_cross_entropy", "prod", "cdist", "trace", "inverse", "mse_l
 _CUDA_LOWER = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
                "conv_transpose3d", "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm",
                "mv", "linear", "addbmm", "baddbmm", "bmm", "scaled_dot_product_attention",
-               "einsum_no_contraction", "lstm")
+               "einsum_no_contraction", "lstm", "linalg_vecdot")
 _CUDA_FP32 = ("layer_norm", "group_norm", "cosine_embedding_loss", "nll_loss",
               "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
               "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
@@ -59,7 +59,7 @@ _CUDA_FP32 = ("layer_norm", "group_norm", "cosine_embedding_loss", "nll_loss",
               "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh",
               "tan", "pow", "logsumexp")
 _CUDA_FP32_OPT = ("prod", "softmax", "log_softmax", "sum", "cumsum", "cumprod")
-_CUDA_PROMOTE = ("dot", "tensordot")
+_CUDA_PROMOTE = ("dot", "tensordot", "tensordot_full")
 
 #: device type -> op name -> policy (the ops whose entry points call :func:`run`)
 POLICIES: dict = {

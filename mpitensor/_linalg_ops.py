@@ -252,7 +252,18 @@ def einsum(equation: str, *operands: Any) -> Tensor:
     return _new(Einsum.forward(_NO_RECORD, eq, *(t._data for t in ts)))
 
 
-@_autocast.op("tensordot")
+def _full_contraction(a: Any, b: Any, dims: Any) -> bool:
+    """Whether ``tensordot(a, b, dims)`` contracts every dimension of both (a 0-dim result:
+    torch computes that as a dot product, which CPU autocast does not cast)."""
+    na, nb = getattr(a, "ndim", -1), getattr(b, "ndim", -1)
+    if isinstance(dims, (int, np.integer)):
+        return int(dims) == na == nb
+    try:
+        return len(dims[0]) == na and len(dims[1]) == nb
+    except TypeError:
+        return False
+
+
 def tensordot(a: Tensor, b: Tensor, dims: Any = 2) -> Tensor:
     """Contract ``a``'s and ``b``'s dimensions listed in ``dims``: an int ``n`` pairs ``a``'s
     last ``n`` with ``b``'s first ``n``; a pair of lists names them.
@@ -262,6 +273,9 @@ def tensordot(a: Tensor, b: Tensor, dims: Any = 2) -> Tensor:
         >>> mt.tensordot(mt.ones(2, 3), mt.ones(3, 4), dims=1).shape
         mpitensor.Size([2, 4])
     """
+    if _autocast.ON and _autocast.active():
+        kind = "tensordot_full" if _full_contraction(a, b, dims) else "tensordot"
+        return _autocast.run(kind, tensordot, a, b, dims)
     a, b = _tensor_arg(a, "tensordot()"), _tensor_arg(b, "tensordot()")
     na, nb = a._data.ndim, b._data.ndim
     if isinstance(dims, Tensor):

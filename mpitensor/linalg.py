@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from mpitensor import _autocast
 from mpitensor._linalg_ops import matrix_norm, solve, vector_norm
 from mpitensor.tensor import Tensor
 
@@ -100,6 +101,7 @@ def multi_dot(tensors: Any) -> Tensor:
     return out
 
 
+@_autocast.op("linalg_vecdot")
 def vecdot(x: Tensor, y: Tensor, *, dim: int = -1) -> Tensor:
     """Return the dot products of ``x`` (conjugated) and ``y`` along ``dim``."""
     return (x.conj() * y).sum(dim)
