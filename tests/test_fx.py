@@ -576,3 +576,33 @@ def test_annotations_print_like_torch():
     assert gm.code == tgm.code and str(gm.graph) == str(tgm.graph)
     x = mt.ones(2)
     np.testing.assert_array_equal(gm(x, 3).numpy(), [3.0, 3.0])
+
+
+def test_submodule_edits_follow_the_graph():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(2, 2)
+            self.b = nn.Sequential(nn.ReLU(), nn.Tanh())
+
+        def forward(self, x):
+            return self.b(self.a(x))
+    gm = fx.symbolic_trace(M())
+    assert gm.add_submodule("extra.act", nn.Sigmoid())
+    last = [n for n in gm.graph.nodes if n.op == "call_module"][-1]
+    with gm.graph.inserting_after(last):
+        new = gm.graph.call_module("extra.act", (last,))
+    last.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
+    gm.recompile()
+    x = mt.randn(3, 2)
+    np.testing.assert_allclose(gm(x).detach().numpy(),
+                               mt.sigmoid(mt.tanh(mt.relu(gm.a(x)))).detach().numpy(),
+                               rtol=1e-6)
+    for n in [n for n in gm.graph.nodes if n.target == "b.0"]:
+        n.replace_all_uses_with(n.args[0])
+        gm.graph.erase_node(n)
+    gm.recompile()
+    gm.delete_all_unused_submodules()
+    assert sorted(name for name, _ in gm.named_modules()) == \
+        ["", "a", "b", "b.1", "extra", "extra.act"]
+    assert not gm.delete_submodule("nothing.here")

@@ -144,7 +144,8 @@ class Graph:
         """The nodes in program order (a live view: edits show up at once)."""
         return _NodeList(self)
 
-    def find_nodes(self, *, op: str, target: Optional[Target] = None) -> list[Node]:
+    def find_nodes(self, *, op: str, target: Optional[Target] = None,
+                   sort: bool = True) -> list[Node]:
         """The nodes with this ``op`` (and ``target``, when given), in order."""
         return [n for n in self.nodes if n.op == op and (target is None or n.target == target)]
 

@@ -120,6 +120,52 @@ class GraphModule(nn.Module):
         type(self).forward = namespace["forward"]
         return python_code
 
+    def add_submodule(self, target: str, m: nn.Module) -> bool:
+        """Install ``m`` at dotted path ``target``, making empty parent modules as needed;
+        False when a parent on the path exists but is not a module."""
+        *prefix, field = target.split(".")
+        owner: Any = self
+        for atom in prefix:
+            nxt = getattr(owner, atom, None)
+            if nxt is None:
+                nxt = nn.Module()
+                owner.add_module(atom, nxt)
+            elif not isinstance(nxt, nn.Module):
+                return False
+            owner = nxt
+        owner.add_module(field, m)
+        return True
+
+    def delete_submodule(self, target: str) -> bool:
+        """Remove the submodule at dotted path ``target``; False when there is none."""
+        *prefix, field = target.split(".")
+        owner: Any = self
+        for atom in prefix:
+            owner = getattr(owner, atom, None)
+            if not isinstance(owner, nn.Module):
+                return False
+        if not isinstance(getattr(owner, field, None), nn.Module):
+            return False
+        delattr(owner, field)
+        return True
+
+    def delete_all_unused_submodules(self) -> None:
+        """Remove every submodule that no call_module/get_attr node (or its ancestors')
+        path needs."""
+        used: set = set()
+        for node in self.graph.nodes:
+            if node.op in ("call_module", "get_attr"):
+                atoms = node.target.split(".")
+                used.update(".".join(atoms[:i]) for i in range(1, len(atoms) + 1))
+                if node.op == "call_module":  # its own children are in use too
+                    mod = _fetch(self, node.target)
+                    if isinstance(mod, nn.Module):
+                        used.update(f"{node.target}.{n}" for n, _ in mod.named_modules()
+                                    if n)
+        for name, _ in list(self.named_modules()):
+            if name and name not in used:
+                self.delete_submodule(name)
+
     def print_readable(self, print_output: bool = True) -> str:
         """The module's generated code under a class header; printed unless told not to."""
         body = self.code.strip("\n").replace("\n", "\n    ")
