@@ -16,13 +16,16 @@ from ``VmHWM`` in ``/proc/PID/status``), the N clients driven from this process
   ``addr_keys * H^2`` requests for H hosts, counted apart as ``node_req``); without it
   (``--hostnames-max``, the old behaviour, N^2) each rank also puts its host name and gets
   every other rank's. Reported: the time from the first connection to the last rank done.
+  **mpi_init_own** is the same without the node-address exchange: the helper's own work.
 * **rendezvous** (ours): our TCPStore master process; N ranks arriving over ``--spread``
   seconds, each doing what ``_arrive`` + ``join`` do on the store: compare_set ``job``,
   compare_set ``world_size``, compare_set ``rank/i``, add ``arrived`` (the last sets
-  ``arrived/all``), wait for ``arrived/all`` in 0.25 s waits with a check of ``error`` between
-  them, rank 0 multi_get of every rank's record then set ``mode``, every rank waits for
-  ``mode`` (the same way) and gets it. Reported: the time from the last arrival to the last
-  rank done, and the requests served.
+  ``arrived/all``), wait for ``arrived/all`` and get it (a posted error sets it, to a mark,
+  so one wait suffices), rank 0 multi_get of every rank's record then set ``mode``, every
+  rank waits for ``mode`` and gets it: 8 requests a rank. Reported: the time from the last
+  arrival to the last rank done, and the requests served. **rendezvous_poll** replays the
+  waits as they were before: re-waits of 0.25 s, each followed by a check of ``error``, so
+  that each rank's requests grow with its wait.
 * **env_ours** / **env_torch**: torch's own ``env://`` pattern (each rank adds one to a counter,
   the last sets a key, every rank waits for that key) with the same arrivals, against our
   master (raw frames, as above) and against ``torch.distributed.TCPStore`` (``is_master=True``
@@ -38,7 +41,7 @@ For every quantity a growth fit ``a*N^b`` (least squares on log-log over the N m
   ``mpiexec -n N``.
 
 Usage: ``python benchmarks/startup_scale.py [--fake 16,64,256,1024] [--ranks 2,4] [--reps 1]``
-(``--ranks ''`` skips the real ranks; ``--parts mpi_init,rendezvous,env_ours,env_torch``).
+(``--ranks ''`` skips the real ranks; ``--parts mpi_init,env_torch`` runs only those parts).
 """
 
 from __future__ import annotations
@@ -160,10 +163,11 @@ def _mpich_rank(rank: int, n: int, token: str, addr_keys: int,
                 count: List[int]) -> Generator[str, str, None]:
     """What one MPICH rank sends the helper in MPI_Init, adapting to the answers; ``count``
     collects [requests, node-address requests]."""
-    for line in (f"cmd=mpitensor-hello rank={rank} token={token}",
-                 "cmd=init pmi_version=1 pmi_subversion=1", "cmd=get_maxes",
-                 "cmd=get_my_kvsname"):
-        yield line
+    # (one yield each: a reply is sent into this generator, which a tuple iterator refuses)
+    yield f"cmd=mpitensor-hello rank={rank} token={token}"
+    yield "cmd=init pmi_version=1 pmi_subversion=1"
+    yield "cmd=get_maxes"
+    yield "cmd=get_my_kvsname"
     answer = yield "cmd=get kvsname=k key=PMI_process_mapping"
     mapped = "rc=0" in answer
     if mapped:
@@ -259,22 +263,30 @@ def _ms(seconds: float) -> bytes:
     return wire.i64(int(math.ceil(seconds * 1000)))
 
 
-def _wait_key(key: bytes, deadline_s: float, poll: Optional[float]) -> Script:
-    """``_rendezvous._wait`` on one key: waits of ``poll`` seconds with a check of ``error``
-    after each that timed out (``poll=None``: one wait, as torch's clients do)."""
+def _wait_key(key: bytes, deadline_s: float, poll: Optional[float],
+              get: bool = True) -> Script:
+    """``_rendezvous._wait`` on one key: one wait, then a get of the value (a posted error
+    sets the key to a mark: the waiters wake at once); with ``poll``, as before, waits of
+    ``poll`` seconds with a check of ``error`` after each that timed out, then a get.
+    ``get=False``: the wait alone, as torch's clients do."""
     while True:
         status, _ = yield (wire.WAIT, [_ms(poll or deadline_s), key])
         if status == wire.OK:
+            if get:
+                status, f = yield (wire.GET, [_ms(deadline_s), key])
+                if status != wire.OK or f[0].startswith(b"mpitensor: an error"):
+                    raise RuntimeError("an error was posted")
             return
-        if poll is None:
+        if not poll:
             raise RuntimeError(f"wait for {key!r} timed out")
-        status, f = yield (wire.CHECK, [_P + b"error"])
+        _, f = yield (wire.CHECK, [_P + b"error"])
         if f[0] == b"\x01":
             raise RuntimeError("an error was posted")
 
 
-def rendezvous_rank(rank: int, n: int) -> Script:
-    """What ``_arrive`` + ``join`` send the store for one rank (the helper's start left out)."""
+def rendezvous_rank(rank: int, n: int, poll: Optional[float] = None) -> Script:
+    """What ``_arrive`` + ``join`` send the store for one rank (the helper's start left out);
+    ``poll``: the waits as they were before (re-waits of 0.25 s)."""
     job = json.dumps({"id": "", "source": "", "rank": rank, "pid": 100000 + rank,
                       "host": f"host{rank // PER_HOST}", "parent": "bench:1",
                       "start": time.time()}).encode()
@@ -291,7 +303,7 @@ def rendezvous_rank(rank: int, n: int) -> Script:
     _, f = yield (wire.ADD, [_P + b"arrived", wire.i64(1)])
     if wire.as_i64(f[0]) >= n:
         yield (wire.SET, [_P + b"arrived/all", b"1"])
-    yield from _wait_key(_P + b"arrived/all", 600.0, 0.25)
+    yield from _wait_key(_P + b"arrived/all", 600.0, poll, get=not poll)
     if rank == 0:
         status, f = yield (wire.MGET, [_ms(600.0)] + [_P + f"rank/{i}".encode()
                                                       for i in range(n)])
@@ -301,10 +313,7 @@ def rendezvous_rank(rank: int, n: int) -> Script:
                            "unix": "mpitensor-pmi-" + "0" * 24, "host": "host0",
                            "addr": "127.0.0.1"}).encode()
         yield (wire.SET, [_P + b"mode", mode])
-    yield from _wait_key(_P + b"mode", 600.0, 0.25)
-    status, f = yield (wire.GET, [_ms(600.0), _P + b"mode"])
-    if status != wire.OK:
-        raise RuntimeError("get mode failed")
+    yield from _wait_key(_P + b"mode", 600.0, poll)
 
 
 def env_rank(rank: int, n: int) -> Script:
@@ -312,7 +321,7 @@ def env_rank(rank: int, n: int) -> Script:
     _, f = yield (wire.ADD, [b"counter", wire.i64(1)])
     if wire.as_i64(f[0]) == n:
         yield (wire.SET, [b"done", b"1"])
-    yield from _wait_key(b"done", 600.0, None)
+    yield from _wait_key(b"done", 600.0, None, get=False)
 
 
 class _Raw:
@@ -411,10 +420,11 @@ TORCH_CHUNK = """\
 import json, sys, threading, time
 from datetime import timedelta
 import torch.distributed as d
-port, n = int(sys.argv[1]), int(sys.argv[2])
+n = int(sys.argv[1])
 mine = json.loads(sys.stdin.readline())  # [[rank, start offset], ...]
 print("ready", flush=True)  # torch imported: the start times count from here
-t0 = float(sys.stdin.readline())
+port, t0 = sys.stdin.readline().split()
+port, t0 = int(port), float(t0)
 threading.stack_size(256 * 1024)
 done, errors, keep = [], [], []
 lock = threading.Lock()
@@ -442,14 +452,14 @@ print(json.dumps({"last": max(done) if done else 0.0, "done": len(done),
 """
 
 
-def drive_torch(port: int, starts: Sequence[float], chunk: int) -> Dict[str, float]:
-    """torch's env:// pattern with torch's own clients, ``chunk`` threads per process."""
+def torch_clients(starts: Sequence[float], chunk: int) -> List[subprocess.Popen]:
+    """The processes of torch's clients, ``chunk`` threads each (they import torch while the
+    master starts)."""
     n = len(starts)
-    procs = []
-    last, errors = 0.0, []
+    procs: List[subprocess.Popen] = []
     try:
         for lo in range(0, n, chunk):
-            p = subprocess.Popen([sys.executable, "-c", TORCH_CHUNK, str(port), str(n)],
+            p = subprocess.Popen([sys.executable, "-c", TORCH_CHUNK, str(n)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.DEVNULL, text=True)
             procs.append(p)
@@ -457,6 +467,20 @@ def drive_torch(port: int, starts: Sequence[float], chunk: int) -> Dict[str, flo
             p.stdin.write(json.dumps([[r, starts[r]] for r in range(lo, min(n, lo + chunk))])
                           + "\n")
             p.stdin.flush()
+    except BaseException:
+        for p in procs:
+            p.kill()
+            p.wait()
+        raise
+    return procs
+
+
+def drive_torch(procs: List[subprocess.Popen], port: int,
+                starts: Sequence[float]) -> Dict[str, float]:
+    """torch's env:// pattern with torch's own clients (:func:`torch_clients`)."""
+    n = len(starts)
+    last, errors = 0.0, []
+    try:
         for p in procs:  # every chunk has imported torch
             assert p.stdout is not None
             if p.stdout.readline().strip() != "ready":
@@ -464,7 +488,7 @@ def drive_torch(port: int, starts: Sequence[float], chunk: int) -> Dict[str, flo
         t0 = time.time() + 0.2
         for p in procs:
             assert p.stdin is not None
-            p.stdin.write(f"{t0!r}\n")
+            p.stdin.write(f"{port} {t0!r}\n")
             p.stdin.close()
         for p in procs:
             assert p.stdout is not None
@@ -489,14 +513,23 @@ def drive_torch(port: int, starts: Sequence[float], chunk: int) -> Dict[str, flo
 def store_run(part: str, n: int, spread: float, chunk: int, seed: int) -> Dict[str, float]:
     rng = random.Random(seed + n)
     starts = [rng.uniform(0.0, spread) for _ in range(n)]
-    server = start_master(TORCH_MASTER if part == "env_torch" else OUR_MASTER)
+    procs = torch_clients(starts, chunk) if part == "env_torch" else []
+    try:
+        server = start_master(TORCH_MASTER if part == "env_torch" else OUR_MASTER)
+    except BaseException:
+        for p in procs:
+            p.kill()
+            p.wait()
+        raise
     try:
         if part == "rendezvous":
             out = drive_ours(server.port, starts, rendezvous_rank)
+        elif part == "rendezvous_poll":
+            out = drive_ours(server.port, starts, lambda r, n: rendezvous_rank(r, n, 0.25))
         elif part == "env_ours":
             out = drive_ours(server.port, starts, env_rank)
         else:
-            out = drive_torch(server.port, starts, chunk)
+            out = drive_torch(procs, server.port, starts)
         out.update(server.finish())
         return out
     finally:
@@ -562,11 +595,14 @@ COLUMNS = {  # part -> [(key, heading, format)]
     "mpi_init": [("time", "MPI_Init s", "{:9.3f}"), ("cpu", "helper CPU s", "{:12.3f}"),
                  ("hwm", "peak MiB", "{:8.1f}"), ("grow", "grew MiB", "{:8.1f}"),
                  ("req", "requests", "{:9d}"), ("node_req", "node_req", "{:9d}")],
+    "mpi_init_own": [("time", "MPI_Init s", "{:9.3f}"), ("cpu", "helper CPU s", "{:12.3f}"),
+                     ("hwm", "peak MiB", "{:8.1f}"), ("grow", "grew MiB", "{:8.1f}"),
+                     ("req", "requests", "{:9d}")],
     "hostnames": [("time", "MPI_Init s", "{:9.3f}"), ("cpu", "helper CPU s", "{:12.3f}"),
                   ("hwm", "peak MiB", "{:8.1f}"), ("grow", "grew MiB", "{:8.1f}"),
                   ("req", "requests", "{:9d}")],
 }
-for _part in ("rendezvous", "env_ours", "env_torch"):
+for _part in ("rendezvous", "rendezvous_poll", "env_ours", "env_torch"):
     COLUMNS[_part] = [("time", "after last s", "{:12.3f}"), ("total", "total s", "{:8.3f}"),
                       ("cpu", "master CPU s", "{:12.3f}"), ("hwm", "peak MiB", "{:8.1f}"),
                       ("grow", "grew MiB", "{:8.1f}"), ("req", "requests", "{:9d}")]
@@ -574,9 +610,13 @@ for _part in ("rendezvous", "env_ours", "env_torch"):
 TITLES = {
     "mpi_init": "mpi_init: the PMI helper (own process) serving N simulated MPICH ranks, "
                 "mapping answered",
+    "mpi_init_own": "mpi_init_own: the same without MPICH's node-address exchange (the "
+                    "helper's own work: start-up lines, one barrier)",
     "hostnames": "hostnames: the same without PMI_process_mapping (each rank gets every "
                  "host name)",
     "rendezvous": "rendezvous: our TCPStore master (own process), _arrive + join of N ranks",
+    "rendezvous_poll": "rendezvous_poll: the same with the waits as before (0.25 s re-waits, "
+                       "each followed by a check of the error key)",
     "env_ours": "env_ours: torch's env:// pattern (add, last sets, wait) on our TCPStore master",
     "env_torch": "env_torch: the same pattern on torch.distributed.TCPStore's master, torch "
                  "clients",
@@ -606,7 +646,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fake", default="16,64,256,1024",
                     help="simulated world sizes, comma separated")
-    ap.add_argument("--parts", default="mpi_init,rendezvous,env_ours,env_torch")
+    ap.add_argument("--parts", default="mpi_init,mpi_init_own,rendezvous,rendezvous_poll,"
+                                       "env_ours,env_torch")
     ap.add_argument("--hostnames-max", type=int, default=0,
                     help="also run the helper without the mapping (N^2) up to this N")
     ap.add_argument("--addr-keys", type=int, default=10,
@@ -643,8 +684,9 @@ def main() -> int:
             if part == "hostnames" and n > args.hostnames_max:
                 continue
             for rep in range(args.reps):
-                if part in ("mpi_init", "hostnames"):
-                    r = mpi_init_run(n, part == "hostnames", args.addr_keys)
+                if part in ("mpi_init", "mpi_init_own", "hostnames"):
+                    r = mpi_init_run(n, part == "hostnames",
+                                     0 if part == "mpi_init_own" else args.addr_keys)
                 else:
                     r = store_run(part, n, args.spread, args.chunk, args.seed + rep)
                 rows.setdefault(n, []).append(r)

@@ -59,7 +59,13 @@ __all__ = ["Plan", "plan", "join", "previous"]
 logger = logging.getLogger("mpitensor.distributed")
 
 _PREFIX = "mpitensor/init"
-_POLL_S = 0.25  # how often a waiting rank looks for another rank's posted error
+_POLL_S = 0.25  # how long a failing rank 0 keeps its store up for the others to read why
+# The keys that ranks wait for (_wait). A rank that posts an error also sets each of them that
+# is still unset, to _WOKEN, so that every waiter wakes at once and finds the error: no rank
+# polls the store while it waits (N ranks polling every 0.25 s cost the master O(N) requests
+# per 0.25 s of waiting: 16 requests a rank with arrivals spread over 5 s, 8 now).
+_WAKE_KEYS = ("arrived/all", "mode", "dpm/port")
+_WOKEN = b"mpitensor: an error was posted"
 _MODES = ("AUTO", "PMI", "CONNECT")
 # MPI libraries whose singletons cannot MPI_Comm_connect/accept (pmodels/mpich#7805)
 _BROKEN_DPM = ("MPICH Version:      5.0.", "MPICH Version: 5.0.")
@@ -279,6 +285,8 @@ def _post_error(s: Store, p: Plan, kind: str, message: str) -> None:
     """Tell the other ranks why this one stops, so that they stop too (best effort)."""
     try:
         s.set("error", json.dumps({"kind": kind, "message": message, "rank": p.rank}))
+        for key in _WAKE_KEYS:  # wake the waiters (a key already set keeps its value)
+            s.compare_set(key, "", _WOKEN)
     except Exception:  # noqa: BLE001 - the store itself may be what failed
         pass
 
@@ -299,21 +307,23 @@ def _raise_posted(raw: bytes) -> None:
     raise exc
 
 
-def _wait(s: Store, keys: List[str], deadline: float) -> None:
-    """Wait until ``keys`` are set, raising another rank's posted error as soon as it
-    appears; ``StoreTimeoutError`` (with ``.keys``) at the deadline."""
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            s.wait(keys, timeout=max(0.0, min(left, _POLL_S)))
-            return
-        except StoreTimeoutError as exc:
-            if s.check(["error"]):
-                _raise_posted(s.get("error"))
-            if left <= _POLL_S:
-                exc.keys = [k for k in keys if not s.check([k])]  # type: ignore[attr-defined]
-                raise exc
-            del exc
+def _wait(s: Store, key: str, deadline: float) -> bytes:
+    """Wait until ``key`` (one of :data:`_WAKE_KEYS`) is set and return its value, raising
+    another rank's posted error as soon as it appears (posting one sets the key:
+    :func:`_post_error`); ``StoreTimeoutError`` (with ``.keys``) at the deadline.
+
+    Two requests (a wait and a get) however long the wait."""
+    try:
+        s.wait([key], timeout=max(0.0, deadline - time.monotonic()))
+    except StoreTimeoutError as exc:
+        if s.check(["error"]):
+            _raise_posted(s.get("error"))
+        exc.keys = [] if s.check([key]) else [key]  # type: ignore[attr-defined]
+        raise exc
+    value = s.get(key)
+    if value == _WOKEN:
+        _raise_posted(s.get("error"))
+    return value
 
 
 def _job_identity() -> Tuple[str, str]:
@@ -468,7 +478,7 @@ def _arrive(s: Store, p: Plan, seconds: float, deadline: float) -> List[Dict[str
     if s.add("arrived", 1) >= p.world_size:
         s.set("arrived/all", "1")
     try:
-        _wait(s, ["arrived/all"], deadline)
+        _wait(s, "arrived/all", deadline)
     except StoreTimeoutError as exc:
         if getattr(exc, "posted", False):
             raise
@@ -584,8 +594,7 @@ def join(p: Plan, seconds: float) -> Any:
             else:
                 s.set("mode", json.dumps({"kind": "connect", "late": [
                     m["rank"] for m in members if m["mpi"] != "fresh"]}))
-        _wait(s, ["mode"], deadline)
-        mode = json.loads(s.get("mode"))
+        mode = json.loads(_wait(s, "mode", deadline))
         comm, scheme = None, mode["kind"]
         if scheme == "pmi":
             comm = _join_pmi(p, mode, deadline)
@@ -733,8 +742,7 @@ def _join_connect(s: Store, p: Plan, deadline: float, why: str) -> Any:
         port = MPI.Open_port()
         s.set("dpm/port", port)
     else:
-        _wait(s, ["dpm/port"], deadline)
-        port = s.get("dpm/port").decode()
+        port = _wait(s, "dpm/port", deadline).decode()
     try:
         if p.rank == 0:
             group = MPI.COMM_SELF.Dup()

@@ -122,7 +122,10 @@ class StoreServer:
         # Workers counted by JOIN (None until the first one): torch keeps this as a key, so
         # num_keys counts it once it exists.
         self._joined: Optional[int] = None
-        self._waiters: Dict[bytes, List[_Waiter]] = {}
+        # key -> its waiters, in arrival order (a dict: a waiter that times out leaves in
+        # O(1), not by a scan of every other waiter of that key: N ranks waiting for one key
+        # with short timeouts made each round O(N^2))
+        self._waiters: Dict[bytes, Dict[_Waiter, None]] = {}
         self._worker_waiters: List[_Waiter] = []
         self._deadlines: List[Tuple[float, int, _Waiter]] = []
         self._tick = itertools.count()
@@ -430,7 +433,7 @@ class StoreServer:
             return
         conn.waiter = w
         for k in missing:
-            self._waiters.setdefault(k, []).append(w)
+            self._waiters.setdefault(k, {})[w] = None
         if w.deadline != math.inf:
             heapq.heappush(self._deadlines, (w.deadline, next(self._tick), w))
 
@@ -450,7 +453,7 @@ class StoreServer:
             if again:
                 w.missing = again
                 for k in again:
-                    self._waiters.setdefault(k, []).append(w)
+                    self._waiters.setdefault(k, {})[w] = None
                 continue
             self._finish(w)
             self._answer(w.conn, w.op, w.keys)
@@ -494,10 +497,7 @@ class StoreServer:
         for k in w.missing:
             lst = self._waiters.get(k)
             if lst is not None:
-                try:
-                    lst.remove(w)
-                except ValueError:
-                    pass
+                lst.pop(w, None)
                 if not lst:
                     del self._waiters[k]
 
