@@ -25,7 +25,7 @@ PROGRAM = textwrap.dedent("""\
         def __init__(self):
             super().__init__()
             self.rnn = nn.LSTM(3, 4)
-            self.ctc = nn.CTCLoss()
+            self.ctc = nn.NoSuchLayer()
 
         def forward(self, x):
             y = x.stft(4)
@@ -46,7 +46,7 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_findings_follow_the_aliases(tmp_path: Path) -> None:
     found = porting.check_source(PROGRAM, "p.py")
     missing = {(f.line, f.name) for f in found if f.kind == "missing"}
-    assert missing == {(13, "torch.nn.CTCLoss"), (17, "torch.nn.functional.no_such_function"),
+    assert missing == {(13, "torch.nn.NoSuchLayer"), (17, "torch.nn.functional.no_such_function"),
                        (22, "torch.cuda.no_such_thing")}
     assert [(f.line, f.name) for f in found if f.kind == "tensor method?"] == [(16, "stft")]
     different = {f.name for f in found if f.kind == "different"}
@@ -66,7 +66,7 @@ def test_command_line_exit_status_and_summary(tmp_path: Path) -> None:
     (sub / "also_good.py").write_text("from torch import nn\nm = nn.Linear(2, 2)\n")
     r = _run("bad.py", cwd=tmp_path)
     assert r.returncode == 1
-    assert "bad.py:13: missing torch.nn.CTCLoss" in r.stdout
+    assert "bad.py:13: missing torch.nn.NoSuchLayer" in r.stdout
     assert "bad.py: 3 missing names, 1 possible tensor method" in r.stdout
     r = _run("good.py", "pkg", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -74,7 +74,7 @@ def test_command_line_exit_status_and_summary(tmp_path: Path) -> None:
     r = _run(".", "--summary", "--quiet", cwd=tmp_path)
     assert r.returncode == 1
     assert "2 of 3 files (67 %) use no missing name" in r.stdout
-    assert "    1  torch.nn.CTCLoss" in r.stdout
+    assert "    1  torch.nn.NoSuchLayer" in r.stdout
     r = _run("good.py", "--strict", cwd=tmp_path)
     assert r.returncode == 0
     (tmp_path / "meth.py").write_text("def f(t):\n    return t.stft(4)\n")
