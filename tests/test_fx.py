@@ -159,6 +159,12 @@ def test_iteration_and_len_of_proxy():
         fx.symbolic_trace(lambda x: [t for t in x])
     with pytest.raises(RuntimeError, match="len"):
         fx.symbolic_trace(lambda x: len(x))
+    with pytest.raises(RuntimeError):  # torch.fx raises RuntimeError for len() too
+        tfx.symbolic_trace(lambda x: len(x))
+    with pytest.raises(TypeError, match="integer"):
+        fx.symbolic_trace(lambda x: [x[i] for i in range(x.size(0))])
+    with pytest.raises(TypeError):
+        tfx.symbolic_trace(lambda x: [x[i] for i in range(x.size(0))])
 
 
 def _double_then_half(x):

@@ -173,8 +173,9 @@ class Proxy(_dispatch.Recordable):
         return self.tracer.keys(self)
 
     def __index__(self) -> int:
-        raise TraceError(f"symbolically traced value {self.node.name!r} cannot be used as a "
-                         f"Python integer (an index, a range bound, ...) while tracing")
+        # TypeError, as torch.fx gives where Python wants an integer
+        raise TypeError(f"symbolically traced value {self.node.name!r} cannot be used as a "
+                        f"Python integer (a range bound, a list index, ...) while tracing")
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
