@@ -46,7 +46,10 @@ _CPU_FP32 = ("binary_cross_entropy", "prod", "cdist", "trace", "inverse", "mse_l
              "cosine_embedding_loss", "nll_loss", "hinge_embedding_loss", "poisson_nll_loss",
              "smooth_l1_loss", "cross_entropy", "l1_loss", "huber_loss", "margin_ranking_loss",
              "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss", "kl_div",
-             "multilabel_margin_loss", "binary_cross_entropy_with_logits")
+             "multilabel_margin_loss", "binary_cross_entropy_with_logits", "linalg_solve",
+             "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d",
+             "max_unpool2d", "max_unpool3d", "fractional_max_pool2d", "fractional_max_pool3d",
+             "reflection_pad", "replication_pad")
 _CUDA_LOWER = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
                "conv_transpose3d", "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm",
                "mv", "linear", "addbmm", "baddbmm", "bmm", "scaled_dot_product_attention",
@@ -203,15 +206,19 @@ def run(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         _tls.busy = False
 
 
-def op(name: str) -> Callable:
-    """Decorator form of the entry check, for ops called once a step (losses, reductions)."""
+def op(name: Any) -> Callable:
+    """Decorator form of the entry check, for ops called once a step (losses, reductions).
+
+    ``name`` is the op's name, or a function of the call's arguments that returns it (an op
+    whose policy depends on its arguments, as padding's on its mode)."""
     import functools
 
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def entry(*args: Any, **kwargs: Any) -> Any:
             if ON and active():
-                return run(name, fn, *args, **kwargs)
+                label = name(*args, **kwargs) if callable(name) else name
+                return run(label, fn, *args, **kwargs)
             return fn(*args, **kwargs)
         return entry
     return wrap

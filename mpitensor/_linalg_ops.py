@@ -1010,6 +1010,7 @@ class Kron(Function):
         return ga, gb
 
 
+@_autocast.op("linalg_solve")
 def solve(A: Tensor, B: Tensor, *, left: bool = True) -> Tensor:  # noqa: N803 - torch's names
     """Return ``X`` with ``A @ X = B`` (``left``) or ``X @ A = B``, for square ``A`` (batches
     broadcast); ``B`` may be a vector (``A.shape[:-1]``).

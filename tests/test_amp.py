@@ -51,6 +51,9 @@ LOWER_CASES = {
              [(2, 4, 8), (2, 6, 8), (2, 6, 8)]),
     # composed of mm in torch: cast as its product is
     "tensordot": (lambda m, a, b, c: m.tensordot(a, b, 1), [(4, 5), (5, 3)]),
+    "adaptive_avg_pool2d": (lambda m, a, b, c: m.nn.functional.adaptive_avg_pool2d(
+        m.nn.functional.conv2d(a, b), 1), [(2, 3, 5, 5), (4, 3, 3, 3)]),
+    "constant_pad": (lambda m, a, b, c: m.nn.functional.pad(a @ b, (1, 1)), [(4, 5), (5, 3)]),
     "einsum_mm": (lambda m, a, b, c: m.einsum("ij,jk->ik", a, b), [(4, 5), (5, 3)]),
     "einsum_dot": (lambda m, a, b, c: m.einsum("i,i", a, b), [(5,), (5,)]),
     "einsum_batched": (lambda m, a, b, c: m.einsum("bij,bjk->bik", a, b),
@@ -110,6 +113,15 @@ FP32_CASES = {
     "soft_margin": lambda m, a, b: m.nn.functional.soft_margin_loss(a, b.sign()),
     "cross_entropy": lambda m, a, b: m.nn.functional.cross_entropy(a, b.softmax(1)),
     "prod": lambda m, a, b: a.prod(1),
+    "solve": lambda m, a, b: m.linalg.solve(a[:, :4] + 4 * m.eye(4, dtype=a.dtype), b),
+    "max_pool3d": lambda m, a, b: m.nn.functional.max_pool3d(a.reshape(1, 1, 1, 4, 5), 1),
+    "avg_pool3d": lambda m, a, b: m.nn.functional.avg_pool3d(a.reshape(1, 1, 1, 4, 5), 1),
+    "adaptive_avg_pool3d": lambda m, a, b: m.nn.functional.adaptive_avg_pool3d(
+        a.reshape(1, 1, 1, 4, 5), 1),
+    "reflect_pad": lambda m, a, b: m.nn.functional.pad(a.reshape(1, 4, 5), (2, 2),
+                                                       mode="reflect"),
+    "replicate_pad": lambda m, a, b: m.nn.functional.pad(a.reshape(1, 1, 4, 5), (1, 1, 1, 1),
+                                                         mode="replicate"),
     "cdist": lambda m, a, b: m.cdist(a, b),
 }
 

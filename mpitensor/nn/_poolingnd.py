@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mpitensor import _autocast
 from mpitensor import dtypes as _dt
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
@@ -243,6 +244,7 @@ def _maxpool_nd(nd: int, fname: str, input: Any, kernel_size: Any,  # noqa: A002
     return _max_pool(t, nd, maps, outs, return_indices)
 
 
+@_autocast.op("max_pool3d")
 def max_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
                dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
     """Max over sliding 3-D windows of (N, C, D, H, W) or (C, D, H, W).
@@ -307,6 +309,7 @@ def _avgpool_nd(nd: int, fname: str, input: Any, kernel_size: Any, stride: Any, 
     return _SeparableMean.apply(t, nd, _dev(xp_of(x), *mats))
 
 
+@_autocast.op("avg_pool3d")
 def avg_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
                ceil_mode: bool = False, count_include_pad: bool = True,
                divisor_override: Optional[int] = None) -> Tensor:
@@ -351,6 +354,7 @@ def _adaptive_sizes(output_size: Any, sp: tuple, fname: str) -> tuple:
     return tuple(outs)
 
 
+@_autocast.op("adaptive_avg_pool3d")
 def adaptive_avg_pool3d(input: Any, output_size: Any) -> Tensor:  # noqa: A002 - torch's name
     """Mean over windows that tile (N, C, D, H, W) or (C, D, H, W) into ``output_size``
     cells (None keeps a dimension's size); window i of a dimension of size n spans
@@ -404,6 +408,7 @@ def adaptive_max_pool2d_with_indices(input: Any, output_size: Any,  # noqa: A002
     return adaptive_max_pool2d(input, output_size, True)
 
 
+@_autocast.op("adaptive_max_pool3d")
 def adaptive_max_pool3d(input: Any, output_size: Any, return_indices: bool = False) -> Any:  # noqa: A002
     """Max over windows that tile (N, C, D, H, W) or (C, D, H, W) into ``output_size``
     cells.
@@ -464,6 +469,7 @@ def _unpool_nd(nd: int, fname: str, input: Any, indices: Any, kernel_size: Any, 
     return out.reshape((*lead, *outs))
 
 
+@_autocast.op("max_unpool2d")
 def max_unpool2d(input: Any, indices: Any, kernel_size: Any, stride: Any = None,  # noqa: A002
                  padding: Any = 0, output_size: Any = None) -> Tensor:
     """The partial inverse of a 2-D max pooling: each value goes to the flat position
@@ -488,6 +494,7 @@ def max_unpool2d(input: Any, indices: Any, kernel_size: Any, stride: Any = None,
                       output_size)
 
 
+@_autocast.op("max_unpool3d")
 def max_unpool3d(input: Any, indices: Any, kernel_size: Any, stride: Any = None,  # noqa: A002
                  padding: Any = 0, output_size: Any = None) -> Tensor:
     """The partial inverse of :func:`max_pool3d` (flat positions ``d * H * W + h * W + w``).
@@ -598,6 +605,7 @@ def _fractional(nd: int, fname: str, input: Any, kernel_size: Any,  # noqa: A002
     return _max_pool(t, nd, [(q, None) for q in pos], outs, return_indices)
 
 
+@_autocast.op("fractional_max_pool2d")
 def fractional_max_pool2d(input: Any, kernel_size: Any, output_size: Any = None,  # noqa: A002
                           output_ratio: Any = None, return_indices: bool = False,
                           _random_samples: Any = None) -> Any:
@@ -628,6 +636,7 @@ def fractional_max_pool2d_with_indices(input: Any, kernel_size: Any,  # noqa: A0
                                  _random_samples)
 
 
+@_autocast.op("fractional_max_pool3d")
 def fractional_max_pool3d(input: Any, kernel_size: Any, output_size: Any = None,  # noqa: A002
                           output_ratio: Any = None, return_indices: bool = False,
                           _random_samples: Any = None) -> Any:

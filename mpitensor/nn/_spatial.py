@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mpitensor import _half
+from mpitensor import _autocast, _half
 from mpitensor import dtypes as _dt
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
@@ -109,6 +109,19 @@ def _pad_map_positive(n: int, before: int, after: int, mode: str) -> np.ndarray:
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
+def _pad_op(input: Any, pad: Sequence[int], mode: str = "constant",  # noqa: A002
+            value: Optional[float] = None) -> str:
+    """The name autocast knows this padding by: torch's reflection_pad1d/2d and
+    replication_pad1d/2d/3d run in float32 under CPU autocast; other paddings are not cast."""
+    n = len(pad) // 2
+    if mode == "reflect" and n <= 2:
+        return "reflection_pad"
+    if mode == "replicate" and n <= 3:
+        return "replication_pad"
+    return "pad"
+
+
+@_autocast.op(_pad_op)
 def pad(input: Any, pad: Sequence[int], mode: str = "constant",  # noqa: A002
         value: Optional[float] = None) -> Tensor:
     """Pad (or, with negative amounts, crop) the last dimensions of ``input``.

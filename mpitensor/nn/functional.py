@@ -1189,6 +1189,7 @@ def avg_pool2d(
 # adaptive average pooling
 
 
+@_half.computes_in_float32  # half inputs: float32 averages, one rounding, as torch
 class _AdaptiveAvgPool2d(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, oh: int, ow: int) -> Any:
