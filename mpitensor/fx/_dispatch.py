@@ -6,9 +6,12 @@ tax every eager program. Instead, the public functions of ``mpitensor``,
 ``mpitensor.nn.functional`` and ``mpitensor.linalg`` get a recording body only while they
 can meet a :class:`~mpitensor.fx.Proxy`:
 
-* while ``Tracer.trace`` runs, and
+* while ``Tracer.trace`` runs (the methods of ``Tensor`` too, for a real tensor meeting a
+  proxy), and
 * while a Proxy made outside a trace is alive (graphs built by hand from proxies, as in
-  ``torch.cat([proxy_a, proxy_b])`` at module level, or a ``Transformer`` at work).
+  ``torch.cat([proxy_a, proxy_b])`` at module level, or a ``Transformer`` at work); eager
+  ops run meanwhile pay a small check per public function call (about 1.5x on a tiny
+  ``torch.add``), nothing once the last such proxy is gone.
 
 The function objects themselves stay in place: only their ``__code__`` is swapped for a
 short trampoline that records a ``call_function`` node when a Proxy is among the arguments
@@ -29,9 +32,7 @@ import weakref
 from typing import Any
 
 _lock = threading.RLock()
-_holders = 0
 _tracing = 0
-_saved: list = []  # (function, its own __code__) put back on the last release
 _CALL = "__mpitensor_fx_record__"  # bound in each swapped function's globals meanwhile
 _ENTRY = "__mpitensor_fx_entry__"  # placeholder constant of the trampoline template
 _TEMPLATES: dict = {}  # free-variable names -> trampoline code with those names
@@ -59,8 +60,20 @@ def find_proxy(args: Any, kwargs: Any = None) -> Any:
     return None
 
 
+_MAY_HOLD_PROXY = (Recordable, tuple, list, dict, slice)
+
+
 def _record(entry: tuple, args: tuple, kwargs: dict) -> Any:
     own, kind, target, reflected = entry
+    for a in args:  # the common case, plain tensors and numbers, is settled here
+        if isinstance(a, _MAY_HOLD_PROXY):
+            break
+    else:
+        for a in kwargs.values():
+            if isinstance(a, _MAY_HOLD_PROXY):
+                break
+        else:
+            return own(*args, **kwargs)
     proxy = find_proxy(args, kwargs)
     if proxy is None:
         return own(*args, **kwargs)
@@ -104,29 +117,39 @@ def _tensor_method_node(name: str) -> Any:
     return None
 
 
-def _recordable_functions() -> list:
-    """(function, kind, target, reflected) for each function that records while swapped:
-    the public functions of the three namespaces, and the Tensor methods (a real tensor
-    meeting a proxy argument: ``table[:, :proxy]``, ``weight.mul(proxy)``)."""
+def _namespace_functions() -> list:
+    """(function, kind, target, reflected) for the public functions of the namespaces."""
     import mpitensor
     import mpitensor.linalg as linalg
     import mpitensor.nn.functional as functional
-    from mpitensor.tensor import Tensor
 
     seen: dict = {}
     for ns in (mpitensor, functional, linalg):
         for name, val in vars(ns).items():
             if not name.startswith("_") and isinstance(val, types.FunctionType):
                 seen.setdefault(id(val), (val, "call_function", val, False))
-    for name, val in vars(Tensor).items():
-        node = _tensor_method_node(name)
-        if node is not None and isinstance(val, types.FunctionType):
-            seen.setdefault(id(val), (val, *node))
     return list(seen.values())
 
 
-def _swap_in() -> None:
-    for fn, kind, target, reflected in _recordable_functions():
+def _tensor_methods() -> list:
+    """The same for the Tensor methods (a real tensor meeting a proxy argument:
+    ``table[:, :proxy]``, ``weight.mul(proxy)``), which only a running trace swaps: eager
+    ops call many of them, so keeping them swapped for a hand-made proxy's lifetime
+    would slow every op down."""
+    from mpitensor.tensor import Tensor
+
+    found = []
+    for name, val in vars(Tensor).items():
+        node = _tensor_method_node(name)
+        if node is not None and isinstance(val, types.FunctionType):
+            found.append((val, *node))
+    return found
+
+
+def _swap_in(entries: list, saved: list) -> None:
+    for fn, kind, target, reflected in entries:
+        if fn.__code__ in _SWAPPED_CODES:
+            continue  # already recording (also listed in another table)
         code = fn.__code__
         template = _template(code.co_freevars)
         if template.co_freevars != code.co_freevars:
@@ -138,36 +161,46 @@ def _swap_in() -> None:
         consts = tuple(entry if isinstance(c, str) and c == _ENTRY else c
                        for c in template.co_consts)
         fn.__globals__[_CALL] = _record
-        _saved.append((fn, code))
+        saved.append((fn, code))
         fn.__code__ = template.replace(co_consts=consts, co_name=code.co_name,
                                        co_qualname=code.co_qualname,
                                        co_filename=code.co_filename,
                                        co_firstlineno=code.co_firstlineno)
+        _SWAPPED_CODES.add(fn.__code__)
 
 
-def _swap_out() -> None:
-    while _saved:
-        fn, code = _saved.pop()
+def _swap_out(saved: list) -> None:
+    while saved:
+        fn, code = saved.pop()
+        _SWAPPED_CODES.discard(fn.__code__)
         fn.__code__ = code
-        fn.__globals__.pop(_CALL, None)
+        # _CALL stays bound in the module's globals: harmless, and other swapped
+        # functions of the same module may still use it
 
 
-def hold() -> None:
-    """Take a reference: swap the recording code in if nobody held it."""
-    global _holders
+_SWAPPED_CODES: set = set()
+_TABLES = {"functions": (_namespace_functions, []), "methods": (_tensor_methods, [])}
+_COUNTS = {"functions": 0, "methods": 0}
+
+
+def hold(methods: bool = False) -> None:
+    """Take a reference: swap the recording code into the public functions (and, with
+    ``methods``, the Tensor methods) if nobody held it."""
     with _lock:
-        if _holders == 0:
-            _swap_in()
-        _holders += 1
+        for table in ("functions", "methods") if methods else ("functions",):
+            if _COUNTS[table] == 0:
+                entries, saved = _TABLES[table]
+                _swap_in(entries(), saved)
+            _COUNTS[table] += 1
 
 
-def release() -> None:
+def release(methods: bool = False) -> None:
     """Let go of a reference; the last one puts every original ``__code__`` back."""
-    global _holders
     with _lock:
-        _holders -= 1
-        if _holders == 0:
-            _swap_out()
+        for table in ("functions", "methods") if methods else ("functions",):
+            _COUNTS[table] -= 1
+            if _COUNTS[table] == 0:
+                _swap_out(_TABLES[table][1])
 
 
 def hold_while_alive(obj: Any) -> None:
@@ -180,19 +213,20 @@ def hold_while_alive(obj: Any) -> None:
 
 
 class tracing:
-    """Context manager of ``Tracer.trace``: holds the recording code for the trace."""
+    """Context manager of ``Tracer.trace``: holds the recording code (Tensor methods
+    included) for the trace."""
 
     def __enter__(self) -> None:
         global _tracing
-        hold()
+        hold(methods=True)
         _tracing += 1
 
     def __exit__(self, *exc: Any) -> None:
         global _tracing
         _tracing -= 1
-        release()
+        release(methods=True)
 
 
 def active() -> bool:
     """Whether the recording code is swapped in now."""
-    return _holders > 0
+    return _COUNTS["functions"] > 0
