@@ -414,12 +414,14 @@ def test_module_paths_and_constants():
 
 
 def test_no_recording_outside_tracing():
-    code = mt.relu.__code__
+    code, method_code = mt.relu.__code__, mt.Tensor.mul.__code__
     gm = fx.symbolic_trace(lambda x: mt.relu(x))
     assert not fx._dispatch.active() and mt.relu.__code__ is code
+    assert mt.Tensor.mul.__code__ is method_code
     graph = fx.Graph()
     p = fx.Proxy(graph.placeholder("x"))
     assert fx._dispatch.active() and mt.relu.__code__ is not code
+    assert mt.Tensor.mul.__code__ is method_code  # methods record only during a trace
     assert mt.relu(mt.tensor([-1.0, 2.0])).tolist() == [0.0, 2.0]  # no proxy: runs as usual
     assert mt.relu(p).node.target is mt.relu
     del p
