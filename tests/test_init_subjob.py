@@ -8,12 +8,12 @@ outside ``0..k-1`` (``ValueError`` before any traffic)."""
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 from .launch import find_mpiexec, run_job
+from .test_programs_rpc import free_ports
 
 SCRIPT = r'''
 import datetime, json, sys
@@ -71,22 +71,11 @@ rpc.shutdown()
 '''
 
 
-def _free_ports(n: int) -> List[str]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [str(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _results(tmp_path: Path) -> Dict[int, Dict]:
     script = tmp_path / "subjob.py"
     script.write_text(SCRIPT)
     rc, out, err, _ = run_job([find_mpiexec(), "-n", "4", sys.executable, str(script),
-                               *_free_ports(4)], timeout=150, cwd=tmp_path,
+                               *map(str, free_ports(4))], timeout=150, cwd=tmp_path,
                               env={"OMP_NUM_THREADS": "1", "MPITENSOR_ABORT_ON_EXCEPTION": "0"})
     assert rc == 0, f"{out}\n{err}"
     found = [json.loads(s[len("RESULT "):]) for s in out.splitlines() if s.startswith("RESULT ")]

@@ -27,7 +27,8 @@ LOSS = re.compile(r"^trainer (\d+) step (\d+) loss (-?\d+\.\d+)$", re.M)
 RTOL = {"float32": 1e-5, "float64": 1e-10}
 
 
-def _free_ports(n: int) -> List[int]:
+def free_ports(n: int) -> List[int]:
+    """n distinct free loopback ports (held together while chosen, so never the same)."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -83,7 +84,7 @@ def _param_server(lib: str, trainers: int, steps: int, dtype: str, cwd: Path) ->
         script += (f"{prog} --role trainer --rank {r} --steps {steps} {common} > {outs[r]} 2>&1 "
                    "& pids=\"$pids $!\"; ")
     script += f"rc=0; for p in $pids; do wait $p || rc=1; done; cat {' '.join(outs)}; exit $rc"
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_ports(1)[0])}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0])}
     return _run(["sh", "-c", script], lib, cwd, env)
 
 
@@ -101,7 +102,7 @@ def test_ddp_over_two_of_four_rpc_processes_with_remote_module(tmp_path: Path) -
     steps, dtypes = 3, ["float32", "float64"]
     runs = {}
     for lib in _libs():
-        ports = [str(p) for p in _free_ports(2)]
+        ports = [str(p) for p in free_ports(2)]
         runs[lib] = _run([sys.executable, str(PROGRAMS / "rpc_ddp_remote_module.py"),
                           "--steps", str(steps), "--dtype", *dtypes, "--ports", *ports],
                          lib, tmp_path, {})

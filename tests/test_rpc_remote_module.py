@@ -7,7 +7,6 @@ step, in float32 and float64, and the error types of the refused uses."""
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 from typing import Dict
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 
 from .launch import run_job
+from .test_programs_rpc import free_ports
 
 SCRIPT = r'''
 import json, os, pickle, sys
@@ -120,19 +120,13 @@ rpc.shutdown()
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(lib: str, tmp_path: Path) -> Dict:
     script = tmp_path / "remote_module_script.py"
     script.write_text(SCRIPT)
     py = f"'{sys.executable}' '{script}'"
     # two separately started processes, as a user starts two shells; `wait` collects both
     cmd = f"{py} 1 & one=$!; {py} 0; zero=$?; wait $one; exit $((zero | $?))"
-    env = {"LIB": lib, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    env = {"LIB": lib, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0]),
            "OMP_NUM_THREADS": "1"}
     rc, out, err, _ = run_job(["timeout", "-k", "5", "150", "sh", "-c", cmd], timeout=170,
                               cwd=tmp_path, env=env)
