@@ -375,6 +375,15 @@ def test_graph_module_state_dict_roundtrip_and_copy():
     assert "class Net(torch.nn.Module)" in gm.print_readable(print_output=False)
     with pytest.raises(TypeError):
         fx.GraphModule(42, gm.graph)
+    again = type(gm)(gm, copy.deepcopy(gm.graph))  # each instance has its own forward
+    again.graph.erase_node(list(again.graph.nodes)[-1])
+    again.graph.output(None)
+    again.recompile()
+    assert again(x) is None and gm(x)[0] is not None
+
+    class Mine(fx.GraphModule):
+        pass
+    assert isinstance(Mine(gm, gm.graph), Mine)
 
 
 def test_graph_module_pickles_and_saves(tmp_path):

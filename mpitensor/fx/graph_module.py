@@ -57,10 +57,8 @@ class GraphModule(nn.Module):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> GraphModule:
         # each instance gets its own class, so that its generated forward is its own
-        for base in cls.__mro__:
-            if base.__name__ == "GraphModuleImpl" and base.__module__ == __name__:
-                cls = base.__bases__[0]
-                break
+        # (a subclass of cls even when cls is another instance's class, so that Python
+        # goes on to call __init__)
         impl = type("GraphModuleImpl", (cls,), {"__module__": __name__})
         return super().__new__(impl)
 
