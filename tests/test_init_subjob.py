@@ -106,3 +106,47 @@ def test_subgroup_of_a_larger_job(tmp_path: Path) -> None:
     assert is_value and "rank=2 is out of range for world_size=2" in msg
     kind, is_value, _, msg = res[3]["no_rank"]
     assert is_value and "no rank for this process" in msg
+
+
+SEPARATE = r'''
+import sys
+import mpitensor as torch
+import mpitensor.distributed as dist
+import mpitensor.distributed.rpc as rpc
+
+me, port = int(sys.argv[1]), sys.argv[2]
+rpc.init_rpc(f"w{me}", rank=me, world_size=4)
+if me < 2:  # workers 1 and 0 are the group's ranks 0 and 1
+    dist.init_process_group("gloo", rank=1 - me, world_size=2,
+                            init_method=f"tcp://127.0.0.1:{port}")
+    t = torch.ones(1) * (me + 1)
+    dist.all_reduce(t)
+    print(f"worker {me} group rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item()}",
+          flush=True)
+got = rpc.rpc_sync(f"w{(me + 1) % 4}", torch.add, args=(torch.ones(1), me)).item()
+print(f"worker {me} rpc {got}", flush=True)
+rpc.shutdown()
+'''
+
+
+def test_subgroup_of_separately_started_workers(tmp_path: Path) -> None:
+    """Four processes started apart meet in init_rpc (MASTER_ADDR/MASTER_PORT); two of them
+    then form a group at an address of their own."""
+    script = tmp_path / "separate.py"
+    script.write_text(SEPARATE)
+    rpc_port, group_port = free_ports(2)
+    py = f"'{sys.executable}' '{script}'"
+    outs = [f"w{r}.out" for r in range(4)]
+    cmd = "".join(f"{py} {r} {group_port} > {outs[r]} 2>&1 & pids=\"$pids $!\"; "
+                  for r in range(4))
+    cmd += f"rc=0; for p in $pids; do wait $p || rc=1; done; cat {' '.join(outs)}; exit $rc"
+    rc, out, err, _ = run_job(["timeout", "-k", "5", "120", "sh", "-c", cmd], timeout=140,
+                              cwd=tmp_path, env={"MASTER_ADDR": "127.0.0.1",
+                                                 "MASTER_PORT": str(rpc_port),
+                                                 "OMP_NUM_THREADS": "1"})
+    assert rc == 0, f"{out}\n{err}"
+    lines = set(out.splitlines())
+    for me in range(4):
+        assert f"worker {me} rpc {me + 1.0}" in lines, out
+    for me, rank in ((1, 0), (0, 1)):
+        assert f"worker {me} group rank {rank} of 2 sum 3.0" in lines, out
