@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections.abc
 import numbers
+import warnings
 from typing import Any, Callable, Optional, Tuple, Union
 
 import numpy as np
@@ -18,7 +19,7 @@ from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor.tensor import Tensor
 
-__all__ = ["assert_close"]
+__all__ = ["assert_close", "assert_allclose"]
 
 #: default (rtol, atol) per dtype name, torch's table; other dtypes compare exactly
 _DEFAULTS = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (1.3e-6, 1e-5),
@@ -160,3 +161,30 @@ def assert_close(actual: Any, expected: Any, *, allow_subclasses: bool = True,
           equal_nan=equal_nan, check_device=check_device, check_dtype=check_dtype,
           check_stride=check_stride, msg=msg)
     del check_layout  # every tensor here is strided
+
+
+#: ``assert_allclose``'s tolerances (rtol, atol) by dtype, wider than ``assert_close``'s.
+_ALLCLOSE_TOLERANCES = {"float16": (1e-3, 1e-3), "bfloat16": (1e-3, 1e-3),
+                        "float32": (1e-4, 1e-5), "float64": (1e-5, 1e-8)}
+
+
+def assert_allclose(actual: Any, expected: Any, rtol: Optional[float] = None,
+                    atol: Optional[float] = None, equal_nan: bool = True, msg: str = "") -> None:
+    """The deprecated form of :func:`assert_close` that older programs call.
+
+    ``expected`` is first made a tensor of ``actual``'s dtype (so dtypes never mismatch),
+    NaNs match by default, and without ``rtol``/``atol`` the tolerances are wider than
+    :func:`assert_close`'s: float16/bfloat16 1e-3 and 1e-3, float32 1e-4 and 1e-5, float64
+    1e-5 and 1e-8, integers exact. Warns ``FutureWarning``.
+    """
+    warnings.warn("testing.assert_allclose is deprecated: use testing.assert_close, which "
+                  "checks dtypes and uses tighter default tolerances", FutureWarning,
+                  stacklevel=2)
+    if not isinstance(actual, Tensor):
+        actual = Tensor(actual)
+    expected = Tensor(expected).to(actual.dtype) if not isinstance(expected, Tensor) \
+        else expected.to(actual.dtype)
+    if rtol is None and atol is None:
+        rtol, atol = _ALLCLOSE_TOLERANCES.get(_dtype_name(actual), (0.0, 0.0))
+    assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=equal_nan,
+                 check_dtype=False, msg=msg or None)

@@ -108,3 +108,35 @@ def test_float32_matmul_precision_is_kept_and_checked() -> None:
         assert np.array_equal((mt.tensor(a) @ mt.tensor(a)).numpy(), a @ a)
     finally:
         mt.set_float32_matmul_precision("highest")
+
+
+# ---------------------------------------------------------------------------- assert_allclose
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("rel", [0.5, 2.0])
+def test_assert_allclose_defaults_match_torch(dtype: str, rel: float) -> None:
+    """The deprecated spelling: its wider per-dtype tolerances decide as torch's do, just
+    inside and just outside each bound; it warns FutureWarning, as torch's."""
+    torch = pytest.importorskip("torch")
+    tol = {"float16": (1e-3, 1e-3), "float32": (1e-4, 1e-5), "float64": (1e-5, 1e-8)}[dtype]
+    a = [1.0, 100.0]
+    b = [1.0, 100.0 + rel * (tol[1] + tol[0] * 100.0)]
+
+    def verdict(lib) -> bool:  # type: ignore[no-untyped-def]
+        with pytest.warns(FutureWarning):
+            try:
+                lib.testing.assert_allclose(lib.tensor(a, dtype=getattr(lib, dtype)),
+                                            lib.tensor(b, dtype=getattr(lib, dtype)))
+                return True
+            except AssertionError:
+                return False
+
+    assert verdict(mt) == verdict(torch) == (rel < 1)
+
+
+def test_assert_allclose_converts_and_matches_nans() -> None:
+    with pytest.warns(FutureWarning):
+        mt.testing.assert_allclose(mt.tensor([1.0, float("nan")]), [1.0, float("nan")])
+    with pytest.warns(FutureWarning):
+        mt.testing.assert_allclose(mt.tensor([1.0], dtype=mt.float64), mt.tensor([1.0]))
+    with pytest.warns(FutureWarning), pytest.raises(AssertionError):
+        mt.testing.assert_allclose(mt.tensor([1, 2]), [1, 3])
