@@ -67,8 +67,9 @@ NOTES: Dict[str, str] = {
     "torch.distributed.init_process_group": (
         'backend `"mpi"` by default; `"gloo"` (and `"nccl"` without a GPU) run on MPI; under '
         "`mpiexec` `rank`/`world_size`, when given, must equal MPI's and `init_method` is not "
-        "needed; processes no launcher started meet through `init_method`/`store`/"
-        "`MASTER_ADDR` and are joined into one MPI job ([distributed.md](distributed.md))"
+        "needed, unless `world_size` is smaller: then the callers form a group of their own, "
+        "meeting at `init_method`; processes no launcher started meet through `init_method`/"
+        "`store`/`MASTER_ADDR` and are joined into one MPI job ([distributed.md](distributed.md))"
     ),
     "torch.distributed.get_default_backend_for_device": (
         '`"mpi"` for the CPU where torch answers `"gloo"`; `"nccl"` for CUDA'
@@ -101,13 +102,163 @@ NOTES: Dict[str, str] = {
         "else `None`"
     ),
     "torch.optim.SparseAdam": (
-        "mpitensor has no sparse tensors: gradients are dense, and the entries updated (weights "
-        "and moments) are the nonzero ones, those `grad.to_sparse()` would keep; torch refuses "
-        "dense gradients"
+        "also takes dense gradients, updating their nonzero entries (weights and moments), "
+        "those `grad.to_sparse()` would keep; torch refuses dense gradients"
     ),
     "torch.optim.LBFGS": (
         "an unknown `line_search_fn` is a RuntimeError at construction (torch raises it at the "
         "first `step`)"
+    ),
+    "torch.distributed.supports_complex": (
+        "also `True` for `PRODUCT` (MPI multiplies complex numbers)"
+    ),
+    "torch.distributed.ProcessGroupGloo": (
+        "for `isinstance` only: true of groups made with backend `gloo` (MPI groups); cannot "
+        "be constructed"
+    ),
+    "torch.distributed.record_comm": (
+        "names the argument-check errors of the collectives called inside it; there is no "
+        "collective profiler to show it in"
+    ),
+    "torch.distributed.register_rendezvous_handler": (
+        "handlers serve `rendezvous()`; `init_process_group` keeps its own env/tcp/file "
+        "rendezvous"
+    ),
+    "torch.distributed.get_pg_count": (
+        "the default group plus the groups still alive"
+    ),
+    "torch.distributed.QueueEmptyError": (
+        "for `except` clauses: the stores have no queue operations, so nothing raises it"
+    ),
+    "torch.distributed.AllreduceOptions": (
+        "a record with torch's fields and defaults (as the other eight `*Options`); groups "
+        "here take keyword arguments, not these records"
+    ),
+    "torch.distributed.algorithms": (
+        "no quantization hooks; PowerSGD's first random matrix comes from mpitensor's "
+        "generator; a communication hook does its own dividing inside `join()` "
+        "([ddp.md](ddp.md))"
+    ),
+    "torch.sparse_coo_tensor": (
+        "indices are always checked (as torch with `check_invariants=True`) "
+        "([sparse.md](sparse.md))"
+    ),
+    "torch.sparse_csr_tensor": (
+        "2-D only; indices always checked ([sparse.md](sparse.md))"
+    ),
+    "torch.sparse.check_sparse_tensor_invariants": (
+        "records the setting only: sparse indices are always checked"
+    ),
+    "torch.mm": (
+        "a sparse leaf operand that requires grad raises `NotImplementedError` (torch gives "
+        "it a dense gradient): use `torch.sparse.mm`"
+    ),
+    "torch.hspmm": (
+        "differentiable (torch has no derivative for it)"
+    ),
+    "torch.smm": (
+        "differentiable (torch has no derivative for it)"
+    ),
+    "torch.utils.data.argument_validation": (
+        "does the type checks torch documents (torch 2.13's check nothing); an untyped pipe "
+        "counts as `Any` ([datapipes.md](datapipes.md))"
+    ),
+    "torch.utils.data.runtime_validation": (
+        "does the type checks torch documents (torch 2.13's fails on any pipe) "
+        "([datapipes.md](datapipes.md))"
+    ),
+    "torch.utils.data.functional_datapipe": (
+        "decorating a class that is not a DataPipe raises `TypeError`; "
+        "`enable_df_api_tracing=True` raises `NotImplementedError`"
+    ),
+    "torch.nn.CrossMapLRN2d": (
+        "the gradient is the exact derivative of the forward (torch's hand-written backward "
+        "differs, and fails for `size=1`)"
+    ),
+    "torch.nn.LazyInstanceNorm1d": (
+        "an unbatched first input takes `num_features` from dim 0 (torch reads dim 1 and "
+        "fails)"
+    ),
+    "torch.nn.LazyLinear": (
+        "`load_state_dict` also sets `in_features` from the loaded shapes (as every lazy "
+        "module: torch leaves them 0 until the first forward)"
+    ),
+    "torch.nn.UninitializedParameter": (
+        "keeps only dtype and device; moved to a GPU, it allocates there when it materialises"
+    ),
+    "torch.nn.attention": (
+        "only the MATH kernel exists: an `sdpa_kernel` block without it makes "
+        "`scaled_dot_product_attention` raise; flash-attention registration raises ([nn-"
+        "layers.md](nn-layers.md))"
+    ),
+    "torch.nn.functional.grid_sample": (
+        "`mode='bicubic'` raises `NotImplementedError`"
+    ),
+    "torch.nn.LinearCrossEntropyOptions": (
+        "`chunking_method` only `'auto'`, `'batch'` or `None`; `acc_policy='accurate'` "
+        "accumulates in float64; `allow_retain_graph` has no effect"
+    ),
+    "torch.nn.AdaptiveLogSoftmaxWithLoss": (
+        "a cluster projection of width 0 (`in_features // div_value**(i+1) == 0`) is refused"
+    ),
+    "torch.nn.FractionalMaxPool2d": (
+        "without `_random_samples`, samples come from mpitensor's generator, not torch's "
+        "stream"
+    ),
+    "torch.fx.symbolic_trace": (
+        "calls are recorded by swapping the code of mpitensor's public functions while a "
+        "trace runs (no `__torch_function__`); functions of other modules run on the proxy "
+        "unless `fx.wrap`ped; no `*args`/`**kwargs`/keyword-only forward parameters; "
+        "`concrete_args` become defaults, not assertions ([fx.md](fx.md))"
+    ),
+    "torch.fx.Tracer": (
+        "`nn.functional` calls are recorded with the arguments as written (torch adds "
+        "defaults such as `inplace=False`) ([fx.md](fx.md))"
+    ),
+    "torch.fx.Proxy": (
+        "`tensor * proxy` is recorded as `operator.mul` (torch: the method `mul`); while a "
+        "hand-built proxy lives, mpitensor functions show the signature `(*args, **kwargs)`"
+    ),
+    "torch.fx.GraphModule": (
+        "pickles by value (submodules, tensors and the graph); `node.meta` is not kept"
+    ),
+    "torch.distributed.nn.RemoteModule": (
+        "no TorchScript (`_module_interface_cls` raises) and no device maps: a GPU module's "
+        "outputs come back to the CPU ([rpc.md](rpc.md))"
+    ),
+    "torch.autocast": (
+        "`cache_enabled` is accepted, casts are not cached; device types other than cpu/cuda "
+        "raise; `LSTM` runs in float32 and rounds its outputs once ([amp.md](amp.md))"
+    ),
+    "torch.amp.autocast": (
+        "as `torch.autocast`: casts not cached; cpu and cuda only ([amp.md](amp.md))"
+    ),
+    "torch.amp.GradScaler": (
+        "an unknown device type raises; a disabled scaler's getters return values (torch "
+        "raises `AttributeError`) ([amp.md](amp.md))"
+    ),
+    "torch.einsum": (
+        "under CPU autocast, cast when a summed index is shared by two operands; with three "
+        "or more operands the dtype does not depend on a contraction order"
+    ),
+    "torch.cuda.memory_stats": (
+        "only `allocated_bytes.all.{current,peak,allocated}`, "
+        "`reserved_bytes.all.{current,peak}`, `allocation.all.allocated` and `num_ooms` "
+        "([amp.md](amp.md))"
+    ),
+    "torch.cuda.max_memory_allocated": (
+        "counted from mpitensor's first CuPy import; `RuntimeError` if the program installed "
+        "its own CuPy allocator"
+    ),
+    "torch.cuda.memory_summary": (
+        "`CudaUnavailableError` without a GPU (torch's CPU build: `KeyError`)"
+    ),
+    "torch.cuda.Event": (
+        "`ipc_handle()` raises `NotImplementedError`"
+    ),
+    "torch.matmul": (
+        "operands of different floating dtypes are promoted (torch raises): `bfloat16 @ "
+        "float32` gives float32"
     ),
 }
 

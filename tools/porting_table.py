@@ -54,6 +54,10 @@ NAMESPACES: Tuple[str, ...] = (
     "torch.cuda",
     "torch.accelerator",
     "torch.backends.cudnn",
+    "torch.amp",
+    "torch.sparse",
+    "torch.fx",
+    "torch.distributed.nn",
 )
 
 # ---------------------------------------------------------------------------------------------
