@@ -157,3 +157,22 @@ def test_module_paths():
     from mpitensor.nn.parameter import UninitializedParameter
     assert issubclass(LazyLinear, LazyModuleMixin) and ParameterList and ParameterDict
     assert UninitializedParameter is nn.UninitializedParameter
+
+
+def test_data_of_a_lazy_parameter_is_empty_as_in_torch() -> None:
+    """d2l's ``net.weight.data.normal_(0, 0.01)`` on a LazyLinear before its first forward:
+    ``.data`` is an empty tensor (torch's too), so nothing is written and the first forward
+    initialises the layer as usual; writing through the placeholder itself raises."""
+    torch = pytest.importorskip("torch")
+    for lib in (mt, torch):
+        lazy = lib.nn.LazyLinear(3)
+        d = lazy.weight.data
+        assert tuple(d.shape) == (0,)
+        d.normal_(0, 0.01)
+        lazy.bias.data.fill_(0)
+        assert tuple(lazy(lib.ones(2, 4)).shape) == (2, 3)
+        assert tuple(lazy.weight.shape) == (3, 4)
+    with pytest.raises(ValueError, match="not initialized"):
+        mt.nn.init.normal_(mt.nn.LazyLinear(3).weight)
+    with pytest.raises(ValueError, match="not initialized"):
+        mt.nn.init.zeros_(mt.nn.LazyLinear(3).bias)

@@ -120,6 +120,9 @@ class _Pending(np.ndarray):
     def __getitem__(self, key: Any) -> Any:
         raise ValueError(f"indexing: {_UNINIT}")
 
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise ValueError(f"writing: {_UNINIT}")
+
     def reshape(self, *shape: Any, **kwargs: Any) -> Any:
         raise ValueError(f"reshape: {_UNINIT}")
 
@@ -153,6 +156,18 @@ class _UninitializedMixin:
 
     def detach(self) -> Any:
         return self  # state_dict() hands the placeholder itself out, as torch does
+
+    @property
+    def data(self) -> Tensor:
+        """An empty tensor, as torch's: in-place initialisation through ``.data`` before the
+        first forward (``lazy.weight.data.normal_(0, 0.01)``) touches no element, and the
+        first forward initialises as usual. Calling a function on the placeholder itself
+        (``nn.init.normal_(lazy.weight)``) raises."""
+        return Tensor._wrap(np.empty(0, dtype=self._data.dtype))
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        Tensor.data.fset(self, value)  # type: ignore[attr-defined]
 
     def materialize(self, shape: Any, device: Any = None, dtype: Any = None) -> None:
         """Give this placeholder an (uninitialised) array of ``shape`` and turn it into a
