@@ -161,6 +161,10 @@ __all__ = [
     *_dtype_names, *_tensor_names, *_legacy_type_names,
 ]
 
+from mpitensor import _numpy_names  # noqa: E402 - after every op has been defined
+
+_numpy_names.install(Tensor, globals())
+
 
 def __getattr__(name: str) -> object:
     # torch.fx loads on first use: most programs never trace, so they skip its import

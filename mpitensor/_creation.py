@@ -25,7 +25,7 @@ from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
 from mpitensor._devices import DeviceLike, create, move, parse_device
-from mpitensor._dims import size_from
+from mpitensor._dims import keyword_form, size_from
 from mpitensor._promotion import is_scalar, scalar_dtype
 from mpitensor.tensor import Tensor, _from_data, _new, _tensor_methods
 
@@ -635,24 +635,30 @@ class _CreationMethods:
             requires_grad=requires_grad,
         )
 
-    def new_zeros(self, *size: Any, dtype: DTypeLike = None, device: DeviceLike = None,
+    def new_zeros(self, *sizes: Any, size: Any = None, dtype: DTypeLike = None,
+                  device: DeviceLike = None,
                   requires_grad: bool = False) -> Tensor:
         """Return zeros of ``size`` with this tensor's dtype and device by default."""
-        return zeros(*size, dtype=self.dtype if dtype is None else dtype,
+        return zeros(*keyword_form(sizes, {} if size is None else {"size": size}, "size",
+                                  "new_zeros"), dtype=self.dtype if dtype is None else dtype,
                      device=self.device if device is None else device,
                      requires_grad=requires_grad)
 
-    def new_ones(self, *size: Any, dtype: DTypeLike = None, device: DeviceLike = None,
+    def new_ones(self, *sizes: Any, size: Any = None, dtype: DTypeLike = None,
+                 device: DeviceLike = None,
                  requires_grad: bool = False) -> Tensor:
         """Return ones of ``size`` with this tensor's dtype and device by default."""
-        return ones(*size, dtype=self.dtype if dtype is None else dtype,
+        return ones(*keyword_form(sizes, {} if size is None else {"size": size}, "size",
+                                  "new_ones"), dtype=self.dtype if dtype is None else dtype,
                     device=self.device if device is None else device,
                     requires_grad=requires_grad)
 
-    def new_empty(self, *size: Any, dtype: DTypeLike = None, device: DeviceLike = None,
+    def new_empty(self, *sizes: Any, size: Any = None, dtype: DTypeLike = None,
+                  device: DeviceLike = None,
                   requires_grad: bool = False) -> Tensor:
         """Return an uninitialized tensor of ``size`` with this tensor's dtype and device."""
-        return empty(*size, dtype=self.dtype if dtype is None else dtype,
+        return empty(*keyword_form(sizes, {} if size is None else {"size": size}, "size",
+                                  "new_empty"), dtype=self.dtype if dtype is None else dtype,
                      device=self.device if device is None else device,
                      requires_grad=requires_grad)
 

@@ -35,6 +35,23 @@ def size_from(args: tuple, fname: str, allow_minus_one: bool = False) -> tuple:
     return shape
 
 
+def keyword_form(args: tuple, kwargs: dict, word: str, fname: str) -> tuple:
+    """The sizes or dimensions of a ``*args`` method called in torch's keyword form
+    (``x.flip(dims=(0,))``, ``x.view(size=(3, 2))``): ``(kwargs[word],)`` then, else ``args``.
+
+    Raises:
+        TypeError: another keyword, or ``word`` given both by position and by keyword.
+    """
+    if not kwargs:
+        return args
+    other = [k for k in kwargs if k != word]
+    if other:
+        raise TypeError(f"{fname}() got an unexpected keyword argument {other[0]!r}")
+    if args:
+        raise TypeError(f"{fname}() got {word!r} both by position and by keyword")
+    return (kwargs[word],)
+
+
 def wrap_dim(dim: Any, ndim: int) -> int:
     """A dimension index in ``[0, ndim)``; 0-d tensors accept 0 and -1, like torch.
 

@@ -31,7 +31,7 @@ from mpitensor import tensor as _t
 from mpitensor._combining import cat, stack
 from mpitensor._creation import dtype_or
 from mpitensor._devices import create, parse_device, xp
-from mpitensor._dims import need_dims, size_from, wrap_dim
+from mpitensor._dims import keyword_form, need_dims, size_from, wrap_dim
 from mpitensor._indexing import _scatter_add
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
@@ -156,8 +156,9 @@ def _even_split(t: Tensor, spec: Any, axis: int, what: str) -> tuple:
 
 @_tensor_methods
 class _ShapeMethods:
-    def flip(self, *dims: Any) -> Tensor:
+    def flip(self, *dims: Any, **kw: Any) -> Tensor:
         """Return a copy with the order of the elements reversed along ``dims``."""
+        dims = keyword_form(dims, kw, "dims", "flip")
         if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
             dims = tuple(dims[0])
         x = self._data
@@ -318,10 +319,10 @@ class _ShapeMethods:
             t = t.reshape(1)
         return _run(RepeatInterleave, t, r, axis)
 
-    def tile(self, *dims: Any) -> Tensor:
+    def tile(self, *dims: Any, **kw: Any) -> Tensor:
         """Return the tensor repeated ``dims[i]`` times along each dimension (missing leading
         counts are 1)."""
-        dims = size_from(dims, "tile")
+        dims = size_from(keyword_form(dims, kw, "dims", "tile"), "tile")
         n = self._data.ndim
         if len(dims) < n:
             dims = (1,) * (n - len(dims)) + dims

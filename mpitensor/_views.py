@@ -28,7 +28,7 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor._devices import xp
-from mpitensor._dims import infer_shape, need_dims, size_from, wrap_dim
+from mpitensor._dims import infer_shape, keyword_form, need_dims, size_from, wrap_dim
 from mpitensor.autograd import Function, _sum_to, version_cell
 from mpitensor.tensor import Tensor, _new, _run, _run_view, _tensor_methods
 
@@ -300,7 +300,7 @@ class _ViewMethods:
             return self
         return _run(Clone, self, True)
 
-    def reshape(self, *shape: Any) -> Tensor:
+    def reshape(self, *shape: Any, **kw: Any) -> Tensor:
         """Return the elements in a new shape: a view when possible, else a copy.
 
         Args:
@@ -314,9 +314,10 @@ class _ViewMethods:
             >>> mt.arange(6).reshape(2, -1).shape
             mpitensor.Size([2, 3])
         """
+        shape = keyword_form(shape, kw, "shape", "reshape")
         return _run_view(Reshape, self, shape, reshape=True)
 
-    def view(self, *shape: Any) -> Tensor:
+    def view(self, *shape: Any, **kw: Any) -> Tensor:
         """Return a view with a new shape (or a new dtype), never a copy.
 
         Args:
@@ -332,6 +333,8 @@ class _ViewMethods:
             >>> t = mt.zeros(2, 3); t.view(6)[0] = 1; t[0, 0]
             tensor(1.)
         """
+        if kw:
+            shape = keyword_form(shape, kw, "dtype" if "dtype" in kw else "size", "view")
         if len(shape) == 1 and not isinstance(shape[0], (tuple, list)):
             s = shape[0]
             if not isinstance(s, (int, np.integer, Tensor)) or isinstance(s, bool):
@@ -411,17 +414,18 @@ class _ViewMethods:
                              f"Got {n}-D tensor.")
         return self.transpose(-2, -1)
 
-    def permute(self, *dims: Any) -> Tensor:
+    def permute(self, *dims: Any, **kw: Any) -> Tensor:
         """Return a view with the dimensions reordered.
 
         Raises:
             ValueError: ``dims`` is not a permutation of ``range(ndim)``.
         """
+        dims = keyword_form(dims, kw, "dims", "permute")
         if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
             dims = tuple(dims[0])
         return _run_view(Permute, self, _permutation(dims, self._data.ndim))
 
-    def expand(self, *sizes: Any) -> Tensor:
+    def expand(self, *sizes: Any, **kw: Any) -> Tensor:
         """Return a read-only broadcast view with size-1 dimensions repeated to ``sizes``.
 
         -1 keeps a dimension's size; extra leading dimensions may be added.
@@ -435,19 +439,19 @@ class _ViewMethods:
             tensor([[1, 1, 1],
                     [2, 2, 2]])
         """
-        return _run_view(Expand, self, sizes)
+        return _run_view(Expand, self, keyword_form(sizes, kw, "size", "expand"))
 
     def expand_as(self, other: Tensor) -> Tensor:
         """Return ``self.expand(other.shape)``."""
         return self.expand(other.shape)
 
-    def repeat(self, *sizes: Any) -> Tensor:
+    def repeat(self, *sizes: Any, **kw: Any) -> Tensor:
         """Return a copy tiled ``sizes[i]`` times along each dimension (``numpy.tile``).
 
         Raises:
             ValueError: fewer sizes than dimensions.
         """
-        return _run(Repeat, self, sizes)
+        return _run(Repeat, self, keyword_form(sizes, kw, "repeats", "repeat"))
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple:
         """Split into at most ``chunks`` views of equal size along ``dim`` (the last smaller)."""
