@@ -659,7 +659,13 @@ def main() -> int:
     ap.add_argument("--ranks", default="2,4", help="real ranks ('' for none)")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--res-options", default="timeout:1 attempts:1",
+                    help="RES_OPTIONS for every process started here ('' leaves it unset): "
+                         "torch's store master resolves each client's address, and where the "
+                         "name server does not answer (this sandbox) each lookup waited 5 s")
     args = ap.parse_args()
+    if args.res_options and "RES_OPTIONS" not in os.environ:
+        os.environ["RES_OPTIONS"] = args.res_options
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # N sockets here
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -670,7 +676,8 @@ def main() -> int:
           f"{os.getloadavg()[0]:.1f} at start (wall times on a loaded machine stretch; CPU "
           "times of the server processes do not)")
     print(f"{PER_HOST} simulated ranks per host; arrivals at the store spread over "
-          f"{args.spread:g} s; {args.addr_keys} PMI keys per node address")
+          f"{args.spread:g} s; {args.addr_keys} PMI keys per node address; RES_OPTIONS="
+          f"{os.environ.get('RES_OPTIONS', '')!r}")
     sizes = [int(x) for x in args.fake.split(",") if x]
     parts = [p for p in args.parts.split(",") if p]
     for part in parts:
