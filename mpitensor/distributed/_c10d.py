@@ -30,8 +30,11 @@ __all__ = [
     "set_debug_level_from_env", "split_group", "supports_complex",
 ]
 
-#: The default timeout of process groups (``MPITENSOR_TIMEOUT``, 30 minutes unless set).
-default_pg_timeout = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
+#: The default timeout of process groups (``MPITENSOR_TIMEOUT``, 30 minutes unless set;
+#: ``timedelta.max`` for ``MPITENSOR_TIMEOUT=inf``, no timeout).
+default_pg_timeout = (datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
+                      if DEFAULT_TIMEOUT_S < datetime.timedelta.max.total_seconds()
+                      else datetime.timedelta.max)
 
 #: A process group's name, as torch types it (a ``str`` at run time).
 GroupName = NewType("GroupName", str)
