@@ -1,58 +1,46 @@
-"""Environment switches, read in one place.
+"""Environment switches: every ``MPITENSOR_*`` variable the package reads, declared here.
 
-``MPITENSOR_DEBUG``   1/true/yes/on: check, before every collective, that all ranks passed the same
-                      op, dtype and shape (one extra small all-gather per call).
-``MPITENSOR_TIMEOUT`` default timeout in seconds for process groups (``init_process_group``):
-                      a blocking operation or ``wait()`` waiting longer raises
-                      ``DistributedTimeoutError`` (``inf`` disables the bound).
-``MPITENSOR_STALL_WARN`` seconds a blocking operation may wait before each stuck rank logs a
-                      stall report (default: the smaller of 60 s and half the timeout).
-``MPITENSOR_ABORT_ON_EXCEPTION`` 1/0 (default 1): whether ``init_process_group`` under
-                      ``mpiexec`` (world size > 1) installs the abort-on-unhandled-exception hook.
-``MPITENSOR_NUM_THREADS`` BLAS/OpenMP threads per rank: ``auto`` (default: a fair share of the
-                      node's cores, applied by ``init_process_group``), a positive integer, or
-                      ``off``; read at ``init_process_group`` by ``mpitensor._threads``.
-``MPITENSOR_LOG``     logging level name for the ``mpitensor`` logger (default WARNING); when set,
-                      the logger gets a handler of its own that prints each line on stderr as
-                      ``[rank N] mpitensor.module LEVEL: message`` (and no longer passes it on
-                      to the root logger's handlers).
-``MPITENSOR_CHECK_BYTES`` collectives whose buffer has at least this many bytes (default 65536)
-                      check, beside the data, that every rank made the same call (one tiny
-                      reduction; see ``distributed/_fingerprint.py``); ``0`` checks every call,
-                      ``off`` none. Set it alike on every rank (``mpiexec`` passes it on).
-``MPITENSOR_NODE_REDUCE`` ``auto`` (default), ``on`` or ``off``: whether DDP's gradient buckets
-                      meet in shared memory where the ranks outnumber the node's cores (see
-                      ``distributed/_node_reduce.py``); read when a DDP is made.
-``MPITENSOR_RENDEZVOUS`` ``auto`` (default), ``pmi`` or ``connect``: how processes that no MPI
-                      launcher started are joined into one MPI job in ``init_process_group``
-                      (see ``distributed/_rendezvous.py``); read there, at that call.
-``MPITENSOR_JOB_ID``   the identity of the job this process belongs to (any text; set on every
-                      process of a job by ``mpitensor-run`` and ``spawn`` where it is not set
-                      already): a rendezvous refuses a process whose job differs from the
-                      job of the first process there, so two jobs given one port do not merge
-                      (torchrun's ``TORCHELASTIC_RUN_ID`` comes first, unless it is ``none``);
-                      read at that call by :func:`job_id`.
-``MPITENSOR_LOAD_MAX_BYTES`` the most memory ``mpitensor.load`` may allocate for one file's
-                      tensors (a byte count, or ``off``); default: the memory available at each
-                      call. ``load(..., max_bytes=N)`` overrides it (see docs/checkpoints.md).
-``MPITENSOR_SECRET``  a shared secret (any text; unset or empty: none): every TCPStore
-                      connection then proves it in both directions (HMAC challenge and
-                      response, see ``distributed/_auth.py``; the secret never goes on the
-                      wire). ``mpitensor-run`` makes a random one for the processes it starts
-                      where none is set. Read at each connection (``env_secret``).
-``MPITENSOR_STORE_MAX_BYTES`` the most bytes (keys and values together) a TCPStore master holds
-                      (default 2 GiB, ``off``: no bound); a write past it gets ValueError.
+:data:`SWITCHES` holds one :class:`Switch` per variable (its name, how its text is parsed, its
+default, when it is read, one line of meaning); docs/architecture.md's "Switches" table is
+:func:`markdown_table`'s output, and ``tests/test_config_switches.py`` checks that no other
+module reads an ``MPITENSOR_*`` variable from the environment, that every name used in the
+package is declared here, and that the table matches. Switches read once are this module's
+constants (``DEBUG``, ``DEFAULT_TIMEOUT_S``, ...), read at import: a malformed value stops
+``import mpitensor`` with one line naming the variable and the values it takes. Switches read
+at each use have a function here (:func:`job_id`, :func:`env_secret`, :func:`num_threads`,
+...). Every parser rejects a malformed value with ``ValueError`` (``MPITENSOR_EXIT_GRACE``,
+read while ranks exit, is reported on stderr instead, by its caller).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Dict, List, Mapping, NamedTuple, Optional, Union
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
+OFF_BYTES = 1 << 62  # larger than any buffer
 
 
+class Switch(NamedTuple):
+    """One environment switch: what the docs' table and the tests know of it."""
+
+    name: str
+    kind: str     # how its text is parsed: bool, seconds, bytes, limit, choice, threads, text...
+    default: str  # as the docs show it
+    read: str     # "import" (once) or when it is read at each use
+    doc: str      # one line of meaning
+
+
+SWITCHES: Dict[str, Switch] = {}
+
+
+def _declare(name: str, kind: str, default: str, read: str, doc: str) -> str:
+    SWITCHES[name] = Switch(name, kind, default, read, doc)
+    return name
+
+
+# ----------------------------------------------------------------------------- the parsers
 def env_flag(name: str, default: bool = False) -> bool:
     """Read a boolean environment switch; reject values that are neither true nor false."""
     raw = os.environ.get(name)
@@ -80,17 +68,6 @@ def env_float(name: str, default: float) -> float:
     return value
 
 
-DEBUG: bool = env_flag("MPITENSOR_DEBUG")
-DEFAULT_TIMEOUT_S: float = env_float("MPITENSOR_TIMEOUT", 1800.0)
-STALL_WARN_S: Optional[float] = (env_float("MPITENSOR_STALL_WARN", 60.0)
-                                 if os.environ.get("MPITENSOR_STALL_WARN", "").strip() else None)
-ABORT_ON_EXCEPTION: bool = env_flag("MPITENSOR_ABORT_ON_EXCEPTION", True)
-#: the compiled parts where they were built (mpitensor/_cpu_kernels.c, the CPU loops;
-#: mpitensor/distributed/_slots.c, the agreement slots); off: their pure-Python paths
-NATIVE: bool = env_flag("MPITENSOR_NATIVE", True)
-_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
 def env_choice(name: str, choices: "tuple[str, ...]", default: str) -> str:
     """Read an environment switch that takes one of ``choices`` (case-insensitive)."""
     raw = os.environ.get(name)
@@ -103,45 +80,24 @@ def env_choice(name: str, choices: "tuple[str, ...]", default: str) -> str:
     return value
 
 
-LOG_LEVEL: str = env_choice("MPITENSOR_LOG", _LEVELS, "WARNING")
-LOG_SET: bool = bool(os.environ.get("MPITENSOR_LOG", "").strip())
-
-
-def job_id() -> str:
-    """``MPITENSOR_JOB_ID`` as set now, stripped (``""`` where unset): read at each rendezvous,
-    since launchers and tests set it per job in the processes they start."""
-    return os.environ.get("MPITENSOR_JOB_ID", "").strip()
-
-
-def env_bytes(name: str, default: int) -> int:
-    """Read a byte count (a non-negative integer, or ``off`` for "never") from the environment."""
+def env_bytes(name: str, default: int, minimum: int = 0) -> int:
+    """Read a byte count (an integer of at least ``minimum``, or ``off`` for "never") from the
+    environment."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     value = raw.strip().lower()
     if value in ("off", "never", "none"):
         return OFF_BYTES
+    what = ("a non-negative integer (0: every call)" if minimum <= 0
+            else f"an integer of at least {minimum}")
     try:
         n = int(value)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a byte count; use a non-negative integer "
-                         "(0: every call) or off") from None
-    if n < 0:
-        raise ValueError(f"{name}={raw!r} must be a non-negative integer (0: every call) or off")
+        raise ValueError(f"{name}={raw!r} is not a byte count; use {what} or off") from None
+    if n < minimum:
+        raise ValueError(f"{name}={raw!r} must be {what} or off")
     return n
-
-
-OFF_BYTES = 1 << 62  # larger than any buffer
-CHECK_BYTES: int = env_bytes("MPITENSOR_CHECK_BYTES", 64 * 1024)
-STORE_MAX_BYTES: int = env_bytes("MPITENSOR_STORE_MAX_BYTES", 2 << 30)
-
-
-def env_secret() -> Optional[bytes]:
-    """``MPITENSOR_SECRET`` as UTF-8 bytes, or None where it is unset or empty (read now)."""
-    raw = os.environ.get("MPITENSOR_SECRET")
-    if not raw:
-        return None
-    return raw.encode("utf-8", "surrogateescape")
 
 
 def env_limit(name: str) -> Optional[int]:
@@ -162,4 +118,183 @@ def env_limit(name: str) -> Optional[int]:
     return n
 
 
-LOAD_MAX_BYTES: Optional[int] = env_limit("MPITENSOR_LOAD_MAX_BYTES")
+def raw(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The text of the declared switch ``name`` as set now (None where unset)."""
+    if name not in SWITCHES:
+        raise KeyError(f"{name} is not a declared switch (declare it in mpitensor/_config.py)")
+    return (os.environ if environ is None else environ).get(name)
+
+
+def take(name: str) -> Optional[str]:
+    """Remove the declared switch ``name`` from this process's environment; return its text."""
+    value = raw(name)
+    os.environ.pop(name, None)
+    return value
+
+
+# ---------------------------------------------------------------------------- read at import
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+ENV_DEBUG = _declare(
+    "MPITENSOR_DEBUG", "bool", "0", "import",
+    "cross-rank argument checks before every collective, and send/recv dtype and size checks")
+ENV_TIMEOUT = _declare(
+    "MPITENSOR_TIMEOUT", "seconds", "1800", "import",
+    "default timeout of process groups: a blocking operation or `wait()` waiting longer raises "
+    "`DistributedTimeoutError` (`inf`: no bound)")
+ENV_STALL_WARN = _declare(
+    "MPITENSOR_STALL_WARN", "seconds", "min(60, timeout / 2)", "import",
+    "seconds a blocking operation may wait before each stuck rank logs a stall report")
+ENV_ABORT_ON_EXCEPTION = _declare(
+    "MPITENSOR_ABORT_ON_EXCEPTION", "bool", "1", "import",
+    "whether `init_process_group` under `mpiexec` (world size > 1) installs the "
+    "abort-on-unhandled-exception hook")
+ENV_NATIVE = _declare(
+    "MPITENSOR_NATIVE", "bool", "1", "import",
+    "the compiled parts where they were built (`_cpu_kernels.c`, `distributed/_slots.c`); "
+    "`0`: their pure-Python paths")
+ENV_LOG = _declare(
+    "MPITENSOR_LOG", "choice: DEBUG, INFO, WARNING, ERROR, CRITICAL", "WARNING", "import",
+    "level of the `mpitensor` logger (any case); when set, its lines go to stderr as "
+    "`[rank N] mpitensor.module LEVEL: message` through a handler of its own")
+ENV_CHECK_BYTES = _declare(
+    "MPITENSOR_CHECK_BYTES", "bytes", "65536", "import",
+    "collectives whose buffer has at least this many bytes check, beside the data, that every "
+    "rank made the same call (`0`: every call, `off`: none; set alike on every rank)")
+ENV_STORE_MAX_BYTES = _declare(
+    "MPITENSOR_STORE_MAX_BYTES", "bytes", "2147483648", "import",
+    "the most bytes (keys and values) a TCPStore master holds; a write past it gets "
+    "`ValueError` (`off`: no bound)")
+ENV_LOAD_MAX_BYTES = _declare(
+    "MPITENSOR_LOAD_MAX_BYTES", "limit", "the memory available", "import",
+    "the most memory `mpitensor.load` may allocate for one file's tensors (bytes, or `off`); "
+    "`load(..., max_bytes=N)` overrides it")
+ENV_CONV_BAND_BYTES = _declare(
+    "MPITENSOR_CONV_BAND_BYTES", "bytes (at least 1)", "1048576", "import (mpitensor.nn)",
+    "im2col matrices larger than this are built band by band (`off`: never); a size near "
+    "the per-core L2 cache is best")
+
+DEBUG: bool = env_flag(ENV_DEBUG)
+DEFAULT_TIMEOUT_S: float = env_float(ENV_TIMEOUT, 1800.0)
+STALL_WARN_S: Optional[float] = (env_float(ENV_STALL_WARN, 60.0)
+                                 if os.environ.get(ENV_STALL_WARN, "").strip() else None)
+ABORT_ON_EXCEPTION: bool = env_flag(ENV_ABORT_ON_EXCEPTION, True)
+#: the compiled parts where they were built (mpitensor/_cpu_kernels.c, the CPU loops;
+#: mpitensor/distributed/_slots.c, the agreement slots); off: their pure-Python paths
+NATIVE: bool = env_flag(ENV_NATIVE, True)
+LOG_LEVEL: str = env_choice(ENV_LOG, _LEVELS, "WARNING")
+LOG_SET: bool = bool(os.environ.get(ENV_LOG, "").strip())
+CHECK_BYTES: int = env_bytes(ENV_CHECK_BYTES, 64 * 1024)
+STORE_MAX_BYTES: int = env_bytes(ENV_STORE_MAX_BYTES, 2 << 30)
+LOAD_MAX_BYTES: Optional[int] = env_limit(ENV_LOAD_MAX_BYTES)
+
+
+# ---------------------------------------------------------------------- read at each use
+ENV_NUM_THREADS = _declare(
+    "MPITENSOR_NUM_THREADS", "threads: auto, N or off", "auto", "each `init_process_group`",
+    "BLAS/OpenMP threads per rank: `auto` a fair share of the node's cores, `N` that many, "
+    "`off` leave the pools alone")
+ENV_NODE_REDUCE = _declare(
+    "MPITENSOR_NODE_REDUCE", "choice: auto, on, off", "auto", "each DDP made",
+    "DDP's gradient buckets meet in shared memory where the ranks outnumber the node's cores "
+    "(`on`: on one node always, `off`: never)")
+ENV_RENDEZVOUS = _declare(
+    "MPITENSOR_RENDEZVOUS", "choice: auto, pmi, connect", "auto", "each `init_process_group`",
+    "how processes that no MPI launcher started are joined into one MPI job")
+ENV_JOB_ID = _declare(
+    "MPITENSOR_JOB_ID", "text", "unset (`mpitensor-run` makes one)", "each rendezvous",
+    "the job a process belongs to: a rendezvous refuses processes of another job (torchrun's "
+    "`TORCHELASTIC_RUN_ID` comes first unless it is `none`)")
+ENV_SECRET = _declare(
+    "MPITENSOR_SECRET", "text", "unset (`mpitensor-run` makes one)", "each connection",
+    "a shared secret every store and PMI-helper connection proves in both directions (HMAC "
+    "challenge and response; never sent); empty: none")
+ENV_CUDA_AWARE = _declare(
+    "MPITENSOR_CUDA_AWARE", "auto or bool", "auto", "each detection",
+    "whether MPI may read device memory directly (`auto`: ask the MPI library)")
+ENV_MNIST_MIRRORS = _declare(
+    "MPITENSOR_MNIST_MIRRORS", "text: URLs", "the built-in mirrors", "each download",
+    "base URLs (separated by commas or spaces) where `datasets.MNIST(download=True)` looks, "
+    "in order")
+ENV_EXIT_GRACE = _declare(
+    "MPITENSOR_EXIT_GRACE", "seconds", "2", "each exit under `mpitensor-run`",
+    "how long ranks exiting non-zero wait for each other before aborting (a malformed value "
+    "is reported on stderr and the default used)")
+ENV_RUN_WATCH = _declare(
+    "MPITENSOR_RUN_WATCH", "text", "unset", "each rank's start under `mpitensor-run`",
+    "internal, set by `mpitensor-run --max-restarts` for one attempt: the launcher's socket "
+    "each rank connects to (removed from the rank's environment at once)")
+ENV_RUN_ATTEMPT = _declare(
+    "MPITENSOR_RUN_ATTEMPT", "text", "unset", "by the launcher, in its job's processes",
+    "internal, set by `mpitensor-run --max-restarts` on every process of one attempt, so "
+    "that the launcher finds and ends any left before the next attempt")
+
+
+def conv_band_bytes() -> int:
+    """``MPITENSOR_CONV_BAND_BYTES`` (read once, when ``mpitensor.nn._kernels`` is imported)."""
+    return env_bytes(ENV_CONV_BAND_BYTES, 1 << 20, minimum=1)
+
+
+def job_id() -> str:
+    """``MPITENSOR_JOB_ID`` as set now, stripped (``""`` where unset): read at each rendezvous,
+    since launchers and tests set it per job in the processes they start."""
+    return os.environ.get(ENV_JOB_ID, "").strip()
+
+
+def env_secret() -> Optional[bytes]:
+    """``MPITENSOR_SECRET`` as UTF-8 bytes, or None where it is unset or empty (read now)."""
+    value = os.environ.get(ENV_SECRET)
+    if not value:
+        return None
+    return value.encode("utf-8", "surrogateescape")
+
+
+def num_threads(environ: Optional[Mapping[str, str]] = None) -> "Optional[Union[int, str]]":
+    """``MPITENSOR_NUM_THREADS``: None (unset/auto), ``"off"``, or a positive integer."""
+    value = raw(ENV_NUM_THREADS, environ)
+    if value is None or value.strip().lower() in ("", "auto"):
+        return None
+    text = value.strip().lower()
+    if text in ("off", "0", "false", "no"):
+        return "off"
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ValueError(f"{ENV_NUM_THREADS}={value!r} is not valid: use a positive integer "
+                     "(threads per rank), 'auto' (a fair share of the cores, the default) or "
+                     "'off' (leave the BLAS and OpenMP thread pools alone)")
+
+
+def node_reduce() -> str:
+    """``MPITENSOR_NODE_REDUCE`` as ``"auto"``, ``"on"`` or ``"off"`` (ValueError otherwise)."""
+    return env_choice(ENV_NODE_REDUCE, ("AUTO", "ON", "OFF"), "AUTO").lower()
+
+
+def rendezvous_mode(modes: "tuple[str, ...]" = ("AUTO", "PMI", "CONNECT")) -> str:
+    """``MPITENSOR_RENDEZVOUS`` as one of ``modes`` (upper case; ValueError otherwise)."""
+    return env_choice(ENV_RENDEZVOUS, modes, "AUTO")
+
+
+def cuda_aware() -> Optional[bool]:
+    """``MPITENSOR_CUDA_AWARE``: None for ``auto`` (the default: detect), else the boolean."""
+    if (os.environ.get(ENV_CUDA_AWARE, "auto").strip().lower()) == "auto":
+        return None
+    return env_flag(ENV_CUDA_AWARE)
+
+
+def mnist_mirrors() -> List[str]:
+    """``MPITENSOR_MNIST_MIRRORS`` split at commas and spaces (empty where unset)."""
+    return os.environ.get(ENV_MNIST_MIRRORS, "").replace(",", " ").split()
+
+
+def exit_grace(default: float) -> float:
+    """``MPITENSOR_EXIT_GRACE`` in seconds (ValueError where malformed)."""
+    return env_float(ENV_EXIT_GRACE, default)
+
+
+# --------------------------------------------------------------------------------- the docs
+def markdown_table() -> str:
+    """The "Switches" table of docs/architecture.md (tests/test_config_switches.py checks it)."""
+    rows = ["| variable | default | read | meaning |", "|---|---|---|---|"]
+    for s in SWITCHES.values():
+        rows.append(f"| `{s.name}` | {s.default} | {s.read} | {s.doc} |")
+    return "\n".join(rows) + "\n"

@@ -35,6 +35,8 @@ import os
 import threading
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from . import _config
+
 logger = logging.getLogger("mpitensor")
 
 __all__ = ["set_num_threads", "get_num_threads"]
@@ -48,7 +50,7 @@ USER_VARS: Mapping[str, tuple] = {
     "blis": ("BLIS_NUM_THREADS", "OMP_NUM_THREADS"),
     "flexiblas": ("FLEXIBLAS_NUM_THREADS", "OMP_NUM_THREADS"),
 }
-ENV = "MPITENSOR_NUM_THREADS"
+ENV = _config.ENV_NUM_THREADS
 
 
 class _Budget:
@@ -121,18 +123,9 @@ def user_vars(environ: Mapping[str, str], internal_api: str) -> list:
 
 
 def parse_env(environ: Mapping[str, str]) -> "Optional[int | str]":
-    """``MPITENSOR_NUM_THREADS``: None (unset/auto), ``"off"``, or a positive integer."""
-    raw = environ.get(ENV)
-    if raw is None or raw.strip().lower() in ("", "auto"):
-        return None
-    value = raw.strip().lower()
-    if value in ("off", "0", "false", "no"):
-        return "off"
-    if value.isdigit() and int(value) >= 1:
-        return int(value)
-    raise ValueError(f"{ENV}={raw!r} is not valid: use a positive integer (threads per rank), "
-                     "'auto' (a fair share of the cores, the default) or 'off' (leave the BLAS "
-                     "and OpenMP thread pools alone)")
+    """``MPITENSOR_NUM_THREADS`` in ``environ``: None (unset/auto), ``"off"``, or a positive
+    integer (the parser is :func:`mpitensor._config.num_threads`)."""
+    return _config.num_threads(environ)
 
 
 # ---------------------------------------------------------------------------- the pools

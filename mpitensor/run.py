@@ -55,6 +55,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from . import _config
 from .distributed._hostpool import (
     JOIN_TIMEOUT_S,
     KEEP_ALIVE_INTERVAL_S,
@@ -530,7 +531,7 @@ def _worker(args: Sequence[str]) -> int:
     os.environ.update(rank_env(settings))
     # the launcher's, for this attempt only: the program's own children must not connect
     rank = os.environ["RANK"]
-    link = _WatchLink.open(os.environ.pop(_WATCH_VAR, None),
+    link = _WatchLink.open(_config.take(_WATCH_VAR),
                            int(rank) if rank.isdigit() else None)
     module = rest[:1] == ["-m"]
     return run_target(rest[1:] if module else rest, module=module,
@@ -608,13 +609,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if opts.dry_run:
         sys.stdout.write(cmd.shell() + "\n")
         return 0
-    if "MPITENSOR_SECRET" not in os.environ:  # set but empty: the user's "no secret"
+    if _config.raw(_config.ENV_SECRET) is None:  # set but empty: the user's "no secret"
         # the job's stores then accept only its own processes (docs/launching.md); through the
         # environment, never the command line, where `ps` would show it to every user
-        os.environ["MPITENSOR_SECRET"] = secrets.token_hex(32)
+        os.environ[_config.ENV_SECRET] = secrets.token_hex(32)
     # one identity for the whole job (kept where one is set: a scheduler's, a test's): a
     # rendezvous its processes hold refuses processes of another job (docs/launching.md)
-    os.environ.setdefault("MPITENSOR_JOB_ID", f"mpitensor-run-{uuid.uuid4().hex}")
+    if _config.raw(_config.ENV_JOB_ID) is None:
+        os.environ[_config.ENV_JOB_ID] = f"mpitensor-run-{uuid.uuid4().hex}"
     try:
         return _run_job(command, opts, flavor, pool)
     finally:
@@ -718,10 +720,10 @@ def _wait(proc: subprocess.Popen) -> int:
 
 # the launcher's socket for one attempt (a Linux abstract socket name): each rank's bootstrap
 # connects, says its rank, reports how it ends, and the connection's end tells when it ended
-_WATCH_VAR = "MPITENSOR_RUN_WATCH"
+_WATCH_VAR = _config.ENV_RUN_WATCH
 # carried by every process of one attempt (mpiexec, its proxies, the ranks, their children), so
 # that the launcher can find and end any of them still running before the next attempt starts
-_ATTEMPT_VAR = "MPITENSOR_RUN_ATTEMPT"
+_ATTEMPT_VAR = _config.ENV_RUN_ATTEMPT
 
 
 def _say(msg: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 import mpitensor as mt
 import mpitensor.nn.functional as F
-from mpitensor import _parallel
+from mpitensor import _config, _parallel
 from mpitensor import _workspace as W
 from mpitensor.nn import _kernels as K
 
@@ -716,14 +716,16 @@ def test_gpu_dropout_uses_the_seeded_cupy_state():
 
 
 def test_band_bytes_from_the_environment(monkeypatch):
+    """MPITENSOR_CONV_BAND_BYTES is parsed by _config (a malformed value raises, as every
+    switch read at import does; it used to warn and use the default)."""
     monkeypatch.setenv("MPITENSOR_CONV_BAND_BYTES", "65536")
-    assert K._env_bytes("MPITENSOR_CONV_BAND_BYTES", 1 << 20) == 65536
+    assert _config.conv_band_bytes() == 65536
     for bad in ("abc", "0", "-5"):
         monkeypatch.setenv("MPITENSOR_CONV_BAND_BYTES", bad)
-        with pytest.warns(RuntimeWarning, match="is not a positive number of bytes; using 1048576"):
-            assert K._env_bytes("MPITENSOR_CONV_BAND_BYTES", 1 << 20) == 1 << 20
+        with pytest.raises(ValueError, match="MPITENSOR_CONV_BAND_BYTES="):
+            _config.conv_band_bytes()
     monkeypatch.delenv("MPITENSOR_CONV_BAND_BYTES")
-    assert K._env_bytes("MPITENSOR_CONV_BAND_BYTES", 1 << 20) == 1 << 20
+    assert _config.conv_band_bytes() == 1 << 20
 
 
 @pytest.mark.parametrize("weighted", [False, True])

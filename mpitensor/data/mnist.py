@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from mpitensor import _config
 from mpitensor.errors import MpiTensorError
 from mpitensor.tensor import Tensor, _new, as_tensor
 
@@ -156,7 +157,7 @@ def _sha256(path: Path) -> str:
 
 def _mirrors(mirrors: Optional[Sequence[str]]) -> list:
     if mirrors is None:
-        env = os.environ.get("MPITENSOR_MNIST_MIRRORS", "").replace(",", " ").split()
+        env = _config.mnist_mirrors()
         mirrors = env or list(MNIST_MIRRORS)
     if isinstance(mirrors, str):
         mirrors = [mirrors]

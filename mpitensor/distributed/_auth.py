@@ -50,7 +50,7 @@ __all__ = ["AuthError", "secret_from_env", "server_handshake", "client_handshake
            "ENV_VAR"]
 
 #: The environment variable that holds the shared secret.
-ENV_VAR = "MPITENSOR_SECRET"
+ENV_VAR = _config.ENV_SECRET
 #: First bytes of the server's hello and of the client's proof (a version tag).
 MAGIC = b"MPTAUTH1"
 _NONCE = 32

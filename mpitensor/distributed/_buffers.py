@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -174,9 +173,9 @@ def check_same_dtype(a: Any, b: Any, what_a: str, what_b: str, where: str) -> No
 
 
 def _detect_cuda_aware() -> bool:
-    setting = os.environ.get("MPITENSOR_CUDA_AWARE", "auto").strip().lower()
-    if setting != "auto":
-        return _config.env_flag("MPITENSOR_CUDA_AWARE")
+    setting = _config.cuda_aware()
+    if setting is not None:
+        return setting
     # Open MPI and MPICH (>= 4) both export MPIX_Query_cuda_support from libmpi
     candidates = [None]
     try:

@@ -42,7 +42,7 @@ import numpy as np
 from .. import _config
 from . import _shm
 
-ENV = "MPITENSOR_NODE_REDUCE"
+ENV = _config.ENV_NODE_REDUCE
 # the buckets' bytes, per rank (the segment holds two copies of each, per rank). Every rank
 # reads every rank's slots, W x the data per step, against about 2 x for MPI's large-message
 # all-reduce: past a few MiB the copies cost more than the polling saved
@@ -66,7 +66,7 @@ def note_node(ranks: int, cpus: int) -> None:
 
 def setting() -> str:
     """``MPITENSOR_NODE_REDUCE`` as ``"auto"``, ``"on"`` or ``"off"`` (ValueError otherwise)."""
-    return _config.env_choice(ENV, ("AUTO", "ON", "OFF"), "AUTO").lower()
+    return _config.node_reduce()
 
 
 def _round(n: int) -> int:

@@ -787,7 +787,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     size, init_timeout = int(args[0]), float(args[1])
     token = sys.stdin.readline().strip()
     settings = json.loads(sys.stdin.readline() or "{}")
-    raw = os.environ.get("MPITENSOR_SECRET", "")
+    secret = _auth().secret_from_env()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C ends the ranks; they end us
     try:  # two connections and a pidfd per local rank: the soft limit (often 1024) is low
         import resource
@@ -798,7 +798,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         pass
     server = HelperServer(size, token, init_timeout, bind=settings.get("bind", "127.0.0.1"),
                           mapping=settings.get("mapping"),
-                          secret=raw.encode() if raw else None, unix=settings.get("unix"),
+                          secret=secret, unix=settings.get("unix"),
                           local_pids={int(r): int(pid) for r, pid in
                                       (settings.get("local_pids") or {}).items()})
     sys.stdout.write(f"{server.port} {server.kvsname} {'unix' if server.unix else '-'}\n")
@@ -881,10 +881,10 @@ def _connect(host: str, port: int, deadline: float, unix: str = "") -> socket.so
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
-    raw = os.environ.get("MPITENSOR_SECRET", "")
-    if raw:
+    secret = _auth().secret_from_env()
+    if secret:
         try:
-            _auth().client_handshake(sock, raw.encode(),
+            _auth().client_handshake(sock, secret,
                                      min(_IO_MAX_S, max(0.1, deadline - time.monotonic())))
         except BaseException:
             sock.close()

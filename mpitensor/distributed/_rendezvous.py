@@ -341,7 +341,7 @@ def _job_identity() -> Tuple[str, str]:
         return run_id, "TORCHELASTIC_RUN_ID"
     job = _config.job_id()
     if job:
-        return job, "MPITENSOR_JOB_ID"
+        return job, _config.ENV_JOB_ID
     return "", ""
 
 
@@ -541,7 +541,7 @@ def _mpi_state() -> str:
 
 
 def _mode_wanted() -> str:
-    return _config.env_choice("MPITENSOR_RENDEZVOUS", _MODES, "AUTO")
+    return _config.rendezvous_mode(_MODES)
 
 
 # ---------------------------------------------------------------------- joining

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from .. import _config
 from ..errors import DistributedTimeoutError, MpiTensorError
 
 __all__ = [
@@ -152,7 +153,7 @@ class HostfileError(ValueError):
 
 
 # Set on every process of a job started by spawn (a unique value per job), to find them all.
-_JOB_ID_VAR = "MPITENSOR_JOB_ID"
+_JOB_ID_VAR = _config.ENV_JOB_ID
 
 
 # --------------------------------------------------------------------------- finding mpiexec
@@ -964,10 +965,8 @@ def exit_grace(default: float = 2.0) -> float:
     """``MPITENSOR_EXIT_GRACE`` in seconds; a malformed value is reported (once, on stderr)
     and the default used: this runs while a rank exits, where raising would hide its own
     message."""
-    from .. import _config
-
     try:
-        return _config.env_float("MPITENSOR_EXIT_GRACE", default)
+        return _config.exit_grace(default)
     except ValueError as exc:
         sys.stderr.write(f"mpitensor: {exc}; using {default:g} s\n")
         return default

@@ -75,11 +75,11 @@ core, so they are stated once here:
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Optional
 
 import numpy as np
 
+from mpitensor import _config
 from mpitensor._parallel import blas_threads, run_split, split_pass, split_ranges
 from mpitensor._workspace import (  # noqa: F401 - relu_into and zeros are nn.functional's
     _inverse,
@@ -140,25 +140,10 @@ def _chwn_source(xp: Any, x: Any, g: ConvGeom) -> Any:
     return src
 
 
-def _env_bytes(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    if value.strip():
-        try:
-            if int(value) > 0:
-                return int(value)
-        except ValueError:
-            pass
-        import warnings
-
-        warnings.warn(f"{name}={value!r} is not a positive number of bytes; using {default}",
-                      RuntimeWarning, stacklevel=2)
-    return default
-
-
 #: im2col matrices larger than this are built band by band (pieces of the output), each band
 #: multiplied as soon as it is built and rebuilt for the weight gradient (see conv2d_forward)
 #: (``MPITENSOR_CONV_BAND_BYTES`` overrides it; a size near the per-core L2 cache is best)
-BAND_BYTES = _env_bytes("MPITENSOR_CONV_BAND_BYTES", 1 << 20)
+BAND_BYTES = _config.conv_band_bytes()
 
 #: ... and an im2col band is at most this many columns wide: a band and the BLAS's work on it
 #: stay in the core's cache (LeNet's conv1, whose 26-row matrix makes 1 MiB bands 10 000 columns
