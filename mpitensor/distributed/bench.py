@@ -315,7 +315,6 @@ class MpitensorApi(Api):
                  device: str = "cpu") -> None:
         import numpy as np
 
-        import mpitensor
         import mpitensor.distributed as dist
 
         self.dist = dist
@@ -330,7 +329,7 @@ class MpitensorApi(Api):
         else:
             self.xp = np
             self._stream_sync = None
-        self._wrap = _tensor_wrapper(mpitensor) if array == "tensor" else (lambda a: a)
+        self._wrap = _tensor_wrapper() if array == "tensor" else (lambda a: a)
 
     def alloc(self, count: int) -> Any:
         return self._wrap(self.xp.zeros(count, dtype=self.dtype))
@@ -375,13 +374,15 @@ class MpitensorApi(Api):
             self._stream_sync()
 
 
-def _tensor_wrapper(mpitensor: Any) -> Callable[[Any], Any]:
+def _tensor_wrapper() -> Callable[[Any], Any]:
     """A function wrapping a NumPy/CuPy array in an ``mpitensor.Tensor`` without a copy."""
-    tensor_cls = mpitensor.Tensor
+    # from the tensor layer, not the package root (which sits above distributed)
+    from mpitensor._creation import from_numpy
+    from mpitensor.tensor import Tensor as tensor_cls
 
     def wrap(arr: Any) -> Any:
-        if type(arr).__module__.startswith("numpy") and hasattr(mpitensor, "from_numpy"):
-            t = mpitensor.from_numpy(arr)
+        if type(arr).__module__.startswith("numpy"):
+            t = from_numpy(arr)
         else:
             t = tensor_cls(arr)
         if getattr(t, "_data", None) is not arr and not _shares(t._data, arr):
@@ -570,10 +571,10 @@ def machine_info() -> Dict[str, Any]:
         pass
     import numpy as np
 
-    import mpitensor
+    from mpitensor.version import __version__
 
     info["numpy"] = np.__version__
-    info["mpitensor"] = mpitensor.__version__
+    info["mpitensor"] = __version__
     return info
 
 
