@@ -67,18 +67,23 @@ _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 _SQRT_PI_OVER_TWO = math.sqrt(math.pi) / 2.0
 
 
-def run_inplace(t: Tensor, fn: Any, what: str, *args: Any) -> Tensor:
+def run_inplace(t: Any, fn: Any, what: str, *args: Any) -> Tensor:
     """Write ``fn(t, *args)`` into ``t``: recorded by autograd where needed, else computed on
-    the arrays and cast into ``t``'s dtype; returns ``t``.
+    the arrays and cast into ``t``'s dtype; returns ``t`` (a bare NumPy/CuPy array ``t`` is
+    written in place and returned wrapped in a Tensor). The one in-place runner of the
+    package: ``nn``'s in-place functions use it too.
 
     Raises:
         TypeError: the result's dtype cannot be written into ``t`` (a float into an int...).
         RuntimeError: ``t`` is a leaf that requires grad (outside ``no_grad()``).
     """
+    raw = [a._data if isinstance(a, Tensor) else a for a in args]
+    if not isinstance(t, Tensor):
+        write_into(t, fn.forward(_NO_RECORD, t, *raw), what)
+        return _new(t)
     if _grad_mode.enabled and inplace_recorded(t, what, *args):
         return apply_inplace(fn, what, t, *args)
     x = t._data
-    raw = [a._data if isinstance(a, Tensor) else a for a in args]
     write_into(x, fn.forward(_NO_RECORD, x, *raw), what)
     bump_version(t)
     return t

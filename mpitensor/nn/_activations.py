@@ -77,14 +77,14 @@ def _pointwise(fn: type, fname: str, input: Any, inplace: bool, *args: Any) -> T
     """``fn`` applied to a floating ``input``, in place when asked."""
     t = _float_input(input, fname)
     if inplace:
-        return run_inplace(getattr(fn, "inplace_variant", fn), f"{fname}(inplace=True)", input,
+        return run_inplace(input, getattr(fn, "inplace_variant", fn), f"{fname}(inplace=True)",
                            *args)
     return fn.apply(t, *args)
 
 
 def _inplace_only(fn: type, fname: str, input: Any, *args: Any) -> Tensor:  # noqa: A002
     _float_input(input, fname)
-    return run_inplace(getattr(fn, "inplace_variant", fn), f"{fname}()", input, *args)
+    return run_inplace(input, getattr(fn, "inplace_variant", fn), f"{fname}()", *args)
 
 
 def _real(v: Any, name: str, fname: str) -> float:
@@ -424,7 +424,7 @@ def hardtanh(input: Any, min_val: float = -1.0, max_val: float = 1.0,  # noqa: A
     lo, hi = _hardtanh_args(min_val, max_val, "hardtanh")
     t = _int_or_float(input, "hardtanh")
     if inplace:
-        return run_inplace(_Hardtanh, "hardtanh(inplace=True)", input, lo, hi)
+        return run_inplace(input, _Hardtanh, "hardtanh(inplace=True)", lo, hi)
     return _Hardtanh.apply(t, lo, hi)
 
 
@@ -432,7 +432,7 @@ def hardtanh_(input: Any, min_val: float = -1.0, max_val: float = 1.0) -> Tensor
     """In-place :func:`hardtanh`."""
     lo, hi = _hardtanh_args(min_val, max_val, "hardtanh_")
     _int_or_float(input, "hardtanh_")
-    return run_inplace(_Hardtanh, "hardtanh_()", input, lo, hi)
+    return run_inplace(input, _Hardtanh, "hardtanh_()", lo, hi)
 
 
 def relu6(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
@@ -445,7 +445,7 @@ def relu6(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's 
     """
     t = _int_or_float(input, "relu6")
     if inplace:
-        return run_inplace(_Hardtanh, "relu6(inplace=True)", input, 0.0, 6.0)
+        return run_inplace(input, _Hardtanh, "relu6(inplace=True)", 0.0, 6.0)
     return _Hardtanh.apply(t, 0.0, 6.0)
 
 
@@ -741,7 +741,7 @@ def threshold(input: Any, threshold: float, value: float,  # noqa: A002 - torch'
     t = _int_or_float(input, "threshold")
     th, v = _real(threshold, "threshold", "threshold"), _real(value, "value", "threshold")
     if inplace:
-        return run_inplace(_Threshold, "threshold(inplace=True)", input, th, v)
+        return run_inplace(input, _Threshold, "threshold(inplace=True)", th, v)
     return _Threshold.apply(t, th, v)
 
 
@@ -749,7 +749,7 @@ def threshold_(input: Any, threshold: float, value: float) -> Tensor:  # noqa: A
     """In-place :func:`threshold`."""
     _int_or_float(input, "threshold_")
     th, v = _real(threshold, "threshold", "threshold_"), _real(value, "value", "threshold_")
-    return run_inplace(_Threshold, "threshold_()", input, th, v)
+    return run_inplace(input, _Threshold, "threshold_()", th, v)
 
 
 @half_safe
@@ -890,14 +890,14 @@ def _rrelu(input: Any, lo: float, hi: float, training: bool, inplace: bool,  # n
     if not training:
         s = (lo + hi) / 2
         if inplace:
-            return run_inplace(_LeakyRelu, what, input, s)
+            return run_inplace(input, _LeakyRelu, what, s)
         return _LeakyRelu.apply(t, s)
     x = t._data
     draw_dt = x.dtype if x.dtype in (_dt.float32, _dt.float64) else _dt.float32
     u = _draw("rand", tuple(x.shape), None, np.dtype(draw_dt), _backend.device_of(x))
     slopes = lo + (hi - lo) * u
     if inplace:
-        return run_inplace(_RreluTrain, what, input, slopes)
+        return run_inplace(input, _RreluTrain, what, slopes)
     return _RreluTrain.apply(t, slopes)
 
 

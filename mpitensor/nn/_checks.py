@@ -21,21 +21,12 @@ from typing import Any
 import numpy as np
 
 from mpitensor import _half
-from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._math_ops import run_inplace  # noqa: F401 - the one in-place runner, nn's kit
 from mpitensor._promotion import promote
-from mpitensor.autograd import (
-    _NO_RECORD,
-    Function,
-    apply_inplace,
-    bump_version,
-    inplace_recorded,
-    write_into,
-)
+from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
-
-_grad_mode = _autograd._mode
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -217,23 +208,6 @@ def _promote(*dts: Any) -> np.dtype:
     for d in dts[1:]:
         out = promote(out, d) if out != d else out
     return np.dtype(out)
-
-
-def run_inplace(fn: type, what: str, input: Any, *args: Any) -> Tensor:  # noqa: A002
-    """Write ``fn(input, *args)`` into ``input`` and return it, recorded for autograd where
-    that is needed (through the tensor in-place machinery, so versions and views follow).
-
-    Raises:
-        RuntimeError: ``input`` is a leaf that requires grad (with grad mode on).
-    """
-    if not isinstance(input, Tensor):
-        write_into(input, fn.forward(_NO_RECORD, input, *args), what)
-        return _new(input)
-    if _grad_mode.enabled and inplace_recorded(input, what, *args):
-        return apply_inplace(fn, what, input, *args)
-    write_into(input._data, fn.forward(_NO_RECORD, input._data, *args), what)
-    bump_version(input)
-    return input
 
 
 def sum_to(g: Any, shape: tuple) -> Any:

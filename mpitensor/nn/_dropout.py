@@ -72,7 +72,7 @@ def _keep(x: Any, p: float, shape: tuple) -> Any:
 
 def _apply(t: Tensor, a: Any, b: Any, inplace: bool, fname: str) -> Tensor:
     if inplace:
-        return run_inplace(_Affine, f"{fname}(inplace=True)", t, a, b)
+        return run_inplace(t, _Affine, f"{fname}(inplace=True)", a, b)
     return _Affine.apply(t, a, b)
 
 
