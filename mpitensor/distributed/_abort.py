@@ -36,24 +36,43 @@ def _rank() -> int:
         return -1
 
 
-def _report(rank: int, exc_type: Type[BaseException], exc: BaseException,
-            tb: Optional[TracebackType], thread: str = "") -> None:
-    prefix = f"[rank {rank}] "
-    lines = traceback.format_exception(exc_type, exc, tb)
-    head = (f"unhandled exception in thread {thread!r}; aborting the MPI job\n" if thread
-            else "unhandled exception; aborting the MPI job (MPI_Abort)\n")
-    text = "".join(prefix + line + "\n" for chunk in [head, *lines]
-                   for line in chunk.rstrip("\n").split("\n"))
+def prefixed(text: str, rank: Optional[int]) -> str:
+    """``text`` with every line prefixed ``[rank N] `` (``[rank ?] `` where it is unknown)."""
+    tag = f"[rank {rank if rank is not None else '?'}] "
+    return "".join(tag + line + "\n" for line in text.rstrip("\n").splitlines())
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:
+        except Exception:  # noqa: BLE001 - a closed stream must not stop the report
             pass
+
+
+def report_traceback(rank: Optional[int], exc_type: Type[BaseException], exc: BaseException,
+                     tb: Optional[TracebackType], head: str = "") -> str:
+    """Print ``head`` and the traceback on stderr, every line prefixed ``[rank N] ``, with
+    stdout and stderr flushed before and after; return the traceback's text (unprefixed).
+
+    The one printer of a rank's traceback: the abort handler's hooks and ``mpitensor-run``'s
+    bootstrap (``launch.run_target``) both use it. Writing never raises.
+    """
+    text = "".join(traceback.format_exception(exc_type, exc, tb))
+    _flush()
     try:
-        sys.stderr.write(text)
-        sys.stderr.flush()
-    except Exception:
+        sys.stderr.write(prefixed(head + text, rank))
+    except Exception:  # noqa: BLE001 - a closed stderr must not stop the abort
         pass
+    _flush()
+    return text
+
+
+def _report(rank: int, exc_type: Type[BaseException], exc: BaseException,
+            tb: Optional[TracebackType], thread: str = "") -> None:
+    head = (f"unhandled exception in thread {thread!r}; aborting the MPI job\n" if thread
+            else "unhandled exception; aborting the MPI job (MPI_Abort)\n")
+    report_traceback(rank, exc_type, exc, tb, head)
 
 
 _OUTPUT_GRACE_S = 0.2  # time for the launcher to forward what this rank has just printed

@@ -38,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -518,12 +517,6 @@ def build_command(
     return Command(argv, extra_env)
 
 
-# torchrun's per-rank variables: a job started from a rank of another job must not inherit that
-# rank's (a job started from a plain process keeps what its user set, as torch's children do)
-_PER_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")
-
-
 def _job_env(additions: Dict[str, str]) -> Dict[str, str]:
     nested = launcher_rank(None) is not None
     env = {k: v for k, v in os.environ.items() if not k.startswith(_JOB_ENV_PREFIXES)
@@ -604,9 +597,10 @@ def _kill_group(proc: subprocess.Popen, grace: float = 2.0) -> None:
 # --------------------------------------------------------------------------- the rank side
 
 
-# what each launcher calls a process's world rank: MPICH/hydra and Intel MPI, Open MPI, PMIx
-# launchers, MVAPICH, SLURM's srun
-LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
+# what each launcher calls a process's world rank, in order of trust: MPICH/hydra and Intel
+# MPI, Open MPI, MVAPICH, PMIx launchers, and SLURM's srun last (see _LAYOUT_VARS, which uses
+# this tuple for "rank")
+LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK",
                       "SLURM_PROCID")
 
 
@@ -643,6 +637,10 @@ RANK_ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 RUN_ONLY_ENV_VARS = ("GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
                      "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
                      "TORCHELASTIC_USE_AGENT_STORE")
+# torchrun's per-rank variables: a job started from a rank of another job must not inherit that
+# rank's (a job started from a plain process keeps what its user set, as torch's children do)
+_PER_RANK_VARS = tuple(v for v in RANK_ENV_VARS + RUN_ONLY_ENV_VARS
+                       if not v.startswith(("MASTER_", "TORCHELASTIC_")) and v != "ROLE_NAME")
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500  # torchrun's
 
@@ -650,8 +648,7 @@ DEFAULT_MASTER_PORT = 29500  # torchrun's
 # Open MPI, MVAPICH, PMIx, and SLURM last, because a job started inside an allocation inherits
 # the allocation's SLURM_* values, which describe another launch.
 _LAYOUT_VARS: Dict[str, Tuple[str, ...]] = {
-    "rank": ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK",
-             "SLURM_PROCID"),
+    "rank": LAUNCHER_RANK_VARS,
     "size": ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS",
              "SLURM_NPROCS"),
     "local_rank": ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -833,11 +830,6 @@ def export_rank_env(comm: Any) -> Dict[str, str]:
     return added
 
 
-def _prefixed(text: str, rank: Optional[int]) -> str:
-    tag = f"[rank {rank if rank is not None else '?'}] "
-    return "".join(tag + line + "\n" for line in text.rstrip("\n").splitlines())
-
-
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -871,12 +863,9 @@ def _user_frames(tb: Optional[types.TracebackType]) -> Optional[types.TracebackT
 
 
 def _report_exception(exc: BaseException, rank: Optional[int]) -> str:
-    tb = _user_frames(exc.__traceback__)
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
-    _flush()
-    sys.stderr.write(_prefixed(text, rank))
-    _flush()
-    return text
+    from ._abort import report_traceback
+
+    return report_traceback(rank, type(exc), exc, _user_frames(exc.__traceback__))
 
 
 def _exit_code(code: Any) -> int:
