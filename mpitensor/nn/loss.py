@@ -1,5 +1,5 @@
-"""Loss modules with ``torch.nn``'s names, arguments and attributes (the classification ones,
-``NLLLoss``, ``CrossEntropyLoss``, ``MSELoss``, ``BCELoss``..., live in :mod:`.layers`).
+"""Loss modules with ``torch.nn``'s names, arguments and attributes: every one of them, and
+the base classes ``_Loss`` and ``_WeightedLoss`` that programs subclass.
 
 Each module keeps its configuration and calls the function of the same name in
 :mod:`mpitensor.nn.functional`. Class weights are buffers, as in torch, so they appear in the
@@ -24,15 +24,233 @@ from . import functional as F  # noqa: N812 - torch's spelling
 from ._checks import is_number
 from ._linear_ce import LinearCrossEntropyOptions
 from .distance import PairwiseDistance
-from .layers import Linear, NLLLoss, _Loss, _WeightedLoss
+from .layers import Linear, _is_int, _reduction
+from .module import Module
 
 __all__ = [
+    "NLLLoss", "CrossEntropyLoss", "MSELoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss",
     "L1Loss", "SmoothL1Loss", "HuberLoss", "SoftMarginLoss", "MarginRankingLoss",
     "HingeEmbeddingLoss", "CosineEmbeddingLoss", "TripletMarginLoss",
     "TripletMarginWithDistanceLoss", "PoissonNLLLoss", "GaussianNLLLoss",
     "MultiLabelSoftMarginLoss", "MultiMarginLoss", "MultiLabelMarginLoss", "NLLLoss2d",
     "CTCLoss", "LinearCrossEntropyLoss", "LinearCrossEntropyOptions",
 ]
+
+
+class _Loss(Module):
+    def __init__(
+        self, size_average: Any = None, reduce: Any = None, reduction: str = "mean"
+    ) -> None:
+        super().__init__()
+        self.reduction = _reduction(size_average, reduce, reduction, type(self).__name__)
+
+
+class _WeightedLoss(_Loss):
+    def __init__(
+        self, weight: Optional[Tensor] = None, size_average: Any = None, reduce: Any = None,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(size_average, reduce, reduction)
+        if weight is not None:
+            if not isinstance(weight, Tensor):
+                raise TypeError(f"{type(self).__name__}: weight must be a 1-D Tensor of class "
+                                f"weights, got {type(weight).__name__}")
+            if weight.ndim != 1:
+                raise ValueError(f"{type(self).__name__}: weight must be 1-D (one weight per "
+                                 f"class), got shape {tuple(weight.shape)}")
+        self.register_buffer("weight", weight)
+
+
+class NLLLoss(_WeightedLoss):
+    """Negative log-likelihood of class ``target`` under log-probabilities ``input``.
+
+    Args:
+        weight: a 1-D tensor of per-class weights.
+        ignore_index: a target value that contributes neither loss nor gradient.
+        reduction: "mean" (weighted mean), "sum" or "none".
+        size_average, reduce: torch's deprecated flags, folded into ``reduction``.
+
+    Raises:
+        ValueError: an unknown reduction or a weight that is not 1-D.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> NLLLoss()(mt.tensor([[-0.5, -1.0]]), mt.tensor([1]))
+        tensor(1.)
+    """
+
+    def __init__(
+        self, weight: Optional[Tensor] = None, size_average: Any = None, ignore_index: int = -100,
+        reduce: Any = None, reduction: str = "mean",
+    ) -> None:
+        super().__init__(weight, size_average, reduce, reduction)
+        if not _is_int(ignore_index):
+            raise ValueError(f"NLLLoss: ignore_index must be an int, got {ignore_index!r}")
+        self.ignore_index = int(ignore_index)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.nll_loss(input, target, weight=self.weight, ignore_index=self.ignore_index,
+                          reduction=self.reduction)
+
+
+class CrossEntropyLoss(_WeightedLoss):
+    """``nll_loss(log_softmax(input, 1), target)`` with optional label smoothing.
+
+    Args:
+        weight: a 1-D tensor of per-class weights.
+        ignore_index: a target value that contributes neither loss nor gradient.
+        reduction: "mean", "sum" or "none".
+        label_smoothing: in [0, 1]; mixes the target with the uniform distribution.
+        size_average, reduce: torch's deprecated flags, folded into ``reduction``.
+
+    Raises:
+        ValueError: an unknown reduction, a weight that is not 1-D, or label_smoothing outside
+            [0, 1].
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(CrossEntropyLoss()(mt.zeros(1, 2), mt.tensor([0]))), 4)
+        0.6931
+    """
+
+    def __init__(
+        self, weight: Optional[Tensor] = None, size_average: Any = None, ignore_index: int = -100,
+        reduce: Any = None, reduction: str = "mean", label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__(weight, size_average, reduce, reduction)
+        if not _is_int(ignore_index):
+            raise ValueError(f"CrossEntropyLoss: ignore_index must be an int, got "
+                             f"{ignore_index!r}")
+        if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) \
+                or not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"CrossEntropyLoss: label_smoothing must be between 0.0 and 1.0, "
+                             f"got {label_smoothing!r}")
+        self.ignore_index = int(ignore_index)
+        self.label_smoothing = float(label_smoothing)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        if self.label_smoothing:
+            return F.cross_entropy(input, target, weight=self.weight,
+                                   ignore_index=self.ignore_index, reduction=self.reduction,
+                                   label_smoothing=self.label_smoothing)
+        return F.cross_entropy(input, target, weight=self.weight, ignore_index=self.ignore_index,
+                               reduction=self.reduction)
+
+
+class MSELoss(_Loss):
+    """Mean (or summed) squared error between ``input`` and ``target``.
+
+    Args:
+        reduction: "mean", "sum" or "none".
+        size_average, reduce: torch's deprecated flags, folded into ``reduction``.
+
+    Raises:
+        ValueError: an unknown reduction.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> MSELoss()(mt.tensor([1.0, 3.0]), mt.tensor([0.0, 0.0]))
+        tensor(5.)
+    """
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.mse_loss(input, target, reduction=self.reduction)
+
+
+def _loss_tensor(cls: str, name: str, value: Optional[Tensor]) -> Optional[Tensor]:
+    if value is not None and not isinstance(value, Tensor):
+        raise TypeError(f"{cls}: {name} must be a Tensor or None, got {type(value).__name__}")
+    return value
+
+
+class BCELoss(_Loss):
+    """Binary cross entropy between probabilities ``input`` and ``target`` in [0, 1].
+
+    Args:
+        weight: optional rescaling of each element, broadcastable to the input (a buffer).
+        reduction: "mean", "sum" or "none".
+        size_average, reduce: torch's deprecated flags, folded into ``reduction``.
+
+    Raises:
+        ValueError: an unknown reduction. TypeError: a weight that is not a Tensor.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(BCELoss()(mt.tensor([0.5]), mt.tensor([1.0]))), 4)
+        0.6931
+    """
+
+    def __init__(self, weight: Optional[Tensor] = None, size_average: Any = None,
+                 reduce: Any = None, reduction: str = "mean") -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.register_buffer("weight", _loss_tensor("BCELoss", "weight", weight))
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.binary_cross_entropy(input, target, weight=self.weight,
+                                      reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """Binary cross entropy on logits: ``sigmoid`` and :class:`BCELoss` in one stable step.
+
+    Args:
+        weight: optional rescaling of each element, broadcastable to the input (a buffer).
+        reduction: "mean", "sum" or "none".
+        pos_weight: optional weight of the positive term per class (last dimension; a
+            buffer).
+        size_average, reduce: torch's deprecated flags, folded into ``reduction``.
+
+    Raises:
+        ValueError: an unknown reduction. TypeError: a weight that is not a Tensor.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(BCEWithLogitsLoss()(mt.tensor([0.0]), mt.tensor([1.0]))), 4)
+        0.6931
+    """
+
+    def __init__(self, weight: Optional[Tensor] = None, size_average: Any = None,
+                 reduce: Any = None, reduction: str = "mean",
+                 pos_weight: Optional[Tensor] = None) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.register_buffer("weight", _loss_tensor("BCEWithLogitsLoss", "weight", weight))
+        self.register_buffer("pos_weight",
+                             _loss_tensor("BCEWithLogitsLoss", "pos_weight", pos_weight))
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.binary_cross_entropy_with_logits(input, target, self.weight,
+                                                  pos_weight=self.pos_weight,
+                                                  reduction=self.reduction)
+
+
+class KLDivLoss(_Loss):
+    """Kullback-Leibler divergence loss between log-probabilities ``input`` and ``target``.
+
+    Args:
+        reduction: "mean" (over every element; warns, as torch), "batchmean" (the KL
+            divergence proper: sum over classes, mean over the batch), "sum" or "none".
+        log_target: whether the target holds log-probabilities.
+        size_average, reduce: torch's deprecated flags, folded into ``reduction``.
+
+    Raises:
+        ValueError: an unknown reduction.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> KLDivLoss(reduction="batchmean")(mt.zeros(1, 2), mt.ones(1, 2))
+        tensor(0.)
+    """
+
+    def __init__(self, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
+                 log_target: bool = False) -> None:
+        batchmean = reduction == "batchmean" and size_average is None and reduce is None
+        super().__init__(size_average, reduce, "mean" if batchmean else reduction)
+        if batchmean:
+            self.reduction = "batchmean"
+        self.log_target = bool(log_target)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
 
 
 def _number(cls: str, name: str, v: Any) -> Any:

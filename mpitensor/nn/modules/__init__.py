@@ -104,7 +104,7 @@ _PATHS: Dict[str, List[str]] = {
 }
 
 #: the base classes torch keeps private that programs subclass
-_PRIVATE = {"_Loss": layers._Loss, "_WeightedLoss": layers._WeightedLoss,
+_PRIVATE = {"_Loss": loss._Loss, "_WeightedLoss": loss._WeightedLoss,
             "_BatchNorm": normalization._BatchNorm, "_DropoutNd": dropout._DropoutNd,
             "_NormBase": normalization._NormBase, "_InstanceNorm": normalization._InstanceNorm,
             "_ConvNd": conv._ConvNd, "_ConvTransposeNd": conv._ConvTransposeNd}
