@@ -1,5 +1,6 @@
 """One training step of a small MLP and a small conv net, float32 against CPU bfloat16 autocast,
-in mpitensor and in torch in the same run. Prints times and ratios (no assertions).
+in mpitensor and in torch in the same run, one thread each. Prints times and torch/mpitensor
+ratios (above 1: mpitensor faster; no assertions); without torch, mpitensor's times alone.
 
     python benchmarks/autocast.py
 """
@@ -42,19 +43,27 @@ def _time(step, reps=20):
 
 
 def main() -> None:
-    import torch
-
     import mpitensor as mt
 
-    torch.set_num_threads(1)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+        print("torch is not installed: its rows are left out (pip install torch==2.13.0)")
     mt.set_num_threads(1)
-    print(f"{'case':<16}{'mpitensor ms':>14}{'torch ms':>10}{'ratio':>8}")
+    if torch is not None:
+        torch.set_num_threads(1)
+    print(f"{'case':<16}{'mpitensor ms':>14}{'torch ms':>10}{'torch/mpitensor':>17}")
     for kind in ("mlp", "conv"):
         for amp in (False, True):
             ours = _time(_step_fn(mt, kind, amp))
-            theirs = _time(_step_fn(torch, kind, amp))
             label = f"{kind} {'bf16' if amp else 'fp32'}"
-            print(f"{label:<16}{ours * 1e3:>14.2f}{theirs * 1e3:>10.2f}{ours / theirs:>8.2f}")
+            if torch is None:
+                print(f"{label:<16}{ours * 1e3:>14.2f}")
+                continue
+            theirs = _time(_step_fn(torch, kind, amp))
+            # above 1: mpitensor is faster (the ratio every benchmark here reports)
+            print(f"{label:<16}{ours * 1e3:>14.2f}{theirs * 1e3:>10.2f}{theirs / ours:>17.2f}")
     lin, x = mt.nn.Linear(32, 32), mt.randn(8, 32)
     t = _time(lambda: lin(x), reps=2000)
     print(f"small Linear forward, autocast off: {t * 1e6:.1f} us")
