@@ -114,7 +114,9 @@ LAYERS = [
                  "mpitensor.distributions", "mpitensor.sparse"]),
     ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
-                  "mpitensor.distributed.nn",
+                  "mpitensor.distributed.nn", "mpitensor.distributed.tensor",
+                  "mpitensor.distributed.fsdp", "mpitensor.distributed.optim",
+                  "mpitensor.distributed.checkpoint",
                   "mpitensor.checkpoint", "mpitensor.utils"]),
     ("entry points", ["mpitensor.run", "mpitensor.fx", "mpitensor"]),
 ]
