@@ -14,13 +14,15 @@ from mpitensor.distributed.tensor._utils import compute_local_shape_and_global_o
 from mpitensor.distributed.tensor.placement_types import shard_size_and_offset
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def world():
-    if dist.is_initialized():
+    """The default group (of one rank) these tests build their meshes on, for the module."""
+    ours = not dist.is_initialized()
+    if ours:
+        dist.init_process_group("mpi")
+    yield dist.group.WORLD
+    if ours:
         dist.destroy_process_group()
-    dist.init_process_group("mpi")
-    yield
-    dist.destroy_process_group()
 
 
 def test_placements_compare_print_and_pickle():

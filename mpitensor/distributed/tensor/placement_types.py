@@ -35,7 +35,34 @@ class Placement:
         return False
 
 
-class Shard(Placement):
+class _OneValue(Placement):
+    """A placement defined by one value (Shard's dim, Partial's reduce_op): immutable,
+    compared, hashed and pickled by it."""
+
+    __slots__ = ()
+    _field = ""
+    _short = ""
+
+    def _value(self) -> object:
+        return getattr(self, self._field)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"placements are immutable; make a new {type(self).__name__}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other._value() == self._value()  # type: ignore
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._value()))
+
+    def __str__(self) -> str:
+        return f"{self._short}({self._value()})"
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (type(self), (self._value(),))
+
+
+class Shard(_OneValue):
     """Split the tensor on dimension ``dim`` across a mesh dimension's ranks.
 
     Example:
@@ -44,15 +71,13 @@ class Shard(Placement):
     """
 
     __slots__ = ("dim",)
+    _field, _short = "dim", "S"
 
     def __init__(self, dim: int = 0) -> None:
         try:
             object.__setattr__(self, "dim", dim.__index__())
         except AttributeError:
             raise TypeError(f"Shard: dim must be an int, got {dim!r}") from None
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("placements are immutable; make a new Shard")
 
     def is_shard(self, dim: Optional[int] = None) -> bool:
         return dim is None or dim == self.dim
@@ -63,20 +88,9 @@ class Shard(Placement):
         ways as ``torch.chunk`` splits (an empty piece starts at ``size``)."""
         return shard_size_and_offset(size, num_chunks, rank)
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Shard and other.dim == self.dim
-
-    def __hash__(self) -> int:
-        return hash(("Shard", self.dim))
-
     def __repr__(self) -> str:
         return f"Shard(dim={self.dim})"
 
-    def __str__(self) -> str:
-        return f"S({self.dim})"
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (Shard, (self.dim,))
 
 
 class Replicate(Placement):
@@ -105,7 +119,7 @@ REDUCE_OPS = ("sum", "avg", "min", "max", "product")
 LINEAR_REDUCE_OPS = ("sum", "avg")
 
 
-class Partial(Placement):
+class Partial(_OneValue):
     """Every rank holds a term; the value is their reduction with ``reduce_op``.
 
     Args:
@@ -116,6 +130,7 @@ class Partial(Placement):
     """
 
     __slots__ = ("reduce_op",)
+    _field, _short = "reduce_op", "P"
 
     ALL_REDUCE_OPS = REDUCE_OPS
     LINEAR_REDUCE_OPS = LINEAR_REDUCE_OPS
@@ -125,26 +140,12 @@ class Partial(Placement):
             raise ValueError(f"Partial: reduce_op {reduce_op!r} is not one of {REDUCE_OPS}")
         object.__setattr__(self, "reduce_op", reduce_op)
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("placements are immutable; make a new Partial")
-
     def is_partial(self, reduce_op: Optional[str] = None) -> bool:
         return reduce_op is None or reduce_op == self.reduce_op
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Partial and other.reduce_op == self.reduce_op
-
-    def __hash__(self) -> int:
-        return hash(("Partial", self.reduce_op))
 
     def __repr__(self) -> str:
         return f"Partial({self.reduce_op})"
 
-    def __str__(self) -> str:
-        return f"P({self.reduce_op})"
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (Partial, (self.reduce_op,))
 
 
 def shard_size_and_offset(size: int, num_chunks: int, index: int) -> Tuple[int, int]:
