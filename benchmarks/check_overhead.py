@@ -31,7 +31,7 @@ from mpi4py import MPI
 
 import mpitensor
 import mpitensor.distributed as dist
-from mpitensor._config import OFF_BYTES
+from mpitensor._base.config import OFF_BYTES
 from mpitensor.distributed import bench
 
 OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",

@@ -214,7 +214,8 @@ class _Timers:
 
 def _profile_targets() -> list:
     """(owner, attribute, key, kind) for every kernel the profile times."""
-    from mpitensor import _elementwise, _operators
+    from mpitensor._ops import elementwise as _elementwise
+    from mpitensor._ops import operators as _operators
     from mpitensor.nn import _kernels as K
 
     fn = MF

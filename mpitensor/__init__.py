@@ -11,9 +11,9 @@ __version__ = "0.1.0"
 
 # _ops first: it imports every op module, which add the Tensor methods and the functions of
 # mpitensor.tensor's __all__ before any other module can use them
+from ._base import config as _config
+from ._base import mpi_import as _mpi_import  # noqa: F401 - from here on, the first import of mpi4py.MPI is noted
 from . import (
-    _config,
-    _mpi_import,  # noqa: F401 - from here on, the first import of mpi4py.MPI is noted
     _ops,  # noqa: F401 - imported for what importing it does
     accelerator,
     amp,
@@ -42,8 +42,8 @@ from . import (
     utils,
     version,
 )
-from ._compile import compile  # noqa: A004 - torch's name
-from ._creation import (
+from ._core.compile import compile  # noqa: A004 - torch's name
+from ._ops.create import (
     channels_last,
     channels_last_3d,
     contiguous_format,
@@ -52,10 +52,10 @@ from ._creation import (
     preserve_format,
     strided,
 )
-from ._legacy_types import *  # noqa: F403 - FloatTensor, LongTensor, ... as in torch
-from ._legacy_types import __all__ as _legacy_type_names
-from ._precision import get_float32_matmul_precision, set_float32_matmul_precision
-from ._sparse import (
+from ._core.legacy_types import *  # noqa: F403 - FloatTensor, LongTensor, ... as in torch
+from ._core.legacy_types import __all__ as _legacy_type_names
+from ._core.precision import get_float32_matmul_precision, set_float32_matmul_precision
+from ._ops.sparse import (
     dsmm,
     hsmm,
     hspmm,
@@ -66,7 +66,7 @@ from ._sparse import (
     sparse_csr_tensor,
     spmm,
 )
-from ._threads import get_num_threads, set_num_threads
+from ._base.threads import get_num_threads, set_num_threads
 from .amp import autocast
 from .amp.autocast_mode import (
     autocast_decrement_nesting,
@@ -161,7 +161,7 @@ __all__ = [
     *_dtype_names, *_tensor_names, *_legacy_type_names,
 ]
 
-from mpitensor import _numpy_names  # noqa: E402 - after every op has been defined
+from mpitensor._core import numpy_names as _numpy_names  # noqa: E402 - after every op has been defined
 
 _numpy_names.install(Tensor, globals())
 

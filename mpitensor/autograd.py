@@ -532,7 +532,7 @@ def write_into(x: Any, out: Any, what: str) -> None:
     if out is x:
         return
     if out.dtype != x.dtype:
-        from mpitensor._promotion import can_cast  # noqa: PLC0415 - _promotion is light
+        from mpitensor._core.promotion import can_cast  # noqa: PLC0415 - _promotion is light
 
         if not can_cast(out.dtype, x.dtype):
             raise TypeError(

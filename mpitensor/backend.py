@@ -12,7 +12,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from mpitensor import _gpu_memory
+from mpitensor._base import gpu_memory as _gpu_memory
 
 __all__ = [
     "device",

@@ -1,7 +1,7 @@
 """``mpitensor.linalg``: the common functions of ``torch.linalg``.
 
 ``import mpitensor as torch`` then ``torch.linalg.norm(x)``, ``torch.linalg.solve(A, B)``...
-The functions are those of ``mpitensor._linalg_ops`` under their ``torch.linalg`` names and
+The functions are those of ``mpitensor._ops.linalg`` under their ``torch.linalg`` names and
 signatures, differentiable where torch's are; a singular matrix raises :class:`LinAlgError`
 (NumPy's, a ``ValueError``).
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from mpitensor import _autocast
-from mpitensor._linalg_ops import matrix_norm, solve, vector_norm
+from mpitensor._core import autocast as _autocast
+from mpitensor._ops.linalg import matrix_norm, solve, vector_norm
 from mpitensor.tensor import Tensor
 
 __all__ = [

@@ -26,7 +26,7 @@ importable by module and name and ``args`` picklable, both checked before anythi
 
 Tensors in shared memory (``Tensor.share_memory_``, ``Module.share_memory``) are shared with
 ``Process`` children, whatever their start method, and through ``Queue`` and ``Pipe``: several
-processes can train one model (Hogwild!). See :mod:`mpitensor._shared`.
+processes can train one model (Hogwild!). See :mod:`mpitensor._core.shared`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ from multiprocessing import (
 )
 from typing import Any, Callable, Optional, Set, Tuple
 
-from . import _shared
+from ._core import shared as _shared
 from .distributed.launch import (
     ProcessContext,
     ProcessException,

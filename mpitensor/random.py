@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any, Optional
 
-from mpitensor._random import (
+from mpitensor._ops.random import (
     Generator,
     default_generator,
     get_rng_state,

@@ -55,7 +55,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import _config
+from ._base import config as _config
 from .distributed._hostpool import (
     JOIN_TIMEOUT_S,
     KEEP_ALIVE_INTERVAL_S,

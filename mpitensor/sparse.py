@@ -1,7 +1,7 @@
 """``torch.sparse``: products, sums and softmaxes of sparse COO tensors.
 
 The tensors themselves are made by :func:`mpitensor.sparse_coo_tensor` and
-:meth:`Tensor.to_sparse` (see ``mpitensor._sparse``). Gradients follow torch's rules for these
+:meth:`Tensor.to_sparse` (see ``mpitensor._ops.sparse``). Gradients follow torch's rules for these
 functions: :func:`mm` gives the sparse operand a gradient with its own entries only.
 
 Example:
@@ -20,8 +20,8 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._dims import wrap_dim
-from mpitensor._sparse import SparseTensor, _Gather, _is_sparse, _mm, _ScatterAdd, _sparse_sum
+from mpitensor._core.dims import wrap_dim
+from mpitensor._ops.sparse import SparseTensor, _Gather, _is_sparse, _mm, _ScatterAdd, _sparse_sum
 from mpitensor.tensor import Tensor, _new
 
 __all__ = ["addmm", "check_sparse_tensor_invariants", "log_softmax", "mm", "softmax", "sum"]

@@ -30,7 +30,7 @@ The functions those modules define for this module's ``__all__`` (``zeros``, ``c
 and :func:`__getattr__` finds them, so this module imports none of its ops (no import cycle).
 
 Semantics follow PyTorch where that is practical: dtype defaults (Python floats -> float32),
-torch's type promotion (``mpitensor._promotion``), views, ``repr`` and printing options.
+torch's type promotion (``mpitensor._core.promotion``), views, ``repr`` and printing options.
 In-place changes are recorded by autograd as in torch (``mpitensor.autograd.apply_inplace``):
 each tensor has a version counter (``_version``) shared with its views, and backward refuses
 arrays changed after an op saved them; a leaf that requires grad is changed in place only under
@@ -55,21 +55,21 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _printing
+from mpitensor._core import printing as _printing
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._devices import device_str, is_cupy
-from mpitensor._devices import move as _move  # noqa: F401 - re-exported for nn.module
-from mpitensor._devices import parse_device as _parse_device  # noqa: F401 - for nn.module
-from mpitensor._dims import size_from, wrap_dim
-from mpitensor._printing import get_printoptions, printoptions, set_printoptions
-from mpitensor._promotion import is_scalar, scalar_dtype
+from mpitensor._core.devices import device_str, is_cupy
+from mpitensor._core.devices import move as _move  # noqa: F401 - re-exported for nn.module
+from mpitensor._core.devices import parse_device as _parse_device  # noqa: F401 - for nn.module
+from mpitensor._core.dims import size_from, wrap_dim
+from mpitensor._core.printing import get_printoptions, printoptions, set_printoptions
+from mpitensor._core.promotion import is_scalar, scalar_dtype
 from mpitensor.autograd import _NO_RECORD, link_view, version_cell
 from mpitensor.autograd import leaf_in_place_error as leaf_in_place_error  # for nn
 
 # torch functions that are their Tensor method with the tensor first: ``torch.sin(x)`` is
-# ``x.sin()``; each also takes ``out=`` (defined by mpitensor._functions).
+# ``x.sin()``; each also takes ``out=`` (defined by mpitensor._ops.functions).
 _FORWARDED_NAMES = (
     "absolute", "acos", "arccos", "acosh", "arccosh", "asin", "arcsin", "asinh", "arcsinh",
     "atan", "arctan", "atanh", "arctanh", "ceil", "cos", "cosh", "deg2rad", "digamma", "erf",
@@ -107,25 +107,25 @@ _FORWARDED_NAMES = (
 # The names of __all__ that other modules define and serve (see _serve at the end); they
 # could not be defined here, as their modules import this one.
 _SERVED_NAMES = (
-    # constructors (mpitensor._creation)
+    # constructors (mpitensor._ops.create)
     "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange", "linspace",
     "eye", "zeros_like", "ones_like", "empty_like", "full_like",
-    # random numbers (mpitensor._random)
+    # random numbers (mpitensor._ops.random)
     "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "Generator",
     "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state",
-    # functions on several tensors (mpitensor._combining)
+    # functions on several tensors (mpitensor._ops.combine)
     "cat", "concat", "stack", "where", "allclose", "equal",
-    # torch-style functions of one tensor (mpitensor._functions: ``mt.exp(x)`` is ``x.exp()``)
+    # torch-style functions of one tensor (mpitensor._ops.functions: ``mt.exp(x)`` is ``x.exp()``)
     "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "clamp", "clip", "matmul", "mean", "argmax",
     "argmin", "flatten", "reshape", "transpose", "permute", "squeeze", "unsqueeze", "softmax",
     "log_softmax", "sum", "max", "min", "abs", "sort", "argsort", "topk",
-    # function forms of methods added by the op modules (mpitensor._functions)
+    # function forms of methods added by the op modules (mpitensor._ops.functions)
     *_FORWARDED_NAMES,
     "bincount", "histc", "unique", "unique_consecutive",
-    # functions defined in mpitensor._functions
+    # functions defined in mpitensor._ops.functions
     "rsub", "std_mean", "var_mean", "pi", "e", "inf", "nan", "newaxis", "result_type",
     "promote_types", "can_cast", "empty_strided", "scalar_tensor", "logspace", "asarray",
-    # functions of their own (mpitensor._linalg_ops, _shape_ops, _counting, _random)
+    # functions of their own (mpitensor._ops.linalg, _shape_ops, _counting, _random)
     "einsum", "tensordot", "dist", "broadcast_tensors", "broadcast_shapes", "atleast_1d",
     "atleast_2d", "atleast_3d", "hstack", "vstack", "row_stack", "dstack", "column_stack",
     "concatenate", "meshgrid", "cartesian_prod", "block_diag", "tril_indices", "triu_indices",
@@ -626,7 +626,7 @@ class Tensor:
 
     def is_shared(self) -> bool:
         """Whether the data is in memory shared between processes (see :meth:`share_memory_`)."""
-        from mpitensor import _shared  # noqa: PLC0415 - the base layer's shared arrays
+        from mpitensor._core import shared as _shared  # noqa: PLC0415 - the base layer's shared arrays
 
         return _shared.is_shared(self._data)
 
@@ -637,12 +637,12 @@ class Tensor:
         ``multiprocessing`` (``Process`` arguments, ``Queue``, ``Pipe``; ``mpitensor.
         multiprocessing`` re-exports them) read and write the same values: one model trained
         by several processes at once (Hogwild!). Views taken before the call keep the old,
-        private memory, so call it first, as torch programs do. See :mod:`mpitensor._shared`.
+        private memory, so call it first, as torch programs do. See :mod:`mpitensor._core.shared`.
 
         Raises:
             RuntimeError: for a CuPy tensor (GPU memory is not shared this way).
         """
-        from mpitensor import _shared  # noqa: PLC0415
+        from mpitensor._core import shared as _shared  # noqa: PLC0415
 
         x = self._data
         if self._view is not None and not _shared.is_shared(x):

@@ -342,7 +342,7 @@ def test_custom_fwd_casts_and_turns_autocast_off():
 def simulated_cuda_autocast(monkeypatch):
     """CUDA's policies applied to CPU tensors: the tables and entry points are exercised
     without a GPU (the dtypes asserted are those torch's CUDA autocast reference lists)."""
-    from mpitensor import _autocast
+    from mpitensor._core import autocast as _autocast
 
     monkeypatch.setattr(_autocast, "_device_type", lambda t: "cuda")
     _autocast.set_enabled("cuda", True)

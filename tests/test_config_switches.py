@@ -1,4 +1,4 @@
-"""Every ``MPITENSOR_*`` switch is declared in ``mpitensor/_config.py``, read only there, and
+"""Every ``MPITENSOR_*`` switch is declared in ``mpitensor/_base/config.py``, read only there, and
 listed in docs/architecture.md's "Switches" table (see issue 26)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mpitensor import _config
+from mpitensor._base import config as _config
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "mpitensor"
@@ -29,7 +29,7 @@ def test_every_name_used_is_declared():
         for name in NAME.findall(text):
             used.setdefault(name, p.relative_to(ROOT).as_posix())
     undeclared = {n: where for n, where in used.items() if n not in _config.SWITCHES}
-    assert undeclared == {}, "declare these in mpitensor/_config.py"
+    assert undeclared == {}, "declare these in mpitensor/_base/config.py"
 
 
 def _switch_names(tree: ast.Module) -> dict:
@@ -82,16 +82,16 @@ def _reads(tree: ast.Module) -> list:
 def test_only_config_reads_switches():
     readers = {}
     for p, text in _sources():
-        if p == PKG / "_config.py":
+        if p == PKG / "_base" / "config.py":
             continue
         found = _reads(ast.parse(text))
         if found:
             readers[p.relative_to(ROOT).as_posix()] = found
-    assert readers == {}, "read MPITENSOR_* switches through mpitensor._config"
+    assert readers == {}, "read MPITENSOR_* switches through mpitensor._base.config"
 
 
 def test_the_scan_finds_reads():
-    code = ('import os\nfrom mpitensor import _config\nX = "MPITENSOR_DEBUG"\n'
+    code = ('import os\nfrom mpitensor._base import config as _config\nX = "MPITENSOR_DEBUG"\n'
             'a = os.environ.get("MPITENSOR_DEBUG")\nb = os.environ[X]\n'
             'c = X in os.environ\nd = os.getenv(_config.ENV_SECRET)\n'
             'os.environ[X] = "1"\ne = {X: 1}\n')

@@ -175,7 +175,7 @@ def fake_cupy(monkeypatch):
     import contextlib
     import types
 
-    from mpitensor import _gpu_memory
+    from mpitensor._base import gpu_memory as _gpu_memory
     from mpitensor.cuda import memory
 
     pool = _FakePool()
@@ -218,7 +218,7 @@ def test_counting_allocator_peaks_and_counts(fake_cupy):
 
 
 def test_a_programs_own_allocator_is_left_alone(fake_cupy, monkeypatch):
-    from mpitensor import _gpu_memory
+    from mpitensor._base import gpu_memory as _gpu_memory
 
     cp, _ = fake_cupy
     mine = object()

@@ -17,7 +17,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 import mpitensor.nn as nn
-from mpitensor import _random
+from mpitensor._ops import random as _random
 from mpitensor.distributed.algorithms.ddp_comm_hooks import (
     DDPCommHookType,
     default_hooks,

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import mpitensor.distributed as dist
-from mpitensor import _config
+from mpitensor._base import config as _config
 from mpitensor.distributed.nccl import nccl_unavailable_reason
 from mpitensor.errors import MpiTensorError, NotInitializedError
 

@@ -19,7 +19,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.nn as nn
 import mpitensor.nn.functional as F
-from mpitensor import _half
+from mpitensor._core import half as _half
 from mpitensor import dtypes as mdt
 
 HALVES = ("bfloat16", "float16")
@@ -151,7 +151,7 @@ _HALF_PAIRS = [(a, b) for a in _PROMO_DTYPES for b in _PROMO_DTYPES if {a, b} & 
 
 class TestPromotion:
     def test_table(self):
-        from mpitensor._promotion import promote
+        from mpitensor._core.promotion import promote
         assert promote(mt.bfloat16, mt.float16) == mt.float32
         assert promote(mt.float16, mt.bfloat16) == mt.float32
         assert promote(mt.bfloat16, mt.float32) == mt.float32

@@ -186,7 +186,7 @@ def _chwn(a):
 def test_maxpool2x2_compiled_agrees_with_numpy(monkeypatch, numpy_loops, dtype, hw, grad_layout,
                                                threads):
     """Values, winners (first on ties), NaN windows and the gradient, whatever its layout."""
-    from mpitensor import _parallel
+    from mpitensor._base import parallel as _parallel
 
     monkeypatch.setattr(_parallel, "SPLIT_ELEMENTS", 0)  # split however small
     rng = np.random.default_rng(2)

@@ -14,8 +14,9 @@ import pytest
 
 import mpitensor as mt
 import mpitensor.nn.functional as F
-from mpitensor import _config, _parallel
-from mpitensor import _workspace as W
+from mpitensor._base import config as _config
+from mpitensor._base import parallel as _parallel
+from mpitensor._base import workspace as W
 from mpitensor.nn import _kernels as K
 
 RNG = np.random.default_rng(1234)
@@ -933,7 +934,7 @@ def test_relu_and_maxpool_shared_across_threads_give_the_one_thread_values(
     """relu and 2x2 max pooling (both directions) split by channel or by flat range across 3
     threads give bit for bit what one pass gives: ties (many zeros after relu), odd sizes, a
     single channel, both memory layouts."""
-    from mpitensor import _elementwise as E
+    from mpitensor._ops import elementwise as E
 
     rng = np.random.default_rng(1)
     x = rng.integers(-3, 4, shape).astype(np.float32)  # small integers: many ties

@@ -207,7 +207,7 @@ def test_unknown_profile_names_the_choices():
 
 def test_printoptions_are_reexported():
     tensor_module = importlib.import_module("mpitensor.tensor")
-    printing_module = importlib.import_module("mpitensor._printing")
+    printing_module = importlib.import_module("mpitensor._core.printing")
     for name in ("set_printoptions", "get_printoptions", "printoptions"):
         assert getattr(mt, name) is getattr(tensor_module, name) is getattr(printing_module, name)
         assert name in tensor_module.__all__

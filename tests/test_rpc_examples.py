@@ -241,7 +241,7 @@ THREAD_PROBE = textwrap.dedent("""
     from mpi4py import MPI
     from threadpoolctl import threadpool_info
     import mpitensor.distributed.rpc as rpc
-    from mpitensor import _threads
+    from mpitensor._base import threads as _threads
 
     rank = MPI.COMM_WORLD.Get_rank()
     rpc.init_rpc(f"worker{rank}")          # no process group

@@ -291,7 +291,7 @@ def test_a_reply_past_its_limit_is_an_error_not_a_crash(master: dist.TCPStore,
 
 
 def test_the_store_as_a_whole_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mpitensor import _config
+    from mpitensor._base import config as _config
 
     monkeypatch.setattr(_config, "STORE_MAX_BYTES", 1000)
     monkeypatch.setattr(server_mod, "_MAX_STORE_KEYS", 5)

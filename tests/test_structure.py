@@ -104,14 +104,14 @@ def test_set_debug_reaches_a_real_nccl_group():
 # Each module's layer; a module imports only from its own layer or below (docs/architecture.md).
 # Lazy (function-level) imports count: they are dependencies all the same.
 LAYERS = [
-    ("base", ["mpitensor._config", "mpitensor.errors", "mpitensor.backend", "mpitensor.dtypes",
-              "mpitensor._threads", "mpitensor._workspace", "mpitensor._parallel",
-              "mpitensor.futures", "mpitensor._gpu_memory"]),
-    ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._", "mpitensor.cuda",
-                 "mpitensor.accelerator", "mpitensor.backends", "mpitensor.linalg",
-                 "mpitensor.amp", "mpitensor.cpu",
+    ("base", ["mpitensor._base", "mpitensor.errors", "mpitensor.backend", "mpitensor.dtypes",
+              "mpitensor.futures"]),
+    ("tensors", ["mpitensor.tensor", "mpitensor.autograd", "mpitensor._core", "mpitensor._ops",
+                 "mpitensor.cuda", "mpitensor.accelerator", "mpitensor.backends",
+                 "mpitensor.linalg", "mpitensor.amp", "mpitensor.cpu",
                  "mpitensor.jit", "mpitensor.onnx", "mpitensor.testing", "mpitensor.version",
-                 "mpitensor.distributions", "mpitensor.sparse"]),
+                 "mpitensor.distributions", "mpitensor.sparse", "mpitensor.random",
+                 "mpitensor._porting_notes"]),
     ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
                   "mpitensor.distributed.nn", "mpitensor.distributed.tensor",

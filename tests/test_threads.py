@@ -1,4 +1,4 @@
-"""The per-rank thread budget (``mpitensor._threads``): arithmetic, who wins, and real jobs.
+"""The per-rank thread budget (``mpitensor._base.threads``): arithmetic, who wins, and real jobs.
 
 Issue 9: each rank's BLAS used to start one thread per core, so four ranks on two cores ran
 eight busy threads. ``init_process_group`` now limits every loaded BLAS/OpenMP pool to the
@@ -17,7 +17,7 @@ import pytest
 from threadpoolctl import threadpool_info
 
 import mpitensor as mt
-from mpitensor import _threads
+from mpitensor._base import threads as _threads
 
 from .launch import mpiexec_run
 
@@ -163,7 +163,7 @@ PROBE = textwrap.dedent("""
     import json, sys
     import mpitensor as mt
     import mpitensor.distributed as dist
-    from mpitensor import _threads
+    from mpitensor._base import threads as _threads
     from threadpoolctl import threadpool_info
     if sys.argv[1] == "explicit":
         mt.set_num_threads(2)

@@ -4,7 +4,7 @@ Inside ``with autocast("cpu")`` (bfloat16 by default; ``"cuda"``: float16) the m
 and convolutions cast their floating inputs to the autocast dtype and return it, the ops torch
 keeps in float32 (losses, ``prod``, ``cdist``, ...) cast theirs to float32, and every other op
 runs in the dtype of its inputs. The casts are differentiable: gradients reach float32
-parameters in float32. Which op does what is listed in :data:`mpitensor._autocast.POLICIES`
+parameters in float32. Which op does what is listed in :data:`mpitensor._core.autocast.POLICIES`
 and in ``docs/amp.md``.
 
 Example:
@@ -21,7 +21,7 @@ import functools
 import warnings
 from typing import Any, Callable, Optional
 
-from mpitensor import _autocast
+from mpitensor._core import autocast as _autocast
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 

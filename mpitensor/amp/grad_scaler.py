@@ -27,7 +27,7 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._devices import xp
+from mpitensor._core.devices import xp
 from mpitensor.autograd import no_grad
 from mpitensor.tensor import Tensor, tensor
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from mpitensor import backend as _backend
-from mpitensor._devices import cuda_index_arg
-from mpitensor._random import _check_seed, default_generator
+from mpitensor._core.devices import cuda_index_arg
+from mpitensor._ops.random import _check_seed, default_generator
 
 from ._common import (  # noqa: F401 - the package's own helpers, kept here for callers
     CudaUnavailableError,
@@ -309,7 +309,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     if not including_emulation and get_device_capability()[0] < 8:
         return False
     from mpitensor import dtypes
-    from mpitensor._creation import zeros
+    from mpitensor._ops.create import zeros
 
     try:
         zeros(1, dtype=dtypes.bfloat16, device="cuda")

@@ -2,7 +2,7 @@
 
 "Allocated" is what arrays hold (the pool's ``used_bytes``), "reserved" what the pool holds
 from the driver, in use or cached (``total_bytes``). Peaks and cumulative counts come from the
-counting allocator that :mod:`mpitensor._gpu_memory` puts in front of CuPy's pool when
+counting allocator that :mod:`mpitensor._base.gpu_memory` puts in front of CuPy's pool when
 mpitensor first imports CuPy.
 
 Where no GPU was ever used, the answers are a CPU-only torch's: ``memory_allocated()`` and its
@@ -16,9 +16,9 @@ import warnings
 from collections import OrderedDict
 from typing import Any
 
-from mpitensor import _gpu_memory
+from mpitensor._base import gpu_memory as _gpu_memory
 from mpitensor import backend as _backend
-from mpitensor._devices import cuda_index_arg
+from mpitensor._core.devices import cuda_index_arg
 
 from ._common import DeviceArg, _cupy, _loaded_cupy, _resolve
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from mpitensor._devices import cuda_index_arg
+from mpitensor._core.devices import cuda_index_arg
 
 from ._common import DeviceArg, _cupy, _resolve
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from mpitensor import _config
+from mpitensor._base import config as _config
 from mpitensor.errors import MpiTensorError
 from mpitensor.tensor import Tensor, _new, as_tensor
 

@@ -234,7 +234,7 @@ class WeightedRandomSampler(_PlannedSampler):
         self.generator = generator
 
     def _plan(self) -> np.ndarray:
-        from mpitensor._random import multinomial  # noqa: PLC0415
+        from mpitensor._ops.random import multinomial  # noqa: PLC0415
 
         return np.asarray(multinomial(self.weights, self.num_samples, self.replacement,
                                       generator=self.generator)._data, dtype=np.int64)

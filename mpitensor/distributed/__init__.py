@@ -37,7 +37,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import _config, _threads
+from .._base import config as _config
+from .._base import threads as _threads
 from ..errors import (
     CollectiveMismatchError,
     DistributedTimeoutError,
@@ -340,7 +341,7 @@ def _meet(init_method: Any, rank: Any, world_size: Any, store: Any, seconds: flo
     try:
         return _rendezvous.join(plan, seconds)
     except MpiTensorError as exc:
-        from .. import _mpi_import
+        from .._base import mpi_import as _mpi_import
 
         site = _mpi_import.site()
         if site is None or "initialized MPI before init_process_group" not in str(exc):

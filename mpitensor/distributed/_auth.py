@@ -42,7 +42,7 @@ import socket
 import time
 from typing import Optional
 
-from .. import _config
+from .._base import config as _config
 from ..errors import MpiTensorError
 
 __all__ = ["AuthError", "secret_from_env", "server_handshake", "client_handshake",

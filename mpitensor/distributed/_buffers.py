@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
-from .. import _config
+from .._base import config as _config
 from .. import dtypes as _dt
 from ..backend import array_module, get_cupy, is_cupy_array
 from ..errors import DtypeMismatchError

@@ -15,7 +15,7 @@ import os
 import urllib.parse
 from typing import Any, Callable, Dict, Iterator, List, NewType, Optional, Sequence, Tuple
 
-from .._config import DEFAULT_TIMEOUT_S
+from .._base.config import DEFAULT_TIMEOUT_S
 from ._store import DistError, DistStoreError
 from .process_group import ProcessGroup, ReduceOp, Work
 

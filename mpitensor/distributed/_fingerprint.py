@@ -62,7 +62,7 @@ from typing import Any, Optional
 import numpy as np
 from mpi4py import MPI
 
-from .. import _config
+from .._base import config as _config
 from ..errors import CollectiveMismatchError
 from . import _faults, _shm
 from ._watchdog import wait as _wait

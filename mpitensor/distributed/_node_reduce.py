@@ -39,7 +39,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from .. import _config
+from .._base import config as _config
 from . import _shm
 
 ENV = _config.ENV_NODE_REDUCE

@@ -41,7 +41,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import _config
+from .._base import config as _config
 from ..errors import MpiTensorError
 from . import _pmi
 from ._store import (

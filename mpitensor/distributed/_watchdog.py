@@ -37,7 +37,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
-from .. import _config
+from .._base import config as _config
 from ..errors import DistributedTimeoutError, PeerFailedError
 
 if TYPE_CHECKING:

@@ -377,7 +377,7 @@ class MpitensorApi(Api):
 def _tensor_wrapper() -> Callable[[Any], Any]:
     """A function wrapping a NumPy/CuPy array in an ``mpitensor.Tensor`` without a copy."""
     # from the tensor layer, not the package root (which sits above distributed)
-    from mpitensor._creation import from_numpy
+    from mpitensor._ops.create import from_numpy
     from mpitensor.tensor import Tensor as tensor_cls
 
     def wrap(arr: Any) -> Any:

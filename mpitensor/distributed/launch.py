@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .. import _config
+from .._base import config as _config
 from ..errors import DistributedTimeoutError, MpiTensorError
 
 __all__ = [

@@ -19,7 +19,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .._config import OFF_BYTES
+from .._base.config import OFF_BYTES
 from ..backend import array_module
 from ..errors import (
     CollectiveMismatchError,

@@ -12,7 +12,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
-from .. import _config
+from .._base import config as _config
 from ..errors import DistributedTimeoutError, MpiTensorError, NotAGroupMemberError
 from . import _faults, _watchdog
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from mpitensor import _random
+from mpitensor._ops import random as _random
 from mpitensor import dtypes as _dt
 from mpitensor.tensor import Tensor, logaddexp, rand, randn, zeros_like
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from mpitensor import _special
+from mpitensor._ops import special as _special
 from mpitensor import autograd as _autograd
 from mpitensor.tensor import Tensor, digamma, lgamma, stack, where, xlogy
 

@@ -26,14 +26,14 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _autocast
+from mpitensor._core import autocast as _autocast
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._random import _draw
+from mpitensor._ops.random import _draw
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
 
-from .._special import erf  # NumPy has none; one implementation for the package
+from .._ops.special import erf  # NumPy has none; one implementation for the package
 from ._checks import (
     as_tensor,
     check_float,

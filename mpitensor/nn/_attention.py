@@ -27,11 +27,12 @@ from typing import Any, FrozenSet, Optional
 
 import numpy as np
 
-from mpitensor import _autocast, _half
+from mpitensor._core import autocast as _autocast
+from mpitensor._core import half as _half
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._combining import cat
-from mpitensor._random import _draw
+from mpitensor._ops.combine import cat
+from mpitensor._ops.random import _draw
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
 

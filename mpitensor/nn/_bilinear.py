@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpitensor import _half
+from mpitensor._core import half as _half
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 

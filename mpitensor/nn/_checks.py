@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from mpitensor import _half
+from mpitensor._core import half as _half
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._math_ops import run_inplace  # noqa: F401 - the one in-place runner, nn's kit
-from mpitensor._promotion import promote
+from mpitensor._ops.math import run_inplace  # noqa: F401 - the one in-place runner, nn's kit
+from mpitensor._core.promotion import promote
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
 
@@ -231,7 +231,7 @@ class PassClamped(Function):
 
 
 def half_safe(cls: type) -> type:
-    """:func:`mpitensor._half.computes_in_float32`, under the name the op files use."""
+    """:func:`mpitensor._core.half.computes_in_float32`, under the name the op files use."""
     return _half.computes_in_float32(cls)
 
 

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from mpitensor._workspace import empty, xp_of, zeros
+from mpitensor._base.workspace import empty, xp_of, zeros
 
 from . import _kernels as K
 from . import _native

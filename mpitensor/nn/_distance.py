@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _half
+from mpitensor._core import half as _half
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
@@ -148,7 +148,7 @@ def _broadcast_pair(fname: str, x1: Any, x2: Any) -> tuple:
     check_float(a, "x1", fname)
     check_float(b, "x2", fname)
     if a.dtype != b.dtype:
-        from mpitensor._promotion import promote  # noqa: PLC0415 - light
+        from mpitensor._core.promotion import promote  # noqa: PLC0415 - light
 
         dt = promote(arr(a).dtype, arr(b).dtype)
         a, b = a.to(dt), b.to(dt)

@@ -24,9 +24,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _half
+from mpitensor._core import half as _half
 from mpitensor import dtypes as _dt
-from mpitensor._sparse import SparseGrad
+from mpitensor._ops.sparse import SparseGrad
 from mpitensor.autograd import Function, bump_version
 from mpitensor.tensor import Tensor, _new
 

@@ -54,7 +54,7 @@ core, so they are stated once here:
   (``_parallel.run_split``): bands of Winograd tiles or of im2col output pixels, input or output
   channels, one share per thread, each on a one-thread BLAS, so that the copies and transforms
   around the products run in parallel too and the threads meet once per call (see
-  ``mpitensor._parallel``).
+  ``mpitensor._base.parallel``).
 - **The banded loops run in C where they can** (``_cpu_kernels.c``, see
   :mod:`mpitensor.nn._native`): the same bands, the same products (CBLAS ``?gemm`` from the
   BLAS NumPy loaded), but each thread's share is one call that releases the interpreter lock
@@ -67,7 +67,7 @@ core, so they are stated once here:
   views; it keeps a small code array (which of the 4 positions won, the first one on ties, as
   torch) and its backward is one broadcast multiply into the 4 planes of the input gradient.
   Other pooling geometries use a strided window copy, ``argmax`` and a ``bincount`` scatter.
-- **Big buffers are recycled** (``mpitensor._workspace``, NumPy only): a training step
+- **Big buffers are recycled** (``mpitensor._base.workspace``, NumPy only): a training step
   allocates the same multi-megabyte arrays every iteration, and page-faulting them in again
   cost as much as the arithmetic.
 """
@@ -79,9 +79,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _config
-from mpitensor._parallel import blas_threads, run_split, split_pass, split_ranges
-from mpitensor._workspace import (  # noqa: F401 - relu_into and zeros are nn.functional's
+from mpitensor._base import config as _config
+from mpitensor._base.parallel import blas_threads, run_split, split_pass, split_ranges
+from mpitensor._base.workspace import (  # noqa: F401 - relu_into and zeros are nn.functional's
     _inverse,
     empty,
     empty_like,

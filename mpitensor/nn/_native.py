@@ -2,7 +2,7 @@
 ``_cpu_kernels.c`` when mpitensor is installed) and the BLAS products they call.
 
 The loops release the interpreter lock for all of their work, so that the threads a layer
-shares its work out to (``mpitensor._parallel.run_split``) run in parallel. conv2d's take the
+shares its work out to (``mpitensor._base.parallel.run_split``) run in parallel. conv2d's take the
 matrix products from the BLAS library NumPy itself loaded (its CBLAS ``?gemm``, found through
 threadpoolctl's handle on the library), so that they run on the same kernels, under the same
 thread limits, as NumPy's own ``matmul``. They are used where all of this holds, and the NumPy
@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _config
+from mpitensor._base import config as _config
 
 __all__: list = []  # private module
 
@@ -40,7 +40,7 @@ _state: dict = {}
 
 def _find_gemm(letter: str) -> Optional[tuple]:
     """``(address, ilp64)`` of a CBLAS ``?gemm`` in a BLAS that threadpoolctl sees loaded."""
-    from mpitensor._parallel import _pools  # noqa: PLC0415 - the controllers, found once
+    from mpitensor._base.parallel import _pools  # noqa: PLC0415 - the controllers, found once
 
     libs = [dll for dll in (getattr(lib, "dynlib", None) for lib in _pools.get())
             if dll is not None]

@@ -33,8 +33,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._parallel import blas_threads, run_split, split_ranges
-from mpitensor._workspace import _inverse, empty, memory_order, xp_of
+from mpitensor._base.parallel import blas_threads, run_split, split_ranges
+from mpitensor._base.workspace import _inverse, empty, memory_order, xp_of
 
 __all__: list = []  # private module: used by mpitensor.nn.functional and SyncBatchNorm
 

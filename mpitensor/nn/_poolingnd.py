@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _autocast
+from mpitensor._core import autocast as _autocast
 from mpitensor import dtypes as _dt
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
@@ -587,7 +587,7 @@ def _fractional(nd: int, fname: str, input: Any, kernel_size: Any,  # noqa: A002
     c = t.shape[-nd - 1]
     xp = xp_of(t)
     if _random_samples is None:
-        from mpitensor._random import rand  # noqa: PLC0415 - the global generator
+        from mpitensor._ops.random import rand  # noqa: PLC0415 - the global generator
 
         samples = rand(n_b, c, nd, dtype=t.dtype, device=t.device)._data
     else:

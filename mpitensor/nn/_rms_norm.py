@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _half
+from mpitensor._core import half as _half
 from mpitensor import dtypes as _dt
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor

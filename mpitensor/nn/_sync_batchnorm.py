@@ -29,7 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 import mpitensor.distributed as dist
-from mpitensor._workspace import xp_of
+from mpitensor._base.workspace import xp_of
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 

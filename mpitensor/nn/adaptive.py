@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from mpitensor import dtypes as _dt
-from mpitensor._combining import cat
+from mpitensor._ops.combine import cat
 from mpitensor.autograd import no_grad
 from mpitensor.tensor import Tensor
 

@@ -37,11 +37,12 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from mpitensor import _autocast, _half
+from mpitensor._core import autocast as _autocast
+from mpitensor._core import half as _half
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._parallel import one_thread as one_blas_thread
-from mpitensor._random import _draw
+from mpitensor._base.parallel import one_thread as one_blas_thread
+from mpitensor._ops.random import _draw
 from mpitensor.autograd import Function, _sum_to, grad_enabled_for
 from mpitensor.tensor import Tensor, _new, leaf_in_place_error
 
@@ -1731,7 +1732,7 @@ def log_softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # 
     if _autocast.ON and _autocast.active():
         return _autocast.run("log_softmax", log_softmax, input, dim, _stacklevel + 2, dtype=dtype)
     t, dim = _softmax_prep("log_softmax", input, dim, dtype)
-    return t.log_softmax(dim)  # the one implementation, in mpitensor._softmax
+    return t.log_softmax(dim)  # the one implementation, in mpitensor._ops.softmax
 
 
 def softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # noqa: A002

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._creation import BadValueError, UnsupportedDtypeError
+from mpitensor._ops.create import BadValueError, UnsupportedDtypeError
 from mpitensor.tensor import Tensor, rand, randn, randperm
 
 __all__ = [

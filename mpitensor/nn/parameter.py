@@ -182,7 +182,7 @@ class _UninitializedMixin:
         dev = self._data.device_wanted if device is None else _backend.device(device)
         arr = np.empty(shape, dtype=dt)
         if dev.type != "cpu":
-            from mpitensor._devices import move  # noqa: PLC0415 - device moves on demand
+            from mpitensor._core.devices import move  # noqa: PLC0415 - device moves on demand
 
             arr = move(arr, dev)
         self._data = arr

@@ -23,7 +23,8 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from mpitensor import _autocast, _creation
+from mpitensor._core import autocast as _autocast
+from mpitensor._ops import create as _creation
 from mpitensor import dtypes as _dt
 from mpitensor.tensor import Tensor, empty
 
@@ -265,7 +266,7 @@ class RNNBase(Module):
     def _run(self, x: Tensor, h0: Tensor, c0: Optional[Tensor], batch_sizes: Any
              ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         """The stacked layers over padded ``x`` (T, B, I): ``(out, h_n, c_n)``."""
-        from mpitensor import _combining  # noqa: PLC0415 - cat/stack, once the ops are in
+        from mpitensor._ops import combine as _combining  # noqa: PLC0415 - cat/stack, once the ops are in
 
         T, B = x.shape[0], x.shape[1]
         lstm = self.mode == "LSTM"

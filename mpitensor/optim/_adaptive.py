@@ -18,7 +18,7 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dtypes
-from mpitensor._workspace import empty_like as _empty_like
+from mpitensor._base.workspace import empty_like as _empty_like
 from mpitensor.tensor import Tensor
 
 from .optimizer import Optimizer, required

@@ -24,7 +24,7 @@ import numpy as np
 
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
-from mpitensor._sparse import add_sparse_
+from mpitensor._ops.sparse import add_sparse_
 from mpitensor.tensor import Tensor
 
 from .optimizer import Optimizer, required

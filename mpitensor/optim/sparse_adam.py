@@ -27,7 +27,7 @@ import math
 from typing import Any, Dict, NamedTuple, Tuple
 
 from mpitensor import backend as _backend
-from mpitensor._sparse import held_entries, sparse_of
+from mpitensor._ops.sparse import held_entries, sparse_of
 
 from . import _adaptive as _a
 

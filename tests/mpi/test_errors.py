@@ -699,7 +699,7 @@ def test_uneven_all_to_all_single_takes_any_form_of_split_sizes(split_check):
 def test_split_sizes_check_off_with_the_agreement_check(split_check, monkeypatch):
     """MPITENSOR_CHECK_BYTES=off (the group's threshold at OFF_BYTES) turns this check off too:
     one switch for every agreement check. Matching calls still work; nothing is posted."""
-    from mpitensor._config import OFF_BYTES
+    from mpitensor._base.config import OFF_BYTES
     from mpitensor.distributed import _fingerprint
 
     n, me = world()

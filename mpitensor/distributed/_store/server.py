@@ -35,7 +35,7 @@ import time
 from collections import deque
 from typing import Deque, Dict, List, Optional, Set, Tuple
 
-from ... import _config
+from ..._base import config as _config
 from .. import _auth
 from . import wire
 from .common import _Table

@@ -167,7 +167,7 @@ class Join:
 
 def _sum_one(value: float, group: Any, device: Any, async_op: bool) -> Any:
     """Sum one number over ``group`` (on ``device``); the total, or the work when async."""
-    from ..._creation import tensor
+    from ..._ops.create import tensor
     from .. import all_reduce
 
     t = tensor(np.array([value], dtype=np.float32), device=device)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-from mpitensor import _combining
+from mpitensor._ops import combine as _combining
 from mpitensor import backend as _backend
 from mpitensor.autograd import Function, grad_enabled_for
 from mpitensor.tensor import Tensor

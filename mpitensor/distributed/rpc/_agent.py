@@ -56,7 +56,7 @@ import numpy as np
 
 from mpitensor.futures import Future
 
-from ... import _workspace
+from ..._base import workspace as _workspace
 from ...errors import DistributedTimeoutError, PeerFailedError
 from .. import _watchdog
 from . import _liveness, _wire

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from mpitensor.futures import Future
 
-from ... import _threads
+from ..._base import threads as _threads
 from ...errors import DistributedTimeoutError
 from . import _state, _wire
 from ._agent import Agent, WorkerInfo
@@ -44,7 +44,7 @@ def init_rpc(name: str, backend: Optional[BackendType] = None, rank: int = -1,
     do; they then form one MPI job. As
     ``init_process_group`` does, it limits this rank's BLAS/OpenMP thread pools to its share
     of the node's cores (``MPITENSOR_NUM_THREADS``, the user's ``OMP_NUM_THREADS`` & co. and
-    ``set_num_threads`` win; see ``mpitensor._threads``).
+    ``set_num_threads`` win; see ``mpitensor._base.threads``).
 
     Args:
         name: this worker's name, unique in the job (e.g. ``f"worker{rank}"``).

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from typing import Any, List, Sequence
 
 from mpitensor import backend as _backend
-from mpitensor._devices import is_on
+from mpitensor._core.devices import is_on
 from mpitensor.tensor import Tensor
 
 from ..module import Module

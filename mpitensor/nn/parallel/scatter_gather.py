@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mpitensor import backend as _backend
-from mpitensor._combining import cat
+from mpitensor._ops.combine import cat
 from mpitensor.tensor import Tensor
 
 __all__ = ["scatter", "scatter_kwargs", "gather"]

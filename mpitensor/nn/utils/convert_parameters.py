@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..._combining import cat
+from ..._ops.combine import cat
 from ...autograd import no_grad
 from ...tensor import Tensor
 

@@ -26,7 +26,8 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mpitensor import _combining, _creation
+from mpitensor._ops import combine as _combining
+from mpitensor._ops import create as _creation
 from mpitensor.tensor import Tensor
 
 __all__ = ["PackedSequence", "pack_padded_sequence", "pad_packed_sequence", "pad_sequence",

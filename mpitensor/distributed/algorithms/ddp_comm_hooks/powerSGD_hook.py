@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .... import _random
+from ...._ops import random as _random
 from ....backend import array_module
 from ....tensor import Tensor, _new
 from ..._grad_bucket import GradBucket

@@ -17,8 +17,8 @@ import numpy as np
 
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
-from mpitensor._devices import same_device, xp
-from mpitensor._dims import wrap_dim
+from mpitensor._core.devices import same_device, xp
+from mpitensor._core.dims import wrap_dim
 from mpitensor.tensor import Tensor, _new, _tensor_methods
 
 _INT64 = _dt.int64

@@ -6,7 +6,7 @@
 ``block_diag``, ``tril_indices``/``triu_indices``.
 
 Views stay views (``narrow``, ``select``, ``movedim``, ``unflatten``, the splits, ``meshgrid``),
-as in torch, through the view ops of ``mpitensor._views`` and indexing; ``flip``, ``roll`` and
+as in torch, through the view ops of ``mpitensor._ops.views`` and indexing; ``flip``, ``roll`` and
 ``rot90`` copy, as torch's do, each with a :class:`~mpitensor.autograd.Function` whose backward
 undoes the move. The rest are compositions of recorded ops.
 
@@ -28,11 +28,11 @@ import numpy as np
 
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
-from mpitensor._combining import cat, stack
-from mpitensor._creation import dtype_or
-from mpitensor._devices import create, parse_device, xp
-from mpitensor._dims import keyword_form, need_dims, size_from, wrap_dim
-from mpitensor._indexing import _scatter_add
+from mpitensor._ops.combine import cat, stack
+from mpitensor._ops.create import dtype_or
+from mpitensor._core.devices import create, parse_device, xp
+from mpitensor._core.dims import keyword_form, need_dims, size_from, wrap_dim
+from mpitensor._ops.indexing import _scatter_add
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
 
@@ -664,7 +664,7 @@ def block_diag(*tensors: Any) -> Tensor:
     for t in ts:
         if t._data.ndim != 2:
             raise ValueError("block_diag(): expects tensors of at most 2 dimensions")
-    from mpitensor._promotion import promote  # noqa: PLC0415 - light
+    from mpitensor._core.promotion import promote  # noqa: PLC0415 - light
 
     dt = ts[0]._data.dtype
     for t in ts[1:]:

@@ -19,15 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from mpitensor import _autocast
+from mpitensor._core import autocast as _autocast
 from mpitensor import dtypes as _dt
-from mpitensor._devices import xp
-from mpitensor._dims import wrap_dim
-from mpitensor._gather_scatter import _gather
-from mpitensor._half import computes_in_float32
-from mpitensor._math_ops import run_inplace
-from mpitensor._promotion import sum_dtype
-from mpitensor._reductions import _return_types_repr
+from mpitensor._core.devices import xp
+from mpitensor._core.dims import wrap_dim
+from mpitensor._ops.gather_scatter import _gather
+from mpitensor._core.half import computes_in_float32
+from mpitensor._ops.math import run_inplace
+from mpitensor._core.promotion import sum_dtype
+from mpitensor._ops.reductions import _return_types_repr
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
 

@@ -22,16 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from mpitensor import _autocast
+from mpitensor._core import autocast as _autocast
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
-from mpitensor._devices import xp
-from mpitensor._half import computes_in_float32
-from mpitensor._operators import fit_grad
-from mpitensor._parallel import SPLIT_ELEMENTS, split_pass
-from mpitensor._promotion import result_type
-from mpitensor._views import Alias
-from mpitensor._workspace import empty_like, flat_in_order, memory_order, relu_into
+from mpitensor._core.devices import xp
+from mpitensor._core.half import computes_in_float32
+from mpitensor._ops.operators import fit_grad
+from mpitensor._base.parallel import SPLIT_ELEMENTS, split_pass
+from mpitensor._core.promotion import result_type
+from mpitensor._ops.views import Alias
+from mpitensor._base.workspace import empty_like, flat_in_order, memory_order, relu_into
 from mpitensor.autograd import (
     _NO_RECORD,
     Function,

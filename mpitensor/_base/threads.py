@@ -35,7 +35,7 @@ import os
 import threading
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from . import _config
+from . import config as _config
 
 logger = logging.getLogger("mpitensor")
 
@@ -124,7 +124,7 @@ def user_vars(environ: Mapping[str, str], internal_api: str) -> list:
 
 def parse_env(environ: Mapping[str, str]) -> "Optional[int | str]":
     """``MPITENSOR_NUM_THREADS`` in ``environ``: None (unset/auto), ``"off"``, or a positive
-    integer (the parser is :func:`mpitensor._config.num_threads`)."""
+    integer (the parser is :func:`mpitensor._base.config.num_threads`)."""
     return _config.num_threads(environ)
 
 

@@ -2,7 +2,7 @@
 (choosing element by element), ``allclose`` and ``equal`` (comparing whole tensors), with the
 gradients of the first three.
 
-Inputs are promoted to one dtype as torch promotes them (``mpitensor._promotion``) and must
+Inputs are promoted to one dtype as torch promotes them (``mpitensor._core.promotion``) and must
 share a device; for ``where`` a CPU zero-dim input next to GPU tensors acts as a number.
 
 Example:
@@ -21,10 +21,10 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import tensor as _t
-from mpitensor._devices import device_str, is_cupy, same_device, xp
-from mpitensor._dims import wrap_dim
-from mpitensor._operators import NOT_OPERAND, fit_grad, operand
-from mpitensor._promotion import is_scalar, promote, result_type
+from mpitensor._core.devices import device_str, is_cupy, same_device, xp
+from mpitensor._core.dims import wrap_dim
+from mpitensor._ops.operators import NOT_OPERAND, fit_grad, operand
+from mpitensor._core.promotion import is_scalar, promote, result_type
 from mpitensor.autograd import _NO_RECORD, Function
 from mpitensor.tensor import Tensor, _new, _tensor_methods
 

@@ -28,7 +28,7 @@ from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
-from mpitensor._creation import (
+from mpitensor._ops.create import (
     BadValueError,
     UnsupportedDtypeError,
     check_placement,
@@ -38,7 +38,7 @@ from mpitensor._creation import (
     sizes,
     write_into,
 )
-from mpitensor._devices import DeviceLike, cuda_index, is_cpu, move, parse_device
+from mpitensor._core.devices import DeviceLike, cuda_index, is_cpu, move, parse_device
 from mpitensor.tensor import Tensor
 
 __all__ = [

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from mpitensor import backend as _backend
-from mpitensor._parallel import split_pass
+from mpitensor._base.parallel import split_pass
 
 __all__: list = []  # private module
 
@@ -115,7 +115,7 @@ def relu_into(x: Any, out: Any) -> Any:
     array operand), so on the CPU a read-only zero array is used instead. When ``x`` and
     ``out`` are single blocks of memory in the same axis order (the usual case: ``out`` is
     ``x`` or :func:`empty_like` of it) the pass runs over them flat, shared across threads when
-    it is big (:func:`mpitensor._parallel.split_pass`).
+    it is big (:func:`mpitensor._base.parallel.split_pass`).
     """
     xp = xp_of(x)
     if xp is not np:

@@ -22,8 +22,8 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._devices import DeviceLike, is_cupy, is_on, move, parse_device
-from mpitensor._legacy_types import parse_type, type_name
+from mpitensor._core.devices import DeviceLike, is_cupy, is_on, move, parse_device
+from mpitensor._core.legacy_types import parse_type, type_name
 from mpitensor.autograd import _NO_RECORD, Function
 from mpitensor.tensor import Tensor, _new, _tensor_methods
 

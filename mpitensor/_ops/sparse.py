@@ -24,13 +24,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _promotion
+from mpitensor._core import promotion as _promotion
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._casting import _to_args
-from mpitensor._creation import layout, strided
-from mpitensor._devices import move, parse_device
-from mpitensor._dims import wrap_dim
+from mpitensor._ops.cast import _to_args
+from mpitensor._ops.create import layout, strided
+from mpitensor._core.devices import move, parse_device
+from mpitensor._core.dims import wrap_dim
 from mpitensor.autograd import Function, grad_enabled_for
 from mpitensor.tensor import Size, Tensor, _new, _tensor_methods
 
@@ -737,7 +737,7 @@ SparseTensor.__hash__ = Tensor.__hash__
 
 
 def _cat_values(a: Tensor, b: Tensor) -> Tensor:
-    from mpitensor._combining import cat  # noqa: PLC0415 - an op module, loaded by now
+    from mpitensor._ops.combine import cat  # noqa: PLC0415 - an op module, loaded by now
 
     return cat([a, b], 0)
 
@@ -878,7 +878,7 @@ def sparse_coo_tensor(indices: Any, values: Any, size: Any = None, *, dtype: Any
             raise TypeError("sparse_coo_tensor(): values must be a dense tensor")
         vals = values
     else:
-        from mpitensor._creation import tensor  # noqa: PLC0415 - an op module, loaded by now
+        from mpitensor._ops.create import tensor  # noqa: PLC0415 - an op module, loaded by now
 
         vals = tensor(values)
     if dtype is not None or dev is not None:

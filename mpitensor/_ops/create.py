@@ -5,7 +5,7 @@ like another (``*_like``) and the ``Tensor.new_*`` methods.
 Dtypes default as in torch: Python floats give the default float dtype (float32), ints int64,
 bools bool; arrays and tensors keep theirs. ``device`` places the result (``"cpu"``, ``"cuda"``,
 ``"cuda:N"``); CuPy is imported only for a CUDA device. Random tensors are made in
-``mpitensor._random``.
+``mpitensor._ops.random``.
 
 Example:
     >>> import mpitensor as mt
@@ -24,9 +24,9 @@ import numpy as np
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
-from mpitensor._devices import DeviceLike, create, move, parse_device
-from mpitensor._dims import keyword_form, size_from
-from mpitensor._promotion import is_scalar, scalar_dtype
+from mpitensor._core.devices import DeviceLike, create, move, parse_device
+from mpitensor._core.dims import keyword_form, size_from
+from mpitensor._core.promotion import is_scalar, scalar_dtype
 from mpitensor.tensor import Tensor, _from_data, _new, _tensor_methods
 
 __all__ = [

@@ -21,9 +21,9 @@ from typing import Any, Optional
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
-from mpitensor._devices import xp
-from mpitensor._promotion import can_cast as can_cast_dtype
-from mpitensor._promotion import is_scalar
+from mpitensor._core.devices import xp
+from mpitensor._core.promotion import can_cast as can_cast_dtype
+from mpitensor._core.promotion import is_scalar
 from mpitensor.tensor import Tensor, _new
 
 __all__ = [
@@ -231,7 +231,7 @@ newaxis = None
 
 def result_type(tensor1: Any, tensor2: Any) -> Any:
     """Return the dtype of an arithmetic op on the two (tensors or numbers), as torch."""
-    from mpitensor._promotion import result_type as _rt  # noqa: PLC0415 - light
+    from mpitensor._core.promotion import result_type as _rt  # noqa: PLC0415 - light
 
     def operand(v: Any) -> Any:
         return v._data if isinstance(v, Tensor) else v
@@ -241,7 +241,7 @@ def result_type(tensor1: Any, tensor2: Any) -> Any:
 
 def promote_types(type1: Any, type2: Any) -> Any:
     """Return the smallest dtype both dtypes convert to without losing their category."""
-    from mpitensor._promotion import promote  # noqa: PLC0415 - light
+    from mpitensor._core.promotion import promote  # noqa: PLC0415 - light
 
     return promote(_dt.to_dtype(type1), _dt.to_dtype(type2))
 
@@ -255,7 +255,7 @@ def can_cast(from_: Any, to: Any) -> bool:
 def empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = None,
                   requires_grad: bool = False, **kwargs: Any) -> Tensor:
     """Make an uninitialized tensor of ``size`` (its strides are NumPy's C order)."""
-    from mpitensor._creation import empty  # noqa: PLC0415 - imported by now
+    from mpitensor._ops.create import empty  # noqa: PLC0415 - imported by now
 
     return empty(tuple(size), dtype=dtype, device=device, requires_grad=requires_grad)
 
@@ -263,7 +263,7 @@ def empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = No
 def scalar_tensor(s: Any, *, dtype: Any = None, device: Any = None,
                   requires_grad: bool = False) -> Tensor:
     """Make a 0-d tensor of the number ``s`` (of the default float dtype unless given)."""
-    from mpitensor._creation import tensor  # noqa: PLC0415 - imported by now
+    from mpitensor._ops.create import tensor  # noqa: PLC0415 - imported by now
 
     return tensor(s, dtype=_dt.get_default_dtype() if dtype is None else dtype,
                   device=device, requires_grad=requires_grad)
@@ -272,7 +272,7 @@ def scalar_tensor(s: Any, *, dtype: Any = None, device: Any = None,
 def logspace(start: Any, end: Any, steps: int, base: float = 10.0, *, dtype: Any = None,
              device: Any = None, requires_grad: bool = False) -> Tensor:
     """Make ``steps`` values ``base ** linspace(start, end, steps)``."""
-    from mpitensor._creation import finish, linspace  # noqa: PLC0415 - imported by now
+    from mpitensor._ops.create import finish, linspace  # noqa: PLC0415 - imported by now
 
     exps = linspace(start, end, steps, dtype=_dt.float64, device=device)._data
     dt = _dt.get_default_dtype() if dtype is None else _dt.to_dtype(dtype)
@@ -282,7 +282,7 @@ def logspace(start: Any, end: Any, steps: int, base: float = 10.0, *, dtype: Any
 def asarray(obj: Any, *, dtype: Any = None, device: Any = None, copy: Optional[bool] = None,
             requires_grad: bool = False) -> Tensor:
     """Make a tensor of ``obj``, sharing its memory where possible (``copy=True``: never)."""
-    from mpitensor._creation import as_tensor  # noqa: PLC0415 - imported by now
+    from mpitensor._ops.create import as_tensor  # noqa: PLC0415 - imported by now
 
     t = as_tensor(obj, dtype=dtype, device=device)
     if copy:
@@ -328,7 +328,7 @@ def _forward_to_method(name: str) -> Any:
     def fn(input: Any, *args: Any, out: Any = None, **kwargs: Any) -> Any:  # noqa: A002
         if not isinstance(input, Tensor):
             if is_scalar(input) and _builtins.any(isinstance(a, Tensor) for a in args):
-                from mpitensor._creation import tensor  # noqa: PLC0415 - imported by now
+                from mpitensor._ops.create import tensor  # noqa: PLC0415 - imported by now
 
                 input = tensor(input)  # noqa: A001 - a number first (torch.pow(2, t))
             else:

@@ -8,7 +8,7 @@ read-only broadcast view.
 
 Each differentiable one is a :class:`~mpitensor.autograd.Function`: its forward checks the
 arguments and makes the new array, its backward maps the gradient back to the input's shape.
-``split``, ``chunk`` and ``unbind`` are made of indexing (``mpitensor._indexing``).
+``split``, ``chunk`` and ``unbind`` are made of indexing (``mpitensor._ops.indexing``).
 
 Example:
     >>> import mpitensor as mt
@@ -27,8 +27,8 @@ import numpy as np
 
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
-from mpitensor._devices import xp
-from mpitensor._dims import infer_shape, keyword_form, need_dims, size_from, wrap_dim
+from mpitensor._core.devices import xp
+from mpitensor._core.dims import infer_shape, keyword_form, need_dims, size_from, wrap_dim
 from mpitensor.autograd import Function, _sum_to, version_cell
 from mpitensor.tensor import Tensor, _new, _run, _run_view, _tensor_methods
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mpitensor._devices import xp
+from mpitensor._core.devices import xp
 
 __all__: list = []  # private module
 

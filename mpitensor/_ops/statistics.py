@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from mpitensor import dtypes as _dt
-from mpitensor._devices import xp
-from mpitensor._dims import wrap_dim
-from mpitensor._gather_scatter import _gather
-from mpitensor._reductions import _return_types_repr
+from mpitensor._core.devices import xp
+from mpitensor._core.dims import wrap_dim
+from mpitensor._ops.gather_scatter import _gather
+from mpitensor._ops.reductions import _return_types_repr
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
 

@@ -8,7 +8,7 @@ A unary op is one row of :data:`_UNARY`: its name, what it does to integer and b
 which arrays its gradient reads, and the forward and the gradient side by side; the rows become
 :class:`~mpitensor.autograd.Function` classes, Tensor methods and their in-place forms. Half
 inputs are computed in float32 and rounded once, as torch's CPU kernels do. A binary op is one
-:class:`~mpitensor._operators._Binary` subclass, run through ``_operators.binary`` so that
+:class:`~mpitensor._ops.operators._Binary` subclass, run through ``_operators.binary`` so that
 promotion, devices and recording work as for the operators. In-place forms go through
 ``mpitensor.autograd.apply_inplace`` when autograd must record them (version counters, views).
 
@@ -29,14 +29,15 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _autocast, _special
+from mpitensor._core import autocast as _autocast
+from mpitensor._ops import special as _special
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
-from mpitensor._devices import same_device, xp
-from mpitensor._elementwise import Abs, Exp, Log, Neg, Sigmoid, Sqrt, Tanh
-from mpitensor._half import computes_in_float32
-from mpitensor._operators import (
+from mpitensor._core.devices import same_device, xp
+from mpitensor._ops.elementwise import Abs, Exp, Log, Neg, Sigmoid, Sqrt, Tanh
+from mpitensor._core.half import computes_in_float32
+from mpitensor._ops.operators import (
     _FUNCTION_OF,
     ARITH,
     COMPARE,
@@ -48,8 +49,8 @@ from mpitensor._operators import (
     binary_inplace,
     operand,
 )
-from mpitensor._promotion import can_cast, is_scalar, result_type
-from mpitensor._views import Alias
+from mpitensor._core.promotion import can_cast, is_scalar, result_type
+from mpitensor._ops.views import Alias
 from mpitensor.autograd import (
     _NO_RECORD,
     Function,
@@ -960,7 +961,7 @@ class _MathMethods:
         so that weight 1 gives ``end`` exactly, as in torch)."""
         _check_float("lerp", self._data, operand(end), operand(weight))
         if isinstance(weight, Tensor):
-            from mpitensor._combining import where  # noqa: PLC0415 - _combining imports us
+            from mpitensor._ops.combine import where  # noqa: PLC0415 - _combining imports us
 
             diff = end - self
             return where(weight.abs() < 0.5, self + weight * diff, end - diff * (1 - weight))

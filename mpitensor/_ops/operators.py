@@ -2,7 +2,7 @@
 
 ``a op b`` goes through :func:`binary` and ``a op= b`` through :func:`inplace` (recorded by
 autograd, when an operand requires grad, as the operator's op written into ``a``). Both apply
-torch's rules: type promotion (``mpitensor._promotion``), bools refused by ``-``, ``//``, ``%``
+torch's rules: type promotion (``mpitensor._core.promotion``), bools refused by ``-``, ``//``, ``%``
 and ``**``, integers wrapped on overflow, silent division by zero, a CPU zero-dim operand
 acting as a number next to a GPU tensor. :func:`_result` is that forward on arrays and numbers,
 shared by the unrecorded path and by the differentiable ops below, whose backward sits next to
@@ -27,11 +27,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _autocast, _half
+from mpitensor._core import autocast as _autocast
+from mpitensor._core import half as _half
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
-from mpitensor._devices import device_str, is_cupy, same_device, xp
-from mpitensor._promotion import can_cast, is_scalar, result_type, true_divide_dtype
+from mpitensor._core.devices import device_str, is_cupy, same_device, xp
+from mpitensor._core.promotion import can_cast, is_scalar, result_type, true_divide_dtype
 from mpitensor.autograd import (
     Function,
     _sum_to,

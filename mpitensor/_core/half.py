@@ -31,7 +31,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mpitensor import dtypes as _dt
-from mpitensor._devices import xp
+from mpitensor._core.devices import xp
 
 #: the dtypes torch computes in float32 and rounds once per op
 REDUCED = frozenset({_dt.float16, _dt.bfloat16})

@@ -1,7 +1,7 @@
 """Checkpoints: ``save(obj, f)`` / ``load(f)`` in a safe, checksummed, atomically written format.
 
 :func:`load` also reads the files ``torch.save`` writes (zip and legacy layouts, without torch
-and without running code: see ``mpitensor._torch_format``) and ``.safetensors`` files; it tells
+and without running code: see ``mpitensor.checkpoint.torch_format``) and ``.safetensors`` files; it tells
 the formats apart by their first bytes. :func:`save` writes torch's zip layout for paths ending
 in ``.pt`` / ``.pth`` (or with ``format="torch"``), which ``torch.load(weights_only=True)``
 reads, safetensors for ``.safetensors``, and the format below for everything else.
@@ -64,8 +64,9 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from mpitensor import _config, _safe_globals
-from mpitensor import _torch_format as _tf
+from mpitensor._base import config as _config
+from mpitensor.checkpoint import safe_globals as _safe_globals
+from mpitensor.checkpoint import torch_format as _tf
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor.errors import MpiTensorError

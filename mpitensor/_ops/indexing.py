@@ -29,7 +29,7 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._devices import move, xp
+from mpitensor._core.devices import move, xp
 from mpitensor.autograd import (
     _NO_RECORD,
     Function,

@@ -5,7 +5,7 @@ determinants (``inverse``, ``det``, ``logdet``, ``slogdet``, ``matrix_power``, `
 norms (``norm``, ``vector_norm``, ``matrix_norm``), with their gradients.
 
 The products check their operands' dimensions and dtypes as torch does, then run through the
-``@`` operator (``mpitensor._operators``), so BLAS computes them and autograd records them;
+``@`` operator (``mpitensor._ops.operators``), so BLAS computes them and autograd records them;
 the ``add*`` forms are compositions of recorded ops. ``einsum`` is one
 :class:`~mpitensor.autograd.Function`: each operand's gradient is itself an ``einsum``, with
 identity matrices for subscripts repeated in one operand (diagonals) and ones for those summed
@@ -32,15 +32,15 @@ from typing import Any, Union
 
 import numpy as np
 
-from mpitensor import _autocast
+from mpitensor._core import autocast as _autocast
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
-from mpitensor._devices import same_device, xp
-from mpitensor._dims import wrap_dim
-from mpitensor._half import computes_in_float32
-from mpitensor._math_ops import assign_result, run_inplace
-from mpitensor._operators import fit_grad
+from mpitensor._core.devices import same_device, xp
+from mpitensor._core.dims import wrap_dim
+from mpitensor._core.half import computes_in_float32
+from mpitensor._ops.math import assign_result, run_inplace
+from mpitensor._ops.operators import fit_grad
 from mpitensor.autograd import _NO_RECORD, Function
 from mpitensor.tensor import Tensor, _new, _run, _run_view, _tensor_methods
 
@@ -964,7 +964,7 @@ class _LinalgMethods:
         d = wrap_dim(dim, n)
         others = tuple(i for i in range(n) if i != d)
         norms = vector_norm(self, p, others, keepdim=True)
-        from mpitensor._combining import where  # noqa: PLC0415 - imported by now
+        from mpitensor._ops.combine import where  # noqa: PLC0415 - imported by now
 
         return self * where(norms > maxnorm, maxnorm / (norms + 1e-7), 1.0)
 

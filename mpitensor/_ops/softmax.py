@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from mpitensor import _autocast
+from mpitensor._core import autocast as _autocast
 from mpitensor import dtypes as _dt
-from mpitensor._devices import xp
-from mpitensor._dims import wrap_dim
-from mpitensor._half import computes_in_float32
+from mpitensor._core.devices import xp
+from mpitensor._core.dims import wrap_dim
+from mpitensor._core.half import computes_in_float32
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _run, _tensor_methods
 

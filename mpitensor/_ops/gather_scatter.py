@@ -26,12 +26,12 @@ import numpy as np
 
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
-from mpitensor._devices import same_device, xp
-from mpitensor._dims import wrap_dim
-from mpitensor._indexing import _scatter_add
-from mpitensor._math_ops import run_inplace
-from mpitensor._operators import fit_grad
-from mpitensor._promotion import is_scalar
+from mpitensor._core.devices import same_device, xp
+from mpitensor._core.dims import wrap_dim
+from mpitensor._ops.indexing import _scatter_add
+from mpitensor._ops.math import run_inplace
+from mpitensor._ops.operators import fit_grad
+from mpitensor._core.promotion import is_scalar
 from mpitensor.autograd import _NO_RECORD, Function
 from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
 

@@ -26,13 +26,14 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor import _autocast, _half
+from mpitensor._core import autocast as _autocast
+from mpitensor._core import half as _half
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
-from mpitensor._devices import xp
-from mpitensor._dims import axes, wrap_dim
-from mpitensor._operators import NOT_OPERAND, binary, operand
-from mpitensor._promotion import sum_dtype
+from mpitensor._core.devices import xp
+from mpitensor._core.dims import axes, wrap_dim
+from mpitensor._ops.operators import NOT_OPERAND, binary, operand
+from mpitensor._core.promotion import sum_dtype
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
 

@@ -60,7 +60,7 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from mpitensor import _safe_globals
+from mpitensor.checkpoint import safe_globals as _safe_globals
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor.tensor import Size, Tensor
