@@ -36,7 +36,6 @@ import itertools
 import math
 import threading
 import weakref
-from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -1042,15 +1041,3 @@ class _RemovableHandle:
         except ValueError:
             pass
 
-
-def walk_graph(t: Any) -> Iterator[Node]:
-    """Yield every node reachable from ``t.grad_fn`` once (for tests and debugging)."""
-    seen = set()
-    stack = [t.grad_fn] if t.grad_fn is not None else []
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        yield n
-        stack.extend(x for x in n._next if type(x) is Node)

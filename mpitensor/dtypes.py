@@ -209,11 +209,6 @@ def is_floating_dtype(dt: np.dtype) -> _builtins.bool:
     return kind_of(dt) == "f"
 
 
-def is_complex_dtype(dt: np.dtype) -> _builtins.bool:
-    """True for complex64 and complex128."""
-    return dt.kind == "c"
-
-
 def get_default_dtype() -> np.dtype:
     """Return the dtype given to Python floats and to float constructors (float32 by default).
 
