@@ -1,4 +1,4 @@
-"""``mpitensor.distributed.optim``: ``DistributedOptimizer``, torch's name and behaviour.
+"""``mpitensor.distributed.optim.optimizer``: torch's ``DistributedOptimizer`` (over RPC).
 
 The parameters live on several workers (each given as an RRef); the optimizer keeps one local
 optimizer per owner, on that owner, and ``step(context_id)`` has each of them step with the
@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, List
 
-from .rpc import RRef, remote, rpc_async
-from .rpc._dist_autograd import get_gradients
+from ..rpc import RRef, remote, rpc_async
+from ..rpc._dist_autograd import get_gradients
 
 __all__ = ["DistributedOptimizer"]
 
