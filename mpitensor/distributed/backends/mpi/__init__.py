@@ -1,0 +1,1 @@
+"""The MPI backend: :class:`~mpitensor.distributed.backends.mpi.group.MPIGroup` and what it stands on."""
