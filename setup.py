@@ -6,7 +6,7 @@ missing), the install still succeeds and the pure-Python code it speeds up runs 
 * ``mpitensor/_cpu_kernels.c``: conv2d's band loops and 2x2 max pooling, which run without the
   interpreter lock (see ``mpitensor/nn/_native.py``);
 * ``mpitensor/distributed/_slots.c``: the agreement check's shared slots of a one-machine group
-  (see ``mpitensor/distributed/_fingerprint.py``), built against NumPy's headers (NumPy 2's,
+  (see ``mpitensor/distributed/health/fingerprint.py``), built against NumPy's headers (NumPy 2's,
   from the build requirements: a module built on them also runs on NumPy 1.x; where it cannot
   load, the Python slots are used).
 """

@@ -36,7 +36,7 @@ from mpi4py import MPI
 
 import mpitensor
 import mpitensor.distributed as dist
-from mpitensor.distributed import _faults
+from mpitensor.distributed.health import faults as _faults
 
 
 def main(argv: "list[str] | None" = None) -> int:

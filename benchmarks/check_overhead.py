@@ -86,7 +86,7 @@ def main(argv: "list[str] | None" = None) -> int:
                         "not the shared board of a one-machine group")
     args = p.parse_args(argv)
     if args.no_board:
-        from mpitensor.distributed import _fingerprint
+        from mpitensor.distributed.health import fingerprint as _fingerprint
 
         _fingerprint.BOARD_MAX = 0
 

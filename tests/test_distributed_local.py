@@ -19,7 +19,7 @@ import pytest
 
 import mpitensor.distributed as dist
 from mpitensor._base import config as _config
-from mpitensor.distributed.nccl import nccl_unavailable_reason
+from mpitensor.distributed.backends.nccl import nccl_unavailable_reason
 from mpitensor.errors import MpiTensorError, NotInitializedError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,7 +247,7 @@ def test_nccl_without_cupy(backend, monkeypatch):
     if not reason:
         pytest.skip("NCCL is available here: the error path cannot be exercised")
     monkeypatch.setattr(dist, "_gpu_present", lambda: True)
-    from mpitensor.distributed.mpi import MPIGroup
+    from mpitensor.distributed.backends.mpi.group import MPIGroup
 
     freed = []
     free = MPIGroup.free
@@ -364,7 +364,7 @@ def test_timeout_and_abort_switches_in_a_fresh_process():
 def test_abort_handler_install_and_uninstall():
     import threading
 
-    from mpitensor.distributed import _abort
+    from mpitensor.distributed.health import abort as _abort
 
     before_sys, before_thread = sys.excepthook, threading.excepthook
     dist.init_process_group()  # one rank: not installed by default
@@ -389,7 +389,7 @@ def test_abort_handler_install_and_uninstall():
 
 def test_abort_handler_prefixes_every_line(capsys, monkeypatch):
     """The report: every traceback line prefixed with the rank; then MPI_Abort (stubbed)."""
-    from mpitensor.distributed import _abort
+    from mpitensor.distributed.health import abort as _abort
 
     calls = []
     monkeypatch.setattr(_abort, "abort_job", lambda code=1: calls.append("abort"))

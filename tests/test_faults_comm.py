@@ -552,7 +552,7 @@ def test_settling_keeps_a_faster_peers_later_failure_for_later():
     #5 it may already hold the fast rank's notice for #6. That notice is not a fault of #5 (the
     fast rank failed #5 too, its notices arrive in order): the group stays usable and the
     notice waits for #6's settling (seen under load at 4 ranks: the group broke)."""
-    from mpitensor.distributed import _faults
+    from mpitensor.distributed.health import faults as _faults
 
     class G:
         size_, rank_, ranks, timeout, broken, name = 2, 0, (0, 1), 5.0, None, "G"

@@ -17,8 +17,8 @@ import types
 import numpy as np
 import pytest
 
-from mpitensor.distributed import _fingerprint
-from mpitensor.distributed._fingerprint import NodeCheck
+from mpitensor.distributed.health import fingerprint as _fingerprint
+from mpitensor.distributed.health.fingerprint import NodeCheck
 
 
 class Mismatch(Exception):

@@ -14,7 +14,7 @@ import pytest
 
 import mpitensor.distributed as dist
 from mpitensor.backend import nccl_unavailable_reason
-from mpitensor.distributed.nccl import NCCLGroup
+from mpitensor.distributed.backends.nccl import NCCLGroup
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -50,8 +50,9 @@ from ..errors import (
     NotInitializedError,
     PeerFailedError,
 )
-from . import _node_reduce, _watchdog
-from ._abort import (
+from .backends.mpi import node_reduce as _node_reduce
+from .health import watchdog as _watchdog
+from .health.abort import (
     abort_handler_installed,
     abort_job,
     install_abort_handler,
@@ -412,7 +413,7 @@ def _check_against_mpi(rank: Any, world_size: Any, mpi_rank: int, mpi_size: int)
 
 def _make_world(comm: Any, name: str, seconds: float, device_id: Any) -> ProcessGroup:
     """The default group on a duplicate of ``comm``, fitted to its node (and NCCL if asked)."""
-    from .mpi import MPIGroup
+    from .backends.mpi.group import MPIGroup
 
     rank, size = comm.Get_rank(), comm.Get_size()
     own = _watchdog.timed_dup(comm, seconds, "init_process_group")
@@ -420,7 +421,7 @@ def _make_world(comm: Any, name: str, seconds: float, device_id: Any) -> Process
                                    _state.debug, size)
     _share_node(comm, rank, size)
     if name == Backend.NCCL:
-        from .nccl import NCCLGroup
+        from .backends.nccl import NCCLGroup
 
         try:
             world = NCCLGroup(world, device_id)
@@ -582,7 +583,7 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None,
     label = (_backend_notice(_parse_backend(backend), world.rank_) if backend is not None
              else world.backend_label)
     if label == Backend.NCCL and sub.is_member:
-        from .nccl import NCCLGroup
+        from .backends.nccl import NCCLGroup
 
         try:
             sub = NCCLGroup(sub, device_id)

@@ -1,8 +1,8 @@
 """Backend-neutral pieces of the communicator layer: reduce ops, work handles, the group base.
 
 A :class:`ProcessGroup` is one communicator: the world, or a sub-group made by ``new_group``.
-Concrete subclasses (:class:`~mpitensor.distributed.mpi.MPIGroup`,
-:class:`~mpitensor.distributed.nccl.NCCLGroup`) implement the operations; this module holds
+Concrete subclasses (:class:`~mpitensor.distributed.backends.mpi.group.MPIGroup`,
+:class:`~mpitensor.distributed.backends.nccl.NCCLGroup`) implement the operations; this module holds
 what they share: rank translation, sequence numbers, error wording and the ``Work`` handle.
 """
 
@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from .._base import config as _config
 from ..errors import DistributedTimeoutError, MpiTensorError, NotAGroupMemberError
-from . import _faults, _watchdog
+from .health import faults as _faults
+from .health import watchdog as _watchdog
 
 __all__ = ["ReduceOp", "reduce_op", "Work", "ProcessGroup", "GroupMember"]
 

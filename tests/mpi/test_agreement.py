@@ -22,7 +22,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 from mpitensor._base.config import OFF_BYTES
-from mpitensor.distributed import _fingerprint
+from mpitensor.distributed.health import fingerprint as _fingerprint
 from mpitensor.errors import CollectiveMismatchError, PeerFailedError
 
 R = dist.ReduceOp

@@ -562,7 +562,7 @@ def split_check(request, monkeypatch):
     """How the groups made in the test check split sizes (every rank runs the same parameter):
     on the shared board of a one-machine group (``NodeCheck.post_splits``), or by the exchange
     of counts beside the data that groups across machines use (``_fingerprint.Splits``)."""
-    from mpitensor.distributed import _fingerprint
+    from mpitensor.distributed.health import fingerprint as _fingerprint
 
     if request.param == "exchange":
         monkeypatch.setattr(_fingerprint, "BOARD_MAX", 0)
@@ -700,7 +700,7 @@ def test_split_sizes_check_off_with_the_agreement_check(split_check, monkeypatch
     """MPITENSOR_CHECK_BYTES=off (the group's threshold at OFF_BYTES) turns this check off too:
     one switch for every agreement check. Matching calls still work; nothing is posted."""
     from mpitensor._base.config import OFF_BYTES
-    from mpitensor.distributed import _fingerprint
+    from mpitensor.distributed.health import fingerprint as _fingerprint
 
     n, me = world()
     g = dist.new_group(list(range(n)), group_desc="splits_off")

@@ -17,7 +17,7 @@ import pytest
 
 import mpitensor as mt
 import mpitensor.distributed as dist
-from mpitensor.distributed import _buffers
+from mpitensor.distributed.backends.mpi import buffers as _buffers
 from mpitensor.errors import DtypeMismatchError
 
 R = dist.ReduceOp

@@ -18,7 +18,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 import mpitensor.nn as nn
-from mpitensor.distributed import _node_reduce
+from mpitensor.distributed.backends.mpi import node_reduce as _node_reduce
 from mpitensor.errors import DistributedTimeoutError, PeerFailedError
 from mpitensor.nn.parallel import DistributedDataParallel as DDP
 from mpitensor.optim import SGD

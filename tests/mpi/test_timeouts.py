@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import mpitensor.distributed as dist
-from mpitensor.distributed import _watchdog
+from mpitensor.distributed.health import watchdog as _watchdog
 from mpitensor.errors import DistributedTimeoutError, PeerFailedError
 
 from . import arrayimpl as ai

@@ -15,7 +15,7 @@ import pytest
 
 import mpitensor as mt
 import mpitensor.distributed as dist
-from mpitensor.distributed import _watchdog
+from mpitensor.distributed.health import watchdog as _watchdog
 
 DELAY = 1.0
 CPU_LIMIT = 0.2  # seconds of CPU for DELAY seconds of waiting (measured: ~0.03)

@@ -58,7 +58,7 @@ from mpitensor.futures import Future
 
 from ..._base import workspace as _workspace
 from ...errors import DistributedTimeoutError, PeerFailedError
-from .. import _watchdog
+from ..health import watchdog as _watchdog
 from . import _liveness, _wire
 from ._pool import WorkerPool
 from .errors import RpcNotInitializedError, UnknownWorkerError

@@ -55,7 +55,7 @@ from mpitensor import distributed as dist
 from mpitensor.autograd import Node
 from mpitensor.distributed import ProcessGroup, ReduceOp
 from mpitensor.distributed._grad_bucket import BuiltinCommHookType, GradBucket
-from mpitensor.distributed._node_reduce import NodeReduce
+from mpitensor.distributed.backends.mpi.node_reduce import NodeReduce
 from mpitensor.distributed._work_future import progress
 from mpitensor.distributed.algorithms.join import _DISABLED as _NO_JOIN
 from mpitensor.distributed.algorithms.join import Join, Joinable, JoinHook

@@ -37,8 +37,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
-from .._base import config as _config
-from ..errors import DistributedTimeoutError, PeerFailedError
+from ..._base import config as _config
+from ...errors import DistributedTimeoutError, PeerFailedError
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -454,7 +454,7 @@ def rendezvous(g: Any, members: list, key: tuple, timeout: float, what: str) -> 
     """
     from mpi4py import MPI
 
-    from ..errors import CollectiveMismatchError
+    from ...errors import CollectiveMismatchError
 
     diag = g.diag
     me = g.rank_

@@ -39,8 +39,8 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from .._base import config as _config
-from . import _shm
+from ...._base import config as _config
+from . import shm as _shm
 
 ENV = _config.ENV_NODE_REDUCE
 # the buckets' bytes, per rank (the segment holds two copies of each, per rank). Every rank
@@ -123,7 +123,7 @@ class NodeReduce:
         path = _shm.create(_PREFIX, size) if g.rank_ == 0 else None
         # the name, as 32 hex digits (all zero: rank 0 could not make it), passed on by a MAX
         # all-reduce of rank 0's digits and the others' zeros
-        from .process_group import ReduceOp
+        from ...process_group import ReduceOp
 
         name = np.zeros(32, np.uint8)
         if path is not None:
@@ -146,7 +146,7 @@ class NodeReduce:
     def start(self, b: int, buf: np.ndarray) -> Any:
         """Post this rank's bucket ``b`` (a copy into its slot) and return the Work whose
         ``wait()`` sums every rank's into ``buf``."""
-        from .process_group import Work
+        from ...process_group import Work
 
         s = self.count[b] = self.count[b] + 1
         p = s & 1
@@ -162,7 +162,7 @@ class NodeReduce:
 
 def _all(g: Any, flag: bool) -> bool:
     """Whether ``flag`` holds on every member of ``g`` (one small all-reduce)."""
-    from .process_group import ReduceOp
+    from ...process_group import ReduceOp
 
     v = np.array([int(flag)], dtype=np.int64)
     g.all_reduce(v, ReduceOp.MIN)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..backend import get_cupy, is_cupy_array, nccl_unavailable_reason
-from ..tensor import Tensor
-from . import _buffers as B
-from . import _watchdog
-from .process_group import ProcessGroup, ReduceOp, Work
+from ...backend import get_cupy, is_cupy_array, nccl_unavailable_reason
+from ...tensor import Tensor
+from .mpi import buffers as B
+from ..health import watchdog as _watchdog
+from ..process_group import ProcessGroup, ReduceOp, Work
 
 __all__ = ["NCCLGroup", "nccl_unavailable_reason"]
 

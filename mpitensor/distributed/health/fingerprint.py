@@ -62,11 +62,12 @@ from typing import Any, Optional
 import numpy as np
 from mpi4py import MPI
 
-from .._base import config as _config
-from ..errors import CollectiveMismatchError
-from . import _faults, _shm
-from ._watchdog import wait as _wait
-from .process_group import ReduceOp
+from ..._base import config as _config
+from ...errors import CollectiveMismatchError
+from . import faults as _faults
+from ..backends.mpi import shm as _shm
+from .watchdog import wait as _wait
+from ..process_group import ReduceOp
 
 # Operations whose buffer has the same shape on every rank of a correct program: byte count and
 # shape are part of their fingerprint (and decide whether the call is checked). all_to_all and
@@ -296,7 +297,7 @@ def _unpack(a: int) -> dict:
 
 
 try:  # the compiled post and settle (_slots.c), where they were built
-    from ._slots import Slots as _CSlots
+    from .._slots import Slots as _CSlots
 except ImportError:
     _CSlots = None
 

@@ -20,12 +20,12 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
-from .._base import config as _config
-from .. import dtypes as _dt
-from ..backend import array_module, get_cupy, is_cupy_array
-from ..errors import DtypeMismatchError
-from ..tensor import Tensor
-from .process_group import ReduceOp
+from ...._base import config as _config
+from .... import dtypes as _dt
+from ....backend import array_module, get_cupy, is_cupy_array
+from ....errors import DtypeMismatchError
+from ....tensor import Tensor
+from ...process_group import ReduceOp
 
 _SUPPORTED = (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",

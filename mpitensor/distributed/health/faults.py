@@ -47,10 +47,11 @@ import time
 import weakref
 from typing import Any, Optional
 
-from ..errors import PeerFailedError
-from . import _shm
-from ._abort import _OUTPUT_GRACE_S, _wait_output_read
-from ._watchdog import Backoff
+from ...errors import PeerFailedError
+from ..backends.mpi import shm as _shm
+from .abort import _OUTPUT_GRACE_S
+from .abort import _wait_output_read
+from .watchdog import Backoff
 
 FAULT_TAG = 3  # on the notice communicator (1: arrival notices, 2: debug verdicts)
 _LEFT_GRACE_S = 0.2  # a receive from a rank that left: the data may still be on its way

@@ -19,22 +19,22 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .._base.config import OFF_BYTES
-from ..backend import array_module
-from ..errors import (
+from ...._base.config import OFF_BYTES
+from ....backend import array_module
+from ....errors import (
     CollectiveMismatchError,
     MessageMismatchError,
     MessageTruncatedError,
     MpiTensorError,
     PeerFailedError,
 )
-from ..tensor import Tensor
-from . import _buffers as B
-from . import _faults
-from . import _fingerprint as _fp
-from . import _watchdog as W
-from ._watchdog import MASK as _MASK
-from .process_group import COMM_NAME, ProcessGroup, ReduceOp, Work, _Completed
+from ....tensor import Tensor
+from . import buffers as B
+from ...health import faults as _faults
+from ...health import fingerprint as _fp
+from ...health import watchdog as W
+from ...health.watchdog import MASK as _MASK
+from ...process_group import COMM_NAME, ProcessGroup, ReduceOp, Work, _Completed
 
 __all__ = ["MPIGroup"]
 
