@@ -1,8 +1,8 @@
 """Start-up cost of processes that meet without a launcher, as the number of ranks grows.
 
 Processes started without ``mpiexec`` (torchrun, ``mp.spawn``, by hand) first meet in the
-TCPStore (``mpitensor/distributed/_rendezvous.py``: ``_arrive`` + ``join``); then rank 0
-starts a PMI-1 helper (``mpitensor/distributed/_pmi.py``) and every rank calls ``MPI_Init``
+TCPStore (``mpitensor/distributed/launch/rendezvous.py``: ``_arrive`` + ``join``); then rank 0
+starts a PMI-1 helper (``mpitensor/distributed/launch/pmi.py``) and every rank calls ``MPI_Init``
 against it. This script simulates both steps for N ranks, 8 per simulated host, with every
 server in a process of its own (its CPU time read from ``/proc/PID/stat``, its peak memory
 from ``VmHWM`` in ``/proc/PID/status``), the N clients driven from this process
@@ -67,7 +67,7 @@ from typing import Callable, Dict, Generator, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mpitensor.distributed import _pmi  # noqa: E402
+from mpitensor.distributed.launch import pmi as _pmi  # noqa: E402
 from mpitensor.distributed._store import wire  # noqa: E402
 
 PER_HOST = 8

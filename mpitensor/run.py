@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ._base import config as _config
-from .distributed._hostpool import (
+from .distributed.launch.hostpool import (
     JOIN_TIMEOUT_S,
     KEEP_ALIVE_INTERVAL_S,
     KEEP_ALIVE_MAX_ATTEMPT,
@@ -433,7 +433,7 @@ def _nodes_in_range(opts: Options) -> int:
 
     The hostfile's hosts (or a SLURM allocation's nodes) when there are at least MIN of them,
     at most MAX of them; MIN where nothing says how many nodes there are. With a hostfile,
-    :class:`~mpitensor.distributed._hostpool.HostPool` then takes, before every start, those
+    :class:`~mpitensor.distributed.launch.hostpool.HostPool` then takes, before every start, those
     of them that answer; an allocation's count stays fixed.
     """
     low, high = opts.nnodes or 1, opts.nnodes_max or 1

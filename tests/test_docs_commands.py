@@ -170,7 +170,7 @@ def test_mpi_imported_before_init_process_group_names_the_line(tmp_path: Path) -
     MPICH: the error says which line of which file started MPI, and to move it."""
     import socket
 
-    from mpitensor.distributed._rendezvous import _library
+    from mpitensor.distributed.launch.rendezvous import _library
 
     if not _library().startswith("MPICH Version:      5.0"):
         pytest.skip("only MPICH 5.0.x refuses to connect processes that started MPI alone")

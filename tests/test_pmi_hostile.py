@@ -23,7 +23,7 @@ from typing import Iterator, List, Optional
 
 import pytest
 
-from mpitensor.distributed import _pmi
+from mpitensor.distributed.launch import pmi as _pmi
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -485,7 +485,7 @@ def test_with_a_secret_every_connection_proves_it(monkeypatch: pytest.MonkeyPatc
     the secret gets a challenge instead of an answer and is dropped, over TCP and over the
     local socket; a client with another secret is refused; a rank with the secret is served
     (its authenticated socket is what MPICH then gets as PMI_FD)."""
-    from mpitensor.distributed import _auth
+    from mpitensor.distributed.launch import auth as _auth
 
     monkeypatch.setenv("MPITENSOR_SECRET", "s3cret")
     h = _pmi.start_helper(2, 30.0)

@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pytest
 
 import mpitensor.distributed as dist
-from mpitensor.distributed import _rendezvous, launch
+from mpitensor.distributed.launch import rendezvous as _rendezvous
+from mpitensor.distributed import launch
 
 from .launch import clean_env
 
@@ -204,7 +205,7 @@ ENDINGS = """\
     import mpitensor as torch
     import mpitensor.distributed as dist
     import mpitensor.multiprocessing as mp
-    from mpitensor.distributed import _rendezvous
+    from mpitensor.distributed.launch import rendezvous as _rendezvous
 
 
     def run(rank, size):
@@ -339,7 +340,7 @@ WORKER = """\
         print(f"rank {rank} {type(exc).__name__} after {time.monotonic() - t0:.1f} s: {exc}\\n",
               end="", flush=True)
         sys.exit(3)
-    from mpitensor.distributed import _rendezvous
+    from mpitensor.distributed.launch import rendezvous as _rendezvous
 
     helper = _rendezvous._joined.get("helper")
     if helper is not None:
@@ -1044,7 +1045,7 @@ TWO_HOSTS = """\
     import numpy as np
 
     import mpitensor.distributed as dist
-    from mpitensor.distributed import _rendezvous
+    from mpitensor.distributed.launch import rendezvous as _rendezvous
 
     rank = int(sys.argv[1])
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=60)

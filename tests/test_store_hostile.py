@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mpitensor.distributed as dist
-from mpitensor.distributed import _auth
+from mpitensor.distributed.launch import auth as _auth
 from mpitensor.distributed._store import server as server_mod
 from mpitensor.distributed._store import wire
 

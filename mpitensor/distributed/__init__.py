@@ -290,7 +290,7 @@ def init_process_group(
     name = _parse_backend(backend)
     seconds = _timeout_seconds(timeout)
     _threads.parse_env(os.environ)  # a malformed MPITENSOR_NUM_THREADS fails before MPI starts
-    from . import _subjob
+    from .launch import subjob as _subjob
 
     # k processes of a larger job (RPC over all, DDP over k trainers) form a group of their own
     joined = _subjob.within(init_method, rank, world_size, store, seconds)
@@ -331,7 +331,7 @@ def _meet(init_method: Any, rank: Any, world_size: Any, store: Any, seconds: flo
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and mpi.COMM_WORLD.Get_size() > 1:
         return None  # a world of several already (an earlier rendezvous, another launcher)
-    from . import _rendezvous
+    from .launch import rendezvous as _rendezvous
 
     plan = _rendezvous.plan(init_method, rank, world_size, store)
     if plan is None:

@@ -478,7 +478,7 @@ def rendezvous(url: str, rank: int = -1, world_size: int = -1,
 
 def _builtin_handler(url: str, timeout: Any = None, **kwargs: Any) -> Iterator[Tuple[Any, int,
                                                                                     int]]:
-    from . import _rendezvous
+    from .launch import rendezvous as _rendezvous
 
     query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
     base = urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(query=""))

@@ -36,7 +36,7 @@ from collections import deque
 from typing import Deque, Dict, List, Optional, Set, Tuple
 
 from ..._base import config as _config
-from .. import _auth
+from ..launch import auth as _auth
 from . import wire
 from .common import _Table
 

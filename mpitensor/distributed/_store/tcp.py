@@ -19,7 +19,7 @@ import weakref
 from datetime import timedelta
 from typing import Any, List, Optional, Tuple
 
-from .. import _auth
+from ..launch import auth as _auth
 from . import wire
 from .common import (
     DEFAULT_TIMEOUT,

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .._base import config as _config
-from ..errors import DistributedTimeoutError, MpiTensorError
+from ..._base import config as _config
+from ...errors import DistributedTimeoutError, MpiTensorError
 
 __all__ = [
     "launcher_rank",
@@ -842,7 +842,7 @@ def _abort(code: int) -> None:
     """End the whole MPI job now with ``code``; the last resort is ``os._exit``."""
     _flush()
     try:
-        from .health.abort import abort_job
+        from ..health.abort import abort_job
 
         abort_job(code)
     except BaseException:  # noqa: BLE001 - fall through to the hard exit
@@ -863,7 +863,7 @@ def _user_frames(tb: Optional[types.TracebackType]) -> Optional[types.TracebackT
 
 
 def _report_exception(exc: BaseException, rank: Optional[int]) -> str:
-    from .health.abort import report_traceback
+    from ..health.abort import report_traceback
 
     return report_traceback(rank, type(exc), exc, _user_frames(exc.__traceback__))
 
@@ -981,7 +981,7 @@ def _every_rank_exits(comm: Any, grace: float = 2.0) -> bool:
 def _install_thread_abort() -> None:
     """Make an exception that kills a thread abort the job too (the main thread is ours)."""
     try:
-        from .health.abort import install_abort_handler
+        from ..health.abort import install_abort_handler
     except ImportError:  # pragma: no cover - an older tree without the handler
         return
     install_abort_handler()

@@ -759,7 +759,7 @@ def _auth():  # type: ignore[no-untyped-def]
     global _AUTH
     if _AUTH is None:
         if __package__:
-            from . import _auth as mod
+            from . import auth as mod
         else:
             import importlib
             import types
@@ -771,7 +771,7 @@ def _auth():  # type: ignore[no-untyped-def]
                     pkg = types.ModuleType(name)
                     pkg.__path__ = [path]  # type: ignore[attr-defined]
                     sys.modules[name] = pkg
-            mod = importlib.import_module("mpitensor.distributed._auth")
+            mod = importlib.import_module("mpitensor.distributed.launch.auth")
         _AUTH = mod
     return _AUTH
 

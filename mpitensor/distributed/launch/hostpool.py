@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from .launch import HostEntry
+from . import HostEntry
 
 #: seconds between two rounds of probes while fewer than MIN hosts answer
 RETRY_S = 3.0

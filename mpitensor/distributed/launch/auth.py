@@ -42,8 +42,8 @@ import socket
 import time
 from typing import Optional
 
-from .._base import config as _config
-from ..errors import MpiTensorError
+from ..._base import config as _config
+from ...errors import MpiTensorError
 
 __all__ = ["AuthError", "secret_from_env", "server_handshake", "client_handshake",
            "ServerHandshake", "MAGIC", "HELLO_BYTES", "PROOF_BYTES", "ACCEPT_BYTES", "REFUSE",

@@ -41,10 +41,10 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from .._base import config as _config
-from ..errors import MpiTensorError
-from . import _pmi
-from ._store import (
+from ..._base import config as _config
+from ...errors import MpiTensorError
+from . import pmi as _pmi
+from .._store import (
     DistNetworkError,
     DistStoreError,
     FileStore,
