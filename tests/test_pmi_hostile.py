@@ -1,4 +1,4 @@
-"""rank 0's PMI helper (``distributed/_pmi.py``) against clients that are not MPICH ranks.
+"""rank 0's PMI helper (``distributed/launch/pmi.py``) against clients that are not MPICH ranks.
 
 Each case is what a careless or hostile user on the same host does: raw TCP sockets on
 127.0.0.1, with or without the token from the store, idle connections by the hundred, a

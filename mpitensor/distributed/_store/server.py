@@ -18,7 +18,7 @@ handed to ``select`` (whose timeout has a ceiling), and an unexpected error in t
 logged and survived.
 
 With a shared secret (``MPITENSOR_SECRET``), a new connection is sent the challenge of
-``distributed/_auth.py`` and nothing else it sends is parsed until its proof checks out; a
+``distributed/launch/auth.py`` and nothing else it sends is parsed until its proof checks out; a
 connection that has not finished its handshake within ``_HANDSHAKE_S`` is dropped.
 """
 

@@ -16,7 +16,7 @@ answers anything else (an unknown opcode, a wrong field count, a field of the wr
 with a ``REJECTED`` reply and closes that connection only.
 
 Where ``MPITENSOR_SECRET`` is set, the connection first runs the handshake of
-``distributed/_auth.py`` (the server's challenge comes before :data:`MAGIC`), and the server
+``distributed/launch/auth.py`` (the server's challenge comes before :data:`MAGIC`), and the server
 parses nothing else a client sends until that client has proven the secret.
 """
 

@@ -4,7 +4,7 @@ MPICH's ``MPI_Init`` learns its rank, the world's size and its peers' addresses 
 manager over the PMI-1 wire protocol (text lines such as ``cmd=barrier_in``), on the socket
 named by the environment variable ``PMI_FD``. ``mpiexec`` (hydra) is such a manager; this
 module is another, small enough to be started by rank 0 of a rendezvous
-(:mod:`._rendezvous`). Processes that met through a Store then call ``MPI_Init`` against it
+(:mod:`.rendezvous`). Processes that met through a Store then call ``MPI_Init`` against it
 and form one ``MPI_COMM_WORLD``, whose rank is the rank each was given, exactly as under
 ``mpiexec`` (shared memory between the ranks of a host included).
 
@@ -14,7 +14,7 @@ Why not MPI's own dynamic-process calls: MPICH 5.0.x names the world of every si
 A world started through this server has a fresh, unique name, which also keeps MPICH's
 shared-memory segment names apart from those of other jobs.
 
-The server runs as a helper process (``python -I -S _pmi.py``): ``MPI_Init`` holds Python's
+The server runs as a helper process (``python -I -S pmi.py``): ``MPI_Init`` holds Python's
 GIL, so a server thread inside rank 0 could not answer rank 0's own requests. It uses the
 standard library only. Besides PMI it keeps a *watch* connection from every rank
 (:class:`Watch`): when a rank calls ``MPI_Abort``, or its PMI connection closes before
@@ -31,12 +31,12 @@ processes named so, never a pid from a line. A connection must greet within
 :data:`_GREET_S` seconds, at most :data:`_NEW_MAX` more than two per rank wait to, and
 running out of descriptors makes room or rests instead of spinning. Lines are strict ASCII;
 a bad one is answered with an error or drops its connection. With ``MPITENSOR_SECRET`` set
-every connection first proves it (``_auth``); MPICH cannot, so the rank's Python does, then
+every connection first proves it (``auth``); MPICH cannot, so the rank's Python does, then
 hands the socket to MPICH.
 
 Wire, one line per message (``\\n``-terminated, ``key=value`` words):
 
-* with ``MPITENSOR_SECRET``, first the challenge and response of ``_auth``;
+* with ``MPITENSOR_SECRET``, first the challenge and response of ``auth``;
 * each rank's first line, sent by mpitensor before MPICH takes the socket:
   ``cmd=mpitensor-hello rank=R token=T`` → ``cmd=mpitensor-hello rc=0`` (or ``rc=1 msg=...``
   and the connection closed; ``T`` is the token rank 0 put in the Store, so that strangers
@@ -186,7 +186,7 @@ class HelperServer:
             when every rank is on this host); ``""``: every interface.
         mapping: the ``PMI_process_mapping`` to answer (see :func:`process_mapping`).
         secret: where set (``MPITENSOR_SECRET``), every connection first proves that it
-            knows it (``_auth``'s challenge and response), before any line is read.
+            knows it (``auth``'s challenge and response), before any line is read.
         unix: the name of a local socket to listen on too (Linux's abstract namespace): the
             ranks of this host connect there, and the kernel tells who they are.
         local_pids: rank -> process id of the ranks on this host, as they claimed their rank
@@ -752,9 +752,9 @@ _AUTH = None
 
 
 def _auth():  # type: ignore[no-untyped-def]
-    """The ``_auth`` module. The helper runs as ``python -I -S _pmi.py``, without the
+    """The ``auth`` module. The helper runs as ``python -I -S pmi.py``, without the
     package's ``__init__`` (which imports NumPy): its parents are registered here as bare
-    namespaces, so that ``_auth`` and what it imports (``_config``, ``errors``: standard
+    namespaces, so that ``auth`` and what it imports (``_config``, ``errors``: standard
     library only) load from their files."""
     global _AUTH
     if _AUTH is None:
@@ -765,8 +765,10 @@ def _auth():  # type: ignore[no-untyped-def]
             import types
 
             here = os.path.dirname(os.path.abspath(__file__))
-            for name, path in (("mpitensor", os.path.dirname(here)),
-                               ("mpitensor.distributed", here)):
+            dist_dir = os.path.dirname(here)
+            for name, path in (("mpitensor", os.path.dirname(dist_dir)),
+                               ("mpitensor.distributed", dist_dir),
+                               ("mpitensor.distributed.launch", here)):
                 if name not in sys.modules:
                     pkg = types.ModuleType(name)
                     pkg.__path__ = [path]  # type: ignore[attr-defined]
@@ -777,7 +779,7 @@ def _auth():  # type: ignore[no-untyped-def]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """The helper process: ``_pmi.py SIZE INIT_TIMEOUT_S``; on stdin the token's line, then
+    """The helper process: ``pmi.py SIZE INIT_TIMEOUT_S``; on stdin the token's line, then
     one line of JSON settings (``bind``, ``mapping``, ``unix``); ``MPITENSOR_SECRET`` from
     the environment.
 

@@ -9,7 +9,7 @@ its number once, all name the same ``world_size``), and are then joined into one
 communicator whose rank is the ``rank`` each passed:
 
 * **pmi** (the default, when MPI is not yet initialized in any of them): rank 0 starts a
-  small PMI-1 server (:mod:`._pmi`) and every rank calls ``MPI_Init`` against it, as ranks
+  small PMI-1 server (:mod:`.pmi`) and every rank calls ``MPI_Init`` against it, as ranks
   started by ``mpiexec`` do against hydra. The result is a real ``MPI_COMM_WORLD`` of ``n``
   ranks, with shared memory between the ranks of a host; ``MPI_Abort`` and a rank that dies
   end every rank, as under ``mpiexec``. Works with MPICH 4.x and 5.x (measured: 4.3.2, 5.0.2).

@@ -5,7 +5,7 @@ separately started processes that met in ``rpc.init_rpc``) may give its default 
 to only k < N of them: torch's RPC + DDP programs run RPC over all N and DDP over the k
 trainers, which call ``init_process_group(world_size=k, rank=r, init_method=...)`` at an
 address of their own. Here those k meet through that address's Store as separately started
-processes do (:mod:`._rendezvous`: every rank claimed once, everyone naming the same
+processes do (:mod:`.rendezvous`: every rank claimed once, everyone naming the same
 ``world_size``, a timeout naming who did not come), post their rank in the job's
 communicator, and build their group with ``MPI_Comm_create_group``, which only the k members
 call: the other N - k processes take no part, and RPC (on its own duplicate of the job's
