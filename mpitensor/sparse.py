@@ -21,8 +21,9 @@ import numpy as np
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._core.dims import wrap_dim
+from mpitensor._core.opkit import wrap
 from mpitensor._ops.sparse import SparseTensor, _Gather, _is_sparse, _mm, _ScatterAdd, _sparse_sum
-from mpitensor.tensor import Tensor, _new
+from mpitensor.tensor import Tensor
 
 __all__ = ["addmm", "check_sparse_tensor_invariants", "log_softmax", "mm", "softmax", "sum"]
 
@@ -101,7 +102,7 @@ def _softmax(input: SparseTensor, dim: int, dtype: Any, log: bool) -> SparseTens
     dense = tuple(vals.shape[1:])
     top = xp.full((n, *dense), -np.inf, dtype=vals.dtype)
     _max_at(top, grp, vals._data)
-    shifted = vals - _new(top[grp])
+    shifted = vals - wrap(top[grp])
     e = shifted.exp()
     total = _Gather.apply(_ScatterAdd.apply(e, (grp,), (n, *dense)), (grp,))
     return s._with_values(shifted - total.log() if log else e / total)

@@ -10,20 +10,10 @@ autograd state (``requires_grad``, ``grad``, ``grad_fn``, ``backward`` and hooks
 the raw in-place writes (``copy_``, ``fill_``, ``zero_``).
 
 Everything a tensor *computes* is an op, kept with its gradient in the module of its family,
-which adds its methods to :class:`Tensor` when imported (``_tensor_methods``); ``mpitensor``
-imports them all (through ``mpitensor._ops``) before anything else can use a tensor:
-
-- ``_operators``: ``+ - * / // % ** @``, comparisons, bitwise operators, their in-place forms;
-- ``_elementwise``: ``exp``, ``log``, ``sqrt``, ``relu``, ``sigmoid``, ``tanh``, ``abs``, ``clamp``;
-- ``_softmax``: ``softmax``, ``log_softmax``;
-- ``_reductions``: ``sum``, ``mean``, ``var``, ``max``, ``argmax``, ``all``, ...;
-- ``_views``: ``view``, ``reshape``, ``flatten``, ``permute``, ``expand``, ``split``, ``clone``;
-- ``_indexing``: ``t[key]``, ``t[key] = value``, ``nonzero``;
-- ``_casting``: ``to``, ``cpu``, ``cuda``, ``float``, ``type``, ...;
-- ``_combining``: ``cat``, ``stack``, ``where``, ``allclose``, ``equal``;
-- ``_creation``: ``tensor``, ``zeros``, ``arange``, ``*_like``, ``new_*``, ...;
-- ``_random``: generators, seeds, ``rand``, ``randn``, ``randint``, ``randperm``;
-- ``_functions``: torch-style functions of one tensor (``mpitensor.exp(x)`` is ``x.exp()``).
+which adds its methods to :class:`Tensor` when imported (``opkit.tensor_methods``); ``mpitensor``
+imports them all (through ``mpitensor._ops``, whose docstring lists them by family) before
+anything else can use a tensor. ``mpitensor._core.opkit`` is the kit those modules are
+written with.
 
 The functions those modules define for this module's ``__all__`` (``zeros``, ``cat``,
 ``manual_seed``, ...) stay importable from here: each module hands them over with ``_serve``
@@ -47,7 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 from collections.abc import Iterator, Sequence
@@ -55,18 +44,18 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._core import printing as _printing
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._core import printing as _printing
 from mpitensor._core.devices import device_str, is_cupy
 from mpitensor._core.devices import move as _move  # noqa: F401 - re-exported for nn.module
 from mpitensor._core.devices import parse_device as _parse_device  # noqa: F401 - for nn.module
 from mpitensor._core.dims import size_from, wrap_dim
 from mpitensor._core.printing import get_printoptions, printoptions, set_printoptions
-from mpitensor._core.promotion import is_scalar, scalar_dtype
-from mpitensor.autograd import _NO_RECORD, link_view, version_cell
+from mpitensor._core.python_data import array_from_data
 from mpitensor.autograd import leaf_in_place_error as leaf_in_place_error  # for nn
+from mpitensor.autograd import version_cell
 
 # torch functions that are their Tensor method with the tensor first: ``torch.sin(x)`` is
 # ``x.sin()``; each also takes ``out=`` (defined by mpitensor._ops.functions).
@@ -223,54 +212,6 @@ def _check_one_element(t: Tensor) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# Python data in
-
-
-def _first_leaf(data: Any) -> Any:
-    """The first non-sequence element of nested lists/tuples (or the data itself)."""
-    depth = 0
-    while isinstance(data, (list, tuple)) and data and depth < 64:
-        data = data[0]
-        depth += 1
-    return data
-
-
-def _from_data(data: Any, dtype: Optional[np.dtype]) -> np.ndarray:
-    """A fresh NumPy array from Python data, with torch's dtype inference when ``dtype`` is None."""
-    if isinstance(data, np.generic):  # NumPy scalars keep their dtype (np.float64 -> float64)
-        return np.array(data, dtype=dtype)
-    if is_scalar(data):
-        return np.array(data, dtype=scalar_dtype(data) if dtype is None else dtype)
-    if isinstance(data, (str, bytes)):
-        raise TypeError(f"tensor() cannot make a tensor from {type(data).__name__} {data!r}")
-    try:
-        arr = np.array(data, dtype=dtype)
-    except ValueError as exc:
-        raise ValueError(
-            f"tensor() could not convert the data: {exc}; nested sequences must be rectangular"
-        ) from None
-    except TypeError as exc:
-        raise TypeError(f"tensor() could not convert the data: {exc}") from None
-    if _dt.kind_of(arr.dtype) not in "biufc":
-        raise TypeError(
-            f"tensor() could not infer a numeric dtype from {type(data).__name__} data (NumPy "
-            f"made {arr.dtype}); pass numbers, nested sequences of numbers, or arrays"
-        )
-    if dtype is None:
-        leaf = _first_leaf(data)
-        if is_scalar(leaf) or (isinstance(leaf, (list, tuple)) and not leaf):
-            kind = arr.dtype.kind
-            if kind == "f":
-                arr = arr.astype(_dt.get_default_dtype(), copy=False)
-            elif kind == "c":
-                arr = arr.astype(_dt.default_complex_dtype(), copy=False)
-            elif kind == "i":
-                arr = arr.astype(_INT64, copy=False)
-    _dt.to_dtype(arr.dtype)
-    return arr
-
-
-# --------------------------------------------------------------------------------------------
 # Tensor
 
 
@@ -314,7 +255,7 @@ class Tensor:
             arr = data
             _dt.to_dtype(arr.dtype)
         else:
-            arr = _from_data(data, _dt.get_default_dtype())
+            arr = array_from_data(data, _dt.get_default_dtype())
         self._data = arr
         self._requires_grad = False
         self.grad = None
@@ -989,65 +930,7 @@ class _Fill(_autograd.Function):
 
 
 # --------------------------------------------------------------------------------------------
-# How the op modules plug in
-
-
-def _run(fn: Any, t: Tensor, *args: Any) -> Tensor:
-    """Op ``fn`` (an autograd ``Function``) on tensor ``t`` and plain ``args``.
-
-    It is recorded through ``fn.apply`` only when ``t`` requires grad and grad mode is on;
-    otherwise ``fn.forward`` runs alone on the array, with a context that keeps nothing, so the
-    unrecorded path does no graph work.
-    """
-    if t._requires_grad and _grad_mode.enabled:
-        return fn.apply(t, *args)
-    return _new(fn.forward(_NO_RECORD, t._data, *args))
-
-
-def _replay(fn: Any, args: tuple, a: Any) -> Any:
-    return fn.forward(_NO_RECORD, a, *args)
-
-
-def _run_view(fn: Any, t: Tensor, *args: Any, reshape: bool = False) -> Tensor:
-    """:func:`_run` for an op that may return a view of ``t``'s array; a view is linked to
-    ``t`` (one version counter; in-place writes into either rewire the other's graph).
-
-    ``reshape``: the op only changes the shape, so replaying it on another array is a reshape
-    (whatever that array's memory layout allows as a view).
-    """
-    r = _run(fn, t, *args)
-    x, y = t._data, r._data
-    bx, by = x.base, y.base
-    if (x if bx is None else bx) is (y if by is None else by):
-        if reshape:
-            link_view(r, t, functools.partial(_reshape_replay, y.shape))
-        else:
-            link_view(r, t, functools.partial(_replay, fn, args))
-    return r
-
-
-def _reshape_replay(shape: tuple, a: Any) -> Any:
-    return a.reshape(shape)
-
-
-# What a class body holds besides what it defines (differs between Python versions).
-_CLASS_BOOKKEEPING = frozenset(vars(type("_", (), {}))) | {"__annotations__"}
-
-
-def _tensor_methods(namespace: type) -> type:
-    """Class decorator for the op modules: add what the decorated class defines to Tensor.
-
-    An op module writes its methods in a class body, as they would read inside ``Tensor``
-    (names like ``sum`` or ``float`` do not shadow the builtins there), and this copies them
-    over. The decorated class itself is only a namespace.
-    """
-    for name, value in vars(namespace).items():
-        if name in _CLASS_BOOKKEEPING or (name == "__hash__" and value is None):
-            continue  # (a body defining __eq__ gets __hash__ = None; Tensor keeps its own)
-        if getattr(value, "__name__", None) == name and hasattr(value, "__qualname__"):
-            value.__qualname__ = f"Tensor.{name}"  # tracebacks and help() name the method
-        setattr(Tensor, name, value)
-    return namespace
+# How the op modules plug in (through mpitensor._core.opkit, the kit for writing an op)
 
 
 _served: dict = {}

@@ -2,7 +2,7 @@
 
 Each op module keeps an op's forward and backward side by side and, when imported, adds its
 methods to :class:`~mpitensor.tensor.Tensor` and hands the functions of
-``mpitensor.tensor.__all__`` to that module (``tensor._serve``). ``mpitensor/__init__.py``
+``mpitensor.tensor.__all__`` to that module (``opkit.serve``). ``mpitensor/__init__.py``
 imports this module before any other part of the package, so every tensor has all its methods
 and ``from mpitensor.tensor import zeros`` works wherever the package is imported.
 
@@ -30,6 +30,8 @@ and ``from mpitensor.tensor import zeros`` works wherever the package is importe
 
 from __future__ import annotations
 
+from mpitensor import tensor as _t
+
 from . import (
     cast,
     combine,
@@ -50,7 +52,6 @@ from . import (
     statistics,
     views,
 )
-from mpitensor import tensor as _t
 
 OP_MODULES = (operators, elementwise, math, softmax, reductions, views, indexing,
               gather_scatter, scans, statistics, linalg, shape, counting,

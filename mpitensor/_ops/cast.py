@@ -24,8 +24,9 @@ from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._core.devices import DeviceLike, is_cupy, is_on, move, parse_device
 from mpitensor._core.legacy_types import parse_type, type_name
-from mpitensor.autograd import _NO_RECORD, Function
-from mpitensor.tensor import Tensor, _new, _tensor_methods
+from mpitensor._core.opkit import NO_RECORD, tensor_methods, wrap
+from mpitensor.autograd import Function
+from mpitensor.tensor import Tensor
 
 _ndarray = np.ndarray
 _grad_mode = _autograd._mode
@@ -75,7 +76,7 @@ def _converted(t: Tensor, dev: Optional[_backend.device], dtype: Optional[np.dty
     out_kind = _dt.kind_of(t._data.dtype if dtype is None else dtype)
     if t._requires_grad and _grad_mode.enabled and out_kind in "fc":
         return ToCopy.apply(t, dev, dtype)
-    return _new(ToCopy.forward(_NO_RECORD, t._data, dev, dtype))
+    return wrap(ToCopy.forward(NO_RECORD, t._data, dev, dtype))
 
 
 def _cast(t: Tensor, dt: np.dtype) -> Tensor:
@@ -119,7 +120,7 @@ def _to_args(args: tuple, kwargs: dict) -> tuple:
     return device, dtype, copy
 
 
-@_tensor_methods
+@tensor_methods
 class _CastingMethods:
     def to(self, *args: Any, **kwargs: Any) -> Tensor:
         """Return the tensor on another device and/or with another dtype (self if unchanged).

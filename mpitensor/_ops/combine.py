@@ -20,13 +20,13 @@ import numpy as np
 
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
-from mpitensor import tensor as _t
 from mpitensor._core.devices import device_str, is_cupy, same_device, xp
 from mpitensor._core.dims import wrap_dim
-from mpitensor._ops.operators import NOT_OPERAND, fit_grad, operand
+from mpitensor._core.opkit import NO_RECORD, serve, tensor_methods, wrap
 from mpitensor._core.promotion import is_scalar, promote, result_type
-from mpitensor.autograd import _NO_RECORD, Function
-from mpitensor.tensor import Tensor, _new, _tensor_methods
+from mpitensor._ops.operators import NOT_OPERAND, fit_grad, operand
+from mpitensor.autograd import Function
+from mpitensor.tensor import Tensor
 
 __all__ = ["cat", "concat", "stack", "where", "allclose", "equal"]
 
@@ -68,7 +68,7 @@ def _joined(fn: Any, dim: int, tensors: Sequence[Any]) -> Tensor:
     if _grad_mode.enabled and any(getattr(t, "_requires_grad", False) for t in tensors):
         return fn.apply(dim, *tensors)
     arrays = [t._data if isinstance(t, Tensor) else t for t in tensors]
-    return _new(fn.forward(_NO_RECORD, dim, *arrays))
+    return wrap(fn.forward(NO_RECORD, dim, *arrays))
 
 
 def _split_grad(g: Any, ctx: Any, piece: Any) -> tuple:
@@ -253,7 +253,7 @@ def where(condition: Any, input: Any = None, other: Any = None) -> Any:  # noqa:
     if not (isinstance(c, _ndarray) or _backend.is_cupy_array(c)):
         c = np.asarray(c)
     if input is None and other is None:
-        return _new(c).nonzero(as_tuple=True)
+        return wrap(c).nonzero(as_tuple=True)
     if input is None or other is None:
         raise TypeError("where() takes either only condition, or condition, input and other")
     x, y = operand(input), operand(other)
@@ -266,7 +266,7 @@ def where(condition: Any, input: Any = None, other: Any = None) -> Any:  # noqa:
         a = input if isinstance(input, Tensor) else x
         b = other if isinstance(other, Tensor) else y
         return Where.apply(c, a, b)
-    return _new(Where.forward(_NO_RECORD, c, x, y))
+    return wrap(Where.forward(NO_RECORD, c, x, y))
 
 
 def allclose(
@@ -311,7 +311,7 @@ def equal(input: Any, other: Any) -> bool:  # noqa: A002
     return bool((x == y).all())
 
 
-@_tensor_methods
+@tensor_methods
 class _CombiningMethods:
     def allclose(
         self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False
@@ -328,4 +328,4 @@ class _CombiningMethods:
         return where(condition, self, other)
 
 
-_t._serve({name: globals()[name] for name in __all__})
+serve({name: globals()[name] for name in __all__})

@@ -16,10 +16,10 @@ from typing import Any, Optional
 import numpy as np
 
 from mpitensor import dtypes as _dt
-from mpitensor import tensor as _t
 from mpitensor._core.devices import same_device, xp
 from mpitensor._core.dims import wrap_dim
-from mpitensor.tensor import Tensor, _new, _tensor_methods
+from mpitensor._core.opkit import serve, tensor_methods, wrap
+from mpitensor.tensor import Tensor
 
 _INT64 = _dt.int64
 _INT32 = _dt.int32
@@ -54,14 +54,14 @@ def bincount(input: Tensor, weights: Optional[Tensor] = None, minlength: int = 0
         raise ValueError("bincount(): the input must be non-negative")
     m = xp(x)
     if weights is None:
-        return _new(m.bincount(x, minlength=minlength).astype(_INT64, copy=False))
+        return wrap(m.bincount(x, minlength=minlength).astype(_INT64, copy=False))
     w = _array(weights)
     x, w = same_device(x, w)
     if w.shape != x.shape:
         raise ValueError(f"bincount(): weights have shape {list(w.shape)}, input "
                          f"{list(x.shape)}")
     dt = w.dtype if _dt.kind_of(w.dtype) == "f" else _dt.float64
-    return _new(m.bincount(x, weights=w.astype(_dt.float64), minlength=minlength).astype(dt))
+    return wrap(m.bincount(x, weights=w.astype(_dt.float64), minlength=minlength).astype(dt))
 
 
 def histc(input: Tensor, bins: int = 100, min: float = 0, max: float = 0) -> Tensor:  # noqa: A002
@@ -93,7 +93,7 @@ def histc(input: Tensor, bins: int = 100, min: float = 0, max: float = 0) -> Ten
     v = w[keep]
     idx = ((v - lo) * bins / (hi - lo)).astype(_INT64)
     idx = m.minimum(idx, bins - 1)
-    return _new(m.bincount(idx, minlength=bins).astype(x.dtype))
+    return wrap(m.bincount(idx, minlength=bins).astype(x.dtype))
 
 
 def searchsorted(sorted_sequence: Tensor, input: Any, *, out_int32: bool = False,  # noqa: A002
@@ -136,7 +136,7 @@ def searchsorted(sorted_sequence: Tensor, input: Any, *, out_int32: bool = False
         out = m.stack([m.searchsorted(s2[i], v2[i], side=side) for i in range(s2.shape[0])])
         out = out.reshape(vals.shape)
     out = m.asarray(out).astype(_INT32 if out_int32 else _INT64)
-    return _new(out.reshape(()) if scalar else out)
+    return wrap(out.reshape(()) if scalar else out)
 
 
 def bucketize(input: Any, boundaries: Tensor, *, out_int32: bool = False,  # noqa: A002
@@ -163,7 +163,7 @@ def isin(elements: Any, test_elements: Any, *, assume_unique: bool = False,
     elif isinstance(test_elements, Tensor) and not isinstance(elements, Tensor):
         a = xp(b).asarray(a)
     a, b = same_device(a, b)
-    return _new(xp(a).isin(a, b, assume_unique=assume_unique, invert=invert))
+    return wrap(xp(a).isin(a, b, assume_unique=assume_unique, invert=invert))
 
 
 _HistogramResult = namedtuple("histogram", ["hist", "bin_edges"])
@@ -187,20 +187,20 @@ def histogram(input: Tensor, bins: Any = 100, *, range: Any = None,  # noqa: A00
     w = None if weight is None else _array(weight).astype(_dt.float64)
     hist, edges = m.histogram(x.astype(_dt.float64), bins=b, range=range, weights=w,
                               density=density)
-    return _HistogramResult(_new(hist.astype(x.dtype)), _new(edges.astype(x.dtype)))
+    return _HistogramResult(wrap(hist.astype(x.dtype)), wrap(edges.astype(x.dtype)))
 
 
 def _unique_result(out: Any, inverse: Any, counts: Any, return_inverse: bool,
                    return_counts: bool) -> Any:
-    res = [_new(out)]
+    res = [wrap(out)]
     if return_inverse:
-        res.append(_new(inverse.astype(_INT64, copy=False)))
+        res.append(wrap(inverse.astype(_INT64, copy=False)))
     if return_counts:
-        res.append(_new(counts.astype(_INT64, copy=False)))
+        res.append(wrap(counts.astype(_INT64, copy=False)))
     return res[0] if len(res) == 1 else tuple(res)
 
 
-@_tensor_methods
+@tensor_methods
 class _CountingMethods:
     def bincount(self, weights: Optional[Tensor] = None, minlength: int = 0) -> Tensor:
         """Return the counts of each non-negative integer (see :func:`bincount`)."""
@@ -275,6 +275,6 @@ def unique_consecutive(input: Tensor, return_inverse: bool = False,  # noqa: A00
     return input.unique_consecutive(return_inverse, return_counts, dim)
 
 
-_t._serve({name: globals()[name] for name in (
+serve({name: globals()[name] for name in (
     "bincount", "histc", "searchsorted", "bucketize", "unique", "unique_consecutive", "isin",
     "histogram")})

@@ -23,11 +23,12 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor import tensor as _t
 from mpitensor._core.devices import DeviceLike, create, move, parse_device
 from mpitensor._core.dims import keyword_form, size_from
+from mpitensor._core.opkit import copy_into, serve, tensor_methods, wrap
 from mpitensor._core.promotion import is_scalar, scalar_dtype
-from mpitensor.tensor import Tensor, _from_data, _new, _tensor_methods
+from mpitensor._core.python_data import array_from_data
+from mpitensor.tensor import Tensor
 
 __all__ = [
     "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange",
@@ -133,7 +134,7 @@ def write_into(out: Any, arr: Any, fname: str) -> Tensor:
     x = out._data
     if tuple(arr.shape) != tuple(x.shape):
         out._data = create(_backend.device_of(x), "empty", tuple(arr.shape), dtype=x.dtype)
-    _t._copy_into(out._data, arr)
+    copy_into(out._data, arr)
     _ag.bump_version(out)
     return out
 
@@ -169,7 +170,7 @@ def dtype_or(dtype: DTypeLike, default: np.dtype) -> np.dtype:
 
 def finish(arr: Any, requires_grad: bool) -> Tensor:
     """A new tensor of ``arr``, marked for autograd when asked (float/complex only)."""
-    t = _new(arr)
+    t = wrap(arr)
     if requires_grad:
         t.requires_grad = True
     return t
@@ -253,7 +254,7 @@ def tensor(
             arr = move(arr, dev)
         _dt.to_dtype(arr.dtype)
     else:
-        arr = move(_from_data(data, dt), dev)
+        arr = move(array_from_data(data, dt), dev)
     return finish(arr, requires_grad)
 
 
@@ -280,7 +281,7 @@ def as_tensor(data: Any, dtype: DTypeLike = None, device: DeviceLike = None) -> 
         r = move(x, dev)
         if dt is not None:
             r = r.astype(dt, copy=False)
-        return data if r is x else _new(r)
+        return data if r is x else wrap(r)
     if isinstance(data, _ndarray) or _backend.is_cupy_array(data):
         if isinstance(data, _ndarray) and type(data) is not _ndarray:
             data = data.view(_ndarray)
@@ -288,7 +289,7 @@ def as_tensor(data: Any, dtype: DTypeLike = None, device: DeviceLike = None) -> 
         if dt is not None:
             r = r.astype(dt, copy=False)
         _dt.to_dtype(r.dtype)
-        return _new(r)
+        return wrap(r)
     return tensor(data, dtype=dt, device=dev)
 
 
@@ -317,7 +318,7 @@ def from_numpy(ndarray: np.ndarray) -> Tensor:
     _dt.to_dtype(ndarray.dtype)
     if type(ndarray) is not _ndarray:
         ndarray = ndarray.view(_ndarray)
-    return _new(ndarray)
+    return wrap(ndarray)
 
 
 def zeros(
@@ -621,7 +622,7 @@ def eye(
     return finish(create(parse_device(device), "eye", n, m, dtype=dt), requires_grad)
 
 
-@_tensor_methods
+@tensor_methods
 class _CreationMethods:
     def new_tensor(
         self, data: Any, *, dtype: DTypeLike = None, device: DeviceLike = None,
@@ -672,4 +673,4 @@ class _CreationMethods:
     # dtype casts named as in torch; defined last because their names shadow builtins in the
 
 
-_t._serve({name: globals()[name] for name in __all__})
+serve({name: globals()[name] for name in __all__})

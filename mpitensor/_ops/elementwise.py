@@ -5,7 +5,7 @@ Each differentiable one is a :class:`~mpitensor.autograd.Function` whose forward
 op's rules (integers promoted to the default float dtype where torch promotes them, bools
 refused where torch refuses them, NumPy's floating-point warnings silenced as torch computes
 inf and nan silently) and whose backward follows it. The Tensor method runs the forward alone
-when nothing needs recording (``tensor._run``). The in-place forms ``relu_`` and ``clamp_``
+when nothing needs recording (``opkit.run``). The in-place forms ``relu_`` and ``clamp_``
 (``clip_``) are recorded through ``mpitensor.autograd.apply_inplace`` where needed.
 
 Example:
@@ -22,25 +22,19 @@ from typing import Any
 
 import numpy as np
 
-from mpitensor._core import autocast as _autocast
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
+from mpitensor._base.parallel import SPLIT_ELEMENTS, split_pass
+from mpitensor._base.workspace import empty_like, flat_in_order, memory_order, relu_into
+from mpitensor._core import autocast as _autocast
 from mpitensor._core.devices import xp
 from mpitensor._core.half import computes_in_float32
-from mpitensor._ops.operators import fit_grad
-from mpitensor._base.parallel import SPLIT_ELEMENTS, split_pass
+from mpitensor._core.opkit import NO_RECORD, run, run_view, tensor_methods, wrap
 from mpitensor._core.promotion import result_type
+from mpitensor._ops.operators import fit_grad
 from mpitensor._ops.views import Alias
-from mpitensor._base.workspace import empty_like, flat_in_order, memory_order, relu_into
-from mpitensor.autograd import (
-    _NO_RECORD,
-    Function,
-    apply_inplace,
-    bump_version,
-    inplace_recorded,
-    write_into,
-)
-from mpitensor.tensor import Tensor, _new, _run, _run_view, _tensor_methods
+from mpitensor.autograd import Function, apply_inplace, bump_version, inplace_recorded, write_into
+from mpitensor.tensor import Tensor
 
 _grad_mode = _autograd._mode
 
@@ -257,19 +251,19 @@ class Clamp(Function):
         return fit_grad(g * keep, *ctx.meta), None, None
 
 
-@_tensor_methods
+@tensor_methods
 class _ElementwiseMethods:
     def __neg__(self) -> Tensor:
-        return _run(Neg, self)
+        return run(Neg, self)
 
     neg = __neg__
     negative = __neg__
 
     def __pos__(self) -> Tensor:
-        return _run_view(Alias, self)
+        return run_view(Alias, self)
 
     def __abs__(self) -> Tensor:
-        return _run(Abs, self)
+        return run(Abs, self)
 
     def __invert__(self) -> Tensor:
         x = self._data
@@ -277,27 +271,27 @@ class _ElementwiseMethods:
             raise TypeError(
                 f"~ (bitwise not) needs an integer or bool tensor, got {_dt.dt_repr(x.dtype)}"
             )
-        return _new(~x)
+        return wrap(~x)
 
     def abs(self) -> Tensor:
         """Return the element-wise absolute value."""
-        return _run(Abs, self)
+        return run(Abs, self)
 
     def sqrt(self) -> Tensor:
         """Return the element-wise square root (integers are promoted to the default dtype)."""
-        return _run(Sqrt, self)
+        return run(Sqrt, self)
 
     def exp(self) -> Tensor:
         """Return the element-wise exponential."""
         if _autocast.ON and _autocast.active():
             return _autocast.run("exp", Tensor.exp, self)
-        return _run(Exp, self)
+        return run(Exp, self)
 
     def log(self) -> Tensor:
         """Return the element-wise natural logarithm."""
         if _autocast.ON and _autocast.active():
             return _autocast.run("log", Tensor.log, self)
-        return _run(Log, self)
+        return run(Log, self)
 
     def relu(self) -> Tensor:
         """Return ``max(self, 0)`` element-wise.
@@ -307,7 +301,7 @@ class _ElementwiseMethods:
             >>> mt.tensor([-1.0, 2.0]).relu()
             tensor([0., 2.])
         """
-        return _run(Relu, self)
+        return run(Relu, self)
 
     def relu_(self) -> Tensor:
         """Replace every element by ``max(element, 0)``; returns self.
@@ -322,17 +316,17 @@ class _ElementwiseMethods:
         """
         if _grad_mode.enabled and inplace_recorded(self, "relu_()"):
             return apply_inplace(Relu, "relu_()", self)
-        Relu.forward_(_NO_RECORD, self._data)
+        Relu.forward_(NO_RECORD, self._data)
         bump_version(self)
         return self
 
     def sigmoid(self) -> Tensor:
         """Return the logistic function ``1 / (1 + exp(-self))`` element-wise."""
-        return _run(Sigmoid, self)
+        return run(Sigmoid, self)
 
     def tanh(self) -> Tensor:
         """Return the hyperbolic tangent element-wise."""
-        return _run(Tanh, self)
+        return run(Tanh, self)
 
     def clamp(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 - torch names
         """Return the elements limited to ``[min, max]`` (either bound may be None).
@@ -342,7 +336,7 @@ class _ElementwiseMethods:
         """
         lo = min._data if isinstance(min, Tensor) else min
         hi = max._data if isinstance(max, Tensor) else max
-        return _run(Clamp, self, lo, hi)
+        return run(Clamp, self, lo, hi)
 
     clip = clamp
 
@@ -360,7 +354,7 @@ class _ElementwiseMethods:
         if _grad_mode.enabled and inplace_recorded(self, "clamp_()"):
             return apply_inplace(Clamp, "clamp_()", self, lo, hi)
         x = self._data
-        write_into(x, Clamp.forward(_NO_RECORD, x, lo, hi), "clamp_()")
+        write_into(x, Clamp.forward(NO_RECORD, x, lo, hi), "clamp_()")
         bump_version(self)
         return self
 

@@ -22,9 +22,10 @@ from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor import tensor as _t
 from mpitensor._core.devices import xp
+from mpitensor._core.opkit import serve, wrap
 from mpitensor._core.promotion import can_cast as can_cast_dtype
 from mpitensor._core.promotion import is_scalar
-from mpitensor.tensor import Tensor, _new
+from mpitensor.tensor import Tensor
 
 __all__ = [
     "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "clamp", "clip", "matmul", "mean",
@@ -320,7 +321,7 @@ def write_out(out: Any, result: Any, name: str) -> Any:
     if tuple(getattr(r, "shape", ())) != tuple(x.shape):
         out._data = xp(x).empty(tuple(getattr(r, "shape", ())), dtype=x.dtype)
     with _autograd.no_grad():
-        out.copy_(result if isinstance(result, Tensor) else _new(xp(x).asarray(r)))
+        out.copy_(result if isinstance(result, Tensor) else wrap(xp(x).asarray(r)))
     return out
 
 
@@ -350,4 +351,4 @@ for _name in _FORWARDED:
 _OWN = ("rsub", "std_mean", "var_mean", "pi", "e", "inf", "nan", "newaxis", "result_type",
         "promote_types", "can_cast", "empty_strided", "scalar_tensor", "logspace", "asarray")
 
-_t._serve({name: globals()[name] for name in (*__all__, *_FORWARDED, *_OWN)})
+serve({name: globals()[name] for name in (*__all__, *_FORWARDED, *_OWN)})

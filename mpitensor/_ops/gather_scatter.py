@@ -6,7 +6,7 @@
 Each op is one :class:`~mpitensor.autograd.Function` whose forward checks the index (integer
 dtype, number of dimensions, bounds; torch refuses negative indices where NumPy would wrap
 them) and computes with NumPy/CuPy indexing; repeated indices add up (``add.at``) wherever they
-must. The in-place forms run the same forward through ``_math_ops.run_inplace``, so autograd
+must. The in-place forms run the same forward through ``opkit.run_inplace``, so autograd
 records them with version counters as it records ``+=``.
 
 Example:
@@ -28,12 +28,12 @@ from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor._core.devices import same_device, xp
 from mpitensor._core.dims import wrap_dim
-from mpitensor._ops.indexing import _scatter_add
-from mpitensor._ops.math import run_inplace
-from mpitensor._ops.operators import fit_grad
+from mpitensor._core.opkit import NO_RECORD, run, run_inplace, tensor_methods, wrap
 from mpitensor._core.promotion import is_scalar
-from mpitensor.autograd import _NO_RECORD, Function
-from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
+from mpitensor._ops.indexing import _scatter_add
+from mpitensor._ops.operators import fit_grad
+from mpitensor.autograd import Function
+from mpitensor.tensor import Tensor
 
 _grad_mode = _autograd._mode
 _INT64 = _dt.int64
@@ -119,7 +119,7 @@ def _gather(t: Tensor, dim: int, index: Any) -> Tensor:
     idx = _index_of(index, "gather()")
     axis = wrap_dim(dim, x.ndim)
     _check_along(x, idx, axis, "gather()")
-    return _run(Gather, t, idx, axis)
+    return run(Gather, t, idx, axis)
 
 
 _REDUCES = ("sum", "prod", "mean", "amax", "amin")
@@ -282,7 +282,7 @@ def _run_with(t: Tensor, fn: Any, *args: Any) -> Tensor:
     if _grad_mode.enabled and (t._requires_grad or any(
             isinstance(a, Tensor) and a._requires_grad for a in args)):
         return fn.apply(t, *args)
-    return _new(fn.forward(_NO_RECORD, t._data,
+    return wrap(fn.forward(NO_RECORD, t._data,
                            *(a._data if isinstance(a, Tensor) else a for a in args)))
 
 
@@ -470,7 +470,7 @@ def _mask_array(mask: Any, what: str) -> Any:
     return mk
 
 
-@_tensor_methods
+@tensor_methods
 class _GatherScatterMethods:
     def gather(self, dim: int, index: Any, *, sparse_grad: bool = False) -> Tensor:
         """Return ``self``'s elements at ``index`` along ``dim`` (``out[i][j] =
@@ -552,7 +552,7 @@ class _GatherScatterMethods:
             tensor([[3, 1]])
         """
         idx, axis = _index_args(self, dim, index, "index_select()")
-        return _run(IndexSelect, self, idx, axis)
+        return run(IndexSelect, self, idx, axis)
 
     def index_add(self, dim: int, index: Any, source: Any, *, alpha: Any = 1) -> Tensor:
         """Return a copy with ``alpha * source``'s slices added at the ``index`` slices of
@@ -591,7 +591,7 @@ class _GatherScatterMethods:
         """Return the 1-D tensor of the elements where ``mask`` (bool, broadcast) holds."""
         mk = _mask_array(mask, "masked_select()")
         x, mk = same_device(self._data, mk)
-        return _run(MaskedSelect, self, mk)
+        return run(MaskedSelect, self, mk)
 
     def masked_scatter(self, mask: Any, source: Tensor) -> Tensor:
         """Return a copy with ``source``'s elements, in order, where ``mask`` holds.
@@ -616,7 +616,7 @@ class _GatherScatterMethods:
         """
         idx = _index_of(index, "take()")
         _check_bounds(idx, self._data.size, "take()", negative=True)
-        return _run(Take, self, idx)
+        return run(Take, self, idx)
 
     def take_along_dim(self, indices: Any, dim: Optional[int] = None) -> Tensor:
         """Return the elements at ``indices`` along ``dim`` (``gather`` with the two
@@ -624,7 +624,7 @@ class _GatherScatterMethods:
         tensor."""
         idx = _index_of(indices, "take_along_dim()")
         if dim is None:
-            return _gather(self.reshape(-1), 0, _new(idx.reshape(-1)))
+            return _gather(self.reshape(-1), 0, wrap(idx.reshape(-1)))
         x = self._data
         axis = wrap_dim(dim, x.ndim)
         if idx.ndim != x.ndim:
@@ -637,7 +637,7 @@ class _GatherScatterMethods:
         xs, ids = list(shape), list(shape)
         xs[axis], ids[axis] = x.shape[axis], idx.shape[axis]
         t = self if tuple(xs) == x.shape else self.expand(*xs)
-        return _gather(t, axis, _new(m.broadcast_to(idx, tuple(ids))))
+        return _gather(t, axis, wrap(m.broadcast_to(idx, tuple(ids))))
 
     def put(self, index: Any, source: Any, accumulate: bool = False) -> Tensor:
         """Return a copy with ``source`` written (``accumulate``: added) into the flattened
@@ -664,7 +664,7 @@ class _GatherScatterMethods:
         out = m.full((size, nz.shape[1]), fill_value, dtype=_INT64)
         k = min(size, nz.shape[0])
         out[:k] = nz[:k]
-        return _new(out)
+        return wrap(out)
 
     def index_put(self, indices: Any, values: Any, accumulate: bool = False) -> Tensor:
         """Return a copy with ``values`` written (``accumulate``: added, repeats adding up) at

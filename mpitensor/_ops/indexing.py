@@ -30,17 +30,16 @@ from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._core.devices import move, xp
+from mpitensor._core.opkit import NO_RECORD, replay, sum_to, tensor_methods, wrap
 from mpitensor.autograd import (
-    _NO_RECORD,
     Function,
-    _sum_to,
     apply_inplace,
     bump_version,
     inplace_recorded,
     link_view,
     storage,
 )
-from mpitensor.tensor import Tensor, _new, _replay, _tensor_methods
+from mpitensor.tensor import Tensor
 
 _ndarray = np.ndarray
 _INT64 = _dt.int64
@@ -105,7 +104,7 @@ class Index(Function):
 
 
 def _fit(g: Any, shape: tuple, dtype: Any) -> Any:
-    g = g if g.shape == shape else _sum_to(g, shape)
+    g = g if g.shape == shape else sum_to(g, shape)
     return g if g.dtype == dtype else g.astype(dtype)
 
 
@@ -205,18 +204,18 @@ class MaskedFill(Function):
         return gx, None, gv
 
 
-@_tensor_methods
+@tensor_methods
 class _IndexingMethods:
     def __getitem__(self, key: Any) -> Tensor:
-        # tensor._run written out: indexing is frequent enough for its call to show
+        # opkit.run written out: indexing is frequent enough for its call to show
         k = index_key(key)
         x = self._data
         if self._requires_grad and _grad_mode.enabled:
             r = Index.apply(self, k)
         else:
-            r = _new(Index.forward(_NO_RECORD, x, k))
+            r = wrap(Index.forward(NO_RECORD, x, k))
         if storage(r._data) is storage(x):  # a basic key: a view of self
-            link_view(r, self, functools.partial(_replay, Index, (k,)))
+            link_view(r, self, functools.partial(replay, Index, (k,)))
         return r
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -254,7 +253,7 @@ class _IndexingMethods:
             self._requires_grad or (isinstance(value, Tensor) and value._requires_grad)
         ):
             return MaskedFill.apply(self, mask, value)  # a mask tensor's version is noted
-        return _new(MaskedFill.forward(_NO_RECORD, self._data, m, _fill_value(value, "")))
+        return wrap(MaskedFill.forward(NO_RECORD, self._data, m, _fill_value(value, "")))
 
     def masked_fill_(self, mask: Any, value: Any) -> Tensor:
         """Write ``value`` into self where ``mask`` (bool, broadcast to self) is True.
@@ -270,7 +269,7 @@ class _IndexingMethods:
         v = _fill_value(value, "masked_fill_()")
         if _grad_mode.enabled and inplace_recorded(self, "masked_fill_()", value):
             return apply_inplace(MaskedFill, "masked_fill_()", self, mask, value)
-        MaskedFill.forward_(_NO_RECORD, self._data, m, v)
+        MaskedFill.forward_(NO_RECORD, self._data, m, v)
         bump_version(self)
         return self
 
@@ -280,5 +279,5 @@ class _IndexingMethods:
         x = self._data
         m = xp(x)
         if as_tuple:
-            return tuple(_new(i.astype(_INT64, copy=False)) for i in m.nonzero(m.atleast_1d(x)))
-        return _new(m.argwhere(x).astype(_INT64, copy=False))
+            return tuple(wrap(i.astype(_INT64, copy=False)) for i in m.nonzero(m.atleast_1d(x)))
+        return wrap(m.argwhere(x).astype(_INT64, copy=False))

@@ -32,17 +32,25 @@ from typing import Any, Union
 
 import numpy as np
 
-from mpitensor._core import autocast as _autocast
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
-from mpitensor import tensor as _t
+from mpitensor._core import autocast as _autocast
 from mpitensor._core.devices import same_device, xp
 from mpitensor._core.dims import wrap_dim
 from mpitensor._core.half import computes_in_float32
-from mpitensor._ops.math import assign_result, run_inplace
+from mpitensor._core.opkit import (
+    NO_RECORD,
+    assign_result,
+    run,
+    run_inplace,
+    run_view,
+    serve,
+    tensor_methods,
+    wrap,
+)
 from mpitensor._ops.operators import fit_grad
-from mpitensor.autograd import _NO_RECORD, Function
-from mpitensor.tensor import Tensor, _new, _run, _run_view, _tensor_methods
+from mpitensor.autograd import Function
+from mpitensor.tensor import Tensor
 
 _grad_mode = _autograd._mode
 _INT64 = _dt.int64
@@ -249,7 +257,7 @@ def einsum(equation: str, *operands: Any) -> Tensor:
     eq = _normalise_einsum(equation, [t._data.shape for t in ts])
     if _grad_mode.enabled and any(t._requires_grad for t in ts):
         return Einsum.apply(eq, *ts)
-    return _new(Einsum.forward(_NO_RECORD, eq, *(t._data for t in ts)))
+    return wrap(Einsum.forward(NO_RECORD, eq, *(t._data for t in ts)))
 
 
 def _full_contraction(a: Any, b: Any, dims: Any) -> bool:
@@ -620,7 +628,7 @@ def vector_norm(x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False,
     if d.size == 0 and (ord < 0 or ord == math.inf):
         raise ValueError(f"vector_norm(): the norm of order {ord} of an empty tensor is not "
                          f"defined")
-    return _run(VectorNorm, x, float(ord), axis, bool(keepdim))
+    return run(VectorNorm, x, float(ord), axis, bool(keepdim))
 
 
 @computes_in_float32
@@ -669,7 +677,7 @@ def matrix_norm(a: Tensor, ord: Any = "fro", dim: Any = (-2, -1), keepdim: bool 
         return vector_norm(a, 2, (d0, d1), keepdim)
     if ord in ("nuc", 2, -2):
         moved = a.movedim((d0, d1), (-2, -1))
-        out = _run(SvdNorm, moved, {"nuc": "nuc", 2: "max", -2: "min"}[ord])
+        out = run(SvdNorm, moved, {"nuc": "nuc", 2: "max", -2: "min"}[ord])
         if keepdim:
             for d in sorted((d0, d1)):
                 out = out.unsqueeze(d)
@@ -709,7 +717,7 @@ def norm(input: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, 
 # The Tensor methods
 
 
-@_tensor_methods
+@tensor_methods
 class _LinalgMethods:
     def mm(self, mat2: Tensor) -> Tensor:
         """Return the matrix product of two 2-D tensors.
@@ -843,7 +851,7 @@ class _LinalgMethods:
         other = _tensor_arg(other, "kron()")
         if _grad_mode.enabled and (self._requires_grad or other._requires_grad):
             return Kron.apply(self, other)
-        return _new(Kron.forward(_NO_RECORD, self._data, other._data))
+        return wrap(Kron.forward(NO_RECORD, self._data, other._data))
 
     @_autocast.op("trace")
     def trace(self) -> Tensor:
@@ -853,11 +861,11 @@ class _LinalgMethods:
 
     def tril(self, diagonal: int = 0) -> Tensor:
         """Return the lower triangle (below and on ``diagonal``) of the last two dimensions."""
-        return _run(Tri, self, operator.index(diagonal), True)
+        return run(Tri, self, operator.index(diagonal), True)
 
     def triu(self, diagonal: int = 0) -> Tensor:
         """Return the upper triangle (above and on ``diagonal``) of the last two dimensions."""
-        return _run(Tri, self, operator.index(diagonal), False)
+        return run(Tri, self, operator.index(diagonal), False)
 
     def tril_(self, diagonal: int = 0) -> Tensor:
         """:meth:`tril` in place; returns self."""
@@ -870,7 +878,7 @@ class _LinalgMethods:
     def diag(self, diagonal: int = 0) -> Tensor:
         """Return a square matrix with this vector on ``diagonal``, or this matrix's
         ``diagonal`` as a vector."""
-        return _run(Diag, self, operator.index(diagonal))
+        return run(Diag, self, operator.index(diagonal))
 
     def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
         """Return a view of the diagonal ``offset`` of dimensions ``dim1`` and ``dim2``,
@@ -883,7 +891,7 @@ class _LinalgMethods:
         d1, d2 = wrap_dim(dim1, n), wrap_dim(dim2, n)
         if d1 == d2:
             raise ValueError(f"diagonal(): dim1 and dim2 cannot be the same dimension ({d1})")
-        return _run_view(Diagonal, self, operator.index(offset), d1, d2)
+        return run_view(Diagonal, self, operator.index(offset), d1, d2)
 
     def diag_embed(self, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:
         """Return a tensor with one more dimension whose ``dim1``/``dim2`` diagonals hold the
@@ -892,7 +900,7 @@ class _LinalgMethods:
         d1, d2 = wrap_dim(dim1, n), wrap_dim(dim2, n)
         if d1 == d2:
             raise ValueError(f"diag_embed(): dim1 and dim2 cannot be the same dimension ({d1})")
-        return _run(DiagEmbed, self, operator.index(offset), d1, d2)
+        return run(DiagEmbed, self, operator.index(offset), d1, d2)
 
     def diagflat(self, offset: int = 0) -> Tensor:
         """Return the square matrix with the flattened self on diagonal ``offset``."""
@@ -907,23 +915,23 @@ class _LinalgMethods:
                 singular matrix.
         """
         _square(self, "inverse()")
-        return _run(Inverse, self)
+        return run(Inverse, self)
 
     def det(self) -> Tensor:
         """Return the determinant of a square matrix (or of each in a batch)."""
         _square(self, "det()")
-        return _run(Det, self)
+        return run(Det, self)
 
     def logdet(self) -> Tensor:
         """Return ``log(det(self))``: NaN for a negative determinant, -inf for zero."""
         _square(self, "logdet()")
-        return _run(LogAbsDet, self, True)
+        return run(LogAbsDet, self, True)
 
     def slogdet(self) -> Any:
         """Return ``(sign, logabsdet)`` of the determinant; ``logabsdet`` is differentiable."""
         x = _square(self, "slogdet()")
         sign = xp(x).linalg.slogdet(x)[0]
-        return _SlogdetResult(_new(xp(x).asarray(sign)), _run(LogAbsDet, self, False))
+        return _SlogdetResult(wrap(xp(x).asarray(sign)), run(LogAbsDet, self, False))
 
     def matrix_power(self, n: int) -> Tensor:
         """Return the square matrix to the integer power ``n`` (the inverse's for ``n < 0``;
@@ -936,7 +944,7 @@ class _LinalgMethods:
         if n == 0:
             m = xp(x)
             eye = m.broadcast_to(m.eye(x.shape[-1], dtype=x.dtype), x.shape).copy()
-            return _new(eye) if not self._requires_grad else self * 0 + _new(eye)
+            return wrap(eye) if not self._requires_grad else self * 0 + wrap(eye)
         base = self.inverse() if n < 0 else self
         n = abs(n)
         result = None
@@ -1026,7 +1034,7 @@ def solve(A: Tensor, B: Tensor, *, left: bool = True) -> Tensor:  # noqa: N803 -
     vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
     if _grad_mode.enabled and (A._requires_grad or B._requires_grad):
         return Solve.apply(A, B, vector)
-    return _new(Solve.forward(_NO_RECORD, a, b, vector))
+    return wrap(Solve.forward(NO_RECORD, a, b, vector))
 
 
 def dist(input: Tensor, other: Tensor, p: float = 2) -> Tensor:  # noqa: A002
@@ -1049,4 +1057,4 @@ def cdist(x1: Tensor, x2: Tensor, p: float = 2.0, compute_mode: Any = None) -> T
     return vector_norm(x1.unsqueeze(-2) - x2.unsqueeze(-3), p, -1)
 
 
-_t._serve({"einsum": einsum, "tensordot": tensordot, "dist": dist, "cdist": cdist})
+serve({"einsum": einsum, "tensordot": tensordot, "dist": dist, "cdist": cdist})

@@ -29,14 +29,22 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._core import autocast as _autocast
-from mpitensor._ops import special as _special
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
-from mpitensor import tensor as _t
+from mpitensor._core import autocast as _autocast
 from mpitensor._core.devices import same_device, xp
-from mpitensor._ops.elementwise import Abs, Exp, Log, Neg, Sigmoid, Sqrt, Tanh
 from mpitensor._core.half import computes_in_float32
+from mpitensor._core.opkit import (
+    assign_result,
+    run,
+    run_inplace,
+    run_view,
+    tensor_methods,
+    wrap,
+)
+from mpitensor._core.promotion import is_scalar, result_type
+from mpitensor._ops import special as _special
+from mpitensor._ops.elementwise import Abs, Exp, Log, Neg, Sigmoid, Sqrt, Tanh
 from mpitensor._ops.operators import (
     _FUNCTION_OF,
     ARITH,
@@ -49,72 +57,15 @@ from mpitensor._ops.operators import (
     binary_inplace,
     operand,
 )
-from mpitensor._core.promotion import can_cast, is_scalar, result_type
 from mpitensor._ops.views import Alias
-from mpitensor.autograd import (
-    _NO_RECORD,
-    Function,
-    apply_inplace,
-    bump_version,
-    inplace_recorded,
-    write_into,
-)
-from mpitensor.tensor import Tensor, _new, _run, _run_view, _tensor_methods
+from mpitensor.autograd import Function
+from mpitensor.tensor import Tensor
 
 _grad_mode = _autograd._mode
 _LN2 = math.log(2.0)
 _LN10 = math.log(10.0)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 _SQRT_PI_OVER_TWO = math.sqrt(math.pi) / 2.0
-
-
-def run_inplace(t: Any, fn: Any, what: str, *args: Any) -> Tensor:
-    """Write ``fn(t, *args)`` into ``t``: recorded by autograd where needed, else computed on
-    the arrays and cast into ``t``'s dtype; returns ``t`` (a bare NumPy/CuPy array ``t`` is
-    written in place and returned wrapped in a Tensor). The one in-place runner of the
-    package: ``nn``'s in-place functions use it too.
-
-    Raises:
-        TypeError: the result's dtype cannot be written into ``t`` (a float into an int...).
-        RuntimeError: ``t`` is a leaf that requires grad (outside ``no_grad()``).
-    """
-    raw = [a._data if isinstance(a, Tensor) else a for a in args]
-    if not isinstance(t, Tensor):
-        write_into(t, fn.forward(_NO_RECORD, t, *raw), what)
-        return _new(t)
-    if _grad_mode.enabled and inplace_recorded(t, what, *args):
-        return apply_inplace(fn, what, t, *args)
-    x = t._data
-    write_into(x, fn.forward(_NO_RECORD, x, *raw), what)
-    bump_version(t)
-    return t
-
-
-def assign_result(t: Tensor, r: Tensor, what: str) -> Tensor:
-    """Write the tensor ``r``, computed from ``t`` by recorded ops, into ``t`` (the in-place form
-    of a composite op): autograd sees a copy, whose gradient flows into ``r``'s graph.
-
-    Raises:
-        TypeError: ``r``'s dtype cannot be written into ``t``.
-        ValueError: ``r`` does not broadcast to ``t``'s shape.
-    """
-    x, y = t._data, r._data
-    if not can_cast(y.dtype, x.dtype):
-        raise TypeError(
-            f"result type {_dt.dt_repr(y.dtype)} can't be cast to the desired output type "
-            f"{_dt.dt_repr(x.dtype)} of {what}; use the out-of-place form or convert the "
-            f"tensor first, e.g. t = t.float()"
-        )
-    if tuple(xp(y).broadcast_shapes(y.shape, x.shape)) != tuple(x.shape):
-        raise ValueError(
-            f"{what}: the result's shape {list(y.shape)} does not broadcast to the tensor's "
-            f"shape {list(x.shape)}"
-        )
-    if _grad_mode.enabled and inplace_recorded(t, what, r):
-        return apply_inplace(_t._Copy, what, t, r)
-    _t._copy_into(x, y)
-    bump_version(t)
-    return t
 
 
 # --------------------------------------------------------------------------------------------
@@ -365,7 +316,7 @@ def _unary_method(name: str) -> Any:
     def method(self: Tensor) -> Tensor:
         if _autocast.ON and _autocast.active():
             return _autocast.run(name, method, self)
-        return _run(fn, self)
+        return run(fn, self)
 
     method.__name__ = name
     method.__doc__ = f"Return ``{name}`` of every element (differentiable)."
@@ -400,7 +351,7 @@ for _alias, _name in _UNARY_ALIASES.items():
 _methods["sgn"] = _unary_method("sign")
 _methods["sgn"].__name__ = "sgn"
 _methods["sgn_"] = _unary_inplace_method("sign", "sgn")
-_tensor_methods(type("_UnaryMethods", (), _methods))
+tensor_methods(type("_UnaryMethods", (), _methods))
 
 
 def _predicate(fn: Any, ints: Any) -> Any:
@@ -409,8 +360,8 @@ def _predicate(fn: Any, ints: Any) -> Any:
         x = self._data
         m = xp(x)
         if _dt.kind_of(x.dtype) in "biu":
-            return _new(ints(m, x))
-        return _new(fn(m, x))
+            return wrap(ints(m, x))
+        return wrap(fn(m, x))
     return method
 
 
@@ -438,7 +389,7 @@ for _name, (_f, _i) in _PREDICATES.items():
     _pred_methods[_name] = _predicate(_f, _i)
     _pred_methods[_name].__name__ = _name
     _pred_methods[_name].__doc__ = f"Return a bool tensor: ``{_name}`` of every element."
-_tensor_methods(type("_PredicateMethods", (), _pred_methods))
+tensor_methods(type("_PredicateMethods", (), _pred_methods))
 
 
 # --------------------------------------------------------------------------------------------
@@ -707,10 +658,10 @@ def _logical(name: str) -> tuple:
         return getattr(xp(x), name)(x, y)
 
     def method(self: Tensor, other: Any) -> Tensor:
-        return _new(compute(self, other))
+        return wrap(compute(self, other))
 
     def method_(self: Tensor, other: Any) -> Tensor:
-        return assign_result(self, _new(compute(self, other)), f"{name}_()")
+        return assign_result(self, wrap(compute(self, other)), f"{name}_()")
 
     method.__name__, method_.__name__ = name, f"{name}_"
     method.__doc__ = f"Return the bool tensor ``{name}(self, other)`` (non-zero is true)."
@@ -754,7 +705,7 @@ def _bitwise(name: str, op: Any, iop: Any) -> tuple:
 
 for _name, (_op, _iop) in _BITWISE.items():
     _bin_methods[_name], _bin_methods[f"{_name}_"] = _bitwise(_name, _op, _iop)
-_tensor_methods(type("_BinaryMethods", (), _bin_methods))
+tensor_methods(type("_BinaryMethods", (), _bin_methods))
 
 
 def _float64_of(v: Any) -> Any:
@@ -812,11 +763,11 @@ class Conj(Function):
 _FrexpResult = namedtuple("frexp", ["mantissa", "exponent"])
 
 
-@_tensor_methods
+@tensor_methods
 class _MathMethods:
     def conj(self) -> Tensor:
         """Return the complex conjugate (self itself for real tensors, as torch)."""
-        return _run(Conj, self) if self._data.dtype.kind == "c" else self
+        return run(Conj, self) if self._data.dtype.kind == "c" else self
 
     def conj_physical_(self) -> Tensor:
         """Conjugate in place (nothing to do for real tensors); returns self."""
@@ -826,14 +777,14 @@ class _MathMethods:
 
     def angle(self) -> Tensor:
         """Return the argument of each element (0 or pi for real tensors)."""
-        return _run(Angle, self)
+        return run(Angle, self)
 
     @property
     def real(self) -> Tensor:
         """The real part: self for real tensors, a view for complex ones."""
         if self._data.dtype.kind != "c":
             return self
-        return _run_view(RealPart, self, False)
+        return run_view(RealPart, self, False)
 
     @property
     def imag(self) -> Tensor:
@@ -844,7 +795,7 @@ class _MathMethods:
         """
         if self._data.dtype.kind != "c":
             raise TypeError("imag is not implemented for tensors with non-complex dtypes")
-        return _run_view(RealPart, self, True)
+        return run_view(RealPart, self, True)
 
     def frexp(self) -> tuple:
         """Return ``(mantissa, exponent)`` with ``self = mantissa * 2**exponent`` and
@@ -861,12 +812,12 @@ class _MathMethods:
         _, ex = m.frexp(w)
         # the mantissa as self * 2**-exponent (exact), so that it is differentiable
         scale = m.ldexp(m.ones_like(w), -ex).astype(x.dtype)
-        mant = self * _new(m.where(m.isfinite(w), scale, x.dtype.type(1)))
-        return _FrexpResult(mant, _new(ex.astype(_dt.int32)))
+        mant = self * wrap(m.where(m.isfinite(w), scale, x.dtype.type(1)))
+        return _FrexpResult(mant, wrap(ex.astype(_dt.int32)))
 
     def conj_physical(self) -> Tensor:
         """Return the complex conjugate as a new tensor (a copy for real ones too)."""
-        return _run(Conj, self) if self._data.dtype.kind == "c" else self.clone()
+        return run(Conj, self) if self._data.dtype.kind == "c" else self.clone()
 
     def resolve_conj(self) -> Tensor:
         """Return self (conjugation is never lazy here)."""
@@ -900,7 +851,7 @@ class _MathMethods:
 
     def round(self, *, decimals: int = 0) -> Tensor:
         """Return the elements rounded half to even, to ``decimals`` decimal places."""
-        return _run(_UNARY_FN["round"], self, int(decimals))
+        return run(_UNARY_FN["round"], self, int(decimals))
 
     def round_(self, *, decimals: int = 0) -> Tensor:
         """Round in place (see :meth:`round`); returns self."""
@@ -908,7 +859,7 @@ class _MathMethods:
 
     def logit(self, eps: Optional[float] = None) -> Tensor:
         """Return ``log(p / (1 - p))``, ``p`` first clamped to ``[eps, 1 - eps]`` if given."""
-        return _run(_UNARY_FN["logit"], self, eps)
+        return run(_UNARY_FN["logit"], self, eps)
 
     def logit_(self, eps: Optional[float] = None) -> Tensor:
         """:meth:`logit` in place; returns self."""
@@ -918,7 +869,7 @@ class _MathMethods:
                    neginf: Optional[float] = None) -> Tensor:
         """Return a copy with NaN, +inf and -inf replaced (by 0 and the dtype's largest
         finite numbers by default)."""
-        return _run(NanToNum, self, nan, posinf, neginf)
+        return run(NanToNum, self, nan, posinf, neginf)
 
     def nan_to_num_(self, nan: float = 0.0, posinf: Optional[float] = None,
                     neginf: Optional[float] = None) -> Tensor:
@@ -929,7 +880,7 @@ class _MathMethods:
         """Return self (as a view), refusing bool tensors as torch does."""
         if self._data.dtype.kind == "b":
             raise TypeError("positive() does not support bool tensors")
-        return _run_view(Alias, self)
+        return run_view(Alias, self)
 
     def maximum(self, other: Any) -> Tensor:
         """Return the element-wise maximum (NaN wins; ties share the gradient)."""
@@ -1031,14 +982,14 @@ class _MathMethods:
         m = xp(x)
         with np.errstate(all="ignore"):
             if x.dtype.kind == "b":
-                return _new(m.broadcast_to(x == y, m.broadcast_shapes(
+                return wrap(m.broadcast_to(x == y, m.broadcast_shapes(
                     x.shape, getattr(y, "shape", ()))).copy())
-            return _new(m.isclose(x, y, rtol=rtol, atol=atol, equal_nan=equal_nan))
+            return wrap(m.isclose(x, y, rtol=rtol, atol=atol, equal_nan=equal_nan))
 
     def logical_not(self) -> Tensor:
         """Return the bool tensor of the zero elements."""
         x = self._data
-        return _new(xp(x).logical_not(x))
+        return wrap(xp(x).logical_not(x))
 
     def logical_not_(self) -> Tensor:
         """In place: zero elements become 1 (True), the others 0; returns self."""

@@ -27,20 +27,15 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._core import autocast as _autocast
-from mpitensor._core import half as _half
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
+from mpitensor._core import autocast as _autocast
+from mpitensor._core import half as _half
 from mpitensor._core.devices import device_str, is_cupy, same_device, xp
+from mpitensor._core.opkit import sum_to, tensor_methods, wrap
 from mpitensor._core.promotion import can_cast, is_scalar, result_type, true_divide_dtype
-from mpitensor.autograd import (
-    Function,
-    _sum_to,
-    apply_inplace,
-    bump_version,
-    inplace_recorded,
-)
-from mpitensor.tensor import Tensor, _new, _tensor_methods
+from mpitensor.autograd import Function, apply_inplace, bump_version, inplace_recorded
+from mpitensor.tensor import Tensor
 
 _ndarray = np.ndarray
 _object_new = object.__new__
@@ -85,7 +80,7 @@ def fit_grad(g: Any, shape: tuple, dtype: Any) -> Any:
     """A gradient reduced to its input's ``shape`` (undoing broadcasting) and ``dtype``, so a
     float32 leaf used with a float64 operand still gets a float32 ``.grad``."""
     if g.shape != shape:
-        g = _sum_to(g, shape)
+        g = sum_to(g, shape)
     if g.dtype != dtype:
         g = g.astype(dtype)
     return g
@@ -244,7 +239,7 @@ def binary(a: Tensor, other: Any, op: Any, mode: int = ARITH, rev: bool = False)
         if y is NOT_OPERAND:
             return NotImplemented
     r = _result(x, y, op, mode, rev)
-    return NotImplemented if r is NotImplemented else _new(r)
+    return NotImplemented if r is NotImplemented else wrap(r)
 
 
 def inplace(a: Tensor, other: Any, iop: Any, mode: int = ARITH) -> Any:
@@ -623,13 +618,13 @@ class MatMul(_Binary):
         if need_a:
             ga = m.matmul(g1, (b[:, None] if len(sb) == 1 else b).swapaxes(-1, -2))
             if ga.shape != sa1:
-                ga = _sum_to(ga, sa1)
+                ga = sum_to(ga, sa1)
             if len(sa) == 1:
                 ga = ga.reshape(sa)
         if need_b:
             gb = m.matmul((a[None, :] if len(sa) == 1 else a).swapaxes(-1, -2), g1)
             if gb.shape != sb1:
-                gb = _sum_to(gb, sb1)
+                gb = sum_to(gb, sb1)
             if len(sb) == 1:
                 gb = gb.reshape(sb)
         return ga, gb
@@ -705,7 +700,7 @@ def _function_of(op: Any) -> Any:
 # The Tensor methods
 
 
-@_tensor_methods
+@tensor_methods
 class _OperatorMethods:
     def __add__(self, other: Any) -> Tensor:
         return binary(self, other, operator.add)

@@ -27,7 +27,8 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor import tensor as _t
+from mpitensor._core.devices import DeviceLike, cuda_index, is_cpu, move, parse_device
+from mpitensor._core.opkit import copy_into, serve, tensor_methods
 from mpitensor._ops.create import (
     BadValueError,
     UnsupportedDtypeError,
@@ -38,7 +39,6 @@ from mpitensor._ops.create import (
     sizes,
     write_into,
 )
-from mpitensor._core.devices import DeviceLike, cuda_index, is_cpu, move, parse_device
 from mpitensor.tensor import Tensor
 
 __all__ = [
@@ -537,7 +537,7 @@ class _Overwrite(_autograd.Function):
 
     @staticmethod
     def forward_(ctx: Any, x: Any, values: Any) -> Any:
-        _t._copy_into(x, values)
+        copy_into(x, values)
         return x
 
     @staticmethod
@@ -550,7 +550,7 @@ def _fill_with(t: Tensor, values: Any, what: str) -> Tensor:
     by autograd where needed."""
     if _autograd._mode.enabled and _autograd.inplace_recorded(t, what):
         return _autograd.apply_inplace(_Overwrite, what, t, values)
-    _t._copy_into(t._data, values)
+    copy_into(t._data, values)
     _autograd.bump_version(t)
     return t
 
@@ -590,7 +590,7 @@ def _random_bounds(t: Tensor, frm: int, to: Any) -> tuple:
     return frm, to
 
 
-@_t._tensor_methods
+@tensor_methods
 class _RandomMethods:
     def normal_(self, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Tensor:
         """Fill with normal numbers of mean ``mean`` and standard deviation ``std``; returns
@@ -864,6 +864,6 @@ def randint_like(input: Tensor, low: int = 0, high: Any = None, *,  # noqa: A002
 
 
 # nn.functional draws dropout masks with it, under its old name
-_t._serve({**{name: globals()[name] for name in __all__}, "_random": _draw,
+serve({**{name: globals()[name] for name in __all__}, "_random": _draw,
            **{name: globals()[name] for name in ("bernoulli", "multinomial", "normal",
                                                   "poisson", "randint_like")}})

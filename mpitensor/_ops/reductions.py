@@ -26,16 +26,17 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._core import autocast as _autocast
-from mpitensor._core import half as _half
 from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
+from mpitensor._core import autocast as _autocast
+from mpitensor._core import half as _half
 from mpitensor._core.devices import xp
 from mpitensor._core.dims import axes, wrap_dim
-from mpitensor._ops.operators import NOT_OPERAND, binary, operand
+from mpitensor._core.opkit import run, tensor_methods, wrap
 from mpitensor._core.promotion import sum_dtype
+from mpitensor._ops.operators import NOT_OPERAND, binary, operand
 from mpitensor.autograd import Function
-from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
+from mpitensor.tensor import Tensor
 
 _INT64 = _dt.int64
 _grad_mode = _autograd._mode
@@ -380,7 +381,7 @@ def _sort_dim(x: Any, dim: int) -> int:
 
 def _scalar_result(t: Tensor, result: Any) -> Any:
     """``sort``/``topk`` of a 0-d tensor: the element itself, at index 0."""
-    return result(t.clone(), _new(xp(t._data).zeros((), dtype=_INT64)))
+    return result(t.clone(), wrap(xp(t._data).zeros((), dtype=_INT64)))
 
 
 _PARTITION_MIN = 512  # elements along dim: below, one full sort beats partition + sort
@@ -424,19 +425,19 @@ def _extreme(t: Tensor, dim: Any, keepdim: bool, largest: bool) -> Any:
             f"it has no {name}imum"
         )
     if dim is None:
-        return _run(MaxAll if largest else MinAll, t)
+        return run(MaxAll if largest else MinAll, t)
     result = _MaxResult if largest else _MinResult
     if x.ndim == 0:  # the element itself, at index 0
         wrap_dim(dim, 0)
-        return result(t.clone(), _new(xp(x).zeros((), dtype=_INT64)))
+        return result(t.clone(), wrap(xp(x).zeros((), dtype=_INT64)))
     axis = wrap_dim(dim, x.ndim)
     indices = (x.argmax if largest else x.argmin)(axis=axis, keepdims=keepdim)
     indices = indices.astype(_INT64, copy=False)
-    values = _run(MaxDim if largest else MinDim, t, indices, axis, keepdim, largest)
-    return result(values, _new(indices))
+    values = run(MaxDim if largest else MinDim, t, indices, axis, keepdim, largest)
+    return result(values, wrap(indices))
 
 
-@_tensor_methods
+@tensor_methods
 class _ReductionMethods:
     def sum(self, dim: Any = None, keepdim: bool = False, *, dtype: DTypeLike = None) -> Tensor:
         """Return the sum over ``dim`` (an int, a tuple, or None for all elements).
@@ -450,7 +451,7 @@ class _ReductionMethods:
         """
         if _autocast.ON and _autocast.active():
             return _autocast.run("sum", Tensor.sum, self, dim, keepdim, dtype=dtype)
-        return _run(Sum, self, dim, keepdim, dtype)
+        return run(Sum, self, dim, keepdim, dtype)
 
     @_autocast.op("prod")
     def prod(self, dim: Any = None, keepdim: bool = False, *, dtype: DTypeLike = None) -> Tensor:
@@ -458,7 +459,7 @@ class _ReductionMethods:
 
         Differentiable, also where elements are zero.
         """
-        return _run(Prod, self, dim, keepdim, dtype)
+        return run(Prod, self, dim, keepdim, dtype)
 
     def mean(self, dim: Any = None, keepdim: bool = False, *, dtype: DTypeLike = None) -> Tensor:
         """Return the mean over ``dim``; the tensor (or ``dtype``) must be float or complex.
@@ -466,7 +467,7 @@ class _ReductionMethods:
         Raises:
             TypeError: an integer or bool tensor without a float ``dtype``.
         """
-        return _run(Mean, self, dim, keepdim, dtype)
+        return run(Mean, self, dim, keepdim, dtype)
 
     def var(self, dim: Any = None, unbiased: Optional[bool] = None, keepdim: bool = False, *,
             correction: Any = None) -> Tensor:
@@ -492,7 +493,7 @@ class _ReductionMethods:
             d = self - self.mean(dim, keepdim=True)
             return (d * d).sum(dim, keepdim=keepdim) / max(0, n - c)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return _new(xp(x).asarray(
+            return wrap(xp(x).asarray(
                 x.var(axis=axes(dim, x.ndim), ddof=c, keepdims=keepdim)))
 
     def std(self, dim: Any = None, unbiased: Optional[bool] = None, keepdim: bool = False, *,
@@ -550,7 +551,7 @@ class _ReductionMethods:
         if x.ndim == 0:
             return _scalar_result(self, _SortResult)
         idx = _argsort(x, axis, descending, stable)
-        return _SortResult(_run(Sort, self, idx, axis), _new(idx))
+        return _SortResult(run(Sort, self, idx, axis), wrap(idx))
 
     def argsort(self, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
         """Return the int64 positions that sort the elements along ``dim`` (see :meth:`sort`).
@@ -563,8 +564,8 @@ class _ReductionMethods:
         x = self._data
         axis = _sort_dim(x, dim)
         if x.ndim == 0:
-            return _new(xp(x).zeros((), dtype=_INT64))
-        return _new(_argsort(x, axis, descending, stable))
+            return wrap(xp(x).zeros((), dtype=_INT64))
+        return wrap(_argsort(x, axis, descending, stable))
 
     def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:  # noqa: A002
         """Return the ``k`` largest (or smallest) elements along ``dim`` and their positions.
@@ -607,29 +608,29 @@ class _ReductionMethods:
         if x.ndim == 0:
             return _scalar_result(self, _TopkResult)
         idx = _topk_indices(x, k, axis, bool(largest), bool(sorted))
-        return _TopkResult(_run(Topk, self, idx, axis), _new(idx))
+        return _TopkResult(run(Topk, self, idx, axis), wrap(idx))
 
     def argmax(self, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:
         """Return the index of the maximum (into the flattened tensor when ``dim`` is None)."""
         x = self._data
         ax = None if dim is None else axes(dim, x.ndim)
-        return _new(x.argmax(axis=ax, keepdims=keepdim).astype(_INT64, copy=False))
+        return wrap(x.argmax(axis=ax, keepdims=keepdim).astype(_INT64, copy=False))
 
     def argmin(self, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:
         """Return the index of the minimum (into the flattened tensor when ``dim`` is None)."""
         x = self._data
         ax = None if dim is None else axes(dim, x.ndim)
-        return _new(x.argmin(axis=ax, keepdims=keepdim).astype(_INT64, copy=False))
+        return wrap(x.argmin(axis=ax, keepdims=keepdim).astype(_INT64, copy=False))
 
     def all(self, dim: Any = None, keepdim: bool = False) -> Tensor:
         """Return whether all elements (over ``dim``) are non-zero, as a bool tensor."""
         x = self._data
-        return _new(x.all(axis=axes(dim, x.ndim), keepdims=keepdim))
+        return wrap(x.all(axis=axes(dim, x.ndim), keepdims=keepdim))
 
     def any(self, dim: Any = None, keepdim: bool = False) -> Tensor:
         """Return whether any element (over ``dim``) is non-zero, as a bool tensor."""
         x = self._data
-        return _new(x.any(axis=axes(dim, x.ndim), keepdims=keepdim))
+        return wrap(x.any(axis=axes(dim, x.ndim), keepdims=keepdim))
 
     def amax(self, dim: Any = (), keepdim: bool = False) -> Tensor:
         """Return the maximum over ``dim`` (an int, a tuple; ``()`` or None: every element).
@@ -639,11 +640,11 @@ class _ReductionMethods:
         Raises:
             ValueError: the tensor is empty.
         """
-        return _run(AMax, self, _all_dims(dim), keepdim, True)
+        return run(AMax, self, _all_dims(dim), keepdim, True)
 
     def amin(self, dim: Any = (), keepdim: bool = False) -> Tensor:
         """Return the minimum over ``dim`` (see :meth:`amax`)."""
-        return _run(AMax, self, _all_dims(dim), keepdim, False)
+        return run(AMax, self, _all_dims(dim), keepdim, False)
 
     def aminmax(self, *, dim: Optional[int] = None, keepdim: bool = False) -> Any:
         """Return ``(min, max)`` over ``dim`` (every element when None) as a named tuple."""
@@ -655,12 +656,12 @@ class _ReductionMethods:
         are promoted to the default float dtype)."""
         if _autocast.ON and _autocast.active():
             return _autocast.run("logsumexp", Tensor.logsumexp, self, dim, keepdim)
-        return _run(LogSumExp, self, _all_dims(dim), keepdim)
+        return run(LogSumExp, self, _all_dims(dim), keepdim)
 
     def nansum(self, dim: Any = None, keepdim: bool = False, *,
                dtype: DTypeLike = None) -> Tensor:
         """Return the sum over ``dim`` with NaN counted as zero."""
-        return _run(NanSum, self, dim, keepdim, dtype, False)
+        return run(NanSum, self, dim, keepdim, dtype, False)
 
     def nanmean(self, dim: Any = None, keepdim: bool = False, *,
                 dtype: DTypeLike = None) -> Tensor:
@@ -669,12 +670,12 @@ class _ReductionMethods:
         Raises:
             TypeError: an integer or bool tensor without a float ``dtype``.
         """
-        return _run(NanSum, self, dim, keepdim, dtype, True)
+        return run(NanSum, self, dim, keepdim, dtype, True)
 
     def count_nonzero(self, dim: Any = None) -> Tensor:
         """Return the int64 number of non-zero elements over ``dim`` (all when None)."""
         x = self._data
-        return _new(xp(x).asarray(
+        return wrap(xp(x).asarray(
             (x != 0).sum(axis=axes(dim, x.ndim))).astype(_INT64, copy=False))
 
 

@@ -19,17 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from mpitensor._core import autocast as _autocast
 from mpitensor import dtypes as _dt
+from mpitensor._core import autocast as _autocast
 from mpitensor._core.devices import xp
 from mpitensor._core.dims import wrap_dim
-from mpitensor._ops.gather_scatter import _gather
 from mpitensor._core.half import computes_in_float32
-from mpitensor._ops.math import run_inplace
+from mpitensor._core.opkit import run, run_inplace, tensor_methods, wrap
 from mpitensor._core.promotion import sum_dtype
+from mpitensor._ops.gather_scatter import _gather
 from mpitensor._ops.reductions import _return_types_repr
 from mpitensor.autograd import Function
-from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
+from mpitensor.tensor import Tensor
 
 DTypeLike = Any
 _INT64 = _dt.int64
@@ -163,7 +163,7 @@ def _cum_extreme(t: Tensor, dim: int, largest: bool) -> Any:
     axis = _scan_axis(x, dim)
     m = xp(x)
     if x.ndim == 0:
-        return result(t.clone(), _new(m.zeros((), dtype=_INT64)))
+        return result(t.clone(), wrap(m.zeros((), dtype=_INT64)))
     if x.dtype.kind == "c":
         raise TypeError("cummax()/cummin() are not defined for complex tensors")
     w = x.astype(_dt.float32) if _dt.kind_of(x.dtype) == "f" and x.dtype.itemsize == 2 else x
@@ -178,10 +178,10 @@ def _cum_extreme(t: Tensor, dim: int, largest: bool) -> Any:
     pos = m.arange(n).reshape((n,) + (1,) * (x.ndim - axis - 1))
     # the last position at or before each one that holds the running extreme
     idx = m.maximum.accumulate(m.where(same, pos, -1), axis=axis).astype(_INT64)
-    return result(_gather(t, axis, _new(idx)), _new(idx))
+    return result(_gather(t, axis, wrap(idx)), wrap(idx))
 
 
-@_tensor_methods
+@tensor_methods
 class _ScanMethods:
     def cumsum(self, dim: int, *, dtype: DTypeLike = None) -> Tensor:
         """Return the cumulative sums along ``dim`` (integers and bools in int64).
@@ -194,7 +194,7 @@ class _ScanMethods:
         """
         if _autocast.ON and _autocast.active():
             return _autocast.run("cumsum", Tensor.cumsum, self, dim, dtype=dtype)
-        return _run(Cumsum, self, _scan_axis(self._data, dim), dtype)
+        return run(Cumsum, self, _scan_axis(self._data, dim), dtype)
 
     def cumsum_(self, dim: int, *, dtype: DTypeLike = None) -> Tensor:
         """:meth:`cumsum` in place; returns self."""
@@ -204,7 +204,7 @@ class _ScanMethods:
         """Return the cumulative products along ``dim`` (integers and bools in int64)."""
         if _autocast.ON and _autocast.active():
             return _autocast.run("cumprod", Tensor.cumprod, self, dim, dtype=dtype)
-        return _run(Cumprod, self, _scan_axis(self._data, dim), dtype)
+        return run(Cumprod, self, _scan_axis(self._data, dim), dtype)
 
     def cumprod_(self, dim: int, *, dtype: DTypeLike = None) -> Tensor:
         """:meth:`cumprod` in place; returns self."""
@@ -221,4 +221,4 @@ class _ScanMethods:
 
     def logcumsumexp(self, dim: int) -> Tensor:
         """Return ``log(cumsum(exp(self)))`` along ``dim``, computed without overflow."""
-        return _run(LogCumSumExp, self, _scan_axis(self._data, dim))
+        return run(LogCumSumExp, self, _scan_axis(self._data, dim))

@@ -27,14 +27,14 @@ from typing import Any, Optional
 import numpy as np
 
 from mpitensor import dtypes as _dt
-from mpitensor import tensor as _t
-from mpitensor._ops.combine import cat, stack
-from mpitensor._ops.create import dtype_or
 from mpitensor._core.devices import create, parse_device, xp
 from mpitensor._core.dims import keyword_form, need_dims, size_from, wrap_dim
+from mpitensor._core.opkit import run, serve, tensor_methods, wrap
+from mpitensor._ops.combine import cat, stack
+from mpitensor._ops.create import dtype_or
 from mpitensor._ops.indexing import _scatter_add
 from mpitensor.autograd import Function
-from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
+from mpitensor.tensor import Tensor
 
 _INT64 = _dt.int64
 
@@ -154,7 +154,7 @@ def _even_split(t: Tensor, spec: Any, axis: int, what: str) -> tuple:
     return t.tensor_split(spec, axis)
 
 
-@_tensor_methods
+@tensor_methods
 class _ShapeMethods:
     def flip(self, *dims: Any, **kw: Any) -> Tensor:
         """Return a copy with the order of the elements reversed along ``dims``."""
@@ -162,7 +162,7 @@ class _ShapeMethods:
         if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
             dims = tuple(dims[0])
         x = self._data
-        return _run(Flip, self, _dims_of(dims, x.ndim, "flip()") if x.ndim else ())
+        return run(Flip, self, _dims_of(dims, x.ndim, "flip()") if x.ndim else ())
 
     def fliplr(self) -> Tensor:
         """Return a copy flipped left to right (dimension 1; at least 2-D)."""
@@ -189,13 +189,13 @@ class _ShapeMethods:
         if dims is None:
             if len(shifts) != 1:
                 raise ValueError("roll(): without dims, shifts must be one number")
-            return _run(Roll, self, shifts, None)
+            return run(Roll, self, shifts, None)
         axes = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
         axes = tuple(wrap_dim(d, x.ndim) for d in axes)
         if len(axes) != len(shifts):
             raise ValueError(f"roll(): shifts and dims must have the same length, got "
                              f"{len(shifts)} and {len(axes)}")
-        return _run(Roll, self, shifts, axes)
+        return run(Roll, self, shifts, axes)
 
     def rot90(self, k: int = 1, dims: Sequence[int] = (0, 1)) -> Tensor:
         """Return a copy rotated by ``k`` quarter turns in the plane of ``dims``, from the
@@ -207,7 +207,7 @@ class _ShapeMethods:
         if axes[0] == axes[1] or x.ndim < 2:
             raise ValueError("rot90(): dims must name two different dimensions of a tensor "
                              "with at least 2")
-        return _run(Rot90, self, operator.index(k) % 4, axes)
+        return run(Rot90, self, operator.index(k) % 4, axes)
 
     def narrow(self, dim: int, start: Any, length: int) -> Tensor:
         """Return the view of ``length`` elements of ``dim`` from ``start``.
@@ -296,7 +296,7 @@ class _ShapeMethods:
             ValueError: a repeat count is negative, or the counts do not fit the dimension.
         """
         if repeats is None:  # torch.repeat_interleave(counts): the indices, repeated
-            return _new(xp(self._data).arange(self._data.size)).repeat_interleave(self)
+            return wrap(xp(self._data).arange(self._data.size)).repeat_interleave(self)
         t = self.reshape(-1) if dim is None else self
         x = t._data
         axis = wrap_dim(0 if dim is None else dim, x.ndim)
@@ -317,7 +317,7 @@ class _ShapeMethods:
             raise ValueError("repeat_interleave(): repeats must be non-negative")
         if x.ndim == 0:
             t = t.reshape(1)
-        return _run(RepeatInterleave, t, r, axis)
+        return run(RepeatInterleave, t, r, axis)
 
     def tile(self, *dims: Any, **kw: Any) -> Tensor:
         """Return the tensor repeated ``dims[i]`` times along each dimension (missing leading
@@ -374,7 +374,7 @@ class _ShapeMethods:
         if not 0 <= size <= n or step <= 0:
             raise ValueError(f"unfold(): size {size} and step {step} do not fit a dimension "
                              f"of size {n}")
-        return _run(Unfold, t, axis, size, step)
+        return run(Unfold, t, axis, size, step)
 
     def sum_to_size(self, *size: Any) -> Tensor:
         """Return self summed over the dimensions that ``size`` broadcasts to it.
@@ -442,7 +442,7 @@ class _ShapeMethods:
                 if not isinstance(p, Tensor):
                     shape = list(x.shape)
                     shape[axis] = 1
-                    p = _new(xp(x).full(tuple(shape), p, dtype=x.dtype))
+                    p = wrap(xp(x).full(tuple(shape), p, dtype=x.dtype))
                 shaped.append(p)
             t = cat(shaped, axis)
         pre = (slice(None),) * axis
@@ -676,10 +676,10 @@ def block_diag(*tensors: Any) -> Tensor:
         r, c = t._data.shape
         parts = []
         if left:
-            parts.append(_new(m.zeros((r, left), dtype=dt)))
+            parts.append(wrap(m.zeros((r, left), dtype=dt)))
         parts.append(t.to(dt) if t._data.dtype != dt else t)
         if total - left - c:
-            parts.append(_new(m.zeros((r, total - left - c), dtype=dt)))
+            parts.append(wrap(m.zeros((r, total - left - c), dtype=dt)))
         rows.append(cat(parts, 1) if len(parts) > 1 else parts[0])
         left += c
     return cat(rows, 0)
@@ -702,8 +702,8 @@ def combinations(input: Tensor, r: int = 2, with_replacement: bool = False) -> T
     make = itertools.combinations_with_replacement if with_replacement else itertools.combinations
     idx = np.array(list(make(range(x.shape[0]), r)), dtype=_INT64).reshape(-1, r)
     if r == 0 or idx.size == 0:
-        return _new(xp(x).empty((0,) if r == 0 else (0, r), dtype=x.dtype))
-    return input[_new(xp(x).asarray(idx))]
+        return wrap(xp(x).empty((0,) if r == 0 else (0, r), dtype=x.dtype))
+    return input[wrap(xp(x).asarray(idx))]
 
 
 def vander(x: Tensor, N: Optional[int] = None, increasing: bool = False) -> Tensor:  # noqa: N803
@@ -713,7 +713,7 @@ def vander(x: Tensor, N: Optional[int] = None, increasing: bool = False) -> Tens
     powers = xp(x._data).arange(n)
     if not increasing:
         powers = powers[::-1].copy()
-    p = _new(powers)
+    p = wrap(powers)
     base = x.unsqueeze(1)
     if base._data.dtype.kind == "b":
         base = base.long()
@@ -763,7 +763,7 @@ def unravel_index(indices: Any, shape: Any) -> tuple:
     if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
         raise IndexError(f"unravel_index(): an index is out of range for shape {list(shape)}")
     m = xp(idx)
-    return tuple(_new(c.astype(_INT64)) for c in m.unravel_index(idx % max(n, 1), shape))
+    return tuple(wrap(c.astype(_INT64)) for c in m.unravel_index(idx % max(n, 1), shape))
 
 
 def _tri_indices(row: int, col: int, offset: int, lower: bool, dtype: Any,
@@ -776,7 +776,7 @@ def _tri_indices(row: int, col: int, offset: int, lower: bool, dtype: Any,
     dev = parse_device(device)
     if dev is not None and dev.type != "cpu":
         out = create(dev, "asarray", out)
-    return _new(out)
+    return wrap(out)
 
 
 def tril_indices(row: int, col: int, offset: int = 0, *, dtype: Any = None,
@@ -801,7 +801,7 @@ def triu_indices(row: int, col: int, offset: int = 0, *, dtype: Any = None,
 
 concatenate = cat
 
-_t._serve({name: globals()[name] for name in (
+serve({name: globals()[name] for name in (
     "broadcast_tensors", "broadcast_shapes", "atleast_1d", "atleast_2d", "atleast_3d", "hstack",
     "vstack", "row_stack", "dstack", "column_stack", "concatenate", "meshgrid",
     "cartesian_prod", "block_diag", "tril_indices", "triu_indices", "combinations", "vander",

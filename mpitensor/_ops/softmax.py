@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from mpitensor._core import autocast as _autocast
 from mpitensor import dtypes as _dt
+from mpitensor._core import autocast as _autocast
 from mpitensor._core.devices import xp
 from mpitensor._core.dims import wrap_dim
 from mpitensor._core.half import computes_in_float32
+from mpitensor._core.opkit import run, tensor_methods
 from mpitensor.autograd import Function
-from mpitensor.tensor import Tensor, _run, _tensor_methods
+from mpitensor.tensor import Tensor
 
 DTypeLike = Any
 
@@ -100,7 +101,7 @@ class LogSoftmax(_AlongDim):
         return g - xp(out).exp(out) * g.sum(axis=ctx.axis, keepdims=True), None
 
 
-@_tensor_methods
+@tensor_methods
 class _SoftmaxMethods:
     def softmax(self, dim: int, dtype: DTypeLike = None) -> Tensor:
         """Return ``exp(self) / exp(self).sum(dim)``, computed stably.
@@ -115,10 +116,10 @@ class _SoftmaxMethods:
         """
         if _autocast.ON and _autocast.active():
             return _autocast.run("softmax", Tensor.softmax, self, dim, dtype=dtype)
-        return _run(Softmax, self if dtype is None else self.to(dtype), dim)
+        return run(Softmax, self if dtype is None else self.to(dtype), dim)
 
     def log_softmax(self, dim: int, dtype: DTypeLike = None) -> Tensor:
         """Return ``log(softmax(self, dim))``, computed stably (arguments as in ``softmax``)."""
         if _autocast.ON and _autocast.active():
             return _autocast.run("log_softmax", Tensor.log_softmax, self, dim, dtype=dtype)
-        return _run(LogSoftmax, self if dtype is None else self.to(dtype), dim)
+        return run(LogSoftmax, self if dtype is None else self.to(dtype), dim)

@@ -24,15 +24,16 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._core import promotion as _promotion
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._ops.cast import _to_args
-from mpitensor._ops.create import layout, strided
+from mpitensor._core import promotion as _promotion
 from mpitensor._core.devices import move, parse_device
 from mpitensor._core.dims import wrap_dim
+from mpitensor._core.opkit import tensor_methods, wrap
+from mpitensor._ops.cast import _to_args
+from mpitensor._ops.create import layout, strided
 from mpitensor.autograd import Function, grad_enabled_for
-from mpitensor.tensor import Size, Tensor, _new, _tensor_methods
+from mpitensor.tensor import Size, Tensor
 
 __all__ = ["SparseCsrTensor", "SparseTensor", "dsmm", "hsmm", "hspmm", "smm", "sparse_coo",
            "sparse_coo_tensor", "sparse_csr", "sparse_csr_tensor", "spmm"]
@@ -342,7 +343,7 @@ class SparseTensor(Tensor):
         lin = xp.ravel_multi_index(tuple(self._idx), self._size[:sd]) if sd else \
             xp.zeros(self._idx.shape[1], dtype=np.int64)
         _, first = xp.unique(lin, return_index=True)
-        return SparseTensor._make(self._idx[:, first], _new(g._data[first]), self._size, True)
+        return SparseTensor._make(self._idx[:, first], wrap(g._data[first]), self._size, True)
 
     @grad.setter
     def grad(self, value: Any) -> None:
@@ -445,7 +446,7 @@ class SparseTensor(Tensor):
         if not self._coalesced:
             raise RuntimeError("Cannot get indices of an uncoalesced sparse tensor: call "
                                ".coalesce() first (or read ._indices())")
-        return _new(self._idx)
+        return wrap(self._idx)
 
     def values(self) -> Tensor:
         """Return the values, shape ``(nnz, *dense sizes)`` (coalesced tensors only)."""
@@ -456,7 +457,7 @@ class SparseTensor(Tensor):
 
     def _indices(self) -> Tensor:
         """Return the stored coordinates, coalesced or not."""
-        return _new(self._idx)
+        return wrap(self._idx)
 
     def _values(self) -> Tensor:
         """Return the stored values, coalesced or not."""
@@ -485,7 +486,7 @@ class SparseTensor(Tensor):
 
     def type(self, dtype: Any = None, non_blocking: bool = False) -> Any:
         if dtype is None:
-            return f"torch.sparse.{_new(self._vals._data[:0]).type().split('.')[-1]}"
+            return f"torch.sparse.{wrap(self._vals._data[:0]).type().split('.')[-1]}"
         return self.to(_dt.to_dtype(dtype))
 
     def clone(self, *, memory_format: Any = None) -> SparseTensor:
@@ -506,7 +507,7 @@ class SparseTensor(Tensor):
         return self.to_dense().item()
 
     def __repr__(self) -> str:
-        ind = repr(_new(self._idx)).replace("\n", "\n" + " " * 15)
+        ind = repr(wrap(self._idx)).replace("\n", "\n" + " " * 15)
         val = repr(self._vals.detach()).replace("\n", "\n" + " " * 14)
         extra = ""
         if self.dtype != _dt.get_default_dtype() and self.dtype not in (np.int64, np.bool_):
@@ -1008,11 +1009,11 @@ class SparseCsrTensor(SparseTensor):
 
     def crow_indices(self) -> Tensor:
         """Return the row pointers: row ``i`` holds entries ``crow[i]:crow[i + 1]``."""
-        return _new(self._crow)
+        return wrap(self._crow)
 
     def col_indices(self) -> Tensor:
         """Return the column of each entry."""
-        return _new(self._idx[1])
+        return wrap(self._idx[1])
 
     def values(self) -> Tensor:
         """Return the values, in row order."""
@@ -1050,8 +1051,8 @@ class SparseCsrTensor(SparseTensor):
     t = swapaxes = swapdims = transpose
 
     def __repr__(self) -> str:
-        rows = repr(_new(self._crow))
-        cols = repr(_new(self._idx[1]))
+        rows = repr(wrap(self._crow))
+        cols = repr(wrap(self._idx[1]))
         val = repr(self._vals.detach()).replace("\n", "\n" + " " * 14)
         return (f"tensor(crow_indices={rows},\n       col_indices={cols},\n       "
                 f"values={val}, size={self._size}, nnz={self._nnz()},\n       "
@@ -1130,7 +1131,7 @@ def sparse_csr_tensor(crow_indices: Any, col_indices: Any, values: Any, size: An
 # what every tensor gets
 
 
-@_tensor_methods
+@tensor_methods
 class _SparseMethods:
     layout = strided
 
@@ -1224,7 +1225,7 @@ class SparseGrad:
         self.idx, self.vals, self.shape, self.dtype = idx, vals, tuple(shape), vals.dtype
 
     def to_tensor(self) -> SparseTensor:
-        return SparseTensor._make(self.idx, _new(self.vals), self.shape, self.idx.shape[1] <= 1)
+        return SparseTensor._make(self.idx, wrap(self.vals), self.shape, self.idx.shape[1] <= 1)
 
     def dense(self) -> Any:
         xp = _backend.array_module(self.vals)

@@ -27,10 +27,11 @@ import numpy as np
 from mpitensor import dtypes as _dt
 from mpitensor._core.devices import xp
 from mpitensor._core.dims import wrap_dim
+from mpitensor._core.opkit import run, tensor_methods, wrap
 from mpitensor._ops.gather_scatter import _gather
 from mpitensor._ops.reductions import _return_types_repr
 from mpitensor.autograd import Function
-from mpitensor.tensor import Tensor, _new, _run, _tensor_methods
+from mpitensor.tensor import Tensor
 
 _INT64 = _dt.int64
 
@@ -85,11 +86,11 @@ def _sorted_order(x: Any, axis: int) -> Any:
 
 def _pick(t: Tensor, idx: Any, axis: int, keepdim: bool, result: Any) -> Any:
     """``result(values, indices)`` for the int64 positions ``idx`` (size 1 along ``axis``)."""
-    values = _gather(t, axis, _new(idx))
+    values = _gather(t, axis, wrap(idx))
     if not keepdim:
         values = values.squeeze(axis)
         idx = idx.squeeze(axis)
-    return result(values, _new(idx))
+    return result(values, wrap(idx))
 
 
 def _whole(t: Tensor, ignore_nan: bool) -> Tensor:
@@ -101,7 +102,7 @@ def _whole(t: Tensor, ignore_nan: bool) -> Tensor:
         v = m.asarray(m.nan, dtype=x.dtype) if _dt.kind_of(x.dtype) == "f" else None
         if v is None:
             raise ValueError("median() of an empty integer tensor has no value")
-        return _new(v)
+        return wrap(v)
     nan = m.isnan(flat) if flat.dtype.kind == "f" else None
     if nan is not None and not ignore_nan and nan.any():
         v = m.asarray(m.nan).astype(x.dtype)
@@ -110,8 +111,8 @@ def _whole(t: Tensor, ignore_nan: bool) -> Tensor:
         k = max(n - 1, 0) // 2
         v = m.sort(flat)[k].astype(x.dtype)
     if t.requires_grad:
-        return _run(EvenShare, t, xp(x).asarray(v))
-    return _new(m.asarray(v))
+        return run(EvenShare, t, xp(x).asarray(v))
+    return wrap(m.asarray(v))
 
 
 def _median_dim(t: Tensor, dim: int, keepdim: bool, ignore_nan: bool) -> Any:
@@ -119,7 +120,7 @@ def _median_dim(t: Tensor, dim: int, keepdim: bool, ignore_nan: bool) -> Any:
     result = _NanMedianResult if ignore_nan else _MedianResult
     if x.ndim == 0:
         wrap_dim(dim, 0)
-        return result(t.clone(), _new(xp(x).zeros((), dtype=_INT64)))
+        return result(t.clone(), wrap(xp(x).zeros((), dtype=_INT64)))
     axis = wrap_dim(dim, x.ndim)
     m = xp(x)
     w = _orderable(x, "median")
@@ -149,7 +150,7 @@ def _mode(t: Tensor, dim: int, keepdim: bool) -> Any:
     m = xp(x)
     if x.ndim == 0:
         wrap_dim(dim, 0)
-        return _ModeResult(t.clone(), _new(m.zeros((), dtype=_INT64)))
+        return _ModeResult(t.clone(), wrap(m.zeros((), dtype=_INT64)))
     axis = wrap_dim(dim, x.ndim)
     n = x.shape[axis]
     if n == 0:
@@ -173,7 +174,7 @@ def _mode(t: Tensor, dim: int, keepdim: bool) -> Any:
     return _pick(t, idx, axis, keepdim, _ModeResult)
 
 
-@_tensor_methods
+@tensor_methods
 class _StatisticsMethods:
     def median(self, dim: Any = None, keepdim: bool = False) -> Any:
         """Return the median (the lower middle element for an even count; NaN where a NaN is
@@ -207,7 +208,7 @@ class _StatisticsMethods:
             wrap_dim(dim, 0)
             if k != 1:
                 raise ValueError(f"kthvalue(): k={k} is out of range for a 0-d tensor")
-            return _KthvalueResult(self.clone(), _new(xp(x).zeros((), dtype=_INT64)))
+            return _KthvalueResult(self.clone(), wrap(xp(x).zeros((), dtype=_INT64)))
         axis = wrap_dim(dim, x.ndim)
         n = x.shape[axis]
         if not 1 <= k <= n:

@@ -29,8 +29,9 @@ from mpitensor import autograd as _autograd
 from mpitensor import dtypes as _dt
 from mpitensor._core.devices import xp
 from mpitensor._core.dims import infer_shape, keyword_form, need_dims, size_from, wrap_dim
-from mpitensor.autograd import Function, _sum_to, version_cell
-from mpitensor.tensor import Tensor, _new, _run, _run_view, _tensor_methods
+from mpitensor._core.opkit import run, run_view, sum_to, tensor_methods, wrap
+from mpitensor.autograd import Function, version_cell
+from mpitensor.tensor import Tensor
 
 _ndarray = np.ndarray
 _grad_mode = _autograd._mode
@@ -247,7 +248,7 @@ class Expand(Function):
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        return _sum_to(g, ctx.shape), None
+        return sum_to(g, ctx.shape), None
 
 
 class Repeat(Function):
@@ -288,17 +289,17 @@ class Clone(Function):
         return g, None
 
 
-@_tensor_methods
+@tensor_methods
 class _ViewMethods:
     def clone(self) -> Tensor:
         """Return a copy with its own storage (keeping the memory layout, as torch does)."""
-        return _run(Clone, self, False)
+        return run(Clone, self, False)
 
     def contiguous(self) -> Tensor:
         """Return self when C-contiguous, else a C-contiguous copy."""
         if self._data.flags.c_contiguous:
             return self
-        return _run(Clone, self, True)
+        return run(Clone, self, True)
 
     def reshape(self, *shape: Any, **kw: Any) -> Tensor:
         """Return the elements in a new shape: a view when possible, else a copy.
@@ -315,7 +316,7 @@ class _ViewMethods:
             mpitensor.Size([2, 3])
         """
         shape = keyword_form(shape, kw, "shape", "reshape")
-        return _run_view(Reshape, self, shape, reshape=True)
+        return run_view(Reshape, self, shape, reshape=True)
 
     def view(self, *shape: Any, **kw: Any) -> Tensor:
         """Return a view with a new shape (or a new dtype), never a copy.
@@ -343,10 +344,10 @@ class _ViewMethods:
                         "view(dtype) of a tensor that requires grad is not differentiable; "
                         "call it on t.detach()"
                     )
-                r = _new(self._data.view(_dt.to_dtype(s)))
+                r = wrap(self._data.view(_dt.to_dtype(s)))
                 r._vc = version_cell(self)
                 return r
-        return _run_view(View, self, shape, reshape=True)
+        return run_view(View, self, shape, reshape=True)
 
     def view_as(self, other: Tensor) -> Tensor:
         """Return ``self.view(other.shape)``."""
@@ -363,22 +364,22 @@ class _ViewMethods:
             ValueError: ``start_dim`` comes after ``end_dim``.
         """
         shape = _flat_shape(self._data.shape, start_dim, end_dim)
-        return self if shape is None else _run_view(Reshape, self, shape, reshape=True)
+        return self if shape is None else run_view(Reshape, self, shape, reshape=True)
 
     def squeeze(self, dim: Any = None) -> Tensor:
         """Return a view without size-1 dimensions (only those in ``dim`` when given).
 
         Dimensions in ``dim`` whose size is not 1 are left alone, as in torch.
         """
-        return _run_view(Squeeze, self, dim, reshape=True)
+        return run_view(Squeeze, self, dim, reshape=True)
 
     def unsqueeze(self, dim: int) -> Tensor:
         """Return a view with a size-1 dimension inserted at ``dim``."""
-        return _run_view(Unsqueeze, self, dim, reshape=True)
+        return run_view(Unsqueeze, self, dim, reshape=True)
 
     def transpose(self, dim0: int, dim1: int) -> Tensor:
         """Return a view with dimensions ``dim0`` and ``dim1`` swapped."""
-        return _run_view(Transpose, self, dim0, dim1)
+        return run_view(Transpose, self, dim0, dim1)
 
     swapaxes = transpose
 
@@ -394,12 +395,12 @@ class _ViewMethods:
                 f"t() expects a tensor with <= 2 dimensions, but self is {n}D; "
                 f"use transpose(dim0, dim1) or .mT"
             )
-        return _run_view(Permute, self, None)
+        return run_view(Permute, self, None)
 
     @property
     def T(self) -> Tensor:  # noqa: N802 - torch's name
         """A view with the dimensions reversed."""
-        return _run_view(Permute, self, None)
+        return run_view(Permute, self, None)
 
     @property
     def mT(self) -> Tensor:  # noqa: N802 - torch's name
@@ -423,7 +424,7 @@ class _ViewMethods:
         dims = keyword_form(dims, kw, "dims", "permute")
         if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
             dims = tuple(dims[0])
-        return _run_view(Permute, self, _permutation(dims, self._data.ndim))
+        return run_view(Permute, self, _permutation(dims, self._data.ndim))
 
     def expand(self, *sizes: Any, **kw: Any) -> Tensor:
         """Return a read-only broadcast view with size-1 dimensions repeated to ``sizes``.
@@ -439,7 +440,7 @@ class _ViewMethods:
             tensor([[1, 1, 1],
                     [2, 2, 2]])
         """
-        return _run_view(Expand, self, keyword_form(sizes, kw, "size", "expand"))
+        return run_view(Expand, self, keyword_form(sizes, kw, "size", "expand"))
 
     def expand_as(self, other: Tensor) -> Tensor:
         """Return ``self.expand(other.shape)``."""
@@ -451,7 +452,7 @@ class _ViewMethods:
         Raises:
             ValueError: fewer sizes than dimensions.
         """
-        return _run(Repeat, self, keyword_form(sizes, kw, "repeats", "repeat"))
+        return run(Repeat, self, keyword_form(sizes, kw, "repeats", "repeat"))
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple:
         """Split into at most ``chunks`` views of equal size along ``dim`` (the last smaller)."""
