@@ -5,10 +5,10 @@ missing), the install still succeeds and the pure-Python code it speeds up runs 
 
 * ``mpitensor/_cpu_kernels.c``: conv2d's band loops and 2x2 max pooling, which run without the
   interpreter lock (see ``mpitensor/nn/_native.py``);
-* ``mpitensor/distributed/_slots.c``: the agreement check's shared slots of a one-machine group
-  (see ``mpitensor/distributed/health/fingerprint.py``), built against NumPy's headers (NumPy 2's,
-  from the build requirements: a module built on them also runs on NumPy 1.x; where it cannot
-  load, the Python slots are used).
+* ``mpitensor/distributed/health/_slots.c``: the agreement check's shared slots of a one-machine
+  group (see ``mpitensor/distributed/health/fingerprint.py``), built against NumPy's headers
+  (NumPy 2's, from the build requirements: a module built on them also runs on NumPy 1.x; where
+  it cannot load, the Python slots are used).
 """
 
 from setuptools import Extension, setup
@@ -19,8 +19,8 @@ try:
 except ImportError:  # a build without NumPy at hand (pyproject.toml asks for it)
     pass
 else:
-    extensions.append(Extension("mpitensor.distributed._slots",
-                                ["mpitensor/distributed/_slots.c"],
+    extensions.append(Extension("mpitensor.distributed.health._slots",
+                                ["mpitensor/distributed/health/_slots.c"],
                                 include_dirs=[numpy.get_include()], optional=True))
 
 setup(ext_modules=extensions)

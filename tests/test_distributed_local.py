@@ -348,7 +348,7 @@ def test_env_switches_in_a_fresh_process():
 
 def test_timeout_and_abort_switches_in_a_fresh_process():
     code = ("import mpitensor.distributed as dist; dist.init_process_group(); "
-            "g = dist.group.WORLD; from mpitensor.distributed import _abort; "
+            "g = dist.group.WORLD; from mpitensor.distributed.health import abort as _abort; "
             "print(g.timeout, g.stall_warn, _abort.abort_handler_installed())")
     out = _fresh_python(code, MPITENSOR_TIMEOUT="10", MPITENSOR_STALL_WARN="2.5")
     assert out.returncode == 0, out.stderr

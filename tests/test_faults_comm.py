@@ -69,7 +69,7 @@ kw = {"abort_on_exception": False} if "optout" in sys.argv else {}
 dist.init_process_group("mpi", timeout=float(sys.argv[1]), **kw)
 rank = dist.get_rank()
 dist.barrier()
-report(installed=dist._abort.abort_handler_installed())
+report(installed=dist.health.abort.abort_handler_installed())
 if rank == 1:
     if "thread" in sys.argv:
         threading.Thread(target=lambda: 1 / 0, name="worker").start()
@@ -130,7 +130,7 @@ def test_pytest_under_mpiexec_is_not_aborted(tmp_path):
     (tmp_path / "test_x.py").write_text(textwrap.dedent("""
         import mpitensor.distributed as dist
         def test_fails():
-            assert dist._abort.abort_handler_installed()
+            assert dist.health.abort.abort_handler_installed()
             raise AssertionError("failing on purpose")
         def test_after():
             dist.barrier()

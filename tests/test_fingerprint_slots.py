@@ -27,7 +27,7 @@ class Mismatch(Exception):
 
 PY = _fingerprint._PyNodeCheck
 C = getattr(_fingerprint, "_CNodeCheck", None)
-needs_c = pytest.mark.skipif(C is None, reason="mpitensor.distributed._slots was not built "
+needs_c = pytest.mark.skipif(C is None, reason="mpitensor.distributed.health._slots was not built "
                                                "(no C compiler at install time)")
 KINDS = [pytest.param((PY, PY), id="python"),
          pytest.param((C, C), id="compiled", marks=needs_c),
@@ -236,7 +236,7 @@ def test_native_off_takes_the_python_slots():
     import subprocess
     import sys
 
-    code = ("from mpitensor.distributed import _fingerprint as f; "
+    code = ("from mpitensor.distributed.health import fingerprint as f; "
             "print(f.NodeCheck.__name__)")
     env = dict(os.environ, MPITENSOR_NATIVE="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

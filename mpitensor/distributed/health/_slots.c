@@ -1,4 +1,4 @@
-/* The agreement slots of a one-machine group, compiled (mpitensor.distributed._fingerprint).
+/* The agreement slots of a one-machine group, compiled (mpitensor.distributed.health.fingerprint).
  *
  * The always-on check of a large collective writes this rank's fingerprint of the call into
  * its slot of a segment the group's members share, and reads the others' once its data is
@@ -101,7 +101,7 @@ static PySequenceMethods Token_seq = {
 
 static PyTypeObject TokenType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "mpitensor.distributed._slots.Token",
+    .tp_name = "mpitensor.distributed.health._slots.Token",
     .tp_basicsize = sizeof(Token),
     .tp_dealloc = (destructor)Token_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -507,7 +507,7 @@ static PyMethodDef Slots_methods[] = {
 
 static PyTypeObject SlotsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "mpitensor.distributed._slots.Slots",
+    .tp_name = "mpitensor.distributed.health._slots.Slots",
     .tp_basicsize = sizeof(Slots),
     .tp_dealloc = (destructor)Slots_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,

@@ -297,7 +297,7 @@ def _unpack(a: int) -> dict:
 
 
 try:  # the compiled post and settle (_slots.c), where they were built
-    from .._slots import Slots as _CSlots
+    from ._slots import Slots as _CSlots
 except ImportError:
     _CSlots = None
 
