@@ -11,7 +11,7 @@ from typing import List, Sequence, Tuple
 from ..device_mesh import DeviceMesh
 from .placement_types import Placement, Shard, shard_size_and_offset
 
-__all__ = ["compute_local_shape_and_global_offset", "check_placements", "normalize_placements"]
+__all__ = ["compute_local_shape_and_global_offset", "normalize_placements", "local_shape_at"]
 
 
 def normalize_placements(placements: Sequence[Placement], mesh: DeviceMesh, ndim: int,
@@ -49,8 +49,6 @@ def normalize_placements(placements: Sequence[Placement], mesh: DeviceMesh, ndim
     return tuple(out)
 
 
-check_placements = normalize_placements
-
 
 def compute_local_shape_and_global_offset(
         global_shape: Sequence[int], mesh: DeviceMesh,
@@ -73,6 +71,12 @@ def compute_local_shape_and_global_offset(
     coord = mesh.get_coordinate()
     if coord is None:
         return (0,), ()
+    return _shape_offset_at(shape, mesh, placements, coord)
+
+
+def _shape_offset_at(shape: List[int], mesh: DeviceMesh, placements: Sequence[Placement],
+                     coord: Sequence[int]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    shape = list(shape)
     offset = [0] * len(shape)
     for mdim, p in enumerate(placements):
         if isinstance(p, Shard):
@@ -80,3 +84,9 @@ def compute_local_shape_and_global_offset(
             shape[p.dim] = size
             offset[p.dim] += start
     return tuple(shape), tuple(offset)
+
+
+def local_shape_at(global_shape: Sequence[int], mesh: DeviceMesh,
+                   placements: Sequence[Placement], coord: Sequence[int]) -> Tuple[int, ...]:
+    """The shape of the piece at mesh coordinate ``coord`` (placements already checked)."""
+    return _shape_offset_at([int(s) for s in global_shape], mesh, placements, coord)[0]
