@@ -42,6 +42,13 @@ class Parameter(Tensor):
 
     __slots__ = ()
 
+    def __new__(cls, data: Any = None, requires_grad: bool = True) -> Any:
+        # a tensor subclass that is more than an array (a DTensor) makes its own parameter
+        make = getattr(data, "_make_parameter", None)
+        if make is not None:
+            return make(requires_grad)
+        return super().__new__(cls)
+
     def __init__(self, data: Any = None, requires_grad: bool = True) -> None:
         if isinstance(data, Tensor):
             # a Parameter starts a new graph: keep the storage, cut the history
