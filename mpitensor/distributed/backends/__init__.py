@@ -1,4 +1,5 @@
-"""The process-group backends: each implements :class:`~mpitensor.distributed.process_group.ProcessGroup`.
+"""The process-group backends: each implements
+:class:`~mpitensor.distributed.process_group.ProcessGroup`.
 
 * ``backends/mpi/``: the MPI group (``group.py``), the buffers it hands to mpi4py
   (``buffers.py``), a node's shared-memory segments (``shm.py``) and the shared-memory

@@ -15,9 +15,9 @@ from typing import Any, Optional
 
 from ...backend import get_cupy, is_cupy_array, nccl_unavailable_reason
 from ...tensor import Tensor
-from .mpi import buffers as B
 from ..health import watchdog as _watchdog
 from ..process_group import ProcessGroup, ReduceOp, Work
+from .mpi import buffers as B
 
 __all__ = ["NCCLGroup", "nccl_unavailable_reason"]
 

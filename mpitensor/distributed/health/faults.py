@@ -49,8 +49,7 @@ from typing import Any, Optional
 
 from ...errors import PeerFailedError
 from ..backends.mpi import shm as _shm
-from .abort import _OUTPUT_GRACE_S
-from .abort import _wait_output_read
+from .abort import _OUTPUT_GRACE_S, _wait_output_read
 from .watchdog import Backoff
 
 FAULT_TAG = 3  # on the notice communicator (1: arrival notices, 2: debug verdicts)

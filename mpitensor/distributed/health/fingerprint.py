@@ -64,10 +64,10 @@ from mpi4py import MPI
 
 from ..._base import config as _config
 from ...errors import CollectiveMismatchError
-from . import faults as _faults
 from ..backends.mpi import shm as _shm
-from .watchdog import wait as _wait
 from ..process_group import ReduceOp
+from . import faults as _faults
+from .watchdog import wait as _wait
 
 # Operations whose buffer has the same shape on every rank of a correct program: byte count and
 # shape are part of their fingerprint (and decide whether the call is checked). all_to_all and

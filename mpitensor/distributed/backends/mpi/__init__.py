@@ -1,1 +1,1 @@
-"""The MPI backend: :class:`~mpitensor.distributed.backends.mpi.group.MPIGroup` and what it stands on."""
+"""The MPI backend: :class:`~.group.MPIGroup` and the pieces it stands on."""

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
-from ...._base import config as _config
 from .... import dtypes as _dt
+from ...._base import config as _config
 from ....backend import array_module, get_cupy, is_cupy_array
 from ....errors import DtypeMismatchError
 from ....tensor import Tensor
@@ -310,3 +310,12 @@ def divider(buf: Any, n: int) -> Callable[[], None]:
 
 def describe(arr: Any) -> str:
     return f"{arr.dtype}{list(arr.shape)}"
+
+
+def counts_displs(counts: Sequence[int]) -> "tuple[list, list]":
+    """``(counts, displacements)`` of pieces laid end to end: a v-collective's layout."""
+    displs, total = [], 0
+    for c in counts:
+        displs.append(total)
+        total += c
+    return list(counts), displs

@@ -1,0 +1,704 @@
+"""The MPI group's collectives: each torch.distributed collective on one non-blocking MPI call.
+
+A mixin of :class:`~mpitensor.distributed.backends.mpi.group.MPIGroup`, kept apart because it
+is the largest part of the group and reads on its own: every collective has a *fast path*
+(a contiguous NumPy array of a dtype MPI moves as is, plain int ranks, debug off: no checks,
+no staging) and a *general path* (``_name``, wrapped by :func:`_guarded`) that checks the
+arguments before any traffic, stages CuPy and non-contiguous buffers, and runs through the
+group's ``_run``. The group's plumbing (``_begin``, ``_run``, ``_maybe_debug``, the agreement
+check) lives in ``group.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from ...._base.config import OFF_BYTES
+from ....backend import array_module
+from ....tensor import Tensor
+from ...health import fingerprint as _fp
+from ...health import watchdog as W
+from ...health.watchdog import MASK as _MASK
+from ...process_group import ReduceOp, Work
+from . import buffers as B
+
+_IN_PLACE = MPI.IN_PLACE
+_MOVE = B.MOVE_TYPES
+_SUM = ReduceOp.SUM
+_wait = W.wait
+
+# op -> {dtype: (MPI type, MPI op)} for reductions with no view, upcast or AVG step: the fast
+# path of all_reduce (nested dicts: two identity-hash lookups, no tuple to build)
+_FAST: dict = {op: {} for op in ReduceOp.members.values()}
+for _dt in B.MOVE_TYPES:
+    for _op in ReduceOp.members.values():
+        _p = B._plan(_dt, _op)
+        if not isinstance(_p, str) and _p.view is None and _p.upcast is None and not _p.average:
+            _FAST[_op][_dt] = (_p.mpi_type, _p.mpi_op)
+del _dt, _op, _p
+
+
+def _fast_op(op: Any, dtype: Any) -> Any:
+    """``(MPI datatype, MPI op)`` when ``op`` on ``dtype`` needs no plan (see _FAST), else None."""
+    try:
+        return _FAST[op].get(dtype)
+    except (KeyError, TypeError):  # not a ReduceOp (a name, an int, unhashable): the general
+        return None                # path coerces it or says why not
+
+
+def _no_splits(splits: Any) -> bool:
+    """``None`` or an empty list: split dimension 0 evenly (torch's convention)."""
+    return splits is None or (isinstance(splits, (list, tuple)) and len(splits) == 0)
+
+
+def _guarded(opname: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A collective's general path: a failure before any traffic is settled with the peers
+    (``ProcessGroup.call_guarded``, ``_faults``). Fast paths never raise before posting."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run(self: "Collectives", *args: Any, **kwargs: Any) -> Any:
+            return self.call_guarded(opname, fn, self, *args, **kwargs)
+        return run
+    return wrap
+
+
+class Collectives:
+    """The collectives of :class:`MPIGroup` (a mixin: ``self`` is the group)."""
+
+    def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Optional[Work]:
+        arr = tensor._data if type(tensor) is Tensor else tensor
+        if type(arr) is np.ndarray and not self.slow and self.rank_ >= 0:
+            fast = _fast_op(op, arr.dtype)
+            if fast is not None:
+                flags = arr.flags
+                if flags.c_contiguous and flags.writeable:
+                    s = self._fast_count("all_reduce", arr)
+                    req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
+                    if arr.nbytes >= self.check_bytes:
+                        req = self._fp_check(req, s, "all_reduce", arr, op, -1, arr)
+                    return self._fast_finish(req, "all_reduce", s, [tensor], arr, async_op)
+        return self._all_reduce(tensor, op, async_op)
+
+    # Fast paths: a contiguous NumPy array (or a Tensor holding one) of a dtype MPI moves as
+    # is, plain int ranks on a group whose ranks are the world's, debug off. Such a call needs
+    # none of the checks, staging or plans of the general path, which it otherwise takes (and
+    # which raises the errors). Each costs about as much as the mpi4py call itself.
+    def _fast_count(self, op: str, arr: Any) -> int:
+        s = self.seq = self.seq + 1
+        self.history[s & _MASK] = (s, op, arr.dtype, arr.shape)
+        return s
+
+    def _fast_finish(self, req: Any, op: str, s: int, tensors: list, keep: Any,
+                     async_op: bool) -> Optional[Work]:
+        if async_op:
+            return Work(self._fp_async(req, s), None, tensors, keep=keep, group=self,
+                        describe=lambda: f"rank {self.global_rank}: {op} (#{s} on {self.name})",
+                        info=(op, s, "coll", None, None))
+        try:
+            if not req.Test():
+                _wait(self, req, op, s)
+        except MPI.Exception as exc:
+            self._fp_failed(exc, op, s)
+            raise self._mpi_error(f"rank {self.global_rank}: {op} (#{s} on {self.name})",
+                                  exc) from exc
+        tok = self.fp_tok
+        if tok is not None:
+            if tok[0] == s and self.fp_node.settle(tok, self):
+                self.fp_tok = None  # every member agreed (the common case, without a call)
+            else:
+                self._fp_settle(op, s)
+        return None
+
+    def _fast_root(self, root: Any, group_root: Any) -> bool:
+        return (type(root) is int and group_root is None and self.identity and not self.slow
+                and 0 <= root < self.size_)
+
+    @staticmethod
+    def _fast_pair(out: Any, inp: Any) -> Any:
+        """The MPI datatype when ``out`` and ``inp`` qualify together (same dtype, ``out``
+        writable, no shared memory: the in-place idioms take the general path), else None."""
+        if (type(out) is np.ndarray and type(inp) is np.ndarray and out.dtype == inp.dtype
+                and out.ndim and inp.ndim and out.flags.c_contiguous and out.flags.writeable
+                and inp.flags.c_contiguous and not np.may_share_memory(out, inp)):
+            return _MOVE.get(inp.dtype)
+        return None
+
+    @_guarded("all_reduce")
+    def _all_reduce(self, tensor: Any, op: Any, async_op: bool) -> Optional[Work]:
+        where = self._begin("all_reduce")
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            B.check_dtype(arr, "tensor", where)
+            B.check_writable(arr, "tensor", where)
+            plan = B.reduce_plan(arr.dtype, B.coerce_op(op, where), where)
+            return arr, plan
+
+        arr, plan = self._maybe_debug(
+            where, lambda: self._sig("all_reduce", B.unwrap(tensor, "tensor", where),
+                                     shape=tuple(B.unwrap(tensor, "tensor", where).shape),
+                                     reduce=str(op)), prepare)
+        buf, write_back = B.stage_out(arr)
+        rbuf, narrow = B.apply_plan_out(buf, plan)
+        avg = B.divider(rbuf, self.size_) if plan.average else None
+        spec = [rbuf, plan.mpi_type]
+        comm, mop = self.comm, plan.mpi_op
+        return self._run(where, lambda: comm.Iallreduce(_IN_PLACE, spec, mop),
+                         B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec,
+                         check=(arr, B.coerce_op(op, where), -1))
+
+    def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
+                  group_src: Optional[int] = None) -> Optional[Work]:
+        arr = tensor._data if type(tensor) is Tensor else tensor
+        if (type(arr) is np.ndarray and self.rank_ >= 0 and self._fast_root(src, group_src)
+                and arr.flags.c_contiguous and (arr.flags.writeable or src == self.rank_)):
+            mt = _MOVE.get(arr.dtype)
+            if mt is not None:
+                s = self._fast_count("broadcast", arr)
+                req = self.comm.Ibcast([arr, mt], src)
+                if arr.nbytes >= self.check_bytes:
+                    req = self._fp_check(req, s, "broadcast", arr, None, src, arr)
+                return self._fast_finish(req, "broadcast", s, [tensor], arr, async_op)
+        return self._broadcast(tensor, src, async_op, group_src)
+
+    @_guarded("broadcast")
+    def _broadcast(self, tensor: Any, src: Optional[int], async_op: bool,
+                   group_src: Optional[int]) -> Optional[Work]:
+        where = self._begin("broadcast")
+        root = self.resolve_peer(src, group_src, "src", where)
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            mt = B.check_dtype(arr, "tensor", where)
+            if self.rank_ != root:
+                B.check_writable(arr, "tensor", where)
+            return arr, mt
+
+        arr, mt = self._maybe_debug(
+            where, lambda: self._sig("broadcast", B.unwrap(tensor, "tensor", where),
+                                     shape=tuple(B.unwrap(tensor, "tensor", where).shape),
+                                     root=self.ranks[root]), prepare)
+        if self.rank_ == root:
+            buf, write_back = B.stage_in(arr), None
+        else:
+            buf, write_back = B.stage_out(arr)
+        spec = [buf, mt]
+        comm = self.comm
+        return self._run(where, lambda: comm.Ibcast(spec, root),
+                         write_back, async_op, [tensor], keep=spec,
+                         check=(arr, None, self.ranks[root]))
+
+    def reduce(self, tensor: Any, dst: Optional[int] = None, op: Any = _SUM,
+               async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+        arr = tensor._data if type(tensor) is Tensor else tensor
+        root = 0 if dst is None and group_dst is None else dst
+        if (type(arr) is np.ndarray and self.rank_ >= 0 and self._fast_root(root, group_dst)
+                and arr.flags.c_contiguous and (arr.flags.writeable or root != self.rank_)):
+            fast = _fast_op(op, arr.dtype)
+            if fast is not None:
+                s = self._fast_count("reduce", arr)
+                if root == self.rank_:
+                    req = self.comm.Ireduce(_IN_PLACE, [arr, fast[0]], fast[1], root)
+                else:
+                    req = self.comm.Ireduce([arr, fast[0]], None, fast[1], root)
+                if arr.nbytes >= self.check_bytes:
+                    req = self._fp_check(req, s, "reduce", arr, op, root, arr)
+                return self._fast_finish(req, "reduce", s, [tensor], arr, async_op)
+        return self._reduce(tensor, dst, op, async_op, group_dst)
+
+    @_guarded("reduce")
+    def _reduce(self, tensor: Any, dst: Optional[int], op: Any, async_op: bool,
+                group_dst: Optional[int]) -> Optional[Work]:
+        where = self._begin("reduce")
+        if dst is None and group_dst is None:
+            group_dst = 0
+        root = self.resolve_peer(dst, group_dst, "dst", where)
+        is_root = self.rank_ == root
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            B.check_dtype(arr, "tensor", where)
+            if is_root:
+                B.check_writable(arr, "tensor", where)
+            return arr, B.reduce_plan(arr.dtype, B.coerce_op(op, where), where)
+
+        arr, plan = self._maybe_debug(
+            where, lambda: self._sig("reduce", B.unwrap(tensor, "tensor", where),
+                                     shape=tuple(B.unwrap(tensor, "tensor", where).shape),
+                                     reduce=str(op), root=self.ranks[root]), prepare)
+        comm, mop = self.comm, plan.mpi_op
+        check = (arr, B.coerce_op(op, where), self.ranks[root])
+        if is_root:
+            buf, write_back = B.stage_out(arr)
+            rbuf, narrow = B.apply_plan_out(buf, plan)
+            avg = B.divider(rbuf, self.size_) if plan.average else None
+            spec = [rbuf, plan.mpi_type]
+            return self._run(where, lambda: comm.Ireduce(_IN_PLACE, spec, mop, root),
+                             B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec,
+                             check=check)
+        spec = [B.apply_plan_in(B.stage_in(arr), plan), plan.mpi_type]
+        return self._run(where, lambda: comm.Ireduce(spec, None, mop, root), None, async_op,
+                         [tensor], keep=spec, check=check)
+
+    def _out_list(self, lst: Any, what: str, where: str, ref: Any,
+                  ref_what: Optional[str] = None) -> list:
+        """Unwrap a list of one tensor per rank; every item has ``ref``'s dtype and, when
+        ``ref_what`` names ``ref``, its shape too (checked before any traffic: a slot of
+        another size would be partly filled, or overrun, by the peer's message)."""
+        if not isinstance(lst, (list, tuple)):
+            raise TypeError(f"{where}: {what} must be a list of {self.size_} tensors, "
+                            f"got {type(lst).__name__}")
+        if len(lst) != self.size_:
+            raise ValueError(
+                f"{where}: {what} has {len(lst)} entries but {self.name} has {self.size_} ranks; "
+                f"pass exactly one tensor per rank of the group"
+            )
+        arrs = [B.unwrap(x, f"{what}[{i}]", where) for i, x in enumerate(lst)]
+        for i, a in enumerate(arrs):
+            B.check_same_dtype(ref, a, ref_what or "tensor", f"{what}[{i}]", where)
+            if ref_what is not None and a.shape != ref.shape:
+                raise ValueError(
+                    f"{where}: {what}[{i}] is {a.dtype}{list(a.shape)} but {ref_what} is "
+                    f"{ref.dtype}{list(ref.shape)}; every entry of {what} must have the shape "
+                    f"and dtype of {ref_what}")
+        return arrs
+
+    @_guarded("all_gather")
+    def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool = False) -> Optional[Work]:
+        where = self._begin("all_gather")
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            mt = B.check_dtype(arr, "tensor", where)
+            outs = self._out_list(tensor_list, "tensor_list", where, arr, "tensor")
+            for i, o in enumerate(outs):
+                B.check_writable(o, f"tensor_list[{i}]", where)
+            return arr, mt, outs
+
+        def sig() -> dict:
+            arr = B.unwrap(tensor, "tensor", where)
+            outs = [B.unwrap(x, "", where).size for x in tensor_list]
+            return self._sig("all_gather", arr, shape=tuple(arr.shape),
+                             send=[arr.size] * self.size_, recv=outs)
+
+        arr, mt, outs = self._maybe_debug(where, sig, prepare)
+        counts, displs = B.counts_displs([arr.size] * self.size_)
+        # zeros, not empty: never expose uninitialised memory, even if a peer sends too little
+        flat = array_module(arr).zeros(sum(counts), dtype=arr.dtype)
+        rbuf, copy_out = self._staged_list_out(flat, outs, counts, displs)
+        sbuf = [B.stage_in(arr), mt]
+        rspec = [rbuf, mt]
+        comm = self.comm
+        return self._run(where, lambda: comm.Iallgather(sbuf, rspec), copy_out, async_op,
+                         list(tensor_list), keep=(sbuf, rspec), check=(arr, None, -1))
+
+    def _staged_list_out(self, flat: Any, outs: list, counts: list,
+                         displs: list) -> "tuple[Any, Callable[[], None]]":
+        buf, write_back = B.stage_out(flat)
+
+        def copy_out() -> None:
+            if write_back is not None:
+                write_back()
+            for o, c, d in zip(outs, counts, displs):
+                o[...] = flat[d:d + c].reshape(o.shape)
+
+        return buf, copy_out
+
+    def _packed_in(self, arrs: list) -> Any:
+        xp = array_module(arrs[0]) if arrs else np
+        if not arrs:
+            return xp.empty(0)
+        flat = xp.concatenate([a.reshape(-1) for a in arrs]) if len(arrs) > 1 else \
+            xp.ascontiguousarray(arrs[0]).reshape(-1)
+        return B.stage_in(flat)
+
+    def all_gather_into_tensor(self, output: Any, input: Any,
+                               async_op: bool = False) -> Optional[Work]:
+        out = output._data if type(output) is Tensor else output
+        inp = input._data if type(input) is Tensor else input
+        if self.rank_ >= 0 and not self.slow:
+            mt = self._fast_pair(out, inp)
+            if mt is not None and out.size == inp.size * self.size_:
+                s = self._fast_count("all_gather_into_tensor", inp)
+                req = self.comm.Iallgather([inp, mt], [out, mt])
+                if inp.nbytes >= self.check_bytes:
+                    req = self._fp_check(req, s, "all_gather_into_tensor", inp, None, -1,
+                                         (out, inp))
+                return self._fast_finish(req, "all_gather_into_tensor", s, [output],
+                                         (out, inp), async_op)
+        return self._all_gather_into_tensor(output, input, async_op)
+
+    @_guarded("all_gather_into_tensor")
+    def _all_gather_into_tensor(self, output: Any, input: Any,
+                                async_op: bool) -> Optional[Work]:
+        where = self._begin("all_gather_into_tensor")
+
+        def prepare() -> Any:
+            out = B.unwrap(output, "output_tensor", where)
+            inp = B.unwrap(input, "input_tensor", where)
+            mt = B.check_dtype(inp, "input_tensor", where)
+            B.check_same_dtype(inp, out, "input_tensor", "output_tensor", where)
+            B.check_writable(out, "output_tensor", where)
+            if out.size != inp.size * self.size_:
+                raise ValueError(
+                    f"{where}: output_tensor has {out.size} elements but needs group size × "
+                    f"input size = {self.size_} × {inp.size} = {inp.size * self.size_} "
+                    f"(output shape {tuple(out.shape)}, input shape {tuple(inp.shape)})")
+            return out, inp, mt
+
+        out, inp, mt = self._maybe_debug(
+            where, lambda: self._sig("all_gather_into_tensor",
+                                     B.unwrap(input, "input_tensor", where),
+                                     shape=tuple(B.unwrap(input, "input_tensor", where).shape)),
+            prepare)
+        rbuf, write_back = B.stage_out(out)
+        sspec, rspec = [B.unalias(B.stage_in(inp), rbuf), mt], [rbuf, mt]
+        comm = self.comm
+        return self._run(where, lambda: comm.Iallgather(sspec, rspec), write_back, async_op,
+                         [output], keep=(sspec, rspec), check=(inp, None, -1))
+
+    @_guarded("gather")
+    def gather(self, tensor: Any, gather_list: Any = None, dst: Optional[int] = None,
+               async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+        where = self._begin("gather")
+        if dst is None and group_dst is None:
+            group_dst = 0
+        root = self.resolve_peer(dst, group_dst, "dst", where)
+        is_root = self.rank_ == root
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            mt = B.check_dtype(arr, "tensor", where)
+            outs = None
+            if is_root:
+                if gather_list is None:
+                    raise ValueError(f"{where}: gather_list is required on the destination rank "
+                                     f"(a list of {self.size_} tensors)")
+                outs = self._out_list(gather_list, "gather_list", where, arr, "tensor")
+                for i, o in enumerate(outs):
+                    B.check_writable(o, f"gather_list[{i}]", where)
+            return arr, mt, outs
+
+        def sig() -> dict:
+            arr = B.unwrap(tensor, "tensor", where)
+            send = [None] * self.size_
+            send[root] = arr.size
+            recv = ([B.unwrap(x, "", where).size for x in gather_list] if is_root else None)
+            return self._sig("gather", arr, root=self.ranks[root], send=send, recv=recv)
+
+        arr, mt, outs = self._maybe_debug(where, sig, prepare)
+        sspec = [B.stage_in(arr), mt]
+        comm = self.comm
+        check = (arr, None, self.ranks[root])
+        if not is_root:
+            return self._run(where, lambda: comm.Igather(sspec, None, root), None, async_op, [],
+                             keep=sspec, check=check)
+        counts, displs = B.counts_displs([arr.size] * self.size_)
+        flat = array_module(arr).zeros(sum(counts), dtype=arr.dtype)
+        rbuf, copy_out = self._staged_list_out(flat, outs, counts, displs)
+        rspec = [rbuf, mt]
+        return self._run(where, lambda: comm.Igather(sspec, rspec, root), copy_out, async_op,
+                         list(gather_list), keep=(sspec, rspec), check=check)
+
+    @_guarded("scatter")
+    def scatter(self, tensor: Any, scatter_list: Any = None, src: Optional[int] = None,
+                async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+        where = self._begin("scatter")
+        if src is None and group_src is None:
+            group_src = 0
+        root = self.resolve_peer(src, group_src, "src", where)
+        is_root = self.rank_ == root
+
+        def prepare() -> Any:
+            arr = B.unwrap(tensor, "tensor", where)
+            mt = B.check_dtype(arr, "tensor", where)
+            B.check_writable(arr, "tensor", where)
+            ins = None
+            if is_root:
+                if scatter_list is None:
+                    raise ValueError(f"{where}: scatter_list is required on the source rank "
+                                     f"(a list of {self.size_} tensors)")
+                ins = self._out_list(scatter_list, "scatter_list", where, arr, "tensor")
+            return arr, mt, ins
+
+        def sig() -> dict:
+            arr = B.unwrap(tensor, "tensor", where)
+            recv = [None] * self.size_
+            recv[root] = arr.size
+            send = ([B.unwrap(x, "", where).size for x in scatter_list] if is_root else None)
+            return self._sig("scatter", arr, root=self.ranks[root], send=send, recv=recv)
+
+        arr, mt, ins = self._maybe_debug(where, sig, prepare)
+        rbuf, write_back = B.stage_out(arr)
+        rspec = [rbuf, mt]
+        comm = self.comm
+        check = (arr, None, self.ranks[root])
+        if not is_root:
+            return self._run(where, lambda: comm.Iscatter(None, rspec, root), write_back, async_op,
+                             [tensor], keep=rspec, check=check)
+        sspec = [B.unalias(self._packed_in(ins), rbuf), mt]
+        return self._run(where, lambda: comm.Iscatter(sspec, rspec, root), write_back, async_op,
+                         [tensor], keep=(sspec, rspec), check=check)
+
+    @_guarded("reduce_scatter")
+    def reduce_scatter(self, output: Any, input_list: Any, op: Any = _SUM,
+                       async_op: bool = False) -> Optional[Work]:
+        where = self._begin("reduce_scatter")
+
+        def prepare() -> Any:
+            out = B.unwrap(output, "output", where)
+            B.check_dtype(out, "output", where)
+            B.check_writable(out, "output", where)
+            ins = self._out_list(input_list, "input_list", where, out, "output")
+            return out, ins, B.reduce_plan(out.dtype, B.coerce_op(op, where), where)
+
+        def sig() -> dict:
+            out = B.unwrap(output, "output", where)
+            return self._sig("reduce_scatter", out, reduce=str(op),
+                             send=[B.unwrap(x, "", where).size for x in input_list],
+                             recv=[out.size] * self.size_)
+
+        out, ins, plan = self._maybe_debug(where, sig, prepare)
+        counts = [a.size for a in ins]
+        sbuf = B.apply_plan_in(self._packed_in(ins), plan)
+        buf, write_back = B.stage_out(out)
+        rbuf, narrow = B.apply_plan_out(buf, plan)
+        sbuf = B.unalias(sbuf, rbuf)
+        avg = B.divider(rbuf, self.size_) if plan.average else None
+        sspec, rspec = [sbuf, plan.mpi_type], [rbuf, plan.mpi_type]
+        comm, mop = self.comm, plan.mpi_op
+        return self._run(where, lambda: comm.Ireduce_scatter(sspec, rspec, counts, mop),
+                         B.chain(avg, narrow, write_back), async_op, [output],
+                         keep=(sspec, rspec), check=(out, B.coerce_op(op, where), -1))
+
+    def reduce_scatter_tensor(self, output: Any, input: Any, op: Any = _SUM,
+                              async_op: bool = False) -> Optional[Work]:
+        out = output._data if type(output) is Tensor else output
+        inp = input._data if type(input) is Tensor else input
+        if self.rank_ >= 0 and not self.slow and self._fast_pair(out, inp) is not None \
+                and inp.size == out.size * self.size_:
+            fast = _fast_op(op, inp.dtype)
+            if fast is not None:
+                s = self._fast_count("reduce_scatter_tensor", inp)
+                req = self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1])
+                if inp.nbytes >= self.check_bytes:
+                    req = self._fp_check(req, s, "reduce_scatter_tensor", inp, op, -1, (out, inp))
+                return self._fast_finish(req, "reduce_scatter_tensor", s, [output],
+                                         (out, inp), async_op)
+        return self._reduce_scatter_tensor(output, input, op, async_op)
+
+    @_guarded("reduce_scatter_tensor")
+    def _reduce_scatter_tensor(self, output: Any, input: Any, op: Any,
+                               async_op: bool) -> Optional[Work]:
+        where = self._begin("reduce_scatter_tensor")
+
+        def prepare() -> Any:
+            out = B.unwrap(output, "output", where)
+            inp = B.unwrap(input, "input", where)
+            B.check_dtype(inp, "input", where)
+            B.check_same_dtype(inp, out, "input", "output", where)
+            B.check_writable(out, "output", where)
+            if inp.size != out.size * self.size_:
+                raise ValueError(
+                    f"{where}: input has {inp.size} elements but needs group size × output size "
+                    f"= {self.size_} × {out.size} = {out.size * self.size_}")
+            return out, inp, B.reduce_plan(out.dtype, B.coerce_op(op, where), where)
+
+        out, inp, plan = self._maybe_debug(
+            where, lambda: self._sig("reduce_scatter_tensor", B.unwrap(input, "input", where),
+                                     shape=tuple(B.unwrap(input, "input", where).shape),
+                                     reduce=str(op)), prepare)
+        sbuf = B.apply_plan_in(B.stage_in(inp), plan)
+        buf, write_back = B.stage_out(out)
+        rbuf, narrow = B.apply_plan_out(buf, plan)
+        sbuf = B.unalias(sbuf, rbuf)
+        avg = B.divider(rbuf, self.size_) if plan.average else None
+        sspec, rspec = [sbuf, plan.mpi_type], [rbuf, plan.mpi_type]
+        comm, mop = self.comm, plan.mpi_op
+        return self._run(where, lambda: comm.Ireduce_scatter_block(sspec, rspec, mop),
+                         B.chain(avg, narrow, write_back), async_op, [output],
+                         keep=(sspec, rspec), check=(inp, B.coerce_op(op, where), -1))
+
+    @_guarded("all_to_all")
+    def all_to_all(self, output_tensor_list: Any, input_tensor_list: Any,
+                   async_op: bool = False) -> Optional[Work]:
+        where = self._begin("all_to_all")
+
+        def prepare() -> Any:
+            if not isinstance(input_tensor_list, (list, tuple)) or not input_tensor_list:
+                raise ValueError(f"{where}: input_tensor_list must be a list of {self.size_} "
+                                 "tensors")
+            ref = B.unwrap(input_tensor_list[0], "input_tensor_list[0]", where)
+            mt = B.check_dtype(ref, "input_tensor_list[0]", where)
+            ins = self._out_list(input_tensor_list, "input_tensor_list", where, ref)
+            outs = self._out_list(output_tensor_list, "output_tensor_list", where, ref)
+            for i, o in enumerate(outs):
+                B.check_writable(o, f"output_tensor_list[{i}]", where)
+            return ins, outs, mt
+
+        def sig() -> dict:
+            ins = [B.unwrap(x, "", where) for x in input_tensor_list]
+            outs = [B.unwrap(x, "", where).size for x in output_tensor_list]
+            return self._sig("all_to_all", ins[0], send=[a.size for a in ins], recv=outs)
+
+        ins, outs, mt = self._maybe_debug(where, sig, prepare)
+        scounts, sdispls = B.counts_displs([a.size for a in ins])
+        rcounts, rdispls = B.counts_displs([o.size for o in outs])
+        flat = array_module(ins[0]).zeros(sum(rcounts), dtype=ins[0].dtype)
+        rbuf, copy_out = self._staged_list_out(flat, outs, rcounts, rdispls)
+        sspec = [self._packed_in(ins), (scounts, sdispls), mt]
+        rspec = [rbuf, (rcounts, rdispls), mt]
+        comm = self.comm
+        return self._run(where, lambda: comm.Ialltoallv(sspec, rspec), copy_out, async_op,
+                         list(output_tensor_list), keep=(sspec, rspec),
+                         splits=(scounts, rcounts, "output_tensor_list", 1, ins[0].dtype))
+
+    def _splits(self, splits: Any, arr: Any, what: str, where: str) -> list:
+        rows = arr.shape[0] if arr.ndim else 1
+        if _no_splits(splits):
+            if rows % self.size_:
+                raise ValueError(
+                    f"{where}: {what} is None, so dimension 0 ({rows}) must divide evenly "
+                    f"among {self.size_} ranks; pass {what} explicitly")
+            return [rows // self.size_] * self.size_
+        splits = [int(s) for s in splits]
+        if len(splits) != self.size_:
+            raise ValueError(f"{where}: {what} has {len(splits)} entries but {self.name} has "
+                             f"{self.size_} ranks")
+        if any(s < 0 for s in splits) or sum(splits) != rows:
+            raise ValueError(f"{where}: {what}={splits} must be non-negative and sum to "
+                             f"dimension 0 of the tensor ({rows})")
+        return splits
+
+    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any = None,
+                          input_split_sizes: Any = None,
+                          async_op: bool = False) -> Optional[Work]:
+        out = output._data if type(output) is Tensor else output
+        inp = input._data if type(input) is Tensor else input
+        if (self.rank_ >= 0 and not self.slow and input_split_sizes is None
+                and output_split_sizes is None):
+            mt = self._fast_pair(out, inp)
+            if (mt is not None and inp.shape == out.shape
+                    and inp.shape[0] % self.size_ == 0):
+                s = self._fast_count("all_to_all_single", out)
+                req = self.comm.Ialltoall([inp, mt], [out, mt])
+                if out.nbytes >= self.check_bytes:
+                    req = self._fp_check(req, s, "all_to_all_single", out, None, -1, (out, inp))
+                return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp),
+                                         async_op)
+        elif (self.rank_ >= 0 and not self.slow
+              and not (_no_splits(input_split_sizes) and _no_splits(output_split_sizes))):
+            # (both [] is torch's even split, as both None: MPI_Alltoall on the general path)
+            mt = self._fast_pair(out, inp)
+            if mt is not None and inp.shape[1:] == out.shape[1:]:
+                sends = self._fast_splits(input_split_sizes, inp.shape[0])
+                recvs = self._fast_splits(output_split_sizes, out.shape[0])
+                if sends is not None and recvs is not None:
+                    return self._fast_uneven(output, out, inp, mt, sends, recvs, async_op)
+        return self._all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                       async_op)
+
+    def _fast_splits(self, splits: Any, rows: int) -> Optional[list]:
+        """Split sizes the fast path takes as they are (None or [] for an even split, or a
+        list or tuple of n non-negative ints summing to ``rows``), else None: the general
+        path then says what is wrong with them."""
+        n = self.size_
+        if splits is None or (type(splits) in (list, tuple) and not splits):
+            return [rows // n] * n if rows % n == 0 else None
+        if type(splits) not in (list, tuple) or len(splits) != n:
+            return None
+        total = 0
+        for v in splits:
+            if type(v) is not int or v < 0:
+                return None
+            total += v
+        return list(splits) if total == rows else None
+
+    def _fast_uneven(self, output: Any, out: Any, inp: Any, mt: Any, sends: list, recvs: list,
+                     async_op: bool) -> Optional[Work]:
+        """all_to_all_single with split sizes, on the fast path (see all_to_all_single)."""
+        row = 1
+        for d in inp.shape[1:]:
+            row *= d
+        sc, sd = B.counts_displs([v * row for v in sends])
+        rc, rd = B.counts_displs([v * row for v in recvs])
+        s = self._fast_count("all_to_all_single", out)
+        req = self.comm.Ialltoallv([inp, (sc, sd), mt], [out, (rc, rd), mt])
+        if self.check_bytes < OFF_BYTES:  # the split sizes, checked by any size
+            node = self.fp_node
+            if node is not None and node.board >= 0:
+                self.fp_tok = node.post_splits(s, "all_to_all_single", sc, rc,
+                                               "output_split_sizes", row, inp.dtype, (out, inp))
+            else:
+                req = _fp.Splits(self, req, "all_to_all_single", s, sc, rc, "output_split_sizes",
+                                 row, inp.dtype, (out, inp))
+        return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp), async_op)
+
+    @_guarded("all_to_all_single")
+    def _all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,
+                           input_split_sizes: Any, async_op: bool) -> Optional[Work]:
+        where = self._begin("all_to_all_single")
+
+        def prepare() -> Any:
+            out = B.unwrap(output, "output", where)
+            inp = B.unwrap(input, "input", where)
+            mt = B.check_dtype(inp, "input", where)
+            B.check_same_dtype(inp, out, "input", "output", where)
+            B.check_writable(out, "output", where)
+            if inp.shape[1:] != out.shape[1:]:
+                raise ValueError(f"{where}: input shape {tuple(inp.shape)} and output shape "
+                                 f"{tuple(out.shape)} differ beyond dimension 0")
+            if even and inp.size != out.size:
+                # MPI_Alltoall would send rows/n of the input to each rank and leave the rest of
+                # a larger output unwritten (or fail on a smaller one): torch refuses it too
+                raise ValueError(
+                    f"{where}: without split sizes, output and input must have the same number "
+                    f"of elements (each rank gets an equal share of every input); got output "
+                    f"{tuple(out.shape)} and input {tuple(inp.shape)}. Pass "
+                    "output_split_sizes and input_split_sizes for uneven exchanges")
+            ins = self._splits(input_split_sizes, inp, "input_split_sizes", where)
+            outs = self._splits(output_split_sizes, out, "output_split_sizes", where)
+            row = int(np.prod(inp.shape[1:])) if inp.ndim > 1 else 1
+            return out, inp, mt, [s * row for s in ins], [s * row for s in outs], row
+
+        even = _no_splits(input_split_sizes) and _no_splits(output_split_sizes)
+
+        def sig() -> dict:
+            out, inp, _, sc, rc, _ = prepare()
+            return self._sig("all_to_all_single", inp, send=sc, recv=rc,
+                             splits="none" if even else "given")
+
+        out, inp, mt, scounts, rcounts, row = self._maybe_debug(where, sig, prepare)
+        rbuf, write_back = B.stage_out(out)
+        sbuf = B.unalias(B.stage_in(inp), rbuf)
+        comm = self.comm
+        if even:
+            # no split sizes (the usual case): MPI_Alltoall, which MPIs implement with
+            # algorithms (Bruck, pairwise) the v-variant cannot use; mpi4py divides each buffer
+            # by the number of ranks. As with torch's MPI backend, every rank must then pass no
+            # split sizes: the choice is made locally, and debug mode checks it agrees
+            sspec, rspec = [sbuf, mt], [rbuf, mt]
+            nonblocking = comm.Ialltoall
+        else:
+            sspec = [sbuf, B.counts_displs(scounts), mt]
+            rspec = [rbuf, B.counts_displs(rcounts), mt]
+            nonblocking = comm.Ialltoallv
+        return self._run(where, lambda: nonblocking(sspec, rspec),
+                         write_back, async_op, [output], keep=(sspec, rspec),
+                         check=(out, None, -1) if even else None,
+                         splits=None if even else (scounts, rcounts, "output_split_sizes",
+                                                   row, inp.dtype))
+
+    @_guarded("barrier")
+    def barrier(self, async_op: bool = False) -> Optional[Work]:
+        where = self._begin("barrier")
+        self._count("barrier")
+        if self.debug:
+            self._agree(where, self._sig("barrier"), None)
+        comm = self.comm
+        return self._run(where, comm.Ibarrier, None, async_op)
+
