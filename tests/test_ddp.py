@@ -24,7 +24,7 @@ from mpitensor.nn.parallel import (
     average_gradients,
     broadcast_parameters,
 )
-from mpitensor.nn.parallel.distributed import _bucket_assignment
+from mpitensor.nn.parallel._reducer import _bucket_assignment
 from mpitensor.optim import SGD
 
 from .mpi.test_ddp import MLP, data, mse, val
@@ -193,14 +193,14 @@ def test_bucket_layout(world):
     assert per.comm_stats.bucket_bytes == [4 * n for n in reversed(sizes)]
     default = DDP(m)
     # reverse order: p5+p4 reach the 1 MiB first cap; the rest fit in one 25 MiB bucket
-    assert [b.params for b in default._buckets] == [[5, 4], [3, 2, 1, 0]]
-    for b in default._buckets:
+    assert [b.params for b in default.reducer.buckets] == [[5, 4], [3, 2, 1, 0]]
+    for b in default.reducer.buckets:
         assert b.buffer.flags.c_contiguous and b.buffer.ndim == 1
         assert b.buffer.dtype == np.float32
         assert b.nbytes == sum(4 * sizes[i] for i in b.params)
     mixed = DDP(_layout_params([10, 20, 30], [np.float32, np.float64, np.float32]),
                 bucket_cap_mb=25)
-    assert sorted(b.buffer.dtype.name for b in mixed._buckets) == ["float32", "float64"]
+    assert sorted(b.buffer.dtype.name for b in mixed.reducer.buckets) == ["float32", "float64"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def test_gradients_equal_local_ones(world, view, cap):
             assert np.array_equal(val(p.grad), val(q.grad))
         if view:
             for p in ddp.parameters():
-                assert any(p.grad._data.base is b.buffer for b in ddp._buckets)
+                assert any(p.grad._data.base is b.buffer for b in ddp.reducer.buckets)
     st = ddp.comm_stats
     assert st.steps == 3 and st.launched == st.num_buckets
     assert st.total_wait_s >= st.last_wait_s >= 0.0
@@ -263,7 +263,7 @@ def test_backward_without_ddp_forward_does_not_sync(world):
     """As in torch, the forward through DDP arms the reduction; the inner module's does not."""
     ddp = DDP(MLP(5))
     step(ddp.module, 0)
-    assert ddp.comm_stats.steps == 0 and not ddp._in_backward
+    assert ddp.comm_stats.steps == 0 and not ddp.reducer.in_backward
     step(ddp, 0)
     assert ddp.comm_stats.steps == 1
 
@@ -309,7 +309,7 @@ def test_static_graph_tolerates_unused_from_the_start(world, find_unused):
     for s in range(3):
         ddp.zero_grad()
         step(ddp, s)
-    assert ddp.module.spare.grad is None and ddp._static_unused == [4]
+    assert ddp.module.spare.grad is None and ddp.reducer.static_unused == [4]
     assert ddp.comm_stats.steps == 3
 
 
@@ -352,13 +352,13 @@ def test_recovers_after_an_interrupted_backward(world, caplog):
     handle = inner.w1.register_post_accumulate_grad_hook(fail_late)
     with pytest.raises(FloatingPointError):
         mse(ddp(mt.tensor(x)), mt.tensor(y)).backward()
-    assert ddp._in_backward
+    assert ddp.reducer.in_backward
     handle.remove()
     with caplog.at_level(logging.WARNING, logger="mpitensor.nn.parallel"):
         ddp.zero_grad()
         mse(ddp(mt.tensor(x)), mt.tensor(y)).backward()
     assert "did not finish" in caplog.text
-    assert not ddp._in_backward and ddp.comm_stats.steps == 1
+    assert not ddp.reducer.in_backward and ddp.comm_stats.steps == 1
     plain = _Fragile()
     mse(plain(mt.tensor(x)), mt.tensor(y)).backward()
     for p, q in zip(ddp.parameters(), plain.parameters()):
@@ -434,7 +434,7 @@ def test_gpu_gradients_match_cpu(backend, view):
         DDP(MLP(5).to("cuda"), device_ids=["cuda"])  # the current device, as in torch
         ddp = DDP(gpu, device_ids=[0], gradient_as_bucket_view=view, bucket_cap_mb=0.0005)
         cpu = MLP(5)
-        for b in ddp._buckets:
+        for b in ddp.reducer.buckets:
             assert isinstance(b.buffer, cp.ndarray)
         opt, opt_cpu = SGD(ddp.parameters(), lr=0.1, momentum=0.9), SGD(cpu.parameters(),
                                                                          lr=0.1, momentum=0.9)
@@ -517,7 +517,7 @@ def test_join_world_one_is_plain_training(world, divide):
                 step(m, seed=s)
             for p, q in zip(ddp.parameters(), plain.parameters()):
                 np.testing.assert_array_equal(val(p.grad), val(q.grad))
-    assert ddp._join is None and ddp._divisor == 1 and ddp._join_zeros is None
+    assert ddp._join is None and ddp.reducer.divisor == 1 and ddp.reducer.join_zeros is None
     assert ddp.comm_stats.shadowed == 0 and ddp.comm_stats.steps == 3
 
 
@@ -527,7 +527,7 @@ def test_join_state_cleared_when_the_body_raises(world):
         with ddp.join(divide_by_initial_world_size=False):
             step(ddp)
             raise KeyError("user error")
-    assert ddp._join is None and ddp._divisor == 1
+    assert ddp._join is None and ddp.reducer.divisor == 1
     with ddp.join():  # usable again
         step(ddp)
     assert ddp.comm_stats.steps == 2

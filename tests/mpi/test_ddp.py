@@ -281,7 +281,7 @@ def test_equivalence_gradient_as_bucket_view(micro):
     # every gradient is a view of its bucket's flat buffer
     for p in ddp.parameters():
         base = p.grad._data.base
-        assert base is not None and any(base is b.buffer for b in ddp._buckets)
+        assert base is not None and any(base is b.buffer for b in ddp.reducer.buckets)
 
 
 def test_equivalence_set_to_none_false():
@@ -347,23 +347,23 @@ def test_overlap_order_of_events(overlap):
     ddp = DDP(MLP(7), bucket_cap_mb=0, overlap=overlap)
     m = ddp.module
     bucket_of = {}
-    for b in ddp._buckets:
+    for b in ddp.reducer.buckets:
         for i in b.params:
-            bucket_of[id(ddp._params[i])] = b.index
+            bucket_of[id(ddp.reducer.params[i])] = b.index
     events = []
-    real_launch = ddp._launch
+    real_launch = ddp.reducer._launch
 
     def logged_launch(bucket):
         events.append(("launch", bucket.index))
         return real_launch(bucket)
 
-    ddp._launch = logged_launch
+    ddp.reducer._launch = logged_launch
     seen_at_w1 = {}
 
     def on_w1(p):
         events.append(("grad", "w1"))
-        seen_at_w1["launched"] = [b.work is not None for b in ddp._buckets]
-        seen_at_w1["in_backward"] = ddp._in_backward
+        seen_at_w1["launched"] = [b.work is not None for b in ddp.reducer.buckets]
+        seen_at_w1["in_backward"] = ddp.reducer.in_backward
 
     for name in ("w3", "w2"):
         getattr(m, name).register_post_accumulate_grad_hook(
@@ -484,7 +484,8 @@ def test_parameter_used_on_some_ranks_only():
 def test_static_graph_learns_unused():
     ref, ddp = train_pair(np.float64, model_kw={"unused": True}, static_graph=True)
     check_equivalent(ref, ddp, np.float64)
-    assert ddp._static_unused == [i for i, p in enumerate(ddp._params) if p is ddp.module.spare]
+    r = ddp.reducer
+    assert r.static_unused == [i for i, p in enumerate(r.params) if p is ddp.module.spare]
     assert ddp.module.spare.grad is None
 
 

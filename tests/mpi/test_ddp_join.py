@@ -140,7 +140,7 @@ def test_join_uneven_inputs(divide, config):
     check_against_reference(ddp, reference(n, divide))
     assert ddp.comm_stats.steps == n_batches(me)
     assert ddp.comm_stats.shadowed == n_batches(n - 1) - n_batches(me)
-    assert ddp._join is None and ddp._divisor == n  # the bookkeeping is gone after join()
+    assert ddp._join is None and ddp.reducer.divisor == n  # the bookkeeping is gone after join()
 
 
 @pytest.mark.parametrize("divide", [True, False], ids=["divide-initial", "divide-active"])

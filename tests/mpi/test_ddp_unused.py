@@ -154,7 +154,8 @@ def test_static_graph_matches_torch(torch_gloo):
     mine, theirs = pair(torch_gloo, seed=4)
     ddp, log = train_both(torch_gloo, mine, theirs, lambda s, r, n: True, static_graph=True)
     check_run(ddp, theirs, log)
-    assert [ddp._names[i] for i in ddp._static_unused] == ["spare"]  # learned at step 0
+    r = ddp.reducer
+    assert [r.names[i] for i in r.static_unused] == ["spare"]  # learned at step 0
     assert all(a["spare"] is None for a, _ in log)
 
 

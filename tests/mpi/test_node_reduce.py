@@ -66,11 +66,11 @@ def test_same_training_as_through_mpi_and_equal_replicas(mode, dtype, cap):
     rounding (the sums are taken in another order)."""
     mode("on")
     ddp, shm = _train(dtype, bucket_cap_mb=cap)
-    assert ddp._node is not None
+    assert ddp.reducer.node is not None
     assert len(set(_gathered(shm))) == 1, "replicas differ"
     mode("off")
     ddp2, ref = _train(dtype, bucket_cap_mb=cap)
-    assert ddp2._node is None
+    assert ddp2.reducer.node is None
     np.testing.assert_allclose(shm, ref, rtol=1e-5 if dtype == np.float32 else 1e-12,
                                atol=1e-6 if dtype == np.float32 else 1e-13)
 
@@ -81,9 +81,9 @@ def test_the_sum_is_each_ranks_bucket_in_rank_order(mode):
     mode("on")
     n, me = dist.get_world_size(), dist.get_rank()
     ddp = DDP(_model(np.float32))
-    node = ddp._node
+    node = ddp.reducer.node
     assert node is not None
-    buf = ddp._buckets[0].buffer
+    buf = ddp.reducer.buckets[0].buffer
     rng = [np.random.default_rng(7 + r) for r in range(n)]
     parts = [g.standard_normal(buf.shape).astype(np.float32) for g in rng]
     for step in range(3):  # both slots, and back to the first
@@ -100,24 +100,24 @@ def test_no_segment_is_left_in_dev_shm(mode):
     before = set(glob.glob("/dev/shm/mpitensor-ddp-*"))
     ddp = DDP(_model())
     dist.barrier()
-    assert ddp._node is not None
+    assert ddp.reducer.node is not None
     assert set(glob.glob("/dev/shm/mpitensor-ddp-*")) - before == set()
 
 
 def test_where_it_does_not_apply_mpi_is_used(mode):
     """off, half-precision buckets, and (by default) a node with a core per rank: MPI."""
     mode("off")
-    assert DDP(_model())._node is None
+    assert DDP(_model()).reducer.node is None
     mode("on")
     half = nn.Linear(4, 4).to(dtype=mt.float16)
-    assert DDP(half)._node is None
+    assert DDP(half).reducer.node is None
     mode("auto")
     saved = _node_reduce.node_ranks, _node_reduce.node_cpus
     try:
         _node_reduce.note_node(dist.get_world_size(), dist.get_world_size())  # a core each
-        assert DDP(_model())._node is None
+        assert DDP(_model()).reducer.node is None
         _node_reduce.note_node(dist.get_world_size(), 1)  # more ranks than cores
-        assert DDP(_model())._node is not None
+        assert DDP(_model()).reducer.node is not None
     finally:
         _node_reduce.note_node(*saved)
 
@@ -136,7 +136,7 @@ def test_a_rank_that_never_posts_times_out_naming_the_call(mode):
     n, me = dist.get_world_size(), dist.get_rank()
     g = dist.new_group(list(range(n)), timeout=1.5)
     ddp = DDP(_model(), process_group=g)
-    assert ddp._node is not None
+    assert ddp.reducer.node is not None
     x = mt.tensor(np.ones((2, 20), np.float32))
     t0 = time.monotonic()
     if me != n - 1:
@@ -176,7 +176,7 @@ def test_a_rank_that_raises_in_backward_ends_the_others_wait(mode):
     mt.manual_seed(5)
     model = nn.Sequential(nn.Linear(20, 32), Middle(me == n - 1), nn.Tanh(), nn.Linear(32, 5))
     ddp = DDP(model, process_group=g, bucket_cap_mb=0)
-    assert ddp._node is not None
+    assert ddp.reducer.node is not None
     x = mt.tensor(np.ones((2, 20), np.float32))
     t0 = time.monotonic()
     with pytest.raises((PeerFailedError, FloatingPointError)) as info:
@@ -196,7 +196,7 @@ def test_env_is_read_alike_on_every_rank_or_agreed(mode):
     me = dist.get_rank()
     mode("off" if me == 0 else "on")
     ddp, params = _train(np.float32, steps=2)
-    assert ddp._node is None
+    assert ddp.reducer.node is None
     assert len(set(_gathered(params))) == 1
 
 
@@ -212,7 +212,7 @@ def test_no_room_in_dev_shm_means_mpi_and_no_file_left(mode, monkeypatch):
         monkeypatch.setattr(_node_reduce.os, "posix_fallocate", full)
     before = set(glob.glob("/dev/shm/mpitensor-ddp-*"))
     ddp, params = _train(np.float32, steps=2)
-    assert ddp._node is None
+    assert ddp.reducer.node is None
     assert len(set(_gathered(params))) == 1
     dist.barrier()
     assert set(glob.glob("/dev/shm/mpitensor-ddp-*")) - before == set()

@@ -32,6 +32,7 @@ from mpitensor.autograd import Node
 from mpitensor.tensor import Tensor
 
 from ..module import Module
+from ._outputs import collect_tensors
 from .parallel_apply import parallel_apply
 from .replicate import replicate
 from .scatter_gather import as_device, gather, scatter_kwargs
@@ -129,7 +130,7 @@ def _guard_backward(outputs: Any, stop: Sequence[Tensor]) -> int:
         How many nodes were hooked.
     """
     found: List[Tensor] = []
-    _collect(outputs, found)
+    collect_tensors(outputs, found)
     boundary = {id(t.grad_fn) for t in stop if t.grad_fn is not None}
     guard = _BackwardDevices()
     seen: set = set()
@@ -143,17 +144,6 @@ def _guard_backward(outputs: Any, stop: Sequence[Tensor]) -> int:
         node.register_prehook(lambda g, ref=ref: guard.before(ref, g))
         todo.extend(n for n in node._next if type(n) is Node)
     return len(seen)
-
-
-def _collect(obj: Any, out: List[Tensor]) -> None:
-    if isinstance(obj, Tensor):
-        out.append(obj)
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            _collect(o, out)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            _collect(o, out)
 
 
 def _run(module: Module, devices: Sequence[_backend.device], output: _backend.device,
@@ -178,7 +168,7 @@ def _run(module: Module, devices: Sequence[_backend.device], output: _backend.de
 
 def _flat(inputs: tuple, kwargs: dict) -> List[Tensor]:
     found: List[Tensor] = []
-    _collect(list(inputs) + list(kwargs.values()), found)
+    collect_tensors(list(inputs) + list(kwargs.values()), found)
     return found
 
 
