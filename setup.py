@@ -4,7 +4,7 @@ Both extensions are optional: where one cannot be built (no C compiler, or NumPy
 missing), the install still succeeds and the pure-Python code it speeds up runs instead.
 
 * ``mpitensor/_cpu_kernels.c``: conv2d's band loops and 2x2 max pooling, which run without the
-  interpreter lock (see ``mpitensor/nn/_native.py``);
+  interpreter lock (see ``mpitensor/nn/_kernels/native.py``);
 * ``mpitensor/distributed/health/_slots.c``: the agreement check's shared slots of a one-machine
   group (see ``mpitensor/distributed/health/fingerprint.py``), built against NumPy's headers
   (NumPy 2's, from the build requirements: a module built on them also runs on NumPy 1.x; where

@@ -1,11 +1,11 @@
-/* mpitensor's compiled CPU loops (mpitensor.nn._native loads them; NumPy arrays only):
+/* mpitensor's compiled CPU loops (mpitensor.nn._kernels.native loads them; NumPy arrays only):
  * conv2d's banded im2col loops and 2x2 max pooling.
  *
  * Why this exists: the same loops written as NumPy calls hand the interpreter lock back and
  * forth at every call, so two Python threads sharing a layer's work ran it slower than one
  * (measured: 0.62-0.93x for LeNet's convolutions). Here each thread's share is one call that
  * releases the lock for its whole duration: the im2col copies, the matrix products (the BLAS
- * that NumPy itself loaded, found by mpitensor.nn._native) and the input gradient's
+ * that NumPy itself loaded, found by mpitensor.nn._kernels.native) and the input gradient's
  * scatter-adds all run without it.
  *
  * Layouts (as in nn/_kernels.py): the padded input ``src`` and the padded input gradient ``dx``
@@ -24,7 +24,7 @@
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 
 /* CBLAS ?gemm with 64-bit integers (an ILP64 build of the library, as NumPy's wheels ship:
- * mpitensor.nn._native takes no 32-bit one, whose sizes a large layer could overflow). */
+ * mpitensor.nn._kernels.native takes no 32-bit one, whose sizes a large layer could overflow). */
 typedef void (*sgemm_t)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
                         const float *, int64_t, const float *, int64_t, float, float *,
                         int64_t);

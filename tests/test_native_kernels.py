@@ -20,7 +20,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.nn.functional as F
 from mpitensor.nn import _kernels as K
-from mpitensor.nn import _native
+from mpitensor.nn._kernels import native as _native
 
 pytestmark = pytest.mark.skipif(
     _native.get(np.float32) is None,
@@ -152,7 +152,7 @@ def test_switched_off_by_the_environment():
     """MPITENSOR_NATIVE=0 as a user sets it: the layers take their NumPy loops (and give the
     same numbers); unset, the compiled loops."""
     code = ("import numpy as np, mpitensor as mt, mpitensor.nn.functional as F; "
-            "from mpitensor.nn import _native; "
+            "from mpitensor.nn._kernels import native as _native; "
             "x = np.random.default_rng(0).standard_normal((64, 1, 28, 28)).astype(np.float32); "
             "w = np.ones((6, 1, 5, 5), np.float32); "
             "y = F.max_pool2d(F.conv2d(mt.tensor(x), mt.tensor(w), padding=2), 2); "

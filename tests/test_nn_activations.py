@@ -18,7 +18,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.nn as nn
 import mpitensor.nn.functional as F
-from mpitensor.nn._activations import erf
+from mpitensor.nn._functional.activations import erf
 from tests.test_nn_functional import _fd_check
 
 RNG = np.random.default_rng(2024)

@@ -466,7 +466,7 @@ def test_empty_batch_gives_torchs_empty_output_and_zero_gradients(fname, x, w, k
 def test_3d_kernels_in_slabs_match_torch(monkeypatch, dtype):
     """The generic kernels' slab loops (one position of the first output dimension a slab)
     give what the whole matrices give."""
-    from mpitensor.nn import _convnd
+    from mpitensor.nn._kernels import convnd as _convnd
 
     monkeypatch.setattr(_convnd, "SLAB_BYTES", 1)
     for fname, sizes, k, kw in [

@@ -749,7 +749,7 @@ def test_batch_norm_split_over_threads_matches_torch(dtype, affine, threads, mon
     """Batch norm of a batch-innermost input cut into channel shares, one per thread
     (``_norm_kernels.SPLIT_ELEMENTS`` lowered so that a small input is split): torch's values,
     gradients and running statistics."""
-    from mpitensor.nn import _norm_kernels as NK
+    from mpitensor.nn._kernels import norm as NK
 
     torch = _torch()
     calls = []

@@ -19,7 +19,7 @@ import mpitensor.distributed as dist
 import mpitensor.nn as nn
 import mpitensor.nn.functional as F  # noqa: N812 - torch's spelling
 from mpitensor import backend
-from mpitensor.nn import _sync_batchnorm as SB
+from mpitensor.nn._functional import sync_batchnorm as SB
 
 RNG = np.random.default_rng(77)
 TOL = {np.float32: 1e-5, np.float64: 1e-12}

@@ -10,46 +10,47 @@ Example:
 from __future__ import annotations
 
 from . import attention, common_types, functional, grad, init, parallel, utils
-from ._factory import factory_kwargs
-from .activation import *  # noqa: F403
-from .activation import __all__ as _activation_names
-from .adaptive import *  # noqa: F403
-from .adaptive import __all__ as _adaptive_names
-from .container import *  # noqa: F403
-from .container import __all__ as _container_names
-from .conv import *  # noqa: F403
-from .conv import __all__ as _conv_names
-from .distance import *  # noqa: F403
-from .distance import __all__ as _distance_names
-from .dropout import *  # noqa: F403
-from .dropout import __all__ as _dropout_names
-from .layers import *  # noqa: F403
-from .layers import __all__ as _layer_names
-from .lazy import *  # noqa: F403
-from .lazy import __all__ as _lazy_names
-from .linear import *  # noqa: F403
-from .linear import __all__ as _linear_names
-from .loss import *  # noqa: F403
-from .loss import __all__ as _loss_names
-from .module import Module, RemovableHandle
-from .normalization import *  # noqa: F403
-from .normalization import __all__ as _norm_names
-from .padding import *  # noqa: F403
-from .padding import __all__ as _padding_names
+from .modules._factory import factory_kwargs
+from .modules.activation import *  # noqa: F403
+from .modules.activation import __all__ as _activation_names
+from .modules.adaptive import *  # noqa: F403
+from .modules.adaptive import __all__ as _adaptive_names
+from .modules.container import *  # noqa: F403
+from .modules.container import __all__ as _container_names
+from .modules.conv import *  # noqa: F403
+from .modules.conv import __all__ as _conv_names
+from .modules.distance import *  # noqa: F403
+from .modules.distance import __all__ as _distance_names
+from .modules.dropout import *  # noqa: F403
+from .modules.dropout import __all__ as _dropout_names
+from .modules.layers import *  # noqa: F403
+from .modules.layers import __all__ as _layer_names
+from .modules.lazy import *  # noqa: F403
+from .modules.lazy import __all__ as _lazy_names
+from .modules.linear import *  # noqa: F403
+from .modules.linear import __all__ as _linear_names
+from .modules.loss import *  # noqa: F403
+from .modules.loss import __all__ as _loss_names
+from .modules.module import Module
+from .modules.module import RemovableHandle
+from .modules.normalization import *  # noqa: F403
+from .modules.normalization import __all__ as _norm_names
+from .modules.padding import *  # noqa: F403
+from .modules.padding import __all__ as _padding_names
 from .parallel import DataParallel
 from .parameter import Buffer, Parameter, UninitializedBuffer, UninitializedParameter
-from .pooling import *  # noqa: F403
-from .pooling import __all__ as _pooling_names
-from .rms_norm import *  # noqa: F403
-from .rms_norm import __all__ as _rms_norm_names
-from .rnn import *  # noqa: F403
-from .rnn import __all__ as _rnn_names
-from .shape import *  # noqa: F403
-from .shape import __all__ as _shape_names
-from .sparse import *  # noqa: F403
-from .sparse import __all__ as _sparse_names
-from .transformer import *  # noqa: F403
-from .transformer import __all__ as _transformer_names
+from .modules.pooling import *  # noqa: F403
+from .modules.pooling import __all__ as _pooling_names
+from .modules.rms_norm import *  # noqa: F403
+from .modules.rms_norm import __all__ as _rms_norm_names
+from .modules.rnn import *  # noqa: F403
+from .modules.rnn import __all__ as _rnn_names
+from .modules.shape import *  # noqa: F403
+from .modules.shape import __all__ as _shape_names
+from .modules.sparse import *  # noqa: F403
+from .modules.sparse import __all__ as _sparse_names
+from .modules.transformer import *  # noqa: F403
+from .modules.transformer import __all__ as _transformer_names
 
 __all__ = ["Module", "Parameter", "RemovableHandle", "functional", "init", "parallel", "utils",
            "attention", "common_types", "grad", "factory_kwargs",

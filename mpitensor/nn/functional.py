@@ -46,11 +46,11 @@ from mpitensor._ops.random import _draw
 from mpitensor.autograd import Function, _sum_to, grad_enabled_for
 from mpitensor.tensor import Tensor, _new, leaf_in_place_error
 
-from . import _convnd as CN
+from ._kernels import convnd as CN
 from . import _kernels as K
-from . import _linear_ce as LCE
-from . import _norm_kernels as NK
-from ._checks import as_tensor as _tensor_arg
+from ._functional import linear_ce as LCE
+from ._kernels import norm as NK
+from ._functional.checks import as_tensor as _tensor_arg
 
 __all__ = [
     "relu",
@@ -340,7 +340,7 @@ SPLIT_BAND_WORK = 1 << 21
 SPLIT_TOTAL_WORK = 40 << 20
 
 
-#: ... but with the compiled band loops (mpitensor.nn._native), whose shares run without the
+#: ... but with the compiled band loops (mpitensor.nn._kernels.native), whose shares run without the
 #: interpreter lock, from this many in all (LeNet's conv1 at batch 64, 7.5 M, ran its forward
 #: 1.6x faster on two threads than on one)
 SPLIT_NATIVE_WORK = 2 << 20
@@ -499,7 +499,7 @@ def conv2d(
 
 
 # --------------------------------------------------------------------------------------------
-# the convolution family: conv1d, conv3d, conv_transpose1d/2d/3d (mpitensor.nn._convnd)
+# the convolution family: conv1d, conv3d, conv_transpose1d/2d/3d (mpitensor.nn._kernels.convnd)
 
 
 def _spatial_arg(v: Any, name: str, fname: str, nd: int, minimum: int, what: str) -> tuple:
@@ -2725,34 +2725,34 @@ def linear_cross_entropy(input: Any, linear_weight: Any, target: Any, *,  # noqa
 # Re-exports: the ops that live beside this file, in modules of their own (which cannot import
 # this one back: the package's import graph has no cycles)
 
-from ._activations import *  # noqa: E402, F403
-from ._activations import __all__ as _activation_names  # noqa: E402
-from ._attention import *  # noqa: E402, F403
-from ._attention import __all__ as _attention_names  # noqa: E402
-from ._bilinear import *  # noqa: E402, F403
-from ._bilinear import __all__ as _bilinear_names  # noqa: E402
-from ._ctc import *  # noqa: E402, F403
-from ._ctc import __all__ as _ctc_names  # noqa: E402
-from ._distance import *  # noqa: E402, F403
-from ._distance import __all__ as _distance_names  # noqa: E402
-from ._dropout import *  # noqa: E402, F403
-from ._dropout import __all__ as _dropout_names  # noqa: E402
-from ._embedding import *  # noqa: E402, F403
-from ._embedding import __all__ as _embedding_names  # noqa: E402
-from ._linear_ce import *  # noqa: E402, F403
-from ._linear_ce import __all__ as _linear_ce_names  # noqa: E402
-from ._losses import *  # noqa: E402, F403
-from ._losses import __all__ as _loss_names  # noqa: E402
-from ._pooling1d import *  # noqa: E402, F403
-from ._pooling1d import __all__ as _pooling1d_names  # noqa: E402
-from ._poolingnd import *  # noqa: E402, F403
-from ._poolingnd import __all__ as _poolingnd_names  # noqa: E402
-from ._rms_norm import *  # noqa: E402, F403
-from ._rms_norm import __all__ as _rms_norm_names  # noqa: E402
-from ._sampling import *  # noqa: E402, F403
-from ._sampling import __all__ as _sampling_names  # noqa: E402
-from ._spatial import *  # noqa: E402, F403
-from ._spatial import __all__ as _spatial_names  # noqa: E402
+from ._functional.activations import *  # noqa: E402, F403
+from ._functional.activations import __all__ as _activation_names  # noqa: E402
+from ._functional.attention import *  # noqa: E402, F403
+from ._functional.attention import __all__ as _attention_names  # noqa: E402
+from ._functional.bilinear import *  # noqa: E402, F403
+from ._functional.bilinear import __all__ as _bilinear_names  # noqa: E402
+from ._functional.ctc import *  # noqa: E402, F403
+from ._functional.ctc import __all__ as _ctc_names  # noqa: E402
+from ._functional.distance import *  # noqa: E402, F403
+from ._functional.distance import __all__ as _distance_names  # noqa: E402
+from ._functional.dropout import *  # noqa: E402, F403
+from ._functional.dropout import __all__ as _dropout_names  # noqa: E402
+from ._functional.embedding import *  # noqa: E402, F403
+from ._functional.embedding import __all__ as _embedding_names  # noqa: E402
+from ._functional.linear_ce import *  # noqa: E402, F403
+from ._functional.linear_ce import __all__ as _linear_ce_names  # noqa: E402
+from ._functional.losses import *  # noqa: E402, F403
+from ._functional.losses import __all__ as _loss_names  # noqa: E402
+from ._functional.pooling1d import *  # noqa: E402, F403
+from ._functional.pooling1d import __all__ as _pooling1d_names  # noqa: E402
+from ._functional.poolingnd import *  # noqa: E402, F403
+from ._functional.poolingnd import __all__ as _poolingnd_names  # noqa: E402
+from ._functional.rms_norm import *  # noqa: E402, F403
+from ._functional.rms_norm import __all__ as _rms_norm_names  # noqa: E402
+from ._functional.sampling import *  # noqa: E402, F403
+from ._functional.sampling import __all__ as _sampling_names  # noqa: E402
+from ._functional.spatial import *  # noqa: E402, F403
+from ._functional.spatial import __all__ as _spatial_names  # noqa: E402
 
 __all__ += [*_activation_names, *_attention_names, *_bilinear_names, *_ctc_names,
             *_distance_names,

@@ -20,7 +20,7 @@ from mpitensor import autograd as _autograd
 from mpitensor.tensor import Tensor, zeros
 
 from . import functional as F  # noqa: N812 - torch's spelling
-from ._checks import as_tensor
+from ._functional.checks import as_tensor
 
 __all__ = ["conv1d_input", "conv1d_weight", "conv2d_input", "conv2d_weight", "conv3d_input",
            "conv3d_weight"]

@@ -1,13 +1,13 @@
-"""``torch.nn.modules``' import paths: ``from mpitensor.nn.modules.loss import _Loss`` works as
-``from torch.nn.modules.loss import _Loss`` does.
+"""``torch.nn.modules``: the layer classes, one submodule per family as torch has them.
 
-The classes live where mpitensor keeps them (``mpitensor.nn``); each submodule here
-(``activation``, ``batchnorm``, ``container``, ``conv``, ``loss``, ``module``, ``rnn``, ...)
-names the ones torch keeps in its submodule of that name, including the base classes programs
-subclass (``_Loss``, ``_WeightedLoss``, ``_BatchNorm``, ``_DropoutNd``). A name torch has there
-and mpitensor lacks is missing here too, so importing it fails at once with ImportError
-(docs/porting.md lists what is missing). ``utils`` is a module of its own (``_pair``,
-``consume_prefix_in_state_dict_if_present``, ...).
+Each family's classes live in the submodule torch keeps them in (``conv``, ``linear``, ``loss``,
+``batchnorm``, ``rnn``, ...), so ``from mpitensor.nn.modules.loss import _Loss`` works as
+``from torch.nn.modules.loss import _Loss`` does, base classes that programs subclass included
+(``_Loss``, ``_WeightedLoss``, ``_BatchNorm``, ``_DropoutNd``). A name torch has there and
+mpitensor lacks is missing here too, so importing it fails at once with ImportError
+(docs/porting.md lists what is missing). ``utils`` holds ``_pair``,
+``consume_prefix_in_state_dict_if_present`` and their kind; ``mpitensor.nn`` re-exports every
+layer.
 
 Example:
     >>> from mpitensor.nn.modules.loss import _Loss
@@ -17,13 +17,15 @@ Example:
     (True, True)
 """
 
+
 from __future__ import annotations
 
 import sys
 import types
 from typing import Dict, List
 
-from mpitensor.nn import (
+from . import (  # the module first: every family builds on it
+    module,
     activation,
     adaptive,
     container,
@@ -34,7 +36,6 @@ from mpitensor.nn import (
     lazy,
     linear,
     loss,
-    module,
     normalization,
     padding,
     pooling,
@@ -120,6 +121,12 @@ def _find(name: str) -> type:
 
 
 def _submodule(name: str, names: List[str]) -> types.ModuleType:
+    real = globals().get(name)
+    if isinstance(real, types.ModuleType):  # a family file of its own
+        for n in names:  # step 1 of the layout: a few classes still live in layers.py
+            if not hasattr(real, n):
+                setattr(real, n, _find(n))
+        return real
     mod = types.ModuleType(f"{__name__}.{name}",
                            f"``torch.nn.modules.{name}``'s classes that mpitensor has.")
     for n in names:

@@ -31,7 +31,7 @@ from mpitensor import backend as _backend
 from mpitensor.autograd import Node
 from mpitensor.tensor import Tensor
 
-from ..module import Module
+from ..modules.module import Module
 from ._outputs import collect_tensors
 from .parallel_apply import parallel_apply
 from .replicate import replicate

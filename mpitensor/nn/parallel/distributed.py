@@ -64,7 +64,7 @@ from mpitensor.distributed.model_sync import (
 from mpitensor.errors import MpiTensorError, ReplicaDivergenceError
 from mpitensor.tensor import Tensor
 
-from ..module import Module
+from ..modules.module import Module
 from ._reducer import CommStats, Reducer
 from ._replica_check import check_layout, verify_replicas
 

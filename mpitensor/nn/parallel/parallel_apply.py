@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence
 
 from mpitensor.tensor import Tensor
 
-from ..module import Module
+from ..modules.module import Module
 from .scatter_gather import as_device, device_context
 
 __all__ = ["parallel_apply"]

@@ -18,7 +18,7 @@ from mpitensor import backend as _backend
 from mpitensor._core.devices import is_on
 from mpitensor.tensor import Tensor
 
-from ..module import Module
+from ..modules.module import Module
 from .scatter_gather import as_device
 
 __all__ = ["replicate"]

@@ -27,7 +27,7 @@ def skip_init(module_cls: type, *args: Any, **kwargs: Any) -> Any:
     Raises:
         RuntimeError: ``module_cls`` takes no ``device`` argument.
     """
-    from mpitensor.nn.module import Module  # noqa: PLC0415 - nn's base class
+    from mpitensor.nn.modules.module import Module  # noqa: PLC0415 - nn's base class
 
     if not (isinstance(module_cls, type) and issubclass(module_cls, Module)):
         raise RuntimeError(f"skip_init(): expected a Module class, got {module_cls!r}")

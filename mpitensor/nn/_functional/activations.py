@@ -1,0 +1,1003 @@
+"""Activation functions of ``torch.nn.functional`` (gelu, silu, elu, hardtanh, softplus, ...).
+
+Each one is an autograd :class:`~mpitensor.autograd.Function` with its forward and backward
+side by side, on raw NumPy/CuPy arrays, vectorised (no loop over elements). The gradients are
+the ones torch defines, including its choices at the kinks (``leaky_relu`` takes the negative
+slope at 0, ``hardtanh`` passes no gradient at its bounds, ...). Half tensors are computed in
+float32 and rounded once, as torch's CPU kernels do. The ``inplace=True`` forms (and the ``_``
+functions) go through the tensor in-place machinery: they raise on a leaf that requires grad,
+bump the version counter and are recorded for autograd.
+
+Re-exported by :mod:`mpitensor.nn.functional`; import them from there.
+
+Example:
+    >>> import mpitensor as mt
+    >>> x = mt.tensor([-1.0, 0.0, 2.0], requires_grad=True)
+    >>> leaky_relu(x, 0.1).sum().backward()
+    >>> x.grad
+    tensor([0.1000, 0.1000, 1.0000])
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Optional
+
+import numpy as np
+
+from mpitensor._core import autocast as _autocast
+from mpitensor import backend as _backend
+from mpitensor import dtypes as _dt
+from mpitensor._ops.random import _draw
+from mpitensor.autograd import Function
+from mpitensor.tensor import Tensor, _new
+
+from ..._ops.special import erf  # NumPy has none; one implementation for the package
+from .checks import (
+    as_tensor,
+    check_float,
+    dtype_name,
+    half_safe,
+    is_number,
+    quiet,
+    run_inplace,
+    sum_to,
+    wrap_dim,
+    xp_of,
+)
+
+__all__ = [
+    "gelu", "silu", "mish", "elu", "elu_", "selu", "selu_", "celu", "celu_", "leaky_relu",
+    "leaky_relu_", "relu6", "hardtanh", "hardtanh_", "hardsigmoid", "hardswish", "hardshrink",
+    "softshrink", "tanhshrink", "softplus", "softsign", "logsigmoid", "sigmoid", "tanh",
+    "threshold", "threshold_", "glu", "prelu", "rrelu", "rrelu_", "softmin", "gumbel_softmax",
+]
+
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # the tanh approximation's coefficient
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_KAPPA = 0.044715
+_ONE_SIXTH_F32 = float(np.float32(1.0) / np.float32(6.0))
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def _float_input(input: Any, fname: str) -> Tensor:  # noqa: A002 - torch's name
+    t = as_tensor(input, "input", fname)
+    check_float(t, "input", fname)
+    return t
+
+
+def _pointwise(fn: type, fname: str, input: Any, inplace: bool, *args: Any) -> Tensor:  # noqa: A002
+    """``fn`` applied to a floating ``input``, in place when asked."""
+    t = _float_input(input, fname)
+    if inplace:
+        return run_inplace(input, getattr(fn, "inplace_variant", fn), f"{fname}(inplace=True)",
+                           *args)
+    return fn.apply(t, *args)
+
+
+def _inplace_only(fn: type, fname: str, input: Any, *args: Any) -> Tensor:  # noqa: A002
+    _float_input(input, fname)
+    return run_inplace(input, getattr(fn, "inplace_variant", fn), f"{fname}()", *args)
+
+
+def _real(v: Any, name: str, fname: str) -> float:
+    if isinstance(v, Tensor) and v.numel() == 1:
+        v = v.item()
+    if not is_number(v):
+        raise TypeError(f"{fname}(): {name} must be a real number, got {v!r}")
+    return float(v)
+
+
+def _sigmoid(xp: Any, x: Any) -> Any:
+    with quiet(xp):
+        return 1.0 / (1.0 + xp.exp(-x))
+
+
+# --------------------------------------------------------------------------------------------
+# gelu, silu, mish
+
+
+@half_safe
+class _Gelu(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, approximate: str) -> Any:
+        xp = xp_of(x)
+        ctx.approximate = approximate
+        if approximate == "tanh":
+            ctx.save_for_backward(x)
+            inner = _SQRT_2_OVER_PI * (x + _KAPPA * (x * x * x))
+            return 0.5 * x * (1 + xp.tanh(inner))
+        cdf = 0.5 * (1 + erf(x * _SQRT1_2))
+        ctx.save_for_backward(x, cdf)
+        return x * cdf
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        saved = ctx.saved_tensors
+        x = saved[0]
+        xp = xp_of(x)
+        if ctx.approximate == "tanh":
+            x2 = x * x
+            t = xp.tanh(_SQRT_2_OVER_PI * (x + _KAPPA * x2 * x))
+            d_in = (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * _KAPPA * x2)
+            return g * (0.5 * (1 + t) + 0.5 * x * d_in), None
+        with quiet(xp):
+            pdf = xp.exp(-0.5 * x * x) * _INV_SQRT_2PI
+        return g * (saved[1] + x * pdf), None
+
+
+def gelu(input: Any, approximate: str = "none") -> Tensor:  # noqa: A002 - torch's name
+    """Gaussian error linear unit: ``x * Phi(x)``, Phi the standard normal CDF.
+
+    Args:
+        input: a floating point tensor.
+        approximate: ``'none'`` (exact, through erf) or ``'tanh'``
+            (``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``).
+
+    Returns:
+        A tensor like ``input``.
+
+    Raises:
+        RuntimeError: another ``approximate``. NotImplementedError: an integer input.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> gelu(mt.tensor([0.0, 1.0]))
+        tensor([0.0000, 0.8413])
+    """
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError(f"gelu(): approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _Gelu.apply(_float_input(input, "gelu"), approximate)
+
+
+@half_safe
+class _Silu(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        s = _sigmoid(xp_of(x), x)
+        ctx.save_for_backward(x, s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x, s = ctx.saved_tensors
+        return (g * s * (1 + x * (1 - s)),)
+
+
+def silu(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
+    """Sigmoid linear unit (swish): ``x * sigmoid(x)``.
+
+    Args:
+        input: a floating point tensor.
+        inplace: write the result into ``input``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> silu(mt.tensor([0.0]))
+        tensor([0.])
+    """
+    return _pointwise(_Silu, "silu", input, inplace)
+
+
+@half_safe
+class _Mish(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        xp = xp_of(x)
+        with quiet(xp):
+            ts = xp.tanh(xp.log1p(xp.exp(x)))
+        ctx.save_for_backward(x, ts)
+        return x * ts
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x, ts = ctx.saved_tensors
+        s = _sigmoid(xp_of(x), x)
+        return (g * (ts + x * s * (1 - ts * ts)),)
+
+
+def mish(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
+    """``x * tanh(softplus(x))``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> mish(mt.tensor([0.0]))
+        tensor([0.])
+    """
+    return _pointwise(_Mish, "mish", input, inplace)
+
+
+# --------------------------------------------------------------------------------------------
+# elu family
+
+
+@half_safe
+class _Elu(Function):
+    """``scale * x`` for x > 0, ``scale * alpha * (exp(x * input_scale) - 1)`` otherwise.
+
+    ``grad_input_scale`` is the input scale the gradient uses: torch's celu takes it as
+    ``1 / alpha`` with alpha rounded to float32 first, so its gradients differ from the exact
+    ones by that rounding; matching them keeps ported programs' numbers the same.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, alpha: float, scale: float, input_scale: float,
+                grad_input_scale: float) -> Any:
+        xp = xp_of(x)
+        ctx.save_for_backward(x)
+        ctx.coefs = (alpha, scale, grad_input_scale)
+        with quiet(xp):
+            neg = xp.expm1(x * input_scale) * (alpha * scale)
+        return xp.where(x > 0, x * scale, neg)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (x,) = ctx.saved_tensors
+        alpha, scale, input_scale = ctx.coefs
+        xp = xp_of(x)
+        with quiet(xp):
+            neg = g * (input_scale * alpha * scale) * xp.exp(x * input_scale)
+        return xp.where(x > 0, g * scale, neg), None, None, None, None
+
+
+@half_safe
+class _EluResult(Function):
+    """:class:`_Elu` written in place: the gradient is read from the result (torch's form for
+    ``elu_``, ``selu_`` and ``celu_``), which is all the op keeps."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, alpha: float, scale: float, input_scale: float,
+                grad_input_scale: float) -> Any:
+        out = _Elu.forward(ctx, x, alpha, scale, input_scale, grad_input_scale)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (out,) = ctx.saved_tensors
+        alpha, scale, input_scale = ctx.coefs
+        xp = xp_of(out)
+        neg = g * input_scale * (out + alpha * scale)
+        return xp.where(out > 0, g * scale, neg), None, None, None, None
+
+
+_Elu.inplace_variant = _EluResult
+
+
+def elu(input: Any, alpha: float = 1.0, inplace: bool = False) -> Tensor:  # noqa: A002
+    """Exponential linear unit: ``x`` for x > 0, ``alpha * (exp(x) - 1)`` otherwise.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> elu(mt.tensor([1.0, 0.0]))
+        tensor([1., 0.])
+    """
+    return _pointwise(_Elu, "elu", input, inplace, _real(alpha, "alpha", "elu"), 1.0, 1.0, 1.0)
+
+
+def elu_(input: Any, alpha: float = 1.0) -> Tensor:  # noqa: A002 - torch's name
+    """In-place :func:`elu`."""
+    return _inplace_only(_Elu, "elu_", input, _real(alpha, "alpha", "elu_"), 1.0, 1.0, 1.0)
+
+
+def selu(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
+    """Scaled ELU with the self-normalising constants (alpha ~ 1.6733, scale ~ 1.0507).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> selu(mt.tensor([0.0]))
+        tensor([0.])
+    """
+    return _pointwise(_Elu, "selu", input, inplace, SELU_ALPHA, SELU_SCALE, 1.0, 1.0)
+
+
+def selu_(input: Any) -> Tensor:  # noqa: A002 - torch's name
+    """In-place :func:`selu`."""
+    return _inplace_only(_Elu, "selu_", input, SELU_ALPHA, SELU_SCALE, 1.0, 1.0)
+
+
+def _celu_alpha(alpha: Any, fname: str) -> float:
+    a = _real(alpha, "alpha", fname)
+    if a == 0:
+        raise RuntimeError(f"{fname}(): alpha must not be 0 (the negative part is "
+                           f"alpha * (exp(x / alpha) - 1))")
+    return a
+
+
+def _celu_grad_scale(alpha: float) -> float:
+    return 1.0 / float(np.float32(alpha))
+
+
+def celu(input: Any, alpha: float = 1.0, inplace: bool = False) -> Tensor:  # noqa: A002
+    """Continuously differentiable ELU: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``.
+
+    Raises:
+        RuntimeError: ``alpha`` is 0.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> celu(mt.tensor([2.0]))
+        tensor([2.])
+    """
+    a = _celu_alpha(alpha, "celu")
+    return _pointwise(_Elu, "celu", input, inplace, a, 1.0, 1.0 / a, _celu_grad_scale(a))
+
+
+def celu_(input: Any, alpha: float = 1.0) -> Tensor:  # noqa: A002 - torch's name
+    """In-place :func:`celu`."""
+    a = _celu_alpha(alpha, "celu_")
+    return _inplace_only(_Elu, "celu_", input, a, 1.0, 1.0 / a, _celu_grad_scale(a))
+
+
+# --------------------------------------------------------------------------------------------
+# piecewise linear
+
+
+@half_safe
+class _LeakyRelu(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, slope: float) -> Any:
+        ctx.save_for_backward(x)
+        ctx.slope = slope
+        return xp_of(x).where(x > 0, x, x * slope)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (x,) = ctx.saved_tensors
+        return xp_of(x).where(x > 0, g, g * ctx.slope), None
+
+
+def leaky_relu(input: Any, negative_slope: float = 0.01,  # noqa: A002 - torch's name
+               inplace: bool = False) -> Tensor:
+    """``x`` for x > 0, ``negative_slope * x`` otherwise.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> leaky_relu(mt.tensor([-1.0, 1.0]), 0.5)
+        tensor([-0.5000,  1.0000])
+    """
+    s = _real(negative_slope, "negative_slope", "leaky_relu")
+    return _pointwise(_LeakyRelu, "leaky_relu", input, inplace, s)
+
+
+def leaky_relu_(input: Any, negative_slope: float = 0.01) -> Tensor:  # noqa: A002
+    """In-place :func:`leaky_relu`."""
+    s = _real(negative_slope, "negative_slope", "leaky_relu_")
+    return _inplace_only(_LeakyRelu, "leaky_relu_", input, s)
+
+
+@half_safe
+class _Hardtanh(Function):
+    """``clip(x, lo, hi)``; no gradient at or beyond the bounds (NaN passes through)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, lo: float, hi: float) -> Any:
+        xp = xp_of(x)
+        ctx.save_for_backward(x)
+        ctx.bounds = (lo, hi)
+        if _dt.kind_of(x.dtype) in "iu":
+            return xp.clip(x, math.ceil(lo), math.floor(hi)).astype(x.dtype, copy=False)
+        return xp.clip(x, x.dtype.type(lo), x.dtype.type(hi))
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (x,) = ctx.saved_tensors
+        lo, hi = ctx.bounds
+        xp = xp_of(x)
+        return xp.where((x <= lo) | (x >= hi), xp.zeros((), g.dtype), g), None, None
+
+
+def _hardtanh_args(min_val: Any, max_val: Any, fname: str) -> tuple:
+    lo, hi = _real(min_val, "min_val", fname), _real(max_val, "max_val", fname)
+    if lo > hi:
+        raise ValueError(f"{fname}(): min_val ({lo}) cannot be greater than max_val ({hi})")
+    return lo, hi
+
+
+def _int_or_float(input: Any, fname: str) -> Tensor:  # noqa: A002 - torch's name
+    t = as_tensor(input, "input", fname)
+    if _dt.kind_of(t._data.dtype) == "b":
+        raise NotImplementedError(f"{fname}(): a bool tensor is not supported; convert it "
+                                  f"first, e.g. x.float()")
+    return t
+
+
+def hardtanh(input: Any, min_val: float = -1.0, max_val: float = 1.0,  # noqa: A002
+             inplace: bool = False) -> Tensor:
+    """Clip to ``[min_val, max_val]`` (integer tensors too, as torch).
+
+    Raises:
+        ValueError: ``min_val > max_val``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> hardtanh(mt.tensor([-2.0, 0.5, 2.0]))
+        tensor([-1.0000,  0.5000,  1.0000])
+    """
+    lo, hi = _hardtanh_args(min_val, max_val, "hardtanh")
+    t = _int_or_float(input, "hardtanh")
+    if inplace:
+        return run_inplace(input, _Hardtanh, "hardtanh(inplace=True)", lo, hi)
+    return _Hardtanh.apply(t, lo, hi)
+
+
+def hardtanh_(input: Any, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:  # noqa: A002
+    """In-place :func:`hardtanh`."""
+    lo, hi = _hardtanh_args(min_val, max_val, "hardtanh_")
+    _int_or_float(input, "hardtanh_")
+    return run_inplace(input, _Hardtanh, "hardtanh_()", lo, hi)
+
+
+def relu6(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
+    """``min(max(0, x), 6)`` (torch's ``hardtanh(x, 0, 6)``, gradients included).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> relu6(mt.tensor([-1.0, 7.0]))
+        tensor([0., 6.])
+    """
+    t = _int_or_float(input, "relu6")
+    if inplace:
+        return run_inplace(input, _Hardtanh, "relu6(inplace=True)", 0.0, 6.0)
+    return _Hardtanh.apply(t, 0.0, 6.0)
+
+
+@half_safe
+class _Hardsigmoid(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        xp = xp_of(x)
+        ctx.save_for_backward(x)
+        return xp.minimum(xp.maximum(x + 3, 0), 6) / 6
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (x,) = ctx.saved_tensors
+        xp = xp_of(x)
+        # torch's kernel multiplies by 1/6 rounded to float32, in every dtype
+        return (xp.where((x > -3) & (x < 3), g * _ONE_SIXTH_F32, xp.zeros((), g.dtype)),)
+
+
+def hardsigmoid(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
+    """``relu6(x + 3) / 6``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> hardsigmoid(mt.tensor([0.0]))
+        tensor([0.5000])
+    """
+    return _pointwise(_Hardsigmoid, "hardsigmoid", input, inplace)
+
+
+@half_safe
+class _Hardswish(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        xp = xp_of(x)
+        ctx.save_for_backward(x)
+        return x * xp.minimum(xp.maximum(x + 3, 0), 6) / 6
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (x,) = ctx.saved_tensors
+        xp = xp_of(x)
+        mid = g * (x / 3 + 0.5)
+        return (xp.where(x <= -3, xp.zeros((), g.dtype), xp.where(x < 3, mid, g)),)
+
+
+def hardswish(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
+    """``x * relu6(x + 3) / 6``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> hardswish(mt.tensor([3.0]))
+        tensor([3.])
+    """
+    return _pointwise(_Hardswish, "hardswish", input, inplace)
+
+
+@half_safe
+class _Shrink(Function):
+    """Hard (``soft=False``) or soft shrinkage by ``lambd``; no gradient inside the band."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, lambd: float, soft: bool) -> Any:
+        xp = xp_of(x)
+        ctx.save_for_backward(x)
+        ctx.lambd = lambd
+        band = (x >= -lambd) & (x <= lambd)
+        zero = xp.zeros((), x.dtype)
+        if not soft:
+            return xp.where(band, zero, x)
+        return xp.where(x > lambd, x - lambd, xp.where(x < -lambd, x + lambd, zero))
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (x,) = ctx.saved_tensors
+        xp = xp_of(x)
+        band = (x >= -ctx.lambd) & (x <= ctx.lambd)
+        return xp.where(band, xp.zeros((), g.dtype), g), None, None
+
+
+def hardshrink(input: Any, lambd: float = 0.5) -> Tensor:  # noqa: A002 - torch's name
+    """``x`` where ``|x| > lambd``, 0 elsewhere.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> hardshrink(mt.tensor([0.2, 1.0]))
+        tensor([0., 1.])
+    """
+    t = _float_input(input, "hardshrink")
+    return _Shrink.apply(t, _real(lambd, "lambd", "hardshrink"), False)
+
+
+def softshrink(input: Any, lambd: float = 0.5) -> Tensor:  # noqa: A002 - torch's name
+    """``x - lambd`` above ``lambd``, ``x + lambd`` below ``-lambd``, 0 in between.
+
+    Raises:
+        RuntimeError: a negative ``lambd``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> softshrink(mt.tensor([0.2, 1.0]))
+        tensor([0.0000, 0.5000])
+    """
+    t = _float_input(input, "softshrink")
+    lam = _real(lambd, "lambd", "softshrink")
+    if not lam >= 0:
+        raise RuntimeError(f"softshrink(): lambd must be non-negative, got {lam}")
+    return _Shrink.apply(t, lam, True)
+
+
+# --------------------------------------------------------------------------------------------
+# smooth ones
+
+
+def _float_or_promoted(input: Any, fname: str) -> Tensor:  # noqa: A002 - torch's name
+    """A floating tensor; integers and bools promoted to the default dtype (as torch's
+    composite ops built on ``tanh``/division do)."""
+    t = as_tensor(input, "input", fname)
+    if not _dt.is_floating_dtype(t._data.dtype):
+        t = t.to(_dt.get_default_dtype())
+    return t
+
+
+@half_safe
+class _Tanhshrink(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        t = xp_of(x).tanh(x)
+        ctx.save_for_backward(t)
+        return x - t
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (t,) = ctx.saved_tensors
+        return (g - g * (1 - t * t),)
+
+
+def tanhshrink(input: Any) -> Tensor:  # noqa: A002 - torch's name
+    """``x - tanh(x)``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> tanhshrink(mt.tensor([0.0]))
+        tensor([0.])
+    """
+    return _Tanhshrink.apply(_float_or_promoted(input, "tanhshrink"))
+
+
+@half_safe
+class _Softplus(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, beta: float, threshold: float) -> Any:
+        xp = xp_of(x)
+        ctx.save_for_backward(x)
+        ctx.args = (beta, threshold)
+        xb = x * beta
+        with quiet(xp):
+            soft = xp.log1p(xp.exp(xb)) / beta
+        return xp.where(xb > threshold, x, soft)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (x,) = ctx.saved_tensors
+        beta, threshold = ctx.args
+        xp = xp_of(x)
+        xb = x * beta
+        with quiet(xp):
+            z = xp.exp(xb)
+            soft = g * z / (z + 1)
+        return xp.where(xb > threshold, g, soft), None, None
+
+
+def softplus(input: Any, beta: float = 1.0, threshold: float = 20.0) -> Tensor:  # noqa: A002
+    """``log(1 + exp(beta * x)) / beta``, linear (``x``) where ``beta * x > threshold``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(softplus(mt.tensor(0.0))), 4)
+        0.6931
+    """
+    t = _float_input(input, "softplus")
+    return _Softplus.apply(t, _real(beta, "beta", "softplus"),
+                           _real(threshold, "threshold", "softplus"))
+
+
+@half_safe
+class _Softsign(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        d = abs(x) + 1
+        ctx.save_for_backward(x, d)
+        return x / d
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x, d = ctx.saved_tensors
+        xp = xp_of(x)
+        return (g / d - g * x / (d * d) * xp.sign(x),)
+
+
+def softsign(input: Any) -> Tensor:  # noqa: A002 - torch's name
+    """``x / (1 + |x|)``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> softsign(mt.tensor([1.0]))
+        tensor([0.5000])
+    """
+    return _Softsign.apply(_float_or_promoted(input, "softsign"))
+
+
+@half_safe
+class _LogSigmoid(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        xp = xp_of(x)
+        ctx.save_for_backward(x)
+        with quiet(xp):
+            return xp.minimum(x, 0) - xp.log1p(xp.exp(-abs(x)))
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (x,) = ctx.saved_tensors
+        xp = xp_of(x)
+        z = xp.exp(-abs(x))
+        q = z / (1 + z)
+        return (g * xp.where(x < 0, 1 - q, q),)
+
+
+def logsigmoid(input: Any) -> Tensor:  # noqa: A002 - torch's name
+    """``log(sigmoid(x))``, computed as ``min(x, 0) - log1p(exp(-|x|))`` (no overflow).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(logsigmoid(mt.tensor(0.0))), 4)
+        -0.6931
+    """
+    return _LogSigmoid.apply(_float_input(input, "logsigmoid"))
+
+
+def sigmoid(input: Any) -> Tensor:  # noqa: A002 - torch's name
+    """``1 / (1 + exp(-x))`` (integers promoted to the default dtype).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> sigmoid(mt.tensor([0.0]))
+        tensor([0.5000])
+    """
+    return as_tensor(input, "input", "sigmoid").sigmoid()
+
+
+def tanh(input: Any) -> Tensor:  # noqa: A002 - torch's name
+    """The hyperbolic tangent (integers promoted to the default dtype).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> tanh(mt.tensor([0.0]))
+        tensor([0.])
+    """
+    return as_tensor(input, "input", "tanh").tanh()
+
+
+# --------------------------------------------------------------------------------------------
+# threshold, glu
+
+
+class _Threshold(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, threshold: float, value: float) -> Any:
+        xp = xp_of(x)
+        ctx.save_for_backward(x)
+        ctx.threshold = threshold
+        with quiet(xp):
+            v = xp.asarray(value).astype(x.dtype)
+        return xp.where(x <= threshold, v, x)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (x,) = ctx.saved_tensors
+        xp = xp_of(x)
+        return xp.where(x <= ctx.threshold, xp.zeros((), g.dtype), g), None, None
+
+
+def threshold(input: Any, threshold: float, value: float,  # noqa: A002 - torch's names
+              inplace: bool = False) -> Tensor:
+    """``x`` where ``x > threshold``, ``value`` elsewhere (integer tensors too).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> threshold(mt.tensor([0.5, 2.0]), 1.0, -1.0)
+        tensor([-1.,  2.])
+    """
+    t = _int_or_float(input, "threshold")
+    th, v = _real(threshold, "threshold", "threshold"), _real(value, "value", "threshold")
+    if inplace:
+        return run_inplace(input, _Threshold, "threshold(inplace=True)", th, v)
+    return _Threshold.apply(t, th, v)
+
+
+def threshold_(input: Any, threshold: float, value: float) -> Tensor:  # noqa: A002
+    """In-place :func:`threshold`."""
+    _int_or_float(input, "threshold_")
+    th, v = _real(threshold, "threshold", "threshold_"), _real(value, "value", "threshold_")
+    return run_inplace(input, _Threshold, "threshold_()", th, v)
+
+
+@half_safe
+class _Glu(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, dim: int) -> Any:
+        xp = xp_of(x)
+        h = x.shape[dim] // 2
+        a = xp.take(x, xp.arange(h), axis=dim)
+        b = xp.take(x, xp.arange(h, 2 * h), axis=dim)
+        s = _sigmoid(xp, b)
+        ctx.save_for_backward(a, s)
+        ctx.dim = dim
+        return a * s
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        a, s = ctx.saved_tensors
+        xp = xp_of(a)
+        ga = g * s
+        gb = (1 - s) * s * a * g
+        return xp.concatenate([ga, gb], axis=ctx.dim), None
+
+
+def glu(input: Any, dim: int = -1) -> Tensor:  # noqa: A002 - torch's name
+    """Gated linear unit: split ``input`` in halves ``a, b`` along ``dim``; ``a * sigmoid(b)``.
+
+    Raises:
+        RuntimeError: a 0-d input, or an odd size along ``dim``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> glu(mt.tensor([2.0, 0.0]))
+        tensor([1.])
+    """
+    t = _float_input(input, "glu")
+    x = t._data
+    if x.ndim == 0:
+        raise RuntimeError("glu(): a 0-d tensor cannot be halved; give it a dimension of even "
+                           "size")
+    d = wrap_dim(dim, x.ndim, "glu")
+    if x.shape[d] % 2:
+        raise RuntimeError(f"glu(): the halved dimension must have an even size, but dimension "
+                           f"{d} has size {x.shape[d]}")
+    return _Glu.apply(t, d)
+
+
+# --------------------------------------------------------------------------------------------
+# prelu, rrelu
+
+
+@half_safe
+class _Prelu(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, w: Any) -> Any:
+        xp = xp_of(x)
+        if w.size > 1:
+            wb = w.reshape((1, -1) + (1,) * (x.ndim - 2))
+        else:
+            wb = w.reshape(())
+        ctx.save_for_backward(x, wb)
+        ctx.wshape = w.shape
+        return xp.where(x > 0, x, wb * x)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        x, wb = ctx.saved_tensors
+        xp = xp_of(x)
+        pos = x > 0
+        need = ctx.needs_input_grad
+        gx = xp.where(pos, g, wb * g) if need[0] else None
+        gw = None
+        if need[1]:
+            gwf = xp.where(pos, xp.zeros((), g.dtype), x * g)
+            gw = sum_to(gwf, wb.shape).reshape(ctx.wshape)
+        return gx, gw
+
+
+@_autocast.op("prelu")
+def prelu(input: Any, weight: Any) -> Tensor:  # noqa: A002 - torch's name
+    """``x`` for x > 0, ``weight * x`` otherwise; ``weight`` has 1 element or one per channel
+    (dimension 1; an input of fewer than 2 dimensions has one channel).
+
+    Raises:
+        RuntimeError: a 0-d input, a weight of more than 1 dimension, or a channel count that
+            does not match.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> prelu(mt.tensor([-2.0, 1.0]), mt.tensor([0.25]))
+        tensor([-0.5000,  1.0000])
+    """
+    t = _float_input(input, "prelu")
+    w = as_tensor(weight, "weight", "prelu")
+    x = t._data
+    if x.ndim == 0:
+        raise RuntimeError("prelu(): a 0-d input is not supported; give it a dimension")
+    if w._data.ndim > 1:
+        raise RuntimeError(f"prelu(): weight must be a scalar or 1-D tensor, got "
+                           f"{w._data.ndim} dimensions")
+    channels = x.shape[1] if x.ndim >= 2 else 1
+    n = w._data.size
+    if n != 1 and n != channels:
+        raise RuntimeError(f"prelu(): weight has {n} elements but the input has {channels} "
+                           f"channels; give one weight, or one per channel (dimension 1)")
+    if w._data.dtype != x.dtype:
+        raise RuntimeError(f"prelu(): input ({dtype_name(x.dtype)}) and weight "
+                           f"({dtype_name(w._data.dtype)}) must have the same dtype")
+    return _Prelu.apply(t, w)
+
+
+@half_safe
+class _RreluTrain(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any, slopes: Any) -> Any:
+        xp = xp_of(x)
+        noise = xp.where(x <= 0, slopes.astype(x.dtype, copy=False), xp.ones((), x.dtype))
+        ctx.save_for_backward(noise)
+        return x * noise
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        (noise,) = ctx.saved_tensors
+        return g * noise, None
+
+
+def _rrelu_args(lower: Any, upper: Any, fname: str) -> tuple:
+    lo, hi = _real(lower, "lower", fname), _real(upper, "upper", fname)
+    if lo > hi:
+        raise RuntimeError(f"{fname}(): lower ({lo}) must be less than or equal to upper ({hi})")
+    return lo, hi
+
+
+def _rrelu(input: Any, lo: float, hi: float, training: bool, inplace: bool,  # noqa: A002
+           fname: str) -> Tensor:
+    t = _float_input(input, fname)
+    what = f"{fname}(inplace=True)" if fname == "rrelu" else f"{fname}()"
+    if not training:
+        s = (lo + hi) / 2
+        if inplace:
+            return run_inplace(input, _LeakyRelu, what, s)
+        return _LeakyRelu.apply(t, s)
+    x = t._data
+    draw_dt = x.dtype if x.dtype in (_dt.float32, _dt.float64) else _dt.float32
+    u = _draw("rand", tuple(x.shape), None, np.dtype(draw_dt), _backend.device_of(x))
+    slopes = lo + (hi - lo) * u
+    if inplace:
+        return run_inplace(input, _RreluTrain, what, slopes)
+    return _RreluTrain.apply(t, slopes)
+
+
+def rrelu(input: Any, lower: float = 1.0 / 8, upper: float = 1.0 / 3,  # noqa: A002
+          training: bool = False, inplace: bool = False) -> Tensor:
+    """Randomized leaky ReLU: in training each non-positive element gets its own slope drawn
+    uniformly from ``[lower, upper]`` (mpitensor's global generator, ``manual_seed``); in
+    evaluation the slope is ``(lower + upper) / 2``.
+
+    Raises:
+        RuntimeError: ``lower > upper``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> rrelu(mt.tensor([-1.0, 1.0]), 0.2, 0.4)
+        tensor([-0.3000,  1.0000])
+    """
+    lo, hi = _rrelu_args(lower, upper, "rrelu")
+    return _rrelu(input, lo, hi, bool(training), inplace, "rrelu")
+
+
+def rrelu_(input: Any, lower: float = 1.0 / 8, upper: float = 1.0 / 3,  # noqa: A002
+           training: bool = False) -> Tensor:
+    """In-place :func:`rrelu`."""
+    lo, hi = _rrelu_args(lower, upper, "rrelu_")
+    return _rrelu(input, lo, hi, bool(training), True, "rrelu_")
+
+
+# --------------------------------------------------------------------------------------------
+# softmin
+
+
+def legacy_softmax_dim(name: str, ndim: int, stacklevel: int = 4) -> int:
+    """torch's deprecated implicit dimension of the softmax family, with its warning."""
+    dim = 0 if ndim in (0, 1, 3) else 1
+    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call "
+                  f"to include dim=X as an argument.", UserWarning, stacklevel=stacklevel)
+    return dim
+
+
+def softmin(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # noqa: A002
+            dtype: Any = None) -> Tensor:
+    """``softmax(-x)`` along ``dim``.
+
+    Args:
+        input: a tensor.
+        dim: the dimension to normalise over (torch's implicit choice, with a warning, if
+            None).
+        dtype: cast to this dtype before the softmax.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> softmin(mt.tensor([1.0, 1.0]), dim=0)
+        tensor([0.5000, 0.5000])
+    """
+    t = as_tensor(input, "input", "softmin")
+    if dim is None:
+        dim = legacy_softmax_dim("softmin", t.ndim, _stacklevel)
+    neg = -t
+    if dtype is not None:
+        neg = neg.to(dtype)
+    check_float(neg, "input", "softmin")
+    return neg.softmax(wrap_dim(dim, neg.ndim, "softmin"))
+
+
+def gumbel_softmax(logits: Any, tau: float = 1.0, hard: bool = False, eps: float = 1e-10,
+                   dim: int = -1) -> Tensor:
+    """A sample of the Gumbel-softmax (concrete) distribution over ``dim``:
+    ``softmax((logits + g) / tau)`` with g standard Gumbel noise from mpitensor's global
+    generator. With ``hard=True`` the result is the one-hot of its argmax in the forward pass
+    and the soft sample's gradient in the backward pass (straight-through).
+
+    Args:
+        logits: unnormalised log-probabilities.
+        tau: the temperature (> 0).
+        hard: return one-hot samples (straight-through gradients).
+        eps: unused; kept for torch's signature.
+        dim: the dimension of the categories.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> y = gumbel_softmax(mt.zeros(2, 3), hard=True)
+        >>> y.sum(-1).tolist()
+        [1.0, 1.0]
+    """
+    t = _float_input(logits, "gumbel_softmax")
+    x = t._data
+    xp = xp_of(x)
+    draw_dt = x.dtype if x.dtype in (_dt.float32, _dt.float64) else _dt.float32
+    u = _draw("rand", tuple(x.shape), None, np.dtype(draw_dt), _backend.device_of(x))
+    with quiet(xp):
+        # -log(E) with E ~ Exp(1) drawn as -log(1 - u), u in [0, 1)
+        gumbels = (-xp.log(-xp.log1p(-u))).astype(x.dtype, copy=False)
+    d = wrap_dim(dim, t.ndim, "gumbel_softmax")
+    soft = ((t + _new(gumbels)) / float(tau)).softmax(d)
+    if not hard:
+        return soft
+    y = soft._data
+    idx = y.argmax(axis=d)
+    shape = [1] * y.ndim
+    shape[d] = y.shape[d]
+    one_hot = (xp.expand_dims(idx, d) == xp.arange(y.shape[d]).reshape(shape)).astype(y.dtype)
+    return _new(one_hot) - soft.detach() + soft

@@ -1,0 +1,544 @@
+"""Activation modules with ``torch.nn``'s names, arguments, reprs and state dicts.
+
+Each module keeps its configuration (as given, so its repr reads like torch's) and calls the
+function of the same name in :mod:`mpitensor.nn.functional`. :class:`PReLU` holds a learnable
+``weight``; :class:`RReLU` draws its slopes from mpitensor's global generator in training.
+
+Example:
+    >>> import mpitensor as mt
+    >>> import mpitensor.nn as nn
+    >>> nn.Sequential(nn.Linear(2, 2), nn.GELU(approximate="tanh"), nn.LeakyReLU(0.2))
+    Sequential(
+      (0): Linear(in_features=2, out_features=2, bias=True)
+      (1): GELU(approximate='tanh')
+      (2): LeakyReLU(negative_slope=0.2)
+    )
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+from mpitensor.tensor import Tensor, empty
+
+from .. import functional as F  # noqa: N812 - torch's spelling
+from .._functional.checks import is_int
+from .._functional.checks import is_number
+from .module import Module
+from ..parameter import Parameter
+
+__all__ = [
+    "GELU", "SiLU", "Mish", "ELU", "SELU", "CELU", "LeakyReLU", "ReLU6", "Hardtanh",
+    "Hardsigmoid", "Hardswish", "Hardshrink", "Softshrink", "Tanhshrink", "Softplus",
+    "Softsign", "LogSigmoid", "Sigmoid", "Tanh", "Threshold", "GLU", "PReLU", "RReLU",
+    "Softmin", "Softmax2d",
+]
+
+
+def _number(cls: str, name: str, v: Any) -> Any:
+    if not is_number(v):
+        raise TypeError(f"{cls}: {name} must be a real number, got {v!r}")
+    return v
+
+
+def _inplace_repr(inplace: bool) -> str:
+    return "inplace=True" if inplace else ""
+
+
+class _Inplace(Module):
+    """An activation without arguments but ``inplace``; ``_fname`` names the F function."""
+
+    _fname = ""
+    _show_inplace = True
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return getattr(F, self._fname)(input, inplace=self.inplace)
+
+    def extra_repr(self) -> str:
+        return _inplace_repr(self.inplace) if self._show_inplace else ""
+
+
+class _Plain(Module):
+    """An activation without arguments (extra constructor arguments are ignored, as in
+    torch); ``_fname`` names the F function."""
+
+    _fname = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return getattr(F, self._fname)(input)
+
+
+class GELU(_Plain):
+    """Gaussian error linear unit (see :func:`~mpitensor.nn.functional.gelu`).
+
+    Args:
+        approximate: ``'none'`` or ``'tanh'``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> GELU()(mt.tensor([0.0]))
+        tensor([0.])
+    """
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.gelu(input, approximate=self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class SiLU(_Inplace):
+    """``x * sigmoid(x)``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> SiLU()(mt.tensor([0.0]))
+        tensor([0.])
+    """
+
+    _fname = "silu"
+
+
+class Mish(_Inplace):
+    """``x * tanh(softplus(x))``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Mish()(mt.tensor([0.0]))
+        tensor([0.])
+    """
+
+    _fname = "mish"
+
+
+class SELU(_Inplace):
+    """Scaled exponential linear unit.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> SELU()(mt.tensor([0.0]))
+        tensor([0.])
+    """
+
+    _fname = "selu"
+
+
+class Hardsigmoid(_Inplace):
+    """``relu6(x + 3) / 6``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Hardsigmoid()(mt.tensor([0.0]))
+        tensor([0.5000])
+    """
+
+    _fname = "hardsigmoid"
+    _show_inplace = False
+
+
+class Hardswish(_Inplace):
+    """``x * relu6(x + 3) / 6``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Hardswish()(mt.tensor([0.0]))
+        tensor([0.])
+    """
+
+    _fname = "hardswish"
+    _show_inplace = False
+
+
+class ELU(Module):
+    """Exponential linear unit with parameter ``alpha``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> ELU(alpha=0.5)(mt.tensor([1.0]))
+        tensor([1.])
+    """
+
+    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        self.alpha = _number("ELU", "alpha", alpha)
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.elu(input, self.alpha, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")
+
+
+class CELU(ELU):
+    """Continuously differentiable ELU with parameter ``alpha``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> CELU()(mt.tensor([1.0]))
+        tensor([1.])
+    """
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.celu(input, self.alpha, self.inplace)
+
+
+class LeakyReLU(Module):
+    """``x`` for x > 0, ``negative_slope * x`` otherwise.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> LeakyReLU(0.5)(mt.tensor([-2.0]))
+        tensor([-1.])
+    """
+
+    def __init__(self, negative_slope: float = 1e-2, inplace: bool = False) -> None:
+        super().__init__()
+        self.negative_slope = _number("LeakyReLU", "negative_slope", negative_slope)
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.leaky_relu(input, self.negative_slope, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace
+                                                          else "")
+
+
+class Hardtanh(Module):
+    """Clip to ``[min_val, max_val]``.
+
+    Args:
+        min_val, max_val: the bounds.
+        inplace: overwrite the input.
+        min_value, max_value: torch's deprecated spellings of the bounds (warn).
+
+    Raises:
+        ValueError: ``min_val > max_val``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Hardtanh()(mt.tensor([-3.0, 3.0]))
+        tensor([-1.,  1.])
+    """
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False,
+                 min_value: Optional[float] = None, max_value: Optional[float] = None) -> None:
+        super().__init__()
+        if min_value is not None:
+            warnings.warn("keyword argument `min_value` is deprecated and renamed to `min_val`",
+                          FutureWarning, stacklevel=2)
+            min_val = min_value
+        if max_value is not None:
+            warnings.warn("keyword argument `max_value` is deprecated and renamed to `max_val`",
+                          FutureWarning, stacklevel=2)
+            max_val = max_value
+        self.min_val = _number(type(self).__name__, "min_val", min_val)
+        self.max_val = _number(type(self).__name__, "max_val", max_val)
+        self.inplace = inplace
+        if self.max_val <= self.min_val:
+            raise ValueError(f"{type(self).__name__}: max_val ({max_val}) must be greater than "
+                             f"min_val ({min_val})")
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.hardtanh(input, self.min_val, self.max_val, self.inplace)
+
+    def extra_repr(self) -> str:
+        return (f"min_val={self.min_val}, max_val={self.max_val}"
+                + (", inplace=True" if self.inplace else ""))
+
+
+class ReLU6(Hardtanh):
+    """``min(max(0, x), 6)``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> ReLU6()(mt.tensor([-1.0, 8.0]))
+        tensor([0., 6.])
+    """
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__(0.0, 6.0, inplace)
+
+    def extra_repr(self) -> str:
+        return _inplace_repr(self.inplace)
+
+
+class Hardshrink(Module):
+    """``x`` where ``|x| > lambd``, else 0.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Hardshrink()(mt.tensor([0.1, 1.0]))
+        tensor([0., 1.])
+    """
+
+    def __init__(self, lambd: float = 0.5) -> None:
+        super().__init__()
+        self.lambd = _number(type(self).__name__, "lambd", lambd)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.hardshrink(input, self.lambd)
+
+    def extra_repr(self) -> str:
+        return f"{self.lambd}"
+
+
+class Softshrink(Hardshrink):
+    """Soft shrinkage by ``lambd``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Softshrink()(mt.tensor([1.0]))
+        tensor([0.5000])
+    """
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.softshrink(input, self.lambd)
+
+
+class Tanhshrink(_Plain):
+    """``x - tanh(x)``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Tanhshrink()(mt.tensor([0.0]))
+        tensor([0.])
+    """
+
+    _fname = "tanhshrink"
+
+
+class Softsign(_Plain):
+    """``x / (1 + |x|)``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Softsign()(mt.tensor([1.0]))
+        tensor([0.5000])
+    """
+
+    _fname = "softsign"
+
+
+class LogSigmoid(_Plain):
+    """``log(sigmoid(x))``, computed stably.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> round(float(LogSigmoid()(mt.tensor(0.0))), 4)
+        -0.6931
+    """
+
+    _fname = "logsigmoid"
+
+
+class Sigmoid(_Plain):
+    """``1 / (1 + exp(-x))``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Sigmoid()(mt.tensor([0.0]))
+        tensor([0.5000])
+    """
+
+    _fname = "sigmoid"
+
+
+class Tanh(_Plain):
+    """The hyperbolic tangent.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Tanh()(mt.tensor([0.0]))
+        tensor([0.])
+    """
+
+    _fname = "tanh"
+
+
+class Softplus(Module):
+    """``log(1 + exp(beta * x)) / beta``, linear above ``threshold``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Softplus(beta=2.0)(mt.tensor([30.0]))
+        tensor([30.])
+    """
+
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
+        super().__init__()
+        self.beta = _number("Softplus", "beta", beta)
+        self.threshold = _number("Softplus", "threshold", threshold)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.softplus(input, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class Threshold(Module):
+    """``x`` where ``x > threshold``, ``value`` elsewhere.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Threshold(0.5, -1.0)(mt.tensor([0.0, 1.0]))
+        tensor([-1.,  1.])
+    """
+
+    def __init__(self, threshold: float, value: float, inplace: bool = False) -> None:
+        super().__init__()
+        self.threshold = _number("Threshold", "threshold", threshold)
+        self.value = _number("Threshold", "value", value)
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.threshold(input, self.threshold, self.value, self.inplace)
+
+    def extra_repr(self) -> str:
+        return (f"threshold={self.threshold}, value={self.value}"
+                + (", inplace=True" if self.inplace else ""))
+
+
+class GLU(Module):
+    """Gated linear unit along ``dim``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> GLU()(mt.tensor([2.0, 0.0]))
+        tensor([1.])
+    """
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        if not is_int(dim):
+            raise TypeError(f"GLU: dim must be an int, got {dim!r}")
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.glu(input, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class PReLU(Module):
+    """Leaky ReLU with a learnable slope: one (``num_parameters=1``) or one per channel.
+
+    Args:
+        num_parameters: 1, or the number of channels (dimension 1 of the input).
+        init: the initial slope.
+        device, dtype: where and how to make the weight.
+
+    Raises:
+        ValueError: ``num_parameters`` is not a positive integer.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> PReLU()(mt.tensor([-4.0]))
+        tensor([-1.], grad_fn=<PreluBackward>)
+    """
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__()
+        if not is_int(num_parameters) or num_parameters < 1:
+            raise ValueError(f"PReLU: num_parameters must be a positive integer, got "
+                             f"{num_parameters!r}")
+        self.num_parameters = int(num_parameters)
+        self.init = _number("PReLU", "init", init)
+        self.weight = Parameter(empty(self.num_parameters, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Fill the weight with ``init``."""
+        from mpitensor.autograd import no_grad  # noqa: PLC0415 - light
+
+        with no_grad():
+            self.weight.fill_(self.init)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.prelu(input, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
+
+
+class RReLU(Module):
+    """Randomized leaky ReLU: random slopes in ``[lower, upper]`` in training, their mean in
+    evaluation.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> RReLU(0.2, 0.4).eval()(mt.tensor([-1.0]))
+        tensor([-0.3000])
+    """
+
+    def __init__(self, lower: float = 1.0 / 8, upper: float = 1.0 / 3,
+                 inplace: bool = False) -> None:
+        super().__init__()
+        self.lower = _number("RReLU", "lower", lower)
+        self.upper = _number("RReLU", "upper", upper)
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.rrelu(input, self.lower, self.upper, self.training, self.inplace)
+
+    def extra_repr(self) -> str:
+        return (f"lower={self.lower}, upper={self.upper}"
+                + (", inplace=True" if self.inplace else ""))
+
+
+class Softmin(Module):
+    """``softmax(-x)`` along ``dim``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Softmin(dim=0)(mt.tensor([0.0, 0.0]))
+        tensor([0.5000, 0.5000])
+    """
+
+    def __init__(self, dim: Optional[int] = None) -> None:
+        super().__init__()
+        if dim is not None and not is_int(dim):
+            raise TypeError(f"Softmin: dim must be an int or None, got {dim!r}")
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.softmin(input, self.dim, _stacklevel=5)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Softmax2d(_Plain):
+    """Softmax over the channels of a (N, C, H, W) or (C, H, W) input.
+
+    Raises:
+        ValueError: an input of another rank.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Softmax2d()(mt.zeros(2, 1, 1)).flatten()
+        tensor([0.5000, 0.5000])
+    """
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        if input.ndim not in (3, 4):
+            raise ValueError(f"Softmax2d: expected a 3-D or 4-D input, got {input.ndim}-D")
+        return F.softmax(input, -3)

@@ -1,0 +1,83 @@
+"""Dropout modules beyond :class:`Dropout`/:class:`Dropout2d` (in :mod:`.layers`):
+:class:`Dropout1d`, :class:`Dropout3d`, :class:`AlphaDropout`, :class:`FeatureAlphaDropout`.
+
+Each is the identity in evaluation mode (``model.eval()``); in training it draws from
+mpitensor's global generator.
+
+Example:
+    >>> import mpitensor as mt
+    >>> AlphaDropout(0.2).eval()(mt.ones(2))
+    tensor([1., 1.])
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from mpitensor.tensor import Tensor
+
+from .. import functional as F  # noqa: N812 - torch's spelling
+from .module import Module
+
+__all__ = ["Dropout1d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"]
+
+
+class _DropoutNd(Module):
+    _fname = ""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p!r}")
+        self.p = p
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return getattr(F, self._fname)(input, self.p, self.training, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"
+
+
+class Dropout1d(_DropoutNd):
+    """Zero whole channels of (N, C, L) or (C, L) inputs in training.
+
+    Example:
+        >>> Dropout1d(0.3)
+        Dropout1d(p=0.3, inplace=False)
+    """
+
+    _fname = "dropout1d"
+
+
+class Dropout3d(_DropoutNd):
+    """Zero whole channels of (N, C, D, H, W) or (C, D, H, W) inputs in training.
+
+    Example:
+        >>> Dropout3d()
+        Dropout3d(p=0.5, inplace=False)
+    """
+
+    _fname = "dropout3d"
+
+
+class AlphaDropout(_DropoutNd):
+    """Alpha dropout (for SELU networks) in training.
+
+    Example:
+        >>> AlphaDropout()
+        AlphaDropout(p=0.5, inplace=False)
+    """
+
+    _fname = "alpha_dropout"
+
+
+class FeatureAlphaDropout(_DropoutNd):
+    """Alpha dropout of whole channels in training.
+
+    Example:
+        >>> FeatureAlphaDropout()
+        FeatureAlphaDropout(p=0.5, inplace=False)
+    """
+
+    _fname = "feature_alpha_dropout"

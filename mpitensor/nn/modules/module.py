@@ -1,0 +1,1136 @@
+"""``nn.Module``: the base class of every layer and model, with PyTorch's registration rules.
+
+Plain attribute assignment files a value by its type: a :class:`~mpitensor.nn.Parameter` into
+``_parameters``, a Module into ``_modules``, and a Tensor assigned over a name already
+registered with :meth:`Module.register_buffer` into ``_buffers``; anything else stays an
+ordinary attribute. Each of the three tables keeps insertion order, and everything that walks
+a model (``parameters()``, ``state_dict()``, ``to()``, ``train()``) reads them in that order,
+so names and orders agree with PyTorch's and a ``state_dict`` saved by one loads into the other.
+
+Example:
+    >>> import mpitensor.nn as nn
+    >>> class Net(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc1 = nn.Linear(4, 3)
+    ...         self.fc2 = nn.Linear(3, 2)
+    ...     def forward(self, x):
+    ...         return self.fc2(self.fc1(x))
+    >>> list(Net().state_dict())
+    ['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias']
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, NamedTuple, Optional
+
+import numpy as np
+
+from mpitensor import backend as _backend
+from mpitensor import dtypes as _dt
+from mpitensor.autograd import no_grad
+from mpitensor.tensor import Tensor, _move, _parse_device
+
+from ..parameter import Buffer, Parameter, _pending, is_lazy
+
+__all__ = ["Module", "RemovableHandle"]
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+
+
+class _IncompatibleKeys(NamedTuple):
+    """What :meth:`Module.load_state_dict` returns: the keys it could not pair up."""
+
+    missing_keys: list
+    unexpected_keys: list
+
+    def __repr__(self) -> str:
+        if self.missing_keys or self.unexpected_keys:
+            # the class name is part of what torch prints, so scripts see the same text
+            return (f"_IncompatibleKeys(missing_keys={self.missing_keys!r}, "
+                    f"unexpected_keys={self.unexpected_keys!r})")
+        return "<All keys matched successfully>"
+
+    __str__ = __repr__
+
+
+def _qualified_type(value: Any) -> str:
+    """``int`` for builtins, ``package.module.Class`` otherwise (unambiguous in errors)."""
+    cls = type(value)
+    if cls.__module__ == "builtins":
+        return cls.__name__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _indent_continuation(text: str, spaces: int) -> str:
+    """Indent every line of ``text`` but the first, so it can follow a ``(name): `` label."""
+    return text.replace("\n", "\n" + " " * spaces)
+
+
+
+def _dotted(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+# --------------------------------------------------------------------------------------------
+# Forward hooks
+
+
+class RemovableHandle:
+    """Returned by the ``register_*_hook`` methods; ``remove()`` unregisters the hook.
+
+    Also a context manager: the hook is removed on leaving the ``with`` block.
+
+    Example:
+        >>> import mpitensor.nn as nn
+        >>> m = nn.Identity()
+        >>> h = m.register_forward_hook(lambda mod, args, out: None)
+        >>> h.remove()
+    """
+
+    _counter = itertools.count()
+
+    def __init__(self, chain: _HookChain) -> None:
+        self.id = next(RemovableHandle._counter)
+        self._chain = chain
+
+    def remove(self) -> None:
+        """Unregister the hook (a no-op when it is already gone)."""
+        self._chain.discard(self.id)
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+class _Hook:
+    """One registered callable and the calling convention it asked for."""
+
+    __slots__ = ("key", "fn", "with_kwargs", "always_call")
+
+    def __init__(self, key: int, fn: Callable, with_kwargs: bool, always_call: bool) -> None:
+        self.key = key
+        self.fn = fn
+        self.with_kwargs = with_kwargs
+        self.always_call = always_call
+
+    def before(self, module: Module, args: tuple, kwargs: dict) -> tuple:
+        """Run as a pre-hook: the (possibly replaced) ``(args, kwargs)``."""
+        if not self.with_kwargs:
+            new_args = self.fn(module, args)
+            if new_args is None:
+                return args, kwargs
+            return (new_args if isinstance(new_args, tuple) else (new_args,)), kwargs
+        replaced = self.fn(module, args, kwargs)
+        if replaced is None:
+            return args, kwargs
+        if isinstance(replaced, tuple) and len(replaced) == 2:
+            return replaced
+        raise RuntimeError(
+            f"a forward pre-hook registered with with_kwargs=True returned {replaced!r}; it "
+            f"must return None (keep the inputs) or a pair (args_tuple, kwargs_dict)"
+        )
+
+    def after(self, module: Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        """Run as a post-hook: the (possibly replaced) output."""
+        if self.with_kwargs:
+            replaced = self.fn(module, args, kwargs, output)
+        else:
+            replaced = self.fn(module, args, output)
+        return output if replaced is None else replaced
+
+
+class _HookChain:
+    """The hooks of one kind on one module, kept in the order they run.
+
+    ``len()`` and truth test count the hooks, so ``if module._forward_hooks`` stays cheap on
+    the call path of hook-free modules.
+    """
+
+    __slots__ = ("_hooks",)
+
+    def __init__(self) -> None:
+        self._hooks: list = []
+
+    def add(self, fn: Callable, prepend: bool, with_kwargs: bool,
+            always_call: bool = False) -> RemovableHandle:
+        if not callable(fn):
+            raise TypeError(f"a hook must be callable, got {_qualified_type(fn)} {fn!r}")
+        handle = RemovableHandle(self)
+        hook = _Hook(handle.id, fn, with_kwargs, always_call)
+        self._hooks.insert(0 if prepend else len(self._hooks), hook)
+        return handle
+
+    def discard(self, key: int) -> None:
+        self._hooks = [h for h in self._hooks if h.key != key]
+
+    def snapshot(self) -> list:
+        # hooks that add or remove hooks while running must not disturb this call
+        return list(self._hooks)
+
+    def __len__(self) -> int:
+        return len(self._hooks)
+
+    def __iter__(self) -> Iterator[_Hook]:
+        return iter(self.snapshot())
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments of Module.to and values of load_state_dict
+
+
+def _split_to_args(args: tuple, kwargs: dict) -> tuple:
+    """Sort ``Module.to``'s arguments into (device or None, dtype or None) as given."""
+    device = kwargs.pop("device", None)
+    dtype = kwargs.pop("dtype", None)
+    like = kwargs.pop("tensor", None)
+    for ignored in ("non_blocking", "memory_format"):
+        kwargs.pop(ignored, None)  # meaningful on torch's allocator only
+    if kwargs:
+        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}; it takes "
+                        f"device=, dtype=, tensor= and non_blocking=")
+    if len(args) > 3:
+        raise TypeError(f"to() takes at most 3 positional arguments (device, dtype, "
+                        f"non_blocking), got {len(args)}")
+    for a in args:
+        if a is None or isinstance(a, bool):  # a bool here is non_blocking
+            continue
+        if isinstance(a, Tensor):
+            like = a
+        elif isinstance(a, (_backend.device, int, np.integer)):
+            device = a
+        elif isinstance(a, str):
+            try:
+                device = _backend.device(a)
+            except ValueError:
+                dtype = a  # "float64" and friends
+        else:
+            dtype = a
+    if like is not None:
+        device, dtype = like.device, like.dtype
+    return _parse_device(device), _float_dtype_or_none(dtype)
+
+
+def _float_dtype_or_none(dtype: Any) -> Any:
+    if dtype is None:
+        return None
+    try:
+        dt = _dt.to_dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"to() takes a device, a dtype or a tensor, got {dtype!r}; e.g. "
+            f"model.to('cuda') or model.to(mpitensor.float64)"
+        ) from None
+    if _dt.kind_of(dt) not in "fc":
+        raise TypeError(
+            f"Module.to() casts to floating point or complex dtypes only, got "
+            f"{_dt.dt_repr(dt)}; integer buffers keep their own dtype whatever is asked"
+        )
+    return dt
+
+
+def _as_array(value: Any, key: str) -> Any:
+    """The array (NumPy or CuPy) behind a ``load_state_dict`` value, without copying."""
+    if isinstance(value, Tensor):
+        return value._data
+    if _backend.is_array(value):
+        return value
+    if hasattr(value, "__array__") or hasattr(value, "__array_interface__"):
+        if hasattr(value, "detach"):  # torch.Tensor: through NumPy, a view when possible
+            return value.detach().cpu().numpy()
+        return np.asarray(value)
+    raise TypeError(
+        f'cannot load "{key}" from a {type(value)}: expected mpitensor.Tensor or Tensor-like '
+        f"value (a NumPy/CuPy array or a torch.Tensor)"
+    )
+
+
+def _on_device_of(arr: Any, like: Any) -> Any:
+    """``arr`` moved to ``like``'s device and cast to its dtype (``arr`` itself if it fits)."""
+    out = _move(arr, _backend.device_of(like))
+    return out if out.dtype == like.dtype else out.astype(like.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# load_state_dict's planning: everything is checked before anything is written
+
+
+class _LoadPlan:
+    """The outcome of matching a state dict against a module tree, computed up front."""
+
+    def __init__(self) -> None:
+        self.missing: list = []
+        self.unexpected: list = []
+        self.errors: list = []
+        self.copies: list = []  # (owner module, local name, current tensor, new array)
+
+    @classmethod
+    def build(cls, root: Module, state_dict: Mapping) -> _LoadPlan:
+        plan = cls()
+        arriving = _keys_by_owner(root, state_dict)
+        for path, module in _walk_with_paths(root):
+            lazy = getattr(module, "_lazy_load_hook", None)
+            if lazy is not None:  # a lazy module takes its shapes from the state dict
+                lazy(state_dict, path)
+            own = dict(module._persistent_state())
+            for name, current in own.items():
+                plan._match(module, name, current, path + name, state_dict)
+            plan.unexpected += [key for key, rest in arriving.get(path, ()) if rest not in own]
+        return plan
+
+    def _match(self, module: Module, name: str, current: Tensor, key: str,
+               state_dict: Mapping) -> None:
+        if key not in state_dict:
+            self.missing.append(key)
+            return
+        try:
+            arr = _as_array(state_dict[key], key)
+        except TypeError as exc:
+            self.errors.append(str(exc))
+            return
+        want = tuple(current._data.shape)
+        if want == () and tuple(arr.shape) == (1,):
+            arr = arr.reshape(())  # checkpoints from torch 0.3 stored scalars as shape (1,)
+        if tuple(arr.shape) != want:
+            self.errors.append(f"{key}: shape {tuple(arr.shape)} in the state dict, "
+                               f"{want} in the model")
+            return
+        self.copies.append((module, name, current, arr))
+
+    def report(self, strict: bool) -> list:
+        """The lines of the RuntimeError to raise (empty when loading may go ahead)."""
+        lines = []
+        if strict and self.missing:
+            lines.append(f"missing from the state dict (the model has them): "
+                         f"{_quoted(self.missing)}")
+        if strict and self.unexpected:
+            lines.append(f"not in the model (the state dict has them): "
+                         f"{_quoted(self.unexpected)}")
+        return lines + self.errors
+
+    def apply(self, assign: bool) -> None:
+        with no_grad():
+            for module, name, current, arr in self.copies:
+                if not assign:
+                    current.copy_(arr)
+                    continue
+                fresh = _on_device_of(arr, current._data)
+                if fresh is arr:
+                    fresh = fresh.copy()  # never alias the caller's array
+                if name in module._parameters:
+                    module._parameters[name] = Parameter(fresh, current.requires_grad)
+                else:
+                    module._buffers[name] = Tensor._wrap(fresh)
+
+
+def _quoted(keys: list) -> str:
+    return ", ".join(f'"{k}"' for k in keys)
+
+
+def _walk_with_paths(root: Module) -> Iterator[tuple]:
+    """``(dotted prefix ending in '.', module)`` pre-order; a shared child under each name."""
+    pending = [("", root)]
+    while pending:
+        path, module = pending.pop()
+        yield path, module
+        children = [(f"{path}{n}.", c) for n, c in module._modules.items() if c is not None]
+        pending.extend(reversed(children))
+
+
+def _keys_by_owner(root: Module, state_dict: Mapping) -> dict:
+    """Group the incoming keys by the deepest module their dotted path leads to.
+
+    Returns ``{module prefix: [(key, rest of the key), ...]}``. Keys that run into a child
+    slot holding None are dropped: they are neither loaded nor reported, as in torch.
+    """
+    owners: dict = {}
+    for key in state_dict:
+        module, path, rest = root, "", key
+        while module is not None and "." in rest:
+            head, tail = rest.split(".", 1)
+            if head not in module._modules:
+                break
+            module, path, rest = module._modules[head], f"{path}{head}.", tail
+        if module is not None:
+            owners.setdefault(path, []).append((key, rest))
+    return owners
+
+
+# --------------------------------------------------------------------------------------------
+# Module
+
+
+def _fresh_module_state() -> dict:
+    """The instance attributes ``Module.__init__`` creates (``__setstate__`` fills gaps)."""
+    return {
+        "training": True,
+        "_parameters": OrderedDict(),
+        "_buffers": OrderedDict(),
+        "_modules": OrderedDict(),
+        "_transient_buffers": set(),  # names of buffers registered with persistent=False
+        "_forward_pre_hooks": _HookChain(),
+        "_forward_hooks": _HookChain(),
+    }
+
+
+class Module:
+    """Base class of all layers and models, with ``torch.nn.Module``'s interface.
+
+    Subclasses call ``super().__init__()`` first, assign parameters, buffers and sub-modules as
+    attributes, and define ``forward``; calling the module runs ``forward`` with its hooks.
+
+    Attributes:
+        training: True in training mode (see :meth:`train` / :meth:`eval`).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> import mpitensor.nn as nn
+        >>> class Scale(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.w = nn.Parameter(mt.ones(2))
+        ...     def forward(self, x):
+        ...         return x * self.w
+        >>> [n for n, _ in Scale().named_parameters()]
+        ['w']
+    """
+
+    training: bool
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if args or kwargs:
+            raise TypeError(
+                f"{type(self).__name__}.__init__() got unexpected arguments: Module.__init__ "
+                f"takes none; pass them to your subclass's own __init__ instead"
+            )
+        self.__dict__.update(_fresh_module_state())
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for name, default in _fresh_module_state().items():
+            self.__dict__.setdefault(name, default)
+
+    # ---- the forward call ------------------------------------------------------------------
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Compute the module's output; every subclass defines it."""
+        raise NotImplementedError(
+            f"Module [{type(self).__name__}] is missing forward(); define "
+            f"forward(self, ...) in the subclass to say what calling it computes"
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._forward_pre_hooks or self._forward_hooks:
+            return self._hooked_call(args, kwargs)
+        return self.forward(*args, **kwargs)
+
+    def _hooked_call(self, args: tuple, kwargs: dict) -> Any:
+        ran_always: set = set()
+        output = None
+        try:
+            for hook in self._forward_pre_hooks.snapshot():
+                args, kwargs = hook.before(self, args, kwargs)
+            output = self.forward(*args, **kwargs)
+            for hook in self._forward_hooks.snapshot():
+                if hook.always_call:
+                    ran_always.add(hook.key)
+                output = hook.after(self, args, kwargs, output)
+            return output
+        except Exception:
+            self._run_always_call_hooks(args, kwargs, output, ran_always)
+            raise
+
+    def _run_always_call_hooks(self, args: tuple, kwargs: dict, output: Any,
+                               ran: set) -> None:
+        """Give ``always_call`` hooks their turn after a failure, without masking it."""
+        for hook in self._forward_hooks.snapshot():
+            if not hook.always_call or hook.key in ran:
+                continue
+            try:
+                output = hook.after(self, args, kwargs, output)
+            except Exception as exc:  # noqa: BLE001 - the failure being raised matters more
+                warnings.warn(
+                    f"{type(self).__name__}: an always_call forward hook failed with "
+                    f"{exc!r} while handling an earlier error; that earlier error is raised",
+                    RuntimeWarning, stacklevel=3,
+                )
+
+    def register_forward_pre_hook(
+        self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
+    ) -> RemovableHandle:
+        """Run ``hook(module, args)`` before every ``forward``; a non-None result replaces args.
+
+        Args:
+            hook: the callable; with ``with_kwargs=True`` it is ``hook(module, args, kwargs)``
+                and may return ``(new_args, new_kwargs)``.
+            prepend: run it before the hooks already registered.
+            with_kwargs: pass the keyword arguments too.
+
+        Returns:
+            A handle whose ``remove()`` unregisters the hook.
+
+        Example:
+            >>> import mpitensor.nn as nn
+            >>> m = nn.Identity()
+            >>> h = m.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+            >>> m(3)
+            6
+        """
+        return self._forward_pre_hooks.add(hook, prepend, with_kwargs)
+
+    def register_forward_hook(
+        self,
+        hook: Callable,
+        *,
+        prepend: bool = False,
+        with_kwargs: bool = False,
+        always_call: bool = False,
+    ) -> RemovableHandle:
+        """Run ``hook(module, args, output)`` after every ``forward``; non-None replaces output.
+
+        Args:
+            hook: the callable; with ``with_kwargs=True`` it is
+                ``hook(module, args, kwargs, output)``.
+            prepend: run it before the hooks already registered.
+            with_kwargs: pass the keyword arguments too.
+            always_call: also call it when ``forward`` or another hook raises (with the output
+                so far, None if ``forward`` did not return); the error is then re-raised.
+
+        Returns:
+            A handle whose ``remove()`` unregisters the hook.
+
+        Example:
+            >>> import mpitensor.nn as nn
+            >>> m = nn.Identity()
+            >>> h = m.register_forward_hook(lambda mod, args, out: out + 1)
+            >>> m(1)
+            2
+        """
+        return self._forward_hooks.add(hook, prepend, with_kwargs, always_call)
+
+    # ---- registration ----------------------------------------------------------------------
+
+    def _claim_name(self, name: Any, kind: str, table: dict) -> None:
+        """Check that ``name`` may be (re)used for a ``kind`` kept in ``table``, or raise."""
+        if "_parameters" not in self.__dict__:
+            raise AttributeError(
+                f"cannot register {kind} {name!r} before Module.__init__() has run; call "
+                f"super().__init__() at the top of {type(self).__name__}.__init__"
+            )
+        if not isinstance(name, str):
+            raise TypeError(f"a {kind} name must be a str, got {_qualified_type(name)} {name!r}")
+        if not name:
+            raise KeyError(f"a {kind} name can't be the empty string")
+        if "." in name:
+            raise KeyError(f'{kind} names can\'t contain ".", got: {name} (dots are reserved '
+                           f"for paths such as 'fc1.weight'; use '_' instead)")
+        if name not in table and hasattr(self, name):
+            raise KeyError(f"attribute '{name}' already exists on {type(self).__name__}; "
+                           f"delete it first or choose another {kind} name")
+
+    def register_parameter(self, name: str, param: Optional[Parameter]) -> None:
+        """Add a parameter (or None, a declared-but-absent one) under ``name``.
+
+        Raises:
+            TypeError: ``param`` is not a Parameter or None.
+            KeyError: a bad name or one already used by another attribute.
+            ValueError: ``param`` was produced by a recorded operation (not a leaf).
+
+        Example:
+            >>> import mpitensor as mt, mpitensor.nn as nn
+            >>> m = nn.Module(); m.register_parameter("w", nn.Parameter(mt.zeros(2)))
+            >>> list(m.state_dict())
+            ['w']
+        """
+        self._claim_name(name, "parameter", self._parameters)
+        if param is not None:
+            if not isinstance(param, Parameter):
+                raise TypeError(
+                    f"parameter '{name}' got a {_qualified_type(param)}, but an "
+                    f"mpitensor.nn.Parameter or None required; wrap it: nn.Parameter(t)"
+                )
+            if param.grad_fn is not None:
+                raise ValueError(
+                    f"parameter '{name}' would be a non-leaf tensor (it has a grad_fn), so "
+                    f"gradients would never reach it; register nn.Parameter(t.detach())"
+                )
+        self._parameters[name] = param
+
+    def register_buffer(self, name: str, tensor: Optional[Tensor], persistent: bool = True) -> None:
+        """Add a buffer: module state that is not trained (e.g. running statistics).
+
+        Args:
+            name: the attribute name.
+            tensor: a Tensor (or None).
+            persistent: whether it is part of ``state_dict()``.
+
+        Raises:
+            TypeError: ``tensor`` is not a Tensor or None.
+            KeyError: a bad name or one already used by another attribute.
+
+        Example:
+            >>> import mpitensor as mt, mpitensor.nn as nn
+            >>> m = nn.Module(); m.register_buffer("steps", mt.zeros(1))
+            >>> list(m.state_dict())
+            ['steps']
+        """
+        self._claim_name(name, "buffer", self._buffers)
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(
+                f"buffer '{name}' got a {_qualified_type(tensor)}, but an mpitensor Tensor or "
+                f"None required; convert it with mpitensor.as_tensor(...)"
+            )
+        self._transient_buffers.discard(name)
+        if not persistent:
+            self._transient_buffers.add(name)
+        self._buffers[name] = tensor
+
+    def add_module(self, name: str, module: Optional[Module]) -> None:
+        """Add a child module (or None) under ``name``.
+
+        Raises:
+            TypeError: ``module`` is not a Module or None.
+            KeyError: a bad name or one already used by another attribute.
+
+        Example:
+            >>> import mpitensor.nn as nn
+            >>> m = nn.Module(); m.add_module("fc", nn.Linear(2, 2))
+            >>> [n for n, _ in m.named_children()]
+            ['fc']
+        """
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"add_module('{name}', ...) got {_qualified_type(module)}, which "
+                            f"is not a Module subclass (nor None)")
+        self._claim_name(name, "module", self._modules)
+        self._modules[name] = module
+
+    def register_module(self, name: str, module: Optional[Module]) -> None:
+        """Alias of :meth:`add_module`."""
+        self.add_module(name, module)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails, i.e. for registered members.
+        tables = self.__dict__
+        if "_parameters" in tables:
+            for table in (tables["_parameters"], tables["_buffers"], tables["_modules"]):
+                if name in table:
+                    return table[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def _unregister(self, name: str, keep: Optional[dict] = None) -> None:
+        """Forget ``name`` in every table but ``keep``.
+
+        The table about to receive the new value keeps its entry, so that replacing a
+        parameter (or child) leaves it at its place in the iteration order.
+        """
+        self.__dict__.pop(name, None)
+        for table in (self._parameters, self._buffers, self._modules):
+            if table is not keep:
+                table.pop(name, None)
+        self._transient_buffers.discard(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        d = self.__dict__
+        ready = "_parameters" in d
+        if isinstance(value, Buffer) and ready:
+            self._unregister(name, keep=self._buffers)
+            self.register_buffer(name, value, persistent=value.persistent)
+        elif isinstance(value, (Parameter, Module)):
+            if not ready:
+                raise AttributeError(
+                    f"cannot assign {type(value).__name__} '{name}' before Module.__init__() "
+                    f"has run; call super().__init__() first in {type(self).__name__}.__init__"
+                )
+            if name in d["_parameters"] and not isinstance(value, Parameter):
+                self._reject(name, value, "parameter", "mpitensor.nn.Parameter or None")
+            if isinstance(value, Parameter):
+                self._unregister(name, keep=self._parameters)
+                self.register_parameter(name, value)
+            else:
+                self._unregister(name, keep=self._modules)
+                self._modules[name] = value
+        elif ready and name in d["_parameters"]:
+            if value is not None:
+                self._reject(name, value, "parameter", "mpitensor.nn.Parameter or None")
+            self._parameters[name] = None
+        elif ready and name in d["_modules"]:
+            if value is not None:
+                self._reject(name, value, "child module", "mpitensor.nn.Module or None")
+            self._modules[name] = None
+        elif ready and name in d["_buffers"]:
+            if value is not None and not isinstance(value, Tensor):
+                self._reject(name, value, "buffer", "mpitensor Tensor or None")
+            self._buffers[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    @staticmethod
+    def _reject(name: str, value: Any, kind: str, allowed: str) -> None:
+        raise TypeError(
+            f"cannot assign '{_qualified_type(value)}' as {kind} '{name}' ({allowed} "
+            f"expected); delete the attribute first to store something else under that name"
+        )
+
+    def __delattr__(self, name: str) -> None:
+        d = self.__dict__
+        if "_parameters" in d and any(
+            name in d[t] for t in ("_parameters", "_buffers", "_modules")
+        ):
+            self._unregister(name)
+        else:
+            object.__delattr__(self, name)
+
+    def __dir__(self) -> list:
+        names = set(super().__dir__()).union(self._parameters, self._buffers, self._modules)
+        # numbered children ("0", "1" of a Sequential) are not identifiers
+        return sorted(n for n in names if not n[:1].isdigit())
+
+    # ---- lookups ---------------------------------------------------------------------------
+
+    def get_submodule(self, target: str) -> Module:
+        """Return the sub-module at dotted path ``target`` (``""`` is self).
+
+        Raises:
+            AttributeError: a path element is missing or is not a Module.
+
+        Example:
+            >>> import mpitensor.nn as nn
+            >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+            >>> type(net.get_submodule("1")).__name__
+            'ReLU'
+        """
+        module: Module = self
+        walked = ""
+        for part in target.split(".") if target else ():
+            found = getattr(module, part, _ABSENT)
+            if found is _ABSENT:
+                raise AttributeError(f"{module._get_name()} (at '{walked}' in '{target}') has "
+                                     f"no attribute `{part}`")
+            if not isinstance(found, Module):
+                raise AttributeError(f"`{part}` (in '{target}') is not an nn.Module but a "
+                                     f"{_qualified_type(found)}")
+            module, walked = found, _dotted(walked, part)
+        return module
+
+    def _member(self, target: str) -> tuple:
+        """``(owning module, attribute name, value)`` for a dotted path to an attribute."""
+        owner_path, _, name = target.rpartition(".")
+        owner = self.get_submodule(owner_path)
+        value = getattr(owner, name, _ABSENT)
+        if value is _ABSENT:
+            raise AttributeError(f"{owner._get_name()} has no attribute `{name}` (looking up "
+                                 f"'{target}')")
+        return owner, name, value
+
+    def get_parameter(self, target: str) -> Parameter:
+        """Return the parameter at dotted path ``target`` (``"fc1.weight"``).
+
+        Raises:
+            AttributeError: the path does not name a Parameter.
+        """
+        _, name, value = self._member(target)
+        if not isinstance(value, Parameter):
+            raise AttributeError(f"`{name}` (in '{target}') is not an nn.Parameter but a "
+                                 f"{_qualified_type(value)}")
+        return value
+
+    def get_buffer(self, target: str) -> Tensor:
+        """Return the buffer at dotted path ``target``.
+
+        Raises:
+            AttributeError: the path does not name a buffer.
+        """
+        owner, name, _ = self._member(target)
+        if name not in owner._buffers:
+            raise AttributeError(f"`{name}` (in '{target}') is not a buffer of "
+                                 f"{owner._get_name()}; see named_buffers() for those it has")
+        return owner._buffers[name]
+
+    # ---- iteration -------------------------------------------------------------------------
+
+    def named_modules(
+        self, memo: Optional[set] = None, prefix: str = "", remove_duplicate: bool = True
+    ) -> Iterator[tuple]:
+        """Yield ``(name, module)`` for self and every descendant, depth first, each once.
+
+        Args:
+            memo: modules to leave out (and, with ``remove_duplicate``, to add those seen to).
+            prefix: prepended to every name.
+            remove_duplicate: yield a module reachable under several names only once.
+
+        Example:
+            >>> import mpitensor.nn as nn
+            >>> [n for n, _ in nn.Sequential(nn.Linear(2, 2), nn.ReLU()).named_modules()]
+            ['', '0', '1']
+        """
+        seen = set() if memo is None else memo
+        pending = [(prefix, self)]
+        while pending:
+            path, module = pending.pop()
+            if module in seen:
+                continue
+            if remove_duplicate:
+                seen.add(module)
+            yield path, module
+            kids = [(_dotted(path, n), c) for n, c in module._modules.items() if c is not None]
+            pending.extend(reversed(kids))
+
+    def modules(self) -> Iterator[Module]:
+        """Yield self and every descendant module, depth first, each once."""
+        return (m for _, m in self.named_modules())
+
+    def named_children(self) -> Iterator[tuple]:
+        """Yield ``(name, module)`` for each direct child, each once."""
+        seen: set = set()
+        for name, child in self._modules.items():
+            if child is None or id(child) in seen:
+                continue
+            seen.add(id(child))
+            yield name, child
+
+    def children(self) -> Iterator[Module]:
+        """Yield each direct child module once."""
+        return (m for _, m in self.named_children())
+
+    def _named_tensors(
+        self, table: str, prefix: str, recurse: bool, remove_duplicate: bool
+    ) -> Iterator[tuple]:
+        """Walk the ``table`` ("_parameters" or "_buffers") of self and, maybe, descendants."""
+        owners = (self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate)
+                  if recurse else [(prefix, self)])
+        seen: set = set()
+        for path, owner in owners:
+            for name, tensor in getattr(owner, table).items():
+                if tensor is None or id(tensor) in seen:
+                    continue
+                if remove_duplicate:
+                    seen.add(id(tensor))
+                yield _dotted(path, name), tensor
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple]:
+        """Yield ``(name, parameter)`` in registration order; a shared parameter once.
+
+        Args:
+            prefix: prepended to every name.
+            recurse: include the parameters of sub-modules.
+            remove_duplicate: yield a parameter shared by several modules only once.
+
+        Example:
+            >>> import mpitensor.nn as nn
+            >>> [n for n, _ in nn.Sequential(nn.Linear(2, 2)).named_parameters()]
+            ['0.weight', '0.bias']
+        """
+        return self._named_tensors("_parameters", prefix, recurse, remove_duplicate)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        """Yield the parameters in registration order, each once (optimisers take this)."""
+        return (p for _, p in self.named_parameters(recurse=recurse))
+
+    def named_buffers(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple]:
+        """Yield ``(name, buffer)`` in registration order, each once (same arguments)."""
+        return self._named_tensors("_buffers", prefix, recurse, remove_duplicate)
+
+    def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
+        """Yield the buffers in registration order, each once."""
+        return (b for _, b in self.named_buffers(recurse=recurse))
+
+    # ---- modes and gradients ---------------------------------------------------------------
+
+    def train(self, mode: bool = True) -> Module:
+        """Set training mode (``mode=True``) or evaluation mode on self and all descendants.
+
+        Raises:
+            ValueError: ``mode`` is not a bool.
+
+        Example:
+            >>> import mpitensor.nn as nn
+            >>> net = nn.Sequential(nn.Dropout()).train(False)
+            >>> net[0].training
+            False
+        """
+        if not isinstance(mode, bool):
+            raise ValueError(f"train(mode) needs a boolean (True or False), got {mode!r}")
+        self.training = mode
+        for child in self.children():
+            child.train(mode)  # through the method, so that subclasses' overrides take part
+        return self
+
+    def eval(self) -> Module:
+        """Set evaluation mode (``train(False)``): dropout off. Returns self."""
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
+        """Set ``requires_grad`` on every parameter (to freeze or unfreeze). Returns self."""
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients of all parameters.
+
+        Args:
+            set_to_none: drop ``.grad`` (the default, as torch); False zeroes it in place.
+        """
+        for p in self.parameters():
+            grad = p.grad
+            if grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+                continue
+            # zeroed in place so that views handed out earlier (e.g. DDP buckets) stay valid
+            grad.grad_fn = None
+            grad._requires_grad = False
+            grad._data.fill(0)
+
+    # ---- state_dict ------------------------------------------------------------------------
+
+    def _persistent_state(self) -> Iterator[tuple]:
+        """``(name, tensor)`` of this module's own saved entries: parameters, then buffers."""
+        for name, param in self._parameters.items():
+            if param is not None:
+                yield name, param
+        for name, buf in self._buffers.items():
+            if buf is not None and name not in self._transient_buffers:
+                yield name, buf
+
+    def state_dict(
+        self, *, destination: Optional[dict] = None, prefix: str = "", keep_vars: bool = False
+    ) -> dict:
+        """Return the parameters and persistent buffers by dotted name (``"conv1.weight"``).
+
+        Values are detached tensors sharing storage with the module (the Parameters themselves
+        with ``keep_vars=True``), in registration order; a sub-module registered under two
+        names appears under both.
+
+        Args:
+            destination: a mapping to fill (default: a new OrderedDict).
+            prefix: prepended to every key.
+            keep_vars: return the Parameters rather than detached tensors.
+
+        Returns:
+            The OrderedDict (or ``destination``).
+
+        Example:
+            >>> import mpitensor.nn as nn
+            >>> list(nn.Linear(2, 3).state_dict())
+            ['weight', 'bias']
+        """
+        out = OrderedDict() if destination is None else destination
+        for name, tensor in self._persistent_state():
+            out[prefix + name] = tensor if keep_vars else tensor.detach()
+        for name, child in self._modules.items():
+            if child is not None:  # children may override state_dict, so ask each one
+                child.state_dict(destination=out, prefix=f"{prefix}{name}.",
+                                 keep_vars=keep_vars)
+        return out
+
+    def load_state_dict(
+        self, state_dict: Mapping, strict: bool = True, assign: bool = False
+    ) -> _IncompatibleKeys:
+        """Copy parameters and buffers from ``state_dict`` into this module, in place.
+
+        Values may be mpitensor Tensors, NumPy or CuPy arrays, or array-likes such as
+        ``torch.Tensor``; they are cast to each parameter's dtype and moved to its device.
+        Every key is checked before anything is written, so a failed load changes nothing.
+
+        Args:
+            state_dict: a mapping from dotted names to values, as :meth:`state_dict` returns.
+            strict: require the keys to match this module's exactly.
+            assign: replace the parameters by new ones wrapping the given values (keeping their
+                dtype and device) instead of copying into the existing storage.
+
+        Returns:
+            ``(missing_keys, unexpected_keys)``, a namedtuple.
+
+        Raises:
+            RuntimeError: shape mismatches, or with ``strict`` missing or unexpected keys
+                (all of them listed, in the same text as PyTorch's).
+            TypeError: ``state_dict`` is not a mapping.
+
+        Example:
+            >>> import mpitensor.nn as nn
+            >>> a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+            >>> b.load_state_dict(a.state_dict())
+            <All keys matched successfully>
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                f"load_state_dict() needs a dict-like mapping from names to tensors, got "
+                f"{_qualified_type(state_dict)}; pass what state_dict() returned"
+            )
+        plan = _LoadPlan.build(self, state_dict)
+        lines = plan.report(strict)
+        if lines:
+            raise RuntimeError(
+                f"load_state_dict into {type(self).__name__} refused, nothing was loaded:"
+                + "".join(f"\n  {line}" for line in lines)
+                + "\nstrict=False loads the matching keys and returns the missing and "
+                "unexpected ones; a wrong shape or type is an error either way")
+        plan.apply(assign)
+        return _IncompatibleKeys(plan.missing, plan.unexpected)
+
+    # ---- devices and dtypes ----------------------------------------------------------------
+
+    def _convert_arrays(self, fn: Callable[[Any], Any]) -> Module:
+        """Replace the array of every parameter, gradient and buffer by ``fn(array)``.
+
+        Parameters and gradients keep their identity (only their array is swapped), so
+        optimisers and hooks that already hold them see the converted values.
+        """
+        def pending(old: Any) -> Any:  # an uninitialized tensor keeps only dtype and device
+            moved = fn(np.empty(0, dtype=old.dtype))
+            new = _pending(moved.dtype)
+            new.device_wanted = _backend.device_of(moved)
+            return new
+
+        for module in self.modules():
+            for holder in module._parameters.values():
+                for t in (holder, None if holder is None else holder.grad):
+                    if t is not None:
+                        t._data = pending(t._data) if is_lazy(t) else fn(t._data)
+            for name, buf in module._buffers.items():
+                if buf is None:
+                    continue
+                if is_lazy(buf):
+                    buf._data = pending(buf._data)
+                    continue
+                converted = fn(buf._data)
+                if converted is not buf._data:
+                    replacement = Tensor._wrap(converted)
+                    replacement._requires_grad = buf._requires_grad
+                    module._buffers[name] = replacement
+        return self
+
+    def apply(self, fn: Callable[[Module], Any]) -> Module:
+        """Call ``fn(m)`` on every sub-module (children first) and then on self; returns self.
+
+        Example:
+            >>> import mpitensor.nn as nn
+            >>> seen = []
+            >>> _ = nn.Sequential(nn.ReLU()).apply(lambda m: seen.append(type(m).__name__))
+            >>> seen
+            ['ReLU', 'Sequential']
+        """
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> Module:
+        """Move and/or cast parameters and buffers in place; returns self.
+
+        Accepts ``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(tensor)`` and the
+        keywords ``device=``, ``dtype=``, ``non_blocking=``. A dtype applies to floating point
+        and complex parameters and buffers only (integer buffers keep theirs), and a real
+        dtype leaves complex ones complex, as in torch.
+
+        Raises:
+            TypeError: a non-floating dtype or an argument of another kind.
+            RuntimeError: a CUDA device is asked for and CuPy is missing.
+
+        Example:
+            >>> import mpitensor as mt, mpitensor.nn as nn
+            >>> m = nn.Linear(2, 2); w = m.weight
+            >>> m.to(mt.float64).weight is w, w.dtype
+            (True, dtype('float64'))
+        """
+        dev, dtype = _split_to_args(args, dict(kwargs))
+        if dev is None and dtype is None:
+            return self
+
+        def convert(x: Any) -> Any:
+            x = _move(x, dev)
+            if dtype is None or _dt.kind_of(x.dtype) not in "fc":
+                return x
+            if x.dtype.kind == "c" and _dt.kind_of(dtype) == "f":
+                return x
+            return x if x.dtype == dtype else x.astype(dtype)
+
+        return self._convert_arrays(convert)
+
+    def cuda(self, device: Any = None) -> Module:
+        """Move all parameters and buffers to a GPU (the current one by default)."""
+        dev = _backend.device("cuda") if device is None else _parse_device(device)
+        if dev.type != "cuda":
+            raise ValueError(f"cuda() needs a CUDA device, got {dev}; use to({str(dev)!r}) "
+                             f"for other devices")
+        return self.to(dev)
+
+    def cpu(self) -> Module:
+        """Move all parameters and buffers to host memory."""
+        return self.to(_backend.CPU)
+
+    def share_memory(self) -> Module:
+        """Move every parameter, buffer and existing gradient into memory shared between
+        processes (``Tensor.share_memory_``), in place; return self. Call it before building
+        the optimizer and before the processes start, as Hogwild! programs do."""
+        seen = set()
+        for t in (*self.parameters(), *self.buffers()):
+            for u in (t, t.grad):
+                if u is not None and id(u) not in seen:
+                    seen.add(id(u))
+                    u.share_memory_()
+        return self
+
+    def _recast(self, dt: np.dtype, only_floating: bool = True) -> Module:
+        def convert(x: Any) -> Any:
+            if x.dtype == dt or (only_floating and not _dt.is_floating_dtype(x.dtype)):
+                return x
+            return x.astype(dt)
+
+        return self._convert_arrays(convert)
+
+    def float(self) -> Module:
+        """Cast floating point parameters and buffers to float32 in place."""
+        return self._recast(_dt.float32)
+
+    def double(self) -> Module:
+        """Cast floating point parameters and buffers to float64 in place."""
+        return self._recast(_dt.float64)
+
+    def half(self) -> Module:
+        """Cast floating point parameters and buffers to float16 in place."""
+        return self._recast(_dt.float16)
+
+    def bfloat16(self) -> Module:
+        """Cast floating point parameters and buffers to bfloat16 in place."""
+        return self._recast(_dt.bfloat16)
+
+    def type(self, dst_type: Any) -> Module:
+        """Cast all parameters and buffers to ``dst_type`` in place."""
+        return self._recast(_dt.to_dtype(dst_type), only_floating=False)
+
+    # ---- printing --------------------------------------------------------------------------
+
+    def _get_name(self) -> str:
+        return type(self).__name__
+
+    def extra_repr(self) -> str:
+        """The module-specific part of the repr (one line, or several); override it."""
+        return ""
+
+    def __repr__(self) -> str:
+        extra = self.extra_repr()
+        own = extra.split("\n") if extra else []
+        kids = [f"({name}): {_indent_continuation(repr(child), 2)}"
+                for name, child in self._modules.items()]
+        if not kids and len(own) <= 1:
+            return f"{self._get_name()}({''.join(own)})"
+        body = "".join(f"\n  {line}" for line in own + kids)
+        return f"{self._get_name()}({body}\n)"
+
+
+_ABSENT = object()  # getattr default that no attribute value can equal

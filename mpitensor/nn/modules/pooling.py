@@ -1,0 +1,429 @@
+"""Pooling modules with ``torch.nn``'s names: the 1-D ones (:class:`MaxPool1d`,
+:class:`AvgPool1d`, :class:`AdaptiveMaxPool1d`, :class:`LPPool1d`, :class:`MaxUnpool1d`), the
+3-D ones (:class:`MaxPool3d`, :class:`AvgPool3d`, :class:`AdaptiveAvgPool3d`,
+:class:`AdaptiveMaxPool3d`, :class:`LPPool3d`, :class:`MaxUnpool3d`,
+:class:`FractionalMaxPool3d`), the 2-D ones :mod:`.layers` lacks (:class:`AdaptiveMaxPool2d`,
+:class:`LPPool2d`, :class:`MaxUnpool2d`, :class:`FractionalMaxPool2d`), and the cross-channel
+:class:`LocalResponseNorm` and :class:`CrossMapLRN2d`. :class:`MaxPool2d` and
+:class:`AvgPool2d` live in :mod:`.layers`.
+
+Example:
+    >>> import mpitensor as mt
+    >>> MaxPool1d(2)(mt.tensor([[[1.0, 3.0, 2.0, 0.0]]]))
+    tensor([[[3., 2.]]])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from mpitensor.tensor import Tensor
+
+from .. import functional as F  # noqa: N812 - torch's spelling
+from .._functional.checks import xp_of
+from .module import Module
+
+__all__ = ["MaxPool1d", "AvgPool1d", "AdaptiveMaxPool1d", "LPPool1d", "MaxUnpool1d",
+           "LocalResponseNorm", "MaxPool3d", "AvgPool3d", "AdaptiveAvgPool3d",
+           "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "LPPool2d", "LPPool3d", "MaxUnpool2d",
+           "MaxUnpool3d", "FractionalMaxPool2d", "FractionalMaxPool3d", "CrossMapLRN2d"]
+
+
+def _ntuple(v: Any, nd: int) -> tuple:
+    if isinstance(v, (tuple, list)):
+        return tuple(v)
+    return (v,) * nd
+
+
+def _single(v: Any) -> tuple:
+    return _ntuple(v, 1)
+
+
+def _set_window(module: Module, kernel_size: Any, stride: Any, padding: Any,
+                ceil_mode: bool) -> None:
+    """The sliding-window attributes, as torch keeps them (stride defaults to the kernel)."""
+    module.kernel_size = kernel_size
+    module.stride = stride if stride is not None else kernel_size
+    module.padding = padding
+    module.ceil_mode = ceil_mode
+
+
+class _MaxPoolNd(Module):
+    """Shared body of the sliding-window max poolings; subclasses name their function."""
+
+    _fn = staticmethod(F.max_pool1d)
+
+    def __init__(self, kernel_size: Any, stride: Optional[Any] = None, padding: Any = 0,
+                 dilation: Any = 1, return_indices: bool = False,
+                 ceil_mode: bool = False) -> None:
+        super().__init__()
+        _set_window(self, kernel_size, stride, padding, ceil_mode)
+        self.dilation = dilation
+        self.return_indices = return_indices
+
+    def forward(self, input: Tensor) -> Any:  # noqa: A002 - torch's name
+        return self._fn(input, self.kernel_size, self.stride, self.padding, self.dilation,
+                        ceil_mode=self.ceil_mode, return_indices=self.return_indices)
+
+    def extra_repr(self) -> str:
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+
+class MaxPool1d(_MaxPoolNd):
+    """Max over sliding windows of (N, C, L) or (C, L).
+
+    Example:
+        >>> MaxPool1d(3, stride=1)
+        MaxPool1d(kernel_size=3, stride=1, padding=0, dilation=1, ceil_mode=False)
+    """
+
+
+class MaxPool3d(_MaxPoolNd):
+    """Max over sliding 3-D windows of (N, C, D, H, W) or (C, D, H, W).
+
+    Example:
+        >>> MaxPool3d(3, stride=2)
+        MaxPool3d(kernel_size=3, stride=2, padding=0, dilation=1, ceil_mode=False)
+    """
+
+    _fn = staticmethod(F.max_pool3d)
+
+
+class AvgPool1d(Module):
+    """Mean over sliding windows of (N, C, L) or (C, L).
+
+    Example:
+        >>> AvgPool1d(2)
+        AvgPool1d(kernel_size=(2,), stride=(2,), padding=(0,))
+    """
+
+    def __init__(self, kernel_size: Any, stride: Optional[Any] = None, padding: Any = 0,
+                 ceil_mode: bool = False, count_include_pad: bool = True) -> None:
+        super().__init__()
+        self.kernel_size = _single(kernel_size)
+        self.stride = _single(stride if stride is not None else kernel_size)
+        self.padding = _single(padding)
+        self.ceil_mode = ceil_mode
+        self.count_include_pad = count_include_pad
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                            self.count_include_pad)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class _AdaptiveMaxPoolNd(Module):
+    """Shared body of the adaptive max poolings; subclasses name their function."""
+
+    _fn = staticmethod(F.adaptive_max_pool1d)
+
+    def __init__(self, output_size: Any, return_indices: bool = False) -> None:
+        super().__init__()
+        self.output_size = output_size
+        self.return_indices = return_indices
+
+    def forward(self, input: Tensor) -> Any:  # noqa: A002 - torch's name
+        return self._fn(input, self.output_size, self.return_indices)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):
+    """Max over ``output_size`` windows tiling the last dimension.
+
+    Example:
+        >>> AdaptiveMaxPool1d(3)
+        AdaptiveMaxPool1d(output_size=3)
+    """
+
+
+class AdaptiveMaxPool2d(_AdaptiveMaxPoolNd):
+    """Max over windows tiling (N, C, H, W) or (C, H, W) into ``output_size`` cells (None
+    keeps a dimension's size).
+
+    Example:
+        >>> AdaptiveMaxPool2d((2, None))
+        AdaptiveMaxPool2d(output_size=(2, None))
+    """
+
+    _fn = staticmethod(F.adaptive_max_pool2d)
+
+
+class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd):
+    """Max over windows tiling (N, C, D, H, W) or (C, D, H, W) into ``output_size`` cells.
+
+    Example:
+        >>> AdaptiveMaxPool3d(2)
+        AdaptiveMaxPool3d(output_size=2)
+    """
+
+    _fn = staticmethod(F.adaptive_max_pool3d)
+
+
+class AdaptiveAvgPool3d(Module):
+    """Mean over windows tiling (N, C, D, H, W) or (C, D, H, W) into ``output_size`` cells.
+
+    Example:
+        >>> AdaptiveAvgPool3d((2, None, 3))
+        AdaptiveAvgPool3d(output_size=(2, None, 3))
+    """
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.adaptive_avg_pool3d(input, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AvgPool3d(Module):
+    """Mean over sliding 3-D windows of (N, C, D, H, W) or (C, D, H, W).
+
+    Example:
+        >>> AvgPool3d(3, stride=2)
+        AvgPool3d(kernel_size=3, stride=2, padding=0)
+    """
+
+    def __init__(self, kernel_size: Any, stride: Optional[Any] = None, padding: Any = 0,
+                 ceil_mode: bool = False, count_include_pad: bool = True,
+                 divisor_override: Optional[int] = None) -> None:
+        super().__init__()
+        _set_window(self, kernel_size, stride, padding, ceil_mode)
+        self.count_include_pad = count_include_pad
+        self.divisor_override = divisor_override
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.avg_pool3d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                            self.count_include_pad, self.divisor_override)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class _LPPoolNd(Module):
+    """Shared body of the power-average poolings; subclasses name their function."""
+
+    _fn = staticmethod(F.lp_pool1d)
+
+    def __init__(self, norm_type: float, kernel_size: Any, stride: Optional[Any] = None,
+                 ceil_mode: bool = False) -> None:
+        super().__init__()
+        self.norm_type = norm_type
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.ceil_mode = ceil_mode
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return self._fn(input, float(self.norm_type), self.kernel_size, self.stride,
+                        self.ceil_mode)
+
+    def extra_repr(self) -> str:
+        return (f"norm_type={self.norm_type}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, ceil_mode={self.ceil_mode}")
+
+
+class LPPool1d(_LPPoolNd):
+    """Power-average pooling over sliding windows of the last dimension.
+
+    Example:
+        >>> LPPool1d(2, 3)
+        LPPool1d(norm_type=2, kernel_size=3, stride=None, ceil_mode=False)
+    """
+
+
+class LPPool2d(_LPPoolNd):
+    """Power-average pooling over sliding 2-D windows.
+
+    Example:
+        >>> LPPool2d(2, 3)
+        LPPool2d(norm_type=2, kernel_size=3, stride=None, ceil_mode=False)
+    """
+
+    _fn = staticmethod(F.lp_pool2d)
+
+
+class LPPool3d(_LPPoolNd):
+    """Power-average pooling over sliding 3-D windows.
+
+    Example:
+        >>> LPPool3d(2, 3)
+        LPPool3d(norm_type=2, kernel_size=3, stride=None, ceil_mode=False)
+    """
+
+    _fn = staticmethod(F.lp_pool3d)
+
+
+class _MaxUnpoolNd(Module):
+    """Shared body of the unpoolings; subclasses name their function and rank."""
+
+    _fn = staticmethod(F.max_unpool1d)
+    _nd = 1
+
+    def __init__(self, kernel_size: Any, stride: Optional[Any] = None, padding: Any = 0) -> None:
+        super().__init__()
+        self.kernel_size = _ntuple(kernel_size, self._nd)
+        self.stride = _ntuple(stride if stride is not None else kernel_size, self._nd)
+        self.padding = _ntuple(padding, self._nd)
+
+    def forward(self, input: Tensor, indices: Tensor,  # noqa: A002 - torch's name
+                output_size: Optional[Any] = None) -> Tensor:
+        return self._fn(input, indices, self.kernel_size, self.stride, self.padding,
+                        output_size)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxUnpool1d(_MaxUnpoolNd):
+    """The partial inverse of :class:`MaxPool1d` (give it the pooling's indices).
+
+    Example:
+        >>> MaxUnpool1d(2)
+        MaxUnpool1d(kernel_size=(2,), stride=(2,), padding=(0,))
+    """
+
+
+class MaxUnpool2d(_MaxUnpoolNd):
+    """The partial inverse of :class:`MaxPool2d` (give it the pooling's indices).
+
+    Example:
+        >>> MaxUnpool2d(2)
+        MaxUnpool2d(kernel_size=(2, 2), stride=(2, 2), padding=(0, 0))
+    """
+
+    _fn = staticmethod(F.max_unpool2d)
+    _nd = 2
+
+
+class MaxUnpool3d(_MaxUnpoolNd):
+    """The partial inverse of :class:`MaxPool3d` (give it the pooling's indices).
+
+    Example:
+        >>> MaxUnpool3d(2)
+        MaxUnpool3d(kernel_size=(2, 2, 2), stride=(2, 2, 2), padding=(0, 0, 0))
+    """
+
+    _fn = staticmethod(F.max_unpool3d)
+    _nd = 3
+
+
+class _FractionalMaxPoolNd(Module):
+    """Shared body of the fractional max poolings; subclasses name their function and rank."""
+
+    _fn = staticmethod(F.fractional_max_pool2d)
+    _nd = 2
+
+    def __init__(self, kernel_size: Any, output_size: Optional[Any] = None,
+                 output_ratio: Optional[Any] = None, return_indices: bool = False,
+                 _random_samples: Optional[Tensor] = None) -> None:
+        super().__init__()
+        cls = type(self).__name__
+        self.kernel_size = _ntuple(kernel_size, self._nd)
+        self.return_indices = return_indices
+        self.register_buffer("_random_samples", _random_samples)
+        self.output_size = None if output_size is None else _ntuple(output_size, self._nd)
+        self.output_ratio = None if output_ratio is None else _ntuple(output_ratio, self._nd)
+        if output_size is None and output_ratio is None:
+            raise ValueError(f"{cls} needs an output_size or an output_ratio")
+        if output_size is not None and output_ratio is not None:
+            raise ValueError(f"{cls}: give only one of output_size and output_ratio")
+        if self.output_ratio is not None and not all(0 < r < 1 for r in self.output_ratio):
+            raise ValueError(f"{cls}: output_ratio must lie in (0, 1), got {output_ratio!r}")
+
+    def forward(self, input: Tensor) -> Any:  # noqa: A002 - torch's name
+        return self._fn(input, self.kernel_size, self.output_size, self.output_ratio,
+                        self.return_indices, _random_samples=self._random_samples)
+
+
+class FractionalMaxPool2d(_FractionalMaxPoolNd):
+    """Fractional max pooling over (N, C, H, W) or (C, H, W) (windows at pseudo-random
+    steps; fixed by ``_random_samples`` of shape (N, C, 2) when given).
+
+    Example:
+        >>> FractionalMaxPool2d(3, output_ratio=0.5).output_ratio
+        (0.5, 0.5)
+    """
+
+
+class FractionalMaxPool3d(_FractionalMaxPoolNd):
+    """Fractional max pooling over (N, C, D, H, W) or (C, D, H, W) (samples (N, C, 3)).
+
+    Example:
+        >>> FractionalMaxPool3d(2, output_size=3).output_size
+        (3, 3, 3)
+    """
+
+    _fn = staticmethod(F.fractional_max_pool3d)
+    _nd = 3
+
+
+class LocalResponseNorm(Module):
+    """Normalise by the mean square over ``size`` neighbouring channels.
+
+    Example:
+        >>> LocalResponseNorm(2)
+        LocalResponseNorm(2, alpha=0.0001, beta=0.75, k=1.0)
+    """
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75,
+                 k: float = 1.0) -> None:
+        super().__init__()
+        self.size = size
+        self.alpha = alpha
+        self.beta = beta
+        self.k = k
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.local_response_norm(input, self.size, self.alpha, self.beta, self.k)
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
+class CrossMapLRN2d(Module):
+    """torch's older cross-channel normalisation of a 4-D (N, C, H, W) input:
+    ``x / (k + alpha / size * S) ^ beta``, where ``S`` sums ``x^2`` over a channel window.
+
+    The window is the one torch's running sum gives, kept for parity: channels
+    ``0 .. c + P - 1`` (``P = (size - 1) // 2 + 1``) less channels ``1 .. c - P`` (torch
+    never drops channel 0 from the sum). This is not :class:`LocalResponseNorm`'s window.
+
+    Example:
+        >>> CrossMapLRN2d(3)
+        CrossMapLRN2d(3, alpha=0.0001, beta=0.75, k=1)
+    """
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1) -> None:
+        super().__init__()
+        self.size = size
+        self.alpha = alpha
+        self.beta = beta
+        self.k = k
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        if input.ndim != 4:
+            raise ValueError(f"CrossMapLRN2d: expected a 4-D (N, C, H, W) input, got "
+                             f"{input.ndim}-D")
+        c = input.shape[1]
+        pre = (self.size - 1) // 2 + 1
+        j = np.arange(c)[None, :]
+        row = np.arange(c)[:, None]
+        window = (j <= np.minimum(row + pre - 1, c - 1)) & ~((j >= 1) & (j <= row - pre))
+        xp = xp_of(input)
+        m = Tensor._wrap(xp.asarray(window.T.astype(input._data.dtype)))
+        sq = (input * input).transpose(1, 3)  # (N, W, H, C)
+        total = (sq @ m).transpose(1, 3)
+        return input * (total * (float(self.alpha) / self.size) + float(self.k)) ** (
+            -float(self.beta))
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"

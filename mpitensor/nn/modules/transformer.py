@@ -1,0 +1,442 @@
+"""Attention and transformer modules with ``torch.nn``'s names, parameters and state-dict keys:
+:class:`MultiheadAttention`, :class:`TransformerEncoderLayer`, :class:`TransformerEncoder`,
+:class:`TransformerDecoderLayer`, :class:`TransformerDecoder`, :class:`Transformer`.
+
+A state dict saved from torch loads into these modules (and back): the names and shapes of the
+parameters are torch's, so weights can be copied across to compare the two libraries.
+
+Example:
+    >>> import mpitensor as mt
+    >>> mha = MultiheadAttention(8, 2, batch_first=True)
+    >>> out, weights = mha(mt.ones(3, 5, 8), mt.ones(3, 5, 8), mt.ones(3, 5, 8))
+    >>> tuple(out.shape), tuple(weights.shape)
+    ((3, 5, 8), (3, 5, 5))
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from mpitensor import dtypes as _dt
+from mpitensor.tensor import Tensor, _new, empty
+
+from .. import functional as F  # noqa: N812 - torch's spelling
+from .. import init
+from .._functional.checks import is_int
+from .layers import Dropout
+from .layers import Linear
+from .layers import ModuleList
+from .module import Module
+from .normalization import LayerNorm
+from ..parameter import Parameter
+
+__all__ = ["MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder",
+           "TransformerDecoderLayer", "TransformerDecoder", "Transformer"]
+
+
+class NonDynamicallyQuantizableLinear(Linear):
+    """The output projection of :class:`MultiheadAttention` (a Linear, named as torch's)."""
+
+
+class MultiheadAttention(Module):
+    """Multi-head attention, ``softmax(Q K^T / sqrt(d)) V`` per head with learned projections.
+
+    Args:
+        embed_dim: the model size E (divisible by ``num_heads``).
+        num_heads: the number of heads.
+        dropout: dropout on the attention weights, in training.
+        bias: biases on the input and output projections.
+        add_bias_kv: learn a key and a value row appended to every sequence.
+        add_zero_attn: append a zero key and value to every sequence.
+        kdim, vdim: the key and value sizes (default E); when either differs, the projections
+            are separate ``q_proj_weight``/``k_proj_weight``/``v_proj_weight`` parameters, as in
+            torch, else one stacked ``in_proj_weight``.
+        batch_first: inputs and outputs are (N, L, E) instead of (L, N, E).
+        device, dtype: where and how to make the parameters.
+
+    Raises:
+        ValueError: ``embed_dim`` not divisible by ``num_heads``, non-positive sizes.
+
+    Example:
+        >>> MultiheadAttention(8, 2)
+        MultiheadAttention(
+          (out_proj): NonDynamicallyQuantizableLinear(in_features=8, out_features=8, bias=True)
+        )
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False,
+                 kdim: Optional[int] = None, vdim: Optional[int] = None,
+                 batch_first: bool = False, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if not is_int(v) or v <= 0:
+                raise ValueError(f"MultiheadAttention: {name} must be a positive integer, got "
+                                 f"{v!r}")
+        if embed_dim % num_heads:
+            raise ValueError(f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by "
+                             f"num_heads ({num_heads})")
+        self.embed_dim = int(embed_dim)
+        self.kdim = kdim if kdim is not None else self.embed_dim
+        self.vdim = vdim if vdim is not None else self.embed_dim
+        self._qkv_same_embed_dim = self.kdim == self.embed_dim and self.vdim == self.embed_dim
+        self.num_heads = int(num_heads)
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.head_dim = self.embed_dim // self.num_heads
+        dt = _dt.get_default_dtype() if dtype is None else _dt.to_dtype(dtype)
+        e = self.embed_dim
+
+        def param(*shape: int) -> Parameter:
+            return Parameter(empty(*shape, dtype=dt, device=device))
+
+        # one packed (3e, e) projection when query, key and value share the width, else three;
+        # the absent ones are registered as None, so the state-dict keys are torch's
+        packed = self._qkv_same_embed_dim
+        for name, shape, used in (("in_proj_weight", (3 * e, e), packed),
+                                  ("q_proj_weight", (e, e), not packed),
+                                  ("k_proj_weight", (e, self.kdim), not packed),
+                                  ("v_proj_weight", (e, self.vdim), not packed),
+                                  ("in_proj_bias", (3 * e,), bias)):
+            self.register_parameter(name, param(*shape) if used else None)
+        self.out_proj = NonDynamicallyQuantizableLinear(e, e, bias=bias, device=device,
+                                                        dtype=dt)
+        if add_bias_kv:
+            self.bias_k = param(1, 1, e)
+            self.bias_v = param(1, 1, e)
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """torch's initialisation: Xavier-uniform projections, zero biases, Xavier-normal
+        ``bias_k``/``bias_v``."""
+        for w in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight,
+                  self.v_proj_weight):
+            if w is not None:
+                init.xavier_uniform_(w)
+        if self.in_proj_bias is not None:
+            for b in (self.in_proj_bias, self.out_proj.bias):
+                init.constant_(b, 0.0)
+        for b in (self.bias_k, self.bias_v):
+            if b is not None:
+                init.xavier_normal_(b)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor,
+                key_padding_mask: Optional[Tensor] = None, need_weights: bool = True,
+                attn_mask: Optional[Tensor] = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Returns:
+            ``(output, weights)``: the output shaped like the query (E features), and the
+            attention weights averaged over heads, (N, L, S) (or per head, (N, H, L, S), with
+            ``average_attn_weights=False``), or None with ``need_weights=False``.
+        """
+        batched = query.ndim == 3
+        if self.batch_first and batched:
+            if key is value:
+                if query is key:
+                    query = key = value = query.transpose(1, 0)
+                else:
+                    query, key = query.transpose(1, 0), key.transpose(1, 0)
+                    value = key
+            else:
+                query, key, value = (t.transpose(1, 0) for t in (query, key, value))
+        out, weights = F.multi_head_attention_forward(
+            query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight,
+            self.in_proj_bias, self.bias_k, self.bias_v, self.add_zero_attn, self.dropout,
+            self.out_proj.weight, self.out_proj.bias, training=self.training,
+            key_padding_mask=key_padding_mask, need_weights=need_weights, attn_mask=attn_mask,
+            use_separate_proj_weight=not self._qkv_same_embed_dim,
+            q_proj_weight=self.q_proj_weight, k_proj_weight=self.k_proj_weight,
+            v_proj_weight=self.v_proj_weight, average_attn_weights=average_attn_weights,
+            is_causal=is_causal)
+        if self.batch_first and batched:
+            out = out.transpose(1, 0)
+        return out, weights
+
+
+def _activation(activation: Union[str, Callable]) -> Callable:
+    if activation == "relu":
+        return F.relu
+    if activation == "gelu":
+        return F.gelu
+    if isinstance(activation, str):
+        raise RuntimeError(f"activation should be relu/gelu, not {activation}")
+    return activation
+
+
+class TransformerEncoderLayer(Module):
+    """Self-attention and a feed-forward block, each with a residual connection and a layer
+    norm (after each, or before with ``norm_first=True``).
+
+    Args:
+        d_model, nhead: model size and heads of the self-attention.
+        dim_feedforward: the hidden size of the feed-forward block.
+        dropout: dropout after attention, inside and after the feed-forward block.
+        activation: ``'relu'``, ``'gelu'`` or a callable (a module is registered as a child).
+        layer_norm_eps: the layer norms' eps.
+        batch_first: (N, S, E) inputs instead of (S, N, E).
+        norm_first: pre-norm instead of post-norm.
+        bias: biases in the linear layers and layer norms.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> TransformerEncoderLayer(8, 2, 16)(mt.ones(5, 3, 8)).shape
+        mpitensor.Size([5, 3, 8])
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation: Union[str, Callable] = F.relu,
+                 layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                            batch_first=batch_first, **kw)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.activation = _activation(activation)
+
+    def _sa_block(self, x: Tensor, attn_mask: Optional[Tensor],
+                  key_padding_mask: Optional[Tensor], is_causal: bool) -> Tensor:
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                           need_weights=False, is_causal=is_causal)[0]
+        return self.dropout1(x)
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(self, src: Tensor, src_mask: Optional[Tensor] = None,
+                src_key_padding_mask: Optional[Tensor] = None,
+                is_causal: bool = False) -> Tensor:
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            return x + self._ff_block(self.norm2(x))
+        x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+        return self.norm2(x + self._ff_block(x))
+
+
+def _clones(module: Module, n: int) -> ModuleList:
+    return ModuleList([copy.deepcopy(module) for _ in range(n)])
+
+
+class TransformerEncoder(Module):
+    """A stack of ``num_layers`` copies of ``encoder_layer`` (each with its own parameters),
+    then an optional ``norm``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> enc = TransformerEncoder(TransformerEncoderLayer(8, 2, 16), num_layers=2)
+        >>> enc(mt.ones(5, 3, 8)).shape
+        mpitensor.Size([5, 3, 8])
+    """
+
+    def __init__(self, encoder_layer: Module, num_layers: int, norm: Optional[Module] = None,
+                 enable_nested_tensor: bool = True, mask_check: bool = True) -> None:
+        super().__init__()
+        if not is_int(num_layers) or num_layers < 0:
+            raise ValueError(f"TransformerEncoder: num_layers must be a non-negative integer, "
+                             f"got {num_layers!r}")
+        self.layers = _clones(encoder_layer, num_layers)
+        self.num_layers = num_layers
+        self.norm = norm
+        self.enable_nested_tensor = enable_nested_tensor
+        self.mask_check = mask_check
+
+    def forward(self, src: Tensor, mask: Optional[Tensor] = None,
+                src_key_padding_mask: Optional[Tensor] = None,
+                is_causal: Optional[bool] = None) -> Tensor:
+        out = src
+        for layer in self.layers:
+            out = layer(out, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
+                        is_causal=bool(is_causal))
+        return self.norm(out) if self.norm is not None else out
+
+
+class TransformerDecoderLayer(Module):
+    """Self-attention, cross-attention over the encoder's output ``memory`` and a
+    feed-forward block, each with a residual connection and a layer norm.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> TransformerDecoderLayer(8, 2, 16)(mt.ones(4, 3, 8), mt.ones(5, 3, 8)).shape
+        mpitensor.Size([4, 3, 8])
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation: Union[str, Callable] = F.relu,
+                 layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                            batch_first=batch_first, **kw)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                                 batch_first=batch_first, **kw)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
+        self.activation = _activation(activation)
+
+    def _sa_block(self, x: Tensor, mask: Optional[Tensor], kpm: Optional[Tensor],
+                  is_causal: bool) -> Tensor:
+        x = self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=kpm, need_weights=False,
+                           is_causal=is_causal)[0]
+        return self.dropout1(x)
+
+    def _mha_block(self, x: Tensor, mem: Tensor, mask: Optional[Tensor],
+                   kpm: Optional[Tensor], is_causal: bool) -> Tensor:
+        x = self.multihead_attn(x, mem, mem, attn_mask=mask, key_padding_mask=kpm,
+                                need_weights=False, is_causal=is_causal)[0]
+        return self.dropout2(x)
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Optional[Tensor] = None,
+                memory_mask: Optional[Tensor] = None,
+                tgt_key_padding_mask: Optional[Tensor] = None,
+                memory_key_padding_mask: Optional[Tensor] = None, tgt_is_causal: bool = False,
+                memory_is_causal: bool = False) -> Tensor:
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+            x = x + self._mha_block(self.norm2(x), memory, memory_mask, memory_key_padding_mask,
+                                    memory_is_causal)
+            return x + self._ff_block(self.norm3(x))
+        x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+        x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask,
+                                           memory_is_causal))
+        return self.norm3(x + self._ff_block(x))
+
+
+class TransformerDecoder(Module):
+    """A stack of ``num_layers`` copies of ``decoder_layer``, then an optional ``norm``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> dec = TransformerDecoder(TransformerDecoderLayer(8, 2, 16), num_layers=2)
+        >>> dec(mt.ones(4, 3, 8), mt.ones(5, 3, 8)).shape
+        mpitensor.Size([4, 3, 8])
+    """
+
+    def __init__(self, decoder_layer: Module, num_layers: int,
+                 norm: Optional[Module] = None) -> None:
+        super().__init__()
+        if not is_int(num_layers) or num_layers < 0:
+            raise ValueError(f"TransformerDecoder: num_layers must be a non-negative integer, "
+                             f"got {num_layers!r}")
+        self.layers = _clones(decoder_layer, num_layers)
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Optional[Tensor] = None,
+                memory_mask: Optional[Tensor] = None,
+                tgt_key_padding_mask: Optional[Tensor] = None,
+                memory_key_padding_mask: Optional[Tensor] = None,
+                tgt_is_causal: Optional[bool] = None, memory_is_causal: bool = False) -> Tensor:
+        out = tgt
+        for layer in self.layers:
+            out = layer(out, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                        tgt_key_padding_mask=tgt_key_padding_mask,
+                        memory_key_padding_mask=memory_key_padding_mask,
+                        tgt_is_causal=bool(tgt_is_causal), memory_is_causal=memory_is_causal)
+        return self.norm(out) if self.norm is not None else out
+
+
+class Transformer(Module):
+    """An encoder-decoder transformer (stacks of :class:`TransformerEncoderLayer` and
+    :class:`TransformerDecoderLayer`, each followed by a layer norm).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> t = Transformer(8, 2, 1, 1, 16)
+        >>> t(mt.ones(5, 3, 8), mt.ones(4, 3, 8)).shape
+        mpitensor.Size([4, 3, 8])
+    """
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6,
+                 num_decoder_layers: int = 6, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation: Union[str, Callable] = F.relu,
+                 custom_encoder: Optional[Module] = None, custom_decoder: Optional[Module] = None,
+                 layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        if custom_encoder is not None:
+            self.encoder = custom_encoder
+        else:
+            layer = TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation,
+                                            layer_norm_eps, batch_first, norm_first, bias, **kw)
+            self.encoder = TransformerEncoder(
+                layer, num_encoder_layers, LayerNorm(d_model, eps=layer_norm_eps, bias=bias,
+                                                     **kw))
+        if custom_decoder is not None:
+            self.decoder = custom_decoder
+        else:
+            layer = TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, activation,
+                                            layer_norm_eps, batch_first, norm_first, bias, **kw)
+            self.decoder = TransformerDecoder(
+                layer, num_decoder_layers, LayerNorm(d_model, eps=layer_norm_eps, bias=bias,
+                                                     **kw))
+        self._init_weights()
+        self.d_model = d_model
+        self.nhead = nhead
+        self.batch_first = batch_first
+
+    def _init_weights(self) -> None:
+        for p in self.parameters():
+            if p.ndim > 1:
+                init.xavier_uniform_(p)
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Optional[Tensor] = None,
+                tgt_mask: Optional[Tensor] = None, memory_mask: Optional[Tensor] = None,
+                src_key_padding_mask: Optional[Tensor] = None,
+                tgt_key_padding_mask: Optional[Tensor] = None,
+                memory_key_padding_mask: Optional[Tensor] = None,
+                src_is_causal: Optional[bool] = None, tgt_is_causal: Optional[bool] = None,
+                memory_is_causal: bool = False) -> Tensor:
+        bdim = 0 if self.batch_first else 1
+        if src.ndim == 3 and tgt.ndim == 3 and src.shape[bdim] != tgt.shape[bdim]:
+            raise RuntimeError("Transformer: the batch sizes of src and tgt must be equal")
+        if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
+            raise RuntimeError(f"Transformer: the feature size of src and tgt must be d_model "
+                               f"({self.d_model})")
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask,
+                              is_causal=src_is_causal)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask,
+                            memory_key_padding_mask=memory_key_padding_mask,
+                            tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, device: Any = None,
+                                        dtype: Any = None) -> Tensor:
+        """A (sz, sz) float mask: 0 on and below the diagonal, -inf above (causal)."""
+        dt = _dt.get_default_dtype() if dtype is None else _dt.to_dtype(dtype)
+        m = np.triu(np.full((sz, sz), -np.inf, dtype=dt), 1)
+        t = _new(m)
+        return t.to(device) if device is not None else t
