@@ -20,37 +20,22 @@ import mpitensor.distributed as dist
 import mpitensor.nn as nn
 from mpitensor.distributed.optim import ZeroRedundancyOptimizer
 from mpitensor.nn.parallel import DistributedDataParallel as DDP
-from mpitensor.optim import SGD, Adam, lr_scheduler
+from mpitensor.optim import Adam, lr_scheduler
 
+from .sharded_models import OPTIMIZERS, RTOL, STEPS, batch, mlp, torch_twin
 from .torch_gloo import (
-    copy_state,
     to_torch,
     torch_gloo_fixture,  # noqa: F401 - the fixture torch_gloo
 )
 
 pytestmark = pytest.mark.mpi(min_size=1)
 
-STEPS = 20
-RTOL = 1e-5
-
-
-def _mlp(seed: int = 0) -> nn.Module:
-    mt.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 8), nn.Tanh(),
-                         nn.Linear(8, 3))
-
-
-def _batch(step: int, rank: int):
-    rng = np.random.default_rng(1000 * step + rank)
-    x = rng.standard_normal((4, 6)).astype(np.float32)
-    y = rng.standard_normal((4, 3)).astype(np.float32)
-    return mt.from_numpy(x), mt.from_numpy(y)
 
 
 def _train(model, opt, steps=STEPS, sched=None):
     losses = []
     for s in range(steps):
-        x, y = _batch(s, dist.get_rank())
+        x, y = batch(s, dist.get_rank())
         opt.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
         loss.backward()
@@ -70,13 +55,12 @@ def _params(model):
 
 
 @pytest.mark.parametrize("bucket_view", [False, True])
-@pytest.mark.parametrize("opt_cls, kw", [(Adam, {"lr": 0.01}),
-                                         (SGD, {"lr": 0.05, "momentum": 0.9})])
+@pytest.mark.parametrize("opt_cls, kw", OPTIMIZERS)
 def test_zero_trains_like_ddp(bucket_view, opt_cls, kw):
-    ref = DDP(_mlp())
+    ref = DDP(mlp())
     ref_opt = opt_cls(ref.parameters(), **kw)
     ref_losses = _train(ref, ref_opt)
-    model = DDP(_mlp())
+    model = DDP(mlp())
     opt = ZeroRedundancyOptimizer(model.parameters(), opt_cls,
                                   parameters_as_bucket_view=bucket_view, **kw)
     losses = _train(model, opt)
@@ -96,10 +80,10 @@ def test_groups_and_scheduler_reach_the_local_optimizer():
         ps = list(m.parameters())
         return [{"params": ps[:2], "lr": 0.02}, {"params": ps[2:]}]
 
-    ref = DDP(_mlp(1))
+    ref = DDP(mlp(1))
     ref_opt = Adam(groups(ref), lr=0.01)
     ref_losses = _train(ref, ref_opt, sched=lr_scheduler.StepLR(ref_opt, 5, gamma=0.5))
-    model = DDP(_mlp(1))
+    model = DDP(mlp(1))
     opt = ZeroRedundancyOptimizer(groups(model), Adam, lr=0.01)
     losses = _train(model, opt, sched=lr_scheduler.StepLR(opt, 5, gamma=0.5))
     _check_close(losses, ref_losses, "losses")
@@ -108,7 +92,7 @@ def test_groups_and_scheduler_reach_the_local_optimizer():
 
 def test_add_param_group_keeps_owners_and_trains_like_ddp():
     def run(make_opt):
-        model = DDP(_mlp(2))
+        model = DDP(mlp(2))
         ps = list(model.parameters())
         opt = make_opt(ps[:4])
         first = _train(model, opt, steps=5)
@@ -134,7 +118,7 @@ def test_add_param_group_keeps_owners_and_trains_like_ddp():
 
 def test_state_is_sharded_and_adds_up():
     n = dist.get_world_size()
-    model = DDP(_mlp(3))
+    model = DDP(mlp(3))
     opt = ZeroRedundancyOptimizer(model.parameters(), Adam, lr=0.01)
     _train(model, opt, steps=2)
     # Adam's moments: two float32 tensors per parameter (the step counters are left out)
@@ -154,10 +138,10 @@ def test_state_is_sharded_and_adds_up():
 def test_consolidated_state_dict_is_the_plain_optimizers_and_loads_back():
     n = dist.get_world_size()
     to = n - 1
-    ref = DDP(_mlp(4))
+    ref = DDP(mlp(4))
     ref_opt = Adam(ref.parameters(), lr=0.01)
     _train(ref, ref_opt, steps=3)
-    model = DDP(_mlp(4))
+    model = DDP(mlp(4))
     opt = ZeroRedundancyOptimizer(model.parameters(), Adam, lr=0.01)
     _train(model, opt, steps=3)
     opt.consolidate_state_dict(to=to)
@@ -176,7 +160,7 @@ def test_consolidated_state_dict_is_the_plain_optimizers_and_loads_back():
     box = [sd]
     dist.broadcast_object_list(box, src=to)
     # a fresh ZeRO from the checkpoint continues exactly as the plain optimizer does
-    model2 = DDP(_mlp(4))
+    model2 = DDP(mlp(4))
     with mt.no_grad():
         for p, q in zip(model2.parameters(), model.parameters()):
             p.copy_(q)
@@ -188,10 +172,10 @@ def test_consolidated_state_dict_is_the_plain_optimizers_and_loads_back():
 
 def test_bad_input_fails_on_every_rank_before_traffic():
     with pytest.raises(TypeError, match="optimizer_class"):
-        ZeroRedundancyOptimizer(_mlp().parameters(), "Adam", lr=0.1)
+        ZeroRedundancyOptimizer(mlp().parameters(), "Adam", lr=0.1)
     with pytest.raises(NotImplementedError, match="overlap_with_ddp"):
-        ZeroRedundancyOptimizer(_mlp().parameters(), Adam, overlap_with_ddp=True, lr=0.1)
-    opt = ZeroRedundancyOptimizer(_mlp().parameters(), Adam, lr=0.1)
+        ZeroRedundancyOptimizer(mlp().parameters(), Adam, overlap_with_ddp=True, lr=0.1)
+    opt = ZeroRedundancyOptimizer(mlp().parameters(), Adam, lr=0.1)
     with pytest.raises(ValueError, match="to=99"):
         opt.consolidate_state_dict(to=99)
 
@@ -210,11 +194,11 @@ def test_uneven_inputs_with_join():
     from mpitensor.distributed.algorithms.join import Join
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    model = DDP(_mlp(5))
+    model = DDP(mlp(5))
     opt = ZeroRedundancyOptimizer(model.parameters(), Adam, lr=0.01)
     with Join([model, opt]):
         for s in range(3 + rank):
-            x, y = _batch(s, rank)
+            x, y = batch(s, rank)
             opt.zero_grad()
             ((model(x) - y) ** 2).mean().backward()
             opt.step()
@@ -229,11 +213,8 @@ def test_partition_and_training_match_torch(torch_gloo):
     torch = torch_gloo
     from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 
-    ours = _mlp(6)
-    theirs = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(),
-                                 torch.nn.Linear(16, 8), torch.nn.Tanh(),
-                                 torch.nn.Linear(8, 3))
-    copy_state(ours, theirs, torch)
+    ours = mlp(6)
+    theirs = torch_twin(ours, torch)
     z = ZeroRedundancyOptimizer(ours.parameters(), Adam, lr=0.01)
     tz = TorchZero(theirs.parameters(), torch.optim.Adam, lr=0.01)
     idx_o = {id(p): i for i, p in enumerate(ours.parameters())}
@@ -245,7 +226,7 @@ def test_partition_and_training_match_torch(torch_gloo):
     ddp = torch.nn.parallel.DistributedDataParallel(theirs)
     model = DDP(ours)
     for s in range(5):
-        x, y = _batch(s, dist.get_rank())
+        x, y = batch(s, dist.get_rank())
         z.zero_grad()
         tz.zero_grad()
         loss = ((model(x) - y) ** 2).mean()

@@ -1,0 +1,465 @@
+"""``fully_shard`` (FSDP2): each call makes one unit of a module's parameters, sharded on dim 0.
+
+Apply it to the blocks first, then to the root. Per unit and per step:
+
+* forward: before the module runs, its unit is gathered (one ``all_gather_into_tensor``) and
+  the module's parameters become the full tensors; the next unit's gather is started at once
+  (asynchronous) so that it travels while this module computes. After the module ran, the unit
+  is resharded (``reshard_after_forward``; the root unit stays gathered for backward).
+* backward: the gradient reaching a module's outputs first gathers its unit again (and starts
+  the gather of the unit that runs before it); as soon as the last of the unit's gradients is
+  accumulated, they are reduce-scattered (asynchronous, so it overlaps the rest of backward)
+  and the unit is resharded; at the end of backward every reduction is waited for and each
+  sharded parameter's ``.grad`` holds the mean over the ranks of its rows.
+
+Between steps, a module's registered parameters are its shards (``Shard(0)`` on the mesh), so
+the optimizer, ``parameters()`` and ``state_dict()`` see shards only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from mpitensor.autograd import Function, is_grad_enabled, queue_callback
+from mpitensor.dtypes import is_floating_dtype
+from mpitensor.nn import Module, Parameter
+from mpitensor.tensor import Tensor
+
+from ..optim._agreement import check_same_everywhere
+from ._group import ParamInfo, ShardedGroup, raw
+from ._policies import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+
+__all__ = ["FSDPModule", "UnshardHandle", "fully_shard"]
+
+_DEFAULT_MP = MixedPrecisionPolicy()  # frozen: safe to share
+_DEFAULT_OFFLOAD = OffloadPolicy()  # holds nothing
+
+
+class _Root:
+    """What the outermost unit keeps for the whole tree: every unit and their forward order."""
+
+    def __init__(self, states: List["_State"]) -> None:
+        self.states = states
+        self.order: List["_State"] = []
+        self.recording = True
+        self.callback_queued = False
+
+    def record(self, st: "_State") -> None:
+        if self.recording and st not in self.order:
+            self.order.append(st)
+
+    def after_forward(self) -> None:
+        self.recording = False
+
+    def queue_final(self) -> None:
+        if not self.callback_queued:
+            self.callback_queued = True
+            queue_callback(self.final_callback)
+
+    def final_callback(self) -> None:
+        """End of backward: reduce the units not reduced yet, wait for all, reshard."""
+        self.callback_queued = False
+        for st in self.states:
+            if st.group is not None and st.seen and st.sync:
+                if st.group._reduce is None and st.pending_seen:
+                    st.group.start_reduce()
+        for st in self.states:
+            if st.group is None:
+                continue
+            st.group.finish_reduce()
+            if st.reshard_after_backward:
+                st.reshard()
+            st.seen = 0
+            st.pending_seen = False
+            st.bw_started = False
+
+
+class _State:
+    """One unit: its module, parameters, collectives and switches."""
+
+    def __init__(self, module: Module, group: Optional[ShardedGroup], mesh: Any, pg: Any,
+                 mp: MixedPrecisionPolicy, reshard_after_forward: bool) -> None:
+        self.module, self.group, self.mesh, self.pg, self.mp = module, group, mesh, pg, mp
+        self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_backward = self.sync = True
+        self.root: Optional[_Root] = None
+        self.is_root = False
+        self.fwd_prefetch: Optional[List["_State"]] = None
+        self.bwd_prefetch: Optional[List["_State"]] = None
+        self.seen = 0
+        self.pending_seen = False
+        self.bw_started = False
+        self._hooked = False
+        self.needed = 0 if group is None else sum(i.requires_grad for i in group.infos)
+
+    # ---- registration --------------------------------------------------------------------
+
+    def _register(self, unsharded: bool) -> None:
+        for info in self.group.infos:
+            p = info.unsharded if unsharded else info.sharded
+            for owner, name in info.owners:
+                owner._parameters[name] = p
+
+    def unshard(self) -> None:
+        if self.group is None:
+            return
+        was = self.group.is_unsharded
+        self.group.finish_gather()
+        if not was:
+            self._hook_unsharded()
+            self._register(True)
+
+    def reshard(self) -> None:
+        if self.group is None:
+            return
+        self.group.free()
+        self._register(False)
+
+    def _hook_unsharded(self) -> None:
+        if self._hooked:  # the unsharded parameters live as long as the unit
+            return
+        self._hooked = True
+        for info in self.group.infos:
+            if info.requires_grad:
+                info.unsharded.register_post_accumulate_grad_hook(self._grad_ready)
+
+    # ---- prefetch ------------------------------------------------------------------------
+
+    def _neighbour(self, step: int) -> List["_State"]:
+        order = self.root.order if self.root is not None else []
+        if self not in order:
+            return []
+        k = order.index(self) + step
+        return [order[k]] if 0 <= k < len(order) else []
+
+    def prefetch(self, forward: bool) -> None:
+        explicit = self.fwd_prefetch if forward else self.bwd_prefetch
+        targets = explicit if explicit is not None else self._neighbour(1 if forward else -1)
+        for st in targets:
+            if st.group is not None and not st.group.is_unsharded:
+                st.group.start_gather(async_op=True)
+
+    # ---- backward ------------------------------------------------------------------------
+
+    def pre_backward(self) -> None:
+        if self.bw_started:
+            return
+        self.bw_started = True
+        self.root.queue_final()
+        self.unshard()
+        self.prefetch(forward=False)
+
+    def _grad_ready(self, _param: Any) -> None:
+        self.root.queue_final()
+        self.seen += 1
+        self.pending_seen = True
+        if self.seen < self.needed or not self.sync:
+            return
+        self.pending_seen = False
+        self.group.start_reduce()
+        if self.reshard_after_backward and not self.is_root:
+            self.reshard()
+
+
+class _PreBackward(Function):
+    """Identity on a unit's output whose backward gathers the unit before its module's
+    backward runs."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, state: _State) -> Any:
+        ctx.state = state
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> tuple:
+        ctx.state.pre_backward()
+        return g, None
+
+
+def _map_tensors(obj: Any, fn: Any) -> Any:
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_map_tensors(o, fn) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    return obj
+
+
+def _cast(obj: Any, dtype: Any) -> Any:
+    return _map_tensors(obj, lambda t: t.to(dtype) if is_floating_dtype(t.dtype) else t)
+
+
+def _pre_forward(module: Module, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+    st: _State = module._fsdp_state
+    if st.root is None:
+        _lazy_init(st)
+    st.root.record(st)
+    st.unshard()
+    st.prefetch(forward=True)
+    if st.mp.cast_forward_inputs and st.mp.param_dtype is not None:
+        args, kwargs = _cast(args, st.mp.param_dtype), _cast(kwargs, st.mp.param_dtype)
+    return args, kwargs
+
+
+def _post_forward(module: Module, args: tuple, output: Any) -> Any:
+    st: _State = module._fsdp_state
+    if st.is_root:
+        st.root.after_forward()
+    elif st.reshard_after_forward:
+        st.reshard()
+    if is_grad_enabled() and st.group is not None:
+        output = _map_tensors(
+            output, lambda t: _PreBackward.apply(t, st) if t.requires_grad else t)
+    if st.mp.output_dtype is not None:
+        output = _cast(output, st.mp.output_dtype)
+    return output
+
+
+def _lazy_init(st: _State) -> None:
+    """The first unit to run forward is the root: it gathers the states of its subtree."""
+    states = [m._fsdp_state for m in st.module.modules() if isinstance(m, FSDPModule)]
+    root = _Root(states)
+    for s in states:
+        s.root = root
+        s.is_root = s is st
+
+
+class UnshardHandle:
+    """The wait handle of ``FSDPModule.unshard(async_op=True)``."""
+
+    def __init__(self, state: Optional[_State]) -> None:
+        self._state = state
+
+    def wait(self) -> None:
+        """Finish the gather; the module's parameters are then the full tensors."""
+        if self._state is not None:
+            self._state.unshard()
+            self._state = None
+
+
+class FSDPModule:
+    """Mixed into the class of every module given to :func:`fully_shard`."""
+
+    def _fsdp_states(self, recurse: bool) -> List[_State]:
+        if not recurse:
+            return [self._fsdp_state]
+        return [m._fsdp_state for m in self.modules() if isinstance(m, FSDPModule)]
+
+    def reshard(self) -> None:
+        """Free the gathered parameters; the registered ones are the shards again."""
+        self._fsdp_state.reshard()
+
+    def unshard(self, async_op: bool = False) -> Optional[UnshardHandle]:
+        """Gather the parameters now (``async_op``: start it, and return a handle to wait)."""
+        st = self._fsdp_state
+        if st.group is not None:
+            st.group.start_gather(async_op=True)
+        if async_op:
+            return UnshardHandle(st)
+        st.unshard()
+        return None
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *,
+                                   recurse: bool = True) -> None:
+        """``False``: backward accumulates full gradients locally without reducing them (for
+        gradient accumulation); the next backward with ``True`` reduces the sum."""
+        for st in self._fsdp_states(recurse):
+            st.sync = bool(requires_gradient_sync)
+
+    def set_reshard_after_backward(self, reshard_after_backward: bool, *,
+                                   recurse: bool = True) -> None:
+        """Whether backward frees the gathered parameters (``False`` keeps them for the next
+        forward, at the cost of memory)."""
+        for st in self._fsdp_states(recurse):
+            st.reshard_after_backward = bool(reshard_after_backward)
+
+    def set_reshard_after_forward(self, reshard_after_forward: bool, recurse: bool = True) -> None:
+        """Whether forward frees the gathered parameters (backward gathers them again)."""
+        for st in self._fsdp_states(recurse):
+            st.reshard_after_forward = bool(reshard_after_forward)
+
+    def set_modules_to_forward_prefetch(self, modules: List["FSDPModule"]) -> None:
+        """Gather these units as soon as this one's forward starts (replaces the default, the
+        unit that ran next in the first forward)."""
+        self._fsdp_state.fwd_prefetch = [_checked_unit(m) for m in modules]
+
+    def set_modules_to_backward_prefetch(self, modules: List["FSDPModule"]) -> None:
+        """Gather these units as soon as this one's backward starts."""
+        self._fsdp_state.bwd_prefetch = [_checked_unit(m) for m in modules]
+
+
+def _checked_unit(m: Any) -> _State:
+    if not isinstance(m, FSDPModule):
+        raise TypeError(f"expected a module given to fully_shard, got {type(m).__name__}")
+    return m._fsdp_state
+
+
+def _managed(module: Module) -> Dict[int, Tuple[Any, List[Tuple[Any, str]]]]:
+    """The parameters of ``module`` not managed by a unit below it: id -> (param, owners)."""
+    found: Dict[int, Tuple[Any, List[Tuple[Any, str]]]] = {}
+
+    def visit(m: Module) -> None:
+        for name, p in m._parameters.items():
+            if p is not None:
+                found.setdefault(id(p), (p, []))[1].append((m, name))
+        for child in m.children():
+            if not isinstance(child, FSDPModule):
+                visit(child)
+
+    visit(module)
+    return found
+
+
+def _resolve_mesh(module: Module, mesh: Any, device_type: str) -> Any:
+    from ..device_mesh import DeviceMesh, init_device_mesh
+
+    if mesh is None:
+        below = [m._fsdp_state.mesh for m in module.modules()
+                 if isinstance(m, FSDPModule) and m is not module]
+        if below:
+            return below[0]
+        import mpitensor.distributed as dist
+
+        return init_device_mesh(device_type, (dist.get_world_size(),))
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"fully_shard: mesh must be a DeviceMesh, got {type(mesh).__name__}")
+    if mesh.ndim != 1:
+        raise NotImplementedError(
+            f"fully_shard: a {mesh.ndim}-D mesh (HSDP, replicate x shard) is not supported; "
+            f"pass a 1-D mesh, e.g. mesh['dp']")
+    if mesh.device_type != device_type:
+        raise ValueError(f"fully_shard: the mesh is on device type {mesh.device_type!r} but the "
+                         f"parameters are on {device_type!r}; build the mesh with "
+                         f"init_device_mesh({device_type!r}, ...) or move the module")
+    return mesh
+
+
+def _signature(params: List[Any]) -> List[Tuple[Any, ...]]:
+    """Per parameter: shape, dtype and a checksum of its values (to compare across ranks)."""
+    out = []
+    for p in params:
+        a = raw(p)
+        if p.is_cuda:
+            check = float(a.astype("f8").sum())
+        else:
+            data = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+            check = hashlib.blake2b(data.data, digest_size=8).hexdigest()
+        out.append((tuple(p.shape), str(p.dtype), check))
+    return out
+
+
+def _check_arguments(module: Any, reshard_after_forward: Any, shard_placement_fn: Any,
+                     mp_policy: Any, offload_policy: Any) -> None:
+    if not isinstance(module, Module):
+        raise TypeError(f"fully_shard takes an nn.Module, got {type(module).__name__}")
+    if isinstance(module, FSDPModule):
+        raise ValueError(f"fully_shard: {type(module).__name__} is already fully sharded")
+    if not isinstance(reshard_after_forward, bool):
+        raise NotImplementedError(
+            f"fully_shard(reshard_after_forward={reshard_after_forward!r}): only True or False "
+            f"(resharding to a smaller world after forward is not supported)")
+    if shard_placement_fn is not None:
+        raise NotImplementedError("fully_shard(shard_placement_fn=...): parameters are sharded "
+                                  "on dim 0 only; pass shard_placement_fn=None")
+    if not isinstance(mp_policy, MixedPrecisionPolicy):
+        raise TypeError(f"fully_shard: mp_policy must be a MixedPrecisionPolicy, got "
+                        f"{type(mp_policy).__name__}")
+    if not isinstance(offload_policy, OffloadPolicy):
+        raise TypeError(f"fully_shard: offload_policy must be an OffloadPolicy, got "
+                        f"{type(offload_policy).__name__}")
+
+
+def _infos(managed: Dict[int, Tuple[Any, List[Tuple[Any, str]]]], world: int,
+           rank: int) -> List[ParamInfo]:
+    infos, offset = [], 0
+    for p, owners in managed.values():
+        if p.dim() == 0:
+            raise ValueError(f"fully_shard: parameter {owners[0][1]!r} of "
+                             f"{type(owners[0][0]).__name__} is 0-dimensional and cannot be "
+                             f"sharded on dim 0; give it shape (1,)")
+        info = ParamInfo(owners, p, world, rank, offset)
+        offset += info.padded
+        infos.append(info)
+    return infos
+
+
+def _shard(info: ParamInfo, p: Any, offload: bool) -> None:
+    local = raw(p)[info.start:info.stop].copy()
+    if offload and p.is_cuda:
+        local = local.get()
+    info.sharded = Parameter(Tensor(local), requires_grad=p.requires_grad)
+
+
+def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool = True,
+                shard_placement_fn: Any = None,
+                mp_policy: MixedPrecisionPolicy = _DEFAULT_MP,
+                offload_policy: OffloadPolicy = _DEFAULT_OFFLOAD,
+                ignored_params: Optional[set] = None) -> Module:
+    """Shard ``module``'s parameters (those not already in a unit below it) on dim 0 over
+    ``mesh``, and gather them around its forward and backward (see the module doc).
+
+    Args:
+        module: the module; call ``fully_shard`` on its blocks first, then on it.
+        mesh: a 1-D DeviceMesh (default: the mesh of a unit below, or one over the world).
+        reshard_after_forward: free the gathered parameters after forward (gathered again in
+            backward); ``False`` keeps them until the end of backward.
+        shard_placement_fn: only ``None`` (dim 0).
+        mp_policy: the dtypes of the gathered parameters, the reduction and the outputs.
+        offload_policy: ``CPUOffloadPolicy()`` keeps the shards in host memory (CuPy).
+        ignored_params: parameters left as they are (not sharded, not reduced).
+
+    Returns:
+        ``module``, whose class now also derives from :class:`FSDPModule`.
+
+    Raises:
+        TypeError, ValueError, NotImplementedError: bad arguments, a mesh of another device
+            type, parameters of several dtypes without ``param_dtype``, a 0-dim parameter;
+            ``ValueError`` on every rank, before any gather, where the parameters (shapes,
+            dtypes or values) differ across ranks.
+
+    Example:
+        >>> for block in model.blocks:
+        ...     fully_shard(block)
+        >>> fully_shard(model)
+        >>> opt = optim.Adam(model.parameters(), lr=1e-3)   # the shards only
+    """
+    _check_arguments(module, reshard_after_forward, shard_placement_fn, mp_policy,
+                     offload_policy)
+    ignored = {id(p) for p in (ignored_params or ())}
+    managed = {k: v for k, v in _managed(module).items() if k not in ignored}
+    params = [p for p, _ in managed.values()]
+    device_type = params[0].device.type if params else "cpu"
+    mesh = _resolve_mesh(module, mesh, device_type)
+    pg = mesh.get_group(0)
+    world, rank = mesh.size(), mesh.get_local_rank(0)
+    check_same_everywhere(_signature(params), pg, "fully_shard",
+                          "parameter (shape, dtype, checksum)")
+    group = None
+    if params:
+        dtypes = {str(p.dtype) for p in params}
+        if len(dtypes) > 1 and mp_policy.param_dtype is None:
+            raise ValueError(f"fully_shard: the parameters of one unit have several dtypes "
+                             f"({sorted(dtypes)}); give mp_policy a param_dtype, or shard "
+                             f"them in separate fully_shard calls")
+        infos = _infos(managed, world, rank)
+        offload = isinstance(offload_policy, CPUOffloadPolicy)
+        for info, p in zip(infos, params):
+            _shard(info, p, offload)
+        param_dtype = mp_policy.param_dtype or params[0].dtype
+        group = ShardedGroup(infos, pg, world, rank, param_dtype,
+                             mp_policy.reduce_dtype or param_dtype, offload)
+    st = _State(module, group, mesh, pg, mp_policy, reshard_after_forward)
+    module._fsdp_state = st
+    if group is not None:
+        st._register(False)
+    cls = type(module)
+    module.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+    module.register_forward_pre_hook(_pre_forward, prepend=True, with_kwargs=True)
+    module.register_forward_hook(_post_forward)
+    return module

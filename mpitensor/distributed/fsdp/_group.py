@@ -1,0 +1,245 @@
+"""One ``fully_shard`` unit's parameters: their shards, the gathered copy, the gradient reduction.
+
+Layout. Each parameter of global shape ``(d0, *rest)`` is split on dim 0 as ``torch.chunk``
+splits it: chunks of ``c = ceil(d0 / N)`` rows, so trailing ranks may hold fewer rows or none.
+Every rank's *padded* shard of the unit is one flat vector of ``S = sum(c_i * prod(rest_i))``
+elements, parameter after parameter, with zeros past a short chunk. One
+``all_gather_into_tensor`` of these vectors (rank-major, ``N * S`` elements) gathers the whole
+unit; one copy per parameter (two where the chunks are uneven) moves each into its own
+contiguous block of the *unsharded region*. Gradients travel the other way: one copy per
+parameter into a rank-major ``N * S`` buffer, one ``reduce_scatter_tensor``, and each rank's
+gradient shards are views of its ``S``-element result, divided by ``N`` (the mean, as DDP).
+
+Freeing. The autograd graph keeps the arrays a forward used until backward reads them, so
+dropping references would free nothing. On the CPU the unsharded region is therefore one
+anonymous memory map: resharding returns its pages to the system (``madvise(MADV_DONTNEED)``)
+while every array over it stays valid, and the gather before backward writes the values back
+into the same addresses, so the graph reads the right numbers (torch resizes the storage to
+zero and back for the same reason). On CuPy the region is device memory held by the graph
+until backward; resharding there drops the module's own reference only.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+
+from mpitensor.nn import Parameter
+from mpitensor.tensor import Tensor
+
+
+def _dist() -> Any:
+    import mpitensor.distributed as dist
+
+    return dist
+
+
+def raw(t: Any) -> Any:
+    """The array under a tensor (no copy): NumPy on the CPU, CuPy on a GPU."""
+    d = t.detach()
+    if d.is_cuda:
+        import cupy
+
+        return cupy.asarray(d)
+    return d.numpy()
+
+
+def _xp(a: Any) -> Any:
+    if isinstance(a, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+class ParamInfo:
+    """One parameter of a unit: where it is registered, its global shape and its chunking."""
+
+    def __init__(self, owners: List[Tuple[Any, str]], param: Any, world: int, rank: int,
+                 offset: int) -> None:
+        self.owners = owners
+        self.shape = tuple(param.shape)
+        self.dtype = param.dtype
+        self.requires_grad = param.requires_grad
+        self.d0 = self.shape[0]
+        self.rest = math.prod(self.shape[1:])
+        self.chunk = -(-self.d0 // world)
+        self.full = self.d0 // self.chunk if self.chunk else 0
+        self.rem = self.d0 - self.full * self.chunk
+        self.start = min(rank * self.chunk, self.d0)
+        self.stop = min((rank + 1) * self.chunk, self.d0)
+        self.offset = offset
+        self.padded = self.chunk * self.rest
+        self.sharded: Any = None
+        self.unsharded: Any = None
+
+    @property
+    def local_numel(self) -> int:
+        return (self.stop - self.start) * self.rest
+
+    def gather_out(self, out2: Any, dst: Any) -> None:
+        """Copy this parameter's chunks from the rank-major gathered ``(N, S)`` into ``dst``."""
+        if not self.d0:
+            return
+        blk = out2[:, self.offset:self.offset + self.padded]
+        rows = dst.reshape(self.d0, self.rest)
+        if self.full:
+            rows[:self.full * self.chunk].reshape(self.full, self.padded)[...] = blk[:self.full]
+        if self.rem:
+            rows[self.full * self.chunk:] = blk[self.full, :self.rem * self.rest].reshape(
+                self.rem, self.rest)
+
+    def scatter_in(self, in2: Any, grad: Optional[Any]) -> None:
+        """Lay this parameter's full gradient out rank-major in ``(N, S)`` (zeros past it)."""
+        blk = in2[:, self.offset:self.offset + self.padded]
+        if grad is None or not self.d0:
+            blk[...] = 0
+            return
+        rows = grad.reshape(self.d0, self.rest)
+        if self.full:
+            blk[:self.full] = rows[:self.full * self.chunk].reshape(self.full, self.padded)
+        used = self.full
+        if self.rem:
+            blk[used, :self.rem * self.rest] = rows[self.full * self.chunk:].reshape(-1)
+            blk[used, self.rem * self.rest:] = 0
+            used += 1
+        blk[used:] = 0
+
+
+def _host_region(nbytes: int) -> Tuple[Any, np.ndarray]:
+    mm = mmap.mmap(-1, max(nbytes, 1))
+    return mm, np.frombuffer(mm, dtype=np.uint8, count=nbytes)
+
+
+class ShardedGroup:
+    """The parameters one ``fully_shard`` call manages, and their collectives."""
+
+    def __init__(self, infos: List[ParamInfo], group: Any, world: int, rank: int,
+                 param_dtype: Any, reduce_dtype: Any, offload: bool) -> None:
+        self.infos = infos
+        self.group = group
+        self.world = world
+        self.rank = rank
+        self.S = sum(i.padded for i in infos)
+        self.param_dtype = param_dtype
+        self.reduce_dtype = reduce_dtype
+        self.offload = offload
+        self.even = all(i.rem == 0 and i.full == world for i in infos)
+        self._region: Any = None
+        self._mmap: Any = None
+        self.is_unsharded = False
+        self._gather: Any = None  # (work, out) of a gather in flight
+        self._reduce: Any = None  # (work, out) of a reduce-scatter in flight
+        self.freed_bytes = 0
+
+    # ---- the unsharded region ------------------------------------------------------------
+
+    def _make_region(self, like: Any) -> None:
+        total = sum(i.d0 * i.rest for i in self.infos)
+        dt = np.dtype(self.param_dtype)
+        if isinstance(like, np.ndarray):
+            self._mmap, bytes_ = _host_region(total * dt.itemsize)
+            self._region = bytes_.view(dt)
+        else:
+            self._region = _xp(like).empty(total, dtype=dt)
+        off = 0
+        for info in self.infos:
+            n = info.d0 * info.rest
+            arr = self._region[off:off + n].reshape(info.shape)
+            p = Parameter(Tensor(arr), requires_grad=info.requires_grad)
+            info.unsharded = p
+            off += n
+
+    def region_bytes(self) -> int:
+        return 0 if self._region is None else self._region.nbytes
+
+    # ---- all-gather ----------------------------------------------------------------------
+
+    def start_gather(self, async_op: bool) -> None:
+        """Send this rank's padded shard (cast to ``param_dtype``) to every rank."""
+        if self._gather is not None or self.is_unsharded:
+            return
+        first = raw(self.infos[0].sharded)
+        xp = _xp(first)
+        dt = np.dtype(self.param_dtype)
+        send = xp.empty(self.S, dtype=dt) if self.even else xp.zeros(self.S, dtype=dt)
+        for info in self.infos:
+            if info.local_numel:
+                local = raw(info.sharded).reshape(-1)
+                if self.offload and xp is not np:
+                    local = xp.asarray(local)
+                send[info.offset:info.offset + info.local_numel] = local
+        out = xp.empty(self.world * self.S, dtype=dt)
+        work = _dist().all_gather_into_tensor(out, send, group=self.group, async_op=True)
+        self._gather = (work, out, send)
+        if not async_op:
+            self.finish_gather()
+
+    def finish_gather(self) -> None:
+        """Wait for the gather and copy every parameter into the unsharded region."""
+        if self.is_unsharded:
+            return
+        if self._gather is None:
+            self.start_gather(async_op=False)
+            return
+        work, out, _ = self._gather
+        self._gather = None
+        work.wait()
+        if self._region is None:
+            self._make_region(out)
+        out2 = out.reshape(self.world, self.S)
+        for info in self.infos:
+            info.gather_out(out2, raw(info.unsharded))
+        self.is_unsharded = True
+
+    def free(self) -> None:
+        """Give the unsharded region's memory back (its arrays stay valid; see the module doc)."""
+        if not self.is_unsharded:
+            return
+        self.is_unsharded = False
+        if self._mmap is not None:
+            self._mmap.madvise(mmap.MADV_DONTNEED)
+            self.freed_bytes += self._region.nbytes
+
+    # ---- reduce-scatter ------------------------------------------------------------------
+
+    def start_reduce(self) -> None:
+        """Reduce-scatter the unsharded gradients (async); the unsharded ``.grad`` is dropped."""
+        grads = [None if i.unsharded is None or i.unsharded.grad is None
+                 else raw(i.unsharded.grad) for i in self.infos]
+        first = next(g for g in grads if g is not None)
+        xp = _xp(first)
+        dt = np.dtype(self.reduce_dtype)
+        inp = xp.empty(self.world * self.S, dtype=dt)
+        in2 = inp.reshape(self.world, self.S)
+        for info, g in zip(self.infos, grads):
+            info.scatter_in(in2, g)
+            if info.unsharded is not None:
+                info.unsharded.grad = None
+        out = xp.empty(self.S, dtype=dt)
+        work = _dist().reduce_scatter_tensor(out, inp, group=self.group, async_op=True)
+        self._reduce = (work, out, inp)
+
+    def finish_reduce(self) -> None:
+        """Wait for the reduction; each sharded parameter's ``.grad`` gets (or adds) its mean."""
+        if self._reduce is None:
+            return
+        work, out, _ = self._reduce
+        self._reduce = None
+        work.wait()
+        out /= self.world
+        for info in self.infos:
+            if not info.requires_grad:
+                continue
+            local_shape = (info.stop - info.start,) + info.shape[1:]
+            g = out[info.offset:info.offset + info.local_numel].reshape(local_shape)
+            g = g.astype(np.dtype(info.dtype), copy=False)
+            p = info.sharded
+            if p.grad is None:
+                p.grad = Tensor(g.copy() if g.base is out and len(self.infos) == 1 else g)
+            else:
+                graw = raw(p.grad)
+                graw += g.reshape(graw.shape)
