@@ -22,7 +22,8 @@ from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._core.dims import wrap_dim
 from mpitensor._core.opkit import wrap
-from mpitensor._ops.sparse import SparseTensor, _Gather, _is_sparse, _mm, _ScatterAdd, _sparse_sum
+from mpitensor._ops.sparse.coo import SparseTensor, _Gather, _is_sparse, _ScatterAdd, _sparse_sum
+from mpitensor._ops.sparse.products import _mm
 from mpitensor.tensor import Tensor
 
 __all__ = ["addmm", "check_sparse_tensor_invariants", "log_softmax", "mm", "softmax", "sum"]

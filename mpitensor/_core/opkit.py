@@ -50,7 +50,7 @@ from mpitensor.tensor import Tensor
 
 __all__ = [
     "NO_RECORD", "Function", "Tensor", "assign_result", "bump_version", "copy_into",
-    "grad_enabled_for", "replay", "run", "run_inplace", "run_view", "serve", "sum_to",
+    "grad_enabled_for", "methods_of", "replay", "run", "run_inplace", "run_view", "serve", "sum_to",
     "tensor_methods", "wrap",
 ]
 
@@ -163,20 +163,28 @@ def assign_result(t: Tensor, r: Tensor, what: str) -> Tensor:
 _CLASS_BOOKKEEPING = frozenset(vars(type("_", (), {}))) | {"__annotations__"}
 
 
-def tensor_methods(namespace: type) -> type:
-    """Class decorator: add what the decorated class defines to :class:`Tensor`.
+def methods_of(cls: type) -> Any:
+    """Class decorator factory: ``@methods_of(C)`` adds what the decorated class defines to ``C``.
 
-    An op module writes its methods in a class body, as they would read inside ``Tensor``
-    (names like ``sum`` or ``float`` do not shadow the builtins there), and this copies them
-    over. The decorated class itself is only a namespace.
+    An op module writes its methods in a class body, as they would read inside ``C`` (names
+    like ``sum`` or ``float`` do not shadow the builtins there), and this copies them over. The
+    decorated class itself is only a namespace.
     """
-    for name, value in vars(namespace).items():
-        if name in _CLASS_BOOKKEEPING or (name == "__hash__" and value is None):
-            continue  # (a body defining __eq__ gets __hash__ = None; Tensor keeps its own)
-        if getattr(value, "__name__", None) == name and hasattr(value, "__qualname__"):
-            value.__qualname__ = f"Tensor.{name}"  # tracebacks and help() name the method
-        setattr(Tensor, name, value)
-    return namespace
+
+    def add(namespace: type) -> type:
+        for name, value in vars(namespace).items():
+            if name in _CLASS_BOOKKEEPING or (name == "__hash__" and value is None):
+                continue  # (a body defining __eq__ gets __hash__ = None; C keeps its own)
+            if getattr(value, "__name__", None) == name and hasattr(value, "__qualname__"):
+                value.__qualname__ = f"{cls.__name__}.{name}"  # tracebacks and help()
+            setattr(cls, name, value)
+        return namespace
+
+    return add
+
+
+#: ``@tensor_methods``: what the decorated class body defines becomes a :class:`Tensor` method.
+tensor_methods = methods_of(Tensor)
 
 
 def serve(names: dict) -> None:
