@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from mpitensor._core import autocast as _autocast
-from mpitensor._ops.linalg import matrix_norm, solve, vector_norm
+from mpitensor._ops.linalg import solve
+from mpitensor._ops.norms import matrix_norm, vector_norm
 from mpitensor.tensor import Tensor
 
 __all__ = [

@@ -7,24 +7,28 @@ imports this module before any other part of the package, so every tensor has al
 and ``from mpitensor.tensor import zeros`` works wherever the package is imported.
 
 ==================  =====================================================================
-``operators``      Python's operators (``+ - * / // % ** @``, comparisons, bitwise)
-``elementwise``    ``exp``, ``log``, ``sqrt``, ``relu``, ``sigmoid``, ``tanh``, ``clamp``
-``math``       ``sin``, ``erf``, ``floor``, ``atan2``, ``hypot``, ``isnan``, ``eq_``, ...
-``softmax``        ``softmax``, ``log_softmax``
-``reductions``     ``sum``, ``mean``, ``var``, ``max``/``min``, ``argmax``, ``all``, ...
-``views``          ``view``, ``reshape``, ``flatten``, ``permute``, ``expand``, ...
-``indexing``       ``t[key]``, ``t[key] = value``, ``nonzero``
-``gather_scatter`` ``gather``, ``scatter``, ``index_select``, ``masked_select``, ``take``, ...
-``scans``          ``cumsum``, ``cumprod``, ``cummax``, ``cummin``, ``logcumsumexp``
-``statistics``     ``median``, ``nanmedian``, ``kthvalue``, ``mode``
-``linalg``     ``mm``, ``einsum``, ``tril``, ``diagonal``, ``det``, ``norm``, ...
-``shape``      ``flip``, ``roll``, ``movedim``, ``meshgrid``, ``hstack``, ``diff``, ...
-``counting``       ``bincount``, ``histc``, ``searchsorted``, ``unique``
-``cast``        ``to``, ``cpu``, ``cuda``, ``float``, ``type``, ...
-``combine``      ``cat``, ``stack``, ``where``, ``allclose``, ``equal``
-``create``       ``tensor``, ``zeros``, ``arange``, ``*_like``, ``Tensor.new_*``
-``random``         generators, seeds and random tensors
-``functions``      ``mpitensor.exp(x)`` and the other function forms of the methods
+``operators``       Python's operators (``+ - * / // % ** @``, comparisons, bitwise)
+``elementwise``     ``exp``, ``log``, ``sqrt``, ``relu``, ``sigmoid``, ``tanh``, ``clamp``
+``math``            ``sin``, ``erf``, ``floor``, ``atan2``, ``hypot``, ``isnan``, ``eq_``, ...
+``complex``         ``real``, ``imag``, ``conj``, ``angle``, ``mH``, ``adjoint``
+``special``         the special functions' kernels (``erf``, ``lgamma``, ``digamma``, ...)
+``softmax``         ``softmax``, ``log_softmax``
+``reductions``      ``sum``, ``mean``, ``var``, ``max``/``min``, ``argmax``, ``all``, ...
+``views``           ``view``, ``reshape``, ``flatten``, ``permute``, ``expand``, ...
+``indexing``        ``t[key]``, ``t[key] = value``, ``nonzero``
+``gather_scatter``  ``gather``, ``scatter``, ``index_select``, ``masked_select``, ``take``, ...
+``scans``           ``cumsum``, ``cumprod``, ``cummax``, ``cummin``, ``logcumsumexp``
+``statistics``      ``median``, ``nanmedian``, ``kthvalue``, ``mode``
+``linalg``          ``mm``, ``einsum``, ``tril``, ``diagonal``, ``det``, ``solve``, ...
+``norms``           ``norm``, ``vector_norm``, ``matrix_norm``, ``dist``, ``cdist``, ``renorm``
+``shape``           ``flip``, ``roll``, ``movedim``, ``meshgrid``, ``hstack``, ``diff``, ...
+``counting``        ``bincount``, ``histc``, ``searchsorted``, ``unique``
+``cast``            ``to``, ``cpu``, ``cuda``, ``float``, ``type``, ...
+``combine``         ``cat``, ``stack``, ``where``, ``allclose``, ``equal``
+``create``          ``tensor``, ``zeros``, ``arange``, ``*_like``, ``Tensor.new_*``
+``random``          generators, seeds and random tensors
+``functions``       ``mpitensor.exp(x)`` and the other function forms of the methods
+``sparse``          sparse COO and CSR tensors (a package: coo, products, csr, grad)
 ==================  =====================================================================
 """
 
@@ -35,6 +39,7 @@ from mpitensor import tensor as _t
 from . import (
     cast,
     combine,
+    complex,
     counting,
     create,
     elementwise,
@@ -43,6 +48,7 @@ from . import (
     indexing,
     linalg,
     math,
+    norms,
     operators,
     random,
     reductions,
@@ -53,8 +59,8 @@ from . import (
     views,
 )
 
-OP_MODULES = (operators, elementwise, math, softmax, reductions, views, indexing,
-              gather_scatter, scans, statistics, linalg, shape, counting,
+OP_MODULES = (operators, elementwise, math, complex, softmax, reductions, views, indexing,
+              gather_scatter, scans, statistics, linalg, norms, shape, counting,
               cast, combine, create, random, functions)
 
 _missing = sorted(set(_t._SERVED_NAMES) - set(_t._served))

@@ -716,87 +716,11 @@ def _float64_of(v: Any) -> Any:
     return float(v)
 
 
-class Angle(_Unary):
-    """The argument of complex numbers; for real ones 0, or pi for negative numbers (NaN
-    stays NaN): the gradient of a real input is zero, as in torch."""
-
-    ints = "float"
-    name_ = "angle"
-
-    @staticmethod
-    def compute(m: Any, x: Any) -> Any:
-        if x.dtype.kind == "c":
-            return m.angle(x)
-        out = m.where(x < 0, x.dtype.type(math.pi), x.dtype.type(0))
-        return m.where(m.isnan(x), x, out)
-
-    grad = staticmethod(_zero_grad)
-
-
-class RealPart(Function):
-    """``x.real`` (``imag`` False) or ``x.imag`` of a complex tensor: a view; the gradient
-    comes back as the real (imaginary) part of a complex gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, imag: bool) -> Any:
-        ctx.meta = (imag, x.dtype)
-        return x.imag if imag else x.real
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        imag, dtype = ctx.meta
-        return (g * 1j if imag else g).astype(dtype), None
-
-
-class Conj(Function):
-    """The complex conjugate (a copy): the gradient is conjugated back."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any) -> Any:
-        return xp(x).conj(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        return (xp(g).conj(g),)
-
-
 _FrexpResult = namedtuple("frexp", ["mantissa", "exponent"])
 
 
 @tensor_methods
 class _MathMethods:
-    def conj(self) -> Tensor:
-        """Return the complex conjugate (self itself for real tensors, as torch)."""
-        return run(Conj, self) if self._data.dtype.kind == "c" else self
-
-    def conj_physical_(self) -> Tensor:
-        """Conjugate in place (nothing to do for real tensors); returns self."""
-        if self._data.dtype.kind == "c":
-            return run_inplace(self, Conj, "conj_physical_()")
-        return self
-
-    def angle(self) -> Tensor:
-        """Return the argument of each element (0 or pi for real tensors)."""
-        return run(Angle, self)
-
-    @property
-    def real(self) -> Tensor:
-        """The real part: self for real tensors, a view for complex ones."""
-        if self._data.dtype.kind != "c":
-            return self
-        return run_view(RealPart, self, False)
-
-    @property
-    def imag(self) -> Tensor:
-        """The imaginary part of a complex tensor, as a view.
-
-        Raises:
-            TypeError: a real tensor (it has none).
-        """
-        if self._data.dtype.kind != "c":
-            raise TypeError("imag is not implemented for tensors with non-complex dtypes")
-        return run_view(RealPart, self, True)
-
     def frexp(self) -> tuple:
         """Return ``(mantissa, exponent)`` with ``self = mantissa * 2**exponent`` and
         ``|mantissa|`` in [0.5, 1) (exponent int32).
@@ -814,40 +738,6 @@ class _MathMethods:
         scale = m.ldexp(m.ones_like(w), -ex).astype(x.dtype)
         mant = self * wrap(m.where(m.isfinite(w), scale, x.dtype.type(1)))
         return _FrexpResult(mant, wrap(ex.astype(_dt.int32)))
-
-    def conj_physical(self) -> Tensor:
-        """Return the complex conjugate as a new tensor (a copy for real ones too)."""
-        return run(Conj, self) if self._data.dtype.kind == "c" else self.clone()
-
-    def resolve_conj(self) -> Tensor:
-        """Return self (conjugation is never lazy here)."""
-        return self
-
-    def resolve_neg(self) -> Tensor:
-        """Return self (negation is never lazy here)."""
-        return self
-
-    def is_conj(self) -> bool:
-        """False: conjugation is never lazy here."""
-        return False
-
-    def is_neg(self) -> bool:
-        """False: negation is never lazy here."""
-        return False
-
-    @property
-    def mH(self) -> Tensor:  # noqa: N802 - torch's name
-        """The conjugate transpose of the last two dimensions."""
-        return self.mT.conj()
-
-    @property
-    def H(self) -> Tensor:  # noqa: N802 - torch's name
-        """The conjugate transpose of a matrix (at most 2 dimensions)."""
-        return self.t().conj()
-
-    def adjoint(self) -> Tensor:
-        """Return the conjugate transpose of the last two dimensions (``mH``)."""
-        return self.mT.conj()
 
     def round(self, *, decimals: int = 0) -> Tensor:
         """Return the elements rounded half to even, to ``decimals`` decimal places."""
