@@ -86,7 +86,9 @@ def _linear(call: OpCall, kind: Optional[str], m: int) -> bool:
         numbers = [a for a in call.args[1:] if _is_number(a)]
         return not numbers and len(partial) == len(ps) and len(set(partial)) == 1
     if kind == "mul":
-        return len(partial) == 1 and all(isinstance(p, (Partial, Replicate)) for p in ps)
+        uses = sum(1 for a in call.args if any(a is d for d in call.dtensors))
+        return (len(partial) == 1 and uses == len(ps)  # x * x is not linear in x
+                and all(isinstance(p, (Partial, Replicate)) for p in ps))
     if kind == "div":
         first = call.args[0]
         return (len(partial) == 1 and first is call.dtensors[0] and isinstance(ps[0], Partial)
