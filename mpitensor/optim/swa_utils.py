@@ -24,7 +24,7 @@ from mpitensor.nn.modules.module import Module
 from mpitensor.nn.modules.normalization import _BatchNorm
 from mpitensor.tensor import Tensor
 
-from .lr_scheduler import LRScheduler, _check_optimizer, _per_group, _real
+from .lr_scheduler._base import LRScheduler, _check_optimizer, _per_group, _real
 from .optimizer import Optimizer
 
 __all__ = ["AveragedModel", "update_bn", "SWALR", "get_ema_multi_avg_fn",
