@@ -55,15 +55,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from ._base import config as _config
-from .distributed.launch.hostpool import (
+from .._base import config as _config
+from ..distributed.launch.hostpool import (
     JOIN_TIMEOUT_S,
     KEEP_ALIVE_INTERVAL_S,
     KEEP_ALIVE_MAX_ATTEMPT,
     HostPool,
     NotEnoughHosts,
 )
-from .distributed.launch import (
+from ..distributed.launch import (
     _DEATH_SIGNALS,
     MPICH,
     OPENMPI,
@@ -407,14 +407,14 @@ def _per_node_count(value: str) -> int:
     """torchrun's ``--nproc-per-node`` value as a number of ranks."""
     if value == "cpu" or value == "auto":
         if value == "auto":
-            from .cuda import device_count
+            from ..cuda import device_count
 
             gpus = device_count()
             if gpus:
                 return gpus
         return os.cpu_count() or 1
     if value == "gpu":
-        from .cuda import device_count
+        from ..cuda import device_count
 
         gpus = device_count()
         if not gpus:
@@ -562,7 +562,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args[:1] == ["--_worker"]:
         return _worker(args[1:])
     if args[:1] == ["--_spawn"]:
-        from .distributed.launch import _spawn_worker
+        from ..distributed.launch import _spawn_worker
 
         return _spawn_worker(args[1])
     try:
