@@ -1,10 +1,11 @@
 """Checkpoints: ``save(obj, f)`` / ``load(f)`` in a safe, checksummed, atomically written format.
 
 :func:`load` also reads the files ``torch.save`` writes (zip and legacy layouts, without torch
-and without running code: see ``mpitensor.checkpoint.torch_format``) and ``.safetensors`` files; it tells
-the formats apart by their first bytes. :func:`save` writes torch's zip layout for paths ending
-in ``.pt`` / ``.pth`` (or with ``format="torch"``), which ``torch.load(weights_only=True)``
-reads, safetensors for ``.safetensors``, and the format below for everything else.
+and without running code: see ``mpitensor.checkpoint.torch_format``) and ``.safetensors`` files
+(``mpitensor.checkpoint.safetensors``); it tells the formats apart by their first bytes.
+:func:`save` writes torch's zip layout for paths ending in ``.pt`` / ``.pth`` (or with
+``format="torch"``), which ``torch.load(weights_only=True)`` reads, safetensors for
+``.safetensors``, and the format below for everything else.
 
 ``obj`` may nest dicts (any keys of the supported leaf types), OrderedDicts, lists and tuples of
 Tensors (``nn.Parameter`` included), NumPy and CuPy arrays, NumPy scalars and dtypes, Python
@@ -48,28 +49,40 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
-import fcntl
 import hashlib
 import io
 import json
 import logging
 import os
 import pickle
-import re
-import stat
 import struct
-import tempfile
-from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from mpitensor import backend as _backend
+from mpitensor import dtypes as _dt
 from mpitensor._base import config as _config
 from mpitensor.checkpoint import safe_globals as _safe_globals
 from mpitensor.checkpoint import torch_format as _tf
-from mpitensor import backend as _backend
-from mpitensor import dtypes as _dt
-from mpitensor.errors import MpiTensorError
+from mpitensor.checkpoint._files import (
+    _SNIFF,
+    _STREAM_CHUNK,
+    CheckpointError,
+    PathOrFile,
+    _Bad,
+    _name,
+    _read_rest,
+    _write_to,
+)
+from mpitensor.checkpoint._placement import _placement, _Reraise, _to_gpu
+from mpitensor.checkpoint.safetensors import (
+    _is_safetensors,
+    _read_safetensors,
+    _safetensors_bytes,
+    load_safetensors,
+    save_safetensors,
+)
 from mpitensor.nn.parameter import Parameter
 from mpitensor.tensor import Size, Tensor
 
@@ -77,6 +90,7 @@ __all__ = ["save", "load", "save_on_rank0", "load_on_all_ranks", "save_safetenso
            "load_safetensors", "CheckpointError"]
 
 _log = logging.getLogger("mpitensor.checkpoint")
+CheckpointError.__module__ = __name__  # defined with the file helpers; its public home is here
 
 MAGIC = b"MPITCKPT"
 VERSION = 1
@@ -87,10 +101,7 @@ _ARRAY_KINDS = "biufcSU"  # numeric, bool and fixed-width string dtypes; never o
 _MAX_HEADER = 1 << 31
 _FORMATS = ("mpitensor", "torch", "safetensors")
 _BY_SUFFIX = {".pt": "torch", ".pth": "torch", ".safetensors": "safetensors"}
-_SNIFF = 16  # bytes read to tell the formats apart
-_MAX_ST_HEADER = 100 << 20  # safetensors' own limit on its JSON header
 
-PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 
 
 def _storable(dt: np.dtype) -> bool:
@@ -103,16 +114,6 @@ def _dtype_str(dt: np.dtype) -> str:
     """The header's name of ``dt``: NumPy's byte-order string, or ``"bfloat16"`` (whose
     NumPy string, ``"<V2"``, would read back as raw bytes)."""
     return "bfloat16" if dt == _dt.bfloat16 else dt.str
-
-
-class CheckpointError(MpiTensorError, ValueError):
-    """A checkpoint file is missing pieces, corrupt, not a checkpoint, or could not be written."""
-
-
-def _name(f: Any) -> str:
-    if isinstance(f, (str, bytes, os.PathLike)):
-        return os.fsdecode(os.fspath(f))
-    return str(getattr(f, "name", None) or f"<{type(f).__name__} object>")
 
 
 def _pad(n: int) -> int:
@@ -240,91 +241,6 @@ def _write(fh: BinaryIO, head: bytes, arrays: List[np.ndarray]) -> None:
             fh.write(zeros[:pad])
 
 
-def _umask() -> int:
-    with contextlib.suppress(OSError, ValueError):
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    return 0o022
-
-
-def _fsync_dir(d: str) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:  # e.g. platforms that cannot open directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-# a save's temporary file: ".<target>.mpitensor_<8 of mkstemp's characters>.tmp"
-_TMP_MARK = "mpitensor_"
-_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
-_TMP_NAME = re.compile(r"\..+\." + _TMP_MARK + r"[a-z0-9_]{8}\.tmp")
-
-
-def _locked_temp(path: str) -> Tuple[int, str]:
-    """Create the temporary file for ``path`` and lock it (the proof its writer lives)."""
-    directory = os.path.dirname(path)
-    while True:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + "." + _TMP_MARK,
-                                   suffix=".tmp", dir=directory)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError as exc:
-                if exc.errno not in _NO_FLOCK:
-                    raise
-                # a filesystem without flock: nobody can prove this writer dead, so no save
-                # removes its file (the cleaner's lock fails there too); it still works
-            if os.fstat(fd).st_nlink:
-                return fd, tmp
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        # another save found it unlocked in the instant before the lock and removed it
-        os.close(fd)
-
-
-def _remove_dead_temps(directory: str) -> None:
-    """Remove the temporary files of saves whose writer died (nobody holds their lock)."""
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return
-    for entry in entries:
-        if not _TMP_NAME.fullmatch(entry.name):
-            continue
-        try:
-            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue  # gone already, a link, or not ours to open
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # its writer is alive (or the lock cannot be had: leave it)
-            now = os.lstat(entry.path)
-            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
-                os.unlink(entry.path)
-                _log.info("removed %s, left by a save that did not finish (%d bytes)",
-                          entry.path, st.st_size)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-
-
 def _format_for(format: Optional[str], f: Any) -> str:
     if format is None:
         if isinstance(f, (str, bytes, os.PathLike)):
@@ -403,52 +319,7 @@ def save(obj: Any, f: PathOrFile, *, allow_pickle: Optional[bool] = None,
     _write_to(f, write)
 
 
-def _write_to(f: PathOrFile, write: Callable[[BinaryIO], None]) -> None:
-    """Run ``write`` on a file object, or atomically on a path (temporary file and rename)."""
-    if not isinstance(f, (str, bytes, os.PathLike)):
-        if not hasattr(f, "write"):
-            raise TypeError(f"save() takes a path or a binary file object, got "
-                            f"{type(f).__name__}")
-        write(f)
-        return
-    path = os.path.abspath(os.fsdecode(os.fspath(f)))
-    directory = os.path.dirname(path)
-    if os.path.isdir(path):
-        raise CheckpointError(f"cannot save checkpoint to {path}: it is a directory; give a file "
-                              f"name inside it")
-    _remove_dead_temps(directory)
-    try:
-        fd, tmp = _locked_temp(path)
-    except OSError as exc:
-        raise CheckpointError(f"cannot save checkpoint to {path}: cannot create a file in "
-                              f"{directory} ({exc.strerror or exc}); check that the directory "
-                              f"exists and is writable") from exc
-    try:
-        try:
-            mode = os.stat(path).st_mode & 0o7777  # keep an existing file's permissions
-        except OSError:
-            mode = 0o666 & ~_umask()
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:  # closing it drops the lock: after the rename
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-            os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise CheckpointError(f"cannot save checkpoint to {path}: {exc.strerror or exc}; "
-                                  f"the previous file (if any) is unchanged") from exc
-        raise
-    _fsync_dir(directory)
-
-
 # -------------------------------------------------------------------------------------- decoding
-class _Bad(Exception):
-    """Internal: what is wrong with a file; turned into a CheckpointError naming the file."""
-
-
 def _read_exact(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) -> bytes:
     data = fh.read(n)
     if data is None or len(data) != n:
@@ -459,7 +330,6 @@ def _read_exact(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) -
     return data
 
 
-_STREAM_CHUNK = 1 << 26  # a stream of unknown size is read in pieces of this many bytes
 
 
 def _aligned(n: int, what: str) -> np.ndarray:
@@ -694,149 +564,6 @@ class _AllowListUnpickler(pickle.Unpickler):
         return found
 
 
-def _to_gpu(arr: np.ndarray, dev: str) -> Any:
-    try:
-        d = _backend.device(dev)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"map_location must be None, 'cpu', 'cuda', 'cuda:N' or a "
-                        f"mpitensor.device, got {dev!r}") from exc
-    if d.type == "cpu":
-        return arr
-    reason = _backend.cupy_unavailable_reason()
-    if reason:
-        raise _Bad(f"it holds GPU arrays (saved on {dev}) but {reason}; pass "
-                   f"map_location='cpu' to load them into host memory")
-    cp = _backend.get_cupy()
-    idx = d.index if d.index is not None else int(cp.cuda.runtime.getDevice())
-    if idx >= cp.cuda.runtime.getDeviceCount():
-        idx = int(cp.cuda.runtime.getDevice())
-    with cp.cuda.Device(idx):
-        return cp.asarray(arr)
-
-
-class _LoadedStorage:
-    """What a ``map_location`` callable receives: one storage's bytes, as in torch.
-
-    It returns the storage itself (``lambda storage, loc: storage`` keeps it in host memory),
-    ``storage.cuda(n)`` / ``storage.cpu()``, or None for the default placement.
-    """
-
-    __slots__ = ("_data",)
-
-    def __init__(self, data: Any) -> None:
-        self._data = data  # a 1-D uint8 NumPy or CuPy array
-
-    @property
-    def device(self) -> _backend.device:
-        """Where the bytes are."""
-        return _backend.device_of(self._data)
-
-    @property
-    def is_cuda(self) -> bool:
-        """Whether the bytes are on a GPU."""
-        return self.device.type == "cuda"
-
-    def cpu(self) -> _LoadedStorage:
-        """The storage in host memory."""
-        return _LoadedStorage(_backend.to_numpy(self._data))
-
-    def cuda(self, device: Any = None, non_blocking: bool = False) -> _LoadedStorage:
-        """The storage on GPU ``device`` (an index, ``"cuda:N"`` or a device; None: current)."""
-        if device is None:
-            dev = "cuda"
-        elif isinstance(device, int):
-            dev = f"cuda:{device}"
-        else:
-            dev = str(_backend.device(device))
-        return _LoadedStorage(_to_gpu(_backend.to_numpy(self._data), dev))
-
-    def nbytes(self) -> int:
-        """The number of bytes."""
-        return int(self._data.nbytes)
-
-    def size(self) -> int:
-        """The number of bytes (an untyped storage's elements)."""
-        return int(self._data.nbytes)
-
-    def __len__(self) -> int:
-        return int(self._data.nbytes)
-
-    def __repr__(self) -> str:
-        return f"<storage of {self.nbytes()} bytes on {self.device}>"
-
-
-class _Reraise(Exception):
-    """Carries an exception of the user's ``map_location`` callable out of the format code."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(str(original))
-        self.original = original
-
-
-def _place_on(data: np.ndarray, target: Any, saved: str) -> Any:
-    """Put host bytes on ``target`` (a device or its name) for a storage saved on ``saved``."""
-    try:
-        dev = _backend.device(target)
-    except (TypeError, ValueError):
-        if target == saved:
-            raise _Bad(f"it holds data saved on {saved!r}, a device mpitensor does not use "
-                       f"(only cpu and cuda); pass map_location='cpu' (or a dict such as "
-                       f"{{{saved!r}: 'cpu'}})") from None
-        raise _Bad(f"map_location sends data saved on {saved!r} to {target!r}, which is not "
-                   f"a device ('cpu', 'cuda' or 'cuda:N')") from None
-    if dev.type == "cpu":
-        return data
-    reason = _backend.cupy_unavailable_reason()
-    if reason:
-        if target == saved:
-            raise _Bad(f"it holds data saved on {saved} but {reason}; pass map_location='cpu' "
-                       f"to load it into host memory")
-        raise _Bad(f"map_location puts data saved on {saved} on {dev}, but {reason}")
-    return _to_gpu(data, str(dev))
-
-
-def _place_saved(data: np.ndarray, saved: str) -> Any:
-    return _place_on(data, saved, saved)
-
-
-def _placement(map_location: Any) -> _tf.Place:
-    """Turn ``map_location`` into ``place(bytes, saved_location) -> bytes on the device``."""
-    if map_location is None:
-        return _place_saved
-    if isinstance(map_location, (str, _backend.device)):
-        target = str(_backend.device(map_location))  # a bad name fails here, before reading
-        return lambda data, saved: _place_on(data, target, saved)
-    if isinstance(map_location, dict):
-        table = {str(k): v for k, v in map_location.items()}
-
-        def by_table(data: np.ndarray, saved: str) -> Any:
-            target = table.get(saved, saved)
-            return _place_on(data, target if isinstance(target, str) else str(target), saved)
-
-        return by_table
-    if callable(map_location):
-
-        def by_call(data: np.ndarray, saved: str) -> Any:
-            try:
-                out = map_location(_LoadedStorage(data), saved)
-            except _Bad:
-                raise
-            except Exception as exc:  # the caller's own error: give it back unchanged
-                raise _Reraise(exc) from None
-            if out is None:
-                return _place_saved(data, saved)
-            if not isinstance(out, _LoadedStorage):
-                raise _Reraise(TypeError(
-                    f"map_location returned {type(out).__name__}; it must return the storage "
-                    f"it was given (storage, storage.cpu(), storage.cuda(n)) or None"))
-            return out._data
-
-        return by_call
-    raise TypeError(f"map_location must be None, a device name ('cpu', 'cuda:0'), a "
-                    f"mpitensor.device, a dict from saved locations to devices, or a "
-                    f"callable(storage, location), got {type(map_location).__name__}")
-
-
 def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True, *,
          max_bytes: Optional[int] = None) -> Any:
     """Read a file written by :func:`save`, by ``torch.save`` or in the safetensors format.
@@ -995,164 +722,6 @@ def _dispatch(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.
                    "read; load it with torch and save it again")
     raise _Bad(f"not an mpitensor checkpoint, torch.save file or safetensors file: it starts "
                f"with {head[:8]!r}{_sniff(head)}")
-
-
-def _read_rest(fh: BinaryIO, size: Optional[int]) -> bytes:
-    if size is not None:
-        return fh.read()
-    parts = []
-    while True:  # a stream: read what is there, in pieces, so a pipe works too
-        chunk = fh.read(_STREAM_CHUNK)
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
-
-
-# ----------------------------------------------------------------------------------- safetensors
-def _safetensors_numpy() -> Any:
-    try:
-        import safetensors.numpy as stn  # noqa: PLC0415 - an optional dependency
-    except ImportError as exc:
-        raise ImportError("safetensors files need the safetensors package: pip install "
-                          "safetensors (or pip install 'mpitensor[safetensors]')") from exc
-    return stn
-
-
-# safetensors' dtype names that NumPy, and so mpitensor, can hold
-_ST_DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16,
-              "I16": np.int16, "U32": np.uint32, "I32": np.int32, "U64": np.uint64,
-              "I64": np.int64, "F16": np.float16, "F32": np.float32, "F64": np.float64,
-              "C64": np.complex64}
-
-
-def _is_safetensors(head: bytes, size: Optional[int]) -> bool:
-    if len(head) < 9 or head[8:9] != b"{":
-        return False
-    n = int.from_bytes(head[:8], "little")
-    return n <= _MAX_ST_HEADER and (size is None or 8 + n <= size)
-
-
-def _read_safetensors(data: bytes, place: _tf.Place) -> Dict[str, Tensor]:
-    n = int.from_bytes(data[:8], "little")
-    try:
-        header = json.loads(data[8:8 + n].decode("utf-8"))
-        entries = [(k, v["dtype"]) for k, v in header.items() if k != "__metadata__"]
-    except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError,
-            RecursionError) as exc:
-        raise _Bad(f"malformed safetensors header ({type(exc).__name__}: {exc})") from None
-    for key, dtype in entries:
-        if dtype not in _ST_DTYPES:
-            hint = (" (the safetensors package reads no bfloat16 into NumPy: load the file in "
-                    "torch and convert, e.g. {k: v.float() for k, v in state_dict.items()}, or "
-                    "torch.save it)" if dtype == "BF16" else "")
-            raise _Bad(f"tensor {key!r} has dtype {dtype}, which mpitensor does not "
-                       f"support{hint}")
-    stn = _safetensors_numpy()
-    try:
-        arrays = stn.load(data)
-    except Exception as exc:  # the library's own error types vary between its versions
-        raise _Bad(f"corrupt safetensors file ({type(exc).__name__}: {exc})") from None
-    if sorted(arrays) != sorted(k for k, _ in entries):
-        raise _Bad("corrupt safetensors file: its header and its tensors disagree")
-    out: Dict[str, Tensor] = {}
-    for key, _ in entries:  # the header's order: the library returns them in any order
-        arr = np.array(arrays[key], copy=True, order="C")  # own, writable memory, apart from `data`
-        placed = place(arr.reshape(-1).view(np.uint8), "cpu")
-        out[key] = Tensor(placed.view(arr.dtype).reshape(arr.shape))
-    return out
-
-
-def _safetensors_bytes(tensors: Any, metadata: Optional[Dict[str, str]]) -> bytes:
-    if not isinstance(tensors, dict):
-        raise TypeError(f"safetensors hold a flat dict of name -> tensor, got "
-                        f"{type(tensors).__name__}")
-    if metadata is not None and not (isinstance(metadata, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
-        raise TypeError("safetensors metadata must be a dict of str -> str")
-    arrays: Dict[str, np.ndarray] = {}
-    for k, v in tensors.items():
-        if not isinstance(k, str):
-            raise TypeError(f"safetensors keys must be str, got {k!r}")
-        if isinstance(v, Tensor):
-            v = v._data
-        if not (isinstance(v, np.ndarray) or _backend.is_cupy_array(v)):
-            raise TypeError(f"cannot save {k!r} as safetensors: {type(v).__name__} is not a "
-                            f"tensor or array")
-        host = _backend.to_numpy(v)
-        if host.dtype.type not in _ST_DTYPES.values():
-            raise TypeError(f"cannot save {k!r} as safetensors: dtype {host.dtype}")
-        arr = host.astype(host.dtype.newbyteorder("<"), copy=False)
-        # (np.ascontiguousarray would make 0-d arrays 1-d)
-        arrays[k] = arr if arr.flags.c_contiguous else arr.copy(order="C")
-    return _safetensors_numpy().save(arrays, metadata=metadata)
-
-
-def save_safetensors(tensors: Dict[str, Any], filename: PathOrFile,
-                     metadata: Optional[Dict[str, str]] = None) -> None:
-    """Write a flat dict of tensors as a safetensors file (atomically for a path).
-
-    Like ``safetensors.torch.save_file``: the file holds only arrays and a str -> str metadata
-    dict, so loading it runs no code. Views are written as compact copies (shared memory is not
-    kept); GPU tensors are copied to the host.
-
-    Args:
-        tensors: name -> Tensor, NumPy or CuPy array (e.g. ``model.state_dict()``).
-        filename: a path or a binary file object.
-        metadata: optional text metadata stored in the header.
-
-    Raises:
-        TypeError: a key is not str, a value is not a tensor or array, or its dtype has no
-            safetensors name.
-        ImportError: the ``safetensors`` package is missing.
-        CheckpointError: the file could not be written.
-
-    Example:
-        >>> import os, tempfile, mpitensor as mt
-        >>> p = os.path.join(tempfile.mkdtemp(), "m.safetensors")
-        >>> save_safetensors({"w": mt.ones(2)}, p)
-        >>> load_safetensors(p)["w"]
-        tensor([1., 1.])
-    """
-    data = _safetensors_bytes(tensors, metadata)
-    _write_to(filename, lambda fh: fh.write(data))
-
-
-def load_safetensors(filename: PathOrFile, device: Any = "cpu") -> Dict[str, Tensor]:
-    """Read a safetensors file into a dict of name -> Tensor.
-
-    Like ``safetensors.torch.load_file``; :func:`load` reads these files too.
-
-    Args:
-        filename: a path or a binary file object.
-        device: where the tensors go (``"cpu"``, ``"cuda:N"``, a device, or any
-            ``map_location`` :func:`load` accepts).
-
-    Returns:
-        The tensors, in the file's order.
-
-    Raises:
-        CheckpointError: not a safetensors file, corrupt, or a dtype mpitensor lacks (BF16).
-        ImportError: the ``safetensors`` package is missing.
-
-    Example:
-        >>> import io, mpitensor as mt
-        >>> b = io.BytesIO(); save_safetensors({"b": mt.zeros(1)}, b); _ = b.seek(0)
-        >>> load_safetensors(b)["b"]
-        tensor([0.])
-    """
-    place = _placement(device)
-    name = _name(filename)
-    if isinstance(filename, (str, bytes, os.PathLike)):
-        with open(os.fspath(filename), "rb") as fh:
-            data = fh.read()
-    else:
-        data = filename.read()
-    try:
-        if not _is_safetensors(data[:_SNIFF], len(data)):
-            raise _Bad("not a safetensors file")
-        return _read_safetensors(data, place)
-    except _Bad as exc:
-        raise CheckpointError(f"cannot load checkpoint {name}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------------- distributed

@@ -60,9 +60,9 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from mpitensor.checkpoint import safe_globals as _safe_globals
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor.checkpoint import safe_globals as _safe_globals
 from mpitensor.tensor import Size, Tensor
 
 __all__ = ["FormatError", "Place", "Budget", "read_zip", "read_legacy", "write_zip", "plan_zip",
