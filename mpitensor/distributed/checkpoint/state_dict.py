@@ -162,12 +162,31 @@ def _like(value: Any, current: Any, name: str) -> Any:
                               stride=current.stride())
 
 
+def _fill_dtensor(current: Any, value: Any, name: str) -> None:
+    """Copy ``value`` (a whole tensor or a DTensor) into the DTensor ``current``, in place."""
+    if not _is_dtensor(value):
+        value = _like(value, current, name)
+    elif tuple(value.shape) != tuple(current.shape):
+        raise ValueError(f"{name}: a DTensor of global shape {tuple(value.shape)} cannot fill "
+                         f"one of global shape {tuple(current.shape)}")
+    elif tuple(value.placements) != tuple(current.placements):
+        value = value.redistribute(current.device_mesh, current.placements)
+    with no_grad():
+        current.to_local().copy_(value.to_local())
+
+
 def set_model_state_dict(model: Module, model_state_dict: Dict[str, Any], *,
                          options: Optional[StateDictOptions] = None) -> Any:
-    """Load ``model_state_dict`` into ``model`` (full tensors are cut to DTensor shards).
+    """Load ``model_state_dict`` into ``model``; DTensor entries are filled shard by shard.
+
+    A whole tensor given for a DTensor parameter is cut to this rank's shard; a DTensor with
+    other placements is redistributed first.
 
     Returns:
         ``(missing_keys, unexpected_keys)``, as ``Module.load_state_dict`` returns them.
+
+    Raises:
+        RuntimeError: with ``strict``, keys are missing or unexpected (nothing is loaded).
 
     Example:
         >>> set_model_state_dict(model, sd)  # doctest: +SKIP
@@ -175,9 +194,19 @@ def set_model_state_dict(model: Module, model_state_dict: Dict[str, Any], *,
     options = _options(options)
     if options.broadcast_from_rank0:
         model_state_dict = _broadcast(model_state_dict)
-    current = model.state_dict()
-    sd = {k: _like(v, current.get(k), k) for k, v in model_state_dict.items()}
-    return model.load_state_dict(sd, strict=options.strict)
+    current = model.state_dict(keep_vars=True)
+    missing = [k for k in current if k not in model_state_dict]
+    unexpected = [k for k in model_state_dict if k not in current]
+    if options.strict and (missing or unexpected):
+        raise RuntimeError(f"set_model_state_dict: the state dict does not fit the model "
+                           f"(missing keys: {missing}, unexpected keys: {unexpected}); pass "
+                           f"StateDictOptions(strict=False) to load what fits")
+    sharded = {k for k, v in current.items() if _is_dtensor(v) and k in model_state_dict}
+    for k in sharded:
+        _fill_dtensor(current[k], model_state_dict[k], k)
+    rest = {k: v for k, v in model_state_dict.items() if k not in sharded}
+    result = model.load_state_dict(rest, strict=False)
+    return type(result)(missing, unexpected)
 
 
 # ------------------------------------------------------------------ optimizer
@@ -202,6 +231,34 @@ def _init_state(optim: Optimizer) -> None:
             p.grad = None
 
 
+def _as_dtensor(value: Any, param: Any) -> Any:
+    """An optimizer's state tensor for a DTensor parameter, as the DTensor it is a shard of.
+
+    The optimizers step on local shards, so their per-parameter state (``exp_avg``, ...) is
+    this rank's piece; unwrapped, every rank would save its piece under the same name as if
+    it were the whole tensor.
+    """
+    if not _is_dtensor(param) or _is_dtensor(value) or not isinstance(value, Tensor):
+        return value
+    if value.ndim == 0 or tuple(value.shape) != tuple(param.to_local().shape):
+        return value  # a per-parameter scalar (``step``), the same on every rank
+    from mpitensor.distributed.tensor import DTensor
+
+    return DTensor.from_local(value, param.device_mesh, param.placements, shape=param.shape,
+                              stride=param.stride())
+
+
+def _as_local(value: Any, param: Any, name: str) -> Any:
+    """A loaded state value for ``param``, as the local shard the optimizer keeps."""
+    if not _is_dtensor(param) or not isinstance(value, Tensor) or value.ndim == 0:
+        return value
+    if not _is_dtensor(value):
+        value = _like(value, param, name)
+    elif tuple(value.placements) != tuple(param.placements):
+        value = value.redistribute(param.device_mesh, param.placements)
+    return value.to_local()
+
+
 def _named_osd(model: Module, optim: Optimizer) -> Dict[str, Any]:
     names = _param_names(model)
     order = [p for g in optim.param_groups for p in g["params"]]
@@ -211,7 +268,8 @@ def _named_osd(model: Module, optim: Optimizer) -> Dict[str, Any]:
                          f"parameters of the model; pass the model they belong to")
     fqn = [names[id(p)] for p in order]
     osd = optim.state_dict()
-    state = {fqn[i]: dict(s) for i, s in osd["state"].items()}
+    state = {fqn[i]: {k: _as_dtensor(v, order[i]) for k, v in s.items()}
+             for i, s in osd["state"].items()}
     groups = [{**{k: v for k, v in g.items() if k != "params"},
                "params": [fqn[i] for i in g["params"]]} for g in osd["param_groups"]]
     return {"state": state, "param_groups": groups}
@@ -295,7 +353,7 @@ def _load_one(model: Module, optim: Optimizer, osd: Dict[str, Any]) -> None:
         ids = list(range(index, index + len(gn)))
         for i, n in zip(ids, gn):
             if n in osd["state"]:
-                state[i] = {k: _like(v, params[n], f"state[{n!r}][{k!r}]")
+                state[i] = {k: _as_local(v, params[n], f"state[{n!r}][{k!r}]")
                             for k, v in osd["state"][n].items()}
         groups.append({**{k: v for k, v in saved.items() if k != "params"}, "params": ids})
         index += len(gn)

@@ -130,6 +130,10 @@ def load(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
         raise TypeError(f"planner must be a DefaultLoadPlanner, got {type(planner).__name__}")
     reader = storage(checkpoint_id, storage_reader, FileSystemReader, "load")
     group = Group(process_group, no_dist)
+    paths = set(group.all_gather(reader.path))
+    if len(paths) > 1:
+        raise ValueError(f"load(): the ranks name different checkpoint directories "
+                         f"({', '.join(sorted(paths))}); every rank must pass the same one")
     found: Tuple[Optional[md.Metadata], str] = (None, "")
     if group.rank == 0:
         try:

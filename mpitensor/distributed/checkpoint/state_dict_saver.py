@@ -115,8 +115,12 @@ def save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
     writer = storage(checkpoint_id, storage_writer, FileSystemWriter, "save")
     group = Group(process_group, no_dist)
     items, payload, problems = _local_plan(state_dict)
-    gathered = group.all_gather((items, problems))
-    fail([ps for _, ps in gathered], "save(): cannot save this state_dict", ValueError)
+    gathered = group.all_gather((items, problems, writer.path))
+    paths = {g[2] for g in gathered}
+    if len(paths) > 1:
+        raise ValueError(f"save(): the ranks name different checkpoint directories "
+                         f"({', '.join(sorted(paths))}); every rank must pass the same one")
+    fail([g[1] for g in gathered], "save(): cannot save this state_dict", ValueError)
     plans = [g[0] for g in gathered]
     # every rank holds the same plans, so every rank finds the same problems
     fail([plan_.check_plans(plans)], "save(): the ranks' state_dicts do not fit together",
