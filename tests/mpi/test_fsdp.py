@@ -23,6 +23,7 @@ import mpitensor.distributed.fsdp as fsdp
 import mpitensor.nn as nn
 from mpitensor.distributed.device_mesh import init_device_mesh
 from mpitensor.distributed.fsdp import FSDPModule, fully_shard
+from mpitensor.distributed.tensor import DTensor, Shard
 from mpitensor.nn.parallel import DistributedDataParallel as DDP
 from mpitensor.optim import SGD, Adam
 
@@ -53,7 +54,7 @@ def _step(model, opt, s, dims=DIMS):
 
 
 def _local(p):
-    return p.to_local() if hasattr(p, "to_local") else p
+    return p.to_local() if isinstance(p, DTensor) else p
 
 
 def _full(p, d0):
@@ -94,6 +95,9 @@ def test_shards_are_torch_chunk_rows_and_registered_between_steps():
     model = _shard(mlp())
     assert isinstance(model, FSDPModule) and isinstance(model[0], FSDPModule)
     assert isinstance(model, nn.Sequential)
+    for p in model.parameters():  # Shard(0) DTensors with the global shape
+        assert isinstance(p, DTensor) and isinstance(p, nn.Parameter)
+        assert p.placements == (Shard(0),) and p.device_mesh.size() == dist.get_world_size()
     for (name, p), q in zip(model.named_parameters(), plain.parameters()):
         rows = -(-q.shape[0] // n)
         want = q.detach().numpy()[r * rows:(r + 1) * rows]
@@ -103,7 +107,8 @@ def test_shards_are_torch_chunk_rows_and_registered_between_steps():
     for (name, p), q in zip(model.named_parameters(), plain.parameters()):
         rows = -(-q.shape[0] // n)
         assert tuple(_local(p).shape)[0] == max(0, min(rows, q.shape[0] - r * rows)), name
-        assert p.grad is not None and tuple(p.grad.shape) == tuple(p.shape), name
+        assert isinstance(p.grad, DTensor) and p.grad.placements == (Shard(0),), name
+        assert tuple(p.grad.shape) == tuple(q.shape), name
 
 
 def _bytes(t):
@@ -155,8 +160,8 @@ def test_reshard_returns_the_gathered_memory_and_backward_regathers():
     layer.reshard()
     after = _rss_bytes()
     assert before - after > 12 * 2 ** 20, (before, after)
-    assert tuple(layer.weight.shape)[0] == -(-4096 // dist.get_world_size()) or \
-        dist.get_rank() == dist.get_world_size() - 1
+    rows = -(-4096 // dist.get_world_size())
+    assert tuple(_local(layer.weight).shape) == (min(rows, 4096 - dist.get_rank() * rows), 1024)
     # a unit whose forward freed it gathers again in backward: gradients are right
     ref = nn.Linear(1024, 4096)
     with mt.no_grad():
@@ -260,6 +265,13 @@ def test_sharded_state_dict_round_trips():
     x, _ = batch(0, dist.get_rank())
     with mt.no_grad():
         np.testing.assert_array_equal(other(x).numpy(), model(x).numpy())
+    # whole tensors load too: each rank keeps its rows
+    third = _shard(mlp(8))
+    third.load_state_dict({k: v.full_tensor() for k, v in sd.items()})
+    with mt.no_grad():
+        np.testing.assert_array_equal(third(x).numpy(), model(x).numpy())
+    with pytest.raises(ValueError, match="'0.weight' has shape"):
+        third.load_state_dict({**sd, "0.weight": mt.zeros(3, 3)})
 
 
 def test_unshard_and_reshard_api():
@@ -328,3 +340,23 @@ def test_losses_match_torch_fsdp2(torch_gloo):
         tloss.backward()
         topt.step()
         _close(_step(ours, opt, s), tloss.item(), f"loss at step {s}")
+
+
+def test_full_state_dict_through_dcp_helpers():
+    from mpitensor.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
+    plain = mlp(10)
+    model = _shard(mlp(10))
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    for k, v in plain.state_dict().items():
+        assert not isinstance(full[k], DTensor)
+        np.testing.assert_array_equal(full[k].numpy(), v.detach().numpy(), err_msg=k)
+    other = _shard(mlp(11))
+    set_model_state_dict(other, full, options=StateDictOptions(full_state_dict=True))
+    x, _ = batch(0, dist.get_rank())
+    with mt.no_grad():
+        np.testing.assert_array_equal(other(x).numpy(), plain(x).numpy())

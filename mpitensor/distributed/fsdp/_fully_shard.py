@@ -29,7 +29,7 @@ from mpitensor.nn import Module, Parameter
 from mpitensor.tensor import Tensor
 
 from ..optim._agreement import check_same_everywhere
-from ._group import ParamInfo, ShardedGroup, raw
+from ._group import ParamInfo, ShardedGroup, array_module, local, raw
 from ._policies import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 __all__ = ["FSDPModule", "UnshardHandle", "fully_shard"]
@@ -102,6 +102,12 @@ class _State:
             p = info.unsharded if unsharded else info.sharded
             for owner, name in info.owners:
                 owner._parameters[name] = p
+
+    def _register_pieces(self) -> None:
+        """Register the shards' local pieces (plain tensors) in place of the DTensors."""
+        for info in self.group.infos:
+            for owner, name in info.owners:
+                owner._parameters[name] = local(info.sharded)
 
     def unshard(self) -> None:
         if self.group is None:
@@ -284,6 +290,34 @@ class FSDPModule:
         for st in self._fsdp_states(recurse):
             st.reshard_after_forward = bool(reshard_after_forward)
 
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Load a state dict whose sharded entries are DTensors laid out as the parameters (as
+        ``state_dict()`` gives them) or whole tensors (each rank keeps its rows).
+
+        Raises:
+            NotImplementedError: ``assign=True`` (it would replace the shards' storage).
+            ValueError: an entry's layout or shape does not fit its sharded parameter.
+        """
+        if assign:
+            raise NotImplementedError("load_state_dict(assign=True) on a fully sharded module: "
+                                      "load with assign=False, which copies into the shards")
+        units = [m._fsdp_state for m in self.modules()
+                 if isinstance(m, FSDPModule) and m._fsdp_state.group is not None]
+        for st in units:
+            st.reshard()
+        by_id = {id(i.sharded): i for st in units for i in st.group.infos}
+        values = dict(state_dict)
+        for key, p in self.named_parameters():
+            if id(p) in by_id and key in values:
+                values[key] = _piece(values[key], by_id[id(p)], key)
+        for st in units:
+            st._register_pieces()
+        try:
+            return Module.load_state_dict(self, values, strict=strict)
+        finally:
+            for st in units:
+                st._register(False)
+
     def set_modules_to_forward_prefetch(self, modules: List["FSDPModule"]) -> None:
         """Gather these units as soon as this one's forward starts (replaces the default, the
         unit that ran next in the first forward)."""
@@ -292,6 +326,22 @@ class FSDPModule:
     def set_modules_to_backward_prefetch(self, modules: List["FSDPModule"]) -> None:
         """Gather these units as soon as this one's backward starts."""
         self._fsdp_state.bwd_prefetch = [_checked_unit(m) for m in modules]
+
+
+def _piece(value: Any, info: ParamInfo, key: str) -> Any:
+    """This rank's rows of a state-dict entry for a sharded parameter."""
+    from ..tensor import DTensor
+
+    if isinstance(value, DTensor):
+        if value.placements != info.sharded.placements or tuple(value.shape) != info.shape:
+            raise ValueError(f"load_state_dict: {key!r} is a DTensor {tuple(value.shape)} "
+                             f"{value.placements}, the parameter is {info.shape} "
+                             f"{info.sharded.placements}; redistribute it first")
+        return value._local_tensor
+    if tuple(value.shape) != info.shape:
+        raise ValueError(f"load_state_dict: {key!r} has shape {tuple(value.shape)}, the "
+                         f"parameter {info.shape}")
+    return value[info.start:info.stop]
 
 
 def _checked_unit(m: Any) -> _State:
@@ -389,11 +439,16 @@ def _infos(managed: Dict[int, Tuple[Any, List[Tuple[Any, str]]]], world: int,
     return infos
 
 
-def _shard(info: ParamInfo, p: Any, offload: bool) -> None:
-    local = raw(p)[info.start:info.stop].copy()
+def _shard(info: ParamInfo, p: Any, offload: bool, mesh: Any) -> None:
+    """This rank's rows of ``p`` as a ``Shard(0)`` DTensor parameter (its own memory)."""
+    from ..tensor import DTensor, Shard
+
+    rows = raw(p)[info.start:info.stop].copy()
     if offload and p.is_cuda:
-        local = local.get()
-    info.sharded = Parameter(Tensor(local), requires_grad=p.requires_grad)
+        rows = rows.get()
+    piece = DTensor.from_local(Tensor(rows), mesh, [Shard(0)], run_check=False,
+                               shape=info.shape)
+    info.sharded = Parameter(piece, requires_grad=p.requires_grad)
 
 
 def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool = True,
@@ -442,6 +497,10 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
                           "parameter (shape, dtype, checksum)")
     group = None
     if params:
+        devices = {str(p.device) for p in params}
+        if len(devices) > 1:
+            raise ValueError(f"fully_shard: the parameters of one unit are on several devices "
+                             f"({sorted(devices)}); move the module to one device first")
         dtypes = {str(p.dtype) for p in params}
         if len(dtypes) > 1 and mp_policy.param_dtype is None:
             raise ValueError(f"fully_shard: the parameters of one unit have several dtypes "
@@ -449,11 +508,12 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
                              f"them in separate fully_shard calls")
         infos = _infos(managed, world, rank)
         offload = isinstance(offload_policy, CPUOffloadPolicy)
+        xp = array_module(raw(params[0]))
         for info, p in zip(infos, params):
-            _shard(info, p, offload)
+            _shard(info, p, offload, mesh)
         param_dtype = mp_policy.param_dtype or params[0].dtype
         group = ShardedGroup(infos, pg, world, rank, param_dtype,
-                             mp_policy.reduce_dtype or param_dtype, offload)
+                             mp_policy.reduce_dtype or param_dtype, offload, xp)
     st = _State(module, group, mesh, pg, mp_policy, reshard_after_forward)
     module._fsdp_state = st
     if group is not None:

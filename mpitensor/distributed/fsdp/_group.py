@@ -37,9 +37,15 @@ def _dist() -> Any:
     return dist
 
 
+def local(t: Any) -> Any:
+    """A DTensor's local piece (a plain tensor as it is)."""
+    return getattr(t, "_local_tensor", t)
+
+
 def raw(t: Any) -> Any:
-    """The array under a tensor (no copy): NumPy on the CPU, CuPy on a GPU."""
-    d = t.detach()
+    """The array under a tensor, or under a DTensor's local piece (no copy): NumPy on the CPU,
+    CuPy on a GPU."""
+    d = local(t).detach()
     if d.is_cuda:
         import cupy
 
@@ -47,7 +53,8 @@ def raw(t: Any) -> Any:
     return d.numpy()
 
 
-def _xp(a: Any) -> Any:
+def array_module(a: Any) -> Any:
+    """NumPy for a NumPy array, CuPy for a CuPy one."""
     if isinstance(a, np.ndarray):
         return np
     import cupy
@@ -118,8 +125,9 @@ class ShardedGroup:
     """The parameters one ``fully_shard`` call manages, and their collectives."""
 
     def __init__(self, infos: List[ParamInfo], group: Any, world: int, rank: int,
-                 param_dtype: Any, reduce_dtype: Any, offload: bool) -> None:
+                 param_dtype: Any, reduce_dtype: Any, offload: bool, xp: Any) -> None:
         self.infos = infos
+        self.xp = xp  # the array module of the device that computes (NumPy or CuPy)
         self.group = group
         self.world = world
         self.rank = rank
@@ -137,14 +145,14 @@ class ShardedGroup:
 
     # ---- the unsharded region ------------------------------------------------------------
 
-    def _make_region(self, like: Any) -> None:
+    def _make_region(self) -> None:
         total = sum(i.d0 * i.rest for i in self.infos)
         dt = np.dtype(self.param_dtype)
-        if isinstance(like, np.ndarray):
+        if self.xp is np:
             self._mmap, bytes_ = _host_region(total * dt.itemsize)
             self._region = bytes_.view(dt)
         else:
-            self._region = _xp(like).empty(total, dtype=dt)
+            self._region = self.xp.empty(total, dtype=dt)
         off = 0
         for info in self.infos:
             n = info.d0 * info.rest
@@ -162,15 +170,13 @@ class ShardedGroup:
         """Send this rank's padded shard (cast to ``param_dtype``) to every rank."""
         if self._gather is not None or self.is_unsharded:
             return
-        first = raw(self.infos[0].sharded)
-        xp = _xp(first)
+        xp = self.xp
         dt = np.dtype(self.param_dtype)
         send = xp.empty(self.S, dtype=dt) if self.even else xp.zeros(self.S, dtype=dt)
         for info in self.infos:
             if info.local_numel:
-                local = raw(info.sharded).reshape(-1)
-                if self.offload and xp is not np:
-                    local = xp.asarray(local)
+                # offloaded shards are host arrays: asarray copies them to the device
+                local = xp.asarray(raw(info.sharded).reshape(-1))
                 send[info.offset:info.offset + info.local_numel] = local
         out = xp.empty(self.world * self.S, dtype=dt)
         work = _dist().all_gather_into_tensor(out, send, group=self.group, async_op=True)
@@ -189,7 +195,7 @@ class ShardedGroup:
         self._gather = None
         work.wait()
         if self._region is None:
-            self._make_region(out)
+            self._make_region()
         out2 = out.reshape(self.world, self.S)
         for info in self.infos:
             info.gather_out(out2, raw(info.unsharded))
@@ -210,8 +216,7 @@ class ShardedGroup:
         """Reduce-scatter the unsharded gradients (async); the unsharded ``.grad`` is dropped."""
         grads = [None if i.unsharded is None or i.unsharded.grad is None
                  else raw(i.unsharded.grad) for i in self.infos]
-        first = next(g for g in grads if g is not None)
-        xp = _xp(first)
+        xp = self.xp
         dt = np.dtype(self.reduce_dtype)
         inp = xp.empty(self.world * self.S, dtype=dt)
         in2 = inp.reshape(self.world, self.S)
@@ -237,9 +242,11 @@ class ShardedGroup:
             local_shape = (info.stop - info.start,) + info.shape[1:]
             g = out[info.offset:info.offset + info.local_numel].reshape(local_shape)
             g = g.astype(np.dtype(info.dtype), copy=False)
-            p = info.sharded
+            if self.offload and self.xp is not np:
+                g = g.get()  # the gradient shard lives beside its host parameter shard
+            p = local(info.sharded)  # a DTensor's gradient is its local piece's
             if p.grad is None:
-                p.grad = Tensor(g.copy() if g.base is out and len(self.infos) == 1 else g)
+                p.grad = Tensor(g)
             else:
                 graw = raw(p.grad)
                 graw += g.reshape(graw.shape)
