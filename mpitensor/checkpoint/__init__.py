@@ -65,6 +65,7 @@ from mpitensor import dtypes as _dt
 from mpitensor._base import config as _config
 from mpitensor.checkpoint import safe_globals as _safe_globals
 from mpitensor.checkpoint import torch_format as _tf
+from mpitensor.checkpoint import torch_write as _tw
 from mpitensor.checkpoint._files import (
     _SNIFF,
     _STREAM_CHUNK,
@@ -306,7 +307,7 @@ def save(obj: Any, f: PathOrFile, *, allow_pickle: Optional[bool] = None,
             _write(fh, head, arrays)  # looked up at call time: tests replace it
 
     elif fmt == "torch":
-        write = _tf.plan_zip(obj, allow_pickle, Parameter)
+        write = _tw.plan_zip(obj, allow_pickle, Parameter)
     else:
         if allow_pickle:
             raise ValueError("allow_pickle does not apply to safetensors, which hold only "
