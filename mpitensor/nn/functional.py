@@ -37,20 +37,20 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from mpitensor._core import autocast as _autocast
-from mpitensor._core import half as _half
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._base.parallel import one_thread as one_blas_thread
+from mpitensor._core import autocast as _autocast
+from mpitensor._core import half as _half
 from mpitensor._ops.random import _draw
 from mpitensor.autograd import Function, _sum_to, grad_enabled_for
 from mpitensor.tensor import Tensor, _new, leaf_in_place_error
 
-from ._kernels import convnd as CN
 from . import _kernels as K
 from ._functional import linear_ce as LCE
-from ._kernels import norm as NK
 from ._functional.checks import as_tensor as _tensor_arg
+from ._kernels import convnd as CN
+from ._kernels import norm as NK
 
 __all__ = [
     "relu",

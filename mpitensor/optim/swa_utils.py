@@ -21,7 +21,7 @@ from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor.nn.modules.module import Module
-from mpitensor.nn.modules.normalization import _BatchNorm
+from mpitensor.nn.modules.batchnorm import _BatchNorm
 from mpitensor.tensor import Tensor
 
 from .lr_scheduler._base import LRScheduler, _check_optimizer, _per_group, _real

@@ -26,9 +26,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._core import autocast as _autocast
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._core import autocast as _autocast
 from mpitensor._ops.random import _draw
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new

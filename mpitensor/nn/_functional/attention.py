@@ -27,20 +27,16 @@ from typing import Any, FrozenSet, Optional
 
 import numpy as np
 
-from mpitensor._core import autocast as _autocast
-from mpitensor._core import half as _half
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._core import autocast as _autocast
+from mpitensor._core import half as _half
 from mpitensor._ops.combine import cat
 from mpitensor._ops.random import _draw
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
 
-from .checks import as_tensor
-from .checks import check_float
-from .checks import quiet
-from .checks import shape_str
-from .checks import xp_of
+from .checks import as_tensor, check_float, quiet, shape_str, xp_of
 
 __all__ = ["scaled_dot_product_attention", "multi_head_attention_forward"]
 

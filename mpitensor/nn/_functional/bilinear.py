@@ -19,10 +19,7 @@ from mpitensor._core import half as _half
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
-from .checks import as_tensor
-from .checks import check_float
-from .checks import dtype_name
-from .checks import shape_str
+from .checks import as_tensor, check_float, dtype_name, shape_str
 
 __all__ = ["bilinear"]
 

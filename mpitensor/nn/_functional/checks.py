@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from mpitensor._core import half as _half
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._ops.math import run_inplace  # noqa: F401 - the one in-place runner, nn's kit
+from mpitensor._core import half as _half
 from mpitensor._core.promotion import promote
+from mpitensor._ops.math import run_inplace  # noqa: F401 - the one in-place runner, nn's kit
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
 

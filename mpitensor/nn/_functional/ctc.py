@@ -26,11 +26,7 @@ from mpitensor import dtypes as _dt
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
 
-from .checks import as_tensor
-from .checks import check_float
-from .checks import reduction_of
-from .checks import shape_str
-from .checks import xp_of
+from .checks import as_tensor, check_float, reduction_of, shape_str, xp_of
 
 __all__ = ["ctc_loss"]
 

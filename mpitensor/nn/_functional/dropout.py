@@ -30,12 +30,8 @@ from mpitensor._ops.random import _draw
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
-from .activations import SELU_ALPHA
-from .activations import SELU_SCALE
-from .checks import as_tensor
-from .checks import check_float
-from .checks import run_inplace
-from .checks import shape_str
+from .activations import SELU_ALPHA, SELU_SCALE
+from .checks import as_tensor, check_float, run_inplace, shape_str
 
 __all__ = ["dropout1d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"]
 

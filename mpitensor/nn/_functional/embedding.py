@@ -24,18 +24,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._core import half as _half
 from mpitensor import dtypes as _dt
+from mpitensor._core import half as _half
 from mpitensor._ops.sparse import SparseGrad
 from mpitensor.autograd import Function, bump_version
 from mpitensor.tensor import Tensor, _new
 
-from .checks import arr
-from .checks import as_tensor
-from .checks import check_float
-from .checks import dtype_name
-from .checks import shape_str
-from .checks import xp_of
+from .checks import arr, as_tensor, check_float, dtype_name, shape_str, xp_of
 
 __all__ = ["one_hot", "embedding", "embedding_bag"]
 

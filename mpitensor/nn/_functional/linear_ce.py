@@ -35,8 +35,7 @@ from mpitensor import dtypes as _dt
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
-from .checks import as_tensor
-from .checks import xp_of
+from .checks import as_tensor, xp_of
 
 __all__ = ["LinearCrossEntropyOptions"]
 

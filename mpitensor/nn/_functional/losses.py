@@ -25,9 +25,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from mpitensor import dtypes as _dt
 from mpitensor._core import autocast as _autocast
 from mpitensor._core import half as _half
-from mpitensor import dtypes as _dt
 from mpitensor.autograd import Function, grad_enabled_for
 from mpitensor.tensor import Tensor
 

@@ -24,21 +24,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._core import autocast as _autocast
 from mpitensor import dtypes as _dt
+from mpitensor._core import autocast as _autocast
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
 
-from .checks import as_tensor
-from .checks import check_float
-from .checks import is_int
-from .checks import scatter_add_flat
-from .checks import shape_str
-from .checks import xp_of
-from .pooling1d import _adaptive_windows
-from .pooling1d import _out_len
-from .pooling1d import _SignedAbs
-from .pooling1d import _Unpool1d
+from .checks import as_tensor, check_float, is_int, scatter_add_flat, shape_str, xp_of
+from .pooling1d import _adaptive_windows, _out_len, _SignedAbs, _Unpool1d
 
 __all__ = ["max_pool3d", "max_pool3d_with_indices", "avg_pool3d", "adaptive_avg_pool3d",
            "adaptive_max_pool2d", "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d",

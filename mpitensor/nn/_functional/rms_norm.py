@@ -17,17 +17,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._core import half as _half
 from mpitensor import dtypes as _dt
+from mpitensor._core import half as _half
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
-from .checks import as_tensor
-from .checks import check_float
-from .checks import is_int
-from .checks import shape_str
-from .checks import sum_to
-from .checks import xp_of
+from .checks import as_tensor, check_float, is_int, shape_str, sum_to, xp_of
 
 __all__ = ["rms_norm"]
 

@@ -28,11 +28,7 @@ import numpy as np
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor, _new
 
-from .checks import as_tensor
-from .checks import check_float
-from .checks import scatter_add_flat
-from .checks import shape_str
-from .checks import xp_of
+from .checks import as_tensor, check_float, scatter_add_flat, shape_str, xp_of
 
 __all__ = ["affine_grid", "grid_sample"]
 

@@ -25,9 +25,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from mpitensor import dtypes as _dt
 from mpitensor._core import autocast as _autocast
 from mpitensor._core import half as _half
-from mpitensor import dtypes as _dt
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 

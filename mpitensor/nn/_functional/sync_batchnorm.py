@@ -33,8 +33,8 @@ from mpitensor._base.workspace import xp_of
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
-from .._kernels import norm as NK
 from .. import functional as F  # noqa: N812 - torch's spelling
+from .._kernels import norm as NK
 
 __all__: list = []  # private module: used by mpitensor.nn.modules.normalization
 

@@ -22,9 +22,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, List, Optional
 
-from mpitensor.nn._functional.attention import SDPBackend
-from mpitensor.nn._functional.attention import _allowed_backends
-from mpitensor.nn._functional.attention import _set_allowed_backends
+from mpitensor.nn._functional.attention import SDPBackend, _allowed_backends, _set_allowed_backends
 
 __all__ = ["SDPBackend", "sdpa_kernel", "WARN_FOR_UNFUSED_KERNELS",
            "register_flash_attention_impl", "activate_flash_attention_impl",

@@ -20,39 +20,37 @@ Example:
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import Dict, List
 
-from . import (  # the module first: every family builds on it
-    module,
+from . import (  # noqa: F401 - the families, each torch's nn.modules.<family>
     activation,
     adaptive,
+    batchnorm,
+    channelshuffle,
     container,
     conv,
     distance,
     dropout,
-    layers,
+    flatten,
+    fold,
+    instancenorm,
     lazy,
     linear,
+    linear_cross_entropy_options,
     loss,
+    module,
     normalization,
     padding,
+    pixelshuffle,
     pooling,
-    rms_norm,
     rnn,
-    shape,
     sparse,
     transformer,
+    upsampling,
+    utils,
 )
 
-from . import utils
-
-#: where mpitensor keeps its layers (the submodules of mpitensor.nn that define them)
-_HOMES = (layers, activation, adaptive, container, conv, distance, dropout, lazy, linear, loss,
-          module, normalization, padding, pooling, rms_norm, rnn, shape, sparse, transformer)
-
-#: torch's submodule -> the names it holds there that mpitensor has
+#: torch's submodule -> the names it holds there that mpitensor has (each file here holds them)
 _PATHS: Dict[str, List[str]] = {
     "activation": ["Threshold", "ReLU", "RReLU", "Hardtanh", "ReLU6", "Sigmoid", "Hardsigmoid",
                    "Tanh", "SiLU", "Mish", "Hardswish", "ELU", "CELU", "SELU", "GLU", "GELU",
@@ -105,42 +103,10 @@ _PATHS: Dict[str, List[str]] = {
 }
 
 #: the base classes torch keeps private that programs subclass
-_PRIVATE = {"_Loss": loss._Loss, "_WeightedLoss": loss._WeightedLoss,
-            "_BatchNorm": normalization._BatchNorm, "_DropoutNd": dropout._DropoutNd,
-            "_NormBase": normalization._NormBase, "_InstanceNorm": normalization._InstanceNorm,
-            "_ConvNd": conv._ConvNd, "_ConvTransposeNd": conv._ConvTransposeNd}
-
-
-def _find(name: str) -> type:
-    if name in _PRIVATE:
-        return _PRIVATE[name]
-    for home in _HOMES:
-        if name in getattr(home, "__all__", ()) or (name == "Module" and home is module):
-            return getattr(home, name)
-    raise AssertionError(f"no mpitensor.nn submodule defines {name}")  # a wrong table above
-
-
-def _submodule(name: str, names: List[str]) -> types.ModuleType:
-    real = globals().get(name)
-    if isinstance(real, types.ModuleType):  # a family file of its own
-        for n in names:  # step 1 of the layout: a few classes still live in layers.py
-            if not hasattr(real, n):
-                setattr(real, n, _find(n))
-        return real
-    mod = types.ModuleType(f"{__name__}.{name}",
-                           f"``torch.nn.modules.{name}``'s classes that mpitensor has.")
-    for n in names:
-        setattr(mod, n, _find(n))
-    mod.__all__ = [n for n in names if not n.startswith("_")]
-    sys.modules[mod.__name__] = mod
-    return mod
-
-
-for _name, _names in _PATHS.items():
-    globals()[_name] = _submodule(_name, _names)
-del _name, _names
+_PRIVATE = {n: getattr(globals()[sub], n) for sub, names in _PATHS.items() for n in names
+            if n.startswith("_")}
 
 # torch.nn.modules also holds every layer at its top level
 __all__ = sorted({n for names in _PATHS.values() for n in names if not n.startswith("_")})
-globals().update({n: _find(n) for n in __all__})
+globals().update({n: getattr(globals()[sub], n) for sub, names in _PATHS.items() for n in names})
 __all__ += ["utils", *_PATHS]

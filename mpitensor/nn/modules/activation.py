@@ -20,20 +20,21 @@ from __future__ import annotations
 import warnings
 from typing import Any, Optional
 
+from mpitensor import dtypes as _dt
 from mpitensor.tensor import Tensor, empty
 
 from .. import functional as F  # noqa: N812 - torch's spelling
-from .._functional.checks import is_int
-from .._functional.checks import is_number
-from .module import Module
+from .. import init
+from .._functional.checks import is_int, is_number
 from ..parameter import Parameter
+from ._common import _is_int
+from .linear import NonDynamicallyQuantizableLinear
+from .module import Module
 
-__all__ = [
-    "GELU", "SiLU", "Mish", "ELU", "SELU", "CELU", "LeakyReLU", "ReLU6", "Hardtanh",
-    "Hardsigmoid", "Hardswish", "Hardshrink", "Softshrink", "Tanhshrink", "Softplus",
-    "Softsign", "LogSigmoid", "Sigmoid", "Tanh", "Threshold", "GLU", "PReLU", "RReLU",
-    "Softmin", "Softmax2d",
-]
+__all__ = ["GELU", "SiLU", "Mish", "ELU", "SELU", "CELU", "LeakyReLU", "ReLU6", "Hardtanh",
+           "Hardsigmoid", "Hardswish", "Hardshrink", "Softshrink", "Tanhshrink", "Softplus",
+           "Softsign", "LogSigmoid", "Sigmoid", "Tanh", "Threshold", "GLU", "PReLU", "RReLU",
+           "Softmin", "Softmax2d", "ReLU", "LogSoftmax", "Softmax", "MultiheadAttention"]
 
 
 def _number(cls: str, name: str, v: Any) -> Any:
@@ -542,3 +543,189 @@ class Softmax2d(_Plain):
         if input.ndim not in (3, 4):
             raise ValueError(f"Softmax2d: expected a 3-D or 4-D input, got {input.ndim}-D")
         return F.softmax(input, -3)
+
+
+class ReLU(Module):
+    """``max(0, x)`` elementwise.
+
+    Args:
+        inplace: overwrite the input (saves memory).
+
+    Example:
+        >>> import mpitensor as mt
+        >>> ReLU()(mt.tensor([-1.0, 2.0]))
+        tensor([0., 2.])
+    """
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = bool(inplace)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.relu(input, inplace=self.inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
+class _SoftmaxLike(Module):
+    """Shared body of :class:`LogSoftmax` and :class:`Softmax`: ``_fname`` names the F op."""
+
+    _fname = ""
+
+    def __init__(self, dim: Optional[int] = None) -> None:
+        super().__init__()
+        if dim is not None and not _is_int(dim):
+            raise ValueError(f"{type(self).__name__}: dim must be an int or None, got {dim!r}")
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        dim = self.dim if self.dim is not None else F._softmax_dim(self._fname, input.ndim)
+        return getattr(F, self._fname)(input, dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(_SoftmaxLike):
+    """``log(softmax(x))`` along ``dim``, computed stably.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> LogSoftmax(dim=1)(mt.zeros(1, 2)).exp()
+        tensor([[0.5000, 0.5000]])
+    """
+
+    _fname = "log_softmax"
+
+
+class Softmax(_SoftmaxLike):
+    """``exp(x) / sum(exp(x))`` along ``dim``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Softmax(dim=0)(mt.zeros(2))
+        tensor([0.5000, 0.5000])
+    """
+
+    _fname = "softmax"
+
+
+class MultiheadAttention(Module):
+    """Multi-head attention, ``softmax(Q K^T / sqrt(d)) V`` per head with learned projections.
+
+    Args:
+        embed_dim: the model size E (divisible by ``num_heads``).
+        num_heads: the number of heads.
+        dropout: dropout on the attention weights, in training.
+        bias: biases on the input and output projections.
+        add_bias_kv: learn a key and a value row appended to every sequence.
+        add_zero_attn: append a zero key and value to every sequence.
+        kdim, vdim: the key and value sizes (default E); when either differs, the projections
+            are separate ``q_proj_weight``/``k_proj_weight``/``v_proj_weight`` parameters, as in
+            torch, else one stacked ``in_proj_weight``.
+        batch_first: inputs and outputs are (N, L, E) instead of (L, N, E).
+        device, dtype: where and how to make the parameters.
+
+    Raises:
+        ValueError: ``embed_dim`` not divisible by ``num_heads``, non-positive sizes.
+
+    Example:
+        >>> MultiheadAttention(8, 2)
+        MultiheadAttention(
+          (out_proj): NonDynamicallyQuantizableLinear(in_features=8, out_features=8, bias=True)
+        )
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False,
+                 kdim: Optional[int] = None, vdim: Optional[int] = None,
+                 batch_first: bool = False, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if not is_int(v) or v <= 0:
+                raise ValueError(f"MultiheadAttention: {name} must be a positive integer, got "
+                                 f"{v!r}")
+        if embed_dim % num_heads:
+            raise ValueError(f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by "
+                             f"num_heads ({num_heads})")
+        self.embed_dim = int(embed_dim)
+        self.kdim = kdim if kdim is not None else self.embed_dim
+        self.vdim = vdim if vdim is not None else self.embed_dim
+        self._qkv_same_embed_dim = self.kdim == self.embed_dim and self.vdim == self.embed_dim
+        self.num_heads = int(num_heads)
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.head_dim = self.embed_dim // self.num_heads
+        dt = _dt.get_default_dtype() if dtype is None else _dt.to_dtype(dtype)
+        e = self.embed_dim
+
+        def param(*shape: int) -> Parameter:
+            return Parameter(empty(*shape, dtype=dt, device=device))
+
+        # one packed (3e, e) projection when query, key and value share the width, else three;
+        # the absent ones are registered as None, so the state-dict keys are torch's
+        packed = self._qkv_same_embed_dim
+        for name, shape, used in (("in_proj_weight", (3 * e, e), packed),
+                                  ("q_proj_weight", (e, e), not packed),
+                                  ("k_proj_weight", (e, self.kdim), not packed),
+                                  ("v_proj_weight", (e, self.vdim), not packed),
+                                  ("in_proj_bias", (3 * e,), bias)):
+            self.register_parameter(name, param(*shape) if used else None)
+        self.out_proj = NonDynamicallyQuantizableLinear(e, e, bias=bias, device=device,
+                                                        dtype=dt)
+        if add_bias_kv:
+            self.bias_k = param(1, 1, e)
+            self.bias_v = param(1, 1, e)
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """torch's initialisation: Xavier-uniform projections, zero biases, Xavier-normal
+        ``bias_k``/``bias_v``."""
+        for w in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight,
+                  self.v_proj_weight):
+            if w is not None:
+                init.xavier_uniform_(w)
+        if self.in_proj_bias is not None:
+            for b in (self.in_proj_bias, self.out_proj.bias):
+                init.constant_(b, 0.0)
+        for b in (self.bias_k, self.bias_v):
+            if b is not None:
+                init.xavier_normal_(b)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor,
+                key_padding_mask: Optional[Tensor] = None, need_weights: bool = True,
+                attn_mask: Optional[Tensor] = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Returns:
+            ``(output, weights)``: the output shaped like the query (E features), and the
+            attention weights averaged over heads, (N, L, S) (or per head, (N, H, L, S), with
+            ``average_attn_weights=False``), or None with ``need_weights=False``.
+        """
+        batched = query.ndim == 3
+        if self.batch_first and batched:
+            if key is value:
+                if query is key:
+                    query = key = value = query.transpose(1, 0)
+                else:
+                    query, key = query.transpose(1, 0), key.transpose(1, 0)
+                    value = key
+            else:
+                query, key, value = (t.transpose(1, 0) for t in (query, key, value))
+        out, weights = F.multi_head_attention_forward(
+            query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight,
+            self.in_proj_bias, self.bias_k, self.bias_v, self.add_zero_attn, self.dropout,
+            self.out_proj.weight, self.out_proj.bias, training=self.training,
+            key_padding_mask=key_padding_mask, need_weights=need_weights, attn_mask=attn_mask,
+            use_separate_proj_weight=not self._qkv_same_embed_dim,
+            q_proj_weight=self.q_proj_weight, k_proj_weight=self.k_proj_weight,
+            v_proj_weight=self.v_proj_weight, average_attn_weights=average_attn_weights,
+            is_causal=is_causal)
+        if self.batch_first and batched:
+            out = out.transpose(1, 0)
+        return out, weights

@@ -25,9 +25,8 @@ from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
 from .._functional.checks import as_tensor
-from .layers import Linear
-from .layers import ModuleList
-from .layers import Sequential
+from .container import ModuleList, Sequential
+from .linear import Linear
 from .module import Module
 
 __all__ = ["AdaptiveLogSoftmaxWithLoss"]

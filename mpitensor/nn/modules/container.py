@@ -1,7 +1,8 @@
 """Parameter containers with ``torch.nn``'s names: :class:`ParameterList` and
 :class:`ParameterDict` register every tensor they hold as a parameter (state-dict keys
 ``"0"``, ``"1"``, ... and the dict's keys), and the deprecated :class:`Container`.
-(``Sequential``, ``ModuleList`` and ``ModuleDict`` live in :mod:`.layers`.)
+The positional and keyed module containers :class:`Sequential`, :class:`ModuleList` and
+:class:`ModuleDict` live here too, as in torch.
 
 A plain Tensor stored in one is wrapped in a :class:`~mpitensor.nn.Parameter` (sharing its
 values); any other object is kept as an ordinary attribute, as torch does.
@@ -15,16 +16,20 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import groupby
+from typing import Any, Optional, Union
 
 from mpitensor.tensor import Tensor
 
-from .module import Module
 from ..parameter import Parameter
+from ._common import _is_int
+from .module import Module
 
-__all__ = ["ParameterList", "ParameterDict", "Container"]
+__all__ = ["ParameterList", "ParameterDict", "Container", "Sequential", "ModuleList", "ModuleDict"]
 
 
 def _as_parameter(value: Any) -> Any:
@@ -279,3 +284,351 @@ class Container(Module):
                       "instead", FutureWarning, stacklevel=2)
         for key, value in kwargs.items():
             self.add_module(key, value)
+
+
+def _slots(owner: Module) -> Any:
+    """The ordered ``name -> child`` registry of ``owner``, a child registered twice included."""
+    return owner._modules
+
+
+def _indent_tail(text: str) -> str:
+    """``text`` with every line but the first pushed right by two spaces, for nested reprs."""
+    return text.replace("\n", "\n  ")
+
+
+class _PositionalContainer(Module):
+    """Shared machinery of Sequential and ModuleList: children addressed by position.
+
+    Keys are the positions "0", "1", ... (a Sequential built from an OrderedDict keeps its
+    own names until an insertion or deletion); any change in the middle relabels every child
+    so that key and position agree again.
+    """
+
+    def _position(self, idx: Any) -> int:
+        """``idx`` (negative counts from the end) as a position in ``range(len(self))``."""
+        size = len(self)
+        pos = operator.index(idx)
+        if pos < -size or pos >= size:
+            raise IndexError(
+                f"{type(self).__name__} index {pos} is out of range: it holds {size} "
+                f"module(s), so use an index from {-size} to {size - 1}"
+            )
+        return pos + size if pos < 0 else pos
+
+    def _sliced(self, idx: slice) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, idx: Union[int, slice]) -> Any:
+        if isinstance(idx, slice):
+            return self._sliced(idx)
+        return list(self)[self._position(idx)]
+
+    def _relabel(self, members: list) -> None:
+        """Make ``members`` the children, keyed by their positions."""
+        for key in list(_slots(self)):
+            delattr(self, key)
+        for pos, module in enumerate(members):
+            self.add_module(str(pos), module)
+
+    def __len__(self) -> int:
+        return len(_slots(self))
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(list(_slots(self).values()))
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        self.add_module(list(_slots(self))[self._position(idx)], module)
+
+    def __delitem__(self, idx: Union[int, slice]) -> None:
+        members = list(self)
+        doomed = set(range(len(members))[idx]) if isinstance(idx, slice) else {self._position(idx)}
+        self._relabel([m for pos, m in enumerate(members) if pos not in doomed])
+
+    def __dir__(self) -> list:
+        return [name for name in super().__dir__() if not name.isdecimal()]
+
+    def append(self, module: Module) -> Any:
+        """Add ``module`` after the last one; returns the container."""
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> Any:
+        """Append each module of ``modules`` in turn; returns the container.
+
+        Raises:
+            TypeError: ``modules`` is not iterable, or holds something that is not a Module.
+        """
+        if not isinstance(modules, Iterable):
+            raise TypeError(
+                f"{type(self).__name__}.extend takes an iterable of modules, got "
+                f"{type(modules).__name__}; wrap a single module in a list or use append"
+            )
+        for module in list(modules):  # a snapshot, so that c.extend(c) terminates
+            self.append(module)
+        return self
+
+    def pop(self, key: Union[int, slice]) -> Any:
+        """Remove the module (or, for a slice, the modules) at ``key`` and return it."""
+        taken = self[key]
+        del self[key]
+        return taken
+
+
+class Sequential(_PositionalContainer):
+    """Run modules one after another; built from modules or from an OrderedDict of them.
+
+    Supports indexing (a slice gives a Sequential that keeps the keys), ``len``, iteration,
+    ``append``, ``insert``, ``extend``, ``pop``, ``del``, ``+``, ``+=``, ``*`` and ``*=``.
+
+    Raises:
+        TypeError: an element is not a Module.
+
+    Example:
+        >>> from collections import OrderedDict
+        >>> net = Sequential(OrderedDict([("fc", Linear(2, 2)), ("act", ReLU())]))
+        >>> [n for n, _ in net.named_children()], len(net[:1])
+        (['fc', 'act'], 1)
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__()
+        named = len(args) == 1 and isinstance(args[0], OrderedDict)
+        pairs = args[0].items() if named else ((str(pos), m) for pos, m in enumerate(args))
+        for key, module in pairs:
+            self.add_module(key, module)
+
+    def forward(self, input: Any) -> Any:  # noqa: A002 - torch's name
+        out = input
+        for stage in self:
+            out = stage(out)
+        return out
+
+    def _sliced(self, idx: slice) -> Sequential:
+        return type(self)(OrderedDict(list(_slots(self).items())[idx]))
+
+    def _other_sequential(self, other: Any, op: str) -> Sequential:
+        if not isinstance(other, Sequential):
+            raise ValueError(
+                f"Sequential {op} needs another Sequential on the right, got "
+                f"{type(other).__name__}; wrap its modules in nn.Sequential(...) first"
+            )
+        return other
+
+    def __add__(self, other: Sequential) -> Sequential:
+        joined = Sequential()
+        joined.extend(self)
+        return joined.extend(self._other_sequential(other, "+"))
+
+    def __iadd__(self, other: Sequential) -> Sequential:
+        return self.extend(self._other_sequential(other, "+="))
+
+    def _repeats(self, times: Any) -> int:
+        if not _is_int(times):
+            raise TypeError(
+                f"a Sequential can only be repeated an int number of times, got "
+                f"{type(times).__name__}"
+            )
+        if times <= 0:
+            raise ValueError(f"a Sequential must be repeated at least once, got {times} times")
+        return int(times)
+
+    def __mul__(self, times: int) -> Sequential:
+        repeated = Sequential()
+        for _ in range(self._repeats(times)):
+            repeated.extend(self)
+        return repeated
+
+    __rmul__ = __mul__
+
+    def __imul__(self, times: int) -> Sequential:
+        once = list(self)
+        for _ in range(self._repeats(times) - 1):
+            self.extend(once)
+        return self
+
+    def insert(self, index: int, module: Module) -> Sequential:
+        """Put ``module`` at position ``index`` (negative counts from the end); returns self.
+
+        Raises:
+            AssertionError: ``module`` is not a Module (torch's exception type).
+            IndexError: ``index`` is outside ``[-len, len]``.
+        """
+        if not isinstance(module, Module):
+            raise AssertionError(
+                f"Sequential.insert takes a Module, got {type(module).__name__}"
+            )
+        size = len(self)
+        if not -size <= index <= size:
+            raise IndexError(
+                f"Sequential.insert index {index} is out of range for {size} module(s); "
+                f"use an index from {-size} to {size}"
+            )
+        members = list(self)
+        members.insert(index, module)
+        self._relabel(members)
+        return self
+
+
+class ModuleList(_PositionalContainer):
+    """A list of modules, registered so that ``parameters()`` and ``to()`` see them.
+
+    Indexing (a slice gives a ModuleList numbered from 0), ``len``, iteration, ``append``,
+    ``insert``, ``extend``, ``pop``, ``del``, ``+`` and ``+=`` behave as on a list. The repr
+    folds runs of identical modules into one line.
+
+    Raises:
+        TypeError: an element is not a Module.
+
+    Example:
+        >>> layers = ModuleList([Linear(2, 2) for _ in range(3)])
+        >>> len(list(layers.parameters()))
+        6
+    """
+
+    def __init__(self, modules: Optional[Iterable[Module]] = None) -> None:
+        super().__init__()
+        if modules is not None:
+            self.extend(modules)
+
+    def _sliced(self, idx: slice) -> ModuleList:
+        return type(self)(list(self)[idx])
+
+    def __iadd__(self, modules: Iterable[Module]) -> ModuleList:
+        return self.extend(modules)
+
+    def __add__(self, other: Iterable[Module]) -> ModuleList:
+        return ModuleList(self).extend(other)
+
+    def insert(self, index: int, module: Module) -> None:
+        """Put ``module`` before position ``index``, with ``list.insert``'s index rules.
+
+        Raises:
+            TypeError: ``module`` is not a Module.
+        """
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleList.insert takes a Module, got {type(module).__name__}")
+        members = list(self)
+        members.insert(index, module)
+        self._relabel(members)
+
+    def __repr__(self) -> str:
+        if not len(self):
+            return self._get_name() + "()"
+        rows, first = [], 0
+        for text, run in groupby(repr(m) for m in self):
+            count = sum(1 for _ in run)
+            if count == 1:
+                head = f"({first}): "
+            else:
+                head = f"({first}-{first + count - 1}): {count} x "
+            rows.append(_indent_tail(head + text))
+            first += count
+        return self._get_name() + "(" + "".join("\n  " + row for row in rows) + "\n)"
+
+
+def _module_pairs(source: Any) -> Iterator[tuple]:
+    """The ``(key, module)`` pairs of a mapping, a ModuleDict or an iterable of pairs.
+
+    Pairs are checked one at a time as they are consumed, so an update stops at the first
+    malformed one having applied those before it, like ``dict.update``.
+    """
+    if isinstance(source, (Mapping, ModuleDict)):
+        yield from source.items()
+        return
+    if not isinstance(source, Iterable):
+        raise TypeError(
+            f"ModuleDict.update takes a mapping or an iterable of (key, module) pairs, got "
+            f"{type(source).__name__}"
+        )
+    for pos, pair in enumerate(source):
+        if not isinstance(pair, Iterable):
+            raise TypeError(
+                f"ModuleDict.update: item #{pos} is a {type(pair).__name__}, not a "
+                f"(key, module) pair"
+            )
+        pair = tuple(pair)
+        if len(pair) != 2:
+            raise ValueError(
+                f"ModuleDict.update: item #{pos} has length {len(pair)}, but each item must "
+                f"be a (key, module) pair of length 2"
+            )
+        yield pair
+
+
+class ModuleDict(Module):
+    """An ordered dict of modules, registered so that ``parameters()`` and ``to()`` see them.
+
+    Keys keep their insertion order; assigning to an existing key replaces the module in
+    place. ``update`` takes a mapping, another ModuleDict or an iterable of pairs.
+
+    Raises:
+        TypeError: a value is not a Module.
+
+    Example:
+        >>> d = ModuleDict({"enc": Linear(2, 2), "act": ReLU()})
+        >>> list(d.keys())
+        ['enc', 'act']
+    """
+
+    def __init__(self, modules: Optional[Any] = None) -> None:
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key: str) -> Module:
+        return _slots(self)[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        self.add_module(key, module)
+
+    def __delitem__(self, key: str) -> None:
+        if key not in _slots(self):
+            raise KeyError(key)
+        delattr(self, key)
+
+    def __len__(self) -> int:
+        return len(_slots(self))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_slots(self))
+
+    def __contains__(self, key: object) -> bool:
+        return key in _slots(self)
+
+    def clear(self) -> None:
+        """Remove every module."""
+        for key in list(_slots(self)):
+            delattr(self, key)
+
+    def pop(self, key: str) -> Module:
+        """Remove the module under ``key`` and return it.
+
+        Raises:
+            KeyError: no module has that key.
+        """
+        module = self[key]
+        del self[key]
+        return module
+
+    def keys(self) -> Iterable[str]:
+        """The keys, in insertion order."""
+        return _slots(self).keys()
+
+    def items(self) -> Iterable[tuple]:
+        """The ``(key, module)`` pairs, in insertion order."""
+        return _slots(self).items()
+
+    def values(self) -> Iterable[Module]:
+        """The modules, in insertion order."""
+        return _slots(self).values()
+
+    def update(self, modules: Any) -> None:
+        """Add (or replace) modules from a mapping or an iterable of ``(key, module)`` pairs.
+
+        Raises:
+            TypeError: ``modules`` is neither, an item is not a pair, or a value is not a
+                Module.
+            ValueError: an item has a length other than 2.
+        """
+        for key, module in _module_pairs(modules):
+            self[key] = module

@@ -20,17 +20,20 @@ from typing import Any, Optional, Union
 from mpitensor.tensor import Tensor, empty
 
 from .. import functional as F  # noqa: N812 - torch's spelling
-from .layers import (
+from ..parameter import Parameter
+from ._common import (
     _PADDING_MODES,
     _factory,
     _is_int,
     _positive_int,
     _reset_default,
 )
+from .lazy import _lazy_conv
 from .module import Module
-from ..parameter import Parameter
 
-__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+           "LazyConv1d", "LazyConv2d", "LazyConv3d", "LazyConvTranspose1d", "LazyConvTranspose2d",
+           "LazyConvTranspose3d"]
 
 _Size = Union[int, tuple]
 
@@ -355,3 +358,21 @@ class ConvTranspose3d(_ConvTransposeNd):
 
     _nd = 3
     _fn = staticmethod(F.conv_transpose3d)
+
+
+LazyConv1d = _lazy_conv(Conv1d, False)
+
+
+LazyConv2d = _lazy_conv(Conv2d, False)
+
+
+LazyConv3d = _lazy_conv(Conv3d, False)
+
+
+LazyConvTranspose1d = _lazy_conv(ConvTranspose1d, True)
+
+
+LazyConvTranspose2d = _lazy_conv(ConvTranspose2d, True)
+
+
+LazyConvTranspose3d = _lazy_conv(ConvTranspose3d, True)

@@ -1,4 +1,4 @@
-"""Dropout modules beyond :class:`Dropout`/:class:`Dropout2d` (in :mod:`.layers`):
+"""``torch.nn.modules.dropout``: :class:`Dropout`, :class:`Dropout2d`,
 :class:`Dropout1d`, :class:`Dropout3d`, :class:`AlphaDropout`, :class:`FeatureAlphaDropout`.
 
 Each is the identity in evaluation mode (``model.eval()``); in training it draws from
@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
 from .module import Module
 
-__all__ = ["Dropout1d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"]
+__all__ = ["Dropout1d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout", "Dropout", "Dropout2d"]
 
 
 class _DropoutNd(Module):
@@ -81,3 +83,73 @@ class FeatureAlphaDropout(_DropoutNd):
     """
 
     _fname = "feature_alpha_dropout"
+
+
+class Dropout(Module):
+    """Zero each element with probability ``p`` in training, scaling the rest by 1/(1-p).
+
+    In evaluation mode (``model.eval()``) it is the identity. The mask is drawn from
+    mpitensor's global generator (``mpitensor.manual_seed``).
+
+    Args:
+        p: probability of zeroing an element, in [0, 1].
+        inplace: overwrite the input.
+
+    Raises:
+        ValueError: ``p`` outside [0, 1].
+
+    Example:
+        >>> import mpitensor as mt
+        >>> d = Dropout(0.5).eval()
+        >>> d(mt.ones(3))
+        tensor([1., 1., 1.])
+    """
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.floating, np.integer)) \
+                or not 0 <= p <= 1:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p!r}")
+        self.p = float(p)
+        self.inplace = bool(inplace)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.dropout(input, self.p, self.training, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"
+
+
+class Dropout2d(Module):
+    """Zero whole channels with probability ``p`` in training, scaling the rest by 1/(1-p).
+
+    Each (sample, channel) plane of an (N, C, H, W) input is kept or dropped as a whole
+    (see :func:`~mpitensor.nn.functional.dropout2d`); in evaluation mode it is the identity.
+    The draws come from mpitensor's global generator (``mpitensor.manual_seed``).
+
+    Args:
+        p: probability of zeroing a channel, in [0, 1].
+        inplace: overwrite the input.
+
+    Raises:
+        ValueError: ``p`` outside [0, 1].
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Dropout2d(0.5).eval()(mt.ones(1, 2, 1, 1)).flatten()
+        tensor([1., 1.])
+    """
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.floating, np.integer)) \
+                or not 0 <= p <= 1:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p!r}")
+        self.p = float(p)
+        self.inplace = bool(inplace)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.dropout2d(input, self.p, self.training, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"

@@ -1,7 +1,8 @@
-"""Lazy modules with ``torch.nn``'s names: layers whose input size is read off the first
-batch they see (:class:`LazyLinear`, ``LazyConv{1,2,3}d``, ``LazyConvTranspose{1,2,3}d``,
-``LazyBatchNorm{1,2,3}d``, ``LazyInstanceNorm{1,2,3}d``), and :class:`LazyModuleMixin`, the
-machinery they share.
+"""``torch.nn.modules.lazy``: :class:`LazyModuleMixin`, the machinery of the lazy layers, whose
+input size is read off the first batch they see. The layers themselves live with their
+families, as in torch: ``LazyLinear`` in ``linear``, ``LazyConv{1,2,3}d`` and
+``LazyConvTranspose{1,2,3}d`` in ``conv`` (made by :func:`_lazy_conv`), ``LazyBatchNorm{1,2,3}d``
+in ``batchnorm`` and ``LazyInstanceNorm{1,2,3}d`` in ``instancenorm`` (by :func:`_lazy_norm`).
 
 Until then their parameters (and running statistics) are
 :class:`~mpitensor.nn.parameter.UninitializedParameter` placeholders, which refuse to be
@@ -11,7 +12,8 @@ state dict) materialises them; the first forward then turns the module into the 
 
 Example:
     >>> import mpitensor as mt
-    >>> layer = LazyLinear(3)
+    >>> import mpitensor.nn as nn
+    >>> layer = nn.LazyLinear(3)
     >>> layer(mt.ones(2, 5)).shape
     mpitensor.Size([2, 3])
     >>> layer
@@ -24,29 +26,10 @@ from typing import Any, Mapping, Optional
 
 from mpitensor.tensor import Tensor
 
-from .conv import Conv1d
-from .conv import Conv2d
-from .conv import Conv3d
-from .conv import ConvTranspose1d
-from .conv import ConvTranspose2d
-from .conv import ConvTranspose3d
-from .layers import Linear
-from .module import _as_array
-from .normalization import (
-    BatchNorm1d,
-    BatchNorm2d,
-    BatchNorm3d,
-    InstanceNorm1d,
-    InstanceNorm2d,
-    InstanceNorm3d,
-    _NormBase,
-)
 from ..parameter import UninitializedBuffer, UninitializedParameter, is_lazy
+from .module import _as_array
 
-__all__ = ["LazyModuleMixin", "LazyLinear", "LazyConv1d", "LazyConv2d", "LazyConv3d",
-           "LazyConvTranspose1d", "LazyConvTranspose2d", "LazyConvTranspose3d",
-           "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d", "LazyInstanceNorm1d",
-           "LazyInstanceNorm2d", "LazyInstanceNorm3d"]
+__all__ = ["LazyModuleMixin"]
 
 
 class LazyModuleMixin:
@@ -55,7 +38,8 @@ class LazyModuleMixin:
     state dict, then becomes ``cls_to_become``.
 
     Example:
-        >>> LazyLinear(4).has_uninitialized_params()
+        >>> import mpitensor.nn as nn
+        >>> nn.LazyLinear(4).has_uninitialized_params()
         True
     """
 
@@ -109,40 +93,6 @@ def _placeholders(module: Any, params: tuple, buffers: tuple) -> None:
         b = module._buffers.get(name)
         if b is not None:
             module._buffers[name] = UninitializedBuffer(False, b.device, b.dtype)
-
-
-class LazyLinear(LazyModuleMixin, Linear):
-    """:class:`~mpitensor.nn.Linear` whose ``in_features`` is the last size of the first
-    input.
-
-    Example:
-        >>> LazyLinear(3)
-        LazyLinear(in_features=0, out_features=3, bias=True)
-    """
-
-    cls_to_become = Linear
-
-    def __init__(self, out_features: int, bias: bool = True, device: Any = None,
-                 dtype: Any = None) -> None:
-        Linear.__init__(self, 1, out_features, bias, device, dtype)
-        _placeholders(self, ("weight", "bias"), ())
-        self.in_features = 0
-        self._start_lazy()
-
-    def reset_parameters(self) -> None:
-        if not self.has_uninitialized_params():
-            Linear.reset_parameters(self)
-
-    def initialize_parameters(self, input: Tensor) -> None:  # noqa: A002 - torch's name
-        """Materialise the weight (out_features, input.shape[-1]) and the bias."""
-        self.in_features = int(input.shape[-1])
-        self.weight.materialize((self.out_features, self.in_features))
-        if self.bias is not None:
-            self.bias.materialize((self.out_features,))
-        self.reset_parameters()
-
-    def _sizes_from_parameters(self) -> None:
-        self.in_features = int(self.weight.shape[1])
 
 
 class _LazyConvMixin(LazyModuleMixin):
@@ -208,15 +158,8 @@ def _lazy_conv(base: type, transposed: bool) -> type:
            f"count of the first input ({nd + 2}-D batched or {nd + 1}-D unbatched).")
     return type(name, (_LazyConvMixin, base), {
         "__init__": __init__, "__doc__": doc, "cls_to_become": base, "_nd": nd,
-        "_transposed": transposed, "__module__": __name__, "__qualname__": name})
-
-
-LazyConv1d = _lazy_conv(Conv1d, False)
-LazyConv2d = _lazy_conv(Conv2d, False)
-LazyConv3d = _lazy_conv(Conv3d, False)
-LazyConvTranspose1d = _lazy_conv(ConvTranspose1d, True)
-LazyConvTranspose2d = _lazy_conv(ConvTranspose2d, True)
-LazyConvTranspose3d = _lazy_conv(ConvTranspose3d, True)
+        "_transposed": transposed, "__module__": base.__module__,
+        "__qualname__": name})
 
 
 class _LazyNormMixin(LazyModuleMixin):
@@ -225,7 +168,7 @@ class _LazyNormMixin(LazyModuleMixin):
     def __init__(self, eps: float = 1e-5, momentum: Optional[float] = 0.1,
                  affine: bool = True, track_running_stats: bool = True, device: Any = None,
                  dtype: Any = None) -> None:
-        _NormBase.__init__(self, 1, eps, momentum, affine, track_running_stats, device, dtype)
+        self._norm_base.__init__(self, 1, eps, momentum, affine, track_running_stats, device, dtype)
         _placeholders(self, ("weight", "bias"), ("running_mean", "running_var"))
         self.num_features = 0
         self._start_lazy()
@@ -259,7 +202,8 @@ class _InstanceLike:
     __slots__ = ()
 
 
-def _lazy_norm(base: type, instance: bool) -> type:
+def _lazy_norm(base: type, instance: bool, norm_base: type) -> type:
+    # norm_base: the class whose constructor takes num_features (the layer's own takes it first)
     name = f"Lazy{base.__name__}"
     if instance:
         def __init__(self: Any, eps: float = 1e-5, momentum: Optional[float] = 0.1,
@@ -275,12 +219,7 @@ def _lazy_norm(base: type, instance: bool) -> type:
            f"count of the first input (``affine`` and ``track_running_stats`` default to "
            f"True, as torch's lazy norms have them).")
     return type(name, bases, {"__init__": __init__, "__doc__": doc, "cls_to_become": base,
-                              "__module__": __name__, "__qualname__": name})
+                              "_norm_base": norm_base, "__module__": base.__module__,
+                              "__qualname__": name})
 
 
-LazyBatchNorm1d = _lazy_norm(BatchNorm1d, False)
-LazyBatchNorm2d = _lazy_norm(BatchNorm2d, False)
-LazyBatchNorm3d = _lazy_norm(BatchNorm3d, False)
-LazyInstanceNorm1d = _lazy_norm(InstanceNorm1d, True)
-LazyInstanceNorm2d = _lazy_norm(InstanceNorm2d, True)
-LazyInstanceNorm3d = _lazy_norm(InstanceNorm3d, True)

@@ -23,20 +23,17 @@ from mpitensor.tensor import Tensor
 from .. import functional as F  # noqa: N812 - torch's spelling
 from .._functional.checks import is_number
 from .._functional.linear_ce import LinearCrossEntropyOptions
+from ._common import _is_int, _reduction
 from .distance import PairwiseDistance
-from .layers import Linear
-from .layers import _is_int
-from .layers import _reduction
+from .linear import Linear
 from .module import Module
 
-__all__ = [
-    "NLLLoss", "CrossEntropyLoss", "MSELoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss",
-    "L1Loss", "SmoothL1Loss", "HuberLoss", "SoftMarginLoss", "MarginRankingLoss",
-    "HingeEmbeddingLoss", "CosineEmbeddingLoss", "TripletMarginLoss",
-    "TripletMarginWithDistanceLoss", "PoissonNLLLoss", "GaussianNLLLoss",
-    "MultiLabelSoftMarginLoss", "MultiMarginLoss", "MultiLabelMarginLoss", "NLLLoss2d",
-    "CTCLoss", "LinearCrossEntropyLoss", "LinearCrossEntropyOptions",
-]
+__all__ = ["NLLLoss", "CrossEntropyLoss", "MSELoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss",
+           "L1Loss", "SmoothL1Loss", "HuberLoss", "SoftMarginLoss", "MarginRankingLoss",
+           "HingeEmbeddingLoss", "CosineEmbeddingLoss", "TripletMarginLoss",
+           "TripletMarginWithDistanceLoss", "PoissonNLLLoss", "GaussianNLLLoss",
+           "MultiLabelSoftMarginLoss", "MultiMarginLoss", "MultiLabelMarginLoss", "NLLLoss2d",
+           "CTCLoss", "LinearCrossEntropyLoss", "LinearCrossEntropyOptions"]
 
 
 class _Loss(Module):

@@ -1,15 +1,7 @@
-"""Normalisation layers with ``torch.nn``'s names, arguments, buffers and ``state_dict`` keys.
-
-:class:`BatchNorm1d` and :class:`BatchNorm2d` normalise each channel over the batch (and
-positions), tracking running statistics in the buffers ``running_mean``, ``running_var`` and
-``num_batches_tracked`` (int64) for evaluation; :class:`GroupNorm` and :class:`LayerNorm`
-normalise each sample on its own and keep no state beyond their affine parameters. The math
-and the gradients are :func:`~mpitensor.nn.functional.batch_norm`,
-:func:`~mpitensor.nn.functional.group_norm` and :func:`~mpitensor.nn.functional.layer_norm`.
-:class:`SyncBatchNorm` is batch norm whose training statistics span the batches of every rank
-of a process group (one all_gather forward, one all_reduce backward), for data-parallel
-training with small per-rank batches; ``SyncBatchNorm.convert_sync_batchnorm(model)`` swaps it
-in for a model's batch-norm layers.
+"""``torch.nn.modules.normalization``: the per-sample normalisation layers, which keep no
+running statistics: :class:`LayerNorm`, :class:`GroupNorm`, :class:`RMSNorm`, and the
+cross-channel :class:`LocalResponseNorm` and :class:`CrossMapLRN2d` (batch norm is in
+:mod:`.batchnorm`, instance norm in :mod:`.instancenorm`).
 
 Example:
     >>> import mpitensor as mt
@@ -23,438 +15,21 @@ Example:
 
 from __future__ import annotations
 
-import copy
-import numbers
-import warnings
 from typing import Any, Optional, Union
 
-import mpitensor.distributed as dist
+import numpy as np
+
 from mpitensor import dtypes as _dt
-from mpitensor.autograd import no_grad
-from mpitensor.distributed import ProcessGroup
-from mpitensor.tensor import Tensor, empty, ones, zeros
+from mpitensor.tensor import Tensor, empty
 
 from .. import functional as F  # noqa: N812 - torch's spelling
 from .. import init
-from .._functional.sync_batchnorm import sync_batch_norm
-from .layers import _factory
-from .layers import _positive_int
-from .module import Module
+from .._functional.checks import is_int, xp_of
 from ..parameter import Parameter
+from ._common import _affine_params, _check_eps, _factory, _positive_int, _reset_affine
+from .module import Module
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "GroupNorm", "InstanceNorm1d",
-           "InstanceNorm2d", "InstanceNorm3d", "LayerNorm", "SyncBatchNorm"]
-
-
-def _check_eps(cls: str, eps: Any) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
-        raise ValueError(f"{cls}: eps must be a non-negative number, got {eps!r}")
-    return float(eps)
-
-
-def _affine_params(module: Module, shape: tuple, weight: bool, bias: bool, dtype: Any,
-                   device: Any) -> None:
-    """Register ``weight`` and ``bias`` of ``shape`` (or None), then set them to 1 and 0."""
-    for name, wanted in (("weight", weight), ("bias", bias)):
-        if wanted:
-            module.register_parameter(name, Parameter(empty(*shape, dtype=dtype, device=device)))
-        else:
-            module.register_parameter(name, None)
-
-
-def _reset_affine(module: Module) -> None:
-    if module.weight is not None:
-        init.ones_(module.weight)
-    if module.bias is not None:
-        init.zeros_(module.bias)
-
-
-class _NormBase(Module):
-    """Shared body of the batch- and instance-norm layers: the affine parameters, the running
-    statistics and their resets; subclasses say which input ranks they take."""
-
-    _ranks: tuple = ()
-
-    def __init__(
-        self,
-        num_features: int,
-        eps: float = 1e-5,
-        momentum: Optional[float] = 0.1,
-        affine: bool = True,
-        track_running_stats: bool = True,
-        device: Any = None,
-        dtype: Any = None,
-        *,
-        bias: bool = True,
-    ) -> None:
-        super().__init__()
-        cls = type(self).__name__
-        self.num_features = _positive_int(num_features, cls, "num_features")
-        self.eps = _check_eps(cls, eps)
-        if momentum is not None and (isinstance(momentum, bool)
-                                     or not isinstance(momentum, numbers.Real)):
-            raise ValueError(f"{cls}: momentum must be a number or None (a cumulative "
-                             f"average), got {momentum!r}")
-        self.momentum = momentum
-        self.affine = bool(affine)
-        self.track_running_stats = bool(track_running_stats)
-        dt = _factory(dtype, cls)
-        _affine_params(self, (self.num_features,), self.affine, self.affine and bool(bias), dt,
-                       device)
-        if self.track_running_stats:
-            self.register_buffer("running_mean", zeros(self.num_features, dtype=dt,
-                                                       device=device))
-            self.register_buffer("running_var", ones(self.num_features, dtype=dt,
-                                                     device=device))
-            self.register_buffer("num_batches_tracked", zeros((), dtype=_dt.int64,
-                                                              device=device))
-        else:
-            self.register_buffer("running_mean", None)
-            self.register_buffer("running_var", None)
-            self.register_buffer("num_batches_tracked", None)
-        self.reset_parameters()
-
-    def reset_running_stats(self) -> None:
-        """Set the running mean to 0, the running variance to 1 and the batch count to 0."""
-        if self.track_running_stats:
-            with no_grad():
-                self.running_mean.zero_()
-                self.running_var.fill_(1)
-                self.num_batches_tracked.zero_()
-
-    def reset_parameters(self) -> None:
-        """Reset the running statistics, and the affine parameters to weight 1, bias 0."""
-        self.reset_running_stats()
-        _reset_affine(self)
-
-    def _check_input_dim(self, input: Tensor) -> None:  # noqa: A002 - torch's name
-        if input.ndim not in self._ranks:
-            want = " or ".join(f"{r}D" for r in self._ranks)
-            raise ValueError(f"{type(self).__name__}: expected a {want} input, got a "
-                             f"{input.ndim}D input of shape {tuple(input.shape)}")
-
-    def extra_repr(self) -> str:
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-                f"affine={self.affine}, bias={self.bias is not None}, "
-                f"track_running_stats={self.track_running_stats}")
-
-
-class _BatchNorm(_NormBase):
-    """Shared body of the batch-norm layers."""
-
-    def _momentum_factor(self) -> float:
-        """Count a training batch; return the weight of its statistics in the running ones."""
-        factor = 0.0 if self.momentum is None else float(self.momentum)
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked._data += 1
-            if self.momentum is None:  # a cumulative average of every batch so far
-                factor = 1.0 / float(self.num_batches_tracked._data)
-        return factor
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        self._check_input_dim(input)
-        return self._local(input, self._momentum_factor())
-
-    def _local(self, input: Tensor, factor: float) -> Tensor:  # noqa: A002 - torch's name
-        """Batch norm with this rank's own batch statistics (or the running ones)."""
-        # Batch statistics while training, and also in eval mode when none are tracked;
-        # the running buffers are updated only while training.
-        use_batch = self.training or (self.running_mean is None and self.running_var is None)
-        track = not self.training or self.track_running_stats
-        return F.batch_norm(input, self.running_mean if track else None,
-                            self.running_var if track else None, self.weight, self.bias,
-                            use_batch, factor, self.eps)
-
-
-class BatchNorm1d(_BatchNorm):
-    """Batch normalisation of (N, C) or (N, C, L) inputs, per channel, as ``torch.nn``'s.
-
-    In training mode each channel is normalised by the batch's mean and (biased) variance,
-    and the running statistics are updated with the unbiased variance:
-    ``running = (1 - momentum) * running + momentum * batch`` (``momentum=None``: the
-    cumulative average of all batches seen). In evaluation mode the running statistics are
-    used (the batch's, when ``track_running_stats=False``).
-
-    Args:
-        num_features: the channel count C (> 0).
-        eps: added to the variance for stability.
-        momentum: the weight of each batch in the running update, or None.
-        affine: learn a per-channel ``weight`` (init 1) and ``bias`` (init 0).
-        track_running_stats: keep running statistics (buffers) for evaluation.
-        device, dtype: where and in which float dtype to create parameters and buffers.
-        bias: with ``affine``, whether to learn the bias too (keyword only).
-
-    Raises:
-        ValueError: a bad num_features, eps or momentum; in forward, an input of the wrong
-            rank, or one value per channel in training.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> BatchNorm1d(4)(mt.randn(8, 4)).shape
-        mpitensor.Size([8, 4])
-    """
-
-    _ranks = (2, 3)
-
-
-class BatchNorm2d(_BatchNorm):
-    """Batch normalisation of (N, C, H, W) inputs, per channel (arguments as
-    :class:`BatchNorm1d`).
-
-    The output keeps the input's memory layout (a conv2d output's batch-innermost one too), so
-    a conv -> batch norm -> relu -> conv chain makes no layout copies.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> BatchNorm2d(3)(mt.randn(2, 3, 4, 4)).shape
-        mpitensor.Size([2, 3, 4, 4])
-    """
-
-    _ranks = (4,)
-
-
-class BatchNorm3d(_BatchNorm):
-    """Batch normalisation of (N, C, D, H, W) inputs, per channel (arguments as
-    :class:`BatchNorm1d`).
-
-    Example:
-        >>> import mpitensor as mt
-        >>> BatchNorm3d(3)(mt.randn(2, 3, 2, 4, 4)).shape
-        mpitensor.Size([2, 3, 2, 4, 4])
-    """
-
-    _ranks = (5,)
-
-
-class _InstanceNorm(_NormBase):
-    """Shared body of the instance-norm layers: each (sample, channel) plane is normalised by
-    its own statistics; an unbatched input (one rank fewer) is taken as a batch of one."""
-
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1,
-                 affine: bool = False, track_running_stats: bool = False, device: Any = None,
-                 dtype: Any = None, *, bias: bool = True) -> None:
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device,
-                         dtype, bias=bias)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        self._check_input_dim(input)
-        unbatched = input.ndim == self._ranks[0]
-        channel_dim = 0 if unbatched else 1
-        if input.shape[channel_dim] != self.num_features:
-            if self.affine:
-                raise ValueError(f"{type(self).__name__}: expected {self.num_features} channels "
-                                 f"(dimension {channel_dim}) to match num_features, got "
-                                 f"{input.shape[channel_dim]}")
-            warnings.warn(f"{type(self).__name__}: input has {input.shape[channel_dim]} "
-                          f"channels but num_features is {self.num_features}; with "
-                          f"affine=False the channels are normalised anyway", stacklevel=2)
-        x = input.unsqueeze(0) if unbatched else input
-        out = F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                              self.training or not self.track_running_stats,
-                              0.0 if self.momentum is None else float(self.momentum), self.eps)
-        return out.squeeze(0) if unbatched else out
-
-
-class InstanceNorm1d(_InstanceNorm):
-    """Instance normalisation of (N, C, L) or (C, L) inputs: each plane by its own mean and
-    (biased) variance.
-
-    Args: as :class:`BatchNorm1d`, but ``affine`` and ``track_running_stats`` default to
-    False; with running statistics, evaluation mode normalises with them.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> InstanceNorm1d(3).extra_repr()
-        '3, eps=1e-05, momentum=0.1, affine=False, bias=False, track_running_stats=False'
-    """
-
-    _ranks = (2, 3)
-
-
-class InstanceNorm2d(_InstanceNorm):
-    """Instance normalisation of (N, C, H, W) or (C, H, W) inputs (see
-    :class:`InstanceNorm1d`).
-
-    Example:
-        >>> import mpitensor as mt
-        >>> InstanceNorm2d(3, affine=True)(mt.randn(2, 3, 4, 4)).shape
-        mpitensor.Size([2, 3, 4, 4])
-    """
-
-    _ranks = (3, 4)
-
-
-class InstanceNorm3d(_InstanceNorm):
-    """Instance normalisation of (N, C, D, H, W) or (C, D, H, W) inputs (see
-    :class:`InstanceNorm1d`).
-
-    Example:
-        >>> import mpitensor as mt
-        >>> InstanceNorm3d(3)(mt.randn(2, 3, 2, 4, 4)).shape
-        mpitensor.Size([2, 3, 2, 4, 4])
-    """
-
-    _ranks = (4, 5)
-
-
-class SyncBatchNorm(_BatchNorm):
-    """Batch normalisation whose training statistics span the batches of a process group.
-
-    In training mode, each channel of an (N, C, ...) input (2-D or more) is normalised with
-    the mean and biased variance of the *global* batch: the concatenation of the batches of
-    every rank of ``process_group`` (default: the default group). The forward pass makes one
-    all_gather of each rank's per-channel count, mean and sum of squared deviations (combined
-    in float64 on every rank alike, so no precision is lost to ``E[x^2] - E[x]^2``); the
-    backward pass one all_reduce of the two per-channel sums the input gradient needs. Outputs
-    and input gradients then equal those of a :class:`BatchNorm2d` (or 1d) run on the whole
-    global batch in one process; ``weight`` and ``bias`` get this rank's share of their
-    gradient, which DDP sums over the ranks with every other parameter's. The running
-    statistics, updated with the global mean and unbiased variance, are the same on every
-    rank. Local batch sizes may differ between ranks, and be 0 on some.
-
-    Every member of the group must call it in the same order (it is a collective, as a
-    ``dist.all_reduce`` is). Without communication, it is :class:`BatchNorm2d`:
-
-    - in evaluation mode (running statistics, or the local batch's own statistics when
-      ``track_running_stats=False``, as torch);
-    - when no default process group is initialised, or the group has one rank;
-    - on a rank that is not a member of ``process_group`` (its world size is -1).
-
-    Differences from torch: it runs on the CPU (NumPy arrays; CuPy ones too) where torch's
-    asks for GPU inputs; a group that holds one value per channel in all raises ValueError on
-    every rank (torch checks only a lone rank); when every rank's batch is empty the
-    statistics are left alone; a rank whose arguments are wrong raises before any traffic and
-    its peers raise PeerFailedError instead of waiting. ``copy.deepcopy`` shares the process
-    group (a handle on the ranks' communicator) instead of failing to copy it. Don't let a
-    rank leave early with DDP's ``join()`` while the model holds SyncBatchNorm layers: the
-    shadow steps of a joined rank don't run their collectives.
-
-    Args:
-        num_features: the channel count C (> 0).
-        eps: added to the variance for stability.
-        momentum: the weight of each batch in the running update, or None (the cumulative
-            average of all batches seen).
-        affine: learn a per-channel ``weight`` (init 1) and ``bias`` (init 0).
-        track_running_stats: keep running statistics (buffers) for evaluation.
-        process_group: the group whose batches are pooled (from ``dist.new_group``), or None
-            for the default group at the time of each forward.
-        device, dtype: where and in which float dtype to create parameters and buffers.
-        bias: with ``affine``, whether to learn the bias too (keyword only).
-
-    Raises:
-        ValueError: a bad num_features, eps or momentum; in forward, an input of fewer than 2
-            dimensions or with no channel, or one value per channel in all in training.
-        TypeError: a ``process_group`` that is not a ProcessGroup (nor None).
-        RuntimeError: in forward, an input whose channel count or dtype does not match.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> import mpitensor.nn as nn
-        >>> net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
-        >>> net = nn.SyncBatchNorm.convert_sync_batchnorm(net)  # then wrap it in DDP
-        >>> net[1]
-        SyncBatchNorm(8, eps=1e-05, momentum=0.1, affine=True, bias=True, track_running_stats=True)
-        >>> net(mt.randn(4, 3, 6, 6)).shape  # no process group: as BatchNorm2d
-        mpitensor.Size([4, 8, 4, 4])
-    """
-
-    def __init__(
-        self,
-        num_features: int,
-        eps: float = 1e-5,
-        momentum: Optional[float] = 0.1,
-        affine: bool = True,
-        track_running_stats: bool = True,
-        process_group: Optional[ProcessGroup] = None,
-        device: Any = None,
-        dtype: Any = None,
-        *,
-        bias: bool = True,
-    ) -> None:
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device,
-                         dtype, bias=bias)
-        if process_group is not None and not isinstance(process_group, ProcessGroup):
-            raise TypeError(f"SyncBatchNorm: process_group must be a process group from "
-                            f"mpitensor.distributed.new_group() or None (the default group), "
-                            f"got {type(process_group).__name__}")
-        self.process_group = process_group
-
-    def _check_input_dim(self, input: Tensor) -> None:  # noqa: A002 - torch's name
-        if input.ndim < 2:
-            raise ValueError(f"SyncBatchNorm: expected an input of at least 2 dimensions "
-                             f"(N, C, ...), got a {input.ndim}D input of shape "
-                             f"{tuple(input.shape)}")
-        if input.shape[1] == 0:
-            raise ValueError(f"SyncBatchNorm: the input has no channel (shape "
-                             f"{tuple(input.shape)}); dimension 1 must hold the "
-                             f"{self.num_features} channels")
-
-    def _sync_group(self) -> Optional[ProcessGroup]:
-        """The group to pool the statistics over now, or None to run as BatchNorm."""
-        if not self.training or not dist.is_initialized():
-            return None
-        group = self.process_group if self.process_group is not None else dist.group.WORLD
-        return group if dist.get_world_size(group) > 1 else None
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        self._check_input_dim(input)
-        factor = self._momentum_factor()
-        group = self._sync_group()
-        if group is None:
-            return self._local(input, factor)
-        track = self.track_running_stats
-        return sync_batch_norm(input, self.running_mean if track else None,
-                               self.running_var if track else None, self.weight, self.bias,
-                               factor, self.eps, group)
-
-    def __deepcopy__(self, memo: dict) -> SyncBatchNorm:
-        group = self.__dict__.get("process_group")
-        if group is not None:
-            memo[id(group)] = group  # a handle on the ranks' communicator: shared, not copied
-        dup = type(self).__new__(type(self))
-        memo[id(self)] = dup
-        dup.__setstate__(copy.deepcopy(self.__dict__, memo))
-        return dup
-
-    @classmethod
-    def convert_sync_batchnorm(cls, module: Module,
-                               process_group: Optional[ProcessGroup] = None) -> Module:
-        """Replace every batch-norm layer in ``module`` (recursively) by a SyncBatchNorm.
-
-        Each new layer takes over the old one's parameters and buffers (the same tensor
-        objects, so ``requires_grad``, values and an optimiser's references stay), its
-        options and its training flag. Other modules are changed in place.
-
-        Args:
-            module: a module, or a batch-norm layer itself.
-            process_group: the group the new layers pool their statistics over (None: the
-                default group).
-
-        Returns:
-            ``module`` with its batch-norm layers replaced, or the new SyncBatchNorm when
-            ``module`` is a batch-norm layer.
-
-        Example:
-            >>> import mpitensor.nn as nn
-            >>> net = nn.SyncBatchNorm.convert_sync_batchnorm(
-            ...     nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
-            >>> type(net[1]).__name__
-            'SyncBatchNorm'
-        """
-        out = module
-        if isinstance(module, _BatchNorm):
-            out = cls(module.num_features, module.eps, module.momentum, module.affine,
-                      module.track_running_stats, process_group,
-                      bias=module.affine and module.bias is not None)
-            for name in ("weight", "bias"):
-                out._parameters[name] = module._parameters.get(name)
-            for name in ("running_mean", "running_var", "num_batches_tracked"):
-                out._buffers[name] = module._buffers.get(name)
-            out.training = module.training
-        for name, child in list(module._modules.items()):
-            if child is not None:
-                out._modules[name] = cls.convert_sync_batchnorm(child, process_group)
-        return out
+__all__ = ["GroupNorm", "LayerNorm", "LocalResponseNorm", "CrossMapLRN2d", "RMSNorm"]
 
 
 class GroupNorm(Module):
@@ -548,3 +123,108 @@ class LayerNorm(Module):
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, "
                 f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}")
+
+
+class LocalResponseNorm(Module):
+    """Normalise by the mean square over ``size`` neighbouring channels.
+
+    Example:
+        >>> LocalResponseNorm(2)
+        LocalResponseNorm(2, alpha=0.0001, beta=0.75, k=1.0)
+    """
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75,
+                 k: float = 1.0) -> None:
+        super().__init__()
+        self.size = size
+        self.alpha = alpha
+        self.beta = beta
+        self.k = k
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.local_response_norm(input, self.size, self.alpha, self.beta, self.k)
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
+class CrossMapLRN2d(Module):
+    """torch's older cross-channel normalisation of a 4-D (N, C, H, W) input:
+    ``x / (k + alpha / size * S) ^ beta``, where ``S`` sums ``x^2`` over a channel window.
+
+    The window is the one torch's running sum gives, kept for parity: channels
+    ``0 .. c + P - 1`` (``P = (size - 1) // 2 + 1``) less channels ``1 .. c - P`` (torch
+    never drops channel 0 from the sum). This is not :class:`LocalResponseNorm`'s window.
+
+    Example:
+        >>> CrossMapLRN2d(3)
+        CrossMapLRN2d(3, alpha=0.0001, beta=0.75, k=1)
+    """
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1) -> None:
+        super().__init__()
+        self.size = size
+        self.alpha = alpha
+        self.beta = beta
+        self.k = k
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        if input.ndim != 4:
+            raise ValueError(f"CrossMapLRN2d: expected a 4-D (N, C, H, W) input, got "
+                             f"{input.ndim}-D")
+        c = input.shape[1]
+        pre = (self.size - 1) // 2 + 1
+        j = np.arange(c)[None, :]
+        row = np.arange(c)[:, None]
+        window = (j <= np.minimum(row + pre - 1, c - 1)) & ~((j >= 1) & (j <= row - pre))
+        xp = xp_of(input)
+        m = Tensor._wrap(xp.asarray(window.T.astype(input._data.dtype)))
+        sq = (input * input).transpose(1, 3)  # (N, W, H, C)
+        total = (sq @ m).transpose(1, 3)
+        return input * (total * (float(self.alpha) / self.size) + float(self.k)) ** (
+            -float(self.beta))
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
+class RMSNorm(Module):
+    """Root-mean-square normalisation over the trailing ``normalized_shape``, with a learned
+    scale (``elementwise_affine``, starting at ones).
+
+    Raises:
+        TypeError: a malformed ``normalized_shape``.
+
+    Example:
+        >>> RMSNorm(8)
+        RMSNorm((8,), eps=None, elementwise_affine=True)
+    """
+
+    def __init__(self, normalized_shape: Any, eps: Optional[float] = None,
+                 elementwise_affine: bool = True, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        shape = (normalized_shape,) if is_int(normalized_shape) else tuple(normalized_shape)
+        if not all(is_int(s) and s >= 0 for s in shape):
+            raise TypeError(f"RMSNorm: normalized_shape must be an int or ints, got "
+                            f"{normalized_shape!r}")
+        self.normalized_shape = tuple(int(s) for s in shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            dt = _dt.get_default_dtype() if dtype is None else _dt.to_dtype(dtype)
+            self.weight = Parameter(empty(*self.normalized_shape, dtype=dt, device=device))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Set the scale to ones."""
+        if self.weight is not None:
+            init.ones_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")

@@ -17,8 +17,7 @@ from typing import Any
 from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
-from .._functional.checks import is_int
-from .._functional.checks import is_number
+from .._functional.checks import is_int, is_number
 from .module import Module
 
 __all__ = [

@@ -1,11 +1,7 @@
-"""Pooling modules with ``torch.nn``'s names: the 1-D ones (:class:`MaxPool1d`,
-:class:`AvgPool1d`, :class:`AdaptiveMaxPool1d`, :class:`LPPool1d`, :class:`MaxUnpool1d`), the
-3-D ones (:class:`MaxPool3d`, :class:`AvgPool3d`, :class:`AdaptiveAvgPool3d`,
-:class:`AdaptiveMaxPool3d`, :class:`LPPool3d`, :class:`MaxUnpool3d`,
-:class:`FractionalMaxPool3d`), the 2-D ones :mod:`.layers` lacks (:class:`AdaptiveMaxPool2d`,
-:class:`LPPool2d`, :class:`MaxUnpool2d`, :class:`FractionalMaxPool2d`), and the cross-channel
-:class:`LocalResponseNorm` and :class:`CrossMapLRN2d`. :class:`MaxPool2d` and
-:class:`AvgPool2d` live in :mod:`.layers`.
+"""``torch.nn.modules.pooling``: max, average, adaptive, LP, fractional and unpooling layers in
+1, 2 and 3 dimensions (:class:`MaxPool1d`, :class:`MaxPool2d`, :class:`AvgPool3d`,
+:class:`AdaptiveAvgPool2d`, :class:`LPPool2d`, :class:`MaxUnpool3d`,
+:class:`FractionalMaxPool2d`, ...).
 
 Example:
     >>> import mpitensor as mt
@@ -17,18 +13,16 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
-
 from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
-from .._functional.checks import xp_of
+from ._common import _IntOrPair, _pair, _positive_int
 from .module import Module
 
-__all__ = ["MaxPool1d", "AvgPool1d", "AdaptiveMaxPool1d", "LPPool1d", "MaxUnpool1d",
-           "LocalResponseNorm", "MaxPool3d", "AvgPool3d", "AdaptiveAvgPool3d",
-           "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "LPPool2d", "LPPool3d", "MaxUnpool2d",
-           "MaxUnpool3d", "FractionalMaxPool2d", "FractionalMaxPool3d", "CrossMapLRN2d"]
+__all__ = ["MaxPool1d", "AvgPool1d", "AdaptiveMaxPool1d", "LPPool1d", "MaxUnpool1d", "MaxPool3d",
+           "AvgPool3d", "AdaptiveAvgPool3d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "LPPool2d",
+           "LPPool3d", "MaxUnpool2d", "MaxUnpool3d", "FractionalMaxPool2d", "FractionalMaxPool3d",
+           "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d"]
 
 
 def _ntuple(v: Any, nd: int) -> tuple:
@@ -366,64 +360,162 @@ class FractionalMaxPool3d(_FractionalMaxPoolNd):
     _nd = 3
 
 
-class LocalResponseNorm(Module):
-    """Normalise by the mean square over ``size`` neighbouring channels.
+class MaxPool2d(Module):
+    """2-D max pooling over an NCHW input, as ``torch.nn.MaxPool2d``.
+
+    Args:
+        kernel_size: window size, an int or a pair (> 0).
+        stride: window step (default ``kernel_size``).
+        padding: implicit -inf padding on both sides, at most half the kernel size.
+        dilation: spacing between window elements (> 0).
+        return_indices: also return the argmax indices (for ``MaxUnpool2d``).
+        ceil_mode: use ceil instead of floor for the output size.
+
+    Raises:
+        ValueError: a non-positive size, or padding larger than half the kernel.
 
     Example:
-        >>> LocalResponseNorm(2)
-        LocalResponseNorm(2, alpha=0.0001, beta=0.75, k=1.0)
+        >>> import mpitensor as mt
+        >>> MaxPool2d(2)(mt.randn(1, 1, 28, 28)).shape
+        mpitensor.Size([1, 1, 14, 14])
     """
 
-    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75,
-                 k: float = 1.0) -> None:
+    def __init__(
+        self, kernel_size: _IntOrPair, stride: Optional[_IntOrPair] = None,
+        padding: _IntOrPair = 0, dilation: _IntOrPair = 1, return_indices: bool = False,
+        ceil_mode: bool = False,
+    ) -> None:
         super().__init__()
-        self.size = size
-        self.alpha = alpha
-        self.beta = beta
-        self.k = k
+        c = "MaxPool2d"
+        ks = _pair(kernel_size, c, "kernel_size", 1)
+        if stride is not None:
+            _pair(stride, c, "stride", 1)
+        pad = _pair(padding, c, "padding", 0)
+        dil = _pair(dilation, c, "dilation", 1)
+        if any(2 * p > (k - 1) * d + 1 for p, k, d in zip(pad, ks, dil)):
+            raise ValueError(f"MaxPool2d: pad should be at most half of effective kernel size, "
+                             f"but got pad={padding}, kernel_size={kernel_size} and "
+                             f"dilation={dilation}")
+        # torch keeps the arguments as given (an int stays an int) and prints them so
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding = padding
+        self.dilation = dilation
+        self.return_indices = bool(return_indices)
+        self.ceil_mode = bool(ceil_mode)
 
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.local_response_norm(input, self.size, self.alpha, self.beta, self.k)
+    def forward(self, input: Tensor) -> Any:  # noqa: A002 - torch's name
+        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation,
+                            ceil_mode=self.ceil_mode, return_indices=self.return_indices)
 
     def extra_repr(self) -> str:
-        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
 
 
-class CrossMapLRN2d(Module):
-    """torch's older cross-channel normalisation of a 4-D (N, C, H, W) input:
-    ``x / (k + alpha / size * S) ^ beta``, where ``S`` sums ``x^2`` over a channel window.
+class AvgPool2d(Module):
+    """2-D average pooling over an NCHW input, as ``torch.nn.AvgPool2d``.
 
-    The window is the one torch's running sum gives, kept for parity: channels
-    ``0 .. c + P - 1`` (``P = (size - 1) // 2 + 1``) less channels ``1 .. c - P`` (torch
-    never drops channel 0 from the sum). This is not :class:`LocalResponseNorm`'s window.
+    Args:
+        kernel_size: window size, an int or a pair (> 0).
+        stride: window step (default ``kernel_size``).
+        padding: implicit zero padding on both sides, at most half the kernel size.
+        ceil_mode: use ceil instead of floor for the output size.
+        count_include_pad: count the padding zeros in the average.
+        divisor_override: divide by this instead of the window size.
+
+    Raises:
+        ValueError: a non-positive size, padding larger than half the kernel, or a
+            non-positive divisor_override.
 
     Example:
-        >>> CrossMapLRN2d(3)
-        CrossMapLRN2d(3, alpha=0.0001, beta=0.75, k=1)
+        >>> import mpitensor as mt
+        >>> AvgPool2d(2)(mt.ones(1, 1, 4, 4)).shape
+        mpitensor.Size([1, 1, 2, 2])
     """
 
-    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1) -> None:
+    def __init__(
+        self, kernel_size: _IntOrPair, stride: Optional[_IntOrPair] = None,
+        padding: _IntOrPair = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+        divisor_override: Optional[int] = None,
+    ) -> None:
         super().__init__()
-        self.size = size
-        self.alpha = alpha
-        self.beta = beta
-        self.k = k
+        c = "AvgPool2d"
+        ks = _pair(kernel_size, c, "kernel_size", 1)
+        if stride is not None:
+            _pair(stride, c, "stride", 1)
+        pad = _pair(padding, c, "padding", 0)
+        if any(2 * p > k for p, k in zip(pad, ks)):
+            raise ValueError(f"AvgPool2d: pad should be at most half of kernel size, but got "
+                             f"pad={padding} and kernel_size={kernel_size}")
+        if divisor_override is not None:
+            _positive_int(divisor_override, c, "divisor_override")
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding = padding
+        self.ceil_mode = bool(ceil_mode)
+        self.count_include_pad = bool(count_include_pad)
+        self.divisor_override = divisor_override
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        if input.ndim != 4:
-            raise ValueError(f"CrossMapLRN2d: expected a 4-D (N, C, H, W) input, got "
-                             f"{input.ndim}-D")
-        c = input.shape[1]
-        pre = (self.size - 1) // 2 + 1
-        j = np.arange(c)[None, :]
-        row = np.arange(c)[:, None]
-        window = (j <= np.minimum(row + pre - 1, c - 1)) & ~((j >= 1) & (j <= row - pre))
-        xp = xp_of(input)
-        m = Tensor._wrap(xp.asarray(window.T.astype(input._data.dtype)))
-        sq = (input * input).transpose(1, 3)  # (N, W, H, C)
-        total = (sq @ m).transpose(1, 3)
-        return input * (total * (float(self.alpha) / self.size) + float(self.k)) ** (
-            -float(self.beta))
+        return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                            self.count_include_pad, self.divisor_override)
 
     def extra_repr(self) -> str:
-        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AdaptiveAvgPool2d(Module):
+    """2-D adaptive average pooling to a fixed output size, as ``torch.nn.AdaptiveAvgPool2d``.
+
+    Args:
+        output_size: an int (square output) or a pair of ints or None (None keeps the
+            input's size along that dimension). Bins follow torch's rule (see
+            :func:`~mpitensor.nn.functional.adaptive_avg_pool2d`).
+
+    Raises:
+        ValueError: a negative size or a tuple of the wrong length.
+        TypeError: an entry that is neither an int nor None.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> AdaptiveAvgPool2d((1, 1))(mt.randn(2, 8, 7, 7)).shape
+        mpitensor.Size([2, 8, 1, 1])
+    """
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        F._adaptive_size(output_size, 2, "AdaptiveAvgPool2d")
+        self.output_size = output_size
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.adaptive_avg_pool2d(input, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool1d(Module):
+    """1-D adaptive average pooling of (N, C, L) inputs to ``output_size`` positions.
+
+    Raises:
+        ValueError, TypeError: a negative or non-integer size.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> AdaptiveAvgPool1d(3)(mt.randn(2, 4, 10)).shape
+        mpitensor.Size([2, 4, 3])
+    """
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        (size,) = F._adaptive_size(output_size, 1, "AdaptiveAvgPool1d")
+        if size is None:
+            raise TypeError("AdaptiveAvgPool1d: output_size must be an int, got None")
+        self.output_size = output_size
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.adaptive_avg_pool1d(input, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"

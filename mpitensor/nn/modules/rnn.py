@@ -23,9 +23,9 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
+from mpitensor import dtypes as _dt
 from mpitensor._core import autocast as _autocast
 from mpitensor._ops import create as _creation
-from mpitensor import dtypes as _dt
 from mpitensor.tensor import Tensor, empty
 
 from .. import functional as F  # noqa: N812 - torch's spelling
@@ -38,11 +38,10 @@ from .._functional.recurrent import (
     padded_rows,
     split_outputs,
 )
-from .layers import _factory
-from .layers import _positive_int
-from .module import Module
 from ..parameter import Parameter
 from ..utils.rnn import PackedSequence
+from ._common import _factory, _positive_int
+from .module import Module
 
 __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
 

@@ -23,8 +23,8 @@ from mpitensor.tensor import Tensor, empty
 from .. import functional as F  # noqa: N812 - torch's spelling
 from .. import init
 from .._functional.checks import is_int
-from .module import Module
 from ..parameter import Parameter
+from .module import Module
 
 __all__ = ["Embedding", "EmbeddingBag"]
 

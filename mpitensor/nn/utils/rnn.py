@@ -176,8 +176,7 @@ def pack_padded_sequence(input: Tensor, lengths: Any, batch_first: bool = False,
         lens = lens[order]
         sorted_indices = _creation.tensor(order.astype(np.int64), device=x.device)
         x = x.index_select(1, sorted_indices)
-    from mpitensor.nn._functional.recurrent import PaddedToPacked
-    from mpitensor.nn._functional.recurrent import padded_rows  # noqa: PLC0415 - cycle
+    from mpitensor.nn._functional.recurrent import PaddedToPacked, padded_rows  # noqa: PLC0415
 
     steps = int(lens[0]) if B else 0
     batch_sizes = np.array([(lens > t).sum() for t in range(steps)], dtype=np.int64)
@@ -205,8 +204,7 @@ def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False,
     fname = "pad_packed_sequence()"
     if not isinstance(sequence, PackedSequence):
         raise TypeError(f"{fname}: expected a PackedSequence, got {type(sequence).__name__}")
-    from mpitensor.nn._functional.recurrent import PackedToPadded
-    from mpitensor.nn._functional.recurrent import padded_rows  # noqa: PLC0415 - cycle
+    from mpitensor.nn._functional.recurrent import PackedToPadded, padded_rows  # noqa: PLC0415
 
     data, bs_t, _, unsorted = sequence
     batch_sizes = np.asarray(_host(bs_t), dtype=np.int64)

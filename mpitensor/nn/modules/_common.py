@@ -1,0 +1,122 @@
+"""What several layer families share: constructor argument checks (sizes, dtypes, the
+loss ``reduction`` keyword, padding modes) and the creation and default initialisation of
+weights, biases and affine parameters."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from mpitensor import dtypes as _dt
+from mpitensor.tensor import empty
+
+from .. import init
+from ..parameter import Parameter
+from .module import Module
+
+_IntOrPair = Union[int, tuple]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _positive_int(v: Any, cls: str, name: str, allow_zero: bool = False) -> int:
+    low = 0 if allow_zero else 1
+    if not _is_int(v) or v < low:
+        what = "a non-negative" if allow_zero else "a positive"
+        raise ValueError(f"{cls}: {name} must be {what} integer, got {v!r}")
+    return int(v)
+
+
+def _pair(v: Any, cls: str, name: str, low: int) -> tuple:
+    """``v`` as a pair of ints >= low (an int is used for both)."""
+    if _is_int(v):
+        v = (v, v)
+    if not isinstance(v, (tuple, list)) or len(v) != 2 or not all(_is_int(e) for e in v):
+        raise ValueError(f"{cls}: {name} must be an int or a pair of ints, got {v!r}")
+    if any(e < low for e in v):
+        bound = "positive" if low == 1 else "non-negative"
+        raise ValueError(f"{cls}: {name} must be {bound}, got {v!r}")
+    return (int(v[0]), int(v[1]))
+
+
+def _factory(dtype: Any, cls: str) -> Any:
+    """A floating dtype for new parameters (the default dtype when None)."""
+    dt = _dt.get_default_dtype() if dtype is None else _dt.to_dtype(dtype)
+    if not _dt.is_floating_dtype(dt):
+        raise TypeError(f"{cls}: parameters need a floating point dtype, got {_dt.dt_repr(dt)}")
+    return dt
+
+
+def _reduction(size_average: Any, reduce: Any, reduction: str, cls: str) -> str:
+    """torch's legacy ``size_average``/``reduce`` flags folded into ``reduction``."""
+    if size_average is not None or reduce is not None:
+        warnings.warn(
+            "size_average and reduce args will be deprecated, please use reduction instead",
+            stacklevel=3,
+        )
+        size_average = True if size_average is None else size_average
+        reduce = True if reduce is None else reduce
+        if size_average and reduce:
+            return "mean"
+        return "sum" if reduce else "none"
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(
+            f"{cls}: {reduction!r} is not a valid value for reduction; use 'none', 'mean' or 'sum'"
+        )
+    return reduction
+
+
+_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+
+
+def _reset_default(weight: Parameter, bias: Optional[Parameter]) -> None:
+    """torch's default init of Linear and Conv: kaiming-uniform(a=√5), bias in ±1/√fan_in.
+
+    fan_in is never 0 here: the constructors reject empty feature and channel counts.
+    """
+    init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = init._calculate_fan_in_and_fan_out(weight)
+        bound = 1 / math.sqrt(fan_in)
+        init.uniform_(bias, -bound, bound)
+
+
+def _add_weight_and_bias(module: Module, wshape: tuple, bias: bool, dtype: Any,
+                         device: Any) -> None:
+    """Register ``weight`` (``wshape``) and ``bias`` (``wshape[0]``, or None) on ``module``,
+    uninitialised, then draw them with ``module.reset_parameters()``."""
+    module.weight = Parameter(empty(*wshape, dtype=dtype, device=device))
+    if bias:
+        module.bias = Parameter(empty(wshape[0], dtype=dtype, device=device))
+    else:
+        module.register_parameter("bias", None)
+    module.reset_parameters()
+
+
+def _check_eps(cls: str, eps: Any) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ValueError(f"{cls}: eps must be a non-negative number, got {eps!r}")
+    return float(eps)
+
+
+def _affine_params(module: Module, shape: tuple, weight: bool, bias: bool, dtype: Any,
+                   device: Any) -> None:
+    """Register ``weight`` and ``bias`` of ``shape`` (or None), then set them to 1 and 0."""
+    for name, wanted in (("weight", weight), ("bias", bias)):
+        if wanted:
+            module.register_parameter(name, Parameter(empty(*shape, dtype=dtype, device=device)))
+        else:
+            module.register_parameter(name, None)
+
+
+def _reset_affine(module: Module) -> None:
+    if module.weight is not None:
+        init.ones_(module.weight)
+    if module.bias is not None:
+        init.zeros_(module.bias)

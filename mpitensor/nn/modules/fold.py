@@ -1,0 +1,65 @@
+"""``torch.nn.modules.fold``: ``Unfold`` (sliding blocks to columns, im2col) and ``Fold`` (its
+adjoint, columns summed back into an image)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpitensor.tensor import Tensor
+
+from .. import functional as F  # noqa: N812 - torch's spelling
+from .module import Module
+
+__all__ = ["Unfold", "Fold"]
+
+
+class Unfold(Module):
+    """Extract sliding blocks (im2col); see :func:`~mpitensor.nn.functional.unfold`.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Unfold(2)(mt.zeros(1, 3, 4, 4)).shape
+        mpitensor.Size([1, 12, 9])
+    """
+
+    def __init__(self, kernel_size: Any, dilation: Any = 1, padding: Any = 0,
+                 stride: Any = 1) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.dilation = dilation
+        self.padding = padding
+        self.stride = stride
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.unfold(input, self.kernel_size, self.dilation, self.padding, self.stride)
+
+    def extra_repr(self) -> str:
+        return (f"kernel_size={self.kernel_size}, dilation={self.dilation}, "
+                f"padding={self.padding}, stride={self.stride}")
+
+
+class Fold(Module):
+    """Sum sliding blocks into an image (col2im); see :func:`~mpitensor.nn.functional.fold`.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Fold((3, 3), 2)(mt.zeros(1, 4, 4)).shape
+        mpitensor.Size([1, 1, 3, 3])
+    """
+
+    def __init__(self, output_size: Any, kernel_size: Any, dilation: Any = 1, padding: Any = 0,
+                 stride: Any = 1) -> None:
+        super().__init__()
+        self.output_size = output_size
+        self.kernel_size = kernel_size
+        self.dilation = dilation
+        self.padding = padding
+        self.stride = stride
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.fold(input, self.output_size, self.kernel_size, self.dilation, self.padding,
+                      self.stride)
+
+    def extra_repr(self) -> str:
+        return (f"output_size={self.output_size}, kernel_size={self.kernel_size}, "
+                f"dilation={self.dilation}, padding={self.padding}, stride={self.stride}")
