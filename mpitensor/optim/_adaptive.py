@@ -78,6 +78,23 @@ def not_differentiable(owner: str, name: str, value: Any) -> None:
                          f"the raw arrays, outside autograd); leave it False")
 
 
+#: the checks of the Adam family (Adam, AdamW, Adamax, NAdam, RAdam)
+ADAM_CHECKS: Dict[str, Check] = {"lr": nonneg, "betas": betas_pair, "eps": nonneg,
+                                 "weight_decay": nonneg, "differentiable": not_differentiable}
+
+
+def decayed_direction(param: Any, grad: Any, lr: float, weight_decay: float, decoupled: bool,
+                      maximize: bool) -> Any:
+    """:func:`direction` with the weight decay applied either way: as an L2 term in the
+    gradient, or (``decoupled``, AdamW's way) by shrinking ``param`` in place by
+    ``lr * weight_decay`` of itself first. The caller may overwrite the result only when it is
+    not ``grad``."""
+    if decoupled and weight_decay != 0:
+        param *= 1.0 - lr * weight_decay
+        return direction(param, grad, 0.0, maximize)[0]
+    return direction(param, grad, weight_decay, maximize)[0]
+
+
 class AdaptiveOptimizer(Optimizer):
     """Base of the optimisers with running per-parameter statistics.
 
@@ -87,6 +104,20 @@ class AdaptiveOptimizer(Optimizer):
     """
 
     _checks: Dict[str, Check] = {}
+
+    def __init__(self, params: Any, defaults: Dict[str, Any]) -> None:
+        self._check_hyper(defaults)  # before any group exists
+        self._normalize(defaults)
+        super().__init__(params, defaults)
+
+    def _normalize(self, defaults: Dict[str, Any]) -> None:
+        """Store checked hyper-parameters in their canonical form: ``betas`` as a pair of
+        floats, ``differentiable`` as False (the only value the checks let through)."""
+        if "betas" in defaults:
+            b1, b2 = defaults["betas"]
+            defaults["betas"] = (float(b1), float(b2))
+        if "differentiable" in defaults:
+            defaults["differentiable"] = False
 
     def _check_hyper(self, values: Dict[str, Any]) -> None:
         owner = type(self).__name__

@@ -82,8 +82,6 @@ class Adadelta(_a.AdaptiveOptimizer):
         defaults = dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay,
                         maximize=bool(maximize), capturable=bool(capturable), foreach=foreach,
                         differentiable=differentiable)
-        self._check_hyper(defaults)
-        defaults["differentiable"] = False
         super().__init__(params, defaults)
 
     def _group_settings(self, group: Dict[str, Any]) -> _Settings:

@@ -123,7 +123,6 @@ class Adafactor(_a.AdaptiveOptimizer):
     ) -> None:
         defaults = dict(lr=lr, beta2_decay=beta2_decay, eps=eps, d=d,
                         weight_decay=weight_decay, foreach=foreach, maximize=bool(maximize))
-        self._check_hyper(defaults)
         super().__init__(params, defaults)
 
     def _group_settings(self, group: Dict[str, Any]) -> _Settings:

@@ -87,8 +87,6 @@ class Adagrad(_a.AdaptiveOptimizer):
         defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
                         initial_accumulator_value=initial_accumulator_value, foreach=foreach,
                         maximize=bool(maximize), differentiable=differentiable, fused=fused)
-        self._check_hyper(defaults)
-        defaults["differentiable"] = False
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:

@@ -65,8 +65,7 @@ class Adamax(_a.AdaptiveOptimizer):
         tensor([ 0.9000, -1.9000], requires_grad=True)
     """
 
-    _checks = {"lr": _a.nonneg, "betas": _a.betas_pair, "eps": _a.nonneg,
-               "weight_decay": _a.nonneg, "differentiable": _a.not_differentiable}
+    _checks = _a.ADAM_CHECKS
 
     def __init__(
         self,
@@ -84,9 +83,6 @@ class Adamax(_a.AdaptiveOptimizer):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
                         maximize=bool(maximize), differentiable=differentiable,
                         capturable=bool(capturable))
-        self._check_hyper(defaults)
-        defaults["betas"] = (float(betas[0]), float(betas[1]))
-        defaults["differentiable"] = False
         super().__init__(params, defaults)
 
     def _group_settings(self, group: Dict[str, Any]) -> _Settings:

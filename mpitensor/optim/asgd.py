@@ -87,8 +87,6 @@ class ASGD(_a.AdaptiveOptimizer):
         defaults = dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
                         foreach=foreach, maximize=bool(maximize), differentiable=differentiable,
                         capturable=bool(capturable))
-        self._check_hyper(defaults)
-        defaults["differentiable"] = False
         super().__init__(params, defaults)
 
     def _group_settings(self, group: Dict[str, Any]) -> _Settings:

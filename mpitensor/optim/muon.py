@@ -131,7 +131,6 @@ class Muon(_a.AdaptiveOptimizer):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
                         nesterov=bool(nesterov), ns_coefficients=ns_coefficients, eps=eps,
                         ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn)
-        self._check_hyper(defaults)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:

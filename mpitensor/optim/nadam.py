@@ -101,9 +101,6 @@ class NAdam(_a.AdaptiveOptimizer):
                         decoupled_weight_decay=bool(decoupled_weight_decay),
                         maximize=bool(maximize), foreach=foreach, capturable=bool(capturable),
                         differentiable=differentiable)
-        self._check_hyper(defaults)
-        defaults["betas"] = (float(betas[0]), float(betas[1]))
-        defaults["differentiable"] = False
         super().__init__(params, defaults)
 
     def _group_settings(self, group: Dict[str, Any]) -> _Settings:
@@ -125,11 +122,7 @@ class NAdam(_a.AdaptiveOptimizer):
         m = _a.real(_a.state_array(state, "exp_avg", param))
         v = _a.real(_a.state_array(state, "exp_avg_sq", param))
         p, g = _a.real(param), _a.real(grad)
-        if s.decoupled and s.weight_decay != 0:
-            p *= 1.0 - s.lr * s.weight_decay
-            d, _ = _a.direction(p, g, 0.0, s.maximize)
-        else:
-            d, _ = _a.direction(p, g, s.weight_decay, s.maximize)
+        d = _a.decayed_direction(p, g, s.lr, s.weight_decay, s.decoupled, s.maximize)
         mu = s.beta1 * (1.0 - 0.5 * 0.96 ** (step * s.momentum_decay))
         mu_next = s.beta1 * (1.0 - 0.5 * 0.96 ** ((step + 1) * s.momentum_decay))
         prod = _mu_product(state)

@@ -73,8 +73,7 @@ class RAdam(_a.AdaptiveOptimizer):
         tensor([0.8000], requires_grad=True)
     """
 
-    _checks = {"lr": _a.nonneg, "betas": _a.betas_pair, "eps": _a.nonneg,
-               "weight_decay": _a.nonneg, "differentiable": _a.not_differentiable}
+    _checks = _a.ADAM_CHECKS
 
     def __init__(
         self,
@@ -94,9 +93,6 @@ class RAdam(_a.AdaptiveOptimizer):
                         maximize=bool(maximize), foreach=foreach, capturable=bool(capturable),
                         decoupled_weight_decay=bool(decoupled_weight_decay),
                         differentiable=differentiable)
-        self._check_hyper(defaults)
-        defaults["betas"] = (float(betas[0]), float(betas[1]))
-        defaults["differentiable"] = False
         super().__init__(params, defaults)
 
     def _group_settings(self, group: Dict[str, Any]) -> _Settings:
@@ -115,11 +111,7 @@ class RAdam(_a.AdaptiveOptimizer):
         m = _a.real(_a.state_array(state, "exp_avg", param))
         v = _a.real(_a.state_array(state, "exp_avg_sq", param))
         p, g = _a.real(param), _a.real(grad)
-        if s.decoupled and s.weight_decay != 0:
-            p *= 1.0 - s.lr * s.weight_decay
-            d, _ = _a.direction(p, g, 0.0, s.maximize)
-        else:
-            d, _ = _a.direction(p, g, s.weight_decay, s.maximize)
+        d = _a.decayed_direction(p, g, s.lr, s.weight_decay, s.decoupled, s.maximize)
         t = _a.scratch(p)
         _a.lerp_(m, d, 1.0 - s.beta1, t)
         v *= s.beta2

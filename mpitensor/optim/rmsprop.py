@@ -96,8 +96,6 @@ class RMSprop(_a.AdaptiveOptimizer):
         defaults = dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps, centered=bool(centered),
                         weight_decay=weight_decay, capturable=bool(capturable), foreach=foreach,
                         maximize=bool(maximize), differentiable=differentiable)
-        self._check_hyper(defaults)
-        defaults["differentiable"] = False
         super().__init__(params, defaults)
 
     def _group_settings(self, group: Dict[str, Any]) -> _Settings:

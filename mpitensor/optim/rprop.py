@@ -108,11 +108,13 @@ class Rprop(_a.AdaptiveOptimizer):
         defaults = dict(lr=lr, etas=etas, step_sizes=step_sizes, foreach=foreach,
                         maximize=bool(maximize), differentiable=differentiable,
                         capturable=bool(capturable))
-        self._check_hyper(defaults)
-        defaults["etas"] = tuple(etas)
-        defaults["step_sizes"] = tuple(step_sizes)
-        defaults["differentiable"] = False
         super().__init__(params, defaults)
+
+    def _normalize(self, defaults: Dict[str, Any]) -> None:
+        """Also store ``etas`` and ``step_sizes`` as tuples."""
+        super()._normalize(defaults)
+        defaults["etas"] = tuple(defaults["etas"])
+        defaults["step_sizes"] = tuple(defaults["step_sizes"])
 
     def _group_settings(self, group: Dict[str, Any]) -> _Settings:
         em, ep = group["etas"]

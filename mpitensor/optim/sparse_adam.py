@@ -88,8 +88,6 @@ class SparseAdam(_a.AdaptiveOptimizer):
         maximize: bool = False,
     ) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, maximize=bool(maximize))
-        self._check_hyper(defaults)
-        defaults["betas"] = (float(betas[0]), float(betas[1]))
         super().__init__(params, defaults)
 
     def _group_settings(self, group: Dict[str, Any]) -> _Settings:
