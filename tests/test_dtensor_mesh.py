@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pytest
 
 import mpitensor.distributed as dist
-from mpitensor.distributed.device_mesh import DeviceMesh, init_device_mesh
+from mpitensor.distributed.device_mesh import DeviceMesh, _check_grid, init_device_mesh
 from mpitensor.distributed.tensor import Partial, Placement, Replicate, Shard
 from mpitensor.distributed.tensor._utils import compute_local_shape_and_global_offset
 from mpitensor.distributed.tensor.placement_types import shard_size_and_offset
@@ -105,6 +106,9 @@ def test_mesh_errors(world):
         init_device_mesh("tpu", (1,))
     with pytest.raises(ValueError, match=r"ranks \[3\]"):
         DeviceMesh("cpu", [3])
+    with pytest.raises(ValueError, match=r"\[1, 0\] along mesh dim 0"):
+        DeviceMesh("cpu", [1, 0]) if dist.get_world_size() > 1 else _check_grid(
+            np.array([1, 0]), None, 2, "cpu")
     with pytest.raises(TypeError, match="integer ranks"):
         DeviceMesh("cpu", [0.5])
     with pytest.raises(TypeError, match="cannot be pickled"):

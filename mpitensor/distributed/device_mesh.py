@@ -68,6 +68,13 @@ def _check_grid(grid: np.ndarray, names: Optional[Tuple[str, ...]], world: int,
                          f"the world (size {world}); start more ranks or shrink the mesh")
     if len(set(flat)) != len(flat):
         raise ValueError(f"DeviceMesh: the mesh {grid.tolist()} names a rank twice")
+    for d in range(grid.ndim):
+        lines = _rows(grid, d)
+        odd = next((line for line in lines if line != sorted(line)), None)
+        if odd is not None:
+            raise ValueError(f"DeviceMesh: the ranks {odd} along mesh dim {d} of "
+                             f"{grid.tolist()} are not in increasing order; a group numbers "
+                             "its members by global rank, so list them in that order")
     if names is not None:
         if len(names) != grid.ndim:
             raise ValueError(f"DeviceMesh: {len(names)} mesh_dim_names {names} for a mesh of "

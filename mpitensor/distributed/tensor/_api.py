@@ -355,7 +355,7 @@ class DTensorParameter(DTensor, Parameter):
     __str__ = __repr__
 
 
-_dispatch.set_dtensor_class(DTensor)
+_dispatch.set_dtensor_class(DTensor, DTensorParameter)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -169,6 +169,7 @@ class Sharding:
 Rule = Callable[[OpCall], Sharding]
 _RULES: Dict[str, Tuple[Rule, bool]] = {}
 _DTENSOR: List[type] = []  # the DTensor class, once _api has been imported
+_KINDS: set = set()  # DTensor and its subclasses (DTensorParameter), for the wrappers' test
 
 
 def registered_ops() -> List[str]:
@@ -190,9 +191,10 @@ def register_sharding_rule(op: str, rule: Rule, *, allow_plain_tensors: bool = F
         _install(op)
 
 
-def set_dtensor_class(cls: type) -> None:
+def set_dtensor_class(cls: type, *subclasses: type) -> None:
     """Called once by ``_api``: install the methods of the rules registered before it."""
     _DTENSOR.append(cls)
+    _KINDS.update((cls,) + subclasses)
     for op in list(_RULES):
         _install(op)
 
@@ -220,16 +222,17 @@ def _wrap_function(path: str) -> None:
     original = getattr(module, name)
     if getattr(original, "__dtensor_original__", None) is not None:
         return
-    dt = _DTENSOR[0]
+    kinds = _KINDS  # the DTensor classes: a set lookup on the type is the cheapest test
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         for a in args:
-            if isinstance(a, (dt, list, tuple)) and _holds(a, dt):
+            t = type(a)
+            if t in kinds or ((t is list or t is tuple) and _holds(a, kinds)):
                 return dispatch(path, original, args, kwargs)
         if kwargs:
             for a in kwargs.values():
-                if isinstance(a, dt):
+                if type(a) in kinds:
                     return dispatch(path, original, args, kwargs)
         return original(*args, **kwargs)
 
@@ -237,8 +240,8 @@ def _wrap_function(path: str) -> None:
     setattr(module, name, wrapper)
 
 
-def _holds(a: Any, dt: type) -> bool:
-    return isinstance(a, dt) or any(isinstance(x, dt) for x in a)
+def _holds(seq: Any, kinds: set) -> bool:
+    return any(type(x) in kinds for x in seq)
 
 
 # ------------------------------------------------------------------ the dispatcher
