@@ -86,24 +86,10 @@ def write_into(x: Any, out: Any, what: str) -> None:
     _xp(x).copyto(x, out, casting="unsafe")
 
 
-def apply_inplace(fn: type, what: str, t: Any, *args: Any) -> Any:
-    """Write ``fn(t, *args)`` into ``t`` and record it: ``t``'s ``grad_fn`` becomes the new node.
-
-    ``fn`` is a :class:`Function`; if it defines ``forward_(ctx, x, *args)``, that writes into
-    ``x`` itself and returns it, else its ``forward`` result is copied into ``t``. Saved arrays
-    that the write would change are copied first, except ``fn``'s own output, which then is
-    ``t`` at its new version. Call it with grad mode on and ``t`` or a tensor among ``args``
-    requiring grad (see :func:`inplace_recorded`).
-
-    When ``t`` is a view, the write goes into its root's storage, so the root's graph is
-    rewired through a :class:`_CopySlices` node; the root's live views get new grad_fns.
-
-    Raises:
-        RuntimeError: ``t`` is a leaf (or a view of a leaf) that requires grad, or a view taken
-            under no_grad() of a tensor that requires grad.
-        TypeError: the result's dtype cannot be written into ``t``.
-    """
-    Tensor = _Tensor  # noqa: N806 - the class
+def _writable_target(t: Any, what: str) -> tuple:
+    """``(view info, root)`` of the tensor an in-place op writes into, after refusing what
+    autograd cannot record: a leaf that requires grad (or a view of one), a view taken under
+    no_grad() of a tensor that requires grad, a read-only array."""
     if t._requires_grad and t.grad_fn is None:
         raise leaf_in_place_error(what)
     info = getattr(t, "_view", None)
@@ -123,6 +109,45 @@ def apply_inplace(fn: type, what: str, t: Any, *args: Any) -> Any:
             f"{what} writes into a read-only array (an expand()ed view, in which several "
             f"elements share one memory location, or a read-only NumPy array); clone() it first"
         )
+    return info, root
+
+
+def _become_output(t: Any, node: Node, root: Any, info: Any) -> None:
+    """Make ``t`` the output of the in-place ``node``: its grad_fn, or, for a view, its root's
+    graph rewired through a :class:`_CopySlices` node that writes the view's new values."""
+    if root is None:
+        t.grad_fn = node
+        t._requires_grad = True
+    else:
+        cs = _object_new(Node)
+        rg = root._requires_grad
+        cs._init(_CopySlices, [root.grad_fn if rg else None, node], (rg, True))
+        cs.view = (info[1], None)
+        cs.out_meta = (root._data.shape, root._data.dtype)
+        root.grad_fn = cs
+        root._requires_grad = True
+
+
+def apply_inplace(fn: type, what: str, t: Any, *args: Any) -> Any:
+    """Write ``fn(t, *args)`` into ``t`` and record it: ``t``'s ``grad_fn`` becomes the new node.
+
+    ``fn`` is a :class:`Function`; if it defines ``forward_(ctx, x, *args)``, that writes into
+    ``x`` itself and returns it, else its ``forward`` result is copied into ``t``. Saved arrays
+    that the write would change are copied first, except ``fn``'s own output, which then is
+    ``t`` at its new version. Call it with grad mode on and ``t`` or a tensor among ``args``
+    requiring grad (see :func:`inplace_recorded`).
+
+    When ``t`` is a view, the write goes into its root's storage, so the root's graph is
+    rewired through a :class:`_CopySlices` node; the root's live views get new grad_fns.
+
+    Raises:
+        RuntimeError: ``t`` is a leaf (or a view of a leaf) that requires grad, or a view taken
+            under no_grad() of a tensor that requires grad.
+        TypeError: the result's dtype cannot be written into ``t``.
+    """
+    Tensor = _Tensor  # noqa: N806 - the class
+    info, root = _writable_target(t, what)
+    x = t._data
     raw = [x]
     nxt = [t.grad_fn if t._requires_grad else None]
     needs = [t._requires_grad]
@@ -158,17 +183,7 @@ def apply_inplace(fn: type, what: str, t: Any, *args: Any) -> Any:
     bump_version(t)
     node.out_meta = (x.shape, x.dtype)
     cell = version_cell(t)
-    if root is None:
-        t.grad_fn = node
-        t._requires_grad = True
-    else:
-        cs = _object_new(Node)
-        rg = root._requires_grad
-        cs._init(_CopySlices, [root.grad_fn if rg else None, node], (rg, True))
-        cs.view = (info[1], None)
-        cs.out_meta = (root._data.shape, root._data.dtype)
-        root.grad_fn = cs
-        root._requires_grad = True
+    _become_output(t, node, root, info)
     if node.saved and not node.versions:
         _note_versions(node, args, t)
     if cell[1]:
