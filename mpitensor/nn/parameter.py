@@ -42,7 +42,8 @@ class Parameter(Tensor):
 
     __slots__ = ()
 
-    def __new__(cls, data: Any = None, requires_grad: bool = True) -> Any:
+    def __new__(cls, data: Any = None, requires_grad: bool = True, *rest: Any) -> Any:
+        # rest: the placeholders' (device, dtype), which their own __init__ takes
         # a tensor subclass that is more than an array (a DTensor) makes its own parameter
         make = getattr(data, "_make_parameter", None)
         if make is not None:
