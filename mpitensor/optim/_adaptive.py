@@ -11,7 +11,7 @@ parameters (every update rule here acts on the real and imaginary parts independ
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -209,6 +209,22 @@ def advance_step(state: Dict[str, Any]) -> float:
     counter._data[...] = n
     state["step"] = counter
     return n
+
+
+def start_step(state: Dict[str, Any], param: Any, *keys: str) -> Tuple[float, List[Any]]:
+    """The start of one parameter's update: on its first step, the step counter and zeroed
+    arrays under ``keys`` (in that order, torch's state layout); then the counter advanced.
+
+    Returns:
+        ``(step, arrays)``: the new step count and the real view (:func:`real`) of each
+        ``state[key]`` (made afresh where a loaded state lacks one).
+    """
+    if not state:
+        state["step"] = new_step()
+        for key in keys:
+            state[key] = zeros_state(param)
+    step = advance_step(state)
+    return step, [real(state_array(state, key, param)) for key in keys]
 
 
 def zeros_state(param: Any, fill: float = 0.0) -> Tensor:

@@ -89,14 +89,8 @@ class Adadelta(_a.AdaptiveOptimizer):
                          float(group["weight_decay"]), bool(group["maximize"]))
 
     def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
-        if not state:
-            state["step"] = _a.new_step()
-            state["square_avg"] = _a.zeros_state(param)
-            state["acc_delta"] = _a.zeros_state(param)
-        _a.advance_step(state)
+        _, (sq, acc) = _a.start_step(state, param, "square_avg", "acc_delta")
         xp = _backend.array_module(param)
-        sq = _a.real(_a.state_array(state, "square_avg", param))
-        acc = _a.real(_a.state_array(state, "acc_delta", param))
         p, g = _a.real(param), _a.real(grad)
         d, _ = _a.direction(p, g, s.weight_decay, s.maximize)
 

@@ -107,16 +107,10 @@ class Adam(_a.AdaptiveOptimizer):
                          bool(group["maximize"]), bool(group.get("decoupled_weight_decay")))
 
     def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
-        if not state:
-            state["step"] = _a.new_step()
-            state["exp_avg"] = _a.zeros_state(param)
-            state["exp_avg_sq"] = _a.zeros_state(param)
-            if s.amsgrad:
-                state["max_exp_avg_sq"] = _a.zeros_state(param)
-        step = _a.advance_step(state)
+        step, (m, v) = _a.start_step(state, param, "exp_avg", "exp_avg_sq")
+        if s.amsgrad:  # made here on the first step, after the moments (torch's layout)
+            vmax = _a.real(_a.state_array(state, "max_exp_avg_sq", param))
         xp = _backend.array_module(param)
-        m = _a.real(_a.state_array(state, "exp_avg", param))
-        v = _a.real(_a.state_array(state, "exp_avg_sq", param))
         p, g = _a.real(param), _a.real(grad)
 
         d = _a.decayed_direction(p, g, s.lr, s.weight_decay, s.decoupled, s.maximize)
@@ -129,7 +123,6 @@ class Adam(_a.AdaptiveOptimizer):
         step_size = s.lr / (1.0 - s.beta1 ** step)
         root_bc2 = (1.0 - s.beta2 ** step) ** 0.5
         if s.amsgrad:
-            vmax = _a.real(_a.state_array(state, "max_exp_avg_sq", param))
             xp.maximum(vmax, v, out=vmax)
             v = vmax
         xp.sqrt(v, out=t)

@@ -91,14 +91,8 @@ class Adamax(_a.AdaptiveOptimizer):
                          float(group["weight_decay"]), bool(group["maximize"]))
 
     def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
-        if not state:
-            state["step"] = _a.new_step()
-            state["exp_avg"] = _a.zeros_state(param)
-            state["exp_inf"] = _a.zeros_state(param)
-        step = _a.advance_step(state)
+        step, (m, u) = _a.start_step(state, param, "exp_avg", "exp_inf")
         xp = _backend.array_module(param)
-        m = _a.real(_a.state_array(state, "exp_avg", param))
-        u = _a.real(_a.state_array(state, "exp_inf", param))
         p, g = _a.real(param), _a.real(grad)
         d, _ = _a.direction(p, g, s.weight_decay, s.maximize)
         t = _a.scratch(p)

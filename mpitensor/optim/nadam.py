@@ -110,17 +110,13 @@ class NAdam(_a.AdaptiveOptimizer):
                          bool(group.get("decoupled_weight_decay")), bool(group["maximize"]))
 
     def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
-        if not state:
+        if not state:  # torch's layout: the product of the momenta comes before the moments
             state["step"] = _a.new_step()
             mu_product = _a.new_step()
             mu_product._data[...] = 1.0
             state["mu_product"] = mu_product
-            state["exp_avg"] = _a.zeros_state(param)
-            state["exp_avg_sq"] = _a.zeros_state(param)
-        step = _a.advance_step(state)
+        step, (m, v) = _a.start_step(state, param, "exp_avg", "exp_avg_sq")
         xp = _backend.array_module(param)
-        m = _a.real(_a.state_array(state, "exp_avg", param))
-        v = _a.real(_a.state_array(state, "exp_avg_sq", param))
         p, g = _a.real(param), _a.real(grad)
         d = _a.decayed_direction(p, g, s.lr, s.weight_decay, s.decoupled, s.maximize)
         mu = s.beta1 * (1.0 - 0.5 * 0.96 ** (step * s.momentum_decay))

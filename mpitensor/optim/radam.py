@@ -102,14 +102,8 @@ class RAdam(_a.AdaptiveOptimizer):
                          bool(group["maximize"]))
 
     def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
-        if not state:
-            state["step"] = _a.new_step()
-            state["exp_avg"] = _a.zeros_state(param)
-            state["exp_avg_sq"] = _a.zeros_state(param)
-        step = _a.advance_step(state)
+        step, (m, v) = _a.start_step(state, param, "exp_avg", "exp_avg_sq")
         xp = _backend.array_module(param)
-        m = _a.real(_a.state_array(state, "exp_avg", param))
-        v = _a.real(_a.state_array(state, "exp_avg_sq", param))
         p, g = _a.real(param), _a.real(grad)
         d = _a.decayed_direction(p, g, s.lr, s.weight_decay, s.decoupled, s.maximize)
         t = _a.scratch(p)
