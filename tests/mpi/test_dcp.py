@@ -29,6 +29,8 @@ try:
 except ImportError:  # pragma: no cover - the DTensor layer is built beside this one
     DTensor = None
 
+from .torch_gloo import torch_gloo_fixture  # noqa: F401,E402 - the fixture torch_gloo
+
 needs_dtensor = pytest.mark.skipif(DTensor is None, reason="mpitensor.distributed.tensor "
                                    "has no DTensor yet")
 
@@ -187,6 +189,10 @@ def test_ranks_naming_different_directories_fail_together(shared_dir: str) -> No
         dcp.load({"a": mt.ones(2)}, checkpoint_id=mine)
 
 
+def _whole(x: object) -> bytes:
+    return x.full_tensor().detach().numpy().tobytes()
+
+
 def _sharded_linear(placement: object, seed: int) -> Tuple[object, object]:
     from mpitensor import nn, optim
 
@@ -231,13 +237,42 @@ def test_sharded_model_and_optimizer_resume_under_another_placement(shared_dir: 
         want = getattr(model, name).full_tensor().detach().numpy()
         assert getattr(other, name).full_tensor().detach().numpy().tobytes() == want.tobytes()
         for key in ("exp_avg", "exp_avg_sq"):
-            got = after[name][key].full_tensor().detach().numpy()
-            assert got.tobytes() == osd["state"][name][key].full_tensor().detach().numpy().tobytes()
+            assert _whole(after[name][key]) == _whole(osd["state"][name][key])
         assert float(after[name]["step"]) == 2.0
     full = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))[0]
     assert not isinstance(full["weight"], DTensor)
-    assert full["weight"].detach().numpy().tobytes() == model.weight.full_tensor().detach().numpy().tobytes()
+    assert full["weight"].detach().numpy().tobytes() == _whole(model.weight)
     # a full state dict loads into the sharded model: each rank keeps its rows
     fresh, fresh_opt = _sharded_linear(Shard(0), 3)
     set_state_dict(fresh, fresh_opt, model_state_dict=full, optim_state_dict={})
-    assert fresh.weight.full_tensor().detach().numpy().tobytes() == full["weight"].detach().numpy().tobytes()
+    assert _whole(fresh.weight) == full["weight"].detach().numpy().tobytes()
+
+
+@needs_dtensor
+def test_torch_and_we_read_each_others_sharded_checkpoints(shared_dir: str,
+                                                          torch_gloo: object) -> None:
+    """torch's DTensors (gloo) saved by torch load into ours resharded, and the other way."""
+    torch = torch_gloo
+    import torch.distributed.checkpoint as tdcp
+    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
+    from torch.distributed.tensor import Shard as TShard
+    from torch.distributed.tensor import distribute_tensor as torch_distribute
+
+    size = dist.get_world_size()
+    full = _full((7, 5), 4.0)
+    tmesh = torch_mesh("cpu", (size,))
+    theirs = os.path.join(shared_dir, "theirs")
+    tdcp.save({"x": torch_distribute(torch.from_numpy(full.copy()), tmesh, [TShard(0)]),
+               "n": 5}, checkpoint_id=theirs)
+    mesh = init_device_mesh("cpu", (size,))
+    mine = distribute_tensor(mt.zeros(7, 5), mesh, [Shard(1)])
+    sd = {"x": mine, "n": 0}
+    dcp.load(sd, checkpoint_id=theirs)
+    assert mine.full_tensor().numpy().tobytes() == full.tobytes() and sd["n"] == 5
+
+    ours = os.path.join(shared_dir, "ours")
+    dcp.save({"x": distribute_tensor(mt.from_numpy(full.copy()), mesh, [Shard(0)]), "n": 6},
+             checkpoint_id=ours)
+    target = {"x": torch_distribute(torch.zeros(7, 5), tmesh, [TShard(1)]), "n": 0}
+    tdcp.load(target, checkpoint_id=ours)
+    assert target["x"].full_tensor().numpy().tobytes() == full.tobytes() and target["n"] == 6
