@@ -622,6 +622,14 @@ def eye(
     return finish(create(parse_device(device), "eye", n, m, dtype=dt), requires_grad)
 
 
+def _new_like(t: Tensor, maker: Any, sizes: tuple, size: Any, dtype: Any, device: Any,
+              requires_grad: bool, what: str) -> Tensor:
+    """``maker(size)`` (zeros, ones, empty) with ``t``'s dtype and device unless given."""
+    return maker(*keyword_form(sizes, {} if size is None else {"size": size}, "size", what),
+                 dtype=t.dtype if dtype is None else dtype,
+                 device=t.device if device is None else device, requires_grad=requires_grad)
+
+
 @tensor_methods
 class _CreationMethods:
     def new_tensor(
@@ -637,31 +645,19 @@ class _CreationMethods:
         )
 
     def new_zeros(self, *sizes: Any, size: Any = None, dtype: DTypeLike = None,
-                  device: DeviceLike = None,
-                  requires_grad: bool = False) -> Tensor:
+                  device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
         """Return zeros of ``size`` with this tensor's dtype and device by default."""
-        return zeros(*keyword_form(sizes, {} if size is None else {"size": size}, "size",
-                                  "new_zeros"), dtype=self.dtype if dtype is None else dtype,
-                     device=self.device if device is None else device,
-                     requires_grad=requires_grad)
+        return _new_like(self, zeros, sizes, size, dtype, device, requires_grad, "new_zeros")
 
     def new_ones(self, *sizes: Any, size: Any = None, dtype: DTypeLike = None,
-                 device: DeviceLike = None,
-                 requires_grad: bool = False) -> Tensor:
+                 device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
         """Return ones of ``size`` with this tensor's dtype and device by default."""
-        return ones(*keyword_form(sizes, {} if size is None else {"size": size}, "size",
-                                  "new_ones"), dtype=self.dtype if dtype is None else dtype,
-                    device=self.device if device is None else device,
-                    requires_grad=requires_grad)
+        return _new_like(self, ones, sizes, size, dtype, device, requires_grad, "new_ones")
 
     def new_empty(self, *sizes: Any, size: Any = None, dtype: DTypeLike = None,
-                  device: DeviceLike = None,
-                  requires_grad: bool = False) -> Tensor:
+                  device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
         """Return an uninitialized tensor of ``size`` with this tensor's dtype and device."""
-        return empty(*keyword_form(sizes, {} if size is None else {"size": size}, "size",
-                                  "new_empty"), dtype=self.dtype if dtype is None else dtype,
-                     device=self.device if device is None else device,
-                     requires_grad=requires_grad)
+        return _new_like(self, empty, sizes, size, dtype, device, requires_grad, "new_empty")
 
     def new_full(self, size: Any, fill_value: Any, *, dtype: DTypeLike = None,
                  device: DeviceLike = None, requires_grad: bool = False) -> Tensor:

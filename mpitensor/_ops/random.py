@@ -282,18 +282,22 @@ def _random_fill(kind: str, shape: tuple, generator: Any, out: Any, dtype: Any,
     return finish(arr, requires_grad) if out is None else write_into(out, arr, kind)
 
 
-def rand(
-    *sizes_: Any,
-    generator: Any = None,
-    out: Any = None,
-    dtype: DTypeLike = None,
-    layout: Any = None,
-    device: DeviceLike = None,
-    requires_grad: bool = False,
-    pin_memory: bool = False,
-    size: Any = None,
-) -> Tensor:
-    """Make a tensor of uniform random numbers in ``[0, 1)``.
+def _sized_draw(kind: str, doc: str) -> Any:
+    """The public function ``kind`` (``rand``, ``randn``): a tensor of the given sizes filled
+    by :func:`_random_fill`, with torch's arguments."""
+
+    def draw(*sizes_: Any, generator: Any = None, out: Any = None, dtype: DTypeLike = None,
+             layout: Any = None, device: DeviceLike = None, requires_grad: bool = False,
+             pin_memory: bool = False, size: Any = None) -> Tensor:
+        return _random_fill(kind, sizes(sizes_, size, kind), generator, out, dtype, layout,
+                            device, requires_grad, pin_memory)
+
+    draw.__name__ = draw.__qualname__ = kind
+    draw.__doc__ = doc
+    return draw
+
+
+rand = _sized_draw("rand", """Make a tensor of uniform random numbers in ``[0, 1)``.
 
     Args:
         sizes_: ints or one tuple/list/Size (or ``size=``).
@@ -310,32 +314,17 @@ def rand(
     Example:
         >>> _ = manual_seed(0); float(rand(1)) < 1.0
         True
-    """
-    return _random_fill("rand", sizes(sizes_, size, "rand"), generator, out, dtype, layout,
-                        device, requires_grad, pin_memory)
+    """)
 
-
-def randn(
-    *sizes_: Any,
-    generator: Any = None,
-    out: Any = None,
-    dtype: DTypeLike = None,
-    layout: Any = None,
-    device: DeviceLike = None,
-    requires_grad: bool = False,
-    pin_memory: bool = False,
-    size: Any = None,
-) -> Tensor:
-    """Make a tensor of standard normal random numbers (arguments as in :func:`rand`).
+randn = _sized_draw("randn", """Make a tensor of standard normal random numbers (arguments as in
+    :func:`rand`).
 
     Complex dtypes get real and imaginary parts each with variance 1/2, as in torch.
 
     Example:
         >>> randn(2, 3).shape
         mpitensor.Size([2, 3])
-    """
-    return _random_fill("randn", sizes(sizes_, size, "randn"), generator, out, dtype, layout,
-                        device, requires_grad, pin_memory)
+    """)
 
 
 def _bound(v: Any, what: str) -> int:
@@ -460,12 +449,28 @@ def randperm(
     return finish(arr, requires_grad) if out is None else write_into(out, arr, "randperm")
 
 
-def rand_like(
-    input: Any, *, generator: Any = None, dtype: DTypeLike = None,  # noqa: A002
-    layout: Any = None, device: DeviceLike = None, requires_grad: bool = False,
-    memory_format: Any = None, pin_memory: bool = False,
-) -> Tensor:
-    """Make uniform random numbers with the shape (dtype, device) of ``input``.
+def _draw_like(kind: str, kinds: str, doc: str) -> Any:
+    """The public function ``{kind}_like``: random numbers of ``kind`` with the shape (dtype,
+    device) of ``input``, whose dtype must be of one of the NumPy ``kinds``."""
+    name = f"{kind}_like"
+
+    def draw(input: Any, *, generator: Any = None, dtype: DTypeLike = None,  # noqa: A002
+             layout: Any = None, device: DeviceLike = None, requires_grad: bool = False,
+             memory_format: Any = None, pin_memory: bool = False) -> Tensor:
+        check_placement(name, layout, memory_format, pin_memory)
+        shape, dt, dev = like_args(input, dtype, device)
+        if _dt.kind_of(dt) not in kinds:
+            raise UnsupportedDtypeError(f"{name}() needs a floating point dtype, got "
+                                        f"{_dt.dt_repr(dt)}")
+        return finish(_draw(kind, shape, generator, dt, dev), requires_grad)
+
+    draw.__name__ = draw.__qualname__ = name
+    draw.__doc__ = doc
+    return draw
+
+
+rand_like = _draw_like("rand", "f", """Make uniform random numbers with the shape (dtype, device) of
+    ``input``.
 
     Raises:
         UnsupportedDtypeError: (a ``TypeError`` and ``NotImplementedError``) the dtype is not
@@ -475,21 +480,10 @@ def rand_like(
         >>> import mpitensor as mt
         >>> rand_like(mt.zeros(2, 2)).shape
         mpitensor.Size([2, 2])
-    """
-    check_placement("rand_like", layout, memory_format, pin_memory)
-    shape, dt, dev = like_args(input, dtype, device)
-    if not _dt.is_floating_dtype(dt):
-        raise UnsupportedDtypeError(f"rand_like() needs a floating point dtype, got "
-                                    f"{_dt.dt_repr(dt)}")
-    return finish(_draw("rand", shape, generator, dt, dev), requires_grad)
+    """)
 
-
-def randn_like(
-    input: Any, *, generator: Any = None, dtype: DTypeLike = None,  # noqa: A002
-    layout: Any = None, device: DeviceLike = None, requires_grad: bool = False,
-    memory_format: Any = None, pin_memory: bool = False,
-) -> Tensor:
-    """Make standard normal numbers with the shape (dtype, device) of ``input``.
+randn_like = _draw_like("randn", "fc", """Make standard normal numbers with the shape (dtype,
+    device) of ``input``.
 
     Raises:
         UnsupportedDtypeError: (a ``TypeError`` and ``NotImplementedError``) the dtype is
@@ -499,13 +493,7 @@ def randn_like(
         >>> import mpitensor as mt
         >>> randn_like(mt.zeros(3)).dtype
         dtype('float32')
-    """
-    check_placement("randn_like", layout, memory_format, pin_memory)
-    shape, dt, dev = like_args(input, dtype, device)
-    if _dt.kind_of(dt) not in "fc":
-        raise UnsupportedDtypeError(f"randn_like() needs a floating point dtype, got "
-                                    f"{_dt.dt_repr(dt)}")
-    return finish(_draw("randn", shape, generator, dt, dev), requires_grad)
+    """)
 
 
 # --------------------------------------------------------------------------------------------
