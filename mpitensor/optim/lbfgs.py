@@ -57,6 +57,19 @@ def _cubic_min(x1: Any, f1: Any, g1: Any, x2: Any, f2: Any, g2: Any,
     return (lo + hi) / 2.0
 
 
+def _away_from_ends(t: Any, bracket: List[Any], stalled: bool) -> Tuple[Any, bool]:
+    """Keep a zoom step out of the outer tenth of the bracket: a step that lands there twice
+    in a row (or outside the bracket) moves in by that margin. Returns the step and whether
+    this one was left close to an end."""
+    top, bottom = max(bracket), min(bracket)
+    margin = 0.1 * (top - bottom)
+    if not min(top - t, t - bottom) < margin:  # (NaN included: left as it is)
+        return t, False
+    if stalled or t >= top or t <= bottom:
+        return (top - margin if abs(t - top) < abs(t - bottom) else bottom + margin), False
+    return t, True
+
+
 def _strong_wolfe(evaluate: Callable[[Any], Tuple[float, Any]], t: Any, d: Any, f: float,
                   g: Any, gtd: Any, c1: float = 1e-4, c2: float = 0.9,
                   tolerance_change: float = 1e-9, max_ls: int = 25) -> Tuple[float, Any, Any, int]:
@@ -112,17 +125,7 @@ def _strong_wolfe(evaluate: Callable[[Any], Tuple[float, Any]], t: Any, d: Any, 
         if abs(bracket[1] - bracket[0]) * d_norm < tolerance_change:
             break
         t = _cubic_min(bracket[0], b_f[0], b_gtd[0], bracket[1], b_f[1], b_gtd[1])
-        top, bottom = max(bracket), min(bracket)
-        margin = 0.1 * (top - bottom)
-        if min(top - t, t - bottom) < margin:
-            # too close to an end: move in by the margin if the last try was close too
-            if stalled or t >= top or t <= bottom:
-                t = top - margin if abs(t - top) < abs(t - bottom) else bottom + margin
-                stalled = False
-            else:
-                stalled = True
-        else:
-            stalled = False
+        t, stalled = _away_from_ends(t, bracket, stalled)
         f_new, g_new = evaluate(t)
         evals += 1
         gtd_new = xp.dot(g_new, d)
@@ -273,15 +276,11 @@ class LBFGS(Optimizer):
         if xp.abs(g).max() <= tol_grad:
             return first_loss
 
-        d = _raw(state.get("d"))
-        t = _raw(state.get("t"))
-        old_dirs = [_raw(v) for v in state.get("old_dirs", [])]
-        old_stps = [_raw(v) for v in state.get("old_stps", [])]
-        ro = [_raw(v) for v in state.get("ro", [])]
-        h_diag = _raw(state.get("H_diag"))
-        prev_g = _raw(state.get("prev_flat_grad"))
+        # the memory carried from the last step, as raw arrays (the state holds Tensors)
+        d, t, h_diag, prev_g = (_raw(state.get(k)) for k in ("d", "t", "H_diag", "prev_flat_grad"))
+        old_dirs, old_stps, ro, al = ([_raw(v) for v in state.get(k, [])]
+                                      for k in ("old_dirs", "old_stps", "ro", "al"))
         prev_loss = state.get("prev_loss")
-        al: List[Any] = [_raw(v) for v in state.get("al", [])]
 
         n_iter = 0
         while n_iter < max_iter:
@@ -292,82 +291,59 @@ class LBFGS(Optimizer):
                 old_dirs, old_stps, ro = [], [], []
                 h_diag = 1
             else:
-                y = g - prev_g
-                s = d * t
-                ys = xp.dot(y, s)
-                if ys > 1e-10:
-                    if len(old_dirs) == history:
-                        old_dirs.pop(0)
-                        old_stps.pop(0)
-                        ro.pop(0)
-                    old_dirs.append(y)
-                    old_stps.append(s)
-                    ro.append(1.0 / ys)
-                    h_diag = ys / xp.dot(y, y)
-                # two-loop recursion: q = -g through the history, newest first, then back
-                kept = len(old_dirs)
+                h_diag = _remember(old_dirs, old_stps, ro, h_diag, g - prev_g, d * t, history)
                 if len(al) != history:
                     al = [None] * history
-                q = -g
-                for i in range(kept - 1, -1, -1):
-                    al[i] = xp.dot(old_stps[i], q) * ro[i]
-                    q += old_dirs[i] * -al[i]
-                d = r = q * h_diag
-                for i in range(kept):
-                    be = xp.dot(old_dirs[i], r) * ro[i]
-                    r += old_stps[i] * (al[i] - be)
+                d = _two_loop(g, old_dirs, old_stps, ro, h_diag, al)
             prev_g = g.copy()
             prev_loss = loss
-            if state["n_iter"] == 1:
-                t = min(1.0, 1.0 / xp.abs(g).sum()) * lr
-            else:
-                t = lr
+            t = min(1.0, 1.0 / xp.abs(g).sum()) * lr if state["n_iter"] == 1 else lr
             gtd = xp.dot(g, d)
             if gtd > -tol_change:
                 break
 
-            ls_evals = 0
-            if line_search is not None:
-                start = self._copy_params()
-
-                def along(step: Any, start: List[Any] = start, d: Any = d) -> Tuple[float, Any]:
-                    self._move(step, d)
-                    value = float(evaluate())
-                    grad = self._flat_grad()
-                    self._restore(start)
-                    return value, grad
-
-                loss, g, t, ls_evals = _strong_wolfe(along, t, d, loss, g, gtd)
-                self._move(t, d)
-                done = xp.abs(g).max() <= tol_grad
-            else:
-                self._move(t, d)
-                done = False
-                if n_iter != max_iter:
-                    loss = float(evaluate())
-                    g = self._flat_grad()
-                    done = xp.abs(g).max() <= tol_grad
-                    ls_evals = 1
+            loss, g, t, ls_evals = self._advance(evaluate, line_search, t, d, loss, g, gtd,
+                                                 n_iter != max_iter)
+            done = ls_evals > 0 and xp.abs(g).max() <= tol_grad
             evals += ls_evals
             state["func_evals"] += ls_evals
 
-            if n_iter == max_iter or evals >= max_eval or done:
-                break
-            if xp.abs(d * t).max() <= tol_change:
-                break
-            if abs(loss - prev_loss) < tol_change:
+            if (n_iter == max_iter or evals >= max_eval or done
+                    or xp.abs(d * t).max() <= tol_change or abs(loss - prev_loss) < tol_change):
                 break
 
-        state["d"] = _wrap(d)
-        state["t"] = _wrap(t)
-        state["old_dirs"] = [_wrap(v) for v in old_dirs]
-        state["old_stps"] = [_wrap(v) for v in old_stps]
-        state["ro"] = [_wrap(v) for v in ro]
-        state["H_diag"] = _wrap(h_diag)
-        state["prev_flat_grad"] = _wrap(prev_g)
-        state["prev_loss"] = prev_loss
-        state["al"] = [_wrap(v) for v in al]
+        memory = dict(d=d, t=t, old_dirs=old_dirs, old_stps=old_stps, ro=ro, H_diag=h_diag,
+                      prev_flat_grad=prev_g, prev_loss=prev_loss, al=al)
+        state.update({k: [_wrap(x) for x in v] if isinstance(v, list) else _wrap(v)
+                      for k, v in memory.items()})
         return first_loss
+
+    def _advance(self, evaluate: Callable[[], Any], line_search: Any, t: Any, d: Any,
+                 loss: float, g: Any, gtd: Any,
+                 evaluate_after: bool) -> Tuple[float, Any, Any, int]:
+        """Move the parameters along ``d``: by the step the strong-Wolfe search finds, or by
+        ``t`` (then evaluated, unless ``evaluate_after`` is False on the last iteration).
+
+        Returns:
+            ``(loss, flat gradient, step, closure calls made)``.
+        """
+        if line_search is not None:
+            start = self._copy_params()
+
+            def along(step: Any) -> Tuple[float, Any]:
+                self._move(step, d)
+                value = float(evaluate())
+                grad = self._flat_grad()
+                self._restore(start)
+                return value, grad
+
+            loss, g, t, calls = _strong_wolfe(along, t, d, loss, g, gtd)
+            self._move(t, d)
+            return loss, g, t, calls
+        self._move(t, d)
+        if not evaluate_after:
+            return loss, g, t, 0
+        return float(evaluate()), self._flat_grad(), t, 1
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Restore a state dict; the flat vectors and lists are copied in the parameters' dtype.
@@ -399,6 +375,42 @@ class LBFGS(Optimizer):
             self.state[p].update({n: (_copy_flat(v, like) if n in _FLAT_KEYS
                                       else [_copy_flat(x, like) for x in v])
                                   for n, v in saved.items()})
+
+
+def _remember(old_dirs: List[Any], old_stps: List[Any], ro: List[Any], h_diag: Any, y: Any,
+              s: Any, history: int) -> Any:
+    """Add the curvature pair (gradient change ``y``, step ``s``) to the history, dropping the
+    oldest beyond ``history``, when it keeps the inverse Hessian positive definite; return the
+    new diagonal scaling (``h_diag`` unchanged when the pair is skipped)."""
+    xp = _backend.array_module(y)
+    ys = xp.dot(y, s)
+    if ys > 1e-10:
+        if len(old_dirs) == history:
+            old_dirs.pop(0)
+            old_stps.pop(0)
+            ro.pop(0)
+        old_dirs.append(y)
+        old_stps.append(s)
+        ro.append(1.0 / ys)
+        h_diag = ys / xp.dot(y, y)
+    return h_diag
+
+
+def _two_loop(g: Any, old_dirs: List[Any], old_stps: List[Any], ro: List[Any], h_diag: Any,
+              al: List[Any]) -> Any:
+    """The L-BFGS direction: ``-g`` through the history, newest pair first, then back
+    (``al`` holds the first loop's coefficients, as torch's state does)."""
+    xp = _backend.array_module(g)
+    kept = len(old_dirs)
+    q = -g
+    for i in range(kept - 1, -1, -1):
+        al[i] = xp.dot(old_stps[i], q) * ro[i]
+        q += old_dirs[i] * -al[i]
+    d = r = q * h_diag
+    for i in range(kept):
+        be = xp.dot(old_dirs[i], r) * ro[i]
+        r += old_stps[i] * (al[i] - be)
+    return d
 
 
 def _check_line_search(fn: Any) -> None:

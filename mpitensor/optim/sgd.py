@@ -27,6 +27,7 @@ from mpitensor import backend as _backend
 from mpitensor._ops.sparse import add_sparse_
 from mpitensor.tensor import Tensor
 
+from . import _adaptive as _a
 from .optimizer import Optimizer, required
 
 __all__ = ["SGD", "sgd"]
@@ -210,19 +211,7 @@ def sgd(
                                weight_decay, nesterov, maximize)
     xp = np if isinstance(param, np.ndarray) else _backend.array_module(param)
     # d: the direction; `owned` says whether it is a scratch array we may overwrite.
-    if weight_decay != 0:
-        d = xp.multiply(param, weight_decay)
-        if maximize:
-            d -= grad  # (-g) + wd*p, the same rounding as torch's -g then add
-        else:
-            d += grad
-        owned = True
-    elif maximize:
-        d = xp.negative(grad)
-        owned = True
-    else:
-        d = grad
-        owned = False
+    d, owned = _a.direction(param, grad, weight_decay, maximize)
     buf = momentum_buffer
     if momentum != 0:
         if buf is None:
