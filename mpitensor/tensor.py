@@ -190,11 +190,12 @@ class Size(tuple):
 # Small helpers
 
 
-def _new(arr: Any) -> Tensor:
-    """Wrap an array in a plain Tensor without copying or checking (the internal fast path)."""
+def _new(arr: Any, cls: Any = None) -> Tensor:
+    """Wrap an array in a Tensor (of class ``cls``, a plain one by default) without copying or
+    checking it: the internal fast path."""
     if isinstance(arr, np.generic):  # NumPy returns scalars from ops on 0-d arrays
         arr = np.asarray(arr)
-    t = _object_new(Tensor)
+    t = _object_new(Tensor if cls is None else cls)
     t._data = arr
     t._requires_grad = False
     t.grad = None
@@ -268,16 +269,7 @@ class Tensor:
     @classmethod
     def _wrap(cls, arr: Any) -> Tensor:
         """Wrap an array without copying or validation (internal fast constructor)."""
-        if isinstance(arr, np.generic):
-            arr = np.asarray(arr)
-        t = _object_new(cls)
-        t._data = arr
-        t._requires_grad = False
-        t.grad = None
-        t.grad_fn = None
-        t._vc = None
-        t._view = None
-        return t
+        return _new(arr, cls)
 
     # ---- autograd -------------------------------------------------------------------------
 
