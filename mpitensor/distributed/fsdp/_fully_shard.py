@@ -29,7 +29,7 @@ from mpitensor.nn import Module, Parameter
 from mpitensor.tensor import Tensor
 
 from ..optim._agreement import check_same_everywhere
-from ._group import ParamInfo, ShardedGroup, array_module, local, raw
+from ._group import BufferPool, ParamInfo, ShardedGroup, array_module, local, raw
 from ._policies import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 __all__ = ["FSDPModule", "UnshardHandle", "fully_shard"]
@@ -231,9 +231,12 @@ def _lazy_init(st: _State) -> None:
     """The first unit to run forward is the root: it gathers the states of its subtree."""
     states = [m._fsdp_state for m in st.module.modules() if isinstance(m, FSDPModule)]
     root = _Root(states)
+    pool = BufferPool()
     for s in states:
         s.root = root
         s.is_root = s is st
+        if s.group is not None:
+            s.group.pool = pool
 
 
 class UnshardHandle:
