@@ -74,6 +74,16 @@ def _tensor_arg(v: Any, what: str) -> Tensor:
     return v
 
 
+def _operands(a: Tensor, b: Any, what: str, dims: tuple, name: str) -> Tensor:
+    """``b`` as a tensor, after checking the numbers of dimensions (``dims``: a's, b's) and the
+    dtypes of a product's two operands (``name``: what the error calls ``b``)."""
+    b = _tensor_arg(b, what)
+    _need_dims(a, dims[0], what, "self")
+    _need_dims(b, dims[1], what, name)
+    _same_dtype(a, b, what)
+    return b
+
+
 def _scaled(v: Tensor, s: Any) -> Tensor:
     return v if s == 1 else v * s
 
@@ -544,10 +554,7 @@ class _LinalgMethods:
         """
         if _autocast.ON and _autocast.active():
             return _autocast.run("mm", Tensor.mm, self, mat2)
-        mat2 = _tensor_arg(mat2, "mm()")
-        _need_dims(self, 2, "mm()", "self")
-        _need_dims(mat2, 2, "mm()", "mat2")
-        _same_dtype(self, mat2, "mm()")
+        mat2 = _operands(self, mat2, "mm()", (2, 2), "mat2")
         if self._data.shape[1] != mat2._data.shape[0]:
             raise ValueError(f"mm(): shapes {list(self._data.shape)} and "
                              f"{list(mat2._data.shape)} cannot be multiplied")
@@ -557,10 +564,7 @@ class _LinalgMethods:
         """Return the batched matrix product of two 3-D tensors of one batch size."""
         if _autocast.ON and _autocast.active():
             return _autocast.run("bmm", Tensor.bmm, self, mat2)
-        mat2 = _tensor_arg(mat2, "bmm()")
-        _need_dims(self, 3, "bmm()", "self")
-        _need_dims(mat2, 3, "bmm()", "mat2")
-        _same_dtype(self, mat2, "bmm()")
+        mat2 = _operands(self, mat2, "bmm()", (3, 3), "mat2")
         a, b = self._data.shape, mat2._data.shape
         if a[0] != b[0] or a[2] != b[1]:
             raise ValueError(f"bmm(): shapes {list(a)} and {list(b)} cannot be multiplied")
@@ -569,10 +573,7 @@ class _LinalgMethods:
     @_autocast.op("mv")
     def mv(self, vec: Tensor) -> Tensor:
         """Return the product of a 2-D tensor and a 1-D one."""
-        vec = _tensor_arg(vec, "mv()")
-        _need_dims(self, 2, "mv()", "self")
-        _need_dims(vec, 1, "mv()", "vec")
-        _same_dtype(self, vec, "mv()")
+        vec = _operands(self, vec, "mv()", (2, 1), "vec")
         if self._data.shape[1] != vec._data.shape[0]:
             raise ValueError(f"mv(): shapes {list(self._data.shape)} and "
                              f"{list(vec._data.shape)} cannot be multiplied")
@@ -581,10 +582,7 @@ class _LinalgMethods:
     @_autocast.op("dot")
     def dot(self, other: Tensor) -> Tensor:
         """Return the dot product of two 1-D tensors of one size and dtype."""
-        other = _tensor_arg(other, "dot()")
-        _need_dims(self, 1, "dot()", "self")
-        _need_dims(other, 1, "dot()", "other")
-        _same_dtype(self, other, "dot()")
+        other = _operands(self, other, "dot()", (1, 1), "other")
         if self._data.shape != other._data.shape:
             raise ValueError(f"dot(): the vectors have sizes {self._data.shape[0]} and "
                              f"{other._data.shape[0]}")

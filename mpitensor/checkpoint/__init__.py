@@ -333,17 +333,6 @@ def _read_exact(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) -
 
 
 
-def _aligned(n: int, what: str) -> np.ndarray:
-    """A fresh 64-byte aligned uint8 array of n bytes (a view that keeps its base alive)."""
-    try:
-        raw = np.empty(n + _ALIGN, dtype=np.uint8)
-    except (MemoryError, ValueError):
-        raise _Bad(f"the {what} claims {n} bytes, more than this machine can allocate "
-                   "(a forged or corrupt length)") from None
-    start = _pad(raw.ctypes.data)
-    return raw[start:start + n]
-
-
 def _read_into(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int,
                budget: Optional[_tf.Budget] = None) -> np.ndarray:
     """Read n bytes into a fresh 64-byte aligned uint8 array, counted in ``budget``.
@@ -365,14 +354,14 @@ def _read_into(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int,
             parts.append(chunk)
             got += len(chunk)
         budget.need(n, f"the {what}")
-        out = _aligned(n, what)
+        out = _tf.aligned_empty(n, f"the {what}", _Bad)
         pos = 0
         for chunk in parts:
             out[pos:pos + len(chunk)] = np.frombuffer(chunk, np.uint8)
             pos += len(chunk)
         return out
     budget.need(n, f"the {what}")
-    out = _aligned(n, what)
+    out = _tf.aligned_empty(n, f"the {what}", _Bad)
     view = memoryview(out)
     got = 0
     readinto = getattr(fh, "readinto", None)

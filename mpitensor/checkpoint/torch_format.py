@@ -621,12 +621,14 @@ _ERRORS = (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, In
            MemoryError)
 
 
-def _aligned(n: int, what: str) -> np.ndarray:
+def aligned_empty(n: int, what: str, error: type = FormatError) -> np.ndarray:
+    """A fresh 64-byte aligned uint8 array of ``n`` bytes (a view that keeps its base alive),
+    for ``what`` of a file; a length no allocation can hold raises ``error`` (a forged one)."""
     try:
         raw = np.empty(n + _ALIGN, dtype=np.uint8)
     except (MemoryError, ValueError):
-        raise FormatError(f"{what} claims {n} bytes, more than this machine can allocate "
-                          "(a forged or corrupt size)") from None
+        raise error(f"{what} claims {n} bytes, more than this machine can allocate "
+                    "(a forged or corrupt size)") from None
     start = (-raw.ctypes.data) % _ALIGN
     return raw[start:start + n]
 
@@ -643,7 +645,7 @@ def _check_sizes(info: zipfile.ZipInfo, total: Optional[int]) -> None:
 
 
 def _read_record(zf: zipfile.ZipFile, info: zipfile.ZipInfo, n: int) -> np.ndarray:
-    out = _aligned(n, f"record {info.filename}")
+    out = aligned_empty(n, f"record {info.filename}")
     view = memoryview(out)
     got = 0
     with zf.open(info) as r:
@@ -807,7 +809,7 @@ def _read_legacy(fh: BinaryIO, place: Place, weights_only: bool, parameter: type
         if count * item != st.nbytes:
             raise FormatError(f"corrupt: legacy storage {key!r} holds {count} elements, the "
                               f"pickle claims {st.nbytes // item}")
-        st.host = _aligned(st.nbytes, f"legacy storage {key!r}")
+        st.host = aligned_empty(st.nbytes, f"legacy storage {key!r}")
         if fh.readinto(memoryview(st.host)) != st.nbytes:
             raise FormatError(f"truncated: legacy storage {key!r} needs {st.nbytes} bytes")
     if any(st.host is None for st in storages.values()):  # a key the list left out
