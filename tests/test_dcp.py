@@ -208,6 +208,16 @@ def test_local_shard_saves_its_box_and_loads_any_box(tmp_path: Path) -> None:
     assert np.array_equal(dest.numpy(), full[2:5, 5:7])
 
 
+def test_a_view_writes_only_its_own_elements(tmp_path: Path) -> None:
+    big = mt.arange(100_000.0)
+    meta = dcp.save({"v": big[10:12]}, checkpoint_id=tmp_path / "ck")
+    info = meta.storage_data[dcp.MetadataIndex("v", (0,))]
+    assert info.length < 4096  # the record, not the 800 kB storage under the view
+    back = mt.zeros(2)
+    dcp.load({"v": back}, checkpoint_id=tmp_path / "ck")
+    assert back.tolist() == [10.0, 11.0]
+
+
 def test_local_shard_rejects_a_box_outside_the_tensor() -> None:
     with pytest.raises(ValueError, match=r"\(3, 2\) at offsets \(4, 0\)"):
         dcp.LocalShard(mt.zeros(3, 2), (6, 2), (4, 0))

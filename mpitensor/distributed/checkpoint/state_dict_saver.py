@@ -17,6 +17,17 @@ __all__ = ["save"]
 Key = Tuple[str, Optional[plan_.Box]]
 
 
+def _compact(t: Any) -> Any:
+    """``t`` detached, contiguous, and with storage of its own size (a ``torch.save`` record
+    holds a view's whole storage: a slice of a big tensor would write all of it)."""
+    t = t.detach().contiguous()
+    try:
+        owns = t.numpy().flags.owndata
+    except TypeError:  # a GPU tensor: copy rather than ask
+        owns = False
+    return t if owns else t.clone()
+
+
 def _local_plan(state_dict: Any) -> Tuple[List[plan_.PlanItem], Dict[Key, Any], List[str]]:
     """This rank's plan items, what it would write for each, and what is wrong locally."""
     items: List[plan_.PlanItem] = []
@@ -32,7 +43,7 @@ def _local_plan(state_dict: Any) -> Tuple[List[plan_.PlanItem], Dict[Key, Any], 
             items.append(plan_.PlanItem(leaf.fqn, leaf.path, True, entry.shape,
                                         torch_dtype_name(entry.dtype), entry.box))
             if entry.box is not None:
-                payload[(leaf.fqn, entry.box)] = entry.local.detach().contiguous()
+                payload[(leaf.fqn, entry.box)] = _compact(entry.local)
     except (TypeError, ValueError) as exc:
         return [], {}, [str(exc)]
     return items, payload, []
