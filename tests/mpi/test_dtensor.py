@@ -438,3 +438,15 @@ def test_from_local_run_check_broadcasts_replicas():
     np.testing.assert_array_equal(d.to_local().numpy(), [0.0, 0.0])
     s = DTensor.from_local(mt.full((2, 2), float(me)), mesh, [Shard(0)], run_check=True)
     assert s.shape == (2 * n, 2)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_dtensors_on_a_sub_mesh():
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2), mesh_dim_names=("dp", "tp"))
+    tp = mesh["tp"]
+    arr = full((5, 3), 26) + mesh.get_local_rank("dp")  # each tp group its own tensor
+    x = distribute_tensor(mt.tensor(arr), tp, [Shard(0)])
+    check(x, arr)
+    check(x.redistribute(tp, [Shard(1)]), arr)
+    y = DTensor.from_local(x.to_local(), tp, [Shard(0)], run_check=True, shape=(5, 3))
+    check((y * 2).redistribute(tp, [Replicate()]), 2 * arr)

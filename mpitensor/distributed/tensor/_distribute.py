@@ -59,7 +59,7 @@ def _scatter_dim(x: Any, dim: int, mesh: DeviceMesh, m: int, src: int) -> Any:
     out = xp.empty((c,) + front.shape[1:], dtype=x.dtype)
     pieces = None
     if mesh.get_local_rank(m) == src:
-        buf = xp.zeros((k, c) + front.shape[1:], dtype=x.dtype)
+        buf = xp.empty((k, c) + front.shape[1:], dtype=x.dtype)  # pads are trimmed
         for r in range(k):  # one slab copy per rank
             size, start = shard_size_and_offset(n, k, r)
             buf[r, :size] = front[start:start + size]

@@ -54,7 +54,7 @@ def _pad_front(x: Any, dim: int, c: int) -> Any:
     front = _xp(x).moveaxis(x, dim, 0)
     if front.shape[0] == c and front.flags.c_contiguous:
         return front
-    buf = _xp(x).zeros((c,) + front.shape[1:], dtype=x.dtype)
+    buf = _xp(x).empty((c,) + front.shape[1:], dtype=x.dtype)  # the pad is trimmed after
     buf[:front.shape[0]] = front
     return buf
 
@@ -101,17 +101,19 @@ def all_to_all_dim(x: Any, i: int, j: int, n_i: int, mesh: DeviceMesh, m: int) -
     k, me = mesh.size(m), _coord(mesh, m)
     n_j = x.shape[j]
     c_i, c_j = -(-n_i // k), -(-n_j // k)
-    moved = xp.moveaxis(x, (j, i), (0, 1))  # (n_j, l_i, rest...)
-    send = xp.zeros((k, c_j, c_i) + moved.shape[2:], dtype=x.dtype)
-    for r in range(k):  # k blocks, each a slab copy
+    moved = xp.moveaxis(x, (i, j), (0, 1))  # (l_i, n_j, rest...)
+    # block r: this rank's rows of rank r's columns; padding is never read, so left as is
+    send = xp.empty((k, c_i, c_j) + moved.shape[2:], dtype=x.dtype)
+    for r in range(k):  # k slab copies
         size, start = shard_size_and_offset(n_j, k, r)
-        send[r, :size, :moved.shape[1]] = moved[start:start + size]
+        send[r, :moved.shape[0], :size] = moved[:, start:start + size]
     recv = xp.empty_like(send)
     dist.all_to_all_single(recv, send, group=mesh.get_group(m))
     size, _ = shard_size_and_offset(n_j, k, me)
-    # recv[r] is rank r's piece of dim i for this rank's chunk of dim j: lay them end to end
-    joined = xp.moveaxis(recv, 0, 1).reshape((c_j, k * c_i) + moved.shape[2:])
-    return xp.moveaxis(joined[:size, :n_i], (0, 1), (j, i))
+    # recv[r] holds rank r's rows of this rank's columns: end to end they are dim i whole
+    # (the padded rows trail), so a reshape lines them up without a copy
+    joined = recv.reshape((k * c_i, c_j) + moved.shape[2:])
+    return xp.moveaxis(joined[:n_i, :size], (0, 1), (i, j))
 
 
 def partition_value(x: Any, op: str, mesh: DeviceMesh, m: int) -> Any:
