@@ -245,7 +245,19 @@ def default_complex_dtype() -> np.dtype:
     return complex128 if _default_dtype == float64 else complex64
 
 
-class finfo:  # noqa: N801 - torch's name
+class _DtypeInfo:
+    """Base of :class:`finfo` and :class:`iinfo`: two are equal when they describe one dtype."""
+
+    dtype: Any
+
+    def __eq__(self, other: object) -> _builtins.bool:
+        return type(other) is type(self) and other.dtype == self.dtype
+
+    def __hash__(self) -> _builtins.int:
+        return hash((type(self).__name__, self.dtype))
+
+
+class finfo(_DtypeInfo):  # noqa: N801 - torch's name
     """The limits of a floating dtype, as Python floats (``torch.finfo``).
 
     Attributes:
@@ -290,19 +302,13 @@ class finfo:  # noqa: N801 - torch's name
         self.resolution = 10.0 ** -_builtins.int(info.precision)
         self.dtype = _NAMES[dt]
 
-    def __eq__(self, other: object) -> _builtins.bool:
-        return isinstance(other, finfo) and other.dtype == self.dtype
-
-    def __hash__(self) -> _builtins.int:
-        return hash(("finfo", self.dtype))
-
     def __repr__(self) -> str:
         return (f"finfo(resolution={self.resolution:g}, min={self.min:g}, max={self.max:g}, "
                 f"eps={self.eps:g}, smallest_normal={self.smallest_normal:g}, "
                 f"tiny={self.tiny:g}, dtype={self.dtype})")
 
 
-class iinfo:  # noqa: N801 - torch's name
+class iinfo(_DtypeInfo):  # noqa: N801 - torch's name
     """The limits of an integer dtype, as Python ints (``torch.iinfo``).
 
     Attributes:
@@ -335,12 +341,6 @@ class iinfo:  # noqa: N801 - torch's name
         self.min = _builtins.int(info.min)
         self.max = _builtins.int(info.max)
         self.dtype = _NAMES[dt]
-
-    def __eq__(self, other: object) -> _builtins.bool:
-        return isinstance(other, iinfo) and other.dtype == self.dtype
-
-    def __hash__(self) -> _builtins.int:
-        return hash(("iinfo", self.dtype))
 
     def __repr__(self) -> str:
         return f"iinfo(min={self.min:g}, max={self.max:g}, dtype={self.dtype})"

@@ -21,9 +21,9 @@ import functools
 import warnings
 from typing import Any, Callable, Optional
 
-from mpitensor._core import autocast as _autocast
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._core import autocast as _autocast
 
 __all__ = [
     "autocast", "custom_fwd", "custom_bwd", "is_autocast_available", "is_autocast_enabled",
@@ -88,45 +88,30 @@ def set_autocast_dtype(device_type: str, dtype: _dt.dtype) -> None:
     _autocast.set_dtype(_device_type(device_type, "set_autocast_dtype()"), _dt.to_dtype(dtype))
 
 
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"mpitensor.{old} is deprecated, as in torch; call mpitensor.{new} instead",
-                  DeprecationWarning, stacklevel=3)
+def _old_spelling(name: str, new: Callable, device: str, arg: str = "") -> Callable:
+    """The deprecated function ``name``: ``new(device, *args)`` after a DeprecationWarning
+    (``arg``: the one argument it takes, as its message shows it)."""
+    new_call = f"{new.__name__}({device!r}{', ' + arg if arg else ''})"
+
+    def old(*args: Any) -> Any:
+        warnings.warn(f"mpitensor.{name}({arg}) is deprecated, as in torch; call "
+                      f"mpitensor.{new_call} instead", DeprecationWarning, stacklevel=2)
+        return new(device, *args)
+
+    old.__name__ = old.__qualname__ = name
+    old.__doc__ = f"Deprecated spelling of ``{new_call}``."
+    return old
 
 
-def is_autocast_cpu_enabled() -> bool:
-    """Deprecated spelling of ``is_autocast_enabled("cpu")``."""
-    _deprecated("is_autocast_cpu_enabled()", "is_autocast_enabled('cpu')")
-    return is_autocast_enabled("cpu")
-
-
-def set_autocast_cpu_enabled(enabled: bool) -> None:
-    """Deprecated spelling of ``set_autocast_enabled("cpu", enabled)``."""
-    _deprecated("set_autocast_cpu_enabled(enabled)", "set_autocast_enabled('cpu', enabled)")
-    set_autocast_enabled("cpu", enabled)
-
-
-def get_autocast_cpu_dtype() -> _dt.dtype:
-    """Deprecated spelling of ``get_autocast_dtype("cpu")``."""
-    _deprecated("get_autocast_cpu_dtype()", "get_autocast_dtype('cpu')")
-    return get_autocast_dtype("cpu")
-
-
-def set_autocast_cpu_dtype(dtype: _dt.dtype) -> None:
-    """Deprecated spelling of ``set_autocast_dtype("cpu", dtype)``."""
-    _deprecated("set_autocast_cpu_dtype(dtype)", "set_autocast_dtype('cpu', dtype)")
-    set_autocast_dtype("cpu", dtype)
-
-
-def get_autocast_gpu_dtype() -> _dt.dtype:
-    """Deprecated spelling of ``get_autocast_dtype("cuda")``."""
-    _deprecated("get_autocast_gpu_dtype()", "get_autocast_dtype('cuda')")
-    return get_autocast_dtype("cuda")
-
-
-def set_autocast_gpu_dtype(dtype: _dt.dtype) -> None:
-    """Deprecated spelling of ``set_autocast_dtype("cuda", dtype)``."""
-    _deprecated("set_autocast_gpu_dtype(dtype)", "set_autocast_dtype('cuda', dtype)")
-    set_autocast_dtype("cuda", dtype)
+is_autocast_cpu_enabled = _old_spelling("is_autocast_cpu_enabled", is_autocast_enabled, "cpu")
+set_autocast_cpu_enabled = _old_spelling("set_autocast_cpu_enabled", set_autocast_enabled, "cpu",
+                                         "enabled")
+get_autocast_cpu_dtype = _old_spelling("get_autocast_cpu_dtype", get_autocast_dtype, "cpu")
+set_autocast_cpu_dtype = _old_spelling("set_autocast_cpu_dtype", set_autocast_dtype, "cpu",
+                                       "dtype")
+get_autocast_gpu_dtype = _old_spelling("get_autocast_gpu_dtype", get_autocast_dtype, "cuda")
+set_autocast_gpu_dtype = _old_spelling("set_autocast_gpu_dtype", set_autocast_dtype, "cuda",
+                                       "dtype")
 
 
 def is_autocast_cache_enabled() -> bool:
