@@ -276,3 +276,27 @@ def test_torch_and_we_read_each_others_sharded_checkpoints(shared_dir: str,
     target = {"x": torch_distribute(torch.zeros(7, 5), tmesh, [TShard(1)]), "n": 0}
     tdcp.load(target, checkpoint_id=ours)
     assert target["x"].full_tensor().numpy().tobytes() == full.tobytes() and target["n"] == 6
+
+
+class _FailOnLastRank(dcp.FileSystemWriter):
+    def write_item(self, fh: object, fqn: str, obj: object) -> object:
+        if dist.get_rank() == dist.get_world_size() - 1:
+            raise OSError(28, "No space left on device")
+        return super().write_item(fh, fqn, obj)
+
+
+def test_a_rank_that_fails_to_write_fails_the_save_everywhere(shared_dir: str) -> None:
+    ck = os.path.join(shared_dir, "ck")
+    full = _full((8, 2))
+    dcp.save({"w": _rows(full)}, checkpoint_id=ck)
+    before = sorted(os.listdir(ck))
+    last = dist.get_world_size() - 1
+    with pytest.raises(dcp.CheckpointError, match=rf"rank {last} could not write its file: "
+                                                  r".*No space left on device"):
+        dcp.save({"w": _rows(full + 1)}, storage_writer=_FailOnLastRank(ck))
+    dist.barrier()
+    assert sorted(os.listdir(ck)) == before and os.listdir(shared_dir) == ["ck"]
+    back = _cols((8, 2))
+    dcp.load({"w": back}, checkpoint_id=ck)
+    start, n = _chunk(2, dist.get_world_size(), dist.get_rank())
+    assert back.tensor.numpy().tobytes() == full[:, start:start + n].tobytes()
