@@ -23,8 +23,8 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, List, Optional, Type
 
-from .checkpoint import safe_globals as _safe_globals
 from .checkpoint import load, save
+from .checkpoint import safe_globals as _safe_globals
 
 __all__ = ["save", "load", "add_safe_globals", "get_safe_globals", "clear_safe_globals",
            "safe_globals"]

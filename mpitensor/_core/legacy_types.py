@@ -29,8 +29,8 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._ops.create import BadValueError, empty, tensor
 from mpitensor._core.devices import parse_device
+from mpitensor._ops.create import BadValueError, empty, tensor
 from mpitensor.tensor import Size, Tensor
 
 __all__ = [

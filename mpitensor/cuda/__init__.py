@@ -280,9 +280,7 @@ def get_device_capability(device: DeviceArg = None) -> tuple:
     """Return a GPU's compute capability as ``(major, minor)``, e.g. ``(9, 0)`` for an H100.
 
     Raises:
-        ValueError: a CPU device or another kind of value.
-        CudaUnavailableError: CuPy or a GPU is missing.
-        RuntimeError: there is no GPU with that number (also a ValueError).
+        ValueError, CudaUnavailableError, RuntimeError: as :func:`get_device_name`.
 
     Example:
         >>> import mpitensor as torch

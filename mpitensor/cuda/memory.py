@@ -16,8 +16,8 @@ import warnings
 from collections import OrderedDict
 from typing import Any
 
-from mpitensor._base import gpu_memory as _gpu_memory
 from mpitensor import backend as _backend
+from mpitensor._base import gpu_memory as _gpu_memory
 from mpitensor._core.devices import cuda_index_arg
 
 from ._common import DeviceArg, _cupy, _loaded_cupy, _resolve
