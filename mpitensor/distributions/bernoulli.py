@@ -9,7 +9,7 @@ from mpitensor.tensor import Tensor, bernoulli, stack, where
 
 from . import constraints
 from ._common import logits_to_probs, probs_to_logits, softplus
-from .distribution import Distribution, ShapeLike, _size, broadcast_all, lazy_property
+from .distribution import Distribution, ShapeLike, _expanded, _size, broadcast_all, lazy_property
 
 __all__ = ["Bernoulli"]
 
@@ -71,9 +71,7 @@ class Bernoulli(Distribution):
             if n in self.__dict__:
                 setattr(new, n, self.__dict__[n].expand(*shape))
                 new._param = new.__dict__[n]
-        Distribution.__init__(new, shape, (), validate_args=False)
-        new._validate_args = self._validate_args
-        return new
+        return _expanded(new, self, shape)
 
     @property
     def mean(self) -> Tensor:

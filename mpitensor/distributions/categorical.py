@@ -11,7 +11,7 @@ from mpitensor.tensor import Size, Tensor, arange, broadcast_tensors, eye, full,
 
 from . import constraints
 from ._common import logits_to_probs, probs_to_logits
-from .distribution import Distribution, ShapeLike, _size, lazy_property
+from .distribution import Distribution, ShapeLike, _expanded, _size, lazy_property
 
 __all__ = ["Categorical", "OneHotCategorical"]
 
@@ -94,9 +94,7 @@ class Categorical(Distribution):
             new.logits = self.logits.expand(*shape, *k)
             new._param = new.logits
         new._num_events = self._num_events
-        Distribution.__init__(new, shape, (), validate_args=False)
-        new._validate_args = self._validate_args
-        return new
+        return _expanded(new, self, shape)
 
     @property
     def mean(self) -> Tensor:
@@ -193,9 +191,7 @@ class OneHotCategorical(Distribution):
         """Return this distribution with its parameters expanded to ``batch_shape``."""
         new = _instance if _instance is not None else type(self).__new__(type(self))
         new._categorical = self._categorical.expand(batch_shape)
-        Distribution.__init__(new, _size(batch_shape), self.event_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
+        return _expanded(new, self, _size(batch_shape))
 
     @property
     def mean(self) -> Tensor:

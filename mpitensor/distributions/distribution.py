@@ -272,6 +272,12 @@ def _expand_params(dist: Distribution, cls: type, names: Sequence[str], batch_sh
     for n in names:
         if n in dist.__dict__:
             setattr(new, n, dist.__dict__[n].expand(*shape, *dist.event_shape))
-    Distribution.__init__(new, shape, dist.event_shape, validate_args=False)
+    return _expanded(new, dist, shape)
+
+
+def _expanded(new: Distribution, dist: Distribution, batch_shape: Sequence[int]) -> Any:
+    """Finish an ``expand``: ``new`` (its parameters already expanded) takes ``batch_shape``,
+    ``dist``'s event shape and ``dist``'s validation switch, with no validation on the way."""
+    Distribution.__init__(new, batch_shape, dist.event_shape, validate_args=False)
     new._validate_args = dist._validate_args
     return new

@@ -9,12 +9,13 @@ from mpitensor.tensor import Tensor, zeros_like
 
 from . import constraints
 from ._common import uniform, uniform_open
+from ._location import LocScale
 from .distribution import Distribution, ShapeLike, _expand_params, broadcast_all
 
 __all__ = ["Laplace", "Exponential"]
 
 
-class Laplace(Distribution):
+class Laplace(LocScale):
     """Laplace distribution of location ``loc`` and scale ``scale`` (> 0); ``rsample`` is
     reparameterised.
 
@@ -26,25 +27,9 @@ class Laplace(Distribution):
         2.0
     """
 
-    arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
-    support = constraints.real
-    has_rsample = True
-
-    def __init__(self, loc: Any, scale: Any, validate_args: Optional[bool] = None) -> None:
-        self.loc, self.scale = broadcast_all(loc, scale)
-        super().__init__(self.loc.shape, (), validate_args)
-
     def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Laplace:
         """Return this distribution with its parameters expanded to ``batch_shape``."""
         return _expand_params(self, Laplace, ("loc", "scale"), batch_shape, _instance)
-
-    @property
-    def mean(self) -> Tensor:
-        return self.loc
-
-    @property
-    def mode(self) -> Tensor:
-        return self.loc
 
     @property
     def variance(self) -> Tensor:

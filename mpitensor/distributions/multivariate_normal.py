@@ -16,7 +16,8 @@ from mpitensor.tensor import Tensor, broadcast_shapes
 
 from . import constraints
 from ._common import normal
-from .distribution import Distribution, ShapeLike, _size, lazy_property
+from ._location import CenteredAtLoc
+from .distribution import Distribution, ShapeLike, _expanded, _size, lazy_property
 
 __all__ = ["MultivariateNormal"]
 
@@ -100,7 +101,7 @@ def _batch_mahalanobis(L: Tensor, x: Tensor) -> Tensor:
     return (y ** 2).sum(-1)
 
 
-class MultivariateNormal(Distribution):
+class MultivariateNormal(CenteredAtLoc, Distribution):
     """Multivariate normal of mean ``loc`` (``batch_shape + (n,)``) and one of
     ``covariance_matrix``, ``scale_tril`` (its lower Cholesky factor, positive diagonal) or
     ``precision_matrix`` (its inverse); ``rsample`` is reparameterised (``loc + L eps``).
@@ -185,17 +186,7 @@ class MultivariateNormal(Distribution):
         for k in ("covariance_matrix", "scale_tril", "precision_matrix"):
             if k in self.__dict__:
                 setattr(new, k, self.__dict__[k].expand(*shape, n, n))
-        Distribution.__init__(new, shape, (n,), validate_args=False)
-        new._validate_args = self._validate_args
-        return new
-
-    @property
-    def mean(self) -> Tensor:
-        return self.loc
-
-    @property
-    def mode(self) -> Tensor:
-        return self.loc
+        return _expanded(new, self, shape)
 
     @property
     def variance(self) -> Tensor:

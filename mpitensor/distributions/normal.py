@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 from mpitensor.tensor import Tensor, erf, erfinv
 
-from . import constraints
 from ._common import LOG_SQRT_2PI, normal
-from .distribution import Distribution, ShapeLike, _expand_params, broadcast_all
+from ._location import LocScale
+from .distribution import ShapeLike, _expand_params
 
 __all__ = ["Normal"]
 
 
-class Normal(Distribution):
+class Normal(LocScale):
     """Normal distribution of mean ``loc`` and standard deviation ``scale``; ``rsample`` is
     reparameterised (``loc + scale * eps``).
 
@@ -32,25 +32,9 @@ class Normal(Distribution):
         -0.9189
     """
 
-    arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
-    support = constraints.real
-    has_rsample = True
-
-    def __init__(self, loc: Any, scale: Any, validate_args: Optional[bool] = None) -> None:
-        self.loc, self.scale = broadcast_all(loc, scale)
-        super().__init__(self.loc.shape, (), validate_args)
-
     def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Normal:
         """Return this distribution with ``loc`` and ``scale`` expanded to ``batch_shape``."""
         return _expand_params(self, Normal, ("loc", "scale"), batch_shape, _instance)
-
-    @property
-    def mean(self) -> Tensor:
-        return self.loc
-
-    @property
-    def mode(self) -> Tensor:
-        return self.loc
 
     @property
     def stddev(self) -> Tensor:

@@ -1,0 +1,40 @@
+"""What the location families share: a ``loc`` that is both mean and mode, and for the
+univariate ones (Normal, Laplace) a ``scale > 0`` broadcast with it."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from mpitensor.tensor import Tensor
+
+from . import constraints
+from .distribution import Distribution, broadcast_all
+
+__all__ = ["CenteredAtLoc", "LocScale"]
+
+
+class CenteredAtLoc:
+    """Mixin: the distribution's mean and mode are its ``loc`` (it is symmetric about it)."""
+
+    loc: Tensor
+
+    @property
+    def mean(self) -> Tensor:
+        return self.loc
+
+    @property
+    def mode(self) -> Tensor:
+        return self.loc
+
+
+class LocScale(CenteredAtLoc, Distribution):
+    """A distribution on the real line set by a location ``loc`` and a scale ``scale > 0``,
+    broadcast together into the batch shape (the event is a scalar)."""
+
+    arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
+    support = constraints.real
+    has_rsample = True
+
+    def __init__(self, loc: Any, scale: Any, validate_args: Optional[bool] = None) -> None:
+        self.loc, self.scale = broadcast_all(loc, scale)
+        super().__init__(self.loc.shape, (), validate_args)
