@@ -21,10 +21,16 @@ def _to_gpu(arr: np.ndarray, dev: str) -> Any:
                         f"mpitensor.device, got {dev!r}") from exc
     if d.type == "cpu":
         return arr
+    return _onto_gpu(arr, d, lambda reason: f"it holds GPU arrays (saved on {dev}) but {reason}; "
+                                            f"pass map_location='cpu' to load them into host "
+                                            f"memory")
+
+
+def _onto_gpu(arr: np.ndarray, d: Any, why: Any) -> Any:
+    """``arr`` copied onto GPU device ``d``; where no GPU can be used, ``_Bad(why(reason))``."""
     reason = _backend.cupy_unavailable_reason()
     if reason:
-        raise _Bad(f"it holds GPU arrays (saved on {dev}) but {reason}; pass "
-                   f"map_location='cpu' to load them into host memory")
+        raise _Bad(why(reason))
     cp = _backend.get_cupy()
     idx = d.index if d.index is not None else int(cp.cuda.runtime.getDevice())
     if idx >= cp.cuda.runtime.getDeviceCount():
@@ -105,13 +111,12 @@ def _place_on(data: np.ndarray, target: Any, saved: str) -> Any:
                    f"a device ('cpu', 'cuda' or 'cuda:N')") from None
     if dev.type == "cpu":
         return data
-    reason = _backend.cupy_unavailable_reason()
-    if reason:
-        if target == saved:
-            raise _Bad(f"it holds data saved on {saved} but {reason}; pass map_location='cpu' "
-                       f"to load it into host memory")
-        raise _Bad(f"map_location puts data saved on {saved} on {dev}, but {reason}")
-    return _to_gpu(data, str(dev))
+    if target == saved:
+        return _onto_gpu(data, dev, lambda reason: f"it holds data saved on {saved} but {reason}; "
+                                                   f"pass map_location='cpu' to load it into "
+                                                   f"host memory")
+    return _onto_gpu(data, dev, lambda reason: f"map_location puts data saved on {saved} on "
+                                               f"{dev}, but {reason}")
 
 
 def _place_saved(data: np.ndarray, saved: str) -> Any:
