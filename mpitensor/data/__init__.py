@@ -13,54 +13,14 @@ Example:
 
 from __future__ import annotations
 
+from . import dataset as _dataset
 from . import datasets
-from .dataset import (
-    ChainDataset,
-    ConcatDataset,
-    Dataset,
-    IterableDataset,
-    StackDataset,
-    Subset,
-    TensorDataset,
-    random_split,
-)
-from .loader import DataLoader, default_collate, default_convert, get_worker_info
+from . import loader as _loader
+from . import sampler as _sampler
+from .dataset import *  # noqa: F403 - the names listed in each module's __all__
+from .loader import *  # noqa: F403
 from .mnist import DatasetCorruptError, DatasetError, DatasetNotFoundError, DownloadError
-from .sampler import (
-    BatchSampler,
-    DistributedEvalSampler,
-    DistributedSampler,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-    SubsetRandomSampler,
-    WeightedRandomSampler,
-)
+from .sampler import *  # noqa: F403
 
-__all__ = [
-    "datasets",
-    "Dataset",
-    "IterableDataset",
-    "TensorDataset",
-    "Subset",
-    "ConcatDataset",
-    "ChainDataset",
-    "StackDataset",
-    "random_split",
-    "DataLoader",
-    "default_collate",
-    "default_convert",
-    "get_worker_info",
-    "Sampler",
-    "SequentialSampler",
-    "RandomSampler",
-    "SubsetRandomSampler",
-    "WeightedRandomSampler",
-    "BatchSampler",
-    "DistributedSampler",
-    "DistributedEvalSampler",
-    "DatasetError",
-    "DatasetNotFoundError",
-    "DatasetCorruptError",
-    "DownloadError",
-]
+__all__ = ["datasets", *_dataset.__all__, *_loader.__all__, *_sampler.__all__,
+           "DatasetError", "DatasetNotFoundError", "DatasetCorruptError", "DownloadError"]

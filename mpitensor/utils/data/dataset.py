@@ -6,16 +6,5 @@ Example:
 
 from __future__ import annotations
 
-from mpitensor.data.dataset import (
-    ChainDataset,
-    ConcatDataset,
-    Dataset,
-    IterableDataset,
-    StackDataset,
-    Subset,
-    TensorDataset,
-    random_split,
-)
-
-__all__ = ["Dataset", "IterableDataset", "TensorDataset", "StackDataset", "ConcatDataset",
-           "ChainDataset", "Subset", "random_split"]
+from mpitensor.data.dataset import *  # noqa: F403 - every name, at torch's path
+from mpitensor.data.dataset import __all__  # noqa: F401
