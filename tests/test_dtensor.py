@@ -55,6 +55,7 @@ def test_metadata_is_global(mesh):
     assert isinstance(d, mt.Tensor) and isinstance(d.to_local(), mt.Tensor)
     assert not isinstance(d.to_local(), DTensor)
     assert "Shard(dim=0)" in repr(d)
+    assert d.cpu().placements == d.placements and d.float().dtype == mt.float32
 
 
 def test_dtensor_is_not_built_directly(mesh):
@@ -174,6 +175,15 @@ def test_to_local_grad_placements(mesh):
     loc = x.to_local(grad_placements=[Partial()])
     (loc * 5.0).sum().backward()
     assert leaf.grad.tolist() == [5.0, 5.0]
+
+
+def test_no_gradient_through_a_nonlinear_partial(mesh):
+    leaf = mt.ones(2, requires_grad=True)
+    x = DTensor.from_local(leaf, mesh, [Partial("max")])
+    y = x.redistribute(mesh, [Replicate()])
+    assert y.to_local().tolist() == [1.0, 1.0]
+    with pytest.raises(RuntimeError, match=r"no gradient through Partial\(max\)"):
+        y.to_local().sum().backward()
 
 
 def test_hooks_see_dtensors(mesh):

@@ -139,6 +139,8 @@ def test_every_redistribution_forward_and_backward(shape):
     for mesh in meshes():
         layouts = list(itertools.product(options(2, with_partial=True), repeat=mesh.ndim))
         pairs = list(itertools.product(layouts, repeat=2))
+        if mesh.ndim > 1 and shape != (5, 3):
+            continue  # the 2-D mesh: the uneven shape is the harder one
         if mesh.ndim > 1:  # 625 pairs: every layout from and to a few, and a stride of the rest
             few = {(Replicate(),) * 2, (Shard(0), Shard(1)), (Partial(), Shard(0))}
             pairs = [(a, b) for i, (a, b) in enumerate(pairs)

@@ -35,7 +35,8 @@ UNARY = ("abs", "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt",
          "square", "erf", "erfc", "clamp", "clip", "clamp_min", "clamp_max", "pow",
          "float", "double", "half", "bfloat16", "int", "long", "bool", "to", "type",
          "logical_not", "isnan", "isinf", "isfinite", "nan_to_num", "bitwise_not",
-         "__abs__", "__invert__", "hardtanh", "positive", "deg2rad", "rad2deg")
+         "__abs__", "__invert__", "hardtanh", "positive", "deg2rad", "rad2deg", "cpu",
+         "cuda")
 LINEAR_UNARY = ("neg", "negative", "__neg__", "clone", "contiguous", "__pos__")
 BINARY = ("atan2", "maximum", "minimum", "fmax", "fmin", "floor_divide", "remainder",
           "fmod", "eq", "ne", "lt", "le", "gt", "ge", "greater", "less", "greater_equal",
