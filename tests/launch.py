@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import pytest
 
-from mpitensor.distributed import launch
+from mpitensor.distributed.launch import job as launch_job
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,9 +67,9 @@ def clean_env(extra: Optional[dict] = None) -> dict:
 def leftovers(job_id: str, wait: float = 5.0) -> List[int]:
     """Processes of a job (found by the job id in their environment) still alive after ``wait``."""
     deadline = time.monotonic() + wait
-    while launch._job_pids(job_id) and time.monotonic() < deadline:
+    while launch_job._job_pids(job_id) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return launch._job_pids(job_id)
+    return launch_job._job_pids(job_id)
 
 
 def _start(cmd: Sequence[str], env: Optional[dict], cwd: Optional[Path], stdin: Optional[str],
@@ -90,7 +90,7 @@ def _kill(proc: subprocess.Popen, job_id: str) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    launch._kill_job(job_id, wait=0)
+    launch_job._kill_job(job_id, wait=0)
 
 
 def mpiexec_run(nprocs: int, args: Sequence[str], timeout: float, env: Optional[dict] = None,
@@ -105,7 +105,7 @@ def mpiexec_run(nprocs: int, args: Sequence[str], timeout: float, env: Optional[
         out, _ = proc.communicate()
         return Result(proc.returncode, out, True)
     finally:
-        launch._kill_job(job_id, wait=0)
+        launch_job._kill_job(job_id, wait=0)
 
 
 def run_job(args: Sequence[str], timeout: float, cwd: Optional[Path] = None,
@@ -125,7 +125,7 @@ def run_job(args: Sequence[str], timeout: float, cwd: Optional[Path] = None,
         pytest.fail(f"{' '.join(args)} hung (> {timeout} s):\n{out[-4000:]}\n{err[-4000:]}")
     elapsed = time.monotonic() - start
     left = leftovers(job_id)
-    launch._kill_job(job_id, wait=0)
+    launch_job._kill_job(job_id, wait=0)
     assert not left, f"processes left behind by {' '.join(args)}: {left}"
     return proc.returncode, out, err, elapsed
 

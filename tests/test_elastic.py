@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from mpitensor.distributed import launch
+from mpitensor.distributed.launch import job as launch_job
 from mpitensor.distributed.launch import rank_env
 from mpitensor.run import main as run_main
 
@@ -218,7 +219,7 @@ def test_signal_to_the_launcher_never_restarts(sig: str, tmp_path: Path) -> None
     finally:
         if proc.poll() is None:  # the test failed: leave nothing behind
             os.killpg(proc.pid, signal.SIGKILL)
-            launch._kill_job(job_id, wait=0)
+            launch_job._kill_job(job_id, wait=0)
             proc.wait(timeout=10)
     rest_out = list(iter(lambda: out.get(timeout=10), None))
     rest_err = "".join(iter(lambda: err.get(timeout=10), None))

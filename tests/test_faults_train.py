@@ -34,7 +34,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import pytest
 
-from mpitensor.distributed import launch
+from mpitensor.distributed.launch import job as launch_job
 
 from .launch import find_mpiexec, leftovers
 
@@ -47,7 +47,7 @@ HAVE_MNIST = all((MNIST_DIR / f).is_file() for f in MNIST_FILES)
 needs_mnist = pytest.mark.skipif(
     not HAVE_MNIST, reason=f"the MNIST test set is not in {MNIST_DIR} (t10k-*-ubyte.gz)")
 HARD = float(os.environ.get("MPITENSOR_FAULT_TIMEOUT", "120"))
-JOB_VAR = launch._JOB_ID_VAR
+JOB_VAR = launch_job._JOB_ID_VAR
 
 #: a small, quick Digits run: 640 samples, 2 ranks x 16 = 20 steps per epoch
 DIGITS = ("--dataset", "digits", "--train-size", "640", "--batch-size", "16", "--no-progress",
@@ -166,7 +166,7 @@ class Job:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        launch._kill_job(self.job_id, wait=0)
+        launch_job._kill_job(self.job_id, wait=0)
         self.proc.wait()
         if self.exit_time is None:
             self.exit_time = time.time()
@@ -175,7 +175,7 @@ class Job:
     def leftovers(self, grace: float = 5.0) -> List[int]:
         """The job's processes still alive after up to ``grace`` s (then they are killed)."""
         left = leftovers(self.job_id, grace)
-        launch._kill_job(self.job_id, wait=0)
+        launch_job._kill_job(self.job_id, wait=0)
         return left
 
     @property

@@ -14,10 +14,9 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from mpitensor.distributed.launch import hostpool as _hostpool
-from mpitensor.distributed.launch.hostpool import HostPool
-from mpitensor.distributed.launch.hostpool import NotEnoughHosts
 from mpitensor.distributed.launch import HostEntry, parse_hostfile
+from mpitensor.distributed.launch import hostpool as _hostpool
+from mpitensor.distributed.launch.hostpool import HostPool, NotEnoughHosts
 
 HOSTS = [HostEntry("n1", 2), HostEntry("n2", 2), HostEntry("n3", 2)]
 

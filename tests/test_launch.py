@@ -9,6 +9,7 @@ killed, and the fault tests assert that no process of the job is left afterwards
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
@@ -30,6 +31,7 @@ from mpitensor.distributed.launch import (
     parse_hostfile,
     spawn,
 )
+from mpitensor.distributed.launch import job as launch_job
 from mpitensor.errors import DistributedTimeoutError, MpiTensorError
 from mpitensor.run import main as run_main
 
@@ -506,7 +508,7 @@ def _stop_watch(ctx: "launch.ProcessContext", job: subprocess.Popen) -> None:
     job.kill()
     job.wait()
     ctx._watcher.join(5)
-    launch.atexit.unregister(ctx._at_exit)
+    atexit.unregister(ctx._at_exit)
 
 
 def test_the_watch_names_no_rank_rather_than_the_wrong_one(tmp_path: Path) -> None:
@@ -618,7 +620,7 @@ def _reap(proc: subprocess.Popen, job_id: Optional[str]) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         if job_id:
-            launch._kill_job(job_id, wait=0)
+            launch_job._kill_job(job_id, wait=0)
     proc.communicate()
 
 

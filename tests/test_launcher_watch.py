@@ -19,7 +19,7 @@ from typing import List
 
 import pytest
 
-from mpitensor import run as _run
+from mpitensor.run import watch as _run
 
 from .launch import _kill, _start, leftovers
 

@@ -27,8 +27,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pytest
 
 import mpitensor.distributed as dist
-from mpitensor.distributed.launch import rendezvous as _rendezvous
 from mpitensor.distributed import launch
+from mpitensor.distributed.launch import job as launch_job
+from mpitensor.distributed.launch import rendezvous as _rendezvous
 
 from .launch import clean_env
 
@@ -84,7 +85,7 @@ def _run(cmds: Sequence[Sequence[str]], cwd: Path, envs: Optional[Sequence[Dict]
             try:
                 out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                launch._kill_job(job_id, wait=0)
+                launch_job._kill_job(job_id, wait=0)
                 pytest.fail(f"{cmds} hung (> {HARD_TIMEOUT} s)")
             results.append((p.returncode, out, err))
     finally:
@@ -93,7 +94,7 @@ def _run(cmds: Sequence[Sequence[str]], cwd: Path, envs: Optional[Sequence[Dict]
                 p.kill()
                 p.wait()
     left = _leftovers(job_id)
-    launch._kill_job(job_id, wait=0)
+    launch_job._kill_job(job_id, wait=0)
     assert not left, f"processes left behind: {left}"
     return results
 
@@ -103,7 +104,7 @@ def _leftovers(job_id: str, wait: float = 6.0) -> List[int]:
     up to 2 s after a failed job."""
     deadline = time.monotonic() + wait
     while True:
-        alive = [pid for pid in launch._job_pids(job_id) if not _zombie(pid)]
+        alive = [pid for pid in launch_job._job_pids(job_id) if not _zombie(pid)]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
@@ -863,12 +864,12 @@ def _finish(procs: List["subprocess.Popen[str]"], tag: str) -> List[Tuple[int, s
                 p.wait()
         deadline = time.monotonic() + 6.0
         while True:
-            left = [pid for pid in launch._job_pids(tag, "MPITENSOR_TEST_RUN")
+            left = [pid for pid in launch_job._job_pids(tag, "MPITENSOR_TEST_RUN")
                     if not _zombie(pid)]
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        launch._kill_job(tag, wait=0, var="MPITENSOR_TEST_RUN")
+        launch_job._kill_job(tag, wait=0, var="MPITENSOR_TEST_RUN")
     assert not left, f"processes left behind: {left}"
     return results
 

@@ -118,7 +118,8 @@ LAYERS = [
                   "mpitensor.distributed.fsdp", "mpitensor.distributed.optim",
                   "mpitensor.distributed.checkpoint",
                   "mpitensor.checkpoint", "mpitensor.utils"]),
-    ("entry points", ["mpitensor.run", "mpitensor.fx", "mpitensor"]),
+    ("entry points", ["mpitensor.run", "mpitensor.distributed.launch.__main__", "mpitensor.fx",
+                      "mpitensor"]),
 ]
 
 

@@ -43,7 +43,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..._base import config as _config
 from ...errors import MpiTensorError
-from . import pmi as _pmi
 from .._store import (
     DistNetworkError,
     DistStoreError,
@@ -53,6 +52,7 @@ from .._store import (
     StoreTimeoutError,
     TCPStore,
 )
+from . import pmi as _pmi
 
 __all__ = ["Plan", "plan", "join", "previous"]
 
@@ -144,11 +144,7 @@ def plan(init_method: Optional[str], rank: Any, world_size: Any,
     query = ({k: v[-1] for k, v in urllib.parse.parse_qs(parts.query).items()}
              if parts is not None else {})
     from_env = store is None and parts is not None and parts.scheme.lower() == "env"
-    n = _given_int(world_size)
-    if n is None and "world_size" in query:
-        n = _from_text(query["world_size"], "world_size", f"init_method {url!r}")
-    if n is None and from_env and os.environ.get("WORLD_SIZE", "").strip():
-        n = _from_text(os.environ["WORLD_SIZE"], "world_size", "WORLD_SIZE")
+    n = _given(_given_int(world_size), "world_size", query, url, from_env)
     if n is None or n <= 1:
         return None  # a world of one (or a value MPI's world of one will contradict)
     if store is not None and init_method is not None:
@@ -167,10 +163,7 @@ def plan(init_method: Optional[str], rank: Any, world_size: Any,
     if rank is not None and (isinstance(rank, bool) or not hasattr(rank, "__index__")):
         raise TypeError(f"init_process_group: rank must be an int, got {rank!r}")
     r = None if rank is None or rank.__index__() == -1 else rank.__index__()
-    if r is None and "rank" in query:
-        r = _from_text(query["rank"], "rank", f"init_method {url!r}")
-    if r is None and from_env and os.environ.get("RANK", "").strip():
-        r = _from_text(os.environ["RANK"], "rank", "RANK")
+    r = _given(r, "rank", query, url, from_env)
     if r is None:
         raise ValueError(f"init_process_group: world_size={n} but no rank for this process: "
                          f"pass rank= (0..{n - 1}), set RANK, or add ?rank= to init_method")
@@ -185,34 +178,56 @@ def plan(init_method: Optional[str], rank: Any, world_size: Any,
             raise ValueError(f"init_process_group: init_method {url!r} names no file; use "
                              "'file:///absolute/path'")
         return Plan(r, n, "file", f"file://{path}", path=path)
-    if scheme == "env":
-        host = os.environ.get("MASTER_ADDR", "").strip()
-        port_text = os.environ.get("MASTER_PORT", "").strip()
-        for name, value in (("MASTER_ADDR", host), ("MASTER_PORT", port_text)):
-            if not value:
-                raise ValueError(
-                    f"init_process_group: init_method='env://' with world_size={n}: "
-                    f"environment variable {name} expected, but not set. Set MASTER_ADDR and "
-                    "MASTER_PORT to rank 0's host and a free port in every process (or start "
-                    "the processes with mpiexec, mpitensor-run or "
-                    "mpitensor.multiprocessing.spawn, which need neither)")
-        port = _from_text(port_text, "the port", "MASTER_PORT")
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true":
-            # torchrun's agent serves its own store (torch's wire protocol) on MASTER_PORT:
-            # ours takes the next port on the same host, which every node can work out alike
-            port = port + 1 if port < 65535 else port - 1
-    else:
-        try:
-            host, port = parts.hostname or "", parts.port or 0
-        except ValueError as exc:
-            raise ValueError(f"init_process_group: init_method {url!r}: {exc}") from None
-        if not host or not port:
-            raise ValueError(f"init_process_group: init_method {url!r} needs a host and a "
-                             "port: 'tcp://10.0.0.1:29500'")
+    host, port = _env_master(n) if scheme == "env" else _url_master(parts, url)
     if not 0 < port < 65536:
         raise ValueError(f"init_process_group: port {port} is out of range (1..65535)")
     shown = f"[{host}]" if ":" in host else host
     return Plan(r, n, scheme, f"{scheme}://{shown}:{port}", host=host, port=port)
+
+
+def _given(value: Optional[int], name: str, query: Dict[str, str], url: str,
+           from_env: bool) -> Optional[int]:
+    """``rank`` or ``world_size``: the argument's value, else the URL query's, else (for
+    ``env://``) the environment's (``RANK``, ``WORLD_SIZE``)."""
+    if value is None and name in query:
+        value = _from_text(query[name], name, f"init_method {url!r}")
+    var = name.upper()
+    if value is None and from_env and os.environ.get(var, "").strip():
+        value = _from_text(os.environ[var], name, var)
+    return value
+
+
+def _env_master(n: int) -> Tuple[str, int]:
+    """``env://``'s master: ``MASTER_ADDR`` and ``MASTER_PORT`` (the port after it under
+    torchrun, whose agent serves its own store there)."""
+    host = os.environ.get("MASTER_ADDR", "").strip()
+    port_text = os.environ.get("MASTER_PORT", "").strip()
+    for name, value in (("MASTER_ADDR", host), ("MASTER_PORT", port_text)):
+        if not value:
+            raise ValueError(
+                f"init_process_group: init_method='env://' with world_size={n}: "
+                f"environment variable {name} expected, but not set. Set MASTER_ADDR and "
+                "MASTER_PORT to rank 0's host and a free port in every process (or start "
+                "the processes with mpiexec, mpitensor-run or "
+                "mpitensor.multiprocessing.spawn, which need neither)")
+    port = _from_text(port_text, "the port", "MASTER_PORT")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true":
+        # torchrun's agent serves its own store (torch's wire protocol) on MASTER_PORT:
+        # ours takes the next port on the same host, which every node can work out alike
+        port = port + 1 if port < 65535 else port - 1
+    return host, port
+
+
+def _url_master(parts: urllib.parse.SplitResult, url: str) -> Tuple[str, int]:
+    """``tcp://host:port``'s master."""
+    try:
+        host, port = parts.hostname or "", parts.port or 0
+    except ValueError as exc:
+        raise ValueError(f"init_process_group: init_method {url!r}: {exc}") from None
+    if not host or not port:
+        raise ValueError(f"init_process_group: init_method {url!r} needs a host and a "
+                         "port: 'tcp://10.0.0.1:29500'")
+    return host, port
 
 
 def previous(p: Plan) -> Any:
@@ -568,41 +583,15 @@ def join(p: Plan, seconds: float) -> Any:
     try:
         members = _arrive(s, p, seconds, deadline)
         t1 = time.monotonic()
-        fresh = all(m["mpi"] == "fresh" for m in members)
         if p.rank == 0:
-            if want == "PMI" and not fresh:
-                late = [m["rank"] for m in members if m["mpi"] != "fresh"]
-                msg = (f"init_process_group: MPITENSOR_RENDEZVOUS=pmi, but rank(s) {late} had "
-                       "initialized MPI before init_process_group; call it before anything "
-                       "imports mpi4py.MPI")
-                _post_error(s, p, "ValueError", msg)
-                raise ValueError(msg)
-            if fresh and want != "CONNECT":
-                bind, addr = _helper_address(p, members)
-                here, ns, pidns = socket.gethostname(), _netns(), _netns("pid")
-                started = _pmi.start_helper(
-                    p.world_size, max(1.0, deadline - time.monotonic()), bind=bind,
-                    mapping=_pmi.process_mapping([m["host"] for m in members]),
-                    # a rank of this host (and of its namespaces) is bound to its process
-                    local_pids={m["rank"]: m["pid"] for m in members
-                                if m["host"] == here and m.get("netns", "") == ns
-                                and m.get("pidns", "") == pidns})
-                helper = started.proc
-                s.set("mode", json.dumps({"kind": "pmi", "port": started.port,
-                                          "token": started.token, "unix": started.unix,
-                                          "host": socket.gethostname(), "addr": addr}))
-            else:
-                s.set("mode", json.dumps({"kind": "connect", "late": [
-                    m["rank"] for m in members if m["mpi"] != "fresh"]}))
+            helper = _choose_mode(s, p, members, want, deadline)
         mode = json.loads(_wait(s, "mode", deadline))
         comm, scheme = None, mode["kind"]
         if scheme == "pmi":
             comm = _join_pmi(p, mode, deadline)
             if comm is None:  # this MPI ignored PMI_FD: not an MPICH-family library
-                if helper is not None:
-                    helper.kill()
-                    helper.wait()
-                    helper = None
+                _stop_helper(helper)
+                helper = None
                 logger.info("rank %d: the MPI library did not join through PMI; joining with "
                             "MPI_Comm_connect/accept instead", p.rank)
         if comm is None:
@@ -614,31 +603,11 @@ def join(p: Plan, seconds: float) -> Any:
             comm, scheme = _join_connect(s, p, deadline, why), "connect"
         t2 = time.monotonic()
         comm.Barrier()  # nobody needs the store past this point
-        if p.rank == 0 and s.check(["refused"]):
-            logger.warning("rank 0: a process of another job came to the rendezvous at %s "
-                           "and was refused: %s", p.where, s.get("refused").decode("utf-8",
-                                                                                "replace"))
-        logger.debug("rank %d: rendezvous at %s: %d ranks arrived in %.3f s, joined (%s) in "
-                     "%.3f s", p.rank, p.where, p.world_size, t1 - t0, scheme, t2 - t1)
-        if not owned and p.rank == 0:
-            for key in ["job", "refused", "arrived", "arrived/all", "world_size", "mode",
-                        "dpm/port", "error"] + [
-                    f"rank/{i}" for i in range(p.world_size)]:
-                s.delete_key(key)
+        _after_join(s, p, owned, f"{p.world_size} ranks arrived in {t1 - t0:.3f} s, joined "
+                    f"({scheme}) in {t2 - t1:.3f} s")
     except BaseException as exc:
-        if not getattr(exc, "foreign", False) and not _has_error(s):
-            if isinstance(exc, (ValueError, StoreTimeoutError)):  # the same words everywhere
-                _post_error(s, p, "ValueError" if isinstance(exc, ValueError) else "timeout",
-                            str(exc))
-            else:
-                _post_error(s, p, "error", f"init_process_group: rank {p.rank} failed during "
-                            f"the rendezvous at {p.where}: {type(exc).__name__}: {exc}")
-        if helper is not None and not _mpi_running():
-            helper.kill()
-            helper.wait()
-        if owned and p.rank == 0 and isinstance(store, TCPStore):
-            # the others read the error from this process's store: give them a moment
-            time.sleep(2 * _POLL_S)
+        _join_failed(exc, s, p, helper, linger=owned and p.rank == 0
+                     and isinstance(store, TCPStore))
         raise
     finally:
         if owned:
@@ -647,6 +616,76 @@ def join(p: Plan, seconds: float) -> Any:
     if helper is not None:
         _joined["helper"] = helper  # reaped at exit; it ends when every rank has finalized
     return comm
+
+
+def _choose_mode(s: Store, p: Plan, members: List[Dict[str, Any]], want: str,
+                 deadline: float) -> Any:
+    """Rank 0's decision, posted as ``mode``: every rank fresh, the PMI helper (started here,
+    returned) unless ``connect`` is asked for; else MPI_Comm_connect/accept (None returned)."""
+    fresh = all(m["mpi"] == "fresh" for m in members)
+    if want == "PMI" and not fresh:
+        late = [m["rank"] for m in members if m["mpi"] != "fresh"]
+        msg = (f"init_process_group: MPITENSOR_RENDEZVOUS=pmi, but rank(s) {late} had "
+               "initialized MPI before init_process_group; call it before anything "
+               "imports mpi4py.MPI")
+        _post_error(s, p, "ValueError", msg)
+        raise ValueError(msg)
+    if not fresh or want == "CONNECT":
+        s.set("mode", json.dumps({"kind": "connect", "late": [
+            m["rank"] for m in members if m["mpi"] != "fresh"]}))
+        return None
+    bind, addr = _helper_address(p, members)
+    here, ns, pidns = socket.gethostname(), _netns(), _netns("pid")
+    started = _pmi.start_helper(
+        p.world_size, max(1.0, deadline - time.monotonic()), bind=bind,
+        mapping=_pmi.process_mapping([m["host"] for m in members]),
+        # a rank of this host (and of its namespaces) is bound to its process
+        local_pids={m["rank"]: m["pid"] for m in members
+                    if m["host"] == here and m.get("netns", "") == ns
+                    and m.get("pidns", "") == pidns})
+    s.set("mode", json.dumps({"kind": "pmi", "port": started.port,
+                              "token": started.token, "unix": started.unix,
+                              "host": socket.gethostname(), "addr": addr}))
+    return started.proc
+
+
+def _stop_helper(helper: Any) -> None:
+    """End rank 0's PMI helper process, if it has one."""
+    if helper is not None:
+        helper.kill()
+        helper.wait()
+
+
+def _after_join(s: Store, p: Plan, owned: bool, how: str) -> None:
+    """Report a refused stranger and the times; rank 0 clears the keys from a store that
+    outlives the rendezvous (one passed in), so that a later one starts from nothing."""
+    if p.rank == 0 and s.check(["refused"]):
+        logger.warning("rank 0: a process of another job came to the rendezvous at %s "
+                       "and was refused: %s", p.where, s.get("refused").decode("utf-8",
+                                                                            "replace"))
+    logger.debug("rank %d: rendezvous at %s: %s", p.rank, p.where, how)
+    if not owned and p.rank == 0:
+        for key in ["job", "refused", "arrived", "arrived/all", "world_size", "mode",
+                    "dpm/port", "error"] + [f"rank/{i}" for i in range(p.world_size)]:
+            s.delete_key(key)
+
+
+def _join_failed(exc: BaseException, s: Store, p: Plan, helper: Any, linger: bool) -> None:
+    """Post this rank's failure for the others (unless one is posted already or it came from
+    a stranger), end the helper where MPI did not start, and keep an owned master up a moment
+    (``linger``) so that the others can read why."""
+    if not getattr(exc, "foreign", False) and not _has_error(s):
+        if isinstance(exc, (ValueError, StoreTimeoutError)):  # the same words everywhere
+            _post_error(s, p, "ValueError" if isinstance(exc, ValueError) else "timeout",
+                        str(exc))
+        else:
+            _post_error(s, p, "error", f"init_process_group: rank {p.rank} failed during "
+                        f"the rendezvous at {p.where}: {type(exc).__name__}: {exc}")
+    if not _mpi_running():
+        _stop_helper(helper)
+    if linger:
+        # the others read the error from this process's store: give them a moment
+        time.sleep(2 * _POLL_S)
 
 
 def _mpi_running() -> bool:

@@ -18,9 +18,9 @@ import sys
 import time
 from typing import Any, Optional
 
-from . import rendezvous as _rendezvous
 from .._store import PrefixStore
 from . import launcher_rank
+from . import rendezvous as _rendezvous
 
 __all__ = ["parent_comm", "within"]
 
