@@ -554,13 +554,13 @@ def test_settling_keeps_a_faster_peers_later_failure_for_later():
     notice waits for #6's settling (seen under load at 4 ranks: the group broke)."""
     from mpitensor.distributed.health import faults as _faults
 
-    class G:
-        size_, rank_, ranks, timeout, broken, name = 2, 0, (0, 1), 5.0, None, "G"
-        global_rank, diag = 0, None
+    from mpitensor.distributed.health.state import GroupHealth
 
-        def __init__(self):
-            self.faults = [(1, ("fail", 5, "ValueError: bad op")),
-                           (1, ("fail", 6, "ValueError: bad op"))]
+    def G():
+        return GroupHealth(name="G", ranks=(0, 1), rank=0, global_rank=0, timeout=5.0,
+                           stall_warn=2.5, check_bytes=65536,
+                           faults=[(1, ("fail", 5, "ValueError: bad op")),
+                                   (1, ("fail", 6, "ValueError: bad op"))])
 
     g = G()
     _faults.settle(g, _faults.Story(0, "reduce", 5, "ValueError: bad op"))

@@ -24,6 +24,10 @@ Rules shared by every function here:
   agreement (same op, dtype, shape on every rank) is checked always for buffers of
   ``MPITENSOR_CHECK_BYTES`` (64 KiB) and more, and for every call when debug mode is on
   (``MPITENSOR_DEBUG=1`` or :func:`set_debug`), raising :class:`CollectiveMismatchError`.
+
+Where each part lives: this module sets up the default group and makes groups; the functions
+are in ``_collectives.py``, ``_p2p.py`` and ``_objects.py`` (each calls the public operations
+of the group's backend, declared in ``process_group.py``), the default group in ``_world.py``.
 """
 
 from __future__ import annotations
@@ -31,11 +35,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 import weakref
-from typing import Any, Callable, List, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .._base import config as _config
 from .._base import threads as _threads
@@ -50,13 +51,38 @@ from ..errors import (
     NotInitializedError,
     PeerFailedError,
 )
-from .backends.mpi import node_reduce as _node_reduce
-from .health import watchdog as _watchdog
-from .health.abort import (
-    abort_handler_installed,
-    abort_job,
-    install_abort_handler,
-    uninstall_abort_handler,
+from ._collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    monitored_barrier,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+)
+from ._objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    scatter_object_list,
+)
+from ._p2p import (
+    P2POp,
+    batch_isend_irecv,
+    irecv,
+    isend,
+    recv,
+    recv_object,
+    recv_object_list,
+    send,
+    send_object,
+    send_object_list,
 )
 from ._store import (
     DistError,
@@ -68,6 +94,25 @@ from ._store import (
     Store,
     StoreTimeoutError,
     TCPStore,
+)
+from ._world import (
+    Backend,
+    _default,
+    _pg,
+    _state,
+    _timeout_seconds,
+    get_backend,
+    get_rank,
+    get_world_size,
+    group,
+)
+from .backends.mpi import node_reduce as _node_reduce
+from .health import watchdog as _watchdog
+from .health.abort import (
+    abort_handler_installed,
+    abort_job,
+    install_abort_handler,
+    uninstall_abort_handler,
 )
 from .launch import (
     ProcessExitedException,
@@ -106,49 +151,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("mpitensor.distributed")
-
-
-class Backend(str):
-    """Backend names accepted by :func:`init_process_group`: ``"mpi"``, ``"nccl"``, ``"gloo"``.
-
-    ``"gloo"`` is an alias of the CPU MPI path, so programs written for gloo run unchanged.
-    """
-
-    MPI = "mpi"
-    NCCL = "nccl"
-    GLOO = "gloo"
-    UNDEFINED = "undefined"
-
-    def __new__(cls, name: str) -> "Backend":
-        if not isinstance(name, str):
-            raise TypeError(f"backend must be a string such as 'mpi', got {name!r}")
-        return str.__new__(cls, name.lower())
-
-
-class _State:
-    """The default process group and the groups made from it (the one piece of global state)."""
-
-    def __init__(self) -> None:
-        self.world: Optional[ProcessGroup] = None
-        self.groups: "weakref.WeakSet[ProcessGroup]" = weakref.WeakSet()
-        self.debug: bool = _config.DEBUG
-        self.gloo_notice_given = False
-        self.group_count = 0
-        self.installed_abort_handler = False
-
-
-_state = _State()
-
-
-class _GroupNamespace:
-    """``dist.group.WORLD``: the default group, as in torch."""
-
-    @property
-    def WORLD(self) -> Optional[ProcessGroup]:  # noqa: N802 - torch's name
-        return _state.world
-
-
-group = _GroupNamespace()
 
 
 # ---------------------------------------------------------------------------- setup
@@ -205,17 +207,6 @@ def is_initialized() -> bool:
     return _state.world is not None
 
 
-def _timeout_seconds(timeout: Any) -> float:
-    if timeout is None:
-        return _config.DEFAULT_TIMEOUT_S
-    if hasattr(timeout, "total_seconds"):
-        timeout = timeout.total_seconds()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds or a timedelta "
-                         f"(float('inf') for no bound), got {timeout!r}")
-    return float(timeout)
-
-
 def init_process_group(
     backend: Optional[str] = None,
     init_method: Optional[str] = None,
@@ -230,19 +221,12 @@ def init_process_group(
 ) -> None:
     """Initialize the default process group: MPI's world, or the processes that meet here.
 
-    Under an MPI launcher (``mpiexec``, ``mpitensor-run``, ``srun``,
-    ``mpitensor.multiprocessing.spawn``), rank and world size come from MPI, and torchrun's
-    ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
-    ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_RESTART_COUNT`` are set from MPI where
-    absent; ``init_method`` and ``store`` are then unused.
-
-    Processes that no launcher started (``multiprocessing.Process``, several shells, a
-    scheduler) and that are given a ``world_size`` above 1 meet as torch's do: through
-    ``init_method`` (``"env://"``, the default: ``MASTER_ADDR``/``MASTER_PORT``, and
-    ``WORLD_SIZE``/``RANK`` where the arguments do not give them; ``"tcp://host:port"``;
-    ``"file:///path"``) or ``store``, and become one MPI world whose rank is each one's
-    ``rank`` (see ``_rendezvous`` and docs/launching.md). Everything then works as under
-    ``mpiexec``.
+    Under an MPI launcher (``mpiexec``, ``mpitensor-run``, ``srun``, ``spawn``) rank and size
+    come from MPI, torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ...) are set
+    from MPI where absent, and ``init_method``/``store`` are unused. Processes no launcher
+    started, given a ``world_size`` above 1, meet as torch's do, through ``init_method``
+    (``"env://"`` by default, ``"tcp://host:port"``, ``"file:///path"``) or ``store``, and
+    become one MPI world (``launch/rendezvous.py``, docs/launching.md).
 
     Args:
         backend: ``"mpi"`` (default), ``"nccl"`` (CuPy arrays through NCCL, CPU through MPI;
@@ -290,21 +274,19 @@ def init_process_group(
     name = _parse_backend(backend)
     seconds = _timeout_seconds(timeout)
     _threads.parse_env(os.environ)  # a malformed MPITENSOR_NUM_THREADS fails before MPI starts
-    from .launch import subjob as _subjob
-
-    # k processes of a larger job (RPC over all, DDP over k trainers) form a group of their own
-    joined = _subjob.within(init_method, rank, world_size, store, seconds)
-    if joined is None:
-        joined = _meet(init_method, rank, world_size, store, seconds)
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD if joined is None else joined
+    comm, joined = _world_comm(init_method, rank, world_size, store, seconds)
     mpi_rank, mpi_size = comm.Get_rank(), comm.Get_size()
-    if joined is None:
+    if not joined:
         _check_against_mpi(rank, world_size, mpi_rank, mpi_size)
-    label = _backend_notice(name, mpi_rank)
-    world = _make_world(comm, label, seconds, device_id)
-    if mpi_size > 1 or launcher_rank(None) is not None:
+    world = _make_world(comm, _backend_notice(name, mpi_rank), seconds, device_id)
+    _adopt_world(world, comm, abort_on_exception)
+
+
+def _adopt_world(world: ProcessGroup, comm: Any, abort_on_exception: Optional[bool]) -> None:
+    """Make ``world`` the default group: torchrun's variables for its processes, and the
+    abort handler (see :func:`init_process_group`)."""
+    size = comm.Get_size()
+    if size > 1 or launcher_rank(None) is not None:
         # torchrun's RANK, LOCAL_RANK, ... where the launcher did not set them (a plain python
         # process, a job of its own, is left alone, so its children inherit nothing stale)
         try:
@@ -316,10 +298,27 @@ def init_process_group(
     _state.groups.add(world)
     GroupMember.WORLD = world
     if abort_on_exception is None:
-        abort_on_exception = _config.ABORT_ON_EXCEPTION and mpi_size > 1
+        abort_on_exception = _config.ABORT_ON_EXCEPTION and size > 1
     if abort_on_exception and not abort_handler_installed():
         install_abort_handler()
         _state.installed_abort_handler = True
+
+
+def _world_comm(init_method: Any, rank: Any, world_size: Any, store: Any,
+                seconds: float) -> "tuple[Any, bool]":
+    """The communicator the default group is made on, and whether processes joined to make
+    it: some processes of a larger job (RPC over all, DDP over k trainers, ``launch/subjob``),
+    the processes that met here (:func:`_meet`), or else MPI's world."""
+    from .launch import subjob as _subjob
+
+    joined = _subjob.within(init_method, rank, world_size, store, seconds)
+    if joined is None:
+        joined = _meet(init_method, rank, world_size, store, seconds)
+    if joined is not None:
+        return joined, True
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD, False
 
 
 def _meet(init_method: Any, rank: Any, world_size: Any, store: Any, seconds: float) -> Any:
@@ -487,45 +486,6 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     _state.groups.discard(group)
 
 
-def _default() -> ProcessGroup:
-    world = _state.world
-    if world is None:
-        raise NotInitializedError(
-            "the default process group has not been initialized: call "
-            "mpitensor.distributed.init_process_group() first (under `mpiexec -n N python ...`, "
-            "or plain `python` for a single rank)")
-    return world
-
-
-def _pg(group: Optional[ProcessGroup]) -> ProcessGroup:
-    if group is None:
-        world = _state.world
-        if world is None:
-            _default()
-        return world
-    if _state.world is None:
-        _default()
-    if isinstance(group, ProcessGroup):
-        return group
-    raise TypeError(f"group must be a process group from new_group() or None, got {group!r}")
-
-
-def get_backend(group: Optional[ProcessGroup] = None) -> str:
-    """Return the backend name of ``group`` (default group when None): ``"mpi"`` or ``"nccl"``."""
-    return _pg(group).backend_label
-
-
-def get_rank(group: Optional[ProcessGroup] = None) -> int:
-    """Return this process's rank in ``group`` (-1 when it is not a member, as in torch)."""
-    return _pg(group).rank_
-
-
-def get_world_size(group: Optional[ProcessGroup] = None) -> int:
-    """Return the number of ranks in ``group`` (-1 when this process is not a member)."""
-    pg = _pg(group)
-    return pg.size_ if pg.rank_ >= 0 else -1
-
-
 def set_debug(enabled: bool = True) -> None:
     """Turn cross-rank argument checks on or off for every group (same as MPITENSOR_DEBUG=1).
 
@@ -575,9 +535,8 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Any = None,
     ranks = sorted(ranks)
     _state.group_count += 1
     name = group_desc or f"group{_state.group_count}{ranks}"
-    base = getattr(world, "mpi_group", world)
     seconds = _timeout_seconds(timeout) if timeout is not None else None
-    sub = base.split(ranks, name, seconds)
+    sub = world.split(ranks, name, seconds)
     if seconds is not None:
         sub.set_timeout(seconds)
     label = (_backend_notice(_parse_backend(backend), world.rank_) if backend is not None
@@ -613,258 +572,7 @@ def get_group_rank(group: Optional[ProcessGroup], global_rank: int) -> int:
     return pg.group_rank_of(global_rank, "global_rank", f"get_group_rank on {pg.name}")
 
 
-# ---------------------------------------------------------------------------- p2p
-def send(tensor: Any, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
-         tag: int = 0, group_dst: Optional[int] = None) -> None:
-    """Send ``tensor`` to global rank ``dst``; blocks until the buffer may be reused.
-
-    Raises:
-        ValueError: ``dst`` is out of range, not in ``group``, or this rank itself.
-    """
-    _pg(group).send(tensor, dst, tag, group_dst, False)
-
-
-def recv(tensor: Any, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-         tag: int = 0, group_src: Optional[int] = None) -> int:
-    """Receive into ``tensor`` from ``src`` (any rank when None); return the sender's global rank.
-
-    Raises:
-        MessageTruncatedError: the message is larger than ``tensor``.
-    """
-    return _pg(group).recv(tensor, src, tag, group_src, False)
-
-
-def isend(tensor: Any, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
-          tag: int = 0, group_dst: Optional[int] = None) -> Work:
-    """Start sending ``tensor`` to ``dst``; return a :class:`Work` to ``wait()`` on.
-
-    Do not modify ``tensor`` before the work completes.
-    """
-    return _pg(group).send(tensor, dst, tag, group_dst, True)
-
-
-def irecv(tensor: Any, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-          tag: int = 0, group_src: Optional[int] = None) -> Work:
-    """Start receiving into ``tensor``; ``work.wait()`` completes it, ``work.source_rank()``
-    names the sender (useful with ``src=None``)."""
-    return _pg(group).recv(tensor, src, tag, group_src, True)
-
-
-class P2POp:
-    """One point-to-point operation for :func:`batch_isend_irecv`.
-
-    Args:
-        op: :func:`isend` or :func:`irecv` (the functions themselves, as in torch).
-        tensor: the buffer to send or receive into.
-        peer: the global rank of the other side (or ``group_peer`` inside ``group``).
-    """
-
-    __slots__ = ("op", "tensor", "peer", "group", "tag", "group_peer")
-
-    def __init__(self, op: Callable, tensor: Any, peer: Optional[int] = None,
-                 group: Optional[ProcessGroup] = None, tag: int = 0,
-                 group_peer: Optional[int] = None) -> None:
-        if op not in (isend, irecv):
-            raise ValueError("P2POp: op must be mpitensor.distributed.isend or .irecv, got "
-                             f"{getattr(op, '__name__', op)!r}")
-        if peer is None and group_peer is None:
-            raise ValueError("P2POp: peer (or group_peer) is required")
-        self.op, self.tensor, self.peer, self.group = op, tensor, peer, group
-        self.tag, self.group_peer = tag, group_peer
-
-    def __repr__(self) -> str:
-        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
-
-
-def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> List[Work]:
-    """Start every operation in the list and return their work handles.
-
-    All receives are posted before any send, so exchanges such as a ring shift cannot deadlock.
-    """
-    if not isinstance(p2p_op_list, (list, tuple)) or not all(
-            isinstance(p, P2POp) for p in p2p_op_list):
-        raise TypeError("batch_isend_irecv: expects a list of P2POp")
-    if not p2p_op_list:
-        raise ValueError("batch_isend_irecv: the list of P2POp is empty")
-    order = sorted(range(len(p2p_op_list)), key=lambda i: p2p_op_list[i].op is isend)
-    works: List[Any] = [None] * len(p2p_op_list)
-    for i in order:
-        p = p2p_op_list[i]
-        if p.op is isend:
-            works[i] = isend(p.tensor, p.peer, p.group, p.tag, p.group_peer)
-        else:
-            works[i] = irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
-    return works
-
-
-def send_object(obj: Any, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:
-    """Send any picklable object to global rank ``dst`` (uses pickle: not for hot paths)."""
-    pg = _pg(group)
-    where = pg._begin_p2p("send_object")
-    pg.send_obj(obj, pg._peer(dst, None, "dst", where), pg._tag(tag, where), "send_object")
-
-
-def recv_object(src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-                tag: int = 0) -> Any:
-    """Receive an object sent with :func:`send_object` (from any rank when ``src`` is None)."""
-    pg = _pg(group)
-    where = pg._begin_p2p("recv_object")
-    peer = pg._peer(src, None, "src", where, allow_any=True)
-    return pg.recv_obj(peer, pg._tag(tag, where), "recv_object")[0]
-
-
-def send_object_list(object_list: List[Any], dst: Optional[int] = None,
-                     group: Optional[ProcessGroup] = None, device: Any = None,
-                     group_dst: Optional[int] = None) -> None:
-    """Send a list of picklable objects to ``dst`` (torch's ``send_object_list``)."""
-    pg = _pg(group)
-    where = pg._begin_p2p("send_object_list")
-    if not isinstance(object_list, list):
-        raise TypeError(f"{where}: object_list must be a list, got {type(object_list).__name__}")
-    pg.send_obj(list(object_list), pg._peer(dst, group_dst, "dst", where), 0,
-                "send_object_list")
-
-
-def recv_object_list(object_list: List[Any], src: Optional[int] = None,
-                     group: Optional[ProcessGroup] = None, device: Any = None,
-                     group_src: Optional[int] = None) -> int:
-    """Receive into ``object_list`` (same length as the sender's) in place; return the sender."""
-    pg = _pg(group)
-    where = pg._begin_p2p("recv_object_list")
-    if not isinstance(object_list, list):
-        raise TypeError(f"{where}: object_list must be a list, got {type(object_list).__name__}")
-    objs, sender = pg.recv_obj(pg._peer(src, group_src, "src", where, allow_any=True), 0,
-                               "recv_object_list")
-    if len(objs) != len(object_list):
-        raise ValueError(f"{where}: received {len(objs)} objects from rank {sender} but "
-                         f"object_list has {len(object_list)} slots; make them the same length")
-    object_list[:] = objs
-    return sender
-
-
-# ---------------------------------------------------------------------------- collectives
-def broadcast(tensor: Any, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-              async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
-    """Copy ``tensor`` from global rank ``src`` to every rank of the group, in place.
-
-    Contract: same shape and dtype on every rank; ``src`` the same everywhere.
-
-    Example:
-        >>> t = torch.arange(4) if dist.get_rank() == 0 else torch.zeros(4, dtype=torch.int64)
-        >>> dist.broadcast(t, src=0)       # every rank: tensor([0, 1, 2, 3])
-    """
-    return _pg(group).broadcast(tensor, src, async_op, group_src)
-
-
-def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
-               async_op: bool = False) -> Optional[Work]:
-    """Reduce ``tensor`` across the group with ``op``; every rank gets the result in place.
-
-    Contract: same shape and dtype on every rank. ``AVG`` needs a floating/complex dtype,
-    ``BAND``/``BOR``/``BXOR`` an integer or bool one; float16 and bfloat16 are reduced in
-    float32 and rounded once.
-
-    Example:
-        >>> t = torch.ones(2)
-        >>> dist.all_reduce(t)             # on 4 ranks: tensor([4., 4.])
-    """
-    return _pg(group).all_reduce(tensor, op, async_op)
-
-
-def reduce(tensor: Any, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM,
-           group: Optional[ProcessGroup] = None, async_op: bool = False,
-           group_dst: Optional[int] = None) -> Optional[Work]:
-    """Reduce ``tensor`` across the group into global rank ``dst`` (default: group rank 0).
-
-    Only ``dst``'s tensor is written; the others are left as they were.
-    """
-    return _pg(group).reduce(tensor, dst, op, async_op, group_dst)
-
-
-def all_gather(tensor_list: List[Any], tensor: Any, group: Optional[ProcessGroup] = None,
-               async_op: bool = False) -> Optional[Work]:
-    """Gather ``tensor`` from every rank into ``tensor_list`` (one entry per rank) on every rank.
-
-    Contract (as torch's): every entry of ``tensor_list`` has ``tensor``'s shape and dtype, on
-    every rank; ``ValueError`` before any traffic otherwise. For different sizes per rank, use
-    ``all_gather_object`` for the sizes and pad, or ``all_to_all`` (uneven entries allowed).
-    """
-    return _pg(group).all_gather(tensor_list, tensor, async_op)
-
-
-def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
-                           group: Optional[ProcessGroup] = None,
-                           async_op: bool = False) -> Optional[Work]:
-    """Gather every rank's ``input_tensor`` into one ``output_tensor`` (concatenated on dim 0,
-    or stacked: any shape with ``world_size × input.numel()`` elements)."""
-    return _pg(group).all_gather_into_tensor(output_tensor, input_tensor, async_op)
-
-
-def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[int] = None,
-           group: Optional[ProcessGroup] = None, async_op: bool = False,
-           group_dst: Optional[int] = None) -> Optional[Work]:
-    """Gather ``tensor`` from every rank into ``gather_list`` on ``dst`` (default group rank 0).
-
-    ``gather_list`` is used only on ``dst``, where it must hold one tensor per rank; other
-    ranks may pass ``None`` or ``[]``.
-    """
-    return _pg(group).gather(tensor, gather_list, dst, async_op, group_dst)
-
-
-def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None,
-            group: Optional[ProcessGroup] = None, async_op: bool = False,
-            group_src: Optional[int] = None) -> Optional[Work]:
-    """Send ``scatter_list[i]`` from ``src`` (default group rank 0) into ``tensor`` on rank i.
-
-    ``scatter_list`` is used only on ``src``; other ranks may pass ``None`` or ``[]``.
-
-    Example:
-        >>> lst = [torch.tensor([float(i + 1)]) for i in range(4)] if rank == 0 else None
-        >>> out = torch.zeros(1)
-        >>> dist.scatter(out, lst, src=0)   # rank r: tensor([r + 1.])
-    """
-    return _pg(group).scatter(tensor, scatter_list, src, async_op, group_src)
-
-
-def reduce_scatter(output: Any, input_list: List[Any], op: ReduceOp = ReduceOp.SUM,
-                   group: Optional[ProcessGroup] = None,
-                   async_op: bool = False) -> Optional[Work]:
-    """Reduce ``input_list[i]`` across ranks into ``output`` on rank i."""
-    return _pg(group).reduce_scatter(output, input_list, op, async_op)
-
-
-def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOp = ReduceOp.SUM,
-                          group: Optional[ProcessGroup] = None,
-                          async_op: bool = False) -> Optional[Work]:
-    """Reduce ``input`` (``world_size × output.numel()`` elements) across ranks; rank i gets
-    block i of the result in ``output``."""
-    return _pg(group).reduce_scatter_tensor(output, input, op, async_op)
-
-
-def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any],
-               group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
-    """Send ``input_tensor_list[j]`` to rank j; receive rank j's into ``output_tensor_list[j]``."""
-    return _pg(group).all_to_all(output_tensor_list, input_tensor_list, async_op)
-
-
-def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[List[int]] = None,
-                      input_split_sizes: Optional[List[int]] = None,
-                      group: Optional[ProcessGroup] = None,
-                      async_op: bool = False) -> Optional[Work]:
-    """All-to-all on single tensors split along dimension 0 (evenly when no split sizes)."""
-    return _pg(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                        async_op)
-
-
-def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
-            device_ids: Any = None) -> Optional[Work]:
-    """Block until every rank of the group has entered the barrier."""
-    return _pg(group).barrier(async_op)
-
-
 # ------------------------------------------------------------------ barriers, subgroups, env
-#: the tag of monitored_barrier's messages, apart from a program's own small tags
-_TAG = 0x6D6F6E  # "mon"
 
 
 def is_torchelastic_launched() -> bool:
@@ -892,49 +600,6 @@ def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
     raise RuntimeError("get_node_local_rank(): LOCAL_RANK is not set and no MPI launcher said "
                        "which rank this is on its node; launch with torchrun, mpitensor-run or "
                        "mpiexec, or pass fallback_rank")
-
-
-def monitored_barrier(group: Any = None, timeout: Any = None,
-                      wait_all_ranks: bool = False) -> None:
-    """A barrier that names the ranks that did not come, as torch's.
-
-    Every rank other than the group's rank 0 reports to it; rank 0 waits up to ``timeout``
-    (default: the group's) for all of them, then releases them. Where some are missing, rank 0
-    raises :class:`~mpitensor.errors.DistributedTimeoutError` naming the first one (all of them
-    with ``wait_all_ranks=True``); the group is then broken, as after any timeout, and the
-    waiting ranks raise too.
-    """
-    pg = _pg(group)
-    size = get_world_size(pg)
-    if size == 1:
-        return
-    seconds = _timeout_seconds(timeout) if timeout is not None else float(pg.timeout)
-    me = pg.rank_
-    token = np.zeros(1, np.int8)
-    if me != 0:
-        isend(token, dst=pg.ranks[0], group=pg, tag=_TAG).wait()
-        irecv(token, src=pg.ranks[0], group=pg, tag=_TAG).wait()
-        return
-    arrivals = {r: irecv(np.zeros(1, np.int8), src=pg.ranks[r], group=pg, tag=_TAG)
-                for r in range(1, size)}
-    deadline = time.monotonic() + seconds
-    missing: List[int] = []
-    for r, work in arrivals.items():
-        left = deadline - time.monotonic()
-        try:
-            work.wait(timeout=max(left, 0.0))
-        except DistributedTimeoutError:
-            missing.append(pg.ranks[r])
-            if not wait_all_ranks:
-                break
-    if missing:
-        who = (f"ranks {missing} did not" if wait_all_ranks and len(missing) > 1
-               else f"rank {missing[0]} did not")
-        raise DistributedTimeoutError(
-            f"monitored_barrier on {pg.name}: {who} reach the barrier within {seconds:g} s"
-            f"{'' if wait_all_ranks else ' (wait_all_ranks=True names every missing rank)'}")
-    for r in range(1, size):
-        isend(token, dst=pg.ranks[r], group=pg, tag=_TAG).wait()
 
 
 def _check_ranks_lists(lists: Sequence[Sequence[int]], world: int, fname: str) -> List[List[int]]:
@@ -1011,140 +676,6 @@ def new_subgroups(group_size: Optional[int] = None, group: Any = None, timeout: 
     lists = [list(range(s, s + group_size)) for s in range(0, n, group_size)]
     return new_subgroups_by_enumeration(lists, timeout=timeout, backend=backend,
                                         pg_options=pg_options, group_desc=group_desc)
-
-
-# ---------------------------------------------------------------------------- object collectives
-def _root(pg: ProcessGroup, where: str, global_root: Optional[int],
-          group_root: Optional[int], what: str) -> int:
-    if global_root is None and group_root is None:
-        group_root = 0
-    return pg.resolve_peer(global_root, group_root, what, where)
-
-
-def _checked(pg: ProcessGroup, where: str, opname: str, root: Optional[int],
-             check: Callable[[], None]) -> None:
-    """Run an object collective's local checks; in debug mode all ranks agree first.
-
-    Debug mode compares the operation, its sequence number and root across the ranks, and
-    every rank raises if any rank's arguments failed (so no rank is left waiting). Then the
-    call is counted.
-    """
-    error: Optional[BaseException] = None
-    try:
-        check()
-    except (TypeError, ValueError) as exc:
-        error = exc
-    if pg.debug:
-        sig = pg._sig(opname) if root is None else pg._sig(opname, root=root)
-        pg._agree(where, sig, error)
-    if error is not None:
-        raise error
-    pg._count(opname)
-
-
-def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
-                          group: Optional[ProcessGroup] = None, device: Any = None,
-                          group_src: Optional[int] = None) -> None:
-    """Broadcast the picklable objects of ``object_list`` from ``src``, in place on every rank.
-
-    Every rank passes a list of the same length; non-source entries are replaced.
-    """
-    pg = _pg(group)
-
-    def body() -> None:
-        where = pg._begin("broadcast_object_list")
-        root = _root(pg, where, src, group_src, "src")
-
-        def check() -> None:
-            if not isinstance(object_list, list):
-                raise TypeError(f"{where}: object_list must be a list, got "
-                                f"{type(object_list).__name__}")
-
-        _checked(pg, where, "broadcast_object_list", root, check)
-        objs = pg.bcast_obj(list(object_list) if pg.rank_ == root else None, root)
-        if len(objs) != len(object_list):
-            raise ValueError(f"{where}: the source broadcast {len(objs)} objects but this rank's "
-                             f"object_list has {len(object_list)} slots")
-        object_list[:] = objs
-
-    pg.call_guarded("broadcast_object_list", body)
-
-
-def all_gather_object(object_list: List[Any], obj: Any,
-                      group: Optional[ProcessGroup] = None) -> None:
-    """Gather a picklable ``obj`` from every rank into ``object_list`` (len == group size)."""
-    pg = _pg(group)
-
-    def body() -> None:
-        where = pg._begin("all_gather_object")
-
-        def check() -> None:
-            if not isinstance(object_list, list) or len(object_list) != pg.size_:
-                raise ValueError(f"{where}: object_list must be a list of {pg.size_} entries (one "
-                                 f"per rank), got {_len_desc(object_list)}")
-
-        _checked(pg, where, "all_gather_object", None, check)
-        object_list[:] = pg.allgather_obj(obj)
-
-    pg.call_guarded("all_gather_object", body)
-
-
-def _len_desc(x: Any) -> str:
-    return f"a list of {len(x)}" if isinstance(x, list) else type(x).__name__
-
-
-def _list_on_root(pg: ProcessGroup, where: str, root: int, lst: Any, name: str,
-                  role: str) -> None:
-    """On the root only: ``lst`` must be a list with one entry per rank of the group."""
-    if pg.rank_ == root and (not isinstance(lst, list) or len(lst) != pg.size_):
-        raise ValueError(f"{where}: {name} must be a list of {pg.size_} entries on the {role} "
-                         f"rank, got {_len_desc(lst)}")
-
-
-def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
-                  dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
-                  group_dst: Optional[int] = None) -> None:
-    """Gather a picklable ``obj`` from every rank into ``object_gather_list`` on ``dst``."""
-    pg = _pg(group)
-
-    def body() -> None:
-        where = pg._begin("gather_object")
-        root = _root(pg, where, dst, group_dst, "dst")
-
-        def check() -> None:
-            _list_on_root(pg, where, root, object_gather_list, "object_gather_list", "destination")
-
-        _checked(pg, where, "gather_object", root, check)
-        objs = pg.gather_obj(obj, root)
-        if pg.rank_ == root:
-            object_gather_list[:] = objs
-
-    pg.call_guarded("gather_object", body)
-
-
-def scatter_object_list(scatter_object_output_list: List[Any],
-                        scatter_object_input_list: Optional[List[Any]] = None,
-                        src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-                        group_src: Optional[int] = None) -> None:
-    """Scatter ``scatter_object_input_list[i]`` from ``src`` into
-    ``scatter_object_output_list[0]`` on rank i."""
-    pg = _pg(group)
-
-    def body() -> None:
-        where = pg._begin("scatter_object_list")
-        root = _root(pg, where, src, group_src, "src")
-
-        def check() -> None:
-            if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
-                raise ValueError(f"{where}: scatter_object_output_list must be a non-empty list")
-            _list_on_root(pg, where, root, scatter_object_input_list, "scatter_object_input_list",
-                          "source")
-
-        _checked(pg, where, "scatter_object_list", root, check)
-        scatter_object_output_list[0] = pg.scatter_obj(
-            list(scatter_object_input_list) if pg.rank_ == root else None, root)
-
-    pg.call_guarded("scatter_object_list", body)
 
 
 # ------------------------------------------------ torch.distributed's smaller members, DDP hooks

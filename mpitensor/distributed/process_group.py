@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from .._base import config as _config
 from ..errors import DistributedTimeoutError, MpiTensorError, NotAGroupMemberError
 from .health import faults as _faults
 from .health import watchdog as _watchdog
+from .health.state import MASK, GroupHealth, Story
 
 __all__ = ["ReduceOp", "reduce_op", "Work", "ProcessGroup", "GroupMember"]
 
@@ -140,7 +141,7 @@ class Work:
         g = self._group
         if g is not None:
             op, seq, kind, peer, tag = self._info or ("operation", 0, "coll", None, None)
-            _watchdog.wait(g, self._request, op, seq, kind, self._status, timeout, peer, tag)
+            _watchdog.wait(g.health, self._request, op, seq, kind, self._status, timeout, peer, tag)
             return
         if timeout is None:
             self._request.Wait(self._status)
@@ -250,37 +251,97 @@ class _Completed(Work):
         self._done = True
 
 
+def abstract(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` as an operation of the backend contract: every concrete group class must
+    define it (checked when the class is made, see ``ProcessGroup.__init_subclass__``)."""
+    fn.__isabstractmethod__ = True  # type: ignore[attr-defined]
+    return fn
+
+
 class ProcessGroup:
-    """A communicator over a set of global ranks.
+    """A communicator over a set of global ranks, and the contract every backend implements.
+
+    The operations below marked *contract* are what ``mpitensor.distributed``'s functions
+    call; a backend class (:class:`~mpitensor.distributed.backends.mpi.group.MPIGroup`,
+    :class:`~mpitensor.distributed.backends.nccl.NCCLGroup`) that leaves one out fails when
+    the class is made, not when a program first calls it. Every collective is called by every
+    member with matching arguments and in the same order as its other collectives on the group;
+    ``async_op=True`` returns a :class:`Work` (the data may be read or written until it
+    completes), else the call returns ``None`` once its output is in place. Ranks are global
+    unless the parameter says ``group_``. A call that fails its checks raises before any
+    traffic, and the group's other members hear of it (``call_guarded``).
 
     Attributes:
         ranks: the global ranks of the members, in group-rank order.
         rank_: this process's rank in the group (-1 when not a member).
         name: a readable name used in error messages.
+        health: the group's :class:`~mpitensor.distributed.health.state.GroupHealth`.
     """
 
     backend_name = "undefined"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        missing = sorted(name for name in dir(cls)
+                         if getattr(getattr(cls, name, None), "__isabstractmethod__", False))
+        if missing:
+            raise TypeError(f"{cls.__name__} does not implement the process-group contract: "
+                            f"{', '.join(missing)} missing. Define each of them (a backend "
+                            "without an operation may hand it to a group that has it).")
+
     def __init__(self, ranks: Sequence[int], my_global_rank: int, name: str,
                  timeout: float, debug: bool) -> None:
         self._set_identity(ranks, my_global_rank, name)
-        self.timeout = timeout
-        self.broken: Any = None  # a _faults.Story once the group is unusable
+        self.health = GroupHealth(name=name, ranks=self.ranks, rank=self.rank_,
+                                  global_rank=my_global_rank, timeout=float(timeout),
+                                  stall_warn=_watchdog.stall_warn_seconds(timeout),
+                                  check_bytes=_config.CHECK_BYTES)
+        self.history = self.health.history  # the same ring: calls write it, reports read it
         self.unsettled: Any = None  # the Story of a local failure the peers were told of
         self.debug = debug
-        self.faults: list = []  # fault notices read and not yet consumed: (group rank, msg)
         self.sent = 0  # calls that reached MPI (posted traffic): a failure before it is local
         self.seq = 0  # collectives: the same count on every member
         self.p2p_seq = 0  # point-to-point calls: counted per rank
-        self.stall_warn = _watchdog.stall_warn_seconds(timeout)
-        self.history: list = [None] * _watchdog.HISTORY  # (seq, op, dtype, shape) ring
-        self.diag: Any = None  # private communicator for arrival notices (MPI groups)
-        self.tag_base = 0  # added to the notice tags on ``diag``: this group's incarnation
-        # collectives of this many bytes and more check agreement beside the data (MPI groups;
-        # _fingerprint): the same value on every rank, or a straddling call waits for a partner
-        self.check_bytes: int = _config.CHECK_BYTES
-        self.notices: dict = {}  # group rank -> its latest arrival notice
-        self.notice_reqs: list = []
+
+    # -- what the group shows of its health (explicitly: each read goes to ``health``) ----
+    @property
+    def timeout(self) -> float:
+        """Seconds a call may wait for its peers before it raises DistributedTimeoutError."""
+        return self.health.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self.health.timeout = float(seconds)
+
+    @property
+    def stall_warn(self) -> float:
+        """Seconds a call waits before a stall report is logged."""
+        return self.health.stall_warn
+
+    @property
+    def broken(self) -> Any:
+        """Why the group is unusable (a ``Story``), or None while it works."""
+        return self.health.broken
+
+    @property
+    def check_bytes(self) -> int:
+        """Collectives of this many bytes and more check agreement beside the data
+        (``MPITENSOR_CHECK_BYTES``; the same value on every rank)."""
+        return self.health.check_bytes
+
+    @check_bytes.setter
+    def check_bytes(self, nbytes: int) -> None:
+        self.health.check_bytes = int(nbytes)
+
+    @property
+    def fp_node(self) -> Any:
+        """The agreement check's shared slots (members on one machine), else None."""
+        return self.health.fp_node
+
+    @property
+    def notices(self) -> dict:
+        """Group rank -> the latest arrival notice read from it (see ``health/watchdog``)."""
+        return self.health.notices
 
     @property
     def debug(self) -> bool:
@@ -292,85 +353,73 @@ class ProcessGroup:
         self._debug_on = bool(value)
         self._set_slow()
 
-    _slow = False
-    _heard: Optional[Callable[[], bool]] = None  # True while a fault notice waits in MPI
-
     @property
     def slow(self) -> bool:
         """True: a call takes the general path, which checks the group before any traffic.
 
         Set for debug mode, a failure to settle and a broken group; also true while a peer's
-        fault notice waits unread (one ``Iprobe`` on the notice communicator, about 0.3 µs):
-        a peer may have broken the group, and this call must not complete against the
-        request its broken call left posted (``_faults``)."""
-        if self._slow:
+        fault notice waits unread (``GroupHealth.heard``: one word of shared memory, or one
+        ``Iprobe`` on the notice communicator, about 0.3 µs): a peer may have broken the
+        group, and this call must not complete against the request its broken call left
+        posted (``health/faults``)."""
+        h = self.health
+        if h.slow:
             return True
-        heard = self._heard
+        heard = h.heard
         return heard is not None and heard()
 
     @slow.setter
     def slow(self, value: bool) -> None:
-        self._slow = bool(value)
+        self.health.slow = bool(value)
 
     def _set_slow(self) -> None:
         # True: every call takes the general path (debug checks, or a failure to settle)
-        self.slow = self._debug_on or self.broken is not None or self.unsettled is not None
+        self.slow = (self._debug_on or self.health.broken is not None
+                     or self.unsettled is not None)
 
+    # -- health: settling failures with the peers ------------------------------------------
     def check_usable(self, opname: str) -> None:
-        """Settle a local failure with the peers first (``_faults.settle``), read the fault
+        """Settle a local failure with the peers first (``faults.settle``), read the fault
         notices that came (a peer that broke the group), then raise the group's
         PeerFailedError if a failure made it unusable."""
+        h = self.health
         if self.unsettled is not None:
             story, self.unsettled = self.unsettled, None
             try:
-                _faults.settle(self, story)
+                _faults.settle(h, story)
             finally:
                 self._set_slow()
-        if self.broken is None and self._heard is not None:
-            _faults.heed(self)
-        if self.broken is not None:
-            raise _faults.error(self, self.broken, opname)
+        if h.broken is None and h.heard is not None:
+            _faults.heed(h)
+        if h.broken is not None:
+            raise _faults.error(h, h.broken, opname)
 
     def break_after(self, op: str, seq: int, kind: str, reason: str) -> None:
-        """Call ``op`` (``#seq``, ``kind`` ``"coll"`` or ``"p2p"``) ended, for ``reason``, while
-        its data was posted in MPI: break the group here and tell the other members, whose
-        waits end with PeerFailedError and whose later calls are refused (``_faults``).
-
-        A peer's later call would otherwise complete against what is still posted: the
-        timed-out all_reduce of one rank summed with the next all_reduce of another."""
-        if self.rank_ < 0 or self.broken is not None:
-            return
-        _faults.mark_broken(self, _faults.Story(self.global_rank, op, seq, reason, kind),
-                            flag=True)
-
-    def fault_in_wait(self, kind: str, seq: int, op: str, peer: Optional[int],
-                      since: float) -> Any:
-        """For a rank waiting in ``op`` (``_watchdog``'s slow tick): the PeerFailedError that
-        ends the wait, if a fault notice says the call can never complete (``_faults``)."""
-        return _faults.in_wait(self, kind, seq, op, peer, since)
+        """Call ``op`` ended while its data was posted in MPI: break the group on every
+        member (``faults.break_after``)."""
+        _faults.break_after(self.health, op, seq, kind, reason)
 
     def mark_unusable(self, opname: str, reason: str) -> None:
         """Declare the group unusable because of this rank (e.g. DDP's backward stopped
         half-way): tell the other members, whose waits end with PeerFailedError, and make
         every later call on it raise."""
-        if self.rank_ >= 0 and self.broken is None:
-            _faults.mark_broken(self, _faults.Story(self.global_rank, opname, self.seq,
-                                                    reason))
+        if self.rank_ >= 0 and self.health.broken is None:
+            _faults.mark_broken(self.health, Story(self.global_rank, opname, self.seq, reason))
 
     def call_guarded(self, opname: str, body: Callable[..., Any], *args: Any,
                      **kwargs: Any) -> Any:
         """Run a collective's ``body``; if it raises before any traffic, tell the peers at
-        once (see ``_faults``) and raise; the group's next call settles it with them: the group
-        stays usable only if they all failed the same call.
+        once (see ``health/faults``) and raise; the group's next call settles it with them:
+        the group stays usable only if they all failed the same call.
         """
         sent0, seq0 = self.sent, self.seq
         try:
             return body(*args, **kwargs)
         except Exception as exc:
-            if self.sent == sent0 and self.rank_ >= 0 and self.broken is None:
+            if self.sent == sent0 and self.rank_ >= 0 and self.health.broken is None:
                 if self.seq == seq0:
-                    self._count(opname)
-                story = _faults.announce_failure(self, opname, self.seq, exc)
+                    self.count_call(opname)
+                story = _faults.announce_failure(self.health, opname, self.seq, exc)
                 if story is not None:
                     self.unsettled = story
                     self.slow = True
@@ -391,17 +440,17 @@ class ProcessGroup:
 
     def set_timeout(self, seconds: float) -> None:
         """Change the group's timeout (and the stall threshold that follows from it)."""
-        self.timeout = float(seconds)
-        self.stall_warn = _watchdog.stall_warn_seconds(self.timeout)
+        self.health.timeout = float(seconds)
+        self.health.stall_warn = _watchdog.stall_warn_seconds(self.health.timeout)
 
-    def _count(self, opname: str, arr: Any = None) -> int:
+    def count_call(self, opname: str, arr: Any = None) -> int:
         """Count one collective that passed its checks; remember it for stall reports."""
         s = self.seq = self.seq + 1
         if isinstance(arr, (list, tuple)):
             arr = arr[0] if arr else None
         a = getattr(arr, "_data", arr)
-        self.history[s & _watchdog.MASK] = (s, opname, getattr(a, "dtype", None),
-                                            getattr(a, "shape", None))
+        self.history[s & MASK] = (s, opname, getattr(a, "dtype", None),
+                                  getattr(a, "shape", None))
         return s
 
     # -- membership and rank translation ------------------------------------------------
@@ -423,6 +472,7 @@ class ProcessGroup:
         """After free(): every later call fails in require_member, with the reason."""
         self.destroyed = True
         self.rank_ = -1  # sends every call, fast paths included, to require_member
+        self.health.rank = -1
 
     def require_member(self, opname: str) -> None:
         if self.destroyed:
@@ -484,6 +534,14 @@ class ProcessGroup:
             )
         return self.group_rank_of(global_peer, what, where)
 
+    def root_rank(self, global_root: Optional[int], group_root: Optional[int], what: str,
+                  where: str) -> int:
+        """The group rank of a collective's root, given as a global or a group rank; group
+        rank 0 when neither is given (torch's default)."""
+        if global_root is None and group_root is None:
+            group_root = 0
+        return self.resolve_peer(global_root, group_root, what, where)
+
     world_size = 1  # set by the factory: size of the world the group lives in
 
     def where(self, opname: str, p2p: bool = False) -> str:
@@ -501,6 +559,166 @@ class ProcessGroup:
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {self.name} ranks={list(self.ranks)} "
                 f"rank={self.rank_} backend={self.backend_name}>")
+
+    # -- contract: how a public function begins a call ---------------------------------
+    @abstract
+    def begin(self, opname: str) -> str:
+        """Enter collective ``opname`` on this rank: check that this rank is a member and the
+        group is usable, and return the prefix of the call's error messages (rank, operation,
+        call number). The call is counted once its arguments pass (:meth:`count_call`)."""
+
+    @abstract
+    def begin_p2p(self, opname: str) -> str:
+        """As :meth:`begin`, for a point-to-point call (numbered among this rank's own)."""
+
+    @abstract
+    def peer_rank(self, peer: Optional[int], group_peer: Optional[int], what: str, where: str,
+                  allow_any: bool = False) -> int:
+        """The group rank of a p2p peer, given as a global rank (``peer``) or a group rank
+        (``group_peer``); with ``allow_any`` and neither given, the backend's any-source value.
+        A peer that is this rank, or not a member, raises ValueError naming it."""
+
+    @abstract
+    def check_tag(self, tag: Any, where: str) -> int:
+        """``tag`` as an int the backend can carry; TypeError or ValueError naming it."""
+
+    @abstract
+    def agree(self, where: str, sig: dict, error: Optional[BaseException]) -> None:
+        """Debug mode: every member passes the :meth:`signature` of the call it is in and the
+        error its local checks raised (or None); every member raises (its own error, or
+        CollectiveMismatchError naming each rank's arguments) if any failed or they differ."""
+
+    def signature(self, opname: str, arr: Any = None, **extra: Any) -> dict:
+        """What :meth:`agree` compares: the operation, its call number, the dtype of ``arr``
+        and any ``extra`` fields (shape, reduction, root, split sizes)."""
+        sig = {"op": opname, "seq": self.seq}
+        if arr is not None and hasattr(arr, "dtype"):
+            sig["dtype"] = str(arr.dtype)
+        sig.update(extra)
+        return sig
+
+    # -- contract: collectives (every member calls each, in the same order) ---------------
+    @abstract
+    def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM,
+                   async_op: bool = False) -> Optional[Work]:
+        """Reduce ``tensor`` with ``op`` over the members, in place: every member passes a
+        tensor of the same shape and dtype and gets the same result."""
+
+    @abstract
+    def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
+                  group_src: Optional[int] = None) -> Optional[Work]:
+        """Copy ``src``'s ``tensor`` into every member's, in place: same shape and dtype on
+        every member, the same ``src`` on every member."""
+
+    @abstract
+    def reduce(self, tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM,
+               async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+        """As :meth:`all_reduce`, but only ``dst``'s tensor receives the result (the others'
+        are left as they were)."""
+
+    @abstract
+    def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool = False) -> Optional[Work]:
+        """Every member's ``tensor`` into every member's ``tensor_list`` (one entry per member,
+        in group-rank order, each of ``tensor``'s shape and dtype)."""
+
+    @abstract
+    def all_gather_into_tensor(self, output: Any, input: Any,
+                               async_op: bool = False) -> Optional[Work]:
+        """Every member's ``input`` laid end to end, in group-rank order, in every member's
+        ``output`` (``size`` times as many elements as ``input``, same dtype)."""
+
+    @abstract
+    def gather(self, tensor: Any, gather_list: Any = None, dst: Optional[int] = None,
+               async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+        """Every member's ``tensor`` into ``dst``'s ``gather_list`` (one entry per member);
+        the other members pass no list."""
+
+    @abstract
+    def scatter(self, tensor: Any, scatter_list: Any = None, src: Optional[int] = None,
+                async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+        """Entry ``i`` of ``src``'s ``scatter_list`` into member ``i``'s ``tensor``; the other
+        members pass no list."""
+
+    @abstract
+    def reduce_scatter(self, output: Any, input_list: Any, op: Any = ReduceOp.SUM,
+                       async_op: bool = False) -> Optional[Work]:
+        """Reduce entry ``i`` of every member's ``input_list`` (one per member, each of
+        ``output``'s shape and dtype) into member ``i``'s ``output``."""
+
+    @abstract
+    def reduce_scatter_tensor(self, output: Any, input: Any, op: Any = ReduceOp.SUM,
+                              async_op: bool = False) -> Optional[Work]:
+        """As :meth:`reduce_scatter`, with the pieces laid end to end in ``input`` (``size``
+        times as many elements as ``output``)."""
+
+    @abstract
+    def all_to_all(self, output_tensor_list: Any, input_tensor_list: Any,
+                   async_op: bool = False) -> Optional[Work]:
+        """Entry ``j`` of member ``i``'s ``input_tensor_list`` into entry ``i`` of member
+        ``j``'s ``output_tensor_list``: what ``i`` sends ``j`` is what ``j`` expects."""
+
+    @abstract
+    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any = None,
+                          input_split_sizes: Any = None,
+                          async_op: bool = False) -> Optional[Work]:
+        """As :meth:`all_to_all`, with the pieces as rows of one tensor: even pieces when no
+        member passes split sizes, else the sizes each member passes (member ``i``'s
+        ``input_split_sizes[j]`` equals member ``j``'s ``output_split_sizes[i]``)."""
+
+    @abstract
+    def barrier(self, async_op: bool = False) -> Optional[Work]:
+        """Return (or complete) once every member has entered it."""
+
+    # -- contract: point-to-point (a matching call on the peer, in the same order per tag) --
+    @abstract
+    def send(self, tensor: Any, dst: Optional[int], tag: int = 0,
+             group_dst: Optional[int] = None, async_op: bool = False) -> Optional[Work]:
+        """Send ``tensor`` to ``dst``, which receives it with a tensor of the same dtype and
+        number of elements and the same ``tag``; ``async_op`` is ``isend``."""
+
+    @abstract
+    def recv(self, tensor: Any, src: Optional[int] = None, tag: int = 0,
+             group_src: Optional[int] = None, async_op: bool = False) -> Any:
+        """Receive into ``tensor`` from ``src`` (any member when None); return the sender's
+        global rank, or with ``async_op`` (``irecv``) a :class:`Work` whose
+        ``source_rank()`` says it."""
+
+    # -- contract: objects (pickled; called after begin/begin_p2p, checks and count) ------
+    @abstract
+    def bcast_obj(self, obj: Any, root: int, op: str = "broadcast_object_list") -> Any:
+        """``root``'s (group rank) ``obj`` on every member; the others pass anything."""
+
+    @abstract
+    def allgather_obj(self, obj: Any, op: str = "all_gather_object") -> list:
+        """Every member's ``obj``, in group-rank order, on every member."""
+
+    @abstract
+    def gather_obj(self, obj: Any, root: int, op: str = "gather_object") -> Optional[list]:
+        """Every member's ``obj`` in group-rank order on ``root``; None on the others."""
+
+    @abstract
+    def scatter_obj(self, objs: Optional[list], root: int,
+                    op: str = "scatter_object_list") -> Any:
+        """Entry ``i`` of ``root``'s ``objs`` (one per member) on member ``i``."""
+
+    @abstract
+    def send_obj(self, obj: Any, peer: int, tag: int, op: str = "send_object") -> None:
+        """Send ``obj`` to group rank ``peer``, which calls :meth:`recv_obj` with ``tag``."""
+
+    @abstract
+    def recv_obj(self, peer: int, tag: int, op: str = "recv_object") -> "tuple[Any, int]":
+        """Receive an object from group rank ``peer`` (or any); return it and the sender's
+        global rank."""
+
+    # -- contract: groups ------------------------------------------------------------------
+    @abstract
+    def split(self, ranks: List[int], name: str, timeout: Optional[float] = None) -> Any:
+        """A sub-group of global ``ranks``: called by every member of this group with the same
+        ``ranks``; non-members of the sub-group get a group in which they have rank -1."""
+
+    @abstract
+    def free(self) -> None:
+        """Release the group's communicators; every later call on it raises."""
 
 
 class GroupMember:

@@ -1,7 +1,7 @@
 """Waiting costs nothing: a rank blocked on a slow peer leaves its core to the ranks that work.
 
 Issue 9 §2: after a short spin and 2 ms of yielding, a waiting rank backs off to sleeps of up to
-1 ms (``_watchdog.Backoff``). Each scenario has rank 0 sleep ``DELAY`` seconds before its part,
+1 ms (``backoff.Backoff``). Each scenario has rank 0 sleep ``DELAY`` seconds before its part,
 while the other ranks wait in the call and measure their own CPU time (all threads of the
 process). Every rank checks the values it got.
 """
@@ -15,6 +15,7 @@ import pytest
 
 import mpitensor as mt
 import mpitensor.distributed as dist
+from mpitensor.distributed.health import backoff as _backoff
 from mpitensor.distributed.health import watchdog as _watchdog
 
 DELAY = 1.0
@@ -78,18 +79,18 @@ def test_backoff_schedule(monkeypatch):
     """Yield for 2 ms, then sleep a growing fraction of the wait, capped at 1 ms; a slow Test
     (data moved) earns a short window of yielding without restarting the ramp."""
     calls = []
-    monkeypatch.setattr(_watchdog, "_yield", lambda: calls.append(("yield", 0.0)))
-    monkeypatch.setattr(_watchdog, "_sleep", lambda s: calls.append(("sleep", s)))
-    b = _watchdog.Backoff(0.0)
+    monkeypatch.setattr(_backoff, "_yield", lambda: calls.append(("yield", 0.0)))
+    monkeypatch.setattr(_backoff, "_sleep", lambda s: calls.append(("sleep", s)))
+    b = _backoff.Backoff(0.0)
     b.pause(0.001, 1e-6)
     b.pause(0.010, 1e-6)
     b.pause(0.500, 1e-6)
     b.pause(0.600, 5e-5)   # a busy Test: yield ...
     b.pause(0.6001, 1e-6)  # ... for the window after it
     b.pause(0.601, 1e-6)   # then back to the capped sleep, not to the start of the ramp
-    assert calls == [("yield", 0.0), ("sleep", pytest.approx(0.010 * _watchdog._SLEEP_FRACTION)),
-                     ("sleep", _watchdog._SLEEP_MAX_S), ("yield", 0.0), ("yield", 0.0),
-                     ("sleep", _watchdog._SLEEP_MAX_S)]
+    assert calls == [("yield", 0.0), ("sleep", pytest.approx(0.010 * _backoff._SLEEP_FRACTION)),
+                     ("sleep", _backoff._SLEEP_MAX_S), ("yield", 0.0), ("yield", 0.0),
+                     ("sleep", _backoff._SLEEP_MAX_S)]
 
 
 def test_spin_is_skipped_only_where_ranks_outnumber_their_cpus():

@@ -49,33 +49,63 @@ def _on_mpi_group(name: str) -> property:
     return property(get, set_, doc=f"The wrapped MPI group's ``{name}``.")
 
 
+def _by_mpi_group(name: str) -> property:
+    """An operation this group hands to the wrapped MPI group as it is (the MPI group's bound
+    method; on a group whose ``mpi_group`` is not set yet, a plain AttributeError)."""
+
+    def get(self: "NCCLGroup") -> Any:
+        return getattr(self.mpi_group, name)
+
+    return property(get, doc=f"The wrapped MPI group's ``{name}``.")
+
+
 class NCCLGroup(ProcessGroup):
     """A process group whose CuPy-array collectives run on an NCCL communicator.
 
     It *holds* the :class:`MPIGroup` of the same ranks (``mpi_group``), which carries the
-    group's one set of counters, history, notices, timeout and debug flag (the attributes
+    group's one set of counters, history, health, timeout and debug flag (the attributes
     below are views of the MPI group's, so ``set_debug`` or ``set_timeout`` on this group
     reach every call, whichever path it takes), and which runs everything NCCL does not:
-    CPU tensors, p2p, gather/scatter/all_to_all, object collectives (``__getattr__``).
+    CPU tensors, p2p, gather/scatter/all_to_all, object collectives. Both lists are
+    explicit: what is not named here is this class's own or :class:`ProcessGroup`'s.
     """
 
     backend_name = "nccl"
+    # the state shared with the MPI group
+    health = _on_mpi_group("health")
     debug = _on_mpi_group("debug")
+    _debug_on = _on_mpi_group("_debug_on")
     timeout = _on_mpi_group("timeout")
     stall_warn = _on_mpi_group("stall_warn")
     seq = _on_mpi_group("seq")
     p2p_seq = _on_mpi_group("p2p_seq")
-    history = _on_mpi_group("history")
-    diag = _on_mpi_group("diag")
-    notices = _on_mpi_group("notices")
-    notice_reqs = _on_mpi_group("notice_reqs")
-    broken = _on_mpi_group("broken")
-    unsettled = _on_mpi_group("unsettled")
-    _debug_on = _on_mpi_group("_debug_on")
-    slow = _on_mpi_group("slow")
-    _heard = _on_mpi_group("_heard")  # (ProcessGroup has a class default, so no __getattr__)
-    faults = _on_mpi_group("faults")
     sent = _on_mpi_group("sent")
+    history = _on_mpi_group("history")
+    notices = _on_mpi_group("notices")
+    unsettled = _on_mpi_group("unsettled")
+    slow = _on_mpi_group("slow")
+    # the operations the MPI group runs for it, whatever the arrays
+    begin = _by_mpi_group("begin")
+    begin_p2p = _by_mpi_group("begin_p2p")
+    peer_rank = _by_mpi_group("peer_rank")
+    check_tag = _by_mpi_group("check_tag")
+    agree = _by_mpi_group("agree")
+    count_call = _by_mpi_group("count_call")
+    gather = _by_mpi_group("gather")
+    scatter = _by_mpi_group("scatter")
+    reduce_scatter = _by_mpi_group("reduce_scatter")
+    all_to_all = _by_mpi_group("all_to_all")
+    all_to_all_single = _by_mpi_group("all_to_all_single")
+    send = _by_mpi_group("send")
+    recv = _by_mpi_group("recv")
+    bcast_obj = _by_mpi_group("bcast_obj")
+    allgather_obj = _by_mpi_group("allgather_obj")
+    gather_obj = _by_mpi_group("gather_obj")
+    scatter_obj = _by_mpi_group("scatter_obj")
+    send_obj = _by_mpi_group("send_obj")
+    recv_obj = _by_mpi_group("recv_obj")
+    split = _by_mpi_group("split")
+    set_timeout = _by_mpi_group("set_timeout")
 
     def __init__(self, mpi_group: Any, device_id: Any = None) -> None:
         reason = nccl_unavailable_reason()
@@ -116,18 +146,6 @@ class NCCLGroup(ProcessGroup):
         node.Free()
         return local % cp.cuda.runtime.getDeviceCount()
 
-    def __getattr__(self, name: str) -> Any:
-        # only reached for what this class lacks: the operations NCCL does not do
-        if name == "mpi_group":  # not set yet (a failed __init__): no recursion
-            raise AttributeError(name)
-        return getattr(self.mpi_group, name)
-
-    def _count(self, opname: str, arr: Any = None) -> int:
-        return self.mpi_group._count(opname, arr)
-
-    def set_timeout(self, seconds: float) -> None:
-        self.mpi_group.set_timeout(seconds)
-
     # -- helpers --------------------------------------------------------------------
     def _gpu(self, *xs: Any) -> bool:
         for x in xs:
@@ -155,21 +173,21 @@ class NCCLGroup(ProcessGroup):
             return None
         return flat, nt, no
 
-    def _launch(self, fn: Any, result: Any, async_op: bool, finish: Any = None,
-                keep: Any = None) -> Optional[Work]:
-        """Run the counted collective on the current stream; wait (bounded) unless async."""
+    def _launch(self, op: str, arr: Any, fn: Any, result: Any, async_op: bool,
+                finish: Any = None, keep: Any = None) -> Optional[Work]:
+        """Count collective ``op`` (on ``arr``) and run ``fn(nccl communicator, stream)`` on the
+        current stream; wait (bounded) unless async."""
         cp = get_cupy()
         g = self.mpi_group
-        s = g.seq
-        op = g.history[s & _watchdog.MASK][1]
+        s = g.count_call(op, arr)
         stream = cp.cuda.get_current_stream()
         with cp.cuda.Device(self._dev):
-            fn(stream.ptr)
+            fn(self.nccl_comm, stream.ptr)
         event = cp.cuda.Event(block=False, disable_timing=True)
         event.record(stream)
         req = _EventRequest(event)
         if not async_op:
-            _watchdog.wait(g, req, op, s)
+            _watchdog.wait(g.health, req, op, s)
             if finish is not None:
                 finish()
             return None
@@ -188,99 +206,94 @@ class NCCLGroup(ProcessGroup):
 
         return buf, write_back
 
+    def _pair(self, output: Any, input: Any, out_name: str, in_name: str, where: str,
+              gathers: bool) -> tuple:
+        """The arrays of all_gather_into_tensor (``gathers``: the output holds one input per
+        member) or reduce_scatter_tensor (the input holds one output per member), checked."""
+        out = B.unwrap(output, out_name, where)
+        inp = B.unwrap(input, in_name, where)
+        B.check_same_dtype(inp, out, in_name, out_name, where)
+        big, small, name = (out, inp, out_name) if gathers else (inp, out, in_name)
+        if big.size != small.size * self.size_:
+            raise ValueError(f"{where}: {name} has {big.size} elements but needs "
+                             f"{self.size_} × {small.size}")
+        return out, inp
+
     # -- collectives on CuPy arrays ---------------------------------------------------
     def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM,
                    async_op: bool = False) -> Optional[Work]:
         if not self._gpu(tensor):
             return self.mpi_group.all_reduce(tensor, op, async_op)
-        where = self.mpi_group._begin("all_reduce")
+        where = self.mpi_group.begin("all_reduce")
         arr = B.unwrap(tensor, "tensor", where)
         plan = self._plan(arr, op, where)
         if plan is None or self.debug:
-            return self.mpi_group._all_reduce(tensor, op, async_op)
+            return self.mpi_group.all_reduce(tensor, op, async_op)
         buf, write_back = self._contiguous(plan[0], "tensor", where)
-        self._count("all_reduce", arr)
-        n = buf.size
-        c = self.nccl_comm
         return self._launch(
-            lambda s: c.allReduce(buf.data.ptr, buf.data.ptr, n, plan[1], plan[2], s),
+            "all_reduce", arr,
+            lambda c, s: c.allReduce(buf.data.ptr, buf.data.ptr, buf.size, plan[1], plan[2], s),
             [tensor], async_op, write_back, buf)
 
     def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
                   group_src: Optional[int] = None) -> Optional[Work]:
         if not self._gpu(tensor) or self.debug:
             return self.mpi_group.broadcast(tensor, src, async_op, group_src)
-        where = self.mpi_group._begin("broadcast")
+        where = self.mpi_group.begin("broadcast")
         root = self.resolve_peer(src, group_src, "src", where)
         arr = B.unwrap(tensor, "tensor", where)
         buf, write_back = self._contiguous(arr.view("uint8") if arr.dtype == bool else arr,
                                            "tensor", where)
-        self._count("broadcast", arr)
-        nbytes = buf.nbytes
-        c, u8 = self.nccl_comm, self._nccl.NCCL_UINT8
-        return self._launch(lambda s: c.bcast(buf.data.ptr, nbytes, u8, root, s), [tensor],
-                            async_op, write_back, buf)
+        u8 = self._nccl.NCCL_UINT8
+        return self._launch("broadcast", arr,
+                            lambda c, s: c.bcast(buf.data.ptr, buf.nbytes, u8, root, s),
+                            [tensor], async_op, write_back, buf)
 
     def reduce(self, tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM,
                async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
         if not self._gpu(tensor) or self.debug:
             return self.mpi_group.reduce(tensor, dst, op, async_op, group_dst)
-        where = self.mpi_group._begin("reduce")
-        if dst is None and group_dst is None:
-            group_dst = 0
-        root = self.resolve_peer(dst, group_dst, "dst", where)
+        where = self.mpi_group.begin("reduce")
+        root = self.root_rank(dst, group_dst, "dst", where)
         arr = B.unwrap(tensor, "tensor", where)
         plan = self._plan(arr, op, where)
         if plan is None:
             return self.mpi_group.reduce(tensor, dst, op, async_op, group_dst)
         buf, write_back = self._contiguous(plan[0], "tensor", where)
-        self._count("reduce", arr)
-        n = buf.size
-        c = self.nccl_comm
         return self._launch(
-            lambda s: c.reduce(buf.data.ptr, buf.data.ptr, n, plan[1], plan[2], root, s),
+            "reduce", arr,
+            lambda c, s: c.reduce(buf.data.ptr, buf.data.ptr, buf.size, plan[1], plan[2], root, s),
             [tensor], async_op, write_back if self.rank_ == root else None, buf)
 
     def all_gather_into_tensor(self, output: Any, input: Any,
                                async_op: bool = False) -> Optional[Work]:
         if not self._gpu(output, input) or self.debug:
             return self.mpi_group.all_gather_into_tensor(output, input, async_op)
-        where = self.mpi_group._begin("all_gather_into_tensor")
-        out = B.unwrap(output, "output_tensor", where)
-        inp = B.unwrap(input, "input_tensor", where)
-        B.check_same_dtype(inp, out, "input_tensor", "output_tensor", where)
-        if out.size != inp.size * self.size_:
-            raise ValueError(f"{where}: output_tensor has {out.size} elements but needs "
-                             f"{self.size_} × {inp.size}")
+        where = self.mpi_group.begin("all_gather_into_tensor")
+        out, inp = self._pair(output, input, "output_tensor", "input_tensor", where, True)
         sbuf, _ = self._contiguous(inp, "input_tensor", where)
         rbuf, write_back = self._contiguous(out, "output_tensor", where)
-        self._count("all_gather_into_tensor", inp)
-        nbytes = sbuf.nbytes
-        c, u8 = self.nccl_comm, self._nccl.NCCL_UINT8
-        return self._launch(lambda s: c.allGather(sbuf.data.ptr, rbuf.data.ptr, nbytes, u8, s),
-                            [output], async_op, write_back, (sbuf, rbuf))
+        u8 = self._nccl.NCCL_UINT8
+        return self._launch(
+            "all_gather_into_tensor", inp,
+            lambda c, s: c.allGather(sbuf.data.ptr, rbuf.data.ptr, sbuf.nbytes, u8, s),
+            [output], async_op, write_back, (sbuf, rbuf))
 
     def reduce_scatter_tensor(self, output: Any, input: Any, op: Any = ReduceOp.SUM,
                               async_op: bool = False) -> Optional[Work]:
         if not self._gpu(output, input) or self.debug:
             return self.mpi_group.reduce_scatter_tensor(output, input, op, async_op)
-        where = self.mpi_group._begin("reduce_scatter_tensor")
-        out = B.unwrap(output, "output", where)
-        inp = B.unwrap(input, "input", where)
-        B.check_same_dtype(inp, out, "input", "output", where)
-        if inp.size != out.size * self.size_:
-            raise ValueError(f"{where}: input has {inp.size} elements but needs "
-                             f"{self.size_} × {out.size}")
+        where = self.mpi_group.begin("reduce_scatter_tensor")
+        out, inp = self._pair(output, input, "output", "input", where, False)
         plan_in, plan_out = self._plan(inp, op, where), self._plan(out, op, where)
         if plan_in is None:
             return self.mpi_group.reduce_scatter_tensor(output, input, op, async_op)
         sbuf, _ = self._contiguous(plan_in[0], "input", where)
         rbuf, write_back = self._contiguous(plan_out[0], "output", where)
-        self._count("reduce_scatter_tensor", inp)
-        n = rbuf.size
-        c = self.nccl_comm
         return self._launch(
-            lambda s: c.reduceScatter(sbuf.data.ptr, rbuf.data.ptr, n, plan_in[1], plan_in[2], s),
+            "reduce_scatter_tensor", inp,
+            lambda c, s: c.reduceScatter(sbuf.data.ptr, rbuf.data.ptr, rbuf.size, plan_in[1],
+                                         plan_in[2], s),
             [output], async_op, write_back, (sbuf, rbuf))
 
     def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool = False) -> Optional[Work]:

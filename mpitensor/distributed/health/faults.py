@@ -4,7 +4,7 @@ A collective call that raises on one rank before it has sent anything (a read-on
 wrong list on the root, an MPI error while posting) leaves the other members inside that call,
 or on their way to it. Without care they would later complete it against the failing rank's
 *next* call: two different calls mixed, silently. This module closes that gap with messages on
-each group's private notice communicator (``g.diag``; user messages can never match them):
+each group's private notice communicator (``GroupHealth.diag``; user messages can never match them):
 
 * **fail** ``(seq, op, error)``: sent by a rank whose collective ``#seq`` failed before any
   traffic, to every other member; the rank raises its own error at once. Its next call on the
@@ -21,7 +21,7 @@ each group's private notice communicator (``g.diag``; user messages can never ma
   never reached, or in a receive from it, raises instead of waiting for the timeout.
 
 A call that ends with its data still posted in MPI breaks its group too: one that ran past the
-group's timeout, or raised while it waited (``ProcessGroup.break_after``, from ``_watchdog``).
+group's timeout, or raised while it waited (:func:`break_after`, from ``watchdog``).
 Its request stays posted, and a peer's later call would complete against it: two different
 calls mixed, silently. The rank sends the *broken* notice at once, before it words its error.
 
@@ -50,7 +50,8 @@ from typing import Any, Optional
 from ...errors import PeerFailedError
 from ..backends.mpi import shm as _shm
 from .abort import _OUTPUT_GRACE_S, _wait_output_read
-from .watchdog import Backoff
+from .backoff import Backoff
+from .state import GroupHealth, Story
 
 FAULT_TAG = 3  # on the notice communicator (1: arrival notices, 2: debug verdicts)
 _LEFT_GRACE_S = 0.2  # a receive from a rank that left: the data may still be on its way
@@ -61,77 +62,55 @@ _live: "weakref.WeakSet" = weakref.WeakSet()  # groups to tell when this process
 _hooked = False
 
 
-class Story:
-    """Why a group is broken: the rank, the call and the error that started it.
 
-    ``kind``: ``"coll"`` (``seq`` is the group's collective number) or ``"p2p"`` (``seq``
-    counts that rank's point-to-point calls).
-    """
-
-    __slots__ = ("rank", "op", "seq", "reason", "kind")
-
-    def __init__(self, rank: int, op: str, seq: int, reason: str, kind: str = "coll") -> None:
-        self.rank, self.op, self.seq, self.reason, self.kind = rank, op, seq, reason, kind
-
-    def as_tuple(self) -> tuple:
-        return (self.rank, self.op, self.seq, self.reason, self.kind)
-
-    def call(self, group_name: str) -> str:
-        """The call that broke the group, as messages name it: ``all_reduce (#2 on WORLD)``."""
-        if self.seq < 0:  # not known (its notice never came)
-            return f"{self.op} on {group_name}"
-        number = f"p2p #{self.seq}" if self.kind == "p2p" else f"#{self.seq}"
-        return f"{self.op} ({number} on {group_name})"
-
-
-def error(g: Any, story: Story, opname: str, seq: Optional[int] = None,
+def error(h: GroupHealth, story: Story, opname: str, seq: Optional[int] = None,
           waiting: bool = False) -> PeerFailedError:
     """The error a call on a broken group raises (``waiting``: it was inside the call)."""
-    me = g.global_rank
-    call = f"{opname} (#{seq} on {g.name})" if seq is not None else f"{opname} on {g.name}"
+    me = h.global_rank
+    call = f"{opname} (#{seq} on {h.name})" if seq is not None else f"{opname} on {h.name}"
     culprit = f"rank {story.rank}" + (" (this rank)" if story.rank == me else "")
     head = (f"rank {me}: {call} cannot complete" if waiting
             else f"rank {me}: {call} refused: the group is unusable")
     what = (f"{culprit}: {story.reason}" if story.op == "exit" else
-            f"{culprit} failed in {story.call(g.name)}: {story.reason}")
+            f"{culprit} failed in {story.call(h.name)}: {story.reason}")
     msg = (f"{head}: {what}. The other ranks may have entered calls that will never be matched, "
-           f"so every later call on {g.name} raises this error on every rank that knows; "
+           f"so every later call on {h.name} raises this error on every rank that knows; "
            "create a new group (new_group), or destroy_process_group() and "
            "init_process_group() again, or end the job.")
     err = PeerFailedError(msg)
     err.rank, err.op, err.seq, err.group, err.reason = story.rank, story.op, story.seq, \
-        g.name, story.reason
+        h.name, story.reason
     err.kind = story.kind
     return err
 
 
-def _send(g: Any, msg: tuple) -> None:
+def _send(h: GroupHealth, msg: tuple) -> None:
     """Send ``msg`` to every other member (non-blocking; the requests are kept and reaped)."""
-    diag = g.diag
+    diag = h.diag
     if diag is None:
         return
-    reqs = [r for r in g.notice_reqs if not r.Test()]
-    for r in range(g.size_):
-        if r != g.rank_:
+    reqs = [r for r in h.notice_reqs if not r.Test()]
+    for r in range(h.size):
+        if r != h.rank:
             try:
-                reqs.append(diag.isend(msg, r, FAULT_TAG + g.tag_base))
+                reqs.append(diag.isend(msg, r, FAULT_TAG + h.tag_base))
             except Exception:  # noqa: BLE001 - a peer gone, MPI finalising: tell the others
                 pass
-    g.notice_reqs = reqs
+    h.notice_reqs = reqs
 
 
-def drain(g: Any) -> None:
-    """Read every fault notice that has arrived into ``g.faults`` (in arrival order)."""
-    diag = g.diag
+def drain(h: GroupHealth) -> None:
+    """Read every fault notice that has arrived into ``h.faults`` (in arrival order)."""
+    diag = h.diag
     if diag is None:
         return
     from mpi4py import MPI  # imported where used: importing mpitensor must not start MPI
 
     status = MPI.Status()
-    tag = FAULT_TAG + g.tag_base
+    tag = FAULT_TAG + h.tag_base
     while diag.Iprobe(MPI.ANY_SOURCE, tag, status):
         src = status.Get_source()
-        g.faults.append((src, diag.recv(None, src, tag)))
+        h.faults.append((src, diag.recv(None, src, tag)))
 
 
 def shared_flag(comm: Any) -> Optional[Any]:
@@ -142,141 +121,137 @@ def shared_flag(comm: Any) -> Optional[Any]:
     """
     if comm.Get_size() < 2:
         return None
-    from mpi4py import MPI
-
-    ok = _shm.usable()
-    rank = comm.Get_rank()
-    path = _shm.create("mpitensor-fault-", FLAG_BYTES) if rank == 0 and ok else None
-    path = comm.bcast(path, root=0)
-    mm = _shm.attach(path, FLAG_BYTES) if path is not None and ok else None
-    try:
-        everyone = comm.allreduce(int(mm is not None), op=MPI.MIN)
-    finally:
-        if rank == 0 and path is not None:
-            _shm.remove(path)  # every member has mapped it (or given up): the name can go
-    if not everyone:
-        if mm is not None:
-            mm.close()
-        return None
-    return mm
+    return _shm.shared(comm, "mpitensor-fault-", FLAG_BYTES)
 
 
-def mark_broken(g: Any, story: Story, tell: bool = True, flag: bool = False) -> None:
-    """Make every later call on ``g`` raise; tell the other members unless they told us.
+def mark_broken(h: GroupHealth, story: Story, tell: bool = True, flag: bool = False) -> None:
+    """Make every later call on ``h`` raise; tell the other members unless they told us.
 
-    ``flag``: a call of this rank was left posted (``ProcessGroup.break_after``): raise the
+    ``flag``: a call of this rank was left posted (:func:`break_after`): raise the
     group's shared flag first (where it has one), then send the notice, so that a member
     entering a call sees the flag at once (and waits for the notice that says why) instead of
     completing against the posted call. The other breaks (a mismatch every member finds, a
     failure before any traffic) leave it down: the members learn them from the notice.
     """
-    if g.broken is not None:
+    if h.broken is not None:
         return
-    g.broken = story
-    g.slow = True  # fast paths off: every call reaches the check in _begin
+    h.broken = story
+    h.slow = True  # fast paths off: every call reaches the check in _begin
     if flag:
-        word = getattr(g, "fault_word", None)
+        word = h.fault_word
         if word is not None and not word[0]:
-            word[0] = g.global_rank + 1
+            word[0] = h.global_rank + 1
     if tell:
-        _send(g, ("broken", story.as_tuple()))
+        _send(h, ("broken", story.as_tuple()))
 
 
-def heed(g: Any) -> None:
-    """A rank entering a call on ``g``: read the fault notices that have come, and break ``g``
+def break_after(h: GroupHealth, op: str, seq: int, kind: str, reason: str) -> None:
+    """Call ``op`` (``#seq``, ``kind`` ``"coll"`` or ``"p2p"``) ended, for ``reason``, while
+    its data was posted in MPI: break the group here and tell the other members, whose
+    waits end with PeerFailedError and whose later calls are refused.
+
+    A peer's later call would otherwise complete against what is still posted: the
+    timed-out all_reduce of one rank summed with the next all_reduce of another."""
+    if h.rank < 0 or h.broken is not None:
+        return
+    mark_broken(h, Story(h.global_rank, op, seq, reason, kind), flag=True)
+
+
+def heed(h: GroupHealth) -> None:
+    """A rank entering a call on ``h``: read the fault notices that have come, and break ``h``
     here too if one says a peer broke it (the others stay for ``in_wait`` and ``settle``).
 
     Where the shared flag is up, the breaking rank's notice is on its way: wait for it (it
     names the call), at most a few seconds."""
-    if _heed_notices(g):
+    if _heed_notices(h):
         return
-    word = getattr(g, "fault_word", None)
+    word = h.fault_word
     if word is None or not word[0]:
         return
     t0 = time.perf_counter()
     backoff = Backoff(t0)
     while True:
-        if _heed_notices(g):
+        if _heed_notices(h):
             return
         now = time.perf_counter()
         if now - t0 >= _NOTICE_WAIT_S:
-            mark_broken(g, Story(word[0] - 1, "a call", -1, "it marked the group broken, but "
+            mark_broken(h, Story(word[0] - 1, "a call", -1, "it marked the group broken, but "
                                  f"its notice of why did not arrive within {_NOTICE_WAIT_S:g} s"),
                         tell=False)
             return
         backoff.pause(now, 0.0)
 
 
-def _heed_notices(g: Any) -> bool:
-    """Drain ``g``'s fault notices; True once ``g`` is broken (here, or by a peer's notice)."""
-    drain(g)
-    if g.broken is not None:
+def _heed_notices(h: GroupHealth) -> bool:
+    """Drain ``h``'s fault notices; True once ``h`` is broken (here, or by a peer's notice)."""
+    drain(h)
+    if h.broken is not None:
         return True
-    for _, msg in g.faults:
+    for _, msg in h.faults:
         if msg[0] == "broken":
-            mark_broken(g, Story(*msg[1]), tell=False)  # its origin told every member
+            mark_broken(h, Story(*msg[1]), tell=False)  # its origin told every member
             return True
     return False
 
 
-def in_wait(g: Any, kind: str, seq: int, op: str, peer: Optional[int],
+def in_wait(h: GroupHealth, kind: str, seq: int, op: str, peer: Optional[int],
             since: float) -> Optional[PeerFailedError]:
     """Called by a waiting rank on its slow tick: the error that ends the wait, if any.
 
     ``kind``/``seq``: the call waited on (``"coll"`` with the group's call number, or ``"p2p"``);
     ``peer``: the p2p peer's group rank (``None``: any source); ``since``: when the wait began.
     """
-    drain(g)
-    if g.broken is not None:
-        return error(g, g.broken, op, seq if kind == "coll" else None, waiting=True)
-    left = {src for src, msg in g.faults if msg[0] == "left"}
-    for src, msg in g.faults:
+    drain(h)
+    if h.broken is not None:
+        return error(h, h.broken, op, seq if kind == "coll" else None, waiting=True)
+    left = {src for src, msg in h.faults if msg[0] == "left"}
+    for src, msg in h.faults:
         what = msg[0]
         if what == "broken":
             story = Story(*msg[1])
         elif what == "fail" and kind == "coll" and msg[1] <= seq:
             # the failing rank never posted call msg[1]: this call (msg[1] itself, or a later
             # one this rank reached because its part of msg[1] completed locally) cannot match
-            story = Story(g.ranks[src], msg[2], msg[1], msg[3])
+            story = Story(h.ranks[src], msg[2], msg[1], msg[3])
         elif what == "left" and (kind == "coll" and msg[1] < seq or kind == "p2p" and (
-                peer == src or peer is None and len(left) == g.size_ - 1)):
+                peer == src or peer is None and len(left) == h.size - 1)):
             if kind == "p2p" and time.perf_counter() - since < _LEFT_GRACE_S:
                 continue  # what it sent before leaving may still be on its way
-            story = Story(g.ranks[src], "exit", msg[1],
+            story = Story(h.ranks[src], "exit", msg[1],
                           f"the process left (sys.exit or the end of its script) after "
                           f"collective #{msg[1]}, while this rank still waited for it")
             if kind == "coll":  # no collective can complete on this group any more
-                mark_broken(g, story, tell=False)
+                mark_broken(h, story, tell=False)
             # the leaver's last output (its traceback, say) has reached its launcher proxy
             # (_at_exit); give the proxy the abort path's moment to pass it on before this
             # error perhaps ends the job
             time.sleep(_OUTPUT_GRACE_S)
-            return error(g, story, op, seq if kind == "coll" else None, waiting=True)
+            return error(h, story, op, seq if kind == "coll" else None, waiting=True)
         else:
             continue
-        mark_broken(g, story)
-        return error(g, story, op, seq if kind == "coll" else None, waiting=True)
+        mark_broken(h, story)
+        return error(h, story, op, seq if kind == "coll" else None, waiting=True)
     return None
 
 
-def announce_failure(g: Any, op: str, seq: int, exc: BaseException) -> Optional[Story]:
+def announce_failure(h: GroupHealth, op: str, seq: int, exc: BaseException) -> Optional[Story]:
     """A rank's collective ``#seq`` failed before any traffic: tell the peers (at once, without
     waiting; :func:`settle` hears their answers at the group's next call). Returns the story
     to settle, or ``None`` when there is nobody to tell."""
-    if g.size_ < 2 or g.diag is None:
+    if h.size < 2 or h.diag is None:
         return None
     text = str(exc).splitlines()[0] if str(exc) else ""
-    prefix = f"rank {g.global_rank}: {op} (#{seq} on {g.name}): "
+    prefix = f"rank {h.global_rank}: {op} (#{seq} on {h.name}): "
     if text.startswith(prefix):  # our own messages start with the call: said already
         text = text[len(prefix):]
     reason = f"{type(exc).__name__}: {text}"
     if len(reason) > 300:
         reason = reason[:297] + "..."
-    _send(g, ("fail", seq, op, reason))
-    return Story(g.global_rank, op, seq, reason)
+    _send(h, ("fail", seq, op, reason))
+    return Story(h.global_rank, op, seq, reason)
 
 
-def settle(g: Any, mine: Story) -> None:
+def settle(h: GroupHealth, mine: Story) -> None:
     """Hear every peer out about the failed call ``mine.seq`` (at most the group's timeout).
 
     Peers that failed in the same call answer with their own *fail* notice: nobody posted
@@ -285,15 +260,15 @@ def settle(g: Any, mine: Story) -> None:
     marks the group broken.
     """
     seq = mine.seq
-    need = set(range(g.size_)) - {g.rank_}
+    need = set(range(h.size)) - {h.rank}
     t0 = time.perf_counter()
-    deadline = t0 + g.timeout
+    deadline = t0 + h.timeout
     backoff = Backoff(t0)
     other: Optional[Story] = None
     while True:
-        drain(g)
+        drain(h)
         keep = []
-        for src, msg in g.faults:
+        for src, msg in h.faults:
             if msg[0] == "fail" and msg[1] == seq:
                 need.discard(src)  # failed in this very call too: consumed
                 continue
@@ -306,33 +281,33 @@ def settle(g: Any, mine: Story) -> None:
                 continue
             elif other is None:  # failed elsewhere, or left: it had passed this call
                 other = mine
-        g.faults = keep
+        h.faults = keep
         if not need:
             return
-        if other is not None or g.broken is not None:
+        if other is not None or h.broken is not None:
             break
         now = time.perf_counter()
         if now >= deadline:
-            ranks = sorted(g.ranks[r] for r in need)
+            ranks = sorted(h.ranks[r] for r in need)
             mine.reason += (f" (ranks {ranks} neither failed in this call nor answered within "
-                            f"the group's timeout of {g.timeout:g} s)")
+                            f"the group's timeout of {h.timeout:g} s)")
             break
         backoff.pause(now, 0.0)
-    story = g.broken or other or mine
-    mark_broken(g, story, tell=g.broken is None)
+    story = h.broken or other or mine
+    mark_broken(h, story, tell=h.broken is None)
 
 
-def track(g: Any) -> None:
-    """Remember ``g`` so that its peers hear of it when this process exits."""
+def track(h: GroupHealth) -> None:
+    """Remember ``h`` so that its peers hear of it when this process exits."""
     global _hooked
-    _live.add(g)
+    _live.add(h)
     if not _hooked:
         _hooked = True
         atexit.register(_at_exit)  # after mpi4py's (LIFO): runs while MPI is still up
 
 
-def forget(g: Any) -> None:
-    _live.discard(g)
+def forget(h: GroupHealth) -> None:
+    _live.discard(h)
 
 
 def _at_exit() -> None:
@@ -344,7 +319,7 @@ def _at_exit() -> None:
             return
     except Exception:  # noqa: BLE001
         return
-    groups = [g for g in list(_live) if g.diag is not None and g.rank_ >= 0]
+    groups = [h for h in list(_live) if h.diag is not None and h.rank >= 0]
     if not groups:
         return
     # what this rank printed last (an uncaught exception's traceback comes before atexit)
@@ -355,10 +330,10 @@ def _at_exit() -> None:
         except Exception:  # noqa: BLE001 - a closed stream must not stop the notice
             pass
     _wait_output_read()
-    for g in groups:
-        _send(g, ("left", g.seq))
+    for h in groups:
+        _send(h, ("left", h.last_seq))
     end = time.monotonic() + 0.5  # small eager messages: done at once unless MPI is wedged
-    for g in groups:
-        for r in g.notice_reqs:
+    for h in groups:
+        for r in h.notice_reqs:
             while not r.Test() and time.monotonic() < end:
                 time.sleep(1e-3)

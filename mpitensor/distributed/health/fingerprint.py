@@ -4,9 +4,9 @@ Horovod compares every collective's op, dtype and shape across ranks before it r
 so only in debug mode. Here a collective whose buffer holds at least ``group.check_bytes`` bytes
 (``MPITENSOR_CHECK_BYTES``, 64 KiB by default) also starts, beside its data operation, a
 non-blocking MAX reduction of its *fingerprint* ``f`` and of ``-f`` on the group's private
-communicator (``g.diag``): 8 int64 words out and back. Every field then has the same maximum and
-minimum exactly when every rank passed the same value, so one reduction settles the question and
-every rank learns the verdict at the same moment. The fields:
+communicator (``GroupHealth.diag``): 8 int64 words out and back. Every field then has the same
+maximum and minimum exactly when every rank passed the same value, so one reduction settles the
+question and every rank learns the verdict at the same moment. The fields:
 
 * the group's call number: two ranks in different calls never agree, even if both calls look
   alike, and a rank whose buffer fell below the threshold while a peer's did not is caught at
@@ -67,6 +67,7 @@ from ...errors import CollectiveMismatchError
 from ..backends.mpi import shm as _shm
 from ..process_group import ReduceOp
 from . import faults as _faults
+from .state import GroupHealth
 from .watchdog import wait as _wait
 
 # Operations whose buffer has the same shape on every rank of a correct program: byte count and
@@ -157,25 +158,25 @@ class Checked:
     """Looks like an MPI request: completes when the data operation and its check have; the
     first test after the check's reduction arrives raises if the ranks disagree."""
 
-    __slots__ = ("data", "req", "buf", "group", "op", "seq", "pool", "slot", "keep")
+    __slots__ = ("data", "req", "buf", "health", "op", "seq", "pool", "slot", "keep")
     buf: tuple  # (int64 array, bytes of what was sent, bytes of the result)
 
-    def __init__(self, g: Any, data: Any, op: str, seq: int, arr: Any,
+    def __init__(self, h: GroupHealth, data: Any, op: str, seq: int, arr: Any,
                  reduce: Optional[ReduceOp] = None, root: int = -1, keep: Any = None) -> None:
         key = (op, arr.dtype, arr.shape, reduce, root)
         t = _templates.get(key)
         if t is None:
             t = _template(key, arr.nbytes)
-        self.data, self.group, self.op, self.seq = data, g, op, seq
+        self.data, self.health, self.op, self.seq = data, h, op, seq
         self.keep = arr if keep is None else keep
-        pool = g.fp_pool
+        pool = h.fp_pool
         if pool.reqs is None:
             self.buf = buf = _buffer()
             arr64 = buf[0]
             buf[1][:] = t
             arr64[0], arr64[_N] = seq, -seq
             self.pool = None
-            self.req = g.diag.Iallreduce([arr64[:_2N], _I64], [arr64[_2N:], _I64], _MAX)
+            self.req = h.diag.Iallreduce([arr64[:_2N], _I64], [arr64[_2N:], _I64], _MAX)
             return
         i = pool.next
         pool.next = (i + 1) % POOL
@@ -194,7 +195,7 @@ class Checked:
     def finish_check(self) -> None:
         """Wait for this call's check (bounded by the group's timeout) and verify it."""
         if self.req is not None:
-            _wait(self.group, self.req, f"{self.op} (agreement check)", self.seq)
+            _wait(self.health, self.req, f"{self.op} (agreement check)", self.seq)
             self._checked()
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI request protocol
@@ -217,7 +218,7 @@ class Checked:
             return
         buf = self.buf[0]
         hi, lo = buf[_2N:_2N + _N], -buf[_2N + _N:]
-        g = self.group
+        h = self.health
         # The data operation was matched against another call and may never complete (or may
         # write later): its buffers must outlive it, so they are kept for the life of the process
         _orphans.append((self.data, self.keep))
@@ -232,13 +233,13 @@ class Checked:
                   + (f" ({'; '.join(detail)})" if detail else ""))
         # every member took part in this reduction, so each reads the same verdict and raises
         # the same error itself: no notice needed (it could beat a peer's own verdict)
-        _faults.mark_broken(g, _faults.Story(g.global_rank, self.op, self.seq, reason),
+        _faults.mark_broken(h, _faults.Story(h.global_rank, self.op, self.seq, reason),
                             tell=False)
         raise CollectiveMismatchError(
-            f"rank {g.global_rank}: {self.op} (#{self.seq} on {g.name}): {reason}. Every rank "
+            f"rank {h.global_rank}: {self.op} (#{self.seq} on {h.name}): {reason}. Every rank "
             "must make the same collective calls in the same order with the same dtype, shape, "
             "op and root; the data was already posted against a different call, so every later "
-            f"call on {g.name} raises. Run with MPITENSOR_DEBUG=1 to see each rank's arguments.")
+            f"call on {h.name} raises. Run with MPITENSOR_DEBUG=1 to see each rank's arguments.")
 
     def _mine(self) -> str:
         b = self.buf[0]
@@ -273,10 +274,10 @@ def _dtype16(dtype: Any) -> int:
 def _shape_hash(shape: tuple) -> int:
     """A shape's hash in the slots (``_slots.c`` computes the same): 64-bit FNV-style steps
     over the dimensions, cut to 62 bits."""
-    h = 0x9E3779B97F4A7C15 ^ len(shape)
+    shash = 0x9E3779B97F4A7C15 ^ len(shape)
     for d in shape:
-        h = ((h ^ d) * 0x100000001B3) & _M64
-    return h & 0x3FFFFFFFFFFFFFFF
+        shash = ((shash ^ d) * 0x100000001B3) & _M64
+    return shash & 0x3FFFFFFFFFFFFFFF
 
 
 def _words(op: str, dtype: Any, shape: tuple, reduce: Any, root: int, nbytes: int) -> tuple:
@@ -333,7 +334,7 @@ class _Common:
         board = size * RING * size if size <= BOARD_MAX else 0
         return 8 * (size * (RING + 1) * _LINE + board)
 
-    def _settle_splits(self, tok: tuple, g: Any, look: bool) -> bool:
+    def _settle_splits(self, tok: tuple, h: GroupHealth, look: bool) -> bool:
         """:meth:`_settle_py` for a token of :meth:`post_splits`: the slots as for any call,
         and each member's count for this rank on the board."""
         s, a = tok[0], tok[1]
@@ -350,10 +351,10 @@ class _Common:
                 # past call s: posted it between the two loads (read again: final), or not
                 t = q[i]
                 if t < s and t != -1:
-                    self._unchecked(tok, g, r)
+                    self._unchecked(tok, h, r)
             if t == s:
                 if q[i + 1] != a or q[i + 2] or q[i + 3]:
-                    self._differs(tok, g, r, i)
+                    self._differs(tok, h, r, i)
                     continue  # (being rewritten: it went on)
                 got = q[self.board + (r * RING + c) * n + me]
                 if q[i] == s and got != expect[r]:  # (else rewritten meanwhile: it went on)
@@ -366,7 +367,7 @@ class _Common:
                 posted = False
         if bad:
             bad.sort()
-            _mismatch(g, tok, _split_reason(g, bad, expect, what, unit), _SPLIT_ADVICE)
+            _mismatch(h, tok, _split_reason(h, bad, expect, what, unit), _SPLIT_ADVICE)
         return posted
 
     @classmethod
@@ -374,21 +375,8 @@ class _Common:
         """Collective over ``comm``: the group's slots, or None on every member where they
         cannot be shared (another machine, no /dev/shm, not x86-64)."""
         size, rank = comm.Get_size(), comm.Get_rank()
-        ok = _shm.usable()
-        nbytes = cls.segment_bytes(size)
-        path = _shm.create("mpitensor-check-", nbytes) if rank == 0 and ok else None
-        path = comm.bcast(path, root=0)
-        mm = _shm.attach(path, nbytes) if path is not None and ok else None
-        try:
-            everyone = comm.allreduce(int(mm is not None), op=MPI.MIN)
-        finally:
-            if rank == 0 and path is not None:
-                _shm.remove(path)  # every member has mapped it (or given up): the name can go
-        if not everyone:
-            if mm is not None:
-                mm.close()
-            return None
-        return cls(mm, rank, size)
+        mm = _shm.shared(comm, "mpitensor-check-", cls.segment_bytes(size))
+        return None if mm is None else cls(mm, rank, size)
 
     def close(self) -> None:
         q, self.q = self.q, None
@@ -402,11 +390,11 @@ class _Common:
             w = _words(op, arr.dtype, arr.shape, reduce, root, arr.nbytes)
         return w
 
-    def peek(self, tok: tuple, g: Any) -> None:
+    def peek(self, tok: tuple, h: GroupHealth) -> None:
         """:meth:`settle` while this rank waits for its data (see ``look``)."""
-        self.settle(tok, g, True)
+        self.settle(tok, h, True)
 
-    def _settle_py(self, tok: tuple, g: Any, look: bool = False) -> bool:
+    def _settle_py(self, tok: tuple, h: GroupHealth, look: bool = False) -> bool:
         """:meth:`settle`, every case: after this rank's data operation completed, True when
         every other member posted the same fingerprint for the call, False while one has not
         posted yet; raises CollectiveMismatchError (and breaks the group) when one differs.
@@ -415,8 +403,8 @@ class _Common:
         shows a different fingerprint (a mismatch MPI might never complete), passing over the
         ones that have not posted instead of stopping at the first."""
         if len(tok) > 6:
-            return self._settle_splits(tok, g, look)
-        s, a, nbytes, h = tok[0], tok[1], tok[2], tok[3]
+            return self._settle_splits(tok, h, look)
+        s, a, nbytes, shash = tok[0], tok[1], tok[2], tok[3]
         q = self.q
         off = (s & (RING - 1)) << 3
         posted = True
@@ -424,22 +412,22 @@ class _Common:
             i = base + off
             t = q[i]
             if t == s:
-                if q[i + 1] == a and q[i + 2] == nbytes and q[i + 3] == h:
+                if q[i + 1] == a and q[i + 2] == nbytes and q[i + 3] == shash:
                     continue
-                self._differs(tok, g, r, i)
+                self._differs(tok, h, r, i)
             elif t > s:
                 continue  # it already compared its call s with this rank's, and went on
             elif t != -1 and q[head] > s:
-                self._passed(tok, g, r, i)  # raises unless it posted call s after all
+                self._passed(tok, h, r, i)  # raises unless it posted call s after all
             elif not look:
                 return False  # not posted yet (or being written)
             else:
                 posted = False
         return posted
 
-    def _differs(self, tok: tuple, g: Any, r: int, i: int) -> None:
+    def _differs(self, tok: tuple, h: GroupHealth, r: int, i: int) -> None:
         q = self.q
-        t, a, nbytes, h, t2 = q[i], q[i + 1], q[i + 2], q[i + 3], q[i]
+        t, a, nbytes, shash, t2 = q[i], q[i + 1], q[i + 2], q[i + 3], q[i]
         if t != tok[0] or t2 != t:
             return  # being rewritten for a later call: it has moved on, so it agreed
         mine, theirs = _unpack(tok[1]), _unpack(a)
@@ -461,7 +449,7 @@ class _Common:
         elif names.get(theirs["operation"]) in UNEVEN and mine["operation"] != \
                 theirs["operation"]:
             said.append("split sizes of its own")
-        if h != tok[3] and sized:
+        if shash != tok[3] and sized:
             differ.append("shape")
         if mine["reduction"] != theirs["reduction"]:
             differ.append("reduction")
@@ -474,11 +462,11 @@ class _Common:
             lo, hi = sorted((nbytes, tok[2]))
             extra = f" (byte count from {lo} to {hi} across the ranks)"
         what = ", ".join(differ[:-1]) + " and " + differ[-1] if len(differ) > 1 else differ[0]
-        _mismatch(g, tok, f"ranks disagree on the {what} of this call; this rank "
-                          f"passed {_described(tok)}, rank {g.ranks[r]} passed "
+        _mismatch(h, tok, f"ranks disagree on the {what} of this call; this rank "
+                          f"passed {_described(tok)}, rank {h.ranks[r]} passed "
                           f"{', '.join(said) or 'other arguments'}{extra}")
 
-    def _passed(self, tok: tuple, g: Any, r: int, i: int) -> None:
+    def _passed(self, tok: tuple, h: GroupHealth, r: int, i: int) -> None:
         """Member ``r``'s header is past call ``s`` but its slot ``i`` did not hold ``s``.
 
         The slot was read before the header, so the member may have posted ``s`` (and gone
@@ -490,15 +478,15 @@ class _Common:
         t = q[i]
         if t == s:
             if q[i + 1] != tok[1] or q[i + 2] != tok[2] or q[i + 3] != tok[3]:
-                self._differs(tok, g, r, i)
+                self._differs(tok, h, r, i)
         elif t < s and t != -1:
-            self._unchecked(tok, g, r)
+            self._unchecked(tok, h, r)
 
-    def _unchecked(self, tok: tuple, g: Any, r: int) -> None:
-        small = (f"call #{tok[0]} with fewer than {g.check_bytes} bytes (unchecked), or "
-                 if g.check_bytes > 0 else "")
-        _mismatch(g, tok, f"ranks disagree on the call number or the byte count of this call: "
-                          f"this rank passed {_described(tok)}, but rank {g.ranks[r]} made "
+    def _unchecked(self, tok: tuple, h: GroupHealth, r: int) -> None:
+        small = (f"call #{tok[0]} with fewer than {h.check_bytes} bytes (unchecked), or "
+                 if h.check_bytes > 0 else "")
+        _mismatch(h, tok, f"ranks disagree on the call number or the byte count of this call: "
+                          f"this rank passed {_described(tok)}, but rank {h.ranks[r]} made "
                           f"{small}one call more or fewer before it")
 
 
@@ -517,21 +505,21 @@ class _PyNodeCheck(_Common):
     def __init__(self, mm: mmap.mmap, rank: int, size: int) -> None:
         self._fields(mm, rank, size)
 
-    def _write(self, s: int, a: int, nbytes: int, h: int) -> None:
+    def _write(self, s: int, a: int, nbytes: int, shash: int) -> None:
         """Fill this rank's slot for call ``s``: marked, the words, the call number, then the
         header (the order readers rely on)."""
         q = self.q
         i = self.mine + ((s & (RING - 1)) << 3)
         q[i] = -1
-        q[i + 1], q[i + 2], q[i + 3] = a, nbytes, h
+        q[i + 1], q[i + 2], q[i + 3] = a, nbytes, shash
         q[i] = s
         q[self.me] = s
 
     def post(self, s: int, op: str, arr: Any, reduce: Any, root: int, keep: Any) -> tuple:
         """Write this rank's fingerprint of call ``s``; return the token to settle it with."""
-        a, nbytes, h = self._words_of(op, arr, reduce, root)
-        self._write(s, a, nbytes, h)
-        return (s, a, nbytes, h, op, keep)
+        a, nbytes, shash = self._words_of(op, arr, reduce, root)
+        self._write(s, a, nbytes, shash)
+        return (s, a, nbytes, shash, op, keep)
 
     def post_splits(self, s: int, op: str, send: list, expect: list, what: str, unit: int,
                     dtype: Any, keep: Any) -> tuple:
@@ -590,22 +578,22 @@ def _described(tok: tuple) -> str:
     return ", ".join(parts)
 
 
-def _mismatch(g: Any, tok: tuple, reason: str, advice: str = "") -> None:
-    """Break ``g`` (telling the others: they may not have seen it) and raise."""
+def _mismatch(h: GroupHealth, tok: tuple, reason: str, advice: str = "") -> None:
+    """Break ``h`` (telling the others: they may not have seen it) and raise."""
     _orphans.append(tok[5])  # the data operation may still write into these buffers
-    g.fp_tok = None
-    g.fp_async.pop(tok[0], None)
-    _faults.mark_broken(g, _faults.Story(g.global_rank, tok[4], tok[0], reason))
-    raise CollectiveMismatchError(_mismatch_text(g, tok[4], tok[0], reason, advice))
+    h.fp_tok = None
+    h.fp_async.pop(tok[0], None)
+    _faults.mark_broken(h, _faults.Story(h.global_rank, tok[4], tok[0], reason))
+    raise CollectiveMismatchError(_mismatch_text(h, tok[4], tok[0], reason, advice))
 
 
-def _mismatch_text(g: Any, op: str, seq: int, reason: str, advice: str = "") -> str:
+def _mismatch_text(h: GroupHealth, op: str, seq: int, reason: str, advice: str = "") -> str:
     if not advice:
         advice = ("Every rank must make the same collective calls in the same order with the "
                   "same dtype, shape, op and root; the data was already posted against a "
                   "different call")
-    return (f"rank {g.global_rank}: {op} (#{seq} on {g.name}): {reason}. {advice}, so every "
-            f"later call on {g.name} raises. Run with MPITENSOR_DEBUG=1 to see each rank's "
+    return (f"rank {h.global_rank}: {op} (#{seq} on {h.name}): {reason}. {advice}, so every "
+            f"later call on {h.name} raises. Run with MPITENSOR_DEBUG=1 to see each rank's "
             "arguments.")
 
 
@@ -613,39 +601,39 @@ class NodeChecked:
     """An async checked call on a group with :class:`NodeCheck` slots, as an MPI request:
     complete once the data operation is and every member's fingerprint agrees."""
 
-    __slots__ = ("data", "group", "tok", "done", "polls")
+    __slots__ = ("data", "health", "tok", "done", "polls")
 
-    def __init__(self, g: Any, data: Any, tok: tuple) -> None:
-        self.data, self.group, self.tok, self.done, self.polls = data, g, tok, False, 0
+    def __init__(self, h: GroupHealth, data: Any, tok: tuple) -> None:
+        self.data, self.health, self.tok, self.done, self.polls = data, h, tok, False, 0
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI request protocol
         if self.done:
             return True
-        g = self.group
+        h = self.health
         if not self.data.Test(status):
             self.polls += 1
             if not self.polls & 63:  # a look at the slots now and then (a group of many
-                g.fp_node.peek(self.tok, g)  # members costs a read per member)
+                h.fp_node.peek(self.tok, h)  # members costs a read per member)
             return False
-        self.done = g.fp_node.settle(self.tok, g)
+        self.done = h.fp_node.settle(self.tok, h)
         if self.done:
-            g.fp_async.pop(self.tok[0], None)
+            h.fp_async.pop(self.tok[0], None)
         return self.done
 
 
 class Settling:
     """The wait for slow members' fingerprints after the data is done (blocking calls)."""
 
-    __slots__ = ("group", "tok")
+    __slots__ = ("health", "tok")
 
-    def __init__(self, g: Any, tok: tuple) -> None:
-        self.group, self.tok = g, tok
+    def __init__(self, h: GroupHealth, tok: tuple) -> None:
+        self.health, self.tok = h, tok
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI request protocol
-        return self.group.fp_node.settle(self.tok, self.group)
+        return self.health.fp_node.settle(self.tok, self.health)
 
 
-def _split_reason(g: Any, bad: list, expect: list, what: str, unit: int) -> str:
+def _split_reason(h: GroupHealth, bad: list, expect: list, what: str, unit: int) -> str:
     """What a rank says of the peers ``bad`` (``(group rank, count it sends this rank)``) whose
     pieces differ from what this rank expects of them."""
     def amount(n: int) -> str:
@@ -653,7 +641,7 @@ def _split_reason(g: Any, bad: list, expect: list, what: str, unit: int) -> str:
             return f"{n} elements"
         return f"{n // unit} row{'s' if n // unit != 1 else ''} ({n} elements)"
 
-    said = "; ".join(f"rank {g.ranks[r]} sends {amount(n)} to this rank, which expects "
+    said = "; ".join(f"rank {h.ranks[r]} sends {amount(n)} to this rank, which expects "
                      f"{amount(expect[r])} from it ({what}[{r}])" for r, n in bad[:4])
     return f"ranks disagree on the split sizes of this call: {said}"
 
@@ -679,12 +667,12 @@ class Splits:
     ends the peers' waits as well.
     """
 
-    __slots__ = ("data", "req", "group", "op", "seq", "sent", "seen", "expect", "what",
+    __slots__ = ("data", "req", "health", "op", "seq", "sent", "seen", "expect", "what",
                  "unit", "code", "keep", "done")
 
-    def __init__(self, g: Any, data: Any, op: str, seq: int, send: list, expect: list,
+    def __init__(self, h: GroupHealth, data: Any, op: str, seq: int, send: list, expect: list,
                  what: str, unit: int, dtype: Any, keep: Any) -> None:
-        self.data, self.group, self.op, self.seq = data, g, op, seq
+        self.data, self.health, self.op, self.seq = data, h, op, seq
         self.code = code = _dtype16(dtype)
         pairs = array.array("q", bytes(16 * len(send)))
         pairs[0::2] = array.array("q", send)
@@ -693,7 +681,7 @@ class Splits:
         self.seen = array.array("q", bytes(16 * len(expect)))
         self.expect, self.what, self.unit, self.keep = expect, what, unit, keep
         self.done = False
-        self.req = g.hdr.Ialltoall([self.sent, _I64], [self.seen, _I64])  # a pair per rank
+        self.req = h.hdr.Ialltoall([self.sent, _I64], [self.seen, _I64])  # a pair per rank
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI request protocol
         if self.done:
@@ -712,16 +700,16 @@ class Splits:
         counts, codes, expect = self.seen[0::2].tolist(), self.seen[1::2].tolist(), self.expect
         if counts == expect and codes.count(self.code) == len(codes):
             return
-        g = self.group
+        h = self.health
         _orphans.append((self.data, self.keep))  # the data may still be moving
         other = [r for r in range(len(codes)) if codes[r] != self.code]
         if other:
             reason = (f"ranks disagree on the dtype of this call: this rank passed "
-                      f"{_dtype_name(self.code)}, rank {g.ranks[other[0]]} passed "
+                      f"{_dtype_name(self.code)}, rank {h.ranks[other[0]]} passed "
                       f"{_dtype_name(codes[other[0]])}")
         else:
             bad = [(r, counts[r]) for r in range(len(expect)) if counts[r] != expect[r]]
-            reason = _split_reason(g, bad, expect, self.what, self.unit)
-        _faults.mark_broken(g, _faults.Story(g.global_rank, self.op, self.seq, reason))
-        raise CollectiveMismatchError(_mismatch_text(g, self.op, self.seq, reason,
+            reason = _split_reason(h, bad, expect, self.what, self.unit)
+        _faults.mark_broken(h, _faults.Story(h.global_rank, self.op, self.seq, reason))
+        raise CollectiveMismatchError(_mismatch_text(h, self.op, self.seq, reason,
                                                      _SPLIT_ADVICE))

@@ -14,8 +14,8 @@
 * after ``notify_after`` seconds sends an *arrival notice* ``(kind, seq, op)`` to the other
   members on the group's private notice communicator, and reads theirs, so that a rank that
   times out can say which ranks never arrived and where the others are waiting instead;
-* on the same millisecond tick reads the group's fault notices (``g.fault_in_wait``, see
-  ``_faults``): a peer that failed before this call, left, or broke the group ends the wait
+* on the same millisecond tick reads the group's fault notices (:func:`_fault_in_wait`, see
+  ``faults``): a peer that failed before this call, left, or broke the group ends the wait
   with :class:`~mpitensor.errors.PeerFailedError`;
 * past the stall threshold logs a stall report (logger ``mpitensor.distributed``, WARNING):
   the operation, how long it waited, the group's last collectives and the Python stack;
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 import threading
 import time
@@ -39,69 +38,20 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..._base import config as _config
 from ...errors import DistributedTimeoutError, PeerFailedError
+from . import faults
+from .backoff import Backoff, poll
+from .state import HISTORY, GroupHealth
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
 logger = logging.getLogger("mpitensor.distributed")
 
-HISTORY = 16  # collectives remembered per group (a power of two: indexed by seq & MASK)
-MASK = HISTORY - 1
 NOTICE_TAG = 1  # on the notice communicator: arrival notices
 VERDICT_TAG = 2  # on the notice communicator: debug-mode p2p verdicts (receiver -> sender)
 _SPIN_S = 5e-5  # pure polling inline in wait() (0 on an oversubscribed node: set_node_load)
 _CHECK_EVERY_S = 1e-3  # while polling slowly: notices, stall report, timeout
-_YIELD_S = 2e-3  # after the spin, poll with sched_yield until the wait is this old
-_SLEEP_FRACTION = 0.02  # then sleep this fraction of the time waited so far,
-_SLEEP_MAX_S = 1e-3  # up to this long between tests
-_BUSY_TEST_S = 1e-5  # a Test call this slow moved data (an idle one takes ~1.5 µs here) ...
-_BUSY_WINDOW_S = 2e-4  # ... and earns this much yielding (not sleeping) after it
 _perf = time.perf_counter
-_sleep = time.sleep
-_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-
-
-class Backoff:
-    """Pauses between polls of a request that is not complete: yield first, then sleep.
-
-    ``pause(now, test_took)`` is called after each failed ``Test``; ``test_took`` is how long
-    that call ran. The pause is ``sched_yield`` for the first :data:`_YIELD_S` of the wait,
-    then a sleep of :data:`_SLEEP_FRACTION` of the time waited so far, capped at
-    :data:`_SLEEP_MAX_S`: a wait that turns out long costs at most a few per cent more than it
-    would have, and almost no CPU. A long ``Test`` call means MPI moved data through this
-    rank: the transfer is alive and depends on this rank polling again soon, so it earns
-    :data:`_BUSY_WINDOW_S` of yielding without resetting the sleep ramp (a lone slow call, a
-    virtual machine's hiccup, costs a fraction of a millisecond, not a new ramp).
-    """
-
-    __slots__ = ("t0", "yield_until")
-
-    def __init__(self, t0: float, passive: bool = False) -> None:
-        self.t0 = t0
-        # a passive request (shared-memory arrivals) moves without polling: sleep at once
-        self.yield_until = t0 if passive else t0 + _YIELD_S
-
-    def pause(self, now: float, test_took: float) -> None:
-        if test_took > _BUSY_TEST_S:
-            self.yield_until = max(self.yield_until, now + _BUSY_WINDOW_S)
-        if now < self.yield_until:
-            _yield()
-        else:
-            _sleep(min(_SLEEP_MAX_S, (now - self.t0) * _SLEEP_FRACTION))
-
-
-def poll(req: Any, status: Any, deadline: float) -> bool:
-    """Poll ``req`` with :class:`Backoff` until it completes (True) or ``deadline`` (False)."""
-    t0 = _perf()
-    backoff = Backoff(t0)
-    while True:
-        before = _perf()
-        if req.Test(status):
-            return True
-        now = _perf()
-        if now >= deadline:
-            return False
-        backoff.pause(now, now - before)
 
 
 def set_node_load(local_ranks: int, cpus: int) -> None:
@@ -129,19 +79,19 @@ def notify_seconds(timeout: float) -> float:
     return min(1.0, timeout / 4)
 
 
-def wait(g: Any, req: Any, op: str, seq: int, kind: str = "coll",
+def wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str = "coll",
          status: Optional[MPI.Status] = None, timeout: Optional[float] = None,
          peer: Optional[int] = None, tag: Optional[int] = None, cancel: bool = False) -> None:
     """Wait for ``req`` to complete, bounded by ``timeout`` (default: the group's).
 
     Args:
-        g: the MPI process group the request belongs to.
+        h: the health of the MPI group the request belongs to.
         req: an MPI request (or anything with ``Test(status)``).
         op: the operation's name, for reports.
         seq: its sequence number (collective or p2p counter).
         kind: ``"coll"`` or ``"p2p"``.
         status: filled in on completion.
-        timeout: seconds; ``None`` uses ``g.timeout``.
+        timeout: seconds; ``None`` uses ``h.timeout``.
         peer: for p2p, the peer's group rank (``None`` for any source).
         tag: for p2p, the tag.
         cancel: on timeout, cancel the request (a blocking receive: the link stays usable).
@@ -156,16 +106,16 @@ def wait(g: Any, req: Any, op: str, seq: int, kind: str = "coll",
     while _perf() - t0 < spin:
         if req.Test(status):
             return
-    _slow_wait(g, req, op, seq, kind, status, timeout, peer, tag, t0, cancel)
+    _slow_wait(h, req, op, seq, kind, status, timeout, peer, tag, t0, cancel)
 
 
-def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
+def _slow_wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str, status: Any,
                timeout: Optional[float], peer: Optional[int], tag: Optional[int],
                t0: float, cancel: bool = False) -> None:
-    limit = g.timeout if timeout is None else float(timeout)
-    warn_at = stall_warn_seconds(g.timeout)
+    limit = h.timeout if timeout is None else float(timeout)
+    warn_at = stall_warn_seconds(h.timeout)
     notify_at = notify_seconds(limit) if math.isfinite(limit) else 1.0
-    diag = getattr(g, "diag", None)
+    diag = h.diag
     announced = warned = False
     me = (kind, seq, op)
     test = req.Test
@@ -182,19 +132,19 @@ def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
                 next_check = now + _CHECK_EVERY_S
                 elapsed = now - t0
                 if diag is not None:
-                    fault = g.fault_in_wait(kind, seq, op, peer, t0)
+                    fault = _fault_in_wait(h, kind, seq, op, peer, t0)
                     if fault is not None:
                         if cancel and not _cancelled(req, status):
                             return  # matched while being cancelled: the receive completed
                         fault.request = None if cancel else req
                         raise fault
-                    if drain_notices(g, me) and not announced:
-                        announced = _announce(g, me, waiting=True)
+                    if drain_notices(h, me) and not announced:
+                        announced = _announce(h, me, waiting=True)
                     if elapsed >= notify_at and not announced:
-                        announced = _announce(g, me, waiting=True)
+                        announced = _announce(h, me, waiting=True)
                 if elapsed >= warn_at and not warned:
                     warned = True
-                    logger.warning("%s", stall_report(g, op, seq, kind, elapsed, limit, peer,
+                    logger.warning("%s", stall_report(h, op, seq, kind, elapsed, limit, peer,
                                                       tag))
                 if elapsed >= limit:
                     if cancel and _cancelled(req, status):
@@ -202,8 +152,8 @@ def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
                     elif cancel:
                         return  # matched while being cancelled: the receive completed
                     if timeout is None:  # the group's own bound: the call is given up
-                        _break(g, op, seq, kind, _timed_out(g, op, seq, kind, limit, req))
-                    err = timeout_error(g, op, seq, kind, elapsed, limit, peer, tag, status,
+                        _break(h, op, seq, kind, _timed_out(h, op, seq, kind, limit, req))
+                    err = timeout_error(h, op, seq, kind, elapsed, limit, peer, tag, status,
                                         broke=timeout is None)
                     err.request = req
                     try:
@@ -224,28 +174,43 @@ def _slow_wait(g: Any, req: Any, op: str, seq: int, kind: str, status: Any,
             mpi = sys.modules.get("mpi4py.MPI")
             if mpi is None or not isinstance(exc, mpi.Exception):
                 text = str(exc).splitlines()[0] if str(exc) else ""
-                _break(g, op, seq, kind, f"{type(exc).__name__}{': ' if text else ''}"
+                _break(h, op, seq, kind, f"{type(exc).__name__}{': ' if text else ''}"
                        f"{text[:200]} (raised while it waited); its request is still posted "
                        "in MPI, where a later call would meet it")
         raise
     finally:
         if announced:
-            _announce(g, me, waiting=False)
+            _announce(h, me, waiting=False)
 
 
-def _break(g: Any, op: str, seq: int, kind: str, reason: str) -> None:
-    """Break ``g`` on every member (``ProcessGroup.break_after``): its call ``#seq`` ended with
+def _break(h: GroupHealth, op: str, seq: int, kind: str, reason: str) -> None:
+    """Break the group on every member (``faults.break_after``): its call ``#seq`` ended with
     its data still posted."""
-    brk = getattr(g, "break_after", None)
-    if brk is not None:
-        brk(op, seq, kind, reason)
+    faults.break_after(h, op, seq, kind, reason)
 
 
-def _timed_out(g: Any, op: str, seq: int, kind: str, limit: float, req: Any) -> str:
+def _fault_in_wait(h: GroupHealth, kind: str, seq: int, op: str, peer: Optional[int],
+                   since: float) -> Optional[PeerFailedError]:
+    """For a rank waiting in ``op`` (the slow tick): the error that ends the wait, if any.
+
+    First the agreement check's slots (``fingerprint``): a mismatch that MPI may never
+    complete is raised now, and before any notice of a peer that saw it first (which would say
+    less: PeerFailedError); then the fault notices (``faults.in_wait``)."""
+    node = h.fp_node
+    if node is not None and kind == "coll":
+        tok = h.fp_tok
+        if tok is None or tok[0] != seq:
+            tok = h.fp_async.get(seq)
+        if tok is not None and tok[0] == seq:
+            node.peek(tok, h)
+    return faults.in_wait(h, kind, seq, op, peer, since)
+
+
+def _timed_out(h: GroupHealth, op: str, seq: int, kind: str, limit: float, req: Any) -> str:
     """Why a call that ran past the group's timeout broke it (the story its peers are told)."""
     head = f"DistributedTimeoutError: it did not complete within the timeout of {limit:g} s"
     if kind == "coll":
-        missing, _ = _others(g, op, seq, kind)
+        missing, _ = _others(h, op, seq, kind)
         if missing:
             head += f" (ranks that had not arrived: {missing})"
     if req is None:  # a receive, cancelled: the message it waited for may still come
@@ -267,42 +232,42 @@ def _cancelled(req: Any, status: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------- notices
-def _announce(g: Any, me: tuple, waiting: bool) -> bool:
+def _announce(h: GroupHealth, me: tuple, waiting: bool) -> bool:
     """Tell the other members that this rank waits in (or has left) the operation ``me``."""
-    diag = g.diag
-    reqs = [r for r in g.notice_reqs if not r.Test()]
-    for r in range(g.size_):
-        if r != g.rank_:
-            reqs.append(diag.isend((me, waiting, time.time()), r, NOTICE_TAG + g.tag_base))
-    g.notice_reqs = reqs
+    diag = h.diag
+    reqs = [r for r in h.notice_reqs if not r.Test()]
+    for r in range(h.size):
+        if r != h.rank:
+            reqs.append(diag.isend((me, waiting, time.time()), r, NOTICE_TAG + h.tag_base))
+    h.notice_reqs = reqs
     return True
 
 
-def drain_notices(g: Any, me: Optional[tuple] = None) -> bool:
+def drain_notices(h: GroupHealth, me: Optional[tuple] = None) -> bool:
     """Read every arrival notice that has come in; True if one is about ``me``."""
     from mpi4py import MPI
 
-    diag = g.diag
+    diag = h.diag
     status = MPI.Status()
     hit = False
-    tag = NOTICE_TAG + g.tag_base
+    tag = NOTICE_TAG + h.tag_base
     while diag.Iprobe(MPI.ANY_SOURCE, tag, status):
         src = status.Get_source()
         what, waiting, _ = diag.recv(None, src, tag)
-        g.notices[src] = (what, waiting)
+        h.notices[src] = (what, waiting)
         if waiting and what == me:
             hit = True
     return hit
 
 
-def _others(g: Any, op: str, seq: int, kind: str) -> "tuple[list, list]":
+def _others(h: GroupHealth, op: str, seq: int, kind: str) -> "tuple[list, list]":
     """(global ranks with no sign of being in this operation, lines describing the others)."""
     missing, lines = [], []
-    for r in range(g.size_):
-        if r == g.rank_:
+    for r in range(h.size):
+        if r == h.rank:
             continue
-        who = g.ranks[r]
-        seen = g.notices.get(r)
+        who = h.ranks[r]
+        seen = h.notices.get(r)
         if seen is None:
             if kind == "coll":
                 missing.append(who)
@@ -321,45 +286,45 @@ def _others(g: Any, op: str, seq: int, kind: str) -> "tuple[list, list]":
     return missing, lines
 
 
-def _pending_messages(g: Any) -> list:
+def _pending_messages(h: GroupHealth) -> list:
     """Unreceived messages addressed to this rank (one per sender): a wrong-tag hint."""
     out = []
-    comm = getattr(g, "comm", None)
+    comm = h.comm
     if comm is None:
         return out
     from mpi4py import MPI
 
     status = MPI.Status()
-    for r in range(g.size_):
-        if r != g.rank_ and comm.Iprobe(r, MPI.ANY_TAG, status):
-            out.append(f"from rank {g.ranks[r]} with tag {status.Get_tag()} "
+    for r in range(h.size):
+        if r != h.rank and comm.Iprobe(r, MPI.ANY_TAG, status):
+            out.append(f"from rank {h.ranks[r]} with tag {status.Get_tag()} "
                        f"({status.Get_count(MPI.BYTE)} bytes)")
     return out
 
 
-def _grace(g: Any) -> None:
+def _grace(h: GroupHealth) -> None:
     """Give late notices a moment to arrive before naming missing ranks."""
-    if getattr(g, "diag", None) is None:
+    if h.diag is None:
         return
     end = _perf() + 0.05
     while _perf() < end:
-        drain_notices(g)
+        drain_notices(h)
         time.sleep(0.005)
 
 
 # ---------------------------------------------------------------------------- reports
-def _label(op: str, seq: int, kind: str, g: Any, peer: Optional[int],
+def _label(op: str, seq: int, kind: str, h: GroupHealth, peer: Optional[int],
            tag: Optional[int]) -> str:
     if kind == "coll":
-        return f"{op} (#{seq} on {g.name})"
+        return f"{op} (#{seq} on {h.name})"
     side = "from" if "recv" in op else "to"
-    who = "any rank" if peer is None else f"rank {g.ranks[peer]}"
-    return f"{op} {side} {who} (tag {tag}, p2p #{seq} on {g.name})"
+    who = "any rank" if peer is None else f"rank {h.ranks[peer]}"
+    return f"{op} {side} {who} (tag {tag}, p2p #{seq} on {h.name})"
 
 
-def history_lines(g: Any) -> list:
+def history_lines(h: GroupHealth) -> list:
     """The group's last collectives, oldest first, formatted."""
-    entries = sorted((e for e in g.history if e is not None), key=lambda e: e[0])
+    entries = sorted((e for e in h.history if e is not None), key=lambda e: e[0])
     lines = []
     for s, o, dt, shape in entries:
         arg = "" if dt is None else f" {dt}{list(shape) if shape is not None else ''}"
@@ -367,31 +332,31 @@ def history_lines(g: Any) -> list:
     return lines
 
 
-def stall_report(g: Any, op: str, seq: int, kind: str, elapsed: float, limit: float,
+def stall_report(h: GroupHealth, op: str, seq: int, kind: str, elapsed: float, limit: float,
                  peer: Optional[int] = None, tag: Optional[int] = None) -> str:
     """The text of a stall report (see docs/failures.md for how to read it)."""
-    _, others = _others(g, op, seq, kind)
-    hist = history_lines(g) or ["(none yet)"]
+    _, others = _others(h, op, seq, kind)
+    hist = history_lines(h) or ["(none yet)"]
     stack = "".join(traceback.format_stack()[:-3]).rstrip()
     lim = f"{limit:g} s" if math.isfinite(limit) else "none"
     return (
-        f"rank {g.global_rank}: STALL: {_label(op, seq, kind, g, peer, tag)} has waited "
+        f"rank {h.global_rank}: STALL: {_label(op, seq, kind, h, peer, tag)} has waited "
         f"{elapsed:.1f} s (timeout {lim})\n"
-        f"  last {HISTORY} collectives on {g.name} (oldest first): " + "; ".join(hist) + "\n"
+        f"  last {HISTORY} collectives on {h.name} (oldest first): " + "; ".join(hist) + "\n"
         "  other ranks (from their arrival notices): " + ("; ".join(others) or "-") + "\n"
         f"  Python stack of thread {threading.current_thread().name!r} "
         "(most recent call last):\n" + "\n".join("    " + ln for ln in stack.splitlines())
     )
 
 
-def timeout_error(g: Any, op: str, seq: int, kind: str, elapsed: float, limit: float,
+def timeout_error(h: GroupHealth, op: str, seq: int, kind: str, elapsed: float, limit: float,
                   peer: Optional[int], tag: Optional[int],
                   status: Any = None, broke: bool = True) -> DistributedTimeoutError:
     """Build the DistributedTimeoutError for an operation that ran out of time (``broke``:
     the group's own timeout, which broke the group; else a bound of the caller's own)."""
-    _grace(g)
-    missing, others = _others(g, op, seq, kind)
-    parts = [f"rank {g.global_rank}: {_label(op, seq, kind, g, peer, tag)} did not complete "
+    _grace(h)
+    missing, others = _others(h, op, seq, kind)
+    parts = [f"rank {h.global_rank}: {_label(op, seq, kind, h, peer, tag)} did not complete "
              f"within {limit:g} s (waited {elapsed:.1f} s)."]
     if kind == "coll":
         if missing:
@@ -402,17 +367,17 @@ def timeout_error(g: Any, op: str, seq: int, kind: str, elapsed: float, limit: f
                      "(MPITENSOR_DEBUG=1 checks their arguments).")
     else:
         if peer is not None:
-            seen = [ln for ln in others if ln.startswith(f"rank {g.ranks[peer]}:")]
-            parts.append(f"The peer {seen[0] if seen else f'rank {g.ranks[peer]} sent no notice'}"
+            seen = [ln for ln in others if ln.startswith(f"rank {h.ranks[peer]}:")]
+            parts.append(f"The peer {seen[0] if seen else f'rank {h.ranks[peer]} sent no notice'}"
                          ".")
         if "recv" in op:
-            pending = _pending_messages(g)
+            pending = _pending_messages(h)
             if pending:
                 parts.append("Unreceived messages waiting here: " + "; ".join(pending)
                              + " (wrong peer or tag?).")
         parts.append("Check that the peer makes the matching call with the same tag.")
     if broke:
-        parts.append(f"{g.name} is broken from here on: every later call on it raises "
+        parts.append(f"{h.name} is broken from here on: every later call on it raises "
                      "PeerFailedError on every member (they were told). To go on, make a new "
                      "group (new_group), or destroy_process_group() and init_process_group() "
                      "again; uncaught, this error aborts the job.")
@@ -420,8 +385,8 @@ def timeout_error(g: Any, op: str, seq: int, kind: str, elapsed: float, limit: f
         parts.append("The operation is still pending: wait on it again (the group stays "
                      "usable); uncaught, this error aborts the job.")
     missing_ranks = missing if kind == "coll" else (
-        [g.ranks[peer]] if peer is not None else None)
-    return DistributedTimeoutError(" ".join(parts), op=op, group=g.name, seq=seq,
+        [h.ranks[peer]] if peer is not None else None)
+    return DistributedTimeoutError(" ".join(parts), op=op, group=h.name, seq=seq,
                                    elapsed=elapsed, missing=missing_ranks)
 
 
@@ -445,9 +410,9 @@ def timed_dup(comm: Any, timeout: float, what: str) -> Any:
     return new
 
 
-def rendezvous(g: Any, members: list, key: tuple, timeout: float, what: str) -> None:
-    """Before a blocking communicator constructor among ``members`` (group ranks of ``g``):
-    every member tells every other one it has arrived, on ``g``'s notice communicator, and
+def rendezvous(h: GroupHealth, members: list, key: tuple, timeout: float, what: str) -> None:
+    """Before a blocking communicator constructor among ``members`` (group ranks of ``h``):
+    every member tells every other one it has arrived, on ``h``'s notice communicator, and
     waits for theirs, at most ``timeout`` seconds. Raises DistributedTimeoutError naming the
     members that never arrived, or CollectiveMismatchError if one arrived for another group.
     Costs one small message per pair of members, only when groups are made.
@@ -456,8 +421,8 @@ def rendezvous(g: Any, members: list, key: tuple, timeout: float, what: str) -> 
 
     from ...errors import CollectiveMismatchError
 
-    diag = g.diag
-    me = g.rank_
+    diag = h.diag
+    me = h.rank
     others = [m for m in members if m != me]
     reqs = [diag.isend(key, m, RENDEZVOUS_TAG) for m in others]
     need = set(others)
@@ -471,19 +436,19 @@ def rendezvous(g: Any, members: list, key: tuple, timeout: float, what: str) -> 
                 need.discard(m)
                 if theirs != key:
                     raise CollectiveMismatchError(
-                        f"rank {g.global_rank}: {what}: rank {g.ranks[m]} is making "
+                        f"rank {h.global_rank}: {what}: rank {h.ranks[m]} is making "
                         f"{theirs[0]}({list(theirs[1])}) at the same point; every rank must "
                         "make the same new_group calls in the same order")
         if not need:
             break
         now = _perf()
         if now >= deadline:
-            missing = sorted(g.ranks[m] for m in need)
+            missing = sorted(h.ranks[m] for m in need)
             raise DistributedTimeoutError(
-                f"rank {g.global_rank}: {what} did not complete within {timeout:g} s: ranks "
-                f"{missing} never called it (members: {sorted(g.ranks[m] for m in members)}). "
+                f"rank {h.global_rank}: {what} did not complete within {timeout:g} s: ranks "
+                f"{missing} never called it (members: {sorted(h.ranks[m] for m in members)}). "
                 "Every member must call new_group with the same ranks, in the same order as "
-                "its other new_group calls.", op=what, group=g.name, elapsed=now - t0,
+                "its other new_group calls.", op=what, group=h.name, elapsed=now - t0,
                 missing=missing)
         backoff.pause(now, 0.0)
     MPI.Request.Waitall(reqs)

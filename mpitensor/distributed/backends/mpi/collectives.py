@@ -5,7 +5,7 @@ is the largest part of the group and reads on its own: every collective has a *f
 (a contiguous NumPy array of a dtype MPI moves as is, plain int ranks, debug off: no checks,
 no staging) and a *general path* (``_name``, wrapped by :func:`_guarded`) that checks the
 arguments before any traffic, stages CuPy and non-contiguous buffers, and runs through the
-group's ``_run``. The group's plumbing (``_begin``, ``_run``, ``_maybe_debug``, the agreement
+group's ``_run``. The group's plumbing (``begin``, ``_run``, ``_maybe_debug``, the agreement
 check) lives in ``group.py``.
 """
 
@@ -22,7 +22,7 @@ from ....backend import array_module
 from ....tensor import Tensor
 from ...health import fingerprint as _fp
 from ...health import watchdog as W
-from ...health.watchdog import MASK as _MASK
+from ...health.state import MASK as _MASK
 from ...process_group import ReduceOp, Work
 from . import buffers as B
 
@@ -78,7 +78,7 @@ class Collectives:
                 if flags.c_contiguous and flags.writeable:
                     s = self._fast_count("all_reduce", arr)
                     req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
-                    if arr.nbytes >= self.check_bytes:
+                    if arr.nbytes >= self.health.check_bytes:
                         req = self._fp_check(req, s, "all_reduce", arr, op, -1, arr)
                     return self._fast_finish(req, "all_reduce", s, [tensor], arr, async_op)
         return self._all_reduce(tensor, op, async_op)
@@ -94,21 +94,22 @@ class Collectives:
 
     def _fast_finish(self, req: Any, op: str, s: int, tensors: list, keep: Any,
                      async_op: bool) -> Optional[Work]:
+        h = self.health
         if async_op:
             return Work(self._fp_async(req, s), None, tensors, keep=keep, group=self,
                         describe=lambda: f"rank {self.global_rank}: {op} (#{s} on {self.name})",
                         info=(op, s, "coll", None, None))
         try:
             if not req.Test():
-                _wait(self, req, op, s)
+                _wait(h, req, op, s)
         except MPI.Exception as exc:
             self._fp_failed(exc, op, s)
             raise self._mpi_error(f"rank {self.global_rank}: {op} (#{s} on {self.name})",
                                   exc) from exc
-        tok = self.fp_tok
+        tok = h.fp_tok
         if tok is not None:
-            if tok[0] == s and self.fp_node.settle(tok, self):
-                self.fp_tok = None  # every member agreed (the common case, without a call)
+            if tok[0] == s and h.fp_node.settle(tok, h):
+                h.fp_tok = None  # every member agreed (the common case, without a call)
             else:
                 self._fp_settle(op, s)
         return None
@@ -129,7 +130,7 @@ class Collectives:
 
     @_guarded("all_reduce")
     def _all_reduce(self, tensor: Any, op: Any, async_op: bool) -> Optional[Work]:
-        where = self._begin("all_reduce")
+        where = self.begin("all_reduce")
 
         def prepare() -> Any:
             arr = B.unwrap(tensor, "tensor", where)
@@ -139,9 +140,8 @@ class Collectives:
             return arr, plan
 
         arr, plan = self._maybe_debug(
-            where, lambda: self._sig("all_reduce", B.unwrap(tensor, "tensor", where),
-                                     shape=tuple(B.unwrap(tensor, "tensor", where).shape),
-                                     reduce=str(op)), prepare)
+            where, lambda: self._shaped_sig("all_reduce", tensor, "tensor", where, reduce=str(op)),
+            prepare)
         buf, write_back = B.stage_out(arr)
         rbuf, narrow = B.apply_plan_out(buf, plan)
         avg = B.divider(rbuf, self.size_) if plan.average else None
@@ -160,7 +160,7 @@ class Collectives:
             if mt is not None:
                 s = self._fast_count("broadcast", arr)
                 req = self.comm.Ibcast([arr, mt], src)
-                if arr.nbytes >= self.check_bytes:
+                if arr.nbytes >= self.health.check_bytes:
                     req = self._fp_check(req, s, "broadcast", arr, None, src, arr)
                 return self._fast_finish(req, "broadcast", s, [tensor], arr, async_op)
         return self._broadcast(tensor, src, async_op, group_src)
@@ -168,7 +168,7 @@ class Collectives:
     @_guarded("broadcast")
     def _broadcast(self, tensor: Any, src: Optional[int], async_op: bool,
                    group_src: Optional[int]) -> Optional[Work]:
-        where = self._begin("broadcast")
+        where = self.begin("broadcast")
         root = self.resolve_peer(src, group_src, "src", where)
 
         def prepare() -> Any:
@@ -179,9 +179,8 @@ class Collectives:
             return arr, mt
 
         arr, mt = self._maybe_debug(
-            where, lambda: self._sig("broadcast", B.unwrap(tensor, "tensor", where),
-                                     shape=tuple(B.unwrap(tensor, "tensor", where).shape),
-                                     root=self.ranks[root]), prepare)
+            where, lambda: self._shaped_sig("broadcast", tensor, "tensor", where,
+                                            root=self.ranks[root]), prepare)
         if self.rank_ == root:
             buf, write_back = B.stage_in(arr), None
         else:
@@ -205,7 +204,7 @@ class Collectives:
                     req = self.comm.Ireduce(_IN_PLACE, [arr, fast[0]], fast[1], root)
                 else:
                     req = self.comm.Ireduce([arr, fast[0]], None, fast[1], root)
-                if arr.nbytes >= self.check_bytes:
+                if arr.nbytes >= self.health.check_bytes:
                     req = self._fp_check(req, s, "reduce", arr, op, root, arr)
                 return self._fast_finish(req, "reduce", s, [tensor], arr, async_op)
         return self._reduce(tensor, dst, op, async_op, group_dst)
@@ -213,11 +212,7 @@ class Collectives:
     @_guarded("reduce")
     def _reduce(self, tensor: Any, dst: Optional[int], op: Any, async_op: bool,
                 group_dst: Optional[int]) -> Optional[Work]:
-        where = self._begin("reduce")
-        if dst is None and group_dst is None:
-            group_dst = 0
-        root = self.resolve_peer(dst, group_dst, "dst", where)
-        is_root = self.rank_ == root
+        where, root, is_root = self._begin_rooted("reduce", dst, group_dst, "dst")
 
         def prepare() -> Any:
             arr = B.unwrap(tensor, "tensor", where)
@@ -227,9 +222,8 @@ class Collectives:
             return arr, B.reduce_plan(arr.dtype, B.coerce_op(op, where), where)
 
         arr, plan = self._maybe_debug(
-            where, lambda: self._sig("reduce", B.unwrap(tensor, "tensor", where),
-                                     shape=tuple(B.unwrap(tensor, "tensor", where).shape),
-                                     reduce=str(op), root=self.ranks[root]), prepare)
+            where, lambda: self._shaped_sig("reduce", tensor, "tensor", where, reduce=str(op),
+                                            root=self.ranks[root]), prepare)
         comm, mop = self.comm, plan.mpi_op
         check = (arr, B.coerce_op(op, where), self.ranks[root])
         if is_root:
@@ -267,9 +261,51 @@ class Collectives:
                     f"and dtype of {ref_what}")
         return arrs
 
+    def _shaped_sig(self, op: str, x: Any, name: str, where: str, **extra: Any) -> dict:
+        """Debug mode: the signature of a call on one buffer ``x``, its shape included."""
+        arr = B.unwrap(x, name, where)
+        return self.signature(op, arr, shape=tuple(arr.shape), **extra)
+
+    def _out_in(self, output: Any, input: Any, out_name: str, in_name: str,
+                where: str) -> tuple:
+        """The arrays of a collective from ``input`` into another ``output``: one dtype MPI
+        moves, ``output`` writable. Returns ``(out, inp, MPI datatype)``."""
+        out = B.unwrap(output, out_name, where)
+        inp = B.unwrap(input, in_name, where)
+        mt = B.check_dtype(inp, in_name, where)
+        B.check_same_dtype(inp, out, in_name, out_name, where)
+        B.check_writable(out, out_name, where)
+        return out, inp, mt
+
+    def _begin_rooted(self, op: str, global_root: Optional[int], group_root: Optional[int],
+                      what: str) -> "tuple[str, int, bool]":
+        """Begin collective ``op`` with a root: its error prefix, the root's group rank (0 when
+        neither rank is given) and whether this rank is the root."""
+        where = self.begin(op)
+        root = self.root_rank(global_root, group_root, what, where)
+        return where, root, self.rank_ == root
+
+    def _root_list(self, lst: Any, what: str, role: str, where: str, ref: Any) -> list:
+        """On the root of gather or scatter: ``lst``, one tensor per member with ``ref``'s
+        shape and dtype (required there)."""
+        if lst is None:
+            raise ValueError(f"{where}: {what} is required on the {role} rank "
+                             f"(a list of {self.size_} tensors)")
+        return self._out_list(lst, what, where, ref, "tensor")
+
+    def _root_sig(self, op: str, arr: Any, root: int, lst: Any, where: str,
+                  gathers: bool) -> dict:
+        """Debug mode: the signature of gather (``gathers``) or scatter: the root's list moves
+        one piece per member, every member's ``arr`` one piece to or from the root."""
+        one = [None] * self.size_
+        one[root] = arr.size
+        many = None if lst is None else [B.unwrap(x, "", where).size for x in lst]
+        send, recv = (one, many) if gathers else (many, one)
+        return self.signature(op, arr, root=self.ranks[root], send=send, recv=recv)
+
     @_guarded("all_gather")
     def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool = False) -> Optional[Work]:
-        where = self._begin("all_gather")
+        where = self.begin("all_gather")
 
         def prepare() -> Any:
             arr = B.unwrap(tensor, "tensor", where)
@@ -282,7 +318,7 @@ class Collectives:
         def sig() -> dict:
             arr = B.unwrap(tensor, "tensor", where)
             outs = [B.unwrap(x, "", where).size for x in tensor_list]
-            return self._sig("all_gather", arr, shape=tuple(arr.shape),
+            return self.signature("all_gather", arr, shape=tuple(arr.shape),
                              send=[arr.size] * self.size_, recv=outs)
 
         arr, mt, outs = self._maybe_debug(where, sig, prepare)
@@ -325,7 +361,7 @@ class Collectives:
             if mt is not None and out.size == inp.size * self.size_:
                 s = self._fast_count("all_gather_into_tensor", inp)
                 req = self.comm.Iallgather([inp, mt], [out, mt])
-                if inp.nbytes >= self.check_bytes:
+                if inp.nbytes >= self.health.check_bytes:
                     req = self._fp_check(req, s, "all_gather_into_tensor", inp, None, -1,
                                          (out, inp))
                 return self._fast_finish(req, "all_gather_into_tensor", s, [output],
@@ -335,14 +371,10 @@ class Collectives:
     @_guarded("all_gather_into_tensor")
     def _all_gather_into_tensor(self, output: Any, input: Any,
                                 async_op: bool) -> Optional[Work]:
-        where = self._begin("all_gather_into_tensor")
+        where = self.begin("all_gather_into_tensor")
 
         def prepare() -> Any:
-            out = B.unwrap(output, "output_tensor", where)
-            inp = B.unwrap(input, "input_tensor", where)
-            mt = B.check_dtype(inp, "input_tensor", where)
-            B.check_same_dtype(inp, out, "input_tensor", "output_tensor", where)
-            B.check_writable(out, "output_tensor", where)
+            out, inp, mt = self._out_in(output, input, "output_tensor", "input_tensor", where)
             if out.size != inp.size * self.size_:
                 raise ValueError(
                     f"{where}: output_tensor has {out.size} elements but needs group size × "
@@ -351,9 +383,7 @@ class Collectives:
             return out, inp, mt
 
         out, inp, mt = self._maybe_debug(
-            where, lambda: self._sig("all_gather_into_tensor",
-                                     B.unwrap(input, "input_tensor", where),
-                                     shape=tuple(B.unwrap(input, "input_tensor", where).shape)),
+            where, lambda: self._shaped_sig("all_gather_into_tensor", input, "input_tensor", where),
             prepare)
         rbuf, write_back = B.stage_out(out)
         sspec, rspec = [B.unalias(B.stage_in(inp), rbuf), mt], [rbuf, mt]
@@ -364,31 +394,21 @@ class Collectives:
     @_guarded("gather")
     def gather(self, tensor: Any, gather_list: Any = None, dst: Optional[int] = None,
                async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
-        where = self._begin("gather")
-        if dst is None and group_dst is None:
-            group_dst = 0
-        root = self.resolve_peer(dst, group_dst, "dst", where)
-        is_root = self.rank_ == root
+        where, root, is_root = self._begin_rooted("gather", dst, group_dst, "dst")
 
         def prepare() -> Any:
             arr = B.unwrap(tensor, "tensor", where)
             mt = B.check_dtype(arr, "tensor", where)
             outs = None
             if is_root:
-                if gather_list is None:
-                    raise ValueError(f"{where}: gather_list is required on the destination rank "
-                                     f"(a list of {self.size_} tensors)")
-                outs = self._out_list(gather_list, "gather_list", where, arr, "tensor")
+                outs = self._root_list(gather_list, "gather_list", "destination", where, arr)
                 for i, o in enumerate(outs):
                     B.check_writable(o, f"gather_list[{i}]", where)
             return arr, mt, outs
 
         def sig() -> dict:
-            arr = B.unwrap(tensor, "tensor", where)
-            send = [None] * self.size_
-            send[root] = arr.size
-            recv = ([B.unwrap(x, "", where).size for x in gather_list] if is_root else None)
-            return self._sig("gather", arr, root=self.ranks[root], send=send, recv=recv)
+            return self._root_sig("gather", B.unwrap(tensor, "tensor", where), root,
+                                  gather_list if is_root else None, where, True)
 
         arr, mt, outs = self._maybe_debug(where, sig, prepare)
         sspec = [B.stage_in(arr), mt]
@@ -407,11 +427,7 @@ class Collectives:
     @_guarded("scatter")
     def scatter(self, tensor: Any, scatter_list: Any = None, src: Optional[int] = None,
                 async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
-        where = self._begin("scatter")
-        if src is None and group_src is None:
-            group_src = 0
-        root = self.resolve_peer(src, group_src, "src", where)
-        is_root = self.rank_ == root
+        where, root, is_root = self._begin_rooted("scatter", src, group_src, "src")
 
         def prepare() -> Any:
             arr = B.unwrap(tensor, "tensor", where)
@@ -419,18 +435,12 @@ class Collectives:
             B.check_writable(arr, "tensor", where)
             ins = None
             if is_root:
-                if scatter_list is None:
-                    raise ValueError(f"{where}: scatter_list is required on the source rank "
-                                     f"(a list of {self.size_} tensors)")
-                ins = self._out_list(scatter_list, "scatter_list", where, arr, "tensor")
+                ins = self._root_list(scatter_list, "scatter_list", "source", where, arr)
             return arr, mt, ins
 
         def sig() -> dict:
-            arr = B.unwrap(tensor, "tensor", where)
-            recv = [None] * self.size_
-            recv[root] = arr.size
-            send = ([B.unwrap(x, "", where).size for x in scatter_list] if is_root else None)
-            return self._sig("scatter", arr, root=self.ranks[root], send=send, recv=recv)
+            return self._root_sig("scatter", B.unwrap(tensor, "tensor", where), root,
+                                  scatter_list if is_root else None, where, False)
 
         arr, mt, ins = self._maybe_debug(where, sig, prepare)
         rbuf, write_back = B.stage_out(arr)
@@ -447,7 +457,7 @@ class Collectives:
     @_guarded("reduce_scatter")
     def reduce_scatter(self, output: Any, input_list: Any, op: Any = _SUM,
                        async_op: bool = False) -> Optional[Work]:
-        where = self._begin("reduce_scatter")
+        where = self.begin("reduce_scatter")
 
         def prepare() -> Any:
             out = B.unwrap(output, "output", where)
@@ -458,7 +468,7 @@ class Collectives:
 
         def sig() -> dict:
             out = B.unwrap(output, "output", where)
-            return self._sig("reduce_scatter", out, reduce=str(op),
+            return self.signature("reduce_scatter", out, reduce=str(op),
                              send=[B.unwrap(x, "", where).size for x in input_list],
                              recv=[out.size] * self.size_)
 
@@ -485,7 +495,7 @@ class Collectives:
             if fast is not None:
                 s = self._fast_count("reduce_scatter_tensor", inp)
                 req = self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1])
-                if inp.nbytes >= self.check_bytes:
+                if inp.nbytes >= self.health.check_bytes:
                     req = self._fp_check(req, s, "reduce_scatter_tensor", inp, op, -1, (out, inp))
                 return self._fast_finish(req, "reduce_scatter_tensor", s, [output],
                                          (out, inp), async_op)
@@ -494,14 +504,10 @@ class Collectives:
     @_guarded("reduce_scatter_tensor")
     def _reduce_scatter_tensor(self, output: Any, input: Any, op: Any,
                                async_op: bool) -> Optional[Work]:
-        where = self._begin("reduce_scatter_tensor")
+        where = self.begin("reduce_scatter_tensor")
 
         def prepare() -> Any:
-            out = B.unwrap(output, "output", where)
-            inp = B.unwrap(input, "input", where)
-            B.check_dtype(inp, "input", where)
-            B.check_same_dtype(inp, out, "input", "output", where)
-            B.check_writable(out, "output", where)
+            out, inp, _ = self._out_in(output, input, "output", "input", where)
             if inp.size != out.size * self.size_:
                 raise ValueError(
                     f"{where}: input has {inp.size} elements but needs group size × output size "
@@ -509,9 +515,8 @@ class Collectives:
             return out, inp, B.reduce_plan(out.dtype, B.coerce_op(op, where), where)
 
         out, inp, plan = self._maybe_debug(
-            where, lambda: self._sig("reduce_scatter_tensor", B.unwrap(input, "input", where),
-                                     shape=tuple(B.unwrap(input, "input", where).shape),
-                                     reduce=str(op)), prepare)
+            where, lambda: self._shaped_sig("reduce_scatter_tensor", input, "input", where,
+                                            reduce=str(op)), prepare)
         sbuf = B.apply_plan_in(B.stage_in(inp), plan)
         buf, write_back = B.stage_out(out)
         rbuf, narrow = B.apply_plan_out(buf, plan)
@@ -526,7 +531,7 @@ class Collectives:
     @_guarded("all_to_all")
     def all_to_all(self, output_tensor_list: Any, input_tensor_list: Any,
                    async_op: bool = False) -> Optional[Work]:
-        where = self._begin("all_to_all")
+        where = self.begin("all_to_all")
 
         def prepare() -> Any:
             if not isinstance(input_tensor_list, (list, tuple)) or not input_tensor_list:
@@ -543,7 +548,7 @@ class Collectives:
         def sig() -> dict:
             ins = [B.unwrap(x, "", where) for x in input_tensor_list]
             outs = [B.unwrap(x, "", where).size for x in output_tensor_list]
-            return self._sig("all_to_all", ins[0], send=[a.size for a in ins], recv=outs)
+            return self.signature("all_to_all", ins[0], send=[a.size for a in ins], recv=outs)
 
         ins, outs, mt = self._maybe_debug(where, sig, prepare)
         scounts, sdispls = B.counts_displs([a.size for a in ins])
@@ -586,7 +591,7 @@ class Collectives:
                     and inp.shape[0] % self.size_ == 0):
                 s = self._fast_count("all_to_all_single", out)
                 req = self.comm.Ialltoall([inp, mt], [out, mt])
-                if out.nbytes >= self.check_bytes:
+                if out.nbytes >= self.health.check_bytes:
                     req = self._fp_check(req, s, "all_to_all_single", out, None, -1, (out, inp))
                 return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp),
                                          async_op)
@@ -621,6 +626,7 @@ class Collectives:
     def _fast_uneven(self, output: Any, out: Any, inp: Any, mt: Any, sends: list, recvs: list,
                      async_op: bool) -> Optional[Work]:
         """all_to_all_single with split sizes, on the fast path (see all_to_all_single)."""
+        h = self.health
         row = 1
         for d in inp.shape[1:]:
             row *= d
@@ -628,27 +634,23 @@ class Collectives:
         rc, rd = B.counts_displs([v * row for v in recvs])
         s = self._fast_count("all_to_all_single", out)
         req = self.comm.Ialltoallv([inp, (sc, sd), mt], [out, (rc, rd), mt])
-        if self.check_bytes < OFF_BYTES:  # the split sizes, checked by any size
-            node = self.fp_node
+        if h.check_bytes < OFF_BYTES:  # the split sizes, checked by any size
+            node = h.fp_node
             if node is not None and node.board >= 0:
-                self.fp_tok = node.post_splits(s, "all_to_all_single", sc, rc,
-                                               "output_split_sizes", row, inp.dtype, (out, inp))
+                h.fp_tok = node.post_splits(s, "all_to_all_single", sc, rc,
+                                            "output_split_sizes", row, inp.dtype, (out, inp))
             else:
-                req = _fp.Splits(self, req, "all_to_all_single", s, sc, rc, "output_split_sizes",
+                req = _fp.Splits(h, req, "all_to_all_single", s, sc, rc, "output_split_sizes",
                                  row, inp.dtype, (out, inp))
         return self._fast_finish(req, "all_to_all_single", s, [output], (out, inp), async_op)
 
     @_guarded("all_to_all_single")
     def _all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,
                            input_split_sizes: Any, async_op: bool) -> Optional[Work]:
-        where = self._begin("all_to_all_single")
+        where = self.begin("all_to_all_single")
 
         def prepare() -> Any:
-            out = B.unwrap(output, "output", where)
-            inp = B.unwrap(input, "input", where)
-            mt = B.check_dtype(inp, "input", where)
-            B.check_same_dtype(inp, out, "input", "output", where)
-            B.check_writable(out, "output", where)
+            out, inp, mt = self._out_in(output, input, "output", "input", where)
             if inp.shape[1:] != out.shape[1:]:
                 raise ValueError(f"{where}: input shape {tuple(inp.shape)} and output shape "
                                  f"{tuple(out.shape)} differ beyond dimension 0")
@@ -669,7 +671,7 @@ class Collectives:
 
         def sig() -> dict:
             out, inp, _, sc, rc, _ = prepare()
-            return self._sig("all_to_all_single", inp, send=sc, recv=rc,
+            return self.signature("all_to_all_single", inp, send=sc, recv=rc,
                              splits="none" if even else "given")
 
         out, inp, mt, scounts, rcounts, row = self._maybe_debug(where, sig, prepare)
@@ -695,10 +697,10 @@ class Collectives:
 
     @_guarded("barrier")
     def barrier(self, async_op: bool = False) -> Optional[Work]:
-        where = self._begin("barrier")
-        self._count("barrier")
+        where = self.begin("barrier")
+        self.count_call("barrier")
         if self.debug:
-            self._agree(where, self._sig("barrier"), None)
+            self.agree(where, self.signature("barrier"), None)
         comm = self.comm
         return self._run(where, comm.Ibarrier, None, async_op)
 

@@ -26,7 +26,7 @@ from ....errors import (
 from ...health import faults as _faults
 from ...health import fingerprint as _fp
 from ...health import watchdog as W
-from ...health.watchdog import MASK as _MASK
+from ...health.state import MASK as _MASK
 from ...process_group import COMM_NAME, ProcessGroup, Work
 from .collectives import Collectives
 from .objects import ObjectCollectives
@@ -47,8 +47,6 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
     in debug mode, the agreement of every rank's arguments before it.
     """
     backend_name = "mpi"
-    fault_mm: Any = None  # the shared flag's segment (_faults.shared_flag), where there is one
-    fault_word: Any = None  # its word: nonzero once a member broke the group
 
     def __init__(self, comm: Optional[MPI.Comm], ranks: Sequence[int], my_global_rank: int,
                  name: str, timeout: float, debug: bool, world_size: int) -> None:
@@ -56,46 +54,47 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         self.comm = comm
         self.world_size = world_size
         self.tag_ub = int(comm.Get_attr(MPI.TAG_UB)) if comm is not None else 0
-        # private communicators (collective to create: every member runs this): arrival
-        # notices and debug verdicts on one, debug-mode p2p headers on the other, so neither
-        # can ever match the user's messages
-        self.diag = comm.Dup() if comm is not None else None
-        self.hdr = comm.Dup() if comm is not None else None
-        if comm is not None:
-            # The notice tags carry this group's incarnation, drawn by its rank 0. A notice
-            # that reaches a rank after it destroyed the group waits unmatched in MPI's queue,
-            # and MPICH gives a later communicator the same context id: without the
-            # incarnation, a later group read a dead group's "broken" notice as its own.
-            span = max(1, self.tag_ub // 4 - 1)
-            draw = secrets.randbelow(span) + 1 if comm.Get_rank() == 0 else None
-            self.tag_base = 4 * int(comm.bcast(draw, root=0))
-            # asked by every call on its way in (ProcessGroup.slow): has a member broken the
-            # group? A word of shared memory where the members share a machine, else a probe
-            # for a fault notice (partials: no Python frame)
-            self.fault_mm = _faults.shared_flag(comm)
-            if self.fault_mm is not None:
-                self.fault_word = memoryview(self.fault_mm).cast("q")
-                self._heard = functools.partial(operator.getitem, self.fault_word, 0)
-            elif comm.Get_size() > 1:
-                self._heard = functools.partial(self.diag.Iprobe, _ANY_SOURCE,
-                                                _faults.FAULT_TAG + self.tag_base)
-        # the agreement check of large calls: shared slots where the members share a machine,
-        # else a persistent reduction per call (_fingerprint)
-        self.fp_node = (_fp.NodeCheck.create(comm)
-                        if comm is not None and comm.Get_size() > 1 else None)
-        self.fp_pool = _fp.Pool(self.diag) if comm is not None and self.fp_node is None \
-            else None
-        self.fp_tok: Optional[tuple] = None  # the blocking checked call in progress (slots)
-        self.fp_async: dict = {}  # call number -> token of an async checked call not settled
         self.verdicts: dict = {}  # debug mode: (receiver, my p2p seq) -> receiver's verdict
-        self.opname = ""  # the collective being prepared (set by _begin)
+        self.opname = ""  # the collective being prepared (set by begin)
         # group rank == global rank: p2p peers need no translation
         self.identity = self.ranks == tuple(range(self.size_))
         if comm is not None:
-            _faults.track(self)  # its peers hear of it if this process exits mid-job
+            self._equip_health(comm)
+
+    def _equip_health(self, comm: MPI.Comm) -> None:
+        """Give the group's health what the members make together (collective: every member
+        runs it): the private communicators, the notice tags, the shared flag that says a
+        member broke the group, and the agreement check's slots or reductions."""
+        h = self.health
+        h.comm = comm
+        # arrival notices and debug verdicts on one, debug-mode p2p headers on the other, so
+        # neither can ever match the user's messages
+        h.diag = comm.Dup()
+        h.hdr = comm.Dup()
+        # The notice tags carry this group's incarnation, drawn by its rank 0. A notice that
+        # reaches a rank after it destroyed the group waits unmatched in MPI's queue, and
+        # MPICH gives a later communicator the same context id: without the incarnation, a
+        # later group read a dead group's "broken" notice as its own.
+        span = max(1, self.tag_ub // 4 - 1)
+        draw = secrets.randbelow(span) + 1 if comm.Get_rank() == 0 else None
+        h.tag_base = 4 * int(comm.bcast(draw, root=0))
+        # asked by every call on its way in (ProcessGroup.slow): has a member broken the
+        # group? A word of shared memory where the members share a machine, else a probe for
+        # a fault notice (partials: no Python frame)
+        h.fault_mm = _faults.shared_flag(comm)
+        if h.fault_mm is not None:
+            h.fault_word = memoryview(h.fault_mm).cast("q")
+            h.heard = functools.partial(operator.getitem, h.fault_word, 0)
+        elif comm.Get_size() > 1:
+            h.heard = functools.partial(h.diag.Iprobe, _ANY_SOURCE, _faults.FAULT_TAG + h.tag_base)
+        # the agreement check of large calls: shared slots where the members share a machine,
+        # else a persistent reduction per call (fingerprint)
+        h.fp_node = _fp.NodeCheck.create(comm) if comm.Get_size() > 1 else None
+        h.fp_pool = _fp.Pool(h.diag) if h.fp_node is None else None
+        _faults.track(h)  # its peers hear of it if this process exits mid-job
 
     # ------------------------------------------------------------------ plumbing
-    def _begin(self, opname: str) -> str:
+    def begin(self, opname: str) -> str:
         """Check membership; return the error prefix. The call is counted once checked."""
         if self.rank_ < 0:
             self.require_member(opname)
@@ -106,7 +105,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
             opname = f"{opname} [{COMM_NAME[0]}]"
         return f"rank {self.global_rank}: {opname} (#{self.seq + 1} on {self.name})"
 
-    def _begin_p2p(self, opname: str) -> str:
+    def begin_p2p(self, opname: str) -> str:
         self.require_member(opname)
         self.check_usable(opname)
         return self.where(opname, p2p=True)
@@ -121,7 +120,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
              finish: Optional[Callable[[], None]], async_op: bool, result: Any = None,
              keep: Any = None, check: Optional[tuple] = None,
              splits: Optional[tuple] = None) -> Optional[Work]:
-        """Start the counted collective (the last one ``_count`` recorded) and finish it.
+        """Start the counted collective (the last one ``count_call`` recorded) and finish it.
 
         Blocking calls too run as the non-blocking MPI operation plus a bounded wait: as fast
         as the blocking call for small messages on MPICH, and it can time out. ``check``:
@@ -132,6 +131,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         beside the data (shared slots: ``NodeCheck.post_splits``, else ``_fingerprint.Splits``;
         debug mode checks them before).
         """
+        h = self.health
         s = self.seq
         op = self.history[s & _MASK][1]
         try:
@@ -139,24 +139,24 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         except MPI.Exception as exc:
             raise self._mpi_error(where, exc) from exc
         self.sent += 1
-        if check is not None and not self.debug and check[0].nbytes >= self.check_bytes:
+        if check is not None and not self.debug and check[0].nbytes >= h.check_bytes:
             req = self._fp_check(req, s, op, check[0], check[1], check[2], keep)
-        elif splits is not None and not self.debug and self.check_bytes < OFF_BYTES:
-            node = self.fp_node
+        elif splits is not None and not self.debug and h.check_bytes < OFF_BYTES:
+            node = h.fp_node
             if node is not None and node.board >= 0:  # shared slots and a board
-                self.fp_tok = node.post_splits(s, op, *splits, keep)
+                h.fp_tok = node.post_splits(s, op, *splits, keep)
             else:
-                req = _fp.Splits(self, req, op, s, *splits, keep)
+                req = _fp.Splits(h, req, op, s, *splits, keep)
         if async_op:
             return Work(self._fp_async(req, s), finish, result, describe=lambda: where,
                         keep=keep, group=self, info=(op, s, "coll", None, None))
         try:
             if not req.Test():
-                _wait(self, req, op, s)
+                _wait(h, req, op, s)
         except MPI.Exception as exc:
             self._fp_failed(exc, op, s)
             raise self._mpi_error(where, exc) from exc
-        if self.fp_tok is not None:
+        if h.fp_tok is not None:
             self._fp_settle(op, s)
         if finish is not None:
             finish()
@@ -168,37 +168,40 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         this rank's fingerprint to the group's shared slots (compared once the data is done:
         ``fp_tok`` says which call awaits that), or, without slots, wrap ``req`` in a
         reduction check (``_fingerprint``)."""
-        node = self.fp_node
+        h = self.health
+        node = h.fp_node
         if node is None:
-            return _fp.Checked(self, req, op, s, arr, reduce, root, keep)
-        self.fp_tok = node.post(s, op, arr, reduce, root, keep)
+            return _fp.Checked(h, req, op, s, arr, reduce, root, keep)
+        h.fp_tok = node.post(s, op, arr, reduce, root, keep)
         return req
 
     def _fp_async(self, req: Any, s: int) -> Any:
         """Async call ``s``'s request, made to settle its fingerprint too (shared slots)."""
-        tok = self.fp_tok
+        h = self.health
+        tok = h.fp_tok
         if tok is None:
             return req
-        self.fp_tok = None
+        h.fp_tok = None
         if tok[0] != s:  # left by an earlier call that raised while it waited: not this one's
             return req
-        pending = self.fp_async
+        pending = h.fp_async
         if len(pending) >= _fp.RING:  # never waited for: past the ring, they cannot settle
             pending.pop(next(iter(pending)))
         pending[s] = tok
-        return _fp.NodeChecked(self, req, tok)
+        return _fp.NodeChecked(h, req, tok)
 
     def _fp_settle(self, op: str, s: int) -> None:
         """Blocking call ``s``'s data is done: compare the slots, waiting (bounded by the
         group's timeout) for members that have not posted theirs yet."""
-        tok = self.fp_tok
-        self.fp_tok = None  # (also when that wait raises)
+        h = self.health
+        tok = h.fp_tok
+        h.fp_tok = None  # (also when that wait raises)
         if tok[0] != s:  # left by an earlier call that raised while it waited: not this one's
             return
-        if not self.fp_node.settle(tok, self):
-            self.fp_tok = tok  # (for the slow tick's look at the slots: fault_in_wait)
-            _wait(self, _fp.Settling(self, tok), op, s)
-            self.fp_tok = None
+        if not h.fp_node.settle(tok, h):
+            h.fp_tok = tok  # (for the slow tick's look at the slots: fault_in_wait)
+            _wait(h, _fp.Settling(h, tok), op, s)
+            h.fp_tok = None
 
     def _fp_failed(self, exc: BaseException, op: str, s: int) -> None:
         """MPI failed collective ``s`` after it was posted: the members may be anywhere in it,
@@ -213,29 +216,19 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
     def _fp_explain(self, exc: BaseException, s: int) -> None:
         """MPI failed a checked call (MPICH: ``MPIDU_Sched_progress_state``...): where another
         member's fingerprint for it differs, raise that mismatch instead, which says why."""
-        tok = self.fp_tok
-        self.fp_tok = None
+        h = self.health
+        tok = h.fp_tok
+        h.fp_tok = None
         if tok is None or tok[0] != s:
             return
         deadline = time.monotonic() + 0.1  # a member may be about to post its fingerprint
         try:
-            while not self.fp_node.settle(tok, self) and time.monotonic() < deadline:
+            while not h.fp_node.settle(tok, h) and time.monotonic() < deadline:
                 time.sleep(1e-4)
         except CollectiveMismatchError as mismatch:
             raise mismatch from exc
 
-    def fault_in_wait(self, kind: str, seq: int, op: str, peer: Optional[int],
-                      since: float) -> Any:
-        tok = self.fp_tok
-        if tok is None or tok[0] != seq:
-            tok = self.fp_async.get(seq)
-        if tok is not None and kind == "coll" and tok[0] == seq:
-            # a mismatch MPI may never complete: raise it now, and before any notice of a peer
-            # that saw it first (which would say less: PeerFailedError)
-            self.fp_node.peek(tok, self)
-        return super().fault_in_wait(kind, seq, op, peer, since)
-
-    def _agree(self, where: str, sig: dict, error: Optional[BaseException]) -> None:
+    def agree(self, where: str, sig: dict, error: Optional[BaseException]) -> None:
         """Debug mode: check that every rank entered this call with matching arguments."""
         sig = dict(sig)
         sig["error"] = None if error is None else f"{type(error).__name__}: {error}"
@@ -285,10 +278,10 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
             prepared = prepare()
         except (TypeError, ValueError) as exc:
             error = exc
-        self._agree(where, sig, error)
+        self.agree(where, sig, error)
         return prepared
 
-    def _sig(self, opname: str, arr: Any = None, **extra: Any) -> dict:
+    def signature(self, opname: str, arr: Any = None, **extra: Any) -> dict:
         sig = {"op": opname, "seq": self.seq}
         if arr is not None and hasattr(arr, "dtype"):
             sig["dtype"] = str(arr.dtype)
@@ -306,9 +299,9 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         op = self.opname
         if not self.debug:
             prepared = prepare()
-            self._count(op, prepared[0])
+            self.count_call(op, prepared[0])
             return prepared
-        s = self._count(op)
+        s = self.count_call(op)
         try:
             sig = sig_fn()
         except Exception:  # arguments too broken to describe: prepare() will say why
@@ -339,10 +332,10 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
             except PeerFailedError:
                 # a broken parent still makes groups: the rendezvous and MPI's constructor
                 # use tags of their own, which the calls left posted on it cannot match
-                if self.broken is None:
+                if self.health.broken is None:
                     raise
             members = [self._global_to_group[r] for r in ranks]
-            W.rendezvous(self, members, ("new_group", tuple(ranks)),
+            W.rendezvous(self.health, members, ("new_group", tuple(ranks)),
                          self.timeout if timeout is None else timeout, f"new_group({ranks})")
             sub = self.comm.Get_group().Incl(members)
             comm = self.comm.Create_group(sub)
@@ -351,24 +344,24 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
                         self.world_size)
 
     def free(self) -> None:
-        if self.fp_pool is not None:
-            self.fp_pool.free()
-        if self.fp_node is not None:
-            self.fp_node.close()
-            self.fp_node = None
-        for attr in ("comm", "diag", "hdr"):
-            comm = getattr(self, attr, None)
+        h = self.health
+        if h.fp_pool is not None:
+            h.fp_pool.free()
+        if h.fp_node is not None:
+            h.fp_node.close()
+            h.fp_node = None
+        for comm in (self.comm, h.diag, h.hdr):
             if comm is not None and comm != MPI.COMM_NULL:
                 comm.Free()
-            setattr(self, attr, None)
-        self.notice_reqs = []
-        self._heard = None
-        word, self.fault_word = self.fault_word, None
+        self.comm = h.comm = h.diag = h.hdr = None
+        h.notice_reqs = []
+        h.heard = None
+        word, h.fault_word = h.fault_word, None
         if word is not None:
             word.release()
-            self.fault_mm.close()
-            self.fault_mm = None
-        _faults.forget(self)
+            h.fault_mm.close()
+            h.fault_mm = None
+        _faults.forget(h)
         self.identity = False  # no fast path either: every call meets require_member
         self._mark_destroyed()
 

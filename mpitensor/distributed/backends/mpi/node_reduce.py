@@ -129,17 +129,10 @@ class NodeReduce:
         if path is not None:
             name[:] = np.frombuffer(os.path.basename(path)[-32:].encode(), np.uint8)
         g.all_reduce(name, ReduceOp.MAX)
-        mm: Optional[mmap.mmap] = None
-        if name.any():
-            mm = _shm.attach(os.path.join(_shm.DIR, _PREFIX + name.tobytes().decode()), size)
-        try:
-            mapped = _all(g, mm is not None)
-        finally:
-            if path is not None:
-                _shm.remove(path)  # every rank has it mapped (or gave up): the name can go
-        if not mapped:
-            if mm is not None:
-                mm.close()
+        theirs = (os.path.join(_shm.DIR, _PREFIX + name.tobytes().decode()) if name.any()
+                  else None)
+        mm = _shm.map_everywhere(theirs, size, path, lambda mapped: _all(g, mapped))
+        if mm is None:
             return None
         return cls(g, mm, buffers)
 

@@ -28,7 +28,7 @@ class ObjectCollectives:
 
     def _obj_wait(self, req: Any, op: str, status: Any = None) -> None:
         if not req.Test(status):
-            _wait(self, req, op, self.seq, "coll", status)
+            _wait(self.health, req, op, self.seq, "coll", status)
 
     def bcast_obj(self, obj: Any, root: int, op: str = "broadcast_object_list") -> Any:
         n = np.zeros(1, np.int64)
@@ -93,17 +93,18 @@ class ObjectCollectives:
         data = _pickled(obj)
         req = self.comm.Isend([data, _BYTE], peer, tag)
         if not req.Test():
-            _wait(self, req, op, s, "p2p", None, None, peer, tag)
+            _wait(self.health, req, op, s, "p2p", None, None, peer, tag)
 
     def recv_obj(self, peer: int, tag: int, op: str = "recv_object") -> "tuple[Any, int]":
+        h = self.health
         s = self.p2p_seq = self.p2p_seq + 1
         status = MPI.Status()
         probe = _ProbeRequest(self.comm, peer, tag)
-        _wait(self, probe, op, s, "p2p", status, None, None if peer == _ANY_SOURCE else peer, tag)
+        _wait(h, probe, op, s, "p2p", status, None, None if peer == _ANY_SOURCE else peer, tag)
         buf = np.empty(status.Get_count(_BYTE), np.uint8)
         req = probe.message.Irecv([buf, _BYTE])
         if not req.Test():
-            _wait(self, req, op, s, "p2p", None, None, status.Get_source(), tag)
+            _wait(h, req, op, s, "p2p", None, None, status.Get_source(), tag)
         return pickle.loads(buf), self.ranks[status.Get_source()]
 
 

@@ -38,7 +38,7 @@ _DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
 class PointToPoint:
     """The point-to-point operations of :class:`MPIGroup` (a mixin: ``self`` is the group)."""
 
-    def _tag(self, tag: Any, where: str) -> int:
+    def check_tag(self, tag: Any, where: str) -> int:
         if isinstance(tag, bool) or not hasattr(tag, "__index__"):
             raise TypeError(f"{where}: tag must be an int, got {tag!r}")
         tag = tag.__index__()
@@ -47,7 +47,7 @@ class PointToPoint:
                              f"{self.tag_ub}")
         return tag
 
-    def _peer(self, peer: Optional[int], group_peer: Optional[int], what: str, where: str,
+    def peer_rank(self, peer: Optional[int], group_peer: Optional[int], what: str, where: str,
               allow_any: bool = False) -> int:
         r = self.resolve_peer(peer, group_peer, what, where, allow_none=allow_any)
         if r is None:
@@ -88,7 +88,7 @@ class PointToPoint:
                 return Work(req, None, [tensor], keep=arr, describe=self._describe_p2p("isend"),
                             group=self, info=("isend", s, "p2p", dst, tag))
             if not req.Test():
-                _wait(self, req, "send", s, "p2p", None, None, dst, tag)
+                _wait(self.health, req, "send", s, "p2p", None, None, dst, tag)
             return None
         return self._send(tensor, dst, tag, group_dst, async_op)
 
@@ -99,9 +99,9 @@ class PointToPoint:
     def _send(self, tensor: Any, dst: Optional[int], tag: int, group_dst: Optional[int],
               async_op: bool) -> Optional[Work]:
         op = "isend" if async_op else "send"
-        where = self._begin_p2p(op)
-        peer = self._peer(dst, group_dst, "dst", where)
-        tag = self._tag(tag, where)
+        where = self.begin_p2p(op)
+        peer = self.peer_rank(dst, group_dst, "dst", where)
+        tag = self.check_tag(tag, where)
         arr = B.unwrap(tensor, "tensor", where)
         B.check_dtype(arr, "tensor", where)
         spec = [B.stage_in(arr), _BYTE]  # as bytes: see _p2p_fast
@@ -109,7 +109,7 @@ class PointToPoint:
         header = hreq = None
         if self.debug:
             header = _header(arr, s)
-            hreq = self.hdr.Isend([header, _I64], peer, tag)
+            hreq = self.health.hdr.Isend([header, _I64], peer, tag)
         try:
             req = self.comm.Isend(spec, peer, tag)
         except MPI.Exception as exc:
@@ -122,7 +122,7 @@ class PointToPoint:
             return work
         try:
             if not req.Test():
-                _wait(self, req, op, s, "p2p", None, None, peer, tag)
+                _wait(self.health, req, op, s, "p2p", None, None, peer, tag)
         except MPI.Exception as exc:
             raise self._mpi_error(where, exc) from exc
         if hreq is not None:
@@ -132,8 +132,9 @@ class PointToPoint:
     def _await_verdict(self, hreq: Any, peer: int, s: int, where: str,
                        timeout: Optional[float]) -> None:
         """Debug mode: wait until the receiver has checked this message's header."""
-        _wait(self, hreq, "send (debug header)", s, "p2p", None, timeout, peer)
-        _wait(self, _VerdictRequest(self, peer, s), "send (waiting for the receiver's check)",
+        h = self.health
+        _wait(h, hreq, "send (debug header)", s, "p2p", None, timeout, peer)
+        _wait(h, _VerdictRequest(self, peer, s), "send (waiting for the receiver's check)",
               s, "p2p", None, timeout, peer)
         problem = self.verdicts.pop((peer, s))
         if problem is not None:
@@ -151,7 +152,7 @@ class PointToPoint:
                 try:
                     req = self.comm.Irecv([arr, mt], src, tag)
                     if not req.Test(status):
-                        _wait(self, req, "recv", s, "p2p", status, None, src, tag, True)
+                        _wait(self.health, req, "recv", s, "p2p", status, None, src, tag, True)
                 except MPI.Exception as exc:
                     where = f"rank {self.global_rank}: recv (p2p #{s} on {self.name})"
                     raise self._recv_error(where, status, arr.nbytes, B.describe(arr),
@@ -165,9 +166,9 @@ class PointToPoint:
     def _recv(self, tensor: Any, src: Optional[int], tag: int, group_src: Optional[int],
               async_op: bool) -> Any:
         op = "irecv" if async_op else "recv"
-        where = self._begin_p2p(op)
-        peer = self._peer(src, group_src, "src", where, allow_any=True)
-        tag = self._tag(tag, where)
+        where = self.begin_p2p(op)
+        peer = self.peer_rank(src, group_src, "src", where, allow_any=True)
+        tag = self.check_tag(tag, where)
         arr = B.unwrap(tensor, "tensor", where)
         B.check_dtype(arr, "tensor", where)
         B.check_writable(arr, "tensor", where)
@@ -194,7 +195,7 @@ class PointToPoint:
             return work
         try:
             if not req.Test(status):
-                _wait(self, req, op, s, "p2p", status, None, info[3], tag, True)
+                _wait(self.health, req, op, s, "p2p", status, None, info[3], tag, True)
         except MPI.Exception as exc:
             raise translate(exc) from exc
         if debug:
@@ -269,9 +270,10 @@ class _VerdictRequest:
         if self.key in g.verdicts:
             return True
         st = MPI.Status()
-        tag = W.VERDICT_TAG + g.tag_base
-        while g.diag.Iprobe(self.peer, tag, st):
-            seq, problem = g.diag.recv(None, self.peer, tag)
+        diag = g.health.diag
+        tag = W.VERDICT_TAG + g.health.tag_base
+        while diag.Iprobe(self.peer, tag, st):
+            seq, problem = diag.recv(None, self.peer, tag)
             g.verdicts[(self.peer, seq)] = problem
         return self.key in g.verdicts
 
@@ -320,11 +322,12 @@ class _ReceiveCheck:
         g, tag = self.g, self.tag
         source = self.status.Get_source()
         hdr = np.zeros(_HDR_LEN, np.int64)
-        hreq = g.hdr.Irecv([hdr, _I64], source, tag)
-        _wait(g, hreq, f"{self.op} (debug header)", self.seq, "p2p", None, None, source, tag)
+        h = g.health
+        hreq = h.hdr.Irecv([hdr, _I64], source, tag)
+        _wait(h, hreq, f"{self.op} (debug header)", self.seq, "p2p", None, None, source, tag)
         problem = self._header_problem(hdr)
-        g.notice_reqs.append(g.diag.isend((int(hdr[1]), problem), source,
-                                          W.VERDICT_TAG + g.tag_base))
+        h.notice_reqs.append(h.diag.isend((int(hdr[1]), problem), source,
+                                      W.VERDICT_TAG + h.tag_base))
         if problem is None and exc is None:
             return None
         who = f"rank {g.ranks[source]} (tag {tag})"

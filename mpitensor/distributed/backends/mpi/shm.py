@@ -12,7 +12,7 @@ import mmap
 import os
 import platform
 import uuid
-from typing import Optional
+from typing import Any, Callable, Optional
 
 DIR = "/dev/shm"
 
@@ -60,3 +60,35 @@ def remove(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def map_everywhere(path: Optional[str], nbytes: int, made: Optional[str],
+                   everyone: Callable[[bool], bool]) -> Optional[mmap.mmap]:
+    """Map the segment at ``path`` on this member (None: it has no name to map) and learn from
+    ``everyone(mapped)`` (a collective of the caller's) whether every member mapped it; then
+    unlink ``made``, the name this member created, if any (every member has mapped it or given
+    up). The mapping where every member has one, else None on every member."""
+    mm = attach(path, nbytes) if path is not None else None
+    try:
+        ok = everyone(mm is not None)
+    finally:
+        if made is not None:
+            remove(made)
+    if not ok:
+        if mm is not None:
+            mm.close()
+        return None
+    return mm
+
+
+def shared(comm: Any, prefix: str, nbytes: int) -> Optional[mmap.mmap]:
+    """Collective over the mpi4py communicator ``comm``: a segment of ``nbytes`` that every
+    member maps, made by its rank 0 and passed on by name; None on every member where they do
+    not share a machine (or there is no /dev/shm, or the CPU is not x86-64)."""
+    from mpi4py import MPI  # imported where used: importing mpitensor must not start MPI
+
+    ok = usable()
+    made = create(prefix, nbytes) if comm.Get_rank() == 0 and ok else None
+    path = comm.bcast(made, root=0)
+    return map_everywhere(path if ok else None, nbytes, made,
+                          lambda mapped: bool(comm.allreduce(int(mapped), op=MPI.MIN)))

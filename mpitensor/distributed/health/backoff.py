@@ -1,0 +1,64 @@
+"""Pauses between polls of a request: yield the core first, then sleep a growing while.
+
+Every wait in ``health/`` (and the RPC agent's) polls with :class:`Backoff`; the watchdog adds
+deadlines, notices and reports on top (``watchdog.py``), the fault notices their own short
+waits (``faults.py``). See ``watchdog.py``'s docstring for why each phase is as long as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+_YIELD_S = 2e-3  # after the spin, poll with sched_yield until the wait is this old
+_SLEEP_FRACTION = 0.02  # then sleep this fraction of the time waited so far,
+_SLEEP_MAX_S = 1e-3  # up to this long between tests
+_BUSY_TEST_S = 1e-5  # a Test call this slow moved data (an idle one takes ~1.5 µs here) ...
+_BUSY_WINDOW_S = 2e-4  # ... and earns this much yielding (not sleeping) after it
+_perf = time.perf_counter
+_sleep = time.sleep
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+class Backoff:
+    """Pauses between polls of a request that is not complete: yield first, then sleep.
+
+    ``pause(now, test_took)`` is called after each failed ``Test``; ``test_took`` is how long
+    that call ran. The pause is ``sched_yield`` for the first :data:`_YIELD_S` of the wait,
+    then a sleep of :data:`_SLEEP_FRACTION` of the time waited so far, capped at
+    :data:`_SLEEP_MAX_S`: a wait that turns out long costs at most a few per cent more than it
+    would have, and almost no CPU. A long ``Test`` call means MPI moved data through this
+    rank: the transfer is alive and depends on this rank polling again soon, so it earns
+    :data:`_BUSY_WINDOW_S` of yielding without resetting the sleep ramp (a lone slow call, a
+    virtual machine's hiccup, costs a fraction of a millisecond, not a new ramp).
+    """
+
+    __slots__ = ("t0", "yield_until")
+
+    def __init__(self, t0: float, passive: bool = False) -> None:
+        self.t0 = t0
+        # a passive request (shared-memory arrivals) moves without polling: sleep at once
+        self.yield_until = t0 if passive else t0 + _YIELD_S
+
+    def pause(self, now: float, test_took: float) -> None:
+        if test_took > _BUSY_TEST_S:
+            self.yield_until = max(self.yield_until, now + _BUSY_WINDOW_S)
+        if now < self.yield_until:
+            _yield()
+        else:
+            _sleep(min(_SLEEP_MAX_S, (now - self.t0) * _SLEEP_FRACTION))
+
+
+def poll(req: Any, status: Any, deadline: float) -> bool:
+    """Poll ``req`` with :class:`Backoff` until it completes (True) or ``deadline`` (False)."""
+    t0 = _perf()
+    backoff = Backoff(t0)
+    while True:
+        before = _perf()
+        if req.Test(status):
+            return True
+        now = _perf()
+        if now >= deadline:
+            return False
+        backoff.pause(now, now - before)
