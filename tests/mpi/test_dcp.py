@@ -300,3 +300,19 @@ def test_a_rank_that_fails_to_write_fails_the_save_everywhere(shared_dir: str) -
     dcp.load({"w": back}, checkpoint_id=ck)
     start, n = _chunk(2, dist.get_world_size(), dist.get_rank())
     assert back.tensor.numpy().tobytes() == full[:, start:start + n].tobytes()
+
+
+def test_empty_trailing_shards_write_nothing(shared_dir: str) -> None:
+    """Two rows over 3 or 4 ranks: the trailing ranks hold empty shards, saved and loaded."""
+    size = dist.get_world_size()
+    full = _full((2, 3), 5.0)
+    ck = os.path.join(shared_dir, "ck")
+    meta = dcp.save({"w": _rows(full), "e": mt.zeros(0, 4)}, checkpoint_id=ck)
+    assert [c.sizes for c in meta.state_dict_metadata["w"].chunks] == \
+        [(_chunk(2, size, r)[1], 3) for r in range(size) if _chunk(2, size, r)[1]]
+    assert meta.state_dict_metadata["e"].chunks == [dcp.ChunkStorageMetadata((0, 0), (0, 4))]
+    back = _rows(np.zeros((2, 3), np.float32))
+    empty = mt.ones(0, 4)
+    dcp.load({"w": back, "e": empty}, checkpoint_id=ck)
+    start, n = _chunk(2, size, dist.get_rank())
+    assert back.tensor.numpy().tobytes() == full[start:start + n].tobytes()

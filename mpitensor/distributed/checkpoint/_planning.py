@@ -226,11 +226,16 @@ def check_plans(plans: Sequence[Sequence[PlanItem]]) -> List[str]:
 
 
 def unique_chunks(plans: Sequence[Sequence[PlanItem]]) -> Dict[Tuple[str, Box], List[int]]:
-    """Every distinct (entry, box) of the plans and the ranks holding it, in rank order."""
+    """Every distinct (entry, box) of the plans and the ranks holding it, in rank order.
+
+    Empty boxes (a trailing rank's share of an uneven split) hold nothing to write; they are
+    left out unless the whole tensor is empty, which then keeps one chunk, as torch's does.
+    """
     holders: Dict[Tuple[str, Box], List[int]] = {}
     for rank, plan in enumerate(plans):
         for item in plan:
-            if item.tensor and item.box is None:
+            if item.tensor and (item.box is None or (
+                    not volume(item.box[1]) and volume(item.shape))):
                 continue
             holders.setdefault((item.fqn, item.box), []).append(rank)
     return holders
