@@ -9,25 +9,19 @@ Example:
 
 from __future__ import annotations
 
-from . import (
-           attention,
-           common_types,
-           functional,
-           grad,
-           init,
-           modules,  # noqa: F401 - torch.nn.modules' paths
-           parallel,
-           utils,
-)
-from .modules import *  # noqa: F403 - every layer class, as torch.nn has them
+from . import attention, common_types, functional, grad, init, modules, parallel, utils
 from .modules import _PATHS as _families
-from .modules import __all__ as _layer_names
+from .modules import __all__ as _modules_names
 from .modules._factory import factory_kwargs
 from .modules.module import Module, RemovableHandle
 from .parallel import DataParallel
 from .parameter import Buffer, Parameter, UninitializedBuffer, UninitializedParameter
 
+#: every layer class, as torch.nn has them (not nn.modules' submodules, nor its utils)
+_layer_names = [n for n in _modules_names if n not in _families and n not in ("utils", "Module")]
+globals().update({n: getattr(modules, n) for n in _layer_names})
+
 __all__ = ["Module", "Parameter", "RemovableHandle", "functional", "init", "parallel", "utils",
            "attention", "common_types", "grad", "factory_kwargs",
            "DataParallel", "Buffer", "UninitializedParameter", "UninitializedBuffer",
-           *(n for n in _layer_names if n not in _families and n not in ("utils", "Module"))]
+           *_layer_names]
