@@ -75,6 +75,9 @@ def test_guard_names_the_operation_and_placements(mesh):
         np.asarray(d)
     with pytest.raises(ShardingError, match="item"):
         dt(mesh, [1.0]).item()
+    lin = mt.nn.Linear(2, 3)
+    with pytest.raises(ShardingError, match=r"nn\.functional\.linear on a DTensor"):
+        lin(d)  # named by the op inside the module, not by Module.__call__
 
 
 def test_mixing_plain_tensors_is_refused(mesh):

@@ -70,17 +70,30 @@ def allow_local_access(module_name: str) -> None:
 _PLUMBING = ("mpitensor.distributed.tensor", "mpitensor._core.numpy_names")
 
 
+def _names_an_op(code_name: str) -> bool:
+    """Whether a function name says what the user called (not a helper, a module's
+    ``__call__``/``forward`` or a comprehension); operators (``__matmul__``) do."""
+    if code_name in ("forward", "__call__") or "<" in code_name:
+        return False
+    return not code_name.startswith("_") or (code_name.startswith("__")
+                                             and code_name.endswith("__"))
+
+
 def _op_name(frame: Any) -> str:
-    """The outermost mpitensor function on the stack: the operation the user called."""
-    name = None
+    """The outermost mpitensor function on the stack that names an operation: what the user
+    called (``F.linear`` inside a module's forward, ``sum`` behind a keyword wrapper)."""
+    name = fallback = None
     while frame is not None:
         mod = frame.f_globals.get("__name__", "")
         if mod != "mpitensor" and not mod.startswith("mpitensor."):
             break
         if not mod.startswith(_PLUMBING):
-            name = f"{mod}.{frame.f_code.co_name}"
+            here = f"{mod}.{frame.f_code.co_name}"
+            fallback = fallback or here
+            if _names_an_op(frame.f_code.co_name):
+                name = here
         frame = frame.f_back
-    return name or "an operation"
+    return name or fallback or "an operation"
 
 
 def _refuse(frame: Any, t: Any) -> ShardingError:
