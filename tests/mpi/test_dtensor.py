@@ -155,6 +155,18 @@ def test_every_redistribution_forward_and_backward(shape):
                                        rtol=RTOL, atol=1e-12, err_msg=f"{src} -> {dst}")
 
 
+def test_replicate_to_partial_terms_are_torchs():
+    # torch's terms: sum divides the value by the mesh dim's size, avg and max keep it
+    arr = full((3, 2), 27)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    x = distribute_tensor(mt.tensor(arr), mesh, [Replicate()])
+    k = mesh.size()
+    for op, local in (("sum", arr / k), ("avg", arr), ("max", arr)):
+        p = x.redistribute(mesh, [Partial(op)])
+        np.testing.assert_allclose(p.to_local().numpy(), local, rtol=1e-15)
+        check(p, arr)
+
+
 def test_partial_max_and_min_reduce():
     arr = full((4, 3), 5)
     for mesh in meshes():
