@@ -316,3 +316,11 @@ def test_empty_trailing_shards_write_nothing(shared_dir: str) -> None:
     dcp.load({"w": back, "e": empty}, checkpoint_id=ck)
     start, n = _chunk(2, size, dist.get_rank())
     assert back.tensor.numpy().tobytes() == full[start:start + n].tobytes()
+
+
+def test_a_rank_with_nothing_to_write_leaves_no_file(shared_dir: str) -> None:
+    size = dist.get_world_size()
+    meta = dcp.save({"one": mt.ones(3)}, checkpoint_id=os.path.join(shared_dir, "ck"))
+    writer = meta.storage_data[dcp.MetadataIndex("one", (0,))].relative_path
+    assert sorted(os.listdir(os.path.join(shared_dir, "ck"))) == [".metadata", writer]
+    assert writer in {f"__{r}_0.distcp" for r in range(size)}

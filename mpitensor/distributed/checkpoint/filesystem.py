@@ -212,6 +212,8 @@ class FileSystemWriter:
         """Write this rank's records into ``staging``; return where each one lies."""
         name = f"__{rank}_0.distcp"
         where: Dict[md.MetadataIndex, md.StorageInfo] = {}
+        if not items:
+            return where  # a rank with nothing to write leaves no empty file
         with open(os.path.join(staging, name), "wb") as fh:
             for index, obj in items:
                 start, length = self.write_item(fh, index.fqn, obj)
