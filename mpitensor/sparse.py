@@ -22,8 +22,8 @@ from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._core.dims import wrap_dim
 from mpitensor._core.opkit import wrap
-from mpitensor._ops.sparse.coo import SparseTensor, _Gather, _is_sparse, _ScatterAdd, _sparse_sum
-from mpitensor._ops.sparse.products import _mm
+from mpitensor._ops.sparse.coo import Gather, ScatterAdd, SparseTensor, is_sparse_tensor, sparse_sum
+from mpitensor._ops.sparse.products import sparse_mm
 from mpitensor.tensor import Tensor
 
 __all__ = ["addmm", "check_sparse_tensor_invariants", "log_softmax", "mm", "softmax", "sum"]
@@ -40,15 +40,15 @@ def mm(mat1: Any, mat2: Any, reduce: str = "sum") -> Any:
     if reduce != "sum":
         raise NotImplementedError(f"sparse.mm(): reduce={reduce!r} is not supported (only "
                                   f"'sum')")
-    if not _is_sparse(mat1):
+    if not is_sparse_tensor(mat1):
         return mat1 @ mat2
-    return _mm(mat1, mat2, "sparse.mm", strict=False)
+    return sparse_mm(mat1, mat2, "sparse.mm", strict=False)
 
 
 def addmm(mat: Tensor, mat1: Any, mat2: Any, *, beta: Any = 1.0, alpha: Any = 1.0) -> Tensor:
     """Return ``beta * mat + alpha * (mat1 @ mat2)`` for a dense ``mat``, a sparse ``mat1`` and
     a dense ``mat2`` (gradients as :func:`mm`)."""
-    if _is_sparse(mat):
+    if is_sparse_tensor(mat):
         raise TypeError("sparse.addmm(): mat must be a dense tensor")
     prod = mm(mat1, mat2)
     prod = prod if alpha == 1 else prod * alpha
@@ -58,9 +58,9 @@ def addmm(mat: Tensor, mat1: Any, mat2: Any, *, beta: Any = 1.0, alpha: Any = 1.
 def sum(input: SparseTensor, dim: Any = None, dtype: Any = None) -> Tensor:  # noqa: A001,A002
     """Sum a sparse tensor: over everything (a dense 0-d tensor), or over ``dim`` (a sparse
     result while a sparse dimension is left, else dense)."""
-    if not _is_sparse(input):
+    if not is_sparse_tensor(input):
         raise TypeError("sparse.sum(): input must be a sparse COO tensor")
-    return _sparse_sum(input, dim, dtype)
+    return sparse_sum(input, dim, dtype)
 
 
 def _max_at(out: Any, index: Any, src: Any) -> None:
@@ -74,7 +74,7 @@ def _max_at(out: Any, index: Any, src: Any) -> None:
 
 def _softmax(input: SparseTensor, dim: int, dtype: Any, log: bool) -> SparseTensor:
     what = "sparse.log_softmax()" if log else "sparse.softmax()"
-    if not _is_sparse(input):
+    if not is_sparse_tensor(input):
         raise TypeError(f"{what}: input must be a sparse COO tensor")
     s = input._co()
     if dtype is not None:
@@ -105,7 +105,7 @@ def _softmax(input: SparseTensor, dim: int, dtype: Any, log: bool) -> SparseTens
     _max_at(top, grp, vals._data)
     shifted = vals - wrap(top[grp])
     e = shifted.exp()
-    total = _Gather.apply(_ScatterAdd.apply(e, (grp,), (n, *dense)), (grp,))
+    total = Gather.apply(ScatterAdd.apply(e, (grp,), (n, *dense)), (grp,))
     return s._with_values(shifted - total.log() if log else e / total)
 
 

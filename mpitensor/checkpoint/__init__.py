@@ -67,21 +67,21 @@ from mpitensor.checkpoint import safe_globals as _safe_globals
 from mpitensor.checkpoint import torch_format as _tf
 from mpitensor.checkpoint import torch_write as _tw
 from mpitensor.checkpoint._files import (
-    _SNIFF,
-    _STREAM_CHUNK,
+    SNIFF,
+    STREAM_CHUNK,
+    BadFile,
     CheckpointError,
     PathOrFile,
-    _Bad,
-    _name,
-    _read_rest,
-    _write_to,
+    file_name,
+    read_rest,
+    write_to,
 )
-from mpitensor.checkpoint._placement import _placement, _Reraise, _to_gpu
+from mpitensor.checkpoint._placement import Reraise, placement, to_gpu
 from mpitensor.checkpoint.safetensors import (
-    _is_safetensors,
-    _read_safetensors,
-    _safetensors_bytes,
+    is_safetensors,
     load_safetensors,
+    read_safetensors,
+    safetensors_bytes,
     save_safetensors,
 )
 from mpitensor.nn.parameter import Parameter
@@ -312,12 +312,12 @@ def save(obj: Any, f: PathOrFile, *, allow_pickle: Optional[bool] = None,
         if allow_pickle:
             raise ValueError("allow_pickle does not apply to safetensors, which hold only "
                              "arrays")
-        data = _safetensors_bytes(obj, None)
+        data = safetensors_bytes(obj, None)
 
         def write(fh: BinaryIO) -> None:
             fh.write(data)
 
-    _write_to(f, write)
+    write_to(f, write)
 
 
 # -------------------------------------------------------------------------------------- decoding
@@ -326,7 +326,7 @@ def _read_exact(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int) -
     if data is None or len(data) != n:
         got = 0 if data is None else len(data)
         total = f"{size} bytes" if size is not None else f"{at + got} bytes"
-        raise _Bad(f"truncated: the {what} needs {n} bytes at offset {at} but the file ends "
+        raise BadFile(f"truncated: the {what} needs {n} bytes at offset {at} but the file ends "
                    f"after {total}")
     return data
 
@@ -342,26 +342,26 @@ def _read_into(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int,
     a stream that goes on past the budget is refused when it passes it).
     """
     budget = _tf.Budget() if budget is None else budget
-    if size is None and n > _STREAM_CHUNK:
+    if size is None and n > STREAM_CHUNK:
         parts, got = [], 0
         while got < n:
             if budget.limit is not None and budget.used + got > budget.limit:
                 budget.need(got, f"the {what}, {n} bytes long by its header")
-            chunk = fh.read(min(_STREAM_CHUNK, n - got))
+            chunk = fh.read(min(STREAM_CHUNK, n - got))
             if not chunk:
-                raise _Bad(f"truncated: the {what} needs {n} bytes at offset {at} but the "
+                raise BadFile(f"truncated: the {what} needs {n} bytes at offset {at} but the "
                            f"stream ends after {at + got} bytes")
             parts.append(chunk)
             got += len(chunk)
         budget.need(n, f"the {what}")
-        out = _tf.aligned_empty(n, f"the {what}", _Bad)
+        out = _tf.aligned_empty(n, f"the {what}", BadFile)
         pos = 0
         for chunk in parts:
             out[pos:pos + len(chunk)] = np.frombuffer(chunk, np.uint8)
             pos += len(chunk)
         return out
     budget.need(n, f"the {what}")
-    out = _tf.aligned_empty(n, f"the {what}", _Bad)
+    out = _tf.aligned_empty(n, f"the {what}", BadFile)
     view = memoryview(out)
     got = 0
     readinto = getattr(fh, "readinto", None)
@@ -374,7 +374,7 @@ def _read_into(fh: BinaryIO, n: int, what: str, size: Optional[int], at: int,
             view[got:got + k] = chunk if k else b""
         if not k:
             total = f"{size} bytes" if size is not None else f"{at + got} bytes"
-            raise _Bad(f"truncated: the {what} needs {n} bytes at offset {at} but the file ends "
+            raise BadFile(f"truncated: the {what} needs {n} bytes at offset {at} but the file ends "
                        f"after {total}")
         got += k
     return out
@@ -393,51 +393,51 @@ def _parse(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.Pla
            head: bytes = b"", budget: Optional[_tf.Budget] = None) -> Any:
     prefix = head + (fh.read(_PREFIX.size - len(head)) or b"")
     if not prefix:
-        raise _Bad("the file is empty")
+        raise BadFile("the file is empty")
     if len(prefix) < 8 or prefix[:8] != MAGIC:
         if len(prefix) < 8 and MAGIC.startswith(prefix):
-            raise _Bad(f"truncated: the file is only {len(prefix)} bytes long")
-        raise _Bad(f"not an mpitensor checkpoint: it starts with {prefix[:8]!r}, not "
+            raise BadFile(f"truncated: the file is only {len(prefix)} bytes long")
+        raise BadFile(f"not an mpitensor checkpoint: it starts with {prefix[:8]!r}, not "
                    f"{MAGIC!r}{_sniff(prefix)}")
     if len(prefix) < _PREFIX.size:
-        raise _Bad(f"truncated: the file is only {len(prefix)} bytes long, shorter than the "
+        raise BadFile(f"truncated: the file is only {len(prefix)} bytes long, shorter than the "
                    f"{_PREFIX.size}-byte fixed header")
     _, version, flags, hlen, plen, hsha = _PREFIX.unpack(prefix)
     if version != VERSION:
-        raise _Bad(f"format version {version} is not supported (this mpitensor reads version "
+        raise BadFile(f"format version {version} is not supported (this mpitensor reads version "
                    f"{VERSION}); {'upgrade mpitensor' if version > VERSION else 'bad header'}")
     if hlen > _MAX_HEADER or (size is not None and _PREFIX.size + hlen > size):
-        raise _Bad(f"truncated or corrupt: the header claims {hlen} bytes but the file has "
+        raise BadFile(f"truncated or corrupt: the header claims {hlen} bytes but the file has "
                    f"{size} bytes")
     hbytes = _read_exact(fh, hlen, "header", size, _PREFIX.size)
     if hashlib.sha256(hbytes).digest() != hsha:
-        raise _Bad("corrupt: the header's SHA-256 checksum does not match")
+        raise BadFile("corrupt: the header's SHA-256 checksum does not match")
     try:
         header = json.loads(hbytes.decode("utf-8"))
         arrays_meta = header["arrays"]
         tree = header["tree"]
         payload_sha = header["payload_sha256"]
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise _Bad(f"malformed header ({type(exc).__name__}: {exc})") from None
+        raise BadFile(f"malformed header ({type(exc).__name__}: {exc})") from None
     pad = _pad(_PREFIX.size + hlen)
     _read_exact(fh, pad, "header padding", size, _PREFIX.size + hlen)
     start = _PREFIX.size + hlen + pad
     if size is not None and start + plen != size:
         if start + plen > size:
-            raise _Bad(f"truncated: the payload needs {plen} bytes after offset {start} but the "
+            raise BadFile(f"truncated: the payload needs {plen} bytes after offset {start} but the "
                        f"file has {size} bytes")
-        raise _Bad(f"corrupt: {size - start - plen} unexpected bytes after the payload")
+        raise BadFile(f"corrupt: {size - start - plen} unexpected bytes after the payload")
     payload = _read_into(fh, plen, "payload", size, start, budget)
     if hashlib.sha256(payload).hexdigest() != payload_sha:
-        raise _Bad("corrupt: the payload's SHA-256 checksum does not match (the file was "
+        raise BadFile("corrupt: the payload's SHA-256 checksum does not match (the file was "
                    "modified or damaged after it was written)")
     try:
         dec = _Decoder(payload, arrays_meta, weights_only, place)
         return dec.decode(tree)
-    except _Bad:
+    except BadFile:
         raise
     except (KeyError, TypeError, ValueError, IndexError, OverflowError, RecursionError) as exc:
-        raise _Bad(f"malformed header ({type(exc).__name__}: {exc})") from None
+        raise BadFile(f"malformed header ({type(exc).__name__}: {exc})") from None
 
 
 class _Decoder:
@@ -453,12 +453,12 @@ class _Decoder:
         m = self.meta[i]
         dt = np.dtype(m["dtype"])
         if not _storable(dt):
-            raise _Bad(f"array {i} has dtype {m['dtype']!r}, which the safe format never stores")
+            raise BadFile(f"array {i} has dtype {m['dtype']!r}, which the safe format never stores")
         shape = tuple(int(s) for s in m["shape"])
         off, nbytes = int(m["offset"]), int(m["nbytes"])
         if any(s < 0 for s in shape) or int(np.prod(shape)) * dt.itemsize != nbytes \
                 or off < 0 or off + nbytes > self.payload.size:
-            raise _Bad(f"array {i} (dtype {dt}, shape {shape}) does not fit the payload")
+            raise BadFile(f"array {i} (dtype {dt}, shape {shape}) does not fit the payload")
         return self.payload[off:off + nbytes].view(dt).reshape(shape)
 
     def array(self, i: int, kind: str) -> Any:
@@ -472,7 +472,7 @@ class _Decoder:
             if _backend.is_cupy_array(placed) and not arr.dtype.isnative:
                 # CuPy has no byte-swapped dtypes: convert on the host, then copy over
                 native = arr.astype(arr.dtype.newbyteorder("="))
-                placed = _to_gpu(native.reshape(-1).view(np.uint8),
+                placed = to_gpu(native.reshape(-1).view(np.uint8),
                                  str(_backend.device_of(placed)))
                 arr = native
             arr = placed.view(arr.dtype).reshape(arr.shape)
@@ -529,7 +529,7 @@ class _Decoder:
             if self.weights_only:
                 return _AllowListUnpickler(data).load()
             return pickle.loads(data.getvalue())
-        raise _Bad(f"unknown node kind {k!r} in the header")
+        raise BadFile(f"unknown node kind {k!r} in the header")
 
 
 class _AllowListUnpickler(pickle.Unpickler):
@@ -545,7 +545,7 @@ class _AllowListUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         found = self._PLAIN.get((module, name)) or _safe_globals.lookup(module, name)
         if found is None:
-            raise _Bad(
+            raise BadFile(
                 f"it contains a pickled {module}.{name}, which weights_only=True refuses "
                 f"(nothing was called). If you trust the file's source, pass "
                 f"weights_only=False, or allow just this global with mpitensor.serialization."
@@ -609,9 +609,9 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True, *,
         >>> load(b)
         [array([0, 1, 2])]
     """
-    place = _placement(map_location)
+    place = placement(map_location)
     budget = _budget(max_bytes)
-    name = _name(f)
+    name = file_name(f)
     if isinstance(f, (str, bytes, os.PathLike)):
         with open(os.fspath(f), "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -675,15 +675,15 @@ def _load_from(fh: BinaryIO, size: Optional[int], name: str, weights_only: bool,
     budget = _tf.Budget() if budget is None else budget
     try:
         return _dispatch(fh, size, weights_only, place, at_start, budget)
-    except (_Bad, _tf.FormatError) as exc:
+    except (BadFile, _tf.FormatError) as exc:
         raise CheckpointError(f"cannot load checkpoint {name}: {exc}") from None
-    except _Reraise as exc:
+    except Reraise as exc:
         raise exc.original from None
 
 
 def _dispatch(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.Place,
               at_start: bool, budget: _tf.Budget) -> Any:
-    head = fh.read(_SNIFF) or b""
+    head = fh.read(SNIFF) or b""
     if not head or (MAGIC.startswith(head[:8]) if len(head) < 8 else head[:8] == MAGIC):
         return _parse(fh, size, weights_only, place, head, budget)
 
@@ -692,7 +692,7 @@ def _dispatch(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.
         if at_start and size is not None:
             fh.seek(0)
             return fh, size
-        data = head + _read_rest(fh, size)
+        data = head + read_rest(fh, size)
         return io.BytesIO(data), len(data)
 
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
@@ -701,16 +701,16 @@ def _dispatch(fh: BinaryIO, size: Optional[int], weights_only: bool, place: _tf.
     if _tf.is_legacy(head):
         src, _ = whole()
         return _tf.read_legacy(src, place, weights_only, Parameter, budget)
-    if _is_safetensors(head, size):
+    if is_safetensors(head, size):
         if size is not None:  # the file's bytes, and a copy of its arrays
             budget.need(2 * size, "the safetensors file's bytes and its arrays")
         src, _ = whole()
-        return _read_safetensors(src.read(), place)
+        return read_safetensors(src.read(), place)
     if head.split(b"\0")[0] in (b"sys_info", b"pickle", b"storages", b"tensors") and \
             b"\0" in head:
-        raise _Bad("it is a tar archive, the layout of torch < 0.4, which mpitensor does not "
+        raise BadFile("it is a tar archive, the layout of torch < 0.4, which mpitensor does not "
                    "read; load it with torch and save it again")
-    raise _Bad(f"not an mpitensor checkpoint, torch.save file or safetensors file: it starts "
+    raise BadFile(f"not an mpitensor checkpoint, torch.save file or safetensors file: it starts "
                f"with {head[:8]!r}{_sniff(head)}")
 
 
@@ -760,7 +760,8 @@ def save_on_rank0(obj: Any, f: PathOrFile, group: Any = None, *,
     box = [err]
     dist.broadcast_object_list(box, group=group, group_src=0)
     if box[0] is not None:
-        raise CheckpointError(f"rank 0 failed to save checkpoint {_name(f)}: {box[0]}") from cause
+        raise CheckpointError(
+            f"rank 0 failed to save checkpoint {file_name(f)}: {box[0]}") from cause
 
 
 def load_on_all_ranks(f: PathOrFile, map_location: Any = None, weights_only: bool = True,
@@ -798,7 +799,7 @@ def load_on_all_ranks(f: PathOrFile, map_location: Any = None, weights_only: boo
     if not dist.is_initialized():
         return load(f, map_location, weights_only, max_bytes=max_bytes)
     rank = dist.get_rank(group)
-    name = _name(f)
+    name = file_name(f)
     if read_on_rank0:
         box: List[Any] = [None, None]
         if rank == 0:

@@ -24,21 +24,21 @@ _log = logging.getLogger("mpitensor.checkpoint")
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 
-_SNIFF = 16  # bytes read to tell the formats apart
-_STREAM_CHUNK = 1 << 26  # a stream of unknown size is read in pieces of this many bytes
+SNIFF = 16  # bytes read to tell the formats apart
+STREAM_CHUNK = 1 << 26  # a stream of unknown size is read in pieces of this many bytes
 
 
 class CheckpointError(MpiTensorError, ValueError):
     """A checkpoint file is missing pieces, corrupt, not a checkpoint, or could not be written."""
 
 
-def _name(f: Any) -> str:
+def file_name(f: Any) -> str:
     if isinstance(f, (str, bytes, os.PathLike)):
         return os.fsdecode(os.fspath(f))
     return str(getattr(f, "name", None) or f"<{type(f).__name__} object>")
 
 
-class _Bad(Exception):
+class BadFile(Exception):
     """Internal: what is wrong with a file; turned into a CheckpointError naming the file."""
 
 
@@ -127,7 +127,7 @@ def _remove_dead_temps(directory: str) -> None:
             os.close(fd)
 
 
-def _write_to(f: PathOrFile, write: Callable[[BinaryIO], None]) -> None:
+def write_to(f: PathOrFile, write: Callable[[BinaryIO], None]) -> None:
     """Run ``write`` on a file object, or atomically on a path (temporary file and rename)."""
     if not isinstance(f, (str, bytes, os.PathLike)):
         if not hasattr(f, "write"):
@@ -168,12 +168,12 @@ def _write_to(f: PathOrFile, write: Callable[[BinaryIO], None]) -> None:
     _fsync_dir(directory)
 
 
-def _read_rest(fh: BinaryIO, size: Optional[int]) -> bytes:
+def read_rest(fh: BinaryIO, size: Optional[int]) -> bytes:
     if size is not None:
         return fh.read()
     parts = []
     while True:  # a stream: read what is there, in pieces, so a pipe works too
-        chunk = fh.read(_STREAM_CHUNK)
+        chunk = fh.read(STREAM_CHUNK)
         if not chunk:
             return b"".join(parts)
         parts.append(chunk)

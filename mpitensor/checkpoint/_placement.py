@@ -10,10 +10,10 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor.checkpoint import torch_format as _tf
-from mpitensor.checkpoint._files import _Bad
+from mpitensor.checkpoint._files import BadFile
 
 
-def _to_gpu(arr: np.ndarray, dev: str) -> Any:
+def to_gpu(arr: np.ndarray, dev: str) -> Any:
     try:
         d = _backend.device(dev)
     except (TypeError, ValueError) as exc:
@@ -30,7 +30,7 @@ def _onto_gpu(arr: np.ndarray, d: Any, why: Any) -> Any:
     """``arr`` copied onto GPU device ``d``; where no GPU can be used, ``_Bad(why(reason))``."""
     reason = _backend.cupy_unavailable_reason()
     if reason:
-        raise _Bad(why(reason))
+        raise BadFile(why(reason))
     cp = _backend.get_cupy()
     idx = d.index if d.index is not None else int(cp.cuda.runtime.getDevice())
     if idx >= cp.cuda.runtime.getDeviceCount():
@@ -73,7 +73,7 @@ class _LoadedStorage:
             dev = f"cuda:{device}"
         else:
             dev = str(_backend.device(device))
-        return _LoadedStorage(_to_gpu(_backend.to_numpy(self._data), dev))
+        return _LoadedStorage(to_gpu(_backend.to_numpy(self._data), dev))
 
     def nbytes(self) -> int:
         """The number of bytes."""
@@ -90,7 +90,7 @@ class _LoadedStorage:
         return f"<storage of {self.nbytes()} bytes on {self.device}>"
 
 
-class _Reraise(Exception):
+class Reraise(Exception):
     """Carries an exception of the user's ``map_location`` callable out of the format code."""
 
     def __init__(self, original: BaseException) -> None:
@@ -104,10 +104,10 @@ def _place_on(data: np.ndarray, target: Any, saved: str) -> Any:
         dev = _backend.device(target)
     except (TypeError, ValueError):
         if target == saved:
-            raise _Bad(f"it holds data saved on {saved!r}, a device mpitensor does not use "
+            raise BadFile(f"it holds data saved on {saved!r}, a device mpitensor does not use "
                        f"(only cpu and cuda); pass map_location='cpu' (or a dict such as "
                        f"{{{saved!r}: 'cpu'}})") from None
-        raise _Bad(f"map_location sends data saved on {saved!r} to {target!r}, which is not "
+        raise BadFile(f"map_location sends data saved on {saved!r} to {target!r}, which is not "
                    f"a device ('cpu', 'cuda' or 'cuda:N')") from None
     if dev.type == "cpu":
         return data
@@ -123,7 +123,7 @@ def _place_saved(data: np.ndarray, saved: str) -> Any:
     return _place_on(data, saved, saved)
 
 
-def _placement(map_location: Any) -> _tf.Place:
+def placement(map_location: Any) -> _tf.Place:
     """Turn ``map_location`` into ``place(bytes, saved_location) -> bytes on the device``."""
     if map_location is None:
         return _place_saved
@@ -143,14 +143,14 @@ def _placement(map_location: Any) -> _tf.Place:
         def by_call(data: np.ndarray, saved: str) -> Any:
             try:
                 out = map_location(_LoadedStorage(data), saved)
-            except _Bad:
+            except BadFile:
                 raise
             except Exception as exc:  # the caller's own error: give it back unchanged
-                raise _Reraise(exc) from None
+                raise Reraise(exc) from None
             if out is None:
                 return _place_saved(data, saved)
             if not isinstance(out, _LoadedStorage):
-                raise _Reraise(TypeError(
+                raise Reraise(TypeError(
                     f"map_location returned {type(out).__name__}; it must return the storage "
                     f"it was given (storage, storage.cpu(), storage.cuda(n)) or None"))
             return out._data

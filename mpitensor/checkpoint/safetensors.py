@@ -12,8 +12,15 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor.checkpoint import torch_format as _tf
-from mpitensor.checkpoint._files import _SNIFF, CheckpointError, PathOrFile, _Bad, _name, _write_to
-from mpitensor.checkpoint._placement import _placement
+from mpitensor.checkpoint._files import (
+    SNIFF,
+    BadFile,
+    CheckpointError,
+    PathOrFile,
+    file_name,
+    write_to,
+)
+from mpitensor.checkpoint._placement import placement
 from mpitensor.tensor import Tensor
 
 _MAX_ST_HEADER = 100 << 20  # safetensors' own limit on its JSON header
@@ -35,35 +42,35 @@ _ST_DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16,
               "C64": np.complex64}
 
 
-def _is_safetensors(head: bytes, size: Optional[int]) -> bool:
+def is_safetensors(head: bytes, size: Optional[int]) -> bool:
     if len(head) < 9 or head[8:9] != b"{":
         return False
     n = int.from_bytes(head[:8], "little")
     return n <= _MAX_ST_HEADER and (size is None or 8 + n <= size)
 
 
-def _read_safetensors(data: bytes, place: _tf.Place) -> Dict[str, Tensor]:
+def read_safetensors(data: bytes, place: _tf.Place) -> Dict[str, Tensor]:
     n = int.from_bytes(data[:8], "little")
     try:
         header = json.loads(data[8:8 + n].decode("utf-8"))
         entries = [(k, v["dtype"]) for k, v in header.items() if k != "__metadata__"]
     except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError,
             RecursionError) as exc:
-        raise _Bad(f"malformed safetensors header ({type(exc).__name__}: {exc})") from None
+        raise BadFile(f"malformed safetensors header ({type(exc).__name__}: {exc})") from None
     for key, dtype in entries:
         if dtype not in _ST_DTYPES:
             hint = (" (the safetensors package reads no bfloat16 into NumPy: load the file in "
                     "torch and convert, e.g. {k: v.float() for k, v in state_dict.items()}, or "
                     "torch.save it)" if dtype == "BF16" else "")
-            raise _Bad(f"tensor {key!r} has dtype {dtype}, which mpitensor does not "
+            raise BadFile(f"tensor {key!r} has dtype {dtype}, which mpitensor does not "
                        f"support{hint}")
     stn = _safetensors_numpy()
     try:
         arrays = stn.load(data)
     except Exception as exc:  # the library's own error types vary between its versions
-        raise _Bad(f"corrupt safetensors file ({type(exc).__name__}: {exc})") from None
+        raise BadFile(f"corrupt safetensors file ({type(exc).__name__}: {exc})") from None
     if sorted(arrays) != sorted(k for k, _ in entries):
-        raise _Bad("corrupt safetensors file: its header and its tensors disagree")
+        raise BadFile("corrupt safetensors file: its header and its tensors disagree")
     out: Dict[str, Tensor] = {}
     for key, _ in entries:  # the header's order: the library returns them in any order
         arr = np.array(arrays[key], copy=True, order="C")  # own, writable memory, apart from `data`
@@ -72,7 +79,7 @@ def _read_safetensors(data: bytes, place: _tf.Place) -> Dict[str, Tensor]:
     return out
 
 
-def _safetensors_bytes(tensors: Any, metadata: Optional[Dict[str, str]]) -> bytes:
+def safetensors_bytes(tensors: Any, metadata: Optional[Dict[str, str]]) -> bytes:
     if not isinstance(tensors, dict):
         raise TypeError(f"safetensors hold a flat dict of name -> tensor, got "
                         f"{type(tensors).__name__}")
@@ -123,8 +130,8 @@ def save_safetensors(tensors: Dict[str, Any], filename: PathOrFile,
         >>> load_safetensors(p)["w"]
         tensor([1., 1.])
     """
-    data = _safetensors_bytes(tensors, metadata)
-    _write_to(filename, lambda fh: fh.write(data))
+    data = safetensors_bytes(tensors, metadata)
+    write_to(filename, lambda fh: fh.write(data))
 
 
 def load_safetensors(filename: PathOrFile, device: Any = "cpu") -> Dict[str, Tensor]:
@@ -150,18 +157,18 @@ def load_safetensors(filename: PathOrFile, device: Any = "cpu") -> Dict[str, Ten
         >>> load_safetensors(b)["b"]
         tensor([0.])
     """
-    place = _placement(device)
-    name = _name(filename)
+    place = placement(device)
+    name = file_name(filename)
     if isinstance(filename, (str, bytes, os.PathLike)):
         with open(os.fspath(filename), "rb") as fh:
             data = fh.read()
     else:
         data = filename.read()
     try:
-        if not _is_safetensors(data[:_SNIFF], len(data)):
-            raise _Bad("not a safetensors file")
-        return _read_safetensors(data, place)
-    except _Bad as exc:
+        if not is_safetensors(data[:SNIFF], len(data)):
+            raise BadFile("not a safetensors file")
+        return read_safetensors(data, place)
+    except BadFile as exc:
         raise CheckpointError(f"cannot load checkpoint {name}: {exc}") from None
 
 

@@ -77,8 +77,8 @@ LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
 # What a legacy file starts with: PROTO 2, LONG1 of 10 bytes, the magic number little-endian.
 _LEGACY_PREFIX = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
-_ALIGN = 64
-_PAD_FIELD = 0x4246  # the "FB" extra-field id torch pads local headers with
+ALIGN = 64
+PAD_FIELD = 0x4246  # the "FB" extra-field id torch pads local headers with
 _MAX_SMALL_RECORD = 1 << 16  # byteorder, version, ...
 _MAX_DEFLATE_RATIO = 1100  # deflate cannot expand more than ~1032:1; more is a forged size
 
@@ -91,7 +91,7 @@ _STORAGE_DTYPE = {
     "ComplexFloatStorage": "complex64", "QUInt8Storage": "quint8", "QInt8Storage": "qint8",
     "QInt32Storage": "qint32", "QUInt4x2Storage": "quint4x2", "QUInt2x4Storage": "quint2x4",
 }
-_STORAGE_OF = {v: k for k, v in _STORAGE_DTYPE.items()}
+STORAGE_OF = {v: k for k, v in _STORAGE_DTYPE.items()}
 # Torch dtypes mpitensor has no counterpart for; named so the error can say which one it met.
 _FOREIGN_DTYPES = frozenset(
     ["complex32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
@@ -625,11 +625,11 @@ def aligned_empty(n: int, what: str, error: type = FormatError) -> np.ndarray:
     """A fresh 64-byte aligned uint8 array of ``n`` bytes (a view that keeps its base alive),
     for ``what`` of a file; a length no allocation can hold raises ``error`` (a forged one)."""
     try:
-        raw = np.empty(n + _ALIGN, dtype=np.uint8)
+        raw = np.empty(n + ALIGN, dtype=np.uint8)
     except (MemoryError, ValueError):
         raise error(f"{what} claims {n} bytes, more than this machine can allocate "
                     "(a forged or corrupt size)") from None
-    start = (-raw.ctypes.data) % _ALIGN
+    start = (-raw.ctypes.data) % ALIGN
     return raw[start:start + n]
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor.checkpoint.torch_format import _ALIGN, _PAD_FIELD, _STORAGE_OF
+from mpitensor.checkpoint.torch_format import ALIGN, PAD_FIELD, STORAGE_OF
 from mpitensor.tensor import Size, Tensor
 
 __all__ = ["write_zip", "plan_zip", "check_weights_only"]
@@ -112,8 +112,8 @@ class _Pickler(pickle._Pickler):
         item = obj.dtype.itemsize
         nbytes = int(obj.root.nbytes)
         name = self.names[obj.dtype]
-        if name in _STORAGE_OF:
-            return ("storage", self.g("torch", _STORAGE_OF[name]), obj.key, obj.location,
+        if name in STORAGE_OF:
+            return ("storage", self.g("torch", STORAGE_OF[name]), obj.key, obj.location,
                     nbytes // item)
         return ("storage", self.g("torch.storage", "UntypedStorage"), obj.key, obj.location,
                 nbytes)
@@ -127,7 +127,7 @@ class _Pickler(pickle._Pickler):
                         (Tensor._wrap(obj._data), bool(obj.requires_grad), hooks))
             storage, offset, size, stride = self.layout(obj._data)
             args = (storage, offset, size, stride, bool(obj.requires_grad), hooks)
-            if self.names[storage.dtype] in _STORAGE_OF:
+            if self.names[storage.dtype] in STORAGE_OF:
                 return (self.g("torch._utils", "_rebuild_tensor_v2"), args)
             return (self.g("torch._utils", "_rebuild_tensor_v3"), args + (storage.dtype,))
         if t is Size:
@@ -264,7 +264,7 @@ def plan_zip(obj: Any, allow_pickle: bool, parameter: type) -> Callable[[BinaryI
         with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             _put(zf, fh, "archive/data.pkl", data)
             _put(zf, fh, "archive/.format_version", b"1")
-            _put(zf, fh, "archive/.storage_alignment", str(_ALIGN).encode())
+            _put(zf, fh, "archive/.storage_alignment", str(ALIGN).encode())
             _put(zf, fh, "archive/byteorder", sys.byteorder.encode())
             for st in storages:
                 _put(zf, fh, f"archive/data/{st.key}", memoryview(st.host_bytes()))
@@ -283,7 +283,7 @@ def _put(zf: zipfile.ZipFile, fh: BinaryIO, name: str, data: Any) -> None:
     info.file_size = n
     zip64 = n * 1.05 > zipfile.ZIP64_LIMIT  # what zipfile decides too; it adds a 20-byte field
     header = 30 + len(name.encode()) + (20 if zip64 else 0) + 4
-    pad = (-(fh.tell() + header)) % _ALIGN
-    info.extra = struct.pack("<HH", _PAD_FIELD, pad) + b"Z" * pad
+    pad = (-(fh.tell() + header)) % ALIGN
+    info.extra = struct.pack("<HH", PAD_FIELD, pad) + b"Z" * pad
     with zf.open(info, "w", force_zip64=zip64) as w:
         w.write(data)

@@ -31,13 +31,13 @@ sparse_csr = layout("sparse_csr")
 _USE_DENSE = "call .to_dense() first if a dense result is what you want"
 
 
-def _refuse(what: str) -> NotImplementedError:
+def refusal(what: str) -> NotImplementedError:
     return NotImplementedError(
         f"{what} does not support sparse COO tensors (torch's sparse layout does not run it "
         f"either, or mpitensor does not yet); {_USE_DENSE}")
 
 
-class _SparseData:
+class SparseData:
     """The ``_data`` of a sparse tensor: it answers the metadata questions (shape, dtype,
     ndim, size) and refuses every array operation, so dense ops fail loudly on sparse input."""
 
@@ -54,22 +54,22 @@ class _SparseData:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # protocol probes (copy, pickle, hasattr) see no such thing
             raise AttributeError(name)
-        raise _refuse(f"this operation (it reads the dense array's {name!r})")
+        raise refusal(f"this operation (it reads the dense array's {name!r})")
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse("this operation (it needs the dense array)")
+        raise refusal("this operation (it needs the dense array)")
 
     def __array_ufunc__(self, ufunc: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse(f"{ufunc.__name__}")
+        raise refusal(f"{ufunc.__name__}")
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        raise _refuse(f"{func.__name__}")
+        raise refusal(f"{func.__name__}")
 
     def __getitem__(self, key: Any) -> Any:
-        raise _refuse("indexing")
+        raise refusal("indexing")
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        raise _refuse("writing into")
+        raise refusal("writing into")
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -77,7 +77,7 @@ class _SparseData:
 
 def _refusing(name: str) -> Any:
     def fn(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse(f"the dense operator {name}")
+        raise refusal(f"the dense operator {name}")
 
     return fn
 
@@ -85,18 +85,18 @@ def _refusing(name: str) -> Any:
 for _op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or",
             "xor", "lt", "le", "gt", "ge", "neg", "pos", "abs", "invert", "float", "int",
             "index", "bool"):
-    setattr(_SparseData, f"__{_op}__", _refusing(_op))
+    setattr(SparseData, f"__{_op}__", _refusing(_op))
     if _op not in ("lt", "le", "gt", "ge", "neg", "pos", "abs", "invert", "float", "int",
                    "index", "bool"):
-        setattr(_SparseData, f"__r{_op}__", _refusing(_op))
-        setattr(_SparseData, f"__i{_op}__", _refusing(_op))
+        setattr(SparseData, f"__r{_op}__", _refusing(_op))
+        setattr(SparseData, f"__i{_op}__", _refusing(_op))
 
 
 # --------------------------------------------------------------------------------------------
 # kernels on raw arrays, with their gradients
 
 
-def _add_at(out: Any, index: Any, src: Any) -> None:
+def add_at(out: Any, index: Any, src: Any) -> None:
     """``out[index] += src`` with repeated indices adding up (NumPy or CuPy)."""
     if isinstance(out, np.ndarray):
         np.add.at(out, index, src)
@@ -106,7 +106,7 @@ def _add_at(out: Any, index: Any, src: Any) -> None:
         cupyx.scatter_add(out, index, src)
 
 
-class _ScatterAdd(Function):
+class ScatterAdd(Function):
     """A dense array of ``shape`` whose entries at ``index`` (a tuple of index arrays) are the
     sums of the ``src`` rows given for them; the gradient of ``src`` is the gather."""
 
@@ -115,7 +115,7 @@ class _ScatterAdd(Function):
         ctx.index = index
         xp = _backend.array_module(src)
         out = xp.zeros(shape, dtype=src.dtype)
-        _add_at(out, index, src)
+        add_at(out, index, src)
         return out
 
     @staticmethod
@@ -123,7 +123,7 @@ class _ScatterAdd(Function):
         return g[ctx.index], None, None
 
 
-class _Gather(Function):
+class Gather(Function):
     """The rows ``x[index]`` of a dense array (``index`` a tuple of index arrays); the gradient
     of ``x`` scatters back, adding where an index repeats."""
 
@@ -136,7 +136,7 @@ class _Gather(Function):
     def backward(ctx: Any, g: Any) -> tuple:
         xp = _backend.array_module(g)
         out = xp.zeros(ctx.shape, dtype=g.dtype)
-        _add_at(out, ctx.index, g)
+        add_at(out, ctx.index, g)
         return out, None
 
 
@@ -144,7 +144,7 @@ class _Gather(Function):
 # the sparse tensor
 
 
-def _is_sparse(x: Any) -> bool:
+def is_sparse_tensor(x: Any) -> bool:
     return isinstance(x, SparseTensor)
 
 
@@ -173,7 +173,7 @@ class SparseTensor(Tensor):
 
     @classmethod
     def _make(cls, idx: Any, vals: Tensor, size: tuple, coalesced: bool) -> SparseTensor:
-        t = cls._wrap(_SparseData(size, vals._data.dtype))
+        t = cls._wrap(SparseData(size, vals._data.dtype))
         t._data.tensor = t
         t._idx = idx
         t._vals = vals
@@ -195,7 +195,7 @@ class SparseTensor(Tensor):
         made = type(self)._make(state["indices"], vals, state["size"], state["coalesced"])
         for name in ("_vc", "_view", *_SPARSE_SLOTS, *getattr(type(self), "__slots__", ())):
             setattr(self, name, getattr(made, name))
-        self._data = _SparseData(made._size, vals._data.dtype)
+        self._data = SparseData(made._size, vals._data.dtype)
         self._data.tensor = self
 
     def _with_values(self, vals: Tensor, coalesced: Optional[bool] = None) -> SparseTensor:
@@ -249,7 +249,7 @@ class SparseTensor(Tensor):
         return False
 
     def stride(self, dim: Optional[int] = None) -> Any:
-        raise _refuse("stride()")
+        raise refusal("stride()")
 
     def __len__(self) -> int:
         if not self._size:
@@ -313,7 +313,7 @@ class SparseTensor(Tensor):
         if value is None:
             vals.grad = None
             return
-        if not (_is_sparse(value) and value._idx.shape == self._idx.shape
+        if not (is_sparse_tensor(value) and value._idx.shape == self._idx.shape
                 and bool((value._idx == self._idx).all())):
             raise RuntimeError("a sparse tensor's grad can be set only to None or to a sparse "
                                "tensor with the same indices")
@@ -330,7 +330,7 @@ class SparseTensor(Tensor):
 
     def backward(self, gradient: Any = None, retain_graph: Optional[bool] = None,
                  create_graph: bool = False, inputs: Any = None) -> None:
-        raise _refuse("backward() from a sparse tensor (reduce it first, e.g. s.to_dense()"
+        raise refusal("backward() from a sparse tensor (reduce it first, e.g. s.to_dense()"
                       ".sum())")
 
     # ---- conversions --------------------------------------------------------------------------
@@ -345,7 +345,7 @@ class SparseTensor(Tensor):
         """
         vals = self._vals if dtype is None else self._vals.to(_dt.to_dtype(dtype))
         index = tuple(self._idx[k] for k in range(self._idx.shape[0]))
-        return _ScatterAdd.apply(vals, index, self._size)
+        return ScatterAdd.apply(vals, index, self._size)
 
     def to_sparse(self, sparse_dim: Optional[int] = None, *, layout: Any = None,
                   blocksize: Any = None, dense_dim: Any = None) -> SparseTensor:
@@ -381,7 +381,7 @@ class SparseTensor(Tensor):
         inv = inv.reshape(-1)
         idx = (xp.stack(xp.unravel_index(uniq, self._size[:sd])).astype(np.int64) if sd
                else xp.zeros((0, uniq.size), dtype=np.int64))
-        vals = _ScatterAdd.apply(self._vals, (inv,), (int(uniq.size), *self._vals.shape[1:]))
+        vals = ScatterAdd.apply(self._vals, (inv,), (int(uniq.size), *self._vals.shape[1:]))
         return SparseTensor._make(idx, vals, self._size, True)
 
     def _co(self) -> SparseTensor:
@@ -487,7 +487,7 @@ class SparseTensor(Tensor):
 
     def add(self, other: Any, *, alpha: Any = 1) -> Any:
         """Return ``self + alpha * other`` for a sparse ``other`` (sparse result)."""
-        if not _is_sparse(other):
+        if not is_sparse_tensor(other):
             raise RuntimeError("add(sparse, dense) is not supported: write dense + sparse "
                                "(a dense result) instead")
         self._binary_check(other, "add")
@@ -505,7 +505,7 @@ class SparseTensor(Tensor):
         return self.add(other)
 
     def __radd__(self, other: Any) -> Any:  # dense + sparse: a dense result
-        if isinstance(other, Tensor) and not _is_sparse(other):
+        if isinstance(other, Tensor) and not is_sparse_tensor(other):
             if tuple(other.shape) != self._size:
                 raise RuntimeError(f"add: a dense {list(other.shape)} tensor and a sparse "
                                    f"{list(self._size)} one must have the same size")
@@ -520,34 +520,34 @@ class SparseTensor(Tensor):
         return self.sub(other)
 
     def __rsub__(self, other: Any) -> Any:
-        if isinstance(other, Tensor) and not _is_sparse(other):
+        if isinstance(other, Tensor) and not is_sparse_tensor(other):
             return other + (-self).to_dense()
         return NotImplemented
 
     def mul(self, other: Any) -> SparseTensor:
         """Multiply by a number, a dense tensor (at this tensor's entries) or a sparse tensor
         (at the entries both hold); a sparse result."""
-        if _promotion.is_scalar(other) or (isinstance(other, Tensor) and not _is_sparse(other)
+        if _promotion.is_scalar(other) or (isinstance(other, Tensor) and not is_sparse_tensor(other)
                                            and other.dim() == 0):
             return self._with_values(self._vals * other)
-        if _is_sparse(other):
+        if is_sparse_tensor(other):
             self._binary_check(other, "mul")
             return _sparse_mul(self._co(), other._co())
         if isinstance(other, Tensor):
             d = other.expand(*self._size) if tuple(other.shape) != self._size else other
             s = self._co()
             index = tuple(s._idx[k] for k in range(s._idx.shape[0]))
-            return s._with_values(s._vals * _Gather.apply(d, index))
+            return s._with_values(s._vals * Gather.apply(d, index))
         return NotImplemented
 
     __mul__ = __rmul__ = mul
 
     def div(self, other: Any) -> SparseTensor:
         """Divide the values by a number (or a 0-d dense tensor)."""
-        if _promotion.is_scalar(other) or (isinstance(other, Tensor) and not _is_sparse(other)
+        if _promotion.is_scalar(other) or (isinstance(other, Tensor) and not is_sparse_tensor(other)
                                            and other.dim() == 0):
             return self._with_values(self._vals / other)
-        raise _refuse("dividing by a tensor that is not a number")
+        raise refusal("dividing by a tensor that is not a number")
 
     __truediv__ = true_divide = divide = div
 
@@ -562,7 +562,7 @@ class SparseTensor(Tensor):
     def pow(self, exponent: Any) -> SparseTensor:
         """Raise the (coalesced) values to a positive number."""
         if not _promotion.is_scalar(exponent) or not exponent > 0:
-            raise _refuse("pow() with an exponent that is not a positive number")
+            raise refusal("pow() with an exponent that is not a positive number")
         s = self._co()
         return s._with_values(s._vals ** exponent)
 
@@ -577,7 +577,7 @@ class SparseTensor(Tensor):
         if d0 == d1:
             return self
         if d0 >= sd or d1 >= sd:
-            raise _refuse("transpose() of a dense dimension of a sparse tensor")
+            raise refusal("transpose() of a dense dimension of a sparse tensor")
         order = list(range(sd))
         order[d0], order[d1] = d1, d0
         size = list(self._size)
@@ -607,8 +607,8 @@ class SparseTensor(Tensor):
         """Sum over all elements (a dense 0-d result) or over ``dim`` (see
         :func:`mpitensor.sparse.sum`)."""
         if keepdim:
-            raise _refuse("sum(keepdim=True)")
-        return _sparse_sum(self, dim, dtype)
+            raise refusal("sum(keepdim=True)")
+        return sparse_sum(self, dim, dtype)
 
     # ---- elementwise maps that keep zeros -----------------------------------------------------
 
@@ -684,11 +684,11 @@ def _sparse_mul(a: SparseTensor, b: SparseTensor) -> SparseTensor:
     _, ia, ib = np.intersect1d(_backend.to_numpy(la), _backend.to_numpy(lb),
                                assume_unique=True, return_indices=True)
     ia, ib = move(ia.astype(np.int64), a.device), move(ib.astype(np.int64), a.device)
-    vals = _Gather.apply(a._vals, (ia,)) * _Gather.apply(b._vals, (ib,))
+    vals = Gather.apply(a._vals, (ia,)) * Gather.apply(b._vals, (ib,))
     return SparseTensor._make(a._idx[:, ia], vals, a._size, True)
 
 
-def _sparse_sum(s: SparseTensor, dim: Any, dtype: Any) -> Tensor:
+def sparse_sum(s: SparseTensor, dim: Any, dtype: Any) -> Tensor:
     vals = s._vals if dtype is None else s._vals.to(_dt.to_dtype(dtype))
     if dim is None:
         return vals.sum()
@@ -708,9 +708,9 @@ def _sparse_sum(s: SparseTensor, dim: Any, dtype: Any) -> Tensor:
 # construction
 
 
-def _as_index_array(indices: Any, device: Any) -> Any:
+def as_index_array(indices: Any, device: Any) -> Any:
     if isinstance(indices, Tensor):
-        if _is_sparse(indices):
+        if is_sparse_tensor(indices):
             raise TypeError("sparse_coo_tensor(): indices must be a dense tensor")
         arr = indices._data
     elif _backend.is_array(indices):
@@ -785,7 +785,7 @@ def sparse_coo_tensor(indices: Any, values: Any, size: Any = None, *, dtype: Any
     """
     dev = parse_device(device)
     if isinstance(values, Tensor):
-        if _is_sparse(values):
+        if is_sparse_tensor(values):
             raise TypeError("sparse_coo_tensor(): values must be a dense tensor")
         vals = values
     else:
@@ -794,7 +794,7 @@ def sparse_coo_tensor(indices: Any, values: Any, size: Any = None, *, dtype: Any
         vals = tensor(values)
     if dtype is not None or dev is not None:
         vals = vals.to(device=dev, dtype=None if dtype is None else _dt.to_dtype(dtype))
-    idx = _as_index_array(indices, vals.device if dev is None else dev)
+    idx = as_index_array(indices, vals.device if dev is None else dev)
     if idx.ndim != 2:
         raise RuntimeError(f"sparse_coo_tensor(): indices must be 2-D (sparse_dim, nnz), got "
                            f"shape {list(idx.shape)}")
@@ -866,7 +866,7 @@ class _SparseMethods:
         if sd < nd:
             mask = mask.any(axis=tuple(range(sd, nd)))
         idx = xp.stack(xp.nonzero(mask)).astype(np.int64).reshape(sd, -1)
-        vals = _Gather.apply(self, tuple(idx[k] for k in range(sd)))
+        vals = Gather.apply(self, tuple(idx[k] for k in range(sd)))
         out = SparseTensor._make(idx, vals, tuple(x.shape), True)
         if vals.requires_grad:
             out._src = self
@@ -889,13 +889,13 @@ class _SparseMethods:
 
     def sparse_mask(self, mask: SparseTensor) -> SparseTensor:
         """Return the entries of self at ``mask``'s coordinates, as a sparse tensor."""
-        if not _is_sparse(mask):
+        if not is_sparse_tensor(mask):
             raise TypeError("sparse_mask(): mask must be a sparse COO tensor")
         if tuple(self.shape) != mask._size:
             raise RuntimeError(f"sparse_mask(): sizes differ, {list(self.shape)} and "
                                f"{list(mask._size)}")
         m = mask._co()
-        vals = _Gather.apply(self, tuple(m._idx[k] for k in range(m._idx.shape[0])))
+        vals = Gather.apply(self, tuple(m._idx[k] for k in range(m._idx.shape[0])))
         return SparseTensor._make(m._idx, vals, m._size, True)
 
 

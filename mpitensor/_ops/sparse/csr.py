@@ -12,7 +12,7 @@ import numpy as np
 from mpitensor import backend as _backend
 from mpitensor._core.devices import parse_device
 from mpitensor._core.opkit import methods_of, tensor_methods, wrap
-from mpitensor._ops.sparse.coo import SparseTensor, _as_index_array, sparse_coo_tensor, sparse_csr
+from mpitensor._ops.sparse.coo import SparseTensor, as_index_array, sparse_coo_tensor, sparse_csr
 from mpitensor.tensor import Tensor
 
 __all__ = ["SparseCsrTensor", "sparse_csr_tensor"]
@@ -135,8 +135,8 @@ def sparse_csr_tensor(crow_indices: Any, col_indices: Any, values: Any, size: An
                 [6., 0.]])
     """
     dev = parse_device(device)
-    crow = _as_index_array(crow_indices, dev)
-    col = _as_index_array(col_indices, dev)
+    crow = as_index_array(crow_indices, dev)
+    col = as_index_array(col_indices, dev)
     if crow.ndim != 1 or col.ndim != 1:
         raise RuntimeError("sparse_csr_tensor(): crow_indices and col_indices must be 1-D "
                            "(batched CSR tensors are not supported)")

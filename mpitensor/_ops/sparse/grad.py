@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from mpitensor import backend as _backend
 from mpitensor._core.opkit import wrap
-from mpitensor._ops.sparse.coo import SparseTensor, _add_at, _is_sparse, _SparseData
+from mpitensor._ops.sparse.coo import SparseData, SparseTensor, add_at, is_sparse_tensor
 from mpitensor.tensor import Tensor
 
 
@@ -30,7 +30,7 @@ class SparseGrad:
     def dense(self) -> Any:
         xp = _backend.array_module(self.vals)
         out = xp.zeros(self.shape, dtype=self.dtype)
-        _add_at(out, tuple(self.idx), self.vals)
+        add_at(out, tuple(self.idx), self.vals)
         return out
 
     def __add__(self, other: Any) -> Any:
@@ -39,7 +39,7 @@ class SparseGrad:
             return SparseGrad(xp.concatenate([self.idx, other.idx], axis=1),
                               xp.concatenate([self.vals, other.vals]), self.shape)
         out = other.astype(self.dtype) if other.dtype != self.dtype else other.copy()
-        _add_at(out, tuple(self.idx), self.vals)
+        add_at(out, tuple(self.idx), self.vals)
         return out
 
     __radd__ = __add__
@@ -53,10 +53,10 @@ class SparseGrad:
             g = g if r is None else r
         if t.grad is None:
             t.grad = g
-        elif _is_sparse(t.grad):
-            t.grad = t.grad + g if _is_sparse(g) else t.grad.to_dense() + g
+        elif is_sparse_tensor(t.grad):
+            t.grad = t.grad + g if is_sparse_tensor(g) else t.grad.to_dense() + g
         else:
-            t.grad._data += g.to_dense()._data if _is_sparse(g) else g._data
+            t.grad._data += g.to_dense()._data if is_sparse_tensor(g) else g._data
         for h in (hooks[1] if hooks is not None else ()):
             h(t)
 
@@ -64,14 +64,14 @@ class SparseGrad:
 def sparse_of(x: Any) -> Optional[SparseTensor]:
     """The sparse tensor whose ``_data`` is ``x``, or None for an ordinary array (how an
     optimiser, which works on ``grad._data``, recognises a sparse gradient)."""
-    return x.tensor if isinstance(x, _SparseData) else None
+    return x.tensor if isinstance(x, SparseData) else None
 
 
 def add_sparse_(param: Any, grad: SparseTensor, alpha: float) -> None:
     """``param += alpha * grad`` in place on the array ``param``, entry by entry (repeated
     entries each add), as torch adds a sparse tensor into a dense one."""
     vals = grad._vals._data
-    _add_at(param, tuple(grad._idx), vals * vals.dtype.type(alpha))
+    add_at(param, tuple(grad._idx), vals * vals.dtype.type(alpha))
 
 
 def held_entries(param: Any, grad: SparseTensor) -> tuple:

@@ -12,7 +12,7 @@ import numpy as np
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._core.opkit import methods_of
-from mpitensor._ops.sparse.coo import SparseTensor, _add_at, _Gather, _is_sparse, _refuse
+from mpitensor._ops.sparse.coo import Gather, SparseTensor, add_at, is_sparse_tensor, refusal
 from mpitensor.autograd import Function, grad_enabled_for
 from mpitensor.tensor import Tensor
 
@@ -29,7 +29,7 @@ class _SpMM(Function):
         ctx.save_for_backward(vals, dense)
         ctx.rows, ctx.cols = rows, cols
         out = xp.zeros((m, dense.shape[1]), dtype=dense.dtype)
-        _add_at(out, rows, vals[:, None] * dense[cols])
+        add_at(out, rows, vals[:, None] * dense[cols])
         return out
 
     @staticmethod
@@ -42,7 +42,7 @@ class _SpMM(Function):
         if ctx.needs_input_grad[1]:
             xp = _backend.array_module(g)
             gd = xp.zeros(dense.shape, dtype=g.dtype)
-            _add_at(gd, cols, vals[:, None] * g[rows])
+            add_at(gd, cols, vals[:, None] * g[rows])
         return gv, gd, None, None, None
 
 
@@ -71,15 +71,15 @@ def _refuse_leaf_grad(s: SparseTensor, what: str) -> None:
             f"dense) (a gradient with the sparse tensor's own entries, as torch gives there)")
 
 
-def _mm(s: SparseTensor, other: Any, what: str, strict: bool) -> Any:
+def sparse_mm(s: SparseTensor, other: Any, what: str, strict: bool) -> Any:
     if not isinstance(other, Tensor):
         raise TypeError(f"{what}(): expected a tensor, got {type(other).__name__}")
     if strict:
         _refuse_leaf_grad(s, what)
-    if _is_sparse(other):
+    if is_sparse_tensor(other):
         if other.sparse_dim() != 2 or other.dense_dim() != 0:
             raise RuntimeError(f"{what}: the second sparse operand must be a 2-D sparse matrix")
-        return _mm(s, other.to_dense(), what, False).to_sparse()
+        return sparse_mm(s, other.to_dense(), what, False).to_sparse()
     _check_mm(s, other, what)
     d = other if other.dim() == 2 else other.unsqueeze(1)
     if other.is_cuda != s.is_cuda:
@@ -96,7 +96,7 @@ def _dense_mm_sparse(d: Tensor, s: SparseTensor) -> Tensor:
     if d.dim() != 2:
         raise RuntimeError(f"mm: dense @ sparse needs a 2-D dense operand, got {d.dim()}-D")
     _refuse_leaf_grad(s, "mm")
-    return _mm(s.t(), d.t(), "mm", True).t()
+    return sparse_mm(s.t(), d.t(), "mm", True).t()
 
 
 def dsmm(input: Any, mat2: Any) -> Tensor:  # noqa: A002 - torch's name
@@ -111,7 +111,7 @@ def hspmm(mat1: Any, mat2: Any) -> SparseTensor:
     out = spmm(mat1, mat2)
     xp = _backend.array_module(mat1._idx)
     rows = xp.unique(mat1._idx[0]).astype(np.int64)
-    return SparseTensor._make(rows[None, :], _Gather.apply(out, (rows,)), tuple(out.shape),
+    return SparseTensor._make(rows[None, :], Gather.apply(out, (rows,)), tuple(out.shape),
                               False)
 
 
@@ -131,7 +131,7 @@ def smm(input: Any, mat: Any) -> SparseTensor:  # noqa: A002 - torch's name
 
 def spmm(input: Any, mat2: Any) -> Any:  # noqa: A002 - torch's name
     """Return ``input @ mat2`` for a sparse 2-D ``input`` and a dense 2-D ``mat2``."""
-    if not _is_sparse(input):
+    if not is_sparse_tensor(input):
         raise TypeError("spmm(): input must be a sparse COO tensor (use mm for dense ones)")
     return input.mm(mat2)
 
@@ -147,11 +147,11 @@ class _SparseProducts:
     def mm(self, mat2: Any) -> Any:
         """``self @ mat2`` for a 2-D sparse ``self`` and a dense (dense result) or sparse
         (sparse result) 2-D ``mat2``."""
-        return _mm(self, mat2, "mm", strict=True)
+        return sparse_mm(self, mat2, "mm", strict=True)
 
     def matmul(self, other: Any) -> Any:
         """``self @ other`` (a 1-D or 2-D dense ``other``, or a 2-D sparse one)."""
-        return _mm(self, other, "matmul", strict=True)
+        return sparse_mm(self, other, "matmul", strict=True)
 
     __matmul__ = matmul
     spmm = mm
@@ -162,4 +162,4 @@ class _SparseProducts:
         return _dense_mm_sparse(other, self)
 
     def addmm(self, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
-        raise _refuse("addmm() with a sparse tensor as input (the added term)")
+        raise refusal("addmm() with a sparse tensor as input (the added term)")
