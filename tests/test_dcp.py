@@ -275,6 +275,10 @@ def test_checkpoint_id_that_is_not_a_directory(tmp_path: Path) -> None:
         dcp.load({"a": mt.zeros(1)}, checkpoint_id=tmp_path / "plain")
     with pytest.raises(TypeError, match="checkpoint_id must be a path"):
         dcp.save({}, checkpoint_id=3)
+    with pytest.raises(TypeError, match="a state_dict that is a dict, got list"):
+        dcp.save([mt.zeros(1)], checkpoint_id=tmp_path / "x")
+    with pytest.raises(TypeError, match="a state_dict that is a dict, got Tensor"):
+        dcp.load(mt.zeros(1), checkpoint_id=tmp_path / "x")
     assert f.read_bytes() == b"x"
 
 

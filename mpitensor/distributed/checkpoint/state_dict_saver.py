@@ -121,6 +121,9 @@ def save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
         >>> import mpitensor.distributed.checkpoint as dcp  # doctest: +SKIP
         >>> dcp.save({"model": model.state_dict()}, checkpoint_id="ckpt/step100")
     """
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"save() takes a state_dict that is a dict, got "
+                        f"{type(state_dict).__name__}")
     if planner is not None and not isinstance(planner, DefaultSavePlanner):
         raise TypeError(f"planner must be a DefaultSavePlanner, got {type(planner).__name__}")
     writer = storage(checkpoint_id, storage_writer, FileSystemWriter, "save")
