@@ -11,7 +11,7 @@ import numpy as np
 
 from mpitensor._core.devices import xp as _xp
 
-from .function import _SECOND_BACKWARD, Node
+from .function import SECOND_BACKWARD, Node
 from .grad_mode import _mode
 
 # The Tensor class and its fast wrapper, set by mpitensor.autograd._bind_tensor once
@@ -200,7 +200,7 @@ def _run_graph(roots: list, retain: bool, only: Optional[set]) -> None:
     while stack:
         node = stack.pop()
         if node.released:
-            raise RuntimeError(_SECOND_BACKWARD.format(node.name()))
+            raise RuntimeError(SECOND_BACKWARD.format(node.name()))
         for n in node._next:
             if n is None:
                 continue

@@ -11,7 +11,7 @@ import numpy as np
 
 from mpitensor._core.devices import xp as _xp
 
-from ._versions import _key, _note_versions, bump_version, storage, version_cell
+from ._versions import bump_version, note_versions, storage, storage_key, version_cell
 from .function import Function, Node
 
 _ndarray = np.ndarray
@@ -170,10 +170,10 @@ def apply_inplace(fn: type, what: str, t: Any, *args: Any) -> Any:
     if node.saved and any(isinstance(a, Tensor) and storage(a._data) is kx for a in args):
         # another operand is t's storage (x.mul_(x)): what the op saved of that operand is
         # overwritten below, as in torch, where backward then refuses it
-        _note_versions(node, args, None)
+        note_versions(node, args, None)
     if out is not x:
         if node.saved and not node.versions:  # keep old values backward reads from the write
-            node.saved = tuple(s.copy() if s is not out and _key(s) is kx else s
+            node.saved = tuple(s.copy() if s is not out and storage_key(s) is kx else s
                                for s in node.saved)
         if storage(out) is kx:  # a view of x: copying it into x would read what it writes
             out = out.copy()
@@ -185,7 +185,7 @@ def apply_inplace(fn: type, what: str, t: Any, *args: Any) -> Any:
     cell = version_cell(t)
     _become_output(t, node, root, info)
     if node.saved and not node.versions:
-        _note_versions(node, args, t)
+        note_versions(node, args, t)
     if cell[1]:
         _refresh_views(cell, t if root is None else root)
     return t

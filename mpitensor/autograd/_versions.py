@@ -82,7 +82,7 @@ def link_view(out: Any, base: Any, view_fn: Callable) -> None:
         cell[2] = 2 * len(views) + 8
 
 
-def _key(s: Any) -> Any:
+def storage_key(s: Any) -> Any:
     """The owner of array ``s``'s memory (see :func:`storage`); None for anything else."""
     if s is None or type(s) in _SCALARS:
         return None
@@ -92,7 +92,7 @@ def _key(s: Any) -> Any:
     return s if b is None else b
 
 
-def _note_versions(node: Any, args: Any, out: Any) -> None:
+def note_versions(node: Any, args: Any, out: Any) -> None:
     """Note, for each array ``node`` saved that belongs to one of ``args`` (or to ``out``, the
     node's own output), that tensor's counter and current version."""
     # (on the path of every recorded op that saves arrays: written for speed)
@@ -104,7 +104,7 @@ def _note_versions(node: Any, args: Any, out: Any) -> None:
         if type(s) is _ndarray:
             k = s.base
         else:
-            k = _key(s)
+            k = storage_key(s)
             if k is None:
                 continue
         if k is None:
@@ -139,7 +139,7 @@ def _note_versions(node: Any, args: Any, out: Any) -> None:
         node.versions = tuple(notes)
 
 
-def _check_versions(node: Any) -> None:
+def check_versions(node: Any) -> None:
     for cell, version, producer, i in node.versions:
         if cell[0] != version:
             s = node.saved[i]

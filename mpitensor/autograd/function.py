@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Optional
 
-from ._versions import _check_versions, _note_versions
+from ._versions import check_versions, note_versions
 from .grad_mode import _mode
 
 _object_new = object.__new__
@@ -96,7 +96,7 @@ class Function:
             t._requires_grad = True
             t.grad_fn = node
             if node.saved:
-                _note_versions(node, args, t)
+                note_versions(node, args, t)
         return t
 
 
@@ -135,9 +135,9 @@ class Node:
     def saved_tensors(self) -> tuple:
         """The arrays given to :meth:`save_for_backward`."""
         if self.released:
-            raise RuntimeError(_SECOND_BACKWARD.format(self.name()))
+            raise RuntimeError(SECOND_BACKWARD.format(self.name()))
         if self.versions:
-            _check_versions(self)
+            check_versions(self)
         return self.saved
 
     @property
@@ -177,7 +177,7 @@ class _NoRecord:
 
 _NO_RECORD = _NoRecord()
 
-_SECOND_BACKWARD = (
+SECOND_BACKWARD = (
     "{}: this part of the graph was already run backward, and the arrays it saved were freed "
     "then (also after reading saved tensors once a backward is done); pass retain_graph=True to "
     "the first backward() to run backward through the same graph again"
