@@ -422,52 +422,43 @@ def full(
                    requires_grad)
 
 
-def zeros_like(
-    input: Any, *, dtype: DTypeLike = None, layout: Any = None,  # noqa: A002
-    device: DeviceLike = None, requires_grad: bool = False, memory_format: Any = None,
-    pin_memory: bool = False,
-) -> Tensor:
-    """Make zeros with the shape (and by default dtype and device) of ``input``.
+def _like(kind: str, doc: str) -> Any:
+    """The public function ``{kind}_like``: ``create(kind)`` with the shape (and by default
+    the dtype and device) of ``input``."""
+
+    def like(input: Any, *, dtype: DTypeLike = None, layout: Any = None,  # noqa: A002
+             device: DeviceLike = None, requires_grad: bool = False, memory_format: Any = None,
+             pin_memory: bool = False) -> Tensor:
+        check_placement("*_like", layout, memory_format, pin_memory)
+        shape, dt, dev = like_args(input, dtype, device)
+        return finish(create(dev, kind, shape, dtype=dt), requires_grad)
+
+    like.__name__ = like.__qualname__ = f"{kind}_like"
+    like.__doc__ = doc
+    return like
+
+
+zeros_like = _like("zeros", """Make zeros with the shape (and by default dtype and device) of
+    ``input``.
 
     Example:
         >>> zeros_like(tensor([1, 2]))
         tensor([0, 0])
-    """
-    check_placement("*_like", layout, memory_format, pin_memory)
-    shape, dt, dev = like_args(input, dtype, device)
-    return finish(create(dev, "zeros", shape, dtype=dt), requires_grad)
-
-
-def ones_like(
-    input: Any, *, dtype: DTypeLike = None, layout: Any = None,  # noqa: A002
-    device: DeviceLike = None, requires_grad: bool = False, memory_format: Any = None,
-    pin_memory: bool = False,
-) -> Tensor:
-    """Make ones with the shape (and by default dtype and device) of ``input``.
+    """)
+ones_like = _like("ones", """Make ones with the shape (and by default dtype and device) of
+    ``input``.
 
     Example:
         >>> ones_like(zeros(2))
         tensor([1., 1.])
-    """
-    check_placement("*_like", layout, memory_format, pin_memory)
-    shape, dt, dev = like_args(input, dtype, device)
-    return finish(create(dev, "ones", shape, dtype=dt), requires_grad)
-
-
-def empty_like(
-    input: Any, *, dtype: DTypeLike = None, layout: Any = None,  # noqa: A002
-    device: DeviceLike = None, requires_grad: bool = False, memory_format: Any = None,
-    pin_memory: bool = False,
-) -> Tensor:
-    """Make an uninitialized tensor with the shape (dtype, device) of ``input``.
+    """)
+empty_like = _like("empty", """Make an uninitialized tensor with the shape (dtype, device) of
+    ``input``.
 
     Example:
         >>> empty_like(zeros(2, 3)).shape
         mpitensor.Size([2, 3])
-    """
-    check_placement("*_like", layout, memory_format, pin_memory)
-    shape, dt, dev = like_args(input, dtype, device)
-    return finish(create(dev, "empty", shape, dtype=dt), requires_grad)
+    """)
 
 
 def full_like(
