@@ -142,14 +142,10 @@ class Collectives:
         arr, plan = self._maybe_debug(
             where, lambda: self._shaped_sig("all_reduce", tensor, "tensor", where, reduce=str(op)),
             prepare)
-        buf, write_back = B.stage_out(arr)
-        rbuf, narrow = B.apply_plan_out(buf, plan)
-        avg = B.divider(rbuf, self.size_) if plan.average else None
-        spec = [rbuf, plan.mpi_type]
+        spec, finish = self._reduced_into(arr, plan)
         comm, mop = self.comm, plan.mpi_op
-        return self._run(where, lambda: comm.Iallreduce(_IN_PLACE, spec, mop),
-                         B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec,
-                         check=(arr, B.coerce_op(op, where), -1))
+        return self._run(where, lambda: comm.Iallreduce(_IN_PLACE, spec, mop), finish, async_op,
+                         [tensor], keep=spec, check=(arr, B.coerce_op(op, where), -1))
 
     def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
                   group_src: Optional[int] = None) -> Optional[Work]:
@@ -227,16 +223,27 @@ class Collectives:
         comm, mop = self.comm, plan.mpi_op
         check = (arr, B.coerce_op(op, where), self.ranks[root])
         if is_root:
-            buf, write_back = B.stage_out(arr)
-            rbuf, narrow = B.apply_plan_out(buf, plan)
-            avg = B.divider(rbuf, self.size_) if plan.average else None
-            spec = [rbuf, plan.mpi_type]
-            return self._run(where, lambda: comm.Ireduce(_IN_PLACE, spec, mop, root),
-                             B.chain(avg, narrow, write_back), async_op, [tensor], keep=spec,
-                             check=check)
+            spec, finish = self._reduced_into(arr, plan)
+            return self._run(where, lambda: comm.Ireduce(_IN_PLACE, spec, mop, root), finish,
+                             async_op, [tensor], keep=spec, check=check)
         spec = [B.apply_plan_in(B.stage_in(arr), plan), plan.mpi_type]
         return self._run(where, lambda: comm.Ireduce(spec, None, mop, root), None, async_op,
                          [tensor], keep=spec, check=check)
+
+    def _reduced_into(self, arr: Any, plan: Any) -> "tuple[list, Any]":
+        """The receive spec of a reduction into ``arr`` (staged, and widened as ``plan``
+        says) and the step that finishes it: divide for AVG, narrow back, write back."""
+        buf, write_back = B.stage_out(arr)
+        rbuf, narrow = B.apply_plan_out(buf, plan)
+        avg = B.divider(rbuf, self.size_) if plan.average else None
+        return [rbuf, plan.mpi_type], B.chain(avg, narrow, write_back)
+
+    def _scattered_into(self, out: Any, flat_in: Any, plan: Any) -> "tuple[list, list, Any]":
+        """A reduce-scatter's send and receive specs (``flat_in``: every member's piece end
+        to end, converted as ``plan`` says, apart from ``out``'s memory) and its finish."""
+        sbuf = B.apply_plan_in(flat_in, plan)
+        rspec, finish = self._reduced_into(out, plan)
+        return [B.unalias(sbuf, rspec[0]), plan.mpi_type], rspec, finish
 
     def _out_list(self, lst: Any, what: str, where: str, ref: Any,
                   ref_what: Optional[str] = None) -> list:
@@ -474,16 +481,11 @@ class Collectives:
 
         out, ins, plan = self._maybe_debug(where, sig, prepare)
         counts = [a.size for a in ins]
-        sbuf = B.apply_plan_in(self._packed_in(ins), plan)
-        buf, write_back = B.stage_out(out)
-        rbuf, narrow = B.apply_plan_out(buf, plan)
-        sbuf = B.unalias(sbuf, rbuf)
-        avg = B.divider(rbuf, self.size_) if plan.average else None
-        sspec, rspec = [sbuf, plan.mpi_type], [rbuf, plan.mpi_type]
+        sspec, rspec, finish = self._scattered_into(out, self._packed_in(ins), plan)
         comm, mop = self.comm, plan.mpi_op
-        return self._run(where, lambda: comm.Ireduce_scatter(sspec, rspec, counts, mop),
-                         B.chain(avg, narrow, write_back), async_op, [output],
-                         keep=(sspec, rspec), check=(out, B.coerce_op(op, where), -1))
+        return self._run(where, lambda: comm.Ireduce_scatter(sspec, rspec, counts, mop), finish,
+                         async_op, [output], keep=(sspec, rspec),
+                         check=(out, B.coerce_op(op, where), -1))
 
     def reduce_scatter_tensor(self, output: Any, input: Any, op: Any = _SUM,
                               async_op: bool = False) -> Optional[Work]:
@@ -517,16 +519,11 @@ class Collectives:
         out, inp, plan = self._maybe_debug(
             where, lambda: self._shaped_sig("reduce_scatter_tensor", input, "input", where,
                                             reduce=str(op)), prepare)
-        sbuf = B.apply_plan_in(B.stage_in(inp), plan)
-        buf, write_back = B.stage_out(out)
-        rbuf, narrow = B.apply_plan_out(buf, plan)
-        sbuf = B.unalias(sbuf, rbuf)
-        avg = B.divider(rbuf, self.size_) if plan.average else None
-        sspec, rspec = [sbuf, plan.mpi_type], [rbuf, plan.mpi_type]
+        sspec, rspec, finish = self._scattered_into(out, B.stage_in(inp), plan)
         comm, mop = self.comm, plan.mpi_op
-        return self._run(where, lambda: comm.Ireduce_scatter_block(sspec, rspec, mop),
-                         B.chain(avg, narrow, write_back), async_op, [output],
-                         keep=(sspec, rspec), check=(inp, B.coerce_op(op, where), -1))
+        return self._run(where, lambda: comm.Ireduce_scatter_block(sspec, rspec, mop), finish,
+                         async_op, [output], keep=(sspec, rspec),
+                         check=(inp, B.coerce_op(op, where), -1))
 
     @_guarded("all_to_all")
     def all_to_all(self, output_tensor_list: Any, input_tensor_list: Any,
