@@ -84,7 +84,7 @@ def _cast(t: Tensor, dt: np.dtype) -> Tensor:
     return t if t._data.dtype == dt else _converted(t, None, dt)
 
 
-def _to_args(args: tuple, kwargs: dict) -> tuple:
+def to_args(args: tuple, kwargs: dict) -> tuple:
     """``(device, dtype, copy)`` from the many call forms of ``Tensor.to``.
 
     Raises:
@@ -137,7 +137,7 @@ class _CastingMethods:
             >>> mt.tensor([1, 2]).to(mt.float64)
             tensor([1., 2.], dtype=mpitensor.float64)
         """
-        device, dtype, copy = _to_args(args, kwargs)
+        device, dtype, copy = to_args(args, kwargs)
         dev = parse_device(device)
         dt = None if dtype is None else _dt.to_dtype(dtype)
         x = self._data

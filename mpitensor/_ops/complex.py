@@ -18,10 +18,10 @@ from typing import Any
 
 from mpitensor._core.devices import xp
 from mpitensor._core.opkit import Function, Tensor, run, run_inplace, run_view, tensor_methods
-from mpitensor._ops.math import _Unary, _zero_grad
+from mpitensor._ops.math import UnaryOp, zero_gradient
 
 
-class Angle(_Unary):
+class Angle(UnaryOp):
     """The argument of complex numbers; for real ones 0, or pi for negative numbers (NaN
     stays NaN): the gradient of a real input is zero, as in torch."""
 
@@ -35,7 +35,7 @@ class Angle(_Unary):
         out = m.where(x < 0, x.dtype.type(math.pi), x.dtype.type(0))
         return m.where(m.isnan(x), x, out)
 
-    grad = staticmethod(_zero_grad)
+    grad = staticmethod(zero_gradient)
 
 
 class RealPart(Function):

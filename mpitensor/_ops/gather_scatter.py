@@ -30,7 +30,7 @@ from mpitensor._core.devices import same_device, xp
 from mpitensor._core.dims import wrap_dim
 from mpitensor._core.opkit import NO_RECORD, run, run_inplace, tensor_methods, wrap
 from mpitensor._core.promotion import is_scalar
-from mpitensor._ops.indexing import _scatter_add
+from mpitensor._ops.indexing import scatter_add_into
 from mpitensor._ops.operators import fit_grad
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
@@ -110,11 +110,11 @@ class Gather(Function):
     def backward(ctx: Any, g: Any) -> tuple:
         shape, shape1, dtype, key, ishape = ctx.meta
         gx = xp(g).zeros(shape1, dtype=dtype)
-        _scatter_add(gx, key, g.reshape(ishape))
+        scatter_add_into(gx, key, g.reshape(ishape))
         return gx.reshape(shape), None, None
 
 
-def _gather(t: Tensor, dim: int, index: Any) -> Tensor:
+def gather_along(t: Tensor, dim: int, index: Any) -> Tensor:
     x = t._data
     idx = _index_of(index, "gather()")
     axis = wrap_dim(dim, x.ndim)
@@ -160,7 +160,7 @@ class Scatter(Function):
             else:
                 out[hit] = neutral
         if mode in ("sum", "mean"):
-            _scatter_add(out, key, part)
+            scatter_add_into(out, key, part)
         elif mode == "prod":
             m.multiply.at(out, key, part)
         else:
@@ -168,7 +168,7 @@ class Scatter(Function):
         count = None
         if mode == "mean":
             count = m.zeros(x.shape, dtype=_INT64)
-            _scatter_add(count, key, m.ones(idx.shape, dtype=_INT64))
+            scatter_add_into(count, key, m.ones(idx.shape, dtype=_INT64))
             if include_self:
                 count += 1
             count = m.maximum(count, 1)
@@ -222,7 +222,7 @@ def _scatter_reduce_grads(m: Any, g: Any, key: tuple, mode: str, include_self: b
         self_wins = (x == out) & hit if include_self else m.zeros(x.shape, dtype=bool)
         src_wins = part == out[key]
         n = self_wins.astype(g.dtype)
-        _scatter_add(n, key, src_wins.astype(g.dtype))
+        scatter_add_into(n, key, src_wins.astype(g.dtype))
         share = g / m.where(n == 0, 1, n)
         gx = m.where(hit, share * self_wins, g)
         return gx, share[key] * src_wins
@@ -232,7 +232,7 @@ def _scatter_reduce_grads(m: Any, g: Any, key: tuple, mode: str, include_self: b
     if include_self:
         zeros += (x == 0) & hit
         nonzero = m.where(hit & (x != 0), x, 1).astype(g.dtype)
-    _scatter_add(zeros, key, (part == 0).astype(_INT64))
+    scatter_add_into(zeros, key, (part == 0).astype(_INT64))
     m.multiply.at(nonzero, key, m.where(part == 0, 1, part).astype(g.dtype))
 
     def grad_of(v: Any, z: Any, pnz: Any, gg: Any) -> Any:
@@ -298,7 +298,7 @@ class IndexSelect(Function):
     def backward(ctx: Any, g: Any) -> tuple:
         shape, dtype, axis, idx = ctx.meta
         gx = xp(g).zeros(shape, dtype=dtype)
-        _scatter_add(gx, (slice(None),) * axis + (idx,), g)
+        scatter_add_into(gx, (slice(None),) * axis + (idx,), g)
         return gx, None, None
 
 
@@ -335,7 +335,7 @@ class IndexPutAlong(Function):
                              f"{axis}")
         x, src = same_device(x, src)
         if mode == "add":
-            _scatter_add(out, key, (src if alpha == 1 else src * alpha).astype(x.dtype))
+            scatter_add_into(out, key, (src if alpha == 1 else src * alpha).astype(x.dtype))
         else:
             out[key] = src
         return out
@@ -424,7 +424,7 @@ class Take(Function):
     def backward(ctx: Any, g: Any) -> tuple:
         shape, dtype, idx = ctx.meta
         gx = xp(g).zeros(int(np.prod(shape)), dtype=dtype)
-        _scatter_add(gx, idx, g)
+        scatter_add_into(gx, idx, g)
         return gx.reshape(shape), None
 
 
@@ -441,7 +441,7 @@ class Put(Function):
         out = x.copy()
         flat = out.reshape(-1)
         if accumulate:
-            _scatter_add(flat, idx.reshape(-1), src.reshape(-1).astype(x.dtype))
+            scatter_add_into(flat, idx.reshape(-1), src.reshape(-1).astype(x.dtype))
         else:
             flat[idx.reshape(-1)] = src.reshape(-1)
         ctx.meta = (idx, accumulate, src.shape, src.dtype)
@@ -488,7 +488,7 @@ class _GatherScatterMethods:
             tensor([[2],
                     [3]])
         """
-        return _gather(self, dim, index)
+        return gather_along(self, dim, index)
 
     def scatter(self, dim: int, index: Any, src: Any = None, *, value: Any = None,
                 reduce: Optional[str] = None) -> Tensor:
@@ -624,7 +624,7 @@ class _GatherScatterMethods:
         tensor."""
         idx = _index_of(indices, "take_along_dim()")
         if dim is None:
-            return _gather(self.reshape(-1), 0, wrap(idx.reshape(-1)))
+            return gather_along(self.reshape(-1), 0, wrap(idx.reshape(-1)))
         x = self._data
         axis = wrap_dim(dim, x.ndim)
         if idx.ndim != x.ndim:
@@ -637,7 +637,7 @@ class _GatherScatterMethods:
         xs, ids = list(shape), list(shape)
         xs[axis], ids[axis] = x.shape[axis], idx.shape[axis]
         t = self if tuple(xs) == x.shape else self.expand(*xs)
-        return _gather(t, axis, wrap(m.broadcast_to(idx, tuple(ids))))
+        return gather_along(t, axis, wrap(m.broadcast_to(idx, tuple(ids))))
 
     def put(self, index: Any, source: Any, accumulate: bool = False) -> Tensor:
         """Return a copy with ``source`` written (``accumulate``: added) into the flattened
@@ -732,7 +732,7 @@ class IndexAccumulate(Function):
         key = tuple(k._data if isinstance(k, Tensor) else k for k in key)
         out = x.copy()
         v = values if is_scalar(values) else same_device(x, values)[1]
-        _scatter_add(out, key, xp(x).broadcast_to(xp(x).asarray(v, dtype=x.dtype),
+        scatter_add_into(out, key, xp(x).broadcast_to(xp(x).asarray(v, dtype=x.dtype),
                                                    out[key].shape))
         ctx.meta = (key, getattr(values, "shape", None), getattr(values, "dtype", None))
         return out

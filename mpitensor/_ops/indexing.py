@@ -66,7 +66,7 @@ def _has_int_index(key: Any) -> bool:
     return False
 
 
-def _scatter_add(gx: Any, key: Any, g: Any) -> None:
+def scatter_add_into(gx: Any, key: Any, g: Any) -> None:
     """``gx[key] += g`` with repeated indices adding up (``add.at``; older CuPy: cupyx)."""
     if isinstance(gx, _ndarray):
         np.add.at(gx, key, g)
@@ -97,7 +97,7 @@ class Index(Function):
         shape, dtype, key = ctx.meta
         gx = xp(g).zeros(shape, dtype=dtype)
         if _has_int_index(key):
-            _scatter_add(gx, key, g)
+            scatter_add_into(gx, key, g)
         else:
             gx[key] = g
         return gx, None

@@ -68,7 +68,7 @@ def _same_dtype(a: Tensor, b: Tensor, what: str) -> None:
                         f"{_dt.dt_repr(a._data.dtype)} and {_dt.dt_repr(b._data.dtype)}")
 
 
-def _tensor_arg(v: Any, what: str) -> Tensor:
+def tensor_arg(v: Any, what: str) -> Tensor:
     if not isinstance(v, Tensor):
         raise TypeError(f"{what} takes tensors, got {type(v).__name__}")
     return v
@@ -77,7 +77,7 @@ def _tensor_arg(v: Any, what: str) -> Tensor:
 def _operands(a: Tensor, b: Any, what: str, dims: tuple, name: str) -> Tensor:
     """``b`` as a tensor, after checking the numbers of dimensions (``dims``: a's, b's) and the
     dtypes of a product's two operands (``name``: what the error calls ``b``)."""
-    b = _tensor_arg(b, what)
+    b = tensor_arg(b, what)
     _need_dims(a, dims[0], what, "self")
     _need_dims(b, dims[1], what, name)
     _same_dtype(a, b, what)
@@ -262,7 +262,7 @@ def einsum(equation: str, *operands: Any) -> Tensor:
     if _autocast.ON and _autocast.active() and isinstance(equation, str):
         kind = "einsum" if _contracts(equation, len(operands)) else "einsum_no_contraction"
         return _autocast.run(kind, einsum, equation, *operands)
-    ts = [_tensor_arg(t, "einsum()") for t in operands]
+    ts = [tensor_arg(t, "einsum()") for t in operands]
     eq = _normalise_einsum(equation, [t._data.shape for t in ts])
     if _grad_mode.enabled and any(t._requires_grad for t in ts):
         return Einsum.apply(eq, *ts)
@@ -293,7 +293,7 @@ def tensordot(a: Tensor, b: Tensor, dims: Any = 2) -> Tensor:
     if _autocast.ON and _autocast.active():
         kind = "tensordot_full" if _full_contraction(a, b, dims) else "tensordot"
         return _autocast.run(kind, tensordot, a, b, dims)
-    a, b = _tensor_arg(a, "tensordot()"), _tensor_arg(b, "tensordot()")
+    a, b = tensor_arg(a, "tensordot()"), tensor_arg(b, "tensordot()")
     na, nb = a._data.ndim, b._data.ndim
     if isinstance(dims, Tensor):
         dims = dims.tolist()
@@ -595,14 +595,14 @@ class _LinalgMethods:
 
     def inner(self, other: Any) -> Tensor:
         """Return the sum of products over the last dimensions (a product for 0-d ones)."""
-        other = _tensor_arg(other, "inner()")
+        other = tensor_arg(other, "inner()")
         if self._data.ndim == 0 or other._data.ndim == 0:
             return self * other
         return tensordot(self, other, ([-1], [-1]))
 
     def outer(self, vec2: Tensor) -> Tensor:
         """Return the outer product of two 1-D tensors."""
-        vec2 = _tensor_arg(vec2, "outer()")
+        vec2 = tensor_arg(vec2, "outer()")
         _need_dims(self, 1, "outer()", "self")
         _need_dims(vec2, 1, "outer()", "vec2")
         return self.unsqueeze(1) * vec2.unsqueeze(0)
@@ -662,7 +662,7 @@ class _LinalgMethods:
 
     def kron(self, other: Tensor) -> Tensor:
         """Return the Kronecker product (``numpy.kron``)."""
-        other = _tensor_arg(other, "kron()")
+        other = tensor_arg(other, "kron()")
         if _grad_mode.enabled and (self._requires_grad or other._requires_grad):
             return Kron.apply(self, other)
         return wrap(Kron.forward(NO_RECORD, self._data, other._data))
@@ -815,7 +815,7 @@ def solve(A: Tensor, B: Tensor, *, left: bool = True) -> Tensor:  # noqa: N803 -
         ValueError: ``A`` is not square, or is singular (``numpy.linalg.LinAlgError``).
     """
     _square(A, "solve()")
-    B = _tensor_arg(B, "solve()")  # noqa: N806
+    B = tensor_arg(B, "solve()")  # noqa: N806
     if not left:
         return solve(A.mT, B.mT).mT
     a, b = A._data, B._data

@@ -8,7 +8,7 @@ A unary op is one row of :data:`_UNARY`: its name, what it does to integer and b
 which arrays its gradient reads, and the forward and the gradient side by side; the rows become
 :class:`~mpitensor.autograd.Function` classes, Tensor methods and their in-place forms. Half
 inputs are computed in float32 and rounded once, as torch's CPU kernels do. A binary op is one
-:class:`~mpitensor._ops.operators._Binary` subclass, run through ``_operators.binary`` so that
+:class:`~mpitensor._ops.operators.BinaryOp` subclass, run through ``_operators.binary`` so that
 promotion, devices and recording work as for the operators. In-place forms go through
 ``mpitensor.autograd.apply_inplace`` when autograd must record them (version counters, views).
 
@@ -46,13 +46,13 @@ from mpitensor._core.promotion import is_scalar, result_type
 from mpitensor._ops import special as _special
 from mpitensor._ops.elementwise import Abs, Exp, Log, Neg, Sigmoid, Sqrt, Tanh
 from mpitensor._ops.operators import (
-    _FUNCTION_OF,
     ARITH,
     COMPARE,
     DIVLIKE,
+    FUNCTION_OF,
     NOT_OPERAND,
     TRUEDIV,
-    _Binary,
+    BinaryOp,
     binary,
     binary_inplace,
     operand,
@@ -72,7 +72,7 @@ _SQRT_PI_OVER_TWO = math.sqrt(math.pi) / 2.0
 # Unary functions
 
 
-class _Unary(Function):
+class UnaryOp(Function):
     """Base of the unary ops: ``compute(m, x, *args)`` on the array (``m`` its module) and
     ``grad(m, g, x, out, *args)``; ``keeps`` names what the gradient reads (``x``, ``o``)."""
 
@@ -125,7 +125,7 @@ class _Unary(Function):
         raise NotImplementedError
 
 
-def _zero_grad(m: Any, g: Any, x: Any, out: Any, *args: Any) -> Any:
+def zero_gradient(m: Any, g: Any, x: Any, out: Any, *args: Any) -> Any:
     return m.zeros_like(g)
 
 
@@ -225,11 +225,11 @@ _UNARY = [
     ("rsqrt", "float", "o", lambda m, x: 1 / m.sqrt(x),
      lambda m, g, x, o: g * (-0.5 * o * o * o)),
     ("square", "keep", "x", _square, lambda m, g, x, o: g * (2 * x)),
-    ("sign", "keep", "", _sign, _zero_grad),
-    ("floor", "keep_int", "", _int_kept(_trig("floor")), _zero_grad),
-    ("ceil", "keep_int", "", _int_kept(_trig("ceil")), _zero_grad),
-    ("trunc", "keep_int", "", _int_kept(_trig("trunc")), _zero_grad),
-    ("round", "keep_int", "", _round, _zero_grad),
+    ("sign", "keep", "", _sign, zero_gradient),
+    ("floor", "keep_int", "", _int_kept(_trig("floor")), zero_gradient),
+    ("ceil", "keep_int", "", _int_kept(_trig("ceil")), zero_gradient),
+    ("trunc", "keep_int", "", _int_kept(_trig("trunc")), zero_gradient),
+    ("round", "keep_int", "", _round, zero_gradient),
     ("frac", "refuse", "", lambda m, x: x - m.trunc(x), _same_grad),
     ("erf", "float", "x", lambda m, x: _special.erf(x), _erf_grad),
     ("erfc", "float", "x", lambda m, x: _special.erfc(x),
@@ -259,7 +259,7 @@ def _camel(name: str) -> str:
 _HALF_STEPWISE = frozenset({"logit"})
 
 for _name, _ints, _keeps, _compute, _grad in _UNARY:
-    _cls = type(_camel(_name), (_Unary,), {
+    _cls = type(_camel(_name), (UnaryOp,), {
         "__doc__": f"``{_name}(x)`` element-wise, with its gradient.",
         "__module__": __name__,
         "ints": _ints, "keeps": _keeps, "name_": _name,
@@ -268,7 +268,7 @@ for _name, _ints, _keeps, _compute, _grad in _UNARY:
     _UNARY_FN[_name] = _cls if _name in _HALF_STEPWISE else computes_in_float32(_cls)
 
 
-class NanToNum(_Unary):
+class NanToNum(UnaryOp):
     """``nan_to_num(x, nan, posinf, neginf)``: NaN and infinities replaced (by the dtype's
     largest finite numbers by default); the gradient passes where ``x`` is finite. Computed
     in ``x``'s own dtype, so that the defaults are that dtype's limits."""
@@ -432,7 +432,7 @@ def xlogy_op(x: Any, y: Any) -> Any:
     return m.where((x == 0) & ~m.isnan(y), 0, x * m.log(y))
 
 
-class Atan2(_Binary):
+class Atan2(BinaryOp):
     """``atan2(a, b)``: d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2)."""
 
     @staticmethod
@@ -441,7 +441,7 @@ class Atan2(_Binary):
         return (g * (b / r) if need_a else None), (g * (-a / r) if need_b else None)
 
 
-class Hypot(_Binary):
+class Hypot(BinaryOp):
     """``hypot(a, b)``: d/da = a / out, d/db = b / out."""
 
     @staticmethod
@@ -453,7 +453,7 @@ class Hypot(_Binary):
         return (g * (a / out) if need_a else None), (g * (b / out) if need_b else None)
 
 
-class LogAddExp(_Binary):
+class LogAddExp(BinaryOp):
     """``log(exp(a) + exp(b))``: d/da = 1 / (1 + exp(b - a)), and symmetrically."""
 
     base = math.e
@@ -477,7 +477,7 @@ class LogAddExp2(LogAddExp):
     base = 2.0
 
 
-class Fmod(_Binary):
+class Fmod(BinaryOp):
     """``fmod(a, b)`` (C's remainder, the sign of ``a``): d/da = 1, d/db = -trunc(a / b)."""
 
     @staticmethod
@@ -489,7 +489,7 @@ class Fmod(_Binary):
         return g, (-(g * xp(g).trunc(a / b)) if need_b else None)
 
 
-class Copysign(_Binary):
+class Copysign(BinaryOp):
     """``copysign(a, b)``: d/da = out / a (0 where a == 0); ``b`` gets zeros."""
 
     @staticmethod
@@ -507,7 +507,7 @@ class Copysign(_Binary):
         return ga, gb
 
 
-class Xlogy(_Binary):
+class Xlogy(BinaryOp):
     """``x * log(y)``, 0 where x == 0 (unless y is NaN): d/dx = log(y) (0 where x == 0),
     d/dy = x / y."""
 
@@ -522,7 +522,7 @@ class Xlogy(_Binary):
         return ga, gb
 
 
-class _FMaxMin(_Binary):
+class _FMaxMin(BinaryOp):
     """``fmax``/``fmin``: the NaN-ignoring maximum/minimum; ``a`` gets the gradient where it
     wins, ties included, or ``b`` is NaN; ``b`` elsewhere."""
 
@@ -548,7 +548,7 @@ class Fmin(_FMaxMin):
     is_max = False
 
 
-class _ZeroGrad(_Binary):
+class _ZeroGrad(BinaryOp):
     """A comparison written in place: what it replaced gets zero gradient, as in torch."""
 
     @staticmethod
@@ -561,7 +561,7 @@ class _ZeroGrad(_Binary):
         return (m.zeros_like(g) if need_a else None), (m.zeros_like(g) if need_b else None)
 
 
-_FUNCTION_OF.update({
+FUNCTION_OF.update({
     atan2_op: Atan2, hypot_op: Hypot, logaddexp_op: LogAddExp, logaddexp2_op: LogAddExp2,
     fmod_op: Fmod, copysign_op: Copysign, xlogy_op: Xlogy, fmax_op: Fmax, fmin_op: Fmin,
     operator.eq: _ZeroGrad, operator.ne: _ZeroGrad, operator.lt: _ZeroGrad,

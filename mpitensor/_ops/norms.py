@@ -27,7 +27,7 @@ from mpitensor._core.opkit import (
     serve,
     tensor_methods,
 )
-from mpitensor._ops.linalg import _tensor_arg
+from mpitensor._ops.linalg import tensor_arg
 
 
 @computes_in_float32
@@ -106,7 +106,7 @@ def vector_norm(x: Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False,
         >>> vector_norm(mt.tensor([3.0, 4.0]))
         tensor(5.)
     """
-    x = _tensor_arg(x, "vector_norm()")
+    x = tensor_arg(x, "vector_norm()")
     if dtype is not None:
         x = x.to(dtype)
     d = x._data
@@ -159,7 +159,7 @@ def matrix_norm(a: Tensor, ord: Any = "fro", dim: Any = (-2, -1), keepdim: bool 
     Raises:
         ValueError: an unknown ``ord``, or fewer than 2 dimensions.
     """
-    a = _tensor_arg(a, "matrix_norm()")
+    a = tensor_arg(a, "matrix_norm()")
     if dtype is not None:
         a = a.to(dtype)
     x = a._data
@@ -198,7 +198,7 @@ def norm(input: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, 
         TypeError: an integer or bool tensor.
         ValueError: an unknown ``p``.
     """
-    input = _tensor_arg(input, "norm()")  # noqa: A001
+    input = tensor_arg(input, "norm()")  # noqa: A001
     if p == "fro":
         return vector_norm(input, 2, dim, keepdim, dtype=dtype)
     if p == "nuc":
@@ -223,7 +223,7 @@ def cdist(x1: Tensor, x2: Tensor, p: float = 2.0, compute_mode: Any = None) -> T
     Raises:
         ValueError: fewer than 2 dimensions, or rows of different lengths.
     """
-    x1, x2 = _tensor_arg(x1, "cdist()"), _tensor_arg(x2, "cdist()")
+    x1, x2 = tensor_arg(x1, "cdist()"), tensor_arg(x2, "cdist()")
     if x1.dim() < 2 or x2.dim() < 2 or x1.shape[-1] != x2.shape[-1]:
         raise ValueError(f"cdist(): expects ... x P x M and ... x R x M tensors, got "
                          f"{list(x1.shape)} and {list(x2.shape)}")

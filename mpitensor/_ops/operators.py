@@ -328,7 +328,7 @@ def _record_inplace(a: Tensor, other: Any, iop: Any, mode: int) -> Any:
         if other is NOT_OPERAND:
             return NotImplemented
     op = _OP_OF_IOP[iop]
-    fn = _FUNCTION_OF.get(op, NotImplementedOp)
+    fn = FUNCTION_OF.get(op, NotImplementedOp)
     return apply_inplace(fn, _OP_NAMES[iop], a, other, (op, mode, False))
 
 
@@ -416,7 +416,7 @@ _OP_NAMES = {
 # array saved for nothing would refuse in-place writes that torch allows.
 
 
-class _Binary(Function):
+class BinaryOp(Function):
     @staticmethod
     def _keeps(need_a: bool, need_b: bool) -> tuple:
         """Whether backward reads ``a``, ``b`` and the result, given the gradients wanted."""
@@ -464,7 +464,7 @@ def _keeps_nothing(need_a: bool, need_b: bool) -> tuple:
     return False, False, False
 
 
-class Add(_Binary):
+class Add(BinaryOp):
     """``a + b``."""
 
     _keeps = staticmethod(_keeps_nothing)
@@ -474,7 +474,7 @@ class Add(_Binary):
         return g, g
 
 
-class Sub(_Binary):
+class Sub(BinaryOp):
     """``a - b``."""
 
     _keeps = staticmethod(_keeps_nothing)
@@ -489,7 +489,7 @@ def _keeps_other(need_a: bool, need_b: bool) -> tuple:
     return need_b, need_a, False
 
 
-class Mul(_Binary):
+class Mul(BinaryOp):
     """``a * b``."""
 
     _keeps = staticmethod(_keeps_other)
@@ -499,7 +499,7 @@ class Mul(_Binary):
         return (g * b if need_a else None), (g * a if need_b else None)
 
 
-class Div(_Binary):
+class Div(BinaryOp):
     """``a / b``: d/da = 1/b, d/db = -a/b**2 (from the operands, not the result, which an
     in-place write may change, as torch does)."""
 
@@ -518,7 +518,7 @@ def _log(v: Any) -> Any:
     return xp(v).log(v)
 
 
-class Pow(_Binary):
+class Pow(BinaryOp):
     """``a ** b``: d/da = b * a**(b-1) (0 where b == 0), d/db = out * log(a) (0 where a == 0 and
     b >= 0), as torch defines them."""
 
@@ -547,7 +547,7 @@ class Pow(_Binary):
         return ga, gb
 
 
-class Remainder(_Binary):
+class Remainder(BinaryOp):
     """``a % b`` (Python/floor remainder): d/da = 1, d/db = -floor(a / b)."""
 
     @staticmethod
@@ -562,7 +562,7 @@ class Remainder(_Binary):
         return g, gb
 
 
-class _MaxMin(_Binary):
+class _MaxMin(BinaryOp):
     is_max = True
 
     @classmethod
@@ -594,7 +594,7 @@ class Minimum(_MaxMin):
     is_max = False
 
 
-class MatMul(_Binary):
+class MatMul(BinaryOp):
     """``a @ b`` for 1-D and n-D operands with batch broadcasting, as ``torch.matmul``."""
 
     _keeps = staticmethod(_keeps_other)
@@ -630,7 +630,7 @@ class MatMul(_Binary):
         return ga, gb
 
 
-class _NotDifferentiable(_Binary):
+class _NotDifferentiable(BinaryOp):
     name_ = "operation"
     _keeps = staticmethod(_keeps_nothing)
 
@@ -660,7 +660,7 @@ class NotImplementedOp(_NotDifferentiable):
     name_ = "this operator"
 
 
-_FUNCTION_OF = {
+FUNCTION_OF = {
     operator.add: Add,
     operator.sub: Sub,
     operator.mul: Mul,
@@ -681,7 +681,7 @@ def _record(a: Tensor, other: Any, op: Any, mode: int, rev: bool) -> Any:
         other = operand(other)
         if other is NOT_OPERAND:
             return NotImplemented
-    fn = _FUNCTION_OF.get(op)  # (_function_of written out: this runs for every recorded op)
+    fn = FUNCTION_OF.get(op)  # (_function_of written out: this runs for every recorded op)
     if fn is None:
         fn = _function_of(op)
     return fn.apply(a, other, (op, mode, rev))
@@ -689,7 +689,7 @@ def _record(a: Tensor, other: Any, op: Any, mode: int, rev: bool) -> Any:
 
 def _function_of(op: Any) -> Any:
     """The differentiable Function of binary op ``op`` (``NotImplementedOp`` if none)."""
-    fn = _FUNCTION_OF.get(op)
+    fn = FUNCTION_OF.get(op)
     if fn is None:
         name = str(getattr(op, "__name__", None) or getattr(op, "name", ""))
         fn = _FUNCTION_OF_UFUNC.get(name.removeprefix("cupy_"), NotImplementedOp)

@@ -59,7 +59,7 @@ class BadSeedError(TypeError, RuntimeError):
     """A seed that is not an int, where torch raises ``RuntimeError``: catchable as either."""
 
 
-def _check_seed(seed: Any) -> int:
+def check_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise BadSeedError(f"seed must be an int, got {seed!r}")
     seed = int(seed)
@@ -100,7 +100,7 @@ class Generator:
         Raises:
             TypeError: ``seed`` is not an int.
         """
-        self._reseed(_check_seed(seed))
+        self._reseed(check_seed(seed))
         return self
 
     def seed(self) -> int:
@@ -163,7 +163,7 @@ def manual_seed(seed: int) -> Generator:
         >>> _ = manual_seed(0); a = rand(2); _ = manual_seed(0); bool((a == rand(2)).all())
         True
     """
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     default_generator._reseed(seed)
     cp = sys.modules.get("cupy")  # seed CuPy's own global generator only if it is loaded
     if cp is not None:

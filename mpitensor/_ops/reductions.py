@@ -299,19 +299,19 @@ _MaxResult = namedtuple("max", ["values", "indices"])
 _MinResult = namedtuple("min", ["values", "indices"])
 
 
-def _return_types_repr(self: Any) -> str:
+def return_types_repr(self: Any) -> str:
     return (
         f"mpitensor.return_types.{type(self).__name__}(\n"
         f"values={self.values!r},\nindices={self.indices!r})"
     )
 
 
-_MaxResult.__repr__ = _return_types_repr
-_MinResult.__repr__ = _return_types_repr
+_MaxResult.__repr__ = return_types_repr
+_MinResult.__repr__ = return_types_repr
 _SortResult = namedtuple("sort", ["values", "indices"])
-_SortResult.__repr__ = _return_types_repr
+_SortResult.__repr__ = return_types_repr
 _TopkResult = namedtuple("topk", ["values", "indices"])
-_TopkResult.__repr__ = _return_types_repr
+_TopkResult.__repr__ = return_types_repr
 _AminmaxResult = namedtuple("aminmax", ["min", "max"])
 _AminmaxResult.__repr__ = lambda self: (
     f"mpitensor.return_types.aminmax(\nmin={self.min!r},\nmax={self.max!r})")

@@ -26,8 +26,8 @@ from mpitensor._core.dims import wrap_dim
 from mpitensor._core.half import computes_in_float32
 from mpitensor._core.opkit import run, run_inplace, tensor_methods, wrap
 from mpitensor._core.promotion import sum_dtype
-from mpitensor._ops.gather_scatter import _gather
-from mpitensor._ops.reductions import _return_types_repr
+from mpitensor._ops.gather_scatter import gather_along
+from mpitensor._ops.reductions import return_types_repr
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
@@ -153,8 +153,8 @@ class LogCumSumExp(Function):
 
 _CummaxResult = namedtuple("cummax", ["values", "indices"])
 _CumminResult = namedtuple("cummin", ["values", "indices"])
-_CummaxResult.__repr__ = _return_types_repr
-_CumminResult.__repr__ = _return_types_repr
+_CummaxResult.__repr__ = return_types_repr
+_CumminResult.__repr__ = return_types_repr
 
 
 def _cum_extreme(t: Tensor, dim: int, largest: bool) -> Any:
@@ -178,7 +178,7 @@ def _cum_extreme(t: Tensor, dim: int, largest: bool) -> Any:
     pos = m.arange(n).reshape((n,) + (1,) * (x.ndim - axis - 1))
     # the last position at or before each one that holds the running extreme
     idx = m.maximum.accumulate(m.where(same, pos, -1), axis=axis).astype(_INT64)
-    return result(_gather(t, axis, wrap(idx)), wrap(idx))
+    return result(gather_along(t, axis, wrap(idx)), wrap(idx))
 
 
 @tensor_methods

@@ -32,7 +32,7 @@ from mpitensor._core.dims import keyword_form, need_dims, size_from, wrap_dim
 from mpitensor._core.opkit import run, serve, tensor_methods, wrap
 from mpitensor._ops.combine import cat, stack
 from mpitensor._ops.create import dtype_or
-from mpitensor._ops.indexing import _scatter_add
+from mpitensor._ops.indexing import scatter_add_into
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
@@ -111,7 +111,7 @@ class RepeatInterleave(Function):
         n = shape[axis]
         src = m.repeat(m.arange(n), reps)
         gx = m.zeros(shape, dtype=dtype)
-        _scatter_add(gx, (slice(None),) * axis + (src,), g)
+        scatter_add_into(gx, (slice(None),) * axis + (src,), g)
         return gx, None, None
 
 
@@ -499,7 +499,7 @@ class Unfold(Function):
         gx = m.zeros(shape, dtype=dtype)
         gm = m.moveaxis(g, axis, -2)  # (..., windows, size)
         target = m.moveaxis(gx, axis, -1)  # a view of gx: (..., length)
-        _scatter_add(target, (Ellipsis, pos), gm)
+        scatter_add_into(target, (Ellipsis, pos), gm)
         return gx, None, None, None
 
 

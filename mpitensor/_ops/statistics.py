@@ -28,8 +28,8 @@ from mpitensor import dtypes as _dt
 from mpitensor._core.devices import xp
 from mpitensor._core.dims import wrap_dim
 from mpitensor._core.opkit import run, tensor_methods, wrap
-from mpitensor._ops.gather_scatter import _gather
-from mpitensor._ops.reductions import _return_types_repr
+from mpitensor._ops.gather_scatter import gather_along
+from mpitensor._ops.reductions import return_types_repr
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
@@ -38,7 +38,7 @@ _INT64 = _dt.int64
 
 def _result(name: str) -> Any:
     r = namedtuple(name, ["values", "indices"])
-    r.__repr__ = _return_types_repr
+    r.__repr__ = return_types_repr
     return r
 
 
@@ -86,7 +86,7 @@ def _sorted_order(x: Any, axis: int) -> Any:
 
 def _pick(t: Tensor, idx: Any, axis: int, keepdim: bool, result: Any) -> Any:
     """``result(values, indices)`` for the int64 positions ``idx`` (size 1 along ``axis``)."""
-    values = _gather(t, axis, wrap(idx))
+    values = gather_along(t, axis, wrap(idx))
     if not keepdim:
         values = values.squeeze(axis)
         idx = idx.squeeze(axis)

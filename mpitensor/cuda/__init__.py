@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from mpitensor import backend as _backend
 from mpitensor._core.devices import cuda_index_arg
-from mpitensor._ops.random import _check_seed, default_generator
+from mpitensor._ops.random import check_seed, default_generator
 
 from ._common import (  # noqa: F401 - the package's own helpers, kept here for callers
     CudaUnavailableError,
@@ -214,7 +214,7 @@ def manual_seed(seed: int) -> None:
         >>> import mpitensor as torch
         >>> torch.cuda.manual_seed(0)  # safe on a machine without a GPU
     """
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     if _backend.cupy_available():
         _seed_gpus(seed, [current_device()])
 
@@ -232,7 +232,7 @@ def manual_seed_all(seed: int) -> None:
         >>> import mpitensor as torch
         >>> torch.cuda.manual_seed_all(0)
     """
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     if _backend.cupy_available():
         _seed_gpus(seed, range(device_count()))
 

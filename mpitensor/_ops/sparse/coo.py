@@ -18,7 +18,7 @@ from mpitensor._core import promotion as _promotion
 from mpitensor._core.devices import move, parse_device
 from mpitensor._core.dims import wrap_dim
 from mpitensor._core.opkit import tensor_methods, wrap
-from mpitensor._ops.cast import _to_args
+from mpitensor._ops.cast import to_args
 from mpitensor._ops.create import layout, strided
 from mpitensor.autograd import Function
 from mpitensor.tensor import Size, Tensor
@@ -417,7 +417,7 @@ class SparseTensor(Tensor):
 
     def to(self, *args: Any, **kwargs: Any) -> SparseTensor:
         """Return the sparse tensor on another device and/or with another dtype."""
-        device, dtype, copy = _to_args(args, kwargs)
+        device, dtype, copy = to_args(args, kwargs)
         dev = parse_device(device)
         vals = self._vals.to(device=dev, dtype=dtype, copy=copy)
         idx = move(self._idx, dev) if dev is not None else self._idx
