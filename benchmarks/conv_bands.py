@@ -1,7 +1,8 @@
 """What conv2d's band-by-band im2col buys: one process, and two processes on one machine.
 
 conv2d on the CPU builds im2col matrices larger than ``MPITENSOR_CONV_BAND_BYTES`` (default
-1 MiB) a band of the output at a time in a cache-sized buffer (see ``mpitensor/nn/_kernels/__init__.py``).
+1 MiB) a band of the output at a time in a cache-sized buffer (see
+``mpitensor/nn/_kernels/__init__.py``).
 This benchmark trains LeNet (batch 64 per process, one thread each) with bands on and off, in
 jobs of two ranks that alternate setting by setting so that machine load hits both alike. Each
 job times rank 0 training alone (the other rank asleep), then both ranks training at once with

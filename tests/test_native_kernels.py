@@ -78,7 +78,7 @@ def test_compiled_loops_agree_with_numpy_loops(monkeypatch, numpy_loops, geom, b
     N, C, H, W, O, k, stride, padding, dilation = geom
     monkeypatch.setattr(K, "BAND_BYTES", band_bytes)
     monkeypatch.setattr(K, "BAND_COLUMNS", 64)
-    import mpitensor.nn.functional as fn
+    import mpitensor.nn._functional.conv as fn
     monkeypatch.setattr(fn, "SPLIT_NATIVE_WORK", 0)  # split however small
     monkeypatch.setattr(fn, "SPLIT_BAND_WORK", 0)
     monkeypatch.setattr(fn, "SPLIT_TOTAL_WORK", 0)

@@ -201,6 +201,157 @@ def _linear(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
     return y + b if b is not None else y
 
 
+
+def _mha_inputs(query: Any, key: Any, value: Any, key_padding_mask: Any, attn_mask: Any,
+                is_causal: bool, embed_dim_to_check: int, num_heads: int) -> tuple:
+    """multi_head_attention_forward's inputs checked and made batched (L, N, E): query, key,
+    value, the key padding mask and attention mask (None where not given), and whether the
+    inputs came batched."""
+    fname = "multi_head_attention_forward"
+    q_in = as_tensor(query, "query", fname)
+    k_in = as_tensor(key, "key", fname)
+    v_in = as_tensor(value, "value", fname)
+    batched = q_in.ndim == 3
+    if q_in.ndim not in (2, 3) or k_in.ndim != q_in.ndim or v_in.ndim != q_in.ndim:
+        raise RuntimeError(f"{fname}(): query, key and value must all be 3-D (batched) or all "
+                           f"2-D (unbatched), got shapes {shape_str(q_in.shape)}, "
+                           f"{shape_str(k_in.shape)} and {shape_str(v_in.shape)}")
+    kpm = None if key_padding_mask is None else as_tensor(key_padding_mask, "key_padding_mask",
+                                                          fname)
+    am = None if attn_mask is None else as_tensor(attn_mask, "attn_mask", fname)
+    if not batched:
+        q_in, k_in, v_in = q_in.unsqueeze(1), k_in.unsqueeze(1), v_in.unsqueeze(1)
+        if kpm is not None:
+            if kpm.ndim != 1:
+                raise RuntimeError(f"{fname}(): an unbatched key_padding_mask must be 1-D (S), "
+                                   f"got shape {shape_str(kpm.shape)}")
+            kpm = kpm.unsqueeze(0)
+        if am is not None and am.ndim == 3:
+            pass  # (num_heads, L, S) works as (N * num_heads, L, S) with N = 1
+    if is_causal and am is None:
+        raise RuntimeError(f"{fname}(): is_causal=True is only a hint here: pass the causal "
+                           f"attn_mask too")
+    L, N, E = q_in.shape
+    assert E == embed_dim_to_check, (  # noqa: S101 - torch raises AssertionError here
+        f"{fname}(): the query's embedding size {E} differs from embed_dim {embed_dim_to_check}")
+    if E % num_heads:
+        raise RuntimeError(f"{fname}(): embed_dim ({E}) must be divisible by num_heads "
+                           f"({num_heads})")
+    if k_in.shape[:2] != v_in.shape[:2] or k_in.shape[1] != N:
+        raise RuntimeError(f"{fname}(): key {shape_str(k_in.shape)} and value "
+                           f"{shape_str(v_in.shape)} must match each other in (S, N) and the "
+                           f"query's batch {N}")
+    return q_in, k_in, v_in, kpm, am, batched
+
+
+def _mha_project(q_in: Tensor, k_in: Tensor, v_in: Tensor, in_proj_weight: Any,
+                 in_proj_bias: Any, separate: Optional[tuple]) -> tuple:
+    """The query, key and value projections: slices of one packed ``in_proj_weight``, or the
+    ``separate`` (q, k, v) weights."""
+    fname = "multi_head_attention_forward"
+    E = q_in.shape[2]
+    if separate is not None:
+        wq, wk, wv = (as_tensor(w, n, fname) for w, n in zip(
+            separate, ("q_proj_weight", "k_proj_weight", "v_proj_weight")))
+    else:
+        w = as_tensor(in_proj_weight, "in_proj_weight", fname)
+        wq, wk, wv = w[:E], w[E:2 * E], w[2 * E:]
+    if in_proj_bias is not None:
+        b = as_tensor(in_proj_bias, "in_proj_bias", fname)
+        bq, bk, bv = b[:E], b[E:2 * E], b[2 * E:]
+    else:
+        bq = bk = bv = None
+    q = _linear(q_in, wq, bq)
+    k = _linear(k_in, wk, bk)
+    v = _linear(v_in, wv, bv)
+    return q, k, v
+
+
+def _mha_masks(am: Optional[Tensor], kpm: Optional[Tensor], dt: Any, L: int, S: int, N: int,
+               num_heads: int) -> tuple:
+    """The attention mask as (1 or N*heads, L, S) and the key padding mask as (N, S), both
+    additive floats (-inf where a boolean mask said True)."""
+    fname = "multi_head_attention_forward"
+    if am is not None:
+        am = _float_mask(am, dt, False)
+        if am.ndim == 2:
+            if tuple(am.shape) != (L, S):
+                raise RuntimeError(f"{fname}(): a 2-D attn_mask must have shape ({L}, {S}), got "
+                                   f"{shape_str(am.shape)}")
+            am = am.unsqueeze(0)
+        elif am.ndim != 3 or tuple(am.shape) != (N * num_heads, L, S):
+            raise RuntimeError(f"{fname}(): attn_mask must have shape ({L}, {S}) or "
+                               f"({N * num_heads}, {L}, {S}), got {shape_str(am.shape)}")
+    if kpm is not None:
+        kpm = _float_mask(kpm, dt, False)
+        if tuple(kpm.shape) != (N, S):
+            raise RuntimeError(f"{fname}(): key_padding_mask must have shape ({N}, {S}), got "
+                               f"{shape_str(kpm.shape)}")
+    return am, kpm
+
+
+def _pad_last(m: Optional[Tensor]) -> Optional[Tensor]:
+    """A mask with one more (unmasked) key position."""
+    if m is None:
+        return None
+    return cat([m, m[..., :1] * 0.0], -1)
+
+
+def _mha_heads(q: Tensor, k: Tensor, v: Tensor, am: Optional[Tensor], kpm: Optional[Tensor],
+               num_heads: int, bias_k: Any, bias_v: Any, static_k: Any, static_v: Any,
+               add_zero_attn: bool) -> tuple:
+    """Keys and values split into heads (N*heads, S, head_dim), with the extra key/value
+    positions of ``bias_k``/``bias_v`` and ``add_zero_attn`` (the masks grow with them) or the
+    given ``static_k``/``static_v``; and the attention mask with the key padding mask folded in
+    (None when neither is given)."""
+    fname = "multi_head_attention_forward"
+    N, E = q.shape[1], q.shape[2]
+    hd = E // num_heads
+    if bias_k is not None and bias_v is not None:
+        if static_k is not None or static_v is not None:
+            raise RuntimeError(f"{fname}(): bias_k/bias_v cannot be used with static_k/static_v")
+        bk_t = as_tensor(bias_k, "bias_k", fname)
+        bv_t = as_tensor(bias_v, "bias_v", fname)
+        k = cat([k, bk_t.expand(1, N, E)], 0)
+        v = cat([v, bv_t.expand(1, N, E)], 0)
+        am, kpm = _pad_last(am), _pad_last(kpm)
+    elif (bias_k is None) != (bias_v is None):
+        raise RuntimeError(f"{fname}(): give both bias_k and bias_v, or neither")
+
+    if static_k is None:
+        k = k.reshape((k.shape[0], N * num_heads, hd)).transpose(0, 1)
+    else:
+        k = as_tensor(static_k, "static_k", fname)
+    if static_v is None:
+        v = v.reshape((v.shape[0], N * num_heads, hd)).transpose(0, 1)
+    else:
+        v = as_tensor(static_v, "static_v", fname)
+
+    if add_zero_attn:
+        k = cat([k, k[:, :1] * 0.0], 1)
+        v = cat([v, v[:, :1] * 0.0], 1)
+        am, kpm = _pad_last(am), _pad_last(kpm)
+    S2 = k.shape[1]
+    if kpm is not None:  # the key padding mask joins the attention mask, per head
+        kp = kpm.reshape((N, 1, 1, S2)).expand(N, num_heads, 1, S2).reshape(
+            (N * num_heads, 1, S2))
+        am = kp if am is None else am + kp
+    return k, v, am
+
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, am: Optional[Tensor], p: float,
+            need_weights: bool) -> tuple:
+    """Scaled dot-product attention over the heads, (N*heads, L, head_dim) each: the result
+    and the attention weights (before dropout)."""
+    scores = (q * math.sqrt(1.0 / q.shape[-1])).matmul(k.transpose(-2, -1))
+    if am is not None:
+        scores = scores + am
+    # with no weights to return, a fully masked row gives zeros (_SafeSoftmax)
+    weights = scores.softmax(-1) if need_weights else _SafeSoftmax.apply(scores)
+    return _dropout(weights, p).matmul(v), weights
+
+
 def multi_head_attention_forward(
     query: Any, key: Any, value: Any, embed_dim_to_check: int, num_heads: int,
     in_proj_weight: Any, in_proj_bias: Any, bias_k: Any, bias_v: Any, add_zero_attn: bool,
@@ -251,131 +402,27 @@ def multi_head_attention_forward(
         ((3, 2, 4), (2, 3, 3))
     """
     fname = "multi_head_attention_forward"
-    q_in = as_tensor(query, "query", fname)
-    k_in = as_tensor(key, "key", fname)
-    v_in = as_tensor(value, "value", fname)
-    batched = q_in.ndim == 3
-    if q_in.ndim not in (2, 3) or k_in.ndim != q_in.ndim or v_in.ndim != q_in.ndim:
-        raise RuntimeError(f"{fname}(): query, key and value must all be 3-D (batched) or all "
-                           f"2-D (unbatched), got shapes {shape_str(q_in.shape)}, "
-                           f"{shape_str(k_in.shape)} and {shape_str(v_in.shape)}")
-    kpm = None if key_padding_mask is None else as_tensor(key_padding_mask, "key_padding_mask",
-                                                          fname)
-    am = None if attn_mask is None else as_tensor(attn_mask, "attn_mask", fname)
-    if not batched:
-        q_in, k_in, v_in = q_in.unsqueeze(1), k_in.unsqueeze(1), v_in.unsqueeze(1)
-        if kpm is not None:
-            if kpm.ndim != 1:
-                raise RuntimeError(f"{fname}(): an unbatched key_padding_mask must be 1-D (S), "
-                                   f"got shape {shape_str(kpm.shape)}")
-            kpm = kpm.unsqueeze(0)
-        if am is not None and am.ndim == 3:
-            pass  # (num_heads, L, S) works as (N * num_heads, L, S) with N = 1
-    if is_causal and am is None:
-        raise RuntimeError(f"{fname}(): is_causal=True is only a hint here: pass the causal "
-                           f"attn_mask too")
+    q_in, k_in, v_in, kpm, am, batched = _mha_inputs(query, key, value, key_padding_mask,
+                                                     attn_mask, is_causal, embed_dim_to_check,
+                                                     num_heads)
     L, N, E = q_in.shape
-    S = k_in.shape[0]
-    assert E == embed_dim_to_check, (  # noqa: S101 - torch raises AssertionError here
-        f"{fname}(): the query's embedding size {E} differs from embed_dim {embed_dim_to_check}")
-    if E % num_heads:
-        raise RuntimeError(f"{fname}(): embed_dim ({E}) must be divisible by num_heads "
-                           f"({num_heads})")
     hd = E // num_heads
-    if k_in.shape[:2] != v_in.shape[:2] or k_in.shape[1] != N:
-        raise RuntimeError(f"{fname}(): key {shape_str(k_in.shape)} and value "
-                           f"{shape_str(v_in.shape)} must match each other in (S, N) and the "
-                           f"query's batch {N}")
-    dt = q_in._data.dtype
-
-    if use_separate_proj_weight:
-        wq, wk, wv = (as_tensor(w, n, fname) for w, n in ((q_proj_weight, "q_proj_weight"),
-                                                           (k_proj_weight, "k_proj_weight"),
-                                                           (v_proj_weight, "v_proj_weight")))
-    else:
-        w = as_tensor(in_proj_weight, "in_proj_weight", fname)
-        wq, wk, wv = w[:E], w[E:2 * E], w[2 * E:]
-    if in_proj_bias is not None:
-        b = as_tensor(in_proj_bias, "in_proj_bias", fname)
-        bq, bk, bv = b[:E], b[E:2 * E], b[2 * E:]
-    else:
-        bq = bk = bv = None
-    q = _linear(q_in, wq, bq)
-    k = _linear(k_in, wk, bk)
-    v = _linear(v_in, wv, bv)
-
-    if am is not None:
-        am = _float_mask(am, dt, False)
-        if am.ndim == 2:
-            if tuple(am.shape) != (L, S):
-                raise RuntimeError(f"{fname}(): a 2-D attn_mask must have shape ({L}, {S}), got "
-                                   f"{shape_str(am.shape)}")
-            am = am.unsqueeze(0)
-        elif am.ndim != 3 or tuple(am.shape) != (N * num_heads, L, S):
-            raise RuntimeError(f"{fname}(): attn_mask must have shape ({L}, {S}) or "
-                               f"({N * num_heads}, {L}, {S}), got {shape_str(am.shape)}")
-    if kpm is not None:
-        kpm = _float_mask(kpm, dt, False)
-        if tuple(kpm.shape) != (N, S):
-            raise RuntimeError(f"{fname}(): key_padding_mask must have shape ({N}, {S}), got "
-                               f"{shape_str(kpm.shape)}")
-
-    def pad_last(m: Optional[Tensor]) -> Optional[Tensor]:
-        if m is None:
-            return None
-        return cat([m, m[..., :1] * 0.0], -1)
-
-    if bias_k is not None and bias_v is not None:
-        if static_k is not None or static_v is not None:
-            raise RuntimeError(f"{fname}(): bias_k/bias_v cannot be used with static_k/static_v")
-        bk_t = as_tensor(bias_k, "bias_k", fname)
-        bv_t = as_tensor(bias_v, "bias_v", fname)
-        k = cat([k, bk_t.expand(1, N, E)], 0)
-        v = cat([v, bv_t.expand(1, N, E)], 0)
-        am, kpm = pad_last(am), pad_last(kpm)
-    elif (bias_k is None) != (bias_v is None):
-        raise RuntimeError(f"{fname}(): give both bias_k and bias_v, or neither")
-
+    q, k, v = _mha_project(q_in, k_in, v_in, in_proj_weight, in_proj_bias,
+                           (q_proj_weight, k_proj_weight, v_proj_weight)
+                           if use_separate_proj_weight else None)
+    am, kpm = _mha_masks(am, kpm, q_in._data.dtype, L, k_in.shape[0], N, num_heads)
+    k, v, am = _mha_heads(q, k, v, am, kpm, num_heads, bias_k, bias_v, static_k, static_v,
+                          add_zero_attn)
     q = q.reshape((L, N * num_heads, hd)).transpose(0, 1)
-    if static_k is None:
-        k = k.reshape((k.shape[0], N * num_heads, hd)).transpose(0, 1)
-    else:
-        k = as_tensor(static_k, "static_k", fname)
-    if static_v is None:
-        v = v.reshape((v.shape[0], N * num_heads, hd)).transpose(0, 1)
-    else:
-        v = as_tensor(static_v, "static_v", fname)
-
-    if add_zero_attn:
-        k = cat([k, k[:, :1] * 0.0], 1)
-        v = cat([v, v[:, :1] * 0.0], 1)
-        am, kpm = pad_last(am), pad_last(kpm)
-
-    S2 = k.shape[1]
-    if kpm is not None:
-        kp = kpm.reshape((N, 1, 1, S2)).expand(N, num_heads, 1, S2).reshape(
-            (N * num_heads, 1, S2))
-        am = kp if am is None else am + kp
-
-    p = float(dropout_p) if training else 0.0
-    scores = (q * math.sqrt(1.0 / hd)).matmul(k.transpose(-2, -1))
-    if am is not None:
-        scores = scores + am
-    if need_weights:
-        weights = scores.softmax(-1)
-    else:
-        weights = _SafeSoftmax.apply(scores)
-    attn = _dropout(weights, p).matmul(v)  # (N*H, L, hd)
-    out = attn.transpose(0, 1).reshape((L * N, E))
-    out = _linear(out, as_tensor(out_proj_weight, "out_proj_weight", fname),
-                  None if out_proj_bias is None else as_tensor(out_proj_bias, "out_proj_bias",
-                                                               fname))
-    out = out.reshape((L, N, E))
+    attn, weights = _attend(q, k, v, am, float(dropout_p) if training else 0.0, need_weights)
+    wo = as_tensor(out_proj_weight, "out_proj_weight", fname)
+    bo = None if out_proj_bias is None else as_tensor(out_proj_bias, "out_proj_bias", fname)
+    out = _linear(attn.transpose(0, 1).reshape((L * N, E)), wo, bo).reshape((L, N, E))
     if not batched:
         out = out.squeeze(1)
     if not need_weights:
         return out, None
-    w4 = weights.reshape((N, num_heads, L, S2))
+    w4 = weights.reshape((N, num_heads, L, k.shape[1]))
     if average_attn_weights:
         w4 = w4.mean(1)
     if not batched:

@@ -1,8 +1,8 @@
-"""Argument checks and small plumbing shared by the functional ops outside ``functional.py``.
+"""Argument checks and small plumbing shared by ``nn.functional``'s ops.
 
-The ops of :mod:`mpitensor.nn._functional.activations`, :mod:`~mpitensor.nn._functional.losses` and their siblings
-are re-exported by :mod:`mpitensor.nn.functional`, so they cannot import it back (the package
-keeps its import graph free of cycles); what they share lives here instead.
+The ops of :mod:`~mpitensor.nn._functional.activations`, :mod:`~mpitensor.nn._functional.losses` and
+their siblings are re-exported by :mod:`mpitensor.nn.functional`, so they cannot import it back (the
+package keeps its import graph free of cycles); what they share lives here instead.
 
 Example:
     >>> import mpitensor as mt
@@ -16,7 +16,7 @@ import contextlib
 import math
 import numbers
 import warnings
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
@@ -264,3 +264,108 @@ def scatter_add_axis(g: Any, axis: int, idx: Any, n: int) -> Any:
     pos = xp.broadcast_to(pos, (rows, idx.shape[0]))
     flat = scatter_add_flat(xp, rows * n, pos, xp.ascontiguousarray(moved).reshape(rows, -1))
     return xp.moveaxis(flat.reshape(*lead, n), -1, axis)
+
+
+# --------------------------------------------------------------------------------------------
+# the checks nn.functional's own ops (functional.py and its split-off modules) share
+
+
+_IntOrPair = Union[int, tuple, list]
+
+
+def _arr(x: Any) -> Any:
+    """The array behind a Tensor, or the array itself."""
+    return x._data if isinstance(x, Tensor) else x
+
+
+def _as_input(x: Any, name: str, fname: str) -> Any:
+    """Accept a Tensor or a NumPy/CuPy array; reject anything else with a clear message."""
+    if isinstance(x, Tensor) or _backend.is_array(x):
+        return x
+    raise TypeError(
+        f"{fname}(): argument '{name}' must be a Tensor or a NumPy/CuPy array, not "
+        f"{type(x).__name__}; wrap it with mpitensor.tensor(...)"
+    )
+
+
+def _dtype_name(dt: Any) -> str:
+    return np.dtype(dt).name
+
+
+def _check_float(x: Any, name: str, fname: str) -> None:
+    if not _dt.is_floating_dtype(_arr(x).dtype):
+        raise RuntimeError(
+            f"{fname}(): '{name}' must have a floating point dtype, got "
+            f"{_dtype_name(_arr(x).dtype)}; convert it first, e.g. x.float()"
+        )
+
+
+def _half_with_float_params(input: Any, *params: Any) -> bool:  # noqa: A002
+    """A half-precision input with float32 parameters: torch's CPU norms accept the mix (as
+    autocast makes it: a bfloat16 activation, float32 weights), compute in float32 and
+    return the input's dtype."""
+    given = [p for p in params if p is not None]
+    return (isinstance(input, Tensor) and input.dtype in _half.REDUCED and bool(given)
+            and all(_arr(p).dtype == _dt.float32 for p in given))
+
+
+def _check_same_dtype(fname: str, **arrays: Any) -> None:
+    items = [(n, _arr(a).dtype) for n, a in arrays.items() if a is not None]
+    first_name, first = items[0]
+    for n, dt in items[1:]:
+        if dt != first:
+            raise RuntimeError(
+                f"{fname}(): {first_name} type ({_dtype_name(first)}) and {n} type "
+                f"({_dtype_name(dt)}) should be the same; cast one of them, e.g. with .float()"
+            )
+
+
+def _check_same_device(fname: str, **arrays: Any) -> None:
+    if all(a is None or isinstance(_arr(a), np.ndarray) for a in arrays.values()):
+        return  # all on the CPU: the common case, checked without building device objects
+    devs = {n: _backend.device_of(_arr(a)) for n, a in arrays.items() if a is not None}
+    if len({str(d) for d in devs.values()}) > 1:
+        desc = ", ".join(f"{n} on {d}" for n, d in devs.items())
+        raise RuntimeError(
+            f"{fname}(): expected all tensors on the same device, got {desc}; move them with "
+            f".to(device)"
+        )
+
+
+def _pair(v: Any, name: str, fname: str, minimum: int) -> tuple:
+    if isinstance(v, (tuple, list)):
+        if len(v) == 1:
+            v = (v[0], v[0])
+        if len(v) != 2:
+            raise ValueError(f"{fname}(): {name} must be an int or a pair of ints, got {v!r}")
+        out = tuple(v)
+    else:
+        out = (v, v)
+    for e in out:
+        if isinstance(e, bool) or not isinstance(e, numbers.Integral):
+            raise TypeError(f"{fname}(): {name} must be an int or a pair of ints, got {v!r}")
+        if e < minimum:
+            raise ValueError(
+                f"{fname}(): {name} must be >= {minimum} in every dimension, got {v!r}"
+            )
+    return (int(out[0]), int(out[1]))
+
+
+def _wrap_dim(dim: Any, ndim: int, fname: str) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"{fname}(): dim must be an int, got {dim!r}")
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(
+            f"{fname}(): Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
+            f"but got {dim})"
+        )
+    return int(dim) % n
+
+
+def _shape_str(shape: tuple) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _reshape(x: Any, shape: tuple) -> Tensor:
+    return (x if isinstance(x, Tensor) else _new(x)).reshape(tuple(shape))

@@ -150,6 +150,39 @@ class _CTC(Function):
         return grad.astype(lp.dtype, copy=False), None, None, None, None, None
 
 
+
+def _padded_targets(tg: Any, unbatched: bool, tgt_len: Any, N: int, C: int, blank: int,
+                    xp: Any) -> Any:
+    """The targets as an (N, S) int64 host array, given concatenated (1-D) or padded (2-D),
+    each row filled with ``blank`` past its length; labels checked to lie in [0, C)."""
+    fname = "ctc_loss"
+    tg_host = np.asarray(tg.get() if xp is not np and hasattr(tg, "get") else tg)
+    if unbatched:
+        tg_host = tg_host.reshape(1, -1)
+    smax = int(tgt_len.max()) if tgt_len.size else 0
+    if tg_host.ndim == 1:  # concatenated
+        if tg_host.size != int(tgt_len.sum()):
+            raise RuntimeError(f"{fname}(): concatenated targets have {tg_host.size} labels "
+                               f"but target_lengths sum to {int(tgt_len.sum())}")
+        starts = np.concatenate([[0], np.cumsum(tgt_len)[:-1]])
+        cols = np.minimum(starts[:, None] + np.arange(smax)[None, :], max(tg_host.size - 1, 0))
+        padded = tg_host[cols] if tg_host.size else np.zeros((N, smax), np.int64)
+    elif tg_host.ndim == 2:
+        if tg_host.shape[0] != N or tg_host.shape[1] < smax:
+            raise RuntimeError(f"{fname}(): padded targets must be (N={N}, S >= {smax}), got "
+                               f"shape {shape_str(tg_host.shape)}")
+        padded = tg_host[:, :smax]
+    else:
+        raise RuntimeError(f"{fname}(): targets must be 1-D or 2-D, got shape "
+                           f"{shape_str(tg_host.shape)}")
+    padded = padded.astype(np.int64)
+    valid = np.arange(smax)[None, :] < tgt_len[:, None]
+    if valid.any() and (padded[valid].min() < 0 or padded[valid].max() >= C):
+        raise RuntimeError(f"{fname}(): a target label is outside [0, {C})")
+    padded = np.where(valid, padded, blank)
+    return padded
+
+
 def ctc_loss(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: Any,
              blank: int = 0, reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
     """The connectionist temporal classification loss of label sequences given per-step
@@ -196,30 +229,8 @@ def ctc_loss(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: A
     if in_len.size and int(in_len.max()) > T:
         raise RuntimeError(f"{fname}(): input_lengths must be at most T={T}, got "
                            f"{in_len.tolist()}")
-    tg_host = np.asarray(tg.get() if xp is not np and hasattr(tg, "get") else tg)
-    if unbatched:
-        tg_host = tg_host.reshape(1, -1)
-    smax = int(tgt_len.max()) if tgt_len.size else 0
-    if tg_host.ndim == 1:  # concatenated
-        if tg_host.size != int(tgt_len.sum()):
-            raise RuntimeError(f"{fname}(): concatenated targets have {tg_host.size} labels "
-                               f"but target_lengths sum to {int(tgt_len.sum())}")
-        starts = np.concatenate([[0], np.cumsum(tgt_len)[:-1]])
-        cols = np.minimum(starts[:, None] + np.arange(smax)[None, :], max(tg_host.size - 1, 0))
-        padded = tg_host[cols] if tg_host.size else np.zeros((N, smax), np.int64)
-    elif tg_host.ndim == 2:
-        if tg_host.shape[0] != N or tg_host.shape[1] < smax:
-            raise RuntimeError(f"{fname}(): padded targets must be (N={N}, S >= {smax}), got "
-                               f"shape {shape_str(tg_host.shape)}")
-        padded = tg_host[:, :smax]
-    else:
-        raise RuntimeError(f"{fname}(): targets must be 1-D or 2-D, got shape "
-                           f"{shape_str(tg_host.shape)}")
-    padded = padded.astype(np.int64)
-    valid = np.arange(smax)[None, :] < tgt_len[:, None]
-    if valid.any() and (padded[valid].min() < 0 or padded[valid].max() >= C):
-        raise RuntimeError(f"{fname}(): a target label is outside [0, {C})")
-    padded = np.where(valid, padded, blank)
+    padded = _padded_targets(tg, unbatched, tgt_len, N, C, int(blank), xp)
+    smax = padded.shape[1]
     L = 2 * smax + 1
     ext = np.full((N, L), int(blank), dtype=np.int64)
     ext[:, 1::2] = padded

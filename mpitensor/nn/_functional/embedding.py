@@ -285,6 +285,52 @@ class _EmbeddingBag(Function):
         return gw, gpsw, None, None, None, None, None, None, None
 
 
+
+def _bag_starts(idx: Any, offsets: Any, include_last_offset: bool, xp: Any) -> tuple:
+    """embedding_bag's bags: the flat position where each starts, and how many there are (the
+    rows of a 2-D input, or the checked ``offsets`` of a 1-D one)."""
+    fname = "embedding_bag"
+    if idx.ndim == 2:
+        if offsets is not None:
+            raise ValueError(f"{fname}(): offsets must be None for a 2-D input (each row is a "
+                             f"bag)")
+        nbags, per = idx.shape
+        starts = xp.arange(0, nbags * per, per, dtype=np.int64)
+        if include_last_offset:
+            pass  # a 2-D input's bags are its rows, whatever this says (as in torch)
+    elif idx.ndim == 1:
+        if offsets is None:
+            raise ValueError(f"{fname}(): a 1-D input needs offsets (the start of each bag)")
+        off = arr(as_tensor(offsets, "offsets", fname))
+        if off.ndim != 1:
+            raise ValueError(f"{fname}(): offsets must be 1-D, got shape {shape_str(off.shape)}")
+        off = off.astype(np.int64)
+        if off.size and int(off[0]) != 0:
+            raise ValueError(f"{fname}(): offsets must start at 0, got {int(off[0])}")
+        if off.size and (bool((xp.diff(off) < 0).any()) or int(off[-1]) > idx.shape[0]):
+            raise ValueError(f"{fname}(): offsets must be increasing and within the input")
+        starts = off[:-1] if include_last_offset else off
+        nbags = int(starts.shape[0])
+    else:
+        raise ValueError(f"{fname}(): input must be 1-D or 2-D, got shape {shape_str(idx.shape)}")
+    return starts, nbags
+
+
+def _sample_weights(per_sample_weights: Any, mode: str, idx: Any) -> Optional[Tensor]:
+    """embedding_bag's checked ``per_sample_weights``, flattened (None when not given)."""
+    fname = "embedding_bag"
+    if per_sample_weights is None:
+        return None
+    if mode != "sum":
+        raise ValueError(f"{fname}(): per_sample_weights is only supported with mode='sum', "
+                         f"got mode={mode!r}")
+    pst = as_tensor(per_sample_weights, "per_sample_weights", fname)
+    if tuple(pst.shape) != tuple(idx.shape):
+        raise ValueError(f"{fname}(): per_sample_weights must have the input's shape "
+                         f"{shape_str(idx.shape)}, got {shape_str(pst.shape)}")
+    return pst.reshape(-1)
+
+
 def embedding_bag(input: Any, weight: Any, offsets: Any = None,  # noqa: A002
                   max_norm: Optional[float] = None, norm_type: float = 2,
                   scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
@@ -326,29 +372,7 @@ def embedding_bag(input: Any, weight: Any, offsets: Any = None,  # noqa: A002
     if w.ndim != 2:
         raise RuntimeError(f"{fname}(): weight must be 2-D, got shape {shape_str(w.shape)}")
     xp = xp_of(idx)
-    if idx.ndim == 2:
-        if offsets is not None:
-            raise ValueError(f"{fname}(): offsets must be None for a 2-D input (each row is a "
-                             f"bag)")
-        nbags, per = idx.shape
-        starts = xp.arange(0, nbags * per, per, dtype=np.int64)
-        if include_last_offset:
-            pass  # a 2-D input's bags are its rows, whatever this says (as in torch)
-    elif idx.ndim == 1:
-        if offsets is None:
-            raise ValueError(f"{fname}(): a 1-D input needs offsets (the start of each bag)")
-        off = arr(as_tensor(offsets, "offsets", fname))
-        if off.ndim != 1:
-            raise ValueError(f"{fname}(): offsets must be 1-D, got shape {shape_str(off.shape)}")
-        off = off.astype(np.int64)
-        if off.size and int(off[0]) != 0:
-            raise ValueError(f"{fname}(): offsets must start at 0, got {int(off[0])}")
-        if off.size and (bool((xp.diff(off) < 0).any()) or int(off[-1]) > idx.shape[0]):
-            raise ValueError(f"{fname}(): offsets must be increasing and within the input")
-        starts = off[:-1] if include_last_offset else off
-        nbags = int(starts.shape[0])
-    else:
-        raise ValueError(f"{fname}(): input must be 1-D or 2-D, got shape {shape_str(idx.shape)}")
+    starts, nbags = _bag_starts(idx, offsets, include_last_offset, xp)
     flat = idx.reshape(-1).astype(np.int64)
     n = w.shape[0]
     if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= n):
@@ -364,16 +388,7 @@ def embedding_bag(input: Any, weight: Any, offsets: Any = None,  # noqa: A002
     keep = inside & (bag >= 0)
     if pad is not None:
         keep &= flat != pad
-    psw = None
-    if per_sample_weights is not None:
-        if mode != "sum":
-            raise ValueError(f"{fname}(): per_sample_weights is only supported with mode='sum', "
-                             f"got mode={mode!r}")
-        pst = as_tensor(per_sample_weights, "per_sample_weights", fname)
-        if tuple(pst.shape) != tuple(idx.shape):
-            raise ValueError(f"{fname}(): per_sample_weights must have the input's shape "
-                             f"{shape_str(idx.shape)}, got {shape_str(pst.shape)}")
-        psw = pst.reshape(-1)
+    psw = _sample_weights(per_sample_weights, mode, idx)
     if max_norm is not None:
         _renorm_(w, flat[keep], float(max_norm), float(norm_type))
     if not _dt.is_floating_dtype(arr(w).dtype):

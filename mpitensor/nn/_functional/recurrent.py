@@ -1,7 +1,7 @@
 """The recurrent layers' kernels: one layer, one direction, a whole sequence per call.
 
-``nn.RNN``, ``nn.LSTM``, ``nn.GRU`` and their cells (:mod:`mpitensor.nn.modules.rnn`) all run through
-:class:`RecurrentLayer`, one autograd node per layer and direction:
+``nn.RNN``, ``nn.LSTM``, ``nn.GRU`` and their cells (:mod:`mpitensor.nn.modules.rnn`) all run
+through :class:`RecurrentLayer`, one autograd node per layer and direction:
 
 - **Products over the whole sequence are one product.** The input's share of every gate
   (``x W_ih^T + b``) is one matrix product over all time steps before the time loop; in
@@ -96,75 +96,13 @@ class RecurrentLayer(Function):
         h = h0.copy()
         keep: dict = {}
         if mode == "LSTM":
-            c = c0.copy()
-            acts = xp.zeros((T, B, 4 * H), dt)
-            c_prev = xp.zeros((T, B, H), dt)
-            tanh_c = xp.zeros((T, B, H), dt)
-            m_all = xp.zeros((T, B, H), dt) if w_hr is not None else None
-            for t in _steps(T, reverse):
-                a = _active(batch_sizes, t, B)
-                hp = h[:a]
-                h_prev[t, :a] = hp
-                g = acts[t, :a]
-                xp.matmul(hp, w_hh_t, out=g)
-                g += xw[t, :a]
-                _sigmoid_(xp, g[:, :2 * H])
-                xp.tanh(g[:, 2 * H:3 * H], out=g[:, 2 * H:3 * H])
-                _sigmoid_(xp, g[:, 3 * H:])
-                cp = c[:a]
-                c_prev[t, :a] = cp
-                cn = g[:, H:2 * H] * cp
-                cn += g[:, :H] * g[:, 2 * H:3 * H]
-                tc = tanh_c[t, :a]
-                xp.tanh(cn, out=tc)
-                c[:a] = cn
-                if w_hr is None:
-                    xp.multiply(g[:, 3 * H:], tc, out=out[t, :a])
-                else:
-                    m = m_all[t, :a]
-                    xp.multiply(g[:, 3 * H:], tc, out=m)
-                    xp.matmul(m, w_hr.T, out=out[t, :a])
-                h[:a] = out[t, :a]
-            keep = dict(acts=acts, c_prev=c_prev, tanh_c=tanh_c, m_all=m_all)
-            final = (out, h, c)
+            keep, final = _lstm_forward(xp, xw, w_hh_t, w_hr, h, c0, h_prev, out, reverse,
+                                        batch_sizes)
         elif mode == "GRU":
-            acts = xp.zeros((T, B, 3 * H), dt)
-            hn_all = xp.zeros((T, B, H), dt)
-            for t in _steps(T, reverse):
-                a = _active(batch_sizes, t, B)
-                hp = h[:a]
-                h_prev[t, :a] = hp
-                hw = hp @ w_hh_t
-                if b_hh is not None:
-                    hw += b_hh
-                g = acts[t, :a]
-                xp.add(xw[t, :a, :2 * H], hw[:, :2 * H], out=g[:, :2 * H])
-                _sigmoid_(xp, g[:, :2 * H])
-                hn_all[t, :a] = hw[:, 2 * H:]
-                n = g[:, 2 * H:]
-                xp.multiply(g[:, :H], hw[:, 2 * H:], out=n)
-                n += xw[t, :a, 2 * H:]
-                xp.tanh(n, out=n)
-                hnew = out[t, :a]
-                xp.subtract(hp, n, out=hnew)
-                hnew *= g[:, H:2 * H]
-                hnew += n
-                h[:a] = hnew
-            keep = dict(acts=acts, hn_all=hn_all)
-            final = (out, h)
+            keep, final = _gru_forward(xp, xw, w_hh_t, b_hh, h, h_prev, out, reverse,
+                                       batch_sizes)
         else:
-            for t in _steps(T, reverse):
-                a = _active(batch_sizes, t, B)
-                hp = h[:a]
-                h_prev[t, :a] = hp
-                o = out[t, :a]
-                xp.matmul(hp, w_hh_t, out=o)
-                o += xw[t, :a]
-                if mode == "RNN_TANH":
-                    xp.tanh(o, out=o)
-                else:
-                    xp.maximum(o, 0, out=o)
-                h[:a] = o
+            _rnn_forward(xp, xw, w_hh_t, h, h_prev, out, mode, reverse, batch_sizes)
             final = (out, h)
         if ctx.needs_input_grad and any(ctx.needs_input_grad):
             # saved: in-place changes to the input or the weights before backward are caught
@@ -192,70 +130,13 @@ class RecurrentLayer(Function):
         dh_all = None
         if mode == "LSTM":
             dc = grad[n_out + B * P:].reshape(B, H).copy()
-            acts, c_prev, tanh_c = k["acts"], k["c_prev"], k["tanh_c"]
-            if w_hr is not None:
-                dh_all = xp.zeros((T, B, P), dt)
-            for t in _steps(T, not reverse):
-                a = _active(batch_sizes, t, B)
-                dha = dh[:a]
-                dha += dout[t, :a]
-                if w_hr is not None:
-                    dh_all[t, :a] = dha
-                    dm = dha @ w_hr
-                else:
-                    dm = dha
-                g = acts[t, :a]
-                i, f, gg, o = g[:, :H], g[:, H:2 * H], g[:, 2 * H:3 * H], g[:, 3 * H:]
-                tc = tanh_c[t, :a]
-                dca = dc[:a]
-                dca += dm * o * (1 - tc * tc)
-                d = dgx[t, :a]
-                xp.multiply(dm, tc, out=d[:, 3 * H:])
-                d[:, 3 * H:] *= o * (1 - o)
-                xp.multiply(dca, gg, out=d[:, :H])
-                d[:, :H] *= i * (1 - i)
-                xp.multiply(dca, c_prev[t, :a], out=d[:, H:2 * H])
-                d[:, H:2 * H] *= f * (1 - f)
-                xp.multiply(dca, i, out=d[:, 2 * H:3 * H])
-                d[:, 2 * H:3 * H] *= 1 - gg * gg
-                dca *= f
-                xp.matmul(d, w_hh, out=dha)
+            dh_all = _lstm_backward(xp, k, dout, dh, dc, dgx, w_hh, w_hr, reverse, batch_sizes)
             dc0 = dc
         elif mode == "GRU":
-            dgh = xp.zeros((T, B, 3 * H), dt)
-            acts, hn_all = k["acts"], k["hn_all"]
-            for t in _steps(T, not reverse):
-                a = _active(batch_sizes, t, B)
-                dha = dh[:a]
-                dha += dout[t, :a]
-                g = acts[t, :a]
-                r, z, n = g[:, :H], g[:, H:2 * H], g[:, 2 * H:]
-                dx_t, dh_t = dgx[t, :a], dgh[t, :a]
-                dan = dx_t[:, 2 * H:]
-                xp.multiply(dha, 1 - z, out=dan)
-                dan *= 1 - n * n
-                xp.multiply(dan, r, out=dh_t[:, 2 * H:])
-                xp.multiply(dan, hn_all[t, :a], out=dx_t[:, :H])
-                dx_t[:, :H] *= r * (1 - r)
-                xp.subtract(h_prev[t, :a], n, out=dx_t[:, H:2 * H])
-                dx_t[:, H:2 * H] *= dha
-                dx_t[:, H:2 * H] *= z * (1 - z)
-                dh_t[:, :2 * H] = dx_t[:, :2 * H]
-                dha *= z
-                dha += dh_t @ w_hh
+            dgh = _gru_backward(xp, k, dout, dh, dgx, h_prev, w_hh, reverse, batch_sizes)
             dc0 = None
         else:
-            for t in _steps(T, not reverse):
-                a = _active(batch_sizes, t, B)
-                dha = dh[:a]
-                dha += dout[t, :a]
-                d = dgx[t, :a]
-                if mode == "RNN_TANH":
-                    o = out[t, :a]
-                    xp.multiply(dha, 1 - o * o, out=d)
-                else:
-                    xp.multiply(dha, out[t, :a] > 0, out=d)
-                xp.matmul(d, w_hh, out=dha)
+            _rnn_backward(xp, dout, dh, dgx, out, w_hh, mode, reverse, batch_sizes)
             dc0 = None
         need = ctx.needs_input_grad
         flat_x = dgx.reshape(T * B, G * H)
@@ -270,6 +151,184 @@ class RecurrentLayer(Function):
             dw_hr = dh_all.reshape(T * B, P).T @ k["m_all"].reshape(T * B, H)
         return (dx, dh if need[1] else None, dc0 if need[2] else None, dw_ih, dw_hh, db_ih,
                 db_hh, dw_hr, None, None, None)
+
+
+def _lstm_forward(xp: Any, xw: Any, w_hh_t: Any, w_hr: Any, h: Any, c0: Any, h_prev: Any,
+                  out: Any, reverse: bool, batch_sizes: Any) -> tuple:
+    """LSTM's steps: gates (i, f, g, o), cell and output (through the projection ``w_hr`` where
+    there is one); returns what backward keeps and the final (out, h, c)."""
+    H = c0.shape[1]
+    T, B = xw.shape[:2]
+    dt = out.dtype
+    c = c0.copy()
+    acts = xp.zeros((T, B, 4 * H), dt)
+    c_prev = xp.zeros((T, B, H), dt)
+    tanh_c = xp.zeros((T, B, H), dt)
+    m_all = xp.zeros((T, B, H), dt) if w_hr is not None else None
+    for t in _steps(T, reverse):
+        a = _active(batch_sizes, t, B)
+        hp = h[:a]
+        h_prev[t, :a] = hp
+        g = acts[t, :a]
+        xp.matmul(hp, w_hh_t, out=g)
+        g += xw[t, :a]
+        _sigmoid_(xp, g[:, :2 * H])
+        xp.tanh(g[:, 2 * H:3 * H], out=g[:, 2 * H:3 * H])
+        _sigmoid_(xp, g[:, 3 * H:])
+        cp = c[:a]
+        c_prev[t, :a] = cp
+        cn = g[:, H:2 * H] * cp
+        cn += g[:, :H] * g[:, 2 * H:3 * H]
+        tc = tanh_c[t, :a]
+        xp.tanh(cn, out=tc)
+        c[:a] = cn
+        if w_hr is None:
+            xp.multiply(g[:, 3 * H:], tc, out=out[t, :a])
+        else:
+            m = m_all[t, :a]
+            xp.multiply(g[:, 3 * H:], tc, out=m)
+            xp.matmul(m, w_hr.T, out=out[t, :a])
+        h[:a] = out[t, :a]
+    keep = dict(acts=acts, c_prev=c_prev, tanh_c=tanh_c, m_all=m_all)
+    return keep, (out, h, c)
+
+
+def _gru_forward(xp: Any, xw: Any, w_hh_t: Any, b_hh: Any, h: Any, h_prev: Any, out: Any,
+                 reverse: bool, batch_sizes: Any) -> tuple:
+    """GRU's steps: reset and update gates, then the candidate n, whose ``W_hh h + b_hh`` part
+    is kept for backward; returns what backward keeps and the final (out, h)."""
+    H = xw.shape[2] // 3
+    T, B = xw.shape[:2]
+    dt = out.dtype
+    acts = xp.zeros((T, B, 3 * H), dt)
+    hn_all = xp.zeros((T, B, H), dt)
+    for t in _steps(T, reverse):
+        a = _active(batch_sizes, t, B)
+        hp = h[:a]
+        h_prev[t, :a] = hp
+        hw = hp @ w_hh_t
+        if b_hh is not None:
+            hw += b_hh
+        g = acts[t, :a]
+        xp.add(xw[t, :a, :2 * H], hw[:, :2 * H], out=g[:, :2 * H])
+        _sigmoid_(xp, g[:, :2 * H])
+        hn_all[t, :a] = hw[:, 2 * H:]
+        n = g[:, 2 * H:]
+        xp.multiply(g[:, :H], hw[:, 2 * H:], out=n)
+        n += xw[t, :a, 2 * H:]
+        xp.tanh(n, out=n)
+        hnew = out[t, :a]
+        xp.subtract(hp, n, out=hnew)
+        hnew *= g[:, H:2 * H]
+        hnew += n
+        h[:a] = hnew
+    keep = dict(acts=acts, hn_all=hn_all)
+    return keep, (out, h)
+
+
+def _rnn_forward(xp: Any, xw: Any, w_hh_t: Any, h: Any, h_prev: Any, out: Any, mode: str,
+                 reverse: bool, batch_sizes: Any) -> None:
+    """The plain RNN's steps (tanh or relu), written into ``out`` and ``h``."""
+    T, B = xw.shape[:2]
+    for t in _steps(T, reverse):
+        a = _active(batch_sizes, t, B)
+        hp = h[:a]
+        h_prev[t, :a] = hp
+        o = out[t, :a]
+        xp.matmul(hp, w_hh_t, out=o)
+        o += xw[t, :a]
+        if mode == "RNN_TANH":
+            xp.tanh(o, out=o)
+        else:
+            xp.maximum(o, 0, out=o)
+        h[:a] = o
+
+
+def _lstm_backward(xp: Any, k: dict, dout: Any, dh: Any, dc: Any, dgx: Any, w_hh: Any,
+                   w_hr: Any, reverse: bool, batch_sizes: Any) -> Any:
+    """LSTM's steps backwards: fills the gates' gradients ``dgx`` and carries ``dh``/``dc`` to
+    the first step; returns the outputs' gradients before the projection (None without one)."""
+    T, B = dgx.shape[:2]
+    H, P = dc.shape[1], dh.shape[1]
+    dt = dgx.dtype
+    dh_all = None
+    acts, c_prev, tanh_c = k["acts"], k["c_prev"], k["tanh_c"]
+    if w_hr is not None:
+        dh_all = xp.zeros((T, B, P), dt)
+    for t in _steps(T, not reverse):
+        a = _active(batch_sizes, t, B)
+        dha = dh[:a]
+        dha += dout[t, :a]
+        if w_hr is not None:
+            dh_all[t, :a] = dha
+            dm = dha @ w_hr
+        else:
+            dm = dha
+        g = acts[t, :a]
+        i, f, gg, o = g[:, :H], g[:, H:2 * H], g[:, 2 * H:3 * H], g[:, 3 * H:]
+        tc = tanh_c[t, :a]
+        dca = dc[:a]
+        dca += dm * o * (1 - tc * tc)
+        d = dgx[t, :a]
+        xp.multiply(dm, tc, out=d[:, 3 * H:])
+        d[:, 3 * H:] *= o * (1 - o)
+        xp.multiply(dca, gg, out=d[:, :H])
+        d[:, :H] *= i * (1 - i)
+        xp.multiply(dca, c_prev[t, :a], out=d[:, H:2 * H])
+        d[:, H:2 * H] *= f * (1 - f)
+        xp.multiply(dca, i, out=d[:, 2 * H:3 * H])
+        d[:, 2 * H:3 * H] *= 1 - gg * gg
+        dca *= f
+        xp.matmul(d, w_hh, out=dha)
+    return dh_all
+
+
+def _gru_backward(xp: Any, k: dict, dout: Any, dh: Any, dgx: Any, h_prev: Any, w_hh: Any,
+                  reverse: bool, batch_sizes: Any) -> Any:
+    """GRU's steps backwards: fills ``dgx`` and returns the gates' gradients as ``W_hh`` sees
+    them (the n gate's is ``r * dn`` there), carrying ``dh`` to the first step."""
+    T, B = dgx.shape[:2]
+    H = dgx.shape[2] // 3
+    dt = dgx.dtype
+    dgh = xp.zeros((T, B, 3 * H), dt)
+    acts, hn_all = k["acts"], k["hn_all"]
+    for t in _steps(T, not reverse):
+        a = _active(batch_sizes, t, B)
+        dha = dh[:a]
+        dha += dout[t, :a]
+        g = acts[t, :a]
+        r, z, n = g[:, :H], g[:, H:2 * H], g[:, 2 * H:]
+        dx_t, dh_t = dgx[t, :a], dgh[t, :a]
+        dan = dx_t[:, 2 * H:]
+        xp.multiply(dha, 1 - z, out=dan)
+        dan *= 1 - n * n
+        xp.multiply(dan, r, out=dh_t[:, 2 * H:])
+        xp.multiply(dan, hn_all[t, :a], out=dx_t[:, :H])
+        dx_t[:, :H] *= r * (1 - r)
+        xp.subtract(h_prev[t, :a], n, out=dx_t[:, H:2 * H])
+        dx_t[:, H:2 * H] *= dha
+        dx_t[:, H:2 * H] *= z * (1 - z)
+        dh_t[:, :2 * H] = dx_t[:, :2 * H]
+        dha *= z
+        dha += dh_t @ w_hh
+    return dgh
+
+
+def _rnn_backward(xp: Any, dout: Any, dh: Any, dgx: Any, out: Any, w_hh: Any, mode: str,
+                  reverse: bool, batch_sizes: Any) -> None:
+    """The plain RNN's steps backwards: fills ``dgx``, carrying ``dh`` to the first step."""
+    T, B = dgx.shape[:2]
+    for t in _steps(T, not reverse):
+        a = _active(batch_sizes, t, B)
+        dha = dh[:a]
+        dha += dout[t, :a]
+        d = dgx[t, :a]
+        if mode == "RNN_TANH":
+            o = out[t, :a]
+            xp.multiply(dha, 1 - o * o, out=d)
+        else:
+            xp.multiply(dha, out[t, :a] > 0, out=d)
+        xp.matmul(d, w_hh, out=dha)
 
 
 def split_outputs(flat: Any, T: int, B: int, P: int, H: int, lstm: bool) -> Tuple[Any, ...]:

@@ -164,31 +164,44 @@ def pad(input: Any, pad: Sequence[int], mode: str = "constant",  # noqa: A002
     if k > nd:
         raise RuntimeError(f"pad(): {len(amounts)} padding values pad {k} dimensions, but the "
                            f"input has only {nd}")
-    x = t._data
-    xp = xp_of(x)
     pairs = [(nd - 1 - i, amounts[2 * i], amounts[2 * i + 1]) for i in range(k)]
     if mode == "constant":
-        out_shape = list(x.shape)
-        src, dst = [slice(None)] * nd, [slice(None)] * nd
-        for axis, lo, hi in pairs:
-            n = x.shape[axis]
-            size = n + lo + hi
-            if size < 0:
-                raise RuntimeError(f"pad(): padding ({lo}, {hi}) leaves a negative size for "
-                                   f"dimension {axis} of size {n}")
-            out_shape[axis] = size
-            src[axis] = slice(max(-lo, 0), max(n - max(-hi, 0), max(-lo, 0)))
-            dst[axis] = slice(max(lo, 0), max(lo, 0) + max(n - max(-lo, 0) - max(-hi, 0), 0))
-        fill = 0 if value is None else value
-        if _dt.kind_of(x.dtype) in "iub" and isinstance(fill, float):
-            fill = int(fill) if _dt.kind_of(x.dtype) != "b" else bool(fill)
-        return _ConstantPad.apply(t, tuple(src), tuple(dst), tuple(out_shape), fill)
+        return _constant_pad(t, pairs, value)
     if value is not None:
         raise RuntimeError(f"pad(): mode {mode!r} takes no value argument")
     if k not in (1, 2, 3) or nd not in (k + 1, k + 2):
         raise NotImplementedError(
             f"pad(): {mode!r} padding of {k} dimension(s) needs a {k + 1}-D or {k + 2}-D input, "
             f"got a {nd}-D one (non-constant modes pad the last 1, 2 or 3 dimensions)")
+    return _mapped_pad(t, pairs, mode)
+
+
+def _constant_pad(t: Tensor, pairs: list, value: Optional[float]) -> Tensor:
+    """pad()'s 'constant' mode: one slice copy into a filled output (negative amounts crop)."""
+    x = t._data
+    nd = x.ndim
+    out_shape = list(x.shape)
+    src, dst = [slice(None)] * nd, [slice(None)] * nd
+    for axis, lo, hi in pairs:
+        n = x.shape[axis]
+        size = n + lo + hi
+        if size < 0:
+            raise RuntimeError(f"pad(): padding ({lo}, {hi}) leaves a negative size for "
+                               f"dimension {axis} of size {n}")
+        out_shape[axis] = size
+        src[axis] = slice(max(-lo, 0), max(n - max(-hi, 0), max(-lo, 0)))
+        dst[axis] = slice(max(lo, 0), max(lo, 0) + max(n - max(-lo, 0) - max(-hi, 0), 0))
+    fill = 0 if value is None else value
+    if _dt.kind_of(x.dtype) in "iub" and isinstance(fill, float):
+        fill = int(fill) if _dt.kind_of(x.dtype) != "b" else bool(fill)
+    return _ConstantPad.apply(t, tuple(src), tuple(dst), tuple(out_shape), fill)
+
+
+def _mapped_pad(t: Tensor, pairs: list, mode: str) -> Tensor:
+    """pad()'s reflect, replicate and circular modes: one gather through an index map per
+    padded dimension (its gradient sums the positions read several times)."""
+    x = t._data
+    xp = xp_of(x)
     maps = []
     for axis, lo, hi in pairs:
         n = x.shape[axis]
@@ -414,11 +427,18 @@ def interpolate(input: Any, size: Any = None, scale_factor: Any = None,  # noqa:
         raise ValueError(f"interpolate(): input size {in_sizes} and output size {out_sizes} "
                          f"must be positive")
     x = t._data
-    xp = xp_of(x)
-    dt = np.dtype(x.dtype) if x.dtype in (np.float32, np.float64) else np.dtype(np.float32)
     if mode in ("linear", "bilinear", "bicubic", "trilinear", "area") and \
             not _dt.is_floating_dtype(x.dtype):
         raise RuntimeError(f"interpolate(): mode {mode!r} needs a floating point input")
+    return _Resample.apply(t, _resample_ops(x, mode, in_sizes, out_sizes, scales, align))
+
+
+def _resample_ops(x: Any, mode: str, in_sizes: tuple, out_sizes: tuple, scales: tuple,
+                  align: bool) -> tuple:
+    """interpolate()'s plan, one step per spatial axis: an index map to take (nearest modes)
+    or an interpolation matrix to apply (linear, cubic, area)."""
+    xp = xp_of(x)
+    dt = np.dtype(x.dtype) if x.dtype in (np.float32, np.float64) else np.dtype(np.float32)
     ops = []
     for i, (n_in, n_out, sc) in enumerate(zip(in_sizes, out_sizes, scales)):
         axis = 2 + i
@@ -433,7 +453,7 @@ def interpolate(input: Any, size: Any = None, scale_factor: Any = None,  # noqa:
         else:
             m = _linear_matrix(n_in, n_out, sc, align, dt)
         ops.append((axis, "mat", m if xp is np else xp.asarray(m)))
-    return _Resample.apply(t, tuple(ops))
+    return tuple(ops)
 
 
 def upsample(input: Any, size: Any = None, scale_factor: Any = None,  # noqa: A002

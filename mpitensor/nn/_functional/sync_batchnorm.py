@@ -33,8 +33,9 @@ from mpitensor._base.workspace import xp_of
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
-from .. import functional as F  # noqa: N812 - torch's spelling
 from .._kernels import norm as NK
+from .checks import _arr, _as_input, _check_float, _check_same_device, _check_same_dtype
+from .norm import _check_per_channel
 
 __all__: list = []  # private module: used by mpitensor.nn.modules.normalization
 
@@ -164,21 +165,21 @@ def sync_batch_norm(input: Any, running_mean: Optional[Tensor],  # noqa: A002 - 
     fname = "SyncBatchNorm"
 
     def check() -> None:
-        F._as_input(input, "input", fname)
-        x = F._arr(input)
+        _as_input(input, "input", fname)
+        x = _arr(input)
         if x.ndim < 2:
             raise ValueError(f"{fname}: expected an input of at least 2 dimensions (N, C, ...), "
                              f"got shape {list(x.shape)}")
-        F._check_float(input, "input", fname)
+        _check_float(input, "input", fname)
         extras = {"weight": weight, "bias": bias, "running_mean": running_mean,
                   "running_var": running_var}
         for name, v in extras.items():
             if v is not None:
-                F._check_per_channel(fname, name, v, x.shape[1], x.shape)
-        F._check_same_dtype(fname, input=input, **extras)
-        F._check_same_device(fname, input=input, **extras)
+                _check_per_channel(fname, name, v, x.shape[1], x.shape)
+        _check_same_dtype(fname, input=input, **extras)
+        _check_same_device(fname, input=input, **extras)
 
     group.call_guarded(fname, check)
-    rm = F._arr(running_mean) if running_mean is not None else None
-    rv = F._arr(running_var) if running_var is not None else None
+    rm = _arr(running_mean) if running_mean is not None else None
+    rv = _arr(running_var) if running_var is not None else None
     return _SyncBatchNorm.apply(input, weight, bias, rm, rv, float(momentum), float(eps), group)

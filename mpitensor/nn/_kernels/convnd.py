@@ -220,7 +220,7 @@ def _no_threads(geom: K.ConvGeom, compiled: bool) -> Any:
 
 
 #: ``threads(geom2d, compiled)``: the thread context a call on conv2d's kernels runs in
-#: (``nn.functional._conv_threads``, handed in by the caller, which owns that policy)
+#: (``nn._functional.conv._conv_threads``, handed in by the caller, which owns that policy)
 Threads = Callable[[K.ConvGeom, bool], Any]
 
 

@@ -20,6 +20,7 @@ from typing import Any, Optional, Union
 from mpitensor.tensor import Tensor, empty
 
 from .. import functional as F  # noqa: N812 - torch's spelling
+from .._functional.conv import _pad_mode
 from ..parameter import Parameter
 from ._common import (
     _PADDING_MODES,
@@ -157,7 +158,7 @@ class _Conv(_ConvNd):
             # torch's objects has too
             rev = self._reversed_padding_repeated_twice
             pads = tuple((rev[i], rev[i + 1]) for i in range(len(rev) - 2, -1, -2))
-            padded = F._pad_mode(input, pads, self.padding_mode)
+            padded = _pad_mode(input, pads, self.padding_mode)
             return fn(padded, weight, bias, self.stride, 0, self.dilation, self.groups)
         return fn(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 

@@ -6,11 +6,11 @@ cross-channel :class:`LocalResponseNorm` and :class:`CrossMapLRN2d` (batch norm 
 Example:
     >>> import mpitensor as mt
     >>> import mpitensor.nn as nn
-    >>> bn = nn.BatchNorm2d(3)
-    >>> list(bn.state_dict())
-    ['weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked']
-    >>> bn(mt.randn(4, 3, 5, 5)).shape
-    mpitensor.Size([4, 3, 5, 5])
+    >>> ln = nn.LayerNorm(3)
+    >>> list(ln.state_dict())
+    ['weight', 'bias']
+    >>> ln(mt.randn(4, 3)).shape
+    mpitensor.Size([4, 3])
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from mpitensor.tensor import Tensor, empty
 from .. import functional as F  # noqa: N812 - torch's spelling
 from .. import init
 from .._functional.checks import is_int, xp_of
+from .._functional.norm import _normalized_shape
 from ..parameter import Parameter
 from ._common import _affine_params, _check_eps, _factory, _positive_int, _reset_affine
 from .module import Module
@@ -105,7 +106,7 @@ class LayerNorm(Module):
                  elementwise_affine: bool = True, bias: bool = True, device: Any = None,
                  dtype: Any = None) -> None:
         super().__init__()
-        self.normalized_shape = F._normalized_shape(normalized_shape, "LayerNorm")
+        self.normalized_shape = _normalized_shape(normalized_shape, "LayerNorm")
         self.eps = _check_eps("LayerNorm", eps)
         self.elementwise_affine = bool(elementwise_affine)
         _affine_params(self, self.normalized_shape, self.elementwise_affine,

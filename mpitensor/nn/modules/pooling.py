@@ -16,6 +16,7 @@ from typing import Any, Optional
 from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
+from .._functional.pooling2d import _adaptive_size
 from ._common import _IntOrPair, _pair, _positive_int
 from .module import Module
 
@@ -485,7 +486,7 @@ class AdaptiveAvgPool2d(Module):
 
     def __init__(self, output_size: Any) -> None:
         super().__init__()
-        F._adaptive_size(output_size, 2, "AdaptiveAvgPool2d")
+        _adaptive_size(output_size, 2, "AdaptiveAvgPool2d")
         self.output_size = output_size
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
@@ -509,7 +510,7 @@ class AdaptiveAvgPool1d(Module):
 
     def __init__(self, output_size: Any) -> None:
         super().__init__()
-        (size,) = F._adaptive_size(output_size, 1, "AdaptiveAvgPool1d")
+        (size,) = _adaptive_size(output_size, 1, "AdaptiveAvgPool1d")
         if size is None:
             raise TypeError("AdaptiveAvgPool1d: output_size must be an int, got None")
         self.output_size = output_size
