@@ -1,6 +1,7 @@
 """What several layer families share: constructor argument checks (sizes, dtypes, the
 loss ``reduction`` keyword, padding modes) and the creation and default initialisation of
-weights, biases and affine parameters."""
+weights, biases and affine parameters; and what ``Module`` and its state-dict loading share
+(naming a value's type in messages, reading arrays out of a state dict)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor.tensor import empty
+from mpitensor.tensor import Tensor, _move, empty
 
 from .. import init
 from ..parameter import Parameter
-from .module import Module
 
 _IntOrPair = Union[int, tuple]
 
@@ -87,7 +88,7 @@ def _reset_default(weight: Parameter, bias: Optional[Parameter]) -> None:
         init.uniform_(bias, -bound, bound)
 
 
-def _add_weight_and_bias(module: Module, wshape: tuple, bias: bool, dtype: Any,
+def _add_weight_and_bias(module: Any, wshape: tuple, bias: bool, dtype: Any,
                          device: Any) -> None:
     """Register ``weight`` (``wshape``) and ``bias`` (``wshape[0]``, or None) on ``module``,
     uninitialised, then draw them with ``module.reset_parameters()``."""
@@ -105,7 +106,7 @@ def _check_eps(cls: str, eps: Any) -> float:
     return float(eps)
 
 
-def _affine_params(module: Module, shape: tuple, weight: bool, bias: bool, dtype: Any,
+def _affine_params(module: Any, shape: tuple, weight: bool, bias: bool, dtype: Any,
                    device: Any) -> None:
     """Register ``weight`` and ``bias`` of ``shape`` (or None), then set them to 1 and 0."""
     for name, wanted in (("weight", weight), ("bias", bias)):
@@ -115,8 +116,39 @@ def _affine_params(module: Module, shape: tuple, weight: bool, bias: bool, dtype
             module.register_parameter(name, None)
 
 
-def _reset_affine(module: Module) -> None:
+def _reset_affine(module: Any) -> None:
     if module.weight is not None:
         init.ones_(module.weight)
     if module.bias is not None:
         init.zeros_(module.bias)
+
+
+# what Module and its load plan share: messages naming a value's type, arrays from a state dict
+def _qualified_type(value: Any) -> str:
+    """``int`` for builtins, ``package.module.Class`` otherwise (unambiguous in errors)."""
+    cls = type(value)
+    if cls.__module__ == "builtins":
+        return cls.__name__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _as_array(value: Any, key: str) -> Any:
+    """The array (NumPy or CuPy) behind a ``load_state_dict`` value, without copying."""
+    if isinstance(value, Tensor):
+        return value._data
+    if _backend.is_array(value):
+        return value
+    if hasattr(value, "__array__") or hasattr(value, "__array_interface__"):
+        if hasattr(value, "detach"):  # torch.Tensor: through NumPy, a view when possible
+            return value.detach().cpu().numpy()
+        return np.asarray(value)
+    raise TypeError(
+        f'cannot load "{key}" from a {type(value)}: expected mpitensor.Tensor or Tensor-like '
+        f"value (a NumPy/CuPy array or a torch.Tensor)"
+    )
+
+
+def _on_device_of(arr: Any, like: Any) -> Any:
+    """``arr`` moved to ``like``'s device and cast to its dtype (``arr`` itself if it fits)."""
+    out = _move(arr, _backend.device_of(like))
+    return out if out.dtype == like.dtype else out.astype(like.dtype)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import numbers
 
-import numpy as np
-
 from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
@@ -25,6 +23,9 @@ __all__ = ["Dropout1d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout", "Dro
 
 
 class _DropoutNd(Module):
+    """What every dropout layer shares: ``p`` checked to lie in [0, 1] (kept as given, as torch
+    keeps it), ``inplace``, and a forward through the functional form named ``_fname``."""
+
     _fname = ""
 
     def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
@@ -85,7 +86,7 @@ class FeatureAlphaDropout(_DropoutNd):
     _fname = "feature_alpha_dropout"
 
 
-class Dropout(Module):
+class Dropout(_DropoutNd):
     """Zero each element with probability ``p`` in training, scaling the rest by 1/(1-p).
 
     In evaluation mode (``model.eval()``) it is the identity. The mask is drawn from
@@ -105,22 +106,10 @@ class Dropout(Module):
         tensor([1., 1., 1.])
     """
 
-    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
-        super().__init__()
-        if isinstance(p, bool) or not isinstance(p, (int, float, np.floating, np.integer)) \
-                or not 0 <= p <= 1:
-            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p!r}")
-        self.p = float(p)
-        self.inplace = bool(inplace)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.dropout(input, self.p, self.training, self.inplace)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}, inplace={self.inplace}"
+    _fname = "dropout"
 
 
-class Dropout2d(Module):
+class Dropout2d(_DropoutNd):
     """Zero whole channels with probability ``p`` in training, scaling the rest by 1/(1-p).
 
     Each (sample, channel) plane of an (N, C, H, W) input is kept or dropped as a whole
@@ -140,16 +129,4 @@ class Dropout2d(Module):
         tensor([1., 1.])
     """
 
-    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
-        super().__init__()
-        if isinstance(p, bool) or not isinstance(p, (int, float, np.floating, np.integer)) \
-                or not 0 <= p <= 1:
-            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p!r}")
-        self.p = float(p)
-        self.inplace = bool(inplace)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.dropout2d(input, self.p, self.training, self.inplace)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}, inplace={self.inplace}"
+    _fname = "dropout2d"

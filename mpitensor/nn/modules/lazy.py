@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional
 from mpitensor.tensor import Tensor
 
 from ..parameter import UninitializedBuffer, UninitializedParameter, is_lazy
-from .module import _as_array
+from ._common import _as_array
 
 __all__ = ["LazyModuleMixin"]
 

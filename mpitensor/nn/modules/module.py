@@ -22,20 +22,21 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor.autograd import no_grad
 from mpitensor.tensor import Tensor, _move, _parse_device
 
 from ..parameter import Buffer, Parameter, _pending, is_lazy
+from ._common import _qualified_type
+from ._hooks import RemovableHandle, _HookChain
+from ._state_dict import _IncompatibleKeys, _LoadPlan
 
 __all__ = ["Module", "RemovableHandle"]
 
@@ -44,143 +45,13 @@ __all__ = ["Module", "RemovableHandle"]
 # Small helpers
 
 
-class _IncompatibleKeys(NamedTuple):
-    """What :meth:`Module.load_state_dict` returns: the keys it could not pair up."""
-
-    missing_keys: list
-    unexpected_keys: list
-
-    def __repr__(self) -> str:
-        if self.missing_keys or self.unexpected_keys:
-            # the class name is part of what torch prints, so scripts see the same text
-            return (f"_IncompatibleKeys(missing_keys={self.missing_keys!r}, "
-                    f"unexpected_keys={self.unexpected_keys!r})")
-        return "<All keys matched successfully>"
-
-    __str__ = __repr__
-
-
-def _qualified_type(value: Any) -> str:
-    """``int`` for builtins, ``package.module.Class`` otherwise (unambiguous in errors)."""
-    cls = type(value)
-    if cls.__module__ == "builtins":
-        return cls.__name__
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def _indent_continuation(text: str, spaces: int) -> str:
     """Indent every line of ``text`` but the first, so it can follow a ``(name): `` label."""
     return text.replace("\n", "\n" + " " * spaces)
 
 
-
 def _dotted(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
-
-
-# --------------------------------------------------------------------------------------------
-# Forward hooks
-
-
-class RemovableHandle:
-    """Returned by the ``register_*_hook`` methods; ``remove()`` unregisters the hook.
-
-    Also a context manager: the hook is removed on leaving the ``with`` block.
-
-    Example:
-        >>> import mpitensor.nn as nn
-        >>> m = nn.Identity()
-        >>> h = m.register_forward_hook(lambda mod, args, out: None)
-        >>> h.remove()
-    """
-
-    _counter = itertools.count()
-
-    def __init__(self, chain: _HookChain) -> None:
-        self.id = next(RemovableHandle._counter)
-        self._chain = chain
-
-    def remove(self) -> None:
-        """Unregister the hook (a no-op when it is already gone)."""
-        self._chain.discard(self.id)
-
-    def __enter__(self) -> RemovableHandle:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.remove()
-
-
-class _Hook:
-    """One registered callable and the calling convention it asked for."""
-
-    __slots__ = ("key", "fn", "with_kwargs", "always_call")
-
-    def __init__(self, key: int, fn: Callable, with_kwargs: bool, always_call: bool) -> None:
-        self.key = key
-        self.fn = fn
-        self.with_kwargs = with_kwargs
-        self.always_call = always_call
-
-    def before(self, module: Module, args: tuple, kwargs: dict) -> tuple:
-        """Run as a pre-hook: the (possibly replaced) ``(args, kwargs)``."""
-        if not self.with_kwargs:
-            new_args = self.fn(module, args)
-            if new_args is None:
-                return args, kwargs
-            return (new_args if isinstance(new_args, tuple) else (new_args,)), kwargs
-        replaced = self.fn(module, args, kwargs)
-        if replaced is None:
-            return args, kwargs
-        if isinstance(replaced, tuple) and len(replaced) == 2:
-            return replaced
-        raise RuntimeError(
-            f"a forward pre-hook registered with with_kwargs=True returned {replaced!r}; it "
-            f"must return None (keep the inputs) or a pair (args_tuple, kwargs_dict)"
-        )
-
-    def after(self, module: Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        """Run as a post-hook: the (possibly replaced) output."""
-        if self.with_kwargs:
-            replaced = self.fn(module, args, kwargs, output)
-        else:
-            replaced = self.fn(module, args, output)
-        return output if replaced is None else replaced
-
-
-class _HookChain:
-    """The hooks of one kind on one module, kept in the order they run.
-
-    ``len()`` and truth test count the hooks, so ``if module._forward_hooks`` stays cheap on
-    the call path of hook-free modules.
-    """
-
-    __slots__ = ("_hooks",)
-
-    def __init__(self) -> None:
-        self._hooks: list = []
-
-    def add(self, fn: Callable, prepend: bool, with_kwargs: bool,
-            always_call: bool = False) -> RemovableHandle:
-        if not callable(fn):
-            raise TypeError(f"a hook must be callable, got {_qualified_type(fn)} {fn!r}")
-        handle = RemovableHandle(self)
-        hook = _Hook(handle.id, fn, with_kwargs, always_call)
-        self._hooks.insert(0 if prepend else len(self._hooks), hook)
-        return handle
-
-    def discard(self, key: int) -> None:
-        self._hooks = [h for h in self._hooks if h.key != key]
-
-    def snapshot(self) -> list:
-        # hooks that add or remove hooks while running must not disturb this call
-        return list(self._hooks)
-
-    def __len__(self) -> int:
-        return len(self._hooks)
-
-    def __iter__(self) -> Iterator[_Hook]:
-        return iter(self.snapshot())
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,133 +106,6 @@ def _float_dtype_or_none(dtype: Any) -> Any:
             f"{_dt.dt_repr(dt)}; integer buffers keep their own dtype whatever is asked"
         )
     return dt
-
-
-def _as_array(value: Any, key: str) -> Any:
-    """The array (NumPy or CuPy) behind a ``load_state_dict`` value, without copying."""
-    if isinstance(value, Tensor):
-        return value._data
-    if _backend.is_array(value):
-        return value
-    if hasattr(value, "__array__") or hasattr(value, "__array_interface__"):
-        if hasattr(value, "detach"):  # torch.Tensor: through NumPy, a view when possible
-            return value.detach().cpu().numpy()
-        return np.asarray(value)
-    raise TypeError(
-        f'cannot load "{key}" from a {type(value)}: expected mpitensor.Tensor or Tensor-like '
-        f"value (a NumPy/CuPy array or a torch.Tensor)"
-    )
-
-
-def _on_device_of(arr: Any, like: Any) -> Any:
-    """``arr`` moved to ``like``'s device and cast to its dtype (``arr`` itself if it fits)."""
-    out = _move(arr, _backend.device_of(like))
-    return out if out.dtype == like.dtype else out.astype(like.dtype)
-
-
-# --------------------------------------------------------------------------------------------
-# load_state_dict's planning: everything is checked before anything is written
-
-
-class _LoadPlan:
-    """The outcome of matching a state dict against a module tree, computed up front."""
-
-    def __init__(self) -> None:
-        self.missing: list = []
-        self.unexpected: list = []
-        self.errors: list = []
-        self.copies: list = []  # (owner module, local name, current tensor, new array)
-
-    @classmethod
-    def build(cls, root: Module, state_dict: Mapping) -> _LoadPlan:
-        plan = cls()
-        arriving = _keys_by_owner(root, state_dict)
-        for path, module in _walk_with_paths(root):
-            lazy = getattr(module, "_lazy_load_hook", None)
-            if lazy is not None:  # a lazy module takes its shapes from the state dict
-                lazy(state_dict, path)
-            own = dict(module._persistent_state())
-            for name, current in own.items():
-                plan._match(module, name, current, path + name, state_dict)
-            plan.unexpected += [key for key, rest in arriving.get(path, ()) if rest not in own]
-        return plan
-
-    def _match(self, module: Module, name: str, current: Tensor, key: str,
-               state_dict: Mapping) -> None:
-        if key not in state_dict:
-            self.missing.append(key)
-            return
-        try:
-            arr = _as_array(state_dict[key], key)
-        except TypeError as exc:
-            self.errors.append(str(exc))
-            return
-        want = tuple(current._data.shape)
-        if want == () and tuple(arr.shape) == (1,):
-            arr = arr.reshape(())  # checkpoints from torch 0.3 stored scalars as shape (1,)
-        if tuple(arr.shape) != want:
-            self.errors.append(f"{key}: shape {tuple(arr.shape)} in the state dict, "
-                               f"{want} in the model")
-            return
-        self.copies.append((module, name, current, arr))
-
-    def report(self, strict: bool) -> list:
-        """The lines of the RuntimeError to raise (empty when loading may go ahead)."""
-        lines = []
-        if strict and self.missing:
-            lines.append(f"missing from the state dict (the model has them): "
-                         f"{_quoted(self.missing)}")
-        if strict and self.unexpected:
-            lines.append(f"not in the model (the state dict has them): "
-                         f"{_quoted(self.unexpected)}")
-        return lines + self.errors
-
-    def apply(self, assign: bool) -> None:
-        with no_grad():
-            for module, name, current, arr in self.copies:
-                if not assign:
-                    current.copy_(arr)
-                    continue
-                fresh = _on_device_of(arr, current._data)
-                if fresh is arr:
-                    fresh = fresh.copy()  # never alias the caller's array
-                if name in module._parameters:
-                    module._parameters[name] = Parameter(fresh, current.requires_grad)
-                else:
-                    module._buffers[name] = Tensor._wrap(fresh)
-
-
-def _quoted(keys: list) -> str:
-    return ", ".join(f'"{k}"' for k in keys)
-
-
-def _walk_with_paths(root: Module) -> Iterator[tuple]:
-    """``(dotted prefix ending in '.', module)`` pre-order; a shared child under each name."""
-    pending = [("", root)]
-    while pending:
-        path, module = pending.pop()
-        yield path, module
-        children = [(f"{path}{n}.", c) for n, c in module._modules.items() if c is not None]
-        pending.extend(reversed(children))
-
-
-def _keys_by_owner(root: Module, state_dict: Mapping) -> dict:
-    """Group the incoming keys by the deepest module their dotted path leads to.
-
-    Returns ``{module prefix: [(key, rest of the key), ...]}``. Keys that run into a child
-    slot holding None are dropped: they are neither loaded nor reported, as in torch.
-    """
-    owners: dict = {}
-    for key in state_dict:
-        module, path, rest = root, "", key
-        while module is not None and "." in rest:
-            head, tail = rest.split(".", 1)
-            if head not in module._modules:
-                break
-            module, path, rest = module._modules[head], f"{path}{head}.", tail
-        if module is not None:
-            owners.setdefault(path, []).append((key, rest))
-    return owners
 
 
 # --------------------------------------------------------------------------------------------
