@@ -261,6 +261,7 @@ def plan_zip(obj: Any, allow_pickle: bool, parameter: type) -> Callable[[BinaryI
                 tmp.seek(0)
                 shutil.copyfileobj(tmp, fh)
             return
+        fh = _FromHere(fh)
         with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             _put(zf, fh, "archive/data.pkl", data)
             _put(zf, fh, "archive/.format_version", b"1")
@@ -273,6 +274,33 @@ def plan_zip(obj: Any, allow_pickle: bool, parameter: type) -> Callable[[BinaryI
                  f"{secrets.randbits(128):040d}".encode())
 
     return write
+
+
+class _FromHere:
+    """A seekable binary file seen from where it stands now: position 0 is the record's first
+    byte. zipfile writes the offsets ``fh.tell()`` gives it, and torch's reader counts them from
+    the record's start, so a record written after other bytes needs them counted from there."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self._fh = fh
+        self._base = fh.tell()
+
+    def tell(self) -> int:
+        return self._fh.tell() - self._base
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos += self._base
+        return self._fh.seek(pos, whence) - self._base
+
+    def write(self, data: Any) -> int:
+        return self._fh.write(data)
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def seekable(self) -> bool:
+        return True
 
 
 def _put(zf: zipfile.ZipFile, fh: BinaryIO, name: str, data: Any) -> None:
