@@ -38,12 +38,12 @@ from .checks import (
     as_tensor,
     check_float,
     half_safe,
-    is_number,
     quiet,
     run_inplace,
     wrap_dim,
     xp_of,
 )
+from .checks import real_number as _real
 
 __all__ = ["gelu", "silu", "mish", "elu", "elu_", "selu", "selu_", "celu", "celu_", "tanhshrink",
            "softplus", "softsign", "logsigmoid", "sigmoid", "tanh", "glu", "softmin",
@@ -80,14 +80,6 @@ def _pointwise(fn: type, fname: str, input: Any, inplace: bool, *args: Any) -> T
 def _inplace_only(fn: type, fname: str, input: Any, *args: Any) -> Tensor:  # noqa: A002
     _float_input(input, fname)
     return run_inplace(input, getattr(fn, "inplace_variant", fn), f"{fname}()", *args)
-
-
-def _real(v: Any, name: str, fname: str) -> float:
-    if isinstance(v, Tensor) and v.numel() == 1:
-        v = v.item()
-    if not is_number(v):
-        raise TypeError(f"{fname}(): {name} must be a real number, got {v!r}")
-    return float(v)
 
 
 def _sigmoid(xp: Any, x: Any) -> Any:

@@ -266,6 +266,14 @@ def scatter_add_axis(g: Any, axis: int, idx: Any, n: int) -> Any:
     return xp.moveaxis(flat.reshape(*lead, n), -1, axis)
 
 
+def real_number(v: Any, name: str, fname: str) -> float:
+    """A real number argument as a float (a one-element tensor counts); TypeError otherwise."""
+    if isinstance(v, Tensor) and v.numel() == 1:
+        v = v.item()
+    if not is_number(v):
+        raise TypeError(f"{fname}(): {name} must be a real number, got {v!r}")
+    return float(v)
+
 # --------------------------------------------------------------------------------------------
 # the checks nn.functional's own ops (functional.py and its split-off modules) share
 

@@ -51,6 +51,7 @@ from .checks import (
     warn_broadcast,
     xp_of,
 )
+from .checks import real_number as _real
 from .distance import pairwise_distance
 
 __all__ = [
@@ -59,14 +60,6 @@ __all__ = [
     "triplet_margin_with_distance_loss", "poisson_nll_loss", "gaussian_nll_loss",
     "multilabel_soft_margin_loss", "multi_margin_loss", "multilabel_margin_loss",
 ]
-
-
-def _real(v: Any, name: str, fname: str) -> float:
-    if isinstance(v, Tensor) and v.numel() == 1:
-        v = v.item()
-    if not is_number(v):
-        raise TypeError(f"{fname}(): {name} must be a real number, got {v!r}")
-    return float(v)
 
 
 def _pair_inputs(fname: str, input: Any, target: Any) -> tuple:  # noqa: A002

@@ -47,6 +47,27 @@ def _activation(activation: Union[str, Callable]) -> Callable:
     return activation
 
 
+def _build_layer(layer: Module, parts: int, d_model: int, nhead: int, dim_feedforward: int,
+                 dropout: float, activation: Any, eps: float, batch_first: bool,
+                 norm_first: bool, bias: bool, device: Any, dtype: Any) -> None:
+    """Register a transformer layer's children in torch's order (so state-dict keys match):
+    its ``parts - 1`` attentions (self, then cross), the feed-forward block, ``norm_first``,
+    then one layer norm and one dropout per part (attention(s) and feed-forward)."""
+    kw = {"device": device, "dtype": dtype}
+    for name in ("self_attn", "multihead_attn")[:parts - 1]:
+        setattr(layer, name, MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                                batch_first=batch_first, **kw))
+    layer.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
+    layer.dropout = Dropout(dropout)
+    layer.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
+    layer.norm_first = norm_first
+    for i in range(1, parts + 1):
+        setattr(layer, f"norm{i}", LayerNorm(d_model, eps=eps, bias=bias, **kw))
+    for i in range(1, parts + 1):
+        setattr(layer, f"dropout{i}", Dropout(dropout))
+    layer.activation = _activation(activation)
+
+
 class TransformerEncoderLayer(Module):
     """Self-attention and a feed-forward block, each with a residual connection and a layer
     norm (after each, or before with ``norm_first=True``).
@@ -73,18 +94,8 @@ class TransformerEncoderLayer(Module):
                  norm_first: bool = False, bias: bool = True, device: Any = None,
                  dtype: Any = None) -> None:
         super().__init__()
-        kw = {"device": device, "dtype": dtype}
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                            batch_first=batch_first, **kw)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        self.activation = _activation(activation)
+        _build_layer(self, 2, d_model, nhead, dim_feedforward, dropout, activation,
+                     layer_norm_eps, batch_first, norm_first, bias, device, dtype)
 
     def _sa_block(self, x: Tensor, attn_mask: Optional[Tensor],
                   key_padding_mask: Optional[Tensor], is_causal: bool) -> Tensor:
@@ -159,22 +170,8 @@ class TransformerDecoderLayer(Module):
                  norm_first: bool = False, bias: bool = True, device: Any = None,
                  dtype: Any = None) -> None:
         super().__init__()
-        kw = {"device": device, "dtype": dtype}
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                            batch_first=batch_first, **kw)
-        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                                 batch_first=batch_first, **kw)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        self.dropout3 = Dropout(dropout)
-        self.activation = _activation(activation)
+        _build_layer(self, 3, d_model, nhead, dim_feedforward, dropout, activation,
+                     layer_norm_eps, batch_first, norm_first, bias, device, dtype)
 
     def _sa_block(self, x: Tensor, mask: Optional[Tensor], kpm: Optional[Tensor],
                   is_causal: bool) -> Tensor:
