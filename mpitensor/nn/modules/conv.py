@@ -169,20 +169,7 @@ class _Conv(_ConvNd):
 class Conv1d(_Conv):
     """1-D convolution (cross-correlation) over an (N, C, L) input, as ``torch.nn.Conv1d``.
 
-    Args:
-        in_channels, out_channels: channel counts (> 0, divisible by ``groups``).
-        kernel_size: an int or a 1-tuple (> 0).
-        stride: an int or a 1-tuple (> 0).
-        padding: an int or a 1-tuple (>= 0), or "valid" / "same".
-        dilation: an int or a 1-tuple (> 0).
-        groups: blocked connections from input to output channels.
-        bias: whether to learn an additive bias.
-        padding_mode: "zeros", "reflect", "replicate" or "circular".
-        device, dtype: where and in which float dtype to create the parameters.
-
-    Raises:
-        ValueError: a bad size, an indivisible channel count, an unknown padding or padding
-            mode, or padding="same" with a stride other than 1.
+    Arguments and errors as :class:`Conv2d`'s, with an int or a 1-tuple for each size.
 
     Example:
         >>> import mpitensor as mt
