@@ -18,7 +18,8 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from mpitensor import backend as _backend
-from mpitensor.tensor import Tensor, _new, as_tensor, randperm
+from mpitensor._core.opkit import wrap
+from mpitensor.tensor import Tensor, as_tensor, randperm
 
 __all__ = [
     "Dataset",
@@ -139,7 +140,7 @@ class TensorDataset(Dataset):
             tensor([4, 0])
         """
         idx = _index_array(indices)
-        return [_new(_take(t._data, idx)) for t in self.tensors]
+        return [wrap(_take(t._data, idx)) for t in self.tensors]
 
 
 class Subset(Dataset):

@@ -23,7 +23,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from mpitensor import backend as _backend
-from mpitensor.tensor import Tensor, _new, as_tensor
+from mpitensor._core.opkit import wrap
+from mpitensor.tensor import Tensor, as_tensor
 
 from .dataset import IterableDataset
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
@@ -44,7 +45,7 @@ def _stack(arrays: list, what: str) -> Tensor:
         raise RuntimeError(f"default_collate: cannot stack {what} of different shapes "
                            f"{sorted(shapes)}; resize or pad the samples to one shape, or pass "
                            "a collate_fn that merges them")
-    return _new(_backend.array_module(arrays[0]).stack(arrays))
+    return wrap(_backend.array_module(arrays[0]).stack(arrays))
 
 
 @functools.singledispatch
@@ -72,12 +73,12 @@ def _collate_array(first: np.ndarray, samples: list) -> Any:
 
 @_collate.register
 def _collate_numpy_scalar(first: np.generic, samples: list) -> Any:
-    return _new(np.asarray(samples, dtype=first.dtype))
+    return wrap(np.asarray(samples, dtype=first.dtype))
 
 
 def _python_scalar_collator(dtype: type) -> Callable[[Any, list], Any]:
     def collate(first: Any, samples: list) -> Any:
-        return _new(np.asarray(samples, dtype=dtype))
+        return wrap(np.asarray(samples, dtype=dtype))
     return collate
 
 
@@ -159,7 +160,7 @@ def default_convert(data: Any) -> Any:
     if _is_array(data):
         return data if data.dtype.kind in _NON_NUMERIC_KINDS else as_tensor(data)
     if isinstance(data, np.generic):
-        return _new(np.asarray(data))
+        return wrap(np.asarray(data))
     if isinstance(data, Mapping):
         converted = {key: default_convert(value) for key, value in data.items()}
         try:

@@ -21,8 +21,9 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from mpitensor._base import config as _config
+from mpitensor._core.opkit import wrap
 from mpitensor.errors import MpiTensorError
-from mpitensor.tensor import Tensor, _new, as_tensor
+from mpitensor.tensor import Tensor, as_tensor
 
 from .dataset import Dataset, _index_array, _take
 
@@ -307,8 +308,8 @@ class _ImageDataset(Dataset):
 
     def _init_arrays(self, images: np.ndarray, labels: np.ndarray, transform: Any,
                      target_transform: Any, normalize: bool) -> None:
-        self.data = _new(np.ascontiguousarray(images, dtype=np.uint8))
-        self.targets = _new(labels.astype(np.int64))
+        self.data = wrap(np.ascontiguousarray(images, dtype=np.uint8))
+        self.targets = wrap(labels.astype(np.int64))
         self.transform = transform
         self.target_transform = target_transform
         self.normalize = normalize
@@ -339,7 +340,7 @@ class _ImageDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple:
         images, labels = self.arrays()
-        img: Any = _new(images[index].copy())
+        img: Any = wrap(images[index].copy())
         target: Any = int(labels[index])
         if self.transform is not None:
             img = self.transform(img)
@@ -359,7 +360,7 @@ class _ImageDataset(Dataset):
 
             return default_collate([self[int(i)] for i in idx])
         images, labels = self.arrays()
-        return [_new(_take(images, idx)), _new(_take(labels, idx))]
+        return [wrap(_take(images, idx)), wrap(_take(labels, idx))]
 
 
 class MNIST(_ImageDataset):

@@ -14,7 +14,8 @@ from typing import Any, List
 
 import numpy as np
 
-from ..tensor import Tensor, _new
+from .._core.opkit import wrap
+from ..tensor import Tensor
 
 __all__ = ["BuiltinCommHookType", "GradBucket"]
 
@@ -56,7 +57,7 @@ class GradBucket:
 
     def buffer(self) -> Tensor:
         """The flat 1-D tensor of the bucket's gradients (shares memory with the bucket)."""
-        return _new(self._buffer)
+        return wrap(self._buffer)
 
     def gradients(self) -> List[Tensor]:
         """The gradients of :meth:`parameters`, each a view of :meth:`buffer` (of the tensor
@@ -64,7 +65,7 @@ class GradBucket:
         out, at = [], 0
         for shape in self._shapes:
             n = int(np.prod(shape, dtype=np.int64))
-            out.append(_new(self._buffer[at:at + n].reshape(shape)))
+            out.append(wrap(self._buffer[at:at + n].reshape(shape)))
             at += n
         return out
 

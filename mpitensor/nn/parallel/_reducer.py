@@ -30,13 +30,14 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import distributed as dist
+from mpitensor._core.opkit import wrap
 from mpitensor.autograd import Node
 from mpitensor.distributed import ProcessGroup, ReduceOp
 from mpitensor.distributed._grad_bucket import GradBucket
 from mpitensor.distributed._work_future import progress
 from mpitensor.distributed.backends.mpi.node_reduce import NodeReduce
 from mpitensor.distributed.model_sync import device_key
-from mpitensor.tensor import Tensor, _new
+from mpitensor.tensor import Tensor
 
 from ._outputs import collect_tensors
 
@@ -435,7 +436,7 @@ class Reducer:
                 view = bucket.views[k]
                 g = p.grad
                 if g is None:
-                    p.grad = _new(view if view_mode else view.copy())
+                    p.grad = wrap(view if view_mode else view.copy())
                 elif g._data is not view:
                     if view_mode:
                         g._data = view
