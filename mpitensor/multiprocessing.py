@@ -116,17 +116,9 @@ def _warn_start_method(start_method: str) -> None:
                       "inherited)", UserWarning, stacklevel=3)
 
 
-def start_processes(
-    fn: Callable[..., Any],
-    args: Tuple[Any, ...] = (),
-    nprocs: int = 1,
-    join: bool = True,
-    daemon: bool = False,
-    start_method: str = "spawn",
-    *,
-    timeout: Optional[float] = None,
-    mpiexec: Optional[str] = None,
-) -> Optional[ProcessContext]:
+def start_processes(fn: Callable[..., Any], args: Tuple[Any, ...] = (), nprocs: int = 1,
+                    join: bool = True, daemon: bool = False, start_method: str = "spawn",
+                    **options: Any) -> Optional[ProcessContext]:
     """Run ``fn(i, *args)`` for ``i`` in ``range(nprocs)``, process ``i`` being MPI rank ``i``.
 
     Args:
@@ -137,8 +129,9 @@ def start_processes(
         daemon: kill the processes when this one exits; otherwise they are waited for at exit.
         start_method: ``"spawn"`` (default); ``"fork"``/``"forkserver"`` are accepted with a
             warning and act as ``"spawn"``.
-        timeout: hard limit in seconds for the whole job (mpitensor's extension).
-        mpiexec: the MPI launcher to use (default: the one next to Python, else on ``PATH``).
+        options: mpitensor's extensions, by keyword: ``timeout``, a hard limit in seconds
+            for the whole job; ``mpiexec``, the MPI launcher to use (default: the one next to
+            Python, else on ``PATH``).
 
     Returns:
         ``None`` with ``join=True``; the :class:`ProcessContext` otherwise.
@@ -155,21 +148,12 @@ def start_processes(
         >>> while not ctx.join(): pass
     """
     _warn_start_method(start_method)
-    return _start_processes(fn, args, nprocs, join, daemon, start_method, timeout=timeout,
-                            mpiexec=mpiexec)
+    return _start_processes(fn, args, nprocs, join, daemon, start_method, **options)
 
 
-def spawn(
-    fn: Callable[..., Any],
-    args: Tuple[Any, ...] = (),
-    nprocs: int = 1,
-    join: bool = True,
-    daemon: bool = False,
-    start_method: str = "spawn",
-    *,
-    timeout: Optional[float] = None,
-    mpiexec: Optional[str] = None,
-) -> Optional[ProcessContext]:
+def spawn(fn: Callable[..., Any], args: Tuple[Any, ...] = (), nprocs: int = 1, join: bool = True,
+          daemon: bool = False, start_method: str = "spawn",
+          **options: Any) -> Optional[ProcessContext]:
     """Run ``fn(i, *args)`` on ``nprocs`` new MPI ranks, as ``torch.multiprocessing.spawn``.
 
     Arguments, return value and exceptions are :func:`start_processes`'s. When one process
@@ -184,8 +168,7 @@ def spawn(
         ...     mp.spawn(work, args=(2,), nprocs=2)  # doctest: +SKIP
     """
     _warn_start_method(start_method)
-    return _start_processes(fn, args, nprocs, join, daemon, start_method, timeout=timeout,
-                            mpiexec=mpiexec)
+    return _start_processes(fn, args, nprocs, join, daemon, start_method, **options)
 
 
 def get_all_sharing_strategies() -> Set[str]:

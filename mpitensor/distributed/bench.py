@@ -628,34 +628,25 @@ def _size_arg(text: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number_arg(parse: Callable[[str], Any], ok: Callable[[Any], bool],
+                expected: str) -> Callable[[str], Any]:
+    """An argparse ``type``: ``parse(text)``, refused unless ``ok`` (the message says
+    ``expected``)."""
+    def check(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return check
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+_positive_int = _number_arg(int, lambda v: v >= 1, "a positive integer")
+_non_negative_int = _number_arg(int, lambda v: v >= 0, "an integer >= 0")
+_positive_float = _number_arg(float, lambda v: v > 0 and not math.isinf(v), "a positive number")
 
 
 def build_parser() -> argparse.ArgumentParser:

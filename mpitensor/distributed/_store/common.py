@@ -79,13 +79,19 @@ class StoreTimeoutError(DistStoreError, DistributedTimeoutError):
 
 
 # ---------------------------------------------------------------------------- arguments
+def _encoded(obj: Any, byteslike: Any) -> Optional[bytes]:
+    """``obj`` as bytes: a ``str`` in UTF-8, one of ``byteslike`` as is; else ``None``."""
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "surrogateescape")
+    if isinstance(obj, byteslike):
+        return bytes(obj)
+    return None
+
+
 def key_bytes(key: Any, what: str = "key") -> bytes:
     """A key as bytes: ``str`` (UTF-8) or ``bytes``, at most :data:`MAX_KEY_BYTES` long."""
-    if isinstance(key, str):
-        raw = key.encode("utf-8", "surrogateescape")
-    elif isinstance(key, bytes):
-        raw = key
-    else:
+    raw = _encoded(key, bytes)
+    if raw is None:
         raise TypeError(f"a store {what} must be a str (or bytes), got {type(key).__name__}: "
                         f"{key!r}")
     if len(raw) > MAX_KEY_BYTES:
@@ -108,11 +114,8 @@ def key_list(keys: Any, what: str = "keys") -> List[bytes]:
 
 def value_bytes(value: Any, what: str = "value") -> bytes:
     """A value as bytes: ``str`` (UTF-8) or a bytes-like object, at most 64 MiB."""
-    if isinstance(value, str):
-        raw = value.encode("utf-8", "surrogateescape")
-    elif isinstance(value, (bytes, bytearray, memoryview)):
-        raw = bytes(value)
-    else:
+    raw = _encoded(value, (bytes, bytearray, memoryview))
+    if raw is None:
         raise TypeError(f"a store {what} must be str or bytes, got {type(value).__name__}: "
                         f"{value!r:.80}")
     if len(raw) > MAX_VALUE_BYTES:

@@ -29,10 +29,10 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from mpitensor._ops import combine as _combining
 from mpitensor import backend as _backend
+from mpitensor._ops import combine as _combining
 from mpitensor.autograd import Function, grad_enabled_for
 from mpitensor.tensor import Tensor
 
@@ -81,19 +81,22 @@ def _sum_my_row(rows: Any, group: Any) -> Any:
     return got.sum(axis=0)
 
 
+def _on_copy(collective: Callable[..., Any], x: Any, **kw: Any) -> Any:
+    """``collective`` run in place on a copy of ``x`` (autograd's inputs stay untouched)."""
+    out = x.copy()
+    collective(out, **kw)
+    return out
+
+
 class _AllReduce(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, op: Any, group: Any) -> Any:
-        out = x.copy()
-        _all_reduce(out, op=op, group=group)
         ctx.op, ctx.group = op, group
-        return out
+        return _on_copy(_all_reduce, x, op=op, group=group)
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        out = g.copy()
-        _all_reduce(out, op=ctx.op, group=ctx.group)
-        return out, None, None
+        return _on_copy(_all_reduce, g, op=ctx.op, group=ctx.group), None, None
 
 
 class _AllGather(Function):
@@ -110,15 +113,12 @@ class _AllGather(Function):
 class _Broadcast(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, src: int, group: Any) -> Any:
-        out = x.copy()
-        _broadcast(out, src=src, group=group)
         ctx.src, ctx.group = src, group
-        return out
+        return _on_copy(_broadcast, x, src=src, group=group)
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        out = g.copy()
-        _reduce(out, dst=ctx.src, op=ReduceOp.SUM, group=ctx.group)
+        out = _on_copy(_reduce, g, dst=ctx.src, op=ReduceOp.SUM, group=ctx.group)
         if get_rank() != ctx.src:
             out[...] = 0
         return out, None, None
@@ -127,16 +127,12 @@ class _Broadcast(Function):
 class _Reduce(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, dst: int, group: Any) -> Any:
-        out = x.copy()
-        _reduce(out, dst=dst, op=ReduceOp.SUM, group=group)
         ctx.dst, ctx.group = dst, group
-        return out
+        return _on_copy(_reduce, x, dst=dst, op=ReduceOp.SUM, group=group)
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        out = g.copy()
-        _broadcast(out, src=ctx.dst, group=ctx.group)
-        return out, None, None
+        return _on_copy(_broadcast, g, src=ctx.dst, group=ctx.group), None, None
 
 
 class _AllToAll(Function):

@@ -26,7 +26,8 @@ from mpitensor.futures import Future
 
 from ...errors import DistributedTimeoutError
 from . import _state, _wire
-from ._agent import Agent, OwnerEntry, WorkerInfo, _AsyncResult, is_async
+from ._agent import Agent, WorkerInfo
+from ._serving import OwnerEntry, _AsyncResult, is_async
 
 __all__ = ["RRef"]
 

@@ -31,6 +31,40 @@ _atexit_hooked = False
 _INIT_TIMEOUT_S = 600.0  # how long init_rpc waits for every rank to make the call
 
 
+def _checked_init_args(name: Any, backend: Any, rpc_backend_options: Any) -> Any:
+    """``init_rpc``'s arguments checked before any traffic; returns the backend options."""
+    if _state.agent is not None and _state.agent.running:
+        raise RuntimeError("init_rpc: RPC is already initialized in this process; call "
+                           "rpc.shutdown() before initializing it again")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"init_rpc: name must be a non-empty string, got {name!r}")
+    if len(name) > 128 or not all(c.isalnum() or c in "_-:." for c in name):
+        raise ValueError(f"init_rpc: worker name {name!r} must be at most 128 characters of "
+                         "letters, digits, '_', '-', ':' or '.'")
+    if backend is not None and not isinstance(backend, BackendType):
+        raise TypeError(f"init_rpc: backend must be an rpc.BackendType (or None), got "
+                        f"{backend!r}")
+    opts = rpc_backend_options if rpc_backend_options is not None \
+        else TensorPipeRpcBackendOptions()
+    if not isinstance(opts, RpcBackendOptions):
+        raise TypeError(f"init_rpc: rpc_backend_options must be a TensorPipeRpcBackendOptions, "
+                        f"got {type(opts).__name__}")
+    return opts
+
+
+def _check_thread_level(MPI: Any) -> None:  # noqa: N803 - the mpi4py module
+    """RPC serves requests on threads of its own: MPI must run at ``THREAD_MULTIPLE``."""
+    level = MPI.Query_thread()
+    if level < MPI.THREAD_MULTIPLE:
+        names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                 MPI.THREAD_SERIALIZED: "serialized"}
+        raise RuntimeError(
+            f"init_rpc: MPI was initialized with thread level '{names.get(level, level)}', "
+            "but RPC serves requests on threads of its own and needs 'multiple'. mpi4py asks "
+            "for 'multiple' unless told otherwise: remove the `mpi4py.rc.thread_level = ...` "
+            "setting (or set it to 'multiple') before mpi4py.MPI is first imported")
+
+
 def init_rpc(name: str, backend: Optional[BackendType] = None, rank: int = -1,
              world_size: Optional[int] = None,
              rpc_backend_options: Optional[RpcBackendOptions] = None) -> None:
@@ -67,22 +101,7 @@ def init_rpc(name: str, backend: Optional[BackendType] = None, rank: int = -1,
         >>> rpc.shutdown()
     """
     global _atexit_hooked
-    if _state.agent is not None and _state.agent.running:
-        raise RuntimeError("init_rpc: RPC is already initialized in this process; call "
-                           "rpc.shutdown() before initializing it again")
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"init_rpc: name must be a non-empty string, got {name!r}")
-    if len(name) > 128 or not all(c.isalnum() or c in "_-:." for c in name):
-        raise ValueError(f"init_rpc: worker name {name!r} must be at most 128 characters of "
-                         "letters, digits, '_', '-', ':' or '.'")
-    if backend is not None and not isinstance(backend, BackendType):
-        raise TypeError(f"init_rpc: backend must be an rpc.BackendType (or None), got "
-                        f"{backend!r}")
-    opts = rpc_backend_options if rpc_backend_options is not None \
-        else TensorPipeRpcBackendOptions()
-    if not isinstance(opts, RpcBackendOptions):
-        raise TypeError(f"init_rpc: rpc_backend_options must be a TensorPipeRpcBackendOptions, "
-                        f"got {type(opts).__name__}")
+    opts = _checked_init_args(name, backend, rpc_backend_options)
     threads = getattr(opts, "num_worker_threads", 16)
     # processes started without an MPI launcher (by hand, torchrun, multiprocessing) meet
     # through init_method (MASTER_ADDR/MASTER_PORT for env://), as init_process_group's do
@@ -92,15 +111,7 @@ def init_rpc(name: str, backend: Optional[BackendType] = None, rank: int = -1,
                    world_size, None, float(_INIT_TIMEOUT_S))
     from mpi4py import MPI
 
-    level = MPI.Query_thread()
-    if level < MPI.THREAD_MULTIPLE:
-        names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
-                 MPI.THREAD_SERIALIZED: "serialized"}
-        raise RuntimeError(
-            f"init_rpc: MPI was initialized with thread level '{names.get(level, level)}', "
-            "but RPC serves requests on threads of its own and needs 'multiple'. mpi4py asks "
-            "for 'multiple' unless told otherwise: remove the `mpi4py.rc.thread_level = ...` "
-            "setting (or set it to 'multiple') before mpi4py.MPI is first imported")
+    _check_thread_level(MPI)
     comm = MPI.COMM_WORLD if joined is None else joined
     if joined is None:
         _check_rank(rank, world_size, comm.Get_rank(), comm.Get_size())
@@ -256,11 +267,18 @@ def rpc_async(to: Any, func: Callable, args: Optional[tuple] = None,
         >>> fut.wait()
         tensor([4., 4.])
     """
-    what = _what("rpc_async", to, func)
+    agent, dest, args, kwargs, what = _addressed("rpc_async", to, func, args, kwargs)
+    return agent.call(dest, _wire.CALL, (func, args, kwargs), timeout, what)
+
+
+def _addressed(name: str, to: Any, func: Callable, args: Optional[tuple],
+               kwargs: Optional[Dict[str, Any]]) -> Tuple[Any, int, tuple, dict, Any]:
+    """A call's agent, destination rank and checked arguments (and its description for
+    messages), all before any traffic."""
+    what = _what(name, to, func)
     agent = _state.current(what)
     args, kwargs = _call_args(func, args, kwargs, what)
-    dest = agent.resolve(to, what)
-    return agent.call(dest, _wire.CALL, (func, args, kwargs), timeout, what)
+    return agent, agent.resolve(to, what), args, kwargs, what
 
 
 def rpc_sync(to: Any, func: Callable, args: Optional[tuple] = None,
@@ -299,10 +317,7 @@ def remote(to: Any, func: Callable, args: Optional[tuple] = None,
         >>> rref.to_here()
         tensor([4., 4.])
     """
-    what = _what("remote", to, func)
-    agent = _state.current(what)
-    args, kwargs = _call_args(func, args, kwargs, what)
-    dest = agent.resolve(to, what)
+    agent, dest, args, kwargs, what = _addressed("remote", to, func, args, kwargs)
     return make_remote(agent, dest, func, args, kwargs, timeout, what)
 
 

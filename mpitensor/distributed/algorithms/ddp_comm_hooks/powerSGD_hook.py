@@ -235,23 +235,9 @@ def _sum(arr: Any, group: Any) -> WorkFuture:
     return dist.all_reduce(arr, group=group, async_op=True).get_future()
 
 
-def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> WorkFuture:  # noqa: N802
-    """Average the bucket with PowerSGD: each gradient of 2 or more dimensions is viewed as a
-    matrix (its first dimension by the rest) and, where that saves enough
-    (``min_compression_rate``), replaced by a rank-``r`` approximation built from two sums over
-    the group; 1-D gradients and small matrices are averaged exactly, in one more sum.
-
-    Example:
-        >>> state = PowerSGDState(process_group=None, matrix_approximation_rank=1,
-        ...                       start_powerSGD_iter=10)
-        >>> ddp.register_comm_hook(state, powerSGD_hook)
-    """
-    plain, (group, world, buf_t, flat, xp) = _plain_phase(state, bucket)
-    if plain is not None:
-        return plain
-    index = bucket.index()
-    before = _add_error_feedback(state, index, flat)
-
+def _classify(state: PowerSGDState, bucket: GradBucket) -> Tuple[List[Any], List[Any], int, int]:
+    """The bucket's gradients as matrices to compress and arrays to sum exactly, with the sizes
+    of the P and Q factors the former need; the compression statistics are counted."""
     compress: List[Any] = []
     plain: List[Any] = []
     p_total = q_total = 0
@@ -270,9 +256,43 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> WorkFuture:  # no
             plain.append(g)
             state.total_numel_after_compression += full
     _report(bucket, state)
+    return compress, plain, p_total, q_total
+
+
+def _factor_views(state: PowerSGDState, batches: List[Any], p_mem: Any,
+                  q_mem: Any) -> Tuple[List[Any], List[Any]]:
+    """Each batch's P (b, n, r) and Q (b, m, r) factors, as views of the flat memories."""
+    ps, qs = [], []
+    p_at = q_at = 0
+    for t in batches:
+        b, n, m = t.shape
+        r = min(n, m, state.matrix_approximation_rank)
+        ps.append(p_mem[p_at:p_at + b * n * r].reshape(b, n, r))
+        qs.append(q_mem[q_at:q_at + b * m * r].reshape(b, m, r))
+        p_at += b * n * r
+        q_at += b * m * r
+    return ps, qs
+
+
+def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> WorkFuture:  # noqa: N802
+    """Average the bucket with PowerSGD: each gradient of 2 or more dimensions is viewed as a
+    matrix (its first dimension by the rest) and, where that saves enough
+    (``min_compression_rate``), replaced by a rank-``r`` approximation built from two sums over
+    the group; 1-D gradients and small matrices are averaged exactly, in one more sum.
+
+    Example:
+        >>> state = PowerSGDState(process_group=None, matrix_approximation_rank=1,
+        ...                       start_powerSGD_iter=10)
+        >>> ddp.register_comm_hook(state, powerSGD_hook)
+    """
+    plain, (group, world, buf_t, flat, xp) = _plain_phase(state, bucket)
+    if plain is not None:
+        return plain
+    index = bucket.index()
+    before = _add_error_feedback(state, index, flat)
+    compress, plain, p_total, q_total = _classify(state, bucket)
     plain_mem = (xp.concatenate([g.reshape(-1) for g in plain]) if plain
                  else xp.zeros(0, dtype=flat.dtype))
-
     fresh = not state.warm_start or index not in state.p_memory_dict
     if fresh:
         state.p_memory_dict[index] = _new(xp.empty(p_total, dtype=flat.dtype))
@@ -287,15 +307,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> WorkFuture:  # no
         else:
             batches.extend(mat[None] for mat in mats)
     p_mem, q_mem = state.p_memory_dict[index]._data, state.q_memory_dict[index]._data
-    ps, qs = [], []
-    p_at = q_at = 0
-    for t in batches:
-        b, n, m = t.shape
-        r = min(n, m, state.matrix_approximation_rank)
-        ps.append(p_mem[p_at:p_at + b * n * r].reshape(b, n, r))
-        qs.append(q_mem[q_at:q_at + b * m * r].reshape(b, m, r))
-        p_at += b * n * r
-        q_at += b * m * r
+    ps, qs = _factor_views(state, batches, p_mem, q_mem)
     gen = _generator(state) if fresh else None
     for q in qs:
         if gen is not None:  # a fresh allocation: the q's draw one seeded stream in turn
