@@ -60,10 +60,11 @@ class Adagrad(_a.AdaptiveOptimizer):
         >>> import mpitensor as mt
         >>> w = mt.tensor([1.0], requires_grad=True)
         >>> opt = Adagrad([w], lr=0.5)
-        >>> w.grad = mt.tensor([4.0])
-        >>> opt.step()
-        >>> w  # 1 - 0.5 * 4 / sqrt(16)
-        tensor([0.5000], requires_grad=True)
+        >>> for _ in range(2):  # one gradient twice: the sum of squares grows, the step shrinks
+        ...     w.grad = mt.tensor([4.0])
+        ...     opt.step()
+        >>> opt.state[w]["sum"], w  # 1 - 0.5 * 4 / sqrt(16) - 0.5 * 4 / sqrt(32)
+        (tensor([32.]), tensor([0.1464], requires_grad=True))
     """
 
     _checks = {"lr": _a.nonneg, "lr_decay": _a.nonneg, "weight_decay": _a.nonneg,

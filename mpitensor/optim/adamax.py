@@ -57,12 +57,13 @@ class Adamax(_a.AdaptiveOptimizer):
 
     Example:
         >>> import mpitensor as mt
-        >>> w = mt.tensor([1.0, -2.0], requires_grad=True)
+        >>> w = mt.tensor([1.0], requires_grad=True)
         >>> opt = Adamax([w], lr=0.1)
-        >>> w.grad = mt.tensor([0.5, -3.0])
-        >>> opt.step()
-        >>> w  # the first step moves each weight by about lr against its gradient's sign
-        tensor([ 0.9000, -1.9000], requires_grad=True)
+        >>> for g in (4.0, 1.0):
+        ...     w.grad = mt.tensor([g])
+        ...     opt.step()
+        >>> opt.state[w]["exp_inf"]  # the large first gradient, decayed once: 0.999 * 4
+        tensor([3.9960])
     """
 
     _checks = _a.ADAM_CHECKS

@@ -61,11 +61,12 @@ class ASGD(_a.AdaptiveOptimizer):
     Example:
         >>> import mpitensor as mt
         >>> w = mt.tensor([1.0], requires_grad=True)
-        >>> opt = ASGD([w], lr=0.1, lambd=0.0)
-        >>> w.grad = mt.tensor([2.0])
-        >>> opt.step()
-        >>> w
-        tensor([0.8000], requires_grad=True)
+        >>> opt = ASGD([w], lr=0.1, lambd=0.0, t0=0)
+        >>> for _ in range(3):
+        ...     w.grad = mt.tensor([2.0])
+        ...     opt.step()
+        >>> w.detach(), opt.state[w]["ax"]  # ax averages the iterates 0.6 and 0.4
+        (tensor([0.4000]), tensor([0.5000]))
     """
 
     _checks = {"lr": _a.nonneg, "weight_decay": _a.nonneg,

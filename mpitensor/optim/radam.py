@@ -67,10 +67,13 @@ class RAdam(_a.AdaptiveOptimizer):
         >>> import mpitensor as mt
         >>> w = mt.tensor([1.0], requires_grad=True)
         >>> opt = RAdam([w], lr=0.1)
-        >>> w.grad = mt.tensor([2.0])
-        >>> opt.step()
-        >>> w  # the first steps are plain momentum: 1 - 0.1 * 2
-        tensor([0.8000], requires_grad=True)
+        >>> path = []
+        >>> for _ in range(6):
+        ...     w.grad = mt.tensor([2.0])
+        ...     opt.step()
+        ...     path.append(round(w.item(), 4))
+        >>> path  # five momentum steps of lr (too early for the variance term), then rectified
+        [0.8, 0.6, 0.4, 0.2, 0.0, -0.0026]
     """
 
     _checks = _a.ADAM_CHECKS
