@@ -53,7 +53,22 @@ class UnsupportedDtypeError(TypeError, NotImplementedError):
     where torch raises ``NotImplementedError``: catchable as either that or ``TypeError``."""
 
 
-class memory_format:  # noqa: N801 - torch's name
+class _NamedConstant:
+    """A singleton torch exposes as ``torch.<name>``: shown and pickled by that name."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"mpitensor.{self._name}"
+
+    def __reduce__(self) -> str:
+        return self._name
+
+
+class memory_format(_NamedConstant):  # noqa: N801 - torch's name
     """A memory layout request (``contiguous_format``, ``preserve_format``,
     ``channels_last``, ``channels_last_3d``), accepted where torch takes one.
 
@@ -61,31 +76,13 @@ class memory_format:  # noqa: N801 - torch's name
     the same values; only the stride pattern, which mpitensor does not expose, would differ.
     """
 
-    __slots__ = ("_name",)
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __repr__(self) -> str:
-        return f"mpitensor.{self._name}"
-
-    def __reduce__(self) -> str:
-        return self._name
+    __slots__ = ()
 
 
-class layout:  # noqa: N801 - torch's name
+class layout(_NamedConstant):  # noqa: N801 - torch's name
     """A tensor layout; ``strided`` (dense) is the only one mpitensor has."""
 
-    __slots__ = ("_name",)
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __repr__(self) -> str:
-        return f"mpitensor.{self._name}"
-
-    def __reduce__(self) -> str:
-        return self._name
+    __slots__ = ()
 
 
 contiguous_format = memory_format("contiguous_format")
