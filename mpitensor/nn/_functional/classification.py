@@ -472,6 +472,30 @@ def _broadcasts_to(fname: str, name: str, v: Any, shape: tuple) -> None:
         )
 
 
+def _loss_pair(fname: str, input: Any, target: Any, same_shape: bool) -> tuple:  # noqa: A002
+    """The operand checks of an elementwise loss, returning its ``(x, t)`` arrays.
+
+    Both operands must be tensors and the input a float one; with ``same_shape`` the target
+    must have the input's shape exactly (these losses do not broadcast it).
+    """
+    _as_input(input, "input", fname)
+    _as_input(target, "target", fname)
+    x, t = _arr(input), _arr(target)
+    if same_shape and tuple(t.shape) != tuple(x.shape):
+        raise ValueError(
+            f"{fname}(): target shape {_shape_str(t.shape)} must equal the input shape "
+            f"{_shape_str(x.shape)}; give them the same shape (no broadcasting here)"
+        )
+    _check_float(input, "input", fname)
+    return x, t
+
+
+def _float_result(x: Any, t: Any) -> Any:
+    """The dtype a loss of ``x`` and ``t`` computes in: their promotion, or x's if not float."""
+    dtype = np.result_type(x.dtype, t.dtype)
+    return dtype if dtype.kind == "f" else x.dtype
+
+
 def _no_grad_for(fname: str, **tensors: Any) -> None:
     for name, v in tensors.items():
         if isinstance(v, Tensor) and grad_enabled_for(v):
@@ -554,15 +578,7 @@ def binary_cross_entropy(
     """
     fname = "binary_cross_entropy"
     reduction = _reduction(reduction, size_average, reduce, fname)
-    _as_input(input, "input", fname)
-    _as_input(target, "target", fname)
-    x, t = _arr(input), _arr(target)
-    if tuple(t.shape) != tuple(x.shape):
-        raise ValueError(
-            f"{fname}(): target shape {_shape_str(t.shape)} differs from input shape "
-            f"{_shape_str(x.shape)}; give them the same shape (no broadcasting here)"
-        )
-    _check_float(input, "input", fname)
+    x, t = _loss_pair(fname, input, target, True)
     _check_same_dtype(fname, input=input, target=target)
     _check_same_device(fname, input=input, target=target, weight=weight)
     if weight is not None:
@@ -659,19 +675,9 @@ def binary_cross_entropy_with_logits(
     """
     fname = "binary_cross_entropy_with_logits"
     reduction = _reduction(reduction, size_average, reduce, fname)
-    _as_input(input, "input", fname)
-    _as_input(target, "target", fname)
-    x, t = _arr(input), _arr(target)
-    if tuple(t.shape) != tuple(x.shape):
-        raise ValueError(
-            f"{fname}(): target shape {_shape_str(t.shape)} must equal the input shape "
-            f"{_shape_str(x.shape)}"
-        )
-    _check_float(input, "input", fname)
+    x, t = _loss_pair(fname, input, target, True)
     _check_same_device(fname, input=input, target=target, weight=weight, pos_weight=pos_weight)
-    dtype = np.result_type(x.dtype, t.dtype)
-    if dtype.kind != "f":
-        dtype = x.dtype
+    dtype = _float_result(x, t)
     extras = []
     for name, v in (("weight", weight), ("pos_weight", pos_weight)):
         if v is not None:
@@ -765,10 +771,7 @@ def kl_div(
     fname = "kl_div"
     if reduction != "batchmean" or size_average is not None or reduce is not None:
         reduction = _reduction(reduction, size_average, reduce, fname)
-    _as_input(input, "input", fname)
-    _as_input(target, "target", fname)
-    x, t = _arr(input), _arr(target)
-    _check_float(input, "input", fname)
+    x, t = _loss_pair(fname, input, target, False)
     try:
         np.broadcast_shapes(tuple(x.shape), tuple(t.shape))
     except ValueError:
@@ -784,7 +787,5 @@ def kl_div(
             "is reduction='batchmean' (torch plans to make 'mean' mean that)",
             UserWarning, stacklevel=2,
         )
-    dtype = np.result_type(x.dtype, t.dtype)
-    if dtype.kind != "f":
-        dtype = x.dtype
+    dtype = _float_result(x, t)
     return _KLDiv.apply(input, target, reduction, bool(log_target), np.dtype(dtype))
