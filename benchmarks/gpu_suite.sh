@@ -152,6 +152,9 @@ step() {  # name timeout ranks command...: run it under min(timeout, what the bu
 GPU_TESTS=$(grep -l 'mark\.gpu' tests/test_*.py 2>/dev/null | tr '\n' ' ')
 KIND_SUITES=$(grep -l 'arrayimpl' tests/mpi/test_*.py 2>/dev/null | tr '\n' ' ')
 PYTEST=(-m pytest -q -p no:cacheprovider --timeout=120)
+# no file found must not become "pytest with no paths" (the whole suite)
+[ -n "$GPU_TESTS" ] || GPU_TESTS=tests/no-gpu-marked-tests-found
+[ -n "$KIND_SUITES" ] || KIND_SUITES=tests/mpi/no-array-kind-suites-found
 step cupy-tests 100 0 "${PY:-python3}" "${PYTEST[@]}" -m gpu $GPU_TESTS
 step cupy-mpi-1 50 1 "${PY:-python3}" "${PYTEST[@]}" --with-mpi $KIND_SUITES
 step cupy-mpi-2 70 2 "${PY:-python3}" "${PYTEST[@]}" --with-mpi $KIND_SUITES
