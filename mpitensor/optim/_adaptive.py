@@ -58,15 +58,19 @@ def unit_half_open(owner: str, name: str, value: Any) -> None:
         raise ValueError(f"{owner}: invalid {name} {value!r}; it must lie in [0, 1)")
 
 
-def betas_pair(owner: str, name: str, value: Any) -> None:
-    """Raise unless ``value`` is a pair of numbers, each in [0, 1)."""
+def require_pair(owner: str, name: str, value: Any, what: str) -> None:
+    """Raise unless ``value`` has two items; ``what`` says what they are, for the message."""
     try:
         n = len(value)
     except TypeError:
         n = -1
     if n != 2:
-        raise ValueError(f"{owner}: {name} must be a pair (beta1, beta2) of numbers in [0, 1), "
-                         f"got {value!r}")
+        raise ValueError(f"{owner}: {name} must be a pair {what}, got {value!r}")
+
+
+def betas_pair(owner: str, name: str, value: Any) -> None:
+    """Raise unless ``value`` is a pair of numbers, each in [0, 1)."""
+    require_pair(owner, name, value, "(beta1, beta2) of numbers in [0, 1)")
     unit_half_open(owner, f"{name}[0] (beta1)", value[0])
     unit_half_open(owner, f"{name}[1] (beta2)", value[1])
 

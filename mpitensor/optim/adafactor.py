@@ -52,12 +52,7 @@ def _nonpositive(owner: str, name: str, value: Any) -> None:
 
 
 def _eps_pair(owner: str, name: str, value: Any) -> None:
-    try:
-        n = len(value)
-    except TypeError:
-        n = -1
-    if n != 2:
-        raise ValueError(f"{owner}: {name} must be a pair (eps1 or None, eps2), got {value!r}")
+    _a.require_pair(owner, name, value, "(eps1 or None, eps2)")
     if value[0] is not None:
         _a.nonneg(owner, f"{name}[0] (eps1)", value[0])
     _a.nonneg(owner, f"{name}[1] (eps2)", value[1])

@@ -35,12 +35,7 @@ class _Settings(NamedTuple):
 
 
 def _etas(owner: str, name: str, value: Any) -> None:
-    try:
-        n = len(value)
-    except TypeError:
-        n = -1
-    if n != 2:
-        raise ValueError(f"{owner}: {name} must be a pair (etaminus, etaplus), got {value!r}")
+    _a.require_pair(owner, name, value, "(etaminus, etaplus)")
     lo, hi = _a._number(owner, f"{name}[0]", value[0]), _a._number(owner, f"{name}[1]", value[1])
     if not 0.0 < lo < 1.0 < hi:
         raise ValueError(f"{owner}: invalid {name} {tuple(value)!r}; they must satisfy "
@@ -48,13 +43,7 @@ def _etas(owner: str, name: str, value: Any) -> None:
 
 
 def _step_sizes(owner: str, name: str, value: Any) -> None:
-    try:
-        n = len(value)
-    except TypeError:
-        n = -1
-    if n != 2:
-        raise ValueError(f"{owner}: {name} must be a pair (min, max) of step sizes, got "
-                         f"{value!r}")
+    _a.require_pair(owner, name, value, "(min, max) of step sizes")
     for i in range(2):
         _a._number(owner, f"{name}[{i}]", value[i])
 
