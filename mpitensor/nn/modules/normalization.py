@@ -33,7 +33,22 @@ from .module import Module
 __all__ = ["GroupNorm", "LayerNorm", "LocalResponseNorm", "CrossMapLRN2d", "RMSNorm"]
 
 
-class GroupNorm(Module):
+class _AffineNorm(Module):
+    """A normalisation layer whose optional affine map starts as weight 1, bias 0."""
+
+    def _init_affine(self, cls: str, shape: tuple, eps: Any, affine: bool, bias: bool,
+                     dtype: Any, device: Any) -> None:
+        """Check ``eps``, register the (optional) affine parameters of ``shape``, reset them."""
+        self.eps = _check_eps(cls, eps)
+        _affine_params(self, shape, affine, affine and bool(bias), _factory(dtype, cls), device)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Set the affine parameters to weight 1, bias 0."""
+        _reset_affine(self)
+
+
+class GroupNorm(_AffineNorm):
     """Group normalisation: each sample's channels normalised in ``num_groups`` groups.
 
     Args:
@@ -64,15 +79,8 @@ class GroupNorm(Module):
         if self.num_channels % self.num_groups:
             raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by "
                              f"num_groups ({num_groups})")
-        self.eps = _check_eps(cls, eps)
         self.affine = bool(affine)
-        _affine_params(self, (self.num_channels,), self.affine, self.affine and bool(bias),
-                       _factory(dtype, cls), device)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Set the affine parameters to weight 1, bias 0."""
-        _reset_affine(self)
+        self._init_affine(cls, (self.num_channels,), eps, self.affine, bias, dtype, device)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
@@ -82,7 +90,7 @@ class GroupNorm(Module):
                 f"affine={self.affine}, bias={self.bias is not None}")
 
 
-class LayerNorm(Module):
+class LayerNorm(_AffineNorm):
     """Layer normalisation over the trailing ``normalized_shape`` of each input.
 
     Args:
@@ -107,16 +115,9 @@ class LayerNorm(Module):
                  dtype: Any = None) -> None:
         super().__init__()
         self.normalized_shape = _normalized_shape(normalized_shape, "LayerNorm")
-        self.eps = _check_eps("LayerNorm", eps)
         self.elementwise_affine = bool(elementwise_affine)
-        _affine_params(self, self.normalized_shape, self.elementwise_affine,
-                       self.elementwise_affine and bool(bias), _factory(dtype, "LayerNorm"),
-                       device)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Set the affine parameters to weight 1, bias 0."""
-        _reset_affine(self)
+        self._init_affine("LayerNorm", self.normalized_shape, eps, self.elementwise_affine, bias,
+                          dtype, device)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
