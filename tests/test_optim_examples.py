@@ -1,8 +1,8 @@
 """Every optimizer's docstring Example runs as written and prints what it says.
 
 Each example shows something of its own algorithm (Adamax's infinity norm, ASGD's average,
-Adagrad's growing sum, RAdam's rectification switching on); the figures in them were checked
-against torch.optim, and the oracle test below re-checks the ones that depend on the arithmetic.
+Adagrad's growing sum, RAdam's rectification switching on, Adadelta's unit-free step); the
+figures in them were checked against torch.optim, and the oracle test below re-checks them.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ CASES = [
     ("ASGD", {"lr": 0.1, "lambd": 0.0, "t0": 0}, [2.0, 2.0, 2.0], "ax"),
     ("Adagrad", {"lr": 0.5}, [4.0, 4.0], "sum"),
     ("RAdam", {"lr": 0.1}, [2.0] * 6, None),
+    ("Adadelta", {}, [1.0], "acc_delta"),
 ]
 
 

@@ -55,12 +55,12 @@ class Adadelta(_a.AdaptiveOptimizer):
 
     Example:
         >>> import mpitensor as mt
-        >>> w = mt.tensor([1.0], requires_grad=True)
-        >>> opt = Adadelta([w], lr=1.0, rho=0.0, eps=0.0)
-        >>> w.grad = mt.tensor([2.0])
+        >>> w = mt.tensor([1.0, 1.0], requires_grad=True)
+        >>> opt = Adadelta([w])  # lr=1.0, rho=0.9, eps=1e-6
+        >>> w.grad = mt.tensor([1.0, 100.0])
         >>> opt.step()
-        >>> w  # rho=0, eps=0: delta = sqrt(0) / |g| * g = 0
-        tensor([1.], requires_grad=True)
+        >>> 1 - w.detach()  # the step is unit-free: a 100 times larger gradient moves as far
+        tensor([0.0032, 0.0032])
     """
 
     _checks = {"lr": _a.nonneg, "rho": _a.unit_closed, "eps": _a.nonneg,
