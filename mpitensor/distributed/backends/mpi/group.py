@@ -134,13 +134,16 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         h = self.health
         s = self.seq
         op = self.history[s & _MASK][1]
+        chk = None
+        if check is not None and not self.debug:
+            chk = self._fp_first(s, op, check[0], check[1], check[2], keep)
         try:
             req = nonblocking()
         except MPI.Exception as exc:
             raise self._mpi_error(where, exc) from exc
         self.sent += 1
-        if check is not None and not self.debug and check[0].nbytes >= h.check_bytes:
-            req = self._fp_check(req, s, op, check[0], check[1], check[2], keep)
+        if chk is not None:
+            req = _fp.Checked(h, req, *chk)
         elif splits is not None and not self.debug and h.check_bytes < OFF_BYTES:
             node = h.fp_node
             if node is not None and node.board >= 0:  # shared slots and a board
@@ -162,18 +165,25 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
             finish()
         return None
 
-    def _fp_check(self, req: Any, s: int, op: str, arr: Any, reduce: Any, root: int,
-                  keep: Any) -> Any:
-        """Check agreement on call ``s``, whose data operation ``req`` was just posted: post
-        this rank's fingerprint to the group's shared slots (compared once the data is done:
-        ``fp_tok`` says which call awaits that), or, without slots, wrap ``req`` in a
-        reduction check (``_fingerprint``)."""
+    def _fp_first(self, s: int, op: str, arr: Any, reduce: Any, root: int,
+                  keep: Any) -> Optional[tuple]:
+        """Begin the agreement check of call ``s`` (``arr`` at least ``check_bytes`` long),
+        before its data is posted. With the group's shared slots, post this rank's
+        fingerprint now (compared once the data is done: ``fp_tok`` says which call awaits
+        that) and return None: every member whose data reached this rank posted its own
+        before its data, so for all_reduce, all_gather, reduce_scatter and all_to_all the
+        comparison finds every slot filled and never waits (posted after the data, a peer
+        descheduled between its two steps sent this rank to sleep in ``_fp_settle``).
+        Without slots, return the arguments of the reduction check (``_fp.Checked``) that
+        wraps the data's request."""
         h = self.health
+        if arr.nbytes < h.check_bytes:
+            return None
         node = h.fp_node
         if node is None:
-            return _fp.Checked(h, req, op, s, arr, reduce, root, keep)
+            return (op, s, arr, reduce, root, keep)
         h.fp_tok = node.post(s, op, arr, reduce, root, keep)
-        return req
+        return None
 
     def _fp_async(self, req: Any, s: int) -> Any:
         """Async call ``s``'s request, made to settle its fingerprint too (shared slots)."""

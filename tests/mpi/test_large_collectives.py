@@ -1,0 +1,167 @@
+"""Large collectives move their bytes as raw mpi4py does (issue 29): all_gather's list form
+receives straight into its entries (no flat temporary, no copy out), and the agreement check
+of a large call is posted before its data.
+
+Run: ``timeout 600 mpiexec -n N python -m pytest -q --with-mpi``
+``tests/mpi/test_large_collectives.py``.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor
+import mpitensor.distributed as dist
+from mpitensor.distributed import _world
+from mpitensor.errors import CollectiveMismatchError, PeerFailedError
+
+BIG = 1 << 16  # float32 elements per rank: 256 KiB, past the 64 KiB agreement threshold
+
+
+def world():
+    return dist.get_world_size(), dist.get_rank()
+
+
+def piece(rank, count, dtype=np.float32):
+    """Rank ``rank``'s distinct piece: its values name the rank and the position."""
+    return (np.arange(count) % 1000 + 1000 * (rank + 1)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.complex128, np.bool_])
+def test_all_gather_list_values(dtype):
+    n, me = world()
+    outs = [np.zeros(1000, dtype) for _ in range(n)]
+    dist.all_gather(outs, piece(me, 1000, dtype))
+    for r in range(n):
+        np.testing.assert_array_equal(outs[r], piece(r, 1000, dtype))
+
+
+def test_all_gather_list_into_tensors_of_any_shape():
+    n, me = world()
+    outs = [mpitensor.zeros(3, 4, dtype=mpitensor.float64) for _ in range(n)]
+    dist.all_gather(outs, mpitensor.tensor(piece(me, 12, np.float64).reshape(3, 4)))
+    for r in range(n):
+        np.testing.assert_array_equal(outs[r].numpy(), piece(r, 12, np.float64).reshape(3, 4))
+
+
+def test_all_gather_list_into_chunks_of_one_buffer():
+    n, me = world()
+    flat = np.zeros(n * BIG, np.float32)
+    outs = list(np.split(flat, n))
+    dist.all_gather(outs, piece(me, BIG))
+    np.testing.assert_array_equal(flat, np.concatenate([piece(r, BIG) for r in range(n)]))
+
+
+def test_all_gather_list_with_the_input_one_of_the_entries():
+    """torch's idiom ``tensor is tensor_list[rank]``: MPI forbids the aliased buffers, so the
+    send side is copied; every entry, this rank's included, ends right."""
+    n, me = world()
+    outs = [np.zeros(BIG, np.float32) for _ in range(n)]
+    outs[me][:] = piece(me, BIG)
+    dist.all_gather(outs, outs[me])
+    for r in range(n):
+        np.testing.assert_array_equal(outs[r], piece(r, BIG))
+
+
+def test_all_gather_list_into_strided_entries():
+    n, me = world()
+    backing = [np.full((BIG, 2), -1.0, np.float32) for _ in range(n)]
+    outs = [b[:, 0] for b in backing]  # every other element: staged and written back
+    dist.all_gather(outs, piece(me, BIG))
+    for r in range(n):
+        np.testing.assert_array_equal(backing[r][:, 0], piece(r, BIG))
+        assert (backing[r][:, 1] == -1.0).all()  # the gaps are untouched
+
+
+def test_all_gather_list_async():
+    n, me = world()
+    outs = [np.zeros(BIG, np.float32) for _ in range(n)]
+    work = dist.all_gather(outs, piece(me, BIG), async_op=True)
+    work.wait()
+    for r in range(n):
+        np.testing.assert_array_equal(outs[r], piece(r, BIG))
+
+
+def test_all_gather_list_of_empty_tensors():
+    n, _ = world()
+    outs = [np.zeros(0, np.float32) for _ in range(n)]
+    dist.all_gather(outs, np.zeros(0, np.float32))
+    assert [o.shape for o in outs] == [(0,)] * n
+
+
+def test_all_gather_list_allocates_no_output_sized_temporary():
+    """4 MiB gathered: the Python-side allocations of the call stay far below one entry (the
+    flat receive buffer it used to allocate was the whole output)."""
+    n, me = world()
+    count = (4 << 20) // 4 // n
+    outs = [np.zeros(count, np.float32) for _ in range(n)]
+    inp = piece(me, count)
+    dist.all_gather(outs, inp)  # warm: any one-time setup
+    tracemalloc.start()
+    try:
+        dist.all_gather(outs, inp)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < count * 4 // 8, f"all_gather allocated {peak} B for {count * 4} B entries"
+    for r in range(n):
+        np.testing.assert_array_equal(outs[r], piece(r, count))
+
+
+def test_all_gather_list_against_torch():
+    """The gathered list equals what torch.cat of the pieces gives (torch as the oracle of
+    the layout; torch.distributed itself is not needed)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed: no oracle")
+    n, me = world()
+    outs = [mpitensor.zeros(2, 5) for _ in range(n)]
+    dist.all_gather(outs, mpitensor.tensor(piece(me, 10).reshape(2, 5)))
+    want = torch.cat([torch.from_numpy(piece(r, 10).reshape(2, 5)) for r in range(n)])
+    np.testing.assert_array_equal(np.concatenate([o.numpy() for o in outs]), want.numpy())
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_large_mismatch_is_still_caught():
+    """The agreement check, now posted before the data, still names a shape that differs on
+    one rank (same byte count, so MPI itself would not notice)."""
+    n, me = world()
+    g = dist.new_group(list(range(n)), group_desc="large_mismatch")
+    inp = np.ones(BIG, np.float32) if me == 0 else np.ones((1, BIG), np.float32)
+    out = np.zeros(n * BIG, np.float32)
+    with pytest.raises(CollectiveMismatchError):
+        dist.all_gather_into_tensor(out, inp, group=g)
+    with pytest.raises(PeerFailedError, match="unusable"):
+        dist.all_reduce(np.ones(1), group=g)
+
+
+@pytest.mark.parametrize("op", ["all_gather_into_tensor", "reduce_scatter_tensor",
+                                "all_reduce", "all_gather"])
+def test_large_calls_settle_without_waiting(op):
+    """With the fingerprint posted before the data, a finished all-to-everyone call finds
+    every member's fingerprint in place: it leaves no pending token, and its numbers are
+    right."""
+    n, me = world()
+    g = _world._pg(None)
+    inp = piece(me, BIG)
+    if op == "all_gather_into_tensor":
+        out = np.zeros(n * BIG, np.float32)
+        dist.all_gather_into_tensor(out, inp)
+        np.testing.assert_array_equal(out, np.concatenate([piece(r, BIG) for r in range(n)]))
+    elif op == "reduce_scatter_tensor":
+        full = np.tile(inp, n)
+        out = np.zeros(BIG, np.float32)
+        dist.reduce_scatter_tensor(out, full)
+        np.testing.assert_array_equal(out, sum(piece(r, BIG) for r in range(n)))
+    elif op == "all_reduce":
+        dist.all_reduce(inp)
+        np.testing.assert_array_equal(inp, sum(piece(r, BIG) for r in range(n)))
+    else:
+        outs = [np.zeros(BIG, np.float32) for _ in range(n)]
+        dist.all_gather(outs, inp)
+        for r in range(n):
+            np.testing.assert_array_equal(outs[r], piece(r, BIG))
+    assert g.health.fp_tok is None
+    MPI.COMM_WORLD.Barrier()
