@@ -100,6 +100,23 @@ def _add_weight_and_bias(module: Any, wshape: tuple, bias: bool, dtype: Any,
     module.reset_parameters()
 
 
+def _repr_fields(module: Any, positional: tuple, **defaults: Any) -> str:
+    """An ``extra_repr`` in torch's style: the ``positional`` attributes' values, then
+    ``name=value`` for each attribute in ``defaults`` whose value is not its default.
+
+    A default of None or a bool is compared by identity (``bias=1`` still shows), any other
+    by value (``dropout=0.0`` against 0 does not).
+    """
+    parts = [str(getattr(module, name)) for name in positional]
+    for name, default in defaults.items():
+        value = getattr(module, name)
+        differs = (value is not default if default is None or isinstance(default, bool)
+                   else value != default)
+        if differs:
+            parts.append(f"{name}={value}")
+    return ", ".join(parts)
+
+
 def _check_eps(cls: str, eps: Any) -> float:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
         raise ValueError(f"{cls}: eps must be a non-negative number, got {eps!r}")

@@ -40,7 +40,7 @@ from .._functional.recurrent import (
 )
 from ..parameter import Parameter
 from ..utils.rnn import PackedSequence
-from ._common import _factory, _positive_int
+from ._common import _factory, _positive_int, _repr_fields
 from .module import Module
 
 __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
@@ -142,20 +142,8 @@ class RNNBase(Module):
         return [[getattr(self, n) for n in names] for names in self._all_weights]
 
     def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        if self.proj_size != 0:
-            s += f", proj_size={self.proj_size}"
-        if self.num_layers != 1:
-            s += f", num_layers={self.num_layers}"
-        if self.bias is not True:
-            s += f", bias={self.bias}"
-        if self.batch_first is not False:
-            s += f", batch_first={self.batch_first}"
-        if self.dropout != 0:
-            s += f", dropout={self.dropout}"
-        if self.bidirectional is not False:
-            s += f", bidirectional={self.bidirectional}"
-        return s
+        return _repr_fields(self, ("input_size", "hidden_size"), proj_size=0, num_layers=1,
+                            bias=True, batch_first=False, dropout=0, bidirectional=False)
 
     # ------------------------------------------------------------------------------- forward
     def _hidden(self, hx: Any, batch: int, ref: Tensor, unbatched: bool,
@@ -412,9 +400,7 @@ class RNNCellBase(Module):
             init.uniform_(p, -bound, bound)
 
     def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        if self.bias is not True:
-            s += f", bias={self.bias}"
+        s = _repr_fields(self, ("input_size", "hidden_size"), bias=True)
         nonlinearity = getattr(self, "nonlinearity", "tanh")
         if nonlinearity != "tanh":
             s += f", nonlinearity={nonlinearity}"  # unquoted, as torch prints it

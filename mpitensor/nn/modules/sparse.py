@@ -24,6 +24,7 @@ from .. import functional as F  # noqa: N812 - torch's spelling
 from .. import init
 from .._functional.checks import is_int
 from ..parameter import Parameter
+from ._common import _repr_fields
 from .module import Module
 
 __all__ = ["Embedding", "EmbeddingBag"]
@@ -110,18 +111,9 @@ class Embedding(Module):
                            self.norm_type, self.scale_grad_by_freq, self.sparse)
 
     def extra_repr(self) -> str:
-        s = f"{self.num_embeddings}, {self.embedding_dim}"
-        if self.padding_idx is not None:
-            s += f", padding_idx={self.padding_idx}"
-        if self.max_norm is not None:
-            s += f", max_norm={self.max_norm}"
-        if self.norm_type != 2:
-            s += f", norm_type={self.norm_type}"
-        if self.scale_grad_by_freq is not False:
-            s += f", scale_grad_by_freq={self.scale_grad_by_freq}"
-        if self.sparse is not False:
-            s += ", sparse=True"
-        return s
+        s = _repr_fields(self, ("num_embeddings", "embedding_dim"), padding_idx=None,
+                         max_norm=None, norm_type=2, scale_grad_by_freq=False)
+        return s + (", sparse=True" if self.sparse is not False else "")
 
     @classmethod
     def from_pretrained(cls, embeddings: Tensor, freeze: bool = True,
@@ -192,17 +184,10 @@ class EmbeddingBag(Module):
                                per_sample_weights, self.include_last_offset, self.padding_idx)
 
     def extra_repr(self) -> str:
-        s = f"{self.num_embeddings}, {self.embedding_dim}"
-        if self.max_norm is not None:
-            s += f", max_norm={self.max_norm}"
-        if self.norm_type != 2:
-            s += f", norm_type={self.norm_type}"
-        if self.scale_grad_by_freq is not False:
-            s += f", scale_grad_by_freq={self.scale_grad_by_freq}"
-        s += f", mode={self.mode!r}"
-        if self.padding_idx is not None:
-            s += f", padding_idx={self.padding_idx}"
-        return s
+        s = _repr_fields(self, ("num_embeddings", "embedding_dim"), max_norm=None, norm_type=2,
+                         scale_grad_by_freq=False)
+        s += f", mode={self.mode!r}"  # always shown, quoted, as torch does
+        return s + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
 
     @classmethod
     def from_pretrained(cls, embeddings: Tensor, freeze: bool = True,
