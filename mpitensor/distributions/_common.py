@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from mpitensor._ops import random as _random
 from mpitensor import dtypes as _dt
+from mpitensor._ops import random as _random
 from mpitensor.tensor import Tensor, logaddexp, rand, randn, zeros_like
 
 __all__: list = []

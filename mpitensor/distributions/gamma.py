@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from mpitensor._ops import special as _special
 from mpitensor import autograd as _autograd
+from mpitensor._ops import special as _special
 from mpitensor.tensor import Tensor, digamma, lgamma, stack, where, xlogy
 
 from . import constraints

@@ -20,8 +20,8 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor.nn.modules.module import Module
 from mpitensor.nn.modules.batchnorm import _BatchNorm
+from mpitensor.nn.modules.module import Module
 from mpitensor.tensor import Tensor
 
 from .lr_scheduler._base import LRScheduler, _check_optimizer, _per_group, _real
