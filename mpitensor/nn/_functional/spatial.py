@@ -583,6 +583,13 @@ def _pair2(v: Any, name: str, fname: str, low: int) -> tuple:
     return int(pair[0]), int(pair[1])
 
 
+def _block_geometry(kernel_size: Any, dilation: Any, padding: Any, stride: Any,
+                    fname: str) -> tuple:
+    """fold's and unfold's block arguments as pairs ``(k, d, p, s)``, checked in that order."""
+    return (_pair2(kernel_size, "kernel_size", fname, 1), _pair2(dilation, "dilation", fname, 1),
+            _pair2(padding, "padding", fname, 0), _pair2(stride, "stride", fname, 1))
+
+
 def _block_index(hw: tuple, k: tuple, d: tuple, p: tuple, s: tuple, fname: str) -> tuple:
     """(flat index into the padded plane for each (kernel position, block): (K, L), the block
     grid (oh, ow), the padded size)."""
@@ -663,10 +670,7 @@ def unfold(input: Any, kernel_size: Any, dilation: Any = 1, padding: Any = 0,  #
     """
     t = as_tensor(input, "input", "unfold")
     t4, batched = _batched(t, 4, "unfold")
-    k = _pair2(kernel_size, "kernel_size", "unfold", 1)
-    d = _pair2(dilation, "dilation", "unfold", 1)
-    p = _pair2(padding, "padding", "unfold", 0)
-    s = _pair2(stride, "stride", "unfold", 1)
+    k, d, p, s = _block_geometry(kernel_size, dilation, padding, stride, "unfold")
     idx, _, padded = _block_index(tuple(t4.shape[2:]), k, d, p, s, "unfold")
     xp = xp_of(t4)
     out = _Unfold.apply(t4, idx if xp is np else xp.asarray(idx), p, padded)
@@ -690,10 +694,7 @@ def fold(input: Any, output_size: Any, kernel_size: Any, dilation: Any = 1,  # n
     t = as_tensor(input, "input", "fold")
     t3, batched = _batched(t, 3, "fold")
     osz = _pair2(output_size, "output_size", "fold", 1)
-    k = _pair2(kernel_size, "kernel_size", "fold", 1)
-    d = _pair2(dilation, "dilation", "fold", 1)
-    p = _pair2(padding, "padding", "fold", 0)
-    s = _pair2(stride, "stride", "fold", 1)
+    k, d, p, s = _block_geometry(kernel_size, dilation, padding, stride, "fold")
     n, ck, nblocks = t3.shape
     if ck % (k[0] * k[1]):
         raise RuntimeError(f"fold(): the block dimension ({ck}) must be divisible by the kernel "
