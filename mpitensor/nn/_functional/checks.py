@@ -16,7 +16,7 @@ import contextlib
 import math
 import numbers
 import warnings
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -357,6 +357,17 @@ def _pair(v: Any, name: str, fname: str, minimum: int) -> tuple:
                 f"{fname}(): {name} must be >= {minimum} in every dimension, got {v!r}"
             )
     return (int(out[0]), int(out[1]))
+
+
+def pad_misfit(mode: str, lo: int, hi: int, n: int) -> Optional[str]:
+    """Why padding ``(lo, hi)`` of a dimension of size ``n`` cannot be taken in ``mode``, or
+    None: a reflection must stay inside the dimension, a circular wrap may go round once."""
+    if mode == "reflect" and (lo >= n or hi >= n):
+        return f"reflect padding ({lo}, {hi}) must be smaller than the size {n}"
+    if mode == "circular" and (lo > n or hi > n):
+        return (f"circular padding ({lo}, {hi}) would wrap around more than once: it must be "
+                f"at most the size {n}")
+    return None
 
 
 def _wrap_dim(dim: Any, ndim: int, fname: str) -> int:

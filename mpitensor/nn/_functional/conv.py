@@ -26,6 +26,7 @@ from .checks import (
     _pair,
     _reshape,
     _shape_str,
+    pad_misfit,
 )
 from .checks import as_tensor as _tensor_arg
 
@@ -397,12 +398,9 @@ def _pad_mode(input: Any, pads: tuple, mode: str) -> Tensor:  # noqa: A002 - tor
     for the convolution modules' padding modes."""
     shape = _arr(input).shape[-len(pads):]
     for n, (lo, hi) in zip(shape, pads):
-        if mode == "reflect" and (lo >= n or hi >= n):
-            raise _ConvArgumentError(f"padding_mode='reflect' needs padding smaller than the input "
-                                   f"size, got padding ({lo}, {hi}) for a dimension of size {n}")
-        if mode == "circular" and (lo > n or hi > n):
-            raise _ConvArgumentError(f"padding_mode='circular' needs padding at most the input "
-                                   f"size, got padding ({lo}, {hi}) for a dimension of size {n}")
+        why = pad_misfit(mode, lo, hi, n)
+        if why is not None:
+            raise _ConvArgumentError(f"padding_mode={mode!r}: {why} of that input dimension")
     return _PadNd.apply(input, tuple(pads), mode)
 
 

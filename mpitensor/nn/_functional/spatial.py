@@ -35,6 +35,7 @@ from .checks import (
     as_tensor,
     is_int,
     is_number,
+    pad_misfit,
     scatter_add_axis,
     scatter_add_flat,
     shape_str,
@@ -209,12 +210,9 @@ def _mapped_pad(t: Tensor, pairs: list, mode: str) -> Tensor:
         if kept <= 0:
             raise RuntimeError(f"pad(): padding ({lo}, {hi}) crops all of dimension {axis} of "
                                f"size {n}")
-        if mode == "reflect" and (lo >= n or hi >= n):
-            raise RuntimeError(f"pad(): reflect padding ({lo}, {hi}) must be smaller than the "
-                               f"size {n} of dimension {axis}")
-        if mode == "circular" and (lo > n or hi > n):
-            raise RuntimeError(f"pad(): circular padding ({lo}, {hi}) must be at most the size "
-                               f"{n} of dimension {axis} (it would wrap around more than once)")
+        why = pad_misfit(mode, lo, hi, n)
+        if why is not None:
+            raise RuntimeError(f"pad(): {why} of dimension {axis}")
         if n + lo + hi < 0 or n == 0:
             raise RuntimeError(f"pad(): padding ({lo}, {hi}) does not fit dimension {axis} of "
                                f"size {n}")
