@@ -54,6 +54,7 @@ def _cases(comm, n: int, nbytes: int) -> dict:
     red = np.ones(count * n, np.float32)
     part = np.zeros(count, np.float32)
     outs = [np.zeros(count, np.float32) for _ in range(n)]
+    chunks = list(out.reshape(n, count))  # list(out.chunk(n)): one buffer, end to end
     f = MPI.FLOAT
     return {
         "all_gather_into_tensor": {
@@ -66,6 +67,7 @@ def _cases(comm, n: int, nbytes: int) -> dict:
         "all_gather": {
             "ours": lambda: dist.all_gather(outs, inp),
             "raw Allgather": lambda: comm.Allgather([inp, f], [out, f]),
+            "ours, entries end to end": lambda: dist.all_gather(chunks, inp),
         },
         "reduce_scatter_tensor": {
             "ours": lambda: dist.reduce_scatter_tensor(part, red),

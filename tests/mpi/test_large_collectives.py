@@ -1,6 +1,7 @@
 """Large collectives move their bytes as raw mpi4py does (issue 29): all_gather's list form
-receives straight into its entries (no flat temporary, no copy out), and the agreement check
-of a large call is posted before its data.
+receives straight into its entries where they lie end to end in one buffer, else into a flat
+buffer that a large blocking call reuses (no output-sized temporary per call), and the
+agreement check of a large call is posted before its data.
 
 Run: ``timeout 600 mpiexec -n N python -m pytest -q --with-mpi``
 ``tests/mpi/test_large_collectives.py``.
@@ -56,6 +57,25 @@ def test_all_gather_list_into_chunks_of_one_buffer():
     np.testing.assert_array_equal(flat, np.concatenate([piece(r, BIG) for r in range(n)]))
 
 
+def test_all_gather_list_into_chunks_needs_no_receive_buffer():
+    n, me = world()
+    g = dist.new_group(list(range(n)), group_desc="chunks_direct")
+    flat = np.zeros(n * BIG, np.float32)
+    dist.all_gather(list(flat.reshape(n, BIG)), piece(me, BIG), group=g)
+    np.testing.assert_array_equal(flat, np.concatenate([piece(r, BIG) for r in range(n)]))
+    if g.rank_ >= 0:
+        assert g._gather_buf is None  # MPI wrote the chunks' own memory
+
+
+def test_all_gather_list_into_chunks_out_of_order_are_not_taken_whole():
+    n, me = world()
+    flat = np.zeros(n * BIG, np.float32)
+    outs = list(flat.reshape(n, BIG))[::-1]
+    dist.all_gather(outs, piece(me, BIG))
+    for r in range(n):
+        np.testing.assert_array_equal(outs[r], piece(r, BIG))
+
+
 def test_all_gather_list_with_the_input_one_of_the_entries():
     """torch's idiom ``tensor is tensor_list[rank]``: MPI forbids the aliased buffers, so the
     send side is copied; every entry, this rank's included, ends right."""
@@ -93,9 +113,9 @@ def test_all_gather_list_of_empty_tensors():
     assert [o.shape for o in outs] == [(0,)] * n
 
 
-def test_all_gather_list_allocates_no_output_sized_temporary():
-    """4 MiB gathered: the Python-side allocations of the call stay far below one entry (the
-    flat receive buffer it used to allocate was the whole output)."""
+def test_all_gather_list_allocates_no_output_sized_temporary_twice():
+    """4 MiB gathered into separate arrays, twice: the second call's Python-side allocations
+    stay far below one entry (it reuses the first call's flat receive buffer)."""
     n, me = world()
     count = (4 << 20) // 4 // n
     outs = [np.zeros(count, np.float32) for _ in range(n)]

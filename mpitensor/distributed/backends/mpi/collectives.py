@@ -66,12 +66,26 @@ def _guarded(opname: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return wrap
 
 
-def _at_address(buf: Any, mt: Any) -> Any:
-    """A committed MPI datatype that is ``buf`` (contiguous) at its absolute address: a
-    receive from ``MPI.BOTTOM`` lands in ``buf``. The caller frees it."""
-    addr = buf.data.ptr if hasattr(buf, "__cuda_array_interface__") else \
-        buf.__array_interface__["data"][0]
-    return mt.Create_hindexed([buf.size], [addr]).Commit()
+def _end_to_end(outs: list) -> Any:
+    """One flat writable NumPy array over ``outs`` (same dtype and size, as checked) where
+    they lie end to end, in order, in one contiguous buffer; else None."""
+    first = outs[0]
+    if type(first) is not np.ndarray or not first.flags.c_contiguous or not first.size:
+        return None
+    root = first
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if not (root.flags.c_contiguous and root.flags.writeable):
+        return None
+    start, step = first.__array_interface__["data"][0], first.nbytes
+    for i, o in enumerate(outs):
+        if (type(o) is not np.ndarray or not o.flags.c_contiguous
+                or o.__array_interface__["data"][0] != start + i * step):
+            return None
+    off = start - root.__array_interface__["data"][0]
+    if off < 0 or off + step * len(outs) > root.nbytes:
+        return None
+    return np.ndarray((first.size * len(outs),), first.dtype, buffer=root, offset=off)
 
 
 class Collectives:
@@ -340,31 +354,39 @@ class Collectives:
                              send=[arr.size] * self.size_, recv=outs)
 
         arr, mt, outs = self._maybe_debug(where, sig, prepare)
-        # Each rank's piece goes straight into its entry of tensor_list: one datatype per
-        # entry at the entry's own address (MPI_Alltoallw from MPI_BOTTOM), where a flat
-        # receive buffer cost a temporary as large as the output, its page faults and a copy
-        # out (issue 29: 2.8x raw Allgather's time at 16 MiB). Every rank makes this same
-        # MPI call whatever its buffers; only non-contiguous entries are staged.
-        staged = [B.stage_out(o) for o in outs]
-        bufs = [b for b, _ in staged]
-        sbuf = B.stage_in(arr)
-        for b in bufs:  # the idiom tensor is tensor_list[rank]: MPI forbids the alias
-            sbuf = B.unalias(sbuf, b)
-        n = self.size_
-        sspec = [sbuf, [arr.size] * n, [0] * n, [mt] * n]
-        rtypes = [_at_address(b, mt) for b in bufs]
-        rspec = [MPI.BOTTOM, [1] * n, [0] * n, rtypes]
+        # MPI_Allgather (as raw mpi4py), received where it costs least: straight into the
+        # entries where they lie end to end in one buffer (list(out.chunk(n))), else into a
+        # flat buffer copied out; a blocking large call reuses the group's last one, whose
+        # pages are already mapped (a fresh output-sized temporary per call cost its page
+        # faults: issue 29). Only the local receive buffer differs: every rank makes the
+        # same MPI call.
+        rbuf, copy_out = self._gather_target(arr, outs, async_op)
+        sbuf = [B.unalias(B.stage_in(arr), rbuf), mt]
+        rspec = [rbuf, mt]
         comm = self.comm
+        return self._run(where, lambda: comm.Iallgather(sbuf, rspec), copy_out, async_op,
+                         list(tensor_list), keep=(sbuf, rspec), check=(arr, None, -1))
 
-        def post() -> Any:
-            try:
-                return comm.Ialltoallw(sspec, rspec)
-            finally:  # MPI keeps a freed type alive for the operations that use it
-                for t in rtypes:
-                    t.Free()
-
-        return self._run(where, post, B.chain(*(w for _, w in staged)), async_op,
-                         list(tensor_list), keep=(sspec, bufs), check=(arr, None, -1))
+    def _gather_target(self, arr: Any, outs: list, async_op: bool) -> tuple:
+        """all_gather's receive buffer (MPI writes it whole) and the step that fills the
+        entries from it (None when the buffer is the entries' own memory)."""
+        whole = _end_to_end(outs)
+        if whole is not None:
+            return whole, None
+        total = arr.size * self.size_
+        xp = array_module(arr)
+        if arr.nbytes < self.health.check_bytes or async_op or xp is not np:
+            # zeros: never expose uninitialised memory, even if a peer sent too little (the
+            # agreement check that rules that out covers the large calls only)
+            flat = xp.zeros(total, dtype=arr.dtype)
+        else:  # a large blocking call: the shapes are checked alike on every rank
+            flat = self._gather_buf
+            if flat is None or flat.dtype != arr.dtype or flat.size < total:
+                flat = np.empty(total, arr.dtype)
+            self._gather_buf = flat
+            flat = flat[:total]
+        counts, displs = B.counts_displs([arr.size] * self.size_)
+        return self._staged_list_out(flat, outs, counts, displs)
 
     def _staged_list_out(self, flat: Any, outs: list, counts: list,
                          displs: list) -> "tuple[Any, Callable[[], None]]":

@@ -56,6 +56,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         self.tag_ub = int(comm.Get_attr(MPI.TAG_UB)) if comm is not None else 0
         self.verdicts: dict = {}  # debug mode: (receiver, my p2p seq) -> receiver's verdict
         self.opname = ""  # the collective being prepared (set by begin)
+        self._gather_buf = None  # all_gather's flat receive buffer, kept for the next call
         # group rank == global rank: p2p peers need no translation
         self.identity = self.ranks == tuple(range(self.size_))
         if comm is not None:
