@@ -363,10 +363,10 @@ def pad_misfit(mode: str, lo: int, hi: int, n: int) -> Optional[str]:
     """Why padding ``(lo, hi)`` of a dimension of size ``n`` cannot be taken in ``mode``, or
     None: a reflection must stay inside the dimension, a circular wrap may go round once."""
     if mode == "reflect" and (lo >= n or hi >= n):
-        return f"reflect padding ({lo}, {hi}) must be smaller than the size {n}"
+        return f"reflect needs padding smaller than the input size, got ({lo}, {hi}) for size {n}"
     if mode == "circular" and (lo > n or hi > n):
-        return (f"circular padding ({lo}, {hi}) would wrap around more than once: it must be "
-                f"at most the size {n}")
+        return (f"circular needs padding at most the input size (one wrap), got ({lo}, {hi}) for "
+                f"size {n}")
     return None
 
 

@@ -400,7 +400,7 @@ def _pad_mode(input: Any, pads: tuple, mode: str) -> Tensor:  # noqa: A002 - tor
     for n, (lo, hi) in zip(shape, pads):
         why = pad_misfit(mode, lo, hi, n)
         if why is not None:
-            raise _ConvArgumentError(f"padding_mode={mode!r}: {why} of that input dimension")
+            raise _ConvArgumentError(f"padding_mode={mode!r}: {why}")
     return _PadNd.apply(input, tuple(pads), mode)
 
 

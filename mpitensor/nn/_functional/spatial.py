@@ -212,7 +212,7 @@ def _mapped_pad(t: Tensor, pairs: list, mode: str) -> Tensor:
                                f"size {n}")
         why = pad_misfit(mode, lo, hi, n)
         if why is not None:
-            raise RuntimeError(f"pad(): {why} of dimension {axis}")
+            raise RuntimeError(f"pad(): {why} in dimension {axis}")
         if n + lo + hi < 0 or n == 0:
             raise RuntimeError(f"pad(): padding ({lo}, {hi}) does not fit dimension {axis} of "
                                f"size {n}")
