@@ -480,10 +480,16 @@ def upsample_bilinear(input: Any, size: Any = None, scale_factor: Any = None) ->
 # pixel and channel shuffles
 
 
-def _factor(v: Any, name: str, fname: str) -> int:
+def _shuffle_args(input: Any, v: Any, name: str, fname: str, layout: str) -> tuple:  # noqa: A002
+    """The shuffles' operands: the input as a tensor of 3 or more dimensions (``layout`` names
+    them in the message) and the positive integer factor ``v``."""
+    t = as_tensor(input, "input", fname)
     if not is_int(v) or v <= 0:
         raise ValueError(f"{fname}(): {name} must be a positive integer, got {v!r}")
-    return int(v)
+    if t.ndim < 3:
+        raise RuntimeError(f"{fname}(): expected at least 3 dimensions {layout}, got shape "
+                           f"{shape_str(t.shape)}")
+    return t, int(v)
 
 
 def pixel_shuffle(input: Any, upscale_factor: int) -> Tensor:  # noqa: A002 - torch's name
@@ -498,11 +504,8 @@ def pixel_shuffle(input: Any, upscale_factor: int) -> Tensor:  # noqa: A002 - to
         tensor([[[[0., 1.],
                   [2., 3.]]]])
     """
-    t = as_tensor(input, "input", "pixel_shuffle")
-    r = _factor(upscale_factor, "upscale_factor", "pixel_shuffle")
-    if t.ndim < 3:
-        raise RuntimeError(f"pixel_shuffle(): expected at least 3 dimensions (*, C, H, W), got "
-                           f"shape {shape_str(t.shape)}")
+    t, r = _shuffle_args(input, upscale_factor, "upscale_factor", "pixel_shuffle",
+                         "(*, C, H, W)")
     *lead, c, h, w = t.shape
     if c % (r * r):
         raise RuntimeError(f"pixel_shuffle(): the channel dimension ({c}) must be divisible by "
@@ -525,11 +528,8 @@ def pixel_unshuffle(input: Any, downscale_factor: int) -> Tensor:  # noqa: A002 
         >>> pixel_unshuffle(mt.arange(4.0).reshape(1, 1, 2, 2), 2).flatten()
         tensor([0., 1., 2., 3.])
     """
-    t = as_tensor(input, "input", "pixel_unshuffle")
-    r = _factor(downscale_factor, "downscale_factor", "pixel_unshuffle")
-    if t.ndim < 3:
-        raise RuntimeError(f"pixel_unshuffle(): expected at least 3 dimensions (*, C, H, W), "
-                           f"got shape {shape_str(t.shape)}")
+    t, r = _shuffle_args(input, downscale_factor, "downscale_factor", "pixel_unshuffle",
+                         "(*, C, H, W)")
     *lead, c, h, w = t.shape
     if h % r or w % r:
         raise RuntimeError(f"pixel_unshuffle(): height ({h}) and width ({w}) must be divisible "
@@ -551,11 +551,7 @@ def channel_shuffle(input: Any, groups: int) -> Tensor:  # noqa: A002 - torch's 
         >>> channel_shuffle(mt.arange(4.0).reshape(1, 4, 1), 2).flatten()
         tensor([0., 2., 1., 3.])
     """
-    t = as_tensor(input, "input", "channel_shuffle")
-    g = _factor(groups, "groups", "channel_shuffle")
-    if t.ndim < 3:
-        raise RuntimeError(f"channel_shuffle(): expected at least 3 dimensions (N, C, *), got "
-                           f"shape {shape_str(t.shape)}")
+    t, g = _shuffle_args(input, groups, "groups", "channel_shuffle", "(N, C, *)")
     n, c, *rest = t.shape
     if c % g:
         raise RuntimeError(f"channel_shuffle(): the channels ({c}) must be divisible by groups "
