@@ -58,6 +58,19 @@ def _check_input_dtype(cls: str, x: Tensor, w: Tensor) -> None:
             f"dtype), or module.to(dtype))")
 
 
+def _check_state(cls: str, name: str, t: Any, want: tuple, dtype: Any, layout: str) -> None:
+    """A given hidden (or cell) state must be a tensor of shape ``want`` (its dimensions read
+    as ``layout``) in the input's ``dtype``."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{cls}: {name} must be a tensor, got {type(t).__name__}")
+    if tuple(t.shape) != want:
+        raise RuntimeError(f"{cls}: expected {name} of size {want} {layout}, got "
+                           f"{tuple(t.shape)}")
+    if t.dtype != dtype:
+        raise RuntimeError(f"{cls}: {name} is {_dt.dt_repr(t.dtype)} but the input is "
+                           f"{_dt.dt_repr(dtype)}")
+
+
 class RNNBase(Module):
     """The layers shared by :class:`RNN`, :class:`LSTM` and :class:`GRU` (``mode`` picks one:
     ``'RNN_TANH'``, ``'RNN_RELU'``, ``'LSTM'`` or ``'GRU'``), as torch's ``nn.RNNBase``.
@@ -170,15 +183,9 @@ class RNNBase(Module):
             pairs = [("h_0", hx, h_size)]
         states = []
         for name, t, width in pairs:
-            if not isinstance(t, Tensor):
-                raise TypeError(f"{cls}: {name} must be a tensor, got {type(t).__name__}")
             want = (layers, width) if unbatched else (layers, batch, width)
-            if tuple(t.shape) != want:
-                raise RuntimeError(f"{cls}: expected {name} of size {want}, got "
-                                   f"{tuple(t.shape)} (layers*directions, batch, size)")
-            if t.dtype != ref.dtype:
-                raise RuntimeError(f"{cls}: {name} is {_dt.dt_repr(t.dtype)} but the input is "
-                                   f"{_dt.dt_repr(ref.dtype)}")
+            _check_state(cls, name, t, want, ref.dtype,
+                         f"(layers*directions, {'' if unbatched else 'batch, '}size)")
             if unbatched:
                 t = t.unsqueeze(1)
             if order is not None:
@@ -425,16 +432,9 @@ class RNNCellBase(Module):
             if s is None:
                 s = _creation.zeros(B, self.hidden_size, dtype=x.dtype, device=x.device)
             else:
-                if not isinstance(s, Tensor):
-                    raise TypeError(f"{cls}: the {name} state must be a Tensor, got "
-                                    f"{type(s).__name__}")
                 want = (self.hidden_size,) if unbatched else (B, self.hidden_size)
-                if tuple(s.shape) != want:
-                    raise RuntimeError(f"{cls}: expected the {name} state of size {want}, got "
-                                       f"{tuple(s.shape)}")
-                if s.dtype != x.dtype:
-                    raise RuntimeError(f"{cls}: the {name} state is {_dt.dt_repr(s.dtype)} "
-                                       f"but the input is {_dt.dt_repr(x.dtype)}")
+                _check_state(cls, f"the {name} state", s, want, x.dtype,
+                             "(hidden_size)" if unbatched else "(batch, hidden_size)")
                 s = s.unsqueeze(0) if unbatched else s
             full.append(s)
         lstm = mode == "LSTM"
