@@ -252,3 +252,28 @@ def test_malformed_exit_grace_warns_and_uses_the_default(monkeypatch, capsys):
         capsys.readouterr().err
     monkeypatch.setenv("MPITENSOR_EXIT_GRACE", "0.5")
     assert launch.exit_grace(2.0) == 0.5
+
+
+# ---------------------------------------------------------------------------- sizes
+MAX_FILE_LINES = 1000
+MAX_FUNCTION_LINES = 80
+
+
+def test_files_and_functions_stay_readable():
+    """No module of the package is over 1,000 lines and no function over 80
+    (docs/architecture.md, "Conventions"): a longer one is split by meaning."""
+    import ast
+
+    long_files, long_functions = [], []
+    for p in sorted((ROOT / "mpitensor").rglob("*.py")):
+        text = p.read_text()
+        rel = p.relative_to(ROOT).as_posix()
+        if text.count("\n") > MAX_FILE_LINES:
+            long_files.append(f"{rel}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
+    assert long_files == []
+    assert long_functions == []

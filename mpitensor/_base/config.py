@@ -151,7 +151,7 @@ ENV_ABORT_ON_EXCEPTION = _declare(
     "abort-on-unhandled-exception hook")
 ENV_NATIVE = _declare(
     "MPITENSOR_NATIVE", "bool", "1", "import",
-    "the compiled parts where they were built (`_cpu_kernels.c`, `distributed/_slots.c`); "
+    "the compiled parts where they were built (`_cpu_kernels.c`, `distributed/health/_slots.c`); "
     "`0`: their pure-Python paths")
 ENV_LOG = _declare(
     "MPITENSOR_LOG", "choice: DEBUG, INFO, WARNING, ERROR, CRITICAL", "WARNING", "import",
@@ -180,7 +180,7 @@ STALL_WARN_S: Optional[float] = (env_float(ENV_STALL_WARN, 60.0)
                                  if os.environ.get(ENV_STALL_WARN, "").strip() else None)
 ABORT_ON_EXCEPTION: bool = env_flag(ENV_ABORT_ON_EXCEPTION, True)
 #: the compiled parts where they were built (mpitensor/_cpu_kernels.c, the CPU loops;
-#: mpitensor/distributed/_slots.c, the agreement slots); off: their pure-Python paths
+#: mpitensor/distributed/health/_slots.c, the agreement slots); off: their pure-Python paths
 NATIVE: bool = env_flag(ENV_NATIVE, True)
 LOG_LEVEL: str = env_choice(ENV_LOG, _LEVELS, "WARNING")
 LOG_SET: bool = bool(os.environ.get(ENV_LOG, "").strip())
