@@ -361,7 +361,7 @@ class FractionalMaxPool3d(_FractionalMaxPoolNd):
     _nd = 3
 
 
-class MaxPool2d(Module):
+class MaxPool2d(_MaxPoolNd):
     """2-D max pooling over an NCHW input, as ``torch.nn.MaxPool2d``.
 
     Args:
@@ -381,12 +381,13 @@ class MaxPool2d(Module):
         mpitensor.Size([1, 1, 14, 14])
     """
 
+    _fn = staticmethod(F.max_pool2d)
+
     def __init__(
         self, kernel_size: _IntOrPair, stride: Optional[_IntOrPair] = None,
         padding: _IntOrPair = 0, dilation: _IntOrPair = 1, return_indices: bool = False,
         ceil_mode: bool = False,
     ) -> None:
-        super().__init__()
         c = "MaxPool2d"
         ks = _pair(kernel_size, c, "kernel_size", 1)
         if stride is not None:
@@ -398,20 +399,8 @@ class MaxPool2d(Module):
                              f"but got pad={padding}, kernel_size={kernel_size} and "
                              f"dilation={dilation}")
         # torch keeps the arguments as given (an int stays an int) and prints them so
-        self.kernel_size = kernel_size
-        self.stride = stride if stride is not None else kernel_size
-        self.padding = padding
-        self.dilation = dilation
-        self.return_indices = bool(return_indices)
-        self.ceil_mode = bool(ceil_mode)
-
-    def forward(self, input: Tensor) -> Any:  # noqa: A002 - torch's name
-        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation,
-                            ceil_mode=self.ceil_mode, return_indices=self.return_indices)
-
-    def extra_repr(self) -> str:
-        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+        super().__init__(kernel_size, stride, padding, dilation, bool(return_indices),
+                         bool(ceil_mode))
 
 
 class AvgPool2d(Module):
