@@ -175,6 +175,16 @@ def _addmm_rule(call: OpCall) -> Sharding:
                                 lo, shape, 2)
 
 
+def _local_linear(x: Any, w: Any, b: Any = None) -> Any:
+    """``linear`` on the local pieces; an empty piece of the inner dim (a trailing rank of an
+    uneven split) goes through ``@``, which takes empty operands."""
+    if x.shape[-1] == 0:
+        out = x @ w.t()
+        return out if b is None else out + b
+    plain = mpitensor.nn.functional.linear
+    return getattr(plain, "__dtensor_original__", plain)(x, w, b)
+
+
 def _linear_rule(call: OpCall) -> Sharding:
     x, w = _arg(call, 0, "input"), _arg(call, 1, "weight")
     bias = _arg(call, 2, "bias")
@@ -189,7 +199,9 @@ def _linear_rule(call: OpCall) -> Sharding:
     if bias is not None:
         ops.append(bias)
         labels.append(_added(lo, shape, bias))
-    return contraction_sharding(call, ops, labels, lo, shape, 2)
+    sh = contraction_sharding(call, ops, labels, lo, shape, 2)
+    sh.args, sh.kwargs, sh.fn = (x, w, bias), {}, _local_linear
+    return sh
 
 
 _RULES: Dict[str, Any] = {

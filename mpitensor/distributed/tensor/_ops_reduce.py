@@ -103,17 +103,27 @@ def reduction_sharding(call: OpCall) -> Sharding:
         fn = _global_mean(count)
     if name in ("max", "min") and dims is not None:  # values and indices
         return Sharding(placements=[tuple(outs)] * 2, shape=[shape] * 2, inputs=[tuple(wants)],
-                        fn=_pair(call.op))
+                        fn=_empty_safe(call.op, True))
+    if name in NOT_LINEAR:
+        fn = _empty_safe(call.op, False)
     return Sharding(placements=tuple(outs), shape=shape, inputs=[tuple(wants)], fn=fn)
 
 
-def _pair(op: str) -> Any:
+def _empty_safe(op: str, pair: bool) -> Any:
+    """The local reduction; an empty piece (a trailing rank of an uneven split, whose
+    output piece is empty too) is reduced by ``sum``, which takes empty operands."""
     name = op.rpartition(".")[2]
     method = getattr(Tensor, name)
 
-    def run(*a: Any, **kw: Any) -> Tuple[Any, Any]:
-        values, indices = method(*a, **kw)
-        return values, indices
+    def run(x: Any, *a: Any, **kw: Any) -> Any:
+        if x.numel() == 0:
+            out = Tensor.sum(x, *a, **kw)
+            out = out.long() if name.startswith("arg") else out
+            return (out, out.long()) if pair else out
+        if pair:
+            values, indices = method(x, *a, **kw)
+            return values, indices
+        return method(x, *a, **kw)
     return run
 
 
