@@ -16,14 +16,8 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 import mpitensor.nn.functional as F
-from mpitensor.distributed.tensor import (
-    DTensor,
-    Partial,
-    Replicate,
-    Shard,
-    distribute_tensor,
-    init_device_mesh,
-)
+from mpitensor.distributed.tensor import DTensor, Partial, Replicate, Shard
+from mpitensor.distributed.tensor import distribute_tensor, init_device_mesh
 from mpitensor.distributed.tensor._dispatch import ShardingError
 from mpitensor.distributed.tensor.parallel import loss_parallel
 
@@ -276,3 +270,35 @@ def test_two_dim_linear():
             [[S0, R], [R, S0], [R, S0]])
     compare(F.linear, [rand((4, 6), 1), rand((5, 6), 2), rand(5, 3)],
             [[S0, S1], [R, S1], [R, R]])
+
+
+# ------------------------------------------------------------------ parallelize_module
+def test_parallelize_module_matches_the_plain_model():
+    from mpitensor import nn
+    from mpitensor.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                       parallelize_module)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mt.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(9, 6), nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 6))
+    ref = nn.Sequential(nn.Embedding(9, 6), nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 6))
+    model.double(), ref.double()
+    ref.load_state_dict(model.state_dict())
+    parallelize_module(model, mesh, {"0": RowwiseParallel(input_layouts=Replicate()),
+                                     "1": ColwiseParallel(),
+                                     "3": RowwiseParallel()})
+    assert model[1].weight.placements == (Shard(0),)
+    assert model[3].weight.placements == (Shard(1),)
+    assert model[0].weight.placements == (Shard(0),)
+    idx = mt.tensor(np.random.default_rng(1).integers(0, 9, (3, 4)))
+    y, r = model(idx), ref(idx)
+    assert not isinstance(y, DTensor)
+    np.testing.assert_allclose(y.detach().numpy(), r.detach().numpy(), rtol=RTOL, atol=1e-12)
+    (y ** 2).sum().backward()
+    (r ** 2).sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.grad.full_tensor().numpy(), q.grad.numpy(), rtol=RTOL,
+                                   atol=1e-12)
+    with pytest.raises(TypeError, match="ReLU"):
+        parallelize_module(model, mesh, {"2": ColwiseParallel()})
+    with pytest.raises(ValueError, match="nothing"):
+        parallelize_module(model, mesh, {"nothing": ColwiseParallel()})
