@@ -20,7 +20,8 @@ from typing import Any, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-import mpitensor
+from mpitensor.tensor import tensor as _tensor
+from mpitensor.tensor import where, zeros_like
 import mpitensor.distributed as dist
 import mpitensor.nn.functional as F  # noqa: N812 - torch's spelling
 from mpitensor.autograd import Function
@@ -85,11 +86,11 @@ def _class_parallel(lo: int, groups: Tuple[Any, ...], n_classes: int) -> Any:
         top = np.ascontiguousarray(x.detach().numpy().max(axis=1, keepdims=True))
         for g in groups:
             dist.all_reduce(top, op=dist.ReduceOp.MAX, group=g)
-        z = x - mpitensor.tensor(top)
+        z = x - _tensor(top)
         lse = _SumOver.apply(z.exp().sum(1), groups).log()
         local = target - lo
         inside = (local >= 0) & (local < x.shape[1])
-        safe = mpitensor.where(inside, local, mpitensor.zeros_like(local))
+        safe = where(inside, local, zeros_like(local))
         picked = z.gather(1, safe.unsqueeze(1)).squeeze(1) * inside.to(z.dtype)
         loss = lse - _SumOver.apply(picked, groups)
         if smoothing:

@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-import mpitensor
-import mpitensor.nn.functional  # noqa: F401 - linear gets a rule below
+import mpitensor.nn.functional as F  # noqa: N812 - linear gets a rule below
+from mpitensor.tensor import Tensor
 
 from ._dispatch import OpCall, Sharding, register_sharding_rule
 from .placement_types import Partial, Placement, Replicate, Shard
@@ -181,7 +181,7 @@ def _local_linear(x: Any, w: Any, b: Any = None) -> Any:
     if x.shape[-1] == 0:
         out = x @ w.t()
         return out if b is None else out + b
-    plain = mpitensor.nn.functional.linear
+    plain = F.linear
     return getattr(plain, "__dtensor_original__", plain)(x, w, b)
 
 
@@ -215,7 +215,7 @@ _RULES: Dict[str, Any] = {
 def _register() -> None:
     for op, rule in _RULES.items():
         module, _, name = op.rpartition(".")
-        if not module and not hasattr(mpitensor.Tensor, op):
+        if not module and not hasattr(Tensor, op):
             continue
         register_sharding_rule(op, rule)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-import mpitensor
+from mpitensor.tensor import where, zeros_like
 import mpitensor.nn.functional as F  # noqa: N812 - torch's spelling
 from mpitensor.tensor import Tensor
 
@@ -73,9 +73,12 @@ def _masked_lookup(lo: int, rows: int, padding_idx: Optional[int]) -> Any:
     pad = None if padding_idx is None or not lo <= padding_idx < lo + rows else padding_idx - lo
 
     def lookup(idx: Any, weight: Any, *rest: Any, **kw: Any) -> Any:
+        if rows == 0:  # a trailing rank of an uneven split holds no rows: its share is zero,
+            # still tied to the (empty) table so that its backward takes part like the others'
+            return (weight.sum() * 0).expand(*idx.shape, weight.shape[-1]).clone()
         local = idx - lo
         inside = (local >= 0) & (local < rows)
-        safe = mpitensor.where(inside, local, mpitensor.zeros_like(local))
+        safe = where(inside, local, zeros_like(local))
         out = F.embedding(safe, weight, pad)
         return out * inside.unsqueeze(-1).to(out.dtype)
     return lookup

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-import mpitensor
+from mpitensor.tensor import __all__ as _TOP_LEVEL
 from mpitensor.tensor import Tensor
 
 from ._rules_pointwise import pointwise_sharding
@@ -131,7 +131,7 @@ def _register() -> None:
     for name in LINEAR + NOT_LINEAR:
         if hasattr(Tensor, name):
             register_sharding_rule(name, reduction_sharding)
-        if hasattr(mpitensor, name):
+        if name in _TOP_LEVEL:
             register_sharding_rule(f"mpitensor.{name}", reduction_sharding)
 
 
