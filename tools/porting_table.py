@@ -58,6 +58,12 @@ NAMESPACES: Tuple[str, ...] = (
     "torch.sparse",
     "torch.fx",
     "torch.distributed.nn",
+    "torch.distributed.device_mesh",
+    "torch.distributed.tensor",
+    "torch.distributed.tensor.parallel",
+    "torch.distributed.fsdp",
+    "torch.distributed.optim",
+    "torch.distributed.checkpoint",
 )
 
 # ---------------------------------------------------------------------------------------------
