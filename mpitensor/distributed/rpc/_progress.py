@@ -23,6 +23,7 @@ from mpitensor.futures import Future
 
 from ..._base import workspace as _workspace
 from ...errors import DistributedTimeoutError
+from ..health import backoff as _backoff
 from ..health import watchdog as _watchdog
 from . import _wire
 
@@ -232,7 +233,7 @@ class Progress:
         and runs it itself: no thread hand-off on the hot path of back-to-back calls. After
         news it polls without pause for :data:`_SPIN_S` (not where the node has more ranks
         than cores), then with ``sched_yield`` between polls, and gives up after
-        :data:`_watchdog._YIELD_S` without news; meanwhile the progress thread stands aside.
+        :data:`_backoff._YIELD_S` without news; meanwhile the progress thread stands aside.
         Returns the request grabbed (to run), if any.
 
         Between full turns of the engine (every :data:`_CHORES_S`, or every poll while
@@ -255,7 +256,7 @@ class Progress:
             status = self.status
             anywhere, tag = self.MPI.ANY_SOURCE, _wire.TAG_HEADER
             now = _perf()
-            end = now + _watchdog._YIELD_S
+            end = now + _backoff._YIELD_S
             # spin before yielding, unless this node has more ranks than cores (then a spin
             # takes the core from the peer whose message is awaited; see _watchdog)
             spin = _SPIN_S if _watchdog._SPIN_S else 0.0
@@ -280,8 +281,8 @@ class Progress:
                     task, self.grabbed = self.grabbed, None
                     break
                 now = _perf()
-                if worked or took > _watchdog._BUSY_TEST_S:
-                    end = now + _watchdog._YIELD_S
+                if worked or took > _backoff._BUSY_TEST_S:
+                    end = now + _backoff._YIELD_S
                     self.active_at = now
                     if worked:
                         spin_until = now + spin
@@ -313,36 +314,36 @@ class Progress:
         token = self.token
         wake = self.wake_evt
         idle_since = _perf()
-        yield_until = idle_since + _watchdog._YIELD_S
+        yield_until = idle_since + _backoff._YIELD_S
         try:
             while not self.stop_flag:
                 if self.pollers:  # another thread polls: stand aside until it stops
                     self.standing_by = True
                     if self.pollers:
-                        wake.wait(_watchdog._SLEEP_MAX_S)
+                        wake.wait(_backoff._SLEEP_MAX_S)
                     self.standing_by = False
                     wake.clear()
                     idle_since = max(idle_since, self.active_at)
-                    yield_until = max(yield_until, idle_since + _watchdog._YIELD_S)
+                    yield_until = max(yield_until, idle_since + _backoff._YIELD_S)
                     continue
                 with token:
                     worked, took = self._progress_once()
                 now = _perf()
                 if worked:
                     idle_since = now
-                    yield_until = now + _watchdog._YIELD_S
+                    yield_until = now + _backoff._YIELD_S
                     continue
                 posted = max(self.last_post, self.active_at)
                 if posted > idle_since:  # a request just went out: its reply comes soon
                     idle_since = posted
-                    yield_until = max(yield_until, posted + _watchdog._YIELD_S)
-                if took > _watchdog._BUSY_TEST_S:
-                    yield_until = max(yield_until, now + _watchdog._BUSY_WINDOW_S)
+                    yield_until = max(yield_until, posted + _backoff._YIELD_S)
+                if took > _backoff._BUSY_TEST_S:
+                    yield_until = max(yield_until, now + _backoff._BUSY_WINDOW_S)
                 if now < yield_until or ((self.sends or self.incoming)
                                          and now - idle_since < _TRANSFER_YIELD_S):
                     _yield()
                     continue
-                nap = min(_watchdog._SLEEP_MAX_S, (now - idle_since) * _watchdog._SLEEP_FRACTION)
+                nap = min(_backoff._SLEEP_MAX_S, (now - idle_since) * _backoff._SLEEP_FRACTION)
                 self.sleeping = True
                 if not (self.ctlq or self.new_sends or self.new_deadlines
                         or self.last_post > idle_since or self.pollers):
