@@ -139,6 +139,18 @@ def _mean_div(total: Any, denom: Any) -> Any:
     return total / denom
 
 
+def _reduce_rows(xp: Any, losses: Any, reduction: str, denom: Any, shape: tuple,
+                 dtype: Any) -> Any:
+    """A class loss's per-row ``losses`` reduced: reshaped to ``shape`` for 'none', else
+    summed (and divided by ``denom`` for 'mean')."""
+    if reduction == "none":
+        return losses.reshape(shape)
+    total = losses.sum()
+    if reduction == "mean":
+        total = _mean_div(total, denom)
+    return xp.asarray(total, dtype=dtype)
+
+
 def _mean_row_scale(g: Any, denom: Any, valid: Any) -> Any:
     """Per-row factor of a mean-reduced class loss's gradient: ``g / denom`` where the row's
     target counts, 0 where it is ignored. As in torch, ignored rows get no gradient even when
@@ -158,12 +170,7 @@ class _NLLLoss(Function):
         ctx.safe, ctx.coef, ctx.denom, ctx.reduction = safe, coef, denom, reduction
         ctx.valid = valid
         ctx.xshape, ctx.tshape = x.shape, t.shape
-        if reduction == "none":
-            return losses.reshape(t.shape)
-        total = losses.sum()
-        if reduction == "mean":
-            total = _mean_div(total, denom)
-        return xp.asarray(total, dtype=x.dtype)
+        return _reduce_rows(xp, losses, reduction, denom, t.shape, x.dtype)
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
@@ -184,15 +191,9 @@ class _NLLLoss(Function):
 
 
 @_autocast.op("nll_loss")
-def nll_loss(
-    input: Any,  # noqa: A002 - torch's name
-    target: Any,
-    weight: Any = None,
-    size_average: Any = None,
-    ignore_index: int = -100,
-    reduce: Any = None,
-    reduction: str = "mean",
-) -> Tensor:
+def nll_loss(input: Any, target: Any, weight: Any = None,  # noqa: A002 - torch's name
+             size_average: Any = None, ignore_index: int = -100, reduce: Any = None,
+             reduction: str = "mean") -> Tensor:
     """Negative log-likelihood of class indices under log-probabilities ``input``.
 
     Args:
@@ -256,13 +257,8 @@ class _CrossEntropy(Function):
         ctx.save_for_backward(lsm, a)
         ctx.denom, ctx.reduction, ctx.xshape, ctx.tshape = denom, reduction, x.shape, t.shape
         ctx.valid = valid
-        if reduction == "none":
-            shape = t.shape if not prob else ((x.shape[0], *x.shape[2:]) if x.ndim > 1 else ())
-            return losses.reshape(shape)
-        total = losses.sum()
-        if reduction == "mean":
-            total = _mean_div(total, denom)
-        return xp.asarray(total, dtype=x.dtype)
+        shape = t.shape if not prob else ((x.shape[0], *x.shape[2:]) if x.ndim > 1 else ())
+        return _reduce_rows(xp, losses, reduction, denom, shape, x.dtype)
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
@@ -282,16 +278,9 @@ class _CrossEntropy(Function):
 
 
 @_autocast.op("cross_entropy")
-def cross_entropy(
-    input: Any,  # noqa: A002 - torch's name
-    target: Any,
-    weight: Any = None,
-    size_average: Any = None,
-    ignore_index: int = -100,
-    reduce: Any = None,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
-) -> Tensor:
+def cross_entropy(input: Any, target: Any, weight: Any = None,  # noqa: A002 - torch's name
+                  size_average: Any = None, ignore_index: int = -100, reduce: Any = None,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
     """Cross entropy between logits ``input`` and ``target`` (log_softmax + NLL, fused).
 
     Args:
@@ -379,13 +368,8 @@ class _MSELoss(Function):
 
 
 @_autocast.op("mse_loss")
-def mse_loss(
-    input: Any,  # noqa: A002 - torch's name
-    target: Any,
-    size_average: Any = None,
-    reduce: Any = None,
-    reduction: str = "mean",
-) -> Tensor:
+def mse_loss(input: Any, target: Any, size_average: Any = None,  # noqa: A002 - torch's name
+             reduce: Any = None, reduction: str = "mean") -> Tensor:
     """Mean squared error ``(input - target) ** 2``, reduced as asked.
 
     Args:
@@ -450,13 +434,15 @@ def _reduce_loss(xp: Any, loss: Any, reduction: str, dtype: Any, batch: Optional
     return xp.asarray(total, dtype=dtype)
 
 
-def _loss_grad(g: Any, reduction: str, shape: tuple, batch: Optional[int] = None) -> Any:
-    """The output gradient of a reduced elementwise loss, per element (broadcastable)."""
+def _loss_grad(g: Any, reduction: str, shape: tuple, batch: Optional[int] = None,
+               weight: Any = None) -> Any:
+    """The output gradient of a reduced elementwise loss, per element (broadcastable), times
+    the loss's elementwise ``weight`` where there is one."""
     if reduction == "mean":
-        return g / max(math.prod(shape), 1)  # an empty input's mean is nan; its gradient 0
-    if reduction == "batchmean" and batch is not None:
-        return g / max(batch, 1)
-    return g
+        g = g / max(math.prod(shape), 1)  # an empty input's mean is nan; its gradient 0
+    elif reduction == "batchmean" and batch is not None:
+        g = g / max(batch, 1)
+    return g if weight is None else g * weight
 
 
 def _broadcasts_to(fname: str, name: str, v: Any, shape: tuple) -> None:
@@ -528,9 +514,7 @@ class _BinaryCrossEntropy(Function):
     def backward(ctx: Any, g: Any) -> tuple:
         x, t, w = ctx.saved_tensors
         xp = K.xp_of(x)
-        gs = _loss_grad(g, ctx.reduction, x.shape)
-        if w is not None:
-            gs = gs * w
+        gs = _loss_grad(g, ctx.reduction, x.shape, weight=w)
         need = ctx.needs_input_grad
         dx = dt = None
         with _quiet(xp):
@@ -543,14 +527,9 @@ class _BinaryCrossEntropy(Function):
 
 
 @_autocast.op("binary_cross_entropy")
-def binary_cross_entropy(
-    input: Any,  # noqa: A002 - torch's name
-    target: Any,
-    weight: Any = None,
-    size_average: Any = None,
-    reduce: Any = None,
-    reduction: str = "mean",
-) -> Tensor:
+def binary_cross_entropy(input: Any, target: Any, weight: Any = None,  # noqa: A002 - torch's name
+                         size_average: Any = None, reduce: Any = None,
+                         reduction: str = "mean") -> Tensor:
     """Binary cross entropy between probabilities ``input`` and ``target``.
 
     Elementwise ``-w * (t * log(x) + (1 - t) * log(1 - x))`` with both logarithms clamped to
@@ -619,9 +598,7 @@ class _BCEWithLogits(Function):
         x, t, w, pw, log_sig = ctx.saved_tensors
         xp = K.xp_of(x)
         xshape, tshape, xdt, tdt = ctx.shapes
-        gs = _loss_grad(g, ctx.reduction, x.shape)
-        if w is not None:
-            gs = gs * w
+        gs = _loss_grad(g, ctx.reduction, x.shape, weight=w)
         need = ctx.needs_input_grad
         dx = dt = None
         if need[0]:
@@ -636,15 +613,10 @@ class _BCEWithLogits(Function):
 
 
 @_autocast.op("binary_cross_entropy_with_logits")
-def binary_cross_entropy_with_logits(
-    input: Any,  # noqa: A002 - torch's name
-    target: Any,
-    weight: Any = None,
-    size_average: Any = None,
-    reduce: Any = None,
-    reduction: str = "mean",
-    pos_weight: Any = None,
-) -> Tensor:
+def binary_cross_entropy_with_logits(input: Any, target: Any,  # noqa: A002 - torch's name
+                                     weight: Any = None, size_average: Any = None,
+                                     reduce: Any = None, reduction: str = "mean",
+                                     pos_weight: Any = None) -> Tensor:
     """Binary cross entropy of ``sigmoid(input)`` against ``target``, computed from the logits.
 
     Elementwise ``w * ((1 - t) * x - (1 + (pos_weight - 1) * t) * log(sigmoid(x)))``, with
@@ -670,8 +642,10 @@ def binary_cross_entropy_with_logits(
 
     Example:
         >>> import mpitensor as mt
-        >>> round(float(binary_cross_entropy_with_logits(mt.tensor([0.0]), mt.tensor([1.0]))), 4)
-        0.6931
+        >>> loss = binary_cross_entropy_with_logits(mt.tensor([0.0, 0.0]), mt.tensor([1.0, 0.0]),
+        ...                                         pos_weight=mt.tensor([2.0]))
+        >>> round(float(loss), 4)  # (2 log 2 + log 2) / 2
+        1.0397
     """
     fname = "binary_cross_entropy_with_logits"
     reduction = _reduction(reduction, size_average, reduce, fname)
@@ -733,14 +707,8 @@ class _KLDiv(Function):
 
 
 @_autocast.op("kl_div")
-def kl_div(
-    input: Any,  # noqa: A002 - torch's name
-    target: Any,
-    size_average: Any = None,
-    reduce: Any = None,
-    reduction: str = "mean",
-    log_target: bool = False,
-) -> Tensor:
+def kl_div(input: Any, target: Any, size_average: Any = None,  # noqa: A002 - torch's name
+           reduce: Any = None, reduction: str = "mean", log_target: bool = False) -> Tensor:
     """Kullback-Leibler divergence of ``target`` from ``input`` (given as log-probabilities).
 
     Elementwise ``t * (log t - x)`` (``exp(t) * (t - x)`` with ``log_target=True``, where
