@@ -40,7 +40,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import mpitensor.distributed as dist
+from mpitensor import backend as _backend
 from mpitensor.autograd import Function, is_grad_enabled
+from mpitensor.autograd import function as _function
 from mpitensor.tensor import Tensor
 
 from .placement_types import Placement
@@ -275,6 +277,70 @@ class _SumGrad(Function):
         return g, None, None
 
 
+class _Tie(Function):
+    """Identity on an op's output; backward also hands each tied operand a zero gradient.
+
+    A local op may leave an operand out of its graph on one rank only: the shortcuts for
+    empty inputs (``layer_norm`` of an empty piece returns ``input * 1``, without the
+    weight). The autograd engine runs no node whose gradient is None, so that rank would
+    skip the collectives behind the operand (a replicated weight's ``_SumGrad``
+    all_reduce, a redistribution's adjoint) while the other ranks wait in them.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, out: Any, *operands: Any) -> Any:
+        ctx.metas = [(o.shape, o.dtype) for o in operands]
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Tuple[Any, ...]:
+        xp = _backend.array_module(grad)
+        return (grad,) + tuple(xp.zeros(s, dtype=d) for s, d in ctx.metas)
+
+
+def _graph_key(t: Any) -> Any:
+    """What the engine's edges name for ``t``: its node, or the leaf itself."""
+    return t.grad_fn if t.grad_fn is not None else t
+
+
+def _reached(out: Any, keys: Dict[int, Any], since: int) -> set:
+    """The ids of ``keys``' entries that the graph of ``out`` reaches through the nodes made
+    after ``since`` (the local op's own nodes: older ones are not followed)."""
+    start = _graph_key(out) if out.requires_grad else None
+    found = {i for i, k in keys.items() if k is start}
+    stack = [start] if type(start) is _function.Node and start.seq > since else []
+    seen = set()
+    while stack:
+        node = stack.pop()
+        for n in node._next:
+            if n is None or id(n) in seen:
+                continue
+            seen.add(id(n))
+            for i, k in keys.items():
+                if k is n:
+                    found.add(i)
+            if type(n) is _function.Node and n.seq > since:
+                stack.append(n)
+    return found
+
+
+def _tie(out: Any, locs: List[Any], since: int) -> Any:
+    """``out``, tied to every operand in ``locs`` its local graph does not reach."""
+    if not isinstance(out, Tensor) or not (out.is_floating_point() or out.is_complex()):
+        return out
+    keys = {i: _graph_key(t) for i, t in enumerate(locs)}
+    reached = _reached(out, keys, since)
+    missed = [t for i, t in enumerate(locs) if i not in reached]
+    return _Tie.apply(out, *missed) if missed else out
+
+
+def _tie_all(out: Any, locs: List[Any], since: int) -> Any:
+    """Every tensor output tied (see :class:`_Tie`), whichever the loss goes on to use."""
+    if isinstance(out, (list, tuple)):
+        return type(out)(_tie(o, locs, since) for o in out)
+    return _tie(out, locs, since)
+
+
 def _operands(op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any],
               allow_plain: bool) -> Tuple[List[Any], Any]:
     dt = _DTENSOR[0]
@@ -341,9 +407,13 @@ def dispatch(op: str, fn: Callable[..., Any], args: Tuple[Any, ...],
     a = sh.args if sh.args is not None else args
     kw = sh.kwargs if sh.kwargs is not None else kwargs
     run = sh.fn if sh.fn is not None else fn
+    since = next(_function._seq)  # the local op's nodes are the ones made from here on
     out = run(*[_swap(x, table) for x in a], **{k: _swap(v, table) for k, v in kw.items()})
     if sh.inplace:
         return args[0]
+    needs = [t for t in table.values() if t.requires_grad] if grad_on else []
+    if needs:
+        out = _tie_all(out, needs, since)
     return _wrap(out, mesh, sh.placements, sh.shape)
 
 

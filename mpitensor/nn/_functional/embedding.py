@@ -148,7 +148,7 @@ class _Embedding(Function):
         wshape, wdt, padding_idx, by_freq = ctx.meta
         xp = xp_of(g)
         flat = idx.reshape(-1)
-        rows = g.reshape(-1, wshape[1])
+        rows = g.reshape(flat.size, wshape[1])  # -1 is ambiguous for an empty row
         if by_freq:
             counts = xp.bincount(flat, minlength=wshape[0])
             rows = rows / counts[flat][:, None].astype(rows.dtype)
