@@ -39,6 +39,33 @@ def _check_per_channel(fname: str, what: str, v: Any, C: int, xshape: tuple) -> 
         )
 
 
+def _channels_input(fname: str, input: Any) -> Any:  # noqa: A002 - torch's name
+    """The array of a normalisation's (N, C, ...) float ``input``, checked."""
+    _as_input(input, "input", fname)
+    x = _arr(input)
+    if x.ndim < 2:
+        raise ValueError(
+            f"{fname}(): input must have at least 2 dimensions (N, C, ...), got shape "
+            f"{_shape_str(x.shape)}"
+        )
+    _check_float(input, "input", fname)
+    return x
+
+
+def _affine_norm(fname: str, public: Any, node: Any, input: Any, arg: Any,  # noqa: A002
+                 node_arg: Any, weight: Any, bias: Any, eps: float) -> Tensor:
+    """The common end of group_norm and layer_norm, ``public(input, arg, weight, bias, eps)``:
+    a half input with float parameters computed in float32, the parameters' dtype and device
+    checked, an empty input passed through, else ``node`` applied."""
+    if _half_with_float_params(input, weight, bias):
+        return public(input.float(), arg, weight, bias, eps).to(input.dtype)
+    _check_same_dtype(fname, input=input, weight=weight, bias=bias)
+    _check_same_device(fname, input=input, weight=weight, bias=bias)
+    if _arr(input).size == 0:
+        return (input if isinstance(input, Tensor) else _new(input)) * 1
+    return node.apply(input, weight, bias, node_arg, float(eps))
+
+
 class _BatchNorm(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, w: Any, b: Any, rm: Any, rv: Any, training: bool,
@@ -70,16 +97,9 @@ class _BatchNorm(Function):
         return dx, dw, db, None, None, None, None, None
 
 
-def batch_norm(
-    input: Any,  # noqa: A002 - torch's name
-    running_mean: Any,
-    running_var: Any,
-    weight: Any = None,
-    bias: Any = None,
-    training: bool = False,
-    momentum: float = 0.1,
-    eps: float = 1e-5,
-) -> Tensor:
+def batch_norm(input: Any, running_mean: Any, running_var: Any,  # noqa: A002 - torch's name
+               weight: Any = None, bias: Any = None, training: bool = False, momentum: float = 0.1,
+               eps: float = 1e-5) -> Tensor:
     """Batch normalisation over every dimension but the channels (dimension 1).
 
     With ``training=True`` the batch's own mean and biased variance normalise it, and the
@@ -112,14 +132,7 @@ def batch_norm(
                 [ 1.0000]])
     """
     fname = "batch_norm"
-    _as_input(input, "input", fname)
-    x = _arr(input)
-    if x.ndim < 2:
-        raise ValueError(
-            f"{fname}(): input must have at least 2 dimensions (N, C, ...), got shape "
-            f"{_shape_str(x.shape)}"
-        )
-    _check_float(input, "input", fname)
+    x = _channels_input(fname, input)
     C = x.shape[1]
     extras = {"weight": weight, "bias": bias, "running_mean": running_mean,
               "running_var": running_var}
@@ -150,16 +163,9 @@ def batch_norm(
                             float(eps))
 
 
-def instance_norm(
-    input: Any,  # noqa: A002 - torch's name
-    running_mean: Any = None,
-    running_var: Any = None,
-    weight: Any = None,
-    bias: Any = None,
-    use_input_stats: bool = True,
-    momentum: float = 0.1,
-    eps: float = 1e-5,
-) -> Tensor:
+def instance_norm(input: Any, running_mean: Any = None,  # noqa: A002 - torch's name
+                  running_var: Any = None, weight: Any = None, bias: Any = None,
+                  use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
     """Normalise each (sample, channel) plane of (N, C, ...) by its own mean and variance.
 
     It is :func:`batch_norm` over the input seen as one sample of N*C channels; the running
@@ -215,28 +221,22 @@ def instance_norm(
 class _GroupNorm(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, w: Any, b: Any, groups: int, eps: float) -> Any:
-        y, x2, lay, mean, invstd = NK.group_norm_forward(x, groups, w, b, eps)
+        y, x2, ctx.layout, mean, invstd = NK.group_norm_forward(x, groups, w, b, eps)
         ctx.save_for_backward(x2, mean, invstd, w)
-        ctx.groups, ctx.layout = groups, lay
+        ctx.groups = groups
         return y
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
         x2, mean, invstd, w = ctx.saved_tensors
-        need = ctx.needs_input_grad
         dx, dw, db = NK.group_norm_backward(g, x2, ctx.layout, ctx.groups, mean, invstd, w,
-                                            (need[0], need[1], need[2]))
+                                            tuple(ctx.needs_input_grad[:3]))
         return dx, dw, db, None, None
 
 
 @_autocast.op("group_norm")
-def group_norm(
-    input: Any,  # noqa: A002 - torch's name
-    num_groups: int,
-    weight: Any = None,
-    bias: Any = None,
-    eps: float = 1e-5,
-) -> Tensor:
+def group_norm(input: Any, num_groups: int, weight: Any = None,  # noqa: A002 - torch's name
+               bias: Any = None, eps: float = 1e-5) -> Tensor:
     """Group normalisation: each sample's channels, in ``num_groups`` groups, normalised apart.
 
     Every (sample, group) pair is normalised by the mean and biased variance of its
@@ -262,17 +262,10 @@ def group_norm(
         tensor([[-1.0000,  1.0000]])
     """
     fname = "group_norm"
-    _as_input(input, "input", fname)
-    x = _arr(input)
     if isinstance(num_groups, bool) or not isinstance(num_groups, numbers.Integral) \
             or num_groups <= 0:
         raise ValueError(f"{fname}(): num_groups must be a positive int, got {num_groups!r}")
-    if x.ndim < 2:
-        raise ValueError(
-            f"{fname}(): input must have at least 2 dimensions (N, C, ...), got shape "
-            f"{_shape_str(x.shape)}"
-        )
-    _check_float(input, "input", fname)
+    x = _channels_input(fname, input)
     C = x.shape[1]
     if C % num_groups:
         raise RuntimeError(
@@ -282,13 +275,8 @@ def group_norm(
     for name, v in (("weight", weight), ("bias", bias)):
         if v is not None:
             _check_per_channel(fname, name, v, C, x.shape)
-    if _half_with_float_params(input, weight, bias):
-        return group_norm(input.float(), num_groups, weight, bias, eps).to(input.dtype)
-    _check_same_dtype(fname, input=input, weight=weight, bias=bias)
-    _check_same_device(fname, input=input, weight=weight, bias=bias)
-    if x.size == 0:
-        return (input if isinstance(input, Tensor) else _new(input)) * 1
-    return _GroupNorm.apply(input, weight, bias, int(num_groups), float(eps))
+    return _affine_norm(fname, group_norm, _GroupNorm, input, num_groups, int(num_groups),
+                        weight, bias, eps)
 
 
 class _LayerNorm(Function):
@@ -340,13 +328,8 @@ def _normalized_shape(normalized_shape: Any, fname: str) -> tuple:
 
 
 @_autocast.op("layer_norm")
-def layer_norm(
-    input: Any,  # noqa: A002 - torch's name
-    normalized_shape: Any,
-    weight: Any = None,
-    bias: Any = None,
-    eps: float = 1e-5,
-) -> Tensor:
+def layer_norm(input: Any, normalized_shape: Any, weight: Any = None,  # noqa: A002 - torch's name
+               bias: Any = None, eps: float = 1e-5) -> Tensor:
     """Layer normalisation over the last ``len(normalized_shape)`` dimensions.
 
     Each slice over those dimensions is normalised by its mean and biased variance; then an
@@ -391,10 +374,5 @@ def layer_norm(
                     f"{fname}(): {name} must have shape normalized_shape={list(shape)}, got "
                     f"{_shape_str(_arr(v).shape)}"
                 )
-    if _half_with_float_params(input, weight, bias):
-        return layer_norm(input.float(), normalized_shape, weight, bias, eps).to(input.dtype)
-    _check_same_dtype(fname, input=input, weight=weight, bias=bias)
-    _check_same_device(fname, input=input, weight=weight, bias=bias)
-    if x.size == 0:
-        return (input if isinstance(input, Tensor) else _new(input)) * 1
-    return _LayerNorm.apply(input, weight, bias, k, float(eps))
+    return _affine_norm(fname, layer_norm, _LayerNorm, input, normalized_shape, k, weight, bias,
+                        eps)
