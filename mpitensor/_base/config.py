@@ -198,6 +198,11 @@ ENV_NODE_REDUCE = _declare(
     "MPITENSOR_NODE_REDUCE", "choice: auto, on, off", "auto", "each DDP made",
     "DDP's gradient buckets meet in shared memory where the ranks outnumber the node's cores "
     "(`on`: on one node always, `off`: never)")
+ENV_SHM_COLLECTIVES = _declare(
+    "MPITENSOR_SHM_COLLECTIVES", "choice: auto, on, off", "auto", "each group made",
+    "collectives of NumPy arrays on a group whose ranks share one node go through one shared "
+    "segment where the group's measured cost model says it pays (`on`: whenever possible, "
+    "`off`: always MPI)")
 ENV_RENDEZVOUS = _declare(
     "MPITENSOR_RENDEZVOUS", "choice: auto, pmi, connect", "auto", "each `init_process_group`",
     "how processes that no MPI launcher started are joined into one MPI job")
@@ -267,6 +272,12 @@ def num_threads(environ: Optional[Mapping[str, str]] = None) -> "Optional[Union[
 def node_reduce() -> str:
     """``MPITENSOR_NODE_REDUCE`` as ``"auto"``, ``"on"`` or ``"off"`` (ValueError otherwise)."""
     return env_choice(ENV_NODE_REDUCE, ("AUTO", "ON", "OFF"), "AUTO").lower()
+
+
+def shm_collectives() -> str:
+    """``MPITENSOR_SHM_COLLECTIVES`` as ``"auto"``, ``"on"`` or ``"off"`` (ValueError
+    otherwise)."""
+    return env_choice(ENV_SHM_COLLECTIVES, ("AUTO", "ON", "OFF"), "AUTO").lower()
 
 
 def rendezvous_mode(modes: "tuple[str, ...]" = ("AUTO", "PMI", "CONNECT")) -> str:

@@ -25,6 +25,7 @@ from ...health import watchdog as W
 from ...health.state import MASK as _MASK
 from ...process_group import ReduceOp, Work
 from . import buffers as B
+from . import shm_coll as _shmc
 
 _IN_PLACE = MPI.IN_PLACE
 _MOVE = B.MOVE_TYPES
@@ -91,8 +92,17 @@ def _end_to_end(outs: list) -> Any:
 class Collectives:
     """The collectives of :class:`MPIGroup` (a mixin: ``self`` is the group)."""
 
+    # node-local collectives through shared memory (shm_coll.py): calls of at least shm_min
+    # bytes ask it (OFF_BYTES: never); shm is its Engine once made (False: none, for good)
+    shm_min: int = OFF_BYTES
+    shm: Any = None
+
     def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Optional[Work]:
         arr = tensor._data if type(tensor) is Tensor else tensor
+        if type(arr) is np.ndarray and arr.nbytes >= self.shm_min:
+            done = _shmc.all_reduce(self, tensor, arr, op, async_op)
+            if done is not _shmc.PASS:
+                return done
         if type(arr) is np.ndarray and not self.slow and self.rank_ >= 0:
             fast = _fast_op(op, arr.dtype)
             if fast is not None:
@@ -173,6 +183,10 @@ class Collectives:
     def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
                   group_src: Optional[int] = None) -> Optional[Work]:
         arr = tensor._data if type(tensor) is Tensor else tensor
+        if type(arr) is np.ndarray and arr.nbytes >= self.shm_min:
+            done = _shmc.broadcast(self, tensor, arr, src, async_op, group_src)
+            if done is not _shmc.PASS:
+                return done
         if (type(arr) is np.ndarray and self.rank_ >= 0 and self._fast_root(src, group_src)
                 and arr.flags.c_contiguous and (arr.flags.writeable or src == self.rank_)):
             mt = _MOVE.get(arr.dtype)
@@ -214,6 +228,10 @@ class Collectives:
     def reduce(self, tensor: Any, dst: Optional[int] = None, op: Any = _SUM,
                async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
         arr = tensor._data if type(tensor) is Tensor else tensor
+        if type(arr) is np.ndarray and arr.nbytes >= self.shm_min:
+            done = _shmc.reduce(self, tensor, arr, dst, op, async_op, group_dst)
+            if done is not _shmc.PASS:
+                return done
         root = 0 if dst is None and group_dst is None else dst
         if (type(arr) is np.ndarray and self.rank_ >= 0 and self._fast_root(root, group_dst)
                 and arr.flags.c_contiguous and (arr.flags.writeable or root != self.rank_)):
@@ -335,8 +353,16 @@ class Collectives:
         send, recv = (one, many) if gathers else (many, one)
         return self.signature(op, arr, root=self.ranks[root], send=send, recv=recv)
 
-    @_guarded("all_gather")
     def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool = False) -> Optional[Work]:
+        arr = tensor._data if type(tensor) is Tensor else tensor
+        if type(arr) is np.ndarray and arr.nbytes * self.size_ >= self.shm_min:
+            done = _shmc.all_gather(self, tensor_list, tensor, arr, async_op)
+            if done is not _shmc.PASS:
+                return done
+        return self._all_gather(tensor_list, tensor, async_op)
+
+    @_guarded("all_gather")
+    def _all_gather(self, tensor_list: Any, tensor: Any, async_op: bool) -> Optional[Work]:
         where = self.begin("all_gather")
 
         def prepare() -> Any:
@@ -412,6 +438,10 @@ class Collectives:
                                async_op: bool = False) -> Optional[Work]:
         out = output._data if type(output) is Tensor else output
         inp = input._data if type(input) is Tensor else input
+        if type(out) is np.ndarray and out.nbytes >= self.shm_min:
+            done = _shmc.all_gather_into_tensor(self, output, out, inp, async_op)
+            if done is not _shmc.PASS:
+                return done
         if self.rank_ >= 0 and not self.slow:
             mt = self._fast_pair(out, inp)
             if mt is not None and out.size == inp.size * self.size_:
@@ -510,9 +540,18 @@ class Collectives:
         return self._run(where, lambda: comm.Iscatter(sspec, rspec, root), write_back, async_op,
                          [tensor], keep=(sspec, rspec), check=check)
 
-    @_guarded("reduce_scatter")
     def reduce_scatter(self, output: Any, input_list: Any, op: Any = _SUM,
                        async_op: bool = False) -> Optional[Work]:
+        out = output._data if type(output) is Tensor else output
+        if type(out) is np.ndarray and out.nbytes * self.size_ >= self.shm_min:
+            done = _shmc.reduce_scatter(self, output, out, input_list, op, async_op)
+            if done is not _shmc.PASS:
+                return done
+        return self._reduce_scatter(output, input_list, op, async_op)
+
+    @_guarded("reduce_scatter")
+    def _reduce_scatter(self, output: Any, input_list: Any, op: Any,
+                        async_op: bool) -> Optional[Work]:
         where = self.begin("reduce_scatter")
 
         def prepare() -> Any:
@@ -540,6 +579,10 @@ class Collectives:
                               async_op: bool = False) -> Optional[Work]:
         out = output._data if type(output) is Tensor else output
         inp = input._data if type(input) is Tensor else input
+        if type(out) is np.ndarray and inp.nbytes >= self.shm_min:
+            done = _shmc.reduce_scatter_tensor(self, output, out, inp, op, async_op)
+            if done is not _shmc.PASS:
+                return done
         if self.rank_ >= 0 and not self.slow and self._fast_pair(out, inp) is not None \
                 and inp.size == out.size * self.size_:
             fast = _fast_op(op, inp.dtype)

@@ -28,6 +28,7 @@ from ...health import fingerprint as _fp
 from ...health import watchdog as W
 from ...health.state import MASK as _MASK
 from ...process_group import COMM_NAME, ProcessGroup, Work
+from . import shm_coll as _shmc
 from .collectives import Collectives
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
@@ -61,6 +62,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         self.identity = self.ranks == tuple(range(self.size_))
         if comm is not None:
             self._equip_health(comm)
+            self.shm_min = _shmc.floor(self)  # shared-memory collectives: from what size
 
     def _equip_health(self, comm: MPI.Comm) -> None:
         """Give the group's health what the members make together (collective: every member
@@ -355,6 +357,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
                         self.world_size)
 
     def free(self) -> None:
+        _shmc.free(self)  # its collectives' segment, if it made one
         h = self.health
         if h.fp_pool is not None:
             h.fp_pool.free()

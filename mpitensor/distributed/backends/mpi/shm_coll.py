@@ -1,0 +1,548 @@
+"""Node-local collectives through shared memory: the MPI group's calls that take the engine.
+
+On a group whose ranks all share one node, ``all_reduce``, ``reduce_scatter`` (tensor and list
+forms), ``all_gather`` (tensor and list forms), ``broadcast`` and ``reduce`` of NumPy arrays
+can go through one shared segment (:mod:`shm_pipe`: a chunk pipeline in which every member
+reduces its share of each chunk, in rank order) instead of MPI. MPICH's own node-local
+collectives move every byte through small shared cells, piece by piece, once per peer; here
+each byte of a member's buffer is copied into the segment at most once, the members reduce in
+parallel, and the result is bitwise the same on every member (the fixed-order reduction
+``x0 op x1 op ... op x(p-1)``).
+
+**When.** ``MPITENSOR_SHM_COLLECTIVES`` (read when the group is made): ``off`` never; ``on``
+whenever the group can (for tests); ``auto`` (default) where it pays. A call qualifies by what
+every rank of a correct program passes alike (its size, dtype, op; never contiguity or
+layout: a non-contiguous buffer is staged), so every member takes the same path. The first call
+of at least :data:`FLOOR` bytes (``auto``) makes the group's engine, collectively: rank 0
+creates the segment, the members learn its name through one small reduction on the group's
+private communicator, check with ``MPI_Comm_split_type(SHARED)`` that the whole group is on
+one node, map it, and agree; the name is removed as soon as every member mapped it (or gave
+up), so nothing is left behind however the job ends. Where that fails (another node, a full
+``/dev/shm``) every member learns it in the same reduction and the group stays on MPI for
+good. In ``auto`` the members then measure, together, the engine and MPI on a small and a
+large all-reduce and all-gather, take the slowest member's times, and fit each a line: a call
+takes the engine only from the size where its line is 10 % below MPI's (never below
+:data:`FLOOR`). Debug mode (``MPITENSOR_DEBUG``) keeps every call on MPI, where its checks are.
+
+**Checks and faults.** Every call through the engine posts its fingerprint in the group's
+agreement slots (``fingerprint.NodeCheck``, whatever its size) and waits for its peers' before
+any data moves, so a rank that passes another shape, dtype, op or root gets the same
+``CollectiveMismatchError`` as on the MPI path. Every wait is the watchdog's (timeout, fault
+notices, stall reports) and also notices a peer process that died (``shm_pipe``).
+
+**async_op=True** completes the call before returning (a completed ``Work``).
+
+**Reductions** are NumPy's ufuncs: SUM/AVG ``add`` (AVG then divides by the group size),
+PRODUCT ``multiply``, MIN/MAX ``minimum``/``maximum`` (a NaN wins, as in torch), the bitwise
+ops on integers and bool; bool SUM/PRODUCT are logical or/and, as on the MPI path; float16 and
+bfloat16 are reduced in float32 and rounded once, as on the MPI path.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .... import dtypes as _dt
+from ...._base import config as _config
+from ...._base.config import OFF_BYTES
+from ...health import faults as _faults
+from ...health import watchdog as W
+from ...process_group import ReduceOp, Work
+from . import buffers as B
+from . import shm as _shm
+from . import shm_pipe as P
+from .shm_pipe import Engine, Reducer, bounds
+
+PASS = object()  # "not through shared memory": the caller takes the MPI path
+FLOOR = 64 << 10  # auto: calls smaller than this stay on MPI without asking the engine
+_PREFIX = "mpitensor-coll-"
+_MARGIN = 0.9  # auto: the engine's modelled time must be this fraction of MPI's, or less
+_CAL_BYTES = (256 << 10, 4 << 20)  # the calibration's two sizes
+
+_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
+           ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
+           ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or,
+           ReduceOp.BXOR: np.bitwise_xor}
+_BOOL = {ReduceOp.SUM: np.maximum, ReduceOp.PRODUCT: np.minimum}
+_reducers: dict = {}
+
+
+def floor(g: Any) -> int:
+    """The smallest call (bytes) that asks the engine, for a new group ``g`` (its attribute
+    ``shm_min``): OFF_BYTES where it can never apply (switch off, one member, not a member, no
+    shared agreement slots: another machine, no /dev/shm, not x86-64)."""
+    setting = _config.shm_collectives()
+    h = g.health
+    if setting == "off" or g.comm is None or g.size_ < 2 or h.fp_node is None:
+        return OFF_BYTES
+    return 1 if setting == "on" else FLOOR
+
+
+def free(g: Any) -> None:
+    """Unmap the group's segment (its name was removed when it was made)."""
+    eng = getattr(g, "shm", None)
+    g.shm = False
+    g.shm_min = OFF_BYTES
+    if isinstance(eng, Engine):
+        eng.close()
+
+
+def set_chunk(nbytes: int) -> int:
+    """Tests: the slot size of engines made from now on (a multiple of 64); the old one."""
+    old, P.CHUNK = P.CHUNK, max(64, nbytes // 64 * 64)
+    return old
+
+
+def _reducer(op: Any, dtype: np.dtype, p: int) -> "tuple[Any, Optional[Reducer]]":
+    """``(ReduceOp, Reducer)`` for ``op`` on ``dtype``, or ``(None, None)`` where the MPI path
+    must answer (an op it refuses, which it words)."""
+    try:
+        rop = B.coerce_op(op, "")
+    except (ValueError, TypeError):
+        return None, None
+    key = (rop, dtype, p)
+    red = _reducers.get(key)
+    if red is None:
+        plan = B._plan(dtype, rop) if dtype in B.MOVE_TYPES else "unsupported"
+        if isinstance(plan, str):
+            return None, None
+        if _dt.kind_of(dtype) == "b":
+            red = Reducer(_BOOL.get(rop, _UFUNCS[rop]), None, 0, np.dtype(np.uint8))
+        else:
+            red = Reducer(_UFUNCS[rop], plan.upcast, p if plan.average else 0, None)
+        _reducers[key] = red
+    return rop, red
+
+
+def _flat(arr: np.ndarray, write: bool) -> "tuple[np.ndarray, Optional[Callable[[], None]]]":
+    """``arr`` as one flat contiguous array, and the step that writes a staged copy back."""
+    if arr.flags.c_contiguous:
+        return arr.reshape(-1), None
+    buf = np.ascontiguousarray(arr).reshape(-1)
+    if not write:
+        return buf, None
+
+    def back() -> None:
+        arr[...] = buf.reshape(arr.shape)
+
+    return buf, back
+
+
+# ---------------------------------------------------------------------------- a call's start
+def _start(g: Any, op: str, kind: str, nbytes: int, fparr: Any, reduce: Any, root: int,
+           keep: Any, counted: Any) -> Optional[Engine]:
+    """Begin call ``op`` through the engine: its engine, the call counted and every member's
+    fingerprint found equal; None where it takes the MPI path (on every member alike)."""
+    if g.rank_ < 0 or g.shm is False:
+        return None
+    if g.slow:
+        if g.debug:
+            return None
+        g.check_usable(op)  # a broken group raises; an earlier failure is settled
+    h = g.health
+    s = g.seq + 1
+    h.fp_tok = h.fp_node.post(s, op, fparr, reduce, root, keep)  # peers' waits compare it
+    eng = g.shm
+    if eng is None:
+        eng = g.shm = _setup(g, s, op)
+    if eng is False or nbytes < eng.thresholds[kind]:
+        h.fp_tok = None  # (the MPI path posts it again where it checks this size)
+        return None
+    g._fast_count(op, counted)
+    g._fp_settle(op, s)
+    g.sent += 1
+    eng.op, eng.seq = op, s
+    return eng
+
+
+def _execute(g: Any, eng: Engine, body: Callable[[], None], tensors: list,
+             async_op: bool) -> Optional[Work]:
+    """Run ``body`` (the pipeline); anything that ends it early breaks the group (members may
+    be anywhere in it). A completed Work for ``async_op``."""
+    try:
+        body()
+    except BaseException as exc:
+        h = g.health
+        if h.broken is None:
+            text = str(exc).splitlines()[0][:200] if str(exc) else ""
+            _faults.break_after(h, eng.op, eng.seq, "coll",
+                                f"{type(exc).__name__}: {text} (raised in a collective "
+                                "through shared memory)")
+        raise
+    if not async_op:
+        return None
+    op, s = eng.op, eng.seq
+    return Work(_COMPLETE, None, tensors, group=g,
+                describe=lambda: f"rank {g.global_rank}: {op} (#{s} on {g.name})",
+                info=(op, s, "coll", None, None))
+
+
+class _Complete:
+    """The request of a call the engine completed before returning."""
+
+    @staticmethod
+    def Test(status: Any = None) -> bool:  # noqa: N802 - MPI's request protocol
+        return True
+
+
+_COMPLETE = _Complete()
+
+
+# ---------------------------------------------------------------------------- the collectives
+def all_reduce(g: Any, tensor: Any, arr: np.ndarray, op: Any, async_op: bool) -> Any:
+    rop, red = _reducer(op, arr.dtype, g.size_)
+    if red is None or not arr.flags.writeable or not arr.size:
+        return PASS
+    eng = _start(g, "all_reduce", "reduce", arr.nbytes, arr, rop, -1, arr, arr)
+    if eng is None:
+        return PASS
+    buf, back = _flat(arr, True)
+    return _execute(g, eng, lambda: _reduce_core(eng, buf, red, -1, back), [tensor], async_op)
+
+
+def reduce(g: Any, tensor: Any, arr: np.ndarray, dst: Any, op: Any, async_op: bool,
+           group_dst: Any) -> Any:
+    rop, red = _reducer(op, arr.dtype, g.size_)
+    try:
+        root = g.root_rank(dst, group_dst, "dst", "")
+    except (ValueError, TypeError):
+        return PASS
+    if red is None or not arr.size or (root == g.rank_ and not arr.flags.writeable):
+        return PASS
+    eng = _start(g, "reduce", "reduce", arr.nbytes, arr, rop, g.ranks[root], arr, arr)
+    if eng is None:
+        return PASS
+    buf, back = _flat(arr, root == g.rank_)
+    return _execute(g, eng, lambda: _reduce_core(eng, buf, red, root, back), [tensor],
+                    async_op)
+
+
+def _reduce_core(eng: Engine, buf: np.ndarray, red: Reducer, root: int,
+                 back: Optional[Callable[[], None]]) -> None:
+    """all_reduce (``root`` -1) or reduce to ``root`` of the flat ``buf``."""
+    p, me, dt, n = eng.p, eng.me, buf.dtype, buf.size
+    ce = eng.chunk // dt.itemsize
+    keeps = root < 0 or root == me
+
+    def fill(k: int, st: int) -> None:
+        x = buf[k * ce:min(n, k * ce + ce)]
+        b = bounds(x.size, p)
+        slot = eng.typed(st, me, dt, 0, x.size)
+        slot[:b[me]] = x[:b[me]]
+        slot[b[me + 1]:] = x[b[me + 1]:]
+
+    def work(k: int, st: int) -> None:
+        lo = k * ce
+        b = bounds(min(n, lo + ce) - lo, p)
+        a, z = b[me], b[me + 1]
+        if a == z:
+            return
+        mine = eng.typed(st, me, dt, a, z)
+        red.into(mine, [buf[lo + a:lo + z] if r == me else eng.typed(st, r, dt, a, z)
+                        for r in range(p)])
+        if keeps:
+            buf[lo + a:lo + z] = mine
+
+    def drain(k: int, st: int) -> None:
+        lo = k * ce
+        b = bounds(min(n, lo + ce) - lo, p)
+        for r in range(p):
+            if r != me:
+                buf[lo + b[r]:lo + b[r + 1]] = eng.typed(st, r, dt, b[r], b[r + 1])
+
+    eng.run(-(-n // ce), fill, work, drain if keeps else None, eng.everyone)
+    if back is not None:
+        back()
+
+
+def reduce_scatter_tensor(g: Any, output: Any, out: np.ndarray, inp: np.ndarray, op: Any,
+                          async_op: bool) -> Any:
+    p = g.size_
+    if (type(inp) is not np.ndarray or inp.dtype != out.dtype or inp.size != out.size * p
+            or not out.flags.writeable or not out.size):
+        return PASS
+    rop, red = _reducer(op, out.dtype, p)
+    if red is None:
+        return PASS
+    eng = _start(g, "reduce_scatter_tensor", "reduce", inp.nbytes, inp, rop, -1, (out, inp),
+                 inp)
+    if eng is None:
+        return PASS
+    segs = _pieces(_flat(inp, False)[0], p)
+    return _execute(g, eng, lambda: _scatter_core(eng, out, segs, red), [output], async_op)
+
+
+def reduce_scatter(g: Any, output: Any, out: Any, input_list: Any, op: Any,
+                   async_op: bool) -> Any:
+    p = g.size_
+    ins = _same_list(input_list, out, p)
+    if ins is None or not out.flags.writeable or not out.size:
+        return PASS
+    rop, red = _reducer(op, out.dtype, p)
+    if red is None:
+        return PASS
+    eng = _start(g, "reduce_scatter", "reduce", out.nbytes * p, out, rop, -1, (out, ins), out)
+    if eng is None:
+        return PASS
+    segs = [_flat(x, False)[0] for x in ins]
+    return _execute(g, eng, lambda: _scatter_core(eng, out, segs, red), [output], async_op)
+
+
+def _pieces(flat: np.ndarray, p: int) -> List[np.ndarray]:
+    """``flat`` cut into ``p`` equal consecutive pieces (views)."""
+    m = flat.size // p
+    return [flat[r * m:(r + 1) * m] for r in range(p)]
+
+
+def _same_list(lst: Any, ref: np.ndarray, p: int) -> Optional[List[np.ndarray]]:
+    """The NumPy arrays of a list of ``p`` tensors of ``ref``'s shape and dtype, else None
+    (the MPI path says what is wrong)."""
+    if not isinstance(lst, (list, tuple)) or len(lst) != p:
+        return None
+    arrs = [getattr(x, "_data", x) for x in lst]
+    for a in arrs:
+        if type(a) is not np.ndarray or a.dtype != ref.dtype or a.shape != ref.shape:
+            return None
+    return arrs
+
+
+def _scatter_core(eng: Engine, out: np.ndarray, segs: List[np.ndarray], red: Reducer) -> None:
+    """Reduce-scatter: member r's ``out`` is the reduction of every member's ``segs[r]``."""
+    p, me, dt = eng.p, eng.me, out.dtype
+    dest, back = _flat(out, True)
+    if any(np.may_share_memory(dest, s) for s in segs):
+        segs = [s.copy() for s in segs]  # the in-place idiom: out is one of the pieces
+    m = dest.size
+    ce = eng.chunk // (p * dt.itemsize)
+
+    def fill(k: int, st: int) -> None:
+        lo, hi = k * ce, min(m, k * ce + ce)
+        for r in range(p):
+            if r != me:
+                eng.typed(st, me, dt, r * ce, r * ce + hi - lo)[...] = segs[r][lo:hi]
+
+    def work(k: int, st: int) -> None:
+        lo, hi = k * ce, min(m, k * ce + ce)
+        L = hi - lo
+        red.into(dest[lo:hi], [segs[me][lo:hi] if r == me else
+                               eng.typed(st, r, dt, me * ce, me * ce + L) for r in range(p)])
+
+    eng.run(-(-m // ce), fill, work, None, eng.everyone)
+    if back is not None:
+        back()
+
+
+def all_gather_into_tensor(g: Any, output: Any, out: np.ndarray, inp: np.ndarray,
+                           async_op: bool) -> Any:
+    p = g.size_
+    if (type(inp) is not np.ndarray or inp.dtype != out.dtype or out.size != inp.size * p
+            or not out.flags.writeable or not inp.size or inp.dtype not in B.MOVE_TYPES):
+        return PASS
+    eng = _start(g, "all_gather_into_tensor", "move", out.nbytes, inp, None, -1, (out, inp),
+                 inp)
+    if eng is None:
+        return PASS
+    dest, back = _flat(out, True)
+    outs = _pieces(dest, p)
+    return _execute(g, eng, lambda: _gather_core(eng, inp, outs, back), [output], async_op)
+
+
+def all_gather(g: Any, tensor_list: Any, tensor: Any, arr: np.ndarray, async_op: bool) -> Any:
+    p = g.size_
+    outs = _same_list(tensor_list, arr, p)
+    if (outs is None or not arr.size or arr.dtype not in B.MOVE_TYPES
+            or not all(o.flags.writeable for o in outs)):
+        return PASS
+    eng = _start(g, "all_gather", "move", arr.nbytes * p, arr, None, -1, (outs, arr), arr)
+    if eng is None:
+        return PASS
+    flats, backs = zip(*(_flat(o, True) for o in outs))
+    back = _chain([b for b in backs if b is not None])
+    return _execute(g, eng, lambda: _gather_core(eng, arr, list(flats), back),
+                    list(tensor_list), async_op)
+
+
+def _chain(steps: list) -> Optional[Callable[[], None]]:
+    if not steps:
+        return None
+
+    def run() -> None:
+        for step in steps:
+            step()
+
+    return run
+
+
+def _gather_core(eng: Engine, inp: np.ndarray, outs: List[np.ndarray],
+                 back: Optional[Callable[[], None]]) -> None:
+    """All-gather: every member's ``outs[r]`` (flat) receives member r's ``inp``."""
+    p, me = eng.p, eng.me
+    src = _flat(inp, False)[0]
+    if any(np.may_share_memory(src, o) for o in outs):
+        if not (src.__array_interface__ == outs[me].__array_interface__):
+            src = src.copy()  # overlaps another member's place: read before it is written
+    src, outs = src.view(np.uint8), [o.view(np.uint8) for o in outs]
+    m, u8 = src.size, src.dtype
+    ce = eng.chunk
+
+    def fill(k: int, st: int) -> None:
+        lo, hi = k * ce, min(m, k * ce + ce)
+        eng.typed(st, me, u8, 0, hi - lo)[...] = src[lo:hi]
+        if outs[me] is not src:
+            outs[me][lo:hi] = src[lo:hi]
+
+    def drain(k: int, st: int) -> None:
+        lo, hi = k * ce, min(m, k * ce + ce)
+        for r in range(p):
+            if r != me:
+                outs[r][lo:hi] = eng.typed(st, r, u8, 0, hi - lo)
+
+    eng.run(-(-m // ce), fill, None, drain, eng.everyone)
+    if back is not None:
+        back()
+
+
+def broadcast(g: Any, tensor: Any, arr: np.ndarray, src: Any, async_op: bool,
+              group_src: Any) -> Any:
+    try:
+        root = g.resolve_peer(src, group_src, "src", "")
+    except (ValueError, TypeError):
+        return PASS
+    mine = root == g.rank_
+    if not arr.size or arr.dtype not in B.MOVE_TYPES or not (mine or arr.flags.writeable):
+        return PASS
+    eng = _start(g, "broadcast", "move", arr.nbytes, arr, None, g.ranks[root], arr, arr)
+    if eng is None:
+        return PASS
+    buf, back = _flat(arr, not mine)
+    return _execute(g, eng, lambda: _bcast_core(eng, buf, root, back), [tensor], async_op)
+
+
+def _bcast_core(eng: Engine, buf: np.ndarray, root: int,
+                back: Optional[Callable[[], None]]) -> None:
+    me = eng.me
+    raw = buf.view(np.uint8)
+    m, u8, ce = raw.size, raw.dtype, eng.chunk
+
+    def fill(k: int, st: int) -> None:
+        lo, hi = k * ce, min(m, k * ce + ce)
+        eng.typed(st, root, u8, 0, hi - lo)[...] = raw[lo:hi]
+
+    def drain(k: int, st: int) -> None:
+        lo, hi = k * ce, min(m, k * ce + ce)
+        raw[lo:hi] = eng.typed(st, root, u8, 0, hi - lo)
+
+    eng.run(-(-m // ce), fill if me == root else None, None, drain if me != root else None,
+            (root,))
+    if back is not None:
+        back()
+
+
+# ---------------------------------------------------------------------------- making the engine
+def _exchange(h: Any, v: np.ndarray, mop: Any, s: int, op: str) -> None:
+    """An in-place reduction of ``v`` over the group's private communicator, waited for as
+    any collective (timeout, fault notices, the agreement slots' mismatch check)."""
+    mt = MPI.INT64_T if v.dtype == np.int64 else MPI.DOUBLE
+    req = h.diag.Iallreduce(MPI.IN_PLACE, [v, mt], mop)
+    W.wait(h, req, f"{op} (shared-memory setup)", s)
+
+
+def _setup(g: Any, s: int, op: str) -> Any:
+    """Collective: the group's Engine, or False on every member where it cannot have one."""
+    h = g.health
+    size = P.segment_bytes(g.size_, P.CHUNK)
+    path = _shm.create(_PREFIX, size) if g.rank_ == 0 and _shm.usable() else None
+    mm = None
+    try:
+        v = np.zeros(5, np.int64)
+        if path is not None:
+            v[:4] = np.frombuffer(os.path.basename(path)[-32:].encode(), np.int64)
+            v[4] = 1
+        _exchange(h, v, MPI.MAX, s, op)
+        local = h.diag.Split_type(MPI.COMM_TYPE_SHARED)  # every member has arrived: no hang
+        whole = local.Get_size() == g.size_
+        local.Free()
+        if v[4] and whole:
+            name = _PREFIX + v[:4].tobytes().decode("ascii", "replace")
+            mm = _shm.attach(os.path.join(_shm.DIR, name), size)
+        ok = np.array([int(mm is not None)], np.int64)
+        _exchange(h, ok, MPI.MIN, s, op)
+    finally:
+        if path is not None:
+            _shm.remove(path)
+    if not ok[0]:
+        if mm is not None:
+            mm.close()
+        return False
+    eng = Engine(g, mm, P.CHUNK)
+    eng.op, eng.seq = op, s
+    if g.shm_min <= 1:  # "on": always
+        eng.thresholds = {"reduce": 0, "move": 0}
+    else:
+        eng.thresholds = _calibrate(eng, g, s, op)
+    return eng
+
+
+def _timed(fn: Callable[[], None], reps: int = 3) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
+    """The group's thresholds, measured: per kind ("reduce", "move"), the size from which the
+    engine's fitted time is at most _MARGIN of MPI's (OFF_BYTES: never), at least FLOOR.
+    Every member measures the same calls together; the slowest member's times decide."""
+    h = g.health
+    label = f"{op} (shared-memory calibration)"
+    t = np.zeros(8)
+    for i, nbytes in enumerate(_CAL_BYTES):
+        t[[i, 2 + i, 4 + i, 6 + i]] = _measure(eng, h, s, label, nbytes)
+    _exchange(h, t, MPI.MAX, s, op)
+    out = {}
+    for kind, k in (("reduce", 0), ("move", 4)):
+        out[kind] = _crossing(t[k:k + 2], t[k + 2:k + 4])
+    return out
+
+
+def _measure(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> list:
+    """Seconds of an all-reduce of ``nbytes`` (float32) through the engine and through MPI,
+    then of an all-gather into ``nbytes``, through each (best of a few, after a warm-up)."""
+    p, diag = eng.p, h.diag
+    n = nbytes // 4 // p * p
+    buf = np.ones(n, np.float32)
+    outs = _pieces(buf, p)
+    red = _reducer(ReduceOp.SUM, buf.dtype, p)[1]
+
+    def mpi_reduce() -> None:
+        W.wait(h, diag.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], MPI.SUM), label, s)
+
+    def mpi_gather() -> None:
+        W.wait(h, diag.Iallgather(MPI.IN_PLACE, [buf, MPI.FLOAT]), label, s)
+
+    times = []
+    for fn in (lambda: _reduce_core(eng, buf, red, -1, None), mpi_reduce,
+               lambda: _gather_core(eng, outs[0], outs, None), mpi_gather):
+        fn()  # warm: first touch of the slots, MPI's first use of this size
+        times.append(_timed(fn))
+    return times
+
+
+def _crossing(engine: np.ndarray, mpi: np.ndarray) -> int:
+    """The size from which the line through ``engine``'s two times (at _CAL_BYTES) lies at
+    most _MARGIN of MPI's line; OFF_BYTES where it never does."""
+    x1, span = _CAL_BYTES[0], _CAL_BYTES[1] - _CAL_BYTES[0]
+    be, bm = (engine[1] - engine[0]) / span, (mpi[1] - mpi[0]) / span
+    ae, am = engine[0] - be * x1, mpi[0] - bm * x1
+    slope = _MARGIN * bm - be
+    if slope <= 0:  # MPI gains per byte: past some size it is faster for good
+        return OFF_BYTES
+    return int(max(FLOOR, (ae - _MARGIN * am) / slope))

@@ -1,0 +1,215 @@
+"""The shared-memory engine of node-local collectives: one segment per group, a chunk pipeline.
+
+The segment (made once per group by ``shm_coll``) holds a control line per member (the steps
+it has finished: data in, share reduced, data out; and its process id) and, after it, two
+*sets* of one slot per member, :data:`CHUNK` bytes each. A collective moves its buffer through
+the slots chunk by chunk; chunk ``k`` uses set ``k & 1``, so while the members reduce chunk
+``k`` out of one set a member that is done may already copy chunk ``k + 1`` into the other.
+Every step is numbered for the life of the group (``Engine.step``): a member publishes the
+number of the chunk it finished each phase for, and a member waits for its peers' numbers, so
+one word per phase and member is all the synchronisation there is.
+
+A chunk goes through up to three phases, each on every member at once:
+
+* **fill**: a member copies what its peers need of its buffer into its own slot (for a
+  reduction, every part of the chunk but the one it reduces itself: that part it reads where
+  it lies);
+* **work**: member ``r`` reduces part ``r`` of the chunk over every member's contribution, in
+  rank order (``x0 op x1 op ... op x(p-1)``: the same operations on every member, so the
+  result is bitwise the same everywhere and equals that fixed-order reduction), into the part
+  of its own slot it left empty, and copies that into its own buffer;
+* **drain**: a member copies the parts its peers produced (or, for gathers and broadcasts,
+  their data) out of their slots into its buffer.
+
+Before writing into a set a member waits until every member has drained the chunk that last
+used it. x86-64 keeps stores in program order, so a step number published after the data is
+never seen before the data (the segment is only made there, see ``shm.usable``).
+
+Waits are the watchdog's (:func:`watchdog.wait`): the group's timeout, its fault notices (a
+peer that raised, left or broke the group), stall reports; in addition a member that waits
+looks now and then whether a peer's process is still alive (its id is in its control line),
+so a peer killed mid-collective ends every wait with :class:`PeerFailedError` instead of the
+timeout.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any, Callable, List, Optional, Sequence
+
+import numpy as np
+
+from ...health import faults as _faults
+from ...health import watchdog as W
+
+CHUNK = 1 << 20  # bytes per member and set (a test may make it smaller: shm_coll.set_chunk)
+_LINE = 8  # int64 words per member's control line (a cache line)
+IN, RED, OUT, PID = 0, 1, 2, 3
+_ALIVE_EVERY = 512  # tests of a wait between looks at the peers' processes
+
+
+def control_bytes(size: int) -> int:
+    """Bytes before the slots: one control line per member, rounded to a page."""
+    return -(-(size * _LINE * 8) // 4096) * 4096
+
+
+def segment_bytes(size: int, chunk: int) -> int:
+    return control_bytes(size) + 2 * size * chunk
+
+
+def bounds(n: int, parts: int) -> List[int]:
+    """Where ``n`` elements split into ``parts`` near-equal parts (the first ``n % parts`` one
+    longer): ``parts + 1`` offsets, the same on every member."""
+    q, r = divmod(n, parts)
+    return [i * q + min(i, r) for i in range(parts + 1)]
+
+
+class _Steps:
+    """A wait for every member in ``ranks`` to have published step ``t`` (or later) in word
+    ``w``, as an MPI request (``Test``); it looks whether the members are alive now and then."""
+
+    __slots__ = ("eng", "w", "t", "ranks", "tests")
+
+    def __init__(self, eng: "Engine", w: int, t: int, ranks: Sequence[int]) -> None:
+        self.eng, self.w, self.t, self.ranks, self.tests = eng, w, t, ranks, 0
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI's request protocol
+        q, w, t = self.eng.q, self.w, self.t
+        for r in self.ranks:
+            if q[r * _LINE + w] < t:
+                self.tests += 1
+                if not self.tests % _ALIVE_EVERY:
+                    self.eng.check_alive(r)
+                return False
+        return True
+
+
+class Engine:
+    """One group's segment and its pipeline (see the module docstring)."""
+
+    def __init__(self, g: Any, mm: mmap.mmap, chunk: int) -> None:
+        self.g, self.h, self.mm, self.chunk = g, g.health, mm, chunk
+        self.p, self.me = g.size_, g.rank_
+        self.q = memoryview(mm).cast("q")
+        self.everyone = tuple(range(self.p))
+        base = control_bytes(self.p)
+        raw = np.frombuffer(mm, np.uint8)
+        self.slots = [[raw[base + (s * self.p + r) * chunk:base + (s * self.p + r + 1) * chunk]
+                       for r in range(self.p)] for s in (0, 1)]
+        self.step = 0
+        self.op, self.seq = "collective", 0  # the call in progress, for the waits' reports
+        self.q[self.me * _LINE + PID] = os.getpid()
+        self.thresholds: dict = {}  # kind -> bytes from which the engine pays (shm_coll)
+
+    def close(self) -> None:
+        q, self.q = self.q, None
+        self.slots = []
+        if q is not None:
+            q.release()
+            self.mm.close()
+
+    # ------------------------------------------------------------------ synchronisation
+    def publish(self, w: int, t: int) -> None:
+        self.q[self.me * _LINE + w] = t
+
+    def wait(self, w: int, t: int, ranks: Sequence[int]) -> None:
+        q = self.q
+        for r in ranks:
+            if q[r * _LINE + w] < t:
+                W.wait(self.h, _Steps(self, w, t, ranks), self.op, self.seq)
+                return
+
+    def check_alive(self, r: int) -> None:
+        """Raise PeerFailedError (and break the group) if member ``r``'s process is gone."""
+        pid = self.q[r * _LINE + PID]
+        if pid <= 0:
+            return
+        try:
+            os.kill(pid, 0)
+            return
+        except ProcessLookupError:
+            pass
+        except OSError:  # another user's process (EPERM): it exists
+            return
+        h = self.h
+        story = _faults.Story(h.ranks[r], self.op, self.seq,
+                              f"its process (pid {pid}) ended while this rank waited for it "
+                              "in a collective through shared memory")
+        _faults.mark_broken(h, story)
+        raise _faults.error(h, story, self.op, self.seq, waiting=True)
+
+    # ------------------------------------------------------------------ the pipeline
+    def run(self, chunks: int, fill: Optional[Callable[[int, int], None]],
+            work: Optional[Callable[[int, int], None]],
+            drain: Optional[Callable[[int, int], None]],
+            fillers: Sequence[int]) -> None:
+        """Move ``chunks`` chunks through the slots: ``fill(k, set)``, ``work(k, set)`` and
+        ``drain(k, set)`` are this member's part of each phase of chunk ``k`` (None: it has
+        none); ``fillers`` are the members whose fill the others wait for."""
+        if chunks <= 0:
+            return
+        everyone = self.everyone
+        t0 = self.step
+        self.step = t0 + chunks
+        self.wait(OUT, t0 - 1, everyone)  # the set of chunk t0 + 1 was drained by everyone
+        if fill is not None:
+            fill(0, (t0 + 1) & 1)
+        self.publish(IN, t0 + 1)
+        for k in range(chunks):
+            t = t0 + 1 + k
+            st = t & 1
+            if work is not None:
+                self.wait(IN, t, fillers)
+                work(k, st)
+                self.publish(RED, t)
+            if k + 1 < chunks:
+                self.wait(OUT, t - 1, everyone)
+                if fill is not None:
+                    fill(k + 1, st ^ 1)
+                self.publish(IN, t + 1)
+            if drain is not None:
+                if work is not None:
+                    self.wait(RED, t, everyone)
+                else:
+                    self.wait(IN, t, fillers)
+                drain(k, st)
+            self.publish(OUT, t)
+
+    def typed(self, st: int, r: int, dtype: np.dtype, start: int, stop: int) -> np.ndarray:
+        """Member ``r``'s slot of set ``st`` as ``dtype`` elements ``[start, stop)``."""
+        i = dtype.itemsize
+        return self.slots[st][r][start * i:stop * i].view(dtype)
+
+
+class Reducer:
+    """Reduces equal-length pieces in rank order with one op (see ``shm_coll.kernel``):
+    ``into(out, sources)`` writes ``s0 op s1 op ... op s(p-1)`` into ``out``."""
+
+    __slots__ = ("ufunc", "wide", "divide", "view")
+
+    def __init__(self, ufunc: Any, wide: Optional[np.dtype], divide: int,
+                 view: Optional[np.dtype]) -> None:
+        self.ufunc, self.wide, self.divide, self.view = ufunc, wide, divide, view
+
+    def into(self, out: np.ndarray, sources: List[np.ndarray]) -> None:
+        if self.view is not None:
+            out = out.view(self.view)
+            sources = [s.view(self.view) for s in sources]
+        f = self.ufunc
+        if self.wide is None:
+            f(sources[0], sources[1], out=out)
+            for s in sources[2:]:
+                f(out, s, out=out)
+            if self.divide:
+                np.divide(out, self.divide, out=out)
+            return
+        acc = sources[0].astype(self.wide)
+        tmp = np.empty_like(acc)
+        for s in sources[1:]:
+            np.copyto(tmp, s, casting="unsafe")
+            f(acc, tmp, out=acc)
+        if self.divide:
+            np.divide(acc, self.divide, out=acc)
+        np.copyto(out, acc, casting="unsafe")
+
