@@ -91,6 +91,21 @@ class _JoinState:
         self.xp = xp
 
 
+def _mesh_group(module: Module, process_group: Any, device_mesh: Any) -> Any:
+    """The group of a 1-D ``device_mesh``, with ``module``'s DTensor parameters (tensor
+    parallel over another mesh dimension) turned into local pieces for DDP."""
+    from mpitensor.distributed.tensor.parallel import ddp as _tp_ddp
+
+    if process_group is not None:
+        raise ValueError("DistributedDataParallel: give process_group or device_mesh, not both")
+    if getattr(device_mesh, "ndim", None) != 1:
+        raise ValueError(f"DistributedDataParallel: device_mesh must be a 1-D DeviceMesh (e.g. "
+                         f"mesh['dp']), got {device_mesh!r}")
+    _tp_ddp.check_meshes_apart(module, device_mesh)
+    _tp_ddp._pre_dp_module_transform(module)
+    return device_mesh.get_group(0)
+
+
 class DistributedDataParallel(Module, Joinable):
     """Data parallelism at the module level, with ``torch.nn.parallel.DistributedDataParallel``'s
     interface and semantics.
@@ -152,6 +167,11 @@ class DistributedDataParallel(Module, Joinable):
             bucket's all-reduce as soon as it is ready during backward; ``False`` launches all
             of them only when backward has finished (for measuring what overlap buys).
         check_reduction: accepted for compatibility (deprecated in torch); unused.
+        device_mesh: a 1-D DeviceMesh to average over, in place of ``process_group``
+            (keyword-only here). A module made tensor-parallel over another mesh dimension
+            (``parallelize_module(model, mesh["tp"], ...)``, then ``device_mesh=mesh["dp"]``)
+            has its DTensor parameters handed to DDP as their local pieces, wrapped back into
+            DTensors around each forward, as torch's 2-D (TP + DDP) recipe.
 
     Attributes:
         module: the wrapped module.
@@ -201,6 +221,7 @@ class DistributedDataParallel(Module, Joinable):
         *,
         forward_sync_buffers: Optional[bool] = None,
         overlap: bool = True,
+        device_mesh: Any = None,
     ) -> None:
         super().__init__()
         self._join_config = _NO_JOIN  # set by an algorithms.join.Join around the loop
@@ -209,6 +230,8 @@ class DistributedDataParallel(Module, Joinable):
         cap = self._checked_options(module, bucket_cap_mb, dim, broadcast_buffers,
                                     find_unused_parameters, gradient_as_bucket_view,
                                     static_graph, overlap, init_sync, forward_sync_buffers)
+        if device_mesh is not None:
+            process_group = _mesh_group(module, process_group, device_mesh)
         pg = member_group(process_group, "DistributedDataParallel")
         params = self._trainable(module, device_ids)
         init_buffers = self._set_options(module, pg, device_ids, output_device, dim, cap,
