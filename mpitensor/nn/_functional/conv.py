@@ -467,15 +467,9 @@ def _conv_transpose_nd(fname: str, nd: int, input: Any, weight: Any, bias: Any, 
     return _reshape(out, tuple(out.shape[1:])) if unbatched else out
 
 
-def conv1d(
-    input: Any,  # noqa: A002 - torch's name
-    weight: Any,
-    bias: Any = None,
-    stride: Union[int, tuple] = 1,
-    padding: Union[int, tuple, str] = 0,
-    dilation: Union[int, tuple] = 1,
-    groups: int = 1,
-) -> Tensor:
+def conv1d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - torch's name
+           stride: Union[int, tuple] = 1, padding: Union[int, tuple, str] = 0,
+           dilation: Union[int, tuple] = 1, groups: int = 1) -> Tensor:
     """1-D cross-correlation, as ``torch.nn.functional.conv1d`` (conv2d's kernels at height 1).
 
     Args:
@@ -530,15 +524,9 @@ def conv_tbc(input: Any, weight: Any, bias: Any, pad: int = 0) -> Tensor:  # noq
     return y.permute(2, 0, 1)
 
 
-def conv3d(
-    input: Any,  # noqa: A002 - torch's name
-    weight: Any,
-    bias: Any = None,
-    stride: Union[int, tuple] = 1,
-    padding: Union[int, tuple, str] = 0,
-    dilation: Union[int, tuple] = 1,
-    groups: int = 1,
-) -> Tensor:
+def conv3d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - torch's name
+           stride: Union[int, tuple] = 1, padding: Union[int, tuple, str] = 0,
+           dilation: Union[int, tuple] = 1, groups: int = 1) -> Tensor:
     """3-D cross-correlation, as ``torch.nn.functional.conv3d``: im2col + one product a group.
 
     Args:
@@ -563,16 +551,10 @@ def conv3d(
     return _conv_nd("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
 
 
-def conv_transpose1d(
-    input: Any,  # noqa: A002 - torch's name
-    weight: Any,
-    bias: Any = None,
-    stride: Union[int, tuple] = 1,
-    padding: Union[int, tuple] = 0,
-    output_padding: Union[int, tuple] = 0,
-    groups: int = 1,
-    dilation: Union[int, tuple] = 1,
-) -> Tensor:
+def conv_transpose1d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - torch's name
+                     stride: Union[int, tuple] = 1, padding: Union[int, tuple] = 0,
+                     output_padding: Union[int, tuple] = 0, groups: int = 1,
+                     dilation: Union[int, tuple] = 1) -> Tensor:
     """1-D transposed convolution, as ``torch.nn.functional.conv_transpose1d``: the input
     gradient of :func:`conv1d` with the same weight and geometry.
 
@@ -604,16 +586,10 @@ def conv_transpose1d(
                               output_padding, groups, dilation)
 
 
-def conv_transpose2d(
-    input: Any,  # noqa: A002 - torch's name
-    weight: Any,
-    bias: Any = None,
-    stride: Union[int, tuple] = 1,
-    padding: Union[int, tuple] = 0,
-    output_padding: Union[int, tuple] = 0,
-    groups: int = 1,
-    dilation: Union[int, tuple] = 1,
-) -> Tensor:
+def conv_transpose2d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - torch's name
+                     stride: Union[int, tuple] = 1, padding: Union[int, tuple] = 0,
+                     output_padding: Union[int, tuple] = 0, groups: int = 1,
+                     dilation: Union[int, tuple] = 1) -> Tensor:
     """2-D transposed convolution, as ``torch.nn.functional.conv_transpose2d`` (conv2d's
     input gradient: col2im of one product per group).
 
@@ -632,23 +608,19 @@ def conv_transpose2d(
 
     Example:
         >>> import mpitensor as mt
-        >>> conv_transpose2d(mt.ones(1, 8, 4, 4), mt.ones(8, 3, 4, 4), stride=2, padding=1).shape
+        >>> y = conv_transpose2d(mt.ones(1, 8, 4, 4), mt.ones(8, 3, 3, 3), stride=2, padding=1,
+        ...                      output_padding=1)
+        >>> y.shape  # (4 - 1) * 2 - 2 * 1 + (3 - 1) + 1 + 1 = 8
         mpitensor.Size([1, 3, 8, 8])
     """
     return _conv_transpose_nd("conv_transpose2d", 2, input, weight, bias, stride, padding,
                               output_padding, groups, dilation)
 
 
-def conv_transpose3d(
-    input: Any,  # noqa: A002 - torch's name
-    weight: Any,
-    bias: Any = None,
-    stride: Union[int, tuple] = 1,
-    padding: Union[int, tuple] = 0,
-    output_padding: Union[int, tuple] = 0,
-    groups: int = 1,
-    dilation: Union[int, tuple] = 1,
-) -> Tensor:
+def conv_transpose3d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - torch's name
+                     stride: Union[int, tuple] = 1, padding: Union[int, tuple] = 0,
+                     output_padding: Union[int, tuple] = 0, groups: int = 1,
+                     dilation: Union[int, tuple] = 1) -> Tensor:
     """3-D transposed convolution, as ``torch.nn.functional.conv_transpose3d``.
 
     Args:
@@ -665,8 +637,8 @@ def conv_transpose3d(
 
     Example:
         >>> import mpitensor as mt
-        >>> conv_transpose3d(mt.ones(1, 2, 2, 2, 2), mt.ones(2, 1, 3, 3, 3)).shape
-        mpitensor.Size([1, 1, 4, 4, 4])
+        >>> conv_transpose3d(mt.ones(1, 2, 2, 2, 2), mt.ones(2, 1, 3, 3, 3), stride=2).shape
+        mpitensor.Size([1, 1, 5, 5, 5])
     """
     return _conv_transpose_nd("conv_transpose3d", 3, input, weight, bias, stride, padding,
                               output_padding, groups, dilation)
