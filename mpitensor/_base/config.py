@@ -203,6 +203,11 @@ ENV_SHM_COLLECTIVES = _declare(
     "collectives of NumPy arrays on a group whose ranks share one node go through one shared "
     "segment where the group's measured cost model says it pays (`on`: whenever possible, "
     "`off`: always MPI)")
+ENV_HIERARCHICAL = _declare(
+    "MPITENSOR_HIERARCHICAL", "choice: auto, on, off", "auto", "each group's first all_reduce",
+    "all_reduce on a group that spans nodes: within each node, across nodes on 1/ranks-per-node "
+    "of the data, within each node again, where a cost model measured then says it pays (`on`: "
+    "always there, `off`: flat MPI; set alike on every rank)")
 ENV_RENDEZVOUS = _declare(
     "MPITENSOR_RENDEZVOUS", "choice: auto, pmi, connect", "auto", "each `init_process_group`",
     "how processes that no MPI launcher started are joined into one MPI job")
@@ -278,6 +283,11 @@ def shm_collectives() -> str:
     """``MPITENSOR_SHM_COLLECTIVES`` as ``"auto"``, ``"on"`` or ``"off"`` (ValueError
     otherwise)."""
     return env_choice(ENV_SHM_COLLECTIVES, ("AUTO", "ON", "OFF"), "AUTO").lower()
+
+
+def hierarchical() -> str:
+    """``MPITENSOR_HIERARCHICAL`` as ``"auto"``, ``"on"`` or ``"off"`` (ValueError otherwise)."""
+    return env_choice(ENV_HIERARCHICAL, ("AUTO", "ON", "OFF"), "AUTO").lower()
 
 
 def rendezvous_mode(modes: "tuple[str, ...]" = ("AUTO", "PMI", "CONNECT")) -> str:

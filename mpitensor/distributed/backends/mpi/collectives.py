@@ -25,6 +25,7 @@ from ...health import watchdog as W
 from ...health.state import MASK as _MASK
 from ...process_group import ReduceOp, Work
 from . import buffers as B
+from . import hierarchical as _hier
 from . import shm_coll as _shmc
 
 _IN_PLACE = MPI.IN_PLACE
@@ -97,6 +98,10 @@ class Collectives:
     shm_min: int = OFF_BYTES
     shm: Any = None
 
+    # all_reduce across nodes (hierarchical.py): PENDING until the first all_reduce finds
+    # out whether the group spans nodes; then its Hierarchy, or None (always flat)
+    hier: Any = _hier.PENDING
+
     def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Optional[Work]:
         arr = tensor._data if type(tensor) is Tensor else tensor
         if type(arr) is np.ndarray and arr.nbytes >= self.shm_min:
@@ -108,6 +113,9 @@ class Collectives:
             if fast is not None:
                 flags = arr.flags
                 if flags.c_contiguous and flags.writeable:
+                    if self.hier is not None and _hier.takes(self, arr):
+                        self._fast_count("all_reduce", arr)
+                        return _hier.all_reduce(self, tensor, arr, None, op, async_op)
                     s = self._fast_count("all_reduce", arr)
                     chk = self._fp_first(s, "all_reduce", arr, op, -1, arr)
                     req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
@@ -175,6 +183,9 @@ class Collectives:
         arr, plan = self._maybe_debug(
             where, lambda: self._shaped_sig("all_reduce", tensor, "tensor", where, reduce=str(op)),
             prepare)
+        if (self.hier is not None and _fast_op(plan_op := B.coerce_op(op, where), arr.dtype)
+                and _hier.takes(self, arr)):
+            return _hier.all_reduce(self, tensor, *_hier.staged(arr), plan_op, async_op)
         spec, finish = self._reduced_into(arr, plan)
         comm, mop = self.comm, plan.mpi_op
         return self._run(where, lambda: comm.Iallreduce(_IN_PLACE, spec, mop), finish, async_op,

@@ -28,6 +28,7 @@ from ...health import fingerprint as _fp
 from ...health import watchdog as W
 from ...health.state import MASK as _MASK
 from ...process_group import COMM_NAME, ProcessGroup, Work
+from . import hierarchical as _hier
 from . import shm_coll as _shmc
 from .collectives import Collectives
 from .objects import ObjectCollectives
@@ -358,6 +359,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
 
     def free(self) -> None:
         _shmc.free(self)  # its collectives' segment, if it made one
+        _hier.free(self)  # its node and cross-node sub-groups, if it made them
         h = self.health
         if h.fp_pool is not None:
             h.fp_pool.free()

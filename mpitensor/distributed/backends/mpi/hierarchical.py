@@ -1,0 +1,250 @@
+"""Hierarchical all_reduce for MPI groups whose ranks span several nodes.
+
+A flat all-reduce sends each rank's data over the network as if every rank had a link of its
+own. Where ``p`` ranks share a node they share its link, and MPI's algorithms can send up to
+``p`` times the bytes the node needs to: recursive doubling (small messages) sends each rank's
+whole buffer to a partner on another node at one of its steps, and so does recursive halving
+(large messages) as soon as the ranks are not numbered node by node (round-robin placement, a
+sub-group). Here, as in NCCL's and Horovod's hierarchical all-reduce, a call of ``N`` bytes on
+``m`` nodes of ``p`` ranks each runs in three steps:
+
+1. *within each node*, a reduce-scatter: local rank ``k`` gets the node's reduction of the
+   ``k``-th ``1/p`` of the buffer (``reduce_scatter_tensor`` on the node's sub-group, so that
+   a shared-memory path for groups on one node, where there is one, is taken);
+2. *across nodes*, local rank ``k`` of every node all-reduces its piece with the other nodes'
+   rank ``k`` (``all_reduce`` on the sub-group of the ranks with that local rank): ``p``
+   all-reduces of ``N/p`` bytes side by side, so a node's link carries what one rank's ``N``
+   bytes need, and every rank does ``1/p`` of the cross-node arithmetic;
+3. *within each node*, an all-gather of the ``p`` reduced pieces into every rank's buffer.
+
+Why not one leader per node: the leader's reduce and broadcast move all ``N`` bytes through
+one rank while the others wait, and the leader alone reduces across nodes. The split above
+sends the same bytes across nodes and shares the traffic and the arithmetic. A group whose
+nodes hold different numbers of its ranks uses the leader scheme (node ``reduce`` to local
+rank 0, the leaders' ``all_reduce``, node ``broadcast``), where the pieces would not line up.
+The last ``size % p`` elements, too few to split, are reduced flat.
+
+Results are bitwise identical on every rank: each element is reduced within its node on one
+rank and across nodes in one all-reduce (whose members MPICH gives the same bits), then
+copied. They equal the flat path's result up to the re-association of the reduction: exactly
+for integers, within the rounding of the ``n - 1`` additions for floats.
+
+When: the sub-groups are made lazily, at the group's first ``all_reduce`` whose dtype and op
+MPI reduces as they are (no AVG, no half-precision upcast: those stay flat), and freed with
+the group. Where the group lies on one node, or no node holds two of its ranks, nothing more
+is made and every call is flat. Else the path is chosen per call by a cost model measured
+then: both paths are timed, collectively, at two sizes; every rank takes the slowest rank's
+times, models each path as ``a + b * bytes`` and goes hierarchical from the size where that
+path's modelled time is the lower. The crossover is the same on every rank, and so is a
+call's size, so every rank takes the same path. ``MPITENSOR_HIERARCHICAL``: ``auto`` (the
+model), ``on`` (always, where the group spans nodes: tests), ``off`` (flat);
+``MPITENSOR_SHM_COLLECTIVES=off`` turns it off too. Both are read at the group's first
+all_reduce and must be set alike on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import numpy as np
+
+from ...._base import config as _config
+from ....backend import array_module
+from ...health import watchdog as W
+from ...process_group import ReduceOp, _Completed
+from . import buffers as B
+
+__all__ = ["PENDING", "Hierarchy", "takes", "staged", "all_reduce", "free"]
+
+#: a group's ``hier`` before its first all_reduce has found out whether it spans nodes
+PENDING = object()
+_NEVER = 1 << 62  # a crossover no buffer reaches
+# the cost model's probe sizes (float64 elements) and timed repetitions per size
+_PROBES = (512, 1 << 17)
+_REPS = 3
+_SUM = ReduceOp.SUM
+
+
+class Hierarchy:
+    """A group's node and cross-node sub-groups, and its measured crossover."""
+
+    def __init__(self, node: Any, cross: Any, ppn: int, nodes: int, even: bool,
+                 mode: str) -> None:
+        self.node = node        # this rank's node (an MPIGroup)
+        self.cross = cross      # every node's rank with this rank's local rank (leaders only,
+        #                         where nodes hold different numbers of ranks; else None)
+        self.ppn = ppn          # ranks on this node
+        self.nodes = nodes      # nodes the group spans
+        self.even = even        # every node holds ppn ranks: the split scheme, else leaders
+        self.mode = mode
+        self.crossover = 0 if mode == "on" else _NEVER  # bytes from which to go hierarchical
+        self.model: tuple = ()  # (a_flat, b_flat, a_hier, b_hier): seconds, seconds per byte
+        self.calls = 0          # calls that took the hierarchical path
+
+    def wants(self, size: int, nbytes: int) -> bool:
+        return nbytes >= self.crossover and size >= self.ppn
+
+    def close(self) -> None:
+        for sub in (self.cross, self.node):
+            if sub is not None and not sub.destroyed:
+                sub.free()
+        self.cross = self.node = None
+
+
+def _mode() -> str:
+    """``off`` where either switch turns the node-aware paths off, else ``auto`` or ``on``."""
+    if _config.shm_collectives() == "off":
+        return "off"
+    return _config.hierarchical()
+
+
+def takes(g: Any, arr: Any) -> bool:
+    """Whether this all_reduce of ``arr`` (a dtype and op MPI reduces as they are) goes the
+    hierarchical way. Depends only on what every member agrees on (the group, the size), so
+    every member answers alike; the first call makes the sub-groups (collective)."""
+    h = g.hier
+    if h is PENDING:
+        h = g.hier = _build(g)
+    return h is not None and h.wants(arr.size, arr.nbytes)
+
+
+def _build(g: Any) -> Optional[Hierarchy]:
+    """Collective over ``g``: its Hierarchy where it spans nodes and a node holds two of its
+    ranks, else None (and nothing made)."""
+    from mpi4py import MPI
+
+    if g.size_ < 3:
+        return None  # no node can hold two ranks while another holds one
+    mode = _mode()
+    if mode == "off":
+        return None
+    comm = g.comm
+    # the constructors below block until every member calls them: meet first, timed
+    W.rendezvous(g.health, list(range(g.size_)), ("hierarchical", g.name), g.timeout,
+                 "all_reduce (finding the group's nodes)")
+    node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=g.rank_)
+    local, ppn = node_comm.Get_rank(), node_comm.Get_size()
+    first = node_comm.allreduce(g.rank_, op=MPI.MIN)  # names the node
+    layout = comm.allgather((first, ppn))
+    nodes = len({f for f, _ in layout})
+    if nodes < 2 or max(p for _, p in layout) < 2:
+        node_comm.Free()
+        return None
+    even = len({p for _, p in layout}) == 1
+    cross_comm = comm.Split(local if (even or local == 0) else MPI.UNDEFINED, key=g.rank_)
+    make = type(g)
+    node = make(node_comm, node_comm.allgather(g.global_rank), g.global_rank,
+                f"{g.name}/node{first}", g.timeout, g.debug, g.world_size)
+    cross = None
+    if cross_comm != MPI.COMM_NULL:
+        cross = make(cross_comm, cross_comm.allgather(g.global_rank), g.global_rank,
+                     f"{g.name}/local{local}", g.timeout, g.debug, g.world_size)
+    h = Hierarchy(node, cross, ppn, nodes, even, mode)
+    if mode == "auto":
+        _measure(g, h)
+    return h
+
+
+def _timed(run: Any, buf: np.ndarray) -> float:
+    run(buf)  # warm-up: first-touch pages, MPI's connections
+    best = float("inf")
+    for _ in range(_REPS):
+        t0 = time.perf_counter()
+        run(buf)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _measure(g: Any, h: Hierarchy) -> None:
+    """Time both paths at the two probe sizes (collective), fit ``a + b * bytes`` to each with
+    the slowest member's times, and set the crossover every member shares."""
+    from mpi4py import MPI
+
+    times = np.empty(4)
+    for i, n in enumerate(_PROBES):
+        buf = np.ones(n, np.float64)
+        times[i] = _timed(lambda b: _flat(g, b, _SUM), buf)
+        times[2 + i] = _timed(lambda b: _run(g, h, b, _SUM), buf)
+    req = g.comm.Iallreduce(MPI.IN_PLACE, times, MPI.MAX)
+    W.wait(g.health, req, "all_reduce (cost model)", g.seq)
+    h.model, h.crossover = _crossover(times, [8 * n for n in _PROBES])
+
+
+def _crossover(times: Any, nbytes: list) -> "tuple[tuple, int]":
+    """``((a_flat, b_flat, a_hier, b_hier), crossover in bytes)`` from the flat path's times at
+    the two sizes ``nbytes`` and the hierarchical path's (``times``: flat, flat, hier, hier)."""
+    span = nbytes[1] - nbytes[0]
+    b_f = max(0.0, (times[1] - times[0]) / span)
+    b_h = max(0.0, (times[3] - times[2]) / span)
+    a_f, a_h = times[0] - b_f * nbytes[0], times[2] - b_h * nbytes[0]
+    if a_h <= a_f and b_h <= b_f:
+        cross = 0
+    elif b_h < b_f:
+        cross = int((a_h - a_f) / (b_f - b_h)) + 1
+    else:
+        cross = _NEVER
+    return (a_f, b_f, a_h, b_h), cross
+
+
+def _run(g: Any, h: Hierarchy, buf: np.ndarray, op: Any) -> None:
+    """The three steps on ``buf``, a contiguous writable 1-D array (see the module)."""
+    node, cross = h.node, h.cross
+    if not h.even:
+        leader = node.ranks[0]
+        node.reduce(buf, dst=leader, op=op)
+        if cross is not None:  # this node's leader
+            cross.all_reduce(buf, op=op)
+        node.broadcast(buf, src=leader)
+        return
+    c = buf.size // h.ppn
+    body = buf[:c * h.ppn]
+    piece = np.empty(c, buf.dtype)
+    node.reduce_scatter_tensor(piece, body, op=op)
+    cross.all_reduce(piece, op=op)
+    node.all_gather_into_tensor(body, piece)
+    if body.size < buf.size:
+        _flat(g, buf[body.size:], op)
+
+
+def _flat(g: Any, buf: np.ndarray, op: Any) -> None:
+    """MPI's all-reduce of ``buf`` over all of ``g`` (bounded by its timeout)."""
+    from mpi4py import MPI
+
+    plan = B.reduce_plan(buf.dtype, op, "all_reduce")
+    req = g.comm.Iallreduce(MPI.IN_PLACE, [buf, plan.mpi_type], plan.mpi_op)
+    W.wait(g.health, req, "all_reduce", g.seq)
+
+
+def staged(arr: Any) -> "tuple[np.ndarray, Any]":
+    """A contiguous writable NumPy buffer holding ``arr`` (itself where it is one), and the
+    step that copies the result back into ``arr`` (None where none is needed)."""
+    if isinstance(arr, np.ndarray):
+        return B.stage_out(arr)
+    host = np.ascontiguousarray(arr.get())  # a CuPy array: reduced on the host
+
+    def write_back() -> None:
+        arr[...] = array_module(arr).asarray(host)
+
+    return host, write_back
+
+
+def all_reduce(g: Any, tensor: Any, buf: np.ndarray, finish: Any, op: Any,
+               async_op: bool) -> Any:
+    """``g``'s all_reduce of ``buf`` (contiguous and writable: the caller staged it and
+    counted the call) the hierarchical way, then ``finish`` (a staged buffer's write-back).
+    Blocking; with ``async_op`` its Work is returned complete."""
+    h = g.hier
+    _run(g, h, buf.reshape(-1), op)
+    h.calls += 1
+    if finish is not None:
+        finish()
+    return _Completed([tensor]) if async_op else None
+
+
+def free(g: Any) -> None:
+    """Free ``g``'s sub-groups, if it made any (called when ``g`` is freed)."""
+    h = g.__dict__.get("hier")
+    if isinstance(h, Hierarchy):
+        h.close()
+    g.hier = None
