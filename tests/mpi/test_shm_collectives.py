@@ -1,0 +1,254 @@
+"""Node-local collectives through shared memory (``backends/mpi/shm_coll.py``) at 1-4 ranks.
+
+Each test makes a group with ``MPITENSOR_SHM_COLLECTIVES=on`` and slots of a few KiB, so that
+every call goes through the engine (at 2+ ranks) and most buffers stream through the segment
+in several chunks; every result is compared, bitwise, with the reduction computed here in
+rank order (``x0 op x1 op ... op x(p-1)``, the order the engine promises), on every rank.
+
+Run: ``mpiexec -n N python -m pytest --with-mpi tests/mpi/test_shm_collectives.py``.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import mpitensor as mt
+import mpitensor.distributed as dist
+from mpitensor.distributed import ReduceOp
+from mpitensor.distributed.backends.mpi import shm_coll
+from mpitensor.distributed.backends.mpi.shm_pipe import Engine
+from mpitensor.errors import CollectiveMismatchError
+
+CHUNK = 4096  # bytes per slot: a buffer of more than a few KiB takes several chunks
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FLOATS = [np.float32, np.float64, np.float16, BF16, np.complex64]
+INTS = [np.int32, np.int64, np.uint8, np.int8]
+# sizes: one element, fewer than the ranks, not divisible by 2-4, more than one slot set
+SIZES = [1, 3, 1001, 5 * CHUNK + 13]
+_GROUPS: dict = {}
+
+
+@pytest.fixture
+def group(monkeypatch):
+    """A group of every rank through the engine (made once per setting: groups are kept)."""
+    def make(setting: str = "on"):
+        if setting not in _GROUPS:
+            monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", setting)
+            old = shm_coll.set_chunk(CHUNK)
+            try:
+                g = dist.new_group(list(range(dist.get_world_size())))
+                _GROUPS[setting] = g
+            finally:
+                shm_coll.set_chunk(old)
+        return _GROUPS[setting]
+    old = shm_coll.set_chunk(CHUNK)
+    yield make
+    shm_coll.set_chunk(old)
+
+
+def _data(rank: int, n: int, dtype) -> np.ndarray:
+    """Rank ``rank``'s input: values that make every op's result depend on the order."""
+    dt = np.dtype(dtype)
+    i = np.arange(n)
+    if dt == np.bool_:
+        return (i * (rank + 3)) % (rank + 2) == 0
+    if dt.kind in "iu":
+        return ((i * 7 + rank * 13) % 11 + 1).astype(dt)
+    x = np.sin(i * 0.37 + rank) * 3.3 + (rank + 1) / 7
+    if dt.kind == "c":
+        return (x + 1j * np.cos(i + rank)).astype(dt)
+    return x.astype(dt)
+
+
+_UF = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
+       ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
+       ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor}
+
+
+def _expected(pieces: list, op) -> np.ndarray:
+    """The rank-order reduction of ``pieces`` as the API defines it: bool SUM/PRODUCT are
+    or/and; float16 and bfloat16 are reduced in float32 and rounded once; AVG divides the sum
+    by the number of ranks."""
+    dt = pieces[0].dtype
+    if dt == np.bool_:
+        f = {ReduceOp.SUM: np.logical_or, ReduceOp.PRODUCT: np.logical_and,
+             ReduceOp.MIN: np.logical_and, ReduceOp.MAX: np.logical_or,
+             ReduceOp.BAND: np.logical_and, ReduceOp.BOR: np.logical_or,
+             ReduceOp.BXOR: np.logical_xor}[op]
+    else:
+        f = _UF[op]
+    half = dt in (np.dtype(np.float16), BF16)
+    acc = pieces[0].astype(np.float32) if half else pieces[0].copy()
+    for x in pieces[1:]:
+        acc = f(acc, x.astype(np.float32) if half else x)
+    if op == ReduceOp.AVG:
+        acc = acc / len(pieces)
+    return acc.astype(dt)
+
+
+def _cases():
+    for dt in FLOATS:
+        ops = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.AVG]
+        if np.dtype(dt).kind != "c":
+            ops += [ReduceOp.MIN, ReduceOp.MAX]
+        for op in ops:
+            yield dt, op
+    for dt in INTS:
+        for op in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND,
+                   ReduceOp.BOR, ReduceOp.BXOR):
+            yield dt, op
+    for op in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MAX, ReduceOp.BXOR):
+        yield np.bool_, op
+
+
+CASES = list(_cases())
+
+
+def _same(got: np.ndarray, want: np.ndarray, op=None) -> None:
+    assert got.dtype == want.dtype
+    if op == ReduceOp.PRODUCT and want.dtype.kind == "c":
+        # NumPy multiplies complex numbers with or without fused multiply-adds depending on
+        # the loop it picks for an array's length, so a product of other lengths than the
+        # test's may round differently: each of the p-1 products is within sqrt(5) eps of the
+        # exact one (normwise), twice that for the FMA form
+        p = dist.get_world_size()
+        bound = (p - 1) * 2 * np.sqrt(5) * np.finfo(want.dtype).eps * np.abs(want)
+        assert (np.abs(got - want) <= bound).all(), (got[:8], want[:8])
+        return
+    assert got.tobytes() == want.tobytes(), (got[:8], want[:8])
+
+
+def _through_engine(g) -> None:
+    if g.size() > 1:
+        assert isinstance(g.shm, Engine), "the call did not take the shared-memory engine"
+
+
+@pytest.mark.parametrize("dtype,op", CASES, ids=[f"{np.dtype(d).name}-{o.name}"
+                                                   for d, o in CASES])
+def test_all_reduce_and_reduce_match_the_rank_order(group, dtype, op):
+    g = group()
+    me, p = dist.get_rank(), dist.get_world_size()
+    for n in SIZES:
+        want = _expected([_data(r, n, dtype) for r in range(p)], op)
+        x = _data(me, n, dtype)
+        dist.all_reduce(x, op=op, group=g)
+        _same(x, want, op)
+        y = _data(me, n, dtype)
+        dist.reduce(y, dst=p - 1, op=op, group=g)
+        _same(y, want if me == p - 1 else _data(me, n, dtype), op)
+    _through_engine(g)
+
+
+@pytest.mark.parametrize("dtype,op", CASES[::3], ids=[f"{np.dtype(d).name}-{o.name}"
+                                                        for d, o in CASES[::3]])
+def test_reduce_scatter_both_forms(group, dtype, op):
+    g = group()
+    me, p = dist.get_rank(), dist.get_world_size()
+    for m in (1, 333, 3 * CHUNK + 5):
+        full = [_data(r, m * p, dtype) for r in range(p)]
+        want = _expected(full, op)[me * m:(me + 1) * m]
+        out = np.zeros(m, dtype)
+        dist.reduce_scatter_tensor(out, full[me].copy(), op=op, group=g)
+        _same(out, want, op)
+        out2 = np.zeros(m, dtype)
+        dist.reduce_scatter(out2, [full[me][r * m:(r + 1) * m].copy() for r in range(p)], op=op,
+                            group=g)
+        _same(out2, want, op)
+    _through_engine(g)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16, np.int64, np.bool_,
+                                   np.complex128, np.uint8])
+def test_all_gather_both_forms_and_broadcast(group, dtype):
+    g = group()
+    me, p = dist.get_rank(), dist.get_world_size()
+    for n in SIZES:
+        mine = _data(me, n, dtype)
+        out = np.zeros(n * p, dtype)
+        dist.all_gather_into_tensor(out, mine, group=g)
+        _same(out, np.concatenate([_data(r, n, dtype) for r in range(p)]))
+        outs = [np.zeros((n,), dtype) for _ in range(p)]
+        dist.all_gather(outs, mine, group=g)
+        for r in range(p):
+            _same(outs[r], _data(r, n, dtype))
+        b = _data(me, n, dtype)
+        dist.broadcast(b, src=p - 1, group=g)
+        _same(b, _data(p - 1, n, dtype))
+    _through_engine(g)
+
+
+def test_layouts_tensors_async_and_in_place_idioms(group):
+    g = group()
+    me, p = dist.get_rank(), dist.get_world_size()
+    n = 2 * CHUNK + 7
+    # a strided (non-contiguous) buffer: staged, written back
+    base = np.zeros((n, 2), np.float32)
+    base[:, 0] = _data(me, n, np.float32)
+    col = base[:, 0]
+    dist.all_reduce(col, group=g)
+    _same(np.ascontiguousarray(col), _expected([_data(r, n, np.float32) for r in range(p)],
+                                               ReduceOp.SUM))
+    assert not base[:, 1].any()
+    # a Tensor, async: complete on wait, the result in place
+    t = mt.tensor(_data(me, n, np.float64))
+    work = dist.all_reduce(t, op=ReduceOp.MAX, group=g, async_op=True)
+    work.wait()
+    assert work.is_completed()
+    _same(t.numpy(), _expected([_data(r, n, np.float64) for r in range(p)], ReduceOp.MAX))
+    # all_gather_into_tensor with the input as this rank's chunk of the output
+    out = np.zeros(n * p, np.int32)
+    out[me * n:(me + 1) * n] = _data(me, n, np.int32)
+    dist.all_gather_into_tensor(out, out[me * n:(me + 1) * n], group=g)
+    _same(out, np.concatenate([_data(r, n, np.int32) for r in range(p)]))
+    # reduce_scatter_tensor with the output as this rank's chunk of the input
+    full = _data(me, n * p, np.float32)
+    want = _expected([_data(r, n * p, np.float32) for r in range(p)], ReduceOp.SUM)
+    dist.reduce_scatter_tensor(full[me * n:(me + 1) * n], full, group=g)
+    _same(full[me * n:(me + 1) * n], want[me * n:(me + 1) * n])
+    # a 2-D buffer keeps its shape
+    m2 = _data(me, 6 * 7, np.int64).reshape(6, 7)
+    dist.broadcast(m2, src=0, group=g)
+    _same(m2, _data(0, 42, np.int64).reshape(6, 7))
+    _through_engine(g)
+
+
+def test_results_bitwise_equal_on_every_rank(group):
+    g = group()
+    me = dist.get_rank()
+    x = _data(me, 4 * CHUNK + 1, np.float32) * np.float32(1e3)
+    dist.all_reduce(x, group=g)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, x.tobytes())
+    assert all(e == every[0] for e in every)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("what", ["shape", "op"])
+def test_a_mismatched_call_raises_on_every_rank(group, monkeypatch, what):
+    """A rank passing another shape (or op) than its peers: the agreement check's error on
+    every rank, as on the MPI path; the group is broken, the next group works."""
+    monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", "on")
+    g = dist.new_group(list(range(dist.get_world_size())))
+    me = dist.get_rank()
+    dist.all_reduce(np.ones(100, np.float32), group=g)  # the engine is made
+    x = np.ones(100 + (me == 0 and what == "shape"), np.float32)
+    op = ReduceOp.MAX if me == 0 and what == "op" else ReduceOp.SUM
+    with pytest.raises(CollectiveMismatchError, match="disagree on the"):
+        dist.all_reduce(x, op=op, group=g)
+    dist.destroy_process_group(g)
+
+
+def test_switch_off_and_small_calls_stay_on_mpi(group):
+    g = group("off")
+    x = np.ones(100_000, np.float32)
+    dist.all_reduce(x, group=g)
+    assert (x == dist.get_world_size()).all()
+    assert g.shm is None and g.shm_min > 1 << 60
+    world = group("auto")
+    if world.size() > 1:
+        assert world.shm_min == shm_coll.FLOOR
+        y = np.ones(4, np.float32)
+        dist.all_reduce(y, group=world)  # below the floor: the engine is not even made
+        assert world.shm is None
