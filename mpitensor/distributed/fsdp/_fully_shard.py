@@ -428,6 +428,21 @@ def _check_arguments(module: Any, reshard_after_forward: Any, shard_placement_fn
                         f"{type(offload_policy).__name__}")
 
 
+def _refuse_dtensors(managed: Dict[int, Tuple[Any, List[Tuple[Any, str]]]]) -> None:
+    """A parameter that is a DTensor already (tensor parallel) would be cut as if its local
+    piece were the whole tensor: refuse it, on every rank alike, before any traffic."""
+    from ..tensor import DTensor
+
+    for p, owners in managed.values():
+        if isinstance(p, DTensor):
+            raise NotImplementedError(
+                f"fully_shard: parameter {owners[0][1]!r} of {type(owners[0][0]).__name__} is "
+                f"a DTensor already ({p.placements}, e.g. from parallelize_module); sharding "
+                "it again over another mesh dimension (2-D FSDP + TP) is not supported: for "
+                "data parallelism over mesh['dp'] use "
+                "DistributedDataParallel(model, device_mesh=mesh['dp'])")
+
+
 def _infos(managed: Dict[int, Tuple[Any, List[Tuple[Any, str]]]], world: int,
            rank: int) -> List[ParamInfo]:
     infos, offset = [], 0
@@ -491,6 +506,7 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
                      offload_policy)
     ignored = {id(p) for p in (ignored_params or ())}
     managed = {k: v for k, v in _managed(module).items() if k not in ignored}
+    _refuse_dtensors(managed)
     params = [p for p, _ in managed.values()]
     device_type = params[0].device.type if params else "cpu"
     mesh = _resolve_mesh(module, mesh, device_type)
