@@ -47,28 +47,41 @@ def _activation(activation: Union[str, Callable]) -> Callable:
     return activation
 
 
-def _build_layer(layer: Module, parts: int, d_model: int, nhead: int, dim_feedforward: int,
-                 dropout: float, activation: Any, eps: float, batch_first: bool,
-                 norm_first: bool, bias: bool, device: Any, dtype: Any) -> None:
-    """Register a transformer layer's children in torch's order (so state-dict keys match):
-    its ``parts - 1`` attentions (self, then cross), the feed-forward block, ``norm_first``,
-    then one layer norm and one dropout per part (attention(s) and feed-forward)."""
-    kw = {"device": device, "dtype": dtype}
-    for name in ("self_attn", "multihead_attn")[:parts - 1]:
-        setattr(layer, name, MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                                batch_first=batch_first, **kw))
-    layer.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
-    layer.dropout = Dropout(dropout)
-    layer.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
-    layer.norm_first = norm_first
-    for i in range(1, parts + 1):
-        setattr(layer, f"norm{i}", LayerNorm(d_model, eps=eps, bias=bias, **kw))
-    for i in range(1, parts + 1):
-        setattr(layer, f"dropout{i}", Dropout(dropout))
-    layer.activation = _activation(activation)
+class _TransformerLayer(Module):
+    """The constructor shared by the encoder and decoder layers (torch's signature): it
+    registers the children in torch's order, so state-dict keys match: the layer's
+    ``_parts - 1`` attentions (self, then cross), the feed-forward block, ``norm_first``, then
+    one layer norm and one dropout per part (attention(s) and feed-forward)."""
+
+    _parts: int
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation: Union[str, Callable] = F.relu,
+                 layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        parts = self._parts
+        for name in ("self_attn", "multihead_attn")[:parts - 1]:
+            setattr(self, name, MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                                   batch_first=batch_first, **kw))
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
+        self.norm_first = norm_first
+        for i in range(1, parts + 1):
+            setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw))
+        for i in range(1, parts + 1):
+            setattr(self, f"dropout{i}", Dropout(dropout))
+        self.activation = _activation(activation)
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        last = getattr(self, f"dropout{self._parts}")  # the feed-forward block's dropout
+        return last(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
 
-class TransformerEncoderLayer(Module):
+class TransformerEncoderLayer(_TransformerLayer):
     """Self-attention and a feed-forward block, each with a residual connection and a layer
     norm (after each, or before with ``norm_first=True``).
 
@@ -88,23 +101,13 @@ class TransformerEncoderLayer(Module):
         mpitensor.Size([5, 3, 8])
     """
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
-                 dropout: float = 0.1, activation: Union[str, Callable] = F.relu,
-                 layer_norm_eps: float = 1e-5, batch_first: bool = False,
-                 norm_first: bool = False, bias: bool = True, device: Any = None,
-                 dtype: Any = None) -> None:
-        super().__init__()
-        _build_layer(self, 2, d_model, nhead, dim_feedforward, dropout, activation,
-                     layer_norm_eps, batch_first, norm_first, bias, device, dtype)
+    _parts = 2
 
     def _sa_block(self, x: Tensor, attn_mask: Optional[Tensor],
                   key_padding_mask: Optional[Tensor], is_causal: bool) -> Tensor:
         x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                            need_weights=False, is_causal=is_causal)[0]
         return self.dropout1(x)
-
-    def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
     def forward(self, src: Tensor, src_mask: Optional[Tensor] = None,
                 src_key_padding_mask: Optional[Tensor] = None,
@@ -117,8 +120,15 @@ class TransformerEncoderLayer(Module):
         return self.norm2(x + self._ff_block(x))
 
 
-def _clones(module: Module, n: int) -> ModuleList:
-    return ModuleList([copy.deepcopy(module) for _ in range(n)])
+def _stack(owner: Module, layer: Module, num_layers: int, norm: Optional[Module]) -> None:
+    """Give an encoder or decoder ``num_layers`` copies of ``layer`` (each with its own
+    parameters) as ``layers``, and its final ``norm``."""
+    if not is_int(num_layers) or num_layers < 0:
+        raise ValueError(f"{type(owner).__name__}: num_layers must be a non-negative integer, "
+                         f"got {num_layers!r}")
+    owner.layers = ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
+    owner.num_layers = num_layers
+    owner.norm = norm
 
 
 class TransformerEncoder(Module):
@@ -135,12 +145,7 @@ class TransformerEncoder(Module):
     def __init__(self, encoder_layer: Module, num_layers: int, norm: Optional[Module] = None,
                  enable_nested_tensor: bool = True, mask_check: bool = True) -> None:
         super().__init__()
-        if not is_int(num_layers) or num_layers < 0:
-            raise ValueError(f"TransformerEncoder: num_layers must be a non-negative integer, "
-                             f"got {num_layers!r}")
-        self.layers = _clones(encoder_layer, num_layers)
-        self.num_layers = num_layers
-        self.norm = norm
+        _stack(self, encoder_layer, num_layers, norm)
         self.enable_nested_tensor = enable_nested_tensor
         self.mask_check = mask_check
 
@@ -154,7 +159,7 @@ class TransformerEncoder(Module):
         return self.norm(out) if self.norm is not None else out
 
 
-class TransformerDecoderLayer(Module):
+class TransformerDecoderLayer(_TransformerLayer):
     """Self-attention, cross-attention over the encoder's output ``memory`` and a
     feed-forward block, each with a residual connection and a layer norm.
 
@@ -164,14 +169,7 @@ class TransformerDecoderLayer(Module):
         mpitensor.Size([4, 3, 8])
     """
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
-                 dropout: float = 0.1, activation: Union[str, Callable] = F.relu,
-                 layer_norm_eps: float = 1e-5, batch_first: bool = False,
-                 norm_first: bool = False, bias: bool = True, device: Any = None,
-                 dtype: Any = None) -> None:
-        super().__init__()
-        _build_layer(self, 3, d_model, nhead, dim_feedforward, dropout, activation,
-                     layer_norm_eps, batch_first, norm_first, bias, device, dtype)
+    _parts = 3
 
     def _sa_block(self, x: Tensor, mask: Optional[Tensor], kpm: Optional[Tensor],
                   is_causal: bool) -> Tensor:
@@ -184,9 +182,6 @@ class TransformerDecoderLayer(Module):
         x = self.multihead_attn(x, mem, mem, attn_mask=mask, key_padding_mask=kpm,
                                 need_weights=False, is_causal=is_causal)[0]
         return self.dropout2(x)
-
-    def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
     def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Optional[Tensor] = None,
                 memory_mask: Optional[Tensor] = None,
@@ -218,12 +213,7 @@ class TransformerDecoder(Module):
     def __init__(self, decoder_layer: Module, num_layers: int,
                  norm: Optional[Module] = None) -> None:
         super().__init__()
-        if not is_int(num_layers) or num_layers < 0:
-            raise ValueError(f"TransformerDecoder: num_layers must be a non-negative integer, "
-                             f"got {num_layers!r}")
-        self.layers = _clones(decoder_layer, num_layers)
-        self.num_layers = num_layers
-        self.norm = norm
+        _stack(self, decoder_layer, num_layers, norm)
 
     def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Optional[Tensor] = None,
                 memory_mask: Optional[Tensor] = None,
@@ -259,22 +249,16 @@ class Transformer(Module):
                  dtype: Any = None) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
-        if custom_encoder is not None:
-            self.encoder = custom_encoder
-        else:
-            layer = TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation,
-                                            layer_norm_eps, batch_first, norm_first, bias, **kw)
-            self.encoder = TransformerEncoder(
-                layer, num_encoder_layers, LayerNorm(d_model, eps=layer_norm_eps, bias=bias,
-                                                     **kw))
-        if custom_decoder is not None:
-            self.decoder = custom_decoder
-        else:
-            layer = TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, activation,
-                                            layer_norm_eps, batch_first, norm_first, bias, **kw)
-            self.decoder = TransformerDecoder(
-                layer, num_decoder_layers, LayerNorm(d_model, eps=layer_norm_eps, bias=bias,
-                                                     **kw))
+        for name, custom, kind, stack, n in (
+                ("encoder", custom_encoder, TransformerEncoderLayer, TransformerEncoder,
+                 num_encoder_layers),
+                ("decoder", custom_decoder, TransformerDecoderLayer, TransformerDecoder,
+                 num_decoder_layers)):
+            if custom is None:
+                layer = kind(d_model, nhead, dim_feedforward, dropout, activation,
+                             layer_norm_eps, batch_first, norm_first, bias, **kw)
+                custom = stack(layer, n, LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw))
+            setattr(self, name, custom)
         self._init_weights()
         self.d_model = d_model
         self.nhead = nhead
