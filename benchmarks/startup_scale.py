@@ -8,15 +8,23 @@ server in a process of its own (its CPU time read from ``/proc/PID/stat``, its p
 from ``VmHWM`` in ``/proc/PID/status``), the N clients driven from this process
 (non-blocking sockets) or, for torch's client objects, from threads in a few processes:
 
-* **mpi_init**: the helper serving N simulated MPICH ranks: hello, ``init``, ``get_maxes``,
-  ``get_my_kvsname``, ``get PMI_process_mapping``; then, as MPICH adapts to the answer: with
-  the mapping (what the helper answers) no host-name exchange, only the exchange of node
-  addresses among the first rank of each host (each puts its address as ``--addr-keys`` keys,
-  all ranks pass ``barrier_in``, each first rank gets every other host's keys: about
-  ``addr_keys * H^2`` requests for H hosts, counted apart as ``node_req``); without it
-  (``--hostnames-max``, the old behaviour, N^2) each rank also puts its host name and gets
-  every other rank's. Reported: the time from the first connection to the last rank done.
-  **mpi_init_own** is the same without the node-address exchange: the helper's own work.
+* **mpi_init**: the helper serving N simulated MPICH ranks, each sending what a real MPICH
+  5.0.2 rank sends in ``MPI_Init`` (the lines the helper received from real ranks on fake
+  hosts, 2026-11-29: hello, ``init``, ``get_maxes``, ``get_appnum``, ``get_my_kvsname``,
+  ``get`` of ``PMI_process_mapping``, ``PMI_hwloc_xmlfile`` and
+  ``PMI_mpi_memory_alloc_kinds``) and adapting to the answers as MPICH does: with the mapping
+  answered, no host-name exchange; then the exchange of node addresses among the first rank
+  of each host: each puts its address (``--addr-bytes``, 4,096 bytes in MPICH 5.0.2),
+  every rank passes ``barrier_in``, each first rank gets every host's address, its own
+  included. An address longer than ``(vallen_max - 2) / 2`` bytes (the ``get_maxes``
+  answer) goes as a header key and segments, got one request each: 10 keys a host with the
+  1024 the helper answered before, 1 with the 32 KiB it answers now; so ``H^2`` requests for
+  H hosts, counted apart as ``node_req``. **mpi_init_1024** is the same as the helper
+  answered before (the client keeps to 1024: 10 keys a host, ``10 H^2``); without the
+  mapping (``--hostnames-max``, the old behaviour, N^2) each rank also puts its host name,
+  passes a barrier and gets every other rank's. Reported: the time from the first
+  connection to the last rank done. **mpi_init_own** is the same without the node-address
+  exchange: the helper's own work.
 * **rendezvous** (ours): our TCPStore master process; N ranks arriving over ``--spread``
   seconds, each doing what ``_arrive`` + ``join`` do on the store: compare_set ``job``,
   compare_set ``world_size``, compare_set ``rank/i``, add ``arrived`` (the last sets
@@ -67,8 +75,8 @@ from typing import Callable, Dict, Generator, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mpitensor.distributed.launch import pmi as _pmi  # noqa: E402
 from mpitensor.distributed._store import wire  # noqa: E402
+from mpitensor.distributed.launch import pmi as _pmi  # noqa: E402
 
 PER_HOST = 8
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -159,46 +167,70 @@ def growth(ns: Sequence[int], ys: Sequence[float]) -> Tuple[Optional[float], Opt
 
 
 # ------------------------------------------------------------------ mpi_init: the helper
-def _mpich_rank(rank: int, n: int, token: str, addr_keys: int,
-                count: List[int]) -> Generator[str, str, None]:
-    """What one MPICH rank sends the helper in MPI_Init, adapting to the answers; ``count``
-    collects [requests, node-address requests]."""
+def _hex_text(nbytes: int, seed: int) -> str:
+    """A value as MPICH encodes ``nbytes`` bytes of an address: hex, with runs of zero bytes
+    shortened (``[N]``); recorded: 5,083-6,007 characters for 4,096 bytes, so 0.7 * 2 a byte."""
+    return (f"{seed:08X}" * nbytes)[:max(1, int(1.4 * nbytes))]
+
+
+def _mpich_rank(rank: int, n: int, token: str, addr_bytes: int, count: List[int],
+                clamp_vallen: int = 0, per_host: int = PER_HOST) -> Generator[str, str, None]:
+    """What one MPICH 5.0.2 rank sends the helper in ``MPI_Init``, adapting to the answers
+    as MPICH does (recorded from real ranks on fake hosts: see the module's docstring);
+    ``count`` collects [requests, node-address requests]. ``addr_bytes``: the size of the
+    address each host's first rank puts (0: no node-address exchange); ``clamp_vallen``: a
+    client that shortens the value length it uses to this (MPICH 4.0-4.1 do, to 674).
+    ``tests/test_pmi_ranks.py`` checks these lines against real ranks'."""
     # (one yield each: a reply is sent into this generator, which a tuple iterator refuses)
     yield f"cmd=mpitensor-hello rank={rank} token={token}"
     yield "cmd=init pmi_version=1 pmi_subversion=1"
-    yield "cmd=get_maxes"
-    yield "cmd=get_my_kvsname"
-    answer = yield "cmd=get kvsname=k key=PMI_process_mapping"
+    maxes = yield "cmd=get_maxes"
+    vallen = int(re.search(r"vallen_max=(\d+)", maxes).group(1))  # type: ignore[union-attr]
+    if clamp_vallen:
+        vallen = min(vallen, clamp_vallen)
+    yield "cmd=get_appnum"
+    kvs = (yield "cmd=get_my_kvsname").rsplit("kvsname=", 1)[1]
+    answer = yield f"cmd=get kvsname={kvs} key=PMI_process_mapping"
     mapped = "rc=0" in answer
-    if mapped:
-        hosts = (n + PER_HOST - 1) // PER_HOST
-        host = rank // PER_HOST  # (vector,(0,H,8)): blocks of 8
-    else:
-        hosts, host = n, rank  # MPICH then treats every rank as its own until it knows
-        yield f"cmd=put kvsname=k key=hostname[{rank}] value=host{rank // PER_HOST}"
-    root = not mapped or rank % PER_HOST == 0
-    if hosts == 1 and mapped:
-        return  # every rank on one host: MPICH passes no PMI barrier
-    if root and mapped:
-        for s in range(addr_keys):
-            count[1] += 1
-            yield f"cmd=put kvsname=k key=addr-{host}-{s} value=tcp://10.0.{host // 250}." \
-                  f"{host % 250}:{5000 + s}"
-    yield "cmd=barrier_in"
-    if not mapped:
+    if not mapped:  # MPICH learns the hosts itself: every rank's host name, from every rank
+        yield f"cmd=put kvsname={kvs} key=hostname[{rank}] value=host{rank // per_host}"
+        yield "cmd=barrier_in"
         for i in range(n):
             if i != rank:
-                yield f"cmd=get kvsname=k key=hostname[{i}]"
-        return
-    if root:
-        for h in range(hosts):
-            if h != host:
-                for s in range(addr_keys):
-                    count[1] += 1
-                    yield f"cmd=get kvsname=k key=addr-{h}-{s}"
+                yield f"cmd=get kvsname={kvs} key=hostname[{i}]"
+    yield f"cmd=get kvsname={kvs} key=PMI_hwloc_xmlfile"
+    yield f"cmd=get kvsname={kvs} key=PMI_mpi_memory_alloc_kinds"
+    hosts = (n + per_host - 1) // per_host
+    if hosts == 1:
+        return  # every rank on one host: MPICH passes no PMI barrier in MPI_Init
+    root = rank % per_host == 0
+    # MPICH's allgather of the first ranks' addresses: a value longer than fits in one is
+    # put as a header key and segments of (vallen - 2) // 2 bytes, and got the same way
+    segsize = (vallen - 2) // 2
+    segs = [] if addr_bytes < segsize else \
+        [min(segsize, addr_bytes - i) for i in range(0, addr_bytes, segsize)]
+    if root and addr_bytes:
+        key = f"-allgather-1-{rank}"
+        count[1] += 1 + len(segs)
+        if segs:
+            yield f"cmd=put kvsname={kvs} key={key} value=segments={len(segs)}"
+            for i, size in enumerate(segs):
+                yield (f"cmd=put kvsname={kvs} key={key}-seg-{i + 1}/{len(segs)} "
+                       f"value={_hex_text(size, rank)}")
+        else:
+            yield f"cmd=put kvsname={kvs} key={key} value={_hex_text(addr_bytes, rank)}"
+    yield "cmd=barrier_in"
+    if root and addr_bytes:
+        for h in range(hosts):  # every host's, this one's too
+            key = f"-allgather-1-{h * per_host}"
+            count[1] += 1 + len(segs)
+            yield f"cmd=get kvsname={kvs} key={key}"
+            for i in range(len(segs)):
+                yield f"cmd=get kvsname={kvs} key={key}-seg-{i + 1}/{len(segs)}"
 
 
-def mpi_init_run(n: int, hostnames: bool, addr_keys: int) -> Dict[str, float]:
+def mpi_init_run(n: int, hostnames: bool, addr_bytes: int,
+                 clamp_vallen: int = 0) -> Dict[str, float]:
     """The helper serving ``n`` simulated MPICH ranks."""
     mapping = None if hostnames else _pmi.process_mapping(
         [f"host{r // PER_HOST}" for r in range(n)])
@@ -213,7 +245,7 @@ def mpi_init_run(n: int, hostnames: bool, addr_keys: int) -> Dict[str, float]:
             sock = socket.create_connection(("127.0.0.1", h.port))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             socks.append(sock)
-            gen = _mpich_rank(r, n, h.token, addr_keys, count)
+            gen = _mpich_rank(r, n, h.token, addr_bytes, count, clamp_vallen)
             line = next(gen)
             sock.setblocking(False)
             sel.register(sock, selectors.EVENT_READ, [r, gen, b""])
@@ -598,6 +630,9 @@ COLUMNS = {  # part -> [(key, heading, format)]
     "mpi_init_own": [("time", "MPI_Init s", "{:9.3f}"), ("cpu", "helper CPU s", "{:12.3f}"),
                      ("hwm", "peak MiB", "{:8.1f}"), ("grow", "grew MiB", "{:8.1f}"),
                      ("req", "requests", "{:9d}")],
+    "mpi_init_1024": [("time", "MPI_Init s", "{:9.3f}"), ("cpu", "helper CPU s", "{:12.3f}"),
+                      ("hwm", "peak MiB", "{:8.1f}"), ("grow", "grew MiB", "{:8.1f}"),
+                      ("req", "requests", "{:9d}"), ("node_req", "node_req", "{:9d}")],
     "hostnames": [("time", "MPI_Init s", "{:9.3f}"), ("cpu", "helper CPU s", "{:12.3f}"),
                   ("hwm", "peak MiB", "{:8.1f}"), ("grow", "grew MiB", "{:8.1f}"),
                   ("req", "requests", "{:9d}")],
@@ -610,6 +645,8 @@ for _part in ("rendezvous", "rendezvous_poll", "env_ours", "env_torch"):
 TITLES = {
     "mpi_init": "mpi_init: the PMI helper (own process) serving N simulated MPICH ranks, "
                 "mapping answered",
+    "mpi_init_1024": "mpi_init_1024: the same with vallen_max 1024, as the helper answered "
+                     "before (a node address as 10 keys)",
     "mpi_init_own": "mpi_init_own: the same without MPICH's node-address exchange (the "
                     "helper's own work: start-up lines, one barrier)",
     "hostnames": "hostnames: the same without PMI_process_mapping (each rank gets every "
@@ -650,8 +687,9 @@ def main() -> int:
                                        "env_ours,env_torch")
     ap.add_argument("--hostnames-max", type=int, default=0,
                     help="also run the helper without the mapping (N^2) up to this N")
-    ap.add_argument("--addr-keys", type=int, default=10,
-                    help="PMI keys per node address in MPICH's node-root exchange")
+    ap.add_argument("--addr-bytes", type=int, default=4096,
+                    help="bytes of the address each host's first rank puts (MPICH 5.0.2: "
+                         "4096)")
     ap.add_argument("--spread", type=float, default=5.0,
                     help="seconds over which the simulated ranks arrive at the store")
     ap.add_argument("--chunk", type=int, default=1024,
@@ -676,7 +714,7 @@ def main() -> int:
           f"{os.getloadavg()[0]:.1f} at start (wall times on a loaded machine stretch; CPU "
           "times of the server processes do not)")
     print(f"{PER_HOST} simulated ranks per host; arrivals at the store spread over "
-          f"{args.spread:g} s; {args.addr_keys} PMI keys per node address; RES_OPTIONS="
+          f"{args.spread:g} s; node addresses of {args.addr_bytes} bytes; RES_OPTIONS="
           f"{os.environ.get('RES_OPTIONS', '')!r}")
     sizes = [int(x) for x in args.fake.split(",") if x]
     parts = [p for p in args.parts.split(",") if p]
@@ -691,9 +729,10 @@ def main() -> int:
             if part == "hostnames" and n > args.hostnames_max:
                 continue
             for rep in range(args.reps):
-                if part in ("mpi_init", "mpi_init_own", "hostnames"):
+                if part.startswith("mpi_init") or part == "hostnames":
                     r = mpi_init_run(n, part == "hostnames",
-                                     0 if part == "mpi_init_own" else args.addr_keys)
+                                     0 if part == "mpi_init_own" else args.addr_bytes,
+                                     1024 if part == "mpi_init_1024" else 0)
                 else:
                     r = store_run(part, n, args.spread, args.chunk, args.seed + rep)
                 rows.setdefault(n, []).append(r)

@@ -44,6 +44,8 @@ Wire, one line per message (``\\n``-terminated, ``key=value`` words):
 * then MPICH's PMI-1 requests (``init``, ``get_maxes``, ``get_appnum``, ``get_my_kvsname``,
   ``get_universe_size``, ``put``, ``get``, ``barrier_in``, ``finalize``, ``abort``);
   ``get`` of ``PMI_process_mapping`` is answered from the ranks' hosts, as hydra does;
+  ``get_maxes`` answers a ``vallen_max`` of 32 KiB, so that MPICH puts a host's address as
+  one key, not ten (:mod:`.pmi_kvs`, which holds the key-value space);
 * a watch connection: ``cmd=mpitensor-watch rank=R token=T``, after which the server only
   writes, at most once: ``cmd=mpitensor-end from=R code=N why=WORDS`` (``why`` is the rest of
   the line); the rank writes ``cmd=mpitensor-finalizing`` on it as it enters
@@ -58,7 +60,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import secrets
 import selectors
 import signal
@@ -68,16 +69,42 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional
 
 __all__ = ["HelperServer", "Helper", "start_helper", "connect_pmi", "Watch", "process_mapping"]
 
-# The limits the server advertises; MPICH splits longer values itself.
-_KVSNAME_MAX = 256
-_KEY_MAX = 64
-_VAL_MAX = 1024
-_LINE_MAX = 1 << 16  # a client that sends a longer line is not an MPICH rank: dropped
-_KVS_BYTES_MAX = 64 << 20  # all puts together; MPICH's are a few hundred bytes per rank
+
+def _sibling(name: str):  # type: ignore[no-untyped-def]
+    """The module ``name`` of this folder. The helper runs as ``python -I -S pmi.py``,
+    without the package's ``__init__`` (which imports NumPy): its parents are registered
+    here as bare namespaces, so that ``auth``, ``pmi_kvs`` and what they import (``_config``,
+    ``errors``: standard library only) load from their files."""
+    import importlib
+
+    if __package__:
+        return importlib.import_module(f"{__package__}.{name}")
+    import types
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    dist_dir = os.path.dirname(here)
+    for pkg_name, path in (("mpitensor", os.path.dirname(dist_dir)),
+                           ("mpitensor.distributed", dist_dir),
+                           ("mpitensor.distributed.launch", here)):
+        if pkg_name not in sys.modules:
+            pkg = types.ModuleType(pkg_name)
+            pkg.__path__ = [path]  # type: ignore[attr-defined]
+            sys.modules[pkg_name] = pkg
+    return importlib.import_module(f"mpitensor.distributed.launch.{name}")
+
+
+if __package__:
+    from . import pmi_kvs as _kvs
+else:  # the helper's own process
+    _kvs = _sibling("pmi_kvs")
+
+process_mapping = _kvs.process_mapping
+_uint, _sint, _words = _kvs.uint, _kvs.sint, _kvs.words
+_LINE_MAX = _kvs.LINE_MAX
 # After telling the ranks to end, the server lingers this long so the lines get out; the
 # ranks of its host still connected after the grace are killed.
 _END_LINGER_S = 2.0
@@ -94,67 +121,13 @@ _YOUNG_S = 0.5  # a connection younger than this is not dropped for the cap: its
 _ACCEPT_BURST = 256  # connections taken per wake-up of the listener
 _PAUSE_S = 0.25  # the listener rests this long when no descriptor is left to accept with
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-_UINT = re.compile(r"[0-9]{1,9}\Z")
-_INT = re.compile(r"-?[0-9]{1,9}\Z")
-_WORD = re.compile(r"[!-~]*\Z")  # printable ASCII without space: keys, values, names
-
-
-def _uint(text: Optional[str]) -> Optional[int]:
-    """``text`` as a non-negative int if it is 1-9 ASCII digits, else ``None``.
-
-    ``str.isdigit`` and ``int`` take other scripts' digits (``"²".isdigit()`` is true and
-    ``int("²")`` raises; ``int("٣")`` is 3): what a client sends is read by this alone."""
-    return int(text) if text is not None and _UINT.match(text) else None
-
-
-def _sint(text: Optional[str]) -> Optional[int]:
-    """Like :func:`_uint`, with an optional leading ``-``."""
-    return int(text) if text is not None and _INT.match(text) else None
-
-
-def _words(line: str) -> Dict[str, str]:
-    """``cmd=put key=a value=b`` -> ``{"cmd": "put", "key": "a", "value": "b"}``."""
-    out: Dict[str, str] = {}
-    for word in line.split(" "):
-        key, sep, value = word.partition("=")
-        if sep:
-            out[key] = value
-    return out
-
-
-def process_mapping(hosts: Sequence[str]) -> Optional[str]:
-    """MPICH's ``PMI_process_mapping`` for ranks on ``hosts`` (one name per rank, in order).
-
-    The value is ``(vector,(start_node,num_nodes,ppn),...)``: each block places ``ppn``
-    consecutive ranks on each of ``num_nodes`` nodes counted from ``start_node``; nodes are
-    numbered by first appearance. ``["a", "a", "b", "b"]`` -> ``(vector,(0,2,2))``,
-    ``["a", "b", "a", "b"]`` -> ``(vector,(0,2,1),(0,2,1))``. ``None`` where the value would
-    not fit a PMI value (MPICH then exchanges host names itself).
-    """
-    ids: Dict[str, int] = {}
-    runs: List[List[int]] = []  # [node, ranks in a row]
-    for host in hosts:
-        node = ids.setdefault(host, len(ids))
-        if runs and runs[-1][0] == node:
-            runs[-1][1] += 1
-        else:
-            runs.append([node, 1])
-    blocks: List[List[int]] = []  # [start_node, num_nodes, ppn]
-    for node, count in runs:
-        last = blocks[-1] if blocks else None
-        if last is not None and last[2] == count and last[0] + last[1] == node:
-            last[1] += 1
-        else:
-            blocks.append([node, 1, count])
-    text = "(vector," + ",".join(f"({a},{b},{c})" for a, b, c in blocks) + ")"
-    return text if blocks and len(text) <= _VAL_MAX else None
 
 
 class _Conn:
     """One client connection: a PMI rank, a watch, or not yet known."""
 
     __slots__ = ("sock", "buf", "kind", "rank", "pid", "pidfd", "finalized", "out", "born",
-                 "auth", "local")
+                 "auth", "local", "writing")
 
     def __init__(self, sock: socket.socket, local: bool) -> None:
         self.sock = sock
@@ -170,6 +143,7 @@ class _Conn:
         self.born = time.monotonic()
         self.auth = None  # the handshake in progress where a secret is set
         self.local = local
+        self.writing = False  # whether the selector also waits until it can write
 
 
 class HelperServer:
@@ -200,12 +174,11 @@ class HelperServer:
                  local_pids: Optional[Dict[int, int]] = None) -> None:
         self.size = size
         self.token = token
-        self.mapping = mapping
         self.local_pids = dict(local_pids or {})
         self.secret = secret
         self.kvsname = "mpitensor_" + secrets.token_hex(8)
-        self.kvs: Dict[str, str] = {}
-        self.kvs_bytes = 0
+        self.kvs = _kvs.Kvs(size, mapping)
+        self.static = self._static_replies()
         self.deadline = time.monotonic() + init_timeout
         self.barrier: Dict[int, _Conn] = {}  # the ranks in the barrier now
         self.ranks: Dict[int, _Conn] = {}
@@ -397,6 +370,7 @@ class HelperServer:
         return True
 
     def _read(self, c: _Conn) -> None:
+        """Read what ``c`` sent and answer every complete line in it, in one send."""
         try:
             data = c.sock.recv(1 << 16)
         except (BlockingIOError, InterruptedError):
@@ -406,25 +380,27 @@ class HelperServer:
         if not data:
             self._lost(c)
             return
-        c.buf += data
+        c.buf = c.buf + data if c.buf else data
         if c.auth is not None:
             if not self._authenticate(c):
                 return
-        while b"\n" in c.buf:
-            raw, c.buf = c.buf.split(b"\n", 1)
+        if b"\n" not in c.buf:
+            if len(c.buf) > _LINE_MAX:
+                self._lost(c)
+            return
+        *lines, c.buf = c.buf.split(b"\n")
+        for raw in lines:
             try:
-                line = raw.decode("ascii")
-            except UnicodeDecodeError:
-                line = None
-            try:
-                if line is None or len(raw) > _LINE_MAX:
+                if not raw.isascii() or len(raw) > _LINE_MAX:
                     self._bad(c, "the line is not ASCII")
                 else:
-                    self._handle(c, line)
+                    self._handle(c, raw)
             except Exception:  # noqa: BLE001 - no line may end the helper: its sender goes
                 self._lost(c)
             if c.sock.fileno() < 0:
                 return
+        if c.out:
+            self._flush(c)
         if len(c.buf) > _LINE_MAX:
             self._lost(c)
 
@@ -450,7 +426,7 @@ class HelperServer:
         """A malformed line: a connection that has not greeted is dropped; a rank's gets an
         error reply (MPICH never sends one)."""
         if c.kind == "pmi":
-            self._send(c, f"cmd=error rc=-1 msg={why.replace(' ', '_')}")
+            self._queue(c, f"cmd=error rc=-1 msg={why.replace(' ', '_')}\n".encode())
         else:
             self._lost(c)
 
@@ -458,25 +434,34 @@ class HelperServer:
         self._send_raw(c, (line + "\n").encode("ascii", "replace"))
 
     def _send_raw(self, c: _Conn, data: bytes) -> None:
-        c.out += data
+        self._queue(c, data)
         self._flush(c)
+
+    @staticmethod
+    def _queue(c: _Conn, data: bytes) -> None:
+        """Add ``data`` to what goes to ``c`` (sent when the lines read with it are done)."""
+        c.out = c.out + data if c.out else data
 
     def _flush(self, c: _Conn) -> None:
         if c.sock.fileno() < 0:
             return
-        try:
-            sent = c.sock.send(c.out) if c.out else 0
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            c.out = b""
-            return
-        c.out = c.out[sent:]
-        if len(c.out) > _LINE_MAX * 4:  # a peer that never reads its replies
-            self._lost(c)
-            return
-        self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0),
-                        c)
+        out = c.out
+        if out:
+            try:
+                sent = c.sock.send(out)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                c.out = b""
+                return
+            c.out = out[sent:] if sent < len(out) else b""
+            if len(c.out) > _LINE_MAX * 4:  # a peer that never reads its replies
+                self._lost(c)
+                return
+        if c.writing != bool(c.out):  # (one system call less per reply when it is not)
+            c.writing = bool(c.out)
+            self.sel.modify(c.sock, selectors.EVENT_READ
+                            | (selectors.EVENT_WRITE if c.writing else 0), c)
 
     def _drop(self, c: _Conn) -> None:
         self.new.pop(c, None)
@@ -498,75 +483,64 @@ class HelperServer:
                 self._drop(key.data)
 
     # ------------------------------------------------------------------ requests
-    def _handle(self, c: _Conn, line: str) -> None:
-        w = _words(line)
-        cmd = w.get("cmd", "")
-        if c.kind == "new":
-            self._greet(c, cmd, w)
-            return
-        if c.kind == "watch":
-            if cmd == "mpitensor-finalizing":  # the rank's own word: it is in MPI_Finalize
+    def _static_replies(self) -> Dict[bytes, bytes]:
+        """The reply to each request whose answer never changes, encoded once."""
+        return {b"init": b"cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n",
+                b"get_maxes": (f"cmd=maxes rc=0 kvsname_max={_kvs.KVSNAME_MAX} keylen_max="
+                               f"{_kvs.KEY_MAX} vallen_max={_kvs.VAL_MAX}\n").encode(),
+                b"get_appnum": b"cmd=appnum rc=0 appnum=0\n",
+                b"get_my_kvsname": f"cmd=my_kvsname rc=0 kvsname={self.kvsname}\n".encode(),
+                b"get_universe_size": f"cmd=universe_size rc=0 size={self.size}\n".encode()}
+
+    def _handle(self, c: _Conn, line: bytes) -> None:
+        """One ASCII line of ``c``: its reply is queued (see :meth:`_queue`)."""
+        if c.kind != "pmi":
+            text = line.decode("ascii")
+            w = _words(text)
+            if c.kind == "new":
+                self._greet(c, w.get("cmd", ""), w)
+            elif w.get("cmd") == "mpitensor-finalizing":  # a watch: the rank is finalizing
                 pmi = self.ranks.get(c.rank)
                 if pmi is not None:
                     pmi.finalized = True
             return  # watches otherwise only listen
-        if not _WORD.match(cmd):
+        bw = _kvs.bwords(line)
+        cmd = bw.get(b"cmd", b"")
+        if cmd == b"get":  # (most requests at scale: the first ranks' node addresses)
+            self._queue(c, self.kvs.get(bw.get(b"key", b"")))
+            return
+        reply = self.static.get(cmd)
+        if reply is not None:
+            self._queue(c, reply)
+        elif cmd == b"put":
+            self._queue(c, self.kvs.put(bw.get(b"key", b""), bw.get(b"value", b"")))
+        elif cmd == b"barrier_in":
+            self._barrier_in(c)
+        elif not _kvs.WORD.match(cmd.decode("ascii")):
             self._bad(c, "malformed command")
-        elif cmd == "init":
-            self._send(c, "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1")
-        elif cmd == "get_maxes":
-            self._send(c, f"cmd=maxes rc=0 kvsname_max={_KVSNAME_MAX} keylen_max={_KEY_MAX} "
-                          f"vallen_max={_VAL_MAX}")
-        elif cmd == "get_appnum":
-            self._send(c, "cmd=appnum rc=0 appnum=0")
-        elif cmd == "get_my_kvsname":
-            self._send(c, f"cmd=my_kvsname rc=0 kvsname={self.kvsname}")
-        elif cmd == "get_universe_size":
-            self._send(c, f"cmd=universe_size rc=0 size={self.size}")
-        elif cmd == "put":
-            key, value = w.get("key", ""), w.get("value", "")
-            if not (0 < len(key) <= _KEY_MAX and len(value) <= _VAL_MAX
-                    and _WORD.match(key) and _WORD.match(value)):
-                self._send(c, "cmd=put_result rc=-1 msg=bad_key_or_value")
-            elif self.kvs_bytes + len(key) + len(value) > _KVS_BYTES_MAX:
-                self._send(c, "cmd=put_result rc=-1 msg=kvs_full")
-            else:
-                old = self.kvs.get(key)
-                if old is not None:
-                    self.kvs_bytes -= len(key) + len(old)
-                self.kvs[key] = value
-                self.kvs_bytes += len(key) + len(value)
-                self._send(c, "cmd=put_result rc=0 msg=success")
-        elif cmd == "get":
-            key = w.get("key", "")
-            value = self.kvs.get(key)
-            if value is None and key == "PMI_process_mapping":
-                # hydra's answer: without it MPICH exchanges every rank's host name (each
-                # rank asks for all the others': N^2 requests here)
-                value = self.mapping
-            self._send(c, f"cmd=get_result rc=0 msg=success value={value}" if value is not None
-                       else "cmd=get_result rc=-1 msg=key_not_found")
-        elif cmd == "barrier_in":
-            if c.rank in self.barrier:
-                self._send(c, "cmd=barrier_out rc=-1 msg=already_in_the_barrier")
-                return
-            self.barrier[c.rank] = c
-            if len(self.ranks) < self.size and self.started and not self.ending:
-                # a rank that has left can never enter it (one that said it was finalizing
-                # and died inside MPI_Finalize): the waiters would wait for ever
-                gone = min(set(range(self.size)) - set(self.ranks))
-                self._end(gone, 1, "ended inside MPI_Finalize, before the others could "
-                                   "finish it")
-                return
-            self._release_barrier()
-        elif cmd == "finalize":
+        elif cmd == b"finalize":
             c.finalized = True
-            self._send(c, "cmd=finalize_ack rc=0")
-        elif cmd == "abort":
-            code = _sint(w.get("exitcode"))
+            self._queue(c, b"cmd=finalize_ack rc=0\n")
+        elif cmd == b"abort":
+            code = _sint(bw.get(b"exitcode", b"").decode("ascii"))
             self._end(c.rank, 1 if code is None else code, "called MPI_Abort")
         else:
-            self._send(c, f"cmd={cmd or 'unknown'} rc=-1 msg=unsupported_by_mpitensor")
+            self._queue(c, b"cmd=" + (cmd or b"unknown")
+                        + b" rc=-1 msg=unsupported_by_mpitensor\n")
+
+    def _barrier_in(self, c: _Conn) -> None:
+        if c.rank in self.barrier:
+            self._queue(c, b"cmd=barrier_out rc=-1 msg=already_in_the_barrier\n")
+            return
+        self.barrier[c.rank] = c
+        if len(self.ranks) < self.size and self.started and not self.ending:
+            # a rank that has left can never enter it (one that said it was finalizing
+            # and died inside MPI_Finalize): the waiters would wait for ever
+            gone = min(set(range(self.size)) - set(self.ranks))
+            self._end(gone, 1, "ended inside MPI_Finalize, before the others could "
+                               "finish it")
+            return
+        self._release_barrier()
 
     def _greet(self, c: _Conn, cmd: str, w: Dict[str, str]) -> None:
         rank = _uint(w.get("rank"))
@@ -752,29 +726,10 @@ _AUTH = None
 
 
 def _auth():  # type: ignore[no-untyped-def]
-    """The ``auth`` module. The helper runs as ``python -I -S pmi.py``, without the
-    package's ``__init__`` (which imports NumPy): its parents are registered here as bare
-    namespaces, so that ``auth`` and what it imports (``_config``, ``errors``: standard
-    library only) load from their files."""
+    """The ``auth`` module (loaded at first use: only where a secret is set)."""
     global _AUTH
     if _AUTH is None:
-        if __package__:
-            from . import auth as mod
-        else:
-            import importlib
-            import types
-
-            here = os.path.dirname(os.path.abspath(__file__))
-            dist_dir = os.path.dirname(here)
-            for name, path in (("mpitensor", os.path.dirname(dist_dir)),
-                               ("mpitensor.distributed", dist_dir),
-                               ("mpitensor.distributed.launch", here)):
-                if name not in sys.modules:
-                    pkg = types.ModuleType(name)
-                    pkg.__path__ = [path]  # type: ignore[attr-defined]
-                    sys.modules[name] = pkg
-            mod = importlib.import_module("mpitensor.distributed.launch.auth")
-        _AUTH = mod
+        _AUTH = _sibling("auth")
     return _AUTH
 
 
