@@ -320,13 +320,13 @@ class SoftMarginLoss(_Loss):
 
 
 class _MarginLoss(_Loss):
-    _default_margin = 0.0
+    """A loss with a ``margin`` (torch's default 0; a subclass with another default
+    restates the signature)."""
 
-    def __init__(self, margin: Optional[float] = None, size_average: Any = None,
-                 reduce: Any = None, reduction: str = "mean") -> None:
+    def __init__(self, margin: float = 0.0, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean") -> None:
         super().__init__(size_average, reduce, reduction)
-        self.margin = _number(type(self).__name__, "margin",
-                              self._default_margin if margin is None else margin)
+        self.margin = _number(type(self).__name__, "margin", margin)
 
 
 class MarginRankingLoss(_MarginLoss):
@@ -337,10 +337,6 @@ class MarginRankingLoss(_MarginLoss):
         >>> MarginRankingLoss()(mt.tensor([1.0]), mt.tensor([2.0]), mt.tensor([1.0]))
         tensor(1.)
     """
-
-    def __init__(self, margin: float = 0.0, size_average: Any = None, reduce: Any = None,
-                 reduction: str = "mean") -> None:
-        super().__init__(margin, size_average, reduce, reduction)
 
     def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
         return F.margin_ranking_loss(input1, input2, target, margin=self.margin,
@@ -374,10 +370,6 @@ class CosineEmbeddingLoss(_MarginLoss):
         ...                       mt.tensor([1.0]))
         tensor(1.)
     """
-
-    def __init__(self, margin: float = 0.0, size_average: Any = None, reduce: Any = None,
-                 reduction: str = "mean") -> None:
-        super().__init__(margin, size_average, reduce, reduction)
 
     def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
         return F.cosine_embedding_loss(input1, input2, target, margin=self.margin,
