@@ -10,6 +10,7 @@ parameters (every update rule here acts on the real and imaginary parts independ
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -99,15 +100,58 @@ def decayed_direction(param: Any, grad: Any, lr: float, weight_decay: float, dec
     return direction(param, grad, weight_decay, maximize)[0]
 
 
+#: hyper-parameters given as a pair, and the names of their two settings
+_PAIRS = {"betas": ("beta1", "beta2"), "etas": ("etaminus", "etaplus"),
+          "step_sizes": ("step_min", "step_max")}
+#: switches (read as bool, absent meaning False), and the name of the setting where it differs
+_FLAGS = {"amsgrad": "amsgrad", "maximize": "maximize", "centered": "centered",
+          "decoupled_weight_decay": "decoupled"}
+
+
+class Settings:
+    """The hyper-parameters one update reads, taken from a group once per step.
+
+    Declared with the group's keys in the order the update wants them: a pair (``betas``,
+    ``etas``, ``step_sizes``) gives two settings (``beta1``/``beta2``, ...), a switch
+    (``maximize``, ``amsgrad``, ``centered``, ``decoupled_weight_decay`` read as
+    ``decoupled``) a bool, any other key a float. Calling it on a group gives a named tuple.
+
+    Example:
+        >>> read = Settings("lr", "betas", "maximize")
+        >>> read({"lr": 0.1, "betas": (0.9, 0.99), "maximize": False})
+        Settings(lr=0.1, beta1=0.9, beta2=0.99, maximize=False)
+    """
+
+    def __init__(self, *keys: str) -> None:
+        names: List[str] = []
+        for key in keys:
+            names.extend(_PAIRS.get(key, (_FLAGS.get(key, key),)))
+        self._keys = keys
+        self._type = collections.namedtuple("Settings", names)  # type: ignore[misc]
+
+    def __call__(self, group: Dict[str, Any]) -> Any:
+        values: List[Any] = []
+        for key in self._keys:
+            if key in _PAIRS:
+                a, b = group[key]
+                values += (float(a), float(b))
+            elif key in _FLAGS:
+                values.append(bool(group.get(key)))
+            else:
+                values.append(float(group[key]))
+        return self._type._make(values)
+
+
 class AdaptiveOptimizer(Optimizer):
     """Base of the optimisers with running per-parameter statistics.
 
-    Subclasses list their hyper-parameter checks in ``_checks`` and implement
-    :meth:`_group_settings` (read a group's hyper-parameters once per step) and :meth:`_update`
-    (one parameter's update, on raw arrays, in place).
+    Subclasses list their hyper-parameter checks in ``_checks`` and the settings their update
+    reads in ``_settings`` (a :class:`Settings`, applied to each group once per step), and
+    implement :meth:`_update` (one parameter's update, on raw arrays, in place).
     """
 
     _checks: Dict[str, Check] = {}
+    _settings: Settings
 
     def __init__(self, params: Any, defaults: Dict[str, Any]) -> None:
         self._check_hyper(defaults)  # before any group exists
@@ -144,7 +188,7 @@ class AdaptiveOptimizer(Optimizer):
         super().add_param_group(param_group)
 
     def _group_settings(self, group: Dict[str, Any]) -> Any:
-        raise NotImplementedError
+        return self._settings(group)
 
     def _update(self, param: Any, grad: Any, state: Dict[str, Any], settings: Any) -> None:
         raise NotImplementedError
@@ -162,10 +206,7 @@ class AdaptiveOptimizer(Optimizer):
         Raises:
             ValueError: a gradient is not shaped like its parameter.
         """
-        loss = None
-        if closure is not None:
-            with _autograd.enable_grad():
-                loss = closure()
+        loss = self._closure_loss(closure)
         state = self.state
         for group in self.param_groups:
             settings = self._group_settings(group)
@@ -293,6 +334,20 @@ def direction(param: Any, grad: Any, weight_decay: float, maximize: bool) -> Tup
         xp.negative(grad, out=d)
         return d, True
     return grad, False
+
+
+def real_arrays(param: Any, grad: Any) -> Tuple[Any, Any, Any]:
+    """``(xp, p, g)``: the array module of ``param`` and the real views (:func:`real`) of the
+    parameter and its gradient, which an update rule works on."""
+    return _backend.array_module(param), real(param), real(grad)
+
+
+def adam_moments(m: Any, v: Any, d: Any, beta1: float, beta2: float, tmp: Any) -> None:
+    """Adam's running moments of the direction ``d``, in place: ``m = lerp(m, d, 1 - beta1)``,
+    ``v = beta2 * v + (1 - beta2) * d * d`` (``tmp`` is scratch)."""
+    lerp_(m, d, 1.0 - beta1, tmp)
+    v *= beta2
+    add_square_(v, d, 1.0 - beta2, tmp)
 
 
 def lerp_(x: Any, end: Any, weight: float, tmp: Any) -> None:

@@ -14,21 +14,11 @@ on the raw arrays in place (NumPy or CuPy), with two scratch arrays per paramete
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional
-
-from mpitensor import backend as _backend
+from typing import Any, Dict, Optional
 
 from . import _adaptive as _a
 
 __all__ = ["Adadelta"]
-
-
-class _Settings(NamedTuple):
-    lr: float
-    rho: float
-    eps: float
-    weight_decay: float
-    maximize: bool
 
 
 class Adadelta(_a.AdaptiveOptimizer):
@@ -65,33 +55,20 @@ class Adadelta(_a.AdaptiveOptimizer):
 
     _checks = {"lr": _a.nonneg, "rho": _a.unit_closed, "eps": _a.nonneg,
                "weight_decay": _a.nonneg, "differentiable": _a.not_differentiable}
+    _settings = _a.Settings("lr", "rho", "eps", "weight_decay", "maximize")
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1.0,
-        rho: float = 0.9,
-        eps: float = 1e-6,
-        weight_decay: float = 0,
-        foreach: Optional[bool] = None,
-        *,
-        capturable: bool = False,
-        maximize: bool = False,
-        differentiable: bool = False,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6,
+                 weight_decay: float = 0, foreach: Optional[bool] = None, *,
+                 capturable: bool = False, maximize: bool = False,
+                 differentiable: bool = False) -> None:
         defaults = dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay,
                         maximize=bool(maximize), capturable=bool(capturable), foreach=foreach,
                         differentiable=differentiable)
         super().__init__(params, defaults)
 
-    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
-        return _Settings(float(group["lr"]), float(group["rho"]), float(group["eps"]),
-                         float(group["weight_decay"]), bool(group["maximize"]))
-
-    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: Any) -> None:
         _, (sq, acc) = _a.start_step(state, param, "square_avg", "acc_delta")
-        xp = _backend.array_module(param)
-        p, g = _a.real(param), _a.real(grad)
+        xp, p, g = _a.real_arrays(param, grad)
         d, _ = _a.direction(p, g, s.weight_decay, s.maximize)
 
         std = _a.scratch(p)

@@ -104,18 +104,10 @@ class Adafactor(_a.AdaptiveOptimizer):
     _checks = {"lr": _a.nonneg, "beta2_decay": _nonpositive, "eps": _eps_pair,
                "d": _clip_threshold, "weight_decay": _a.nonneg}
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-2,
-        beta2_decay: float = -0.8,
-        eps: Tuple[Optional[float], float] = (None, 1e-3),
-        d: float = 1.0,
-        weight_decay: float = 0.0,
-        *,
-        foreach: Optional[bool] = None,
-        maximize: bool = False,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1e-2, beta2_decay: float = -0.8,
+                 eps: Tuple[Optional[float], float] = (None, 1e-3), d: float = 1.0,
+                 weight_decay: float = 0.0, *, foreach: Optional[bool] = None,
+                 maximize: bool = False) -> None:
         defaults = dict(lr=lr, beta2_decay=beta2_decay, eps=eps, d=d,
                         weight_decay=weight_decay, foreach=foreach, maximize=bool(maximize))
         super().__init__(params, defaults)

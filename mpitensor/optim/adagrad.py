@@ -16,21 +16,13 @@ already lists them).
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, Optional
 
 from mpitensor import backend as _backend
 
 from . import _adaptive as _a
 
 __all__ = ["Adagrad"]
-
-
-class _Settings(NamedTuple):
-    lr: float
-    lr_decay: float
-    eps: float
-    weight_decay: float
-    maximize: bool
 
 
 class Adagrad(_a.AdaptiveOptimizer):
@@ -70,21 +62,12 @@ class Adagrad(_a.AdaptiveOptimizer):
     _checks = {"lr": _a.nonneg, "lr_decay": _a.nonneg, "weight_decay": _a.nonneg,
                "initial_accumulator_value": _a.nonneg, "eps": _a.nonneg,
                "differentiable": _a.not_differentiable}
+    _settings = _a.Settings("lr", "lr_decay", "eps", "weight_decay", "maximize")
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-2,
-        lr_decay: float = 0,
-        weight_decay: float = 0,
-        initial_accumulator_value: float = 0,
-        eps: float = 1e-10,
-        foreach: Optional[bool] = None,
-        *,
-        maximize: bool = False,
-        differentiable: bool = False,
-        fused: Optional[bool] = None,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1e-2, lr_decay: float = 0, weight_decay: float = 0,
+                 initial_accumulator_value: float = 0, eps: float = 1e-10,
+                 foreach: Optional[bool] = None, *, maximize: bool = False,
+                 differentiable: bool = False, fused: Optional[bool] = None) -> None:
         defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
                         initial_accumulator_value=initial_accumulator_value, foreach=foreach,
                         maximize=bool(maximize), differentiable=differentiable, fused=fused)
@@ -97,11 +80,7 @@ class Adagrad(_a.AdaptiveOptimizer):
         state["step"] = _a.new_step()
         state["sum"] = _a.zeros_state(param, float(self.defaults["initial_accumulator_value"]))
 
-    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
-        return _Settings(float(group["lr"]), float(group["lr_decay"]), float(group["eps"]),
-                         float(group["weight_decay"]), bool(group["maximize"]))
-
-    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: Any) -> None:
         if not state:  # a group added after construction
             self._init_state(param, state)
         step = _a.advance_step(state)

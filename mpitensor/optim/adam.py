@@ -18,24 +18,11 @@ steps on NumPy), on whichever array module (NumPy or CuPy) holds the parameter.
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
-
-from mpitensor import backend as _backend
+from typing import Any, Dict, Optional, Tuple
 
 from . import _adaptive as _a
 
 __all__ = ["Adam", "AdamW"]
-
-
-class _Settings(NamedTuple):
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    amsgrad: bool
-    maximize: bool
-    decoupled: bool
 
 
 class Adam(_a.AdaptiveOptimizer):
@@ -77,47 +64,29 @@ class Adam(_a.AdaptiveOptimizer):
     """
 
     _checks = _a.ADAM_CHECKS
+    _settings = _a.Settings("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize",
+                            "decoupled_weight_decay")
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-3,
-        betas: Tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        amsgrad: bool = False,
-        *,
-        foreach: Optional[bool] = None,
-        maximize: bool = False,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: Optional[bool] = None,
-        decoupled_weight_decay: bool = False,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *,
+                 foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, fused: Optional[bool] = None,
+                 decoupled_weight_decay: bool = False) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         amsgrad=bool(amsgrad), maximize=bool(maximize), foreach=foreach,
                         capturable=bool(capturable), differentiable=differentiable, fused=fused,
                         decoupled_weight_decay=bool(decoupled_weight_decay))
         super().__init__(params, defaults)
 
-    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
-        b1, b2 = group["betas"]
-        return _Settings(float(group["lr"]), float(b1), float(b2), float(group["eps"]),
-                         float(group["weight_decay"]), bool(group["amsgrad"]),
-                         bool(group["maximize"]), bool(group.get("decoupled_weight_decay")))
-
-    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: Any) -> None:
         step, (m, v) = _a.start_step(state, param, "exp_avg", "exp_avg_sq")
         if s.amsgrad:  # made here on the first step, after the moments (torch's layout)
             vmax = _a.real(_a.state_array(state, "max_exp_avg_sq", param))
-        xp = _backend.array_module(param)
-        p, g = _a.real(param), _a.real(grad)
+        xp, p, g = _a.real_arrays(param, grad)
 
         d = _a.decayed_direction(p, g, s.lr, s.weight_decay, s.decoupled, s.maximize)
         t = _a.scratch(p)
-        _a.lerp_(m, d, 1.0 - s.beta1, t)
-        v *= s.beta2
-        _a.add_square_(v, d, 1.0 - s.beta2, t)
+        _a.adam_moments(m, v, d, s.beta1, s.beta2, t)
         del d  # a scratch buffer: hand it back before the next one is taken
 
         step_size = s.lr / (1.0 - s.beta1 ** step)
@@ -163,21 +132,10 @@ class AdamW(Adam):
         tensor([0.9500], requires_grad=True)
     """
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-3,
-        betas: Tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-2,
-        amsgrad: bool = False,
-        *,
-        maximize: bool = False,
-        foreach: Optional[bool] = None,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: Optional[bool] = None,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
+                 maximize: bool = False, foreach: Optional[bool] = None, capturable: bool = False,
+                 differentiable: bool = False, fused: Optional[bool] = None) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
                          maximize=maximize, capturable=capturable, differentiable=differentiable,
                          fused=fused, decoupled_weight_decay=True)

@@ -14,22 +14,11 @@ on the raw arrays in place (NumPy or CuPy), with one scratch array per parameter
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
-
-from mpitensor import backend as _backend
+from typing import Any, Dict, Optional, Tuple
 
 from . import _adaptive as _a
 
 __all__ = ["Adamax"]
-
-
-class _Settings(NamedTuple):
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    maximize: bool
 
 
 class Adamax(_a.AdaptiveOptimizer):
@@ -51,9 +40,8 @@ class Adamax(_a.AdaptiveOptimizer):
         capturable: accepted for torch compatibility (CUDA-graph capture).
 
     Raises:
-        ValueError: ``lr``, ``eps`` or ``weight_decay`` is negative or NaN, a beta is outside
-            [0, 1), or ``differentiable`` is True.
-        TypeError: a hyper-parameter is not a number.
+        ValueError, TypeError: a hyper-parameter that the Adam family's checks reject (see
+            :class:`~mpitensor.optim.Adam`).
 
     Example:
         >>> import mpitensor as mt
@@ -67,34 +55,20 @@ class Adamax(_a.AdaptiveOptimizer):
     """
 
     _checks = _a.ADAM_CHECKS
+    _settings = _a.Settings("lr", "betas", "eps", "weight_decay", "maximize")
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 2e-3,
-        betas: Tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        foreach: Optional[bool] = None,
-        *,
-        maximize: bool = False,
-        differentiable: bool = False,
-        capturable: bool = False,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 2e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, foreach: Optional[bool] = None, *,
+                 maximize: bool = False, differentiable: bool = False,
+                 capturable: bool = False) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
                         maximize=bool(maximize), differentiable=differentiable,
                         capturable=bool(capturable))
         super().__init__(params, defaults)
 
-    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
-        b1, b2 = group["betas"]
-        return _Settings(float(group["lr"]), float(b1), float(b2), float(group["eps"]),
-                         float(group["weight_decay"]), bool(group["maximize"]))
-
-    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: Any) -> None:
         step, (m, u) = _a.start_step(state, param, "exp_avg", "exp_inf")
-        xp = _backend.array_module(param)
-        p, g = _a.real(param), _a.real(grad)
+        xp, p, g = _a.real_arrays(param, grad)
         d, _ = _a.direction(p, g, s.weight_decay, s.maximize)
         t = _a.scratch(p)
         _a.lerp_(m, d, 1.0 - s.beta1, t)

@@ -17,7 +17,7 @@ changed), so their rounding is torch's.
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, Optional
 
 from mpitensor import backend as _backend
 from mpitensor.tensor import Tensor
@@ -25,15 +25,6 @@ from mpitensor.tensor import Tensor
 from . import _adaptive as _a
 
 __all__ = ["ASGD"]
-
-
-class _Settings(NamedTuple):
-    lr: float
-    lambd: float
-    alpha: float
-    t0: float
-    weight_decay: float
-    maximize: bool
 
 
 class ASGD(_a.AdaptiveOptimizer):
@@ -71,31 +62,18 @@ class ASGD(_a.AdaptiveOptimizer):
 
     _checks = {"lr": _a.nonneg, "weight_decay": _a.nonneg,
                "differentiable": _a.not_differentiable}
+    _settings = _a.Settings("lr", "lambd", "alpha", "t0", "weight_decay", "maximize")
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-2,
-        lambd: float = 1e-4,
-        alpha: float = 0.75,
-        t0: float = 1e6,
-        weight_decay: float = 0,
-        foreach: Optional[bool] = None,
-        maximize: bool = False,
-        differentiable: bool = False,
-        capturable: bool = False,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1e-2, lambd: float = 1e-4, alpha: float = 0.75,
+                 t0: float = 1e6, weight_decay: float = 0, foreach: Optional[bool] = None,
+                 maximize: bool = False, differentiable: bool = False,
+                 capturable: bool = False) -> None:
         defaults = dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
                         foreach=foreach, maximize=bool(maximize), differentiable=differentiable,
                         capturable=bool(capturable))
         super().__init__(params, defaults)
 
-    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
-        return _Settings(float(group["lr"]), float(group["lambd"]), float(group["alpha"]),
-                         float(group["t0"]), float(group["weight_decay"]),
-                         bool(group["maximize"]))
-
-    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: Any) -> None:
         if not state:
             state["step"] = _a.new_step()
             state["eta"] = _scalar(s.lr)

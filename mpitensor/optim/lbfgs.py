@@ -184,17 +184,10 @@ class LBFGS(Optimizer):
         [1.0, 1.0]
     """
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1,
-        max_iter: int = 20,
-        max_eval: Optional[int] = None,
-        tolerance_grad: float = 1e-7,
-        tolerance_change: float = 1e-9,
-        history_size: int = 100,
-        line_search_fn: Optional[str] = None,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1, max_iter: int = 20,
+                 max_eval: Optional[int] = None, tolerance_grad: float = 1e-7,
+                 tolerance_change: float = 1e-9, history_size: int = 100,
+                 line_search_fn: Optional[str] = None) -> None:
         _a.nonneg("LBFGS", "lr", lr)
         _check_line_search(line_search_fn)
         if max_eval is None:

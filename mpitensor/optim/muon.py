@@ -116,18 +116,10 @@ class Muon(_a.AdaptiveOptimizer):
     _checks = {"lr": _a.nonneg, "weight_decay": _a.nonneg, "momentum": _a.nonneg,
                "adjust_lr_fn": _adjust_fn}
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
-        momentum: float = 0.95,
-        nesterov: bool = True,
-        ns_coefficients: Tuple[float, float, float] = (3.4445, -4.775, 2.0315),
-        eps: float = 1e-7,
-        ns_steps: int = 5,
-        adjust_lr_fn: Optional[str] = None,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1e-3, weight_decay: float = 0.1,
+                 momentum: float = 0.95, nesterov: bool = True,
+                 ns_coefficients: Tuple[float, float, float] = (3.4445, -4.775, 2.0315),
+                 eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: Optional[str] = None) -> None:
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
                         nesterov=bool(nesterov), ns_coefficients=ns_coefficients, eps=eps,
                         ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn)

@@ -22,25 +22,13 @@ The running product ``P`` is kept, as torch keeps it, in a 0-d Tensor of the def
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from mpitensor import backend as _backend
 from mpitensor.tensor import Tensor
 
 from . import _adaptive as _a
 
 __all__ = ["NAdam"]
-
-
-class _Settings(NamedTuple):
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    momentum_decay: float
-    decoupled: bool
-    maximize: bool
 
 
 class NAdam(_a.AdaptiveOptimizer):
@@ -80,22 +68,14 @@ class NAdam(_a.AdaptiveOptimizer):
     _checks = {"lr": _a.nonneg, "betas": _a.betas_pair, "eps": _a.nonneg,
                "weight_decay": _a.nonneg, "momentum_decay": _a.nonneg,
                "differentiable": _a.not_differentiable}
+    _settings = _a.Settings("lr", "betas", "eps", "weight_decay", "momentum_decay",
+                            "decoupled_weight_decay", "maximize")
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 2e-3,
-        betas: Tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        momentum_decay: float = 4e-3,
-        decoupled_weight_decay: bool = False,
-        *,
-        foreach: Optional[bool] = None,
-        maximize: bool = False,
-        capturable: bool = False,
-        differentiable: bool = False,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 2e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, momentum_decay: float = 4e-3,
+                 decoupled_weight_decay: bool = False, *, foreach: Optional[bool] = None,
+                 maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         momentum_decay=momentum_decay,
                         decoupled_weight_decay=bool(decoupled_weight_decay),
@@ -103,21 +83,14 @@ class NAdam(_a.AdaptiveOptimizer):
                         differentiable=differentiable)
         super().__init__(params, defaults)
 
-    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
-        b1, b2 = group["betas"]
-        return _Settings(float(group["lr"]), float(b1), float(b2), float(group["eps"]),
-                         float(group["weight_decay"]), float(group["momentum_decay"]),
-                         bool(group.get("decoupled_weight_decay")), bool(group["maximize"]))
-
-    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: Any) -> None:
         if not state:  # torch's layout: the product of the momenta comes before the moments
             state["step"] = _a.new_step()
             mu_product = _a.new_step()
             mu_product._data[...] = 1.0
             state["mu_product"] = mu_product
         step, (m, v) = _a.start_step(state, param, "exp_avg", "exp_avg_sq")
-        xp = _backend.array_module(param)
-        p, g = _a.real(param), _a.real(grad)
+        xp, p, g = _a.real_arrays(param, grad)
         d = _a.decayed_direction(p, g, s.lr, s.weight_decay, s.decoupled, s.maximize)
         mu = s.beta1 * (1.0 - 0.5 * 0.96 ** (step * s.momentum_decay))
         mu_next = s.beta1 * (1.0 - 0.5 * 0.96 ** ((step + 1) * s.momentum_decay))
@@ -125,9 +98,7 @@ class NAdam(_a.AdaptiveOptimizer):
         prod *= mu  # in the counter's own dtype, as torch rounds it
         mu_prod = float(prod)
         t = _a.scratch(p)
-        _a.lerp_(m, d, 1.0 - s.beta1, t)
-        v *= s.beta2
-        _a.add_square_(v, d, 1.0 - s.beta2, t)
+        _a.adam_moments(m, v, d, s.beta1, s.beta2, t)
         denom = t
         xp.divide(v, 1.0 - s.beta2 ** step, out=denom)
         xp.sqrt(denom, out=denom)

@@ -13,6 +13,7 @@ import contextlib
 from collections import defaultdict
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor.tensor import Tensor
@@ -179,6 +180,14 @@ class Optimizer:
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """Update the parameters once; subclasses implement it."""
         raise NotImplementedError(f"{type(self).__name__} does not implement step()")
+
+    @staticmethod
+    def _closure_loss(closure: Optional[Callable[[], Any]]) -> Any:
+        """What a step's ``closure`` returns, run with gradients enabled (None without one)."""
+        if closure is None:
+            return None
+        with _autograd.enable_grad():
+            return closure()
 
     # ---- state dicts ------------------------------------------------------------------------
 

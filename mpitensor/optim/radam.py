@@ -21,23 +21,11 @@ The update is ``torch.optim.RAdam``'s (Liu et al., 2019), per parameter::
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
-
-from mpitensor import backend as _backend
+from typing import Any, Dict, Optional, Tuple
 
 from . import _adaptive as _a
 
 __all__ = ["RAdam"]
-
-
-class _Settings(NamedTuple):
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    decoupled: bool
-    maximize: bool
 
 
 class RAdam(_a.AdaptiveOptimizer):
@@ -59,9 +47,8 @@ class RAdam(_a.AdaptiveOptimizer):
         differentiable: must be False (the step is not recorded by autograd).
 
     Raises:
-        ValueError: ``lr``, ``eps`` or ``weight_decay`` is negative or NaN, a beta is outside
-            [0, 1), or ``differentiable`` is True.
-        TypeError: a hyper-parameter is not a number.
+        ValueError, TypeError: a hyper-parameter that the Adam family's checks reject (see
+            :class:`~mpitensor.optim.Adam`).
 
     Example:
         >>> import mpitensor as mt
@@ -77,42 +64,25 @@ class RAdam(_a.AdaptiveOptimizer):
     """
 
     _checks = _a.ADAM_CHECKS
+    _settings = _a.Settings("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay",
+                            "maximize")
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-3,
-        betas: Tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        decoupled_weight_decay: bool = False,
-        *,
-        foreach: Optional[bool] = None,
-        maximize: bool = False,
-        capturable: bool = False,
-        differentiable: bool = False,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, decoupled_weight_decay: bool = False,
+                 *, foreach: Optional[bool] = None, maximize: bool = False,
+                 capturable: bool = False, differentiable: bool = False) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         maximize=bool(maximize), foreach=foreach, capturable=bool(capturable),
                         decoupled_weight_decay=bool(decoupled_weight_decay),
                         differentiable=differentiable)
         super().__init__(params, defaults)
 
-    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
-        b1, b2 = group["betas"]
-        return _Settings(float(group["lr"]), float(b1), float(b2), float(group["eps"]),
-                         float(group["weight_decay"]), bool(group.get("decoupled_weight_decay")),
-                         bool(group["maximize"]))
-
-    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: Any) -> None:
         step, (m, v) = _a.start_step(state, param, "exp_avg", "exp_avg_sq")
-        xp = _backend.array_module(param)
-        p, g = _a.real(param), _a.real(grad)
+        xp, p, g = _a.real_arrays(param, grad)
         d = _a.decayed_direction(p, g, s.lr, s.weight_decay, s.decoupled, s.maximize)
         t = _a.scratch(p)
-        _a.lerp_(m, d, 1.0 - s.beta1, t)
-        v *= s.beta2
-        _a.add_square_(v, d, 1.0 - s.beta2, t)
+        _a.adam_moments(m, v, d, s.beta1, s.beta2, t)
         del d
         bc1 = 1.0 - s.beta1 ** step
         bc2 = 1.0 - s.beta2 ** step

@@ -21,23 +21,13 @@ on the raw arrays in place (NumPy or CuPy), with one or two scratch arrays per p
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, Optional
 
 from mpitensor import backend as _backend
 
 from . import _adaptive as _a
 
 __all__ = ["RMSprop"]
-
-
-class _Settings(NamedTuple):
-    lr: float
-    alpha: float
-    eps: float
-    weight_decay: float
-    momentum: float
-    centered: bool
-    maximize: bool
 
 
 class RMSprop(_a.AdaptiveOptimizer):
@@ -78,32 +68,19 @@ class RMSprop(_a.AdaptiveOptimizer):
     _checks = {"lr": _a.nonneg, "eps": _a.nonneg, "momentum": _a.nonneg,
                "weight_decay": _a.nonneg, "alpha": _a.nonneg,
                "differentiable": _a.not_differentiable}
+    _settings = _a.Settings("lr", "alpha", "eps", "weight_decay", "momentum", "centered",
+                            "maximize")
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-2,
-        alpha: float = 0.99,
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        momentum: float = 0,
-        centered: bool = False,
-        capturable: bool = False,
-        foreach: Optional[bool] = None,
-        maximize: bool = False,
-        differentiable: bool = False,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
+                 weight_decay: float = 0, momentum: float = 0, centered: bool = False,
+                 capturable: bool = False, foreach: Optional[bool] = None, maximize: bool = False,
+                 differentiable: bool = False) -> None:
         defaults = dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps, centered=bool(centered),
                         weight_decay=weight_decay, capturable=bool(capturable), foreach=foreach,
                         maximize=bool(maximize), differentiable=differentiable)
         super().__init__(params, defaults)
 
-    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
-        return _Settings(float(group["lr"]), float(group["alpha"]), float(group["eps"]),
-                         float(group["weight_decay"]), float(group["momentum"]),
-                         bool(group["centered"]), bool(group["maximize"]))
-
-    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: Any) -> None:
         if not state:
             state["step"] = _a.new_step()
             state["square_avg"] = _a.zeros_state(param)

@@ -16,22 +16,13 @@ The update is ``torch.optim.Rprop``'s, per parameter::
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from mpitensor import backend as _backend
 
 from . import _adaptive as _a
 
 __all__ = ["Rprop"]
-
-
-class _Settings(NamedTuple):
-    lr: float
-    etaminus: float
-    etaplus: float
-    step_min: float
-    step_max: float
-    maximize: bool
 
 
 def _etas(owner: str, name: str, value: Any) -> None:
@@ -81,19 +72,12 @@ class Rprop(_a.AdaptiveOptimizer):
 
     _checks = {"lr": _a.nonneg, "etas": _etas, "step_sizes": _step_sizes,
                "differentiable": _a.not_differentiable}
+    _settings = _a.Settings("lr", "etas", "step_sizes", "maximize")
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-2,
-        etas: Tuple[float, float] = (0.5, 1.2),
-        step_sizes: Tuple[float, float] = (1e-6, 50),
-        *,
-        capturable: bool = False,
-        foreach: Optional[bool] = None,
-        maximize: bool = False,
-        differentiable: bool = False,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1e-2, etas: Tuple[float, float] = (0.5, 1.2),
+                 step_sizes: Tuple[float, float] = (1e-6, 50), *, capturable: bool = False,
+                 foreach: Optional[bool] = None, maximize: bool = False,
+                 differentiable: bool = False) -> None:
         defaults = dict(lr=lr, etas=etas, step_sizes=step_sizes, foreach=foreach,
                         maximize=bool(maximize), differentiable=differentiable,
                         capturable=bool(capturable))
@@ -105,13 +89,7 @@ class Rprop(_a.AdaptiveOptimizer):
         defaults["etas"] = tuple(defaults["etas"])
         defaults["step_sizes"] = tuple(defaults["step_sizes"])
 
-    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
-        em, ep = group["etas"]
-        lo, hi = group["step_sizes"]
-        return _Settings(float(group["lr"]), float(em), float(ep), float(lo), float(hi),
-                         bool(group["maximize"]))
-
-    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: Any) -> None:
         if not state:
             state["step"] = _a.new_step()
             state["prev"] = _a.zeros_state(param)

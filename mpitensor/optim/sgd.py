@@ -64,20 +64,10 @@ class SGD(Optimizer):
         tensor([0.8000, 1.6000], requires_grad=True)
     """
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-3,
-        momentum: float = 0,
-        dampening: float = 0,
-        weight_decay: float = 0,
-        nesterov: bool = False,
-        *,
-        maximize: bool = False,
-        foreach: Optional[bool] = None,
-        differentiable: bool = False,
-        fused: Optional[bool] = None,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1e-3, momentum: float = 0, dampening: float = 0,
+                 weight_decay: float = 0, nesterov: bool = False, *, maximize: bool = False,
+                 foreach: Optional[bool] = None, differentiable: bool = False,
+                 fused: Optional[bool] = None) -> None:
         if lr is not required:
             _check_nonneg("learning rate", lr)
         _check_nonneg("momentum value", momentum)
@@ -108,14 +98,16 @@ class SGD(Optimizer):
                              f"(got momentum={g['momentum']}, dampening={g['dampening']})")
 
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        """Update every parameter that has a gradient; parameters with ``grad is None`` are skipped.
+        """One SGD update of each parameter with a gradient (a sparse one entry by entry).
+
+        Parameters whose ``grad`` is None are left as they are.
 
         Args:
-            closure: optional callable that re-evaluates the model and returns the loss (run
-                with gradients enabled).
+            closure: optional; re-evaluates the model and returns the loss, and runs with
+                gradients enabled.
 
         Returns:
-            The closure's loss, or None.
+            What ``closure`` returned (None without one).
 
         Example:
             >>> import mpitensor as mt
@@ -126,10 +118,7 @@ class SGD(Optimizer):
             >>> w
             tensor([0.], requires_grad=True)
         """
-        loss = None
-        if closure is not None:
-            with _autograd.enable_grad():
-                loss = closure()
+        loss = self._closure_loss(closure)
         state = self.state
         for group in self.param_groups:
             lr = group["lr"]

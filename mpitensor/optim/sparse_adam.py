@@ -24,7 +24,7 @@ Where it differs from torch, and why:
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, NamedTuple, Tuple
+from typing import Any, Dict, Tuple
 
 from mpitensor import backend as _backend
 from mpitensor._ops.sparse import held_entries, sparse_of
@@ -32,14 +32,6 @@ from mpitensor._ops.sparse import held_entries, sparse_of
 from . import _adaptive as _a
 
 __all__ = ["SparseAdam"]
-
-
-class _Settings(NamedTuple):
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    maximize: bool
 
 
 def _real_floats(owner: str, param: Any) -> None:
@@ -78,24 +70,14 @@ class SparseAdam(_a.AdaptiveOptimizer):
     """
 
     _checks = {"lr": _a.nonneg, "betas": _a.betas_pair, "eps": _a.nonneg}
+    _settings = _a.Settings("lr", "betas", "eps", "maximize")
 
-    def __init__(
-        self,
-        params: Any,
-        lr: float = 1e-3,
-        betas: Tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        maximize: bool = False,
-    ) -> None:
+    def __init__(self, params: Any, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, maximize: bool = False) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, maximize=bool(maximize))
         super().__init__(params, defaults)
 
-    def _group_settings(self, group: Dict[str, Any]) -> _Settings:
-        b1, b2 = group["betas"]
-        return _Settings(float(group["lr"]), float(b1), float(b2), float(group["eps"]),
-                         bool(group["maximize"]))
-
-    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: _Settings) -> None:
+    def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: Any) -> None:
         _real_floats("SparseAdam", param)
         if not state:
             state["step"] = 0
