@@ -379,17 +379,9 @@ def empty(
                    memory_format=memory_format)
 
 
-def full(
-    size: Any,
-    fill_value: Any,
-    *,
-    out: Optional[Tensor] = None,
-    dtype: DTypeLike = None,
-    layout: Any = None,
-    device: DeviceLike = None,
-    pin_memory: bool = False,
-    requires_grad: bool = False,
-) -> Tensor:
+def full(size: Any, fill_value: Any, *, out: Optional[Tensor] = None, dtype: DTypeLike = None,
+         layout: Any = None, device: DeviceLike = None, pin_memory: bool = False,
+         requires_grad: bool = False) -> Tensor:
     """Make a tensor filled with ``fill_value``; the dtype follows the value as in torch.
 
     Args:
@@ -476,18 +468,9 @@ def full_like(
     return finish(create(dev, "full", shape, fill_value, dtype=dt), requires_grad)
 
 
-def arange(
-    start: Any = None,
-    end: Any = None,
-    step: Any = 1,
-    *,
-    out: Optional[Tensor] = None,
-    dtype: DTypeLike = None,
-    layout: Any = None,
-    device: DeviceLike = None,
-    pin_memory: bool = False,
-    requires_grad: bool = False,
-) -> Tensor:
+def arange(start: Any = None, end: Any = None, step: Any = 1, *, out: Optional[Tensor] = None,
+           dtype: DTypeLike = None, layout: Any = None, device: DeviceLike = None,
+           pin_memory: bool = False, requires_grad: bool = False) -> Tensor:
     """Make ``[start, start + step, ...]`` up to (not including) ``end``, like ``torch.arange``.
 
     All-integer arguments give int64; any float gives the default dtype (float32). Values are
@@ -558,15 +541,8 @@ def arange(
     return finish(move(arr, dev), requires_grad)
 
 
-def linspace(
-    start: Any,
-    end: Any,
-    steps: int,
-    *,
-    dtype: DTypeLike = None,
-    device: DeviceLike = None,
-    requires_grad: bool = False,
-) -> Tensor:
+def linspace(start: Any, end: Any, steps: int, *, dtype: DTypeLike = None,
+             device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
     """Make ``steps`` evenly spaced values from ``start`` to ``end`` inclusive.
 
     Raises:

@@ -342,19 +342,10 @@ def _bound(v: Any, what: str) -> int:
 _UNSET = object()
 
 
-def randint(
-    *args: Any,
-    low: Any = _UNSET,
-    high: Any = _UNSET,
-    size: Any = None,
-    generator: Any = None,
-    out: Any = None,
-    dtype: DTypeLike = None,
-    layout: Any = None,
-    device: DeviceLike = None,
-    requires_grad: bool = False,
-    pin_memory: bool = False,
-) -> Tensor:
+def randint(*args: Any, low: Any = _UNSET, high: Any = _UNSET, size: Any = None,
+            generator: Any = None, out: Any = None, dtype: DTypeLike = None, layout: Any = None,
+            device: DeviceLike = None, requires_grad: bool = False,
+            pin_memory: bool = False) -> Tensor:
     """Make random integers in ``[low, high)`` (``low`` defaults to 0), with torch's overloads:
     ``randint(high, size)``, ``randint(low, high, size)``, and any of ``low``, ``high``,
     ``size`` given by keyword instead.
@@ -416,17 +407,9 @@ def randint(
     return finish(arr, requires_grad) if out is None else write_into(out, arr, "randint")
 
 
-def randperm(
-    n: int,
-    *,
-    generator: Any = None,
-    out: Any = None,
-    dtype: DTypeLike = None,
-    layout: Any = None,
-    device: DeviceLike = None,
-    requires_grad: bool = False,
-    pin_memory: bool = False,
-) -> Tensor:
+def randperm(n: int, *, generator: Any = None, out: Any = None, dtype: DTypeLike = None,
+             layout: Any = None, device: DeviceLike = None, requires_grad: bool = False,
+             pin_memory: bool = False) -> Tensor:
     """Make a random permutation of ``0 .. n-1`` (int64 by default; arguments as in
     :func:`rand`).
 
@@ -651,8 +634,8 @@ class _RandomMethods:
         if not sigma > 0:
             raise BadValueError(f"cauchy_(): sigma must be > 0, got {sigma}")
         u = _uniform01(self, generator)
-        m = _backend.array_module(u)
-        return _fill_with(self, median + sigma * m.tan(np.pi * (u - 0.5)), "cauchy_()")
+        return _fill_with(self, median + sigma * _backend.array_module(u).tan(np.pi * (u - 0.5)),
+                          "cauchy_()")
 
     def bernoulli(self, p: Any = None, *, generator: Any = None) -> Tensor:
         """Return 1 or 0 per element, 1 with the probability the element holds (or ``p``)."""

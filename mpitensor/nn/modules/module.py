@@ -230,14 +230,9 @@ class Module:
         """
         return self._forward_pre_hooks.add(hook, prepend, with_kwargs)
 
-    def register_forward_hook(
-        self,
-        hook: Callable,
-        *,
-        prepend: bool = False,
-        with_kwargs: bool = False,
-        always_call: bool = False,
-    ) -> RemovableHandle:
+    def register_forward_hook(self, hook: Callable, *, prepend: bool = False,
+                              with_kwargs: bool = False,
+                              always_call: bool = False) -> RemovableHandle:
         """Run ``hook(module, args, output)`` after every ``forward``; non-None replaces output.
 
         Args:
