@@ -29,10 +29,13 @@ and against torch's run where torch is installed).
 world is even, else 1), so any world size runs: ``python examples/sharded_training.py`` is a
 1x1 mesh, ``mpiexec -n 2`` a 1x2 mesh (tensor parallel only), ``mpiexec -n 3`` a 3x1 mesh
 (data parallel only). The data-parallel size (world / tp) must divide the global batch of 12.
-``--steps`` (default 20) and ``--lr`` (AdamW, default 0.01) size the run. Rank 0 prints
+``--loss-parallel`` keeps the logits split over the classes (a DTensor) and computes the
+cross-entropy under ``loss_parallel()``, without gathering them. ``--steps`` (default 20) and
+``--lr`` (AdamW, default 0.01) size the run. Rank 0 prints
 everything; a bad flag prints one line on rank 0's stderr and exits with code 2.
 """
 import argparse
+import contextlib
 import os
 import sys
 
@@ -44,12 +47,13 @@ if os.environ.get("USE_MPITENSOR", "1") == "1":
     import mpitensor.nn.functional as F
     from mpitensor import nn
     from mpitensor.distributed.device_mesh import init_device_mesh
-    from mpitensor.distributed.tensor import Replicate, Shard
+    from mpitensor.distributed.tensor import DTensor, Replicate, Shard
     from mpitensor.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
+        loss_parallel,
         parallelize_module,
     )
     from mpitensor.nn.parallel import DistributedDataParallel as DDP
@@ -59,12 +63,13 @@ else:
     import torch.nn.functional as F
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
+        loss_parallel,
         parallelize_module,
     )
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -144,8 +149,9 @@ def init_weights(model, seed):
             p.copy_(torch.from_numpy(a * 0 if name.endswith("bias") else a))
 
 
-def tp_plan():
-    """How each module is split over "tp" (torch's sequence-parallel transformer plan)."""
+def tp_plan(split_loss=False):
+    """How each module is split over "tp" (torch's sequence-parallel transformer plan); with
+    ``split_loss`` the logits stay split over the classes (a DTensor, for loss_parallel)."""
     block = {
         "attention_norm": SequenceParallel(),
         "attention": PrepareModuleInput(input_layouts=(Shard(1),),
@@ -165,7 +171,9 @@ def tp_plan():
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "pos_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                                  use_local_output=False) if split_loss else
+        ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
     })
     return plan
 
@@ -209,6 +217,8 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--tp", type=int, default=None, help="tensor-parallel size")
+    parser.add_argument("--loss-parallel", action="store_true",
+                        help="keep the logits split over the classes; loss_parallel() loss")
     parser.add_argument("--no-parallel", action="store_true",
                         help="train the same model on one process, without a mesh")
     args = parser.parse_args()
@@ -228,7 +238,7 @@ def main():
         where = "one process, no parallelism"
     else:
         mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-        parallelize_module(model, mesh["tp"], tp_plan())
+        parallelize_module(model, mesh["tp"], tp_plan(args.loss_parallel))
         wq = model.layers[0].attention.wq.weight
         where = (f"{world} rank(s) as a {dp}x{tp} mesh (dp={dp}, tp={tp}); "
                  f"layers.0.attention.wq.weight {tuple(wq.placements)} over tp, "
@@ -249,12 +259,15 @@ def train(model, args, rank, dp, mesh):
     for step in range(args.steps):
         x, y = batch(step)
         x, y = x[r * share:(r + 1) * share], y[r * share:(r + 1) * share]
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+        split = args.loss_parallel and mesh is not None
         opt.zero_grad()
-        loss.backward()
+        with loss_parallel() if split else contextlib.nullcontext():
+            logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+            loss.backward()
         opt.step()
-        mean = loss.detach().clone()
+        mean = loss.detach()
+        mean = mean.full_tensor() if isinstance(mean, DTensor) else mean.clone()
         if mesh is not None:
             dist.all_reduce(mean, group=mesh.get_group("dp"))  # SUM (gloo has no AVG)
         losses.append(mean.item() / dp)

@@ -9,7 +9,9 @@ Spec:
   parallelism (``--no-parallel``) to 1e-5 relative: the runs differ only in the order of
   float32 sums (partial products reduced over "tp", per-rank means averaged over "dp"), a few
   ulps per step, which 20 AdamW steps grow to about 1e-6 here;
-- the degenerate meshes (1 rank: 1x1; 2 ranks: 1x2; 3 ranks: 3x1) train the same model too;
+- the degenerate meshes (1 rank: 1x1; 2 ranks: 1x2; 3 ranks: 3x1), four-way tensor
+  parallelism (1x4) and the loss on class-split logits (``--loss-parallel``) train the same
+  model too;
 - flags that do not fit the world print one line on stderr and exit with code 2;
 - under torch (``USE_MPITENSOR=0``, gloo, where torch is installed) the same program at 4
   ranks prints the same header and the same losses to 1e-5.
@@ -125,6 +127,12 @@ def test_degenerate_meshes_train_the_same_model(n: int, mesh: str,
 def test_four_way_tensor_parallel(single: np.ndarray) -> None:
     out = run("mpiexec -n 4 python examples/sharded_training.py --tp 4 --steps 8")
     assert "1x4 mesh (dp=1, tp=4)" in out and "local (8, 32) of (32, 32)" in out, out
+    np.testing.assert_allclose(losses(out, 8), single[:8], rtol=RTOL)
+
+
+def test_loss_parallel_on_class_split_logits(single: np.ndarray) -> None:
+    out = run("mpiexec -n 4 python examples/sharded_training.py --loss-parallel --steps 8")
+    assert "2x2 mesh (dp=2, tp=2)" in out, out
     np.testing.assert_allclose(losses(out, 8), single[:8], rtol=RTOL)
 
 
