@@ -137,7 +137,10 @@ def test_parameter_server_async_learns(workdir: Path) -> None:
     """Async mode: every push is an update (2 per step); the loss falls, the accuracy rises.
 
     The order of the pushes, and so the result, changes from run to run: the bounds are loose
-    (measured after 100 steps: 90.5-91.8 % on MNIST, 91.6-93.6 % on Digits, from about 10 %).
+    (measured after 100 steps at async mode's default momentum of 0.7, six runs on MNIST:
+    85.1-87.9 %, held-out loss 0.45-0.50, from 2.31 and 9.3 %; three on Digits, 92 steps:
+    75.5-86.4 %, loss 0.47-0.75 from 2.30). At momentum 0.9 about one run in eight stayed near
+    chance for two epochs (a CI run ended at 38.65 %, loss 2.01).
     """
     args = ["--mode", "async", "--train-size", "2000", "--epochs", "4", "--max-steps", "100",
             *DATA]
@@ -146,7 +149,11 @@ def test_parameter_server_async_learns(workdir: Path) -> None:
     per_epoch_steps = int(re.search(r"4 epoch\(s\) of (\d+) steps", lines[0]).group(1))
     steps = min(100, 4 * per_epoch_steps)
     assert final.group(5, 6, 7) == (str(2 * steps), "2", "async"), final.group(0)
-    _assert_learned(initial, per_epoch[-1], final, min_accuracy=40.0, max_loss_ratio=0.75)
+    assert "async SGD, batch 32 per worker = 32 per update" in lines[0], lines[0]
+    assert "momentum 0.7," in lines[0], lines[0]
+    bounds = dict(min_accuracy=70.0, max_loss_ratio=0.4) if HAVE_MNIST else dict(
+        min_accuracy=60.0, max_loss_ratio=0.5)
+    _assert_learned(initial, per_epoch[-1], final, **bounds)
 
 
 FAILING_WORKER = textwrap.dedent("""
