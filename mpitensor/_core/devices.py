@@ -51,6 +51,20 @@ def parse_device(device: DeviceLike) -> Optional[_backend.device]:
     )
 
 
+def device_or_dtype(a: Any) -> tuple:
+    """The role of one positional argument of ``to()``: ``(True, device)`` for a device, a
+    device number or a device string (``"cuda:0"``), else ``(False, a)``: a dtype or a dtype
+    name, left for the caller to check."""
+    if isinstance(a, (_backend.device, int, np.integer)):
+        return True, a
+    if isinstance(a, str):
+        try:
+            return True, _backend.device(a)
+        except ValueError:
+            pass  # "float64" and friends
+    return False, a
+
+
 def cuda_index(dev: _backend.device) -> int:
     """The GPU number of a CUDA device; ``cuda`` without a number is the current GPU."""
     if dev.index is not None:

@@ -22,7 +22,14 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._core.devices import DeviceLike, is_cupy, is_on, move, parse_device
+from mpitensor._core.devices import (
+    DeviceLike,
+    device_or_dtype,
+    is_cupy,
+    is_on,
+    move,
+    parse_device,
+)
 from mpitensor._core.legacy_types import parse_type, type_name
 from mpitensor._core.opkit import NO_RECORD, tensor_methods, wrap
 from mpitensor.autograd import Function
@@ -103,16 +110,13 @@ def to_args(args: tuple, kwargs: dict) -> tuple:
             device, dtype = a.device, a.dtype
         elif isinstance(a, bool):
             flags.append(a)
-        elif isinstance(a, (_backend.device, int, np.integer)):
-            device = a
-        elif isinstance(a, str):
-            try:
-                device = _backend.device(a)
-            except ValueError:
-                dtype = _dt.to_dtype(a)
         elif a is not None:
+            is_device, v = device_or_dtype(a)
+            if is_device:
+                device = v
+                continue
             try:
-                dtype = _dt.to_dtype(a)
+                dtype = _dt.to_dtype(v)
             except TypeError:
                 raise TypeError(f"to() takes a device, a dtype or a tensor, got {a!r}") from None
     if len(flags) >= 2:

@@ -31,6 +31,7 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._core.devices import device_or_dtype
 from mpitensor.tensor import Tensor, _move, _parse_device
 
 from ..parameter import Buffer, Parameter, _pending, is_lazy
@@ -76,15 +77,12 @@ def _split_to_args(args: tuple, kwargs: dict) -> tuple:
             continue
         if isinstance(a, Tensor):
             like = a
-        elif isinstance(a, (_backend.device, int, np.integer)):
-            device = a
-        elif isinstance(a, str):
-            try:
-                device = _backend.device(a)
-            except ValueError:
-                dtype = a  # "float64" and friends
+            continue
+        is_device, v = device_or_dtype(a)
+        if is_device:
+            device = v
         else:
-            dtype = a
+            dtype = v
     if like is not None:
         device, dtype = like.device, like.dtype
     return _parse_device(device), _float_dtype_or_none(dtype)
