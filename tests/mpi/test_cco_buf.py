@@ -677,13 +677,14 @@ class BaseTestCCO(ai.GroupCase):
             ]
             for name, fn, args, kwargs, buffers in cases:
                 spy = ai.CommSpy(pg.comm)
-                pg.comm = spy
+                pg.comm, shm_min = spy, pg.shm_min
+                pg.shm_min = 1 << 62  # MPI's path (shared memory copies by design: shm_coll)
                 try:
                     work = fn(*args, group=g, **kwargs)
                     if work is not None:
                         work.wait()
                 finally:
-                    pg.comm = spy._comm
+                    pg.comm, pg.shm_min = spy._comm, shm_min
                 mpi_calls = [c for c in spy.calls if c[0][0].isupper()]
                 assert mpi_calls, f"{name}: no MPI buffer call recorded ({spy.calls})"
                 passed = [a for c in mpi_calls for a in ai.arrays_in(c[1])]

@@ -9,15 +9,15 @@ each byte of a member's buffer is copied into the segment at most once, the memb
 parallel, and the result is bitwise the same on every member (the fixed-order reduction
 ``x0 op x1 op ... op x(p-1)``).
 
-**When.** ``MPITENSOR_SHM_COLLECTIVES`` (read when the group is made): ``off`` never; ``on``
+**When.** On groups that ``MPI_Comm_split_type(SHARED)`` finds whole on one node (asked when
+the group is made). ``MPITENSOR_SHM_COLLECTIVES`` (read then too): ``off`` never; ``on``
 whenever the group can (for tests); ``auto`` (default) where it pays. A call qualifies by what
 every rank of a correct program passes alike (its size, dtype, op; never contiguity or
 layout: a non-contiguous buffer is staged), so every member takes the same path. The first call
 of at least :data:`FLOOR` bytes (``auto``) makes the group's engine, collectively: rank 0
 creates the segment, the members learn its name through one small reduction on the group's
-private communicator, check with ``MPI_Comm_split_type(SHARED)`` that the whole group is on
-one node, map it, and agree; the name is removed as soon as every member mapped it (or gave
-up), so nothing is left behind however the job ends. Where that fails (another node, a full
+private communicator, map it, and agree; the name is removed as soon as every member mapped
+it (or gave up), so nothing is left behind however the job ends. Where that fails (a full
 ``/dev/shm``) every member learns it in the same reduction and the group stays on MPI for
 good. In ``auto`` the members then measure, together, the engine and MPI on a small and a
 large all-reduce and all-gather, take the slowest member's times, and fit each a line: a call
@@ -30,7 +30,8 @@ any data moves, so a rank that passes another shape, dtype, op or root gets the 
 ``CollectiveMismatchError`` as on the MPI path. Every wait is the watchdog's (timeout, fault
 notices, stall reports) and also notices a peer process that died (``shm_pipe``).
 
-**async_op=True** completes the call before returning (a completed ``Work``).
+**async_op=True** completes the call before returning (a completed ``Work``; an error of the
+call itself, a mismatch say, is raised by its ``wait()``, as on the MPI path).
 
 **Reductions** are NumPy's ufuncs: SUM/AVG ``add`` (AVG then divides by the group size),
 PRODUCT ``multiply``, MIN/MAX ``minimum``/``maximum`` (a NaN wins, as in torch), the bitwise
@@ -50,6 +51,7 @@ from mpi4py import MPI
 from .... import dtypes as _dt
 from ...._base import config as _config
 from ...._base.config import OFF_BYTES
+from ....errors import MpiTensorError
 from ...health import faults as _faults
 from ...health import watchdog as W
 from ...process_group import ReduceOp, Work
@@ -59,7 +61,9 @@ from . import shm_pipe as P
 from .shm_pipe import Engine, Reducer, bounds
 
 PASS = object()  # "not through shared memory": the caller takes the MPI path
-FLOOR = 64 << 10  # auto: calls smaller than this stay on MPI without asking the engine
+# auto: calls smaller than this stay on MPI without asking the engine (MPI's latency wins
+# there; measured, the engine pays from 1-2 MiB on 2 cores)
+FLOOR = 512 << 10
 _PREFIX = "mpitensor-coll-"
 _MARGIN = 0.9  # auto: the engine's modelled time must be this fraction of MPI's, or less
 _CAL_BYTES = (256 << 10, 4 << 20)  # the calibration's two sizes
@@ -79,6 +83,14 @@ def floor(g: Any) -> int:
     setting = _config.shm_collectives()
     h = g.health
     if setting == "off" or g.comm is None or g.size_ < 2 or h.fp_node is None:
+        return OFF_BYTES
+    # collective, but every member is making the group now: MPI's view of the node (the
+    # segment would map across network namespaces too, which are nodes to MPI)
+    local = g.comm.Split_type(MPI.COMM_TYPE_SHARED)
+    whole = local.Get_size() == g.size_
+    local.Free()
+    if not whole:
+        g.shm = False
         return OFF_BYTES
     return 1 if setting == "on" else FLOOR
 
@@ -135,9 +147,10 @@ def _flat(arr: np.ndarray, write: bool) -> "tuple[np.ndarray, Optional[Callable[
 
 # ---------------------------------------------------------------------------- a call's start
 def _start(g: Any, op: str, kind: str, nbytes: int, fparr: Any, reduce: Any, root: int,
-           keep: Any, counted: Any) -> Optional[Engine]:
-    """Begin call ``op`` through the engine: its engine, the call counted and every member's
-    fingerprint found equal; None where it takes the MPI path (on every member alike)."""
+           keep: Any, counted: Any, async_op: bool) -> Any:
+    """Begin call ``op`` through the engine: its engine, the call counted, its fingerprint
+    posted; None where it takes the MPI path (on every member alike); for ``async_op``, a
+    ``_Failed`` where making the engine raised (its ``wait()`` raises)."""
     if g.rank_ < 0 or g.shm is False:
         return None
     if g.slow:
@@ -149,12 +162,16 @@ def _start(g: Any, op: str, kind: str, nbytes: int, fparr: Any, reduce: Any, roo
     h.fp_tok = h.fp_node.post(s, op, fparr, reduce, root, keep)  # peers' waits compare it
     eng = g.shm
     if eng is None:
-        eng = g.shm = _setup(g, s, op)
+        try:
+            eng = g.shm = _setup(g, s, op)
+        except MpiTensorError as exc:
+            if not async_op:
+                raise
+            return _Failed(exc, op, s)
     if eng is False or nbytes < eng.thresholds[kind]:
         h.fp_tok = None  # (the MPI path posts it again where it checks this size)
         return None
     g._fast_count(op, counted)
-    g._fp_settle(op, s)
     g.sent += 1
     eng.op, eng.seq = op, s
     return eng
@@ -162,22 +179,29 @@ def _start(g: Any, op: str, kind: str, nbytes: int, fparr: Any, reduce: Any, roo
 
 def _execute(g: Any, eng: Engine, body: Callable[[], None], tensors: list,
              async_op: bool) -> Optional[Work]:
-    """Run ``body`` (the pipeline); anything that ends it early breaks the group (members may
-    be anywhere in it). A completed Work for ``async_op``."""
+    """Wait for every member's fingerprint, then run ``body`` (the pipeline); anything that
+    ends it early breaks the group (members may be anywhere in it). For ``async_op`` a
+    completed Work, or one whose ``wait()`` raises the call's error, as MPI's would."""
+    op, s = eng.op, eng.seq
+    if type(eng) is _Failed:
+        return _work(g, eng, tensors, op, s)
     try:
+        g._fp_settle(op, s)
         body()
     except BaseException as exc:
         h = g.health
         if h.broken is None:
             text = str(exc).splitlines()[0][:200] if str(exc) else ""
-            _faults.break_after(h, eng.op, eng.seq, "coll",
-                                f"{type(exc).__name__}: {text} (raised in a collective "
-                                "through shared memory)")
-        raise
-    if not async_op:
-        return None
-    op, s = eng.op, eng.seq
-    return Work(_COMPLETE, None, tensors, group=g,
+            _faults.break_after(h, op, s, "coll", f"{type(exc).__name__}: {text} (raised in "
+                                "a collective through shared memory)")
+        if not async_op or not isinstance(exc, MpiTensorError):
+            raise
+        return _work(g, _Failed(exc, op, s), tensors, op, s)
+    return _work(g, _COMPLETE, tensors, op, s) if async_op else None
+
+
+def _work(g: Any, request: Any, tensors: list, op: str, s: int) -> Work:
+    return Work(request, None, tensors, group=g,
                 describe=lambda: f"rank {g.global_rank}: {op} (#{s} on {g.name})",
                 info=(op, s, "coll", None, None))
 
@@ -193,12 +217,24 @@ class _Complete:
 _COMPLETE = _Complete()
 
 
+class _Failed:
+    """The request of an async call that failed: testing it raises the call's error."""
+
+    __slots__ = ("error", "op", "seq")
+
+    def __init__(self, error: BaseException, op: str, seq: int) -> None:
+        self.error, self.op, self.seq = error, op, seq
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI's request protocol
+        raise self.error
+
+
 # ---------------------------------------------------------------------------- the collectives
 def all_reduce(g: Any, tensor: Any, arr: np.ndarray, op: Any, async_op: bool) -> Any:
     rop, red = _reducer(op, arr.dtype, g.size_)
     if red is None or not arr.flags.writeable or not arr.size:
         return PASS
-    eng = _start(g, "all_reduce", "reduce", arr.nbytes, arr, rop, -1, arr, arr)
+    eng = _start(g, "all_reduce", "reduce", arr.nbytes, arr, rop, -1, arr, arr, async_op)
     if eng is None:
         return PASS
     buf, back = _flat(arr, True)
@@ -214,7 +250,8 @@ def reduce(g: Any, tensor: Any, arr: np.ndarray, dst: Any, op: Any, async_op: bo
         return PASS
     if red is None or not arr.size or (root == g.rank_ and not arr.flags.writeable):
         return PASS
-    eng = _start(g, "reduce", "reduce", arr.nbytes, arr, rop, g.ranks[root], arr, arr)
+    eng = _start(g, "reduce", "reduce", arr.nbytes, arr, rop, g.ranks[root], arr, arr,
+                 async_op)
     if eng is None:
         return PASS
     buf, back = _flat(arr, root == g.rank_)
@@ -270,7 +307,7 @@ def reduce_scatter_tensor(g: Any, output: Any, out: np.ndarray, inp: np.ndarray,
     if red is None:
         return PASS
     eng = _start(g, "reduce_scatter_tensor", "reduce", inp.nbytes, inp, rop, -1, (out, inp),
-                 inp)
+                 inp, async_op)
     if eng is None:
         return PASS
     segs = _pieces(_flat(inp, False)[0], p)
@@ -286,7 +323,8 @@ def reduce_scatter(g: Any, output: Any, out: Any, input_list: Any, op: Any,
     rop, red = _reducer(op, out.dtype, p)
     if red is None:
         return PASS
-    eng = _start(g, "reduce_scatter", "reduce", out.nbytes * p, out, rop, -1, (out, ins), out)
+    eng = _start(g, "reduce_scatter", "reduce", out.nbytes * p, out, rop, -1, (out, ins), out,
+                 async_op)
     if eng is None:
         return PASS
     segs = [_flat(x, False)[0] for x in ins]
@@ -344,7 +382,7 @@ def all_gather_into_tensor(g: Any, output: Any, out: np.ndarray, inp: np.ndarray
             or not out.flags.writeable or not inp.size or inp.dtype not in B.MOVE_TYPES):
         return PASS
     eng = _start(g, "all_gather_into_tensor", "move", out.nbytes, inp, None, -1, (out, inp),
-                 inp)
+                 inp, async_op)
     if eng is None:
         return PASS
     dest, back = _flat(out, True)
@@ -358,7 +396,8 @@ def all_gather(g: Any, tensor_list: Any, tensor: Any, arr: np.ndarray, async_op:
     if (outs is None or not arr.size or arr.dtype not in B.MOVE_TYPES
             or not all(o.flags.writeable for o in outs)):
         return PASS
-    eng = _start(g, "all_gather", "move", arr.nbytes * p, arr, None, -1, (outs, arr), arr)
+    eng = _start(g, "all_gather", "move", arr.nbytes * p, arr, None, -1, (outs, arr), arr,
+                 async_op)
     if eng is None:
         return PASS
     flats, backs = zip(*(_flat(o, True) for o in outs))
@@ -416,7 +455,8 @@ def broadcast(g: Any, tensor: Any, arr: np.ndarray, src: Any, async_op: bool,
     mine = root == g.rank_
     if not arr.size or arr.dtype not in B.MOVE_TYPES or not (mine or arr.flags.writeable):
         return PASS
-    eng = _start(g, "broadcast", "move", arr.nbytes, arr, None, g.ranks[root], arr, arr)
+    eng = _start(g, "broadcast", "move", arr.nbytes, arr, None, g.ranks[root], arr, arr,
+                 async_op)
     if eng is None:
         return PASS
     buf, back = _flat(arr, not mine)
@@ -464,10 +504,7 @@ def _setup(g: Any, s: int, op: str) -> Any:
             v[:4] = np.frombuffer(os.path.basename(path)[-32:].encode(), np.int64)
             v[4] = 1
         _exchange(h, v, MPI.MAX, s, op)
-        local = h.diag.Split_type(MPI.COMM_TYPE_SHARED)  # every member has arrived: no hang
-        whole = local.Get_size() == g.size_
-        local.Free()
-        if v[4] and whole:
+        if v[4]:
             name = _PREFIX + v[:4].tobytes().decode("ascii", "replace")
             mm = _shm.attach(os.path.join(_shm.DIR, name), size)
         ok = np.array([int(mm is not None)], np.int64)
