@@ -34,14 +34,10 @@ class Adamax(_a.AdaptiveOptimizer):
             (default (0.9, 0.999)).
         eps: added to ``|g|`` before the maximum (default 1e-8).
         weight_decay: L2 penalty added to the gradient (default 0).
-        foreach: accepted for torch compatibility; each parameter is one in-place pass.
-        maximize: maximise the objective instead of minimising it.
-        differentiable: must be False (the step is not recorded by autograd).
-        capturable: accepted for torch compatibility (CUDA-graph capture).
+        foreach, maximize, differentiable, capturable: as in :class:`~mpitensor.optim.Adam`.
 
     Raises:
-        ValueError, TypeError: a hyper-parameter that the Adam family's checks reject (see
-            :class:`~mpitensor.optim.Adam`).
+        ValueError, TypeError: as :class:`~mpitensor.optim.Adam` (the same checks).
 
     Example:
         >>> import mpitensor as mt
@@ -61,10 +57,9 @@ class Adamax(_a.AdaptiveOptimizer):
                  eps: float = 1e-8, weight_decay: float = 0, foreach: Optional[bool] = None, *,
                  maximize: bool = False, differentiable: bool = False,
                  capturable: bool = False) -> None:
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
-                        maximize=bool(maximize), differentiable=differentiable,
-                        capturable=bool(capturable))
-        super().__init__(params, defaults)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      foreach=foreach, maximize=bool(maximize),
+                                      differentiable=differentiable, capturable=bool(capturable)))
 
     def _update(self, param: Any, grad: Any, state: Dict[str, Any], s: Any) -> None:
         step, (m, u) = _a.start_step(state, param, "exp_avg", "exp_inf")

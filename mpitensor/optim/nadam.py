@@ -38,17 +38,12 @@ class NAdam(_a.AdaptiveOptimizer):
     ``exp_avg`` and ``exp_avg_sq``.
 
     Args:
-        params: Tensors to optimise, or dicts defining parameter groups.
         lr: learning rate (default 2e-3).
-        betas: ``(beta1, beta2)`` (default (0.9, 0.999)).
-        eps: added to the denominator (default 1e-8).
-        weight_decay: weight decay factor (default 0).
+        params, betas, eps, weight_decay: as in :class:`~mpitensor.optim.Adam` (same defaults).
         momentum_decay: the ``psi`` of the momentum schedule (default 4e-3).
         decoupled_weight_decay: shrink the weights directly instead of adding an L2 term to
             the gradient (default False).
-        foreach, capturable: accepted for torch compatibility.
-        maximize: maximise the objective instead of minimising it.
-        differentiable: must be False (the step is not recorded by autograd).
+        foreach, capturable, maximize, differentiable: as in :class:`~mpitensor.optim.Adam`.
 
     Raises:
         ValueError: ``lr``, ``eps``, ``weight_decay`` or ``momentum_decay`` is negative or NaN,

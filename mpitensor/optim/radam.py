@@ -35,20 +35,15 @@ class RAdam(_a.AdaptiveOptimizer):
     ``exp_avg_sq``.
 
     Args:
-        params: Tensors to optimise, or dicts defining parameter groups.
-        lr: learning rate (default 1e-3).
-        betas: ``(beta1, beta2)`` (default (0.9, 0.999)).
-        eps: added to the denominator (default 1e-8).
-        weight_decay: weight decay factor (default 0).
+        params, lr, betas, eps, weight_decay: as in :class:`~mpitensor.optim.Adam` (same
+            defaults).
         decoupled_weight_decay: shrink the weights directly (as AdamW) instead of adding an L2
             term to the gradient (default False).
-        foreach, capturable: accepted for torch compatibility.
-        maximize: maximise the objective instead of minimising it.
-        differentiable: must be False (the step is not recorded by autograd).
+        foreach, capturable, maximize, differentiable: as in :class:`~mpitensor.optim.Adam`.
 
     Raises:
-        ValueError, TypeError: a hyper-parameter that the Adam family's checks reject (see
-            :class:`~mpitensor.optim.Adam`).
+        ValueError: as :class:`~mpitensor.optim.Adam`, whose checks it shares.
+        TypeError: a hyper-parameter is not a number.
 
     Example:
         >>> import mpitensor as mt

@@ -64,7 +64,7 @@ class Rprop(_a.AdaptiveOptimizer):
         >>> import mpitensor as mt
         >>> w = mt.tensor([1.0, -1.0], requires_grad=True)
         >>> opt = Rprop([w], lr=0.5)
-        >>> w.grad = mt.tensor([3.0, -0.1])
+        >>> (w * mt.tensor([3.0, -0.1])).sum().backward()  # w.grad = [3.0, -0.1]
         >>> opt.step()
         >>> w  # each weight moves by the step size against its gradient's sign
         tensor([ 0.5000, -0.5000], requires_grad=True)

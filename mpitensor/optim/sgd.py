@@ -113,7 +113,7 @@ class SGD(Optimizer):
             >>> import mpitensor as mt
             >>> w = mt.tensor([1.0], requires_grad=True)
             >>> opt = SGD([w], lr=0.5)
-            >>> w.grad = mt.tensor([2.0])
+            >>> (w * w).sum().backward()  # w.grad = 2 w = 2
             >>> opt.step()
             >>> w
             tensor([0.], requires_grad=True)
