@@ -170,6 +170,19 @@ def l1_loss(input: Any, target: Any, size_average: Any = None,  # noqa: A002 - t
     return _Regression.apply(x, t, "l1", 0.0, reduction, dt)
 
 
+def _threshold(fname: str, name: str, value: Any, zero_ok: bool) -> float:
+    """The switch point of smooth_l1 (``beta``, may be 0) or huber (``delta``, > 0) as a float.
+
+    Raises:
+        RuntimeError: a value below the bound (NaN included), as torch.
+    """
+    v = _real(value, name, fname)
+    if not (v >= 0 if zero_ok else v > 0):
+        raise RuntimeError(f"{fname}(): {name} must be {'non-negative' if zero_ok else 'positive'}"
+                           f", got {v}")
+    return v
+
+
 @_autocast.op("smooth_l1_loss")
 def smooth_l1_loss(input: Any, target: Any, size_average: Any = None,  # noqa: A002
                    reduce: Any = None, reduction: str = "mean", beta: float = 1.0) -> Tensor:
@@ -184,9 +197,7 @@ def smooth_l1_loss(input: Any, target: Any, size_average: Any = None,  # noqa: A
         tensor([0.1250, 2.5000])
     """
     reduction = reduction_of(reduction, size_average, reduce, "smooth_l1_loss")
-    b = _real(beta, "beta", "smooth_l1_loss")
-    if b < 0:
-        raise RuntimeError(f"smooth_l1_loss(): beta must be non-negative, got {b}")
+    b = _threshold("smooth_l1_loss", "beta", beta, zero_ok=True)
     x, t, _, dt = _pair_inputs("smooth_l1_loss", input, target)
     return _Regression.apply(x, t, "smooth_l1", b, reduction, dt)
 
@@ -206,13 +217,11 @@ def huber_loss(input: Any, target: Any, reduction: str = "mean",  # noqa: A002 -
 
     Example:
         >>> import mpitensor as mt
-        >>> huber_loss(mt.tensor([0.5, 3.0]), mt.tensor([0.0, 0.0]), reduction="none")
-        tensor([0.1250, 2.5000])
+        >>> huber_loss(mt.tensor([0.5, 3.0]), mt.tensor([0.0, 0.0]), reduction="none", delta=2.0)
+        tensor([0.1250, 4.0000])
     """
     reduction = reduction_of(reduction, None, None, "huber_loss")
-    d = _real(delta, "delta", "huber_loss")
-    if not d > 0:
-        raise RuntimeError(f"huber_loss(): delta must be positive, got {d}")
+    d = _threshold("huber_loss", "delta", delta, zero_ok=False)
     x, t, _, dt = _pair_inputs("huber_loss", input, target)
     if weight is not None:
         loss = _Regression.apply(x, t, "huber", d, "none", dt)
