@@ -101,7 +101,7 @@ def _mesh_group(module: Module, process_group: Any, device_mesh: Any) -> Any:
     if getattr(device_mesh, "ndim", None) != 1:
         raise ValueError(f"DistributedDataParallel: device_mesh must be a 1-D DeviceMesh (e.g. "
                          f"mesh['dp']), got {device_mesh!r}")
-    _tp_ddp.check_meshes_apart(module, device_mesh)
+    _tp_ddp._check_meshes_apart(module, device_mesh)
     _tp_ddp._pre_dp_module_transform(module)
     return device_mesh.get_group(0)
 

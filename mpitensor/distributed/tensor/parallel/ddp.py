@@ -37,7 +37,7 @@ def _localize(module: Any) -> List[Tuple[Any, str, Any, Any, Tuple[Any, ...], Tu
     return entries
 
 
-def check_meshes_apart(module: Any, dp_mesh: Any) -> None:
+def _check_meshes_apart(module: Any, dp_mesh: Any) -> None:
     """Raise where a DTensor parameter of ``module`` is laid out over ranks of ``dp_mesh`` other
     than this one: its pieces would then differ across the data-parallel group."""
     dp_ranks = {int(r) for r in dp_mesh.mesh.numpy().reshape(-1)}
