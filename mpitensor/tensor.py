@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterator, Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -866,6 +866,29 @@ def _fill(t: Tensor, value: Any, what: str) -> Tensor:
     return t
 
 
+def _overwrite_grads(ctx: Any, g: Any, source_grad: Callable[[Any, Any], Any]) -> tuple:
+    """The gradients of an in-place overwrite ``x.op_(source)``: zeros for ``x``'s old value,
+    ``source_grad(ctx.meta, g)`` for the source (each None when not wanted)."""
+    need = ctx.needs_input_grad
+    return (_autograd._xp(g).zeros_like(g) if need[0] else None,
+            source_grad(ctx.meta, g) if need[1] else None)
+
+
+def _copy_source_grad(meta: tuple, g: Any) -> Any:
+    """``copy_``'s source gradient: summed over its broadcast dimensions, in its dtype and on
+    its device."""
+    shape, dtype, src_device = meta
+    gs = g if g.shape == shape else _autograd._sum_to(g, shape)
+    gs = gs if gs.dtype == dtype else gs.astype(dtype)
+    return gs if src_device is None else _move(gs, src_device)
+
+
+def _fill_value_grad(meta: tuple, g: Any) -> Any:
+    """``fill_``'s one-element value tensor gets the sum of the gradient."""
+    shape, dtype = meta
+    return g.sum().reshape(shape).astype(dtype, copy=False)
+
+
 class _Copy(_autograd.Function):
     """``x.copy_(src)``: ``src``'s gradient is the output's, summed over the dimensions it
     was broadcast along, in its dtype and on its device; ``x``'s old value gets zeros."""
@@ -880,16 +903,7 @@ class _Copy(_autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        need = ctx.needs_input_grad
-        gx = _autograd._xp(g).zeros_like(g) if need[0] else None
-        gs = None
-        if need[1]:
-            shape, dtype, src_device = ctx.meta
-            gs = g if g.shape == shape else _autograd._sum_to(g, shape)
-            gs = gs if gs.dtype == dtype else gs.astype(dtype)
-            if src_device is not None:
-                gs = _move(gs, src_device)
-        return gx, gs
+        return _overwrite_grads(ctx, g, _copy_source_grad)
 
 
 class _Fill(_autograd.Function):
@@ -912,13 +926,7 @@ class _Fill(_autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        need = ctx.needs_input_grad
-        gx = _autograd._xp(g).zeros_like(g) if need[0] else None
-        gv = None
-        if need[1]:
-            shape, dtype = ctx.meta
-            gv = g.sum().reshape(shape).astype(dtype, copy=False)
-        return gx, gv
+        return _overwrite_grads(ctx, g, _fill_value_grad)
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -627,13 +627,19 @@ def fractional_max_pool2d(input: Any, kernel_size: Any, output_size: Any = None,
                        output_ratio, return_indices, _random_samples)
 
 
-def fractional_max_pool2d_with_indices(input: Any, kernel_size: Any,  # noqa: A002
-                                       output_size: Any = None, output_ratio: Any = None,
-                                       return_indices: bool = False,
-                                       _random_samples: Any = None) -> tuple:
-    """:func:`fractional_max_pool2d` that returns ``(output, indices)``."""
-    return fractional_max_pool2d(input, kernel_size, output_size, output_ratio, True,
-                                 _random_samples)
+def _with_indices(pool: Callable) -> Callable:
+    """torch's ``<pool>_with_indices``: ``pool`` with ``return_indices`` forced on."""
+    def with_indices(input: Any, kernel_size: Any, output_size: Any = None,  # noqa: A002
+                     output_ratio: Any = None, return_indices: bool = False,
+                     _random_samples: Any = None) -> tuple:
+        return pool(input, kernel_size, output_size, output_ratio, True, _random_samples)
+
+    with_indices.__name__ = with_indices.__qualname__ = f"{pool.__name__}_with_indices"
+    with_indices.__doc__ = f":func:`{pool.__name__}` that returns ``(output, indices)``."
+    return with_indices
+
+
+fractional_max_pool2d_with_indices = _with_indices(fractional_max_pool2d)
 
 
 @_autocast.op("fractional_max_pool3d")
@@ -652,10 +658,4 @@ def fractional_max_pool3d(input: Any, kernel_size: Any, output_size: Any = None,
                        output_ratio, return_indices, _random_samples)
 
 
-def fractional_max_pool3d_with_indices(input: Any, kernel_size: Any,  # noqa: A002
-                                       output_size: Any = None, output_ratio: Any = None,
-                                       return_indices: bool = False,
-                                       _random_samples: Any = None) -> tuple:
-    """:func:`fractional_max_pool3d` that returns ``(output, indices)``."""
-    return fractional_max_pool3d(input, kernel_size, output_size, output_ratio, True,
-                                 _random_samples)
+fractional_max_pool3d_with_indices = _with_indices(fractional_max_pool3d)
