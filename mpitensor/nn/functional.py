@@ -57,6 +57,7 @@ from ._functional.checks import (
 )
 from ._functional.checks import as_tensor as _tensor_arg
 from ._functional.classification import _reduction, cross_entropy
+from ._functional.piecewise import _MulMask
 
 __all__ = ["relu", "relu_", "linear", "log_softmax", "softmax", "linear_cross_entropy", "dropout",
            "dropout2d", "flatten"]
@@ -131,7 +132,7 @@ class _Linear(Function):
     def backward(ctx: Any, g: Any) -> tuple:
         x2, w = ctx.saved_tensors
         need = ctx.needs_input_grad
-        g2 = g.reshape(-1, w.shape[0])
+        g2 = g.reshape(x2.shape[0], w.shape[0])  # -1 is ambiguous with no out_features
         with one_blas_thread(x2.shape[0] * w.size):
             dx = (g2 @ w).reshape(*ctx.lead, w.shape[1]) if need[0] else None
             dw = g2.T @ x2 if need[1] else None
@@ -256,18 +257,6 @@ def softmax(input: Any, dim: Optional[int] = None, _stacklevel: int = 3,  # noqa
 
 # --------------------------------------------------------------------------------------------
 # dropout, flatten
-
-
-class _MulMask(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, mask: Any) -> Any:
-        ctx.save_for_backward(mask)
-        return x * mask
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (mask,) = ctx.saved_tensors
-        return g * mask, None
 
 
 def _dropout_mask(x: Any, p: float, shape: tuple) -> Any:

@@ -362,18 +362,19 @@ def prelu(input: Any, weight: Any) -> Tensor:  # noqa: A002 - torch's name
 
 
 @half_safe
-class _RreluTrain(Function):
+class _MulMask(Function):
+    """``x * mask`` for a constant ``mask`` (dropout's scaled keep mask, rrelu's noise): the
+    gradient is the output's times the mask."""
+
     @staticmethod
-    def forward(ctx: Any, x: Any, slopes: Any) -> Any:
-        xp = xp_of(x)
-        noise = xp.where(x <= 0, slopes.astype(x.dtype, copy=False), xp.ones((), x.dtype))
-        ctx.save_for_backward(noise)
-        return x * noise
+    def forward(ctx: Any, x: Any, mask: Any) -> Any:
+        ctx.save_for_backward(mask)
+        return x * mask
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        (noise,) = ctx.saved_tensors
-        return g * noise, None
+        (mask,) = ctx.saved_tensors
+        return g * mask, None
 
 
 def _rrelu_args(lower: Any, upper: Any, fname: str) -> tuple:
@@ -395,10 +396,12 @@ def _rrelu(input: Any, lo: float, hi: float, training: bool, inplace: bool,  # n
     x = t._data
     draw_dt = x.dtype if x.dtype in (_dt.float32, _dt.float64) else _dt.float32
     u = _draw("rand", tuple(x.shape), None, np.dtype(draw_dt), _backend.device_of(x))
-    slopes = lo + (hi - lo) * u
+    slopes = (lo + (hi - lo) * u).astype(x.dtype, copy=False)
+    xp = xp_of(x)
+    noise = xp.where(x <= 0, slopes, xp.ones((), x.dtype))  # the slope on negatives, else 1
     if inplace:
-        return run_inplace(input, _RreluTrain, what, slopes)
-    return _RreluTrain.apply(t, slopes)
+        return run_inplace(input, _MulMask, what, noise)
+    return _MulMask.apply(t, noise)
 
 
 def rrelu(input: Any, lower: float = 1.0 / 8, upper: float = 1.0 / 3,  # noqa: A002
