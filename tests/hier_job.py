@@ -1,10 +1,11 @@
 """The MPI job of tests/test_hierarchical.py and benchmarks/hierarchical.py (run on a cluster
 of network-namespace hosts, ``hostfiles/netns_cluster.py``).
 
-``python hier_job.py check``: hierarchical all_reduce (MPITENSOR_HIERARCHICAL=on in the
-job's environment) against the exact reduction and against raw MPI's, for several dtypes, ops
-and sizes; every rank's result bitwise equal. Prints ``CHECK rank R ok N`` (N: the calls that
-went the hierarchical way) or raises.
+``python hier_job.py check even|uneven``: hierarchical all_reduce (MPITENSOR_HIERARCHICAL=on
+in the job's environment; ``uneven``: 3 ranks on 2 hosts, the leaders' scheme) against the
+exact reduction and against raw MPI's, for several dtypes, ops and sizes; every rank's result
+bitwise equal. Prints ``CHECK rank R ok N`` (N: the calls that went the hierarchical way) or
+raises.
 
 ``python hier_job.py bytes MIB CALLS``: the bytes each node's link (``eth0``, in its
 namespace) sends during ``CALLS`` all_reduces of ``MIB`` MiB of float64, flat (a group made
@@ -110,7 +111,7 @@ def _one(g, comm: MPI.Comm, dt: np.dtype, op: ReduceOp, n: int, seed: int, how: 
     assert all(b == everyone[0] for b in everyone), f"{what}: ranks differ in their bits"
 
 
-def check() -> None:
+def check(even: bool) -> None:
     dist.init_process_group("mpi")
     g = dist.group.WORLD
     comm = MPI.COMM_WORLD
@@ -122,14 +123,17 @@ def check() -> None:
         for n in (1, 2, 3, 4, 5, 7, 1000, 4099, (1 << 16) + 3):
             seed += 1
             _one(g, comm, np.dtype(dt), op, n, seed, "plain")
-            expected += n >= 2  # a buffer of fewer elements than ranks per node stays flat
+            expected += n >= 2 or not even  # the split needs an element per local rank
     for how in ("tensor", "strided", "async"):
         for n in (5, 40001):
             seed += 1
             _one(g, comm, np.dtype(np.float64), ReduceOp.SUM, n, seed, how)
             expected += 1
     h = g.hier
-    assert h is not None and h.nodes == 2 and h.ppn == 2 and h.even, vars(h)
+    ppn = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).size
+    assert h is not None and h.nodes == 2 and h.ppn == ppn and h.even == even, vars(h)
+    # the leaders' scheme (nodes of 2 and 1 ranks): every local rank 0 in the cross group
+    assert (h.cross is not None) == (even or h.node.rank_ == 0), vars(h)
     calls = h.calls
     assert calls == expected, (calls, expected)
     # what the hierarchical path does not take stays flat: AVG, half precision
@@ -141,7 +145,7 @@ def check() -> None:
     assert (y == comm.size).all() and h.calls == calls
     node, cross = h.node, h.cross
     dist.destroy_process_group()
-    assert node.destroyed and cross.destroyed and h.node is None
+    assert node.destroyed and (cross is None or cross.destroyed) and h.node is None
     sys.stdout.write(f"CHECK rank {comm.rank} ok {calls}\n")
 
 
@@ -190,14 +194,16 @@ def timing(sizes: str, reps: int) -> None:
     dist.init_process_group("mpi")
     comm = MPI.COMM_WORLD
     world = dist.group.WORLD
-    os.environ["MPITENSOR_HIERARCHICAL"] = "off"
-    flat = dist.new_group(list(range(comm.size)))
+    mode = os.environ.get("MPITENSOR_HIERARCHICAL", "auto")
     dist.all_reduce(np.ones(8), group=world)  # the world group's choice is made here
+    os.environ["MPITENSOR_HIERARCHICAL"] = "off"  # and the flat group's at its first call
+    flat = dist.new_group(list(range(comm.size)))
     for nbytes in (int(s) for s in sizes.split(",")):
         buf = np.ones(max(1, nbytes // 8))
         res = {}
         for g in (flat, world):
             dist.all_reduce(buf, group=g)
+        assert flat.hier is None and (world.hier is not None or mode != "on")
         times: dict = {"flat": [], "hier": []}
         for _ in range(reps):
             for name, g in (("flat", flat), ("hier", world)):
@@ -211,7 +217,11 @@ def timing(sizes: str, reps: int) -> None:
             sys.stdout.write(f"TIME {buf.nbytes} {res['flat']:.6e} {res['hier']:.6e}\n")
     h = world.hier
     if comm.rank == 0 and h is not None:
-        sys.stdout.write(f"MODEL mode={h.mode} crossover={h.crossover} model={h.model}\n")
+        a_f, b_f, a_h, b_h = h.model or (0.0, 0.0, 0.0, 0.0)
+        cross = "never" if h.crossover >= 1 << 62 else f"{h.crossover} bytes"
+        sys.stdout.write(f"MODEL mode={h.mode} crossover={cross}; flat "
+                         f"{a_f * 1e6:.0f} us + {b_f * 1e9:.2f} ns/B, hierarchical "
+                         f"{a_h * 1e6:.0f} us + {b_h * 1e9:.2f} ns/B\n")
     dist.destroy_process_group()
 
 
@@ -231,7 +241,7 @@ def state() -> None:
 if __name__ == "__main__":
     what = sys.argv[1]
     if what == "check":
-        check()
+        check(sys.argv[2] == "even")
     elif what == "state":
         state()
     elif what == "bytes":

@@ -46,8 +46,8 @@ PER_BYTE = 0.07
 
 
 def _job(c, tmp_path: Path, env: Dict[str, str], *args: str,
-         round_robin: bool = False) -> str:
-    cmd = c.mpiexec_args(4, find_mpiexec())
+         round_robin: bool = False, ranks: int = 4) -> str:
+    cmd = c.mpiexec_args(ranks, find_mpiexec())
     if round_robin:  # one rank per host in turn: ranks 0 and 2 on the first, 1 and 3 on the other
         cmd += ["-ppn", "1"]
     code, out, err, _ = run_job(cmd + [sys.executable, JOB, *args], 240, cwd=tmp_path,
@@ -56,9 +56,13 @@ def _job(c, tmp_path: Path, env: Dict[str, str], *args: str,
     return out
 
 
-def test_values_match_the_exact_reduction_on_every_rank(hosts, tmp_path: Path) -> None:
-    out = _job(hosts, tmp_path, {"MPITENSOR_HIERARCHICAL": "on"}, "check")
-    assert sorted(re.findall(r"CHECK rank (\d) ok \d+", out)) == ["0", "1", "2", "3"], out
+@pytest.mark.parametrize("ranks,layout", [(4, "even"), (3, "uneven")])
+def test_values_match_the_exact_reduction_on_every_rank(hosts, tmp_path: Path, ranks: int,
+                                                        layout: str) -> None:
+    """2 + 2 ranks: the split scheme; 2 + 1 ranks: the leaders' scheme."""
+    out = _job(hosts, tmp_path, {"MPITENSOR_HIERARCHICAL": "on"}, "check", layout, ranks=ranks)
+    assert sorted(re.findall(r"CHECK rank (\d) ok \d+", out)) == [str(r) for r in range(ranks)], \
+        out
 
 
 def test_switches_and_the_cost_model(hosts, tmp_path: Path) -> None:

@@ -60,8 +60,10 @@ __all__ = ["PENDING", "Hierarchy", "takes", "staged", "all_reduce", "free"]
 #: a group's ``hier`` before its first all_reduce has found out whether it spans nodes
 PENDING = object()
 _NEVER = 1 << 62  # a crossover no buffer reaches
-# the cost model's probe sizes (float64 elements) and timed repetitions per size
-_PROBES = (512, 1 << 17)
+# the cost model's probe sizes (float64 elements: 4 KiB, 4 MiB; the larger must be large
+# enough that the bandwidth terms show through a loaded machine's latency noise) and timed
+# repetitions per size
+_PROBES = (512, 1 << 19)
 _REPS = 3
 _SUM = ReduceOp.SUM
 
@@ -83,7 +85,9 @@ class Hierarchy:
         self.calls = 0          # calls that took the hierarchical path
 
     def wants(self, size: int, nbytes: int) -> bool:
-        return nbytes >= self.crossover and size >= self.ppn
+        # the split needs an element per local rank (ppn is the same on every node there);
+        # the leaders' scheme takes any size
+        return nbytes >= self.crossover and (size >= self.ppn or not self.even)
 
     def close(self) -> None:
         for sub in (self.cross, self.node):
