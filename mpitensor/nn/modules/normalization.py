@@ -127,7 +127,19 @@ class LayerNorm(_AffineNorm):
                 f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}")
 
 
-class LocalResponseNorm(Module):
+class _ChannelWindowNorm(Module):
+    """What LocalResponseNorm and CrossMapLRN2d share: ``size``, ``alpha``, ``beta``, ``k``
+    kept as given, and their repr."""
+
+    def __init__(self, size: int, alpha: float, beta: float, k: float) -> None:
+        super().__init__()
+        self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
+class LocalResponseNorm(_ChannelWindowNorm):
     """Normalise by the mean square over ``size`` neighbouring channels.
 
     Example:
@@ -137,20 +149,13 @@ class LocalResponseNorm(Module):
 
     def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75,
                  k: float = 1.0) -> None:
-        super().__init__()
-        self.size = size
-        self.alpha = alpha
-        self.beta = beta
-        self.k = k
+        super().__init__(size, alpha, beta, k)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.local_response_norm(input, self.size, self.alpha, self.beta, self.k)
 
-    def extra_repr(self) -> str:
-        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
 
-
-class CrossMapLRN2d(Module):
+class CrossMapLRN2d(_ChannelWindowNorm):
     """torch's older cross-channel normalisation of a 4-D (N, C, H, W) input:
     ``x / (k + alpha / size * S) ^ beta``, where ``S`` sums ``x^2`` over a channel window.
 
@@ -164,11 +169,7 @@ class CrossMapLRN2d(Module):
     """
 
     def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1) -> None:
-        super().__init__()
-        self.size = size
-        self.alpha = alpha
-        self.beta = beta
-        self.k = k
+        super().__init__(size, alpha, beta, k)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         if input.ndim != 4:
@@ -185,9 +186,6 @@ class CrossMapLRN2d(Module):
         total = (sq @ m).transpose(1, 3)
         return input * (total * (float(self.alpha) / self.size) + float(self.k)) ** (
             -float(self.beta))
-
-    def extra_repr(self) -> str:
-        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
 
 
 class RMSNorm(Module):
