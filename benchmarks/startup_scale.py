@@ -28,12 +28,13 @@ from ``VmHWM`` in ``/proc/PID/status``), the N clients driven from this process
 * **rendezvous** (ours): our TCPStore master process; N ranks arriving over ``--spread``
   seconds, each doing what ``_arrive`` + ``join`` do on the store: compare_set ``job``,
   compare_set ``world_size``, compare_set ``rank/i``, add ``arrived`` (the last sets
-  ``arrived/all``), wait for ``arrived/all`` and get it (a posted error sets it, to a mark,
-  so one wait suffices), rank 0 multi_get of every rank's record then set ``mode``, every
-  rank waits for ``mode`` and gets it: 8 requests a rank. Reported: the time from the last
-  arrival to the last rank done, and the requests served. **rendezvous_poll** replays the
-  waits as they were before: re-waits of 0.25 s, each followed by a check of ``error``, so
-  that each rank's requests grow with its wait.
+  ``arrived/all``), get ``arrived/all`` waiting for it (a posted error sets it, to a mark,
+  so one waiting get suffices), rank 0 multi_get of every rank's record then set ``mode``,
+  every rank gets ``mode`` waiting for it: 6 requests a rank. Reported: the time from the
+  last arrival to the last rank done, and the requests served. **rendezvous_8** is the same
+  with each wait a ``wait`` and then a ``get`` (8 requests a rank, as before 2026-11-29);
+  **rendezvous_poll** replays the waits as they were before that: re-waits of 0.25 s, each
+  followed by a check of ``error``, so that each rank's requests grow with its wait.
 * **env_ours** / **env_torch**: torch's own ``env://`` pattern (each rank adds one to a counter,
   the last sets a key, every rank waits for that key) with the same arrivals, against our
   master (raw frames, as above) and against ``torch.distributed.TCPStore`` (``is_master=True``
@@ -264,8 +265,10 @@ def mpi_init_run(n: int, hostnames: bool, addr_bytes: int,
                 st[2] += data
                 while b"\n" in st[2]:
                     line, st[2] = st[2].split(b"\n", 1)
-                    text = line.decode()
-                    if "rc=0" not in text and "key_not_found" not in text:
+                    # (the head only: a node address's reply is 6 KB, and this loop, the
+                    # clients of every simulated rank, must not cost more than the helper)
+                    text = line[:200].decode()
+                    if " rc=0" not in text and "key_not_found" not in text:
                         raise RuntimeError(f"simulated rank {st[0]}: {text!r}")
                     try:
                         nxt = st[1].send(text)
@@ -296,11 +299,16 @@ def _ms(seconds: float) -> bytes:
 
 
 def _wait_key(key: bytes, deadline_s: float, poll: Optional[float],
-              get: bool = True) -> Script:
-    """``_rendezvous._wait`` on one key: one wait, then a get of the value (a posted error
-    sets the key to a mark: the waiters wake at once); with ``poll``, as before, waits of
-    ``poll`` seconds with a check of ``error`` after each that timed out, then a get.
+              get: bool = True, split: bool = False) -> Script:
+    """``_rendezvous._wait`` on one key: one get that waits (a posted error sets the key to a
+    mark: the waiters wake at once); ``split``: a wait, then a get; with ``poll``, as
+    before, waits of ``poll`` seconds with a check of ``error`` after each that timed out.
     ``get=False``: the wait alone, as torch's clients do."""
+    if get and not poll and not split:
+        status, f = yield (wire.GET, [_ms(deadline_s), key])
+        if status != wire.OK or f[0].startswith(b"mpitensor: an error"):
+            raise RuntimeError(f"get of {key!r}: status {status}")
+        return
     while True:
         status, _ = yield (wire.WAIT, [_ms(poll or deadline_s), key])
         if status == wire.OK:
@@ -316,7 +324,8 @@ def _wait_key(key: bytes, deadline_s: float, poll: Optional[float],
             raise RuntimeError("an error was posted")
 
 
-def rendezvous_rank(rank: int, n: int, poll: Optional[float] = None) -> Script:
+def rendezvous_rank(rank: int, n: int, poll: Optional[float] = None,
+                    split: bool = False) -> Script:
     """What ``_arrive`` + ``join`` send the store for one rank (the helper's start left out);
     ``poll``: the waits as they were before (re-waits of 0.25 s)."""
     job = json.dumps({"id": "", "source": "", "rank": rank, "pid": 100000 + rank,
@@ -335,7 +344,7 @@ def rendezvous_rank(rank: int, n: int, poll: Optional[float] = None) -> Script:
     _, f = yield (wire.ADD, [_P + b"arrived", wire.i64(1)])
     if wire.as_i64(f[0]) >= n:
         yield (wire.SET, [_P + b"arrived/all", b"1"])
-    yield from _wait_key(_P + b"arrived/all", 600.0, poll, get=not poll)
+    yield from _wait_key(_P + b"arrived/all", 600.0, poll, get=not poll, split=split)
     if rank == 0:
         status, f = yield (wire.MGET, [_ms(600.0)] + [_P + f"rank/{i}".encode()
                                                       for i in range(n)])
@@ -345,7 +354,7 @@ def rendezvous_rank(rank: int, n: int, poll: Optional[float] = None) -> Script:
                            "unix": "mpitensor-pmi-" + "0" * 24, "host": "host0",
                            "addr": "127.0.0.1"}).encode()
         yield (wire.SET, [_P + b"mode", mode])
-    yield from _wait_key(_P + b"mode", 600.0, poll)
+    yield from _wait_key(_P + b"mode", 600.0, poll, split=split)
 
 
 def env_rank(rank: int, n: int) -> Script:
@@ -556,6 +565,8 @@ def store_run(part: str, n: int, spread: float, chunk: int, seed: int) -> Dict[s
     try:
         if part == "rendezvous":
             out = drive_ours(server.port, starts, rendezvous_rank)
+        elif part == "rendezvous_8":
+            out = drive_ours(server.port, starts, lambda r, n: rendezvous_rank(r, n, None, True))
         elif part == "rendezvous_poll":
             out = drive_ours(server.port, starts, lambda r, n: rendezvous_rank(r, n, 0.25))
         elif part == "env_ours":
@@ -637,7 +648,7 @@ COLUMNS = {  # part -> [(key, heading, format)]
                   ("hwm", "peak MiB", "{:8.1f}"), ("grow", "grew MiB", "{:8.1f}"),
                   ("req", "requests", "{:9d}")],
 }
-for _part in ("rendezvous", "rendezvous_poll", "env_ours", "env_torch"):
+for _part in ("rendezvous", "rendezvous_8", "rendezvous_poll", "env_ours", "env_torch"):
     COLUMNS[_part] = [("time", "after last s", "{:12.3f}"), ("total", "total s", "{:8.3f}"),
                       ("cpu", "master CPU s", "{:12.3f}"), ("hwm", "peak MiB", "{:8.1f}"),
                       ("grow", "grew MiB", "{:8.1f}"), ("req", "requests", "{:9d}")]
@@ -652,6 +663,8 @@ TITLES = {
     "hostnames": "hostnames: the same without PMI_process_mapping (each rank gets every "
                  "host name)",
     "rendezvous": "rendezvous: our TCPStore master (own process), _arrive + join of N ranks",
+    "rendezvous_8": "rendezvous_8: the same with each wait a wait and then a get (8 requests a "
+                    "rank, as before)",
     "rendezvous_poll": "rendezvous_poll: the same with the waits as before (0.25 s re-waits, "
                        "each followed by a check of the error key)",
     "env_ours": "env_ours: torch's env:// pattern (add, last sets, wait) on our TCPStore master",
@@ -683,8 +696,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fake", default="16,64,256,1024",
                     help="simulated world sizes, comma separated")
-    ap.add_argument("--parts", default="mpi_init,mpi_init_own,rendezvous,rendezvous_poll,"
-                                       "env_ours,env_torch")
+    ap.add_argument("--parts", default="mpi_init,mpi_init_1024,mpi_init_own,rendezvous,"
+                                       "rendezvous_8,rendezvous_poll,env_ours,env_torch")
     ap.add_argument("--hostnames-max", type=int, default=0,
                     help="also run the helper without the mapping (N^2) up to this N")
     ap.add_argument("--addr-bytes", type=int, default=4096,

@@ -151,9 +151,9 @@ def test_real_ranks_put_one_address_key_and_match_the_simulation(tmp_path: Path)
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        thread.join(timeout=30)  # it ends once every rank has finalized and closed
         if thread.is_alive():
-            server._close_all()
-        thread.join(timeout=30)
+            server._close_all()  # (a failed run; the thread is a daemon)
         for lst in server.listeners:
             lst.close()
     assert [code for code, _, _ in results] == [0] * N, results
@@ -168,21 +168,26 @@ def test_real_ranks_put_one_address_key_and_match_the_simulation(tmp_path: Path)
         for r in range(N)], results
 
     by_rank: Dict[int, List[Tuple[str, str]]] = {r: [] for r in range(N)}
-    puts: Dict[int, List[str]] = {r: [] for r in range(N)}
     for rank, line in server.lines:
         by_rank[rank].append(_request(line))
-        if line.startswith("cmd=put "):
-            puts[rank].append(line)
-    firsts = range(0, N, PER_HOST)
+    puts = [line for _, line in server.lines if line.startswith("cmd=put ")]
+    assert not [p for p in puts if "value=segments=" in p], [p[:100] for p in puts]
+    firsts = list(range(0, N, PER_HOST))
+    addresses = [(r, _request(line)[0], line) for r, line in server.lines
+                 if "-allgather" in line]
+    puts = {r: line for r, cmd, line in addresses if cmd == "put"}
+    # each host's first rank puts its address as one key; the H hosts get the H addresses
+    # (MPICH 5.0.2: the first rank gets them all; 4.3.2: its host's ranks share the gets)
+    assert sorted(puts) == firsts, addresses
+    assert len([a for a in addresses if a[1] == "get"]) == len(firsts) ** 2, addresses
+    for line in puts.values():
+        value = _pmi._words(line)["value"]
+        # MPICH 5.0.2's 4,096-byte address: with hydra's vallen_max (1024) one key held at
+        # most 1022 characters of it, so it went as 10 keys
+        assert (1022 if mapped else 0) < len(value) <= _pmi._kvs.VAL_MAX, len(value)
+    if not mapped:
+        return  # the simulation replays MPICH 5.0.2's lines (4.3.2 also puts a -bcast- key)
     for r in range(N):
-        if r in firsts:
-            assert len(puts[r]) == 1, puts[r]
-            key, value = _request(puts[r][0])[1], _pmi._words(puts[r][0])["value"]
-            assert key == f"-allgather-1-{r}" and not value.startswith("segments="), \
-                puts[r][0][:200]
-            assert 2048 < len(value) <= _pmi._kvs.VAL_MAX, len(value)
-        else:
-            assert puts[r] == [], puts[r]
         sim = _simulated(server, r)
         # MPI_Init's lines, then MPI_Finalize's: one barrier and a finalize
         assert by_rank[r][:len(sim)] == sim, (r, by_rank[r], sim)

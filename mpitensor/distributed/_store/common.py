@@ -515,6 +515,15 @@ class Store:
         for k, v in zip(keys, values):
             self._set(k, v)
 
+    def _get_within(self, key: bytes, seconds: float) -> bytes:
+        """``get(key)``, waiting up to ``seconds`` instead of the store's timeout: one request
+        to a TCPStore's master; a subclass that overrides the public methods (torch's way)
+        gets a ``wait`` and then a ``get``."""
+        if type(self).get is Store.get and type(self)._multi_get is not Store._multi_get:
+            return self._multi_get([key], seconds, "get")[0]
+        self.wait([key], as_timedelta(seconds))
+        return self.get(key)
+
     def _wait(self, keys: List[bytes], seconds: float) -> None:
         self._multi_get(keys, seconds, "wait")
 
@@ -712,10 +721,21 @@ class PrefixStore(Store):
                 return []
             return self._store.multi_get(full)
         except StoreTimeoutError as exc:
-            # the message names the full keys; ``keys`` gives them as this store's user wrote
-            head = show_key(self._head)
-            exc.keys = [k[len(head):] if k.startswith(head) else k for k in exc.keys]
+            self._own_keys(exc)
             raise
+
+    def _get_within(self, key: bytes, seconds: float) -> bytes:
+        try:
+            return self._store._get_within(self._head + key, seconds)
+        except StoreTimeoutError as exc:
+            self._own_keys(exc)
+            raise
+
+    def _own_keys(self, exc: StoreTimeoutError) -> None:
+        """The message names the full keys; ``exc.keys`` gives them as this store's user
+        wrote them."""
+        head = show_key(self._head)
+        exc.keys = [k[len(head):] if k.startswith(head) else k for k in exc.keys]
 
     def _wait(self, keys: List[bytes], seconds: float) -> None:
         self._multi_get(keys, seconds, "wait")

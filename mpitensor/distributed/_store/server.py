@@ -66,6 +66,8 @@ _STOP_GRACE = 5.0
 _LINGER = 2.0
 # Seconds the server stops accepting after accept() failed.
 _ACCEPT_PAUSE = 0.5
+# The requests that write one key (their growth is checked without building a dict).
+_ONE_KEY_WRITES = frozenset((wire.SET, wire.CAS, wire.ADD, wire.APPEND, wire.DELETE))
 
 
 class _Conn:
@@ -332,38 +334,55 @@ class StoreServer:
                 del buf[:pos]
 
     def _dispatch(self, conn: _Conn, op: int, f: List[bytes]) -> None:
-        t = self._table
-        # what each key that the request writes would hold at most afterwards, in bytes
-        sizes: Optional[Dict[bytes, int]] = None
-        if op in (wire.SET, wire.CAS):
-            sizes = {f[0]: len(f[-1])}
-        elif op == wire.ADD:
-            sizes = {f[0]: 21}
-        elif op == wire.APPEND:
-            sizes = {f[0]: len(t.data.get(f[0], b"")) + len(f[1])}
-        elif op == wire.MSET:
-            sizes = {k: len(v) for k, v in zip(f[0::2], f[1::2])}
-        elif op == wire.DELETE:
-            sizes = {f[0]: 0}
-        if sizes is None:
+        """Serve a request, keeping the store within its limits of keys and bytes."""
+        if op == wire.MSET:
+            self._dispatch_many(conn, op, f, {k: len(v) for k, v in zip(f[0::2], f[1::2])})
+            return
+        if op not in _ONE_KEY_WRITES:
             self._serve_op(conn, op, f)
             return
-        data = t.data
+        # one key written (most requests that write): plain arithmetic, no dictionaries
+        data = self._table.data
+        key = f[0]
+        old = data.get(key)
+        size = (len(f[-1]) if op in (wire.SET, wire.CAS) else 21 if op == wire.ADD
+                else len(old or b"") + len(f[1]) if op == wire.APPEND else 0)
+        before = 0 if old is None else len(key) + len(old)
+        grow = len(key) + size - before
+        if grow > 0 and ((old is None and len(data) + 1 > _MAX_STORE_KEYS)
+                         or self._bytes + grow > self._max_bytes):
+            self._refuse_growth(conn, op)
+            return
+        try:
+            self._serve_op(conn, op, f)
+        finally:
+            new = data.get(key)
+            self._bytes += (0 if new is None else len(key) + len(new)) - before
+
+    def _dispatch_many(self, conn: _Conn, op: int, f: List[bytes],
+                       sizes: Dict[bytes, int]) -> None:
+        """:meth:`_dispatch` of a request that writes several keys (``sizes``: what each
+        would hold at most afterwards, in bytes)."""
+        data = self._table.data
         new_keys = sum(k not in data for k in sizes)
         grow = sum(n - len(data[k]) if k in data else len(k) + n for k, n in sizes.items())
         if grow > 0 and (len(data) + new_keys > _MAX_STORE_KEYS
                          or self._bytes + grow > self._max_bytes):
-            self._reply(conn, wire.VALUE_ERROR, [(
-                f"{wire.NAMES[op]}: the store holds {len(data)} keys and {self._bytes} bytes; "
-                f"this would pass its limit of {_MAX_STORE_KEYS} keys or {self._max_bytes} "
-                "bytes (MPITENSOR_STORE_MAX_BYTES on the master); delete keys you no longer "
-                "need").encode()])
+            self._refuse_growth(conn, op)
             return
         before = sum(len(k) + len(data[k]) for k in sizes if k in data)
         try:
             self._serve_op(conn, op, f)
         finally:
             self._bytes += sum(len(k) + len(data[k]) for k in sizes if k in data) - before
+
+    def _refuse_growth(self, conn: _Conn, op: int) -> None:
+        data = self._table.data
+        self._reply(conn, wire.VALUE_ERROR, [(
+            f"{wire.NAMES[op]}: the store holds {len(data)} keys and {self._bytes} bytes; "
+            f"this would pass its limit of {_MAX_STORE_KEYS} keys or {self._max_bytes} "
+            "bytes (MPITENSOR_STORE_MAX_BYTES on the master); delete keys you no longer "
+            "need").encode()])
 
     def _serve_op(self, conn: _Conn, op: int, f: List[bytes]) -> None:
         t = self._table
@@ -564,6 +583,20 @@ class StoreServer:
     def _send(self, conn: _Conn, *parts: bytes) -> None:
         if conn not in self._conns:
             return
+        if len(parts) == 1 and not conn.outq and not conn.closing:
+            # nothing queued (the usual case): one send, and no queue, views or selector
+            # change unless the kernel takes only part of it
+            data = parts[0]
+            try:
+                sent = conn.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self._drop(conn)
+                return
+            if sent == len(data):
+                return
+            parts = (memoryview(data)[sent:],)
         for p in parts:
             if p:
                 conn.outq.append(memoryview(p))
