@@ -167,11 +167,8 @@ def _lstm_forward(xp: Any, xw: Any, w_hh_t: Any, w_hr: Any, h: Any, c0: Any, h_p
     m_all = xp.zeros((T, B, H), dt) if w_hr is not None else None
     for t in _steps(T, reverse):
         a = _active(batch_sizes, t, B)
-        hp = h[:a]
-        h_prev[t, :a] = hp
         g = acts[t, :a]
-        xp.matmul(hp, w_hh_t, out=g)
-        g += xw[t, :a]
+        _pre_activation(xp, h, h_prev, xw, w_hh_t, t, a, g)
         _sigmoid_(xp, g[:, :2 * H])
         xp.tanh(g[:, 2 * H:3 * H], out=g[:, 2 * H:3 * H])
         _sigmoid_(xp, g[:, 3 * H:])
@@ -226,17 +223,24 @@ def _gru_forward(xp: Any, xw: Any, w_hh_t: Any, b_hh: Any, h: Any, h_prev: Any, 
     return keep, (out, h)
 
 
+def _pre_activation(xp: Any, h: Any, h_prev: Any, xw: Any, w_hh_t: Any, t: int, a: int,
+                    dest: Any) -> None:
+    """Step ``t``'s pre-activation of the ``a`` active rows into ``dest``:
+    ``h[:a] @ w_hh_t + xw[t, :a]``, keeping the hidden state it read in ``h_prev[t]``."""
+    hp = h[:a]
+    h_prev[t, :a] = hp
+    xp.matmul(hp, w_hh_t, out=dest)
+    dest += xw[t, :a]
+
+
 def _rnn_forward(xp: Any, xw: Any, w_hh_t: Any, h: Any, h_prev: Any, out: Any, mode: str,
                  reverse: bool, batch_sizes: Any) -> None:
     """The plain RNN's steps (tanh or relu), written into ``out`` and ``h``."""
     T, B = xw.shape[:2]
     for t in _steps(T, reverse):
         a = _active(batch_sizes, t, B)
-        hp = h[:a]
-        h_prev[t, :a] = hp
         o = out[t, :a]
-        xp.matmul(hp, w_hh_t, out=o)
-        o += xw[t, :a]
+        _pre_activation(xp, h, h_prev, xw, w_hh_t, t, a, o)
         if mode == "RNN_TANH":
             xp.tanh(o, out=o)
         else:
