@@ -370,8 +370,12 @@ typedef struct {
     int64_t sn, sc, si, sj; /* element strides of the (N, C, oh, ow) output or its gradient */
 } Pool;
 
+/* dims and strides read into p and checked against the strided buffer (other_len bytes,
+ * named what), the channels c0..c1, the dense (C, H, W, N) buffer of dense_len bytes and the
+ * code buffer of code_len bytes; 0, or -1 with an exception naming the function fn */
 static int parse_pool(PyObject *dims, PyObject *strides, Pool *p, Py_ssize_t other_len,
-                      int it, const char *what)
+                      int it, const char *what, const char *fn, Py_ssize_t c0, Py_ssize_t c1,
+                      Py_ssize_t dense_len, Py_ssize_t code_len)
 {
     if (!PyArg_ParseTuple(dims, "LLLLLL", &p->C, &p->H, &p->W, &p->N, &p->oh, &p->ow)
         || !PyArg_ParseTuple(strides, "LLLL", &p->sn, &p->sc, &p->si, &p->sj))
@@ -385,6 +389,11 @@ static int parse_pool(PyObject *dims, PyObject *strides, Pool *p, Py_ssize_t oth
                    + (p->ow - 1) * p->sj;
     if ((last + 1) * it > other_len) {
         PyErr_Format(PyExc_ValueError, "%s: too small for its strides", what);
+        return -1;
+    }
+    if (c0 < 0 || c1 <= c0 || c1 > p->C || dense_len < p->C * p->H * p->W * p->N * it
+        || code_len < p->C * p->oh * p->ow * p->N) {
+        PyErr_Format(PyExc_ValueError, "%s: buffers or channels do not fit", fn);
         return -1;
     }
     return 0;
@@ -485,13 +494,9 @@ static PyObject *maxpool2x2(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "maxpool2x2: float32 only");
         goto done;
     }
-    if (parse_pool(dims, strides, &p, out.len, it, "out"))
+    if (parse_pool(dims, strides, &p, out.len, it, "out", "maxpool2x2", c0, c1, x.len,
+                   code.len))
         goto done;
-    if (c0 < 0 || c1 <= c0 || c1 > p.C || x.len < p.C * p.H * p.W * p.N * it
-        || code.len < p.C * p.oh * p.ow * p.N) {
-        PyErr_SetString(PyExc_ValueError, "maxpool2x2: buffers or channels do not fit");
-        goto done;
-    }
     Py_BEGIN_ALLOW_THREADS
     pool_fwd(x.buf, out.buf, code.buf, &p, c0, c1);
     Py_END_ALLOW_THREADS
@@ -523,13 +528,9 @@ static PyObject *maxpool2x2_backward(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "maxpool2x2_backward: float32 or float64 only");
         goto done;
     }
-    if (parse_pool(dims, strides, &p, g.len, it, "g"))
+    if (parse_pool(dims, strides, &p, g.len, it, "g", "maxpool2x2_backward", c0, c1, gin.len,
+                   code.len))
         goto done;
-    if (c0 < 0 || c1 <= c0 || c1 > p.C || gin.len < p.C * p.H * p.W * p.N * it
-        || code.len < p.C * p.oh * p.ow * p.N) {
-        PyErr_SetString(PyExc_ValueError, "maxpool2x2_backward: buffers or channels do not fit");
-        goto done;
-    }
     Py_BEGIN_ALLOW_THREADS
     if (it == 4)
         pool_bwd_float(g.buf, code.buf, gin.buf, &p, c0, c1);
