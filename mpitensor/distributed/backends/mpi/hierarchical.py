@@ -74,8 +74,8 @@ class Hierarchy:
     def __init__(self, node: Any, cross: Any, ppn: int, nodes: int, even: bool,
                  mode: str) -> None:
         self.node = node        # this rank's node (an MPIGroup)
-        self.cross = cross      # every node's rank with this rank's local rank (leaders only,
-        #                         where nodes hold different numbers of ranks; else None)
+        self.cross = cross      # every node's rank with this rank's local rank (where nodes
+        #                         hold different numbers of ranks: the leaders; None elsewhere)
         self.ppn = ppn          # ranks on this node
         self.nodes = nodes      # nodes the group spans
         self.even = even        # every node holds ppn ranks: the split scheme, else leaders
