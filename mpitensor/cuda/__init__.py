@@ -125,8 +125,7 @@ def current_device() -> int:
 
     Example:
         >>> import mpitensor as torch
-        >>> if torch.cuda.is_available():
-        ...     torch.cuda.set_device(0); assert torch.cuda.current_device() == 0
+        >>> gpu = torch.cuda.current_device() if torch.cuda.is_available() else None
     """
     return int(_cupy("current_device").cuda.runtime.getDevice())
 
@@ -263,9 +262,8 @@ def get_device_name(device: DeviceArg = None) -> str:
     """Return a GPU's name (the current GPU's by default), e.g. ``"NVIDIA H100 80GB HBM3"``.
 
     Raises:
-        ValueError: a CPU device or another kind of value.
-        CudaUnavailableError: CuPy or a GPU is missing.
-        RuntimeError: there is no GPU with that number (also a ValueError).
+        ValueError, RuntimeError, CudaUnavailableError: as :func:`synchronize`, for the same
+            ``device`` arguments.
 
     Example:
         >>> import mpitensor as torch
