@@ -17,6 +17,7 @@ import copy
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import mpitensor.distributed as dist
+from mpitensor import backend as _backend
 from mpitensor.autograd import Function
 from mpitensor.nn.parameter import Parameter
 from mpitensor.tensor import Size, Tensor, as_tensor, ones_like
@@ -214,7 +215,10 @@ class DTensor(Tensor):
                                 f"{tuple(self.shape)}, got {type(gradient).__name__}")
             arr = redistribute_array(gradient._local_tensor._data, self.shape, mesh,
                                      gradient.placements, grad_layout(placements))
-            g = Tensor(arr / avg_factor(placements, mesh))
+            factor = avg_factor(placements, mesh)
+            if factor != 1:  # (a 0-d array divided turns into a NumPy scalar: keep an array)
+                arr = _backend.array_module(arr).asarray(arr / arr.dtype.type(factor))
+            g = Tensor(arr)
         if inputs is not None:
             inputs = [i._local_tensor if isinstance(i, DTensor) else i for i in inputs]
         self._local_tensor.backward(g, retain_graph=retain_graph, create_graph=create_graph,

@@ -20,11 +20,11 @@ from typing import Any, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-from mpitensor.tensor import tensor as _tensor
-from mpitensor.tensor import where, zeros_like
 import mpitensor.distributed as dist
 import mpitensor.nn.functional as F  # noqa: N812 - torch's spelling
 from mpitensor.autograd import Function
+from mpitensor.tensor import tensor as _tensor
+from mpitensor.tensor import where, zeros_like
 
 from ._dispatch import OpCall, Sharding, register_sharding_rule
 from ._utils import compute_local_shape_and_global_offset
@@ -83,7 +83,9 @@ def _denominator(target: Any, weight: Any, ignore_index: int, groups: Sequence[A
 def _class_parallel(lo: int, groups: Tuple[Any, ...], n_classes: int) -> Any:
     """The loss of each sample from this rank's classes [lo, lo + local)."""
     def losses(x: Any, target: Any, ignore_index: int, smoothing: float) -> Any:
-        top = np.ascontiguousarray(x.detach().numpy().max(axis=1, keepdims=True))
+        # a rank holding no classes (an uneven split) still joins the max: -inf is its share
+        top = np.ascontiguousarray(x.detach().numpy().max(axis=1, keepdims=True,
+                                                        initial=-np.inf))
         for g in groups:
             dist.all_reduce(top, op=dist.ReduceOp.MAX, group=g)
         z = x - _tensor(top)
@@ -91,7 +93,10 @@ def _class_parallel(lo: int, groups: Tuple[Any, ...], n_classes: int) -> Any:
         local = target - lo
         inside = (local >= 0) & (local < x.shape[1])
         safe = where(inside, local, zeros_like(local))
-        picked = z.gather(1, safe.unsqueeze(1)).squeeze(1) * inside.to(z.dtype)
+        if x.shape[1]:
+            picked = z.gather(1, safe.unsqueeze(1)).squeeze(1) * inside.to(z.dtype)
+        else:  # no class here: its term of the target's logit is a sum of nothing
+            picked = z.sum(1)
         loss = lse - _SumOver.apply(picked, groups)
         if smoothing:
             mean_z = _SumOver.apply(z.sum(1), groups) / n_classes

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-from mpitensor.tensor import where, zeros_like
 import mpitensor.nn.functional as F  # noqa: N812 - torch's spelling
-from mpitensor.tensor import Tensor
+from mpitensor.tensor import Tensor, where, zeros_like
 
 from ._dispatch import OpCall, Sharding, register_sharding_rule
 from ._utils import compute_local_shape_and_global_offset
@@ -73,9 +72,9 @@ def _masked_lookup(lo: int, rows: int, padding_idx: Optional[int]) -> Any:
     pad = None if padding_idx is None or not lo <= padding_idx < lo + rows else padding_idx - lo
 
     def lookup(idx: Any, weight: Any, *rest: Any, **kw: Any) -> Any:
-        if rows == 0:  # a trailing rank of an uneven split holds no rows: its share is zero,
-            # still tied to the (empty) table so that its backward takes part like the others'
-            return (weight.sum() * 0).expand(*idx.shape, weight.shape[-1]).clone()
+        if rows == 0:  # a trailing rank of an uneven split holds no rows: its share is zero
+            # (the dispatcher ties the table to it, so its backward takes part all the same)
+            return weight.new_zeros((*idx.shape, weight.shape[-1]))
         local = idx - lo
         inside = (local >= 0) & (local < rows)
         safe = where(inside, local, zeros_like(local))

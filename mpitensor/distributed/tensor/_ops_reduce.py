@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-from mpitensor.tensor import __all__ as _TOP_LEVEL
 from mpitensor.tensor import Tensor
+from mpitensor.tensor import __all__ as _TOP_LEVEL
 
-from ._rules_pointwise import pointwise_sharding
 from ._dispatch import OpCall, Sharding, register_sharding_rule
+from ._rules_pointwise import pointwise_sharding
 from .placement_types import Partial, Placement, Replicate, Shard
 
 LINEAR = ("sum", "mean")
