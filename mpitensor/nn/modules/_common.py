@@ -117,6 +117,16 @@ def _repr_fields(module: Any, positional: tuple, **defaults: Any) -> str:
     return ", ".join(parts)
 
 
+class _ReprFields:
+    """Mixin for a module whose ``extra_repr`` is ``name=value`` for each attribute named in
+    ``_repr``, in order (torch's repr of pooling, folding, shuffling and flattening layers)."""
+
+    _repr: tuple = ()
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{name}={getattr(self, name)}" for name in self._repr)
+
+
 def _check_eps(cls: str, eps: Any) -> float:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
         raise ValueError(f"{cls}: eps must be a non-negative number, got {eps!r}")

@@ -6,12 +6,13 @@ from __future__ import annotations
 from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
+from ._common import _ReprFields
 from .module import Module
 
 __all__ = ["ChannelShuffle"]
 
 
-class ChannelShuffle(Module):
+class ChannelShuffle(_ReprFields, Module):
     """Interleave channels across ``groups``.
 
     Example:
@@ -27,5 +28,4 @@ class ChannelShuffle(Module):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.channel_shuffle(input, self.groups)
 
-    def extra_repr(self) -> str:
-        return f"groups={self.groups}"
+    _repr = ("groups",)

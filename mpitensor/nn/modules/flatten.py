@@ -9,13 +9,13 @@ from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
 from .._functional.checks import is_int, wrap_dim
-from ._common import _is_int
+from ._common import _is_int, _ReprFields
 from .module import Module
 
 __all__ = ["Flatten", "Unflatten"]
 
 
-class Flatten(Module):
+class Flatten(_ReprFields, Module):
     """Flatten dimensions ``start_dim`` to ``end_dim`` into one (default: all but the batch).
 
     Raises:
@@ -38,11 +38,8 @@ class Flatten(Module):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.flatten(input, self.start_dim, self.end_dim)
 
-    def extra_repr(self) -> str:
-        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
-
-
-class Unflatten(Module):
+    _repr = ("start_dim", "end_dim")
+class Unflatten(_ReprFields, Module):
     """Split dimension ``dim`` into ``unflattened_size`` (which may hold one -1).
 
     Raises:
@@ -79,5 +76,4 @@ class Unflatten(Module):
         shape = tuple(input.shape)
         return input.reshape(shape[:d] + tuple(sizes) + shape[d + 1:])
 
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
+    _repr = ("dim", "unflattened_size")

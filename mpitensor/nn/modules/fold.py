@@ -8,12 +8,13 @@ from typing import Any
 from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
+from ._common import _ReprFields
 from .module import Module
 
 __all__ = ["Unfold", "Fold"]
 
 
-class Unfold(Module):
+class Unfold(_ReprFields, Module):
     """Extract sliding blocks (im2col); see :func:`~mpitensor.nn.functional.unfold`.
 
     Example:
@@ -33,12 +34,10 @@ class Unfold(Module):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.unfold(input, self.kernel_size, self.dilation, self.padding, self.stride)
 
-    def extra_repr(self) -> str:
-        return (f"kernel_size={self.kernel_size}, dilation={self.dilation}, "
-                f"padding={self.padding}, stride={self.stride}")
+    _repr = ("kernel_size", "dilation", "padding", "stride")
 
 
-class Fold(Module):
+class Fold(_ReprFields, Module):
     """Sum sliding blocks into an image (col2im); see :func:`~mpitensor.nn.functional.fold`.
 
     Example:
@@ -60,6 +59,4 @@ class Fold(Module):
         return F.fold(input, self.output_size, self.kernel_size, self.dilation, self.padding,
                       self.stride)
 
-    def extra_repr(self) -> str:
-        return (f"output_size={self.output_size}, kernel_size={self.kernel_size}, "
-                f"dilation={self.dilation}, padding={self.padding}, stride={self.stride}")
+    _repr = ("output_size", "kernel_size", "dilation", "padding", "stride")

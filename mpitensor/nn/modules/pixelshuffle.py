@@ -6,12 +6,13 @@ from __future__ import annotations
 from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
+from ._common import _ReprFields
 from .module import Module
 
 __all__ = ["PixelShuffle", "PixelUnshuffle"]
 
 
-class PixelShuffle(Module):
+class PixelShuffle(_ReprFields, Module):
     """(*, C r^2, H, W) -> (*, C, H r, W r).
 
     Example:
@@ -27,11 +28,8 @@ class PixelShuffle(Module):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.pixel_shuffle(input, self.upscale_factor)
 
-    def extra_repr(self) -> str:
-        return f"upscale_factor={self.upscale_factor}"
-
-
-class PixelUnshuffle(Module):
+    _repr = ("upscale_factor",)
+class PixelUnshuffle(_ReprFields, Module):
     """(*, C, H r, W r) -> (*, C r^2, H, W).
 
     Example:
@@ -47,5 +45,4 @@ class PixelUnshuffle(Module):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.pixel_unshuffle(input, self.downscale_factor)
 
-    def extra_repr(self) -> str:
-        return f"downscale_factor={self.downscale_factor}"
+    _repr = ("downscale_factor",)

@@ -17,7 +17,7 @@ from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
 from .._functional.pooling2d import _adaptive_size
-from ._common import _IntOrPair, _pair, _positive_int
+from ._common import _IntOrPair, _pair, _positive_int, _ReprFields
 from .module import Module
 
 __all__ = ["MaxPool1d", "AvgPool1d", "AdaptiveMaxPool1d", "LPPool1d", "MaxUnpool1d", "MaxPool3d",
@@ -45,7 +45,7 @@ def _set_window(module: Module, kernel_size: Any, stride: Any, padding: Any,
     module.ceil_mode = ceil_mode
 
 
-class _MaxPoolNd(Module):
+class _MaxPoolNd(_ReprFields, Module):
     """Shared body of the sliding-window max poolings; subclasses name their function."""
 
     _fn = staticmethod(F.max_pool1d)
@@ -62,9 +62,7 @@ class _MaxPoolNd(Module):
         return self._fn(input, self.kernel_size, self.stride, self.padding, self.dilation,
                         ceil_mode=self.ceil_mode, return_indices=self.return_indices)
 
-    def extra_repr(self) -> str:
-        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+    _repr = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
 
 
 class MaxPool1d(_MaxPoolNd):
@@ -87,7 +85,7 @@ class MaxPool3d(_MaxPoolNd):
     _fn = staticmethod(F.max_pool3d)
 
 
-class AvgPool1d(Module):
+class AvgPool1d(_ReprFields, Module):
     """Mean over sliding windows of (N, C, L) or (C, L).
 
     Example:
@@ -108,11 +106,8 @@ class AvgPool1d(Module):
         return F.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
                             self.count_include_pad)
 
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
-
-
-class _AdaptiveMaxPoolNd(Module):
+    _repr = ("kernel_size", "stride", "padding")
+class _AdaptiveMaxPoolNd(_ReprFields, Module):
     """Shared body of the adaptive max poolings; subclasses name their function."""
 
     _fn = staticmethod(F.adaptive_max_pool1d)
@@ -125,10 +120,7 @@ class _AdaptiveMaxPoolNd(Module):
     def forward(self, input: Tensor) -> Any:  # noqa: A002 - torch's name
         return self._fn(input, self.output_size, self.return_indices)
 
-    def extra_repr(self) -> str:
-        return f"output_size={self.output_size}"
-
-
+    _repr = ("output_size",)
 class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):
     """Max over ``output_size`` windows tiling the last dimension.
 
@@ -161,7 +153,7 @@ class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd):
     _fn = staticmethod(F.adaptive_max_pool3d)
 
 
-class AdaptiveAvgPool3d(Module):
+class AdaptiveAvgPool3d(_ReprFields, Module):
     """Mean over windows tiling (N, C, D, H, W) or (C, D, H, W) into ``output_size`` cells.
 
     Example:
@@ -176,11 +168,8 @@ class AdaptiveAvgPool3d(Module):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.adaptive_avg_pool3d(input, self.output_size)
 
-    def extra_repr(self) -> str:
-        return f"output_size={self.output_size}"
-
-
-class AvgPool3d(Module):
+    _repr = ("output_size",)
+class AvgPool3d(_ReprFields, Module):
     """Mean over sliding 3-D windows of (N, C, D, H, W) or (C, D, H, W).
 
     Example:
@@ -200,11 +189,8 @@ class AvgPool3d(Module):
         return F.avg_pool3d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
                             self.count_include_pad, self.divisor_override)
 
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
-
-
-class _LPPoolNd(Module):
+    _repr = ("kernel_size", "stride", "padding")
+class _LPPoolNd(_ReprFields, Module):
     """Shared body of the power-average poolings; subclasses name their function."""
 
     _fn = staticmethod(F.lp_pool1d)
@@ -221,9 +207,7 @@ class _LPPoolNd(Module):
         return self._fn(input, float(self.norm_type), self.kernel_size, self.stride,
                         self.ceil_mode)
 
-    def extra_repr(self) -> str:
-        return (f"norm_type={self.norm_type}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, ceil_mode={self.ceil_mode}")
+    _repr = ("norm_type", "kernel_size", "stride", "ceil_mode")
 
 
 class LPPool1d(_LPPoolNd):
@@ -257,7 +241,7 @@ class LPPool3d(_LPPoolNd):
     _fn = staticmethod(F.lp_pool3d)
 
 
-class _MaxUnpoolNd(Module):
+class _MaxUnpoolNd(_ReprFields, Module):
     """Shared body of the unpoolings; subclasses name their function and rank."""
 
     _fn = staticmethod(F.max_unpool1d)
@@ -274,10 +258,7 @@ class _MaxUnpoolNd(Module):
         return self._fn(input, indices, self.kernel_size, self.stride, self.padding,
                         output_size)
 
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
-
-
+    _repr = ("kernel_size", "stride", "padding")
 class MaxUnpool1d(_MaxUnpoolNd):
     """The partial inverse of :class:`MaxPool1d` (give it the pooling's indices).
 
@@ -403,7 +384,7 @@ class MaxPool2d(_MaxPoolNd):
                          bool(ceil_mode))
 
 
-class AvgPool2d(Module):
+class AvgPool2d(_ReprFields, Module):
     """2-D average pooling over an NCHW input, as ``torch.nn.AvgPool2d``.
 
     Args:
@@ -451,11 +432,8 @@ class AvgPool2d(Module):
         return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
                             self.count_include_pad, self.divisor_override)
 
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
-
-
-class AdaptiveAvgPool2d(Module):
+    _repr = ("kernel_size", "stride", "padding")
+class AdaptiveAvgPool2d(_ReprFields, Module):
     """2-D adaptive average pooling to a fixed output size, as ``torch.nn.AdaptiveAvgPool2d``.
 
     Args:
@@ -481,11 +459,8 @@ class AdaptiveAvgPool2d(Module):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.adaptive_avg_pool2d(input, self.output_size)
 
-    def extra_repr(self) -> str:
-        return f"output_size={self.output_size}"
-
-
-class AdaptiveAvgPool1d(Module):
+    _repr = ("output_size",)
+class AdaptiveAvgPool1d(_ReprFields, Module):
     """1-D adaptive average pooling of (N, C, L) inputs to ``output_size`` positions.
 
     Raises:
@@ -507,5 +482,4 @@ class AdaptiveAvgPool1d(Module):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.adaptive_avg_pool1d(input, self.output_size)
 
-    def extra_repr(self) -> str:
-        return f"output_size={self.output_size}"
+    _repr = ("output_size",)
