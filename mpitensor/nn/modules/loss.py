@@ -193,14 +193,12 @@ class BCEWithLogitsLoss(_Loss):
     """Binary cross entropy on logits: ``sigmoid`` and :class:`BCELoss` in one stable step.
 
     Args:
-        weight: optional rescaling of each element, broadcastable to the input (a buffer).
-        reduction: "mean", "sum" or "none".
+        weight, reduction, size_average, reduce: as in :class:`BCELoss`.
         pos_weight: optional weight of the positive term per class (last dimension; a
             buffer).
-        size_average, reduce: torch's deprecated flags, folded into ``reduction``.
 
     Raises:
-        ValueError: an unknown reduction. TypeError: a weight that is not a Tensor.
+        ValueError, TypeError: as :class:`BCELoss` (pos_weight is checked like weight).
 
     Example:
         >>> import mpitensor as mt
