@@ -29,6 +29,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import mpitensor.distributed as dist
 from mpitensor import backend as _backend
+from mpitensor._base import workspace as _workspace
 from mpitensor.autograd import Function
 
 from ..device_mesh import DeviceMesh
@@ -44,6 +45,14 @@ def _xp(arr: Any) -> Any:
     return _backend.array_module(arr)
 
 
+def _empty(x: Any, shape: Tuple[int, ...]) -> Any:
+    """An uninitialised array of ``x``'s dtype: a recycled buffer for NumPy, as nn's
+    activations. A redistribution's staging buffers and outputs are the same multi-megabyte
+    sizes at every step; fresh ones would be page-faulted in each time (about as long as
+    the collective that fills them, for 64 MiB on two ranks)."""
+    return _workspace.empty(_xp(x), shape, x.dtype)
+
+
 def _coord(mesh: DeviceMesh, m: int) -> int:
     return mesh.get_coordinate()[m]
 
@@ -54,7 +63,7 @@ def _pad_front(x: Any, dim: int, c: int) -> Any:
     front = _xp(x).moveaxis(x, dim, 0)
     if front.shape[0] == c and front.flags.c_contiguous:
         return front
-    buf = _xp(x).empty((c,) + front.shape[1:], dtype=x.dtype)  # the pad is trimmed after
+    buf = _empty(x, (c,) + front.shape[1:])  # the pad is trimmed after
     buf[:front.shape[0]] = front
     return buf
 
@@ -64,7 +73,7 @@ def all_gather_dim(x: Any, dim: int, n: int, mesh: DeviceMesh, m: int) -> Any:
     k = mesh.size(m)
     c = -(-n // k)
     piece = _pad_front(x, dim, c)
-    out = _xp(x).empty((k * c,) + piece.shape[1:], dtype=x.dtype)
+    out = _empty(x, (k * c,) + piece.shape[1:])
     dist.all_gather_into_tensor(out, piece, group=mesh.get_group(m))
     return _xp(x).moveaxis(out[:n], 0, dim)
 
@@ -82,7 +91,7 @@ def reduce_scatter_dim(x: Any, dim: int, op: str, mesh: DeviceMesh, m: int) -> A
     k, n = mesh.size(m), x.shape[dim]
     c = -(-n // k)
     full = _pad_front(x, dim, k * c)
-    out = _xp(x).empty((c,) + full.shape[1:], dtype=x.dtype)
+    out = _empty(x, (c,) + full.shape[1:])
     dist.reduce_scatter_tensor(out, full, op=_OPS[op], group=mesh.get_group(m))
     size, _ = shard_size_and_offset(n, k, _coord(mesh, m))
     return _xp(x).moveaxis(out[:size], 0, dim)
@@ -90,7 +99,8 @@ def reduce_scatter_dim(x: Any, dim: int, op: str, mesh: DeviceMesh, m: int) -> A
 
 def all_reduce_dim(x: Any, op: str, mesh: DeviceMesh, m: int) -> Any:
     """Partial -> Replicate: the reduction of every rank's term, on every rank."""
-    out = _xp(x).array(x, copy=True, order="C")
+    out = _empty(x, tuple(x.shape))
+    _xp(x).copyto(out, x)
     dist.all_reduce(out, op=_OPS[op], group=mesh.get_group(m))
     return out
 
@@ -103,11 +113,11 @@ def all_to_all_dim(x: Any, i: int, j: int, n_i: int, mesh: DeviceMesh, m: int) -
     c_i, c_j = -(-n_i // k), -(-n_j // k)
     moved = xp.moveaxis(x, (i, j), (0, 1))  # (l_i, n_j, rest...)
     # block r: this rank's rows of rank r's columns; padding is never read, so left as is
-    send = xp.empty((k, c_i, c_j) + moved.shape[2:], dtype=x.dtype)
+    send = _empty(x, (k, c_i, c_j) + moved.shape[2:])
     for r in range(k):  # k slab copies
         size, start = shard_size_and_offset(n_j, k, r)
         send[r, :moved.shape[0], :size] = moved[:, start:start + size]
-    recv = xp.empty_like(send)
+    recv = _empty(x, send.shape)
     dist.all_to_all_single(recv, send, group=mesh.get_group(m))
     size, _ = shard_size_and_offset(n_j, k, me)
     # recv[r] holds rank r's rows of this rank's columns: end to end they are dim i whole
