@@ -123,6 +123,12 @@ class _ReprFields:
 
     _repr: tuple = ()
 
+    def _keep(self, *values: Any) -> None:
+        """Store the constructor's ``values`` under the names in ``_repr``, in that order."""
+        assert len(values) == len(self._repr), (type(self).__name__, self._repr)
+        for name, value in zip(self._repr, values):
+            setattr(self, name, value)
+
     def extra_repr(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)}" for name in self._repr)
 

@@ -23,7 +23,7 @@ class ChannelShuffle(_ReprFields, Module):
 
     def __init__(self, groups: int) -> None:
         super().__init__()
-        self.groups = groups
+        self._keep(groups)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.channel_shuffle(input, self.groups)

@@ -39,6 +39,8 @@ class Flatten(_ReprFields, Module):
         return F.flatten(input, self.start_dim, self.end_dim)
 
     _repr = ("start_dim", "end_dim")
+
+
 class Unflatten(_ReprFields, Module):
     """Split dimension ``dim`` into ``unflattened_size`` (which may hold one -1).
 

@@ -26,10 +26,7 @@ class Unfold(_ReprFields, Module):
     def __init__(self, kernel_size: Any, dilation: Any = 1, padding: Any = 0,
                  stride: Any = 1) -> None:
         super().__init__()
-        self.kernel_size = kernel_size
-        self.dilation = dilation
-        self.padding = padding
-        self.stride = stride
+        self._keep(kernel_size, dilation, padding, stride)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.unfold(input, self.kernel_size, self.dilation, self.padding, self.stride)
@@ -49,11 +46,7 @@ class Fold(_ReprFields, Module):
     def __init__(self, output_size: Any, kernel_size: Any, dilation: Any = 1, padding: Any = 0,
                  stride: Any = 1) -> None:
         super().__init__()
-        self.output_size = output_size
-        self.kernel_size = kernel_size
-        self.dilation = dilation
-        self.padding = padding
-        self.stride = stride
+        self._keep(output_size, kernel_size, dilation, padding, stride)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.fold(input, self.output_size, self.kernel_size, self.dilation, self.padding,

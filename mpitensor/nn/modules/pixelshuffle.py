@@ -23,12 +23,14 @@ class PixelShuffle(_ReprFields, Module):
 
     def __init__(self, upscale_factor: int) -> None:
         super().__init__()
-        self.upscale_factor = upscale_factor
+        self._keep(upscale_factor)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.pixel_shuffle(input, self.upscale_factor)
 
     _repr = ("upscale_factor",)
+
+
 class PixelUnshuffle(_ReprFields, Module):
     """(*, C, H r, W r) -> (*, C r^2, H, W).
 
@@ -40,7 +42,7 @@ class PixelUnshuffle(_ReprFields, Module):
 
     def __init__(self, downscale_factor: int) -> None:
         super().__init__()
-        self.downscale_factor = downscale_factor
+        self._keep(downscale_factor)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.pixel_unshuffle(input, self.downscale_factor)

@@ -107,6 +107,8 @@ class AvgPool1d(_ReprFields, Module):
                             self.count_include_pad)
 
     _repr = ("kernel_size", "stride", "padding")
+
+
 class _AdaptiveMaxPoolNd(_ReprFields, Module):
     """Shared body of the adaptive max poolings; subclasses name their function."""
 
@@ -121,6 +123,8 @@ class _AdaptiveMaxPoolNd(_ReprFields, Module):
         return self._fn(input, self.output_size, self.return_indices)
 
     _repr = ("output_size",)
+
+
 class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):
     """Max over ``output_size`` windows tiling the last dimension.
 
@@ -169,6 +173,8 @@ class AdaptiveAvgPool3d(_ReprFields, Module):
         return F.adaptive_avg_pool3d(input, self.output_size)
 
     _repr = ("output_size",)
+
+
 class AvgPool3d(_ReprFields, Module):
     """Mean over sliding 3-D windows of (N, C, D, H, W) or (C, D, H, W).
 
@@ -190,6 +196,8 @@ class AvgPool3d(_ReprFields, Module):
                             self.count_include_pad, self.divisor_override)
 
     _repr = ("kernel_size", "stride", "padding")
+
+
 class _LPPoolNd(_ReprFields, Module):
     """Shared body of the power-average poolings; subclasses name their function."""
 
@@ -198,10 +206,7 @@ class _LPPoolNd(_ReprFields, Module):
     def __init__(self, norm_type: float, kernel_size: Any, stride: Optional[Any] = None,
                  ceil_mode: bool = False) -> None:
         super().__init__()
-        self.norm_type = norm_type
-        self.kernel_size = kernel_size
-        self.stride = stride
-        self.ceil_mode = ceil_mode
+        self._keep(norm_type, kernel_size, stride, ceil_mode)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return self._fn(input, float(self.norm_type), self.kernel_size, self.stride,
@@ -259,6 +264,8 @@ class _MaxUnpoolNd(_ReprFields, Module):
                         output_size)
 
     _repr = ("kernel_size", "stride", "padding")
+
+
 class MaxUnpool1d(_MaxUnpoolNd):
     """The partial inverse of :class:`MaxPool1d` (give it the pooling's indices).
 
@@ -433,6 +440,8 @@ class AvgPool2d(_ReprFields, Module):
                             self.count_include_pad, self.divisor_override)
 
     _repr = ("kernel_size", "stride", "padding")
+
+
 class AdaptiveAvgPool2d(_ReprFields, Module):
     """2-D adaptive average pooling to a fixed output size, as ``torch.nn.AdaptiveAvgPool2d``.
 
@@ -460,6 +469,8 @@ class AdaptiveAvgPool2d(_ReprFields, Module):
         return F.adaptive_avg_pool2d(input, self.output_size)
 
     _repr = ("output_size",)
+
+
 class AdaptiveAvgPool1d(_ReprFields, Module):
     """1-D adaptive average pooling of (N, C, L) inputs to ``output_size`` positions.
 
