@@ -1,4 +1,4 @@
-"""Flat against hierarchical all_reduce on a cluster of network-namespace hosts (issue 29).
+"""Flat against hierarchical all_reduce (and all_gather) on network-namespace hosts (issue 29).
 
 Run (root, MPICH): ``timeout 900 python benchmarks/hierarchical.py [--reps 15] [--rate 1gbit]
 [--plot docs/img/hierarchical.png]``
@@ -11,7 +11,8 @@ ranks, placed host by host (ranks 0-1, 2-3) and round robin (``-ppn 1``: ranks 0
   ``MPITENSOR_HIERARCHICAL=off``) and hierarchical (forced on), called alternately after a
   barrier each, the slowest rank's median; their ratio;
 - bytes: what each host's link sent per call (its ``eth0`` counter, read in the namespace
-  around the calls only), flat and hierarchical;
+  around the calls only), flat and hierarchical, for all_reduce and all_gather_into_tensor
+  (whose output is the size given);
 - the cost model of ``auto`` (its crossover in bytes, and the fitted lines).
 
 Prints Markdown tables. The namespaces share one kernel and its cores: a "link" is a veth
@@ -40,7 +41,9 @@ assert _spec.loader is not None
 _spec.loader.exec_module(netns_cluster)
 
 SIZES = [8, 1 << 10, 8 << 10, 64 << 10, 512 << 10, 4 << 20, 16 << 20]
-BYTE_SIZES = [(2048, 200), (64 << 10, 50), (4 << 20, 4)]
+BYTE_SIZES = [("all_reduce", 2048, 200), ("all_reduce", 64 << 10, 50),
+              ("all_reduce", 4 << 20, 4), ("all_gather", 32 << 10, 100),
+              ("all_gather", 4 << 20, 4)]
 NET_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": netns_cluster.IFACE,
            "FI_PROVIDER": "tcp", "FI_TCP_IFACE": netns_cluster.IFACE}
 
@@ -95,16 +98,17 @@ def _plot(path: str, curves: dict, rate: str) -> None:
 
 
 def _bytes(c, round_robin: bool) -> str:
-    rows = ["| bytes per call | calls | flat: bytes a host sends per call | hierarchical | "
-            "hierarchical / flat |", "|---|---|---|---|---|"]
-    for nbytes, calls in BYTE_SIZES:
-        out = _run(c, ["bytes", str(nbytes / (1 << 20)), str(calls)],
+    rows = ["| call | bytes | calls | flat: bytes a host sends per call | hierarchical | "
+            "hierarchical / flat |", "|---|---|---|---|---|---|"]
+    for op, nbytes, calls in BYTE_SIZES:
+        out = _run(c, ["bytes", str(nbytes / (1 << 20)), str(calls), op],
                    {"MPITENSOR_HIERARCHICAL": "on"}, round_robin)
         found = [(int(f), int(h)) for f, h in re.findall(r"BYTES \S+ (\d+) (\d+) \d+", out)]
         per = 2 * calls  # two windows of each kind
         flat = sum(f for f, _ in found) / len(found) / per
         hier = sum(h for _, h in found) / len(found) / per
-        rows.append(f"| {nbytes:,} | {calls} | {flat:,.0f} | {hier:,.0f} | {hier / flat:.3f} |")
+        rows.append(f"| {op} | {nbytes:,} | {calls} | {flat:,.0f} | {hier:,.0f} | "
+                    f"{hier / flat:.3f} |")
     return "\n".join(rows)
 
 

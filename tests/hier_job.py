@@ -4,11 +4,12 @@ of network-namespace hosts, ``hostfiles/netns_cluster.py``).
 ``python hier_job.py check even|uneven``: hierarchical all_reduce (MPITENSOR_HIERARCHICAL=on
 in the job's environment; ``uneven``: 3 ranks on 2 hosts, the leaders' scheme) against the
 exact reduction and against raw MPI's, for several dtypes, ops and sizes; every rank's result
-bitwise equal. Prints ``CHECK rank R ok N`` (N: the calls that went the hierarchical way) or
-raises.
+bitwise equal; all_gather_into_tensor against every rank's blocks in order. Prints ``CHECK
+rank R ok N`` (N: the all_reduce calls that went the hierarchical way) or raises.
 
-``python hier_job.py bytes MIB CALLS``: the bytes each node's link (``eth0``, in its
-namespace) sends during ``CALLS`` all_reduces of ``MIB`` MiB of float64, flat (a group made
+``python hier_job.py bytes MIB CALLS [all_gather]``: the bytes each node's link (``eth0``, in
+its namespace) sends during ``CALLS`` all_reduces of ``MIB`` MiB of float64 (or
+all_gather_into_tensor calls into that much), flat (a group made
 with MPITENSOR_HIERARCHICAL=off) and hierarchical (the world group, made with it on), and
 during a window of barriers alone; local rank 0 of each node prints ``BYTES host flat hier
 idle``.
@@ -111,6 +112,25 @@ def _one(g, comm: MPI.Comm, dt: np.dtype, op: ReduceOp, n: int, seed: int, how: 
     assert all(b == everyone[0] for b in everyone), f"{what}: ranks differ in their bits"
 
 
+def _gather(g, comm: MPI.Comm, dt: np.dtype, b: int, seed: int, how: str) -> None:
+    """all_gather_into_tensor: every rank's block, in group-rank order, on every rank."""
+    parts = np.stack([_data(r, b, dt, seed) for r in range(comm.size)])
+    mine = parts[comm.rank].copy()
+    if how == "strided":  # a non-contiguous output: the general path stages it
+        wide = np.zeros(2 * b * comm.size, dt)
+        dist.all_gather_into_tensor(wide[::2], mine, group=g)
+        assert not wide[1::2].any(), "the gaps of a strided output were written"
+        out = wide[::2]
+    elif how == "tensor":
+        out_t = mpitensor.zeros(comm.size * b, dtype=mpitensor.from_numpy(mine).dtype)
+        dist.all_gather_into_tensor(out_t, mpitensor.from_numpy(mine), group=g)
+        out = out_t.numpy()
+    else:
+        out = np.zeros(comm.size * b, dt)
+        dist.all_gather_into_tensor(out, mine, group=g)
+    assert np.array_equal(out, parts.reshape(-1)), f"all_gather {dt} b={b} {how}"
+
+
 def check(even: bool) -> None:
     dist.init_process_group("mpi")
     g = dist.group.WORLD
@@ -129,7 +149,19 @@ def check(even: bool) -> None:
             seed += 1
             _one(g, comm, np.dtype(np.float64), ReduceOp.SUM, n, seed, how)
             expected += 1
+    gathers = 0
+    for dt in (np.float64, np.int32, np.uint8):
+        for b in (1, 3, 1000, 40001):
+            seed += 1
+            _gather(g, comm, np.dtype(dt), b, seed, "plain")
+            gathers += 1
+    for how in ("strided", "tensor"):
+        seed += 1
+        _gather(g, comm, np.dtype(np.float32), 777, seed, how)
+        gathers += 1
     h = g.hier
+    # all_gather takes the split layout only: the leaders' stays flat
+    assert h.gathers == (gathers if even else 0), (h.gathers, gathers)
     ppn = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).size
     assert h is not None and h.nodes == 2 and h.ppn == ppn and h.even == even, vars(h)
     # the leaders' scheme (nodes of 2 and 1 ranks): every local rank 0 in the cross group
@@ -164,20 +196,28 @@ def _window(comm: MPI.Comm, node: MPI.Comm, run) -> int:
     return _eth0("tx") - before if node.rank == 0 else 0
 
 
-def count_bytes(mib: float, calls: int) -> None:
+def count_bytes(mib: float, calls: int, op: str) -> None:
     dist.init_process_group("mpi")
     comm = MPI.COMM_WORLD
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     hier = dist.group.WORLD
-    buf = np.ones(int(mib * (1 << 20)) // 8)
-    dist.all_reduce(buf, group=hier)  # warm-up: the sub-groups, MPI's connections
-    os.environ["MPITENSOR_HIERARCHICAL"] = "off"  # read at a group's first all_reduce
+    buf = np.ones(int(mib * (1 << 20)) // 8)  # all_gather: the output; each rank's block:
+    block = np.ones(buf.size // comm.size)    # its share
+
+    def call(g):
+        if op == "all_gather":
+            dist.all_gather_into_tensor(buf, block, group=g)
+        else:
+            dist.all_reduce(buf, group=g)
+
+    call(hier)  # warm-up: the sub-groups, MPI's connections
+    os.environ["MPITENSOR_HIERARCHICAL"] = "off"  # read at a group's first call
     flat = dist.new_group(list(range(comm.size)))
-    dist.all_reduce(buf, group=flat)
+    call(flat)
     assert hier.hier is not None and flat.hier is None
 
     def on(g):
-        return lambda: [dist.all_reduce(buf, group=g) for _ in range(calls)]
+        return lambda: [call(g) for _ in range(calls)]
 
     counts = {"flat": 0, "hier": 0, "idle": 0}
     for _ in range(2):  # alternated, so that any drift in the background shows in both
@@ -245,6 +285,6 @@ if __name__ == "__main__":
     elif what == "state":
         state()
     elif what == "bytes":
-        count_bytes(float(sys.argv[2]), int(sys.argv[3]))
+        count_bytes(float(sys.argv[2]), int(sys.argv[3]), (sys.argv[4:] or ["all_reduce"])[0])
     else:
         timing(sys.argv[2], int(sys.argv[3]))

@@ -1,10 +1,12 @@
-"""Hierarchical all_reduce (``backends/mpi/hierarchical.py``) on a cluster of two
-network-namespace "nodes" of two ranks each (``hostfiles/netns_cluster.py``, as
-``tests/test_cluster.py`` builds it; the module's fixture makes and removes it).
+"""Hierarchical all_reduce and all_gather_into_tensor (``backends/mpi/hierarchical.py``,
+``hierarchical_gather.py``) on a cluster of two network-namespace "nodes" of two ranks each
+(``hostfiles/netns_cluster.py``, as ``tests/test_cluster.py`` builds it; the module's fixture
+makes and removes it).
 
 The values: every dtype and op the path takes, sizes that do and do not divide by the ranks per
 node, the general path's buffers (a Tensor, a strided view, ``async_op``), against the exact
-reduction and raw MPI's, every rank's bits equal (``tests/hier_job.py check``). The switches.
+reduction and raw MPI's, every rank's bits equal; gathered blocks in rank order, with ranks
+placed host by host and round robin (``tests/hier_job.py check``). The switches.
 And the bytes each node's link sends (its ``eth0`` counter, read inside the namespace around
 the calls only), flat against hierarchical. Needs root: skipped with the reason elsewhere.
 """
@@ -56,11 +58,14 @@ def _job(c, tmp_path: Path, env: Dict[str, str], *args: str,
     return out
 
 
-@pytest.mark.parametrize("ranks,layout", [(4, "even"), (3, "uneven")])
+@pytest.mark.parametrize("ranks,layout,round_robin", [
+    (4, "even", False), (4, "even", True), (3, "uneven", False)])
 def test_values_match_the_exact_reduction_on_every_rank(hosts, tmp_path: Path, ranks: int,
-                                                        layout: str) -> None:
-    """2 + 2 ranks: the split scheme; 2 + 1 ranks: the leaders' scheme."""
-    out = _job(hosts, tmp_path, {"MPITENSOR_HIERARCHICAL": "on"}, "check", layout, ranks=ranks)
+                                                        layout: str, round_robin: bool) -> None:
+    """2 + 2 ranks: the split scheme (ranks 0-1 and 2-3 on a host, or 0, 2 and 1, 3: the
+    all-gather's blocks put back in group-rank order); 2 + 1 ranks: the leaders' scheme."""
+    out = _job(hosts, tmp_path, {"MPITENSOR_HIERARCHICAL": "on"}, "check", layout, ranks=ranks,
+               round_robin=round_robin)
     assert sorted(re.findall(r"CHECK rank (\d) ok \d+", out)) == [str(r) for r in range(ranks)], \
         out
 
@@ -88,28 +93,36 @@ def _bytes(out: str) -> List[Tuple[int, int, int]]:
     return [(int(f), int(h), int(i)) for _, f, h, i in rows]
 
 
-@pytest.mark.parametrize("nbytes,calls,round_robin,ratio", [
-    # ranks numbered host by host; 2 KiB: MPI's recursive doubling sends each rank's whole
-    # buffer across (2 N a host), the hierarchical path each rank's half (N a host)
-    (2048, 200, False, 0.5),
+@pytest.mark.parametrize("op,nbytes,calls,round_robin,ratio", [
+    # all_reduce of N bytes; the hierarchical path sends N a host (each rank N/2 across).
+    # Ranks numbered host by host, 2 KiB: MPI's recursive doubling sends each rank's whole
+    # buffer across (2 N a host)
+    ("all_reduce", 2048, 200, False, 1 / 2),
     # round robin: recursive halving pairs ranks on different hosts first (2 N a host)
-    (4 << 20, 4, True, 0.5),
-    # host by host, 4 MiB: recursive halving pairs host-mates first, and already sends N a
+    ("all_reduce", 4 << 20, 4, True, 1 / 2),
+    # host by host, 4 MiB: recursive halving pairs host-mates first and already sends N a
     # host; the hierarchical path sends the same, no more
-    (4 << 20, 4, False, 1.0),
+    ("all_reduce", 4 << 20, 4, False, 1.0),
+    # all_gather_into_tensor into N bytes (N/4 from each rank); the hierarchical path sends a
+    # host's own two blocks across once (N/2 a host). 32 KiB: recursive doubling's last step
+    # sends each rank's two blocks across (N a host)
+    ("all_gather", 32 << 10, 100, False, 1 / 2),
+    # 4 MiB: the ring passes three blocks over each link between hosts: one link a host host
+    # by host (3N/4), two round robin (3N/2)
+    ("all_gather", 4 << 20, 4, False, 2 / 3),
+    ("all_gather", 4 << 20, 4, True, 1 / 3),
 ])
-def test_inter_node_bytes(hosts, tmp_path: Path, nbytes: int, calls: int,
+def test_inter_node_bytes(hosts, tmp_path: Path, op: str, nbytes: int, calls: int,
                           round_robin: bool, ratio: float) -> None:
-    """Each host's link sends ``ratio`` x the flat path's bytes (1/ranks-per-node where MPI's
-    algorithm sends a rank's data across per rank), give or take HEADERS per message."""
+    """Each host's link sends ``ratio`` x the flat path's bytes, give or take the headers."""
     out = _job(hosts, tmp_path, {"MPITENSOR_HIERARCHICAL": "on"}, "bytes",
-               str(nbytes / (1 << 20)), str(calls), round_robin=round_robin)
+               str(nbytes / (1 << 20)), str(calls), op, round_robin=round_robin)
     windows = 2  # the job alternates two windows of each kind
+    payload_hier = nbytes if op == "all_reduce" else nbytes // 2  # a host's, per call
+    # messages a host sends per call, at most: 2 ranks x 1 (all_reduce), x 3 ring steps
+    msgs = 2 if op == "all_reduce" else 6
     for flat, hier, idle in _bytes(out):
-        # payload a host sends per call: 2 ranks x (the flat path: N each where ratio is 1/2,
-        # else N/2 each; the hierarchical path: N/2 each): one message per rank and call
-        payload_hier = nbytes
         assert flat >= payload_hier / ratio * calls * windows, (flat, hier, idle)
-        slack = 2 * HEADERS * calls * windows + idle + PER_BYTE * payload_hier * calls * windows
-        assert abs(hier - ratio * flat) <= slack, (flat, hier, idle, slack)
         assert hier >= payload_hier * calls * windows, (flat, hier, idle)
+        slack = (msgs * HEADERS + PER_BYTE * payload_hier) * calls * windows + idle
+        assert abs(hier - ratio * flat) <= slack, (flat, hier, idle, slack)

@@ -26,6 +26,7 @@ from ...health.state import MASK as _MASK
 from ...process_group import ReduceOp, Work
 from . import buffers as B
 from . import hierarchical as _hier
+from . import hierarchical_gather as _hgather
 from . import shm_coll as _shmc
 
 _IN_PLACE = MPI.IN_PLACE
@@ -456,6 +457,9 @@ class Collectives:
         if self.rank_ >= 0 and not self.slow:
             mt = self._fast_pair(out, inp)
             if mt is not None and out.size == inp.size * self.size_:
+                if self.hier is not None and _hgather.takes(self, out):
+                    self._fast_count("all_gather_into_tensor", inp)
+                    return _hgather.all_gather(self, output, out, None, inp, async_op)
                 s = self._fast_count("all_gather_into_tensor", inp)
                 chk = self._fp_first(s, "all_gather_into_tensor", inp, None, -1, (out, inp))
                 req = self.comm.Iallgather([inp, mt], [out, mt])
@@ -482,6 +486,9 @@ class Collectives:
         out, inp, mt = self._maybe_debug(
             where, lambda: self._shaped_sig("all_gather_into_tensor", input, "input_tensor", where),
             prepare)
+        if self.hier is not None and _hgather.takes(self, out):
+            return _hgather.all_gather(self, output, *_hier.staged(out), _hgather.host_in(inp),
+                                       async_op)
         rbuf, write_back = B.stage_out(out)
         sspec, rspec = [B.unalias(B.stage_in(inp), rbuf), mt], [rbuf, mt]
         comm = self.comm

@@ -30,16 +30,18 @@ copied. They equal the flat path's result up to the re-association of the reduct
 for integers, within the rounding of the ``n - 1`` additions for floats.
 
 When: the sub-groups are made lazily, at the group's first ``all_reduce`` whose dtype and op
-MPI reduces as they are (no AVG, no half-precision upcast: those stay flat), and freed with
-the group. Where the group lies on one node, or no node holds two of its ranks, nothing more
-is made and every call is flat. Else the path is chosen per call by a cost model measured
-then: both paths are timed, collectively, at two sizes; every rank takes the slowest rank's
-times, models each path as ``a + b * bytes`` and goes hierarchical from the size where that
-path's modelled time is the lower. The crossover is the same on every rank, and so is a
-call's size, so every rank takes the same path. ``MPITENSOR_HIERARCHICAL``: ``auto`` (the
-model), ``on`` (always, where the group spans nodes: tests), ``off`` (flat);
-``MPITENSOR_SHM_COLLECTIVES=off`` turns it off too. Both are read at the group's first
-all_reduce and must be set alike on every rank.
+MPI reduces as they are (no AVG, no half-precision upcast: those stay flat) or its first
+``all_gather_into_tensor``, and freed with the group. Where the group lies on one node, or no
+node holds two of its ranks, nothing more is made and every call is flat. Else the path is
+chosen per call by a cost model measured then: both paths are timed, collectively, at two
+sizes; every rank takes the slowest rank's times, models each path as ``a + b * bytes`` and
+goes hierarchical from the size where that path's modelled time is the lower. The crossover
+is the same on every rank, and so is a call's size, so every rank takes the same path.
+``MPITENSOR_HIERARCHICAL``: ``auto`` (the model), ``on`` (always, where the group spans nodes:
+tests), ``off`` (flat); ``MPITENSOR_SHM_COLLECTIVES=off`` turns it off too. Both are read
+when the sub-groups are made and must be set alike on every rank. ``all_gather_into_tensor``
+across nodes uses the same sub-groups (made by whichever of the two calls comes first):
+:mod:`hierarchical_gather`.
 """
 
 from __future__ import annotations
@@ -83,6 +85,13 @@ class Hierarchy:
         self.crossover = 0 if mode == "on" else _NEVER  # bytes from which to go hierarchical
         self.model: tuple = ()  # (a_flat, b_flat, a_hier, b_hier): seconds, seconds per byte
         self.calls = 0          # calls that took the hierarchical path
+        # all_gather_into_tensor (hierarchical_gather.py): group ranks in the order the node
+        # all-gather of the cross all-gathers leaves their blocks; its crossover (None: not
+        # measured yet), its model and its calls
+        self.order: Any = None
+        self.gather_crossover: Optional[int] = None
+        self.gather_model: tuple = ()
+        self.gathers = 0
 
     def wants(self, size: int, nbytes: int) -> bool:
         # the split needs an element per local rank (ppn is the same on every node there);
@@ -107,10 +116,16 @@ def takes(g: Any, arr: Any) -> bool:
     """Whether this all_reduce of ``arr`` (a dtype and op MPI reduces as they are) goes the
     hierarchical way. Depends only on what every member agrees on (the group, the size), so
     every member answers alike; the first call makes the sub-groups (collective)."""
+    h = hierarchy(g)
+    return h is not None and h.wants(arr.size, arr.nbytes)
+
+
+def hierarchy(g: Any) -> Optional[Hierarchy]:
+    """``g``'s Hierarchy, made at the first call that asks (collective), or None."""
     h = g.hier
     if h is PENDING:
         h = g.hier = _build(g)
-    return h is not None and h.wants(arr.size, arr.nbytes)
+    return h
 
 
 def _build(g: Any) -> Optional[Hierarchy]:
@@ -130,12 +145,12 @@ def _build(g: Any) -> Optional[Hierarchy]:
     node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=g.rank_)
     local, ppn = node_comm.Get_rank(), node_comm.Get_size()
     first = node_comm.allreduce(g.rank_, op=MPI.MIN)  # names the node
-    layout = comm.allgather((first, ppn))
-    nodes = len({f for f, _ in layout})
-    if nodes < 2 or max(p for _, p in layout) < 2:
+    layout = comm.allgather((first, ppn, local))
+    nodes = len({f for f, _, _ in layout})
+    if nodes < 2 or max(p for _, p, _ in layout) < 2:
         node_comm.Free()
         return None
-    even = len({p for _, p in layout}) == 1
+    even = len({p for _, p, _ in layout}) == 1
     cross_comm = comm.Split(local if (even or local == 0) else MPI.UNDEFINED, key=g.rank_)
     make = type(g)
     node = make(node_comm, node_comm.allgather(g.global_rank), g.global_rank,
@@ -145,6 +160,9 @@ def _build(g: Any) -> Optional[Hierarchy]:
         cross = make(cross_comm, cross_comm.allgather(g.global_rank), g.global_rank,
                      f"{g.name}/local{local}", g.timeout, g.debug, g.world_size)
     h = Hierarchy(node, cross, ppn, nodes, even, mode)
+    # (Split orders each sub-group by group rank: cross group k's rank j is the j-th group
+    # rank whose local rank is k, and node rank k is local rank k)
+    h.order = np.array([r for k in range(ppn) for r, lay in enumerate(layout) if lay[2] == k])
     if mode == "auto":
         _measure(g, h)
     return h
