@@ -2,6 +2,7 @@
 
     mpiexec -n 4 python examples/sharded_training.py            # dp=2 x tp=2
     python examples/sharded_training.py --no-parallel           # the same model on one process
+    mpiexec -n 4 python examples/sharded_training.py --fsdp     # fully_shard over dp
     USE_MPITENSOR=0 mpiexec -n 4 python examples/sharded_training.py   # real torch (gloo)
 
 The recipe is torch's 2-D one (tensor parallelism + DDP), and the program is plain torch code:
@@ -18,6 +19,9 @@ only the imports below the ``USE_MPITENSOR`` switch differ.
    output layer over the classes.
 3. ``DistributedDataParallel(model, device_mesh=mesh["dp"])`` averages every gradient piece
    over its "dp" line: the two rows of the mesh each train on half of the global batch.
+   With ``--fsdp``, torch's FSDP2 + TP recipe instead: ``fully_shard(block, mesh=mesh["dp"])``
+   per block, then on the model, shards every tensor-parallel piece once more over "dp"
+   (gathered around each block's forward and backward, gradients reduce-scattered).
 
 The data are synthetic, so nothing is read: next-token prediction on a fixed random sequence of
 64 tokens, 12 windows of 8 tokens per step. The weights are set from a NumPy seed, so every
@@ -29,6 +33,7 @@ and against torch's run where torch is installed).
 world is even, else 1), so any world size runs: ``python examples/sharded_training.py`` is a
 1x1 mesh, ``mpiexec -n 2`` a 1x2 mesh (tensor parallel only), ``mpiexec -n 3`` a 3x1 mesh
 (data parallel only). The data-parallel size (world / tp) must divide the global batch of 12.
+``--fsdp`` shards over "dp" with ``fully_shard`` instead of DDP (the same losses).
 ``--loss-parallel`` keeps the logits split over the classes (a DTensor) and computes the
 cross-entropy under ``loss_parallel()``, without gathering them. ``--steps`` (default 20) and
 ``--lr`` (AdamW, default 0.01) size the run. Rank 0 prints
@@ -47,6 +52,7 @@ if os.environ.get("USE_MPITENSOR", "1") == "1":
     import mpitensor.nn.functional as F
     from mpitensor import nn
     from mpitensor.distributed.device_mesh import init_device_mesh
+    from mpitensor.distributed.fsdp import fully_shard
     from mpitensor.distributed.tensor import DTensor, Replicate, Shard
     from mpitensor.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -63,6 +69,7 @@ else:
     import torch.nn.functional as F
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -201,6 +208,8 @@ def setup():
 def mesh_shape(args, world):
     """(dp, tp), or the reason the flags do not fit this world."""
     if args.no_parallel:
+        if args.fsdp:
+            return "--fsdp shards over a mesh: leave out --no-parallel"
         return (1, 1) if world == 1 else "--no-parallel trains on one process: run it " \
             "without mpiexec (python examples/sharded_training.py --no-parallel)"
     tp = args.tp if args.tp is not None else (2 if world % 2 == 0 else 1)
@@ -219,6 +228,8 @@ def main():
     parser.add_argument("--tp", type=int, default=None, help="tensor-parallel size")
     parser.add_argument("--loss-parallel", action="store_true",
                         help="keep the logits split over the classes; loss_parallel() loss")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="fully_shard over dp (torch's FSDP2 + TP recipe) instead of DDP")
     parser.add_argument("--no-parallel", action="store_true",
                         help="train the same model on one process, without a mesh")
     args = parser.parse_args()
@@ -243,7 +254,13 @@ def main():
         where = (f"{world} rank(s) as a {dp}x{tp} mesh (dp={dp}, tp={tp}); "
                  f"layers.0.attention.wq.weight {tuple(wq.placements)} over tp, "
                  f"local {tuple(wq.to_local().shape)} of {tuple(wq.shape)}")
-        model = DDP(model, device_mesh=mesh["dp"])
+        if args.fsdp:
+            for layer in model.layers:
+                fully_shard(layer, mesh=mesh["dp"])
+            fully_shard(model, mesh=mesh["dp"])
+            where += "; fully_shard over dp"
+        else:
+            model = DDP(model, device_mesh=mesh["dp"])
     if rank == 0:
         print(f"sharded_training: {LAYERS}-layer transformer, {n_params:,} parameters; {where}")
     train(model, args, rank, dp, None if args.no_parallel else mesh)

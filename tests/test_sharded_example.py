@@ -9,6 +9,10 @@ Spec:
   parallelism (``--no-parallel``) to 1e-5 relative: the runs differ only in the order of
   float32 sums (partial products reduced over "tp", per-rank means averaged over "dp"), a few
   ulps per step, which 20 AdamW steps grow to about 1e-6 here;
+- ``--fsdp`` (torch's FSDP2 + TP recipe: ``fully_shard`` over "dp" instead of DDP), run as
+  docs/sharding.md shows it at 4 ranks, trains the same model to 1e-5 for 20 steps, on the
+  degenerate meshes and with ``--loss-parallel`` too, and torch runs the same ``--fsdp``
+  program to the same losses;
 - the degenerate meshes (1 rank: 1x1; 2 ranks: 1x2; 3 ranks: 3x1), four-way tensor
   parallelism (1x4) and the loss on class-split logits (``--loss-parallel``) train the same
   model too;
@@ -78,12 +82,13 @@ def losses(out: str, steps: int = STEPS) -> np.ndarray:
     return values
 
 
-def documented_command() -> str:
-    """The 4-rank command of docs/sharding.md, as written there."""
+def documented_command(flags: str = "") -> str:
+    """The 4-rank command of docs/sharding.md (with ``flags``), as written there."""
     lines = [ln[2:].strip() for ln in DOC.read_text().splitlines()
              if ln.startswith("$ ") and "sharded_training.py" in ln]
-    assert "mpiexec -n 4 python examples/sharded_training.py" in lines, lines
-    return "mpiexec -n 4 python examples/sharded_training.py"
+    command = f"mpiexec -n 4 python examples/sharded_training.py {flags}".strip()
+    assert command in lines, lines
+    return command
 
 
 @pytest.fixture(scope="module")
@@ -136,12 +141,36 @@ def test_loss_parallel_on_class_split_logits(single: np.ndarray) -> None:
     np.testing.assert_allclose(losses(out, 8), single[:8], rtol=RTOL)
 
 
+@pytest.fixture(scope="module")
+def fsdp_two_by_two() -> str:
+    return run(documented_command("--fsdp"))
+
+
+def test_fsdp_over_dp_trains_the_single_process_model(fsdp_two_by_two: str,
+                                                      single: np.ndarray) -> None:
+    head = fsdp_two_by_two.splitlines()[0]
+    assert head.endswith("local (16, 32) of (32, 32); fully_shard over dp"), head
+    assert "2x2 mesh (dp=2, tp=2)" in head, head
+    np.testing.assert_allclose(losses(fsdp_two_by_two), single, rtol=RTOL)
+
+
+@pytest.mark.parametrize("n, flags, mesh", [(2, "", "1x2"), (3, "", "3x1"),
+                                            (4, "--loss-parallel", "2x2")])
+def test_fsdp_on_other_meshes_and_with_loss_parallel(n: int, flags: str, mesh: str,
+                                                     single: np.ndarray) -> None:
+    out = run(f"mpiexec -n {n} python examples/sharded_training.py --fsdp {flags} --steps 8")
+    assert f"{n} rank(s) as a {mesh} mesh" in out and "fully_shard over dp" in out, out
+    np.testing.assert_allclose(losses(out, 8), single[:8], rtol=RTOL)
+
+
 @pytest.mark.parametrize("command, message", [
     ("mpiexec -n 2 python examples/sharded_training.py --tp 4",
      "sharded_training.py: --tp 4 must be 1, 2 or 4 and divide the world size 2"),
     ("mpiexec -n 2 python examples/sharded_training.py --no-parallel",
      "sharded_training.py: --no-parallel trains on one process: run it without mpiexec "
      "(python examples/sharded_training.py --no-parallel)"),
+    ("python examples/sharded_training.py --fsdp --no-parallel",
+     "sharded_training.py: --fsdp shards over a mesh: leave out --no-parallel"),
 ])
 def test_flags_that_do_not_fit_the_world(command: str, message: str) -> None:
     err = run(command, expect=2)
@@ -154,13 +183,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_torch_runs_the_same_program(two_by_two: str) -> None:
-    """The oracle: torch's DTensor, tensor parallelism and DDP (gloo) on the same program."""
+def _torch_run(flags: str = "") -> str:
     pytest.importorskip("torch")
     env = {"USE_MPITENSOR": "0", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
     # a second try (on a fresh port): torch's gloo teardown now and then aborts after the
     # work is done
-    theirs = run(documented_command(), env=env, tries=2)
+    return run(documented_command(flags), env=env, tries=2)
+
+
+def test_torch_runs_the_same_program(two_by_two: str) -> None:
+    """The oracle: torch's DTensor, tensor parallelism and DDP (gloo) on the same program."""
+    theirs = _torch_run()
     assert theirs.splitlines()[0] == two_by_two.splitlines()[0], theirs
     np.testing.assert_allclose(losses(two_by_two), losses(theirs), rtol=RTOL)
+
+
+def test_torch_runs_the_same_fsdp_program(fsdp_two_by_two: str) -> None:
+    """The oracle of ``--fsdp``: torch's fully_shard over "dp" on its tensor-parallel model."""
+    theirs = _torch_run("--fsdp")
+    assert theirs.splitlines()[0] == fsdp_two_by_two.splitlines()[0], theirs
+    np.testing.assert_allclose(losses(fsdp_two_by_two), losses(theirs), rtol=RTOL)
 

@@ -20,7 +20,6 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 from mpitensor import nn
-from mpitensor.distributed.fsdp import fully_shard
 from mpitensor.distributed.tensor import DTensor, Partial, Replicate, Shard, init_device_mesh
 from mpitensor.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -287,11 +286,3 @@ def test_ddp_device_mesh_bad_arguments():
         model = parallelize_module(mlp(), mesh["dp"], {"0": ColwiseParallel()})
         with pytest.raises(ValueError, match="shares ranks"):
             DDP(model, device_mesh=mesh["dp"])
-
-
-def test_fully_shard_refuses_a_tensor_parallel_model():
-    n = dist.get_world_size()
-    mesh = init_device_mesh("cpu", (1, n), mesh_dim_names=("dp", "tp"))
-    model = parallelize_module(mlp(), mesh["tp"], {"0": ColwiseParallel()})
-    with pytest.raises(NotImplementedError, match=r"device_mesh=mesh\['dp'\]"):
-        fully_shard(model, mesh=mesh["dp"])

@@ -13,7 +13,9 @@ Apply it to the blocks first, then to the root. Per unit and per step:
   sharded parameter's ``.grad`` holds the mean over the ranks of its rows.
 
 Between steps, a module's registered parameters are its shards (``Shard(0)`` on the mesh), so
-the optimizer, ``parameters()`` and ``state_dict()`` see shards only.
+the optimizer, ``parameters()`` and ``state_dict()`` see shards only. A tensor-parallel
+parameter (a DTensor over another mesh dimension) has its local piece sharded instead, and is
+a DTensor on the 2-D mesh between steps (see ``_tensor_parallel``).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import numpy as np
 
 from mpitensor.autograd import Function, is_grad_enabled, queue_callback
 from mpitensor.dtypes import is_floating_dtype
-from mpitensor.nn import Module, Parameter
+from mpitensor.nn import Module
 from mpitensor.tensor import Tensor
 
 from ..optim._agreement import check_same_everywhere
 from ._group import BufferPool, ParamInfo, ShardedGroup, array_module, local, raw
 from ._policies import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from ._tensor_parallel import TPLayout, check_tp_params, load_piece, tp_layouts
 
 __all__ = ["FSDPModule", "UnshardHandle", "fully_shard"]
 
@@ -197,6 +200,17 @@ def _map_tensors(obj: Any, fn: Any) -> Any:
     return obj
 
 
+def _hooked_output(t: Tensor, st: _State) -> Tensor:
+    """``t`` through :class:`_PreBackward` (a DTensor output, a tensor-parallel module's: its
+    local piece, wrapped again)."""
+    if not t.requires_grad:
+        return t
+    piece = getattr(t, "_local_tensor", None)
+    if piece is None:
+        return _PreBackward.apply(t, st)
+    return type(t)._make(_PreBackward.apply(piece, st), t.device_mesh, t.placements, t.shape)
+
+
 def _cast(obj: Any, dtype: Any) -> Any:
     return _map_tensors(obj, lambda t: t.to(dtype) if is_floating_dtype(t.dtype) else t)
 
@@ -220,8 +234,7 @@ def _post_forward(module: Module, args: tuple, output: Any) -> Any:
     elif st.reshard_after_forward:
         st.reshard()
     if is_grad_enabled() and st.group is not None:
-        output = _map_tensors(
-            output, lambda t: _PreBackward.apply(t, st) if t.requires_grad else t)
+        output = _map_tensors(output, lambda t: _hooked_output(t, st))
     if st.mp.output_dtype is not None:
         output = _cast(output, st.mp.output_dtype)
     return output
@@ -335,16 +348,31 @@ def _piece(value: Any, info: ParamInfo, key: str) -> Any:
     """This rank's rows of a state-dict entry for a sharded parameter."""
     from ..tensor import DTensor
 
+    if info.layout is not None:
+        got = load_piece(value, info.layout, info.start, info.stop)
+        if got is None:
+            raise ValueError(f"load_state_dict: {key!r} is {_described(value)}, the parameter "
+                             f"is {info.layout.global_shape} {info.layout.placements} on "
+                             f"{info.layout.mesh!r}; give the parameter's layout, its "
+                             "tensor-parallel one or the whole tensor")
+        return got
     if isinstance(value, DTensor):
         if value.placements != info.sharded.placements or tuple(value.shape) != info.shape:
-            raise ValueError(f"load_state_dict: {key!r} is a DTensor {tuple(value.shape)} "
-                             f"{value.placements}, the parameter is {info.shape} "
-                             f"{info.sharded.placements}; redistribute it first")
+            raise ValueError(f"load_state_dict: {key!r} is {_described(value)}, the parameter "
+                             f"is {info.shape} {info.sharded.placements}; redistribute it "
+                             "first")
         return value._local_tensor
     if tuple(value.shape) != info.shape:
         raise ValueError(f"load_state_dict: {key!r} has shape {tuple(value.shape)}, the "
                          f"parameter {info.shape}")
     return value[info.start:info.stop]
+
+
+def _described(value: Any) -> str:
+    placements = getattr(value, "placements", None)
+    if placements is None:
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a DTensor {tuple(value.shape)} {placements} on {value.device_mesh!r}"
 
 
 def _checked_unit(m: Any) -> _State:
@@ -428,45 +456,27 @@ def _check_arguments(module: Any, reshard_after_forward: Any, shard_placement_fn
                         f"{type(offload_policy).__name__}")
 
 
-def _refuse_dtensors(managed: Dict[int, Tuple[Any, List[Tuple[Any, str]]]]) -> None:
-    """A parameter that is a DTensor already (tensor parallel) would be cut as if its local
-    piece were the whole tensor: refuse it, on every rank alike, before any traffic."""
-    from ..tensor import DTensor
-
-    for p, owners in managed.values():
-        if isinstance(p, DTensor):
-            raise NotImplementedError(
-                f"fully_shard: parameter {owners[0][1]!r} of {type(owners[0][0]).__name__} is "
-                f"a DTensor already ({p.placements}, e.g. from parallelize_module); sharding "
-                "it again over another mesh dimension (2-D FSDP + TP) is not supported: for "
-                "data parallelism over mesh['dp'] use "
-                "DistributedDataParallel(model, device_mesh=mesh['dp'])")
-
-
 def _infos(managed: Dict[int, Tuple[Any, List[Tuple[Any, str]]]], world: int,
-           rank: int) -> List[ParamInfo]:
+           rank: int, layouts: Dict[int, TPLayout]) -> List[ParamInfo]:
     infos, offset = [], 0
-    for p, owners in managed.values():
+    for key, (p, owners) in managed.items():
         if p.dim() == 0:
             raise ValueError(f"fully_shard: parameter {owners[0][1]!r} of "
                              f"{type(owners[0][0]).__name__} is 0-dimensional and cannot be "
                              f"sharded on dim 0; give it shape (1,)")
-        info = ParamInfo(owners, p, world, rank, offset)
+        info = ParamInfo(owners, p, world, rank, offset, layouts.get(key))
         offset += info.padded
         infos.append(info)
     return infos
 
 
 def _shard(info: ParamInfo, p: Any, offload: bool, mesh: Any) -> None:
-    """This rank's rows of ``p`` as a ``Shard(0)`` DTensor parameter (its own memory)."""
-    from ..tensor import DTensor, Shard
-
+    """This rank's rows of ``p`` (of its local piece, for a tensor-parallel ``p``) as a
+    DTensor parameter in its own memory."""
     rows = raw(p)[info.start:info.stop].copy()
     if offload and p.is_cuda:
         rows = rows.get()
-    piece = DTensor.from_local(Tensor(rows), mesh, [Shard(0)], run_check=False,
-                               shape=info.shape)
-    info.sharded = Parameter(piece, requires_grad=p.requires_grad)
+    info.sharded = info.make_sharded(Tensor(rows), mesh)
 
 
 def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool = True,
@@ -475,7 +485,10 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
                 offload_policy: OffloadPolicy = _DEFAULT_OFFLOAD,
                 ignored_params: Optional[set] = None) -> Module:
     """Shard ``module``'s parameters (those not already in a unit below it) on dim 0 over
-    ``mesh``, and gather them around its forward and backward (see the module doc).
+    ``mesh``, and gather them around its forward and backward (see the module doc). A
+    parameter that is a DTensor over another mesh dimension (``parallelize_module(model,
+    mesh["tp"], ...)``) has its local piece sharded, and becomes a DTensor on the 2-D mesh
+    ``("tp", "dp")`` placed ``(its placement, Shard(0))``.
 
     Args:
         module: the module; call ``fully_shard`` on its blocks first, then on it.
@@ -506,14 +519,15 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
                      offload_policy)
     ignored = {id(p) for p in (ignored_params or ())}
     managed = {k: v for k, v in _managed(module).items() if k not in ignored}
-    _refuse_dtensors(managed)
     params = [p for p, _ in managed.values()]
     device_type = params[0].device.type if params else "cpu"
     mesh = _resolve_mesh(module, mesh, device_type)
     pg = mesh.get_group(0)
     world, rank = mesh.size(), mesh.get_local_rank(0)
+    check_tp_params(managed, mesh)
     check_same_everywhere(_signature(params), pg, "fully_shard",
                           "parameter (shape, dtype, checksum)")
+    layouts = tp_layouts(managed, mesh, pg)
     group = None
     if params:
         devices = {str(p.device) for p in params}
@@ -525,7 +539,7 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
             raise ValueError(f"fully_shard: the parameters of one unit have several dtypes "
                              f"({sorted(dtypes)}); give mp_policy a param_dtype, or shard "
                              f"them in separate fully_shard calls")
-        infos = _infos(managed, world, rank)
+        infos = _infos(managed, world, rank, layouts)
         offload = isinstance(offload_policy, CPUOffloadPolicy)
         xp = array_module(raw(params[0]))
         for info, p in zip(infos, params):

@@ -63,12 +63,19 @@ def array_module(a: Any) -> Any:
 
 
 class ParamInfo:
-    """One parameter of a unit: where it is registered, its global shape and its chunking."""
+    """One parameter of a unit: where it is registered, the shape it is chunked from and its
+    chunking.
+
+    ``layout`` (a tensor-parallel parameter's, see ``_tensor_parallel``): what is chunked is
+    the parameter's local piece, ``shape`` is that piece's, and the parameters made from it are
+    DTensors of ``layout``; None for a plain parameter.
+    """
 
     def __init__(self, owners: List[Tuple[Any, str]], param: Any, world: int, rank: int,
-                 offset: int) -> None:
+                 offset: int, layout: Any = None) -> None:
         self.owners = owners
-        self.shape = tuple(param.shape)
+        self.layout = layout
+        self.shape = tuple(local(param).shape)
         self.dtype = param.dtype
         self.requires_grad = param.requires_grad
         self.d0 = self.shape[0]
@@ -82,6 +89,22 @@ class ParamInfo:
         self.padded = self.chunk * self.rest
         self.sharded: Any = None
         self.unsharded: Any = None
+
+    def make_unsharded(self, whole: Tensor) -> Any:
+        """The gathered parameter over ``whole`` (the gathered region's block)."""
+        if self.layout is None:
+            return Parameter(whole, requires_grad=self.requires_grad)
+        return self.layout.unsharded(whole, self.requires_grad)
+
+    def make_sharded(self, rows: Tensor, mesh: Any) -> Any:
+        """This rank's ``rows`` as the sharded DTensor parameter (``Shard(0)`` over ``mesh``,
+        or the 2-D layout)."""
+        if self.layout is not None:
+            return self.layout.sharded(rows, self.requires_grad)
+        from ..tensor import DTensor, Shard
+
+        piece = DTensor.from_local(rows, mesh, [Shard(0)], run_check=False, shape=self.shape)
+        return Parameter(piece, requires_grad=self.requires_grad)
 
     @property
     def local_numel(self) -> int:
@@ -184,8 +207,7 @@ class ShardedGroup:
         for info in self.infos:
             n = info.d0 * info.rest
             arr = self._region[off:off + n].reshape(info.shape)
-            p = Parameter(Tensor(arr), requires_grad=info.requires_grad)
-            info.unsharded = p
+            info.unsharded = info.make_unsharded(Tensor(arr))
             off += n
 
     def region_bytes(self) -> int:

@@ -16,14 +16,14 @@ def check_same_everywhere(mine: List[Any], group: Any, who: str, what: str = "pa
     """
     import mpitensor.distributed as dist
 
-    me = dist.get_rank(group)
     everyone: List[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
     bad = [r for r, theirs in enumerate(everyone) if theirs != mine]
     if not bad:
         return
-    r = bad[0]
-    theirs = everyone[r]
+    theirs = everyone[bad[0]]
+    # global ranks: on a sub-group (a mesh's "dp" line) its own numbering would mislead
+    r, me = dist.get_global_rank(group, bad[0]), dist.get_rank()
     k = next((k for k, (a, b) in enumerate(zip(theirs, mine)) if a != b), None)
     detail = (f"{len(theirs)} {what}s on rank {r}, {len(mine)} on rank {me}" if k is None
               else f"{what} {k} is {theirs[k]} on rank {r} and {mine[k]} on rank {me}")
