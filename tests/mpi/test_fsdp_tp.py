@@ -9,8 +9,9 @@ loss over the whole global batch), the parameters after optimizer steps, in floa
 each tensor-parallel parameter is a DTensor on the ("tp", "dp") mesh placed (tp placement,
 Shard(0)) whose local piece is torch.chunk's rows of the tensor-parallel piece; the plain one is
 Shard(0) over "dp"; the state dict holds those DTensors and round-trips (as DTensors, as the
-tensor-parallel layout, as whole tensors); reshard_after_forward, prefetch and mixed precision
-keep working; the cross-rank check names global ranks on a sub-mesh; bad meshes fail clearly.
+tensor-parallel layout, as whole tensors) and through distributed checkpoints, which load
+bit-exact into every other layout and the plain model; reshard_after_forward, prefetch, mixed
+precision and gradient accumulation without sync keep working; the cross-rank check names global ranks on a sub-mesh; bad meshes fail clearly.
 
 Run: ``mpiexec -n N python -m pytest --with-mpi tests/mpi/test_fsdp_tp.py``.
 """
@@ -279,3 +280,60 @@ def test_bad_meshes_fail_clearly():
     with pytest.raises(NotImplementedError, match="2-D mesh"):
         fully_shard(two_d.up, mesh=mesh["dp"])
     assert not isinstance(two_d.up, FSDPModule)
+
+
+def test_gradient_accumulation_without_sync_equals_the_plain_model():
+    for dp, tp in _layouts():
+        model, mesh = _two_d(dp, tp)
+        plain = _plain()
+        for micro in range(2):
+            model.set_requires_gradient_sync(micro == 1)
+            x, y = _batch(10 + micro, mesh.get_local_rank("dp"))
+            _loss(model, x, y).backward()
+            _loss(plain, *_global_batch(10 + micro, dp)).backward()
+        for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+            _close(p.grad.full_tensor(), q.grad, f"{dp}x{tp} accumulated grad of {name}")
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory made by rank 0, known to every rank, removed after the test."""
+    import shutil
+    import tempfile
+
+    box = [tempfile.mkdtemp(prefix="mt_fsdp_tp_") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box)
+    yield box[0]
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(box[0], ignore_errors=True)
+
+
+def test_distributed_checkpoint_reshards_between_layouts(shared_dir):
+    """Saved from a tensor-parallel layout (2x2 at 4 ranks, 1xN at 2 and 3); loaded into every
+    (dp, tp) layout and into the plain model: bit-exact."""
+    import mpitensor.distributed.checkpoint as dcp
+    from mpitensor.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
+
+    dp, tp = _layouts()[1] if len(_layouts()) > 1 else _layouts()[0]
+    model, _ = _two_d(dp, tp)
+    opt = SGD(model.parameters(), lr=0.1)
+    _loss(model, *_batch(0, 0)).backward()
+    opt.step()
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    dcp.save(model.state_dict(), checkpoint_id=shared_dir)
+    for dp2, tp2 in _layouts():
+        other, _ = _two_d(dp2, tp2, seed=5)
+        sd = other.state_dict()
+        dcp.load(sd, checkpoint_id=shared_dir)
+        other.load_state_dict(sd)
+        for k, v in other.state_dict().items():
+            np.testing.assert_array_equal(v.full_tensor().numpy(), full[k].numpy(),
+                                          err_msg=f"{dp2}x{tp2}: {k}")
+    plain = _plain(seed=5).state_dict()
+    dcp.load(plain, checkpoint_id=shared_dir)
+    for k, v in plain.items():
+        np.testing.assert_array_equal(v.numpy(), full[k].numpy(), err_msg=f"plain: {k}")
