@@ -700,61 +700,36 @@ def _function_of(op: Any) -> Any:
 # The Tensor methods
 
 
+def _trio(op: Any, iop: Any, mode: int = ARITH) -> tuple:
+    """The three Tensor methods of one Python operator: ``x op y``, the reflected ``y op x``
+    and the in-place ``x op= y``, named as Python looks them up (``__add__``, ``__radd__``,
+    ``__iadd__``)."""
+    def forward(self: Tensor, other: Any) -> Any:
+        return binary(self, other, op, mode)
+
+    def reflected(self: Tensor, other: Any) -> Any:
+        return binary(self, other, op, mode, rev=True)
+
+    def in_place(self: Tensor, other: Any) -> Any:
+        return inplace(self, other, iop, mode)
+
+    name = op.__name__.strip("_")
+    for fn, dunder in ((forward, name), (reflected, "r" + name), (in_place, "i" + name)):
+        fn.__name__ = f"__{dunder}__"
+        fn.__qualname__ = f"Tensor.__{dunder}__"
+    return forward, reflected, in_place
+
+
 @tensor_methods
 class _OperatorMethods:
-    def __add__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.add)
-
-    def __radd__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.add, rev=True)
-
-    def __iadd__(self, other: Any) -> Tensor:
-        return inplace(self, other, operator.iadd)
-
-    def __sub__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.sub)
-
-    def __rsub__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.sub, rev=True)
-
-    def __isub__(self, other: Any) -> Tensor:
-        return inplace(self, other, operator.isub)
-
-    def __mul__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.mul)
-
-    def __rmul__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.mul, rev=True)
-
-    def __imul__(self, other: Any) -> Tensor:
-        return inplace(self, other, operator.imul)
-
-    def __truediv__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.truediv, TRUEDIV)
-
-    def __rtruediv__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.truediv, TRUEDIV, rev=True)
-
-    def __itruediv__(self, other: Any) -> Tensor:
-        return inplace(self, other, operator.itruediv, TRUEDIV)
-
-    def __floordiv__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.floordiv, DIVLIKE)
-
-    def __rfloordiv__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.floordiv, DIVLIKE, rev=True)
-
-    def __ifloordiv__(self, other: Any) -> Tensor:
-        return inplace(self, other, operator.ifloordiv, DIVLIKE)
-
-    def __mod__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.mod, DIVLIKE)
-
-    def __rmod__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.mod, DIVLIKE, rev=True)
-
-    def __imod__(self, other: Any) -> Tensor:
-        return inplace(self, other, operator.imod, DIVLIKE)
+    # the operators without an autocast rule: one line each, from _trio
+    __add__, __radd__, __iadd__ = _trio(operator.add, operator.iadd)
+    __sub__, __rsub__, __isub__ = _trio(operator.sub, operator.isub)
+    __mul__, __rmul__, __imul__ = _trio(operator.mul, operator.imul)
+    __truediv__, __rtruediv__, __itruediv__ = _trio(operator.truediv, operator.itruediv, TRUEDIV)
+    __floordiv__, __rfloordiv__, __ifloordiv__ = _trio(operator.floordiv, operator.ifloordiv,
+                                                       DIVLIKE)
+    __mod__, __rmod__, __imod__ = _trio(operator.mod, operator.imod, DIVLIKE)
 
     def __pow__(self, other: Any) -> Tensor:
         if _autocast.ON and _autocast.active():
@@ -779,50 +754,11 @@ class _OperatorMethods:
             return _autocast.run("matmul", Tensor.__rmatmul__, self, other)
         return binary(self, other, operator.matmul, rev=True)
 
-    def __and__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.and_)
-
-    def __rand__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.and_, rev=True)
-
-    def __iand__(self, other: Any) -> Tensor:
-        return inplace(self, other, operator.iand)
-
-    def __or__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.or_)
-
-    def __ror__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.or_, rev=True)
-
-    def __ior__(self, other: Any) -> Tensor:
-        return inplace(self, other, operator.ior)
-
-    def __xor__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.xor)
-
-    def __rxor__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.xor, rev=True)
-
-    def __ixor__(self, other: Any) -> Tensor:
-        return inplace(self, other, operator.ixor)
-
-    def __lshift__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.lshift)
-
-    def __rlshift__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.lshift, rev=True)
-
-    def __ilshift__(self, other: Any) -> Tensor:
-        return inplace(self, other, operator.ilshift)
-
-    def __rshift__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.rshift)
-
-    def __rrshift__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.rshift, rev=True)
-
-    def __irshift__(self, other: Any) -> Tensor:
-        return inplace(self, other, operator.irshift)
+    __and__, __rand__, __iand__ = _trio(operator.and_, operator.iand)
+    __or__, __ror__, __ior__ = _trio(operator.or_, operator.ior)
+    __xor__, __rxor__, __ixor__ = _trio(operator.xor, operator.ixor)
+    __lshift__, __rlshift__, __ilshift__ = _trio(operator.lshift, operator.ilshift)
+    __rshift__, __rrshift__, __irshift__ = _trio(operator.rshift, operator.irshift)
 
     def __eq__(self, other: Any) -> Any:  # type: ignore[override]
         if other is None:
