@@ -11,7 +11,8 @@ Shard(0)) whose local piece is torch.chunk's rows of the tensor-parallel piece; 
 Shard(0) over "dp"; the state dict holds those DTensors and round-trips (as DTensors, as the
 tensor-parallel layout, as whole tensors) and through distributed checkpoints, which load
 bit-exact into every other layout and the plain model; reshard_after_forward, prefetch, mixed
-precision and gradient accumulation without sync keep working; the cross-rank check names global ranks on a sub-mesh; bad meshes fail clearly.
+precision and gradient accumulation without sync keep working; the cross-rank check names
+global ranks on a sub-mesh; bad meshes fail clearly.
 
 Run: ``mpiexec -n N python -m pytest --with-mpi tests/mpi/test_fsdp_tp.py``.
 """
