@@ -68,8 +68,10 @@ def allow_local_access(module_name: str) -> None:
     _LOCAL_READERS.add(module_name)
 
 
-#: modules whose frames only forward a call (keyword spellings): never named as the op
-_PLUMBING = ("mpitensor.distributed.tensor", "mpitensor._core.numpy_names")
+#: modules whose frames only forward a call (keyword spellings, autocast's entry
+#: wrappers): never named as the op
+_PLUMBING = ("mpitensor.distributed.tensor", "mpitensor._core.numpy_names",
+             "mpitensor._core.autocast")
 
 
 def _names_an_op(code_name: str) -> bool:
@@ -126,6 +128,11 @@ def write_local_array(t: Any, value: Any) -> None:
 
 
 # ------------------------------------------------------------------ the rule protocol
+def _describe(dtensors: Sequence[Any]) -> str:
+    """The operands as the errors name them: each one's global shape and placements."""
+    return ", ".join(f"{tuple(d.shape)} {d.placements}" for d in dtensors)
+
+
 @dataclass
 class OpCall:
     """One call of an operation with DTensor arguments, as a rule sees it.
@@ -146,7 +153,7 @@ class OpCall:
         return [d.placements for d in self.dtensors]
 
     def describe(self) -> str:
-        return ", ".join(f"{tuple(d.shape)} {d.placements}" for d in self.dtensors)
+        return _describe(self.dtensors)
 
     def fail(self, why: str) -> "ShardingError":
         """The error a rule raises when it cannot place this call's operands."""
@@ -361,14 +368,16 @@ def _operands(op: str, args: Tuple[Any, ...], kwargs: Dict[str, Any],
         else:
             see(a)
     if plain and not allow_plain:
-        raise TypeError(f"{op}: got DTensor and plain Tensor arguments (a plain one of shape "
+        raise TypeError(f"{op}: got DTensor ({_describe(found)}) and plain Tensor arguments "
+                        f"(a plain one of shape "
                         f"{tuple(plain[0].shape)}); make every tensor argument a DTensor "
                         "first (distribute_tensor or DTensor.from_local)")
     mesh = found[0].device_mesh
     for d in found[1:]:
         if d.device_mesh != mesh:
-            raise ValueError(f"{op}: DTensor arguments on different meshes ({mesh!r} and "
-                             f"{d.device_mesh!r}); redistribute them onto one mesh first")
+            raise ValueError(f"{op}: DTensor arguments ({_describe(found)}) on different meshes "
+                             f"({mesh!r} and {d.device_mesh!r}); redistribute them onto one "
+                             "mesh first")
     return found, mesh
 
 

@@ -88,8 +88,12 @@ def reduction_sharding(call: OpCall) -> Sharding:
     other = call.args[1] if len(call.args) > 1 else call.kwargs.get("other")
     if isinstance(other, Tensor):  # max(a, b): the element-wise form
         return pointwise_sharding(call, None)
-    if call.args[0] is not t:
+    first = call.args[0] if call.args else call.kwargs.get("input")
+    if first is not t:
         raise call.fail("the reduced tensor must be the first argument")
+    if not call.args:  # input= by keyword: the local calls take it first
+        kw = {k: v for k, v in call.kwargs.items() if k != "input"}
+        call = OpCall(call.op, (t,), kw, call.mesh, call.dtensors)
     dims, keep = _dims(call, t)
     wants, outs = _placements(call, t, dims, keep)
     shape = _out_shape(t.shape, dims, keep)
@@ -103,10 +107,11 @@ def reduction_sharding(call: OpCall) -> Sharding:
         fn = _global_mean(count)
     if name in ("max", "min") and dims is not None:  # values and indices
         return Sharding(placements=[tuple(outs)] * 2, shape=[shape] * 2, inputs=[tuple(wants)],
-                        fn=_empty_safe(call.op, True))
+                        args=call.args, kwargs=call.kwargs, fn=_empty_safe(call.op, True))
     if name in NOT_LINEAR:
         fn = _empty_safe(call.op, False)
-    return Sharding(placements=tuple(outs), shape=shape, inputs=[tuple(wants)], fn=fn)
+    return Sharding(placements=tuple(outs), shape=shape, inputs=[tuple(wants)], args=call.args,
+                    kwargs=call.kwargs, fn=fn)
 
 
 def _empty_safe(op: str, pair: bool) -> Any:

@@ -93,6 +93,8 @@ def reshape_sharding(call: OpCall, out_shape: Tuple[int, ...], may_move: bool,
 def _view(may_move: bool, fn: Any) -> Any:
     def rule(call: OpCall) -> Sharding:
         shape = call.args[1:] or (call.kwargs.get("size") or call.kwargs.get("shape"),)
+        if shape == (None,):
+            raise call.fail("no shape given")
         return reshape_sharding(call, _target_shape(call, shape), may_move, fn)
 
     return rule
