@@ -20,9 +20,9 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 import mpitensor.nn.functional as F
-from mpitensor.distributed.tensor import DTensor, Partial, Replicate, Shard, _dispatch
-from mpitensor.distributed.tensor import distribute_tensor, init_device_mesh
-from mpitensor.distributed.tensor._dispatch import OpCall, ShardingError
+from mpitensor.distributed.device_mesh import init_device_mesh
+from mpitensor.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from mpitensor.distributed.tensor._dispatch import OpCall, ShardingError, dispatch, registered_ops
 from mpitensor.distributed.tensor._rules_views import reshape_sharding
 from mpitensor.distributed.tensor.parallel import loss_parallel
 
@@ -98,9 +98,9 @@ def test_a_missing_rule_names_the_op_and_the_placements(meshes, name):
 
 def test_a_call_without_a_registered_rule(meshes):
     d = dt(np.ones((4, 3)), meshes[0], [P])
-    refused(lambda: _dispatch.dispatch("no_such_op", mt.Tensor.exp, (d,), {}), "no_such_op",
+    refused(lambda: dispatch("no_such_op", mt.Tensor.exp, (d,), {}), "no_such_op",
             [P], "no sharding rule is registered")
-    assert "no_such_op" not in _dispatch.registered_ops()
+    assert "no_such_op" not in registered_ops()
 
 
 # ------------------------------------------------------------------ each rule's refusals
