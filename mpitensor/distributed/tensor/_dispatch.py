@@ -29,6 +29,12 @@ Gradients follow one convention (see ``_redistribute``): a DTensor's local gradi
 global gradient laid out in the DTensor's placements. Rules keep it by construction: local
 ops on operands of one layout, redistributions with their adjoints, and ``grad_sum`` for a
 replicated operand broadcast against a sharded or partial one.
+
+Every rank takes part in every collective of a backward, whatever its piece: where a local
+op's graph does not reach an operand on this rank (the shortcuts of ops for empty inputs:
+``layer_norm`` of an empty piece returns ``input * 1``), the output is tied to that operand
+(:class:`_Tie`), which hands it a zero gradient, so the collectives behind the operand run
+here as on the ranks whose pieces hold data.
 """
 
 from __future__ import annotations
