@@ -720,6 +720,16 @@ def _trio(op: Any, iop: Any, mode: int = ARITH) -> tuple:
     return forward, reflected, in_place
 
 
+def _compare(op: Any) -> Any:
+    """The Tensor method of an order comparison (``__lt__`` for ``operator.lt``, ...)."""
+    def compare(self: Tensor, other: Any) -> Any:
+        return binary(self, other, op, COMPARE)
+
+    compare.__name__ = f"__{op.__name__}__"
+    compare.__qualname__ = f"Tensor.__{op.__name__}__"
+    return compare
+
+
 @tensor_methods
 class _OperatorMethods:
     # the operators without an autocast rule: one line each, from _trio
@@ -770,17 +780,10 @@ class _OperatorMethods:
             return True
         return binary(self, other, operator.ne, COMPARE)
 
-    def __lt__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.lt, COMPARE)
-
-    def __le__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.le, COMPARE)
-
-    def __gt__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.gt, COMPARE)
-
-    def __ge__(self, other: Any) -> Tensor:
-        return binary(self, other, operator.ge, COMPARE)
+    __lt__ = _compare(operator.lt)
+    __le__ = _compare(operator.le)
+    __gt__ = _compare(operator.gt)
+    __ge__ = _compare(operator.ge)
 
     # Named forms of the operators, as in torch.
     def add(self, other: Any, *, alpha: Any = 1) -> Tensor:
