@@ -184,9 +184,9 @@ class Collectives:
         arr, plan = self._maybe_debug(
             where, lambda: self._shaped_sig("all_reduce", tensor, "tensor", where, reduce=str(op)),
             prepare)
-        if (self.hier is not None and _fast_op(plan_op := B.coerce_op(op, where), arr.dtype)
+        if (self.hier is not None and (hop := _hier.reduction(plan, op, where)) is not None
                 and _hier.takes(self, arr)):
-            return _hier.all_reduce(self, tensor, *_hier.staged(arr), plan_op, async_op)
+            return _hier.all_reduce(self, tensor, *_hier.staged(arr), hop, async_op, plan.average)
         spec, finish = self._reduced_into(arr, plan)
         comm, mop = self.comm, plan.mpi_op
         return self._run(where, lambda: comm.Iallreduce(_IN_PLACE, spec, mop), finish, async_op,

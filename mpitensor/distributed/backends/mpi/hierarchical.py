@@ -30,7 +30,8 @@ copied. They equal the flat path's result up to the re-association of the reduct
 for integers, within the rounding of the ``n - 1`` additions for floats.
 
 When: the sub-groups are made lazily, at the group's first ``all_reduce`` whose dtype and op
-MPI reduces as they are (no AVG, no half-precision upcast: those stay flat) or its first
+MPI reduces as they are (AVG too: a SUM, then divided; no bool or half precision, which MPI
+reduces through a view or in float32: those stay flat) or its first
 ``all_gather_into_tensor``, and freed with the group. Where the group lies on one node, or no
 node holds two of its ranks, nothing more is made and every call is flat. Else the path is
 chosen per call by a cost model measured then: both paths are timed, collectively, at two
@@ -57,7 +58,8 @@ from ...health import watchdog as W
 from ...process_group import ReduceOp, _Completed
 from . import buffers as B
 
-__all__ = ["PENDING", "Hierarchy", "takes", "staged", "all_reduce", "free"]
+__all__ = ["PENDING", "Hierarchy", "takes", "hierarchy", "reduction", "staged", "all_reduce",
+           "free"]
 
 #: a group's ``hier`` before its first all_reduce has found out whether it spans nodes
 PENDING = object()
@@ -251,13 +253,25 @@ def staged(arr: Any) -> "tuple[np.ndarray, Any]":
     return host, write_back
 
 
+def reduction(plan: Any, op: Any, where: str) -> Any:
+    """The op the hierarchical steps run for a call reduced as ``plan`` says: its own, SUM for
+    AVG (divided after, as the flat path does); None where the plan views or widens the data
+    (bool, float16, bfloat16: those calls stay flat)."""
+    if plan.view is not None or plan.upcast is not None:
+        return None
+    return _SUM if plan.average else B.coerce_op(op, where)
+
+
 def all_reduce(g: Any, tensor: Any, buf: np.ndarray, finish: Any, op: Any,
-               async_op: bool) -> Any:
+               async_op: bool, average: bool = False) -> Any:
     """``g``'s all_reduce of ``buf`` (contiguous and writable: the caller staged it and
-    counted the call) the hierarchical way, then ``finish`` (a staged buffer's write-back).
-    Blocking; with ``async_op`` its Work is returned complete."""
+    counted the call) the hierarchical way, divided by the group's size for AVG
+    (``average``), then ``finish`` (a staged buffer's write-back). Blocking; with
+    ``async_op`` its Work is returned complete."""
     h = g.hier
     _run(g, h, buf.reshape(-1), op)
+    if average:
+        np.divide(buf, g.size_, out=buf)
     h.calls += 1
     if finish is not None:
         finish()
