@@ -90,18 +90,8 @@ from .backend import cupy_available, device
 from .checkpoint import CheckpointError, load, save
 from .dtypes import *  # noqa: F403 - dtype names at package level, as in torch
 from .dtypes import __all__ as _dtype_names
-from .errors import (
-    CollectiveMismatchError,
-    DistributedTimeoutError,
-    DtypeMismatchError,
-    MessageMismatchError,
-    MessageTruncatedError,
-    MpiTensorError,
-    NotAGroupMemberError,
-    NotInitializedError,
-    PeerFailedError,
-    ReplicaDivergenceError,
-)
+from .errors import *  # noqa: F403 - the error classes at package level
+from .errors import __all__ as _error_names
 from .tensor import *  # noqa: F403
 from .tensor import __all__ as _tensor_names
 
@@ -142,10 +132,7 @@ __all__ = [
     "__version__", "backend", "errors", "distributed", "device", "cupy_available", "autograd",
     "data", "utils", "nn", "models", "optim", "checkpoint", "save", "load", "CheckpointError",
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
-    "MpiTensorError", "NotInitializedError", "NotAGroupMemberError", "CollectiveMismatchError",
-    "MessageTruncatedError", "MessageMismatchError", "DistributedTimeoutError", "PeerFailedError",
-    "DtypeMismatchError",
-    "ReplicaDivergenceError", "set_num_threads", "get_num_threads", "cuda", "accelerator",
+    "set_num_threads", "get_num_threads", "cuda", "accelerator",
     "backends", "multiprocessing", "linalg", "random", "futures", "jit", "onnx", "compile",
     "serialization", "testing", "version", "get_float32_matmul_precision",
     "set_float32_matmul_precision", "distributions",
@@ -158,7 +145,7 @@ __all__ = [
     "clear_autocast_cache", "autocast_increment_nesting", "autocast_decrement_nesting",
     "sparse", "sparse_coo", "sparse_coo_tensor", "sparse_csr", "sparse_csr_tensor", "spmm",
     "dsmm", "hsmm", "hspmm", "smm",
-    *_dtype_names, *_tensor_names, *_legacy_type_names,
+    *_dtype_names, *_tensor_names, *_legacy_type_names, *_error_names,
 ]
 
 from mpitensor._core import numpy_names as _numpy_names  # noqa: E402 - after every op has been defined
