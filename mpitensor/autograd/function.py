@@ -163,6 +163,24 @@ class Node:
         return self.seq > other.seq
 
 
+def graph_leaves(nodes: list) -> dict:
+    """The leaf tensors the autograd graph under ``nodes`` reaches, by ``id``, each node once."""
+    seen: set = set()
+    leaves: dict = {}
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for nxt in n._next:
+            if type(nxt) is Node:
+                stack.append(nxt)
+            elif nxt is not None:
+                leaves[id(nxt)] = nxt
+    return leaves
+
+
 class _NoRecord:
     """The ``ctx`` given to forward when nothing is recorded: saving is a no-op."""
 

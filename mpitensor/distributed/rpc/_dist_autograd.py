@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from mpitensor.futures import Future
 
 from ... import autograd as _autograd
+from ...autograd.function import graph_leaves
 from ...tensor import Tensor
 from . import _state, _wire
 
@@ -192,26 +193,8 @@ def _release(cid: int, origin: Optional[int]) -> None:
 
 def _leaves(roots: List[Tensor]) -> List[Tensor]:
     """Every leaf that requires grad reachable from ``roots`` (roots that are leaves too)."""
-    out: Dict[int, Tensor] = {}
-    seen: set = set()
-    stack: list = []
-    for r in roots:
-        if r.grad_fn is None:
-            out[id(r)] = r
-        else:
-            stack.append(r.grad_fn)
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        for x in n._next:
-            if x is None:
-                continue
-            if isinstance(x, Tensor):
-                out[id(x)] = x
-            else:
-                stack.append(x)
+    out = {id(r): r for r in roots if r.grad_fn is None}
+    out.update(graph_leaves([r.grad_fn for r in roots if r.grad_fn is not None]))
     return list(out.values())
 
 

@@ -31,7 +31,7 @@ from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import distributed as dist
 from mpitensor._core.opkit import wrap
-from mpitensor.autograd import Node
+from mpitensor.autograd.function import graph_leaves
 from mpitensor.distributed import ProcessGroup, ReduceOp
 from mpitensor.distributed._grad_bucket import GradBucket
 from mpitensor.distributed._work_future import progress
@@ -148,26 +148,6 @@ def _bucket_assignment(sizes_dtypes: Sequence[tuple], cap_bytes: int,
     return [b for _, b in done]
 
 
-def _graph_leaves(roots: List[Node]) -> set:
-    """The ids of the leaf tensors the autograd graph under ``roots`` reaches."""
-    seen_nodes = set()
-    leaves = set()
-    stack = list(roots)
-    while stack:
-        n = stack.pop()
-        if n in seen_nodes:
-            continue
-        seen_nodes.add(n)
-        for nxt in n._next:
-            if nxt is None:
-                continue
-            if type(nxt) is Node:
-                stack.append(nxt)
-            else:
-                leaves.add(id(nxt))
-    return leaves
-
-
 class Reducer:
     """The gradient buckets of one DDP model and the all-reduces that average them.
 
@@ -268,7 +248,7 @@ class Reducer:
             node.register_prehook(start)
         if self.find_unused_parameters and not (self.static_graph and
                                                 self.static_unused is not None):
-            leaves = _graph_leaves(roots)
+            leaves = graph_leaves(roots)
             self._forward_unused = [i for i, p in enumerate(self.params) if id(p) not in leaves]
 
     def raise_unused(self) -> None:
