@@ -79,8 +79,15 @@ def _exchange(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), b)
 
 
-def storage(checkpoint_id: Any, given: Any, cls: type, what: str) -> Any:
-    """The storage ``save``/``load`` use: ``given`` pointed at ``checkpoint_id``, or a new one."""
+def storage(what: str, state_dict: Any, planner: Any, planner_cls: type, checkpoint_id: Any,
+            given: Any, cls: type) -> Any:
+    """Check ``save``/``load``'s state dict and planner; the storage they use: ``given``
+    pointed at ``checkpoint_id``, or a new one."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"{what}() takes a state_dict that is a dict, got "
+                        f"{type(state_dict).__name__}")
+    if planner is not None and not isinstance(planner, planner_cls):
+        raise TypeError(f"planner must be a {planner_cls.__name__}, got {type(planner).__name__}")
     if given is None:
         if checkpoint_id is None:
             raise ValueError(f"{what}() needs checkpoint_id (a directory) or a storage_"

@@ -126,12 +126,8 @@ def load(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
         >>> sd = {"model": model.state_dict()}  # doctest: +SKIP
         >>> dcp.load(sd, checkpoint_id="ckpt/step100"); model.load_state_dict(sd["model"])
     """
-    if not isinstance(state_dict, dict):
-        raise TypeError(f"load() takes a state_dict that is a dict, got "
-                        f"{type(state_dict).__name__}")
-    if planner is not None and not isinstance(planner, DefaultLoadPlanner):
-        raise TypeError(f"planner must be a DefaultLoadPlanner, got {type(planner).__name__}")
-    reader = storage(checkpoint_id, storage_reader, FileSystemReader, "load")
+    reader = storage("load", state_dict, planner, DefaultLoadPlanner, checkpoint_id,
+                     storage_reader, FileSystemReader)
     group = Group(process_group, no_dist)
     paths = set(group.all_gather(reader.path))
     if len(paths) > 1:

@@ -121,12 +121,8 @@ def save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
         >>> import mpitensor.distributed.checkpoint as dcp  # doctest: +SKIP
         >>> dcp.save({"model": model.state_dict()}, checkpoint_id="ckpt/step100")
     """
-    if not isinstance(state_dict, dict):
-        raise TypeError(f"save() takes a state_dict that is a dict, got "
-                        f"{type(state_dict).__name__}")
-    if planner is not None and not isinstance(planner, DefaultSavePlanner):
-        raise TypeError(f"planner must be a DefaultSavePlanner, got {type(planner).__name__}")
-    writer = storage(checkpoint_id, storage_writer, FileSystemWriter, "save")
+    writer = storage("save", state_dict, planner, DefaultSavePlanner, checkpoint_id,
+                     storage_writer, FileSystemWriter)
     group = Group(process_group, no_dist)
     items, payload, problems = _local_plan(state_dict)
     gathered = group.all_gather((items, problems, writer.path))
