@@ -42,11 +42,12 @@ def prefixed(text: str, rank: Optional[int]) -> str:
     return "".join(tag + line + "\n" for line in text.rstrip("\n").splitlines())
 
 
-def _flush() -> None:
+def flush_streams() -> None:
+    """Flush stdout and stderr, passing over a closed one."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream must not stop the report
+        except Exception:  # noqa: BLE001 - a closed stream must not stop a report or an abort
             pass
 
 
@@ -59,12 +60,12 @@ def report_traceback(rank: Optional[int], exc_type: Type[BaseException], exc: Ba
     bootstrap (``launch.run_target``) both use it. Writing never raises.
     """
     text = "".join(traceback.format_exception(exc_type, exc, tb))
-    _flush()
+    flush_streams()
     try:
         sys.stderr.write(prefixed(head + text, rank))
     except Exception:  # noqa: BLE001 - a closed stderr must not stop the abort
         pass
-    _flush()
+    flush_streams()
     return text
 
 
@@ -126,11 +127,7 @@ def abort_job(code: int = 1) -> None:
         >>> import mpitensor.distributed as dist
         >>> dist.abort_job(3)  # doctest: +SKIP
     """
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream must not stop the abort
-            pass
+    flush_streams()
     try:
         from mpi4py import MPI
 

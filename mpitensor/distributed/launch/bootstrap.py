@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from ..._base import config as _config
+from ..health.abort import flush_streams
 from .rank_vars import _world_rank
 
 __all__ = ["run_target", "exit_grace"]
@@ -32,17 +33,9 @@ _INDEX, _RANK_AND_SIZE = "index", "rank_and_size"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream must not stop the abort
-            pass
-
-
 def _abort(code: int) -> None:
     """End the whole MPI job now with ``code``; the last resort is ``os._exit``."""
-    _flush()
+    flush_streams()
     try:
         from ..health.abort import abort_job
 
@@ -117,14 +110,14 @@ def run_target(target: Sequence[str], module: bool = False,
                 sys.path.insert(0, os.path.dirname(os.path.abspath(name)))
                 runpy.run_path(name, run_name="__main__")
         finally:
-            _flush()
+            flush_streams()
     except SystemExit as exc:
         code = _exit_code(exc.code)
         if code != 0:
             if on_end is not None:
                 on_end(code, "exit")
             if _every_rank_exits(exit_comm):
-                _flush()
+                flush_streams()
                 return code  # an agreed exit (argparse, checked errors): no abort, no noise
             rank = _rank_now()
             sys.stderr.write(f"[rank {rank}] exited with code {code}; ending the job\n")
