@@ -1,4 +1,4 @@
-"""Flat against hierarchical all_reduce (and all_gather) on network-namespace hosts (issue 29).
+"""Flat against hierarchical collectives on network-namespace hosts (issue 29).
 
 Run (root, MPICH): ``timeout 900 python benchmarks/hierarchical.py [--reps 15] [--rate 1gbit]
 [--plot docs/img/hierarchical.png]``
@@ -11,8 +11,8 @@ ranks, placed host by host (ranks 0-1, 2-3) and round robin (``-ppn 1``: ranks 0
   ``MPITENSOR_HIERARCHICAL=off``) and hierarchical (forced on), called alternately after a
   barrier each, the slowest rank's median; their ratio;
 - bytes: what each host's link sent per call (its ``eth0`` counter, read in the namespace
-  around the calls only), flat and hierarchical, for all_reduce and all_gather_into_tensor
-  (whose output is the size given);
+  around the calls only), flat and hierarchical, for all_reduce, all_gather_into_tensor (whose
+  output is the size given) and reduce_scatter_tensor (whose input is);
 - the cost model of ``auto`` (its crossover in bytes, and the fitted lines).
 
 Prints Markdown tables. The namespaces share one kernel and its cores: a "link" is a veth
@@ -43,7 +43,8 @@ _spec.loader.exec_module(netns_cluster)
 SIZES = [8, 1 << 10, 8 << 10, 64 << 10, 512 << 10, 4 << 20, 16 << 20]
 BYTE_SIZES = [("all_reduce", 2048, 200), ("all_reduce", 64 << 10, 50),
               ("all_reduce", 4 << 20, 4), ("all_gather", 32 << 10, 100),
-              ("all_gather", 4 << 20, 4)]
+              ("all_gather", 4 << 20, 4), ("reduce_scatter", 32 << 10, 100),
+              ("reduce_scatter", 4 << 20, 4)]
 NET_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": netns_cluster.IFACE,
            "FI_PROVIDER": "tcp", "FI_TCP_IFACE": netns_cluster.IFACE}
 

@@ -4,15 +4,15 @@ of network-namespace hosts, ``hostfiles/netns_cluster.py``).
 ``python hier_job.py check even|uneven``: hierarchical all_reduce (MPITENSOR_HIERARCHICAL=on
 in the job's environment; ``uneven``: 3 ranks on 2 hosts, the leaders' scheme) against the
 exact reduction and against raw MPI's, for several dtypes, ops and sizes; every rank's result
-bitwise equal; all_gather_into_tensor against every rank's blocks in order. Prints ``CHECK
+bitwise equal; all_gather_into_tensor and reduce_scatter_tensor likewise. Prints ``CHECK
 rank R ok N`` (N: the all_reduce calls that went the hierarchical way) or raises.
 
-``python hier_job.py bytes MIB CALLS [all_gather]``: the bytes each node's link (``eth0``, in
-its namespace) sends during ``CALLS`` all_reduces of ``MIB`` MiB of float64 (or
-all_gather_into_tensor calls into that much), flat (a group made
-with MPITENSOR_HIERARCHICAL=off) and hierarchical (the world group, made with it on), and
-during a window of barriers alone; local rank 0 of each node prints ``BYTES host flat hier
-idle``.
+``python hier_job.py bytes MIB CALLS [all_gather|reduce_scatter]``: the bytes each node's link
+(``eth0``, in its namespace) sends during ``CALLS`` all_reduces of ``MIB`` MiB of float64 (or
+all_gather_into_tensor calls into that much, reduce_scatter_tensor calls from that much),
+flat (a group made with MPITENSOR_HIERARCHICAL=off) and hierarchical (the world group, made
+with it on), and during a window of barriers alone; local rank 0 of each node prints ``BYTES
+host flat hier idle``.
 
 ``python hier_job.py state``: one all_reduce on the world group; each rank prints ``STATE
 rank R flat`` or ``STATE rank R MODE CROSSOVER MODEL_TERMS CALLS``.
@@ -131,6 +131,28 @@ def _gather(g, comm: MPI.Comm, dt: np.dtype, b: int, seed: int, how: str) -> Non
     assert np.array_equal(out, parts.reshape(-1)), f"all_gather {dt} b={b} {how}"
 
 
+def _scatter(g, comm: MPI.Comm, dt: np.dtype, op: ReduceOp, b: int, seed: int,
+             how: str) -> None:
+    """reduce_scatter_tensor: rank r's block of the reduction of every rank's input."""
+    n, r = comm.size, comm.rank
+    parts = np.stack([_data(q, n * b, dt, seed) for q in range(n)])
+    if how == "strided":  # a non-contiguous output: the general path stages it
+        wide = np.zeros(2 * b, dt)
+        dist.reduce_scatter_tensor(wide[::2], parts[r].copy(), op=op, group=g)
+        assert not wide[1::2].any(), "the gaps of a strided output were written"
+        out = wide[::2]
+    else:
+        out = np.zeros(b, dt)
+        dist.reduce_scatter_tensor(out, parts[r].copy(), op=op, group=g)
+    mine = slice(r * b, (r + 1) * b)
+    exact = _exact(parts, op)[mine]
+    what = f"reduce_scatter {dt} {op} b={b} {how}"
+    if dt.kind == "f" and op is ReduceOp.SUM:
+        assert (np.abs(out - exact) <= _bound(parts)[mine]).all(), what
+    else:
+        assert np.array_equal(out, exact.astype(dt)), what
+
+
 def check(even: bool) -> None:
     dist.init_process_group("mpi")
     g = dist.group.WORLD
@@ -159,9 +181,24 @@ def check(even: bool) -> None:
         seed += 1
         _gather(g, comm, np.dtype(np.float32), 777, seed, how)
         gathers += 1
+    scatters = 0
+    for dt, op in ((np.float64, ReduceOp.SUM), (np.int64, ReduceOp.SUM), (np.int32, ReduceOp.MAX),
+                   (np.float32, ReduceOp.MIN)):
+        for b in (1, 3, 1000, 40001):
+            seed += 1
+            _scatter(g, comm, np.dtype(dt), op, b, seed, "plain")
+            scatters += 1
+    seed += 1
+    _scatter(g, comm, np.dtype(np.float64), ReduceOp.SUM, 777, seed, "strided")
+    w = np.zeros(3)
+    dist.reduce_scatter_tensor(w, np.full(3 * comm.size, comm.rank + 1.0), op=ReduceOp.AVG,
+                               group=g)
+    assert (w == (comm.size + 1) / 2).all(), w
+    scatters += 2
     h = g.hier
-    # all_gather takes the split layout only: the leaders' stays flat
+    # all_gather and reduce_scatter take the split layout only: the leaders' stays flat
     assert h.gathers == (gathers if even else 0), (h.gathers, gathers)
+    assert h.scatters == (scatters if even else 0), (h.scatters, scatters)
     ppn = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).size
     assert h is not None and h.nodes == 2 and h.ppn == ppn and h.even == even, vars(h)
     # the leaders' scheme (nodes of 2 and 1 ranks): every local rank 0 in the cross group
@@ -204,12 +241,14 @@ def count_bytes(mib: float, calls: int, op: str) -> None:
     comm = MPI.COMM_WORLD
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     hier = dist.group.WORLD
-    buf = np.ones(int(mib * (1 << 20)) // 8)  # all_gather: the output; each rank's block:
+    buf = np.ones(int(mib * (1 << 20)) // 8)  # all_gather's output, reduce_scatter's input;
     block = np.ones(buf.size // comm.size)    # its share
 
     def call(g):
         if op == "all_gather":
             dist.all_gather_into_tensor(buf, block, group=g)
+        elif op == "reduce_scatter":
+            dist.reduce_scatter_tensor(block, buf, group=g)
         else:
             dist.all_reduce(buf, group=g)
 

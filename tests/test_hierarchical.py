@@ -1,5 +1,5 @@
-"""Hierarchical all_reduce and all_gather_into_tensor (``backends/mpi/hierarchical.py``,
-``hierarchical_gather.py``) on a cluster of two network-namespace "nodes" of two ranks each
+"""Hierarchical all_reduce, all_gather_into_tensor and reduce_scatter_tensor
+(``backends/mpi/hierarchical*.py``) on a cluster of two network-namespace "nodes" of two ranks each
 (``hostfiles/netns_cluster.py``, as ``tests/test_cluster.py`` builds it; the module's fixture
 makes and removes it).
 
@@ -111,6 +111,12 @@ def _bytes(out: str) -> List[Tuple[int, int, int]]:
     # by host (3N/4), two round robin (3N/2)
     ("all_gather", 4 << 20, 4, False, 2 / 3),
     ("all_gather", 4 << 20, 4, True, 1 / 3),
+    # reduce_scatter_tensor from N bytes: the hierarchical path sends each local rank's node
+    # sum of the other node's blocks across (N/2 a host); MPICH's flat one sends each rank's
+    # blocks for the other host's ranks (N a host), at both sizes and both placements
+    ("reduce_scatter", 32 << 10, 100, False, 1 / 2),
+    ("reduce_scatter", 4 << 20, 4, False, 1 / 2),
+    ("reduce_scatter", 4 << 20, 4, True, 1 / 2),
 ])
 def test_inter_node_bytes(hosts, tmp_path: Path, op: str, nbytes: int, calls: int,
                           round_robin: bool, ratio: float) -> None:
@@ -119,7 +125,8 @@ def test_inter_node_bytes(hosts, tmp_path: Path, op: str, nbytes: int, calls: in
                str(nbytes / (1 << 20)), str(calls), op, round_robin=round_robin)
     windows = 2  # the job alternates two windows of each kind
     payload_hier = nbytes if op == "all_reduce" else nbytes // 2  # a host's, per call
-    # messages a host sends per call, at most: 2 ranks x 1 (all_reduce), x 3 ring steps
+    # messages a host sends per call, at most: 2 ranks x 1 (all_reduce), x 3 (a ring's steps,
+    # a message to each peer)
     msgs = 2 if op == "all_reduce" else 6
     for flat, hier, idle in _bytes(out):
         assert flat >= payload_hier / ratio * calls * windows, (flat, hier, idle)

@@ -204,10 +204,10 @@ ENV_SHM_COLLECTIVES = _declare(
     "segment where the group's measured cost model says it pays (`on`: whenever possible, "
     "`off`: always MPI)")
 ENV_HIERARCHICAL = _declare(
-    "MPITENSOR_HIERARCHICAL", "choice: auto, on, off", "auto", "each group's first all_reduce "
-    "or all_gather_into_tensor",
-    "all_reduce (and all_gather_into_tensor) on a group that spans nodes: within each node, "
-    "across nodes on 1/ranks-per-node of the data, within each node again, where a cost model "
+    "MPITENSOR_HIERARCHICAL", "choice: auto, on, off", "auto", "each group's first all_reduce, "
+    "all_gather_into_tensor or reduce_scatter_tensor",
+    "all_reduce, all_gather_into_tensor and reduce_scatter_tensor on a group that spans nodes: "
+    "within each node and across nodes on 1/ranks-per-node of the data, where a cost model "
     "measured then says it pays (`on`: always there, `off`: flat MPI; set alike on every rank)")
 ENV_RENDEZVOUS = _declare(
     "MPITENSOR_RENDEZVOUS", "choice: auto, pmi, connect", "auto", "each `init_process_group`",

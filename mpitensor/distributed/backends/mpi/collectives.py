@@ -27,6 +27,7 @@ from ...process_group import ReduceOp, Work
 from . import buffers as B
 from . import hierarchical as _hier
 from . import hierarchical_gather as _hgather
+from . import hierarchical_scatter as _hscatter
 from . import shm_coll as _shmc
 
 _IN_PLACE = MPI.IN_PLACE
@@ -605,6 +606,9 @@ class Collectives:
                 and inp.size == out.size * self.size_:
             fast = _fast_op(op, inp.dtype)
             if fast is not None:
+                if self.hier is not None and _hscatter.takes(self, inp):
+                    self._fast_count("reduce_scatter_tensor", inp)
+                    return _hscatter.reduce_scatter(self, output, out, None, inp, op, async_op)
                 s = self._fast_count("reduce_scatter_tensor", inp)
                 chk = self._fp_first(s, "reduce_scatter_tensor", inp, op, -1, (out, inp))
                 req = self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1])
@@ -630,6 +634,10 @@ class Collectives:
         out, inp, plan = self._maybe_debug(
             where, lambda: self._shaped_sig("reduce_scatter_tensor", input, "input", where,
                                             reduce=str(op)), prepare)
+        if (self.hier is not None and (hop := _hier.reduction(plan, op, where)) is not None
+                and _hscatter.takes(self, inp)):
+            return _hscatter.reduce_scatter(self, output, *_hier.staged(out),
+                                            _hgather.host_in(inp), hop, async_op, plan.average)
         sspec, rspec, finish = self._scattered_into(out, B.stage_in(inp), plan)
         comm, mop = self.comm, plan.mpi_op
         return self._run(where, lambda: comm.Ireduce_scatter_block(sspec, rspec, mop), finish,

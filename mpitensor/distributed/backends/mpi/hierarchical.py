@@ -31,18 +31,19 @@ for integers, within the rounding of the ``n - 1`` additions for floats.
 
 When: the sub-groups are made lazily, at the group's first ``all_reduce`` whose dtype and op
 MPI reduces as they are (AVG too: a SUM, then divided; no bool or half precision, which MPI
-reduces through a view or in float32: those stay flat) or its first
-``all_gather_into_tensor``, and freed with the group. Where the group lies on one node, or no
-node holds two of its ranks, nothing more is made and every call is flat. Else the path is
-chosen per call by a cost model measured then: both paths are timed, collectively, at two
-sizes; every rank takes the slowest rank's times, models each path as ``a + b * bytes`` and
-goes hierarchical from the size where that path's modelled time is the lower. The crossover
-is the same on every rank, and so is a call's size, so every rank takes the same path.
-``MPITENSOR_HIERARCHICAL``: ``auto`` (the model), ``on`` (always, where the group spans nodes:
-tests), ``off`` (flat); ``MPITENSOR_SHM_COLLECTIVES=off`` turns it off too. Both are read
-when the sub-groups are made and must be set alike on every rank. ``all_gather_into_tensor``
-across nodes uses the same sub-groups (made by whichever of the two calls comes first):
-:mod:`hierarchical_gather`.
+reduces through a view or in float32: those stay flat), or at its first
+``all_gather_into_tensor`` or ``reduce_scatter_tensor``, and freed with the group. Where the
+group lies on one node, or no node holds two of its ranks, nothing more is made and every call
+is flat. Else the path is chosen per call by a cost model measured then: both paths are timed,
+collectively, at two sizes; every rank takes the slowest rank's times, models each path as
+``a + b * bytes`` and goes hierarchical from the size where that path's modelled time is the lower.
+The crossover is the same on every rank, and so is a call's size, so every rank takes the same
+path. ``MPITENSOR_HIERARCHICAL``: ``auto`` (the model), ``on`` (always, where the group spans
+nodes: tests), ``off`` (flat); ``MPITENSOR_SHM_COLLECTIVES=off`` turns it off too. Both are
+read when the sub-groups are made and must be set alike on every rank.
+``all_gather_into_tensor`` and ``reduce_scatter_tensor`` across nodes use the same sub-groups
+(made by whichever of the three comes first): :mod:`hierarchical_gather`,
+:mod:`hierarchical_scatter`.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ from ...health import watchdog as W
 from ...process_group import ReduceOp, _Completed
 from . import buffers as B
 
-__all__ = ["PENDING", "Hierarchy", "takes", "hierarchy", "reduction", "staged", "all_reduce",
-           "free"]
+__all__ = ["PENDING", "Hierarchy", "takes", "hierarchy", "fit", "reduction", "staged",
+           "all_reduce", "ended", "split_takes", "free"]
 
 #: a group's ``hier`` before its first all_reduce has found out whether it spans nodes
 PENDING = object()
@@ -87,13 +88,14 @@ class Hierarchy:
         self.crossover = 0 if mode == "on" else _NEVER  # bytes from which to go hierarchical
         self.model: tuple = ()  # (a_flat, b_flat, a_hier, b_hier): seconds, seconds per byte
         self.calls = 0          # calls that took the hierarchical path
-        # all_gather_into_tensor (hierarchical_gather.py): group ranks in the order the node
-        # all-gather of the cross all-gathers leaves their blocks; its crossover (None: not
-        # measured yet), its model and its calls
+        # all_gather_into_tensor and reduce_scatter_tensor (hierarchical_gather.py,
+        # hierarchical_scatter.py): group ranks in the order the node all-gather of the cross
+        # all-gathers leaves their blocks; per operation its crossover (once measured) and
+        # model; their calls
         self.order: Any = None
-        self.gather_crossover: Optional[int] = None
-        self.gather_model: tuple = ()
-        self.gathers = 0
+        self.crossovers: dict = {}
+        self.models: dict = {}
+        self.gathers = self.scatters = 0
 
     def wants(self, size: int, nbytes: int) -> bool:
         # the split needs an element per local rank (ppn is the same on every node there);
@@ -170,29 +172,38 @@ def _build(g: Any) -> Optional[Hierarchy]:
     return h
 
 
-def _timed(run: Any, buf: np.ndarray) -> float:
-    run(buf)  # warm-up: first-touch pages, MPI's connections
+def _timed(run: Any) -> float:
+    run()  # warm-up: first-touch pages, MPI's connections
     best = float("inf")
     for _ in range(_REPS):
         t0 = time.perf_counter()
-        run(buf)
+        run()
         best = min(best, time.perf_counter() - t0)
     return best
 
 
-def _measure(g: Any, h: Hierarchy) -> None:
-    """Time both paths at the two probe sizes (collective), fit ``a + b * bytes`` to each with
-    the slowest member's times, and set the crossover every member shares."""
+def fit(g: Any, what: str, probes: list) -> "tuple[tuple, int]":
+    """Time a collective's flat and hierarchical paths (collective over ``g``): ``probes``
+    holds two ``(bytes, flat, hierarchical)``, the two sizes and a call of each path at that
+    size. With the slowest member's times, ``a + b * bytes`` is fitted to each path: returns
+    the model and the crossover every member shares (see _crossover)."""
     from mpi4py import MPI
 
     times = np.empty(4)
-    for i, n in enumerate(_PROBES):
-        buf = np.ones(n, np.float64)
-        times[i] = _timed(lambda b: _flat(g, b, _SUM), buf)
-        times[2 + i] = _timed(lambda b: _run(g, h, b, _SUM), buf)
+    for i, (_, flat, hier) in enumerate(probes):
+        times[i] = _timed(flat)
+        times[2 + i] = _timed(hier)
     req = g.comm.Iallreduce(MPI.IN_PLACE, times, MPI.MAX)
-    W.wait(g.health, req, "all_reduce (cost model)", g.seq)
-    h.model, h.crossover = _crossover(times, [8 * n for n in _PROBES])
+    W.wait(g.health, req, f"{what} (cost model)", g.seq)
+    return _crossover(times, [nbytes for nbytes, _, _ in probes])
+
+
+def _measure(g: Any, h: Hierarchy) -> None:
+    """all_reduce's model and crossover (see fit), at 4 KiB and 4 MiB."""
+    bufs = [np.ones(n, np.float64) for n in _PROBES]
+    h.model, h.crossover = fit(g, "all_reduce", [
+        (b.nbytes, lambda b=b: _flat(g, b, _SUM), lambda b=b: _run(g, h, b, _SUM))
+        for b in bufs])
 
 
 def _crossover(times: Any, nbytes: list) -> "tuple[tuple, int]":
@@ -268,14 +279,39 @@ def all_reduce(g: Any, tensor: Any, buf: np.ndarray, finish: Any, op: Any,
     counted the call) the hierarchical way, divided by the group's size for AVG
     (``average``), then ``finish`` (a staged buffer's write-back). Blocking; with
     ``async_op`` its Work is returned complete."""
-    h = g.hier
-    _run(g, h, buf.reshape(-1), op)
+    g.hier.calls += 1
+    _run(g, g.hier, buf.reshape(-1), op)
+    return ended(g, buf, average, finish, tensor, async_op)
+
+
+def ended(g: Any, buf: np.ndarray, average: bool, finish: Any, result: Any,
+          async_op: bool) -> Any:
+    """A hierarchical call's end: ``buf`` divided by the group's size for AVG, ``finish``
+    run; what the call returns (a complete Work for ``async_op``)."""
     if average:
         np.divide(buf, g.size_, out=buf)
-    h.calls += 1
     if finish is not None:
         finish()
-    return _Completed([tensor]) if async_op else None
+    return _Completed([result]) if async_op else None
+
+
+def split_takes(g: Any, arr: Any, kind: str, probe: Any) -> bool:
+    """Whether a ``kind`` call (all_gather_into_tensor or reduce_scatter_tensor) whose larger
+    buffer is ``arr`` goes the hierarchical way: the split layout only (every node the same
+    number of ranks), from its crossover. That is timed at its first call (collective; ``on``:
+    0): ``probe(g, h, b)`` gives ``(bytes, flat call, hierarchical call)`` for blocks of ``b``
+    float64 a rank, 4 KiB and 1 MiB (see fit). Decided from the group and the size alone,
+    alike on every member."""
+    h = hierarchy(g)
+    if h is None or not h.even:
+        return False
+    cross = h.crossovers.get(kind)
+    if cross is None:
+        cross = 0
+        if h.mode != "on":
+            h.models[kind], cross = fit(g, kind, [probe(g, h, b) for b in (512, 1 << 17)])
+        h.crossovers[kind] = cross
+    return arr.nbytes >= cross and arr.size > 0
 
 
 def free(g: Any) -> None:

@@ -25,25 +25,15 @@ from typing import Any
 import numpy as np
 
 from ...health import watchdog as W
-from ...process_group import _Completed
 from . import buffers as B
 from . import hierarchical as _hier
 
 __all__ = ["takes", "all_gather", "host_in"]
 
-# per-rank block sizes (float64 elements) the model times: 4 KiB and 1 MiB from each rank
-_PROBES = (512, 1 << 17)
-
-
 def takes(g: Any, out: Any) -> bool:
-    """Whether this all_gather_into_tensor into ``out`` goes the hierarchical way (decided
-    from the group and the size alone, alike on every member; collective the first time)."""
-    h = _hier.hierarchy(g)
-    if h is None or not h.even:
-        return False
-    if h.gather_crossover is None:
-        h.gather_crossover = 0 if h.mode == "on" else _measure(g, h)
-    return out.nbytes >= h.gather_crossover and out.size > 0
+    """Whether this all_gather_into_tensor into ``out`` goes the hierarchical way (see
+    ``hierarchical.split_takes``)."""
+    return _hier.split_takes(g, out, "all_gather_into_tensor", _probe)
 
 
 def _flat(g: Any, out: np.ndarray, inp: np.ndarray) -> None:
@@ -52,20 +42,10 @@ def _flat(g: Any, out: np.ndarray, inp: np.ndarray) -> None:
     W.wait(g.health, req, "all_gather_into_tensor", g.seq)
 
 
-def _measure(g: Any, h: Any) -> int:
-    """Time both paths at the probe sizes (collective); the crossover in output bytes."""
-    from mpi4py import MPI
-
-    times = np.empty(4)
-    for i, b in enumerate(_PROBES):
-        inp = np.ones(b, np.float64)
-        out = np.empty(b * g.size_, np.float64)
-        times[i] = _hier._timed(lambda o, x=inp: _flat(g, o, x), out)
-        times[2 + i] = _hier._timed(lambda o, x=inp: _run(h, o, x), out)
-    req = g.comm.Iallreduce(MPI.IN_PLACE, times, MPI.MAX)
-    W.wait(g.health, req, "all_gather_into_tensor (cost model)", g.seq)
-    h.gather_model, cross = _hier._crossover(times, [8 * b * g.size_ for b in _PROBES])
-    return cross
+def _probe(g: Any, h: Any, b: int) -> tuple:
+    """The cost model's calls gathering ``b`` float64 from each rank (bytes: the output's)."""
+    inp, out = np.ones(b, np.float64), np.empty(b * g.size_, np.float64)
+    return out.nbytes, lambda: _flat(g, out, inp), lambda: _run(h, out, inp)
 
 
 def _run(h: Any, out: np.ndarray, inp: np.ndarray) -> None:
@@ -88,9 +68,6 @@ def all_gather(g: Any, output: Any, out: np.ndarray, finish: Any, inp: np.ndarra
                async_op: bool) -> Any:
     """``g``'s all_gather_into_tensor the hierarchical way (``out`` contiguous and writable,
     ``inp`` contiguous: the caller staged them and counted the call), then ``finish``."""
-    h = g.hier
-    _run(h, out.reshape(-1), inp.reshape(-1))
-    h.gathers += 1
-    if finish is not None:
-        finish()
-    return _Completed([output]) if async_op else None
+    g.hier.gathers += 1
+    _run(g.hier, out.reshape(-1), inp.reshape(-1))
+    return _hier.ended(g, out, False, finish, output, async_op)
