@@ -73,20 +73,13 @@ from multiprocessing import (
 from typing import Any, Callable, Optional, Set, Tuple
 
 from ._core import shared as _shared
-from .distributed.launch import (
-    ProcessContext,
-    ProcessException,
-    ProcessExitedException,
-    ProcessRaisedException,
-    RankProcess,
-    SpawnContext,
-)
+from .distributed.launch import processes as _processes
 from .distributed.launch import start_processes as _start_processes
+from .distributed.launch.processes import *  # noqa: F403 - its classes; spawn and start_processes are torch's below
 from .tensor import Tensor
 
 __all__ = [
-    "spawn", "start_processes", "ProcessContext", "SpawnContext", "RankProcess",
-    "ProcessException", "ProcessRaisedException", "ProcessExitedException",
+    *_processes.__all__,  # spawn, start_processes and the process classes
     "get_all_sharing_strategies", "get_sharing_strategy", "set_sharing_strategy",
     # Python's multiprocessing
     "Array", "AuthenticationError", "Barrier", "BoundedSemaphore", "BufferTooShort",
@@ -118,7 +111,7 @@ def _warn_start_method(start_method: str) -> None:
 
 def start_processes(fn: Callable[..., Any], args: Tuple[Any, ...] = (), nprocs: int = 1,
                     join: bool = True, daemon: bool = False, start_method: str = "spawn",
-                    **options: Any) -> Optional[ProcessContext]:
+                    **options: Any) -> Optional[_processes.ProcessContext]:
     """Run ``fn(i, *args)`` for ``i`` in ``range(nprocs)``, process ``i`` being MPI rank ``i``.
 
     Args:
@@ -153,7 +146,7 @@ def start_processes(fn: Callable[..., Any], args: Tuple[Any, ...] = (), nprocs: 
 
 def spawn(fn: Callable[..., Any], args: Tuple[Any, ...] = (), nprocs: int = 1, join: bool = True,
           daemon: bool = False, start_method: str = "spawn",
-          **options: Any) -> Optional[ProcessContext]:
+          **options: Any) -> Optional[_processes.ProcessContext]:
     """Run ``fn(i, *args)`` on ``nprocs`` new MPI ranks, as ``torch.multiprocessing.spawn``.
 
     Arguments, return value and exceptions are :func:`start_processes`'s. When one process
