@@ -22,24 +22,20 @@ Example:
     >>> dcp.load(sd, checkpoint_id="ckpt")
 """
 
-from mpitensor.distributed.checkpoint import state_dict
-from mpitensor.distributed.checkpoint._planning import LocalShard
-from mpitensor.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from mpitensor.distributed.checkpoint.filesystem import (
-                                                              CheckpointError,
-                                                              FileSystemReader,
-                                                              FileSystemWriter,
+from . import state_dict
+from ._planning import LocalShard
+from .default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from .filesystem import CheckpointError, FileSystemReader, FileSystemWriter
+from .metadata import (
+                       BytesStorageMetadata,
+                       ChunkStorageMetadata,
+                       Metadata,
+                       MetadataIndex,
+                       TensorProperties,
+                       TensorStorageMetadata,
 )
-from mpitensor.distributed.checkpoint.metadata import (
-                                                              BytesStorageMetadata,
-                                                              ChunkStorageMetadata,
-                                                              Metadata,
-                                                              MetadataIndex,
-                                                              TensorProperties,
-                                                              TensorStorageMetadata,
-)
-from mpitensor.distributed.checkpoint.state_dict_loader import load
-from mpitensor.distributed.checkpoint.state_dict_saver import save
+from .state_dict_loader import load
+from .state_dict_saver import save
 
 __all__ = [
     "save", "load", "FileSystemWriter", "FileSystemReader", "DefaultSavePlanner",
