@@ -42,48 +42,21 @@ class _DropoutNd(Module):
         return f"p={self.p}, inplace={self.inplace}"
 
 
-class Dropout1d(_DropoutNd):
-    """Zero whole channels of (N, C, L) or (C, L) inputs in training.
-
-    Example:
-        >>> Dropout1d(0.3)
-        Dropout1d(p=0.3, inplace=False)
-    """
-
-    _fname = "dropout1d"
+def _layer(name: str, fname: str, what: str) -> type:
+    """A dropout layer that runs ``F.<fname>``; ``what`` is its docstring's first line."""
+    doc = (f"{what}\n\n    Args and Raises: as :class:`Dropout`.\n\n    Example:\n"
+           f"        >>> {name}()\n        {name}(p=0.5, inplace=False)\n    ")
+    return type(name, (_DropoutNd,), {"_fname": fname, "__doc__": doc, "__module__": __name__})
 
 
-class Dropout3d(_DropoutNd):
-    """Zero whole channels of (N, C, D, H, W) or (C, D, H, W) inputs in training.
-
-    Example:
-        >>> Dropout3d()
-        Dropout3d(p=0.5, inplace=False)
-    """
-
-    _fname = "dropout3d"
-
-
-class AlphaDropout(_DropoutNd):
-    """Alpha dropout (for SELU networks) in training.
-
-    Example:
-        >>> AlphaDropout()
-        AlphaDropout(p=0.5, inplace=False)
-    """
-
-    _fname = "alpha_dropout"
-
-
-class FeatureAlphaDropout(_DropoutNd):
-    """Alpha dropout of whole channels in training.
-
-    Example:
-        >>> FeatureAlphaDropout()
-        FeatureAlphaDropout(p=0.5, inplace=False)
-    """
-
-    _fname = "feature_alpha_dropout"
+Dropout1d = _layer("Dropout1d", "dropout1d", "Zero whole channels of (N, C, L) or (C, L) inputs "
+                   "in training.")
+Dropout3d = _layer("Dropout3d", "dropout3d", "Zero whole channels of (N, C, D, H, W) or "
+                   "(C, D, H, W) inputs in training.")
+AlphaDropout = _layer("AlphaDropout", "alpha_dropout", "Alpha dropout (for SELU networks) in "
+                      "training.")
+FeatureAlphaDropout = _layer("FeatureAlphaDropout", "feature_alpha_dropout",
+                             "Alpha dropout of whole channels in training.")
 
 
 class Dropout(_DropoutNd):
@@ -116,12 +89,7 @@ class Dropout2d(_DropoutNd):
     (see :func:`~mpitensor.nn.functional.dropout2d`); in evaluation mode it is the identity.
     The draws come from mpitensor's global generator (``mpitensor.manual_seed``).
 
-    Args:
-        p: probability of zeroing a channel, in [0, 1].
-        inplace: overwrite the input.
-
-    Raises:
-        ValueError: ``p`` outside [0, 1].
+    Args and Raises: as :class:`Dropout`, ``p`` being the probability of zeroing a channel.
 
     Example:
         >>> import mpitensor as mt
