@@ -61,8 +61,7 @@ class SequentialLR(LRScheduler):
 
     Example:
         >>> import mpitensor as mt
-        >>> from mpitensor.optim import SGD
-        >>> opt = SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
+        >>> opt = mt.optim.SGD([mt.zeros(1, requires_grad=True)], lr=1.0)
         >>> warm = ConstantLR(opt, factor=0.1, total_iters=2)
         >>> decay = ExponentialLR(opt, gamma=0.5)
         >>> s = SequentialLR(opt, [warm, decay], milestones=[2])
