@@ -26,14 +26,9 @@ from . import state_dict
 from ._planning import LocalShard
 from .default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from .filesystem import CheckpointError, FileSystemReader, FileSystemWriter
-from .metadata import (
-                       BytesStorageMetadata,
-                       ChunkStorageMetadata,
-                       Metadata,
-                       MetadataIndex,
-                       TensorProperties,
-                       TensorStorageMetadata,
-)
+from .metadata import BytesStorageMetadata, ChunkStorageMetadata, Metadata, MetadataIndex
+from .metadata import TensorProperties as TensorProperties  # re-exported, as in torch
+from .metadata import TensorStorageMetadata as TensorStorageMetadata
 from .state_dict_loader import load
 from .state_dict_saver import save
 
