@@ -37,11 +37,21 @@ __all__ = ["NLLLoss", "CrossEntropyLoss", "MSELoss", "BCELoss", "BCEWithLogitsLo
 
 
 class _Loss(Module):
+    """A loss of ``(input, target)``; by default forward calls ``F.<_fname>`` with the
+    reduction and, by name, the attributes listed in ``_kw``."""
+
+    _fname = ""
+    _kw: tuple = ()
+
     def __init__(
         self, size_average: Any = None, reduce: Any = None, reduction: str = "mean"
     ) -> None:
         super().__init__()
         self.reduction = _reduction(size_average, reduce, reduction, type(self).__name__)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        kw = {k: getattr(self, k) for k in self._kw}
+        return getattr(F, self._fname)(input, target, reduction=self.reduction, **kw)
 
 
 class _WeightedLoss(_Loss):
@@ -152,8 +162,7 @@ class MSELoss(_Loss):
         tensor(5.)
     """
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.mse_loss(input, target, reduction=self.reduction)
+    _fname = "mse_loss"
 
 
 def _loss_tensor(cls: str, name: str, value: Optional[Tensor]) -> Optional[Tensor]:
@@ -246,8 +255,8 @@ class KLDivLoss(_Loss):
             self.reduction = "batchmean"
         self.log_target = bool(log_target)
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+    _fname = "kl_div"
+    _kw = ("log_target",)
 
 
 def _number(cls: str, name: str, v: Any) -> Any:
@@ -265,8 +274,7 @@ class L1Loss(_Loss):
         tensor(1.)
     """
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.l1_loss(input, target, reduction=self.reduction)
+    _fname = "l1_loss"
 
 
 class SmoothL1Loss(_Loss):
@@ -278,13 +286,13 @@ class SmoothL1Loss(_Loss):
         tensor(2.5000)
     """
 
+    _fname = "smooth_l1_loss"
+    _kw = ("beta",)
+
     def __init__(self, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
                  beta: float = 1.0) -> None:
         super().__init__(size_average, reduce, reduction)
         self.beta = _number("SmoothL1Loss", "beta", beta)
-
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
 
 
 class HuberLoss(_Loss):
@@ -296,12 +304,12 @@ class HuberLoss(_Loss):
         tensor(4.)
     """
 
+    _fname = "huber_loss"
+    _kw = ("delta",)
+
     def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
         super().__init__(reduction=reduction)
         self.delta = _number("HuberLoss", "delta", delta)
-
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
 
 
 class SoftMarginLoss(_Loss):
@@ -313,8 +321,7 @@ class SoftMarginLoss(_Loss):
         0.6931
     """
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.soft_margin_loss(input, target, reduction=self.reduction)
+    _fname = "soft_margin_loss"
 
 
 class _MarginLoss(_Loss):
@@ -327,7 +334,17 @@ class _MarginLoss(_Loss):
         self.margin = _number(type(self).__name__, "margin", margin)
 
 
-class MarginRankingLoss(_MarginLoss):
+class _PairMarginLoss(_MarginLoss):
+    """A margin loss of two inputs and a target of 1 or -1, through ``F.<_fname>``."""
+
+    _fname = ""
+
+    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
+        return getattr(F, self._fname)(input1, input2, target, margin=self.margin,
+                                       reduction=self.reduction)
+
+
+class MarginRankingLoss(_PairMarginLoss):
     """``max(0, -target * (x1 - x2) + margin)``.
 
     Example:
@@ -336,9 +353,7 @@ class MarginRankingLoss(_MarginLoss):
         tensor(1.)
     """
 
-    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
-        return F.margin_ranking_loss(input1, input2, target, margin=self.margin,
-                                     reduction=self.reduction)
+    _fname = "margin_ranking_loss"
 
 
 class HingeEmbeddingLoss(_MarginLoss):
@@ -350,16 +365,15 @@ class HingeEmbeddingLoss(_MarginLoss):
         tensor(0.7500)
     """
 
+    _fname = "hinge_embedding_loss"
+    _kw = ("margin",)
+
     def __init__(self, margin: float = 1.0, size_average: Any = None, reduce: Any = None,
                  reduction: str = "mean") -> None:
         super().__init__(margin, size_average, reduce, reduction)
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.hinge_embedding_loss(input, target, margin=self.margin,
-                                      reduction=self.reduction)
 
-
-class CosineEmbeddingLoss(_MarginLoss):
+class CosineEmbeddingLoss(_PairMarginLoss):
     """``1 - cos`` for target 1, ``max(0, cos - margin)`` for target -1.
 
     Example:
@@ -369,9 +383,7 @@ class CosineEmbeddingLoss(_MarginLoss):
         tensor(1.)
     """
 
-    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
-        return F.cosine_embedding_loss(input1, input2, target, margin=self.margin,
-                                       reduction=self.reduction)
+    _fname = "cosine_embedding_loss"
 
 
 class TripletMarginLoss(_Loss):
@@ -524,8 +536,7 @@ class MultiLabelMarginLoss(_Loss):
         tensor(0.8500)
     """
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.multilabel_margin_loss(input, target, reduction=self.reduction)
+    _fname = "multilabel_margin_loss"
 
 
 
