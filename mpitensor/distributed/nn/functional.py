@@ -88,68 +88,54 @@ def _on_copy(collective: Callable[..., Any], x: Any, **kw: Any) -> Any:
     return out
 
 
-class _AllReduce(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, op: Any, group: Any) -> Any:
-        ctx.op, ctx.group = op, group
-        return _on_copy(_all_reduce, x, op=op, group=group)
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        return _on_copy(_all_reduce, g, op=ctx.op, group=ctx.group), None, None
+def _all_reduce_copy(x: Any, op: Any, group: Any) -> Any:
+    return _on_copy(_all_reduce, x, op=op, group=group)
 
 
-class _AllGather(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, group: Any) -> Any:
-        ctx.group = group
-        return _gather_rows(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        return _sum_my_row(g, ctx.group), None
+def _broadcast_copy(x: Any, src: int, group: Any) -> Any:
+    return _on_copy(_broadcast, x, src=src, group=group)
 
 
-class _Broadcast(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, src: int, group: Any) -> Any:
-        ctx.src, ctx.group = src, group
-        return _on_copy(_broadcast, x, src=src, group=group)
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        out = _on_copy(_reduce, g, dst=ctx.src, op=ReduceOp.SUM, group=ctx.group)
-        if get_rank() != ctx.src:
-            out[...] = 0
-        return out, None, None
+def _reduce_copy(x: Any, dst: int, group: Any) -> Any:
+    return _on_copy(_reduce, x, dst=dst, op=ReduceOp.SUM, group=group)
 
 
-class _Reduce(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, dst: int, group: Any) -> Any:
-        ctx.dst, ctx.group = dst, group
-        return _on_copy(_reduce, x, dst=dst, op=ReduceOp.SUM, group=group)
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        return _on_copy(_broadcast, g, src=ctx.dst, group=ctx.group), None, None
+def _reduce_to_src(g: Any, src: int, group: Any) -> Any:
+    """The gradients summed on ``src``; zeros elsewhere (their input reached no output)."""
+    out = _reduce_copy(g, src, group)
+    if get_rank() != src:
+        out[...] = 0
+    return out
 
 
-class _AllToAll(Function):
-    """rows (world, *piece): row j goes to rank j; returns the rows received, by source."""
+def _exchange_rows(rows: Any, group: Any) -> Any:
+    """Row j of ``rows`` (world, *piece) sent to rank j; the rows received, by source."""
+    out = _xp(rows).empty_like(rows)
+    _a2a_single(out, _xp(rows).ascontiguousarray(rows), group=group)
+    return out
 
-    @staticmethod
-    def forward(ctx: Any, rows: Any, group: Any) -> Any:
-        out = _xp(rows).empty_like(rows)
-        _a2a_single(out, _xp(rows).ascontiguousarray(rows), group=group)
-        ctx.group = group
-        return out
 
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        out = _xp(g).empty_like(g)
-        _a2a_single(out, _xp(g).ascontiguousarray(g), group=ctx.group)
-        return out, None
+def _collective(name: str, forward: Callable[..., Any], backward: Callable[..., Any]) -> type:
+    """A Function of ``(x, *args)``: ``forward(x, *args)``, its gradient ``backward(g, *args)``
+    (the same arguments, ending with the group)."""
+
+    def fwd(ctx: Any, x: Any, *args: Any) -> Any:
+        ctx.args = args
+        return forward(x, *args)
+
+    def bwd(ctx: Any, g: Any) -> tuple:
+        return (backward(g, *ctx.args),) + (None,) * len(ctx.args)
+
+    return type(name, (Function,), {"forward": staticmethod(fwd), "backward": staticmethod(bwd),
+                                    "__module__": __name__})
+
+
+# each collective with its adjoint: all_reduce (SUM or AVG) and all_to_all are their own
+_AllReduce = _collective("_AllReduce", _all_reduce_copy, _all_reduce_copy)
+_AllGather = _collective("_AllGather", _gather_rows, _sum_my_row)
+_Broadcast = _collective("_Broadcast", _broadcast_copy, _reduce_to_src)
+_Reduce = _collective("_Reduce", _reduce_copy, _broadcast_copy)
+_AllToAll = _collective("_AllToAll", _exchange_rows, _exchange_rows)
 
 
 class _AllToAllSingle(Function):
