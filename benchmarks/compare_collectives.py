@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 from _torch_baseline import free_port, torch_missing_reason  # noqa: E402 (this folder)
 from mpi4py import MPI  # noqa: E402
 
+from mpitensor._base import config as _config  # noqa: E402
 from mpitensor.distributed import bench as B  # noqa: E402
 
 MPI4PY, MPITENSOR, GLOO, PICKLE = "mpi4py", "mpitensor", "gloo", "mpi4py-pickle"
@@ -328,6 +329,74 @@ def evaluate_targets(rows: Sequence[Dict[str, Any]], mode: str = "back-to-back")
     return out
 
 
+# ---------------------------------------------------------------------------- copy bandwidth
+SHM_OPS = ("all_reduce", "reduce_scatter", "all_gather")  # issue 29's collectives
+
+
+def copy_bandwidth(comm: MPI.Comm, nbytes: int = 64 << 20, reps: int = 5) -> float:
+    """The machine's copy bandwidth (GB/s): one core (rank 0, the others waiting at a barrier)
+    copying ``nbytes`` with ``np.copyto``, best of ``reps``; the same number on every rank."""
+    best = float("inf")
+    if comm.Get_rank() == 0:
+        src = np.ones(nbytes // 8)
+        dst = np.empty_like(src)
+        np.copyto(dst, src)  # first touch
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            best = min(best, time.perf_counter() - t0)
+    comm.Barrier()
+    return comm.bcast(nbytes / best / 1e9 if comm.Get_rank() == 0 else None, root=0)
+
+
+def shm_targets(rows: Sequence[Dict[str, Any]], copy_bw: float, ranks: int,
+                mode: str = "back-to-back") -> List[dict]:
+    """Issue 29's targets: large calls (≥ 16 MiB) at ≥ 2.5× raw MPI's bus bandwidth (2 ranks)
+    and ≥ 40 % of the copy bandwidth; never slower than raw MPI (from 64 KiB)."""
+    idx = _index(rows)
+    out = []
+    for op in SHM_OPS:
+        pairs = [(s, idx[(MPITENSOR, op, mode, s)], idx[(MPI4PY, op, mode, s)])
+                 for s in sorted({r["size"] for r in rows})
+                 if (MPITENSOR, op, mode, s) in idx and (MPI4PY, op, mode, s) in idx]
+        big = [(paired_ratio(r, m), m["busbw_GBps"] / copy_bw, s) for s, m, r in pairs
+               if s >= 16 << 20]
+        if big:
+            ratio = statistics.median(b[0] for b in big)
+            frac = statistics.median(b[1] for b in big)
+            if ranks == 2:
+                out.append({"target": f"{op} bus bandwidth ≥ 2.5× raw MPI, ≥ 16 MiB",
+                            "value": ratio, "measured": f"median {ratio:.2f}× over "
+                            f"{len(big)} sizes", "met": ratio >= 2.5})
+            out.append({"target": f"{op} bus bandwidth ≥ 40 % of one core's copy, ≥ 16 MiB",
+                        "value": frac, "measured": f"median {100 * frac:.0f} % of "
+                        f"{copy_bw:.1f} GB/s", "met": frac >= 0.4})
+        if pairs:
+            worst = min((paired_ratio(r, m), s) for s, m, r in pairs)
+            out.append({"target": f"{op} never slower than raw MPI (bandwidth ≥ 0.95×)",
+                        "value": worst[0], "measured": f"worst {worst[0]:.2f}× at "
+                        f"{B.format_size(worst[1])}", "met": worst[0] >= 0.95})
+    return out
+
+
+def shm_table(rows: Sequence[Dict[str, Any]], op: str, copy_bw: float,
+              mode: str = "back-to-back") -> str:
+    """Bus bandwidth of mpitensor and raw MPI, their ratio, and each as a fraction of the
+    copy bandwidth, size by size."""
+    idx = _index(rows)
+    lines = ["| size | mpitensor busbw GB/s | mpi4py busbw GB/s | mpitensor / mpi4py | "
+             "mpitensor / copy | mpi4py / copy |", "|---|---|---|---|---|---|"]
+    for s in sorted({r["size"] for r in rows if r["op"] == op and r["mode"] == mode}):
+        m, r = idx.get((MPITENSOR, op, mode, s)), idx.get((MPI4PY, op, mode, s))
+        if m is None or r is None:
+            continue
+        lines.append(f"| {B.format_size(s)} | {_fmt_bw(m['busbw_GBps'])} | "
+                     f"{_fmt_bw(r['busbw_GBps'])} | {_fmt_ratio(paired_ratio(r, m))} | "
+                     f"{100 * m['busbw_GBps'] / copy_bw:.0f} % | "
+                     f"{100 * r['busbw_GBps'] / copy_bw:.0f} % |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------- report
 def _fmt_us(x: Optional[float]) -> str:
     if x is None:
@@ -439,6 +508,16 @@ def write_markdown(path: Path, rows: Sequence[Dict[str, Any]], meta: Dict[str, A
     if png is not None:
         rel = os.path.relpath(png, path.parent)
         out += [f"![latency against message size]({rel})", ""]
+    copy_bw = meta.get("copy_GBps")
+    if copy_bw and any(r["op"] in SHM_OPS for r in rows):
+        out += ["## Against the machine's copy bandwidth (issue 29)", "",
+                f"One core copying 64 MiB (`np.copyto`, best of 5, in this run): "
+                f"{copy_bw:.2f} GB/s. mpitensor as configured "
+                f"(`MPITENSOR_SHM_COLLECTIVES={meta.get('shm_setting', 'auto')}`); bus "
+                "bandwidth, back to back.", ""]
+        for op in SHM_OPS:
+            if any(r["op"] == op for r in rows):
+                out += [f"### {LABELS[op]}", "", shm_table(rows, op, copy_bw), ""]
     out += ["## Reading the tables", "",
             "- *µs*: latency of one call (p2p latency: half the ping-pong round trip; p2p "
             "bandwidth: time per message of a window of isends).",
@@ -610,6 +689,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         apis.append(gloo_api)
     pickle_api = PickleApi(raw, args.dtype)
     load_before = _loadavg()
+    copy_bw = copy_bandwidth(comm)
+    log(f"# copy bandwidth (one core, np.copyto of 64 MiB): {copy_bw:.2f} GB/s")
     log(f"# {n} ranks, {args.dtype}; libraries: {', '.join(a.name for a in apis)}"
         f" (+ {PICKLE} up to {B.format_size(args.pickle_max_bytes)})")
     start = time.perf_counter()
@@ -627,11 +708,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "factor": args.factor, "reps": args.reps, "rep_time": args.rep_time,
                 "window": args.window, "machine": B.machine_info(), "torch": torch_version,
                 "elapsed_s": elapsed, "load_before": load_before, "load_after": _loadavg(),
+                "copy_GBps": copy_bw, "shm_setting": _config.shm_collectives(),
                 "notes": notes,
                 "shared_machine_note": "Measured on a shared 2-core machine while other jobs "
                                        "ran: absolute numbers are noisy; the ratios, taken in "
                                        "the same run, are the meaningful part."}
         targets = evaluate_targets(rows) if n == 2 else []
+        targets += shm_targets(rows, copy_bw, n)
         png = None
         if args.out_png is not None:
             if write_plot(args.out_png, rows):

@@ -1,4 +1,5 @@
-"""Launch the MPI test suite (``tests/mpi``) under ``mpiexec`` at 1, 2, 3 and 4 ranks.
+"""Launch the MPI test suite (``tests/mpi``) under ``mpiexec`` at 1, 2, 3 and 4 ranks, and its
+collective suites at 2 ranks with ``MPITENSOR_SHM_COLLECTIVES=on`` (the others run with auto).
 
 Each launch runs with a hard timeout, so a hang fails instead of blocking; every rank writes its
 own summary, and the test asserts that each rank ran the same tests and none failed.
@@ -21,11 +22,27 @@ SUITE_TIMEOUT = float(os.environ.get("MPITENSOR_SUITE_TIMEOUT", "900"))
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_mpi_suite(nprocs: int, tmp_path: Path) -> None:
+    _run_suite(nprocs, [ROOT / "tests" / "mpi"], {}, tmp_path)
+
+
+# The collective suites once more with every collective that can go through shared memory
+# going there (backends/mpi/shm_coll.py); the runs above take the switch's default (auto),
+# which keeps small calls on MPI.
+COLLECTIVE_SUITES = ("test_cco_buf.py", "test_large_collectives.py", "test_agreement.py",
+                     "test_half_mpi.py", "test_errors.py", "test_shm_collectives.py")
+
+
+def test_collective_suites_through_shared_memory(tmp_path: Path) -> None:
+    _run_suite(2, [ROOT / "tests" / "mpi" / name for name in COLLECTIVE_SUITES],
+               {"MPITENSOR_SHM_COLLECTIVES": "on"}, tmp_path)
+
+
+def _run_suite(nprocs: int, paths: list, extra: dict, tmp_path: Path) -> None:
     report_dir = tmp_path / "reports"
     report_dir.mkdir()
-    env = {"MPITENSOR_TEST_REPORT_DIR": str(report_dir)}
+    env = {"MPITENSOR_TEST_REPORT_DIR": str(report_dir), **extra}
     args = [sys.executable, "-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider",
-            "--timeout=180", "--timeout-method=thread", str(ROOT / "tests" / "mpi")]
+            "--timeout=180", "--timeout-method=thread", *map(str, paths)]
     proc = mpiexec_run(nprocs, args, timeout=SUITE_TIMEOUT, env=env, cwd=ROOT)
     tail = proc.output[-8000:]
     assert not proc.timed_out, f"MPI suite at {nprocs} ranks hung (> {SUITE_TIMEOUT}s):\n{tail}"

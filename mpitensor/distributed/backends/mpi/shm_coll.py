@@ -54,6 +54,7 @@ from ...._base.config import OFF_BYTES
 from ....errors import MpiTensorError
 from ...health import faults as _faults
 from ...health import watchdog as W
+from ...health.state import MASK
 from ...process_group import ReduceOp, Work
 from . import buffers as B
 from . import shm as _shm
@@ -159,6 +160,8 @@ def _start(g: Any, op: str, kind: str, nbytes: int, fparr: Any, reduce: Any, roo
         g.check_usable(op)  # a broken group raises; an earlier failure is settled
     h = g.health
     s = g.seq + 1
+    before = g.history[s & MASK]
+    g._fast_count(op, counted)  # (a wait while the engine is made is this call's)
     h.fp_tok = h.fp_node.post(s, op, fparr, reduce, root, keep)  # peers' waits compare it
     eng = g.shm
     if eng is None:
@@ -169,9 +172,11 @@ def _start(g: Any, op: str, kind: str, nbytes: int, fparr: Any, reduce: Any, roo
                 raise
             return _Failed(exc, op, s)
     if eng is False or nbytes < eng.thresholds[kind]:
-        h.fp_tok = None  # (the MPI path posts it again where it checks this size)
+        # MPI's path counts the call itself (and posts its fingerprint again where it checks
+        # this size): nothing was sent for it here
+        h.fp_tok = None
+        g.seq, g.history[s & MASK] = s - 1, before
         return None
-    g._fast_count(op, counted)
     g.sent += 1
     eng.op, eng.seq = op, s
     return eng
@@ -489,7 +494,7 @@ def _exchange(h: Any, v: np.ndarray, mop: Any, s: int, op: str) -> None:
     any collective (timeout, fault notices, the agreement slots' mismatch check)."""
     mt = MPI.INT64_T if v.dtype == np.int64 else MPI.DOUBLE
     req = h.diag.Iallreduce(MPI.IN_PLACE, [v, mt], mop)
-    W.wait(h, req, f"{op} (shared-memory setup)", s)
+    W.wait(h, req, op, s)
 
 
 def _setup(g: Any, s: int, op: str) -> Any:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
@@ -46,7 +47,9 @@ from ...health import watchdog as W
 CHUNK = 1 << 20  # bytes per member and set (a test may make it smaller: shm_coll.set_chunk)
 _LINE = 8  # int64 words per member's control line (a cache line)
 IN, RED, OUT, PID = 0, 1, 2, 3
-_ALIVE_EVERY = 512  # tests of a wait between looks at the peers' processes
+_ALIVE_EVERY_S = 9e-4  # a wait looks at its peers' processes this often: before each of the
+# watchdog's ticks (1 ms), whose MPI calls may end the whole job once a peer process is gone
+_perf = time.perf_counter
 
 
 def control_bytes(size: int) -> int:
@@ -65,22 +68,43 @@ def bounds(n: int, parts: int) -> List[int]:
     return [i * q + min(i, r) for i in range(parts + 1)]
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped by its parent, does
+    not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:  # no /proc here: ask the kernel whether the id is taken
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:  # another user's process (EPERM): it exists
+            pass
+        return True
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] not in (b"Z", b"X")
+
+
 class _Steps:
     """A wait for every member in ``ranks`` to have published step ``t`` (or later) in word
     ``w``, as an MPI request (``Test``); it looks whether the members are alive now and then."""
 
-    __slots__ = ("eng", "w", "t", "ranks", "tests")
+    __slots__ = ("eng", "w", "t", "ranks", "look")
 
     def __init__(self, eng: "Engine", w: int, t: int, ranks: Sequence[int]) -> None:
-        self.eng, self.w, self.t, self.ranks, self.tests = eng, w, t, ranks, 0
+        self.eng, self.w, self.t, self.ranks = eng, w, t, ranks
+        self.look = _perf() + _ALIVE_EVERY_S
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI's request protocol
         q, w, t = self.eng.q, self.w, self.t
         for r in self.ranks:
             if q[r * _LINE + w] < t:
-                self.tests += 1
-                if not self.tests % _ALIVE_EVERY:
-                    self.eng.check_alive(r)
+                now = _perf()
+                if now >= self.look:
+                    self.look = now + _ALIVE_EVERY_S
+                    for late in self.ranks:  # every member not there yet
+                        if q[late * _LINE + w] < t:
+                            self.eng.check_alive(late)
                 return False
         return True
 
@@ -123,20 +147,15 @@ class Engine:
     def check_alive(self, r: int) -> None:
         """Raise PeerFailedError (and break the group) if member ``r``'s process is gone."""
         pid = self.q[r * _LINE + PID]
-        if pid <= 0:
-            return
-        try:
-            os.kill(pid, 0)
-            return
-        except ProcessLookupError:
-            pass
-        except OSError:  # another user's process (EPERM): it exists
+        if pid <= 0 or _alive(pid):
             return
         h = self.h
         story = _faults.Story(h.ranks[r], self.op, self.seq,
                               f"its process (pid {pid}) ended while this rank waited for it "
                               "in a collective through shared memory")
-        _faults.mark_broken(h, story)
+        # every member waiting finds it so itself: no notice (MPI may end the job when a
+        # message goes to a process that is gone)
+        _faults.mark_broken(h, story, tell=False)
         raise _faults.error(h, story, self.op, self.seq, waiting=True)
 
     # ------------------------------------------------------------------ the pipeline

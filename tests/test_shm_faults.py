@@ -1,0 +1,198 @@
+"""Faults in collectives through shared memory (``backends/mpi/shm_coll.py``, issue 29).
+
+Each scenario runs a small script under ``mpiexec`` with ``MPITENSOR_SHM_COLLECTIVES=on`` and
+a hard timeout, and asserts every rank's outcome: a rank killed mid-collective, a rank that
+never arrives, and a ``/dev/shm`` too small for the segment. Each must give a clear error on
+every rank within the timeout (or, for the full ``/dev/shm``, the MPI path on every rank) and
+leave no segment behind: every script records the names of the segments it created.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from .launch import mpiexec_run
+from .test_faults_comm import PRELUDE, results
+
+TIMEOUT = 120.0  # the launcher kills the job past this
+
+
+def run_script(tmp_path: Path, body: str, nprocs: int, *args: str, hydra: tuple = ()):
+    """PRELUDE + body under ``mpiexec [hydra options] -n nprocs``, switch on; (result, s)."""
+    script = tmp_path / "scenario.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    env = {"MPITENSOR_DEBUG": "0", "MPITENSOR_ABORT_ON_EXCEPTION": "1",
+           "MPITENSOR_SHM_COLLECTIVES": "on"}
+    start = time.monotonic()
+    res = mpiexec_run(nprocs, [*hydra, sys.executable, str(script), *args], timeout=TIMEOUT,
+                      env=env, cwd=tmp_path)
+    return res, time.monotonic() - start
+
+RECORD = """
+import os, signal, time
+from mpitensor.distributed.backends.mpi import shm_coll, shm_pipe
+made = []
+_create = shm_coll._shm.create
+def create(prefix, nbytes):
+    path = _create(prefix, nbytes)
+    made.append(path)
+    return path
+shm_coll._shm.create = create
+shm_coll.set_chunk(1 << 16)  # 64 KiB slots: a 1 MiB call takes 16 chunks
+
+
+def attempt(x, t0):  # all_reduce(x), reported; True if it raised
+    try:
+        dist.all_reduce(x)
+        report(stage="done", made=made)
+        return False
+    except Exception as exc:
+        report(stage="raised", error=f"{type(exc).__name__}: {exc}",
+               took=time.monotonic() - t0, made=made)
+        return True
+"""
+
+
+def _no_segment_left(got: dict) -> None:
+    for r, res in got.items():
+        for path in res.get("made") or []:
+            if path is not None:
+                assert not os.path.exists(path), f"rank {r} left {path}"
+
+
+KILL = RECORD + """
+dist.init_process_group("mpi", timeout=float(sys.argv[1]))
+rank = dist.get_rank()
+x = np.ones(1 << 18, np.float32)
+dist.all_reduce(x)  # the engine is made
+report(stage="ready", made=made)
+if rank == 1:
+    publish = shm_pipe.Engine.publish
+    def dying(self, w, t):
+        if self.step - t == 8:  # half-way through the next call's chunks
+            os.kill(os.getpid(), signal.SIGKILL)
+        publish(self, w, t)
+    shm_pipe.Engine.publish = dying
+if attempt(x, time.monotonic()):
+    sys.stdout.flush()
+    time.sleep(3)  # the other survivor finds rank 1 gone, not this rank
+    os._exit(0)  # (a peer is gone: no exit notices); 0 keeps hydra from killing the rest
+"""
+
+
+def test_a_rank_killed_mid_collective(tmp_path: Path) -> None:
+    """Rank 1 SIGKILLs itself inside an all_reduce through shared memory. With hydra's clean-up
+    off, ranks 0 and 2 stay to tell: each ends its wait with PeerFailedError naming rank 1 and
+    its pid, in well under the 60 s timeout."""
+    res, took = run_script(tmp_path, KILL, 3, "60", hydra=("-disable-auto-cleanup",))
+    assert not res.timed_out, res.output
+    got = results(tmp_path)
+    assert got[1]["stage"] == "ready", res.output  # killed before it could report more
+    for r in (0, 2):
+        assert got[r]["stage"] == "raised", (got, res.output)
+        err = got[r]["error"]
+        assert err.startswith(f"PeerFailedError: rank {r}: all_reduce (#2 on WORLD) cannot "
+                              "complete: rank 1 failed in all_reduce (#2 on WORLD): its "
+                              "process (pid "), err
+        assert got[r]["took"] < 20, got[r]
+    assert took < 60
+    _no_segment_left(got)
+
+
+def test_a_rank_killed_ends_the_job_under_hydra(tmp_path: Path) -> None:
+    """The same kill with hydra's default clean-up: the job ends at once, non-zero, hydra
+    naming the signal; no segment is left."""
+    res, took = run_script(tmp_path, KILL, 2, "60")
+    assert not res.timed_out, res.output
+    assert res.returncode != 0
+    assert "signal 9" in res.output or "KILLED BY SIGNAL: 9" in res.output, res.output
+    assert took < 60
+    _no_segment_left(results(tmp_path))
+
+
+LATE = RECORD + """
+dist.init_process_group("mpi", timeout=3.0, abort_on_exception=False)
+rank = dist.get_rank()
+x = np.ones(1 << 18, np.float32)
+dist.all_reduce(x)  # the engine is made
+t0 = time.monotonic()
+if rank == 1:
+    time.sleep(6)  # never arrives within the others' timeout
+attempt(x, t0)
+"""
+
+
+def test_a_rank_that_never_arrives(tmp_path: Path) -> None:
+    """Rank 1 comes 6 s late to an all_reduce through shared memory (timeout 3 s): ranks 0 and
+    2 raise DistributedTimeoutError naming rank 1 after about 3 s (or the PeerFailedError of
+    the one that timed out first, which broke the group); rank 1, arriving, is refused with
+    the story."""
+    res, _ = run_script(tmp_path, LATE, 3)
+    assert not res.timed_out, res.output
+    got = results(tmp_path)
+    assert sorted(got) == [0, 1, 2], res.output
+    timed_out = []
+    for r in (0, 2):  # the first to time out breaks the group: the other hears it from it
+        err = got[r]["error"]
+        assert got[r]["stage"] == "raised", (got, res.output)
+        if err.startswith("DistributedTimeoutError"):
+            timed_out.append(r)
+            assert err.startswith(f"DistributedTimeoutError: rank {r}: all_reduce (#2 on "
+                                  "WORLD) did not complete within 3 s"), err
+            assert "Ranks that had not arrived: [1]" in err, err
+        else:
+            assert err.startswith(f"PeerFailedError: rank {r}: all_reduce (#2 on WORLD) cannot "
+                                  f"complete: rank {2 - r} failed in all_reduce (#2 on WORLD): "
+                                  "DistributedTimeoutError"), err
+        assert 2.5 < got[r]["took"] < 6, got[r]
+    assert timed_out, got
+    assert got[1]["stage"] == "raised"
+    assert got[1]["error"].startswith("PeerFailedError: rank 1: all_reduce"), got[1]
+    assert "DistributedTimeoutError" in got[1]["error"], got[1]
+    _no_segment_left(got)
+
+
+FULL = RECORD + """
+from mpitensor.distributed.backends.mpi import shm as _shm
+dist.init_process_group("mpi")
+rank = dist.get_rank()
+_shm.DIR = sys.argv[1]  # the tiny tmpfs (or a directory that is not there): creation fails
+x = np.arange(1 << 18, dtype=np.float32) * (rank + 1)
+dist.all_reduce(x)
+g = dist.group.WORLD
+report(engine=repr(g.shm), ok=bool((x == np.arange(1 << 18) * 6).all()), made=made,
+       left=sorted(os.listdir(sys.argv[1])) if os.path.isdir(sys.argv[1]) else [])
+"""
+
+
+@pytest.fixture
+def tiny_shm(tmp_path: Path):
+    """A 64 KiB tmpfs (root and mount(2) permitting), else a directory that does not exist:
+    either way the segment cannot be made there."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                             capture_output=True).returncode == 0
+    try:
+        yield mnt if mounted else tmp_path / "absent"
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_full_dev_shm_falls_back_to_mpi_on_every_rank(tmp_path: Path, tiny_shm: Path):
+    res, _ = run_script(tmp_path, FULL, 3, str(tiny_shm))
+    assert not res.timed_out, res.output
+    assert res.returncode == 0, res.output
+    got = results(tmp_path)
+    assert sorted(got) == [0, 1, 2], res.output
+    for r, g in got.items():
+        assert g["engine"] == "False" and g["ok"] and g["left"] == [], (r, g)
+    assert got[0]["made"][-1] is None  # rank 0 tried to make the engine's, and could not
