@@ -282,20 +282,17 @@ static const char forward_doc[] =
     "out[:, band] = wext (O, rows) @ im2col(band) for the bands b0..b1 of plan; buf holds\n"
     "(rows, widest band) items, its bias row (if any) already all ones.";
 
-static PyObject *forward(PyObject *self, PyObject *args)
-{
-    return im2col_bands(args, 0);
-}
-
 static const char weight_grad_doc[] =
     "weight_grad(src, gc, acc, geom, plan, b0, b1, buf, gemm, itemsize)\n\n"
     "acc (O, rows) += gc[:, band] @ im2col(band).T over the bands b0..b1 of plan (the bias\n"
     "column, if any, from the all-ones row of buf).";
 
-static PyObject *weight_grad(PyObject *self, PyObject *args)
-{
-    return im2col_bands(args, 1);
-}
+/* forward and weight_grad: the same band loop, one product or the other */
+#define BANDS_ENTRY(name, wgrad)                                                              \
+    static PyObject *name(PyObject *self, PyObject *args) { return im2col_bands(args, wgrad); }
+
+BANDS_ENTRY(forward, 0)
+BANDS_ENTRY(weight_grad, 1)
 
 static const char input_grad_doc[] =
     "input_grad(gc, wext, dx, geom, plan, c0, c1, dbuf, gemm, itemsize)\n\n"
