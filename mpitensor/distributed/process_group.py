@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from operator import attrgetter
 from typing import Any, Callable, List, Optional, Sequence
 
 from .._base import config as _config
@@ -258,6 +259,16 @@ def abstract(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _health_field(name: str, doc: str, cast: Optional[Callable[[Any], Any]] = None) -> property:
+    """A group property that is its ``GroupHealth``'s field ``name`` (read-only unless ``cast``
+    is given: then set through ``cast``)."""
+
+    def fset(group: Any, value: Any) -> None:
+        setattr(group.health, name, cast(value))
+
+    return property(attrgetter(f"health.{name}"), fset if cast else None, doc=doc)
+
+
 class ProcessGroup:
     """A communicator over a set of global ranks, and the contract every backend implements.
 
@@ -304,44 +315,19 @@ class ProcessGroup:
         self.p2p_seq = 0  # point-to-point calls: counted per rank
 
     # -- what the group shows of its health (explicitly: each read goes to ``health``) ----
-    @property
-    def timeout(self) -> float:
-        """Seconds a call may wait for its peers before it raises DistributedTimeoutError."""
-        return self.health.timeout
-
-    @timeout.setter
-    def timeout(self, seconds: float) -> None:
-        self.health.timeout = float(seconds)
-
-    @property
-    def stall_warn(self) -> float:
-        """Seconds a call waits before a stall report is logged."""
-        return self.health.stall_warn
-
-    @property
-    def broken(self) -> Any:
-        """Why the group is unusable (a ``Story``), or None while it works."""
-        return self.health.broken
-
-    @property
-    def check_bytes(self) -> int:
-        """Collectives of this many bytes and more check agreement beside the data
-        (``MPITENSOR_CHECK_BYTES``; the same value on every rank)."""
-        return self.health.check_bytes
-
-    @check_bytes.setter
-    def check_bytes(self, nbytes: int) -> None:
-        self.health.check_bytes = int(nbytes)
-
-    @property
-    def fp_node(self) -> Any:
-        """The agreement check's shared slots (members on one machine), else None."""
-        return self.health.fp_node
-
-    @property
-    def notices(self) -> dict:
-        """Group rank -> the latest arrival notice read from it (see ``health/watchdog``)."""
-        return self.health.notices
+    timeout = _health_field("timeout", "Seconds a call may wait for its peers before it "
+                            "raises DistributedTimeoutError.", float)
+    stall_warn = _health_field("stall_warn", "Seconds a call waits before a stall report is "
+                               "logged.")
+    broken = _health_field("broken", "Why the group is unusable (a ``Story``), or None while "
+                           "it works.")
+    check_bytes = _health_field("check_bytes", "Collectives of this many bytes and more check "
+                                "agreement beside the data (``MPITENSOR_CHECK_BYTES``; the same "
+                                "value on every rank).", int)
+    fp_node = _health_field("fp_node", "The agreement check's shared slots (members on one "
+                            "machine), else None.")
+    notices = _health_field("notices", "Group rank -> the latest arrival notice read from it "
+                            "(see ``health/watchdog``).")
 
     @property
     def debug(self) -> bool:
