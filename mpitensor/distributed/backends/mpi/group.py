@@ -64,6 +64,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         if comm is not None:
             self._equip_health(comm)
             self.shm_min = _shmc.floor(self)  # shared-memory collectives: from what size
+            self.hier = _hier.initial(self)  # may it span nodes (hierarchical.py)
 
     def _equip_health(self, comm: MPI.Comm) -> None:
         """Give the group's health what the members make together (collective: every member

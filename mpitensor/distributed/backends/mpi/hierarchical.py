@@ -59,7 +59,7 @@ from ...health import watchdog as W
 from ...process_group import ReduceOp, _Completed
 from . import buffers as B
 
-__all__ = ["PENDING", "Hierarchy", "takes", "hierarchy", "fit", "reduction", "staged",
+__all__ = ["PENDING", "Hierarchy", "initial", "takes", "hierarchy", "fit", "reduction", "staged",
            "all_reduce", "ended", "split_takes", "free"]
 
 #: a group's ``hier`` before its first all_reduce has found out whether it spans nodes
@@ -114,6 +114,22 @@ def _mode() -> str:
     if _config.shm_collectives() == "off":
         return "off"
     return _config.hierarchical()
+
+
+def initial(g: Any) -> Any:
+    """A new group's ``hier``: PENDING where it may span nodes (the sub-groups are made at its
+    first qualifying call), None where it cannot: under 3 members, the switches off, or every
+    member on this node. Collective: run while every member makes the group, so that on one
+    node a first call that meets a mismatched call on another rank (a user's error) is
+    reported as a mismatch, instead of waiting in a constructor the other ranks never call."""
+    if g.size_ < 3 or _mode() == "off":
+        return None
+    from mpi4py import MPI
+
+    local = g.comm.Split_type(MPI.COMM_TYPE_SHARED)
+    whole = local.Get_size() == g.size_
+    local.Free()
+    return None if whole else PENDING
 
 
 def takes(g: Any, arr: Any) -> bool:
