@@ -217,65 +217,26 @@ class _Options:
             f", {fields})" if fields else ")")
 
 
-class AllreduceOptions(_Options):
-    """Options of an all-reduce: ``reduceOp`` (``SUM``), ``timeout``, ``asyncOp``."""
-
-    __slots__ = ("reduceOp",)
-    _FIELDS = (("reduceOp", ReduceOp.SUM),)
-
-
-class AllreduceCoalescedOptions(AllreduceOptions):
-    """Options of a coalesced all-reduce (those of :class:`AllreduceOptions`)."""
-
-    __slots__ = ()
+def _options(name: str, what: str, *fields: Tuple[str, Any], base: type = _Options) -> type:
+    """An option record ``name`` of ``what``: ``fields`` (name, default) beside the base's; a
+    callable default is called for each record."""
+    every = base._FIELDS + fields  # type: ignore[attr-defined]
+    listed = ", ".join(f"``{n}``" for n, _ in every) or "``timeout``, ``asyncOp``"
+    return type(name, (base,), {"__doc__": f"Options of {what}: {listed}.", "__module__": __name__,
+                                "__slots__": tuple(n for n, _ in fields), "_FIELDS": every})
 
 
-class ReduceOptions(_Options):
-    """Options of a reduce: ``reduceOp``, ``rootRank``, ``rootTensor``."""
-
-    __slots__ = ("reduceOp", "rootRank", "rootTensor")
-    _FIELDS = (("reduceOp", ReduceOp.SUM), ("rootRank", 0), ("rootTensor", 0))
-
-
-class BroadcastOptions(_Options):
-    """Options of a broadcast: ``rootRank``, ``rootTensor``."""
-
-    __slots__ = ("rootRank", "rootTensor")
-    _FIELDS = (("rootRank", 0), ("rootTensor", 0))
-
-
-class GatherOptions(_Options):
-    """Options of a gather: ``rootRank``."""
-
-    __slots__ = ("rootRank",)
-    _FIELDS = (("rootRank", 0),)
-
-
-class ScatterOptions(_Options):
-    """Options of a scatter: ``rootRank``."""
-
-    __slots__ = ("rootRank",)
-    _FIELDS = (("rootRank", 0),)
-
-
-class ReduceScatterOptions(_Options):
-    """Options of a reduce-scatter: ``reduceOp``."""
-
-    __slots__ = ("reduceOp",)
-    _FIELDS = (("reduceOp", ReduceOp.SUM),)
-
-
-class AllToAllOptions(_Options):
-    """Options of an all-to-all (``timeout``, ``asyncOp``)."""
-
-    __slots__ = ()
-
-
-class BarrierOptions(_Options):
-    """Options of a barrier: ``device_ids``, ``device``."""
-
-    __slots__ = ("device_ids", "device")
-    _FIELDS = (("device_ids", list), ("device", None))
+_SUM, _ROOT = ("reduceOp", ReduceOp.SUM), ("rootRank", 0)
+AllreduceOptions = _options("AllreduceOptions", "an all-reduce", _SUM)
+AllreduceCoalescedOptions = _options("AllreduceCoalescedOptions", "a coalesced all-reduce",
+                                     base=AllreduceOptions)
+ReduceOptions = _options("ReduceOptions", "a reduce", _SUM, _ROOT, ("rootTensor", 0))
+BroadcastOptions = _options("BroadcastOptions", "a broadcast", _ROOT, ("rootTensor", 0))
+GatherOptions = _options("GatherOptions", "a gather", _ROOT)
+ScatterOptions = _options("ScatterOptions", "a scatter", _ROOT)
+ReduceScatterOptions = _options("ReduceScatterOptions", "a reduce-scatter", _SUM)
+AllToAllOptions = _options("AllToAllOptions", "an all-to-all")
+BarrierOptions = _options("BarrierOptions", "a barrier", ("device_ids", list), ("device", None))
 
 
 # ----------------------------------------------------------------- coalesced collectives
