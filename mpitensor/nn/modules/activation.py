@@ -312,64 +312,20 @@ class Softshrink(Hardshrink):
         return F.softshrink(input, self.lambd)
 
 
-class Tanhshrink(_Plain):
-    """``x - tanh(x)``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Tanhshrink()(mt.tensor([0.0]))
-        tensor([0.])
-    """
-
-    _fname = "tanhshrink"
+def _plain(name: str, fname: str, what: str, x: str, out: str) -> type:
+    """An activation without arguments running ``F.<fname>``; its docstring is ``what`` and an
+    example taking ``mt.tensor([x])`` to ``out``."""
+    doc = (f"{what}\n\n    Example:\n        >>> import mpitensor as mt\n"
+           f"        >>> {name}()(mt.tensor([{x}]))\n        {out}\n    ")
+    return type(name, (_Plain,), {"_fname": fname, "__doc__": doc, "__module__": __name__})
 
 
-class Softsign(_Plain):
-    """``x / (1 + |x|)``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Softsign()(mt.tensor([1.0]))
-        tensor([0.5000])
-    """
-
-    _fname = "softsign"
-
-
-class LogSigmoid(_Plain):
-    """``log(sigmoid(x))``, computed stably.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> round(float(LogSigmoid()(mt.tensor(0.0))), 4)
-        -0.6931
-    """
-
-    _fname = "logsigmoid"
-
-
-class Sigmoid(_Plain):
-    """``1 / (1 + exp(-x))``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Sigmoid()(mt.tensor([0.0]))
-        tensor([0.5000])
-    """
-
-    _fname = "sigmoid"
-
-
-class Tanh(_Plain):
-    """The hyperbolic tangent.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Tanh()(mt.tensor([0.0]))
-        tensor([0.])
-    """
-
-    _fname = "tanh"
+Tanhshrink = _plain("Tanhshrink", "tanhshrink", "``x - tanh(x)``.", "0.0", "tensor([0.])")
+Softsign = _plain("Softsign", "softsign", "``x / (1 + |x|)``.", "1.0", "tensor([0.5000])")
+LogSigmoid = _plain("LogSigmoid", "logsigmoid", "``log(sigmoid(x))``, computed stably.", "0.0",
+                    "tensor([-0.6931])")
+Sigmoid = _plain("Sigmoid", "sigmoid", "``1 / (1 + exp(-x))``.", "0.0", "tensor([0.5000])")
+Tanh = _plain("Tanh", "tanh", "The hyperbolic tangent.", "0.0", "tensor([0.])")
 
 
 class Softplus(Module):
