@@ -77,6 +77,15 @@ class _Plain(Module):
         return getattr(F, self._fname)(input)
 
 
+def _plain(name: str, fname: str, what: str, x: str, out: str, base: type = _Plain,
+           **attrs: Any) -> type:
+    """An activation ``base`` running ``F.<fname>``; its docstring is ``what`` and an example
+    taking ``mt.tensor([x])`` to ``out``; ``attrs`` are further class attributes."""
+    doc = (f"{what}\n\n    Example:\n        >>> import mpitensor as mt\n"
+           f"        >>> {name}()(mt.tensor([{x}]))\n        {out}\n    ")
+    return type(name, (base,), {"_fname": fname, "__doc__": doc, "__module__": __name__, **attrs})
+
+
 class GELU(_Plain):
     """Gaussian error linear unit (see :func:`~mpitensor.nn.functional.gelu`).
 
@@ -102,66 +111,13 @@ class GELU(_Plain):
         return f"approximate={self.approximate!r}"
 
 
-class SiLU(_Inplace):
-    """``x * sigmoid(x)``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> SiLU()(mt.tensor([0.0]))
-        tensor([0.])
-    """
-
-    _fname = "silu"
-
-
-class Mish(_Inplace):
-    """``x * tanh(softplus(x))``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Mish()(mt.tensor([0.0]))
-        tensor([0.])
-    """
-
-    _fname = "mish"
-
-
-class SELU(_Inplace):
-    """Scaled exponential linear unit.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> SELU()(mt.tensor([0.0]))
-        tensor([0.])
-    """
-
-    _fname = "selu"
-
-
-class Hardsigmoid(_Inplace):
-    """``relu6(x + 3) / 6``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Hardsigmoid()(mt.tensor([0.0]))
-        tensor([0.5000])
-    """
-
-    _fname = "hardsigmoid"
-    _show_inplace = False
-
-
-class Hardswish(_Inplace):
-    """``x * relu6(x + 3) / 6``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Hardswish()(mt.tensor([0.0]))
-        tensor([0.])
-    """
-
-    _fname = "hardswish"
-    _show_inplace = False
+SiLU = _plain("SiLU", "silu", "``x * sigmoid(x)``.", "0.0", "tensor([0.])", _Inplace)
+Mish = _plain("Mish", "mish", "``x * tanh(softplus(x))``.", "0.0", "tensor([0.])", _Inplace)
+SELU = _plain("SELU", "selu", "Scaled exponential linear unit.", "0.0", "tensor([0.])", _Inplace)
+Hardsigmoid = _plain("Hardsigmoid", "hardsigmoid", "``relu6(x + 3) / 6``.", "0.0",
+                     "tensor([0.5000])", _Inplace, _show_inplace=False)
+Hardswish = _plain("Hardswish", "hardswish", "``x * relu6(x + 3) / 6``.", "0.0", "tensor([0.])",
+                   _Inplace, _show_inplace=False)
 
 
 class ELU(Module):
@@ -310,14 +266,6 @@ class Softshrink(Hardshrink):
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.softshrink(input, self.lambd)
-
-
-def _plain(name: str, fname: str, what: str, x: str, out: str) -> type:
-    """An activation without arguments running ``F.<fname>``; its docstring is ``what`` and an
-    example taking ``mt.tensor([x])`` to ``out``."""
-    doc = (f"{what}\n\n    Example:\n        >>> import mpitensor as mt\n"
-           f"        >>> {name}()(mt.tensor([{x}]))\n        {out}\n    ")
-    return type(name, (_Plain,), {"_fname": fname, "__doc__": doc, "__module__": __name__})
 
 
 Tanhshrink = _plain("Tanhshrink", "tanhshrink", "``x - tanh(x)``.", "0.0", "tensor([0.])")
