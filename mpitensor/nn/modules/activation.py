@@ -47,6 +47,12 @@ def _inplace_repr(inplace: bool) -> str:
     return "inplace=True" if inplace else ""
 
 
+def _fields_repr(module: Any, *names: str) -> str:
+    """``name=value`` for each of ``names``, then ``inplace=True`` where set (torch's repr)."""
+    return ", ".join([f"{n}={getattr(module, n)}" for n in names]
+                     + ([_inplace_repr(True)] if module.inplace else []))
+
+
 class _Inplace(Module):
     """An activation without arguments but ``inplace``; ``_fname`` names the F function."""
 
@@ -138,7 +144,7 @@ class ELU(Module):
         return F.elu(input, self.alpha, self.inplace)
 
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")
+        return _fields_repr(self, "alpha")
 
 
 class CELU(ELU):
@@ -172,8 +178,7 @@ class LeakyReLU(Module):
         return F.leaky_relu(input, self.negative_slope, self.inplace)
 
     def extra_repr(self) -> str:
-        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace
-                                                          else "")
+        return _fields_repr(self, "negative_slope")
 
 
 class Hardtanh(Module):
@@ -215,8 +220,7 @@ class Hardtanh(Module):
         return F.hardtanh(input, self.min_val, self.max_val, self.inplace)
 
     def extra_repr(self) -> str:
-        return (f"min_val={self.min_val}, max_val={self.max_val}"
-                + (", inplace=True" if self.inplace else ""))
+        return _fields_repr(self, "min_val", "max_val")
 
 
 class ReLU6(Hardtanh):
@@ -316,8 +320,7 @@ class Threshold(Module):
         return F.threshold(input, self.threshold, self.value, self.inplace)
 
     def extra_repr(self) -> str:
-        return (f"threshold={self.threshold}, value={self.value}"
-                + (", inplace=True" if self.inplace else ""))
+        return _fields_repr(self, "threshold", "value")
 
 
 class GLU(Module):
@@ -405,8 +408,7 @@ class RReLU(Module):
         return F.rrelu(input, self.lower, self.upper, self.training, self.inplace)
 
     def extra_repr(self) -> str:
-        return (f"lower={self.lower}, upper={self.upper}"
-                + (", inplace=True" if self.inplace else ""))
+        return _fields_repr(self, "lower", "upper")
 
 
 class Softmin(Module):
