@@ -126,7 +126,23 @@ Hardswish = _plain("Hardswish", "hardswish", "``x * relu6(x + 3) / 6``.", "0.0",
                    _Inplace, _show_inplace=False)
 
 
-class ELU(Module):
+class _Numbers(Module):
+    """An activation with the numbers named in ``_fields`` and ``inplace``; the repr lists
+    the numbers. (Each forward is its own: a shared one reading ``_fields`` cost 0.5 us a call.)"""
+
+    _fields: tuple = ()
+
+    def _keep(self, *values: Any, inplace: bool) -> None:
+        """Check and store the constructor's numbers, in ``_fields``' order, and ``inplace``."""
+        for name, value in zip(self._fields, values):
+            setattr(self, name, _number(type(self).__name__, name, value))
+        self.inplace = inplace
+
+    def extra_repr(self) -> str:
+        return _fields_repr(self, *self._fields)
+
+
+class ELU(_Numbers):
     """Exponential linear unit with parameter ``alpha``.
 
     Example:
@@ -135,16 +151,14 @@ class ELU(Module):
         tensor([1.])
     """
 
+    _fields = ("alpha",)
+
     def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
         super().__init__()
-        self.alpha = _number("ELU", "alpha", alpha)
-        self.inplace = inplace
+        self._keep(alpha, inplace=inplace)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.elu(input, self.alpha, self.inplace)
-
-    def extra_repr(self) -> str:
-        return _fields_repr(self, "alpha")
 
 
 class CELU(ELU):
@@ -160,7 +174,7 @@ class CELU(ELU):
         return F.celu(input, self.alpha, self.inplace)
 
 
-class LeakyReLU(Module):
+class LeakyReLU(_Numbers):
     """``x`` for x > 0, ``negative_slope * x`` otherwise.
 
     Example:
@@ -169,16 +183,14 @@ class LeakyReLU(Module):
         tensor([-1.])
     """
 
+    _fields = ("negative_slope",)
+
     def __init__(self, negative_slope: float = 1e-2, inplace: bool = False) -> None:
         super().__init__()
-        self.negative_slope = _number("LeakyReLU", "negative_slope", negative_slope)
-        self.inplace = inplace
+        self._keep(negative_slope, inplace=inplace)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.leaky_relu(input, self.negative_slope, self.inplace)
-
-    def extra_repr(self) -> str:
-        return _fields_repr(self, "negative_slope")
 
 
 class Hardtanh(Module):
@@ -301,7 +313,7 @@ class Softplus(Module):
         return f"beta={self.beta}, threshold={self.threshold}"
 
 
-class Threshold(Module):
+class Threshold(_Numbers):
     """``x`` where ``x > threshold``, ``value`` elsewhere.
 
     Example:
@@ -310,17 +322,14 @@ class Threshold(Module):
         tensor([-1.,  1.])
     """
 
+    _fields = ("threshold", "value")
+
     def __init__(self, threshold: float, value: float, inplace: bool = False) -> None:
         super().__init__()
-        self.threshold = _number("Threshold", "threshold", threshold)
-        self.value = _number("Threshold", "value", value)
-        self.inplace = inplace
+        self._keep(threshold, value, inplace=inplace)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.threshold(input, self.threshold, self.value, self.inplace)
-
-    def extra_repr(self) -> str:
-        return _fields_repr(self, "threshold", "value")
 
 
 class GLU(Module):
