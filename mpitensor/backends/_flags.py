@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 
 class _FlagError(ValueError, RuntimeError):
@@ -36,3 +36,15 @@ def guarded(names: Iterable[str], name: str, **values: bool) -> types.ModuleType
     for k, v in values.items():
         setattr(ns, k, v)
     return ns
+
+
+def answer(module_name: str, name: str, value: Any, why: str) -> Callable[[], Any]:
+    """A function ``name`` of ``module_name`` that takes nothing and returns ``value``: what
+    torch's query of an absent backend answers; ``why`` ends its docstring's first line (the
+    module docstring shows the calls)."""
+    def query() -> Any:
+        return value
+    query.__name__ = query.__qualname__ = name
+    query.__module__ = module_name
+    query.__doc__ = f"Return {value}: {why}."
+    return query

@@ -6,17 +6,17 @@ mpitensor computes convolutions as NumPy/CuPy matrix products and never calls cu
 Example:
     >>> import mpitensor as torch
     >>> torch.backends.cudnn.deterministic = True
-    >>> torch.backends.cudnn.is_available()
-    False
+    >>> torch.backends.cudnn.is_available(), torch.backends.cudnn.version()
+    (False, None)
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
-from mpitensor.backends._flags import guard
+from mpitensor.backends._flags import answer, guard
 
 __all__ = ["enabled", "benchmark", "deterministic", "allow_tf32", "is_available", "version",
            "flags"]
@@ -29,26 +29,8 @@ deterministic = False
 allow_tf32 = True
 
 
-def is_available() -> bool:
-    """Return False: mpitensor does not use cuDNN.
-
-    Example:
-        >>> import mpitensor as torch
-        >>> torch.backends.cudnn.is_available()
-        False
-    """
-    return False
-
-
-def version() -> Optional[int]:
-    """Return None: no cuDNN is loaded.
-
-    Example:
-        >>> import mpitensor as torch
-        >>> torch.backends.cudnn.version() is None
-        True
-    """
-    return None
+is_available = answer(__name__, "is_available", False, "mpitensor does not use cuDNN")
+version: Callable[[], Optional[int]] = answer(__name__, "version", None, "no cuDNN is loaded")
 
 
 @contextlib.contextmanager

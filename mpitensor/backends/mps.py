@@ -8,26 +8,10 @@ Example:
 
 from __future__ import annotations
 
+from mpitensor.backends._flags import answer
+
 __all__ = ["is_available", "is_built"]
 
 
-def is_available() -> bool:
-    """Return False: mpitensor has no Metal (MPS) device.
-
-    Example:
-        >>> import mpitensor as torch
-        >>> torch.backends.mps.is_available()
-        False
-    """
-    return False
-
-
-def is_built() -> bool:
-    """Return False: mpitensor is not built with Metal (MPS) support.
-
-    Example:
-        >>> import mpitensor as torch
-        >>> torch.backends.mps.is_built()
-        False
-    """
-    return False
+is_available = answer(__name__, "is_available", False, "mpitensor has no Metal (MPS) device")
+is_built = answer(__name__, "is_built", False, "mpitensor is not built with Metal (MPS) support")
