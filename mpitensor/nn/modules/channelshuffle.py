@@ -3,29 +3,16 @@ interleaved)."""
 
 from __future__ import annotations
 
-from mpitensor.tensor import Tensor
-
 from .. import functional as F  # noqa: N812 - torch's spelling
-from ._common import _ReprFields
-from .module import Module
+from .pixelshuffle import _one_number
 
 __all__ = ["ChannelShuffle"]
 
-
-class ChannelShuffle(_ReprFields, Module):
-    """Interleave channels across ``groups``.
+ChannelShuffle = _one_number("ChannelShuffle", "groups", F.channel_shuffle, """\
+Interleave channels across ``groups``.
 
     Example:
         >>> import mpitensor as mt
         >>> ChannelShuffle(2)(mt.arange(4.0).reshape(1, 4, 1)).flatten()
         tensor([0., 2., 1., 3.])
-    """
-
-    def __init__(self, groups: int) -> None:
-        super().__init__()
-        self._keep(groups)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.channel_shuffle(input, self.groups)
-
-    _repr = ("groups",)
+    """, __name__)
