@@ -462,15 +462,10 @@ class Tensor:
         """Return the size of one element in bytes."""
         return self._data.itemsize
 
-    @property
-    def itemsize(self) -> int:
-        """The size of one element in bytes."""
-        return self._data.itemsize
-
-    @property
-    def nbytes(self) -> int:
-        """The number of bytes the elements take (``numel() * element_size()``)."""
-        return self._data.nbytes
+    itemsize = property(operator.attrgetter("_data.itemsize"),
+                        doc="The size of one element in bytes.")
+    nbytes = property(operator.attrgetter("_data.nbytes"),
+                      doc="The number of bytes the elements take (``numel() * element_size()``).")
 
     def stride(self, dim: Optional[int] = None) -> Any:
         """Return the strides in elements (a tuple), or the stride of dimension ``dim``."""

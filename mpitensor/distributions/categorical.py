@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any, Optional
 
 from mpitensor import dtypes as _dt
@@ -172,20 +173,11 @@ class OneHotCategorical(Distribution):
         else:
             self._validate_args = Distribution._validate_args
 
-    @property
-    def probs(self) -> Tensor:
-        """Normalised probabilities."""
-        return self._categorical.probs
+    probs = property(attrgetter("_categorical.probs"), doc="Normalised probabilities.")
+    logits = property(attrgetter("_categorical.logits"), doc="Normalised log probabilities.")
 
-    @property
-    def logits(self) -> Tensor:
-        """Normalised log probabilities."""
-        return self._categorical.logits
-
-    @property
-    def param_shape(self) -> Size:
-        """The shape of ``probs``/``logits``."""
-        return self._categorical.param_shape
+    param_shape = property(attrgetter("_categorical.param_shape"),
+                           doc="The shape of ``probs``/``logits``.")
 
     def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> OneHotCategorical:
         """Return this distribution with its parameters expanded to ``batch_shape``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Optional
 
 from mpitensor.tensor import Tensor
@@ -69,17 +70,10 @@ class Independent(Distribution):
         base = self.base_dist.expand(shape + ev[:n])
         return Independent(base, n, validate_args=False)
 
-    @property
-    def mean(self) -> Tensor:
-        return self.base_dist.mean
+    mean = property(attrgetter("base_dist.mean"), doc="The base distribution's mean.")
+    mode = property(attrgetter("base_dist.mode"), doc="The base distribution's mode.")
 
-    @property
-    def mode(self) -> Tensor:
-        return self.base_dist.mode
-
-    @property
-    def variance(self) -> Tensor:
-        return self.base_dist.variance
+    variance = property(attrgetter("base_dist.variance"), doc="The base distribution's variance.")
 
     def sample(self, sample_shape: ShapeLike = ()) -> Tensor:
         return self.base_dist.sample(sample_shape)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from operator import attrgetter
 from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
@@ -104,6 +105,11 @@ def _mesh_group(module: Module, process_group: Any, device_mesh: Any) -> Any:
     _tp_ddp._check_meshes_apart(module, device_mesh)
     _tp_ddp._pre_dp_module_transform(module)
     return device_mesh.get_group(0)
+
+
+def _option(name: str, what: str) -> property:
+    """A read-only view of the Reducer's constructor option ``name``; ``what`` is its doc."""
+    return property(attrgetter(f"reducer.{name}"), doc=f"{what} (constructor option).")
 
 
 class DistributedDataParallel(Module, Joinable):
@@ -371,25 +377,12 @@ class DistributedDataParallel(Module, Joinable):
         self.forward_sync_buffers = bool(value)
 
     # the gradient options live in the Reducer, which acts on them; fixed at construction
-    @property
-    def find_unused_parameters(self) -> bool:
-        """Whether parameters unused by a step count as zero gradients (constructor option)."""
-        return self.reducer.find_unused_parameters
-
-    @property
-    def static_graph(self) -> bool:
-        """Whether every step uses the same parameters (constructor option)."""
-        return self.reducer.static_graph
-
-    @property
-    def gradient_as_bucket_view(self) -> bool:
-        """Whether each ``param.grad`` is a view of its bucket slot (constructor option)."""
-        return self.reducer.gradient_as_bucket_view
-
-    @property
-    def overlap(self) -> bool:
-        """Whether buckets are all-reduced during backward (constructor option)."""
-        return self.reducer.overlap
+    find_unused_parameters = _option("find_unused_parameters", "Whether parameters unused by a "
+                                     "step count as zero gradients")
+    static_graph = _option("static_graph", "Whether every step uses the same parameters")
+    gradient_as_bucket_view = _option("gradient_as_bucket_view", "Whether each ``param.grad`` is "
+                                      "a view of its bucket slot")
+    overlap = _option("overlap", "Whether buckets are all-reduced during backward")
 
     def register_comm_hook(self, state: Any, hook: Callable[[Any, GradBucket], Any]) -> None:
         """Replace the averaging of each gradient bucket by ``hook(state, bucket)``.
