@@ -34,6 +34,7 @@ class LocScale(CenteredAtLoc, Distribution):
     arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
     support = constraints.real
     has_rsample = True
+    _params = ("loc", "scale")  # what expand() expands
 
     def __init__(self, loc: Any, scale: Any, validate_args: Optional[bool] = None) -> None:
         self.loc, self.scale = broadcast_all(loc, scale)

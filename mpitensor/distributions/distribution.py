@@ -144,6 +144,9 @@ class Distribution:
         """The shape of one sample of one distribution of the batch."""
         return self._event_shape
 
+    # a family whose parameters all have the batch shape (and the event's) names them here
+    _params: tuple = ()
+
     def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Distribution:
         """Return a new distribution of this kind with its parameters expanded to
         ``batch_shape`` (no copy).
@@ -151,7 +154,14 @@ class Distribution:
         Raises:
             NotImplementedError: the family does not offer it.
         """
-        raise NotImplementedError(f"{type(self).__name__} does not implement expand()")
+        if not self._params:
+            raise NotImplementedError(f"{type(self).__name__} does not implement expand()")
+        new = _instance if _instance is not None else type(self).__new__(type(self))
+        shape = _size(batch_shape)
+        for n in self._params:
+            if n in self.__dict__:
+                setattr(new, n, self.__dict__[n].expand(*shape, *self.event_shape))
+        return _expanded(new, self, shape)
 
     # -- what families implement ---------------------------------------------------------
 
@@ -261,18 +271,6 @@ class Distribution:
             v = self.__dict__[k]
             parts.append(f"{k}: {v if v.numel() == 1 else v.size()}")
         return f"{type(self).__name__}({', '.join(parts)})"
-
-
-def _expand_params(dist: Distribution, cls: type, names: Sequence[str], batch_shape: ShapeLike,
-                   _instance: Any) -> Distribution:
-    """A new ``cls`` with each parameter of ``names`` expanded to ``batch_shape`` (the body of
-    ``expand`` for families whose parameters all have the batch shape)."""
-    new = _instance if _instance is not None else cls.__new__(cls)
-    shape = _size(batch_shape)
-    for n in names:
-        if n in dist.__dict__:
-            setattr(new, n, dist.__dict__[n].expand(*shape, *dist.event_shape))
-    return _expanded(new, dist, shape)
 
 
 def _expanded(new: Distribution, dist: Distribution, batch_shape: Sequence[int]) -> Any:

@@ -17,7 +17,7 @@ from mpitensor.tensor import Tensor, digamma, lgamma, stack, where, xlogy
 
 from . import constraints
 from ._common import standard_gamma
-from .distribution import Distribution, ShapeLike, _expand_params, _size, broadcast_all
+from .distribution import Distribution, ShapeLike, _size, broadcast_all
 
 __all__ = ["Gamma", "Beta", "Dirichlet"]
 
@@ -84,9 +84,7 @@ class Gamma(Distribution):
         self.concentration, self.rate = broadcast_all(concentration, rate)
         super().__init__(self.concentration.shape, (), validate_args)
 
-    def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Gamma:
-        """Return this distribution with its parameters expanded to ``batch_shape``."""
-        return _expand_params(self, Gamma, ("concentration", "rate"), batch_shape, _instance)
+    _params = ("concentration", "rate")  # what expand() expands
 
     @property
     def mean(self) -> Tensor:
@@ -147,9 +145,7 @@ class Dirichlet(Distribution):
         self.concentration = concentration
         super().__init__(concentration.shape[:-1], concentration.shape[-1:], validate_args)
 
-    def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Dirichlet:
-        """Return this distribution with its concentration expanded to ``batch_shape``."""
-        return _expand_params(self, Dirichlet, ("concentration",), batch_shape, _instance)
+    _params = ("concentration",)  # what expand() expands
 
     @property
     def mean(self) -> Tensor:
@@ -205,10 +201,7 @@ class Beta(Distribution):
         self.concentration1, self.concentration0 = broadcast_all(concentration1, concentration0)
         super().__init__(self.concentration1.shape, (), validate_args)
 
-    def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Beta:
-        """Return this distribution with its parameters expanded to ``batch_shape``."""
-        return _expand_params(self, Beta, ("concentration1", "concentration0"), batch_shape,
-                              _instance)
+    _params = ("concentration1", "concentration0")  # what expand() expands
 
     @property
     def mean(self) -> Tensor:

@@ -10,7 +10,7 @@ from mpitensor.tensor import Tensor, zeros_like
 from . import constraints
 from ._common import uniform, uniform_open
 from ._location import LocScale
-from .distribution import Distribution, ShapeLike, _expand_params, broadcast_all
+from .distribution import Distribution, ShapeLike, broadcast_all
 
 __all__ = ["Laplace", "Exponential"]
 
@@ -26,10 +26,6 @@ class Laplace(LocScale):
         >>> Laplace(0.0, 1.0).variance.item()
         2.0
     """
-
-    def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Laplace:
-        """Return this distribution with its parameters expanded to ``batch_shape``."""
-        return _expand_params(self, Laplace, ("loc", "scale"), batch_shape, _instance)
 
     @property
     def variance(self) -> Tensor:
@@ -83,9 +79,7 @@ class Exponential(Distribution):
         (self.rate,) = broadcast_all(rate)
         super().__init__(self.rate.shape, (), validate_args)
 
-    def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Exponential:
-        """Return this distribution with its rate expanded to ``batch_shape``."""
-        return _expand_params(self, Exponential, ("rate",), batch_shape, _instance)
+    _params = ("rate",)  # what expand() expands
 
     @property
     def mean(self) -> Tensor:

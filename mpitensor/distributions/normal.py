@@ -9,7 +9,7 @@ from mpitensor.tensor import Tensor, erf, erfinv
 
 from ._common import LOG_SQRT_2PI, normal
 from ._location import LocScale
-from .distribution import ShapeLike, _expand_params
+from .distribution import ShapeLike
 
 __all__ = ["Normal"]
 
@@ -31,10 +31,6 @@ class Normal(LocScale):
         >>> round(Normal(0.0, 1.0).log_prob(mt.tensor(0.0)).item(), 4)
         -0.9189
     """
-
-    def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Normal:
-        """Return this distribution with ``loc`` and ``scale`` expanded to ``batch_shape``."""
-        return _expand_params(self, Normal, ("loc", "scale"), batch_shape, _instance)
 
     @property
     def stddev(self) -> Tensor:

@@ -7,7 +7,7 @@ from typing import Any, Optional
 from mpitensor.tensor import Tensor, lgamma, poisson, xlogy
 
 from . import constraints
-from .distribution import Distribution, ShapeLike, _expand_params, broadcast_all
+from .distribution import Distribution, ShapeLike, broadcast_all
 
 __all__ = ["Poisson"]
 
@@ -31,9 +31,7 @@ class Poisson(Distribution):
         (self.rate,) = broadcast_all(rate)
         super().__init__(self.rate.shape, (), validate_args)
 
-    def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Poisson:
-        """Return this distribution with its rate expanded to ``batch_shape``."""
-        return _expand_params(self, Poisson, ("rate",), batch_shape, _instance)
+    _params = ("rate",)  # what expand() expands
 
     @property
     def mean(self) -> Tensor:

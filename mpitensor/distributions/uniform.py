@@ -9,7 +9,7 @@ from mpitensor.tensor import Tensor, full
 
 from . import constraints
 from ._common import uniform
-from .distribution import Distribution, ShapeLike, _expand_params, broadcast_all
+from .distribution import Distribution, ShapeLike, broadcast_all
 
 __all__ = ["Uniform"]
 
@@ -45,9 +45,7 @@ class Uniform(Distribution):
         """The interval ``[low, high)``."""
         return constraints.half_open_interval(self.low, self.high)
 
-    def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Uniform:
-        """Return this distribution with its bounds expanded to ``batch_shape``."""
-        return _expand_params(self, Uniform, ("low", "high"), batch_shape, _instance)
+    _params = ("low", "high")  # what expand() expands
 
     @property
     def mean(self) -> Tensor:
