@@ -1,5 +1,6 @@
 """What the location families share: a ``loc`` that is both mean and mode, and for the
-univariate ones (Normal, Laplace) a ``scale > 0`` broadcast with it."""
+univariate ones (Normal, Laplace) a ``scale > 0`` broadcast with it; and the families set by
+one ``rate`` (Exponential, Poisson)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from mpitensor.tensor import Tensor
 from . import constraints
 from .distribution import Distribution, broadcast_all
 
-__all__ = ["CenteredAtLoc", "LocScale"]
+__all__ = ["CenteredAtLoc", "LocScale", "Rated"]
 
 
 class CenteredAtLoc:
@@ -39,3 +40,14 @@ class LocScale(CenteredAtLoc, Distribution):
     def __init__(self, loc: Any, scale: Any, validate_args: Optional[bool] = None) -> None:
         self.loc, self.scale = broadcast_all(loc, scale)
         super().__init__(self.loc.shape, (), validate_args)
+
+
+class Rated(Distribution):
+    """A distribution set by one ``rate`` tensor, whose shape is the batch shape (the event is
+    a scalar); a family declares the rate's constraint."""
+
+    _params = ("rate",)  # what expand() expands
+
+    def __init__(self, rate: Any, validate_args: Optional[bool] = None) -> None:
+        (self.rate,) = broadcast_all(rate)
+        super().__init__(self.rate.shape, (), validate_args)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from mpitensor import dtypes as _dt
 from mpitensor.tensor import Tensor, zeros_like
 
 from . import constraints
 from ._common import uniform, uniform_open
-from ._location import LocScale
-from .distribution import Distribution, ShapeLike, broadcast_all
+from ._location import LocScale, Rated
+from .distribution import ShapeLike
 
 __all__ = ["Laplace", "Exponential"]
 
@@ -60,7 +60,7 @@ class Laplace(LocScale):
         return 1 + (2 * self.scale).log()
 
 
-class Exponential(Distribution):
+class Exponential(Rated):
     """Exponential distribution of rate ``rate`` (> 0); ``rsample`` is reparameterised.
 
     Raises:
@@ -74,12 +74,6 @@ class Exponential(Distribution):
     arg_constraints = {"rate": constraints.positive}
     support = constraints.nonnegative
     has_rsample = True
-
-    def __init__(self, rate: Any, validate_args: Optional[bool] = None) -> None:
-        (self.rate,) = broadcast_all(rate)
-        super().__init__(self.rate.shape, (), validate_args)
-
-    _params = ("rate",)  # what expand() expands
 
     @property
     def mean(self) -> Tensor:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from mpitensor.tensor import Tensor, lgamma, poisson, xlogy
 
 from . import constraints
-from .distribution import Distribution, ShapeLike, broadcast_all
+from ._location import Rated
+from .distribution import ShapeLike, broadcast_all
 
 __all__ = ["Poisson"]
 
 
-class Poisson(Distribution):
+class Poisson(Rated):
     """Poisson distribution of rate ``rate`` (>= 0) over the non-negative integers.
 
     Raises:
@@ -26,12 +27,6 @@ class Poisson(Distribution):
 
     arg_constraints = {"rate": constraints.nonnegative}
     support = constraints.nonnegative_integer
-
-    def __init__(self, rate: Any, validate_args: Optional[bool] = None) -> None:
-        (self.rate,) = broadcast_all(rate)
-        super().__init__(self.rate.shape, (), validate_args)
-
-    _params = ("rate",)  # what expand() expands
 
     @property
     def mean(self) -> Tensor:
