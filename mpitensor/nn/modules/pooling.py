@@ -157,7 +157,28 @@ class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd):
     _fn = staticmethod(F.adaptive_max_pool3d)
 
 
-class AdaptiveAvgPool3d(_ReprFields, Module):
+class _AdaptiveAvgPoolNd(_ReprFields, Module):
+    """Shared body of the adaptive average poolings; subclasses name their function and the
+    number of dimensions whose sizes the constructor checks (``_check``, 0: none)."""
+
+    _fn = staticmethod(F.adaptive_avg_pool1d)
+    _check = 0
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        if self._check:
+            sizes = _adaptive_size(output_size, self._check, type(self).__name__)
+            if self._check == 1 and sizes[0] is None:
+                raise TypeError(f"{type(self).__name__}: output_size must be an int, got None")
+        self.output_size = output_size
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return self._fn(input, self.output_size)
+
+    _repr = ("output_size",)
+
+
+class AdaptiveAvgPool3d(_AdaptiveAvgPoolNd):
     """Mean over windows tiling (N, C, D, H, W) or (C, D, H, W) into ``output_size`` cells.
 
     Example:
@@ -165,14 +186,7 @@ class AdaptiveAvgPool3d(_ReprFields, Module):
         AdaptiveAvgPool3d(output_size=(2, None, 3))
     """
 
-    def __init__(self, output_size: Any) -> None:
-        super().__init__()
-        self.output_size = output_size
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.adaptive_avg_pool3d(input, self.output_size)
-
-    _repr = ("output_size",)
+    _fn = staticmethod(F.adaptive_avg_pool3d)
 
 
 class AvgPool3d(_ReprFields, Module):
@@ -442,7 +456,7 @@ class AvgPool2d(_ReprFields, Module):
     _repr = ("kernel_size", "stride", "padding")
 
 
-class AdaptiveAvgPool2d(_ReprFields, Module):
+class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd):
     """2-D adaptive average pooling to a fixed output size, as ``torch.nn.AdaptiveAvgPool2d``.
 
     Args:
@@ -460,18 +474,11 @@ class AdaptiveAvgPool2d(_ReprFields, Module):
         mpitensor.Size([2, 8, 1, 1])
     """
 
-    def __init__(self, output_size: Any) -> None:
-        super().__init__()
-        _adaptive_size(output_size, 2, "AdaptiveAvgPool2d")
-        self.output_size = output_size
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.adaptive_avg_pool2d(input, self.output_size)
-
-    _repr = ("output_size",)
+    _fn = staticmethod(F.adaptive_avg_pool2d)
+    _check = 2
 
 
-class AdaptiveAvgPool1d(_ReprFields, Module):
+class AdaptiveAvgPool1d(_AdaptiveAvgPoolNd):
     """1-D adaptive average pooling of (N, C, L) inputs to ``output_size`` positions.
 
     Raises:
@@ -483,14 +490,4 @@ class AdaptiveAvgPool1d(_ReprFields, Module):
         mpitensor.Size([2, 4, 3])
     """
 
-    def __init__(self, output_size: Any) -> None:
-        super().__init__()
-        (size,) = _adaptive_size(output_size, 1, "AdaptiveAvgPool1d")
-        if size is None:
-            raise TypeError("AdaptiveAvgPool1d: output_size must be an int, got None")
-        self.output_size = output_size
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.adaptive_avg_pool1d(input, self.output_size)
-
-    _repr = ("output_size",)
+    _check = 1
