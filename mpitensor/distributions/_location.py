@@ -4,6 +4,7 @@ one ``rate`` (Exponential, Poisson)."""
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Optional
 
 from mpitensor.tensor import Tensor
@@ -19,13 +20,8 @@ class CenteredAtLoc:
 
     loc: Tensor
 
-    @property
-    def mean(self) -> Tensor:
-        return self.loc
-
-    @property
-    def mode(self) -> Tensor:
-        return self.loc
+    mean = property(attrgetter("loc"), doc="The mean: ``loc``.")
+    mode = property(attrgetter("loc"), doc="The mode: ``loc``.")
 
 
 class LocScale(CenteredAtLoc, Distribution):

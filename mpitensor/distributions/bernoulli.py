@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any, Optional
 
 from mpitensor.tensor import Tensor, bernoulli, stack, where
@@ -73,9 +74,7 @@ class Bernoulli(Distribution):
                 new._param = new.__dict__[n]
         return _expanded(new, self, shape)
 
-    @property
-    def mean(self) -> Tensor:
-        return self.probs
+    mean = property(attrgetter("probs"), doc="The mean: ``probs``.")
 
     @property
     def mode(self) -> Tensor:

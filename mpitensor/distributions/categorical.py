@@ -185,9 +185,7 @@ class OneHotCategorical(Distribution):
         new._categorical = self._categorical.expand(batch_shape)
         return _expanded(new, self, _size(batch_shape))
 
-    @property
-    def mean(self) -> Tensor:
-        return self.probs
+    mean = property(attrgetter("probs"), doc="The mean: ``probs``.")
 
     @property
     def mode(self) -> Tensor:

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
@@ -134,15 +135,10 @@ class Distribution:
                         f"must satisfy {constraint!r}, but it has values outside it; pass "
                         f"valid parameters (or validate_args=False to skip this check)")
 
-    @property
-    def batch_shape(self) -> Size:
-        """The shape over which parameters are batched."""
-        return self._batch_shape
-
-    @property
-    def event_shape(self) -> Size:
-        """The shape of one sample of one distribution of the batch."""
-        return self._event_shape
+    batch_shape = property(attrgetter("_batch_shape"),
+                           doc="The shape over which parameters are batched.")
+    event_shape = property(attrgetter("_event_shape"),
+                           doc="The shape of one sample of one distribution of the batch.")
 
     # a family whose parameters all have the batch shape (and the event's) names them here
     _params: tuple = ()
