@@ -10,7 +10,7 @@ from typing import Any, Optional
 from mpitensor.tensor import Tensor
 
 from . import constraints
-from .distribution import Distribution, broadcast_all
+from .distribution import Distribution
 
 __all__ = ["CenteredAtLoc", "LocScale", "Rated"]
 
@@ -34,8 +34,7 @@ class LocScale(CenteredAtLoc, Distribution):
     _params = ("loc", "scale")  # what expand() expands
 
     def __init__(self, loc: Any, scale: Any, validate_args: Optional[bool] = None) -> None:
-        self.loc, self.scale = broadcast_all(loc, scale)
-        super().__init__(self.loc.shape, (), validate_args)
+        self._init_params((loc, scale), validate_args)
 
 
 class Rated(Distribution):
@@ -45,5 +44,4 @@ class Rated(Distribution):
     _params = ("rate",)  # what expand() expands
 
     def __init__(self, rate: Any, validate_args: Optional[bool] = None) -> None:
-        (self.rate,) = broadcast_all(rate)
-        super().__init__(self.rate.shape, (), validate_args)
+        self._init_params((rate,), validate_args)

@@ -143,6 +143,15 @@ class Distribution:
     # a family whose parameters all have the batch shape (and the event's) names them here
     _params: tuple = ()
 
+    def _init_params(self, values: tuple, validate_args: Optional[bool]) -> None:
+        """Initialise a family of scalar events whose parameters are ``values``, in the
+        order of ``_params``: broadcast together, they are kept under those names and their
+        shape is the batch shape."""
+        values = broadcast_all(*values)
+        for name, value in zip(self._params, values):
+            setattr(self, name, value)
+        Distribution.__init__(self, values[0].shape, (), validate_args)
+
     def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> Distribution:
         """Return a new distribution of this kind with its parameters expanded to
         ``batch_shape`` (no copy).

@@ -17,7 +17,7 @@ from mpitensor.tensor import Tensor, digamma, lgamma, stack, where, xlogy
 
 from . import constraints
 from ._common import standard_gamma
-from .distribution import Distribution, ShapeLike, _size, broadcast_all
+from .distribution import Distribution, ShapeLike, _size
 
 __all__ = ["Gamma", "Beta", "Dirichlet"]
 
@@ -78,13 +78,11 @@ class Gamma(Distribution):
     arg_constraints = {"concentration": constraints.positive, "rate": constraints.positive}
     support = constraints.nonnegative
     has_rsample = True
+    _params = ("concentration", "rate")  # what expand() expands
 
     def __init__(self, concentration: Any, rate: Any,
                  validate_args: Optional[bool] = None) -> None:
-        self.concentration, self.rate = broadcast_all(concentration, rate)
-        super().__init__(self.concentration.shape, (), validate_args)
-
-    _params = ("concentration", "rate")  # what expand() expands
+        self._init_params((concentration, rate), validate_args)
 
     @property
     def mean(self) -> Tensor:
@@ -137,6 +135,7 @@ class Dirichlet(Distribution):
     arg_constraints = {"concentration": constraints.independent(constraints.positive, 1)}
     support = constraints.simplex
     has_rsample = True
+    _params = ("concentration",)  # what expand() expands
 
     def __init__(self, concentration: Tensor, validate_args: Optional[bool] = None) -> None:
         if not isinstance(concentration, Tensor) or concentration.dim() < 1:
@@ -144,8 +143,6 @@ class Dirichlet(Distribution):
                              "dimension")
         self.concentration = concentration
         super().__init__(concentration.shape[:-1], concentration.shape[-1:], validate_args)
-
-    _params = ("concentration",)  # what expand() expands
 
     @property
     def mean(self) -> Tensor:
@@ -195,13 +192,11 @@ class Beta(Distribution):
                        "concentration0": constraints.positive}
     support = constraints.unit_interval
     has_rsample = True
+    _params = ("concentration1", "concentration0")  # what expand() expands
 
     def __init__(self, concentration1: Any, concentration0: Any,
                  validate_args: Optional[bool] = None) -> None:
-        self.concentration1, self.concentration0 = broadcast_all(concentration1, concentration0)
-        super().__init__(self.concentration1.shape, (), validate_args)
-
-    _params = ("concentration1", "concentration0")  # what expand() expands
+        self._init_params((concentration1, concentration0), validate_args)
 
     @property
     def mean(self) -> Tensor:

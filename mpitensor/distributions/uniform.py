@@ -9,7 +9,7 @@ from mpitensor.tensor import Tensor, full
 
 from . import constraints
 from ._common import uniform
-from .distribution import Distribution, ShapeLike, broadcast_all
+from .distribution import Distribution, ShapeLike
 
 __all__ = ["Uniform"]
 
@@ -32,10 +32,10 @@ class Uniform(Distribution):
 
     arg_constraints = {"low": constraints.dependent, "high": constraints.dependent}
     has_rsample = True
+    _params = ("low", "high")  # what expand() expands
 
     def __init__(self, low: Any, high: Any, validate_args: Optional[bool] = None) -> None:
-        self.low, self.high = broadcast_all(low, high)
-        super().__init__(self.low.shape, (), validate_args)
+        self._init_params((low, high), validate_args)
         if self._validate_args and not bool((self.low < self.high).all()):
             raise ValueError("Uniform: low must be less than high everywhere; pass bounds "
                              "with low < high (or validate_args=False to skip this check)")
@@ -45,7 +45,6 @@ class Uniform(Distribution):
         """The interval ``[low, high)``."""
         return constraints.half_open_interval(self.low, self.high)
 
-    _params = ("low", "high")  # what expand() expands
 
     @property
     def mean(self) -> Tensor:
