@@ -532,6 +532,13 @@ def _floating_only(t: Tensor, what: str) -> None:
                         f"{_dt.dt_repr(t._data.dtype)}")
 
 
+def _positive_scale(t: Tensor, what: str, name: str, value: Any) -> None:
+    """The checks of a fill drawn with a scale: ``t`` floating, ``value`` (``name``) > 0."""
+    _floating_only(t, what)
+    if not value > 0:
+        raise BadValueError(f"{what}: {name} must be > 0, got {value}")
+
+
 def _prob(p: Any, t: Tensor) -> Any:
     if isinstance(p, Tensor):
         p = p._data.astype(_dt.float64)
@@ -609,9 +616,7 @@ class _RandomMethods:
 
     def exponential_(self, lambd: float = 1.0, *, generator: Any = None) -> Tensor:
         """Fill with exponential numbers of rate ``lambd``; returns self."""
-        _floating_only(self, "exponential_()")
-        if not lambd > 0:
-            raise BadValueError(f"exponential_(): lambd must be > 0, got {lambd}")
+        _positive_scale(self, "exponential_()", "lambd", lambd)
         u = _uniform01(self, generator)
         return _fill_with(self, -_backend.array_module(u).log1p(-u) / lambd, "exponential_()")
 
@@ -630,9 +635,7 @@ class _RandomMethods:
     def cauchy_(self, median: float = 0.0, sigma: float = 1.0, *,
                 generator: Any = None) -> Tensor:
         """Fill with Cauchy numbers of location ``median`` and scale ``sigma``; returns self."""
-        _floating_only(self, "cauchy_()")
-        if not sigma > 0:
-            raise BadValueError(f"cauchy_(): sigma must be > 0, got {sigma}")
+        _positive_scale(self, "cauchy_()", "sigma", sigma)
         u = _uniform01(self, generator)
         return _fill_with(self, median + sigma * _backend.array_module(u).tan(np.pi * (u - 0.5)),
                           "cauchy_()")
@@ -649,9 +652,7 @@ class _RandomMethods:
     def log_normal_(self, mean: float = 1.0, std: float = 2.0, *,
                     generator: Any = None) -> Tensor:
         """Fill with ``exp(N(mean, std))`` numbers; returns self."""
-        _floating_only(self, "log_normal_()")
-        if not std > 0:
-            raise BadValueError(f"log_normal_(): std must be > 0, got {std}")
+        _positive_scale(self, "log_normal_()", "std", std)
         z = _normal01(self, generator)
         return _fill_with(self, _backend.array_module(z).exp(mean + std * z), "log_normal_()")
 
