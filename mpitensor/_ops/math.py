@@ -53,6 +53,7 @@ from mpitensor._ops.operators import (
     NOT_OPERAND,
     TRUEDIV,
     BinaryOp,
+    _keeps_nothing,
     binary,
     binary_inplace,
     operand,
@@ -551,9 +552,7 @@ class Fmin(_FMaxMin):
 class _ZeroGrad(BinaryOp):
     """A comparison written in place: what it replaced gets zero gradient, as in torch."""
 
-    @staticmethod
-    def _keeps(need_a: bool, need_b: bool) -> tuple:
-        return False, False, False
+    _keeps = staticmethod(_keeps_nothing)
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
