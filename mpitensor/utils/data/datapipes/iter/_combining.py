@@ -13,8 +13,17 @@ from ._basic import _length
 __all__ = ["Concater", "Demultiplexer", "Forker", "Multiplexer", "Zipper"]
 
 
+class _Several(ManySources, IterDataPipe):
+    """A pipe over several sources whose length is ``_size`` of theirs."""
+
+    _size: Callable[[List[int]], int] = staticmethod(sum)
+
+    def __len__(self) -> int:
+        return self._size([_length(self, dp) for dp in self.datapipes])
+
+
 @functional_datapipe("concat")
-class ConcaterIterDataPipe(ManySources, IterDataPipe):
+class ConcaterIterDataPipe(_Several):
     """The items of each source in turn (functional name ``concat``)."""
 
     _what = "concat"
@@ -23,30 +32,26 @@ class ConcaterIterDataPipe(ManySources, IterDataPipe):
         for dp in self.datapipes:
             yield from dp
 
-    def __len__(self) -> int:
-        return sum(_length(self, dp) for dp in self.datapipes)
-
 
 @functional_datapipe("zip")
-class ZipperIterDataPipe(ManySources, IterDataPipe):
+class ZipperIterDataPipe(_Several):
     """Tuples of one item from each source, until the shortest ends (functional name
     ``zip``)."""
 
     _what = "zip"
+    _size = staticmethod(min)
 
     def __iter__(self) -> Iterator[tuple]:
         yield from zip(*self.datapipes)
 
-    def __len__(self) -> int:
-        return min(_length(self, dp) for dp in self.datapipes)
-
 
 @functional_datapipe("mux")
-class MultiplexerIterDataPipe(ManySources, IterDataPipe):
+class MultiplexerIterDataPipe(_Several):
     """One item from each source in turn, until the shortest ends (functional name
     ``mux``)."""
 
     _what = "mux"
+    _size = staticmethod(lambda lengths: min(lengths) * len(lengths))
 
     def __iter__(self) -> Iterator[Any]:
         its = [iter(dp) for dp in self.datapipes]
@@ -58,9 +63,6 @@ class MultiplexerIterDataPipe(ManySources, IterDataPipe):
                 except StopIteration:
                     return  # the round a source ran out in is dropped whole
             yield from row
-
-    def __len__(self) -> int:
-        return min(_length(self, dp) for dp in self.datapipes) * len(self.datapipes)
 
 
 class _Shared:
