@@ -9,6 +9,8 @@ Example:
     >>> import mpitensor as torch
     >>> acc = torch.accelerator.current_accelerator(check_available=True)
     >>> device = acc if acc is not None else torch.device("cpu")
+    >>> torch.accelerator.device_count() == torch.cuda.device_count()
+    True
 """
 
 from __future__ import annotations
@@ -30,15 +32,9 @@ __all__ = [
 ]
 
 
-def is_available() -> bool:
-    """Return True when a GPU can be used (CuPy imports and sees one).
-
-    Example:
-        >>> import mpitensor as torch
-        >>> torch.accelerator.is_available() == torch.cuda.is_available()
-        True
-    """
-    return _cuda.is_available()
+# the same functions as mpitensor.cuda's, as the module docstring says
+is_available = _cuda.is_available
+device_count = _cuda.device_count
 
 
 def current_accelerator(check_available: bool = False) -> Optional[_backend.device]:
@@ -54,17 +50,6 @@ def current_accelerator(check_available: bool = False) -> Optional[_backend.devi
     """
     usable = _cuda.is_available() if check_available else _cuda_backend.is_built()
     return _backend.device("cuda") if usable else None
-
-
-def device_count() -> int:
-    """Return the number of GPUs this process sees (0 without one).
-
-    Example:
-        >>> import mpitensor as torch
-        >>> torch.accelerator.device_count() == torch.cuda.device_count()
-        True
-    """
-    return _cuda.device_count()
 
 
 def set_device_index(device: _cuda.DeviceArg, /) -> None:
