@@ -11,21 +11,9 @@ Each is also a method of every IterDataPipe under its functional name: ``Mapper`
 
 from __future__ import annotations
 
-from ._basic import (
-    Batcher,
-    Collator,
-    Filter,
-    Grouper,
-    IterableWrapper,
-    Mapper,
-    Sampler,
-    ShardingFilter,
-    Shuffler,
-    UnBatcher,
-)
-from ._combining import Concater, Demultiplexer, Forker, Multiplexer, Zipper
-from ._files import FileLister, FileOpener, StreamReader
+from . import _basic, _combining, _files
+from ._basic import *  # noqa: F403 - the one-source pipes
+from ._combining import *  # noqa: F403 - the pipes over several sources, and fork/demux
+from ._files import *  # noqa: F403 - the file pipes
 
-__all__ = ["Batcher", "Collator", "Concater", "Demultiplexer", "FileLister", "FileOpener",
-           "Filter", "Forker", "Grouper", "IterableWrapper", "Mapper", "Multiplexer", "Sampler",
-           "ShardingFilter", "Shuffler", "StreamReader", "UnBatcher", "Zipper"]
+__all__ = sorted(_basic.__all__ + _combining.__all__ + _files.__all__)
