@@ -219,7 +219,9 @@ def vector_norm_sharding(call: OpCall) -> Sharding:
     mesh = call.mesh
 
     def local(x: Any) -> Any:
-        n = _local_vector_norm(x, p, dims, keep, dtype=dtype)
+        # an empty piece (a trailing rank of an uneven split) has an empty output piece, or
+        # terms that are zero: its 1-norm has the shape, where inf's would refuse it
+        n = _local_vector_norm(x, p if x.numel() else 1.0, dims, keep, dtype=dtype)
         return _CombineNorms.apply(n, p, mesh, combine) if combine else n
 
     return Sharding(placements=tuple(outs), shape=shape, inputs=[tuple(wants)], args=(t,),
