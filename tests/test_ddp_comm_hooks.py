@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -559,7 +560,22 @@ def test_gpu_hooks_match_cpu(hook_name):
 
 
 # ------------------------------------------------------------------ torch's own PowerSGD
-@pytest.mark.usefixtures("world")
+@pytest.fixture(scope="module")
+def torch_gloo() -> Iterator[None]:
+    """torch's gloo group of one rank, made once for this file's oracle tests.
+
+    Made and destroyed around each test, it deadlocked now and then: the last DDP step's
+    call finishes on one of gloo's worker threads, which then releases the call's tensors and
+    needs the GIL for it, while the main thread, holding the GIL, destroys the group and waits
+    for that thread's lock. Kept for the module, the group outlives every DDP object made on
+    it; it is destroyed once, long after its last call."""
+    tdist = torch.distributed
+    tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
+    yield
+    tdist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("world", "torch_gloo")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batched,rank", [(False, 2), (False, 3), (True, 2)])
 def test_powersgd_equals_torchs_hook_from_the_same_q(dtype, batched, rank, monkeypatch):
@@ -576,46 +592,41 @@ def test_powersgd_equals_torchs_hook_from_the_same_q(dtype, batched, rank, monke
     monkeypatch.setattr(tps, "_orthogonalize", lambda mats, epsilon=0: orthogonalize(
         mats.unsqueeze(0) if mats.dim() == 2 else mats, epsilon))
 
-    tdist = torch.distributed
-    tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
-    try:
-        m, t = make(dtype)
-        tddp = torch.nn.parallel.DistributedDataParallel(t)
-        ddp = DDP(m)
-        # rank 3 (QR, not Gram-Schmidt) compresses these small matrices only below rate 2
-        kw = dict(matrix_approximation_rank=rank, start_powerSGD_iter=2,
-                  min_compression_rate=2 if rank == 2 else 0.5)
-        tstate, state = tps.PowerSGDState(None, **kw), powerSGD_hook.PowerSGDState(None, **kw)
-        name = "batched_powerSGD_hook" if batched else "powerSGD_hook"
-        tddp.register_comm_hook(tstate, getattr(tps, name))
-        ddp.register_comm_hook(state, getattr(powerSGD_hook, name))
-        n = 4 + 20 + 5 + 30  # the bucket: b2, w2, b1, w1
-        side = int(np.ceil(np.sqrt(n)))
-        # P and Q memories: the compressed matrices' (n, r) and (m, r) blocks, in bucket order
-        p_total = q_total = 0
-        for n_, m_ in ((4, 1), (4, 5), (5, 1), (5, 6)):  # bucket order, as matrices
-            r = min(n_, m_, rank)
-            if (n_ + m_) * r * kw["min_compression_rate"] < n_ * m_:
-                p_total, q_total = p_total + n_ * r, q_total + m_ * r
-        p_size, q_shape = ((side, rank), (side, rank)) if batched else ((p_total,), (q_total,))
-        q0 = np.random.default_rng(9).standard_normal(q_shape).astype(dtype)
-        for step in range(4):
-            x = inputs(step, dtype)
-            if step == 2:
-                tstate.p_memory_dict[0] = torch.zeros(p_size, dtype=torch.from_numpy(q0).dtype)
-                tstate.q_memory_dict[0] = torch.from_numpy(q0.copy())
-                state.p_memory_dict[0] = mt.zeros(p_size, dtype=m[0].weight.dtype)
-                state.q_memory_dict[0] = mt.tensor(q0.copy())
-            tddp.zero_grad()
-            (tddp(torch.from_numpy(x)) ** 2).sum().backward()
-            want = [p.grad.numpy() for p in t.parameters()]
-            got = [g for g in reversed(our_step(ddp, x))]
-            scale = max(np.abs(w).max() for w in want)
-            t_ = tol(dtype, 64)
-            for a, b in zip(got, want):
-                np.testing.assert_allclose(a, b, rtol=t_["rtol"], atol=t_["atol"] * scale)
-        assert state.iter == tstate.iter == 4
-        np.testing.assert_allclose(state.error_dict[0].numpy(), tstate.error_dict[0].numpy(),
-                                   rtol=t_["rtol"], atol=t_["atol"] * scale)
-    finally:
-        tdist.destroy_process_group()
+    m, t = make(dtype)
+    tddp = torch.nn.parallel.DistributedDataParallel(t)
+    ddp = DDP(m)
+    # rank 3 (QR, not Gram-Schmidt) compresses these small matrices only below rate 2
+    kw = dict(matrix_approximation_rank=rank, start_powerSGD_iter=2,
+              min_compression_rate=2 if rank == 2 else 0.5)
+    tstate, state = tps.PowerSGDState(None, **kw), powerSGD_hook.PowerSGDState(None, **kw)
+    name = "batched_powerSGD_hook" if batched else "powerSGD_hook"
+    tddp.register_comm_hook(tstate, getattr(tps, name))
+    ddp.register_comm_hook(state, getattr(powerSGD_hook, name))
+    n = 4 + 20 + 5 + 30  # the bucket: b2, w2, b1, w1
+    side = int(np.ceil(np.sqrt(n)))
+    # P and Q memories: the compressed matrices' (n, r) and (m, r) blocks, in bucket order
+    p_total = q_total = 0
+    for n_, m_ in ((4, 1), (4, 5), (5, 1), (5, 6)):  # bucket order, as matrices
+        r = min(n_, m_, rank)
+        if (n_ + m_) * r * kw["min_compression_rate"] < n_ * m_:
+            p_total, q_total = p_total + n_ * r, q_total + m_ * r
+    p_size, q_shape = ((side, rank), (side, rank)) if batched else ((p_total,), (q_total,))
+    q0 = np.random.default_rng(9).standard_normal(q_shape).astype(dtype)
+    for step in range(4):
+        x = inputs(step, dtype)
+        if step == 2:
+            tstate.p_memory_dict[0] = torch.zeros(p_size, dtype=torch.from_numpy(q0).dtype)
+            tstate.q_memory_dict[0] = torch.from_numpy(q0.copy())
+            state.p_memory_dict[0] = mt.zeros(p_size, dtype=m[0].weight.dtype)
+            state.q_memory_dict[0] = mt.tensor(q0.copy())
+        tddp.zero_grad()
+        (tddp(torch.from_numpy(x)) ** 2).sum().backward()
+        want = [p.grad.numpy() for p in t.parameters()]
+        got = [g for g in reversed(our_step(ddp, x))]
+        scale = max(np.abs(w).max() for w in want)
+        t_ = tol(dtype, 64)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=t_["rtol"], atol=t_["atol"] * scale)
+    assert state.iter == tstate.iter == 4
+    np.testing.assert_allclose(state.error_dict[0].numpy(), tstate.error_dict[0].numpy(),
+                               rtol=t_["rtol"], atol=t_["atol"] * scale)

@@ -286,7 +286,11 @@ def test_output_placements_match_torch(mesh):
 
     if tdist.is_initialized():
         pytest.skip("a torch process group is already set up in this process")
-    tdist.init_process_group("gloo", rank=0, world_size=1, store=tdist.HashStore())
+    # torch's "fake" backend (each collective the identity at one rank) rather than gloo, whose
+    # worker threads can deadlock with the group's destructor (see test_ddp_comm_hooks)
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    tdist.init_process_group("fake", rank=0, world_size=1, store=FakeStore())
     try:
         from torch.distributed.device_mesh import init_device_mesh as tmesh
 
