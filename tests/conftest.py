@@ -7,11 +7,18 @@ The plain run (``python -m pytest``) runs the in-process unit tests and, through
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
 MPI_DIR = Path(__file__).parent / "mpi"
+
+# A shell without job control starts a background command (`python -m pytest &`) with SIGINT
+# ignored, and every process a test starts inherits that: the tests that send SIGINT to a
+# launcher or a rank then wait in vain. Ctrl-C means what it means in a foreground run.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

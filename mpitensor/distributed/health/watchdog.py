@@ -121,6 +121,9 @@ def _slow_wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str, status: A
     test = req.Test
     next_check = t0 + min(_CHECK_EVERY_S, limit)
     backoff = Backoff(t0, getattr(req, "passive", False))
+    # a request may look at its peers before each round of checks (shm_pipe: whether their
+    # processes live), which MPI's own calls must not be the first to find out
+    before_check = getattr(req, "before_check", None)
     try:
         # The bookkeeping runs about once a millisecond, whatever the pause between tests.
         while True:
@@ -131,6 +134,8 @@ def _slow_wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str, status: A
             if now >= next_check:
                 next_check = now + _CHECK_EVERY_S
                 elapsed = now - t0
+                if before_check is not None:
+                    before_check()
                 if diag is not None:
                     fault = _fault_in_wait(h, kind, seq, op, peer, t0)
                     if fault is not None:

@@ -108,6 +108,16 @@ class _Steps:
                 return False
         return True
 
+    def before_check(self) -> None:
+        """Called by the watchdog before each round of its checks, whose MPI calls may end
+        the whole job once a peer's process is gone: every member not there yet is looked at
+        now, whatever the time since the last look."""
+        q, w, t = self.eng.q, self.w, self.t
+        self.look = _perf() + _ALIVE_EVERY_S
+        for late in self.ranks:
+            if q[late * _LINE + w] < t:
+                self.eng.check_alive(late)
+
 
 class Engine:
     """One group's segment and its pipeline (see the module docstring)."""
