@@ -48,7 +48,6 @@ read when the sub-groups are made and must be set alike on every rank.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Optional
 
 import numpy as np
@@ -58,6 +57,7 @@ from ....backend import array_module
 from ...health import watchdog as W
 from ...process_group import ReduceOp, _Completed
 from . import buffers as B
+from .shm_coll import best_time
 
 __all__ = ["PENDING", "Hierarchy", "initial", "takes", "hierarchy", "fit", "reduction", "staged",
            "all_reduce", "ended", "split_takes", "free"]
@@ -190,12 +190,7 @@ def _build(g: Any) -> Optional[Hierarchy]:
 
 def _timed(run: Any) -> float:
     run()  # warm-up: first-touch pages, MPI's connections
-    best = float("inf")
-    for _ in range(_REPS):
-        t0 = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_time(run, _REPS)
 
 
 def fit(g: Any, what: str, probes: list) -> "tuple[tuple, int]":

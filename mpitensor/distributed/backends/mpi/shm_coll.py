@@ -530,7 +530,8 @@ def _setup(g: Any, s: int, op: str) -> Any:
     return eng
 
 
-def _timed(fn: Callable[[], None], reps: int = 3) -> float:
+def best_time(fn: Callable[[], None], reps: int = 3) -> float:
+    """The shortest of ``reps`` timed calls of ``fn`` (seconds); the cost models' probe."""
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -574,7 +575,7 @@ def _measure(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> list:
     for fn in (lambda: _reduce_core(eng, buf, red, -1, None), mpi_reduce,
                lambda: _gather_core(eng, outs[0], outs, None), mpi_gather):
         fn()  # warm: first touch of the slots, MPI's first use of this size
-        times.append(_timed(fn))
+        times.append(best_time(fn))
     return times
 
 
