@@ -100,9 +100,13 @@ class Collectives:
     shm_min: int = OFF_BYTES
     shm: Any = None
 
-    # all_reduce across nodes (hierarchical.py): PENDING until the first all_reduce finds
-    # out whether the group spans nodes; then its Hierarchy, or None (always flat)
+    # collectives across nodes (hierarchical.py): set when the group is made (initial): None
+    # (one node, or the switch off: always flat) or PENDING, until the first qualifying call
+    # makes the group's Hierarchy
     hier: Any = _hier.PENDING
+    # whether every member runs on this node (MPI_Comm_split_type), where the group's making
+    # asked: shm_coll.floor does, and hierarchical.initial reads it instead of asking again
+    one_node: Optional[bool] = None
 
     def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Optional[Work]:
         arr = tensor._data if type(tensor) is Tensor else tensor

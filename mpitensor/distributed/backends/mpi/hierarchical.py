@@ -124,12 +124,13 @@ def initial(g: Any) -> Any:
     reported as a mismatch, instead of waiting in a constructor the other ranks never call."""
     if g.size_ < 3 or _mode() == "off":
         return None
-    from mpi4py import MPI
+    if g.one_node is None:  # shm_coll.floor did not ask (its switch off, no shared slots)
+        from mpi4py import MPI
 
-    local = g.comm.Split_type(MPI.COMM_TYPE_SHARED)
-    whole = local.Get_size() == g.size_
-    local.Free()
-    return None if whole else PENDING
+        local = g.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        g.one_node = local.Get_size() == g.size_
+        local.Free()
+    return None if g.one_node else PENDING
 
 
 def takes(g: Any, arr: Any) -> bool:

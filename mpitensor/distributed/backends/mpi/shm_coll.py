@@ -88,7 +88,7 @@ def floor(g: Any) -> int:
     # collective, but every member is making the group now: MPI's view of the node (the
     # segment would map across network namespaces too, which are nodes to MPI)
     local = g.comm.Split_type(MPI.COMM_TYPE_SHARED)
-    whole = local.Get_size() == g.size_
+    whole = g.one_node = local.Get_size() == g.size_
     local.Free()
     if not whole:
         g.shm = False
