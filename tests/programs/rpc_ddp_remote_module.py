@@ -10,9 +10,11 @@ Four processes from ``mp.spawn``: "ps" (rank 3) only serves; "master" (rank 2) b
 the remote embedding lookup, then a local ``nn.Linear`` wrapped in ``DistributedDataParallel``.
 One ``dist_autograd.backward`` sends the embedding's gradient to "ps" and DDP averages the
 linear layer's between the trainers; one ``DistributedOptimizer`` steps both. Barriers between
-the trainers (before and after the optimizer step) keep the table's updates out of the other
-trainer's lookups and backward pass, so the losses are reproducible. Weights and batches
-come from NumPy with fixed seeds.
+the trainers keep the table's updates out of the other trainer's lookups and backward pass,
+and the trainers step in turn: torch's DistributedOptimizer runs SGD as a TorchScript
+functional optimizer that updates a parameter without a lock, so two trainers stepping the
+shared table at once can lose one's update (about one run in two here; ours takes a lock).
+So the losses are reproducible. Weights and batches come from NumPy with fixed seeds.
 """
 import argparse
 import os
@@ -89,8 +91,10 @@ def run_trainer(table, rank, steps, lr, dtype_name):
             loss = loss_fn(model(indices, offsets), target)
             dist_autograd.backward(cid, [loss])
             dist.barrier()  # both backward passes are done on "ps" before the table changes
-            opt.step(cid)
-        dist.barrier()  # both trainers' table updates land before either looks up again
+            for turn in range(2):  # one trainer steps the shared table at a time (see above)
+                if turn == rank:
+                    opt.step(cid)
+                dist.barrier()  # the update has landed before the next step or lookup
         losses.append(loss.item())
     return losses
 
