@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -80,6 +80,58 @@ def _pointwise(fn: type, fname: str, input: Any, inplace: bool, *args: Any) -> T
 def _inplace_only(fn: type, fname: str, input: Any, *args: Any) -> Tensor:  # noqa: A002
     _float_input(input, fname)
     return run_inplace(input, getattr(fn, "inplace_variant", fn), f"{fname}()", *args)
+
+
+def _unary_api(fn: type, name: str, summary: str, example: str, result: str,
+               check: Optional[Callable] = None) -> Callable:
+    """The public function of ``fn``, an activation of one tensor without parameters:
+    ``name(input, inplace=False)`` on a floating tensor, or ``name(input)`` when ``check`` is
+    given (it takes the input and the name and returns the tensor ``fn`` is applied to). Its
+    docstring is ``summary`` and the doctest ``name(mt.tensor(example))`` giving ``result``."""
+    if check is None:
+        def api(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's names
+            return _pointwise(fn, name, input, inplace)
+    else:
+        def api(input: Any) -> Tensor:  # type: ignore[misc]  # noqa: A002 - torch's name
+            return fn.apply(check(input, name))
+    return _documented(api, name, summary, example, result)
+
+
+def _tensor_method(name: str, summary: str, example: str, result: str) -> Callable:
+    """The public function ``name(input)``: the Tensor method ``name`` of ``input`` made a
+    tensor; its docstring as :func:`_unary_api`'s."""
+    def api(input: Any) -> Tensor:  # noqa: A002 - torch's name
+        return getattr(as_tensor(input, "input", name), name)()
+    return _documented(api, name, summary, example, result)
+
+
+def _documented(api: Callable, name: str, summary: str, example: str, result: str) -> Callable:
+    api.__name__ = api.__qualname__ = name
+    api.__doc__ = (f"{summary}\n\n    Example:\n        >>> import mpitensor as mt\n"
+                   f"        >>> {name}(mt.tensor({example}))\n        {result}\n    ")
+    return api
+
+
+def _keeps_input(name: str, forward: Callable, backward: Callable, doc: str = "",
+                 half: bool = True) -> type:
+    """An autograd Function of one tensor and fixed parameters ``*p`` that keeps only its
+    input for the backward: ``forward(xp, x, *p)`` is its result and ``backward(xp, x, g, *p)``
+    the input's gradient (the parameters get none). ``name`` is the class's (its ``grad_fn``
+    prints it); ``half``: half tensors computed in float32 and rounded once."""
+
+    def fwd(ctx: Any, x: Any, *p: Any) -> Any:
+        ctx.save_for_backward(x)
+        ctx.params = p
+        return forward(xp_of(x), x, *p)
+
+    def bwd(ctx: Any, g: Any) -> tuple:
+        (x,) = ctx.saved_tensors
+        p = ctx.params
+        return (backward(xp_of(x), x, g, *p),) + (None,) * len(p)
+
+    fn = type(name, (Function,), {"__doc__": doc or None, "__module__": __name__,
+                                  "forward": staticmethod(fwd), "backward": staticmethod(bwd)})
+    return half_safe(fn) if half else fn
 
 
 def _sigmoid(xp: Any, x: Any) -> Any:
@@ -158,19 +210,8 @@ class _Silu(Function):
         return (g * s * (1 + x * (1 - s)),)
 
 
-def silu(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
-    """Sigmoid linear unit (swish): ``x * sigmoid(x)``.
-
-    Args:
-        input: a floating point tensor.
-        inplace: write the result into ``input``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> silu(mt.tensor([0.0]))
-        tensor([0.])
-    """
-    return _pointwise(_Silu, "silu", input, inplace)
+silu = _unary_api(_Silu, "silu", "Sigmoid linear unit (swish): ``x * sigmoid(x)`` (``inplace``: "
+                  "write the result into ``input``).", "[0.0]", "tensor([0.])")
 
 
 @half_safe
@@ -190,15 +231,7 @@ class _Mish(Function):
         return (g * (ts + x * s * (1 - ts * ts)),)
 
 
-def mish(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
-    """``x * tanh(softplus(x))``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> mish(mt.tensor([0.0]))
-        tensor([0.])
-    """
-    return _pointwise(_Mish, "mish", input, inplace)
+mish = _unary_api(_Mish, "mish", "``x * tanh(softplus(x))``.", "[0.0]", "tensor([0.])")
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,39 +383,26 @@ class _Tanhshrink(Function):
         return (g - g * (1 - t * t),)
 
 
-def tanhshrink(input: Any) -> Tensor:  # noqa: A002 - torch's name
-    """``x - tanh(x)``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> tanhshrink(mt.tensor([0.0]))
-        tensor([0.])
-    """
-    return _Tanhshrink.apply(_float_or_promoted(input, "tanhshrink"))
+tanhshrink = _unary_api(_Tanhshrink, "tanhshrink", "``x - tanh(x)``.", "[0.0]", "tensor([0.])",
+                        _float_or_promoted)
 
 
-@half_safe
-class _Softplus(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, beta: float, threshold: float) -> Any:
-        xp = xp_of(x)
-        ctx.save_for_backward(x)
-        ctx.args = (beta, threshold)
-        xb = x * beta
-        with quiet(xp):
-            soft = xp.log1p(xp.exp(xb)) / beta
-        return xp.where(xb > threshold, x, soft)
+def _softplus(xp: Any, x: Any, beta: float, threshold: float) -> Any:
+    xb = x * beta
+    with quiet(xp):
+        soft = xp.log1p(xp.exp(xb)) / beta
+    return xp.where(xb > threshold, x, soft)
 
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (x,) = ctx.saved_tensors
-        beta, threshold = ctx.args
-        xp = xp_of(x)
-        xb = x * beta
-        with quiet(xp):
-            z = xp.exp(xb)
-            soft = g * z / (z + 1)
-        return xp.where(xb > threshold, g, soft), None, None
+
+def _softplus_grad(xp: Any, x: Any, g: Any, beta: float, threshold: float) -> Any:
+    xb = x * beta
+    with quiet(xp):
+        z = xp.exp(xb)
+        soft = g * z / (z + 1)
+    return xp.where(xb > threshold, g, soft)
+
+
+_Softplus = _keeps_input("_Softplus", _softplus, _softplus_grad)
 
 
 def softplus(input: Any, beta: float = 1.0, threshold: float = 20.0) -> Tensor:  # noqa: A002
@@ -413,66 +433,33 @@ class _Softsign(Function):
         return (g / d - g * x / (d * d) * xp.sign(x),)
 
 
-def softsign(input: Any) -> Tensor:  # noqa: A002 - torch's name
-    """``x / (1 + |x|)``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> softsign(mt.tensor([1.0]))
-        tensor([0.5000])
-    """
-    return _Softsign.apply(_float_or_promoted(input, "softsign"))
+softsign = _unary_api(_Softsign, "softsign", "``x / (1 + |x|)``.", "[1.0]", "tensor([0.5000])",
+                      _float_or_promoted)
 
 
-@half_safe
-class _LogSigmoid(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any) -> Any:
-        xp = xp_of(x)
-        ctx.save_for_backward(x)
-        with quiet(xp):
-            return xp.minimum(x, 0) - xp.log1p(xp.exp(-abs(x)))
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (x,) = ctx.saved_tensors
-        xp = xp_of(x)
-        z = xp.exp(-abs(x))
-        q = z / (1 + z)
-        return (g * xp.where(x < 0, 1 - q, q),)
+def _logsigmoid(xp: Any, x: Any) -> Any:
+    with quiet(xp):
+        return xp.minimum(x, 0) - xp.log1p(xp.exp(-abs(x)))
 
 
-def logsigmoid(input: Any) -> Tensor:  # noqa: A002 - torch's name
-    """``log(sigmoid(x))``, computed as ``min(x, 0) - log1p(exp(-|x|))`` (no overflow).
-
-    Example:
-        >>> import mpitensor as mt
-        >>> round(float(logsigmoid(mt.tensor(0.0))), 4)
-        -0.6931
-    """
-    return _LogSigmoid.apply(_float_input(input, "logsigmoid"))
+def _logsigmoid_grad(xp: Any, x: Any, g: Any) -> Any:
+    z = xp.exp(-abs(x))
+    q = z / (1 + z)
+    return g * xp.where(x < 0, 1 - q, q)
 
 
-def sigmoid(input: Any) -> Tensor:  # noqa: A002 - torch's name
-    """``1 / (1 + exp(-x))`` (integers promoted to the default dtype).
-
-    Example:
-        >>> import mpitensor as mt
-        >>> sigmoid(mt.tensor([0.0]))
-        tensor([0.5000])
-    """
-    return as_tensor(input, "input", "sigmoid").sigmoid()
+_LogSigmoid = _keeps_input("_LogSigmoid", _logsigmoid, _logsigmoid_grad)
 
 
-def tanh(input: Any) -> Tensor:  # noqa: A002 - torch's name
-    """The hyperbolic tangent (integers promoted to the default dtype).
+logsigmoid = _unary_api(_LogSigmoid, "logsigmoid", "``log(sigmoid(x))``, computed as "
+                        "``min(x, 0) - log1p(exp(-|x|))`` (no overflow).", "[0.0]",
+                        "tensor([-0.6931])", _float_input)
 
-    Example:
-        >>> import mpitensor as mt
-        >>> tanh(mt.tensor([0.0]))
-        tensor([0.])
-    """
-    return as_tensor(input, "input", "tanh").tanh()
+
+sigmoid = _tensor_method("sigmoid", "``1 / (1 + exp(-x))`` (integers promoted to the default "
+                         "dtype).", "[0.0]", "tensor([0.5000])")
+tanh = _tensor_method("tanh", "The hyperbolic tangent (integers promoted to the default dtype).",
+                      "[0.0]", "tensor([0.])")
 
 
 # --------------------------------------------------------------------------------------------

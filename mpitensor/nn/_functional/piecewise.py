@@ -29,7 +29,15 @@ from mpitensor._ops.random import _draw
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
-from .activations import _ONE_SIXTH_F32, _float_input, _inplace_only, _pointwise, _real
+from .activations import (
+    _ONE_SIXTH_F32,
+    _float_input,
+    _inplace_only,
+    _keeps_input,
+    _pointwise,
+    _real,
+    _unary_api,
+)
 from .checks import (
     as_tensor,
     dtype_name,
@@ -45,18 +53,8 @@ __all__ = ["leaky_relu", "leaky_relu_", "hardtanh", "hardtanh_", "relu6", "hards
            "rrelu_"]
 
 
-@half_safe
-class _LeakyRelu(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, slope: float) -> Any:
-        ctx.save_for_backward(x)
-        ctx.slope = slope
-        return xp_of(x).where(x > 0, x, x * slope)
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (x,) = ctx.saved_tensors
-        return xp_of(x).where(x > 0, g, g * ctx.slope), None
+_LeakyRelu = _keeps_input("_LeakyRelu", lambda xp, x, slope: xp.where(x > 0, x, x * slope),
+                          lambda xp, x, g, slope: xp.where(x > 0, g, g * slope))
 
 
 def leaky_relu(input: Any, negative_slope: float = 0.01,  # noqa: A002 - torch's name
@@ -78,25 +76,16 @@ def leaky_relu_(input: Any, negative_slope: float = 0.01) -> Tensor:  # noqa: A0
     return _inplace_only(_LeakyRelu, "leaky_relu_", input, s)
 
 
-@half_safe
-class _Hardtanh(Function):
-    """``clip(x, lo, hi)``; no gradient at or beyond the bounds (NaN passes through)."""
+def _hardtanh(xp: Any, x: Any, lo: float, hi: float) -> Any:
+    if _dt.kind_of(x.dtype) in "iu":
+        return xp.clip(x, math.ceil(lo), math.floor(hi)).astype(x.dtype, copy=False)
+    return xp.clip(x, x.dtype.type(lo), x.dtype.type(hi))
 
-    @staticmethod
-    def forward(ctx: Any, x: Any, lo: float, hi: float) -> Any:
-        xp = xp_of(x)
-        ctx.save_for_backward(x)
-        ctx.bounds = (lo, hi)
-        if _dt.kind_of(x.dtype) in "iu":
-            return xp.clip(x, math.ceil(lo), math.floor(hi)).astype(x.dtype, copy=False)
-        return xp.clip(x, x.dtype.type(lo), x.dtype.type(hi))
 
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (x,) = ctx.saved_tensors
-        lo, hi = ctx.bounds
-        xp = xp_of(x)
-        return xp.where((x <= lo) | (x >= hi), xp.zeros((), g.dtype), g), None, None
+_Hardtanh = _keeps_input(
+    "_Hardtanh", _hardtanh,
+    lambda xp, x, g, lo, hi: xp.where((x <= lo) | (x >= hi), xp.zeros((), g.dtype), g),
+    "``clip(x, lo, hi)``; no gradient at or beyond the bounds (NaN passes through).")
 
 
 def _hardtanh_args(min_val: Any, max_val: Any, fname: str) -> tuple:
@@ -154,81 +143,37 @@ def relu6(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's 
     return _Hardtanh.apply(t, 0.0, 6.0)
 
 
-@half_safe
-class _Hardsigmoid(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any) -> Any:
-        xp = xp_of(x)
-        ctx.save_for_backward(x)
-        return xp.minimum(xp.maximum(x + 3, 0), 6) / 6
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (x,) = ctx.saved_tensors
-        xp = xp_of(x)
-        # torch's kernel multiplies by 1/6 rounded to float32, in every dtype
-        return (xp.where((x > -3) & (x < 3), g * _ONE_SIXTH_F32, xp.zeros((), g.dtype)),)
+# the gradient: torch's kernel multiplies by 1/6 rounded to float32, in every dtype
+_Hardsigmoid = _keeps_input(
+    "_Hardsigmoid", lambda xp, x: xp.minimum(xp.maximum(x + 3, 0), 6) / 6,
+    lambda xp, x, g: xp.where((x > -3) & (x < 3), g * _ONE_SIXTH_F32, xp.zeros((), g.dtype)))
 
 
-def hardsigmoid(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
-    """``relu6(x + 3) / 6``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> hardsigmoid(mt.tensor([0.0]))
-        tensor([0.5000])
-    """
-    return _pointwise(_Hardsigmoid, "hardsigmoid", input, inplace)
+hardsigmoid = _unary_api(_Hardsigmoid, "hardsigmoid", "``relu6(x + 3) / 6``.", "[0.0]",
+                         "tensor([0.5000])")
 
 
-@half_safe
-class _Hardswish(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any) -> Any:
-        xp = xp_of(x)
-        ctx.save_for_backward(x)
-        return x * xp.minimum(xp.maximum(x + 3, 0), 6) / 6
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (x,) = ctx.saved_tensors
-        xp = xp_of(x)
-        mid = g * (x / 3 + 0.5)
-        return (xp.where(x <= -3, xp.zeros((), g.dtype), xp.where(x < 3, mid, g)),)
+_Hardswish = _keeps_input(
+    "_Hardswish", lambda xp, x: x * xp.minimum(xp.maximum(x + 3, 0), 6) / 6,
+    lambda xp, x, g: xp.where(x <= -3, xp.zeros((), g.dtype),
+                              xp.where(x < 3, g * (x / 3 + 0.5), g)))
 
 
-def hardswish(input: Any, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's name
-    """``x * relu6(x + 3) / 6``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> hardswish(mt.tensor([3.0]))
-        tensor([3.])
-    """
-    return _pointwise(_Hardswish, "hardswish", input, inplace)
+hardswish = _unary_api(_Hardswish, "hardswish", "``x * relu6(x + 3) / 6``.", "[3.0]",
+                       "tensor([3.])")
 
 
-@half_safe
-class _Shrink(Function):
-    """Hard (``soft=False``) or soft shrinkage by ``lambd``; no gradient inside the band."""
+def _shrink(xp: Any, x: Any, lambd: float, soft: bool) -> Any:
+    zero = xp.zeros((), x.dtype)
+    if not soft:
+        return xp.where((x >= -lambd) & (x <= lambd), zero, x)
+    return xp.where(x > lambd, x - lambd, xp.where(x < -lambd, x + lambd, zero))
 
-    @staticmethod
-    def forward(ctx: Any, x: Any, lambd: float, soft: bool) -> Any:
-        xp = xp_of(x)
-        ctx.save_for_backward(x)
-        ctx.lambd = lambd
-        band = (x >= -lambd) & (x <= lambd)
-        zero = xp.zeros((), x.dtype)
-        if not soft:
-            return xp.where(band, zero, x)
-        return xp.where(x > lambd, x - lambd, xp.where(x < -lambd, x + lambd, zero))
 
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (x,) = ctx.saved_tensors
-        xp = xp_of(x)
-        band = (x >= -ctx.lambd) & (x <= ctx.lambd)
-        return xp.where(band, xp.zeros((), g.dtype), g), None, None
+_Shrink = _keeps_input(
+    "_Shrink", _shrink,
+    lambda xp, x, g, lambd, soft: xp.where((x >= -lambd) & (x <= lambd), xp.zeros((), g.dtype), g),
+    "Hard (``soft=False``) or soft shrinkage by ``lambd``; no gradient inside the band.")
 
 
 def hardshrink(input: Any, lambd: float = 0.5) -> Tensor:  # noqa: A002 - torch's name
@@ -261,21 +206,16 @@ def softshrink(input: Any, lambd: float = 0.5) -> Tensor:  # noqa: A002 - torch'
     return _Shrink.apply(t, lam, True)
 
 
-class _Threshold(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, threshold: float, value: float) -> Any:
-        xp = xp_of(x)
-        ctx.save_for_backward(x)
-        ctx.threshold = threshold
-        with quiet(xp):
-            v = xp.asarray(value).astype(x.dtype)
-        return xp.where(x <= threshold, v, x)
+def _threshold(xp: Any, x: Any, threshold: float, value: float) -> Any:
+    with quiet(xp):
+        v = xp.asarray(value).astype(x.dtype)
+    return xp.where(x <= threshold, v, x)
 
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        (x,) = ctx.saved_tensors
-        xp = xp_of(x)
-        return xp.where(x <= ctx.threshold, xp.zeros((), g.dtype), g), None, None
+
+_Threshold = _keeps_input(
+    "_Threshold", _threshold,
+    lambda xp, x, g, threshold, value: xp.where(x <= threshold, xp.zeros((), g.dtype), g),
+    half=False)
 
 
 def threshold(input: Any, threshold: float, value: float,  # noqa: A002 - torch's names
