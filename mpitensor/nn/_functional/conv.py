@@ -6,7 +6,7 @@ they share."""
 from __future__ import annotations
 
 import numbers
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from mpitensor._base.parallel import one_thread as one_blas_thread
 from mpitensor._core import autocast as _autocast
@@ -551,12 +551,25 @@ def conv3d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - torch's na
     return _conv_nd("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
 
 
-def conv_transpose1d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - torch's name
-                     stride: Union[int, tuple] = 1, padding: Union[int, tuple] = 0,
-                     output_padding: Union[int, tuple] = 0, groups: int = 1,
-                     dilation: Union[int, tuple] = 1) -> Tensor:
-    """1-D transposed convolution, as ``torch.nn.functional.conv_transpose1d``: the input
-    gradient of :func:`conv1d` with the same weight and geometry.
+def _transposed(nd: int, doc: str) -> Callable:
+    """The public ``conv_transpose{nd}d`` with torch's signature and the docstring ``doc``."""
+    name = f"conv_transpose{nd}d"
+
+    def api(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - torch's name
+            stride: Union[int, tuple] = 1, padding: Union[int, tuple] = 0,
+            output_padding: Union[int, tuple] = 0, groups: int = 1,
+            dilation: Union[int, tuple] = 1) -> Tensor:
+        return _conv_transpose_nd(name, nd, input, weight, bias, stride, padding,
+                                  output_padding, groups, dilation)
+
+    api.__name__ = api.__qualname__ = name
+    api.__doc__ = doc
+    return api
+
+
+conv_transpose1d = _transposed(1, """1-D transposed convolution, as
+    ``torch.nn.functional.conv_transpose1d``: the input gradient of :func:`conv1d` with the
+    same weight and geometry.
 
     Args:
         input: (N, C_in, L), or (C_in, L) unbatched.
@@ -581,17 +594,12 @@ def conv_transpose1d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - 
         >>> import mpitensor as mt
         >>> conv_transpose1d(mt.ones(2, 3, 5), mt.ones(3, 4, 4), stride=2, padding=1).shape
         mpitensor.Size([2, 4, 10])
-    """
-    return _conv_transpose_nd("conv_transpose1d", 1, input, weight, bias, stride, padding,
-                              output_padding, groups, dilation)
+    """)
 
 
-def conv_transpose2d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - torch's name
-                     stride: Union[int, tuple] = 1, padding: Union[int, tuple] = 0,
-                     output_padding: Union[int, tuple] = 0, groups: int = 1,
-                     dilation: Union[int, tuple] = 1) -> Tensor:
-    """2-D transposed convolution, as ``torch.nn.functional.conv_transpose2d`` (conv2d's
-    input gradient: col2im of one product per group).
+conv_transpose2d = _transposed(2, """2-D transposed convolution, as
+    ``torch.nn.functional.conv_transpose2d`` (conv2d's input gradient: col2im of one product
+    per group).
 
     Args:
         input: (N, C_in, H, W), or (C_in, H, W) unbatched.
@@ -612,16 +620,11 @@ def conv_transpose2d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - 
         ...                      output_padding=1)
         >>> y.shape  # (4 - 1) * 2 - 2 * 1 + (3 - 1) + 1 + 1 = 8
         mpitensor.Size([1, 3, 8, 8])
-    """
-    return _conv_transpose_nd("conv_transpose2d", 2, input, weight, bias, stride, padding,
-                              output_padding, groups, dilation)
+    """)
 
 
-def conv_transpose3d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - torch's name
-                     stride: Union[int, tuple] = 1, padding: Union[int, tuple] = 0,
-                     output_padding: Union[int, tuple] = 0, groups: int = 1,
-                     dilation: Union[int, tuple] = 1) -> Tensor:
-    """3-D transposed convolution, as ``torch.nn.functional.conv_transpose3d``.
+conv_transpose3d = _transposed(3, """3-D transposed convolution, as
+    ``torch.nn.functional.conv_transpose3d``.
 
     Args:
         input: (N, C_in, D, H, W), or (C_in, D, H, W) unbatched.
@@ -639,6 +642,4 @@ def conv_transpose3d(input: Any, weight: Any, bias: Any = None,  # noqa: A002 - 
         >>> import mpitensor as mt
         >>> conv_transpose3d(mt.ones(1, 2, 2, 2, 2), mt.ones(2, 1, 3, 3, 3), stride=2).shape
         mpitensor.Size([1, 1, 5, 5, 5])
-    """
-    return _conv_transpose_nd("conv_transpose3d", 3, input, weight, bias, stride, padding,
-                              output_padding, groups, dilation)
+    """)
