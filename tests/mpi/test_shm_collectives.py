@@ -17,7 +17,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 from mpitensor.distributed import ReduceOp
-from mpitensor.distributed.backends.mpi import shm_coll
+from mpitensor.distributed.backends.mpi import cma, shm_coll
 from mpitensor.distributed.backends.mpi.shm_pipe import Engine
 from mpitensor.errors import CollectiveMismatchError
 
@@ -30,19 +30,27 @@ SIZES = [1, 3, 1001, 5 * CHUNK + 13]
 _GROUPS: dict = {}
 
 
-@pytest.fixture
-def group(monkeypatch):
-    """A group of every rank through the engine (made once per setting: groups are kept)."""
+@pytest.fixture(params=["direct", "segment"])
+def group(request, monkeypatch):
+    """A group of every rank through the engine (made once per setting and path: groups are
+    kept): ``direct``, where the kernel lets the ranks read each other's memory (cross-memory
+    attach, see ``shm_direct``; else the segment's pipeline too), or ``segment``, the chunk
+    pipeline through the shared slots."""
+    path = request.param
+
     def make(setting: str = "on"):
-        if setting not in _GROUPS:
+        key = (setting, path)
+        if key not in _GROUPS:
             monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", setting)
             old = shm_coll.set_chunk(CHUNK)
+            direct = shm_coll.set_direct(path == "direct")
             try:
                 g = dist.new_group(list(range(dist.get_world_size())))
-                _GROUPS[setting] = g
+                _GROUPS[key] = g
             finally:
                 shm_coll.set_chunk(old)
-        return _GROUPS[setting]
+                shm_coll.set_direct(direct)
+        return _GROUPS[key]
     old = shm_coll.set_chunk(CHUNK)
     yield make
     shm_coll.set_chunk(old)
@@ -123,6 +131,8 @@ def _same(got: np.ndarray, want: np.ndarray, op=None) -> None:
 def _through_engine(g) -> None:
     if g.size() > 1:
         assert isinstance(g.shm, Engine), "the call did not take the shared-memory engine"
+        if g.shm.cma:
+            assert cma.available()
 
 
 @pytest.mark.parametrize("dtype,op", CASES, ids=[f"{np.dtype(d).name}-{o.name}"

@@ -7,7 +7,10 @@ reduces its share of each chunk, in rank order) instead of MPI. MPICH's own node
 collectives move every byte through small shared cells, piece by piece, once per peer; here
 each byte of a member's buffer is copied into the segment at most once, the members reduce in
 parallel, and the result is bitwise the same on every member (the fixed-order reduction
-``x0 op x1 op ... op x(p-1)``).
+``x0 op x1 op ... op x(p-1)``). Where every member may read every other's memory (Linux
+cross-memory attach, probed when the engine is made and agreed by all), the calls take the
+direct path instead (:mod:`shm_direct`): the segment carries only addresses and step counters,
+and each member reads its peers' buffers where they lie.
 
 **When.** On groups that ``MPI_Comm_split_type(SHARED)`` finds whole on one node (asked when
 the group is made). ``MPITENSOR_SHM_COLLECTIVES`` (read then too): ``off`` never; ``on``
@@ -20,9 +23,9 @@ private communicator, map it, and agree; the name is removed as soon as every me
 it (or gave up), so nothing is left behind however the job ends. Where that fails (a full
 ``/dev/shm``) every member learns it in the same reduction and the group stays on MPI for
 good. In ``auto`` the members then measure, together, the engine and MPI on a small and a
-large all-reduce and all-gather, take the slowest member's times, and fit each a line: a call
-takes the engine only from the size where its line is 10 % below MPI's (never below
-:data:`FLOOR`). Debug mode (``MPITENSOR_DEBUG``) keeps every call on MPI, where its checks are.
+large all-reduce, reduce-scatter and all-gather, take the slowest member's times, and fit each
+a line: a call takes the engine only from the size where its kind's line is 10 % below MPI's
+(never below :data:`FLOOR`). Debug mode (``MPITENSOR_DEBUG``) keeps every call on MPI, where its checks are.
 
 **Checks and faults.** Every call through the engine posts its fingerprint in the group's
 agreement slots (``fingerprint.NodeCheck``, whatever its size) and waits for its peers' before
@@ -57,7 +60,9 @@ from ...health import watchdog as W
 from ...health.state import MASK
 from ...process_group import ReduceOp, Work
 from . import buffers as B
+from . import cma as _cma
 from . import shm as _shm
+from . import shm_direct as _direct
 from . import shm_pipe as P
 from .shm_pipe import Engine, Reducer, bounds
 
@@ -68,6 +73,7 @@ FLOOR = 512 << 10
 _PREFIX = "mpitensor-coll-"
 _MARGIN = 0.9  # auto: the engine's modelled time must be this fraction of MPI's, or less
 _CAL_BYTES = (256 << 10, 4 << 20)  # the calibration's two sizes
+_KINDS = ("reduce", "scatter", "move")  # the thresholds' kinds of call
 
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
            ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
@@ -75,6 +81,8 @@ _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.mult
            ReduceOp.BXOR: np.bitwise_xor}
 _BOOL = {ReduceOp.SUM: np.maximum, ReduceOp.PRODUCT: np.minimum}
 _reducers: dict = {}
+_use_cma = True  # engines made from now on probe for the direct path (tests: set_direct)
+_direct_chunk = _direct.CHUNK  # their direct reductions' piece (tests: set_chunk)
 
 
 def floor(g: Any) -> int:
@@ -106,8 +114,19 @@ def free(g: Any) -> None:
 
 
 def set_chunk(nbytes: int) -> int:
-    """Tests: the slot size of engines made from now on (a multiple of 64); the old one."""
+    """Tests: the slot size of engines made from now on (a multiple of 64), also the piece
+    the direct path reduces at a time; the old one."""
+    global _direct_chunk
     old, P.CHUNK = P.CHUNK, max(64, nbytes // 64 * 64)
+    _direct_chunk = _direct.CHUNK if P.CHUNK == P.DEFAULT_CHUNK else P.CHUNK
+    return old
+
+
+def set_direct(use: bool) -> bool:
+    """Tests: whether engines made from now on may take the direct path (cross-memory
+    reads, where every member can); the old setting."""
+    global _use_cma
+    old, _use_cma = _use_cma, bool(use)
     return old
 
 
@@ -267,6 +286,14 @@ def reduce(g: Any, tensor: Any, arr: np.ndarray, dst: Any, op: Any, async_op: bo
 def _reduce_core(eng: Engine, buf: np.ndarray, red: Reducer, root: int,
                  back: Optional[Callable[[], None]]) -> None:
     """all_reduce (``root`` -1) or reduce to ``root`` of the flat ``buf``."""
+    if eng.cma:
+        if root < 0:
+            _direct.all_reduce(eng, buf, red)
+        else:
+            _direct.reduce(eng, buf, red, root)
+        if back is not None:
+            back()
+        return
     p, me, dt, n = eng.p, eng.me, buf.dtype, buf.size
     ce = eng.chunk // dt.itemsize
     keeps = root < 0 or root == me
@@ -311,7 +338,7 @@ def reduce_scatter_tensor(g: Any, output: Any, out: np.ndarray, inp: np.ndarray,
     rop, red = _reducer(op, out.dtype, p)
     if red is None:
         return PASS
-    eng = _start(g, "reduce_scatter_tensor", "reduce", inp.nbytes, inp, rop, -1, (out, inp),
+    eng = _start(g, "reduce_scatter_tensor", "scatter", inp.nbytes, inp, rop, -1, (out, inp),
                  inp, async_op)
     if eng is None:
         return PASS
@@ -328,7 +355,7 @@ def reduce_scatter(g: Any, output: Any, out: Any, input_list: Any, op: Any,
     rop, red = _reducer(op, out.dtype, p)
     if red is None:
         return PASS
-    eng = _start(g, "reduce_scatter", "reduce", out.nbytes * p, out, rop, -1, (out, ins), out,
+    eng = _start(g, "reduce_scatter", "scatter", out.nbytes * p, out, rop, -1, (out, ins), out,
                  async_op)
     if eng is None:
         return PASS
@@ -358,6 +385,14 @@ def _scatter_core(eng: Engine, out: np.ndarray, segs: List[np.ndarray], red: Red
     """Reduce-scatter: member r's ``out`` is the reduction of every member's ``segs[r]``."""
     p, me, dt = eng.p, eng.me, out.dtype
     dest, back = _flat(out, True)
+    if eng.cma:
+        # peers read this member's pieces but its own while it writes dest
+        if any(np.may_share_memory(dest, s) for r, s in enumerate(segs) if r != me):
+            segs = [s.copy() for s in segs]
+        _direct.reduce_scatter(eng, dest, segs, red)
+        if back is not None:
+            back()
+        return
     if any(np.may_share_memory(dest, s) for s in segs):
         segs = [s.copy() for s in segs]  # the in-place idiom: out is one of the pieces
     m = dest.size
@@ -431,6 +466,11 @@ def _gather_core(eng: Engine, inp: np.ndarray, outs: List[np.ndarray],
         if not (src.__array_interface__ == outs[me].__array_interface__):
             src = src.copy()  # overlaps another member's place: read before it is written
     src, outs = src.view(np.uint8), [o.view(np.uint8) for o in outs]
+    if eng.cma:
+        _direct.all_gather(eng, src, outs)
+        if back is not None:
+            back()
+        return
     m, u8 = src.size, src.dtype
     ce = eng.chunk
 
@@ -472,6 +512,11 @@ def _bcast_core(eng: Engine, buf: np.ndarray, root: int,
                 back: Optional[Callable[[], None]]) -> None:
     me = eng.me
     raw = buf.view(np.uint8)
+    if eng.cma:
+        _direct.broadcast(eng, raw, root)
+        if back is not None:
+            back()
+        return
     m, u8, ce = raw.size, raw.dtype, eng.chunk
 
     def fill(k: int, st: int) -> None:
@@ -512,19 +557,28 @@ def _setup(g: Any, s: int, op: str) -> Any:
         if v[4]:
             name = _PREFIX + v[:4].tobytes().decode("ascii", "replace")
             mm = _shm.attach(os.path.join(_shm.DIR, name), size)
-        ok = np.array([int(mm is not None)], np.int64)
+        eng = Engine(g, mm, P.CHUNK) if mm is not None else None
+        mark = np.array([os.getpid()], np.int64)  # what the peers' probes read
+        if eng is not None:
+            _direct.probe_row(eng, mark)
+        ok = np.array([int(eng is not None)], np.int64)
         _exchange(h, ok, MPI.MIN, s, op)
     finally:
         if path is not None:
             _shm.remove(path)
     if not ok[0]:
-        if mm is not None:
-            mm.close()
+        if eng is not None:
+            eng.close()
         return False
-    eng = Engine(g, mm, P.CHUNK)
     eng.op, eng.seq = op, s
+    if _use_cma:
+        # every member may read every peer's memory, or none uses the direct path
+        can = np.array([int(_cma.available() and _direct.probe(eng))], np.int64)
+        _exchange(h, can, MPI.MIN, s, op)
+        if can[0]:
+            _direct.setup(eng, _direct_chunk)
     if g.shm_min <= 1:  # "on": always
-        eng.thresholds = {"reduce": 0, "move": 0}
+        eng.thresholds = {"reduce": 0, "scatter": 0, "move": 0}
     else:
         eng.thresholds = _calibrate(eng, g, s, op)
     return eng
@@ -541,41 +595,47 @@ def best_time(fn: Callable[[], None], reps: int = 3) -> float:
 
 
 def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
-    """The group's thresholds, measured: per kind ("reduce", "move"), the size from which the
+    """The group's thresholds, measured: per kind ("reduce": all_reduce and reduce;
+    "scatter": reduce_scatter; "move": all_gather and broadcast), the size from which the
     engine's fitted time is at most _MARGIN of MPI's (OFF_BYTES: never), at least FLOOR.
     Every member measures the same calls together; the slowest member's times decide."""
     h = g.health
     label = f"{op} (shared-memory calibration)"
-    t = np.zeros(8)
+    t = np.zeros((len(_CAL_BYTES), len(_KINDS), 2))  # size, kind, (engine, MPI)
     for i, nbytes in enumerate(_CAL_BYTES):
-        t[[i, 2 + i, 4 + i, 6 + i]] = _measure(eng, h, s, label, nbytes)
-    _exchange(h, t, MPI.MAX, s, op)
-    out = {}
-    for kind, k in (("reduce", 0), ("move", 4)):
-        out[kind] = _crossing(t[k:k + 2], t[k + 2:k + 4])
-    return out
+        t[i] = _measure(eng, h, s, label, nbytes)
+    _exchange(h, t.reshape(-1), MPI.MAX, s, op)
+    return {kind: _crossing(t[:, k, 0], t[:, k, 1]) for k, kind in enumerate(_KINDS)}
 
 
 def _measure(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> list:
-    """Seconds of an all-reduce of ``nbytes`` (float32) through the engine and through MPI,
-    then of an all-gather into ``nbytes``, through each (best of a few, after a warm-up)."""
+    """Seconds of an all-reduce of ``nbytes`` (float32), a reduce-scatter of ``nbytes`` and
+    an all-gather into ``nbytes``, each through the engine and through MPI (best of a few,
+    after a warm-up): ``[[engine, MPI]`` per kind of :data:`_KINDS`]."""
     p, diag = eng.p, h.diag
     n = nbytes // 4 // p * p
     buf = np.ones(n, np.float32)
-    outs = _pieces(buf, p)
+    out = np.zeros(n // p, np.float32)
+    pieces = _pieces(buf, p)
     red = _reducer(ReduceOp.SUM, buf.dtype, p)[1]
 
-    def mpi_reduce() -> None:
-        W.wait(h, diag.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], MPI.SUM), label, s)
+    def mpi(req: Callable[[], Any]) -> Callable[[], None]:
+        return lambda: W.wait(h, req(), label, s)
 
-    def mpi_gather() -> None:
-        W.wait(h, diag.Iallgather(MPI.IN_PLACE, [buf, MPI.FLOAT]), label, s)
-
+    fns = ((lambda: _reduce_core(eng, buf, red, -1, None),
+            mpi(lambda: diag.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], MPI.SUM))),
+           (lambda: _scatter_core(eng, out, pieces, red),
+            mpi(lambda: diag.Ireduce_scatter_block([buf, MPI.FLOAT], [out, MPI.FLOAT],
+                                                   MPI.SUM))),
+           (lambda: _gather_core(eng, pieces[0], pieces, None),
+            mpi(lambda: diag.Iallgather(MPI.IN_PLACE, [buf, MPI.FLOAT]))))
     times = []
-    for fn in (lambda: _reduce_core(eng, buf, red, -1, None), mpi_reduce,
-               lambda: _gather_core(eng, outs[0], outs, None), mpi_gather):
-        fn()  # warm: first touch of the slots, MPI's first use of this size
-        times.append(best_time(fn))
+    for pair in fns:
+        row = []
+        for fn in pair:
+            fn()  # warm: first touch of the slots, MPI's first use of this size
+            row.append(best_time(fn))
+        times.append(row)
     return times
 
 

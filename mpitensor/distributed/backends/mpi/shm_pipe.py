@@ -44,7 +44,8 @@ import numpy as np
 from ...health import faults as _faults
 from ...health import watchdog as W
 
-CHUNK = 1 << 20  # bytes per member and set (a test may make it smaller: shm_coll.set_chunk)
+DEFAULT_CHUNK = 1 << 20
+CHUNK = DEFAULT_CHUNK  # bytes per member and set (a test may make it smaller: shm_coll.set_chunk)
 _LINE = 8  # int64 words per member's control line (a cache line)
 IN, RED, OUT, PID = 0, 1, 2, 3
 _ALIVE_EVERY_S = 9e-4  # a wait looks at its peers' processes this often: before each of the
@@ -53,8 +54,9 @@ _perf = time.perf_counter
 
 
 def control_bytes(size: int) -> int:
-    """Bytes before the slots: one control line per member, rounded to a page."""
-    return -(-(size * _LINE * 8) // 4096) * 4096
+    """Bytes before the slots: one control line per member, then a row of ``size`` addresses
+    per member (the direct reads', see ``shm_direct``), rounded to a page."""
+    return -(-(size * (_LINE + size) * 8) // 4096) * 4096
 
 
 def segment_bytes(size: int, chunk: int) -> int:
@@ -135,10 +137,20 @@ class Engine:
         self.op, self.seq = "collective", 0  # the call in progress, for the waits' reports
         self.q[self.me * _LINE + PID] = os.getpid()
         self.thresholds: dict = {}  # kind -> bytes from which the engine pays (shm_coll)
+        # the direct path (shm_direct): each member's row of addresses its peers read from,
+        # whether every pair of members may read each other's memory (agreed at setup), the
+        # peers' process ids, and one scratch piece per member for the reductions' reads
+        table = np.frombuffer(mm, np.int64, self.p * self.p, self.p * _LINE * 8)
+        self.addr = table.reshape(self.p, self.p)
+        self.cma = False
+        self.reader: Any = None
+        self.pids: List[int] = []
+        self.scratch: List[np.ndarray] = []
 
     def close(self) -> None:
         q, self.q = self.q, None
         self.slots = []
+        self.addr = None
         if q is not None:
             q.release()
             self.mm.close()
@@ -153,6 +165,19 @@ class Engine:
             if q[r * _LINE + w] < t:
                 W.wait(self.h, _Steps(self, w, t, ranks), self.op, self.seq)
                 return
+
+    def arrive(self, row: Sequence[int]) -> int:
+        """Begin a direct call: publish this member's ``row`` of addresses (the one its member
+        ``k`` reads is ``row[k]``) and wait until every member has; the call's step number."""
+        t = self.step = self.step + 1
+        self.addr[self.me] = row
+        self.sync(IN, t)
+        return t
+
+    def sync(self, w: int, t: int) -> None:
+        """Publish step ``t`` in word ``w`` and wait for every member to have."""
+        self.publish(w, t)
+        self.wait(w, t, self.everyone)
 
     def check_alive(self, r: int) -> None:
         """Raise PeerFailedError (and break the group) if member ``r``'s process is gone."""

@@ -1,0 +1,161 @@
+"""The engine's direct path: collectives that read the peers' buffers where they lie.
+
+Where every member may read every other member's memory (:mod:`cma`, probed and agreed when
+the group's engine is made), a call needs neither the segment's slots nor a step per chunk:
+each member publishes, in its row of the segment's address table, where its peers find what
+they read from it, and the members meet at two or three points per call (``Engine.sync``):
+
+* **all_reduce**: member ``r`` reads part ``r`` of every peer's buffer, piece by piece into a
+  scratch piece that stays in cache, and reduces it with its own part in rank order
+  (``x0 op x1 op ... op x(p-1)``: bitwise the same wherever it is computed) into its own
+  buffer; then (everyone done) it reads every peer's reduced part straight into its buffer.
+  Each rank moves ``2 (p-1)/p`` of the buffer across memory once, as a ring would, with no
+  staging copy and a sync per phase instead of per chunk;
+* **reduce_scatter**: the first phase alone, into the output;
+* **all_gather**: each member reads every peer's input straight into its place in its output
+  (one copy per byte, where the segment takes two);
+* **reduce**: the root reads every peer's buffer and reduces it into its own;
+* **broadcast**: every member but the root reads the root's buffer.
+
+Every call ends at a meeting after its last read, so no member returns (and may change its
+buffer) while a peer still reads it. A read that fails because the peer's process is gone ends
+with :class:`PeerFailedError` (``Engine.check_alive``).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+
+from ....errors import MpiTensorError
+from . import cma as _cma
+from .shm_pipe import _LINE, OUT, PID, RED, Engine, Reducer, bounds
+
+CHUNK = 512 << 10  # bytes per peer read into scratch before a reduction (cache-resident)
+
+
+def setup(eng: Engine, chunk: int = CHUNK) -> None:
+    """Give the engine what its direct calls need (once every member agreed to use them)."""
+    eng.reader = _cma.Reader()
+    eng.scratch = [np.empty(chunk, np.uint8) for _ in range(eng.p)]
+    eng.cma = True
+
+
+def probe_row(eng: Engine, mark: np.ndarray) -> None:
+    """Publish where this member's probe word ``mark`` lies (every member reads it)."""
+    eng.addr[eng.me] = mark.ctypes.data
+
+
+def probe(eng: Engine) -> bool:
+    """Whether this member can read every peer's probe word (each holds its peer's pid),
+    once every member has published its row."""
+    eng.pids = [int(eng.q[r * _LINE + PID]) for r in range(eng.p)]
+    got = np.zeros(1, np.int64)
+    reader = _cma.Reader()
+    for r in range(eng.p):
+        if r == eng.me:
+            continue
+        try:
+            reader.read(eng.pids[r], got.ctypes.data, int(eng.addr[r, eng.me]), 8)
+        except OSError:
+            return False
+        if int(got[0]) != eng.pids[r]:
+            return False
+    return True
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _read(eng: Engine, r: int, dst: np.ndarray, src: int) -> None:
+    """Copy ``dst.nbytes`` bytes from member ``r``'s address ``src`` into ``dst``."""
+    if not dst.nbytes:
+        return
+    try:
+        eng.reader.read(eng.pids[r], _addr(dst), src, dst.nbytes)
+    except _cma.CmaError as exc:
+        eng.check_alive(r)  # a peer that is gone: PeerFailedError
+        raise MpiTensorError(f"rank {eng.h.ranks[eng.me]}: {eng.op} (#{eng.seq}) could not "
+                             f"read rank {eng.h.ranks[r]}'s buffer ({exc.strerror}); set "
+                             "MPITENSOR_SHM_COLLECTIVES=off to keep collectives on MPI") from exc
+
+
+def _reduce_part(eng: Engine, dest: np.ndarray, own: np.ndarray, remote: List[int],
+                 red: Reducer) -> None:
+    """``dest`` = the rank-order reduction of every member's piece: this member's ``own``,
+    member ``r``'s at its address ``remote[r]`` (``dest`` may be ``own`` itself)."""
+    p, me, dt = eng.p, eng.me, dest.dtype
+    isz = dt.itemsize
+    ce = eng.scratch[0].nbytes // isz
+    alias = me >= 2 and np.may_share_memory(dest, own)  # the first op would overwrite it
+    for lo in range(0, dest.size, ce):
+        hi = min(dest.size, lo + ce)
+        srcs = []
+        for r in range(p):
+            piece = eng.scratch[r][:(hi - lo) * isz].view(dt)
+            if r != me:
+                _read(eng, r, piece, remote[r] + lo * isz)
+            elif alias:
+                piece[...] = own[lo:hi]
+            else:
+                piece = own[lo:hi]
+            srcs.append(piece)
+        red.into(dest[lo:hi], srcs)
+
+
+def all_reduce(eng: Engine, buf: np.ndarray, red: Reducer) -> None:
+    """All-reduce of the flat contiguous ``buf`` in place."""
+    p, me, isz = eng.p, eng.me, buf.itemsize
+    b = bounds(buf.size, p)
+    base = _addr(buf)
+    t = eng.arrive([base + b[k] * isz for k in range(p)])
+    mine = buf[b[me]:b[me + 1]]
+    _reduce_part(eng, mine, mine, [int(eng.addr[r, me]) for r in range(p)], red)
+    eng.sync(RED, t)
+    for i in range(1, p):
+        r = (me + i) % p
+        _read(eng, r, buf[b[r]:b[r + 1]], int(eng.addr[r, r]))
+    eng.sync(OUT, t)
+
+
+def reduce_scatter(eng: Engine, dest: np.ndarray, segs: List[np.ndarray],
+                   red: Reducer) -> None:
+    """``dest`` (flat, contiguous) = the reduction of every member's ``segs[me]``; ``dest``
+    overlaps no piece a peer reads (the caller copies them where it would)."""
+    p, me = eng.p, eng.me
+    t = eng.arrive([_addr(s) for s in segs])
+    _reduce_part(eng, dest, segs[me], [int(eng.addr[r, me]) for r in range(p)], red)
+    eng.sync(OUT, t)
+
+
+def all_gather(eng: Engine, src: np.ndarray, outs: List[np.ndarray]) -> None:
+    """Every member's ``outs[r]`` (flat bytes) = member r's ``src``; ``src`` overlaps no
+    ``outs[k]`` but this member's own (the caller copies it where it would)."""
+    p, me = eng.p, eng.me
+    t = eng.arrive([_addr(src)] * p)
+    if _addr(outs[me]) != _addr(src):
+        outs[me][...] = src
+    for i in range(1, p):
+        r = (me + i) % p
+        _read(eng, r, outs[r], int(eng.addr[r, 0]))
+    eng.sync(OUT, t)
+
+
+def reduce(eng: Engine, buf: np.ndarray, red: Reducer, root: int) -> None:
+    """Reduce of the flat contiguous ``buf`` to member ``root``: the root reads every peer's
+    buffer piece by piece and reduces it in rank order into its own; the others' stay as
+    they are."""
+    t = eng.arrive([_addr(buf)] * eng.p)
+    if eng.me == root:
+        _reduce_part(eng, buf, buf, [int(eng.addr[r, root]) for r in range(eng.p)], red)
+    eng.sync(OUT, t)
+
+
+def broadcast(eng: Engine, buf: np.ndarray, root: int) -> None:
+    """Every member's flat ``buf`` = the root's."""
+    t = eng.arrive([_addr(buf)] * eng.p)
+    if eng.me != root:
+        _read(eng, root, buf, int(eng.addr[root, 0]))
+    eng.sync(OUT, t)
