@@ -17,6 +17,8 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+import operator
 import warnings
 from typing import Any, Optional
 
@@ -126,71 +128,69 @@ Hardswish = _plain("Hardswish", "hardswish", "``x * relu6(x + 3) / 6``.", "0.0",
                    _Inplace, _show_inplace=False)
 
 
+_REQUIRED = inspect.Parameter.empty
+_ARG = inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+
 class _Numbers(Module):
-    """An activation with the numbers named in ``_fields`` and ``inplace``; the repr lists
-    the numbers. (Each forward is its own: a shared one reading ``_fields`` cost 0.5 us a call.)"""
+    """An activation with the numbers named in ``_fields`` (and ``inplace`` where it takes
+    one); the repr lists them. Made by :func:`_numbers`."""
 
     _fields: tuple = ()
-
-    def _keep(self, *values: Any, inplace: bool) -> None:
-        """Check and store the constructor's numbers, in ``_fields``' order, and ``inplace``."""
-        for name, value in zip(self._fields, values):
-            setattr(self, name, _number(type(self).__name__, name, value))
-        self.inplace = inplace
+    inplace = False
 
     def extra_repr(self) -> str:
         return _fields_repr(self, *self._fields)
 
 
-class ELU(_Numbers):
-    """Exponential linear unit with parameter ``alpha``.
+def _numbers(name: str, fname: str, numbers: dict, inplace: bool, what: str, call: str, x: str,
+             out: str, **attrs: Any) -> type:
+    """An activation module ``name(*numbers, inplace=False)`` running
+    ``F.<fname>(input, *numbers[, inplace])``.
 
-    Example:
-        >>> import mpitensor as mt
-        >>> ELU(alpha=0.5)(mt.tensor([1.0]))
-        tensor([1.])
+    ``numbers`` maps each constructor argument, in order, to its default (``_REQUIRED``:
+    none); each is checked to be a real number. ``inplace``: whether the module takes
+    ``inplace``. Its docstring is ``what`` and an example taking ``mt.tensor([x])`` through
+    ``call`` (the constructor call) to ``out``; ``attrs`` are further class attributes.
     """
+    params = [inspect.Parameter("self", _ARG)]
+    params += [inspect.Parameter(n, _ARG, default=d, annotation=float) for n, d in numbers.items()]
+    if inplace:
+        params.append(inspect.Parameter("inplace", _ARG, default=False, annotation=bool))
+    sig = inspect.Signature(params, return_annotation=None)
+    fields = tuple(numbers)
+    names = fields + (("inplace",) if inplace else ())
+    read = operator.attrgetter(*names) if len(names) > 1 else (lambda m: (getattr(m, names[0]),))
+    fn = getattr(F, fname)
 
-    _fields = ("alpha",)
+    def __init__(self: Module, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - the method
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        Module.__init__(self)
+        for n in fields:
+            setattr(self, n, _number(name, n, bound.arguments[n]))
+        if inplace:
+            self.inplace = bound.arguments["inplace"]
 
-    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
-        super().__init__()
-        self._keep(alpha, inplace=inplace)
+    def forward(self: Module, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return fn(input, *read(self))
 
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.elu(input, self.alpha, self.inplace)
-
-
-class CELU(ELU):
-    """Continuously differentiable ELU with parameter ``alpha``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> CELU()(mt.tensor([1.0]))
-        tensor([1.])
-    """
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.celu(input, self.alpha, self.inplace)
+    __init__.__signature__ = sig  # type: ignore[attr-defined]
+    doc = (f"{what}\n\n    Example:\n        >>> import mpitensor as mt\n"
+           f"        >>> {call}(mt.tensor([{x}]))\n        {out}\n    ")
+    return type(name, (_Numbers,), {"__doc__": doc, "__module__": __name__, "_fields": fields,
+                                    "__init__": __init__, "forward": forward, **attrs})
 
 
-class LeakyReLU(_Numbers):
-    """``x`` for x > 0, ``negative_slope * x`` otherwise.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> LeakyReLU(0.5)(mt.tensor([-2.0]))
-        tensor([-1.])
-    """
-
-    _fields = ("negative_slope",)
-
-    def __init__(self, negative_slope: float = 1e-2, inplace: bool = False) -> None:
-        super().__init__()
-        self._keep(negative_slope, inplace=inplace)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.leaky_relu(input, self.negative_slope, self.inplace)
+ELU = _numbers("ELU", "elu", {"alpha": 1.0}, True,
+               "Exponential linear unit with parameter ``alpha``.", "ELU(alpha=0.5)", "1.0",
+               "tensor([1.])")
+CELU = _numbers("CELU", "celu", {"alpha": 1.0}, True,
+                "Continuously differentiable ELU with parameter ``alpha``.", "CELU()", "1.0",
+                "tensor([1.])")
+LeakyReLU = _numbers("LeakyReLU", "leaky_relu", {"negative_slope": 1e-2}, True,
+                     "``x`` for x > 0, ``negative_slope * x`` otherwise.", "LeakyReLU(0.5)",
+                     "-2.0", "tensor([-1.])")
 
 
 class Hardtanh(Module):
@@ -251,37 +251,16 @@ class ReLU6(Hardtanh):
         return _inplace_repr(self.inplace)
 
 
-class Hardshrink(Module):
-    """``x`` where ``|x| > lambd``, else 0.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Hardshrink()(mt.tensor([0.1, 1.0]))
-        tensor([0., 1.])
-    """
-
-    def __init__(self, lambd: float = 0.5) -> None:
-        super().__init__()
-        self.lambd = _number(type(self).__name__, "lambd", lambd)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.hardshrink(input, self.lambd)
-
-    def extra_repr(self) -> str:
-        return f"{self.lambd}"
+def _value_repr(module: Module) -> str:
+    return f"{module.lambd}"  # type: ignore[attr-defined]
 
 
-class Softshrink(Hardshrink):
-    """Soft shrinkage by ``lambd``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Softshrink()(mt.tensor([1.0]))
-        tensor([0.5000])
-    """
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.softshrink(input, self.lambd)
+Hardshrink = _numbers("Hardshrink", "hardshrink", {"lambd": 0.5}, False,
+                      "``x`` where ``|x| > lambd``, else 0.", "Hardshrink()", "0.1, 1.0",
+                      "tensor([0., 1.])", extra_repr=_value_repr)
+Softshrink = _numbers("Softshrink", "softshrink", {"lambd": 0.5}, False,
+                      "Soft shrinkage by ``lambd``.", "Softshrink()", "1.0", "tensor([0.5000])",
+                      extra_repr=_value_repr)
 
 
 Tanhshrink = _plain("Tanhshrink", "tanhshrink", "``x - tanh(x)``.", "0.0", "tensor([0.])")
@@ -292,44 +271,12 @@ Sigmoid = _plain("Sigmoid", "sigmoid", "``1 / (1 + exp(-x))``.", "0.0", "tensor(
 Tanh = _plain("Tanh", "tanh", "The hyperbolic tangent.", "0.0", "tensor([0.])")
 
 
-class Softplus(Module):
-    """``log(1 + exp(beta * x)) / beta``, linear above ``threshold``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Softplus(beta=2.0)(mt.tensor([30.0]))
-        tensor([30.])
-    """
-
-    def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
-        super().__init__()
-        self.beta = _number("Softplus", "beta", beta)
-        self.threshold = _number("Softplus", "threshold", threshold)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.softplus(input, self.beta, self.threshold)
-
-    def extra_repr(self) -> str:
-        return f"beta={self.beta}, threshold={self.threshold}"
-
-
-class Threshold(_Numbers):
-    """``x`` where ``x > threshold``, ``value`` elsewhere.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Threshold(0.5, -1.0)(mt.tensor([0.0, 1.0]))
-        tensor([-1.,  1.])
-    """
-
-    _fields = ("threshold", "value")
-
-    def __init__(self, threshold: float, value: float, inplace: bool = False) -> None:
-        super().__init__()
-        self._keep(threshold, value, inplace=inplace)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.threshold(input, self.threshold, self.value, self.inplace)
+Softplus = _numbers("Softplus", "softplus", {"beta": 1.0, "threshold": 20.0}, False,
+                    "``log(1 + exp(beta * x)) / beta``, linear above ``threshold``.",
+                    "Softplus(beta=2.0)", "30.0", "tensor([30.])")
+Threshold = _numbers("Threshold", "threshold", {"threshold": _REQUIRED, "value": _REQUIRED}, True,
+                     "``x`` where ``x > threshold``, ``value`` elsewhere.", "Threshold(0.5, -1.0)",
+                     "0.0, 1.0", "tensor([-1.,  1.])")
 
 
 class GLU(Module):
@@ -420,28 +367,6 @@ class RReLU(Module):
         return _fields_repr(self, "lower", "upper")
 
 
-class Softmin(Module):
-    """``softmax(-x)`` along ``dim``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> Softmin(dim=0)(mt.tensor([0.0, 0.0]))
-        tensor([0.5000, 0.5000])
-    """
-
-    def __init__(self, dim: Optional[int] = None) -> None:
-        super().__init__()
-        if dim is not None and not is_int(dim):
-            raise TypeError(f"Softmin: dim must be an int or None, got {dim!r}")
-        self.dim = dim
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.softmin(input, self.dim, _stacklevel=5)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
-
-
 class Softmax2d(_Plain):
     """Softmax over the channels of a (N, C, H, W) or (C, H, W) input.
 
@@ -484,14 +409,17 @@ class ReLU(Module):
 
 
 class _SoftmaxLike(Module):
-    """Shared body of :class:`LogSoftmax` and :class:`Softmax`: ``_fname`` names the F op."""
+    """Shared body of :class:`LogSoftmax`, :class:`Softmax` and :class:`Softmin`: ``_fname``
+    names the F op; a ``dim`` that is neither an int nor None raises ``_dim_error``."""
 
     _fname = ""
+    _dim_error: type = ValueError
 
     def __init__(self, dim: Optional[int] = None) -> None:
         super().__init__()
         if dim is not None and not _is_int(dim):
-            raise ValueError(f"{type(self).__name__}: dim must be an int or None, got {dim!r}")
+            raise self._dim_error(f"{type(self).__name__}: dim must be an int or None, got "
+                                  f"{dim!r}")
         self.dim = dim
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
@@ -524,6 +452,21 @@ class Softmax(_SoftmaxLike):
     """
 
     _fname = "softmax"
+
+
+class Softmin(_SoftmaxLike):
+    """``softmax(-x)`` along ``dim``.
+
+    Example:
+        >>> import mpitensor as mt
+        >>> Softmin(dim=0)(mt.tensor([0.0, 0.0]))
+        tensor([0.5000, 0.5000])
+    """
+
+    _dim_error = TypeError
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return F.softmin(input, self.dim, _stacklevel=5)
 
 
 class MultiheadAttention(Module):
