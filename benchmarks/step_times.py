@@ -1,0 +1,373 @@
+"""DDP and ``fully_shard`` training steps through MPI and through node-local shared memory,
+in one run (issue 29's "step times at 2 and 4 ranks, before and after").
+
+Usage (from the repository root)::
+
+    python benchmarks/step_times.py                  # 2 and 4 ranks; docs/benchmarks-steps.md
+    python benchmarks/step_times.py --ranks 2 --quick --out-md ''   # a small model, seconds
+    mpiexec -n 4 python benchmarks/step_times.py     # one job: its table on stdout
+
+Without a launcher the script is a driver: for each ``--ranks`` count it starts one
+``mpiexec -n N`` job of itself (bounded by ``--timeout`` seconds), then writes the Markdown
+report (``--out-md``, default ``docs/benchmarks-steps.md``; ``''`` prints it only) and, with
+``--json PATH``, every figure. Under ``mpiexec`` (or with ``--worker``) it is that job.
+
+The model is ``benchmarks/sharded.py``'s (imported, not copied): a 4-layer MLP of ``--width``
+units (2240: 20.1M float32 parameters), Adam, ``--batch`` random samples per rank and step;
+each rank runs one BLAS/OpenMP thread. In one job, for DDP and then for ``fully_shard``, three
+configurations are built side by side and timed in turn:
+
+* **MPI** ("before"): the group made with ``MPITENSOR_SHM_COLLECTIVES=off`` and DDP with
+  ``MPITENSOR_NODE_REDUCE=off``: every collective is MPI's;
+* **shm** ("after"): both switches ``auto``, the default: calls the group's measured cost model
+  sends to the shared-memory engine (``mpitensor/distributed/backends/mpi/shm_coll.py``) go
+  there, and DDP's buckets meet in shared memory where the ranks outnumber the cores and the
+  buckets are small (docs/ddp.md);
+* **local**: the same model, unwrapped, on the same batch, on every rank at once: the step
+  with no communication at all.
+
+Both switches are read when a group (a DDP) is made, so each configuration gets its own group
+(``new_group`` for DDP, ``init_device_mesh`` for ``fully_shard``), made with the switches set
+for it. After ``--warmup`` untimed steps each (the shm group's cost model is measured at its
+first large call, in the warm-up), ``--reps`` repetitions of ``--steps`` steps follow, the
+three configurations in turn, the order rotated every repetition; a repetition's step time is
+the slowest rank's mean. Reported: the median step of each, the **paired ratio** shm / MPI (the
+median over repetitions of the ratio of the two times taken in that repetition, which cancels
+most of the load that comes and goes), and the **communication share** of each step,
+``1 - local / step`` paired the same way: the time the step spends beyond its own arithmetic
+(for ``fully_shard`` the local step also runs Adam over the whole model, N times the sharded
+step's optimizer work, so its share is a lower bound). DDP rows add ``comm_stats``' own
+figure: the wait at the end of backward, per step.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_v] = "1"
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable, Dict, List  # noqa: E402
+from unittest import mock  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SWITCHES = ("MPITENSOR_SHM_COLLECTIVES", "MPITENSOR_NODE_REDUCE")
+CONFIGS = ("local", "MPI", "shm")  # the timed configurations, in their first order
+SETTING = {"MPI": "off", "shm": "auto"}
+LAUNCHED = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+
+
+def _args(argv: "List[str] | None" = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", default="2,4", help="driver: the rank counts, comma-separated")
+    p.add_argument("--width", type=int, default=2240)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=2, help="steps per repetition")
+    p.add_argument("--reps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="width 512, 2 reps of 1 step")
+    p.add_argument("--timeout", type=float, default=300.0, help="driver: seconds per job")
+    p.add_argument("--out-md", default=str(ROOT / "docs" / "benchmarks-steps.md"),
+                   help="driver: the report ('' prints it only)")
+    p.add_argument("--json", help="write every figure to this file")
+    p.add_argument("--note", default="", help="driver: a line for the report's setup (say, "
+                   "what else ran on the machine)")
+    p.add_argument("--worker", action="store_true", help="be one job (implied under mpiexec)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.width, a.reps, a.steps, a.warmup = 512, 2, 1, 1
+    a.worker = a.worker or any(k in os.environ for k in LAUNCHED)
+    return a
+
+
+# ---------------------------------------------------------------- one job (every rank)
+
+def _switched(setting: str) -> Any:
+    """Both switches set to ``setting`` while a group and its model are made, then restored."""
+    return mock.patch.dict(os.environ, {k: setting for k in SWITCHES})
+
+
+def _segment(group: Any) -> str:
+    """What the group's shared-memory engine took, as far as the group shows it."""
+    eng = getattr(group, "shm", None)
+    th = getattr(eng, "thresholds", None)
+    if not isinstance(th, dict):
+        return "no segment" if eng is False else "not made"
+
+    def size(n: int) -> str:
+        return "never" if n >= 1 << 60 else f"≥ {n / 2**20:.2f} MiB"
+
+    return f"reductions {size(th.get('reduce', 1 << 62))}, gathers {size(th.get('move', 1 << 62))}"
+
+
+def _configs(S: Any, kind: str, width: int) -> Dict[str, Dict[str, Any]]:
+    """The three configurations of ``kind``: model, optimizer and (MPI, shm) their group."""
+    from functools import partial
+
+    import mpitensor.distributed as dist
+    from mpitensor.distributed.device_mesh import init_device_mesh
+
+    n = dist.get_world_size()
+    out: Dict[str, Dict[str, Any]] = {}
+    api = S._api()
+    model, opt, _ = S._build(dict(api, DDP=lambda m: m), "DDP", width)  # unwrapped
+    out["local"] = {"model": model, "opt": opt, "group": None}
+    for name in ("MPI", "shm"):
+        with _switched(SETTING[name]):
+            if kind == "DDP":
+                group = dist.new_group(list(range(n)))
+                kw = dict(api, DDP=partial(api["DDP"], process_group=group))
+            else:
+                mesh = init_device_mesh("cpu", (n,))
+                group = mesh.get_group()
+                kw = dict(api, fully_shard=partial(api["fully_shard"], mesh=mesh))
+            model, opt, _ = S._build(kw, kind, width)
+        out[name] = {"model": model, "opt": opt, "group": group}
+    return out
+
+
+def _stepper(model: Any, opt: Any, x: Any, y: Any) -> Callable[[], None]:
+    def step() -> None:
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    return step
+
+
+def _paired(num: List[float], den: List[float], f: Callable[[float, float], float]) -> float:
+    return statistics.median(f(a, b) for a, b in zip(num, den))
+
+
+def _time_kind(S: Any, kind: str, a: argparse.Namespace, x: Any, y: Any) -> Dict[str, Any]:
+    """Build ``kind``'s configurations, time them in turn, and summarise."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    cfg = _configs(S, kind, a.width)
+    steps = {c: _stepper(cfg[c]["model"], cfg[c]["opt"], x, y) for c in CONFIGS}
+    for c in CONFIGS:
+        with _switched(SETTING.get(c, "auto")):
+            for _ in range(a.warmup):
+                steps[c]()
+    stats = getattr(cfg["MPI"]["model"], "comm_stats", None)
+    if stats is not None:
+        for c in ("MPI", "shm"):
+            cfg[c]["model"].comm_stats.reset()
+    times: Dict[str, List[float]] = {c: [] for c in CONFIGS}
+    for r in range(a.reps):
+        for c in CONFIGS[r % 3:] + CONFIGS[:r % 3]:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                steps[c]()
+            times[c].append(comm.allreduce((time.perf_counter() - t0) / a.steps, op=MPI.MAX))
+    row: Dict[str, Any] = {"times_s": times,
+                           "median_s": {c: statistics.median(times[c]) for c in CONFIGS},
+                           "shm_over_mpi": _paired(times["shm"], times["MPI"], lambda s, m: s / m),
+                           "segment": _segment(cfg["shm"]["group"])}
+    row["comm_share"] = {c: _paired(times["local"], times[c], lambda lo, t: 1 - lo / t)
+                         for c in ("MPI", "shm")}
+    if stats is not None:
+        row["ddp_wait_s"] = {c: comm.allreduce(cfg[c]["model"].comm_stats.total_wait_s
+                                               / (a.reps * a.steps), op=MPI.MAX)
+                             for c in ("MPI", "shm")}
+        row["node_reduce"] = {c: cfg[c]["model"].reducer.node is not None for c in ("MPI", "shm")}
+    return row
+
+
+def _job(a: argparse.Namespace) -> Dict[str, Any]:
+    """One job: DDP, then fully_shard (the previous configurations freed in between)."""
+    import gc
+
+    sys.path.insert(0, str(HERE))
+    import numpy as np
+    import sharded as S  # noqa: N812 - the model's module
+
+    import mpitensor as mt
+    import mpitensor.distributed as dist
+
+    dist.init_process_group("mpi")
+    n, rank = dist.get_world_size(), dist.get_rank()
+    rng = np.random.default_rng(rank)
+    x = mt.from_numpy(rng.standard_normal((a.batch, a.width)).astype(np.float32))
+    y = mt.from_numpy(rng.standard_normal((a.batch, a.width)).astype(np.float32))
+    out: Dict[str, Any] = {"ranks": n, "width": a.width, "batch": a.batch,
+                           "params": 4 * (a.width * a.width + a.width), "reps": a.reps,
+                           "steps": a.steps, "warmup": a.warmup, "kinds": {}}
+    for kind in ("DDP", "fully_shard"):
+        out["kinds"][kind] = _time_kind(S, kind, a, x, y)
+        gc.collect()
+    dist.destroy_process_group()
+    return out
+
+
+# ---------------------------------------------------------------- the report
+
+HEAD = ("| ranks | training | MPI step (ms) | shm step (ms) | shm / MPI (paired) | local step (ms) "
+        "| comm. share MPI | comm. share shm | DDP wait/step MPI, shm (ms) | shm group's segment |")
+
+
+def _rows(job: Dict[str, Any]) -> List[str]:
+    lines = []
+    for kind, r in job["kinds"].items():
+        med, share = r["median_s"], r["comm_share"]
+        wait = (f"{r['ddp_wait_s']['MPI'] * 1e3:.1f}, {r['ddp_wait_s']['shm'] * 1e3:.1f}"
+                if "ddp_wait_s" in r else "")
+        seg = r["segment"] + ("; buckets in shared memory" if r.get("node_reduce", {}).get("shm")
+                              else "")
+        lines.append(f"| {job['ranks']} | {kind} | {med['MPI'] * 1e3:.1f} | "
+                     f"{med['shm'] * 1e3:.1f} | {r['shm_over_mpi']:.3f} | "
+                     f"{med['local'] * 1e3:.1f} | {share['MPI']:.0%} | {share['shm']:.0%} | "
+                     f"{wait} | {seg} |")
+    return lines
+
+
+def _table(jobs: List[Dict[str, Any]]) -> str:
+    return "\n".join([HEAD, "|" + "---|" * HEAD.count(" | ") + "---|"]
+                     + [line for job in jobs for line in _rows(job)])
+
+
+def _sh(*cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                              timeout=30).stdout.rstrip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _machine() -> Dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                     "")
+    dirty = _sh("git", "status", "--porcelain", "--", "mpitensor").splitlines()
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "commit": _sh("git", "rev-parse", "--short", "HEAD"),
+            "uncommitted": [ln[3:] for ln in dirty], "cores": os.cpu_count(), "cpu": model,
+            "python": platform.python_version(), "load_before": os.getloadavg()}
+
+
+def _markdown(jobs: List[Dict[str, Any]], meta: Dict[str, Any], argv: List[str],
+              note: str) -> str:
+    j = jobs[0]
+    dirty = (f"; uncommitted changes under mpitensor/ in the tree at the time: "
+             f"{', '.join(meta['uncommitted'])}" if meta["uncommitted"] else "")
+    load = " / ".join(" ".join(f"{v:.2f}" for v in meta[k]) for k in ("load_before", "load_after"))
+    cores = meta["cores"] or 1
+    over = [str(job["ranks"]) for job in jobs if job["ranks"] > cores]
+    caveat = [f"> The load average was {meta['load_before'][0]:.1f} on {cores} cores before "
+              "the run: other jobs shared the machine, so every absolute number here is noisy "
+              "and single repetitions swing widely; the paired ratios are the meaningful part, "
+              "and only roughly.", ""] if meta["load_before"][0] >= 0.5 * cores else []
+    return "\n".join([
+        "# Training steps through MPI and through shared memory (issue 29)", "",
+        "Generated by `benchmarks/step_times.py`; do not edit by hand (rerun it). Each job "
+        "times DDP and `fully_shard` steps of one model three ways, in turn, repetition by "
+        "repetition: **MPI** (`MPITENSOR_SHM_COLLECTIVES=off`, `MPITENSOR_NODE_REDUCE=off`: "
+        "the plain MPI path, *before*), **shm** (both `auto`, the default, *after*) and "
+        "**local** (the same model unwrapped: no communication). The ratio and the "
+        "communication shares are paired: the median over repetitions of figures taken within "
+        "one repetition. See the script's docstring for the method.", ""] + caveat + [
+        "## Setup", "",
+        f"- Date: {meta['date']}; commit `{meta['commit']}`{dirty}",
+        f"- Command: `{shlex.join(['python', 'benchmarks/step_times.py'] + argv)}`",
+        f"- Machine: {meta['cores']} cores (`os.cpu_count()`), {meta['cpu']}; load average "
+        f"{load} (before / after); Python {meta['python']}"
+        + (f"; {', '.join(over)} ranks oversubscribe the cores" if over else ""),
+        f"- Model: `benchmarks/sharded.py`'s 4-layer MLP, width {j['width']} "
+        f"({j['params'] / 1e6:.1f}M float32 parameters), Adam, batch {j['batch']} per rank; "
+        f"one BLAS thread per rank",
+        f"- Timing: {j['warmup']} warm-up steps, then {j['reps']} repetitions of {j['steps']} "
+        f"steps per configuration (the slowest rank's mean step; medians); total "
+        f"{meta['total_s']:.0f} s"] + ([f"- Note: {note}"] if note else []) + ["",
+        "## Results", "",
+        _table(jobs), "",
+        "*comm. share*: `1 - local / step`, paired (for `fully_shard` a lower bound: its local "
+        "step runs Adam over the whole model). *DDP wait/step*: `comm_stats.total_wait_s` per "
+        "step, the slowest rank's (the wait at the end of backward; a bucket whose all-reduce "
+        "completes as it is launched, as a call through the segment may, spends its time "
+        "inside backward instead, so a small wait alone says little). *segment*: the sizes from "
+        "which the shm group's measured cost model sends calls through the shared segment.", ""])
+
+
+def _launch(n: int, a: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
+    """One ``mpiexec -n n`` job of this script; its figures (rank 0's JSON)."""
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_"))}
+    with tempfile.TemporaryDirectory(prefix="step-times-") as d:
+        out = os.path.join(d, "job.json")
+        cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(n), sys.executable,
+               str(Path(__file__).resolve()), "--worker", "--json", out] + argv
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise SystemExit(f"step_times: the {n}-rank job ran past --timeout {a.timeout:.0f} "
+                             "s and was killed; raise --timeout or lower --reps/--width") from None
+        if rc != 0:
+            raise SystemExit(f"step_times: the {n}-rank job exited {rc}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def _drive(a: argparse.Namespace, argv: List[str]) -> None:
+    meta = _machine()
+    t0 = time.perf_counter()
+    passed = _job_args(argv)
+    jobs = [_launch(int(n), a, passed) for n in a.ranks.split(",") if n.strip()]
+    meta["total_s"] = time.perf_counter() - t0
+    meta["load_after"] = os.getloadavg()
+    md = _markdown(jobs, meta, argv, a.note)
+    print(md)
+    if a.out_md:
+        Path(a.out_md).write_text(md)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"meta": meta, "jobs": jobs}, indent=1))
+
+
+def _job_args(argv: List[str]) -> List[str]:
+    """The driver's arguments a job takes (its own options dropped, with their values)."""
+    own = {"--ranks", "--out-md", "--json", "--timeout", "--note"}
+    out, skip = [], False
+    for s in argv:
+        if skip:
+            skip = False
+        elif s in own:
+            skip = True
+        elif s.split("=", 1)[0] not in own:
+            out.append(s)
+    return out
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    a = _args(argv)
+    if not a.worker:
+        _drive(a, argv)
+        return
+    job = _job(a)
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(_table([job]), flush=True)
+        if a.json:
+            Path(a.json).write_text(json.dumps(job, indent=1))
+
+
+if __name__ == "__main__":
+    main()
