@@ -79,25 +79,31 @@ class StoreTimeoutError(DistStoreError, DistributedTimeoutError):
 
 
 # ---------------------------------------------------------------------------- arguments
-def _encoded(obj: Any, byteslike: Any) -> Optional[bytes]:
-    """``obj`` as bytes: a ``str`` in UTF-8, one of ``byteslike`` as is; else ``None``."""
+def _encoded(obj: Any, byteslike: Any, what: str, kinds: str, limit: int,
+             advice: str) -> bytes:
+    """``obj`` as bytes (a ``str`` in UTF-8, one of ``byteslike`` as is), at most ``limit``
+    bytes long: the one check of every key and value a store is given.
+
+    Raises:
+        TypeError: ``obj`` is neither (the message names ``kinds``, what is accepted).
+        ValueError: it is longer than ``limit`` bytes (the message ends with ``advice``).
+    """
     if isinstance(obj, str):
-        return obj.encode("utf-8", "surrogateescape")
-    if isinstance(obj, byteslike):
-        return bytes(obj)
-    return None
+        raw = obj.encode("utf-8", "surrogateescape")
+    elif isinstance(obj, byteslike):
+        raw = bytes(obj)
+    else:
+        raise TypeError(f"a store {what} must be {kinds}, got {type(obj).__name__}: "
+                        f"{obj!r:.80}")
+    if len(raw) > limit:
+        raise ValueError(f"store {what} of {len(raw)} bytes is longer than the limit of "
+                         f"{limit} bytes; {advice}")
+    return raw
 
 
 def key_bytes(key: Any, what: str = "key") -> bytes:
     """A key as bytes: ``str`` (UTF-8) or ``bytes``, at most :data:`MAX_KEY_BYTES` long."""
-    raw = _encoded(key, bytes)
-    if raw is None:
-        raise TypeError(f"a store {what} must be a str (or bytes), got {type(key).__name__}: "
-                        f"{key!r}")
-    if len(raw) > MAX_KEY_BYTES:
-        raise ValueError(f"store {what} of {len(raw)} bytes is longer than the limit of "
-                         f"{MAX_KEY_BYTES} bytes; use a shorter key")
-    return raw
+    return _encoded(key, bytes, what, "a str (or bytes)", MAX_KEY_BYTES, "use a shorter key")
 
 
 def key_list(keys: Any, what: str = "keys") -> List[bytes]:
@@ -114,14 +120,8 @@ def key_list(keys: Any, what: str = "keys") -> List[bytes]:
 
 def value_bytes(value: Any, what: str = "value") -> bytes:
     """A value as bytes: ``str`` (UTF-8) or a bytes-like object, at most 64 MiB."""
-    raw = _encoded(value, (bytes, bytearray, memoryview))
-    if raw is None:
-        raise TypeError(f"a store {what} must be str or bytes, got {type(value).__name__}: "
-                        f"{value!r:.80}")
-    if len(raw) > MAX_VALUE_BYTES:
-        raise ValueError(f"store {what} of {len(raw)} bytes is larger than the limit of "
-                         f"{MAX_VALUE_BYTES} bytes; split it over several keys")
-    return raw
+    return _encoded(value, (bytes, bytearray, memoryview), what, "str or bytes",
+                    MAX_VALUE_BYTES, "split it over several keys")
 
 
 def amount_int(amount: Any) -> int:
