@@ -9,7 +9,7 @@ Shard(i) -> R       all_gather_into_tensor (padded to equal pieces)  local slice
 R -> Shard(i)       none: the local chunk                           all_gather
 Partial -> R        all_reduce (the Partial's op)                    none
 Partial -> Shard    reduce_scatter_tensor                           all_gather
-Shard(i)->Shard(j)  all_to_all_single (padded blocks)               all_to_all back
+Shard(i)->Shard(j)  all_to_all_single (exact splits; CuPy: padded)  all_to_all back
 R -> Partial        none: sum divides by the dimension's size       none
 ==================  ==============================================  ====================
 
@@ -27,12 +27,15 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 import mpitensor.distributed as dist
 from mpitensor import backend as _backend
 from mpitensor._base import workspace as _workspace
 from mpitensor.autograd import Function
 
 from ..device_mesh import DeviceMesh
+from ._shard_swap import swap_shards
 from .placement_types import Partial, Placement, Replicate, Shard, shard_size_and_offset
 
 __all__ = ["redistribute_array", "Redistribute", "grad_layout", "avg_factor"]
@@ -106,8 +109,13 @@ def all_reduce_dim(x: Any, op: str, mesh: DeviceMesh, m: int) -> Any:
 
 
 def all_to_all_dim(x: Any, i: int, j: int, n_i: int, mesh: DeviceMesh, m: int) -> Any:
-    """Shard(i) -> Shard(j) (one all_to_all): gather dim ``i`` (global ``n_i``), split ``j``."""
+    """Shard(i) -> Shard(j) (one all_to_all): gather dim ``i`` (global ``n_i``), split ``j``.
+
+    NumPy pieces: :func:`swap_shards` (exact split sizes, one copy pass). Other arrays
+    (CuPy): equal padded blocks, as a device collective wants them."""
     xp = _xp(x)
+    if xp is np:
+        return swap_shards(x, i, j, n_i, mesh, m)
     k, me = mesh.size(m), _coord(mesh, m)
     n_j = x.shape[j]
     c_i, c_j = -(-n_i // k), -(-n_j // k)

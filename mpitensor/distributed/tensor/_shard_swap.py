@@ -1,0 +1,104 @@
+"""Shard(i) -> Shard(j) of a NumPy piece: one all_to_all with exact (uneven) split sizes.
+
+Rank ``r`` sends every other rank ``s`` its block ``x[j-chunk s]`` (all of its dim-``i`` rows)
+and receives from each its rows of this rank's ``j``-chunk; the received blocks, in rank order,
+are dim ``i`` whole. The blocks travel in a *wire order* of the dims chosen so that one side
+needs no copy at all and the other exactly one pass (``copyto`` of strided views):
+
+- ``i`` before ``j``: the wire order moves dim ``i`` to the front, so the blocks received in
+  rank order are the output itself (returned as a view that moves ``i`` back); the sender
+  packs each destination's block (its contiguous runs are the dims from ``j`` on).
+- ``j`` before ``i``: the original order; a sender whose ``j``-chunks are contiguous in
+  memory (``j`` leading, a C-contiguous piece) sends its piece as it is, and the receiver
+  copies each block into place.
+
+No padding: the pieces are torch.chunk's (``shard_size_and_offset``), empty ones included,
+and the split sizes say so. MPI derived datatypes (``Alltoallw`` with subarray or vector
+types, which would make even that one pass MPI's) and reading the peers' pieces directly
+(``process_vm_readv`` over one iovec per run) were measured slower than this pass plus the
+plain all_to_all on MPICH 5 here: see docs/sharding.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+
+import mpitensor.distributed as dist
+from mpitensor._base import workspace as _workspace
+
+from ..device_mesh import DeviceMesh
+from .placement_types import shard_size_and_offset
+
+__all__ = ["swap_shards"]
+
+
+def _chunks(n: int, k: int) -> List[Tuple[int, int]]:
+    """(start, size) of each rank's chunk of a dimension of length ``n``."""
+    out = []
+    for r in range(k):
+        size, start = shard_size_and_offset(n, k, r)
+        out.append((start, size))
+    return out
+
+
+def _along(a: Any, axis: int, start: int, size: int) -> Any:
+    index = [slice(None)] * a.ndim
+    index[axis] = slice(start, start + size)
+    return a[tuple(index)]
+
+
+def _leading(shape: Sequence[int], axis: int) -> bool:
+    """Whether chunks along ``axis`` of a C-contiguous array of ``shape`` are contiguous and
+    consecutive (every dim before ``axis`` has length 1)."""
+    return math.prod(shape[:axis]) == 1
+
+
+def _pack(v: Any, axis: int, cuts: List[Tuple[int, int]]) -> Tuple[Any, List[int]]:
+    """``v``'s chunks along ``axis`` end to end in one flat buffer, and their sizes.
+
+    No copy where they already are (a C-contiguous ``v`` split along a leading dim)."""
+    row = math.prod(v.shape) // v.shape[axis] if v.shape[axis] else 0
+    counts = [size * row for _, size in cuts]
+    if v.flags.c_contiguous and _leading(v.shape, axis):
+        return v.reshape(-1), counts
+    flat = _workspace.empty(np, (sum(counts),), v.dtype)
+    at = 0
+    for (start, size), c in zip(cuts, counts):
+        part = _along(v, axis, start, size)
+        np.copyto(flat[at:at + c].reshape(part.shape), part)
+        at += c
+    return flat, counts
+
+
+def swap_shards(x: np.ndarray, i: int, j: int, n_i: int, mesh: DeviceMesh, m: int) -> Any:
+    """Shard(i) -> Shard(j) over mesh dim ``m``: gather dim ``i`` (global ``n_i``), split ``j``.
+
+    Every rank of the mesh dimension's group calls it with the same ``i``, ``j``, ``n_i``
+    and a piece of the same global shape; the result is this rank's piece, laid out in memory
+    as the wire order leaves it (C-contiguous where ``i`` leads).
+    """
+    k, me = mesh.size(m), mesh.get_coordinate()[m]
+    gather, split = _chunks(n_i, k), _chunks(x.shape[j], k)
+    order = [i] + [d for d in range(x.ndim) if d != i] if i < j else list(range(x.ndim))
+    wire = np.transpose(x, order)  # a view
+    send, scounts = _pack(wire, order.index(j), split)
+    shape = list(wire.shape)
+    qi = order.index(i)
+    shape[qi], shape[order.index(j)] = n_i, split[me][1]
+    out = _workspace.empty(np, tuple(shape), x.dtype)
+    direct = _leading(shape, qi)
+    row = math.prod(shape) // n_i if n_i else 0
+    rcounts = [size * row for _, size in gather]
+    recv = out.reshape(-1) if direct else _workspace.empty(np, (sum(rcounts),), x.dtype)
+    dist.all_to_all_single(recv, send, output_split_sizes=rcounts, input_split_sizes=scounts,
+                           group=mesh.get_group(m))
+    if not direct:
+        at = 0
+        for (start, size), c in zip(gather, rcounts):
+            part = _along(out, qi, start, size)
+            np.copyto(part, recv[at:at + c].reshape(part.shape))
+            at += c
+    return np.transpose(out, np.argsort(order))
