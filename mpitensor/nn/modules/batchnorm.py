@@ -95,6 +95,15 @@ class _NormBase(Module):
                 f"track_running_stats={self.track_running_stats}")
 
 
+def _ranked(base: type, name: str, ranks: tuple, what: str, shape: tuple) -> type:
+    """The layer ``name`` of the family ``base`` for inputs of ``ranks`` dimensions; its
+    docstring is ``what`` and an example normalising a ``shape`` input of 3 channels."""
+    doc = (f"{what}\n\n    Example:\n        >>> import mpitensor as mt\n"
+           f"        >>> {name}(3)(mt.randn{shape}).shape\n        mpitensor.Size({list(shape)})\n"
+           f"    ")
+    return type(name, (base,), {"__doc__": doc, "__module__": base.__module__, "_ranks": ranks})
+
+
 class _BatchNorm(_NormBase):
     """Shared body of the batch-norm layers."""
 
@@ -153,33 +162,13 @@ class BatchNorm1d(_BatchNorm):
     _ranks = (2, 3)
 
 
-class BatchNorm2d(_BatchNorm):
-    """Batch normalisation of (N, C, H, W) inputs, per channel (arguments as
-    :class:`BatchNorm1d`).
+BatchNorm2d = _ranked(_BatchNorm, "BatchNorm2d", (4,), """Batch normalisation of (N, C, H, W)
+    inputs, per channel (arguments as :class:`BatchNorm1d`).
 
     The output keeps the input's memory layout (a conv2d output's batch-innermost one too), so
-    a conv -> batch norm -> relu -> conv chain makes no layout copies.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> BatchNorm2d(3)(mt.randn(2, 3, 4, 4)).shape
-        mpitensor.Size([2, 3, 4, 4])
-    """
-
-    _ranks = (4,)
-
-
-class BatchNorm3d(_BatchNorm):
-    """Batch normalisation of (N, C, D, H, W) inputs, per channel (arguments as
-    :class:`BatchNorm1d`).
-
-    Example:
-        >>> import mpitensor as mt
-        >>> BatchNorm3d(3)(mt.randn(2, 3, 2, 4, 4)).shape
-        mpitensor.Size([2, 3, 2, 4, 4])
-    """
-
-    _ranks = (5,)
+    a conv -> batch norm -> relu -> conv chain makes no layout copies.""", (2, 3, 4, 4))
+BatchNorm3d = _ranked(_BatchNorm, "BatchNorm3d", (5,), """Batch normalisation of (N, C, D, H, W)
+    inputs, per channel (arguments as :class:`BatchNorm1d`).""", (2, 3, 2, 4, 4))
 
 
 class SyncBatchNorm(_BatchNorm):

@@ -9,7 +9,7 @@ from typing import Any, Optional
 from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
-from .batchnorm import _NormBase
+from .batchnorm import _NormBase, _ranked
 from .lazy import _lazy_norm
 
 __all__ = ["InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LazyInstanceNorm1d",
@@ -61,30 +61,10 @@ class InstanceNorm1d(_InstanceNorm):
     _ranks = (2, 3)
 
 
-class InstanceNorm2d(_InstanceNorm):
-    """Instance normalisation of (N, C, H, W) or (C, H, W) inputs (see
-    :class:`InstanceNorm1d`).
-
-    Example:
-        >>> import mpitensor as mt
-        >>> InstanceNorm2d(3, affine=True)(mt.randn(2, 3, 4, 4)).shape
-        mpitensor.Size([2, 3, 4, 4])
-    """
-
-    _ranks = (3, 4)
-
-
-class InstanceNorm3d(_InstanceNorm):
-    """Instance normalisation of (N, C, D, H, W) or (C, D, H, W) inputs (see
-    :class:`InstanceNorm1d`).
-
-    Example:
-        >>> import mpitensor as mt
-        >>> InstanceNorm3d(3)(mt.randn(2, 3, 2, 4, 4)).shape
-        mpitensor.Size([2, 3, 2, 4, 4])
-    """
-
-    _ranks = (4, 5)
+InstanceNorm2d = _ranked(_InstanceNorm, "InstanceNorm2d", (3, 4), """Instance normalisation of
+    (N, C, H, W) or (C, H, W) inputs (see :class:`InstanceNorm1d`).""", (2, 3, 4, 4))
+InstanceNorm3d = _ranked(_InstanceNorm, "InstanceNorm3d", (4, 5), """Instance normalisation of
+    (N, C, D, H, W) or (C, D, H, W) inputs (see :class:`InstanceNorm1d`).""", (2, 3, 2, 4, 4))
 
 
 LazyInstanceNorm1d = _lazy_norm(InstanceNorm1d, True, _NormBase)
