@@ -16,6 +16,10 @@ Between steps, a module's registered parameters are its shards (``Shard(0)`` on 
 the optimizer, ``parameters()`` and ``state_dict()`` see shards only. A tensor-parallel
 parameter (a DTensor over another mesh dimension) has its local piece sharded instead, and is
 a DTensor on the 2-D mesh between steps (see ``_tensor_parallel``).
+
+HSDP: given a 2-D mesh (replicate, shard), the parameters are ``(Replicate(), Shard(0))``
+DTensors: gathered and reduce-scattered over the shard dim as above, and the reduced shards
+all-reduced over the replicate dim at the end of backward.
 """
 
 from __future__ import annotations
@@ -69,6 +73,9 @@ class _Root:
             if st.group is not None and st.seen and st.sync:
                 if st.group._reduce is None and st.pending_seen:
                     st.group.start_reduce()
+        for st in self.states:  # HSDP: every unit's all-reduce over the replicas in flight
+            if st.group is not None:
+                st.group.start_replicate_reduce()
         for st in self.states:
             if st.group is None:
                 continue
@@ -357,7 +364,8 @@ def _piece(value: Any, info: ParamInfo, key: str) -> Any:
                              "tensor-parallel one or the whole tensor")
         return got
     if isinstance(value, DTensor):
-        if value.placements != info.sharded.placements or tuple(value.shape) != info.shape:
+        if value.placements != info.sharded.placements or tuple(value.shape) != info.shape \
+                or value.device_mesh != info.sharded.device_mesh:
             raise ValueError(f"load_state_dict: {key!r} is {_described(value)}, the parameter "
                              f"is {info.shape} {info.sharded.placements}; redistribute it "
                              "first")
@@ -410,10 +418,14 @@ def _resolve_mesh(module: Module, mesh: Any, device_type: str) -> Any:
         return init_device_mesh(device_type, (dist.get_world_size(),))
     if not isinstance(mesh, DeviceMesh):
         raise TypeError(f"fully_shard: mesh must be a DeviceMesh, got {type(mesh).__name__}")
-    if mesh.ndim != 1:
-        raise NotImplementedError(
-            f"fully_shard: a {mesh.ndim}-D mesh (HSDP, replicate x shard) is not supported; "
-            f"pass a 1-D mesh, e.g. mesh['dp']")
+    if mesh.ndim not in (1, 2):
+        raise ValueError(
+            f"fully_shard: the mesh {mesh!r} has {mesh.ndim} dimensions; give a 1-D mesh "
+            f"(shard) or a 2-D one (replicate, shard: HSDP), e.g. mesh['dp'] or "
+            f"mesh['dp_replicate', 'dp_shard']")
+    if mesh.get_coordinate() is None:
+        raise ValueError(f"fully_shard: rank {mesh.get_rank()} is not in the mesh {mesh!r}; "
+                         "call fully_shard on the ranks of the mesh only")
     if mesh.device_type != device_type:
         raise ValueError(f"fully_shard: the mesh is on device type {mesh.device_type!r} but the "
                          f"parameters are on {device_type!r}; build the mesh with "
@@ -433,6 +445,36 @@ def _signature(params: List[Any]) -> List[Tuple[Any, ...]]:
             check = hashlib.blake2b(data.data, digest_size=8).hexdigest()
         out.append((tuple(p.shape), str(p.dtype), check))
     return out
+
+
+def _check_same_on_mesh(mine: List[Any], mesh: Any) -> None:
+    """``ValueError`` on every rank of ``mesh`` where the ranks' parameter signatures differ.
+
+    On a 2-D (HSDP) mesh: one gather over the shard dim, then one of those lines over the
+    replicate dim, so every rank sees the whole grid and decides alike (two checks one after
+    the other could fail one line while the others wait in the second)."""
+    what = "parameter (shape, dtype, checksum)"
+    if mesh.ndim == 1:
+        check_same_everywhere(mine, mesh.get_group(0), "fully_shard", what)
+        return
+    import mpitensor.distributed as dist
+
+    line: List[Any] = [None] * mesh.size(1)
+    dist.all_gather_object(line, mine, group=mesh.get_group(1))
+    grid: List[Any] = [None] * mesh.size(0)
+    dist.all_gather_object(grid, line, group=mesh.get_group(0))
+    ranks = mesh.mesh.numpy().reshape(-1).tolist()
+    flat = [sig for row in grid for sig in row]  # in the mesh's row-major order, as ranks
+    odd = [r for r, sig in zip(ranks, flat) if sig != flat[0]]
+    if odd:
+        theirs = flat[ranks.index(odd[0])]
+        k = next((k for k, (a, b) in enumerate(zip(flat[0], theirs)) if a != b), None)
+        detail = (f"{len(flat[0])} {what}s on rank {ranks[0]}, {len(theirs)} on rank {odd[0]}"
+                  if k is None else f"{what} {k} is {flat[0][k]} on rank {ranks[0]} and "
+                  f"{theirs[k]} on rank {odd[0]}")
+        raise ValueError(f"fully_shard: the {what}s differ across ranks of the mesh "
+                         f"{mesh.mesh.tolist()} ({detail}; ranks {odd} differ from rank "
+                         f"{ranks[0]}); build the same model on every rank, in the same order")
 
 
 def _check_arguments(module: Any, reshard_after_forward: Any, shard_placement_fn: Any,
@@ -492,7 +534,9 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
 
     Args:
         module: the module; call ``fully_shard`` on its blocks first, then on it.
-        mesh: a 1-D DeviceMesh (default: the mesh of a unit below, or one over the world).
+        mesh: a 1-D DeviceMesh, or a 2-D one (replicate, shard) for HSDP: parameters
+            ``(Replicate(), Shard(0))`` (default: the mesh of a unit below, or one over the
+            world).
         reshard_after_forward: free the gathered parameters after forward (gathered again in
             backward); ``False`` keeps them until the end of backward.
         shard_placement_fn: only ``None`` (dim 0).
@@ -505,7 +549,8 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
 
     Raises:
         TypeError, ValueError, NotImplementedError: bad arguments, a mesh of another device
-            type, parameters of several dtypes without ``param_dtype``, a 0-dim parameter;
+            type or of 3+ dims, parameters of several dtypes without ``param_dtype``, a 0-dim
+            parameter;
             ``ValueError`` on every rank, before any gather, where the parameters (shapes,
             dtypes or values) differ across ranks.
 
@@ -522,11 +567,11 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
     params = [p for p, _ in managed.values()]
     device_type = params[0].device.type if params else "cpu"
     mesh = _resolve_mesh(module, mesh, device_type)
-    pg = mesh.get_group(0)
-    world, rank = mesh.size(), mesh.get_local_rank(0)
+    pg = mesh.get_group(mesh.ndim - 1)  # the shard dim: the last
+    replicate = mesh.get_group(0) if mesh.ndim == 2 else None
+    world, rank = mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
     check_tp_params(managed, mesh)
-    check_same_everywhere(_signature(params), pg, "fully_shard",
-                          "parameter (shape, dtype, checksum)")
+    _check_same_on_mesh(_signature(params), mesh)
     layouts = tp_layouts(managed, mesh, pg)
     group = None
     if params:
@@ -546,7 +591,7 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
             _shard(info, p, offload, mesh)
         param_dtype = mp_policy.param_dtype or params[0].dtype
         group = ShardedGroup(infos, pg, world, rank, param_dtype,
-                             mp_policy.reduce_dtype or param_dtype, offload, xp)
+                             mp_policy.reduce_dtype or param_dtype, offload, xp, replicate)
     st = _State(module, group, mesh, pg, mp_policy, reshard_after_forward)
     module._fsdp_state = st
     if group is not None:

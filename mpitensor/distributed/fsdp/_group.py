@@ -9,6 +9,8 @@ unit; one copy per parameter (two where the chunks are uneven) moves each into i
 contiguous block of the *unsharded region*. Gradients travel the other way: one copy per
 parameter into a rank-major ``N * S`` buffer, one ``reduce_scatter_tensor``, and each rank's
 gradient shards are views of its ``S``-element result, divided by ``N`` (the mean, as DDP).
+With HSDP (a 2-D mesh) ``N`` is the shard dim's size, and the reduce-scattered result is then
+all-reduced over the replicate dim before the division by every rank of the mesh.
 
 Freeing. The autograd graph keeps the arrays a forward used until backward reads them, so
 dropping references would free nothing. On the CPU the unsharded region is therefore one
@@ -97,13 +99,14 @@ class ParamInfo:
         return self.layout.unsharded(whole, self.requires_grad)
 
     def make_sharded(self, rows: Tensor, mesh: Any) -> Any:
-        """This rank's ``rows`` as the sharded DTensor parameter (``Shard(0)`` over ``mesh``,
-        or the 2-D layout)."""
+        """This rank's ``rows`` as the sharded DTensor parameter (``Shard(0)`` over ``mesh``;
+        ``(Replicate(), Shard(0))`` over an HSDP mesh; or the tensor-parallel 2-D layout)."""
         if self.layout is not None:
             return self.layout.sharded(rows, self.requires_grad)
-        from ..tensor import DTensor, Shard
+        from ..tensor import DTensor, Replicate, Shard
 
-        piece = DTensor.from_local(rows, mesh, [Shard(0)], run_check=False, shape=self.shape)
+        placements = [Replicate()] * (mesh.ndim - 1) + [Shard(0)]
+        piece = DTensor.from_local(rows, mesh, placements, run_check=False, shape=self.shape)
         return Parameter(piece, requires_grad=self.requires_grad)
 
     @property
@@ -173,10 +176,14 @@ class ShardedGroup:
     """The parameters one ``fully_shard`` call manages, and their collectives."""
 
     def __init__(self, infos: List[ParamInfo], group: Any, world: int, rank: int,
-                 param_dtype: Any, reduce_dtype: Any, offload: bool, xp: Any) -> None:
+                 param_dtype: Any, reduce_dtype: Any, offload: bool, xp: Any,
+                 replicate: Any = None) -> None:
         self.infos = infos
         self.xp = xp  # the array module of the device that computes (NumPy or CuPy)
         self.group = group
+        # HSDP: the group of this rank's replicas (None: no replica dim) and how many there are
+        self.replicate = replicate
+        self.replicas = 1 if replicate is None else _dist().get_world_size(replicate)
         self.world = world
         self.rank = rank
         self.S = sum(i.padded for i in infos)
@@ -288,15 +295,29 @@ class ShardedGroup:
         work = _dist().reduce_scatter_tensor(out, inp, group=self.group, async_op=True)
         self._reduce = (work, out, inp)
 
+    def start_replicate_reduce(self) -> None:
+        """HSDP: wait for the reduce-scatter, then start the all-reduce of its shard over the
+        replicas (asynchronous; a no-op without a replica dim or with nothing in flight)."""
+        if self._reduce is None or self.replicate is None or self._reduce[2] is None:
+            return
+        work, out, inp = self._reduce
+        work.wait()
+        self.pool.give(inp)
+        work = _dist().all_reduce(out, group=self.replicate, async_op=True)
+        self._reduce = (work, out, None)
+
     def finish_reduce(self) -> None:
-        """Wait for the reduction; each sharded parameter's ``.grad`` gets (or adds) its mean."""
+        """Wait for the reduction; each sharded parameter's ``.grad`` gets (or adds) its mean
+        (over the shard dim's ranks and, with HSDP, over the replicas)."""
+        self.start_replicate_reduce()
         if self._reduce is None:
             return
         work, out, inp = self._reduce
         self._reduce = None
         work.wait()
-        self.pool.give(inp)
-        out /= self.world
+        if inp is not None:
+            self.pool.give(inp)
+        out /= self.world * self.replicas
         for info in self.infos:
             if not info.requires_grad:
                 continue

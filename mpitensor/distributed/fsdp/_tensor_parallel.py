@@ -83,6 +83,11 @@ def check_tp_params(managed: Dict[int, Tuple[Any, List[Tuple[Any, str]]]],
 
 def _check_tp_param(p: Any, name: str, dp_mesh: Any) -> None:
     where = f"fully_shard: parameter {name!r}"
+    if dp_mesh.ndim != 1:
+        raise NotImplementedError(
+            f"{where} is a DTensor {p.placements} on {p.device_mesh!r}, and the mesh given to "
+            f"fully_shard is {dp_mesh.ndim}-D (HSDP); HSDP over a tensor-parallel model (a "
+            "3-D mesh) is not supported: give fully_shard a 1-D data-parallel mesh")
     if p.device_mesh.ndim != 1:
         raise NotImplementedError(
             f"{where} is a DTensor over a {p.device_mesh.ndim}-D mesh; fully_shard shards "
