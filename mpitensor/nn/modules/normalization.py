@@ -34,7 +34,14 @@ __all__ = ["GroupNorm", "LayerNorm", "LocalResponseNorm", "CrossMapLRN2d", "RMSN
 
 
 class _AffineNorm(Module):
-    """A normalisation layer whose optional affine map starts as weight 1, bias 0."""
+    """A normalisation layer whose optional affine map starts as weight 1, bias 0: its forward
+    is ``_norm(input, <_lead's first attribute>, weight, bias, eps)``; its repr lists the
+    ``_lead`` attributes, ``eps``, the ``_flag`` attribute (whether it is affine) and the
+    bias."""
+
+    _norm: Any = None
+    _lead: tuple = ()
+    _flag = ""
 
     def _init_affine(self, cls: str, shape: tuple, eps: Any, affine: bool, bias: bool,
                      dtype: Any, device: Any) -> None:
@@ -46,6 +53,14 @@ class _AffineNorm(Module):
     def reset_parameters(self) -> None:
         """Set the affine parameters to weight 1, bias 0."""
         _reset_affine(self)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return self._norm(input, getattr(self, self._lead[0]), self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        lead = ", ".join(str(getattr(self, n)) for n in self._lead)
+        return (f"{lead}, eps={self.eps}, {self._flag}={getattr(self, self._flag)}, "
+                f"bias={self.bias is not None}")
 
 
 class GroupNorm(_AffineNorm):
@@ -69,6 +84,10 @@ class GroupNorm(_AffineNorm):
         mpitensor.Size([3, 4, 5])
     """
 
+    _norm = staticmethod(F.group_norm)
+    _lead = ("num_groups", "num_channels")
+    _flag = "affine"
+
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
                  affine: bool = True, device: Any = None, dtype: Any = None, *,
                  bias: bool = True) -> None:
@@ -81,13 +100,6 @@ class GroupNorm(_AffineNorm):
                              f"num_groups ({num_groups})")
         self.affine = bool(affine)
         self._init_affine(cls, (self.num_channels,), eps, self.affine, bias, dtype, device)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
-
-    def extra_repr(self) -> str:
-        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, "
-                f"affine={self.affine}, bias={self.bias is not None}")
 
 
 class LayerNorm(_AffineNorm):
@@ -110,6 +122,10 @@ class LayerNorm(_AffineNorm):
         mpitensor.Size([2, 5, 8])
     """
 
+    _norm = staticmethod(F.layer_norm)
+    _lead = ("normalized_shape",)
+    _flag = "elementwise_affine"
+
     def __init__(self, normalized_shape: Union[int, tuple, list], eps: float = 1e-5,
                  elementwise_affine: bool = True, bias: bool = True, device: Any = None,
                  dtype: Any = None) -> None:
@@ -118,13 +134,6 @@ class LayerNorm(_AffineNorm):
         self.elementwise_affine = bool(elementwise_affine)
         self._init_affine("LayerNorm", self.normalized_shape, eps, self.elementwise_affine, bias,
                           dtype, device)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
-
-    def extra_repr(self) -> str:
-        return (f"{self.normalized_shape}, eps={self.eps}, "
-                f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}")
 
 
 class _ChannelWindowNorm(Module):
