@@ -36,13 +36,16 @@ def _single(v: Any) -> tuple:
     return _ntuple(v, 1)
 
 
-def _set_window(module: Module, kernel_size: Any, stride: Any, padding: Any,
-                ceil_mode: bool) -> None:
-    """The sliding-window attributes, as torch keeps them (stride defaults to the kernel)."""
+def _set_window(module: Module, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
+                **more: Any) -> None:
+    """The sliding-window attributes, as torch keeps them (stride defaults to the kernel), and
+    the pooling's ``more`` attributes."""
     module.kernel_size = kernel_size
     module.stride = stride if stride is not None else kernel_size
     module.padding = padding
     module.ceil_mode = ceil_mode
+    for name, value in more.items():
+        setattr(module, name, value)
 
 
 class _MaxPoolNd(_ReprFields, Module):
@@ -54,9 +57,8 @@ class _MaxPoolNd(_ReprFields, Module):
                  dilation: Any = 1, return_indices: bool = False,
                  ceil_mode: bool = False) -> None:
         super().__init__()
-        _set_window(self, kernel_size, stride, padding, ceil_mode)
-        self.dilation = dilation
-        self.return_indices = return_indices
+        _set_window(self, kernel_size, stride, padding, ceil_mode, dilation=dilation,
+                    return_indices=return_indices)
 
     def forward(self, input: Tensor) -> Any:  # noqa: A002 - torch's name
         return self._fn(input, self.kernel_size, self.stride, self.padding, self.dilation,
@@ -201,9 +203,8 @@ class AvgPool3d(_ReprFields, Module):
                  ceil_mode: bool = False, count_include_pad: bool = True,
                  divisor_override: Optional[int] = None) -> None:
         super().__init__()
-        _set_window(self, kernel_size, stride, padding, ceil_mode)
-        self.count_include_pad = count_include_pad
-        self.divisor_override = divisor_override
+        _set_window(self, kernel_size, stride, padding, ceil_mode,
+                    count_include_pad=count_include_pad, divisor_override=divisor_override)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
         return F.avg_pool3d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,

@@ -52,27 +52,22 @@ class Upsample(Module):
         return info + f", mode={self.mode!r}"
 
 
-class UpsamplingNearest2d(Upsample):
-    """Nearest-neighbour upsampling of (N, C, H, W) inputs.
+def _fixed(name: str, what: str, call: str, out: int, **fixed: Any) -> type:
+    """An :class:`Upsample` of (N, C, H, W) inputs taking ``size`` and ``scale_factor`` only,
+    the rest ``fixed``; its docstring is ``what`` and an example: ``name(call)`` of a 2 x 2
+    image is ``out`` x ``out``."""
 
-    Example:
-        >>> import mpitensor as mt
-        >>> UpsamplingNearest2d(scale_factor=2)(mt.zeros(1, 1, 2, 2)).shape
-        mpitensor.Size([1, 1, 4, 4])
-    """
+    def __init__(self: Upsample, size: Any = None, scale_factor: Any = None) -> None:
+        Upsample.__init__(self, size, scale_factor, **fixed)
 
-    def __init__(self, size: Any = None, scale_factor: Any = None) -> None:
-        super().__init__(size, scale_factor, mode="nearest")
+    doc = (f"{what}\n\n    Example:\n        >>> import mpitensor as mt\n"
+           f"        >>> {name}({call})(mt.zeros(1, 1, 2, 2)).shape\n"
+           f"        mpitensor.Size([1, 1, {out}, {out}])\n    ")
+    return type(name, (Upsample,), {"__init__": __init__, "__doc__": doc, "__module__": __name__})
 
 
-class UpsamplingBilinear2d(Upsample):
-    """Bilinear upsampling of (N, C, H, W) inputs, with ``align_corners=True``.
-
-    Example:
-        >>> import mpitensor as mt
-        >>> UpsamplingBilinear2d(size=3)(mt.zeros(1, 1, 2, 2)).shape
-        mpitensor.Size([1, 1, 3, 3])
-    """
-
-    def __init__(self, size: Any = None, scale_factor: Any = None) -> None:
-        super().__init__(size, scale_factor, mode="bilinear", align_corners=True)
+UpsamplingNearest2d = _fixed("UpsamplingNearest2d", "Nearest-neighbour upsampling of (N, C, H, W) "
+                             "inputs.", "scale_factor=2", 4, mode="nearest")
+UpsamplingBilinear2d = _fixed("UpsamplingBilinear2d", "Bilinear upsampling of (N, C, H, W) "
+                              "inputs, with ``align_corners=True``.", "size=3", 3,
+                              mode="bilinear", align_corners=True)
