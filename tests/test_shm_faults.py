@@ -68,6 +68,7 @@ def _no_segment_left(got: dict) -> None:
 
 
 KILL = RECORD + """
+shm_coll.set_direct(sys.argv[2] == "direct")  # the path of the groups made from here on
 dist.init_process_group("mpi", timeout=float(sys.argv[1]))
 rank = dist.get_rank()
 x = np.ones(1 << 18, np.float32)
@@ -76,7 +77,8 @@ report(stage="ready", made=made)
 if rank == 1:
     publish = shm_pipe.Engine.publish
     def dying(self, w, t):
-        if self.step - t == 8:  # half-way through the next call's chunks
+        # half-way through the next call: its chunks (segment), its reduced part (direct)
+        if self.step - t == 8 or (self.cma and self.seq == 2 and w == shm_pipe.RED):
             os.kill(os.getpid(), signal.SIGKILL)
         publish(self, w, t)
     shm_pipe.Engine.publish = dying
@@ -87,7 +89,8 @@ if attempt(x, time.monotonic()):
 """
 
 
-def test_a_rank_killed_mid_collective(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["direct", "segment"])
+def test_a_rank_killed_mid_collective(tmp_path: Path, path: str) -> None:
     """Rank 1 SIGKILLs itself inside an all_reduce through shared memory. With hydra's clean-up
     off, ranks 0 and 2 stay to tell: each ends its wait with PeerFailedError naming rank 1 and
     its pid, in well under the 60 s timeout.
@@ -96,7 +99,7 @@ def test_a_rank_killed_mid_collective(tmp_path: Path) -> None:
     of its own that a survivor is making (its progress engine), and ends the whole job, hydra
     naming the signal. The job still ends at once and leaves no segment, as checked here,
     but that run's survivors print no error of their own."""
-    res, took = run_script(tmp_path, KILL, 3, "60", hydra=("-disable-auto-cleanup",))
+    res, took = run_script(tmp_path, KILL, 3, "60", path, hydra=("-disable-auto-cleanup",))
     assert not res.timed_out, res.output
     got = results(tmp_path)
     assert got[1]["stage"] == "ready", res.output  # killed before it could report more
@@ -114,10 +117,11 @@ def test_a_rank_killed_mid_collective(tmp_path: Path) -> None:
     _no_segment_left(got)
 
 
-def test_a_rank_killed_ends_the_job_under_hydra(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["direct", "segment"])
+def test_a_rank_killed_ends_the_job_under_hydra(tmp_path: Path, path: str) -> None:
     """The same kill with hydra's default clean-up: the job ends at once, non-zero, hydra
     naming the signal; no segment is left."""
-    res, took = run_script(tmp_path, KILL, 2, "60")
+    res, took = run_script(tmp_path, KILL, 2, "60", path)
     assert not res.timed_out, res.output
     assert res.returncode != 0
     assert "signal 9" in res.output or "KILLED BY SIGNAL: 9" in res.output, res.output

@@ -10,6 +10,8 @@ Run: ``mpiexec -n N python -m pytest --with-mpi tests/mpi/test_shm_collectives.p
 
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -128,11 +130,30 @@ def _same(got: np.ndarray, want: np.ndarray, op=None) -> None:
     assert got.tobytes() == want.tobytes(), (got[:8], want[:8])
 
 
+def _kernel_lets_ranks_read_each_other() -> bool:
+    """Asked here without the engine: can every rank read every other rank's memory?"""
+    mark = np.array([os.getpid()], np.int64)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (os.getpid(), mark.ctypes.data))
+    ok = cma.available()
+    got = np.zeros(1, np.int64)
+    for pid, addr in every:
+        try:
+            cma.Reader().read(pid, got.ctypes.data, addr, 8)
+        except OSError:
+            ok = False
+        ok = ok and int(got[0]) == pid
+    oks = [None] * dist.get_world_size()
+    dist.all_gather_object(oks, ok)
+    return all(oks)
+
+
 def _through_engine(g) -> None:
+    """The calls took the engine, on the path the group was made for."""
     if g.size() > 1:
         assert isinstance(g.shm, Engine), "the call did not take the shared-memory engine"
-        if g.shm.cma:
-            assert cma.available()
+        want = g.shm_direct and _kernel_lets_ranks_read_each_other()
+        assert g.shm.cma == want, "the engine took the other path"
 
 
 @pytest.mark.parametrize("dtype,op", CASES, ids=[f"{np.dtype(d).name}-{o.name}"

@@ -81,7 +81,7 @@ _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.mult
            ReduceOp.BXOR: np.bitwise_xor}
 _BOOL = {ReduceOp.SUM: np.maximum, ReduceOp.PRODUCT: np.minimum}
 _reducers: dict = {}
-_use_cma = True  # engines made from now on probe for the direct path (tests: set_direct)
+_use_cma = True  # groups made from now on may take the direct path (tests: set_direct)
 _direct_chunk = _direct.CHUNK  # their direct reductions' piece (tests: set_chunk)
 
 
@@ -91,6 +91,7 @@ def floor(g: Any) -> int:
     shared agreement slots: another machine, no /dev/shm, not x86-64)."""
     setting = _config.shm_collectives()
     h = g.health
+    g.shm_direct = _use_cma  # whether its engine, once made, probes for the direct path
     if setting == "off" or g.comm is None or g.size_ < 2 or h.fp_node is None:
         return OFF_BYTES
     # collective, but every member is making the group now: MPI's view of the node (the
@@ -123,8 +124,8 @@ def set_chunk(nbytes: int) -> int:
 
 
 def set_direct(use: bool) -> bool:
-    """Tests: whether engines made from now on may take the direct path (cross-memory
-    reads, where every member can); the old setting."""
+    """Tests: whether the engines of groups made from now on may take the direct path
+    (cross-memory reads, where every member can); the old setting."""
     global _use_cma
     old, _use_cma = _use_cma, bool(use)
     return old
@@ -571,7 +572,7 @@ def _setup(g: Any, s: int, op: str) -> Any:
             eng.close()
         return False
     eng.op, eng.seq = op, s
-    if _use_cma:
+    if getattr(g, "shm_direct", True):
         # every member may read every peer's memory, or none uses the direct path
         can = np.array([int(_cma.available() and _direct.probe(eng))], np.int64)
         _exchange(h, can, MPI.MIN, s, op)

@@ -24,6 +24,7 @@ with :class:`PeerFailedError` (``Engine.check_alive``).
 
 from __future__ import annotations
 
+import errno
 from typing import List
 
 import numpy as np
@@ -76,7 +77,8 @@ def _read(eng: Engine, r: int, dst: np.ndarray, src: int) -> None:
     try:
         eng.reader.read(eng.pids[r], _addr(dst), src, dst.nbytes)
     except _cma.CmaError as exc:
-        eng.check_alive(r)  # a peer that is gone: PeerFailedError
+        # ESRCH: the peer's memory is gone (it may not be a zombie yet): PeerFailedError
+        eng.check_alive(r, exc.errno == errno.ESRCH)
         raise MpiTensorError(f"rank {eng.h.ranks[eng.me]}: {eng.op} (#{eng.seq}) could not "
                              f"read rank {eng.h.ranks[r]}'s buffer ({exc.strerror}); set "
                              "MPITENSOR_SHM_COLLECTIVES=off to keep collectives on MPI") from exc

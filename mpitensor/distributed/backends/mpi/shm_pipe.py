@@ -179,10 +179,11 @@ class Engine:
         self.publish(w, t)
         self.wait(w, t, self.everyone)
 
-    def check_alive(self, r: int) -> None:
-        """Raise PeerFailedError (and break the group) if member ``r``'s process is gone."""
+    def check_alive(self, r: int, gone: bool = False) -> None:
+        """Raise PeerFailedError (and break the group) if member ``r``'s process is gone
+        (``gone``: the caller knows it is, the kernel refused a read of its memory for it)."""
         pid = self.q[r * _LINE + PID]
-        if pid <= 0 or _alive(pid):
+        if not gone and (pid <= 0 or _alive(pid)):
             return
         h = self.h
         story = _faults.Story(h.ranks[r], self.op, self.seq,
