@@ -175,7 +175,7 @@ def test_vector_norm_of_a_dtensor_with_gradient(p):
     for placement in (Shard(0), Shard(1), Replicate()):
         ref = mt.from_numpy(whole.copy()).requires_grad_()
         d = distribute_tensor(mt.from_numpy(whole.copy()), mesh, [placement]).requires_grad_()
-        for dim in (None, 0, 1):
+        for dim in (None, 0, 1, (0, 1)):  # (0, 1): every dim named, a 0-d output
             out = d.norm(p, dim) if dim is not None else mt.linalg.vector_norm(d, p)
             want = ref.norm(p, dim) if dim is not None else mt.linalg.vector_norm(ref, p)
             np.testing.assert_allclose(_whole(out), want.detach().numpy(), rtol=TOL)

@@ -27,6 +27,7 @@ from mpitensor.tensor import tensor as _tensor
 from mpitensor.tensor import where, zeros_like
 
 from ._dispatch import OpCall, Sharding, register_sharding_rule
+from ._rules_norms import mesh_dim_roles
 from ._utils import compute_local_shape_and_global_offset
 from .placement_types import Partial, Placement, Replicate, Shard
 
@@ -121,22 +122,12 @@ def _layout(call: OpCall, x: Any, cdim: int,
             parallel: bool) -> Tuple[List[Placement], List[Placement], List[int], List[int]]:
     """The logits' placements to compute in, the target's, and the mesh dims sharding the
     batch and the classes."""
-    wx: List[Placement] = []
-    wt: List[Placement] = []
-    batch: List[int] = []
-    classes: List[int] = []
-    for m, p in enumerate(x.placements):
-        if isinstance(p, Shard) and p.dim != cdim:
-            wx.append(p)
-            wt.append(Shard(p.dim - (1 if p.dim > cdim else 0)))
-            batch.append(m)
-        elif isinstance(p, Shard) and parallel:
-            wx.append(p)
-            wt.append(Replicate())
-            classes.append(m)
-        else:
-            wx.append(Replicate())
-            wt.append(Replicate())
+    roles = mesh_dim_roles(x.placements, {cdim}, parallel)
+    wx = [p if role else Replicate() for p, role in zip(x.placements, roles)]
+    wt = [Shard(p.dim - (1 if p.dim > cdim else 0)) if role == "kept" else Replicate()
+          for p, role in zip(x.placements, roles)]
+    batch = [m for m, role in enumerate(roles) if role == "kept"]
+    classes = [m for m, role in enumerate(roles) if role == "combined"]
     return wx, wt, batch, classes
 
 
