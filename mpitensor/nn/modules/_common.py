@@ -89,12 +89,13 @@ def _reset_default(weight: Parameter, bias: Optional[Parameter]) -> None:
 
 
 def _add_weight_and_bias(module: Any, wshape: tuple, bias: bool, dtype: Any,
-                         device: Any) -> None:
-    """Register ``weight`` (``wshape``) and ``bias`` (``wshape[0]``, or None) on ``module``,
-    uninitialised, then draw them with ``module.reset_parameters()``."""
+                         device: Any, bias_size: Optional[int] = None) -> None:
+    """Register ``weight`` (``wshape``) and ``bias`` (``bias_size``, by default ``wshape[0]``,
+    or None) on ``module``, uninitialised, then draw them with ``module.reset_parameters()``."""
     module.weight = Parameter(empty(*wshape, dtype=dtype, device=device))
     if bias:
-        module.bias = Parameter(empty(wshape[0], dtype=dtype, device=device))
+        n = wshape[0] if bias_size is None else bias_size
+        module.bias = Parameter(empty(n, dtype=dtype, device=device))
     else:
         module.register_parameter("bias", None)
     module.reset_parameters()

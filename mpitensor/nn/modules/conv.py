@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from mpitensor.tensor import Tensor, empty
+from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
 from .._functional.conv import _pad_mode
-from ..parameter import Parameter
 from ._common import (
     _PADDING_MODES,
+    _add_weight_and_bias,
     _factory,
     _is_int,
     _positive_int,
@@ -108,13 +108,7 @@ class _ConvNd(Module):
             wshape = (self.in_channels, self.out_channels // self.groups, *self.kernel_size)
         else:
             wshape = (self.out_channels, self.in_channels // self.groups, *self.kernel_size)
-        dt = _factory(dtype, c)
-        self.weight = Parameter(empty(*wshape, dtype=dt, device=device))
-        if bias:
-            self.bias = Parameter(empty(self.out_channels, dtype=dt, device=device))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        _add_weight_and_bias(self, wshape, bias, _factory(dtype, c), device, self.out_channels)
 
     def reset_parameters(self) -> None:
         """Re-draw the parameters as torch does: kaiming-uniform(a=√5), bias ±1/√fan_in

@@ -13,12 +13,11 @@ import math
 from typing import Any
 
 from mpitensor import dtypes as _dt
-from mpitensor.tensor import Tensor, empty
+from mpitensor.tensor import Tensor
 
 from .. import functional as F  # noqa: N812 - torch's spelling
 from .. import init
 from .._functional.checks import is_int
-from ..parameter import Parameter
 from ._common import _add_weight_and_bias, _factory, _positive_int, _reset_default
 from .lazy import LazyModuleMixin, _placeholders
 from .module import Module
@@ -49,13 +48,8 @@ class Bilinear(Module):
         self.in1_features, self.in2_features = int(in1_features), int(in2_features)
         self.out_features = int(out_features)
         dt = _dt.get_default_dtype() if dtype is None else _dt.to_dtype(dtype)
-        self.weight = Parameter(empty(self.out_features, self.in1_features, self.in2_features,
-                                      dtype=dt, device=device))
-        if bias:
-            self.bias = Parameter(empty(self.out_features, dtype=dt, device=device))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        wshape = (self.out_features, self.in1_features, self.in2_features)
+        _add_weight_and_bias(self, wshape, bias, dt, device)
 
     def reset_parameters(self) -> None:
         """Draw weight and bias uniformly in ``±1/sqrt(in1_features)``."""
