@@ -172,10 +172,14 @@ def test_a_rank_that_never_arrives(tmp_path: Path) -> None:
 
 
 FULL = RECORD + """
+import errno
 from mpitensor.distributed.backends.mpi import shm as _shm
 dist.init_process_group("mpi")
 rank = dist.get_rank()
 _shm.DIR = sys.argv[1]  # the tiny tmpfs (or a directory that is not there): creation fails
+def no_memory(*args):  # and a segment without a name finds no memory either
+    raise OSError(errno.ENOMEM, "no memory")
+os.memfd_create = no_memory
 x = np.arange(1 << 18, dtype=np.float32) * (rank + 1)
 dist.all_reduce(x)
 g = dist.group.WORLD
@@ -200,6 +204,8 @@ def tiny_shm(tmp_path: Path):
 
 
 def test_a_full_dev_shm_falls_back_to_mpi_on_every_rank(tmp_path: Path, tiny_shm: Path):
+    """Neither a segment without a name (no memory) nor one in /dev/shm (full) can be made:
+    every rank stays on MPI, and the result is right."""
     res, _ = run_script(tmp_path, FULL, 3, str(tiny_shm))
     assert not res.timed_out, res.output
     assert res.returncode == 0, res.output
@@ -208,3 +214,35 @@ def test_a_full_dev_shm_falls_back_to_mpi_on_every_rank(tmp_path: Path, tiny_shm
     for r, g in got.items():
         assert g["engine"] == "False" and g["ok"] and g["left"] == [], (r, g)
     assert got[0]["made"][-1] is None  # rank 0 tried to make the engine's, and could not
+
+
+ORPHAN = RECORD + """
+_anon = shm_coll._shm.create_anonymous
+def create_anonymous(nbytes):  # rank 0 dies with the segment made, before any peer maps it
+    got = _anon(nbytes)
+    report(stage="made", where=None if got is None else got[1],
+           names=sorted(n for n in os.listdir("/dev/shm") if n.startswith("mpitensor-coll")))
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+shm_coll._shm.create_anonymous = create_anonymous
+dist.init_process_group("mpi", timeout=10.0)
+dist.all_reduce(np.ones(1 << 18, np.float32))  # rank 0 makes the engine's segment
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create") or not os.path.isdir("/dev/shm"),
+                    reason="needs Linux's memfd_create and /dev/shm")
+def test_rank_0_killed_after_making_the_segment_leaves_nothing(tmp_path: Path) -> None:
+    """Rank 0 is killed between making the engine's segment and its peers mapping it: the
+    segment has no name (it lives in rank 0's descriptor only), so nothing is left in
+    /dev/shm; the job ends."""
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("mpitensor-coll")}
+    res, took = run_script(tmp_path, ORPHAN, 2)
+    assert not res.timed_out, res.output
+    assert res.returncode != 0
+    made = results(tmp_path)[0]
+    assert made["stage"] == "made" and made["where"].startswith("/proc/"), made
+    pid = int(made["where"].split("/")[2])
+    assert not os.path.exists(f"/proc/{pid}/fd"), "rank 0 still runs"
+    after = {n for n in os.listdir("/dev/shm") if n.startswith("mpitensor-coll")}
+    assert not (after - before) - set(made["names"]), after

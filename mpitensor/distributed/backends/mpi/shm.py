@@ -1,5 +1,8 @@
 """A node's shared-memory segments: made by one rank, mapped by name by the others.
 
+(The collectives' engine makes its segment without a name where Linux can,
+:func:`create_anonymous`, so that no rank's death ever leaves one in ``/dev/shm``.)
+
 Used by DDP's shared-memory buckets (``_node_reduce``) and by the agreement check's slots
 (``_fingerprint``). Each passes the name to its peers its own way and unlinks it once every
 peer has mapped the segment (or given up); a peer on another machine finds no such name, which
@@ -12,7 +15,7 @@ import mmap
 import os
 import platform
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 DIR = "/dev/shm"
 
@@ -40,6 +43,26 @@ def create(prefix: str, nbytes: int) -> Optional[str]:
         remove(path)
         return None
     return path
+
+
+def create_anonymous(nbytes: int) -> Optional[Tuple[int, str]]:
+    """Make a segment of ``nbytes`` that has no name (``memfd_create``, Linux): ``(fd, path)``,
+    the path its peers open it by (``/proc/<pid>/fd/<fd>``, valid while this process keeps
+    ``fd`` open), or None where it cannot be made. Nothing of it outlives the last process
+    that maps it, however each ends. Every page is reserved now, as :func:`create` does."""
+    make = getattr(os, "memfd_create", None)
+    if make is None:
+        return None
+    try:
+        fd = make("mpitensor-coll", getattr(os, "MFD_CLOEXEC", 1))
+    except OSError:
+        return None
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd, f"/proc/{os.getpid()}/fd/{fd}"
 
 
 def attach(path: str, nbytes: int) -> Optional[mmap.mmap]:

@@ -18,14 +18,17 @@ whenever the group can (for tests); ``auto`` (default) where it pays. A call qua
 every rank of a correct program passes alike (its size, dtype, op; never contiguity or
 layout: a non-contiguous buffer is staged), so every member takes the same path. The first call
 of at least :data:`FLOOR` bytes (``auto``) makes the group's engine, collectively: rank 0
-creates the segment, the members learn its name through one small reduction on the group's
-private communicator, map it, and agree; the name is removed as soon as every member mapped
-it (or gave up), so nothing is left behind however the job ends. Where that fails (a full
-``/dev/shm``) every member learns it in the same reduction and the group stays on MPI for
-good. In ``auto`` the members then measure, together, the engine and MPI on a small and a
+creates the segment, without a name where Linux can (``memfd_create``: the members open it as
+``/proc/<pid>/fd/<fd>``) or else in /dev/shm, the members learn where it is through one small
+reduction on the group's private communicator, map it, and agree; rank 0 closes its
+descriptor (or removes the name) as soon as every member mapped it (or gave up), so nothing is
+left behind however the job ends, even where rank 0 dies before that. Where that fails (no
+memory, a full ``/dev/shm``) every member learns it in the same reduction and the group stays
+on MPI for good. In ``auto`` the members then measure, together, the engine and MPI on a small and a
 large all-reduce, reduce-scatter and all-gather, take the slowest member's times, and fit each
 a line: a call takes the engine only from the size where its kind's line is 10 % below MPI's
-(never below :data:`FLOOR`). Debug mode (``MPITENSOR_DEBUG``) keeps every call on MPI, where its checks are.
+(never below :data:`FLOOR`). Debug mode (``MPITENSOR_DEBUG``) keeps every call on MPI, where
+its checks are.
 
 **Checks and faults.** Every call through the engine posts its fingerprint in the group's
 agreement slots (``fingerprint.NodeCheck``, whatever its size) and waits for its peers' before
@@ -82,6 +85,7 @@ _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.mult
 _BOOL = {ReduceOp.SUM: np.maximum, ReduceOp.PRODUCT: np.minimum}
 _reducers: dict = {}
 _use_cma = True  # groups made from now on may take the direct path (tests: set_direct)
+_anonymous = True  # rank 0 makes the segment without a name where it can (tests: False)
 _direct_chunk = _direct.CHUNK  # their direct reductions' piece (tests: set_chunk)
 
 
@@ -547,25 +551,30 @@ def _setup(g: Any, s: int, op: str) -> Any:
     """Collective: the group's Engine, or False on every member where it cannot have one."""
     h = g.health
     size = P.segment_bytes(g.size_, P.CHUNK)
-    path = _shm.create(_PREFIX, size) if g.rank_ == 0 and _shm.usable() else None
-    mm = None
+    fd, path = _make_segment(size) if g.rank_ == 0 and _shm.usable() else (None, None)
+    eng = None
     try:
-        v = np.zeros(5, np.int64)
-        if path is not None:
-            v[:4] = np.frombuffer(os.path.basename(path)[-32:].encode(), np.int64)
-            v[4] = 1
+        v = np.zeros(5, np.int64)  # the segment's name (4 words) or pid and fd; its kind
+        if fd is not None:
+            v[:2], v[4] = (os.getpid(), fd), 2
+        elif path is not None:
+            v[:4], v[4] = np.frombuffer(os.path.basename(path)[-32:].encode(), np.int64), 1
         _exchange(h, v, MPI.MAX, s, op)
         if v[4]:
-            name = _PREFIX + v[:4].tobytes().decode("ascii", "replace")
-            mm = _shm.attach(os.path.join(_shm.DIR, name), size)
-        eng = Engine(g, mm, P.CHUNK) if mm is not None else None
+            where = (f"/proc/{v[0]}/fd/{v[1]}" if v[4] == 2 else os.path.join(
+                _shm.DIR, _PREFIX + v[:4].tobytes().decode("ascii", "replace")))
+            mm = _shm.attach(where, size)
+            eng = Engine(g, mm, P.CHUNK) if mm is not None else None
         mark = np.array([os.getpid()], np.int64)  # what the peers' probes read
         if eng is not None:
             _direct.probe_row(eng, mark)
         ok = np.array([int(eng is not None)], np.int64)
         _exchange(h, ok, MPI.MIN, s, op)
     finally:
-        if path is not None:
+        # every member has mapped it or given up: its name (or descriptor) goes
+        if fd is not None:
+            os.close(fd)
+        elif path is not None:
             _shm.remove(path)
     if not ok[0]:
         if eng is not None:
@@ -583,6 +592,15 @@ def _setup(g: Any, s: int, op: str) -> Any:
     else:
         eng.thresholds = _calibrate(eng, g, s, op)
     return eng
+
+
+def _make_segment(size: int) -> "tuple[Optional[int], Optional[str]]":
+    """Rank 0: a new segment, ``(fd, None)`` without a name where Linux can make one, else
+    ``(None, path)`` in /dev/shm, or ``(None, None)`` where neither can be made."""
+    made = _shm.create_anonymous(size) if _anonymous else None
+    if made is not None:
+        return made[0], None
+    return None, _shm.create(_PREFIX, size)
 
 
 def best_time(fn: Callable[[], None], reps: int = 3) -> float:
