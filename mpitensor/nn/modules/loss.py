@@ -276,7 +276,21 @@ class L1Loss(_Loss):
     _fname = "l1_loss"
 
 
-class SmoothL1Loss(_Loss):
+class _OneNumberLoss(_Loss):
+    """A loss with one more real number, the attribute ``_param``, which forward passes to
+    ``F.<_fname>`` by that name."""
+
+    _param = ""
+
+    def _keep(self, value: Any) -> None:
+        setattr(self, self._param, _number(type(self).__name__, self._param, value))
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
+        return getattr(F, self._fname)(input, target, reduction=self.reduction,
+                                       **{self._param: getattr(self, self._param)})
+
+
+class SmoothL1Loss(_OneNumberLoss):
     """Squared error below ``beta``, absolute error above.
 
     Example:
@@ -285,16 +299,15 @@ class SmoothL1Loss(_Loss):
         tensor(2.5000)
     """
 
+    _fname, _param = "smooth_l1_loss", "beta"
+
     def __init__(self, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
                  beta: float = 1.0) -> None:
         super().__init__(size_average, reduce, reduction)
-        self.beta = _number("SmoothL1Loss", "beta", beta)
-
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+        self._keep(beta)
 
 
-class HuberLoss(_Loss):
+class HuberLoss(_OneNumberLoss):
     """Halved squared error below ``delta``, ``delta``-scaled absolute error above.
 
     Example:
@@ -303,12 +316,11 @@ class HuberLoss(_Loss):
         tensor(4.)
     """
 
+    _fname, _param = "huber_loss", "delta"
+
     def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
         super().__init__(reduction=reduction)
-        self.delta = _number("HuberLoss", "delta", delta)
-
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+        self._keep(delta)
 
 
 class SoftMarginLoss(_Loss):
