@@ -105,17 +105,18 @@ def _simulated(server: _pmi.HelperServer, rank: int) -> List[Tuple[str, str]]:
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     gen = bench._mpich_rank(rank, N, server.token, 4096, [0, 0], per_host=PER_HOST)
-    out, reply = [], None
+    out: List[Tuple[str, str]] = []
+    reply = None
     while True:
         try:
             line = gen.send(reply)
         except StopIteration:
             return out[1:]  # (the hello is mpitensor's line, not MPICH's)
-        out.append(_request(line))
+        out.append(_request(line.decode("ascii").rstrip("\n")))
         cmd = out[-1][0]
         static = server.static.get(cmd.encode())
-        reply = (static.decode() if static is not None else
-                 server.kvs.get(out[-1][1].encode()).decode() if cmd == "get" else "rc=0")
+        reply = (static if static is not None else server.kvs.get(out[-1][1].encode())
+                 if cmd == "get" else b"cmd=" + cmd.encode() + b" rc=0\n")
 
 
 def test_real_ranks_put_one_address_key_and_match_the_simulation(tmp_path: Path) -> None:
