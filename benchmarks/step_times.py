@@ -79,7 +79,7 @@ def _args(argv: "List[str] | None" = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="width 512, 2 reps of 1 step")
-    p.add_argument("--timeout", type=float, default=300.0, help="driver: seconds per job")
+    p.add_argument("--timeout", type=float, default=600.0, help="driver: seconds per job")
     p.add_argument("--out-md", default=str(ROOT / "docs" / "benchmarks-steps.md"),
                    help="driver: the report ('' prints it only)")
     p.add_argument("--json", help="write every figure to this file")
@@ -100,17 +100,21 @@ def _switched(setting: str) -> Any:
     return mock.patch.dict(os.environ, {k: setting for k in SWITCHES})
 
 
-def _segment(group: Any) -> str:
-    """What the group's shared-memory engine took, as far as the group shows it."""
+def _segment(group: Any, buckets: "List[int] | None" = None) -> str:
+    """What the group's shared-memory engine took, as far as the group shows it (with DDP's
+    bucket sizes: how many of them reach the reductions' threshold)."""
     eng = getattr(group, "shm", None)
     th = getattr(eng, "thresholds", None)
     if not isinstance(th, dict):
         return "no segment" if eng is False else "not made"
+    red = max(th.get("reduce", 1 << 62), getattr(group, "shm_min", 0))
 
     def size(n: int) -> str:
         return "never" if n >= 1 << 60 else f"≥ {n / 2**20:.2f} MiB"
 
-    return f"reductions {size(th.get('reduce', 1 << 62))}, gathers {size(th.get('move', 1 << 62))}"
+    took = (f" ({sum(b >= red for b in buckets)} of {len(buckets)} buckets)"
+            if buckets else "")
+    return f"reductions {size(red)}{took}, gathers {size(th.get('move', 1 << 62))}"
 
 
 def _configs(S: Any, kind: str, width: int) -> Dict[str, Dict[str, Any]]:
@@ -151,21 +155,12 @@ def _paired(num: List[float], den: List[float], f: Callable[[float, float], floa
     return statistics.median(f(a, b) for a, b in zip(num, den))
 
 
-def _time_kind(S: Any, kind: str, a: argparse.Namespace, x: Any, y: Any) -> Dict[str, Any]:
-    """Build ``kind``'s configurations, time them in turn, and summarise."""
+def _timed(steps: Dict[str, Callable[[], None]], a: argparse.Namespace) -> Dict[str, List[float]]:
+    """Per configuration, each repetition's step time (the slowest rank's mean), the
+    configurations in turn, their order rotated every repetition."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    cfg = _configs(S, kind, a.width)
-    steps = {c: _stepper(cfg[c]["model"], cfg[c]["opt"], x, y) for c in CONFIGS}
-    for c in CONFIGS:
-        with _switched(SETTING.get(c, "auto")):
-            for _ in range(a.warmup):
-                steps[c]()
-    stats = getattr(cfg["MPI"]["model"], "comm_stats", None)
-    if stats is not None:
-        for c in ("MPI", "shm"):
-            cfg[c]["model"].comm_stats.reset()
     times: Dict[str, List[float]] = {c: [] for c in CONFIGS}
     for r in range(a.reps):
         for c in CONFIGS[r % 3:] + CONFIGS[:r % 3]:
@@ -174,17 +169,36 @@ def _time_kind(S: Any, kind: str, a: argparse.Namespace, x: Any, y: Any) -> Dict
             for _ in range(a.steps):
                 steps[c]()
             times[c].append(comm.allreduce((time.perf_counter() - t0) / a.steps, op=MPI.MAX))
+    return times
+
+
+def _time_kind(S: Any, kind: str, a: argparse.Namespace, x: Any, y: Any) -> Dict[str, Any]:
+    """Build ``kind``'s configurations, time them in turn, and summarise."""
+    from mpi4py import MPI
+
+    cfg = _configs(S, kind, a.width)
+    steps = {c: _stepper(cfg[c]["model"], cfg[c]["opt"], x, y) for c in CONFIGS}
+    for c in CONFIGS:
+        with _switched(SETTING.get(c, "auto")):
+            for _ in range(a.warmup):
+                steps[c]()
+    ddp = {c: cfg[c]["model"] for c in ("MPI", "shm") if hasattr(cfg[c]["model"], "comm_stats")}
+    for m in ddp.values():
+        m.comm_stats.reset()
+    times = _timed(steps, a)
     row: Dict[str, Any] = {"times_s": times,
                            "median_s": {c: statistics.median(times[c]) for c in CONFIGS},
-                           "shm_over_mpi": _paired(times["shm"], times["MPI"], lambda s, m: s / m),
-                           "segment": _segment(cfg["shm"]["group"])}
+                           "shm_over_mpi": _paired(times["shm"], times["MPI"], lambda s, m: s / m)}
     row["comm_share"] = {c: _paired(times["local"], times[c], lambda lo, t: 1 - lo / t)
                          for c in ("MPI", "shm")}
-    if stats is not None:
-        row["ddp_wait_s"] = {c: comm.allreduce(cfg[c]["model"].comm_stats.total_wait_s
-                                               / (a.reps * a.steps), op=MPI.MAX)
-                             for c in ("MPI", "shm")}
-        row["node_reduce"] = {c: cfg[c]["model"].reducer.node is not None for c in ("MPI", "shm")}
+    buckets = None
+    if ddp:
+        row["ddp_wait_s"] = {c: MPI.COMM_WORLD.allreduce(
+            m.comm_stats.total_wait_s / (a.reps * a.steps), op=MPI.MAX) for c, m in ddp.items()}
+        row["node_reduce"] = {c: m.reducer.node is not None for c, m in ddp.items()}
+        # buckets that meet in the DDP's own segment never call the group's all_reduce
+        buckets = None if row["node_reduce"]["shm"] else ddp["shm"].comm_stats.bucket_bytes
+    row["segment"] = _segment(cfg["shm"]["group"], buckets)
     return row
 
 
@@ -226,8 +240,8 @@ def _rows(job: Dict[str, Any]) -> List[str]:
         med, share = r["median_s"], r["comm_share"]
         wait = (f"{r['ddp_wait_s']['MPI'] * 1e3:.1f}, {r['ddp_wait_s']['shm'] * 1e3:.1f}"
                 if "ddp_wait_s" in r else "")
-        seg = r["segment"] + ("; buckets in shared memory" if r.get("node_reduce", {}).get("shm")
-                              else "")
+        seg = r["segment"] + ("; DDP's buckets meet in its own segment"
+                              if r.get("node_reduce", {}).get("shm") else "")
         lines.append(f"| {job['ranks']} | {kind} | {med['MPI'] * 1e3:.1f} | "
                      f"{med['shm'] * 1e3:.1f} | {r['shm_over_mpi']:.3f} | "
                      f"{med['local'] * 1e3:.1f} | {share['MPI']:.0%} | {share['shm']:.0%} | "
@@ -288,7 +302,8 @@ def _markdown(jobs: List[Dict[str, Any]], meta: Dict[str, Any], argv: List[str],
         f"{load} (before / after); Python {meta['python']}"
         + (f"; {', '.join(over)} ranks oversubscribe the cores" if over else ""),
         f"- Model: `benchmarks/sharded.py`'s 4-layer MLP, width {j['width']} "
-        f"({j['params'] / 1e6:.1f}M float32 parameters), Adam, batch {j['batch']} per rank; "
+        f"({j['params'] / 1e6:.1f}M float32 parameters; a layer's weight "
+        f"{j['width'] ** 2 * 4 / 2**20:.1f} MiB), Adam, batch {j['batch']} per rank; "
         f"one BLAS thread per rank",
         f"- Timing: {j['warmup']} warm-up steps, then {j['reps']} repetitions of {j['steps']} "
         f"steps per configuration (the slowest rank's mean step; medians); total "
@@ -300,7 +315,8 @@ def _markdown(jobs: List[Dict[str, Any]], meta: Dict[str, Any], argv: List[str],
         "step, the slowest rank's (the wait at the end of backward; a bucket whose all-reduce "
         "completes as it is launched, as a call through the segment may, spends its time "
         "inside backward instead, so a small wait alone says little). *segment*: the sizes from "
-        "which the shm group's measured cost model sends calls through the shared segment.", ""])
+        "which the shm group's cost model, measured at its first large call, sends calls "
+        "through the shared segment (DDP: how many of its gradient buckets reach it).", ""])
 
 
 def _launch(n: int, a: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
