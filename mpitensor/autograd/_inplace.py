@@ -12,7 +12,7 @@ import numpy as np
 from mpitensor._core.devices import xp as _xp
 
 from ._versions import bump_version, note_versions, storage, storage_key, version_cell
-from .function import Function, Node
+from .function import Function, Node, _edges
 
 _ndarray = np.ndarray
 _object_new = object.__new__
@@ -151,17 +151,7 @@ def apply_inplace(fn: type, what: str, t: Any, *args: Any) -> Any:
     raw = [x]
     nxt = [t.grad_fn if t._requires_grad else None]
     needs = [t._requires_grad]
-    for a in args:
-        if isinstance(a, Tensor):
-            raw.append(a._data)
-            if a._requires_grad:
-                nxt.append(a if a.grad_fn is None else a.grad_fn)
-                needs.append(True)
-                continue
-        else:
-            raw.append(a)
-        nxt.append(None)
-        needs.append(False)
+    _edges(args, raw, nxt, needs)
     node = _object_new(Node)
     node._init(fn, nxt, tuple(needs))
     forward_ = getattr(fn, "forward_", None)

@@ -65,25 +65,10 @@ class Function:
     @classmethod
     def apply(cls, *args: Any) -> Any:
         """Run the operation on ``args``; record it for autograd where that is needed."""
-        Tensor = _Tensor  # noqa: N806 - the class
-        raw = []
-        nxt = []
-        needs = []
-        record = False
-        for a in args:  # one pass: the arrays for forward and the graph edges for the node
-            if isinstance(a, Tensor):
-                raw.append(a._data)
-                if a._requires_grad:
-                    record = True
-                    fn = a.grad_fn
-                    nxt.append(a if fn is None else fn)
-                    needs.append(True)
-                    continue
-            else:
-                raw.append(a)
-            nxt.append(None)
-            needs.append(False)
-        record = record and _mode.enabled
+        raw: list = []
+        nxt: list = []
+        needs: list = []
+        record = _edges(args, raw, nxt, needs) and _mode.enabled
         if record:
             node = _object_new(Node)
             node._init(cls, nxt, tuple(needs))
@@ -98,6 +83,28 @@ class Function:
             if node.saved:
                 note_versions(node, args, t)
         return t
+
+
+def _edges(args: tuple, raw: list, nxt: list, needs: list) -> bool:
+    """One pass over an op's arguments: append to ``raw`` each one's array (a non-tensor as it
+    is), to ``nxt`` where its gradient goes (its ``grad_fn``, the leaf itself, or None) and to
+    ``needs`` whether it wants one. Returns whether any argument requires grad."""
+    Tensor = _Tensor  # noqa: N806 - the class
+    record = False
+    for a in args:
+        if isinstance(a, Tensor):
+            raw.append(a._data)
+            if a._requires_grad:
+                record = True
+                fn = a.grad_fn
+                nxt.append(a if fn is None else fn)
+                needs.append(True)
+                continue
+        else:
+            raw.append(a)
+        nxt.append(None)
+        needs.append(False)
+    return record
 
 
 class Node:
