@@ -199,8 +199,17 @@ def test_prefetch_and_overlap():
 
 def test_gradient_accumulation_without_sync_equals_ddp():
     ref = DDP(mlp(3))
-    ref_opt = SGD(ref.parameters(), lr=0.05)
     model = _shard(mlp(3))
+    accumulate_beside_ddp(model, ref)
+    for (name, p), q in zip(model.named_parameters(), ref.module.parameters()):
+        _close_tensor(_full(p, q.shape[0]), q.detach().numpy(), name)
+
+
+def accumulate_beside_ddp(model, ref):
+    """Three SGD steps of two micro-batches each: ``model`` (fully sharded) reduces only in
+    the last backward (``set_requires_gradient_sync``), ``ref`` (DDP) under ``no_sync``
+    before it (also used by test_hsdp)."""
+    ref_opt = SGD(ref.parameters(), lr=0.05)
     opt = SGD(model.parameters(), lr=0.05)
     for s in range(3):
         for m, o, is_ref in ((ref, ref_opt, True), (model, opt, False)):
@@ -218,8 +227,6 @@ def test_gradient_accumulation_without_sync_equals_ddp():
                     m.set_requires_gradient_sync(last)
                     ((m(x) - y) ** 2).mean().backward()
             o.step()
-    for (name, p), q in zip(model.named_parameters(), ref.module.parameters()):
-        _close_tensor(_full(p, q.shape[0]), q.detach().numpy(), name)
 
 
 def test_mixed_precision_gathers_in_bf16_and_reduces_in_fp32():

@@ -7,15 +7,18 @@ steps to the losses of the same model under DDP (rtol 1e-5, float32) and to its 
 gradients are DTensors placed ``(Replicate(), Shard(0))`` whose pieces are ``torch.chunk``'s
 rows of the shard dim, and every rank's whole tensors are bitwise the same (the replicas add
 the same numbers in the same order); mixed precision gathers in bfloat16 and reduces in
-float32; sharded and full state dicts round-trip; torch's HSDP over gloo gives the same
-losses; a 3-D mesh, a mesh whose dims do not multiply to the world, parameters that differ
-between replicas and a tensor-parallel parameter fail on every rank before any gather.
+float32; gradient accumulation without sync equals DDP's; sharded and full state dicts
+round-trip, and a distributed checkpoint saved under HSDP loads bit-exact on a 1-D mesh and on
+another 2-D one; clipping equals DDP's; torch's HSDP over gloo gives the same losses; a 3-D
+mesh, a mesh whose dims do not multiply to the world, parameters that differ between replicas
+and a tensor-parallel parameter fail on every rank before any gather.
 
 Run: ``mpiexec -n N python -m pytest --with-mpi tests/mpi/test_hsdp.py``.
 """
 
 from __future__ import annotations
 
+import shutil
 from typing import List, Tuple
 
 import numpy as np
@@ -32,7 +35,7 @@ from mpitensor.nn.parallel import DistributedDataParallel as DDP
 from mpitensor.optim import Adam
 
 from .sharded_models import OPTIMIZERS, RTOL, STEPS, batch, mlp, torch_twin
-from .test_fsdp import train_beside_torch
+from .test_fsdp import accumulate_beside_ddp, train_beside_torch
 from .torch_gloo import torch_gloo_fixture  # noqa: F401 - the fixture torch_gloo
 
 pytestmark = pytest.mark.mpi(min_size=1)
@@ -121,6 +124,44 @@ def test_gradients_are_the_mean_over_every_rank():
         for (name, p), q in zip(model.named_parameters(), ref.module.parameters()):
             np.testing.assert_allclose(p.grad.full_tensor().numpy(), q.grad.numpy(),
                                        rtol=1e-12, atol=1e-15, err_msg=f"{r}x{s}: {name}")
+
+
+def test_gradient_accumulation_without_sync_equals_ddp():
+    for r, s in _layouts():
+        ref = DDP(mlp(3))
+        model = _shard(mlp(3), _mesh(r, s))
+        accumulate_beside_ddp(model, ref)
+        for (name, p), q in zip(model.named_parameters(), ref.module.parameters()):
+            want = q.detach().numpy()
+            np.testing.assert_allclose(p.full_tensor().detach().numpy(), want, rtol=0,
+                                       atol=RTOL * float(np.abs(want).max()),
+                                       err_msg=f"{r}x{s}: {name}")
+
+
+def test_checkpoint_saved_under_hsdp_loads_on_other_meshes(tmp_path):
+    """dcp.save of the (Replicate(), Shard(0)) state dict, loaded by fully_shard models on a
+    1-D mesh and on the 2-D mesh of the other shape: the same whole tensors, bit for bit."""
+    import mpitensor.distributed.checkpoint as dcp
+
+    n = dist.get_world_size()
+    where = [str(tmp_path / "ckpt")]
+    dist.broadcast_object_list(where)  # rank 0's directory for every rank
+    saved = _shard(mlp(13), _mesh(*_layouts()[len(_layouts()) // 2]))  # 2x2 at 4 ranks
+    _step(saved, Adam(saved.parameters(), lr=0.01), 0)
+    try:
+        dcp.save({"model": saved.state_dict()}, checkpoint_id=where[0])
+        for mesh in (init_device_mesh("cpu", (n,)), _mesh(1, n)):
+            other = _shard(mlp(14), mesh)
+            sd = {"model": other.state_dict()}
+            dcp.load(sd, checkpoint_id=where[0])
+            other.load_state_dict(sd["model"])
+            for (name, p), q in zip(saved.named_parameters(), other.parameters()):
+                np.testing.assert_array_equal(q.full_tensor().detach().numpy(),
+                                              p.full_tensor().detach().numpy(), err_msg=name)
+    finally:
+        dist.barrier()
+        if dist.get_rank() == 0:
+            shutil.rmtree(where[0], ignore_errors=True)
 
 
 def test_mixed_precision_gathers_in_bf16_and_reduces_in_fp32():
