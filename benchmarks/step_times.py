@@ -5,12 +5,17 @@ Usage (from the repository root)::
 
     python benchmarks/step_times.py                  # 2 and 4 ranks; docs/benchmarks-steps.md
     python benchmarks/step_times.py --ranks 2 --quick --out-md ''   # a small model, seconds
+    python benchmarks/step_times.py --at HEAD        # mpitensor/ as committed, not as edited
     mpiexec -n 4 python benchmarks/step_times.py     # one job: its table on stdout
 
 Without a launcher the script is a driver: for each ``--ranks`` count it starts one
 ``mpiexec -n N`` job of itself (bounded by ``--timeout`` seconds), then writes the Markdown
 report (``--out-md``, default ``docs/benchmarks-steps.md``; ``''`` prints it only) and, with
 ``--json PATH``, every figure. Under ``mpiexec`` (or with ``--worker``) it is that job.
+``--at REV`` times mpitensor/ as committed at REV: the driver writes that revision's
+``mpitensor/`` (``git archive``) to a temporary directory, with the working tree's built
+extensions whose C source REV has unchanged, and the jobs import it from there (each job
+reports which ``mpitensor`` it imported, and the driver checks it).
 
 The model is ``benchmarks/sharded.py``'s (imported, not copied): a 4-layer MLP of ``--width``
 units (2240: 20.1M float32 parameters), Adam, ``--batch`` random samples per rank and step;
@@ -49,13 +54,16 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import io  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tarfile  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -83,6 +91,8 @@ def _args(argv: "List[str] | None" = None) -> argparse.Namespace:
     p.add_argument("--out-md", default=str(ROOT / "docs" / "benchmarks-steps.md"),
                    help="driver: the report ('' prints it only)")
     p.add_argument("--json", help="write every figure to this file")
+    p.add_argument("--at", default="", help="driver: time mpitensor/ as committed at this "
+                   "revision (a snapshot; default: the working tree as it is)")
     p.add_argument("--note", default="", help="driver: a line for the report's setup (say, "
                    "what else ran on the machine)")
     p.add_argument("--worker", action="store_true", help="be one job (implied under mpiexec)")
@@ -220,7 +230,8 @@ def _job(a: argparse.Namespace) -> Dict[str, Any]:
     y = mt.from_numpy(rng.standard_normal((a.batch, a.width)).astype(np.float32))
     out: Dict[str, Any] = {"ranks": n, "width": a.width, "batch": a.batch,
                            "params": 4 * (a.width * a.width + a.width), "reps": a.reps,
-                           "steps": a.steps, "warmup": a.warmup, "kinds": {}}
+                           "steps": a.steps, "warmup": a.warmup, "kinds": {},
+                           "mpitensor": str(Path(mt.__file__).resolve().parent)}
     for kind in ("DDP", "fully_shard"):
         out["kinds"][kind] = _time_kind(S, kind, a, x, y)
         gc.collect()
@@ -296,7 +307,9 @@ def _markdown(jobs: List[Dict[str, Any]], meta: Dict[str, Any], argv: List[str],
         "communication shares are paired: the median over repetitions of figures taken within "
         "one repetition. See the script's docstring for the method.", ""] + caveat + [
         "## Setup", "",
-        f"- Date: {meta['date']}; commit `{meta['commit']}`{dirty}",
+        f"- Date: {meta['date']}; commit `{meta['commit']}`{dirty}" + (
+            f" (mpitensor/ as committed there, from a snapshot; built extensions copied: "
+            f"{', '.join(meta['extensions']) or 'none'})" if "extensions" in meta else ""),
         f"- Command: `{shlex.join(['python', 'benchmarks/step_times.py'] + argv)}`",
         f"- Machine: {meta['cores']} cores (`os.cpu_count()`), {meta['cpu']}; load average "
         f"{load} (before / after); Python {meta['python']}"
@@ -319,10 +332,14 @@ def _markdown(jobs: List[Dict[str, Any]], meta: Dict[str, Any], argv: List[str],
         "through the shared segment (DDP: how many of its gradient buckets reach it).", ""])
 
 
-def _launch(n: int, a: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
-    """One ``mpiexec -n n`` job of this script; its figures (rank 0's JSON)."""
+def _launch(n: int, a: argparse.Namespace, argv: List[str],
+            tree: "Path | None") -> Dict[str, Any]:
+    """One ``mpiexec -n n`` job of this script (importing mpitensor from ``tree`` where
+    given); its figures (rank 0's JSON)."""
     mpiexec = Path(sys.executable).with_name("mpiexec")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_"))}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="step-times-") as d:
         out = os.path.join(d, "job.json")
         cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(n), sys.executable,
@@ -338,14 +355,47 @@ def _launch(n: int, a: argparse.Namespace, argv: List[str]) -> Dict[str, Any]:
         if rc != 0:
             raise SystemExit(f"step_times: the {n}-rank job exited {rc}")
         with open(out) as f:
-            return json.load(f)
+            job = json.load(f)
+    want = (tree or ROOT) / "mpitensor"
+    if Path(job["mpitensor"]) != want.resolve():
+        raise SystemExit(f"step_times: the job imported {job['mpitensor']}, not {want}")
+    return job
+
+
+def _snapshot(rev: str, into: Path) -> "tuple[str, List[str]]":
+    """``rev``'s mpitensor/ written into ``into``, with the working tree's built extensions
+    whose C source ``rev`` has unchanged (the others are left out: their pure-Python paths
+    run); the revision's short name and the extensions copied."""
+    sha = _sh("git", "rev-parse", "--short", "--verify", f"{rev}^{{commit}}")
+    if not sha:
+        raise SystemExit(f"step_times: --at {rev!r} names no commit of {ROOT}")
+    tar = subprocess.run(["git", "archive", sha, "mpitensor"], cwd=ROOT, capture_output=True,
+                         check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+        # git's own archive; the "data" filter where this Python has it (3.8.17+, 3.11.4+)
+        tf.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    copied = []
+    for so in sorted(ROOT.glob("mpitensor/**/*.so")):
+        src = so.with_name(so.name.split(".", 1)[0] + ".c").relative_to(ROOT)
+        same = subprocess.run(["git", "diff", "--quiet", sha, "--", str(src)],
+                              cwd=ROOT).returncode == 0
+        if same and (into / src).exists():
+            shutil.copy2(so, into / so.relative_to(ROOT))
+            copied.append(str(so.relative_to(ROOT)))
+    return sha, copied
 
 
 def _drive(a: argparse.Namespace, argv: List[str]) -> None:
     meta = _machine()
     t0 = time.perf_counter()
     passed = _job_args(argv)
-    jobs = [_launch(int(n), a, passed) for n in a.ranks.split(",") if n.strip()]
+    with tempfile.TemporaryDirectory(prefix="step-times-tree-") as d:
+        tree = None
+        if a.at:
+            tree = Path(d)
+            meta["commit"], meta["extensions"] = _snapshot(a.at, tree)
+            meta["uncommitted"] = []
+        jobs = [_launch(int(n), a, passed, tree) for n in a.ranks.split(",") if n.strip()]
     meta["total_s"] = time.perf_counter() - t0
     meta["load_after"] = os.getloadavg()
     md = _markdown(jobs, meta, argv, a.note)
@@ -358,7 +408,7 @@ def _drive(a: argparse.Namespace, argv: List[str]) -> None:
 
 def _job_args(argv: List[str]) -> List[str]:
     """The driver's arguments a job takes (its own options dropped, with their values)."""
-    own = {"--ranks", "--out-md", "--json", "--timeout", "--note"}
+    own = {"--ranks", "--out-md", "--json", "--timeout", "--note", "--at"}
     out, skip = [], False
     for s in argv:
         if skip:

@@ -1,4 +1,5 @@
-"""Smoke test of benchmarks/step_times.py: a small 2-rank run prints both training rows.
+"""Smoke tests of benchmarks/step_times.py: a small 2-rank run prints both training rows, on
+the working tree and on a snapshot of a commit (``--at``).
 
 No timing is asserted: only that the driver started its job, that the job timed DDP and
 ``fully_shard`` through MPI, through shared memory and locally, and that the report and the
@@ -43,3 +44,23 @@ def test_step_times_quick_prints_ddp_and_fully_shard_rows(tmp_path: Path) -> Non
         times = job["kinds"][kind]["times_s"]
         assert sorted(times) == ["MPI", "local", "shm"]
         assert all(len(v) == job["reps"] and min(v) > 0 for v in times.values())
+
+
+def test_step_times_at_a_commit_imports_that_snapshot(tmp_path: Path) -> None:
+    # a fixed commit: other work may move HEAD while the run goes on
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=ROOT, check=True).stdout.strip()
+    out_json = tmp_path / "steps.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "step_times.py"), "--ranks", "2", "--quick",
+         "--at", head, "--timeout", "150", "--out-md", "", "--json", str(out_json)],
+        capture_output=True, text=True, timeout=200, env=clean_env(), cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "mpitensor/ as committed there, from a snapshot" in run.stdout
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["commit"] == head and data["meta"]["uncommitted"] == []
+    # the job imported the snapshot (the driver checks the path too), since removed
+    job = data["jobs"][0]
+    assert not job["mpitensor"].startswith(str(ROOT)) and not Path(job["mpitensor"]).exists()
+    for kind in ("DDP", "fully_shard"):
+        assert re.search(rf"^\| 2 \| {kind} \| ", run.stdout, re.M), run.stdout
