@@ -173,12 +173,9 @@ def _memory(what: str) -> Callable:
     return call
 
 
-memory_allocated = _memory("memory_allocated")
-max_memory_allocated = _memory("max_memory_allocated")
-memory_reserved = _memory("memory_reserved")
-max_memory_reserved = _memory("max_memory_reserved")
-memory_stats = _memory("memory_stats")
-reset_peak_memory_stats = _memory("reset_peak_memory_stats")
-reset_accumulated_memory_stats = _memory("reset_accumulated_memory_stats")
+(memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved, memory_stats,
+ reset_peak_memory_stats, reset_accumulated_memory_stats) = map(_memory, (
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "memory_stats", "reset_peak_memory_stats", "reset_accumulated_memory_stats"))
 get_memory_info = _memory("mem_get_info")
 get_memory_info.__name__ = get_memory_info.__qualname__ = "get_memory_info"

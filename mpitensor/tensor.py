@@ -196,13 +196,19 @@ def _new(arr: Any, cls: Any = None) -> Tensor:
     if isinstance(arr, np.generic):  # NumPy returns scalars from ops on 0-d arrays
         arr = np.asarray(arr)
     t = _object_new(Tensor if cls is None else cls)
+    _fresh(t, arr)
+    return t
+
+
+def _fresh(t: Tensor, arr: Any) -> None:
+    """Give ``t`` the array ``arr`` and a new tensor's autograd state: no gradient, no node, no
+    version counter, not a view."""
     t._data = arr
     t._requires_grad = False
     t.grad = None
     t.grad_fn = None
     t._vc = None
     t._view = None
-    return t
 
 
 def _check_one_element(t: Tensor) -> Any:
@@ -257,12 +263,7 @@ class Tensor:
             _dt.to_dtype(arr.dtype)
         else:
             arr = array_from_data(data, _dt.get_default_dtype())
-        self._data = arr
-        self._requires_grad = False
-        self.grad = None
-        self.grad_fn = None
-        self._vc = None
-        self._view = None
+        _fresh(self, arr)
         if requires_grad:
             self.requires_grad = True
 

@@ -123,18 +123,11 @@ def _make(name: str) -> type:
     return cls
 
 
-FloatTensor = _make("FloatTensor")
-DoubleTensor = _make("DoubleTensor")
-HalfTensor = _make("HalfTensor")
-BFloat16Tensor = _make("BFloat16Tensor")
-LongTensor = _make("LongTensor")
-IntTensor = _make("IntTensor")
-ShortTensor = _make("ShortTensor")
-CharTensor = _make("CharTensor")
-ByteTensor = _make("ByteTensor")
-BoolTensor = _make("BoolTensor")
-ComplexFloatTensor = _make("ComplexFloatTensor")
-ComplexDoubleTensor = _make("ComplexDoubleTensor")
+(FloatTensor, DoubleTensor, HalfTensor, BFloat16Tensor, LongTensor, IntTensor, ShortTensor,
+ CharTensor, ByteTensor, BoolTensor, ComplexFloatTensor, ComplexDoubleTensor) = map(_make, (
+    "FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
+    "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor", "ComplexFloatTensor",
+    "ComplexDoubleTensor"))
 
 
 def type_name(dt: np.dtype, on_gpu: bool) -> str:

@@ -410,17 +410,9 @@ def _ufunc(name: str) -> Any:
     return op
 
 
-atan2_op = _ufunc("arctan2")
-hypot_op = _ufunc("hypot")
-logaddexp_op = _ufunc("logaddexp")
-logaddexp2_op = _ufunc("logaddexp2")
-fmod_op = _ufunc("fmod")
-copysign_op = _ufunc("copysign")
-fmax_op = _ufunc("fmax")
-fmin_op = _ufunc("fmin")
-gcd_op = _ufunc("gcd")
-lcm_op = _ufunc("lcm")
-nextafter_op = _ufunc("nextafter")
+(atan2_op, hypot_op, logaddexp_op, logaddexp2_op, fmod_op, copysign_op, fmax_op, fmin_op, gcd_op,
+ lcm_op, nextafter_op) = map(_ufunc, ("arctan2", "hypot", "logaddexp", "logaddexp2", "fmod",
+                                      "copysign", "fmax", "fmin", "gcd", "lcm", "nextafter"))
 
 
 def heaviside_op(x: Any, y: Any) -> Any:

@@ -42,10 +42,8 @@ def _result(name: str) -> Any:
     return r
 
 
-_MedianResult = _result("median")
-_NanMedianResult = _result("nanmedian")
-_ModeResult = _result("mode")
-_KthvalueResult = _result("kthvalue")
+_MedianResult, _NanMedianResult, _ModeResult, _KthvalueResult = map(
+    _result, ("median", "nanmedian", "mode", "kthvalue"))
 
 
 def _orderable(x: Any, what: str) -> Any:
