@@ -1,22 +1,29 @@
 """DTensor redistribution against the one collective it maps to, in the same run.
 
-    mpiexec -n 2 python benchmarks/dtensor_redistribute.py [--mib 64] [--reps 5]
+    mpiexec -n 2 python benchmarks/dtensor_redistribute.py [--mib 64] [--reps 5] [--rounds 3]
 
 For each transition (Shard(0) -> Replicate, Partial -> Replicate, Partial -> Shard(0),
-Shard(0) -> Shard(1)) it times ``dt.redistribute`` and the bare collective
-(``all_gather_into_tensor``, ``all_reduce``, ``reduce_scatter_tensor``,
-``all_to_all_single``) on buffers of the same size made once, each after a barrier, and
-prints the median times and their ratio on rank 0 (the target: within 1.10x). A
-redistribution's staging buffers and outputs are recycled (``_base/workspace``), as the
-bare collective's are here. ``Shard(0) -> Shard(1)`` is also timed against the bare
-all_to_all plus the copy that packs each destination's columns into one block (they are
-not contiguous in the local piece; the collectives take contiguous buffers): the floor of
-any redistribution that moves column blocks through ``all_to_all_single``.
+Shard(0) -> Shard(1), Shard(1) -> Shard(0)) it times ``dt.redistribute`` and the bare
+collective (``all_gather_into_tensor``, ``all_reduce``, ``reduce_scatter_tensor``,
+``all_to_all_single``) on buffers of the same size made once, each call after a barrier. The
+candidates of a transition take turns: ``--rounds`` rounds, each timing every candidate
+``--reps`` times, so a change in the machine's load falls on all of them alike; rank 0 prints
+the median over all rounds and the ratio to the bare collective (the target: within 1.10x),
+with the load average before and after. A redistribution's staging buffers and outputs are
+recycled (``_base/workspace``), as the bare collective's are here.
+
+The shard swaps are also timed against two references: ``padded``, the equal padded blocks
+the CuPy path still takes (and the NumPy path took before the exact split sizes), and
+``bare + pack``, the bare all_to_all plus one ``copyto`` that packs each destination's
+columns into one block: the columns are not contiguous in the local piece and MPI's derived
+datatypes were slower here than that copy (docs/sharding.md), so this is the floor of a
+redistribution that moves column blocks through ``all_to_all_single``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -32,6 +39,7 @@ from mpitensor.distributed.tensor import (
     distribute_tensor,
     init_device_mesh,
 )
+from mpitensor.distributed.tensor._redistribute import padded_all_to_all
 
 
 def timed(fn, reps):
@@ -41,21 +49,18 @@ def timed(fn, reps):
         t0 = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+    return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mib", type=float, default=64.0, help="global tensor size")
-    ap.add_argument("--reps", type=int, default=5)
-    args = ap.parse_args()
-    dist.init_process_group("mpi")
-    n, me = dist.get_world_size(), dist.get_rank()
+def candidates(mib: float) -> dict:
+    """transition -> {name: call}; the first name is ours, the second the bare collective."""
+    n = dist.get_world_size()
     mesh = init_device_mesh("cpu", (n,))
-    rows = max(n, int(args.mib * 2**20 / 4 / 1024) // n * n)
+    rows = max(n, int(mib * 2**20 / 4 / 1024) // n * n)
     full = mt.ones(rows, 1024)  # float32: rows x 1024, divisible by n
     per = rows // n * 1024
     s0 = distribute_tensor(full, mesh, [Shard(0)])
+    s1 = distribute_tensor(full, mesh, [Shard(1)])
     part = DTensor.from_local(mt.ones(rows, 1024), mesh, [Partial()])
     a, big = np.ones(per, np.float32), np.ones(per * n, np.float32)
     a2 = np.empty_like(a)
@@ -64,36 +69,60 @@ def main() -> None:
     blocks = a.reshape(n, rows // n, cols)
 
     def pack():  # each destination's columns of the local rows, one block per rank
-        for r in range(n):
-            blocks[r] = local[:, r * cols:(r + 1) * cols]
+        np.copyto(blocks, local.reshape(rows // n, n, cols).transpose(1, 0, 2))
         dist.all_to_all_single(a2, a)
 
-    raw = {  # the bare collective, into buffers made once
-        "Shard(0) -> Replicate": lambda: dist.all_gather_into_tensor(big, a),
-        "Partial -> Replicate": lambda: dist.all_reduce(big),
-        "Partial -> Shard(0)": lambda: dist.reduce_scatter_tensor(a, big),
-        "Shard(0) -> Shard(1)": lambda: dist.all_to_all_single(a2, a),
-    }
-    ours = {
-        "Shard(0) -> Replicate": lambda: s0.redistribute(mesh, [Replicate()]),
-        "Partial -> Replicate": lambda: part.redistribute(mesh, [Replicate()]),
-        "Partial -> Shard(0)": lambda: part.redistribute(mesh, [Shard(0)]),
-        "Shard(0) -> Shard(1)": lambda: s0.redistribute(mesh, [Shard(1)]),
-    }
+    def bare_a2a():
+        dist.all_to_all_single(a2, a)
+
+    return {
+        "Shard(0) -> Replicate": {
+            "ours": lambda: s0.redistribute(mesh, [Replicate()]),
+            "bare": lambda: dist.all_gather_into_tensor(big, a)},
+        "Partial -> Replicate": {
+            "ours": lambda: part.redistribute(mesh, [Replicate()]),
+            "bare": lambda: dist.all_reduce(big)},
+        "Partial -> Shard(0)": {
+            "ours": lambda: part.redistribute(mesh, [Shard(0)]),
+            "bare": lambda: dist.reduce_scatter_tensor(a, big)},
+        "Shard(0) -> Shard(1)": {
+            "ours": lambda: s0.redistribute(mesh, [Shard(1)]),
+            "bare": bare_a2a, "bare + pack": pack,
+            "padded": lambda: padded_all_to_all(local, 0, 1, rows, mesh, 0)},
+        "Shard(1) -> Shard(0)": {
+            "ours": lambda: s1.redistribute(mesh, [Shard(0)]),
+            "bare": bare_a2a,
+            "padded": lambda: padded_all_to_all(s1.to_local().numpy(), 1, 0, 1024, mesh, 0)},
+    }, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=float, default=64.0, help="global tensor size")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    dist.init_process_group("mpi")
+    n, me = dist.get_world_size(), dist.get_rank()
+    table, rows = candidates(args.mib)
+    load0 = os.getloadavg()[0]
     if me == 0:
-        print(f"{n} ranks, global tensor {rows * 1024 * 4 / 2**20:.0f} MiB float32, "
-              f"median of {args.reps}")
-        print(f"{'transition':24s} {'DTensor ms':>11s} {'bare ms':>8s} {'ratio':>6s} "
-              f"{'bare + pack ms':>15s} {'ratio':>6s}")
-    for name in raw:
-        fns = [ours[name], raw[name]] + ([pack] if "Shard(1)" in name else [])
-        for fn in fns:
+        print(f"{n} ranks, global tensor {rows * 1024 * 4 / 2**20:.0f} MiB float32, median of "
+              f"{args.rounds} rounds x {args.reps}, load average {load0:.2f} at the start")
+        print(f"{'transition':22s} {'candidate':12s} {'ms':>8s} {'/ bare':>7s}")
+    for name, fns in table.items():
+        for fn in fns.values():
             timed(fn, 1)  # warm-up
-        t = [timed(fn, args.reps) for fn in fns]
+        times = {c: [] for c in fns}
+        for _ in range(args.rounds):
+            for c, fn in fns.items():
+                times[c] += timed(fn, args.reps)
+        med = {c: statistics.median(t) for c, t in times.items()}
         if me == 0:
-            floor = f"{t[2] * 1e3:15.2f} {t[0] / t[2]:6.2f}" if len(t) > 2 else ""
-            print(f"{name:24s} {t[0] * 1e3:11.2f} {t[1] * 1e3:8.2f} {t[0] / t[1]:6.2f} "
-                  f"{floor}")
+            for c, t in med.items():
+                print(f"{name:22s} {c:12s} {t * 1e3:8.2f} {t / med['bare']:7.2f}")
+    if me == 0:
+        print(f"load average {os.getloadavg()[0]:.2f} at the end")
     dist.destroy_process_group()
 
 

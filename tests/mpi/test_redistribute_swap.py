@@ -80,7 +80,8 @@ def test_swap_preserves_every_dtype_bit_exactly():
             swap_and_check(arr, mesh, [Shard(i)], [Shard(j)])
 
 
-@pytest.mark.parametrize("shape", [(5, 7, 3), (4, 8, 12), (2, 3, 1), (1, 6, 5), (7, 1, 2)])
+@pytest.mark.parametrize("shape", [(5, 7, 3), (4, 8, 12), (2, 3, 1), (1, 6, 5), (7, 1, 2),
+                                   (3, 0, 2)])
 def test_every_pair_of_dims_uneven_and_empty_pieces(shape):
     # lengths below the world size leave some ranks empty pieces (torch.chunk's split)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))

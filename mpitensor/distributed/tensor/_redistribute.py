@@ -113,9 +113,15 @@ def all_to_all_dim(x: Any, i: int, j: int, n_i: int, mesh: DeviceMesh, m: int) -
 
     NumPy pieces: :func:`swap_shards` (exact split sizes, one copy pass). Other arrays
     (CuPy): equal padded blocks, as a device collective wants them."""
-    xp = _xp(x)
-    if xp is np:
+    if _xp(x) is np:
         return swap_shards(x, i, j, n_i, mesh, m)
+    return padded_all_to_all(x, i, j, n_i, mesh, m)
+
+
+def padded_all_to_all(x: Any, i: int, j: int, n_i: int, mesh: DeviceMesh, m: int) -> Any:
+    """:func:`all_to_all_dim` through equal blocks padded to the longest chunk (any array
+    module): each destination's slab packed, one all_to_all_single, a view of the result."""
+    xp = _xp(x)
     k, me = mesh.size(m), _coord(mesh, m)
     n_j = x.shape[j]
     c_i, c_j = -(-n_i // k), -(-n_j // k)
