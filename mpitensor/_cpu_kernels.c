@@ -240,41 +240,35 @@ static int conv_args(PyObject *args, Call *c, int bands)
 
 /* forward and weight_grad: each band's im2col block is built in buf, then multiplied into
  * the output (forward: out[:, band] = wext @ block) or into the weight gradient
- * (acc += gc[:, band] @ block.T). */
-static PyObject *im2col_bands(PyObject *args, int wgrad)
+ * (acc += gc[:, band] @ block.T). Returns -1 with an exception set on bad sizes. */
+static int im2col_bands(Call *c, int wgrad)
 {
-    Call c;
-    if (conv_args(args, &c, 1))
-        return NULL;
-    const Geom *g = &c.g;
-    int it = c.it;
-    int64_t widest = c.widest, M = g->OH * g->OW * g->N, small = g->O * g->rows;
-    if (need(&c.a, g->C * g->Hp * g->Wp * g->N, it, "src")
-        || need(&c.b, wgrad ? g->O * M : small, it, wgrad ? "gc" : "wext")
-        || need(&c.c, wgrad ? small : g->O * M, it, wgrad ? "acc" : "out")
-        || need(&c.buf, g->rows * widest, it, "buf")) {
-        release(&c);
-        return NULL;
-    }
-    const int64_t *p = c.plan.buf;
+    const Geom *g = &c->g;
+    int it = c->it;
+    int64_t widest = c->widest, M = g->OH * g->OW * g->N, small = g->O * g->rows;
+    if (need(&c->a, g->C * g->Hp * g->Wp * g->N, it, "src")
+        || need(&c->b, wgrad ? g->O * M : small, it, wgrad ? "gc" : "wext")
+        || need(&c->c, wgrad ? small : g->O * M, it, wgrad ? "acc" : "out")
+        || need(&c->buf, g->rows * widest, it, "buf"))
+        return -1;
+    const int64_t *p = c->plan.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t b = c.r0; b < c.r1; b++) {
+    for (Py_ssize_t b = c->r0; b < c->r1; b++) {
         const int64_t *band = p + 4 * b;
         if (it == 4)
-            im2col_float(c.a.buf, g, band, c.buf.buf, widest);
+            im2col_float(c->a.buf, g, band, c->buf.buf, widest);
         else
-            im2col_double(c.a.buf, g, band, c.buf.buf, widest);
+            im2col_double(c->a.buf, g, band, c->buf.buf, widest);
         int64_t at = band_start(g, band) * it, w = band_width(g, band);
         if (wgrad)
-            gemm(&c.k, NO_TRANS, TRANS, g->O, g->rows, w, (const char *)c.b.buf + at, M,
-                 c.buf.buf, widest, 1.0, c.c.buf, g->rows);
+            gemm(&c->k, NO_TRANS, TRANS, g->O, g->rows, w, (const char *)c->b.buf + at, M,
+                 c->buf.buf, widest, 1.0, c->c.buf, g->rows);
         else
-            gemm(&c.k, NO_TRANS, NO_TRANS, g->O, w, g->rows, c.b.buf, g->rows, c.buf.buf,
-                 widest, 0.0, (char *)c.c.buf + at, M);
+            gemm(&c->k, NO_TRANS, NO_TRANS, g->O, w, g->rows, c->b.buf, g->rows, c->buf.buf,
+                 widest, 0.0, (char *)c->c.buf + at, M);
     }
     Py_END_ALLOW_THREADS
-    release(&c);
-    Py_RETURN_NONE;
+    return 0;
 }
 
 static const char forward_doc[] =
@@ -287,56 +281,66 @@ static const char weight_grad_doc[] =
     "acc (O, rows) += gc[:, band] @ im2col(band).T over the bands b0..b1 of plan (the bias\n"
     "column, if any, from the all-ones row of buf).";
 
-/* forward and weight_grad: the same band loop, one product or the other */
-#define BANDS_ENTRY(name, wgrad)                                                              \
-    static PyObject *name(PyObject *self, PyObject *args) { return im2col_bands(args, wgrad); }
-
-BANDS_ENTRY(forward, 0)
-BANDS_ENTRY(weight_grad, 1)
-
 static const char input_grad_doc[] =
     "input_grad(gc, wext, dx, geom, plan, c0, c1, dbuf, gemm, itemsize)\n\n"
     "For every band of plan: D = wext[:, rows of channels c0..c1].T @ gc[:, band], added into\n"
     "the padded (C, Hp, Wp, N) input gradient dx at each kernel offset; only channels c0..c1 of\n"
     "dx are written, so threads with disjoint channel ranges may share dx.";
 
-static PyObject *input_grad(PyObject *self, PyObject *args)
+/* input_grad's loop over every band (channels r0..r1 of dx); -1 with an exception set on bad
+ * channels or sizes. */
+static int col2im_bands(Call *c, int unused)
 {
-    Call c;
-    if (conv_args(args, &c, 0))
-        return NULL;
-    const Geom *g = &c.g;
-    int it = c.it;
-    int64_t widest = c.widest, M = g->OH * g->OW * g->N, kk = g->kh * g->kw;
-    int64_t c0 = c.r0, c1 = c.r1, nb = c.plan.len / 32;
+    const Geom *g = &c->g;
+    int it = c->it;
+    int64_t widest = c->widest, M = g->OH * g->OW * g->N, kk = g->kh * g->kw;
+    int64_t c0 = c->r0, c1 = c->r1, nb = c->plan.len / 32;
+    (void)unused;
     if (c0 < 0 || c1 <= c0 || c1 > g->C) {
         PyErr_SetString(PyExc_ValueError, "channels outside the input");
-        release(&c);
-        return NULL;
+        return -1;
     }
-    if (need(&c.a, g->O * M, it, "gc") || need(&c.b, g->O * g->rows, it, "wext")
-        || need(&c.c, g->C * g->Hp * g->Wp * g->N, it, "dx")
-        || need(&c.buf, (c1 - c0) * kk * widest, it, "dbuf")) {
-        release(&c);
-        return NULL;
-    }
-    const int64_t *p = c.plan.buf;
-    const char *wc = (const char *)c.b.buf + c0 * kk * it;  /* columns of channels c0.. */
+    if (need(&c->a, g->O * M, it, "gc") || need(&c->b, g->O * g->rows, it, "wext")
+        || need(&c->c, g->C * g->Hp * g->Wp * g->N, it, "dx")
+        || need(&c->buf, (c1 - c0) * kk * widest, it, "dbuf"))
+        return -1;
+    const int64_t *p = c->plan.buf;
+    const char *wc = (const char *)c->b.buf + c0 * kk * it;  /* columns of channels c0.. */
     Py_BEGIN_ALLOW_THREADS
     for (int64_t b = 0; b < nb; b++) {
         const int64_t *band = p + 4 * b;
-        const char *gb = (const char *)c.a.buf + band_start(g, band) * it;
-        gemm(&c.k, TRANS, NO_TRANS, (c1 - c0) * kk, band_width(g, band), g->O, wc, g->rows, gb,
-             M, 0.0, c.buf.buf, widest);
+        const char *gb = (const char *)c->a.buf + band_start(g, band) * it;
+        gemm(&c->k, TRANS, NO_TRANS, (c1 - c0) * kk, band_width(g, band), g->O, wc, g->rows, gb,
+             M, 0.0, c->buf.buf, widest);
         if (it == 4)
-            col2im_float(c.c.buf, g, band, c.buf.buf, widest, c0, c1);
+            col2im_float(c->c.buf, g, band, c->buf.buf, widest, c0, c1);
         else
-            col2im_double(c.c.buf, g, band, c.buf.buf, widest, c0, c1);
+            col2im_double(c->c.buf, g, band, c->buf.buf, widest, c0, c1);
     }
     Py_END_ALLOW_THREADS
+    return 0;
+}
+
+/* The three conv entry points: parse the call (for the two band loops r0..r1 is a range of
+ * bands, checked), run the loop, release the buffers whatever happened. */
+static PyObject *conv_entry(PyObject *args, int (*loop)(Call *, int), int wgrad)
+{
+    Call c;
+    if (conv_args(args, &c, loop == im2col_bands))
+        return NULL;
+    int bad = loop(&c, wgrad);
     release(&c);
+    if (bad)
+        return NULL;
     Py_RETURN_NONE;
 }
+
+#define CONV_ENTRY(name, loop, wgrad)                                                         \
+    static PyObject *name(PyObject *self, PyObject *args) { return conv_entry(args, loop, wgrad); }
+
+CONV_ENTRY(forward, im2col_bands, 0)
+CONV_ENTRY(weight_grad, im2col_bands, 1)
+CONV_ENTRY(input_grad, col2im_bands, 0)
 
 /* ---------------------------------------------------------------------------------------
  * 2x2 / stride-2 max pooling over a (C, H, W, N) input, as _kernels.maxpool2x2_forward does
@@ -470,39 +474,63 @@ static void pool_fwd(const float *x, float *out, uint8_t *code, const Pool *p, i
 DEFINE_POOL(float)
 DEFINE_POOL(double)
 
+/* A pooling call's arguments: the forward's input x and output y, or the backward's gradient x
+   and input gradient y; the winners' code; the geometry; the channels; the itemsize. */
+typedef struct {
+    Py_buffer x, y, code;
+    PyObject *dims, *strides;
+    Py_ssize_t c0, c1;
+    int it;
+} PoolCall;
+
+/* What both pooling entry points do once their arguments are parsed: check the dtype and the
+   geometry (the strided array is the forward's output, the backward's gradient), run the loop
+   without the interpreter lock, release the buffers. */
+static PyObject *pool_call(PoolCall *q, int bwd, const char *name)
+{
+    PyObject *result = NULL;
+    Pool p;
+    Py_buffer *strided = bwd ? &q->x : &q->y, *dense = bwd ? &q->y : &q->x;
+    if (q->it != 4 && (!bwd || q->it != 8)) {
+        PyErr_Format(PyExc_ValueError, "%s: float32%s only", name, bwd ? " or float64" : "");
+        goto done;
+    }
+    if (parse_pool(q->dims, q->strides, &p, strided->len, q->it, bwd ? "g" : "out", name, q->c0,
+                   q->c1, dense->len, q->code.len))
+        goto done;
+    Py_BEGIN_ALLOW_THREADS
+    if (!bwd)
+        pool_fwd(q->x.buf, q->y.buf, q->code.buf, &p, q->c0, q->c1);
+    else if (q->it == 4)
+        pool_bwd_float(q->x.buf, q->code.buf, q->y.buf, &p, q->c0, q->c1);
+    else
+        pool_bwd_double(q->x.buf, q->code.buf, q->y.buf, &p, q->c0, q->c1);
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&q->x); PyBuffer_Release(&q->y); PyBuffer_Release(&q->code);
+    return result;
+}
+
+/* An entry point: its arguments parsed by fmt into a PoolCall q, then pool_call. */
+#define POOL_ENTRY(name, bwd, fmt, ...)                                                        \
+    static PyObject *name(PyObject *self, PyObject *args)                                      \
+    {                                                                                          \
+        PoolCall q;                                                                            \
+        if (!PyArg_ParseTuple(args, fmt, __VA_ARGS__))                                         \
+            return NULL;                                                                       \
+        return pool_call(&q, bwd, #name);                                                      \
+    }
+
 static const char maxpool2x2_doc[] =
     "maxpool2x2(x, out, code, dims, out_strides, c0, c1, itemsize)\n\n"
     "Channels c0..c1 of the 2x2/stride-2 max pool of the contiguous (C, H, W, N) float32 x: values into\n"
     "out at the given element strides of its (N, C, oh, ow) indices, winners into the\n"
     "contiguous (C, oh, ow, N) uint8 code. dims: (C, H, W, N, oh, ow).";
 
-static PyObject *maxpool2x2(PyObject *self, PyObject *args)
-{
-    Py_buffer x, out, code;
-    PyObject *dims, *strides;
-    Py_ssize_t c0, c1;
-    int it;
-    Pool p;
-    if (!PyArg_ParseTuple(args, "y*w*w*O!O!nni", &x, &out, &code, &PyTuple_Type, &dims,
-                          &PyTuple_Type, &strides, &c0, &c1, &it))
-        return NULL;
-    PyObject *result = NULL;
-    if (it != 4) {
-        PyErr_SetString(PyExc_ValueError, "maxpool2x2: float32 only");
-        goto done;
-    }
-    if (parse_pool(dims, strides, &p, out.len, it, "out", "maxpool2x2", c0, c1, x.len,
-                   code.len))
-        goto done;
-    Py_BEGIN_ALLOW_THREADS
-    pool_fwd(x.buf, out.buf, code.buf, &p, c0, c1);
-    Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
-    PyBuffer_Release(&x); PyBuffer_Release(&out); PyBuffer_Release(&code);
-    return result;
-}
+POOL_ENTRY(maxpool2x2, 0, "y*w*w*O!O!nni", &q.x, &q.y, &q.code, &PyTuple_Type, &q.dims,
+           &PyTuple_Type, &q.strides, &q.c0, &q.c1, &q.it)
 
 static const char maxpool2x2_backward_doc[] =
     "maxpool2x2_backward(g, g_strides, code, gin, dims, c0, c1, itemsize)\n\n"
@@ -510,36 +538,8 @@ static const char maxpool2x2_backward_doc[] =
     "g (read at the given element strides of its (N, C, oh, ow) indices) at the winner's\n"
     "position and zeros at the other three.";
 
-static PyObject *maxpool2x2_backward(PyObject *self, PyObject *args)
-{
-    Py_buffer g, code, gin;
-    PyObject *dims, *strides;
-    Py_ssize_t c0, c1;
-    int it;
-    Pool p;
-    if (!PyArg_ParseTuple(args, "y*O!y*w*O!nni", &g, &PyTuple_Type, &strides, &code, &gin,
-                          &PyTuple_Type, &dims, &c0, &c1, &it))
-        return NULL;
-    PyObject *result = NULL;
-    if (it != 4 && it != 8) {
-        PyErr_SetString(PyExc_ValueError, "maxpool2x2_backward: float32 or float64 only");
-        goto done;
-    }
-    if (parse_pool(dims, strides, &p, g.len, it, "g", "maxpool2x2_backward", c0, c1, gin.len,
-                   code.len))
-        goto done;
-    Py_BEGIN_ALLOW_THREADS
-    if (it == 4)
-        pool_bwd_float(g.buf, code.buf, gin.buf, &p, c0, c1);
-    else
-        pool_bwd_double(g.buf, code.buf, gin.buf, &p, c0, c1);
-    Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
-    PyBuffer_Release(&g); PyBuffer_Release(&code); PyBuffer_Release(&gin);
-    return result;
-}
+POOL_ENTRY(maxpool2x2_backward, 1, "y*O!y*w*O!nni", &q.x, &PyTuple_Type, &q.strides, &q.code,
+           &q.y, &PyTuple_Type, &q.dims, &q.c0, &q.c1, &q.it)
 
 static PyMethodDef methods[] = {
     {"maxpool2x2", maxpool2x2, METH_VARARGS, maxpool2x2_doc},
