@@ -29,7 +29,9 @@ configurations are built side by side and timed in turn:
   there, and DDP's buckets meet in shared memory where the ranks outnumber the cores and the
   buckets are small (docs/ddp.md);
 * **local**: the same model, unwrapped, on the same batch, on every rank at once: the step
-  with no communication at all.
+  with no communication at all;
+* **forced** (with ``--forced``): both switches ``on``: the engine for every call it can take,
+  whatever the cost model would choose (which, measured under load, may keep calls on MPI).
 
 Both switches are read when a group (a DDP) is made, so each configuration gets its own group
 (``new_group`` for DDP, ``init_device_mesh`` for ``fully_shard``), made with the switches set
@@ -38,7 +40,8 @@ first large call, in the warm-up), ``--reps`` repetitions of ``--steps`` steps f
 three configurations in turn, the order rotated every repetition; a repetition's step time is
 the slowest rank's mean. Reported: the median step of each, the **paired ratio** shm / MPI (the
 median over repetitions of the ratio of the two times taken in that repetition, which cancels
-most of the load that comes and goes), and the **communication share** of each step,
+most of the load that comes and goes; with its quartiles), and the **communication share** of
+each step,
 ``1 - local / step`` paired the same way: the time the step spends beyond its own arithmetic
 (for ``fully_shard`` the local step also runs Adam over the whole model, N times the sharded
 step's optimizer work, so its share is a lower bound). DDP rows add ``comm_stats``' own
@@ -74,7 +77,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SWITCHES = ("MPITENSOR_SHM_COLLECTIVES", "MPITENSOR_NODE_REDUCE")
 CONFIGS = ("local", "MPI", "shm")  # the timed configurations, in their first order
-SETTING = {"MPI": "off", "shm": "auto"}
+SETTING = {"MPI": "off", "shm": "auto", "forced": "on"}
 LAUNCHED = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
 
@@ -87,6 +90,9 @@ def _args(argv: "List[str] | None" = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="width 512, 2 reps of 1 step")
+    p.add_argument("--forced", action="store_true", help="also time a group made with both "
+                   "switches on: the engine for every call it can take, whatever the cost "
+                   "model would choose")
     p.add_argument("--timeout", type=float, default=600.0, help="driver: seconds per job")
     p.add_argument("--out-md", default=str(ROOT / "docs" / "benchmarks-steps.md"),
                    help="driver: the report ('' prints it only)")
@@ -127,8 +133,8 @@ def _segment(group: Any, buckets: "List[int] | None" = None) -> str:
     return f"reductions {size(red)}{took}, gathers {size(th.get('move', 1 << 62))}"
 
 
-def _configs(S: Any, kind: str, width: int) -> Dict[str, Dict[str, Any]]:
-    """The three configurations of ``kind``: model, optimizer and (MPI, shm) their group."""
+def _configs(S: Any, kind: str, width: int, names: "tuple[str, ...]") -> Dict[str, Dict[str, Any]]:
+    """The configurations ``names`` of ``kind``: model, optimizer and (but local) group."""
     from functools import partial
 
     import mpitensor.distributed as dist
@@ -139,7 +145,7 @@ def _configs(S: Any, kind: str, width: int) -> Dict[str, Dict[str, Any]]:
     api = S._api()
     model, opt, _ = S._build(dict(api, DDP=lambda m: m), "DDP", width)  # unwrapped
     out["local"] = {"model": model, "opt": opt, "group": None}
-    for name in ("MPI", "shm"):
+    for name in names[1:]:
         with _switched(SETTING[name]):
             if kind == "DDP":
                 group = dist.new_group(list(range(n)))
@@ -165,15 +171,24 @@ def _paired(num: List[float], den: List[float], f: Callable[[float, float], floa
     return statistics.median(f(a, b) for a, b in zip(num, den))
 
 
+def _ratio(num: List[float], den: List[float]) -> List[float]:
+    """The paired ratio ``num / den``: its median and quartiles over the repetitions."""
+    r = [a / b for a, b in zip(num, den)]
+    q = statistics.quantiles(r, n=4, method="inclusive") if len(r) > 1 else [r[0]] * 3
+    return [statistics.median(r), q[0], q[2]]
+
+
 def _timed(steps: Dict[str, Callable[[], None]], a: argparse.Namespace) -> Dict[str, List[float]]:
     """Per configuration, each repetition's step time (the slowest rank's mean), the
     configurations in turn, their order rotated every repetition."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    times: Dict[str, List[float]] = {c: [] for c in CONFIGS}
+    names = list(steps)
+    times: Dict[str, List[float]] = {c: [] for c in names}
     for r in range(a.reps):
-        for c in CONFIGS[r % 3:] + CONFIGS[:r % 3]:
+        k = r % len(names)
+        for c in names[k:] + names[:k]:
             comm.Barrier()
             t0 = time.perf_counter()
             for _ in range(a.steps):
@@ -186,21 +201,22 @@ def _time_kind(S: Any, kind: str, a: argparse.Namespace, x: Any, y: Any) -> Dict
     """Build ``kind``'s configurations, time them in turn, and summarise."""
     from mpi4py import MPI
 
-    cfg = _configs(S, kind, a.width)
-    steps = {c: _stepper(cfg[c]["model"], cfg[c]["opt"], x, y) for c in CONFIGS}
-    for c in CONFIGS:
+    names = CONFIGS + ("forced",) * a.forced
+    cfg = _configs(S, kind, a.width, names)
+    steps = {c: _stepper(cfg[c]["model"], cfg[c]["opt"], x, y) for c in names}
+    for c in names:
         with _switched(SETTING.get(c, "auto")):
             for _ in range(a.warmup):
                 steps[c]()
-    ddp = {c: cfg[c]["model"] for c in ("MPI", "shm") if hasattr(cfg[c]["model"], "comm_stats")}
+    ddp = {c: cfg[c]["model"] for c in names[1:] if hasattr(cfg[c]["model"], "comm_stats")}
     for m in ddp.values():
         m.comm_stats.reset()
     times = _timed(steps, a)
     row: Dict[str, Any] = {"times_s": times,
-                           "median_s": {c: statistics.median(times[c]) for c in CONFIGS},
-                           "shm_over_mpi": _paired(times["shm"], times["MPI"], lambda s, m: s / m)}
+                           "median_s": {c: statistics.median(times[c]) for c in names},
+                           "over_mpi": {c: _ratio(times[c], times["MPI"]) for c in names[2:]}}
     row["comm_share"] = {c: _paired(times["local"], times[c], lambda lo, t: 1 - lo / t)
-                         for c in ("MPI", "shm")}
+                         for c in names[1:]}
     buckets = None
     if ddp:
         row["ddp_wait_s"] = {c: MPI.COMM_WORLD.allreduce(
@@ -241,28 +257,37 @@ def _job(a: argparse.Namespace) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------- the report
 
-HEAD = ("| ranks | training | MPI step (ms) | shm step (ms) | shm / MPI (paired) | local step (ms) "
-        "| comm. share MPI | comm. share shm | DDP wait/step MPI, shm (ms) | shm group's segment |")
+def _head(names: List[str]) -> str:
+    cols = ["ranks", "training", "local step (ms)", "MPI step (ms)"]
+    for c in names:
+        cols += [f"{c} step (ms)", f"{c} / MPI (paired; quartiles)"]
+    cols += [f"comm. share {c}" for c in ["MPI"] + names]
+    cols += ["DDP wait/step " + ", ".join(["MPI"] + names) + " (ms)", "shm group's segment"]
+    return "| " + " | ".join(cols) + " |"
 
 
-def _rows(job: Dict[str, Any]) -> List[str]:
+def _rows(job: Dict[str, Any], names: List[str]) -> List[str]:
     lines = []
     for kind, r in job["kinds"].items():
         med, share = r["median_s"], r["comm_share"]
-        wait = (f"{r['ddp_wait_s']['MPI'] * 1e3:.1f}, {r['ddp_wait_s']['shm'] * 1e3:.1f}"
-                if "ddp_wait_s" in r else "")
-        seg = r["segment"] + ("; DDP's buckets meet in its own segment"
-                              if r.get("node_reduce", {}).get("shm") else "")
-        lines.append(f"| {job['ranks']} | {kind} | {med['MPI'] * 1e3:.1f} | "
-                     f"{med['shm'] * 1e3:.1f} | {r['shm_over_mpi']:.3f} | "
-                     f"{med['local'] * 1e3:.1f} | {share['MPI']:.0%} | {share['shm']:.0%} | "
-                     f"{wait} | {seg} |")
+        cells = [str(job["ranks"]), kind, f"{med['local'] * 1e3:.1f}", f"{med['MPI'] * 1e3:.1f}"]
+        for c in names:
+            m, q1, q3 = r["over_mpi"][c]
+            cells += [f"{med[c] * 1e3:.1f}", f"{m:.3f} ({q1:.2f}–{q3:.2f})"]
+        cells += [f"{share[c]:.0%}" for c in ["MPI"] + names]
+        cells.append(", ".join(f"{r['ddp_wait_s'][c] * 1e3:.1f}" for c in ["MPI"] + names)
+                     if "ddp_wait_s" in r else "")
+        cells.append(r["segment"] + ("; DDP's buckets meet in its own segment"
+                                     if r.get("node_reduce", {}).get("shm") else ""))
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def _table(jobs: List[Dict[str, Any]]) -> str:
-    return "\n".join([HEAD, "|" + "---|" * HEAD.count(" | ") + "---|"]
-                     + [line for job in jobs for line in _rows(job)])
+    names = list(next(iter(jobs[0]["kinds"].values()))["over_mpi"])
+    head = _head(names)
+    return "\n".join([head, "|" + "---|" * (head.count(" | ") + 1)]
+                      + [line for job in jobs for line in _rows(job, names)])
 
 
 def _sh(*cmd: str) -> str:
@@ -302,8 +327,9 @@ def _markdown(jobs: List[Dict[str, Any]], meta: Dict[str, Any], argv: List[str],
         "Generated by `benchmarks/step_times.py`; do not edit by hand (rerun it). Each job "
         "times DDP and `fully_shard` steps of one model three ways, in turn, repetition by "
         "repetition: **MPI** (`MPITENSOR_SHM_COLLECTIVES=off`, `MPITENSOR_NODE_REDUCE=off`: "
-        "the plain MPI path, *before*), **shm** (both `auto`, the default, *after*) and "
-        "**local** (the same model unwrapped: no communication). The ratio and the "
+        "the plain MPI path, *before*), **shm** (both `auto`, the default, *after*), "
+        "**local** (the same model unwrapped: no communication) and, with `--forced`, "
+        "**forced** (both `on`: the segment wherever it can be used). The ratios and the "
         "communication shares are paired: the median over repetitions of figures taken within "
         "one repetition. See the script's docstring for the method.", ""] + caveat + [
         "## Setup", "",

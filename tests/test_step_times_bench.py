@@ -1,5 +1,5 @@
 """Smoke tests of benchmarks/step_times.py: a small 2-rank run prints both training rows, on
-the working tree and on a snapshot of a commit (``--at``).
+the working tree and on a snapshot of a commit (``--at``, with ``--forced``'s fourth group).
 
 No timing is asserted: only that the driver started its job, that the job timed DDP and
 ``fully_shard`` through MPI, through shared memory and locally, and that the report and the
@@ -32,8 +32,9 @@ def test_step_times_quick_prints_ddp_and_fully_shard_rows(tmp_path: Path) -> Non
         row = re.search(rf"^\| 2 \| {kind} \| (.*) \|$", run.stdout, re.M)
         assert row, f"no {kind} row:\n{run.stdout}"
         cells = [c.strip() for c in row.group(1).split(" | ")]
-        # MPI, shm and local steps, the paired ratio, two communication shares
-        assert all(re.fullmatch(number, c) for c in cells[:4]), row.group(0)
+        # local, MPI and shm steps, the paired ratio with its quartiles, two shares
+        assert all(re.fullmatch(number, c) for c in cells[:3]), row.group(0)
+        assert re.fullmatch(rf"{number} \({number}–{number}\)", cells[3]), row.group(0)
         assert all(re.fullmatch(rf"-?{number}%", c) for c in cells[4:6]), row.group(0)
         if kind == "DDP":
             assert re.fullmatch(rf"{number}, {number}", cells[6]), row.group(0)
@@ -53,7 +54,7 @@ def test_step_times_at_a_commit_imports_that_snapshot(tmp_path: Path) -> None:
     out_json = tmp_path / "steps.json"
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "step_times.py"), "--ranks", "2", "--quick",
-         "--at", head, "--timeout", "150", "--out-md", "", "--json", str(out_json)],
+         "--forced", "--at", head, "--timeout", "150", "--out-md", "", "--json", str(out_json)],
         capture_output=True, text=True, timeout=200, env=clean_env(), cwd=ROOT)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert "mpitensor/ as committed there, from a snapshot" in run.stdout
@@ -62,5 +63,7 @@ def test_step_times_at_a_commit_imports_that_snapshot(tmp_path: Path) -> None:
     # the job imported the snapshot (the driver checks the path too), since removed
     job = data["jobs"][0]
     assert not job["mpitensor"].startswith(str(ROOT)) and not Path(job["mpitensor"]).exists()
+    assert "| forced step (ms) | forced / MPI (paired; quartiles) |" in run.stdout
     for kind in ("DDP", "fully_shard"):
         assert re.search(rf"^\| 2 \| {kind} \| ", run.stdout, re.M), run.stdout
+        assert sorted(job["kinds"][kind]["times_s"]) == ["MPI", "forced", "local", "shm"]
