@@ -107,12 +107,8 @@ class CosineAnnealingWarmRestarts(LRScheduler):
     def __init__(self, optimizer: Optimizer, T_0: int, T_mult: int = 1,  # noqa: N803
                  eta_min: float = 0.0, last_epoch: int = -1) -> None:
         owner = "CosineAnnealingWarmRestarts"
-        if isinstance(T_0, bool) or not isinstance(T_0, int) or T_0 <= 0:
-            raise ValueError(f"{owner}: T_0 (epochs of the first period) must be a positive "
-                             f"int, got {T_0!r}")
-        if isinstance(T_mult, bool) or not isinstance(T_mult, int) or T_mult < 1:
-            raise ValueError(f"{owner}: T_mult (growth of the periods) must be an int >= 1, "
-                             f"got {T_mult!r}")
+        _positive_int(owner, "T_0", T_0)  # epochs of the first period
+        _positive_int(owner, "T_mult", T_mult)  # growth of the periods
         if isinstance(eta_min, bool) or not isinstance(eta_min, (float, int)):
             raise ValueError(f"{owner}: eta_min must be a float or an int, got "
                              f"{type(eta_min).__name__} ({eta_min!r})")
