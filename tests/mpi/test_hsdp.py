@@ -29,7 +29,7 @@ import mpitensor.distributed as dist
 import mpitensor.distributed.fsdp as fsdp
 import mpitensor.nn as nn
 from mpitensor.distributed.device_mesh import init_device_mesh
-from mpitensor.distributed.fsdp import fully_shard
+from mpitensor.distributed.fsdp import FSDPModule, fully_shard
 from mpitensor.distributed.tensor import DTensor, Replicate, Shard
 from mpitensor.nn.parallel import DistributedDataParallel as DDP
 from mpitensor.optim import Adam
@@ -124,6 +124,23 @@ def test_gradients_are_the_mean_over_every_rank():
         for (name, p), q in zip(model.named_parameters(), ref.module.parameters()):
             np.testing.assert_allclose(p.grad.full_tensor().numpy(), q.grad.numpy(),
                                        rtol=1e-12, atol=1e-15, err_msg=f"{r}x{s}: {name}")
+
+
+def test_all_reduce_over_replicas_overlaps_backward():
+    model = _shard(mlp(2), _mesh(*_layouts()[len(_layouts()) // 2]))
+    _step(model, Adam(model.parameters(), lr=0.01), 0)  # the first forward records the order
+    units = [m._fsdp_state for m in model if isinstance(m, FSDPModule)]
+    x, y = batch(1, dist.get_rank())
+    x.requires_grad_()
+    seen = []
+    # _reduce holds (work, out, None) once a unit's all-reduce over the replicas is in flight
+    x.register_hook(lambda g: seen.append(
+        [u.group._reduce is not None and u.group._reduce[2] is None for u in units]))
+    ((model(x) - y) ** 2).mean().backward()
+    # the last unit's all-reduce started when the unit before it had its gradients, before
+    # the gradient reached the input (so it overlapped the rest of backward)
+    assert seen[0][-1], seen
+    assert all(u.group._reduce is None for u in units)  # all waited for at the end
 
 
 def test_gradient_accumulation_without_sync_equals_ddp():

@@ -18,8 +18,9 @@ parameter (a DTensor over another mesh dimension) has its local piece sharded in
 a DTensor on the 2-D mesh between steps (see ``_tensor_parallel``).
 
 HSDP: given a 2-D mesh (replicate, shard), the parameters are ``(Replicate(), Shard(0))``
-DTensors: gathered and reduce-scattered over the shard dim as above, and the reduced shards
-all-reduced over the replicate dim at the end of backward.
+DTensors: gathered and reduce-scattered over the shard dim as above, and each unit's reduced
+shards all-reduced over the replicate dim (asynchronous, started when the next unit's
+gradients are ready, or at the end of backward).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class _Root:
         self.order: List["_State"] = []
         self.recording = True
         self.callback_queued = False
+        self.reducing: List["_State"] = []  # HSDP: reduce-scattering, not yet all-reducing
 
     def record(self, st: "_State") -> None:
         if self.recording and st not in self.order:
@@ -69,6 +71,7 @@ class _Root:
     def final_callback(self) -> None:
         """End of backward: reduce the units not reduced yet, wait for all, reshard."""
         self.callback_queued = False
+        self.reducing = []
         for st in self.states:
             if st.group is not None and st.seen and st.sync:
                 if st.group._reduce is None and st.pending_seen:
@@ -176,6 +179,12 @@ class _State:
             return
         self.pending_seen = False
         self.group.start_reduce()
+        # HSDP: the unit reduced before this one had this unit's backward to finish its
+        # reduce-scatter; its all-reduce over the replicas starts now, so it overlaps the rest
+        # of backward (in the order backward reaches the units: the same on every rank)
+        for st in self.root.reducing:
+            st.group.start_replicate_reduce()
+        self.root.reducing = [self] if self.group.replicate is not None else []
         if self.reshard_after_backward and not self.is_root:
             self.reshard()
 
