@@ -2,15 +2,19 @@
 
     mpiexec -n 2 python benchmarks/dtensor_redistribute.py [--mib 64] [--reps 5] [--rounds 3]
 
-For each transition (Shard(0) -> Replicate, Partial -> Replicate, Partial -> Shard(0),
-Shard(0) -> Shard(1), Shard(1) -> Shard(0)) it times ``dt.redistribute`` and the bare
-collective (``all_gather_into_tensor``, ``all_reduce``, ``reduce_scatter_tensor``,
-``all_to_all_single``) on buffers of the same size made once, each call after a barrier. The
-candidates of a transition take turns: ``--rounds`` rounds, each timing every candidate
-``--reps`` times, so a change in the machine's load falls on all of them alike; rank 0 prints
-the median over all rounds and the ratio to the bare collective (the target: within 1.10x),
-with the load average before and after. A redistribution's staging buffers and outputs are
-recycled (``_base/workspace``), as the bare collective's are here.
+For each transition (Shard(0) -> Replicate, Partial -> Replicate, Shard(1) -> Replicate,
+Partial -> Shard(0), Shard(0) -> Shard(1), Shard(1) -> Shard(0)) it times
+``dt.redistribute`` and the bare collective (``all_gather_into_tensor``, ``all_reduce``,
+``reduce_scatter_tensor``, ``all_to_all_single``) on buffers of the same size made once,
+each call after a barrier. The candidates of a transition take turns: ``--rounds`` rounds,
+each timing every candidate ``--reps`` times, so a change in the machine's load falls on all
+of them alike; rank 0 prints the median over all rounds and the ratio to the bare collective
+(the target: within 1.10x), with the load average before and after. A redistribution's
+staging buffers and outputs are
+recycled (``_base/workspace``), as the bare collective's are here. ``Partial -> Replicate``
+is also timed as ``copy + bare`` (all_reduce works in place, so a redistribution copies the
+terms it must keep first) and as ``rs + ag`` (reduce_scatter_tensor + all_gather_into_tensor,
+out of place, no copy).
 
 The shard swaps are also timed against two references: ``padded``, the equal padded blocks
 the CuPy path still takes (and the NumPy path took before the exact split sizes), and
@@ -75,13 +79,27 @@ def candidates(mib: float) -> dict:
     def bare_a2a():
         dist.all_to_all_single(a2, a)
 
+    big2 = np.empty_like(big)
+
+    def copy_all_reduce():  # all_reduce is in place: a Partial's terms are copied first
+        np.copyto(big2, big)
+        dist.all_reduce(big2)
+
+    def rs_ag():  # the same reduction with no copy, in two collectives
+        dist.reduce_scatter_tensor(a2, big)
+        dist.all_gather_into_tensor(big2, a2)
+
     return {
         "Shard(0) -> Replicate": {
             "ours": lambda: s0.redistribute(mesh, [Replicate()]),
             "bare": lambda: dist.all_gather_into_tensor(big, a)},
         "Partial -> Replicate": {
             "ours": lambda: part.redistribute(mesh, [Replicate()]),
-            "bare": lambda: dist.all_reduce(big)},
+            "bare": lambda: dist.all_reduce(big),
+            "copy + bare": copy_all_reduce, "rs + ag": rs_ag},
+        "Shard(1) -> Replicate": {  # the columns gathered: one reorder pass, then all_gather
+            "ours": lambda: s1.redistribute(mesh, [Replicate()]),
+            "bare": lambda: dist.all_gather_into_tensor(big, a)},
         "Partial -> Shard(0)": {
             "ours": lambda: part.redistribute(mesh, [Shard(0)]),
             "bare": lambda: dist.reduce_scatter_tensor(a, big)},

@@ -16,7 +16,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 from mpitensor import dtypes
-from mpitensor.distributed.tensor import DTensor, Replicate, Shard, init_device_mesh
+from mpitensor.distributed.tensor import DTensor, Partial, Replicate, Shard, init_device_mesh
 from mpitensor.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 DTYPES = [np.float32, np.float64, np.int64, np.bool_, np.complex64, np.float16,
@@ -138,3 +138,34 @@ def test_gradient_of_a_swap_is_the_swap_back():
         y = x.redistribute(mesh, [Shard(j)])
         (y.to_local() * mt.tensor(piece(g, mesh, [Shard(j)]))).sum().backward()
         same_bits(leaf.grad.numpy(), piece(g, mesh, [Shard(i)]), (i, j))
+
+
+# ------------------------------------------------------------------ gather and scatter, any dim
+def test_gather_along_every_dim_every_dtype():
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for dtype in DTYPES:
+        for shape in ((5, 7, 3), (2, 4, 9)):
+            arr = full(shape, dtype, seed=8)
+            for d in range(3):
+                for strided in (False, True):
+                    x = placed(arr, mesh, [Shard(d)], strided)
+                    y = x.redistribute(mesh, [Replicate()])
+                    same_bits(y.to_local().numpy(), arr, (dtype, shape, d, strided))
+                    assert y.to_local().numpy().flags.c_contiguous
+
+
+def test_reduce_scatter_along_every_dim():
+    # integer-valued terms: every order of summation gives the same bits
+    n, me = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (n,))
+    for dtype in (np.float32, np.float64, np.int64, np.complex64):
+        for shape in ((5, 7, 3), (4, 1, 8), (3, 2, 0)):
+            term = np.arange(np.prod(shape), dtype=np.int64).reshape(shape) % 97 + me
+            whole = sum(np.arange(np.prod(shape), dtype=np.int64).reshape(shape) % 97 + r
+                        for r in range(n)).astype(dtype)
+            for d in range(3):
+                x = DTensor.from_local(mt.from_numpy(term.astype(dtype)), mesh, [Partial()],
+                                       shape=shape)
+                y = x.redistribute(mesh, [Shard(d)])
+                same_bits(y.to_local().numpy(), piece(whole, mesh, [Shard(d)]),
+                          (dtype, shape, d))

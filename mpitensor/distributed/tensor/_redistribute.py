@@ -35,6 +35,7 @@ from mpitensor._base import workspace as _workspace
 from mpitensor.autograd import Function
 
 from ..device_mesh import DeviceMesh
+from ._blocks import gather_dim, scatter_dim
 from ._shard_swap import swap_shards
 from .placement_types import Partial, Placement, Replicate, Shard, shard_size_and_offset
 
@@ -72,7 +73,12 @@ def _pad_front(x: Any, dim: int, c: int) -> Any:
 
 
 def all_gather_dim(x: Any, dim: int, n: int, mesh: DeviceMesh, m: int) -> Any:
-    """Shard(dim) of a dimension of global length ``n`` -> the whole of it (all_gather)."""
+    """Shard(dim) of a dimension of global length ``n`` -> the whole of it (all_gather).
+
+    NumPy: :func:`gather_dim` (blocks in the dims' own order, a C-contiguous result); other
+    arrays (CuPy): the dim moved to the front, the result a view that moves it back."""
+    if _xp(x) is np:
+        return gather_dim(x, dim, n, mesh, m)
     k = mesh.size(m)
     c = -(-n // k)
     piece = _pad_front(x, dim, c)
@@ -90,7 +96,10 @@ def chunk_dim(x: Any, dim: int, mesh: DeviceMesh, m: int) -> Any:
 
 
 def reduce_scatter_dim(x: Any, dim: int, op: str, mesh: DeviceMesh, m: int) -> Any:
-    """Partial -> Shard(dim): reduce every rank's term and keep this rank's chunk."""
+    """Partial -> Shard(dim): reduce every rank's term and keep this rank's chunk (NumPy:
+    :func:`scatter_dim`, as :func:`all_gather_dim`)."""
+    if _xp(x) is np:
+        return scatter_dim(x, dim, _OPS[op], mesh, m)
     k, n = mesh.size(m), x.shape[dim]
     c = -(-n // k)
     full = _pad_front(x, dim, k * c)

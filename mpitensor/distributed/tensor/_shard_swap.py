@@ -25,7 +25,7 @@ here: see docs/sharding.md.
 from __future__ import annotations
 
 import math
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Tuple
 
 import numpy as np
 
@@ -33,6 +33,7 @@ import mpitensor.distributed as dist
 from mpitensor._base import workspace as _workspace
 
 from ..device_mesh import DeviceMesh
+from ._blocks import along, leading
 from .placement_types import shard_size_and_offset
 
 __all__ = ["swap_shards"]
@@ -47,30 +48,18 @@ def _chunks(n: int, k: int) -> List[Tuple[int, int]]:
     return out
 
 
-def _along(a: Any, axis: int, start: int, size: int) -> Any:
-    index = [slice(None)] * a.ndim
-    index[axis] = slice(start, start + size)
-    return a[tuple(index)]
-
-
-def _leading(shape: Sequence[int], axis: int) -> bool:
-    """Whether chunks along ``axis`` of a C-contiguous array of ``shape`` are contiguous and
-    consecutive (every dim before ``axis`` has length 1)."""
-    return math.prod(shape[:axis]) == 1
-
-
 def _pack(v: Any, axis: int, cuts: List[Tuple[int, int]]) -> Tuple[Any, List[int]]:
     """``v``'s chunks along ``axis`` end to end in one flat buffer, and their sizes.
 
     No copy where they already are (a C-contiguous ``v`` split along a leading dim)."""
     row = math.prod(v.shape) // v.shape[axis] if v.shape[axis] else 0
     counts = [size * row for _, size in cuts]
-    if v.flags.c_contiguous and _leading(v.shape, axis):
+    if v.flags.c_contiguous and leading(v.shape, axis):
         return v.reshape(-1), counts
     flat = _workspace.empty(np, (sum(counts),), v.dtype)
     at = 0
     for (start, size), c in zip(cuts, counts):
-        part = _along(v, axis, start, size)
+        part = along(v, axis, start, size)
         np.copyto(flat[at:at + c].reshape(part.shape), part)
         at += c
     return flat, counts
@@ -92,7 +81,7 @@ def swap_shards(x: np.ndarray, i: int, j: int, n_i: int, mesh: DeviceMesh, m: in
     qi = order.index(i)
     shape[qi], shape[order.index(j)] = n_i, split[me][1]
     out = _workspace.empty(np, tuple(shape), x.dtype)
-    direct = _leading(shape, qi)
+    direct = leading(shape, qi)
     row = math.prod(shape) // n_i if n_i else 0
     rcounts = [size * row for _, size in gather]
     recv = out.reshape(-1) if direct else _workspace.empty(np, (sum(rcounts),), x.dtype)
@@ -105,7 +94,7 @@ def swap_shards(x: np.ndarray, i: int, j: int, n_i: int, mesh: DeviceMesh, m: in
     if not direct:
         at = 0
         for (start, size), c in zip(gather, rcounts):
-            part = _along(out, qi, start, size)
+            part = along(out, qi, start, size)
             np.copyto(part, recv[at:at + c].reshape(part.shape))
             at += c
     return np.transpose(out, np.argsort(order))
