@@ -29,12 +29,14 @@ from ``VmHWM`` in ``/proc/PID/status``), the N clients driven from this process
   on a cluster the ranks' share runs on their own hosts). **mpi_init_own** is the same
   without the node-address exchange: the helper's own work.
 * **rendezvous** (ours): our TCPStore master process; N ranks arriving over ``--spread``
-  seconds, each doing what ``_arrive`` + ``join`` do on the store: compare_set ``job``,
-  compare_set ``world_size``, compare_set ``rank/i``, add ``arrived`` (the last sets
-  ``arrived/all``), get ``arrived/all`` waiting for it (a posted error sets it, to a mark,
-  so one waiting get suffices), rank 0 multi_get of every rank's record then set ``mode``,
-  every rank gets ``mode`` waiting for it: 6 requests a rank. Reported: the time from the
-  last arrival to the last rank done, and the requests served. **rendezvous_8** is the same
+  seconds, each doing what ``_arrive`` + ``join`` do on the store: compare_set ``job`` (its
+  record carries the world size), compare_set ``rank/i``, add ``arrived`` (the last sets
+  ``arrived/all``); rank 0 gets ``arrived/all`` waiting for it (a posted error sets it, to
+  a mark, so one waiting get suffices), multi_gets every rank's record, then sets ``mode``;
+  every rank gets ``mode`` waiting for it: 4 requests a rank, 5 on rank 0. Reported: the
+  time from the last arrival to the last rank done, and the requests served.
+  **rendezvous_6** is the same as it was before (6 requests a rank: compare_set
+  ``world_size`` apart, and every rank waiting for ``arrived/all``); **rendezvous_8** that
   with each wait a ``wait`` and then a ``get`` (8 requests a rank, as before 2026-11-29);
   **rendezvous_poll** replays the waits as they were before that: re-waits of 0.25 s, each
   followed by a check of ``error``, so that each rank's requests grow with its wait.
@@ -376,16 +378,22 @@ def _wait_key(key: bytes, deadline_s: float, poll: Optional[float],
             raise RuntimeError("an error was posted")
 
 
-def rendezvous_rank(rank: int, n: int, poll: Optional[float] = None,
-                    split: bool = False) -> Script:
+def rendezvous_rank(rank: int, n: int, poll: Optional[float] = None, split: bool = False,
+                    before: bool = False) -> Script:
     """What ``_arrive`` + ``join`` send the store for one rank (the helper's start left out);
-    ``poll``: the waits as they were before (re-waits of 0.25 s)."""
+    ``before``: as they did before 2026-11-29 03:00 (the world size a key of its own, and
+    every rank waiting for all to arrive before it waits for ``mode``); ``split``: each wait
+    a wait and then a get; ``poll``: the waits of before that (re-waits of 0.25 s)."""
+    old = before or split or bool(poll)
     job = json.dumps({"id": "", "source": "", "rank": rank, "pid": 100000 + rank,
                       "host": f"host{rank // PER_HOST}", "parent": "bench:1",
-                      "start": time.time()}).encode()
-    yield (wire.CAS, [_P + b"job", b"", job])
-    _, f = yield (wire.CAS, [_P + b"world_size", b"", f"{n} {rank}".encode()])
-    if f[0].split(b" ")[0] != str(n).encode():
+                      "start": time.time(), **({} if old else {"world_size": n})}).encode()
+    _, f = yield (wire.CAS, [_P + b"job", b"", job])
+    if old:
+        _, f = yield (wire.CAS, [_P + b"world_size", b"", f"{n} {rank}".encode()])
+        if f[0].split(b" ")[0] != str(n).encode():
+            raise RuntimeError("world sizes differ")
+    elif json.loads(f[0])["world_size"] != n:
         raise RuntimeError("world sizes differ")
     me = json.dumps({"rank": rank, "world_size": n, "host": f"host{rank // PER_HOST}",
                      "netns": "4:4026531840", "pidns": "4:4026531836", "pid": 100000 + rank,
@@ -396,7 +404,8 @@ def rendezvous_rank(rank: int, n: int, poll: Optional[float] = None,
     _, f = yield (wire.ADD, [_P + b"arrived", wire.i64(1)])
     if wire.as_i64(f[0]) >= n:
         yield (wire.SET, [_P + b"arrived/all", b"1"])
-    yield from _wait_key(_P + b"arrived/all", 600.0, poll, get=not poll, split=split)
+    if old or rank == 0:
+        yield from _wait_key(_P + b"arrived/all", 600.0, poll, get=not poll, split=split)
     if rank == 0:
         status, f = yield (wire.MGET, [_ms(600.0)] + [_P + f"rank/{i}".encode()
                                                       for i in range(n)])
@@ -617,6 +626,9 @@ def store_run(part: str, n: int, spread: float, chunk: int, seed: int) -> Dict[s
     try:
         if part == "rendezvous":
             out = drive_ours(server.port, starts, rendezvous_rank)
+        elif part == "rendezvous_6":
+            out = drive_ours(server.port, starts,
+                             lambda r, n: rendezvous_rank(r, n, before=True))
         elif part == "rendezvous_8":
             out = drive_ours(server.port, starts, lambda r, n: rendezvous_rank(r, n, None, True))
         elif part == "rendezvous_poll":
@@ -698,7 +710,8 @@ COLUMNS = {  # part -> [(key, heading, format)]
     "mpi_init_own": _HELPER_COLUMNS + _LOAD,
     "hostnames": _HELPER_COLUMNS + _LOAD,
 }
-for _part in ("rendezvous", "rendezvous_8", "rendezvous_poll", "env_ours", "env_torch"):
+for _part in ("rendezvous", "rendezvous_6", "rendezvous_8", "rendezvous_poll", "env_ours",
+              "env_torch"):
     COLUMNS[_part] = [("time", "after last s", "{:12.3f}"), ("total", "total s", "{:8.3f}"),
                       ("cpu", "master CPU s", "{:12.3f}"), ("hwm", "peak MiB", "{:8.1f}"),
                       ("grow", "grew MiB", "{:8.1f}"), ("req", "requests", "{:9d}")] + _LOAD
@@ -713,6 +726,8 @@ TITLES = {
     "hostnames": "hostnames: the same without PMI_process_mapping (each rank gets every "
                  "host name)",
     "rendezvous": "rendezvous: our TCPStore master (own process), _arrive + join of N ranks",
+    "rendezvous_6": "rendezvous_6: the same as before 2026-11-29 03:00 (6 requests a rank: the "
+                    "world size a key of its own, every rank waiting for all, then for mode)",
     "rendezvous_8": "rendezvous_8: the same with each wait a wait and then a get (8 requests a "
                     "rank, as before)",
     "rendezvous_poll": "rendezvous_poll: the same with the waits as before (0.25 s re-waits, "
@@ -787,7 +802,8 @@ def _options() -> argparse.Namespace:
     ap.add_argument("--fake", default="16,64,256,1024",
                     help="simulated world sizes, comma separated")
     ap.add_argument("--parts", default="mpi_init,mpi_init_1024,mpi_init_own,rendezvous,"
-                                       "rendezvous_8,rendezvous_poll,env_ours,env_torch")
+                                       "rendezvous_6,rendezvous_8,rendezvous_poll,env_ours,"
+                                       "env_torch")
     ap.add_argument("--targets", action="store_true",
                     help="what issue 30's targets need, and nothing else: --fake "
                          "1024,2048,4096 --parts mpi_init,mpi_init_own,rendezvous --ranks '' "

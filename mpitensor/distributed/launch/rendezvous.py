@@ -63,7 +63,7 @@ _POLL_S = 0.25  # how long a failing rank 0 keeps its store up for the others to
 # The keys that ranks wait for (_wait). A rank that posts an error also sets each of them that
 # is still unset, to _WOKEN, so that every waiter wakes at once and finds the error: no rank
 # polls the store while it waits (N ranks polling every 0.25 s cost the master O(N) requests
-# per 0.25 s of waiting: 16 requests a rank with arrivals spread over 5 s; 6 now, each wait
+# per 0.25 s of waiting: 16 requests a rank with arrivals spread over 5 s; 4 now, each wait
 # one get).
 _WAKE_KEYS = ("arrived/all", "mode", "dpm/port")
 _WOKEN = b"mpitensor: an error was posted"
@@ -271,7 +271,7 @@ def _tell_the_job_there(p: Plan) -> None:
     """Rank 0 found its port taken: where a rendezvous of a job it cannot be told apart
     from (neither has an id, or both the same) is gathering there, its ranks may include
     this job's: fail that rendezvous too, on every side, rather than let the two merge."""
-    me = _my_job(0)
+    me = _my_job(0, p.world_size)
     try:
         other = TCPStore(p.host, p.port, None, is_master=False, timeout=0.5,
                          wait_for_workers=False)
@@ -329,7 +329,7 @@ def _wait(s: Store, key: str, deadline: float) -> bytes:
     :func:`_post_error`); ``StoreTimeoutError`` (with ``.keys``) at the deadline.
 
     One request (a get that waits) however long the wait; a wait and then a get before: the
-    master's CPU at scale is mostly its requests, 6 a rank now, 8 then."""
+    master's CPU at scale is mostly its requests: 4 a rank now (5 on rank 0), 8 then."""
     try:
         value = s._get_within(key.encode(), max(0.0, deadline - time.monotonic()))
     except StoreTimeoutError as exc:
@@ -406,15 +406,16 @@ def _same_job(mine: Dict[str, Any], job: Dict[str, Any]) -> Optional[bool]:
     return None
 
 
-def _my_job(rank: int) -> Dict[str, Any]:
+def _my_job(rank: int, world_size: int) -> Dict[str, Any]:
     ident, source = _job_identity()
     return {"id": ident, "source": source, "rank": rank, "pid": os.getpid(),
             "host": socket.gethostname(), "parent": "" if ident else _parent(),
-            "start": time.time()}
+            "start": time.time(), "world_size": world_size}
 
 
-def _claim_job(s: Store, p: Plan) -> None:
-    """Name this rendezvous's job, or check that this process belongs to the job named.
+def _claim_job(s: Store, p: Plan) -> Dict[str, Any]:
+    """Name this rendezvous's job, or check that this process belongs to the job named; the
+    job's record (its first process's: the world size it was given is the job's).
 
     The first process to arrive writes its job (its id, or, without one, where it started);
     a process whose id differs, or that has an id where the job has none or the other way
@@ -425,15 +426,18 @@ def _claim_job(s: Store, p: Plan) -> None:
     hand): there a second rank 0 (:func:`_open_store`) or a rank claimed twice
     (:func:`_arrive`) fails the rendezvous on every side instead.
 
+    The world size rides in the record, so that one request both names the job and tells a
+    rank the size the others were given (the master's CPU at scale is its requests).
+
     Raises:
         ValueError: this process belongs to another job (marked ``foreign``: not posted to
             the job it was refused by).
     """
-    me = _my_job(p.rank)
+    me = _my_job(p.rank, p.world_size)
     mine = json.dumps(me)
     first = s.compare_set("job", "", mine).decode("utf-8", "replace")
     if first == mine:
-        return
+        return me
     try:
         job = json.loads(first)
         if not isinstance(job, dict):
@@ -441,7 +445,7 @@ def _claim_job(s: Store, p: Plan) -> None:
     except ValueError:
         job = {"id": "?"}
     if _same_job(me, job) is not False:
-        return
+        return job
     port = f"port {p.port}" if p.port else p.where
     msg = (f"init_process_group: rank {p.rank} of {_job_text(me)} was refused by the "
            f"rendezvous at {p.where}: {port} serves {_job_text(job)}. Two jobs were given "
@@ -458,25 +462,24 @@ def _claim_job(s: Store, p: Plan) -> None:
     raise exc
 
 
-def _arrive(s: Store, p: Plan, seconds: float, deadline: float) -> List[Dict[str, Any]]:
-    """Claim this rank, check that everyone names the same world size, wait for all.
+def _arrive(s: Store, p: Plan, seconds: float, deadline: float,
+            wait_all: bool = True) -> List[Dict[str, Any]]:
+    """Claim this rank, check that everyone names the same world size, and (``wait_all``)
+    wait for all.
 
     Returns:
-        On rank 0 every rank's claim, by rank (what it decides the joining from); elsewhere
-        ``[]``.
+        On rank 0 (waiting for all) every rank's claim, by rank (what it decides the
+        joining from); elsewhere ``[]``.
     """
-    _claim_job(s, p)
+    job = _claim_job(s, p)
     me = {"rank": p.rank, "world_size": p.world_size, "host": socket.gethostname(),
           "netns": _netns(), "pidns": _netns("pid"), "pid": os.getpid(),
           "mpi": _mpi_state()}
     mine = json.dumps(me)
-    size_claim = f"{p.world_size} {p.rank}"
-    first = s.compare_set("world_size", "", size_claim).decode()
-    if first.split(" ")[0] != str(p.world_size):
-        other_size, other_rank = first.split(" ")
+    if job.get("world_size", p.world_size) != p.world_size:
         msg = (f"init_process_group: rank {p.rank} was given world_size={p.world_size}, but "
-               f"rank {other_rank} was given world_size={other_size} (rendezvous at "
-               f"{p.where}); pass the same world_size to every process")
+               f"rank {job.get('rank', '?')} was given world_size={job['world_size']} "
+               f"(rendezvous at {p.where}); pass the same world_size to every process")
         _post_error(s, p, "ValueError", msg)
         raise ValueError(msg)
     claimed = s.compare_set(f"rank/{p.rank}", "", mine).decode()
@@ -488,27 +491,44 @@ def _arrive(s: Store, p: Plan, seconds: float, deadline: float) -> List[Dict[str
                "this too: delete it)")
         _post_error(s, p, "ValueError", msg)
         raise ValueError(msg)
-    keys = [f"rank/{i}" for i in range(p.world_size)]
     # one counter and one key that the last to arrive sets: each rank waits for one key, not
     # for all N (N^2 key checks in the store for the whole job)
     if s.add("arrived", 1) >= p.world_size:
         s.set("arrived/all", "1")
+    if not wait_all:
+        return []
     try:
         _wait(s, "arrived/all", deadline)
     except StoreTimeoutError as exc:
         if getattr(exc, "posted", False):
             raise
-        missing = [i for i in range(p.world_size) if not s.check([f"rank/{i}"])]
-        came = [i for i in range(p.world_size) if i not in missing]
-        msg = (f"init_process_group: only {len(came)} of world_size={p.world_size} processes "
-               f"arrived at the rendezvous ({p.where}) within {seconds:g} s: rank(s) {came} "
-               f"came, rank(s) {missing} did not. Start {p.world_size} processes with ranks "
-               f"0..{p.world_size - 1}, or pass the number of processes you start as "
-               "world_size")
-        raise StoreTimeoutError(msg) from None
+        raise _not_all_came(s, p, seconds) from None
     if p.rank != 0:
         return []  # rank 0 decides from everyone's claims; the others learn it from "mode"
-    return [json.loads(v) for v in s.multi_get(keys)]
+    return [json.loads(v) for v in s.multi_get([f"rank/{i}" for i in range(p.world_size)])]
+
+
+def _not_all_came(s: Store, p: Plan, seconds: float) -> StoreTimeoutError:
+    """The error of a rendezvous that not every rank reached in time: who came, who not."""
+    missing = [i for i in range(p.world_size) if not s.check([f"rank/{i}"])]
+    came = [i for i in range(p.world_size) if i not in missing]
+    return StoreTimeoutError(
+        f"init_process_group: only {len(came)} of world_size={p.world_size} processes "
+        f"arrived at the rendezvous ({p.where}) within {seconds:g} s: rank(s) {came} came, "
+        f"rank(s) {missing} did not. Start {p.world_size} processes with ranks "
+        f"0..{p.world_size - 1}, or pass the number of processes you start as world_size")
+
+
+def _wait_mode(s: Store, p: Plan, seconds: float, deadline: float) -> Dict[str, Any]:
+    """How rank 0 decided to join the ranks (``mode``). A rank other than 0 waits for it
+    straight after arriving (one request, not a wait for all and then one for it): where it
+    times out before all came, its error names who came, as rank 0's does."""
+    try:
+        return json.loads(_wait(s, "mode", deadline))
+    except StoreTimeoutError as exc:
+        if getattr(exc, "posted", False) or p.rank == 0 or s.check(["arrived/all"]):
+            raise
+        raise _not_all_came(s, p, seconds) from None
 
 
 def _netns(kind: str = "net") -> str:
@@ -582,11 +602,11 @@ def join(p: Plan, seconds: float) -> Any:
     s = PrefixStore(_PREFIX, store)
     helper = None
     try:
-        members = _arrive(s, p, seconds, deadline)
-        t1 = time.monotonic()
+        members = _arrive(s, p, seconds, deadline, wait_all=p.rank == 0)
         if p.rank == 0:
             helper = _choose_mode(s, p, members, want, deadline)
-        mode = json.loads(_wait(s, "mode", deadline))
+        mode = _wait_mode(s, p, seconds, deadline)
+        t1 = time.monotonic()
         comm, scheme = None, mode["kind"]
         if scheme == "pmi":
             comm = _join_pmi(p, mode, deadline)
@@ -666,7 +686,7 @@ def _after_join(s: Store, p: Plan, owned: bool, how: str) -> None:
                                                                             "replace"))
     logger.debug("rank %d: rendezvous at %s: %s", p.rank, p.where, how)
     if not owned and p.rank == 0:
-        for key in ["job", "refused", "arrived", "arrived/all", "world_size", "mode",
+        for key in ["job", "refused", "arrived", "arrived/all", "mode",
                     "dpm/port", "error"] + [f"rank/{i}" for i in range(p.world_size)]:
             s.delete_key(key)
 
