@@ -553,6 +553,18 @@ def test_reductions_with_dims(torch, dtype):
     check(torch, lambda lib, t: tuple(lib.aminmax(t, dim=1, keepdim=True)), x, dtype=dtype)
 
 
+def test_amax_amin_keep_an_empty_dim_they_do_not_reduce(torch):
+    empty = np.zeros((0, 3, 2))
+    for dim in (1, (1, 2), -1):
+        check(torch, lambda lib, t, d=dim: lib.amax(t, d), empty)
+        check(torch, lambda lib, t, d=dim: t.amin(d, keepdim=True), empty)
+    for dim in (0, (0, 1), ()):  # reducing the empty dim has no extreme, in both libraries
+        with pytest.raises(ValueError, match="cannot reduce an empty dim"):
+            mt.amax(mt.tensor(empty), dim)
+        with pytest.raises((IndexError, RuntimeError)):
+            torch.amax(torch.tensor(empty), dim)
+
+
 def test_reductions_ties_zeros_and_nans(torch):
     ties = np.array([[1.0, 3.0, 3.0, 1.0], [2.0, 2.0, 2.0, 0.0]])
     check(torch, lambda lib, t: lib.amax(t, 1), ties)

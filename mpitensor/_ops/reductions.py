@@ -203,9 +203,12 @@ class AMax(Function):
     @staticmethod
     def forward(ctx: Any, x: Any, dim: Any, keepdim: bool, largest: bool) -> Any:
         axis = axes(dim, x.ndim)
-        if x.size == 0:
+        reduced = range(x.ndim) if axis is None else np.atleast_1d(axis)
+        if x.size == 0 and (x.ndim == 0 or any(x.shape[a] == 0 for a in reduced)):
+            # an empty dim that is kept gives an empty result; one that is reduced has no
+            # extreme
             raise ValueError(f"{'amax' if largest else 'amin'}(): cannot reduce an empty "
-                             f"tensor of shape {list(x.shape)}")
+                             f"dim of a tensor of shape {list(x.shape)}")
         out = (x.max if largest else x.min)(axis=axis, keepdims=keepdim)
         ctx.meta = (x.shape, x.dtype, axis, keepdim)
         ctx.save_for_backward(x, out)
@@ -638,7 +641,7 @@ class _ReductionMethods:
         Elements that tie for the maximum share its gradient evenly.
 
         Raises:
-            ValueError: the tensor is empty.
+            ValueError: a dim reduced over is empty (an empty dim kept gives an empty result).
         """
         return run(AMax, self, _all_dims(dim), keepdim, True)
 
