@@ -41,6 +41,24 @@ def _declare(name: str, kind: str, default: str, read: str, doc: str) -> str:
 
 
 # ----------------------------------------------------------------------------- the parsers
+def _set(name: str) -> Optional[str]:
+    """The text of ``name`` in the environment, or None where it is unset or blank."""
+    raw = os.environ.get(name)
+    return None if raw is None or raw.strip() == "" else raw
+
+
+def _byte_count(raw: str) -> Optional[int]:
+    """``raw`` as a byte count: OFF_BYTES for ``off``/``never``/``none``, else its integer
+    (None where it is not one)."""
+    value = raw.strip().lower()
+    if value in ("off", "never", "none"):
+        return OFF_BYTES
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
 def env_flag(name: str, default: bool = False) -> bool:
     """Read a boolean environment switch; reject values that are neither true nor false."""
     raw = os.environ.get(name)
@@ -56,8 +74,8 @@ def env_flag(name: str, default: bool = False) -> bool:
 
 def env_float(name: str, default: float) -> float:
     """Read a positive number of seconds from the environment."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    raw = _set(name)
+    if raw is None:
         return default
     try:
         value = float(raw)
@@ -70,8 +88,8 @@ def env_float(name: str, default: float) -> float:
 
 def env_choice(name: str, choices: "tuple[str, ...]", default: str) -> str:
     """Read an environment switch that takes one of ``choices`` (case-insensitive)."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    raw = _set(name)
+    if raw is None:
         return default
     value = raw.strip().upper()
     if value not in choices:
@@ -83,18 +101,14 @@ def env_choice(name: str, choices: "tuple[str, ...]", default: str) -> str:
 def env_bytes(name: str, default: int, minimum: int = 0) -> int:
     """Read a byte count (an integer of at least ``minimum``, or ``off`` for "never") from the
     environment."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    raw = _set(name)
+    if raw is None:
         return default
-    value = raw.strip().lower()
-    if value in ("off", "never", "none"):
-        return OFF_BYTES
+    n = _byte_count(raw)
     what = ("a non-negative integer (0: every call)" if minimum <= 0
             else f"an integer of at least {minimum}")
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a byte count; use {what} or off") from None
+    if n is None:
+        raise ValueError(f"{name}={raw!r} is not a byte count; use {what} or off")
     if n < minimum:
         raise ValueError(f"{name}={raw!r} must be {what} or off")
     return n
@@ -102,17 +116,11 @@ def env_bytes(name: str, default: int, minimum: int = 0) -> int:
 
 def env_limit(name: str) -> Optional[int]:
     """Read a memory bound: a byte count, ``off`` (no bound: OFF_BYTES), or unset (None)."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    raw = _set(name)
+    if raw is None:
         return None
-    value = raw.strip().lower()
-    if value in ("off", "never", "none"):
-        return OFF_BYTES
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
+    n = _byte_count(raw)
+    if n is None or n < 0:
         raise ValueError(f"{name}={raw!r} is not a byte count; use a non-negative integer "
                          "(e.g. 8000000000) or off")
     return n
