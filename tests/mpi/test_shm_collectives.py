@@ -11,6 +11,7 @@ Run: ``mpiexec -n N python -m pytest --with-mpi tests/mpi/test_shm_collectives.p
 from __future__ import annotations
 
 import os
+import time
 
 import ml_dtypes
 import numpy as np
@@ -21,7 +22,7 @@ import mpitensor.distributed as dist
 from mpitensor.distributed import ReduceOp
 from mpitensor.distributed.backends.mpi import cma, shm_coll
 from mpitensor.distributed.backends.mpi.shm_pipe import Engine
-from mpitensor.errors import CollectiveMismatchError
+from mpitensor.errors import CollectiveMismatchError, PeerFailedError
 
 CHUNK = 4096  # bytes per slot: a buffer of more than a few KiB takes several chunks
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -283,3 +284,31 @@ def test_switch_off_and_small_calls_stay_on_mpi(group):
         y = np.ones(4, np.float32)
         dist.all_reduce(y, group=world)  # below the floor: the engine is not even made
         assert world.shm is None
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("where", ["threshold", "floor"])
+def test_sizes_on_both_sides_of_the_crossover_raise_a_mismatch(monkeypatch, where):
+    """Rank 0 passes a size the engine takes, the others one it leaves to MPI (below its
+    threshold, or below the group's floor, where the call never asks the engine): a mismatch
+    error on rank 0 within a few seconds, not the timeout, and an error on every other rank
+    (the mismatch, or the group rank 0 broke); the group is broken, the next group works."""
+    monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", "on")
+    g = dist.new_group(list(range(dist.get_world_size())), timeout=60.0)
+    me = dist.get_rank()
+    dist.all_reduce(np.ones(100, np.float32), group=g)  # the engine is made
+    g.shm.thresholds = {k: 1 << 16 for k in g.shm.thresholds}
+    if where == "floor":
+        g.shm_min = 1 << 16
+    x = np.ones((1 << 15) if me == 0 else 100, np.float32)  # 128 KiB on rank 0, else 400 B
+    t0 = time.monotonic()
+    with pytest.raises((CollectiveMismatchError, PeerFailedError)) as info:
+        dist.all_reduce(x, group=g)
+    assert time.monotonic() - t0 < 30
+    if me == 0:
+        assert info.type is CollectiveMismatchError
+        assert "ranks disagree on the" in str(info.value)
+    dist.destroy_process_group(g)
+    y = np.ones(10, np.float32)
+    dist.all_reduce(y, group=dist.new_group(list(range(dist.get_world_size()))))
+    assert (y == dist.get_world_size()).all()

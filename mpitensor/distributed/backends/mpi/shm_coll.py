@@ -57,7 +57,7 @@ from mpi4py import MPI
 from .... import dtypes as _dt
 from ...._base import config as _config
 from ...._base.config import OFF_BYTES
-from ....errors import MpiTensorError
+from ....errors import CollectiveMismatchError, MpiTensorError
 from ...health import faults as _faults
 from ...health import watchdog as W
 from ...health.state import MASK
@@ -203,6 +203,7 @@ def _start(g: Any, op: str, kind: str, nbytes: int, fparr: Any, reduce: Any, roo
         return None
     g.sent += 1
     eng.op, eng.seq = op, s
+    eng.publish(P.CALL, s)  # this rank takes the engine for call s (see _Entered)
     return eng
 
 
@@ -215,6 +216,7 @@ def _execute(g: Any, eng: Engine, body: Callable[[], None], tensors: list,
     if type(eng) is _Failed:
         return _work(g, eng, tensors, op, s)
     try:
+        W.wait(g.health, _Entered(eng, s), op, s)
         g._fp_settle(op, s)
         body()
     except BaseException as exc:
@@ -233,6 +235,41 @@ def _work(g: Any, request: Any, tensors: list, op: str, s: int) -> Work:
     return Work(request, None, tensors, group=g,
                 describe=lambda: f"rank {g.global_rank}: {op} (#{s} on {g.name})",
                 info=(op, s, "coll", None, None))
+
+
+class _Entered:
+    """The wait for every member to take the engine for call ``s``, as an MPI request.
+
+    A member that passed a size on the other side of the engine's threshold (a mismatched
+    call) took the MPI path instead and posted no fingerprint this rank could wait for: it
+    shows up waiting in call ``s`` in the watchdog's arrival notices without having entered
+    the engine, and this rank raises CollectiveMismatchError (breaking the group, which ends
+    that member's MPI wait too) instead of waiting out the timeout."""
+
+    __slots__ = ("eng", "s")
+
+    def __init__(self, eng: Engine, s: int) -> None:
+        self.eng, self.s = eng, s
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI's request protocol
+        q, s, line = self.eng.q, self.s, P._LINE
+        return all(q[r * line + P.CALL] >= s for r in self.eng.everyone)
+
+    def before_check(self) -> None:
+        eng, s, h = self.eng, self.s, self.eng.h
+        for r, (what, waiting) in list(h.notices.items()):
+            if waiting and what[0] == "coll" and what[1] == s \
+                    and eng.q[r * P._LINE + P.CALL] < s:
+                eng.check_alive(r)
+                reason = (f"ranks disagree on the size of this call: rank {h.ranks[r]} took "
+                          f"MPI's path for it ({what[2]}), this rank the shared-memory engine's "
+                          "(the engine takes a call from a size on: their sizes differ)")
+                _faults.mark_broken(h, _faults.Story(h.global_rank, eng.op, s, reason))
+                raise CollectiveMismatchError(
+                    f"rank {h.global_rank}: {eng.op} (#{s} on {h.name}): {reason}. Every rank "
+                    "must make the same collective calls in the same order with the same "
+                    f"dtype, shape, op and root, so every later call on {h.name} raises. Run "
+                    "with MPITENSOR_DEBUG=1 to see each rank's arguments.")
 
 
 class _Complete:

@@ -47,7 +47,7 @@ from ...health import watchdog as W
 DEFAULT_CHUNK = 1 << 20
 CHUNK = DEFAULT_CHUNK  # bytes per member and set (a test may make it smaller: shm_coll.set_chunk)
 _LINE = 8  # int64 words per member's control line (a cache line)
-IN, RED, OUT, PID = 0, 1, 2, 3
+IN, RED, OUT, PID, CALL = 0, 1, 2, 3, 4  # CALL: the last call (seq) it took the engine for
 _ALIVE_EVERY_S = 9e-4  # a wait looks at its peers' processes this often: before each of the
 # watchdog's ticks (1 ms), whose MPI calls may end the whole job once a peer process is gone
 _perf = time.perf_counter
