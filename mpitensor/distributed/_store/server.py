@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Deque, Dict, List, Optional, Set, Tuple
 
 from ..._base import config as _config
@@ -92,20 +93,17 @@ class _Conn:
         self.close_by = math.inf
 
 
+@dataclass(eq=False)  # (compared and hashed by identity: a waiter is a key of _waiters)
 class _Waiter:
     """A parked request: which keys it still misses and when it gives up."""
 
-    __slots__ = ("conn", "op", "keys", "missing", "deadline", "target", "active")
-
-    def __init__(self, conn: _Conn, op: int, keys: List[bytes], missing: Set[bytes],
-                 deadline: float, target: int = 0) -> None:
-        self.conn = conn
-        self.op = op
-        self.keys = keys
-        self.missing = missing
-        self.deadline = deadline
-        self.target = target
-        self.active = True
+    conn: _Conn
+    op: int
+    keys: List[bytes]
+    missing: Set[bytes]
+    deadline: float
+    target: int = 0  # the workers a WORKERS request waits for
+    active: bool = True
 
 
 class StoreServer:
