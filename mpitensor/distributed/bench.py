@@ -245,6 +245,16 @@ def _noop() -> None:
 
 
 # ---------------------------------------------------------------------------- what is timed
+def _unprovided(op: str, call: str) -> Callable[..., Callable[[], Any]]:
+    """The :class:`Api` method ``op`` of a library that does not provide it (it raises)."""
+    def method(self: Any, *args: Any) -> Callable[[], Any]:
+        raise NotImplementedError(f"{self.name} provides no {op}")
+
+    method.__name__ = method.__qualname__ = op
+    method.__doc__ = f"``{call}``: a zero-argument callable that makes the call."
+    return method
+
+
 class Api:
     """One communication library as the harness sees it.
 
@@ -266,40 +276,22 @@ class Api:
         """``parts`` equal, disjoint views of ``buf``."""
         raise NotImplementedError
 
-    def send(self, buf: Any, peer: int) -> Callable[[], Any]:
-        raise NotImplementedError
-
-    def recv(self, buf: Any, peer: int) -> Callable[[], Any]:
-        raise NotImplementedError
-
-    def isend(self, buf: Any, peer: int) -> Callable[[], Any]:
-        """A callable that starts a send and returns its handle."""
-        raise NotImplementedError
-
-    def irecv(self, buf: Any, peer: int) -> Callable[[], Any]:
-        raise NotImplementedError
+    # what a library provides to be timed on each op: a callable per call (isend/irecv's
+    # callables start the call and return its handle)
+    send = _unprovided("send", "send(buf, peer)")
+    recv = _unprovided("recv", "recv(buf, peer)")
+    isend = _unprovided("isend", "isend(buf, peer)")
+    irecv = _unprovided("irecv", "irecv(buf, peer)")
+    all_reduce = _unprovided("all_reduce", "all_reduce(buf)")
+    broadcast = _unprovided("broadcast", "broadcast(buf, root)")
+    reduce = _unprovided("reduce", "reduce(buf, root)")
+    all_gather = _unprovided("all_gather", "all_gather(out, inp)")
+    reduce_scatter = _unprovided("reduce_scatter", "reduce_scatter(out, inp)")
+    all_to_all = _unprovided("all_to_all", "all_to_all(out, inp)")
 
     def waitall(self, handles: List[Any]) -> None:
         for h in handles:
             h.wait()
-
-    def all_reduce(self, buf: Any) -> Callable[[], Any]:
-        raise NotImplementedError
-
-    def broadcast(self, buf: Any, root: int) -> Callable[[], Any]:
-        raise NotImplementedError
-
-    def reduce(self, buf: Any, root: int) -> Callable[[], Any]:
-        raise NotImplementedError
-
-    def all_gather(self, out: Any, inp: Any) -> Callable[[], Any]:
-        raise NotImplementedError
-
-    def reduce_scatter(self, out: Any, inp: Any) -> Callable[[], Any]:
-        raise NotImplementedError
-
-    def all_to_all(self, out: Any, inp: Any) -> Callable[[], Any]:
-        raise NotImplementedError
 
     def sync(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""

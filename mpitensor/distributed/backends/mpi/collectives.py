@@ -344,6 +344,17 @@ class Collectives:
         B.check_writable(out, out_name, where)
         return out, inp, mt
 
+    def _check_group_times(self, whole: Any, part: Any, whole_name: str, part_name: str,
+                           where: str) -> None:
+        """Raise ValueError unless ``whole`` has group size × ``part``'s elements (the
+        gathered or scattered side of a collective)."""
+        if whole.size != part.size * self.size_:
+            raise ValueError(
+                f"{where}: {whole_name} has {whole.size} elements but needs group size × "
+                f"{part_name} size = {self.size_} × {part.size} = {part.size * self.size_} "
+                f"({whole_name.split('_')[0]} shape {tuple(whole.shape)}, {part_name} shape "
+                f"{tuple(part.shape)})")
+
     def _begin_rooted(self, op: str, global_root: Optional[int], group_root: Optional[int],
                       what: str) -> "tuple[str, int, bool]":
         """Begin collective ``op`` with a root: its error prefix, the root's group rank (0 when
@@ -481,11 +492,7 @@ class Collectives:
 
         def prepare() -> Any:
             out, inp, mt = self._out_in(output, input, "output_tensor", "input_tensor", where)
-            if out.size != inp.size * self.size_:
-                raise ValueError(
-                    f"{where}: output_tensor has {out.size} elements but needs group size × "
-                    f"input size = {self.size_} × {inp.size} = {inp.size * self.size_} "
-                    f"(output shape {tuple(out.shape)}, input shape {tuple(inp.shape)})")
+            self._check_group_times(out, inp, "output_tensor", "input", where)
             return out, inp, mt
 
         out, inp, mt = self._maybe_debug(
@@ -629,10 +636,7 @@ class Collectives:
 
         def prepare() -> Any:
             out, inp, _ = self._out_in(output, input, "output", "input", where)
-            if inp.size != out.size * self.size_:
-                raise ValueError(
-                    f"{where}: input has {inp.size} elements but needs group size × output size "
-                    f"= {self.size_} × {out.size} = {out.size * self.size_}")
+            self._check_group_times(inp, out, "input", "output", where)
             return out, inp, B.reduce_plan(out.dtype, B.coerce_op(op, where), where)
 
         out, inp, plan = self._maybe_debug(
