@@ -7,7 +7,7 @@ before any message is sent.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = [
     "MpiTensorError",
@@ -25,6 +25,11 @@ __all__ = [
 
 class MpiTensorError(RuntimeError):
     """Root of every mpitensor runtime error."""
+
+    def _carry(self, **facts: Any) -> None:
+        """Keep ``facts`` (what a handler may read of the failure) as attributes."""
+        for name, value in facts.items():
+            setattr(self, name, value)
 
 
 class NotInitializedError(MpiTensorError):
@@ -65,12 +70,7 @@ class DistributedTimeoutError(MpiTensorError, TimeoutError):
                  seq: "int | None" = None, elapsed: "float | None" = None,
                  missing: "list | None" = None) -> None:
         super().__init__(message)
-        self.op = op
-        self.group = group
-        self.seq = seq
-        self.elapsed = elapsed
-        self.missing = missing
-        self.request = None
+        self._carry(op=op, group=group, seq=seq, elapsed=elapsed, missing=missing, request=None)
 
 
 class PeerFailedError(MpiTensorError):
@@ -101,6 +101,5 @@ class ReplicaDivergenceError(MpiTensorError):
     def __init__(self, message: str, differences: Optional[list] = None,
                  ranks: Optional[list] = None, reference_rank: Optional[int] = None) -> None:
         super().__init__(message)
-        self.differences = differences or []
-        self.ranks = ranks or []
-        self.reference_rank = reference_rank
+        self._carry(differences=differences or [], ranks=ranks or [],
+                    reference_rank=reference_rank)

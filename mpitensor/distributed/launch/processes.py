@@ -51,11 +51,8 @@ class ProcessException(MpiTensorError):
 
     def __init__(self, msg: str, error_index: Optional[int], error_pid: Optional[int]) -> None:
         super().__init__(msg)
-        self.msg = msg
-        self.error_index = error_index
-        self.rank = error_index
-        self.error_pid = error_pid
-        self.pid = error_pid
+        self._carry(msg=msg, error_index=error_index, rank=error_index, error_pid=error_pid,
+                    pid=error_pid)
 
     def _extra(self) -> Tuple[Any, ...]:
         """A subclass's own constructor arguments, after the three above."""
