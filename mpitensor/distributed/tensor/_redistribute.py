@@ -9,7 +9,7 @@ Shard(i) -> R       all_gather_into_tensor (padded to equal pieces)  local slice
 R -> Shard(i)       none: the local chunk                           all_gather
 Partial -> R        all_reduce (the Partial's op)                    none
 Partial -> Shard    reduce_scatter_tensor                           all_gather
-Shard(i)->Shard(j)  all_to_all_single (exact splits; CuPy: padded)  all_to_all back
+Shard(i)->Shard(j)  all_to_all_single (padded to equal blocks)      all_to_all back
 R -> Partial        none: sum divides by the dimension's size       none
 ==================  ==============================================  ====================
 
@@ -120,8 +120,8 @@ def all_reduce_dim(x: Any, op: str, mesh: DeviceMesh, m: int) -> Any:
 def all_to_all_dim(x: Any, i: int, j: int, n_i: int, mesh: DeviceMesh, m: int) -> Any:
     """Shard(i) -> Shard(j) (one all_to_all): gather dim ``i`` (global ``n_i``), split ``j``.
 
-    NumPy pieces: :func:`swap_shards` (exact split sizes, one copy pass). Other arrays
-    (CuPy): equal padded blocks, as a device collective wants them."""
+    NumPy pieces: :func:`swap_shards` (blocks in a wire order that needs one copy pass).
+    Other arrays (CuPy): :func:`padded_all_to_all`."""
     if _xp(x) is np:
         return swap_shards(x, i, j, n_i, mesh, m)
     return padded_all_to_all(x, i, j, n_i, mesh, m)
