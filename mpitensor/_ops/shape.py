@@ -32,6 +32,7 @@ from mpitensor._core.dims import keyword_form, need_dims, size_from, wrap_dim
 from mpitensor._core.opkit import run, serve, tensor_methods, wrap
 from mpitensor._ops.combine import cat, stack
 from mpitensor._ops.create import dtype_or
+from mpitensor._ops.gather_scatter import IndexSelect
 from mpitensor._ops.indexing import scatter_add_into
 from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
@@ -93,26 +94,6 @@ class Rot90(Function):
     def backward(ctx: Any, g: Any) -> tuple:
         k, axes = ctx.meta
         return xp(g).rot90(g, -k, axes), None, None
-
-
-class RepeatInterleave(Function):
-    """``repeat_interleave(x, repeats, dim)``: each slice repeated; the gradients of the
-    copies add up."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, reps: Any, axis: int) -> Any:
-        ctx.meta = (x.shape, x.dtype, reps, axis)
-        return xp(x).repeat(x, reps, axis=axis)
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        shape, dtype, reps, axis = ctx.meta
-        m = xp(g)
-        n = shape[axis]
-        src = m.repeat(m.arange(n), reps)
-        gx = m.zeros(shape, dtype=dtype)
-        scatter_add_into(gx, (slice(None),) * axis + (src,), g)
-        return gx, None, None
 
 
 def _index(v: Any) -> int:
@@ -317,7 +298,10 @@ class _ShapeMethods:
             raise ValueError("repeat_interleave(): repeats must be non-negative")
         if x.ndim == 0:
             t = t.reshape(1)
-        return run(RepeatInterleave, t, r, axis)
+        # index_select of each slice's index repeated (torch's form too): its gradient adds
+        # the copies' gradients up
+        m = xp(x)
+        return run(IndexSelect, t, m.repeat(m.arange(t._data.shape[axis]), r), axis)
 
     def tile(self, *dims: Any, **kw: Any) -> Tensor:
         """Return the tensor repeated ``dims[i]`` times along each dimension (missing leading
