@@ -53,9 +53,11 @@ from mpitensor._ops.operators import (
     NOT_OPERAND,
     TRUEDIV,
     BinaryOp,
+    Remainder,
     _keeps_nothing,
     binary,
     binary_inplace,
+    max_min_pair,
     operand,
 )
 from mpitensor._ops.views import Alias
@@ -470,16 +472,12 @@ class LogAddExp2(LogAddExp):
     base = 2.0
 
 
-class Fmod(BinaryOp):
+class Fmod(Remainder):
     """``fmod(a, b)`` (C's remainder, the sign of ``a``): d/da = 1, d/db = -trunc(a / b)."""
 
     @staticmethod
-    def _keeps(need_a: bool, need_b: bool) -> tuple:
-        return need_b, need_b, False
-
-    @staticmethod
-    def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
-        return g, (-(g * xp(g).trunc(a / b)) if need_b else None)
+    def _quotient(m: Any, a: Any, b: Any) -> Any:
+        return m.trunc(a / b)
 
 
 class Copysign(BinaryOp):
@@ -531,14 +529,7 @@ class _FMaxMin(BinaryOp):
             m.where(wins, zero, g) if need_b else None)
 
 
-class Fmax(_FMaxMin):
-    """``fmax(a, b)``."""
-
-
-class Fmin(_FMaxMin):
-    """``fmin(a, b)``."""
-
-    is_max = False
+Fmax, Fmin = max_min_pair(_FMaxMin, ("Fmax", "Fmin"), ("``fmax(a, b)``.", "``fmin(a, b)``."))
 
 
 class _ZeroGrad(BinaryOp):

@@ -537,18 +537,21 @@ class Pow(BinaryOp):
 
 
 class Remainder(BinaryOp):
-    """``a % b`` (Python/floor remainder): d/da = 1, d/db = -floor(a / b)."""
+    """``a % b`` (Python/floor remainder): d/da = 1, d/db = -floor(a / b). A remainder that
+    rounds its quotient otherwise (``fmod``: toward zero) gives its own ``_quotient``."""
 
     @staticmethod
     def _keeps(need_a: bool, need_b: bool) -> tuple:
         return need_b, need_b, False
 
     @staticmethod
-    def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
-        gb = None
-        if need_b:
-            gb = -g * xp(b).floor_divide(a, b)
-        return g, gb
+    def _quotient(m: Any, a: Any, b: Any) -> Any:
+        return m.floor_divide(a, b)
+
+    @classmethod
+    def _grads(cls, ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool,
+               need_b: bool) -> tuple:
+        return g, (-g * cls._quotient(xp(b), a, b) if need_b else None)
 
 
 class _MaxMin(BinaryOp):
@@ -571,16 +574,16 @@ class _MaxMin(BinaryOp):
         return ga, gb
 
 
-class Maximum(_MaxMin):
-    """``maximum(a, b)`` (``t.max(other)``)."""
+def max_min_pair(family: type, names: tuple, docs: tuple) -> tuple:
+    """The max op and the min op of ``family`` (a BinaryOp whose gradient reads ``is_max``),
+    named and documented by the pairs ``names`` and ``docs``."""
+    return tuple(type(n, (family,), {"__doc__": d, "__module__": family.__module__, "is_max": up})
+                 for n, d, up in zip(names, docs, (True, False)))
 
-    is_max = True
 
-
-class Minimum(_MaxMin):
-    """``minimum(a, b)`` (``t.min(other)``)."""
-
-    is_max = False
+Maximum, Minimum = max_min_pair(_MaxMin, ("Maximum", "Minimum"),
+                                ("``maximum(a, b)`` (``t.max(other)``).",
+                                 "``minimum(a, b)`` (``t.min(other)``)."))
 
 
 class MatMul(BinaryOp):
