@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -56,19 +56,19 @@ def norm(A: Tensor, ord: Any = None, dim: Any = None, keepdim: bool = False, *, 
     raise ValueError(f"linalg.norm(): dim must name 1 or 2 dimensions, got {dim!r}")
 
 
-def inv(A: Tensor) -> Tensor:  # noqa: N803
-    """Return the inverse of a square matrix (or of each in a batch)."""
-    return A.inverse()
+def _of_matrix(name: str, method: str, what: str) -> Callable:
+    """``torch.linalg.<name>(A)``: the Tensor method ``method`` of ``A``, returning ``what``."""
+    def fn(A: Tensor) -> Any:  # noqa: N803 - torch's name
+        return getattr(A, method)()
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"Return {what}."
+    return fn
 
 
-def det(A: Tensor) -> Tensor:  # noqa: N803
-    """Return the determinant of a square matrix (or of each in a batch)."""
-    return A.det()
-
-
-def slogdet(A: Tensor) -> Any:  # noqa: N803
-    """Return ``(sign, logabsdet)`` of the determinant."""
-    return A.slogdet()
+inv, det, slogdet = (_of_matrix(*row) for row in (
+    ("inv", "inverse", "the inverse of a square matrix (or of each in a batch)"),
+    ("det", "det", "the determinant of a square matrix (or of each in a batch)"),
+    ("slogdet", "slogdet", "``(sign, logabsdet)`` of the determinant")))
 
 
 def matmul(input: Tensor, other: Tensor) -> Tensor:  # noqa: A002
