@@ -514,8 +514,8 @@ def write_markdown(path: Path, rows: Sequence[Dict[str, Any]], meta: Dict[str, A
                 f"One core copying 64 MiB (`np.copyto`, best of 5, in this run): "
                 f"{copy_bw:.2f} GB/s. mpitensor as configured "
                 f"(`MPITENSOR_SHM_COLLECTIVES={meta.get('shm_setting', 'auto')}`; the "
-                f"world group's measured thresholds: {meta.get('shm_thresholds')}); bus "
-                "bandwidth, back to back.", ""]
+                f"world group's measured thresholds: {meta.get('shm_thresholds')}, its "
+                f"engine's path: {meta.get('shm_path')}); bus bandwidth, back to back.", ""]
         for op in SHM_OPS:
             if any(r["op"] == op for r in rows):
                 out += [f"### {LABELS[op]}", "", shm_table(rows, op, copy_bw), ""]
@@ -699,6 +699,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elapsed = time.perf_counter() - start
     shm = getattr(dist.group.WORLD, "shm", None)  # what the world's cost model decided
     thresholds = getattr(shm, "thresholds", None if shm is None else str(shm))
+    # the engine's path: reads of the peers' buffers (cross-memory attach) or the segment's
+    shm_path = None if thresholds is None else "direct" if getattr(shm, "cma", False) \
+        else "segment"
     if gloo_api is not None:
         gloo_api.close()
     if rank == 0:
@@ -712,7 +715,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "window": args.window, "machine": B.machine_info(), "torch": torch_version,
                 "elapsed_s": elapsed, "load_before": load_before, "load_after": _loadavg(),
                 "copy_GBps": copy_bw, "shm_setting": _config.shm_collectives(),
-                "shm_thresholds": thresholds,
+                "shm_thresholds": thresholds, "shm_path": shm_path,
                 "notes": notes,
                 "shared_machine_note": "Measured on a shared 2-core machine while other jobs "
                                        "ran: absolute numbers are noisy; the ratios, taken in "

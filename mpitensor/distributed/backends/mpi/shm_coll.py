@@ -666,8 +666,8 @@ def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
 
 def _measure(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> list:
     """Seconds of an all-reduce of ``nbytes`` (float32), a reduce-scatter of ``nbytes`` and
-    an all-gather into ``nbytes``, each through the engine and through MPI (best of a few,
-    after a warm-up): ``[[engine, MPI]`` per kind of :data:`_KINDS`]."""
+    an all-gather into ``nbytes`` (in place, as MPI's), each through the engine and through
+    MPI (best of a few, after a warm-up): ``[[engine, MPI]`` per kind of :data:`_KINDS`]."""
     p, diag = eng.p, h.diag
     n = nbytes // 4 // p * p
     buf = np.ones(n, np.float32)
@@ -683,7 +683,7 @@ def _measure(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> list:
            (lambda: _scatter_core(eng, out, pieces, red),
             mpi(lambda: diag.Ireduce_scatter_block([buf, MPI.FLOAT], [out, MPI.FLOAT],
                                                    MPI.SUM))),
-           (lambda: _gather_core(eng, pieces[0], pieces, None),
+           (lambda: _gather_core(eng, pieces[eng.me], pieces, None),
             mpi(lambda: diag.Iallgather(MPI.IN_PLACE, [buf, MPI.FLOAT]))))
     times = []
     for pair in fns:
