@@ -169,3 +169,23 @@ def test_reduce_scatter_along_every_dim():
                 y = x.redistribute(mesh, [Shard(d)])
                 same_bits(y.to_local().numpy(), piece(whole, mesh, [Shard(d)]),
                           (dtype, shape, d))
+
+
+def test_the_cupy_paths_on_numpy_arrays():
+    # CuPy pieces take the moved-front, padded paths; they are array-module generic, so run
+    # them here on NumPy pieces against the NumPy paths
+    from mpitensor.distributed.tensor import _redistribute as R
+    n, me = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (n,))
+    for shape in ((5, 7, 3), (2, 4, 9), (3, 0, 2)):
+        arr = full(shape, np.float64, seed=9)
+        for d in range(3):
+            mine = np.ascontiguousarray(piece(arr, mesh, [Shard(d)]))
+            same_bits(R.front_all_gather(mine, d, shape[d], mesh, 0), arr, ("gather", d))
+            for e in set(range(3)) - {d}:
+                got = R.padded_all_to_all(mine, d, e, shape[d], mesh, 0)
+                same_bits(got, piece(arr, mesh, [Shard(e)]), ("swap", d, e))
+            term = np.floor(arr * 8) + me  # integer-valued: exact sums in any order
+            whole = sum(np.floor(arr * 8) + r for r in range(n))
+            same_bits(R.front_reduce_scatter(term, d, "sum", mesh, 0),
+                      piece(whole, mesh, [Shard(d)]), ("scatter", d))

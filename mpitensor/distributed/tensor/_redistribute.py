@@ -79,6 +79,11 @@ def all_gather_dim(x: Any, dim: int, n: int, mesh: DeviceMesh, m: int) -> Any:
     arrays (CuPy): the dim moved to the front, the result a view that moves it back."""
     if _xp(x) is np:
         return gather_dim(x, dim, n, mesh, m)
+    return front_all_gather(x, dim, n, mesh, m)
+
+
+def front_all_gather(x: Any, dim: int, n: int, mesh: DeviceMesh, m: int) -> Any:
+    """:func:`all_gather_dim` with ``dim`` moved to the front (any array module)."""
     k = mesh.size(m)
     c = -(-n // k)
     piece = _pad_front(x, dim, c)
@@ -100,6 +105,11 @@ def reduce_scatter_dim(x: Any, dim: int, op: str, mesh: DeviceMesh, m: int) -> A
     :func:`scatter_dim`, as :func:`all_gather_dim`)."""
     if _xp(x) is np:
         return scatter_dim(x, dim, _OPS[op], mesh, m)
+    return front_reduce_scatter(x, dim, op, mesh, m)
+
+
+def front_reduce_scatter(x: Any, dim: int, op: str, mesh: DeviceMesh, m: int) -> Any:
+    """:func:`reduce_scatter_dim` with ``dim`` moved to the front (any array module)."""
     k, n = mesh.size(m), x.shape[dim]
     c = -(-n // k)
     full = _pad_front(x, dim, k * c)
