@@ -28,6 +28,7 @@ from mpitensor._core.opkit import (
     tensor_methods,
 )
 from mpitensor._ops.linalg import tensor_arg
+from mpitensor._ops.reductions import _unreduce
 
 
 @computes_in_float32
@@ -66,9 +67,7 @@ class VectorNorm(Function):
         p, axis, keepdim, shape = ctx.meta
         x, out = ctx.saved_tensors
         m = xp(g)
-        if not keepdim and axis is not None:
-            g = m.expand_dims(g, axis)
-            out = m.expand_dims(out, axis)
+        g, out = _unreduce(g, shape, axis, keepdim), _unreduce(out, shape, axis, keepdim)
         a = m.abs(x)
         sgn = m.sign(x)
         with np.errstate(all="ignore"):
