@@ -50,8 +50,8 @@ from mpitensor.tensor import Tensor
 
 __all__ = [
     "NO_RECORD", "Function", "Tensor", "assign_result", "bump_version", "copy_into",
-    "grad_enabled_for", "methods_of", "replay", "run", "run_inplace", "run_view", "serve", "sum_to",
-    "tensor_methods", "wrap",
+    "given_value", "grad_enabled_for", "methods_of", "replay", "run", "run_inplace", "run_view",
+    "serve", "sum_to", "tensor_methods", "wrap",
 ]
 
 _grad_mode = _autograd._mode
@@ -69,6 +69,23 @@ copy_into = _tensor._copy_into
 
 #: ``sum_to(g, shape) -> array``: a gradient broadcast from ``shape`` summed back down to it.
 sum_to = _autograd._sum_to
+
+
+def given_value(name: str, grad: Any, doc: str = "") -> type:
+    """A Function ``name`` of ``(x, v)`` whose value is ``v``, computed outside it from ``x`` (a
+    draw, an order statistic), and whose gradient for ``x`` is ``grad(g, x, v)`` on arrays."""
+
+    def forward(ctx: Any, x: Any, v: Any) -> Any:
+        ctx.save_for_backward(x, v)
+        return v
+
+    def backward(ctx: Any, g: Any) -> tuple:
+        x, v = ctx.saved_tensors
+        return grad(g, x, v), None
+
+    return type(name, (Function,), {"__doc__": doc or None, "__module__": grad.__module__,
+                                    "forward": staticmethod(forward),
+                                    "backward": staticmethod(backward)})
 
 
 def run(fn: Any, t: Tensor, *args: Any) -> Tensor:

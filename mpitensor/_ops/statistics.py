@@ -27,10 +27,9 @@ import numpy as np
 from mpitensor import dtypes as _dt
 from mpitensor._core.devices import xp
 from mpitensor._core.dims import wrap_dim
-from mpitensor._core.opkit import run, tensor_methods, wrap
+from mpitensor._core.opkit import given_value, run, tensor_methods, wrap
 from mpitensor._ops.gather_scatter import gather_along
 from mpitensor._ops.reductions import return_types_repr
-from mpitensor.autograd import Function
 from mpitensor.tensor import Tensor
 
 _INT64 = _dt.int64
@@ -57,23 +56,17 @@ def _orderable(x: Any, what: str) -> Any:
     return x
 
 
-class EvenShare(Function):
-    """The value ``v`` of a whole-tensor order statistic: the elements equal to it (NaN
-    counting as equal to NaN) share its gradient evenly."""
+def _even_share(g: Any, x: Any, v: Any) -> Any:
+    m = xp(g)
+    mask = x == v
+    if _dt.kind_of(x.dtype) == "f":
+        mask = mask | (m.isnan(x) & m.isnan(v))
+    return (mask * (g / mask.sum())).astype(x.dtype, copy=False)
 
-    @staticmethod
-    def forward(ctx: Any, x: Any, v: Any) -> Any:
-        ctx.save_for_backward(x, v)
-        return v
 
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        x, v = ctx.saved_tensors
-        m = xp(g)
-        mask = x == v
-        if _dt.kind_of(x.dtype) == "f":
-            mask = mask | (m.isnan(x) & m.isnan(v))
-        return (mask * (g / mask.sum())).astype(x.dtype, copy=False), None
+EvenShare = given_value("EvenShare", _even_share, """The value ``v`` of a whole-tensor order
+    statistic: the elements equal to it (NaN counting as equal to NaN) share its gradient
+    evenly.""")
 
 
 def _sorted_order(x: Any, axis: int) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from mpitensor import autograd as _autograd
+from mpitensor._core.opkit import given_value
 from mpitensor._ops import special as _special
 from mpitensor.tensor import Tensor, digamma, lgamma, stack, where, xlogy
 
@@ -41,19 +42,10 @@ def _dx_dalpha(a: Any, x: Any) -> Any:
     return -dp / xp.exp(log_pdf)
 
 
-class _StandardGamma(_autograd.Function):
-    """Standard gamma draws ``x`` (computed outside) as a function of their concentration,
-    with the implicit gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, a: Any, x: Any) -> Any:
-        ctx.save_for_backward(a, x)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> tuple:
-        a, x = ctx.saved_tensors
-        return g * _dx_dalpha(a, x), None
+_StandardGamma = given_value(
+    "_StandardGamma", lambda g, a, x: g * _dx_dalpha(a, x),
+    "Standard gamma draws ``x`` (computed outside) as a function of their concentration, with "
+    "the implicit gradient.")
 
 
 def _gamma_draw(concentration: Tensor, shape: tuple) -> Tensor:
