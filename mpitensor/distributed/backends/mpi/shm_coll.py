@@ -24,10 +24,11 @@ reduction on the group's private communicator, map it, and agree; rank 0 closes 
 descriptor (or removes the name) as soon as every member mapped it (or gave up), so nothing is
 left behind however the job ends, even where rank 0 dies before that. Where that fails (no
 memory, a full ``/dev/shm``) every member learns it in the same reduction and the group stays
-on MPI for good. In ``auto`` the members then measure, together, the engine and MPI on a small and a
-large all-reduce, reduce-scatter and all-gather, take the slowest member's times, and fit each
-a line: a call takes the engine only from the size where its kind's line is 10 % below MPI's
-(never below :data:`FLOOR`). Debug mode (``MPITENSOR_DEBUG``) keeps every call on MPI, where
+on MPI for good. In ``auto`` the members then measure, together and by turns, the engine and
+MPI on an all-reduce, a reduce-scatter and an all-gather at three sizes (:data:`_CAL_BYTES`),
+take the slowest member's times, and draw each a line through them: a call takes the engine
+only from the size where its kind's line stays 10 % below MPI's for every larger size (never
+below :data:`FLOOR`). Debug mode (``MPITENSOR_DEBUG``) keeps every call on MPI, where
 its checks are.
 
 **Checks and faults.** Every call through the engine posts its fingerprint in the group's
@@ -75,8 +76,11 @@ PASS = object()  # "not through shared memory": the caller takes the MPI path
 FLOOR = 512 << 10
 _PREFIX = "mpitensor-coll-"
 _MARGIN = 0.9  # auto: the engine's modelled time must be this fraction of MPI's, or less
-_CAL_BYTES = (256 << 10, 4 << 20)  # the calibration's two sizes
+# the calibration's sizes: MPI's time per byte changes where its buffers outgrow the caches,
+# so a line through two small sizes missed what large calls cost
+_CAL_BYTES = (256 << 10, 4 << 20, 16 << 20)
 _KINDS = ("reduce", "scatter", "move")  # the thresholds' kinds of call
+_CAL_REPS = 5  # the calibration keeps the best of this many calls of each
 
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
            ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
@@ -667,7 +671,8 @@ def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
 def _measure(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> list:
     """Seconds of an all-reduce of ``nbytes`` (float32), a reduce-scatter of ``nbytes`` and
     an all-gather into ``nbytes`` (in place, as MPI's), each through the engine and through
-    MPI (best of a few, after a warm-up): ``[[engine, MPI]`` per kind of :data:`_KINDS`]."""
+    MPI (the best of :data:`_CAL_REPS` taken by turns, after a warm-up): ``[[engine, MPI]``
+    per kind of :data:`_KINDS`]."""
     p, diag = eng.p, h.diag
     n = nbytes // 4 // p * p
     buf = np.ones(n, np.float32)
@@ -687,21 +692,30 @@ def _measure(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> list:
             mpi(lambda: diag.Iallgather(MPI.IN_PLACE, [buf, MPI.FLOAT]))))
     times = []
     for pair in fns:
-        row = []
         for fn in pair:
             fn()  # warm: first touch of the slots, MPI's first use of this size
-            row.append(best_time(fn))
-        times.append(row)
+        # engine and MPI by turns, so that load that comes and goes hits both alike
+        best = [float("inf")] * len(pair)
+        for _ in range(_CAL_REPS if nbytes <= 4 << 20 else 3):
+            best = [min(b, best_time(fn, 1)) for b, fn in zip(best, pair)]
+        times.append(best)
     return times
 
 
 def _crossing(engine: np.ndarray, mpi: np.ndarray) -> int:
-    """The size from which the line through ``engine``'s two times (at _CAL_BYTES) lies at
-    most _MARGIN of MPI's line; OFF_BYTES where it never does."""
-    x1, span = _CAL_BYTES[0], _CAL_BYTES[1] - _CAL_BYTES[0]
-    be, bm = (engine[1] - engine[0]) / span, (mpi[1] - mpi[0]) / span
-    ae, am = engine[0] - be * x1, mpi[0] - bm * x1
-    slope = _MARGIN * bm - be
-    if slope <= 0:  # MPI gains per byte: past some size it is faster for good
+    """The size from which the engine's time, drawn through its times at _CAL_BYTES (straight
+    between them, the last stretch's line beyond), stays at most _MARGIN of MPI's at every
+    size; OFF_BYTES where it never does (MPI's line grows slower past the last size)."""
+    x = np.asarray(_CAL_BYTES, float)
+    be = (engine[-1] - engine[-2]) / (x[-1] - x[-2])
+    bm = (mpi[-1] - mpi[-2]) / (x[-1] - x[-2])
+    if be >= _MARGIN * bm:  # MPI gains per byte: past some size it is faster for good
         return OFF_BYTES
-    return int(max(FLOOR, (ae - _MARGIN * am) / slope))
+    sizes = FLOOR * 2.0 ** (np.arange(160) / 4)  # four per octave, from FLOOR on
+    te = np.interp(sizes, x, engine) + np.maximum(sizes - x[-1], 0) * be
+    tm = np.interp(sizes, x, mpi) + np.maximum(sizes - x[-1], 0) * bm
+    loses = np.flatnonzero(te > _MARGIN * tm)
+    if not loses.size:
+        return FLOOR
+    last = loses[-1]
+    return OFF_BYTES if last + 1 >= sizes.size else int(sizes[last + 1])
