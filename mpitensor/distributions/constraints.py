@@ -42,6 +42,10 @@ class Constraint:
 
     def check(self, value: Any) -> Tensor:
         """Return a boolean tensor: True where ``value`` satisfies the constraint."""
+        return self._holds(_t(value))
+
+    def _holds(self, v: Tensor) -> Tensor:
+        """:meth:`check` of ``v``, already a tensor (what the built-in sets define)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -63,14 +67,12 @@ def is_dependent(constraint: Any) -> bool:
 class _Boolean(Constraint):
     is_discrete = True
 
-    def check(self, value: Any) -> Tensor:
-        v = _t(value)
+    def _holds(self, v: Tensor) -> Tensor:
         return (v == 0) | (v == 1)
 
 
 class _Real(Constraint):
-    def check(self, value: Any) -> Tensor:
-        v = _t(value)
+    def _holds(self, v: Tensor) -> Tensor:
         return v == v  # False at NaN only
 
 
@@ -78,16 +80,16 @@ class _GreaterThan(Constraint):
     def __init__(self, lower_bound: Any) -> None:
         self.lower_bound = lower_bound
 
-    def check(self, value: Any) -> Tensor:
-        return self.lower_bound < _t(value)
+    def _holds(self, v: Tensor) -> Tensor:
+        return self.lower_bound < v
 
     def __repr__(self) -> str:
         return f"GreaterThan(lower_bound={self.lower_bound})"
 
 
 class _GreaterThanEq(_GreaterThan):
-    def check(self, value: Any) -> Tensor:
-        return self.lower_bound <= _t(value)
+    def _holds(self, v: Tensor) -> Tensor:
+        return self.lower_bound <= v
 
     def __repr__(self) -> str:
         return f"GreaterThanEq(lower_bound={self.lower_bound})"
@@ -97,8 +99,8 @@ class _LessThan(Constraint):
     def __init__(self, upper_bound: Any) -> None:
         self.upper_bound = upper_bound
 
-    def check(self, value: Any) -> Tensor:
-        return _t(value) < self.upper_bound
+    def _holds(self, v: Tensor) -> Tensor:
+        return v < self.upper_bound
 
     def __repr__(self) -> str:
         return f"LessThan(upper_bound={self.upper_bound})"
@@ -108,8 +110,7 @@ class _Interval(Constraint):
     def __init__(self, lower_bound: Any, upper_bound: Any) -> None:
         self.lower_bound, self.upper_bound = lower_bound, upper_bound
 
-    def check(self, value: Any) -> Tensor:
-        v = _t(value)
+    def _holds(self, v: Tensor) -> Tensor:
         return (self.lower_bound <= v) & (v <= self.upper_bound)
 
     def __repr__(self) -> str:
@@ -117,8 +118,7 @@ class _Interval(Constraint):
 
 
 class _HalfOpenInterval(_Interval):
-    def check(self, value: Any) -> Tensor:
-        v = _t(value)
+    def _holds(self, v: Tensor) -> Tensor:
         return (self.lower_bound <= v) & (v < self.upper_bound)
 
     def __repr__(self) -> str:
@@ -128,8 +128,7 @@ class _HalfOpenInterval(_Interval):
 class _IntegerInterval(_Interval):
     is_discrete = True
 
-    def check(self, value: Any) -> Tensor:
-        v = _t(value)
+    def _holds(self, v: Tensor) -> Tensor:
         return (v % 1 == 0) & (self.lower_bound <= v) & (v <= self.upper_bound)
 
     def __repr__(self) -> str:
@@ -142,8 +141,7 @@ class _IntegerGreaterThan(Constraint):
     def __init__(self, lower_bound: int) -> None:
         self.lower_bound = lower_bound
 
-    def check(self, value: Any) -> Tensor:
-        v = _t(value)
+    def _holds(self, v: Tensor) -> Tensor:
         return (v % 1 == 0) & (v >= self.lower_bound)
 
     def __repr__(self) -> str:
@@ -153,8 +151,7 @@ class _IntegerGreaterThan(Constraint):
 class _Simplex(Constraint):
     event_dim = 1
 
-    def check(self, value: Any) -> Tensor:
-        v = _t(value)
+    def _holds(self, v: Tensor) -> Tensor:
         return (v >= 0).all(dim=-1) & ((v.sum(-1) - 1).abs() < 1e-6)
 
 
@@ -162,8 +159,7 @@ class _OneHot(Constraint):
     is_discrete = True
     event_dim = 1
 
-    def check(self, value: Any) -> Tensor:
-        v = _t(value)
+    def _holds(self, v: Tensor) -> Tensor:
         return ((v == 0) | (v == 1)).all(dim=-1) & (v.sum(-1) == 1)
 
 
@@ -189,8 +185,7 @@ class _Independent(Constraint):
 class _LowerCholesky(Constraint):
     event_dim = 2
 
-    def check(self, value: Any) -> Tensor:
-        v = _t(value)
+    def _holds(self, v: Tensor) -> Tensor:
         lower = (v.tril() == v).all(dim=-1).all(dim=-1)
         return lower & (v.diagonal(dim1=-2, dim2=-1) > 0).all(dim=-1)
 
@@ -198,12 +193,11 @@ class _LowerCholesky(Constraint):
 class _PositiveDefinite(Constraint):
     event_dim = 2
 
-    def check(self, value: Any) -> Tensor:
+    def _holds(self, v: Tensor) -> Tensor:
         import numpy as np
 
         from mpitensor import backend as _backend
 
-        v = _t(value)
         a = v.detach()._data
         xp = _backend.array_module(a)
         sym = xp.all(xp.abs(a - xp.swapaxes(a, -1, -2)) <= 1e-6 * (1 + xp.abs(a)), axis=(-2, -1))
