@@ -86,12 +86,11 @@ class GradScaler:
                           "optimizer step)", UserWarning, stacklevel=2)
             self._enabled = False
         if self._enabled:
-            if not growth_factor > 1.0:
-                raise AssertionError(f"GradScaler(): growth_factor must be > 1.0, got "
-                                     f"{growth_factor}")
-            if not backoff_factor < 1.0:
-                raise AssertionError(f"GradScaler(): backoff_factor must be < 1.0, got "
-                                     f"{backoff_factor}")
+            for name, value, ok, bound in (
+                    ("growth_factor", growth_factor, growth_factor > 1.0, "> 1.0"),
+                    ("backoff_factor", backoff_factor, backoff_factor < 1.0, "< 1.0")):
+                if not ok:
+                    raise AssertionError(f"GradScaler(): {name} must be {bound}, got {value}")
         self._init_scale = init_scale
         self._growth_factor = growth_factor
         self._backoff_factor = backoff_factor
