@@ -35,11 +35,13 @@ __all__ = ["GroupNorm", "LayerNorm", "LocalResponseNorm", "CrossMapLRN2d", "RMSN
 
 class _AffineNorm(Module):
     """A normalisation layer whose optional affine map starts as weight 1, bias 0: its forward
-    is ``_norm(input, <_lead's first attribute>, weight, bias, eps)``; its repr lists the
+    is ``F.<_norm>(input, <_lead's first attribute>, weight, bias, eps)``; its repr lists the
     ``_lead`` attributes, ``eps``, the ``_flag`` attribute (whether it is affine) and the
-    bias."""
+    bias. ``F.<_norm>`` is looked up at each call, as a call written out would be, so that
+    whatever wraps the public function later (the DTensor sharding rules) sees the module's
+    calls too."""
 
-    _norm: Any = None
+    _norm = ""
     _lead: tuple = ()
     _flag = ""
 
@@ -55,7 +57,8 @@ class _AffineNorm(Module):
         _reset_affine(self)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return self._norm(input, getattr(self, self._lead[0]), self.weight, self.bias, self.eps)
+        return getattr(F, self._norm)(input, getattr(self, self._lead[0]), self.weight, self.bias,
+                                      self.eps)
 
     def extra_repr(self) -> str:
         lead = ", ".join(str(getattr(self, n)) for n in self._lead)
@@ -84,7 +87,7 @@ class GroupNorm(_AffineNorm):
         mpitensor.Size([3, 4, 5])
     """
 
-    _norm = staticmethod(F.group_norm)
+    _norm = "group_norm"
     _lead = ("num_groups", "num_channels")
     _flag = "affine"
 
@@ -122,7 +125,7 @@ class LayerNorm(_AffineNorm):
         mpitensor.Size([2, 5, 8])
     """
 
-    _norm = staticmethod(F.layer_norm)
+    _norm = "layer_norm"
     _lead = ("normalized_shape",)
     _flag = "elementwise_affine"
 
