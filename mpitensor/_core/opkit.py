@@ -29,7 +29,8 @@ op only when an input requires grad. A whole op, from nothing to ``x.cube()``::
 
 The rest of the kit: :func:`wrap` makes a Tensor of an array (no copy); :func:`run_view` runs
 an op whose result may share memory with its input; :func:`sum_to` sums a broadcast gradient
-back to an input's shape; :data:`NO_RECORD` is the ``ctx`` for running a forward alone;
+back to an input's shape; :func:`given_value` makes the op of a value computed outside autograd
+with its gradient rule; :data:`NO_RECORD` is the ``ctx`` for running a forward alone;
 :func:`serve` hands module-level functions to ``mpitensor.tensor`` (``from mpitensor.tensor
 import zeros``). This module is the one place that reaches into the Tensor's internals on an op
 author's behalf; op modules import from here, not private names of ``tensor`` or ``autograd``.
