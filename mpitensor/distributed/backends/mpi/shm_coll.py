@@ -58,7 +58,7 @@ from mpi4py import MPI
 from .... import dtypes as _dt
 from ...._base import config as _config
 from ...._base.config import OFF_BYTES
-from ....errors import CollectiveMismatchError, MpiTensorError
+from ....errors import MpiTensorError
 from ...health import faults as _faults
 from ...health import watchdog as W
 from ...health.state import MASK
@@ -207,7 +207,8 @@ def _start(g: Any, op: str, kind: str, nbytes: int, fparr: Any, reduce: Any, roo
         return None
     g.sent += 1
     eng.op, eng.seq = op, s
-    eng.publish(P.CALL, s)  # this rank takes the engine for call s (see _Entered)
+    if not eng.cma:  # (a direct call says so when it arrives: Engine.arrive)
+        eng.publish(P.CALL, s)  # this rank takes the engine for call s (see _Entered)
     return eng
 
 
@@ -220,8 +221,11 @@ def _execute(g: Any, eng: Engine, body: Callable[[], None], tensors: list,
     if type(eng) is _Failed:
         return _work(g, eng, tensors, op, s)
     try:
-        W.wait(g.health, _Entered(eng, s), op, s)
-        g._fp_settle(op, s)
+        if eng.cma:  # the call's arrival waits for every member, then settles (Engine.arrive)
+            eng.enter = lambda: g._fp_settle(op, s)
+        else:
+            W.wait(g.health, _Entered(eng, s), op, s)
+            g._fp_settle(op, s)
         body()
     except BaseException as exc:
         h = g.health
@@ -232,6 +236,8 @@ def _execute(g: Any, eng: Engine, body: Callable[[], None], tensors: list,
         if not async_op or not isinstance(exc, MpiTensorError):
             raise
         return _work(g, _Failed(exc, op, s), tensors, op, s)
+    finally:
+        eng.enter = P._nothing  # (the calibration's calls settle nothing)
     return _work(g, _COMPLETE, tensors, op, s) if async_op else None
 
 
@@ -242,13 +248,15 @@ def _work(g: Any, request: Any, tensors: list, op: str, s: int) -> Work:
 
 
 class _Entered:
-    """The wait for every member to take the engine for call ``s``, as an MPI request.
+    """The wait for every member to take the segment's pipeline for call ``s``, as an MPI
+    request (a direct call waits so in ``Engine.arrive``).
 
     A member that passed a size on the other side of the engine's threshold (a mismatched
     call) took the MPI path instead and posted no fingerprint this rank could wait for: it
     shows up waiting in call ``s`` in the watchdog's arrival notices without having entered
-    the engine, and this rank raises CollectiveMismatchError (breaking the group, which ends
-    that member's MPI wait too) instead of waiting out the timeout."""
+    the engine, and this rank raises CollectiveMismatchError (``Engine.check_entered``:
+    breaking the group, which ends that member's MPI wait too) instead of waiting out the
+    timeout."""
 
     __slots__ = ("eng", "s")
 
@@ -260,20 +268,8 @@ class _Entered:
         return all(q[r * line + P.CALL] >= s for r in self.eng.everyone)
 
     def before_check(self) -> None:
-        eng, s, h = self.eng, self.s, self.eng.h
-        for r, (what, waiting) in list(h.notices.items()):
-            if waiting and what[0] == "coll" and what[1] == s \
-                    and eng.q[r * P._LINE + P.CALL] < s:
-                eng.check_alive(r)
-                reason = (f"ranks disagree on the size of this call: rank {h.ranks[r]} took "
-                          f"MPI's path for it ({what[2]}), this rank the shared-memory engine's "
-                          "(the engine takes a call from a size on: their sizes differ)")
-                _faults.mark_broken(h, _faults.Story(h.global_rank, eng.op, s, reason))
-                raise CollectiveMismatchError(
-                    f"rank {h.global_rank}: {eng.op} (#{s} on {h.name}): {reason}. Every rank "
-                    "must make the same collective calls in the same order with the same "
-                    f"dtype, shape, op and root, so every later call on {h.name} raises. Run "
-                    "with MPITENSOR_DEBUG=1 to see each rank's arguments.")
+        for r in self.eng.everyone:
+            self.eng.check_entered(r)
 
 
 class _Complete:

@@ -41,6 +41,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
+from ....errors import CollectiveMismatchError
 from ...health import faults as _faults
 from ...health import watchdog as W
 
@@ -68,6 +69,10 @@ def bounds(n: int, parts: int) -> List[int]:
     longer): ``parts + 1`` offsets, the same on every member."""
     q, r = divmod(n, parts)
     return [i * q + min(i, r) for i in range(parts + 1)]
+
+
+def _nothing() -> None:
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -119,6 +124,7 @@ class _Steps:
         for late in self.ranks:
             if q[late * _LINE + w] < t:
                 self.eng.check_alive(late)
+                self.eng.check_entered(late)
 
 
 class Engine:
@@ -137,6 +143,8 @@ class Engine:
         self.op, self.seq = "collective", 0  # the call in progress, for the waits' reports
         self.q[self.me * _LINE + PID] = os.getpid()
         self.thresholds: dict = {}  # kind -> bytes from which the engine pays (shm_coll)
+        # a direct call's step once every member arrived (shm_coll: the agreement check)
+        self.enter: Callable[[], None] = _nothing
         # the direct path (shm_direct): each member's row of addresses its peers read from,
         # whether every pair of members may read each other's memory (agreed at setup), the
         # peers' process ids, and one scratch piece per member for the reductions' reads
@@ -168,16 +176,38 @@ class Engine:
 
     def arrive(self, row: Sequence[int]) -> int:
         """Begin a direct call: publish this member's ``row`` of addresses (the one its member
-        ``k`` reads is ``row[k]``) and wait until every member has; the call's step number."""
+        ``k`` reads is ``row[k]``) and that it takes the engine for the call, wait until every
+        member has, then run ``enter`` (the agreement check); the call's step number."""
         t = self.step = self.step + 1
         self.addr[self.me] = row
+        self.publish(CALL, self.seq)
         self.sync(IN, t)
+        self.enter()
         return t
 
     def sync(self, w: int, t: int) -> None:
         """Publish step ``t`` in word ``w`` and wait for every member to have."""
         self.publish(w, t)
         self.wait(w, t, self.everyone)
+
+    def check_entered(self, r: int) -> None:
+        """Raise CollectiveMismatchError (and break the group) if member ``r``, which has not
+        taken the engine for this call, waits in it on MPI's path (the watchdog's arrival
+        notices say so): its size lies on the other side of the engine's threshold."""
+        h, s = self.h, self.seq
+        seen = h.notices.get(r)
+        if seen is None or not seen[1] or seen[0][:2] != ("coll", s) \
+                or self.q[r * _LINE + CALL] >= s:
+            return
+        reason = (f"ranks disagree on the size of this call: rank {h.ranks[r]} took MPI's "
+                  f"path for it ({seen[0][2]}), this rank the shared-memory engine's (the "
+                  "engine takes a call from a size on: their sizes differ)")
+        _faults.mark_broken(h, _faults.Story(h.global_rank, self.op, s, reason))
+        raise CollectiveMismatchError(
+            f"rank {h.global_rank}: {self.op} (#{s} on {h.name}): {reason}. Every rank must "
+            "make the same collective calls in the same order with the same dtype, shape, op "
+            f"and root, so every later call on {h.name} raises. Run with MPITENSOR_DEBUG=1 to "
+            "see each rank's arguments.")
 
     def check_alive(self, r: int, gone: bool = False) -> None:
         """Raise PeerFailedError (and break the group) if member ``r``'s process is gone
