@@ -161,7 +161,6 @@ def _numbers(name: str, fname: str, numbers: dict, inplace: bool, what: str, cal
     fields = tuple(numbers)
     names = fields + (("inplace",) if inplace else ())
     read = operator.attrgetter(*names) if len(names) > 1 else (lambda m: (getattr(m, names[0]),))
-    fn = getattr(F, fname)
 
     def __init__(self: Module, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - the method
         bound = sig.bind(self, *args, **kwargs)
@@ -173,7 +172,9 @@ def _numbers(name: str, fname: str, numbers: dict, inplace: bool, what: str, cal
             self.inplace = bound.arguments["inplace"]
 
     def forward(self: Module, input: Tensor) -> Tensor:  # noqa: A002 - torch's name
-        return fn(input, *read(self))
+        # F.<fname> looked up at each call, as a call written out would be: whatever wraps the
+        # public function later (the DTensor sharding rules) sees the module's calls too
+        return getattr(F, fname)(input, *read(self))
 
     __init__.__signature__ = sig  # type: ignore[attr-defined]
     doc = (f"{what}\n\n    Example:\n        >>> import mpitensor as mt\n"
