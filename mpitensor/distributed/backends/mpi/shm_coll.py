@@ -34,8 +34,12 @@ its checks are.
 **Checks and faults.** Every call through the engine posts its fingerprint in the group's
 agreement slots (``fingerprint.NodeCheck``, whatever its size) and waits for its peers' before
 any data moves, so a rank that passes another shape, dtype, op or root gets the same
-``CollectiveMismatchError`` as on the MPI path. Every wait is the watchdog's (timeout, fault
-notices, stall reports) and also notices a peer process that died (``shm_pipe``).
+``CollectiveMismatchError`` as on the MPI path. A rank whose size put it on MPI's path while
+its peers took the engine (a mismatch across the threshold) posts no fingerprint they could
+wait for: they find it in the watchdog's arrival notices, waiting in the same call without
+having taken the engine, and raise the mismatch (``Engine.check_entered``). Every wait is the
+watchdog's (timeout, fault notices, stall reports) and also notices a peer process that died
+(``shm_pipe``).
 
 **async_op=True** completes the call before returning (a completed ``Work``; an error of the
 call itself, a mismatch say, is raised by its ``wait()``, as on the MPI path).

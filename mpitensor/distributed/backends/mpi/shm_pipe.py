@@ -1,10 +1,12 @@
 """The shared-memory engine of node-local collectives: one segment per group, a chunk pipeline.
 
 The segment (made once per group by ``shm_coll``) holds a control line per member (the steps
-it has finished: data in, share reduced, data out; and its process id) and, after it, two
-*sets* of one slot per member, :data:`CHUNK` bytes each. A collective moves its buffer through
-the slots chunk by chunk; chunk ``k`` uses set ``k & 1``, so while the members reduce chunk
-``k`` out of one set a member that is done may already copy chunk ``k + 1`` into the other.
+it has finished: data in, share reduced, data out; its process id; the last call it took the
+engine for), a row of addresses per member (the direct path's, ``shm_direct``) and, after
+them, two *sets* of one slot per member, :data:`CHUNK` bytes each. A collective moves its
+buffer through the slots chunk by chunk; chunk ``k`` uses set ``k & 1``, so while the members
+reduce chunk ``k`` out of one set a member that is done may already copy chunk ``k + 1`` into
+the other.
 Every step is numbered for the life of the group (``Engine.step``): a member publishes the
 number of the chunk it finished each phase for, and a member waits for its peers' numbers, so
 one word per phase and member is all the synchronisation there is.
