@@ -79,6 +79,7 @@ PASS = object()  # "not through shared memory": the caller takes the MPI path
 # there; measured, the engine pays from 1-2 MiB on 2 cores)
 FLOOR = 512 << 10
 _PREFIX = "mpitensor-coll-"
+_TOKEN_AT = 7 * 8  # where rank 0 signs a new segment (a word of its control line no one uses)
 _MARGIN = 0.9  # auto: the engine's modelled time must be this fraction of MPI's, or less
 # the calibration's sizes: MPI's time per byte changes where its buffers outgrow the caches,
 # so a line through two small sizes missed what large calls cost
@@ -595,7 +596,10 @@ def _setup(g: Any, s: int, op: str) -> Any:
     fd, path = _make_segment(size) if g.rank_ == 0 and _shm.usable() else (None, None)
     eng = None
     try:
-        v = np.zeros(5, np.int64)  # the segment's name (4 words) or pid and fd; its kind
+        # the segment's name (4 words) or pid and fd; its kind; the token written in it
+        v = np.zeros(6, np.int64)
+        if fd is not None or path is not None:
+            v[5] = _sign(fd, path)
         if fd is not None:
             v[:2], v[4] = (os.getpid(), fd), 2
         elif path is not None:
@@ -605,6 +609,9 @@ def _setup(g: Any, s: int, op: str) -> Any:
             where = (f"/proc/{v[0]}/fd/{v[1]}" if v[4] == 2 else os.path.join(
                 _shm.DIR, _PREFIX + v[:4].tobytes().decode("ascii", "replace")))
             mm = _shm.attach(where, size)
+            if mm is not None and int.from_bytes(mm[_TOKEN_AT:_TOKEN_AT + 8], "little") != v[5]:
+                mm.close()  # another process's file (a pid namespace of its own): not ours
+                mm = None
             eng = Engine(g, mm, P.CHUNK) if mm is not None else None
         mark = np.array([os.getpid()], np.int64)  # what the peers' probes read
         if eng is not None:
@@ -642,6 +649,19 @@ def _make_segment(size: int) -> "tuple[Optional[int], Optional[str]]":
     if made is not None:
         return made[0], None
     return None, _shm.create(_PREFIX, size)
+
+
+def _sign(fd: Optional[int], path: Optional[str]) -> int:
+    """Rank 0: write a random token into the new segment (where no member uses it: word 7 of
+    member 0's control line); the peers check it once they mapped the segment."""
+    token = int.from_bytes(os.urandom(8), "little") >> 1
+    own = fd if fd is not None else os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(own, token.to_bytes(8, "little"), _TOKEN_AT)
+    finally:
+        if fd is None:
+            os.close(own)
+    return token
 
 
 def best_time(fn: Callable[[], None], reps: int = 3) -> float:
