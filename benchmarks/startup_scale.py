@@ -490,8 +490,8 @@ def drive_ours(port: int, starts: Sequence[float],
                         raise RuntimeError("not our store's greeting")
                     del c.buf[:len(wire.MAGIC)]
                     c.greeted = True
-                    c.sock.send(wire.MAGIC)
-                    send(c, next(c.script))
+                    # with the first request, as our client sends it (MSG_MORE)
+                    c.sock.send(wire.MAGIC + wire.encode(*next(c.script)))
                     requests += 1
                 while True:
                     size = wire.frame_length(c.buf, 0, wire.MAX_REPLY)

@@ -42,6 +42,8 @@ _REPLY_GRACE = 10.0
 _MIN_IO_TIMEOUT = 30.0
 # Retry delays while the master is not listening yet: start short, back off to this.
 _MAX_RETRY_DELAY = 0.5
+# Linux's "more is coming" flag: the kernel holds the bytes until the next send, or 0.2 s
+_MORE = getattr(socket, "MSG_MORE", 0)
 
 
 def _io_deadline(seconds: float) -> Optional[float]:
@@ -284,7 +286,10 @@ class TCPStore(Store):
                         raise DistNetworkError(
                             f"{self._where()} answered, but is not an mpitensor TCPStore "
                             "master; check MASTER_ADDR/MASTER_PORT")
-                    sock.sendall(wire.MAGIC)
+                    # held back for the first request (at most 0.2 s where none follows):
+                    # greeting and request reach the master together, one wake-up of its
+                    # loop a connection fewer (a rendezvous of N ranks: N fewer)
+                    sock.sendall(wire.MAGIC, _MORE)
                     return sock
             left = None if deadline is None else deadline - time.monotonic()
             if not retry or (left is not None and left <= 0):
