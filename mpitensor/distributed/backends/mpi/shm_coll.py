@@ -26,10 +26,10 @@ left behind however the job ends, even where rank 0 dies before that. Where that
 memory, a full ``/dev/shm``) every member learns it in the same reduction and the group stays
 on MPI for good. In ``auto`` the members then measure, together and by turns, the engine and
 MPI on an all-reduce, a reduce-scatter and an all-gather at three sizes (:data:`_CAL_BYTES`),
-take the slowest member's times, and draw each a line through them: a call takes the engine
-only from the size where its kind's line stays 10 % below MPI's for every larger size (never
-below :data:`FLOOR`). Debug mode (``MPITENSOR_DEBUG``) keeps every call on MPI, where
-its checks are.
+take the slowest member's times, and draw each a line through them (past the largest size,
+in proportion to its time there): a call takes the engine only from the size where its kind's
+line stays 10 % below MPI's for every larger size (never below :data:`FLOOR`). Debug mode
+(``MPITENSOR_DEBUG``) keeps every call on MPI, where its checks are.
 
 **Checks and faults.** Every call through the engine posts its fingerprint in the group's
 agreement slots (``fingerprint.NodeCheck``, whatever its size) and waits for its peers' before
@@ -723,19 +723,18 @@ def _measure(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> list:
 
 
 def _crossing(engine: np.ndarray, mpi: np.ndarray) -> int:
-    """The size from which the engine's time, drawn through its times at _CAL_BYTES (straight
-    between them, the last stretch's line beyond), stays at most _MARGIN of MPI's at every
-    size; OFF_BYTES where it never does (MPI's line grows slower past the last size)."""
+    """The size from which the engine's time stays at most _MARGIN of MPI's at every larger
+    size, both drawn through their times at _CAL_BYTES (straight between them; past the last
+    size, in proportion to it: there both move memory that no cache holds, at a cost per byte
+    that no longer changes, and a slope between two noisy times would say more than the
+    times do); OFF_BYTES where the engine loses at the last size."""
     x = np.asarray(_CAL_BYTES, float)
-    be = (engine[-1] - engine[-2]) / (x[-1] - x[-2])
-    bm = (mpi[-1] - mpi[-2]) / (x[-1] - x[-2])
-    if be >= _MARGIN * bm:  # MPI gains per byte: past some size it is faster for good
+    if engine[-1] > _MARGIN * mpi[-1]:
         return OFF_BYTES
-    sizes = FLOOR * 2.0 ** (np.arange(160) / 4)  # four per octave, from FLOOR on
-    te = np.interp(sizes, x, engine) + np.maximum(sizes - x[-1], 0) * be
-    tm = np.interp(sizes, x, mpi) + np.maximum(sizes - x[-1], 0) * bm
-    loses = np.flatnonzero(te > _MARGIN * tm)
+    sizes = FLOOR * 2.0 ** (np.arange(4 * 8) / 4)  # four per octave, FLOOR to 128 x FLOOR
+    sizes = sizes[sizes <= x[-1]]
+    loses = np.flatnonzero(np.interp(sizes, x, engine) > _MARGIN * np.interp(sizes, x, mpi))
     if not loses.size:
         return FLOOR
     last = loses[-1]
-    return OFF_BYTES if last + 1 >= sizes.size else int(sizes[last + 1])
+    return int(sizes[last + 1]) if last + 1 < sizes.size else int(x[-1])
