@@ -194,22 +194,31 @@ class StoreServer:
             self._close_all()
 
     def _step(self) -> None:
-        """One turn of the loop: wait for events or the next deadline, then handle them."""
-        due = min([c.close_by for c in self._lingering] + [self._accept_paused_until])
-        if self._deadlines:
-            due = min(due, self._deadlines[0][0])
-        if self._handshakes:
-            due = min(due, self._handshakes[0][0])
-        wait = min(_MAX_SELECT_WAIT, max(0.0, due - time.monotonic()))
-        for key, mask in self._sel.select(wait):
-            tag = key.data
-            if tag == "accept":
+        """One turn of the loop: wait for events or the next deadline, then handle them.
+
+        Kept short: while ranks arrive one by one nearly every request is a wake-up of its
+        own, with the caches cold, and the master's CPU is mostly these turns."""
+        due = self._accept_paused_until
+        for c in self._lingering:
+            due = min(due, c.close_by)
+        if self._deadlines and self._deadlines[0][0] < due:
+            due = self._deadlines[0][0]
+        if self._handshakes and self._handshakes[0][0] < due:
+            due = self._handshakes[0][0]
+        now = time.monotonic()
+        for key, mask in self._sel.select(min(_MAX_SELECT_WAIT, max(0.0, due - now))):
+            conn = key.data
+            if conn == "accept":
                 self._accept()
-            elif tag == "wake":
+            elif conn == "wake":
                 self._drain_wake()
+            elif mask == selectors.EVENT_READ:  # (the usual event: straight to the read)
+                if conn in self._conns:
+                    self._guard(conn, self._read, conn)
             else:
-                self._guard(tag, self._on_event, tag, mask)
-        self._expire()
+                self._guard(conn, self._on_event, conn, mask)
+        if due <= time.monotonic():
+            self._expire()
         while self._ready:
             conn = self._ready.popleft()
             self._guard(conn, self._serve, conn)
