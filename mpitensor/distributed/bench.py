@@ -152,15 +152,19 @@ def calibrate(fn: Callable[[], Any], comm: Any, nbytes: int, iters: Optional[int
               barrier: Optional[Callable[[], Any]] = None) -> int:
     """Run the warm-up calls and return the calls per repetition (the same on every rank).
 
-    Without ``iters``, the warm-up is timed and the batch is sized to take about ``rep_time``
-    seconds on the slowest rank (at least 1 call, at most ``max_iters``).
+    Without ``iters``, the warm-up is timed (all but its first call, which may pay one-time
+    costs: a group's shared-memory engine made and calibrated, MPI's first use of a size) and
+    the batch is sized to take about ``rep_time`` seconds on the slowest rank (at least 1
+    call, at most ``max_iters``).
     """
     from mpi4py import MPI
 
     sync = sync or _noop
     nwarm = default_warmup(nbytes) if warmup is None else warmup
     if iters is None:
-        nwarm = max(nwarm, 1)
+        fn()  # untimed: timed, a one-time cost sized the batch to a single call (issue 29)
+        sync()
+        nwarm = max(nwarm - 1, 1)
     (barrier or comm.Barrier)()
     t0 = time.perf_counter()
     for _ in range(nwarm):
