@@ -168,12 +168,20 @@ class Collectives:
     @staticmethod
     def _fast_pair(out: Any, inp: Any) -> Any:
         """The MPI datatype when ``out`` and ``inp`` qualify together (same dtype, ``out``
-        writable, no shared memory: the in-place idioms take the general path), else None."""
-        if (type(out) is np.ndarray and type(inp) is np.ndarray and out.dtype == inp.dtype
-                and out.ndim and inp.ndim and out.flags.c_contiguous and out.flags.writeable
-                and inp.flags.c_contiguous and not np.may_share_memory(out, inp)):
-            return _MOVE.get(inp.dtype)
-        return None
+        writable, no shared memory: the in-place idioms take the general path), else None.
+        Two distinct arrays that each allocated their memory (``owndata``) cannot overlap,
+        which spares the common call ``np.may_share_memory`` (a third of this test's time)."""
+        if type(out) is not np.ndarray or type(inp) is not np.ndarray:
+            return None
+        dt = inp.dtype
+        if out.dtype != dt or not out.ndim or not inp.ndim:
+            return None
+        fo, fi = out.flags, inp.flags
+        if not (fo.c_contiguous and fo.writeable and fi.c_contiguous):
+            return None
+        if not (fo.owndata and fi.owndata and out is not inp) and np.may_share_memory(out, inp):
+            return None
+        return _MOVE.get(dt)
 
     @_guarded("all_reduce")
     def _all_reduce(self, tensor: Any, op: Any, async_op: bool) -> Optional[Work]:
@@ -205,7 +213,7 @@ class Collectives:
             if done is not _shmc.PASS:
                 return done
         if (type(arr) is np.ndarray and self.rank_ >= 0 and self._fast_root(src, group_src)
-                and arr.flags.c_contiguous and (arr.flags.writeable or src == self.rank_)):
+                and (f := arr.flags).c_contiguous and (f.writeable or src == self.rank_)):
             mt = _MOVE.get(arr.dtype)
             if mt is not None:
                 s = self._fast_count("broadcast", arr)
@@ -251,7 +259,7 @@ class Collectives:
                 return done
         root = 0 if dst is None and group_dst is None else dst
         if (type(arr) is np.ndarray and self.rank_ >= 0 and self._fast_root(root, group_dst)
-                and arr.flags.c_contiguous and (arr.flags.writeable or root != self.rank_)):
+                and (f := arr.flags).c_contiguous and (f.writeable or root != self.rank_)):
             fast = _fast_op(op, arr.dtype)
             if fast is not None:
                 s = self._fast_count("reduce", arr)
