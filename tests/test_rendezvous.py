@@ -1108,30 +1108,3 @@ def test_helper_listens_on_the_master_address_across_hosts(tmp_path: Path,
     assert results[0][1].strip() == (f"rank 0: all_reduce [3.0, 3.0, 3.0] helper listens on "
                                       f"['{want}']"), results
     assert results[1][1].strip() == "rank 1: all_reduce [3.0, 3.0, 3.0] helper listens on []"
-
-
-def test_a_counted_failed_claim_wakes_the_gather_of_claims() -> None:
-    """A rank claimed twice on our TCPStore was counted with its claim (one exchange), so
-    the count may reach the world size while one claim never comes: the claims still
-    missing get the posted-error mark, and a later claim or rank 0's gather stops at once
-    with the posted error instead of waiting for its timeout."""
-    from types import SimpleNamespace
-
-    with dist.TCPStore("127.0.0.1", 0, None, True, 5, wait_for_workers=False) as m:
-        s = dist.PrefixStore(_rendezvous._PREFIX, m)
-        mine = json.dumps({"rank": 1, "pid": 11, "host": "a"})
-        assert _rendezvous._claim_and_count(s, "rank/1", mine) == (mine, 1)
-        twin = json.dumps({"rank": 1, "pid": 22, "host": "b"})
-        claimed, count = _rendezvous._claim_and_count(s, "rank/1", twin)
-        assert (claimed, count) == (mine, 2)  # counted although the claim failed
-        p = SimpleNamespace(rank=1, world_size=3, where="tcp://here")
-        with pytest.raises(ValueError, match="rank 1 was claimed twice at tcp://here: by pid "
-                                             "11 on a and by pid 22 on b"):
-            _rendezvous._claimed_twice(s, p, {"pid": 22, "host": "b"}, json.loads(claimed),
-                                       counted=True)
-        assert s.multi_get(["rank/0", "rank/1", "rank/2"]) == [
-            _rendezvous._WOKEN, mine.encode(), _rendezvous._WOKEN]
-        assert json.loads(s.get("error"))["kind"] == "ValueError"
-        # a later claim of a missing rank sees the mark and raises the posted error
-        late = json.dumps({"rank": 2, "pid": 33, "host": "c"})
-        assert _rendezvous._claim_and_count(s, "rank/2", late)[0] == _rendezvous._WOKEN.decode()
