@@ -30,12 +30,11 @@ from ``VmHWM`` in ``/proc/PID/status``), the N clients driven from this process
   without the node-address exchange: the helper's own work.
 * **rendezvous** (ours): our TCPStore master process; N ranks arriving over ``--spread``
   seconds, each doing what ``_arrive`` + ``join`` do on the store: compare_set ``job`` (its
-  record carries the world size), compare_set ``rank/i`` and add ``arrived`` sent together
-  (one segment, as ``_arrive`` sends them to our TCPStore; the last sets ``arrived/all``);
-  rank 0 gets ``arrived/all`` waiting for it (a posted error sets it, to a mark, so one
-  waiting get suffices), multi_gets every rank's record, then sets ``mode``; every rank
-  gets ``mode`` waiting for it: 4 requests a rank, 5 on rank 0, in 3 exchanges (4 on 0).
-  Reported: the time from the last arrival to the last rank done, and the requests served.
+  record carries the world size), compare_set ``rank/i``, add ``arrived`` (the last sets
+  ``arrived/all``); rank 0 gets ``arrived/all`` waiting for it (a posted error sets it, to
+  a mark, so one waiting get suffices), multi_gets every rank's record, then sets ``mode``;
+  every rank gets ``mode`` waiting for it: 4 requests a rank, 5 on rank 0. Reported: the
+  time from the last arrival to the last rank done, and the requests served.
   **rendezvous_6** is the same as it was before (6 requests a rank: compare_set
   ``world_size`` apart, and every rank waiting for ``arrived/all``); **rendezvous_8** that
   with each wait a ``wait`` and then a ``get`` (8 requests a rank, as before 2026-11-29);
@@ -84,7 +83,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Generator, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -399,16 +398,10 @@ def rendezvous_rank(rank: int, n: int, poll: Optional[float] = None, split: bool
     me = json.dumps({"rank": rank, "world_size": n, "host": f"host{rank // PER_HOST}",
                      "netns": "4:4026531840", "pidns": "4:4026531836", "pid": 100000 + rank,
                      "mpi": "fresh"}).encode()
-    claim = (wire.CAS, [_P + f"rank/{rank}".encode(), b"", me])
-    count = (wire.ADD, [_P + b"arrived", wire.i64(1)])
-    if old:
-        _, f = yield claim
-        replies = [f, (yield count)[1]]
-    else:  # sent together, as _arrive does on our TCPStore
-        replies = [f for _, f in (yield [claim, count])]
-    if replies[0][0] != me:
+    _, f = yield (wire.CAS, [_P + f"rank/{rank}".encode(), b"", me])
+    if f[0] != me:
         raise RuntimeError(f"rank {rank} claimed twice")
-    f = replies[1]
+    _, f = yield (wire.ADD, [_P + b"arrived", wire.i64(1)])
     if wire.as_i64(f[0]) >= n:
         yield (wire.SET, [_P + b"arrived/all", b"1"])
     if old or rank == 0:
@@ -434,11 +427,10 @@ def env_rank(rank: int, n: int) -> Script:
 
 
 class _Raw:
-    __slots__ = ("rank", "sock", "script", "buf", "greeted", "done", "want", "got")
+    __slots__ = ("rank", "sock", "script", "buf", "greeted", "done")
 
     def __init__(self, rank: int, sock: socket.socket, script: Script) -> None:
         self.rank, self.sock, self.script = rank, sock, script
-        self.want, self.got = 0, []  # replies awaited for requests sent together
         self.buf, self.greeted, self.done = bytearray(), False, 0.0
 
 
@@ -456,11 +448,8 @@ def drive_ours(port: int, starts: Sequence[float],
     nxt = 0
     t0 = time.perf_counter()
 
-    def send(c: _Raw, req: Any) -> None:
-        """One request, or a list of them sent together (their replies come back as one)."""
-        c.want = len(req) if isinstance(req, list) else 0
-        reqs = req if isinstance(req, list) else [req]
-        frame = b"".join(wire.encode(op, fields) for op, fields in reqs)
+    def send(c: _Raw, req: Tuple[int, List[bytes]]) -> None:
+        frame = wire.encode(req[0], req[1])
         if len(frame) > 1 << 15:
             c.sock.setblocking(True)
             c.sock.sendall(frame)
@@ -512,21 +501,15 @@ def drive_ours(port: int, starts: Sequence[float],
                     del c.buf[:4 + size]
                     if status not in (wire.OK, wire.TIMEOUT):
                         raise RuntimeError(f"rank {c.rank}: status {status} {fields!r}")
-                    reply: Any = (status, fields)
-                    if c.want:
-                        c.got.append(reply)
-                        if len(c.got) < c.want:
-                            continue
-                        reply, c.got, c.want = c.got, [], 0
                     try:
-                        req = c.script.send(reply)
+                        req = c.script.send((status, fields))
                     except StopIteration:
                         c.done = time.perf_counter() - t0
                         left -= 1
                         sel.unregister(c.sock)
                         break
                     send(c, req)
-                    requests += len(req) if isinstance(req, list) else 1
+                    requests += 1
         last_done = max(c.done for c in clients)
         return {"time": last_done - max(starts), "total": last_done, "req": requests}
     finally:

@@ -981,20 +981,3 @@ def test_parity_prefix_store_barrier_keys() -> None:
         return sorted(base.list_keys())
 
     assert keys(dist) == keys(tdist)
-
-
-def test_tcp_requests_sent_together_are_answered_in_order() -> None:
-    """``_claim_and_count`` (the rendezvous's claim and arrival in one exchange): both are
-    served, in order; a failed claim is still counted, and an error reply is raised after
-    every reply was read, so the connection stays usable."""
-    with dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5),
-                       wait_for_workers=False) as m:
-        c = dist.TCPStore("127.0.0.1", m.port, None, False, timedelta(seconds=5))
-        assert c._claim_and_count(b"rank/0", b"a", b"arrived") == (b"a", 1)
-        assert c._claim_and_count(b"rank/1", b"b", b"arrived") == (b"b", 2)
-        assert c._claim_and_count(b"rank/1", b"c", b"arrived") == (b"b", 3)
-        m.set("text", "x")
-        with pytest.raises(ValueError):
-            c._requests([(wire.ADD, [b"text", wire.i64(1)]), (wire.SET, [b"after", b"1"])])
-        assert c.get("after") == b"1" and c.get("arrived") == b"3"
-        c.close()

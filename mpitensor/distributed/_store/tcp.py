@@ -337,21 +337,10 @@ class TCPStore(Store):
 
         ``wait_s``: the server-side wait of a blocking request (None: it does not block).
         """
-        return self._requests([(op, fields)], wait_s)[0]
-
-    def _requests(self, reqs: List[Tuple[int, List[bytes]]],
-                  wait_s: Optional[float] = None) -> List[Tuple[int, List[bytes]]]:
-        """Send requests together (one segment, one wake-up of the master's loop) and
-        return their replies in order; only the last may block (``wait_s``).
-
-        Raises as :meth:`_request` does, for the first reply that fails, once all are read.
-        """
-        frames = [wire.encode(op, fields) for op, fields in reqs]
-        for (op, _), frame in zip(reqs, frames):
-            if len(frame) - 4 > wire.MAX_FRAME:
-                raise ValueError(f"TCPStore.{wire.NAMES[op]}: the request of {len(frame)} "
-                                 f"bytes exceeds the limit of {wire.MAX_FRAME} bytes; split it")
-        frame = b"".join(frames)
+        frame = wire.encode(op, fields)
+        if len(frame) - 4 > wire.MAX_FRAME:
+            raise ValueError(f"TCPStore.{wire.NAMES[op]}: the request of {len(frame)} bytes "
+                             f"exceeds the limit of {wire.MAX_FRAME} bytes; split it")
         if wait_s is None:
             reply_s = max(self._timeout_s, _MIN_IO_TIMEOUT)
         else:
@@ -369,13 +358,10 @@ class TCPStore(Store):
             try:
                 sock.settimeout(None if deadline is None else reply_s)
                 sock.sendall(frame)
-                replies = []
-                for req in reqs:
-                    op = req[0]  # (named by the errors below: the reply that failed)
-                    n = wire.frame_length(_recv_exact(sock, 4, deadline), 0, wire.MAX_REPLY)
-                    if n is None:
-                        raise wire.ProtocolError("short reply header")
-                    replies.append(wire.decode(memoryview(_recv_exact(sock, n, deadline))))
+                n = wire.frame_length(_recv_exact(sock, 4, deadline), 0, wire.MAX_REPLY)
+                if n is None:
+                    raise wire.ProtocolError("short reply header")
+                status, out = wire.decode(memoryview(_recv_exact(sock, n, deadline)))
             except socket.timeout:
                 self._lose()
                 raise StoreTimeoutError(
@@ -393,14 +379,12 @@ class TCPStore(Store):
                     f"{self._where()} ({exc}); the master process has probably exited or "
                     "crashed (the store lives as long as the master's TCPStore object): "
                     "check its output") from None
-        for (op, _), (status, out) in zip(reqs, replies):
-            if status == wire.REJECTED:
-                raise DistStoreError(
-                    f"TCPStore.{wire.NAMES[op]}: the master at {self._where()} rejected the "
-                    f"request: {out[0].decode(errors='replace')}")
-            if status == wire.VALUE_ERROR:
-                raise ValueError(out[0].decode(errors="replace"))
-        return replies
+        if status == wire.REJECTED:
+            raise DistStoreError(f"TCPStore.{wire.NAMES[op]}: the master at {self._where()} "
+                                 f"rejected the request: {out[0].decode(errors='replace')}")
+        if status == wire.VALUE_ERROR:
+            raise ValueError(out[0].decode(errors="replace"))
+        return status, out
 
     def _lose(self) -> None:
         """Drop a connection whose request/reply pairing can no longer be trusted."""
@@ -437,13 +421,6 @@ class TCPStore(Store):
 
     def _append(self, key: bytes, value: bytes) -> None:
         self._request(wire.APPEND, [key, value])
-
-    def _claim_and_count(self, key: bytes, value: bytes, counter: bytes) -> Tuple[bytes, int]:
-        """``compare_set(key, "", value)`` and ``add(counter, 1)`` sent together: what the key
-        holds afterwards, and the counter (counted even where the claim failed)."""
-        (_, claimed), (_, total) = self._requests([(wire.CAS, [key, b"", value]),
-                                                   (wire.ADD, [counter, wire.i64(1)])])
-        return claimed[0], wire.as_i64(total[0])
 
     def _multi_get(self, keys: List[bytes], seconds: float, op: str) -> List[bytes]:
         code = {"get": wire.GET, "wait": wire.WAIT}.get(op, wire.MGET)

@@ -462,18 +462,6 @@ def _claim_job(s: Store, p: Plan) -> Dict[str, Any]:
     raise exc
 
 
-def _claim_and_count(s: Store, key: str, mine: str) -> Tuple[str, Optional[int]]:
-    """Claim ``key`` with ``mine``; on our TCPStore, count the arrival in the same exchange
-    (one wake-up of the master a rank fewer) and return the count too, else None."""
-    inner = s.underlying_store if isinstance(s, PrefixStore) else None
-    if isinstance(inner, TCPStore):
-        head = f"{_PREFIX}/".encode()
-        claimed, total = inner._claim_and_count(head + key.encode(), mine.encode(),
-                                                head + b"arrived")
-        return claimed.decode(), total
-    return s.compare_set(key, "", mine).decode(), None
-
-
 def _arrive(s: Store, p: Plan, seconds: float, deadline: float,
             wait_all: bool = True) -> List[Dict[str, Any]]:
     """Claim this rank, check that everyone names the same world size, and (``wait_all``)
@@ -494,16 +482,18 @@ def _arrive(s: Store, p: Plan, seconds: float, deadline: float,
                f"(rendezvous at {p.where}); pass the same world_size to every process")
         _post_error(s, p, "ValueError", msg)
         raise ValueError(msg)
-    claimed, arrived = _claim_and_count(s, f"rank/{p.rank}", mine)
-    if claimed == _WOKEN.decode():
-        _raise_posted(s.get("error"))
+    claimed = s.compare_set(f"rank/{p.rank}", "", mine).decode()
     if claimed != mine:
-        _claimed_twice(s, p, me, json.loads(claimed), arrived is not None)
+        other = json.loads(claimed)
+        msg = (f"init_process_group: rank {p.rank} was claimed twice at {p.where}: by pid "
+               f"{other['pid']} on {other['host']} and by pid {me['pid']} on {me['host']}; give "
+               "every process its own rank (a FileStore file left by an earlier run causes "
+               "this too: delete it)")
+        _post_error(s, p, "ValueError", msg)
+        raise ValueError(msg)
     # one counter and one key that the last to arrive sets: each rank waits for one key, not
     # for all N (N^2 key checks in the store for the whole job)
-    if arrived is None:
-        arrived = s.add("arrived", 1)
-    if arrived >= p.world_size:
+    if s.add("arrived", 1) >= p.world_size:
         s.set("arrived/all", "1")
     if not wait_all:
         return []
@@ -515,32 +505,7 @@ def _arrive(s: Store, p: Plan, seconds: float, deadline: float,
         raise _not_all_came(s, p, seconds) from None
     if p.rank != 0:
         return []  # rank 0 decides from everyone's claims; the others learn it from "mode"
-    claims = s.multi_get([f"rank/{i}" for i in range(p.world_size)])
-    if _WOKEN in claims:  # a rank claimed twice: see _claimed_twice
-        _raise_posted(s.get("error"))
-    return [json.loads(v) for v in claims]
-
-
-def _claimed_twice(s: Store, p: Plan, me: Dict[str, Any], other: Dict[str, Any],
-                   counted: bool) -> None:
-    """Post and raise the error of a rank claimed twice.
-
-    ``counted``: this process was counted as arrived with its claim, so the count may reach
-    the world size, and rank 0 then gathers every claim, one of which (the number nobody
-    has) never comes: the claims still missing get the mark of a posted error, which wakes
-    that gather and stops any rank that claims later."""
-    msg = (f"init_process_group: rank {p.rank} was claimed twice at {p.where}: by pid "
-           f"{other['pid']} on {other['host']} and by pid {me['pid']} on {me['host']}; give "
-           "every process its own rank (a FileStore file left by an earlier run causes "
-           "this too: delete it)")
-    _post_error(s, p, "ValueError", msg)
-    if counted:
-        try:
-            for i in range(p.world_size):
-                s.compare_set(f"rank/{i}", "", _WOKEN)
-        except Exception:  # noqa: BLE001 - the store itself may be what failed
-            pass
-    raise ValueError(msg)
+    return [json.loads(v) for v in s.multi_get([f"rank/{i}" for i in range(p.world_size)])]
 
 
 def _not_all_came(s: Store, p: Plan, seconds: float) -> StoreTimeoutError:
