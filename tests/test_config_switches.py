@@ -117,6 +117,19 @@ def test_docs_table_is_the_declarations():
                                                 _config.SWITCHES.items()}
 
 
+def test_declare_reads_the_table():
+    """An indented line continues its entry; an entry without five fields, or a name declared
+    twice, stops the import."""
+    table = ("MPITENSOR_A | bool | 0 | import |\n    one\n    two\n"
+             "MPITENSOR_B | text | unset | now | x\n")
+    assert _config._declare(table) == {
+        "MPITENSOR_A": _config.Switch("MPITENSOR_A", "bool", "0", "import", "one two"),
+        "MPITENSOR_B": _config.Switch("MPITENSOR_B", "text", "unset", "now", "x")}
+    for bad in ("MPITENSOR_A | bool | 0 | import\n", table + "MPITENSOR_A | bool | 0 | now | y\n"):
+        with pytest.raises(ValueError, match="malformed or repeated switch declaration"):
+            _config._declare(bad)
+
+
 def test_raw_refuses_undeclared_names():
     with pytest.raises(KeyError, match="MPITENSOR_NOPE is not a declared switch"):
         _config.raw("MPITENSOR_NOPE")

@@ -1,7 +1,8 @@
 """Environment switches: every ``MPITENSOR_*`` variable the package reads, declared here.
 
 :data:`SWITCHES` holds one :class:`Switch` per variable (its name, how its text is parsed, its
-default, when it is read, one line of meaning); docs/architecture.md's "Switches" table is
+default, when it is read, one line of meaning), read from one table (``_DECLARED``, an entry a
+switch); docs/architecture.md's "Switches" table is
 :func:`markdown_table`'s output, and ``tests/test_config_switches.py`` checks that no other
 module reads an ``MPITENSOR_*`` variable from the environment, that every name used in the
 package is declared here, and that the table matches. Switches read once are this module's
@@ -32,12 +33,93 @@ class Switch(NamedTuple):
     doc: str      # one line of meaning
 
 
-SWITCHES: Dict[str, Switch] = {}
+# One switch an entry: its name | how its text is parsed | its default | when it is read | its
+# meaning. An indented line continues the entry above it.
+_DECLARED = """\
+MPITENSOR_DEBUG | bool | 0 | import |
+    cross-rank argument checks before every collective, and send/recv dtype and size checks
+MPITENSOR_TIMEOUT | seconds | 1800 | import |
+    default timeout of process groups: a blocking operation or `wait()` waiting longer raises
+    `DistributedTimeoutError` (`inf`: no bound)
+MPITENSOR_STALL_WARN | seconds | min(60, timeout / 2) | import |
+    seconds a blocking operation may wait before each stuck rank logs a stall report
+MPITENSOR_ABORT_ON_EXCEPTION | bool | 1 | import |
+    whether `init_process_group` under `mpiexec` (world size > 1) installs the
+    abort-on-unhandled-exception hook
+MPITENSOR_NATIVE | bool | 1 | import |
+    the compiled parts where they were built (`_cpu_kernels.c`, `distributed/health/_slots.c`);
+    `0`: their pure-Python paths
+MPITENSOR_LOG | choice: DEBUG, INFO, WARNING, ERROR, CRITICAL | WARNING | import |
+    level of the `mpitensor` logger (any case); when set, its lines go to stderr as `[rank N]
+    mpitensor.module LEVEL: message` through a handler of its own
+MPITENSOR_CHECK_BYTES | bytes | 65536 | import |
+    collectives whose buffer has at least this many bytes check, beside the data, that every rank
+    made the same call (`0`: every call, `off`: none; set alike on every rank)
+MPITENSOR_STORE_MAX_BYTES | bytes | 2147483648 | import |
+    the most bytes (keys and values) a TCPStore master holds; a write past it gets `ValueError`
+    (`off`: no bound)
+MPITENSOR_LOAD_MAX_BYTES | limit | the memory available | import |
+    the most memory `mpitensor.load` may allocate for one file's tensors (bytes, or `off`);
+    `load(..., max_bytes=N)` overrides it
+MPITENSOR_CONV_BAND_BYTES | bytes (at least 1) | 1048576 | import (mpitensor.nn) |
+    im2col matrices larger than this are built band by band (`off`: never); a size near the
+    per-core L2 cache is best
+MPITENSOR_NUM_THREADS | threads: auto, N or off | auto | each `init_process_group` |
+    BLAS/OpenMP threads per rank: `auto` a fair share of the node's cores, `N` that many, `off`
+    leave the pools alone
+MPITENSOR_NODE_REDUCE | choice: auto, on, off | auto | each DDP made |
+    DDP's gradient buckets meet in shared memory where the ranks outnumber the node's cores (`on`:
+    on one node always, `off`: never)
+MPITENSOR_SHM_COLLECTIVES | choice: auto, on, off | auto | each group made |
+    collectives of NumPy arrays on a group whose ranks share one node go through one shared segment
+    where the group's measured cost model says it pays (`on`: whenever possible, `off`: always MPI)
+MPITENSOR_HIERARCHICAL | choice: auto, on, off | auto | each group's first all_reduce,
+    all_gather_into_tensor or reduce_scatter_tensor |
+    all_reduce, all_gather_into_tensor and reduce_scatter_tensor on a group that spans nodes:
+    within each node and across nodes on 1/ranks-per-node of the data, where a cost model measured
+    then says it pays (`on`: always there, `off`: flat MPI; set alike on every rank)
+MPITENSOR_RENDEZVOUS | choice: auto, pmi, connect | auto | each `init_process_group` |
+    how processes that no MPI launcher started are joined into one MPI job
+MPITENSOR_JOB_ID | text | unset (`mpitensor-run` makes one) | each rendezvous |
+    the job a process belongs to: a rendezvous refuses processes of another job (torchrun's
+    `TORCHELASTIC_RUN_ID` comes first unless it is `none`)
+MPITENSOR_SECRET | text | unset (`mpitensor-run` makes one) | each connection |
+    a shared secret every store and PMI-helper connection proves in both directions (HMAC challenge
+    and response; never sent); empty: none
+MPITENSOR_CUDA_AWARE | auto or bool | auto | each detection |
+    whether MPI may read device memory directly (`auto`: ask the MPI library)
+MPITENSOR_MNIST_MIRRORS | text: URLs | the built-in mirrors | each download |
+    base URLs (separated by commas or spaces) where `datasets.MNIST(download=True)` looks, in order
+MPITENSOR_EXIT_GRACE | seconds | 2 | each exit under `mpitensor-run` |
+    how long ranks exiting non-zero wait for each other before aborting (a malformed value is
+    reported on stderr and the default used)
+MPITENSOR_RUN_WATCH | text | unset | each rank's start under `mpitensor-run` |
+    internal, set by `mpitensor-run --max-restarts` for one attempt: the launcher's socket each
+    rank connects to (removed from the rank's environment at once)
+MPITENSOR_RUN_ATTEMPT | text | unset | by the launcher, in its job's processes |
+    internal, set by `mpitensor-run --max-restarts` on every process of one attempt, so that the
+    launcher finds and ends any left before the next attempt
+"""
 
 
-def _declare(name: str, kind: str, default: str, read: str, doc: str) -> str:
-    SWITCHES[name] = Switch(name, kind, default, read, doc)
-    return name
+def _declare(table: str) -> Dict[str, Switch]:
+    """The switches that ``table`` declares, by name, in its order."""
+    entries: List[str] = []
+    for line in table.splitlines():
+        if line[:1].isspace():
+            entries[-1] += " " + line.strip()
+        elif line:
+            entries.append(line)
+    switches: Dict[str, Switch] = {}
+    for entry in entries:
+        fields = [field.strip() for field in entry.split(" | ")]
+        if len(fields) != len(Switch._fields) or fields[0] in switches:
+            raise ValueError(f"malformed or repeated switch declaration: {entry!r}")
+        switches[fields[0]] = Switch(*fields)
+    return switches
+
+
+SWITCHES: Dict[str, Switch] = _declare(_DECLARED)
 
 
 # ----------------------------------------------------------------------------- the parsers
@@ -129,7 +211,7 @@ def env_limit(name: str) -> Optional[int]:
 def raw(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """The text of the declared switch ``name`` as set now (None where unset)."""
     if name not in SWITCHES:
-        raise KeyError(f"{name} is not a declared switch (declare it in mpitensor/_config.py)")
+        raise KeyError(f"{name} is not a declared switch (declare it in mpitensor/_base/config.py)")
     return (os.environ if environ is None else environ).get(name)
 
 
@@ -143,44 +225,17 @@ def take(name: str) -> Optional[str]:
 # ---------------------------------------------------------------------------- read at import
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-ENV_DEBUG = _declare(
-    "MPITENSOR_DEBUG", "bool", "0", "import",
-    "cross-rank argument checks before every collective, and send/recv dtype and size checks")
-ENV_TIMEOUT = _declare(
-    "MPITENSOR_TIMEOUT", "seconds", "1800", "import",
-    "default timeout of process groups: a blocking operation or `wait()` waiting longer raises "
-    "`DistributedTimeoutError` (`inf`: no bound)")
-ENV_STALL_WARN = _declare(
-    "MPITENSOR_STALL_WARN", "seconds", "min(60, timeout / 2)", "import",
-    "seconds a blocking operation may wait before each stuck rank logs a stall report")
-ENV_ABORT_ON_EXCEPTION = _declare(
-    "MPITENSOR_ABORT_ON_EXCEPTION", "bool", "1", "import",
-    "whether `init_process_group` under `mpiexec` (world size > 1) installs the "
-    "abort-on-unhandled-exception hook")
-ENV_NATIVE = _declare(
-    "MPITENSOR_NATIVE", "bool", "1", "import",
-    "the compiled parts where they were built (`_cpu_kernels.c`, `distributed/health/_slots.c`); "
-    "`0`: their pure-Python paths")
-ENV_LOG = _declare(
-    "MPITENSOR_LOG", "choice: DEBUG, INFO, WARNING, ERROR, CRITICAL", "WARNING", "import",
-    "level of the `mpitensor` logger (any case); when set, its lines go to stderr as "
-    "`[rank N] mpitensor.module LEVEL: message` through a handler of its own")
-ENV_CHECK_BYTES = _declare(
-    "MPITENSOR_CHECK_BYTES", "bytes", "65536", "import",
-    "collectives whose buffer has at least this many bytes check, beside the data, that every "
-    "rank made the same call (`0`: every call, `off`: none; set alike on every rank)")
-ENV_STORE_MAX_BYTES = _declare(
-    "MPITENSOR_STORE_MAX_BYTES", "bytes", "2147483648", "import",
-    "the most bytes (keys and values) a TCPStore master holds; a write past it gets "
-    "`ValueError` (`off`: no bound)")
-ENV_LOAD_MAX_BYTES = _declare(
-    "MPITENSOR_LOAD_MAX_BYTES", "limit", "the memory available", "import",
-    "the most memory `mpitensor.load` may allocate for one file's tensors (bytes, or `off`); "
-    "`load(..., max_bytes=N)` overrides it")
-ENV_CONV_BAND_BYTES = _declare(
-    "MPITENSOR_CONV_BAND_BYTES", "bytes (at least 1)", "1048576", "import (mpitensor.nn)",
-    "im2col matrices larger than this are built band by band (`off`: never); a size near "
-    "the per-core L2 cache is best")
+# the names, declared in _DECLARED (tests/test_config_switches.py checks that every one is)
+ENV_DEBUG = "MPITENSOR_DEBUG"
+ENV_TIMEOUT = "MPITENSOR_TIMEOUT"
+ENV_STALL_WARN = "MPITENSOR_STALL_WARN"
+ENV_ABORT_ON_EXCEPTION = "MPITENSOR_ABORT_ON_EXCEPTION"
+ENV_NATIVE = "MPITENSOR_NATIVE"
+ENV_LOG = "MPITENSOR_LOG"
+ENV_CHECK_BYTES = "MPITENSOR_CHECK_BYTES"
+ENV_STORE_MAX_BYTES = "MPITENSOR_STORE_MAX_BYTES"
+ENV_LOAD_MAX_BYTES = "MPITENSOR_LOAD_MAX_BYTES"
+ENV_CONV_BAND_BYTES = "MPITENSOR_CONV_BAND_BYTES"
 
 DEBUG: bool = env_flag(ENV_DEBUG)
 DEFAULT_TIMEOUT_S: float = env_float(ENV_TIMEOUT, 1800.0)
@@ -198,55 +253,18 @@ LOAD_MAX_BYTES: Optional[int] = env_limit(ENV_LOAD_MAX_BYTES)
 
 
 # ---------------------------------------------------------------------- read at each use
-ENV_NUM_THREADS = _declare(
-    "MPITENSOR_NUM_THREADS", "threads: auto, N or off", "auto", "each `init_process_group`",
-    "BLAS/OpenMP threads per rank: `auto` a fair share of the node's cores, `N` that many, "
-    "`off` leave the pools alone")
-ENV_NODE_REDUCE = _declare(
-    "MPITENSOR_NODE_REDUCE", "choice: auto, on, off", "auto", "each DDP made",
-    "DDP's gradient buckets meet in shared memory where the ranks outnumber the node's cores "
-    "(`on`: on one node always, `off`: never)")
-ENV_SHM_COLLECTIVES = _declare(
-    "MPITENSOR_SHM_COLLECTIVES", "choice: auto, on, off", "auto", "each group made",
-    "collectives of NumPy arrays on a group whose ranks share one node go through one shared "
-    "segment where the group's measured cost model says it pays (`on`: whenever possible, "
-    "`off`: always MPI)")
-ENV_HIERARCHICAL = _declare(
-    "MPITENSOR_HIERARCHICAL", "choice: auto, on, off", "auto", "each group's first all_reduce, "
-    "all_gather_into_tensor or reduce_scatter_tensor",
-    "all_reduce, all_gather_into_tensor and reduce_scatter_tensor on a group that spans nodes: "
-    "within each node and across nodes on 1/ranks-per-node of the data, where a cost model "
-    "measured then says it pays (`on`: always there, `off`: flat MPI; set alike on every rank)")
-ENV_RENDEZVOUS = _declare(
-    "MPITENSOR_RENDEZVOUS", "choice: auto, pmi, connect", "auto", "each `init_process_group`",
-    "how processes that no MPI launcher started are joined into one MPI job")
-ENV_JOB_ID = _declare(
-    "MPITENSOR_JOB_ID", "text", "unset (`mpitensor-run` makes one)", "each rendezvous",
-    "the job a process belongs to: a rendezvous refuses processes of another job (torchrun's "
-    "`TORCHELASTIC_RUN_ID` comes first unless it is `none`)")
-ENV_SECRET = _declare(
-    "MPITENSOR_SECRET", "text", "unset (`mpitensor-run` makes one)", "each connection",
-    "a shared secret every store and PMI-helper connection proves in both directions (HMAC "
-    "challenge and response; never sent); empty: none")
-ENV_CUDA_AWARE = _declare(
-    "MPITENSOR_CUDA_AWARE", "auto or bool", "auto", "each detection",
-    "whether MPI may read device memory directly (`auto`: ask the MPI library)")
-ENV_MNIST_MIRRORS = _declare(
-    "MPITENSOR_MNIST_MIRRORS", "text: URLs", "the built-in mirrors", "each download",
-    "base URLs (separated by commas or spaces) where `datasets.MNIST(download=True)` looks, "
-    "in order")
-ENV_EXIT_GRACE = _declare(
-    "MPITENSOR_EXIT_GRACE", "seconds", "2", "each exit under `mpitensor-run`",
-    "how long ranks exiting non-zero wait for each other before aborting (a malformed value "
-    "is reported on stderr and the default used)")
-ENV_RUN_WATCH = _declare(
-    "MPITENSOR_RUN_WATCH", "text", "unset", "each rank's start under `mpitensor-run`",
-    "internal, set by `mpitensor-run --max-restarts` for one attempt: the launcher's socket "
-    "each rank connects to (removed from the rank's environment at once)")
-ENV_RUN_ATTEMPT = _declare(
-    "MPITENSOR_RUN_ATTEMPT", "text", "unset", "by the launcher, in its job's processes",
-    "internal, set by `mpitensor-run --max-restarts` on every process of one attempt, so "
-    "that the launcher finds and ends any left before the next attempt")
+ENV_NUM_THREADS = "MPITENSOR_NUM_THREADS"
+ENV_NODE_REDUCE = "MPITENSOR_NODE_REDUCE"
+ENV_SHM_COLLECTIVES = "MPITENSOR_SHM_COLLECTIVES"
+ENV_HIERARCHICAL = "MPITENSOR_HIERARCHICAL"
+ENV_RENDEZVOUS = "MPITENSOR_RENDEZVOUS"
+ENV_JOB_ID = "MPITENSOR_JOB_ID"
+ENV_SECRET = "MPITENSOR_SECRET"
+ENV_CUDA_AWARE = "MPITENSOR_CUDA_AWARE"
+ENV_MNIST_MIRRORS = "MPITENSOR_MNIST_MIRRORS"
+ENV_EXIT_GRACE = "MPITENSOR_EXIT_GRACE"
+ENV_RUN_WATCH = "MPITENSOR_RUN_WATCH"
+ENV_RUN_ATTEMPT = "MPITENSOR_RUN_ATTEMPT"
 
 
 def conv_band_bytes() -> int:
