@@ -205,10 +205,7 @@ def _fresh(t: Tensor, arr: Any) -> None:
     version counter, not a view."""
     t._data = arr
     t._requires_grad = False
-    t.grad = None
-    t.grad_fn = None
-    t._vc = None
-    t._view = None
+    t.grad = t.grad_fn = t._vc = t._view = None
 
 
 def _check_one_element(t: Tensor) -> Any:
