@@ -54,7 +54,6 @@ from mpitensor._ops.operators import (
     TRUEDIV,
     BinaryOp,
     Remainder,
-    _keeps_nothing,
     binary,
     binary_inplace,
     max_min_pair,
@@ -439,9 +438,7 @@ class Atan2(BinaryOp):
 class Hypot(BinaryOp):
     """``hypot(a, b)``: d/da = a / out, d/db = b / out."""
 
-    @staticmethod
-    def _keeps(need_a: bool, need_b: bool) -> tuple:
-        return need_a, need_b, True
+    read_by = ("a", "b", "ab")
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
@@ -483,9 +480,7 @@ class Fmod(Remainder):
 class Copysign(BinaryOp):
     """``copysign(a, b)``: d/da = out / a (0 where a == 0); ``b`` gets zeros."""
 
-    @staticmethod
-    def _keeps(need_a: bool, need_b: bool) -> tuple:
-        return need_a, False, need_a
+    read_by = ("a", "", "a")
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
@@ -535,7 +530,7 @@ Fmax, Fmin = max_min_pair(_FMaxMin, ("Fmax", "Fmin"), ("``fmax(a, b)``.", "``fmi
 class _ZeroGrad(BinaryOp):
     """A comparison written in place: what it replaced gets zero gradient, as in torch."""
 
-    _keeps = staticmethod(_keeps_nothing)
+    read_by = ("", "", "")
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:

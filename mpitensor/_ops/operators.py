@@ -401,15 +401,21 @@ _OP_NAMES = {
 # forward(ctx, x, y, (op, mode, rev)): x is the left tensor's array, y the other operand (an
 # array or a Python number, which gets no gradient). Each backward works in math order,
 # ``a op b``, with ``(a, b) = (y, x)`` when ``rev``. An op saves only what the gradients it
-# must compute read (``_keeps``), as torch does: a saved array pins its tensor's version, so an
+# must compute read (``read_by``), as torch does: a saved array pins its tensor's version, so an
 # array saved for nothing would refuse in-place writes that torch allows.
 
 
 class BinaryOp(Function):
-    @staticmethod
-    def _keeps(need_a: bool, need_b: bool) -> tuple:
-        """Whether backward reads ``a``, ``b`` and the result, given the gradients wanted."""
-        return True, True, False
+    #: For ``a``, ``b`` and the result, in that order: the operands whose gradient reads it
+    #: (``"a"``, ``"b"``, both or neither). Only what a wanted gradient reads is saved.
+    read_by = ("ab", "ab", "")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # forward's table, once per op: (a's gradient wanted, b's) -> keep a, b, the result
+        cls._keeps = {(na, nb): tuple(bool((na and "a" in r) or (nb and "b" in r))
+                                      for r in cls.read_by)
+                      for na in (False, True) for nb in (False, True)}
 
     @classmethod
     def forward(cls, ctx: Any, x: Any, y: Any, spec: tuple) -> Any:
@@ -424,9 +430,9 @@ class BinaryOp(Function):
         need = ctx.needs_input_grad
         if need:  # recorded
             if rev:
-                kb, ka, ko = cls._keeps(need[1], need[0])
+                kb, ka, ko = cls._keeps[need[1], need[0]]
             else:
-                ka, kb, ko = cls._keeps(need[0], need[1])
+                ka, kb, ko = cls._keeps[need[0], need[1]]
             ctx.save_for_backward(x if ka else None, y if kb else None, out if ko else None)
         return out
 
@@ -449,14 +455,10 @@ class BinaryOp(Function):
         return gx, gy, None
 
 
-def _keeps_nothing(need_a: bool, need_b: bool) -> tuple:
-    return False, False, False
-
-
 class Add(BinaryOp):
     """``a + b``."""
 
-    _keeps = staticmethod(_keeps_nothing)
+    read_by = ("", "", "")
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
@@ -466,22 +468,17 @@ class Add(BinaryOp):
 class Sub(BinaryOp):
     """``a - b``."""
 
-    _keeps = staticmethod(_keeps_nothing)
+    read_by = ("", "", "")
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
         return g, (-g if need_b else None)
 
 
-def _keeps_other(need_a: bool, need_b: bool) -> tuple:
-    # each operand's gradient reads the other operand
-    return need_b, need_a, False
-
-
 class Mul(BinaryOp):
     """``a * b``."""
 
-    _keeps = staticmethod(_keeps_other)
+    read_by = ("b", "a", "")  # each operand's gradient reads the other operand
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
@@ -492,9 +489,7 @@ class Div(BinaryOp):
     """``a / b``: d/da = 1/b, d/db = -a/b**2 (from the operands, not the result, which an
     in-place write may change, as torch does)."""
 
-    @staticmethod
-    def _keeps(need_a: bool, need_b: bool) -> tuple:
-        return need_b, True, False
+    read_by = ("b", "ab", "")
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
@@ -511,9 +506,7 @@ class Pow(BinaryOp):
     """``a ** b``: d/da = b * a**(b-1) (0 where b == 0), d/db = out * log(a) (0 where a == 0 and
     b >= 0), as torch defines them."""
 
-    @staticmethod
-    def _keeps(need_a: bool, need_b: bool) -> tuple:
-        return True, True, need_b
+    read_by = ("ab", "ab", "b")
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
@@ -540,9 +533,7 @@ class Remainder(BinaryOp):
     """``a % b`` (Python/floor remainder): d/da = 1, d/db = -floor(a / b). A remainder that
     rounds its quotient otherwise (``fmod``: toward zero) gives its own ``_quotient``."""
 
-    @staticmethod
-    def _keeps(need_a: bool, need_b: bool) -> tuple:
-        return need_b, need_b, False
+    read_by = ("b", "b", "")
 
     @staticmethod
     def _quotient(m: Any, a: Any, b: Any) -> Any:
@@ -589,7 +580,7 @@ Maximum, Minimum = max_min_pair(_MaxMin, ("Maximum", "Minimum"),
 class MatMul(BinaryOp):
     """``a @ b`` for 1-D and n-D operands with batch broadcasting, as ``torch.matmul``."""
 
-    _keeps = staticmethod(_keeps_other)
+    read_by = ("b", "a", "")  # each operand's gradient reads the other operand
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
@@ -624,7 +615,7 @@ class MatMul(BinaryOp):
 
 class _NotDifferentiable(BinaryOp):
     name_ = "operation"
-    _keeps = staticmethod(_keeps_nothing)
+    read_by = ("", "", "")
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
