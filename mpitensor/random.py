@@ -29,10 +29,8 @@ from mpitensor._ops.random import (
     set_rng_state,
 )
 
-__all__ = [
-    "Generator", "default_generator", "fork_rng", "get_rng_state", "initial_seed",
-    "manual_seed", "seed", "set_rng_state",
-]
+__all__ = ["Generator", "default_generator", "fork_rng", "get_rng_state", "initial_seed",
+           "manual_seed", "seed", "set_rng_state"]
 
 _forks = itertools.count(1)
 
