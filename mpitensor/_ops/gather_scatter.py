@@ -93,6 +93,16 @@ def _head(src: Any, shape: tuple) -> Any:
     return src[tuple(slice(0, s) for s in shape)]
 
 
+def _head_grad(g: Any, shape: tuple, dtype: Any) -> Any:
+    """The gradient of a source of ``shape`` and ``dtype`` whose leading block (see
+    :func:`_head`) was read and got ``g``: zero over the rest, which was never read."""
+    if g.shape != shape:
+        full = xp(g).zeros(shape, dtype=g.dtype)
+        full[tuple(slice(0, s) for s in g.shape)] = g
+        g = full
+    return g.astype(dtype, copy=False)
+
+
 class Gather(Function):
     """``gather(x, dim, index)``: the gradient is added back at the gathered positions."""
 
@@ -197,12 +207,7 @@ class Scatter(Function):
             gx, gs = _scatter_reduce_grads(m, g, key, mode, include_self, x, part, out, hit,
                                            count)
         if gs is not None and src_meta is not None:
-            shape, dtype = src_meta
-            if gs.shape != shape:
-                full = m.zeros(shape, dtype=g.dtype)
-                full[tuple(slice(0, s) for s in gs.shape)] = gs
-                gs = full
-            gs = gs.astype(dtype, copy=False)
+            gs = _head_grad(gs, *src_meta)
         return gx, None, (gs if need[2] else None), None, None, None
 
 
@@ -394,20 +399,17 @@ class MaskedScatter(Function):
                              f"has only {src.size}")
         out = x.copy()
         out[mb] = src.reshape(-1)[:n]
-        ctx.meta = (mb, n, src.shape, src.dtype)
+        ctx.meta = (mb, src.shape, src.dtype)
         return out
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        mb, n, sshape, sdtype = ctx.meta
+        mb, sshape, sdtype = ctx.meta
         need = ctx.needs_input_grad
-        m = xp(g)
-        gx = m.where(mb, g.dtype.type(0), g) if need[0] else None
+        gx = xp(g).where(mb, g.dtype.type(0), g) if need[0] else None
         gs = None
-        if need[2]:
-            flat = m.zeros(int(np.prod(sshape)), dtype=sdtype)
-            flat[:n] = g[mb]
-            gs = flat.reshape(sshape)
+        if need[2]:  # the flat source's leading entries went, in order, where the mask holds
+            gs = _head_grad(g[mb], (int(np.prod(sshape)),), sdtype).reshape(sshape)
         return gx, None, gs
 
 
