@@ -301,6 +301,11 @@ class Api:
         """Wait for queued device work (a no-op on the CPU)."""
 
 
+def _dist_call(fn: str) -> Callable[..., Callable[[], Any]]:
+    """An :class:`MpitensorApi` method: ``mpitensor.distributed.<fn>`` bound to its arguments."""
+    return lambda self, *args: functools.partial(getattr(self.dist, fn), *args)
+
+
 class MpitensorApi(Api):
     """``mpitensor.distributed`` on Tensors (``array="tensor"``) or bare arrays (``"numpy"``;
     CuPy arrays when ``device="cuda"``)."""
@@ -335,35 +340,16 @@ class MpitensorApi(Api):
         step = arr.shape[0] // parts
         return [self._wrap(arr[i * step:(i + 1) * step]) for i in range(parts)]
 
-    def send(self, buf: Any, peer: int) -> Callable[[], Any]:
-        return functools.partial(self.dist.send, buf, peer)
-
-    def recv(self, buf: Any, peer: int) -> Callable[[], Any]:
-        return functools.partial(self.dist.recv, buf, peer)
-
-    def isend(self, buf: Any, peer: int) -> Callable[[], Any]:
-        return functools.partial(self.dist.isend, buf, peer)
-
-    def irecv(self, buf: Any, peer: int) -> Callable[[], Any]:
-        return functools.partial(self.dist.irecv, buf, peer)
-
-    def all_reduce(self, buf: Any) -> Callable[[], Any]:
-        return functools.partial(self.dist.all_reduce, buf)
-
-    def broadcast(self, buf: Any, root: int) -> Callable[[], Any]:
-        return functools.partial(self.dist.broadcast, buf, root)
-
-    def reduce(self, buf: Any, root: int) -> Callable[[], Any]:
-        return functools.partial(self.dist.reduce, buf, root)
-
-    def all_gather(self, out: Any, inp: Any) -> Callable[[], Any]:
-        return functools.partial(self.dist.all_gather_into_tensor, out, inp)
-
-    def reduce_scatter(self, out: Any, inp: Any) -> Callable[[], Any]:
-        return functools.partial(self.dist.reduce_scatter_tensor, out, inp)
-
-    def all_to_all(self, out: Any, inp: Any) -> Callable[[], Any]:
-        return functools.partial(self.dist.all_to_all_single, out, inp)
+    send = _dist_call("send")
+    recv = _dist_call("recv")
+    isend = _dist_call("isend")
+    irecv = _dist_call("irecv")
+    all_reduce = _dist_call("all_reduce")
+    broadcast = _dist_call("broadcast")
+    reduce = _dist_call("reduce")
+    all_gather = _dist_call("all_gather_into_tensor")
+    reduce_scatter = _dist_call("reduce_scatter_tensor")
+    all_to_all = _dist_call("all_to_all_single")
 
     def sync(self) -> None:
         if self._stream_sync is not None:
