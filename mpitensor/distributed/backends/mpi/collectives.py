@@ -515,26 +515,38 @@ class Collectives:
         return self._run(where, lambda: comm.Iallgather(sspec, rspec), write_back, async_op,
                          [output], keep=(sspec, rspec), check=(inp, None, -1))
 
-    @_guarded("gather")
-    def gather(self, tensor: Any, gather_list: Any = None, dst: Optional[int] = None,
-               async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
-        where, root, is_root = self._begin_rooted("gather", dst, group_dst, "dst")
+    def _rooted(self, op: str, tensor: Any, lst: Any, global_root: Optional[int],
+                group_root: Optional[int]) -> tuple:
+        """Begin gather or scatter and check its arguments (in debug mode, agree on them):
+        ``(where, root's group rank, is_root, array, MPI datatype, the root's list or None)``.
+        gather writes its list (on the root), scatter its tensor (on every rank)."""
+        gathers = op == "gather"
+        what, role, name = (("gather_list", "destination", "dst") if gathers
+                            else ("scatter_list", "source", "src"))
+        where, root, is_root = self._begin_rooted(op, global_root, group_root, name)
 
         def prepare() -> Any:
             arr = B.unwrap(tensor, "tensor", where)
             mt = B.check_dtype(arr, "tensor", where)
-            outs = None
-            if is_root:
-                outs = self._root_list(gather_list, "gather_list", "destination", where, arr)
-                for i, o in enumerate(outs):
-                    B.check_writable(o, f"gather_list[{i}]", where)
-            return arr, mt, outs
+            if not gathers:
+                B.check_writable(arr, "tensor", where)
+            arrs = self._root_list(lst, what, role, where, arr) if is_root else None
+            if gathers and is_root:
+                for i, o in enumerate(arrs):
+                    B.check_writable(o, f"{what}[{i}]", where)
+            return arr, mt, arrs
 
         def sig() -> dict:
-            return self._root_sig("gather", B.unwrap(tensor, "tensor", where), root,
-                                  gather_list if is_root else None, where, True)
+            return self._root_sig(op, B.unwrap(tensor, "tensor", where), root,
+                                  lst if is_root else None, where, gathers)
 
-        arr, mt, outs = self._maybe_debug(where, sig, prepare)
+        return (where, root, is_root) + tuple(self._maybe_debug(where, sig, prepare))
+
+    @_guarded("gather")
+    def gather(self, tensor: Any, gather_list: Any = None, dst: Optional[int] = None,
+               async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+        where, root, is_root, arr, mt, outs = self._rooted("gather", tensor, gather_list, dst,
+                                                           group_dst)
         sspec = [B.stage_in(arr), mt]
         comm = self.comm
         check = (arr, None, self.ranks[root])
@@ -551,22 +563,8 @@ class Collectives:
     @_guarded("scatter")
     def scatter(self, tensor: Any, scatter_list: Any = None, src: Optional[int] = None,
                 async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
-        where, root, is_root = self._begin_rooted("scatter", src, group_src, "src")
-
-        def prepare() -> Any:
-            arr = B.unwrap(tensor, "tensor", where)
-            mt = B.check_dtype(arr, "tensor", where)
-            B.check_writable(arr, "tensor", where)
-            ins = None
-            if is_root:
-                ins = self._root_list(scatter_list, "scatter_list", "source", where, arr)
-            return arr, mt, ins
-
-        def sig() -> dict:
-            return self._root_sig("scatter", B.unwrap(tensor, "tensor", where), root,
-                                  scatter_list if is_root else None, where, False)
-
-        arr, mt, ins = self._maybe_debug(where, sig, prepare)
+        where, root, is_root, arr, mt, ins = self._rooted("scatter", tensor, scatter_list, src,
+                                                          group_src)
         rbuf, write_back = B.stage_out(arr)
         rspec = [rbuf, mt]
         comm = self.comm
