@@ -28,7 +28,7 @@ from mpitensor._core.opkit import (
     tensor_methods,
 )
 from mpitensor._ops.linalg import tensor_arg
-from mpitensor._ops.reductions import _unreduce
+from mpitensor._ops.reductions import _unreduced
 
 
 @computes_in_float32
@@ -58,16 +58,16 @@ class VectorNorm(Function):
             else:
                 out = (a ** p).sum(axis=axis, keepdims=keepdim) ** (1.0 / p)
         out = m.asarray(out)
-        ctx.meta = (p, axis, keepdim, x.shape)
+        ctx.meta = (p, axis, keepdim)
         ctx.save_for_backward(x, out)
         return out
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        p, axis, keepdim, shape = ctx.meta
-        x, out = ctx.saved_tensors
+        p, axis, keepdim = ctx.meta
+        x, g, out = _unreduced(ctx, g, axis, keepdim)
+        shape = x.shape
         m = xp(g)
-        g, out = _unreduce(g, shape, axis, keepdim), _unreduce(out, shape, axis, keepdim)
         a = m.abs(x)
         sgn = m.sign(x)
         with np.errstate(all="ignore"):

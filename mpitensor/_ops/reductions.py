@@ -52,6 +52,13 @@ def _unreduce(g: Any, shape: tuple, axis: Any, keepdim: bool) -> Any:
     return m.broadcast_to(g, shape)
 
 
+def _unreduced(ctx: Any, g: Any, axis: Any, keepdim: bool) -> tuple:
+    """``(x, g, out)`` for a reduction over ``axis`` that saved its input ``x`` and output
+    ``out``: ``g``, the output's gradient, and ``out`` broadcast back to ``x``'s shape."""
+    x, out = ctx.saved_tensors
+    return x, _unreduce(g, x.shape, axis, keepdim), _unreduce(out, x.shape, axis, keepdim)
+
+
 class Sum(Function):
     """``x.sum(dim, keepdim, dtype)``: the gradient is broadcast back."""
 
@@ -155,11 +162,6 @@ class MinDim(MaxDim):
     """The values of ``x.min(dim)`` (see :class:`MaxDim`)."""
 
 
-def _full(a: Any, shape: tuple, axis: Any, keepdim: bool) -> Any:
-    """A reduction's result (or gradient) broadcast back over the reduced axes."""
-    return _unreduce(a, shape, axis, keepdim)
-
-
 class Prod(Function):
     """``x.prod(dim, keepdim, dtype)``: d/dx_i = the product of the others, found without
     dividing by zero (one zero in a slice: only it gets a gradient; two: none does)."""
@@ -180,17 +182,15 @@ class Prod(Function):
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
         shape, dtype, axis, keepdim = ctx.meta
-        x, out = ctx.saved_tensors
+        x, gf, of = _unreduced(ctx, g, axis, keepdim)
         m = xp(g)
-        gf = _full(g, shape, axis, keepdim)
-        of = _full(out, shape, axis, keepdim)
         zero = x == 0
         with np.errstate(all="ignore"):
             if not zero.any():
                 return (gf * of / x).astype(dtype, copy=False), None, None, None
-            zeros = _full(zero.sum(axis=axis, keepdims=keepdim), shape, axis, keepdim)
-            others = _full(m.where(zero, 1, x).prod(axis=axis, keepdims=keepdim), shape, axis,
-                           keepdim)
+            zeros = _unreduce(zero.sum(axis=axis, keepdims=keepdim), shape, axis, keepdim)
+            others = _unreduce(m.where(zero, 1, x).prod(axis=axis, keepdims=keepdim), shape,
+                               axis, keepdim)
             gx = m.where(zeros == 0, gf * of / m.where(zero, 1, x),
                          m.where((zeros == 1) & zero, gf * others, 0))
         return gx.astype(dtype, copy=False), None, None, None
@@ -217,10 +217,10 @@ class AMax(Function):
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
         shape, dtype, axis, keepdim = ctx.meta
-        x, out = ctx.saved_tensors
-        mask = x == _full(out, shape, axis, keepdim)
-        count = _full(mask.sum(axis=axis, keepdims=keepdim), shape, axis, keepdim)
-        gx = _full(g, shape, axis, keepdim) * mask / count
+        x, gf, of = _unreduced(ctx, g, axis, keepdim)
+        mask = x == of
+        count = _unreduce(mask.sum(axis=axis, keepdims=keepdim), shape, axis, keepdim)
+        gx = gf * mask / count
         return gx.astype(dtype, copy=False), None, None, None
 
 
@@ -244,17 +244,16 @@ class LogSumExp(Function):
                 out = m.log(m.exp(x - mx).sum(axis=axis, keepdims=True)) + mx
                 if not keepdim:
                     out = out.reshape(()) if axis is None else m.squeeze(out, axis=axis)
-        ctx.meta = (x.shape, axis, keepdim)
+        ctx.meta = (axis, keepdim)
         ctx.save_for_backward(x, out)
         return out
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
-        shape, axis, keepdim = ctx.meta
-        x, out = ctx.saved_tensors
-        m = xp(g)
+        axis, keepdim = ctx.meta
+        x, gf, of = _unreduced(ctx, g, axis, keepdim)
         with np.errstate(all="ignore"):
-            gx = _full(g, shape, axis, keepdim) * m.exp(x - _full(out, shape, axis, keepdim))
+            gx = gf * xp(g).exp(x - of)
         return gx, None, None
 
 
@@ -292,7 +291,7 @@ class NanSum(Function):
         (valid,) = ctx.saved_tensors
         if count is not None:
             g = g / count
-        gx = _full(g, shape, axis, keepdim)
+        gx = _unreduce(g, shape, axis, keepdim)
         if valid is not None:
             gx = gx * valid
         return gx.astype(dtype, copy=False), None, None, None, None
