@@ -541,7 +541,100 @@ static const char maxpool2x2_backward_doc[] =
 POOL_ENTRY(maxpool2x2_backward, 1, "y*O!y*w*O!nni", &q.x, &PyTuple_Type, &q.strides, &q.code,
            &q.y, &PyTuple_Type, &q.dims, &q.c0, &q.c1, &q.it)
 
+/* ---- copy_runs: equal contiguous runs from one buffer to another (DTensor redistribution) ---- */
+
+/* Whether the copy bypasses the cache: past this many bytes in all, the destination would not
+   stay cached anyway, and a plain store first reads each destination line it writes. */
+#define RUNS_STREAM_BYTES (4 << 20)
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* One run copied with non-temporal stores (memcpy for the unaligned head and the tail). */
+static void run_stream(char *d, const char *s, size_t n)
+{
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15, body, i;
+    if (head > n)
+        head = n;
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    body = n & ~(size_t)63;
+    for (i = 0; i < body; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(d + i), a);
+        _mm_stream_si128((__m128i *)(d + i + 16), b);
+        _mm_stream_si128((__m128i *)(d + i + 32), c);
+        _mm_stream_si128((__m128i *)(d + i + 48), e);
+    }
+    memcpy(d + body, s + body, n - body);
+}
+#endif
+
+static void runs_loop(char *d, const int64_t *doff, const char *s, const int64_t *soff,
+                      Py_ssize_t n, Py_ssize_t run)
+{
+    Py_ssize_t r, o;
+#if defined(__SSE2__)
+    if ((int64_t)n * run >= RUNS_STREAM_BYTES) {
+        for (r = 0; r < n; r++) {
+            if (r + 2 < n) /* the hardware's prefetch stops at each run's page: ask ahead */
+                for (o = 0; o < run; o += 64)
+                    _mm_prefetch(s + soff[r + 2] + o, _MM_HINT_T0);
+            run_stream(d + doff[r], s + soff[r], (size_t)run);
+        }
+        _mm_sfence();
+        return;
+    }
+#endif
+    (void)o;
+    for (r = 0; r < n; r++)
+        memcpy(d + doff[r], s + soff[r], (size_t)run);
+}
+
+static const char copy_runs_doc[] =
+    "copy_runs(dst, dst_offsets, src, src_offsets, run)\n\n"
+    "Copy run bytes from src at each byte offset of src_offsets (int64) to dst at the offset of\n"
+    "the same index in dst_offsets, without the interpreter lock; past 4 MiB in all the stores\n"
+    "bypass the cache. Every run is checked to lie inside its buffer before any byte moves;\n"
+    "the runs must not overlap one another or the other buffer's.";
+
+static PyObject *copy_runs(PyObject *self, PyObject *args)
+{
+    Py_buffer dst, doff, src, soff;
+    Py_ssize_t run, n, r;
+    PyObject *result = NULL;
+    const int64_t *dv, *sv;
+    if (!PyArg_ParseTuple(args, "w*y*y*y*n", &dst, &doff, &src, &soff, &run))
+        return NULL;
+    n = doff.len / 8;
+    dv = doff.buf, sv = soff.buf;
+    if (doff.len != soff.len || doff.len % 8 || run < 0) {
+        PyErr_SetString(PyExc_ValueError, "copy_runs: the offset arrays must be int64 of one "
+                        "length, and run not negative");
+        goto done;
+    }
+    for (r = 0; r < n; r++)
+        if (dv[r] < 0 || dv[r] > dst.len - run || sv[r] < 0 || sv[r] > src.len - run) {
+            PyErr_Format(PyExc_ValueError, "copy_runs: run %zd (offsets %lld, %lld, %zd bytes) "
+                         "leaves its buffer (%zd, %zd bytes)", r, (long long)dv[r],
+                         (long long)sv[r], run, dst.len, src.len);
+            goto done;
+        }
+    Py_BEGIN_ALLOW_THREADS
+    runs_loop(dst.buf, dv, src.buf, sv, n, run);
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&dst); PyBuffer_Release(&doff); PyBuffer_Release(&src);
+    PyBuffer_Release(&soff);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"copy_runs", copy_runs, METH_VARARGS, copy_runs_doc},
     {"maxpool2x2", maxpool2x2, METH_VARARGS, maxpool2x2_doc},
     {"maxpool2x2_backward", maxpool2x2_backward, METH_VARARGS, maxpool2x2_backward_doc},
     {"forward", forward, METH_VARARGS, forward_doc},

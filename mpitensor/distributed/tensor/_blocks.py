@@ -21,6 +21,7 @@ import mpitensor.distributed as dist
 from mpitensor._base import workspace as _workspace
 
 from ..device_mesh import DeviceMesh
+from . import _direct
 from .placement_types import shard_size_and_offset
 
 __all__ = ["along", "leading", "gather_dim", "scatter_dim"]
@@ -58,6 +59,10 @@ def _padded(x: np.ndarray, dim: int, c: int) -> np.ndarray:
 
 def gather_dim(x: np.ndarray, dim: int, n: int, mesh: DeviceMesh, m: int) -> np.ndarray:
     """Shard(dim) of global length ``n`` -> the whole dim (one all_gather_into_tensor)."""
+    if not leading(x.shape, dim):
+        direct = _direct.gather(x, dim, n, mesh, m)
+        if direct is not None:
+            return direct
     k = mesh.size(m)
     c = -(-n // k)
     block = _padded(x, dim, c)

@@ -35,6 +35,7 @@ import mpitensor.distributed as dist
 from mpitensor._base import workspace as _workspace
 
 from ..device_mesh import DeviceMesh
+from . import _direct
 from ._blocks import along, leading
 from .placement_types import shard_size_and_offset
 
@@ -70,6 +71,9 @@ def swap_shards(x: np.ndarray, i: int, j: int, n_i: int, mesh: DeviceMesh, m: in
     and a piece of the same global shape; the result is this rank's piece, laid out in memory
     as the wire order leaves it (C-contiguous where ``i`` leads).
     """
+    direct = _direct.swap(x, i, j, n_i, mesh, m)
+    if direct is not None:
+        return direct
     k, me = mesh.size(m), mesh.get_coordinate()[m]
     n_j = x.shape[j]
     gather, split = _chunks(n_i, k), _chunks(n_j, k)

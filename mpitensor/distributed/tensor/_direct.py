@@ -1,0 +1,275 @@
+"""Redistributions that move each byte once: blocks read from, or written into, the peers.
+
+A shard swap or a gather along a later dim moves blocks whose rows are strided on one side:
+through a collective they take a packing (or unpacking) pass *and* the collective's own
+copies (MPICH's all_to_all moves a peer's bytes into the receiver through shared memory,
+read and written twice). Where every rank of the group may read and write its peers' memory
+(Linux cross-memory attach: same node, same user, ptrace allowed; probed once per group and
+agreed by all), each block goes straight from the sender's piece into its place in the
+receiver's result in one system call per 1024 runs (:mod:`cma_runs`), and this rank's own
+block is one local copy of runs (compiled, with stores that bypass the cache, where
+``_cpu_kernels`` is built). Every byte is read once and written once, as a ``memcpy``.
+
+Which side moves a block: the one whose runs are strided, so that the peer's side of the
+system call is one range (the kernel pins the peer's pages per range): the sender writes
+(``Shard(i) -> Shard(j)`` with ``i`` before ``j``: its rows' chunks are strided, the
+receiver's block is whole rows), the receiver reads otherwise (``j`` before ``i`` and the
+gather: the sender's block is contiguous, the receiver's rows are strided).
+
+A call: the ranks exchange the address of the array their peers touch and a fingerprint of
+the call (one small all_gather), move the blocks, and agree that every move succeeded (one
+small all_reduce, which is also the barrier after which a rank may reuse its arrays). A
+fingerprint that differs (a rank with another shape) or a failed move sends every rank to
+the collective path, which overwrites the result whole (and reports a mismatch there).
+``MPITENSOR_SHM_COLLECTIVES=off`` and debug mode keep every call on the collectives.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import weakref
+import zlib
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+import mpitensor.distributed as dist
+from mpitensor._base import config as _config
+from mpitensor._base import workspace as _workspace
+
+from ..backends.mpi import cma_runs as _cma
+from ..device_mesh import DeviceMesh
+from .placement_types import shard_size_and_offset
+
+__all__ = ["swap", "gather", "set_enabled"]
+
+MIN_BYTES = 1 << 20  # a smaller tensor: the collective's latency beats two small exchanges
+MIN_RUN = 512  # bytes: shorter runs cost the system calls more than they save
+
+_probed: "weakref.WeakKeyDictionary[Any, Optional[List[int]]]" = weakref.WeakKeyDictionary()
+_enabled = True
+
+
+def set_enabled(use: bool) -> bool:
+    """Tests: whether redistributions may take the direct path; returns the old setting."""
+    global _enabled
+    old, _enabled = _enabled, bool(use)
+    return old
+
+
+def _native() -> Any:
+    if not _config.NATIVE:
+        return None
+    try:
+        import mpitensor._cpu_kernels as kernels  # noqa: PLC0415 - built, or absent
+    except ImportError:
+        return None
+    return getattr(kernels, "copy_runs", None)
+
+
+_copy_runs = _native()
+
+
+# ------------------------------------------------------------------ blocks as runs
+class _Block:
+    """The block ``[start, start + size)`` per dim of a C-contiguous array of ``shape``."""
+
+    __slots__ = ("shape", "start", "size")
+
+    def __init__(self, shape: Sequence[int], start: Sequence[int], size: Sequence[int]):
+        self.shape, self.start, self.size = tuple(shape), tuple(start), tuple(size)
+
+    def whole(self, d: int) -> bool:
+        return self.size[d] == self.shape[d]
+
+
+def _cut(shape: Sequence[int], cuts: Sequence[Tuple[int, int, int]]) -> _Block:
+    """The block of ``shape`` that is ``(dim, start, size)`` along each cut dim, whole along
+    the others."""
+    start, size = [0] * len(shape), list(shape)
+    for d, s, n in cuts:
+        start[d], size[d] = s, n
+    return _Block(shape, start, size)
+
+
+def _depth(a: _Block, b: _Block) -> int:
+    """The first dim of the runs both blocks (of one size) hold contiguous: every dim after
+    it is whole in both."""
+    t = len(a.shape) - 1
+    while t > 0 and a.whole(t) and b.whole(t):
+        t -= 1
+    return t
+
+
+def _offsets(b: _Block, t: int, itemsize: int) -> np.ndarray:
+    """Byte offsets (int64) of the block's runs in C order, the runs spanning dims ``t..``."""
+    strides = [itemsize * math.prod(b.shape[d + 1:]) for d in range(len(b.shape))]
+    base = sum(s * st for s, st in zip(b.start, strides))
+    offs = np.full(1, base, np.int64)
+    for d in range(t):
+        offs = (offs[:, None] + np.arange(b.size[d], dtype=np.int64) * strides[d]).reshape(-1)
+    return offs
+
+
+def _runs(a: _Block, b: _Block, itemsize: int) -> Tuple[np.ndarray, np.ndarray, int]:
+    """(offsets in ``a``, offsets in ``b``, run bytes) of the same block in two layouts."""
+    if math.prod(a.size) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
+    t = _depth(a, b)
+    return _offsets(a, t, itemsize), _offsets(b, t, itemsize), itemsize * math.prod(a.size[t:])
+
+
+def _view(arr: np.ndarray, b: _Block) -> np.ndarray:
+    return arr[tuple(slice(s, s + n) for s, n in zip(b.start, b.size))]
+
+
+def _copy_local(dst: np.ndarray, db: _Block, src: np.ndarray, sb: _Block) -> None:
+    """This rank's own block: one pass of runs (compiled where built)."""
+    doffs, soffs, run = _runs(db, sb, dst.itemsize)
+    if not run:
+        return
+    if _copy_runs is not None:
+        _copy_runs(dst.reshape(-1).view(np.uint8), doffs, src.reshape(-1).view(np.uint8),
+                   soffs, run)
+    else:
+        np.copyto(_view(dst, db), _view(src, sb))
+
+
+# ------------------------------------------------------------------ the group's peers
+def _pids(group: Any, k: int) -> Optional[List[int]]:
+    """The group members' pids where every member may move memory to and from every other
+    (collective on the first call per group; None otherwise)."""
+    if not _enabled or _config.DEBUG or _config.shm_collectives() == "off":
+        return None
+    try:
+        return _probed[group]
+    except KeyError:
+        pass
+    token = np.array([int.from_bytes(os.urandom(7), "little")], np.int64)
+    info = np.zeros((k, 3), np.int64)
+    dist.all_gather_into_tensor(info, np.array([os.getpid(), token.ctypes.data, token[0]],
+                                               np.int64), group=group)
+    got, ok = np.zeros(1, np.int64), _cma.available()
+    me = dist.get_rank(group)
+    for r in range(k):
+        if ok and r != me:
+            try:
+                _cma.transfer(int(info[r, 0]), False, got.ctypes.data, np.zeros(1, np.int64),
+                              int(info[r, 1]), np.zeros(1, np.int64), 8)
+            except OSError:
+                ok = False
+            ok = ok and int(got[0]) == int(info[r, 2])
+    flag = np.array([int(ok)], np.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    pids = [int(p) for p in info[:, 0]] if flag[0] else None
+    _probed[group] = pids
+    return pids
+
+
+def _fingerprint(*what: Any) -> int:
+    return zlib.crc32(repr(what).encode())
+
+
+def _move(group: Any, pids: List[int], me: int, addr: int, fp: int, plan: Any) -> bool:
+    """Exchange addresses and fingerprints, run ``plan(addrs)`` (the moves), agree they all
+    succeeded. False (on every rank) where the collective path must run instead."""
+    k = len(pids)
+    info = np.zeros((k, 2), np.int64)
+    dist.all_gather_into_tensor(info, np.array([addr, fp], np.int64), group=group)
+    if (info[:, 1] != fp).any():
+        return False
+    ok = True
+    try:
+        plan(info[:, 0])
+    except OSError:
+        ok = False
+    flag = np.array([int(ok)], np.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag[0])
+
+
+def _worth(nbytes: int, run: int) -> bool:
+    return nbytes >= MIN_BYTES and run >= MIN_RUN
+
+
+# ------------------------------------------------------------------ the redistributions
+Pair = Callable[[int, int], Tuple[_Block, _Block]]
+
+
+def swap(x: np.ndarray, i: int, j: int, n_i: int, mesh: DeviceMesh, m: int) -> Optional[Any]:
+    """Shard(i) -> Shard(j) over mesh dim ``m`` (see ``_shard_swap``) moving each byte once:
+    this rank's C-contiguous piece, or None where the group takes the all_to_all."""
+    k = mesh.size(m)
+    full = _cut(x.shape, [(i, 0, n_i)]).size
+    rows = [shard_size_and_offset(n_i, k, r) for r in range(k)]  # (size, start) of dim i
+    cols = [shard_size_and_offset(x.shape[j], k, r) for r in range(k)]
+    piece = [_cut(full, [(i, 0, rows[r][0])]).size for r in range(k)]  # rank r's input
+    result = [_cut(full, [(j, 0, cols[r][0])]).size for r in range(k)]  # rank r's output
+
+    def pair(src: int, dst: int) -> Tuple[_Block, _Block]:
+        """Rank ``src``'s block for rank ``dst``: where it lies in each one's array."""
+        return (_cut(piece[src], [(j, cols[dst][1], cols[dst][0])]),
+                _cut(result[dst], [(i, rows[src][1], rows[src][0])]))
+
+    me = mesh.get_coordinate()[m]
+    return _run(x, mesh, m, full, result[me], pair, i < j, ("swap", i, j))
+
+
+def gather(x: np.ndarray, dim: int, n: int, mesh: DeviceMesh, m: int) -> Optional[Any]:
+    """Shard(dim) -> Replicate over mesh dim ``m`` (see ``_blocks.gather_dim``), each peer's
+    piece read straight into its place: the C-contiguous whole, or None where the group
+    takes the all_gather."""
+    k = mesh.size(m)
+    full = _cut(x.shape, [(dim, 0, n)]).size
+    parts = [shard_size_and_offset(n, k, r) for r in range(k)]
+
+    def pair(src: int, dst: int) -> Tuple[_Block, _Block]:
+        """Rank ``src``'s piece (whole) and where it lies in the result."""
+        size, start = parts[src]
+        return _cut(_cut(full, [(dim, 0, size)]).size, []), _cut(full, [(dim, start, size)])
+
+    return _run(x, mesh, m, full, full, pair, False, ("gather", dim))
+
+
+def _run(x: np.ndarray, mesh: DeviceMesh, m: int, full: Tuple[int, ...],
+         shape: Tuple[int, ...], pair: Pair, push: bool, what: tuple) -> Optional[Any]:
+    """Move every rank's blocks (``pair(src, dst)``: where rank src's block for rank dst lies
+    in src's piece and in dst's result) into this rank's result of ``shape``: the sender
+    writes them where ``push``, the receiver reads them otherwise. None where the group
+    takes the collective."""
+    k, me, isz = mesh.size(m), mesh.get_coordinate()[m], x.itemsize
+    # rank 0's chunks are the longest: its runs decide (alike on every rank)
+    if not _worth(math.prod(full) * isz, _runs(*pair(0, 0), isz)[2]):
+        return None
+    group = mesh.get_group(m)
+    pids = _pids(group, k)
+    if pids is None:
+        return None
+    x = np.ascontiguousarray(x)
+    out = _workspace.empty(np, shape, x.dtype)
+
+    def plan(addrs: np.ndarray) -> None:
+        for step in range(1, k):
+            r = (me + step) % k
+            sb, db = pair(me, r) if push else pair(r, me)
+            soffs, doffs, run = _runs(sb, db, isz)
+            if push:
+                _transfer(pids[r], True, x, soffs, int(addrs[r]), doffs, run)
+            else:
+                _transfer(pids[r], False, out, doffs, int(addrs[r]), soffs, run)
+        sb, db = pair(me, me)
+        _copy_local(out, db, x, sb)
+
+    fp = _fingerprint(what, full, x.dtype.str)
+    return out if _move(group, pids, me, _addr(out if push else x), fp, plan) else None
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _transfer(pid: int, write: bool, local: np.ndarray, local_offs: np.ndarray, remote: int,
+              remote_offs: np.ndarray, run: int) -> None:
+    if run:
+        _cma.transfer(pid, write, _addr(local), local_offs, remote, remote_offs, run)

@@ -1,0 +1,165 @@
+"""The direct path of Shard(i) -> Shard(j) and Shard(d) -> Replicate (``tensor/_direct.py``:
+blocks moved with process_vm_readv/writev straight into place) across 1-4 ranks, compared bit
+for bit with the full tensor's slices: every dtype, every pair of dims, uneven and empty
+pieces, non-contiguous local pieces, a swap on one dim of a 2-D mesh, and the way back.
+
+The size thresholds are lowered to nothing for these tests so that small tensors take the
+path; each test asserts that the path was taken where the group's probe allows it, and that
+the collective path gives the same bits where it does not (or is switched off).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import mpitensor.distributed as dist
+from mpitensor import dtypes
+from mpitensor.distributed.tensor import Replicate, Shard, _direct, init_device_mesh
+
+from .test_redistribute_swap import DTYPES, full, piece, placed, same_bits, swap_and_check
+
+
+@pytest.fixture(autouse=True)
+def every_size(monkeypatch):
+    monkeypatch.setattr(_direct, "MIN_BYTES", 0)
+    monkeypatch.setattr(_direct, "MIN_RUN", 0)
+
+
+class Count:
+    """Counts the calls that the direct path completed (returned a result)."""
+
+    def __init__(self, monkeypatch):
+        self.done = 0
+        for name in ("swap", "gather"):
+            real = getattr(_direct, name)
+
+            def wrapped(*a, _real=real, **kw):
+                got = _real(*a, **kw)
+                self.done += got is not None
+                return got
+
+            monkeypatch.setattr(_direct, name, wrapped)
+
+
+def usable(mesh, m=0):
+    """Whether the group of mesh dim ``m`` takes the direct path (its probe, agreed)."""
+    return dist.get_world_size() == 1 or _direct._pids(mesh.get_group(m), mesh.size(m)) is not None
+
+
+def test_the_probe_agrees_and_succeeds_on_one_node():
+    # every rank of these suites runs on this machine as the same user: the kernel allows
+    # cross-memory attach unless ptrace is restricted (Yama's ptrace_scope) or seccomp refuses
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    ok = np.array([int(usable(mesh))], np.int64)
+    both = np.zeros(dist.get_world_size(), np.int64)
+    dist.all_gather_into_tensor(both, ok)
+    assert (both == both[0]).all()
+
+
+def test_swap_every_dtype_every_pair(monkeypatch):
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    count = Count(monkeypatch)
+    calls = 0
+    for dtype in DTYPES:
+        for shape in ((5, 7, 3), (8, 4, 6)):
+            arr = full(shape, dtype, seed=11)
+            for i, j in itertools.permutations(range(3), 2):
+                swap_and_check(arr, mesh, [Shard(i)], [Shard(j)])
+                calls += 1
+    if dist.get_world_size() > 1 and usable(mesh):
+        assert count.done == calls
+
+
+@pytest.mark.parametrize("shape", [(5, 7, 3), (4, 8, 12), (2, 3, 1), (1, 6, 5), (7, 1, 2),
+                                   (3, 0, 2), (13, 1031)])
+def test_swap_uneven_and_empty_pieces(shape):
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    arr = full(shape, np.float64, seed=12)
+    for i, j in itertools.permutations(range(len(shape)), 2):
+        y = swap_and_check(arr, mesh, [Shard(i)], [Shard(j)])
+        np.testing.assert_array_equal(y.full_tensor().numpy(), arr)
+
+
+def test_swap_non_contiguous_pieces_and_back():
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for dtype in (np.float32, np.int64, dtypes.bfloat16, np.bool_):
+        arr = full((6, 5, 4), dtype, seed=13)
+        for i, j in itertools.permutations(range(3), 2):
+            y = swap_and_check(arr, mesh, [Shard(i)], [Shard(j)], strided=True)
+            back = y.redistribute(mesh, [Shard(i)])
+            same_bits(back.to_local().numpy(), piece(arr, mesh, [Shard(i)]), (dtype, i, j))
+
+
+def test_swap_on_one_dim_of_a_two_dimensional_mesh(monkeypatch):
+    n = dist.get_world_size()
+    arr = full((6, 5, 7), np.float32, seed=14)
+    for shape in [(a, n // a) for a in range(1, n + 1) if n % a == 0]:
+        mesh = init_device_mesh("cpu", shape)
+        for a, b, c in itertools.permutations(range(3)):
+            swap_and_check(arr, mesh, [Shard(a), Shard(b)], [Shard(a), Shard(c)])
+            swap_and_check(arr, mesh, [Shard(b), Replicate()], [Shard(c), Replicate()])
+
+
+def test_gather_every_dtype_every_dim(monkeypatch):
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    count = Count(monkeypatch)
+    calls = 0
+    for dtype in DTYPES:
+        for shape in ((5, 7, 3), (2, 4, 9), (3, 0, 2), (9, 2, 1)):
+            arr = full(shape, dtype, seed=15)
+            for d in range(3):
+                for strided in (False, True):
+                    y = placed(arr, mesh, [Shard(d)], strided).redistribute(mesh, [Replicate()])
+                    same_bits(y.to_local().numpy(), arr, (dtype, shape, d, strided))
+                    assert y.to_local().numpy().flags.c_contiguous
+                    calls += d > 0 and shape[0] > 1  # dim 0 (or all before it 1): all_gather
+    if dist.get_world_size() > 1 and usable(mesh):
+        assert count.done == calls
+
+
+def test_switched_off_gives_the_same_bits():
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    arr = full((9, 10, 3), np.float64, seed=16)
+    old = _direct.set_enabled(False)
+    try:
+        for i, j in itertools.permutations(range(3), 2):
+            swap_and_check(arr, mesh, [Shard(i)], [Shard(j)])
+    finally:
+        _direct.set_enabled(old)
+
+
+def test_a_rank_with_another_shape_falls_back_to_the_collective():
+    # the fingerprints differ: every rank leaves the direct path before any byte moves, and
+    # the all_to_all (which checks sizes) reports the mismatch on every rank
+    n, me = dist.get_world_size(), dist.get_rank()
+    if n == 1:
+        return
+    mesh = init_device_mesh("cpu", (n,))
+    group = mesh.get_group(0)
+    if _direct._pids(group, n) is None:
+        return
+    x = np.zeros((4, 8 + (me == 0)), np.float32)
+    got = []
+
+    def plan(addrs):
+        got.append(True)
+
+    fp = _direct._fingerprint("swap", x.shape)
+    assert not _direct._move(group, _direct._pids(group, n), me, x.ctypes.data, fp, plan)
+    assert not got
+
+
+def test_without_the_compiled_copy(monkeypatch):
+    # where _cpu_kernels is not built, this rank's own block is one NumPy copyto
+    monkeypatch.setattr(_direct, "_copy_runs", None)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for dtype in (np.float32, np.complex64):
+        arr = full((7, 9, 4), dtype, seed=17)
+        for i, j in itertools.permutations(range(3), 2):
+            swap_and_check(arr, mesh, [Shard(i)], [Shard(j)])
+        for d in (1, 2):
+            y = placed(arr, mesh, [Shard(d)]).redistribute(mesh, [Replicate()])
+            same_bits(y.to_local().numpy(), arr, (dtype, d))
