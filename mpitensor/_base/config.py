@@ -99,6 +99,10 @@ MPITENSOR_RUN_WATCH | text | unset | each rank's start under `mpitensor-run` |
 MPITENSOR_RUN_ATTEMPT | text | unset | by the launcher, in its job's processes |
     internal, set by `mpitensor-run --max-restarts` on every process of one attempt, so that the
     launcher finds and ends any left before the next attempt
+MPITENSOR_MPI_ALGORITHMS | choice: auto, off | auto | the first import of `mpi4py.MPI` after
+    `import mpitensor` |
+    MPICH's algorithm for the non-blocking collectives our blocking ones run on, chosen by
+    measurement (docs/distributed.md), set where the environment names none (`off`: MPICH's own)
 """
 
 
