@@ -451,8 +451,7 @@ class Inverse(Function):
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
         (inv,) = ctx.saved_tensors
-        it = _mT(inv)
-        return (-(it @ g @ it),)
+        return (-(_mT(inv) @ g @ _mT(inv)),)
 
 
 def _adjugate_t(m: Any, a: Any) -> Any:
