@@ -95,17 +95,21 @@ class UsageError(Exception):
 
 @dataclass
 class Options:
-    nprocs: Optional[int] = None
+    """A parsed command line: a field per option of :data:`USAGE`, named for it (``-f`` fills
+    ``hostfile``), ``None`` (or empty) where the option is not given."""
+
+    nprocs: Optional[int] = None  # None: the MPI's own default (e.g. the hostfile's slots)
     hostfile: Optional[str] = None
     ppn: Optional[int] = None
     iface: Optional[str] = None
-    env: List[Tuple[str, str]] = field(default_factory=list)
+    env: List[Tuple[str, str]] = field(default_factory=list)  # (NAME, VALUE) per --env, in order
     tag_output: bool = False
+    # --mpi-args split as a shell would, and the MPI launcher's own options found, with values
     mpi_args: List[str] = field(default_factory=list)
     mpiexec: Optional[str] = None
     dry_run: bool = False
-    module: bool = False
-    target: List[str] = field(default_factory=list)
+    module: bool = False  # -m: target[0] names a module, not a script
+    target: List[str] = field(default_factory=list)  # the script (or module), then its args
     # torchrun's
     nproc_per_node: Optional[str] = None
     nnodes: Optional[int] = None
