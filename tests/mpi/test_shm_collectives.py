@@ -312,3 +312,29 @@ def test_sizes_on_both_sides_of_the_crossover_raise_a_mismatch(monkeypatch, wher
     y = np.ones(10, np.float32)
     dist.all_reduce(y, group=dist.new_group(list(range(dist.get_world_size()))))
     assert (y == dist.get_world_size()).all()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_measured_thresholds_agree_on_every_rank(monkeypatch):
+    """``auto``: the group's first large call makes the engine and times it against MPI;
+    every rank ends with the same thresholds and the same measured ratios (each decides from
+    the same reduced times), each threshold the floor or more, and a call of every kind
+    gives the sum on every rank whichever path its size takes (MPI's may add in another
+    order: within (p-1) eps of the sum of magnitudes)."""
+    monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", "auto")
+    g = dist.new_group(list(range(dist.get_world_size())))
+    me, p = dist.get_rank(), dist.get_world_size()
+    x = _data(me, shm_coll.FLOOR // 4, np.float32)
+    dist.all_reduce(x, group=g)
+    eng = g.shm
+    assert isinstance(eng, Engine)
+    mine = (sorted(eng.thresholds.items()), eng.calibration.tobytes())
+    every = [None] * p
+    dist.all_gather_object(every, mine)
+    assert all(e == every[0] for e in every)
+    assert eng.calibration.shape == (len(shm_coll._CAL_BYTES), len(shm_coll._KINDS))
+    assert all(v >= shm_coll.FLOOR for v in eng.thresholds.values())
+    pieces = [_data(r, shm_coll.FLOOR // 4, np.float32) for r in range(p)]
+    bound = (p - 1) * np.finfo(np.float32).eps * np.sum(np.abs(pieces), axis=0)
+    assert (np.abs(x - _expected(pieces, ReduceOp.SUM)) <= bound).all()
+    dist.destroy_process_group(g)

@@ -24,12 +24,14 @@ reduction on the group's private communicator, map it, and agree; rank 0 closes 
 descriptor (or removes the name) as soon as every member mapped it (or gave up), so nothing is
 left behind however the job ends, even where rank 0 dies before that. Where that fails (no
 memory, a full ``/dev/shm``) every member learns it in the same reduction and the group stays
-on MPI for good. In ``auto`` the members then measure, together and by turns, the engine and
-MPI on an all-reduce, a reduce-scatter and an all-gather at three sizes (:data:`_CAL_BYTES`),
-take the slowest member's times, and draw each a line through them (past the largest size,
-in proportion to its time there): a call takes the engine only from the size where its kind's
-line stays 10 % below MPI's for every larger size (never below :data:`FLOOR`). Debug mode
-(``MPITENSOR_DEBUG``) keeps every call on MPI, where its checks are.
+on MPI for good. In ``auto`` the members then measure, together, the engine and MPI on an
+all-reduce, a reduce-scatter and an all-gather at four sizes (:data:`_CAL_BYTES`), in pairs
+whose order alternates; each pair counts with its slowest member's times, a size's ratio of
+engine to MPI is the median of its pairs' (a size whose pairs disagree is measured once
+more), and a call takes the engine only from the size where its kind's ratio, drawn between
+the sizes (past the largest, held), stays at most 0.9 for every larger size (never below
+:data:`FLOOR`). Debug mode (``MPITENSOR_DEBUG``) keeps every call on MPI, where its checks
+are.
 
 **Checks and faults.** Every call through the engine posts its fingerprint in the group's
 agreement slots (``fingerprint.NodeCheck``, whatever its size) and waits for its peers' before
@@ -83,9 +85,11 @@ _TOKEN_AT = 7 * 8  # where rank 0 signs a new segment (a word of its control lin
 _MARGIN = 0.9  # auto: the engine's modelled time must be this fraction of MPI's, or less
 # the calibration's sizes: MPI's time per byte changes where its buffers outgrow the caches,
 # so a line through two small sizes missed what large calls cost
-_CAL_BYTES = (256 << 10, 4 << 20, 16 << 20)
+_CAL_BYTES = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
 _KINDS = ("reduce", "scatter", "move")  # the thresholds' kinds of call
-_CAL_REPS = 5  # the calibration keeps the best of this many calls of each
+_CAL_PAIRS = 5  # the calibration's (engine, MPI) pairs per size and kind, to 1 MiB
+_CAL_PAIRS_LARGE = 3  # and above (most of its time: a 16 MiB pair costs a 1 MiB one's 16)
+_DOUBT = 1.2  # a point whose median ratio lies this close to _MARGIN is measured once more
 
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
            ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
@@ -677,22 +681,72 @@ def best_time(fn: Callable[[], None], reps: int = 3) -> float:
 def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
     """The group's thresholds, measured: per kind ("reduce": all_reduce and reduce;
     "scatter": reduce_scatter; "move": all_gather and broadcast), the size from which the
-    engine's fitted time is at most _MARGIN of MPI's (OFF_BYTES: never), at least FLOOR.
-    Every member measures the same calls together; the slowest member's times decide."""
+    engine's time is at most _MARGIN of MPI's (OFF_BYTES: never), at least FLOOR.
+
+    Every member times the same calls together, engine and MPI in pairs whose order
+    alternates (load that comes and goes hits both sides of a pair alike); each pair counts
+    with its slowest member's times, and a point's ratio is the median of its pairs' ratios.
+    A point left in doubt (its median near _MARGIN, its pairs on both sides of it) is
+    measured once more and decided by the median of all its pairs. Every member decides from
+    the same reduced times, so the thresholds agree."""
     h = g.health
     label = f"{op} (shared-memory calibration)"
-    t = np.zeros((len(_CAL_BYTES), len(_KINDS), 2))  # size, kind, (engine, MPI)
-    for i, nbytes in enumerate(_CAL_BYTES):
-        t[i] = _measure(eng, h, s, label, nbytes)
-    _exchange(h, t.reshape(-1), MPI.MAX, s, op)
-    return {kind: _crossing(t[:, k, 0], t[:, k, 1]) for k, kind in enumerate(_KINDS)}
+    pairs: list = [[[] for _ in _KINDS] for _ in _CAL_BYTES]  # size, kind -> [(e, m)]
+    todo = [(i, k) for i in range(len(_CAL_BYTES)) for k in range(len(_KINDS))]
+    cases: dict = {}  # size -> its calls, kept for a second round (no new first touch)
+    for again in (False, True):  # a first round, then the points in doubt once more
+        t = []
+        for i, k in todo:
+            if i not in cases:
+                cases[i] = _cases(eng, h, s, label, _CAL_BYTES[i])
+            reps = _CAL_PAIRS if _CAL_BYTES[i] <= 1 << 20 else _CAL_PAIRS_LARGE
+            t.append(_pairs(cases[i][k], reps, warm=not again))
+        flat = np.concatenate(t)
+        _exchange(h, flat, MPI.MAX, s, op)  # every pair: its slowest member's times
+        at = 0
+        for (i, k), got in zip(todo, t):
+            pairs[i][k].extend(zip(flat[at:at + got.size:2], flat[at + 1:at + got.size:2]))
+            at += got.size
+        todo = [(i, k) for i, k in todo if _split(pairs[i][k])]
+        cases = {i: cases[i] for i in {i for i, _ in todo}}
+        if not todo:
+            break
+    ratio = np.array([[_ratio(pairs[i][k]) for k in range(len(_KINDS))]
+                      for i in range(len(_CAL_BYTES))])
+    eng.calibration = ratio  # engine / MPI per size and kind, for reports
+    return {kind: _crossing(ratio[:, k]) for k, kind in enumerate(_KINDS)}
 
 
-def _measure(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> list:
-    """Seconds of an all-reduce of ``nbytes`` (float32, in place), a reduce-scatter of
-    ``nbytes`` and an all-gather into ``nbytes`` (from an input of its own), each through the
-    engine and through MPI (the best of :data:`_CAL_REPS` taken by turns, after a warm-up):
-    ``[[engine, MPI]`` per kind of :data:`_KINDS`]."""
+def _ratio(pairs: list) -> float:
+    """The median of the pairs' engine / MPI time ratios."""
+    return float(np.median([e / max(m, 1e-9) for e, m in pairs]))
+
+
+def _split(pairs: list) -> bool:
+    """Whether the pairs leave the point in doubt: their median lies near _MARGIN (within
+    :data:`_DOUBT`) and they disagree on which side of it the engine lies."""
+    r = [e / max(m, 1e-9) for e, m in pairs]
+    med = float(np.median(r))
+    return min(r) <= _MARGIN < max(r) and _MARGIN / _DOUBT <= med <= _MARGIN * _DOUBT
+
+
+def _pairs(fns: tuple, reps: int, warm: bool) -> np.ndarray:
+    """``reps`` pairs of timed calls ``(engine, MPI)``, the order alternating (after one
+    untimed call of each where ``warm``), flat: ``[e0, m0, e1, m1, ...]``."""
+    if warm:
+        for fn in fns:
+            fn()  # first touch of the buffers, MPI's first use of this size
+    t = np.zeros((reps, 2))
+    for r in range(reps):
+        for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+            t[r, side] = best_time(fns[side], 1)
+    return t.reshape(-1)
+
+
+def _cases(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> tuple:
+    """The calibration's calls at ``nbytes``, ``(engine, MPI)`` per kind of :data:`_KINDS`:
+    an all-reduce of ``nbytes`` (float32, in place), a reduce-scatter of ``nbytes`` and an
+    all-gather into ``nbytes`` (from an input of its own)."""
     p, diag = eng.p, h.diag
     n = nbytes // 4 // p * p
     buf = np.ones(n, np.float32)
@@ -706,38 +760,29 @@ def _measure(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> list:
     def mpi(req: Callable[[], Any]) -> Callable[[], None]:
         return lambda: W.wait(h, req(), label, s)
 
-    fns = ((lambda: _reduce_core(eng, buf, red, -1, None),
-            mpi(lambda: diag.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], MPI.SUM))),
-           (lambda: _scatter_core(eng, out, pieces, red),
-            mpi(lambda: diag.Ireduce_scatter_block([buf, MPI.FLOAT], [out, MPI.FLOAT],
-                                                   MPI.SUM))),
-           (lambda: _gather_core(eng, own, pieces, None),
-            mpi(lambda: diag.Iallgather([own, MPI.FLOAT], [buf, MPI.FLOAT]))))
-    times = []
-    for pair in fns:
-        for fn in pair:
-            fn()  # warm: first touch of the slots, MPI's first use of this size
-        # engine and MPI by turns, so that load that comes and goes hits both alike
-        best = [float("inf")] * len(pair)
-        for _ in range(_CAL_REPS if nbytes <= 4 << 20 else 3):
-            best = [min(b, best_time(fn, 1)) for b, fn in zip(best, pair)]
-        times.append(best)
-    return times
+    return ((lambda: _reduce_core(eng, buf, red, -1, None),
+             mpi(lambda: diag.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], MPI.SUM))),
+            (lambda: _scatter_core(eng, out, pieces, red),
+             mpi(lambda: diag.Ireduce_scatter_block([buf, MPI.FLOAT], [out, MPI.FLOAT],
+                                                    MPI.SUM))),
+            (lambda: _gather_core(eng, own, pieces, None),
+             mpi(lambda: diag.Iallgather([own, MPI.FLOAT], [buf, MPI.FLOAT]))))
 
 
-def _crossing(engine: np.ndarray, mpi: np.ndarray) -> int:
+def _crossing(ratio: np.ndarray) -> int:
     """The size from which the engine's time stays at most _MARGIN of MPI's at every larger
-    size, both drawn through their times at _CAL_BYTES (straight between them; past the last
-    size, in proportion to it: there both move memory that no cache holds, at a cost per byte
-    that no longer changes, and a slope between two noisy times would say more than the
-    times do); OFF_BYTES where the engine loses at the last size."""
-    x = np.asarray(_CAL_BYTES, float)
-    if engine[-1] > _MARGIN * mpi[-1]:
+    size, from its ratio to MPI's at _CAL_BYTES (straight between them in the logarithm of
+    the size; past the last size, the last ratio: there both move memory that no cache holds,
+    at a cost per byte that no longer changes); OFF_BYTES where the engine loses at the last
+    size."""
+    x = np.log2(np.asarray(_CAL_BYTES, float))
+    ratio = np.asarray(ratio, float)
+    if ratio[-1] > _MARGIN:
         return OFF_BYTES
     sizes = FLOOR * 2.0 ** (np.arange(4 * 8) / 4)  # four per octave, FLOOR to 128 x FLOOR
-    sizes = sizes[sizes <= x[-1]]
-    loses = np.flatnonzero(np.interp(sizes, x, engine) > _MARGIN * np.interp(sizes, x, mpi))
+    sizes = sizes[sizes <= _CAL_BYTES[-1]]
+    loses = np.flatnonzero(np.interp(np.log2(sizes), x, ratio) > _MARGIN)
     if not loses.size:
         return FLOOR
     last = loses[-1]
-    return int(sizes[last + 1]) if last + 1 < sizes.size else int(x[-1])
+    return int(sizes[last + 1]) if last + 1 < sizes.size else int(_CAL_BYTES[-1])
