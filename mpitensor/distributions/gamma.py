@@ -67,13 +67,12 @@ class Gamma(Distribution):
         0.5
     """
 
-    arg_constraints = {"concentration": constraints.positive, "rate": constraints.positive}
+    _params = ("concentration", "rate")  # what expand() expands
+    arg_constraints = dict.fromkeys(_params, constraints.positive)
     support = constraints.nonnegative
     has_rsample = True
-    _params = ("concentration", "rate")  # what expand() expands
 
-    def __init__(self, concentration: Any, rate: Any,
-                 validate_args: Optional[bool] = None) -> None:
+    def __init__(self, concentration: Any, rate: Any, validate_args: Optional[bool] = None) -> None:
         self._init_params((concentration, rate), validate_args)
 
     @property
