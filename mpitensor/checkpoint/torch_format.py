@@ -55,6 +55,7 @@ import struct
 import sys
 import zipfile
 import zlib
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -152,26 +153,22 @@ def _foreign_dtype(name: str) -> FormatError:
 
 
 # ------------------------------------------------------------------------------------ reading
+@dataclass(frozen=True)
 class _StorageType:
     """Stand-in for a storage class: ``torch.FloatStorage`` (typed) or ``UntypedStorage``."""
 
-    __slots__ = ("name", "dtype")
-
-    def __init__(self, name: str, dtype: Optional[np.dtype]) -> None:
-        self.name = name
-        self.dtype = dtype  # None: untyped, numel counts bytes
+    name: str
+    dtype: Optional[np.dtype]  # None: untyped, numel counts bytes
 
     def __repr__(self) -> str:
         return f"torch.{self.name}"
 
 
+@dataclass(frozen=True)
 class _ClassName:
     """Stand-in for ``torch.Tensor`` / ``torch.nn.Parameter``: a name, never called."""
 
-    __slots__ = ("cls",)
-
-    def __init__(self, cls: type) -> None:
-        self.cls = cls
+    cls: type
 
     def __repr__(self) -> str:
         return f"<stand-in for {self.cls.__name__}>"
