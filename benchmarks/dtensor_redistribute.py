@@ -1,6 +1,7 @@
 """DTensor redistribution against the one collective it maps to, in the same run.
 
-    mpiexec -n 2 python benchmarks/dtensor_redistribute.py [--mib 64] [--reps 5] [--rounds 3]
+    mpiexec -n 2 python benchmarks/dtensor_redistribute.py [--mib 64] [--width 1024] [--reps 5]
+        [--rounds 3] [--only 'Shard(1)']
 
 For each transition (Shard(0) -> Replicate, Partial -> Replicate, Shard(1) -> Replicate,
 Partial -> Shard(0), Shard(0) -> Shard(1), Shard(1) -> Shard(0)) it times
@@ -15,6 +16,11 @@ recycled (``_base/workspace``), as the bare collective's are here. ``Partial -> 
 is also timed as ``copy + bare`` (all_reduce works in place, so a redistribution copies the
 terms it must keep first) and as ``rs + ag`` (reduce_scatter_tensor + all_gather_into_tensor,
 out of place, no copy).
+
+The transitions along a later dim are also timed as ``collective``: the same redistribution
+with its direct path switched off (``tensor/_direct.py``: blocks moved straight into place
+with cross-memory attach), i.e. through the packed all_to_all / all_gather. The bare
+collectives run on the mesh's own group, on contiguous buffers of the same bytes.
 
 The shard swaps are also timed against two references: ``padded``, the equal padded blocks
 the CuPy path still takes (and the NumPy path took before the exact split sizes), and
@@ -40,6 +46,7 @@ from mpitensor.distributed.tensor import (
     Partial,
     Replicate,
     Shard,
+    _direct,
     distribute_tensor,
     init_device_mesh,
 )
@@ -56,61 +63,75 @@ def timed(fn, reps):
     return out
 
 
-def candidates(mib: float) -> dict:
+def candidates(mib: float, width: int) -> dict:
     """transition -> {name: call}; the first name is ours, the second the bare collective."""
     n = dist.get_world_size()
     mesh = init_device_mesh("cpu", (n,))
-    rows = max(n, int(mib * 2**20 / 4 / 1024) // n * n)
-    full = mt.ones(rows, 1024)  # float32: rows x 1024, divisible by n
-    per = rows // n * 1024
+    rows = max(n, int(mib * 2**20 / 4 / width) // n * n)
+    full = mt.ones(rows, width)  # float32: rows x width, rows divisible by n
+    per = rows // n * width
     s0 = distribute_tensor(full, mesh, [Shard(0)])
     s1 = distribute_tensor(full, mesh, [Shard(1)])
-    part = DTensor.from_local(mt.ones(rows, 1024), mesh, [Partial()])
+    part = DTensor.from_local(mt.ones(rows, width), mesh, [Partial()])
     a, big = np.ones(per, np.float32), np.ones(per * n, np.float32)
     a2 = np.empty_like(a)
     local = s0.to_local().numpy()
-    cols = 1024 // n
+    cols = width // n
     blocks = a.reshape(n, rows // n, cols)
+
+    group = mesh.get_group(0)  # the bare collectives run on the mesh's own group
 
     def pack():  # each destination's columns of the local rows, one block per rank
         np.copyto(blocks, local.reshape(rows // n, n, cols).transpose(1, 0, 2))
-        dist.all_to_all_single(a2, a)
+        dist.all_to_all_single(a2, a, group=group)
 
     def bare_a2a():
-        dist.all_to_all_single(a2, a)
+        dist.all_to_all_single(a2, a, group=group)
 
     big2 = np.empty_like(big)
 
     def copy_all_reduce():  # all_reduce is in place: a Partial's terms are copied first
         np.copyto(big2, big)
-        dist.all_reduce(big2)
+        dist.all_reduce(big2, group=group)
 
     def rs_ag():  # the same reduction with no copy, in two collectives
-        dist.reduce_scatter_tensor(a2, big)
-        dist.all_gather_into_tensor(big2, a2)
+        dist.reduce_scatter_tensor(a2, big, group=group)
+        dist.all_gather_into_tensor(big2, a2, group=group)
+
+    def collective(dt, placements):  # the redistribution with the direct path switched off
+        def run():
+            old = _direct.set_enabled(False)
+            try:
+                dt.redistribute(mesh, placements)
+            finally:
+                _direct.set_enabled(old)
+        return run
 
     return {
         "Shard(0) -> Replicate": {
             "ours": lambda: s0.redistribute(mesh, [Replicate()]),
-            "bare": lambda: dist.all_gather_into_tensor(big, a)},
+            "bare": lambda: dist.all_gather_into_tensor(big, a, group=group)},
         "Partial -> Replicate": {
             "ours": lambda: part.redistribute(mesh, [Replicate()]),
-            "bare": lambda: dist.all_reduce(big),
+            "bare": lambda: dist.all_reduce(big, group=group),
             "copy + bare": copy_all_reduce, "rs + ag": rs_ag},
         "Shard(1) -> Replicate": {  # the columns gathered: one reorder pass, then all_gather
             "ours": lambda: s1.redistribute(mesh, [Replicate()]),
-            "bare": lambda: dist.all_gather_into_tensor(big, a)},
+            "bare": lambda: dist.all_gather_into_tensor(big, a, group=group),
+            "collective": collective(s1, [Replicate()])},
         "Partial -> Shard(0)": {
             "ours": lambda: part.redistribute(mesh, [Shard(0)]),
-            "bare": lambda: dist.reduce_scatter_tensor(a, big)},
+            "bare": lambda: dist.reduce_scatter_tensor(a, big, group=group)},
         "Shard(0) -> Shard(1)": {
             "ours": lambda: s0.redistribute(mesh, [Shard(1)]),
             "bare": bare_a2a, "bare + pack": pack,
+            "collective": collective(s0, [Shard(1)]),
             "padded": lambda: padded_all_to_all(local, 0, 1, rows, mesh, 0)},
         "Shard(1) -> Shard(0)": {
             "ours": lambda: s1.redistribute(mesh, [Shard(0)]),
             "bare": bare_a2a,
-            "padded": lambda: padded_all_to_all(s1.to_local().numpy(), 1, 0, 1024, mesh, 0)},
+            "collective": collective(s1, [Shard(0)]),
+            "padded": lambda: padded_all_to_all(s1.to_local().numpy(), 1, 0, width, mesh, 0)},
     }, rows
 
 
@@ -119,16 +140,22 @@ def main() -> None:
     ap.add_argument("--mib", type=float, default=64.0, help="global tensor size")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--width", type=int, default=1024,
+                    help="columns of the global tensor (divisible by the ranks)")
+    ap.add_argument("--only", default="", help="run the transitions whose name holds this")
     args = ap.parse_args()
     dist.init_process_group("mpi")
     n, me = dist.get_world_size(), dist.get_rank()
-    table, rows = candidates(args.mib)
+    table, rows = candidates(args.mib, args.width)
     load0 = os.getloadavg()[0]
     if me == 0:
-        print(f"{n} ranks, global tensor {rows * 1024 * 4 / 2**20:.0f} MiB float32, median of "
-              f"{args.rounds} rounds x {args.reps}, load average {load0:.2f} at the start")
+        mib = rows * args.width * 4 / 2**20
+        print(f"{n} ranks, global tensor {rows} x {args.width} float32 ({mib:.0f} MiB), median "
+              f"of {args.rounds} rounds x {args.reps}, load average {load0:.2f} at the start")
         print(f"{'transition':22s} {'candidate':12s} {'ms':>8s} {'/ bare':>7s}")
     for name, fns in table.items():
+        if args.only not in name:
+            continue
         for fn in fns.values():
             timed(fn, 1)  # warm-up
         times = {c: [] for c in fns}

@@ -543,8 +543,9 @@ POOL_ENTRY(maxpool2x2_backward, 1, "y*O!y*w*O!nni", &q.x, &PyTuple_Type, &q.stri
 
 /* ---- copy_runs: equal contiguous runs from one buffer to another (DTensor redistribution) ---- */
 
-/* Whether the copy bypasses the cache: past this many bytes in all, the destination would not
-   stay cached anyway, and a plain store first reads each destination line it writes. */
+/* Where the caller leaves it to us, the copy bypasses the cache past this many bytes in all:
+   the destination would not stay cached anyway, and a plain store first reads each
+   destination line it writes. */
 #define RUNS_STREAM_BYTES (4 << 20)
 
 #if defined(__SSE2__)
@@ -573,11 +574,11 @@ static void run_stream(char *d, const char *s, size_t n)
 #endif
 
 static void runs_loop(char *d, const int64_t *doff, const char *s, const int64_t *soff,
-                      Py_ssize_t n, Py_ssize_t run)
+                      Py_ssize_t n, Py_ssize_t run, int stream)
 {
     Py_ssize_t r, o;
 #if defined(__SSE2__)
-    if ((int64_t)n * run >= RUNS_STREAM_BYTES) {
+    if (stream) {
         for (r = 0; r < n; r++) {
             if (r + 2 < n) /* the hardware's prefetch stops at each run's page: ask ahead */
                 for (o = 0; o < run; o += 64)
@@ -588,25 +589,27 @@ static void runs_loop(char *d, const int64_t *doff, const char *s, const int64_t
         return;
     }
 #endif
-    (void)o;
+    (void)o, (void)stream;
     for (r = 0; r < n; r++)
         memcpy(d + doff[r], s + soff[r], (size_t)run);
 }
 
 static const char copy_runs_doc[] =
-    "copy_runs(dst, dst_offsets, src, src_offsets, run)\n\n"
+    "copy_runs(dst, dst_offsets, src, src_offsets, run, stream=-1)\n\n"
     "Copy run bytes from src at each byte offset of src_offsets (int64) to dst at the offset of\n"
-    "the same index in dst_offsets, without the interpreter lock; past 4 MiB in all the stores\n"
-    "bypass the cache. Every run is checked to lie inside its buffer before any byte moves;\n"
-    "the runs must not overlap one another or the other buffer's.";
+    "the same index in dst_offsets, without the interpreter lock. stream: 1, stores that\n"
+    "bypass the cache; 0, plain stores; -1, bypass past 4 MiB in all. Every run is checked to\n"
+    "lie inside its buffer before any byte moves; the runs must not overlap one another or\n"
+    "the other buffer's.";
 
 static PyObject *copy_runs(PyObject *self, PyObject *args)
 {
     Py_buffer dst, doff, src, soff;
     Py_ssize_t run, n, r;
+    int stream = -1;
     PyObject *result = NULL;
     const int64_t *dv, *sv;
-    if (!PyArg_ParseTuple(args, "w*y*y*y*n", &dst, &doff, &src, &soff, &run))
+    if (!PyArg_ParseTuple(args, "w*y*y*y*n|i", &dst, &doff, &src, &soff, &run, &stream))
         return NULL;
     n = doff.len / 8;
     dv = doff.buf, sv = soff.buf;
@@ -623,7 +626,9 @@ static PyObject *copy_runs(PyObject *self, PyObject *args)
             goto done;
         }
     Py_BEGIN_ALLOW_THREADS
-    runs_loop(dst.buf, dv, src.buf, sv, n, run);
+    if (stream < 0)
+        stream = (int64_t)n * run >= RUNS_STREAM_BYTES;
+    runs_loop(dst.buf, dv, src.buf, sv, n, run, stream);
     Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     result = Py_None;

@@ -4,7 +4,7 @@ for bit with the full tensor's slices: every dtype, every pair of dims, uneven a
 pieces, non-contiguous local pieces, a swap on one dim of a 2-D mesh, and the way back.
 
 The size thresholds are lowered to nothing for these tests so that small tensors take the
-path; each test asserts that the path was taken where the group's probe allows it, and that
+path, and the staging buffer to 40 bytes so that a block goes through it in several slices; each test asserts that the path was taken where the group's probe allows it, and that
 the collective path gives the same bits where it does not (or is switched off).
 """
 
@@ -22,10 +22,15 @@ from mpitensor.distributed.tensor import Replicate, Shard, _direct, init_device_
 from .test_redistribute_swap import DTYPES, full, piece, placed, same_bits, swap_and_check
 
 
-@pytest.fixture(autouse=True)
-def every_size(monkeypatch):
+@pytest.fixture(autouse=True, params=["staged", "straight"])
+def every_size(request, monkeypatch):
+    """Every size takes the path; strided short runs either go through a staging buffer a
+    few runs at a time (several slices per block) or straight to the kernel."""
     monkeypatch.setattr(_direct, "MIN_BYTES", 0)
     monkeypatch.setattr(_direct, "MIN_RUN", 0)
+    monkeypatch.setattr(_direct, "STAGE", 40)
+    if request.param == "straight":
+        monkeypatch.setattr(_direct, "STAGE_RUN", 0)
 
 
 class Count:
