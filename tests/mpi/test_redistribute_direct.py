@@ -4,8 +4,9 @@ for bit with the full tensor's slices: every dtype, every pair of dims, uneven a
 pieces, non-contiguous local pieces, a swap on one dim of a 2-D mesh, and the way back.
 
 The size thresholds are lowered to nothing for these tests so that small tensors take the
-path, and the staging buffer to 40 bytes so that a block goes through it in several slices; each test asserts that the path was taken where the group's probe allows it, and that
-the collective path gives the same bits where it does not (or is switched off).
+path, and the staging buffer to 40 bytes so that a block goes through it in several slices.
+The tests that count assert that the path was taken where the group's probe allows it; the
+collective path gives the same bits where it does not, is switched off, or a move failed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def every_size(request, monkeypatch):
     few runs at a time (several slices per block) or straight to the kernel."""
     monkeypatch.setattr(_direct, "MIN_BYTES", 0)
     monkeypatch.setattr(_direct, "MIN_RUN", 0)
+    monkeypatch.setattr(_direct, "MIN_PUSH_RUN", 0)
     monkeypatch.setattr(_direct, "STAGE", 40)
     if request.param == "straight":
         monkeypatch.setattr(_direct, "STAGE_RUN", 0)
@@ -168,3 +170,46 @@ def test_without_the_compiled_copy(monkeypatch):
         for d in (1, 2):
             y = placed(arr, mesh, [Shard(d)]).redistribute(mesh, [Replicate()])
             same_bits(y.to_local().numpy(), arr, (dtype, d))
+
+
+def test_a_failed_move_on_one_rank_sends_every_rank_to_the_collective(monkeypatch):
+    n, me = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (n,))
+    if n == 1 or not usable(mesh):
+        return
+    from mpitensor.distributed.backends.mpi.cma import CmaError
+
+    def refused(*args, **kwargs):
+        raise CmaError(1, "refused (test)")
+
+    if me == n - 1:
+        monkeypatch.setattr(_direct._cma, "transfer", refused)
+    count = Count(monkeypatch)
+    arr = full((8, 12, 5), np.float32, seed=18)
+    for i, j in itertools.permutations(range(3), 2):
+        swap_and_check(arr, mesh, [Shard(i)], [Shard(j)])
+    for d in (1, 2):
+        y = placed(arr, mesh, [Shard(d)]).redistribute(mesh, [Replicate()])
+        same_bits(y.to_local().numpy(), arr, d)
+    assert count.done == 0
+
+
+def test_default_thresholds_choose_by_size_and_run(monkeypatch):
+    # the module's own limits: at least MIN_BYTES in all, runs of MIN_RUN (reads) or
+    # MIN_PUSH_RUN (writes from strided runs) bytes; the choice is the same on every rank
+    for name in ("MIN_BYTES", "MIN_RUN", "MIN_PUSH_RUN", "STAGE", "STAGE_RUN"):
+        monkeypatch.setattr(_direct, name, getattr(_direct, name + "_DEFAULT"))
+    n = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (n,))
+    if n == 1 or not usable(mesh):
+        return
+    count = Count(monkeypatch)
+    arr = full((512, 1024), np.float32, seed=19)  # 2 MiB
+    run = -(-1024 // n) * 4  # bytes of a row's chunk
+    swap_and_check(arr, mesh, [Shard(1)], [Shard(0)])  # the receiver reads
+    assert count.done == 1
+    swap_and_check(arr, mesh, [Shard(0)], [Shard(1)])  # the sender writes
+    assert count.done == 1 + (run >= _direct.MIN_PUSH_RUN)
+    before = count.done
+    swap_and_check(full((64, 64), np.float32), mesh, [Shard(1)], [Shard(0)])  # 16 KiB
+    assert count.done == before

@@ -8,6 +8,10 @@ contiguous runs a chunk's length times the dims after it, and the result is C-co
 (Moving the dim to the front instead, as the CuPy path does, makes the runs the dims after
 it only: single elements when it is the last dim, a transposing copy.) Uneven pieces are
 padded to the longest chunk, ``ceil(n / k)``, as torch pads them; the pad is zeros.
+
+A gather along a later dim of at least 1 MiB takes the direct path where the group allows it
+(:mod:`._direct`): each peer's piece is read straight into its place in the result, with no
+collective and no reorder pass.
 """
 
 from __future__ import annotations

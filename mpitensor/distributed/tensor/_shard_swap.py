@@ -19,10 +19,13 @@ chunk starts, ``r * ceil(n / k)``, make the received blocks end to end the whole
 followed by the pad. Exact split sizes (``MPI_Alltoallv``) were 2-4x slower here for the
 same bytes.
 
-MPI derived datatypes (``Alltoallw`` with subarray or vector types, which would make even
-that one pass MPI's) and reading the peers' pieces directly (``process_vm_readv`` over one
-iovec per run) were measured slower than this pass plus the plain all_to_all on MPICH 5
-here: see docs/sharding.md.
+Where the group's ranks may read and write one another's memory (one node; see
+:mod:`._direct`), a swap of at least 1 MiB whose blocks' runs are at least 512 bytes long
+skips the all_to_all and the pass: each block goes straight from the sender's piece into its
+place in the receiver's result (cross-memory attach), this rank's own block in one copy.
+Otherwise the path below runs. MPI derived datatypes (``Alltoallw`` with subarray or vector
+types, which would make even the pass MPI's) were measured slower than the pass plus the
+plain all_to_all on MPICH 5 here: see docs/sharding.md.
 """
 
 from __future__ import annotations
