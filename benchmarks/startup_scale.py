@@ -30,11 +30,13 @@ from ``VmHWM`` in ``/proc/PID/status``), the N clients driven from this process
   without the node-address exchange: the helper's own work.
 * **rendezvous** (ours): our TCPStore master process; N ranks arriving over ``--spread``
   seconds, each doing what ``_arrive`` + ``join`` do on the store: compare_set ``job`` (its
-  record carries the world size), compare_set ``rank/i``, add ``arrived`` (the last sets
-  ``arrived/all``); rank 0 gets ``arrived/all`` waiting for it (a posted error sets it, to
-  a mark, so one waiting get suffices), multi_gets every rank's record, then sets ``mode``;
-  every rank gets ``mode`` waiting for it: 4 requests a rank, 5 on rank 0. Reported: the
-  time from the last arrival to the last rank done, and the requests served.
+  record carries the world size); then, sent together in one segment (``_claim``),
+  compare_set ``rank/i``, add ``arrived`` and a get that waits for ``mode`` (rank 0: for
+  ``arrived/all``; a posted error sets both, to a mark, so one waiting get suffices). The
+  last to arrive leaves that get unread, sets ``arrived/all`` on a new connection and gets
+  ``mode`` there. Rank 0 then checks and multi_gets every rank's record, sets ``mode`` and
+  gets it: 4 requests a rank in 2 exchanges (rank 0: 8, the last 6). Reported: the time
+  from the last arrival to the last rank done, and the requests served.
   **rendezvous_6** is the same as it was before (6 requests a rank: compare_set
   ``world_size`` apart, and every rank waiting for ``arrived/all``); **rendezvous_8** that
   with each wait a ``wait`` and then a ``get`` (8 requests a rank, as before 2026-11-29);
@@ -83,7 +85,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Callable, Dict, Generator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -345,7 +347,11 @@ def mpi_init_run(n: int, hostnames: bool, addr_bytes: int,
 # ------------------------------------------------------------------ our store's wire, raw
 _P = b"mpitensor/init/"
 Reply = Tuple[int, List[bytes]]
-Script = Generator[Tuple[int, List[bytes]], Reply, None]
+# What a script yields: a request, a list of requests sent together (their replies come one
+# at a time: the script yields None to read the next without sending), or RECONNECT: drop
+# the connection, unread replies and all; the next request goes on a new one.
+Script = Generator[Any, Optional[Reply], None]
+RECONNECT = "reconnect"
 
 
 def _ms(seconds: float) -> bytes:
@@ -398,24 +404,44 @@ def rendezvous_rank(rank: int, n: int, poll: Optional[float] = None, split: bool
     me = json.dumps({"rank": rank, "world_size": n, "host": f"host{rank // PER_HOST}",
                      "netns": "4:4026531840", "pidns": "4:4026531836", "pid": 100000 + rank,
                      "mpi": "fresh"}).encode()
-    _, f = yield (wire.CAS, [_P + f"rank/{rank}".encode(), b"", me])
+    claim = (wire.CAS, [_P + f"rank/{rank}".encode(), b"", me])
+    count = (wire.ADD, [_P + b"arrived", wire.i64(1)])
+    waited = _P + (b"arrived/all" if old or rank == 0 else b"mode")
+    if old:
+        _, f = yield claim
+        _, total = yield count
+    else:  # together with the get that waits, as _claim sends them to our TCPStore
+        _, f = yield [claim, count, (wire.GET, [_ms(600.0), waited])]
+        _, total = yield None  # (None: read the next reply, send nothing)
     if f[0] != me:
         raise RuntimeError(f"rank {rank} claimed twice")
-    _, f = yield (wire.ADD, [_P + b"arrived", wire.i64(1)])
-    if wire.as_i64(f[0]) >= n:
+    last = wire.as_i64(total[0]) >= n
+    if last and not old:
+        yield RECONNECT  # the get is not read: a new connection sets arrived/all
+    if last:
         yield (wire.SET, [_P + b"arrived/all", b"1"])
-    if old or rank == 0:
-        yield from _wait_key(_P + b"arrived/all", 600.0, poll, get=not poll, split=split)
+    if old or last:
+        if old or rank == 0:
+            yield from _wait_key(waited, 600.0, poll, get=not poll, split=split)
+    else:
+        status, f = yield None  # the get sent with the claim
+        if status != wire.OK or f[0].startswith(b"mpitensor: an error"):
+            raise RuntimeError(f"get of {waited!r}: status {status}")
     if rank == 0:
-        status, f = yield (wire.MGET, [_ms(600.0)] + [_P + f"rank/{i}".encode()
-                                                      for i in range(n)])
+        keys = [_P + f"rank/{i}".encode() for i in range(n)]
+        if not old:  # _gather: a check, then the claims
+            _, f = yield (wire.CHECK, keys)
+            if f[0] != b"\x01":
+                raise RuntimeError("a claim is missing")
+        status, f = yield (wire.MGET, [_ms(600.0)] + keys)
         if status != wire.OK or len(f) != n:
             raise RuntimeError("multi_get of the rank records failed")
         mode = json.dumps({"kind": "pmi", "port": 40000, "token": "0" * 32,
                            "unix": "mpitensor-pmi-" + "0" * 24, "host": "host0",
                            "addr": "127.0.0.1"}).encode()
         yield (wire.SET, [_P + b"mode", mode])
-    yield from _wait_key(_P + b"mode", 600.0, poll, split=split)
+    if old or rank == 0 or last:
+        yield from _wait_key(_P + b"mode", 600.0, poll, split=split)
 
 
 def env_rank(rank: int, n: int) -> Script:
@@ -427,11 +453,30 @@ def env_rank(rank: int, n: int) -> Script:
 
 
 class _Raw:
-    __slots__ = ("rank", "sock", "script", "buf", "greeted", "done")
+    __slots__ = ("rank", "sock", "script", "buf", "greeted", "done", "resume")
 
-    def __init__(self, rank: int, sock: socket.socket, script: Script) -> None:
-        self.rank, self.sock, self.script = rank, sock, script
+    def __init__(self, rank: int, script: Script) -> None:
+        self.rank, self.script = rank, script
+        self.sock = socket.socket()  # (replaced by _connect_raw's)
         self.buf, self.greeted, self.done = bytearray(), False, 0.0
+        self.resume = False  # a new connection of a script under way (RECONNECT)
+
+
+def _connect_raw(sel: selectors.BaseSelector, port: int, c: _Raw) -> None:
+    """Give ``c`` a new connection to the master (its greeting awaited by the driver)."""
+    sock = socket.socket()
+    sock.setblocking(False)
+    sock.connect_ex(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    c.sock.close()
+    c.sock, c.buf, c.greeted = sock, bytearray(), False
+    sel.register(sock, selectors.EVENT_READ, c)
+
+
+def _frames(req: Any) -> Tuple[bytes, int]:
+    """A request, or several sent together, as bytes; and how many requests."""
+    reqs = req if isinstance(req, list) else [req]
+    return b"".join(wire.encode(op, fields) for op, fields in reqs), len(reqs)
 
 
 def drive_ours(port: int, starts: Sequence[float],
@@ -443,78 +488,90 @@ def drive_ours(port: int, starts: Sequence[float],
     order = sorted(range(n), key=lambda r: starts[r])
     sel = selectors.DefaultSelector()
     clients: List[_Raw] = []
-    requests = 0
-    left = n
+    count = [0, n]  # requests sent, ranks not done
     nxt = 0
     t0 = time.perf_counter()
+    try:
+        while count[1]:
+            now = time.perf_counter() - t0
+            while nxt < n and starts[order[nxt]] <= now:
+                r = order[nxt]
+                nxt += 1
+                c = _Raw(r, script(r, n))
+                _connect_raw(sel, port, c)
+                clients.append(c)
+            wait = 30.0 if nxt >= n else max(0.0, starts[order[nxt]] - now)
+            events = sel.select(timeout=min(wait, 30.0))
+            if not events and nxt >= n:
+                raise RuntimeError(f"the store went silent with {count[1]} ranks left")
+            for key, _ in events:
+                _on_reply(key.data, sel, port, count, t0)
+        last_done = max(c.done for c in clients)
+        return {"time": last_done - max(starts), "total": last_done, "req": count[0]}
+    finally:
+        for c in clients:
+            c.sock.close()
 
-    def send(c: _Raw, req: Tuple[int, List[bytes]]) -> None:
-        frame = wire.encode(req[0], req[1])
+
+def _on_reply(c: _Raw, sel: selectors.BaseSelector, port: int, count: List[int],
+              t0: float) -> None:
+    """Read what the master sent ``c`` and run its script on: the greeting is answered with
+    the first request (as our client sends it, MSG_MORE), each reply with the next."""
+    try:
+        data = c.sock.recv(1 << 20)
+    except (BlockingIOError, InterruptedError):
+        return
+    if not data:
+        raise RuntimeError(f"the store closed simulated rank {c.rank}")
+    c.buf += data
+    replies: List[Optional[Reply]] = []
+    if not c.greeted:
+        if len(c.buf) < len(wire.MAGIC):
+            return
+        if bytes(c.buf[:len(wire.MAGIC)]) != wire.MAGIC:
+            raise RuntimeError("not our store's greeting")
+        del c.buf[:len(wire.MAGIC)]
+        c.greeted = True
+        replies.append(None)  # a new connection: the script's first (or next) request
+    while True:
+        size = wire.frame_length(c.buf, 0, wire.MAX_REPLY)
+        if size is None or len(c.buf) < 4 + size:
+            break
+        status, fields = wire.decode(memoryview(bytes(c.buf[4:4 + size])))
+        del c.buf[:4 + size]
+        if status not in (wire.OK, wire.TIMEOUT):
+            raise RuntimeError(f"rank {c.rank}: status {status} {fields!r}")
+        replies.append((status, fields))
+    for reply in replies:
+        try:
+            if reply is None and not c.resume:
+                req = next(c.script)
+            else:
+                req = c.script.send(reply)
+        except StopIteration:
+            c.done = time.perf_counter() - t0
+            count[1] -= 1
+            sel.unregister(c.sock)
+            return
+        c.resume = False
+        if req is RECONNECT:
+            sel.unregister(c.sock)
+            c.sock.close()
+            c.resume = True
+            _connect_raw(sel, port, c)
+            return
+        if req is None:
+            continue
+        frame, k = _frames(req)
+        if reply is None:
+            frame = wire.MAGIC + frame
+        count[0] += k
         if len(frame) > 1 << 15:
             c.sock.setblocking(True)
             c.sock.sendall(frame)
             c.sock.setblocking(False)
         else:
             c.sock.send(frame)
-
-    try:
-        while left:
-            now = time.perf_counter() - t0
-            while nxt < n and starts[order[nxt]] <= now:
-                r = order[nxt]
-                nxt += 1
-                sock = socket.socket()
-                sock.setblocking(False)
-                sock.connect_ex(("127.0.0.1", port))
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                c = _Raw(r, sock, script(r, n))
-                clients.append(c)
-                sel.register(sock, selectors.EVENT_READ, c)
-            wait = 30.0 if nxt >= n else max(0.0, starts[order[nxt]] - now)
-            events = sel.select(timeout=min(wait, 30.0))
-            if not events and nxt >= n:
-                raise RuntimeError(f"the store went silent with {left} ranks left")
-            for key, _ in events:
-                c = key.data
-                try:
-                    data = c.sock.recv(1 << 20)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                if not data:
-                    raise RuntimeError(f"the store closed simulated rank {c.rank}")
-                c.buf += data
-                if not c.greeted:
-                    if len(c.buf) < len(wire.MAGIC):
-                        continue
-                    if bytes(c.buf[:len(wire.MAGIC)]) != wire.MAGIC:
-                        raise RuntimeError("not our store's greeting")
-                    del c.buf[:len(wire.MAGIC)]
-                    c.greeted = True
-                    # with the first request, as our client sends it (MSG_MORE)
-                    c.sock.send(wire.MAGIC + wire.encode(*next(c.script)))
-                    requests += 1
-                while True:
-                    size = wire.frame_length(c.buf, 0, wire.MAX_REPLY)
-                    if size is None or len(c.buf) < 4 + size:
-                        break
-                    status, fields = wire.decode(memoryview(bytes(c.buf[4:4 + size])))
-                    del c.buf[:4 + size]
-                    if status not in (wire.OK, wire.TIMEOUT):
-                        raise RuntimeError(f"rank {c.rank}: status {status} {fields!r}")
-                    try:
-                        req = c.script.send((status, fields))
-                    except StopIteration:
-                        c.done = time.perf_counter() - t0
-                        left -= 1
-                        sel.unregister(c.sock)
-                        break
-                    send(c, req)
-                    requests += 1
-        last_done = max(c.done for c in clients)
-        return {"time": last_done - max(starts), "total": last_done, "req": requests}
-    finally:
-        for c in clients:
-            c.sock.close()
 
 
 # ------------------------------------------------------------------ torch's client objects

@@ -1108,3 +1108,70 @@ def test_helper_listens_on_the_master_address_across_hosts(tmp_path: Path,
     assert results[0][1].strip() == (f"rank 0: all_reduce [3.0, 3.0, 3.0] helper listens on "
                                       f"['{want}']"), results
     assert results[1][1].strip() == "rank 1: all_reduce [3.0, 3.0, 3.0] helper listens on []"
+
+
+# ------------------------------------------------------------- the claim on our TCPStore
+# One process's _arrive over a PrefixStore on a TCPStore client, every rank waiting for all
+# (as init_process_group(world_size=k) inside a larger job does, under its own prefix).
+ARRIVE = """\
+    import json, sys, time
+    import mpitensor.distributed as dist
+    from mpitensor.distributed.launch import rendezvous as r
+    port, prefix, rank, world, member = sys.argv[1:6]
+    port, rank, world = int(port), int(rank), int(world)
+    s = dist.PrefixStore(prefix, dist.TCPStore("127.0.0.1", port, None, False, 30))
+    p = r.Plan(rank, world, "tcp", f"tcp://127.0.0.1:{port}", "127.0.0.1", port)
+    try:
+        claims, _ = r._arrive(s, p, 30.0, time.monotonic() + 30.0, extra={"member": member})
+        print(json.dumps(["ok", [c["member"] for c in claims]]))
+    except Exception as exc:
+        print(json.dumps([type(exc).__name__, str(exc)]))
+"""
+
+
+def _arrivals(tmp_path: Path, prefix: str, world: int,
+              ranks: Sequence[Tuple[int, str]]) -> List[list]:
+    """Run ``ranks`` (rank, member) through :data:`ARRIVE` one after the other, each started
+    once the one before was counted; what each printed."""
+    script = _script(tmp_path, "arrive.py", ARRIVE)
+    with dist.TCPStore("127.0.0.1", 0, None, True, 30, wait_for_workers=False) as m:
+        cmds = []
+        for i, (rank, member) in enumerate(ranks):
+            cmds.append(subprocess.Popen(
+                [sys.executable, script, str(m.port), prefix, str(rank), str(world), member],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
+            if i + 1 < len(ranks):
+                while m.add(f"{prefix}/arrived", 0) < i + 1:
+                    assert cmds[-1].poll() is None, cmds[-1].communicate()
+                    time.sleep(0.02)
+        outs = []
+        for c in cmds:
+            out, err = c.communicate(timeout=HARD_TIMEOUT)
+            assert c.returncode == 0, out + err
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+def test_a_claim_counted_in_one_exchange_keeps_its_prefix(tmp_path: Path) -> None:
+    """The claim, the count and the wait go to our TCPStore in one segment, under the
+    prefix of the store they were asked of (``mpitensor/subjob`` here, not the rendezvous's
+    own): every rank gets every claim, its extra fields with it."""
+    outs = _arrivals(tmp_path, "mpitensor/subjob", 2, [(1, "b"), (0, "a")])
+    assert outs == [["ok", ["a", "b"]], ["ok", ["a", "b"]]]
+
+
+@pytest.mark.parametrize("order", ["duplicate_last", "duplicate_then_the_last"])
+def test_a_counted_failed_claim_fails_every_waiting_rank(tmp_path: Path, order: str) -> None:
+    """A rank claimed twice on our TCPStore: the second claimer is counted with its failed
+    claim (one exchange), so the count reaches the world size while rank 2's claim never
+    comes. Every process, each waiting for all, fails with the second claimer's error
+    instead of waiting (for the claim, or for a member key as subjob did: the hang of
+    test_init_subjob with df442bf's change) until its timeout."""
+    ranks = ([(0, "a"), (1, "b"), (1, "c")] if order == "duplicate_last"
+             else [(1, "b"), (1, "c"), (0, "a")])
+    outs = _arrivals(tmp_path, "mpitensor/subjob", 3, ranks)
+    for kind, msg in outs:
+        assert kind == "ValueError", outs
+        assert re.fullmatch(r"init_process_group: rank 1 was claimed twice at tcp://127\.0\.0"
+                            r"\.1:\d+: by pid \d+ on \S+ and by pid \d+ on \S+; give every "
+                            r"process its own rank \(.*\)", msg), outs

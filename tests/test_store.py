@@ -981,3 +981,50 @@ def test_parity_prefix_store_barrier_keys() -> None:
         return sorted(base.list_keys())
 
     assert keys(dist) == keys(tdist)
+
+
+def test_tcp_requests_sent_together_are_answered_in_order() -> None:
+    """``TCPStore._requests`` (the rendezvous's claim, count and wait in one exchange): the
+    replies come in order; an error reply is raised once every reply was read, so the
+    connection stays usable; ``until`` stops reading (a parked get left unread) and drops the
+    connection, and the next request makes a new one."""
+    with dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5),
+                       wait_for_workers=False) as m:
+        c = dist.TCPStore("127.0.0.1", m.port, None, False, timedelta(seconds=5))
+        claim = [(wire.CAS, [b"rank/1", b"", b"b"]), (wire.ADD, [b"arrived", wire.i64(1)])]
+        assert c._requests(claim) == [(wire.OK, [b"b"]), (wire.OK, [wire.i64(1)])]
+        m.set("text", "x")
+        with pytest.raises(ValueError):
+            c._requests([(wire.ADD, [b"text", wire.i64(1)]), (wire.SET, [b"after", b"1"])])
+        assert c.get("after") == b"1"
+        seen = []
+        got = c._requests(claim + [(wire.GET, [wire.i64(60_000), b"never"])], 60.0,
+                          until=lambda r: seen.append(len(r)) or len(r) == 2)
+        assert got == [(wire.OK, [b"b"]), (wire.OK, [wire.i64(2)])] and seen == [1, 2]
+        assert c.add("arrived", 0) == 2  # on a new connection, at once
+        assert c._requests(claim[1:] + [(wire.GET, [wire.i64(5_000), b"after"])], 5.0,
+                           until=lambda r: False) == [(wire.OK, [wire.i64(3)]),
+                                                      (wire.OK, [b"1"])]
+        c.close()
+
+
+def test_tcp_pipelined_requests_past_the_reply_limit_are_all_answered() -> None:
+    """Requests that came in one read are answered together (one send), which stops where
+    their replies pass the connection's limit of queued bytes; once sent, the rest are
+    served without waiting for more from the client: 64 gets of 16 KiB sent at once (1 MiB
+    of replies, four times the limit) all come back, in order."""
+    value = bytes(range(256)) * 64
+    with dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10),
+                       wait_for_workers=False) as m:
+        m.set("v", value)
+        with socket.create_connection(("127.0.0.1", m.port), timeout=10) as s:
+            assert s.recv(len(wire.MAGIC), socket.MSG_WAITALL) == wire.MAGIC
+            gets = b"".join(wire.encode(wire.GET, [wire.i64(1000), b"v"]) for _ in range(64))
+            s.sendall(wire.MAGIC + gets)
+            one = wire.encode(wire.OK, [value])
+            got = b""
+            while len(got) < 64 * len(one):
+                chunk = s.recv(1 << 20)
+                assert chunk, f"closed after {len(got)} bytes"
+                got += chunk
+            assert got == one * 64

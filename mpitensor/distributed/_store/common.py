@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ...errors import DistributedTimeoutError, MpiTensorError
 
@@ -756,3 +756,13 @@ class PrefixStore(Store):
         n = len(self._head)
         return [raw[n:] for raw in (key_bytes(k) for k in self._store.list_keys())
                 if raw.startswith(self._head)]
+
+
+def base_and_head(store: Store) -> Tuple[Store, bytes]:
+    """The store under ``store``'s PrefixStores (itself where it is none), and what they put
+    before a key there: ``PrefixStore("a", PrefixStore("b", s))`` is ``(s, b"b/a/")``."""
+    head = b""
+    while isinstance(store, PrefixStore):
+        head = store._head + head
+        store = store._store
+    return store, head

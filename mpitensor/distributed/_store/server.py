@@ -75,7 +75,7 @@ class _Conn:
     """One client connection: its socket, buffers and the request it has parked (if any)."""
 
     __slots__ = ("sock", "peer", "inbuf", "outq", "outlen", "greeted", "auth", "waiter",
-                 "closing", "events", "close_by")
+                 "closing", "events", "close_by", "hold")
 
     def __init__(self, sock: socket.socket, peer: str) -> None:
         self.sock = sock
@@ -91,6 +91,8 @@ class _Conn:
         self.closing = False
         self.events = selectors.EVENT_READ
         self.close_by = math.inf
+        # while its buffered requests are served: their replies are queued, and sent together
+        self.hold = False
 
 
 @dataclass(eq=False)  # (compared and hashed by identity: a waiter is a key of _waiters)
@@ -294,9 +296,12 @@ class StoreServer:
 
     # ---------------------------------------------------------------- requests
     def _serve(self, conn: _Conn) -> None:
-        """Answer every complete request buffered for ``conn``, until one parks."""
+        """Answer every complete request buffered for ``conn``, until one parks; the replies
+        go out together (one send for requests that came together: a send on loopback is
+        most of a request's cost, the receiver's side of TCP included)."""
         buf = conn.inbuf
         pos = 0
+        conn.hold = True
         try:
             while (conn.waiter is None and not conn.closing and conn.outlen <= _OUT_HIGH
                    and conn in self._conns):
@@ -337,8 +342,15 @@ class StoreServer:
         except wire.ProtocolError as exc:
             self._reject(conn, str(exc))
         finally:
-            if pos and conn in self._conns:
-                del buf[:pos]
+            conn.hold = False
+            if conn in self._conns:
+                if pos:
+                    del buf[:pos]
+                if conn.outq:
+                    self._flush(conn)
+                    if (conn.inbuf and conn.waiter is None and not conn.closing
+                            and conn.outlen <= _OUT_HIGH and conn not in self._ready):
+                        self._ready.append(conn)  # stopped by its held replies, now sent
 
     def _dispatch(self, conn: _Conn, op: int, f: List[bytes]) -> None:
         """Serve a request, keeping the store within its limits of keys and bytes."""
@@ -590,7 +602,7 @@ class StoreServer:
     def _send(self, conn: _Conn, *parts: bytes) -> None:
         if conn not in self._conns:
             return
-        if len(parts) == 1 and not conn.outq and not conn.closing:
+        if len(parts) == 1 and not conn.outq and not conn.closing and not conn.hold:
             # nothing queued (the usual case): one send, and no queue, views or selector
             # change unless the kernel takes only part of it
             data = parts[0]
@@ -608,7 +620,8 @@ class StoreServer:
             if p:
                 conn.outq.append(memoryview(p))
                 conn.outlen += len(p)
-        self._flush(conn)
+        if not conn.hold:
+            self._flush(conn)
 
     def _flush(self, conn: _Conn) -> None:
         q = conn.outq

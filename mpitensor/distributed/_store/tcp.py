@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from datetime import timedelta
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..launch import auth as _auth
 from . import wire
@@ -337,14 +337,30 @@ class TCPStore(Store):
 
         ``wait_s``: the server-side wait of a blocking request (None: it does not block).
         """
-        frame = wire.encode(op, fields)
-        if len(frame) - 4 > wire.MAX_FRAME:
-            raise ValueError(f"TCPStore.{wire.NAMES[op]}: the request of {len(frame)} bytes "
-                             f"exceeds the limit of {wire.MAX_FRAME} bytes; split it")
+        return self._requests([(op, fields)], wait_s)[0]
+
+    def _requests(self, reqs: List[Tuple[int, List[bytes]]], wait_s: Optional[float] = None,
+                  until: Optional[Callable[[List[Tuple[int, List[bytes]]]], bool]] = None
+                  ) -> List[Tuple[int, List[bytes]]]:
+        """Send requests together (one segment: one wake-up of the master's loop, not one
+        each) and return their replies, in order; only the last may block (``wait_s``).
+
+        ``until(replies so far)``, asked after each reply but the last: True stops reading
+        there, and the connection is dropped (the next request makes a fresh one), since the
+        replies left unread (a parked ``get`` among them) would pair with later requests.
+        Raises as for one request, for the first reply that failed, once all were read.
+        """
+        frames = [wire.encode(op, fields) for op, fields in reqs]
+        for (op, _), frame in zip(reqs, frames):
+            if len(frame) - 4 > wire.MAX_FRAME:
+                raise ValueError(f"TCPStore.{wire.NAMES[op]}: the request of {len(frame)} "
+                                 f"bytes exceeds the limit of {wire.MAX_FRAME} bytes; split it")
+        op = reqs[0][0]  # named by the errors below: the request whose reply failed
         if wait_s is None:
             reply_s = max(self._timeout_s, _MIN_IO_TIMEOUT)
         else:
             reply_s = wait_s + _REPLY_GRACE
+        replies: List[Tuple[int, List[bytes]]] = []
         with self._lock:
             if self._closed:
                 raise DistStoreError(f"TCPStore.{wire.NAMES[op]}: this handle on "
@@ -357,11 +373,18 @@ class TCPStore(Store):
             deadline = _io_deadline(reply_s)
             try:
                 sock.settimeout(None if deadline is None else reply_s)
-                sock.sendall(frame)
-                n = wire.frame_length(_recv_exact(sock, 4, deadline), 0, wire.MAX_REPLY)
-                if n is None:
-                    raise wire.ProtocolError("short reply header")
-                status, out = wire.decode(memoryview(_recv_exact(sock, n, deadline)))
+                sock.sendall(frames[0] if len(frames) == 1 else b"".join(frames))
+                for req in reqs:
+                    op = req[0]  # (named by the errors below: the reply that failed)
+                    n = wire.frame_length(_recv_exact(sock, 4, deadline), 0, wire.MAX_REPLY)
+                    if n is None:
+                        raise wire.ProtocolError("short reply header")
+                    replies.append(wire.decode(memoryview(_recv_exact(sock, n, deadline))))
+                    if len(replies) < len(reqs) and (
+                            replies[-1][0] == wire.REJECTED  # (the master closes then)
+                            or (until is not None and until(replies))):
+                        self._lose()
+                        break
             except socket.timeout:
                 self._lose()
                 raise StoreTimeoutError(
@@ -379,12 +402,14 @@ class TCPStore(Store):
                     f"{self._where()} ({exc}); the master process has probably exited or "
                     "crashed (the store lives as long as the master's TCPStore object): "
                     "check its output") from None
-        if status == wire.REJECTED:
-            raise DistStoreError(f"TCPStore.{wire.NAMES[op]}: the master at {self._where()} "
-                                 f"rejected the request: {out[0].decode(errors='replace')}")
-        if status == wire.VALUE_ERROR:
-            raise ValueError(out[0].decode(errors="replace"))
-        return status, out
+        for (op, _), (status, out) in zip(reqs, replies):
+            if status == wire.REJECTED:
+                raise DistStoreError(
+                    f"TCPStore.{wire.NAMES[op]}: the master at {self._where()} rejected the "
+                    f"request: {out[0].decode(errors='replace')}")
+            if status == wire.VALUE_ERROR:
+                raise ValueError(out[0].decode(errors="replace"))
+        return replies
 
     def _lose(self) -> None:
         """Drop a connection whose request/reply pairing can no longer be trusted."""

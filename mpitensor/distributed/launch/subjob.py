@@ -91,11 +91,11 @@ def within(init_method: Any, rank: Any, world_size: Any, store: Any,
     raw, owned = _rendezvous._open_store(p, seconds)
     s = PrefixStore(_PREFIX, raw)
     try:
-        # posted before arriving, so that once all have arrived every one is there (a second
-        # claimer of a rank fails the whole rendezvous in _arrive, whoever posted here first)
-        s.compare_set(f"member/{p.rank}", "", str(parent.Get_rank()))
-        _rendezvous._arrive(s, p, seconds, deadline)
-        members = [int(v) for v in s.multi_get([f"member/{i}" for i in range(n)])]
+        # each rank's place in the job rides in its claim: read from the claims that took,
+        # it is never a second claimer's
+        claims, _ = _rendezvous._arrive(s, p, seconds, deadline,
+                                        extra={"member": parent.Get_rank()})
+        members = [int(c["member"]) for c in claims]
         group = parent.Get_group().Incl(members)
         try:
             comm = parent.Create_group(group, _TAG)
