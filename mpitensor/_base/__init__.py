@@ -5,5 +5,6 @@
 ``workspace``   reusable scratch buffers for kernels
 ``parallel``    splitting a kernel's work over this rank's threads
 ``gpu_memory``  the counting allocator behind ``torch.cuda`` memory statistics
-``mpi_import``  where mpi4py.MPI was first imported, for error messages
+``mpi_import``  where mpi4py.MPI was first imported (for error messages), and MPICH's
+                algorithm settings made just before
 """

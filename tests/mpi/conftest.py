@@ -14,6 +14,10 @@ import json
 import os
 
 import pytest
+
+import mpitensor  # noqa: F401 - first: MPI starts with the settings users get (mpi_import)
+
+# isort: split
 from mpi4py import MPI
 
 _COMM = MPI.COMM_WORLD.Dup()  # test bookkeeping never mixes with the traffic under test
