@@ -45,6 +45,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+import mpitensor  # noqa: E402,F401 - first, as in a user's program: MPI starts with its settings
+
+# isort: split
 import numpy as np  # noqa: E402
 from _torch_baseline import free_port, torch_missing_reason  # noqa: E402 (this folder)
 from mpi4py import MPI  # noqa: E402
