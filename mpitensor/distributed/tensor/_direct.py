@@ -1,20 +1,21 @@
 """Redistributions that move each byte once: blocks read from, or written into, the peers.
 
 A shard swap or a gather along a later dim moves blocks whose rows are strided on one side:
-through a collective they take a packing (or unpacking) pass *and* the collective's own
-copies (MPICH's all_to_all moves a peer's bytes into the receiver through shared memory,
-read and written twice). Where every rank of the group may read and write its peers' memory
-(Linux cross-memory attach: same node, same user, ptrace allowed; probed once per group and
-agreed by all), each block goes straight from the sender's piece into its place in the
-receiver's result in one system call per 1024 runs (:mod:`cma_runs`), and this rank's own
-block is one local copy of runs (compiled, with stores that bypass the cache, where
-``_cpu_kernels`` is built). Every byte is read once and written once, as a ``memcpy``.
+through a collective they take a packing (or unpacking) pass *and* the collective's own move
+of every byte (one copy or more, as the MPI library does it). Where every rank of the group
+may read and write its peers' memory (Linux cross-memory attach: same node, same user,
+ptrace allowed; probed once per group and agreed by all), each block goes straight from the
+sender's piece into its place in the receiver's result in one system call per 1024 runs
+(:mod:`cma_runs`), and this rank's own block is one local copy of runs (compiled, with
+stores that bypass the cache, where ``_cpu_kernels`` is built). Every byte is read once and
+written once.
 
 Which side moves a block: the one whose runs are strided, so that the peer's side of the
 system call is one range (the kernel pins the peer's pages per range): the sender writes
 (``Shard(i) -> Shard(j)`` with ``i`` before ``j``: its rows' chunks are strided, the
 receiver's block is whole rows), the receiver reads otherwise (``j`` before ``i`` and the
-gather: the sender's block is contiguous, the receiver's rows are strided).
+gather: the sender's block is contiguous, the receiver's rows are strided). A read into
+short strided runs goes through a cache-resident staging buffer (:func:`_transfer`).
 
 A call: the ranks exchange the address of the array their peers touch and a fingerprint of
 the call (one small all_gather), move the blocks, and agree that every move succeeded (one
