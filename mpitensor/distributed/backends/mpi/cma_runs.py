@@ -29,6 +29,7 @@ from .cma import CmaError
 __all__ = ["available", "transfer"]
 
 _IOV_MAX = 1024
+_CALL_BYTES = 1 << 30
 
 
 def _syscalls() -> Optional[Tuple[ctypes._CFuncPtr, ctypes._CFuncPtr]]:
@@ -88,8 +89,9 @@ def transfer(pid: int, write: bool, local: int, local_offs: np.ndarray, remote: 
     if _calls is None:
         raise CmaError(_errno.ENOSYS, "process_vm_readv/writev are not available here")
     call = _calls[1] if write else _calls[0]
-    for lo in range(0, len(local_offs), _IOV_MAX):
-        hi = min(len(local_offs), lo + _IOV_MAX)
+    per = max(1, min(_IOV_MAX, _CALL_BYTES // max(run, 1)))  # the kernel moves < 2 GiB a call
+    for lo in range(0, len(local_offs), per):
+        hi = min(len(local_offs), lo + per)
         mine = _ranges(local, local_offs[lo:hi], run)
         theirs = _ranges(remote, remote_offs[lo:hi], run)
         want = (hi - lo) * run
