@@ -65,8 +65,8 @@ def _run(monkeypatch, script):
         i = C._CAL_BYTES.index(nbytes)
         rnd = 0 if warm else 1
         timed.setdefault((i, k), []).append(rnd)
-        got = script(i, k, rnd)
-        assert len(got) == reps
+        got = script(i, k, rnd)[:reps]
+        assert len(got) == reps == _reps(i) - rnd  # the second round: one pair fewer
         return np.array(got, float).reshape(-1)
 
     monkeypatch.setattr(C, "_pairs", pairs)
@@ -120,6 +120,27 @@ def test_calibrate_agrees_with_the_median_after_the_recheck(monkeypatch, second)
         return [(0.5, 1.0)] * n
 
     th, ratio, _ = _run(monkeypatch, script)
-    both = [0.85] + [0.95] * (_reps(last) - 1) + [second] * _reps(last)
+    both = [0.85] + [0.95] * (_reps(last) - 1) + [second] * (_reps(last) - 1)
     assert ratio[last, 0] == pytest.approx(np.median(both))
     assert (th["reduce"] == OFF_BYTES) == (np.median(both) > M)
+
+
+def test_calibrate_leaves_a_doubt_that_decides_nothing(monkeypatch):
+    """Kind "reduce" loses clearly at the largest size (never, whatever lies below): its
+    1 MiB point, in doubt, is not timed again; the same doubt under a clear win at every
+    other size is (it decides where between the floor and 4 MiB the engine starts). Below
+    the floor, a doubt decides nothing either."""
+    last = len(C._CAL_BYTES) - 1
+
+    def script(i, k, rnd):
+        n = _reps(i)
+        if (i == 1 and k in (0, 1)) or (i == 0 and k == 2):
+            return [(0.85, 1.0)] + [(0.95, 1.0)] * (n - 1)
+        if i == last and k == 0:
+            return [(1.5, 1.0)] * n
+        return [(0.5, 1.0)] * n
+
+    th, _, timed = _run(monkeypatch, script)
+    assert th["reduce"] == OFF_BYTES and timed[(1, 0)] == [0]
+    assert timed[(1, 1)] == [0, 1]
+    assert C._CAL_BYTES[0] < C.FLOOR and timed[(0, 2)] == [0] and th["move"] == C.FLOOR

@@ -686,8 +686,9 @@ def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
     Every member times the same calls together, engine and MPI in pairs whose order
     alternates (load that comes and goes hits both sides of a pair alike); each pair counts
     with its slowest member's times, and a point's ratio is the median of its pairs' ratios.
-    A point left in doubt (its median near _MARGIN, its pairs on both sides of it) is
-    measured once more and decided by the median of all its pairs. Every member decides from
+    A point left in doubt (its median near _MARGIN, its pairs on both sides of it) whose side
+    decides its kind's threshold is measured once more and decided by the median of all its
+    pairs. Every member decides from
     the same reduced times, so the thresholds agree."""
     h = g.health
     label = f"{op} (shared-memory calibration)"
@@ -700,14 +701,14 @@ def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
             if i not in cases:
                 cases[i] = _cases(eng, h, s, label, _CAL_BYTES[i])
             reps = _CAL_PAIRS if _CAL_BYTES[i] <= 1 << 20 else _CAL_PAIRS_LARGE
-            t.append(_pairs(cases[i][k], reps, warm=not again))
+            t.append(_pairs(cases[i][k], reps - int(again), warm=not again))  # again: 1 fewer
         flat = np.concatenate(t)
         _exchange(h, flat, MPI.MAX, s, op)  # every pair: its slowest member's times
         at = 0
         for (i, k), got in zip(todo, t):
             pairs[i][k].extend(zip(flat[at:at + got.size:2], flat[at + 1:at + got.size:2]))
             at += got.size
-        todo = [(i, k) for i, k in todo if _split(pairs[i][k])]
+        todo = [(i, k) for i, k in todo if _split(pairs[i][k]) and _decides(pairs, i, k)]
         cases = {i: cases[i] for i in {i for i, _ in todo}}
         if not todo:
             break
@@ -728,6 +729,16 @@ def _split(pairs: list) -> bool:
     r = [e / max(m, 1e-9) for e, m in pairs]
     med = float(np.median(r))
     return min(r) <= _MARGIN < max(r) and _MARGIN / _DOUBT <= med <= _MARGIN * _DOUBT
+
+
+def _decides(pairs: list, i: int, k: int) -> bool:
+    """Whether kind ``k``'s threshold depends on which side of _MARGIN size ``i`` lies
+    (else a second look at it would change nothing)."""
+    ratio = np.array([_ratio(pairs[j][k]) for j in range(len(_CAL_BYTES))])
+    ratio[i] = _MARGIN * 0.999
+    win = _crossing(ratio)
+    ratio[i] = _MARGIN * 1.001
+    return _crossing(ratio) != win
 
 
 def _pairs(fns: tuple, reps: int, warm: bool) -> np.ndarray:
