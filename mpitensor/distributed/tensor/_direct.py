@@ -49,8 +49,9 @@ __all__ = ["swap", "gather", "set_enabled"]
 
 MIN_BYTES = MIN_BYTES_DEFAULT = 1 << 20  # smaller: the collective beats two small exchanges
 MIN_RUN = MIN_RUN_DEFAULT = 512  # bytes: shorter runs cost the system calls more than they save
-# a write from strided runs needs longer ones: 1 KiB runs at 4 ranks ran 2.9x the bare
-# all_to_all where the collective path ran 2.0x (4 KiB runs: 2.06x against 2.08x)
+# a write from strided runs needs longer ones: 1 KiB runs at 4 ranks (1368 bytes at 3) ran
+# no faster than the collective path (3.74/2.39x the bare all_to_all against 3.58/2.61x;
+# 3.03x against 2.76x), 2 KiB runs at 2 ranks 1.87-2.55x against 3.35-3.65x
 MIN_PUSH_RUN = MIN_PUSH_RUN_DEFAULT = 2048
 STAGE = STAGE_DEFAULT = 1 << 20  # bytes of the cache-resident buffer strided short runs use
 STAGE_RUN = STAGE_RUN_DEFAULT = 64 << 10  # runs this long move straight (copied well)
