@@ -33,7 +33,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import math
 import os
 import socket
 import sys
@@ -550,7 +549,7 @@ def _claim(s: Store, p: Plan, mine: str, waited: str,
     replies = base._requests(
         [(wire.CAS, [head + key.encode(), b"", want]),
          (wire.ADD, [head + b"arrived", wire.i64(1)]),
-         (wire.GET, [wire.i64(math.ceil(wait_s * 1000)), head + waited.encode()])],
+         (wire.GET, [base._ms(wait_s), head + waited.encode()])],
         wait_s, until=lambda r: len(r) == 2 and (
             r[0][1][0] != want or wire.as_i64(r[1][1][0]) >= p.world_size))
     got = replies[2] if len(replies) == 3 else None
