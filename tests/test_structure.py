@@ -115,6 +115,7 @@ LAYERS = [
     ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",
                   "mpitensor.distributed.nn", "mpitensor.distributed.tensor",
+                  "mpitensor.distributed._tensor",
                   "mpitensor.distributed.fsdp", "mpitensor.distributed.optim",
                   "mpitensor.distributed.checkpoint",
                   "mpitensor.checkpoint", "mpitensor.utils"]),

@@ -231,6 +231,10 @@ def _init_state(optim: Optimizer) -> None:
             p.grad = None
 
 
+# torch keeps this helper under this private name, and programs (FSDP2's checkpoint example)
+# import it from here
+_init_optim_state = _init_state
+
 def _as_dtensor(value: Any, param: Any) -> Any:
     """An optimizer's state tensor for a DTensor parameter, as the DTensor it is a shard of.
 

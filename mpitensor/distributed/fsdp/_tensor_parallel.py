@@ -111,14 +111,21 @@ def _mesh_2d(dp_mesh: Any, tp_mesh: Any, pg: Any) -> Any:
 
     from ..device_mesh import DeviceMesh
 
-    lines: List[Any] = [None] * dist.get_world_size(pg)
-    dist.all_gather_object(lines, _ranks(tp_mesh), group=pg)
-    grid = np.array(lines, dtype=np.int64).T  # (tp, dp)
-    flat = grid.reshape(-1).tolist()
-    if len({len(line) for line in lines}) != 1 or len(set(flat)) != len(flat):
+    gathered: List[Any] = [None] * dist.get_world_size(pg)
+    dist.all_gather_object(gathered, (dist.get_rank(), _ranks(tp_mesh)), group=pg)
+    members, lines = [r for r, _ in gathered], [line for _, line in gathered]
+    flat = [r for line in lines for r in line]
+    # a grid: the lines are alike in length and disjoint, and each data-parallel rank sits at
+    # one place in its line (else the ranks sharding a piece over "dp" hold different pieces)
+    places = {line.index(r) if r in line else -1 for line, r in zip(lines, members)}
+    if len({len(line) for line in lines}) != 1 or len(set(flat)) != len(flat) or \
+            len(places) != 1 or -1 in places:
         raise ValueError(f"fully_shard: the tensor-parallel meshes of the data-parallel ranks "
-                         f"{_ranks(dp_mesh)} do not form a grid ({lines}); build both from one "
-                         "init_device_mesh, e.g. mesh['dp'] and mesh['tp']")
+                         f"{members} do not form a grid with it ({lines}): the "
+                         "tensor-parallel mesh is not a sub-mesh of the data-parallel mesh's "
+                         "parent; build both from one init_device_mesh, e.g. mesh['dp'] and "
+                         "mesh['tp']")
+    grid = np.array(lines, dtype=np.int64).T  # (tp, dp)
     names = (tp_mesh.mesh_dim_names or (None,)) + (dp_mesh.mesh_dim_names or (None,))
     mesh = DeviceMesh.__new__(DeviceMesh)
     mesh._setup(dp_mesh.device_type, np.ascontiguousarray(grid),

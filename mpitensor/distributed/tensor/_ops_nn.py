@@ -1,9 +1,9 @@
 """Sharding rules of the network layers' functions: ``softmax``/``log_softmax``,
-``layer_norm``, ``embedding``, ``dropout``, and ``cat``/``stack``.
+``layer_norm`` and ``rms_norm``, ``embedding``, ``dropout``, and ``cat``/``stack``.
 
 * softmax, log_softmax: a mesh dim sharding the normalised dim is gathered first, a
   Partial one reduced; every other Shard stays.
-* layer_norm: the normalised (trailing) dims must be whole: a mesh dim sharding them is
+* layer_norm, rms_norm: the normalised (trailing) dims must be whole: a mesh dim sharding them is
   gathered first. Weight and bias are replicated; where the input is sharded their
   gradients are summed over that mesh dim.
 * embedding: a table sharded on the vocabulary (``Shard(0)``) is looked up locally with the
@@ -171,7 +171,8 @@ def _register() -> None:
                  "mpitensor.nn.functional.softmax", "mpitensor.nn.functional.log_softmax"):
         if "." in path or hasattr(Tensor, path):
             register_sharding_rule(path, _softmax_rule)
-    register_sharding_rule("mpitensor.nn.functional.layer_norm", _layer_norm_rule)
+    for name in ("layer_norm", "rms_norm"):  # the same placements: trailing dims whole
+        register_sharding_rule(f"mpitensor.nn.functional.{name}", _layer_norm_rule)
     register_sharding_rule("mpitensor.nn.functional.embedding", _embedding_rule,
                            allow_plain_tensors=True)
     register_sharding_rule("mpitensor.nn.functional.dropout", _dropout_rule)

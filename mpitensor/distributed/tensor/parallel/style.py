@@ -45,6 +45,17 @@ def _check_mesh(mesh: Any, style: str) -> None:
                          f"e.g. mesh['tp']), got a {mesh.ndim}-D mesh {tuple(mesh.shape)}")
 
 
+def _placed(p: Optional[Placement], ndim: int) -> Optional[Placement]:
+    """``p`` with a negative shard dim counted from the end of an ``ndim``-D tensor."""
+    if isinstance(p, Shard) and p.dim < 0:
+        return Shard(p.dim + ndim)
+    return p
+
+
+def _layout(x: Any) -> Tuple[Optional[Placement], ...]:
+    return tuple(_placed(p, x.ndim) for p in x.placements)
+
+
 def to_dtensor(x: Any, mesh: Any, given: Optional[Placement],
                desired: Optional[Placement]) -> Any:
     """An input laid out as ``desired``: a plain tensor is this rank's piece of ``given``."""
@@ -52,10 +63,11 @@ def to_dtensor(x: Any, mesh: Any, given: Optional[Placement],
         return x
     if not isinstance(x, DTensor):
         x = DTensor.from_local(x, mesh, (given,), run_check=False)
-    elif x.placements != (given,):
+    elif _layout(x) != (_placed(given, x.ndim),):
         raise ValueError(f"input placements {x.placements} differ from the declared input "
                          f"layout {(given,)}")
-    if desired is not None and x.placements != (desired,):
+    desired = _placed(desired, x.ndim)
+    if desired is not None and _layout(x) != (desired,):
         x = x.redistribute(mesh, (desired,))
     return x
 
@@ -64,7 +76,8 @@ def from_dtensor(y: Any, mesh: Any, desired: Optional[Placement], local: bool) -
     """An output moved to ``desired`` and, with ``local``, unwrapped to its piece."""
     if not isinstance(y, DTensor):
         return y
-    if desired is not None and y.placements != (desired,):
+    desired = _placed(desired, y.ndim)
+    if desired is not None and _layout(y) != (desired,):
         y = y.redistribute(mesh, (desired,))
     return y.to_local() if local else y
 
