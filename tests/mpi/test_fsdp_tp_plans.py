@@ -10,9 +10,10 @@ global head count, ``masked_fill``, ``softmax``), whose SwiGLU MLP is column the
 and whose vocabulary projection is column parallel (logits replicated, or left sharded for
 ``loss_parallel``)), then ``fully_shard(mesh=mesh["dp"])`` per block and at the root, trains as
 the plain model trains on the global batch: the loss at each of 20 AdamW steps with gradient
-clipping, the clipped total norm, every gradient (float64, 1e-12), the parameters after the
-steps. Its pieces on their own: ``masked_fill`` and ``rms_norm`` on DTensors against full
-tensors, with their gradients; layouts named with a negative shard dim; the old import path
+clipping (1e-5 relative), and for the first 3 steps every gradient, the clipped total norm and
+the parameters (float64, 1e-12). Its pieces on their own: ``masked_fill``, ``rms_norm`` and
+``type_as`` on DTensors against full tensors, with their gradients; layouts named with a
+negative shard dim; the old import path
 ``torch.distributed._tensor``. Bad input: a mesh that does not fit the world, and a
 tensor-parallel mesh that is not a sub-mesh of the data-parallel mesh's parent, fail with a
 clear error on every rank before any gather.
@@ -206,6 +207,19 @@ def test_masked_fill_on_dtensors_equals_full_tensors():
             _close(x.grad.full_tensor(), np.where(mask, 0.0, g), f"grad {pl}")
             with pytest.raises(TypeError, match="make every tensor argument a DTensor"):
                 x.masked_fill(mt.tensor(mask), 1.0)  # a plain mask: torch refuses it too
+
+
+def test_type_as_on_dtensors_keeps_the_layout():
+    # RMSNorm as llama writes it: norm(x.float()).type_as(x)
+    a = np.random.default_rng(6).standard_normal((4, 6, 8))
+    for mesh in _meshes():
+        for pl in _shardings(mesh, 3):
+            x = distribute_tensor(mt.tensor(a), mesh, pl)
+            low = x.float()
+            back = low.type_as(x)
+            assert back.dtype == mt.float64 and back.placements == x.placements, pl
+            _close(back.full_tensor(), a.astype(np.float32).astype(np.float64), f"{pl}")
+            assert x.type_as(low).dtype == mt.float32
 
 
 def test_rms_norm_on_dtensors_equals_full_tensors():

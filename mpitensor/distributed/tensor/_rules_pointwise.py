@@ -45,7 +45,7 @@ BINARY = ("atan2", "maximum", "minimum", "fmax", "fmin", "floor_divide", "remain
           "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__",
           "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__and__", "__or__",
           "__xor__", "__rtruediv__", "__rsub__", "rsub", "where", "lerp",
-          "addcdiv", "addcmul", "masked_fill")
+          "addcdiv", "addcmul", "masked_fill", "type_as")
 ADDS = ("add", "sub", "subtract", "__add__", "__radd__", "__sub__")
 MULS = ("mul", "multiply", "__mul__", "__rmul__")
 DIVS = ("div", "divide", "true_divide", "__truediv__")
