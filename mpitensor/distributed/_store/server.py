@@ -75,14 +75,16 @@ class _Conn:
     """One client connection: its socket, buffers and the request it has parked (if any)."""
 
     __slots__ = ("sock", "peer", "inbuf", "outq", "outlen", "greeted", "auth", "waiter",
-                 "closing", "events", "close_by", "hold")
+                 "closing", "events", "close_by", "hold", "greet_by")
 
     def __init__(self, sock: socket.socket, peer: str) -> None:
         self.sock = sock
         self.peer = peer
         self.inbuf = bytearray()
         # replies not yet sent: buffers (some of them stored values, not copies) and their size
-        self.outq: Deque[memoryview] = deque()
+        # (made when a reply is first queued: most never are, and each object the collector
+        # tracks that lives as long as its connection brings its next full pass nearer)
+        self.outq: Optional[Deque[memoryview]] = None
         self.outlen = 0
         self.greeted = False
         # the handshake in progress where the server has a secret, else None
@@ -91,6 +93,7 @@ class _Conn:
         self.closing = False
         self.events = selectors.EVENT_READ
         self.close_by = math.inf
+        self.greet_by = math.inf  # when its handshake must be done
         # while its buffered requests are served: their replies are queued, and sent together
         self.hold = False
 
@@ -134,7 +137,8 @@ class StoreServer:
         self._ready: Deque[_Conn] = deque()
         self._lingering: List[_Conn] = []
         # (deadline, tick, connection) of the connections still in their handshake
-        self._handshakes: List[Tuple[float, int, _Conn]] = []
+        # the connections still in their handshake, oldest first (all have _HANDSHAKE_S)
+        self._handshakes: Deque[_Conn] = deque()
         # While accept() fails (out of descriptors), the listener is left out of the selector
         # until this time, instead of waking the loop over and over.
         self._accept_paused_until = math.inf
@@ -205,8 +209,8 @@ class StoreServer:
             due = min(due, c.close_by)
         if self._deadlines and self._deadlines[0][0] < due:
             due = self._deadlines[0][0]
-        if self._handshakes and self._handshakes[0][0] < due:
-            due = self._handshakes[0][0]
+        if self._handshakes and self._handshakes[0].greet_by < due:
+            due = self._handshakes[0].greet_by
         now = time.monotonic()
         for key, mask in self._sel.select(min(_MAX_SELECT_WAIT, max(0.0, due - now))):
             conn = key.data
@@ -258,8 +262,8 @@ class StoreServer:
             conn = _Conn(sock, f"{addr[0]}:{addr[1]}")
             self._conns.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, conn)
-            heapq.heappush(self._handshakes,
-                           (time.monotonic() + _HANDSHAKE_S, next(self._tick), conn))
+            conn.greet_by = time.monotonic() + _HANDSHAKE_S
+            self._handshakes.append(conn)
             if self._secret is not None:
                 conn.auth = _auth.ServerHandshake(self._secret)
                 self._send(conn, conn.auth.hello)
@@ -555,8 +559,8 @@ class StoreServer:
         if self._lingering:
             for conn in [c for c in self._lingering if c.close_by <= now]:
                 self._drop(conn)
-        while self._handshakes and self._handshakes[0][0] <= now:
-            _, _, conn = heapq.heappop(self._handshakes)
+        while self._handshakes and self._handshakes[0].greet_by <= now:
+            conn = self._handshakes.popleft()
             if conn in self._conns and (not conn.greeted or conn.auth is not None):
                 logger.warning("TCPStore server: dropping client %s: no handshake within "
                                "%g s", conn.peer, _HANDSHAKE_S)
@@ -618,6 +622,8 @@ class StoreServer:
             parts = (memoryview(data)[sent:],)
         for p in parts:
             if p:
+                if conn.outq is None:
+                    conn.outq = deque()
                 conn.outq.append(memoryview(p))
                 conn.outlen += len(p)
         if not conn.hold:
@@ -680,5 +686,5 @@ class StoreServer:
         conn.sock.close()
         # the handshake heap may keep the object a while: let its buffers go now
         conn.inbuf = bytearray()
-        conn.outq.clear()
+        conn.outq = None
         conn.outlen = 0
