@@ -6,7 +6,9 @@ Spec: under one seed, each in-place initializer on a DTensor (every placement on
 tensor, and the generator where one process leaves it; ``reset_parameters`` on a model after
 ``fully_shard`` (1-D) and after ``parallelize_module`` + ``fully_shard`` (2-D) gives the
 model one process gets (its forward equal); plain tensors are filled as before; a ``Partial``
-DTensor is refused.
+DTensor is refused. Loading as FSDP2's checkpoint example loads (whole tensors distributed as
+the sharded parameters are, ``load_state_dict(assign=True)``) fills the shards, on 1-D and
+2-D (FSDP + TP) models; another dtype and (with ``strict``) a missing key are refused.
 
 Run: ``mpiexec -n N python -m pytest --with-mpi tests/mpi/test_fsdp_tp_init.py``.
 """
@@ -149,3 +151,54 @@ def test_a_partial_dtensor_is_refused():
     d = dtensor.DTensor.from_local(mt.zeros(2, 2), mesh, [Partial()])
     with pytest.raises(ValueError, match="Partial"):
         nn.init.normal_(d)
+
+
+def _load_as_fsdp2_checkpoint_example(model, full_sd):
+    """FSDP2's checkpoint example: each whole tensor distributed as the sharded parameter is,
+    wrapped in a Parameter, loaded with assign=True."""
+    sharded = model.state_dict()
+    sd = {k: nn.Parameter(dtensor.distribute_tensor(v, sharded[k].device_mesh,
+                                                    sharded[k].placements))
+          for k, v in full_sd.items()}
+    return model.load_state_dict(sd, strict=False, assign=True)
+
+
+def test_load_state_dict_with_assign_fills_the_shards():
+    n = dist.get_world_size()
+    for tp in (t for t in (1, 2) if n % t == 0):
+        mesh = dtensor.init_device_mesh("cpu", (n // tp, tp), mesh_dim_names=("dp", "tp"))
+        mt.manual_seed(0)
+        model = _mlp()
+        mt.manual_seed(1)
+        ref = _mlp()  # other weights: the load must replace the model's
+        if tp > 1:
+            from mpitensor.distributed.tensor.parallel import parallelize_module
+
+            parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(),
+                                                   "2": RowwiseParallel()})
+        fully_shard(model[0], mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+        result = _load_as_fsdp2_checkpoint_example(
+            model, {k: v.detach() for k, v in ref.state_dict().items()})
+        assert list(result.missing_keys) == [] and list(result.unexpected_keys) == []
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert isinstance(p, dtensor.DTensor) and p.requires_grad, name
+            np.testing.assert_array_equal(p.detach().full_tensor().numpy(), q.detach().numpy(),
+                                          err_msg=f"tp {tp}: {name}")
+        _check_model(model, ref, 6)
+        model(mt.randn(2, 6, dtype=mt.float64)).sum().backward()  # the shards train on
+        assert all(p.grad is not None for p in model.parameters())
+
+
+def test_load_state_dict_with_assign_refuses_other_dtypes_and_missing_keys():
+    mt.manual_seed(0)
+    model = _mlp()
+    fully_shard(model)
+    sd = {k: v.detach().full_tensor() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="assign=True.*float32"):
+        model.load_state_dict({**sd, "0.weight": sd["0.weight"].float()}, assign=True)
+    del sd["2.bias"]
+    with pytest.raises(RuntimeError, match=r"missing keys \['2.bias'\]"):
+        model.load_state_dict(sd, assign=True)
+    result = model.load_state_dict(sd, strict=False, assign=True)
+    assert list(result.missing_keys) == ["2.bias"]

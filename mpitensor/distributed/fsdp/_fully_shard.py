@@ -326,29 +326,46 @@ class FSDPModule:
         """Load a state dict whose sharded entries are DTensors laid out as the parameters (as
         ``state_dict()`` gives them) or whole tensors (each rank keeps its rows).
 
+        With ``assign=True`` (torch's "keep the state dict's tensors", which FSDP2's checkpoint
+        example passes) the entries of other tensors are assigned as on any module; the
+        sharded entries' values go into the shards the unit gathers from, and each sharded
+        parameter takes its entry's ``requires_grad``.
+
         Raises:
-            NotImplementedError: ``assign=True`` (it would replace the shards' storage).
-            ValueError: an entry's layout or shape does not fit its sharded parameter.
+            ValueError: an entry's layout or shape does not fit its sharded parameter, or with
+                ``assign=True`` its dtype differs (a unit's shards share one buffer).
         """
-        if assign:
-            raise NotImplementedError("load_state_dict(assign=True) on a fully sharded module: "
-                                      "load with assign=False, which copies into the shards")
         units = [m._fsdp_state for m in self.modules()
                  if isinstance(m, FSDPModule) and m._fsdp_state.group is not None]
         for st in units:
             st.reshard()
         by_id = {id(i.sharded): i for st in units for i in st.group.infos}
+        params = dict(self.named_parameters())
         values = dict(state_dict)
-        for key, p in self.named_parameters():
-            if id(p) in by_id and key in values:
-                values[key] = _piece(values[key], by_id[id(p)], key)
+        sharded = [k for k, p in params.items() if id(p) in by_id and k in values]
+        if assign:
+            _check_assignable(values, sharded, params)
+        for key in sharded:
+            values[key] = _piece(values[key], by_id[id(params[key])], key)
         for st in units:
             st._register_pieces()
         try:
-            return Module.load_state_dict(self, values, strict=strict)
+            if not assign:
+                return Module.load_state_dict(self, values, strict=strict)
+            first = Module.load_state_dict(self, {k: values[k] for k in sharded}, strict=False)
         finally:
             for st in units:
                 st._register(False)
+        for key in sharded:
+            params[key].requires_grad_(bool(getattr(state_dict[key], "requires_grad", True)))
+        rest = {k: v for k, v in values.items() if k not in set(sharded)}
+        second = Module.load_state_dict(self, rest, strict=False, assign=True)
+        missing = [k for k in first.missing_keys if k in set(second.missing_keys)]
+        unexpected = [k for k in second.unexpected_keys if k in set(first.unexpected_keys)]
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"load_state_dict: missing keys {missing}, unexpected keys "
+                               f"{unexpected}; pass strict=False to load what matches")
+        return type(first)(missing, unexpected)
 
     def set_modules_to_forward_prefetch(self, modules: List["FSDPModule"]) -> None:
         """Gather these units as soon as this one's forward starts (replaces the default, the
@@ -383,6 +400,15 @@ def _piece(value: Any, info: ParamInfo, key: str) -> Any:
         raise ValueError(f"load_state_dict: {key!r} has shape {tuple(value.shape)}, the "
                          f"parameter {info.shape}")
     return value[info.start:info.stop]
+
+
+def _check_assignable(values: Dict[str, Any], keys: List[str], params: Dict[str, Any]) -> None:
+    for key in keys:
+        dtype = getattr(values[key], "dtype", None)
+        if dtype is not None and dtype != params[key].dtype:
+            raise ValueError(f"load_state_dict(assign=True): {key!r} is {dtype}, the sharded "
+                             f"parameter {params[key].dtype}; a unit's shards share one "
+                             "buffer: convert the entry first")
 
 
 def _described(value: Any) -> str:
