@@ -121,6 +121,8 @@ _SERVED_NAMES = (
     "searchsorted", "bucketize", "bernoulli", "multinomial", "normal", "poisson",
     "randint_like", "isin", "histogram", "cdist", "combinations", "vander", "trapezoid",
     "trapz", "cumulative_trapezoid", "unravel_index",
+    # complex numbers as pairs of reals (mpitensor._ops.complex)
+    "view_as_real", "view_as_complex", "complex", "polar",
 )
 
 __all__ = [

@@ -475,6 +475,14 @@ class Sub(BinaryOp):
         return g, (-g if need_b else None)
 
 
+def _cj(v: Any) -> Any:
+    """The conjugate of a complex operand (the gradient of a complex product carries the
+    other factor's conjugate, as torch defines it); a real one as it is."""
+    if isinstance(v, complex) or getattr(getattr(v, "dtype", None), "kind", "") == "c":
+        return v.conjugate()
+    return v
+
+
 class Mul(BinaryOp):
     """``a * b``."""
 
@@ -482,7 +490,7 @@ class Mul(BinaryOp):
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
-        return (g * b if need_a else None), (g * a if need_b else None)
+        return (g * _cj(b) if need_a else None), (g * _cj(a) if need_b else None)
 
 
 class Div(BinaryOp):
@@ -493,7 +501,8 @@ class Div(BinaryOp):
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
-        return (g / b if need_a else None), (-(g * (a / b)) / b if need_b else None)
+        return ((g / _cj(b) if need_a else None),
+                (-(g * _cj(a / b)) / _cj(b) if need_b else None))
 
 
 def _log(v: Any) -> Any:

@@ -1,5 +1,5 @@
 """Sharding rules of the view and shape ops: ``view``/``reshape``, ``flatten``/``unflatten``,
-``transpose``/``permute``/``t``, ``squeeze``/``unsqueeze``.
+``transpose``/``permute``/``t``, ``squeeze``/``unsqueeze``; ``view_as_complex``/``view_as_real``.
 
 A sharded dimension keeps its Shard when it survives the reshape whole, or when it becomes
 the outermost part of a merged dimension (or is split and keeps its outermost part) and the
@@ -195,6 +195,23 @@ def _t_rule(call: OpCall) -> Sharding:
     return _permuted(call, list(range(t.ndim))[::-1])
 
 
+def _complex_rule(to_complex: bool) -> Any:
+    """``view_as_complex`` (drops the last dim of pairs) or ``view_as_real`` (adds one): a
+    Shard of another dim keeps its place; the pairs' dim, sharded, is gathered first."""
+
+    def rule(call: OpCall) -> Sharding:
+        t = call.dtensors[0]
+        shape, last = tuple(t.shape), t.ndim - 1
+        ins = tuple(Replicate() if to_complex and isinstance(p, Shard) and p.dim % t.ndim == last
+                    else Shard(p.dim % t.ndim) if isinstance(p, Shard) else p
+                    for p in t.placements)
+        out = shape[:-1] if to_complex else shape + (2,)
+        return Sharding(placements=ins, shape=out,
+                        inputs=None if ins == tuple(t.placements) else [ins])
+
+    return rule
+
+
 def _register() -> None:
     rules = {"view": _view(False, Tensor.view), "reshape": _view(True, Tensor.reshape),
              "flatten": _flatten_rule, "unflatten": _unflatten_rule,
@@ -204,6 +221,8 @@ def _register() -> None:
     for name, rule in rules.items():
         if hasattr(Tensor, name):
             register_sharding_rule(name, rule)
+    register_sharding_rule("mpitensor.view_as_complex", _complex_rule(True))
+    register_sharding_rule("mpitensor.view_as_real", _complex_rule(False))
 
 
 _register()
