@@ -86,7 +86,7 @@ from .amp.autocast_mode import (
     set_autocast_gpu_dtype,
 )
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
-from .backend import cupy_available, device
+from .backend import cupy_available, device, get_default_device, set_default_device
 from .checkpoint import CheckpointError, load, save
 from .dtypes import *  # noqa: F403 - dtype names at package level, as in torch
 from .dtypes import __all__ as _dtype_names
@@ -130,6 +130,7 @@ if _config.LOG_SET:
 
 __all__ = [
     "__version__", "backend", "errors", "distributed", "device", "cupy_available", "autograd",
+    "get_default_device", "set_default_device",
     "data", "utils", "nn", "models", "optim", "checkpoint", "save", "load", "CheckpointError",
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
     "set_num_threads", "get_num_threads", "cuda", "accelerator",

@@ -8,7 +8,8 @@ a message that says how to install it.
 from __future__ import annotations
 
 import functools
-from typing import Any, Union
+import threading
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -23,6 +24,8 @@ __all__ = [
     "array_module",
     "device_of",
     "to_numpy",
+    "get_default_device",
+    "set_default_device",
 ]
 
 _CUPY_HINT = (
@@ -176,8 +179,55 @@ class device:  # noqa: N801 - named like torch.device
     def __hash__(self) -> int:
         return hash((self.type, self.index))
 
+    def __enter__(self) -> "device":
+        """Make this the device that factories (``zeros``, ``randn``, ``tensor``, a module's
+        parameters...) use when given none, until the block ends (per thread; blocks nest)."""
+        _defaults.__dict__.setdefault("stack", []).append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _defaults.stack.pop()
+
 
 CPU = device("cpu")
+
+# the factories' device: the innermost ``with device(...)`` block of this thread, else the
+# one set_default_device chose (None: the CPU, where nothing was asked for)
+_defaults = threading.local()
+_GLOBAL_DEFAULT: list = [None]
+
+
+def default_factory_device() -> Optional[device]:
+    """The device factories use for ``device=None``; None where nothing was chosen (CPU)."""
+    stack = getattr(_defaults, "stack", None)
+    return stack[-1] if stack else _GLOBAL_DEFAULT[0]
+
+
+def get_default_device() -> device:
+    """Return the device that factories use when given none (``cpu`` unless
+    :func:`set_default_device` or a ``with device(...)`` block chose another).
+
+    Example:
+        >>> with device("cpu"):
+        ...     get_default_device()
+        device(type='cpu')
+    """
+    return default_factory_device() or CPU
+
+
+def set_default_device(dev: Union[str, "device", int, None]) -> None:
+    """Make ``dev`` the device factories use when given none, for the whole process (a
+    ``with device(...)`` block still overrides it inside); None goes back to the CPU.
+
+    Raises:
+        TypeError, ValueError: ``dev`` is not a device (an int is a GPU number).
+    """
+    if dev is None or isinstance(dev, device):
+        _GLOBAL_DEFAULT[0] = dev
+    elif isinstance(dev, (int, np.integer)) and not isinstance(dev, bool):
+        _GLOBAL_DEFAULT[0] = device("cuda", int(dev))
+    else:
+        _GLOBAL_DEFAULT[0] = device(dev)
 
 
 def device_of(x: Any) -> device:

@@ -51,6 +51,14 @@ def parse_device(device: DeviceLike) -> Optional[_backend.device]:
     )
 
 
+def factory_device(device: DeviceLike) -> Optional[_backend.device]:
+    """A factory's device argument: :func:`parse_device`, where None is the default device
+    (``with mpitensor.device(...)``, ``set_default_device``; still None where none was set)."""
+    if device is None:
+        return _backend.default_factory_device()
+    return parse_device(device)
+
+
 def device_or_dtype(a: Any) -> tuple:
     """The role of one positional argument of ``to()``: ``(True, device)`` for a device, a
     device number or a device string (``"cuda:0"``), else ``(False, a)``: a dtype or a dtype

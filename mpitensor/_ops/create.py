@@ -23,7 +23,7 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._core.devices import DeviceLike, create, move, parse_device
+from mpitensor._core.devices import DeviceLike, create, factory_device, move, parse_device
 from mpitensor._core.dims import keyword_form, size_from
 from mpitensor._core.opkit import copy_into, serve, tensor_methods, wrap
 from mpitensor._core.promotion import is_scalar, scalar_dtype
@@ -209,7 +209,7 @@ def _filled(name: str, size: tuple, fname: str, dtype: Any, device: Any, rg: boo
         dev = parse_device(device) or _backend.device_of(getattr(out, "_data", None))
         return write_into(out, create(dev, name, shape, dtype=dt), fname)
     dt = dtype_or(dtype, _dt.get_default_dtype())
-    return finish(create(parse_device(device), name, shape, dtype=dt), rg)
+    return finish(create(factory_device(device), name, shape, dtype=dt), rg)
 
 
 def tensor(
@@ -241,7 +241,7 @@ def tensor(
         dtype('int64')
     """
     dt = None if dtype is None else _dt.to_dtype(dtype)
-    dev = parse_device(device)
+    dev = factory_device(device)
     if isinstance(data, Tensor):
         data = data._data
     if isinstance(data, _ndarray) or _backend.is_cupy_array(data):
@@ -272,7 +272,7 @@ def as_tensor(data: Any, dtype: DTypeLike = None, device: DeviceLike = None) -> 
         True
     """
     dt = None if dtype is None else _dt.to_dtype(dtype)
-    dev = parse_device(device)
+    dev = factory_device(device)
     if isinstance(data, Tensor):
         x = data._data
         r = move(x, dev)
@@ -407,7 +407,7 @@ def full(size: Any, fill_value: Any, *, out: Optional[Tensor] = None, dtype: DTy
         dev = parse_device(device) or _backend.device_of(getattr(out, "_data", None))
         return write_into(out, create(dev, "full", shape, fill_value, dtype=dt), "full")
     dt = dtype_or(dtype, scalar_dtype(fill_value))
-    return finish(create(parse_device(device), "full", shape, fill_value, dtype=dt),
+    return finish(create(factory_device(device), "full", shape, fill_value, dtype=dt),
                    requires_grad)
 
 
@@ -537,7 +537,7 @@ def arange(start: Any = None, end: Any = None, step: Any = 1, *, out: Optional[T
         arr = (start + np.arange(n, dtype=np.float64) * step).astype(dt)
     if out is not None:
         return write_into(out, arr, "arange")
-    dev = parse_device(device)
+    dev = factory_device(device)
     return finish(move(arr, dev), requires_grad)
 
 
@@ -560,7 +560,7 @@ def linspace(start: Any, end: Any, steps: int, *, dtype: DTypeLike = None,
     default = _dt.default_complex_dtype() if isinstance(start + end, complex) else None
     dt = dtype_or(dtype, default or _dt.get_default_dtype())
     arr = np.linspace(start, end, steps, dtype=np.complex128 if dt.kind == "c" else np.float64)
-    return finish(move(arr.astype(dt), parse_device(device)), requires_grad)
+    return finish(move(arr.astype(dt), factory_device(device)), requires_grad)
 
 
 def eye(
@@ -583,7 +583,7 @@ def eye(
     if n < 0 or m < 0:
         raise ValueError(f"eye(): n and m must be >= 0, got n={n}, m={m}")
     dt = dtype_or(dtype, _dt.get_default_dtype())
-    return finish(create(parse_device(device), "eye", n, m, dtype=dt), requires_grad)
+    return finish(create(factory_device(device), "eye", n, m, dtype=dt), requires_grad)
 
 
 def _new_like(t: Tensor, maker: Any, sizes: tuple, size: Any, dtype: Any, device: Any,

@@ -27,7 +27,14 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
-from mpitensor._core.devices import DeviceLike, cuda_index, is_cpu, move, parse_device
+from mpitensor._core.devices import (
+    DeviceLike,
+    cuda_index,
+    factory_device,
+    is_cpu,
+    move,
+    parse_device,
+)
 from mpitensor._core.opkit import copy_into, serve, tensor_methods
 from mpitensor._ops.create import (
     BadValueError,
@@ -230,7 +237,7 @@ class _CupyDraws:
 def _drawn(generator: Any, device: Any, draw: Any) -> Any:
     """``draw(rng)`` on the generator's side, the result on ``device``: a mpitensor generator
     draws on the GPU for a CUDA device (its CuPy state there), anything else on the host."""
-    dev = parse_device(device)
+    dev = factory_device(device)
     gen = _gen(generator)
     if not is_cpu(dev) and isinstance(gen, Generator):
         rs = gen._cupy_state(dev)
