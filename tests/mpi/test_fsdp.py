@@ -21,6 +21,7 @@ import mpitensor as mt
 import mpitensor.distributed as dist
 import mpitensor.distributed.fsdp as fsdp
 import mpitensor.nn as nn
+from mpitensor._base import config as _config
 from mpitensor.distributed.device_mesh import init_device_mesh
 from mpitensor.distributed.fsdp import FSDPModule, fully_shard
 from mpitensor.distributed.tensor import DTensor, Shard
@@ -314,14 +315,43 @@ def test_bad_input_fails_before_any_gather():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_parameters_that_differ_across_ranks_fail_on_every_rank():
+def test_values_that_differ_across_ranks_keep_each_ranks_rows_as_torch(torch_gloo):
+    """torch keeps each rank's rows of its own tensor (fsdp_tp_example builds its model
+    without a seed); so do we, unless MPITENSOR_DEBUG=1 (next test)."""
+    torch = torch_gloo
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
     mt.manual_seed(dist.get_rank())  # each rank its own initial weights
-    with pytest.raises(ValueError, match=r"differ across ranks.*rank \d"):
-        fully_shard(nn.Linear(4, 3))
-    width = 5 if dist.get_rank() == 1 else 4
+    ours = mlp(9)
+    own = [p.detach().numpy().copy() for p in ours.parameters()]
+    theirs = torch_twin(ours, torch)
+    torch_fully_shard(theirs)
+    fully_shard(ours)
+    for (name, p), q, mine in zip(ours.named_parameters(), theirs.parameters(), own):
+        rows = -(-mine.shape[0] // dist.get_world_size())
+        start = min(dist.get_rank() * rows, mine.shape[0])
+        np.testing.assert_array_equal(_local(p).detach().numpy(), mine[start:start + rows],
+                                      err_msg=name)
+        np.testing.assert_array_equal(_local(p).detach().numpy(),
+                                      q.to_local().detach().numpy(), err_msg=name)
+    train_beside_torch(ours, theirs, torch, steps=2)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_parameters_that_differ_across_ranks_fail_on_every_rank(monkeypatch):
     mt.manual_seed(0)
-    with pytest.raises(ValueError, match="differ across ranks"):
+    width = 5 if dist.get_rank() == 1 else 4  # shapes must agree in either mode
+    with pytest.raises(ValueError, match=r"\(shape, dtype\)s differ across ranks.*rank \d"):
         fully_shard(nn.Linear(width, 3))
+    monkeypatch.setattr(_config, "DEBUG", True)  # as MPITENSOR_DEBUG=1 sets it at import
+    mt.manual_seed(dist.get_rank())  # each rank its own initial weights
+    with pytest.raises(ValueError, match=r"differ across ranks.*rank \d.*MPITENSOR_DEBUG=1"):
+        fully_shard(nn.Linear(4, 3))
+    mt.manual_seed(0)
+    with pytest.raises(ValueError, match="checksum.*differ across ranks"):
+        fully_shard(nn.Linear(width, 3))
+    mt.manual_seed(0)
+    fully_shard(nn.Linear(4, 3))  # alike everywhere: accepted
 
 
 def test_losses_match_torch_fsdp2(torch_gloo):

@@ -290,15 +290,36 @@ def test_bad_meshes_fail_on_every_rank_before_any_gather():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_parameters_that_differ_between_replicas_fail_on_every_rank():
+def test_values_that_differ_between_replicas_are_kept_as_torch_does():
+    """Without MPITENSOR_DEBUG each rank keeps its rows of its own values (torch's
+    behaviour): replicas then hold different rows, which the debug mode refuses (next test)."""
+    for r, s in _layouts():
+        mesh = _mesh(r, s)
+        mt.manual_seed(dist.get_rank())
+        layer = nn.Linear(4, 3)
+        own = layer.weight.detach().numpy().copy()
+        fully_shard(layer, mesh=mesh)
+        rows = -(-3 // s)
+        start = min(mesh.get_local_rank("shard") * rows, 3)
+        np.testing.assert_array_equal(layer.weight.to_local().detach().numpy(),
+                                      own[start:start + rows], err_msg=f"{r}x{s}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_parameters_that_differ_between_replicas_fail_on_every_rank(monkeypatch):
+    from mpitensor._base import config
+
     n = dist.get_world_size()
+    monkeypatch.setattr(config, "DEBUG", True)  # as MPITENSOR_DEBUG=1 sets it at import
     for r, s in _layouts():
         if r == 1:
             continue
         mesh = _mesh(r, s)
         mt.manual_seed(mesh.get_local_rank("replicate"))  # alike in a shard line only
-        with pytest.raises(ValueError, match=r"differ across ranks of the mesh.*rank \d"):
+        with pytest.raises(ValueError, match=r"differ across ranks of the mesh.*rank \d"
+                                             r".*MPITENSOR_DEBUG=1"):
             fully_shard(nn.Linear(4, 3), mesh=mesh)
+    monkeypatch.setattr(config, "DEBUG", False)  # the shapes are checked in either mode
     mt.manual_seed(0)
     width = 5 if dist.get_rank() == n - 1 else 4
     with pytest.raises(ValueError, match="differ across ranks"):

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from mpitensor._base import config as _config
 from mpitensor.autograd import Function, is_grad_enabled, queue_callback
 from mpitensor.dtypes import is_floating_dtype
 from mpitensor.nn import Module
@@ -468,8 +469,11 @@ def _resolve_mesh(module: Module, mesh: Any, device_type: str) -> Any:
     return mesh
 
 
-def _signature(params: List[Any]) -> List[Tuple[Any, ...]]:
-    """Per parameter: shape, dtype and a checksum of its values (to compare across ranks)."""
+def _signature(params: List[Any], values: bool) -> List[Tuple[Any, ...]]:
+    """Per parameter: shape, dtype and, with ``values``, a checksum of its values (to compare
+    across ranks)."""
+    if not values:
+        return [(tuple(p.shape), str(p.dtype)) for p in params]
     out = []
     for p in params:
         a = raw(p)
@@ -482,15 +486,25 @@ def _signature(params: List[Any]) -> List[Tuple[Any, ...]]:
     return out
 
 
-def _check_same_on_mesh(mine: List[Any], mesh: Any) -> None:
-    """``ValueError`` on every rank of ``mesh`` where the ranks' parameter signatures differ.
+def _check_same_on_mesh(params: List[Any], mesh: Any) -> None:
+    """``ValueError`` on every rank of ``mesh`` where the ranks' parameter shapes or dtypes
+    differ, or (under ``MPITENSOR_DEBUG=1`` only) their values.
+
+    Values may differ, as torch allows: each rank keeps the rows of its own tensor (a model
+    built without a seed is then a model whose rows came from several draws). The debug mode
+    refuses that, for programs that mean every rank to build the same model.
 
     On a 2-D (HSDP) mesh: one gather over the shard dim, then one of those lines over the
     replicate dim, so every rank sees the whole grid and decides alike (two checks one after
     the other could fail one line while the others wait in the second)."""
-    what = "parameter (shape, dtype, checksum)"
+    values = _config.DEBUG
+    mine = _signature(params, values)
+    what = "parameter (shape, dtype, checksum)" if values else "parameter (shape, dtype)"
     if mesh.ndim == 1:
-        check_same_everywhere(mine, mesh.get_group(0), "fully_shard", what)
+        try:
+            check_same_everywhere(mine, mesh.get_group(0), "fully_shard", what)
+        except ValueError as exc:  # raised alike on every rank
+            raise ValueError(str(exc) + _VALUES_HINT * values) from None
         return
     import mpitensor.distributed as dist
 
@@ -509,7 +523,13 @@ def _check_same_on_mesh(mine: List[Any], mesh: Any) -> None:
                   f"{theirs[k]} on rank {odd[0]}")
         raise ValueError(f"fully_shard: the {what}s differ across ranks of the mesh "
                          f"{mesh.mesh.tolist()} ({detail}; ranks {odd} differ from rank "
-                         f"{ranks[0]}); build the same model on every rank, in the same order")
+                         f"{ranks[0]}); build the same model on every rank, in the same order"
+                         + _VALUES_HINT * values)
+
+
+# what a refusal adds under MPITENSOR_DEBUG=1, where only the values may be what differs
+_VALUES_HINT = (" (MPITENSOR_DEBUG=1 compares the values too: seed every rank alike, or "
+                "unset MPITENSOR_DEBUG to keep each rank's rows of its own values, as torch does)")
 
 
 def _check_arguments(module: Any, reshard_after_forward: Any, shard_placement_fn: Any,
@@ -586,8 +606,9 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
         TypeError, ValueError, NotImplementedError: bad arguments, a mesh of another device
             type or of 3+ dims, parameters of several dtypes without ``param_dtype``, a 0-dim
             parameter;
-            ``ValueError`` on every rank, before any gather, where the parameters (shapes,
-            dtypes or values) differ across ranks.
+            ``ValueError`` on every rank, before any gather, where the parameters' shapes or
+            dtypes differ across ranks (their values too under ``MPITENSOR_DEBUG=1``; else
+            values may differ, as in torch: each rank keeps its rows of its own tensor).
 
     Example:
         >>> for block in model.blocks:
@@ -606,7 +627,7 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
     replicate = mesh.get_group(0) if mesh.ndim == 2 else None
     world, rank = mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
     check_tp_params(managed, mesh)
-    _check_same_on_mesh(_signature(params), mesh)
+    _check_same_on_mesh(params, mesh)
     layouts = tp_layouts(managed, mesh, pg)
     group = None
     if params:
