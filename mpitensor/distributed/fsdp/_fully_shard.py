@@ -606,9 +606,8 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
         TypeError, ValueError, NotImplementedError: bad arguments, a mesh of another device
             type or of 3+ dims, parameters of several dtypes without ``param_dtype``, a 0-dim
             parameter;
-            ``ValueError`` on every rank, before any gather, where the parameters' shapes or
-            dtypes differ across ranks (their values too under ``MPITENSOR_DEBUG=1``; else
-            values may differ, as in torch: each rank keeps its rows of its own tensor).
+            ``ValueError`` on every rank, before any gather, where parameter shapes or dtypes
+            differ across ranks (values too under ``MPITENSOR_DEBUG=1``; else, as torch).
 
     Example:
         >>> for block in model.blocks:
