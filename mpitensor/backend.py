@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -139,9 +140,9 @@ class device:  # noqa: N801 - named like torch.device
                                   or not isinstance(index, (int, np.integer))):
             raise TypeError(f"device index must be an int, got {index!r}")
         kind, sep, idx = spec.strip().partition(":")
-        if kind not in ("cpu", "cuda"):
+        if kind not in ("cpu", "cuda", "meta"):
             raise _BadDeviceError(
-                f"unknown device type {spec!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+                f"unknown device type {spec!r}: expected 'cpu', 'cuda', 'cuda:N' or 'meta'")
         if sep:
             if index is not None:
                 raise _BadDeviceError(f"device({spec!r}, {index}) gives the index twice")
@@ -152,8 +153,8 @@ class device:  # noqa: N801 - named like torch.device
         if index is not None:
             if index < 0:
                 raise _BadDeviceError(f"device index must be a non-negative integer, got {index}")
-            if kind == "cpu" and index != 0:
-                raise _BadDeviceError(f"cpu has no device {index}")
+            if kind != "cuda" and index != 0:
+                raise _BadDeviceError(f"{kind} has no device {index}")
             index = int(index)
         self.type = kind
         self.index = index if kind == "cuda" else None
@@ -230,11 +231,35 @@ def set_default_device(dev: Union[str, "device", int, None]) -> None:
         _GLOBAL_DEFAULT[0] = device(dev)
 
 
+META = device("meta")
+
+# the meta device's arrays: shape and dtype without storage (every element one shared slot,
+# so writes land nowhere that matters), known by identity while they live
+_META_ARRAYS: dict = {}
+
+
+def meta_array(shape: Any, dtype: Any) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` on the meta device: no memory behind its
+    elements (they all share one slot), recognised by :func:`is_meta_array`."""
+    slot = np.zeros(1, dtype=dtype)
+    shape = tuple(int(s) for s in shape)
+    a = np.lib.stride_tricks.as_strided(slot, shape, (0,) * len(shape), writeable=True)
+    key = id(a)
+    _META_ARRAYS[key] = weakref.ref(a, lambda _, key=key: _META_ARRAYS.pop(key, None))
+    return a
+
+
+def is_meta_array(x: Any) -> bool:
+    """True for an array made by :func:`meta_array` (still that very array)."""
+    ref = _META_ARRAYS.get(id(x))
+    return ref is not None and ref() is x
+
+
 def device_of(x: Any) -> device:
     """Return the device array ``x`` lives on."""
     if is_cupy_array(x):
         return device("cuda", int(x.device.id))
-    return CPU
+    return META if _META_ARRAYS and is_meta_array(x) else CPU
 
 
 def to_numpy(x: Any) -> np.ndarray:

@@ -111,6 +111,10 @@ def cuda_index_arg(device: Any, what: str, optional: bool = True) -> Optional[in
                      f"('cuda:0', mpitensor.device('cuda', 0)), got {device!r}")
 
 
+def _meta(x: Any) -> bool:
+    return bool(_backend._META_ARRAYS) and _backend.is_meta_array(x)
+
+
 def is_cpu(dev: Optional[_backend.device]) -> bool:
     """True for the CPU, and for None (no device asked for: host arrays are the default)."""
     return dev is None or dev.type == "cpu"
@@ -121,7 +125,9 @@ def is_on(x: Any, dev: Optional[_backend.device]) -> bool:
     if dev is None:
         return True
     if dev.type == "cpu":
-        return isinstance(x, _ndarray)
+        return isinstance(x, _ndarray) and not _meta(x)
+    if dev.type == "meta":
+        return _meta(x)
     return is_cupy(x) and int(x.device.id) == cuda_index(dev)
 
 
@@ -129,6 +135,12 @@ def move(arr: Any, dev: Optional[_backend.device]) -> Any:
     """``arr`` on device ``dev``: the same array when it is already there, else a copy."""
     if is_on(arr, dev):
         return arr
+    if dev.type == "meta":
+        return _backend.meta_array(arr.shape, arr.dtype)
+    if _meta(arr):
+        raise NotImplementedError(
+            f"a meta tensor has no data to copy to {dev}: make it there with "
+            f"Module.to_empty(device=...) (then initialize it) or a factory")
     if dev.type == "cpu":
         return arr.get()
     cp = _backend.get_cupy()
@@ -138,9 +150,15 @@ def move(arr: Any, dev: Optional[_backend.device]) -> Any:
 
 
 def create(dev: Optional[_backend.device], name: str, *args: Any, **kwargs: Any) -> Any:
-    """Call the array constructor ``name`` (``zeros``, ``full``, ...) of ``dev``'s module there."""
+    """Call the array constructor ``name`` (``zeros``, ``full``, ...) of ``dev``'s module there
+    (on the meta device: an array of that shape and dtype without storage)."""
     if is_cpu(dev):
         return getattr(np, name)(*args, **kwargs)
+    if dev.type == "meta":
+        shape = args[0] if name != "eye" else (args[0], args[0] if len(args) < 2
+                                                or args[1] is None else args[1])
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else shape
+        return _backend.meta_array(shape, kwargs.get("dtype", np.float64))
     cp = _backend.get_cupy()
     with cp.cuda.Device(cuda_index(dev)):
         return getattr(cp, name)(*args, **kwargs)

@@ -633,4 +633,12 @@ class _CreationMethods:
     # dtype casts named as in torch; defined last because their names shadow builtins in the
 
 
+@tensor_methods
+class _MetaMethods:
+    @property
+    def is_meta(self) -> bool:
+        """True for a tensor on the meta device (a shape and a dtype, no data)."""
+        return _backend.device_of(self._data).type == "meta"
+
+
 serve({name: globals()[name] for name in __all__})

@@ -234,10 +234,14 @@ class _CupyDraws:
         return self.rs.poisson(lam, size=size)
 
 
-def _drawn(generator: Any, device: Any, draw: Any) -> Any:
+def _drawn(generator: Any, device: Any, draw: Any, meta: Any = None) -> Any:
     """``draw(rng)`` on the generator's side, the result on ``device``: a mpitensor generator
-    draws on the GPU for a CUDA device (its CuPy state there), anything else on the host."""
+    draws on the GPU for a CUDA device (its CuPy state there), anything else on the host. On
+    the meta device, given the result's ``meta = (shape, dtype)``, nothing is drawn (as in
+    torch: the generator's state is left alone)."""
     dev = factory_device(device)
+    if meta is not None and dev is not None and dev.type == "meta":
+        return _backend.meta_array(*meta)
     gen = _gen(generator)
     if not is_cpu(dev) and isinstance(gen, Generator):
         rs = gen._cupy_state(dev)
@@ -264,7 +268,7 @@ def _floats(rng: Any, kind: str, shape: tuple, dt: np.dtype) -> Any:
 
 def _draw(kind: str, shape: tuple, generator: Any, dt: np.dtype, device: Any) -> Any:
     """An array of ``rand`` (``kind`` "rand") or ``randn`` numbers (see :func:`_floats`)."""
-    return _drawn(generator, device, lambda rng: _floats(rng, kind, shape, dt))
+    return _drawn(generator, device, lambda rng: _floats(rng, kind, shape, dt), (shape, dt))
 
 
 def _float_dtype(dtype: Any, fname: str, allow_complex: bool) -> np.dtype:
@@ -409,7 +413,8 @@ def randint(*args: Any, low: Any = _UNSET, high: Any = _UNSET, size: Any = None,
         dtype = out.dtype if dtype is None else dtype
         device = _device_of_tensor(out) if device is None else device
     dt = dtype_or(dtype, _INT64)
-    arr = _drawn(generator, device, lambda rng: rng.integers(low, high, shape, np.int64))
+    arr = _drawn(generator, device, lambda rng: rng.integers(low, high, shape, np.int64),
+                 (shape, np.int64))
     arr = arr.astype(dt, copy=False)
     return finish(arr, requires_grad) if out is None else write_into(out, arr, "randint")
 
@@ -435,7 +440,8 @@ def randperm(n: int, *, generator: Any = None, out: Any = None, dtype: DTypeLike
         dtype = out.dtype if dtype is None else dtype
         device = _device_of_tensor(out) if device is None else device
     dt = dtype_or(dtype, _INT64)
-    arr = _drawn(generator, device, lambda rng: rng.permutation(n)).astype(dt)
+    arr = _drawn(generator, device, lambda rng: rng.permutation(n), ((n,), dt))
+    arr = arr if _backend.is_meta_array(arr) else arr.astype(dt)
     return finish(arr, requires_grad) if out is None else write_into(out, arr, "randperm")
 
 

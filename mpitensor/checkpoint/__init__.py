@@ -555,7 +555,7 @@ class _AllowListUnpickler(pickle.Unpickler):
 
 
 def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True, *,
-         max_bytes: Optional[int] = None) -> Any:
+         mmap: Optional[bool] = None, max_bytes: Optional[int] = None) -> Any:
     """Read a file written by :func:`save`, by ``torch.save`` or in the safetensors format.
 
     The format is recognised by the file's first bytes, whatever its name:
@@ -582,6 +582,10 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True, *,
         weights_only: refuse pickled objects (the default). Pass False only for files from a
             trusted source: then pickled objects load (mpitensor files saved with
             ``allow_pickle=True``; torch files may import and call any global, which runs code).
+        mmap: torch's request to map the storages rather than read them: accepted for a path
+            (a file object is refused, as torch does) and the file is read, which gives the
+            same tensors (values, dtypes, views; writes never reach the file, as with torch's
+            private mapping), held in memory rather than paged in from the file.
         max_bytes: the most memory the file's tensors may take, in bytes; a file that needs
             more is refused before it is read (a forged or compressed size cannot make
             ``load`` allocate more). None (the default): ``MPITENSOR_LOAD_MAX_BYTES`` where
@@ -600,7 +604,9 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True, *,
             pickled objects or unknown globals while ``weights_only`` is True, holds a dtype
             mpitensor lacks (bfloat16, float8, ...), holds GPU data where no GPU is usable, or
             needs more memory than ``max_bytes``; the message names the file.
-        TypeError: ``map_location`` is of an unsupported kind, or ``max_bytes`` not an int.
+        TypeError: ``map_location`` is of an unsupported kind, ``max_bytes`` not an int, or
+            ``mmap`` not a bool.
+        ValueError: ``mmap=True`` with a file object.
         ImportError: a safetensors file without the ``safetensors`` package.
 
     Example:
@@ -612,6 +618,7 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True, *,
     place = placement(map_location)
     budget = _budget(max_bytes)
     name = file_name(f)
+    _check_mmap(f, mmap)
     if isinstance(f, (str, bytes, os.PathLike)):
         with open(os.fspath(f), "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -627,6 +634,14 @@ def load(f: PathOrFile, map_location: Any = None, weights_only: bool = True, *,
             f.seek(pos)
             at_start = pos == 0
     return _load_from(f, size, name, weights_only, place, at_start, budget)
+
+
+def _check_mmap(f: Any, mmap: Any) -> None:
+    if mmap is not None and not isinstance(mmap, bool):
+        raise TypeError(f"load(mmap=...) takes True, False or None, got {mmap!r}")
+    if mmap and not isinstance(f, (str, bytes, os.PathLike)):
+        raise ValueError("load(mmap=True) needs a file path, not a file object: pass the "
+                         "path, or leave mmap out")
 
 
 def _memory_available() -> Optional[int]:

@@ -82,6 +82,8 @@ def _fill_scaled(tensor: Tensor, fname: str, law: str, scale: float, shift: floa
                  generator: Any) -> Tensor:
     """Write ``scale * z + shift`` into ``tensor``, z standard uniform [0, 1) or normal."""
     data = _float_storage(tensor, fname)
+    if _backend.device_of(data).type == "meta":
+        return tensor  # nothing to fill and, as in torch, no numbers drawn
     draw = rand if law == "uniform" else randn
     # drawn with the tensor's dtype and device, so no copy crosses devices or widens
     z = draw(*data.shape, generator=generator, dtype=data.dtype,

@@ -444,6 +444,8 @@ def _managed(module: Module) -> Dict[int, Tuple[Any, List[Tuple[Any, str]]]]:
 def _resolve_mesh(module: Module, mesh: Any, device_type: str) -> Any:
     from ..device_mesh import DeviceMesh, init_device_mesh
 
+    if device_type == "meta":  # parameters without data (shards made as host memory): any mesh
+        device_type = getattr(mesh, "device_type", "cpu")
     if mesh is None:
         below = [m._fsdp_state.mesh for m in module.modules()
                  if isinstance(m, FSDPModule) and m is not module]

@@ -31,6 +31,7 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._core.devices import create as _create
 from mpitensor._core.devices import device_or_dtype
 from mpitensor.tensor import Tensor, _move, _parse_device
 
@@ -797,6 +798,35 @@ class Module:
             return x if x.dtype == dtype else x.astype(dtype)
 
         return self._convert_arrays(convert)
+
+    def to_empty(self, *, device: Any, recurse: bool = True) -> Module:
+        """Give the parameters and buffers new, uninitialized memory on ``device`` (same
+        shapes and dtypes); returns self. The way out of the meta device: build the model
+        under ``with mpitensor.device("meta"):``, then ``to_empty(device="cpu")`` and
+        initialize it (``reset_parameters()``, a state dict).
+
+        A tensor already on ``device`` keeps its memory and values (uninitialized memory may
+        hold anything), and so does a DTensor parameter (``fully_shard`` gave its shard
+        memory of its own, on the parameter's device).
+
+        Example:
+            >>> import mpitensor as mt, mpitensor.nn as nn
+            >>> with mt.device("meta"):
+            ...     m = nn.Linear(2, 3)
+            >>> m.to_empty(device="cpu").weight.device
+            device(type='cpu')
+        """
+        dev = _parse_device(device)
+        for module in (self.modules() if recurse else (self,)):
+            for t in (*module._parameters.values(), *module._buffers.values()):
+                if t is None or getattr(t, "placements", None) is not None or is_lazy(t):
+                    continue
+                x = t._data
+                if not _backend.is_meta_array(x) and _backend.device_of(x) == dev:
+                    continue
+                t._data = _create(dev, "empty", x.shape, dtype=x.dtype)
+                t.grad = None
+        return self
 
     def cuda(self, device: Any = None) -> Module:
         """Move all parameters and buffers to a GPU (the current one by default)."""

@@ -1,0 +1,97 @@
+"""The meta device (shapes and dtypes without data), ``Module.to_empty`` and
+``load(..., mmap=True)``, as torch (the oracle) behaves: construction under
+``with device("meta")`` draws no random numbers, ``to_empty`` then ``reset_parameters()``
+gives the values a plain construction under the same seed gives, and copying data out of
+a meta tensor is refused."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+import mpitensor as mt
+import mpitensor.nn as nn
+
+torch = pytest.importorskip("torch")
+
+
+def _model(lib):
+    return lib.nn.Sequential(lib.nn.Linear(4, 3), lib.nn.LayerNorm(3), lib.nn.Embedding(5, 3))
+
+
+def test_meta_tensors_have_shape_dtype_and_no_data():
+    for lib in (mt, torch):
+        with lib.device("meta"):
+            x = lib.zeros(1000, 1000)
+            y = lib.randn(3, dtype=lib.float64)
+        assert str(x.device) == "meta" and x.is_meta and tuple(x.shape) == (1000, 1000)
+        assert str(y.dtype).split(".")[-1] == "float64"
+        assert str(lib.empty(2, device="meta").device) == "meta"
+        assert not lib.zeros(2).is_meta
+    assert mt.zeros(1000, 1000, device="meta")._data.strides == (0, 0)  # one shared slot
+    assert repr(mt.device("meta")) == repr(torch.device("meta"))
+
+
+def test_no_data_leaves_the_meta_device():
+    x, xt = mt.zeros(3, device="meta"), torch.zeros(3, device="meta")
+    with pytest.raises(NotImplementedError):
+        xt.to("cpu")
+    with pytest.raises(NotImplementedError, match="to_empty"):
+        x.to("cpu")
+    assert mt.ones(2).to("meta").is_meta
+
+
+def test_meta_construction_draws_no_numbers_as_torch():
+    for lib in (mt, torch):
+        lib.manual_seed(0)
+        want = lib.rand(3)
+        lib.manual_seed(0)
+        with lib.device("meta"):
+            m = _model(lib)
+        assert all(p.is_meta for p in m.parameters())
+        np.testing.assert_array_equal(lib.rand(3).numpy(), want.numpy())
+
+
+def test_to_empty_then_reset_equals_a_plain_construction():
+    mt.manual_seed(3)
+    plain = _model(mt)
+    mt.manual_seed(3)
+    with mt.device("meta"):
+        m = _model(mt)
+    weight = m[0].weight
+    assert m.to_empty(device="cpu") is m
+    assert m[0].weight is weight and not weight.is_meta and weight.device == mt.device("cpu")
+    for layer in m:
+        layer.reset_parameters()
+    for (name, p), q in zip(m.named_parameters(), plain.parameters()):
+        np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy(), err_msg=name)
+        assert p.requires_grad
+    with mt.device("meta"):
+        t = nn.Linear(2, 2)
+    tt = torch.nn.Linear(2, 2, device="meta").to_empty(device="cpu")
+    assert str(t.to_empty(device="cpu").weight.device) == str(tt.weight.device) == "cpu"
+
+
+def test_to_empty_keeps_what_is_already_there():
+    m = nn.Linear(2, 2)
+    w = m.weight.detach().numpy().copy()
+    m.to_empty(device="cpu")
+    np.testing.assert_array_equal(m.weight.detach().numpy(), w)  # any values are "empty" ones
+
+
+def test_load_with_mmap_gives_the_same_tensors(tmp_path):
+    sd = _model(mt).state_dict()
+    for i, save in enumerate((mt.save, lambda obj, p: torch.save(
+            {k: torch.tensor(v.numpy()) for k, v in obj.items()}, p))):
+        path = tmp_path / f"m{i}.pt"
+        save(sd, path)
+        got = mt.load(path, mmap=True, weights_only=True, map_location="cpu")
+        assert sorted(got) == sorted(sd)
+        for k in sd:
+            np.testing.assert_array_equal(got[k].numpy(), sd[k].numpy(), err_msg=k)
+    with pytest.raises(ValueError, match="file path"):
+        mt.load(io.BytesIO(b""), mmap=True)
+    with pytest.raises(TypeError, match="mmap"):
+        mt.load(tmp_path / "m0.pt", mmap="yes")
