@@ -37,7 +37,8 @@ class Switch(NamedTuple):
 # meaning. An indented line continues the entry above it.
 _DECLARED = """\
 MPITENSOR_DEBUG | bool | 0 | import |
-    cross-rank argument checks before every collective, and send/recv dtype and size checks
+    cross-rank argument checks before every collective, send/recv dtype and size checks, and
+    fully_shard refusing parameter values that differ across ranks
 MPITENSOR_TIMEOUT | seconds | 1800 | import |
     default timeout of process groups: a blocking operation or `wait()` waiting longer raises
     `DistributedTimeoutError` (`inf`: no bound)
