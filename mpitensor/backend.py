@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import weakref
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -233,33 +232,51 @@ def set_default_device(dev: Union[str, "device", int, None]) -> None:
 
 META = device("meta")
 
-# the meta device's arrays: shape and dtype without storage (every element one shared slot,
-# so writes land nowhere that matters), known by identity while they live
-_META_ARRAYS: dict = {}
+class MetaArray(np.ndarray):
+    """The meta device's arrays: a shape and a dtype without storage (every element is one
+    shared slot). Views (reshape, transpose, indexing) stay meta, as in torch; arithmetic
+    on them is refused, since there are no values to compute with (torch computes shapes
+    only; here the op raises rather than return numbers that mean nothing)."""
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(_no_meta_values(ufunc.__name__))
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if func.__name__ in _META_VIEWS:  # a new shape over the same (absent) values
+            return super().__array_function__(func, types, args, kwargs)
+        raise NotImplementedError(_no_meta_values(func.__name__))
+
+
+# NumPy's functions that give a view with another shape: meta in, meta out
+_META_VIEWS = frozenset({
+    "reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze", "broadcast_to",
+    "atleast_1d", "atleast_2d", "atleast_3d", "shape", "ndim", "size", "result_type"})
+
+
+def _no_meta_values(what: str) -> str:
+    return (f"{what} on a meta tensor: meta tensors have a shape and a dtype but no values; "
+            f"give them memory first (Module.to_empty(device=...), then initialize them)")
 
 
 def meta_array(shape: Any, dtype: Any) -> np.ndarray:
-    """An array of ``shape`` and ``dtype`` on the meta device: no memory behind its
-    elements (they all share one slot), recognised by :func:`is_meta_array`."""
+    """An array of ``shape`` and ``dtype`` on the meta device (a :class:`MetaArray`): no
+    memory behind its elements, they all share one slot."""
     slot = np.zeros(1, dtype=dtype)
     shape = tuple(int(s) for s in shape)
     a = np.lib.stride_tricks.as_strided(slot, shape, (0,) * len(shape), writeable=True)
-    key = id(a)
-    _META_ARRAYS[key] = weakref.ref(a, lambda _, key=key: _META_ARRAYS.pop(key, None))
-    return a
+    return a.view(MetaArray)
 
 
 def is_meta_array(x: Any) -> bool:
-    """True for an array made by :func:`meta_array` (still that very array)."""
-    ref = _META_ARRAYS.get(id(x))
-    return ref is not None and ref() is x
+    """True for an array of the meta device."""
+    return isinstance(x, MetaArray)
 
 
 def device_of(x: Any) -> device:
     """Return the device array ``x`` lives on."""
     if is_cupy_array(x):
         return device("cuda", int(x.device.id))
-    return META if _META_ARRAYS and is_meta_array(x) else CPU
+    return META if isinstance(x, MetaArray) else CPU
 
 
 def to_numpy(x: Any) -> np.ndarray:

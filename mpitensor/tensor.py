@@ -438,7 +438,7 @@ class Tensor:
     def device(self) -> _backend.device:
         """The device the data lives on: ``device(type='cpu')`` or ``device(type='cuda', ...)``."""
         x = self._data
-        if isinstance(x, _ndarray) and not _backend._META_ARRAYS:
+        if type(x) is _ndarray:
             return _backend.CPU
         return _backend.device_of(x)
 

@@ -95,3 +95,22 @@ def test_load_with_mmap_gives_the_same_tensors(tmp_path):
         mt.load(io.BytesIO(b""), mmap=True)
     with pytest.raises(TypeError, match="mmap"):
         mt.load(tmp_path / "m0.pt", mmap="yes")
+
+
+def test_meta_views_stay_meta_and_arithmetic_is_refused():
+    """Views keep the meta device, as torch's do; where torch would compute a shape only,
+    an op here raises rather than return numbers computed from no data."""
+    x = mt.zeros(3, 4, device="meta")
+    for v in (x.reshape(4, 3), x.t(), x[1:], x.unsqueeze(0)):
+        assert v.is_meta and str(v.device) == "meta"
+    assert tuple(x.t().shape) == tuple(torch.zeros(3, 4, device="meta").t().shape)
+    for op in (lambda: x + 1, lambda: x * x, lambda: x.sum(), lambda: x @ x.t()):
+        with pytest.raises(NotImplementedError, match="meta tensor"):
+            op()
+
+
+def test_meta_repr_as_torch():
+    for make in (lambda lib: lib.zeros(3, device="meta"),
+                 lambda lib: lib.zeros(2, 3, device="meta", dtype=lib.float64),
+                 lambda lib: lib.nn.Parameter(lib.zeros(2, device="meta"))):
+        assert repr(make(mt)).replace("mpitensor.", "torch.") == repr(make(torch))

@@ -112,7 +112,7 @@ def cuda_index_arg(device: Any, what: str, optional: bool = True) -> Optional[in
 
 
 def _meta(x: Any) -> bool:
-    return bool(_backend._META_ARRAYS) and _backend.is_meta_array(x)
+    return isinstance(x, _backend.MetaArray)
 
 
 def is_cpu(dev: Optional[_backend.device]) -> bool:

@@ -297,5 +297,11 @@ def tensor_repr(t: Any, name: str = "tensor") -> str:
     head = f"{name}("
     options = dict(_options)
     x = t._data
+    if isinstance(x, _backend.MetaArray):  # no values to show: the device and the shape
+        notes = ["device='meta'", f"size={tuple(x.shape)}"]
+        if x.dtype != _dt.get_default_dtype():
+            notes.append(f"dtype={_dt.dt_repr(x.dtype)}")
+        notes += [n for n in _notes(t, x, options) if n.startswith(("grad_fn", "requires"))]
+        return _close(head + "...", notes, len(head), options["linewidth"])
     body = _values_text(x, len(head), options)
     return _close(head + body, _notes(t, x, options), len(head), options["linewidth"])
