@@ -586,8 +586,8 @@ class Collectives:
         return self._reduce_scatter(output, input_list, op, async_op)
 
     @_guarded("reduce_scatter")
-    def _reduce_scatter(self, output: Any, input_list: Any, op: Any,
-                        async_op: bool) -> Optional[Work]:
+    def _reduce_scatter(
+            self, output: Any, input_list: Any, op: Any, async_op: bool) -> Optional[Work]:
         where = self.begin("reduce_scatter")
 
         def prepare() -> Any:
