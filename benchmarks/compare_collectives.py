@@ -337,7 +337,8 @@ SHM_OPS = ("all_reduce", "reduce_scatter", "all_gather")  # issue 29's collectiv
 
 
 def copy_bandwidth(comm: MPI.Comm, nbytes: int = 64 << 20, reps: int = 5) -> float:
-    """The machine's copy bandwidth (GB/s): one core (rank 0, the others waiting at a barrier)
+    """The machine's copy bandwidth (GB/s): one core (rank 0, the others asleep, not spinning
+    in MPI: with more ranks than cores a spinning rank would take the core from the copy)
     copying ``nbytes`` with ``np.copyto``, best of ``reps``; the same number on every rank."""
     best = float("inf")
     if comm.Get_rank() == 0:
@@ -348,7 +349,9 @@ def copy_bandwidth(comm: MPI.Comm, nbytes: int = 64 << 20, reps: int = 5) -> flo
             t0 = time.perf_counter()
             np.copyto(dst, src)
             best = min(best, time.perf_counter() - t0)
-    comm.Barrier()
+    done = comm.Ibarrier()
+    while not done.Test():
+        time.sleep(0.002)
     return comm.bcast(nbytes / best / 1e9 if comm.Get_rank() == 0 else None, root=0)
 
 
@@ -500,7 +503,7 @@ def write_markdown(path: Path, rows: Sequence[Dict[str, Any]], meta: Dict[str, A
             f"{meta.get('elapsed_s', 0):.0f} s", ""]
     if meta.get("notes"):
         out += [f"- Note: {note}" for note in meta["notes"]] + [""]
-    out += ["## Targets (2 ranks, back-to-back)", "",
+    out += [f"## Targets ({meta['ranks']} ranks, back-to-back)", "",
             "| target | measured | status |", "|---|---|---|"]
     for t in targets:
         out.append(f"| {t['target']} | {t['measured']} | {'MET' if t['met'] else 'NOT MET'} |")
