@@ -241,6 +241,15 @@ class MetaArray(np.ndarray):
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(_no_meta_values(ufunc.__name__))
 
+    def item(self, *args: Any) -> Any:
+        raise NotImplementedError(_no_meta_values("item()"))
+
+    def tolist(self) -> Any:
+        raise NotImplementedError(_no_meta_values("tolist()"))
+
+    def tobytes(self, order: str = "C") -> bytes:
+        raise NotImplementedError(_no_meta_values("tobytes()"))
+
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if func.__name__ in _META_VIEWS:  # a new shape over the same (absent) values
             return super().__array_function__(func, types, args, kwargs)

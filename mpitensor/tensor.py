@@ -697,6 +697,8 @@ class Tensor:
         """
         x = self._data
         if isinstance(x, _ndarray):
+            if isinstance(x, _backend.MetaArray):
+                raise NotImplementedError(_backend._no_meta_values("numpy()"))
             if self._requires_grad and not force:
                 raise RuntimeError(
                     "Can't call numpy() on Tensor that requires grad. "

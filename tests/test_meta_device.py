@@ -114,3 +114,16 @@ def test_meta_repr_as_torch():
                  lambda lib: lib.zeros(2, 3, device="meta", dtype=lib.float64),
                  lambda lib: lib.nn.Parameter(lib.zeros(2, device="meta"))):
         assert repr(make(mt)).replace("mpitensor.", "torch.") == repr(make(torch))
+
+
+def test_no_values_come_out_of_a_meta_tensor():
+    """Reading values out of a meta tensor raises, as torch's does, instead of giving the
+    shared slot's zeros; contiguous() keeps it meta."""
+    x = mt.zeros(2, 3, device="meta")
+    for read in (lambda: x.numpy(), lambda: x.tolist(), lambda: x[0, 0].item(),
+                 lambda: float(x[0, 0]), lambda: x._data.tobytes()):
+        with pytest.raises(NotImplementedError, match="meta tensor"):
+            read()
+    with pytest.raises(NotImplementedError):
+        torch.zeros(2, 3, device="meta").tolist()
+    assert x.t().contiguous().is_meta and x.contiguous() is x

@@ -26,6 +26,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mpitensor import autograd as _autograd
+from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._core.devices import xp
 from mpitensor._core.dims import infer_shape, keyword_form, need_dims, size_from, wrap_dim
@@ -296,8 +297,9 @@ class _ViewMethods:
         return run(Clone, self, False)
 
     def contiguous(self) -> Tensor:
-        """Return self when C-contiguous, else a C-contiguous copy."""
-        if self._data.flags.c_contiguous:
+        """Return self when C-contiguous (or on the meta device, where there is nothing to
+        lay out), else a C-contiguous copy."""
+        if self._data.flags.c_contiguous or _backend.is_meta_array(self._data):
             return self
         return run(Clone, self, True)
 
