@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .launch import mpiexec_run
+from .launch import mpich_segments, mpiexec_run, sweep_mpich_segments
 from .test_faults_comm import PRELUDE, results
 
 TIMEOUT = 120.0  # the launcher kills the job past this
@@ -30,9 +30,14 @@ def run_script(tmp_path: Path, body: str, nprocs: int, *args: str, hydra: tuple 
     script.write_text(PRELUDE + textwrap.dedent(body))
     env = {"MPITENSOR_DEBUG": "0", "MPITENSOR_ABORT_ON_EXCEPTION": "1",
            "MPITENSOR_SHM_COLLECTIVES": "on"}
-    start = time.monotonic()
-    res = mpiexec_run(nprocs, [*hydra, sys.executable, str(script), *args], timeout=TIMEOUT,
-                      env=env, cwd=tmp_path)
+    start, before = time.monotonic(), mpich_segments()
+    try:
+        res = mpiexec_run(nprocs, [*hydra, sys.executable, str(script), *args],
+                          timeout=TIMEOUT, env=env, cwd=tmp_path)
+    finally:
+        # a rank killed with hydra's clean-up off leaves MPICH's segment, and it can die
+        # before the session's watch sees it map the segment: remove it here
+        sweep_mpich_segments(before)
     return res, time.monotonic() - start
 
 RECORD = """
