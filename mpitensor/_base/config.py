@@ -262,6 +262,7 @@ ENV_NUM_THREADS = "MPITENSOR_NUM_THREADS"
 ENV_NODE_REDUCE = "MPITENSOR_NODE_REDUCE"
 ENV_SHM_COLLECTIVES = "MPITENSOR_SHM_COLLECTIVES"
 ENV_HIERARCHICAL = "MPITENSOR_HIERARCHICAL"
+ENV_MPI_ALGORITHMS = "MPITENSOR_MPI_ALGORITHMS"
 ENV_RENDEZVOUS = "MPITENSOR_RENDEZVOUS"
 ENV_JOB_ID = "MPITENSOR_JOB_ID"
 ENV_SECRET = "MPITENSOR_SECRET"
@@ -320,6 +321,11 @@ def shm_collectives() -> str:
 def hierarchical() -> str:
     """``MPITENSOR_HIERARCHICAL`` as ``"auto"``, ``"on"`` or ``"off"`` (ValueError otherwise)."""
     return env_choice(ENV_HIERARCHICAL, ("AUTO", "ON", "OFF"), "AUTO").lower()
+
+
+def mpi_algorithms() -> str:
+    """``MPITENSOR_MPI_ALGORITHMS`` as ``"auto"`` or ``"off"`` (ValueError otherwise)."""
+    return env_choice(ENV_MPI_ALGORITHMS, ("AUTO", "OFF"), "AUTO").lower()
 
 
 def rendezvous_mode(modes: "tuple[str, ...]" = ("AUTO", "PMI", "CONNECT")) -> str:

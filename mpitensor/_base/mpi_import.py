@@ -25,7 +25,7 @@ from . import config as _config
 
 _site: Optional[str] = None
 
-ENV_ALGORITHMS = "MPITENSOR_MPI_ALGORITHMS"
+ENV_ALGORITHMS = _config.ENV_MPI_ALGORITHMS
 
 #: MPICH control variable -> value, set before ``MPI_Init`` where the environment has none.
 #: Each was picked by measurement against MPICH's default and its blocking call
@@ -43,7 +43,7 @@ def set_algorithms(environ: Any = None) -> Dict[str, str]:
     """Set :data:`MPICH_ALGORITHMS` in ``environ`` (default ``os.environ``) where it names
     none, unless ``MPITENSOR_MPI_ALGORITHMS`` is ``off``; return what was set."""
     environ = os.environ if environ is None else environ
-    if _config.env_choice(ENV_ALGORITHMS, ("AUTO", "OFF"), "AUTO") == "OFF":
+    if _config.mpi_algorithms() == "off":
         return {}
     added = {}
     for name, value in MPICH_ALGORITHMS.items():
