@@ -153,6 +153,11 @@ class DeviceMesh:
         self._rank = rank
         where = np.argwhere(grid == rank)
         self._coord = None if len(where) == 0 else [int(c) for c in where[0]]
+        # a mesh is its own root until sliced from one: _rd[d] is the root's dims that this
+        # mesh's dim d spans (one, or several after _flatten); the root keeps the flattened
+        # names (name -> root dims, and their groups), which every slice of it may ask for
+        self._root, self._rd = self, tuple((d,) for d in range(grid.ndim))
+        self._flat: Dict[str, Tuple[Tuple[int, ...], Any]] = {}
 
     def _make_groups(self) -> List[Any]:
         world = _dist.get_world_size()
@@ -260,31 +265,171 @@ class DeviceMesh:
     def __getitem__(self, names: Union[str, Sequence[str]]) -> "DeviceMesh":
         """The sub-mesh of the named dimensions through this rank (no communication).
 
+        A name is one of this mesh's dimensions or a name its root mesh got from
+        :meth:`_flatten` whose dimensions all lie in this mesh.
+
         Raises:
-            KeyError: a name that is not a dimension of this mesh.
+            KeyError: a name that is neither, or two names that share a dimension.
             RuntimeError: this rank is not in the mesh.
         """
         wanted = (names,) if isinstance(names, str) else tuple(names)
-        if not self._names:
-            raise KeyError(f"DeviceMesh: cannot slice by {wanted}: this mesh has no "
-                           "mesh_dim_names")
-        bad = [n for n in wanted if n not in self._names]
-        if bad or len(set(wanted)) != len(wanted) or not wanted:
-            raise KeyError(f"DeviceMesh: cannot slice by {wanted}: the dimension names are "
-                           f"{self._names}, each usable once")
         if wanted == self._names:
             return self
+        dims = [self._resolve(n, wanted) for n in wanted]
         if self._coord is None:
             raise RuntimeError(f"DeviceMesh: rank {self._rank} is not in the mesh "
                                f"{self._grid.tolist()}, so it has no sub-mesh")
-        dims = [self._names.index(n) for n in wanted]
-        index = tuple(slice(None) if d in dims else self._coord[d] for d in range(self.ndim))
-        kept = [d for d in range(self.ndim) if d in dims]  # the order the index keeps them in
-        grid = np.transpose(self._grid[index], [kept.index(d) for d in dims])
+        rds = [rd for rd, _ in dims]
+        used = [d for rd in rds for d in rd]
+        if len(set(used)) != len(used):
+            raise KeyError(f"DeviceMesh: cannot slice by {wanted}: the names share a "
+                           "dimension")
         sub = DeviceMesh.__new__(DeviceMesh)
-        sub._setup(self.device_type, np.ascontiguousarray(grid), wanted, self._rank)
-        sub._groups = [self._groups[d] for d in dims]
+        sub._setup(self.device_type, self._root._slice(rds), wanted, self._rank)
+        sub._root, sub._rd, sub._groups = self._root, tuple(rds), [g for _, g in dims]
         return sub
+
+    def _resolve(self, name: Any, wanted: Tuple[Any, ...]) -> Tuple[Tuple[int, ...], Any]:
+        """(root dims, group) of the dimension ``name`` names, as seen from this mesh."""
+        if self._names and name in self._names:
+            d = self._names.index(name)
+            return self._rd[d], self._groups[d]
+        flat = self._root._flat.get(name) if isinstance(name, str) else None
+        if flat is not None and set(flat[0]) <= {d for rd in self._rd for d in rd}:
+            return flat
+        known = list(self._names or ()) + [n for n, (rd, _) in self._root._flat.items()
+                                           if set(rd) <= {d for r in self._rd for d in r}]
+        raise KeyError(f"DeviceMesh: cannot slice by {wanted}: {name!r} is not a dimension of "
+                       f"this mesh (its names: {tuple(known) or None})")
+
+    def _slice(self, rds: List[Tuple[int, ...]]) -> np.ndarray:
+        """This root mesh's grid through this rank along the root dims ``rds`` (one entry per
+        dimension of the result; an entry of several dims is merged, in root order)."""
+        used = [d for rd in rds for d in rd]
+        index = tuple(slice(None) if d in used else self._coord[d] for d in range(self.ndim))
+        kept = [d for d in range(self.ndim) if d in used]  # the order the index keeps them in
+        grid = np.transpose(self._grid[index], [kept.index(d) for d in used])
+        shape = [int(np.prod([self._grid.shape[d] for d in rd])) for rd in rds]
+        return np.ascontiguousarray(grid.reshape(shape))
+
+    def _get_root_mesh(self) -> "DeviceMesh":
+        """The mesh this one was sliced from (itself for a mesh built whole)."""
+        return self._root
+
+    def _flatten(self, mesh_dim_name: Optional[str] = None,
+                 backend_override: Any = None) -> "DeviceMesh":
+        """This mesh's dimensions merged into one (row-major), as a 1-D mesh named
+        ``mesh_dim_name`` (default: the names joined by ``_``), with its own process group.
+
+        Collective: every rank of the world calls it, on its own slice of the same root mesh
+        dimensions, in the same order as its other groups. The root mesh learns the name, so
+        ``root[mesh_dim_name]`` (alone or beside other names) gives the flattened dimension;
+        flattening the same dimensions under the same name again returns it without a new
+        group.
+
+        Raises:
+            ValueError: the name is one of the root's dimensions, or names other dimensions.
+        """
+        rd = tuple(d for r in self._rd for d in r)
+        name = mesh_dim_name if mesh_dim_name is not None else "_".join(
+            self._names or tuple(str(d) for d in rd))
+        root = self._root
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"DeviceMesh._flatten: mesh_dim_name must be a non-empty string, "
+                            f"got {mesh_dim_name!r}")
+        if root._names and name in root._names and root._rd[root._names.index(name)] != rd:
+            raise ValueError(f"DeviceMesh._flatten: {name!r} is already a dimension of the "
+                             f"root mesh {root._names}; choose another name")
+        if name in root._flat and root._flat[name][0] != rd:
+            raise ValueError(f"DeviceMesh._flatten: {name!r} already names the flattened "
+                             f"dimensions {root._flat[name][0]} of the root mesh, not {rd}")
+        if name not in root._flat:
+            if len(rd) == 1:
+                group = self._groups[0]
+            else:
+                moved = np.moveaxis(root._grid, rd, range(root.ndim - len(rd), root.ndim))
+                rows = moved.reshape(-1, int(np.prod([root._grid.shape[d] for d in rd])))
+                group = _dist.split_group(None, rows.tolist(), group_desc=f"mesh_{name}")
+            root._flat[name] = (rd, group)
+        return root[name] if self._coord is not None else self._outside(name)
+
+    def _outside(self, name: str) -> "DeviceMesh":
+        mesh = DeviceMesh.__new__(DeviceMesh)
+        mesh._setup(self.device_type, self._grid.reshape(-1), (name,), self._rank)
+        mesh._root, mesh._groups = self._root, [None]
+        return mesh
+
+    def _unflatten(self, dim: DimSpec, mesh_sizes: Sequence[int],
+                   mesh_dim_names: Sequence[str], backend_override: Any = None) -> "DeviceMesh":
+        """This mesh with dimension ``dim`` split into ``mesh_sizes`` (row-major), named
+        ``mesh_dim_names``: a new mesh whose other dimensions keep their groups.
+
+        Collective over the world (one gather of every rank's grid, then one group per new
+        dimension), called by every rank in the same order as its other groups.
+
+        Raises:
+            ValueError: sizes whose product is not the dimension's size, or names that do not
+                fit (the same on every rank: they all raise).
+        """
+        d = self._dim(dim, "_unflatten")
+        sizes, names = tuple(int(s) for s in mesh_sizes), tuple(mesh_dim_names)
+        if int(np.prod(sizes)) != self._grid.shape[d] or len(sizes) != len(names):
+            raise ValueError(f"DeviceMesh._unflatten: sizes {sizes} named {names} do not "
+                             f"split dimension {d} of size {self._grid.shape[d]}")
+        old = self._names or tuple(f"dim{i}" for i in range(self.ndim))
+        new_names = old[:d] + names + old[d + 1:]
+        shape = self._grid.shape[:d] + sizes + self._grid.shape[d + 1:]
+        _check_grid(self._grid.reshape(shape), new_names, _dist.get_world_size(),
+                    self.device_type)
+        seen: List[Any] = [None] * _dist.get_world_size()
+        _dist.all_gather_object(seen, self._grid.tolist())
+        grids = [np.array(g, np.int64).reshape(shape) for g in
+                 sorted({repr(g): g for g in seen}.values(), key=repr)]
+        mesh = DeviceMesh.__new__(DeviceMesh)
+        mesh._setup(self.device_type, self._grid.reshape(shape), new_names, self._rank)
+        groups = list(self._groups[:d])
+        for k in range(len(sizes)):
+            rows = [row for g in grids for row in _rows(g, d + k)]
+            groups.append(_dist.split_group(None, rows, group_desc=f"mesh_{names[k]}"))
+        mesh._groups = groups + list(self._groups[d + 1:])
+        return mesh
+
+    @staticmethod
+    def from_group(group: Any, device_type: str, mesh: Any = None, *,
+                   mesh_dim_names: Optional[Sequence[str]] = None) -> "DeviceMesh":
+        """A mesh over existing process group(s), without new communicators or communication.
+
+        One group: a 1-D mesh of its ranks (``mesh``, if given, must list the same ranks).
+        Several groups: ``mesh`` gives the grid, one group per dimension in order.
+
+        Raises:
+            ValueError: ``mesh`` missing for several groups, or a grid that does not fit them.
+        """
+        groups = list(group) if isinstance(group, (list, tuple)) else [group]
+        names = None if mesh_dim_names is None else tuple(mesh_dim_names)
+        if len(groups) == 1 and mesh is None:
+            grid = np.array(_dist.get_process_group_ranks(groups[0]), np.int64)
+        elif mesh is None:
+            raise ValueError(f"DeviceMesh.from_group: {len(groups)} groups need mesh= (the "
+                             "grid of global ranks, one dimension per group)")
+        else:
+            grid = _as_grid(mesh)
+        if grid.ndim != len(groups):
+            raise ValueError(f"DeviceMesh.from_group: a grid of {grid.ndim} dimensions "
+                             f"{grid.tolist()} for {len(groups)} groups")
+        _check_grid(grid, names, _dist.get_world_size(), device_type)
+        out = DeviceMesh.__new__(DeviceMesh)
+        out._setup(device_type, grid, names, _dist.get_rank())
+        if out._coord is not None:
+            for d, g in enumerate(groups):
+                line = _rows(grid, d)
+                mine = next(r for r in line if out._rank in r)
+                if _dist.get_process_group_ranks(g) != mine:
+                    raise ValueError(f"DeviceMesh.from_group: group {d} holds ranks "
+                                     f"{_dist.get_process_group_ranks(g)}, but this rank's "
+                                     f"line along dim {d} of {grid.tolist()} is {mine}")
+        out._groups = groups
+        return out
 
     # ---------------------------------------------------------------- identity
     def _key(self) -> Tuple[Any, ...]:

@@ -55,6 +55,85 @@ def test_two_by_two_slices():
         assert mesh.get_group("tp") is not dist.group.WORLD
 
 
+def _reduced(group):
+    """The sum of the global ranks of ``group``'s members, through an all_reduce on it."""
+    t = mt.tensor([float(dist.get_rank())])
+    dist.all_reduce(t, group=group)
+    return t.item()
+
+
+@pytest.mark.mpi(min_size=4)
+def test_flatten_merges_dimensions_and_the_root_learns_the_name():
+    """torchtitan's pattern: a 3-D mesh, two dims flattened into one, then sliced beside the
+    third by the new name; every group holds this rank's line of the row-major grid."""
+    n, me = dist.get_world_size(), dist.get_rank()
+    if n % 4:
+        pytest.skip("needs a world of a multiple of 4 ranks (a 2 x 1 x 2 grid per 4)")
+    shape = (n // 2, 1, 2)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("rep", "shard", "tp"))
+    grid = np.arange(n).reshape(shape)
+    flat = mesh["shard", "tp"]._flatten("shard_tp")
+    line = grid[me // 2].reshape(-1).tolist()
+    assert flat.mesh.tolist() == line and flat.mesh_dim_names == ("shard_tp",)
+    assert dist.get_process_group_ranks(flat.get_group()) == line
+    assert _reduced(flat.get_group()) == float(sum(line))
+    assert mesh["shard_tp"].mesh.tolist() == line
+    assert mesh["shard_tp"].get_group() is flat.get_group()
+    hsdp = mesh["rep", "shard_tp"]
+    assert hsdp.mesh.tolist() == grid.reshape(n // 2, 2).tolist()
+    assert hsdp.get_group("rep") is mesh.get_group("rep")
+    assert hsdp.get_local_rank("shard_tp") == me % 2 and hsdp._get_root_mesh() is mesh
+    # the same name for the same dims again: the same group, no new communicator
+    assert mesh["shard", "tp"]._flatten("shard_tp").get_group() is flat.get_group()
+    # default name: the names joined
+    whole = mesh._flatten()
+    assert whole.mesh_dim_names == ("rep_shard_tp",) and whole.mesh.tolist() == list(range(n))
+    assert _reduced(whole.get_group()) == float(n * (n - 1) // 2)
+    with pytest.raises(ValueError, match="already names"):
+        mesh["rep", "shard"]._flatten("shard_tp")
+    with pytest.raises(ValueError, match="already a dimension"):
+        mesh["shard", "tp"]._flatten("rep")
+    with pytest.raises(KeyError, match="share a dimension"):
+        mesh["tp", "shard_tp"]
+    with pytest.raises(KeyError, match="not a dimension"):
+        mesh["rep"]["shard_tp"]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_unflatten_splits_a_dimension_into_new_groups():
+    n, me = dist.get_world_size(), dist.get_rank()
+    if n % 2:
+        pytest.skip("needs an even world")
+    world = init_device_mesh("cpu", (n,), mesh_dim_names=("world",))
+    mesh = world._unflatten(0, (n // 2, 2), ("dp", "tp"))
+    grid = np.arange(n).reshape(n // 2, 2)
+    assert mesh.mesh.tolist() == grid.tolist() and mesh.mesh_dim_names == ("dp", "tp")
+    assert mesh.get_coordinate() == [me // 2, me % 2]
+    assert dist.get_process_group_ranks(mesh.get_group("tp")) == grid[me // 2].tolist()
+    assert dist.get_process_group_ranks(mesh.get_group("dp")) == grid[:, me % 2].tolist()
+    assert _reduced(mesh.get_group("dp")) == float(grid[:, me % 2].sum())
+    with pytest.raises(ValueError, match="do not split"):
+        world._unflatten(0, (n, 2), ("a", "b"))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_from_group_wraps_existing_groups_without_communication():
+    n, me = dist.get_world_size(), dist.get_rank()
+    half = [r for r in range(n) if r % 2 == me % 2]
+    groups = [dist.new_group([r for r in range(n) if r % 2 == k]) for k in (0, 1)]
+    mine = groups[me % 2]
+    mesh = DeviceMesh.from_group(mine, "cpu", mesh_dim_names=("x",))
+    assert mesh.mesh.tolist() == half and mesh.get_group() is mine
+    assert mesh.get_local_rank() == half.index(me)
+    assert _reduced(mesh.get_group()) == float(sum(half))
+    whole = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    assert whole.mesh.tolist() == list(range(n))
+    with pytest.raises(ValueError, match="need mesh="):
+        DeviceMesh.from_group([mine, mine], "cpu")
+    with pytest.raises(ValueError, match="holds ranks"):
+        DeviceMesh.from_group(mine, "cpu", mesh=list(range(n)))
+
+
 @pytest.mark.mpi(min_size=2)
 def test_different_meshes_fail_on_every_rank():
     n, me = dist.get_world_size(), dist.get_rank()
