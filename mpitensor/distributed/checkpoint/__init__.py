@@ -20,9 +20,13 @@ Example:
     >>> dcp.save({"model": model.state_dict(), "step": 10}, checkpoint_id="ckpt")
     >>> sd = {"model": model.state_dict(), "step": 0}
     >>> dcp.load(sd, checkpoint_id="ckpt")
+
+Also: :class:`~.stateful.Stateful` values (saved and loaded through their ``state_dict`` and
+``load_state_dict``), :func:`async_save` (written in the background), and
+:mod:`.format_utils` (to and from ``torch.save`` files).
 """
 
-from . import state_dict
+from . import format_utils, state_dict, stateful
 from ._planning import LocalShard
 from .default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from .filesystem import CheckpointError, FileSystemReader, FileSystemWriter
@@ -30,11 +34,12 @@ from .metadata import BytesStorageMetadata, ChunkStorageMetadata, Metadata, Meta
 from .metadata import TensorProperties as TensorProperties  # re-exported, as in torch
 from .metadata import TensorStorageMetadata as TensorStorageMetadata
 from .state_dict_loader import load
-from .state_dict_saver import save
+from .state_dict_saver import AsyncCheckpointerType, async_save, save
+from .stateful import Stateful
 
 __all__ = [
     "save", "load", "FileSystemWriter", "FileSystemReader", "DefaultSavePlanner",
     "DefaultLoadPlanner", "LocalShard", "CheckpointError", "Metadata", "MetadataIndex",
     "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-    "state_dict",
+    "state_dict", "stateful", "Stateful", "async_save", "AsyncCheckpointerType", "format_utils",
 ]

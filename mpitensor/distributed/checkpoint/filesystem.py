@@ -16,6 +16,7 @@ instead of under its own, and the next save puts it back before it starts.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import errno
@@ -30,6 +31,7 @@ from typing import Any, BinaryIO, Dict, List, Optional, Tuple, Union
 
 from mpitensor.distributed.checkpoint import _format
 from mpitensor.distributed.checkpoint import metadata as md
+from mpitensor.tensor import Tensor
 
 __all__ = ["FileSystemWriter", "FileSystemReader", "CheckpointError"]
 
@@ -106,9 +108,16 @@ class FileSystemWriter:
     Args:
         path: the checkpoint directory (created with its parents; replaced whole if it holds a
             previous checkpoint).
+        single_file_per_rank: each rank writes its records into one file (``thread_count``
+            files with several threads); False: one file per record.
         sync_files: fsync every file before the checkpoint is put in place.
+        thread_count: threads (and files) per rank writing its records.
+        per_thread_copy_ahead, cache_staged_state_dict: accepted for torch's signature; they
+            tune torch's copies out of GPU memory and its staging buffers, and change nothing
+            that is written.
+        overwrite: False refuses a ``path`` that exists instead of replacing it.
 
-    Each rank appends its records to ``__<rank>_0.distcp`` through :meth:`write_item`;
+    Each rank appends its records to ``__<rank>_<i>.distcp`` through :meth:`write_item`;
     subclasses may wrap it (to count bytes, or to inject faults in tests).
 
     Example:
@@ -120,13 +129,15 @@ class FileSystemWriter:
                  sync_files: bool = True, thread_count: int = 1,
                  per_thread_copy_ahead: int = 10_000_000, cache_staged_state_dict: bool = False,
                  overwrite: bool = True) -> None:
-        # thread_count and per_thread_copy_ahead tune torch's writer threads, and
-        # cache_staged_state_dict its asynchronous staging: one file per rank needs none of them
-        if not single_file_per_rank:
-            raise NotImplementedError("single_file_per_rank=False is not supported: each rank "
-                                      "writes one file")
+        # per_thread_copy_ahead paces torch's copies from GPU memory, cache_staged_state_dict
+        # keeps its async staging buffers between saves: both only tune speed and memory
+        if isinstance(thread_count, bool) or not isinstance(thread_count, int) or \
+                thread_count < 1:
+            raise ValueError(f"thread_count must be a positive int, got {thread_count!r}")
         self.path = _path(path)
+        self.single_file_per_rank = bool(single_file_per_rank)
         self.sync_files = bool(sync_files)
+        self.thread_count = thread_count
         self.overwrite = bool(overwrite)
         self.staging: Optional[str] = None
         self._lock_fd: Optional[int] = None
@@ -216,12 +227,48 @@ class FileSystemWriter:
     def write_items(self, staging: str, rank: int,
                     items: List[Tuple[md.MetadataIndex, Any]]) -> Dict[md.MetadataIndex,
                                                                         md.StorageInfo]:
-        """Write this rank's records into ``staging``; return where each one lies."""
-        name = f"__{rank}_0.distcp"
+        """Write this rank's records into ``staging``; return where each one lies.
+
+        The records go to ``__<rank>_<i>.distcp``: one file (``thread_count`` files of about
+        equal size, written by as many threads), or one file per record where
+        ``single_file_per_rank`` is False.
+        """
         where: Dict[md.MetadataIndex, md.StorageInfo] = {}
-        if not items:
-            return where  # a rank with nothing to write leaves no empty file
-        with open(os.path.join(staging, name), "wb") as fh:
+        buckets = self._buckets(items)  # a rank with nothing to write leaves no empty file
+        files = [(os.path.join(staging, f"__{rank}_{i}.distcp"), b) for i, b in enumerate(buckets)]
+        workers = min(self.thread_count, len(files))
+        if workers > 1:
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                for part in pool.map(lambda f: self._write_file(*f), files):
+                    where.update(part)
+        else:
+            for f in files:
+                where.update(self._write_file(*f))
+        return where
+
+    def _buckets(self, items: List[Tuple[md.MetadataIndex, Any]]
+                 ) -> List[List[Tuple[md.MetadataIndex, Any]]]:
+        if not self.single_file_per_rank:
+            return [[item] for item in items]
+        count = min(self.thread_count, len(items))
+        buckets: List[List[Tuple[md.MetadataIndex, Any]]] = [[] for _ in range(count)]
+        sizes = [0] * count
+
+        def nbytes(item: Tuple[md.MetadataIndex, Any]) -> int:
+            value = item[1]
+            return int(value.numel()) * value.element_size() if isinstance(value, Tensor) else 0
+
+        for item in sorted(items, key=nbytes, reverse=True):  # biggest into the emptiest
+            i = min(range(count), key=lambda b: (sizes[b], len(buckets[b])))
+            buckets[i].append(item)
+            sizes[i] += nbytes(item)
+        return buckets
+
+    def _write_file(self, path: str, items: List[Tuple[md.MetadataIndex, Any]]
+                    ) -> Dict[md.MetadataIndex, md.StorageInfo]:
+        name = os.path.basename(path)
+        where: Dict[md.MetadataIndex, md.StorageInfo] = {}
+        with open(path, "wb") as fh:
             for index, obj in items:
                 start, length = self.write_item(fh, index.fqn, obj)
                 where[index] = md.StorageInfo(name, start, length)

@@ -10,7 +10,8 @@ import numpy as np
 from mpitensor.autograd import no_grad
 from mpitensor.distributed.checkpoint import _planning as plan_
 from mpitensor.distributed.checkpoint import metadata as md
-from mpitensor.distributed.checkpoint._collective import Group
+from mpitensor.distributed.checkpoint import stateful
+from mpitensor.distributed.checkpoint._collective import Group, fail
 from mpitensor.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from mpitensor.distributed.checkpoint.filesystem import CheckpointError, FileSystemReader, storage
 
@@ -102,12 +103,15 @@ def load(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
     (and DTensors, LocalShards) are filled in place, each rank reading only the byte ranges
     of the chunks that overlap its own part, so a checkpoint saved at one world size or
     sharding loads at another. Other values are replaced by the saved ones. Entries the
-    checkpoint holds but ``state_dict`` lacks are not read. Reads checkpoints written by
-    ``torch.distributed.checkpoint.save`` too.
+    checkpoint holds but ``state_dict`` lacks are not read. A top-level value that is
+    :class:`~.stateful.Stateful` is loaded through it: its ``state_dict()`` gives the tensors
+    to fill, and its ``load_state_dict()`` gets them once loaded. Without an initialised
+    process group (or with ``no_dist``) this process loads alone, whatever world size saved
+    the checkpoint. Reads checkpoints written by ``torch.distributed.checkpoint.save`` too.
 
     Args:
         state_dict: the nested dict to fill.
-        checkpoint_id: the checkpoint directory.
+        checkpoint_id: the checkpoint directory (a str or os.PathLike).
         storage_reader: a :class:`FileSystemReader` (``checkpoint_id``, if given, overrides
             its path).
         planner: a :class:`DefaultLoadPlanner` (``allow_partial_load=True`` leaves entries the
@@ -120,7 +124,8 @@ def load(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
             missing or short.
         ValueError: the checkpoint does not fit ``state_dict`` (a missing entry, another shape
             or dtype): raised on every rank, naming each rank's problems, before any tensor
-            is written.
+            is written. The same when a Stateful's ``state_dict()`` fails or returns no
+            dict.
 
     Example:
         >>> sd = {"model": model.state_dict()}  # doctest: +SKIP
@@ -129,21 +134,10 @@ def load(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
     reader = storage("load", state_dict, planner, DefaultLoadPlanner, checkpoint_id,
                      storage_reader, FileSystemReader)
     group = Group(process_group, no_dist)
-    paths = set(group.all_gather(reader.path))
-    if len(paths) > 1:
-        raise ValueError(f"load(): the ranks name different checkpoint directories "
-                         f"({', '.join(sorted(paths))}); every rank must pass the same one")
-    found: Tuple[Optional[md.Metadata], str] = (None, "")
-    if group.rank == 0:
-        try:
-            found = (reader.read_metadata(), "")
-        except CheckpointError as exc:
-            found = (None, str(exc))
-    meta, error = group.broadcast(found)
-    if meta is None:
-        raise CheckpointError(f"load(): {error}")
-    reads, objects, problems = _plan(state_dict, meta, bool(planner and
-                                                            planner.allow_partial_load))
+    working, stateful_keys, problems = stateful.expand(state_dict)
+    meta = _read_metadata(group, reader, problems)
+    reads, objects, problems = _plan(working, meta, bool(planner and
+                                                         planner.allow_partial_load))
     infos = [r.info for r in reads] + [info for _, info in objects]
     if not problems:
         problems = reader.check_ranges(infos)
@@ -158,6 +152,33 @@ def load(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
         reader.close()
     group.agree([problem] if problem else [], f"load() from {reader.path} failed while "
                                               f"reading", CheckpointError)
+    for key, value in working.items():
+        if key in stateful_keys:
+            state_dict[key].load_state_dict(value)
+        else:
+            state_dict[key] = value  # a top-level object the checkpoint replaced
+
+
+def _read_metadata(group: Group, reader: FileSystemReader, problems: List[str]) -> md.Metadata:
+    """The checkpoint's metadata on every rank, once the ranks agree on the directory and none
+    has a problem with its state dict (``problems``) or the directory."""
+    gathered = group.all_gather((reader.path, problems))
+    paths = {g[0] for g in gathered}
+    if len(paths) > 1:
+        raise ValueError(f"load(): the ranks name different checkpoint directories "
+                         f"({', '.join(sorted(paths))}); every rank must pass the same one")
+    fail([g[1] for g in gathered], "load(): cannot load into this state_dict (nothing was "
+                                   "loaded)", ValueError)
+    found: Tuple[Optional[md.Metadata], str] = (None, "")
+    if group.rank == 0:
+        try:
+            found = (reader.read_metadata(), "")
+        except CheckpointError as exc:
+            found = (None, str(exc))
+    meta, error = group.broadcast(found)
+    if meta is None:
+        raise CheckpointError(f"load(): {error}")
+    return meta
 
 
 def _execute(reader: FileSystemReader, reads: List[_Read],

@@ -2,25 +2,45 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import copy
+import enum
+import logging
+import threading
 import uuid
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
 
 from mpitensor.distributed.checkpoint import _planning as plan_
 from mpitensor.distributed.checkpoint import metadata as md
-from mpitensor.distributed.checkpoint._collective import Group, fail
+from mpitensor.distributed.checkpoint import stateful
+from mpitensor.distributed.checkpoint._collective import (
+    Group,
+    fail,
+    private,
+    threads_may_communicate,
+)
 from mpitensor.distributed.checkpoint._format import torch_dtype_name
 from mpitensor.distributed.checkpoint.default_planner import DefaultSavePlanner
 from mpitensor.distributed.checkpoint.filesystem import CheckpointError, FileSystemWriter, storage
 
-__all__ = ["save"]
+__all__ = ["save", "async_save", "AsyncCheckpointerType"]
+
+_log = logging.getLogger(__name__)
 
 Key = Tuple[str, Optional[plan_.Box]]
 
 
-def _compact(t: Any) -> Any:
+def _compact(t: Any, staged: bool = False) -> Any:
     """``t`` detached, contiguous, and with storage of its own size (a ``torch.save`` record
-    holds a view's whole storage: a slice of a big tensor would write all of it)."""
+    holds a view's whole storage: a slice of a big tensor would write all of it); ``staged``:
+    always a copy of its own, in host memory."""
     t = t.detach().contiguous()
+    if staged:
+        host = t.cpu()
+        return host.clone() if host is t or _shares(host, t) else host
     try:
         owns = t.numpy().flags.owndata
     except TypeError:  # a GPU tensor: copy rather than ask
@@ -28,8 +48,17 @@ def _compact(t: Any) -> Any:
     return t if owns else t.clone()
 
 
-def _local_plan(state_dict: Any) -> Tuple[List[plan_.PlanItem], Dict[Key, Any], List[str]]:
-    """This rank's plan items, what it would write for each, and what is wrong locally."""
+def _shares(a: Any, b: Any) -> bool:
+    try:
+        return bool(np.shares_memory(a.numpy(), b.numpy()))
+    except TypeError:  # b is on a GPU: a is a copy
+        return False
+
+
+def _local_plan(state_dict: Any, staged: bool = False
+                ) -> Tuple[List[plan_.PlanItem], Dict[Key, Any], List[str]]:
+    """This rank's plan items, what it would write for each, and what is wrong locally;
+    ``staged``: the values written are copies, taken now."""
     items: List[plan_.PlanItem] = []
     payload: Dict[Key, Any] = {}
     try:
@@ -38,14 +67,16 @@ def _local_plan(state_dict: Any) -> Tuple[List[plan_.PlanItem], Dict[Key, Any], 
             entry = plan_.tensor_entry(leaf.value)
             if entry is None:
                 items.append(plan_.PlanItem(leaf.fqn, leaf.path, False))
-                payload[(leaf.fqn, None)] = leaf.value
+                payload[(leaf.fqn, None)] = copy.deepcopy(leaf.value) if staged else leaf.value
                 continue
             items.append(plan_.PlanItem(leaf.fqn, leaf.path, True, entry.shape,
                                         torch_dtype_name(entry.dtype), entry.box))
             if entry.box is not None:
-                payload[(leaf.fqn, entry.box)] = _compact(entry.local)
+                payload[(leaf.fqn, entry.box)] = _compact(entry.local, staged)
     except (TypeError, ValueError) as exc:
         return [], {}, [str(exc)]
+    except (copy.Error, AttributeError, RuntimeError) as exc:  # a value deepcopy cannot copy
+        return [], {}, [f"cannot stage a copy of a value for async_save: {exc}"]
     return items, payload, []
 
 
@@ -95,13 +126,16 @@ def save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
     Call it on every rank of ``process_group`` with that rank's state dict. Plain tensors are
     taken to be the same on every rank holding them and written once (the ranks share that
     work); a ``DTensor`` or :class:`LocalShard` is written by the rank that holds it (a chunk
-    replicated over several ranks once). Other values are pickled whole. The directory appears
-    complete or not at all, replacing any previous checkpoint there (see ``filesystem``). The
-    layout is torch's: ``torch.distributed.checkpoint.load`` reads it.
+    replicated over several ranks once). A top-level value that is
+    :class:`~.stateful.Stateful` is saved as its ``state_dict()``. Other values are pickled
+    whole. The directory appears complete or not at all, replacing any previous checkpoint
+    there (see ``filesystem``). The layout is torch's: ``torch.distributed.checkpoint.load``
+    reads it. Without an initialised process group (or with ``no_dist``) this process saves
+    alone.
 
     Args:
         state_dict: nested dicts (and lists) of tensors, DTensors, LocalShards and objects.
-        checkpoint_id: the checkpoint directory.
+        checkpoint_id: the checkpoint directory (a str or os.PathLike).
         storage_writer: a :class:`FileSystemWriter` (``checkpoint_id``, if given, overrides its
             path).
         planner: a :class:`DefaultSavePlanner` (or None).
@@ -115,17 +149,40 @@ def save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
         CheckpointError: the directory cannot be written, or a rank failed (raised on every
             rank; the previous checkpoint, if any, is unchanged).
         ValueError, TypeError: the state dicts are inconsistent across ranks (shapes, dtypes,
-            sharding) or hold an unsupported value (raised on every rank before any write).
+            sharding), hold an unsupported value, or a Stateful's ``state_dict()`` failed or
+            returned no dict (raised on every rank before any write).
 
     Example:
         >>> import mpitensor.distributed.checkpoint as dcp  # doctest: +SKIP
         >>> dcp.save({"model": model.state_dict()}, checkpoint_id="ckpt/step100")
     """
+    job = prepare(state_dict, checkpoint_id, storage_writer, planner, process_group, no_dist,
+                  staged=False)
+    staging, save_id = begin(job)
+    return finish(job, job.group, staging, save_id)
+
+
+@dataclass
+class SaveJob:
+    """A save, planned and agreed on by every rank: what this rank writes, and where."""
+
+    group: Group
+    writer: FileSystemWriter
+    plans: List[List[plan_.PlanItem]]
+    writers: Dict[Key, int]
+    payload: Dict[Key, Any]
+
+
+def prepare(state_dict: Dict[str, Any], checkpoint_id: Any, storage_writer: Any, planner: Any,
+            process_group: Any, no_dist: bool, staged: bool) -> SaveJob:
+    """Plan a save on every rank (collective); ``staged``: copy what is written, so that the
+    caller may change its tensors while the copies are written."""
     writer = storage("save", state_dict, planner, DefaultSavePlanner, checkpoint_id,
                      storage_writer, FileSystemWriter)
     group = Group(process_group, no_dist)
-    items, payload, problems = _local_plan(state_dict)
-    gathered = group.all_gather((items, problems, writer.path))
+    state_dict, _, problems = stateful.expand(state_dict)
+    items, payload, local = _local_plan(state_dict, staged) if not problems else ([], {}, [])
+    gathered = group.all_gather((items, problems + local, writer.path))
     paths = {g[2] for g in gathered}
     if len(paths) > 1:
         raise ValueError(f"save(): the ranks name different checkpoint directories "
@@ -138,11 +195,12 @@ def save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
     writers = plan_.assign(plans)
     if planner is not None and planner.dedup_save_to_lowest_rank:
         writers = {k: holders[0] for k, holders in plan_.unique_chunks(plans).items()}
-    return _write(group, writer, plans, writers, payload)
+    return SaveJob(group, writer, plans, writers, payload)
 
 
-def _write(group: Group, writer: FileSystemWriter, plans: List[List[plan_.PlanItem]],
-           writers: Dict[Key, int], payload: Dict[Key, Any]) -> md.Metadata:
+def begin(job: SaveJob) -> Tuple[str, str]:
+    """The coordinator makes the staging directory (collective): its path and the save's id."""
+    group, writer = job.group, job.writer
     start: Tuple[Optional[str], str, str] = (None, "", "")
     if group.rank == 0:
         try:
@@ -152,6 +210,12 @@ def _write(group: Group, writer: FileSystemWriter, plans: List[List[plan_.PlanIt
     staging, save_id, error = group.broadcast(start)
     if staging is None:
         raise CheckpointError(f"save() to {writer.path}: {error}")
+    return staging, save_id
+
+
+def finish(job: SaveJob, group: Group, staging: str, save_id: str) -> md.Metadata:
+    """Write this rank's files, then agree over ``group`` and put the checkpoint in place."""
+    writer, plans, writers, payload = job.writer, job.plans, job.writers, job.payload
     mine = [k for k, r in writers.items() if r == group.rank]
     where: Dict[md.MetadataIndex, md.StorageInfo] = {}
     problem = ""
@@ -181,3 +245,96 @@ def _write(group: Group, writer: FileSystemWriter, plans: List[List[plan_.PlanIt
         raise CheckpointError(f"save() to {writer.path} failed; the previous checkpoint there "
                               f"(if any) is unchanged: " + "; ".join(failed or [outcome]))
     return meta
+
+
+class AsyncCheckpointerType(enum.Enum):
+    """Where ``async_save`` writes: a thread of this process (the only kind here)."""
+
+    THREAD = "thread"
+    PROCESS = "process"
+
+
+class _InFlight:
+    """The one ``async_save`` of this process still writing, if any (saves run one at a time)."""
+
+    lock = threading.Lock()
+    future: Optional[concurrent.futures.Future] = None
+
+    @classmethod
+    def wait(cls) -> None:
+        with cls.lock:
+            previous = cls.future
+        if previous is not None:
+            concurrent.futures.wait([previous])  # its failure stays in its own future
+
+
+def async_save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
+               storage_writer: Optional[FileSystemWriter] = None,
+               planner: Optional[DefaultSavePlanner] = None, process_group: Any = None,
+               async_checkpointer_type: Any = AsyncCheckpointerType.THREAD,
+               async_stager: Any = None, no_dist: bool = False) -> concurrent.futures.Future:
+    """Save as :func:`save` does, writing in the background: training goes on meanwhile.
+
+    Before it returns, every rank copies what it will write into host memory (so the
+    checkpoint holds the values at the call, whatever the program changes afterwards), the
+    ranks agree on the plan and the coordinator makes the staging directory: bad input raises
+    here, on every rank, as in :func:`save`. The files are then written by a thread, which
+    agrees on the outcome with the other ranks over a communicator of its own (made at the
+    first ``async_save`` on a process group), never over the program's group. The checkpoint
+    appears complete or not at all, as with :func:`save`. An ``async_save`` called while
+    another is still writing waits for it first.
+
+    Args:
+        state_dict, checkpoint_id, storage_writer, planner, process_group, no_dist: as
+            :func:`save`.
+        async_checkpointer_type: ``AsyncCheckpointerType.THREAD`` (a writer process is not
+            supported).
+        async_stager: must be None (the copies are made as described above).
+
+    Returns:
+        A ``concurrent.futures.Future``: ``result()`` waits for the write and returns the
+        :class:`Metadata`, or raises the save's error (a failed save is also logged).
+
+    Raises:
+        ValueError, TypeError, CheckpointError: as :func:`save`, before anything is written.
+        NotImplementedError: a writer process or a custom stager was asked for.
+
+    Example:
+        >>> fut = dcp.async_save({"model": model.state_dict()}, checkpoint_id="ck/step3")
+        ... # doctest: +SKIP
+        >>> train_more(); fut.result()  # doctest: +SKIP
+    """
+    kind = AsyncCheckpointerType(getattr(async_checkpointer_type, "value",
+                                         async_checkpointer_type))
+    if kind is not AsyncCheckpointerType.THREAD:
+        raise NotImplementedError("async_save: only AsyncCheckpointerType.THREAD is supported; "
+                                  "the checkpoint is written by a thread of this process")
+    if async_stager is not None:
+        raise NotImplementedError("async_save: async_stager is not supported; async_save "
+                                  "copies the state into host memory itself before returning")
+    _InFlight.wait()
+    job = prepare(state_dict, checkpoint_id, storage_writer, planner, process_group, no_dist,
+                  staged=True)
+    background = private(job.group)
+    staging, save_id = begin(job)
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()
+    if background is not job.group and not threads_may_communicate():
+        _log.info("async_save: MPI runs below MPI_THREAD_MULTIPLE, so %s is written before "
+                  "async_save returns", job.writer.path)
+        _finish_into(future, job, background, staging, save_id)
+        return future
+    with _InFlight.lock:
+        _InFlight.future = future
+    threading.Thread(target=_finish_into, args=(future, job, background, staging, save_id),
+                     name="mpitensor-async-save", daemon=False).start()
+    return future
+
+
+def _finish_into(future: concurrent.futures.Future, job: SaveJob, group: Group, staging: str,
+                 save_id: str) -> None:
+    try:
+        future.set_result(finish(job, group, staging, save_id))
+    except BaseException as exc:  # noqa: BLE001 - handed to the future's result()
+        _log.error("async_save to %s failed: %s", job.writer.path, exc)
+        future.set_exception(exc)
