@@ -31,7 +31,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from mpitensor._base import config as _config
-from mpitensor.autograd import Function, is_grad_enabled, queue_callback
+from mpitensor.autograd import ArrayFunction as Function
+from mpitensor.autograd import is_grad_enabled, queue_callback
 from mpitensor.dtypes import is_floating_dtype
 from mpitensor.nn import Module
 from mpitensor.tensor import Tensor
@@ -103,6 +104,9 @@ class _State:
         self.is_root = False
         self.fwd_prefetch: Optional[List["_State"]] = None
         self.bwd_prefetch: Optional[List["_State"]] = None
+        # FSDP1's BACKWARD_POST: the backward prefetch waits until this unit's gradients are
+        # ready (they are then reduced first), instead of starting with its backward
+        self.prefetch_after_grads = False
         self.seen = 0
         self.pending_seen = False
         self.bw_started = False
@@ -170,7 +174,8 @@ class _State:
         self.bw_started = True
         self.root.queue_final()
         self.unshard()
-        self.prefetch(forward=False)
+        if not self.prefetch_after_grads:
+            self.prefetch(forward=False)
 
     def _grad_ready(self, _param: Any) -> None:
         self.root.queue_final()
@@ -180,6 +185,8 @@ class _State:
             return
         self.pending_seen = False
         self.group.start_reduce()
+        if self.prefetch_after_grads:
+            self.prefetch(forward=False)
         # HSDP: the unit reduced before this one had this unit's backward to finish its
         # reduce-scatter; its all-reduce over the replicas starts now, so it overlaps the rest
         # of backward (in the order backward reaches the units: the same on every rank)
