@@ -13,9 +13,10 @@ of them alike; rank 0 prints the median over all rounds and the ratio to the bar
 (the target: within 1.10x), with the load average before and after. A redistribution's
 staging buffers and outputs are
 recycled (``_base/workspace``), as the bare collective's are here. ``Partial -> Replicate``
-is also timed as ``copy + bare`` (all_reduce works in place, so a redistribution copies the
-terms it must keep first) and as ``rs + ag`` (reduce_scatter_tensor + all_gather_into_tensor,
-out of place, no copy).
+(the group's all_reduce out of place, ``all_reduce_into``: the terms are read where they
+lie) is also timed as ``bare into`` (that call alone, into a buffer made once), ``copy +
+bare`` (what it cost before: the terms copied, then the in-place all_reduce) and ``rs + ag``
+(reduce_scatter_tensor + all_gather_into_tensor, out of place, no copy).
 
 The transitions along a later dim are also timed as ``collective``: the same redistribution
 with its direct path switched off (``tensor/_direct.py``: blocks moved straight into place
@@ -90,7 +91,7 @@ def candidates(mib: float, width: int) -> dict:
 
     big2 = np.empty_like(big)
 
-    def copy_all_reduce():  # all_reduce is in place: a Partial's terms are copied first
+    def copy_all_reduce():  # in place, a Partial's terms would be copied first
         np.copyto(big2, big)
         dist.all_reduce(big2, group=group)
 
@@ -114,6 +115,7 @@ def candidates(mib: float, width: int) -> dict:
         "Partial -> Replicate": {
             "ours": lambda: part.redistribute(mesh, [Replicate()]),
             "bare": lambda: dist.all_reduce(big, group=group),
+            "bare into": lambda: group.all_reduce_into(big2, big),
             "copy + bare": copy_all_reduce, "rs + ag": rs_ag},
         "Shard(1) -> Replicate": {  # the columns gathered: one reorder pass, then all_gather
             "ours": lambda: s1.redistribute(mesh, [Replicate()]),

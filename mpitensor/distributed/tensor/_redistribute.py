@@ -7,7 +7,7 @@ from -> to          collective                                      backward (ad
 ==================  ==============================================  ====================
 Shard(i) -> R       all_gather_into_tensor (padded to equal pieces)  local slice
 R -> Shard(i)       none: the local chunk                           all_gather
-Partial -> R        all_reduce (the Partial's op)                    none
+Partial -> R        all_reduce out of place (the Partial's op)      none
 Partial -> Shard    reduce_scatter_tensor                           all_gather
 Shard(i)->Shard(j)  all_to_all_single (padded to equal blocks)      all_to_all back
 R -> Partial        none: sum divides by the dimension's size       none
@@ -123,10 +123,17 @@ def front_reduce_scatter(x: Any, dim: int, op: str, mesh: DeviceMesh, m: int) ->
 
 
 def all_reduce_dim(x: Any, op: str, mesh: DeviceMesh, m: int) -> Any:
-    """Partial -> Replicate: the reduction of every rank's term, on every rank."""
+    """Partial -> Replicate: the reduction of every rank's term, on every rank, into a new
+    array (the terms ``x`` stay as they are). The group reads ``x`` where it lies where it
+    can (the MPI group's ``all_reduce_into``); a group without that reduces a copy."""
     out = _empty(x, tuple(x.shape))
+    group = mesh.get_group(m)
+    into = getattr(group, "all_reduce_into", None)
+    if into is not None:
+        into(out, x, _OPS[op])
+        return out
     _xp(x).copyto(out, x)
-    dist.all_reduce(out, op=_OPS[op], group=mesh.get_group(m))
+    dist.all_reduce(out, op=_OPS[op], group=group)
     return out
 
 

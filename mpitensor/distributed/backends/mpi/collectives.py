@@ -24,6 +24,7 @@ from ...health import fingerprint as _fp
 from ...health import watchdog as W
 from ...health.state import MASK as _MASK
 from ...process_group import ReduceOp, Work
+from . import all_reduce_into as _into
 from . import buffers as B
 from . import hierarchical as _hier
 from . import hierarchical_gather as _hgather
@@ -182,6 +183,14 @@ class Collectives:
         if not (fo.owndata and fi.owndata and out is not inp) and np.may_share_memory(out, inp):
             return None
         return _MOVE.get(dt)
+
+    # -- all_reduce out of place (internal: torch's is in place only; all_reduce_into.py) --
+    def all_reduce_into(self, output: Any, input: Any, op: Any = _SUM,
+                        async_op: bool = False) -> Optional[Work]:
+        """Reduce ``input`` with ``op`` over the members into ``output`` (same shape and
+        dtype); ``input`` is only read. The same collective as :meth:`all_reduce` to the
+        peers; ``output`` may be ``input`` itself (in place), no other overlap."""
+        return _into.all_reduce_into(self, output, input, op, async_op, _fast_op)
 
     @_guarded("all_reduce")
     def _all_reduce(self, tensor: Any, op: Any, async_op: bool) -> Optional[Work]:

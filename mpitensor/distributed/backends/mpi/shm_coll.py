@@ -1,6 +1,7 @@
 """Node-local collectives through shared memory: the MPI group's calls that take the engine.
 
-On a group whose ranks all share one node, ``all_reduce``, ``reduce_scatter`` (tensor and list
+On a group whose ranks all share one node, ``all_reduce`` (in place, or out of place: the
+group's ``all_reduce_into``, whose input is only read), ``reduce_scatter`` (tensor and list
 forms), ``all_gather`` (tensor and list forms), ``broadcast`` and ``reduce`` of NumPy arrays
 can go through one shared segment (:mod:`shm_pipe`: a chunk pipeline in which every member
 reduces its share of each chunk, in rank order) instead of MPI. MPICH's own node-local
@@ -316,6 +317,26 @@ def all_reduce(g: Any, tensor: Any, arr: np.ndarray, op: Any, async_op: bool) ->
     return _execute(g, eng, lambda: _reduce_core(eng, buf, red, -1, back), [tensor], async_op)
 
 
+def all_reduce_into(g: Any, output: Any, out: np.ndarray, inp: np.ndarray, op: Any,
+                    async_op: bool) -> Any:
+    """all_reduce of ``inp`` into ``out`` (the same shape and dtype, apart: the caller
+    checked that they share no memory); ``inp`` is only read. The same call to the engine's
+    members as an all_reduce in place (its fingerprint, its kind's threshold), with the
+    result written where the input would have been copied from."""
+    rop, red = _reducer(op, inp.dtype, g.size_)
+    if (red is None or type(inp) is not np.ndarray or inp.dtype != out.dtype
+            or inp.shape != out.shape or not out.flags.writeable or not out.size):
+        return PASS
+    eng = _start(g, "all_reduce", "reduce", inp.nbytes, inp, rop, -1, (out, inp), inp,
+                 async_op)
+    if eng is None:
+        return PASS
+    src = _flat(inp, False)[0]
+    dest, back = _flat(out, True)
+    return _execute(g, eng, lambda: _reduce_core(eng, src, red, -1, back, dest), [output],
+                    async_op)
+
+
 def reduce(g: Any, tensor: Any, arr: np.ndarray, dst: Any, op: Any, async_op: bool,
            group_dst: Any) -> Any:
     rop, red = _reducer(op, arr.dtype, g.size_)
@@ -335,11 +356,12 @@ def reduce(g: Any, tensor: Any, arr: np.ndarray, dst: Any, op: Any, async_op: bo
 
 
 def _reduce_core(eng: Engine, buf: np.ndarray, red: Reducer, root: int,
-                 back: Optional[Callable[[], None]]) -> None:
-    """all_reduce (``root`` -1) or reduce to ``root`` of the flat ``buf``."""
+                 back: Optional[Callable[[], None]], out: Optional[np.ndarray] = None) -> None:
+    """all_reduce (``root`` -1) or reduce to ``root`` of the flat ``buf``; an all_reduce
+    with ``out`` (flat, ``buf``'s length, apart from it) writes there and only reads ``buf``."""
     if eng.cma:
         if root < 0:
-            _direct.all_reduce(eng, buf, red)
+            _direct.all_reduce(eng, buf, red, out)
         else:
             _direct.reduce(eng, buf, red, root)
         if back is not None:
@@ -348,6 +370,7 @@ def _reduce_core(eng: Engine, buf: np.ndarray, red: Reducer, root: int,
     p, me, dt, n = eng.p, eng.me, buf.dtype, buf.size
     ce = eng.chunk // dt.itemsize
     keeps = root < 0 or root == me
+    dest = buf if out is None else out
 
     def fill(k: int, st: int) -> None:
         x = buf[k * ce:min(n, k * ce + ce)]
@@ -366,14 +389,14 @@ def _reduce_core(eng: Engine, buf: np.ndarray, red: Reducer, root: int,
         red.into(mine, [buf[lo + a:lo + z] if r == me else eng.typed(st, r, dt, a, z)
                         for r in range(p)])
         if keeps:
-            buf[lo + a:lo + z] = mine
+            dest[lo + a:lo + z] = mine
 
     def drain(k: int, st: int) -> None:
         lo = k * ce
         b = bounds(min(n, lo + ce) - lo, p)
         for r in range(p):
             if r != me:
-                buf[lo + b[r]:lo + b[r + 1]] = eng.typed(st, r, dt, b[r], b[r + 1])
+                dest[lo + b[r]:lo + b[r + 1]] = eng.typed(st, r, dt, b[r], b[r + 1])
 
     eng.run(-(-n // ce), fill, work, drain if keeps else None, eng.everyone)
     if back is not None:

@@ -8,7 +8,8 @@ they read from it, and the members meet at two or three points per call (``Engin
 * **all_reduce**: member ``r`` reads part ``r`` of every peer's buffer, piece by piece into a
   scratch piece that stays in cache, and reduces it with its own part in rank order
   (``x0 op x1 op ... op x(p-1)``: bitwise the same wherever it is computed) into its own
-  buffer; then (everyone done) it reads every peer's reduced part straight into its buffer.
+  buffer (or its output: out of place, the input is only read); then (everyone done) it
+  reads every peer's reduced part straight into its buffer (output).
   Each rank moves ``2 (p-1)/p`` of the buffer across memory once, as a ring would, with no
   staging copy and a sync per phase instead of per chunk;
 * **reduce_scatter**: the first phase alone, into the output;
@@ -25,7 +26,7 @@ with :class:`PeerFailedError` (``Engine.check_alive``).
 from __future__ import annotations
 
 import errno
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
@@ -107,18 +108,25 @@ def _reduce_part(eng: Engine, dest: np.ndarray, own: np.ndarray, remote: List[in
         red.into(dest[lo:hi], srcs)
 
 
-def all_reduce(eng: Engine, buf: np.ndarray, red: Reducer) -> None:
-    """All-reduce of the flat contiguous ``buf`` in place."""
+def all_reduce(eng: Engine, buf: np.ndarray, red: Reducer,
+               out: Optional[np.ndarray] = None) -> None:
+    """All-reduce of the flat contiguous ``buf`` in place, or into ``out`` (flat, contiguous,
+    of ``buf``'s length, apart from it: ``buf`` is only read).
+
+    A member's row gives its peers part ``k`` of its input for member ``k`` and, in its own
+    entry (which no peer reads in the first phase), where its reduced part lies: the same
+    address in place, so members in place and out of place take one call together."""
     p, me, isz = eng.p, eng.me, buf.itemsize
+    dest = buf if out is None else out
     b = bounds(buf.size, p)
-    base = _addr(buf)
-    t = eng.arrive([base + b[k] * isz for k in range(p)])
-    mine = buf[b[me]:b[me + 1]]
-    _reduce_part(eng, mine, mine, [int(eng.addr[r, me]) for r in range(p)], red)
+    base, home = _addr(buf), _addr(dest)
+    t = eng.arrive([(home if k == me else base) + b[k] * isz for k in range(p)])
+    mine = dest[b[me]:b[me + 1]]
+    _reduce_part(eng, mine, buf[b[me]:b[me + 1]], [int(eng.addr[r, me]) for r in range(p)], red)
     eng.sync(RED, t)
     for i in range(1, p):
         r = (me + i) % p
-        _read(eng, r, buf[b[r]:b[r + 1]], int(eng.addr[r, r]))
+        _read(eng, r, dest[b[r]:b[r + 1]], int(eng.addr[r, r]))
     eng.sync(OUT, t)
 
 
