@@ -242,32 +242,43 @@ def _drop_dir(path):
         shutil.rmtree(path)
 
 
-def test_sharded_state_dict_through_dcp_and_local_round_trip():
-    model = FSDP(_model("tiny"), auto_wrap_policy=POLICIES["tiny"])
-    _train("tiny", model, "float32", steps=3)
+@pytest.mark.parametrize("name", ["cnn", "tiny"])
+@pytest.mark.parametrize("kind", [StateDictType.SHARDED_STATE_DICT,
+                                  StateDictType.LOCAL_STATE_DICT])
+def test_state_dict_through_dcp(name, kind):
+    """Saved with dcp and loaded into another model: every rank's pieces come back (LOCAL is
+    what pytorch/examples' FSDP checkpoint handler saves)."""
+    model = FSDP(_model(name), auto_wrap_policy=POLICIES[name])
+    _train(name, model, "float32", steps=2)
     want = _full_sd(model)
-    other = FSDP(_model("tiny", seed=5), auto_wrap_policy=POLICIES["tiny"])
+    other = FSDP(_model(name, seed=8), auto_wrap_policy=POLICIES[name])
     path = _shared_dir()
     try:
-        with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        with FSDP.state_dict_type(model, kind):
             sd = model.state_dict()
-            assert any(isinstance(v, DTensor) for v in sd.values())
+            assert {k for k, v in sd.items() if isinstance(v, DTensor)} == \
+                {n for n, _ in model.named_parameters()}
             dcp.save(sd, checkpoint_id=path)
-        with FSDP.state_dict_type(other, StateDictType.SHARDED_STATE_DICT):
+        with FSDP.state_dict_type(other, kind):
             target = other.state_dict()
             dcp.load(target, checkpoint_id=path)
             other.load_state_dict(target)
     finally:
         _drop_dir(path)
     _same(_full_sd(other), want)
-    third = FSDP(_model("tiny", seed=9), auto_wrap_policy=POLICIES["tiny"])
-    FSDP.set_state_dict_type(model, StateDictType.LOCAL_STATE_DICT)
-    FSDP.set_state_dict_type(third, StateDictType.LOCAL_STATE_DICT)
-    local = model.state_dict()
-    assert not any(isinstance(v, DTensor) for v in local.values())
-    third.load_state_dict(local)
-    FSDP.set_state_dict_type(third, StateDictType.FULL_STATE_DICT)
-    _same(_full_sd(third), want)
+
+
+def test_local_state_dict_takes_plain_pieces():
+    model = FSDP(_model("tiny"), auto_wrap_policy=POLICIES["tiny"])
+    _train("tiny", model, "float32", steps=2)
+    want = _full_sd(model)
+    other = FSDP(_model("tiny", seed=9), auto_wrap_policy=POLICIES["tiny"])
+    for m in (model, other):
+        FSDP.set_state_dict_type(m, StateDictType.LOCAL_STATE_DICT)
+    other.load_state_dict({k: v.to_local() if isinstance(v, DTensor) else v
+                           for k, v in model.state_dict().items()})
+    FSDP.set_state_dict_type(other, StateDictType.FULL_STATE_DICT)
+    _same(_full_sd(other), want)
 
 
 @pytest.mark.parametrize("kind", [StateDictType.FULL_STATE_DICT,
@@ -291,8 +302,32 @@ def test_optimizer_state_dict_resumes_training(kind):
     assert got == want
 
 
-def test_get_state_dict_on_an_fsdp1_model():
-    """checkpoint.state_dict's get/set_state_dict take an FSDP1 model as they are."""
+def test_full_optim_state_dict_scattered_from_rank0():
+    """The older API of pytorch/examples' checkpoint handler: rank 0 holds the whole optimizer
+    state, ``scatter_full_optim_state_dict`` gives every rank its part."""
+    model = FSDP(_model("cnn"), auto_wrap_policy=POLICIES["cnn"])
+    _, opt = _train("cnn", model, "float32", steps=3)
+    full = FSDP.full_optim_state_dict(model, opt)
+    msd = model.state_dict()
+    assert (full == {}) == (dist.get_rank() != 0)
+    if dist.get_rank() == 0:
+        assert tuple(full["state"]["fc1.weight"]["exp_avg"].shape) == (10, 24)
+    fresh = FSDP(_model("cnn", seed=3), auto_wrap_policy=POLICIES["cnn"])
+    fresh.load_state_dict(msd)
+    fresh_opt = mt.optim.Adam(fresh.parameters(), lr=0.01)
+    fresh_opt.load_state_dict(FSDP.scatter_full_optim_state_dict(
+        full if dist.get_rank() == 0 else None, fresh, optim=fresh_opt))
+    want, _ = _train("cnn", model, "float32", steps=3, start=3, opt=opt)
+    got, _ = _train("cnn", fresh, "float32", steps=3, start=3, opt=fresh_opt)
+    assert got == want
+
+
+@pytest.mark.parametrize("kind", [StateDictType.FULL_STATE_DICT,
+                                  StateDictType.SHARDED_STATE_DICT])
+def test_get_state_dict_on_an_fsdp1_model(kind):
+    """checkpoint.state_dict's get/set_state_dict take an FSDP1 model as they are: with the
+    default FULL type (the distributed checkpoint recipe's ``FSDP(model)``) the model entries
+    are whole tensors, with SHARDED they are DTensors; either resumes bit for bit."""
     model = FSDP(_model("cnn"), auto_wrap_policy=POLICIES["cnn"])
     _, opt = _train("cnn", model, "float32", steps=3)
     fresh = FSDP(_model("cnn", seed=4), auto_wrap_policy=POLICIES["cnn"])
@@ -300,9 +335,10 @@ def test_get_state_dict_on_an_fsdp1_model():
     path = _shared_dir()
     try:
         for m in (model, fresh):
-            FSDP.set_state_dict_type(m, StateDictType.SHARDED_STATE_DICT)
+            FSDP.set_state_dict_type(m, kind)
         msd, osd = get_state_dict(model, opt)
         assert isinstance(osd["state"]["fc1.weight"]["exp_avg"], DTensor)
+        assert isinstance(msd["fc1.weight"], DTensor) == (kind.name == "SHARDED_STATE_DICT")
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
         msd2, osd2 = get_state_dict(fresh, fresh_opt)
         dcp.load({"model": msd2, "optim": osd2}, checkpoint_id=path)

@@ -30,6 +30,7 @@ from mpitensor.nn.utils import clip_grad_norm_ as _clip_grad_norm
 from . import _fsdp1_state as sd
 from ._fsdp1_options import (
     BackwardPrefetch,
+    FullOptimStateDictConfig,
     StateDictSettings,
     StateDictType,
     settings_for,
@@ -325,6 +326,45 @@ class FullyShardedDataParallel(Module):
             optim.load_state_dict(out)
         return out
 
+    @staticmethod
+    def full_optim_state_dict(model: Module, optim: Any, optim_input: Any = None,
+                              rank0_only: bool = True, group: Any = None) -> Dict[str, Any]:
+        """:meth:`optim_state_dict` with whole tensors (the older API; ``rank0_only``: ``{}``
+        on the other ranks)."""
+        _no_optim_input(optim_input)
+        settings = settings_for(StateDictType.FULL_STATE_DICT,
+                                optim_config=FullOptimStateDictConfig(rank0_only=rank0_only))
+        return sd.named_optim_state(model, optim, None, settings)
+
+    @staticmethod
+    def sharded_optim_state_dict(model: Module, optim: Any, group: Any = None) -> Dict[str, Any]:
+        """:meth:`optim_state_dict` with DTensor state (the older API)."""
+        return sd.named_optim_state(model, optim, None,
+                                    settings_for(StateDictType.SHARDED_STATE_DICT))
+
+    @staticmethod
+    def shard_full_optim_state_dict(full_optim_state_dict: Dict[str, Any], model: Module,
+                                    optim_input: Any = None, optim: Any = None) -> Dict[str, Any]:
+        """A whole-tensor optimizer state dict (every rank holds it) as this rank's
+        ``optim.load_state_dict`` input (numbered as ``optim``'s parameters, or without it as
+        ``model.parameters()``)."""
+        _no_optim_input(optim_input)
+        return sd.optim_state_to_load(model, optim, full_optim_state_dict,
+                                      StateDictType.FULL_STATE_DICT)
+
+    @staticmethod
+    def scatter_full_optim_state_dict(full_optim_state_dict: Optional[Dict[str, Any]],
+                                      model: Module, optim_input: Any = None, optim: Any = None,
+                                      group: Any = None) -> Dict[str, Any]:
+        """:meth:`shard_full_optim_state_dict` for a state dict only rank 0 holds (sent to the
+        others first; the other ranks may pass None)."""
+        import mpitensor.distributed as dist
+
+        box = [full_optim_state_dict if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return FullyShardedDataParallel.shard_full_optim_state_dict(box[0], model, optim_input,
+                                                                    optim)
+
     # ---- whole parameters, gradients, synchronisation --------------------------------------
 
     @staticmethod
@@ -393,6 +433,12 @@ def _instances(module: Module, where: str) -> List[FullyShardedDataParallel]:
     if not mods:
         raise ValueError(f"{where}: the module holds no FullyShardedDataParallel")
     return mods
+
+
+def _no_optim_input(optim_input: Any) -> None:
+    if optim_input is not None:
+        raise NotImplementedError("optim_input is not supported (torch deprecates it); pass "
+                                  "optim=, or nothing for the order of model.parameters()")
 
 
 def _post_order(module: Module, fn: Callable[[Module], Any]) -> None:

@@ -41,15 +41,14 @@ def _offloaded(value: Any, offload: bool) -> Any:
 
 
 def model_entry(value: Any, settings: StateDictSettings, orig_dtype: Any) -> Any:
-    """One model state-dict value as ``settings`` want it (a DTensor made whole on every rank
-    under FULL, its piece under LOCAL, as it is under SHARDED)."""
-    kind = settings.state_dict_type
-    if isinstance(value, _dtensor_type()):
-        if kind is StateDictType.FULL_STATE_DICT:
-            with no_grad():
-                value = value.full_tensor()
-        elif kind is StateDictType.LOCAL_STATE_DICT:
-            value = value.to_local()
+    """One model state-dict value as ``settings`` want it: a DTensor made whole on every rank
+    under FULL; as it is under SHARDED and LOCAL (each rank's piece is its local tensor: torch
+    wraps its flat pieces as ShardedTensors for the same reason, so that a distributed
+    checkpoint saves every rank's piece)."""
+    if isinstance(value, _dtensor_type()) and \
+            settings.state_dict_type is StateDictType.FULL_STATE_DICT:
+        with no_grad():
+            value = value.full_tensor()
     if orig_dtype is not None and isinstance(value, Tensor) and value.dtype != orig_dtype:
         value = value.to(orig_dtype)
     return _offloaded(value, settings.state_dict_config.offload_to_cpu)
@@ -83,8 +82,11 @@ def local_as_dtensor(value: Any, current: Any) -> Any:
 # ---- optimizer state dicts -----------------------------------------------------------------
 
 def _param_order(model: Any, optim: Any) -> Tuple[List[Any], Dict[int, str]]:
+    """The optimizer's parameters in its numbering (without one: the model's, as torch
+    numbers them then) and the model's name of each."""
     names = {id(p): n for n, p in model.named_parameters()}
-    order = [p for g in optim.param_groups for p in g["params"]]
+    order = list(model.parameters()) if optim is None else \
+        [p for g in optim.param_groups for p in g["params"]]
     strays = [i for i, p in enumerate(order) if id(p) not in names]
     if strays:
         raise ValueError(f"FSDP optimizer state dict: the optimizer's parameters {strays} (in "
@@ -102,7 +104,7 @@ def _is_piece(value: Any, param: Any) -> bool:
 
 def optim_entry(value: Any, param: Any, settings: StateDictSettings) -> Any:
     kind = settings.state_dict_type
-    if _is_piece(value, param) and kind is not StateDictType.LOCAL_STATE_DICT:
+    if _is_piece(value, param):
         value = _dtensor_type().from_local(value, param.device_mesh, param.placements,
                                            run_check=False, shape=param.shape)
         if kind is StateDictType.FULL_STATE_DICT:
