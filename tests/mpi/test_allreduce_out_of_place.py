@@ -26,6 +26,7 @@ import mpitensor as mt
 import mpitensor.distributed as dist
 from mpitensor.distributed import ReduceOp
 from mpitensor.distributed.backends.mpi import shm_coll
+from mpitensor.distributed.backends.mpi.collectives import Collectives
 from mpitensor.distributed.backends.mpi.shm_pipe import Engine
 from mpitensor.distributed.device_mesh import DeviceMesh
 from mpitensor.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -320,3 +321,18 @@ def test_backward_through_partial_to_replicate(path, op, monkeypatch):
     assert _bits(rep.to_local().detach().numpy()) == _bits(whole)
     assert _bits(term.detach().numpy()) == _bits(
         _data(me, shape[0] * shape[1], np.float64).reshape(shape))
+
+
+def test_a_group_without_the_out_of_place_call_reduces_a_copy(monkeypatch):
+    """A group class without ``all_reduce_into`` (NCCL's): Partial -> Replicate reduces a
+    copy of the terms in place, the same values, the terms kept."""
+    mesh = _mesh("direct", monkeypatch)
+    me = dist.get_rank()
+    term = _data(me, 8 * CHUNK + 3, np.float64)
+    whole = _in_place(mesh.get_group(0), term, ReduceOp.SUM)
+    monkeypatch.delattr(Collectives, "all_reduce_into")
+    assert not hasattr(mesh.get_group(0), "all_reduce_into")
+    part = DTensor.from_local(mt.tensor(term.copy()), mesh, [Partial()])
+    rep = part.redistribute(mesh, [Replicate()])
+    assert _bits(rep.to_local().numpy()) == _bits(whole)
+    assert _bits(part.to_local().numpy()) == _bits(term)
