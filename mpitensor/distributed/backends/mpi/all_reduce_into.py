@@ -8,7 +8,8 @@ call does without that copy, on every path the in-place one takes:
   and writes the reduction into its own output (the direct path), or streams its input
   through the segment's slots and drains the result into its output;
 * MPI: ``Iallreduce(sendbuf, recvbuf)`` (a staged buffer, a plan's widening or view, AVG's
-  division as the in-place path does them);
+  division as the in-place path does them), or at small sizes the in-place call's own
+  persistent request (``persistent.py``: the peers' all_reduce may take it);
 * across nodes (``hierarchical``): the input copied into the output, reduced there in place
   (that path has no out-of-place form).
 
@@ -90,7 +91,7 @@ def _fast(g: Any, output: Any, out: np.ndarray, inp: np.ndarray, op: Any, async_
         return _hier.all_reduce(g, output, out, None, op, async_op)
     s = g._fast_count("all_reduce", inp)
     chk = g._fp_first(s, "all_reduce", inp, op, -1, (out, inp))
-    req = g.comm.Iallreduce([inp, fast[0]], [out, fast[0]], fast[1])
+    req = g._iallreduce([inp, fast[0]], fast[1], [out, fast[0]])
     if chk is not None:
         req = _fp.Checked(g.health, req, *chk)
     return g._fast_finish(req, "all_reduce", s, [output], (out, inp), async_op)
@@ -122,6 +123,6 @@ def _general(g: Any, output: Any, input: Any, op: Any, async_op: bool,
         return _hier.all_reduce(g, output, buf, finish, hop, async_op, plan.average)
     sspec = [B.apply_plan_in(B.stage_in(inp), plan), plan.mpi_type]
     rspec, finish = g._reduced_into(out, plan)
-    comm, mop = g.comm, plan.mpi_op
-    return g._run(where, lambda: comm.Iallreduce(sspec, rspec, mop), finish, async_op,
+    mop = plan.mpi_op
+    return g._run(where, lambda: g._iallreduce(sspec, mop, rspec), finish, async_op,
                   [output], keep=(sspec, rspec), check=(inp, B.coerce_op(op, where), -1))

@@ -6,7 +6,9 @@ is the largest part of the group and reads on its own: every collective has a *f
 no staging) and a *general path* (``_name``, wrapped by :func:`_guarded`) that checks the
 arguments before any traffic, stages CuPy and non-contiguous buffers, and runs through the
 group's ``_run``. The group's plumbing (``begin``, ``_run``, ``_maybe_debug``, the agreement
-check) lives in ``group.py``.
+check) lives in ``group.py``. Small calls of all_reduce, broadcast, all_gather (both forms) and
+reduce_scatter_tensor, on either path, start a persistent request of the group's instead of
+posting a non-blocking call (``persistent.py``: as cheap as MPI's blocking call).
 """
 
 from __future__ import annotations
@@ -29,26 +31,30 @@ from . import buffers as B
 from . import hierarchical as _hier
 from . import hierarchical_gather as _hgather
 from . import hierarchical_scatter as _hscatter
+from . import persistent as _pers
 from . import shm_coll as _shmc
 
 _IN_PLACE = MPI.IN_PLACE
 _MOVE = B.MOVE_TYPES
 _SUM = ReduceOp.SUM
 _wait = W.wait
+_bytes = _pers.as_bytes
 
-# op -> {dtype: (MPI type, MPI op)} for reductions with no view, upcast or AVG step: the fast
-# path of all_reduce (nested dicts: two identity-hash lookups, no tuple to build)
+# op -> {dtype: (MPI type, MPI op, persistent.kind of the two)} for reductions with no view,
+# upcast or AVG step: the fast path of all_reduce (nested dicts: two identity-hash lookups,
+# no tuple to build)
 _FAST: dict = {op: {} for op in ReduceOp.members.values()}
 for _dt in B.MOVE_TYPES:
     for _op in ReduceOp.members.values():
         _p = B._plan(_dt, _op)
         if not isinstance(_p, str) and _p.view is None and _p.upcast is None and not _p.average:
-            _FAST[_op][_dt] = (_p.mpi_type, _p.mpi_op)
+            _FAST[_op][_dt] = (_p.mpi_type, _p.mpi_op, _pers.kind(_p.mpi_type, _p.mpi_op))
 del _dt, _op, _p
 
 
 def _fast_op(op: Any, dtype: Any) -> Any:
-    """``(MPI datatype, MPI op)`` when ``op`` on ``dtype`` needs no plan (see _FAST), else None."""
+    """``(MPI datatype, MPI op, kind)`` when ``op`` on ``dtype`` needs no plan (see _FAST),
+    else None."""
     try:
         return _FAST[op].get(dtype)
     except (KeyError, TypeError):  # not a ReduceOp (a name, an int, unhashable): the general
@@ -93,7 +99,7 @@ def _end_to_end(outs: list) -> Any:
     return np.ndarray((first.size * len(outs),), first.dtype, buffer=root, offset=off)
 
 
-class Collectives:
+class Collectives(_pers.SmallCalls):
     """The collectives of :class:`MPIGroup` (a mixin: ``self`` is the group)."""
 
     # node-local collectives through shared memory (shm_coll.py): calls of at least shm_min
@@ -111,11 +117,14 @@ class Collectives:
 
     def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Optional[Work]:
         arr = tensor._data if type(tensor) is Tensor else tensor
-        if type(arr) is np.ndarray and arr.nbytes >= self.shm_min:
+        if type(arr) is not np.ndarray:
+            return self._all_reduce(tensor, op, async_op)
+        nb = arr.nbytes
+        if nb >= self.shm_min:
             done = _shmc.all_reduce(self, tensor, arr, op, async_op)
             if done is not _shmc.PASS:
                 return done
-        if type(arr) is np.ndarray and not self.slow and self.rank_ >= 0:
+        if not self.slow and self.rank_ >= 0:
             fast = _fast_op(op, arr.dtype)
             if fast is not None:
                 flags = arr.flags
@@ -123,8 +132,17 @@ class Collectives:
                     if self.hier is not None and _hier.takes(self, arr):
                         self._fast_count("all_reduce", arr)
                         return _hier.all_reduce(self, tensor, arr, None, op, async_op)
-                    s = self._fast_count("all_reduce", arr)
-                    chk = self._fp_first(s, "all_reduce", arr, op, -1, arr)
+                    s = self.seq = self.seq + 1  # (_fast_count, inline: every 0.1 µs counts)
+                    self.history[s & _MASK] = (s, "all_reduce", arr.dtype, arr.shape)
+                    chk = (None if nb < self.health.check_bytes
+                           else self._fp_first(s, "all_reduce", arr, op, -1, arr))
+                    if 0 < nb <= self.pers_max:
+                        key = nb << 32 | fast[2]
+                        pers = self.pers or self._new_pers()
+                        b = memoryview(arr).cast("B")
+                        return self._persistent(
+                            pers.ar.get(key) or pers.all_reduce(key, nb, fast[0], fast[1]),
+                            b, b, "all_reduce", s, tensor, arr, async_op, chk)
                     req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
                     if chk is not None:
                         req = _fp.Checked(self.health, req, *chk)
@@ -147,20 +165,30 @@ class Collectives:
             return Work(self._fp_async(req, s), None, tensors, keep=keep, group=self,
                         describe=lambda: f"rank {self.global_rank}: {op} (#{s} on {self.name})",
                         info=(op, s, "coll", None, None))
+        self._fast_wait(h, req, op, s)
+        return None
+
+    def _fast_wait(self, h: Any, req: Any, op: str, s: int) -> None:
+        """Wait (bounded) for blocking call ``s``'s request, then settle its agreement check."""
         try:
             if not req.Test():
                 _wait(h, req, op, s)
         except MPI.Exception as exc:
-            self._fp_failed(exc, op, s)
-            raise self._mpi_error(f"rank {self.global_rank}: {op} (#{s} on {self.name})",
-                                  exc) from exc
+            raise self._fast_failed(exc, op, s) from exc
+        if h.fp_tok is not None:
+            self._fast_settle(h, op, s)
+
+    def _fast_failed(self, exc: BaseException, op: str, s: int) -> BaseException:
+        """MPI failed call ``s`` once posted: break the group; the error to raise."""
+        self._fp_failed(exc, op, s)
+        return self._mpi_error(f"rank {self.global_rank}: {op} (#{s} on {self.name})", exc)
+
+    def _fast_settle(self, h: Any, op: str, s: int) -> None:
         tok = h.fp_tok
-        if tok is not None:
-            if tok[0] == s and h.fp_node.settle(tok, h):
-                h.fp_tok = None  # every member agreed (the common case, without a call)
-            else:
-                self._fp_settle(op, s)
-        return None
+        if tok[0] == s and h.fp_node.settle(tok, h):
+            h.fp_tok = None  # every member agreed (the common case, without a call)
+        else:
+            self._fp_settle(op, s)
 
     def _fast_root(self, root: Any, group_root: Any) -> bool:
         return (type(root) is int and group_root is None and self.identity and not self.slow
@@ -210,8 +238,7 @@ class Collectives:
                 and _hier.takes(self, arr)):
             return _hier.all_reduce(self, tensor, *_hier.staged(arr), hop, async_op, plan.average)
         spec, finish = self._reduced_into(arr, plan)
-        comm, mop = self.comm, plan.mpi_op
-        return self._run(where, lambda: comm.Iallreduce(_IN_PLACE, spec, mop), finish, async_op,
+        return self._run(where, lambda: self._iallreduce(spec, plan.mpi_op), finish, async_op,
                          [tensor], keep=spec, check=(arr, B.coerce_op(op, where), -1))
 
     def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
@@ -226,7 +253,17 @@ class Collectives:
             mt = _MOVE.get(arr.dtype)
             if mt is not None:
                 s = self._fast_count("broadcast", arr)
-                chk = self._fp_first(s, "broadcast", arr, None, src, arr)
+                chk = (None if arr.nbytes < self.health.check_bytes
+                       else self._fp_first(s, "broadcast", arr, None, src, arr))
+                nb = arr.nbytes
+                if 0 < nb <= self.pers_max:
+                    key = nb << 32 | src
+                    pers = self.pers or self._new_pers()
+                    b = _bytes(arr)
+                    return self._persistent(
+                        pers.bc.get(key) or pers.broadcast(key, nb, src),
+                        b if src == self.rank_ else None, None if src == self.rank_ else b,
+                        "broadcast", s, tensor, arr, async_op, chk)
                 req = self.comm.Ibcast([arr, mt], src)
                 if chk is not None:
                     req = _fp.Checked(self.health, req, *chk)
@@ -254,8 +291,7 @@ class Collectives:
         else:
             buf, write_back = B.stage_out(arr)
         spec = [buf, mt]
-        comm = self.comm
-        return self._run(where, lambda: comm.Ibcast(spec, root),
+        return self._run(where, lambda: self._ibcast(spec, root),
                          write_back, async_op, [tensor], keep=spec,
                          check=(arr, None, self.ranks[root]))
 
@@ -404,6 +440,19 @@ class Collectives:
             done = _shmc.all_gather(self, tensor_list, tensor, arr, async_op)
             if done is not _shmc.PASS:
                 return done
+        if (type(arr) is np.ndarray and 0 < arr.nbytes * self.size_ <= self.pers_max
+                and self.rank_ >= 0 and not self.slow and arr.flags.c_contiguous
+                and arr.dtype in _MOVE):
+            dst = self._fast_list(tensor_list, arr)
+            if dst is not None:  # a small call (persistent.py) the general path would take
+                s = self._fast_count("all_gather", arr)
+                nb = arr.nbytes
+                chk = (None if nb < self.health.check_bytes
+                       else self._fp_first(s, "all_gather", arr, None, -1, arr))
+                pers = self.pers or self._new_pers()
+                return self._persistent(pers.ag.get(nb) or pers.all_gather(nb), _bytes(arr),
+                                        dst, "all_gather", s, list(tensor_list), arr,
+                                        async_op, chk)
         return self._all_gather(tensor_list, tensor, async_op)
 
     @_guarded("all_gather")
@@ -434,8 +483,7 @@ class Collectives:
         rbuf, copy_out = self._gather_target(arr, outs, async_op)
         sbuf = [B.unalias(B.stage_in(arr), rbuf), mt]
         rspec = [rbuf, mt]
-        comm = self.comm
-        return self._run(where, lambda: comm.Iallgather(sbuf, rspec), copy_out, async_op,
+        return self._run(where, lambda: self._iallgather(sbuf, rspec), copy_out, async_op,
                          list(tensor_list), keep=(sbuf, rspec), check=(arr, None, -1))
 
     def _gather_target(self, arr: Any, outs: list, async_op: bool) -> tuple:
@@ -494,7 +542,13 @@ class Collectives:
                     self._fast_count("all_gather_into_tensor", inp)
                     return _hgather.all_gather(self, output, out, None, inp, async_op)
                 s = self._fast_count("all_gather_into_tensor", inp)
-                chk = self._fp_first(s, "all_gather_into_tensor", inp, None, -1, (out, inp))
+                chk = (None if inp.nbytes < self.health.check_bytes
+                       else self._fp_first(s, "all_gather_into_tensor", inp, None, -1, (out, inp)))
+                if 0 < out.nbytes <= self.pers_max:
+                    pers, nb = self.pers or self._new_pers(), inp.nbytes
+                    return self._persistent(pers.ag.get(nb) or pers.all_gather(nb),
+                                            _bytes(inp), _bytes(out), "all_gather_into_tensor",
+                                            s, output, (out, inp), async_op, chk)
                 req = self.comm.Iallgather([inp, mt], [out, mt])
                 if chk is not None:
                     req = _fp.Checked(self.health, req, *chk)
@@ -520,8 +574,7 @@ class Collectives:
                                        async_op)
         rbuf, write_back = B.stage_out(out)
         sspec, rspec = [B.unalias(B.stage_in(inp), rbuf), mt], [rbuf, mt]
-        comm = self.comm
-        return self._run(where, lambda: comm.Iallgather(sspec, rspec), write_back, async_op,
+        return self._run(where, lambda: self._iallgather(sspec, rspec), write_back, async_op,
                          [output], keep=(sspec, rspec), check=(inp, None, -1))
 
     def _rooted(self, op: str, tensor: Any, lst: Any, global_root: Optional[int],
@@ -636,7 +689,16 @@ class Collectives:
                     self._fast_count("reduce_scatter_tensor", inp)
                     return _hscatter.reduce_scatter(self, output, out, None, inp, op, async_op)
                 s = self._fast_count("reduce_scatter_tensor", inp)
-                chk = self._fp_first(s, "reduce_scatter_tensor", inp, op, -1, (out, inp))
+                chk = (None if inp.nbytes < self.health.check_bytes
+                       else self._fp_first(s, "reduce_scatter_tensor", inp, op, -1, (out, inp)))
+                if 0 < inp.nbytes <= self.pers_max:
+                    nb = out.nbytes
+                    key = nb << 32 | fast[2]
+                    pers = self.pers or self._new_pers()
+                    return self._persistent(
+                        pers.rs.get(key) or pers.reduce_scatter(key, nb, fast[0], fast[1]),
+                        _bytes(inp), _bytes(out), "reduce_scatter_tensor", s, output,
+                        (out, inp), async_op, chk)
                 req = self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1])
                 if chk is not None:
                     req = _fp.Checked(self.health, req, *chk)
@@ -662,8 +724,8 @@ class Collectives:
             return _hscatter.reduce_scatter(self, output, *_hier.staged(out),
                                             _hgather.host_in(inp), hop, async_op, plan.average)
         sspec, rspec, finish = self._scattered_into(out, B.stage_in(inp), plan)
-        comm, mop = self.comm, plan.mpi_op
-        return self._run(where, lambda: comm.Ireduce_scatter_block(sspec, rspec, mop), finish,
+        mop = plan.mpi_op
+        return self._run(where, lambda: self._ireduce_scatter_block(sspec, rspec, mop), finish,
                          async_op, [output], keep=(sspec, rspec),
                          check=(inp, B.coerce_op(op, where), -1))
 

@@ -361,6 +361,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
     def free(self) -> None:
         _shmc.free(self)  # its collectives' segment, if it made one
         _hier.free(self)  # its node and cross-node sub-groups, if it made them
+        self.free_persistent()  # its small calls' persistent requests (persistent.py)
         h = self.health
         if h.fp_pool is not None:
             h.fp_pool.free()
