@@ -194,6 +194,17 @@ def test_apply_initialises_through_the_shards():
         np.testing.assert_array_equal(v.numpy(), np.full(v.shape, want, np.float32), err_msg=k)
 
 
+def test_state_dict_inside_summon_full_params_gives_the_whole_parameters():
+    model = FSDP(_net(), auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+    with FSDP.summon_full_params(model):
+        with mt.no_grad():
+            model.module[0].weight.fill_(3.0)
+        sd = model.state_dict()
+        assert (sd["0.weight"].numpy() == 3.0).all()
+        assert tuple(model.module[0].weight.shape) == (30, 4)  # still the whole one
+    assert (model.state_dict()["0.weight"].numpy() == 3.0).all()  # written back
+
+
 def test_sync_module_states_and_offload_train_as_plain():
     ref = _net()
     model = FSDP(_net(), sync_module_states=True, cpu_offload=CPUOffload(offload_params=True),

@@ -188,6 +188,42 @@ def test_mixed_precision_computes_in_float32(name):
     np.testing.assert_allclose(got, _ddp_losses(name, "float64"), rtol=RTOL["float32"])
 
 
+def test_process_groups_instead_of_a_mesh():
+    """HYBRID_SHARD over ``process_group=(shard_group, replicate_group)`` and FULL_SHARD over
+    a group given as such train as DDP."""
+    mesh = _hybrid_mesh()
+    pair = (mesh.get_group("shard"), mesh.get_group("replicate"))
+    hybrid = FSDP(_model("cnn"), process_group=pair, auto_wrap_policy=POLICIES["cnn"],
+                  sharding_strategy=ShardingStrategy.HYBRID_SHARD)
+    p = next(iter(hybrid.parameters()))
+    assert p.device_mesh.mesh.tolist() == mesh.mesh.tolist()
+    group = dist.new_group(list(range(dist.get_world_size())))
+    plain = FSDP(_model("cnn"), process_group=group, auto_wrap_policy=POLICIES["cnn"])
+    for model in (hybrid, plain):
+        got, _ = _train("cnn", model, "float32")
+        np.testing.assert_allclose(got, _ddp_losses("cnn", "float32"), rtol=RTOL["float32"])
+
+
+@pytest.mark.parametrize("strategy", [ShardingStrategy.FULL_SHARD,
+                                      ShardingStrategy.SHARD_GRAD_OP])
+def test_evaluation_between_steps_changes_nothing(strategy):
+    """A forward under no_grad (the tutorials' test()) between training steps: the training
+    losses are DDP's, and every unit is resharded after it."""
+    model = _fsdp(_model("tiny"), strategy, POLICIES["tiny"])
+    opt = mt.optim.Adam(model.parameters(), lr=0.01)
+    losses = []
+    for s in range(6):
+        losses += _train("tiny", model, "float32", steps=1, start=s, opt=opt)[0]
+        model.eval()
+        with mt.no_grad():
+            model(_data("tiny", 100 + s, "float32")[0])
+        model.train()
+        units = [m.module._fsdp_state for m in FSDP.fsdp_modules(model)]
+        assert not any(st.group.is_unsharded for st in units if st.group is not None)
+    np.testing.assert_allclose(losses, _ddp_losses("tiny", "float32")[:6],
+                               rtol=RTOL["float32"])
+
+
 def test_parameters_keep_names_shapes_and_count():
     plain = _model("tiny")
     model = FSDP(_model("tiny"), auto_wrap_policy=POLICIES["tiny"])

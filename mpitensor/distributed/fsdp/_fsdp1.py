@@ -214,7 +214,8 @@ class FullyShardedDataParallel(Module):
         :meth:`state_dict_type` says otherwise), under the unwrapped model's names. Every rank
         must call it (FULL gathers each sharded tensor)."""
         for st in self._units():
-            st.reshard()
+            if not getattr(st, "summoned", False):  # inside summon_full_params: the whole ones
+                st.reshard()
         own = OrderedDict()
         self._fsdp_wrapped_module.state_dict(destination=own, keep_vars=keep_vars)
         settings = self._fsdp1_settings
