@@ -75,7 +75,7 @@ def _leaf(a: np.ndarray) -> mt.Tensor:
     return t
 
 
-class _Sink(mt.autograd.Function):
+class _Sink(mt.autograd.ArrayFunction):
     """Identity whose backward drops the gradient: the layer's input gradient is computed
     (the input requires grad) but not accumulated into a leaf, as inside a network (an
     mpitensor leaf copies a gradient it receives; a torch leaf adopts it)."""

@@ -886,7 +886,7 @@ def _fill_value_grad(meta: tuple, g: Any) -> Any:
     return g.sum().reshape(shape).astype(dtype, copy=False)
 
 
-class _Copy(_autograd.Function):
+class _Copy(_autograd.ArrayFunction):
     """``x.copy_(src)``: ``src``'s gradient is the output's, summed over the dimensions it
     was broadcast along, in its dtype and on its device; ``x``'s old value gets zeros."""
 
@@ -903,7 +903,7 @@ class _Copy(_autograd.Function):
         return _overwrite_grads(ctx, g, _copy_source_grad)
 
 
-class _Fill(_autograd.Function):
+class _Fill(_autograd.ArrayFunction):
     """``x.fill_(value)``: ``x``'s old value gets zeros; a tensor ``value`` gets the sum of
     the output's gradient."""
 

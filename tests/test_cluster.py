@@ -163,7 +163,9 @@ def test_mpitensor_run_hostfile_on_the_cluster(cluster, tmp_path: Path) -> None:
     code, out, err, elapsed = _run(base + ["-n", "4", str(boom)], tmp_path, env=NET_ENV,
                                    timeout=60)
     assert code != 0
-    assert elapsed < 10, f"took {elapsed:.1f} s"
+    # "at once": well before the 60 s a job whose other ranks waited on would take (not a
+    # speed target: 4 ranks and ssh in namespaces took 11 s on this loaded 2-core machine)
+    assert elapsed < 40, f"took {elapsed:.1f} s"
     assert "[rank 2] RuntimeError: rank 2 fails on the second host" in err, err
     assert "[rank 2] Traceback (most recent call last):" in err
     assert not re.search(r"\[rank [013]\]", err), err

@@ -16,7 +16,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 import mpitensor.nn as nn
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.errors import NotInitializedError
 from mpitensor.nn.parallel import (
     CommStats,

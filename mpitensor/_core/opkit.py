@@ -46,7 +46,7 @@ from mpitensor import dtypes as _dt
 from mpitensor import tensor as _tensor
 from mpitensor._core.devices import xp
 from mpitensor._core.promotion import can_cast
-from mpitensor.autograd import Function, bump_version, grad_enabled_for
+from mpitensor.autograd import ArrayFunction as Function, bump_version, grad_enabled_for
 from mpitensor.tensor import Tensor
 
 __all__ = [

@@ -32,7 +32,7 @@ from mpitensor._core.devices import (
 )
 from mpitensor._core.legacy_types import parse_type, type_name
 from mpitensor._core.opkit import NO_RECORD, tensor_methods, wrap
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 _ndarray = np.ndarray

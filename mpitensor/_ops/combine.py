@@ -25,7 +25,7 @@ from mpitensor._core.dims import wrap_dim
 from mpitensor._core.opkit import NO_RECORD, serve, tensor_methods, wrap
 from mpitensor._core.promotion import is_scalar, promote, result_type
 from mpitensor._ops.operators import NOT_OPERAND, fit_grad, operand
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 __all__ = ["cat", "concat", "stack", "where", "allclose", "equal"]

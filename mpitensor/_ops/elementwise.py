@@ -33,7 +33,7 @@ from mpitensor._core.opkit import NO_RECORD, run, run_view, tensor_methods, wrap
 from mpitensor._core.promotion import result_type
 from mpitensor._ops.operators import fit_grad
 from mpitensor._ops.views import Alias
-from mpitensor.autograd import Function, apply_inplace, bump_version, inplace_recorded, write_into
+from mpitensor.autograd import ArrayFunction as Function, apply_inplace, bump_version, inplace_recorded, write_into
 from mpitensor.tensor import Tensor
 
 _grad_mode = _autograd._mode

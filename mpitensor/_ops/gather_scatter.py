@@ -32,7 +32,7 @@ from mpitensor._core.opkit import NO_RECORD, run, run_inplace, tensor_methods, w
 from mpitensor._core.promotion import is_scalar
 from mpitensor._ops.indexing import scatter_add_into
 from mpitensor._ops.operators import fit_grad
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 _grad_mode = _autograd._mode

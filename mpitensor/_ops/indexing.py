@@ -32,7 +32,7 @@ from mpitensor import dtypes as _dt
 from mpitensor._core.devices import move, xp
 from mpitensor._core.opkit import NO_RECORD, replay, sum_to, tensor_methods, wrap
 from mpitensor.autograd import (
-    Function,
+    ArrayFunction as Function,
     apply_inplace,
     bump_version,
     inplace_recorded,

@@ -48,7 +48,7 @@ from mpitensor._core.opkit import (
     wrap,
 )
 from mpitensor._ops.operators import fit_grad
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 _grad_mode = _autograd._mode

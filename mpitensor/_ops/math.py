@@ -60,7 +60,7 @@ from mpitensor._ops.operators import (
     operand,
 )
 from mpitensor._ops.views import Alias
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 _grad_mode = _autograd._mode

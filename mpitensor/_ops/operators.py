@@ -34,7 +34,7 @@ from mpitensor._core import half as _half
 from mpitensor._core.devices import device_str, is_cupy, same_device, xp
 from mpitensor._core.opkit import sum_to, tensor_methods, wrap
 from mpitensor._core.promotion import can_cast, is_scalar, result_type, true_divide_dtype
-from mpitensor.autograd import Function, apply_inplace, bump_version, inplace_recorded
+from mpitensor.autograd import ArrayFunction as Function, apply_inplace, bump_version, inplace_recorded
 from mpitensor.tensor import Tensor, _new
 
 _ndarray = np.ndarray

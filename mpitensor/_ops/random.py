@@ -515,7 +515,7 @@ def _normal01(t: Tensor, generator: Any) -> Any:
                   lambda rng: rng.standard_normal(x.shape, fdt))
 
 
-class _Overwrite(_autograd.Function):
+class _Overwrite(_autograd.ArrayFunction):
     """A tensor's elements replaced by ``values`` (a random fill): the old value gets a zero
     gradient, as in torch."""
 
@@ -798,7 +798,7 @@ def normal(mean: Any = 0.0, std: Any = 1.0, size: Any = None, *, generator: Any 
     return _DrawnWith.apply(mean, std, vals)
 
 
-class _DrawnWith(_autograd.Function):
+class _DrawnWith(_autograd.ArrayFunction):
     """Numbers drawn with tensor parameters: like torch, the parameters get a zero gradient
     (the draw is not reparameterized; write ``mean + std * randn_like(mean)`` for that)."""
 

@@ -35,7 +35,7 @@ from mpitensor._core.dims import axes, wrap_dim
 from mpitensor._core.opkit import run, tensor_methods, wrap
 from mpitensor._core.promotion import sum_dtype
 from mpitensor._ops.operators import NOT_OPERAND, binary, operand
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 _INT64 = _dt.int64

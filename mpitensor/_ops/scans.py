@@ -28,7 +28,7 @@ from mpitensor._core.opkit import run, run_inplace, tensor_methods, wrap
 from mpitensor._core.promotion import sum_dtype
 from mpitensor._ops.gather_scatter import gather_along
 from mpitensor._ops.reductions import return_types_repr
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 DTypeLike = Any

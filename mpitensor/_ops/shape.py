@@ -34,7 +34,7 @@ from mpitensor._ops.combine import cat, stack
 from mpitensor._ops.create import dtype_or
 from mpitensor._ops.gather_scatter import IndexSelect
 from mpitensor._ops.indexing import scatter_add_into
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 _INT64 = _dt.int64

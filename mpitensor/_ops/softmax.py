@@ -22,7 +22,7 @@ from mpitensor._core.devices import xp
 from mpitensor._core.dims import wrap_dim
 from mpitensor._core.half import computes_in_float32
 from mpitensor._core.opkit import run, tensor_methods
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 DTypeLike = Any

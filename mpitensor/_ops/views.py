@@ -31,7 +31,7 @@ from mpitensor import dtypes as _dt
 from mpitensor._core.devices import xp
 from mpitensor._core.dims import infer_shape, keyword_form, need_dims, size_from, wrap_dim
 from mpitensor._core.opkit import run, run_view, sum_to, tensor_methods, wrap
-from mpitensor.autograd import Function, version_cell
+from mpitensor.autograd import ArrayFunction as Function, version_cell
 from mpitensor.tensor import Tensor
 
 _ndarray = np.ndarray

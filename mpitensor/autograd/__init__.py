@@ -1,10 +1,11 @@
 """Reverse-mode automatic differentiation: graph nodes, the backward engine and grad mode.
 
-Every differentiable operation is a :class:`Function` subclass with a ``forward`` and a
-``backward`` side by side. Both work on raw arrays (``numpy.ndarray`` or ``cupy.ndarray``), never on
+Every differentiable operation of mpitensor is an :class:`ArrayFunction` subclass with a
+``forward`` and a ``backward`` side by side. Both work on raw arrays (``numpy.ndarray`` or ``cupy.ndarray``), never on
 Tensors, so the engine adds one small object per recorded operation and nothing else. Array
 modules are taken from the inputs (``backend.array_module``); no op imports NumPy or CuPy to
-compute.
+compute. A program's own operations subclass :class:`Function`, torch's
+``torch.autograd.Function``, whose forward and backward see Tensors.
 
 The graph is made of nodes (one per recorded op, the ``grad_fn`` of its output) and leaves
 (tensors with ``requires_grad=True`` and no ``grad_fn``). :func:`backward` counts, for every node
@@ -22,7 +23,8 @@ the view's base (:class:`_CopySlices`) and of the base's other live views (:clas
 
 =============  ===============================================================================
 ``grad_mode``  whether ops are recorded: ``no_grad``, ``enable_grad``, ``set_grad_enabled``, ...
-``function``   :class:`Function` (an op's forward and backward) and :class:`Node` (a recorded op)
+``function``   :class:`ArrayFunction` (an op's forward and backward), :class:`Node` (a recorded op),
+               and torch's :class:`Function` for user code, its ``ctx``, ``once_differentiable``
 ``_versions``  version counters and the links between views and their base
 ``_inplace``   recording in-place ops (:func:`apply_inplace`) and rewiring views' graphs
 ``_engine``    :func:`backward`: running the graph, accumulating ``.grad``, hooks
@@ -55,7 +57,7 @@ from ._engine import (
 )
 from ._inplace import apply_inplace, inplace_recorded, leaf_in_place_error, write_into
 from ._versions import bump_version, link_view, storage, version_cell
-from .function import _NO_RECORD, Function, Node
+from .function import _NO_RECORD, ArrayFunction, Function, FunctionCtx, Node, once_differentiable
 from .grad_mode import (
     _mode,
     enable_grad,
@@ -67,7 +69,10 @@ from .grad_mode import (
 )
 
 __all__ = [
+    "ArrayFunction",
     "Function",
+    "FunctionCtx",
+    "once_differentiable",
     "backward",
     "grad_enabled_for",
     "no_grad",

@@ -11,7 +11,7 @@ import numpy as np
 
 from mpitensor._core.devices import xp as _xp
 
-from .function import SECOND_BACKWARD, Node
+from .function import SECOND_BACKWARD, Node, _sum_to
 from .grad_mode import _mode
 
 # The Tensor class and its fast wrapper, set by mpitensor.autograd._bind_tensor once
@@ -22,18 +22,6 @@ _new: Any = None
 
 # --------------------------------------------------------------------------------------------
 # The engine
-
-
-def _sum_to(g: Any, shape: tuple) -> Any:
-    """Sum a broadcast gradient back down to ``shape``."""
-    if g.shape == shape:
-        return g
-    extra = g.ndim - len(shape)
-    axes = tuple(range(extra)) + tuple(
-        i + extra for i, n in enumerate(shape) if n == 1 and g.shape[i + extra] != 1
-    )
-    g = g.sum(axis=axes, keepdims=True) if axes else g
-    return g.reshape(shape)
 
 
 def _leaf_grad(t: Any, g: Any) -> Any:

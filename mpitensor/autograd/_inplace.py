@@ -12,7 +12,7 @@ import numpy as np
 from mpitensor._core.devices import xp as _xp
 
 from ._versions import bump_version, note_versions, storage, storage_key, version_cell
-from .function import Function, Node, _edges
+from .function import ArrayFunction as Function, Node, _edges
 
 _ndarray = np.ndarray
 _object_new = object.__new__

@@ -38,7 +38,7 @@ def _solve_lower(xp: Any, L: Any, B: Any) -> Any:  # noqa: N803 - matrices
     return xp.linalg.solve(L, B)
 
 
-class _Cholesky(_autograd.Function):
+class _Cholesky(_autograd.ArrayFunction):
     """``L`` with ``A = L L^T``; the gradient is symmetrised, as for a symmetric input."""
 
     @staticmethod
@@ -64,7 +64,7 @@ class _Cholesky(_autograd.Function):
         return (0.5 * (S + _mT(xp, S)),)
 
 
-class _SolveLower(_autograd.Function):
+class _SolveLower(_autograd.ArrayFunction):
     """``X = L^-1 B`` for a lower triangular ``L`` (batched, broadcast)."""
 
     @staticmethod

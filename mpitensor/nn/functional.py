@@ -41,7 +41,7 @@ from mpitensor._base.parallel import one_thread as one_blas_thread
 from mpitensor._core import autocast as _autocast
 from mpitensor._core import half as _half
 from mpitensor._ops.random import _draw
-from mpitensor.autograd import Function, grad_enabled_for
+from mpitensor.autograd import ArrayFunction as Function, grad_enabled_for
 from mpitensor.tensor import Tensor, _new, leaf_in_place_error
 
 from . import _kernels as K

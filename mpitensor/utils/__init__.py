@@ -1,4 +1,5 @@
-"""torch-style paths: ``mpitensor.utils.data`` is :mod:`mpitensor.data`.
+"""torch-style paths: ``mpitensor.utils.data`` is :mod:`mpitensor.data`;
+``mpitensor.utils.checkpoint`` is activation checkpointing.
 
 Example:
     >>> from mpitensor.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -6,6 +7,6 @@ Example:
 
 from __future__ import annotations
 
-from . import data
+from . import checkpoint, data
 
-__all__ = ["data"]
+__all__ = ["checkpoint", "data"]

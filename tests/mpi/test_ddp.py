@@ -25,7 +25,7 @@ import mpitensor as mt
 import mpitensor.distributed as dist
 import mpitensor.nn as nn
 import mpitensor.nn.functional as F  # noqa: N812 - torch's spelling
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.backend import array_module
 from mpitensor.models import LeNet
 from mpitensor.nn.parallel import (

@@ -20,7 +20,7 @@ from mpitensor._core.dims import wrap_dim
 from mpitensor._core.opkit import tensor_methods, wrap
 from mpitensor._ops.cast import to_args
 from mpitensor._ops.create import layout, strided
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Size, Tensor
 
 __all__ = ["SparseTensor", "sparse_coo", "sparse_coo_tensor", "sparse_csr"]

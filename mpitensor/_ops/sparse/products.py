@@ -13,7 +13,7 @@ from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._core.opkit import methods_of
 from mpitensor._ops.sparse.coo import Gather, SparseTensor, add_at, is_sparse_tensor, refusal
-from mpitensor.autograd import Function, grad_enabled_for
+from mpitensor.autograd import ArrayFunction as Function, grad_enabled_for
 from mpitensor.tensor import Tensor
 
 __all__ = ["dsmm", "hsmm", "hspmm", "smm", "spmm"]

@@ -33,7 +33,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from mpitensor import backend as _backend
 from mpitensor._ops import combine as _combining
-from mpitensor.autograd import Function, grad_enabled_for
+from mpitensor.autograd import ArrayFunction as Function, grad_enabled_for
 from mpitensor.tensor import Tensor
 
 from .. import _pg, get_rank, get_world_size

@@ -18,7 +18,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import mpitensor.distributed as dist
 from mpitensor import backend as _backend
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.nn.parameter import Parameter
 from mpitensor.tensor import Size, Tensor, as_tensor, ones_like
 

@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import mpitensor.distributed as dist
 from mpitensor import backend as _backend
-from mpitensor.autograd import Function, is_grad_enabled
+from mpitensor.autograd import ArrayFunction as Function, is_grad_enabled
 from mpitensor.autograd import function as _function
 from mpitensor.tensor import Tensor
 

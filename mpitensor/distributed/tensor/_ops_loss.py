@@ -22,7 +22,7 @@ import numpy as np
 
 import mpitensor.distributed as dist
 import mpitensor.nn.functional as F  # noqa: N812 - torch's spelling
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import tensor as _tensor
 from mpitensor.tensor import where, zeros_like
 

@@ -35,7 +35,7 @@ import numpy as np
 import mpitensor.distributed as dist
 from mpitensor import backend as _backend
 from mpitensor._base import workspace as _workspace
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 
 from ..device_mesh import DeviceMesh
 from ._blocks import gather_dim, scatter_dim

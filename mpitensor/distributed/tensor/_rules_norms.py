@@ -31,7 +31,7 @@ import mpitensor.distributed as dist
 from mpitensor import backend as _backend
 from mpitensor._ops.norms import matrix_norm as _local_matrix_norm
 from mpitensor._ops.norms import vector_norm as _local_vector_norm
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 
 from ._dispatch import OpCall, Sharding, register_sharding_rule
 from ._redistribute import avg_factor, redistribute_array

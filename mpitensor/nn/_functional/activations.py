@@ -30,7 +30,7 @@ import numpy as np
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._ops.random import _draw
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor, _new
 
 from ..._ops.special import erf  # NumPy has none; one implementation for the package

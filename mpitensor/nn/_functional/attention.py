@@ -33,7 +33,7 @@ from mpitensor._core import autocast as _autocast
 from mpitensor._core import half as _half
 from mpitensor._ops.combine import cat
 from mpitensor._ops.random import _draw
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor, _new
 
 from .checks import as_tensor, check_float, quiet, shape_str, xp_of

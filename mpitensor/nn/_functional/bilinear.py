@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpitensor._core import half as _half
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 from .checks import as_tensor, check_float, dtype_name, shape_str

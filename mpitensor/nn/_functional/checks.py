@@ -25,7 +25,7 @@ from mpitensor import dtypes as _dt
 from mpitensor._core import half as _half
 from mpitensor._core.promotion import promote
 from mpitensor._ops.math import run_inplace  # noqa: F401 - the one in-place runner, nn's kit
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor, _new
 
 REDUCTIONS = ("mean", "sum", "none")

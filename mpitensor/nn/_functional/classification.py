@@ -13,7 +13,7 @@ import numpy as np
 
 from mpitensor._core import autocast as _autocast
 from mpitensor._core import half as _half
-from mpitensor.autograd import Function, _sum_to, grad_enabled_for
+from mpitensor.autograd import ArrayFunction as Function, _sum_to, grad_enabled_for
 from mpitensor.tensor import Tensor
 
 from .. import _kernels as K

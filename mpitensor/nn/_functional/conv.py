@@ -11,7 +11,7 @@ from typing import Any, Callable, Union
 from mpitensor._base.parallel import one_thread as one_blas_thread
 from mpitensor._core import autocast as _autocast
 from mpitensor._core import half as _half
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 from .. import _kernels as K

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mpitensor._core import half as _half
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 from .checks import (

@@ -27,7 +27,7 @@ import numpy as np
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._ops.random import _draw
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 from .activations import SELU_ALPHA, SELU_SCALE

@@ -27,7 +27,7 @@ import numpy as np
 from mpitensor import dtypes as _dt
 from mpitensor._core import half as _half
 from mpitensor._ops.sparse import SparseGrad
-from mpitensor.autograd import Function, bump_version
+from mpitensor.autograd import ArrayFunction as Function, bump_version
 from mpitensor.tensor import Tensor, _new
 
 from .checks import arr, as_tensor, check_float, dtype_name, shape_str, xp_of

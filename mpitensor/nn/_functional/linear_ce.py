@@ -32,7 +32,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mpitensor import dtypes as _dt
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 from .checks import as_tensor, xp_of

@@ -28,7 +28,7 @@ import numpy as np
 from mpitensor import dtypes as _dt
 from mpitensor._core import autocast as _autocast
 from mpitensor._core import half as _half
-from mpitensor.autograd import Function, grad_enabled_for
+from mpitensor.autograd import ArrayFunction as Function, grad_enabled_for
 from mpitensor.tensor import Tensor
 
 from .activations import logsigmoid

@@ -8,7 +8,7 @@ import numbers
 from typing import Any
 
 from mpitensor._core import autocast as _autocast
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor, _new
 
 from .. import _kernels as K

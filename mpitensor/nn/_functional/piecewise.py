@@ -26,7 +26,7 @@ from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._core import autocast as _autocast
 from mpitensor._ops.random import _draw
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 from .activations import (

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from mpitensor import dtypes as _dt
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor, _new
 
 from .checks import (

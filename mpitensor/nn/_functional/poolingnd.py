@@ -26,7 +26,7 @@ import numpy as np
 
 from mpitensor import dtypes as _dt
 from mpitensor._core import autocast as _autocast
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor, _new
 
 from .checks import as_tensor, check_float, is_int, scatter_add_flat, shape_str, xp_of

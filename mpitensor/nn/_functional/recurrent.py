@@ -33,7 +33,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from mpitensor import backend as _backend
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 
 __all__ = ["RecurrentLayer", "GATES", "PackedToPadded", "PaddedToPacked", "padded_rows"]
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from mpitensor import dtypes as _dt
 from mpitensor._core import half as _half
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 from .checks import as_tensor, check_float, is_int, shape_str, sum_to, xp_of

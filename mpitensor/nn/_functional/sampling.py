@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor, _new
 
 from .checks import as_tensor, check_float, scatter_add_flat, shape_str, xp_of

@@ -30,7 +30,7 @@ import numpy as np
 
 import mpitensor.distributed as dist
 from mpitensor._base.workspace import xp_of
-from mpitensor.autograd import Function
+from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor
 
 from .._kernels import norm as NK

@@ -50,6 +50,8 @@ class _LoadPlan:
             own = dict(module._persistent_state())
             for name, current in own.items():
                 plan._match(module, name, current, path + name, state_dict)
+            if getattr(module, "_transparent_child", None) in module._modules:
+                continue  # a wrapper: the keys at its path are its child's
             plan.unexpected += [key for key, rest in arriving.get(path, ()) if rest not in own]
         return plan
 
@@ -108,7 +110,9 @@ def _walk_with_paths(root: Any) -> Iterator[tuple]:
     while pending:
         path, module = pending.pop()
         yield path, module
-        children = [(f"{path}{n}.", c) for n, c in module._modules.items() if c is not None]
+        through = getattr(module, "_transparent_child", None)  # a wrapper's: no name of its own
+        children = [(path if n == through else f"{path}{n}.", c)
+                    for n, c in module._modules.items() if c is not None]
         pending.extend(reversed(children))
 
 
@@ -121,7 +125,13 @@ def _keys_by_owner(root: Any, state_dict: Mapping) -> dict:
     owners: dict = {}
     for key in state_dict:
         module, path, rest = root, "", key
-        while module is not None and "." in rest:
+        while module is not None:
+            through = getattr(module, "_transparent_child", None)
+            if through in module._modules:  # a wrapper: its child's keys carry no name for it
+                module = module._modules[through]
+                continue
+            if "." not in rest:
+                break
             head, tail = rest.split(".", 1)
             if head not in module._modules:
                 break

@@ -669,10 +669,11 @@ class Module:
         out = OrderedDict() if destination is None else destination
         for name, tensor in self._persistent_state():
             out[prefix + name] = tensor if keep_vars else tensor.detach()
+        through = getattr(self, "_transparent_child", None)  # a wrapper's: no name of its own
         for name, child in self._modules.items():
             if child is not None:  # children may override state_dict, so ask each one
-                child.state_dict(destination=out, prefix=f"{prefix}{name}.",
-                                 keep_vars=keep_vars)
+                child.state_dict(destination=out, prefix=prefix if name == through else
+                                 f"{prefix}{name}.", keep_vars=keep_vars)
         return out
 
     def load_state_dict(
