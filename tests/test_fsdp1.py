@@ -125,6 +125,51 @@ def test_prefetch_switches_reach_the_units():
         assert all(p.grad is not None for p in m.parameters())
 
 
+def _backward_events(backward_prefetch, monkeypatch):
+    """(event, unit index, async) of every gather and reduction in one backward of a
+    3-Linear model wrapped per Linear."""
+    from mpitensor.distributed.fsdp._group import ShardedGroup
+
+    mt.manual_seed(0)
+    model = FSDP(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(),
+                               nn.Linear(4, 2)),
+                 auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+                 backward_prefetch=backward_prefetch)
+    groups = [m.module._fsdp_state.group for m in FSDP.fsdp_modules(model)[1:]]
+    events = []
+    gather, reduce = ShardedGroup.start_gather, ShardedGroup.start_reduce
+
+    def start_gather(self, async_op):
+        if self in groups and not self.is_unsharded and self._gather is None:
+            events.append(("gather", groups.index(self), async_op))
+        return gather(self, async_op)
+
+    def start_reduce(self):
+        events.append(("reduce", groups.index(self), None))
+        return reduce(self)
+
+    loss = model(mt.ones(2, 3)).sum()
+    monkeypatch.setattr(ShardedGroup, "start_gather", start_gather)
+    monkeypatch.setattr(ShardedGroup, "start_reduce", start_reduce)
+    try:
+        loss.backward()
+    finally:
+        monkeypatch.undo()
+    return events
+
+
+def test_backward_prefetch_pre_post_and_none(monkeypatch):
+    """PRE: the unit before starts gathering (asynchronously) when a unit's backward starts,
+    before its reduction; POST: right after its reduction; None: only when its own backward
+    needs it (a blocking gather)."""
+    pre = _backward_events(BackwardPrefetch.BACKWARD_PRE, monkeypatch)
+    assert pre[:3] == [("gather", 2, False), ("gather", 1, True), ("reduce", 2, None)], pre
+    post = _backward_events(BackwardPrefetch.BACKWARD_POST, monkeypatch)
+    assert post[:3] == [("gather", 2, False), ("reduce", 2, None), ("gather", 1, True)], post
+    none = _backward_events(None, monkeypatch)
+    assert none[:3] == [("gather", 2, False), ("reduce", 2, None), ("gather", 1, False)], none
+
+
 class _WithNorm(nn.Module):
     def __init__(self):
         super().__init__()
