@@ -188,6 +188,27 @@ def test_mixed_precision_computes_in_float32(name):
     np.testing.assert_allclose(got, _ddp_losses(name, "float64"), rtol=RTOL["float32"])
 
 
+def test_bfloat16_policy_is_fully_shards_mixed_precision():
+    """The T5 example's bfSixteen-style policy (bfloat16 compute, float32 reduction) gives,
+    bit for bit, the losses of fully_shard with the same MixedPrecisionPolicy on the same
+    units, and outputs stay bfloat16 (FSDP1 casts no output)."""
+    from mpitensor.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = MixedPrecision(param_dtype=mt.bfloat16, reduce_dtype=mt.float32)
+    model = FSDP(_model("cnn"), auto_wrap_policy=POLICIES["cnn"], mixed_precision=mp)
+    assert model(_data("cnn", 0, "float32")[0]).dtype == mt.bfloat16
+    model = FSDP(_model("cnn"), auto_wrap_policy=POLICIES["cnn"], mixed_precision=mp)
+    twin = _model("cnn")
+    policy = MixedPrecisionPolicy(param_dtype=mt.bfloat16, reduce_dtype=mt.float32)
+    for m in (twin.conv2, twin.fc1, twin.fc2, twin):
+        fully_shard(m, mp_policy=policy)
+    got, _ = _train("cnn", model, "float32", steps=5)
+    want, _ = _train("cnn", twin, "float32", steps=5)
+    assert got == want
+    assert all(p.dtype == mt.float32 and p.grad.dtype == mt.float32
+               for p in model.parameters())
+
+
 def test_process_groups_instead_of_a_mesh():
     """HYBRID_SHARD over ``process_group=(shard_group, replicate_group)`` and FULL_SHARD over
     a group given as such train as DDP."""
