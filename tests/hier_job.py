@@ -96,6 +96,15 @@ def _one(g, comm: MPI.Comm, dt: np.dtype, op: ReduceOp, n: int, seed: int, how: 
     elif how == "async":
         work = dist.all_reduce(mine, op=op, group=g, async_op=True)
         work.wait()
+    elif how.startswith("into"):  # the group's all_reduce out of place: the input kept
+        src = mine if how == "into" else np.zeros(2 * n, dt)
+        if how != "into":  # a strided input and output: the general path
+            src[::2] = mine
+            src = src[::2]
+        out = np.zeros((n, 2), dt)[:, 0] if how != "into" else np.empty_like(mine)
+        g.all_reduce_into(out, src, op)
+        assert np.array_equal(src, parts[rank]), "the input of all_reduce_into changed"
+        mine = np.ascontiguousarray(out)
     else:
         dist.all_reduce(mine, op=op, group=g)
     what = f"{dt} {op} n={n} {how}"
@@ -166,7 +175,7 @@ def check(even: bool) -> None:
             seed += 1
             _one(g, comm, np.dtype(dt), op, n, seed, "plain")
             expected += n >= 2 or not even  # the split needs an element per local rank
-    for how in ("tensor", "strided", "async"):
+    for how in ("tensor", "strided", "async", "into", "into strided"):
         for n in (5, 40001):
             seed += 1
             _one(g, comm, np.dtype(np.float64), ReduceOp.SUM, n, seed, how)
