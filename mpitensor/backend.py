@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from mpitensor._base import gpu_memory as _gpu_memory
+from mpitensor._base import meta_shapes as _meta_shapes
 
 __all__ = [
     "device",
@@ -105,10 +106,11 @@ def is_array(x: Any) -> bool:
 
 
 def array_module(x: Any) -> Any:
-    """Return ``numpy`` or ``cupy``: the module that owns array ``x``."""
+    """Return ``numpy`` or ``cupy``: the module that owns array ``x`` (for a meta array,
+    NumPy whose array makers make meta arrays: :data:`META_NUMPY`)."""
     if is_cupy_array(x):
         return get_cupy()
-    return np
+    return META_NUMPY if isinstance(x, MetaArray) else np
 
 
 class _BadDeviceError(ValueError, RuntimeError):
@@ -232,34 +234,197 @@ def set_default_device(dev: Union[str, "device", int, None]) -> None:
 
 META = device("meta")
 
+
+def _refused(what: str) -> Any:
+    """A method that gives a value out, on a meta array: it raises."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(_no_meta_values(what))
+
+    method.__name__ = what
+    return method
+
+
 class MetaArray(np.ndarray):
     """The meta device's arrays: a shape and a dtype without storage (every element is one
-    shared slot). Views (reshape, transpose, indexing) stay meta, as in torch; arithmetic
-    on them is refused, since there are no values to compute with (torch computes shapes
-    only; here the op raises rather than return numbers that mean nothing)."""
+    shared slot, all strides 0). Views (reshape, transpose, basic indexing) stay meta, as in
+    torch; every other NumPy operation on one (ufuncs, NumPy's functions, the array methods)
+    gives a meta array of the shape and dtype NumPy would give, worked out by
+    :mod:`mpitensor._base.meta_shapes` without computing values or allocating the result.
+    Values never come out: ``item``, ``tolist``, ``tobytes``, ``bool``, ``float``... raise
+    ``NotImplementedError``."""
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(_no_meta_values(ufunc.__name__))
-
-    def item(self, *args: Any) -> Any:
-        raise NotImplementedError(_no_meta_values("item()"))
-
-    def tolist(self) -> Any:
-        raise NotImplementedError(_no_meta_values("tolist()"))
-
-    def tobytes(self, order: str = "C") -> bytes:
-        raise NotImplementedError(_no_meta_values("tobytes()"))
+        out = kwargs.get("out") or ()
+        specs = _meta_shapes.ufunc_specs(ufunc, method, inputs, kwargs)
+        if method == "at":
+            _writes_meta(inputs[0], f"{ufunc.__name__}.at")
+            return None
+        made = []
+        for i, spec in enumerate(specs):
+            o = out[i] if i < len(out) else None
+            if o is not None:
+                _writes_meta(o, ufunc.__name__)
+            made.append(o if o is not None else meta_array(*spec))
+        return made[0] if len(made) == 1 else tuple(made)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        if func.__name__ in _META_VIEWS:  # a new shape over the same (absent) values
-            return super().__array_function__(func, types, args, kwargs)
-        raise NotImplementedError(_no_meta_values(func.__name__))
+        if func in _meta_shapes.VIEWS or func in _meta_shapes.THROUGH:
+            return _kept_meta(super().__array_function__(func, types, args, kwargs))
+        rule = _meta_shapes.function_rule(func)
+        if rule is None:
+            raise NotImplementedError(
+                f"numpy.{func.__name__} on a meta tensor: there is no shape rule for it "
+                f"(mpitensor/_base/meta_shapes.py); compute on a real device")
+        spec = rule(*args, **kwargs)
+        if func is np.copyto or func is np.put_along_axis:
+            _writes_meta(args[0], func.__name__)
+            return None
+        out = kwargs.get("out")
+        if out is not None:
+            _writes_meta(out, func.__name__)
+            return out
+        return _made(spec)
+
+    # values out: refused
+    item = _refused("item()")
+    tolist = _refused("tolist()")
+    tobytes = _refused("tobytes()")
+    tofile = _refused("tofile()")
+    __bool__ = _refused("bool()")
+    __float__ = _refused("float()")
+    __int__ = _refused("int()")
+    __complex__ = _refused("complex()")
+    __index__ = _refused("an index")
+
+    def __repr__(self) -> str:
+        return f"MetaArray(shape={tuple(self.shape)}, dtype={self.dtype})"
+
+    __str__ = __repr__
+
+    # the methods that NumPy computes in C without asking __array_ufunc__/__array_function__
+    def __getitem__(self, index: Any) -> Any:
+        idx = index if isinstance(index, tuple) else (index,)
+        if all(i is None or i is Ellipsis or isinstance(i, (slice, int, np.integer))
+               and not isinstance(i, (bool, np.bool_)) for i in idx):
+            return super().__getitem__(index)  # basic indexing: a view, still meta
+        return meta_array(_meta_shapes.index_shape(self.shape, idx), self.dtype)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        idx = index if isinstance(index, tuple) else (index,)
+        target = _meta_shapes.index_shape(self.shape, idx)
+        _meta_shapes._check_fits(np.shape(value), target, "setitem")  # no values to write
+
+    def astype(self, dtype: Any, order: str = "K", casting: str = "unsafe", subok: bool = True,
+               copy: bool = True) -> np.ndarray:
+        dt = np.dtype(dtype)
+        if not np.can_cast(self.dtype, dt, casting):
+            raise TypeError(f"Cannot cast array data from {self.dtype!r} to {dt!r} according "
+                            f"to the rule {casting!r}")
+        return self if not copy and dt == self.dtype else meta_array(self.shape, dt)
+
+    def copy(self, order: str = "C") -> np.ndarray:
+        return meta_array(self.shape, self.dtype)
+
+    def __copy__(self) -> np.ndarray:
+        return meta_array(self.shape, self.dtype)
+
+    def __deepcopy__(self, memo: Any) -> np.ndarray:
+        return meta_array(self.shape, self.dtype)
+
+    def __reduce__(self) -> tuple:
+        return meta_array, (tuple(self.shape), self.dtype.str if self.dtype.names is None
+                            else self.dtype)
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        return self.__reduce__()
+
+    def flatten(self, order: str = "C") -> np.ndarray:
+        return meta_array((self.size,), self.dtype)
+
+    def ravel(self, order: str = "C") -> np.ndarray:
+        return meta_array((self.size,), self.dtype)
+
+    def view(self, *args: Any, **kwargs: Any) -> Any:
+        dtype = kwargs.get("dtype", args[0] if args else None)
+        if dtype is None or isinstance(dtype, type) and issubclass(dtype, np.ndarray):
+            return super().view(*args, **kwargs)
+        dt = np.dtype(dtype)
+        if dt.itemsize == self.dtype.itemsize:
+            return super().view(dt)
+        if not self.ndim or (self.shape[-1] * self.dtype.itemsize) % dt.itemsize:
+            raise ValueError("To change to a dtype of a different size, the last axis must "
+                             "be contiguous and fit the new dtype's size")
+        last = self.shape[-1] * self.dtype.itemsize // dt.itemsize
+        return meta_array(self.shape[:-1] + (last,), dt)
+
+    def dot(self, b: Any, out: Any = None) -> Any:
+        return np.dot(self, b, out=out)
+
+    def take(self, indices: Any, axis: Any = None, out: Any = None, mode: str = "raise") -> Any:
+        return np.take(self, indices, axis=axis, out=out, mode=mode)
+
+    def repeat(self, repeats: Any, axis: Any = None) -> Any:
+        return np.repeat(self, repeats, axis=axis)
+
+    def argmax(self, axis: Any = None, out: Any = None, *, keepdims: bool = False) -> Any:
+        return np.argmax(self, axis=axis, out=out, keepdims=keepdims)
+
+    def argmin(self, axis: Any = None, out: Any = None, *, keepdims: bool = False) -> Any:
+        return np.argmin(self, axis=axis, out=out, keepdims=keepdims)
+
+    def argsort(self, axis: Any = -1, kind: Any = None, order: Any = None, **kw: Any) -> Any:
+        return np.argsort(self, axis=axis, kind=kind, order=order, **kw)
+
+    def searchsorted(self, v: Any, side: str = "left", sorter: Any = None) -> Any:
+        return np.searchsorted(self, v, side=side, sorter=sorter)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        return np.trace(self, *args, **kwargs)
+
+    def sort(self, axis: Any = -1, kind: Any = None, order: Any = None, **kw: Any) -> None:
+        """In place: there are no values to order."""
+
+    def fill(self, value: Any) -> None:
+        """In place: there are no values to set."""
+
+    def put(self, *args: Any, **kwargs: Any) -> None:
+        """In place: there are no values to set."""
+
+    def nonzero(self) -> Any:
+        raise NotImplementedError(
+            "nonzero() on a meta tensor: the result's size depends on values, which a meta "
+            "tensor has none of")
+
+    def partition(self, *args: Any, **kwargs: Any) -> None:
+        """In place: there are no values to order."""
+
+    def compress(self, *args: Any, **kwargs: Any) -> Any:
+        return self.nonzero()
 
 
-# NumPy's functions that give a view with another shape: meta in, meta out
-_META_VIEWS = frozenset({
-    "reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze", "broadcast_to",
-    "atleast_1d", "atleast_2d", "atleast_3d", "shape", "ndim", "size", "result_type"})
+def _writes_meta(dst: Any, what: str) -> None:
+    """Refuse to write a meta result into an array with storage (it would get no values)."""
+    if not isinstance(dst, MetaArray):
+        raise NotImplementedError(
+            f"{what}: a result computed from meta tensors cannot be written into an array "
+            f"with storage (it has no values); make the destination on the meta device too")
+
+
+def _made(spec: Any) -> Any:
+    if isinstance(spec, list):
+        return tuple(_made(s) for s in spec)
+    return meta_array(*spec)
+
+
+def _kept_meta(r: Any) -> Any:
+    """A NumPy function's result on meta arrays: its arrays, meta (a view NumPy built as a
+    base-class array over the shared slot is one)."""
+    if isinstance(r, MetaArray) or not isinstance(r, (np.ndarray, list, tuple)):
+        return r
+    if isinstance(r, (list, tuple)):
+        return type(r)(_kept_meta(x) for x in r)
+    return meta_array(r.shape, r.dtype)
 
 
 def _no_meta_values(what: str) -> str:
@@ -274,6 +439,85 @@ def meta_array(shape: Any, dtype: Any) -> np.ndarray:
     shape = tuple(int(s) for s in shape)
     a = np.lib.stride_tricks.as_strided(slot, shape, (0,) * len(shape), writeable=True)
     return a.view(MetaArray)
+
+
+def _shape_arg(shape: Any) -> tuple:
+    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
+
+
+class _MetaStrideTricks:
+    """``numpy.lib.stride_tricks`` on the meta device."""
+
+    sliding_window_view = staticmethod(np.lib.stride_tricks.sliding_window_view)
+
+    @staticmethod
+    def as_strided(x: Any, shape: Any = None, strides: Any = None, **kwargs: Any) -> Any:
+        return meta_array(x.shape if shape is None else shape, x.dtype)
+
+
+class _MetaLib:
+    stride_tricks = _MetaStrideTricks()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np.lib, name)
+
+
+class _MetaNumpy:
+    """NumPy as a meta array's array module (``array_module``): its array makers (``zeros``,
+    ``empty``, ``full``, ``arange``, ``asarray``...) make meta arrays, as cupy's make arrays on
+    the GPU; every other name is NumPy's, which answers meta arrays with meta arrays."""
+
+    lib = _MetaLib()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    @staticmethod
+    def empty(shape: Any, dtype: Any = float, order: str = "C", **kwargs: Any) -> Any:
+        return meta_array(_shape_arg(shape), dtype)
+
+    zeros = ones = empty
+
+    @staticmethod
+    def full(shape: Any, fill_value: Any, dtype: Any = None, order: str = "C",
+             **kwargs: Any) -> Any:
+        return meta_array(_shape_arg(shape), dtype if dtype is not None
+                          else np.asarray(fill_value).dtype)
+
+    @staticmethod
+    def arange(*args: Any, dtype: Any = None, **kwargs: Any) -> Any:
+        start, stop, step = (0, args[0], 1) if len(args) == 1 else (tuple(args) + (1,))[:3]
+        n = max(0, int(np.ceil((stop - start) / step)))
+        return meta_array((n,), np.arange(start, start + step, step, dtype=dtype).dtype)
+
+    @staticmethod
+    def linspace(start: Any, stop: Any, num: int = 50, endpoint: bool = True,
+                 retstep: bool = False, dtype: Any = None, axis: int = 0) -> Any:
+        if retstep or np.ndim(start) or np.ndim(stop):
+            raise NotImplementedError("linspace with array ends or retstep on a meta tensor")
+        return meta_array((int(num),), dtype if dtype is not None else np.result_type(
+            start, stop, float))
+
+    @staticmethod
+    def eye(n: int, m: Any = None, k: int = 0, dtype: Any = float, **kwargs: Any) -> Any:
+        return meta_array((n, n if m is None else m), dtype)
+
+    @staticmethod
+    def identity(n: int, dtype: Any = float, **kwargs: Any) -> Any:
+        return meta_array((n, n), dtype)
+
+    @staticmethod
+    def asarray(a: Any, dtype: Any = None, order: Any = None, **kwargs: Any) -> Any:
+        if isinstance(a, MetaArray):
+            return a if dtype is None else a.astype(dtype, copy=False)
+        dt = np.dtype(dtype) if dtype is not None else np.asarray(a).dtype
+        return meta_array(np.shape(a), dt)
+
+    array = asanyarray = ascontiguousarray = asfortranarray = asarray
+
+
+#: NumPy for the meta device (see :class:`_MetaNumpy`).
+META_NUMPY = _MetaNumpy()
 
 
 def is_meta_array(x: Any) -> bool:

@@ -255,7 +255,8 @@ class Tensor:
         elif isinstance(data, Tensor):
             arr = data._data
         elif isinstance(data, _ndarray):
-            arr = data if type(data) is _ndarray else data.view(_ndarray)
+            keep = type(data) is _ndarray or isinstance(data, _backend.MetaArray)
+            arr = data if keep else data.view(_ndarray)
             _dt.to_dtype(arr.dtype)
         elif _backend.is_cupy_array(data):
             arr = data

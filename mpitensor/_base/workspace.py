@@ -163,5 +163,5 @@ def _inverse(order: tuple) -> tuple:
 
 
 def xp_of(x: Any) -> Any:
-    """The array module (numpy or cupy) of ``x``."""
-    return np if isinstance(x, np.ndarray) else _backend.array_module(x)
+    """The array module (numpy or cupy) of ``x`` (for a meta array, NumPy making meta arrays)."""
+    return np if type(x) is np.ndarray else _backend.array_module(x)

@@ -19,8 +19,9 @@ _ndarray = np.ndarray
 
 
 def xp(x: Any) -> Any:
-    """The array module (``numpy`` or ``cupy``) that computes on ``x``."""
-    return np if isinstance(x, _ndarray) else _backend.array_module(x)
+    """The array module (``numpy`` or ``cupy``) that computes on ``x`` (for a meta array,
+    NumPy whose array makers make meta arrays)."""
+    return np if type(x) is _ndarray else _backend.array_module(x)
 
 
 def is_cupy(x: Any) -> bool:
@@ -165,19 +166,21 @@ def create(dev: Optional[_backend.device], name: str, *args: Any, **kwargs: Any)
 
 
 def same_device(x: Any, y: Any) -> tuple:
-    """Two operands on one device; a host zero-dim array next to a GPU array acts as a number.
+    """Two operands on one device; a host zero-dim array next to a GPU or meta array acts as a
+    number.
 
     Raises:
-        RuntimeError: a host array with dimensions meets a GPU array.
+        RuntimeError: a host array with dimensions meets a GPU or meta array.
     """
     if not hasattr(x, "ndim") or not hasattr(y, "ndim"):  # a Python number goes anywhere
         return x, y
     xc, yc = is_cupy(x), is_cupy(y)
-    if xc == yc:
+    xm, ym = _meta(x), _meta(y)
+    if xc == yc and xm == ym:
         return x, y
-    if not yc and y.ndim == 0:
+    if not yc and not ym and y.ndim == 0:
         return x, y.item()
-    if not xc and x.ndim == 0:
+    if not xc and not xm and x.ndim == 0:
         return x.item(), y
     raise RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, "

@@ -25,6 +25,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mpitensor import autograd as _autograd
+from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._core.devices import same_device, xp
 from mpitensor._core.dims import wrap_dim
@@ -52,8 +53,8 @@ def _index_of(index: Any, what: str) -> Any:
 
 def _check_bounds(idx: Any, n: int, what: str, negative: bool = False) -> None:
     """Refuse indices outside ``[0, n)`` (``[-n, n)`` where ``negative``)."""
-    if idx.size == 0:
-        return
+    if idx.size == 0 or _backend.is_meta_array(idx):
+        return  # meta indices have no values to check, as in torch
     lo, hi = int(idx.min()), int(idx.max())
     if hi >= n or lo < (-n if negative else 0):
         bad = hi if hi >= n else lo

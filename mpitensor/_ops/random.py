@@ -234,14 +234,37 @@ class _CupyDraws:
         return self.rs.poisson(lam, size=size)
 
 
+class _MetaDraws:
+    """The draws of :class:`_CupyDraws` on the meta device: arrays of the shape and dtype asked
+    for, and no numbers drawn."""
+
+    def random(self, shape: tuple, dtype: Any = np.float64) -> Any:
+        return _backend.meta_array(_dims(shape), dtype)
+
+    standard_normal = random
+
+    def integers(self, low: int, high: int, size: tuple, dtype: Any = np.int64) -> Any:
+        return _backend.meta_array(_dims(size), dtype)
+
+    def permutation(self, n: int) -> Any:
+        return _backend.meta_array((n,), np.int64)
+
+    def poisson(self, lam: Any, size: Any = None) -> Any:
+        return _backend.meta_array(np.shape(lam) if size is None else _dims(size), np.int64)
+
+
+def _dims(shape: Any) -> tuple:
+    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
+
+
 def _drawn(generator: Any, device: Any, draw: Any, meta: Any = None) -> Any:
     """``draw(rng)`` on the generator's side, the result on ``device``: a mpitensor generator
     draws on the GPU for a CUDA device (its CuPy state there), anything else on the host. On
     the meta device, given the result's ``meta = (shape, dtype)``, nothing is drawn (as in
     torch: the generator's state is left alone)."""
     dev = factory_device(device)
-    if meta is not None and dev is not None and dev.type == "meta":
-        return _backend.meta_array(*meta)
+    if dev is not None and dev.type == "meta":
+        return _backend.meta_array(*meta) if meta is not None else draw(_MetaDraws())
     gen = _gen(generator)
     if not is_cpu(dev) and isinstance(gen, Generator):
         rs = gen._cupy_state(dev)

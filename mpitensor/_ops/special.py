@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from mpitensor import backend as _backend
 from mpitensor._core.devices import xp
 
 __all__: list = []  # private module
@@ -63,6 +64,8 @@ _SPLIT = 1.5
 def _by_parts(x: Any, low: Any, f_low: Any, f_high: Any) -> Any:
     """``f_low`` on the elements of ``x`` where ``low`` holds, ``f_high`` on the others, each
     computed on its own elements only."""
+    if _backend.is_meta_array(low):  # no values to split by: the shape and dtype of one part
+        return f_low(x)
     out = xp(x).empty_like(x)
     out[low] = f_low(x[low])
     high = ~low

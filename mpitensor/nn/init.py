@@ -289,6 +289,8 @@ def trunc_normal_(
         raise BadValueError(f"trunc_normal_ needs a <= b, got a={a}, b={b}")
     if std == 0:
         raise ZeroDivisionError("trunc_normal_ needs std != 0")
+    if _backend.is_meta_array(data):
+        return tensor  # nothing to fill and, as in torch, no numbers drawn
     std = abs(std)
     lo, hi = (a - mean) / std, (b - mean) / std
     z = _truncated_standard(data.size, lo, hi, generator, _backend.device_of(data))
@@ -451,7 +453,7 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0, generator: Any = None) -> Ten
     if data.ndim < 2:
         raise ValueError(f"orthogonal_ needs a tensor with at least 2 dimensions, got shape "
                          f"{tuple(data.shape)}")
-    if data.size == 0:
+    if data.size == 0 or _backend.is_meta_array(data):
         return tensor
     rows = data.shape[0]
     cols = data.size // rows

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mpitensor import backend as _backend
 from mpitensor._core import autocast as _autocast
 from mpitensor._core import half as _half
 from mpitensor.autograd import ArrayFunction as Function, _sum_to, grad_enabled_for
@@ -101,7 +102,7 @@ def _check_class_target(fname: str, x: Any, t: Any, weight: Any, ignore_index: i
             f"{fname}(): weight tensor should be defined either for all {C} classes or no "
             f"classes but got weight tensor of shape: {_shape_str(_arr(weight).shape)}"
         )
-    if t.size and (int(t.min()) < 0 or int(t.max()) >= C):
+    if t.size and not _backend.is_meta_array(t) and (int(t.min()) < 0 or int(t.max()) >= C):
         tt = t[t != ignore_index]
         if tt.size:
             lo, hi = int(tt.min()), int(tt.max())

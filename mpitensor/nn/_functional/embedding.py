@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
 from mpitensor._core import half as _half
 from mpitensor._ops.sparse import SparseGrad
@@ -39,8 +40,8 @@ def _scatter_rows(xp: Any, out: Any, rows: Any, values: Any) -> None:
     """``out[rows[i]] += values[i]`` for every i, repeated rows included (``out`` holds
     zeros). On the CPU: sort the rows, sum each run with one ``add.reduceat`` and write each
     distinct row once (about twice as fast as ``numpy.add.at``)."""
-    if rows.size == 0:
-        return
+    if rows.size == 0 or _backend.is_meta_array(out):
+        return  # meta: no values to add
     if xp is not np:
         import cupyx  # noqa: PLC0415 - only on GPUs
 
@@ -84,7 +85,7 @@ def one_hot(tensor: Any, num_classes: int = -1) -> Tensor:
             raise RuntimeError("one_hot(): cannot infer the number of classes from an empty "
                                "tensor; pass num_classes")
         num_classes = int(x.max()) + 1
-    if x.size:
+    if x.size and not _backend.is_meta_array(x):  # meta: no values to check, as in torch
         if int(x.min()) < 0:
             raise RuntimeError("one_hot(): class values must be non-negative")
         if int(x.max()) >= num_classes:
@@ -200,7 +201,8 @@ def embedding(input: Any, weight: Any, padding_idx: Optional[int] = None,  # noq
         raise RuntimeError(f"embedding(): weight must be 2-D (num_embeddings, embedding_dim), "
                            f"got shape {shape_str(w.shape)}")
     n = w.shape[0]
-    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+    if idx.size and not _backend.is_meta_array(idx) and (int(idx.min()) < 0
+                                                          or int(idx.max()) >= n):
         bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
         raise IndexError(f"embedding(): index {bad} is out of range for a table of {n} rows")
     pad = _padding_index(padding_idx, n, "embedding")
