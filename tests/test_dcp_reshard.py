@@ -23,8 +23,8 @@ JOB = str(ROOT / "tests" / "dcp_reshard_job.py")
 TIMEOUT = 120
 
 
-def _job(nprocs: int, *args: str) -> str:
-    proc = mpiexec_run(nprocs, [sys.executable, JOB, *args], timeout=TIMEOUT, cwd=ROOT)
+def _job(nprocs: int, *args: str, job: str = JOB) -> str:
+    proc = mpiexec_run(nprocs, [sys.executable, job, *args], timeout=TIMEOUT, cwd=ROOT)
     assert not proc.timed_out, f"the job hung (> {TIMEOUT} s):\n{proc.output[-4000:]}"
     assert proc.returncode == 0, f"mpiexec -n {nprocs} {args} exited {proc.returncode}:\n" \
                                  f"{proc.output[-4000:]}"

@@ -222,8 +222,8 @@ def finish(job: SaveJob, group: Group, staging: str, save_id: str) -> md.Metadat
     try:
         where = writer.write_items(staging, group.rank,
                                    list(zip(_indexed(plans, mine), (payload[k] for k in mine))))
-    except (OSError, TypeError, ValueError) as exc:
-        problem = f"rank {group.rank} could not write its file: {exc}"
+    except Exception as exc:  # noqa: BLE001 - every rank must still reach the agreement below
+        problem = f"rank {group.rank} could not write its file: {type(exc).__name__}: {exc}"
     results = group.all_gather((where, problem))
     failed = [p for _, p in results if p]
     merged: Dict[md.MetadataIndex, md.StorageInfo] = {}
