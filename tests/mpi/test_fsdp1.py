@@ -245,6 +245,30 @@ def test_evaluation_between_steps_changes_nothing(strategy):
                                rtol=RTOL["float32"])
 
 
+@pytest.mark.parametrize("strategy", [ShardingStrategy.FULL_SHARD, ShardingStrategy.NO_SHARD,
+                                      ShardingStrategy.HYBRID_SHARD])
+def test_sync_module_states_starts_from_rank0(strategy):
+    """Every rank builds the model with its own seed; sync_module_states gives every rank the
+    first rank's values."""
+    rank0 = {k: v.numpy() for k, v in _model("tiny", seed=0).state_dict().items()}
+    model = _fsdp(_model("tiny", seed=dist.get_rank()), strategy, POLICIES["tiny"],
+                  sync_module_states=True)
+    _same(_full_sd(model), rank0)
+
+
+def test_ignored_modules_stay_plain_and_unsharded():
+    model = _model("cnn")
+    head = model.fc2
+    wrapped = FSDP(model, auto_wrap_policy=POLICIES["cnn"], ignored_modules=[head])
+    assert not isinstance(wrapped.module.fc2, FSDP)
+    assert not isinstance(head.weight, DTensor) and tuple(head.weight.shape) == (5, 10)
+    assert isinstance(wrapped.module.fc1.weight, DTensor)
+    x, y = _data("cnn", 0, "float32")
+    _loss("cnn", wrapped(x), y).backward()
+    assert head.weight.grad is not None and not isinstance(head.weight.grad, DTensor)
+    assert "fc2.weight" in wrapped.state_dict()
+
+
 def test_parameters_keep_names_shapes_and_count():
     plain = _model("tiny")
     model = FSDP(_model("tiny"), auto_wrap_policy=POLICIES["tiny"])

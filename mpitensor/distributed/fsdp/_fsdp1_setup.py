@@ -209,11 +209,11 @@ def sync_from_rank0(module: Module, mesh: Any) -> None:
     """Every rank of ``mesh`` takes the parameters and buffers of its first rank."""
     from ..model_sync import broadcast_parameters
 
-    if mesh.ndim == 2:  # along the shard dim, then along the replicas
-        first = int(mesh.mesh.numpy()[0, 0])
-        row = mesh.mesh.numpy()[mesh.get_coordinate()[0]].tolist()
-        broadcast_parameters(module, src=row[0], group=mesh.get_group(1))
-        broadcast_parameters(module, src=first, group=mesh.get_group(0))
+    if mesh.ndim == 2:  # along each row (the shard dim), then down each column (replicas)
+        grid = mesh.mesh.numpy()
+        row, col = mesh.get_coordinate()
+        broadcast_parameters(module, src=int(grid[row, 0]), group=mesh.get_group(1))
+        broadcast_parameters(module, src=int(grid[0, col]), group=mesh.get_group(0))
         return
     broadcast_parameters(module, src=int(mesh.mesh.numpy().reshape(-1)[0]),
                          group=mesh.get_group(0))
