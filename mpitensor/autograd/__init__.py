@@ -28,6 +28,10 @@ the view's base (:class:`_CopySlices`) and of the base's other live views (:clas
 ``_versions``  version counters and the links between views and their base
 ``_inplace``   recording in-place ops (:func:`apply_inplace`) and rewiring views' graphs
 ``_engine``    :func:`backward`: running the graph, accumulating ``.grad``, hooks
+``grad_api``   :func:`grad` (gradients returned, not accumulated) and ``Variable``
+``anomaly``    ``detect_anomaly``: a NaN gradient fails backward, naming the node
+``gradcheck``  :func:`gradcheck`: analytic gradients against finite differences
+``functional`` ``jacobian``, ``vjp``, ``jvp`` of a function of tensors
 =============  ===============================================================================
 
 Example:
@@ -43,7 +47,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import _engine, _inplace, _versions, function
+from . import _engine, _inplace, _versions, anomaly, function, functional, grad_api
 
 # Re-exported: the names the rest of the package (and op authors, through _core.opkit) use.
 from ._engine import (
@@ -57,7 +61,14 @@ from ._engine import (
 )
 from ._inplace import apply_inplace, inplace_recorded, leaf_in_place_error, write_into
 from ._versions import bump_version, link_view, storage, version_cell
+from .anomaly import (
+    detect_anomaly,
+    is_anomaly_check_nan_enabled,
+    is_anomaly_enabled,
+    set_detect_anomaly,
+)
 from .function import _NO_RECORD, ArrayFunction, Function, FunctionCtx, Node, once_differentiable
+from .grad_api import Variable, grad
 from .grad_mode import (
     _mode,
     enable_grad,
@@ -67,6 +78,7 @@ from .grad_mode import (
     no_grad,
     set_grad_enabled,
 )
+from .gradcheck import GradcheckError, gradcheck, gradgradcheck
 
 __all__ = [
     "ArrayFunction",
@@ -82,6 +94,16 @@ __all__ = [
     "inference_mode",
     "queue_callback",
     "apply_inplace",
+    "grad",
+    "Variable",
+    "detect_anomaly",
+    "set_detect_anomaly",
+    "is_anomaly_enabled",
+    "is_anomaly_check_nan_enabled",
+    "gradcheck",
+    "gradgradcheck",
+    "GradcheckError",
+    "functional",
 ]
 
 

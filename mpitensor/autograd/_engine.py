@@ -11,6 +11,7 @@ import numpy as np
 
 from mpitensor._core.devices import xp as _xp
 
+from . import anomaly as _anomaly
 from .function import SECOND_BACKWARD, Node, _sum_to
 from .grad_mode import _mode
 
@@ -41,10 +42,7 @@ def _accumulate(t: Any, g: Any) -> None:
         return
     hooks = getattr(t, "_hooks", None)
     if hooks is not None and hooks[0]:
-        for h in hooks[0]:
-            r = h(_new(g))
-            if r is not None:
-                g = r._data if hasattr(r, "_data") else r
+        g = _leaf_prehooks(hooks[0], g)
     if t.grad is None:
         # Own the memory: g may be shared with other leaves or with saved arrays.
         xp_copy = g.copy() if g.flags.c_contiguous else g.copy(order="C")
@@ -55,6 +53,15 @@ def _accumulate(t: Any, g: Any) -> None:
     if hooks is not None and hooks[1]:
         for h in hooks[1]:
             h(t)
+
+
+def _leaf_prehooks(hooks: list, g: Any) -> Any:
+    """Run a leaf's ``register_hook`` hooks on its gradient ``g``; a returned tensor replaces it."""
+    for h in hooks:
+        r = h(_new(g))
+        if r is not None:
+            g = r._data if hasattr(r, "_data") else r
+    return g
 
 
 def _check_grad(t: Any, g: Any, i: int) -> Any:
@@ -108,9 +115,27 @@ def backward(
     """
     Tensor = _Tensor  # noqa: N806 - the class (bound by mpitensor.tensor)
     if create_graph:
-        raise NotImplementedError(
-            "create_graph=True (higher-order gradients) is not supported by mpitensor's autograd"
-        )
+        raise NotImplementedError(CREATE_GRAPH_REFUSED.format("backward"))
+    only = None
+    if inputs is not None:
+        only = {id(t) for t in ([inputs] if isinstance(inputs, Tensor) else inputs)}
+    _run(make_roots(tensors, grad_tensors), bool(retain_graph), only)
+
+
+CREATE_GRAPH_REFUSED = (
+    "{}(create_graph=True) (higher-order gradients) is not supported by mpitensor's autograd: "
+    "its backward formulas work on arrays, so a gradient has no graph of its own"
+)
+
+
+def make_roots(tensors: Any, grad_tensors: Any) -> list:
+    """Pair each output tensor with its checked starting gradient: the roots of a backward pass.
+
+    Raises:
+        RuntimeError: a tensor that does not require grad, a wrong number of gradients, or a
+            missing or misshapen gradient.
+    """
+    Tensor = _Tensor  # noqa: N806 - the class (bound by mpitensor.tensor)
     if isinstance(tensors, Tensor):
         tensors = [tensors]
     tensors = list(tensors)
@@ -121,9 +146,6 @@ def backward(
         raise RuntimeError(
             f"got {len(grad_tensors)} gradients for {len(tensors)} tensors; pass one each"
         )
-    only = None
-    if inputs is not None:
-        only = {id(t) for t in ([inputs] if isinstance(inputs, Tensor) else inputs)}
     roots = []
     for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
         if not t._requires_grad:
@@ -132,7 +154,7 @@ def backward(
                 f"create the leaves with requires_grad=True and compute outside no_grad()"
             )
         roots.append((t, _check_grad(t, g, i)))
-    _run(roots, bool(retain_graph), only)
+    return roots
 
 
 def queue_callback(callback: Callable[[], None],
@@ -154,14 +176,16 @@ def queue_callback(callback: Callable[[], None],
     _mode.callbacks.append((callback, on_error))
 
 
-def _run(roots: list, retain: bool, only: Optional[set]) -> None:
+def _run(roots: list, retain: bool, only: Optional[set], capture: Any = None) -> None:
+    """Run backward from ``roots``; with ``capture`` (``grad_api._Capture``), keep the gradients
+    of its tensors instead of accumulating into leaves, and run only the nodes above them."""
     outer = _mode.callbacks
     _mode.callbacks = []
     i = 0  # callbacks started
     try:
         # torch computes inf/nan gradients silently; one errstate for the whole pass is cheap
         with np.errstate(all="ignore"):
-            _run_graph(roots, retain, only)
+            _run_graph(roots, retain, only, capture)
         # Callbacks may queue more callbacks; run until none is left.
         while i < len(_mode.callbacks):
             i += 1
@@ -175,28 +199,31 @@ def _run(roots: list, retain: bool, only: Optional[set]) -> None:
         _mode.callbacks = outer
 
 
-def _run_graph(roots: list, retain: bool, only: Optional[set]) -> None:
-    # 1. Count incoming gradients for every node and leaf reachable from the roots.
+def _run_graph(roots: list, retain: bool, only: Optional[set], capture: Any = None) -> None:
+    # 1. Count incoming gradients for every node and leaf reachable from the roots (with a
+    # capture: only the nodes and tensors its plan keeps, and nothing below a captured node
+    # that has no other captured tensor below it).
     deps: dict = {}
     stack = []
+    run = capture.run if capture is not None else None
     for t, _ in roots:
         n = t.grad_fn if t.grad_fn is not None else t
         if n not in deps:
             deps[n] = 0
-            if t.grad_fn is not None:
+            if t.grad_fn is not None and (run is None or n in run):
                 stack.append(n)
     while stack:
         node = stack.pop()
         if node.released:
             raise RuntimeError(SECOND_BACKWARD.format(node.name()))
         for n in node._next:
-            if n is None:
+            if n is None or (run is not None and n not in capture.reach):
                 continue
             if n in deps:
                 deps[n] += 1
             else:
                 deps[n] = 1
-                if type(n) is Node:
+                if type(n) is Node and (run is None or n in run):
                     stack.append(n)
     # 2. Seed the roots, then run nodes newest first as their inputs complete.
     bufs: dict = {}
@@ -211,10 +238,15 @@ def _run_graph(roots: list, retain: bool, only: Optional[set]) -> None:
             if type(n) is Node:
                 heapq.heappush(ready, n)
             else:
-                _finish_leaf(n, bufs.pop(n), only)
+                _finish_leaf(n, bufs.pop(n), only, capture)
+    anomaly = _anomaly._state.enabled
     while ready:
         node = heapq.heappop(ready)
         g = bufs.pop(node, None)
+        if run is not None:
+            capture.store(node, g)  # a non-leaf's gradient: what flows into its grad_fn
+            if node not in run:
+                continue
         if node.pre_hooks:
             g = _run_prehooks(node, g)
         grads = node.fn.backward(node, g) if g is not None else None
@@ -223,13 +255,16 @@ def _run_graph(roots: list, retain: bool, only: Optional[set]) -> None:
             node.released = True
         if grads is not None and type(grads) is not tuple:
             grads = tuple(grads) if isinstance(grads, list) else (grads,)
+        if anomaly and grads is not None:
+            _anomaly.check_node(node, grads)
         for i, n in enumerate(node._next):
-            if n is None:
+            d = deps.get(n)  # None: no gradient wanted there, or pruned by a capture
+            if d is None:
                 continue
             gi = grads[i] if grads is not None and i < len(grads) else None
             if gi is not None:
                 _add(bufs, n, gi)
-            d = deps[n] - 1
+            d -= 1
             deps[n] = d
             if d == 0:
                 if type(n) is Node:
@@ -237,7 +272,7 @@ def _run_graph(roots: list, retain: bool, only: Optional[set]) -> None:
                 else:
                     gl = bufs.pop(n, None)
                     if gl is not None:
-                        _finish_leaf(n, gl, only)
+                        _finish_leaf(n, gl, only, capture)
 
 
 def _add(bufs: dict, n: Any, g: Any) -> None:
@@ -251,7 +286,10 @@ def _add(bufs: dict, n: Any, g: Any) -> None:
         bufs[n] = prev + g  # never in place: prev may alias an array saved elsewhere
 
 
-def _finish_leaf(t: Any, g: Any, only: Optional[set]) -> None:
+def _finish_leaf(t: Any, g: Any, only: Optional[set], capture: Any = None) -> None:
+    if capture is not None:
+        capture.store(t, g)
+        return
     if only is not None and id(t) not in only:
         return
     _accumulate(t, _leaf_grad(t, g))
