@@ -714,7 +714,7 @@ THROUGH = frozenset(getattr(np, n) for n in (
     "column_stack", "tensordot", "take_along_axis", "meshgrid", "tile", "kron", "average",
     "nansum", "nanmean", "logaddexp", "cross", "nanmax", "nanmin", "diag", "squeeze", "block",
     "cumulative_sum", "cumulative_prod", "unstack", "matrix_transpose", "permute_dims",
-    "vecdot", "matmul", "iscomplex", "isreal") if hasattr(np, n))
+    "vecdot", "matmul", "iscomplex", "isreal", "angle") if hasattr(np, n))
 
 #: NumPy's functions that give a view (or only read the shape or dtype): NumPy's own code,
 #: which keeps a meta array's zero strides, runs on it.

@@ -156,10 +156,7 @@ def create(dev: Optional[_backend.device], name: str, *args: Any, **kwargs: Any)
     if is_cpu(dev):
         return getattr(np, name)(*args, **kwargs)
     if dev.type == "meta":
-        shape = args[0] if name != "eye" else (args[0], args[0] if len(args) < 2
-                                                or args[1] is None else args[1])
-        shape = (shape,) if isinstance(shape, (int, np.integer)) else shape
-        return _backend.meta_array(shape, kwargs.get("dtype", np.float64))
+        return getattr(_backend.META_NUMPY, name)(*args, **kwargs)
     cp = _backend.get_cupy()
     with cp.cuda.Device(cuda_index(dev)):
         return getattr(cp, name)(*args, **kwargs)
