@@ -34,6 +34,7 @@ from mpitensor.nn.modules.module import Module
 from .. import _redistribute
 from .._api import DTensor
 from ._op_names import C10D, CommOp
+from ._patches import Patches
 
 __all__ = ["CommDebugMode"]
 
@@ -46,8 +47,6 @@ _STEPS = {"all_gather_dim": "all_gather_into_tensor", "reduce_scatter_dim": "red
 _FWD, _BWD = "FORWARD PASS", "BACKWARD PASS"
 _YELLOW, _RESET = "\033[1;33m", "\033[0m"
 
-_ACTIVE: List["CommDebugMode"] = []
-_SAVED: List[Tuple[Any, str, Any]] = []
 _local = threading.local()
 
 
@@ -57,7 +56,7 @@ def _inner() -> int:
 
 def _record(key: CommOp) -> None:
     backward = _engine._mode.callbacks is not None
-    for mode in _ACTIVE:
+    for mode in _PATCHES.holders:
         mode._add(key, backward)
 
 
@@ -91,34 +90,26 @@ def _counted_step(name: str, original: Callable[..., Any]) -> Callable[..., Any]
 
 def _tracked_call(original: Callable[..., Any]) -> Callable[..., Any]:
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        for mode in _ACTIVE:
+        for mode in _PATCHES.holders:
             mode._enter_module(self)
         try:
             return original(self, *args, **kwargs)
         finally:
-            for mode in _ACTIVE:
+            for mode in _PATCHES.holders:
                 mode._leave_module()
 
     return call
 
 
-def _install() -> None:
+def _install(p: Patches) -> None:
     for name in C10D:
-        _swap(dist, name, _counted_public(name, getattr(dist, name)))
+        p.swap(dist, name, _counted_public(name, getattr(dist, name)))
     for step, name in _STEPS.items():
-        _swap(_redistribute, step, _counted_step(name, getattr(_redistribute, step)))
-    _swap(Module, "__call__", _tracked_call(Module.__call__))
+        p.swap(_redistribute, step, _counted_step(name, getattr(_redistribute, step)))
+    p.swap(Module, "__call__", _tracked_call(Module.__call__))
 
 
-def _swap(owner: Any, name: str, value: Any) -> None:
-    _SAVED.append((owner, name, owner.__dict__[name]))
-    setattr(owner, name, value)
-
-
-def _uninstall() -> None:
-    while _SAVED:
-        owner, name, original = _SAVED.pop()
-        setattr(owner, name, original)
+_PATCHES = Patches(_install)
 
 
 class _ModuleRecord:
@@ -181,15 +172,11 @@ class CommDebugMode:
         self.comm_module_counts.clear()
         self._global = _ModuleRecord(self)
         self._stack = []
-        if not _ACTIVE:
-            _install()
-        _ACTIVE.append(self)
+        _PATCHES.enter(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _ACTIVE.remove(self)
-        if not _ACTIVE:
-            _uninstall()
+        _PATCHES.leave(self)
 
     # ---------------------------------------------------------------- results
     def get_total_counts(self) -> int:

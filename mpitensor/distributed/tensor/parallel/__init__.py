@@ -16,10 +16,12 @@ from .style import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
 )
 
 __all__ = ["parallelize_module", "ParallelStyle", "ColwiseParallel", "RowwiseParallel",
-           "SequenceParallel", "PrepareModuleInput", "PrepareModuleOutput", "loss_parallel"]
+           "SequenceParallel", "PrepareModuleInput", "PrepareModuleOutput",
+           "PrepareModuleInputOutput", "loss_parallel"]

@@ -9,7 +9,7 @@ and outputs are laid out, as torch's ``torch.distributed.tensor.parallel`` style
 * :class:`SequenceParallel`: the parameters replicated (LayerNorm, Dropout, RMSNorm, ...),
   the activations sharded on the sequence dim.
 * :class:`PrepareModuleInput` / :class:`PrepareModuleOutput`: only re-lay the inputs or
-  outputs of a module.
+  outputs of a module; :class:`PrepareModuleInputOutput` both.
 
 Plain tensors entering a module are taken as this rank's piece of a DTensor laid out as
 ``input_layouts`` (torch's convention), then redistributed to what the module needs.
@@ -26,7 +26,7 @@ from .._api import DTensor, distribute_tensor
 from ..placement_types import Placement, Replicate, Shard
 
 __all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
-           "PrepareModuleInput", "PrepareModuleOutput"]
+           "PrepareModuleInput", "PrepareModuleOutput", "PrepareModuleInputOutput"]
 
 
 def _one(layout: Any, what: str) -> Optional[Placement]:
@@ -252,6 +252,31 @@ class PrepareModuleOutput(ParallelStyle):
             return new if isinstance(out, tuple) else new[0]
 
         module.register_forward_hook(after)
+        return module
+
+
+class PrepareModuleInputOutput(ParallelStyle):
+    """:class:`PrepareModuleInput` and :class:`PrepareModuleOutput` on one module: its inputs
+    laid out as ``PrepareModuleInput`` (with ``use_local_input`` as its
+    ``use_local_output``) and its outputs as ``PrepareModuleOutput``."""
+
+    def __init__(self, *, input_layouts: Any = None, desired_input_layouts: Any = None,
+                 input_kwarg_layouts: Optional[Dict[str, Any]] = None,
+                 desired_input_kwarg_layouts: Optional[Dict[str, Any]] = None,
+                 use_local_input: bool = False, output_layouts: Any,
+                 desired_output_layouts: Any, use_local_output: bool = True) -> None:
+        self.prepare_module_input = PrepareModuleInput(
+            input_layouts=input_layouts, desired_input_layouts=desired_input_layouts,
+            input_kwarg_layouts=input_kwarg_layouts,
+            desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+            use_local_output=use_local_input)
+        self.prepare_module_output = PrepareModuleOutput(
+            output_layouts=output_layouts, desired_output_layouts=desired_output_layouts,
+            use_local_output=use_local_output)
+
+    def _apply(self, module: Any, mesh: Any) -> Any:
+        self.prepare_module_input._apply(module, mesh)
+        self.prepare_module_output._apply(module, mesh)
         return module
 
 
