@@ -224,7 +224,12 @@ def finish(job: SaveJob, group: Group, staging: str, save_id: str) -> md.Metadat
                                    list(zip(_indexed(plans, mine), (payload[k] for k in mine))))
     except Exception as exc:  # noqa: BLE001 - every rank must still reach the agreement below
         problem = f"rank {group.rank} could not write its file: {type(exc).__name__}: {exc}"
-    results = group.all_gather((where, problem))
+    try:
+        results = group.all_gather((where, problem))
+    except BaseException:  # a peer is gone or timed out: drop the staging dir and its lock
+        if group.rank == 0:
+            writer.abort()
+        raise
     failed = [p for _, p in results if p]
     merged: Dict[md.MetadataIndex, md.StorageInfo] = {}
     for w, _ in results:
