@@ -355,6 +355,23 @@ def test_fully_shard_saved_at_4_loads_without_a_process_group(saved_at_4: Path) 
     assert _oks(proc.stdout, 1)[0] > 10
 
 
+def test_fully_shard_saved_at_4_converts_to_one_torch_file(saved_at_4: Path,
+                                                          tmp_path: Path) -> None:
+    from .dcp_stateful_job import compare
+
+    ref = mt.load(str(saved_at_4) + ".ref")
+    format_utils.dcp_to_torch_save(saved_at_4, tmp_path / "whole.pt")
+    whole = mt.load(tmp_path / "whole.pt")
+    assert whole["step"] == 3 and compare(whole["app"], ref) > 10
+    torch = pytest.importorskip("torch", reason="torch is not installed (the oracle)")
+    from torch.distributed.checkpoint import format_utils as tfu
+
+    tfu.dcp_to_torch_save(str(saved_at_4), str(tmp_path / "by_torch.pt"))
+    theirs = torch.load(tmp_path / "by_torch.pt", weights_only=True)
+    for name, value in ref["model"].items():
+        assert theirs["app"]["model"][name].numpy().tobytes() == value.numpy().tobytes(), name
+
+
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_async_save_while_training(tmp_path: Path, nprocs: int) -> None:
     counts = _oks(_job(nprocs, "async", str(tmp_path / "ck")), nprocs)
