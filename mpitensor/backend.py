@@ -245,7 +245,7 @@ def _refused(what: str) -> Any:
     return method
 
 
-class MetaArray(np.ndarray):
+class MetaArray(_meta_shapes.NoValues):
     """The meta device's arrays: a shape and a dtype without storage (every element is one
     shared slot, all strides 0). Views (reshape, transpose, basic indexing) stay meta, as in
     torch; every other NumPy operation on one (ufuncs, NumPy's functions, the array methods)
@@ -302,13 +302,24 @@ class MetaArray(np.ndarray):
 
     __str__ = __repr__
 
+    def __format__(self, spec: str) -> str:
+        if spec:  # a number's format: there is no number
+            raise NotImplementedError(_no_meta_values(f"format(..., {spec!r})"))
+        return repr(self)
+
     # the methods that NumPy computes in C without asking __array_ufunc__/__array_function__
     def __getitem__(self, index: Any) -> Any:
         idx = index if isinstance(index, tuple) else (index,)
         if all(i is None or i is Ellipsis or isinstance(i, (slice, int, np.integer))
                and not isinstance(i, (bool, np.bool_)) for i in idx):
-            return super().__getitem__(index)  # basic indexing: a view, still meta
+            r = super().__getitem__(index)  # basic indexing: a view, still meta
+            return r if isinstance(r, MetaArray) else meta_array((), self.dtype)  # not a number
         return meta_array(_meta_shapes.index_shape(self.shape, idx), self.dtype)
+
+    def __iter__(self) -> Any:
+        if not self.ndim:
+            raise TypeError("iteration over a 0-d array")
+        return (self[i] for i in range(self.shape[0]))  # meta rows, never numbers
 
     def __setitem__(self, index: Any, value: Any) -> None:
         idx = index if isinstance(index, tuple) else (index,)
@@ -324,6 +335,15 @@ class MetaArray(np.ndarray):
         return self if not copy and dt == self.dtype else meta_array(self.shape, dt)
 
     def copy(self, order: str = "C") -> np.ndarray:
+        return meta_array(self.shape, self.dtype)
+
+    def byteswap(self, inplace: bool = False) -> np.ndarray:
+        return self if inplace else meta_array(self.shape, self.dtype)
+
+    def round(self, decimals: int = 0, out: Any = None) -> Any:
+        if out is not None:
+            _writes_meta(out, "round")
+            return out
         return meta_array(self.shape, self.dtype)
 
     def __copy__(self) -> np.ndarray:
@@ -391,16 +411,11 @@ class MetaArray(np.ndarray):
     def put(self, *args: Any, **kwargs: Any) -> None:
         """In place: there are no values to set."""
 
-    def nonzero(self) -> Any:
-        raise NotImplementedError(
-            "nonzero() on a meta tensor: the result's size depends on values, which a meta "
-            "tensor has none of")
+    nonzero = _meta_shapes.data_dependent("nonzero()")
+    compress = _meta_shapes.data_dependent("compress()")
 
     def partition(self, *args: Any, **kwargs: Any) -> None:
         """In place: there are no values to order."""
-
-    def compress(self, *args: Any, **kwargs: Any) -> Any:
-        return self.nonzero()
 
 
 def _writes_meta(dst: Any, what: str) -> None:

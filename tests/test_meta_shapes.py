@@ -471,6 +471,9 @@ def _numpy_calls() -> list:
         ("isin", lambda A: np.isin(A((2, 3)), [1, 2])),
         ("broadcast_to", lambda A: np.broadcast_to(A((3, 1)), (2, 3, 4))),
         ("split", lambda A: np.split(A((6, 2)), 3)),
+        ("round_decimals", lambda A: np.round(A((2, 3)), 2)),
+        ("conj", lambda A: A((2,), np.complex64).conj()),
+        ("angle", lambda A: np.angle(A((2,), np.complex128))),
     ]
 
 
@@ -581,7 +584,9 @@ def test_values_never_come_out():
     reads = [lambda: x.sum().item(), lambda: bool(x[0, 0] > 0), lambda: x.tolist(),
              lambda: float(x[0, 0]), lambda: int(x[0, 0]), lambda: x.numpy(),
              lambda: (x == x).all().item(), lambda: x._data.tobytes(),
-             lambda: mt.allclose(x, x), lambda: [1, 2, 3][I(mt)]]
+             lambda: mt.allclose(x, x), lambda: [1, 2, 3][I(mt)],
+             lambda: format(x._data[0, 0], ".2f"), lambda: 0.5 in x._data,
+             lambda: float(list(x._data[0])[1])]
     for i, read in enumerate(reads):
         with pytest.raises(NotImplementedError, match="meta tensor"):
             read()

@@ -32,8 +32,13 @@ from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 Spec = Tuple[tuple, np.dtype]
 
-__all__ = ["Spec", "ufunc_specs", "index_shape", "FUNCTION_RULES", "THROUGH", "VIEWS",
-           "DATA_DEPENDENT", "function_rule"]
+__all__ = ["Spec", "NoValues", "ufunc_specs", "index_shape", "FUNCTION_RULES", "THROUGH",
+           "VIEWS", "DATA_DEPENDENT", "data_dependent", "function_rule"]
+
+
+class NoValues(np.ndarray):
+    """The arrays this module answers for: a shape and a dtype, no values (``backend``'s
+    ``MetaArray`` is one)."""
 
 
 def _is_array(a: Any) -> bool:
@@ -211,11 +216,11 @@ def index_shape(shape: tuple, index: tuple) -> tuple:
     for it in index:
         it = _arr(it) if isinstance(it, list) else it
         if _is_array(it) and it.dtype == np.bool_:
-            if type(it) is not np.ndarray and it.__class__.__name__ == "MetaArray":
-                raise NotImplementedError(
-                    "indexing with a boolean mask on the meta device: the result's size "
-                    "depends on the mask's values, which a meta tensor has none of")
-            items.extend(("bool", n) for n in it.nonzero()) if it.ndim else \
+            if isinstance(it, NoValues):
+                data_dependent("indexing with a boolean mask")()
+            if it.ndim:
+                items.extend(("bool", n) for n in it.nonzero())
+            else:
                 items.append(("boolscalar", it))
         elif isinstance(it, (bool, np.bool_)):
             raise NotImplementedError("indexing a meta tensor with a Python bool")
@@ -441,9 +446,8 @@ def _take(a: Any, indices: Any, axis: Any = None, out: Any = None, mode: str = "
 
 def _repeat(a: Any, repeats: Any, axis: Any = None) -> Spec:
     shp = _shape(a)
-    if _is_array(repeats) and type(repeats) is not np.ndarray:
-        raise NotImplementedError("repeat with repeats held by a meta tensor: the result's "
-                                  "size depends on their values")
+    if isinstance(repeats, NoValues):
+        data_dependent("repeat with repeats held by a meta tensor")()
     r = np.asarray(repeats)
     if axis is None:
         n = int(np.prod(shp))
@@ -674,7 +678,9 @@ _LINALG = {np.linalg.inv: _la_inv, np.linalg.det: _la_det, np.linalg.slogdet: _l
            np.linalg.eig: _la_eig, np.linalg.eigvals: _la_eigvals}
 
 
-def _data_dependent(name: str) -> Rule:
+def data_dependent(name: str) -> Rule:
+    """A rule (or method) that refuses: ``name``'s result shape depends on values."""
+
     def rule(*args: Any, **kw: Any) -> Any:
         raise NotImplementedError(
             f"{name} on a meta tensor: the result's shape depends on values, which a meta "
@@ -703,7 +709,7 @@ FUNCTION_RULES: Dict[Any, Rule] = {
     np.tril: _tri("tril"), np.triu: _tri("triu"), np.diff: _diff, np.trace: _trace,
     np.convolve: _convolve, np.real_if_close: _same, np.fix: _same, np.roll: _same,
     **_LINALG,
-    **{getattr(np, n): _data_dependent(n) for n in DATA_DEPENDENT if hasattr(np, n)},
+    **{getattr(np, n): data_dependent(n) for n in DATA_DEPENDENT if hasattr(np, n)},
 }
 
 #: NumPy's functions written over methods, ufuncs and functions that all keep a meta array
@@ -712,9 +718,9 @@ THROUGH = frozenset(getattr(np, n) for n in (
     "sum", "prod", "mean", "std", "var", "max", "min", "amax", "amin", "all", "any", "cumsum",
     "cumprod", "clip", "round", "around", "ptp", "stack", "hstack", "vstack", "dstack",
     "column_stack", "tensordot", "take_along_axis", "meshgrid", "tile", "kron", "average",
-    "nansum", "nanmean", "logaddexp", "cross", "nanmax", "nanmin", "diag", "squeeze", "block",
+    "nansum", "nanmean", "cross", "nanmax", "nanmin", "diag", "squeeze", "block",
     "cumulative_sum", "cumulative_prod", "unstack", "matrix_transpose", "permute_dims",
-    "vecdot", "matmul", "iscomplex", "isreal", "angle") if hasattr(np, n))
+    "iscomplex", "isreal", "angle") if hasattr(np, n))
 
 #: NumPy's functions that give a view (or only read the shape or dtype): NumPy's own code,
 #: which keeps a meta array's zero strides, runs on it.
