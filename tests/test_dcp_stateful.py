@@ -302,6 +302,13 @@ def test_torch_and_we_read_each_others_checkpoints(tmp_path: Path) -> None:
     assert into["step"] == 11 and into["w"].numpy().tobytes() == ours["w"].numpy().tobytes()
     assert into["b"].tolist() == [0, 2, 4] and into["nested"]["x"].tolist() == [0.5, 0.5]
 
+    dcp.save(ours, storage_writer=dcp.FileSystemWriter(tmp_path / "per", thread_count=2,
+                                                       single_file_per_rank=False))
+    assert len(os.listdir(tmp_path / "per")) == 1 + 4  # one file per record
+    into["nested"]["x"].zero_()
+    tdcp.load(into, checkpoint_id=str(tmp_path / "per"))
+    assert into["nested"]["x"].tolist() == [0.5, 0.5]
+
     theirs = {"w": torch.arange(8.0).reshape(2, 4), "m": {"k": torch.ones(3, dtype=torch.int32)},
               "lr": 0.25}
     tdcp.save(theirs, checkpoint_id=str(tmp_path / "theirs"))
