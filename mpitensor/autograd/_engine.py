@@ -243,10 +243,11 @@ def _run_graph(roots: list, retain: bool, only: Optional[set], capture: Any = No
     while ready:
         node = heapq.heappop(ready)
         g = bufs.pop(node, None)
-        if run is not None:
-            capture.store(node, g)  # a non-leaf's gradient: what flows into its grad_fn
-            if node not in run:
+        if run is not None:  # a non-leaf's gradient: what flows into its grad_fn
+            if node not in run:  # as torch: its tensor hooks first, when nothing runs after
+                capture.store(node, _run_prehooks(node, g) if node.pre_hooks else g)
                 continue
+            capture.store(node, g)
         if node.pre_hooks:
             g = _run_prehooks(node, g)
         grads = node.fn.backward(node, g) if g is not None else None

@@ -26,7 +26,7 @@ class _Capture:
     def __init__(self, keys: dict, roots: list) -> None:
         self.keys = keys  # grad_fn (non-leaf) or the tensor itself (leaf) -> the tensor
         self.grads: dict = {}
-        self.reach, self.run = _plan(roots, keys)
+        self.reach, self.run, self.used = _plan(roots, keys)
 
     def store(self, n: Any, g: Any) -> None:
         t = self.keys.get(n)
@@ -40,16 +40,23 @@ class _Capture:
 
 
 def _plan(roots: list, keys: dict) -> tuple:
-    """(nodes and leaves from which a requested tensor can be reached, nodes that must run)."""
+    """(nodes and leaves on a path from the roots to a requested tensor, nodes that must run,
+    requested tensors the roots reach)."""
     seen: dict = {}
+    used = {t for t, _ in roots if t.grad_fn is None and t in keys}
     stack = [t.grad_fn for t, _ in roots if t.grad_fn is not None]
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen[node] = True
-        stack.extend(n for n in node._next if type(n) is Node and n not in seen)
-    reach = {n for n in keys if type(n) is not Node}
+        for n in node._next:
+            if type(n) is Node:
+                if n not in seen:
+                    stack.append(n)
+            elif n is not None and n in keys:
+                used.add(n)
+    reach = set(used)
     run = set()
     for node in sorted(seen, key=lambda n: n.seq):  # inputs before the nodes that use them
         if any(n in reach for n in node._next if n is not None):
@@ -57,7 +64,8 @@ def _plan(roots: list, keys: dict) -> tuple:
             reach.add(node)
         elif node in keys:
             reach.add(node)
-    return reach, run
+    used.update(n for n in seen if n in keys)
+    return reach, run, used
 
 
 def _as_list(inputs: Any) -> tuple:
@@ -146,13 +154,13 @@ def _grad(outputs: Any, tensors: list, grad_outputs: Any, retain: bool, allow_un
         key = t.grad_fn if t.grad_fn is not None else t
         g = capture.grads.get(key)
         if g is None:
-            if not allow_unused and key not in capture.reach:
+            if not allow_unused and key not in capture.used:
                 raise RuntimeError(
                     f"input {i} of grad() is not part of the graph of the outputs (they do not "
                     f"depend on it); pass allow_unused=True to get None for it, or "
                     f"materialize_grads=True to get zeros"
                 )
-            if materialize or key in capture.reach:
+            if materialize or key in capture.used:
                 result.append(_engine._new(_engine._xp(t._data).zeros_like(t._data)))
             else:
                 result.append(None)

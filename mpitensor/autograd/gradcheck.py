@@ -122,20 +122,7 @@ def gradcheck(
         raise NotImplementedError("gradcheck: mpitensor has no forward-mode AD or masked "
                                   "tensors; leave check_forward_ad, check_batched_forward_grad "
                                   "and masked unset")
-    Tensor = _engine._Tensor  # noqa: N806 - the class
-    args = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
-    xs = [a for a in args if isinstance(a, Tensor) and a._requires_grad]
-    if not xs:
-        raise ValueError("gradcheck expects at least one input tensor with requires_grad=True")
-    for x in xs:
-        if x._data.dtype.kind == "c":
-            raise NotImplementedError("gradcheck: complex inputs are not supported")
-        if x._data.dtype != np.float64:
-            warnings.warn(f"gradcheck: an input is {x._data.dtype}, not float64; finite "
-                          "differences in low precision fail the default tolerances", stacklevel=2)
-        if not x._data.flags.c_contiguous:
-            raise ValueError("gradcheck perturbs inputs in place: pass contiguous tensors "
-                             "(t.contiguous())")
+    args, xs = _check_inputs(inputs)
     if not check_backward_ad:
         return True
     outs = _outputs(func, args)
@@ -162,6 +149,25 @@ def gradcheck(
     extra = [(check_undefined_grad, _check_zero_grads), (check_grad_dtypes, _check_dtypes),
              (check_batched_grad, _check_batched)]
     return all(f(outs, xs, analytic, raise_exception) for on, f in extra if on)
+
+
+def _check_inputs(inputs: Any) -> tuple:
+    """(the arguments as a tuple, those of them that require grad), validated."""
+    Tensor = _engine._Tensor  # noqa: N806 - the class
+    args = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
+    xs = [a for a in args if isinstance(a, Tensor) and a._requires_grad]
+    if not xs:
+        raise ValueError("gradcheck expects at least one input tensor with requires_grad=True")
+    for x in xs:
+        if x._data.dtype.kind == "c":
+            raise NotImplementedError("gradcheck: complex inputs are not supported")
+        if x._data.dtype != np.float64:
+            warnings.warn(f"gradcheck: an input is {x._data.dtype}, not float64; finite "
+                          "differences in low precision fail the default tolerances", stacklevel=3)
+        if not x._data.flags.c_contiguous:
+            raise ValueError("gradcheck perturbs inputs in place: pass contiguous tensors "
+                             "(t.contiguous())")
+    return args, xs
 
 
 def _check_reentrant(func: Callable, args: tuple, xs: list, first: list, tol: float,
