@@ -202,26 +202,29 @@ def test_mixed_precision_buffers_and_batch_norm():
 
 
 def test_meta_device_module_is_materialized():
+    """As torch: ``param_init_fn`` on every module that holds meta tensors itself (here each
+    Linear, not the Sequential); without one, ``to_empty`` and ``reset_parameters()``."""
     with mt.device("meta"):
-        mt.manual_seed(0)
-        meta = nn.Linear(3, 5)
+        meta = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
     calls = []
 
     def init(m):
         calls.append(type(m).__name__)
-        m.to_empty(device="cpu")
+        m.to_empty(device="cpu", recurse=False)
         with mt.no_grad():
-            for p in m.parameters():
+            for p in m.parameters(recurse=False):
                 p.fill_(0.5)
 
-    model = FSDP(meta, param_init_fn=init, device_id="cpu")
-    assert calls == ["Linear"]
+    model = FSDP(meta, param_init_fn=init, device_id="cpu",
+                 auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+    assert calls == ["Linear", "Linear"]
     for v in model.state_dict().values():
         np.testing.assert_array_equal(v.numpy(), np.full(v.shape, 0.5, np.float32))
     with mt.device("meta"):
-        default = nn.Linear(3, 5)
+        default = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2))
     got = FSDP(default).state_dict()
     assert all(v.device.type == "cpu" and np.isfinite(v.numpy()).all() for v in got.values())
+    assert len({float(v.numpy().std()) for k, v in got.items() if "weight" in k}) == 2
 
 
 def test_apply_initialises_through_the_shards():

@@ -90,8 +90,8 @@ class FullyShardedDataParallel(Module):
         mixed_precision: a :class:`MixedPrecision`.
         ignored_modules, ignored_states: modules or parameters left as they are (not sharded,
             not reduced).
-        param_init_fn: called on the module when it has parameters on the meta device
-            (default there: ``to_empty`` and each submodule's ``reset_parameters()``).
+        param_init_fn: called on every submodule that holds tensors on the meta device
+            itself (default there: its ``to_empty`` and ``reset_parameters()``).
         device_id: None, ``"cpu"`` or a CUDA device (needs CuPy and a GPU).
         sync_module_states: start from the first rank's parameters and buffers (broadcast).
         forward_prefetch: gather the next unit while this one's forward computes.
@@ -135,7 +135,8 @@ class FullyShardedDataParallel(Module):
         ignored, ignored_mods = ignored_parameters(module, ignored_modules, ignored_states)
         build = _Build(device_type, ignored, ignored_mods)
         mesh = build.mesh(opts)
-        materialize(module, param_init_fn, device_type)
+        materialize(module, param_init_fn, device_type,
+                    lambda m: m in ignored_mods or isinstance(m, FullyShardedDataParallel))
         if device_type == "cuda":
             module.to(device_id if not isinstance(device_id, int) else f"cuda:{device_id}")
         if sync_module_states:

@@ -185,21 +185,33 @@ def resolve_device(device_id: Any) -> str:
     return "cuda"
 
 
-def materialize(module: Module, param_init_fn: Any, device_type: str) -> None:
-    """Give parameters on the meta device their memory and values: ``param_init_fn(module)``,
-    or each submodule's ``reset_parameters()``."""
-    meta = any(t.device.type == "meta" for t in list(module.parameters())
-               + list(module.buffers()))
+def _on_meta(m: Module) -> bool:
+    own = list(m._parameters.values()) + list(m._buffers.values())
+    return any(t is not None and t.device.type == "meta" for t in own)
+
+
+def materialize(module: Module, param_init_fn: Any, device_type: str,
+                skip: Any = lambda m: False) -> None:
+    """Give tensors on the meta device memory and values, module by module (parents first):
+    ``param_init_fn(m)`` on every module holding some itself, or else its
+    ``to_empty(recurse=False)`` and ``reset_parameters()``. Subtrees ``skip`` picks (ignored
+    modules, FSDP units already) are left alone."""
     if param_init_fn is not None and not callable(param_init_fn):
         raise TypeError(f"FullyShardedDataParallel: param_init_fn must be callable, got "
                         f"{type(param_init_fn).__name__}")
-    if not meta:
-        return
-    if param_init_fn is not None:
-        param_init_fn(module)
-        return
-    module.to_empty(device=device_type)
-    for m in module.modules():
+    pending, found = [module], []
+    while pending:
+        m = pending.pop(0)
+        if m is not module and skip(m):
+            continue
+        if _on_meta(m):
+            found.append(m)
+        pending.extend(m.children())
+    for m in found:
+        if param_init_fn is not None:
+            param_init_fn(m)
+            continue
+        m.to_empty(device=device_type, recurse=False)
         reset = getattr(m, "reset_parameters", None)
         if callable(reset):
             reset()
