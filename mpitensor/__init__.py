@@ -160,4 +160,8 @@ def __getattr__(name: str) -> object:
         import importlib
 
         return importlib.import_module(".fx", __name__)
+    if name == "ops":  # torch.ops: the names CommDebugMode keys and register_sharding takes
+        from .distributed.tensor.debug import ops
+
+        return ops
     raise AttributeError(f"module 'mpitensor' has no attribute {name!r}")
