@@ -720,6 +720,8 @@ class Tensor:
                 f"can't convert {device_str(x)} device type tensor to numpy. Use Tensor.cpu() to "
                 f"copy the tensor to host memory first."
             )
+        if isinstance(x, _backend.MetaArray):  # np.asarray(t): a value read, as numpy()
+            raise NotImplementedError(_backend._no_meta_values("numpy.asarray()"))
         if dtype is not None and np.dtype(dtype) != x.dtype:
             if copy is False:
                 raise ValueError(

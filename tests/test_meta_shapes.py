@@ -586,7 +586,7 @@ def test_values_never_come_out():
              lambda: (x == x).all().item(), lambda: x._data.tobytes(),
              lambda: mt.allclose(x, x), lambda: [1, 2, 3][I(mt)],
              lambda: format(x._data[0, 0], ".2f"), lambda: 0.5 in x._data,
-             lambda: float(list(x._data[0])[1])]
+             lambda: float(list(x._data[0])[1]), lambda: np.asarray(x)]
     for i, read in enumerate(reads):
         with pytest.raises(NotImplementedError, match="meta tensor"):
             read()
