@@ -31,7 +31,7 @@ from mpitensor._core.opkit import (
     tensor_methods,
 )
 from mpitensor._ops.create import BadValueError, UnsupportedDtypeError
-from mpitensor._ops.math import UnaryOp, zero_gradient
+from mpitensor._ops.math import UnaryOp
 
 __all__ = ["view_as_real", "view_as_complex", "complex", "polar"]
 
@@ -42,9 +42,11 @@ _COMPLEX_OF = {np.dtype(np.float32): np.dtype(np.complex64),
 
 class Angle(UnaryOp):
     """The argument of complex numbers; for real ones 0, or pi for negative numbers (NaN
-    stays NaN): the gradient of a real input is zero, as in torch."""
+    stays NaN): the gradient of a real input is zero, as in torch; of a complex one
+    ``i x / |x|^2`` (0 at 0)."""
 
     ints = "float"
+    keeps = "x"
     name_ = "angle"
 
     @staticmethod
@@ -54,7 +56,19 @@ class Angle(UnaryOp):
         out = m.where(x < 0, x.dtype.type(math.pi), x.dtype.type(0))
         return m.where(m.isnan(x), x, out)
 
-    grad = staticmethod(zero_gradient)
+    @classmethod
+    def backward(cls, ctx: Any, g: Any) -> tuple:
+        x, _ = ctx.saved_tensors  # (UnaryOp's would cast a complex input's gradient to g's dtype)
+        with np.errstate(all="ignore"):
+            return (cls.grad(xp(g), g, x, None),)
+
+    @staticmethod
+    def grad(m: Any, g: Any, x: Any, out: Any) -> Any:
+        if x.dtype.kind != "c":
+            return m.zeros_like(g)
+        # angle = atan2(im, re): d/dre = -im / |x|^2, d/dim = re / |x|^2, i.e. i x / |x|^2
+        a2 = (x * x.conj()).real
+        return m.where(a2 == 0, 0, g * (1j * x) / m.where(a2 == 0, 1, a2)).astype(x.dtype)
 
 
 class RealPart(Function):

@@ -170,12 +170,16 @@ class Einsum(Function):
                     extra.append(m.ones(sizes[c], dtype=g.dtype))
                     seen.add(c)
             eq = ",".join([out, *others, *extra_subs]) + "->" + "".join(target)
-            arrays = [g, *(xs[j] for j in range(len(xs)) if j != i), *extra]
+            # complex operands: the conjugates (gradients are conjugate Wirtinger derivatives)
+            arrays = [g, *(xs[j].conj() if xs[j].dtype.kind == "c" else xs[j]
+                           for j in range(len(xs)) if j != i), *extra]
             gi = m.einsum(eq, *arrays, optimize=len(arrays) > 2)
             shape, dtype = metas[i]
             if gi.shape != shape:  # size-1 dimensions broadcast in the forward
                 gi = gi.sum(axis=tuple(d for d, n in enumerate(shape) if n == 1 and
                                        gi.shape[d] != 1), keepdims=True)
+            if gi.dtype.kind == "c" and np.dtype(dtype).kind != "c":
+                gi = gi.real  # a real operand's gradient: the real part
             grads.append(gi.astype(dtype, copy=False))
         return tuple(grads)
 

@@ -596,6 +596,9 @@ class MatMul(BinaryOp):
         # an operand is saved only where the other's gradient reads it: shapes from the meta
         rev, mx, my = ctx.meta
         sa, sb = (my[0], mx[0]) if rev else (mx[0], my[0])
+        # complex operands: the conjugates (gradients are conjugate Wirtinger derivatives)
+        a = a.conj() if a is not None and a.dtype.kind == "c" else a
+        b = b.conj() if b is not None and b.dtype.kind == "c" else b
         if len(sa) == 1 and len(sb) == 1:  # dot product: g is 0-d
             return (g * b if need_a else None), (g * a if need_b else None)
         sa1 = (1, *sa) if len(sa) == 1 else sa
