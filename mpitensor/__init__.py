@@ -28,6 +28,7 @@ from . import (
     distributions,
     errors,
     fft,
+    func,
     futures,
     jit,
     linalg,
@@ -93,6 +94,7 @@ from .dtypes import *  # noqa: F403 - dtype names at package level, as in torch
 from .dtypes import __all__ as _dtype_names
 from .errors import *  # noqa: F403 - the error classes at package level
 from .errors import __all__ as _error_names
+from .func import vmap
 from .tensor import *  # noqa: F403
 from .tensor import __all__ as _tensor_names
 
@@ -137,7 +139,7 @@ __all__ = [
     "set_num_threads", "get_num_threads", "cuda", "accelerator",
     "backends", "multiprocessing", "linalg", "random", "futures", "jit", "onnx", "compile",
     "serialization", "testing", "version", "fft", "get_float32_matmul_precision",
-    "set_float32_matmul_precision", "distributions",
+    "set_float32_matmul_precision", "distributions", "func", "vmap",
     "memory_format", "contiguous_format", "preserve_format", "channels_last",
     "channels_last_3d", "layout", "strided",
     "amp", "cpu", "autocast", "is_autocast_enabled", "get_autocast_dtype", "set_autocast_enabled",

@@ -119,7 +119,7 @@ LAYERS = [
                   "mpitensor.distributed._tensor",
                   "mpitensor.distributed.fsdp", "mpitensor.distributed.optim",
                   "mpitensor.distributed.checkpoint",
-                  "mpitensor.checkpoint", "mpitensor.utils",
+                  "mpitensor.checkpoint", "mpitensor.utils", "mpitensor.func",
                   "mpitensor.distributed.algorithms._checkpoint"]),
     ("entry points", ["mpitensor.run", "mpitensor.distributed.launch.__main__", "mpitensor.fx",
                       "mpitensor"]),
