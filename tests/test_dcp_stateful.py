@@ -207,6 +207,25 @@ def test_async_save_failure_is_raised_by_result(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["ck"]
 
 
+def test_cached_staging_is_reused_and_holds_each_calls_values(tmp_path: Path) -> None:
+    w = mt.arange(4, dtype=mt.float32)
+    writer = dcp.FileSystemWriter(tmp_path / "x", cache_staged_state_dict=True)
+    first = dcp.async_save({"w": w, "old": mt.ones(2)}, storage_writer=writer,
+                           checkpoint_id=tmp_path / "a")
+    w.add_(10)
+    first.result()
+    buffer = writer.staged_cache[("w", ((0,), (4,)))]
+    second = dcp.async_save({"w": w}, storage_writer=writer, checkpoint_id=tmp_path / "b")
+    w.add_(10)
+    second.result()
+    assert writer.staged_cache[("w", ((0,), (4,)))] is buffer  # copied into, not made anew
+    assert list(writer.staged_cache) == [("w", ((0,), (4,)))]  # "old" is no longer kept
+    for name, want in (("a", [0.0, 1.0, 2.0, 3.0]), ("b", [10.0, 11.0, 12.0, 13.0])):
+        sd = {"w": mt.zeros(4)}
+        dcp.load(sd, checkpoint_id=tmp_path / name)
+        assert sd["w"].tolist() == want
+
+
 def test_async_save_refuses_what_it_does_not_do(tmp_path: Path) -> None:
     with pytest.raises(NotImplementedError, match="THREAD"):
         dcp.async_save({"w": mt.ones(1)}, checkpoint_id=tmp_path / "ck",

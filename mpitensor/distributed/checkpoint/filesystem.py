@@ -112,9 +112,11 @@ class FileSystemWriter:
             files with several threads); False: one file per record.
         sync_files: fsync every file before the checkpoint is put in place.
         thread_count: threads (and files) per rank writing its records.
-        per_thread_copy_ahead, cache_staged_state_dict: accepted for torch's signature; they
-            tune torch's copies out of GPU memory and its staging buffers, and change nothing
-            that is written.
+        per_thread_copy_ahead: accepted for torch's signature; it paces torch's copies out of
+            GPU memory and changes nothing that is written.
+        cache_staged_state_dict: ``async_save`` keeps its host copies on this writer and
+            copies into them at the next ``async_save`` with it (no new allocation for tensors
+            of the same shape and dtype), at the cost of holding them between saves.
         overwrite: False refuses a ``path`` that exists instead of replacing it.
 
     Each rank appends its records to ``__<rank>_<i>.distcp`` through :meth:`write_item`;
@@ -129,8 +131,7 @@ class FileSystemWriter:
                  sync_files: bool = True, thread_count: int = 1,
                  per_thread_copy_ahead: int = 10_000_000, cache_staged_state_dict: bool = False,
                  overwrite: bool = True) -> None:
-        # per_thread_copy_ahead paces torch's copies from GPU memory, cache_staged_state_dict
-        # keeps its async staging buffers between saves: both only tune speed and memory
+        # per_thread_copy_ahead paces torch's copies from GPU memory: a speed knob only
         if isinstance(thread_count, bool) or not isinstance(thread_count, int) or \
                 thread_count < 1:
             raise ValueError(f"thread_count must be a positive int, got {thread_count!r}")
@@ -139,6 +140,8 @@ class FileSystemWriter:
         self.sync_files = bool(sync_files)
         self.thread_count = thread_count
         self.overwrite = bool(overwrite)
+        # async_save's host copies, by (entry, box), kept between saves when asked to
+        self.staged_cache: Optional[Dict[Any, Any]] = {} if cache_staged_state_dict else None
         self.staging: Optional[str] = None
         self._lock_fd: Optional[int] = None
 

@@ -33,13 +33,16 @@ _log = logging.getLogger(__name__)
 Key = Tuple[str, Optional[plan_.Box]]
 
 
-def _compact(t: Any, staged: bool = False) -> Any:
+def _compact(t: Any, staged: bool = False, cached: Any = None) -> Any:
     """``t`` detached, contiguous, and with storage of its own size (a ``torch.save`` record
     holds a view's whole storage: a slice of a big tensor would write all of it); ``staged``:
-    always a copy of its own, in host memory."""
+    always a copy of its own, in host memory (into ``cached`` where it fits)."""
     t = t.detach().contiguous()
     if staged:
         host = t.cpu()
+        if cached is not None and cached.shape == host.shape and cached.dtype == host.dtype:
+            np.copyto(cached.numpy(), host.numpy())
+            return cached
         return host.clone() if host is t or _shares(host, t) else host
     try:
         owns = t.numpy().flags.owndata
@@ -55,10 +58,10 @@ def _shares(a: Any, b: Any) -> bool:
         return False
 
 
-def _local_plan(state_dict: Any, staged: bool = False
+def _local_plan(state_dict: Any, staged: bool = False, cache: Optional[Dict[Key, Any]] = None
                 ) -> Tuple[List[plan_.PlanItem], Dict[Key, Any], List[str]]:
     """This rank's plan items, what it would write for each, and what is wrong locally;
-    ``staged``: the values written are copies, taken now."""
+    ``staged``: the values written are copies, taken now (kept in ``cache`` if given)."""
     items: List[plan_.PlanItem] = []
     payload: Dict[Key, Any] = {}
     try:
@@ -72,11 +75,17 @@ def _local_plan(state_dict: Any, staged: bool = False
             items.append(plan_.PlanItem(leaf.fqn, leaf.path, True, entry.shape,
                                         torch_dtype_name(entry.dtype), entry.box))
             if entry.box is not None:
-                payload[(leaf.fqn, entry.box)] = _compact(entry.local, staged)
+                key = (leaf.fqn, entry.box)
+                payload[key] = _compact(entry.local, staged, (cache or {}).get(key))
+                if cache is not None:
+                    cache[key] = payload[key]
     except (TypeError, ValueError) as exc:
         return [], {}, [str(exc)]
     except (copy.Error, AttributeError, RuntimeError) as exc:  # a value deepcopy cannot copy
         return [], {}, [f"cannot stage a copy of a value for async_save: {exc}"]
+    if cache is not None:  # copies of entries this save no longer has are let go
+        for gone in [k for k in cache if k not in payload]:
+            del cache[gone]
     return items, payload, []
 
 
@@ -181,7 +190,9 @@ def prepare(state_dict: Dict[str, Any], checkpoint_id: Any, storage_writer: Any,
                      storage_writer, FileSystemWriter)
     group = Group(process_group, no_dist)
     state_dict, _, problems = stateful.expand(state_dict)
-    items, payload, local = _local_plan(state_dict, staged) if not problems else ([], {}, [])
+    cache = writer.staged_cache if staged else None
+    items, payload, local = (_local_plan(state_dict, staged, cache) if not problems
+                             else ([], {}, []))
     gathered = group.all_gather((items, problems + local, writer.path))
     paths = {g[2] for g in gathered}
     if len(paths) > 1:
