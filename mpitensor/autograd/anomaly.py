@@ -14,7 +14,7 @@ Example:
     ...     try:
     ...         (mt.sqrt(x) * 0).sum().backward()
     ...     except RuntimeError as e:
-    ...         print(str(e).splitlines()[0])
+    ...         print(str(e).split(";")[0])
     SqrtBackward returned nan values in its 0th output (anomaly mode)
 """
 
