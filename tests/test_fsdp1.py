@@ -112,6 +112,32 @@ def test_enable_wrap_wraps_inside_the_block_only():
     assert wrap(layer) is layer
 
 
+def test_manual_nesting_with_wrap_trains_as_the_plain_model():
+    """The T5 example's manual way: units made with wrap() inside enable_wrap, then the root;
+    at one rank every collective is a copy, so the losses are the plain model's exactly."""
+    def build():
+        mt.manual_seed(0)
+        return [nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)]
+
+    with enable_wrap(wrapper_cls=FSDP, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP):
+        first, act, last = build()
+        model = wrap(nn.Sequential(wrap(first), act, wrap(last)))
+    plain = nn.Sequential(*build())
+    assert len(FSDP.fsdp_modules(model)) == 3
+    losses = []
+    for m in (model, plain):
+        opt = mt.optim.SGD(m.parameters(), lr=0.1)
+        got = []
+        for s in range(3):
+            opt.zero_grad()
+            loss = m(mt.full((2, 4), 0.5 + s)).square().mean()
+            loss.backward()
+            opt.step()
+            got.append(float(loss))
+        losses.append(got)
+    assert losses[0] == losses[1]
+
+
 def test_prefetch_switches_reach_the_units():
     model = FSDP(_net(), auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
                  backward_prefetch=BackwardPrefetch.BACKWARD_POST, forward_prefetch=True)
