@@ -608,10 +608,12 @@ def test_shapes_that_depend_on_values_are_refused():
 def test_meta_and_cpu_tensors_do_not_mix_as_in_torch():
     x = E(mt, 3, 4)
     for call in (lambda: x + mt.ones(3, 4), lambda: mt.ones(3, 4) * x,
-                 lambda: mt.ones(3, 4).copy_(x)):
+                 lambda: mt.ones(3, 4).copy_(x), lambda: mt.cat([x, mt.ones(3, 4)]),
+                 lambda: mt.stack([mt.ones(3, 4), x]), lambda: mt.where(x > 0, mt.ones(3, 4), x)):
         with pytest.raises((RuntimeError, NotImplementedError)):
             call()
-    for ok in (x + mt.tensor(2.0), x * 3, 1 - x, x.copy_(mt.ones(3, 4))):
+    for ok in (x + mt.tensor(2.0), x * 3, 1 - x, x.copy_(mt.ones(3, 4)),
+               mt.where(x > 0, mt.tensor(1.0), 0.0)):
         assert ok.is_meta and tuple(ok.shape) == (3, 4)
     if torch is not None:
         with pytest.raises(RuntimeError):

@@ -52,7 +52,7 @@ def _promoted(arrays: tuple, fname: str) -> list:
     for i, a in enumerate(arrays):
         if not (isinstance(a, _ndarray) or _backend.is_cupy_array(a)):
             raise TypeError(f"{fname}(): element {i} is a {type(a).__name__}, not a Tensor")
-    if len({is_cupy(a) for a in arrays}) > 1:
+    if len({(is_cupy(a), _backend.is_meta_array(a)) for a in arrays}) > 1:
         raise RuntimeError(
             f"{fname}(): expected all tensors to be on the same device; move them with "
             f".to(device) first"
@@ -145,19 +145,22 @@ class Stack(Function):
 
 
 def _one_device(c: Any, x: Any, y: Any) -> tuple:
-    """``where``'s operands on one device: a CPU zero-dim one next to a GPU array becomes a
-    number. Returns ``(array module, x, y)``.
+    """``where``'s operands on one device: a CPU zero-dim one next to a GPU (or meta) array
+    becomes a number. Returns ``(array module, x, y)``.
 
     Raises:
-        RuntimeError: a CPU array with dimensions next to a GPU array.
+        RuntimeError: a CPU array with dimensions next to a GPU (or meta) array.
     """
-    gpu = next((a for a in (c, x, y) if not is_scalar(a) and is_cupy(a)), None)
+    def host(a: Any) -> bool:
+        return not is_scalar(a) and not is_cupy(a) and not _backend.is_meta_array(a)
+
+    gpu = next((a for a in (c, x, y) if not is_scalar(a) and not host(a)), None)
     if gpu is None:
         return np, x, y
-    x = x.item() if not is_scalar(x) and not is_cupy(x) and x.ndim == 0 else x
-    y = y.item() if not is_scalar(y) and not is_cupy(y) and y.ndim == 0 else y
+    x = x.item() if host(x) and x.ndim == 0 else x
+    y = y.item() if host(y) and y.ndim == 0 else y
     for v in (c, x, y):
-        if not is_scalar(v) and not is_cupy(v):
+        if host(v):
             raise RuntimeError(
                 f"where(): expected all tensors to be on the same device, found cpu and "
                 f"{device_str(gpu)}; move them with .to(device) first"
