@@ -15,12 +15,10 @@ import os
 import numpy as np
 
 LIB = "mpitensor" if os.environ.get("USE_MPITENSOR", "1") == "1" else "torch"
-torch = importlib.import_module(LIB)
-dist = importlib.import_module(f"{LIB}.distributed")
-nn = importlib.import_module(f"{LIB}.nn")
-mesh_api = importlib.import_module(f"{LIB}.distributed.device_mesh")
-tp = importlib.import_module(f"{LIB}.distributed.tensor.parallel")
-debug = importlib.import_module(f"{LIB}.distributed.tensor.debug")
+# the program names torch's modules; one switch picks the library behind them
+torch, dist, nn, mesh_api, tp, debug = (importlib.import_module(LIB + sub) for sub in (
+    "", ".distributed", ".nn", ".distributed.device_mesh", ".distributed.tensor.parallel",
+    ".distributed.tensor.debug"))
 
 IN, HIDDEN, OUT, BATCH = 6, 24, 4, 8
 
