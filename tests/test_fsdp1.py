@@ -84,6 +84,9 @@ def test_size_policy_wraps_what_holds_enough_unwrapped_parameters():
     assert isinstance(model.module[2][0], FSDP) and not isinstance(model.module[2], FSDP)
     assert not isinstance(model.module[3], FSDP)
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in _net().named_parameters()]
+    assert repr(model).startswith("FullyShardedDataParallel(\n  (_fsdp_wrapped_module): "
+                                  "Sequential(\n    (0): FullyShardedDataParallel(\n      "
+                                  "(_fsdp_wrapped_module): Linear(in_features=4")
 
 
 def test_class_lambda_custom_and_always_policies():

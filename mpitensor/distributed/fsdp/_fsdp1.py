@@ -159,6 +159,10 @@ class FullyShardedDataParallel(Module):
         fully_shard(module, mesh=mesh, ignored_params=ignored,
                     **opts.fully_shard_kwargs(is_root))
         module._fsdp1_wrapped = True
+        # fully_shard made the module's class a subclass of its own (FSDP<Class>); printed, the
+        # module keeps its own name inside the wrapper, as torch's FSDP1 prints it
+        own_name = type(module).__bases__[-1].__name__
+        type(module)._get_name = lambda _self: own_name
         st = module._fsdp_state
         st.fwd_prefetch = None if opts.forward_prefetch else []
         st.bwd_prefetch = [] if opts.backward_prefetch is None else None
