@@ -60,7 +60,7 @@ def _place(root: Dict[str, Any], path: Sequence[Any], value: Any) -> None:
     node[path[-1]] = value
 
 
-def empty_state_dict(meta: md.Metadata) -> Dict[str, Any]:
+def _empty_state_dict(meta: md.Metadata) -> Dict[str, Any]:
     """A state dict of the checkpoint's structure to load the whole of it into: a zero tensor
     of each entry's global shape and dtype, None for each object (the load replaces it)."""
     paths = meta.planner_data if isinstance(meta.planner_data, dict) else {}
@@ -90,7 +90,7 @@ def dcp_to_torch_save(dcp_checkpoint_dir: PathLike, torch_save_path: PathLike) -
         CheckpointError: the directory is not a complete checkpoint.
     """
     reader = FileSystemReader(dcp_checkpoint_dir)
-    state_dict = empty_state_dict(reader.read_metadata())
+    state_dict = _empty_state_dict(reader.read_metadata())
     load(state_dict, storage_reader=reader, no_dist=True)
     _files.save(state_dict, os.fspath(torch_save_path), format="torch")
 

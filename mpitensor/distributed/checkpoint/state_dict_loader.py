@@ -134,7 +134,7 @@ def load(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
     reader = storage("load", state_dict, planner, DefaultLoadPlanner, checkpoint_id,
                      storage_reader, FileSystemReader)
     group = Group(process_group, no_dist)
-    working, stateful_keys, problems = stateful.expand(state_dict)
+    working, stateful_keys, problems = stateful._expand(state_dict)
     meta = _read_metadata(group, reader, problems)
     reads, objects, problems = _plan(working, meta, bool(planner and
                                                          planner.allow_partial_load))

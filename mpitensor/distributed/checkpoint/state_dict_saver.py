@@ -165,14 +165,14 @@ def save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
         >>> import mpitensor.distributed.checkpoint as dcp  # doctest: +SKIP
         >>> dcp.save({"model": model.state_dict()}, checkpoint_id="ckpt/step100")
     """
-    job = prepare(state_dict, checkpoint_id, storage_writer, planner, process_group, no_dist,
+    job = _prepare(state_dict, checkpoint_id, storage_writer, planner, process_group, no_dist,
                   staged=False)
-    staging, save_id = begin(job)
-    return finish(job, job.group, staging, save_id)
+    staging, save_id = _begin(job)
+    return _finish(job, job.group, staging, save_id)
 
 
 @dataclass
-class SaveJob:
+class _SaveJob:
     """A save, planned and agreed on by every rank: what this rank writes, and where."""
 
     group: Group
@@ -182,14 +182,14 @@ class SaveJob:
     payload: Dict[Key, Any]
 
 
-def prepare(state_dict: Dict[str, Any], checkpoint_id: Any, storage_writer: Any, planner: Any,
-            process_group: Any, no_dist: bool, staged: bool) -> SaveJob:
+def _prepare(state_dict: Dict[str, Any], checkpoint_id: Any, storage_writer: Any, planner: Any,
+            process_group: Any, no_dist: bool, staged: bool) -> _SaveJob:
     """Plan a save on every rank (collective); ``staged``: copy what is written, so that the
     caller may change its tensors while the copies are written."""
     writer = storage("save", state_dict, planner, DefaultSavePlanner, checkpoint_id,
                      storage_writer, FileSystemWriter)
     group = Group(process_group, no_dist)
-    state_dict, _, problems = stateful.expand(state_dict)
+    state_dict, _, problems = stateful._expand(state_dict)
     cache = writer.staged_cache if staged else None
     items, payload, local = (_local_plan(state_dict, staged, cache) if not problems
                              else ([], {}, []))
@@ -206,10 +206,10 @@ def prepare(state_dict: Dict[str, Any], checkpoint_id: Any, storage_writer: Any,
     writers = plan_.assign(plans)
     if planner is not None and planner.dedup_save_to_lowest_rank:
         writers = {k: holders[0] for k, holders in plan_.unique_chunks(plans).items()}
-    return SaveJob(group, writer, plans, writers, payload)
+    return _SaveJob(group, writer, plans, writers, payload)
 
 
-def begin(job: SaveJob) -> Tuple[str, str]:
+def _begin(job: _SaveJob) -> Tuple[str, str]:
     """The coordinator makes the staging directory (collective): its path and the save's id."""
     group, writer = job.group, job.writer
     start: Tuple[Optional[str], str, str] = (None, "", "")
@@ -224,7 +224,7 @@ def begin(job: SaveJob) -> Tuple[str, str]:
     return staging, save_id
 
 
-def finish(job: SaveJob, group: Group, staging: str, save_id: str) -> md.Metadata:
+def _finish(job: _SaveJob, group: Group, staging: str, save_id: str) -> md.Metadata:
     """Write this rank's files, then agree over ``group`` and put the checkpoint in place."""
     writer, plans, writers, payload = job.writer, job.plans, job.writers, job.payload
     mine = [k for k, r in writers.items() if r == group.rank]
@@ -329,10 +329,10 @@ def async_save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
         raise NotImplementedError("async_save: async_stager is not supported; async_save "
                                   "copies the state into host memory itself before returning")
     _InFlight.wait()
-    job = prepare(state_dict, checkpoint_id, storage_writer, planner, process_group, no_dist,
+    job = _prepare(state_dict, checkpoint_id, storage_writer, planner, process_group, no_dist,
                   staged=True)
     background = private(job.group)
-    staging, save_id = begin(job)
+    staging, save_id = _begin(job)
     future: concurrent.futures.Future = concurrent.futures.Future()
     future.set_running_or_notify_cancel()
     if background is not job.group and not threads_may_communicate():
@@ -347,10 +347,10 @@ def async_save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None,
     return future
 
 
-def _finish_into(future: concurrent.futures.Future, job: SaveJob, group: Group, staging: str,
+def _finish_into(future: concurrent.futures.Future, job: _SaveJob, group: Group, staging: str,
                  save_id: str) -> None:
     try:
-        future.set_result(finish(job, group, staging, save_id))
+        future.set_result(_finish(job, group, staging, save_id))
     except BaseException as exc:  # noqa: BLE001 - handed to the future's result()
         _log.error("async_save to %s failed: %s", job.writer.path, exc)
         future.set_exception(exc)

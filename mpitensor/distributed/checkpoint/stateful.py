@@ -43,7 +43,7 @@ class Stateful(Protocol):
 StatefulT = TypeVar("StatefulT", bound=Stateful)
 
 
-def expand(state_dict: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str], List[str]]:
+def _expand(state_dict: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str], List[str]]:
     """``state_dict`` with each top-level Stateful value replaced by its ``state_dict()``;
     the keys replaced, and what went wrong (a ``state_dict()`` that raised or returned no dict).
 
