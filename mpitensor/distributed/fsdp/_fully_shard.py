@@ -580,7 +580,7 @@ def _shard(info: ParamInfo, p: Any, offload: bool, mesh: Any) -> None:
     """This rank's rows of ``p`` (of its local piece, for a tensor-parallel ``p``) as a
     DTensor parameter in its own memory."""
     rows = raw(p)[info.start:info.stop].copy()
-    if p.is_meta:  # a meta parameter's shard gets host memory (to_empty leaves DTensors be)
+    if local(p).is_meta:  # a meta parameter's shard gets host memory (to_empty leaves DTensors be)
         rows = np.zeros(rows.shape, rows.dtype)
     if offload and p.is_cuda:
         rows = rows.get()
