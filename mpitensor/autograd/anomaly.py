@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import sys
 import traceback
 import types
 import warnings
@@ -56,7 +57,11 @@ def _recording(plain: classmethod) -> classmethod:
         for t in out if isinstance(out, tuple) else (out,):
             node = getattr(t, "grad_fn", None)
             if node is not None and "forward_stack" not in node.__dict__:
-                node.forward_stack = traceback.extract_stack()[:-1]
+                # source lines are read only if the stack is ever printed
+                stack = traceback.StackSummary.extract(
+                    traceback.walk_stack(sys._getframe(1)), lookup_lines=False)
+                stack.reverse()
+                node.forward_stack = stack
         return out
 
     return classmethod(apply)
