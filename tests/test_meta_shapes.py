@@ -217,6 +217,9 @@ def _cases() -> list:
         ("meshgrid", lambda L: L.meshgrid(E(L, 3), E(L, 4), indexing="ij")),
         ("block_diag", lambda L: L.block_diag(E(L, 2, 3), E(L, 1, 2))),
         ("searchsorted", lambda L: L.searchsorted(E(L, 5), E(L, 3, 2))),
+        ("fft_rfft", lambda L: L.fft.rfft(E(L, 4, 8), n=10)),
+        ("fft_irfftn", lambda L: L.fft.irfftn(E(L, 4, 8, dtype=L.complex64), s=(5, 4))),
+        ("fft_fft2", lambda L: L.fft.fft2(E(L, 4, 8))),
     ]
 
 
@@ -374,6 +377,9 @@ EXPECTED = {
     'meshgrid': [((3, 4), 'float32'), ((3, 4), 'float32')],
     'block_diag': [((3, 5), 'float32')],
     'searchsorted': [((3, 2), 'int64')],
+    'fft_rfft': [((4, 6), 'complex64')],
+    'fft_irfftn': [((5, 4), 'float32')],
+    'fft_fft2': [((4, 8), 'complex64')],
 }
 
 
@@ -474,6 +480,10 @@ def _numpy_calls() -> list:
         ("round_decimals", lambda A: np.round(A((2, 3)), 2)),
         ("conj", lambda A: A((2,), np.complex64).conj()),
         ("angle", lambda A: np.angle(A((2,), np.complex128))),
+        ("fft_n", lambda A: np.fft.fft(A((3, 4)), n=6)),
+        ("rfftn_s", lambda A: np.fft.rfftn(A((4, 6)), s=(3, 5), axes=(0, 1))),
+        ("irfft_axis", lambda A: np.fft.irfft(A((4, 5), np.complex64), axis=0)),
+        ("hfft2", lambda A: np.fft.irfft2(A((2, 4, 5), np.complex128), s=(3, 6))),
     ]
 
 

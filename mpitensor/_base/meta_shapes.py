@@ -678,6 +678,58 @@ _LINALG = {np.linalg.inv: _la_inv, np.linalg.det: _la_det, np.linalg.slogdet: _l
            np.linalg.eig: _la_eig, np.linalg.eigvals: _la_eigvals}
 
 
+def _fft_axes(shp: tuple, s: Any, axes: Any) -> Tuple[tuple, list]:
+    """NumPy's ``(s, axes)`` defaults of an n-D transform: the lengths (None: the input's)."""
+    if axes is None:
+        axes = range(len(shp)) if s is None else range(len(shp) - len(s), len(shp))
+    axes = tuple(normalize_axis_index(a, len(shp)) for a in axes)
+    lengths = [None] * len(axes) if s is None else [None if n == -1 else int(n) for n in s]
+    return axes, lengths
+
+
+def _fft_rule(kind: str, ndims: Any) -> Rule:
+    """The spec of a NumPy FFT: ``kind`` "c2c" (fft, ifft...), "r2c" (rfft, ihfft: the last
+    axis halved, plus one) or "c2r" (irfft, hfft: the last axis 2 (m - 1) by default);
+    ``ndims`` 1 (``n``, ``axis``), 2 (``s``, ``axes=(-2, -1)``) or None (n-D)."""
+
+    def rule(a: Any, *args: Any, **kw: Any) -> Spec:
+        names = ("n", "axis", "norm", "out") if ndims == 1 else ("s", "axes", "norm", "out")
+        kw.update(zip(names, args))
+        shp = _shape(_arr(a))
+        if ndims == 1:
+            n = kw.get("n")
+            axes, lengths = _fft_axes(shp, None if n is None else (n,), (kw.get("axis", -1),))
+        else:
+            axes, lengths = _fft_axes(shp, kw.get("s"), kw.get("axes", (-2, -1) if ndims == 2
+                                                             else None))
+        out = list(shp)
+        for i, (ax, n) in enumerate(zip(axes, lengths)):
+            last = i == len(axes) - 1
+            if kind == "c2r" and last:
+                out[ax] = 2 * (shp[ax] - 1) if n is None else n
+            else:
+                n = shp[ax] if n is None else n
+                out[ax] = n // 2 + 1 if kind == "r2c" and last else n
+        probe = (np.fft.irfft if kind == "c2r" else np.fft.fft)(np.ones(2, _dtype_of(a)))
+        return tuple(out), probe.dtype
+
+    return rule
+
+
+def _fft_rules() -> Dict[Any, Rule]:
+    f = np.fft
+    kinds = {"c2c": ("fft", "ifft"), "r2c": ("rfft", "ihfft"), "c2r": ("irfft", "hfft")}
+    rules: Dict[Any, Rule] = {}
+    for kind, names in kinds.items():
+        for name in names:
+            rules[getattr(f, name)] = _fft_rule(kind, 1)
+    for kind, names in {"c2c": ("fft2", "ifft2", "fftn", "ifftn"), "r2c": ("rfft2", "rfftn"),
+                        "c2r": ("irfft2", "irfftn")}.items():
+        for name in names:
+            rules[getattr(f, name)] = _fft_rule(kind, 2 if name.endswith("2") else None)
+    return rules
+
+
 def data_dependent(name: str) -> Rule:
     """A rule (or method) that refuses: ``name``'s result shape depends on values."""
 
@@ -709,6 +761,7 @@ FUNCTION_RULES: Dict[Any, Rule] = {
     np.tril: _tri("tril"), np.triu: _tri("triu"), np.diff: _diff, np.trace: _trace,
     np.convolve: _convolve, np.real_if_close: _same, np.fix: _same, np.roll: _same,
     **_LINALG,
+    **_fft_rules(),
     **{getattr(np, n): data_dependent(n) for n in DATA_DEPENDENT if hasattr(np, n)},
 }
 
@@ -720,7 +773,8 @@ THROUGH = frozenset(getattr(np, n) for n in (
     "column_stack", "tensordot", "take_along_axis", "meshgrid", "tile", "kron", "average",
     "nansum", "nanmean", "cross", "nanmax", "nanmin", "diag", "squeeze", "block",
     "cumulative_sum", "cumulative_prod", "unstack", "matrix_transpose", "permute_dims",
-    "iscomplex", "isreal", "angle") if hasattr(np, n))
+    "iscomplex", "isreal", "angle")
+    if hasattr(np, n)) | {np.fft.fftshift, np.fft.ifftshift}
 
 #: NumPy's functions that give a view (or only read the shape or dtype): NumPy's own code,
 #: which keeps a meta array's zero strides, runs on it.
