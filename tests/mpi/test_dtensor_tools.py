@@ -372,12 +372,18 @@ def test_local_map_two_outputs_and_decorator():
 
 @contextlib.contextmanager
 def registered(name):
+    """Undo a test's registration: the rule and DTensor method there were before (if any)."""
+    rule, method = _dispatch._RULES.get(name), vars(DTensor).get(name)
     try:
         yield
     finally:
         _dispatch._RULES.pop(name, None)
+        if rule is not None:
+            _dispatch._RULES[name] = rule
         if name in vars(DTensor):
             delattr(DTensor, name)
+        if method is not None:
+            setattr(DTensor, name, method)
 
 
 def test_register_sharding_custom_rule():
@@ -420,6 +426,48 @@ def test_register_sharding_by_name_on_2d_mesh():
         out = dt.flip([1])
         assert out.placements == (Shard(0), Replicate())
         close(out, x[:, ::-1])
+
+
+def cumsum_strategies(t, dim):
+    d = dim % t.ndim
+    return [([Replicate()], [Replicate(), None])] + [
+        ([Shard(k)], [Shard(k), None]) for k in range(t.ndim) if k != d]
+
+
+def test_register_sharding_inplace_op():
+    mesh = world_mesh()
+    x = rand((8, 6), 14)
+    with registered("cumsum_"):
+        register_sharding(ops.aten.cumsum_.default)(cumsum_strategies)
+        rows = distribute_tensor(mt.tensor(x), mesh, [Shard(0)])
+        with CommDebugMode() as mode:
+            same = rows.cumsum_(1)
+        assert same is rows and mode.get_total_counts() == 0
+        close(rows, np.cumsum(x, 1))
+        cols = distribute_tensor(mt.tensor(x), mesh, [Shard(1)])
+        with pytest.raises(_dispatch.ShardingError, match="in-place"):
+            cols.cumsum_(1)  # no listed strategy keeps the column shard it would write
+
+
+def test_register_sharding_function():
+    from mpitensor.nn import functional as F
+
+    mesh = world_mesh()
+    x = rand((8, 6), 15)
+    path = "mpitensor.nn.functional.normalize"
+    with registered(path):
+        @register_sharding(F.normalize)
+        def normalize_strategies(t, p=2.0, dim=1, eps=1e-12):
+            d = dim % t.ndim
+            return [([Replicate()], [Replicate()])] + [
+                ([Shard(k)], [Shard(k)]) for k in range(t.ndim) if k != d]
+
+        assert path in _dispatch.registered_ops()
+        rows = distribute_tensor(mt.tensor(x), mesh, [Shard(0)])
+        with CommDebugMode() as mode:
+            out = F.normalize(rows, dim=1)
+        assert out.placements == (Shard(0),) and mode.get_total_counts() == 0
+        close(out, x / np.linalg.norm(x, axis=1, keepdims=True))
 
 
 def test_prepare_module_input_output_equals_both():

@@ -13,6 +13,7 @@ it and the op runs on the local pieces.
 from __future__ import annotations
 
 import itertools
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, List, Sequence, Tuple
 
@@ -43,6 +44,10 @@ class TensorSpec:
         return self.mesh
 
 
+#: where programs reach the functions that rules wrap (a rule wraps the attribute they call)
+_PUBLIC = ("mpitensor.nn.functional", "mpitensor", "mpitensor.linalg")
+
+
 def _op_name(op: Any) -> str:
     """The registry's name of ``op``: ``aten.mm.default`` -> ``"mm"``, a string as it is, a
     function by its module and name (``mpitensor.nn.functional.softmax``)."""
@@ -50,11 +55,15 @@ def _op_name(op: Any) -> str:
         return op.name
     if isinstance(op, str):
         return op
-    if callable(op) and getattr(op, "__module__", None) and getattr(op, "__name__", None):
-        original = getattr(op, "__dtensor_original__", op)
-        return f"{original.__module__}.{original.__name__}"
-    raise TypeError(f"register_sharding: {op!r} is not an operation (give aten.<name>.default, "
-                    "a Tensor method name or a function)")
+    name = getattr(op, "__name__", None)
+    if callable(op) and name:
+        for where in _PUBLIC + (getattr(op, "__module__", None),):
+            module = sys.modules.get(where or "")
+            if module is not None and getattr(module, name, None) is op:
+                return f"{where}.{name}"
+    raise TypeError(f"register_sharding: {op!r} is not an operation found in "
+                    f"{', '.join(_PUBLIC)} (give aten.<name>.default, a Tensor method name, "
+                    "or the function's dotted path as callers reach it)")
 
 
 def _cost(have: Placement, want: Placement) -> int:
@@ -85,11 +94,18 @@ def _choose(call: OpCall, strategies: Sequence[Tuple[Any, Any]]) -> Tuple[list, 
             raise call.fail(f"a sharding strategy gives {list(ins)}: each DTensor argument "
                             "needs a Placement")
     best, best_cost = None, None
+    first = call.args[positions[0]] if positions else None
     for combo in itertools.product(range(len(strategies)), repeat=call.mesh.ndim):
+        if _inplace(call.op) and first is not None and tuple(
+                strategies[s][1][positions[0]] for s in combo) != first.placements:
+            continue  # an in-place op cannot move the operand it writes
         cost = sum(_cost(call.args[i].placements[m], strategies[s][1][i])
                    for m, s in enumerate(combo) for i in positions)
         if best_cost is None or cost < best_cost:
             best, best_cost = combo, cost
+    if best is None:
+        raise call.fail(f"an in-place op keeps its operand's placements {first.placements}; "
+                        "no strategy listed keeps them")
     inputs = [tuple(strategies[s][1][i] for s in best) for i in positions]
     return list(best), inputs
 
@@ -127,6 +143,11 @@ def _local_length(n: int, mesh: Any, mdims: List[int]) -> int:
     return n
 
 
+def _inplace(op: str) -> bool:
+    """A Tensor method ending in ``_`` (``add_``) writes into its first operand."""
+    return "." not in op and op.endswith("_") and not op.endswith("__")
+
+
 def _rule(fn: Callable[..., Any]) -> Callable[[OpCall], Sharding]:
     def rule(call: OpCall) -> Sharding:
         args, kwargs = _spec_args(call)
@@ -140,7 +161,10 @@ def _rule(fn: Callable[..., Any]) -> Callable[[OpCall], Sharding]:
             if not isinstance(p, (Shard, Replicate, Partial)):
                 raise call.fail(f"output placement {p!r} is not a Placement")
         sharding = Sharding(placements=outs[0] if n_out == 1 else outs, shape=None,
-                            inputs=inputs)
+                            inputs=inputs, inplace=_inplace(call.op))
+        if sharding.inplace and outs[0] != call.dtensors[0].placements:
+            raise call.fail(f"an in-place op's output is its operand, placed "
+                            f"{call.dtensors[0].placements}; the strategy gives {outs[0]}")
 
         def run(*a: Any, **kw: Any) -> Any:
             out = _RUNNING[call.op](*a, **kw)
