@@ -141,6 +141,11 @@ def test_comm_tracing_table_and_file(tmp_path):
     table = mode.generate_comm_debug_tracing_table(noise_level=1)
     assert "        *module type: class 'mpitensor.nn.modules.linear.Linear'\n" \
            "        *Parameter List\n         *weight: (Shard(dim=0),)\n" in table
+    red = "\033[1;31m"
+    assert (f"{y}            **mpitensor.nn.functional.linear{r}\n"
+            f"{red}              shape: [(4, 8), (12, 8), (12,)]{r}\n"
+            f"{red}              sharding: [(Replicate(),), (Shard(dim=0),), (Shard(dim=0),)]{r}\n"
+            f"{red}              device mesh: {mesh!r}{r}\n") in table
     path = tmp_path / f"log{dist.get_rank()}.txt"
     mode.log_comm_debug_tracing_table_to_file(str(path), noise_level=0)
     assert path.read_text() == mode.generate_comm_debug_tracing_table(0).replace(y, "").replace(
@@ -319,6 +324,14 @@ def test_implicit_replication():
         close(dt.mul(mt.tensor(b)), a * b)
     with pytest.raises(TypeError, match="plain Tensor"):
         dt * mt.tensor(b)
+    original = _dispatch.dispatch
+    with CommDebugMode() as mode, implicit_replication():  # both swap the dispatcher
+        diff = dt - mt.tensor(b)
+    assert mode.get_total_counts() == 0 and _dispatch.dispatch is original
+    assert mode.generate_comm_debug_tracing_table(1).count("**__sub__") == 1
+    close(diff, a - b)
+    with pytest.raises(TypeError, match="plain Tensor"):
+        dt - mt.tensor(b)
 
 
 def test_implicit_replication_gradient():

@@ -12,7 +12,9 @@ mpitensor has no dispatch modes, so the mode counts by swapping functions while 
   torch's: what runs underneath (a direct move's small handshakes, a group's internal
   call) is not counted again;
 * ``nn.Module.__call__``, to attribute forward collectives to the modules running them and
-  to collect their DTensor parameters' placements.
+  to collect their DTensor parameters' placements;
+* the DTensor dispatcher, to list the operations run on DTensors (the tracing table's
+  noise levels 1-3).
 
 Code that bound a collective before the mode was entered (``from mpitensor.distributed
 import all_reduce``) is not seen; ``dist.all_reduce`` is. Object collectives
@@ -31,7 +33,7 @@ import mpitensor.distributed as dist
 from mpitensor.autograd import _engine
 from mpitensor.nn.modules.module import Module
 
-from .. import _redistribute
+from .. import _dispatch, _redistribute
 from .._api import DTensor
 from ._op_names import C10D, CommOp
 from ._patches import Patches
@@ -45,7 +47,7 @@ _FUNCOL_FROM_DTENSOR = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_
 _STEPS = {"all_gather_dim": "all_gather_into_tensor", "reduce_scatter_dim": "reduce_scatter_tensor",
           "all_reduce_dim": "all_reduce", "all_to_all_dim": "all_to_all_single"}
 _FWD, _BWD = "FORWARD PASS", "BACKWARD PASS"
-_YELLOW, _RESET = "\033[1;33m", "\033[0m"
+_YELLOW, _RED, _RESET = "\033[1;33m", "\033[1;31m", "\033[0m"
 
 _local = threading.local()
 
@@ -101,7 +103,24 @@ def _tracked_call(original: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _recorded_dispatch(original: Callable[..., Any]) -> Callable[..., Any]:
+    def dispatch(op: str, fn: Callable[..., Any], args: Tuple[Any, ...],
+                 kwargs: Dict[str, Any]) -> Any:
+        found = [x for a in list(args) + list(kwargs.values())
+                 for x in (a if isinstance(a, (list, tuple)) else (a,)) if isinstance(x, DTensor)]
+        if found:
+            record = (op, [tuple(d.shape) for d in found], [d.placements for d in found],
+                      found[0].device_mesh)
+            backward = _engine._mode.callbacks is not None
+            for mode in _PATCHES.holders:
+                mode._add_op(record, backward)
+        return original(op, fn, args, kwargs)
+
+    return dispatch
+
+
 def _install(p: Patches) -> None:
+    p.swap(_dispatch, "dispatch", _recorded_dispatch(_dispatch.dispatch))
     for name in C10D:
         p.swap(dist, name, _counted_public(name, getattr(dist, name)))
     for step, name in _STEPS.items():
@@ -119,6 +138,14 @@ class _ModuleRecord:
         self.counts: Dict[str, Dict[CommOp, int]] = {_FWD: defaultdict(int),
                                                       _BWD: defaultdict(int)}
         self.parameters: Dict[str, Any] = {}
+        self.ops: Dict[str, List[Tuple[Any, ...]]] = {_FWD: [], _BWD: []}
+
+
+def _op_lines(record: Tuple[Any, ...], pad: str) -> List[str]:
+    op, shapes, placements, mesh = record
+    return [f"{_YELLOW}{pad}**{op}{_RESET}", f"{_RED}{pad}  shape: {shapes}{_RESET}",
+            f"{_RED}{pad}  sharding: {placements}{_RESET}",
+            f"{_RED}{pad}  device mesh: {mesh!r}{_RESET}"]
 
 
 class CommDebugMode:
@@ -148,6 +175,13 @@ class CommDebugMode:
         if not backward:
             for fqn, _ in self._stack:
                 self.comm_module_counts[fqn].counts[_FWD][key] += 1
+
+    def _add_op(self, record: Tuple[Any, ...], backward: bool) -> None:
+        """A DTensor operation: to the innermost module running (backward ones: Global)."""
+        if backward or not self._stack:
+            self._global.ops[_BWD if backward else _FWD].append(record)
+        else:
+            self.comm_module_counts[self._stack[-1][0]].ops[_FWD].append(record)
 
     def _enter_module(self, module: Any) -> None:
         if self._stack:
@@ -208,8 +242,8 @@ class CommDebugMode:
 
     def generate_comm_debug_tracing_table(self, noise_level: int = 3) -> str:
         """The counts by module as an indented text: ``noise_level`` 0 shows the collectives,
-        1 and above also each module's type and DTensor parameters (DTensor operations are
-        not listed: see docs/sharding.md)."""
+        1 and above also each module's type, its DTensor parameters and the DTensor
+        operations it ran (by mpitensor's op names; backward ones under Global)."""
         lines: List[str] = []
         recs = [("Global", self._global)] + list(self.comm_module_counts.items())
         for fqn, rec in recs:
@@ -221,10 +255,12 @@ class CommDebugMode:
                     lines.append(f"{pad}*Parameter List")
                     lines += [f"{pad} *{n}: {p}" for n, p in rec.parameters.items()]
             for kind in (_FWD, _BWD):
-                if rec.counts[kind]:
+                ops = rec.ops[kind] if noise_level > 0 else []
+                if rec.counts[kind] or ops:
                     lines.append(f"{pad}  {kind}")
                     lines += [f"{_YELLOW}{pad}    *{k}: {v}{_RESET}"
                               for k, v in rec.counts[kind].items()]
+                    lines += [line for op in ops for line in _op_lines(op, pad + "    ")]
         return "\n".join(lines) + "\n"
 
     def log_comm_debug_tracing_table_to_file(self, file_name: str = "comm_mode_log.txt",
