@@ -494,15 +494,15 @@ class Copysign(BinaryOp):
 
 
 class Xlogy(BinaryOp):
-    """``x * log(y)``, 0 where x == 0 (unless y is NaN): d/dx = log(y) (0 where x == 0),
-    d/dy = x / y."""
+    """``x * log(y)``, 0 where x == 0 (unless y is NaN): d/dx = log(y) (0 where x == 0 and
+    y <= 0, as torch), d/dy = x / y."""
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
         m = xp(g)
         ga = gb = None
         if need_a:
-            ga = g * m.where((a == 0) & ~m.isnan(b), 0, m.log(b))
+            ga = g * m.where((a == 0) & (b <= 0), 0, m.log(b))
         if need_b:
             gb = g * (a / b)
         return ga, gb

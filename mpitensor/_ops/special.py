@@ -1,5 +1,7 @@
-"""Special functions on float arrays (NumPy or CuPy): ``erf``, ``erfc``, ``erfinv``,
-``lgamma``, ``digamma`` and ``trigamma``, written with array operations only.
+"""Special functions on float arrays (NumPy or CuPy): ``erf``, ``erfc``, ``erfcx``,
+``erfinv``, ``lgamma``, ``digamma``, ``trigamma``, ``polygamma``, the Hurwitz ``zeta``, the
+normal distribution's ``ndtri`` and ``log_ndtr``, the modified Bessel functions ``i0``, ``i1``
+and their scaled forms ``i0e``, ``i1e``, written with array operations only.
 
 NumPy has none of them, and SciPy is not a dependency. Each is accurate to a few units in the
 last place of float64 over the whole real line (checked against torch in the tests), and is
@@ -50,11 +52,7 @@ def _erf_series(x: Any, m: Any) -> Any:
 def _erfc_fraction(x: Any, m: Any) -> Any:
     """erfc(x) for x >= 1.5: the continued fraction of the upper incomplete gamma function
     ``Q(1/2, x^2)`` (the even contraction of Laplace's), evaluated from its tail."""
-    s = x * x
-    f = s + (0.5 + 2 * _CF_TERMS)
-    for i in range(_CF_TERMS, 0, -1):  # x >= 1.5: converged to double precision
-        f = (s + (0.5 + 2 * (i - 1))) - (i * (i - 0.5)) / f
-    return m.exp(-s) * x / (_SQRT_PI * f)
+    return m.exp(-x * x) * _erfcx_fraction(x, m)  # x >= 1.5: converged to double precision
 
 
 _CF_TERMS = 40
@@ -247,4 +245,216 @@ def trigamma(x: Any) -> Any:
         s = m.sin(math.pi * (x - m.round(x)))
         out = m.where(neg, (math.pi * math.pi) / (s * s) - val, val)
         out = m.where((x <= 0) & (x == m.floor(x)), m.inf, out)
+    return out.astype(dt, copy=False)
+
+
+# --------------------------------------------------------------------------------------------
+# torch.special's further functions: erfcx, the normal distribution's ndtri and log_ndtr,
+# the modified Bessel functions i0/i1 (and their scaled forms), the Hurwitz zeta function and
+# polygamma.
+
+
+def _erfcx_fraction(x: Any, m: Any) -> Any:
+    """erfcx(x) = exp(x^2) erfc(x) for x >= 1.5: the continued fraction of ``_erfc_fraction``
+    without its factor exp(-x^2) (no underflow), and ``1 / (x sqrt(pi))`` where x^2
+    overflows."""
+    s = x * x
+    f = s + (0.5 + 2 * _CF_TERMS)
+    for i in range(_CF_TERMS, 0, -1):
+        f = (s + (0.5 + 2 * (i - 1))) - (i * (i - 0.5)) / f
+    return m.where(x > 1e150, 1.0 / (x * _SQRT_PI), x / (_SQRT_PI * f))
+
+
+def _erfcx_high(v: Any, m: Any) -> Any:
+    tail = _erfcx_fraction(m.abs(v), m)
+    # erfcx(-y) = 2 exp(y^2) - erfcx(y): inf once exp(y^2) overflows, as torch
+    return m.where(v > 0, m.where(m.isinf(v), 0.0, tail), 2.0 * m.exp(v * v) - tail)
+
+
+def erfcx(x: Any) -> Any:
+    """The scaled complementary error function ``exp(x^2) erfc(x)``, element-wise, without
+    the underflow of erfc nor the overflow of exp for large ``x``."""
+    x, dt = _wide(x)
+    m = xp(x)
+    with np.errstate(all="ignore"):
+        out = _by_parts(x, m.abs(x) <= _SPLIT,
+                        lambda v: m.exp(v * v) * (1.0 - _erf_series(v, m)),
+                        lambda v: _erfcx_high(v, m))
+        out = m.where(m.isnan(x), x, out)
+    return out.astype(dt, copy=False)
+
+
+_SQRT_HALF = math.sqrt(0.5)
+_SQRT_HALF_PI = math.sqrt(0.5 * math.pi)
+_LOG_2PI = math.log(2 * math.pi)
+
+
+def log_ndtr(x: Any) -> Any:
+    """The log of the standard normal distribution function, element-wise: through erfcx in
+    the lower tail (no underflow), through log1p of the upper tail above -1."""
+    x, dt = _wide(x)
+    m = xp(x)
+    with np.errstate(all="ignore"):
+        low = m.log(0.5 * erfcx(-x * _SQRT_HALF)) - 0.5 * x * x
+        high = m.log1p(-0.5 * erfc(x * _SQRT_HALF))
+        out = m.where(x < -1.0, low, high)
+        out = m.where(m.isnan(x), x, out)
+    return out.astype(dt, copy=False)
+
+
+def ndtri(p: Any) -> Any:
+    """The inverse of the standard normal distribution function on [0, 1] (-inf at 0, inf at
+    1, nan outside), element-wise.
+
+    The lower half ``q = min(p, 1 - p)`` (``1 - p`` is exact for p >= 1/2) starts from erfinv
+    (or, below 1e-3, from the tail's leading terms ``x^2 = t^2 - log(2 pi t^2)``, ``t^2 =
+    -2 log q``), then Newton steps on ``log_ndtr(x) = log q``, whose slope
+    ``1 / (sqrt(pi/2) erfcx(-x/sqrt(2)))`` needs no exponentials.
+    """
+    p, dt = _wide(p)
+    m = xp(p)
+    with np.errstate(all="ignore"):
+        upper = p > 0.5
+        q = m.where(upper, 1.0 - p, p)
+        inside = (q > 0) & (q <= 0.5)
+        qi = m.where(inside, q, 0.25)
+        t2 = -2.0 * m.log(qi)
+        x = m.where(qi > 1e-3, erfinv(2.0 * qi - 1.0) / _SQRT_HALF,
+                    -m.sqrt(t2 - m.log(t2) - _LOG_2PI))
+        log_q = m.log(qi)
+        for _ in range(4):  # quadratic from a start good to a few digits
+            x = x - (log_ndtr(x) - log_q) * (_SQRT_HALF_PI * erfcx(-x * _SQRT_HALF))
+        out = m.where(inside, x, m.nan)
+        out = m.where(q == 0, -m.inf, out)
+        out = m.where(upper, -out, out)
+        out = m.where((p < 0) | (p > 1) | m.isnan(p), m.nan, out)
+    return out.astype(dt, copy=False)
+
+
+_BESSEL_SPLIT = 20.0  # i0/i1: the power series below, the asymptotic series above
+
+
+def _bessel_series(x: Any, nu: int, m: Any) -> Any:
+    """I_nu(x) for |x| < 20, nu in {0, 1}: ``(x/2)^nu sum (x^2/4)^k / (k! (k+nu)!)``, a sum of
+    positive terms (60 bring it to double precision)."""
+    q = 0.25 * x * x
+    term = m.ones_like(x)
+    total = m.ones_like(x)
+    for k in range(1, 60):
+        term = term * (q / (k * (k + nu)))
+        total = total + term
+    return total if nu == 0 else 0.5 * x * total
+
+
+def _bessel_scaled_asymptotic(a: Any, nu: int, m: Any) -> Any:
+    """exp(-a) I_nu(a) for a >= 20 (Hankel's expansion ``sum_k c_k / a^k`` with
+    ``c_k = c_{k-1} ((2k-1)^2 - 4 nu^2) / (8k)``, cut before its terms grow)."""
+    term = m.ones_like(a)
+    total = m.ones_like(a)
+    for k in range(1, 28):
+        term = term * (((2 * k - 1) ** 2 - 4 * nu * nu) / (8.0 * k * a))
+        total = total + term
+    return total / m.sqrt(2 * math.pi * a)
+
+
+def _bessel(x: Any, nu: int, scaled: bool) -> Any:
+    x, dt = _wide(x)
+    m = xp(x)
+    with np.errstate(all="ignore"):
+        a = m.abs(x)
+        small = a < _BESSEL_SPLIT
+        s = _bessel_series(m.where(small, a, 0.0), nu, m)
+        big = _bessel_scaled_asymptotic(m.where(small, _BESSEL_SPLIT, a), nu, m)
+        out = m.where(small, s * m.exp(-a), big) if scaled else m.where(small, s, big * m.exp(a))
+        out = m.where(a == m.inf, 0.0 if scaled else m.inf, out)
+        if nu == 1:
+            out = m.copysign(out, x)  # I_1 is odd, I_0 even
+        out = m.where(m.isnan(x), x, out)
+    return out.astype(dt, copy=False)
+
+
+def i0(x: Any) -> Any:
+    """The modified Bessel function of the first kind of order 0, element-wise."""
+    return _bessel(x, 0, False)
+
+
+def i0e(x: Any) -> Any:
+    """``exp(-|x|) i0(x)``, element-wise (no overflow)."""
+    return _bessel(x, 0, True)
+
+
+def i1(x: Any) -> Any:
+    """The modified Bessel function of the first kind of order 1, element-wise."""
+    return _bessel(x, 1, False)
+
+
+def i1e(x: Any) -> Any:
+    """``exp(-|x|) i1(x)``, element-wise (no overflow)."""
+    return _bessel(x, 1, True)
+
+
+def _bernoulli_ratios(n: int) -> tuple:
+    """``B_2j / (2j)!`` for j = 1..n, from the Bernoulli numbers' recurrence
+    ``sum_{k<m} C(m+1, k) B_k = -(m+1) B_m``, in exact fractions."""
+    from fractions import Fraction
+
+    b = [Fraction(1)]
+    for k in range(1, 2 * n + 1):
+        b.append(-sum(math.comb(k + 1, j) * b[j] for j in range(k)) / (k + 1))
+    return tuple(float(b[2 * j] / math.factorial(2 * j)) for j in range(1, n + 1))
+
+
+_ZETA_TAIL = _bernoulli_ratios(12)
+_ZETA_SHIFT = 9.0
+
+
+def zeta(x: Any, q: Any) -> Any:
+    """The Hurwitz zeta function ``sum_k (k + q)^-x``, element-wise (``x`` and ``q``
+    broadcast): inf at x = 1 and at integer q <= 0, nan for x < 1 and for a non-integer x
+    with q < 0.
+
+    The sum's first terms are added until ``w = q + N >= 9``; the rest is Euler-Maclaurin's
+    ``w^(1-x)/(x-1) - w^-x/2 + sum_j B_2j/(2j)! x(x+1)...(x+2j-2) w^(-x-2j+1)``, twelve
+    terms of which reach double precision at w >= 9.
+    """
+    m = xp(x) if getattr(x, "ndim", 0) else xp(q)  # the array's module, for a scalar x
+    dt = np.result_type(*(v.dtype for v in (x, q) if hasattr(v, "dtype")))  # (not a number's)
+    x, q = m.asarray(x), m.asarray(q)
+    x, q = m.broadcast_arrays(_wide(x)[0], _wide(q)[0])
+    with np.errstate(all="ignore"):
+        finite_q = q[m.isfinite(q)]
+        low = float(finite_q.min()) if finite_q.size else _ZETA_SHIFT
+        w = q.copy()
+        total = m.zeros_like(x)
+        for _ in range(max(int(_ZETA_SHIFT), int(math.ceil(_ZETA_SHIFT - low)))):
+            total = total + w ** -x
+            w = w + 1.0
+        b = w ** -x
+        total = total + b * w / (x - 1.0) + 0.5 * b
+        rising = x.copy()
+        b = b / w
+        for j, c in enumerate(_ZETA_TAIL):
+            total = total + c * rising * b
+            rising = rising * (x + (2 * j + 1)) * (x + (2 * j + 2))
+            b = b / (w * w)
+        out = m.where(x == 1.0, m.inf, total)
+        out = m.where(x < 1.0, m.nan, out)
+        pole = (q <= 0) & (q == m.floor(q))
+        out = m.where((q < 0) & ~pole & (x != m.floor(x)), m.nan, out)
+        out = m.where(pole & (x >= 1.0), m.inf, out)
+        out = m.where(m.isnan(x) | m.isnan(q), m.nan, out)
+    return out.astype(dt if np.dtype(dt).kind == "f" else _F64, copy=False)
+
+
+def polygamma(n: int, x: Any) -> Any:
+    """The n-th derivative of digamma, element-wise: ``(-1)^(n+1) n! zeta(n+1, x)`` for
+    n >= 2."""
+    if n == 0:
+        return digamma(x)
+    if n == 1:
+        return trigamma(x)
+    x, dt = _wide(x)
+    sign = 1.0 if n % 2 else -1.0
+    with np.errstate(all="ignore"):
+        out = (sign * math.factorial(n)) * zeta(np.float64(n + 1), x)
     return out.astype(dt, copy=False)
