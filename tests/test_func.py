@@ -369,3 +369,37 @@ def test_per_sample_gradients_program_in_the_tutorial_style():
     assert mine["conv.weight"].shape == (8, 4, 1, 3, 3) and mine["fc.bias"].shape == (8, 10)
     if len(results) > 1:
         _compare(mine, results[1])
+
+
+# ------------------------------------------------------------------------------ on the GPU
+
+
+def _device_program(device):
+    from mpitensor import backend, func
+
+    model = mlp(mt).to(device)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, y = data(mt, 6, 3).to(device), data(mt, 6, 2, seed=2).to(device)
+
+    def sample_loss(p, xs, ys):
+        return ((func.functional_call(model, p, (xs.unsqueeze(0),)) - ys.unsqueeze(0)) ** 2).sum()
+
+    g = func.vmap(func.grad(sample_loss), in_dims=(None, 0, 0))(params, x, y)
+    jac = mt.autograd.functional.jacobian(model, x[:2])
+    xg = x.clone().requires_grad_(True)
+    (gx,) = mt.autograd.grad(model(xg).pow(2).sum(), xg)
+    assert mt.autograd.gradcheck(lambda t: model(t).tanh(),
+                                 (xg[:2].detach().clone().requires_grad_(True),))
+    assert g["0.weight"].device.type == device and jac.device.type == device
+    return [backend.to_numpy(t._data) for t in (*g.values(), jac, gx)]
+
+
+def test_device_program_on_cpu():
+    got = _device_program("cpu")
+    assert got[0].shape == (6, 5, 3) and got[4].shape == (2, 2, 2, 3)
+
+
+@pytest.mark.gpu
+def test_gpu_per_sample_gradients_jacobian_and_gradcheck_match_cpu():
+    for a, b in zip(_device_program("cpu"), _device_program("cuda")):
+        np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
