@@ -436,3 +436,18 @@ def test_set_model_state_dict_strict_reports_missing_keys() -> None:
     out = set_state_dict(model, [], model_state_dict=sd, optim_state_dict={},
                          options=StateDictOptions(strict=False))
     assert out.missing_keys == ["2.bias"]
+
+
+def test_the_older_names_save_state_dict_and_load_state_dict(tmp_path: Path) -> None:
+    """torch's deprecated save_state_dict / load_state_dict (the storage positional), which
+    pytorch/examples' FSDP checkpoint handler still calls: they warn and do what save/load do."""
+    model = nn.Linear(3, 2)
+    with pytest.warns(FutureWarning, match="save_state_dict is deprecated"):
+        dcp.save_state_dict({"model": model.state_dict()},
+                            dcp.FileSystemWriter(str(tmp_path / "ck")))
+    other = nn.Linear(3, 2)
+    sd = {"model": other.state_dict()}
+    with pytest.warns(FutureWarning, match="load_state_dict is deprecated"):
+        dcp.load_state_dict(sd, dcp.FileSystemReader(str(tmp_path / "ck")))
+    other.load_state_dict(sd["model"])
+    assert mt.equal(other.weight, model.weight) and mt.equal(other.bias, model.bias)

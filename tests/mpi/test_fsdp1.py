@@ -27,7 +27,11 @@ import mpitensor.distributed as dist
 import mpitensor.distributed.checkpoint as dcp
 import mpitensor.nn as nn
 import mpitensor.nn.functional as F
-from mpitensor.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from mpitensor.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from mpitensor.distributed.device_mesh import init_device_mesh
 from mpitensor.distributed.fsdp import (
     FullOptimStateDictConfig,
@@ -406,9 +410,10 @@ def test_full_optim_state_dict_scattered_from_rank0():
 @pytest.mark.parametrize("kind", [StateDictType.FULL_STATE_DICT,
                                   StateDictType.SHARDED_STATE_DICT])
 def test_get_state_dict_on_an_fsdp1_model(kind):
-    """checkpoint.state_dict's get/set_state_dict take an FSDP1 model as they are: with the
-    default FULL type (the distributed checkpoint recipe's ``FSDP(model)``) the model entries
-    are whole tensors, with SHARDED they are DTensors; either resumes bit for bit."""
+    """checkpoint.state_dict's get/set_state_dict take an FSDP1 model as they are: whatever
+    type the model was set to (FULL is the default, as in the distributed checkpoint recipe's
+    ``FSDP(model)``), they work on DTensor shards, as torch's set SHARDED_STATE_DICT; with
+    full_state_dict=True the entries are whole tensors. Either resumes bit for bit."""
     model = FSDP(_model("cnn"), auto_wrap_policy=POLICIES["cnn"])
     _, opt = _train("cnn", model, "float32", steps=3)
     fresh = FSDP(_model("cnn", seed=4), auto_wrap_policy=POLICIES["cnn"])
@@ -419,7 +424,11 @@ def test_get_state_dict_on_an_fsdp1_model(kind):
             FSDP.set_state_dict_type(m, kind)
         msd, osd = get_state_dict(model, opt)
         assert isinstance(osd["state"]["fc1.weight"]["exp_avg"], DTensor)
-        assert isinstance(msd["fc1.weight"], DTensor) == (kind.name == "SHARDED_STATE_DICT")
+        assert isinstance(msd["fc1.weight"], DTensor)
+        assert FSDP.get_state_dict_type(model).state_dict_type is kind  # restored after
+        full = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))[0]
+        assert not isinstance(full["fc1.weight"], DTensor)
+        assert mt.equal(full["fc1.weight"], msd["fc1.weight"].full_tensor())
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
         msd2, osd2 = get_state_dict(fresh, fresh_opt)
         dcp.load({"model": msd2, "optim": osd2}, checkpoint_id=path)

@@ -33,8 +33,8 @@ from .filesystem import CheckpointError, FileSystemReader, FileSystemWriter
 from .metadata import BytesStorageMetadata, ChunkStorageMetadata, Metadata, MetadataIndex
 from .metadata import TensorProperties as TensorProperties  # re-exported, as in torch
 from .metadata import TensorStorageMetadata as TensorStorageMetadata
-from .state_dict_loader import load
-from .state_dict_saver import AsyncCheckpointerType, async_save, save
+from .state_dict_loader import load, load_state_dict
+from .state_dict_saver import AsyncCheckpointerType, async_save, save, save_state_dict
 from .stateful import Stateful
 
 __all__ = [
@@ -42,4 +42,5 @@ __all__ = [
     "DefaultLoadPlanner", "LocalShard", "CheckpointError", "Metadata", "MetadataIndex",
     "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
     "state_dict", "stateful", "Stateful", "async_save", "AsyncCheckpointerType", "format_utils",
+    "save_state_dict", "load_state_dict",
 ]

@@ -20,6 +20,7 @@ change; gradients that were None are None again), as torch does.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
@@ -120,7 +121,8 @@ def get_model_state_dict(model: Module, *, submodules: Optional[Set[Module]] = N
         ... # doctest: +SKIP
     """
     options = _options(options)
-    sd = model.state_dict()
+    with _sharded_fsdp1(model):
+        sd = model.state_dict()
     if options.ignore_frozen_params:
         frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
         sd = {k: v for k, v in sd.items() if k not in frozen}
@@ -194,7 +196,8 @@ def set_model_state_dict(model: Module, model_state_dict: Dict[str, Any], *,
     options = _options(options)
     if options.broadcast_from_rank0:
         model_state_dict = _broadcast(model_state_dict)
-    current = model.state_dict(keep_vars=True)
+    with _sharded_fsdp1(model):
+        current = model.state_dict(keep_vars=True)
     missing = [k for k in current if k not in model_state_dict]
     unexpected = [k for k in model_state_dict if k not in current]
     if options.strict and (missing or unexpected):
@@ -205,8 +208,21 @@ def set_model_state_dict(model: Module, model_state_dict: Dict[str, Any], *,
     for k in sharded:
         _fill_dtensor(current[k], model_state_dict[k], k)
     rest = {k: v for k, v in model_state_dict.items() if k not in sharded}
-    result = model.load_state_dict(rest, strict=False)
+    with _sharded_fsdp1(model):
+        result = model.load_state_dict(rest, strict=False)
     return type(result)(missing, unexpected)
+
+
+def _sharded_fsdp1(model: Module) -> Any:
+    """FSDP1 units of ``model`` give and take DTensor shards inside the block (their
+    SHARDED_STATE_DICT type), as torch's get/set_state_dict set it; whole tensors, when
+    ``full_state_dict`` asks for them, come from those shards as for ``fully_shard``."""
+    from mpitensor.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from mpitensor.distributed.fsdp import StateDictType
+
+    if not FSDP.fsdp_modules(model):
+        return contextlib.nullcontext()
+    return FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT)
 
 
 # ------------------------------------------------------------------ optimizer

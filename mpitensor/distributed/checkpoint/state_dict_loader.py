@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -195,3 +196,14 @@ def _execute(reader: FileSystemReader, reads: List[_Read],
     views.clear()
     for leaf, value in values:
         leaf.parent[leaf.key] = value
+
+
+def load_state_dict(state_dict: Dict[str, Any], storage_reader: FileSystemReader,
+                    process_group: Any = None, coordinator_rank: int = 0, no_dist: bool = False,
+                    planner: Optional[DefaultLoadPlanner] = None) -> None:
+    """torch's older name for :func:`load` (the reader given positionally; deprecated there
+    too: it warns)."""
+    warnings.warn("load_state_dict is deprecated: use dcp.load(state_dict, storage_reader=...)",
+                  FutureWarning, stacklevel=2)
+    load(state_dict, storage_reader=storage_reader, process_group=process_group,
+         no_dist=no_dist, planner=planner)

@@ -8,6 +8,7 @@ import enum
 import logging
 import threading
 import uuid
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -354,3 +355,15 @@ def _finish_into(future: concurrent.futures.Future, job: _SaveJob, group: Group,
     except BaseException as exc:  # noqa: BLE001 - handed to the future's result()
         _log.error("async_save to %s failed: %s", job.writer.path, exc)
         future.set_exception(exc)
+
+
+def save_state_dict(state_dict: Dict[str, Any], storage_writer: FileSystemWriter,
+                    process_group: Any = None, coordinator_rank: int = 0, no_dist: bool = False,
+                    planner: Optional[DefaultSavePlanner] = None) -> md.Metadata:
+    """torch's older name for :func:`save` (the writer given positionally; deprecated there
+    too: it warns). ``coordinator_rank`` is accepted; rank 0 of the group writes the metadata.
+    """
+    warnings.warn("save_state_dict is deprecated: use dcp.save(state_dict, storage_writer=...)",
+                  FutureWarning, stacklevel=2)
+    return save(state_dict, storage_writer=storage_writer, process_group=process_group,
+                no_dist=no_dist, planner=planner)
