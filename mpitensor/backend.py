@@ -402,6 +402,12 @@ class MetaArray(_meta_shapes.NoValues):
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         return np.trace(self, *args, **kwargs)
 
+    def cumsum(self, axis: Any = None, dtype: Any = None, out: Any = None) -> Any:
+        return np.cumsum(self, axis=axis, dtype=dtype, out=out)
+
+    def cumprod(self, axis: Any = None, dtype: Any = None, out: Any = None) -> Any:
+        return np.cumprod(self, axis=axis, dtype=dtype, out=out)
+
     def sort(self, axis: Any = -1, kind: Any = None, order: Any = None, **kw: Any) -> None:
         """In place: there are no values to order."""
 

@@ -484,6 +484,14 @@ def _numpy_calls() -> list:
         ("rfftn_s", lambda A: np.fft.rfftn(A((4, 6)), s=(3, 5), axes=(0, 1))),
         ("irfft_axis", lambda A: np.fft.irfft(A((4, 5), np.complex64), axis=0)),
         ("hfft2", lambda A: np.fft.irfft2(A((2, 4, 5), np.complex128), s=(3, 6))),
+        ("nanmean_ints", lambda A: np.nanmean(A((2, 3), i8), axis=0)),
+        ("nanmax_keepdims", lambda A: np.nanmax(A((2, 3)), axis=1, keepdims=True)),
+        ("cumprod_int8", lambda A: np.cumprod(A((2, 3), np.int8), axis=1)),
+        ("cross_broadcast", lambda A: np.cross(A((4, 3)), A((3,)))),
+        ("diag_of_matrix", lambda A: np.diag(A((3, 5)), 1)),
+        ("diag_of_vector", lambda A: np.diag(A((3,)), -1)),
+        ("block", lambda A: np.block([[A((2, 2)), A((2, 3))], [A((1, 5), i8)]])),
+        ("iscomplex", lambda A: np.iscomplex(A((2, 3)))),
     ]
 
 
@@ -753,3 +761,36 @@ def test_optimizers_step_meta_parameters():
         opt.step()
         opt.zero_grad()
     assert all(p.is_meta and p._data.strides == (0,) * p.ndim for p in m.parameters())
+
+
+def _big_calls(A) -> list:
+    """NumPy calls on 2000 x 2000 arrays (16 MB a result): functions with a rule, and those
+    whose NumPy code runs on the meta arrays (each of its steps must stay meta)."""
+    n, i8 = 2000, np.int64
+    sq = (n, n)
+    return [
+        np.sum(A(sq), 0), np.std(A(sq), 0), np.max(A(sq), 1), np.any(A(sq), 0),
+        np.cumsum(A(sq)), A(sq).cumprod(1), np.clip(A(sq), 0, 1), np.round(A(sq), 2),
+        np.stack([A(sq), A(sq)]), np.hstack([A(sq), A(sq)]), np.tile(A(sq), 2),
+        np.tensordot(A((n, 30)), A((30, n)), 1), np.take_along_axis(A(sq), A((n, 2), i8), 1),
+        np.meshgrid(A((n,)), A((n,))), np.kron(A((n, 10)), A((10, n // 10))),
+        np.nansum(A(sq), 0), np.nanmean(A(sq)), np.cross(A((n * 10, 3)), A((n * 10, 3))),
+        np.diag(A((n,))), np.block([[A(sq), A((n, 5))], [A((2, n + 5))]]), np.isreal(A(sq)),
+        np.fft.fftshift(A(sq)), np.fft.rfft2(A(sq)), np.flip(A(sq)), np.rot90(A(sq)),
+        np.ravel(A(sq).T), np.tril(A(sq)), np.diff(A(sq)), np.pad(A(sq), 2),
+        np.sort(A(sq)), np.repeat(A(sq), 2, 0), np.median(A(sq), 0),
+        np.einsum("ij,jk->ik", A(sq), A(sq)), np.where(A(sq, np.bool_), A(sq), 0),
+        np.concatenate([A(sq), A(sq)]), A(sq)[A((n,), i8)], np.linalg.inv(A((4, n, n))),
+        np.matmul(A(sq), A(sq)), np.multiply.outer(A((n,)), A((n,))),
+    ]
+
+
+def test_numpy_functions_on_meta_arrays_allocate_nothing():
+    tracemalloc.start()
+    try:
+        outs = _big_calls(_meta)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    assert all(isinstance(o, _backend.MetaArray) for o in _flat(outs))

@@ -25,6 +25,7 @@ raise ``NotImplementedError``, as torch's meta device does for them.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
@@ -560,6 +561,98 @@ def _trace(a: Any, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype: Any =
         standin(a).ravel()).dtype
 
 
+def _scan(name: str) -> Rule:
+    """``cumsum``/``cumprod``: the input's shape (flat without an axis); the dtype NumPy's
+    scan gives (int32 sums widen to int64)."""
+
+    def rule(a: Any, axis: Any = None, dtype: Any = None, out: Any = None) -> Spec:
+        shp = _shape(a)
+        if axis is not None:
+            normalize_axis_index(axis, len(shp))
+        small = standin(_arr(a))
+        dt = getattr(np, name)(small.reshape(-1), dtype=dtype).dtype
+        return ((int(np.prod(shp)),) if axis is None else shp), dt
+
+    return rule
+
+
+def _nan_reduction(name: str) -> Rule:
+    """``nansum``, ``nanmean``, ``nanmax``...: a reduction's shape, NumPy's dtype for it."""
+
+    def rule(a: Any, axis: Any = None, *args: Any, keepdims: Any = False, **kw: Any) -> Spec:
+        shp = _reduce_shape(None, a, {"axis": axis, "keepdims": keepdims is True}, None)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dt = np.asarray(getattr(np, name)(standin(_arr(a)), axis, *args, **kw)).dtype
+        return shp, dt
+
+    return rule
+
+
+def _tensordot(a: Any, b: Any, axes: Any = 2) -> Spec:
+    sa, sb = _shape(_arr(a)), _shape(_arr(b))
+    if isinstance(axes, (int, np.integer)):
+        ia, ib = list(range(len(sa) - axes, len(sa))), list(range(axes))
+    else:
+        ia, ib = ([x] if np.ndim(x) == 0 else list(x) for x in axes)
+    ia = [normalize_axis_index(i, len(sa)) for i in ia]
+    ib = [normalize_axis_index(i, len(sb)) for i in ib]
+    if [sa[i] for i in ia] != [sb[i] for i in ib]:
+        raise ValueError("shape-mismatch for sum")
+    shape = tuple(n for i, n in enumerate(sa) if i not in ia) + tuple(
+        n for i, n in enumerate(sb) if i not in ib)
+    return shape, np.dot(standin(_arr(a)).reshape(1, -1), standin(_arr(b)).reshape(-1, 1)).dtype
+
+
+def _cross(a: Any, b: Any, axisa: int = -1, axisb: int = -1, axisc: int = -1,
+           axis: Any = None) -> Spec:
+    sa, sb = _shape(_arr(a)), _shape(_arr(b))
+    if axis is not None or (axisa, axisb, axisc) != (-1, -1, -1):
+        raise NotImplementedError("cross with axes on a meta tensor: move the axis last first")
+    if sa[-1] not in (2, 3) or sb[-1] not in (2, 3):
+        raise ValueError("incompatible dimensions for cross product (dimension must be 2 or 3)")
+    rest = _broadcast(sa[:-1], sb[:-1])
+    dt = np.multiply(standin(_arr(a)), standin(_arr(b))).dtype
+    return (rest if sa[-1] == sb[-1] == 2 else rest + (3,)), dt
+
+
+def _diag(v: Any, k: int = 0) -> Spec:
+    shp = _shape(v)
+    if len(shp) == 1:
+        n = shp[0] + abs(k)
+        return (n, n), _dtype_of(v)
+    if len(shp) != 2:
+        raise ValueError("Input must be 1- or 2-d.")
+    rows, cols = shp
+    n = max(0, min(rows, cols - k) if k >= 0 else min(rows + k, cols))
+    return (n,), _dtype_of(v)
+
+
+def _block(arrays: Any) -> Spec:
+    def depth(x: Any) -> int:
+        return 1 + depth(x[0]) if isinstance(x, list) else 0
+
+    def leaves(x: Any) -> list:
+        return [y for z in x for y in leaves(z)] if isinstance(x, list) else [_arr(x)]
+
+    d = depth(arrays)
+    nd = max([d] + [len(_shape(a)) for a in leaves(arrays)])
+
+    def join(x: Any, level: int) -> Spec:
+        if not isinstance(x, list):
+            shp = _shape(_arr(x))
+            return (1,) * (nd - len(shp)) + shp, _dtype_of(x)
+        parts = [join(y, level + 1) for y in x]  # stand-ins of those shapes, no memory
+        return _concatenate([np.broadcast_to(np.zeros((), dt), s) for s, dt in parts],
+                            axis=-(d - level))
+
+    return join(arrays, 0)
+
+
+def _elementwise_bool(a: Any, *args: Any, **kw: Any) -> Spec:
+    return _shape(_arr(a)), np.dtype(np.bool_)
+
+
 def _convolve(a: Any, v: Any, mode: str = "full") -> Spec:
     n, m = int(np.prod(_shape(a))), int(np.prod(_shape(v)))
     size = {"full": n + m - 1, "same": max(n, m), "valid": max(n, m) - min(n, m) + 1}[mode]
@@ -760,6 +853,11 @@ FUNCTION_RULES: Dict[Any, Rule] = {
     np.quantile: _reduction("quantile"), np.percentile: _reduction("percentile"),
     np.tril: _tri("tril"), np.triu: _tri("triu"), np.diff: _diff, np.trace: _trace,
     np.convolve: _convolve, np.real_if_close: _same, np.fix: _same, np.roll: _same,
+    np.cumsum: _scan("cumsum"), np.cumprod: _scan("cumprod"), np.tensordot: _tensordot,
+    np.cross: _cross, np.diag: _diag, np.block: _block, np.iscomplex: _elementwise_bool,
+    np.isreal: _elementwise_bool, np.fft.fftshift: _same, np.fft.ifftshift: _same,
+    **{getattr(np, n): _nan_reduction(n) for n in ("nansum", "nanprod", "nanmean", "nanmax",
+                                                   "nanmin", "nanstd", "nanvar")},
     **_LINALG,
     **_fft_rules(),
     **{getattr(np, n): data_dependent(n) for n in DATA_DEPENDENT if hasattr(np, n)},
@@ -768,13 +866,11 @@ FUNCTION_RULES: Dict[Any, Rule] = {
 #: NumPy's functions written over methods, ufuncs and functions that all keep a meta array
 #: meta (each step comes back here): NumPy's own code runs on the meta arrays.
 THROUGH = frozenset(getattr(np, n) for n in (
-    "sum", "prod", "mean", "std", "var", "max", "min", "amax", "amin", "all", "any", "cumsum",
-    "cumprod", "clip", "round", "around", "ptp", "stack", "hstack", "vstack", "dstack",
-    "column_stack", "tensordot", "take_along_axis", "meshgrid", "tile", "kron", "average",
-    "nansum", "nanmean", "cross", "nanmax", "nanmin", "diag", "squeeze", "block",
-    "cumulative_sum", "cumulative_prod", "unstack", "matrix_transpose", "permute_dims",
-    "iscomplex", "isreal", "angle")
-    if hasattr(np, n)) | {np.fft.fftshift, np.fft.ifftshift}
+    "sum", "prod", "mean", "std", "var", "max", "min", "amax", "amin", "all", "any", "clip",
+    "round", "around", "stack", "hstack", "vstack", "dstack", "column_stack",
+    "take_along_axis", "meshgrid", "tile", "kron", "average", "squeeze", "cumulative_sum",
+    "cumulative_prod", "unstack", "matrix_transpose", "permute_dims", "angle")
+    if hasattr(np, n))
 
 #: NumPy's functions that give a view (or only read the shape or dtype): NumPy's own code,
 #: which keeps a meta array's zero strides, runs on it.
