@@ -98,6 +98,9 @@ class _OfOutput(Function):
     @classmethod
     def backward(cls, ctx: Any, g: Any) -> tuple:
         (out,) = ctx.saved_tensors
+        if out.dtype.kind == "c":  # holomorphic: g * conj(f'), torch's (conjugate Wirtinger)
+            m = xp(g)
+            return (m.conj(cls.grad(m.conj(g), out)),)
         return (cls.grad(g, out),)
 
     @staticmethod
@@ -148,7 +151,7 @@ class Log(Function):
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
         (x,) = ctx.saved_tensors
-        return (g / x,)
+        return (g / (xp(x).conj(x) if x.dtype.kind == "c" else x),)
 
 
 @computes_in_float32  # half inputs: one rounding, not one per step of the formula, as torch
@@ -169,7 +172,8 @@ class Sigmoid(Function):
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
         (out,) = ctx.saved_tensors
-        return (g * (out * (1 - out)),)
+        d = out * (1 - out)
+        return (g * (xp(d).conj(d) if d.dtype.kind == "c" else d),)
 
 
 _SMALL = 1 << 12  # elements: below, NumPy's scalar maximum beats preparing a zero array

@@ -112,8 +112,12 @@ class UnaryOp(Function):
     @classmethod
     def backward(cls, ctx: Any, g: Any) -> tuple:
         x, out = ctx.saved_tensors
+        m = xp(g)
         with np.errstate(all="ignore"):
-            gx = cls.grad(xp(g), g, x, out, *ctx.args)
+            if ctx.meta[1].kind == "c":  # holomorphic: g * conj(f'), torch's convention
+                gx = m.conj(cls.grad(m, m.conj(g), x, out, *ctx.args))
+            else:
+                gx = cls.grad(m, g, x, out, *ctx.args)
         if gx.dtype != g.dtype:
             gx = gx.astype(g.dtype)
         return (gx, *(None for _ in ctx.args))
@@ -216,7 +220,8 @@ _UNARY = [
     ("sinh", "float", "x", _trig("sinh"), lambda m, g, x, o: g * m.cosh(x)),
     ("cosh", "float", "x", _trig("cosh"), lambda m, g, x, o: g * m.sinh(x)),
     ("asinh", "float", "x", _trig("arcsinh"), lambda m, g, x, o: g / m.sqrt(x * x + 1)),
-    ("acosh", "float", "x", _trig("arccosh"), lambda m, g, x, o: g / m.sqrt(x * x - 1)),
+    ("acosh", "float", "x", _trig("arccosh"),
+     lambda m, g, x, o: g / (m.sqrt(x - 1) * m.sqrt(x + 1))),  # (complex x: this branch)
     ("atanh", "float", "x", _trig("arctanh"), lambda m, g, x, o: g / (1 - x * x)),
     ("exp2", "float", "o", _trig("exp2"), lambda m, g, x, o: g * (o * _LN2)),
     ("expm1", "float", "o", _trig("expm1"), lambda m, g, x, o: g * (o + 1)),

@@ -81,6 +81,8 @@ def fit_grad(g: Any, shape: tuple, dtype: Any) -> Any:
     if g.shape != shape:
         g = sum_to(g, shape)
     if g.dtype != dtype:
+        if g.dtype.kind == "c" and np.dtype(dtype).kind != "c":
+            g = g.real  # a real input of a complex result: the real part, as torch
         g = g.astype(dtype)
     return g
 
@@ -519,6 +521,15 @@ class Pow(BinaryOp):
 
     @staticmethod
     def _grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool, need_b: bool) -> tuple:
+        if g.dtype.kind == "c":  # holomorphic: g * conj(d/da), torch's (conjugate Wirtinger)
+            m = xp(g)
+            ga, gb = Pow._real_grads(ctx, m.conj(g), a, b, out, need_a, need_b)
+            return (None if ga is None else m.conj(ga)), (None if gb is None else m.conj(gb))
+        return Pow._real_grads(ctx, g, a, b, out, need_a, need_b)
+
+    @staticmethod
+    def _real_grads(ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool,
+                    need_b: bool) -> tuple:
         ga = gb = None
         if need_a:
             if isinstance(b, (int, float)):

@@ -184,6 +184,8 @@ class Prod(Function):
         shape, dtype, axis, keepdim = ctx.meta
         x, gf, of = _unreduced(ctx, g, axis, keepdim)
         m = xp(g)
+        if x.dtype.kind == "c":  # the conjugate of the other factors' product, as torch
+            x, of = m.conj(x), m.conj(of)
         zero = x == 0
         with np.errstate(all="ignore"):
             if not zero.any():
