@@ -220,8 +220,8 @@ _UNARY = [
     ("sinh", "float", "x", _trig("sinh"), lambda m, g, x, o: g * m.cosh(x)),
     ("cosh", "float", "x", _trig("cosh"), lambda m, g, x, o: g * m.sinh(x)),
     ("asinh", "float", "x", _trig("arcsinh"), lambda m, g, x, o: g / m.sqrt(x * x + 1)),
-    ("acosh", "float", "x", _trig("arccosh"),
-     lambda m, g, x, o: g / (m.sqrt(x - 1) * m.sqrt(x + 1))),  # (complex x: this branch)
+    ("acosh", "float", "x", _trig("arccosh"), lambda m, g, x, o: g / (  # (torch's branches)
+        m.sqrt(x - 1) * m.sqrt(x + 1) if x.dtype.kind == "c" else m.sqrt(x * x - 1))),
     ("atanh", "float", "x", _trig("arctanh"), lambda m, g, x, o: g / (1 - x * x)),
     ("exp2", "float", "o", _trig("exp2"), lambda m, g, x, o: g * (o * _LN2)),
     ("expm1", "float", "o", _trig("expm1"), lambda m, g, x, o: g * (o + 1)),
