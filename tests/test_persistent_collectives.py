@@ -156,9 +156,13 @@ if "--destroy" in sys.argv:
 
 # ------------------------------------------------------------------ many keys, groups, async
 MIXED = """
+if "--reduction" in sys.argv:  # the agreement check of groups across machines (Checked)
+    from mpitensor.distributed.health import fingerprint as F
+    F.NodeCheck.create = classmethod(lambda cls, comm: None)
 dist.init_process_group("mpi")
 g = _pg(None)
 r, n = dist.get_rank(), dist.get_world_size()
+assert (g.health.fp_node is None) == ("--reduction" in sys.argv)
 sub_ranks = list(range(max(1, n - 1)))
 sub = dist.new_group(sub_ranks)
 odd = dist.new_group([k for k in range(n) if k % 2]) if n > 1 else None
@@ -294,9 +298,13 @@ def test_eviction_groups_and_async(tmp_path, n):
     _clean(_run(tmp_path, MIXED, n), n)
 
 
-def test_eviction_across_machines_check(tmp_path):
-    """MPITENSOR_CHECK_BYTES=0 with the async and sub-group mix."""
-    _clean(_run(tmp_path, MIXED, 3, env={"MPITENSOR_CHECK_BYTES": "0"}), 3)
+@pytest.mark.parametrize("check", ["slots", "reduction"])
+def test_every_call_checked(tmp_path, check):
+    """MPITENSOR_CHECK_BYTES=0 with the async and sub-group mix: the agreement check of one
+    machine (shared slots) and the reduction of groups across machines, which wraps the
+    persistent request."""
+    args = ("--reduction",) if check == "reduction" else ()
+    _clean(_run(tmp_path, MIXED, 3, *args, env={"MPITENSOR_CHECK_BYTES": "0"}), 3)
 
 
 def test_a_peer_that_never_arrives_times_out(tmp_path):
