@@ -794,3 +794,30 @@ def test_numpy_functions_on_meta_arrays_allocate_nothing():
         tracemalloc.stop()
     assert peak < 1 << 20, peak
     assert all(isinstance(o, _backend.MetaArray) for o in _flat(outs))
+
+
+def test_layers_at_full_scale_allocate_nothing_forward_and_backward():
+    """A ResNet stage at batch 64 and a transformer layer on 32 x 128 tokens: every kernel's
+    path (Winograd, im2col bands, pooling scatters, attention) stays on the meta device."""
+    nn = mt.nn
+    with mt.device("meta"):
+        stem = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3), nn.BatchNorm2d(64),
+                             nn.ReLU(), nn.MaxPool2d(3, 2, 1), nn.Conv2d(64, 128, 3, padding=1),
+                             nn.AvgPool2d(3, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(128, 1000))
+        layer = nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+        lstm = nn.LSTM(512, 512, batch_first=True)
+        images = mt.empty(64, 3, 224, 224)
+        tokens = mt.empty(32, 128, 512)
+    tracemalloc.start()
+    try:
+        logits = stem(images)
+        seq = lstm(layer(tokens))[0]
+        (logits.sum() + seq.sum()).backward()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    assert tuple(logits.shape) == (64, 1000) and tuple(seq.shape) == (32, 128, 512)
+    params = [*stem.parameters(), *layer.parameters(), *lstm.parameters()]
+    assert all(p.grad.is_meta and p.grad.shape == p.shape for p in params)

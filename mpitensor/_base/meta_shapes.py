@@ -131,8 +131,46 @@ def _reduce_shape(uf: Any, a: Any, kw: dict, default_axis: Any = 0) -> tuple:
     return tuple(n for i, n in enumerate(shp) if i not in axes)
 
 
+def _dtype_key(v: Any) -> Any:
+    """What of an operand NumPy's dtype rules look at: an array's dtype and number of
+    dimensions, a Python number's type (an int's value where it may not fit a small
+    integer dtype), anything else as it is."""
+    if isinstance(v, np.ndarray):
+        return ("a", v.dtype, v.ndim)
+    if isinstance(v, np.generic):
+        return ("g", v.dtype)
+    if isinstance(v, (bool, float, complex)):
+        return ("s", type(v))
+    if isinstance(v, int):
+        return ("i", v if v < 0 or v > 127 else None)
+    if isinstance(v, tuple):
+        return tuple(_dtype_key(x) for x in v)
+    return v
+
+
+_DTYPES_SEEN: Dict[Any, List[np.dtype]] = {}  # call key -> result dtypes (bounded below)
+
+
 def _ufunc_dtypes(uf: Any, method: str, inputs: list, kw: dict) -> List[np.dtype]:
-    """The result dtypes of the call, from the same call on stand-ins."""
+    """The result dtypes of the call, from the same call on stand-ins (remembered by what
+    the dtype rules look at: LSTM steps and the like repeat a few calls many times)."""
+    try:
+        key = (uf, method, _dtype_key(tuple(inputs)), tuple(sorted(  # axis etc. by value
+            (k, _dtype_key(v) if isinstance(v, (np.ndarray, tuple)) else v)
+            for k, v in kw.items())))
+        hash(key)
+    except TypeError:  # an unhashable argument: worked out afresh
+        return _ufunc_dtypes_now(uf, method, inputs, kw)
+    got = _DTYPES_SEEN.get(key)
+    if got is None:
+        got = _ufunc_dtypes_now(uf, method, inputs, kw)
+        if len(_DTYPES_SEEN) > 4096:
+            _DTYPES_SEEN.clear()
+        _DTYPES_SEEN[key] = got
+    return got
+
+
+def _ufunc_dtypes_now(uf: Any, method: str, inputs: list, kw: dict) -> List[np.dtype]:
     small = {k: (tuple(standin(o) for o in v) if k == "out" else standin(v))
              for k, v in kw.items()}
     args = [standin(a) for a in inputs]
@@ -649,6 +687,15 @@ def _block(arrays: Any) -> Spec:
     return join(arrays, 0)
 
 
+def _bincount(x: Any, weights: Any = None, minlength: int = 0) -> Spec:
+    """``bincount`` with ``minlength``: ``(minlength,)``, taking the indices below it (as the
+    ops' own scatters by bincount are, their sizes set by construction); without one the
+    length is a value, and it refuses."""
+    if not minlength:
+        data_dependent("bincount without minlength")()
+    return (int(minlength),), np.dtype(np.float64 if weights is not None else np.intp)
+
+
 def _elementwise_bool(a: Any, *args: Any, **kw: Any) -> Spec:
     return _shape(_arr(a)), np.dtype(np.bool_)
 
@@ -835,7 +882,7 @@ def data_dependent(name: str) -> Rule:
 
 
 DATA_DEPENDENT = ("nonzero", "flatnonzero", "argwhere", "unique", "unique_values",
-                  "unique_counts", "unique_inverse", "unique_all", "bincount", "histogram",
+                  "unique_counts", "unique_inverse", "unique_all", "histogram",
                   "extract", "compress", "trim_zeros", "allclose", "array_equal",
                   "array_equiv", "isclose", "array2string", "array_repr", "array_str",
                   "save", "savez", "savetxt", "tofile")
@@ -856,6 +903,7 @@ FUNCTION_RULES: Dict[Any, Rule] = {
     np.cumsum: _scan("cumsum"), np.cumprod: _scan("cumprod"), np.tensordot: _tensordot,
     np.cross: _cross, np.diag: _diag, np.block: _block, np.iscomplex: _elementwise_bool,
     np.isreal: _elementwise_bool, np.fft.fftshift: _same, np.fft.ifftshift: _same,
+    np.bincount: _bincount,
     **{getattr(np, n): _nan_reduction(n) for n in ("nansum", "nanprod", "nanmean", "nanmax",
                                                    "nanmin", "nanstd", "nanvar")},
     **_LINALG,

@@ -623,7 +623,7 @@ class Winograd:
 
 def winograd_applies(x: Any, g: ConvGeom) -> bool:
     """Whether conv2d of ``x`` with geometry ``g`` takes the Winograd path (see above)."""
-    return (isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64) and g.G == 1
+    return (type(x) is np.ndarray and x.dtype in (np.float32, np.float64) and g.G == 1
             and g.kh == 3 and g.kw == 3 and g.sh == 1 and g.sw == 1 and g.dh == 1
             and g.dw == 1 and max(g.pt, g.pb, g.pl, g.pr) <= 2
             and min(g.C, g.O) >= WINOGRAD_MIN_CHANNELS)
