@@ -293,7 +293,8 @@ def test_spectral_convolution_trains_as_in_torch():
 
 HOLOMORPHIC = ["exp", "log", "sqrt", "tanh", "sigmoid", "sin", "cos", "tan", "sinh", "cosh",
                "asin", "acos", "atan", "asinh", "acosh", "atanh", "expm1", "log1p", "log2",
-               "log10", "reciprocal", "rsqrt", "square", "exp2", "neg", "conj", "abs", "angle"]
+               "log10", "reciprocal", "rsqrt", "square", "exp2", "neg", "conj", "abs", "angle",
+               "sgn"]  # (the last four are not holomorphic: each has its own rule)
 PRODUCTS = {
     "mul": lambda a, b: a * b, "div": lambda a, b: a / b, "pow": lambda a, b: a ** b,
     "pow2": lambda a, b: a ** 2 + b, "rpow": lambda a, b: 2 ** a + b,

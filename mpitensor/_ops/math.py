@@ -168,6 +168,17 @@ def _sign(m: Any, x: Any) -> Any:
     return ((x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)).astype(x.dtype, copy=False)
 
 
+def _sgn_grad(m: Any, h: Any, x: Any, out: Any) -> Any:
+    """sign's gradient: 0 for real x; for complex x (``sgn``), with s = x/|x|, the adjoint of
+    ds = (dx - s Re(conj(s) dx)) / |x|, that is (g - s Re(g conj(s))) / |x| (0 at 0), returned
+    conjugated and of ``h = conj(g)`` as UnaryOp's backward asks of complex inputs."""
+    if x.dtype.kind != "c":
+        return m.zeros_like(h)
+    a = m.abs(x)
+    s = x / m.where(a == 0, 1, a)
+    return m.where(a == 0, 0, (h - m.conj(s) * (h * s).real) / m.where(a == 0, 1, a))
+
+
 def _square(m: Any, x: Any) -> Any:
     if x.dtype.kind == "b":
         x = x.astype(_dt.int64)
@@ -232,7 +243,7 @@ _UNARY = [
     ("rsqrt", "float", "o", lambda m, x: 1 / m.sqrt(x),
      lambda m, g, x, o: g * (-0.5 * o * o * o)),
     ("square", "keep", "x", _square, lambda m, g, x, o: g * (2 * x)),
-    ("sign", "keep", "", _sign, zero_gradient),
+    ("sign", "keep", "x", _sign, _sgn_grad),
     ("floor", "keep_int", "", _int_kept(_trig("floor")), zero_gradient),
     ("ceil", "keep_int", "", _int_kept(_trig("ceil")), zero_gradient),
     ("trunc", "keep_int", "", _int_kept(_trig("trunc")), zero_gradient),
