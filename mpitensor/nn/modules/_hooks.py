@@ -112,3 +112,13 @@ class _HookChain:
 
     def __iter__(self) -> Iterator[_Hook]:
         return iter(self.snapshot())
+
+    # torch keeps hooks in an OrderedDict {handle id: hook}; programs read them that way
+    def keys(self) -> list:
+        return [h.key for h in self._hooks]
+
+    def values(self) -> list:
+        return [h.fn for h in self._hooks]
+
+    def items(self) -> list:
+        return [(h.key, h.fn) for h in self._hooks]

@@ -1,5 +1,6 @@
 """``nn.utils``: gradient clipping, flattening parameters to one vector, and packed
-variable-length sequences (``nn.utils.rnn``), as in torch.
+variable-length sequences (``nn.utils.rnn``), parametrizations (``parametrize``,
+``parametrizations``) and pruning (``prune``), as in torch.
 
 Example:
     >>> import mpitensor as torch
@@ -10,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from . import rnn
+from . import parametrizations, parametrize, prune, rnn
 from .clip_grad import (
     clip_grad_norm,
     clip_grad_norm_,
@@ -28,7 +29,8 @@ from .fusion import (
 from .init import skip_init
 from .weight_norm import remove_spectral_norm, remove_weight_norm, spectral_norm, weight_norm
 
-__all__ = ["rnn", "weight_norm", "remove_weight_norm", "spectral_norm", "remove_spectral_norm",
+__all__ = ["rnn", "parametrize", "parametrizations", "prune",
+           "weight_norm", "remove_weight_norm", "spectral_norm", "remove_spectral_norm",
            "clip_grad_norm", "fuse_conv_bn_eval", "fuse_conv_bn_weights",
            "fuse_linear_bn_eval", "fuse_linear_bn_weights", "skip_init", "clip_grad_norm_",
            "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm",

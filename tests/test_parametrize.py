@@ -1,0 +1,168 @@
+"""nn.utils.parametrize and nn.utils.parametrizations against torch: values, gradients,
+state-dict keys, spectral norm's power iteration from the same u, deepcopy, removal."""
+
+import copy
+
+import numpy as np
+import pytest
+
+import mpitensor as mt
+
+torch = pytest.importorskip("torch")
+
+P = mt.nn.utils.parametrize
+PS = mt.nn.utils.parametrizations
+
+
+def _pair(out_f=4, in_f=3, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((out_f, in_f)).astype(np.float32)
+    b = rng.standard_normal(out_f).astype(np.float32)
+    a, t = mt.nn.Linear(in_f, out_f), torch.nn.Linear(in_f, out_f)
+    a.load_state_dict({"weight": w, "bias": b})
+    t.load_state_dict({"weight": torch.tensor(w), "bias": torch.tensor(b)})
+    return a, t
+
+
+class Sym(mt.nn.Module):
+    def forward(self, x):
+        return x.triu() + x.triu(1).transpose(-1, -2)
+
+
+class TSym(torch.nn.Module):
+    def forward(self, x):
+        return x.triu() + x.triu(1).transpose(-1, -2)
+
+
+class Double(mt.nn.Module):
+    def forward(self, x):
+        return 2 * x
+
+    def right_inverse(self, x):
+        return x / 2
+
+
+def _run(a, t, x):
+    ya, yt = a(mt.tensor(x)), t(torch.tensor(x))
+    np.testing.assert_allclose(ya.detach().numpy(), yt.detach().numpy(), rtol=1e-5, atol=1e-5)
+    ya.pow(2).sum().backward()
+    yt.pow(2).sum().backward()
+    return ya, yt
+
+
+def test_register_chain_forward_backward_keys():
+    a, t = _pair(3, 3)
+    P.register_parametrization(a, "weight", Sym())
+    torch.nn.utils.parametrize.register_parametrization(t, "weight", TSym())
+    assert type(a).__name__ == type(t).__name__ == "ParametrizedLinear"
+    assert P.is_parametrized(a) and P.is_parametrized(a, "weight") and not \
+        P.is_parametrized(a, "bias")
+    _run(a, t, np.ones((2, 3), np.float32))
+    np.testing.assert_allclose(a.parametrizations.weight.original.grad.numpy(),
+                               t.parametrizations.weight.original.grad.numpy(), rtol=1e-5)
+    assert list(a.state_dict()) == list(t.state_dict())
+    P.register_parametrization(a, "weight", Double())  # a chain: Double(Sym(original))
+    np.testing.assert_allclose(a.weight.detach().numpy(),
+                               2 * TSym()(t.parametrizations.weight.original).detach().numpy())
+    with pytest.raises(RuntimeError, match="right_inverse"):
+        a.weight = mt.zeros(3, 3)  # Sym has no right_inverse
+
+
+def test_right_inverse_assignment_and_cached():
+    a, _ = _pair()
+    P.register_parametrization(a, "weight", Double())
+    original = a.parametrizations.weight.original
+    a.weight = mt.full((4, 3), 6.0)
+    assert a.parametrizations.weight.original is original  # the parameter object is kept
+    np.testing.assert_array_equal(original.detach().numpy(), np.full((4, 3), 3.0))
+    with P.cached():
+        assert a.weight is a.weight
+    assert a.weight is not a.weight
+
+
+def test_remove_restores_class_and_values():
+    a, _ = _pair()
+    P.register_parametrization(a, "weight", Double())
+    expected = a.weight.detach().numpy().copy()
+    P.remove_parametrizations(a, "weight")
+    assert type(a) is mt.nn.Linear and list(a.state_dict()) == ["bias", "weight"]
+    np.testing.assert_array_equal(a.weight.detach().numpy(), expected)
+    b, _ = _pair()
+    before = b.weight.detach().numpy().copy()
+    P.register_parametrization(b, "weight", Double())
+    P.remove_parametrizations(b, "weight", leave_parametrized=False)
+    # the original, which right_inverse set to half the weight at registration (as torch)
+    np.testing.assert_array_equal(b.weight.detach().numpy(), before / 2)
+
+
+def test_state_dict_round_trip_and_deepcopy():
+    a, _ = _pair()
+    P.register_parametrization(a, "weight", Double())
+    c, _ = _pair(seed=5)
+    P.register_parametrization(c, "weight", Double())
+    c.load_state_dict(a.state_dict())
+    np.testing.assert_array_equal(c.weight.detach().numpy(), a.weight.detach().numpy())
+    d = copy.deepcopy(a)
+    assert type(d) is type(a)
+    np.testing.assert_array_equal(d.weight.detach().numpy(), a.weight.detach().numpy())
+    with pytest.raises(RuntimeError, match="state_dict"):
+        import pickle
+        pickle.dumps(a)
+
+
+@pytest.mark.parametrize("dim", [0, 1, None])
+def test_weight_norm_equals_torch(dim):
+    a, t = _pair(seed=1)
+    PS.weight_norm(a, dim=dim)
+    torch.nn.utils.parametrizations.weight_norm(t, dim=dim)
+    assert list(a.state_dict()) == list(t.state_dict())
+    for k, v in t.state_dict().items():
+        np.testing.assert_allclose(a.state_dict()[k].numpy(), v.numpy(), rtol=1e-6)
+    _run(a, t, np.arange(6, dtype=np.float32).reshape(2, 3))
+    for i in (0, 1):
+        np.testing.assert_allclose(
+            getattr(a.parametrizations.weight, f"original{i}").grad.numpy(),
+            getattr(t.parametrizations.weight, f"original{i}").grad.numpy(), rtol=1e-4,
+            atol=1e-5)
+
+
+@pytest.mark.parametrize("n_iter", [1, 3])
+def test_spectral_norm_sigma_equals_torch_from_same_u(n_iter):
+    a, t = _pair(5, 4, seed=2)
+    PS.spectral_norm(a, n_power_iterations=n_iter)
+    torch.nn.utils.parametrizations.spectral_norm(t, n_power_iterations=n_iter)
+    assert list(a.state_dict()) == list(t.state_dict())
+    sn, tsn = a.parametrizations.weight[0], t.parametrizations.weight[0]
+    with mt.no_grad():
+        sn._u.copy_(mt.tensor(tsn._u.numpy()))
+        sn._v.copy_(mt.tensor(tsn._v.numpy()))
+    for _ in range(2):  # training mode: each access iterates, from the same vectors
+        _run(a, t, np.ones((2, 4), np.float32))
+        np.testing.assert_allclose(sn._u.numpy(), tsn._u.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a.parametrizations.weight.original.grad.numpy(),
+                               t.parametrizations.weight.original.grad.numpy(), rtol=1e-4,
+                               atol=1e-5)
+    a.eval()
+    u = sn._u.numpy().copy()
+    _ = a.weight
+    np.testing.assert_array_equal(sn._u.numpy(), u)  # no iteration in eval mode
+    w = a.parametrizations.weight.original.detach().numpy()
+    sigma = np.linalg.svd(w, compute_uv=False)[0]
+    np.testing.assert_allclose(np.linalg.svd(a.weight.detach().numpy(), compute_uv=False)[0],
+                               1.0, rtol=1e-2)  # sigma estimate close to the exact one
+    assert sigma > 1.0
+
+
+def test_orthogonal_cayley_equals_torch_square():
+    a, t = _pair(3, 3, seed=3)
+    PS.orthogonal(a, orthogonal_map="cayley")
+    torch.nn.utils.parametrizations.orthogonal(t, orthogonal_map="cayley")
+    assert list(a.state_dict()) == list(t.state_dict())
+    np.testing.assert_allclose(a.weight.detach().numpy(), t.weight.detach().numpy(), atol=1e-5)
+    _run(a, t, np.ones((2, 3), np.float32))
+    b, _ = _pair(5, 3)
+    PS.orthogonal(b)
+    w = b.weight.detach().numpy()
+    np.testing.assert_allclose(w.T @ w, np.eye(3), atol=1e-5)
+    with pytest.raises(NotImplementedError, match="cayley"):
+        PS.orthogonal(_pair()[0], orthogonal_map="matrix_exp")
