@@ -202,13 +202,15 @@ def in_wait(h: GroupHealth, kind: str, seq: int, op: str, peer: Optional[int],
     ``peer``: the p2p peer's group rank (``None``: any source); ``since``: when the wait began.
     """
     drain(h)
-    if h.broken is not None:
+    if h.broken is not None and not _after(h.broken, kind, seq):
         return error(h, h.broken, op, seq if kind == "coll" else None, waiting=True)
     left = {src for src, msg in h.faults if msg[0] == "left"}
     for src, msg in h.faults:
         what = msg[0]
         if what == "broken":
             story = Story(*msg[1])
+            if _after(story, kind, seq):
+                continue  # kept: the group's next call meets it (heed)
         elif what == "fail" and kind == "coll" and msg[1] <= seq:
             # the failing rank never posted call msg[1]: this call (msg[1] itself, or a later
             # one this rank reached because its part of msg[1] completed locally) cannot match
@@ -232,6 +234,15 @@ def in_wait(h: GroupHealth, kind: str, seq: int, op: str, peer: Optional[int],
         mark_broken(h, story)
         return error(h, story, op, seq if kind == "coll" else None, waiting=True)
     return None
+
+
+def _after(story: Story, kind: str, seq: int) -> bool:
+    """Whether a break leaves collective ``#seq`` to complete: it happened in a later
+    collective of the group, which its origin reached by completing ``#seq`` (every member's
+    part of ``#seq`` was there). The waiting rank finishes ``#seq`` and meets the break at its
+    next call; a break in ``#seq`` itself, an earlier one, a point-to-point one (numbered
+    apart) or one of unknown number ends the wait."""
+    return kind == "coll" and story.kind == "coll" and story.seq > seq
 
 
 def announce_failure(h: GroupHealth, op: str, seq: int, exc: BaseException) -> Optional[Story]:
