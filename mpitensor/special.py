@@ -7,11 +7,11 @@ the default float dtype; float16/bfloat16 are computed in float32 and rounded on
 values come from ``mpitensor._ops.special`` (array operations only: no SciPy), accurate to a
 few units in the last place of float64 except where noted there.
 
-Not here (they need Bessel functions of the second kind, Airy functions, incomplete gamma
-functions or orthogonal polynomials that no mpitensor kernel computes yet): ``airy_ai``,
-``bessel_j0``, ``bessel_j1``, ``bessel_y0``, ``bessel_y1``, ``modified_bessel_k0``,
-``modified_bessel_k1``, ``scaled_modified_bessel_k0``, ``scaled_modified_bessel_k1``,
-``gammainc``, ``gammaincc`` and the ``*_polynomial_*`` families.
+Not here (they need Bessel functions of the second kind, Airy functions or orthogonal
+polynomials that no mpitensor kernel computes yet): ``airy_ai``, ``bessel_j0``,
+``bessel_j1``, ``bessel_y0``, ``bessel_y1``, ``modified_bessel_k0``, ``modified_bessel_k1``,
+``scaled_modified_bessel_k0``, ``scaled_modified_bessel_k1`` and the ``*_polynomial_*``
+families.
 
 Example:
     >>> import mpitensor as mt
@@ -40,7 +40,7 @@ __all__ = [
     "digamma", "psi", "polygamma", "multigammaln", "i0", "i0e", "i1", "i1e",
     "modified_bessel_i0", "modified_bessel_i1", "ndtr", "ndtri", "log_ndtr", "sinc", "round",
     "xlogy", "xlog1py", "zeta", "entr", "logsumexp", "softmax", "log_softmax",
-    "spherical_bessel_j0",
+    "spherical_bessel_j0", "gammainc", "gammaincc",
 ]
 
 _SQRT_2PI = math.sqrt(2 * math.pi)
@@ -284,7 +284,44 @@ class Zeta(BinaryOp):
         return None, (g * (-a * _k.zeta(a + 1, b)) if need_b else None)
 
 
-FUNCTION_OF.update({xlog1py_op: Xlog1py, zeta_op: Zeta})
+def gammainc_op(a: Any, x: Any) -> Any:
+    """The regularized lower incomplete gamma function on arrays."""
+    return _k.gammainc(a, x)
+
+
+def gammaincc_op(a: Any, x: Any) -> Any:
+    """The regularized upper incomplete gamma function on arrays."""
+    return _k.gammainc(a, x, upper=True)
+
+
+class GammaInc(BinaryOp):
+    """``gammainc(a, x)``: d/dx = x^(a-1) e^-x / Gamma(a); no gradient for ``a``, as in
+    torch. :class:`GammaIncc`, its complement, has the opposite one."""
+
+    sign = 1.0
+
+    @classmethod
+    def _grads(cls, ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool,
+               need_b: bool) -> tuple:
+        if need_a:
+            raise RuntimeError(f"special.{cls.__name__.lower()}(): the derivative with respect "
+                               f"to the first argument is not implemented; detach it")
+        if not need_b:
+            return None, None
+        m = xp(g)
+        with np.errstate(all="ignore"):
+            d = m.exp((a - 1) * m.log(b) - b - _k.lgamma(m.asarray(a, dtype=b.dtype)))
+        return None, g * (cls.sign * d)
+
+
+class GammaIncc(GammaInc):
+    """``gammaincc(a, x) = 1 - gammainc(a, x)``: d/dx = -x^(a-1) e^-x / Gamma(a)."""
+
+    sign = -1.0
+
+
+FUNCTION_OF.update({xlog1py_op: Xlog1py, zeta_op: Zeta, gammainc_op: GammaInc,
+                    gammaincc_op: GammaIncc})
 
 
 def _binary(op: Any, input: Any, other: Any, fname: str) -> Tensor:  # noqa: A002
@@ -314,3 +351,15 @@ def zeta(input: Any, other: Any) -> Tensor:  # noqa: A002
     """Return the Hurwitz zeta function ``sum_k (k + other) ** -input``, element-wise
     (differentiable in ``other`` only, as torch)."""
     return _binary(zeta_op, input, other, "zeta")
+
+
+def gammainc(input: Any, other: Any) -> Tensor:  # noqa: A002
+    """Return the regularized lower incomplete gamma function ``P(input, other)``
+    (differentiable in ``other`` only, as torch)."""
+    return _binary(gammainc_op, input, other, "gammainc")
+
+
+def gammaincc(input: Any, other: Any) -> Tensor:  # noqa: A002
+    """Return the regularized upper incomplete gamma function ``Q = 1 - P``
+    (differentiable in ``other`` only, as torch)."""
+    return _binary(gammaincc_op, input, other, "gammaincc")
