@@ -37,6 +37,7 @@ from . import (
     nn,
     onnx,
     optim,
+    profiler,
     random,
     serialization,
     sparse,
@@ -88,6 +89,7 @@ from .amp.autocast_mode import (
     set_autocast_enabled,
     set_autocast_gpu_dtype,
 )
+from .autograd import profiler as _autograd_profiler  # noqa: F401 - torch.autograd.profiler
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import cupy_available, device, get_default_device, set_default_device
 from .checkpoint import CheckpointError, load, save
@@ -139,7 +141,8 @@ __all__ = [
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
     "set_num_threads", "get_num_threads", "cuda", "accelerator",
     "backends", "multiprocessing", "linalg", "random", "futures", "jit", "onnx", "compile",
-    "serialization", "testing", "version", "fft", "special", "get_float32_matmul_precision",
+    "serialization", "testing", "version", "fft", "special", "profiler",
+    "get_float32_matmul_precision",
     "set_float32_matmul_precision", "distributions", "func", "vmap",
     "memory_format", "contiguous_format", "preserve_format", "channels_last",
     "channels_last_3d", "layout", "strided",
