@@ -83,7 +83,8 @@ def _floor(name, dtype):
 @pytest.mark.parametrize("name", sorted(POINTS))
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-10), (np.float32, 1e-5)])
 def test_values_match_torch(name, dtype, rtol):
-    x = np.array(POINTS[name], dtype=dtype)
+    with np.errstate(over="ignore"):  # (points beyond float32's range become inf)
+        x = np.array(POINTS[name]).astype(dtype)
     ours = getattr(S, name)(mt.tensor(x))
     if name == "ndtr":  # torch's ndtr is 0 below -8 in float64: its erfc keeps the tail
         theirs = 0.5 * torch.special.erfc(torch.tensor(-x / np.sqrt(2).astype(dtype)))

@@ -282,7 +282,7 @@ def erfcx(x: Any) -> Any:
                         lambda v: m.exp(v * v) * (1.0 - _erf_series(v, m)),
                         lambda v: _erfcx_high(v, m))
         out = m.where(m.isnan(x), x, out)
-    return out.astype(dt, copy=False)
+        return out.astype(dt, copy=False)
 
 
 _SQRT_HALF = math.sqrt(0.5)
@@ -300,7 +300,7 @@ def log_ndtr(x: Any) -> Any:
         high = m.log1p(-0.5 * erfc(x * _SQRT_HALF))
         out = m.where(x < -1.0, low, high)
         out = m.where(m.isnan(x), x, out)
-    return out.astype(dt, copy=False)
+        return out.astype(dt, copy=False)
 
 
 def ndtri(p: Any) -> Any:
@@ -329,7 +329,7 @@ def ndtri(p: Any) -> Any:
         out = m.where(q == 0, -m.inf, out)
         out = m.where(upper, -out, out)
         out = m.where((p < 0) | (p > 1) | m.isnan(p), m.nan, out)
-    return out.astype(dt, copy=False)
+        return out.astype(dt, copy=False)
 
 
 _BESSEL_SPLIT = 20.0  # i0/i1: the power series below, the asymptotic series above
@@ -371,7 +371,7 @@ def _bessel(x: Any, nu: int, scaled: bool) -> Any:
         if nu == 1:
             out = m.copysign(out, x)  # I_1 is odd, I_0 even
         out = m.where(m.isnan(x), x, out)
-    return out.astype(dt, copy=False)
+        return out.astype(dt, copy=False)
 
 
 def i0(x: Any) -> Any:
@@ -444,7 +444,7 @@ def zeta(x: Any, q: Any) -> Any:
         out = m.where((q < 0) & ~pole & (x != m.floor(x)), m.nan, out)
         out = m.where(pole & (x >= 1.0), m.inf, out)
         out = m.where(m.isnan(x) | m.isnan(q), m.nan, out)
-    return out.astype(dt if np.dtype(dt).kind == "f" else _F64, copy=False)
+        return out.astype(dt if np.dtype(dt).kind == "f" else _F64, copy=False)
 
 
 def polygamma(n: int, x: Any) -> Any:
@@ -458,7 +458,7 @@ def polygamma(n: int, x: Any) -> Any:
     sign = 1.0 if n % 2 else -1.0
     with np.errstate(all="ignore"):
         out = (sign * math.factorial(n)) * zeta(np.float64(n + 1), x)
-    return out.astype(dt, copy=False)
+        return out.astype(dt, copy=False)
 
 
 _GAMMA_MAX_TERMS = 20000  # series and fraction of the incomplete gamma: a hard bound (a ~ 1e7)
@@ -529,4 +529,4 @@ def gammainc(a: Any, x: Any, upper: bool = False) -> Any:
         out = m.where((a == m.inf) & (x < m.inf), edge, out)  # P = 0 (as torch)
         out = m.where((a < 0) | (x < 0) | m.isnan(a) | m.isnan(x) | ((a == 0) & (x == 0))
                       | ((a == m.inf) & (x == m.inf)), m.nan, out)
-    return out.astype(dt if np.dtype(dt).kind == "f" else _F64, copy=False)
+        return out.astype(dt if np.dtype(dt).kind == "f" else _F64, copy=False)
