@@ -204,9 +204,6 @@ def test_a_mismatched_call_raises_on_every_rank(path, what, monkeypatch):
     me = dist.get_rank()
     n = 1 << 15  # 128 KiB of float32
     g.all_reduce_into(np.zeros(n, np.float32), np.ones(n, np.float32), ReduceOp.SUM)
-    # every rank out of that call first: a rank that breaks the group in the next call ends
-    # the waits of peers still finishing this one too (their result there is lost)
-    dist.barrier()
     x = np.ones(n + (me == 0 and what == "shape"), np.float32)
     op = ReduceOp.MAX if me == 0 and what == "op" else ReduceOp.SUM
     with pytest.raises((CollectiveMismatchError, PeerFailedError)) as info:
@@ -246,7 +243,6 @@ def test_a_rank_alone_times_out(path, monkeypatch):
         me = dist.get_rank()
         n = 1 << 15
         g.all_reduce_into(np.zeros(n, np.float32), np.ones(n, np.float32), ReduceOp.SUM)
-        dist.barrier()  # every rank out of that call before rank 0 breaks the group
         if me == 0:
             t0 = time.monotonic()
             with pytest.raises(DistributedTimeoutError, match="all_reduce"):
