@@ -166,3 +166,61 @@ def test_orthogonal_cayley_equals_torch_square():
     np.testing.assert_allclose(w.T @ w, np.eye(3), atol=1e-5)
     with pytest.raises(NotImplementedError, match="cayley"):
         PS.orthogonal(_pair()[0], orthogonal_map="matrix_exp")
+
+
+@pytest.mark.parametrize("cls, dim", [("Conv2d", 0), ("ConvTranspose2d", 1)])
+def test_spectral_norm_on_convolutions_as_gan_layers(cls, dim):
+    a = getattr(mt.nn, cls)(3, 4, 3)
+    t = getattr(torch.nn, cls)(3, 4, 3)
+    t.load_state_dict({k: torch.tensor(v.numpy()) for k, v in a.state_dict().items()})
+    PS.spectral_norm(a)
+    torch.nn.utils.parametrizations.spectral_norm(t)
+    sn, tsn = a.parametrizations.weight[0], t.parametrizations.weight[0]
+    assert sn.dim == tsn.dim == dim and tuple(sn._u.shape) == tuple(tsn._u.shape)
+    with mt.no_grad():
+        sn._u.copy_(mt.tensor(tsn._u.numpy()))
+        sn._v.copy_(mt.tensor(tsn._v.numpy()))
+    x = np.random.default_rng(4).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    _run(a, t, x)
+
+
+DDP_PROGRAM = '''
+import numpy as np
+import mpitensor as torch
+import mpitensor.distributed as dist
+from mpitensor.nn.parallel import DistributedDataParallel as DDP
+from mpitensor.nn.utils import parametrizations, prune
+
+dist.init_process_group("mpi")
+rank = dist.get_rank()
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+parametrizations.weight_norm(net[0])
+parametrizations.spectral_norm(net[2])
+model = DDP(net)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.tensor(np.random.default_rng(rank).standard_normal((5, 4)).astype(np.float32))
+model(x).pow(2).sum().backward()
+g = net[0].parametrizations.weight.original1.grad.clone()
+everyone = [torch.zeros_like(g) for _ in range(dist.get_world_size())]
+dist.all_gather(everyone, g)
+assert all(bool((e == everyone[0]).all()) for e in everyone), "gradients differ"
+opt.step()
+keys = sorted(model.module.state_dict())
+assert "0.parametrizations.weight.original0" in keys and "2.parametrizations.weight.0._u" in keys
+print("OK", rank, flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_parametrized_model_under_ddp_two_ranks(tmp_path):
+    import sys
+
+    from .launch import ROOT, mpiexec_run
+    script = tmp_path / "ddp_param.py"
+    script.write_text(DDP_PROGRAM)
+    proc = mpiexec_run(2, [sys.executable, str(script)], timeout=240, cwd=ROOT)
+    assert not proc.timed_out, proc.output[-4000:]
+    assert proc.returncode == 0, proc.output[-4000:]
+    assert sorted(line for line in proc.output.splitlines() if line.startswith("OK")) == \
+        ["OK 0", "OK 1"]

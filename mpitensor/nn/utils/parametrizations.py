@@ -136,7 +136,8 @@ def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int 
         raise ValueError(f"module '{type(module).__name__}' has no parameter or buffer "
                          f"named '{name}'")
     if dim is None:
-        dim = 1 if type(module).__name__.startswith("ConvTranspose") else 0
+        kind = parametrize.type_before_parametrizations(module).__name__
+        dim = 1 if kind.startswith("ConvTranspose") else 0
     parametrize.register_parametrization(
         module, name, _SpectralNorm(weight, n_power_iterations, dim, eps))
     return module
