@@ -185,15 +185,16 @@ def test_shard_to_shard_is_one_all_to_all(monkeypatch):
         real = getattr(dist, name)
         monkeypatch.setattr(dist, name, lambda *a, _r=real, _n=name, **k: (calls.append(_n),
                                                                           _r(*a, **k))[1])
+    one = dist.get_world_size() == 1  # a mesh of one rank: no collective at all, as torch
     y = x.redistribute(mesh, [Shard(1)])
-    assert calls == ["all_to_all_single"]
+    assert calls == ([] if one else ["all_to_all_single"])
     calls.clear()
     y.redistribute(mesh, [Replicate()])
-    assert calls == ["all_gather_into_tensor"]
+    assert calls == ([] if one else ["all_gather_into_tensor"])
     calls.clear()
     p, _ = make(arr, mesh, [Partial()])
     p.redistribute(mesh, [Shard(1)])
-    assert calls == ["reduce_scatter_tensor"]
+    assert calls == ([] if one else ["reduce_scatter_tensor"])
     monkeypatch.undo()
     check(y, arr)
 

@@ -286,7 +286,8 @@ class _SumGrad(Function):
         mesh, dims = ctx.where
         g = grad.copy(order="C")
         for m in dims:
-            dist.all_reduce(g, group=mesh.get_group(m))
+            if mesh.size(m) > 1:  # one rank's term is the sum
+                dist.all_reduce(g, group=mesh.get_group(m))
         return g, None, None
 
 

@@ -223,7 +223,14 @@ def redistribute_array(x: Any, shape: Sequence[int], mesh: DeviceMesh,
     changes: undone, then redone).
     """
     cur = list(src)
-    swaps = _direct_swaps(src, dst)
+    single = [m for m in range(mesh.ndim) if mesh.size(m) == 1 and cur[m] != dst[m]]
+    if single:
+        # a mesh dim of one rank: its only piece is the whole, its only term the sum, so the
+        # change is no collective at all (as torch skips it); a copy keeps the result apart
+        for m in single:
+            cur[m] = dst[m]
+        x = x.copy()
+    swaps = _direct_swaps(cur, dst)
     for m in swaps:
         x = all_to_all_dim(x, cur[m].dim, dst[m].dim, shape[cur[m].dim], mesh, m)
         cur[m] = dst[m]
