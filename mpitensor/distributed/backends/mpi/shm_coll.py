@@ -266,7 +266,8 @@ class _Entered:
     shows up waiting in call ``s`` in the watchdog's arrival notices without having entered
     the engine, and this rank raises CollectiveMismatchError (``Engine.check_entered``:
     breaking the group, which ends that member's MPI wait too) instead of waiting out the
-    timeout."""
+    timeout. A member whose process is gone ends the wait with PeerFailedError
+    (``Engine.check_alive``)."""
 
     __slots__ = ("eng", "s")
 
@@ -278,8 +279,13 @@ class _Entered:
         return all(q[r * line + P.CALL] >= s for r in self.eng.everyone)
 
     def before_check(self) -> None:
-        for r in self.eng.everyone:
-            self.eng.check_entered(r)
+        # a member not there yet may be gone (killed after the last call): found here first,
+        # before the watchdog's MPI calls, which may end the whole job on meeting it
+        eng, s, line = self.eng, self.s, P._LINE
+        for r in eng.everyone:
+            if eng.q[r * line + P.CALL] < s:
+                eng.check_alive(r)
+            eng.check_entered(r)
 
 
 class _Complete:
