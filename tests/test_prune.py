@@ -147,3 +147,28 @@ def test_pruning_program_runs_under_mpitensor(tmp_path):
     frac, pruned = rest[0].split()
     # conv: 36 weights, 11 random then 2 of 4 filters; fc: 1440; the global 20 % counts all
     assert float(frac) >= 0.2 and pruned == "True"
+
+
+class EveryOther(P.BasePruningMethod):
+    """A user's method, written as torch's tutorial shows: a mask edited through a view."""
+
+    PRUNING_TYPE = "unstructured"
+
+    def compute_mask(self, t, default_mask):
+        mask = default_mask.clone()
+        mask.view(-1)[::2] = 0
+        return mask
+
+
+def test_custom_method_and_hook_listing():
+    m = mt.nn.Linear(3, 4)
+    EveryOther.apply(m, "bias")
+    np.testing.assert_array_equal(m.bias_mask.numpy(), [0, 1, 0, 1])
+    assert list(dict(m.named_buffers())) == ["bias_mask"]
+    P.random_unstructured(m, "weight", 0.25)  # round(3.0) = 3
+    P.l1_unstructured(m, "weight", 2)
+    hooks = list(m._forward_pre_hooks.values())
+    assert [type(h).__name__ for h in hooks] == ["EveryOther", "PruningContainer"]
+    assert [type(h).__name__ for h in hooks[1]] == ["RandomUnstructured", "L1Unstructured"]
+    assert repr(m._forward_pre_hooks).startswith("OrderedDict([(")
+    assert float(mt.sum(m.weight == 0)) / m.weight.nelement() == 5 / 12

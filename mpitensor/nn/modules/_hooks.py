@@ -122,3 +122,6 @@ class _HookChain:
 
     def items(self) -> list:
         return [(h.key, h.fn) for h in self._hooks]
+
+    def __repr__(self) -> str:
+        return f"OrderedDict({self.items()!r})"
