@@ -224,3 +224,14 @@ def test_parametrized_model_under_ddp_two_ranks(tmp_path):
     assert proc.returncode == 0, proc.output[-4000:]
     assert sorted(line for line in proc.output.splitlines() if line.startswith("OK")) == \
         ["OK 0", "OK 1"]
+
+
+def test_buffer_parametrized_stays_a_buffer_and_module_moves():
+    m = mt.nn.BatchNorm1d(3)
+    P.register_parametrization(m, "running_var", Double())
+    assert "parametrizations.running_var.original" in m.state_dict()
+    assert not any(n.endswith("running_var.original") for n, _ in m.named_parameters())
+    np.testing.assert_array_equal(m.running_var.numpy(), np.ones(3))
+    m.double()
+    assert m.parametrizations.running_var.original.dtype == mt.float64
+    assert m.running_var.dtype == mt.float64
