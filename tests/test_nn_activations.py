@@ -441,3 +441,18 @@ def test_hardtanh_deprecated_keywords_warn():
     with pytest.warns(FutureWarning):
         m = nn.Hardtanh(min_value=-2.0)
     assert m.min_val == -2.0
+
+
+def test_sigmoid_keeps_its_lower_tail():
+    """sigmoid(x) = 1/(1+exp(-x)) keeps its relative accuracy far out in the lower tail (a
+    0.5*tanh(x/2)+0.5 form gave 0 at x = -40) and never overflows at the ends."""
+    x64 = mt.tensor([-700.0, -40.0, -20.0, 0.0, 20.0, 700.0], dtype=mt.float64,
+                    requires_grad=True)
+    want = 1 / (1 + np.exp(-x64.detach().numpy()))
+    y = mt.sigmoid(x64)
+    np.testing.assert_allclose(y.detach().numpy(), want, rtol=4e-16, atol=0)
+    y.sum().backward()
+    np.testing.assert_allclose(x64.grad.numpy(), want * (1 - want), rtol=1e-15, atol=0)
+    x32 = mt.tensor([-1000.0, -80.0, -40.0, 0.0, 1000.0], dtype=mt.float32)
+    got = mt.sigmoid(x32).numpy()
+    np.testing.assert_allclose(got, [0.0, 1.8048513e-35, 4.2483543e-18, 0.5, 1.0], rtol=1e-6)

@@ -161,11 +161,15 @@ class Sigmoid(Function):
     @staticmethod
     def forward(ctx: Any, x: Any) -> Any:
         x = _floating(x)
-        # as 0.5 * tanh(x / 2) + 0.5, which cannot overflow where exp(-x) would
-        half = x.dtype.type(0.5)
-        out = xp(x).tanh(x * half)
-        out *= half
-        out += half
+        # the definition, in place; exp(-x) overflows to inf only where the result is below
+        # the smallest normal number (x < -88.7 in float32), and 1 / inf is the 0 it rounds to.
+        # (0.5 * tanh(x / 2) + 0.5 lost the lower tail: 0 at x = -40, not 4.2e-18)
+        m = xp(x)
+        out = m.negative(x, out=m.empty_like(x))  # an array even for 0-d x
+        with np.errstate(over="ignore"):
+            m.exp(out, out=out)
+        out += 1
+        m.reciprocal(out, out=out)
         ctx.save_for_backward(out)
         return out
 
