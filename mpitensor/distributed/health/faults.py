@@ -15,7 +15,10 @@ each group's private notice communicator (``GroupHealth.diag``; user messages ca
   posted the call: the group is *broken*.
 * **broken** ``(origin)``: sent by a rank that learnt the group cannot be used any more (it
   was waiting in a call that a failed or departed rank will never make). A rank waiting in any
-  call on the group ends its wait with :class:`~mpitensor.errors.PeerFailedError` at once.
+  call on the group ends its wait with :class:`~mpitensor.errors.PeerFailedError` at once,
+  unless the group broke in a later collective than the one it waits in: its origin completed
+  this one, so every member's part of it was there; the rank finishes it and meets the break
+  in its next call (a peer descheduled under load is often one call behind).
 * **left** ``(last seq)``: sent at interpreter exit by a rank that still holds the group
   (``sys.exit``, returning from the script). A peer waiting in a collective that the leaver
   never reached, or in a receive from it, raises instead of waiting for the timeout.
