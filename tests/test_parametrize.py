@@ -185,6 +185,8 @@ def test_spectral_norm_on_convolutions_as_gan_layers(cls, dim):
 
 
 DDP_PROGRAM = '''
+import sys
+
 import numpy as np
 import mpitensor as torch
 import mpitensor.distributed as dist
@@ -208,7 +210,8 @@ assert all(bool((e == everyone[0]).all()) for e in everyone), "gradients differ"
 opt.step()
 keys = sorted(model.module.state_dict())
 assert "0.parametrizations.weight.original0" in keys and "2.parametrizations.weight.0._u" in keys
-print("OK", rank, flush=True)
+sys.stdout.write(f"OK {rank}\\n")  # one write: two ranks' pieces cannot interleave
+sys.stdout.flush()
 dist.destroy_process_group()
 '''
 
