@@ -343,3 +343,26 @@ def test_a_module_built_on_a_custom_function_trains():
                                keepdims=True), rtol=1e-6)
     opt.step()
     assert not np.array_equal(net.fc.weight.detach().numpy(), w0.numpy())
+
+
+def test_saved_tensors_belong_to_the_node_and_go_after_backward():
+    """What save_for_backward keeps is released with the graph after backward (the engine
+    empties the node), and a ctx that saved nothing has no saved tensors."""
+    class Plain(mt.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            assert ctx.saved_tensors == ()
+            return g * 2
+
+    a = mt.ones(3, requires_grad=True)
+    y = _Keep.apply(a * 1)
+    node = y.grad_fn
+    assert len(node.saved) == 1
+    y.sum().backward()
+    assert node.saved == () and node.released
+    Plain.apply(a).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), [4.0, 4.0, 4.0])  # 2 from each

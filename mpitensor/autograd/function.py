@@ -252,6 +252,8 @@ class FunctionCtx:
     """The ``ctx`` of a custom :class:`Function`: what forward leaves for backward."""
 
     _node: Optional[Node] = None
+    _saved: tuple = ()
+    _versions: tuple = ()
     materialize_grads = True
     needs_input_grad: Tuple[bool, ...] = ()
 
@@ -282,7 +284,7 @@ class FunctionCtx:
         node = self._node
         if node is not None and node.released:
             raise RuntimeError(SECOND_BACKWARD.format(node.name()))
-        saved = getattr(self, "_saved", ())
+        saved = node.saved if node is not None else self._saved
         for i, (t, v) in enumerate(zip(saved, self._versions)):
             if t is not None and _versions.version_cell(t)[0] != v:
                 raise RuntimeError(
@@ -461,7 +463,8 @@ def _record(cls: type, ctx: FunctionCtx, args: tuple, needs: tuple, out: Any) ->
                                 for a, n in zip(args, needs)], needs)
     node.ctx, ctx._node = ctx, node
     ctx._in_meta = [(a._data.shape, a._data.dtype) if n else None for a, n in zip(args, needs)]
-    node.saved = getattr(ctx, "_saved", ())  # released with the node after backward
+    # the node holds them from now on: the engine lets them go after backward
+    node.saved, ctx._saved = ctx._saved, ()
     dirty = {id(t) for t in getattr(ctx, "_dirty", ())}
     non_diff = {id(t) for t in getattr(ctx, "_non_diff", ())}
     inputs = {id(a) for a in args if isinstance(a, Tensor)}
