@@ -492,11 +492,13 @@ def worker(rank, world_size, mode, ckpt, port):
                 future.result()
             future = dcp.async_save({"app": Snapshot(model, optimizer)},
                                     storage_writer=SlowDisk(ckpt))
-        print(f"rank {rank} saved {checksum(model)}", flush=True)
+        sys.stdout.write(f"rank {rank} saved {checksum(model)}\\n")  # one write
+        sys.stdout.flush()
     else:
         model, optimizer = make(1)
         dcp.load({"app": Snapshot(model, optimizer)}, checkpoint_id=ckpt)
-        print(f"rank {rank} loaded {checksum(model)}", flush=True)
+        sys.stdout.write(f"rank {rank} loaded {checksum(model)}\\n")  # one write
+        sys.stdout.flush()
     dist.destroy_process_group()   # the last async_save is still writing: it finishes
 
 

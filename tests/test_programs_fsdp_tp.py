@@ -48,7 +48,12 @@ def _torch(n: int, args: List[str], cwd: Path) -> str:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
            "--master-port", str(free_ports(1)[0]), str(PROGRAM), *args]
     rc, out, err, _ = run_job(["timeout", "-k", "5", "240", *cmd], timeout=260, cwd=cwd, env=env)
-    assert rc == 0, f"{out}\n{err}"
+    if rc != 0:
+        # torch 2.13 over gloo sometimes aborts a worker at exit, after the program finished
+        # ("terminate called without an active exception", seen once in a fresh-clone CI): its
+        # records are complete, so the oracle's numbers stand; any other failure fails
+        teardown = "terminate called without an active exception" in err
+        assert teardown and len(FINAL.findall(out)) == n, f"{out}\n{err}"
     return out
 
 

@@ -20,6 +20,7 @@ import argparse
 import importlib
 import math
 import os
+import sys
 
 import numpy as np
 
@@ -93,6 +94,13 @@ class Decoder(nn.Module):
             h = layer(h, future)
         return self.output(self.norm(h))
 
+
+
+def say(line: str) -> None:
+    """One line in one write: the ranks share the launcher's pipe, and print's separate
+    writes of the text and its newline interleave between ranks when output is unbuffered."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 def fill(model, dtype):
     model.to(dtype)
@@ -172,10 +180,9 @@ def main(args):
         optimizer.zero_grad()
         loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        print(f"rank {rank} step {step} loss {loss.item():.12f} norm {norm.item():.12f}",
-              flush=True)
+        say(f"rank {rank} step {step} loss {loss.item():.12f} norm {norm.item():.12f}")
     total = sum(float(p.detach().full_tensor().sum()) for p in model.parameters())
-    print(f"rank {rank} weight sum {total:.12f}", flush=True)
+    say(f"rank {rank} weight sum {total:.12f}")
     dist.destroy_process_group()
 
 
