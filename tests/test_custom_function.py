@@ -14,7 +14,6 @@ try:
 except ImportError:  # the oracle half of each comparison is skipped, not the test
     torch = None
 
-LIBS = [mt] + ([torch] if torch is not None else [])
 
 
 def _np(t):

@@ -166,11 +166,7 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: Any = None,
         >>> checkpoint(block, x, use_reentrant=False).sum().backward()
     """
     preserve = bool(kwargs.pop("preserve_rng_state", True))
-    if use_reentrant is None:
-        warnings.warn("torch.utils.checkpoint: pass use_reentrant explicitly (False is the "
-                      "recommended variant); without it the reentrant variant runs, as in "
-                      "torch 2.13", UserWarning, stacklevel=2)
-        use_reentrant = True
+    use_reentrant = _variant(use_reentrant)
     if use_reentrant:
         if kwargs:
             raise ValueError(f"checkpoint: keyword arguments {sorted(kwargs)} need "
@@ -194,6 +190,17 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: Any = None,
         return _Recompute.apply(fn, preserve, lambda: again, anchor, *args)
 
 
+def _variant(use_reentrant: Any) -> bool:
+    """``use_reentrant`` as given, or True with a warning when omitted (torch 2.13's rule);
+    the warning points at the caller's call of checkpoint or checkpoint_sequential."""
+    if use_reentrant is None:
+        warnings.warn("torch.utils.checkpoint: pass use_reentrant explicitly (False is the "
+                      "recommended variant); without it the reentrant variant runs, as in "
+                      "torch 2.13", UserWarning, stacklevel=3)
+        return True
+    return bool(use_reentrant)
+
+
 def _anchor() -> Tensor:
     """An empty leaf that requires grad: it makes the checkpoint's node record (and its
     output require grad) whenever grad mode is on, as torch's non-reentrant variant does."""
@@ -214,10 +221,7 @@ def checkpoint_sequential(functions: Any, segments: int, input: Any,
     if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
         raise ValueError(f"checkpoint_sequential: segments must be a positive int, got "
                          f"{segments!r}")
-    if use_reentrant is None:
-        warnings.warn("torch.utils.checkpoint: pass use_reentrant explicitly; without it the "
-                      "reentrant variant runs, as in torch 2.13", UserWarning, stacklevel=2)
-        use_reentrant = True
+    use_reentrant = _variant(use_reentrant)
     fns = list(functions.children()) if hasattr(functions, "children") else list(functions)
     size = len(fns) // segments
 
