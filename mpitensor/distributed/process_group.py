@@ -16,6 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence
 from .._base import config as _config
 from ..errors import DistributedTimeoutError, MpiTensorError, NotAGroupMemberError
 from .health import faults as _faults
+from .health import posted as _posted
 from .health import watchdog as _watchdog
 from .health.state import MASK, GroupHealth, Story
 
@@ -123,6 +124,12 @@ class Work:
         self._group = group  # the MPI group whose timeout bounds wait()
         self._info = info  # (op, seq, kind, peer, tag) for timeout and stall reports
         self._orphan: Any = None  # after wait(timeout=...) ran out: breaks the group if dropped
+
+    def __del__(self) -> None:
+        # dropped unfinished (``dist.isend`` never waited on): MPI still works on the request
+        # and its buffers, which must not be collected before it is done (see health.posted)
+        if not self._done and self._request is not None:
+            _posted.keep_dropped(self._request, self._keep)
 
     def _complete(self) -> None:
         self._done = True

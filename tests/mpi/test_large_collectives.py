@@ -185,3 +185,51 @@ def test_large_calls_settle_without_waiting(op):
             np.testing.assert_array_equal(outs[r], piece(r, BIG))
     assert g.health.fp_tok is None
     MPI.COMM_WORLD.Barrier()
+
+
+def test_a_mismatch_found_while_the_data_is_posted_keeps_its_request():
+    """A mismatch seen in the slots while this rank still waits for its data (the peer wrote
+    its fingerprint and was descheduled before posting its data) ends the call with the data
+    operation still posted in MPI. That request and its buffers must outlive the call: mpi4py
+    would free a collected request, which MPI forbids for a collective in flight (in a CI run
+    MPICH then corrupted the heap and a later test crashed in NumPy), and the buffers would go
+    back to the allocator while MPI still writes them."""
+    from mpitensor.distributed.health import posted
+
+    n, me = world()
+    if n < 2:
+        pytest.skip("needs a peer")
+    g = dist.new_group(list(range(n)), group_desc="late_data")
+    pg = _world._pg(g)
+    if pg.health.fp_node is None:
+        pytest.skip("the group has no shared slots (spans machines)")
+    if me == n - 1:  # its fingerprint goes out at once, its data 0.3 s later
+        real = pg._iallgather
+
+        def late(sspec, rspec):
+            import time
+            time.sleep(0.3)
+            return real(sspec, rspec)
+
+        pg._iallgather = late
+    kept = posted.count()
+    inp = np.ones((1, BIG), np.float32) if me == n - 1 else np.ones(BIG, np.float32)
+    out = np.zeros(n * BIG, np.float32)
+    # the late rank may hear that the group broke before it reads the slots itself
+    with pytest.raises(CollectiveMismatchError if me != n - 1
+                       else (CollectiveMismatchError, PeerFailedError)):
+        dist.all_gather_into_tensor(out, inp, group=g)
+    if me != n - 1:
+        assert posted.count() > kept  # raised with its data in flight: the request is kept
+    del out, inp
+    import gc
+    gc.collect()
+    # memory the freed buffers went back to, then world collectives that drive MPI's progress
+    # engine (which finishes the orphaned all_gather on every rank): nothing is overwritten
+    junk = [np.full(BIG * 2, 7.0, np.float32) for _ in range(32)]
+    for _ in range(3):
+        x = np.full(BIG, float(me), np.float32)
+        dist.all_reduce(x)
+        np.testing.assert_array_equal(x, sum(range(n)))
+    assert all((j == 7.0).all() for j in junk)
+    MPI.COMM_WORLD.Barrier()

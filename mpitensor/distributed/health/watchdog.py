@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..._base import config as _config
 from ...errors import DistributedTimeoutError, PeerFailedError
-from . import faults
+from . import faults, posted
 from .backoff import Backoff, poll
 from .state import HISTORY, GroupHealth
 
@@ -141,7 +141,9 @@ def _slow_wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str, status: A
                     if fault is not None:
                         if cancel and not _cancelled(req, status):
                             return  # matched while being cancelled: the receive completed
-                        fault.request = None if cancel else req
+                        if cancel:
+                            req = None  # cancelled: nothing is left posted
+                        fault.request = req
                         raise fault
                     if drain_notices(h, me) and not announced:
                         announced = _announce(h, me, waiting=True)
@@ -169,23 +171,34 @@ def _slow_wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str, status: A
                         del err
             backoff.pause(now, now - before)
     except BaseException as exc:
-        # anything else that ends the wait (KeyboardInterrupt, an error from a check's
-        # request) leaves the call posted; a peer's failure (PeerFailedError) is _faults'
-        # business, and an MPI error the caller's (a truncated receive completed). A wait
-        # with a bound of its own (Work.wait(timeout=...)) leaves its work pending, to be
-        # waited on again: the group stays as it is.
-        if timeout is None and not isinstance(exc, (DistributedTimeoutError,
-                                                     PeerFailedError)):
-            mpi = sys.modules.get("mpi4py.MPI")
-            if mpi is None or not isinstance(exc, mpi.Exception):
-                text = str(exc).splitlines()[0] if str(exc) else ""
-                _break(h, op, seq, kind, f"{type(exc).__name__}{': ' if text else ''}"
-                       f"{text[:200]} (raised while it waited); its request is still posted "
-                       "in MPI, where a later call would meet it")
+        _ended_posted(h, req, exc, timeout, op, seq, kind)
         raise
     finally:
         if announced:
             _announce(h, me, waiting=False)
+
+
+def _ended_posted(h: GroupHealth, req: Any, exc: BaseException, timeout: Optional[float],
+                  op: str, seq: int, kind: str) -> None:
+    """A wait ended by ``exc`` with ``req`` (None: cancelled) still posted in MPI.
+
+    The request is kept for the life of the process (``posted``: never collected while MPI
+    works on it), except where a wait with a bound of its own (``Work.wait(timeout=...)``) ran
+    out: its work stays pending, to be waited on again. Anything but a peer's failure
+    (``faults``' business), a timeout or an MPI error (the caller's: a truncated receive
+    completed) that ends the group's own wait (KeyboardInterrupt, an error from a check's
+    request) breaks the group: the call is left posted where the peers' next one meets it."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    mpi_error = mpi is not None and isinstance(exc, mpi.Exception)
+    if req is not None and not mpi_error and not (
+            timeout is not None and isinstance(exc, DistributedTimeoutError)):
+        posted.keep(req)
+    if timeout is None and not mpi_error and not isinstance(exc, (DistributedTimeoutError,
+                                                                  PeerFailedError)):
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        _break(h, op, seq, kind, f"{type(exc).__name__}{': ' if text else ''}{text[:200]} "
+               "(raised while it waited); its request is still posted in MPI, where a later "
+               "call would meet it")
 
 
 def _break(h: GroupHealth, op: str, seq: int, kind: str, reason: str) -> None:
