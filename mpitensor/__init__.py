@@ -40,6 +40,7 @@ from . import (
     profiler,
     random,
     serialization,
+    signal,
     sparse,
     special,
     testing,
@@ -100,6 +101,14 @@ from .errors import __all__ as _error_names
 from .func import vmap
 from .tensor import *  # noqa: F403
 from .tensor import __all__ as _tensor_names
+from ._ops.linalg_legacy import *  # noqa: F403 - torch.qr, torch.svd, torch.cholesky, ...
+from ._ops.linalg_legacy import __all__ as _linalg_legacy_names
+from ._ops.runtime import *  # noqa: F403 - use_deterministic_algorithms, typename, ...
+from ._ops.runtime import __all__ as _runtime_names
+from ._ops.spectral import *  # noqa: F403 - hann_window, stft, istft, ...
+from ._ops.spectral import __all__ as _spectral_names
+from .nn._torch_level import *  # noqa: F403 - torch.conv2d, torch.layer_norm, ...
+from .nn._torch_level import __all__ as _nn_level_names
 
 if _config.LOG_SET:
     import logging as _logging
@@ -153,7 +162,8 @@ __all__ = [
     "clear_autocast_cache", "autocast_increment_nesting", "autocast_decrement_nesting",
     "sparse", "sparse_coo", "sparse_coo_tensor", "sparse_csr", "sparse_csr_tensor", "spmm",
     "dsmm", "hsmm", "hspmm", "smm",
-    *_dtype_names, *_tensor_names, *_legacy_type_names, *_error_names,
+    *_dtype_names, *_tensor_names, *_legacy_type_names, *_error_names, "signal",
+    *_linalg_legacy_names, *_runtime_names, *_spectral_names, *_nn_level_names,
 ]
 
 from mpitensor._core import numpy_names as _numpy_names  # noqa: E402 - after every op has been defined

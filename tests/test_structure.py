@@ -112,7 +112,7 @@ LAYERS = [
                  "mpitensor.cpu",
                  "mpitensor.jit", "mpitensor.onnx", "mpitensor.testing", "mpitensor.version",
                  "mpitensor.distributions", "mpitensor.sparse", "mpitensor.random",
-                 "mpitensor.profiler",
+                 "mpitensor.profiler", "mpitensor.signal",
                  "mpitensor._porting_notes"]),
     ("communication", ["mpitensor.distributed", "mpitensor.multiprocessing"]),
     ("training", ["mpitensor.nn", "mpitensor.optim", "mpitensor.data", "mpitensor.models",

@@ -29,6 +29,9 @@ and ``from mpitensor.tensor import zeros`` works wherever the package is importe
 ``random``          generators, seeds and random tensors
 ``functions``       ``mpitensor.exp(x)`` and the other function forms of the methods
 ``sparse``          sparse COO and CSR tensors (a package: coo, products, csr, grad)
+``linalg_legacy``   ``torch.qr``, ``torch.svd``, ``torch.cholesky``, ``torch.lu``, ...
+``spectral``        window functions, ``stft``, ``istft``
+``runtime``         process-wide switches (``use_deterministic_algorithms``), ``as_strided``
 ==================  =====================================================================
 """
 
@@ -47,21 +50,24 @@ from . import (
     gather_scatter,
     indexing,
     linalg,
+    linalg_legacy,
     math,
     norms,
     operators,
     random,
     reductions,
+    runtime,
     scans,
     shape,
     softmax,
+    spectral,
     statistics,
     views,
 )
 
 OP_MODULES = (operators, elementwise, math, complex, softmax, reductions, views, indexing,
               gather_scatter, scans, statistics, linalg, norms, shape, counting,
-              cast, combine, create, random, functions)
+              cast, combine, create, random, functions, linalg_legacy, spectral, runtime)
 
 _missing = sorted(set(_t._SERVED_NAMES) - set(_t._served))
 if _missing:  # a name of mpitensor.tensor.__all__ that no op module defines

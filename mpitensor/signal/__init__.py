@@ -1,0 +1,5 @@
+"""``torch.signal``: its ``windows`` module."""
+
+from . import windows
+
+__all__ = ["windows"]
