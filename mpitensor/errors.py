@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 __all__ = [
     "MpiTensorError",
+    "OutOfMemoryError",
+    "AcceleratorError",
     "NotInitializedError",
     "NotAGroupMemberError",
     "CollectiveMismatchError",
@@ -103,3 +105,33 @@ class ReplicaDivergenceError(MpiTensorError):
         super().__init__(message)
         self._carry(differences=differences or [], ranks=ranks or [],
                     reference_rank=reference_rank)
+
+
+class OutOfMemoryError(MpiTensorError):
+    """A device ran out of memory (torch's ``OutOfMemoryError``, a ``RuntimeError``).
+
+    CuPy's pool, once mpitensor counts its allocations (``torch.cuda``'s memory statistics),
+    raises one that is also CuPy's own ``OutOfMemoryError`` (a ``MemoryError``), so a handler
+    written for either catches it. Freeing cached blocks (``mpitensor.cuda.empty_cache()``) or
+    a smaller batch are the usual ways out.
+    """
+
+
+class AcceleratorError(MpiTensorError):
+    """An accelerator (a GPU) reported an error while running work (torch's
+    ``AcceleratorError``, a ``RuntimeError``)."""
+
+
+_DEVICE_OOM: dict = {}
+
+
+def device_out_of_memory(exc: BaseException, library_class: type) -> OutOfMemoryError:
+    """An :class:`OutOfMemoryError` that is also an instance of ``library_class`` (the array
+    library's own out-of-memory error, ``exc``'s class), with ``exc``'s message."""
+    cls = _DEVICE_OOM.get(library_class)
+    if cls is None:
+        cls = _DEVICE_OOM[library_class] = type(
+            "OutOfMemoryError", (OutOfMemoryError, library_class),
+            {"__module__": __name__, "__qualname__": "OutOfMemoryError"})
+    return cls(f"{exc}; free memory (del tensors, mpitensor.cuda.empty_cache()) or use a "
+               f"smaller batch")

@@ -17,6 +17,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from mpitensor import errors as _errors
+
 __all__ = ["install", "installed", "stats", "reset_peaks", "reset_accumulated"]
 
 _lock = threading.Lock()
@@ -50,9 +52,9 @@ def install(cp: Any) -> None:
             dev = cp.cuda.runtime.getDevice()
             try:
                 mem = pool.malloc(size)
-            except out_of_memory:
+            except out_of_memory as exc:
                 _counts(dev)["ooms"] += 1
-                raise
+                raise _errors.device_out_of_memory(exc, out_of_memory) from exc
             c = _counts(dev)
             used, held = pool.used_bytes(), pool.total_bytes()
             c["allocated_peak"] = max(c["allocated_peak"], used)

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mpitensor import dtypes as _dt
+from mpitensor._base import determinism as _determinism
 from mpitensor._core.devices import same_device, xp
 from mpitensor._core.dims import wrap_dim
 from mpitensor._core.opkit import serve, tensor_methods, wrap
@@ -61,6 +62,7 @@ def bincount(input: Tensor, weights: Optional[Tensor] = None, minlength: int = 0
         raise ValueError(f"bincount(): weights have shape {list(w.shape)}, input "
                          f"{list(x.shape)}")
     dt = w.dtype if _dt.kind_of(w.dtype) == "f" else _dt.float64
+    _determinism.alert("bincount() with weights on a GPU", x)  # float atomics
     return wrap(m.bincount(x, weights=w.astype(_dt.float64), minlength=minlength).astype(dt))
 
 

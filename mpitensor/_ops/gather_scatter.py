@@ -27,6 +27,7 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._base import determinism as _determinism
 from mpitensor._core.devices import same_device, xp
 from mpitensor._core.dims import wrap_dim
 from mpitensor._core.opkit import NO_RECORD, run, run_inplace, tensor_methods, wrap
@@ -653,6 +654,8 @@ class _GatherScatterMethods:
         """:meth:`put` in place; returns self."""
         idx = _index_of(index, "put_()")
         _check_bounds(idx, self._data.size, "put_()", negative=True)
+        if not accumulate:  # which of repeated indices wins is left open, as in torch
+            _determinism.alert("put_(accumulate=False)", always=True)
         return run_inplace(self, Put, "put_()", idx, source, bool(accumulate))
 
     def argwhere(self) -> Tensor:

@@ -29,6 +29,7 @@ import numpy as np
 from mpitensor import autograd as _autograd
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._base import determinism as _determinism
 from mpitensor._core.devices import move, xp
 from mpitensor._core.opkit import NO_RECORD, replay, sum_to, tensor_methods, wrap
 from mpitensor.autograd import (
@@ -70,6 +71,8 @@ def scatter_add_into(gx: Any, key: Any, g: Any) -> None:
     """``gx[key] += g`` with repeated indices adding up (``add.at``; older CuPy: cupyx)."""
     if isinstance(gx, _ndarray):
         np.add.at(gx, key, g)
+        return
+    if _determinism.add_at(gx, key, g):  # use_deterministic_algorithms: no atomics
         return
     add_at = getattr(xp(gx).add, "at", None)
     if add_at is not None:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 class _GradMode(threading.local):
     enabled = True
+    inference = False  # inside inference_mode() (torch.is_inference_mode_enabled)
     callbacks: Optional[list] = None  # set while a backward pass runs (queue_callback)
 
 
@@ -106,6 +107,24 @@ class inference_mode(_ModeContext):  # noqa: N801 - torch's name
 
     def __init__(self, mode: bool = True) -> None:
         self._mode_value = not mode
+        self._inference = bool(mode)
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        self.prev_inference = _mode.inference
+        _mode.inference = self._inference
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        _mode.inference = self.prev_inference
+
+    def __call__(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with inference_mode(self._inference):
+                return fn(*args, **kwargs)
+
+        return wrapper
 
 
 def grad_enabled_for(*tensors: Any) -> bool:

@@ -22,6 +22,7 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._base import determinism as _determinism
 from mpitensor._core import half as _half
 from mpitensor._core.promotion import promote
 from mpitensor._ops.math import run_inplace  # noqa: F401 - the one in-place runner, nn's kit
@@ -247,6 +248,8 @@ def scatter_add_flat(xp: Any, size: int, positions: Any, values: Any) -> Any:
                           minlength=size)
         return out.astype(values.dtype, copy=False)
     out = xp.zeros(size, dtype=values.dtype)
+    if _determinism.add_at(out, positions, values):  # atomics unless deterministic
+        return out
     import cupyx  # noqa: PLC0415 - only on GPUs
 
     cupyx.scatter_add(out, positions, values)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from mpitensor import dtypes as _dt
+from mpitensor._base import determinism as _determinism
 from mpitensor.autograd import ArrayFunction as Function
 from mpitensor.tensor import Tensor, _new
 
@@ -136,7 +137,7 @@ class _CTC(Function):
         acc = xp.zeros(T * N * C, dtype=lp.dtype)
         if xp is np:
             acc = np.bincount(pos, weights=w.reshape(-1), minlength=T * N * C).astype(lp.dtype)
-        else:
+        elif not _determinism.add_at(acc, pos, w.reshape(-1)):  # atomics unless deterministic
             import cupyx  # noqa: PLC0415 - only on GPUs
 
             cupyx.scatter_add(acc, pos, w.reshape(-1))

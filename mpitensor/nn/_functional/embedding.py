@@ -26,6 +26,7 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._base import determinism as _determinism
 from mpitensor._core import half as _half
 from mpitensor._ops.sparse import SparseGrad
 from mpitensor.autograd import ArrayFunction as Function, bump_version
@@ -43,9 +44,10 @@ def _scatter_rows(xp: Any, out: Any, rows: Any, values: Any) -> None:
     if rows.size == 0 or _backend.is_meta_array(out):
         return  # meta: no values to add
     if xp is not np:
-        import cupyx  # noqa: PLC0415 - only on GPUs
+        if not _determinism.add_at(out, rows, values):  # atomics unless deterministic
+            import cupyx  # noqa: PLC0415 - only on GPUs
 
-        cupyx.scatter_add(out, rows, values)
+            cupyx.scatter_add(out, rows, values)
         return
     order = np.argsort(rows, kind="stable")
     sorted_rows = rows[order]
