@@ -263,7 +263,7 @@ CASES = {
     "frobenius_norm_keep": (lambda L, x: L.frobenius_norm(x, 0, True),
                             lambda F, x: (x * x).sum(0, keepdim=True).sqrt(), [_r(3, 4)]),
     "nuclear_norm": (lambda L, x: L.nuclear_norm(x), None, [_r(3, 4)]),
-    "nuclear_norm_keep": (lambda L, x: L.nuclear_norm(x, True), None, [_r(4, 3)]),
+    "nuclear_norm_keep": (lambda L, x: L.nuclear_norm(x, True), None, [_r(2, 4, 3)]),
     "nuclear_norm_dim": (lambda L, x: L.nuclear_norm(x, [0, 2], keepdim=True), None,
                          [_r(3, 2, 4)]),
     "ctc_loss": (lambda L, lp, t, il, tl: L.ctc_loss(lp.log_softmax(2), t, il, tl, 0, 1, False),
@@ -297,6 +297,7 @@ def _first(y):
     return y[0] if isinstance(y, tuple) else y
 
 
+@pytest.mark.filterwarnings("ignore:.*(frobenius|nuclear)_norm is deprecated")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_nn_functional(name, dtype):
@@ -320,6 +321,7 @@ def test_matches_nn_functional(name, dtype):
             close(p.grad, q.grad, TOL[dtype], f"grad {i}")
 
 
+@pytest.mark.filterwarnings("ignore:.*(frobenius|nuclear)_norm is deprecated")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_torch(name, dtype):
@@ -343,3 +345,295 @@ def test_every_name_is_exported():
         assert not missing, f"not torch names: {missing}"
     for name in ("prelu", "hardshrink"):
         assert callable(getattr(mt.Tensor, name))
+
+
+# ------------------------------------------------------------------------ random functions
+@pytest.mark.parametrize("name", ["dropout", "alpha_dropout", "feature_dropout",
+                                  "feature_alpha_dropout"])
+def test_dropout_family_off_and_extremes(name):
+    x = mt.tensor(_r(3, 4, 2))
+    fn = getattr(mt, name)
+    for y in (fn(x, 0.5, False), fn(x, 0.0, True), fn(input=x, p=0.3, train=False)):
+        assert np.array_equal(y.numpy(), x.numpy())
+    assert fn(x, 0.5, False) is x  # as torch: the input itself when nothing is dropped
+    with pytest.raises(ValueError):
+        fn(x, 1.5, True)
+    with pytest.raises(TypeError):
+        fn(x, 0.5)  # train has no default at torch's top level
+
+
+def test_dropout_masks_and_in_place():
+    mt.manual_seed(3)
+    x = mt.tensor(_pos(50, 40))
+    y = mt.dropout(x, 0.25, True)
+    kept = y.numpy() != 0
+    assert 0.65 < kept.mean() < 0.85
+    np.testing.assert_allclose(y.numpy()[kept], x.numpy()[kept] / 0.75, rtol=1e-15)
+    assert not (mt.dropout(x, 1.0, True).numpy()).any()
+    z = x.clone()
+    assert mt.dropout_(z, 0.5, True) is z and (z.numpy() == 0).any()
+
+
+def test_feature_dropout_drops_whole_channels():
+    mt.manual_seed(4)
+    x = mt.tensor(_pos(6, 20, 3, 2))
+    y = mt.feature_dropout(x, 0.5, True).numpy()
+    zero = (y == 0).reshape(6, 20, -1)
+    assert np.array_equal(zero.all(-1), zero.any(-1))  # a channel is dropped whole or kept
+    assert 0.3 < zero.all(-1).mean() < 0.7
+    np.testing.assert_allclose(y[y != 0], 2 * x.numpy()[y != 0], rtol=1e-15)
+    w = mt.tensor(_pos(8, 30))  # 2-D: the elements are the channels
+    assert 0.3 < (mt.feature_dropout(w, 0.5, True).numpy() == 0).mean() < 0.7
+    z = x.clone()
+    assert mt.feature_dropout_(z, 0.5, True) is z and (z.numpy() == 0).any()
+    with pytest.raises(RuntimeError, match="at least 2 dimensions"):
+        mt.feature_dropout(mt.ones(4), 0.5, True)
+    a = mt.tensor(_pos(4, 30, 5))
+    b = mt.feature_alpha_dropout(a, 0.5, True).numpy()
+    spread = b.reshape(4, 30, -1)
+    assert np.allclose(spread.std(-1)[spread.std(-1) < 1e-12], 0)  # dropped channels constant
+    c = a.clone()
+    assert mt.alpha_dropout_(c, 0.5, True) is c
+    assert mt.feature_alpha_dropout_(a.clone(), 0.0, True).shape == a.shape
+
+
+def test_rrelu_training_and_generator():
+    mt.manual_seed(5)
+    x = mt.tensor(-_pos(1000))
+    y = mt.rrelu(x, 0.1, 0.3, True).numpy()
+    slope = y / x.numpy()
+    assert slope.min() >= 0.1 and slope.max() <= 0.3 and slope.std() > 0.03
+    z = x.clone()
+    assert mt.rrelu_(z, 0.1, 0.3, True) is z
+    with pytest.raises(NotImplementedError, match="generator"):
+        mt.rrelu(x, 0.1, 0.3, True, mt.Generator())
+    ev = mt.rrelu(x, training=False, generator=mt.Generator())  # no draw: nothing to refuse
+    np.testing.assert_allclose(ev.numpy(), x.numpy() * (0.125 + 1 / 3) / 2, rtol=1e-15)
+
+
+@pytest.mark.parametrize("name,args", [("selu_", ()), ("celu_", (0.5,)),
+                                       ("threshold_", (0.1, 2.0)), ("relu_", ())])
+def test_in_place_activations(name, args):
+    x = mt.tensor(_r(3, 4))
+    want = getattr(F, name.rstrip("_"))(x, *args).numpy()
+    y = x.clone()
+    assert getattr(mt, name)(y, *args) is y
+    np.testing.assert_array_equal(y.numpy(), want)
+
+
+# ----------------------------------------------------------------- stateful normalisation
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_norm_updates_running_stats(dtype):
+    x = _r(5, 3, 4)
+    out = {}
+    for lib in filter(None, (mt, _torch())):
+        rm = lib.tensor(np.array([0.1, -0.2, 0.3], dtype))
+        rv = lib.tensor(np.array([1.5, 0.5, 2.0], dtype))
+        w, b = (lib.tensor(_a.astype(dtype), requires_grad=True) for _a in (_W3, _B3))
+        xi = lib.tensor(x.astype(dtype), requires_grad=True)
+        y = lib.batch_norm(xi, w, b, rm, rv, True, 0.2, 1e-5, False)
+        (y * y * lib.tensor(_G.astype(dtype))).sum().backward()
+        inorm = lib.instance_norm(xi.detach(), None, None, rm.repeat(1), rv.repeat(1), True,
+                                  0.1, 1e-5, False)
+        out[lib.__name__] = [t.detach().numpy() for t in (y, rm, rv, xi.grad, w.grad, b.grad,
+                                                          inorm)]
+    if len(out) == 2:
+        for p, q in zip(*out.values()):
+            close(p, q, TOL[dtype])
+    ours = out["mpitensor"]
+    assert not np.allclose(ours[1], [0.1, -0.2, 0.3])  # updated in place
+    close(ours[1], 0.8 * np.array([0.1, -0.2, 0.3]) + 0.2 * x.mean((0, 2)), TOL[dtype])
+
+
+_W3, _B3, _G = _r(3), _r(3), _r(5, 3, 4)
+
+
+def test_embedding_renorm_():
+    w0 = _r(6, 4) * 3
+    idx = np.array([0, 2, 2, 5])
+    out = {}
+    for lib in filter(None, (mt, _torch())):
+        w = lib.tensor(w0.copy())
+        assert lib.embedding_renorm_(w, lib.tensor(idx), 1.5, 2.0) is w
+        out[lib.__name__] = w.numpy()
+    ours = out["mpitensor"]
+    norms = np.linalg.norm(ours, axis=1)
+    assert np.all(norms[[0, 2, 5]] <= 1.5 + 1e-12)
+    np.testing.assert_array_equal(ours[[1, 3, 4]], w0[[1, 3, 4]])
+    if len(out) == 2:
+        close(ours, out["torch"], 1e-12)
+    leaf = mt.tensor(w0, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no_grad"):
+        mt.embedding_renorm_(leaf, mt.tensor(idx), 1.0, 2.0)
+    with mt.no_grad():
+        mt.embedding_renorm_(leaf, mt.tensor(idx), 1.0, 2.0)
+    assert np.linalg.norm(leaf.detach().numpy()[0]) <= 1.0 + 1e-12
+
+
+# ------------------------------------------------------------------------------- recurrent
+def _rnn_params(mode, I, H, layers, bidir, bias, proj=0):
+    gates = {"lstm": 4, "gru": 3}.get(mode, 1)
+    P = proj or H
+    params = []
+    for layer in range(layers):
+        for _ in range(2 if bidir else 1):
+            width = I if layer == 0 else P * (2 if bidir else 1)
+            params += [_r(gates * H, width) * 0.5, _r(gates * H, P) * 0.5]
+            params += [_r(gates * H) * 0.5, _r(gates * H) * 0.5] if bias else []
+            params += [_r(proj, H) * 0.5] if proj else []
+    return params
+
+
+RNN_CASES = [("lstm", 2, True, True, False, 0), ("lstm", 1, False, True, True, 3),
+             ("lstm", 2, True, False, False, 2), ("gru", 2, True, True, True, 0),
+             ("gru", 1, False, False, False, 0), ("rnn_tanh", 2, False, True, True, 0),
+             ("rnn_relu", 1, True, True, False, 0)]
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode,layers,bidir,bias,batch_first,proj", RNN_CASES)
+def test_stacked_recurrent_functions(mode, layers, bidir, bias, batch_first, proj, dtype):
+    torch = _torch()
+    T, B, I, H = 5, 3, 4, 6
+    units = layers * (2 if bidir else 1)
+    x = _r(B, T, I) if batch_first else _r(T, B, I)
+    params = _rnn_params(mode, I, H, layers, bidir, bias, proj)
+    h0, c0 = _r(units, B, proj or H), _r(units, B, H)
+    results = {}
+    for lib in filter(None, (mt, torch)):
+        ts = _tensors(lib, [x, h0, c0] + params, dtype)
+        hx = [ts[0 + 1], ts[2]] if mode == "lstm" else ts[1]
+        out = getattr(lib, mode)(ts[0], hx, ts[3:], bias, layers, 0.0, True, bidir,
+                                 batch_first)
+        assert isinstance(out, tuple) and len(out) == (3 if mode == "lstm" else 2)
+        loss = sum((o * o).sum() * (k + 1) for k, o in enumerate(out))
+        loss.backward()
+        used = ts if mode == "lstm" else ts[:2] + ts[3:]
+        results[lib.__name__] = [o.detach().numpy() for o in out] + [t.grad.numpy()
+                                                                      for t in used]
+    ours = results["mpitensor"]
+    assert ours[0].shape == ((B, T) if batch_first else (T, B)) + ((proj or H) * (
+        2 if bidir else 1),)
+    if torch is None:
+        pytest.skip("torch is not installed (the oracle half); shapes checked")
+    for i, (p, q) in enumerate(zip(ours, results["torch"])):
+        close(p, q, TOL[dtype] * 10, f"output/grad {i}")
+
+
+def test_stacked_recurrent_dropout_between_layers():
+    mt.manual_seed(6)
+    x = mt.tensor(_r(4, 2, 3))
+    params = [mt.tensor(p) for p in _rnn_params("gru", 3, 5, 2, False, True)]
+    h0 = mt.zeros(2, 2, 5)
+    a = mt.gru(x, h0, params, True, 2, 0.5, False, False, False)[0]
+    b = mt.gru(x, h0, params, True, 2, 0.0, True, False, False)[0]
+    c = mt.gru(x, h0, params, True, 2, 0.5, True, False, False)[0]
+    np.testing.assert_array_equal(a.numpy(), b.numpy())  # dropout only when train
+    assert not np.allclose(a.numpy(), c.numpy())
+
+
+# ------------------------------------------------------------------------------ bad input
+BAD = [
+    (lambda: mt.conv2d(mt.ones(3, 4), mt.ones(2, 3, 1, 1)), RuntimeError, None),
+    (lambda: mt.conv2d(mt.ones(1, 2, 4, 4), mt.ones(3, 5, 1, 1)), RuntimeError, None),
+    (lambda: mt.convolution(mt.ones(1, 2, 3, 3), mt.ones(2, 2), None, [1], [0], [1], False,
+                            [0], 1), RuntimeError, "weight must be"),
+    (lambda: mt.convolution(mt.ones(1, 2, 3, 3), mt.ones(2, 2, 1, 1), None, [1, 1, 1], [0],
+                            [1], False, [0], 1), RuntimeError, "stride"),
+    (lambda: mt.max_pool2d(mt.ones(5), 2), (RuntimeError, ValueError), None),
+    (lambda: mt.layer_norm(mt.ones(3, 4), [5]), (RuntimeError, ValueError), None),
+    (lambda: mt.batch_norm(mt.ones(2, 3), mt.ones(4), None, None, None, True, 0.1, 1e-5,
+                           False), (RuntimeError, ValueError), None),
+    (lambda: mt.kl_div(mt.ones(3), mt.ones(3), 3), ValueError, "reduction"),
+    (lambda: mt.margin_ranking_loss(mt.ones(3), mt.ones(3), mt.ones(3), 0.0, "mean"),
+     ValueError, "reduction"),
+    (lambda: mt.grid_sampler(mt.ones(1, 1, 3, 3), mt.zeros(1, 2, 2, 2), 3, 0, False),
+     ValueError, "interpolation_mode"),
+    (lambda: mt.grid_sampler(mt.ones(1, 1, 3, 3), mt.zeros(1, 2, 2, 2), 0, 5, False),
+     ValueError, "padding_mode"),
+    (lambda: mt.grid_sampler_2d(mt.ones(1, 1, 2, 3, 3), mt.zeros(1, 2, 2, 2, 3), 0, 0, False),
+     RuntimeError, "4-D"),
+    (lambda: mt.grid_sampler_3d(mt.ones(1, 1, 3, 3), mt.zeros(1, 2, 2, 2), 0, 0, False),
+     RuntimeError, "5-D"),
+    (lambda: mt.grid_sampler(mt.ones(1, 1, 3, 3), mt.zeros(1, 2, 2, 2), 2, 0, False),
+     NotImplementedError, "bicubic"),
+    (lambda: mt.embedding_bag(mt.ones(3, 2), mt.tensor([0]), mt.tensor([0]), False, 3),
+     ValueError, "mode"),
+    (lambda: mt.embedding(mt.ones(3, 2), mt.tensor([5])), (IndexError, RuntimeError), None),
+    (lambda: mt.rnn_tanh_cell(mt.ones(4), mt.ones(5), mt.ones(5, 4), mt.ones(5, 5)),
+     RuntimeError, "batch"),
+    (lambda: mt.gru_cell(mt.ones(2, 4), mt.ones(2, 5), mt.ones(14, 4), mt.ones(15, 5)),
+     RuntimeError, "w_ih"),
+    (lambda: mt.lstm_cell(mt.ones(2, 4), mt.ones(2, 5), mt.ones(20, 4), mt.ones(20, 5)),
+     RuntimeError, "hx"),
+    (lambda: mt.lstm_cell(mt.ones(2, 4), [mt.ones(2, 5), mt.ones(3, 5)], mt.ones(20, 4),
+                          mt.ones(20, 5)), RuntimeError, "hidden state 1"),
+    (lambda: mt.lstm(mt.ones(3, 2, 4), [mt.ones(1, 2, 5)] * 2, [mt.ones(20, 4)], True, 1, 0.0,
+                     False, False, False), RuntimeError, "weights"),
+    (lambda: mt.gru(mt.ones(3, 4), mt.ones(1, 5), [mt.ones(15, 4), mt.ones(15, 5)], False, 1,
+                    0.0, False, False, False), RuntimeError, "3-D"),
+    (lambda: mt.nuclear_norm(mt.ones(3)), (RuntimeError, ValueError), None),
+    (lambda: mt.embedding_renorm_(mt.ones(3), mt.tensor([0]), 1.0, 2.0), RuntimeError, "2-D"),
+]
+
+
+@pytest.mark.filterwarnings("ignore:nuclear_norm is deprecated")
+@pytest.mark.parametrize("k", range(len(BAD)))
+def test_bad_input_raises_clearly(k):
+    call, exc, match = BAD[k]
+    with pytest.raises(exc, match=match):
+        call()
+
+
+# ---------------------------------------------------------------------- a user's program
+def _cnn_losses(lib, seed=11):
+    """A small CNN written with torch's top-level functions, 3 SGD steps, then one
+    evaluation with the running statistics; the losses and the final running mean."""
+    rng = np.random.default_rng(seed)
+    shapes = {"c1w": (6, 1, 3, 3), "c1b": (6,), "bn_w": (6,), "bn_b": (6,),
+              "c2w": (8, 6, 3, 3), "c2b": (8,), "fw": (10, 8), "fb": (10,)}
+    init = {k: (rng.standard_normal(s) * (0.3 if len(s) > 1 else 0.1)).astype(np.float32)
+            for k, s in shapes.items()}
+    init["bn_w"] += 1.0
+    data = [(rng.standard_normal((8, 1, 12, 12)).astype(np.float32),
+             rng.integers(0, 10, 8).astype(np.int64)) for _ in range(4)]
+    p = {k: lib.tensor(v.copy(), requires_grad=True) for k, v in init.items()}
+    running_mean, running_var = lib.zeros(6), lib.ones(6)
+    opt = lib.optim.SGD(list(p.values()), lr=0.1, momentum=0.9)
+
+    def forward(x, train):
+        h = lib.conv2d(x, p["c1w"], p["c1b"], 1, 1)
+        h = lib.batch_norm(h, p["bn_w"], p["bn_b"], running_mean, running_var, train, 0.1,
+                           1e-5, True)
+        h = lib.max_pool2d(lib.relu(h), 2)
+        h = lib.conv2d(h, p["c2w"], p["c2b"], [1, 1], [0, 0], [1, 1], 1)
+        h = lib.max_pool2d(lib.relu(h), [2, 2], [], 0, 1, False)
+        h = lib.dropout(h, 0.5, False)
+        h = lib.adaptive_avg_pool1d(h.flatten(2), 1).flatten(1)
+        return lib.nn.functional.linear(h, p["fw"], p["fb"])
+
+    losses = []
+    for x, y in data[:3]:
+        loss = lib.nn.functional.cross_entropy(forward(lib.tensor(x), True), lib.tensor(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+    with lib.no_grad():
+        x, y = data[3]
+        losses.append(float(lib.nn.functional.cross_entropy(forward(lib.tensor(x), False),
+                                                            lib.tensor(y)).item()))
+    return losses, running_mean.numpy().copy()
+
+
+def test_cnn_program_trains_as_under_torch():
+    losses, rm = _cnn_losses(mt)
+    assert all(np.isfinite(losses)) and losses[2] != losses[0]
+    assert np.abs(rm).sum() > 0  # the running statistics moved
+    torch = _torch()
+    if torch is None:
+        pytest.skip("torch is not installed (the oracle half)")
+    want, want_rm = _cnn_losses(torch)
+    np.testing.assert_allclose(losses, want, rtol=1e-5)
+    np.testing.assert_allclose(rm, want_rm, rtol=1e-5, atol=1e-6)

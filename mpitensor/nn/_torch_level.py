@@ -744,20 +744,24 @@ def norm_except_dim(v: Any, pow: int = 2, dim: int = 0) -> Tensor:  # noqa: A002
     return _linalg.vector_norm(t, pow, rest, keepdim=True)
 
 
+def _deprecated(name: str, instead: str) -> None:
+    warnings.warn(f"{name} is deprecated in torch (kept for old programs); use {instead}",
+                  UserWarning, stacklevel=3)
+
+
 def frobenius_norm(input: Any, dim: Any, keepdim: bool = False) -> Tensor:  # noqa: A002
-    """``torch.frobenius_norm``: ``linalg.vector_norm(input, 2, dim, keepdim)``."""
+    """``torch.frobenius_norm``: ``linalg.vector_norm(input, 2, dim, keepdim)``; deprecated
+    in torch, and warns as torch does."""
+    _deprecated("frobenius_norm", "linalg.vector_norm(input, 2, dim, keepdim)")
     return _linalg.vector_norm(input, 2, _ints(dim), keepdim)
 
 
 def nuclear_norm(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:  # noqa: A002
-    """``torch.nuclear_norm(input, keepdim=False)`` of a matrix, or
-    ``nuclear_norm(input, dim, keepdim=False)`` over two dims: the sum of singular values."""
+    """``torch.nuclear_norm(input, keepdim=False)`` over the last two dims, or
+    ``nuclear_norm(input, dim, keepdim=False)`` over two given dims: the sum of singular
+    values. Deprecated in torch, and warns as torch does."""
+    _deprecated("nuclear_norm", "linalg.matrix_norm(input, 'nuc', dim, keepdim)")
     if isinstance(dim, bool):
         dim, keepdim = None, dim
     t = _tensor(input, "input", "nuclear_norm")
-    if dim is None:
-        if t.dim() != 2:
-            raise RuntimeError(f"nuclear_norm(): expected a 2-D tensor without dim, got size "
-                               f"{tuple(t.shape)}; give the two dims of the matrices")
-        dim = (0, 1)
-    return _linalg.matrix_norm(t, "nuc", _ints(dim), keepdim)
+    return _linalg.matrix_norm(t, "nuc", (-2, -1) if dim is None else _ints(dim), keepdim)
