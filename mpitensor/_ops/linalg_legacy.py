@@ -35,7 +35,6 @@ from mpitensor._ops import factorizations as _f
 from mpitensor._ops.legacy_solves import CholeskyInverse, CholeskySolve, Pinv, TriangularSolve
 from mpitensor._ops.matrix_exp import MatrixExp
 from mpitensor._ops.random import randn
-from mpitensor._ops.reductions import return_types_repr
 
 __all__ = [
     "qr", "svd", "cholesky", "cholesky_solve", "cholesky_inverse", "lu", "lu_solve",
@@ -46,9 +45,14 @@ __all__ = [
 _grad_mode = _autograd._mode
 
 
+def _fields_repr(self: Any) -> str:
+    body = ",\n".join(f"{k}={v!r}" for k, v in zip(self._fields, self))
+    return f"mpitensor.return_types.{type(self).__name__}(\n{body})"
+
+
 def _result(name: str, fields: list) -> type:
     t = namedtuple(name, fields)  # noqa: PYI024 - torch.return_types are plain named tuples
-    t.__repr__ = return_types_repr
+    t.__repr__ = _fields_repr
     return t
 
 
