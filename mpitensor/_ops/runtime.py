@@ -205,8 +205,9 @@ def is_anomaly_enabled() -> bool:
 
 
 def is_anomaly_check_nan_enabled() -> bool:
-    """Whether anomaly mode fails a backward on a NaN gradient (False with the mode off)."""
-    return _anomaly.is_anomaly_check_nan_enabled()
+    """Whether anomaly mode, when on, fails a backward on a NaN gradient (the flag
+    :func:`set_anomaly_enabled` keeps, read with the mode off too, as torch's)."""
+    return _anomaly._state.check_nan
 
 
 # ------------------------------------------------------------------------ small queries
@@ -256,11 +257,11 @@ def set_num_interop_threads(n: int) -> None:
     (BLAS, split elementwise passes) are :func:`mpitensor.set_num_threads`'s.
 
     Raises:
-        TypeError: ``n`` is not an int.
-        RuntimeError: ``n`` < 1, or the count was set before.
+        RuntimeError: ``n`` is not a positive int, or the count was set before (as torch).
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"set_num_interop_threads(): expected an int, got {type(n).__name__}")
+        raise RuntimeError(f"set_num_interop_threads(): expected an int, got "
+                           f"{type(n).__name__}")
     if n < 1:
         raise RuntimeError(f"set_num_interop_threads(): expected a positive integer, got {n}")
     with _interop.lock:
@@ -354,6 +355,19 @@ def _capsule_device(capsule: Any) -> tuple:
 _DL_CPU, _DL_CUDA_HOST = 1, 3
 
 
+class _Writable:
+    """``a``'s memory, writable: a raw capsule (DLPack before version 1) carries no read-only
+    flag, so NumPy marks what it makes of one read-only; its producer (torch's
+    ``to_dlpack``, ...) hands out memory that may be written, as torch's ``from_dlpack``
+    assumes."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        face = dict(a.__array_interface__)
+        face["data"] = (face["data"][0], False)
+        self.__array_interface__ = face
+        self.keep = a
+
+
 def from_dlpack(ext_tensor: Any) -> Tensor:
     """A tensor sharing the memory of ``ext_tensor``: any object with ``__dlpack__`` (a NumPy
     or CuPy array, a torch tensor, a JAX array, ...) or a DLPack capsule (consumed).
@@ -377,6 +391,8 @@ def from_dlpack(ext_tensor: Any) -> Tensor:
         src = _Capsule(ext_tensor, dev)
     if dev[0] in (_DL_CPU, _DL_CUDA_HOST):
         arr = np.from_dlpack(src)
+        if isinstance(src, _Capsule) and not arr.flags.writeable:
+            arr = np.asarray(_Writable(arr))
     else:
         arr = _backend.get_cupy().from_dlpack(src)
     _dt.to_dtype(arr.dtype)

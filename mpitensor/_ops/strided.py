@@ -111,7 +111,7 @@ def _strided_array(a: Any, size: tuple, stride: tuple, offset: int, what: str) -
     item = a.dtype.itemsize
     byte_strides = tuple(st * item for st in stride)
     if isinstance(a, _ndarray):
-        return np.ndarray(size, a.dtype, buffer=owner, offset=offset * item,
+        return np.ndarray(size, a.dtype, buffer=owner, offset=offset * item if need else 0,
                           strides=byte_strides)
     flat = owner.reshape(-1).view(a.dtype) if owner.dtype != a.dtype else owner.reshape(-1)
     start = flat[offset:] if need else flat[:0]
