@@ -299,11 +299,9 @@ def _first(y):
 
 @pytest.mark.filterwarnings("ignore:.*(frobenius|nuclear)_norm is deprecated")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(n for n, case in CASES.items() if case[1]))
 def test_matches_nn_functional(name, dtype):
     call, ref, arrays = CASES[name]
-    if ref is None:
-        pytest.skip("compared with torch only (no nn.functional call of this form)")
     ours = _tensors(mt, arrays, dtype)
     theirs = _tensors(mt, arrays, dtype)
     a, b = call(mt, *ours), ref(F, *theirs)
