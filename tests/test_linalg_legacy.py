@@ -726,3 +726,44 @@ def test_gaussian_process_program_under_both_libraries():
         return float(nll) + 0.01 * float(quad)
 
     assert abs((f(0.3 + h) - f(0.3 - h)) / (2 * h) - m[2]) <= 1e-6 * max(1.0, abs(m[2]))
+
+
+# --------------------------------------------------------------------------------------------
+# Result dtypes and shapes, empty matrices included
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ALL)
+def test_result_dtypes_and_shapes_match_torch(dtype):
+    a = conditioned((2, 3, 3), dtype)
+    pos = spd((3, 3), dtype)
+    b = _normal(_rng(18), (3, 2), dtype)
+
+    def results(L, A, P, B):
+        packed, tau = L.geqrf(A)
+        return [*L.qr(A), *L.svd(A), *L.svd(A, compute_uv=False), L.cholesky(P),
+                L.cholesky_solve(B, P), L.cholesky_inverse(P), *L.lu(A, get_infos=True),
+                *L.lu_unpack(*L.lu(A)), L.lu_solve(B, *L.lu(A)), *L.triangular_solve(B, A),
+                L.pinverse(A), L.matrix_exp(A), L.chain_matmul(A[0], A[1]), packed, tau,
+                L.orgqr(packed, tau), L.ormqr(packed, tau, A), *L.svd_lowrank(A, q=2),
+                *L.pca_lowrank(A, q=2)]
+
+    (tA, mA), (tP, mP), (tB, mB) = both(a), both(pos), both(b)
+    for got, want in zip(results(mt, mA, mP, mB), results(torch, tA, tP, tB)):
+        assert str(got.dtype).split(".")[-1] == str(want.dtype).split(".")[-1]
+        assert tuple(got.shape) == tuple(want.shape)
+
+
+@needs_torch
+@pytest.mark.parametrize("shape", [(0, 0), (0, 3, 3), (3, 0), (2, 0, 3)])
+def test_empty_matrices_match_torch(shape):
+    a = np.zeros(shape)
+    t, m = both(a)
+    pairs = [(mt.qr(m), torch.qr(t)), (mt.svd(m), torch.svd(t)), (mt.pinverse(m),
+             torch.pinverse(t)), (mt.lu(m), torch.lu(t)), (mt.geqrf(m), torch.geqrf(t))]
+    if shape[-1] == shape[-2]:
+        pairs += [(mt.cholesky(m), torch.cholesky(t)), (mt.matrix_exp(m), torch.matrix_exp(t)),
+                  (mt.lu_unpack(*mt.lu(m)), torch.lu_unpack(*torch.lu(t)))]
+    for got, want in pairs:
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]

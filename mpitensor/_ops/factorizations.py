@@ -230,8 +230,8 @@ def lu_factor(a: Any) -> tuple:
     rows, cols = a.shape[-2:]
     batch = a.shape[:-2]
     k = min(rows, cols)
-    w = a.reshape((-1, rows, cols)).copy()
-    nb = w.shape[0]
+    nb = int(np.prod(batch))
+    w = a.reshape((nb, rows, cols)).copy()
     piv = m.empty((nb, k), dtype=m.int32)
     idx = m.arange(nb)
     for c in range(k):
@@ -245,7 +245,8 @@ def lu_factor(a: Any) -> tuple:
         w[:, c + 1:, c] /= safe[:, None]
         w[:, c + 1:, c + 1:] -= w[:, c + 1:, c, None] * w[:, c, None, c + 1:]
     diag = m.diagonal(w, 0, -2, -1) == 0
-    infos = m.where(diag.any(axis=-1), m.argmax(diag, axis=-1) + 1, 0).astype(m.int32)
+    infos = m.zeros(nb, dtype=m.int32) if k == 0 else m.where(
+        diag.any(axis=-1), m.argmax(diag, axis=-1) + 1, 0).astype(m.int32)
     return w.reshape(a.shape), piv.reshape(batch + (k,)), infos.reshape(batch)
 
 
@@ -253,8 +254,8 @@ def permutation(piv: Any, rows: int, dtype: Any) -> Any:
     """The permutation matrices P (``A = P L U``) of 1-based LAPACK row swaps ``piv``."""
     m = xp(piv)
     batch = piv.shape[:-1]
-    flat = piv.reshape((-1, piv.shape[-1])).astype(np.int64) - 1
-    nb = flat.shape[0]
+    nb = int(np.prod(batch))
+    flat = piv.reshape((nb, piv.shape[-1])).astype(np.int64) - 1
     perm = m.broadcast_to(m.arange(rows), (nb, rows)).copy()
     idx = m.arange(nb)
     for c in range(flat.shape[1]):
@@ -316,7 +317,7 @@ def geqrf(a: Any) -> tuple:
     m = xp(a)
     rows, cols = a.shape[-2:]
     k = min(rows, cols)
-    w = a.reshape((-1, rows, cols)).copy()
+    w = a.reshape((int(np.prod(a.shape[:-2])), rows, cols)).copy()
     tau = m.zeros((w.shape[0], k), dtype=w.dtype)
     cplx = w.dtype.kind == "c"
     for j in range(k):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from mpitensor._core.devices import same_device, xp
 from mpitensor._ops.factorizations import mH, tri_solve
 from mpitensor._ops.operators import fit_grad
@@ -21,7 +23,7 @@ __all__ = ["TriangularSolve", "CholeskySolve", "CholeskyInverse", "Pinv"]
 def _broadcast(b: Any, a: Any) -> tuple:
     """``b`` and ``a`` with their batch dimensions broadcast against each other."""
     m = xp(a)
-    batch = tuple(m.broadcast_shapes(b.shape[:-2], a.shape[:-2]))
+    batch = tuple(np.broadcast_shapes(b.shape[:-2], a.shape[:-2]))
     return (m.broadcast_to(b, batch + b.shape[-2:]), m.broadcast_to(a, batch + a.shape[-2:]))
 
 
@@ -126,7 +128,10 @@ class Pinv(Function):
     def forward(ctx: Any, a: Any, rcond: float) -> Any:
         m = xp(a)
         u, s, vh = m.linalg.svd(a, full_matrices=False)
-        cut = rcond * s.max(axis=-1, keepdims=True, initial=0)
+        if s.shape[-1] == 0:   # an empty matrix: its pseudo-inverse is empty too
+            ctx.save_for_backward(a, mH(a))
+            return mH(a).copy()
+        cut = rcond * s.max(axis=-1, keepdims=True)
         keep = s > cut
         inv = m.where(keep, 1 / m.where(keep, s, 1), 0).astype(s.dtype)
         p = (mH(vh) * inv[..., None, :]) @ mH(u)
