@@ -293,7 +293,7 @@ def frombuffer(buffer: Any, *, dtype: Any, count: int = -1, offset: int = 0,
     Example:
         >>> import mpitensor as torch
         >>> torch.frombuffer(bytearray(b"\\x01\\x00\\x02\\x00"), dtype=torch.int16)
-        tensor([1, 2], dtype=torch.int16)
+        tensor([1, 2], dtype=mpitensor.int16)
     """
     dt = _dt.to_dtype(dtype)
     view = memoryview(buffer).cast("B")
