@@ -189,7 +189,7 @@ def test_qr_result_type_and_errors():
 def test_qr_gradient_finite_differences():
     for shape in [(4, 3), (3, 5)]:
         w1, w2 = weights((shape[0], min(shape)), F64, 3), weights((min(shape), shape[1]), F64, 4)
-        fd_check(lambda x: wsum(mt, w1, mt.qr(x)[0]) + wsum(mt, w2, mt.qr(x)[1]),
+        fd_check(lambda x, w1=w1, w2=w2: wsum(mt, w1, mt.qr(x)[0]) + wsum(mt, w2, mt.qr(x)[1]),
                  conditioned(shape, F64))
 
 
@@ -243,7 +243,7 @@ def test_svd_gradient_finite_differences():
         k = min(m, n)
         w = [weights((m, k), F64, 1), weights((k,), F64, 2), weights((n, k), F64, 3),
              weights(shape, F64, 4)]
-        fd_check(lambda x: _svd_loss(mt, x, w), conditioned(shape, F64))
+        fd_check(lambda x, w=w: _svd_loss(mt, x, w), conditioned(shape, F64))
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,7 +413,7 @@ def test_lu_infos_unpack_options_and_gradient():
         mt.lu(mt.eye(2), pivot=False)
     for shape in [(4, 4), (5, 3), (3, 5)]:
         w = weights(shape, F64)
-        fd_check(lambda x: wsum(mt, w, mt.lu(x)[0]), _normal(_rng(10), shape, F64))
+        fd_check(lambda x, w=w: wsum(mt, w, mt.lu(x)[0]), _normal(_rng(10), shape, F64))
 
 
 # --------------------------------------------------------------------------------------------
@@ -471,7 +471,7 @@ def test_matrix_exp_identities_and_finite_differences():
     close(mt.matrix_exp(mt.tensor(nil)), series, 1e-14)
     w = weights((3, 3), F64)
     for scale in (0.5, 6.0):   # no squaring, and three squarings
-        fd_check(lambda x: wsum(mt, w, mt.matrix_exp(x)) / math.exp(scale * 3),
+        fd_check(lambda x, scale=scale: wsum(mt, w, mt.matrix_exp(x)) / math.exp(scale * 3),
                  scale * _normal(_rng(4), (3, 3), F64) / 3, h=1e-7)
     with pytest.raises(ValueError):
         mt.matrix_exp(mt.ones(2, 3))
@@ -517,11 +517,11 @@ def test_orgqr_and_ormqr_match_torch(dtype):
     for left, transpose in itertools.product([True, False], repeat=2):
         c = _normal(_rng(12), (2, 5, 2) if left else (2, 2, 5), dtype)
         wc = weights(c.shape, dtype, 13)
-        against_torch(lambda L, x, t, y: wsum(L, wc, L.ormqr(x, t, y, left, transpose)),
-                      [packed, tau, c], dtype)
-        against_torch(lambda L, x, t, y: wsum(L, wc, x.ormqr(t, y, left=left,
-                                                             transpose=transpose)),
-                      [packed, tau, c], dtype)
+        against_torch(lambda L, x, t, y, wc=wc, lt=left, tr=transpose:
+                      wsum(L, wc, L.ormqr(x, t, y, lt, tr)), [packed, tau, c], dtype)
+        against_torch(lambda L, x, t, y, wc=wc, lt=left, tr=transpose:
+                      wsum(L, wc, x.ormqr(t, y, left=lt, transpose=tr)), [packed, tau, c],
+                      dtype)
 
 
 def test_householder_identities_and_errors():
