@@ -357,6 +357,25 @@ def _centered(window: Optional[Tensor], like: Tensor, win: int, n_fft: int) -> T
     return cat([w.new_zeros((left,)), w, w.new_zeros((n_fft - win - left,))], 0)
 
 
+def _windowed_frames(x: Tensor, window: Optional[Tensor], n_fft: int, hop: int, win: int,
+                     align: bool) -> Tensor:
+    """The (padded) 2-D signal's frames times the window, ``(B, T, n_fft)``: only the
+    ``win_length`` samples under the window are read, then zero-padded on both sides."""
+    length = x.shape[-1]
+    left = (n_fft - win) // 2
+    if align:
+        count, offset = 1 + (length - win) // hop, 0
+    else:
+        count, offset = 1 + (length - n_fft) // hop, left
+    frames = run(Frames, x, win, hop, offset, count)
+    if window is not None:
+        frames = frames * window
+    if win != n_fft:
+        frames = cat([frames.new_zeros((*frames.shape[:2], left)), frames,
+                      frames.new_zeros((*frames.shape[:2], n_fft - win - left))], -1)
+    return frames
+
+
 def stft(input: Tensor, n_fft: int, hop_length: Optional[int] = None,  # noqa: A002, PLR0913
          win_length: Optional[int] = None, window: Optional[Tensor] = None,
          center: bool = True, pad_mode: str = "reflect", normalized: bool = False,
@@ -424,19 +443,7 @@ def stft(input: Tensor, n_fft: int, hop_length: Optional[int] = None,  # noqa: A
     if hop <= 0:
         raise RuntimeError(f"stft(): expected hop_length > 0, got hop_length={hop}")
     _check_window(window, win, n_fft, "stft")
-    left = (n_fft - win) // 2
-    if align_to_window:
-        count, offset = 1 + (length - win) // hop, 0
-    else:
-        count, offset = 1 + (length - n_fft) // hop, left
-    if x.shape[0] == 0:
-        raise RuntimeError("stft(): the batch is empty")
-    frames = run(Frames, x, win, hop, offset, count)
-    if window is not None:
-        frames = frames * window
-    if win != n_fft:
-        frames = cat([frames.new_zeros((*frames.shape[:2], left)), frames,
-                      frames.new_zeros((*frames.shape[:2], n_fft - win - left))], -1)
+    frames = _windowed_frames(x, window, n_fft, hop, win, bool(align_to_window))
     spec = _fft.rfft(frames) if onesided else _fft.fft(frames)
     if normalized:
         spec = spec * (n_fft ** -0.5)
