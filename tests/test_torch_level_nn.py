@@ -571,6 +571,8 @@ BAD = [
                      False, False, False), RuntimeError, "weights"),
     (lambda: mt.gru(mt.ones(3, 4), mt.ones(1, 5), [mt.ones(15, 4), mt.ones(15, 5)], False, 1,
                     0.0, False, False, False), RuntimeError, "3-D"),
+    (lambda: mt.gru(mt.ones(3, 2, 4), mt.ones(1, 3, 5), [mt.ones(15, 4), mt.ones(15, 5)],
+                    False, 1, 0.0, False, False, False), RuntimeError, "h0 of size"),
     (lambda: mt.nuclear_norm(mt.ones(3)), (RuntimeError, ValueError), None),
     (lambda: mt.embedding_renorm_(mt.ones(3), mt.tensor([0]), 1.0, 2.0), RuntimeError, "2-D"),
 ]
@@ -635,3 +637,34 @@ def test_cnn_program_trains_as_under_torch():
     want, want_rm = _cnn_losses(torch)
     np.testing.assert_allclose(losses, want, rtol=1e-5)
     np.testing.assert_allclose(rm, want_rm, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode,bidir", [("lstm", True), ("gru", False), ("rnn_tanh", True)])
+def test_stacked_recurrent_packed_form(mode, bidir):
+    torch = _torch()
+    T, B, I, H, layers = 5, 3, 4, 6, 2
+    units = layers * (2 if bidir else 1)
+    x, lengths = _r(T, B, I), [5, 3, 2]
+    params = _rnn_params(mode, I, H, layers, bidir, True)
+    h0, c0 = _r(units, B, H), _r(units, B, H)
+    results = {}
+    for lib in filter(None, (mt, torch)):
+        ts = _tensors(lib, [x, h0, c0] + params, np.float64)
+        packed = lib.nn.utils.rnn.pack_padded_sequence(ts[0], lengths)
+        hx = [ts[1], ts[2]] if mode == "lstm" else ts[1]
+        out = getattr(lib, mode)(packed.data, packed.batch_sizes, hx, ts[3:], True, layers,
+                                 0.0, True, bidir)
+        sum((o * o).sum() for o in out).backward()
+        # the padded run agrees on the rows that are still running
+        results[lib.__name__] = [o.detach().numpy() for o in out] + [ts[0].grad.numpy(),
+                                                                     ts[3].grad.numpy()]
+    ours = results["mpitensor"]
+    assert ours[0].shape == (sum(lengths), H * (2 if bidir else 1))
+    if torch is None:
+        pytest.skip("torch is not installed (the oracle half); shapes checked")
+    for i, (p, q) in enumerate(zip(ours, results["torch"])):
+        close(p, q, 1e-9, f"output/grad {i}")
+    with pytest.raises(RuntimeError, match="batch_sizes"):
+        getattr(mt, mode)(mt.ones(9, I), mt.tensor([3, 3, 2]), mt.zeros(units, 3, H)
+                          if mode != "lstm" else [mt.zeros(units, 3, H)] * 2,
+                          [mt.tensor(p) for p in params], True, layers, 0.0, True, bidir)

@@ -43,7 +43,14 @@ from mpitensor.tensor import Tensor
 from . import functional as F
 from ._functional.dropout import _channel_dropout, _check_p
 from ._functional.embedding import _renorm_
-from ._functional.recurrent import GATES, RecurrentLayer, split_outputs
+from ._functional.recurrent import (
+    GATES,
+    PackedToPadded,
+    PaddedToPacked,
+    RecurrentLayer,
+    padded_rows,
+    split_outputs,
+)
 from .modules.rnn import RNNBase
 
 __all__ = [
@@ -671,30 +678,68 @@ def _layers(mode: str, params: Sequence[Any], has_biases: bool, num_layers: int,
     return groups, proj
 
 
-def _stack(mode: str, input: Any, h0: Any, c0: Any, params: Sequence[Any],  # noqa: A002
-           has_biases: bool, num_layers: int, dropout: float, train: bool,
-           bidirectional: bool, batch_first: bool, fname: str) -> Tuple[Tensor, ...]:
-    """The stacked layers, run by ``nn.RNNBase``'s own loop over the given weights."""
-    x = _tensor(input, "input", fname)
-    if x.dim() != 3:
-        raise RuntimeError(f"{fname}(): expected a 3-D input, got size {tuple(x.shape)}")
+def _run_layers(mode: str, x: Tensor, h0: Any, c0: Any, params: Sequence[Any],
+                has_biases: bool, num_layers: int, dropout: float, train: bool,
+                bidirectional: bool, batch_sizes: Any, fname: str) -> Tuple[Any, ...]:
+    """The stacked layers over padded (T, B, I) ``x``, run by ``nn.RNNBase``'s own loop over
+    the given weights: ``(out, h_n, c_n)``."""
     groups, proj = _layers(mode, params, has_biases, num_layers, bidirectional, fname)
-    hidden = groups[0]["weight_hh"].shape[1] if not proj else groups[0]["weight_hr"].shape[1]
-    units = len(groups)
+    H = groups[0]["weight_hh"].shape[0] // GATES[mode]
+    states = [("h0", h0, proj or H)] + ([("c0", c0, H)] if mode == "LSTM" else [])
+    for name, t, width in states:
+        want = (len(groups), x.shape[1], width)
+        if tuple(_tensor(t, name, fname).shape) != want:
+            raise RuntimeError(f"{fname}(): expected {name} of size {want} (layers * "
+                               f"directions, batch, size), got {tuple(t.shape)}")
     names, layer = [], SimpleNamespace()
+    per_layer = len(groups) // num_layers
     for i, g in enumerate(groups):
-        suffix = f"_l{i // (units // num_layers)}" + ("_reverse" if bidirectional and i % 2
-                                                      else "")
+        suffix = f"_l{i // per_layer}" + ("_reverse" if i % per_layer else "")
         names.append([k + suffix for k in g])
         for k, v in g.items():
             setattr(layer, k + suffix, v)
     layer.__dict__.update(mode=mode, bidirectional=bidirectional, proj_size=proj,
-                          hidden_size=hidden, num_layers=num_layers, _all_weights=names,
+                          hidden_size=H, num_layers=num_layers, _all_weights=names,
                           dropout=float(dropout), training=bool(train))
-    if batch_first:
-        x = x.transpose(0, 1)
-    out, h_n, c_n = RNNBase._run(layer, x, h0, c0, None)
-    if batch_first:
+    return RNNBase._run(layer, x, h0, c0, batch_sizes)
+
+
+def _stack(mode: str, args: tuple, fname: str) -> Tuple[Tensor, ...]:
+    """torch's two forms: ``(input, hx, params, has_biases, num_layers, dropout, train,
+    bidirectional, batch_first)`` and the packed ``(data, batch_sizes, hx, params, has_biases,
+    num_layers, dropout, train, bidirectional)`` (told apart, as torch does, by what stands
+    where ``hx`` or ``params`` would)."""
+    packed = isinstance(args[1] if mode == "LSTM" else args[2], Tensor)
+    if packed:
+        data, sizes, hx, params, has_biases, num_layers, dropout, train, bidir = args
+        batch_first = False
+    else:
+        data, hx, params, has_biases, num_layers, dropout, train, bidir, batch_first = args
+    if mode == "LSTM":
+        if not isinstance(hx, (list, tuple)) or len(hx) != 2:
+            raise RuntimeError(f"{fname}(): hx must be a list (h0, c0) of two tensors")
+        h0, c0 = hx
+    else:
+        h0, c0 = hx, None
+    x = _tensor(data, "input", fname)
+    if packed:
+        bs = np.asarray(_tensor(sizes, "batch_sizes", fname).cpu().numpy(), dtype=np.int64)
+        if x.dim() != 2 or bs.ndim != 1 or int(bs.sum()) != x.shape[0]:
+            raise RuntimeError(f"{fname}(): packed data of size {tuple(x.shape)} does not fit "
+                               f"batch_sizes {bs.tolist()} (2-D data, one row per entry)")
+        rows = padded_rows(bs, int(bs[0]))
+        x = PackedToPadded.apply(x, rows, len(bs), int(bs[0]))
+        run_sizes = None if np.all(bs == bs[0]) else bs
+    else:
+        if x.dim() != 3:
+            raise RuntimeError(f"{fname}(): expected a 3-D input, got size {tuple(x.shape)}")
+        x = x.transpose(0, 1) if batch_first else x
+        run_sizes = None
+    out, h_n, c_n = _run_layers(mode, x, h0, c0, params, has_biases, num_layers, dropout,
+                                train, bidir, run_sizes, fname)
+    if packed:
+        out = PaddedToPacked.apply(out, rows)
+    elif batch_first:
         out = out.transpose(0, 1)
     return (out, h_n, c_n) if mode == "LSTM" else (out, h_n)
 
@@ -702,12 +747,12 @@ def _stack(mode: str, input: Any, h0: Any, c0: Any, params: Sequence[Any],  # no
 def lstm(input: Any, hx: Sequence[Any], params: Sequence[Any], has_biases: bool,  # noqa: A002
          num_layers: int, dropout: float, train: bool, bidirectional: bool,
          batch_first: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """``torch.lstm``: a stacked LSTM over padded input with flat weights; ``hx = (h0, c0)``
-    of size (layers * directions, batch, size); returns ``(output, h_n, c_n)``."""
-    if not isinstance(hx, (list, tuple)) or len(hx) != 2:
-        raise RuntimeError("lstm(): hx must be a list (h0, c0) of two tensors")
-    return _stack("LSTM", input, hx[0], hx[1], params, has_biases, num_layers, dropout, train,
-                  bidirectional, batch_first, "lstm")
+    """``torch.lstm``: a stacked LSTM with flat weights; ``hx = (h0, c0)`` of size
+    (layers * directions, batch, size); returns ``(output, h_n, c_n)``. The packed form
+    ``lstm(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train,
+    bidirectional)`` (positional, as torch's) returns the packed output data."""
+    return _stack("LSTM", (input, hx, params, has_biases, num_layers, dropout, train,
+                           bidirectional, batch_first), "lstm")
 
 
 def _single_state(mode: str, name: str, doc: str) -> Any:
@@ -716,8 +761,8 @@ def _single_state(mode: str, name: str, doc: str) -> Any:
     def run(input: Any, hx: Any, params: Sequence[Any], has_biases: bool,  # noqa: A002
             num_layers: int, dropout: float, train: bool, bidirectional: bool,
             batch_first: bool) -> Tuple[Tensor, Tensor]:
-        return _stack(mode, input, hx, None, params, has_biases, num_layers, dropout, train,
-                      bidirectional, batch_first, name)
+        return _stack(mode, (input, hx, params, has_biases, num_layers, dropout, train,
+                             bidirectional, batch_first), name)
 
     run.__name__ = run.__qualname__ = name
     run.__doc__ = doc
@@ -725,7 +770,8 @@ def _single_state(mode: str, name: str, doc: str) -> Any:
 
 
 gru = _single_state("GRU", "gru", """``torch.gru``: a stacked GRU with flat weights; returns
-    ``(output, h_n)``.""")
+    ``(output, h_n)``; the packed form ``(data, batch_sizes, hx, params, ...)`` as
+    :func:`lstm`'s.""")
 rnn_tanh = _single_state("RNN_TANH", "rnn_tanh", """``torch.rnn_tanh``: stacked Elman layers
     (tanh) with flat weights; returns ``(output, h_n)``.""")
 rnn_relu = _single_state("RNN_RELU", "rnn_relu", """``torch.rnn_relu``: stacked Elman layers
