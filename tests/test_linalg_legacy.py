@@ -200,7 +200,7 @@ def test_qr_gradient_finite_differences():
 def _svd_loss(lib, x, w, some=True):
     u, s, v = lib.svd(x, some=some)
     k = s.shape[-1]
-    recon = (u[..., :, :k] * s.unsqueeze(-2).to(u.dtype)) @ v[..., :, :k].mH
+    recon = (u[..., :, :k] * s.unsqueeze(-2)) @ v[..., :, :k].mH
     return (wsum(lib, w[0], abs2(u[..., :, :k])) + wsum(lib, w[1], s)
             + wsum(lib, w[2], abs2(v[..., :, :k])) + wsum(lib, w[3], recon))
 
@@ -220,7 +220,7 @@ def test_svd_values_and_gradients_match_torch(dtype, shape, some):
     u, s, v = mt.svd(mt.tensor(a), some=some)
     assert u.shape[-1] == (k if some else m) and v.shape[-1] == (k if some else n)
     close(s, np.linalg.svd(a, compute_uv=False), TOL[dtype])
-    close((u[..., :k] * s.unsqueeze(-2).to(u.dtype)) @ v[..., :k].mH, a, TOL[dtype], 3.0)
+    close((u[..., :k] * s.unsqueeze(-2)) @ v[..., :k].mH, a, TOL[dtype], 3.0)
 
 
 @needs_torch
