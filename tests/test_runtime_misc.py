@@ -666,3 +666,19 @@ def test_resize_matches_torch():
             (lib.zeros(2, requires_grad=True) * 2).resize_(3)
     with pytest.raises(RuntimeError, match="share"):
         mt.arange(4.0)[1:].resize_(10)
+
+
+def test_strided_views_on_meta_and_fortran_ordered_memory():
+    m = mt.empty(4, device="meta")
+    v = m.as_strided((2,), (2,))
+    assert tuple(v.shape) == (2,) and v.device.type == "meta"
+    # no memory to reach past: torch's meta tensors take any geometry, and so do these
+    assert tuple(m.as_strided((3,), (2,)).shape) == tuple(
+        torch.empty(4, device="meta").as_strided((3,), (2,)).shape)
+    with pytest.raises(RuntimeError):
+        m.as_strided((3,), (-2,))
+    r = mt.empty(2, 3, device="meta")
+    r.resize_(10)
+    assert tuple(r.shape) == (10,) and r.device.type == "meta"
+    a = np.asfortranarray(np.arange(6.0).reshape(2, 3))
+    same(mt.from_numpy(a).as_strided((3,), (2,), 1), torch.from_numpy(a).as_strided((3,), (2,), 1))

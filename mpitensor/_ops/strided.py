@@ -62,6 +62,8 @@ def _storage(a: Any) -> tuple:
     Raises:
         RuntimeError: the owner is not one contiguous block of memory.
     """
+    if _backend.is_meta_array(a):  # no memory: a storage of its own elements, in C order
+        return a, 0, a.size
     owner = _owner(a)
     if not (owner.flags.c_contiguous or owner.flags.f_contiguous):
         raise RuntimeError(
@@ -98,9 +100,8 @@ def _check_geometry(size: tuple, stride: tuple, offset: int, what: str) -> None:
 def _strided_array(a: Any, size: tuple, stride: tuple, offset: int, what: str) -> Any:
     """The view of ``a``'s storage with this geometry (bounds-checked)."""
     _check_geometry(size, stride, offset, what)
-    if _backend.is_meta_array(a):
-        raise RuntimeError(f"{what}: a meta tensor has no storage to look at; make the view "
-                           f"on a CPU or GPU tensor")
+    if _backend.is_meta_array(a):  # no memory to reach past: shapes only, as torch's meta
+        return _backend.meta_array(size, a.dtype)
     owner, _, numel = _storage(a)
     need = _required(size, stride, offset)
     if need > numel:
@@ -120,6 +121,8 @@ def _strided_array(a: Any, size: tuple, stride: tuple, offset: int, what: str) -
 
 def _geometry(a: Any) -> tuple:
     """``(shape, strides in elements, offset)`` of ``a`` in its storage."""
+    if _backend.is_meta_array(a):
+        return tuple(a.shape), _contiguous_strides(tuple(a.shape)), 0
     item = a.dtype.itemsize
     return tuple(a.shape), tuple(s // item for s in a.strides), _storage(a)[1]
 
@@ -350,6 +353,10 @@ def resize_(t: Tensor, shape: tuple, what: str) -> Tensor:
                            f"change of its shape; resize a detach()ed copy")
     x = t._data
     if tuple(x.shape) == shape:
+        return t
+    if _backend.is_meta_array(x):  # no values to keep
+        t.data = _backend.meta_array(shape, x.dtype)
+        bump_version(t)
         return t
     owner, off, numel = _storage(x)
     need = off + math.prod(shape)
