@@ -682,3 +682,24 @@ def test_strided_views_on_meta_and_fortran_ordered_memory():
     assert tuple(r.shape) == (10,) and r.device.type == "meta"
     a = np.asfortranarray(np.arange(6.0).reshape(2, 3))
     same(mt.from_numpy(a).as_strided((3,), (2,), 1), torch.from_numpy(a).as_strided((3,), (2,), 1))
+
+
+def test_keyword_calls_as_torch_takes_them():
+    for lib in LIBS:
+        x = lib.zeros(2)
+        assert lib.as_strided(input=x, size=(1,), stride=(1,), storage_offset=1).tolist() == [0.0]
+        assert x.as_strided(size=(1,), stride=(1,), storage_offset=0).tolist() == [0.0]
+        assert lib.fill(input=x, value=1.0).tolist() == [1.0, 1.0]
+        lib.set_anomaly_enabled(enabled=False, check_nan=True)
+        assert tuple(lib.empty_permuted(size=(2,), physical_layout=(0,)).shape) == (2,)
+        y = lib.as_strided_scatter(input=x, src=lib.ones(1), size=(1,), stride=(1,),
+                                   storage_offset=0)
+        assert y.tolist() == [1.0, 0.0]
+        assert lib.from_dlpack(ext_tensor=lib.to_dlpack(data=x)).tolist() == [0.0, 0.0]
+        assert lib.get_device(input=x) == -1 and lib.is_inference(input=x) is False
+        x.resize_as_(the_template=lib.zeros(3))
+        assert tuple(x.shape) == (3,)
+        assert lib.gradient(x, spacing=1, dim=0, edge_order=1)[0].tolist() == [0.0] * 3
+        h = lib.histogramdd(lib.zeros(2, 1), bins=2, range=[0.0, 1.0], weight=None,
+                            density=False)
+        assert h.hist.tolist() == [2.0, 0.0]

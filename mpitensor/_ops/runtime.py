@@ -399,12 +399,12 @@ def from_dlpack(ext_tensor: Any) -> Tensor:
     return wrap(arr)
 
 
-def to_dlpack(tensor: Tensor) -> Any:
-    """A DLPack capsule over ``tensor``'s memory (no copy), for another library's
-    ``from_dlpack``."""
-    if not isinstance(tensor, Tensor):
-        raise TypeError(f"to_dlpack(): expected a Tensor, got {type(tensor).__name__}")
-    return tensor._data.__dlpack__()
+def to_dlpack(data: Tensor) -> Any:
+    """A DLPack capsule over the tensor ``data``'s memory (no copy), for another library's
+    ``from_dlpack`` (the argument is named ``data``, as torch's call takes it by keyword)."""
+    if not isinstance(data, Tensor):
+        raise TypeError(f"to_dlpack(): expected a Tensor, got {type(data).__name__}")
+    return data._data.__dlpack__()
 
 
 class Fill(Function):
