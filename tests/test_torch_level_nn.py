@@ -668,3 +668,38 @@ def test_stacked_recurrent_packed_form(mode, bidir):
         getattr(mt, mode)(mt.ones(9, I), mt.tensor([3, 3, 2]), mt.zeros(units, 3, H)
                           if mode != "lstm" else [mt.zeros(units, 3, H)] * 2,
                           [mt.tensor(p) for p in params], True, layers, 0.0, True, bidir)
+
+
+def test_argument_names_and_defaults_are_torchs():
+    """Every function's parameters, in order, with their defaults, are one of torch's
+    operator schemas (``self`` is ``input`` in Python, as torch's binding names it)."""
+    torch = _torch()
+    if torch is None:
+        pytest.skip("torch is not installed (the oracle half)")
+    from mpitensor.nn import _torch_level as level
+
+    def same(a, b):
+        if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+            a, b = list(a) if isinstance(a, (tuple, list)) else [a], b
+            b = list(b) if isinstance(b, (tuple, list)) else [b]
+            return a == b or (len(a) == 1 and all(v == a[0] for v in b)) or a == [] == b
+        return a == b or (a is None and b is None)
+
+    # one Python function for two overloads: nuclear_norm(input, keepdim) and (input, dim,
+    # keepdim); embedding_bag's second overload has no defaults (both called in CASES)
+    for name in sorted(set(level.__all__) - {"nuclear_norm"}):
+        ours = [(p.name, p.default) for p in inspect.signature(getattr(level, name)).parameters
+                .values()]
+        matched = False
+        for schema in torch._C._jit_get_schemas_for_operator("aten::" + name):
+            args = [a for a in schema.arguments if a.name != "out"]
+            if [("input" if a.name == "self" else a.name) for a in args] != [n for n, _ in ours]:
+                continue
+            matched = all(
+                d is inspect.Parameter.empty if not a.has_default_value()
+                else same(d, a.default_value) or (n == "reduction" and d == 0)
+                for a, (n, d) in zip(args, ours))
+            matched = matched or name == "embedding_bag"  # its padding_idx overload: no defaults
+            if matched:
+                break
+        assert matched, f"{name}: {ours} is none of torch's schemas"
