@@ -92,9 +92,10 @@ def _call(fn: Any, tensors: tuple, *args: Any) -> Tensor:
 
 def _parts(t: Tensor, outs: tuple, vjp: Any, state: Any, diff: tuple) -> list:
     """Tensors of a factorization's outputs ``outs`` of ``t``; those numbered in ``diff`` are
-    recorded (with ``vjp``) where ``t`` requires grad."""
+    recorded (with ``vjp``) where ``t`` requires grad: those get copies, so that writing into
+    an output in place leaves the factors the gradient reads as they were."""
     rec = _recorded(t)
-    return [_f.Part.apply(t, o, i, vjp, state) if rec and i in diff else wrap(o)
+    return [_f.Part.apply(t, o.copy(), i, vjp, state) if rec and i in diff else wrap(o)
             for i, o in enumerate(outs)]
 
 
