@@ -703,3 +703,12 @@ def test_argument_names_and_defaults_are_torchs():
             if matched:
                 break
         assert matched, f"{name}: {ours} is none of torch's schemas"
+
+
+def test_deprecated_norms_warn_at_the_callers_line():
+    with pytest.warns(UserWarning, match="frobenius_norm is deprecated") as got:
+        mt.frobenius_norm(mt.ones(2, 3), [0, 1])
+    assert got[0].filename == __file__
+    with pytest.warns(UserWarning, match="nuclear_norm is deprecated") as got:
+        value = mt.nuclear_norm(mt.eye(3) * 2)
+    assert got[0].filename == __file__ and float(value) == pytest.approx(6.0, rel=1e-12)

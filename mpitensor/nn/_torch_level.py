@@ -29,6 +29,8 @@ Example:
 from __future__ import annotations
 
 import numbers
+import os
+import sys
 import warnings
 from types import SimpleNamespace
 from typing import Any, List, Optional, Sequence, Tuple
@@ -82,6 +84,8 @@ __all__ = [
     # norms
     "norm_except_dim", "frobenius_norm", "nuclear_norm",
 ]
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 # the same signature at the top level as in nn.functional: the same function
 pairwise_distance = F.pairwise_distance
@@ -791,8 +795,12 @@ def norm_except_dim(v: Any, pow: int = 2, dim: int = 0) -> Tensor:  # noqa: A002
 
 
 def _deprecated(name: str, instead: str) -> None:
+    """Warn at the program's line that called ``name`` (past any wrapper of this package)."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
     warnings.warn(f"{name} is deprecated in torch (kept for old programs); use {instead}",
-                  UserWarning, stacklevel=3)
+                  UserWarning, stacklevel=level)
 
 
 def frobenius_norm(input: Any, dim: Any, keepdim: bool = False) -> Tensor:  # noqa: A002
