@@ -96,19 +96,27 @@ def cholesky(a: Any) -> Any:
     """
     m = xp(a)
     try:
-        return m.linalg.cholesky(a)
+        low = m.linalg.cholesky(a)
     except np.linalg.LinAlgError:
-        flat = a.reshape((-1,) + a.shape[-2:])
-        for i in range(flat.shape[0]):
-            try:
-                m.linalg.cholesky(flat[i])
-            except np.linalg.LinAlgError:
-                where = f" (batch element {i})" if a.ndim > 2 else ""
-                raise np.linalg.LinAlgError(
-                    f"cholesky: the input is not positive-definite{where}; check that the "
-                    f"matrix is symmetric (Hermitian) with positive eigenvalues, or add a "
-                    f"multiple of the identity") from None
-        raise
+        low = None
+    if low is not None and (m is np or not bool(m.isnan(low).any())):
+        return low
+    # NumPy raised, or CuPy (which fills a failed factor with NaN instead of raising): find
+    # the first matrix that is not positive-definite
+    flat = a.reshape((int(np.prod(a.shape[:-2])),) + a.shape[-2:])
+    for i in range(flat.shape[0]):
+        try:
+            bad = bool(m.isnan(m.linalg.cholesky(flat[i])).any()) and not bool(
+                m.isnan(flat[i]).any())
+        except np.linalg.LinAlgError:
+            bad = True
+        if bad:
+            where = f" (batch element {i})" if a.ndim > 2 else ""
+            raise np.linalg.LinAlgError(
+                f"cholesky: the input is not positive-definite{where}; check that the matrix "
+                f"is symmetric (Hermitian) with positive eigenvalues, or add a multiple of "
+                f"the identity")
+    return low
 
 
 def cholesky_vjp(a: Any, state: Any, i: int, g: Any) -> Any:
