@@ -703,3 +703,23 @@ def test_keyword_calls_as_torch_takes_them():
         h = lib.histogramdd(lib.zeros(2, 1), bins=2, range=[0.0, 1.0], weight=None,
                             density=False)
         assert h.hist.tolist() == [2.0, 0.0]
+
+
+def test_deprecated_out_of_place_resize_matches_torch():
+    out = []
+    for lib in LIBS:
+        x = lib.arange(6.0, requires_grad=True)
+        with pytest.warns(UserWarning, match="deprecated"):
+            y = x.resize(2, 3)
+        with pytest.warns(UserWarning, match="deprecated"):
+            z = x.resize_as(lib.zeros(3, 2))
+        (y * lib.arange(6.0).reshape(2, 3)).sum().backward()
+        out.extend([y.detach(), z.detach(), x.grad])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(RuntimeError):
+                x.resize(4)
+            with pytest.raises(RuntimeError):
+                x.resize_as(lib.zeros(3))
+    for a, b in zip(out[:3], out[3:]):
+        same(a, b)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any, Optional
 
 import numpy as np
@@ -437,3 +438,29 @@ class _LegacyMethods:
     def resize_as_(self, the_template: Tensor, memory_format: Any = None) -> Tensor:
         """:meth:`resize_` to ``the_template``'s shape; returns self."""
         return resize_(self, tuple(the_template._data.shape), "resize_as_()")
+
+    def resize(self, *sizes: Any) -> Tensor:
+        """Deprecated, as in torch: this tensor reshaped to ``sizes``, which must hold as
+        many elements (recorded by autograd); warns ``UserWarning``. Use :meth:`reshape`.
+
+        Raises:
+            RuntimeError: ``sizes`` holds another number of elements.
+        """
+        warnings.warn("resize() is deprecated: it cannot change the number of elements; use "
+                      "reshape(), or resize_() in place", UserWarning, stacklevel=2)
+        return _same_count_reshape(self, tuple(size_from(sizes, "resize")), "resize()")
+
+    def resize_as(self, tensor: Tensor) -> Tensor:
+        """Deprecated, as in torch: :meth:`resize` to ``tensor``'s shape."""
+        warnings.warn("resize_as() is deprecated: it cannot change the number of elements; "
+                      "use reshape_as()", UserWarning, stacklevel=2)
+        return _same_count_reshape(self, tuple(tensor._data.shape), "resize_as()")
+
+
+def _same_count_reshape(t: Tensor, shape: tuple, what: str) -> Tensor:
+    n = math.prod(shape)
+    if n != t._data.size:
+        raise RuntimeError(f"{what}: {list(shape)} holds {n} elements, the tensor "
+                           f"{t._data.size}; the out-of-place form keeps the number of "
+                           f"elements (resize_() changes it in place)")
+    return t.reshape(shape)
