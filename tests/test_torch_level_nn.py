@@ -523,7 +523,7 @@ def test_stacked_recurrent_dropout_between_layers():
     mt.manual_seed(6)
     x = mt.tensor(_r(4, 2, 3))
     params = [mt.tensor(p) for p in _rnn_params("gru", 3, 5, 2, False, True)]
-    h0 = mt.zeros(2, 2, 5)
+    h0 = mt.zeros(2, 2, 5, dtype=mt.float64)
     a = mt.gru(x, h0, params, True, 2, 0.5, False, False, False)[0]
     b = mt.gru(x, h0, params, True, 2, 0.0, True, False, False)[0]
     c = mt.gru(x, h0, params, True, 2, 0.5, True, False, False)[0]
@@ -573,6 +573,11 @@ BAD = [
                     0.0, False, False, False), RuntimeError, "3-D"),
     (lambda: mt.gru(mt.ones(3, 2, 4), mt.ones(1, 3, 5), [mt.ones(15, 4), mt.ones(15, 5)],
                     False, 1, 0.0, False, False, False), RuntimeError, "h0 of size"),
+    (lambda: mt.gru(mt.ones(3, 2, 4, dtype=mt.float64), mt.ones(1, 2, 5, dtype=mt.float64),
+                    [mt.ones(15, 4), mt.ones(15, 5)], False, 1, 0.0, False, False, False),
+     RuntimeError, "dtype"),
+    (lambda: mt.lstm_cell(mt.ones(2, 3, dtype=mt.float64), [mt.ones(2, 4, dtype=mt.float64)] * 2,
+                          mt.ones(16, 3), mt.ones(16, 4)), RuntimeError, "dtype"),
     (lambda: mt.nuclear_norm(mt.ones(3)), (RuntimeError, ValueError), None),
     (lambda: mt.embedding_renorm_(mt.ones(3), mt.tensor([0]), 1.0, 2.0), RuntimeError, "2-D"),
 ]
@@ -712,3 +717,32 @@ def test_deprecated_norms_warn_at_the_callers_line():
     with pytest.warns(UserWarning, match="nuclear_norm is deprecated") as got:
         value = mt.nuclear_norm(mt.eye(3) * 2)
     assert got[0].filename == __file__ and float(value) == pytest.approx(6.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode,layers,bidir,bias,batch_first,proj", RNN_CASES)
+def test_stacked_recurrent_functions_match_the_modules(mode, layers, bidir, bias,
+                                                       batch_first, proj):
+    """The flat-weight functions give what ``nn.LSTM``/``nn.GRU``/``nn.RNN`` give with the
+    same weights (no torch needed)."""
+    T, B, I, H = 4, 2, 3, 5
+    units = layers * (2 if bidir else 1)
+    x = mt.tensor(_r(B, T, I) if batch_first else _r(T, B, I))
+    params = [mt.tensor(p) for p in _rnn_params(mode, I, H, layers, bidir, bias, proj)]
+    h0, c0 = mt.tensor(_r(units, B, proj or H)), mt.tensor(_r(units, B, H))
+    kw = dict(num_layers=layers, bias=bias, batch_first=batch_first, bidirectional=bidir)
+    if mode == "lstm":
+        module = mt.nn.LSTM(I, H, proj_size=proj, **kw)
+    elif mode == "gru":
+        module = mt.nn.GRU(I, H, **kw)
+    else:
+        module = mt.nn.RNN(I, H, nonlinearity=mode[4:], **kw)
+    module = module.double()
+    with mt.no_grad():
+        for w, p in zip(module._flat_weights, params):
+            w.copy_(p)
+    hx = [h0, c0] if mode == "lstm" else h0
+    got = getattr(mt, mode)(x, hx, params, bias, layers, 0.0, False, bidir, batch_first)
+    out, state = module(x, tuple(hx) if mode == "lstm" else hx)
+    want = (out,) + (tuple(state) if mode == "lstm" else (state,))
+    for g, w in zip(got, want):
+        close(g, w, 1e-12)

@@ -606,6 +606,14 @@ def affine_grid_generator(theta: Any, size: Sequence[int], align_corners: bool) 
 
 
 # -------------------------------------------------------------------------------- recurrent
+def _same_dtype(x: Tensor, others: Sequence[Any], fname: str) -> None:
+    """The weights and states in the input's dtype (torch's products refuse a mix)."""
+    for t in others:
+        if t is not None and t.dtype != x.dtype:
+            raise RuntimeError(f"{fname}(): the input is {x.dtype} but a weight or state is "
+                               f"{t.dtype}; convert them to one dtype (e.g. w.to(input.dtype))")
+
+
 def _cell(mode: str, input: Any, states: List[Any], w_ih: Any, w_hh: Any,  # noqa: A002
           b_ih: Any, b_hh: Any, fname: str) -> Tuple[Tensor, ...]:
     """One step of a recurrent cell on (B, I) ``input`` and (B, H) states."""
@@ -630,6 +638,7 @@ def _cell(mode: str, input: Any, states: List[Any], w_ih: Any, w_hh: Any,  # noq
         if b is not None and tuple(_tensor(b, name, fname).shape) != (G * H,):
             raise RuntimeError(f"{fname}(): {name} must be of size ({G * H},), got "
                                f"{tuple(b.shape)}")
+    _same_dtype(x, list(states) + [w_ih, w_hh, b_ih, b_hh], fname)
     lstm = mode == "LSTM"
     flat = RecurrentLayer.apply(x.unsqueeze(0), states[0], states[1] if lstm else None, w_ih,
                                 w_hh, b_ih, b_hh, None, mode, False, None)
@@ -695,6 +704,7 @@ def _run_layers(mode: str, x: Tensor, h0: Any, c0: Any, params: Sequence[Any],
         if tuple(_tensor(t, name, fname).shape) != want:
             raise RuntimeError(f"{fname}(): expected {name} of size {want} (layers * "
                                f"directions, batch, size), got {tuple(t.shape)}")
+    _same_dtype(x, [h0, c0] + list(params), fname)
     names, layer = [], SimpleNamespace()
     per_layer = len(groups) // num_layers
     for i, g in enumerate(groups):
