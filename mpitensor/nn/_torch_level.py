@@ -11,14 +11,16 @@ holds a kernel of its own. What the top level spells differently:
 - losses take ``reduction`` as an int: 0 ``'none'``, 1 ``'mean'``, 2 ``'sum'``; where it may
   be left out, torch's top level (its Python binding, not its schema's ``Mean``) reduces
   nothing: ``torch.kl_div(x, t)`` is elementwise, and so it is here;
-- ``grid_sampler`` takes its modes as ints: interpolation 0 bilinear, 1 nearest, 2 bicubic;
-  padding 0 zeros, 1 border, 2 reflection;
+- ``grid_sampler`` takes its modes as ints: interpolation 0 bilinear, 1 nearest, 2 bicubic
+  (which ``F.grid_sample`` does not implement: NotImplementedError); padding 0 zeros,
+  1 border, 2 reflection;
 - pooling's ``stride=[]`` (empty) means the kernel size;
 - ``cudnn_enabled`` / ``cudnn_enable`` choose a GPU library in torch and change no value:
   they are accepted and have no effect here, where there is no cuDNN;
 - ``embedding``'s ``padding_idx`` is -1 (any negative) for none;
 - the recurrent functions take flat weight lists, in torch's order per layer and direction:
-  ``w_ih, w_hh[, b_ih, b_hh][, w_hr]``.
+  ``w_ih, w_hh[, b_ih, b_hh][, w_hr]``, over padded input or torch's packed form; the
+  layers run by ``nn.RNNBase``'s own loop, the cells straight on its kernel.
 
 Example:
     >>> import mpitensor as mt
