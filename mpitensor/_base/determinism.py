@@ -46,6 +46,11 @@ def nondeterministic_on(array: Any) -> bool:
     return not isinstance(array, np.ndarray) and hasattr(array, "device")
 
 
+def in_force_on(array: Any) -> bool:
+    """Whether the switch is on and ``array`` is one whose atomic adds are unordered."""
+    return state.enabled and nondeterministic_on(array)
+
+
 def decision(op: str, array: Any) -> str:
     """What an op without a deterministic implementation on ``array``'s device does now:
     ``"run"``, ``"warn"`` or ``"raise"``."""
@@ -75,7 +80,7 @@ def add_at(target: Any, key: Any, values: Any) -> bool:
     and ``target`` is a device array: copied to the host, added there with ``numpy.add.at``
     and copied back. Returns False (nothing done) when the caller's own way is deterministic
     already or the switch is off."""
-    if not state.enabled or not nondeterministic_on(target):
+    if not in_force_on(target):
         return False
     import cupy  # noqa: PLC0415 - only device arrays reach here
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from mpitensor._base import determinism as _determinism
 from mpitensor._core.devices import xp as _xp
 
 from ._versions import bump_version, note_versions, storage, storage_key, version_cell
@@ -227,7 +228,7 @@ class _AsStrided(Function):
         if dup:
             if m is np:
                 np.add.at(gb, idx, g)
-            else:
+            elif not _determinism.add_at(gb, idx, g):  # atomics unless deterministic
                 import cupyx  # noqa: PLC0415 - only on GPUs
 
                 cupyx.scatter_add(gb, idx, g)

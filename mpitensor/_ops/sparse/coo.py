@@ -14,6 +14,7 @@ import numpy as np
 
 from mpitensor import backend as _backend
 from mpitensor import dtypes as _dt
+from mpitensor._base import determinism as _determinism
 from mpitensor._core import promotion as _promotion
 from mpitensor._core.devices import move, parse_device
 from mpitensor._core.dims import wrap_dim
@@ -100,7 +101,7 @@ def add_at(out: Any, index: Any, src: Any) -> None:
     """``out[index] += src`` with repeated indices adding up (NumPy or CuPy)."""
     if isinstance(out, np.ndarray):
         np.add.at(out, index, src)
-    else:
+    elif not _determinism.add_at(out, index, src):  # atomics unless deterministic
         import cupyx  # noqa: PLC0415 - only for GPU arrays
 
         cupyx.scatter_add(out, index, src)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from mpitensor import dtypes as _dt
+from mpitensor._base import determinism as _determinism
 from mpitensor._core import autocast as _autocast
 from mpitensor._core import half as _half
 from mpitensor.autograd import ArrayFunction as Function, grad_enabled_for
@@ -710,7 +711,7 @@ class _MultiLabelMargin(Function):
         rr = xp.broadcast_to(xp.arange(n)[:, None], safe.shape)
         if xp is np:
             np.subtract.at(gx, (rr, safe), minus)
-        else:
+        elif not _determinism.add_at(gx, (rr, safe), -minus):  # atomics unless deterministic
             import cupyx  # noqa: PLC0415 - only on GPUs
 
             cupyx.scatter_add(gx, (rr, safe), -minus)
