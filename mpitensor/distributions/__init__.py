@@ -19,9 +19,20 @@ Example:
 
 from __future__ import annotations
 
-from . import constraints, kl
+from . import (
+    constraint_registry,
+    constraints,
+    continuous_more,
+    discrete_more,
+    kl,
+    transformed_distribution,
+    transforms,
+)
 from .bernoulli import Bernoulli
 from .categorical import Categorical, OneHotCategorical
+from .constraint_registry import *  # noqa: F403 - biject_to, transform_to
+from .continuous_more import *  # noqa: F403
+from .discrete_more import *  # noqa: F403
 from .distribution import Distribution
 from .gamma import Beta, Dirichlet, Gamma
 from .independent import Independent
@@ -30,10 +41,14 @@ from .laplace import Exponential, Laplace
 from .multivariate_normal import MultivariateNormal
 from .normal import Normal
 from .poisson import Poisson
+from .transformed_distribution import *  # noqa: F403
+from .transforms import *  # noqa: F403
 from .uniform import Uniform
 
 __all__ = [
     "Distribution", "Categorical", "OneHotCategorical", "Bernoulli", "Normal", "Uniform",
     "Laplace", "Exponential", "Gamma", "Beta", "Dirichlet", "Poisson", "MultivariateNormal",
-    "Independent", "kl_divergence", "register_kl", "constraints", "kl",
+    "Independent", "kl_divergence", "register_kl", "constraints", "kl", "transforms",
+    "constraint_registry", *constraint_registry.__all__, *continuous_more.__all__,
+    *discrete_more.__all__, *transformed_distribution.__all__, *transforms.__all__,
 ]

@@ -1,0 +1,5 @@
+"""torch.distributions: continuous_more (being filled in)."""
+
+from __future__ import annotations
+
+__all__: list = []
