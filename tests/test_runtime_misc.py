@@ -723,3 +723,33 @@ def test_deprecated_out_of_place_resize_matches_torch():
                 x.resize_as(lib.zeros(3))
     for a, b in zip(out[:3], out[3:]):
         same(a, b)
+
+
+class _FakeDeviceArray:
+    """A device array as the deterministic path sees one: it has a ``device``, and the fake
+    ``cupy`` below copies it to and from the host."""
+
+    device = "cuda:0"
+
+    def __init__(self, a):
+        self.a = np.asarray(a)
+
+    def __setitem__(self, key, value):
+        self.a[key] = value
+
+
+def test_deterministic_add_at_on_a_device_array(monkeypatch):
+    fake = type(sys)("cupy")
+    fake.ndarray = _FakeDeviceArray
+    fake.asnumpy = lambda d: d.a.copy()
+    fake.asarray = np.asarray
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    target = _FakeDeviceArray(np.zeros((3, 2)))
+    rows = _FakeDeviceArray([0, 2, 0])
+    values = _FakeDeviceArray([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    assert determinism.add_at(target, rows.a, values.a) is False  # switch off: caller's way
+    mt.use_deterministic_algorithms(True)
+    assert determinism.add_at(target, rows, values) is True
+    np.testing.assert_array_equal(target.a, [[6.0, 8.0], [0.0, 0.0], [3.0, 4.0]])
+    assert determinism.add_at(target, (rows, slice(None)), values) is True  # tuple keys
+    np.testing.assert_array_equal(target.a, [[12.0, 16.0], [0.0, 0.0], [6.0, 8.0]])
