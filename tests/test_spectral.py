@@ -669,3 +669,26 @@ def test_spectrogram_loss_program_matches_torch():
     theirs, w_theirs = _spectrogram_program(torch)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
     np.testing.assert_allclose(w_ours, w_theirs, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------ GPU (CuPy)
+_CUPY_REASON = mt.backend.cupy_unavailable_reason()
+gpu = pytest.mark.skipif(bool(_CUPY_REASON), reason=_CUPY_REASON or "CuPy is available")
+
+
+@pytest.mark.gpu
+@gpu
+def test_stft_istft_on_the_gpu_match_the_cpu():
+    x = RNG.standard_normal((2, 300))
+    results = []
+    for device in ("cpu", "cuda"):
+        xt = mt.tensor(x, device=device, requires_grad=True)
+        w = mt.hann_window(64, dtype=mt.float64, device=device, requires_grad=True)
+        assert w.device.type == device
+        X = mt.stft(xt, 64, 16, window=w, pad_mode="replicate", return_complex=True)
+        y = mt.istft(X * 2, 64, 16, window=w, length=300)
+        (X.abs().sum() + y.pow(2).sum()).backward()
+        results.append([t.detach().cpu().numpy() for t in (X, y, xt.grad, w.grad)])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-10 * max(1.0, np.abs(a).max()))
+    np.testing.assert_allclose(results[0][1], 2 * x, atol=1e-12)

@@ -94,10 +94,10 @@ def sampled(m: int, symmetric: bool, values: Callable[[int], np.ndarray]) -> np.
 
 
 def window_tensor(values: np.ndarray, dtype: Any, device: Any, requires_grad: bool,
-                  layout: Any, fname: str) -> Tensor:
+                  layout: Any, fname: str, pin_memory: Any = False) -> Tensor:
     """A new tensor of the float64 ``values`` cast to ``dtype`` (already checked) on
     ``device``."""
-    _create.check_placement(fname, layout)
+    _create.check_placement(fname, layout, pin_memory=pin_memory)
     return _create.tensor(values.astype(dtype), device=device, requires_grad=requires_grad)
 
 
@@ -113,17 +113,19 @@ def _window_dtype(dtype: Any, fname: str) -> np.dtype:
 
 
 def _window(fname: str, n: Any, periodic: Any, values: Callable[[int], np.ndarray],
-            dtype: Any, layout: Any, device: Any, requires_grad: bool) -> Tensor:
+            dtype: Any, layout: Any, device: Any, requires_grad: bool,
+            pin_memory: Any = False) -> Tensor:
     n = window_length(n, fname)
     if n < 0:
         raise RuntimeError(f"{fname}(): window_length must be non-negative, got {n}")
     dt = _window_dtype(dtype, fname)
     return window_tensor(sampled(n, not periodic, values), dt, device, requires_grad, layout,
-                         fname)
+                         fname, pin_memory)
 
 
 def hann_window(window_length: int, periodic: bool = True, *, dtype: Any = None,
-                layout: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+                layout: Any = None, device: Any = None, pin_memory: bool = False,
+                requires_grad: bool = False) -> Tensor:
     """Return the Hann window ``0.5 - 0.5 cos(2 pi n / (N - 1))``: ``N = window_length + 1``
     points with the last dropped when ``periodic`` (for spectral analysis), else
     ``window_length`` points (symmetric, for filter design).
@@ -139,47 +141,49 @@ def hann_window(window_length: int, periodic: bool = True, *, dtype: Any = None,
     """
     return _window("hann_window", window_length, periodic,
                    lambda m: general_cosine_values(m, (0.5, 0.5)), dtype, layout, device,
-                   requires_grad)
+                   requires_grad, pin_memory)
 
 
 def hamming_window(window_length: int, periodic: bool = True, alpha: float = 0.54,
                    beta: float = 0.46, *, dtype: Any = None, layout: Any = None,
-                   device: Any = None, requires_grad: bool = False) -> Tensor:
+                   device: Any = None, pin_memory: bool = False,
+                   requires_grad: bool = False) -> Tensor:
     """Return the Hamming window ``alpha - beta cos(2 pi n / (N - 1))``; ``periodic`` and the
     rest as :func:`hann_window`'s."""
     coeffs = (float(alpha), float(beta))
     return _window("hamming_window", window_length, periodic,
                    lambda m: general_cosine_values(m, coeffs), dtype, layout, device,
-                   requires_grad)
+                   requires_grad, pin_memory)
 
 
 def blackman_window(window_length: int, periodic: bool = True, *, dtype: Any = None,
-                    layout: Any = None, device: Any = None,
+                    layout: Any = None, device: Any = None, pin_memory: bool = False,
                     requires_grad: bool = False) -> Tensor:
     """Return the Blackman window ``0.42 - 0.5 cos(2 pi n / (N - 1)) + 0.08 cos(4 pi n / (N -
     1))``; the arguments as :func:`hann_window`'s."""
     return _window("blackman_window", window_length, periodic,
                    lambda m: general_cosine_values(m, (0.42, 0.5, 0.08)), dtype, layout,
-                   device, requires_grad)
+                   device, requires_grad, pin_memory)
 
 
 def bartlett_window(window_length: int, periodic: bool = True, *, dtype: Any = None,
-                    layout: Any = None, device: Any = None,
+                    layout: Any = None, device: Any = None, pin_memory: bool = False,
                     requires_grad: bool = False) -> Tensor:
     """Return the Bartlett (triangular) window ``1 - |2n / (N - 1) - 1|``; the arguments as
     :func:`hann_window`'s."""
     return _window("bartlett_window", window_length, periodic, bartlett_values, dtype, layout,
-                   device, requires_grad)
+                   device, requires_grad, pin_memory)
 
 
 def kaiser_window(window_length: int, periodic: bool = True, beta: float = 12.0, *,
                   dtype: Any = None, layout: Any = None, device: Any = None,
+                  pin_memory: bool = False,
                   requires_grad: bool = False) -> Tensor:
     """Return the Kaiser window ``I0(beta sqrt(1 - (2n / (N - 1) - 1)^2)) / I0(beta)`` (``I0``
     the modified Bessel function of order 0); the rest as :func:`hann_window`'s."""
     b = float(beta)
     return _window("kaiser_window", window_length, periodic, lambda m: kaiser_values(m, b),
-                   dtype, layout, device, requires_grad)
+                   dtype, layout, device, requires_grad, pin_memory)
 
 
 # ------------------------------------------------------------- frames and the overlap-add
