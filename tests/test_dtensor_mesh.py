@@ -126,3 +126,11 @@ def test_local_shape_and_offset(world):
         compute_local_shape_and_global_offset((10, 3), mesh, [Shard(0), Shard(1)])
     with pytest.raises(TypeError, match="'S'"):
         compute_local_shape_and_global_offset((10, 3), mesh, ["S"])
+
+
+def test_torch_distributed_exports_the_mesh(world):
+    """``torch.distributed.DeviceMesh`` and ``torch.distributed.init_device_mesh`` are the
+    device_mesh module's, as in torch; a mesh made through them works."""
+    assert dist.DeviceMesh is DeviceMesh and dist.init_device_mesh is init_device_mesh
+    mesh = dist.init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    assert isinstance(mesh, dist.DeviceMesh) and mesh.size() == 1 and mesh["dp"].size() == 1

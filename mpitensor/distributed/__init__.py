@@ -719,6 +719,7 @@ from ._c10d import (  # noqa: E402 - they look up this package's functions when 
 
 _c10d._package = sys.modules[__name__]
 from ._grad_bucket import BuiltinCommHookType, GradBucket  # noqa: E402
+from .device_mesh import DeviceMesh, init_device_mesh  # noqa: E402 - torch has them here too
 
 __all__ += [
     "AllToAllOptions", "AllreduceCoalescedOptions", "AllreduceOptions", "BackendConfig",
@@ -729,6 +730,6 @@ __all__ += [
     "is_backend_available", "is_ucc_available", "is_xccl_available",
     "register_rendezvous_handler", "rendezvous", "reduce_scatter_single", "set_debug_level",
     "set_debug_level_from_env", "split_group", "supports_complex", "BuiltinCommHookType",
-    "GradBucket", "record_comm",
+    "GradBucket", "record_comm", "DeviceMesh", "init_device_mesh",
 ]
 # breakpoint stays out of __all__: a star import must not hide the builtin
