@@ -235,9 +235,12 @@ def test_typename_is_storage_get_device():
                  lambda lib: lib.zeros(1, dtype=lib.complex64)):
         ours, theirs = mt.typename(make(mt)), torch.typename(make(torch))
         assert ours.replace("mpitensor.", "torch.") == theirs
-    for obj in (3, "s", 2.5, None):
+    for obj in (3, "s", 2.5, None, int, len, type, [1], _DeviceLike, _DeviceLike(),
+                same, warnings.catch_warnings()):
         assert mt.typename(obj) == torch.typename(obj)
     assert mt.typename(mt.nn.Linear(1, 1)) == "mpitensor.nn.modules.linear.Linear"
+    assert mt.typename(mt.nn.Linear) == "mpitensor.nn.modules.linear.Linear"
+    assert torch.typename(torch.nn.Linear) == "torch.nn.modules.linear.Linear"
     for obj in (mt.zeros(2), np.zeros(2), 3, b"ab"):
         assert mt.is_storage(obj) is False
     assert mt.get_device(mt.zeros(2)) == torch.get_device(torch.zeros(2)) == -1

@@ -213,12 +213,17 @@ def is_anomaly_check_nan_enabled() -> bool:
 # ------------------------------------------------------------------------ small queries
 def typename(obj: Any, /) -> str:
     """The type's name: a tensor's legacy type name (``"mpitensor.FloatTensor"``, as
-    ``t.type()``), else the module and qualified name of ``obj``'s class (builtins bare)."""
+    ``t.type()``); a class or function names itself (``"mpitensor.nn.modules.linear.Linear"``);
+    any other object its class. Builtins are named bare (``"int"``, ``"len"``)."""
     if isinstance(obj, Tensor):
         return obj.type()
-    cls = type(obj)
-    module = cls.__module__
-    return cls.__qualname__ if module in (None, "builtins") else f"{module}.{cls.__qualname__}"
+    module = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if not isinstance(name, str):
+        name = type(obj).__qualname__
+    if not isinstance(module, str) or module in ("", "builtins"):
+        return name
+    return f"{module}.{name}"
 
 
 def is_storage(obj: Any, /) -> bool:
