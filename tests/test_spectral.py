@@ -462,6 +462,9 @@ def test_return_complex_false_and_defaults():
     assert yc.is_complex() and tuple(yc.shape) == (16, 11)
     with pytest.warns(UserWarning, match="window"):
         mt.stft(x, 16, return_complex=True)
+    with pytest.warns(UserWarning, match="window"):
+        y = mt.istft(c, 16)  # rectangular: the envelope is 4 everywhere, still invertible
+    assert tuple(y.shape) == (2, 40)
 
 
 @pytest.mark.parametrize("call, err, match", [

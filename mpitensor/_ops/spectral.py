@@ -317,6 +317,13 @@ def _check_window(window: Optional[Tensor], win: int, n_fft: int, fname: str) ->
                            f"window shorter than n_fft")
 
 
+def _warn_rectangular(fname: str) -> None:
+    warnings.warn(f"{fname}(): no window given, so a rectangular one is used, which leaks "
+                  f"energy between frequencies; pass the window of the transform, e.g. "
+                  f"window=torch.hann_window(n_fft) (window=torch.ones(n_fft) keeps this one)",
+                  UserWarning, stacklevel=3)
+
+
 def _is_complex(t: Optional[Tensor]) -> bool:
     return t is not None and t._data.dtype.kind == "c"
 
@@ -434,9 +441,7 @@ def stft(input: Tensor, n_fft: int, hop_length: Optional[int] = None,  # noqa: A
         raise RuntimeError("stft(): align_to_window applies to center=False only")
     n_fft, hop, win = _sizes(n_fft, hop_length, win_length, "stft")
     if window is None:
-        warnings.warn("stft(): no window given, so a rectangular one is used, which leaks "
-                      "energy between frequencies; pass window=torch.hann_window(n_fft) (or "
-                      "window=torch.ones(n_fft) to keep this one)", UserWarning, stacklevel=2)
+        _warn_rectangular("stft")
     x = input.reshape(1, -1) if input.dim() == 1 else input
     if center:
         x = pad_ends(x, n_fft // 2, pad_mode)
@@ -530,6 +535,8 @@ def istft(input: Tensor, n_fft: int, hop_length: Optional[int] = None,  # noqa: 
     _check_istft_input(input, hop, win, n_fft)
     _check_window(window, win, n_fft, "istft")
     onesided = _istft_options(input, window, n_fft, onesided, bool(return_complex))
+    if window is None:
+        _warn_rectangular("istft")
     spec = input.unsqueeze(0) if input.dim() == 2 else input
     if normalized:
         spec = spec * math.sqrt(n_fft)
