@@ -115,7 +115,8 @@ def _strided_array(a: Any, size: tuple, stride: tuple, offset: int, what: str) -
     if isinstance(a, _ndarray):
         return np.ndarray(size, a.dtype, buffer=owner, offset=offset * item if need else 0,
                           strides=byte_strides)
-    flat = owner.reshape(-1).view(a.dtype) if owner.dtype != a.dtype else owner.reshape(-1)
+    run = (owner if owner.flags.c_contiguous else owner.transpose()).reshape(-1)  # no copy
+    flat = run.view(a.dtype) if owner.dtype != a.dtype else run
     start = flat[offset:] if need else flat[:0]
     return xp(a).lib.stride_tricks.as_strided(start, size, byte_strides)
 
