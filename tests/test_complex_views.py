@@ -123,3 +123,18 @@ def test_freqs_cis_as_llama_computes_them():
         return lib.polar(lib.ones_like(f), f)
 
     np.testing.assert_allclose(freqs(mt).numpy(), freqs(torch).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_of_a_real_tensor_made_complex_is_the_real_part():
+    """``x.to(complex)``'s backward hands the real input the real part of its complex
+    gradient, without NumPy's ComplexWarning (its astype drops the imaginary part too, but
+    warns): d/dx sum |x c|^2 = 2 x |c|^2."""
+    import warnings
+
+    x = mt.tensor([1.0, 2.0], dtype=mt.float64, requires_grad=True)
+    c = mt.tensor([1 + 2j, 3 - 1j])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (x.to(mt.complex128) * c).abs().pow(2).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [2 * 1 * 5, 2 * 2 * 10], rtol=1e-15)
+    assert x.grad.dtype == mt.float64

@@ -75,6 +75,8 @@ class ToCopy(Function):
         dtype, device = ctx.origin
         if device is not None:
             g = move(g, device)
+        if g.dtype.kind == "c" and dtype.kind != "c":
+            g = g.real  # a real input made complex: its gradient is the real part
         return (g.astype(dtype) if g.dtype != dtype else g), None, None
 
 
