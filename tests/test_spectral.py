@@ -695,3 +695,23 @@ def test_stft_istft_on_the_gpu_match_the_cpu():
     for a, b in zip(*results):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-10 * max(1.0, np.abs(a).max()))
     np.testing.assert_allclose(results[0][1], 2 * x, atol=1e-12)
+
+
+@needs_torch
+@pytest.mark.parametrize("L, n_fft, hop, win", [(40, 16, 4, 6), (41, 16, 5, 16)])
+def test_stft_align_to_window_matches_torch(L, n_fft, hop, win):
+    """With ``center=False`` and ``align_to_window=True`` frame ``t`` starts where its window
+    does: ``1 + (L - win_length) // hop`` frames."""
+    x = RNG.standard_normal((2, L))
+    w = RNG.random(win) + 0.2
+    outs = []
+    for lib in (torch, mt):
+        xt = lib.tensor(x, requires_grad=True)
+        wt = lib.tensor(w, requires_grad=True)
+        y = lib.stft(xt, n_fft, hop, win, wt, center=False, return_complex=True,
+                     align_to_window=True)
+        y.abs().sum().backward()
+        outs.append((y.detach().numpy(), xt.grad.numpy(), wt.grad.numpy()))
+    assert outs[1][0].shape == (2, n_fft // 2 + 1, 1 + (L - win) // hop)
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-10 * max(1.0, np.abs(a).max()))
