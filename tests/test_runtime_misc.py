@@ -756,3 +756,26 @@ def test_deterministic_add_at_on_a_device_array(monkeypatch):
     np.testing.assert_array_equal(target.a, [[6.0, 8.0], [0.0, 0.0], [3.0, 4.0]])
     assert determinism.add_at(target, (rows, slice(None)), values) is True  # tuple keys
     np.testing.assert_array_equal(target.a, [[12.0, 16.0], [0.0, 0.0], [6.0, 8.0]])
+
+
+@pytest.mark.gpu
+def test_gpu_strided_views_and_deterministic_scatter_adds():
+    x = mt.arange(10.0, device="cuda", requires_grad=True)
+    w = mt.as_strided(x, (4, 3), (2, 1), 1)
+    (w * mt.arange(12.0, device="cuda").reshape(4, 3)).sum().backward()
+    xc = mt.arange(10.0, requires_grad=True)
+    (mt.as_strided(xc, (4, 3), (2, 1), 1) * mt.arange(12.0).reshape(4, 3)).sum().backward()
+    assert w.is_cuda and w.storage_offset() == 1
+    assert w.tolist() == xc.as_strided((4, 3), (2, 1), 1).tolist()
+    assert x.grad.tolist() == xc.grad.tolist()
+    idx = mt.tensor([0, 2, 0, 2, 2], device="cuda")
+    src = mt.rand(5, dtype=mt.float64, device="cuda")
+    runs = []
+    mt.use_deterministic_algorithms(True)
+    for _ in range(3):
+        runs.append(mt.zeros(3, dtype=mt.float64, device="cuda").index_add_(0, idx, src).tolist())
+    assert runs[0] == runs[1] == runs[2]
+    np.testing.assert_allclose(runs[0], mt.zeros(3, dtype=mt.float64).index_add_(
+        0, idx.cpu(), src.cpu()).tolist(), rtol=1e-15)
+    with pytest.raises(RuntimeError, match="bincount"):
+        mt.bincount(idx, weights=src)
