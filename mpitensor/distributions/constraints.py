@@ -22,7 +22,7 @@ __all__ = [
     "greater_than", "greater_than_eq", "less_than", "interval", "half_open_interval",
     "unit_interval", "simplex", "integer_interval", "nonnegative_integer", "positive_integer",
     "independent", "lower_cholesky", "positive_definite", "one_hot", "dependent",
-    "is_dependent",
+    "is_dependent", "multinomial",
 ]
 
 
@@ -163,6 +163,22 @@ class _OneHot(Constraint):
         return ((v == 0) | (v == 1)).all(dim=-1) & (v.sum(-1) == 1)
 
 
+class _Multinomial(Constraint):
+    """Vectors of non-negative counts summing to at most ``upper_bound``."""
+
+    is_discrete = True
+    event_dim = 1
+
+    def __init__(self, upper_bound: int) -> None:
+        self.upper_bound = upper_bound
+
+    def _holds(self, v: Tensor) -> Tensor:
+        return (v >= 0).all(dim=-1) & (v.sum(dim=-1) <= self.upper_bound)
+
+    def __repr__(self) -> str:
+        return f"Multinomial(upper_bound={self.upper_bound})"
+
+
 class _Independent(Constraint):
     """A constraint over the ``reinterpreted_batch_ndims`` rightmost dimensions as one event."""
 
@@ -206,6 +222,85 @@ class _PositiveDefinite(Constraint):
         return Tensor._wrap(xp.asarray(ok, dtype=np.bool_))
 
 
+class _CorrCholesky(Constraint):
+    """Lower-triangular factors of correlation matrices: positive diagonal, unit-norm rows."""
+
+    event_dim = 2
+
+    def _holds(self, v: Tensor) -> Tensor:
+        tol = 10 * _finfo_eps(v) * v.size(-1)
+        unit = ((v.norm(dim=-1) - 1).abs() <= tol).all(dim=-1)
+        return _LowerCholesky()._holds(v) & unit
+
+
+class _PositiveSemidefinite(_PositiveDefinite):
+    def _holds(self, v: Tensor) -> Tensor:
+        from mpitensor import backend as _backend
+
+        a = v.detach()._data
+        xp = _backend.array_module(a)
+        sym = xp.all(xp.abs(a - xp.swapaxes(a, -1, -2)) <= 1e-6 * (1 + xp.abs(a)), axis=(-2, -1))
+        ok = sym & xp.all(xp.linalg.eigvalsh(a) >= 0, axis=-1)
+        return Tensor._wrap(xp.asarray(ok, dtype=bool))
+
+
+def _finfo_eps(v: Tensor) -> float:
+    from mpitensor import dtypes as _dt
+
+    return _dt.finfo(v.dtype).eps if v.is_floating_point() else 0.0
+
+
+class _Cat(Constraint):
+    """Constraints ``cseq`` on consecutive slices of ``dim`` of sizes ``lengths``."""
+
+    def __init__(self, cseq: Any, dim: int = 0, lengths: Any = None) -> None:
+        self.cseq = list(cseq)
+        self.lengths = [1] * len(self.cseq) if lengths is None else list(lengths)
+        if len(self.lengths) != len(self.cseq):
+            raise ValueError(f"cat: {len(self.lengths)} lengths for {len(self.cseq)} constraints")
+        self.dim = dim
+
+    @property
+    def is_discrete(self) -> bool:  # type: ignore[override]
+        return any(c.is_discrete for c in self.cseq)
+
+    @property
+    def event_dim(self) -> int:  # type: ignore[override]
+        return max(c.event_dim for c in self.cseq)
+
+    def _holds(self, v: Tensor) -> Tensor:
+        from mpitensor.tensor import cat as _cat
+
+        parts, start = [], 0
+        for c, n in zip(self.cseq, self.lengths):
+            parts.append(c.check(v.narrow(self.dim, start, n)))
+            start += n
+        return _cat(parts, self.dim)
+
+
+class _Stack(Constraint):
+    """Constraints ``cseq`` on the slices ``value.select(dim, i)``."""
+
+    def __init__(self, cseq: Any, dim: int = 0) -> None:
+        self.cseq = list(cseq)
+        self.dim = dim
+
+    @property
+    def is_discrete(self) -> bool:  # type: ignore[override]
+        return any(c.is_discrete for c in self.cseq)
+
+    @property
+    def event_dim(self) -> int:  # type: ignore[override]
+        d = max(c.event_dim for c in self.cseq)
+        return d + 1 if self.dim + d < 0 else d
+
+    def _holds(self, v: Tensor) -> Tensor:
+        from mpitensor.tensor import stack as _stack
+
+        n = v.size(self.dim)
+        return _stack([self.cseq[i].check(v.select(self.dim, i)) for i in range(n)], self.dim)
+
+
 dependent = _Dependent()
 boolean = _Boolean()
 real = _Real()
@@ -219,6 +314,10 @@ nonnegative_integer = _IntegerGreaterThan(0)
 positive_integer = _IntegerGreaterThan(1)
 lower_cholesky = _LowerCholesky()
 positive_definite = _PositiveDefinite()
+positive_semidefinite = _PositiveSemidefinite()
+corr_cholesky = _CorrCholesky()
+cat = _Cat
+stack = _Stack
 greater_than = _GreaterThan
 greater_than_eq = _GreaterThanEq
 less_than = _LessThan
@@ -226,3 +325,4 @@ interval = _Interval
 half_open_interval = _HalfOpenInterval
 integer_interval = _IntegerInterval
 independent = _Independent
+multinomial = _Multinomial
