@@ -24,7 +24,8 @@ from typing import Any, Optional
 from mpitensor.tensor import Size, Tensor, as_tensor, digamma, full_like, lgamma, where
 
 from . import constraints
-from ._common import clamp_probs, logits_to_probs, probs_to_logits, softplus, uniform
+from ._common import clamp_probs, softplus, uniform
+from .bernoulli import Bernoulli
 from .categorical import Categorical
 from .distribution import (
     Distribution,
@@ -32,7 +33,6 @@ from .distribution import (
     _expanded,
     _size,
     broadcast_all,
-    lazy_property,
 )
 from .independent import Independent, _sum_right
 from .laplace import Exponential
@@ -565,39 +565,21 @@ class LogitRelaxedBernoulli(Distribution):
         if (probs is None) == (logits is None):
             raise ValueError(f"{type(self).__name__}: pass either probs or logits, not both "
                              f"and not neither")
-        scalar = isinstance(probs if probs is not None else logits, (int, float))
-        if probs is not None:
-            (self.probs,) = broadcast_all(probs)
-            self._param = self.probs
-        else:
-            (self.logits,) = broadcast_all(logits)
-            self._param = self.logits
+        name, given = ("probs", probs) if probs is not None else ("logits", logits)
+        self._param = broadcast_all(given)[0]
+        setattr(self, name, self._param)
         self.temperature = _temperature(temperature, self._param)
-        super().__init__(() if scalar else self._param.shape, (), validate_args)
+        super().__init__(self._param.shape, (), validate_args)
 
     def expand(self, batch_shape: ShapeLike, _instance: Any = None) -> LogitRelaxedBernoulli:
         new = _instance if _instance is not None else type(self).__new__(type(self))
-        shape = _size(batch_shape)
         new.temperature = self.temperature
-        for name in ("probs", "logits"):
-            if name in self.__dict__:
-                setattr(new, name, self.__dict__[name].expand(*shape))
-                new._param = getattr(new, name)
-        return _expanded(new, self, shape)
+        return Bernoulli.expand(self, batch_shape, _instance=new)  # type: ignore[arg-type]
 
-    @lazy_property
-    def logits(self) -> Tensor:
-        """The log-odds."""
-        return probs_to_logits(self.probs, is_binary=True)
-
-    @lazy_property
-    def probs(self) -> Tensor:
-        """The probability of 1."""
-        return logits_to_probs(self.logits, is_binary=True)
-
-    @property
-    def param_shape(self) -> Size:
-        return self._param.shape
+    # the probs/logits pair and its conversions are Bernoulli's
+    logits = Bernoulli.logits
+    probs = Bernoulli.probs
+    param_shape = Bernoulli.param_shape
 
     def rsample(self, sample_shape: ShapeLike = ()) -> Tensor:
         shape = tuple(self._extended_shape(sample_shape))
@@ -613,7 +595,25 @@ class LogitRelaxedBernoulli(Distribution):
         return self.temperature.log() + diff - 2 * softplus(diff)
 
 
-class RelaxedBernoulli(TransformedDistribution):
+class _Relaxed(TransformedDistribution):
+    """A relaxed family: ``_link`` of a ``_base`` distribution set by a temperature and
+    ``probs`` or ``logits``, whose parameters it shows."""
+
+    has_rsample = True  # type: ignore[assignment]
+    _base: Any
+    _link: Any
+
+    def __init__(self, temperature: Any, probs: Any = None, logits: Any = None,
+                 validate_args: Optional[bool] = None) -> None:
+        base = self._base(temperature, probs, logits, validate_args=validate_args)
+        super().__init__(base, self._link(), validate_args=validate_args)
+
+    temperature = property(lambda self: self.base_dist.temperature, doc="The temperature.")
+    logits = property(lambda self: self.base_dist.logits, doc="The (log-odds) logits.")
+    probs = property(lambda self: self.base_dist.probs, doc="The probabilities.")
+
+
+class RelaxedBernoulli(_Relaxed):
     """The relaxed Bernoulli (binary Concrete) distribution on (0, 1): the sigmoid of a
     :class:`LogitRelaxedBernoulli`; ``rsample`` is reparameterised.
 
@@ -626,16 +626,8 @@ class RelaxedBernoulli(TransformedDistribution):
 
     arg_constraints = {"probs": constraints.unit_interval, "logits": constraints.real}
     support = constraints.unit_interval  # type: ignore[assignment]
-    has_rsample = True  # type: ignore[assignment]
-
-    def __init__(self, temperature: Any, probs: Any = None, logits: Any = None,
-                 validate_args: Optional[bool] = None) -> None:
-        base = LogitRelaxedBernoulli(temperature, probs, logits, validate_args=validate_args)
-        super().__init__(base, SigmoidTransform(), validate_args=validate_args)
-
-    temperature = property(lambda self: self.base_dist.temperature, doc="The temperature.")
-    logits = property(lambda self: self.base_dist.logits, doc="The log-odds.")
-    probs = property(lambda self: self.base_dist.probs, doc="The probability of 1.")
+    _base = LogitRelaxedBernoulli
+    _link = SigmoidTransform
 
 
 class ExpRelaxedCategorical(Distribution):
@@ -689,7 +681,7 @@ class ExpRelaxedCategorical(Distribution):
         return score + log_scale
 
 
-class RelaxedOneHotCategorical(TransformedDistribution):
+class RelaxedOneHotCategorical(_Relaxed):
     """The relaxed one-hot categorical (Concrete, Gumbel-softmax) distribution on the simplex:
     ``exp`` of an :class:`ExpRelaxedCategorical`; ``rsample`` is reparameterised.
 
@@ -702,13 +694,5 @@ class RelaxedOneHotCategorical(TransformedDistribution):
 
     arg_constraints = {"probs": constraints.simplex, "logits": constraints.real_vector}
     support = constraints.simplex  # type: ignore[assignment]
-    has_rsample = True  # type: ignore[assignment]
-
-    def __init__(self, temperature: Any, probs: Any = None, logits: Any = None,
-                 validate_args: Optional[bool] = None) -> None:
-        base = ExpRelaxedCategorical(temperature, probs, logits, validate_args=validate_args)
-        super().__init__(base, ExpTransform(), validate_args=validate_args)
-
-    temperature = property(lambda self: self.base_dist.temperature, doc="The temperature.")
-    logits = property(lambda self: self.base_dist.logits, doc="Normalised log-probs.")
-    probs = property(lambda self: self.base_dist.probs, doc="Normalised probabilities.")
+    _base = ExpRelaxedCategorical
+    _link = ExpTransform
