@@ -25,7 +25,6 @@ from typing import Any, Optional
 
 from mpitensor import backend as _backend
 from mpitensor._core.devices import cuda_index_arg
-from mpitensor._ops.random import check_seed, default_generator
 
 from ._common import (  # noqa: F401 - the package's own helpers, kept here for callers
     CudaUnavailableError,
@@ -40,7 +39,7 @@ CudaUnavailableError.__module__ = __name__  # its public home
 
 __all__ = [
     "CudaUnavailableError", "is_available", "device_count", "is_initialized", "init",
-    "set_device", "current_device", "synchronize", "device", "manual_seed", "manual_seed_all",
+    "set_device", "current_device", "synchronize", "device",
     "empty_cache", "get_device_name", "get_device_capability", "is_bf16_supported",
 ]
 
@@ -190,50 +189,18 @@ class device:  # noqa: N801 - named like torch.cuda.device
             self.prev = None
 
 
-def _seed_gpus(seed: int, indices: Any) -> None:
-    cp = _backend.get_cupy()
-    for i in indices:
-        with cp.cuda.Device(i):
-            # the default generator draws "cuda" tensors from its per-GPU CuPy state, made from
-            # its own seed on first use; replacing that state re-seeds those draws
-            default_generator._cuda[i] = cp.random.RandomState(seed)
-            cp.random.seed(seed)  # CuPy's own global generator on that GPU
-
-
-def manual_seed(seed: int) -> None:
-    """Seed the random numbers drawn on the current GPU (a no-op without a GPU, as in torch).
-
-    Args:
-        seed: any int that fits in 64 bits.
-
-    Raises:
-        TypeError: ``seed`` is not an int (as ``mpitensor.manual_seed``).
+class device_of(device):  # noqa: N801 - named like torch.cuda.device_of
+    """:class:`device` for the GPU that holds ``obj`` (a tensor); for a CPU tensor a context that
+    changes nothing (and needs no GPU), as in torch.
 
     Example:
         >>> import mpitensor as torch
-        >>> torch.cuda.manual_seed(0)  # safe on a machine without a GPU
+        >>> with torch.cuda.device_of(torch.zeros(2)):  # a CPU tensor: nothing changes
+        ...     pass
     """
-    seed = check_seed(seed)
-    if _backend.cupy_available():
-        _seed_gpus(seed, [current_device()])
 
-
-def manual_seed_all(seed: int) -> None:
-    """Seed the random numbers drawn on every GPU (a no-op without a GPU, as in torch).
-
-    Args:
-        seed: any int that fits in 64 bits.
-
-    Raises:
-        TypeError: ``seed`` is not an int.
-
-    Example:
-        >>> import mpitensor as torch
-        >>> torch.cuda.manual_seed_all(0)
-    """
-    seed = check_seed(seed)
-    if _backend.cupy_available():
-        _seed_gpus(seed, range(device_count()))
+    def __init__(self, obj: Any) -> None:
+        super().__init__(obj.get_device() if obj.is_cuda else -1)
 
 
 def empty_cache() -> None:
@@ -314,12 +281,17 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
+from . import graphs, nvtx, profiler  # noqa: E402 - torch.cuda's submodules
+from .graphs import *  # noqa: E402, F403 - CUDA graphs (not available: they raise)
 from .memory import *  # noqa: E402, F403 - torch.cuda's memory statistics
-from .memory import __all__ as _memory_names  # noqa: E402
+from .properties import *  # noqa: E402, F403 - device properties, NVML readings, errors
+from .random import *  # noqa: E402, F403 - the GPUs' seeds and random states
 from .streams import *  # noqa: E402, F403 - torch.cuda's Event and Stream
-from .streams import __all__ as _stream_names  # noqa: E402
+from .tensor_types import *  # noqa: E402, F403 - torch.cuda.FloatTensor, ...
 
-__all__ += [*_memory_names, *_stream_names]
+__all__ += [*graphs.__all__, *memory.__all__, *properties.__all__, *random.__all__,  # noqa: F405
+            *streams.__all__, *tensor_types.__all__, "device_of", "default_generators",  # noqa: F405
+            "graphs", "memory", "nvtx", "profiler", "random", "streams"]
 
 
 def __getattr__(name: str) -> Any:
@@ -329,4 +301,6 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module("mpitensor.cuda.amp")
+    if name == "default_generators":  # one per GPU this process sees, asked each time
+        return random.default_generators()  # noqa: F405
     raise AttributeError(f"module 'mpitensor.cuda' has no attribute {name!r}")

@@ -200,3 +200,35 @@ class StreamContext:
 def stream(stream: Optional[Stream]) -> StreamContext:
     """A context in which GPU work goes to ``stream`` (None: change nothing)."""
     return StreamContext(stream)
+
+
+class ExternalStream(Stream):
+    """A CUDA stream made elsewhere (by another library), known by its raw handle.
+
+    mpitensor does not own it: the stream is neither created nor destroyed here.
+
+    Args:
+        stream_ptr: the ``cudaStream_t`` handle, an int.
+        device: the GPU the stream belongs to (the current one by default).
+
+    Raises:
+        CudaUnavailableError: no GPU can be used.
+    """
+
+    def __init__(self, stream_ptr: int, device: DeviceArg = None, **kwargs: Any) -> None:
+        cp = _cupy("ExternalStream")
+        idx = _resolve(cp, cuda_index_arg(device, "ExternalStream"), "ExternalStream")
+        handle = cp.cuda.ExternalStream(int(stream_ptr), device_id=idx)
+        super().__init__(idx, _cupy_stream=handle, **kwargs)
+
+
+def get_stream_from_external(data_ptr: int, device: DeviceArg = None) -> Stream:
+    """Return an :class:`ExternalStream` for a ``cudaStream_t`` handle made elsewhere.
+
+    Raises:
+        CudaUnavailableError: no GPU can be used.
+    """
+    return ExternalStream(data_ptr, device)
+
+
+__all__ += ["ExternalStream", "get_stream_from_external"]
