@@ -35,6 +35,7 @@ from .distribution import (
     broadcast_all,
 )
 from .independent import Independent, _sum_right
+from .kl import _kl_normal_normal, kl_divergence, register_kl
 from .laplace import Exponential
 from .normal import Normal
 from .transforms import (
@@ -696,3 +697,35 @@ class RelaxedOneHotCategorical(_Relaxed):
     support = constraints.simplex  # type: ignore[assignment]
     _base = ExpRelaxedCategorical
     _link = ExpTransform
+
+
+# -- KL divergences of these families (the pairs torch registers within them) --------------
+# Registered here rather than in kl.py, which imports the families below this module.
+
+
+@register_kl(TransformedDistribution, TransformedDistribution)
+def _kl_transformed_transformed(p: TransformedDistribution, q: TransformedDistribution) -> Any:
+    if p.transforms != q.transforms or p.event_shape != q.event_shape:
+        raise NotImplementedError("kl_divergence of TransformedDistributions is only known "
+                                  "for equal transforms and event shapes")
+    return kl_divergence(p.base_dist, q.base_dist)
+
+
+@register_kl(HalfNormal, HalfNormal)
+def _kl_halfnormal_halfnormal(p: HalfNormal, q: HalfNormal) -> Tensor:
+    return _kl_normal_normal(p.base_dist, q.base_dist)
+
+
+@register_kl(Pareto, Pareto)
+def _kl_pareto_pareto(p: Pareto, q: Pareto) -> Tensor:
+    alpha_ratio = q.alpha / p.alpha
+    kl = q.alpha * (p.scale / q.scale).log() - alpha_ratio.log() + alpha_ratio - 1
+    return where(p.scale < q.scale, math.inf, kl)
+
+
+@register_kl(Gumbel, Gumbel)
+def _kl_gumbel_gumbel(p: Gumbel, q: Gumbel) -> Tensor:
+    ratio = p.scale / q.scale
+    shift = (p.loc - q.loc) / q.scale
+    return (-ratio.log() + shift + ratio * EULER_GAMMA
+            + (lgamma(1 + ratio) - shift).exp() - (1 + EULER_GAMMA))
