@@ -705,10 +705,10 @@ class RelaxedOneHotCategorical(_Relaxed):
 
 @register_kl(TransformedDistribution, TransformedDistribution)
 def _kl_transformed_transformed(p: TransformedDistribution, q: TransformedDistribution) -> Any:
-    if p.transforms != q.transforms or p.event_shape != q.event_shape:
-        raise NotImplementedError("kl_divergence of TransformedDistributions is only known "
-                                  "for equal transforms and event shapes")
-    return kl_divergence(p.base_dist, q.base_dist)
+    if p.transforms == q.transforms and p.event_shape == q.event_shape:
+        return kl_divergence(p.base_dist, q.base_dist)  # the same bijection leaves KL as is
+    raise NotImplementedError("kl_divergence of TransformedDistributions is only known for "
+                              "equal transforms and event shapes")
 
 
 @register_kl(HalfNormal, HalfNormal)
