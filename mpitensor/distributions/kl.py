@@ -181,3 +181,63 @@ def _kl_mvn_mvn(p: MultivariateNormal, q: MultivariateNormal) -> Tensor:
     trace = (_SolveLower.apply(lq, lp) ** 2).sum((-2, -1))  # tr(Sq^-1 Sp) = |Lq^-1 Lp|_F^2
     maha = _batch_mahalanobis(lq, q.loc - p.loc)
     return half_log_det + 0.5 * (trace + maha - p.event_shape[0])
+
+
+# -- the families of continuous_more and discrete_more --------------------------------------
+
+from .continuous_more import Cauchy, ContinuousBernoulli, LowRankMultivariateNormal  # noqa: E402
+from .discrete_more import Binomial, Geometric  # noqa: E402
+
+
+@register_kl(Binomial, Binomial)
+def _kl_binomial_binomial(p: Binomial, q: Binomial) -> Tensor:
+    if bool((p.total_count < q.total_count).any()):
+        raise NotImplementedError("kl_divergence of Binomials where q.total_count > "
+                                  "p.total_count is not implemented")
+    kl = p.total_count * _kl_bernoulli_bernoulli(p, q)  # n trials, each a Bernoulli KL
+    return _inf_where(p.total_count > q.total_count, kl)
+
+
+@register_kl(Geometric, Geometric)
+def _kl_geometric_geometric(p: Geometric, q: Geometric) -> Tensor:
+    # E_p[log p] = -H(p); E_p[log q] = E_p[x] log(1 - q) + log q
+    return -p.entropy() - (-q.probs).log1p() / p.probs - q.logits
+
+
+@register_kl(Cauchy, Cauchy)
+def _kl_cauchy_cauchy(p: Cauchy, q: Cauchy) -> Tensor:
+    num = (p.scale + q.scale) ** 2 + (p.loc - q.loc) ** 2
+    return (num / (4 * p.scale * q.scale)).log()
+
+
+@register_kl(ContinuousBernoulli, ContinuousBernoulli)
+def _kl_cb_cb(p: ContinuousBernoulli, q: ContinuousBernoulli) -> Tensor:
+    t1 = p.mean * (p.logits - q.logits)
+    t2 = p._cont_bern_log_norm() + (-p.probs).log1p()
+    t3 = -q._cont_bern_log_norm() - (-q.probs).log1p()
+    return t1 + t2 + t3
+
+
+def _gaussian_log_det(d: Any) -> Tensor:
+    if isinstance(d, LowRankMultivariateNormal):
+        return d._log_det()
+    return 2 * d._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+
+
+def _kl_gaussians(p: Any, q: Any) -> Tensor:
+    """KL of two multivariate normals, either kind, through q's precision and p's covariance
+    (dense n x n products; q's precision is a Woodbury product for a low-rank q)."""
+    if p.event_shape != q.event_shape:
+        raise ValueError(f"kl_divergence: multivariate normals of different event shapes "
+                         f"{tuple(p.event_shape)} and {tuple(q.event_shape)}")
+    prec = q.precision_matrix
+    diff = (q.loc - p.loc).unsqueeze(-1)
+    trace = (prec * p.covariance_matrix).sum((-2, -1))
+    maha = (diff.mT @ prec @ diff).squeeze(-1).squeeze(-1)
+    return 0.5 * (trace + maha - p.event_shape[0] + _gaussian_log_det(q)
+                  - _gaussian_log_det(p))
+
+
+register_kl(LowRankMultivariateNormal, LowRankMultivariateNormal)(_kl_gaussians)
+register_kl(LowRankMultivariateNormal, MultivariateNormal)(_kl_gaussians)
+register_kl(MultivariateNormal, LowRankMultivariateNormal)(_kl_gaussians)
