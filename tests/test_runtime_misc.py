@@ -172,6 +172,16 @@ def test_is_inference_mode_enabled_follows_the_context_as_torch():
 
         out.append(f())
         out.append(lib.is_inference_mode_enabled())
+
+        @lib.inference_mode  # bare, as torch allows
+        def g(a, b=1):
+            return lib.is_inference_mode_enabled(), lib.is_grad_enabled(), a + b
+
+        @lib.no_grad
+        def h():
+            return lib.is_grad_enabled()
+
+        out.extend([g(1, b=2), h(), lib.is_grad_enabled(), g.__name__])
         return out
 
     assert states(mt) == states(torch)

@@ -68,6 +68,12 @@ class _ModeContext:
 
     _mode_value = True
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # ``@no_grad`` / ``@inference_mode`` without parentheses decorate the function itself
+        if len(args) == 1 and not kwargs and callable(args[0]):
+            return cls()(args[0])
+        return super().__new__(cls)
+
     def __enter__(self) -> None:
         self.prev = _mode.enabled
         _mode.enabled = self._mode_value
