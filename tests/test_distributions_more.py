@@ -494,3 +494,32 @@ def test_exponential_family_entropy_by_log_normalizer():
     pg = p.clone().requires_grad_()
     with pytest.raises(NotImplementedError, match="higher-order"):
         md.ExponentialFamily.entropy(md.ContinuousBernoulli(pg))
+
+
+@pytest.mark.parametrize("name,kw", [("Binomial", {"total_count": 5}), ("Geometric", {}),
+                                     ("NegativeBinomial", {"total_count": 3.0})])
+def test_counting_families_with_logits(name, kw):
+    logits, value = [-1.5, 0.0, 0.7, 2.0], [1.0, 0.0, 3.0, 2.0]
+    (lm, lt), (vm, vt) = _pair(logits, True), _pair(value)
+    m, t = getattr(md, name)(logits=lm, **kw), getattr(td, name)(logits=lt, **kw)
+    _close(m.log_prob(vm), t.log_prob(vt))
+    _close(m.probs, t.probs)
+    for attr in ("mean", "mode", "variance"):
+        _close(getattr(m, attr), getattr(t, attr))
+    if name != "NegativeBinomial":
+        _close(m.entropy(), t.entropy())
+    m.log_prob(vm).sum().backward()
+    t.log_prob(vt).sum().backward()
+    _close(lm.grad, lt.grad)
+
+
+def test_event_shapes_of_samples():
+    mix = md.MixtureSameFamily(md.Categorical(logits=mt.zeros(4, 3)),
+                               md.Independent(md.Normal(mt.randn(4, 3, 2), 1.0), 1))
+    assert tuple(mix.sample((7,)).shape) == (7, 4, 2)
+    st = md.OneHotCategoricalStraightThrough(logits=mt.zeros(2, 3)).expand((5, 2))
+    assert tuple(st.rsample((4,)).shape) == (4, 5, 2, 3)
+    assert tuple(md.Multinomial(3, mt.ones(3)).expand((2,)).sample().shape) == (2, 3)
+    chi = md.Chi2(mt.tensor([2.0, 3.0])).expand((4, 2))
+    assert type(chi) is md.Chi2 and tuple(chi.df.shape) == (4, 2)
+    assert mt.equal(chi.concentration, chi.df / 2)

@@ -116,7 +116,7 @@ class Cauchy(LocScale):
         ValueError: with validation, a ``scale`` not > 0.
 
     Example:
-        >>> Cauchy(0.0, 2.0).entropy().item() == math.log(8 * math.pi)
+        >>> round(Cauchy(0.0, 2.0).entropy().item(), 6) == round(math.log(8 * math.pi), 6)
         True
     """
 
@@ -430,7 +430,7 @@ class ContinuousBernoulli(ExponentialFamily):
 
     Example:
         >>> round(ContinuousBernoulli(0.2).mean.item(), 6)
-        0.278652
+        0.388014
     """
 
     arg_constraints = {"probs": constraints.unit_interval, "logits": constraints.real}
