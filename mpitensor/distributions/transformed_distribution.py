@@ -559,7 +559,7 @@ class LogitRelaxedBernoulli(Distribution):
 
     arg_constraints = {"probs": constraints.unit_interval, "logits": constraints.real}
     support = constraints.real
-    has_rsample = True
+    has_rsample = False  # as torch's flag, though rsample() is reparameterised
 
     def __init__(self, temperature: Any, probs: Any = None, logits: Any = None,
                  validate_args: Optional[bool] = None) -> None:
