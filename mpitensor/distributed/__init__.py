@@ -719,7 +719,6 @@ from ._c10d import (  # noqa: E402 - they look up this package's functions when 
 
 _c10d._package = sys.modules[__name__]
 from ._grad_bucket import BuiltinCommHookType, GradBucket  # noqa: E402
-from .device_mesh import DeviceMesh, init_device_mesh  # noqa: E402 - torch has them here too
 
 __all__ += [
     "AllToAllOptions", "AllreduceCoalescedOptions", "AllreduceOptions", "BackendConfig",
@@ -733,3 +732,13 @@ __all__ += [
     "GradBucket", "record_comm", "DeviceMesh", "init_device_mesh",
 ]
 # breakpoint stays out of __all__: a star import must not hide the builtin
+
+
+def __getattr__(name: str) -> Any:
+    # torch.distributed.DeviceMesh and init_device_mesh: the device_mesh module's, loaded on
+    # first use (that module imports this package, so importing it here would be a cycle)
+    if name in ("DeviceMesh", "init_device_mesh"):
+        import importlib
+
+        return getattr(importlib.import_module(".device_mesh", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
