@@ -36,7 +36,9 @@ def is_current_stream_capturing() -> bool:
     """
     if not _backend.cupy_available():
         return False
-    return bool(_backend.get_cupy().cuda.get_current_stream().is_capturing())
+    stream = _backend.get_cupy().cuda.get_current_stream()
+    capturing = getattr(stream, "is_capturing", None)  # CuPy without graph support: none
+    return bool(capturing()) if capturing is not None else False
 
 
 def graph_pool_handle() -> NoReturn:
