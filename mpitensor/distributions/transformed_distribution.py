@@ -27,6 +27,7 @@ from . import constraints
 from ._common import clamp_probs, softplus, uniform
 from .bernoulli import Bernoulli
 from .categorical import Categorical
+from .continuous_more import Cauchy
 from .distribution import (
     Distribution,
     ShapeLike,
@@ -302,8 +303,6 @@ class HalfCauchy(_Folded):
     arg_constraints = {"scale": constraints.positive}
 
     def __init__(self, scale: Any, validate_args: Optional[bool] = None) -> None:
-        from .continuous_more import Cauchy  # the other families' module, imported on use
-
         super().__init__(Cauchy(0, scale, validate_args=validate_args), AbsTransform(),
                          validate_args=validate_args)
 
