@@ -1,9 +1,10 @@
 """``mpitensor.linalg``: the common functions of ``torch.linalg``.
 
-``import mpitensor as torch`` then ``torch.linalg.norm(x)``, ``torch.linalg.solve(A, B)``...
-The functions are those of ``mpitensor._ops.linalg`` under their ``torch.linalg`` names and
-signatures, differentiable where torch's are; a singular matrix raises :class:`LinAlgError`
-(NumPy's, a ``ValueError``).
+``import mpitensor as torch`` then ``torch.linalg.norm(x)``, ``torch.linalg.solve(A, B)``,
+``torch.linalg.eigh(A)``, ``torch.linalg.lstsq(A, B)``... under their ``torch.linalg`` names
+and signatures, differentiable where torch's are (the factorizations, eigen-decompositions
+and solvers are in ``mpitensor._ops.linalg_more`` and ``mpitensor._ops.linalg_lstsq``); a
+singular matrix raises :class:`LinAlgError` (NumPy's, a ``ValueError``). See docs/linalg.md.
 
 Example:
     >>> import mpitensor as mt
@@ -19,12 +20,45 @@ import numpy as np
 
 from mpitensor._core import autocast as _autocast
 from mpitensor._ops.linalg import solve
+from mpitensor._ops.linalg_lstsq import (
+    cond,
+    lstsq,
+    matrix_rank,
+    pinv,
+    tensorinv,
+    tensorsolve,
+    vander,
+)
+from mpitensor._ops.linalg_more import (
+    cholesky,
+    cholesky_ex,
+    eig,
+    eigh,
+    eigvals,
+    eigvalsh,
+    householder_product,
+    inv_ex,
+    lu,
+    lu_factor,
+    lu_factor_ex,
+    lu_solve,
+    matrix_exp,
+    qr,
+    solve_ex,
+    solve_triangular,
+    svd,
+    svdvals,
+)
 from mpitensor._ops.norms import matrix_norm, vector_norm
 from mpitensor.tensor import Tensor
 
 __all__ = [
     "norm", "vector_norm", "matrix_norm", "inv", "det", "slogdet", "solve", "matmul", "cross",
     "diagonal", "matrix_power", "multi_dot", "vecdot", "LinAlgError",
+    "cholesky", "cholesky_ex", "inv_ex", "solve_ex", "solve_triangular", "qr", "svd", "svdvals",
+    "eigh", "eigvalsh", "eig", "eigvals", "lu_factor", "lu_factor_ex", "lu", "lu_solve",
+    "householder_product", "matrix_exp", "lstsq", "pinv", "matrix_rank", "cond", "tensorinv",
+    "tensorsolve", "vander",
 ]
 
 LinAlgError = np.linalg.LinAlgError

@@ -431,6 +431,10 @@ def _mT(a: Any) -> Any:  # noqa: N802
     return a.swapaxes(-1, -2)
 
 
+def _mH(a: Any) -> Any:  # noqa: N802 - the conjugate transpose: complex gradients need it
+    return _mT(a).conj() if a.dtype.kind == "c" else _mT(a)
+
+
 def _square(t: Tensor, what: str) -> Any:
     x = t._data
     if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
@@ -455,19 +459,19 @@ class Inverse(Function):
     @staticmethod
     def backward(ctx: Any, g: Any) -> tuple:
         (inv,) = ctx.saved_tensors
-        return (-(_mT(inv) @ g @ _mT(inv)),)
+        return (-(_mH(inv) @ g @ _mH(inv)),)
 
 
 def _adjugate_t(m: Any, a: Any) -> Any:
     """The transposed adjugate ``det(A) inv(A)^T`` of a batch of square matrices, valid for
-    singular ones too (through the SVD: adj(A) = det(U V^T) V adj(S) U^T)."""
+    singular ones too (through the SVD: adj(A) = det(U V^H) V adj(S) U^H)."""
     u, s, vh = m.linalg.svd(a)
     n = s.shape[-1]
     prod_others = m.stack([m.prod(m.delete(s, i, axis=-1), axis=-1) for i in range(n)], -1) \
         if m is np else m.stack([m.prod(m.concatenate([s[..., :i], s[..., i + 1:]], -1), -1)
                                  for i in range(n)], -1)
     sign = m.linalg.det(u) * m.linalg.det(vh)
-    adj = _mT(vh) @ (prod_others[..., :, None] * _mT(u))
+    adj = _mH(vh) @ (prod_others[..., :, None] * _mH(u))
     return _mT(adj * sign[..., None, None])
 
 
@@ -485,7 +489,8 @@ class Det(Function):
     def backward(ctx: Any, g: Any) -> tuple:
         a, det = ctx.saved_tensors
         m = xp(g)
-        return (g[..., None, None] * _adjugate_t(m, a),)
+        adj = _adjugate_t(m, a)
+        return (g[..., None, None] * (adj.conj() if adj.dtype.kind == "c" else adj),)
 
 
 @computes_in_float32
@@ -507,7 +512,7 @@ class LogAbsDet(Function):
         (a,) = ctx.saved_tensors
         m = xp(g)
         with np.errstate(all="ignore"):
-            return g[..., None, None] * _mT(m.linalg.pinv(a)), None
+            return g[..., None, None] * _mH(m.linalg.pinv(a)), None
 
 
 class Solve(Function):
@@ -529,8 +534,8 @@ class Solve(Function):
         a, x = ctx.saved_tensors
         m = xp(g)
         g1 = g[..., None] if vector else g
-        gb = m.linalg.solve(_mT(a), g1)
-        ga = -(gb @ _mT(x))
+        gb = m.linalg.solve(_mH(a), g1)
+        ga = -(gb @ _mH(x))
         need = ctx.needs_input_grad
         return (fit_grad(ga, ashape, adtype) if need[0] else None,
                 fit_grad(gb[..., 0] if vector else gb, bshape, bdtype) if need[1] else None,
