@@ -7,11 +7,11 @@ the default float dtype; float16/bfloat16 are computed in float32 and rounded on
 values come from ``mpitensor._ops.special`` (array operations only: no SciPy), accurate to a
 few units in the last place of float64 except where noted there.
 
-Not here (they need Bessel functions of the second kind, Airy functions or orthogonal
-polynomials that no mpitensor kernel computes yet): ``airy_ai``, ``bessel_j0``,
-``bessel_j1``, ``bessel_y0``, ``bessel_y1``, ``modified_bessel_k0``, ``modified_bessel_k1``,
-``scaled_modified_bessel_k0``, ``scaled_modified_bessel_k1`` and the ``*_polynomial_*``
-families.
+The Bessel functions ``bessel_j0/j1/y0/y1``, ``modified_bessel_k0/k1`` (and their
+``scaled_`` forms), ``airy_ai`` (kernels in ``mpitensor._ops.bessel_airy``) and the
+``*_polynomial_*`` families (``mpitensor._ops.orthogonal_polynomials``) have no derivative in
+torch (their results do not require grad there); here their backward raises a clear
+``RuntimeError`` instead of dropping the gradient silently.
 
 Example:
     >>> import mpitensor as mt
@@ -31,7 +31,10 @@ import numpy as np
 from mpitensor._core.devices import xp
 from mpitensor._core.half import computes_in_float32
 from mpitensor._core.opkit import Tensor, run
+from mpitensor._ops import bessel_airy as _ba
+from mpitensor._ops import orthogonal_polynomials as _poly
 from mpitensor._ops import special as _k
+from mpitensor._ops.functions import write_out
 from mpitensor._ops.math import UnaryOp, xlogy_op
 from mpitensor._ops.operators import FUNCTION_OF, TRUEDIV, BinaryOp, binary
 
@@ -41,6 +44,13 @@ __all__ = [
     "modified_bessel_i0", "modified_bessel_i1", "ndtr", "ndtri", "log_ndtr", "sinc", "round",
     "xlogy", "xlog1py", "zeta", "entr", "logsumexp", "softmax", "log_softmax",
     "spherical_bessel_j0", "gammainc", "gammaincc",
+    # Bessel functions of the second kind, Airy's Ai and the orthogonal polynomials
+    "airy_ai", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_k0",
+    "modified_bessel_k1", "scaled_modified_bessel_k0", "scaled_modified_bessel_k1",
+    "chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
+    "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u",
+    "shifted_chebyshev_polynomial_v", "shifted_chebyshev_polynomial_w", "hermite_polynomial_h",
+    "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p",
 ]
 
 _SQRT_2PI = math.sqrt(2 * math.pi)
@@ -363,3 +373,100 @@ def gammaincc(input: Any, other: Any) -> Tensor:  # noqa: A002
     """Return the regularized upper incomplete gamma function ``Q = 1 - P``
     (differentiable in ``other`` only, as torch)."""
     return _binary(gammaincc_op, input, other, "gammaincc")
+
+
+# --------------------------------------------------------------------------------------------
+# Functions torch does not differentiate: Bessel functions of the second kind, Airy's Ai and
+# the orthogonal polynomials. A backward through them raises.
+
+
+def _no_derivative(name: str) -> RuntimeError:
+    return RuntimeError(f"special.{name}(): the derivative is not implemented (torch defines "
+                        f"none either); detach the input (x.detach()) if the gradient through "
+                        f"it is meant to be zero")
+
+
+def _no_grad_unary(name: str, kernel: Any, doc: str) -> Any:
+    def grad(m: Any, g: Any, x: Any, o: Any) -> Any:
+        raise _no_derivative(name)
+
+    cls = computes_in_float32(type(f"Special_{name}", (UnaryOp,), {
+        "__doc__": f"``special.{name}(x)`` element-wise; no derivative.",
+        "__module__": __name__, "ints": "float", "keeps": "", "name_": name,
+        "compute": staticmethod(lambda m, x: kernel(x)), "grad": staticmethod(grad)}))
+
+    def fn(input: Tensor, *, out: Optional[Tensor] = None) -> Tensor:  # noqa: A002
+        r = run(cls, _tensor(input, name))
+        return r if out is None else write_out(out, r, f"special.{name}")
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"Return {doc}, element-wise (no derivative, as in torch)."
+    return fn
+
+
+airy_ai = _no_grad_unary("airy_ai", _ba.airy_ai, "Airy's function ``Ai(x)``")
+bessel_j0 = _no_grad_unary("bessel_j0", _ba.j0, "the Bessel function of the first kind ``J0``")
+bessel_j1 = _no_grad_unary("bessel_j1", _ba.j1, "the Bessel function of the first kind ``J1``")
+bessel_y0 = _no_grad_unary("bessel_y0", _ba.y0, "the Bessel function of the second kind ``Y0``")
+bessel_y1 = _no_grad_unary("bessel_y1", _ba.y1, "the Bessel function of the second kind ``Y1``")
+modified_bessel_k0 = _no_grad_unary("modified_bessel_k0", _ba.k0,
+                                    "the modified Bessel function of the second kind ``K0``")
+modified_bessel_k1 = _no_grad_unary("modified_bessel_k1", _ba.k1,
+                                    "the modified Bessel function of the second kind ``K1``")
+scaled_modified_bessel_k0 = _no_grad_unary("scaled_modified_bessel_k0", _ba.k0e,
+                                           "``exp(x) K0(x)`` (no underflow)")
+scaled_modified_bessel_k1 = _no_grad_unary("scaled_modified_bessel_k1", _ba.k1e,
+                                           "``exp(x) K1(x)`` (no underflow)")
+
+
+class _Polynomial(BinaryOp):
+    """An orthogonal polynomial ``p_n(x)``: no derivative in either argument, as torch."""
+
+    read_by = ("", "", "")
+    name_ = ""
+
+    @classmethod
+    def _grads(cls, ctx: Any, g: Any, a: Any, b: Any, out: Any, need_a: bool,
+               need_b: bool) -> tuple:
+        raise _no_derivative(cls.name_)
+
+
+def _polynomial(kind: str, what: str) -> Any:
+    name = kind.replace("chebyshev_", "chebyshev_polynomial_").replace(
+        "hermite_", "hermite_polynomial_").replace("laguerre_", "laguerre_polynomial_").replace(
+        "legendre_", "legendre_polynomial_")
+
+    def op(x: Any, n: Any) -> Any:
+        return _poly.polynomial(kind, x, n)
+
+    op.__name__ = op.__qualname__ = f"{name}_op"
+    FUNCTION_OF[op] = type(f"Polynomial_{name}", (_Polynomial,), {"name_": name})
+
+    def fn(x: Any, n: Any, *, out: Optional[Tensor] = None) -> Tensor:
+        r = _binary(op, x, n, name)
+        return r if out is None else write_out(out, r, f"special.{name}")
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"Return {what} of degree ``n`` at ``x``, element-wise (``x`` and ``n`` "
+                  f"broadcast; one of them a tensor). ``n`` is truncated to an integer; a "
+                  f"negative ``n`` gives 0. No derivative, as in torch.")
+    return fn
+
+
+(chebyshev_polynomial_t, chebyshev_polynomial_u, chebyshev_polynomial_v, chebyshev_polynomial_w,
+ shifted_chebyshev_polynomial_t, shifted_chebyshev_polynomial_u, shifted_chebyshev_polynomial_v,
+ shifted_chebyshev_polynomial_w, hermite_polynomial_h, hermite_polynomial_he,
+ laguerre_polynomial_l, legendre_polynomial_p) = (
+    _polynomial(kind, what) for kind, what in zip(_poly.KINDS, (
+        "the Chebyshev polynomial of the first kind ``T_n``",
+        "the Chebyshev polynomial of the second kind ``U_n``",
+        "the Chebyshev polynomial of the third kind ``V_n``",
+        "the Chebyshev polynomial of the fourth kind ``W_n``",
+        "the shifted Chebyshev polynomial ``T_n(2x - 1)``",
+        "the shifted Chebyshev polynomial ``U_n(2x - 1)``",
+        "the shifted Chebyshev polynomial ``V_n(2x - 1)``",
+        "the shifted Chebyshev polynomial ``W_n(2x - 1)``",
+        "the (physicists') Hermite polynomial ``H_n``",
+        "the (probabilists') Hermite polynomial ``He_n``",
+        "the Laguerre polynomial ``L_n``",
+        "the Legendre polynomial ``P_n``")))
