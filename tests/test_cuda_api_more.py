@@ -378,3 +378,41 @@ def test_nvml_readings():
     mt.zeros(1 << 20, device="cuda")
     assert mt.cuda.device_memory_used() >= mt.cuda.memory_reserved()
     assert mt.cuda.list_gpu_processes().startswith("GPU:")
+
+
+NEW_CALLABLES = [
+    "get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all", "seed",
+    "seed_all", "initial_seed", "get_device_properties", "get_arch_list", "is_tf32_supported",
+    "can_device_access_peer", "clock_rate", "utilization", "temperature", "power_draw",
+    "memory_usage", "device_memory_used", "list_gpu_processes", "memory_snapshot",
+    "set_per_process_memory_fraction", "get_per_process_memory_fraction",
+    "caching_allocator_alloc", "caching_allocator_delete", "caching_allocator_enable",
+    "caching_allocator_disabled", "get_allocator_backend", "host_memory_stats",
+    "host_memory_stats_as_nested_dict", "reset_accumulated_host_memory_stats",
+    "reset_peak_host_memory_stats", "ipc_collect", "MemPool", "use_mem_pool",
+    "set_sync_debug_mode", "get_sync_debug_mode", "check_error", "is_current_stream_capturing",
+    "graph_pool_handle", "CUDAGraph", "make_graphed_callables", "get_stream_from_external",
+    "ExternalStream", "device_of", "nvtx.range_push", "nvtx.range_pop", "nvtx.range_start",
+    "nvtx.range_end", "nvtx.mark", "nvtx.range", "profiler.start", "profiler.stop",
+    "profiler.profile", "random.manual_seed", "random.manual_seed_all",
+]
+
+
+def _resolve_name(module, dotted):
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module
+
+
+@pytest.mark.parametrize("name", NEW_CALLABLES)
+def test_parameters_are_torchs(cpu_torch, name):  # noqa: F811 - the fixture
+    import inspect
+
+    def params(fn):
+        sig = inspect.signature(fn)
+        return [(p.name, p.kind, p.default) for p in sig.parameters.values()
+                if p.kind not in (p.VAR_KEYWORD,)]
+
+    ours = params(_resolve_name(mt.cuda, name))
+    theirs = params(_resolve_name(cpu_torch.cuda, name))
+    assert ours == theirs
