@@ -15,6 +15,7 @@ import numpy as np
 from mpitensor._core.devices import xp
 from mpitensor._core.opkit import Tensor, run, wrap
 from mpitensor._ops.combine import stack
+from mpitensor._ops.factorizations import mH
 from mpitensor._ops.legacy_solves import Pinv
 from mpitensor._ops.linalg import solve
 from mpitensor._ops.linalg_legacy import _matrix, _result
@@ -50,12 +51,23 @@ def _threshold(x: Any, smax: Any, atol: Any, rtol: Any) -> Any:
     return m.maximum(at, rt * smax)
 
 
-def _hermitian_part(A: Tensor) -> Tensor:  # noqa: N803
-    """The Hermitian matrix of ``A``'s lower triangle (its diagonal's real part)."""
-    low = A.tril(-1)
-    diag = A.diagonal(0, -2, -1)
-    diag = diag.real if A.is_complex() else diag
-    return low + low.mH + diag.diag_embed()
+def _hermitian_of_lower(a: Any) -> Any:
+    """The Hermitian matrix of ``a``'s lower triangle (its diagonal's real part)."""
+    m = xp(a)
+    low = m.tril(a, -1)
+    diag = m.diagonal(a, 0, -2, -1).real.astype(a.dtype)
+    return low + mH(low) + m.eye(a.shape[-1], dtype=a.dtype) * diag[..., None, :]
+
+
+class _PinvHermitian(Pinv):
+    """``pinv`` of the Hermitian matrix of the lower triangle; the gradient is
+    :class:`Pinv`'s formula with the input as given, as torch's."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Any, rcond: Any) -> Any:
+        p = Pinv.forward(ctx, _hermitian_of_lower(a), rcond)
+        ctx.save_for_backward(a, p)
+        return p
 
 
 def _singular_values(A: Tensor, hermitian: bool) -> Tensor:  # noqa: N803
@@ -68,19 +80,18 @@ def pinv(A: Tensor, *, atol: Any = None, rtol: Any = None, hermitian: bool = Fal
     """Return the Moore-Penrose pseudo-inverse: singular values at most
     ``max(atol, rtol * largest)`` are taken as zero (``rtol`` defaults to
     ``eps * max(m, n)`` unless a positive ``atol`` is given alone). ``hermitian``: ``A`` is
-    Hermitian and only its lower triangle is read."""
+    Hermitian and only its lower triangle is read (the gradient, as torch's, is the
+    pseudo-inverse's formula with ``A`` as given)."""
     x = _matrix(A, "linalg.pinv()")
-    if hermitian:
-        A = _hermitian_part(A)  # noqa: N806
-        x = A._data
     m = xp(x)
+    op = _PinvHermitian if hermitian else Pinv
     if x.shape[-1] == 0 or x.shape[-2] == 0:
         return run(Pinv, A, 0.0)
-    s = m.linalg.svd(x, compute_uv=False)
+    s = m.linalg.svd(_hermitian_of_lower(x) if hermitian else x, compute_uv=False)
     smax = s[..., :1]
     thr = _threshold(x, smax, _unsqueeze(atol), _unsqueeze(rtol))
     rcond = m.where(smax > 0, thr / m.where(smax > 0, smax, 1), 0).astype(s.dtype)
-    return run(Pinv, A, rcond)
+    return run(op, A, rcond)
 
 
 def _unsqueeze(v: Any) -> Any:
