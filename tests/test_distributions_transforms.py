@@ -436,6 +436,36 @@ def test_kl_pairs_match_torch() -> None:
         D.kl_divergence(D.Weibull(1.0, 2.0), D.Weibull(1.0, 3.0))
 
 
+CROSS = [("Exponential", "Gumbel"), ("Gamma", "Gumbel"), ("Normal", "Gumbel"),
+         ("Uniform", "Gumbel"), ("Gumbel", "Normal"), ("Pareto", "Normal"),
+         ("Pareto", "Exponential"), ("Pareto", "Gamma"), ("UniformPos", "Pareto"),
+         ("Uniform", "Pareto"), ("Gumbel", "Beta"), ("Gumbel", "ContinuousBernoulli"),
+         ("Gumbel", "Exponential"), ("Gumbel", "Gamma"), ("Gumbel", "Pareto"),
+         ("Gumbel", "Uniform"), ("Beta", "Pareto"), ("ContinuousBernoulli", "Pareto"),
+         ("Exponential", "Pareto"), ("Gamma", "Pareto"), ("Laplace", "Pareto"),
+         ("Normal", "Pareto"), ("Pareto", "Beta"), ("Pareto", "ContinuousBernoulli"),
+         ("Pareto", "Uniform")]
+
+
+def _cross_families(M: Any, L: Any) -> dict:
+    g = np.random.default_rng(0)
+    a, b = g.uniform(0.5, 2.5, size=(2, 3)), g.uniform(0.5, 2.5, size=(2, 3))
+    c, e = g.normal(size=(2, 3)), g.uniform(0.5, 3.5, size=(2, 3))  # alpha < 1, < 2 and > 2
+    t = L.tensor
+    return {"Gumbel": M.Gumbel(t(c), t(a)), "Exponential": M.Exponential(t(a)),
+            "Gamma": M.Gamma(t(a), t(b)), "Normal": M.Normal(t(c), t(a)),
+            "Uniform": M.Uniform(t(c), t(c + a)), "UniformPos": M.Uniform(t(a + 1), t(a + 2)),
+            "Pareto": M.Pareto(t(a * 0.5), t(e)), "Beta": M.Beta(t(a), t(b)),
+            "ContinuousBernoulli": M.ContinuousBernoulli(t(a / 3)),
+            "Laplace": M.Laplace(t(c), t(a))}
+
+
+@pytest.mark.parametrize("p,q", CROSS, ids=[f"{p}-{q}" for p, q in CROSS])
+def test_cross_family_kl_matches_torch(p: str, q: str) -> None:
+    dt, dm = _cross_families(TD, torch), _cross_families(D, mt)
+    _close(D.kl_divergence(dm[p], dm[q]), TD.kl_divergence(dt[p], dt[q]))
+
+
 # -- sampling -----------------------------------------------------------------------------
 
 N = 200_000

@@ -27,7 +27,7 @@ from . import constraints
 from ._common import clamp_probs, softplus, uniform
 from .bernoulli import Bernoulli
 from .categorical import Categorical
-from .continuous_more import Cauchy
+from .continuous_more import Cauchy, ContinuousBernoulli
 from .distribution import (
     Distribution,
     ShapeLike,
@@ -35,9 +35,10 @@ from .distribution import (
     _size,
     broadcast_all,
 )
+from .gamma import Beta, Gamma
 from .independent import Independent, _sum_right
 from .kl import _kl_normal_normal, kl_divergence, register_kl
-from .laplace import Exponential
+from .laplace import Exponential, Laplace
 from .normal import Normal
 from .transforms import (
     AbsTransform,
@@ -728,3 +729,94 @@ def _kl_gumbel_gumbel(p: Gumbel, q: Gumbel) -> Tensor:
     shift = (p.loc - q.loc) / q.scale
     return (-ratio.log() + shift + ratio * EULER_GAMMA
             + (lgamma(1 + ratio) - shift).exp() - (1 + EULER_GAMMA))
+
+
+# Cross-family pairs with Gumbel and Pareto. Each finite one is E_p[log p] - E_p[log q], with
+# E_p[log p] = -entropy(p) and the expectations of x, x^2, log x or exp(-x / scale) under p.
+
+def _gumbel_cross(p: Distribution, q: Gumbel, mean_x: Tensor, mgf: Tensor) -> Tensor:
+    """KL(p || Gumbel q) from E_p[x] and E_p[exp(-x / q.scale)]."""
+    return (-p.entropy() + q.scale.log() + (mean_x - q.loc) / q.scale
+            + mgf * (q.loc / q.scale).exp())
+
+
+@register_kl(Exponential, Gumbel)
+def _kl_exponential_gumbel(p: Exponential, q: Gumbel) -> Tensor:
+    return _gumbel_cross(p, q, p.rate.reciprocal(), p.rate / (p.rate + q.scale.reciprocal()))
+
+
+@register_kl(Gamma, Gumbel)
+def _kl_gamma_gumbel(p: Gamma, q: Gumbel) -> Tensor:
+    mgf = (1 + (p.rate * q.scale).reciprocal()).pow(-p.concentration)
+    return _gumbel_cross(p, q, p.concentration / p.rate, mgf)
+
+
+@register_kl(Normal, Gumbel)
+def _kl_normal_gumbel(p: Normal, q: Gumbel) -> Tensor:
+    mgf = (-p.loc / q.scale + (p.scale / q.scale).pow(2) / 2).exp()
+    return _gumbel_cross(p, q, p.loc, mgf)
+
+
+@register_kl(Uniform, Gumbel)
+def _kl_uniform_gumbel(p: Uniform, q: Gumbel) -> Tensor:
+    mgf = q.scale * ((-p.low / q.scale).exp() - (-p.high / q.scale).exp()) / (p.high - p.low)
+    return _gumbel_cross(p, q, (p.low + p.high) / 2, mgf)
+
+
+def _normal_cross(p: Distribution, q: Normal, mean_x: Tensor, var_x: Tensor) -> Tensor:
+    """KL(p || Normal q) from the mean and variance of p."""
+    sq = (var_x + (mean_x - q.loc).pow(2)) / (2 * q.scale.pow(2))
+    return -p.entropy() + q.scale.log() + 0.5 * math.log(2 * math.pi) + sq
+
+
+@register_kl(Gumbel, Normal)
+def _kl_gumbel_normal(p: Gumbel, q: Normal) -> Tensor:
+    return _normal_cross(p, q, p.mean, p.variance)
+
+
+def _pareto_moments(p: Pareto) -> tuple:
+    """E[x] and Var[x] of a Pareto, infinite where they do not exist."""
+    a = p.alpha
+    mean = where(a > 1, p.mean, math.inf)
+    return mean, where(a > 2, p.variance, math.inf)
+
+
+@register_kl(Pareto, Normal)
+def _kl_pareto_normal(p: Pareto, q: Normal) -> Tensor:
+    return _normal_cross(p, q, *_pareto_moments(p))
+
+
+@register_kl(Pareto, Exponential)
+def _kl_pareto_exponential(p: Pareto, q: Exponential) -> Tensor:
+    return -p.entropy() - q.rate.log() + q.rate * _pareto_moments(p)[0]
+
+
+@register_kl(Pareto, Gamma)
+def _kl_pareto_gamma(p: Pareto, q: Gamma) -> Tensor:
+    c, r = q.concentration, q.rate
+    mean_log = p.scale.log() + p.alpha.reciprocal()
+    log_q = c * r.log() - lgamma(c) + (c - 1) * mean_log - r * _pareto_moments(p)[0]
+    return -p.entropy() - log_q
+
+
+@register_kl(Uniform, Pareto)
+def _kl_uniform_pareto(p: Uniform, q: Pareto) -> Tensor:
+    lo, hi = p.low, p.high
+    mean_log = (hi * hi.log() - lo * lo.log()) / (hi - lo) - 1
+    kl = (-(hi - lo).log() - q.alpha.log() - q.alpha * q.scale.log()
+          + (q.alpha + 1) * mean_log)
+    return where(lo < q.scale, math.inf, kl)
+
+
+def _infinite(p: Distribution, q: Distribution) -> Tensor:
+    """KL where p puts mass outside q's support."""
+    like = next(v for v in vars(p).values() if isinstance(v, Tensor))
+    return full_like(like, math.inf).expand(*p.batch_shape)
+
+
+for _pq in [(Gumbel, Beta), (Gumbel, ContinuousBernoulli), (Gumbel, Exponential),
+            (Gumbel, Gamma), (Gumbel, Pareto), (Gumbel, Uniform), (Beta, Pareto),
+            (ContinuousBernoulli, Pareto), (Exponential, Pareto), (Gamma, Pareto),
+            (Laplace, Pareto), (Normal, Pareto), (Pareto, Beta), (Pareto, ContinuousBernoulli),
+            (Pareto, Uniform)]:
+    register_kl(*_pq)(_infinite)
