@@ -198,6 +198,17 @@ def test_von_mises_log_prob_and_variance():
     _close(cm.grad, ct.grad, rtol=0, atol=1e-6)
 
 
+def _matrix_family_matches(m, t, xm, xt):
+    """log_prob, entropy and the matrix summaries agree; backpropagate both sums."""
+    _close(m.log_prob(xm), t.log_prob(xt))
+    _close(m.entropy(), t.entropy())
+    for attr in ("mean", "mode", "variance", "covariance_matrix", "precision_matrix",
+                 "scale_tril"):
+        _close(getattr(m, attr), getattr(t, attr))
+    (m.log_prob(xm).sum() + m.entropy().sum()).backward()
+    (t.log_prob(xt).sum() + t.entropy().sum()).backward()
+
+
 def test_low_rank_mvn_matches_torch():
     n, r = 4, 2
     loc, w, d = RNG.normal(size=(3, n)), RNG.normal(size=(n, r)), RNG.uniform(0.5, 2, n)
@@ -206,13 +217,7 @@ def test_low_rank_mvn_matches_torch():
     t = td.LowRankMultivariateNormal(lt, wt, dt)
     x = RNG.normal(size=(2, 3, n))
     (xm, xt) = _pair(x)
-    _close(m.log_prob(xm), t.log_prob(xt))
-    _close(m.entropy(), t.entropy())
-    for attr in ("mean", "mode", "variance", "covariance_matrix", "precision_matrix",
-                 "scale_tril"):
-        _close(getattr(m, attr), getattr(t, attr))
-    (m.log_prob(xm).sum() + m.entropy().sum()).backward()
-    (t.log_prob(xt).sum() + t.entropy().sum()).backward()
+    _matrix_family_matches(m, t, xm, xt)
     for a, b in ((lm, lt), (wm, wt), (dm, dt)):
         _close(a.grad, b.grad, rtol=1e-9)
     assert tuple(m.expand((2, 3)).batch_shape) == (2, 3)
@@ -523,3 +528,71 @@ def test_event_shapes_of_samples():
     chi = md.Chi2(mt.tensor([2.0, 3.0])).expand((4, 2))
     assert type(chi) is md.Chi2 and tuple(chi.df.shape) == (4, 2)
     assert mt.equal(chi.concentration, chi.df / 2)
+
+
+def _spd(rng, batch, p, shift):
+    a = rng.normal(size=(*batch, p, p))
+    return a @ np.swapaxes(a, -1, -2) + shift * np.eye(p)
+
+
+@pytest.mark.parametrize("kw", ["covariance_matrix", "precision_matrix", "scale_tril"])
+def test_wishart_matches_torch(kw):
+    rng = np.random.default_rng(2)
+    s, x, df = _spd(rng, (2,), 3, 3.0), _spd(rng, (2,), 3, 1.0), [4.5, 6.0]
+    mat = np.linalg.cholesky(s) if kw == "scale_tril" else s
+    (sm, st), (dm, dt), (xm, xt) = _pair(mat, True), _pair(df, True), _pair(x)
+    m, t = md.Wishart(dm, **{kw: sm}), td.Wishart(dt, **{kw: st})
+    _matrix_family_matches(m, t, xm, xt)
+    # the gradient in df goes through trigamma, which torch computes to ~5e-10
+    _close(dm.grad, dt.grad, rtol=1e-8)
+    gm, gt = _np(sm.grad), _np(st.grad)
+    if kw == "scale_tril":  # only the lower triangle enters; torch's solve also fills the upper
+        gm, gt = np.tril(gm), np.tril(gt)
+    _close(gm, gt, rtol=1e-9)
+    assert tuple(m.expand((4, 2)).batch_shape) == (4, 2)
+
+
+def test_wishart_sampling_and_errors():
+    rng = np.random.default_rng(3)
+    s = _spd(rng, (), 3, 1.0)
+    m = md.Wishart(mt.tensor(5.0, dtype=mt.float64), covariance_matrix=_pair(s)[0])
+    mt.manual_seed(4)
+    x = m.rsample((N,))
+    assert tuple(x.shape) == (N, 3, 3)
+    assert bool(md.constraints.positive_definite.check(x).all())
+    _check_mean(x.reshape(N, 9), _np(m.mean).reshape(9), _np(m.variance).reshape(9))
+    df = mt.tensor(5.0, dtype=mt.float64, requires_grad=True)
+    sm = _pair(s, True)[0]
+    md.Wishart(df, covariance_matrix=sm).rsample((10,)).sum().backward()
+    assert bool(mt.isfinite(df.grad)) and bool(mt.isfinite(sm.grad).all())
+    with pytest.raises(ValueError, match="greater than"):
+        md.Wishart(mt.tensor(1.5), covariance_matrix=mt.eye(3))
+    with pytest.raises(ValueError, match="exactly one"):
+        md.Wishart(mt.tensor(4.0))
+    with pytest.raises(ValueError, match="PositiveDefinite"):
+        md.Wishart(mt.tensor(4.0), covariance_matrix=-mt.eye(3))
+
+
+@pytest.mark.parametrize("conc", [0.5, 1.0, 3.0])
+def test_lkj_cholesky(conc):
+    d = 4
+    cm, ct = _pair([conc, conc + 1], True)
+    m, t = md.LKJCholesky(d, cm), td.LKJCholesky(d, ct)
+    mt.manual_seed(6)
+    x = m.sample((N,))
+    assert tuple(x.shape) == (N, 2, d, d)
+    assert bool(md.constraints.corr_cholesky.check(x).all())
+    xs = x[:5]
+    xt = torch.tensor(np.asarray(xs.tolist()))
+    _close(m.log_prob(xs), t.log_prob(xt))
+    m.log_prob(xs).sum().backward()
+    t.log_prob(xt).sum().backward()
+    _close(cm.grad, ct.grad)
+    # each correlation r: (r + 1) / 2 ~ Beta(a, a), a = conc - 1 + d / 2: E[r^2] = 1 / (2a + 1)
+    # (every pair, the first row's and the last rows' alike)
+    corr = x @ x.mT
+    a = np.array([conc, conc + 1]) - 1 + d / 2
+    for i, j in ((0, 1), (0, 3), (1, 2), (2, 3)):
+        c = np.asarray(corr[..., i, j].tolist()) ** 2
+        assert np.all(np.abs(c.mean(0) - 1 / (2 * a + 1)) <= 5 * c.std(0) / math.sqrt(N))
+    assert tuple(m.expand((3, 2)).sample().shape) == (3, 2, d, d)

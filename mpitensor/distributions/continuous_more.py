@@ -1,7 +1,9 @@
 """More continuous families of ``torch.distributions``: :class:`Cauchy`, :class:`StudentT`,
 :class:`Chi2`, :class:`FisherSnedecor`, :class:`InverseGamma`, :class:`VonMises`,
 :class:`ContinuousBernoulli`, :class:`GeneralizedPareto`,
-:class:`LowRankMultivariateNormal` and the :class:`ExponentialFamily` base class.
+:class:`LowRankMultivariateNormal`, the matrix families :class:`Wishart` and
+:class:`LKJCholesky` (written in ``_matrix_families``) and the :class:`ExponentialFamily`
+base class.
 
 Every density is composed of differentiable tensor ops; reparameterised samplers
 (``rsample``) pass gradients into the parameters, through the gamma sampler's implicit
@@ -26,6 +28,7 @@ from mpitensor.tensor import (
     Tensor,
     broadcast_shapes,
     digamma,
+    eye,
     full,
     lgamma,
     ones_like,
@@ -45,6 +48,7 @@ from ._common import (
     uniform_open,
 )
 from ._location import CenteredAtLoc, LocScale
+from ._matrix_families import LKJCholesky, Wishart
 from .distribution import Distribution, ShapeLike, _expanded, _size, broadcast_all, lazy_property
 from .gamma import Gamma, _gamma_draw
 from .multivariate_normal import _Cholesky, _SolveLower
@@ -52,6 +56,7 @@ from .multivariate_normal import _Cholesky, _SolveLower
 __all__ = [
     "ExponentialFamily", "Cauchy", "StudentT", "Chi2", "FisherSnedecor", "InverseGamma",
     "VonMises", "ContinuousBernoulli", "GeneralizedPareto", "LowRankMultivariateNormal",
+    "Wishart", "LKJCholesky",
 ]
 
 
@@ -776,6 +781,4 @@ class LowRankMultivariateNormal(CenteredAtLoc, Distribution):
 
 
 def _eye_like(t: Tensor, n: int) -> Tensor:
-    from mpitensor.tensor import eye
-
     return eye(n, dtype=t.dtype, device=t.device)
