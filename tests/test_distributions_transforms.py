@@ -117,6 +117,28 @@ def test_log_det_gradient_and_jacobian_identity() -> None:
         _close(t.log_abs_det_jacobian(x, y), g.abs().log(), rtol=1e-9)
 
 
+@pytest.mark.parametrize("name,shape", [("CorrCholeskyTransform", (2, 6)),
+                                        ("StickBreakingTransform", (2, 4)),
+                                        ("LowerCholeskyTransform", (2, 3, 3)),
+                                        ("PositiveDefiniteTransform", (2, 3, 3))])
+def test_structured_transform_gradients_match_torch(name: str, shape: tuple) -> None:
+    x = RNG.normal(size=shape)
+    xt, xm = torch.tensor(x, requires_grad=True), mt.tensor(x, requires_grad=True)
+    tt, mm = getattr(TT, name)(), getattr(MT, name)()
+    yt, ym = tt(xt), mm(xm)
+    if name in NO_LOGDET_CLASSES:
+        out_t, out_m = yt, ym
+    else:
+        out_t, out_m = tt.log_abs_det_jacobian(xt, yt), mm.log_abs_det_jacobian(xm, ym)
+    w = RNG.normal(size=tuple(out_t.shape))
+    (out_t * torch.tensor(w)).sum().backward()
+    (out_m * mt.tensor(w)).sum().backward()
+    _close(xm.grad, xt.grad, rtol=1e-9, atol=1e-12)
+
+
+NO_LOGDET_CLASSES = {"LowerCholeskyTransform", "PositiveDefiniteTransform"}
+
+
 def test_tanh_log_det_stable_for_large_inputs() -> None:
     x = mt.tensor([-40.0, 40.0, 400.0])
     lad = MT.TanhTransform().log_abs_det_jacobian(x, x.tanh())
@@ -402,6 +424,8 @@ def test_transformed_distribution_shapes_and_log_prob() -> None:
         (lambda M, L: (M.Normal(L.tensor(loc), 1.0),
                        [(MT if L is mt else TT).AffineTransform(L.tensor(loc[0]), 2.0, 1)])),
     ]
+    assert repr(D.TransformedDistribution(D.Normal(0.0, 1.0), MT.ExpTransform())) == repr(
+        TD.TransformedDistribution(TD.Normal(0.0, 1.0), TT.ExpTransform()))
     for make in cases:
         tb, ttr = make(TD, torch)
         mb, mtr = make(D, mt)

@@ -189,11 +189,6 @@ class TransformedDistribution(Distribution):
             value = t(value)
         return value
 
-    def __repr__(self) -> str:
-        if type(self) is TransformedDistribution:
-            return f"TransformedDistribution({self.base_dist!r}, {self.transforms!r})"
-        return super().__repr__()
-
 
 class _BaseParams:
     """Mixin: ``loc`` and ``scale`` are the base distribution's."""
