@@ -31,7 +31,11 @@ from mpitensor.tensor import Size, Tensor, as_tensor, atanh, cat, eye, full_like
 from . import constraints
 from ._common import softplus
 from ._transform_base import (  # noqa: F401 - Transform, ComposeTransform: torch's names
-    ComposeTransform, Transform, _clipped_sigmoid, _InverseTransform, _pad_last,
+    ComposeTransform,
+    Transform,
+    _clipped_sigmoid,
+    _InverseTransform,
+    _pad_last,
     identity_transform,
 )
 from .distribution import broadcast_all
