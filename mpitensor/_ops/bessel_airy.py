@@ -316,7 +316,8 @@ def airy_ai(x: Any) -> Any:
 
     def positive(v: Any) -> Any:
         z = (2.0 / 3.0) * v * m.sqrt(v)
-        return m.sqrt(v / 3) / math.pi * _k_scaled_integral(z, 1 / 3) * m.exp(-z)
+        ai = m.sqrt(v / 3) / math.pi * _k_scaled_integral(z, 1 / 3) * m.exp(-z)
+        return m.where(z == m.inf, 0.0, ai)   # z overflows for x > 1e205: Ai is 0 long before
 
     edge = -(37.5 ** (2.0 / 3.0))   # zeta = 25
     with np.errstate(all="ignore"):

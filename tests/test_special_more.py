@@ -1,0 +1,198 @@
+"""mpitensor.special's Bessel functions of the second kind, Airy's Ai and orthogonal
+polynomials (``bessel_j0`` ... ``legendre_polynomial_p``): values against mpmath at 40 digits
+(the accuracy reference) and against torch 2.13 (the oracle for the call, the dtypes and the
+edge values), float32, broadcasting of ``n``, and the backward (torch has none: it raises).
+
+Tolerances, from the arithmetic:
+
+* the monotone functions (``K0``, ``K1``, their scaled forms, ``Ai`` for x > 0, every function
+  near 0) are computed to a few ulps relative: 1e-13 relative;
+* the oscillating ones (``J``, ``Y``, ``Ai`` for x < 0) have zeros, where only an absolute error
+  makes sense: rounding ``x`` (and the phase computed from it) moves the value by about
+  ``eps |x f'(x)|``, ``|f'|`` at most 1 for ``J``/``Y`` and ``|x|^1/2`` for ``Ai``; so
+  1e-12 relative plus ``16 eps (1 + |x|)`` (``16 eps (1 + |x|^1.5)`` for Ai) absolute;
+* torch 2.13's own ``bessel_j0/j1/y0/y1`` are only good to ~1e-6 absolute for 2 < |x| < 25, and
+  its ``airy_ai`` to ~5e-6 for -5 < x < -2 (measured against mpmath): compared there to 2e-6
+  absolute (the mpmath test is the accuracy check), elsewhere with the bound above;
+* a polynomial of degree n evaluated by its recurrence (or a trigonometric form) in float64
+  has a forward error of a few ``eps (n + 1) (|p| + |x p'|)`` (one rounding a step plus the
+  rounding of x): ``32 eps (n + 1) (|p| + |x p'|)`` absolute, plus 1e-12 relative;
+* float32: the float64 value rounded once: 2 ulps of float32 (2.4e-7) relative, plus the
+  absolute bound above for the oscillating functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpitensor as mt
+
+try:
+    import torch
+except ImportError:  # the oracle half of the tests is skipped; the rest runs
+    torch = None
+
+try:
+    import mpmath
+except ImportError:
+    mpmath = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch (the oracle) is not installed")
+needs_mpmath = pytest.mark.skipif(mpmath is None, reason="mpmath (the reference) is missing")
+S = mt.special
+EPS = float(np.finfo(np.float64).eps)
+INF, NAN = np.inf, np.nan
+
+EDGES = [0.0, -0.0, 1e-300, -1e-300, 1e-8, INF, -INF, NAN]
+GRID = np.concatenate([np.linspace(-40, 40, 321), np.geomspace(1e-6, 1e4, 121),
+                       -np.geomspace(1e-6, 300, 61), [0.5, 1.0, 2.0, 25.0, 25.5]])
+
+
+def _mp(f: object) -> object:
+    def ref(v: float) -> float:
+        with mpmath.workdps(40):
+            return float(f(mpmath.mpf(v)))
+    return ref
+
+
+def _positive(f: object) -> object:
+    return lambda v: f(v) if v > 0 else mpmath.nan
+
+
+# name -> (reference on a float, kind: "mono" | "osc" | "airy")
+UNARY = {
+    "bessel_j0": (lambda v: mpmath.besselj(0, v), "osc"),
+    "bessel_j1": (lambda v: mpmath.besselj(1, v), "osc"),
+    "bessel_y0": (_positive(lambda v: mpmath.bessely(0, v)), "osc"),
+    "bessel_y1": (_positive(lambda v: mpmath.bessely(1, v)), "osc"),
+    "modified_bessel_k0": (_positive(lambda v: mpmath.besselk(0, v)), "mono"),
+    "modified_bessel_k1": (_positive(lambda v: mpmath.besselk(1, v)), "mono"),
+    "scaled_modified_bessel_k0": (_positive(lambda v: mpmath.besselk(0, v) * mpmath.exp(v)),
+                                  "mono"),
+    "scaled_modified_bessel_k1": (_positive(lambda v: mpmath.besselk(1, v) * mpmath.exp(v)),
+                                  "mono"),
+    "airy_ai": (lambda v: mpmath.airyai(v), "airy"),
+}
+
+
+def _absolute(kind: str, x: np.ndarray) -> np.ndarray:
+    if kind == "mono":
+        return np.zeros_like(x)
+    if kind == "osc":
+        return 16 * EPS * (1 + np.abs(x))
+    return np.where(x < 0, 16 * EPS * (1 + np.minimum(np.abs(x), 1e200) ** 1.5), 0.0)
+
+
+def _error(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``|a - b|``, 0 where both are the same infinity or NaN."""
+    with np.errstate(invalid="ignore"):
+        return np.where((a == b) | (np.isnan(a) & np.isnan(b)), 0.0, np.abs(a - b))
+
+
+def _values(name: str, x: np.ndarray, dtype: object = mt.float64) -> np.ndarray:
+    return getattr(S, name)(mt.tensor(x, dtype=dtype)).numpy()
+
+
+@needs_mpmath
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_against_mpmath(name: str) -> None:
+    f, kind = UNARY[name]
+    x = GRID[GRID != 0]
+    ref = np.array([_mp(f)(v) for v in x])
+    ours = _values(name, x)
+    finite = np.isfinite(ref)
+    assert np.array_equal(np.isnan(ours), np.isnan(ref))
+    tol = 1e-12 * np.abs(ref) + _absolute(kind, x)
+    if kind == "mono":
+        tol = 1e-13 * np.abs(ref)
+    err = np.abs(ours - ref)
+    assert np.all(err[finite] <= tol[finite]), (x[finite][np.argmax(err[finite] - tol[finite])])
+
+
+def _torch_slack(name: str, x: np.ndarray) -> np.ndarray:
+    """Where torch 2.13's own value is off by up to ~1e-6 (measured against mpmath)."""
+    if name.startswith("bessel_"):
+        return np.where((np.abs(x) > 2) & (np.abs(x) < 25), 2e-6, 0.0)
+    if name == "airy_ai":
+        return np.where((x > -5.5) & (x < -2), 2e-5, 0.0)
+    return np.zeros_like(x)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_against_torch(name: str) -> None:
+    kind = UNARY[name][1]
+    x = np.concatenate([GRID, EDGES, [1e20, 1e300]])
+    ours = _values(name, x)
+    theirs = getattr(torch.special, name)(torch.tensor(x, dtype=torch.float64)).numpy()
+    # the edges: NaN where torch has NaN (+-inf for J, Y and Ai, negatives for Y and K), the
+    # same infinities and zeros
+    assert np.array_equal(np.isnan(ours), np.isnan(theirs))
+    assert np.array_equal(ours[np.isinf(theirs)], theirs[np.isinf(theirs)])
+    ok = np.isfinite(theirs) & (np.abs(x) < 1e6)   # torch's values beyond: see the module doc
+    tol = 1e-12 * np.abs(theirs) + _absolute(kind, x) + _torch_slack(name, x)
+    if kind == "mono":
+        tol = 1e-13 * np.abs(theirs) + 1e-300
+    assert np.all(_error(ours, theirs)[ok] <= tol[ok])
+
+
+@needs_torch
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_dtypes_and_float32(name: str) -> None:
+    kind = UNARY[name][1]
+    ints = getattr(S, name)(mt.tensor([1, 2, 3]))
+    t_ints = getattr(torch.special, name)(torch.tensor([1, 2, 3]))
+    assert str(ints.dtype).split(".")[-1] == str(t_ints.dtype).split(".")[-1] == "float32"
+    np.testing.assert_allclose(ints.numpy(), _values(name, np.array([1.0, 2, 3])),
+                               rtol=2.4e-7)
+    x32 = np.concatenate([GRID, EDGES]).astype(np.float32)
+    ours = _values(name, x32, mt.float32)
+    assert ours.dtype == np.float32
+    wide = _values(name, x32.astype(np.float64))   # the same float32 points in float64
+    tiny = float(np.finfo(np.float32).tiny)
+    tol = 2.4e-7 * np.abs(wide) + _absolute(kind, x32.astype(np.float64)) + tiny
+    ok = np.isfinite(wide) & (np.abs(wide) < 3e38)
+    assert np.all(_error(ours, wide)[ok] <= tol[ok])
+    assert np.array_equal(np.isnan(ours), np.isnan(wide))
+
+
+def test_unary_known_values() -> None:
+    """Values known in closed form, without an oracle."""
+    x = mt.tensor([0.0, 1e-300], dtype=mt.float64)
+    assert S.bessel_j0(x).tolist() == [1.0, 1.0]
+    assert S.bessel_j1(x).tolist() == [0.0, 5e-301]
+    assert S.bessel_y0(x)[0].item() == -INF
+    assert S.modified_bessel_k1(x)[0].item() == INF
+    assert S.airy_ai(mt.tensor([0.0], dtype=mt.float64)).item() == pytest.approx(
+        0.35502805388781723926, rel=1e-15)
+    # J1 = -J0', Y1 = -Y0', K1 = -K0' by central differences (h = 1e-5: error ~ 1e-10)
+    v = np.array([0.5, 3.0, 10.0, 30.0, 80.0])
+    h = 1e-5
+    for z, o in (("bessel_j0", "bessel_j1"), ("bessel_y0", "bessel_y1"),
+                 ("modified_bessel_k0", "modified_bessel_k1")):
+        d = (_values(z, v + h) - _values(z, v - h)) / (2 * h)
+        np.testing.assert_allclose(-d, _values(o, v), rtol=1e-7, atol=1e-9)
+    # the Wronskian J1 Y0 - J0 Y1 = 2 / (pi x) over all three methods
+    w = _values("bessel_j1", v) * _values("bessel_y0", v) - \
+        _values("bessel_j0", v) * _values("bessel_y1", v)
+    np.testing.assert_allclose(w, 2 / (np.pi * v), rtol=1e-13)
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_backward_raises(name: str) -> None:
+    x = mt.tensor([0.5, 1.5], dtype=mt.float64, requires_grad=True)
+    y = getattr(S, name)(x)
+    with pytest.raises(RuntimeError, match="derivative is not implemented"):
+        y.sum().backward()
+    assert getattr(S, name)(x.detach()).requires_grad is False
+
+
+def test_unary_out_and_refusals() -> None:
+    out = mt.empty(2, dtype=mt.float64)
+    r = S.bessel_j0(mt.tensor([0.0, 1.0], dtype=mt.float64), out=out)
+    assert r is out and out[0].item() == 1.0
+    with pytest.raises(TypeError):
+        S.bessel_j0(1.0)
+    with pytest.raises(TypeError, match="complex"):
+        S.bessel_y0(mt.tensor([1 + 1j]))
