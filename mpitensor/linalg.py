@@ -38,6 +38,9 @@ from mpitensor._ops.linalg_more import (
     eigvalsh,
     householder_product,
     inv_ex,
+    ldl_factor,
+    ldl_factor_ex,
+    ldl_solve,
     lu,
     lu_factor,
     lu_factor_ex,
@@ -58,7 +61,7 @@ __all__ = [
     "cholesky", "cholesky_ex", "inv_ex", "solve_ex", "solve_triangular", "qr", "svd", "svdvals",
     "eigh", "eigvalsh", "eig", "eigvals", "lu_factor", "lu_factor_ex", "lu", "lu_solve",
     "householder_product", "matrix_exp", "lstsq", "pinv", "matrix_rank", "cond", "tensorinv",
-    "tensorsolve", "vander",
+    "tensorsolve", "vander", "ldl_factor", "ldl_factor_ex", "ldl_solve",
 ]
 
 LinAlgError = np.linalg.LinAlgError

@@ -632,3 +632,66 @@ def test_user_program_pca_lstsq_spectral_penalty():
     got, want = _program(mt, data), _program(torch, data)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-8)
     assert got[-1] != got[0]
+
+
+# --------------------------------------------------------------------------------------------
+# ldl_factor, ldl_factor_ex, ldl_solve
+
+
+def _indefinite(n: int, dtype: type, seed: int) -> np.ndarray:
+    """A symmetric (complex symmetric, not Hermitian) indefinite matrix; every third one has
+    a small diagonal, so Bunch-Kaufman takes 2 x 2 pivots and interchanges."""
+    rng = _rng(seed)
+    a = _normal(rng, (n, n), dtype)
+    if seed % 3 == 0:
+        np.fill_diagonal(a, 0.01 * rng.standard_normal(n))
+    return (a + a.T).astype(dtype)
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ALL)
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_ldl_factor_and_solve_as_torch(dtype, n):
+    for seed in range(6):
+        a = _indefinite(n, dtype, seed)
+        t, m = both(a)
+        ldt, pt = torch.linalg.ldl_factor(t)
+        ldm, pm = mt.linalg.ldl_factor(m)
+        assert pm.dtype == mt.int32 and arr(pm).tolist() == arr(pt).tolist()
+        close(ldm, ldt, TOL[dtype], 10)
+        b = weights((n, 2), dtype, seed)
+        close(mt.linalg.ldl_solve(ldm, pm, mt.tensor(b)),
+              torch.linalg.ldl_solve(ldt, pt, torch.tensor(b)), TOL[dtype], 10)
+    if np.dtype(dtype).kind == "f":   # a real symmetric matrix is Hermitian
+        a = _indefinite(n, dtype, 3)
+        got = mt.linalg.ldl_factor(mt.tensor(a), hermitian=True)
+        want = torch.linalg.ldl_factor(torch.tensor(a), hermitian=True)
+        close(got.LD, want.LD, TOL[dtype], 10)
+
+
+@needs_torch
+def test_ldl_batched_singular_and_errors():
+    a = np.stack([_indefinite(4, F64, s) for s in range(3)])
+    t, m = both(a)
+    ldt, pt, it = torch.linalg.ldl_factor_ex(t)
+    ldm, pm, im = mt.linalg.ldl_factor_ex(m)
+    assert arr(pm).tolist() == arr(pt).tolist() and arr(im).tolist() == arr(it).tolist()
+    close(ldm, ldt, 1e-10, 10)
+    b = weights((3, 4, 2), F64, 1)
+    x = mt.linalg.ldl_solve(ldm, pm, mt.tensor(b))
+    close(mt.tensor(a) @ x, b, 1e-10, 10)
+    sing = np.stack([np.eye(3), np.zeros((3, 3))])
+    ld, piv, info = mt.linalg.ldl_factor_ex(mt.tensor(sing))
+    assert arr(info).tolist() == [0, 1]
+    with pytest.raises(mt.linalg.LinAlgError, match="batch element 1"):
+        mt.linalg.ldl_factor(mt.tensor(sing))
+    with pytest.raises(NotImplementedError, match="hermitian"):
+        mt.linalg.ldl_factor(mt.tensor(_indefinite(3, np.complex128, 1)), hermitian=True)
+    with pytest.raises(ValueError, match="square"):
+        mt.linalg.ldl_factor(mt.ones(2, 3, dtype=mt.float64))
+    x = mt.tensor(a, requires_grad=True)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        mt.linalg.ldl_factor(x).LD.sum().backward()
+    y = mt.tensor(b, requires_grad=True)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        mt.linalg.ldl_solve(ldm, pm, y).sum().backward()

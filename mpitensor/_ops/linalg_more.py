@@ -18,6 +18,7 @@ from mpitensor._core.devices import xp
 from mpitensor._core.opkit import Tensor, wrap
 from mpitensor._ops import eigen as _e
 from mpitensor._ops import factorizations as _f
+from mpitensor._ops import ldl as _ldl
 from mpitensor._ops import linalg_legacy as _leg
 from mpitensor._ops.linalg import solve as _solve
 from mpitensor._ops.linalg_legacy import _matrix, _parts, _result
@@ -26,7 +27,7 @@ from mpitensor.autograd import _mode as _grad_mode
 __all__ = [
     "cholesky", "cholesky_ex", "inv_ex", "solve_ex", "solve_triangular", "qr", "svd",
     "svdvals", "eigh", "eigvalsh", "eig", "eigvals", "lu_factor", "lu_factor_ex", "lu",
-    "lu_solve", "householder_product", "matrix_exp",
+    "lu_solve", "householder_product", "matrix_exp", "ldl_factor", "ldl_factor_ex", "ldl_solve",
 ]
 
 _CholeskyEx = _result("linalg_cholesky_ex", ["L", "info"])
@@ -345,3 +346,67 @@ def householder_product(A: Tensor, tau: Tensor) -> Tensor:  # noqa: N803
 def matrix_exp(A: Tensor) -> Tensor:  # noqa: N803
     """Return the matrix exponential of each square matrix."""
     return _leg.matrix_exp(A)
+
+
+# --------------------------------------------------------------------------------------------
+# LDL^T (Bunch-Kaufman)
+
+_LdlFactorEx = _result("linalg_ldl_factor_ex", ["LD", "pivots", "info"])
+_LdlFactor = _result("linalg_ldl_factor", ["LD", "pivots"])
+
+
+def _no_ldl_grad(x: Any, state: Any, i: int, g: Any) -> Any:
+    raise RuntimeError("linalg.ldl_factor/ldl_solve: their derivatives are not implemented "
+                       "(as in torch); use linalg.solve or cholesky for a differentiable "
+                       "solve")
+
+
+def _ldl_kind(x: Any, hermitian: bool, what: str) -> None:
+    if hermitian and x.dtype.kind == "c":
+        raise NotImplementedError(f"{what}: hermitian=True for complex matrices (LAPACK's "
+                                  f"hetrf) is not implemented; real matrices and complex "
+                                  f"symmetric ones (hermitian=False) are")
+
+
+def ldl_factor_ex(A: Tensor, *, hermitian: bool = False, check_errors: bool = False) -> Any:  # noqa: N803
+    """Return ``(LD, pivots, info)``: the compact LDL^T factorization of a symmetric matrix
+    (lower triangle read) with Bunch-Kaufman pivoting, as LAPACK's sytrf; ``info`` is 0 or
+    the 1-based index of a zero diagonal block (the matrix is singular).
+
+    Raises:
+        NotImplementedError: ``hermitian=True`` with a complex matrix.
+        LinAlgError: ``check_errors`` and some ``info`` is not 0.
+    """
+    x = _matrix(A, "linalg.ldl_factor_ex()", square=True)
+    _ldl_kind(x, hermitian, "linalg.ldl_factor_ex()")
+    ld, piv, info = _ldl.ldl_factor(x)
+    if check_errors:
+        _raise_info(info, "linalg.ldl_factor_ex", "the diagonal block {} of D is zero: the "
+                    "matrix is singular", x.ndim > 2)
+    return _LdlFactorEx(_parts(A, (ld,), _no_ldl_grad, None, (0,))[0], wrap(piv), wrap(info))
+
+
+def ldl_factor(A: Tensor, *, hermitian: bool = False) -> Any:  # noqa: N803
+    """Return ``(LD, pivots)`` of :func:`ldl_factor_ex`.
+
+    Raises:
+        LinAlgError: a matrix is singular.
+    """
+    ld, piv, _ = ldl_factor_ex(A, hermitian=hermitian, check_errors=True)
+    return _LdlFactor(ld, piv)
+
+
+def ldl_solve(LD: Tensor, pivots: Tensor, B: Tensor, *, hermitian: bool = False) -> Tensor:  # noqa: N803
+    """Return ``X`` with ``A X = B`` for ``A`` given by :func:`ldl_factor`'s ``(LD,
+    pivots)``; batches broadcast."""
+    x = _matrix(LD, "linalg.ldl_solve()", square=True)
+    b = _matrix(B, "linalg.ldl_solve()")
+    _ldl_kind(x, hermitian, "linalg.ldl_solve()")
+    if b.shape[-2] != x.shape[-1]:
+        raise ValueError(f"linalg.ldl_solve(): B must have {x.shape[-1]} rows, got shape "
+                         f"{list(b.shape)}")
+    out = _ldl.ldl_solve(x, pivots._data, b)
+    for t in (B, LD):
+        if t._requires_grad and _grad_mode.enabled:
+            return _parts(t, (out,), _no_ldl_grad, None, (0,))[0]
+    return wrap(out)
