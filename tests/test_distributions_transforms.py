@@ -248,6 +248,52 @@ def test_registry_matches_torch(name: str, make: Callable, x: np.ndarray,
                atol=1e-10)
 
 
+def test_variational_parameters_through_biject_to() -> None:
+    # an unconstrained u mapped onto (lo, hi) with tensor bounds: values and gradients as torch
+    u = RNG.normal(size=(3,))
+    lo, hi = np.array([0.0, -1.0, 2.0]), np.array([1.0, 3.0, 2.5])
+    got = []
+    for L, M in ((mt, D), (torch, TD)):
+        uu = L.tensor(u, requires_grad=True)
+        t = M.biject_to(M.constraints.interval(L.tensor(lo), L.tensor(hi)))
+        y = t(uu)
+        (y.sum() + t.log_abs_det_jacobian(uu, y).sum()).backward()
+        got.append((_np(y), _np(uu.grad)))
+    _close(got[0][0], got[1][0])
+    _close(got[0][1], got[1][1])
+
+
+def test_user_defined_transform_and_pickle() -> None:
+    import copy
+    import pickle
+
+    class Cube(MT.Transform):
+        domain = MC.real
+        codomain = MC.real
+        bijective = True
+        sign = +1
+
+        def _call(self, x: Any) -> Any:
+            return x ** 3
+
+        def _inverse(self, y: Any) -> Any:
+            return y.sign() * y.abs() ** (1 / 3)
+
+        def log_abs_det_jacobian(self, x: Any, y: Any) -> Any:
+            return (3 * x ** 2).log()
+
+    d = D.TransformedDistribution(D.Normal(0.0, 1.0), [Cube(cache_size=1)])
+    v = mt.tensor([0.5, -2.0])
+    expect = D.Normal(0.0, 1.0).log_prob(v.sign() * v.abs() ** (1 / 3)) \
+        - (3 * (v.abs() ** (1 / 3)) ** 2).log()
+    _close(d.log_prob(v), expect)
+    assert Cube().with_cache(1)._cache_size == 1
+    t = MT.ComposeTransform([MT.TanhTransform(cache_size=1), MT.AffineTransform(1.0, 2.0)])
+    _ = t.inv
+    for clone in (copy.deepcopy(t), pickle.loads(pickle.dumps(t))):
+        _close(clone(mt.tensor([0.3])), t(mt.tensor([0.3])))
+
+
 def test_registry_register_and_errors() -> None:
     reg = D.constraint_registry.ConstraintRegistry()
     with pytest.raises(NotImplementedError):
