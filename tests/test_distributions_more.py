@@ -465,6 +465,19 @@ def test_kl_pairs_match_torch():
          lambda D, T: D.Cauchy(T([0.5, -1.0]), T([2.0, 0.7]))),
         (lambda D, T: D.ContinuousBernoulli(T([0.3, 0.8])),
          lambda D, T: D.ContinuousBernoulli(T([0.5, 0.1]))),
+        (lambda D, T: D.Beta(T([2.0, 0.5]), T([3.0, 1.5])),
+         lambda D, T: D.ContinuousBernoulli(T([0.3, 0.8]))),
+        (lambda D, T: D.Uniform(T([0.1, 0.2]), T([0.9, 0.5])),
+         lambda D, T: D.ContinuousBernoulli(T([0.3, 0.8]))),
+        (lambda D, T: D.ContinuousBernoulli(T([0.3, 0.8])), lambda D, T: D.Exponential(
+            T([2.0, 0.5]))),
+        (lambda D, T: D.ContinuousBernoulli(T([0.3, 0.8])),
+         lambda D, T: D.Normal(T([0.2, -1.0]), T([2.0, 0.5]))),
+        (lambda D, T: D.ContinuousBernoulli(T([0.3, 0.8])),
+         lambda D, T: D.Uniform(T([-0.1, 0.2]), T([1.9, 1.5]))),  # the second: inf
+        (lambda D, T: D.Normal(T([0.3, 0.8]), T([1.0, 1.0])),
+         lambda D, T: D.ContinuousBernoulli(T([0.3, 0.8]))),
+        (lambda D, T: D.Poisson(T([0.3, 0.8])), lambda D, T: D.Binomial(3, T([0.3, 0.8]))),
     ]
     for mp, mq in pairs:
         ours = md.kl_divergence(mp(md, lambda v: mt.tensor(v, dtype=mt.float64)),
@@ -472,6 +485,19 @@ def test_kl_pairs_match_torch():
         theirs = td.kl_divergence(mp(td, lambda v: torch.tensor(v, dtype=torch.float64)),
                                   mq(td, lambda v: torch.tensor(v, dtype=torch.float64)))
         _close(ours, theirs)
+
+
+def test_kl_uniform_unit_interval_against_continuous_bernoulli():
+    # Uniform(0, 1) and a ContinuousBernoulli share their support: the divergence is finite,
+    # -H(U) - E_U[log q] = -(logit / 2 + log(1 - p) + log C(p)) (torch 2.13 gives inf here)
+    p = 0.3
+    q = md.ContinuousBernoulli(mt.tensor([p], dtype=mt.float64))
+    logit = math.log(p / (1 - p))
+    log_c = math.log(2 * math.atanh(1 - 2 * p) / (1 - 2 * p))
+    want = -(logit / 2 + math.log(1 - p) + log_c)
+    kl = md.kl_divergence(md.Uniform(mt.zeros(1, dtype=mt.float64),
+                                     mt.ones(1, dtype=mt.float64)), q)
+    _close(kl, [want], rtol=1e-12)
 
 
 def test_kl_low_rank_pairs_match_torch():

@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, Tuple
 
-from mpitensor.tensor import Tensor, digamma, lgamma, where
+from mpitensor.tensor import Tensor, digamma, full, lgamma, where
 
 from ._common import softplus
 from .bernoulli import Bernoulli
 from .categorical import Categorical, OneHotCategorical
+from .continuous_more import Cauchy, ContinuousBernoulli, LowRankMultivariateNormal
+from .discrete_more import Binomial, Geometric
 from .distribution import Distribution
 from .gamma import Beta, Dirichlet, Gamma
 from .independent import Independent, _sum_right
@@ -185,9 +187,6 @@ def _kl_mvn_mvn(p: MultivariateNormal, q: MultivariateNormal) -> Tensor:
 
 # -- the families of continuous_more and discrete_more --------------------------------------
 
-from .continuous_more import Cauchy, ContinuousBernoulli, LowRankMultivariateNormal  # noqa: E402
-from .discrete_more import Binomial, Geometric  # noqa: E402
-
 
 @register_kl(Binomial, Binomial)
 def _kl_binomial_binomial(p: Binomial, q: Binomial) -> Tensor:
@@ -241,3 +240,50 @@ def _kl_gaussians(p: Any, q: Any) -> Tensor:
 register_kl(LowRankMultivariateNormal, LowRankMultivariateNormal)(_kl_gaussians)
 register_kl(LowRankMultivariateNormal, MultivariateNormal)(_kl_gaussians)
 register_kl(MultivariateNormal, LowRankMultivariateNormal)(_kl_gaussians)
+
+
+# -- ContinuousBernoulli against the other families (support [0, 1]) ------------------------
+
+
+def _minus_cross_entropy_cb(p: Distribution, q: ContinuousBernoulli) -> Tensor:
+    """``-H(p) - E_p[log q]`` for a ContinuousBernoulli q: ``log q(x)`` is linear in x."""
+    return (-p.entropy() - p.mean * q.logits - (-q.probs).log1p()
+            - q._cont_bern_log_norm())
+
+
+@register_kl(Beta, ContinuousBernoulli)
+def _kl_beta_cb(p: Beta, q: ContinuousBernoulli) -> Tensor:
+    return _minus_cross_entropy_cb(p, q)
+
+
+@register_kl(Uniform, ContinuousBernoulli)
+def _kl_uniform_cb(p: Uniform, q: ContinuousBernoulli) -> Tensor:
+    return _inf_where((p.high > 1) | (p.low < 0), _minus_cross_entropy_cb(p, q))
+
+
+@register_kl(ContinuousBernoulli, Exponential)
+def _kl_cb_exponential(p: ContinuousBernoulli, q: Exponential) -> Tensor:
+    return -p.entropy() - q.rate.log() + q.rate * p.mean
+
+
+@register_kl(ContinuousBernoulli, Normal)
+def _kl_cb_normal(p: ContinuousBernoulli, q: Normal) -> Tensor:
+    second_moment = p.variance + (p.mean - q.loc) ** 2  # E_p[(x - loc)^2]
+    return (-p.entropy() + 0.5 * math.log(2 * math.pi) + q.scale.log()
+            + second_moment / (2 * q.scale ** 2))
+
+
+@register_kl(ContinuousBernoulli, Uniform)
+def _kl_cb_uniform(p: ContinuousBernoulli, q: Uniform) -> Tensor:
+    return _inf_where((q.low > 0) | (q.high < 1), -p.entropy() + (q.high - q.low).log())
+
+
+def _kl_infinite(p: Distribution, q: Distribution) -> Tensor:
+    """p puts mass where q has none: the divergence is infinite (one per batch element)."""
+    like = p.mean
+    return full(tuple(p.batch_shape), math.inf, dtype=like.dtype, device=like.device)
+
+
+for _p in (Exponential, Gamma, Laplace, Normal):  # supports beyond [0, 1]
+    register_kl(_p, ContinuousBernoulli)(_kl_infinite)
+register_kl(Poisson, Binomial)(_kl_infinite)  # unbounded counts against at most n
