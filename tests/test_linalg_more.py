@@ -463,6 +463,10 @@ def test_pinv(dtype, shape):
     against_torch(lambda lib, x: wsum(lib, w, lib.linalg.pinv(x)), [a], dtype)
     against_torch(lambda lib, x: wsum(lib, w, lib.linalg.pinv(x, atol=1.5)), [a], dtype)
     against_torch(lambda lib, x: wsum(lib, w, lib.linalg.pinv(x, rtol=0.6)), [a], dtype)
+    against_torch(lambda lib, x: wsum(lib, w, lib.linalg.pinv(x, 0.6)), [a], dtype)
+    against_torch(lambda lib, x: wsum(lib, w, lib.linalg.pinv(x, rcond=0.4)), [a], dtype)
+    with pytest.raises(TypeError):
+        mt.linalg.pinv(mt.tensor(a), 0.5, atol=0.1)
     if shape[-1] == shape[-2]:
         # only the lower triangle is read: the upper one is spoilt
         h = hermitian(shape, dtype, seed=3, low=-1.5) + np.triu(np.ones(shape[-2:]), 1)
@@ -577,6 +581,8 @@ def test_bad_inputs():
         mt.linalg.lstsq(sq, sq, driver="gelsx")
     with pytest.raises(ValueError, match="rows"):
         mt.linalg.lstsq(sq, mt.ones(4, 2, dtype=mt.float64))
+    with pytest.raises(TypeError):
+        mt.linalg.vander(mt.ones(3), 4)   # N is keyword-only, as torch's
     with pytest.raises(ValueError, match="greater than 1"):
         mt.linalg.vander(mt.ones(3), N=1)
     with pytest.raises(ValueError, match="p must be"):

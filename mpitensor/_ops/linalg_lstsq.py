@@ -76,13 +76,24 @@ def _singular_values(A: Tensor, hermitian: bool) -> Tensor:  # noqa: N803
     return svdvals(A)
 
 
-def pinv(A: Tensor, *, atol: Any = None, rtol: Any = None, hermitian: bool = False) -> Tensor:  # noqa: N803
+def pinv(A: Tensor, rcond: Any = None, hermitian: bool = False, *, atol: Any = None,  # noqa: N803
+         rtol: Any = None) -> Tensor:
     """Return the Moore-Penrose pseudo-inverse: singular values at most
     ``max(atol, rtol * largest)`` are taken as zero (``rtol`` defaults to
     ``eps * max(m, n)`` unless a positive ``atol`` is given alone). ``hermitian``: ``A`` is
     Hermitian and only its lower triangle is read (the gradient, as torch's, is the
-    pseudo-inverse's formula with ``A`` as given)."""
+    pseudo-inverse's formula with ``A`` as given). ``rcond`` (torch's older form, by position
+    too) is ``rtol``.
+
+    Raises:
+        TypeError: ``rcond`` given with ``atol`` or ``rtol``.
+    """
     x = _matrix(A, "linalg.pinv()")
+    if rcond is not None:
+        if atol is not None or rtol is not None:
+            raise TypeError("linalg.pinv(): give rcond (the older form) or atol/rtol, not "
+                            "both")
+        rtol = rcond
     m = xp(x)
     op = _PinvHermitian if hermitian else Pinv
     if x.shape[-1] == 0 or x.shape[-2] == 0:
@@ -226,7 +237,7 @@ def tensorsolve(A: Tensor, B: Tensor, dims: Any = None) -> Tensor:  # noqa: N803
     return solve(A.reshape(n, n), B.reshape(n)).reshape(xshape)
 
 
-def vander(x: Tensor, N: Optional[int] = None) -> Tensor:  # noqa: N803
+def vander(x: Tensor, *, N: Optional[int] = None) -> Tensor:  # noqa: N803
     """Return the Vandermonde matrix of the last dimension of ``x``: columns
     ``x^0, x^1, ..., x^(N-1)`` (increasing powers; ``N`` defaults to ``x.shape[-1]``).
 
