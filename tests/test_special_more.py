@@ -196,3 +196,186 @@ def test_unary_out_and_refusals() -> None:
         S.bessel_j0(1.0)
     with pytest.raises(TypeError, match="complex"):
         S.bessel_y0(mt.tensor([1 + 1j]))
+
+
+# --------------------------------------------------------------------------------------------
+# Orthogonal polynomials: the exact values from each family's explicit sum, in rationals
+
+POLYNOMIALS = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
+               "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t",
+               "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+               "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he",
+               "laguerre_polynomial_l", "legendre_polynomial_p"]
+
+
+def _terms(family: str, n: int) -> list:
+    """``[(coefficient, power)]`` of ``p_n`` (explicit sums, Abramowitz & Stegun 22.3)."""
+    from fractions import Fraction
+    from math import comb, factorial
+
+    def u(k: int) -> list:
+        return [(Fraction((-1) ** j * comb(k - j, j) * 2 ** (k - 2 * j)), k - 2 * j)
+                for j in range(k // 2 + 1)] if k >= 0 else []
+
+    if family == "t":
+        if n < 2:
+            return [(Fraction(1), n)]
+        return [(c / 2, p) for c, p in u(n)] + [(-c / 2, p) for c, p in u(n - 2)]
+    if family in "uvw":
+        sign = {"u": 0, "v": -1, "w": 1}[family]
+        return u(n) + [(sign * c, p) for c, p in u(n - 1)]
+    if family == "hermite_h":
+        return [(Fraction((-1) ** j * factorial(n) * 2 ** (n - 2 * j),
+                          factorial(j) * factorial(n - 2 * j)), n - 2 * j)
+                for j in range(n // 2 + 1)]
+    if family == "hermite_he":
+        return [(Fraction((-1) ** j * factorial(n), factorial(j) * factorial(n - 2 * j) * 2 ** j),
+                 n - 2 * j) for j in range(n // 2 + 1)]
+    if family == "laguerre_l":
+        return [(Fraction((-1) ** j * comb(n, j), factorial(j)), j) for j in range(n + 1)]
+    return [(Fraction((-1) ** j * comb(n, j) * comb(2 * n - 2 * j, n), 2 ** n), n - 2 * j)
+            for j in range(n // 2 + 1)]   # Legendre
+
+
+def _exact(name: str, x: np.ndarray, n: int) -> tuple:
+    """``(p_n(x), the bound 32 eps (n + 1) (|p| + |x p'| + 1))`` exactly at the float ``x``."""
+    from fractions import Fraction
+    family = name.split("_polynomial_")[-1] if "chebyshev" in name else name.replace(
+        "_polynomial", "")
+    terms = _terms(family, n)
+    values, bounds = [], []
+    for v in x:
+        f = Fraction(float(v))
+        z = 2 * f - 1 if name.startswith("shifted") else f
+        p = sum((c * z ** k for c, k in terms), Fraction(0))
+        dp = sum((c * k * z ** (k - 1) for c, k in terms if k), Fraction(0))
+        lever = abs(z) + (2 * abs(f) if name.startswith("shifted") else 0)
+        values.append(float(p))
+        bounds.append(32 * EPS * (n + 1) * (abs(float(p)) + float(lever * abs(dp)) + 1))
+    return np.array(values), np.array(bounds)
+
+
+def _x_for(name: str) -> np.ndarray:
+    if name.startswith("shifted"):
+        return np.linspace(-0.25, 1.25, 31)
+    if name.startswith("hermite"):
+        return np.linspace(-4, 4, 33)
+    if name.startswith("laguerre"):
+        return np.linspace(-2, 12, 29)
+    return np.linspace(-1.5, 1.5, 31)
+
+
+@pytest.mark.parametrize("name", POLYNOMIALS)
+def test_polynomial_exact_values(name: str) -> None:
+    x = np.concatenate([_x_for(name), [0.0, 1.0, -1.0, 0.3, 0.7]])
+    for n in range(31):
+        exact, bound = _exact(name, x, n)
+        ours = getattr(S, name)(mt.tensor(x, dtype=mt.float64), n).numpy()
+        err = np.abs(ours - exact)
+        assert np.all(err <= 1e-12 * np.abs(exact) + bound), (n, x[np.argmax(err - bound)])
+
+
+@needs_mpmath
+@pytest.mark.parametrize("name", POLYNOMIALS[:8])
+def test_chebyshev_large_degree(name: str) -> None:
+    """Degrees 100 and 1000 inside the interval, against the trigonometric forms at 40
+    digits: the error is a few ``eps n (1 + |x p'|)``, ``|p'| <= n^2``-ish near the ends."""
+    shifted = name.startswith("shifted")
+    x = np.linspace(0.01, 0.99, 41) if shifted else np.linspace(-0.98, 0.98, 41)
+    z = 2 * x - 1 if shifted else x
+    family = name[-1]
+    for n in (100, 1000):
+        with mpmath.workdps(40):
+            t = [mpmath.acos(2 * mpmath.mpf(v) - 1 if shifted else mpmath.mpf(v)) for v in x]
+            ref = {"t": lambda a: mpmath.cos(n * a),
+                   "u": lambda a: mpmath.sin((n + 1) * a) / mpmath.sin(a),
+                   "v": lambda a: mpmath.cos((n + 0.5) * a) / mpmath.cos(a / 2),
+                   "w": lambda a: mpmath.sin((n + 0.5) * a) / mpmath.sin(a / 2)}[family]
+            exact = np.array([float(ref(a)) for a in t])
+        ours = getattr(S, name)(mt.tensor(x, dtype=mt.float64), n).numpy()
+        steep = (n + 1) ** 2 / np.sqrt(1 - z * z) * (3 if shifted else 1)
+        assert np.all(np.abs(ours - exact) <= 32 * EPS * (n + 1) * (np.abs(exact) + steep))
+
+
+@needs_torch
+@pytest.mark.parametrize("name", POLYNOMIALS)
+def test_polynomial_against_torch(name: str) -> None:
+    x = np.concatenate([_x_for(name), [0.0, 1.0, -1.0, INF, -INF]])
+    ns = [*range(-3, 31), 2.5, 2.7, -0.5, -2.5, NAN, 100]
+    for n in ns:
+        ours = getattr(S, name)(mt.tensor(x, dtype=mt.float64), n).numpy()
+        theirs = getattr(torch.special, name)(torch.tensor(x, dtype=torch.float64), n).numpy()
+        assert np.array_equal(np.isnan(ours), np.isnan(theirs)), n
+        assert np.array_equal(ours[np.isinf(theirs)], theirs[np.isinf(theirs)]), n
+        ok = np.isfinite(theirs) & np.isfinite(x)
+        k = int(n) if n == n else -1   # n truncated toward 0, as torch
+        if k < 0:   # a negative or NaN degree: 0, as torch
+            assert np.all(ours[ok] == 0) and np.all(theirs[ok] == 0), n
+            continue
+        _, bound = _exact(name, x[ok], k)   # both sides' rounding: twice the bound
+        err = _error(ours[ok], theirs[ok])
+        assert np.all(err <= 1e-12 * np.abs(theirs[ok]) + 2 * bound), n
+    # n = 0 gives 1 and any other n NaN at a NaN x (torch's CPU kernel leaves other lanes'
+    # values there; mpitensor does not copy that)
+    nan_row = getattr(S, name)(mt.tensor([NAN], dtype=mt.float64), mt.tensor([0.0, 1, 3, -1]))
+    assert nan_row.numpy()[0] == 1 and np.isnan(nan_row.numpy()[1:3]).all()
+    assert nan_row.numpy()[3] == 0
+
+
+@needs_torch
+def test_polynomial_broadcasting_and_dtypes() -> None:
+    name = "legendre_polynomial_p"
+    f, g = getattr(S, name), getattr(torch.special, name)
+    x = np.linspace(-1, 1, 4).reshape(4, 1)
+    n = np.array([0, 1, 2, 5, 30])
+    ours = f(mt.tensor(x), mt.tensor(n))
+    theirs = g(torch.tensor(x), torch.tensor(n))
+    assert tuple(ours.shape) == tuple(theirs.shape) == (4, 5)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-12, atol=1e-13)
+    # a number x with a tensor n, keywords as torch spells them
+    np.testing.assert_allclose(f(0.5, mt.tensor(n)).numpy(), g(0.5, torch.tensor(n)).numpy(),
+                               rtol=1e-6)
+    np.testing.assert_allclose(f(x=mt.tensor([0.5]), n=3).numpy(),
+                               g(x=torch.tensor([0.5]), n=3).numpy(), rtol=1e-6)
+    cases = [((np.array([1, 2]), None), (3, None)),                         # ints -> float32
+             ((np.array([1.0, 2.0]), "float32"), (np.array(3.0), "float64")),  # 0-dim n
+             ((np.array([0.5]), "float64"), (np.array([3.0]), "float32")),
+             ((np.array([0.5]), "float32"), (np.array([3]), None)),
+             ((np.array([0.5]), "float32"), (3.5, None))]
+    for (xv, xd), (nv, nd) in cases:
+        def make(lib: object, v: object, d: object) -> object:
+            if not isinstance(v, np.ndarray):
+                return v
+            return lib.tensor(v) if d is None else lib.tensor(v, dtype=getattr(lib, d))
+        ours = f(make(mt, xv, xd), make(mt, nv, nd))
+        theirs = g(make(torch, xv, xd), make(torch, nv, nd))
+        assert str(ours.dtype).split(".")[-1] == str(theirs.dtype).split(".")[-1]
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6)
+    out = mt.empty(2)
+    assert f(mt.tensor([0.5, 1.0]), 2, out=out) is out
+    assert out.tolist() == [-0.125, 1.0]
+
+
+@pytest.mark.parametrize("name", POLYNOMIALS)
+def test_polynomial_backward_raises(name: str) -> None:
+    x = mt.tensor([0.25, 0.5], dtype=mt.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="derivative is not implemented"):
+        getattr(S, name)(x, 3).sum().backward()
+    n = mt.tensor([2.0, 3.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match=name):
+        getattr(S, name)(mt.tensor([0.5, 0.25]), n).sum().backward()
+    with pytest.raises(TypeError):
+        getattr(S, name)(0.5, 3)
+
+
+@pytest.mark.parametrize("name", POLYNOMIALS)
+def test_polynomial_float32(name: str) -> None:
+    """float32 in, float32 out: the float64 value at the same points, rounded once."""
+    x = _x_for(name).astype(np.float32)
+    for n in (0, 1, 5, 12, 30):
+        ours = getattr(S, name)(mt.tensor(x), n).numpy()
+        assert ours.dtype == np.float32
+        wide = getattr(S, name)(mt.tensor(x.astype(np.float64)), n).numpy()
+        _, bound = _exact(name, x.astype(np.float64), n)
+        ok = np.abs(wide) < 3e38
+        assert np.all(np.abs(ours - wide)[ok] <= (2.4e-7 * np.abs(wide) + bound)[ok]), n
