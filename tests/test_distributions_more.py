@@ -622,3 +622,22 @@ def test_lkj_cholesky(conc):
         c = np.asarray(corr[..., i, j].tolist()) ** 2
         assert np.all(np.abs(c.mean(0) - 1 / (2 * a + 1)) <= 5 * c.std(0) / math.sqrt(N))
     assert tuple(m.expand((3, 2)).sample().shape) == (3, 2, d, d)
+
+
+def test_exponential_family_kl_by_bregman_divergence():
+    # the generic Bregman form against the closed-form ContinuousBernoulli pair
+    from mpitensor.distributions.kl import _kl_expfamily_expfamily
+
+    p = md.ContinuousBernoulli(mt.tensor([0.2, 0.7, 0.45], dtype=mt.float64))
+    q = md.ContinuousBernoulli(mt.tensor([0.6, 0.1, 0.9], dtype=mt.float64))
+    with mt.no_grad():
+        _close(_kl_expfamily_expfamily(p, q), md.kl_divergence(p, q), rtol=1e-9)
+    with pytest.raises(NotImplementedError, match="different exponential families"):
+        _kl_expfamily_expfamily(p, _OtherFamily(mt.tensor([0.5], dtype=mt.float64)))
+    pg = md.ContinuousBernoulli(mt.tensor([0.2], dtype=mt.float64, requires_grad=True))
+    with pytest.raises(NotImplementedError, match="higher-order"):
+        _kl_expfamily_expfamily(p, pg)
+
+
+class _OtherFamily(md.ContinuousBernoulli):
+    pass

@@ -96,20 +96,30 @@ class ExponentialFamily(Distribution):
             NotImplementedError: gradients are recorded and a natural parameter requires
                 grad (this entropy would not be differentiable).
         """
-        params = self._natural_params
-        if _autograd.is_grad_enabled() and any(p.requires_grad for p in params):
+        lg, params, grads = self._log_normalizer_and_grad("entropy()", self._natural_params)
+        result = lg - self._mean_carrier_measure
+        for p, g in zip(params, grads):
+            result = result - (p * g).reshape(*self._batch_shape, -1).sum(-1)
+        return result
+
+    def _log_normalizer_and_grad(self, what: str, params: Tuple[Tensor, ...],
+                                 others: Tuple[Tensor, ...] = ()) -> tuple:
+        """``F(theta)``, ``theta`` and ``grad F(theta)`` for ``theta = params``, all detached.
+
+        Raises:
+            NotImplementedError: gradients are recorded and a parameter (of ``params`` or
+                ``others``, tensors the caller combines with them) requires grad.
+        """
+        if _autograd.is_grad_enabled() and any(p.requires_grad for p in (*params, *others)):
             raise NotImplementedError(
-                f"{type(self).__name__}.entropy(): the log-normalizer form needs higher-order "
+                f"{type(self).__name__}.{what}: the log-normalizer form needs higher-order "
                 f"gradients to be differentiable, which mpitensor's autograd lacks; call it "
                 f"under no_grad() or with detached parameters")
         leaves = [p.detach().requires_grad_() for p in params]
         with _autograd.enable_grad():
             lg = self._log_normalizer(*leaves)
             grads = _autograd.grad(lg.sum(), leaves)
-        result = lg.detach() - self._mean_carrier_measure
-        for p, g in zip(leaves, grads):
-            result = result - (p.detach() * g).reshape(*self._batch_shape, -1).sum(-1)
-        return result
+        return lg.detach(), [p.detach() for p in leaves], grads
 
 
 class Cauchy(LocScale):

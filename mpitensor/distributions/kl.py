@@ -18,7 +18,12 @@ from mpitensor.tensor import Tensor, digamma, full, lgamma, where
 from ._common import softplus
 from .bernoulli import Bernoulli
 from .categorical import Categorical, OneHotCategorical
-from .continuous_more import Cauchy, ContinuousBernoulli, LowRankMultivariateNormal
+from .continuous_more import (
+    Cauchy,
+    ContinuousBernoulli,
+    ExponentialFamily,
+    LowRankMultivariateNormal,
+)
 from .discrete_more import Binomial, Geometric
 from .distribution import Distribution
 from .gamma import Beta, Dirichlet, Gamma
@@ -287,3 +292,26 @@ def _kl_infinite(p: Distribution, q: Distribution) -> Tensor:
 for _p in (Exponential, Gamma, Laplace, Normal):  # supports beyond [0, 1]
     register_kl(_p, ContinuousBernoulli)(_kl_infinite)
 register_kl(Poisson, Binomial)(_kl_infinite)  # unbounded counts against at most n
+
+
+@register_kl(ExponentialFamily, ExponentialFamily)
+def _kl_expfamily_expfamily(p: ExponentialFamily, q: ExponentialFamily) -> Tensor:
+    """The Bregman divergence of the log-normalizer ``F``:
+    ``F(theta_q) - F(theta_p) - <theta_q - theta_p, grad F(theta_p)>`` (a value only, as
+    :meth:`ExponentialFamily.entropy`).
+
+    Raises:
+        NotImplementedError: p and q of different families; gradients recorded and a
+            parameter that requires grad.
+    """
+    if type(p) is not type(q):
+        raise NotImplementedError(f"kl_divergence: {type(p).__name__} and {type(q).__name__} "
+                                  f"are different exponential families; the Bregman form "
+                                  f"needs one family")
+    q_params = q._natural_params
+    lg, p_params, grads = p._log_normalizer_and_grad("kl_divergence()", p._natural_params,
+                                                     q_params)
+    result = q._log_normalizer(*q_params) - lg
+    for pp, qp, g in zip(p_params, q_params, grads):
+        result = result - _sum_right((qp - pp) * g, len(q.event_shape))
+    return result
