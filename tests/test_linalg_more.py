@@ -644,35 +644,33 @@ def test_user_program_pca_lstsq_spectral_penalty():
 # ldl_factor, ldl_factor_ex, ldl_solve
 
 
-def _indefinite(n: int, dtype: type, seed: int) -> np.ndarray:
-    """A symmetric (complex symmetric, not Hermitian) indefinite matrix; every third one has
-    a small diagonal, so Bunch-Kaufman takes 2 x 2 pivots and interchanges."""
+def _indefinite(n: int, dtype: type, seed: int, herm: bool = False) -> np.ndarray:
+    """A symmetric (Hermitian where ``herm``) indefinite matrix; every third one has a small
+    diagonal, so Bunch-Kaufman takes 2 x 2 pivots and interchanges."""
     rng = _rng(seed)
     a = _normal(rng, (n, n), dtype)
     if seed % 3 == 0:
         np.fill_diagonal(a, 0.01 * rng.standard_normal(n))
-    return (a + a.T).astype(dtype)
+    return (a + (a.T.conj() if herm else a.T)).astype(dtype)
 
 
 @needs_torch
 @pytest.mark.parametrize("dtype", ALL)
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
-def test_ldl_factor_and_solve_as_torch(dtype, n):
+@pytest.mark.parametrize("herm", [False, True])
+def test_ldl_factor_and_solve_as_torch(dtype, n, herm):
     for seed in range(6):
-        a = _indefinite(n, dtype, seed)
+        a = _indefinite(n, dtype, seed, herm)
         t, m = both(a)
-        ldt, pt = torch.linalg.ldl_factor(t)
-        ldm, pm = mt.linalg.ldl_factor(m)
+        ldt, pt = torch.linalg.ldl_factor(t, hermitian=herm)
+        ldm, pm = mt.linalg.ldl_factor(m, hermitian=herm)
         assert pm.dtype == mt.int32 and arr(pm).tolist() == arr(pt).tolist()
         close(ldm, ldt, TOL[dtype], 10)
         b = weights((n, 2), dtype, seed)
-        close(mt.linalg.ldl_solve(ldm, pm, mt.tensor(b)),
-              torch.linalg.ldl_solve(ldt, pt, torch.tensor(b)), TOL[dtype], 10)
-    if np.dtype(dtype).kind == "f":   # a real symmetric matrix is Hermitian
-        a = _indefinite(n, dtype, 3)
-        got = mt.linalg.ldl_factor(mt.tensor(a), hermitian=True)
-        want = torch.linalg.ldl_factor(torch.tensor(a), hermitian=True)
-        close(got.LD, want.LD, TOL[dtype], 10)
+        got = mt.linalg.ldl_solve(ldm, pm, mt.tensor(b), hermitian=herm)
+        close(got, torch.linalg.ldl_solve(ldt, pt, torch.tensor(b), hermitian=herm),
+              TOL[dtype], 10)
+        close(m @ got, b, TOL[dtype], 10)
 
 
 @needs_torch
@@ -691,8 +689,6 @@ def test_ldl_batched_singular_and_errors():
     assert arr(info).tolist() == [0, 1]
     with pytest.raises(mt.linalg.LinAlgError, match="batch element 1"):
         mt.linalg.ldl_factor(mt.tensor(sing))
-    with pytest.raises(NotImplementedError, match="hermitian"):
-        mt.linalg.ldl_factor(mt.tensor(_indefinite(3, np.complex128, 1)), hermitian=True)
     with pytest.raises(ValueError, match="square"):
         mt.linalg.ldl_factor(mt.ones(2, 3, dtype=mt.float64))
     x = mt.tensor(a, requires_grad=True)

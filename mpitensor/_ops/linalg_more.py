@@ -361,25 +361,17 @@ def _no_ldl_grad(x: Any, state: Any, i: int, g: Any) -> Any:
                        "solve")
 
 
-def _ldl_kind(x: Any, hermitian: bool, what: str) -> None:
-    if hermitian and x.dtype.kind == "c":
-        raise NotImplementedError(f"{what}: hermitian=True for complex matrices (LAPACK's "
-                                  f"hetrf) is not implemented; real matrices and complex "
-                                  f"symmetric ones (hermitian=False) are")
-
-
 def ldl_factor_ex(A: Tensor, *, hermitian: bool = False, check_errors: bool = False) -> Any:  # noqa: N803
     """Return ``(LD, pivots, info)``: the compact LDL^T factorization of a symmetric matrix
-    (lower triangle read) with Bunch-Kaufman pivoting, as LAPACK's sytrf; ``info`` is 0 or
-    the 1-based index of a zero diagonal block (the matrix is singular).
+    (LDL^H of a Hermitian one where ``hermitian``; lower triangle read) with Bunch-Kaufman
+    pivoting, as LAPACK's sytrf (hetrf); ``info`` is 0 or the 1-based index of a zero
+    diagonal block (the matrix is singular).
 
     Raises:
-        NotImplementedError: ``hermitian=True`` with a complex matrix.
         LinAlgError: ``check_errors`` and some ``info`` is not 0.
     """
     x = _matrix(A, "linalg.ldl_factor_ex()", square=True)
-    _ldl_kind(x, hermitian, "linalg.ldl_factor_ex()")
-    ld, piv, info = _ldl.ldl_factor(x)
+    ld, piv, info = _ldl.ldl_factor(x, bool(hermitian))
     if check_errors:
         _raise_info(info, "linalg.ldl_factor_ex", "the diagonal block {} of D is zero: the "
                     "matrix is singular", x.ndim > 2)
@@ -398,14 +390,13 @@ def ldl_factor(A: Tensor, *, hermitian: bool = False) -> Any:  # noqa: N803
 
 def ldl_solve(LD: Tensor, pivots: Tensor, B: Tensor, *, hermitian: bool = False) -> Tensor:  # noqa: N803
     """Return ``X`` with ``A X = B`` for ``A`` given by :func:`ldl_factor`'s ``(LD,
-    pivots)``; batches broadcast."""
+    pivots)`` (``hermitian`` as given to it); batches broadcast."""
     x = _matrix(LD, "linalg.ldl_solve()", square=True)
     b = _matrix(B, "linalg.ldl_solve()")
-    _ldl_kind(x, hermitian, "linalg.ldl_solve()")
     if b.shape[-2] != x.shape[-1]:
         raise ValueError(f"linalg.ldl_solve(): B must have {x.shape[-1]} rows, got shape "
                          f"{list(b.shape)}")
-    out = _ldl.ldl_solve(x, pivots._data, b)
+    out = _ldl.ldl_solve(x, pivots._data, b, bool(hermitian))
     for t in (B, LD):
         if t._requires_grad and _grad_mode.enabled:
             return _parts(t, (out,), _no_ldl_grad, None, (0,))[0]
