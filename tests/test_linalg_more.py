@@ -185,6 +185,22 @@ def test_eig_complex_spectrum_finite_differences():
     fd_check(loss, a)
 
 
+@needs_torch
+@pytest.mark.parametrize("name", ["eigh", "eig"])
+def test_phase_dependent_loss_raises_as_torch(name):
+    a = hermitian((3, 3), np.complex128, seed=1)
+    w = weights((3, 3), np.complex128, 2)   # Re sum(w * V) moves with each column's phase
+    for lib, error in ((torch, RuntimeError), (mt, RuntimeError)):
+        x = lib.tensor(a, requires_grad=True)
+        v = getattr(lib.linalg, name)(x)[1]
+        with pytest.raises(error, match="phase|ill-defined"):
+            wsum(lib, w, v).backward()
+    # a real input to eig: its complex eigenvectors have arbitrary phases too
+    x = mt.tensor(nonnormal((3, 3), F64, seed=2), requires_grad=True)
+    with pytest.raises(RuntimeError, match="phase"):
+        wsum(mt, w, mt.linalg.eig(x)[1]).backward()
+
+
 # --------------------------------------------------------------------------------------------
 # svd / svdvals
 

@@ -48,6 +48,20 @@ def _inner(m: Any, w: Any, vhgv: Any, gl: Any) -> Any:
     return off + _diag_embed(m, gl.astype(off.dtype, copy=False), off)
 
 
+def _check_phase(m: Any, x: Any, what: str) -> None:
+    """Raise where the loss depends on the eigenvectors' phases: ``Im diag(V^H gV)`` is the
+    derivative of the loss along ``V -> V e^{i phi}``, which must vanish (torch's bound,
+    1e-2, absolute and relative)."""
+    if x.dtype.kind != "c":
+        return
+    im = m.diagonal(x, 0, -2, -1).imag
+    if bool((m.abs(im) > 1e-2).any()):
+        raise RuntimeError(f"{what}: the loss depends on the phases of the eigenvectors, "
+                           f"which are arbitrary (each column can be multiplied by any "
+                           f"e^(i phi)), so its gradient is not defined; build the loss from "
+                           f"phase-independent quantities such as |V|^2 or V V^H")
+
+
 def eigh_vjp(a: Any, state: Any, i: int, g: Any) -> Any:
     """The gradient of ``(L, V) = eigh(A)`` for output ``i``'s gradient ``g``:
     V (diag(gL) + F * skew(V^H gV)) V^H (F real, as L is)."""
@@ -56,6 +70,7 @@ def eigh_vjp(a: Any, state: Any, i: int, g: Any) -> Any:
     if i == 0:
         return (v * g.astype(v.dtype, copy=False)[..., None, :]) @ mH(v)
     x = mH(v) @ g
+    _check_phase(m, x, "linalg.eigh backward")
     x = 0.5 * (x - mH(x))
     return v @ _inner(m, w, x, None) @ mH(v)
 
@@ -87,6 +102,7 @@ def eig_vjp(a: Any, state: Any, i: int, g: Any) -> Any:
         inner = _diag_embed(m, g.astype(v.dtype, copy=False), v)
     else:
         x = vh @ g
+        _check_phase(m, x, "linalg.eig backward")
         x = x - vh @ (v * m.diagonal(x, 0, -2, -1).real[..., None, :])
         inner = _inner(m, w, x, None)
     return m.linalg.solve(vh, inner @ vh)
