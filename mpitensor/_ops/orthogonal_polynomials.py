@@ -9,7 +9,10 @@ from each family's three-term recurrence in float64 (one pass up to the largest 
 whole array), except Chebyshev's four kinds inside ``(-1, 1)`` for ``n > 6``, which use their
 trigonometric forms ``T_n(cos t) = cos(n t)``, ``U_n = sin((n+1) t) / sin t``,
 ``V_n = cos((n+1/2) t) / cos(t/2)``, ``W_n = sin((n+1/2) t) / sin(t/2)`` (accurate where the
-recurrence's rounding errors would add up over many steps). Array-level only.
+recurrence's rounding errors would add up over many steps), and at x = +-1 their closed
+forms. The recurrence costs one array step per degree, up to the largest ``n`` that needs it
+(once every such element has overflowed to inf or NaN the rest is known without stepping).
+Array-level only.
 
 Example:
     >>> import numpy as np
@@ -30,6 +33,7 @@ __all__: list = []  # private module
 
 _F64 = np.dtype(np.float64)
 _TRIG_FROM = 6  # Chebyshev inside (-1, 1): the trigonometric form for n above this
+_CHECK_EVERY = 256  # steps between looks for an array that has overflowed everywhere
 
 # kind: (p_1(x), the step p_{k+1} from (k, x, p_k, p_{k-1}))
 _FAMILIES = {
@@ -60,6 +64,17 @@ def _chebyshev_trig(family: str, x: Any, n: Any) -> Any:
     return m.sin((n + 0.5) * t) / m.sin(0.5 * t)
 
 
+def _chebyshev_ends(family: str, x: Any, n: Any) -> Any:
+    """The four kinds at x = 1 and x = -1 (the limits of their trigonometric forms):
+    ``T: 1, (-1)^n``; ``U: n+1, (-1)^n (n+1)``; ``V: 1, (-1)^n (2n+1)``;
+    ``W: 2n+1, (-1)^n``."""
+    m = xp(x)
+    at_one = {"t": 1.0, "u": n + 1.0, "v": 1.0, "w": 2.0 * n + 1}[family]
+    at_minus_one = {"t": 1.0, "u": n + 1.0, "v": 2.0 * n + 1, "w": 1.0}[family]
+    sign = m.where(n % 2 == 0, 1.0, -1.0)
+    return m.where(x > 0, at_one, sign * at_minus_one)
+
+
 def _recurrence(family: str, x: Any, order: Any) -> Any:
     m = xp(x)
     first, step = _FAMILIES[family]
@@ -72,7 +87,35 @@ def _recurrence(family: str, x: Any, order: Any) -> Any:
     for k in range(1, top):
         q, p = p, step(k, x, p, q)
         out = m.where(order == k + 1, p, out)
+        if (k + 1) % _CHECK_EVERY == 0 and top - k > _CHECK_EVERY:
+            tail = _overflowed_tail(family, x, order, k + 1, p, q)
+            if tail is not None:
+                return m.where(order > k + 1, tail, out)
     return out
+
+
+def _overflowed_tail(family: str, x: Any, order: Any, k: int, p: Any, q: Any) -> Any:
+    """The values of every degree above ``k`` when all the elements that still need them have
+    overflowed (``p_k``, ``p_k-1`` infinite or NaN): from there the recurrence only moves
+    between NaN, inf and -inf, with period 1 or 2 once its coefficients keep their signs;
+    None while that is not so (a degree of 10^9 would otherwise take 10^9 array steps)."""
+    m = xp(x)
+    left = order > k
+    if bool((m.isfinite(p) | m.isfinite(q))[left].any()):
+        return None
+    if family == "laguerre_l" and 2 * k + 1 <= float(m.abs(m.where(left, x, 0)).max()):
+        return None   # (2k + 1 - x) has yet to change sign
+    step = _FAMILIES[family][1]
+    p1 = step(k, x, p, q)
+    p2 = step(k + 1, x, p1, p)
+    p3 = step(k + 2, x, p2, p1)
+
+    def same(a: Any, b: Any) -> bool:
+        return bool(((a == b) | (m.isnan(a) & m.isnan(b)))[left].all())
+
+    if not (same(p2, p) and same(p3, p1)):
+        return None
+    return m.where((order - k) % 2 == 0, p, p1)
 
 
 def polynomial(kind: str, x: Any, n: Any) -> Any:
@@ -100,7 +143,10 @@ def polynomial(kind: str, x: Any, n: Any) -> Any:
         if family not in ("t", "u", "v", "w"):
             return _recurrence(family, xw, order).astype(dt, copy=False)
         inside = (m.abs(xw) < 1) & (order > _TRIG_FROM)
-        out = _recurrence(family, xw, m.where(inside, 0, order))
+        ends = (m.abs(xw) == 1) & (order > _TRIG_FROM)
+        out = _recurrence(family, xw, m.where(inside | ends, 0, order))
         if bool(inside.any()):
             out = m.where(inside, _chebyshev_trig(family, xw, order.astype(_F64)), out)
+        if bool(ends.any()):
+            out = m.where(ends, _chebyshev_ends(family, xw, order), out)
     return out.astype(dt, copy=False)
