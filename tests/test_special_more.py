@@ -405,3 +405,27 @@ def test_polynomial_huge_degree(name: str) -> None:
         assert np.array_equal(np.isnan(ours), np.isnan(theirs))
         # inside the interval the phase n acos(x) carries ~n eps of rounding: 1e-6
         np.testing.assert_allclose(ours[:3], theirs[:3], rtol=1e-6)
+
+
+def test_cupy_arrays() -> None:
+    """On a GPU the kernels run on CuPy arrays (the array module taken from the input) and
+    give the CPU's values."""
+    if not mt.cuda.is_available():
+        pytest.skip("no CUDA device (CuPy and a GPU are needed)")
+    x = np.concatenate([GRID, EDGES])
+    for name in UNARY:
+        on_gpu = getattr(S, name)(mt.tensor(x, dtype=mt.float64, device="cuda"))
+        assert on_gpu.device.type == "cuda"
+        ours, on_cpu = on_gpu.cpu().numpy(), _values(name, x)
+        # CUDA's sin/cos/exp/log may round other ways than the CPU's by an ulp or few
+        tol = 1e-12 * np.abs(on_cpu) + _absolute(UNARY[name][1], x)
+        assert np.array_equal(np.isnan(ours), np.isnan(on_cpu))
+        assert np.all(_error(ours, on_cpu)[~np.isnan(on_cpu)] <= tol[~np.isnan(on_cpu)])
+    xs = np.linspace(-1.5, 1.5, 31)
+    n = mt.tensor([[0.0], [3.0], [30.0], [100.0]], device="cuda")
+    for name in POLYNOMIALS:
+        on_gpu = getattr(S, name)(mt.tensor(xs, dtype=mt.float64, device="cuda"), n)
+        assert on_gpu.device.type == "cuda"
+        on_cpu = getattr(S, name)(mt.tensor(xs, dtype=mt.float64), n.cpu()).numpy()
+        scale = np.abs(on_cpu).max(axis=1, keepdims=True)   # near a zero: absolute
+        assert np.all(np.abs(on_gpu.cpu().numpy() - on_cpu) <= 1e-12 * (np.abs(on_cpu) + scale))
