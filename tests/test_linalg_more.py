@@ -713,3 +713,65 @@ def test_ldl_batched_singular_and_errors():
     y = mt.tensor(b, requires_grad=True)
     with pytest.raises(RuntimeError, match="not implemented"):
         mt.linalg.ldl_solve(ldm, pm, y).sum().backward()
+
+
+# --------------------------------------------------------------------------------------------
+# Keyword forms, and the complex gradients of inv/solve/det/slogdet these build on
+
+
+@needs_torch
+def test_keyword_forms_as_torch():
+    a, s = conditioned((4, 4), F64, seed=30), spd((4, 4), F64, seed=31)
+    b = weights((4, 2), F64, 1)
+    calls = [
+        ("cholesky", {"input": s, "upper": True}), ("cholesky_ex", {"input": s, "upper": False}),
+        ("inv_ex", {"A": a}), ("solve_ex", {"A": a, "B": b, "left": True}),
+        ("solve_triangular", {"input": a, "B": b, "upper": False, "unitriangular": True}),
+        ("qr", {"A": a, "mode": "complete"}), ("svd", {"A": a, "full_matrices": False}),
+        ("svdvals", {"A": a}), ("eigh", {"input": s, "UPLO": "U"}),
+        ("eigvalsh", {"input": s, "UPLO": "L"}), ("lu_factor", {"A": a, "pivot": True}),
+        ("lu_factor_ex", {"A": a}), ("lu", {"A": a}), ("matrix_exp", {"input": a * 0.3}),
+        ("eig", {"input": a}), ("eigvals", {"input": a}),
+        ("tensorsolve", {"input": a, "other": b[:, 0], "dims": None}),
+        ("lstsq", {"input": a, "b": b, "rcond": None, "driver": "gelsd"}),
+        ("pinv", {"input": a, "atol": 0.0, "rtol": 0.1, "hermitian": False}),
+        ("matrix_rank", {"input": a, "atol": 1.5}), ("cond", {"input": a, "p": "fro"}),
+        ("tensorinv", {"input": a, "ind": 1}), ("vander", {"x": b[:, 0], "N": 3}),
+        ("ldl_factor", {"input": s, "hermitian": True}), ("ldl_factor_ex", {"input": s}),
+    ]
+    for name, kw in calls:
+        got = getattr(mt.linalg, name)(**{k: mt.tensor(v) if isinstance(v, np.ndarray) else v
+                                         for k, v in kw.items()})
+        want = getattr(torch.linalg, name)(**{k: torch.tensor(v) if isinstance(v, np.ndarray)
+                                              else v for k, v in kw.items()})
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        assert type(got).__name__ == type(want).__name__ or len(got) == 1, name
+        for g, w in zip(got, want):
+            close(g, w, 1e-10, 10)
+    lu_, piv = torch.linalg.lu_factor(torch.tensor(a))
+    close(mt.linalg.lu_solve(LU=mt.tensor(lu_.numpy()), pivots=mt.tensor(piv.numpy()),
+                             B=mt.tensor(b), left=True, adjoint=True),
+          torch.linalg.lu_solve(LU=lu_, pivots=piv, B=torch.tensor(b), adjoint=True), 1e-10)
+    h = torch.geqrf(torch.tensor(a))
+    close(mt.linalg.householder_product(input=mt.tensor(h.a.numpy()),
+                                        tau=mt.tensor(h.tau.numpy())),
+          torch.linalg.householder_product(input=h.a, tau=h.tau), 1e-10)
+    close(mt.linalg.ldl_solve(LD=mt.tensor(s), pivots=mt.tensor(np.arange(1, 5, dtype=np.int32)),
+                              B=mt.tensor(b), hermitian=False),
+          torch.linalg.ldl_solve(LD=torch.tensor(s), pivots=torch.arange(1, 5, dtype=torch.int32),
+                                 B=torch.tensor(b), hermitian=False), 1e-10)
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_complex_gradients_of_inv_solve_det_slogdet(dtype):
+    a = conditioned((2, 3, 3), dtype, seed=32)
+    b = weights((2, 3, 2), dtype, 1)
+    w = weights((2, 3, 3), np.complex128, 2)
+    against_torch(lambda lib, x: wsum(lib, w, lib.linalg.inv(x)), [a], dtype)
+    against_torch(lambda lib, x, y: wsum(lib, w[..., :2], lib.linalg.solve(x, y)), [a, b],
+                  dtype)
+    against_torch(lambda lib, x: wsum(lib, w[:, 0, :1], lib.linalg.det(x)[:, None]), [a],
+                  dtype)
+    against_torch(lambda lib, x: lib.linalg.slogdet(x)[1].sum(), [a], dtype)

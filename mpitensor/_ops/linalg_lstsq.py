@@ -76,7 +76,7 @@ def _singular_values(A: Tensor, hermitian: bool) -> Tensor:  # noqa: N803
     return svdvals(A)
 
 
-def pinv(A: Tensor, rcond: Any = None, hermitian: bool = False, *, atol: Any = None,  # noqa: N803
+def pinv(input: Tensor, rcond: Any = None, hermitian: bool = False, *, atol: Any = None,  # noqa: A002, N803
          rtol: Any = None) -> Tensor:
     """Return the Moore-Penrose pseudo-inverse: singular values at most
     ``max(atol, rtol * largest)`` are taken as zero (``rtol`` defaults to
@@ -88,7 +88,7 @@ def pinv(A: Tensor, rcond: Any = None, hermitian: bool = False, *, atol: Any = N
     Raises:
         TypeError: ``rcond`` given with ``atol`` or ``rtol``.
     """
-    x = _matrix(A, "linalg.pinv()")
+    x = _matrix(input, "linalg.pinv()")
     if rcond is not None:
         if atol is not None or rtol is not None:
             raise TypeError("linalg.pinv(): give rcond (the older form) or atol/rtol, not "
@@ -97,12 +97,12 @@ def pinv(A: Tensor, rcond: Any = None, hermitian: bool = False, *, atol: Any = N
     m = xp(x)
     op = _PinvHermitian if hermitian else Pinv
     if x.shape[-1] == 0 or x.shape[-2] == 0:
-        return run(Pinv, A, 0.0)
+        return run(Pinv, input, 0.0)
     s = m.linalg.svd(_hermitian_of_lower(x) if hermitian else x, compute_uv=False)
     smax = s[..., :1]
     thr = _threshold(x, smax, _unsqueeze(atol), _unsqueeze(rtol))
     rcond = m.where(smax > 0, thr / m.where(smax > 0, smax, 1), 0).astype(s.dtype)
-    return run(op, A, rcond)
+    return run(op, input, rcond)
 
 
 def _unsqueeze(v: Any) -> Any:
@@ -110,15 +110,15 @@ def _unsqueeze(v: Any) -> Any:
     return v.unsqueeze(-1) if isinstance(v, Tensor) and v.dim() else v
 
 
-def matrix_rank(A: Tensor, tol: Any = None, hermitian: bool = False, *,  # noqa: N803
+def matrix_rank(input: Tensor, tol: Any = None, hermitian: bool = False, *,  # noqa: A002, N803
                 atol: Any = None, rtol: Any = None) -> Tensor:
     """Return the number of singular values above ``max(atol, rtol * largest)`` (int64);
     ``tol`` (torch's older form) is ``atol`` with ``rtol = 0``; ``hermitian`` reads the
     lower triangle and uses the eigenvalues' magnitudes."""
-    x = _matrix(A, "linalg.matrix_rank()")
+    x = _matrix(input, "linalg.matrix_rank()")
     if tol is not None:
         atol, rtol = tol, 0.0
-    s = _singular_values(A.detach(), hermitian)._data
+    s = _singular_values(input.detach(), hermitian)._data
     m = xp(x)
     if s.shape[-1] == 0:
         return wrap(m.zeros(x.shape[:-2], dtype=m.int64))
@@ -126,7 +126,7 @@ def matrix_rank(A: Tensor, tol: Any = None, hermitian: bool = False, *,  # noqa:
     return wrap((s > thr[..., None]).sum(axis=-1).astype(m.int64))
 
 
-def cond(A: Tensor, p: Any = None) -> Tensor:  # noqa: N803
+def cond(input: Tensor, p: Any = None) -> Tensor:  # noqa: A002, N803
     """Return the condition number in the norm ``p``: None or 2 (largest over smallest
     singular value), -2 (the reverse), or 'fro', 'nuc', inf, -inf, 1, -1 (``||A|| ||A^-1||``,
     square matrices only; a singular one gives inf).
@@ -134,9 +134,9 @@ def cond(A: Tensor, p: Any = None) -> Tensor:  # noqa: N803
     Raises:
         ValueError: an unknown ``p``, or a non-square matrix for a ``p`` that needs one.
     """
-    x = _matrix(A, "linalg.cond()")
+    x = _matrix(input, "linalg.cond()")
     if p is None or p in (2, -2):
-        s = svdvals(A)
+        s = svdvals(input)
         if s.shape[-1] == 0:
             return s.sum(-1)
         top, bottom = s[..., 0], s[..., -1]
@@ -145,14 +145,14 @@ def cond(A: Tensor, p: Any = None) -> Tensor:  # noqa: N803
         raise ValueError(f"linalg.cond(): p must be None, 2, -2, 'fro', 'nuc', inf, -inf, 1 "
                          f"or -1, got {p!r}")
     # the singular matrices are replaced by the identity, and their results by inf
-    safe, bad, _ = _singular_safe(A, "linalg.cond()")
-    out = matrix_norm(A, p) * matrix_norm(safe.inverse(), p)
+    safe, bad, _ = _singular_safe(input, "linalg.cond()")
+    out = matrix_norm(input, p) * matrix_norm(safe.inverse(), p)
     if bool(bad.any()):
         out = out.where(wrap(~bad), wrap(xp(x).asarray(np.inf, dtype=out._data.dtype)))
     return out
 
 
-def lstsq(A: Tensor, B: Tensor, rcond: Optional[float] = None, *,  # noqa: N803
+def lstsq(input: Tensor, b: Tensor, rcond: Optional[float] = None, *,  # noqa: A002, N803
           driver: Optional[str] = None) -> Any:
     """Return ``(solution, residuals, rank, singular_values)`` of ``min ||A X - B||``: the
     minimum-norm solution, singular values at most ``rcond`` times the largest taken as zero
@@ -169,25 +169,25 @@ def lstsq(A: Tensor, B: Tensor, rcond: Optional[float] = None, *,  # noqa: N803
     if driver not in _DRIVERS:
         raise ValueError(f"linalg.lstsq(): driver must be one of {', '.join(_DRIVERS)} on "
                          f"the CPU, got {driver!r}")
-    x = _matrix(A, "linalg.lstsq()")
-    vector = B.dim() == A.dim() - 1
-    b = B.unsqueeze(-1) if vector else B
+    x = _matrix(input, "linalg.lstsq()")
+    vector = b.dim() == input.dim() - 1
+    b = b.unsqueeze(-1) if vector else b
     rows, cols = x.shape[-2:]
     if b.dim() < 2 or b.shape[-2] != rows:
-        raise ValueError(f"linalg.lstsq(): B must have {rows} rows (as A), got shape "
-                         f"{list(B.shape)}")
+        raise ValueError(f"linalg.lstsq(): b must have {rows} rows (as input), got shape "
+                         f"{list(b.shape)}")
     m = xp(x)
     rc = _eps(x) * max(rows, cols) if rcond is None or rcond < 0 else float(rcond)
     s = m.linalg.svd(x, compute_uv=False)
     if driver == "gels":
         rc = 0.0
-    sol = run(Pinv, A, rc) @ b
+    sol = run(Pinv, input, rc) @ b
     rank = (s > rc * s[..., :1]).sum(axis=-1) if s.shape[-1] else m.zeros(x.shape[:-2])
     real = s.dtype
     empty = wrap(m.empty((0,), dtype=real))
     res = empty
     if driver != "gelsy" and rows > cols and (driver == "gels" or bool((rank == cols).all())):
-        res = ((A @ sol - b).abs() ** 2).sum(-2)
+        res = ((input @ sol - b).abs() ** 2).sum(-2)
         res = res.squeeze(-1) if vector else res
     rank_t = wrap(m.empty((0,), dtype=m.int64)) if driver == "gels" else wrap(
         m.asarray(rank).astype(m.int64))
@@ -195,7 +195,7 @@ def lstsq(A: Tensor, B: Tensor, rcond: Optional[float] = None, *,  # noqa: N803
     return _Lstsq(sol.squeeze(-1) if vector else sol, res, rank_t, sv)
 
 
-def tensorinv(A: Tensor, ind: int = 2) -> Tensor:  # noqa: N803
+def tensorinv(input: Tensor, ind: int = 2) -> Tensor:  # noqa: A002, N803
     """Return the tensor ``X`` with ``tensordot(X, A, ind)`` the identity: the inverse of
     ``A`` seen as a matrix of ``prod(shape[:ind])`` rows, reshaped to
     ``shape[ind:] + shape[:ind]``.
@@ -205,15 +205,15 @@ def tensorinv(A: Tensor, ind: int = 2) -> Tensor:  # noqa: N803
     """
     if ind <= 0:
         raise ValueError(f"linalg.tensorinv(): ind must be a positive integer, got {ind}")
-    head, tail = tuple(A.shape[:ind]), tuple(A.shape[ind:])
+    head, tail = tuple(input.shape[:ind]), tuple(input.shape[ind:])
     rows, cols = math.prod(head), math.prod(tail)
     if rows != cols:
         raise ValueError(f"linalg.tensorinv(): the product of the first {ind} dimensions "
                          f"({rows}) must equal that of the rest ({cols})")
-    return A.reshape(rows, cols).inverse().reshape(tail + head)
+    return input.reshape(rows, cols).inverse().reshape(tail + head)
 
 
-def tensorsolve(A: Tensor, B: Tensor, dims: Any = None) -> Tensor:  # noqa: N803
+def tensorsolve(input: Tensor, other: Tensor, dims: Any = None) -> Tensor:  # noqa: A002, N803
     """Return ``X`` with ``tensordot(A, X, X.ndim) = B``; ``dims`` are dimensions of ``A``
     moved to its end first.
 
@@ -222,19 +222,19 @@ def tensorsolve(A: Tensor, B: Tensor, dims: Any = None) -> Tensor:  # noqa: N803
             make a square system.
     """
     if dims is not None:
-        dims = [d % A.dim() for d in dims]
-        keep = [d for d in range(A.dim()) if d not in dims]
-        A = A.permute(*keep, *dims)  # noqa: N806
-    bshape = tuple(B.shape)
-    if tuple(A.shape[:B.dim()]) != bshape:
-        raise ValueError(f"linalg.tensorsolve(): A's leading dimensions {list(A.shape)} must "
-                         f"be B's shape {list(bshape)}")
-    xshape = tuple(A.shape[B.dim():])
+        dims = [d % input.dim() for d in dims]
+        keep = [d for d in range(input.dim()) if d not in dims]
+        input = input.permute(*keep, *dims)  # noqa: A001
+    bshape = tuple(other.shape)
+    if tuple(input.shape[:other.dim()]) != bshape:
+        raise ValueError(f"linalg.tensorsolve(): input's leading dimensions "
+                         f"{list(input.shape)} must be other's shape {list(bshape)}")
+    xshape = tuple(input.shape[other.dim():])
     n = math.prod(bshape)
     if math.prod(xshape) != n:
-        raise ValueError(f"linalg.tensorsolve(): A's trailing dimensions {list(xshape)} must "
-                         f"hold as many elements as B ({n})")
-    return solve(A.reshape(n, n), B.reshape(n)).reshape(xshape)
+        raise ValueError(f"linalg.tensorsolve(): input's trailing dimensions {list(xshape)} "
+                         f"must hold as many elements as other ({n})")
+    return solve(input.reshape(n, n), other.reshape(n)).reshape(xshape)
 
 
 def vander(x: Tensor, *, N: Optional[int] = None) -> Tensor:  # noqa: N803

@@ -86,7 +86,7 @@ def _cholesky_infos(x: Any) -> tuple:
     return low.reshape(x.shape), m.asarray(info.reshape(batch))
 
 
-def cholesky_ex(A: Tensor, *, upper: bool = False, check_errors: bool = False) -> Any:  # noqa: N803
+def cholesky_ex(input: Tensor, *, upper: bool = False, check_errors: bool = False) -> Any:  # noqa: A002, N803
     """Return ``(L, info)``: the Cholesky factor (``U = L^H`` where ``upper``) and per matrix
     an int32 ``info``, 0 or the order of the first leading minor that is not
     positive-definite (that matrix's factor is then only its leading block's).
@@ -94,7 +94,7 @@ def cholesky_ex(A: Tensor, *, upper: bool = False, check_errors: bool = False) -
     Raises:
         LinAlgError: ``check_errors`` and some ``info`` is not 0.
     """
-    x = _matrix(A, "linalg.cholesky_ex()", square=True)
+    x = _matrix(input, "linalg.cholesky_ex()", square=True)
     m = xp(x)
     try:
         low = _f.cholesky(x)
@@ -105,18 +105,18 @@ def cholesky_ex(A: Tensor, *, upper: bool = False, check_errors: bool = False) -
         _raise_info(info, "linalg.cholesky_ex", "the input is not positive-definite (the "
                     "leading minor of order {} is not)", x.ndim > 2)
     out = m.ascontiguousarray(_f.mH(low)) if upper else low
-    return _CholeskyEx(_parts(A, (out,), _f.cholesky_vjp, (low, bool(upper)), (0,))[0],
+    return _CholeskyEx(_parts(input, (out,), _f.cholesky_vjp, (low, bool(upper)), (0,))[0],
                        wrap(info))
 
 
-def cholesky(A: Tensor, *, upper: bool = False) -> Tensor:  # noqa: N803
+def cholesky(input: Tensor, *, upper: bool = False) -> Tensor:  # noqa: A002, N803
     """Return the Cholesky factor ``L`` of a Hermitian positive-definite matrix (``L^H``
     where ``upper``); only the lower triangle is read.
 
     Raises:
         LinAlgError: a matrix is not positive-definite (naming the batch element).
     """
-    return _leg.cholesky(A, bool(upper))
+    return _leg.cholesky(input, bool(upper))
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,15 +175,15 @@ def solve_ex(A: Tensor, B: Tensor, *, left: bool = True, check_errors: bool = Fa
     return _SolveEx(_nan_where(out, bad, 1 if vector else 2), wrap(info))
 
 
-def solve_triangular(A: Tensor, B: Tensor, *, upper: bool, left: bool = True,  # noqa: N803
+def solve_triangular(input: Tensor, B: Tensor, *, upper: bool, left: bool = True,  # noqa: A002, N803
                      unitriangular: bool = False) -> Tensor:
     """Return ``X`` with ``A X = B`` (``X A = B`` where not ``left``) for the upper (or
     lower) triangle of ``A``, its diagonal taken as ones where ``unitriangular``; batch
     dimensions broadcast."""
     if left:
-        return _leg.triangular_solve(B, A, bool(upper), False, bool(unitriangular))[0]
-    # X A = B  <=>  A^T X^T = B^T
-    xt = _leg.triangular_solve(B.mT, A, bool(upper), True, bool(unitriangular))[0]
+        return _leg.triangular_solve(B, input, bool(upper), False, bool(unitriangular))[0]
+    # X input = B  <=>  input^T X^T = B^T
+    xt = _leg.triangular_solve(B.mT, input, bool(upper), True, bool(unitriangular))[0]
     return xt.mT
 
 
@@ -249,36 +249,36 @@ def _uplo(uplo: Any, what: str) -> str:
     return uplo.upper()
 
 
-def eigh(A: Tensor, UPLO: str = "L") -> Any:  # noqa: N803
+def eigh(input: Tensor, UPLO: str = "L") -> Any:  # noqa: A002, N803
     """Return ``(eigenvalues, eigenvectors)`` of a Hermitian matrix (only its ``UPLO``
     triangle read): real eigenvalues in ascending order, orthonormal eigenvectors as
     columns."""
     uplo = _uplo(UPLO, "linalg.eigh()")
-    x = _matrix(A, "linalg.eigh()", square=True)
+    x = _matrix(input, "linalg.eigh()", square=True)
     w, v = _e.eigh(x, uplo)
-    return _Eigh(*_parts(A, (w, v), _e.eigh_vjp, (w, v), (0, 1)))
+    return _Eigh(*_parts(input, (w, v), _e.eigh_vjp, (w, v), (0, 1)))
 
 
-def eigvalsh(A: Tensor, UPLO: str = "L") -> Tensor:  # noqa: N803
+def eigvalsh(input: Tensor, UPLO: str = "L") -> Tensor:  # noqa: A002, N803
     """Return the real eigenvalues of a Hermitian matrix, ascending."""
-    return eigh(A, UPLO)[0]
+    return eigh(input, UPLO)[0]
 
 
-def eig(A: Tensor) -> Any:  # noqa: N803
+def eig(input: Tensor) -> Any:  # noqa: A002, N803
     """Return ``(eigenvalues, eigenvectors)`` of a square matrix, complex always (columns of
     unit norm). The gradient needs a loss invariant to each eigenvector's phase.
 
     Raises:
         NotImplementedError: a CuPy tensor (CuPy has no general eigen-solver).
     """
-    x = _matrix(A, "linalg.eig()", square=True)
+    x = _matrix(input, "linalg.eig()", square=True)
     w, v = _e.eig(x)
-    return _Eig(*_parts(A, (w, v), _e.eig_vjp, (w, v), (0, 1)))
+    return _Eig(*_parts(input, (w, v), _e.eig_vjp, (w, v), (0, 1)))
 
 
-def eigvals(A: Tensor) -> Tensor:  # noqa: N803
+def eigvals(input: Tensor) -> Tensor:  # noqa: A002, N803
     """Return the (complex) eigenvalues of a square matrix."""
-    return eig(A)[0]
+    return eig(input)[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -337,15 +337,15 @@ def lu_solve(LU: Tensor, pivots: Tensor, B: Tensor, *, left: bool = True,  # noq
     return perm @ y
 
 
-def householder_product(A: Tensor, tau: Tensor) -> Tensor:  # noqa: N803
+def householder_product(input: Tensor, tau: Tensor) -> Tensor:  # noqa: A002, N803
     """Return the first ``n`` columns of ``H_1 ... H_k``, ``H_i = I - tau_i v_i v_i^H`` with
     the Householder vectors ``v_i`` below the diagonal of ``A`` (:func:`mpitensor.orgqr`)."""
-    return _leg.orgqr(A, tau)
+    return _leg.orgqr(input, tau)
 
 
-def matrix_exp(A: Tensor) -> Tensor:  # noqa: N803
+def matrix_exp(input: Tensor) -> Tensor:  # noqa: A002, N803
     """Return the matrix exponential of each square matrix."""
-    return _leg.matrix_exp(A)
+    return _leg.matrix_exp(input)
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,7 +361,7 @@ def _no_ldl_grad(x: Any, state: Any, i: int, g: Any) -> Any:
                        "solve")
 
 
-def ldl_factor_ex(A: Tensor, *, hermitian: bool = False, check_errors: bool = False) -> Any:  # noqa: N803
+def ldl_factor_ex(input: Tensor, *, hermitian: bool = False, check_errors: bool = False) -> Any:  # noqa: A002, N803
     """Return ``(LD, pivots, info)``: the compact LDL^T factorization of a symmetric matrix
     (LDL^H of a Hermitian one where ``hermitian``; lower triangle read) with Bunch-Kaufman
     pivoting, as LAPACK's sytrf (hetrf); ``info`` is 0 or the 1-based index of a zero
@@ -370,21 +370,21 @@ def ldl_factor_ex(A: Tensor, *, hermitian: bool = False, check_errors: bool = Fa
     Raises:
         LinAlgError: ``check_errors`` and some ``info`` is not 0.
     """
-    x = _matrix(A, "linalg.ldl_factor_ex()", square=True)
+    x = _matrix(input, "linalg.ldl_factor_ex()", square=True)
     ld, piv, info = _ldl.ldl_factor(x, bool(hermitian))
     if check_errors:
         _raise_info(info, "linalg.ldl_factor_ex", "the diagonal block {} of D is zero: the "
                     "matrix is singular", x.ndim > 2)
-    return _LdlFactorEx(_parts(A, (ld,), _no_ldl_grad, None, (0,))[0], wrap(piv), wrap(info))
+    return _LdlFactorEx(_parts(input, (ld,), _no_ldl_grad, None, (0,))[0], wrap(piv), wrap(info))
 
 
-def ldl_factor(A: Tensor, *, hermitian: bool = False) -> Any:  # noqa: N803
+def ldl_factor(input: Tensor, *, hermitian: bool = False) -> Any:  # noqa: A002, N803
     """Return ``(LD, pivots)`` of :func:`ldl_factor_ex`.
 
     Raises:
         LinAlgError: a matrix is singular.
     """
-    ld, piv, _ = ldl_factor_ex(A, hermitian=hermitian, check_errors=True)
+    ld, piv, _ = ldl_factor_ex(input, hermitian=hermitian, check_errors=True)
     return _LdlFactor(ld, piv)
 
 
