@@ -775,3 +775,18 @@ def test_complex_gradients_of_inv_solve_det_slogdet(dtype):
     against_torch(lambda lib, x: wsum(lib, w[:, 0, :1], lib.linalg.det(x)[:, None]), [a],
                   dtype)
     against_torch(lambda lib, x: lib.linalg.slogdet(x)[1].sum(), [a], dtype)
+
+
+@needs_torch
+def test_tolerances_given_as_tensors_per_batch_element():
+    a = conditioned((3, 4, 4), F64, seed=1)
+    at, rt = np.array([0.5, 1.5, 2.5]), np.array([0.1, 0.6, 0.9])
+    for lib_kw in ({"atol": at}, {"rtol": rt}, {"atol": at, "rtol": rt}):
+        kt = {k: torch.tensor(v) for k, v in lib_kw.items()}
+        km = {k: mt.tensor(v) for k, v in lib_kw.items()}
+        assert arr(mt.linalg.matrix_rank(mt.tensor(a), **km)).tolist() == arr(
+            torch.linalg.matrix_rank(torch.tensor(a), **kt)).tolist()
+        close(mt.linalg.pinv(mt.tensor(a), **km), torch.linalg.pinv(torch.tensor(a), **kt),
+              1e-10)
+    close(mt.linalg.pinv(mt.tensor(a), mt.tensor(rt)),
+          torch.linalg.pinv(torch.tensor(a), torch.tensor(rt)), 1e-10)
