@@ -790,3 +790,19 @@ def test_tolerances_given_as_tensors_per_batch_element():
               1e-10)
     close(mt.linalg.pinv(mt.tensor(a), mt.tensor(rt)),
           torch.linalg.pinv(torch.tensor(a), torch.tensor(rt)), 1e-10)
+
+
+def test_batches_that_do_not_broadcast():
+    a, b = mt.tensor(conditioned((2, 3, 3), F64)), mt.ones(3, 3, 1, dtype=mt.float64)
+    lu_, piv = mt.linalg.lu_factor(a)
+    ld, lpiv = mt.linalg.ldl_factor(mt.tensor(spd((2, 3, 3), F64)))
+    for fn in (lambda: mt.linalg.solve_ex(a, b), lambda: mt.linalg.lstsq(a, b),
+               lambda: mt.linalg.solve_triangular(a, b, upper=True),
+               lambda: mt.linalg.lu_solve(lu_, piv, b), lambda: mt.linalg.ldl_solve(ld, lpiv, b)):
+        with pytest.raises(ValueError, match="batch dimensions"):
+            fn()
+    # one matrix against a batch of right-hand sides, and a batch of vectors, still work
+    x = mt.linalg.solve_triangular(a[0], b, upper=True)
+    assert tuple(x.shape) == (3, 3, 1)
+    assert tuple(mt.linalg.lstsq(a, mt.ones(2, 3, dtype=mt.float64)).solution.shape) == (2, 3)
+    assert tuple(mt.linalg.solve_triangular(a, b[0], upper=False).shape) == (2, 3, 1)

@@ -19,7 +19,7 @@ from mpitensor._ops.factorizations import mH
 from mpitensor._ops.legacy_solves import Pinv
 from mpitensor._ops.linalg import solve
 from mpitensor._ops.linalg_legacy import _matrix, _result
-from mpitensor._ops.linalg_more import _singular_safe, eigvalsh, svdvals
+from mpitensor._ops.linalg_more import _singular_safe, check_batches, eigvalsh, svdvals
 from mpitensor._ops.norms import matrix_norm
 
 __all__ = ["lstsq", "pinv", "matrix_rank", "cond", "tensorinv", "tensorsolve", "vander"]
@@ -171,6 +171,7 @@ def lstsq(input: Tensor, b: Tensor, rcond: Optional[float] = None, *,  # noqa: A
                          f"the CPU, got {driver!r}")
     x = _matrix(input, "linalg.lstsq()")
     vector = b.dim() == input.dim() - 1
+    check_batches("linalg.lstsq()", input, b, ("input", "b"), vector)
     b = b.unsqueeze(-1) if vector else b
     rows, cols = x.shape[-2:]
     if b.dim() < 2 or b.shape[-2] != rows:

@@ -28,6 +28,7 @@ __all__ = [
     "cholesky", "cholesky_ex", "inv_ex", "solve_ex", "solve_triangular", "qr", "svd",
     "svdvals", "eigh", "eigvalsh", "eig", "eigvals", "lu_factor", "lu_factor_ex", "lu",
     "lu_solve", "householder_product", "matrix_exp", "ldl_factor", "ldl_factor_ex", "ldl_solve",
+    "check_batches",
 ]
 
 _CholeskyEx = _result("linalg_cholesky_ex", ["L", "info"])
@@ -50,6 +51,19 @@ def _raise_info(info: Any, what: str, why: str, batched: bool) -> None:
         i = int(bad[0])
         where = f"(batch element {i}) " if batched else ""
         raise np.linalg.LinAlgError(f"{what}: {where}{why.format(int(flat[i]))}")
+
+
+def check_batches(what: str, a: Tensor, b: Tensor, names: tuple = ("A", "B"),
+                  vector: bool = False) -> None:
+    """Raise unless the batch dimensions of ``a`` (all but its last two) and ``b`` (all but
+    its last two; its last one for a batch of ``vector``) broadcast."""
+    ba, bb = tuple(a.shape[:-2]), tuple(b.shape[:-1] if vector else b.shape[:-2])
+    try:
+        np.broadcast_shapes(ba, bb)
+    except ValueError:
+        raise ValueError(f"{what}: the batch dimensions of {names[0]} {list(ba)} and "
+                         f"{names[1]} {list(bb)} do not broadcast; give them equal batch "
+                         f"sizes (or 1)") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,11 +181,12 @@ def solve_ex(A: Tensor, B: Tensor, *, left: bool = True, check_errors: bool = Fa
     Raises:
         LinAlgError: ``check_errors`` and a matrix is singular.
     """
+    vector = B.dim() == 1 or (B.dim() == A.dim() - 1 and B.shape == A.shape[:-1])
+    check_batches("linalg.solve_ex()", A, B, vector=vector)
     safe, bad, info = _singular_safe(A, "linalg.solve_ex()")
     if check_errors:
         _raise_info(info, "linalg.solve_ex", _SINGULAR, A.dim() > 2)
     out = _solve(safe, B, left=left)
-    vector = B.dim() == 1 or (B.dim() == A.dim() - 1 and B.shape == A.shape[:-1])
     return _SolveEx(_nan_where(out, bad, 1 if vector else 2), wrap(info))
 
 
@@ -180,6 +195,7 @@ def solve_triangular(input: Tensor, B: Tensor, *, upper: bool, left: bool = True
     """Return ``X`` with ``A X = B`` (``X A = B`` where not ``left``) for the upper (or
     lower) triangle of ``A``, its diagonal taken as ones where ``unitriangular``; batch
     dimensions broadcast."""
+    check_batches("linalg.solve_triangular()", input, B, ("input", "B"))
     if left:
         return _leg.triangular_solve(B, input, bool(upper), False, bool(unitriangular))[0]
     # X input = B  <=>  input^T X^T = B^T
@@ -325,6 +341,7 @@ def lu_solve(LU: Tensor, pivots: Tensor, B: Tensor, *, left: bool = True,  # noq
              adjoint: bool = False) -> Tensor:
     """Return ``X`` with ``A X = B`` for ``A`` given by :func:`lu_factor` (``A^H X = B``
     where ``adjoint``; ``X A = B`` or ``X A^H = B`` where not ``left``)."""
+    check_batches("linalg.lu_solve()", LU, B, ("LU", "B"))
     if not left:
         # X op(A) = B  <=>  op(A)^H X^H = B^H
         return lu_solve(LU, pivots, B.mH, left=True, adjoint=not adjoint).mH
@@ -393,6 +410,7 @@ def ldl_solve(LD: Tensor, pivots: Tensor, B: Tensor, *, hermitian: bool = False)
     pivots)`` (``hermitian`` as given to it); batches broadcast."""
     x = _matrix(LD, "linalg.ldl_solve()", square=True)
     b = _matrix(B, "linalg.ldl_solve()")
+    check_batches("linalg.ldl_solve()", LD, B, ("LD", "B"))
     if b.shape[-2] != x.shape[-1]:
         raise ValueError(f"linalg.ldl_solve(): B must have {x.shape[-1]} rows, got shape "
                          f"{list(b.shape)}")
