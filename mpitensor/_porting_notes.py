@@ -260,6 +260,26 @@ NOTES: Dict[str, str] = {
         "operands of different floating dtypes are promoted (torch raises): `bfloat16 @ "
         "float32` gives float32"
     ),
+    "torch.cuda.get_rng_state": (
+        "a picklable dict `{\"kind\": \"mpitensor.cuda\", \"seed\": s}`, not a ByteTensor: "
+        "CuPy's generator cannot be copied, so reading the state reseeds that GPU's stream from "
+        "a seed derived from the old one; a round trip reproduces the numbers, but the numbers "
+        "after the read differ from those without it ([devices.md](devices.md))"
+    ),
+    "torch.cuda.set_rng_state": (
+        "takes only what `get_rng_state` returned (`TypeError` otherwise, with or without a GPU)"
+    ),
+    "torch.cuda.CUDAGraph": "raises `NotImplementedError` (no CUDA graph capture through CuPy)",
+    "torch.cuda.make_graphed_callables": "raises `NotImplementedError`",
+    "torch.cuda.set_sync_debug_mode": "only mode 0; \"warn\"/\"error\" raise",
+    "torch.as_strided_scatter": (
+        "the input's gradient zeroes the written positions (clone, `as_strided`, `copy_`); "
+        "torch 2.13's keeps those and zeroes the others"
+    ),
+    "torch.set_num_interop_threads": (
+        "recorded once (a second call raises, as torch's): there is no inter-op pool, "
+        "independent ops run one after another"
+    ),
 }
 
 #: Names mpitensor has at another path: torch path -> (mpitensor path, how it differs).

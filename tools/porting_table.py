@@ -56,6 +56,15 @@ NAMESPACES: Tuple[str, ...] = (
     "torch.backends.cudnn",
     "torch.amp",
     "torch.sparse",
+    "torch.linalg",
+    "torch.fft",
+    "torch.special",
+    "torch.signal.windows",
+    "torch.func",
+    "torch.autograd.functional",
+    "torch.distributions",
+    "torch.utils.checkpoint",
+    "torch.profiler",
     "torch.fx",
     "torch.distributed.nn",
     "torch.distributed.device_mesh",
@@ -521,7 +530,8 @@ tests and setup files left out), kept outside the repository (the first measurem
 The 18 programs still missing a name, by cause: tensor parallelism, FSDP and DTensor
 (`torch.distributed.tensor.parallel`, `torch.distributed.fsdp`, `torch.distributed._tensor`,
 `torch.distributed.checkpoint.state_dict`: 14 programs of pytorch/examples' `distributed/FSDP`,
-`FSDP2` and `tensor_parallelism`, the sharding work still to come), `torch.profiler` /
+`FSDP2` and `tensor_parallelism`: then still to come, built since, see
+[sharding.md](sharding.md) and [fsdp.md](fsdp.md)), `torch.profiler` /
 `torch.autograd.profiler` (1), `torch.classes` with a C++ extension (1), and
 `torch.hub.download_url_to_file` / `torch.onnx._export` (fast_neural_style's downloader and
 exporter, 2). The names most often missing, with the number of programs that use each: `torch.distributed.tensor.parallel.ColwiseParallel` 3,
