@@ -1503,3 +1503,16 @@ def test_half_binary_and_reductions(torch, dtype):
         assert _dtname(om.dtype) == _dtname(ot.dtype), k
         np.testing.assert_allclose(_np(om.float()), ot.float().numpy(), rtol=2e-2, atol=2e-2,
                                    err_msg=str(k))
+
+
+@pytest.mark.parametrize("values", [[1 + 2j, 0.5 - 1j, 2 + 0.3j], [1 + 2j, 0j, 2 + 0.3j, 1 - 1j]])
+def test_cumprod_gradient_of_complex_input_is_conjugate(torch, values):
+    """cumprod is holomorphic: the input's gradient is sum_k g_k conj(out_k / x_i), as torch's
+    (it was the plain derivative, conjugated the wrong way), with and without a zero."""
+    grads = []
+    for lib in (mt, torch):
+        x = lib.tensor(np.array(values), requires_grad=True)
+        y = x.cumprod(0)
+        (y.real.sum() + 2 * y.imag.sum()).backward()
+        grads.append(_np(x.grad))
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-13, atol=1e-13)

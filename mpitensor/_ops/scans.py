@@ -90,6 +90,8 @@ class Cumprod(Function):
             return g.astype(dtype, copy=False), None, None
         m = xp(g)
         x = x.astype(g.dtype, copy=False)
+        if x.dtype.kind == "c":  # holomorphic: the gradient takes the conjugate derivative
+            x, out = x.conj(), out.conj()
         zero = x == 0
         with np.errstate(all="ignore"):
             plain = _flip_cumsum(g * out, axis) / m.where(zero, 1, x)
