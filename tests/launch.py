@@ -54,7 +54,9 @@ def clean_env(extra: Optional[dict] = None) -> dict:
     """
     env = {k: v for k, v in os.environ.items() if not _outer_job_var(k)}
     path = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)
+    # tests/_site: its sitecustomize makes every launched process write each line whole
+    head = f"{ROOT}{os.pathsep}{ROOT / 'tests' / '_site'}"
+    env["PYTHONPATH"] = f"{head}{os.pathsep}{path}" if path else head
     env["PYTHONUNBUFFERED"] = "1"
     for key, value in (extra or {}).items():
         if value is None:
