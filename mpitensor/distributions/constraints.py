@@ -250,7 +250,18 @@ def _finfo_eps(v: Tensor) -> float:
     return _dt.finfo(v.dtype).eps if v.is_floating_point() else 0.0
 
 
-class _Cat(Constraint):
+class _Joined(Constraint):
+    """Constraints ``cseq`` on parts of a value (``_Cat``, ``_Stack``): discrete where any
+    part is."""
+
+    cseq: list
+
+    @property
+    def is_discrete(self) -> bool:  # type: ignore[override]
+        return any(c.is_discrete for c in self.cseq)
+
+
+class _Cat(_Joined):
     """Constraints ``cseq`` on consecutive slices of ``dim`` of sizes ``lengths``."""
 
     def __init__(self, cseq: Any, dim: int = 0, lengths: Any = None) -> None:
@@ -259,10 +270,6 @@ class _Cat(Constraint):
         if len(self.lengths) != len(self.cseq):
             raise ValueError(f"cat: {len(self.lengths)} lengths for {len(self.cseq)} constraints")
         self.dim = dim
-
-    @property
-    def is_discrete(self) -> bool:  # type: ignore[override]
-        return any(c.is_discrete for c in self.cseq)
 
     @property
     def event_dim(self) -> int:  # type: ignore[override]
@@ -278,16 +285,12 @@ class _Cat(Constraint):
         return _cat(parts, self.dim)
 
 
-class _Stack(Constraint):
+class _Stack(_Joined):
     """Constraints ``cseq`` on the slices ``value.select(dim, i)``."""
 
     def __init__(self, cseq: Any, dim: int = 0) -> None:
         self.cseq = list(cseq)
         self.dim = dim
-
-    @property
-    def is_discrete(self) -> bool:  # type: ignore[override]
-        return any(c.is_discrete for c in self.cseq)
 
     @property
     def event_dim(self) -> int:  # type: ignore[override]
