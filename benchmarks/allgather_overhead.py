@@ -6,7 +6,10 @@ For each operation and size, on the same buffers in one process, the variants ar
 in turn (ours, raw blocking, raw non-blocking + Wait, ...) with the order rotated every
 repetition, each preceded by a barrier, so that the load of the machine hits them alike.
 Reported per variant: min and median seconds per call, the median of the paired ratio
-(variant r / raw blocking r), minor page faults and bytes allocated (tracemalloc) per call.
+(variant r / raw blocking r) and minor page faults per call; with ``--alloc``, also the peak
+bytes allocated (tracemalloc), in a separate pass: tracing every Python allocation slows the
+variants that make Python objects (ours) and not the raw calls, which made our calls read
+1.3-1.9x raw at 128 KiB-2 MiB when the timings were taken with it on.
 """
 
 from __future__ import annotations
@@ -86,21 +89,31 @@ def _cases(comm, n: int, nbytes: int) -> dict:
 
 
 def _measure(comm, fn, batch: int) -> tuple:
-    """Seconds per call (slowest rank), minor faults and bytes allocated of ``batch`` calls
-    after one barrier (``batch`` 1: the barrier mode; more: back to back)."""
+    """Seconds per call (slowest rank) and minor faults of ``batch`` calls after one barrier
+    (``batch`` 1: the barrier mode; more: back to back)."""
     comm.Barrier()
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    tracemalloc.reset_peak()
     t0 = time.perf_counter()
     for _ in range(batch):
         fn()
     dt = (time.perf_counter() - t0) / batch
-    peak = tracemalloc.get_traced_memory()[1]
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / batch
-    return comm.allreduce(dt, MPI.MAX), faults, peak
+    return comm.allreduce(dt, MPI.MAX), faults
 
 
-def run(comm, sizes: list, reps: int, ops: list, batch: int) -> None:
+def _allocated(comm, fn, batch: int) -> int:
+    """Peak bytes Python allocated during ``batch`` calls (tracemalloc; not timed)."""
+    comm.Barrier()
+    tracemalloc.start()
+    try:
+        for _ in range(batch):
+            fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def run(comm, sizes: list, reps: int, ops: list, batch: int, with_alloc: bool = False) -> None:
     me = comm.Get_rank()
     n = comm.Get_size()
     for nbytes in sizes:
@@ -113,15 +126,13 @@ def run(comm, sizes: list, reps: int, ops: list, batch: int) -> None:
                     fn()
             times = {k: [] for k in names}
             faults = {k: 0 for k in names}
-            alloc = {k: 0 for k in names}
-            tracemalloc.start()
             for r in range(reps):
                 for k in names[r % len(names):] + names[:r % len(names)]:
-                    dt, pf, peak = _measure(comm, variants[k], batch)
+                    dt, pf = _measure(comm, variants[k], batch)
                     times[k].append(dt)
                     faults[k] += pf
-                    alloc[k] = max(alloc[k], peak)
-            tracemalloc.stop()
+            alloc = {k: _allocated(comm, variants[k], batch) if with_alloc else None
+                     for k in names}
             base = np.array(times[names[1]])
             if me == 0:
                 print(f"\n{op}  {nbytes / 2**20:g} MiB  ranks={n}  reps={reps}  batch={batch}")
@@ -129,7 +140,8 @@ def run(comm, sizes: list, reps: int, ops: list, batch: int) -> None:
                     t = np.array(times[k])
                     print(f"  {k:32s} min {t.min() * 1e3:8.3f} ms  med {np.median(t) * 1e3:8.3f}"
                           f" ms  paired ratio/raw {np.median(t / base):5.2f}  "
-                          f"minflt/call {faults[k] / reps:7.1f}  peak alloc {alloc[k]} B")
+                          f"minflt/call {faults[k] / reps:7.1f}"
+                          + ("" if alloc[k] is None else f"  peak alloc {alloc[k]} B"))
 
 
 def main() -> None:
@@ -140,11 +152,13 @@ def main() -> None:
                     help="calls per repetition, back to back (1: a barrier before each)")
     ap.add_argument("--ops", default="all_gather_into_tensor,all_gather,reduce_scatter_tensor,"
                                      "all_reduce")
+    ap.add_argument("--alloc", action="store_true",
+                    help="also report the peak bytes allocated, from an untimed pass")
     args = ap.parse_args()
     dist.init_process_group("mpi")
     comm = MPI.COMM_WORLD
     sizes = [_bytes(s) for s in args.sizes.split(",")]
-    run(comm, sizes, args.reps, args.ops.split(","), args.batch)
+    run(comm, sizes, args.reps, args.ops.split(","), args.batch, args.alloc)
     dist.destroy_process_group()
 
 

@@ -1,5 +1,6 @@
 """Launch the MPI test suite (``tests/mpi``) under ``mpiexec`` at 1, 2, 3 and 4 ranks, and its
-collective suites at 2 ranks with ``MPITENSOR_SHM_COLLECTIVES=on`` (the others run with auto).
+collective suites at 2 ranks with ``MPITENSOR_SHM_COLLECTIVES=on`` and ``off`` (the others run
+with auto).
 
 Each launch runs with a hard timeout, so a hang fails instead of blocking; every rank writes its
 own summary, and the test asserts that each rank ran the same tests and none failed.
@@ -32,13 +33,22 @@ def test_mpi_suite(nprocs: int, tmp_path: Path) -> None:
 # going there (backends/mpi/shm_coll.py); the runs above take the switch's default (auto),
 # which keeps small calls on MPI.
 COLLECTIVE_SUITES = ("test_cco_buf.py", "test_large_collectives.py", "test_agreement.py",
-                     "test_half_mpi.py", "test_errors.py", "test_shm_collectives.py")
+                     "test_half_mpi.py", "test_errors.py", "test_shm_collectives.py",
+                     "test_shm_tiny.py", "test_timeouts.py")
 
 
 @pytest.mark.timeout(SUITE_TIMEOUT + 60)
 def test_collective_suites_through_shared_memory(tmp_path: Path) -> None:
     _run_suite(2, [ROOT / "tests" / "mpi" / name for name in COLLECTIVE_SUITES],
                {"MPITENSOR_SHM_COLLECTIVES": "on"}, tmp_path)
+
+
+# ... and with the switch off: no shared memory at all (no engine, no small calls' board:
+# every call on MPI, small ones on persistent requests), which auto otherwise never runs
+@pytest.mark.timeout(SUITE_TIMEOUT + 60)
+def test_collective_suites_on_mpi_alone(tmp_path: Path) -> None:
+    _run_suite(2, [ROOT / "tests" / "mpi" / name for name in COLLECTIVE_SUITES],
+               {"MPITENSOR_SHM_COLLECTIVES": "off"}, tmp_path)
 
 
 def _run_suite(nprocs: int, paths: list, extra: dict, tmp_path: Path) -> None:

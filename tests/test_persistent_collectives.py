@@ -5,7 +5,9 @@ its own values and prints ``OK <rank>``, and the test asserts that each rank did
 ended cleanly and that MPICH printed nothing (it warns of every persistent request left
 unfreed at finalize).
 
-The persistent path is compared bit for bit with the plain one (the same call with the
+The scenarios run with ``MPITENSOR_SHM_COLLECTIVES=off``: on a one-machine group the small
+calls' board (``shm_tiny.py``, tested in ``tests/mpi/test_shm_tiny.py``) would take most of these
+calls. The persistent path is compared bit for bit with the plain one (the same call with the
 group's ``pers_max`` set to -1 on every rank: the non-blocking call): MPICH builds both from
 the same schedule, so even float sums in any order agree to the bit. Exact-integer data also
 checks the values against NumPy.
@@ -265,7 +267,10 @@ except (DistributedTimeoutError, PeerFailedError) as exc:
 def _run(tmp_path: Path, body: str, n: int, *args: str, env: dict | None = None):
     script = tmp_path / "scenario.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
-    full = {"MPITENSOR_DEBUG": "0", "MPITENSOR_ABORT_ON_EXCEPTION": "1"}
+    # the persistent requests themselves: no small calls' board (shm_tiny.py, which takes the
+    # calls it computes on a one-machine group and has tests of its own)
+    full = {"MPITENSOR_DEBUG": "0", "MPITENSOR_ABORT_ON_EXCEPTION": "1",
+            "MPITENSOR_SHM_COLLECTIVES": "off"}
     full.update(env or {})
     return mpiexec_run(n, [sys.executable, str(script), *args], timeout=TIMEOUT, env=full,
                        cwd=tmp_path)

@@ -66,7 +66,9 @@ class GroupHealth:
     The agreement check (``fingerprint.py``): ``check_bytes`` (calls of this many bytes and
     more are checked), ``fp_node`` (shared slots on one machine), ``fp_pool`` (persistent
     reductions across machines), ``fp_tok`` (the blocking checked call in progress) and
-    ``fp_async`` (call number -> token of an async checked call not yet settled).
+    ``fp_async`` (call number -> token of an async checked call not yet settled); ``tiny``:
+    the small calls' board where the members share a machine (``backends/mpi/shm_tiny.py``;
+    the watchdog asks it whether a member made this rank's call there).
     """
 
     name: str
@@ -93,6 +95,7 @@ class GroupHealth:
     fp_pool: Any = None
     fp_tok: Optional[tuple] = None
     fp_async: dict = field(default_factory=dict)
+    tiny: Any = None
 
     @property
     def size(self) -> int:

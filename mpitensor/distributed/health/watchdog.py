@@ -67,6 +67,11 @@ def set_node_load(local_ranks: int, cpus: int) -> None:
     _SPIN_S = 0.0 if local_ranks > cpus else 5e-5
 
 
+def may_spin() -> bool:
+    """Whether a waiting rank spins before it yields (not where ranks outnumber cores)."""
+    return _SPIN_S > 0
+
+
 def stall_warn_seconds(timeout: float) -> float:
     """The stall-report threshold for a group with this timeout."""
     if _config.STALL_WARN_S is not None:
@@ -221,6 +226,8 @@ def _fault_in_wait(h: GroupHealth, kind: str, seq: int, op: str, peer: Optional[
             tok = h.fp_async.get(seq)
         if tok is not None and tok[0] == seq:
             node.peek(tok, h)
+        if h.tiny is not None:  # a member that made this call on the small calls' board
+            h.tiny.look(seq, op)
     return faults.in_wait(h, kind, seq, op, peer, since)
 
 

@@ -30,6 +30,7 @@ from ...health.state import MASK as _MASK
 from ...process_group import COMM_NAME, ProcessGroup, Work
 from . import hierarchical as _hier
 from . import shm_coll as _shmc
+from . import shm_tiny as _tiny
 from .collectives import Collectives
 from .objects import ObjectCollectives
 from .p2p import PointToPoint
@@ -64,6 +65,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         if comm is not None:
             self._equip_health(comm)
             self.shm_min = _shmc.floor(self)  # shared-memory collectives: from what size
+            self.tiny = _tiny.make(self)  # small calls through a shared board, where it can
             self.hier = _hier.initial(self)  # may it span nodes (hierarchical.py)
 
     def _equip_health(self, comm: MPI.Comm) -> None:
@@ -360,6 +362,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
 
     def free(self) -> None:
         _shmc.free(self)  # its collectives' segment, if it made one
+        _tiny.free(self)  # its small calls' board
         _hier.free(self)  # its node and cross-node sub-groups, if it made them
         self.free_persistent()  # its small calls' persistent requests (persistent.py)
         h = self.health

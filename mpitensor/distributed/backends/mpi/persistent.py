@@ -109,11 +109,14 @@ class Call:
     """One persistent request and the buffers it is bound to: ``into`` takes this member's
     data, ``out`` holds the result once it completed."""
 
-    __slots__ = ("req", "bufs", "into", "out", "active", "gen", "dst", "label")
+    __slots__ = ("req", "bufs", "into", "out", "active", "gen", "dst", "label", "fast")
 
     def __init__(self, req: Any, bufs: tuple, into: memoryview, out: memoryview) -> None:
         self.req, self.bufs, self.into, self.out = req, bufs, into, out
         self.active = False
+        # a board call's spec (shm_tiny.py), which a blocking call runs straight from and
+        # into the caller's buffers (``run``, then its ``owner.rest``), else None
+        self.fast: Any = None
         self.gen = 0  # starts so far: a handle of an earlier start sees it is over
         self.dst: Any = None
         self.label = ("", 0)
@@ -260,9 +263,14 @@ class SmallCalls:
     # persistent collectives; empty calls never do)
     pers_max: int = ceiling()
     pers: Any = None
+    # the small calls' board in shared memory (shm_tiny.py), made with the group where it can
+    tiny: Any = None
 
     def _new_pers(self) -> Any:
-        self.pers = Cache(self.comm)
+        if self.tiny is not None:  # a board in shared memory takes what it computes
+            self.pers = self.tiny.cache(self.comm)
+        else:
+            self.pers = Cache(self.comm)
         return self.pers
 
     def free_persistent(self) -> None:
@@ -277,6 +285,10 @@ class SmallCalls:
         bytes ``src`` in, the result into ``dst`` (see ``persistent.deliver``); ``result``:
         the tensor (or list of them) an async work returns."""
         h = self.health
+        f = c.fast
+        if f is not None and not async_op and chk is None and type(dst) is not list and (
+                (r := f.run(s, src, dst)) == 1 or f.owner.rest(r, src, dst, op, s)):
+            return None
         if async_op or chk is not None or c.active:
             req = c.post(h, src, dst, op, s)
             if chk is not None:

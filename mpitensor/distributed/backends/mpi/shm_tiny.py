@@ -1,0 +1,415 @@
+"""Small collectives through shared memory: a board in a segment the group's members share
+(issue 29, "never slower than raw MPI at any size").
+
+MPICH's blocking ``Allgather``, ``Bcast`` and ``Reduce_scatter_block`` of a few bytes take
+1.4-3 µs on two ranks here, and our calls on persistent requests (``persistent.py``) cost about
+1 µs more: 0.64-0.89x raw below 4 KiB. On a group whose members share a machine, a call of at
+most :data:`CAP` bytes instead writes its data into this member's entry of a shared board and
+reads the other members' (``_tiny.c``): about 0.3 µs once both ranks of a pair are there, so
+the Python around it is most of the call.
+
+**Where it applies.** The board takes the place of the group's persistent requests: every call
+that would start one (``all_reduce``, ``all_gather_into_tensor``, ``all_gather`` into one
+buffer, ``reduce_scatter_tensor``, ``broadcast``, on the fast and the general paths alike) and
+whose MPI datatype and reduction the board computes (:data:`DTYPES`, :data:`OPS`) starts a board
+call instead; the others keep their persistent request. The choice depends only on what every
+member of a correct program passes alike, as the persistent request's does. The board is made
+with the group, where every member runs on one machine, ``MPITENSOR_SHM_COLLECTIVES`` is not
+``off``, debug mode is off (its checks run before each call's data, on MPI), the CPU is x86-64
+(the protocol relies on its store order) and the compiled module loaded; else the group has
+none and nothing changes.
+
+**Properties** (the engine's, ``shm_coll.py``):
+
+* reductions run in rank order on every member: the same bits everywhere. Integers wrap as
+  MPI's do; NaN wins ``MIN`` and ``MAX`` (NumPy's ``minimum``/``maximum``);
+* every call is checked: each entry carries the call's number, operation, dtype, reduction,
+  root and byte count, compared before any data is read; a member whose entry differs, or that
+  went past the call without posting it (it took another path: a size on the other side of
+  :data:`CAP`), ends the call with CollectiveMismatchError on every member. A member waiting
+  in MPI (or the engine) for a call that another member posted here finds that on its slow
+  tick (``look``, from the watchdog) and raises the same;
+* the wait is the group's bounded wait: its timeout, fault notices, and a look at whether each
+  member not there yet still runs (PeerFailedError when its process is gone);
+* async calls post at once and complete in call order (``Test``, or any later call's wait).
+
+A member overwrites an entry only once every other member has read what it held (their "done"
+word): a call may wait for that, and while it does it completes its own earlier async calls,
+so two members waiting so always let each other on.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from ...._base import config as _config
+from ....errors import CollectiveMismatchError
+from ...health import faults as _faults
+from ...health import fingerprint as _fp
+from ...health import watchdog as W
+from ...health.state import MASK
+from . import persistent as _pers
+from . import shm as _shm
+from .shm_pipe import _alive
+
+try:
+    from . import _tiny  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: no board
+    _tiny = None
+
+#: the largest data one call puts on the board (bytes): the persistent requests' ceiling
+CAP = 4096
+#: entries per member: calls posted ahead of the slowest member's reading
+SLOTS = 8
+#: spins of a first try (each a CPU pause, about 2 µs in all) before the bounded wait takes
+#: over; none where ranks outnumber cores (the watchdog's rule: a spinning rank takes the core
+#: its peer needs)
+SPINS_FIRST = 64
+#: spins of each later try (the bounded wait's own spin and backoff pace the tries)
+SPINS = 0
+
+GATHER, BCAST, REDUCE, REDUCE_PART = 0, 1, 2, 3
+_KIND_NAMES = {GATHER: "all_gather", BCAST: "broadcast", REDUCE: "all_reduce",
+               REDUCE_PART: "reduce_scatter"}
+
+#: MPI datatypes the board reduces, by name: its dtype code
+DTYPES = {"FLOAT": 0, "DOUBLE": 1, "INT8_T": 2, "SIGNED_CHAR": 2, "INT16_T": 3, "SHORT": 3,
+          "INT32_T": 4, "INT": 4, "INT64_T": 5, "LONG": 5, "LONG_LONG": 5, "UINT8_T": 6,
+          "UNSIGNED_CHAR": 6, "UINT16_T": 7, "UNSIGNED_SHORT": 7, "UINT32_T": 8, "UNSIGNED": 8,
+          "UINT64_T": 9, "UNSIGNED_LONG": 9, "UNSIGNED_LONG_LONG": 9}
+_SIZES = (4, 8, 1, 2, 4, 8, 1, 2, 4, 8)
+_FLOATS = (0, 1)
+#: MPI reductions the board computes: its op code (the bitwise ones on integers only)
+OPS = {"SUM": 0, "PROD": 1, "MIN": 2, "MAX": 3, "BAND": 4, "BOR": 5, "BXOR": 6}
+
+_types: dict = {}  # MPI datatype handle -> dtype code
+_ops: dict = {}    # MPI op handle -> op code
+
+
+def _tables() -> None:
+    for name, code in DTYPES.items():
+        t = getattr(MPI, name, None)
+        if t is not None and t != MPI.DATATYPE_NULL and t.Get_size() == _SIZES[code]:
+            _types.setdefault(t.handle, code)
+    for name, code in OPS.items():
+        _ops[getattr(MPI, name).handle] = code
+
+
+def codes(mt: Any, mop: Any) -> Optional[tuple]:
+    """``(dtype code, op code)`` where the board reduces ``mop`` over ``mt``, else None."""
+    if not _types:
+        _tables()
+    dt, op = _types.get(mt.handle), _ops.get(mop.handle)
+    if dt is None or op is None or (op >= 4 and dt in _FLOATS):
+        return None
+    return dt, op
+
+
+def _word(kind: int, dt: int = 15, op: int = 15, root: int = -1) -> int:
+    """The operation word an entry carries: what every member must agree on but the size."""
+    return ((root + 1) << 16) | (kind << 8) | (dt << 4) | op
+
+
+def _unword(w: int) -> tuple:
+    return (w >> 8) & 0xFF, (w >> 4) & 0xF, w & 0xF, (w >> 16) - 1
+
+
+def segment_bytes(size: int) -> int:
+    return size * (128 + SLOTS * (64 + CAP))
+
+
+# ---------------------------------------------------------------------------- the group's
+def make(g: Any) -> Optional["Board"]:
+    """Collective over the new group ``g`` (every member runs it, where ``g.one_node`` was
+    asked): its board, or None on every member where it has none."""
+    if (g.comm is None or g.size_ < 2 or not g.one_node or g.pers_max <= 0 or g.debug
+            or _config.shm_collectives() == "off" or g.health.fp_node is None):
+        return None
+    mm = _shm.shared(g.comm, "mpitensor-tiny-", segment_bytes(g.size_))
+    ok = bool(g.comm.allreduce(int(_tiny is not None and mm is not None), op=MPI.MIN))
+    if not ok:
+        if mm is not None:
+            mm.close()
+        return None
+    b = Board(g, mm)
+    g.comm.Barrier()  # every member wrote its pid before any call looks for it
+    return b
+
+
+def free(g: Any) -> None:
+    b = getattr(g, "tiny", None)
+    g.tiny = None
+    if b is not None:
+        b.close()
+
+
+class Board:
+    """A group's board: the compiled board, the calls posted and not yet read, and what the
+    bounded waits need (the group's health, its members' processes)."""
+
+    def __init__(self, g: Any, mm: Any) -> None:
+        self.g, self.mm, self.h = g, mm, g.health
+        self.c = _tiny.Board(mm, g.rank_, g.size_, SLOTS, CAP)
+        self.c.set_pid(os.getpid())
+        self.pending: collections.deque = collections.deque()
+        self.posting = 0  # the call whose entry this member waits to write (_Room)
+        # whether broadcasts come here: not where ranks outnumber cores (set with the cache)
+        self.bcast = True
+        self.h.tiny = self
+
+    def cache(self, comm: Any) -> "Cache":
+        """The group's persistent requests, with this board's calls where it computes them
+        (made at the group's first small call, once the node's load is known)."""
+        spin = W.may_spin()  # the node's load, the same on every member
+        self.c.spins = SPINS_FIRST if spin else 0
+        self.bcast = spin
+        return Cache(comm, self)
+
+    def close(self) -> None:
+        if self.h.tiny is self:
+            self.h.tiny = None
+        c, self.c = self.c, None
+        if c is not None:
+            c.release()
+            self.mm.close()
+
+    # ------------------------------------------------------------------ waits
+    def drain(self, upto: Any = None, spins: int = SPINS) -> bool:
+        """Read the posted calls in order, up to ``upto`` (None: all); True once it is read
+        (or all are). Raises where a member made one of them otherwise."""
+        p = self.pending
+        while p:
+            head = p[0]
+            r = self.c.take(head.s, head.word, head.nbytes, head.dst, head.kind, head.root,
+                            head.dt, head.op, spins)
+            if r == 1:
+                p.popleft()
+                self.c.pending = len(p)
+                head.taken = True
+                if head is upto:
+                    return True
+            elif r == 0:
+                return False
+            else:
+                self._mismatch(head, -1 - r)
+        return True
+
+    def look(self, s: int, op: str) -> None:
+        """The watchdog's slow tick, while this member waits in call ``s`` on another path:
+        a member that posted call ``s`` here made it otherwise (a mismatch)."""
+        c = self.c
+        if c is None or self.posting == s or self.g.debug:
+            return  # (debug mode: its check, which waits before the data, says it better)
+        r = c.peek(s)
+        if r >= 0:
+            self._raise(op, s, f"ranks disagree on the call number or the byte count of this "
+                        f"call: rank {self.h.ranks[r]} made call #{s} as a small one (at most "
+                        f"{CAP} bytes, through shared memory) where this rank passed a larger "
+                        "one (or a dtype or reduction only MPI takes), or made one call more or "
+                        "fewer before it")
+
+    def check_alive(self, call: "Call") -> None:
+        """PeerFailedError (the group broken) where a member not there yet is gone."""
+        c, s = self.c, call.s
+        for r in range(self.g.size_):
+            if r == self.g.rank_ or c.words(r, s)[0] == s:
+                continue
+            pid = c.pid(r)
+            if pid > 0 and not _alive(pid):
+                h = self.h
+                story = _faults.Story(h.ranks[r], call.name, s,
+                                      f"its process (pid {pid}) ended while this rank waited "
+                                      "for it in a small collective through shared memory")
+                _faults.mark_broken(h, story, tell=False)
+                raise _faults.error(h, story, call.name, s, waiting=True)
+
+    def _mismatch(self, call: "Call", r: int) -> None:
+        t, word, nbytes, posted, _ = self.c.words(r, call.s)
+        who = f"rank {self.h.ranks[r]}"
+        if t != call.s:
+            reason = (f"ranks disagree on the call number or the byte count of this call: {who} "
+                      f"went past call #{call.s} without making it as a small one (at most "
+                      f"{CAP} bytes, through shared memory): it passed more bytes, or a dtype "
+                      "or reduction only MPI takes, or made one call more or fewer before it")
+        else:
+            mine, theirs = _unword(call.word), _unword(word)
+            what = [name for name, a, b in zip(("operation", "dtype", "reduction", "root"),
+                                               mine, theirs) if a != b]
+            if nbytes != call.nbytes:
+                what.append("byte count")
+            reason = (f"ranks disagree on the {' and '.join(what) or 'arguments'} of this call: "
+                      f"this rank passed {call.nbytes} bytes ({_KIND_NAMES[mine[0]]}), {who} "
+                      f"{nbytes} bytes ({_KIND_NAMES.get(theirs[0], 'another operation')})")
+        self._raise(call.name, call.s, reason)
+
+    def _raise(self, op: str, s: int, reason: str) -> None:
+        h = self.h
+        self.pending.clear()
+        if self.c is not None:
+            self.c.pending = 0
+        _faults.mark_broken(h, _faults.Story(h.global_rank, op, s, reason))
+        raise CollectiveMismatchError(_fp._mismatch_text(h, op, s, reason))
+
+
+class Call:
+    """A small call of one kind and size on the board, as a persistent request
+    (``persistent.Call``'s ``req``): ``Start`` posts it, ``Test`` reads it."""
+
+    __slots__ = ("board", "word", "nbytes", "out", "dst", "src", "kind", "root", "dt", "op", "s",
+                 "taken", "name", "spec")
+
+    def __init__(self, board: Board, kind: int, nbytes: int, src: Any, out: Any,
+                 codes: tuple = (15, 15), root: int = -1) -> None:
+        self.board, self.kind, self.nbytes, self.src, self.out = board, kind, nbytes, src, out
+        self.dst = out  # where the result goes: out, or the caller's buffer (run)
+        self.dt, self.op = codes
+        self.root = max(root, 0)
+        self.word = _word(kind, self.dt, self.op, root)
+        self.s, self.taken, self.name = 0, True, _KIND_NAMES[kind]
+        # the compiled post-and-take of a blocking call (its ``owner`` is this call)
+        self.spec = board.c.spec(self, self.word, nbytes, kind, self.root, self.dt, self.op)
+
+    def Start(self) -> None:  # noqa: N802 - MPI's request protocol
+        b = self.board
+        g = b.g
+        s = g.seq
+        e = g.history[s & MASK]  # (call number, operation, dtype, shape), as counted
+        self.s, self.taken = s, False
+        if e is not None and e[0] == s:
+            self.name = e[1]
+        if not b.c.post(self.s, self.word, self.nbytes, self.src):
+            b.posting = self.s
+            try:
+                W.wait(b.h, _Room(self), self.name, self.s)
+            finally:
+                b.posting = 0
+        b.pending.append(self)
+        b.c.pending = len(b.pending)
+
+    def rest(self, r: int, src: Any, dst: Any, op: str, s: int) -> bool:
+        """What is left of blocking call ``s`` after its spec's ``run(s, src, dst)``
+        answered ``r`` (not 1: done): False where nothing was done (the persistent request's
+        way takes it: a call of this member still to read, or an entry a member still reads);
+        else the call is posted, and this waits for it (bounded) or raises; True."""
+        b = self.board
+        if r < -b.g.size_:
+            return False
+        self.s, self.name, self.taken = s, op, False
+        self.dst = dst
+        b.pending.append(self)
+        b.c.pending = len(b.pending)
+        try:
+            if r < 0:
+                b._mismatch(self, -1 - r)
+            W.wait(b.h, self, op, s)
+        finally:
+            self.dst = self.out
+        return True
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI's request protocol
+        if self.taken:
+            return True
+        b = self.board
+        p = b.pending
+        if not p or (p[0] is not self and self not in p):  # dropped: the group broke
+            b.g.check_usable(self.name)  # (raises the group's story)
+            raise RuntimeError(f"{self.name} (#{self.s}): no longer on the board")
+        return b.drain(self, b.c.spins if p[0] is self else SPINS)
+
+    def before_check(self) -> None:
+        self.board.check_alive(self)
+
+    def Free(self) -> None:  # noqa: N802 - MPI's request protocol
+        return None
+
+
+class _Room:
+    """The wait for the members still reading what this member's entry holds, as an MPI
+    request; meanwhile this member reads its own earlier calls (which they may wait for)."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI's request protocol
+        c = self.call
+        b = c.board
+        b.drain()
+        return bool(b.c.post(c.s, c.word, c.nbytes, c.src))
+
+    def before_check(self) -> None:
+        self.call.board.check_alive(self.call)
+
+
+class Cache(_pers.Cache):
+    """The group's persistent requests (``persistent.Cache``), where the board's calls take
+    the place of those the board computes; keys, buffers and eviction are the same."""
+
+    __slots__ = ("board",)
+
+    def __init__(self, comm: Any, board: Board) -> None:
+        super().__init__(comm)
+        self.board = board
+
+    def all_reduce(self, key: int, nbytes: int, mt: Any, mop: Any) -> _pers.Call:
+        cc = codes(mt, mop)
+        if cc is None or nbytes > CAP:
+            return super().all_reduce(key, nbytes, mt, mop)
+
+        def make() -> _pers.Call:
+            buf = np.empty(nbytes, np.uint8)
+            whole = memoryview(buf)
+            return _made(Call(self.board, REDUCE, nbytes, whole, whole, cc), (buf,), whole,
+                         whole)
+        return self._add(self.ar, key, make)
+
+    def all_gather(self, nbytes: int) -> _pers.Call:
+        if nbytes > CAP:
+            return super().all_gather(nbytes)
+
+        def make() -> _pers.Call:
+            buf = np.empty(nbytes * self.n, np.uint8)
+            whole = memoryview(buf)
+            mine = whole[self.rank * nbytes:(self.rank + 1) * nbytes]
+            return _made(Call(self.board, GATHER, nbytes, mine, whole), (buf,), mine, whole)
+        return self._add(self.ag, nbytes, make)
+
+    def reduce_scatter(self, key: int, nbytes: int, mt: Any, mop: Any) -> _pers.Call:
+        cc = codes(mt, mop)
+        if cc is None or nbytes * self.n > CAP:
+            return super().reduce_scatter(key, nbytes, mt, mop)
+
+        def make() -> _pers.Call:
+            sbuf = np.empty(nbytes * self.n, np.uint8)
+            rbuf = np.empty(nbytes, np.uint8)
+            into, out = memoryview(sbuf), memoryview(rbuf)
+            return _made(Call(self.board, REDUCE_PART, nbytes * self.n, into, out, cc),
+                         (sbuf, rbuf), into, out)
+        return self._add(self.rs, key, make)
+
+    def broadcast(self, key: int, nbytes: int, root: int) -> _pers.Call:
+        if not self.board.bcast or nbytes > CAP:  # (ranks outnumber cores: MPI's tree is faster)
+            return super().broadcast(key, nbytes, root)
+
+        def make() -> _pers.Call:
+            buf = np.empty(nbytes, np.uint8)
+            whole = memoryview(buf)
+            mine = self.rank == root
+            call = Call(self.board, BCAST, nbytes, whole if mine else None,
+                        None if mine else whole, root=root)
+            return _made(call, (buf,), whole, whole)
+        return self._add(self.bc, key, make)
+
+
+def _made(call: Call, bufs: tuple, into: memoryview, out: memoryview) -> _pers.Call:
+    """The persistent request's stand-in for a board call: the same buffers, the board call
+    as its request, and its spec as the ``fast`` way of blocking calls."""
+    c = _pers.Call(call, bufs, into, out)
+    c.fast = call.spec
+    return c

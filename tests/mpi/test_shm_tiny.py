@@ -1,0 +1,297 @@
+"""Small collectives through the shared board (``backends/mpi/shm_tiny.py``), at 1-4 ranks.
+
+Each result is compared with the same computation on the full data in NumPy, reduced in rank
+order; reductions must be bitwise the same on every rank. Mismatched calls must end in an error
+on every rank, never in a wrong number or a hang.
+"""
+
+from __future__ import annotations
+
+import glob
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+import mpitensor.distributed as dist
+from mpitensor.distributed import _world
+from mpitensor.distributed.backends.mpi import shm_tiny
+from mpitensor.errors import CollectiveMismatchError, PeerFailedError
+
+R = dist.ReduceOp
+INTS = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
+FLOATS = (np.float32, np.float64)
+
+
+def world():
+    return dist.get_world_size(), dist.get_rank()
+
+
+def board_group(tag, monkeypatch=None, setting=None):
+    """A new group of every rank; skips where it has no board (one rank, no compiled module)."""
+    n, _ = world()
+    if monkeypatch is not None and setting is not None:
+        monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", setting)
+    g = dist.new_group(list(range(n)), group_desc=f"tiny_{tag}")
+    pg = _world._pg(g)
+    if n > 1 and shm_tiny._tiny is None:
+        pytest.skip("the board's compiled module was not built (no C compiler at install)")
+    if pg.tiny is None:
+        pytest.skip("one rank: no board")
+    return g
+
+
+def values(dtype, count, rank):
+    """Rank ``rank``'s data: different on every rank, exact in every dtype."""
+    rng = np.random.default_rng(1000 + rank)
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(count).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(max(info.min, -100), min(info.max, 100), count, endpoint=True).astype(dtype)
+
+
+def in_rank_order(op, arrays):
+    fn = {R.SUM: np.add, R.PRODUCT: np.multiply, R.MIN: np.minimum, R.MAX: np.maximum,
+          R.BAND: np.bitwise_and, R.BOR: np.bitwise_or, R.BXOR: np.bitwise_xor}[op]
+    acc = arrays[0].copy()
+    with np.errstate(over="ignore"):
+        for a in arrays[1:]:
+            acc = fn(acc, a).astype(acc.dtype)
+    return acc
+
+
+def same_bits_everywhere(arr):
+    """Every rank holds these bytes."""
+    b = np.frombuffer(arr.tobytes(), np.uint8)
+    everyone = np.empty((dist.get_world_size(), b.size), np.uint8)
+    MPI.COMM_WORLD.Allgather(b, everyone)
+    assert (everyone == everyone[0]).all()
+
+
+def test_groups_of_one_machine_get_a_board():
+    from mpitensor._base import config
+
+    n, _ = world()
+    pg = _world._pg(None)
+    if n == 1 or config.shm_collectives() == "off":
+        assert pg.tiny is None
+    elif shm_tiny._tiny is not None:
+        assert pg.tiny is not None and isinstance(pg.pers or pg._new_pers(), shm_tiny.Cache)
+
+
+def test_the_switch_off_makes_no_board(monkeypatch):
+    n, _ = world()
+    g = dist.new_group(list(range(n)), group_desc="tiny_off") if n > 1 else None
+    monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", "off")
+    h = dist.new_group(list(range(n)), group_desc="tiny_off2")
+    assert _world._pg(h).tiny is None
+    x = np.ones(4, np.float32)
+    dist.all_reduce(x, group=h)
+    assert (x == n).all()
+    if g is not None:
+        dist.destroy_process_group(g)
+    dist.destroy_process_group(h)
+
+
+def test_the_segment_leaves_no_file():
+    before = set(glob.glob("/dev/shm/mpitensor-tiny-*"))
+    g = board_group("files")
+    dist.barrier()
+    assert set(glob.glob("/dev/shm/mpitensor-tiny-*")) <= before
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.parametrize("dtype", INTS + FLOATS)
+@pytest.mark.parametrize("op", [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR])
+def test_all_reduce_every_dtype_and_op(dtype, op):
+    n, me = world()
+    if op in (R.BAND, R.BOR, R.BXOR) and dtype in FLOATS:
+        pytest.skip("bitwise reductions take integers")
+    g = dist.group.WORLD
+    for count in (1, 7, 4096 // np.dtype(dtype).itemsize):
+        x = values(dtype, count, me)
+        dist.all_reduce(x, op=op, group=g)
+        expect = in_rank_order(op, [values(dtype, count, r) for r in range(n)])
+        np.testing.assert_array_equal(x, expect)
+        same_bits_everywhere(x)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_all_reduce_avg_and_nan(dtype):
+    n, me = world()
+    x = values(dtype, 9, me)
+    dist.all_reduce(x, op=R.AVG)
+    expect = in_rank_order(R.SUM, [values(dtype, 9, r) for r in range(n)]) / dtype(n)
+    np.testing.assert_array_equal(x, expect.astype(dtype))
+    same_bits_everywhere(x)
+    if _world._pg(None).tiny is None:
+        return  # MPI's MIN and MAX of a NaN depend on the order of its steps (MPICH: not
+        # even the same on every rank), so the rest holds on the board only
+    for op in (R.MIN, R.MAX):  # NaN wins, as NumPy's minimum and maximum
+        y = np.array([1.0, np.nan if me == n - 1 else 2.0, -1.0], dtype)
+        dist.all_reduce(y, op=op)
+        assert np.isnan(y[1]) and not np.isnan(y[0]) and not np.isnan(y[2])
+        same_bits_everywhere(y)
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.int64, np.uint8))
+def test_gather_scatter_and_broadcast(dtype):
+    n, me = world()
+    count = max(1, 4096 // np.dtype(dtype).itemsize // n // 2)
+    out = np.zeros(count * n, dtype)
+    dist.all_gather_into_tensor(out, values(dtype, count, me))
+    np.testing.assert_array_equal(out, np.concatenate([values(dtype, count, r)
+                                                       for r in range(n)]))
+    outs = [np.zeros(count, dtype) for _ in range(n)]
+    dist.all_gather(outs, values(dtype, count, me))
+    for r in range(n):
+        np.testing.assert_array_equal(outs[r], values(dtype, count, r))
+    part = np.zeros(count, dtype)
+    dist.reduce_scatter_tensor(part, values(dtype, count * n, me))
+    whole = in_rank_order(R.SUM, [values(dtype, count * n, r) for r in range(n)])
+    np.testing.assert_array_equal(part, whole[me * count:(me + 1) * count])
+    for root in range(n):
+        b = values(dtype, count, me)
+        dist.broadcast(b, src=root)
+        np.testing.assert_array_equal(b, values(dtype, count, root))
+
+
+def test_tensors_and_out_of_place_calls():
+    n, me = world()
+    t = mt.full((2, 3), float(me + 1))
+    dist.all_reduce(t)
+    assert t.tolist() == [[n * (n + 1) / 2] * 3] * 2
+    out = mt.zeros(n * 2)
+    dist.all_gather_into_tensor(out, mt.tensor([me, -me], dtype=mt.float32))
+    assert out.tolist() == [v for r in range(n) for v in (r, -r)]
+    # the input a view of the output (in place, as FSDP gathers): posted before it is written
+    buf = np.zeros(n * 3, np.float32)
+    buf[me * 3:(me + 1) * 3] = me + 0.5
+    dist.all_gather_into_tensor(buf, buf[me * 3:(me + 1) * 3])
+    np.testing.assert_array_equal(buf, np.repeat(np.arange(n) + 0.5, 3).astype(np.float32))
+
+
+def test_more_async_calls_than_entries_waited_in_any_order():
+    """Many async calls of several kinds posted before any wait (past the board's entries:
+    a post then waits for room, reading this rank's own earlier calls meanwhile), blocking and
+    large calls between them, waited for last to first."""
+    n, me = world()
+    works, checks = [], []
+    for i in range(3 * shm_tiny.SLOTS + 1):
+        x = np.full(5, float(me + i), np.float64)
+        works.append(dist.all_reduce(x, async_op=True))
+        checks.append((x, np.full(5, float(sum(r + i for r in range(n))))))
+        out = np.zeros(2 * n, np.int32)
+        works.append(dist.all_gather_into_tensor(out, np.array([me, i], np.int32),
+                                                 async_op=True))
+        checks.append((out, np.array([v for r in range(n) for v in (r, i)], np.int32)))
+        if i % 5 == 0:
+            y = np.ones(3, np.float32)
+            dist.all_reduce(y)  # blocking, between them: reads the earlier ones first
+            checks.append((y, np.full(3, float(n), np.float32)))
+        if i % 7 == 0:
+            big = np.full(1 << 16, float(me), np.float32)  # past the board: MPI or the engine
+            works.append(dist.all_reduce(big, async_op=True))
+            checks.append((big, np.full(1 << 16, float(sum(range(n))), np.float32)))
+    for w in reversed(works):
+        w.wait()
+    for got, want in checks:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_dtype_mismatch_raises_on_every_rank():
+    """float32 on rank 0, int32 elsewhere, the same byte count: the entries differ."""
+    n, me = world()
+    g = board_group("dtype")
+    x = np.ones(4, np.float32 if me == 0 else np.int32)
+    with pytest.raises(CollectiveMismatchError, match="dtype"):
+        dist.all_reduce(x, group=g)
+    with pytest.raises(PeerFailedError, match="unusable"):
+        dist.all_reduce(np.ones(1), group=g)
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sizes_on_both_sides_of_the_board_raise_instead_of_hanging():
+    """The last rank passes more than the board takes (its call goes to MPI): within the
+    watchdog's slow tick, every rank raises, none waits out the timeout."""
+    n, me = world()
+    g = board_group("sides")
+    x = np.ones(8192 if me == n - 1 else 16, np.float32)  # 32 KiB: MPI's; 64 B: the board's
+    # (with the switch on, the engine takes both calls and its check names the byte count)
+    with pytest.raises((CollectiveMismatchError, PeerFailedError), match="small one|byte count"):
+        dist.all_reduce(x, group=g)
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_root_mismatch_raises():
+    n, me = world()
+    g = board_group("root")
+    x = np.ones(4, np.float32)
+    dist.all_reduce(x, group=g)  # (the group's first small call makes its cache)
+    if not _world._pg(g).tiny.bcast:
+        pytest.skip("ranks outnumber cores: broadcasts stay on MPI, which leaves a root "
+                    "mismatch undefined")
+    with pytest.raises(CollectiveMismatchError, match="root"):
+        dist.broadcast(x, src=me, group=g)
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_late_by_a_second_is_waited_for():
+    """A member that comes late is waited for within the group's timeout (its bounded wait
+    yields the core), and the result is right."""
+    import time
+
+    n, me = world()
+    if me == 0:
+        time.sleep(1.0)
+    x = np.full(3, me + 1, np.int64)
+    dist.all_reduce(x)
+    assert (x == n * (n + 1) // 2).all()
+
+
+def test_bool_half_and_complex_values():
+    """bool (logical reductions), float16 and bfloat16 (staged in float32) and complex (which
+    the board leaves to MPI) are right whichever path takes them."""
+    import ml_dtypes
+
+    n, me = world()
+    ops = {R.SUM: np.logical_or, R.MAX: np.logical_or, R.BOR: np.logical_or,
+           R.PRODUCT: np.logical_and, R.MIN: np.logical_and, R.BAND: np.logical_and}
+    for op, fn in ops.items():
+        x = np.array([True, me == 0, False, me % 2 == 1])
+        dist.all_reduce(x, op=op)
+        want = np.array([True, True, False, n > 1]) if fn is np.logical_or else \
+            np.array([True, n == 1, False, False])
+        np.testing.assert_array_equal(x, want)
+        assert set(x.view(np.uint8).tolist()) <= {0, 1}
+    for dt in (np.float16, ml_dtypes.bfloat16):
+        x = np.array([1.5, me], dt)
+        dist.all_reduce(x)
+        np.testing.assert_array_equal(x.astype(np.float32), [1.5 * n, sum(range(n))])
+    z = np.array([1 + 2j, me], np.complex64)
+    dist.all_reduce(z)
+    np.testing.assert_array_equal(z, [n * (1 + 2j), sum(range(n))])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_async_calls_behind_a_mismatch_raise_in_wait():
+    """Two async calls posted, the first mismatched (float32 on rank 0, int32 elsewhere):
+    waiting for the second reads the first, which raises; the first's own wait then raises
+    too, and the group refuses further calls. No wrong number comes out of either."""
+    n, me = world()
+    g = board_group("asyncmis")
+    a = dist.all_reduce(np.ones(2, np.float32 if me == 0 else np.int32), group=g, async_op=True)
+    y = np.ones(3, np.float32)
+    b = dist.all_reduce(y, group=g, async_op=True)
+    with pytest.raises(CollectiveMismatchError, match="dtype"):
+        b.wait()
+    with pytest.raises((CollectiveMismatchError, PeerFailedError)):
+        a.wait()
+    with pytest.raises(PeerFailedError, match="unusable"):
+        dist.all_reduce(np.ones(1), group=g)
+    dist.destroy_process_group(g)
