@@ -144,7 +144,7 @@ class Collectives(_pers.SmallCalls):
                         pers = self.pers or self._new_pers()
                         c = pers.ar.get(key) or pers.all_reduce(key, nb, fast[0], fast[1])
                         f = c.fast  # the board (shm_tiny.py), from and into arr
-                        if f is not None and not async_op and chk is None and (
+                        if f is not None and not (async_op or c.active) and chk is None and (
                                 (r := f.run(s, arr, arr)) == 1
                                 or f.owner.rest(r, arr, arr, "all_reduce", s)):
                             return None
@@ -270,7 +270,7 @@ class Collectives(_pers.SmallCalls):
                     c = pers.bc.get(key) or pers.broadcast(key, nb, src)
                     mine = src == self.rank_
                     f, i, o = c.fast, (arr if mine else None), (None if mine else arr)
-                    if f is not None and not async_op and chk is None and (
+                    if f is not None and not (async_op or c.active) and chk is None and (
                             (r := f.run(s, i, o)) == 1 or f.owner.rest(r, i, o, "broadcast", s)):
                         return None
                     b = _bytes(arr)
@@ -560,7 +560,7 @@ class Collectives(_pers.SmallCalls):
                     pers, nb = self.pers or self._new_pers(), inp.nbytes
                     c = pers.ag.get(nb) or pers.all_gather(nb)
                     f = c.fast
-                    if f is not None and not async_op and chk is None and (
+                    if f is not None and not (async_op or c.active) and chk is None and (
                             (r := f.run(s, inp, out)) == 1
                             or f.owner.rest(r, inp, out, "all_gather_into_tensor", s)):
                         return None
@@ -714,7 +714,7 @@ class Collectives(_pers.SmallCalls):
                     pers = self.pers or self._new_pers()
                     c = pers.rs.get(key) or pers.reduce_scatter(key, nb, fast[0], fast[1])
                     f = c.fast
-                    if f is not None and not async_op and chk is None and (
+                    if f is not None and not (async_op or c.active) and chk is None and (
                             (r := f.run(s, inp, out)) == 1
                             or f.owner.rest(r, inp, out, "reduce_scatter_tensor", s)):
                         return None
