@@ -296,3 +296,20 @@ def test_async_calls_behind_a_mismatch_raise_in_wait():
     with pytest.raises(PeerFailedError, match="unusable"):
         dist.all_reduce(np.ones(1), group=g)
     dist.destroy_process_group(g)
+
+
+def test_async_calls_past_the_entries_without_a_blocking_call():
+    """DDP's pattern: more async small all_reduces in a row than the board has entries (each
+    of its own size, as buckets are: one persistent request each), then every wait. A member
+    must not overwrite its own entry before reading the call it holds."""
+    n, me = world()
+    xs = [np.full(1 + i, float(me + i)) for i in range(3 * shm_tiny.SLOTS + 3)]
+    if me == 0:  # posts them all, then waits: its peers read each call as soon as it is there
+        works = [dist.all_reduce(x, async_op=True) for x in xs]
+        for w in works:
+            w.wait()
+    else:
+        for x in xs:
+            dist.all_reduce(x, async_op=True).wait()
+    for i, x in enumerate(xs):
+        np.testing.assert_array_equal(x, np.full(1 + i, float(sum(r + i for r in range(n)))))

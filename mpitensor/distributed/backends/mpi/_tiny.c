@@ -11,9 +11,10 @@
  * cache line of words (call number, operation word, byte count) and ``cap`` bytes of data.
  * Call s uses entry ``s % slots`` of every member.
  *
- * post: a member may overwrite its entry only once every other member has finished reading
- * what it held (their "done" word is at least the call number the entry holds); it writes the
- * words and the data, then the call number, then its header, each a release store.
+ * post: a member may overwrite its entry only once every member, itself included, has finished
+ * reading what it held (their "done" word is at least the call number the entry holds: a
+ * member with async calls still to read must not overwrite one of them); it writes the words
+ * and the data, then the call number, then its header, each a release store.
  *
  * take: once every member's entry holds call s with the same operation word and byte count,
  * the result is computed from the entries in rank order (so every member gets the same bits)
@@ -162,9 +163,9 @@ static int do_post(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyOb
 {
     int64_t *e = entry(self, self->rank, s);
     int64_t prev = e[0];
-    if (prev > 0)
+    if (prev > 0)  /* every member, this one too, has read the call the entry holds */
         for (Py_ssize_t r = 0; r < self->size; r++)
-            if (r != self->rank && LOAD(header(self, r) + 8) < prev)
+            if (LOAD(header(self, r) + 8) < prev)
                 return 0;
     Py_buffer src = {0};
     if (data_obj != Py_None) {

@@ -33,9 +33,9 @@ none and nothing changes.
   member not there yet still runs (PeerFailedError when its process is gone);
 * async calls post at once and complete in call order (``Test``, or any later call's wait).
 
-A member overwrites an entry only once every other member has read what it held (their "done"
-word): a call may wait for that, and while it does it completes its own earlier async calls,
-so two members waiting so always let each other on.
+A member overwrites an entry only once every member, itself included, has read what it held
+(their "done" word): a call may wait for that, and while it does it reads its own earlier async
+calls, so members waiting so always let each other on.
 """
 
 from __future__ import annotations
