@@ -18,10 +18,12 @@ lie) is also timed as ``bare into`` (that call alone, into a buffer made once), 
 bare`` (what it cost before: the terms copied, then the in-place all_reduce) and ``rs + ag``
 (reduce_scatter_tensor + all_gather_into_tensor, out of place, no copy).
 
-The transitions along a later dim are also timed as ``collective``: the same redistribution
-with its direct path switched off (``tensor/_direct.py``: blocks moved straight into place
-with cross-memory attach), i.e. through the packed all_to_all / all_gather. The bare
-collectives run on the mesh's own group, on contiguous buffers of the same bytes.
+The gathers and swaps are also timed as ``collective``: the same redistribution with its
+direct path switched off (``tensor/_direct.py``: blocks moved straight into place), i.e.
+through the packed all_to_all / all_gather; and as ``attach``: the direct path without the
+peers' mapped results (``backends/mpi/mapped.py``), every block moved by cross-memory
+attach, as before those. The bare collectives run on the mesh's own group, on contiguous
+buffers of the same bytes.
 
 The shard swaps are also timed against two references: ``padded``, the equal padded blocks
 the CuPy path still takes (and the NumPy path took before the exact split sizes), and
@@ -108,10 +110,21 @@ def candidates(mib: float, width: int) -> dict:
                 _direct.set_enabled(old)
         return run
 
+    def attach(dt, placements):  # the direct path through cross-memory attach alone
+        def run():
+            old, _direct.MAPPED = _direct.MAPPED, False
+            try:
+                dt.redistribute(mesh, placements)
+            finally:
+                _direct.MAPPED = old
+        return run
+
     return {
         "Shard(0) -> Replicate": {
             "ours": lambda: s0.redistribute(mesh, [Replicate()]),
-            "bare": lambda: dist.all_gather_into_tensor(big, a, group=group)},
+            "bare": lambda: dist.all_gather_into_tensor(big, a, group=group),
+            "attach": attach(s0, [Replicate()]),
+            "collective": collective(s0, [Replicate()])},
         "Partial -> Replicate": {
             "ours": lambda: part.redistribute(mesh, [Replicate()]),
             "bare": lambda: dist.all_reduce(big, group=group),
@@ -120,6 +133,7 @@ def candidates(mib: float, width: int) -> dict:
         "Shard(1) -> Replicate": {  # the columns gathered: one reorder pass, then all_gather
             "ours": lambda: s1.redistribute(mesh, [Replicate()]),
             "bare": lambda: dist.all_gather_into_tensor(big, a, group=group),
+            "attach": attach(s1, [Replicate()]),
             "collective": collective(s1, [Replicate()])},
         "Partial -> Shard(0)": {
             "ours": lambda: part.redistribute(mesh, [Shard(0)]),
@@ -127,11 +141,13 @@ def candidates(mib: float, width: int) -> dict:
         "Shard(0) -> Shard(1)": {
             "ours": lambda: s0.redistribute(mesh, [Shard(1)]),
             "bare": bare_a2a, "bare + pack": pack,
+            "attach": attach(s0, [Shard(1)]),
             "collective": collective(s0, [Shard(1)]),
             "padded": lambda: padded_all_to_all(local, 0, 1, rows, mesh, 0)},
         "Shard(1) -> Shard(0)": {
             "ours": lambda: s1.redistribute(mesh, [Shard(0)]),
             "bare": bare_a2a,
+            "attach": attach(s1, [Shard(0)]),
             "collective": collective(s1, [Shard(0)]),
             "padded": lambda: padded_all_to_all(s1.to_local().numpy(), 1, 0, width, mesh, 0)},
     }, rows

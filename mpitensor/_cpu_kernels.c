@@ -641,8 +641,108 @@ done:
     return result;
 }
 
+/* ---- scatter_runs: one buffer's runs written to several destinations in one pass ---- */
+
+#define SCATTER_MAX 256 /* destinations of one call (a group's ranks on one node) */
+
+static void scatter_loop(char **d, const int64_t *doff, const char *s, const int64_t *soff,
+                         const int64_t *runs, Py_ssize_t k, Py_ssize_t n, int stream)
+{
+    Py_ssize_t r, j, o;
+    for (r = 0; r < n; r++)
+        for (j = 0; j < k; j++) {
+            const Py_ssize_t at = j * n + r;
+#if defined(__SSE2__)
+            if (r + 2 < n) /* the next runs of the source, asked ahead (see runs_loop) */
+                for (o = 0; o < runs[j]; o += 64)
+                    _mm_prefetch(s + soff[at + 2] + o, _MM_HINT_T0);
+            if (stream) {
+                run_stream(d[j] + doff[at], s + soff[at], (size_t)runs[j]);
+                continue;
+            }
+#endif
+            (void)o;
+            memcpy(d[j] + doff[at], s + soff[at], (size_t)runs[j]);
+        }
+#if defined(__SSE2__)
+    if (stream)
+        _mm_sfence();
+#endif
+}
+
+static const char scatter_runs_doc[] =
+    "scatter_runs(dsts, dst_offsets, src, src_offsets, runs, stream=-1)\n\n"
+    "Copy runs of src to k destination buffers in one pass over src, without the interpreter\n"
+    "lock: for each index r < n, for each destination j < k, runs[j] bytes from src at\n"
+    "src_offsets[j*n + r] to dsts[j] at dst_offsets[j*n + r] (int64 byte offsets; runs: k\n"
+    "int64). Where the runs of one index lie side by side in src (a row's chunks), src is\n"
+    "read front to back once. stream as in copy_runs. Every run is checked to lie inside its\n"
+    "buffer before any byte moves; runs must not overlap.";
+
+static PyObject *scatter_runs(PyObject *self, PyObject *args)
+{
+    PyObject *dseq, *result = NULL;
+    Py_buffer doff, src, soff, runs, dst[SCATTER_MAX];
+    char *dptr[SCATTER_MAX];
+    Py_ssize_t k, n, j, r, got = 0;
+    const int64_t *dv, *sv, *rv;
+    int stream = -1;
+    int64_t total = 0;
+    if (!PyArg_ParseTuple(args, "Oy*y*y*y*|i", &dseq, &doff, &src, &soff, &runs, &stream))
+        return NULL;
+    k = PySequence_Check(dseq) ? PySequence_Size(dseq) : -1;
+    if (k < 1 || k > SCATTER_MAX || runs.len != 8 * k || doff.len != soff.len
+        || doff.len % (8 * k)) {
+        PyErr_Format(PyExc_ValueError, "scatter_runs: 1 to %d destinations, runs one int64 "
+                     "each, and offsets int64 of one length, a multiple of the destinations",
+                     SCATTER_MAX);
+        goto done;
+    }
+    n = doff.len / (8 * k);
+    dv = doff.buf, sv = soff.buf, rv = runs.buf;
+    for (got = 0; got < k; got++) {
+        PyObject *o = PySequence_GetItem(dseq, got);
+        int bad = o == NULL || PyObject_GetBuffer(o, &dst[got], PyBUF_WRITABLE) < 0;
+        Py_XDECREF(o);
+        if (bad)
+            goto done;
+        dptr[got] = dst[got].buf;
+    }
+    for (j = 0; j < k; j++) {
+        if (rv[j] < 0) {
+            PyErr_SetString(PyExc_ValueError, "scatter_runs: a run is negative");
+            goto done;
+        }
+        for (r = 0; r < n; r++) {
+            int64_t a = dv[j * n + r], b = sv[j * n + r];
+            if (a < 0 || a > dst[j].len - rv[j] || b < 0 || b > src.len - rv[j]) {
+                PyErr_Format(PyExc_ValueError, "scatter_runs: run %zd of destination %zd "
+                             "(offsets %lld, %lld, %lld bytes) leaves its buffer (%zd, %zd "
+                             "bytes)", r, j, (long long)a, (long long)b, (long long)rv[j],
+                             dst[j].len, src.len);
+                goto done;
+            }
+        }
+        total += rv[j] * (int64_t)n;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (stream < 0)
+        stream = total >= RUNS_STREAM_BYTES;
+    scatter_loop(dptr, dv, src.buf, sv, rv, k, n, stream);
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    for (j = 0; j < got; j++)
+        PyBuffer_Release(&dst[j]);
+    PyBuffer_Release(&doff); PyBuffer_Release(&src); PyBuffer_Release(&soff);
+    PyBuffer_Release(&runs);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"copy_runs", copy_runs, METH_VARARGS, copy_runs_doc},
+    {"scatter_runs", scatter_runs, METH_VARARGS, scatter_runs_doc},
     {"maxpool2x2", maxpool2x2, METH_VARARGS, maxpool2x2_doc},
     {"maxpool2x2_backward", maxpool2x2_backward, METH_VARARGS, maxpool2x2_backward_doc},
     {"forward", forward, METH_VARARGS, forward_doc},

@@ -1,10 +1,13 @@
 """The direct path of Shard(i) -> Shard(j) and Shard(d) -> Replicate (``tensor/_direct.py``:
-blocks moved with process_vm_readv/writev straight into place) across 1-4 ranks, compared bit
-for bit with the full tensor's slices: every dtype, every pair of dims, uneven and empty
-pieces, non-contiguous local pieces, a swap on one dim of a 2-D mesh, and the way back.
+blocks written into the peers' mapped results, or moved with process_vm_readv/writev,
+straight into place) across 1-4 ranks, compared bit for bit with the full tensor's slices:
+every dtype, every pair of dims, uneven and empty pieces, non-contiguous local pieces, a swap
+on one dim of a 2-D mesh, and the way back.
 
-The size thresholds are lowered to nothing for these tests so that small tensors take the
-path, and the staging buffer to 40 bytes so that a block goes through it in several slices.
+Every test runs three ways: through mapped results (``mapped``), and through cross-memory
+attach with the staging buffer lowered to 40 bytes so that a block goes through it in
+several slices (``staged``) or with no staging (``straight``). The size thresholds are
+lowered to nothing so that small tensors take the path.
 The tests that count assert that the path was taken where the group's probe allows it; the
 collective path gives the same bits where it does not, is switched off, or a move failed.
 """
@@ -23,16 +26,20 @@ from mpitensor.distributed.tensor import Replicate, Shard, _direct, init_device_
 from .test_redistribute_swap import DTYPES, full, piece, placed, same_bits, swap_and_check
 
 
-@pytest.fixture(autouse=True, params=["staged", "straight"])
+@pytest.fixture(autouse=True, params=["mapped", "staged", "straight"])
 def every_size(request, monkeypatch):
-    """Every size takes the path; strided short runs either go through a staging buffer a
-    few runs at a time (several slices per block) or straight to the kernel."""
+    """Every size takes the path: through the peers' mapped results, or by cross-memory
+    attach where strided short runs either go through a staging buffer a few runs at a time
+    (several slices per block) or straight to the kernel."""
     monkeypatch.setattr(_direct, "MIN_BYTES", 0)
     monkeypatch.setattr(_direct, "MIN_RUN", 0)
     monkeypatch.setattr(_direct, "MIN_PUSH_RUN", 0)
+    monkeypatch.setattr(_direct, "MIN_MAPPED_RUN", 0)
     monkeypatch.setattr(_direct, "STAGE", 40)
+    monkeypatch.setattr(_direct, "MAPPED", request.param == "mapped")
     if request.param == "straight":
         monkeypatch.setattr(_direct, "STAGE_RUN", 0)
+    return request.param
 
 
 class Count:
@@ -58,12 +65,18 @@ def usable(mesh, m=0):
 
 def test_the_probe_agrees_and_succeeds_on_one_node():
     # every rank of these suites runs on this machine as the same user: the kernel allows
-    # cross-memory attach unless ptrace is restricted (Yama's ptrace_scope) or seccomp refuses
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    ok = np.array([int(usable(mesh))], np.int64)
-    both = np.zeros(dist.get_world_size(), np.int64)
-    dist.all_gather_into_tensor(both, ok)
-    assert (both == both[0]).all()
+    # cross-memory attach, and opening a peer's descriptors, unless ptrace is restricted
+    # (Yama's ptrace_scope) or seccomp refuses
+    n = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (n,))
+    found = _direct._probe(mesh.get_group(0), n) if n > 1 else None
+    ok = np.array([int(usable(mesh)), int(found is not None and found.cma),
+                   int(found is not None and found.mapped)], np.int64)
+    every = np.zeros((n, 3), np.int64)
+    dist.all_gather_into_tensor(every, ok)
+    assert (every == every[0]).all()
+    if found is not None and found.cma:  # the same permission lets a peer map a segment
+        assert found.mapped
 
 
 def test_swap_every_dtype_every_pair(monkeypatch):
@@ -122,7 +135,7 @@ def test_gather_every_dtype_every_dim(monkeypatch):
                     y = placed(arr, mesh, [Shard(d)], strided).redistribute(mesh, [Replicate()])
                     same_bits(y.to_local().numpy(), arr, (dtype, shape, d, strided))
                     assert y.to_local().numpy().flags.c_contiguous
-                    calls += d > 0 and shape[0] > 1  # dim 0 (or all before it 1): all_gather
+                    calls += 1  # every dim, the leading ones too
     if dist.get_world_size() > 1 and usable(mesh):
         assert count.done == calls
 
@@ -182,8 +195,9 @@ def test_a_failed_move_on_one_rank_sends_every_rank_to_the_collective(monkeypatc
     def refused(*args, **kwargs):
         raise CmaError(1, "refused (test)")
 
-    if me == n - 1:
+    if me == n - 1:  # this rank can neither write into its peers' results nor attach
         monkeypatch.setattr(_direct._cma, "transfer", refused)
+        monkeypatch.setattr(_direct._mapped.PEERS, "get", refused)
     count = Count(monkeypatch)
     arr = full((8, 12, 5), np.float32, seed=18)
     for i, j in itertools.permutations(range(3), 2):
@@ -194,22 +208,92 @@ def test_a_failed_move_on_one_rank_sends_every_rank_to_the_collective(monkeypatc
     assert count.done == 0
 
 
-def test_default_thresholds_choose_by_size_and_run(monkeypatch):
-    # the module's own limits: at least MIN_BYTES in all, runs of MIN_RUN (reads) or
-    # MIN_PUSH_RUN (writes from strided runs) bytes; the choice is the same on every rank
-    for name in ("MIN_BYTES", "MIN_RUN", "MIN_PUSH_RUN", "STAGE", "STAGE_RUN"):
+def test_default_thresholds_choose_by_size_and_run(monkeypatch, every_size):
+    # the module's own limits: at least MIN_BYTES in all, runs of MIN_MAPPED_RUN bytes into
+    # mapped results, else MIN_RUN (reads) or MIN_PUSH_RUN (writes from strided runs) bytes;
+    # the choice is the same on every rank
+    for name in ("MIN_BYTES", "MIN_RUN", "MIN_PUSH_RUN", "MIN_MAPPED_RUN", "STAGE",
+                 "STAGE_RUN"):
         monkeypatch.setattr(_direct, name, getattr(_direct, name + "_DEFAULT"))
     n = dist.get_world_size()
     mesh = init_device_mesh("cpu", (n,))
     if n == 1 or not usable(mesh):
         return
+    mapped = every_size == "mapped" and _direct._probe(mesh.get_group(0), n).mapped
     count = Count(monkeypatch)
     arr = full((512, 1024), np.float32, seed=19)  # 2 MiB
     run = -(-1024 // n) * 4  # bytes of a row's chunk
     swap_and_check(arr, mesh, [Shard(1)], [Shard(0)])  # the receiver reads
     assert count.done == 1
     swap_and_check(arr, mesh, [Shard(0)], [Shard(1)])  # the sender writes
-    assert count.done == 1 + (run >= _direct.MIN_PUSH_RUN)
+    assert count.done == 1 + (mapped or run >= _direct.MIN_PUSH_RUN)
+    if mapped:  # 16-byte runs: too short even for a compiled copy
+        before = count.done
+        swap_and_check(full((65536, 4 * n), np.float32, seed=20), mesh, [Shard(0)], [Shard(1)])
+        assert count.done == before
     before = count.done
     swap_and_check(full((64, 64), np.float32), mesh, [Shard(1)], [Shard(0)])  # 16 KiB
     assert count.done == before
+
+
+def mapped_path(mesh, every_size):
+    """Whether this test's calls write into mapped results."""
+    n = dist.get_world_size()
+    return (every_size == "mapped" and n > 1 and usable(mesh)
+            and _direct._probe(mesh.get_group(0), n).mapped)
+
+
+def test_a_result_held_is_never_written_again(every_size):
+    # results come from a pool of shared segments the peers write into: a segment is handed
+    # out again only once no view of it is alive, so results a user holds keep their values
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    a, b = full((24, 16), np.float32, seed=21), full((24, 16), np.float32, seed=22)
+    ya = placed(a, mesh, [Shard(1)]).redistribute(mesh, [Replicate()])
+    kept = ya.to_local().numpy().copy()
+    row = ya.to_local().numpy()[3]  # a view of the result alone keeps it too
+    del ya
+    for _ in range(3):
+        yb = placed(b, mesh, [Shard(1)]).redistribute(mesh, [Replicate()])
+        same_bits(yb.to_local().numpy(), b, "b")
+    same_bits(row, kept[3], "the row held")
+    same_bits(placed(a, mesh, [Shard(0)]).redistribute(mesh, [Shard(1)]).to_local().numpy(),
+              piece(a, mesh, [Shard(1)]), "swap")
+
+
+def test_results_are_recycled_once_dropped(monkeypatch, every_size):
+    from mpitensor.distributed.backends.mpi import mapped
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    if not mapped_path(mesh, every_size):
+        return
+    writes = []
+    real = _direct._write_all
+    monkeypatch.setattr(_direct, "_write_all", lambda *a: (writes.append(1), real(*a)))
+    arr = full((32, 64), np.float64, seed=23)
+    dt = placed(arr, mesh, [Shard(1)])
+    dt.redistribute(mesh, [Replicate()])
+    made = len(mapped.POOL)
+    for _ in range(4):
+        y = dt.redistribute(mesh, [Replicate()])
+        same_bits(y.to_local().numpy(), arr, "again")
+    assert len(mapped.POOL) <= made + 1  # the one held by y, and the one freed each time
+    assert len(writes) == 5  # every call wrote into the peers' mapped results
+
+
+def test_a_full_pool_on_one_rank_takes_another_path_everywhere(monkeypatch, every_size):
+    # a rank whose pool has no segment to give announces none: every rank moves the blocks
+    # by cross-memory attach instead (or takes the collective), with the same bits
+    from mpitensor.distributed.backends.mpi import mapped
+
+    n, me = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (n,))
+    if not mapped_path(mesh, every_size):
+        return
+    if me == 0:
+        monkeypatch.setattr(mapped.POOL, "MAX_BUFFERS", 0)
+    arr = full((8, 12, 5), np.float32, seed=24)
+    for i, j in itertools.permutations(range(3), 2):
+        swap_and_check(arr, mesh, [Shard(i)], [Shard(j)])
+    for d in (1, 2):
+        y = placed(arr, mesh, [Shard(d)]).redistribute(mesh, [Replicate()])
+        same_bits(y.to_local().numpy(), arr, d)

@@ -9,8 +9,9 @@ contiguous runs a chunk's length times the dims after it, and the result is C-co
 it only: single elements when it is the last dim, a transposing copy.) Uneven pieces are
 padded to the longest chunk, ``ceil(n / k)``, as torch pads them; the pad is zeros.
 
-A gather along a later dim of at least 1 MiB takes the direct path where the group allows it
-(:mod:`._direct`): each peer's piece is read straight into its place in the result, with no
+A gather of at least 1 MiB, along any dim, takes the direct path where the group allows it
+(:mod:`._direct`): each rank's piece goes straight into its place in every rank's result
+(written into the peers' mapped results, else read by cross-memory attach), with no
 collective and no reorder pass.
 """
 
@@ -63,10 +64,9 @@ def _padded(x: np.ndarray, dim: int, c: int) -> np.ndarray:
 
 def gather_dim(x: np.ndarray, dim: int, n: int, mesh: DeviceMesh, m: int) -> np.ndarray:
     """Shard(dim) of global length ``n`` -> the whole dim (one all_gather_into_tensor)."""
-    if not leading(x.shape, dim):
-        direct = _direct.gather(x, dim, n, mesh, m)
-        if direct is not None:
-            return direct
+    direct = _direct.gather(x, dim, n, mesh, m)
+    if direct is not None:
+        return direct
     k = mesh.size(m)
     c = -(-n // k)
     block = _padded(x, dim, c)

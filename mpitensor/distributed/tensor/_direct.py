@@ -1,28 +1,33 @@
-"""Redistributions that move each byte once: blocks read from, or written into, the peers.
+"""Redistributions that move each byte once: blocks written into the peers' results.
 
-A shard swap or a gather along a later dim moves blocks whose rows are strided on one side:
-through a collective they take a packing (or unpacking) pass *and* the collective's own move
-of every byte (one copy or more, as the MPI library does it). Where every rank of the group
-may read and write its peers' memory (Linux cross-memory attach: same node, same user,
-ptrace allowed; probed once per group and agreed by all), each block goes straight from the
-sender's piece into its place in the receiver's result in one system call per 1024 runs
-(:mod:`cma_runs`), and this rank's own block is one local copy of runs (compiled, with
-stores that bypass the cache, where ``_cpu_kernels`` is built). Every byte is read once and
-written once.
+A gather or a shard swap moves blocks whose rows may be strided on either side: through a
+collective they take a packing (or unpacking) pass *and* the collective's own move of every
+byte (one copy or more, as the MPI library does it). Where every rank of the group may reach
+its peers' memory (same node, same user, ptrace allowed; probed once per group and agreed by
+all), each block goes straight from the sender's piece into its place in the receiver's
+result, and this rank's own block is one local copy. Every byte is read once and written
+once. Two ways, in this order:
 
-Which side moves a block: the one whose runs are strided, so that the peer's side of the
-system call is one range (the kernel pins the peer's pages per range): the sender writes
-(``Shard(i) -> Shard(j)`` with ``i`` before ``j``: its rows' chunks are strided, the
-receiver's block is whole rows), the receiver reads otherwise (``j`` before ``i`` and the
-gather: the sender's block is contiguous, the receiver's rows are strided). A read into
-short strided runs goes through a cache-resident staging buffer (:func:`_transfer`).
+* **Mapped results** (:mod:`mapped`): every rank's result is a shared segment from a
+  recycled pool, which its peers map; each rank writes its blocks into every rank's result
+  with one compiled pass over its piece (``_cpu_kernels.scatter_runs``: a row's chunks go
+  to their destinations one after the other, prefetched, with stores that bypass the cache).
+  No system call moves a byte. Runs of ``MIN_MAPPED_RUN`` bytes or more.
+* **Cross-memory attach** (:mod:`cma_runs`), where a rank's pool has no segment to give:
+  one system call per 1024 runs. The side whose runs are strided moves the block, so that
+  the peer's side of the call is one range (the kernel pins the peer's pages per range): the
+  sender writes (``Shard(i) -> Shard(j)`` with ``i`` before ``j``: its rows' chunks are
+  strided, the receiver's block is whole rows), the receiver reads otherwise (``j`` before
+  ``i`` and the gather). A read into short strided runs goes through a cache-resident
+  staging buffer (:func:`_transfer`). Runs of ``MIN_RUN`` bytes (``MIN_PUSH_RUN`` written).
 
-A call: the ranks exchange the address of the array their peers touch and a fingerprint of
-the call (one small all_gather), move the blocks, and agree that every move succeeded (one
-small all_reduce, which is also the barrier after which a rank may reuse its arrays). A
-fingerprint that differs (a rank with another shape) or a failed move sends every rank to
-the collective path, which overwrites the result whole (and reports a mismatch there).
-``MPITENSOR_SHM_COLLECTIVES=off`` and debug mode keep every call on the collectives.
+A call: the ranks exchange the address of the array their peers touch, their result's
+segment and a fingerprint of the call (one small all_gather), move the blocks, and agree that
+every move succeeded (one small all_reduce, which is also the barrier after which a rank may
+read its result and reuse its piece). A fingerprint that differs (a rank with another shape)
+or a failed move sends every rank to the collective path, which overwrites the result whole
+(and reports a mismatch there). ``MPITENSOR_SHM_COLLECTIVES=off`` and debug mode keep every
+call on the collectives.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from mpitensor._base import config as _config
 from mpitensor._base import workspace as _workspace
 
 from ..backends.mpi import cma_runs as _cma
+from ..backends.mpi import mapped as _mapped
 from ..device_mesh import DeviceMesh
 from .placement_types import shard_size_and_offset
 
@@ -55,6 +61,8 @@ MIN_RUN = MIN_RUN_DEFAULT = 512  # bytes: shorter runs cost the system calls mor
 MIN_PUSH_RUN = MIN_PUSH_RUN_DEFAULT = 2048
 STAGE = STAGE_DEFAULT = 1 << 20  # bytes of the cache-resident buffer strided short runs use
 STAGE_RUN = STAGE_RUN_DEFAULT = 64 << 10  # runs this long move straight (copied well)
+MIN_MAPPED_RUN = MIN_MAPPED_RUN_DEFAULT = 64  # bytes: runs copied into the peers' mapped results
+MAPPED = True  # tests: False keeps every call on cross-memory attach
 
 _probed: "weakref.WeakKeyDictionary[Any, Optional[List[int]]]" = weakref.WeakKeyDictionary()
 _enabled = True
@@ -69,17 +77,18 @@ def set_enabled(use: bool) -> bool:
     return old
 
 
-def _native() -> Any:
+def _native(name: str) -> Any:
     if not _config.NATIVE:
         return None
     try:
         import mpitensor._cpu_kernels as kernels  # noqa: PLC0415 - built, or absent
     except ImportError:
         return None
-    return getattr(kernels, "copy_runs", None)
+    return getattr(kernels, name, None)
 
 
-_copy_runs = _native()
+_copy_runs = _native("copy_runs")
+_scatter_runs = _native("scatter_runs")
 
 
 # ------------------------------------------------------------------ blocks as runs
@@ -142,9 +151,19 @@ def _copy_local(dst: np.ndarray, db: _Block, src: np.ndarray, sb: _Block) -> Non
 
 
 # ------------------------------------------------------------------ the group's peers
-def _pids(group: Any, k: int) -> Optional[List[int]]:
-    """The group members' pids where every member may move memory to and from every other
-    (collective on the first call per group; None otherwise)."""
+class _Probe:
+    """What a group's members may do to one another's memory (agreed by all of them)."""
+
+    __slots__ = ("pids", "cma", "mapped")
+
+    def __init__(self, pids: List[int], cma: bool, mapped: bool):
+        self.pids, self.cma, self.mapped = pids, cma, mapped
+
+
+def _probe(group: Any, k: int) -> Optional[_Probe]:
+    """How this group's members may reach every other's memory: cross-memory attach
+    (``cma``), mapping the others' shared results (``mapped``); None where neither works for
+    every pair, or the path is off. Collective on the first call per group."""
     if not _enabled or _config.DEBUG or _config.shm_collectives() == "off":
         return None
     try:
@@ -152,44 +171,71 @@ def _pids(group: Any, k: int) -> Optional[List[int]]:
     except KeyError:
         pass
     token = np.array([int.from_bytes(os.urandom(7), "little")], np.int64)
-    info = np.zeros((k, 3), np.int64)
-    dist.all_gather_into_tensor(info, np.array([os.getpid(), token.ctypes.data, token[0]],
-                                               np.int64), group=group)
-    got, ok = np.zeros(1, np.int64), _cma.available()
+    seg = _mapped.POOL.empty((1,), np.int64) if _mapped.available() else None
+    arr, fd, ino = seg if seg is not None else (None, -1, -1)
+    if arr is not None:
+        arr[0] = token[0]
+    info = np.zeros((k, 5), np.int64)
+    dist.all_gather_into_tensor(
+        info, np.array([os.getpid(), token.ctypes.data, token[0], fd, ino], np.int64),
+        group=group)
+    got, cma, mapped = np.zeros(1, np.int64), _cma.available(), (info[:, 3] >= 0).all()
     me = dist.get_rank(group)
     for r in range(k):
-        if ok and r != me:
+        if r == me:
+            continue
+        if cma:
             try:
                 _cma.transfer(int(info[r, 0]), False, got.ctypes.data, np.zeros(1, np.int64),
                               int(info[r, 1]), np.zeros(1, np.int64), 8)
+                cma = int(got[0]) == int(info[r, 2])
             except OSError:
-                ok = False
-            ok = ok and int(got[0]) == int(info[r, 2])
-    flag = np.array([int(ok)], np.int64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    pids = [int(p) for p in info[:, 0]] if flag[0] else None
+                cma = False
+        if mapped:
+            try:
+                peer = _mapped.PEERS.get(int(info[r, 0]), int(info[r, 3]), int(info[r, 4]), 8)
+                mapped = int(peer.view(np.int64)[0]) == int(info[r, 2])
+            except OSError:
+                mapped = False
+    flags = np.array([int(cma), int(mapped)], np.int64)
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=group)
+    seg = arr = None  # the probe's segment goes back to the pool
+    found = (_Probe([int(p) for p in info[:, 0]], bool(flags[0]), bool(flags[1]))
+             if flags.any() else None)
     try:
-        _probed[group] = pids
+        _probed[group] = found
     except TypeError:  # a group that takes no weak reference: probed at each call
         pass
-    return pids
+    return found
+
+
+def _pids(group: Any, k: int) -> Optional[List[int]]:
+    """The group members' pids where the direct path may run on it (see :func:`_probe`)."""
+    found = _probe(group, k)
+    return None if found is None else found.pids
 
 
 def _fingerprint(*what: Any) -> int:
     return zlib.crc32(repr(what).encode())
 
 
-def _move(group: Any, pids: List[int], me: int, addr: int, fp: int, plan: Any) -> bool:
-    """Exchange addresses and fingerprints, run ``plan(addrs)`` (the moves), agree they all
-    succeeded. False (on every rank) where the collective path must run instead."""
+def _move(group: Any, pids: List[int], me: int, addr: int, fp: int, plan: Any,
+          seg: Tuple[int, int] = (-1, -1)) -> bool:
+    """Exchange addresses, fingerprints and result segments (``seg``: fd and inode, -1 where
+    this rank's result is not shared), run ``plan(info)`` (the moves; ``info``: one row per
+    rank, ``(addr, fp, fd, inode)``), agree they all succeeded. False (on every rank) where
+    the collective path must run instead, or ``plan`` returned False (on every rank alike:
+    its choice may depend on ``info`` only)."""
     k = len(pids)
-    info = np.zeros((k, 2), np.int64)
-    dist.all_gather_into_tensor(info, np.array([addr, fp], np.int64), group=group)
+    info = np.zeros((k, 4), np.int64)
+    dist.all_gather_into_tensor(info, np.array([addr, fp, seg[0], seg[1]], np.int64),
+                                group=group)
     if (info[:, 1] != fp).any():
         return False
     ok = True
     try:
-        plan(info[:, 0])
+        if plan(info) is False:
+            return False
     except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement below
         # (a peer gone shows in the agreement itself: the group's health raises there)
         _log.warning("rank %d: a direct redistribution failed (%s); every rank of the group "
@@ -200,7 +246,11 @@ def _move(group: Any, pids: List[int], me: int, addr: int, fp: int, plan: Any) -
     return bool(flag[0])
 
 
-def _worth(nbytes: int, run: int, push: bool) -> bool:
+def _worth(nbytes: int, run: int, push: bool, mapped: bool = False) -> bool:
+    """Whether the direct path pays: through mapped results (``mapped``), or else through
+    cross-memory attach (reads, or writes where ``push``)."""
+    if mapped:
+        return nbytes >= MIN_BYTES and run >= MIN_MAPPED_RUN
     return nbytes >= MIN_BYTES and run >= (max(MIN_RUN, MIN_PUSH_RUN) if push else MIN_RUN)
 
 
@@ -246,39 +296,102 @@ def gather(x: np.ndarray, dim: int, n: int, mesh: DeviceMesh, m: int) -> Optiona
 def _run(x: np.ndarray, mesh: DeviceMesh, m: int, full: Tuple[int, ...],
          shape: Tuple[int, ...], pair: Pair, push: bool, what: tuple) -> Optional[Any]:
     """Move every rank's blocks (``pair(src, dst)``: where rank src's block for rank dst lies
-    in src's piece and in dst's result) into this rank's result of ``shape``: the sender
-    writes them where ``push``, the receiver reads them otherwise. None where the group
-    takes the collective."""
+    in src's piece and in dst's result) into this rank's result of ``shape``. Where every
+    rank's result is a shared segment (:mod:`mapped`), each rank writes its blocks into its
+    peers' results; otherwise the sender writes them where ``push``, the receiver reads them
+    (cross-memory attach). None where the group takes the collective."""
     k, me, isz = mesh.size(m), mesh.get_coordinate()[m], x.itemsize
     # rank 0's chunks are the longest: its runs decide (alike on every rank)
-    if not _worth(math.prod(full) * isz, _runs(*pair(0, 0), isz)[2], push):
+    nbytes, run0 = math.prod(full) * isz, _runs(*pair(0, 0), isz)[2]
+    if not (_worth(nbytes, run0, push, True) or _worth(nbytes, run0, push)):
         return None
     group = mesh.get_group(m)
-    pids = _pids(group, k)
-    if pids is None:
+    found = _probe(group, k)
+    if found is None:
+        return None
+    mapped = found.mapped and MAPPED and _worth(nbytes, run0, push, True)
+    cma = found.cma and _worth(nbytes, run0, push)
+    if not (mapped or cma):
         return None
     x = np.ascontiguousarray(x)
-    out = _workspace.empty(np, shape, x.dtype)
+    seg = _mapped.POOL.empty(shape, x.dtype) if mapped else None
+    if seg is None:
+        out, fd, ino = _workspace.empty(np, shape, x.dtype), -1, -1
+    else:
+        out, fd, ino = seg
+    seg = None
 
-    def plan(addrs: np.ndarray) -> None:
-        for step in range(1, k):  # the peers' blocks, then this rank's own
-            r = (me + step) % k
-            if push:
-                xoffs, roffs, run = _runs(*pair(me, r), isz)
-                _transfer(pids[r], True, x, xoffs, int(addrs[r]), roffs, run)
-            else:
-                roffs, ooffs, run = _runs(*pair(r, me), isz)
-                _transfer(pids[r], False, out, ooffs, int(addrs[r]), roffs, run)
-        sb, db = pair(me, me)
-        if _copy_runs is None:
-            _copy_local(out, db, x, sb)
+    def plan(info: np.ndarray) -> bool:
+        if (info[:, 2] >= 0).all():
+            _write_all(x, out, found.pids, me, info, pair)
+        elif not cma:  # a rank's pool is full: the runs are too short for the system calls
+            return False
         else:
-            doffs, soffs, run = _runs(db, sb, isz)
-            _copy_runs(out.reshape(-1).view(np.uint8), doffs, x.reshape(-1).view(np.uint8),
-                       soffs, run)
+            _attach(x, out, found.pids, me, info[:, 0], pair, push)
+            _own(x, out, pair(me, me))
+        return True
 
     fp = _fingerprint(what, full, x.dtype.str)
-    return out if _move(group, pids, me, _addr(out if push else x), fp, plan) else None
+    ok = _move(group, found.pids, me, _addr(out if push else x), fp, plan, (fd, ino))
+    return out if ok else None
+
+
+def _write_all(x: np.ndarray, out: np.ndarray, pids: List[int], me: int, info: np.ndarray,
+               pair: Pair) -> None:
+    """Write this rank's block for each rank into that rank's result (the peers': their
+    mapped segments), in one pass over ``x`` where the blocks have as many runs each (a
+    row's chunks go to their destinations one after the other: ``x`` is read front to
+    back), one destination after another otherwise."""
+    k, isz, flat = len(pids), x.itemsize, x.reshape(-1).view(np.uint8)
+    order = [(me + step) % k for step in range(1, k)] + [me]
+    dsts, moves = [], []
+    for r in order:
+        sb, db = pair(me, r)
+        if r == me:
+            dsts.append(out.reshape(-1).view(np.uint8))
+        else:
+            dsts.append(_mapped.PEERS.get(pids[r], int(info[r, 2]), int(info[r, 3]),
+                                          math.prod(db.shape) * isz))
+        moves.append((sb, db))
+    if _copy_runs is None:
+        for dst, (sb, db) in zip(dsts, moves):
+            _copy_local(dst[:math.prod(db.shape) * isz].view(x.dtype).reshape(db.shape),
+                        db, x, sb)
+        return
+    runs = [_runs(sb, db, isz) for sb, db in moves]
+    if _scatter_runs is not None and len({len(xo) for xo, _, _ in runs}) == 1:
+        _scatter_runs(dsts, np.concatenate([do for _, do, _ in runs]), flat,
+                      np.concatenate([xo for xo, _, _ in runs]),
+                      np.array([n for _, _, n in runs], np.int64))
+        return
+    for dst, (xoffs, doffs, run) in zip(dsts, runs):
+        _copy_runs(dst, doffs, flat, xoffs, run)
+
+
+def _attach(x: np.ndarray, out: np.ndarray, pids: List[int], me: int, addrs: np.ndarray,
+            pair: Pair, push: bool) -> None:
+    """Move the peers' blocks by cross-memory attach: this rank writes its own into its
+    peers' results where ``push``, reads theirs into its result otherwise."""
+    k, isz = len(pids), x.itemsize
+    for step in range(1, k):  # the peers' blocks, then this rank's own
+        r = (me + step) % k
+        if push:
+            xoffs, roffs, run = _runs(*pair(me, r), isz)
+            _transfer(pids[r], True, x, xoffs, int(addrs[r]), roffs, run)
+        else:
+            roffs, ooffs, run = _runs(*pair(r, me), isz)
+            _transfer(pids[r], False, out, ooffs, int(addrs[r]), roffs, run)
+
+
+def _own(x: np.ndarray, out: np.ndarray, blocks: Tuple[_Block, _Block]) -> None:
+    """This rank's own block: one local copy."""
+    sb, db = blocks
+    if _copy_runs is None:
+        _copy_local(out, db, x, sb)
+    else:
+        doffs, soffs, run = _runs(db, sb, x.itemsize)
+        _copy_runs(out.reshape(-1).view(np.uint8), doffs, x.reshape(-1).view(np.uint8),
+                   soffs, run)
 
 
 def _addr(a: np.ndarray) -> int:

@@ -19,8 +19,8 @@ gradient for ``Shard``, the whole gradient (the same on every rank) for ``Replic
 So the backward of a redistribution from A to B is the redistribution of the gradient from
 B's layout to A's (:class:`Redistribute`).
 
-On one node, a NumPy swap and a gather along a later dim move their blocks straight into
-place instead of through the collective (``_direct.py``).
+On one node, a NumPy swap and a gather move their blocks straight into place instead of
+through the collective (``_direct.py``).
 
 Several mesh dimensions sharding one tensor dimension nest in mesh order; a change to one of
 them undoes the shards nested inside it first (innermost first) and redoes them after.
