@@ -340,12 +340,13 @@ def _write_all(x: np.ndarray, out: np.ndarray, pids: List[int], me: int, info: n
                pair: Pair) -> None:
     """Write this rank's block for each rank into that rank's result (the peers': their
     mapped segments), in one pass over ``x`` where the blocks have as many runs each (a
-    row's chunks go to their destinations one after the other: ``x`` is read front to
-    back), one destination after another otherwise."""
+    row's chunks go to their destinations one after the other), one destination after
+    another otherwise. The destinations go in rank order: a rank's chunk of a row lies
+    before the next rank's, so ``x`` is read front to back (any other order ran 1.5-2.2x
+    slower: the hardware's prefetch loses the stream)."""
     k, isz, flat = len(pids), x.itemsize, x.reshape(-1).view(np.uint8)
-    order = [(me + step) % k for step in range(1, k)] + [me]
     dsts, moves = [], []
-    for r in order:
+    for r in range(k):
         sb, db = pair(me, r)
         if r == me:
             dsts.append(out.reshape(-1).view(np.uint8))
