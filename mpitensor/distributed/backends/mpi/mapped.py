@@ -55,7 +55,7 @@ class Pool:
     moves its blocks another way)."""
 
     MAX_BUFFERS = 16
-    MAX_BYTES = 1 << 30
+    MAX_BYTES = 512 << 20  # as _base/workspace's cache
 
     def __init__(self) -> None:
         self._segs: List[_Seg] = []
@@ -140,11 +140,12 @@ class Pool:
 
 class Peers:
     """The peers' segments mapped here, by ``(pid, fd)``, the least recently used dropped
-    past ``MAX_MAPS`` mappings or ``MAX_BYTES`` in all (a dropped mapping keeps a peer's
-    memory alive no longer)."""
+    past ``MAX_MAPS`` mappings or ``MAX_BYTES`` in all. A mapping keeps the segment's memory
+    alive after its owner has closed it, until it is dropped here, or replaced by the next
+    segment the owner announces at that descriptor."""
 
     MAX_MAPS = 32
-    MAX_BYTES = 2 << 30
+    MAX_BYTES = 1 << 30
 
     def __init__(self) -> None:
         self._maps: "OrderedDict[Tuple[int, int], Tuple[int, np.ndarray]]" = OrderedDict()
