@@ -297,3 +297,106 @@ def test_a_full_pool_on_one_rank_takes_another_path_everywhere(monkeypatch, ever
     for d in (1, 2):
         y = placed(arr, mesh, [Shard(d)]).redistribute(mesh, [Replicate()])
         same_bits(y.to_local().numpy(), arr, d)
+
+
+# ------------------------------------------------------------------ Partial -> Replicate
+REDUCE = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum,
+          "product": np.multiply}
+
+
+def rank_order(terms, op):
+    """The reduction of the terms in rank order, as the node-local engine computes it."""
+    acc = REDUCE[op](terms[0], terms[1]) if len(terms) > 1 else terms[0].copy()
+    for t in terms[2:]:
+        acc = REDUCE[op](acc, t)
+    if op == "avg":
+        acc = (acc / acc.dtype.type(len(terms))).astype(acc.dtype)
+    return acc
+
+
+def reduce_and_check(shape, dtype, op, mesh, seed, exact=False):
+    """Partial(op) -> Replicate of one term per rank: the rank-order reduction, bit for bit
+    where ``exact`` (the direct path, and every order-free op or integer type), else within
+    the arithmetic's rounding (the group's path may reduce in another order, or wider)."""
+    from mpitensor.distributed.tensor import DTensor, Partial
+
+    n, me = dist.get_world_size(), dist.get_rank()
+    terms = [full(shape, dtype, seed=seed + r) for r in range(n)]
+    if op == "product" and np.dtype(dtype).kind in "iu":
+        terms = [t % 3 for t in terms]  # (products that stay in range)
+    mine = terms[me].copy()
+    x = DTensor.from_local(mt_tensor(mine), mesh, [Partial(op)])
+    y = x.redistribute(mesh, [Replicate()]).to_local().numpy()
+    same_bits(mine, terms[me], "the term is left as it was")
+    want = rank_order(terms, op)
+    if exact or op in ("max", "min") or np.dtype(dtype).kind in "iub" or n <= 2:
+        same_bits(y, want, (shape, dtype, op))
+    else:  # each of the n - 1 steps rounds by at most eps of what it combines
+        eps = 2.0 ** -7 if dtype is dtypes.bfloat16 else float(np.finfo(dtype).eps)
+        wide = [t.astype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)
+                for t in terms]
+        mag = (np.abs(rank_order(wide, op)) if op == "product"
+               else sum(np.abs(t) for t in wide))
+        err = np.abs(y.astype(wide[0].dtype) - rank_order(wide, op))
+        assert (err <= n * eps * mag).all(), (shape, dtype, op)
+    every = np.zeros((n,) + y.shape, y.dtype)
+    dist.all_gather_into_tensor(every, np.ascontiguousarray(y))
+    assert all(e.tobytes() == every[0].tobytes() for e in every), "the same bits everywhere"
+    return y
+
+
+def mt_tensor(a):
+    import mpitensor as mt
+
+    return mt.tensor(a)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "product"])
+def test_partial_to_replicate_every_op_and_dtype(monkeypatch, op, every_size):
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    calls = []
+    real = _direct._reduce_part
+    monkeypatch.setattr(_direct, "_reduce_part", lambda *a: (calls.append(1), real(*a)))
+    dtypes_ = [np.float32, np.float64, np.int32, np.int64, np.uint8]
+    direct = mapped_path(mesh, every_size)
+    for dtype in dtypes_:
+        if op == "avg" and np.dtype(dtype).kind != "f":
+            continue
+        for shape in ((37, 5), (3, 1000), (1,), (64, 16)):
+            reduce_and_check(shape, dtype, op, mesh, seed=31, exact=direct)
+    if direct:  # every call wrote its part into every rank's result
+        assert len(calls) == sum(4 for d in dtypes_ if op != "avg" or np.dtype(d).kind == "f")
+    elif dist.get_world_size() > 1:
+        assert not calls
+
+
+def test_partial_to_replicate_other_dtypes_take_the_group(every_size):
+    # half precision and bool go through the engine's own staging; complex has no order
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for dtype in (np.float16, dtypes.bfloat16, np.complex64, np.bool_):
+        op = "max" if dtype is np.bool_ else "sum"
+        reduce_and_check((9, 7), dtype, op, mesh, seed=32)
+
+
+def test_partial_to_replicate_falls_back_together(monkeypatch, every_size):
+    # a rank whose pool has no segment, or whose read of a peer fails: every rank takes the
+    # group's all_reduce, with the same bits
+    n, me = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (n,))
+    if not mapped_path(mesh, every_size):
+        return
+    from mpitensor.distributed.backends.mpi import mapped
+    from mpitensor.distributed.backends.mpi.cma import CmaError
+
+    with monkeypatch.context() as mp:
+        if me == n - 1:
+            mp.setattr(mapped.POOL, "MAX_BUFFERS", 0)
+        reduce_and_check((40, 24), np.float64, "sum", mesh, seed=33)
+
+    def refused(*a, **kw):
+        raise CmaError(1, "refused (test)")
+
+    with monkeypatch.context() as mp:
+        if me == 0:
+            mp.setattr(_direct._cma1.Reader, "read", refused)
+        reduce_and_check((40, 24), np.int64, "max", mesh, seed=34)

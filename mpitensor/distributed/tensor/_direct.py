@@ -46,12 +46,13 @@ import mpitensor.distributed as dist
 from mpitensor._base import config as _config
 from mpitensor._base import workspace as _workspace
 
+from ..backends.mpi import cma as _cma1
 from ..backends.mpi import cma_runs as _cma
 from ..backends.mpi import mapped as _mapped
 from ..device_mesh import DeviceMesh
 from .placement_types import shard_size_and_offset
 
-__all__ = ["swap", "gather", "set_enabled"]
+__all__ = ["swap", "gather", "all_reduce", "set_enabled"]
 
 MIN_BYTES = MIN_BYTES_DEFAULT = 1 << 20  # smaller: the collective beats two small exchanges
 MIN_RUN = MIN_RUN_DEFAULT = 512  # bytes: shorter runs cost the system calls more than they save
@@ -393,6 +394,88 @@ def _own(x: np.ndarray, out: np.ndarray, blocks: Tuple[_Block, _Block]) -> None:
         doffs, soffs, run = _runs(db, sb, x.itemsize)
         _copy_runs(out.reshape(-1).view(np.uint8), doffs, x.reshape(-1).view(np.uint8),
                    soffs, run)
+
+
+def all_reduce(x: np.ndarray, op: Any, mesh: DeviceMesh, m: int) -> Optional[np.ndarray]:
+    """Partial -> Replicate over mesh dim ``m`` (``op``: a ``ReduceOp``): a new C-contiguous
+    array holding the reduction of every rank's term ``x`` (left as it is), or None where
+    the group takes its all_reduce.
+
+    Through mapped results only: each rank reduces one part of the terms (its own part
+    where it lies, the peers' read by cross-memory attach into a cache-resident scratch, a
+    chunk at a time, in rank order, as the node-local engine reduces them), and writes the
+    reduced chunk into every rank's result in one pass. Every byte of a term is read once
+    and every byte of a result written once, with stores that bypass the cache; the results
+    are the same bits on every rank."""
+    from ..backends.mpi.shm_coll import _reducer  # noqa: PLC0415 - the engine's reductions
+
+    k = mesh.size(m)
+    if k == 1 or x.nbytes < MIN_BYTES or not MAPPED or _scatter_runs is None:
+        return None
+    red = _reducer(op, x.dtype, k)[1]
+    if red is None or red.wide is not None or red.view is not None:
+        return None  # (half precision, bool: the engine's own staging)
+    group = mesh.get_group(m)
+    found = _probe(group, k)
+    if found is None or not (found.mapped and found.cma):
+        return None
+    x = np.ascontiguousarray(x)
+    seg = _mapped.POOL.empty(x.shape, x.dtype)
+    out, fd, ino = seg if seg is not None else (None, -1, -1)
+    seg = None
+    me = mesh.get_coordinate()[m]
+
+    def plan(info: np.ndarray) -> bool:
+        if (info[:, 2] < 0).any():
+            return False  # a rank's pool has no segment to give: every rank takes the group's
+        dsts = [out.reshape(-1).view(np.uint8) if r == me else
+                _mapped.PEERS.get(found.pids[r], int(info[r, 2]), int(info[r, 3]), x.nbytes)
+                for r in range(k)]
+        _reduce_part(x.reshape(-1), me, found.pids, info[:, 0], red, dsts)
+        return True
+
+    fp = _fingerprint(("all_reduce", str(op)), x.shape, x.dtype.str)
+    ok = _move(group, found.pids, me, _addr(x), fp, plan, (fd, ino))
+    return out if ok else None
+
+
+REDUCE_CHUNK = 1 << 20  # bytes of each term reduced at a time (see docs/sharding.md)
+
+
+def _reduce_part(flat: np.ndarray, me: int, pids: List[int], addrs: np.ndarray, red: Any,
+                 dsts: List[np.ndarray]) -> None:
+    """Reduce part ``me`` of every rank's flat term (rank r's at ``addrs[r]``) and write it
+    into every rank's result (``dsts``, bytes)."""
+    k, isz, n = len(pids), flat.itemsize, flat.size
+    line = max(1, 64 // isz)  # parts start on a cache line (a whole number of elements)
+    per = -(-n // k)
+    per = -(-per // line) * line
+    lo, hi = min(n, me * per), min(n, (me + 1) * per)
+    ce = max(line, REDUCE_CHUNK // isz // line * line)
+    scratch = _staging((k + 1) * ce * isz)
+    pieces = [scratch[r * ce * isz:(r + 1) * ce * isz] for r in range(k + 1)]
+    reader = _reader()
+    zero, runs, doffs = np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64)
+    for c0 in range(lo, hi, ce):
+        nb = (min(hi, c0 + ce) - c0) * isz
+        srcs = []
+        for r in range(k):
+            if r == me:
+                srcs.append(flat[c0:c0 + nb // isz])
+            else:
+                reader.read(pids[r], _addr(pieces[r]), int(addrs[r]) + c0 * isz, nb)
+                srcs.append(pieces[r][:nb].view(flat.dtype))
+        red.into(pieces[k][:nb].view(flat.dtype), srcs)
+        runs[:], doffs[:] = nb, c0 * isz
+        _scatter_runs(dsts, doffs, pieces[k], zero, runs, 1)
+
+
+def _reader() -> Any:
+    """This thread's reader of peers' memory (its iovecs made once)."""
+    reader = getattr(_local, "reader", None)
+    if reader is None:
+        reader = _local.reader = _cma1.Reader()
+    return reader
 
 
 def _addr(a: np.ndarray) -> int:

@@ -38,6 +38,7 @@ from mpitensor._base import workspace as _workspace
 from mpitensor.autograd import ArrayFunction as Function
 
 from ..device_mesh import DeviceMesh
+from . import _direct
 from ._blocks import gather_dim, scatter_dim
 from ._shard_swap import swap_shards
 from .placement_types import Partial, Placement, Replicate, Shard, shard_size_and_offset
@@ -124,8 +125,14 @@ def front_reduce_scatter(x: Any, dim: int, op: str, mesh: DeviceMesh, m: int) ->
 
 def all_reduce_dim(x: Any, op: str, mesh: DeviceMesh, m: int) -> Any:
     """Partial -> Replicate: the reduction of every rank's term, on every rank, into a new
-    array (the terms ``x`` stay as they are). The group reads ``x`` where it lies where it
-    can (the MPI group's ``all_reduce_into``); a group without that reduces a copy."""
+    array (the terms ``x`` stay as they are). On one node the ranks write the reduction
+    straight into one another's results (:func:`._direct.all_reduce`); otherwise the group
+    reads ``x`` where it lies where it can (the MPI group's ``all_reduce_into``), and a group
+    without that reduces a copy."""
+    if _xp(x) is np:
+        direct = _direct.all_reduce(x, _OPS[op], mesh, m)
+        if direct is not None:
+            return direct
     out = _empty(x, tuple(x.shape))
     group = mesh.get_group(m)
     into = getattr(group, "all_reduce_into", None)

@@ -23,10 +23,10 @@ Where the group's ranks may read and write one another's memory (one node; see
 :mod:`._direct`), a swap of at least 1 MiB whose blocks' runs are long enough (64 bytes into
 the peers' mapped results; through cross-memory attach 512 bytes, 2 KiB where the sender
 writes) skips the all_to_all and the pass: each block goes straight from the sender's piece
-into its place in the receiver's result, this rank's own block in the same pass. Otherwise the path below runs. MPI derived datatypes
-(``Alltoallw`` with subarray or vector types, which would make even the pass MPI's) were
-measured slower than the pass plus the plain all_to_all on MPICH 5 here: see
-docs/sharding.md.
+into its place in the receiver's result, this rank's own block in the same pass. Otherwise
+the path below runs. MPI derived datatypes (``Alltoallw`` with subarray or vector types,
+which would make even the pass MPI's) were measured slower than the pass plus the plain
+all_to_all on MPICH 5 here: see docs/sharding.md.
 """
 
 from __future__ import annotations
