@@ -5,7 +5,8 @@ What the model promises: a size's ratio of engine to MPI time is the median of i
 ratios (one wild pair does not move it); a point left in doubt (median near the margin, pairs
 on both sides of it) is timed once more, and only such points; a kind takes the engine from
 the size where its ratio, drawn between the sizes in log-size and held past the largest,
-stays at most the margin for every larger size; never where it loses at the largest size.
+stays at most the margin for every larger size; never where it loses at the largest size,
+which is 64 MiB for a kind that lost at 16 MiB (timed only then).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _run(monkeypatch, script):
 
     def pairs(case, reps, warm):
         nbytes, k = case
-        i = C._CAL_BYTES.index(nbytes)
+        i = (C._CAL_BYTES + (C._CAL_LARGE,)).index(nbytes)  # LARGE: len(_CAL_BYTES)
         rnd = 0 if warm else 1
         timed.setdefault((i, k), []).append(rnd)
         got = script(i, k, rnd)[:reps]
@@ -77,7 +78,8 @@ def _run(monkeypatch, script):
 
 
 def _reps(i):
-    return C._CAL_PAIRS if C._CAL_BYTES[i] <= 1 << 20 else C._CAL_PAIRS_LARGE
+    return C._CAL_PAIRS if i < len(C._CAL_BYTES) and C._CAL_BYTES[i] <= 1 << 20 \
+        else C._CAL_PAIRS_LARGE
 
 
 def test_calibrate_clear_wins_and_losses_take_one_round(monkeypatch):
@@ -90,6 +92,26 @@ def test_calibrate_clear_wins_and_losses_take_one_round(monkeypatch):
     assert th["scatter"] == OFF_BYTES
     assert all(r == [0] for r in timed.values())  # no second round
     assert ratio.shape == (len(C._CAL_BYTES), len(C._KINDS))
+    large = len(C._CAL_BYTES)  # the 64 MiB point: for the kind that lost at 16 MiB only
+    assert [k for i, k in timed if i == large] == [1]
+
+
+def test_a_kind_that_loses_at_16_mib_and_wins_at_64_takes_the_engine_between(monkeypatch):
+    # MPI's buffers of 16 MiB may still fit a cache: the engine loses there, and wins by 3x
+    # at 64 MiB; held flat, the 16 MiB ratio would have sent every larger call to MPI
+    large = len(C._CAL_BYTES)
+
+    def script(i, k, rnd):
+        ratio = {large: 0.35, large - 1: 1.2}.get(i, 1.4) if k == 0 else 0.5
+        return [(ratio, 1.0)] * _reps(i)
+
+    th, _, timed = _run(monkeypatch, script)
+    assert C._CAL_BYTES[-1] < th["reduce"] <= C._CAL_LARGE
+    assert th["scatter"] == th["move"] == C.FLOOR
+    assert timed[(large, 0)] == [0] and (large, 1) not in timed and (large, 2) not in timed
+    # where it loses at 64 MiB too: never
+    th, _, _ = _run(monkeypatch, lambda i, k, rnd: [((1.2 if k == 0 else 0.5), 1.0)] * _reps(i))
+    assert th["reduce"] == OFF_BYTES
 
 
 def test_calibrate_times_a_point_in_doubt_again_and_decides_by_all_pairs(monkeypatch):
@@ -117,6 +139,8 @@ def test_calibrate_agrees_with_the_median_after_the_recheck(monkeypatch, second)
         n = _reps(i)
         if i == last:
             return [(0.85, 1.0)] + [(0.95, 1.0)] * (n - 1) if rnd == 0 else [(second, 1.0)] * n
+        if i > last:  # 64 MiB (timed where 16 MiB lost): as 16 MiB
+            return [(second, 1.0)] * n
         return [(0.5, 1.0)] * n
 
     th, ratio, _ = _run(monkeypatch, script)
@@ -136,7 +160,7 @@ def test_calibrate_leaves_a_doubt_that_decides_nothing(monkeypatch):
         n = _reps(i)
         if (i == 1 and k in (0, 1)) or (i == 0 and k == 2):
             return [(0.85, 1.0)] + [(0.95, 1.0)] * (n - 1)
-        if i == last and k == 0:
+        if i >= last and k == 0:  # (and at 64 MiB, timed because 16 MiB lost)
             return [(1.5, 1.0)] * n
         return [(0.5, 1.0)] * n
 

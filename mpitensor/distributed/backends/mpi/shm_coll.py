@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -87,6 +87,11 @@ _MARGIN = 0.9  # auto: the engine's modelled time must be this fraction of MPI's
 # the calibration's sizes: MPI's time per byte changes where its buffers outgrow the caches,
 # so a line through two small sizes missed what large calls cost
 _CAL_BYTES = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
+# ... and where the engine loses at the largest of them, once more at this size: at 16 MiB
+# MPI's buffers may still sit in a cache (MPICH's all_reduce of 64 MiB took 3x the engine's
+# where its 16 MiB one took 1.1-1.5x), so holding that ratio past it sent every larger call
+# to MPI in some runs
+_CAL_LARGE = 64 << 20
 _KINDS = ("reduce", "scatter", "move")  # the thresholds' kinds of call
 _CAL_PAIRS = 5  # the calibration's (engine, MPI) pairs per size and kind, to 1 MiB
 _CAL_PAIRS_LARGE = 3  # and above (most of its time: a 16 MiB pair costs a 1 MiB one's 16)
@@ -744,7 +749,28 @@ def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
     ratio = np.array([[_ratio(pairs[i][k]) for k in range(len(_KINDS))]
                       for i in range(len(_CAL_BYTES))])
     eng.calibration = ratio  # engine / MPI per size and kind, for reports
-    return {kind: _crossing(ratio[:, k]) for k, kind in enumerate(_KINDS)}
+    large = _large(eng, h, s, op, label, [k for k in range(len(_KINDS))
+                                          if ratio[-1, k] > _MARGIN])
+    eng.calibration_large = large
+    sizes = _CAL_BYTES + (_CAL_LARGE,)
+    return {kind: (_crossing(np.r_[ratio[:, k], large[k]], sizes) if k in large
+                   else _crossing(ratio[:, k])) for k, kind in enumerate(_KINDS)}
+
+
+def _large(eng: Engine, h: Any, s: int, op: str, label: str, kinds: List[int]) -> dict:
+    """The engine / MPI ratio at :data:`_CAL_LARGE` of each kind in ``kinds`` (those that
+    lost at the largest of :data:`_CAL_BYTES`; the same on every member), timed together."""
+    if not kinds:
+        return {}
+    case = _cases(eng, h, s, label, _CAL_LARGE)
+    t = [_pairs(case[k], _CAL_PAIRS_LARGE, warm=True) for k in kinds]
+    flat = np.concatenate(t)
+    _exchange(h, flat, MPI.MAX, s, op)
+    got, at = {}, 0
+    for k, one in zip(kinds, t):
+        got[k] = _ratio(list(zip(flat[at:at + one.size:2], flat[at + 1:at + one.size:2])))
+        at += one.size
+    return got
 
 
 def _ratio(pairs: list) -> float:
@@ -809,20 +835,20 @@ def _cases(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> tuple:
              mpi(lambda: diag.Iallgather([own, MPI.FLOAT], [buf, MPI.FLOAT]))))
 
 
-def _crossing(ratio: np.ndarray) -> int:
+def _crossing(ratio: np.ndarray, at: Sequence[int] = _CAL_BYTES) -> int:
     """The size from which the engine's time stays at most _MARGIN of MPI's at every larger
-    size, from its ratio to MPI's at _CAL_BYTES (straight between them in the logarithm of
-    the size; past the last size, the last ratio: there both move memory that no cache holds,
-    at a cost per byte that no longer changes); OFF_BYTES where the engine loses at the last
-    size."""
-    x = np.log2(np.asarray(_CAL_BYTES, float))
+    size, from its ratio to MPI's at the sizes ``at`` (straight between them in the logarithm
+    of the size; past the last size, the last ratio: there both move memory that no cache
+    holds, at a cost per byte that no longer changes); OFF_BYTES where the engine loses at
+    the last size."""
+    x = np.log2(np.asarray(at, float))
     ratio = np.asarray(ratio, float)
     if ratio[-1] > _MARGIN:
         return OFF_BYTES
     sizes = FLOOR * 2.0 ** (np.arange(4 * 8) / 4)  # four per octave, FLOOR to 128 x FLOOR
-    sizes = sizes[sizes <= _CAL_BYTES[-1]]
+    sizes = sizes[sizes <= at[-1]]
     loses = np.flatnonzero(np.interp(np.log2(sizes), x, ratio) > _MARGIN)
     if not loses.size:
         return FLOOR
     last = loses[-1]
-    return int(sizes[last + 1]) if last + 1 < sizes.size else int(_CAL_BYTES[-1])
+    return int(sizes[last + 1]) if last + 1 < sizes.size else int(at[-1])

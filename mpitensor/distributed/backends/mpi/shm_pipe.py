@@ -146,6 +146,7 @@ class Engine:
         self.q[self.me * _LINE + PID] = os.getpid()
         self.thresholds: dict = {}  # kind -> bytes from which the engine pays (shm_coll)
         self.calibration: Any = None  # its measured engine / MPI ratios (shm_coll), if any
+        self.calibration_large: dict = {}  # and at shm_coll._CAL_LARGE, per kind, if timed
         # a direct call's step once every member arrived (shm_coll: the agreement check)
         self.enter: Callable[[], None] = _nothing
         # the direct path (shm_direct): each member's row of addresses its peers read from,
