@@ -4,7 +4,9 @@ Every extension is optional: where one cannot be built (no C compiler, or NumPy'
 missing), the install still succeeds and the pure-Python code it speeds up runs instead.
 
 * ``mpitensor/_cpu_kernels.c``: conv2d's band loops and 2x2 max pooling, which run without the
-  interpreter lock (see ``mpitensor/nn/_kernels/native.py``);
+  interpreter lock (see ``mpitensor/nn/_kernels/native.py``), and the copies of runs that
+  DTensor redistributions make (``copy_runs``, ``scatter_runs``: see
+  ``mpitensor/distributed/tensor/_direct.py``);
 * ``mpitensor/distributed/backends/mpi/_tiny.c``: small collectives through a board in shared
   memory (see ``mpitensor/distributed/backends/mpi/shm_tiny.py``);
 * ``mpitensor/distributed/health/_slots.c``: the agreement check's shared slots of a one-machine

@@ -1,5 +1,6 @@
-/* mpitensor's compiled CPU loops (mpitensor.nn._kernels.native loads them; NumPy arrays only):
- * conv2d's banded im2col loops and 2x2 max pooling.
+/* mpitensor's compiled CPU loops (NumPy arrays only): conv2d's banded im2col loops and 2x2 max
+ * pooling (mpitensor.nn._kernels.native loads them), and the copies of equal runs that DTensor
+ * redistributions make (copy_runs, scatter_runs; mpitensor.distributed.tensor._direct).
  *
  * Why this exists: the same loops written as NumPy calls hand the interpreter lock back and
  * forth at every call, so two Python threads sharing a layer's work ran it slower than one
