@@ -211,6 +211,22 @@ def test_all_gather_both_forms_and_broadcast(group, dtype):
     _through_engine(g)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.complex128])
+def test_all_gather_own_piece_streamed(group, monkeypatch, dtype):
+    # the direct path copies this member's own piece with stores that bypass the cache from
+    # shm_direct.STREAM_BYTES (lowered here to every size): the same bits, odd lengths too
+    from mpitensor.distributed.backends.mpi import shm_direct
+
+    monkeypatch.setattr(shm_direct, "STREAM_BYTES", 0)
+    g = group()
+    me, p = dist.get_rank(), dist.get_world_size()
+    for n in SIZES:
+        out = np.zeros(n * p, dtype)
+        dist.all_gather_into_tensor(out, _data(me, n, dtype), group=g)
+        _same(out, np.concatenate([_data(r, n, dtype) for r in range(p)]))
+    _through_engine(g)
+
+
 def test_layouts_tensors_async_and_in_place_idioms(group):
     g = group()
     me, p = dist.get_rank(), dist.get_world_size()

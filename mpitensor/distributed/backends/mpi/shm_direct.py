@@ -26,7 +26,7 @@ with :class:`PeerFailedError` (``Engine.check_alive``).
 from __future__ import annotations
 
 import errno
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 
@@ -35,6 +35,19 @@ from . import cma as _cma
 from .shm_pipe import _LINE, OUT, PID, RED, Engine, Reducer, bounds
 
 CHUNK = 512 << 10  # bytes per peer read into scratch before a reduction (cache-resident)
+STREAM_BYTES = 4 << 20  # a copy of this many bytes or more bypasses the cache
+_ZERO = np.zeros(1, np.int64)
+
+
+def _native_copy() -> Optional[Callable[..., None]]:
+    try:
+        import mpitensor._cpu_kernels as kernels  # noqa: PLC0415 - built, or absent
+    except ImportError:
+        return None
+    return getattr(kernels, "copy_runs", None)
+
+
+_copy_runs = _native_copy()
 
 
 def setup(eng: Engine, chunk: int = CHUNK) -> None:
@@ -83,6 +96,18 @@ def _read(eng: Engine, r: int, dst: np.ndarray, src: int) -> None:
         raise MpiTensorError(f"rank {eng.h.ranks[eng.me]}: {eng.op} (#{eng.seq}) could not "
                              f"read rank {eng.h.ranks[r]}'s buffer ({exc.strerror}); set "
                              "MPITENSOR_SHM_COLLECTIVES=off to keep collectives on MPI") from exc
+
+
+def _copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` (flat, contiguous, one dtype), with stores that bypass the cache
+    from :data:`STREAM_BYTES`: a plain store reads each destination line first, and this
+    member's own piece of a 64 MiB all_gather took 1.5-2 ms more so at 2 ranks (7.5 ms
+    against 5.4-6.1 for the whole call, raw MPI's 7.3-8.5)."""
+    if (_copy_runs is None or dst.nbytes < STREAM_BYTES or dst.nbytes != src.nbytes
+            or not (dst.flags.c_contiguous and src.flags.c_contiguous)):
+        dst[...] = src
+        return
+    _copy_runs(dst.view(np.uint8), _ZERO, src.view(np.uint8), _ZERO, dst.nbytes, 1)
 
 
 def _reduce_part(eng: Engine, dest: np.ndarray, own: np.ndarray, remote: List[int],
@@ -146,7 +171,7 @@ def all_gather(eng: Engine, src: np.ndarray, outs: List[np.ndarray]) -> None:
     p, me = eng.p, eng.me
     t = eng.arrive([_addr(src)] * p)
     if _addr(outs[me]) != _addr(src):
-        outs[me][...] = src
+        _copy(outs[me], src)
     for i in range(1, p):
         r = (me + i) % p
         _read(eng, r, outs[r], int(eng.addr[r, 0]))
