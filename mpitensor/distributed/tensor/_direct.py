@@ -410,7 +410,7 @@ def all_reduce(x: np.ndarray, op: Any, mesh: DeviceMesh, m: int) -> Optional[np.
     from ..backends.mpi.shm_coll import _reducer  # noqa: PLC0415 - the engine's reductions
 
     k = mesh.size(m)
-    if k == 1 or x.nbytes < MIN_BYTES or not MAPPED or _scatter_runs is None:
+    if k == 1 or x.nbytes < MIN_BYTES or not MAPPED:
         return None
     red = _reducer(op, x.dtype, k)[1]
     if red is None or red.wide is not None or red.view is not None:
@@ -466,6 +466,10 @@ def _reduce_part(flat: np.ndarray, me: int, pids: List[int], addrs: np.ndarray, 
                 reader.read(pids[r], _addr(pieces[r]), int(addrs[r]) + c0 * isz, nb)
                 srcs.append(pieces[r][:nb].view(flat.dtype))
         red.into(pieces[k][:nb].view(flat.dtype), srcs)
+        if _scatter_runs is None:  # (no compiled kernels: NumPy's copies)
+            for dst in dsts:
+                dst[c0 * isz:c0 * isz + nb] = pieces[k][:nb]
+            continue
         runs[:], doffs[:] = nb, c0 * isz
         _scatter_runs(dsts, doffs, pieces[k], zero, runs, 1)
 

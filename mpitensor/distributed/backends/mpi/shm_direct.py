@@ -30,6 +30,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from ...._base import config as _config
 from ....errors import MpiTensorError
 from . import cma as _cma
 from .shm_pipe import _LINE, OUT, PID, RED, Engine, Reducer, bounds
@@ -40,6 +41,8 @@ _ZERO = np.zeros(1, np.int64)
 
 
 def _native_copy() -> Optional[Callable[..., None]]:
+    if not _config.NATIVE:
+        return None
     try:
         import mpitensor._cpu_kernels as kernels  # noqa: PLC0415 - built, or absent
     except ImportError:
