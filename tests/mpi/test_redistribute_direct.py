@@ -185,6 +185,16 @@ def test_without_the_compiled_copy(monkeypatch):
             same_bits(y.to_local().numpy(), arr, (dtype, d))
 
 
+def every_swap_and_gather(arr, mesh):
+    """Every Shard(i) -> Shard(j) of the 3-D ``arr`` and its gathers along dims 1 and 2,
+    each compared bit for bit with the full array's slices."""
+    for i, j in itertools.permutations(range(3), 2):
+        swap_and_check(arr, mesh, [Shard(i)], [Shard(j)])
+    for d in (1, 2):
+        y = placed(arr, mesh, [Shard(d)]).redistribute(mesh, [Replicate()])
+        same_bits(y.to_local().numpy(), arr, d)
+
+
 def test_a_failed_move_on_one_rank_sends_every_rank_to_the_collective(monkeypatch):
     n, me = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh("cpu", (n,))
@@ -199,12 +209,7 @@ def test_a_failed_move_on_one_rank_sends_every_rank_to_the_collective(monkeypatc
         monkeypatch.setattr(_direct._cma, "transfer", refused)
         monkeypatch.setattr(_direct._mapped.PEERS, "get", refused)
     count = Count(monkeypatch)
-    arr = full((8, 12, 5), np.float32, seed=18)
-    for i, j in itertools.permutations(range(3), 2):
-        swap_and_check(arr, mesh, [Shard(i)], [Shard(j)])
-    for d in (1, 2):
-        y = placed(arr, mesh, [Shard(d)]).redistribute(mesh, [Replicate()])
-        same_bits(y.to_local().numpy(), arr, d)
+    every_swap_and_gather(full((8, 12, 5), np.float32, seed=18), mesh)
     assert count.done == 0
 
 
@@ -291,12 +296,7 @@ def test_a_full_pool_on_one_rank_takes_another_path_everywhere(monkeypatch, ever
         return
     if me == 0:
         monkeypatch.setattr(mapped.POOL, "MAX_BUFFERS", 0)
-    arr = full((8, 12, 5), np.float32, seed=24)
-    for i, j in itertools.permutations(range(3), 2):
-        swap_and_check(arr, mesh, [Shard(i)], [Shard(j)])
-    for d in (1, 2):
-        y = placed(arr, mesh, [Shard(d)]).redistribute(mesh, [Replicate()])
-        same_bits(y.to_local().numpy(), arr, d)
+    every_swap_and_gather(full((8, 12, 5), np.float32, seed=24), mesh)
 
 
 # ------------------------------------------------------------------ Partial -> Replicate

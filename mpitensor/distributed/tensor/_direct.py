@@ -44,6 +44,7 @@ import numpy as np
 
 import mpitensor.distributed as dist
 from mpitensor._base import config as _config
+from mpitensor._base import native as _native
 from mpitensor._base import workspace as _workspace
 
 from ..backends.mpi import cma as _cma1
@@ -78,18 +79,8 @@ def set_enabled(use: bool) -> bool:
     return old
 
 
-def _native(name: str) -> Any:
-    if not _config.NATIVE:
-        return None
-    try:
-        import mpitensor._cpu_kernels as kernels  # noqa: PLC0415 - built, or absent
-    except ImportError:
-        return None
-    return getattr(kernels, name, None)
-
-
-_copy_runs = _native("copy_runs")
-_scatter_runs = _native("scatter_runs")
+_copy_runs = _native.function("copy_runs")
+_scatter_runs = _native.function("scatter_runs")
 
 
 # ------------------------------------------------------------------ blocks as runs
@@ -315,12 +306,8 @@ def _run(x: np.ndarray, mesh: DeviceMesh, m: int, full: Tuple[int, ...],
     if not (mapped or cma):
         return None
     x = np.ascontiguousarray(x)
-    seg = _mapped.POOL.empty(shape, x.dtype) if mapped else None
-    if seg is None:
-        out, fd, ino = _workspace.empty(np, shape, x.dtype), -1, -1
-    else:
-        out, fd, ino = seg
-    seg = None
+    out, fd, ino = ((mapped and _mapped.POOL.empty(shape, x.dtype))
+                    or (_workspace.empty(np, shape, x.dtype), -1, -1))
 
     def plan(info: np.ndarray) -> bool:
         if (info[:, 2] >= 0).all():
@@ -357,8 +344,7 @@ def _write_all(x: np.ndarray, out: np.ndarray, pids: List[int], me: int, info: n
         moves.append((sb, db))
     if _copy_runs is None:
         for dst, (sb, db) in zip(dsts, moves):
-            _copy_local(dst[:math.prod(db.shape) * isz].view(x.dtype).reshape(db.shape),
-                        db, x, sb)
+            _copy_local(dst.view(x.dtype).reshape(db.shape), db, x, sb)
         return
     runs = [_runs(sb, db, isz) for sb, db in moves]
     if _scatter_runs is not None and len({len(xo) for xo, _, _ in runs}) == 1:
@@ -420,9 +406,7 @@ def all_reduce(x: np.ndarray, op: Any, mesh: DeviceMesh, m: int) -> Optional[np.
     if found is None or not (found.mapped and found.cma):
         return None
     x = np.ascontiguousarray(x)
-    seg = _mapped.POOL.empty(x.shape, x.dtype)
-    out, fd, ino = seg if seg is not None else (None, -1, -1)
-    seg = None
+    out, fd, ino = _mapped.POOL.empty(x.shape, x.dtype) or (None, -1, -1)
     me = mesh.get_coordinate()[m]
 
     def plan(info: np.ndarray) -> bool:

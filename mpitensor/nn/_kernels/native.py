@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mpitensor._base import config as _config
+from mpitensor._base import native as _native
 
 __all__: list = []  # private module
 
@@ -58,11 +58,8 @@ def _find_gemm(letter: str) -> Optional[tuple]:
 
 def _load() -> dict:
     """The module (or None) and {itemsize: (module, gemm)} for conv2d's loops."""
-    if not _config.NATIVE:
-        return {"module": None, "by_size": {}}
-    try:
-        import mpitensor._cpu_kernels as _cpu_kernels  # noqa: PLC0415 - built, or absent
-    except ImportError:
+    _cpu_kernels = _native.module()
+    if _cpu_kernels is None:
         return {"module": None, "by_size": {}}
     found = {}
     for itemsize, letter in ((4, "s"), (8, "d")):

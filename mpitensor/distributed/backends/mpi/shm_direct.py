@@ -26,11 +26,11 @@ with :class:`PeerFailedError` (``Engine.check_alive``).
 from __future__ import annotations
 
 import errno
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import numpy as np
 
-from ...._base import config as _config
+from ...._base import native as _native
 from ....errors import MpiTensorError
 from . import cma as _cma
 from .shm_pipe import _LINE, OUT, PID, RED, Engine, Reducer, bounds
@@ -40,17 +40,7 @@ STREAM_BYTES = 4 << 20  # a copy of this many bytes or more bypasses the cache
 _ZERO = np.zeros(1, np.int64)
 
 
-def _native_copy() -> Optional[Callable[..., None]]:
-    if not _config.NATIVE:
-        return None
-    try:
-        import mpitensor._cpu_kernels as kernels  # noqa: PLC0415 - built, or absent
-    except ImportError:
-        return None
-    return getattr(kernels, "copy_runs", None)
-
-
-_copy_runs = _native_copy()
+_copy_runs = _native.function("copy_runs")
 
 
 def setup(eng: Engine, chunk: int = CHUNK) -> None:
