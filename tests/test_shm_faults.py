@@ -76,13 +76,21 @@ def _no_segment_left(got: dict) -> None:
                 assert not os.path.exists(path), f"rank {r} left {path}"
 
 
+def mpich_ended_the_job(res) -> None:
+    """The job ended at once, non-zero, its launcher saying why: hydra names the signal, or
+    (its proxy's pipe to the killed rank broken first) reports its own failure."""
+    if "signal 9" in res.output or "KILLED BY SIGNAL: 9" in res.output:
+        return
+    assert "process manager error" in res.output and res.returncode != 0, res.output
+
+
 def _survivors_say_rank_1_died(res, got: dict, seq: int, ok, bound: float) -> None:
     """Ranks 0 and 2 raised PeerFailedError naming rank 1's ended process in call ``#seq``
     within ``bound`` seconds (``ok(report)`` true), or MPI ended the job before they could
     report past "ready" (the known defect); no segment left."""
     for r in (0, 2):
         if got[r]["stage"] == "ready":  # MPICH ended the job first (see above)
-            assert "signal 9" in res.output or "KILLED BY SIGNAL: 9" in res.output, res.output
+            mpich_ended_the_job(res)
             continue
         assert got[r]["stage"] == "raised" and ok(got[r]), (got, res.output)
         err = got[r]["error"]
@@ -126,8 +134,9 @@ def test_a_rank_killed_mid_collective(tmp_path: Path, path: str, form: str) -> N
 
     Known defect (about one run in six here): MPICH itself finds rank 1 gone first, in a call
     of its own that a survivor is making (its progress engine), and ends the whole job, hydra
-    naming the signal. The job still ends at once and leaves no segment, as checked here,
-    but that run's survivors print no error of their own."""
+    naming the signal (or, its proxy's pipe to rank 1 broken first, its own failure). The job
+    still ends at once and leaves no segment, as checked here, but that run's survivors print
+    no error of their own."""
     res, took = run_script(tmp_path, KILL, 3, "60", path, form,
                            hydra=("-disable-auto-cleanup",))
     assert not res.timed_out, res.output
@@ -144,7 +153,7 @@ def test_a_rank_killed_ends_the_job_under_hydra(tmp_path: Path, path: str) -> No
     res, took = run_script(tmp_path, KILL, 2, "60", path, "in place")
     assert not res.timed_out, res.output
     assert res.returncode != 0
-    assert "signal 9" in res.output or "KILLED BY SIGNAL: 9" in res.output, res.output
+    mpich_ended_the_job(res)
     assert took < 60
     _no_segment_left(results(tmp_path))
 

@@ -10,6 +10,7 @@ Run: ``mpiexec -n N python -m pytest --with-mpi tests/mpi/test_shm_collectives.p
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
@@ -22,7 +23,8 @@ import mpitensor.distributed as dist
 from mpitensor.distributed import ReduceOp
 from mpitensor.distributed.backends.mpi import cma, shm_coll
 from mpitensor.distributed.backends.mpi.shm_pipe import Engine
-from mpitensor.errors import CollectiveMismatchError, PeerFailedError
+from mpitensor.distributed.health import faults, watchdog
+from mpitensor.errors import CollectiveMismatchError, MpiTensorError, PeerFailedError
 
 CHUNK = 4096  # bytes per slot: a buffer of more than a few KiB takes several chunks
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -353,4 +355,77 @@ def test_measured_thresholds_agree_on_every_rank(monkeypatch):
     pieces = [_data(r, shm_coll.FLOOR // 4, np.float32) for r in range(p)]
     bound = (p - 1) * np.finfo(np.float32).eps * np.sum(np.abs(pieces), axis=0)
     assert (np.abs(x - _expected(pieces, ReduceOp.SUM)) <= bound).all()
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("late", [0, 1])
+def test_a_mismatched_first_call_is_refused_before_the_calibration(monkeypatch, late):
+    """``auto``: a group's first large call makes its engine and times it against MPI. A
+    first call whose shape differs on rank 0 is refused on every rank before any of those
+    timed calls (one rank that found it inside them would leave them while a peer still read
+    its buffers: that peer failed with a bare EFAULT). Whichever rank comes late, and with
+    the waits' own look at the agreement slots off (it may come too late: it runs on their
+    slow tick only), so that the engine's setup must find it itself (a rank whose wait met
+    the notice of a peer that found it first says so: PeerFailedError)."""
+    monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", "auto")
+    timed = []
+    monkeypatch.setattr(shm_coll, "_calibrate", lambda *a: timed.append(a) or dict.fromkeys(
+        ("reduce", "scatter", "move"), 0))
+    monkeypatch.setattr(watchdog, "fault_in_wait", lambda h, kind, seq, op, peer, since:
+                        faults.in_wait(h, kind, seq, op, peer, since))
+    g = dist.new_group(list(range(dist.get_world_size())))
+    me, p = dist.get_rank(), dist.get_world_size()
+    n = shm_coll.FLOOR // 4 // p + 1  # out: past the floor, where the engine is made
+    inp = np.ones(n, np.float32) if me == 0 else np.ones((1, n), np.float32)
+    out = np.zeros(p * n, np.float32)
+    if me == late:
+        time.sleep(0.3)
+    with pytest.raises((CollectiveMismatchError, PeerFailedError), match="disagree on the shape"):
+        dist.all_gather_into_tensor(out, inp, group=g)
+    assert timed == []
+    dist.destroy_process_group(g)
+    y = np.ones(10, np.float32)
+    dist.all_reduce(y, group=dist.new_group(list(range(p))))
+    assert (y == p).all()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("told", [True, False])
+def test_a_read_that_fails_says_why_the_peer_left(monkeypatch, told):
+    """Direct path: a peer's buffer that cannot be read (EFAULT, its process alive) means the
+    peer left the call. Where it left for a mismatch this rank had not checked yet (here:
+    its check skipped), the read's error is that mismatch; where nothing explains it, the
+    bare read error after a moment, and the peers learn the group broke."""
+    monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", "on")
+    direct = shm_coll.set_direct(True)
+    try:
+        g = dist.new_group(list(range(dist.get_world_size())))
+    finally:
+        shm_coll.set_direct(direct)
+    me, p = dist.get_rank(), dist.get_world_size()
+    dist.all_reduce(np.ones(1000, np.float32), group=g)  # the engine is made
+    if not g.shm.cma:
+        pytest.skip("cross-memory attach is not allowed here: no direct path")
+    inp = np.ones((1, 1000) if me == 0 and told else 1000, np.float32)
+    out = np.zeros(p * 1000, np.float32)
+    if me == 1:
+        class Refused:
+            def read(self, pid, dst, src, nbytes):
+                raise cma.CmaError(errno.EFAULT, "process_vm_readv failed: EFAULT (test)")
+        monkeypatch.setattr(g.shm, "reader", Refused())
+        if told:  # as if it had read before rank 0's mismatch check ended rank 0's call
+            monkeypatch.setattr(g, "_fp_settle", lambda op, s: None)
+    if told:
+        with pytest.raises(CollectiveMismatchError, match="disagree on the shape"):
+            dist.all_gather_into_tensor(out, inp, group=g)
+    elif me == 1:
+        t0 = time.monotonic()
+        with pytest.raises(MpiTensorError, match=r"could not read rank \d+'s buffer") as info:
+            dist.all_gather_into_tensor(out, inp, group=g)
+        assert not isinstance(info.value, PeerFailedError)
+        assert 0.9 < time.monotonic() - t0 < 30
+    else:
+        with pytest.raises(PeerFailedError, match="rank 1"):
+            dist.all_gather_into_tensor(out, inp, group=g)
     dist.destroy_process_group(g)

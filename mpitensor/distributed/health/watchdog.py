@@ -14,7 +14,7 @@
 * after ``notify_after`` seconds sends an *arrival notice* ``(kind, seq, op)`` to the other
   members on the group's private notice communicator, and reads theirs, so that a rank that
   times out can say which ranks never arrived and where the others are waiting instead;
-* on the same millisecond tick reads the group's fault notices (:func:`_fault_in_wait`, see
+* on the same millisecond tick reads the group's fault notices (:func:`fault_in_wait`, see
   ``faults``): a peer that failed before this call, left, or broke the group ends the wait
   with :class:`~mpitensor.errors.PeerFailedError`;
 * past the stall threshold logs a stall report (logger ``mpitensor.distributed``, WARNING):
@@ -142,7 +142,7 @@ def _slow_wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str, status: A
                 if before_check is not None:
                     before_check()
                 if diag is not None:
-                    fault = _fault_in_wait(h, kind, seq, op, peer, t0)
+                    fault = fault_in_wait(h, kind, seq, op, peer, t0)
                     if fault is not None:
                         if cancel and not _cancelled(req, status):
                             return  # matched while being cancelled: the receive completed
@@ -212,7 +212,7 @@ def _break(h: GroupHealth, op: str, seq: int, kind: str, reason: str) -> None:
     faults.break_after(h, op, seq, kind, reason)
 
 
-def _fault_in_wait(h: GroupHealth, kind: str, seq: int, op: str, peer: Optional[int],
+def fault_in_wait(h: GroupHealth, kind: str, seq: int, op: str, peer: Optional[int],
                    since: float) -> Optional[PeerFailedError]:
     """For a rank waiting in ``op`` (the slow tick): the error that ends the wait, if any.
 

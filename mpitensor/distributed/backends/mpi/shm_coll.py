@@ -643,6 +643,7 @@ def _setup(g: Any, s: int, op: str) -> Any:
         elif path is not None:
             v[:4], v[4] = np.frombuffer(os.path.basename(path)[-32:].encode(), np.int64), 1
         _exchange(h, v, MPI.MAX, s, op)
+        _agreed_before_setup(h, s)
         if v[4]:
             where = (f"/proc/{v[0]}/fd/{v[1]}" if v[4] == 2 else os.path.join(
                 _shm.DIR, _PREFIX + v[:4].tobytes().decode("ascii", "replace")))
@@ -678,6 +679,19 @@ def _setup(g: Any, s: int, op: str) -> Any:
     else:
         eng.thresholds = _calibrate(eng, g, s, op)
     return eng
+
+
+def _agreed_before_setup(h: Any, s: int) -> None:
+    """Raise call ``s``'s mismatch (on every member alike) before the engine is made.
+
+    Each member posted its fingerprint of call ``s`` before its part of the exchange just
+    completed, so every slot is final: a call that disagrees is refused here, by every member
+    at the same point. Found later, inside the calibration's own calls, it would end them on
+    the member that saw it first while a peer still reads that member's buffers (which it
+    frees): the peer's read fails with a bare EFAULT instead of the mismatch."""
+    tok = h.fp_tok
+    if tok is not None and tok[0] == s:
+        h.fp_node.settle(tok, h)  # raises CollectiveMismatchError where a member differs
 
 
 def _make_segment(size: int) -> "tuple[Optional[int], Optional[str]]":

@@ -20,24 +20,28 @@ they read from it, and the members meet at two or three points per call (``Engin
 
 Every call ends at a meeting after its last read, so no member returns (and may change its
 buffer) while a peer still reads it. A read that fails because the peer's process is gone ends
-with :class:`PeerFailedError` (``Engine.check_alive``).
+with :class:`PeerFailedError` (``Engine.check_alive``); one whose peer is alive (its buffer
+gone: it left the call) with what made the peer leave, where it told (``_left_why``).
 """
 
 from __future__ import annotations
 
 import errno
+import time
 from typing import List, Optional
 
 import numpy as np
 
 from ...._base import native as _native
 from ....errors import MpiTensorError
+from ...health import watchdog as W
 from . import cma as _cma
 from .shm_pipe import _LINE, OUT, PID, RED, Engine, Reducer, bounds
 
 CHUNK = 512 << 10  # bytes per peer read into scratch before a reduction (cache-resident)
 STREAM_BYTES = 4 << 20  # a copy of this many bytes or more bypasses the cache
 _ZERO = np.zeros(1, np.int64)
+_WHY_S = 1.0  # how long a failed read waits for the notice of why its peer left
 
 
 _copy_runs = _native.function("copy_runs")
@@ -86,9 +90,26 @@ def _read(eng: Engine, r: int, dst: np.ndarray, src: int) -> None:
     except _cma.CmaError as exc:
         # ESRCH: the peer's memory is gone (it may not be a zombie yet): PeerFailedError
         eng.check_alive(r, exc.errno == errno.ESRCH)
+        _left_why(eng, exc)
         raise MpiTensorError(f"rank {eng.h.ranks[eng.me]}: {eng.op} (#{eng.seq}) could not "
                              f"read rank {eng.h.ranks[r]}'s buffer ({exc.strerror}); set "
                              "MPITENSOR_SHM_COLLECTIVES=off to keep collectives on MPI") from exc
+
+
+def _left_why(eng: Engine, exc: BaseException) -> None:
+    """A live peer's buffer could not be read: the peer left the call (its memory there is
+    gone) for a reason it may have told, or that the agreement slots show. Raise that (what
+    a wait's slow tick would find: a mismatch, a broken group's PeerFailedError), waiting
+    briefly for its notice; return where none comes."""
+    h = eng.h
+    t0 = time.perf_counter()
+    while True:
+        fault = W.fault_in_wait(h, "coll", eng.seq, eng.op, None, t0)
+        if fault is not None:
+            raise fault from exc
+        if time.perf_counter() - t0 > _WHY_S:
+            return
+        time.sleep(1e-3)
 
 
 def _copy(dst: np.ndarray, src: np.ndarray) -> None:
