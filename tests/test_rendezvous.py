@@ -49,6 +49,13 @@ def _library() -> str:
     return MPI_LIBRARY
 
 
+def _said(results: Sequence[Tuple[int, str, str]]) -> str:
+    """Every process's exit code, output and errors in full (an assertion's message that is
+    not a string is cut to a line by pytest: a rare failure would leave no trace)."""
+    return "\n".join(f"--- process {i}: exit code {code}\nstdout:\n{out}\nstderr:\n{err}"
+                     for i, (code, out, err) in enumerate(results))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -370,8 +377,8 @@ def _expect_ok(results: List[Tuple[int, str, str]], n: int) -> None:
         want.append(f"rank {r} of {n}: all_reduce {[total] * 3} group {[group]} RANK={r}")
     got = sorted(line for _, out, _ in results for line in out.splitlines()
                  if line.startswith("rank "))
-    assert got == sorted(want), results
-    assert [code for code, _, _ in results] == [0] * n, results
+    assert got == sorted(want), _said(results)
+    assert [code for code, _, _ in results] == [0] * n, _said(results)
 
 
 def test_tcp_init_by_hand(tmp_path: Path) -> None:
@@ -416,7 +423,7 @@ def test_ranks_of_one_host_share_memory(tmp_path: Path) -> None:
     map MPICH's shared memory (MPICH 5.0.2 maps /dev/shm/mpich_shm_*; 4.3.2 no such file)."""
     prog, url = _script(tmp_path, "node.py", NODE), f"tcp://127.0.0.1:{_free_port()}"
     results = _run([[sys.executable, prog, str(r), url] for r in (0, 1, 2)], tmp_path)
-    assert [code for code, _, _ in results] == [0, 0, 0], results
+    assert [code for code, _, _ in results] == [0, 0, 0], _said(results)
     lines = sorted(line for _, out, _ in results for line in out.splitlines())
     mapped = "5.0." in _library()
     assert lines == [f"rank {r}: node of 3, shared memory mapped {mapped}" for r in range(3)], \
@@ -469,9 +476,9 @@ def test_store_argument(tmp_path: Path) -> None:
     removes its own keys, and leaves the store to the program."""
     prog, port = _script(tmp_path, "store.py", STORE_WORKER), str(_free_port())
     results = _run([[sys.executable, prog, str(r), port] for r in (0, 1)], tmp_path)
-    assert [code for code, _, _ in results] == [0, 0], results
+    assert [code for code, _, _ in results] == [0, 0], _said(results)
     assert sorted(out.strip() for _, out, _ in results) == [
-        f"rank {r}: all_reduce 3.0 keys left [] still usable" for r in (0, 1)], results
+        f"rank {r}: all_reduce 3.0 keys left [] still usable" for r in (0, 1)], _said(results)
 
 
 def test_helper_is_gone_after_the_job(tmp_path: Path) -> None:
@@ -696,11 +703,11 @@ def test_connect_accept_scheme(tmp_path: Path, case: str) -> None:
                                   "processes with MPI_Comm_accept/MPI_Comm_connect"), msg
             assert "pmodels/mpich#7805" in msg and "mpich==4.3.2" in msg, msg
         return
-    assert [code for code, _, _ in results] == [0, 0], results
+    assert [code for code, _, _ in results] == [0, 0], _said(results)
     # (MPICH 4.3.2's UCX may add a warning line at MPI_Finalize: "unexpected tag-receive")
     assert sorted(line for _, out, _ in results for line in out.splitlines()
                   if line.startswith("rank ")) == [
-        "rank 0 of 2: all_reduce 3.0", "rank 1 of 2: all_reduce 3.0"], results
+        "rank 0 of 2: all_reduce 3.0", "rank 1 of 2: all_reduce 3.0"], _said(results)
 
 
 # ---------------------------------------------------------------------------- no traffic
@@ -899,10 +906,10 @@ def test_two_jobs_with_ids_on_one_port(tmp_path: Path) -> None:
         results = _finish(procs, tag)
     (c_a0, out_a0, err_a0), (c_b1, out_b1, err_b1), (c_b0, out_b0, _), (c_a1, out_a1, _) = \
         results
-    assert (c_a0, c_a1) == (0, 0), results
+    assert (c_a0, c_a1) == (0, 0), _said(results)
     assert _lines(out_a0 + out_a1, "rank ") == [
         f"rank {r} of 2: all_reduce [3.0, 3.0, 3.0] group [1.0] RANK={r}" for r in (0, 1)
-    ], results
+    ], _said(results)
     assert (f"rank 0: a process of another job came to the rendezvous at {url} and was "
             f"refused: init_process_group: rank 1 of job '{job_b}'") in err_a0, err_a0
     fails = _failures([(c_b1, out_b1, err_b1), (c_b0, out_b0, "")])
@@ -1007,9 +1014,9 @@ def test_two_multiprocessing_jobs_without_ids_on_one_port(tmp_path: Path) -> Non
         results = _finish(procs, tag)
     (code_a, out_a, err_a), (code_b, out_b, err_b) = results
     assert code_a == 0 and _lines(out_a, "rank ") == ["rank 0 of 2: [3.0]",
-                                                       "rank 1 of 2: [3.0]"], results
-    assert "exit codes [0, 0]" in out_a, results
-    assert "exit codes [3, 3]" in out_b, results
+                                                       "rank 1 of 2: [3.0]"], _said(results)
+    assert "exit codes [0, 0]" in out_a, _said(results)
+    assert "exit codes [3, 3]" in out_b, _said(results)
     refused = re.search(r"^rank 1 ValueError after ([\d.]+) s: (.*)$", out_b, re.M)
     assert refused is not None and float(refused.group(1)) < 10, out_b
     assert refused.group(2).startswith(
@@ -1103,10 +1110,10 @@ def test_helper_listens_on_the_master_address_across_hosts(tmp_path: Path,
         cmds = [["ip", "netns", "exec", cluster.namespaces[r], sys.executable, prog, str(r)]
                 for r in (0, 1)]
         results = _run(cmds, tmp_path, envs)
-    assert [code for code, _, _ in results] == [0, 0], results
+    assert [code for code, _, _ in results] == [0, 0], _said(results)
     want = "".join(f"{int(part):02X}" for part in reversed(master.split(".")))
     assert results[0][1].strip() == (f"rank 0: all_reduce [3.0, 3.0, 3.0] helper listens on "
-                                      f"['{want}']"), results
+                                      f"['{want}']"), _said(results)
     assert results[1][1].strip() == "rank 1: all_reduce [3.0, 3.0, 3.0] helper listens on []"
 
 
