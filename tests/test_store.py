@@ -617,10 +617,9 @@ def test_tcp_port_in_use_names_the_port() -> None:
     assert len(_server_threads()) == 0
 
 
-def test_tcp_client_may_start_before_master() -> None:
-    port = _free_port()
-    got: Dict[str, Any] = {}
-
+def _client_before_master(port: int, got: Dict[str, Any]) -> threading.Thread:
+    """A client thread started 0.3 s before its master, waiting for key "hello" (into
+    ``got["v"]``)."""
     def client() -> None:
         c = dist.TCPStore("127.0.0.1", port, None, False, _seconds(10))
         got["v"] = c.get("hello")
@@ -629,11 +628,52 @@ def test_tcp_client_may_start_before_master() -> None:
     t = threading.Thread(target=client)
     t.start()
     time.sleep(0.3)
+    return t
+
+
+def test_tcp_client_may_start_before_master() -> None:
+    port = _free_port()
+    got: Dict[str, Any] = {}
+    t = _client_before_master(port, got)
     m = dist.TCPStore("127.0.0.1", port, None, True, _seconds(10))
     m.set("hello", "world")
     _join_all([t], 15)
     m.close()
     assert got["v"] == b"world"
+
+
+def test_tcp_client_connected_to_itself_lets_the_master_have_its_port(monkeypatch) -> None:
+    """A client started before its master may be given, by the kernel, the master's port as
+    its own for its connect (TCP's simultaneous open: a socket connected to itself), which
+    would hold the port the master is about to listen on. The client lets it go and tries
+    again; the master, started after, gets its port, and the client its value."""
+    from mpitensor.distributed._store import tcp
+
+    port = _free_port()
+    real = socket.create_connection
+    tricks: List[socket.socket] = []
+
+    def connect(address: Any, timeout: Any = None, *args: Any) -> socket.socket:
+        if tricks or address[1] != port:
+            return real(address, timeout, *args)
+        sock = socket.socket()  # what the kernel may hand out: the destination port itself
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.connect(("127.0.0.1", port))
+        tricks.append(sock)
+        return sock
+
+    monkeypatch.setattr(tcp.socket, "create_connection", connect)
+    got: Dict[str, Any] = {}
+    t = _client_before_master(port, got)
+    assert tricks and tricks[0].fileno() == -1  # connected to itself, then closed
+    start = time.monotonic()
+    m = dist.TCPStore("127.0.0.1", port, None, True, _seconds(10))
+    m.set("hello", "world")
+    _join_all([t], 15)
+    m.close()
+    assert got["v"] == b"world"
+    assert time.monotonic() - start < 5
 
 
 def test_tcp_wait_for_workers() -> None:

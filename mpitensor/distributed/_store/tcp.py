@@ -70,6 +70,16 @@ def _recv_exact(sock: socket.socket, n: int, deadline: Optional[float]) -> bytes
     return b"".join(chunks)
 
 
+def _self_connected(sock: socket.socket) -> bool:
+    """Whether ``sock`` is connected to itself: a connect to a port of this host where nothing
+    listens yet may be given that very port as its own (TCP's simultaneous open), and would
+    then hold the port its master is about to listen on (the master fails: port in use)."""
+    try:
+        return sock.getsockname() == sock.getpeername()
+    except OSError:
+        return False
+
+
 def _keepalive(sock: socket.socket) -> None:
     """Let the kernel notice a master host that vanished without closing the connection."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -264,12 +274,16 @@ class TCPStore(Store):
             left = None if deadline is None else deadline - time.monotonic()
             # each attempt gets at least a moment, so a zero timeout still tries once
             attempt = 10.0 if left is None else min(max(left, 0.5), 10.0)
+            sock: Optional[socket.socket] = None
             try:
                 sock = socket.create_connection((self._connect_to, self._port),
                                                 timeout=attempt)
             except OSError as exc:  # refused, unreachable, unknown host (gaierror), timeout
                 last = exc
-            else:
+            if sock is not None and _self_connected(sock):
+                sock.close()  # the port is free again for the master that will listen there
+                sock, last = None, "connected to itself: nothing listens there yet"
+            if sock is not None:
                 try:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     _keepalive(sock)
