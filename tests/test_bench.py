@@ -103,3 +103,45 @@ def test_cuda_without_cupy_is_a_clear_error(capsys: pytest.CaptureFixture) -> No
         bench.parse_args(["--device", "cuda"])
     assert exc.value.code == 2
     assert "--device cuda is unavailable" in capsys.readouterr().err
+
+
+def _compare_collectives(monkeypatch):  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))  # (its folder, as when run)
+    spec = importlib.util.spec_from_file_location(
+        "compare_collectives", root / "benchmarks" / "compare_collectives.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, root
+
+
+def test_compare_collectives_keeps_the_sections_written_by_hand(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """A rerun of the report keeps every section between its ``by hand`` markers, once, at
+    its anchor (``targets``: after the targets; an anchor it has no place for: at the end),
+    and a second rerun changes nothing; the checked-in report's sections are all marked."""
+    cc, root = _compare_collectives(monkeypatch)
+    doc = tmp_path / "report.md"
+    doc.write_text("# an older report\n\n## Targets\n| old |\n\n"
+                   "<!-- by hand: targets -->\n## Mine\ntext a\n<!-- end by hand -->\n\n"
+                   "<!-- by hand: copy -->\n**Why** text b\n<!-- end by hand -->\n"
+                   "<!-- by hand: elsewhere -->\ntext c\n")  # (left open: to the end)
+    meta = {"machine": {}, "date": "today", "command": "cmd", "ranks": 2, "dtype": "float32",
+            "array": "numpy", "sizes": [4, 1 << 20], "factor": 2, "reps": 3, "rep_time": 0.01,
+            "window": 8}
+    cc.write_markdown(doc, [], meta, [], None)
+    out = doc.read_text()
+    for text in ("## Mine\ntext a", "**Why** text b", "text c"):
+        assert out.count(text) == 1, out
+    assert out.splitlines().count(cc.HAND_END) == 3 and "| old |" not in out
+    assert out.index("## Targets (2 ranks") < out.index("## Mine") < out.index("## Reading")
+    assert out.index("## Reading") < out.index("**Why** text b") < out.index("text c")
+    cc.write_markdown(doc, [], meta, [], None)
+    assert doc.read_text() == out
+    kept = cc.hand_sections((root / "docs" / "benchmarks-collectives.md").read_text())
+    assert sorted(kept) == ["copy", "targets"]
+    assert "## Mid sizes on a quiet machine" in kept["targets"][0]
+    assert "**Why all_gather stays near 1x raw" in kept["copy"][0]
