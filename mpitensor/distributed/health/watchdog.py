@@ -213,7 +213,7 @@ def _break(h: GroupHealth, op: str, seq: int, kind: str, reason: str) -> None:
 
 
 def fault_in_wait(h: GroupHealth, kind: str, seq: int, op: str, peer: Optional[int],
-                   since: float) -> Optional[PeerFailedError]:
+                  since: float) -> Optional[PeerFailedError]:
     """For a rank waiting in ``op`` (the slow tick): the error that ends the wait, if any.
 
     First the agreement check's slots (``fingerprint``): a mismatch that MPI may never
