@@ -35,6 +35,7 @@ import numpy as np
 from ...._base import native as _native
 from ....errors import MpiTensorError
 from ...health import watchdog as W
+from ...health.backoff import Backoff
 from . import cma as _cma
 from .shm_pipe import _LINE, OUT, PID, RED, Engine, Reducer, bounds
 
@@ -103,13 +104,15 @@ def _left_why(eng: Engine, exc: BaseException) -> None:
     briefly for its notice; return where none comes."""
     h = eng.h
     t0 = time.perf_counter()
+    backoff = Backoff(t0, passive=True)  # (a notice arrives without this rank's polling)
     while True:
         fault = W.fault_in_wait(h, "coll", eng.seq, eng.op, None, t0)
         if fault is not None:
             raise fault from exc
-        if time.perf_counter() - t0 > _WHY_S:
+        now = time.perf_counter()
+        if now - t0 > _WHY_S:
             return
-        time.sleep(1e-3)
+        backoff.pause(now, 0.0)
 
 
 def _copy(dst: np.ndarray, src: np.ndarray) -> None:
