@@ -832,8 +832,10 @@ def _connect(host: str, port: int, deadline: float, unix: str = "") -> socket.so
         try:
             sock = socket.create_connection(
                 (host, port), timeout=min(_IO_MAX_S, max(0.1, deadline - time.monotonic())))
-            if sock.getsockname() == sock.getpeername():  # given the port itself: nobody
-                sock.close()                              # listens there (see _store/tcp)
+            # given the port itself: nobody listens there (_store/tcp.py's _self_connected,
+            # written again here: this file runs as the helper with the standard library only)
+            if sock.getsockname() == sock.getpeername():
+                sock.close()
                 sock = None
                 raise ConnectionRefusedError(errno.ECONNREFUSED, "connected to itself")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
