@@ -34,7 +34,7 @@ def test_mpi_suite(nprocs: int, tmp_path: Path) -> None:
 # which keeps small calls on MPI.
 COLLECTIVE_SUITES = ("test_cco_buf.py", "test_large_collectives.py", "test_agreement.py",
                      "test_half_mpi.py", "test_errors.py", "test_shm_collectives.py",
-                     "test_shm_tiny.py", "test_timeouts.py")
+                     "test_shm_tiny.py", "test_shm_tiny_lane.py", "test_timeouts.py")
 
 
 @pytest.mark.timeout(SUITE_TIMEOUT + 60)

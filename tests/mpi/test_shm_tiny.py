@@ -313,3 +313,32 @@ def test_async_calls_past_the_entries_without_a_blocking_call():
             dist.all_reduce(x, async_op=True).wait()
     for i, x in enumerate(xs):
         np.testing.assert_array_equal(x, np.full(1 + i, float(sum(r + i for r in range(n)))))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind", ["all_reduce", "broadcast", "all_gather_into_tensor",
+                                  "all_gather", "reduce_scatter_tensor"])
+def test_the_agreement_check_sees_calls_on_the_board(kind):
+    """check_bytes 0 (``MPITENSOR_CHECK_BYTES=0``: every call checked), one rank passes
+    another shape of the same bytes and dtype: the board compares bytes, the agreement check
+    shapes, and a blocking call on the board must settle it (CollectiveMismatchError on every
+    rank, not a silent success)."""
+    n, me = world()
+    g = board_group(f"agree_{kind}")
+    g.check_bytes = 0
+    shape = (4,) if me == 0 else (2, 2)
+    x = np.ones(shape, np.float32)
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(x, group=g),
+        "broadcast": lambda: dist.broadcast(x, src=0, group=g),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
+            np.zeros(4 * n, np.float32), x, group=g),
+        "all_gather": lambda: dist.all_gather([np.zeros(shape, np.float32) for _ in range(n)],
+                                              x, group=g),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
+            np.zeros(shape, np.float32), np.ones((n * 4,) if me == 0 else (n * 2, 2),
+                                                  np.float32), group=g),
+    }
+    with pytest.raises(CollectiveMismatchError, match="shape"):
+        calls[kind]()
+    dist.destroy_process_group(g)

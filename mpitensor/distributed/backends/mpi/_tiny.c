@@ -30,12 +30,14 @@
 #include <math.h>
 #include <stddef.h>
 #include <structmember.h>
+#include <emmintrin.h>
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 
 #define HEAD 128      /* a member's header: posted (word 0), done (word 8), pid (word 9) */
 #define ENTRY_HEAD 64 /* an entry's words: call number, operation word, byte count */
+#define NT_MIN 2048   /* a board's nt_min to begin with (copy_in) */
 
 enum { GATHER = 0, BCAST = 1, REDUCE = 2, REDUCE_PART = 3 };
 enum { SUM = 0, PROD = 1, MIN = 2, MAX = 3, BAND = 4, BOR = 5, BXOR = 6 };
@@ -48,6 +50,7 @@ typedef struct {
     Py_ssize_t rank, size, slots, cap, stride;
     Py_ssize_t pending;  /* calls posted and not yet read, kept by shm_tiny.py: run refuses */
     long spins;          /* spins of run's take */
+    Py_ssize_t nt_min;   /* posts of at least this many bytes write their data past the cache */
 } Board;
 
 static inline int64_t *header(Board *b, Py_ssize_t r) { return (int64_t *)(b->base + r * b->stride); }
@@ -107,6 +110,35 @@ static int combine(char *acc, const char *in, Py_ssize_t nbytes, int dt, int op)
     return -1;
 }
 
+/* ---------------------------------------------------------------- a post's copy */
+/* The readers of an entry run on other cores. A plain copy leaves its lines modified in this
+ * core's cache: the next post into the entry must first take them back from the readers'
+ * caches, and each reader fetches them one by one from this one's. Past a few cache lines that
+ * costs more than the copy: 4 KiB took 1.9 us a call between two cores of an EPYC where a copy
+ * with non-temporal stores (the lines go to memory, not into this core's cache; the readers'
+ * loads stream them) took 0.7 us; at 1 KiB the two were even, at 256 bytes the plain copy won
+ * (benchmarks/small_collectives.py; docs/benchmarks-collectives.md). dst is 64-byte aligned. */
+static void copy_in(char *dst, const char *src, Py_ssize_t n, Py_ssize_t nt_min)
+{
+    if (n < nt_min) {
+        memcpy(dst, src, n);
+        return;
+    }
+    Py_ssize_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(dst + i + 48), d);
+    }
+    memcpy(dst + i, src + i, n - i);
+    _mm_sfence();  /* the streamed stores before the call number that publishes them */
+}
+
 /* ---------------------------------------------------------------- the board */
 static void Board_dealloc(Board *self)
 {
@@ -140,6 +172,7 @@ static int Board_init(Board *self, PyObject *args, PyObject *kw)
     self->cap = cap;
     self->pending = 0;
     self->spins = 0;
+    self->nt_min = NT_MIN;
     return 0;
 }
 
@@ -182,7 +215,7 @@ static int do_post(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyOb
     e[1] = word;
     e[2] = nbytes;
     if (src.obj != NULL) {
-        memcpy(data(e), src.buf, src.len);
+        copy_in(data(e), src.buf, src.len, self->nt_min);
         PyBuffer_Release(&src);
     }
     STORE(e, s);
@@ -488,6 +521,8 @@ static PyMemberDef Board_members[] = {
     {"pending", T_PYSSIZET, offsetof(Board, pending), 0,
      "calls of this member posted and not yet read (a Spec's run refuses while any is)"},
     {"spins", T_LONG, offsetof(Board, spins), 0, "spins of a Spec's run before it answers 0"},
+    {"nt_min", T_PYSSIZET, offsetof(Board, nt_min), 0,
+     "posts of at least this many bytes copy their data with non-temporal stores"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -524,5 +559,6 @@ PyMODINIT_FUNC PyInit__tiny(void)
     }
     PyModule_AddIntConstant(m, "HEAD", HEAD);
     PyModule_AddIntConstant(m, "ENTRY_HEAD", ENTRY_HEAD);
+    PyModule_AddIntConstant(m, "NT_MIN", NT_MIN);
     return m;
 }

@@ -147,6 +147,8 @@ class Collectives(_pers.SmallCalls):
                         if f is not None and not (async_op or c.active) and chk is None and (
                                 (r := f.run(s, arr, arr)) == 1
                                 or f.owner.rest(r, arr, arr, "all_reduce", s)):
+                            if self.health.fp_tok is not None:  # (checked: settle it)
+                                self._fast_settle(self.health, "all_reduce", s)
                             return None
                         b = memoryview(arr).cast("B")
                         return self._persistent(c, b, b, "all_reduce", s, tensor, arr, async_op,
@@ -252,6 +254,28 @@ class Collectives(_pers.SmallCalls):
     def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
                   group_src: Optional[int] = None) -> Optional[Work]:
         arr = tensor._data if type(tensor) is Tensor else tensor
+        lane = self.bc_lane
+        if (lane is not None and type(arr) is np.ndarray and type(src) is int and not async_op
+                and group_src is None and (by := lane.get(src)) is not None
+                and (c := by.get(arr.nbytes)) is not None):
+            # The lane (persistent.SmallCalls.bc_lane): a size and root that took the fast path
+            # onto the board before, which holds what the checks below leave out as long as
+            # the group lives (a member, ranks the world's, below shm_min, a board call). The
+            # rest are checked here, in the order of their cost; a call that fails one takes
+            # the way below. Half the time of a call of a few bytes is spared.
+            h = self.health
+            if (not (h.slow or c.active) and ((heard := h.heard) is None or not heard())
+                    and arr.nbytes < h.check_bytes and (f := arr.flags).c_contiguous
+                    and (f.writeable or src == self.rank_) and arr.dtype in _MOVE):
+                s = self.seq = self.seq + 1
+                self.history[s & _MASK] = (s, "broadcast", arr.dtype, arr.shape)
+                f, mine = c.fast, src == self.rank_
+                i, o = (arr, None) if mine else (None, arr)
+                if (r := f.run(s, i, o)) == 1 or f.owner.rest(r, i, o, "broadcast", s):
+                    return None
+                b = _bytes(arr)
+                return self._persistent(c, b if mine else None, None if mine else b,
+                                        "broadcast", s, tensor, arr, False, None)
         if type(arr) is np.ndarray and arr.nbytes >= self.shm_min:
             done = _shmc.broadcast(self, tensor, arr, src, async_op, group_src)
             if done is not _shmc.PASS:
@@ -270,8 +294,12 @@ class Collectives(_pers.SmallCalls):
                     c = pers.bc.get(key) or pers.broadcast(key, nb, src)
                     mine = src == self.rank_
                     f, i, o = c.fast, (arr if mine else None), (None if mine else arr)
+                    if f is not None and self.bc_lane is not None:
+                        self._to_lane(src, nb, c)
                     if f is not None and not (async_op or c.active) and chk is None and (
                             (r := f.run(s, i, o)) == 1 or f.owner.rest(r, i, o, "broadcast", s)):
+                        if self.health.fp_tok is not None:  # (checked: settle it)
+                            self._fast_settle(self.health, "broadcast", s)
                         return None
                     b = _bytes(arr)
                     return self._persistent(c, b if mine else None, None if mine else b,
@@ -563,6 +591,8 @@ class Collectives(_pers.SmallCalls):
                     if f is not None and not (async_op or c.active) and chk is None and (
                             (r := f.run(s, inp, out)) == 1
                             or f.owner.rest(r, inp, out, "all_gather_into_tensor", s)):
+                        if self.health.fp_tok is not None:  # (checked: settle it)
+                            self._fast_settle(self.health, "all_gather_into_tensor", s)
                         return None
                     return self._persistent(c, _bytes(inp), _bytes(out), "all_gather_into_tensor",
                                             s, output, (out, inp), async_op, chk)
@@ -717,6 +747,8 @@ class Collectives(_pers.SmallCalls):
                     if f is not None and not (async_op or c.active) and chk is None and (
                             (r := f.run(s, inp, out)) == 1
                             or f.owner.rest(r, inp, out, "reduce_scatter_tensor", s)):
+                        if self.health.fp_tok is not None:  # (checked: settle it)
+                            self._fast_settle(self.health, "reduce_scatter_tensor", s)
                         return None
                     return self._persistent(c, _bytes(inp), _bytes(out), "reduce_scatter_tensor",
                                             s, output, (out, inp), async_op, chk)

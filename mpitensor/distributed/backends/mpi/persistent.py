@@ -265,16 +265,32 @@ class SmallCalls:
     pers: Any = None
     # the small calls' board in shared memory (shm_tiny.py), made with the group where it can
     tiny: Any = None
+    # broadcasts on the board that took the fast path, by root and byte count: their Call (a
+    # board call), which the next broadcast of that root and size takes at once
+    # (``Collectives.broadcast``); a dict while the group has a board, else None
+    bc_lane: Optional[dict] = None
 
     def _new_pers(self) -> Any:
         if self.tiny is not None:  # a board in shared memory takes what it computes
             self.pers = self.tiny.cache(self.comm)
+            self.bc_lane = {}
         else:
             self.pers = Cache(self.comm)
         return self.pers
 
+    def _to_lane(self, root: int, nbytes: int, c: Call) -> None:
+        """Put the board call ``c`` on the broadcasts' lane. A board call stays valid while
+        the group's board lives, even once the cache let it go; the lane is kept as small as
+        the cache all the same."""
+        by = self.bc_lane.setdefault(root, {})
+        if nbytes not in by:
+            if len(by) >= CAP:
+                by.clear()
+            by[nbytes] = c
+
     def free_persistent(self) -> None:
         """Free the group's persistent requests (when the group is destroyed)."""
+        self.bc_lane = None
         if self.pers is not None:
             self.pers.free()
             self.pers = None
@@ -289,6 +305,8 @@ class SmallCalls:
         if f is not None and not (async_op or c.active or chk is not None) \
                 and type(dst) is not list \
                 and ((r := f.run(s, src, dst)) == 1 or f.owner.rest(r, src, dst, op, s)):
+            if h.fp_tok is not None:  # an agreement check posted with the call: settle it
+                self._fast_settle(h, op, s)
             return None
         if async_op or chk is not None or c.active:
             req = c.post(h, src, dst, op, s)

@@ -1,0 +1,153 @@
+"""The board's two shortcuts (``backends/mpi/shm_tiny.py``, ``_tiny.c``), at 1-4 ranks.
+
+* A post of at least ``Board.nt_min`` bytes copies its data with non-temporal stores
+  (``copy_in``): every size around the 64-byte step and the threshold, from unaligned sources,
+  in every kind of call, must give the bytes a plain copy gives.
+* A broadcast whose root and size took the fast path onto the board before takes the group's
+  lane (``Collectives.broadcast``, ``SmallCalls.bc_lane``): it must keep every check of the
+  fast path it skips (debug mode, the agreement check, a non-contiguous or read-only buffer,
+  async calls, a root that differs), and never give a number another path would not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpitensor as mt
+import mpitensor.distributed as dist
+from mpitensor.distributed import _world
+from mpitensor.distributed.backends.mpi import persistent, shm_tiny
+from mpitensor.distributed.health.state import MASK
+from mpitensor.errors import CollectiveMismatchError
+
+from .arrayimpl import debug_mode
+from .test_shm_tiny import board_group, world
+
+SIZES = (1, 63, 64, 65, 1000, 2047, 2048, 2049, 3001, 4095, 4096)
+
+
+def data(nbytes, rank, salt=0):
+    """Rank ``rank``'s bytes, at an odd address (a view one byte into a larger buffer)."""
+    rng = np.random.default_rng(7000 + 31 * rank + salt)
+    buf = rng.integers(0, 256, nbytes + 1, dtype=np.uint8)
+    return buf[1:]
+
+
+@pytest.mark.parametrize("nt_min", ["default", "never", "always"])
+def test_every_kind_and_size_gives_the_same_bytes_whichever_copy_posts_it(nt_min):
+    n, me = world()
+    g = board_group(f"nt_{nt_min}")
+    c = _world._pg(g).tiny.c
+    assert c.nt_min == 2048  # (the compiled default; docs/benchmarks-collectives.md)
+    c.nt_min = {"default": c.nt_min, "never": 1 << 30, "always": 0}[nt_min]
+    for nb in SIZES:
+        for root in range(n):
+            x = data(nb, me)
+            dist.broadcast(x, src=root, group=g)
+            np.testing.assert_array_equal(x, data(nb, root))
+        x = data(nb, me)
+        dist.all_reduce(x, group=g)  # uint8: wraps, as MPI's does
+        want = sum(data(nb, r).astype(np.int64) for r in range(n)) % 256
+        np.testing.assert_array_equal(x, want.astype(np.uint8))
+        part = max(1, nb // n)
+        if part * n <= shm_tiny.CAP:
+            out = np.zeros(part * n + 1, np.uint8)[1:]
+            dist.all_gather_into_tensor(out, data(part, me, 1), group=g)
+            np.testing.assert_array_equal(out, np.concatenate([data(part, r, 1)
+                                                               for r in range(n)]))
+            got = np.zeros(part + 1, np.uint8)[1:]
+            dist.reduce_scatter_tensor(got, data(part * n, me, 2), group=g)
+            whole = sum(data(part * n, r, 2).astype(np.int64) for r in range(n)) % 256
+            np.testing.assert_array_equal(got, whole[me * part:(me + 1) * part])
+    dist.destroy_process_group(g)
+
+
+def lane_group(tag):
+    """A board group whose broadcasts go on the board, its lane filled for 16 bytes from
+    every root; skips where broadcasts stay on MPI (ranks outnumber cores)."""
+    n, me = world()
+    g = board_group(tag)
+    pg = _world._pg(g)
+    x = np.ones(4, np.float32)
+    dist.all_reduce(x, group=g)  # (the group's first small call makes its cache)
+    if not pg.tiny.bcast:
+        pytest.skip("ranks outnumber cores: broadcasts stay on MPI (no lane)")
+    for root in range(n):
+        dist.broadcast(np.full(4, float(me), np.float32), src=root, group=g)
+    assert sorted(pg.bc_lane) == list(range(n))
+    assert all(set(by) == {16} for by in pg.bc_lane.values())
+    return g, pg
+
+
+def test_calls_on_the_lane_skip_no_check_of_the_fast_path():
+    n, me = world()
+    g, pg = lane_group("checks")
+    seq = pg.seq
+    for root in range(n):  # 16 bytes each: on the lane
+        y = np.full(4, float(me), np.float32)
+        dist.broadcast(y, src=root, group=g)
+        np.testing.assert_array_equal(y, np.full(4, float(root), np.float32))
+    assert pg.seq == seq + n
+    s, op, dtype, shape = pg.history[pg.seq & MASK]  # what a stall report names
+    assert (s, op, dtype, shape) == (pg.seq, "broadcast", np.dtype(np.float32), (4,))
+    # 16 bytes too, but strided: the general path stages it
+    z = np.zeros(8, np.float32)
+    z[::2] = me
+    dist.broadcast(z[::2], src=n - 1, group=g)
+    np.testing.assert_array_equal(z, np.tile([n - 1, 0], 4).astype(np.float32))
+    # a Tensor, a read-only root buffer, another dtype of 16 bytes, an async call
+    t = mt.full((4,), float(me))
+    dist.broadcast(t, src=0, group=g)
+    assert t.tolist() == [0.0] * 4
+    ro = np.full(2, me + 10, np.int64)
+    if me == 0:
+        ro.flags.writeable = False
+    dist.broadcast(ro, src=0, group=g)
+    assert ro.tolist() == [10, 10]
+    a = np.full(4, float(me), np.float32)
+    w = dist.broadcast(a, src=n - 1, group=g, async_op=True)
+    w.wait()
+    np.testing.assert_array_equal(a, np.full(4, float(n - 1), np.float32))
+    dist.destroy_process_group(g)
+    assert pg.bc_lane is None
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_root_mismatch_on_the_lane_raises():
+    """Every root's broadcast of this size is on the lane: each rank naming itself the root
+    must still end in an error on every rank."""
+    _, me = world()
+    g, _ = lane_group("root")
+    with pytest.raises(CollectiveMismatchError, match="root"):
+        dist.broadcast(np.ones(4, np.float32), src=me, group=g)
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_debug_mode_and_the_agreement_check_see_calls_the_lane_took_before():
+    """float32 on rank 0, int32 elsewhere, 16 bytes: the board moves bytes alike; debug mode
+    and the agreement check (check_bytes 0) compare the dtypes, lane or not."""
+    _, me = world()
+    g, _ = lane_group("debug")
+    x = np.ones(4, np.float32 if me == 0 else np.int32)
+    with debug_mode(True):
+        with pytest.raises(CollectiveMismatchError, match="dtype"):
+            dist.broadcast(x, src=0, group=g)
+    dist.destroy_process_group(g)
+    g, _ = lane_group("agree")
+    g.check_bytes = 0
+    with pytest.raises(CollectiveMismatchError, match="dtype"):
+        dist.broadcast(x, src=0, group=g)
+    dist.destroy_process_group(g)
+
+
+def test_the_lane_is_as_small_as_the_cache():
+    n, me = world()
+    g, pg = lane_group("small")
+    for k in range(1, 2 * persistent.CAP + 1):
+        x = np.full(k, me, np.int8)
+        dist.broadcast(x, src=0, group=g)
+        assert (x == 0).all()
+    assert 0 < len(pg.bc_lane[0]) <= persistent.CAP
+    dist.destroy_process_group(g)
