@@ -416,9 +416,9 @@ def _make_world(comm: Any, name: str, seconds: float, device_id: Any) -> Process
 
     rank, size = comm.Get_rank(), comm.Get_size()
     own = _watchdog.timed_dup(comm, seconds, "init_process_group")
+    _share_node(comm, rank, size)  # (first: the group's board times calls as the node allows)
     world: ProcessGroup = MPIGroup(own, list(range(size)), rank, "WORLD", seconds,
                                    _state.debug, size)
-    _share_node(comm, rank, size)
     if name == Backend.NCCL:
         from .backends.nccl import NCCLGroup
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import mpitensor as mt
 import mpitensor.distributed as dist
@@ -39,7 +40,7 @@ def test_every_kind_and_size_gives_the_same_bytes_whichever_copy_posts_it(nt_min
     n, me = world()
     g = board_group(f"nt_{nt_min}")
     c = _world._pg(g).tiny.c
-    assert c.nt_min == 2048  # (the compiled default; docs/benchmarks-collectives.md)
+    assert c.nt_min in (2048, shm_tiny.NEVER)  # (as the group's timing chose)
     c.nt_min = {"default": c.nt_min, "never": 1 << 30, "always": 0}[nt_min]
     for nb in SIZES:
         for root in range(n):
@@ -60,6 +61,22 @@ def test_every_kind_and_size_gives_the_same_bytes_whichever_copy_posts_it(nt_min
             dist.reduce_scatter_tensor(got, data(part * n, me, 2), group=g)
             whole = sum(data(part * n, r, 2).astype(np.int64) for r in range(n)) % 256
             np.testing.assert_array_equal(got, whole[me * part:(me + 1) * part])
+    dist.destroy_process_group(g)
+
+
+def test_the_copy_is_chosen_alike_on_every_rank_from_calls_timed_there():
+    n, me = world()
+    g = board_group("choice")
+    b = _world._pg(g).tiny
+    from mpitensor.distributed.health import watchdog
+    if not watchdog.may_spin():  # ranks outnumber cores: nothing timed, plain copies
+        assert b.copy_times is None and b.c.nt_min == shm_tiny.NEVER
+    else:
+        plain, streamed = b.copy_times
+        assert 0 < plain < 1e-3 and 0 < streamed < 1e-3  # seconds a call of 4 KiB
+        assert b.c.nt_min == (2048 if streamed < 0.9 * plain else shm_tiny.NEVER)
+    everyone = MPI.COMM_WORLD.allgather((b.c.nt_min, b.copy_times))
+    assert everyone == [everyone[0]] * n
     dist.destroy_process_group(g)
 
 

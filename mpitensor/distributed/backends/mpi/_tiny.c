@@ -31,6 +31,7 @@
 #include <stddef.h>
 #include <structmember.h>
 #include <emmintrin.h>
+#include <time.h>
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -347,6 +348,63 @@ static PyObject *Board_run(Board *self, PyObject *const *args, Py_ssize_t nargs)
     return r == -(long)self->size - 1 ? NULL : PyLong_FromLong(r);
 }
 
+/* time_calls(first, rounds, nbytes, nt_min, limit_s) -> seconds, or -1.0 past limit_s:
+ * calls first .. first + rounds - 1 as all-gathers of nbytes each, posted with nt_min, on a
+ * board kept for this (shm_tiny._copy_choice: which copy_in the group's board uses). Every
+ * member runs the same calls at once; each reads every entry, as a reduction does. */
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static PyObject *Board_time_calls(Board *self, PyObject *args)
+{
+    LIVE(self);
+    long long first;
+    Py_ssize_t rounds, nbytes, nt_min;
+    double limit;
+    if (!PyArg_ParseTuple(args, "Lnnnd", &first, &rounds, &nbytes, &nt_min, &limit))
+        return NULL;
+    if (first < 1 || rounds < 1 || nbytes < 1 || nbytes > self->cap) {
+        PyErr_SetString(PyExc_ValueError, "time_calls: bad call numbers or byte count");
+        return NULL;
+    }
+    PyObject *src = PyByteArray_FromStringAndSize(NULL, nbytes);
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, nbytes * self->size);
+    if (src == NULL || out == NULL) {
+        Py_XDECREF(src);
+        Py_XDECREF(out);
+        return NULL;
+    }
+    memset(PyByteArray_AS_STRING(src), (int)self->rank + 1, nbytes);
+    Py_ssize_t keep = self->nt_min;
+    self->nt_min = nt_min;
+    double t0 = now_s(), spent = -1.0;
+    int64_t s = first;
+    for (; s < first + rounds; s++) {
+        long r = 0;
+        int ok;
+        while ((ok = do_post(self, s, 0, nbytes, src)) == 0 && now_s() - t0 < limit)
+            __builtin_ia32_pause();
+        if (ok == 1)
+            while ((r = do_take(self, s, 0, nbytes, out, GATHER, 0, 0, 0, 1024)) == 0
+                   && now_s() - t0 < limit)
+                ;
+        if (ok != 1 || r != 1)
+            break;
+    }
+    if (s == first + rounds)
+        spent = now_s() - t0;
+    self->nt_min = keep;
+    Py_DECREF(src);
+    Py_DECREF(out);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyFloat_FromDouble(spent);
+}
+
 /* ---------------------------------------------------------------- a call's spec */
 /* One kind and size of call on a board (shm_tiny.Call's): run(s, data, out) posts and takes
  * with the board's spins, where no call of this member is still to be read. */
@@ -505,6 +563,9 @@ static PyMethodDef Board_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Board_run, METH_FASTCALL,
      "run(s, word, nbytes, data, out, kind, root, dtype, op, spins): post, then take; "
      "-(size + 2) where a member still reads the entry (nothing written)."},
+    {"time_calls", (PyCFunction)Board_time_calls, METH_VARARGS,
+     "time_calls(first, rounds, nbytes, nt_min, limit_s): seconds that many all-gathers "
+     "took, posted with nt_min; -1.0 past limit_s (a member that is not there)."},
     {"spec", (PyCFunction)Board_spec, METH_VARARGS,
      "spec(owner, word, nbytes, kind, root, dtype, op): a kind and size of call, to run."},
     {"peek", (PyCFunction)Board_peek, METH_O,

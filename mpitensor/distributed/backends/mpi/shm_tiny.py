@@ -119,8 +119,15 @@ def _unword(w: int) -> tuple:
     return (w >> 8) & 0xFF, (w >> 4) & 0xF, w & 0xF, (w >> 16) - 1
 
 
+#: a board's ``nt_min`` where its posts never stream (every post is at most CAP bytes)
+NEVER = CAP + 1
+#: the calls timed with each copy (``_copy_choice``): rounds of ROUNDS calls, by turns
+ROUNDS, REPS = 64, 5
+
+
 def segment_bytes(size: int) -> int:
-    return size * (128 + SLOTS * (64 + CAP))
+    """The board, then a second one that ``_copy_choice`` times calls on (never used again)."""
+    return 2 * size * (128 + SLOTS * (64 + CAP))
 
 
 # ---------------------------------------------------------------------------- the group's
@@ -137,8 +144,39 @@ def make(g: Any) -> Optional["Board"]:
             mm.close()
         return None
     b = Board(g, mm)
+    # where ranks outnumber cores, the reader often runs where the writer did, after it
+    b.c.nt_min = _copy_choice(g, mm, b) if W.may_spin() else NEVER
     g.comm.Barrier()  # every member wrote its pid before any call looks for it
     return b
+
+
+def _copy_choice(g: Any, mm: Any, b: "Board") -> int:
+    """Collective: the board's ``nt_min`` (``_tiny.c``'s ``copy_in``), from calls of
+    :data:`CAP` bytes timed on the spare board with a plain copy and with non-temporal stores,
+    by turns; the slowest member's median of each decides, the same on every member. Streamed
+    posts cost about the same wherever the cores sit (0.7 µs a call of 4 KiB on two cores of
+    an EPYC); a plain copy costs 0.5 µs where the cores are close and 1.9 µs where the lines
+    cross the chip, so neither wins everywhere. A member not there within 0.5 s (or a
+    mismatch) ends the timing, and the plain copy stays."""
+    half = segment_bytes(g.size_) // 2
+    times: list = [[], []]
+    with memoryview(mm) as whole, whole[half:] as spare:
+        c = _tiny.Board(spare, g.rank_, g.size_, SLOTS, CAP)
+        try:
+            s = 1
+            for rep in range(REPS):
+                for i in ((0, 1) if rep % 2 == 0 else (1, 0)):
+                    t = c.time_calls(s, ROUNDS, CAP, NEVER if i == 0 else 0, 0.5)
+                    s += ROUNDS
+                    times[i].append(t if t >= 0 else float("inf"))
+                if float("inf") in times[0] + times[1]:
+                    break
+        finally:
+            c.release()
+    agreed = np.array([np.median(t) / ROUNDS for t in times])
+    g.comm.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MAX)
+    b.copy_times = (float(agreed[0]), float(agreed[1]))
+    return _tiny.NT_MIN if agreed[1] < 0.9 * agreed[0] else NEVER
 
 
 def free(g: Any) -> None:
@@ -157,6 +195,9 @@ class Board:
         self.c = _tiny.Board(mm, g.rank_, g.size_, SLOTS, CAP)
         self.c.set_pid(os.getpid())
         self.pending: collections.deque = collections.deque()
+        # seconds a call of CAP bytes took on the spare board (plain copy, streamed), the
+        # slowest member's: what chose ``c.nt_min`` (None: not timed, ranks outnumber cores)
+        self.copy_times: Optional[tuple] = None
         self.posting = 0  # the call whose entry this member waits to write (_Room)
         # whether broadcasts come here: not where ranks outnumber cores (set with the cache)
         self.bcast = True
