@@ -84,9 +84,17 @@ def main() -> None:
                         f"{raw / ours:.2f}x | {raw / pers:.2f}x |")
     if comm.Get_rank() == 0:
         where = "the shared board" if board else "no board (see shm_tiny.make)"
-        bcast = _world._pg(None).tiny.bcast if board else False
+        tiny = _world._pg(None).tiny
+        bcast = tiny.bcast if board else False
         print(f"ranks {n}; world group: {where}; broadcasts on the board: {bcast}; "
               f"median of {args.reps} repetitions of {args.calls} calls, µs per call")
+        if board:
+            timed = ("not timed (ranks outnumber cores)" if tiny.copy_times is None else
+                     "timed per 4 KiB call: plain {:.2f} µs, streamed {:.2f} µs".format(
+                         *(t * 1e6 for t in tiny.copy_times)))
+            copy = ("plain copies" if tiny.c.nt_min > 4096
+                    else f"non-temporal stores from {tiny.c.nt_min} B")
+            print(f"board posts: {copy} ({timed})")
         print("\n| op | size | raw mpi4py | ours | ours, switch off (persistent) | raw / ours | "
               "raw / persistent |\n|---|---|---|---|---|---|---|")
         print("\n".join(rows))

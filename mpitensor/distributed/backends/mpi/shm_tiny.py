@@ -33,6 +33,12 @@ none and nothing changes.
   member not there yet still runs (PeerFailedError when its process is gone);
 * async calls post at once and complete in call order (``Test``, or any later call's wait).
 
+**Speed.** A post copies its data into the entry plainly, or, from ``_tiny.NT_MIN`` bytes on,
+with non-temporal stores where calls timed when the group is made found that faster
+(:func:`_copy_choice`, on a spare board in the same segment). Broadcasts of a root and size
+seen before take the group's lane (``SmallCalls.bc_lane``), which skips the checks that cannot
+have changed since.
+
 A member overwrites an entry only once every member, itself included, has read what it held
 (their "done" word): a call may wait for that, and while it does it reads its own earlier async
 calls, so members waiting so always let each other on.
