@@ -145,3 +145,20 @@ def test_compare_collectives_keeps_the_sections_written_by_hand(tmp_path: Path,
     assert sorted(kept) == ["copy", "targets"]
     assert "## Mid sizes on a quiet machine" in kept["targets"][0]
     assert "**Why all_gather stays near 1x raw" in kept["copy"][0]
+
+
+def test_small_collectives_prints_every_row_and_the_boards_copy() -> None:
+    """``benchmarks/small_collectives.py`` (docs/benchmarks-collectives.md's board tables):
+    every operation at every size asked, one table from rank 0, and what the board's posts
+    copy with (timed where the ranks have cores of their own)."""
+    args = [sys.executable, str(ROOT / "benchmarks" / "small_collectives.py"), "--sizes",
+            "16,4K", "--reps", "2", "--calls", "20"]
+    proc = mpiexec_run(2, args, timeout=120, cwd=ROOT)
+    assert not proc.timed_out, f"small_collectives.py hung:\n{proc.output[-4000:]}"
+    assert proc.returncode == 0, proc.output[-4000:]
+    rows = [line for line in proc.output.splitlines() if line.startswith("| ")
+            and not line.startswith("| op")]
+    ops = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast")
+    assert sorted((r.split(" | ")[0][2:], r.split(" | ")[1]) for r in rows) == sorted(
+        (op, size) for op in ops for size in ("16 B", "4096 B")), proc.output[-4000:]
+    assert proc.output.count("board posts: ") == 1, proc.output[-4000:]
