@@ -64,7 +64,7 @@ def test_every_kind_and_size_gives_the_same_bytes_whichever_copy_posts_it(nt_min
     dist.destroy_process_group(g)
 
 
-def test_the_copy_is_chosen_alike_on_every_rank_from_calls_timed_there():
+def test_the_copy_is_chosen_alike_on_every_rank_from_calls_timed_there(monkeypatch):
     n, me = world()
     g = board_group("choice")
     b = _world._pg(g).tiny
@@ -77,6 +77,12 @@ def test_the_copy_is_chosen_alike_on_every_rank_from_calls_timed_there():
         assert b.c.nt_min == (2048 if streamed < 0.9 * plain else shm_tiny.NEVER)
     everyone = MPI.COMM_WORLD.allgather((b.c.nt_min, b.copy_times))
     assert everyone == [everyone[0]] * n
+    # the same ranks again: the times of the first decide (no new timing)
+    monkeypatch.setattr(shm_tiny, "_time_copies", lambda *a: pytest.fail("timed again"))
+    again = board_group("choice2")
+    b2 = _world._pg(again).tiny
+    assert (b2.c.nt_min, b2.copy_times) == (b.c.nt_min, b.copy_times)
+    dist.destroy_process_group(again)
     dist.destroy_process_group(g)
 
 
