@@ -677,7 +677,7 @@ class BaseTestCCO(ai.GroupCase):
             ]
             for name, fn, args, kwargs, buffers in cases:
                 spy = ai.CommSpy(pg.comm)
-                pg.comm, shm_min = spy, pg.shm_min
+                pg.comm, shm_min, pers_max = spy, pg.shm_min, pg.pers_max
                 pg.shm_min = 1 << 62  # MPI's path (shared memory copies by design: shm_coll)
                 pg.pers_max = -1  # and no persistent request (copies small calls by design)
                 try:
@@ -685,8 +685,7 @@ class BaseTestCCO(ai.GroupCase):
                     if work is not None:
                         work.wait()
                 finally:
-                    pg.comm, pg.shm_min = spy._comm, shm_min
-                    del pg.pers_max
+                    pg.comm, pg.shm_min, pg.pers_max = spy._comm, shm_min, pers_max
                 mpi_calls = [c for c in spy.calls if c[0][0].isupper()]
                 assert mpi_calls, f"{name}: no MPI buffer call recorded ({spy.calls})"
                 passed = [a for c in mpi_calls for a in ai.arrays_in(c[1])]

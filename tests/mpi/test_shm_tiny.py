@@ -111,7 +111,8 @@ def test_all_reduce_every_dtype_and_op(dtype, op):
     if op in (R.BAND, R.BOR, R.BXOR) and dtype in FLOATS:
         pytest.skip("bitwise reductions take integers")
     g = dist.group.WORLD
-    for count in (1, 7, 4096 // np.dtype(dtype).itemsize):
+    for count in (1, 7, 4096 // np.dtype(dtype).itemsize,
+                  shm_tiny.cap(n) // np.dtype(dtype).itemsize):
         x = values(dtype, count, me)
         dist.all_reduce(x, op=op, group=g)
         expect = in_rank_order(op, [values(dtype, count, r) for r in range(n)])
@@ -221,7 +222,8 @@ def test_sizes_on_both_sides_of_the_board_raise_instead_of_hanging():
     watchdog's slow tick, every rank raises, none waits out the timeout."""
     n, me = world()
     g = board_group("sides")
-    x = np.ones(8192 if me == n - 1 else 16, np.float32)  # 32 KiB: MPI's; 64 B: the board's
+    # twice the board's cap: MPI's; 64 B: the board's
+    x = np.ones(shm_tiny.cap(n) // 2 if me == n - 1 else 16, np.float32)
     with pytest.raises((CollectiveMismatchError, PeerFailedError), match="small one"):
         dist.all_reduce(x, group=g)
     dist.destroy_process_group(g)

@@ -143,16 +143,17 @@ class Collectives(_pers.SmallCalls):
                         key = nb << 32 | fast[2]
                         pers = self.pers or self._new_pers()
                         c = pers.ar.get(key) or pers.all_reduce(key, nb, fast[0], fast[1])
-                        f = c.fast  # the board (shm_tiny.py), from and into arr
-                        if f is not None and not (async_op or c.active) and chk is None and (
-                                (r := f.run(s, arr, arr)) == 1
-                                or f.owner.rest(r, arr, arr, "all_reduce", s)):
-                            if self.health.fp_tok is not None:  # (checked: settle it)
-                                self._fast_settle(self.health, "all_reduce", s)
-                            return None
-                        b = memoryview(arr).cast("B")
-                        return self._persistent(c, b, b, "all_reduce", s, tensor, arr, async_op,
-                                                chk)
+                        if c is not None:  # (None: not the board's, past CEILING: non-blocking)
+                            f = c.fast  # the board (shm_tiny.py), from and into arr
+                            if f is not None and not (async_op or c.active) and chk is None and (
+                                    (r := f.run(s, arr, arr)) == 1
+                                    or f.owner.rest(r, arr, arr, "all_reduce", s)):
+                                if self.health.fp_tok is not None:  # (checked: settle it)
+                                    self._fast_settle(self.health, "all_reduce", s)
+                                return None
+                            b = memoryview(arr).cast("B")
+                            return self._persistent(c, b, b, "all_reduce", s, tensor, arr,
+                                                    async_op, chk)
                     req = self.comm.Iallreduce(_IN_PLACE, [arr, fast[0]], fast[1])
                     if chk is not None:
                         req = _fp.Checked(self.health, req, *chk)
@@ -292,18 +293,20 @@ class Collectives(_pers.SmallCalls):
                     key = nb << 32 | src
                     pers = self.pers or self._new_pers()
                     c = pers.bc.get(key) or pers.broadcast(key, nb, src)
-                    mine = src == self.rank_
-                    f, i, o = c.fast, (arr if mine else None), (None if mine else arr)
-                    if f is not None and self.bc_lane is not None:
-                        self._to_lane(src, nb, c)
-                    if f is not None and not (async_op or c.active) and chk is None and (
-                            (r := f.run(s, i, o)) == 1 or f.owner.rest(r, i, o, "broadcast", s)):
-                        if self.health.fp_tok is not None:  # (checked: settle it)
-                            self._fast_settle(self.health, "broadcast", s)
-                        return None
-                    b = _bytes(arr)
-                    return self._persistent(c, b if mine else None, None if mine else b,
-                                            "broadcast", s, tensor, arr, async_op, chk)
+                    if c is not None:  # (None: not the board's, past CEILING: non-blocking)
+                        mine = src == self.rank_
+                        f, i, o = c.fast, (arr if mine else None), (None if mine else arr)
+                        if f is not None and self.bc_lane is not None:
+                            self._to_lane(src, nb, c)
+                        if f is not None and not (async_op or c.active) and chk is None and (
+                                (r := f.run(s, i, o)) == 1
+                                or f.owner.rest(r, i, o, "broadcast", s)):
+                            if self.health.fp_tok is not None:  # (checked: settle it)
+                                self._fast_settle(self.health, "broadcast", s)
+                            return None
+                        b = _bytes(arr)
+                        return self._persistent(c, b if mine else None, None if mine else b,
+                                                "broadcast", s, tensor, arr, async_op, chk)
                 req = self.comm.Ibcast([arr, mt], src)
                 if chk is not None:
                     req = _fp.Checked(self.health, req, *chk)
@@ -587,15 +590,17 @@ class Collectives(_pers.SmallCalls):
                 if 0 < out.nbytes <= self.pers_max:
                     pers, nb = self.pers or self._new_pers(), inp.nbytes
                     c = pers.ag.get(nb) or pers.all_gather(nb)
-                    f = c.fast
-                    if f is not None and not (async_op or c.active) and chk is None and (
-                            (r := f.run(s, inp, out)) == 1
-                            or f.owner.rest(r, inp, out, "all_gather_into_tensor", s)):
-                        if self.health.fp_tok is not None:  # (checked: settle it)
-                            self._fast_settle(self.health, "all_gather_into_tensor", s)
-                        return None
-                    return self._persistent(c, _bytes(inp), _bytes(out), "all_gather_into_tensor",
-                                            s, output, (out, inp), async_op, chk)
+                    if c is not None:  # (None: not the board's, past CEILING: non-blocking)
+                        f = c.fast
+                        if f is not None and not (async_op or c.active) and chk is None and (
+                                (r := f.run(s, inp, out)) == 1
+                                or f.owner.rest(r, inp, out, "all_gather_into_tensor", s)):
+                            if self.health.fp_tok is not None:  # (checked: settle it)
+                                self._fast_settle(self.health, "all_gather_into_tensor", s)
+                            return None
+                        return self._persistent(c, _bytes(inp), _bytes(out),
+                                                "all_gather_into_tensor", s, output, (out, inp),
+                                                async_op, chk)
                 req = self.comm.Iallgather([inp, mt], [out, mt])
                 if chk is not None:
                     req = _fp.Checked(self.health, req, *chk)
@@ -743,15 +748,17 @@ class Collectives(_pers.SmallCalls):
                     key = nb << 32 | fast[2]
                     pers = self.pers or self._new_pers()
                     c = pers.rs.get(key) or pers.reduce_scatter(key, nb, fast[0], fast[1])
-                    f = c.fast
-                    if f is not None and not (async_op or c.active) and chk is None and (
-                            (r := f.run(s, inp, out)) == 1
-                            or f.owner.rest(r, inp, out, "reduce_scatter_tensor", s)):
-                        if self.health.fp_tok is not None:  # (checked: settle it)
-                            self._fast_settle(self.health, "reduce_scatter_tensor", s)
-                        return None
-                    return self._persistent(c, _bytes(inp), _bytes(out), "reduce_scatter_tensor",
-                                            s, output, (out, inp), async_op, chk)
+                    if c is not None:  # (None: not the board's, past CEILING: non-blocking)
+                        f = c.fast
+                        if f is not None and not (async_op or c.active) and chk is None and (
+                                (r := f.run(s, inp, out)) == 1
+                                or f.owner.rest(r, inp, out, "reduce_scatter_tensor", s)):
+                            if self.health.fp_tok is not None:  # (checked: settle it)
+                                self._fast_settle(self.health, "reduce_scatter_tensor", s)
+                            return None
+                        return self._persistent(c, _bytes(inp), _bytes(out),
+                                                "reduce_scatter_tensor", s, output, (out, inp),
+                                                async_op, chk)
                 req = self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1])
                 if chk is not None:
                     req = _fp.Checked(self.health, req, *chk)

@@ -341,38 +341,46 @@ class SmallCalls:
         the same collective to the peers), else in place."""
         buf, mt = spec
         nb = buf.nbytes
-        if not 0 < nb <= self.pers_max:
+        c = None
+        if 0 < nb <= self.pers_max:
+            pers, key = self.pers or self._new_pers(), nb << 32 | kind(mt, mop)
+            c = pers.ar.get(key) or pers.all_reduce(key, nb, mt, mop)
+        if c is None:  # (also a call past CEILING that the group's board does not compute)
             if into is not None:
                 return self.comm.Iallreduce(spec, into, mop)
             return self.comm.Iallreduce(_IN_PLACE, spec, mop)
-        pers, key = self.pers or self._new_pers(), nb << 32 | kind(mt, mop)
-        c = pers.ar.get(key) or pers.all_reduce(key, nb, mt, mop)
         return c.post(self.health, buf, buf if into is None else into[0], "all_reduce",
                       self.seq)
 
     def _iallgather(self, sspec: list, rspec: list) -> Any:
-        if not 0 < rspec[0].nbytes <= self.pers_max:
+        c = None
+        if 0 < rspec[0].nbytes <= self.pers_max:
+            pers, nb = self.pers or self._new_pers(), sspec[0].nbytes
+            c = pers.ag.get(nb) or pers.all_gather(nb)
+        if c is None:
             return self.comm.Iallgather(sspec, rspec)
-        pers, nb = self.pers or self._new_pers(), sspec[0].nbytes
-        c = pers.ag.get(nb) or pers.all_gather(nb)
         return c.post(self.health, sspec[0], rspec[0], self.opname, self.seq)
 
     def _ireduce_scatter_block(self, sspec: list, rspec: list, mop: Any) -> Any:
         (sbuf, mt), rbuf = sspec, rspec[0]
-        if not 0 < sbuf.nbytes <= self.pers_max:
+        c = None
+        if 0 < sbuf.nbytes <= self.pers_max:
+            pers, nb = self.pers or self._new_pers(), rbuf.nbytes
+            key = nb << 32 | kind(mt, mop)
+            c = pers.rs.get(key) or pers.reduce_scatter(key, nb, mt, mop)
+        if c is None:
             return self.comm.Ireduce_scatter_block(sspec, rspec, mop)
-        pers, nb = self.pers or self._new_pers(), rbuf.nbytes
-        key = nb << 32 | kind(mt, mop)
-        c = pers.rs.get(key) or pers.reduce_scatter(key, nb, mt, mop)
         return c.post(self.health, sbuf, rbuf, self.opname, self.seq)
 
     def _ibcast(self, spec: list, root: int) -> Any:
         buf = spec[0]
         nb = buf.nbytes
-        if not 0 < nb <= self.pers_max:
+        c = None
+        if 0 < nb <= self.pers_max:
+            pers, key = self.pers or self._new_pers(), nb << 32 | root
+            c = pers.bc.get(key) or pers.broadcast(key, nb, root)
+        if c is None:
             return self.comm.Ibcast(spec, root)
-        pers, key = self.pers or self._new_pers(), nb << 32 | root
-        c = pers.bc.get(key) or pers.broadcast(key, nb, root)
         mine = self.rank_ == root
         return c.post(self.health, buf if mine else None, None if mine else buf, self.opname,
                       self.seq)

@@ -68,8 +68,15 @@ try:
 except ImportError:  # built without a C compiler: no board
     _tiny = None
 
-#: the largest data one call puts on the board (bytes): the persistent requests' ceiling
-CAP = 4096
+#: the largest data one call puts on the board of a group of at most :data:`WIDE` members
+#: (bytes; all_reduce's and broadcast's buffer, all_gather's output, reduce_scatter's input).
+#: MPI's calls of 8-64 KiB took 1.2-3x the board's here (docs/benchmarks-collectives.md)
+CAP = 64 << 10
+#: ... and on a larger group (whose segment would hold SLOTS x CAP bytes per member)
+SMALL_CAP = 4096
+WIDE = 8
+#: the bytes of a call ``_copy_choice`` times
+TIMED = 4096
 #: entries per member: calls posted ahead of the slowest member's reading
 SLOTS = 8
 #: spins of a first try (each a CPU pause, about 2 µs in all) before the bounded wait takes
@@ -92,6 +99,10 @@ _SIZES = (4, 8, 1, 2, 4, 8, 1, 2, 4, 8)
 _FLOATS = (0, 1)
 #: MPI reductions the board computes: its op code (the bitwise ones on integers only)
 OPS = {"SUM": 0, "PROD": 1, "MIN": 2, "MAX": 3, "BAND": 4, "BOR": 5, "BXOR": 6}
+# the codes' names in error messages (ReduceOp's names)
+_DTYPE_NAMES = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                "uint32", "uint64")
+_OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 
 _types: dict = {}  # MPI datatype handle -> dtype code
 _ops: dict = {}    # MPI op handle -> op code
@@ -125,15 +136,25 @@ def _unword(w: int) -> tuple:
     return (w >> 8) & 0xFF, (w >> 4) & 0xF, w & 0xF, (w >> 16) - 1
 
 
-#: a board's ``nt_min`` where its posts never stream (every post is at most CAP bytes)
-NEVER = CAP + 1
+#: a board's ``nt_min`` where its posts never stream (every post is smaller)
+NEVER = 1 << 40
 #: the calls timed with each copy (``_copy_choice``): rounds of ROUNDS calls, by turns
 ROUNDS, REPS = 64, 5
 
 
+def cap(size: int) -> int:
+    """The most bytes one call puts on the board of a group of ``size`` members."""
+    return CAP if size <= WIDE else SMALL_CAP
+
+
+def _board_bytes(size: int, cap: int) -> int:
+    return size * (128 + SLOTS * (64 + cap))
+
+
 def segment_bytes(size: int) -> int:
-    """The board, then a second one that ``_copy_choice`` times calls on (never used again)."""
-    return 2 * size * (128 + SLOTS * (64 + CAP))
+    """The board, then a smaller one that ``_copy_choice`` times calls on (never used
+    again). Made with ``posix_fallocate``: about 1 MiB a member up to :data:`WIDE` members."""
+    return _board_bytes(size, cap(size)) + _board_bytes(size, TIMED)
 
 
 # ---------------------------------------------------------------------------- the group's
@@ -152,6 +173,8 @@ def make(g: Any) -> Optional["Board"]:
     b = Board(g, mm)
     # where ranks outnumber cores, the reader often runs where the writer did, after it
     b.c.nt_min = _copy_choice(g, mm, b) if W.may_spin() else NEVER
+    g.pers_max = max(g.pers_max, b.cap)  # (the fast paths' gate: the board's calls, then
+    # the persistent requests' CEILING for those it does not compute: Cache)
     g.comm.Barrier()  # every member wrote its pid before any call looks for it
     return b
 
@@ -164,7 +187,7 @@ _timed: dict = {}
 
 def _copy_choice(g: Any, mm: Any, b: "Board") -> int:
     """Collective: the board's ``nt_min`` (``_tiny.c``'s ``copy_in``), from calls of
-    :data:`CAP` bytes timed on the spare board with a plain copy and with non-temporal stores,
+    :data:`TIMED` bytes timed on the spare board with a plain copy and with non-temporal stores,
     by turns; the slowest member's median of each decides, the same on every member. Streamed
     posts cost about the same wherever the cores sit (0.7 µs a call of 4 KiB on two cores of
     an EPYC); a plain copy costs 0.5 µs where the cores are close and 1.9 µs where the lines
@@ -183,15 +206,15 @@ def _copy_choice(g: Any, mm: Any, b: "Board") -> int:
 def _time_copies(g: Any, mm: Any) -> np.ndarray:
     """Collective: seconds a call took with each copy (plain, streamed), the slowest
     member's median (``inf``: a timing that did not end)."""
-    half = segment_bytes(g.size_) // 2
+    half = _board_bytes(g.size_, cap(g.size_))
     times: list = [[], []]
     with memoryview(mm) as whole, whole[half:] as spare:
-        c = _tiny.Board(spare, g.rank_, g.size_, SLOTS, CAP)
+        c = _tiny.Board(spare, g.rank_, g.size_, SLOTS, TIMED)
         try:
             s = 1
             for rep in range(REPS):
                 for i in ((0, 1) if rep % 2 == 0 else (1, 0)):
-                    t = c.time_calls(s, ROUNDS, CAP, NEVER if i == 0 else 0, 0.5)
+                    t = c.time_calls(s, ROUNDS, TIMED, NEVER if i == 0 else 0, 0.5)
                     s += ROUNDS
                     times[i].append(t if t >= 0 else float("inf"))
                 if float("inf") in times[0] + times[1]:
@@ -216,10 +239,11 @@ class Board:
 
     def __init__(self, g: Any, mm: Any) -> None:
         self.g, self.mm, self.h = g, mm, g.health
-        self.c = _tiny.Board(mm, g.rank_, g.size_, SLOTS, CAP)
+        self.cap = cap(g.size_)
+        self.c = _tiny.Board(mm, g.rank_, g.size_, SLOTS, self.cap)
         self.c.set_pid(os.getpid())
         self.pending: collections.deque = collections.deque()
-        # seconds a call of CAP bytes took on the spare board (plain copy, streamed), the
+        # seconds a call of TIMED bytes took on the spare board (plain copy, streamed), the
         # slowest member's: what chose ``c.nt_min`` (None: not timed, ranks outnumber cores)
         self.copy_times: Optional[tuple] = None
         self.posting = 0  # the call whose entry this member waits to write (_Room)
@@ -274,7 +298,8 @@ class Board:
         if r >= 0:
             self._raise(op, s, f"ranks disagree on the call number or the byte count of this "
                         f"call: rank {self.h.ranks[r]} made call #{s} as a small one (at most "
-                        f"{CAP} bytes, through shared memory) where this rank passed a larger "
+                        f"{self.cap} bytes, through shared memory) where this rank passed a "
+                        "larger "
                         "one (or a dtype or reduction only MPI takes), or made one call more or "
                         "fewer before it")
 
@@ -299,8 +324,9 @@ class Board:
         if t != call.s:
             reason = (f"ranks disagree on the call number or the byte count of this call: {who} "
                       f"went past call #{call.s} without making it as a small one (at most "
-                      f"{CAP} bytes, through shared memory): it passed more bytes, or a dtype "
-                      "or reduction only MPI takes, or made one call more or fewer before it")
+                      f"{self.cap} bytes, through shared memory): it passed more bytes, or a "
+                      "dtype or reduction only MPI takes, or made one call more or fewer "
+                      "before it")
         else:
             mine, theirs = _unword(call.word), _unword(word)
             what = [name for name, a, b in zip(("operation", "dtype", "reduction", "root"),
@@ -308,9 +334,21 @@ class Board:
             if nbytes != call.nbytes:
                 what.append("byte count")
             reason = (f"ranks disagree on the {' and '.join(what) or 'arguments'} of this call: "
-                      f"this rank passed {call.nbytes} bytes ({_KIND_NAMES[mine[0]]}), {who} "
-                      f"{nbytes} bytes ({_KIND_NAMES.get(theirs[0], 'another operation')})")
+                      f"this rank passed {self._described(call.s, call.word, call.nbytes)}, "
+                      f"{who} {self._described(call.s, word, nbytes)}")
         self._raise(call.name, call.s, reason)
+
+    def _described(self, s: int, word: int, nbytes: int) -> str:
+        """A board call's words as the agreement check names a call (``fingerprint``)."""
+        kind, dt, op, root = _unword(word)
+        parts = [f"call #{s}", _KIND_NAMES.get(kind, "another operation"), f"{nbytes} bytes"]
+        if dt < len(_DTYPE_NAMES):
+            parts.append(_DTYPE_NAMES[dt])
+        if op < len(_OP_NAMES):
+            parts.append(f"op {_OP_NAMES[op]}")
+        if 0 <= root < len(self.h.ranks):
+            parts.append(f"root {self.h.ranks[root]}")
+        return ", ".join(parts)
 
     def _raise(self, op: str, s: int, reason: str) -> None:
         h = self.h
@@ -414,7 +452,10 @@ class _Room:
 
 class Cache(_pers.Cache):
     """The group's persistent requests (``persistent.Cache``), where the board's calls take
-    the place of those the board computes; keys, buffers and eviction are the same."""
+    the place of those the board computes; keys, buffers and eviction are the same. The
+    group's ``pers_max`` is the board's cap: a call the board does not compute gets a
+    persistent request up to ``persistent.CEILING`` bytes and None past it (the caller's
+    non-blocking call: a persistent request of that size would cost two copies)."""
 
     __slots__ = ("board",)
 
@@ -422,10 +463,10 @@ class Cache(_pers.Cache):
         super().__init__(comm)
         self.board = board
 
-    def all_reduce(self, key: int, nbytes: int, mt: Any, mop: Any) -> _pers.Call:
+    def all_reduce(self, key: int, nbytes: int, mt: Any, mop: Any) -> Optional[_pers.Call]:
         cc = codes(mt, mop)
-        if cc is None or nbytes > CAP:
-            return super().all_reduce(key, nbytes, mt, mop)
+        if cc is None or nbytes > self.board.cap:
+            return super().all_reduce(key, nbytes, mt, mop) if nbytes <= _pers.CEILING else None
 
         def make() -> _pers.Call:
             buf = np.empty(nbytes, np.uint8)
@@ -434,9 +475,9 @@ class Cache(_pers.Cache):
                          whole)
         return self._add(self.ar, key, make)
 
-    def all_gather(self, nbytes: int) -> _pers.Call:
-        if nbytes > CAP:
-            return super().all_gather(nbytes)
+    def all_gather(self, nbytes: int) -> Optional[_pers.Call]:
+        if nbytes > self.board.cap:
+            return super().all_gather(nbytes) if nbytes * self.n <= _pers.CEILING else None
 
         def make() -> _pers.Call:
             buf = np.empty(nbytes * self.n, np.uint8)
@@ -445,9 +486,12 @@ class Cache(_pers.Cache):
             return _made(Call(self.board, GATHER, nbytes, mine, whole), (buf,), mine, whole)
         return self._add(self.ag, nbytes, make)
 
-    def reduce_scatter(self, key: int, nbytes: int, mt: Any, mop: Any) -> _pers.Call:
+    def reduce_scatter(self, key: int, nbytes: int, mt: Any,
+                       mop: Any) -> Optional[_pers.Call]:
         cc = codes(mt, mop)
-        if cc is None or nbytes * self.n > CAP:
+        if cc is None or nbytes * self.n > self.board.cap:
+            if nbytes * self.n > _pers.CEILING:
+                return None
             return super().reduce_scatter(key, nbytes, mt, mop)
 
         def make() -> _pers.Call:
@@ -458,9 +502,10 @@ class Cache(_pers.Cache):
                          (sbuf, rbuf), into, out)
         return self._add(self.rs, key, make)
 
-    def broadcast(self, key: int, nbytes: int, root: int) -> _pers.Call:
-        if not self.board.bcast or nbytes > CAP:  # (ranks outnumber cores: MPI's tree is faster)
-            return super().broadcast(key, nbytes, root)
+    def broadcast(self, key: int, nbytes: int, root: int) -> Optional[_pers.Call]:
+        # (not bcast: ranks outnumber cores, where MPI's one-way tree is faster)
+        if not self.board.bcast or nbytes > self.board.cap:
+            return super().broadcast(key, nbytes, root) if nbytes <= _pers.CEILING else None
 
         def make() -> _pers.Call:
             buf = np.empty(nbytes, np.uint8)
