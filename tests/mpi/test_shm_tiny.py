@@ -344,3 +344,24 @@ def test_the_agreement_check_sees_calls_on_the_board(kind):
     with pytest.raises(CollectiveMismatchError, match="shape"):
         calls[kind]()
     dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_broadcasts_past_the_crowded_floor_come_to_the_board_at_any_load():
+    """Broadcasts of 16 KiB come to the board even where ranks outnumber cores (small ones
+    stay on MPI there): their values, and a root mismatch raised on every rank (MPI's tree
+    would leave it undefined)."""
+    n, me = world()
+    g = board_group("bcast_big")
+    board = _world._pg(g).tiny
+    nb = 2 * shm_tiny.BCAST_CROWDED
+    if nb > board.cap:
+        pytest.skip("a group too large for broadcasts of this size on its board")
+    for root in range(n):
+        x = values(np.float32, nb // 4, me)
+        dist.broadcast(x, src=root, group=g)
+        np.testing.assert_array_equal(x, values(np.float32, nb // 4, root))
+    assert board.bcast_min <= nb
+    with pytest.raises(CollectiveMismatchError, match="root"):
+        dist.broadcast(np.ones(nb // 4, np.float32), src=me, group=g)
+    dist.destroy_process_group(g)

@@ -77,6 +77,10 @@ SMALL_CAP = 4096
 WIDE = 8
 #: the bytes of a call ``_copy_choice`` times
 TIMED = 4096
+#: where ranks outnumber cores, the smallest broadcast the board takes: every member of a
+#: board call waits for the others, and MPI's one-way tree was 1.2x faster to 4 KiB (4 ranks
+#: on 2 cores), where the board was 2.2-2.5x faster from 16 KiB
+BCAST_CROWDED = 8192
 #: entries per member: calls posted ahead of the slowest member's reading
 SLOTS = 8
 #: spins of a first try (each a CPU pause, about 2 µs in all) before the bounded wait takes
@@ -247,7 +251,8 @@ class Board:
         # slowest member's: what chose ``c.nt_min`` (None: not timed, ranks outnumber cores)
         self.copy_times: Optional[tuple] = None
         self.posting = 0  # the call whose entry this member waits to write (_Room)
-        # whether broadcasts come here: not where ranks outnumber cores (set with the cache)
+        # whether broadcasts of every size come here, else those of BCAST_CROWDED bytes and
+        # more only: where ranks outnumber cores (set with the cache)
         self.bcast = True
         self.h.tiny = self
 
@@ -258,6 +263,11 @@ class Board:
         self.c.spins = SPINS_FIRST if spin else 0
         self.bcast = spin
         return Cache(comm, self)
+
+    @property
+    def bcast_min(self) -> int:
+        """The smallest broadcast that comes to the board."""
+        return 0 if self.bcast else BCAST_CROWDED
 
     def close(self) -> None:
         if self.h.tiny is self:
@@ -503,8 +513,7 @@ class Cache(_pers.Cache):
         return self._add(self.rs, key, make)
 
     def broadcast(self, key: int, nbytes: int, root: int) -> Optional[_pers.Call]:
-        # (not bcast: ranks outnumber cores, where MPI's one-way tree is faster)
-        if not self.board.bcast or nbytes > self.board.cap:
+        if nbytes < self.board.bcast_min or nbytes > self.board.cap:
             return super().broadcast(key, nbytes, root) if nbytes <= _pers.CEILING else None
 
         def make() -> _pers.Call:
