@@ -157,7 +157,7 @@ def _board_bytes(size: int, cap: int) -> int:
 
 def segment_bytes(size: int) -> int:
     """The board, then a smaller one that ``_copy_choice`` times calls on (never used
-    again). Made with ``posix_fallocate``: about 1 MiB a member up to :data:`WIDE` members."""
+    again). Made with ``posix_fallocate``: about 0.5 MiB a member up to :data:`WIDE` members."""
     return _board_bytes(size, cap(size)) + _board_bytes(size, TIMED)
 
 
@@ -309,9 +309,8 @@ class Board:
             self._raise(op, s, f"ranks disagree on the call number or the byte count of this "
                         f"call: rank {self.h.ranks[r]} made call #{s} as a small one (at most "
                         f"{self.cap} bytes, through shared memory) where this rank passed a "
-                        "larger "
-                        "one (or a dtype or reduction only MPI takes), or made one call more or "
-                        "fewer before it")
+                        "larger one (or a dtype or reduction only MPI takes), or made one call "
+                        "more or fewer before it")
 
     def check_alive(self, call: "Call") -> None:
         """PeerFailedError (the group broken) where a member not there yet is gone."""
