@@ -425,16 +425,36 @@ typedef struct {
     long kind, root, dt, op;
 } Spec;
 
+/* A spec and the Python call that owns it refer to each other: the collector must see the
+ * spec's references, or every call the cache let go would live on with its buffers. */
+static int Spec_traverse(Spec *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->board);
+    Py_VISIT(self->owner);
+    return 0;
+}
+
+static int Spec_clear(Spec *self)
+{
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->board);
+    return 0;
+}
+
 static void Spec_dealloc(Spec *self)
 {
-    Py_XDECREF(self->board);
-    Py_XDECREF(self->owner);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyObject_GC_UnTrack(self);
+    Spec_clear(self);
+    PyObject_GC_Del(self);
 }
 
 static PyObject *Spec_run(Spec *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Board *b = self->board;
+    if (b == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the spec was cleared");
+        return NULL;
+    }
     LIVE(b);
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "run(s, data, out)");
@@ -473,7 +493,9 @@ static PyTypeObject SpecType = {
     .tp_name = "mpitensor.distributed.backends.mpi._tiny.Spec",
     .tp_basicsize = sizeof(Spec),
     .tp_dealloc = (destructor)Spec_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Spec_traverse,
+    .tp_clear = (inquiry)Spec_clear,
     .tp_doc = "A kind and size of call on a board (Board.spec).",
     .tp_methods = Spec_methods,
     .tp_members = Spec_members,
@@ -488,7 +510,7 @@ static PyObject *Board_spec(Board *self, PyObject *args)
     long kind, root, dt, op;
     if (!PyArg_ParseTuple(args, "OLnllll", &owner, &word, &nbytes, &kind, &root, &dt, &op))
         return NULL;
-    Spec *sp = PyObject_New(Spec, &SpecType);
+    Spec *sp = PyObject_GC_New(Spec, &SpecType);
     if (sp == NULL)
         return NULL;
     Py_INCREF(self);
@@ -501,6 +523,7 @@ static PyObject *Board_spec(Board *self, PyObject *args)
     sp->root = root;
     sp->dt = dt;
     sp->op = op;
+    PyObject_GC_Track(sp);
     return (PyObject *)sp;
 }
 

@@ -70,8 +70,11 @@ except ImportError:  # built without a C compiler: no board
 
 #: the largest data one call puts on the board of a group of at most :data:`WIDE` members
 #: (bytes; all_reduce's and broadcast's buffer, all_gather's output, reduce_scatter's input).
-#: MPI's calls of 8-64 KiB took 1.2-3x the board's here (docs/benchmarks-collectives.md)
-CAP = 64 << 10
+#: MPI's calls of 8-64 KiB took 1.2-3x the board's here (docs/benchmarks-collectives.md), but
+#: the calls' own buffers (the cache keeps 16 of each kind) and the broadcasts' lane grew
+#: with it: at 32 KiB a rank of a 4-rank job of 10,000 random calls held 11 MiB more at its
+#: end than at its first tenth (tests/test_faults_comm.py allows 8)
+CAP = 16 << 10
 #: ... and on a larger group (whose segment would hold SLOTS x CAP bytes per member)
 SMALL_CAP = 4096
 WIDE = 8
@@ -157,7 +160,7 @@ def _board_bytes(size: int, cap: int) -> int:
 
 def segment_bytes(size: int) -> int:
     """The board, then a smaller one that ``_copy_choice`` times calls on (never used
-    again). Made with ``posix_fallocate``: about 0.5 MiB a member up to :data:`WIDE` members."""
+    again). Made with ``posix_fallocate``: about 130 KiB a member up to :data:`WIDE` members."""
     return _board_bytes(size, cap(size)) + _board_bytes(size, TIMED)
 
 
