@@ -263,7 +263,7 @@ class Collectives(_pers.SmallCalls):
             # onto the board before, which holds what the checks below leave out as long as
             # the group lives (a member, ranks the world's, below shm_min, a board call). The
             # rest are checked here, in the order of their cost; a call that fails one takes
-            # the way below. Half the time of a call of a few bytes is spared.
+            # the way below. About 0.3 µs of a 1.6 µs call of a few bytes is spared.
             h = self.health
             if (not (h.slow or c.active) and ((heard := h.heard) is None or not heard())
                     and arr.nbytes < h.check_bytes and (f := arr.flags).c_contiguous
