@@ -154,8 +154,8 @@ def cap(size: int) -> int:
     return CAP if size <= WIDE else SMALL_CAP
 
 
-def _board_bytes(size: int, cap: int) -> int:
-    return size * (128 + SLOTS * (64 + cap))
+def _board_bytes(size: int, entry: int) -> int:
+    return size * (128 + SLOTS * (64 + entry))
 
 
 def segment_bytes(size: int) -> int:
