@@ -46,10 +46,17 @@ def world():
 
 
 def fresh(tag):
+    """A new group of every rank. Its shared board (``shm_tiny``), where it has one, takes
+    calls of at most 4 KiB only: the calls of BIG elements these tests make take MPI's path and
+    its agreement check, what this file is about (the board checks the calls it takes
+    itself: tests/mpi/test_shm_tiny.py)."""
     n, _ = world()
     g = dist.new_group(list(range(n)), group_desc=f"agree_{tag}")
     if n > 1:
         assert (g.fp_node is not None) == (MECHANISM == "slots")
+    board = _world._pg(g).tiny
+    if board is not None:
+        board.cap = 4096
     return g
 
 

@@ -70,14 +70,22 @@ except ImportError:  # built without a C compiler: no board
 
 #: the largest data one call puts on the board of a group of at most :data:`WIDE` members
 #: (bytes; all_reduce's and broadcast's buffer, all_gather's output, reduce_scatter's input).
-#: MPI's calls of 8-64 KiB took 1.2-3x the board's here (docs/benchmarks-collectives.md), but
-#: the calls' own buffers (the cache keeps 16 of each kind) and the broadcasts' lane grew
-#: with it: at 32 KiB a rank of a 4-rank job of 10,000 random calls held 11 MiB more at its
-#: end than at its first tenth (tests/test_faults_comm.py allows 8)
-CAP = 16 << 10
+#: MPI's calls of 8-64 KiB took 1.2-3x the board's here (docs/benchmarks-collectives.md);
+#: above it the non-blocking MPI call and the engine (``shm_coll.py``) take over. A call's
+#: own buffers are made only where it needs them (``_Made``): made with every call, a rank of
+#: a 4-rank job of 10,000 random calls held 11 MiB more at its end than at its first tenth
+#: (tests/test_faults_comm.py allows 8)
+CAP = 64 << 10
 #: ... and on a larger group (whose segment would hold SLOTS x CAP bytes per member)
 SMALL_CAP = 4096
 WIDE = 8
+#: ... and on a group of at most NARROW members, whose board has NARROW_SLOTS entries a member:
+#: there the board took 0.35-0.87x MPI's time at 128-512 KiB (2 and 4 ranks on 2 cores), and
+#: a blocking call never waits for an entry while a member has three (a member posts call s+1
+#: only once every member posted call s, after reading call s-1). A segment holds at most
+#: 4 MiB either way (NARROW x NARROW_SLOTS x NARROW_CAP, WIDE x SLOTS x CAP), and every cap
+#: stays below the engine's (``shm_coll.FLOOR``), which is asked first
+NARROW, NARROW_CAP, NARROW_SLOTS = 4, 256 << 10, 4
 #: the bytes of a call ``_copy_choice`` times
 TIMED = 4096
 #: where ranks outnumber cores, the smallest broadcast the board takes: every member of a
@@ -151,17 +159,22 @@ ROUNDS, REPS = 64, 5
 
 def cap(size: int) -> int:
     """The most bytes one call puts on the board of a group of ``size`` members."""
-    return CAP if size <= WIDE else SMALL_CAP
+    return NARROW_CAP if size <= NARROW else CAP if size <= WIDE else SMALL_CAP
 
 
-def _board_bytes(size: int, entry: int) -> int:
-    return size * (128 + SLOTS * (64 + entry))
+def slots(size: int) -> int:
+    """Entries a member of a group of ``size`` members has on its board."""
+    return NARROW_SLOTS if size <= NARROW else SLOTS
+
+
+def _board_bytes(size: int, entry: int, entries: int = SLOTS) -> int:
+    return size * (128 + entries * (64 + entry))
 
 
 def segment_bytes(size: int) -> int:
     """The board, then a smaller one that ``_copy_choice`` times calls on (never used
-    again). Made with ``posix_fallocate``: about 130 KiB a member up to :data:`WIDE` members."""
-    return _board_bytes(size, cap(size)) + _board_bytes(size, TIMED)
+    again). Made with ``posix_fallocate``: at most about 4 MiB up to :data:`WIDE` members."""
+    return _board_bytes(size, cap(size), slots(size)) + _board_bytes(size, TIMED)
 
 
 # ---------------------------------------------------------------------------- the group's
@@ -213,7 +226,7 @@ def _copy_choice(g: Any, mm: Any, b: "Board") -> int:
 def _time_copies(g: Any, mm: Any) -> np.ndarray:
     """Collective: seconds a call took with each copy (plain, streamed), the slowest
     member's median (``inf``: a timing that did not end)."""
-    half = _board_bytes(g.size_, cap(g.size_))
+    half = _board_bytes(g.size_, cap(g.size_), slots(g.size_))
     times: list = [[], []]
     with memoryview(mm) as whole, whole[half:] as spare:
         c = _tiny.Board(spare, g.rank_, g.size_, SLOTS, TIMED)
@@ -247,7 +260,7 @@ class Board:
     def __init__(self, g: Any, mm: Any) -> None:
         self.g, self.mm, self.h = g, mm, g.health
         self.cap = cap(g.size_)
-        self.c = _tiny.Board(mm, g.rank_, g.size_, SLOTS, self.cap)
+        self.c = _tiny.Board(mm, g.rank_, g.size_, slots(g.size_), self.cap)
         self.c.set_pid(os.getpid())
         self.pending: collections.deque = collections.deque()
         # seconds a call of TIMED bytes took on the spare board (plain copy, streamed), the
@@ -378,10 +391,12 @@ class Call:
     __slots__ = ("board", "word", "nbytes", "out", "dst", "src", "kind", "root", "dt", "op", "s",
                  "taken", "name", "spec")
 
-    def __init__(self, board: Board, kind: int, nbytes: int, src: Any, out: Any,
-                 codes: tuple = (15, 15), root: int = -1) -> None:
-        self.board, self.kind, self.nbytes, self.src, self.out = board, kind, nbytes, src, out
-        self.dst = out  # where the result goes: out, or the caller's buffer (run)
+    def __init__(self, board: Board, kind: int, nbytes: int, codes: tuple = (15, 15),
+                 root: int = -1) -> None:
+        self.board, self.kind, self.nbytes = board, kind, nbytes
+        # what Start posts and where take puts the result: the buffers of its ``_Made``, once
+        # made (a blocking call's ``rest`` puts it into the caller's buffer instead)
+        self.src = self.out = self.dst = None
         self.dt, self.op = codes
         self.root = max(root, 0)
         self.word = _word(kind, self.dt, self.op, root)
@@ -480,23 +495,20 @@ class Cache(_pers.Cache):
         if cc is None or nbytes > self.board.cap:
             return super().all_reduce(key, nbytes, mt, mop) if nbytes <= _pers.CEILING else None
 
-        def make() -> _pers.Call:
-            buf = np.empty(nbytes, np.uint8)
-            whole = memoryview(buf)
-            return _made(Call(self.board, REDUCE, nbytes, whole, whole, cc), (buf,), whole,
-                         whole)
-        return self._add(self.ar, key, make)
+        def bufs() -> tuple:
+            whole = memoryview(np.empty(nbytes, np.uint8))
+            return whole, whole, whole, whole
+        return self._add(self.ar, key, lambda: _Made(Call(self.board, REDUCE, nbytes, cc), bufs))
 
     def all_gather(self, nbytes: int) -> Optional[_pers.Call]:
         if nbytes > self.board.cap:
             return super().all_gather(nbytes) if nbytes * self.n <= _pers.CEILING else None
 
-        def make() -> _pers.Call:
-            buf = np.empty(nbytes * self.n, np.uint8)
-            whole = memoryview(buf)
+        def bufs() -> tuple:
+            whole = memoryview(np.empty(nbytes * self.n, np.uint8))
             mine = whole[self.rank * nbytes:(self.rank + 1) * nbytes]
-            return _made(Call(self.board, GATHER, nbytes, mine, whole), (buf,), mine, whole)
-        return self._add(self.ag, nbytes, make)
+            return mine, whole, mine, whole
+        return self._add(self.ag, nbytes, lambda: _Made(Call(self.board, GATHER, nbytes), bufs))
 
     def reduce_scatter(self, key: int, nbytes: int, mt: Any,
                        mop: Any) -> Optional[_pers.Call]:
@@ -506,31 +518,67 @@ class Cache(_pers.Cache):
                 return None
             return super().reduce_scatter(key, nbytes, mt, mop)
 
-        def make() -> _pers.Call:
-            sbuf = np.empty(nbytes * self.n, np.uint8)
-            rbuf = np.empty(nbytes, np.uint8)
-            into, out = memoryview(sbuf), memoryview(rbuf)
-            return _made(Call(self.board, REDUCE_PART, nbytes * self.n, into, out, cc),
-                         (sbuf, rbuf), into, out)
-        return self._add(self.rs, key, make)
+        def bufs() -> tuple:
+            into = memoryview(np.empty(nbytes * self.n, np.uint8))
+            out = memoryview(np.empty(nbytes, np.uint8))
+            return into, out, into, out
+        return self._add(self.rs, key, lambda: _Made(
+            Call(self.board, REDUCE_PART, nbytes * self.n, cc), bufs))
 
     def broadcast(self, key: int, nbytes: int, root: int) -> Optional[_pers.Call]:
         if nbytes < self.board.bcast_min or nbytes > self.board.cap:
             return super().broadcast(key, nbytes, root) if nbytes <= _pers.CEILING else None
+        mine = self.rank == root
 
-        def make() -> _pers.Call:
-            buf = np.empty(nbytes, np.uint8)
-            whole = memoryview(buf)
-            mine = self.rank == root
-            call = Call(self.board, BCAST, nbytes, whole if mine else None,
-                        None if mine else whole, root=root)
-            return _made(call, (buf,), whole, whole)
-        return self._add(self.bc, key, make)
+        def bufs() -> tuple:
+            whole = memoryview(np.empty(nbytes, np.uint8))
+            return whole, whole, whole if mine else None, None if mine else whole
+        return self._add(self.bc, key, lambda: _Made(
+            Call(self.board, BCAST, nbytes, root=root), bufs))
 
 
-def _made(call: Call, bufs: tuple, into: memoryview, out: memoryview) -> _pers.Call:
-    """The persistent request's stand-in for a board call: the same buffers, the board call
-    as its request, and its spec as the ``fast`` way of blocking calls."""
-    c = _pers.Call(call, bufs, into, out)
-    c.fast = call.spec
-    return c
+class _Made(_pers.Call):
+    """The persistent request's stand-in for a board call: the board call as its request, and
+    the call's spec as the ``fast`` way of blocking calls, which run straight from and into
+    the caller's buffers. Its own buffers (what ``into`` takes, what ``out`` holds) are made
+    by the first call that needs them: an async call, or a blocking one that finds its entry
+    or its request busy. Made with every call of every size, they held a 4-rank job of
+    random calls of up to 64 KiB 11-14 MiB above its first tenth (tests/test_faults_comm.py)."""
+
+    __slots__ = ("call", "make", "_into", "_out")
+
+    def __init__(self, call: Call, make: Any) -> None:  # (not the base's: nothing made yet)
+        self.call, self.make = call, make
+        self.bufs = self._into = self._out = None
+        self.active, self.gen, self.dst, self.label = False, 0, None, ("", 0)
+        self.fast = call.spec
+
+    def _made(self) -> None:
+        into, out, src, dst = self.make()
+        self._into, self._out = into, out
+        self.bufs = (into, out)
+        c = self.call
+        c.src, c.out, c.dst = src, dst, dst
+
+    @property
+    def req(self) -> Call:  # type: ignore[override]
+        if self.bufs is None:
+            self._made()
+        return self.call
+
+    @property
+    def into(self) -> memoryview:  # type: ignore[override]
+        if self.bufs is None:
+            self._made()
+        return self._into
+
+    @property
+    def out(self) -> memoryview:  # type: ignore[override]
+        if self.bufs is None:
+            self._made()
+        return self._out
+
+    def free(self) -> bool:
+        """Nothing of MPI's to free (a board call stays valid while its board lives: the
+        broadcasts' lane may hold it); False while a call runs on it."""
+        return not self.active
