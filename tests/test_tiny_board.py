@@ -58,3 +58,14 @@ def test_a_member_that_never_comes_ends_the_timing_within_its_limit():
     assert time.monotonic() - t0 < 2.0
     b.release()
     mm.close()
+
+
+def test_every_cap_stays_below_the_engines_floor():
+    """No call the engine is asked for first (``shm_coll.FLOOR`` bytes and more) comes to the
+    board. Where one could, a member still timing the engine's calibration within call s took
+    a faster member's post of call s on the board for a mismatch (seen with a cap of 1 MiB on
+    4 ranks: CollectiveMismatchError in a correct program)."""
+    from mpitensor.distributed.backends.mpi import shm_coll
+
+    assert all(shm_tiny.cap(n) < shm_coll.FLOOR for n in range(1, 257))
+    assert all(shm_tiny.segment_bytes(n) <= 4.5 * 2**20 for n in range(1, shm_tiny.WIDE + 1))

@@ -83,8 +83,10 @@ WIDE = 8
 #: there the board took 0.35-0.87x MPI's time at 128-512 KiB (2 and 4 ranks on 2 cores), and
 #: a blocking call never waits for an entry while a member has three (a member posts call s+1
 #: only once every member posted call s, after reading call s-1). A segment holds at most
-#: 4 MiB either way (NARROW x NARROW_SLOTS x NARROW_CAP, WIDE x SLOTS x CAP), and every cap
-#: stays below the engine's (``shm_coll.FLOOR``), which is asked first
+#: 4 MiB either way (NARROW x NARROW_SLOTS x NARROW_CAP, WIDE x SLOTS x CAP). Every cap stays
+#: below the engine's floor (``shm_coll.FLOOR``): the call that makes the engine times it
+#: within that call's number, and a member still timing took a faster member's post of the
+#: same call on the board for a mismatch
 NARROW, NARROW_CAP, NARROW_SLOTS = 4, 256 << 10, 4
 #: the bytes of a call ``_copy_choice`` times
 TIMED = 4096
