@@ -28,6 +28,7 @@ from ...health.state import MASK as _MASK
 from ...process_group import ReduceOp, Work
 from . import all_reduce_into as _into
 from . import buffers as B
+from . import gather_p2p as _gp2p
 from . import hierarchical as _hier
 from . import hierarchical_gather as _hgather
 from . import hierarchical_scatter as _hscatter
@@ -517,6 +518,10 @@ class Collectives(_pers.SmallCalls):
                              send=[arr.size] * self.size_, recv=outs)
 
         arr, mt, outs = self._maybe_debug(where, sig, prepare)
+        if _gp2p.takes(self, arr.nbytes * self.size_):  # messages straight into the entries
+            bufs, back = _gp2p.targets(outs)
+            return self._run(where, lambda: _gp2p.start(self, arr, bufs, mt), back, async_op,
+                             list(tensor_list), keep=(arr, bufs), check=(arr, None, -1))
         # MPI_Allgather (as raw mpi4py), received where it costs least: straight into the
         # entries where they lie end to end in one buffer (list(out.chunk(n))), else into a
         # flat buffer copied out; a blocking large call reuses the group's last one, whose

@@ -82,8 +82,10 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         # reaches a rank after it destroyed the group waits unmatched in MPI's queue, and
         # MPICH gives a later communicator the same context id: without the incarnation, a
         # later group read a dead group's "broken" notice as its own.
-        span = max(1, self.tag_ub // 4 - 1)
-        draw = secrets.randbelow(span) + 1 if comm.Get_rank() == 0 else None
+        # (at least 8: the tag_base itself tags the list-form all_gather's data, gather_p2p.py,
+        # and the rendezvous of new groups is 4)
+        span = max(2, self.tag_ub // 4 - 1)
+        draw = secrets.randbelow(span - 1) + 2 if comm.Get_rank() == 0 else None
         h.tag_base = 4 * int(comm.bcast(draw, root=0))
         # asked by every call on its way in (ProcessGroup.slow): has a member broken the
         # group? A word of shared memory where the members share a machine, else a probe for

@@ -1,0 +1,112 @@
+"""all_gather into a list of separate arrays, as messages straight into them (issue 29).
+
+MPI's ``Allgather`` writes one receive buffer. Where the caller's list is not one buffer's
+consecutive pieces (``[torch.empty_like(t) for _ in range(n)]``, the usual way), our call
+received into a flat buffer and copied every entry out of it: on 2 ranks here 0.35-0.6x the
+time raw mpi4py takes to gather into one flat buffer, from 1 to 16 MiB in all. Here each member
+instead receives every peer's part with its own receive, straight into that peer's entry, and
+sends its own to every peer: the same bytes as MPI's gather, none copied twice. Measured in the
+same run (2026-11-30), against raw ``Allgather`` into one flat buffer: 0.88-1.54x at 2 ranks and
+0.91-3.5x at 4 ranks (4 on 2 cores), from 256 KiB to 16 MiB in all, where the copying call ran
+at 0.34-0.96x.
+
+**Which calls.** The choice is the same on every member of a correct program: a group of
+:data:`MOST` members at most, a gather of more than the group's ``pers_max`` bytes in all (the
+board's or the persistent requests' calls below it) and at least :data:`LEAST`. Every member
+then sends and receives the same messages, whatever its own list looks like: entries that lie
+end to end in one buffer, arrays that are not contiguous or live on a GPU (received through a
+staging buffer each) all take them.
+
+**Where they travel.** On the group's notice communicator (``GroupHealth.diag``), which user
+messages never reach, with the tag ``tag_base`` (the group's incarnation, never that of a
+notice: those are ``tag_base`` + 1 to 3, and the rendezvous' 4 is below every ``tag_base``).
+Messages between two members arrive in the order they were sent, so consecutive (and async)
+gathers match call for call. The agreement check, the bounded wait and async work are the
+general path's (``Collectives._run``): a member that passes another size fails the check, or
+MPI's receive of a longer message, which the check then explains.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import buffers as B
+
+#: the largest group whose list-form gathers take this path (each member posts one receive and
+#: one send per peer at once; MPI's own ring suits larger groups)
+MOST = 8
+#: the fewest bytes in all (every member's part) a list-form gather needs to take it
+LEAST = 64 << 10
+
+_testall = MPI.Request.Testall
+
+
+def takes(g: Any, nbytes: int) -> bool:
+    """Whether a list-form all_gather of ``nbytes`` in all takes this path on group ``g`` (the
+    same answer on every member)."""
+    p = g.size_
+    return 2 <= p <= MOST and nbytes > g.pers_max and nbytes >= LEAST
+
+
+class Exchange:
+    """One gather's receives and sends as one request: complete once every one of them is."""
+
+    __slots__ = ("reqs",)
+
+    def __init__(self, reqs: list) -> None:
+        self.reqs = reqs
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802 - MPI's request protocol
+        return bool(_testall(self.reqs))
+
+
+def targets(outs: list) -> "tuple[list, Optional[Callable[[], None]]]":
+    """A buffer MPI can write for each entry (the entry itself where it can) and the step that
+    copies the staged ones back (None where none is staged)."""
+    bufs, backs = [], []
+    for o in outs:
+        buf, back = B.stage_out(o)
+        bufs.append(buf)
+        if back is not None:
+            backs.append(back)
+    if not backs:
+        return bufs, None
+
+    def copy_back() -> None:
+        for back in backs:
+            back()
+
+    return bufs, copy_back
+
+
+def _unaliased(send: Any, bufs: list, me: int) -> Any:
+    """``send``, or a copy of it where a peer's part would be written over it while it is
+    sent (``send`` may be this member's own entry: that one is written with ``send`` itself)."""
+    if type(send) is not np.ndarray:
+        return send
+    for j, buf in enumerate(bufs):
+        if type(buf) is np.ndarray and np.may_share_memory(send, buf):
+            same = (j == me and buf.__array_interface__ == send.__array_interface__)
+            if not same:
+                return send.copy()
+    return send
+
+
+def start(g: Any, arr: Any, bufs: list, mt: Any) -> Exchange:
+    """Post the messages of one gather (``bufs``: a contiguous buffer per member, of
+    ``arr``'s size) and write this member's own part; the request that completes them."""
+    p, me = g.size_, g.rank_
+    h = g.health
+    diag, tag = h.diag, h.tag_base
+    send = _unaliased(B.stage_in(arr), bufs, me)
+    reqs = [diag.Irecv([bufs[j], mt], j, tag) for j in range(p) if j != me]
+    # each member sends to the next members first: every member's first receive is matched
+    # at once, and no member is every peer's first target
+    reqs += [diag.Isend([send, mt], (me + d) % p, tag) for d in range(1, p)]
+    own = bufs[me]
+    if own is not send:
+        own[...] = send.reshape(own.shape)
+    return Exchange(reqs)
