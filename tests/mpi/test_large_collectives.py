@@ -9,6 +9,7 @@ Run: ``timeout 600 mpiexec -n N python -m pytest -q --with-mpi``
 
 from __future__ import annotations
 
+import time
 import tracemalloc
 
 import numpy as np
@@ -18,6 +19,7 @@ from mpi4py import MPI
 import mpitensor
 import mpitensor.distributed as dist
 from mpitensor.distributed import _world
+from mpitensor.distributed.backends.mpi import gather_p2p
 from mpitensor.errors import CollectiveMismatchError, PeerFailedError
 
 BIG = 1 << 16  # float32 elements per rank: 256 KiB, past the 64 KiB agreement threshold
@@ -203,7 +205,8 @@ class _LateIallgather:
         return self._comm.Iallgather(*args)
 
 
-def test_a_mismatch_found_while_the_data_is_posted_keeps_its_request(monkeypatch):
+@pytest.mark.parametrize("path", ["mpi", "messages"])
+def test_a_mismatch_found_while_the_data_is_posted_keeps_its_request(monkeypatch, path):
     """A mismatch seen in the slots while this rank still waits for its data (the peer wrote
     its fingerprint and was descheduled before posting its data) ends the call with the data
     operation still posted in MPI. That request and its buffers must outlive the call: mpi4py
@@ -222,8 +225,14 @@ def test_a_mismatch_found_while_the_data_is_posted_keeps_its_request(monkeypatch
     if pg.health.fp_node is None:
         pytest.skip("the group has no shared slots (spans machines)")
     monkeypatch.setattr(pg, "pers_max", -1)  # nonblocking Iallgather (persistent: Start)
-    if me == n - 1:  # its fingerprint goes out at once, its data 0.3 s later
+    if path == "mpi":  # (else gather_p2p's messages: a gather of this size takes them)
+        monkeypatch.setattr(gather_p2p, "FLAT_MOST", 0)
+    assert gather_p2p.takes(pg, n * BIG * 4, True) == (path == "messages")
+    if me == n - 1 and path == "mpi":  # its fingerprint goes out at once, its data 0.3 s later
         monkeypatch.setattr(pg, "comm", _LateIallgather(pg.comm))
+    elif me == n - 1:
+        real = gather_p2p.start
+        monkeypatch.setattr(gather_p2p, "start", lambda *a: time.sleep(0.3) or real(*a))
     kept = posted.count()
     inp = np.ones((1, BIG), np.float32) if me == n - 1 else np.ones(BIG, np.float32)
     out = np.zeros(n * BIG, np.float32)

@@ -497,6 +497,10 @@ class Collectives(_pers.SmallCalls):
                 return self._persistent(pers.ag.get(nb) or pers.all_gather(nb), _bytes(arr),
                                         dst, "all_gather", s, list(tensor_list), arr,
                                         async_op, chk)
+        if type(arr) is np.ndarray and _gp2p.takes(self, arr.nbytes * self.size_):
+            done = _gp2p.fast(self, tensor_list, tensor, arr, async_op)
+            if done is not _gp2p.PASS:
+                return done
         return self._all_gather(tensor_list, tensor, async_op)
 
     @_guarded("all_gather")
@@ -592,6 +596,12 @@ class Collectives(_pers.SmallCalls):
                 s = self._fast_count("all_gather_into_tensor", inp)
                 chk = (None if inp.nbytes < self.health.check_bytes
                        else self._fp_first(s, "all_gather_into_tensor", inp, None, -1, (out, inp)))
+                if _gp2p.takes(self, out.nbytes, True):  # messages straight into out's parts
+                    req = _gp2p.start(self, inp, _gp2p.pieces(out, self.size_), mt)
+                    if chk is not None:
+                        req = _fp.Checked(self.health, req, *chk)
+                    return self._fast_finish(req, "all_gather_into_tensor", s, [output],
+                                             (out, inp), async_op)
                 if 0 < out.nbytes <= self.pers_max:
                     pers, nb = self.pers or self._new_pers(), inp.nbytes
                     c = pers.ag.get(nb) or pers.all_gather(nb)

@@ -40,6 +40,7 @@ from ....tensor import Tensor
 from ...health import fingerprint as _fp
 from ...health import watchdog as W
 from ...process_group import Work
+from . import gather_p2p as _gp2p
 
 #: the largest buffer (bytes: all_reduce's and broadcast's tensor, all_gather's output,
 #: reduce_scatter's input) that runs on a persistent request
@@ -358,6 +359,8 @@ class SmallCalls:
             pers, nb = self.pers or self._new_pers(), sspec[0].nbytes
             c = pers.ag.get(nb) or pers.all_gather(nb)
         if c is None:
+            if _gp2p.takes(self, rspec[0].nbytes, True):  # as the fast path's (collectives.py)
+                return _gp2p.start(self, sspec[0], _gp2p.pieces(rspec[0], self.size_), sspec[1])
             return self.comm.Iallgather(sspec, rspec)
         return c.post(self.health, sspec[0], rspec[0], self.opname, self.seq)
 
@@ -386,12 +389,17 @@ class SmallCalls:
                       self.seq)
 
     def _fast_list(self, lst: Any, arr: np.ndarray) -> Optional[list]:
-        """The bytes of each entry of all_gather's ``lst`` where every one is a contiguous
-        writable NumPy array (or a Tensor holding one) of ``arr``'s dtype and shape, one per
-        member; else None (the general path says what is wrong)."""
+        """The bytes of each entry of all_gather's ``lst`` (see :meth:`_fast_entries`)."""
+        entries = self._fast_entries(lst, arr)
+        return None if entries is None else [as_bytes(o) for o in entries]
+
+    def _fast_entries(self, lst: Any, arr: np.ndarray) -> Optional[list]:
+        """The entries of all_gather's ``lst`` where every one is a contiguous writable NumPy
+        array (or a Tensor holding one) of ``arr``'s dtype and shape, one per member; else
+        None (the general path says what is wrong)."""
         if type(lst) not in (list, tuple) or len(lst) != self.size_:
             return None
-        dt, shape, views = arr.dtype, arr.shape, []
+        dt, shape, entries = arr.dtype, arr.shape, []
         for x in lst:
             o = x._data if type(x) is Tensor else x
             if type(o) is not np.ndarray or o.dtype != dt or o.shape != shape:
@@ -399,6 +407,5 @@ class SmallCalls:
             f = o.flags
             if not (f.c_contiguous and f.writeable):
                 return None
-            views.append(as_bytes(o))
-        return views
-
+            entries.append(o)
+        return entries
