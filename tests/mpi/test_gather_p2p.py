@@ -44,7 +44,9 @@ def group():
     if G is None:
         G = dist.new_group(list(range(n)), group_desc="gp2p")
         _world._pg(G).shm_min = OFF_BYTES
-    assert gather_p2p.takes(_world._pg(G), K * 4 * n)
+    if not gather_p2p.takes(_world._pg(G), K * 4 * n):
+        pytest.skip("the group spans machines, or MPITENSOR_SHM_COLLECTIVES=off kept it from "
+                    "asking: MPI's own gather")
     return G
 
 
@@ -143,6 +145,7 @@ def test_a_mismatch_raises_on_every_rank(what):
     n, me = world()
     g = dist.new_group(list(range(n)), group_desc=f"gp2p_{what}")
     _world._pg(g).shm_min = OFF_BYTES
+    assert gather_p2p.takes(_world._pg(g), 2 * K * 4 * n)
     k, dtype = K, np.float32
     if me == 0:
         k, dtype = (2 * K, np.float32) if what == "size" else (K, np.int32)
