@@ -159,3 +159,24 @@ def test_a_mismatch_raises_on_every_rank(what):
     x = np.ones(3)
     dist.all_reduce(x)  # the world is untouched
     assert (x == n).all()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_group_of_some_ranks():
+    """Group ranks are not the world's: each entry holds the part of the group's member of
+    that rank, in the fast path and the general one (Tensors of another dtype: float16)."""
+    n, me = world()
+    members = [0, n - 1]
+    g = dist.new_group(members)  # collective over the world: every rank makes it
+    if me in members:
+        _world._pg(g).shm_min = OFF_BYTES
+        assert gather_p2p.takes(_world._pg(g), K * 4 * 2)
+        outs = [np.zeros(K, np.float32) for _ in members]
+        dist.all_gather(outs, data(me), group=g)
+        for i, r in enumerate(members):
+            np.testing.assert_array_equal(outs[i], data(r))
+        ts = [mt.zeros(2 * K, dtype=mt.float16) for _ in members]
+        dist.all_gather(ts, mt.tensor(data(me, 2 * K, np.float16)), group=g)
+        for i, r in enumerate(members):
+            np.testing.assert_array_equal(ts[i].numpy(), data(r, 2 * K, np.float16))
+        dist.destroy_process_group(g)

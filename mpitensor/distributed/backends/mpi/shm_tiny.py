@@ -80,7 +80,7 @@ CAP = 64 << 10
 SMALL_CAP = 4096
 WIDE = 8
 #: ... and on a group of at most NARROW members, whose board has NARROW_SLOTS entries a member:
-#: there the board took 0.35-0.87x MPI's time at 128-512 KiB (2 and 4 ranks on 2 cores), and
+#: there the board took 0.34-0.87x MPI's time at 128-256 KiB (2 ranks, and 4 on 2 cores), and
 #: a blocking call never waits for an entry while a member has three (a member posts call s+1
 #: only once every member posted call s, after reading call s-1). A segment holds at most
 #: 4 MiB either way (NARROW x NARROW_SLOTS x NARROW_CAP, WIDE x SLOTS x CAP). Every cap stays
