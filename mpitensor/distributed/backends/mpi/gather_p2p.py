@@ -15,11 +15,11 @@ at 0.34-0.96x.
 bytes over its link than MPI's ring does: each rank's part to every remote peer), a gather of
 more than the group's ``pers_max`` bytes in all (the board's or the persistent requests'
 calls below it) and at least :data:`LEAST`; an ``all_gather_into_tensor`` too, up to
-:data:`FLAT_MOST` bytes in all, where MPICH's own gather (through its shared-memory cells: two
-copies a byte) was slower than messages of this size (one copy). Every member then sends and
-receives the same messages, whatever its own list looks like: entries that lie end to end in
-one buffer, arrays that are not contiguous or live on a GPU (received through a staging
-buffer each) all take them.
+:data:`FLAT_MOST` bytes in all where ranks do not outnumber cores, where MPICH's own gather
+(through its shared-memory cells: two copies a byte) was slower than messages of this size
+(one copy). Every member then sends and receives the same messages, whatever its own list
+looks like: entries that lie end to end in one buffer, arrays that are not contiguous or live
+on a GPU (received through a staging buffer each) all take them.
 
 **Where they travel.** On the group's notice communicator (``GroupHealth.diag``), which user
 messages never reach, with the tag ``tag_base`` (the group's incarnation, never that of a
@@ -38,6 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...health import fingerprint as _fp
+from ...health import watchdog as W
 from . import buffers as B
 
 #: the largest group whose list-form gathers take this path (each member posts one receive and
@@ -47,7 +48,8 @@ MOST = 8
 LEAST = 64 << 10
 #: the most bytes in all an all_gather into one tensor takes it with (there the messages save
 #: no copy: at 2 ranks here they took 0.75-0.93x MPI's time from 256 KiB to 4 MiB, 1.06-1.18x
-#: at 8-16 MiB, where the engine of shm_coll.py, asked first, takes over)
+#: at 8-16 MiB, where the engine of shm_coll.py, asked first, takes over); and only where
+#: ranks do not outnumber cores (4 ranks on 2 cores: 1.1-1.2x MPI's time, 512 KiB-4 MiB)
 FLAT_MOST = 4 << 20
 
 _testall = MPI.Request.Testall
@@ -60,7 +62,7 @@ def takes(g: Any, nbytes: int, flat: bool = False) -> bool:
     takes this path on group ``g`` (the same answer on every member)."""
     p = g.size_
     return (2 <= p <= MOST and nbytes > g.pers_max and nbytes >= LEAST and g.one_node is True
-            and (not flat or nbytes <= FLAT_MOST))
+            and (not flat or (nbytes <= FLAT_MOST and W.may_spin())))
 
 
 def pieces(buf: Any, p: int) -> list:
