@@ -596,12 +596,6 @@ class Collectives(_pers.SmallCalls):
                 s = self._fast_count("all_gather_into_tensor", inp)
                 chk = (None if inp.nbytes < self.health.check_bytes
                        else self._fp_first(s, "all_gather_into_tensor", inp, None, -1, (out, inp)))
-                if _gp2p.takes(self, out.nbytes, True):  # messages straight into out's parts
-                    req = _gp2p.start(self, inp, _gp2p.pieces(out, self.size_), mt)
-                    if chk is not None:
-                        req = _fp.Checked(self.health, req, *chk)
-                    return self._fast_finish(req, "all_gather_into_tensor", s, [output],
-                                             (out, inp), async_op)
                 if 0 < out.nbytes <= self.pers_max:
                     pers, nb = self.pers or self._new_pers(), inp.nbytes
                     c = pers.ag.get(nb) or pers.all_gather(nb)
@@ -616,7 +610,10 @@ class Collectives(_pers.SmallCalls):
                         return self._persistent(c, _bytes(inp), _bytes(out),
                                                 "all_gather_into_tensor", s, output, (out, inp),
                                                 async_op, chk)
-                req = self.comm.Iallgather([inp, mt], [out, mt])
+                # (messages straight into out's parts: gather_p2p.py, past pers_max only)
+                req = (_gp2p.start(self, inp, _gp2p.pieces(out, self.size_), mt)
+                       if _gp2p.takes(self, out.nbytes, True)
+                       else self.comm.Iallgather([inp, mt], [out, mt]))
                 if chk is not None:
                     req = _fp.Checked(self.health, req, *chk)
                 return self._fast_finish(req, "all_gather_into_tensor", s, [output],

@@ -2,13 +2,13 @@
 
 MPI's ``Allgather`` writes one receive buffer. Where the caller's list is not one buffer's
 consecutive pieces (``[torch.empty_like(t) for _ in range(n)]``, the usual way), our call
-received into a flat buffer and copied every entry out of it: on 2 ranks here 0.35-0.6x the
-time raw mpi4py takes to gather into one flat buffer, from 1 to 16 MiB in all. Here each member
+received into a flat buffer and copied every entry out of it: on 2 ranks here it took 1.7-2.9x
+the time raw mpi4py takes to gather into one flat buffer, from 1 to 16 MiB in all. Each member
 instead receives every peer's part with its own receive, straight into that peer's entry, and
 sends its own to every peer: the same bytes as MPI's gather, none copied twice. Measured in the
-same run (2026-11-30), against raw ``Allgather`` into one flat buffer: 0.88-1.54x at 2 ranks and
-0.91-3.5x at 4 ranks (4 on 2 cores), from 256 KiB to 16 MiB in all, where the copying call ran
-at 0.34-0.96x.
+same run (2026-11-30), raw ``Allgather``'s time into one flat buffer over ours: 0.88-1.54x at 2
+ranks and 0.91-3.5x at 4 ranks (4 on 2 cores), from 256 KiB to 16 MiB in all, where the copying
+call's was 0.34-0.96x.
 
 **Which calls.** The choice is the same on every member of a correct program: a group of
 :data:`MOST` members at most, all on one machine (across machines a host would send more
@@ -39,6 +39,7 @@ from mpi4py import MPI
 
 from ...health import fingerprint as _fp
 from ...health import watchdog as W
+from . import all_reduce_into as _into
 from . import buffers as B
 
 #: the largest group whose list-form gathers take this path (each member posts one receive and
@@ -49,7 +50,7 @@ LEAST = 64 << 10
 #: the most bytes in all an all_gather into one tensor takes it with (there the messages save
 #: no copy: at 2 ranks here they took 0.75-0.93x MPI's time from 256 KiB to 4 MiB, 1.06-1.18x
 #: at 8-16 MiB, where the engine of shm_coll.py, asked first, takes over); and only where
-#: ranks do not outnumber cores (4 ranks on 2 cores: 1.1-1.2x MPI's time, 512 KiB-4 MiB)
+#: ranks do not outnumber cores (4 ranks on 2 cores: 1.07-1.21x MPI's time, 512 KiB-4 MiB)
 FLAT_MOST = 4 << 20
 
 _testall = MPI.Request.Testall
@@ -103,14 +104,11 @@ def targets(outs: list) -> "tuple[list, Optional[Callable[[], None]]]":
 
 def _unaliased(send: Any, bufs: list, me: int) -> Any:
     """``send``, or a copy of it where a peer's part would be written over it while it is
-    sent (``send`` may be this member's own entry: that one is written with ``send`` itself)."""
-    if type(send) is not np.ndarray:
-        return send
+    sent (``send`` may be this member's own entry itself: that one is written with ``send``)."""
     for j, buf in enumerate(bufs):
-        if type(buf) is np.ndarray and np.may_share_memory(send, buf):
-            same = (j == me and buf.__array_interface__ == send.__array_interface__)
-            if not same:
-                return send.copy()
+        rel = _into.relation(buf, send)
+        if rel == _into.PARTIAL or (rel == _into.SAME and j != me):
+            return send.copy()
     return send
 
 
