@@ -102,9 +102,21 @@ def _restart_line(failure: str, k: int, n: int) -> str:
 # order in which it sees the ranks end, and on a busy machine mpiexec may have ended the other
 # rank too before it looks; then it says so instead of guessing.
 _SILENT = r"(?:rank 1 of 2|one of ranks 0, 1 of 2 \(they ended in the same instant\))"
+_SAME_INSTANT_KILL = (r"one of ranks 0, 1 of 2 \(they ended in the same instant\) was killed by "
+                      r"signal SIGKILL \(exit code 9\)")
 FAILURES = {"kill": _SILENT + r" was killed by signal SIGKILL \(exit code 9\)",
-            "exit": _SILENT + " exited with code 1",
+            # os._exit(1) says nothing; the launcher reads its code from /proc before mpiexec
+            # reaps the rank. When it looks too late (under load), mpiexec's own code is all it
+            # has, and hydra's may be the SIGKILL it ended rank 0 with: then the launcher names
+            # neither rank alone, and exits with that code (_exit_codes)
+            "exit": rf"(?:{_SILENT} exited with code 1|{_SAME_INSTANT_KILL})",
             "raise": r"rank 1 of 2 raised RuntimeError \(exit code 1\)"}
+
+
+def _exit_codes(kind: str, code: int) -> Tuple[int, ...]:
+    """The exit codes the launcher may give for a rank failing with ``kind``: its own, and
+    for os._exit the SIGKILL of the race described at FAILURES."""
+    return (code, 9) if kind == "exit" else (code,)
 
 
 def _assert_lines(stderr: str, patterns: Sequence[str]) -> None:
@@ -157,12 +169,14 @@ def test_restarts_exhausted_exit_with_the_failing_code(kind: str, restarts: int,
     and a line saying the restarts are used up."""
     got, stdout, stderr, out = _train(tmp_path, ["--max-restarts", str(restarts)],
                                       ["--fault", kind, "--fault-step", "3", "--fault-always"])
-    assert got == code, stderr
+    assert got in _exit_codes(kind, code), stderr
     failure = FAILURES[kind]
     _assert_lines(stderr, [
         *(_restart_line(failure, k, restarts) for k in range(1, restarts + 1)),
         rf"mpitensor-run: {failure}; restarts exhausted \({restarts} of --max-restarts "
-        rf"{restarts} used\): exiting with code {code}"])
+        rf"{restarts} used\): exiting with code {got}"])
+    if got != code:  # the race: the last line must say so, in those words
+        assert re.search(_SAME_INSTANT_KILL + "; restarts exhausted", stderr), stderr
     assert _attempts(stdout) == sorted((r, k, restarts) for r in (0, 1)
                                        for k in range(restarts + 1)), stdout
     assert "done" not in stdout and list(out.iterdir()) == []

@@ -143,3 +143,82 @@ def test_the_peer_check(tmp_path: Path) -> None:
         child.kill()
         child.wait(timeout=30)
     assert not _run._descends_from(child.pid, here)  # gone: never trusted
+
+
+# A rank that says who it is, then ends without a word: os._exit(CODE), or SIGKILL.
+SILENT_RANK = """\
+import os, signal, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\\0" + sys.argv[1])
+s.sendall(f"rank {sys.argv[2]}\\n".encode())
+sys.stdin.readline()  # the test's go
+if sys.argv[3] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+os._exit(int(sys.argv[3]))
+"""
+
+
+def _silent_rank(name: str, rank: int, how: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SILENT_RANK, name, str(rank), how],
+                            stdin=subprocess.PIPE, text=True)
+
+
+def test_a_silent_exit_is_given_its_code(tmp_path: Path) -> None:
+    """os._exit(3) says nothing on the watch; the watch reads the code from /proc while the
+    process is unreaped (here until the test waits for it), and names that rank alone even
+    beside a rank SIGKILLed in the same instant (mpiexec's cleanup)."""
+    watch = _run._RankWatch(2)
+    watch.start()
+    ranks = [_silent_rank(watch.address, 0, "kill"), _silent_rank(watch.address, 1, "3")]
+    try:
+        deadline = time.monotonic() + 30
+        while watch.connected != {0, 1}:
+            assert time.monotonic() < deadline, watch.connected
+            time.sleep(0.01)
+        ranks[1].stdin.write("go\n")
+        ranks[1].stdin.flush()
+        while not watch.batches:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        ranks[0].stdin.write("go\n")
+        ranks[0].stdin.flush()
+        assert ranks[0].wait(timeout=30) == -9
+        while len(watch.batches) < 2:
+            assert time.monotonic() < deadline, watch.batches
+            time.sleep(0.01)
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait(timeout=30)
+        watch.stop()
+    assert watch.ends[1][0] == 3 and watch.ends[1][2] == "exit" and 0 not in watch.ends
+    assert watch.exited == {1}
+    assert watch.failed_first() == [1]
+    # the same two in one look: the killed rank is taken for the cleanup
+    watch.batches = [[0, 1]]
+    assert watch.failed_first() == [1]
+    # but a rank that said it raised is never set aside
+    watch.ends[0] = (1, watch.ends[1][1] - 1, "raised RuntimeError")
+    assert watch.failed_first() == [0, 1]
+
+
+def test_exit_codes_from_proc() -> None:
+    """Only a process exiting by itself with a non-zero code has one; a live process, a
+    number whose start time is another's, or a process gone, has none."""
+    me = _run._stat(os.getpid())
+    assert _run._exit_code(os.getpid(), me[19]) is None  # alive: exit_code 0
+    assert _run._exit_code(os.getpid(), b"0") is None  # not the process that connected
+    child = subprocess.Popen([sys.executable, "-c", "import os; os._exit(7)"])
+    deadline = time.monotonic() + 30
+    start = None
+    while time.monotonic() < deadline:
+        fields = _run._stat(child.pid)
+        if fields and start is None:
+            start = fields[19]
+        if fields and fields[0] == b"Z":
+            break
+        time.sleep(0.01)
+    assert start is not None
+    assert _run._exit_code(child.pid, start) == 7
+    child.wait(timeout=30)
+    assert _run._exit_code(child.pid, start) is None

@@ -240,15 +240,17 @@ class _ElasticJob:
         _kill_job(self._tag(attempt), wait=3.0, var=_ATTEMPT_VAR)
         if code == 0:
             return 0, ""
-        code = code if code >= 0 else 128 - code
         if lost:
-            return (code or 1), lost[0]
-        return code, self._diagnose(proc.returncode, watch)
+            return ((code if code >= 0 else 128 - code) or 1), lost[0]
+        return self._diagnose(proc.returncode, watch)
 
-    def _diagnose(self, code: int, watch: Optional[_RankWatch]) -> str:
-        """Which rank failed, and how, in words."""
+    def _diagnose(self, code: int, watch: Optional[_RankWatch]) -> Tuple[int, str]:
+        """The attempt's exit code, and which rank failed and how, in words.
+
+        The code is that of the rank named, where it is known (it said so, or was found
+        exiting with it): mpiexec's may be the SIGKILL it ended another rank with."""
         if code < 0:
-            return f"mpiexec was killed by signal {_signal_name(-code)}"
+            return 128 - code, f"mpiexec was killed by signal {_signal_name(-code)}"
         n = self._nprocs or (len(watch.connected) if watch is not None else 0) or None
         of = f" of {n}" if n else ""
         first = watch.failed_first() if watch is not None else []
@@ -259,8 +261,8 @@ class _ElasticJob:
             rank = min(first, key=lambda r: (ends[r][1], r))
             rc, _, how = ends[rank]
             if how.startswith("raised"):
-                return f"rank {rank}{of} {how} (exit code {rc})"
-            return f"rank {rank}{of} exited with code {rc}"
+                return rc, f"rank {rank}{of} {how} (exit code {rc})"
+            return rc, f"rank {rank}{of} exited with code {rc}"
         if len(first) == 1:
             who = f"rank {first[0]}{of}"
         elif first:
@@ -270,5 +272,5 @@ class _ElasticJob:
             who = "a rank"
         if self._flavor == MPICH and code in _DEATH_SIGNALS:
             # hydra exits with the signal number of a rank a signal killed
-            return f"{who} was killed by signal {_signal_name(code)} (exit code {code})"
-        return f"{who} exited with code {code}"
+            return code, f"{who} was killed by signal {_signal_name(code)} (exit code {code})"
+        return code, f"{who} exited with code {code}"

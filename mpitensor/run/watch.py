@@ -78,6 +78,31 @@ class _WatchLink:
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
+def _stat(pid: int) -> List[bytes]:
+    """Fields 3 on of /proc/PID/stat (``fields[k - 3]`` is field k), or [] if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        return stat[stat.rindex(b")") + 2:].split()  # comm may hold spaces and parentheses
+    except (OSError, ValueError):
+        return []
+
+
+def _exit_code(pid: int, start: bytes) -> Optional[int]:
+    """The code process ``pid`` (started at ``start``, in clock ticks since boot) is exiting
+    with, when it is exiting by itself with a non-zero code; else None.
+
+    The kernel sets a dying process's ``exit_code`` (field 52, a wait status) before it
+    closes its descriptors, and it can be read until the process is reaped. A death by a
+    signal is not taken: a SIGKILL may be mpiexec's own, ending the rank because another
+    failed."""
+    fields = _stat(pid)
+    if len(fields) < 50 or fields[19] != start:
+        return None  # gone (reaped), or the number is another process's now
+    status = int(fields[49])
+    return status >> 8 if status & 0x7F == 0 and status >> 8 else None
+
+
 def _descends_from(pid: int, ancestor: int) -> bool:
     """Whether process ``pid`` is ``ancestor`` or one of its descendants (Linux /proc)."""
     for _ in range(256):  # a chain longer than this is no job's
@@ -85,18 +110,16 @@ def _descends_from(pid: int, ancestor: int) -> bool:
             return True
         if pid <= 1:
             return False
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                stat = fh.read()
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-            pid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
+        fields = _stat(pid)
+        if len(fields) < 2:
             return False  # gone already: nothing it said can be trusted to be the job's
+        pid = int(fields[1])
     return False
 
 
-def _peer_is_ours(conn: socket.socket) -> bool:
-    """Whether the process at the other end of ``conn`` is this launcher's descendant.
+def _our_peer(conn: socket.socket) -> Optional[Tuple[int, bytes]]:
+    """The process at the other end of ``conn`` (its pid and start time) when it is this
+    launcher's descendant, else None.
 
     An abstract socket has no permissions: any local process can find its name (in
     /proc/net/unix) and connect. The kernel's record of who connected (SO_PEERCRED) cannot be
@@ -105,9 +128,12 @@ def _peer_is_ours(conn: socket.socket) -> bool:
     try:
         raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
     except (OSError, AttributeError):
-        return False
+        return None
     pid, uid, _ = _PEERCRED.unpack(raw)
-    return uid == os.getuid() and pid > 0 and _descends_from(pid, os.getpid())
+    fields = _stat(pid) if pid > 0 else []
+    if uid != os.getuid() or len(fields) < 20 or not _descends_from(pid, os.getpid()):
+        return None
+    return pid, fields[19]
 
 
 class _RankWatch(threading.Thread):
@@ -115,10 +141,15 @@ class _RankWatch(threading.Thread):
 
     A rank that raises or calls ``sys.exit`` says so (``end CODE TIME HOW``) before it goes; a
     rank killed by a signal or ended by ``os._exit`` says nothing, and its connection just
-    closes. The kernel closes it as it closes the rank's connections to mpiexec, before mpiexec
-    can end the other ranks, so the rank that took the job down is always among the first seen
-    to end (with ``select``); when this thread looks late, on a busy machine, it may see others
-    end in the same instant, and then it cannot tell which one came first. Ranks on other hosts
+    closes. Its connection is not always the first to close: on a busy machine, a rank whose
+    main thread called ``os._exit(1)`` had its descriptors closed by its last thread to go,
+    which had to wait for a core, while mpiexec had already SIGKILLed the other rank (seen
+    in 1 of 40 attempts of two ranks on two busy cores; the killed rank was named, and
+    mpiexec's exit code was that SIGKILL's). So when a connection closes, the ranks still
+    connected are looked up in /proc: one exiting by itself is given its code
+    (:func:`_exit_code`) and counted as ending then. When this thread looks late, it may see
+    several ranks end in the same instant, and then it cannot tell which one came first
+    (:meth:`failed_first`). Ranks on other hosts
     cannot connect and are not seen. A connection from any other process (checked with the
     kernel's peer credentials) is closed unread.
     """
@@ -134,9 +165,12 @@ class _RankWatch(threading.Thread):
         self.connected: Set[int] = set()
         self.ends: Dict[int, Tuple[int, float, str]] = {}  # rank -> (code, time, how)
         self.batches: List[List[int]] = []  # ranks seen to fail (or end), a batch per look
+        self.exited: Set[int] = set()  # ranks found exiting with a code they did not say
+        self._alive: Dict[int, Tuple[int, bytes]] = {}  # rank -> (pid, start time)
 
     def run(self) -> None:
-        conns: Dict[socket.socket, List[Any]] = {}  # connection -> [rank or None, bytes so far]
+        # connection -> [rank or None, bytes so far, (pid, start time)]
+        conns: Dict[socket.socket, List[Any]] = {}
         try:
             while not self._halt.is_set():
                 ready, _, _ = select.select([self._listener, *conns], [], [], 0.05)
@@ -147,11 +181,12 @@ class _RankWatch(threading.Thread):
                             conn, _ = self._listener.accept()
                         except OSError:
                             continue
-                        if not _peer_is_ours(conn):
+                        peer = _our_peer(conn)
+                        if peer is None:
                             conn.close()  # a stranger: not a word of it reaches the report
                             continue
                         conn.setblocking(False)
-                        conns[conn] = [None, b""]
+                        conns[conn] = [None, b"", peer]
                         continue
                     state = conns[sock]
                     try:
@@ -167,7 +202,7 @@ class _RankWatch(threading.Thread):
                             self._message(state, line.decode(errors="replace"), batch)
                     else:  # the rank is gone
                         if state[0] is not None:
-                            batch.append(state[0])
+                            self._gone(state[0], batch)
                         del conns[sock]
                         sock.close()
                 if batch:
@@ -184,6 +219,7 @@ class _RankWatch(threading.Thread):
         if words[0] == "rank" and len(words) == 2 and words[1].isdigit():
             state[0] = int(words[1])
             self.connected.add(state[0])
+            self._alive[state[0]] = state[2]
         elif words[0] == "end" and state[0] is not None and len(words) >= 3:
             try:
                 code, when = int(words[1]), float(words[2])
@@ -193,6 +229,21 @@ class _RankWatch(threading.Thread):
             if code != 0:
                 batch.append(state[0])
 
+    def _gone(self, rank: int, batch: List[int]) -> None:
+        """Rank ``rank``'s connection closed: it ended. Any rank still connected that is
+        exiting by itself with a code (``os._exit``, which says nothing) is given that code
+        and counted as ending now too: it may have begun to exit first (see the class doc)."""
+        now = time.time()
+        for other, peer in list(self._alive.items()):
+            if other not in self.ends:
+                code = _exit_code(*peer)
+                if code is not None:
+                    self.ends[other] = (code, now, "exit")
+                    self.exited.add(other)
+                    batch.append(other)
+        self._alive.pop(rank, None)
+        batch.append(rank)
+
     def stop(self) -> None:
         """End the watch (after mpiexec has exited) and wait for it."""
         self._halt.set()
@@ -200,10 +251,18 @@ class _RankWatch(threading.Thread):
 
     def failed_first(self) -> List[int]:
         """The ranks of the first look that saw a rank fail: one rank, or several seen to fail
-        in the same instant; a rank that said it ended well (code 0) is not a failure."""
+        in the same instant; a rank that said it ended well (code 0) is not a failure.
+
+        Beside a rank found exiting with a code of its own, ranks that ended without a word
+        in the same instant are taken for mpiexec's cleanup (it SIGKILLs every rank the moment
+        one fails) and left out."""
         for batch in self.batches:
             failed = [r for r in batch if self.ends.get(r, (1,))[0] != 0]
             if failed:
+                exited = [r for r in failed if r in self.exited]
+                silent = [r for r in failed if r not in self.ends]
+                if exited and len(exited) + len(silent) == len(failed):
+                    return exited
                 return failed
         return []
 
