@@ -33,6 +33,7 @@ from . import hierarchical as _hier
 from . import hierarchical_gather as _hgather
 from . import hierarchical_scatter as _hscatter
 from . import persistent as _pers
+from . import scatter_p2p as _sp2p
 from . import shm_coll as _shmc
 
 _IN_PLACE = MPI.IN_PLACE
@@ -733,6 +734,10 @@ class Collectives(_pers.SmallCalls):
         counts = [a.size for a in ins]
         sspec, rspec, finish = self._scattered_into(out, self._packed_in(ins), plan)
         comm, mop = self.comm, plan.mpi_op
+        if _sp2p.takes(self, sspec[0].nbytes, sspec[0].dtype, mop):  # (every count is equal)
+            return self._run(where, lambda: _sp2p.start(self, sspec[0], rspec[0], sspec[1], mop),
+                             finish, async_op, [output], keep=(sspec, rspec),
+                             check=(out, B.coerce_op(op, where), -1))
         return self._run(where, lambda: comm.Ireduce_scatter(sspec, rspec, counts, mop), finish,
                          async_op, [output], keep=(sspec, rspec),
                          check=(out, B.coerce_op(op, where), -1))
@@ -771,7 +776,10 @@ class Collectives(_pers.SmallCalls):
                         return self._persistent(c, _bytes(inp), _bytes(out),
                                                 "reduce_scatter_tensor", s, output, (out, inp),
                                                 async_op, chk)
-                req = self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1])
+                # (messages reduced here in rank order: scatter_p2p.py, past pers_max only)
+                req = (_sp2p.start(self, inp, out, fast[0], fast[1])
+                       if _sp2p.takes(self, inp.nbytes, inp.dtype, fast[1]) else
+                       self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1]))
                 if chk is not None:
                     req = _fp.Checked(self.health, req, *chk)
                 return self._fast_finish(req, "reduce_scatter_tensor", s, [output],

@@ -41,6 +41,7 @@ from ...health import fingerprint as _fp
 from ...health import watchdog as W
 from ...process_group import Work
 from . import gather_p2p as _gp2p
+from . import scatter_p2p as _sp2p
 
 #: the largest buffer (bytes: all_reduce's and broadcast's tensor, all_gather's output,
 #: reduce_scatter's input) that runs on a persistent request
@@ -372,6 +373,8 @@ class SmallCalls:
             key = nb << 32 | kind(mt, mop)
             c = pers.rs.get(key) or pers.reduce_scatter(key, nb, mt, mop)
         if c is None:
+            if _sp2p.takes(self, sbuf.nbytes, sbuf.dtype, mop):  # as the fast path's
+                return _sp2p.start(self, sbuf, rbuf, mt, mop)
             return self.comm.Ireduce_scatter_block(sspec, rspec, mop)
         return c.post(self.health, sbuf, rbuf, self.opname, self.seq)
 

@@ -750,7 +750,7 @@ def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
         t = []
         for i, k in todo:
             if i not in cases:
-                cases[i] = _cases(eng, h, s, label, _CAL_BYTES[i])
+                cases[i] = _cases(eng, g, s, label, _CAL_BYTES[i])
             reps = _CAL_PAIRS if _CAL_BYTES[i] <= 1 << 20 else _CAL_PAIRS_LARGE
             t.append(_pairs(cases[i][k], reps - int(again), warm=not again))  # again: 1 fewer
         flat = np.concatenate(t)
@@ -766,7 +766,7 @@ def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
     ratio = np.array([[_ratio(pairs[i][k]) for k in range(len(_KINDS))]
                       for i in range(len(_CAL_BYTES))])
     eng.calibration = ratio  # engine / MPI per size and kind, for reports
-    large = _large(eng, h, s, op, label, [k for k in range(len(_KINDS))
+    large = _large(eng, g, s, op, label, [k for k in range(len(_KINDS))
                                           if ratio[-1, k] > _MARGIN])
     eng.calibration_large = large
     sizes = _CAL_BYTES + (_CAL_LARGE,)
@@ -774,12 +774,13 @@ def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
                    else _crossing(ratio[:, k])) for k, kind in enumerate(_KINDS)}
 
 
-def _large(eng: Engine, h: Any, s: int, op: str, label: str, kinds: List[int]) -> dict:
+def _large(eng: Engine, g: Any, s: int, op: str, label: str, kinds: List[int]) -> dict:
     """The engine / MPI ratio at :data:`_CAL_LARGE` of each kind in ``kinds`` (those that
     lost at the largest of :data:`_CAL_BYTES`; the same on every member), timed together."""
     if not kinds:
         return {}
-    case = _cases(eng, h, s, label, _CAL_LARGE)
+    h = g.health
+    case = _cases(eng, g, s, label, _CAL_LARGE)
     t = [_pairs(case[k], _CAL_PAIRS_LARGE, warm=True) for k in kinds]
     flat = np.concatenate(t)
     _exchange(h, flat, MPI.MAX, s, op)
@@ -826,10 +827,12 @@ def _pairs(fns: tuple, reps: int, warm: bool) -> np.ndarray:
     return t.reshape(-1)
 
 
-def _cases(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> tuple:
+def _cases(eng: Engine, g: Any, s: int, label: str, nbytes: int) -> tuple:
     """The calibration's calls at ``nbytes``, ``(engine, MPI)`` per kind of :data:`_KINDS`:
     an all-reduce of ``nbytes`` (float32, in place), a reduce-scatter of ``nbytes`` and an
-    all-gather into ``nbytes`` (from an input of its own)."""
+    all-gather into ``nbytes`` (from an input of its own). "MPI" is what such a call does
+    without the engine past the board's sizes, MPI's own collective below them."""
+    h = g.health
     p, diag = eng.p, h.diag
     n = nbytes // 4 // p * p
     buf = np.ones(n, np.float32)
@@ -843,13 +846,18 @@ def _cases(eng: Engine, h: Any, s: int, label: str, nbytes: int) -> tuple:
     def mpi(req: Callable[[], Any]) -> Callable[[], None]:
         return lambda: W.wait(h, req(), label, s)
 
+    # past the board's sizes (whose calls are sequenced by the user's), the group's own
+    # choice (persistent.py: messages where scatter_p2p.py and gather_p2p.py take the call)
+    past = nbytes > g.pers_max
+    rs = g._ireduce_scatter_block if past else diag.Ireduce_scatter_block
+    ag = g._iallgather if past else diag.Iallgather
+
     return ((lambda: _reduce_core(eng, buf, red, -1, None),
              mpi(lambda: diag.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], MPI.SUM))),
             (lambda: _scatter_core(eng, out, pieces, red),
-             mpi(lambda: diag.Ireduce_scatter_block([buf, MPI.FLOAT], [out, MPI.FLOAT],
-                                                    MPI.SUM))),
+             mpi(lambda: rs([buf, MPI.FLOAT], [out, MPI.FLOAT], MPI.SUM))),
             (lambda: _gather_core(eng, own, pieces, None),
-             mpi(lambda: diag.Iallgather([own, MPI.FLOAT], [buf, MPI.FLOAT]))))
+             mpi(lambda: ag([own, MPI.FLOAT], [buf, MPI.FLOAT]))))
 
 
 def _crossing(ratio: np.ndarray, at: Sequence[int] = _CAL_BYTES) -> int:
