@@ -4,19 +4,21 @@ Between the board's sizes (``pers_max``) and the engine's (shm_coll.py), a reduc
 on MPICH's ``Ireduce_scatter_block``, which at these sizes copies its input into scratch
 buffers before it exchanges and reduces them. Here each member instead sends every peer that
 peer's part of its input, receives its own part of every peer's, and reduces the parts itself,
-in rank order, with NumPy: the bytes a pairwise exchange moves, none copied first. Measured
-with raw mpi4py in the same run (2026-11-30, ``benchmarks/compare_collectives.py`` and a
-stand-alone prototype under load), raw's time over the messages': 1.28-1.56x on 2 ranks and
-1.22-1.52x on 4 ranks (4 on 2 cores), from 512 KiB to 4 MiB of input.
+in rank order, with NumPy: the bytes a pairwise exchange moves, none copied first. Raw
+mpi4py's time over ours, in the same run (2026-11-30, ``benchmarks/compare_collectives.py``):
+1.18-1.78x on 2 ranks from 512 KiB to 8 MiB of input (MPI's path: 0.92x at 512 KiB). On 4
+ranks of 2 cores, against our call on MPI's path, interleaved: 0.88-1.05x against 0.84-1.00x
+at 512 KiB, 0.97-1.13x against 0.79-0.90x at 1-2 MiB.
 
 **Which calls.** The choice is the same on every member of a correct program, whatever path
 its own arguments take (the fast path, or the general one's staging and plan): a group of
 :data:`MOST` members at most, all on one machine (across machines a host would send the
-bytes of a whole input over its link for each of its ranks), an input of more than the group's
-``pers_max`` bytes and at least :data:`LEAST`, and a reduction NumPy does exactly as MPI's
-predefined op does (:func:`ufunc`: sums, products, minima, maxima and the bitwise ops, on
-bool, integer, floating and complex buffers, float16 and bfloat16 being reduced in float32 as
-the plan says). Any other op, a user-defined one among them, stays with MPI.
+bytes of a whole input over its link for each of its ranks), an input of more than the
+group's ``pers_max`` bytes, at least :data:`LEAST` and at most :data:`BIGGEST`, and a
+reduction NumPy does exactly as MPI's predefined op does (:func:`ufunc`: sums, products,
+minima, maxima and the bitwise ops, on bool, integer, floating and complex buffers, float16
+and bfloat16 being reduced in float32 as the plan says). Any other op, a user-defined one
+among them, stays with MPI.
 
 **The order.** A member's part is ``part_0 op part_1 op ... op part_p-1``, in that order, so
 the result does not depend on which message arrived first.
@@ -39,6 +41,10 @@ from mpi4py import MPI
 MOST = 8
 #: the fewest bytes of input a reduce-scatter needs to take it
 LEAST = 64 << 10
+#: the most: the peers' parts need a buffer of (p - 1) / p of the input, kept for the next
+#: call, where MPI's pairwise exchange needs one part's; past this size the engine
+#: (shm_coll.py) takes these calls where it is on, MPI's own call where it is not
+BIGGEST = 16 << 20
 
 _testall = MPI.Request.Testall
 # MPI's predefined op -> the NumPy ufunc that computes it elementwise, exactly (an Op is not
@@ -64,8 +70,8 @@ def takes(g: Any, nbytes: int, dtype: np.dtype, mop: Any) -> bool:
     """Whether a reduce-scatter of ``nbytes`` of input (``dtype`` buffers reduced with MPI op
     ``mop``, after the plan's conversion) takes this path on group ``g``."""
     p = g.size_
-    return (2 <= p <= MOST and nbytes > g.pers_max and nbytes >= LEAST and g.one_node is True
-            and ufunc(mop, dtype) is not None)
+    return (2 <= p <= MOST and nbytes > g.pers_max and LEAST <= nbytes <= BIGGEST
+            and g.one_node is True and ufunc(mop, dtype) is not None)
 
 
 class Scatter:
