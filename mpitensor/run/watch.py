@@ -149,9 +149,9 @@ class _RankWatch(threading.Thread):
     connected are looked up in /proc: one exiting by itself is given its code
     (:func:`_exit_code`) and counted as ending then. When this thread looks late, it may see
     several ranks end in the same instant, and then it cannot tell which one came first
-    (:meth:`failed_first`). Ranks on other hosts
-    cannot connect and are not seen. A connection from any other process (checked with the
-    kernel's peer credentials) is closed unread.
+    (:meth:`failed_first`). Ranks on other hosts cannot connect and are not seen. A
+    connection from any other process (checked with the kernel's peer credentials) is closed
+    unread.
     """
 
     def __init__(self, nprocs: Optional[int]) -> None:
