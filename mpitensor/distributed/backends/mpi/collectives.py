@@ -734,12 +734,11 @@ class Collectives(_pers.SmallCalls):
         counts = [a.size for a in ins]
         sspec, rspec, finish = self._scattered_into(out, self._packed_in(ins), plan)
         comm, mop = self.comm, plan.mpi_op
-        if _sp2p.takes(self, sspec[0].nbytes, sspec[0].dtype, mop):  # (every count is equal)
-            return self._run(where, lambda: _sp2p.start(self, sspec[0], rspec[0], sspec[1], mop),
-                             finish, async_op, [output], keep=(sspec, rspec),
-                             check=(out, B.coerce_op(op, where), -1))
-        return self._run(where, lambda: comm.Ireduce_scatter(sspec, rspec, counts, mop), finish,
-                         async_op, [output], keep=(sspec, rspec),
+        # (every count is equal: the messages of scatter_p2p.py where it takes the call)
+        post = ((lambda: _sp2p.start(self, sspec[0], rspec[0], sspec[1], mop))
+                if _sp2p.takes(self, sspec[0].nbytes, sspec[0].dtype, mop)
+                else (lambda: comm.Ireduce_scatter(sspec, rspec, counts, mop)))
+        return self._run(where, post, finish, async_op, [output], keep=(sspec, rspec),
                          check=(out, B.coerce_op(op, where), -1))
 
     def reduce_scatter_tensor(self, output: Any, input: Any, op: Any = _SUM,
