@@ -60,12 +60,31 @@ def test_a_member_that_never_comes_ends_the_timing_within_its_limit():
     mm.close()
 
 
-def test_every_cap_stays_below_the_engines_floor():
-    """No call the engine is asked for first (``shm_coll.FLOOR`` bytes and more) comes to the
-    board. Where one could, a member still timing the engine's calibration within call s took
-    a faster member's post of call s on the board for a mismatch (seen with a cap of 1 MiB on
-    4 ranks: CollectiveMismatchError in a correct program)."""
-    from mpitensor.distributed.backends.mpi import shm_coll
+def test_what_each_kind_of_call_puts_on_the_board():
+    """Every kind of call posts at most one entry's bytes a member: an all_gather's entry holds
+    one member's input, so a crowded group's (entries of CROWDED_CAP) takes outputs NARROW
+    times larger; the others take what fits one entry. A pair of ranks with cores of their own
+    gets PAIR_CAP, a crowded group of up to NARROW members CROWDED_CAP, larger groups the small
+    caps whatever the load."""
+    K = shm_tiny
+    kinds = (K.GATHER, K.BCAST, K.REDUCE, K.REDUCE_PART)
+    assert K.cap(2) == K.PAIR_CAP and K.cap(3) == K.cap(4) == K.NARROW_CAP
+    for n in range(2, K.NARROW + 1):
+        assert K.cap(n, True) == K.CROWDED_CAP
+        most = K.limits(n, K.CROWDED_CAP, True)
+        assert most[K.GATHER] == n * K.CROWDED_CAP
+        assert all(most[k] == K.CROWDED_CAP for k in kinds[1:])
+        assert all(v == K.cap(n) for v in K.limits(n, K.cap(n), False).values())
+    for n in (5, 8, 9, 64):
+        assert K.cap(n, True) == K.cap(n) == (K.CAP if n <= K.WIDE else K.SMALL_CAP)
+        assert set(K.limits(n, K.cap(n), True).values()) == {K.cap(n)}
 
-    assert all(shm_tiny.cap(n) < shm_coll.FLOOR for n in range(1, 257))
-    assert all(shm_tiny.segment_bytes(n) <= 4.5 * 2**20 for n in range(1, shm_tiny.WIDE + 1))
+
+def test_segments_stay_small():
+    """At most about 4 MiB a group, 16 MiB where up to NARROW crowded members have 1 MiB
+    entries (a smaller board where /dev/shm cannot hold that: tests/mpi/test_shm_tiny.py)."""
+    K = shm_tiny
+    assert all(K.segment_bytes(n) <= 4.5 * 2**20 for n in range(1, K.WIDE + 1))
+    assert all(K.segment_bytes(n, K.cap(n, True)) <= 16.5 * 2**20
+               for n in range(1, K.WIDE + 1))
+    assert K.segment_bytes(4, K.CAP) < K.segment_bytes(4)

@@ -298,7 +298,8 @@ def test_switch_off_and_small_calls_stay_on_mpi(group):
     assert g.shm is None and g.shm_min > 1 << 60
     world = group("auto")
     if world.size() > 1:
-        assert world.shm_min == shm_coll.FLOOR
+        # (from the floor, or past the largest call its board takes: shm_tiny.make)
+        assert world.shm_min == max(shm_coll.FLOOR, world.pers_max + 1)
         y = np.ones(4, np.float32)
         dist.all_reduce(y, group=world)  # below the floor: the engine is not even made
         assert world.shm is None
@@ -342,7 +343,8 @@ def test_measured_thresholds_agree_on_every_rank(monkeypatch):
     monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", "auto")
     g = dist.new_group(list(range(dist.get_world_size())))
     me, p = dist.get_rank(), dist.get_world_size()
-    x = _data(me, shm_coll.FLOOR // 4, np.float32)
+    k = -(-g.shm_min // 4)  # the group's first call that asks the engine
+    x = _data(me, k, np.float32)
     dist.all_reduce(x, group=g)
     eng = g.shm
     assert isinstance(eng, Engine)
@@ -352,7 +354,7 @@ def test_measured_thresholds_agree_on_every_rank(monkeypatch):
     assert all(e == every[0] for e in every)
     assert eng.calibration.shape == (len(shm_coll._CAL_BYTES), len(shm_coll._KINDS))
     assert all(v >= shm_coll.FLOOR for v in eng.thresholds.values())
-    pieces = [_data(r, shm_coll.FLOOR // 4, np.float32) for r in range(p)]
+    pieces = [_data(r, k, np.float32) for r in range(p)]
     bound = (p - 1) * np.finfo(np.float32).eps * np.sum(np.abs(pieces), axis=0)
     assert (np.abs(x - _expected(pieces, ReduceOp.SUM)) <= bound).all()
     dist.destroy_process_group(g)
@@ -376,7 +378,7 @@ def test_a_mismatched_first_call_is_refused_before_the_calibration(monkeypatch, 
                         faults.in_wait(h, kind, seq, op, peer, since))
     g = dist.new_group(list(range(dist.get_world_size())))
     me, p = dist.get_rank(), dist.get_world_size()
-    n = shm_coll.FLOOR // 4 // p + 1  # out: past the floor, where the engine is made
+    n = g.shm_min // 4 // p + 1  # out: past the group's floor, where the engine is made
     inp = np.ones(n, np.float32) if me == 0 else np.ones((1, n), np.float32)
     out = np.zeros(p * n, np.float32)
     if me == late:

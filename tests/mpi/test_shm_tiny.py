@@ -39,7 +39,7 @@ def board_group(tag, monkeypatch=None, setting=None):
         pytest.skip("the board's compiled module was not built (no C compiler at install)")
     if pg.tiny is None:
         pytest.skip("one rank: no board")
-    if pg.shm_min <= shm_tiny.cap(n):
+    if pg.shm_min <= max(pg.tiny.most.values()):
         pytest.skip("MPITENSOR_SHM_COLLECTIVES=on: the engine takes calls of every size")
     return g
 
@@ -61,6 +61,14 @@ def in_rank_order(op, arrays):
         for a in arrays[1:]:
             acc = fn(acc, a).astype(acc.dtype)
     return acc
+
+
+def sum_as_mpi_may(x, ins, exact):
+    """``x`` is the sum of ``ins``: in rank order, bit for bit, where ``exact`` (the board's);
+    else within what summing them in any order may change (MPI's order is its own)."""
+    err = np.abs(x - in_rank_order(R.SUM, ins))
+    bound = 0 if exact else len(ins) * np.finfo(x.dtype).eps * np.sum(np.abs(ins), axis=0)
+    assert (err <= bound).all(), float(np.max(err - bound))
 
 
 def same_bits_everywhere(arr):
@@ -222,8 +230,9 @@ def test_sizes_on_both_sides_of_the_board_raise_instead_of_hanging():
     watchdog's slow tick, every rank raises, none waits out the timeout."""
     n, me = world()
     g = board_group("sides")
-    # twice the board's cap: MPI's; 64 B: the board's
-    x = np.ones(shm_tiny.cap(n) // 2 if me == n - 1 else 16, np.float32)
+    # twice the board's largest all_reduce: MPI's; 64 B: the board's
+    most = _world._pg(g).tiny.most[shm_tiny.REDUCE]
+    x = np.ones(most // 2 if me == n - 1 else 16, np.float32)
     with pytest.raises((CollectiveMismatchError, PeerFailedError), match="small one"):
         dist.all_reduce(x, group=g)
     dist.destroy_process_group(g)
@@ -396,4 +405,71 @@ def test_broadcasts_past_the_crowded_floor_come_to_the_board_at_any_load():
     assert board.bcast_min <= nb
     with pytest.raises(CollectiveMismatchError, match="root"):
         dist.broadcast(np.ones(nb // 4, np.float32), src=me, group=g)
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_each_kind_at_its_largest_board_call_and_one_element_past():
+    """Each kind of call at the largest size its board takes (``shm_tiny.limits``: an
+    all_gather's output may be NARROW entries where ranks outnumber cores) and one element
+    past it, where the call takes another path: the same values either way, bitwise the same
+    on every rank; the paths past the board (scatter_p2p, gather_p2p) take over from there;
+    and the engine is never asked for a call the board takes (a member still timing the
+    engine within a call took a faster member's board post of it for a mismatch)."""
+    from mpitensor.distributed.backends.mpi import gather_p2p, scatter_p2p
+
+    n, me = world()
+    g = board_group("largest")
+    pg = _world._pg(g)
+    most = pg.tiny.most
+    assert pg.pers_max == max(most.values()) == most[shm_tiny.GATHER]
+    assert pg.shm_min > pg.pers_max
+    assert scatter_p2p.takes(pg, most[shm_tiny.REDUCE_PART] + 4 * n, np.dtype(np.float32),
+                             MPI.SUM) == (most[shm_tiny.REDUCE_PART] + 4 * n >= scatter_p2p.LEAST)
+    assert not scatter_p2p.takes(pg, most[shm_tiny.REDUCE_PART], np.dtype(np.float32), MPI.SUM)
+    assert not gather_p2p.takes(pg, most[shm_tiny.GATHER])
+    for extra in (0, 1):  # (past the board, MPI's all_reduce sums in an order of its own)
+        k = most[shm_tiny.REDUCE] // 4 + extra
+        x = values(np.float32, k, me)
+        dist.all_reduce(x, group=g)
+        sum_as_mpi_may(x, [values(np.float32, k, r) for r in range(n)], exact=extra == 0)
+        if extra == 0:
+            same_bits_everywhere(x)
+        k = most[shm_tiny.BCAST] // 4 + extra
+        y = values(np.float32, k, me)
+        dist.broadcast(y, src=n - 1, group=g)
+        np.testing.assert_array_equal(y, values(np.float32, k, n - 1))
+        part = most[shm_tiny.GATHER] // 4 // n + extra
+        out = np.zeros(part * n, np.float32)
+        dist.all_gather_into_tensor(out, values(np.float32, part, me), group=g)
+        np.testing.assert_array_equal(out, np.concatenate([values(np.float32, part, r)
+                                                           for r in range(n)]))
+        part = most[shm_tiny.REDUCE_PART] // 4 // n + extra
+        mine = np.zeros(part, np.float32)
+        dist.reduce_scatter_tensor(mine, values(np.float32, part * n, me), group=g)
+        whole = in_rank_order(R.SUM, [values(np.float32, part * n, r) for r in range(n)])
+        np.testing.assert_array_equal(mine, whole[me * part:(me + 1) * part])
+    assert pg.shm in (None, False) or pg.shm_min > pg.pers_max
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_short_dev_shm_gets_a_smaller_board(monkeypatch):
+    """Where /dev/shm cannot hold the board's segment (a container's 64 MiB, with 1 MiB
+    entries on a crowded node), the group gets a board of CAP-byte entries, not none; its
+    calls past that go to MPI and give the same values."""
+    from mpitensor.distributed.backends.mpi import shm
+
+    n, me = world()
+    real = shm.create
+    small = shm_tiny.segment_bytes(n, shm_tiny.CAP)
+    monkeypatch.setattr(shm, "create", lambda prefix, nbytes: (
+        None if prefix == "mpitensor-tiny-" and nbytes > small else real(prefix, nbytes)))
+    g = board_group("short")
+    pg = _world._pg(g)
+    assert pg.tiny.cap == min(shm_tiny.CAP, shm_tiny.cap(n, not shm_tiny.W.may_spin()))
+    for k in (16, shm_tiny.CAP // 8, shm_tiny.CAP // 2):  # (the last past the board: MPI's)
+        x = values(np.float64, k, me)
+        dist.all_reduce(x, group=g)
+        sum_as_mpi_may(x, [values(np.float64, k, r) for r in range(n)], exact=k * 8 <= pg.tiny.cap)
     dist.destroy_process_group(g)

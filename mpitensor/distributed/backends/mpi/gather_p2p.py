@@ -11,15 +11,15 @@ ranks and 0.91-3.5x at 4 ranks (4 on 2 cores), from 256 KiB to 16 MiB in all, wh
 call's was 0.34-0.96x.
 
 **Which calls.** The choice is the same on every member of a correct program: a group of
-:data:`MOST` members at most, all on one machine (across machines a host would send more
-bytes over its link than MPI's ring does: each rank's part to every remote peer), a gather of
-more than the group's ``pers_max`` bytes in all (the board's or the persistent requests'
-calls below it) and at least :data:`LEAST`; an ``all_gather_into_tensor`` too, up to
-:data:`FLAT_MOST` bytes in all where ranks do not outnumber cores, where MPICH's own gather
-(through its shared-memory cells: two copies a byte) was slower than messages of this size
-(one copy). Every member then sends and receives the same messages, whatever its own list
-looks like: entries that lie end to end in one buffer, arrays that are not contiguous or live
-on a GPU (received through a staging buffer each) all take them.
+:data:`MOST` members at most, all on one machine (across machines a host would send more bytes
+over its link than MPI's ring does: each rank's part to every remote peer), a gather of more
+bytes in all than the group's board takes (``SmallCalls.board_most``; without a board, its
+``pers_max``: the persistent requests' calls below it) and at least :data:`LEAST`; an
+``all_gather_into_tensor`` too, up to :data:`FLAT_MOST` bytes in all where ranks do not
+outnumber cores, where MPICH's own gather (through its shared-memory cells: two copies a byte)
+was slower than messages of this size (one copy). Every member then sends and receives the same
+messages, whatever its own list looks like: entries that lie end to end in one buffer, arrays
+that are not contiguous or live on a GPU (received through a staging buffer each) all take them.
 
 **Where they travel.** On the group's notice communicator (``GroupHealth.diag``), which user
 messages never reach, with the tag ``tag_base`` (the group's incarnation, never that of a
@@ -62,8 +62,8 @@ def takes(g: Any, nbytes: int, flat: bool = False) -> bool:
     """Whether an all_gather of ``nbytes`` in all, into a list (or ``flat``: into one tensor),
     takes this path on group ``g`` (the same answer on every member)."""
     p = g.size_
-    return (2 <= p <= MOST and nbytes > g.pers_max and nbytes >= LEAST and g.one_node is True
-            and (not flat or (nbytes <= FLAT_MOST and W.may_spin())))
+    return (2 <= p <= MOST and nbytes > g.board_most("all_gather") and nbytes >= LEAST
+            and g.one_node is True and (not flat or (nbytes <= FLAT_MOST and W.may_spin())))
 
 
 def pieces(buf: Any, p: int) -> list:

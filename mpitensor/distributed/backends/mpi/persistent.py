@@ -272,6 +272,14 @@ class SmallCalls:
     # (``Collectives.broadcast``); a dict while the group has a board, else None
     bc_lane: Optional[dict] = None
 
+    def board_most(self, name: str) -> int:
+        """The largest ``name`` call ("all_gather", "reduce_scatter", ...; bytes as the fast
+        paths count them) that the group's small calls take: its board's limit for that kind
+        (``shm_tiny.limits``, at most ``pers_max``), else ``pers_max``. The paths for the sizes
+        past it (gather_p2p.py, scatter_p2p.py) take calls from there."""
+        t = self.tiny
+        return self.pers_max if t is None else t.most_by_name[name]
+
     def _new_pers(self) -> Any:
         if self.tiny is not None:  # a board in shared memory takes what it computes
             self.pers = self.tiny.cache(self.comm)

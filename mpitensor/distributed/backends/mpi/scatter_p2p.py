@@ -1,20 +1,21 @@
 """reduce_scatter as messages, reduced here in rank order (issue 29).
 
-Between the board's sizes (``pers_max``) and the engine's (shm_coll.py), a reduce-scatter ran
-on MPICH's ``Ireduce_scatter_block``, which at these sizes copies its input into scratch
-buffers before it exchanges and reduces them. Here each member instead sends every peer that
-peer's part of its input, receives its own part of every peer's, and reduces the parts itself,
-in rank order, with NumPy: the bytes a pairwise exchange moves, none copied first. Raw
+Between the board's sizes (``board_most("reduce_scatter")``) and the engine's (shm_coll.py), a
+reduce-scatter ran on MPICH's ``Ireduce_scatter_block``, which at these sizes copies its input
+into scratch buffers before it exchanges and reduces them. Here each member instead sends every
+peer that peer's part of its input, receives its own part of every peer's, and reduces the parts
+itself, in rank order, with NumPy: the bytes a pairwise exchange moves, none copied first. Raw
 mpi4py's time over ours, in the same run (2026-11-30, ``benchmarks/compare_collectives.py``):
-1.18-1.78x on 2 ranks from 512 KiB to 8 MiB of input (MPI's path: 0.92x at 512 KiB). On 4
-ranks of 2 cores, against our call on MPI's path, interleaved: 0.88-1.05x against 0.84-1.00x
-at 512 KiB, 0.97-1.13x against 0.79-0.90x at 1-2 MiB.
+1.18-1.78x on 2 ranks from 512 KiB to 8 MiB of input (MPI's path: 0.92x at 512 KiB). On 4 ranks
+of 2 cores, against our call on MPI's path, interleaved: 0.88-1.05x against 0.84-1.00x at 512
+KiB, 0.97-1.13x against 0.79-0.90x at 1-2 MiB.
 
 **Which calls.** The choice is the same on every member of a correct program, whatever path
 its own arguments take (the fast path, or the general one's staging and plan): a group of
 :data:`MOST` members at most, all on one machine (across machines a host would send the
-bytes of a whole input over its link for each of its ranks), an input of more than the
-group's ``pers_max`` bytes, at least :data:`LEAST` and at most :data:`BIGGEST`, and a
+bytes of a whole input over its link for each of its ranks), an input of more bytes than
+the group's board takes (``SmallCalls.board_most``: its ``pers_max`` where it has none), at
+least :data:`LEAST` and at most :data:`BIGGEST`, and a
 reduction NumPy does exactly as MPI's predefined op does (:func:`ufunc`: sums, products,
 minima, maxima and the bitwise ops, on bool, integer, floating and complex buffers, float16
 and bfloat16 being reduced in float32 as the plan says). Any other op, a user-defined one
@@ -70,8 +71,8 @@ def takes(g: Any, nbytes: int, dtype: np.dtype, mop: Any) -> bool:
     """Whether a reduce-scatter of ``nbytes`` of input (``dtype`` buffers reduced with MPI op
     ``mop``, after the plan's conversion) takes this path on group ``g``."""
     p = g.size_
-    return (2 <= p <= MOST and nbytes > g.pers_max and LEAST <= nbytes <= BIGGEST
-            and g.one_node is True and ufunc(mop, dtype) is not None)
+    return (2 <= p <= MOST and nbytes > g.board_most("reduce_scatter")
+            and LEAST <= nbytes <= BIGGEST and g.one_node is True and ufunc(mop, dtype) is not None)
 
 
 class Scatter:

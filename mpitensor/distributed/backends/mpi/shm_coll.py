@@ -13,26 +13,26 @@ cross-memory attach, probed when the engine is made and agreed by all), the call
 direct path instead (:mod:`shm_direct`): the segment carries only addresses and step counters,
 and each member reads its peers' buffers where they lie.
 
-**When.** On groups that ``MPI_Comm_split_type(SHARED)`` finds whole on one node (asked when
-the group is made). ``MPITENSOR_SHM_COLLECTIVES`` (read then too): ``off`` never; ``on``
-whenever the group can (for tests); ``auto`` (default) where it pays. A call qualifies by what
-every rank of a correct program passes alike (its size, dtype, op; never contiguity or
-layout: a non-contiguous buffer is staged), so every member takes the same path. The first call
-of at least :data:`FLOOR` bytes (``auto``) makes the group's engine, collectively: rank 0
-creates the segment, without a name where Linux can (``memfd_create``: the members open it as
+**When.** On groups that ``MPI_Comm_split_type(SHARED)`` finds whole on one node (asked when the
+group is made). ``MPITENSOR_SHM_COLLECTIVES`` (read then too): ``off`` never; ``on`` whenever
+the group can (for tests); ``auto`` (default) where it pays. A call qualifies by what every rank
+of a correct program passes alike (its size, dtype, op; never contiguity or layout: a
+non-contiguous buffer is staged), so every member takes the same path. The first call of at
+least :data:`FLOOR` bytes (``auto``; where the group's board takes larger calls, the first past
+those: ``shm_tiny.make``) makes the group's engine, collectively: rank 0 creates the segment,
+without a name where Linux can (``memfd_create``: the members open it as
 ``/proc/<pid>/fd/<fd>``) or else in /dev/shm, the members learn where it is through one small
-reduction on the group's private communicator, map it, and agree; rank 0 closes its
-descriptor (or removes the name) as soon as every member mapped it (or gave up), so nothing is
-left behind however the job ends, even where rank 0 dies before that. Where that fails (no
-memory, a full ``/dev/shm``) every member learns it in the same reduction and the group stays
-on MPI for good. In ``auto`` the members then measure, together, the engine and MPI on an
-all-reduce, a reduce-scatter and an all-gather at four sizes (:data:`_CAL_BYTES`), in pairs
-whose order alternates; each pair counts with its slowest member's times, a size's ratio of
-engine to MPI is the median of its pairs' (a size whose pairs disagree is measured once
-more), and a call takes the engine only from the size where its kind's ratio, drawn between
-the sizes (past the largest, held), stays at most 0.9 for every larger size (never below
-:data:`FLOOR`). Debug mode (``MPITENSOR_DEBUG``) keeps every call on MPI, where its checks
-are.
+reduction on the group's private communicator, map it, and agree; rank 0 closes its descriptor
+(or removes the name) as soon as every member mapped it (or gave up), so nothing is left behind
+however the job ends, even where rank 0 dies before that. Where that fails (no memory, a full
+``/dev/shm``) every member learns it in the same reduction and the group stays on MPI for good.
+In ``auto`` the members then measure, together, the engine and MPI on an all-reduce, a
+reduce-scatter and an all-gather at four sizes (:data:`_CAL_BYTES`), in pairs whose order
+alternates; each pair counts with its slowest member's times, a size's ratio of engine to MPI is
+the median of its pairs' (a size whose pairs disagree is measured once more), and a call takes
+the engine only from the size where its kind's ratio, drawn between the sizes (past the largest,
+held), stays at most 0.9 for every larger size (never below :data:`FLOOR`). Debug mode
+(``MPITENSOR_DEBUG``) keeps every call on MPI, where its checks are.
 
 **Checks and faults.** Every call through the engine posts its fingerprint in the group's
 agreement slots (``fingerprint.NodeCheck``, whatever its size) and waits for its peers' before
@@ -79,7 +79,8 @@ from .shm_pipe import Engine, Reducer, bounds
 
 PASS = object()  # "not through shared memory": the caller takes the MPI path
 # auto: calls smaller than this stay on MPI without asking the engine (MPI's latency wins
-# there; measured, the engine pays from 1-2 MiB on 2 cores)
+# there; measured, the engine pays from 1-2 MiB on 2 cores); a group whose board
+# (shm_tiny.py) takes larger calls asks it only past those (shm_tiny.make)
 FLOOR = 512 << 10
 _PREFIX = "mpitensor-coll-"
 _TOKEN_AT = 7 * 8  # where rank 0 signs a new segment (a word of its control line no one uses)

@@ -3,10 +3,11 @@
 
 MPICH's blocking ``Allgather``, ``Bcast`` and ``Reduce_scatter_block`` of a few bytes take
 1.4-3 µs on two ranks here, and our calls on persistent requests (``persistent.py``) cost about
-1 µs more: 0.64-0.89x raw below 4 KiB. On a group whose members share a machine, a call of at
-most :data:`CAP` bytes instead writes its data into this member's entry of a shared board and
-reads the other members' (``_tiny.c``): about 0.3 µs once both ranks of a pair are there, so
-the Python around it is most of the call.
+1 µs more: 0.64-0.89x raw below 4 KiB. On a group whose members share a machine, a call that
+fits the board (:func:`cap`, :func:`limits`: 64 KiB to 1 MiB a member, by the group's size and
+whether its ranks outnumber the cores) instead writes its data into this member's entry of a
+shared board and reads the other members' (``_tiny.c``): about 0.3 µs once both ranks of a
+pair are there, so the Python around it is most of the call.
 
 **Where it applies.** The board takes the place of the group's persistent requests: every call
 that would start one (``all_reduce``, ``all_gather_into_tensor``, ``all_gather`` into one
@@ -26,7 +27,7 @@ none and nothing changes.
 * every call is checked: each entry carries the call's number, operation, dtype, reduction,
   root and byte count, compared before any data is read; a member whose entry differs, or that
   went past the call without posting it (it took another path: a size on the other side of
-  :data:`CAP`), ends the call with CollectiveMismatchError on every member. A member waiting
+  the board's limit), ends the call with CollectiveMismatchError on every member. A member waiting
   in MPI (or the engine) for a call that another member posted here finds that on its slow
   tick (``look``, from the watchdog) and raises the same;
 * the wait is the group's bounded wait: its timeout, fault notices, and a look at whether each
@@ -82,12 +83,25 @@ WIDE = 8
 #: ... and on a group of at most NARROW members, whose board has NARROW_SLOTS entries a member:
 #: there the board took 0.34-0.87x MPI's time at 128-256 KiB (2 ranks, and 4 on 2 cores), and
 #: a blocking call never waits for an entry while a member has three (a member posts call s+1
-#: only once every member posted call s, after reading call s-1). A segment holds at most
-#: 4 MiB either way (NARROW x NARROW_SLOTS x NARROW_CAP, WIDE x SLOTS x CAP). Every cap stays
-#: below the engine's floor (``shm_coll.FLOOR``): the call that makes the engine times it
-#: within that call's number, and a member still timing took a faster member's post of the
-#: same call on the board for a mismatch
+#: only once every member posted call s, after reading call s-1)
 NARROW, NARROW_CAP, NARROW_SLOTS = 4, 256 << 10, 4
+#: ... on a pair of ranks that do not outnumber the cores: at 512 KiB the board took 0.62-0.82x
+#: raw MPI's time (all_reduce, all_gather, reduce_scatter, broadcast; 2 ranks on 2 cores),
+#: where the group's other paths (MPI's calls, the messages of gather_p2p and scatter_p2p)
+#: ran at 0.85-1.03x raw. Past it MPI moves a large message once, the board twice
+PAIR_CAP = 512 << 10
+#: ... and on a group of at most NARROW members whose ranks outnumber the cores, where a call
+#: that waits in MPI takes turns with its peers for the cores and a board call does not:
+#: 4 ranks on 2 cores, against raw MPI, all_gather into 1-4 MiB 1.5-2.8x, broadcast and
+#: reduce_scatter of 512 KiB-1 MiB 1.2-1.9x, all_reduce 1.0-1.3x (its own path: 0.8-0.97x).
+#: An all_gather's entry holds one member's input, so its output may be NARROW times larger.
+#: At 2 MiB the board's all_reduce fell to 0.8x. A segment of 4 members holds 16 MiB, the
+#: others at most 4 MiB (NARROW x NARROW_SLOTS x NARROW_CAP, WIDE x SLOTS x CAP); where
+#: /dev/shm cannot hold it, the board is made with CAP-byte entries instead (:func:`make`).
+#: The engine (``shm_coll.py``) is asked only past the board's largest call: the call that
+#: makes the engine times it within that call's number, and a member still timing took a
+#: faster member's post of the same call on the board for a mismatch
+CROWDED_CAP = 1 << 20
 #: the bytes of a call ``_copy_choice`` times
 TIMED = 4096
 #: where ranks outnumber cores, the smallest broadcast the board takes: every member of a
@@ -159,9 +173,24 @@ NEVER = 1 << 40
 ROUNDS, REPS = 64, 5
 
 
-def cap(size: int) -> int:
-    """The most bytes one call puts on the board of a group of ``size`` members."""
-    return NARROW_CAP if size <= NARROW else CAP if size <= WIDE else SMALL_CAP
+def cap(size: int, crowded: bool = False) -> int:
+    """The bytes of one board entry of a group of ``size`` members (whose ranks outnumber the
+    node's cores where ``crowded``): the most one member posts in one call."""
+    if size <= NARROW:
+        return CROWDED_CAP if crowded else PAIR_CAP if size == 2 else NARROW_CAP
+    return CAP if size <= WIDE else SMALL_CAP
+
+
+def limits(size: int, entry: int, crowded: bool) -> dict:
+    """By kind of call, the largest one (bytes as the fast paths count them: all_reduce's and
+    broadcast's buffer, all_gather's output, reduce_scatter's input) that the board of a group
+    of ``size`` members with ``entry``-byte entries takes. Every kind posts at most ``entry``
+    bytes a member; an all_gather of a crowded group (:data:`CROWDED_CAP`) takes every output
+    whose parts fit."""
+    most = dict.fromkeys((GATHER, BCAST, REDUCE, REDUCE_PART), entry)
+    if crowded and size <= NARROW:
+        most[GATHER] = entry * size
+    return most
 
 
 def slots(size: int) -> int:
@@ -173,10 +202,11 @@ def _board_bytes(size: int, entry: int, entries: int = SLOTS) -> int:
     return size * (128 + entries * (64 + entry))
 
 
-def segment_bytes(size: int) -> int:
-    """The board, then a smaller one that ``_copy_choice`` times calls on (never used
-    again). Made with ``posix_fallocate``: at most about 4 MiB up to :data:`WIDE` members."""
-    return _board_bytes(size, cap(size), slots(size)) + _board_bytes(size, TIMED)
+def segment_bytes(size: int, entry: Optional[int] = None) -> int:
+    """The board (entries of ``entry`` bytes, by default :func:`cap`'s), then a smaller one
+    that ``_copy_choice`` times calls on (never used again). Made with ``posix_fallocate``."""
+    return (_board_bytes(size, cap(size) if entry is None else entry, slots(size))
+            + _board_bytes(size, TIMED))
 
 
 # ---------------------------------------------------------------------------- the group's
@@ -186,17 +216,26 @@ def make(g: Any) -> Optional["Board"]:
     if (g.comm is None or g.size_ < 2 or not g.one_node or g.pers_max <= 0 or g.debug
             or _config.shm_collectives() == "off" or g.health.fp_node is None):
         return None
-    mm = _shm.shared(g.comm, "mpitensor-tiny-", segment_bytes(g.size_))
+    # the node's load (the same on every member: watchdog.set_node_load, from every rank's
+    # CPUs), asked of every member all the same: the segment's size depends on it
+    crowded = bool(g.comm.allreduce(int(not W.may_spin()), op=MPI.MAX))
+    mm = None
+    for entry in sorted({cap(g.size_, crowded), min(cap(g.size_, crowded), CAP)}, reverse=True):
+        mm = _shm.shared(g.comm, "mpitensor-tiny-", segment_bytes(g.size_, entry))
+        if mm is not None:  # (None on every member: a smaller board where /dev/shm is short)
+            break
     ok = bool(g.comm.allreduce(int(_tiny is not None and mm is not None), op=MPI.MIN))
     if not ok:
         if mm is not None:
             mm.close()
         return None
-    b = Board(g, mm)
+    b = Board(g, mm, entry, crowded)
     # where ranks outnumber cores, the reader often runs where the writer did, after it
     b.c.nt_min = _copy_choice(g, mm, b) if W.may_spin() else NEVER
-    g.pers_max = max(g.pers_max, b.cap)  # (the fast paths' gate: the board's calls, then
-    # the persistent requests' CEILING for those it does not compute: Cache)
+    g.pers_max = max(g.pers_max, max(b.most.values()))  # (the fast paths' gate: the board's
+    # calls, then the persistent requests' CEILING for those it does not compute: Cache)
+    if 1 < g.shm_min <= g.pers_max:  # ("on": every call asks the engine, none comes here)
+        g.shm_min = g.pers_max + 1  # the engine past the board's largest call (CROWDED_CAP)
     g.comm.Barrier()  # every member wrote its pid before any call looks for it
     return b
 
@@ -218,17 +257,17 @@ def _copy_choice(g: Any, mm: Any, b: "Board") -> int:
     these same ranks before, their times (:data:`_timed`) decide without a new timing."""
     known = np.array(_timed.get(g.ranks, (-1.0, -1.0)))
     g.comm.Allreduce(MPI.IN_PLACE, known, op=MPI.MIN)  # -1: a member has none
-    agreed = known if known.min() > 0 else _time_copies(g, mm)
+    agreed = known if known.min() > 0 else _time_copies(g, mm, b)
     b.copy_times = (float(agreed[0]), float(agreed[1]))
     if np.isfinite(agreed).all():  # (a timing cut short is not kept: the next group times)
         _timed[g.ranks] = b.copy_times
     return _tiny.NT_MIN if agreed[1] < 0.9 * agreed[0] else NEVER
 
 
-def _time_copies(g: Any, mm: Any) -> np.ndarray:
+def _time_copies(g: Any, mm: Any, b: "Board") -> np.ndarray:
     """Collective: seconds a call took with each copy (plain, streamed), the slowest
     member's median (``inf``: a timing that did not end)."""
-    half = _board_bytes(g.size_, cap(g.size_), slots(g.size_))
+    half = _board_bytes(g.size_, b.cap, slots(g.size_))
     times: list = [[], []]
     with memoryview(mm) as whole, whole[half:] as spare:
         c = _tiny.Board(spare, g.rank_, g.size_, SLOTS, TIMED)
@@ -259,9 +298,13 @@ class Board:
     """A group's board: the compiled board, the calls posted and not yet read, and what the
     bounded waits need (the group's health, its members' processes)."""
 
-    def __init__(self, g: Any, mm: Any) -> None:
+    def __init__(self, g: Any, mm: Any, entry: int, crowded: bool = False) -> None:
         self.g, self.mm, self.h = g, mm, g.health
-        self.cap = cap(g.size_)
+        self.cap = entry  # the bytes of an entry
+        # by kind, the largest call the board takes (``limits``); by operation name, for the
+        # paths past it (gather_p2p, scatter_p2p: ``SmallCalls.board_most``)
+        self.most = limits(g.size_, entry, crowded)
+        self.most_by_name = {name: self.most[k] for k, name in _KIND_NAMES.items()}
         self.c = _tiny.Board(mm, g.rank_, g.size_, slots(g.size_), self.cap)
         self.c.set_pid(os.getpid())
         self.pending: collections.deque = collections.deque()
@@ -324,9 +367,10 @@ class Board:
             return  # (debug mode: its check, which waits before the data, says it better)
         r = c.peek(s)
         if r >= 0:
+            most = self.most.get(_unword(c.words(r, s)[1])[0], self.cap)
             self._raise(op, s, f"ranks disagree on the call number or the byte count of this "
                         f"call: rank {self.h.ranks[r]} made call #{s} as a small one (at most "
-                        f"{self.cap} bytes, through shared memory) where this rank passed a "
+                        f"{most} bytes, through shared memory) where this rank passed a "
                         "larger one (or a dtype or reduction only MPI takes), or made one call "
                         "more or fewer before it")
 
@@ -351,9 +395,9 @@ class Board:
         if t != call.s:
             reason = (f"ranks disagree on the call number or the byte count of this call: {who} "
                       f"went past call #{call.s} without making it as a small one (at most "
-                      f"{self.cap} bytes, through shared memory): it passed more bytes, or a "
-                      "dtype or reduction only MPI takes, or made one call more or fewer "
-                      "before it")
+                      f"{self.most[call.kind]} bytes, through shared memory): it passed more "
+                      "bytes, or a dtype or reduction only MPI takes, or made one call more or "
+                      "fewer before it")
         else:
             mine, theirs = _unword(call.word), _unword(word)
             what = [name for name, a, b in zip(("operation", "dtype", "reduction", "root"),
@@ -494,7 +538,7 @@ class Cache(_pers.Cache):
 
     def all_reduce(self, key: int, nbytes: int, mt: Any, mop: Any) -> Optional[_pers.Call]:
         cc = codes(mt, mop)
-        if cc is None or nbytes > self.board.cap:
+        if cc is None or nbytes > self.board.most[REDUCE]:
             return super().all_reduce(key, nbytes, mt, mop) if nbytes <= _pers.CEILING else None
 
         def bufs() -> tuple:
@@ -503,7 +547,7 @@ class Cache(_pers.Cache):
         return self._add(self.ar, key, lambda: _Made(Call(self.board, REDUCE, nbytes, cc), bufs))
 
     def all_gather(self, nbytes: int) -> Optional[_pers.Call]:
-        if nbytes > self.board.cap:
+        if nbytes * self.n > self.board.most[GATHER]:
             return super().all_gather(nbytes) if nbytes * self.n <= _pers.CEILING else None
 
         def bufs() -> tuple:
@@ -515,7 +559,7 @@ class Cache(_pers.Cache):
     def reduce_scatter(self, key: int, nbytes: int, mt: Any,
                        mop: Any) -> Optional[_pers.Call]:
         cc = codes(mt, mop)
-        if cc is None or nbytes * self.n > self.board.cap:
+        if cc is None or nbytes * self.n > self.board.most[REDUCE_PART]:
             if nbytes * self.n > _pers.CEILING:
                 return None
             return super().reduce_scatter(key, nbytes, mt, mop)
@@ -528,7 +572,7 @@ class Cache(_pers.Cache):
             Call(self.board, REDUCE_PART, nbytes * self.n, cc), bufs))
 
     def broadcast(self, key: int, nbytes: int, root: int) -> Optional[_pers.Call]:
-        if nbytes < self.board.bcast_min or nbytes > self.board.cap:
+        if nbytes < self.board.bcast_min or nbytes > self.board.most[BCAST]:
             return super().broadcast(key, nbytes, root) if nbytes <= _pers.CEILING else None
         mine = self.rank == root
 
