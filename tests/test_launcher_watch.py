@@ -222,3 +222,60 @@ def test_exit_codes_from_proc() -> None:
     assert _run._exit_code(child.pid, start) == 7
     child.wait(timeout=30)
     assert _run._exit_code(child.pid, start) is None
+
+
+def _zombie(code: int) -> subprocess.Popen:
+    """A child that exits with ``code`` at once and stays unreaped until the test waits."""
+    child = subprocess.Popen([sys.executable, "-c", f"import os; os._exit({code})"])
+    deadline = time.monotonic() + 30
+    while _run._stat(child.pid)[:1] != [b"Z"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return child
+
+
+def test_spawn_names_the_rank_that_exited_by_itself(tmp_path: Path) -> None:
+    """``mp.spawn``'s own watch (``launch/processes.py``): when ranks end in one look, the
+    one found exiting with a code of its own (``os._exit(3)``, which leaves no record) is
+    named with that code, not mpiexec's (hydra exits 9 when the rank it SIGKILLed in its
+    cleanup is reaped first); the rank killed beside it is taken for that cleanup. Where
+    neither can be told apart, nobody is named."""
+    from mpitensor.distributed.launch import mpiexec
+    from mpitensor.distributed.launch.processes import ProcessContext
+    from mpitensor.multiprocessing import ProcessExitedException
+
+    done = subprocess.Popen([sys.executable, "-c", "pass"])  # the job's "mpiexec", ended
+    done.wait(timeout=30)
+    ctx = ProcessContext(done, str(tmp_path), 2, None, None, "watch-test", False,
+                         mpiexec.MPICH)
+    ctx._watcher.join(timeout=30)
+    exited, killed = _zombie(3), subprocess.Popen([sys.executable, "-c", "import time; "
+                                                   "time.sleep(60)"])
+    try:
+        killed.send_signal(9)
+        deadline = time.monotonic() + 30
+        while _run._stat(killed.pid)[:1] != [b"Z"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for rank, p in ((0, killed), (1, exited)):
+            ctx._pid_of[rank], ctx._start[rank] = p.pid, _run._stat(p.pid)[19]
+        assert ctx._look(1) and ctx._look(0)
+        assert ctx._own_code(1) == 3 and ctx._own_code(0) is None  # (0: SIGKILL's status)
+        ctx._ended = [([0, 1], True)]
+        assert ctx._culprit(set()) == 1
+        with pytest.raises(ProcessExitedException) as info:
+            ctx._collect(9)
+        assert (info.value.error_index, info.value.exit_code, info.value.signal_name) == (
+            1, 3, None)
+        assert str(info.value).startswith("spawn: rank 1 of 2 exited with code 3 ")
+        # neither seen exiting by itself (both reaped before the watch looked): no name
+        ctx._status.clear()
+        assert ctx._culprit(set()) is None
+        # a rank whose return value was recorded ended well: the other one is named
+        assert ctx._culprit({1}) == 0
+    finally:
+        for p in (exited, killed):
+            p.kill()
+            p.wait(timeout=30)
+    assert not ctx._look(1)  # reaped: nothing to read, nothing guessed
+    ctx._finish()

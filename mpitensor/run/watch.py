@@ -20,6 +20,7 @@ import uuid
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .._base import config as _config
+from .._base import procfs
 from .options import PROG
 
 # the launcher's socket for one attempt (a Linux abstract socket name): each rank's bootstrap
@@ -78,43 +79,8 @@ class _WatchLink:
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
-def _stat(pid: int) -> List[bytes]:
-    """Fields 3 on of /proc/PID/stat (``fields[k - 3]`` is field k), or [] if unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        return stat[stat.rindex(b")") + 2:].split()  # comm may hold spaces and parentheses
-    except (OSError, ValueError):
-        return []
-
-
-def _exit_code(pid: int, start: bytes) -> Optional[int]:
-    """The code process ``pid`` (started at ``start``, in clock ticks since boot) is exiting
-    with, when it is exiting by itself with a non-zero code; else None.
-
-    The kernel sets a dying process's ``exit_code`` (field 52, a wait status) before it
-    closes its descriptors, and it can be read until the process is reaped. A death by a
-    signal is not taken: a SIGKILL may be mpiexec's own, ending the rank because another
-    failed."""
-    fields = _stat(pid)
-    if len(fields) < 50 or fields[19] != start:
-        return None  # gone (reaped), or the number is another process's now
-    status = int(fields[49])
-    return status >> 8 if status & 0x7F == 0 and status >> 8 else None
-
-
-def _descends_from(pid: int, ancestor: int) -> bool:
-    """Whether process ``pid`` is ``ancestor`` or one of its descendants (Linux /proc)."""
-    for _ in range(256):  # a chain longer than this is no job's
-        if pid == ancestor:
-            return True
-        if pid <= 1:
-            return False
-        fields = _stat(pid)
-        if len(fields) < 2:
-            return False  # gone already: nothing it said can be trusted to be the job's
-        pid = int(fields[1])
-    return False
+# (the process table: shared with spawn's own watch, distributed/launch/processes.py)
+_stat, _exit_code, _descends_from = procfs.stat, procfs.exit_code, procfs.descends_from
 
 
 def _our_peer(conn: socket.socket) -> Optional[Tuple[int, bytes]]:

@@ -27,6 +27,7 @@ import types
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ..._base import procfs
 from ...errors import DistributedTimeoutError, MpiTensorError
 from .bootstrap import _INDEX, _RANK_AND_SIZE
 from .job import _JOB_ID_VAR, _job_env, _kill_group, _kill_job, build_command
@@ -173,6 +174,10 @@ class ProcessContext:
         self._lock = threading.Lock()
         self._pid_of: Dict[int, int] = {}
         self._exitcodes: Dict[int, int] = {}
+        # each rank's process start time (with its pid: a name no later process reuses) and
+        # its wait status where the watch read one while the rank was exiting (``_look``)
+        self._start: Dict[int, bytes] = {}
+        self._status: Dict[int, int] = {}
         # ranks seen to end, in batches, earliest first, each with whether every rank was
         # watched when it was seen (else a rank not yet watched may have ended before it)
         self._ended: List[Tuple[List[int], bool]] = []
@@ -211,6 +216,9 @@ class ProcessContext:
         def register(ended: List[int]) -> None:
             """Watch the ranks registered since the last call; one already gone ends now."""
             for rank, pid in self._read_pids().items():
+                start = procfs.start_time(pid)
+                if start is not None:
+                    self._start[rank] = start
                 if not _alive(pid):
                     ended.append(rank)
                     continue
@@ -246,6 +254,18 @@ class ProcessContext:
                     # known, so it joins this batch (which then names nobody rather than the
                     # wrong rank), and a rank not registered at all makes the order unknown
                     register(ended)
+                    for rank in ended:
+                        self._look(rank)
+                    # exiting by itself, not yet seen to end (a rank dying by a signal now is
+                    # taken for mpiexec's cleanup, and ends in a later look)
+                    for fd, rank in list(fds.items()):
+                        if self._look(rank) and self._own_code(rank) is not None:
+                            ended.append(fds.pop(fd))
+                            os.close(fd)
+                    for rank in list(polled):
+                        if self._look(rank) and self._own_code(rank) is not None:
+                            ended.append(rank)
+                            del polled[rank]
                     with self._lock:
                         self._ended.append((sorted(ended), len(self._pid_of) >= self.nprocs))
         except Exception:  # noqa: BLE001 - the watch only improves error messages
@@ -253,6 +273,32 @@ class ProcessContext:
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def _look(self, rank: int) -> bool:
+        """Whether rank ``rank``'s process is exiting or has ended, from the process table
+        (its wait status, kept in ``_status`` while it can be read: until it is reaped).
+
+        A rank's pidfd wakes the watch only once its last thread is gone, and that may wait
+        for a core: a rank that called ``os._exit(1)`` had already closed its descriptors,
+        and mpiexec had SIGKILLed the other rank, whose pidfd woke first. The kernel sets the
+        exit status before it closes the descriptors, so every rank is looked up when any
+        ends: one found exiting by itself ends in the same instant."""
+        pid, start = self._pid_of.get(rank), self._start.get(rank)
+        if pid is None or start is None:
+            return False
+        status = procfs.exit_status(pid, start)
+        if not status:  # running (0), or reaped already (None)
+            return False
+        self._status[rank] = status
+        return True
+
+    def _own_code(self, rank: int) -> Optional[int]:
+        """The non-zero code rank ``rank`` was seen exiting with by itself (not by a signal),
+        else None."""
+        status = self._status.get(rank)
+        if status is None or status & 0x7F:
+            return None
+        return status >> 8 or None
 
     def pids(self) -> List[Optional[int]]:
         """The ranks' process ids, by rank (waits until every rank has started or the job ended;
@@ -379,6 +425,12 @@ class ProcessContext:
             batches = [(list(b), complete) for b, complete in self._ended]
         for batch, complete in batches:
             silent = [r for r in batch if r not in explained]
+            if len(silent) > 1:
+                # one of them seen exiting with a code of its own: the others, dead by a
+                # signal or reaped unseen, are taken for mpiexec's cleanup (it SIGKILLs every
+                # rank the moment one ends unfinalized)
+                own = [r for r in silent if self._own_code(r) is not None]
+                silent = own if len(own) == 1 else silent
             if silent:
                 return silent[0] if len(silent) == 1 and complete else None
         return None
@@ -418,10 +470,13 @@ class ProcessContext:
             elif self._flavor == MPICH and code in _DEATH_SIGNALS:
                 # hydra exits with the signal number of a rank a signal killed
                 signal_name, exit_code = _signal_name(code), -code
+            own = self._own_code(rank) if rank is not None and code > 0 else None
+            if own is not None:  # (mpiexec's code may be a cleanup SIGKILL's: its own is known)
+                signal_name, exit_code = None, own
             who = (f"rank {rank} of {n}" if rank is not None and code > 0
                    else f"the MPI job of {n} rank(s)")
             how = (f"was killed by signal {signal_name}" if signal_name
-                   else f"exited with code {code}")
+                   else f"exited with code {exit_code}")
             if rank is not None and code > 0:
                 self._exitcodes[rank] = exit_code
             raise ProcessExitedException(
