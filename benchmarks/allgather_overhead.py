@@ -19,6 +19,9 @@ import resource
 import time
 import tracemalloc
 
+import mpitensor  # noqa: F401 - first: MPI starts with mpitensor's settings
+
+# isort: split
 import numpy as np
 from mpi4py import MPI
 

@@ -31,10 +31,12 @@ import json
 import statistics
 import time
 
+import mpitensor  # first: MPI starts with mpitensor's settings
+
+# isort: split
 import numpy as np
 from mpi4py import MPI
 
-import mpitensor
 import mpitensor.distributed as dist
 from mpitensor.distributed.health import faults as _faults
 

@@ -26,10 +26,12 @@ import json
 import statistics
 import sys
 
+import mpitensor  # first: MPI starts with mpitensor's settings
+
+# isort: split
 import numpy as np
 from mpi4py import MPI
 
-import mpitensor
 import mpitensor.distributed as dist
 from mpitensor._base.config import OFF_BYTES
 from mpitensor.distributed import bench

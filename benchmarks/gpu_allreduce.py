@@ -33,6 +33,9 @@ for _p in (str(ROOT), str(HERE)):
     if _p not in sys.path:
         sys.path.insert(0, _p)  # run from a checkout without installing
 
+import mpitensor  # noqa: F401, E402 - first: MPI starts with mpitensor's settings
+
+# isort: split
 from mpi4py import MPI  # noqa: E402
 
 from mpitensor.distributed import bench as B  # noqa: E402

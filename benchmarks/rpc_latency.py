@@ -40,10 +40,12 @@ from typing import Any, Callable, Dict, List, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import mpitensor  # noqa: E402 - first: MPI starts with mpitensor's settings
+
+# isort: split
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-import mpitensor  # noqa: E402
 import mpitensor.distributed.rpc as rpc  # noqa: E402
 
 MIB = 1 << 20

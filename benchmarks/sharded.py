@@ -40,6 +40,9 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable, Dict, List, Tuple  # noqa: E402
 
+import mpitensor  # noqa: F401, E402 - first: MPI starts with mpitensor's settings
+
+# isort: split
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 

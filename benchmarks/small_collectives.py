@@ -17,6 +17,9 @@ import argparse
 import os
 import time
 
+import mpitensor  # noqa: F401 - first: MPI starts with mpitensor's settings
+
+# isort: split
 import numpy as np
 from mpi4py import MPI
 

@@ -94,7 +94,7 @@ PAIR_CAP = 512 << 10
 #: that waits in MPI takes turns with its peers for the cores and a board call does not:
 #: 4 ranks on 2 cores, against raw MPI, all_gather into 1-2 MiB 1.4-2.6x (4 MiB: 0.94-2.8x),
 #: broadcast and reduce_scatter of 512 KiB-1 MiB 1.2-2.7x (0.65x in some jobs: the machine's
-#: state), all_reduce 1.0-1.3x, where the paths they replaced ran at 0.17-0.97x.
+#: state), all_reduce 1.0-1.3x, where the paths they replaced ran at 0.75-0.97x.
 #: An all_gather's entry holds one member's input, so its output may be NARROW times larger.
 #: At 2 MiB the board's all_reduce fell to 0.8x. A segment of 4 members holds 16 MiB, the
 #: others at most 4 MiB (NARROW x NARROW_SLOTS x NARROW_CAP, WIDE x SLOTS x CAP); where
