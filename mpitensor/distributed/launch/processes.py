@@ -275,8 +275,9 @@ class ProcessContext:
                 os.close(fd)
 
     def _look(self, rank: int) -> bool:
-        """Whether rank ``rank``'s process is exiting or has ended, from the process table
-        (its wait status, kept in ``_status`` while it can be read: until it is reaped).
+        """Whether rank ``rank``'s process is ending with a non-zero wait status (exiting, or
+        ended and not yet reaped), from the process table; that status is kept in
+        ``_status``.
 
         A rank's pidfd wakes the watch only once its last thread is gone, and that may wait
         for a core: a rank that called ``os._exit(1)`` had already closed its descriptors,
