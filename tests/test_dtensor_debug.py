@@ -73,6 +73,16 @@ def _steps(out: str) -> dict:
     return {int(s): (float(loss), rest) for s, loss, rest in LINE.findall(out)}
 
 
+def _torch_aborted_after_its_results(out: str, err: str) -> bool:
+    """Whether the oracle's job printed every result and then a rank of it aborted in torch's
+    own teardown ("terminate called without an active exception", SIGABRT: seen once in a CI
+    run, 1 of 2 ranks, after ``destroy_process_group``). Its exit status then says nothing
+    about the values it printed, which are still compared."""
+    printed = sorted(_steps(out)) == [1, 2, 3] and any(
+        line.startswith("sharding ") for line in out.splitlines())
+    return printed and "terminate called without an active exception" in err and "SIGABRT" in err
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_tp_comm_debug_program(n: int, tmp_path: Path) -> None:
     res = mpiexec_run(n, [sys.executable, str(PROGRAM), "--steps", "3"], timeout=240,
@@ -95,7 +105,7 @@ def test_tp_comm_debug_program(n: int, tmp_path: Path) -> None:
            "--master-port", str(free_ports(1)[0]), str(PROGRAM), "--steps", "3"]
     rc, out, err, _ = run_job(["timeout", "-k", "5", "240", *cmd], timeout=260, cwd=tmp_path,
                               env=env)
-    assert rc == 0, f"{out}\n{err}"
+    assert rc == 0 or _torch_aborted_after_its_results(out, err), f"{out}\n{err}"
     theirs = _steps(out)
     assert sorted(theirs) == [1, 2, 3], out
     for s in theirs:
