@@ -19,6 +19,7 @@ from typing import List
 
 import pytest
 
+from mpitensor._base import procfs
 from mpitensor.run import watch as _run
 
 from .launch import _kill, _start, leftovers
@@ -133,16 +134,16 @@ def test_a_strangers_reports_are_not_heard(tmp_path: Path) -> None:
 def test_the_peer_check(tmp_path: Path) -> None:
     """The check itself: this process and its children pass, a process outside does not."""
     here = os.getpid()
-    assert _run._descends_from(here, here)
+    assert procfs.descends_from(here, here)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        assert _run._descends_from(child.pid, here)
-        assert not _run._descends_from(here, child.pid)
-        assert not _run._descends_from(os.getppid(), here)
+        assert procfs.descends_from(child.pid, here)
+        assert not procfs.descends_from(here, child.pid)
+        assert not procfs.descends_from(os.getppid(), here)
     finally:
         child.kill()
         child.wait(timeout=30)
-    assert not _run._descends_from(child.pid, here)  # gone: never trusted
+    assert not procfs.descends_from(child.pid, here)  # gone: never trusted
 
 
 # A rank that says who it is, then ends without a word: os._exit(CODE), or SIGKILL.
@@ -205,30 +206,30 @@ def test_a_silent_exit_is_given_its_code(tmp_path: Path) -> None:
 def test_exit_codes_from_proc() -> None:
     """Only a process exiting by itself with a non-zero code has one; a live process, a
     number whose start time is another's, or a process gone, has none."""
-    me = _run._stat(os.getpid())
-    assert _run._exit_code(os.getpid(), me[19]) is None  # alive: exit_code 0
-    assert _run._exit_code(os.getpid(), b"0") is None  # not the process that connected
+    me = procfs.stat(os.getpid())
+    assert procfs.exit_code(os.getpid(), me[19]) is None  # alive: exit_code 0
+    assert procfs.exit_code(os.getpid(), b"0") is None  # not the process that connected
     child = subprocess.Popen([sys.executable, "-c", "import os; os._exit(7)"])
     deadline = time.monotonic() + 30
     start = None
     while time.monotonic() < deadline:
-        fields = _run._stat(child.pid)
+        fields = procfs.stat(child.pid)
         if fields and start is None:
             start = fields[19]
         if fields and fields[0] == b"Z":
             break
         time.sleep(0.01)
     assert start is not None
-    assert _run._exit_code(child.pid, start) == 7
+    assert procfs.exit_code(child.pid, start) == 7
     child.wait(timeout=30)
-    assert _run._exit_code(child.pid, start) is None
+    assert procfs.exit_code(child.pid, start) is None
 
 
 def _zombie(code: int) -> subprocess.Popen:
     """A child that exits with ``code`` at once and stays unreaped until the test waits."""
     child = subprocess.Popen([sys.executable, "-c", f"import os; os._exit({code})"])
     deadline = time.monotonic() + 30
-    while _run._stat(child.pid)[:1] != [b"Z"]:
+    while procfs.stat(child.pid)[:1] != [b"Z"]:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     return child
@@ -254,11 +255,11 @@ def test_spawn_names_the_rank_that_exited_by_itself(tmp_path: Path) -> None:
     try:
         killed.send_signal(9)
         deadline = time.monotonic() + 30
-        while _run._stat(killed.pid)[:1] != [b"Z"]:
+        while procfs.stat(killed.pid)[:1] != [b"Z"]:
             assert time.monotonic() < deadline
             time.sleep(0.01)
         for rank, p in ((0, killed), (1, exited)):
-            ctx._pid_of[rank], ctx._start[rank] = p.pid, _run._stat(p.pid)[19]
+            ctx._pid_of[rank], ctx._start[rank] = p.pid, procfs.stat(p.pid)[19]
         assert ctx._look(1) and ctx._look(0)
         assert ctx._own_code(1) == 3 and ctx._own_code(0) is None  # (0: SIGKILL's status)
         ctx._ended = [([0, 1], True)]

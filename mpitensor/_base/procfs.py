@@ -38,14 +38,20 @@ def exit_status(pid: int, start: bytes) -> Optional[int]:
     return int(fields[49])
 
 
+def own_code(status: Optional[int]) -> Optional[int]:
+    """The non-zero code of the wait status ``status`` where the process exited by itself;
+    else None (no status, a zero code, or a death by a signal: a SIGKILL may be a launcher's
+    own, ending the rank because another failed)."""
+    if status is None or status & 0x7F:
+        return None
+    return status >> 8 or None
+
+
 def exit_code(pid: int, start: bytes) -> Optional[int]:
     """The code process ``pid`` (started at ``start``) is exiting with, when it is exiting by
-    itself with a non-zero code; else None (running, reaped, or dying by a signal: a SIGKILL
-    may be a launcher's own, ending the rank because another failed)."""
-    status = exit_status(pid, start)
-    if status is None:
-        return None
-    return status >> 8 if status & 0x7F == 0 and status >> 8 else None
+    itself with a non-zero code (:func:`own_code`); else None (running, reaped, or dying by a
+    signal)."""
+    return own_code(exit_status(pid, start))
 
 
 def descends_from(pid: int, ancestor: int) -> bool:

@@ -79,10 +79,6 @@ class _WatchLink:
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
-# (the process table: shared with spawn's own watch, distributed/launch/processes.py)
-_stat, _exit_code, _descends_from = procfs.stat, procfs.exit_code, procfs.descends_from
-
-
 def _our_peer(conn: socket.socket) -> Optional[Tuple[int, bytes]]:
     """The process at the other end of ``conn`` (its pid and start time) when it is this
     launcher's descendant, else None.
@@ -96,8 +92,8 @@ def _our_peer(conn: socket.socket) -> Optional[Tuple[int, bytes]]:
     except (OSError, AttributeError):
         return None
     pid, uid, _ = _PEERCRED.unpack(raw)
-    fields = _stat(pid) if pid > 0 else []
-    if uid != os.getuid() or len(fields) < 20 or not _descends_from(pid, os.getpid()):
+    fields = procfs.stat(pid) if pid > 0 else []
+    if uid != os.getuid() or len(fields) < 20 or not procfs.descends_from(pid, os.getpid()):
         return None
     return pid, fields[19]
 
@@ -113,7 +109,7 @@ class _RankWatch(threading.Thread):
     in 1 of 40 attempts of two ranks on two busy cores; the killed rank was named, and
     mpiexec's exit code was that SIGKILL's). So when a connection closes, the ranks still
     connected are looked up in /proc: one exiting by itself is given its code
-    (:func:`_exit_code`) and counted as ending then. When this thread looks late, it may see
+    (``procfs.exit_code``) and counted as ending then. When this thread looks late, it may see
     several ranks end in the same instant, and then it cannot tell which one came first
     (:meth:`failed_first`). Ranks on other hosts cannot connect and are not seen. A
     connection from any other process (checked with the kernel's peer credentials) is closed
@@ -202,7 +198,7 @@ class _RankWatch(threading.Thread):
         now = time.time()
         for other, peer in list(self._alive.items()):
             if other not in self.ends:
-                code = _exit_code(*peer)
+                code = procfs.exit_code(*peer)
                 if code is not None:
                     self.ends[other] = (code, now, "exit")
                     self.exited.add(other)

@@ -296,10 +296,7 @@ class ProcessContext:
     def _own_code(self, rank: int) -> Optional[int]:
         """The non-zero code rank ``rank`` was seen exiting with by itself (not by a signal),
         else None."""
-        status = self._status.get(rank)
-        if status is None or status & 0x7F:
-            return None
-        return status >> 8 or None
+        return procfs.own_code(self._status.get(rank))
 
     def pids(self) -> List[Optional[int]]:
         """The ranks' process ids, by rank (waits until every rank has started or the job ended;
