@@ -696,6 +696,11 @@ def _agreed_before_setup(h: Any, s: int) -> None:
     tok = h.fp_tok
     if tok is not None and tok[0] == s:
         h.fp_node.settle(tok, h)  # raises CollectiveMismatchError where a member differs
+    if h.tiny is not None:
+        # every member makes call s alike: where none gets the engine, those that learn it
+        # first may post call s on the small calls' board while a slower one still waits in
+        # the last exchange, whose watchdog must not take their posts for a mismatch
+        h.tiny.settled = s
 
 
 def _make_segment(size: int) -> "tuple[Optional[int], Optional[str]]":

@@ -313,6 +313,9 @@ class Board:
         # slowest member's: what chose ``c.nt_min`` (None: not timed, ranks outnumber cores)
         self.copy_times: Optional[tuple] = None
         self.posting = 0  # the call whose entry this member waits to write (_Room)
+        # a call every member agreed on while making the engine (shm_coll._setup): where
+        # the engine could not be made, the peers that left first may post it here
+        self.settled = 0
         # whether broadcasts of every size come here, else those of BCAST_CROWDED bytes and
         # more only: where ranks outnumber cores (set with the cache)
         self.bcast = True
@@ -364,7 +367,7 @@ class Board:
         """The watchdog's slow tick, while this member waits in call ``s`` on another path:
         a member that posted call ``s`` here made it otherwise (a mismatch)."""
         c = self.c
-        if c is None or self.posting == s or self.g.debug:
+        if c is None or s == self.posting or s == self.settled or self.g.debug:
             return  # (debug mode: its check, which waits before the data, says it better)
         r = c.peek(s)
         if r >= 0:
