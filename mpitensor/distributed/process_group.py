@@ -149,7 +149,8 @@ class Work:
         g = self._group
         if g is not None:
             op, seq, kind, peer, tag = self._info or ("operation", 0, "coll", None, None)
-            _watchdog.wait(g.health, self._request, op, seq, kind, self._status, timeout, peer, tag)
+            _watchdog.wait(g.health, self._request, op, seq, kind, self._status, timeout, peer, tag,
+                           nbytes=_watchdog.bytes_of(self._keep))
             return
         if timeout is None:
             self._request.Wait(self._status)

@@ -37,9 +37,14 @@ def _check(wall: float, cpu: float, what: str) -> None:
 
 
 @pytest.mark.mpi(min_size=2)
-def test_collective_wait_sleeps():
+@pytest.mark.parametrize("count", [4, 1 << 20])
+def test_collective_wait_sleeps(count):
+    """Also for a call of 8 MiB, whose wait yields for its first 34 ms (its bytes at
+    backoff.TRANSFER_RATE) and sleeps after that as any other (the path's first call,
+    which may make the shared-memory engine and time it, comes before)."""
     n, r = dist.get_world_size(), dist.get_rank()
-    t = np.full(4, r + 1.0)
+    t = np.full(count, r + 1.0)
+    dist.all_reduce(np.zeros(count))
     dist.barrier()
 
     def call():
@@ -91,6 +96,84 @@ def test_backoff_schedule(monkeypatch):
     assert calls == [("yield", 0.0), ("sleep", pytest.approx(0.010 * _backoff._SLEEP_FRACTION)),
                      ("sleep", _backoff._SLEEP_MAX_S), ("yield", 0.0), ("yield", 0.0),
                      ("sleep", _backoff._SLEEP_MAX_S)]
+
+
+def test_a_large_call_yields_while_its_bytes_can_still_be_moving(monkeypatch):
+    """A wait for a call of b bytes yields (MPI's schedule moves only while its ranks poll)
+    until b / TRANSFER_RATE, where that is past the 2 ms of every wait, then sleeps as any
+    wait does, the ramp counted from the wait's start."""
+    calls = []
+    monkeypatch.setattr(_backoff, "_yield", lambda: calls.append(("yield", 0.0)))
+    monkeypatch.setattr(_backoff, "_sleep", lambda s: calls.append(("sleep", s)))
+    nbytes = 8 << 20
+    window = nbytes / _backoff.TRANSFER_RATE
+    assert window > _backoff._YIELD_S
+    b = _backoff.Backoff(0.0, nbytes=nbytes)
+    b.pause(0.003, 1e-6)  # past 2 ms: a small call's wait would sleep here
+    b.pause(window * 0.99, 1e-6)
+    b.pause(window * 1.01, 1e-6)
+    assert calls == [("yield", 0.0), ("yield", 0.0),
+                     ("sleep", pytest.approx(min(_backoff._SLEEP_MAX_S,
+                                                 window * 1.01 * _backoff._SLEEP_FRACTION)))]
+    calls.clear()
+    small = _backoff.Backoff(0.0, nbytes=4096)  # under 2 ms' worth: the usual schedule
+    small.pause(0.003, 1e-6)
+    assert calls == [("sleep", pytest.approx(0.003 * _backoff._SLEEP_FRACTION))]
+    passive = _backoff.Backoff(0.0, passive=True, nbytes=nbytes)  # shared-memory arrivals
+    calls.clear()
+    passive.pause(1e-4, 1e-6)
+    assert calls[0][0] == "sleep"
+
+
+def test_bytes_of_a_calls_buffers():
+    W = _watchdog
+    a, b = np.zeros(10, np.float32), np.zeros(3, np.float64)
+    assert W.bytes_of(a) == 40 and W.bytes_of(memoryview(b)) == 24
+    assert W.bytes_of((a, b)) == 40 and W.bytes_of([b, a]) == 40
+    assert W.bytes_of(None) == 0 and W.bytes_of(()) == 0 and W.bytes_of(("x", 3)) == 0
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_paths_tell_the_wait_their_calls_bytes(monkeypatch):
+    """Every blocking path on MPI's calls and a Work's wait hand the call's bytes to the
+    backoff: rank 0 comes late, so the others' waits reach it. (A group with the
+    shared-memory collectives off: their waits read flags, which the bytes do not concern.)"""
+    seen, got = [], []
+
+    class Recording(_backoff.Backoff):
+        def __init__(self, t0, passive=False, nbytes=0, moves=True):
+            seen.append(nbytes)
+            super().__init__(t0, passive, nbytes, moves)
+
+    monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", "off")
+    g = dist.new_group(list(range(dist.get_world_size())))
+    monkeypatch.setattr(_watchdog, "Backoff", Recording)
+    n, r = dist.get_world_size(), dist.get_rank()
+
+    def late(what, call, expect):
+        dist.barrier(group=g)
+        seen.clear()
+        if r == 0:
+            time.sleep(0.05)
+        call()
+        if r != 0:
+            got.append((what, max(seen, default=None), expect))
+
+    x = np.ones(1 << 18, np.float32)  # 1 MiB
+    late("all_reduce", lambda: dist.all_reduce(x, group=g), x.nbytes)
+    late("async", lambda: dist.all_reduce(x, group=g, async_op=True).wait(), x.nbytes)
+    xs = np.ones(1 << 19, np.float32)[::2]  # not contiguous: the general path
+    late("general", lambda: dist.all_reduce(xs, group=g), xs.nbytes)
+    out = np.empty(n * x.size, np.float32)
+    late("all_gather", lambda: dist.all_gather_into_tensor(out, x, group=g), out.nbytes)
+    y = np.empty_like(x)
+    late("send/recv", lambda: (dist.send(x, 1) if r == 0 else
+                               dist.recv(y, 0) if r == 1 else None), x.nbytes)
+    if r > 1:
+        got.pop()  # (no part in the send)
+    dist.destroy_process_group(g)
+    assert (x == n ** 2).all() and (xs == n).all() and (out == n ** 2).all()
+    assert r == 0 or all(seen_ == expect for _, seen_, expect in got), got
 
 
 def test_spin_is_skipped_only_where_ranks_outnumber_their_cpus():

@@ -86,7 +86,8 @@ def notify_seconds(timeout: float) -> float:
 
 def wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str = "coll",
          status: Optional[MPI.Status] = None, timeout: Optional[float] = None,
-         peer: Optional[int] = None, tag: Optional[int] = None, cancel: bool = False) -> None:
+         peer: Optional[int] = None, tag: Optional[int] = None, cancel: bool = False,
+         nbytes: int = 0) -> None:
     """Wait for ``req`` to complete, bounded by ``timeout`` (default: the group's).
 
     Args:
@@ -100,6 +101,8 @@ def wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str = "coll",
         peer: for p2p, the peer's group rank (``None`` for any source).
         tag: for p2p, the tag.
         cancel: on timeout, cancel the request (a blocking receive: the link stays usable).
+        nbytes: the bytes the call moves (its largest buffer; ``bytes_of``): a longer call
+            polls longer before its wait sleeps (:class:`~.backoff.Backoff`).
 
     Raises:
         DistributedTimeoutError: the request did not complete in time.
@@ -111,7 +114,18 @@ def wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str = "coll",
     while _perf() - t0 < spin:
         if req.Test(status):
             return
-    _slow_wait(h, req, op, seq, kind, status, timeout, peer, tag, t0, cancel)
+    _slow_wait(h, req, op, seq, kind, status, timeout, peer, tag, t0, cancel, nbytes)
+
+
+def bytes_of(keep: Any) -> int:
+    """The bytes of a call's buffers (an array or memoryview, or a tuple or list of them; its
+    largest), for :func:`wait`'s ``nbytes``; 0 for anything else."""
+    n = getattr(keep, "nbytes", None)
+    if n is not None:
+        return int(n)
+    if type(keep) is tuple or type(keep) is list:
+        return max((int(getattr(k, "nbytes", 0) or 0) for k in keep), default=0)
+    return 0
 
 
 #: tests of a request between two yields of the bounded wait's first millisecond
@@ -128,7 +142,7 @@ def _tests(test: Any, status: Any) -> bool:
 
 def _slow_wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str, status: Any,
                timeout: Optional[float], peer: Optional[int], tag: Optional[int],
-               t0: float, cancel: bool = False) -> None:
+               t0: float, cancel: bool = False, nbytes: int = 0) -> None:
     limit = h.timeout if timeout is None else float(timeout)
     warn_at = stall_warn_seconds(h.timeout)
     notify_at = notify_seconds(limit) if math.isfinite(limit) else 1.0
@@ -138,7 +152,9 @@ def _slow_wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str, status: A
     test = req.Test
     next_check = t0 + min(_CHECK_EVERY_S, limit)
     passive = getattr(req, "passive", False)
-    backoff = Backoff(t0, passive)
+    # a request whose Test moves no data says so (moves_data = False): a slow Test there
+    # earns no window of yielding (Backoff)
+    backoff = Backoff(t0, passive, nbytes, getattr(req, "moves_data", True))
     # a request may look at its peers before each round of checks (shm_pipe: whether their
     # processes live), which MPI's own calls must not be the first to find out
     before_check = getattr(req, "before_check", None)

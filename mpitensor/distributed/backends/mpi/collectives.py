@@ -178,14 +178,15 @@ class Collectives(_pers.SmallCalls):
             return Work(self._fp_async(req, s), None, tensors, keep=keep, group=self,
                         describe=lambda: f"rank {self.global_rank}: {op} (#{s} on {self.name})",
                         info=(op, s, "coll", None, None))
-        self._fast_wait(h, req, op, s)
+        self._fast_wait(h, req, op, s, keep)
         return None
 
-    def _fast_wait(self, h: Any, req: Any, op: str, s: int) -> None:
-        """Wait (bounded) for blocking call ``s``'s request, then settle its agreement check."""
+    def _fast_wait(self, h: Any, req: Any, op: str, s: int, keep: Any = None) -> None:
+        """Wait (bounded) for blocking call ``s``'s request (``keep``: its buffers, whose size
+        sets how long the wait polls before it sleeps), then settle its agreement check."""
         try:
             if not req.Test():
-                _wait(h, req, op, s)
+                _wait(h, req, op, s, nbytes=W.bytes_of(keep))
         except MPI.Exception as exc:
             raise self._fast_failed(exc, op, s) from exc
         if h.fp_tok is not None:

@@ -164,7 +164,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
                         keep=keep, group=self, info=(op, s, "coll", None, None))
         try:
             if not req.Test():
-                _wait(h, req, op, s)
+                _wait(h, req, op, s, nbytes=W.bytes_of(keep))
         except MPI.Exception as exc:
             self._fp_failed(exc, op, s)
             raise self._mpi_error(where, exc) from exc

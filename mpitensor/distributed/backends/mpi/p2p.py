@@ -88,7 +88,8 @@ class PointToPoint:
                 return Work(req, None, [tensor], keep=arr, describe=self._describe_p2p("isend"),
                             group=self, info=("isend", s, "p2p", dst, tag))
             if not req.Test():
-                _wait(self.health, req, "send", s, "p2p", None, None, dst, tag)
+                _wait(self.health, req, "send", s, "p2p", None, None, dst, tag,
+                      nbytes=arr.nbytes)
             return None
         return self._send(tensor, dst, tag, group_dst, async_op)
 
@@ -152,7 +153,8 @@ class PointToPoint:
                 try:
                     req = self.comm.Irecv([arr, mt], src, tag)
                     if not req.Test(status):
-                        _wait(self.health, req, "recv", s, "p2p", status, None, src, tag, True)
+                        _wait(self.health, req, "recv", s, "p2p", status, None, src, tag, True,
+                              arr.nbytes)
                 except MPI.Exception as exc:
                     where = f"rank {self.global_rank}: recv (p2p #{s} on {self.name})"
                     raise self._recv_error(where, status, arr.nbytes, B.describe(arr),

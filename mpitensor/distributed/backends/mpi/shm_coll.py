@@ -279,6 +279,7 @@ class _Entered:
     (``Engine.check_alive``)."""
 
     __slots__ = ("eng", "s")
+    moves_data = False  # its Test reads flags: the watchdog's Backoff
 
     def __init__(self, eng: Engine, s: int) -> None:
         self.eng, self.s = eng, s

@@ -99,6 +99,7 @@ class _Steps:
     ``w``, as an MPI request (``Test``); it looks whether the members are alive now and then."""
 
     __slots__ = ("eng", "w", "t", "ranks", "look")
+    moves_data = False  # its Test reads flags (and peers' /proc): watchdog's Backoff
 
     def __init__(self, eng: "Engine", w: int, t: int, ranks: Sequence[int]) -> None:
         self.eng, self.w, self.t, self.ranks = eng, w, t, ranks
