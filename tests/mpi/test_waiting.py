@@ -131,6 +131,8 @@ def test_bytes_of_a_calls_buffers():
     assert W.bytes_of(a) == 40 and W.bytes_of(memoryview(b)) == 24
     assert W.bytes_of((a, b)) == 40 and W.bytes_of([b, a]) == 40
     assert W.bytes_of(None) == 0 and W.bytes_of(()) == 0 and W.bytes_of(("x", 3)) == 0
+    assert W.bytes_of(([a, "spec"], None)) == 40  # (an isend's: its spec and header)
+    assert W.bytes_of([[[a]]]) == 0  # (no deeper)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -169,8 +171,13 @@ def test_the_paths_tell_the_wait_their_calls_bytes(monkeypatch):
     y = np.empty_like(x)
     late("send/recv", lambda: (dist.send(x, 1) if r == 0 else
                                dist.recv(y, 0) if r == 1 else None), x.nbytes)
+    late("irecv", lambda: (dist.send(x, 1) if r == 0 else
+                           dist.irecv(y, 0).wait() if r == 1 else None), x.nbytes)
+    z = mt.zeros(1 << 18)[::2]  # not contiguous: irecv's general path
+    late("irecv, staged", lambda: (dist.send(np.ones(1 << 17, np.float32), 1) if r == 0 else
+                                   dist.irecv(z, 0).wait() if r == 1 else None), z.nbytes)
     if r > 1:
-        got.pop()  # (no part in the send)
+        del got[-3:]  # (no part in the messages)
     dist.destroy_process_group(g)
     assert (x == n ** 2).all() and (xs == n).all() and (out == n ** 2).all()
     assert r == 0 or all(seen_ == expect for _, seen_, expect in got), got

@@ -117,14 +117,15 @@ def wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str = "coll",
     _slow_wait(h, req, op, seq, kind, status, timeout, peer, tag, t0, cancel, nbytes)
 
 
-def bytes_of(keep: Any) -> int:
-    """The bytes of a call's buffers (an array or memoryview, or a tuple or list of them; its
-    largest), for :func:`wait`'s ``nbytes``; 0 for anything else."""
+def bytes_of(keep: Any, depth: int = 2) -> int:
+    """The bytes of a call's buffers (an array or memoryview, or tuples or lists of them, two
+    deep: ``([buf, MPI.BYTE], header)``; its largest), for :func:`wait`'s ``nbytes``; 0 for
+    anything else."""
     n = getattr(keep, "nbytes", None)
     if n is not None:
         return int(n)
-    if type(keep) is tuple or type(keep) is list:
-        return max((int(getattr(k, "nbytes", 0) or 0) for k in keep), default=0)
+    if depth and (type(keep) is tuple or type(keep) is list):
+        return max((bytes_of(k, depth - 1) for k in keep), default=0)
     return 0
 
 

@@ -144,26 +144,53 @@ class PointToPoint:
 
     def recv(self, tensor: Any, src: Optional[int] = None, tag: int = 0,
              group_src: Optional[int] = None, async_op: bool = False) -> Any:
-        if not async_op:
-            arr = tensor._data if type(tensor) is Tensor else tensor
-            mt = self._p2p_fast(arr, src, tag, group_src)
-            if mt is not None and arr.flags.writeable:
-                status = MPI.Status()
-                s = self.p2p_seq = self.p2p_seq + 1
-                try:
-                    req = self.comm.Irecv([arr, mt], src, tag)
-                    if not req.Test(status):
-                        _wait(self.health, req, "recv", s, "p2p", status, None, src, tag, True,
-                              arr.nbytes)
-                except MPI.Exception as exc:
-                    where = f"rank {self.global_rank}: recv (p2p #{s} on {self.name})"
-                    raise self._recv_error(where, status, arr.nbytes, B.describe(arr),
-                                           exc) from exc
-                if status.Get_count(MPI.BYTE) != arr.nbytes:
-                    raise self._short(f"rank {self.global_rank}: recv (p2p #{s} on "
-                                      f"{self.name})", status, arr.nbytes, B.describe(arr))
-                return status.Get_source()
+        arr = tensor._data if type(tensor) is Tensor else tensor
+        mt = self._p2p_fast(arr, src, tag, group_src)
+        if mt is not None and arr.flags.writeable:
+            if async_op:
+                return self._irecv_fast(tensor, arr, mt, src, tag)
+            status = MPI.Status()
+            s = self.p2p_seq = self.p2p_seq + 1
+            try:
+                req = self.comm.Irecv([arr, mt], src, tag)
+                if not req.Test(status):
+                    _wait(self.health, req, "recv", s, "p2p", status, None, src, tag, True,
+                          arr.nbytes)
+            except MPI.Exception as exc:
+                where = f"rank {self.global_rank}: recv (p2p #{s} on {self.name})"
+                raise self._recv_error(where, status, arr.nbytes, B.describe(arr),
+                                       exc) from exc
+            if status.Get_count(MPI.BYTE) != arr.nbytes:
+                raise self._short(f"rank {self.global_rank}: recv (p2p #{s} on "
+                                  f"{self.name})", status, arr.nbytes, B.describe(arr))
+            return status.Get_source()
         return self._recv(tensor, src, tag, group_src, async_op)
+
+    def _irecv_fast(self, tensor: Any, arr: np.ndarray, mt: Any, src: int, tag: int) -> Work:
+        """``irecv`` where ``_p2p_fast`` allows: the general path's checks were 10 µs a call
+        (against MPI's 1.5), which a window of 1-4 MiB messages paid in full, each receive's
+        copy starting only once it is posted (0.85x raw mpi4py's bandwidth); its texts are
+        built only where the receive fails or comes short."""
+        status = MPI.Status()
+        s = self.p2p_seq = self.p2p_seq + 1
+        where = self._describe_p2p("irecv")
+        try:
+            req = self.comm.Irecv([arr, mt], src, tag)
+        except MPI.Exception as exc:
+            raise self._recv_error(where(), status, arr.nbytes, B.describe(arr), exc) from exc
+        work = _RecvWork(req, None, [tensor], describe=where, keep=arr, status=status,
+                         group=self, info=("irecv", s, "p2p", src, tag))
+        nbytes = arr.nbytes
+
+        def short() -> Optional[BaseException]:
+            if status.Get_count(_BYTE) == nbytes:
+                return None
+            return self._short(where(), status, nbytes, B.describe(arr))
+
+        work._translate = lambda exc: self._recv_error(where(), status, nbytes,
+                                                       B.describe(arr), exc)
+        work._ranks, work._check, work._short = self.ranks, None, short
+        return work
 
     def _recv(self, tensor: Any, src: Optional[int], tag: int, group_src: Optional[int],
               async_op: bool) -> Any:
