@@ -8,6 +8,7 @@ on every rank, never in a wrong number or a hang.
 from __future__ import annotations
 
 import glob
+import time
 
 import numpy as np
 import pytest
@@ -219,6 +220,27 @@ def test_a_dtype_mismatch_raises_on_every_rank():
     x = np.ones(4, np.float32 if me == 0 else np.int32)
     with pytest.raises(CollectiveMismatchError, match="dtype"):
         dist.all_reduce(x, group=g)
+    with pytest.raises(PeerFailedError, match="unusable"):
+        dist.all_reduce(np.ones(1), group=g)
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_dtype_mismatch_is_named_while_a_member_is_late():
+    """As above, rank 1 posting 0.3 s late: rank 0, whose reading of the entries in rank order
+    stops at rank 1's, still names the mismatch it can see in rank 2's entry, not the
+    PeerFailedError of rank 2's notice (rank 2 saw it first). Seen in a CI run at 4 ranks on
+    2 cores; rank 1 gets the mismatch too, or the broken group where it reads the notice first."""
+    n, me = world()
+    g = board_group("dtype_late")
+    x = np.ones(4, np.float32 if me == 0 else np.int32)
+    if me == 1:
+        time.sleep(0.3)
+        with pytest.raises((CollectiveMismatchError, PeerFailedError)):
+            dist.all_reduce(x, group=g)
+    else:
+        with pytest.raises(CollectiveMismatchError, match="dtype"):
+            dist.all_reduce(x, group=g)
     with pytest.raises(PeerFailedError, match="unusable"):
         dist.all_reduce(np.ones(1), group=g)
     dist.destroy_process_group(g)

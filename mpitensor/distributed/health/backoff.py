@@ -41,13 +41,16 @@ class Backoff:
     multi-round MPI schedule moves only while its ranks poll. Measured on 4 ranks of 2 cores,
     an MPI ``Iallreduce`` of 8-16 MiB waited for with sleeps from 2 ms on took 1.2-1.3x as
     long as one waited for with a plain yield loop; sleeping from ``nbytes / 1 GB/s`` on, as
-    long as the yield loop, within the run's noise. A wait that outlasts its window (a late
-    peer) sleeps as before.
+    long as the yield loop, within the run's noise. The rate is a quarter of that: in this
+    machine's slow phases a 2 MiB ``Iallreduce`` there took 2.2-2.6 ms (0.8-0.9 GB/s), and
+    reached the sleeps again at 1 GB/s. A wait that outlasts its window (a late peer) sleeps
+    as before: 4 ms a MiB of yielding, at most, then a few per cent of a core.
 
     ``moves=False``: the request's ``Test`` moves no data (it reads flags in shared memory,
     and now and then a peer's ``/proc`` entry, 25 µs): a slow one earns no window. Counted
     as data moved, those looks kept a rank waiting 1 s for a late peer in the shared-memory
-    engine yielding a fifth of the time (0.21 s of CPU, against 0.03 s on MPI's path).
+    engine yielding a fifth of the time: 0.21 s of CPU, against 0.05-0.09 s on MPI's path
+    the same day, and 0.05-0.08 s now.
     """
 
     __slots__ = ("t0", "yield_until", "busy")

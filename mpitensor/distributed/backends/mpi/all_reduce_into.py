@@ -45,6 +45,9 @@ def relation(out: Any, inp: Any) -> Optional[str]:
     """How ``out``'s memory meets ``inp``'s: SAME (the same elements, laid out alike), APART
     (no element in common), PARTIAL (anything else); None where either is not an array (the
     checks say what is wrong)."""
+    if type(out) is np.ndarray and type(inp) is np.ndarray and out is not inp and (
+            not np.may_share_memory(out, inp)):
+        return APART  # (the usual case, in 0.3 µs: the general test below takes 3)
     if not (hasattr(out, "__array_interface__") or hasattr(out, "__cuda_array_interface__")):
         return None
     if not (hasattr(inp, "__array_interface__") or hasattr(inp, "__cuda_array_interface__")):
