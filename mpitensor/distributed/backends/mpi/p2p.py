@@ -169,27 +169,20 @@ class PointToPoint:
     def _irecv_fast(self, tensor: Any, arr: np.ndarray, mt: Any, src: int, tag: int) -> Work:
         """``irecv`` where ``_p2p_fast`` allows: the general path's checks were 10 µs a call
         (against MPI's 1.5), which a window of 1-4 MiB messages paid in full, each receive's
-        copy starting only once it is posted (0.85x raw mpi4py's bandwidth); its texts are
-        built only where the receive fails or comes short."""
-        status = MPI.Status()
+        copy starting only once it is posted (0.85x raw mpi4py's bandwidth). Its failures and
+        short messages are explained as the general path's (``_ReceiveCheck``)."""
+        where = self.where("irecv", p2p=True)
         s = self.p2p_seq = self.p2p_seq + 1
-        where = self._describe_p2p("irecv")
+        status = MPI.Status()
+        recv = _ReceiveCheck(self, where, "irecv", s, tag, status, arr, arr.nbytes)
         try:
             req = self.comm.Irecv([arr, mt], src, tag)
         except MPI.Exception as exc:
-            raise self._recv_error(where(), status, arr.nbytes, B.describe(arr), exc) from exc
-        work = _RecvWork(req, None, [tensor], describe=where, keep=arr, status=status,
+            raise recv.translate(exc) from exc
+        work = _RecvWork(req, None, [tensor], describe=lambda: where, keep=arr, status=status,
                          group=self, info=("irecv", s, "p2p", src, tag))
-        nbytes = arr.nbytes
-
-        def short() -> Optional[BaseException]:
-            if status.Get_count(_BYTE) == nbytes:
-                return None
-            return self._short(where(), status, nbytes, B.describe(arr))
-
-        work._translate = lambda exc: self._recv_error(where(), status, nbytes,
-                                                       B.describe(arr), exc)
-        work._ranks, work._check, work._short = self.ranks, None, short
+        work._translate, work._short = recv.translate, recv.short
+        work._ranks, work._check = self.ranks, None
         return work
 
     def _recv(self, tensor: Any, src: Optional[int], tag: int, group_src: Optional[int],
@@ -343,8 +336,12 @@ class _ReceiveCheck:
                  arr: Any, nbytes: int) -> None:
         self.g, self.where, self.op, self.seq, self.tag = g, where, op, seq, tag
         self.status, self.arr, self.nbytes = status, arr, nbytes
-        self.desc = B.describe(arr)
         self.debug = g.debug  # as when the receive was posted
+
+    @property
+    def desc(self) -> str:
+        """The buffer as error texts name it (built only for one: 3 µs a receive)."""
+        return B.describe(self.arr)
 
     def check(self, exc: Optional[BaseException]) -> Optional[BaseException]:
         """Debug mode: compare the sender's header with this buffer; answer the sender."""
