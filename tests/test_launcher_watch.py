@@ -10,6 +10,7 @@ really failed. The launch runs in its own session with a hard timeout and leaves
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -203,6 +204,60 @@ def test_a_silent_exit_is_given_its_code(tmp_path: Path) -> None:
     assert watch.failed_first() == [0, 1]
 
 
+# A rank whose connection outlives it: a child keeps a copy, as a dying rank's last thread,
+# still waiting for a core, keeps its descriptors open after the kernel has set its status.
+HELD_RANK = """\
+import os, signal, socket, subprocess, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\\0" + sys.argv[1])
+s.sendall(f"rank {sys.argv[2]}\\n".encode())
+keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                          pass_fds=[s.fileno()])
+print(keeper.pid, flush=True)
+sys.stdin.readline()  # the test's go
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_rank_dying_before_its_connection_closes_is_not_left_out(tmp_path: Path) -> None:
+    """Rank 1 SIGKILLs itself, but its connection stays open (the fresh-clone CI once saw
+    this: its last thread waited for a core); then mpiexec's cleanup SIGKILLs rank 0, whose
+    connection closes first. Rank 1's status is in /proc all along: the watch must count it
+    as ending in the same look, so that rank 0, the cleanup's victim, is never named alone."""
+    watch = _run._RankWatch(2)
+    watch.start()
+    held = subprocess.Popen([sys.executable, "-c", HELD_RANK, watch.address, "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    ranks = [_silent_rank(watch.address, 0, "kill"), held]
+    keeper = None
+    try:
+        keeper = int(held.stdout.readline())
+        deadline = time.monotonic() + 30
+        while watch.connected != {0, 1}:
+            assert time.monotonic() < deadline, watch.connected
+            time.sleep(0.01)
+        held.stdin.write("go\n")
+        held.stdin.flush()
+        while procfs.stat(held.pid)[:1] != [b"Z"]:  # dead, unreaped, its socket still open
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert watch.batches == []
+        ranks[0].stdin.write("go\n")
+        ranks[0].stdin.flush()
+        while not watch.batches:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        if keeper is not None:
+            os.kill(keeper, 9)
+        for p in ranks:
+            p.kill()
+            p.wait(timeout=30)
+        watch.stop()
+    assert watch.batches[0] == [0, 1] and watch.ends == {} and watch.exited == set()
+    assert watch.failed_first() == [0, 1]  # "one of ranks 0, 1 (the same instant)"
+
+
 def test_exit_codes_from_proc() -> None:
     """Only a process exiting by itself with a non-zero code has one; a live process, a
     number whose start time is another's, or a process gone, has none."""
@@ -280,3 +335,48 @@ def test_spawn_names_the_rank_that_exited_by_itself(tmp_path: Path) -> None:
             p.wait(timeout=30)
     assert not ctx._look(1)  # reaped: nothing to read, nothing guessed
     ctx._finish()
+
+
+def test_spawn_counts_a_rank_already_dying_by_a_signal(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mp.spawn``'s watch: rank 0's pidfd wakes while rank 1 is already dying by a signal
+    (its status is in /proc, its last thread not yet gone: the race the fresh-clone CI once
+    lost for ``mpitensor-run``). Rank 1 must join rank 0's look, which then names nobody;
+    rank 0, whose death may be mpiexec's cleanup, must not be named alone.
+
+    A process cannot be held half-dead on demand, so rank 1's status is what the process
+    table is made to say here: SIGKILL's, while it still runs."""
+    from mpitensor.distributed.launch import mpiexec, processes
+
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+                for _ in range(3)]
+    fake_mpiexec, ranks = sleepers[0], sleepers[1:]
+    real = procfs.exit_status
+    monkeypatch.setattr(processes.procfs, "exit_status",
+                        lambda pid, start: 9 if pid == ranks[1].pid else real(pid, start))
+    workdir = tmp_path / "job"
+    workdir.mkdir()
+    for rank, p in enumerate(ranks):
+        (workdir / f"pid.{rank}").write_bytes(pickle.dumps(p.pid))
+    ctx = processes.ProcessContext(fake_mpiexec, str(workdir), 2, None, None, "watch-test",
+                                   False, mpiexec.MPICH)
+    try:
+        deadline = time.monotonic() + 30
+        while len(ctx._pid_of) < 2 or len(ctx._start) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.2)  # registered and watched
+        assert ctx._ended == []
+        ranks[0].kill()
+        while not ctx._ended:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert ctx._ended[0] == ([0, 1], True)
+        assert ctx._culprit(set()) is None
+    finally:
+        ctx._finished = True
+        for p in sleepers:
+            p.kill()
+            p.wait(timeout=30)
+        ctx._watcher.join(timeout=30)
+        ctx._finish()

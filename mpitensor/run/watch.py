@@ -107,13 +107,15 @@ class _RankWatch(threading.Thread):
     main thread called ``os._exit(1)`` had its descriptors closed by its last thread to go,
     which had to wait for a core, while mpiexec had already SIGKILLed the other rank (seen
     in 1 of 40 attempts of two ranks on two busy cores; the killed rank was named, and
-    mpiexec's exit code was that SIGKILL's). So when a connection closes, the ranks still
-    connected are looked up in /proc: one exiting by itself is given its code
-    (``procfs.exit_code``) and counted as ending then. When this thread looks late, it may see
-    several ranks end in the same instant, and then it cannot tell which one came first
-    (:meth:`failed_first`). Ranks on other hosts cannot connect and are not seen. A
-    connection from any other process (checked with the kernel's peer credentials) is closed
-    unread.
+    mpiexec's exit code was that SIGKILL's; and once in a fresh-clone CI run a rank that
+    SIGKILLed itself was seen to end after mpiexec's SIGKILL of the other). So when a
+    connection closes, the ranks still connected are looked up in /proc, where a dying
+    process's status shows before its descriptors close: any found exiting is counted as
+    ending then, one exiting by itself with its code (``procfs.own_code``). When this thread
+    looks late, it may see several ranks end in the same instant, and then it cannot tell
+    which one came first (:meth:`failed_first`). Ranks on other hosts cannot connect and are
+    not seen. A connection from any other process (checked with the kernel's peer
+    credentials) is closed unread.
     """
 
     def __init__(self, nprocs: Optional[int]) -> None:
@@ -193,15 +195,21 @@ class _RankWatch(threading.Thread):
 
     def _gone(self, rank: int, batch: List[int]) -> None:
         """Rank ``rank``'s connection closed: it ended. Any rank still connected that is
-        exiting by itself with a code (``os._exit``, which says nothing) is given that code
-        and counted as ending now too: it may have begun to exit first (see the class doc)."""
+        already exiting is counted as ending now too: it may have begun to exit first (see
+        the class doc). One exiting by itself with a code (``os._exit``, which says nothing)
+        is given that code; one dying by a signal stays silent, and the look then names no
+        rank alone unless another said or showed its own code (:meth:`failed_first`)."""
         now = time.time()
         for other, peer in list(self._alive.items()):
             if other not in self.ends:
-                code = procfs.exit_code(*peer)
+                status = procfs.exit_status(*peer)
+                if not status:
+                    continue  # running (0), or reaped already (None): its close says when
+                code = procfs.own_code(status)
                 if code is not None:
                     self.ends[other] = (code, now, "exit")
                     self.exited.add(other)
+                if other != rank:
                     batch.append(other)
         self._alive.pop(rank, None)
         batch.append(rank)

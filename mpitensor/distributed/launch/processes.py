@@ -256,14 +256,15 @@ class ProcessContext:
                     register(ended)
                     for rank in ended:
                         self._look(rank)
-                    # exiting by itself, not yet seen to end (a rank dying by a signal now is
-                    # taken for mpiexec's cleanup, and ends in a later look)
+                    # exiting already, not yet seen to end: it may have begun first (a rank's
+                    # status shows in /proc before its last thread is done), so it joins this
+                    # look; _culprit then names one only if its code is its own
                     for fd, rank in list(fds.items()):
-                        if self._look(rank) and self._own_code(rank) is not None:
+                        if self._look(rank):
                             ended.append(fds.pop(fd))
                             os.close(fd)
                     for rank in list(polled):
-                        if self._look(rank) and self._own_code(rank) is not None:
+                        if self._look(rank):
                             ended.append(rank)
                             del polled[rank]
                     with self._lock:
@@ -283,7 +284,7 @@ class ProcessContext:
         for a core: a rank that called ``os._exit(1)`` had already closed its descriptors,
         and mpiexec had SIGKILLed the other rank, whose pidfd woke first. The kernel sets the
         exit status before it closes the descriptors, so every rank is looked up when any
-        ends: one found exiting by itself ends in the same instant."""
+        ends: one found exiting (by itself or by a signal) ends in the same instant."""
         pid, start = self._pid_of.get(rank), self._start.get(rank)
         if pid is None or start is None:
             return False
