@@ -20,8 +20,9 @@
  * the result is computed from the entries in rank order (so every member gets the same bits)
  * and "done" goes to s. A member whose entry holds another call while its header is past s made
  * call s another way (a mismatch), as does one whose words differ: take answers -1 - rank
- * before any data is read. take spins at most ``spins`` times, then answers 0 (not yet): the
- * caller's bounded wait (timeouts, peers that die) calls it again.
+ * before any data is read, whichever members have not posted yet. take spins at most ``spins``
+ * times, then answers 0 (not yet): the caller's bounded wait (timeouts, peers that die) calls
+ * it again.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -261,23 +262,31 @@ static long do_take(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyO
      * its root reads no data but compares every entry all the same: members that each named
      * themselves the root would otherwise all return at once, each with its own data. */
     int only_root = kind == BCAST && root != self->rank;
-    for (Py_ssize_t r = only_root ? root : 0; r < (only_root ? root + 1 : self->size); r++) {
-        int64_t *e = entry(self, r, s);
-        for (;;) {
+    Py_ssize_t lo = only_root ? root : 0, hi = only_root ? root + 1 : self->size;
+    /* Every pass looks at every member, so that a member whose words differ is named even
+     * while one before it in rank order has not posted yet (its mismatch would otherwise wait
+     * for that one, and the members that saw it first break the group meanwhile: the others
+     * would read only their notice). */
+    for (;;) {
+        Py_ssize_t missing = 0;
+        for (Py_ssize_t r = lo; r < hi; r++) {
+            int64_t *e = entry(self, r, s);
             int64_t t = LOAD(e);
-            if (t == s)
-                break;
-            if (t > s || LOAD(header(self, r)) > s) {
-                if (LOAD(e) == s)  /* posted between the two loads */
-                    break;
-                return -1 - (long)r;
+            if (t != s && (t > s || LOAD(header(self, r)) > s)) {
+                if (LOAD(e) != s)  /* else posted between the two loads */
+                    return -1 - (long)r;
+            } else if (t != s) {
+                missing++;
+                continue;
             }
-            if (spun++ >= spins)
-                return 0;
-            __builtin_ia32_pause();
+            if (e[1] != word || e[2] != nbytes)
+                return -1 - (long)r;
         }
-        if (e[1] != word || e[2] != nbytes)
-            return -1 - (long)r;
+        if (missing == 0)
+            break;
+        if (spun++ >= spins)
+            return 0;
+        __builtin_ia32_pause();
     }
     Py_buffer out = {0};
     if (out_obj != Py_None && PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE) < 0)

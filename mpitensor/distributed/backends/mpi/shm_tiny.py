@@ -393,23 +393,6 @@ class Board:
                 _faults.mark_broken(h, story, tell=False)
                 raise _faults.error(h, story, call.name, s, waiting=True)
 
-    def check_words(self, call: "Call") -> None:
-        """Raise the mismatch where a member that posted ``call`` posted other words, whatever
-        the members not there yet. ``take`` reads the entries in rank order and stops at the
-        first one missing, and a member that saw the mismatch first breaks the group and tells
-        the others: its notice, read on the same tick of a wait, said less (PeerFailedError;
-        seen on 4 ranks of 2 cores, where one member came late)."""
-        c, s, me = self.c, call.s, self.g.rank_
-        if c is None:
-            return
-        only_root = call.kind == BCAST and call.root != me  # (as take: the root's entry only)
-        for r in ((call.root,) if only_root else range(self.g.size_)):
-            if r == me:
-                continue
-            t, word, nbytes, _, _ = c.words(r, s)
-            if t == s and (word != call.word or nbytes != call.nbytes):
-                self._mismatch(call, r)
-
     def _mismatch(self, call: "Call", r: int) -> None:
         t, word, nbytes, posted, _ = self.c.words(r, call.s)
         who = f"rank {self.h.ranks[r]}"
@@ -519,7 +502,6 @@ class Call:
         return b.drain(self, b.c.spins if p[0] is self else SPINS)
 
     def before_check(self) -> None:
-        self.board.check_words(self)  # (before the notices: a mismatch says more)
         self.board.check_alive(self)
 
     def Free(self) -> None:  # noqa: N802 - MPI's request protocol
