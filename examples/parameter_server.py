@@ -21,14 +21,15 @@ With the same seed, batch size per worker and learning rate, this is the computa
 ``mpiexec -n W python examples/train.py`` (DDP on W ranks): same initial weights, same shards,
 same averaged gradients, so the same losses and accuracy. ``--mode async``: the server applies
 each gradient as it arrives, and a worker's next gradient is computed on parameters that may
-have moved meanwhile (stale by up to W - 1 updates); there are W times as many updates, of W
-times smaller batches, so the default learning rate is divided by W (at train.py's 0.03 the
-accuracy after 5 epochs scattered from 93 % to 98 % between runs; at 0.015, 96.5-97.4 %).
+have moved meanwhile (stale by W - 1 updates as a rule, more where a worker falls behind);
+there are W times as many updates, of W times smaller batches, so the default learning rate is
+divided by W (at train.py's 0.03 the accuracy after 5 epochs scattered from 93 % to 98 % between
+runs; at 0.015, 96.5-97.4 %).
 Stale gradients act as extra momentum (an update keeps pushing the way the parameters went
 before it), so async mode's default momentum is 0.7, not 0.9: at 0.9 the first epochs turned
 out very differently from run to run (12 runs of 2 x 31 updates: held-out accuracy 15-67 %
 after the first epoch, and about one run in eight stayed near chance for two epochs); at 0.7
-six runs of 100 steps each ended at 85-88 %, held-out loss 0.45-0.50.
+56 runs of 100 steps each ended at 84-88 %, held-out loss 0.45-0.50 (and one CI run at 70 %).
 The order of the pushes, and so an async run's result, changes from run to run.
 
 The server prints a header, the held-out loss and accuracy before training, one line per
