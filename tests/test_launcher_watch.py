@@ -258,6 +258,59 @@ def test_a_rank_dying_before_its_connection_closes_is_not_left_out(tmp_path: Pat
     assert watch.failed_first() == [0, 1]  # "one of ranks 0, 1 (the same instant)"
 
 
+# A rank that says it raised, then goes at once.
+SAYING_RANK = """\
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\\0" + sys.argv[1])
+s.sendall(f"rank {sys.argv[2]}\\n".encode())
+sys.stdin.readline()  # the test's go
+s.sendall(f"end 1 {time.time():.6f} raised RuntimeError\\n".encode())
+os._exit(1)
+"""
+
+
+def test_a_rank_that_said_it_failed_is_named_beside_one_dying_by_a_signal(
+        tmp_path: Path) -> None:
+    """The rule above is for ranks that went without a word: rank 0 says it raised and goes
+    while rank 1 is already dying by a signal (its connection held open). Rank 0 said so
+    before its connection closed: it is named, as before, and rank 1 joins no look of its."""
+    watch = _run._RankWatch(2)
+    watch.start()
+    held = subprocess.Popen([sys.executable, "-c", HELD_RANK, watch.address, "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    saying = subprocess.Popen([sys.executable, "-c", SAYING_RANK, watch.address, "0"],
+                              stdin=subprocess.PIPE, text=True)
+    keeper = None
+    try:
+        keeper = int(held.stdout.readline())
+        deadline = time.monotonic() + 30
+        while watch.connected != {0, 1}:
+            assert time.monotonic() < deadline, watch.connected
+            time.sleep(0.01)
+        held.stdin.write("go\n")
+        held.stdin.flush()
+        while procfs.stat(held.pid)[:1] != [b"Z"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        saying.stdin.write("go\n")
+        saying.stdin.flush()
+        assert saying.wait(timeout=30) == 1
+        while not any(0 in b for b in watch.batches) or 0 in watch._alive:
+            assert time.monotonic() < deadline, watch.batches
+            time.sleep(0.01)
+    finally:
+        if keeper is not None:
+            os.kill(keeper, 9)
+        for p in (held, saying):
+            p.kill()
+            p.wait(timeout=30)
+        watch.stop()
+    assert watch.ends[0][0] == 1 and watch.ends[0][2] == "raised RuntimeError"
+    assert all(b == [0] for b in watch.batches[:2] if 0 in b), watch.batches
+    assert watch.failed_first() == [0]
+
+
 def test_exit_codes_from_proc() -> None:
     """Only a process exiting by itself with a non-zero code has one; a live process, a
     number whose start time is another's, or a process gone, has none."""

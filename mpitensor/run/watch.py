@@ -195,11 +195,13 @@ class _RankWatch(threading.Thread):
 
     def _gone(self, rank: int, batch: List[int]) -> None:
         """Rank ``rank``'s connection closed: it ended. Any rank still connected that is
-        already exiting is counted as ending now too: it may have begun to exit first (see
-        the class doc). One exiting by itself with a code (``os._exit``, which says nothing)
-        is given that code; one dying by a signal stays silent, and the look then names no
-        rank alone unless another said or showed its own code (:meth:`failed_first`)."""
+        exiting by itself with a code (``os._exit``, which says nothing) is given that code
+        and counted as ending now too: it may have begun to exit first (see the class doc).
+        Where ``rank`` itself went without a word, so does one found dying by a signal: it
+        may have been killed first, and the look then names neither alone
+        (:meth:`failed_first`). A rank that said how it ends was heard before this look."""
         now = time.time()
+        said = rank in self.ends
         for other, peer in list(self._alive.items()):
             if other not in self.ends:
                 status = procfs.exit_status(*peer)
@@ -209,7 +211,7 @@ class _RankWatch(threading.Thread):
                 if code is not None:
                     self.ends[other] = (code, now, "exit")
                     self.exited.add(other)
-                if other != rank:
+                if other != rank and (code is not None or not said):
                     batch.append(other)
         self._alive.pop(rank, None)
         batch.append(rank)
