@@ -9,6 +9,7 @@ really failed. The launch runs in its own session with a hard timeout and leaves
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
 
@@ -219,16 +220,17 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_a_rank_dying_before_its_connection_closes_is_not_left_out(tmp_path: Path) -> None:
-    """Rank 1 SIGKILLs itself, but its connection stays open (the fresh-clone CI once saw
-    this: its last thread waited for a core); then mpiexec's cleanup SIGKILLs rank 0, whose
-    connection closes first. Rank 1's status is in /proc all along: the watch must count it
-    as ending in the same look, so that rank 0, the cleanup's victim, is never named alone."""
+@contextlib.contextmanager
+def _beside_a_held_rank(other: str) -> Iterator[Tuple[Any, subprocess.Popen]]:
+    """A watch with rank 1 (:data:`HELD_RANK`) dead by SIGKILL, unreaped, its connection
+    still open, and rank 0 run from ``other`` (argv: the watch, the rank, and ``kill`` for
+    :data:`SILENT_RANK`), connected and waiting for its go; the watch stopped after."""
     watch = _run._RankWatch(2)
     watch.start()
     held = subprocess.Popen([sys.executable, "-c", HELD_RANK, watch.address, "1"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    ranks = [_silent_rank(watch.address, 0, "kill"), held]
+    rank0 = subprocess.Popen([sys.executable, "-c", other, watch.address, "0", "kill"],
+                             stdin=subprocess.PIPE, text=True)
     keeper = None
     try:
         keeper = int(held.stdout.readline())
@@ -242,18 +244,32 @@ def test_a_rank_dying_before_its_connection_closes_is_not_left_out(tmp_path: Pat
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert watch.batches == []
-        ranks[0].stdin.write("go\n")
-        ranks[0].stdin.flush()
-        while not watch.batches:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        yield watch, rank0
     finally:
         if keeper is not None:
             os.kill(keeper, 9)
-        for p in ranks:
+        for p in (held, rank0):
             p.kill()
             p.wait(timeout=30)
         watch.stop()
+
+
+def _until(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_rank_dying_before_its_connection_closes_is_not_left_out(tmp_path: Path) -> None:
+    """Rank 1 SIGKILLs itself, but its connection stays open (the fresh-clone CI once saw
+    this: its last thread waited for a core); then mpiexec's cleanup SIGKILLs rank 0, whose
+    connection closes first. Rank 1's status is in /proc all along: the watch must count it
+    as ending in the same look, so that rank 0, the cleanup's victim, is never named alone."""
+    with _beside_a_held_rank(SILENT_RANK) as (watch, rank0):
+        rank0.stdin.write("go\n")
+        rank0.stdin.flush()
+        _until(lambda: bool(watch.batches))
     assert watch.batches[0] == [0, 1] and watch.ends == {} and watch.exited == set()
     assert watch.failed_first() == [0, 1]  # "one of ranks 0, 1 (the same instant)"
 
@@ -275,37 +291,11 @@ def test_a_rank_that_said_it_failed_is_named_beside_one_dying_by_a_signal(
     """The rule above is for ranks that went without a word: rank 0 says it raised and goes
     while rank 1 is already dying by a signal (its connection held open). Rank 0 said so
     before its connection closed: it is named, as before, and rank 1 joins no look of its."""
-    watch = _run._RankWatch(2)
-    watch.start()
-    held = subprocess.Popen([sys.executable, "-c", HELD_RANK, watch.address, "1"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    saying = subprocess.Popen([sys.executable, "-c", SAYING_RANK, watch.address, "0"],
-                              stdin=subprocess.PIPE, text=True)
-    keeper = None
-    try:
-        keeper = int(held.stdout.readline())
-        deadline = time.monotonic() + 30
-        while watch.connected != {0, 1}:
-            assert time.monotonic() < deadline, watch.connected
-            time.sleep(0.01)
-        held.stdin.write("go\n")
-        held.stdin.flush()
-        while procfs.stat(held.pid)[:1] != [b"Z"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        saying.stdin.write("go\n")
-        saying.stdin.flush()
-        assert saying.wait(timeout=30) == 1
-        while not any(0 in b for b in watch.batches) or 0 in watch._alive:
-            assert time.monotonic() < deadline, watch.batches
-            time.sleep(0.01)
-    finally:
-        if keeper is not None:
-            os.kill(keeper, 9)
-        for p in (held, saying):
-            p.kill()
-            p.wait(timeout=30)
-        watch.stop()
+    with _beside_a_held_rank(SAYING_RANK) as (watch, rank0):
+        rank0.stdin.write("go\n")
+        rank0.stdin.flush()
+        assert rank0.wait(timeout=30) == 1
+        _until(lambda: any(0 in b for b in watch.batches) and 0 not in watch._alive)
     assert watch.ends[0][0] == 1 and watch.ends[0][2] == "raised RuntimeError"
     assert all(b == [0] for b in watch.batches[:2] if 0 in b), watch.batches
     assert watch.failed_first() == [0]
