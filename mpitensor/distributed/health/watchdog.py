@@ -141,18 +141,43 @@ def _tests(test: Any, status: Any) -> bool:
     return False
 
 
+def _polled(h: GroupHealth, req: Any, status: Any, timeout: Optional[float], op: str,
+            seq: int, kind: str, until: float) -> bool:
+    """The bounded wait's first phase: whether ``req`` completed by ``until``, polling and
+    yielding and nothing else (what Backoff does then, without its bookkeeping).
+
+    Where ranks outnumber cores, a poll's Python is time the ranks with work wait for, and the
+    full loop of :func:`_slow_wait` made a 64 KiB all_reduce on 4 ranks of 2 cores 10 % slower
+    than this one. A yield comes after _TESTS_PER_YIELD tests: after each one, an MPI
+    Iallgather of 64 KiB-1 MiB on 4 ranks of 2 cores took 1.06-1.22x the blocking call, after
+    four 0.91-1.00x (MPI's own Wait: 1.01-1.11x). The bookkeeping's setup comes after it, only
+    for a wait that lasts: made first (about 1 µs), it cost 15-35 µs a call there, 6-10 % of an
+    all_reduce of 256-512 KiB (a persistent request, 4 ranks on 2 cores, 2026-11-30)."""
+    test = req.Test
+    try:
+        while not (done := _tests(test, status)) and _perf() < until:
+            _yield()
+    except BaseException as exc:
+        _ended_posted(h, req, exc, timeout, op, seq, kind)
+        raise
+    return done
+
+
 def _slow_wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str, status: Any,
                timeout: Optional[float], peer: Optional[int], tag: Optional[int],
                t0: float, cancel: bool = False, nbytes: int = 0) -> None:
     limit = h.timeout if timeout is None else float(timeout)
+    test = req.Test
+    next_check = t0 + min(_CHECK_EVERY_S, limit)
+    passive = getattr(req, "passive", False)
+    done = False
+    if not passive and _polled(h, req, status, timeout, op, seq, kind, next_check):
+        return
     warn_at = stall_warn_seconds(h.timeout)
     notify_at = notify_seconds(limit) if math.isfinite(limit) else 1.0
     diag = h.diag
     announced = warned = False
     me = (kind, seq, op)
-    test = req.Test
-    next_check = t0 + min(_CHECK_EVERY_S, limit)
-    passive = getattr(req, "passive", False)
     # a request whose Test moves no data says so (moves_data = False): a slow Test there
     # earns no window of yielding (Backoff)
     backoff = Backoff(t0, passive, nbytes, getattr(req, "moves_data", True))
@@ -160,16 +185,6 @@ def _slow_wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str, status: A
     # processes live), which MPI's own calls must not be the first to find out
     before_check = getattr(req, "before_check", None)
     try:
-        # Until the first check is due, poll and yield and nothing else (what Backoff does
-        # then, without its bookkeeping): where ranks outnumber cores, a poll's Python is time
-        # the ranks with work wait for, and the full loop below made a 64 KiB all_reduce on 4
-        # ranks of 2 cores 10 % slower than this one. A yield comes after _TESTS_PER_YIELD
-        # tests: after each one, an MPI Iallgather of 64 KiB-1 MiB on 4 ranks of 2 cores took
-        # 1.06-1.22x the blocking call, after four 0.91-1.00x (MPI's own Wait: 1.01-1.11x).
-        done = False
-        if not passive:
-            while not (done := _tests(test, status)) and _perf() < next_check:
-                _yield()
         # The bookkeeping runs about once a millisecond, whatever the pause between tests.
         while not done:
             before = _perf()
