@@ -110,12 +110,13 @@ class _RankWatch(threading.Thread):
     mpiexec's exit code was that SIGKILL's; and once in a fresh-clone CI run a rank that
     SIGKILLed itself was seen to end after mpiexec's SIGKILL of the other). So when a
     connection closes, the ranks still connected are looked up in /proc, where a dying
-    process's status shows before its descriptors close: any found exiting is counted as
-    ending then, one exiting by itself with its code (``procfs.own_code``). When this thread
-    looks late, it may see several ranks end in the same instant, and then it cannot tell
-    which one came first (:meth:`failed_first`). Ranks on other hosts cannot connect and are
-    not seen. A connection from any other process (checked with the kernel's peer
-    credentials) is closed unread.
+    process's status shows before its descriptors close: one found exiting by itself is
+    given its code (``procfs.own_code``) and counted as ending then, and so is one dying by a
+    signal where the rank whose connection closed went without a word (:meth:`_gone`). When
+    this thread looks late, it may see several ranks end in the same instant, and then it
+    cannot tell which one came first (:meth:`failed_first`). Ranks on other hosts cannot
+    connect and are not seen. A connection from any other process (checked with the kernel's
+    peer credentials) is closed unread.
     """
 
     def __init__(self, nprocs: Optional[int]) -> None:
