@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -304,9 +304,12 @@ def test_a_rank_that_said_it_failed_is_named_beside_one_dying_by_a_signal(
 def test_exit_codes_from_proc() -> None:
     """Only a process exiting by itself with a non-zero code has one; a live process, a
     number whose start time is another's, or a process gone, has none."""
+    def code(pid: int, start: bytes) -> Optional[int]:
+        return procfs.own_code(procfs.exit_status(pid, start))
+
     me = procfs.stat(os.getpid())
-    assert procfs.exit_code(os.getpid(), me[19]) is None  # alive: exit_code 0
-    assert procfs.exit_code(os.getpid(), b"0") is None  # not the process that connected
+    assert code(os.getpid(), me[19]) is None  # alive: exit_code 0
+    assert code(os.getpid(), b"0") is None  # not the process that connected
     child = subprocess.Popen([sys.executable, "-c", "import os; os._exit(7)"])
     deadline = time.monotonic() + 30
     start = None
@@ -318,9 +321,9 @@ def test_exit_codes_from_proc() -> None:
             break
         time.sleep(0.01)
     assert start is not None
-    assert procfs.exit_code(child.pid, start) == 7
+    assert code(child.pid, start) == 7
     child.wait(timeout=30)
-    assert procfs.exit_code(child.pid, start) is None
+    assert code(child.pid, start) is None
 
 
 def _zombie(code: int) -> subprocess.Popen:

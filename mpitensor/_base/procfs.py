@@ -47,13 +47,6 @@ def own_code(status: Optional[int]) -> Optional[int]:
     return status >> 8 or None
 
 
-def exit_code(pid: int, start: bytes) -> Optional[int]:
-    """The code process ``pid`` (started at ``start``) is exiting with, when it is exiting by
-    itself with a non-zero code (:func:`own_code`); else None (running, reaped, or dying by a
-    signal)."""
-    return own_code(exit_status(pid, start))
-
-
 def descends_from(pid: int, ancestor: int) -> bool:
     """Whether process ``pid`` is ``ancestor`` or one of its descendants."""
     for _ in range(256):  # a chain longer than this is no job's

@@ -141,8 +141,8 @@ def _tests(test: Any, status: Any) -> bool:
     return False
 
 
-def _polled(h: GroupHealth, req: Any, status: Any, timeout: Optional[float], op: str,
-            seq: int, kind: str, until: float) -> bool:
+def _polled(h: GroupHealth, req: Any, test: Any, status: Any, timeout: Optional[float],
+            op: str, seq: int, kind: str, until: float) -> bool:
     """The bounded wait's first phase: whether ``req`` completed by ``until``, polling and
     yielding and nothing else (what Backoff does then, without its bookkeeping).
 
@@ -153,7 +153,6 @@ def _polled(h: GroupHealth, req: Any, status: Any, timeout: Optional[float], op:
     four 0.91-1.00x (MPI's own Wait: 1.01-1.11x). The bookkeeping's setup comes after it, only
     for a wait that lasts: made first (about 1 µs), it cost 15-35 µs a call there, 6-10 % of an
     all_reduce of 256-512 KiB (a persistent request, 4 ranks on 2 cores, 2026-11-30)."""
-    test = req.Test
     try:
         while not (done := _tests(test, status)) and _perf() < until:
             _yield()
@@ -171,7 +170,7 @@ def _slow_wait(h: GroupHealth, req: Any, op: str, seq: int, kind: str, status: A
     next_check = t0 + min(_CHECK_EVERY_S, limit)
     passive = getattr(req, "passive", False)
     done = False
-    if not passive and _polled(h, req, status, timeout, op, seq, kind, next_check):
+    if not passive and _polled(h, req, test, status, timeout, op, seq, kind, next_check):
         return
     warn_at = stall_warn_seconds(h.timeout)
     notify_at = notify_seconds(limit) if math.isfinite(limit) else 1.0
