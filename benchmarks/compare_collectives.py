@@ -57,6 +57,12 @@ from mpitensor.distributed import bench as B  # noqa: E402
 
 MPI4PY, MPITENSOR, GLOO, PICKLE = "mpi4py", "mpitensor", "gloo", "mpi4py-pickle"
 PICKLE_OPS = ("p2p_latency", "all_reduce")
+#: per timing mode: the title of its tables, and the summary they fold under (None: shown)
+MODE_TITLES = {
+    "back-to-back": ("calls back to back", None),
+    "barrier": ("a barrier before every call (not timed)", "Barrier mode tables"),
+    "fresh": ("calls back to back on inputs written just before each call (the writes' own "
+              "time, measured alone, taken out)", "Fresh-input tables")}
 LABELS = {"p2p_latency": "p2p latency (ping-pong / 2)", "p2p_bw": "p2p bandwidth (window)",
           "all_reduce": "all_reduce", "broadcast": "broadcast", "reduce": "reduce",
           "all_gather": "all_gather (into tensor)", "reduce_scatter": "reduce_scatter (tensor)",
@@ -79,6 +85,9 @@ class Mpi4pyApi(B.Api):
 
     def alloc(self, count: int) -> Any:
         return [np.zeros(count, dtype=self.dtype), self.mt]
+
+    def data_of(self, buf: Any) -> Any:
+        return buf[0]
 
     def split(self, buf: Any, parts: int) -> List[Any]:
         arr = buf[0]
@@ -220,15 +229,19 @@ def run(comm: MPI.Comm, apis: Sequence[B.Api], pickle_api: Optional[B.Api], args
                      for a in libs}
             syncs = {a.name: a.sync for a in libs}
             for mode in args.modes:
+                touches = {name: c.touch if mode == "fresh" else None
+                           for name, c in cases.items()}
                 iters = {name: B.calibrate(c.fn, comm, c.nbytes, args.iters, args.warmup,
-                                           args.rep_time, sync=syncs[name])
+                                           args.rep_time, sync=syncs[name],
+                                           touch=touches[name])
                          for name, c in cases.items()}
                 names = list(cases)
                 samples: Dict[str, List[float]] = {name: [] for name in names}
                 for r in range(args.reps):
                     for name in names[r % len(names):] + names[:r % len(names)]:
                         samples[name].append(B.time_rep(cases[name].fn, comm, mode,
-                                                        iters[name], syncs[name]))
+                                                        iters[name], syncs[name],
+                                                        touch=touches[name]))
                 found = {}
                 for name in names:
                     worst = B.slowest(comm, samples[name])
@@ -360,7 +373,7 @@ def shm_targets(rows: Sequence[Dict[str, Any]], copy_bw: float, ranks: int,
     """Issue 29's targets: large calls (≥ 16 MiB) at ≥ 2.5× raw MPI's bus bandwidth (2 ranks)
     and ≥ 40 % of the copy bandwidth; never slower than raw MPI (from 64 KiB)."""
     idx = _index(rows)
-    out = []
+    out: List[dict] = []
     for op in SHM_OPS:
         pairs = [(s, idx[(MPITENSOR, op, mode, s)], idx[(MPI4PY, op, mode, s)])
                  for s in sorted({r["size"] for r in rows})
@@ -382,6 +395,9 @@ def shm_targets(rows: Sequence[Dict[str, Any]], copy_bw: float, ranks: int,
             out.append({"target": f"{op} never slower than raw MPI (bandwidth ≥ 0.95×)",
                         "value": worst[0], "measured": f"worst {worst[0]:.2f}× at "
                         f"{B.format_size(worst[1])}", "met": worst[0] >= 0.95})
+    if mode != "back-to-back":
+        for t in out:
+            t["target"] += f" [{mode} inputs]" if mode == "fresh" else f" [{mode}]"
     return out
 
 
@@ -537,7 +553,7 @@ def write_markdown(path: Path, rows: Sequence[Dict[str, Any]], meta: Dict[str, A
             f"{meta.get('elapsed_s', 0):.0f} s", ""]
     if meta.get("notes"):
         out += [f"- Note: {note}" for note in meta["notes"]] + [""]
-    out += [f"## Targets ({meta['ranks']} ranks, back-to-back)", "",
+    out += [f"## Targets ({meta['ranks']} ranks, back-to-back unless the target says)", "",
             "| target | measured | status |", "|---|---|---|"]
     for t in targets:
         out.append(f"| {t['target']} | {t['measured']} | {'MET' if t['met'] else 'NOT MET'} |")
@@ -580,14 +596,13 @@ def write_markdown(path: Path, rows: Sequence[Dict[str, Any]], meta: Dict[str, A
                 "mpi4py's lowercase methods pickle the array: `comm.send(arr)`/`comm.recv()` "
                 "and `comm.allreduce(arr)`.", "", pickle_table(rows, "back-to-back"), ""]
     for mode in modes:
-        title = ("calls back to back" if mode == "back-to-back"
-                 else "a barrier before every call (not timed)")
-        if mode != "back-to-back":
-            out += ["<details><summary>Barrier mode tables</summary>", ""]
+        title, summary = MODE_TITLES[mode]
+        if summary:
+            out += [f"<details><summary>{summary}</summary>", ""]
         out += [f"## Results: {title}", ""]
         for op in ops:
             out += [f"### {LABELS[op]}", "", op_table(rows, op, mode, impls), ""]
-        if mode != "back-to-back":
+        if summary:
             out += ["</details>", ""]
     for anchor in list(kept):
         out += _hand(kept, anchor)
@@ -658,8 +673,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target duration of one repetition (default 0.012; 0.006 with --quick)")
     p.add_argument("--window", type=B._positive_int, default=B.P2P_WINDOW,
                    help=f"isends in flight for p2p_bw (default {B.P2P_WINDOW})")
-    p.add_argument("--mode", choices=("back-to-back", "barrier", "both"), default="both",
-                   help="timing mode (default both)")
+    p.add_argument("--mode", choices=("back-to-back", "barrier", "fresh", "both", "all"),
+                   default="all",
+                   help="timing mode (default all: back-to-back, barrier and fresh; both: the "
+                        "first two; fresh: back to back on inputs each rank writes just before "
+                        "each call, the writes' own time taken out)")
     p.add_argument("--dtype", choices=("float32", "float64", "int32", "int64"),
                    default="float32", help="element type (default float32)")
     p.add_argument("--array", choices=("tensor", "numpy"), default="tensor",
@@ -694,7 +712,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for key in ("out_md", "out_png"):
         if getattr(args, key) is not None and str(getattr(args, key)) in ("", "."):
             setattr(args, key, None)
-    args.modes = B.MODES if args.mode == "both" else (args.mode,)
+    args.modes = B.modes_of(args.mode)
     return args
 
 
@@ -766,6 +784,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                        "the same run, are the meaningful part."}
         targets = evaluate_targets(rows) if n == 2 else []
         targets += shm_targets(rows, copy_bw, n)
+        if "fresh" in args.modes:
+            targets += shm_targets(rows, copy_bw, n, "fresh")
         png = None
         if args.out_png is not None:
             if write_plot(args.out_png, rows):

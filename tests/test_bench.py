@@ -36,6 +36,59 @@ def test_helpers() -> None:
     assert bench.element_count("all_reduce", 4, 8, 2) == 1
 
 
+def test_line_writer_writes_one_element_of_every_line() -> None:
+    np = pytest.importorskip("numpy")
+    for dtype in ("float32", "float64", "int8", "complex128"):
+        a = np.ones(1000, dtype)
+        bench.line_writer(a)()
+        step = max(1, bench.LINE // a.itemsize)
+        hit = np.zeros(a.size, bool)
+        hit[::step] = True
+        assert (a[hit] == 0).all() and (a[~hit] == 1).all(), dtype
+        # every 64-byte stretch of the buffer holds one written element
+        assert hit.sum() == -(-a.nbytes // max(bench.LINE, a.itemsize)), dtype
+
+
+def test_fresh_mode_takes_the_writes_own_time_out() -> None:
+    """mode fresh: touch() before each call; a batch of touches alone is timed after and
+    taken out, so a call that costs nothing measures about nothing, whatever touch costs."""
+    calls = {"fn": 0, "touch": 0}
+
+    def fn() -> None:
+        calls["fn"] += 1
+
+    def touch() -> None:
+        calls["touch"] += 1
+        end = bench.time.perf_counter() + 2e-4
+        while bench.time.perf_counter() < end:
+            pass
+
+    t = bench.time_rep(fn, None, "fresh", 20, barrier=lambda: None, touch=touch)
+    assert calls == {"fn": 20, "touch": 40}
+    assert abs(t) < 1e-4, t  # each touch takes 200 µs; the calls none
+    assert bench.modes_of("both") == bench.BOTH and bench.modes_of("all") == bench.MODES
+    assert bench.modes_of("fresh") == ("fresh",)
+    with pytest.raises(ValueError):
+        bench.time_rep(fn, None, "sometimes", 1, barrier=lambda: None)
+
+
+def test_fresh_mode_under_mpiexec(tmp_path: Path) -> None:
+    out = tmp_path / "fresh.json"
+    args = [sys.executable, "-m", "mpitensor.distributed.bench", "--ops",
+            "all_reduce,broadcast,all_gather,p2p_bw", "--max-bytes", "64K", "--min-bytes", "1K",
+            "--factor", "4", "--reps", "2", "--rep-time", "0.002", "--warmup", "2",
+            "--mode", "fresh", "--json", str(out)]
+    proc = mpiexec_run(2, args, timeout=60, cwd=ROOT)
+    assert not proc.timed_out, proc.output[-4000:]
+    assert proc.returncode == 0, proc.output[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["mode"] for r in rows} == {"fresh"}
+    assert {(r["op"], r["size"]) for r in rows} == {
+        (op, s) for op in ("all_reduce", "broadcast", "all_gather", "p2p_bw")
+        for s in (1024, 4096, 16384, 65536)}
+    assert all(math.isfinite(r["latency_us"]) for r in rows)
+
+
 def test_cli_json_under_mpiexec(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     args = [sys.executable, "-m", "mpitensor.distributed.bench", "--max-bytes", "1024",
@@ -52,7 +105,7 @@ def test_cli_json_under_mpiexec(tmp_path: Path) -> None:
     assert {"cpu", "nproc", "mpi_library", "numpy"} <= set(data["machine"])
     rows = data["rows"]
     seen = {(r["op"], r["size"], r["mode"]) for r in rows}
-    expected = {(op, s, m) for op in bench.OPS for s in SIZES for m in bench.MODES}
+    expected = {(op, s, m) for op in bench.OPS for s in SIZES for m in bench.BOTH}
     assert seen == expected, f"missing rows: {sorted(expected - seen)}"
     assert len(rows) == len(expected)
     for r in rows:

@@ -16,7 +16,13 @@ Method (the OSU micro-benchmarks' and nccl-tests'):
   takes about ``--rep-time`` seconds (fewer calls for large messages); ``--iters`` fixes it.
 * ``--mode back-to-back`` times calls issued one after another; ``--mode barrier`` puts an MPI
   barrier before every call and times the call alone (no pipelining between calls);
-  ``both`` (default) reports both.
+  ``both`` (default) reports both. ``--mode fresh`` times calls back to back on data written
+  just before each call, as a program's gradients or parameters are: every rank writes one
+  element of each cache line of what it sends (:func:`line_writer`), then calls; the same
+  writes, timed alone in the same repetition, are taken out. Back to back on unchanged
+  buffers, a library whose ranks read their peers' memory (MPI's single-copy transfers) finds
+  every line it read by the last call still in its own cache; with fresh data it fetches each
+  from the writer's. ``all`` runs the three.
 * ``size`` is the buffer each rank passes, as in nccl-tests: the tensor for all_reduce,
   broadcast and reduce; the *output* of all_gather (each rank contributes size/n); the *input*
   of reduce_scatter (each rank receives size/n); the input (= output) of all_to_all; the message
@@ -70,7 +76,11 @@ OP_ALIASES = {"p2p": ("p2p_latency", "p2p_bw"), "all": OPS,
               "bcast": ("broadcast",)}
 #: operations whose buffer is split into n equal parts
 SPLIT_OPS = ("all_gather", "reduce_scatter", "all_to_all")
-MODES = ("back-to-back", "barrier")
+MODES = ("back-to-back", "barrier", "fresh")
+#: what ``--mode both`` runs; ``--mode all`` runs :data:`MODES`
+BOTH = ("back-to-back", "barrier")
+#: the cache line :func:`line_writer` writes one element of
+LINE = 64
 DTYPES = ("float32", "float64", "float16", "int32", "int64", "int8", "uint8", "complex64",
           "complex128")
 P2P_WINDOW = 64
@@ -149,8 +159,10 @@ def default_warmup(nbytes: int) -> int:
 def calibrate(fn: Callable[[], Any], comm: Any, nbytes: int, iters: Optional[int] = None,
               warmup: Optional[int] = None, rep_time: float = 0.02, max_iters: int = 10000,
               sync: Optional[Callable[[], Any]] = None,
-              barrier: Optional[Callable[[], Any]] = None) -> int:
+              barrier: Optional[Callable[[], Any]] = None,
+              touch: Optional[Callable[[], Any]] = None) -> int:
     """Run the warm-up calls and return the calls per repetition (the same on every rank).
+    With ``touch`` (mode ``fresh``), each warm-up call is ``touch()`` then ``fn()``.
 
     Without ``iters``, the warm-up is timed (all but its first call, which may pay one-time
     costs: a group's shared-memory engine made and calibrated, MPI's first use of a size) and
@@ -160,6 +172,8 @@ def calibrate(fn: Callable[[], Any], comm: Any, nbytes: int, iters: Optional[int
     from mpi4py import MPI
 
     sync = sync or _noop
+    if touch is not None:
+        fn = _after(touch, fn)
     nwarm = default_warmup(nbytes) if warmup is None else warmup
     if iters is None:
         fn()  # untimed: timed, a one-time cost sized the batch to a single call (issue 29)
@@ -178,11 +192,13 @@ def calibrate(fn: Callable[[], Any], comm: Any, nbytes: int, iters: Optional[int
 
 def time_rep(fn: Callable[[], Any], comm: Any, mode: str, iters: int,
              sync: Optional[Callable[[], Any]] = None,
-             barrier: Optional[Callable[[], Any]] = None) -> float:
+             barrier: Optional[Callable[[], Any]] = None,
+             touch: Optional[Callable[[], Any]] = None) -> float:
     """One timed repetition on this rank: mean seconds per call over ``iters`` calls.
 
     ``back-to-back`` times the batch after one barrier; ``barrier`` puts a barrier before
-    every call and times the calls alone.
+    every call and times the calls alone; ``fresh`` times a batch of ``touch()`` then
+    ``fn()``, then a batch of ``touch()`` alone, and returns the difference.
     """
     clock = time.perf_counter
     sync = sync or _noop
@@ -194,6 +210,21 @@ def time_rep(fn: Callable[[], Any], comm: Any, mode: str, iters: int,
             fn()
         sync()
         return (clock() - t0) / iters
+    if mode == "fresh":
+        touch = touch or _noop
+        barrier()
+        t0 = clock()
+        for _ in range(iters):
+            touch()
+            fn()
+        sync()
+        both = clock() - t0
+        barrier()  # (every rank past its calls: the writes alone meet no peer's reads)
+        t0 = clock()
+        for _ in range(iters):
+            touch()
+        sync()
+        return (both - (clock() - t0)) / iters
     if mode != "barrier":
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     total = 0.0
@@ -214,19 +245,23 @@ def slowest(comm: Any, samples: Sequence[float]) -> List[float]:
 def measure(fn: Callable[[], Any], comm: Any, mode: str, reps: int, nbytes: int,
             iters: Optional[int] = None, warmup: Optional[int] = None, rep_time: float = 0.02,
             max_iters: int = 10000, sync: Optional[Callable[[], Any]] = None,
-            barrier: Optional[Callable[[], Any]] = None) -> Tuple[float, int, List[float]]:
+            barrier: Optional[Callable[[], Any]] = None,
+            touch: Optional[Callable[[], Any]] = None) -> Tuple[float, int, List[float]]:
     """Time ``fn`` the OSU way; return (median seconds per call, calls per repetition, samples).
 
     Every rank of ``comm`` (an mpi4py communicator) must call it with the same arguments.
 
     Args:
         fn: one operation; called ``warmup + reps × iters`` times on every rank.
-        mode: ``"back-to-back"`` or ``"barrier"`` (a barrier before each call, not timed).
+        mode: ``"back-to-back"``, ``"barrier"`` (a barrier before each call, not timed) or
+            ``"fresh"`` (``touch()`` before each call, its own time taken out).
         reps: timed repetitions; the median is reported.
         nbytes: message size, for the default warm-up count.
         iters: calls per repetition; by default enough for ``rep_time`` seconds (at least 1).
         sync: called before reading the clock (e.g. a CUDA stream synchronize).
         barrier: the barrier to use (default ``comm.Barrier``).
+        touch: for ``"fresh"``: this rank's writes of what one call sends
+            (:attr:`Case.touch`).
 
     Returns:
         The median over repetitions of the slowest rank's mean time per call, the calls per
@@ -239,13 +274,34 @@ def measure(fn: Callable[[], Any], comm: Any, mode: str, reps: int, nbytes: int,
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    iters = calibrate(fn, comm, nbytes, iters, warmup, rep_time, max_iters, sync, barrier)
-    worst = slowest(comm, [time_rep(fn, comm, mode, iters, sync, barrier) for _ in range(reps)])
+    touch = touch if mode == "fresh" else None
+    iters = calibrate(fn, comm, nbytes, iters, warmup, rep_time, max_iters, sync, barrier,
+                      touch)
+    worst = slowest(comm, [time_rep(fn, comm, mode, iters, sync, barrier, touch)
+                           for _ in range(reps)])
     return statistics.median(worst), iters, worst
 
 
 def _noop() -> None:
     return None
+
+
+def _after(first: Callable[[], Any], fn: Callable[[], Any]) -> Callable[[], Any]:
+    def both() -> Any:
+        first()
+        return fn()
+
+    return both
+
+
+def line_writer(arr: Any) -> Callable[[], Any]:
+    """A callable writing zero into one element of every :data:`LINE`-byte stretch of the
+    contiguous ``arr`` (NumPy, CuPy or torch), the whole buffer's cache lines then held, dirty,
+    by the writer: a buffer just written, as a program's are. Zeros keep the benchmark's
+    buffers what they were."""
+    size = arr.element_size() if hasattr(arr, "element_size") else arr.itemsize
+    view = arr.reshape(-1)[::max(1, LINE // size)]
+    return view.zero_ if hasattr(view, "zero_") else functools.partial(view.fill, 0)
 
 
 # ---------------------------------------------------------------------------- what is timed
@@ -300,6 +356,14 @@ class Api:
     def sync(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
 
+    def data_of(self, buf: Any) -> Any:
+        """The array (NumPy, CuPy, torch) behind a buffer of :meth:`alloc`."""
+        return buf
+
+    def touch(self, buf: Any) -> Callable[[], Any]:
+        """A callable writing every cache line of ``buf`` (mode ``fresh``: :func:`line_writer`)."""
+        return line_writer(self.data_of(buf))
+
 
 def _dist_call(fn: str) -> Callable[..., Callable[[], Any]]:
     """An :class:`MpitensorApi` method: ``mpitensor.distributed.<fn>`` bound to its arguments."""
@@ -336,9 +400,12 @@ class MpitensorApi(Api):
         return self._wrap(self.xp.zeros(count, dtype=self.dtype))
 
     def split(self, buf: Any, parts: int) -> List[Any]:
-        arr = buf._data if hasattr(buf, "_data") else buf
+        arr = self.data_of(buf)
         step = arr.shape[0] // parts
         return [self._wrap(arr[i * step:(i + 1) * step]) for i in range(parts)]
+
+    def data_of(self, buf: Any) -> Any:
+        return buf._data if hasattr(buf, "_data") else buf
 
     send = _dist_call("send")
     recv = _dist_call("recv")
@@ -386,15 +453,18 @@ def _shares(a: Any, b: Any) -> bool:
 class Case:
     """One benchmark at one size: the per-rank callable, what one call stands for, the bytes."""
 
-    __slots__ = ("fn", "divisor", "nbytes", "count", "keep")
+    __slots__ = ("fn", "divisor", "nbytes", "count", "keep", "touch")
 
     def __init__(self, fn: Callable[[], Any], divisor: float, nbytes: int, count: int,
-                 keep: Any) -> None:
+                 keep: Any, touch: Callable[[], Any] = _noop) -> None:
         self.fn = fn
         self.divisor = divisor  # messages (or half round trips) per call
         self.nbytes = nbytes
         self.count = count
         self.keep = keep  # buffers the callable uses
+        # mode "fresh": this rank's writes of what a call sends (none where it sends nothing,
+        # or where what it sends was written by the last call: the ping-pong's receives)
+        self.touch = touch
 
 
 def _ping_pong_case(api: Api, rank: int, count: int, nbytes: int) -> Case:
@@ -419,12 +489,14 @@ def _window_case(api: Api, rank: int, count: int, nbytes: int, window: int) -> C
     ack = api.alloc(1)
     fn: Callable[[], Any] = _noop
     keep: Any = ack
+    touch: Callable[[], Any] = _noop
     waitall = api.waitall
     if rank == 0:
         src = api.alloc(count)
         starts = [api.isend(src, 1)] * w
         finish = api.recv(ack, 1)
         keep = (src, ack)
+        touch = api.touch(src)
     elif rank == 1:
         dst = api.alloc(count * w)
         starts = [api.irecv(view, 0) for view in api.split(dst, w)]
@@ -436,7 +508,7 @@ def _window_case(api: Api, rank: int, count: int, nbytes: int, window: int) -> C
             waitall([start() for start in starts])
             finish()
 
-    return Case(fn, float(w), nbytes, count, keep)
+    return Case(fn, float(w), nbytes, count, keep, touch)
 
 
 def make_case(api: Api, op: str, size: int, rank: int, n: int, itemsize: int,
@@ -459,22 +531,24 @@ def make_case(api: Api, op: str, size: int, rank: int, n: int, itemsize: int,
         return _window_case(api, rank, count, nbytes, window)
     if op == "all_reduce":
         buf = api.alloc(count)
-        return Case(api.all_reduce(buf), 1.0, nbytes, count, buf)
+        return Case(api.all_reduce(buf), 1.0, nbytes, count, buf, api.touch(buf))
     if op == "broadcast":
         buf = api.alloc(count)
-        return Case(api.broadcast(buf, 0), 1.0, nbytes, count, buf)
+        return Case(api.broadcast(buf, 0), 1.0, nbytes, count, buf,
+                    api.touch(buf) if rank == 0 else _noop)
     if op == "reduce":
         buf = api.alloc(count)
-        return Case(api.reduce(buf, 0), 1.0, nbytes, count, buf)
+        return Case(api.reduce(buf, 0), 1.0, nbytes, count, buf, api.touch(buf))
     if op == "all_gather":
         out, inp = api.alloc(count), api.alloc(count // n)
-        return Case(api.all_gather(out, inp), 1.0, nbytes, count, (out, inp))
+        return Case(api.all_gather(out, inp), 1.0, nbytes, count, (out, inp), api.touch(inp))
     if op == "reduce_scatter":
         out, inp = api.alloc(count // n), api.alloc(count)
-        return Case(api.reduce_scatter(out, inp), 1.0, nbytes, count, (out, inp))
+        return Case(api.reduce_scatter(out, inp), 1.0, nbytes, count, (out, inp),
+                    api.touch(inp))
     if op == "all_to_all":
         out, inp = api.alloc(count), api.alloc(count)
-        return Case(api.all_to_all(out, inp), 1.0, nbytes, count, (out, inp))
+        return Case(api.all_to_all(out, inp), 1.0, nbytes, count, (out, inp), api.touch(inp))
     raise ValueError(f"unknown op {op!r}; known ops: {', '.join(OPS)}")
 
 
@@ -502,7 +576,7 @@ def run_sweep(api: Api, comm: Any, ops: Sequence[str], sizes: Sequence[int],
             case = make_case(api, op, size, rank, n, itemsize, window)
             for mode in modes:
                 seconds, used, _ = measure(case.fn, comm, mode, reps, case.nbytes, iters,
-                                           warmup, rep_time, sync=api.sync)
+                                           warmup, rep_time, sync=api.sync, touch=case.touch)
                 row = row_for(op, mode, size, case, seconds, used, reps, n, impl=api.name)
                 rows.append(row)
                 if on_row is not None:
@@ -664,9 +738,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=_positive_int, default=P2P_WINDOW,
                    help=f"isends in flight for p2p_bw (default {P2P_WINDOW}; capped so the "
                         "receive window stays within 64 MiB)")
-    p.add_argument("--mode", choices=("back-to-back", "barrier", "both"), default="both",
+    p.add_argument("--mode", choices=("back-to-back", "barrier", "fresh", "both", "all"),
+                   default="both",
                    help="time calls back to back, with a barrier before each, or both "
-                        "(default both)")
+                        "(default both); fresh: back to back on data each rank writes just "
+                        "before each call (the writes' own time taken out); all: the three")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="element type (default float32)")
     p.add_argument("--array", choices=("tensor", "numpy"), default="tensor",
@@ -708,8 +784,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         folder = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(folder):
             parser.error(f"--json: folder {folder} does not exist")
-    args.modes = MODES if args.mode == "both" else (args.mode,)
+    args.modes = modes_of(args.mode)
     return args
+
+
+def modes_of(mode: str) -> Tuple[str, ...]:
+    """The modes a ``--mode`` value runs."""
+    return BOTH if mode == "both" else MODES if mode == "all" else (mode,)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
