@@ -67,7 +67,7 @@ def test_what_each_kind_of_call_puts_on_the_board():
     gets PAIR_CAP, a crowded group of up to NARROW members CROWDED_CAP, larger groups the small
     caps whatever the load."""
     K = shm_tiny
-    kinds = (K.GATHER, K.BCAST, K.REDUCE, K.REDUCE_PART)
+    kinds = (K.GATHER, K.BCAST, K.REDUCE, K.REDUCE_PART, K.ROOTED)
     assert K.cap(2) == K.PAIR_CAP and K.cap(3) == K.cap(4) == K.NARROW_CAP
     for n in range(2, K.NARROW + 1):
         assert K.cap(n, True) == K.CROWDED_CAP
@@ -88,3 +88,31 @@ def test_segments_stay_small():
     assert all(K.segment_bytes(n, K.cap(n, True)) <= 16.5 * 2**20
                for n in range(1, K.WIDE + 1))
     assert K.segment_bytes(4, K.CAP) < K.segment_bytes(4)
+
+
+def test_a_reduce_to_one_root_reads_on_the_root_only():
+    """kind ROOTED on a two-member board in one process (both members' views): each posts;
+    the root's take reduces both entries in rank order into its output, the other's take
+    (no output) reads nothing but still compares the words, and a root that differs is a
+    mismatch named at once."""
+    K = shm_tiny
+    mm = mmap.mmap(-1, K.segment_bytes(2))
+    b0, b1 = (_tiny.Board(mm, r, 2, K.SLOTS, K.CAP) for r in (0, 1))
+    dt, op = K.DTYPES["INT32_T"], K.OPS["SUM"]
+    for s, root in ((1, 0), (2, 1)):
+        word = K._word(K.ROOTED, dt, op, root)
+        x0, x1 = np.arange(5, dtype=np.int32), np.arange(5, dtype=np.int32) * 10
+        assert b0.post(s, word, 20, x0) and b1.post(s, word, 20, x1)
+        out = np.zeros(5, np.int32)
+        boards = (b0, b1)
+        assert boards[root].take(s, word, 20, out, K.ROOTED, root, dt, op, 0) == 1
+        np.testing.assert_array_equal(out, x0 + x1)
+        assert boards[1 - root].take(s, word, 20, None, K.ROOTED, root, dt, op, 0) == 1
+    # call 3: member 1 names itself the root where member 0 names member 0
+    w0, w1 = K._word(K.ROOTED, dt, op, 0), K._word(K.ROOTED, dt, op, 1)
+    assert b0.post(3, w0, 20, np.zeros(5, np.int32)) and b1.post(3, w1, 20, np.zeros(5, np.int32))
+    assert b0.take(3, w0, 20, np.zeros(5, np.int32), K.ROOTED, 0, dt, op, 0) == -1 - 1
+    assert b1.take(3, w1, 20, np.zeros(5, np.int32), K.ROOTED, 1, dt, op, 0) == -1 - 0
+    for b in (b0, b1):
+        b.release()
+    mm.close()

@@ -147,6 +147,77 @@ def test_all_reduce_avg_and_nan(dtype):
         same_bits_everywhere(y)
 
 
+@pytest.mark.parametrize("dtype", INTS + FLOATS)
+@pytest.mark.parametrize("op", [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR])
+def test_reduce_to_each_root_every_dtype_and_op(dtype, op):
+    """The root gets the reduction in rank order (the board's, bitwise as all_reduce gives
+    it); every other rank's buffer is left as it was."""
+    n, me = world()
+    if op in (R.BAND, R.BOR, R.BXOR) and dtype in FLOATS:
+        pytest.skip("bitwise reductions take integers")
+    size = dtype(0).itemsize
+    for count in (1, 7, 4096 // size, shm_tiny.cap(n) // size):
+        expect = in_rank_order(op, [values(dtype, count, r) for r in range(n)])
+        for root in range(n):
+            x = values(dtype, count, me)
+            dist.reduce(x, dst=root, op=op)
+            np.testing.assert_array_equal(x, expect if me == root else values(dtype, count, me))
+        y = values(dtype, count, me)
+        dist.all_reduce(y, op=op)
+        np.testing.assert_array_equal(y, expect)
+
+
+def test_reduce_through_both_paths_async_and_tensors():
+    """The fast path (contiguous arrays) and the general one (a strided view, a Tensor of
+    float16) on different ranks take the same call; async reduces past the board's entries,
+    waited for in reverse order; AVG divides on the root."""
+    n, me = world()
+    for root in range(n):
+        base = values(np.float64, 2 * 33, me)
+        x = base[::2] if me % 2 else base[::2].copy()  # odd ranks: not contiguous
+        dist.reduce(x, dst=root)
+        if me == root:
+            np.testing.assert_array_equal(
+                x, in_rank_order(R.SUM, [values(np.float64, 66, r)[::2] for r in range(n)]))
+        t = mt.full((3,), float(me + 1), dtype=mt.float16)
+        dist.reduce(t, dst=root, op=R.AVG)
+        want = (n + 1) / 2 if me == root else me + 1
+        assert t.tolist() == [want] * 3
+    works, checks = [], []
+    for i in range(2 * shm_tiny.SLOTS + 3):
+        root = i % n
+        x = np.full(6, me + i, np.int64)
+        works.append(dist.reduce(x, dst=root, async_op=True))
+        checks.append((x, np.full(6, sum(r + i for r in range(n)) if me == root else me + i)))
+    for w in reversed(works):
+        w.wait()
+    for got, want in checks:
+        np.testing.assert_array_equal(got, want)
+    pg = _world._pg(None)
+    if pg.tiny is not None and pg.shm_min > pg.pers_max:  # (not "on": the engine's)
+        assert {key[2] for key in pg.pers.rd} == set(range(n)), "the reduces took MPI's path"
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("how", ["root", "operation", "size"])
+def test_a_reduce_that_does_not_match_raises_on_every_rank(how):
+    """Every rank naming itself the root, or the last rank calling all_reduce where the others
+    reduce, or passing more than the board takes: CollectiveMismatchError (or the broken
+    group, on a rank that reads the notice first) on every rank, never a silent return."""
+    n, me = world()
+    g = board_group(f"reduce_{how}")
+    most = _world._pg(g).tiny.most[shm_tiny.ROOTED]
+    x = np.ones(most // 2 if how == "size" and me == n - 1 else 4, np.float32)
+    with pytest.raises((CollectiveMismatchError, PeerFailedError)) as err:
+        if how == "operation" and me == n - 1:
+            dist.all_reduce(x, group=g)
+        else:
+            dist.reduce(x, dst=me if how == "root" else 0, group=g)
+    if how == "root":
+        assert "root" in str(err.value) or "unusable" in str(err.value)
+    dist.destroy_process_group(g)
+
+
 @pytest.mark.parametrize("dtype", (np.float32, np.int64, np.uint8))
 def test_gather_scatter_and_broadcast(dtype):
     n, me = world()
@@ -382,7 +453,7 @@ def test_blocking_calls_make_no_buffers_of_their_own():
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kind", ["all_reduce", "broadcast", "all_gather_into_tensor",
-                                  "all_gather", "reduce_scatter_tensor"])
+                                  "all_gather", "reduce_scatter_tensor", "reduce"])
 def test_the_agreement_check_sees_calls_on_the_board(kind):
     """check_bytes 0 (``MPITENSOR_CHECK_BYTES=0``: every call checked), one rank passes
     another shape of the same bytes and dtype: the board compares bytes, the agreement check
@@ -395,6 +466,7 @@ def test_the_agreement_check_sees_calls_on_the_board(kind):
     x = np.ones(shape, np.float32)
     calls = {
         "all_reduce": lambda: dist.all_reduce(x, group=g),
+        "reduce": lambda: dist.reduce(x, dst=0, group=g),
         "broadcast": lambda: dist.broadcast(x, src=0, group=g),
         "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
             np.zeros(4 * n, np.float32), x, group=g),
@@ -457,6 +529,13 @@ def test_each_kind_at_its_largest_board_call_and_one_element_past():
         sum_as_mpi_may(x, [values(np.float32, k, r) for r in range(n)], exact=extra == 0)
         if extra == 0:
             same_bits_everywhere(x)
+        k = most[shm_tiny.ROOTED] // 4 + extra
+        x = values(np.float32, k, me)
+        dist.reduce(x, dst=n - 1, group=g)
+        if me == n - 1:
+            sum_as_mpi_may(x, [values(np.float32, k, r) for r in range(n)], exact=extra == 0)
+        else:
+            np.testing.assert_array_equal(x, values(np.float32, k, me))
         k = most[shm_tiny.BCAST] // 4 + extra
         y = values(np.float32, k, me)
         dist.broadcast(y, src=n - 1, group=g)

@@ -42,7 +42,9 @@
 #define NT_MIN 2048   /* a board's nt_min to begin with (copy_in) */
 #define NT_BCAST 4096 /* a board's nt_bcast to begin with */
 
-enum { GATHER = 0, BCAST = 1, REDUCE = 2, REDUCE_PART = 3 };
+/* ROOTED: a reduce to one member (the root), which alone passes take an output; the others
+ * post their data and compare every member's words, as the root does, and read nothing */
+enum { GATHER = 0, BCAST = 1, REDUCE = 2, REDUCE_PART = 3, ROOTED = 4 };
 enum { SUM = 0, PROD = 1, MIN = 2, MAX = 3, BAND = 4, BOR = 5, BXOR = 6 };
 enum { F32 = 0, F64 = 1, I8 = 2, I16 = 3, I32 = 4, I64 = 5, U8 = 6, U16 = 7, U32 = 8, U64 = 9 };
 
@@ -306,7 +308,7 @@ static long do_take(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyO
                 memcpy(dst + r * nbytes, data(entry(self, r, s)), nbytes);
         } else if (kind == BCAST) {
             memcpy(dst, data(entry(self, root, s)), nbytes);
-        } else {
+        } else {  /* REDUCE, REDUCE_PART, and ROOTED on its root */
             Py_ssize_t off = kind == REDUCE_PART ? self->rank * need : 0;
             memcpy(dst, data(entry(self, 0, s)) + off, need);
             for (Py_ssize_t r = 1; r < self->size && !bad; r++)

@@ -351,10 +351,22 @@ class Collectives(_pers.SmallCalls):
         root = 0 if dst is None and group_dst is None else dst
         if (type(arr) is np.ndarray and self.rank_ >= 0 and self._fast_root(root, group_dst)
                 and (f := arr.flags).c_contiguous and (f.writeable or root != self.rank_)):
-            fast = _fast_op(op, arr.dtype)
+            try:  # (_fast_op, _fast_count and _fp_first's size test inline, as all_reduce's)
+                fast = _FAST[op].get(arr.dtype)
+            except (KeyError, TypeError):
+                fast = None
             if fast is not None:
-                s = self._fast_count("reduce", arr)
-                chk = self._fp_first(s, "reduce", arr, op, root, arr)
+                s = self.seq = self.seq + 1
+                self.history[s & _MASK] = (s, "reduce", arr.dtype, arr.shape)
+                nb = arr.nbytes
+                chk = (None if nb < self.health.check_bytes
+                       else self._fp_first(s, "reduce", arr, op, root, arr))
+                if 0 < nb <= self.pers_max:
+                    key = (nb, fast[2], root)
+                    pers = self.pers or self._new_pers()
+                    c = pers.rd.get(key) or pers.reduce(key, nb, fast[0], fast[1], root)
+                    if c is not None:  # the board's (a reduce has no persistent request)
+                        return self._reduce_on_board(c, s, arr, root, tensor, async_op, chk)
                 if root == self.rank_:
                     req = self.comm.Ireduce(_IN_PLACE, [arr, fast[0]], fast[1], root)
                 else:
@@ -379,14 +391,14 @@ class Collectives(_pers.SmallCalls):
         arr, plan = self._maybe_debug(
             where, lambda: self._shaped_sig("reduce", tensor, "tensor", where, reduce=str(op),
                                             root=self.ranks[root]), prepare)
-        comm, mop = self.comm, plan.mpi_op
+        mop = plan.mpi_op
         check = (arr, B.coerce_op(op, where), self.ranks[root])
         if is_root:
             spec, finish = self._reduced_into(arr, plan)
-            return self._run(where, lambda: comm.Ireduce(_IN_PLACE, spec, mop, root), finish,
+            return self._run(where, lambda: self._ireduce(spec, mop, root), finish,
                              async_op, [tensor], keep=spec, check=check)
         spec = [B.apply_plan_in(B.stage_in(arr), plan), plan.mpi_type]
-        return self._run(where, lambda: comm.Ireduce(spec, None, mop, root), None, async_op,
+        return self._run(where, lambda: self._ireduce(spec, mop, root), None, async_op,
                          [tensor], keep=spec, check=check)
 
     def _reduced_into(self, arr: Any, plan: Any) -> "tuple[list, Any]":

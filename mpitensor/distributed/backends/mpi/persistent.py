@@ -175,7 +175,7 @@ class Started:
 class Cache:
     """A group's persistent requests, by kind and key (see the module docstring)."""
 
-    __slots__ = ("comm", "n", "rank", "ar", "ag", "rs", "bc", "left", "__weakref__")
+    __slots__ = ("comm", "n", "rank", "ar", "ag", "rs", "bc", "rd", "left", "__weakref__")
 
     def __init__(self, comm: Any) -> None:
         global _hooked
@@ -184,6 +184,7 @@ class Cache:
         self.ag: dict = {}
         self.rs: dict = {}
         self.bc: dict = {}
+        self.rd: dict = {}  # reduces to one root: the board's only (shm_tiny.Cache.reduce)
         self.left: list = []  # evicted while a call ran on them: freed once they are done
         _live.add(self)
         if not _hooked:
@@ -239,9 +240,14 @@ class Cache:
             return Call(self.comm.Bcast_init([buf, _BYTE], root), (buf,), whole, whole)
         return self._add(self.bc, key, make)
 
+    def reduce(self, key: tuple, nbytes: int, mt: Any, mop: Any, root: int) -> Optional[Call]:
+        """key: ``(nbytes, kind(mt, mop), root)``. None: a reduce to one root has no
+        persistent request here (the caller's ``Ireduce``); a board computes it."""
+        return None
+
     def free(self) -> None:
         """Free every request no call runs on (the group is being destroyed, or MPI ends)."""
-        for kinds in (self.ar, self.ag, self.rs, self.bc):
+        for kinds in (self.ar, self.ag, self.rs, self.bc, self.rd):
             for c in kinds.values():
                 c.free()
             kinds.clear()
@@ -343,6 +349,20 @@ class SmallCalls:
             deliver(c.out, dst)
         return None
 
+    def _reduce_on_board(self, c: Any, s: int, arr: np.ndarray, root: int, result: Any,
+                         async_op: bool, chk: Any) -> Optional[Work]:
+        """Fast-path reduce ``s`` of ``arr`` to member ``root`` on the board call ``c``
+        (``shm_tiny.Cache.reduce``): straight from and into ``arr`` where it can."""
+        f, o = c.fast, (arr if root == self.rank_ else None)
+        if not (async_op or c.active) and chk is None and (
+                (r := f.run(s, arr, o)) == 1 or f.owner.rest(r, arr, o, "reduce", s)):
+            if self.health.fp_tok is not None:  # (checked: settle it)
+                self._fast_settle(self.health, "reduce", s)
+            return None
+        b = as_bytes(arr)
+        return self._persistent(c, b, None if o is None else b, "reduce", s, result, arr,
+                                async_op, chk)
+
     # The general paths' MPI calls: on the group's persistent request where the call is small
     # (the choice of every member alike, whichever path each took), else the non-blocking
     # call.
@@ -385,6 +405,22 @@ class SmallCalls:
                 return _sp2p.start(self, sbuf, rbuf, mt, mop)
             return self.comm.Ireduce_scatter_block(sspec, rspec, mop)
         return c.post(self.health, sbuf, rbuf, self.opname, self.seq)
+
+    def _ireduce(self, spec: list, mop: Any, root: int) -> Any:
+        """A reduce of ``spec`` to member ``root`` (in place there): on the group's board where
+        it computes the call (the fast path's choice too), else MPI's ``Ireduce``."""
+        buf, mt = spec
+        nb = buf.nbytes
+        c = None
+        if 0 < nb <= self.pers_max:
+            pers, key = self.pers or self._new_pers(), (nb, kind(mt, mop), root)
+            c = pers.rd.get(key) or pers.reduce(key, nb, mt, mop, root)
+        mine = self.rank_ == root
+        if c is None:
+            if mine:
+                return self.comm.Ireduce(_IN_PLACE, spec, mop, root)
+            return self.comm.Ireduce(spec, None, mop, root)
+        return c.post(self.health, buf, buf if mine else None, "reduce", self.seq)
 
     def _ibcast(self, spec: list, root: int) -> Any:
         buf = spec[0]
