@@ -4,6 +4,7 @@ two copies of a post's data and the timing ``shm_tiny._copy_choice`` runs on a s
 from __future__ import annotations
 
 import mmap
+import threading
 import time
 
 import numpy as np
@@ -115,4 +116,34 @@ def test_a_reduce_to_one_root_reads_on_the_root_only():
     assert b1.take(3, w1, 20, np.zeros(5, np.int32), K.ROOTED, 1, dt, op, 0) == -1 - 0
     for b in (b0, b1):
         b.release()
+    mm.close()
+
+
+def test_a_take_yields_the_core_with_the_gil_let_go_and_notices_a_release():
+    """A take whose peer has not posted spins, then yields the core ``yields`` times, then
+    answers 0; while it yields, the process's other threads run Python; a board released by
+    another thread meanwhile ends the take with an error, not a read of unmapped memory."""
+    K = shm_tiny
+    mm = mmap.mmap(-1, K.segment_bytes(2))
+    b = _tiny.Board(mm, 0, 2, K.SLOTS, K.CAP)
+    word = K._word(K.GATHER)
+    out = np.zeros(8, np.uint8)
+    assert b.post(1, word, 4, np.ones(4, np.uint8))
+    b.yields = 200
+    assert b.yields == 200 and b.take(1, word, 4, out, K.GATHER, -1, 15, 15, 0) == 0
+    ran = []
+
+    def other() -> None:
+        end = time.perf_counter() + 0.2
+        while time.perf_counter() < end:
+            ran.append(1)
+        b.release()
+
+    b.yields = 1 << 40  # (until the release)
+    t = threading.Thread(target=other)
+    t.start()
+    with pytest.raises(ValueError, match="released"):
+        b.take(1, word, 4, out, K.GATHER, -1, 15, 15, 0)
+    t.join()
+    assert len(ran) > 1000  # the other thread ran while the take yielded
     mm.close()

@@ -21,8 +21,8 @@
  * and "done" goes to s. A member whose entry holds another call while its header is past s made
  * call s another way (a mismatch), as does one whose words differ: take answers -1 - rank
  * before any data is read, whichever members have not posted yet. take spins at most ``spins``
- * times, then answers 0 (not yet): the caller's bounded wait (timeouts, peers that die) calls
- * it again.
+ * times, then yields the core at most ``yields`` times (the board's), then answers 0 (not
+ * yet): the caller's bounded wait (timeouts, peers that die) calls it again.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -33,6 +33,7 @@
 #include <structmember.h>
 #include <emmintrin.h>
 #include <time.h>
+#include <sched.h>
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -55,6 +56,7 @@ typedef struct {
     Py_ssize_t rank, size, slots, cap, stride;
     Py_ssize_t pending;  /* calls posted and not yet read, kept by shm_tiny.py: run refuses */
     long spins;          /* spins of run's take */
+    long yields;         /* then yields of the core, of any take, before it answers 0 */
     Py_ssize_t nt_min;   /* posts of at least this many bytes write their data past the cache */
     Py_ssize_t nt_bcast; /* ... and a broadcast's root's posts of at least this many */
 } Board;
@@ -178,6 +180,7 @@ static int Board_init(Board *self, PyObject *args, PyObject *kw)
     self->cap = cap;
     self->pending = 0;
     self->spins = 0;
+    self->yields = 0;
     self->nt_min = NT_MIN;
     self->nt_bcast = NT_BCAST;
     return 0;
@@ -259,7 +262,7 @@ static long do_take(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyO
                     long kind, long root, long dt, long op, long spins)
 {
     const long failed = -(long)self->size - 1;
-    long spun = 0;
+    long spun = 0, yielded = 0;
     /* A broadcast's other members read the root's entry only (and compare it with theirs);
      * its root reads no data but compares every entry all the same: members that each named
      * themselves the root would otherwise all return at once, each with its own data. */
@@ -286,8 +289,21 @@ static long do_take(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyO
         }
         if (missing == 0)
             break;
-        if (spun++ >= spins)
-            return 0;
+        if (spun++ >= spins) {
+            if (yielded++ >= self->yields)
+                return 0;
+            /* where ranks outnumber cores: a yield in C, not in the caller's Python (whose
+             * tests and yields cost the ranks with work the core: 4 ranks on 2 cores, an
+             * all_gather of 16 B took 17-20 us a call so, 10-12 us so) */
+            Py_BEGIN_ALLOW_THREADS
+            sched_yield();
+            Py_END_ALLOW_THREADS
+            if (self->base == NULL) {  /* released by another thread meanwhile */
+                PyErr_SetString(PyExc_ValueError, "the board was released");
+                return failed;
+            }
+            continue;
+        }
         __builtin_ia32_pause();
     }
     Py_buffer out = {0};
@@ -624,6 +640,8 @@ static PyMemberDef Board_members[] = {
     {"pending", T_PYSSIZET, offsetof(Board, pending), 0,
      "calls of this member posted and not yet read (a Spec's run refuses while any is)"},
     {"spins", T_LONG, offsetof(Board, spins), 0, "spins of a Spec's run before it answers 0"},
+    {"yields", T_LONG, offsetof(Board, yields), 0,
+     "then yields of the core (sched_yield, the GIL let go), of any take, before it answers 0"},
     {"nt_min", T_PYSSIZET, offsetof(Board, nt_min), 0,
      "posts of at least this many bytes copy their data with non-temporal stores"},
     {"nt_bcast", T_PYSSIZET, offsetof(Board, nt_bcast), 0,

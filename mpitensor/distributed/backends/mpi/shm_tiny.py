@@ -15,10 +15,11 @@ buffer, ``reduce_scatter_tensor``, ``broadcast``, on the fast and the general pa
 whose MPI datatype and reduction the board computes (:data:`DTYPES`, :data:`OPS`) starts a board
 call instead; the others keep their persistent request. ``reduce`` (to one root), which has no
 persistent request, takes the board where it computes the call and the call fits
-(:data:`ROOTED`, the same limit as ``all_reduce``'s; from :data:`ROOTED_CROWDED` bytes where
-ranks outnumber cores), else MPI's ``Ireduce``: every member
+(:data:`ROOTED`, the same limit as ``all_reduce``'s), else MPI's ``Ireduce``: every member
 posts its data and compares every member's words, and the root alone reads and reduces them.
-MPICH's ``Reduce`` of a few bytes took 1.6-1.8 µs on 2 ranks here, ours on ``Ireduce`` 3.4.
+MPICH's ``Reduce`` of a few bytes took 1.6-1.8 µs on 2 ranks here, ours on ``Ireduce`` 3.4;
+4 ranks on 2 cores: raw 7.7-8.8 µs, ours on ``Ireduce`` 11-12, on the board 9.6-10 (with
+:data:`YIELDS`: 17-19 without).
 The choice depends only on what every member of a correct program passes alike, as the
 persistent request's does. The board is made
 with the group, where every member runs on one machine, ``MPITENSOR_SHM_COLLECTIVES`` is not
@@ -115,11 +116,6 @@ TIMED = 4096
 #: board call waits for the others, and MPI's one-way tree was 1.2x faster to 4 KiB (4 ranks
 #: on 2 cores), where the board was 2.2-2.5x faster from 16 KiB
 BCAST_CROWDED = 8192
-#: ... and the smallest reduce to one root it takes there: MPI's senders return before the
-#: root has their data, where a board call waits for every member (4 ranks on 2 cores, against
-#: raw MPI's blocking Reduce: the board 19 µs a call to 8 KiB, MPI's Ireduce 11-14 µs to 2 KiB
-#: and 42 µs at 4-8 KiB, raw 7-20 µs)
-ROOTED_CROWDED = 4096
 #: entries per member: calls posted ahead of the slowest member's reading
 SLOTS = 8
 #: spins of a first try (each a CPU pause, about 2 µs in all) before the bounded wait takes
@@ -128,6 +124,13 @@ SLOTS = 8
 SPINS_FIRST = 64
 #: spins of each later try (the bounded wait's own spin and backoff pace the tries)
 SPINS = 0
+#: where ranks outnumber cores (no spins), yields of the core within each try, in C, before
+#: it goes back to the bounded wait: its Python between two yields was the time the ranks
+#: with work waited for. 4 ranks on 2 cores, against raw MPI's blocking calls (2026-11-30):
+#: all_gather of 16 B-4 KiB 10-12 µs a call (raw 11-12; 17-22 without), all_reduce 7-11 µs
+#: (raw 19-23; 15-21 without); 4, 16, 64 or 256 yields made no difference there. At most
+#: YIELDS timeslices of a busy peer (a few ms) pass before the wait's bookkeeping runs again
+YIELDS = 4
 
 #: the kinds of call (``_tiny.c``'s); ROOTED is a reduce to one member
 GATHER, BCAST, REDUCE, REDUCE_PART, ROOTED = 0, 1, 2, 3, 4
@@ -328,9 +331,8 @@ class Board:
         # a call every member agreed on while making the engine (shm_coll._setup): where
         # the engine could not be made, the peers that left first may post it here
         self.settled = 0
-        # whether broadcasts and reduces to one root of every size come here, else those of
-        # BCAST_CROWDED and ROOTED_CROWDED bytes and more: where ranks outnumber cores (set
-        # with the cache)
+        # whether broadcasts of every size come here, else those of BCAST_CROWDED bytes and
+        # more only: where ranks outnumber cores (set with the cache)
         self.bcast = True
         self.h.tiny = self
 
@@ -339,6 +341,7 @@ class Board:
         (made at the group's first small call, once the node's load is known)."""
         spin = W.may_spin()  # the node's load, the same on every member
         self.c.spins = SPINS_FIRST if spin else 0
+        self.c.yields = 0 if spin else YIELDS
         self.bcast = spin
         return Cache(comm, self)
 
@@ -346,11 +349,6 @@ class Board:
     def bcast_min(self) -> int:
         """The smallest broadcast that comes to the board."""
         return 0 if self.bcast else BCAST_CROWDED
-
-    @property
-    def reduce_min(self) -> int:
-        """The smallest reduce to one root that comes to the board."""
-        return 0 if self.bcast else ROOTED_CROWDED
 
     def close(self) -> None:
         if self.h.tiny is self:
@@ -596,7 +594,7 @@ class Cache(_pers.Cache):
     def reduce(self, key: tuple, nbytes: int, mt: Any, mop: Any,
                root: int) -> Optional[_pers.Call]:
         cc = codes(mt, mop)
-        if cc is None or not self.board.reduce_min <= nbytes <= self.board.most[ROOTED]:
+        if cc is None or nbytes > self.board.most[ROOTED]:
             return None
         mine = self.rank == root
 
