@@ -62,7 +62,7 @@ MODE_TITLES = {
     "back-to-back": ("calls back to back", None),
     "barrier": ("a barrier before every call (not timed)", "Barrier mode tables"),
     "fresh": ("calls back to back on inputs written just before each call (the writes' own "
-              "time, measured alone, taken out)", "Fresh-input tables")}
+              "time, measured alone, taken out)", None)}
 LABELS = {"p2p_latency": "p2p latency (ping-pong / 2)", "p2p_bw": "p2p bandwidth (window)",
           "all_reduce": "all_reduce", "broadcast": "broadcast", "reduce": "reduce",
           "all_gather": "all_gather (into tensor)", "reduce_scatter": "reduce_scatter (tensor)",

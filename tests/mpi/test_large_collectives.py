@@ -225,13 +225,10 @@ def test_a_mismatch_found_while_the_data_is_posted_keeps_its_request(monkeypatch
     if pg.health.fp_node is None:
         pytest.skip("the group has no shared slots (spans machines)")
     monkeypatch.setattr(pg, "pers_max", -1)  # nonblocking Iallgather (persistent: Start)
-    if path == "mpi":  # (else gather_p2p's messages: a gather of this size takes them)
-        monkeypatch.setattr(gather_p2p, "FLAT_MOST", 0)
-    else:  # (the switch off, the group never asked whether it spans machines: it does not;
-        # where ranks outnumber cores, the messages are the case all the same)
+    if path == "messages":  # (a list's gather of this size takes gather_p2p's; the switch off,
+        # the group never asked whether it spans machines: it does not)
         monkeypatch.setattr(pg, "one_node", True)
-        monkeypatch.setattr(gather_p2p.W, "may_spin", lambda: True)
-    assert gather_p2p.takes(pg, n * BIG * 4, True) == (path == "messages")
+    assert gather_p2p.takes(pg, n * BIG * 4) == (path == "messages")
     if me == n - 1 and path == "mpi":  # its fingerprint goes out at once, its data 0.3 s later
         monkeypatch.setattr(pg, "comm", _LateIallgather(pg.comm))
     elif me == n - 1:
@@ -243,7 +240,11 @@ def test_a_mismatch_found_while_the_data_is_posted_keeps_its_request(monkeypatch
     # the late rank may hear that the group broke before it reads the slots itself
     with pytest.raises(CollectiveMismatchError if me != n - 1
                        else (CollectiveMismatchError, PeerFailedError)):
-        dist.all_gather_into_tensor(out, inp, group=g)
+        if path == "mpi":
+            dist.all_gather_into_tensor(out, inp, group=g)
+        else:  # (all_gather_into_tensor stays with MPI: a list's gather takes the messages)
+            dist.all_gather(list(out.reshape(n, 1, BIG) if me == n - 1
+                                 else out.reshape(n, BIG)), inp, group=g)
     if me != n - 1:
         assert posted.count() > kept  # raised with its data in flight: the request is kept
     del out, inp

@@ -624,10 +624,7 @@ class Collectives(_pers.SmallCalls):
                         return self._persistent(c, _bytes(inp), _bytes(out),
                                                 "all_gather_into_tensor", s, output, (out, inp),
                                                 async_op, chk)
-                # (messages straight into out's parts: gather_p2p.py, past pers_max only)
-                req = (_gp2p.start(self, inp, _gp2p.pieces(out, self.size_), mt)
-                       if _gp2p.takes(self, out.nbytes, True)
-                       else self.comm.Iallgather([inp, mt], [out, mt]))
+                req = self.comm.Iallgather([inp, mt], [out, mt])
                 if chk is not None:
                     req = _fp.Checked(self.health, req, *chk)
                 return self._fast_finish(req, "all_gather_into_tensor", s, [output],

@@ -14,12 +14,18 @@ call's was 0.34-0.96x.
 :data:`MOST` members at most, all on one machine (across machines a host would send more bytes
 over its link than MPI's ring does: each rank's part to every remote peer), a gather of more
 bytes in all than the group's board takes (``SmallCalls.board_most``; without a board, its
-``pers_max``: the persistent requests' calls below it) and at least :data:`LEAST`; an
-``all_gather_into_tensor`` too, up to :data:`FLAT_MOST` bytes in all where ranks do not
-outnumber cores, where MPICH's own gather (through its shared-memory cells: two copies a byte)
-was slower than messages of this size (one copy). Every member then sends and receives the same
-messages, whatever its own list looks like: entries that lie end to end in one buffer, arrays
-that are not contiguous or live on a GPU (received through a staging buffer each) all take them.
+``pers_max``: the persistent requests' calls below it) and at least :data:`LEAST`. Every member
+then sends and receives the same messages, whatever its own list looks like: entries that lie
+end to end in one buffer, arrays that are not contiguous or live on a GPU (received through a
+staging buffer each) all take them.
+
+``all_gather_into_tensor``, which copies nothing either way, stays with MPI's gather. It took
+these messages up to 4 MiB in all (2 ranks, where MPICH's gather had run at 0.94-0.98x raw and
+the messages at 1.02-1.18x): that was on unchanged inputs, where a large message's single copy
+reads lines the reader's cache kept from the last call. On inputs written just before each call,
+as a program's are (``mpitensor-bench --mode fresh``), the messages took 1.10-1.19x the time of
+MPI's ``Iallgather`` from 1 to 4 MiB (115-475 against 97-426 µs, 2 ranks, 2026-11-30), and
+about the same on unchanged ones (0.96-1.06x).
 
 **Where they travel.** On the group's notice communicator (``GroupHealth.diag``), which user
 messages never reach, with the tag ``tag_base`` (the group's incarnation, never that of a
@@ -38,7 +44,6 @@ import numpy as np
 from mpi4py import MPI
 
 from ...health import fingerprint as _fp
-from ...health import watchdog as W
 from . import all_reduce_into as _into
 from . import buffers as B
 
@@ -47,28 +52,18 @@ from . import buffers as B
 MOST = 8
 #: the fewest bytes in all (every member's part) a list-form gather needs to take it
 LEAST = 64 << 10
-#: the most bytes in all an all_gather into one tensor takes it with (there the messages save
-#: no copy: at 2 ranks here they took 0.75-0.93x MPI's time from 256 KiB to 4 MiB, 1.06-1.18x
-#: at 8-16 MiB, where the engine of shm_coll.py, asked first, takes over); and only where
-#: ranks do not outnumber cores (4 ranks on 2 cores: 1.07-1.21x MPI's time, 512 KiB-4 MiB)
-FLAT_MOST = 4 << 20
 
 _testall = MPI.Request.Testall
 #: what ``fast`` answers for a call it leaves to the general path
 PASS = object()
 
 
-def takes(g: Any, nbytes: int, flat: bool = False) -> bool:
-    """Whether an all_gather of ``nbytes`` in all, into a list (or ``flat``: into one tensor),
-    takes this path on group ``g`` (the same answer on every member)."""
+def takes(g: Any, nbytes: int) -> bool:
+    """Whether an all_gather of ``nbytes`` in all, into a list, takes this path on group ``g``
+    (the same answer on every member)."""
     p = g.size_
     return (2 <= p <= MOST and nbytes > g.board_most("all_gather") and nbytes >= LEAST
-            and g.one_node is True and (not flat or (nbytes <= FLAT_MOST and W.may_spin())))
-
-
-def pieces(buf: Any, p: int) -> list:
-    """The ``p`` consecutive parts of the contiguous ``buf``, one per member."""
-    return list(buf.reshape(p, -1))
+            and g.one_node is True)
 
 
 class Exchange:

@@ -40,7 +40,6 @@ from ....tensor import Tensor
 from ...health import fingerprint as _fp
 from ...health import watchdog as W
 from ...process_group import Work
-from . import gather_p2p as _gp2p
 from . import scatter_p2p as _sp2p
 
 #: the largest buffer (bytes: all_reduce's and broadcast's tensor, all_gather's output,
@@ -388,8 +387,6 @@ class SmallCalls:
             pers, nb = self.pers or self._new_pers(), sspec[0].nbytes
             c = pers.ag.get(nb) or pers.all_gather(nb)
         if c is None:
-            if _gp2p.takes(self, rspec[0].nbytes, True):  # as the fast path's (collectives.py)
-                return _gp2p.start(self, sspec[0], _gp2p.pieces(rspec[0], self.size_), sspec[1])
             return self.comm.Iallgather(sspec, rspec)
         return c.post(self.health, sspec[0], rspec[0], self.opname, self.seq)
 
