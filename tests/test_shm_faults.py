@@ -84,18 +84,19 @@ def mpich_ended_the_job(res) -> None:
     assert "process manager error" in res.output and res.returncode != 0, res.output
 
 
-def _survivors_say_rank_1_died(res, got: dict, seq: int, ok, bound: float) -> None:
+def _survivors_say_rank_1_died(res, got: dict, seq: int, ok, bound: float,
+                               op: str = "all_reduce") -> None:
     """Ranks 0 and 2 raised PeerFailedError naming rank 1's ended process in call ``#seq``
-    within ``bound`` seconds (``ok(report)`` true), or MPI ended the job before they could
-    report past "ready" (the known defect); no segment left."""
+    (an ``op``) within ``bound`` seconds (``ok(report)`` true), or MPI ended the job before
+    they could report past "ready" (the known defect); no segment left."""
     for r in (0, 2):
         if got[r]["stage"] == "ready":  # MPICH ended the job first (see above)
             mpich_ended_the_job(res)
             continue
         assert got[r]["stage"] == "raised" and ok(got[r]), (got, res.output)
         err = got[r]["error"]
-        assert err.startswith(f"PeerFailedError: rank {r}: all_reduce (#{seq} on WORLD) "
-                              f"cannot complete: rank 1 failed in all_reduce (#{seq} on "
+        assert err.startswith(f"PeerFailedError: rank {r}: {op} (#{seq} on WORLD) "
+                              f"cannot complete: rank 1 failed in {op} (#{seq} on "
                               "WORLD): its process (pid "), err
         assert got[r]["took"] < bound, got[r]
     _no_segment_left(got)
@@ -181,9 +182,9 @@ def test_a_rank_that_never_arrives(tmp_path: Path) -> None:
     _no_segment_left(got)
 
 
-def rank_1_came_too_late(res, got: dict) -> None:
-    """Ranks 0 and 2 raised DistributedTimeoutError for all_reduce #2 naming rank 1 after
-    about 3 s (or the PeerFailedError of the one that timed out first, which broke the group);
+def rank_1_came_too_late(res, got: dict, op: str = "all_reduce") -> None:
+    """Ranks 0 and 2 raised DistributedTimeoutError for ``op`` #2 naming rank 1 after about
+    3 s (or the PeerFailedError of the one that timed out first, which broke the group);
     rank 1, arriving, was refused with the story."""
     assert not res.timed_out, res.output
     assert sorted(got) == [0, 1, 2], res.output
@@ -193,17 +194,17 @@ def rank_1_came_too_late(res, got: dict) -> None:
         assert got[r]["stage"] == "raised", (got, res.output)
         if err.startswith("DistributedTimeoutError"):
             timed_out.append(r)
-            assert err.startswith(f"DistributedTimeoutError: rank {r}: all_reduce (#2 on "
+            assert err.startswith(f"DistributedTimeoutError: rank {r}: {op} (#2 on "
                                   "WORLD) did not complete within 3 s"), err
             assert "Ranks that had not arrived: [1]" in err, err
         else:
-            assert err.startswith(f"PeerFailedError: rank {r}: all_reduce (#2 on WORLD) cannot "
-                                  f"complete: rank {2 - r} failed in all_reduce (#2 on WORLD): "
+            assert err.startswith(f"PeerFailedError: rank {r}: {op} (#2 on WORLD) cannot "
+                                  f"complete: rank {2 - r} failed in {op} (#2 on WORLD): "
                                   "DistributedTimeoutError"), err
         assert 2.5 < got[r]["took"] < 6, got[r]
     assert timed_out, got
     assert got[1]["stage"] == "raised"
-    assert got[1]["error"].startswith("PeerFailedError: rank 1: all_reduce"), got[1]
+    assert got[1]["error"].startswith(f"PeerFailedError: rank 1: {op}"), got[1]
     assert "DistributedTimeoutError" in got[1]["error"], got[1]
 
 

@@ -2,13 +2,15 @@
 
 Each scenario runs a script under ``mpiexec`` with a hard timeout (``test_shm_faults``'s
 launcher) and asserts every rank's outcome: a rank killed before it posts its part of a small
-all_reduce, and a rank that never arrives. Both must end in a clear error on every surviving
-rank within the group's timeout, never a hang or a wrong number.
+all_reduce (or reduce to one root), and a rank that never arrives. Both must end in a clear
+error on every surviving rank within the group's timeout, never a hang or a wrong number.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from .test_faults_comm import results
 from .test_shm_faults import _survivors_say_rank_1_died, rank_1_came_too_late, run_script
@@ -19,9 +21,9 @@ from mpitensor.distributed import _world
 from mpitensor.distributed.backends.mpi import shm_tiny
 
 
-def attempt(x, t0):  # all_reduce(x), reported; True if it raised
+def attempt(x, t0):  # the call, reported; True if it raised
     try:
-        dist.all_reduce(x)
+        THE_CALL
         report(stage="done", value=x.tolist())
         return False
     except Exception as exc:
@@ -46,18 +48,25 @@ if attempt(x, time.monotonic()):
 """
 
 
-def test_a_rank_killed_before_it_posts(tmp_path: Path) -> None:
-    """Rank 1 SIGKILLs itself between two small all_reduces. With hydra's clean-up off,
-    ranks 0 and 2 stay to tell: each ends its wait on the board with PeerFailedError naming
-    rank 1 and its pid, well within the 60 s timeout (or MPICH ends the job first, as
-    ``test_shm_faults`` describes)."""
-    res, took = run_script(tmp_path, KILL, 3, "60", hydra=("-disable-auto-cleanup",))
+#: the call each scenario's ranks attempt, by kind of board call: an all_reduce, and a reduce
+#: to rank 0 (whose other members wait for every member's post all the same)
+CALLS = {"all_reduce": "dist.all_reduce(x)", "reduce": "dist.reduce(x, dst=0)"}
+
+
+@pytest.mark.parametrize("kind", sorted(CALLS))
+def test_a_rank_killed_before_it_posts(tmp_path: Path, kind: str) -> None:
+    """Rank 1 SIGKILLs itself between two small calls. With hydra's clean-up off, ranks 0 and
+    2 stay to tell: each ends its wait on the board with PeerFailedError naming rank 1 and its
+    pid, well within the 60 s timeout (or MPICH ends the job first, as ``test_shm_faults``
+    describes)."""
+    res, took = run_script(tmp_path, KILL.replace("THE_CALL", CALLS[kind]), 3, "60",
+                           hydra=("-disable-auto-cleanup",))
     assert not res.timed_out, res.output
     got = results(tmp_path)
     assert got[1]["stage"] == "ready", res.output
     if not got[1]["board"]:
         return  # built without the board's module: the MPI path, test_shm_faults' cases
-    _survivors_say_rank_1_died(res, got, 2, lambda g: True, 20)
+    _survivors_say_rank_1_died(res, got, 2, lambda g: True, 20, kind)
     assert took < 60
 
 
@@ -73,9 +82,10 @@ attempt(x, t0)
 """
 
 
-def test_a_rank_that_never_arrives(tmp_path: Path) -> None:
-    """Rank 1 comes 6 s late to a small all_reduce (timeout 3 s): ranks 0 and 2 raise
+@pytest.mark.parametrize("kind", sorted(CALLS))
+def test_a_rank_that_never_arrives(tmp_path: Path, kind: str) -> None:
+    """Rank 1 comes 6 s late to a small call (timeout 3 s): ranks 0 and 2 raise
     DistributedTimeoutError naming rank 1 after about 3 s (or the PeerFailedError of the one
     that timed out first); rank 1, arriving, is refused with the story; nobody gets a value."""
-    res, _ = run_script(tmp_path, LATE, 3)
-    rank_1_came_too_late(res, results(tmp_path))
+    res, _ = run_script(tmp_path, LATE.replace("THE_CALL", CALLS[kind]), 3)
+    rank_1_came_too_late(res, results(tmp_path), kind)
