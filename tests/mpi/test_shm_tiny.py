@@ -190,7 +190,7 @@ def test_reduce_through_both_paths_async_and_tensors():
         want = (n + 1) / 2 if me == root else me + 1
         assert t.tolist() == [want] * 3
     works, checks = [], []
-    for i in range(2 * shm_tiny.SLOTS + 3):  # (8 KiB: the board's at any load)
+    for i in range(2 * shm_tiny.SLOTS + 3):  # (two sizes, each to every root)
         root, count = i % n, 6 if i // n % 2 else 1024
         x = np.full(count, me + i, np.int64)
         works.append(dist.reduce(x, dst=root, async_op=True))
@@ -213,7 +213,7 @@ def test_a_reduce_that_does_not_match_raises_on_every_rank(how):
     group, on a rank that reads the notice first) on every rank, never a silent return."""
     n, me = world()
     g = board_group(f"reduce_{how}")
-    most = _world._pg(g).tiny.most[shm_tiny.ROOTED]  # (8 KiB: the board's at any load)
+    most = _world._pg(g).tiny.most[shm_tiny.ROOTED]
     x = np.ones(most // 2 if how == "size" and me == n - 1 else 2048, np.float32)
     with pytest.raises((CollectiveMismatchError, PeerFailedError)) as err:
         if how == "operation" and me == n - 1:
