@@ -90,7 +90,7 @@ class Mpi4pyApi(B.Api):
         return buf[0]
 
     def split(self, buf: Any, parts: int) -> List[Any]:
-        arr = buf[0]
+        arr = self.data_of(buf)
         step = arr.shape[0] // parts
         return [[arr[i * step:(i + 1) * step], self.mt] for i in range(parts)]
 

@@ -366,7 +366,8 @@ class Collectives(_pers.SmallCalls):
                     pers = self.pers or self._new_pers()
                     c = pers.rd.get(key) or pers.reduce(key, nb, fast[0], fast[1], root)
                     if c is not None:  # the board's (a reduce has no persistent request)
-                        return self._reduce_on_board(c, s, arr, root, tensor, async_op, chk)
+                        return self._persistent(c, arr, arr if root == self.rank_ else None,
+                                                "reduce", s, tensor, arr, async_op, chk)
                 if root == self.rank_:
                     req = self.comm.Ireduce(_IN_PLACE, [arr, fast[0]], fast[1], root)
                 else:

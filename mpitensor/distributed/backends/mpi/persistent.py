@@ -312,9 +312,9 @@ class SmallCalls:
 
     def _persistent(self, c: Any, src: Any, dst: Any, op: str, s: int, result: Any,
                     keep: Any, async_op: bool, chk: Any) -> Optional[Work]:
-        """Run fast-path call ``s`` on the persistent request ``c``: the
-        bytes ``src`` in, the result into ``dst`` (see ``persistent.deliver``); ``result``:
-        the tensor (or list of them) an async work returns."""
+        """Run fast-path call ``s`` on the persistent request ``c``: the bytes ``src`` (or a
+        contiguous NumPy array's) in, the result into ``dst`` (see ``persistent.deliver``);
+        ``result``: the tensor (or list of them) an async work returns."""
         h = self.health
         f = c.fast  # a board call (shm_tiny.py): straight from src into dst where it can
         if f is not None and not (async_op or c.active or chk is not None) \
@@ -330,7 +330,7 @@ class SmallCalls:
             return self._fast_finish(req, op, s, result if type(result) is list else [result],
                                      keep, async_op)
         if src is not None:
-            c.into[:] = src
+            c.into[:] = src if type(src) is memoryview else as_bytes(src)
         req = c.req
         req.Start()
         c.active = True
@@ -347,20 +347,6 @@ class SmallCalls:
         elif dst is not None:
             deliver(c.out, dst)
         return None
-
-    def _reduce_on_board(self, c: Any, s: int, arr: np.ndarray, root: int, result: Any,
-                         async_op: bool, chk: Any) -> Optional[Work]:
-        """Fast-path reduce ``s`` of ``arr`` to member ``root`` on the board call ``c``
-        (``shm_tiny.Cache.reduce``): straight from and into ``arr`` where it can."""
-        f, o = c.fast, (arr if root == self.rank_ else None)
-        if not (async_op or c.active) and chk is None and (
-                (r := f.run(s, arr, o)) == 1 or f.owner.rest(r, arr, o, "reduce", s)):
-            if self.health.fp_tok is not None:  # (checked: settle it)
-                self._fast_settle(self.health, "reduce", s)
-            return None
-        b = as_bytes(arr)
-        return self._persistent(c, b, None if o is None else b, "reduce", s, result, arr,
-                                async_op, chk)
 
     # The general paths' MPI calls: on the group's persistent request where the call is small
     # (the choice of every member alike, whichever path each took), else the non-blocking
