@@ -113,8 +113,11 @@ report(stage="ready", made=made)
 if rank == 1:
     publish = shm_pipe.Engine.publish
     def dying(self, w, t):
-        # half-way through the next call: its chunks (segment), its reduced part (direct)
-        if self.step - t == 8 or (self.cma and self.seq == 2 and w == shm_pipe.RED):
+        # half-way through the next call: its chunks (segment), its reduced part (direct:
+        # the meeting after it, or in place, where the members write their parts into each
+        # other's buffers and meet once, that last meeting)
+        if self.step - t == 8 or (self.cma and self.seq == 2 and (
+                w == shm_pipe.RED or (w == shm_pipe.OUT and self.puts))):
             os.kill(os.getpid(), signal.SIGKILL)
         publish(self, w, t)
     shm_pipe.Engine.publish = dying

@@ -147,3 +147,38 @@ def test_a_take_yields_the_core_with_the_gil_let_go_and_notices_a_release():
     t.join()
     assert len(ran) > 1000  # the other thread ran while the take yielded
     mm.close()
+
+
+def test_a_guarded_write_into_a_process_and_its_refusals():
+    """``put``, the engine's write into a peer's buffer (here this process's own): it writes
+    unless the owner closed the call's step, leaves the busy word clear after, and answers
+    the errno of a write the kernel refuses."""
+    import errno
+    import os
+
+    words = np.zeros(8, np.int64)
+    src = np.arange(1000, dtype=np.float64)
+    dst = np.zeros_like(src)
+    me = os.getpid()
+    assert _tiny.put(words, 0, 1, 5, me, dst.ctypes.data, src.ctypes.data, src.nbytes) == 0
+    assert dst.tobytes() == src.tobytes() and words[0] == 0
+    assert _tiny.put(words, 0, 1, 5, me, dst.ctypes.data, src.ctypes.data, 0) == 0
+    _tiny.close(words, 1, 6)
+    assert words[1] == 6
+    dst[:] = 0
+    assert _tiny.put(words, 0, 1, 6, me, dst.ctypes.data, src.ctypes.data, src.nbytes) == -1
+    assert not dst.any() and words[0] == 0  # closed for step 6: nothing written
+    assert _tiny.put(words, 0, 1, 7, me, dst.ctypes.data, src.ctypes.data + 8, 8) == 0
+    assert dst[0] == 1 and not dst[1:].any()  # another step: written (eight bytes)
+    assert _tiny.put(words, 0, 1, 8, me, 8, src.ctypes.data, 8) == errno.EFAULT
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)  # a process that is gone
+    assert _tiny.put(words, 0, 1, 8, child, dst.ctypes.data, src.ctypes.data, 8) == errno.ESRCH
+    with pytest.raises(ValueError, match="outside the control words"):
+        _tiny.put(words, 0, 8, 8, me, dst.ctypes.data, src.ctypes.data, 8)
+    with pytest.raises(ValueError, match="outside the control words"):
+        _tiny.close(words, -1, 8)
+    with pytest.raises(TypeError):
+        _tiny.put(words.tobytes(), 0, 1, 8, me, dst.ctypes.data, src.ctypes.data, 8)  # read-only

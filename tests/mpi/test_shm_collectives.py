@@ -394,6 +394,16 @@ def test_a_mismatched_first_call_is_refused_before_the_calibration(monkeypatch, 
     assert (y == p).all()
 
 
+def _direct_group(monkeypatch):
+    """A group of every rank whose calls all take the engine, on its direct path if it can."""
+    monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", "on")
+    direct = shm_coll.set_direct(True)
+    try:
+        return dist.new_group(list(range(dist.get_world_size())))
+    finally:
+        shm_coll.set_direct(direct)
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("told", [True, False])
 def test_a_read_that_fails_says_why_the_peer_left(monkeypatch, told):
@@ -401,12 +411,7 @@ def test_a_read_that_fails_says_why_the_peer_left(monkeypatch, told):
     peer left the call. Where it left for a mismatch this rank had not checked yet (here:
     its check skipped), the read's error is that mismatch; where nothing explains it, the
     bare read error after a moment, and the peers learn the group broke."""
-    monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", "on")
-    direct = shm_coll.set_direct(True)
-    try:
-        g = dist.new_group(list(range(dist.get_world_size())))
-    finally:
-        shm_coll.set_direct(direct)
+    g = _direct_group(monkeypatch)
     me, p = dist.get_rank(), dist.get_world_size()
     dist.all_reduce(np.ones(1000, np.float32), group=g)  # the engine is made
     if not g.shm.cma:
@@ -432,4 +437,38 @@ def test_a_read_that_fails_says_why_the_peer_left(monkeypatch, told):
     else:
         with pytest.raises(PeerFailedError, match="rank 1"):
             dist.all_gather_into_tensor(out, inp, group=g)
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_no_write_lands_in_a_buffer_its_member_has_left(monkeypatch):
+    """Direct path, all_reduce in place where members write their reduced parts into their
+    peers' buffers (``shm_direct._write``): rank 1 leaves the call early (an error inside
+    it) while the others are about to write into its buffer. Their writes are refused, they
+    raise, and rank 1's buffer, which its caller has back, stays as it was: nothing lands in
+    it later."""
+    g = _direct_group(monkeypatch)
+    me = dist.get_rank()
+    dist.all_reduce(np.ones(1000, np.float32), group=g)  # the engine is made
+    if not g.shm.puts:
+        pytest.skip("members may not write into each other's memory here")
+    from mpitensor.distributed.backends.mpi import shm_direct
+    x = np.full(4096, 7.0, np.float32)
+    if me == 1:
+        def leave(*args, **kwargs):
+            raise RuntimeError("test: rank 1 leaves the call")
+        monkeypatch.setattr(shm_direct, "_reduce_part", leave)
+        with pytest.raises(RuntimeError, match="rank 1 leaves"):
+            dist.all_reduce(x, group=g)
+        time.sleep(1.5)  # the others' writes would land meanwhile
+        assert (x == 7.0).all()
+    else:
+        write = shm_direct._write
+
+        def late(*args):
+            time.sleep(0.3)  # rank 1 has left by now
+            return write(*args)
+        monkeypatch.setattr(shm_direct, "_write", late)
+        with pytest.raises(PeerFailedError, match="rank 1 leaves the call"):
+            dist.all_reduce(x, group=g)
     dist.destroy_process_group(g)

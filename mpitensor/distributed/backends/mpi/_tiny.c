@@ -34,6 +34,8 @@
 #include <emmintrin.h>
 #include <time.h>
 #include <sched.h>
+#include <errno.h>
+#include <sys/uio.h>
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -662,9 +664,89 @@ static PyTypeObject BoardType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* ---- the engine's guarded writes into a peer's buffer (shm_direct.py) ----
+ * A member that leaves a direct call early (an error) stores the call's step in its CLOSED
+ * word, then waits while a peer's BUSY word holds that step. A writer stores the step in its
+ * BUSY word, then loads the peer's CLOSED word, and writes only where it does not hold the
+ * step. Both stores and both loads are sequentially consistent: of the two members at least
+ * one sees the other's store, so either the writer writes nothing or the leaver waits for the
+ * write to end. No write lands in a buffer its owner has left. */
+static int words_at(Py_buffer *q, Py_ssize_t a, Py_ssize_t b)
+{
+    Py_ssize_t n = q->len / 8;
+    if (q->len % 8 || a < 0 || b < 0 || a >= n || b >= n) {
+        PyErr_SetString(PyExc_ValueError, "a word outside the control words");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *tiny_put(PyObject *self, PyObject *args)
+{
+    Py_buffer q;
+    Py_ssize_t busy, closed, nbytes;
+    long long step;
+    int pid;
+    unsigned long long remote, local;
+    if (!PyArg_ParseTuple(args, "w*nnLiKKn", &q, &busy, &closed, &step, &pid, &remote, &local,
+                          &nbytes))
+        return NULL;
+    if (!words_at(&q, busy, closed)) {
+        PyBuffer_Release(&q);
+        return NULL;
+    }
+    int64_t *w = (int64_t *)q.buf;
+    long err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    __atomic_store_n(&w[busy], (int64_t)step, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&w[closed], __ATOMIC_SEQ_CST) == (int64_t)step)
+        err = -1;
+    while (!err && nbytes > 0) {
+        struct iovec from = {(void *)(uintptr_t)local, (size_t)nbytes};
+        struct iovec to = {(void *)(uintptr_t)remote, (size_t)nbytes};
+        ssize_t got = process_vm_writev(pid, &from, 1, &to, 1, 0);
+        if (got <= 0) {
+            err = got < 0 ? errno : EFAULT;
+            break;
+        }
+        local += (unsigned long long)got, remote += (unsigned long long)got, nbytes -= got;
+    }
+    __atomic_store_n(&w[busy], 0, __ATOMIC_SEQ_CST);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&q);
+    return PyLong_FromLong(err);
+}
+
+static PyObject *tiny_close(PyObject *self, PyObject *args)
+{
+    Py_buffer q;
+    Py_ssize_t closed;
+    long long step;
+    if (!PyArg_ParseTuple(args, "w*nL", &q, &closed, &step))
+        return NULL;
+    if (!words_at(&q, closed, closed)) {
+        PyBuffer_Release(&q);
+        return NULL;
+    }
+    __atomic_store_n((int64_t *)q.buf + closed, (int64_t)step, __ATOMIC_SEQ_CST);
+    PyBuffer_Release(&q);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef tiny_functions[] = {
+    {"put", tiny_put, METH_VARARGS,
+     "put(words, busy, closed, step, pid, remote, local, nbytes): write nbytes from this "
+     "process's address local to process pid's address remote (process_vm_writev, the GIL let "
+     "go), word busy of words holding step meanwhile, unless word closed holds step; 0 done, -1 "
+     "closed (nothing written), else the errno of the failed write."},
+    {"close", tiny_close, METH_VARARGS,
+     "close(words, closed, step): word closed of words = step, sequentially consistent."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef tiny_module = {
     PyModuleDef_HEAD_INIT, "_tiny", "Small collectives through a shared board (shm_tiny.py).", -1,
-    NULL,
+    tiny_functions,
 };
 
 PyMODINIT_FUNC PyInit__tiny(void)

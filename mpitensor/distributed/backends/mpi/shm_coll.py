@@ -675,10 +675,12 @@ def _setup(g: Any, s: int, op: str) -> Any:
     eng.op, eng.seq = op, s
     if getattr(g, "shm_direct", True):
         # every member may read every peer's memory, or none uses the direct path
-        can = np.array([int(_cma.available() and _direct.probe(eng))], np.int64)
+        can = np.array([int(_cma.available() and _direct.probe(eng)), 0], np.int64)
+        can[1] = can[0] and _direct.probe_write(eng)
         _exchange(h, can, MPI.MIN, s, op)
         if can[0]:
             _direct.setup(eng, _direct_chunk)
+            eng.puts = bool(can[1])
     if g.shm_min <= 1:  # "on": always
         eng.thresholds = {"reduce": 0, "scatter": 0, "move": 0}
     else:

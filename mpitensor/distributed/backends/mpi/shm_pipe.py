@@ -51,6 +51,10 @@ DEFAULT_CHUNK = 1 << 20
 CHUNK = DEFAULT_CHUNK  # bytes per member and set (a test may make it smaller: shm_coll.set_chunk)
 _LINE = 8  # int64 words per member's control line (a cache line)
 IN, RED, OUT, PID, CALL = 0, 1, 2, 3, 4  # CALL: the last call (seq) it took the engine for
+# the direct path's writes into peers' buffers (shm_direct._write, _tiny.put): the step of
+# a write in progress (BUSY), of a direct call this member left early (CLOSED), of an
+# all_reduce this member makes in place (PUTS: its peers may write its result into it)
+BUSY, CLOSED, PUTS = 5, 6, 7
 _ALIVE_EVERY_S = 9e-4  # a wait looks at its peers' processes this often: before each of the
 # watchdog's ticks (1 ms), whose MPI calls may end the whole job once a peer process is gone
 _perf = time.perf_counter
@@ -151,11 +155,13 @@ class Engine:
         # a direct call's step once every member arrived (shm_coll: the agreement check)
         self.enter: Callable[[], None] = _nothing
         # the direct path (shm_direct): each member's row of addresses its peers read from,
-        # whether every pair of members may read each other's memory (agreed at setup), the
-        # peers' process ids, and one scratch piece per member for the reductions' reads
+        # whether every pair of members may read (and write) each other's memory (agreed at
+        # setup), the peers' process ids, and one scratch piece per member for the
+        # reductions' reads
         table = np.frombuffer(mm, np.int64, self.p * self.p, self.p * _LINE * 8)
         self.addr = table.reshape(self.p, self.p)
         self.cma = False
+        self.puts = False  # and write into them (shm_direct._write)
         self.reader: Any = None
         self.pids: List[int] = []
         self.scratch: List[np.ndarray] = []
