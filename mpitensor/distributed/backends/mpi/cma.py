@@ -7,7 +7,9 @@ the segment, out of it). The kernel allows it where this process may ptrace the 
 user, and Yama's ``ptrace_scope`` 0 or no Yama; a container's seccomp profile may refuse the
 call): :func:`available` says whether the call exists, and the engine (``shm_coll``) probes
 every pair of members once per group, agreeing on the answer collectively, before it uses it.
-Nothing here changes the process's ptrace settings.
+Nothing here changes the process's ptrace settings. The writes the engine's all_reduce makes
+into its peers' buffers (``process_vm_writev``, the same permission) are ``_tiny.put``'s,
+guarded against a peer that left the call, and probed apart (``shm_direct.probe_write``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@ they read from it, and the members meet at two or three points per call (``Engin
   buffer (or its output: out of place, the input is only read); then (everyone done) it
   reads every peer's reduced part straight into its buffer (output).
   Each rank moves ``2 (p-1)/p`` of the buffer across memory once, as a ring would, with no
-  staging copy and a sync per phase instead of per chunk;
+  staging copy and a sync per phase instead of per chunk. In place on every member, where
+  members may also write into each other's memory (``_tiny.put``), each member instead
+  writes each reduced chunk into its peers' buffers while it is in cache, and the members
+  meet twice;
 * **reduce_scatter**: the first phase alone, into the output (out of place, each chunk of
   the output first receives a peer's piece and then takes the others in place, still in
   rank order: ``_reduce_apart``);
@@ -20,10 +23,12 @@ they read from it, and the members meet at two or three points per call (``Engin
 * **reduce**: the root reads every peer's buffer and reduces it into its own;
 * **broadcast**: every member but the root reads the root's buffer.
 
-Every call ends at a meeting after its last read, so no member returns (and may change its
-buffer) while a peer still reads it. A read that fails because the peer's process is gone ends
-with :class:`PeerFailedError` (``Engine.check_alive``); one whose peer is alive (its buffer
-gone: it left the call) with what made the peer leave, where it told (``_left_why``).
+Every call ends at a meeting after its last read or write, so no member returns (and may
+change its buffer) while a peer still reads it or writes into it; a member that leaves early,
+on an error, first closes its buffer to writes (``_close``). A read or write that fails
+because the peer's process is gone ends with :class:`PeerFailedError`
+(``Engine.check_alive``); one whose peer is alive (its buffer gone or closed: it left the
+call) with what made the peer leave, where it told (``_left_why``).
 """
 
 from __future__ import annotations
@@ -186,8 +191,8 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
 def _reduce_part(eng: Engine, dest: np.ndarray, own: np.ndarray, remote: List[int],
                  red: Reducer, done: Optional[Callable[[int, int], None]] = None) -> None:
     """``dest`` = the rank-order reduction of every member's piece: this member's ``own``,
-    member ``r``'s at its address ``remote[r]`` (``dest`` may be ``own`` itself); ``done(lo,
-    hi)`` after each chunk ``dest[lo:hi]`` is (where given: ``dest`` is ``own``)."""
+    member ``r``'s at its address ``remote[r]`` (``dest`` may be ``own`` itself). ``done(lo,
+    hi)``, where given (``dest`` is then ``own``), runs once ``dest[lo:hi]`` holds its result."""
     if red.wide is None and not np.may_share_memory(dest, own):
         _reduce_apart(eng, dest, own, remote, red)
         return
