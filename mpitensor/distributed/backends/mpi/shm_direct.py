@@ -261,7 +261,7 @@ def all_reduce(eng: Engine, buf: np.ndarray, red: Reducer,
     is in place (each says so in its PUTS word before it arrives), each chunk of this
     member's reduced part goes into every peer's buffer as soon as it is reduced, from the
     cache, where the peers would read it back from memory after a meeting: 2 ranks, 64 MiB,
-    8.8-10.2 ms against 10.9-11.6. A peer's part ``me`` is read (its input) before its result
+    9.8-10.2 ms against 11.4-12.5. A peer's part ``me`` is read (its input) before its result
     is written there, by this member alone. A member that leaves such a call early closes
     its buffer to writes first (:func:`_close`)."""
     p, me, isz = eng.p, eng.me, buf.itemsize
