@@ -114,8 +114,9 @@ if rank == 1:
     publish = shm_pipe.Engine.publish
     def dying(self, w, t):
         # half-way through the next call: its chunks (segment), its reduced part (direct:
-        # the meeting after it, or in place, where the members write their parts into each
-        # other's buffers and meet once, that last meeting)
+        # the meeting after it; in place, where the members write their reduced parts into
+        # each other's buffers and have no such meeting, the call's last one, while a peer
+        # may still write into it)
         if self.step - t == 8 or (self.cma and self.seq == 2 and (
                 w == shm_pipe.RED or (w == shm_pipe.OUT and self.puts))):
             os.kill(os.getpid(), signal.SIGKILL)
