@@ -95,10 +95,11 @@ def probe_write(eng: Engine) -> bool:
     writes each peer's probe word with the value it holds (:func:`probe` read it)."""
     if _tiny is None or not hasattr(_tiny, "put"):
         return False
+    word = np.zeros(1, np.int64)
     for r in range(eng.p):
         if r == eng.me:
             continue
-        word = np.array([eng.pids[r]], np.int64)
+        word[0] = eng.pids[r]
         if _tiny.put(eng.q, eng.me * _LINE + BUSY, r * _LINE + CLOSED, -1, eng.pids[r],
                      int(eng.addr[r, eng.me]), word.ctypes.data, 8):
             return False
@@ -145,7 +146,7 @@ def _close(eng: Engine) -> None:
     its buffers, and one that writes now is waited for (while its process lives, at most the
     group's timeout), so no write lands after the caller has the buffer back."""
     q, t = eng.q, eng.step
-    if q is None or _tiny is None or not eng.puts:
+    if q is None or not eng.puts:  # (puts: _tiny.put was probed)
         return
     _tiny.close(q, eng.me * _LINE + CLOSED, t)
     deadline = time.perf_counter() + eng.h.timeout
@@ -226,24 +227,25 @@ def _reduce_apart(eng: Engine, dest: np.ndarray, own: np.ndarray, remote: List[i
     traffic, where ``out = a op b`` into a third buffer reads each of ``out``'s lines from
     memory first: a 2-rank reduce_scatter of 64 MiB took 8.5-9.4 ms so, against 11.7-12.1
     with the reduction into ``dest`` from ``own`` and a scratch copy of the peer's piece."""
+    if red.view is not None:  # (the op's dtype, of the same width: bool as uint8)
+        dest, own = dest.view(red.view), own.view(red.view)
     p, me, dt = eng.p, eng.me, dest.dtype
     isz = dt.itemsize
     ce = eng.scratch[0].nbytes // isz
-    f, view, first = red.ufunc, red.view, 1 if me == 0 else 0
+    f, first = red.ufunc, 1 if me == 0 else 0
     for lo in range(0, dest.size, ce):
         hi = min(dest.size, lo + ce)
-        d = dest[lo:hi]
-        _read(eng, first, d, remote[first] + lo * isz)
-        acc = d if view is None else d.view(view)
+        acc = dest[lo:hi]
+        _read(eng, first, acc, remote[first] + lo * isz)
         if me == 0:
-            f(own[lo:hi] if view is None else own[lo:hi].view(view), acc, out=acc)
+            f(own[lo:hi], acc, out=acc)
         for r in range(first + 1, p):
             if r == me:
                 piece = own[lo:hi]
             else:
                 piece = eng.scratch[r][:(hi - lo) * isz].view(dt)
                 _read(eng, r, piece, remote[r] + lo * isz)
-            f(acc, piece if view is None else piece.view(view), out=acc)
+            f(acc, piece, out=acc)
         if red.divide:
             np.divide(acc, red.divide, out=acc)
 
@@ -269,13 +271,11 @@ def all_reduce(eng: Engine, buf: np.ndarray, red: Reducer,
     b = bounds(buf.size, p)
     base, home = _addr(buf), _addr(dest)
     row = [(home if k == me else base) + b[k] * isz for k in range(p)]
-    if not eng.puts:
-        _all_reduce_read(eng, buf, dest, b, red, eng.arrive(row))
-        return
-    eng.q[me * _LINE + PUTS] = eng.step + 1 if out is None else 0
+    if eng.puts:
+        eng.q[me * _LINE + PUTS] = eng.step + 1 if out is None else 0
     try:
         t = eng.arrive(row)
-        if any(eng.q[r * _LINE + PUTS] != t for r in range(p)):
+        if not eng.puts or any(eng.q[r * _LINE + PUTS] != t for r in range(p)):
             _all_reduce_read(eng, buf, dest, b, red, t)
             return
         remote = [int(eng.addr[r, me]) for r in range(p)]
