@@ -123,7 +123,7 @@ def _segment(group: Any, buckets: "List[int] | None" = None) -> str:
     th = getattr(eng, "thresholds", None)
     if not isinstance(th, dict):
         return "no segment" if eng is False else "not made"
-    red = max(th.get("reduce", 1 << 62), getattr(group, "shm_min", 0))
+    red = max(th.get("reduce", 1 << 62), getattr(group, "shm_ar_min", 0))
 
     def size(n: int) -> str:
         return "never" if n >= 1 << 60 else f"≥ {n / 2**20:.2f} MiB"

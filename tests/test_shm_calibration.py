@@ -54,6 +54,16 @@ def test_doubt_needs_both_a_median_near_the_margin_and_split_pairs():
     assert not C._split([(0.3, 1.0), (0.4, 1.0), (2.0, 1.0)])  # split, median far below
 
 
+def test_each_timed_call_follows_one_of_its_own_kind_and_a_barrier():
+    """A pair's calls start where a program's repeated calls start (the kind's own last
+    call, the members together), the order of the two kinds alternating."""
+    log = []
+    t = C._pairs((lambda: log.append("e"), lambda: log.append("m")), 2,
+                 lambda: log.append("|"))
+    assert "".join(log) == "e|em|m" + "m|me|e"  # (the call after each "|" is the timed one)
+    assert t.shape == (4,) and (t >= 0).all()
+
+
 def _run(monkeypatch, script):
     """Run _calibrate with the times ``script(size, kind, round)`` -> list of (e, m) pairs;
     return the thresholds, the engine's ratios and the rounds each point was timed in."""
@@ -61,11 +71,11 @@ def _run(monkeypatch, script):
     monkeypatch.setattr(C, "_cases", lambda eng, h, s, label, nbytes: tuple(
         (nbytes, k) for k in range(len(C._KINDS))))
 
-    def pairs(case, reps, warm):
+    def pairs(case, reps, sync):
         nbytes, k = case
         i = (C._CAL_BYTES + (C._CAL_LARGE,)).index(nbytes)  # LARGE: len(_CAL_BYTES)
-        rnd = 0 if warm else 1
-        timed.setdefault((i, k), []).append(rnd)
+        rnd = len(timed.setdefault((i, k), []))
+        timed[(i, k)].append(rnd)
         got = script(i, k, rnd)[:reps]
         assert len(got) == reps == _reps(i) - rnd  # the second round: one pair fewer
         return np.array(got, float).reshape(-1)
@@ -152,8 +162,9 @@ def test_calibrate_agrees_with_the_median_after_the_recheck(monkeypatch, second)
 def test_calibrate_leaves_a_doubt_that_decides_nothing(monkeypatch):
     """Kind "reduce" loses clearly at the largest size (never, whatever lies below): its
     1 MiB point, in doubt, is not timed again; the same doubt under a clear win at every
-    other size is (it decides where between the floor and 4 MiB the engine starts). Below
-    the floor, a doubt decides nothing either."""
+    other size is (it decides where between the floor and 4 MiB the engine starts), and so
+    is one at the floor (the smallest size timed), which decides whether the engine starts
+    there or a little above it."""
     last = len(C._CAL_BYTES) - 1
 
     def script(i, k, rnd):
@@ -167,4 +178,5 @@ def test_calibrate_leaves_a_doubt_that_decides_nothing(monkeypatch):
     th, _, timed = _run(monkeypatch, script)
     assert th["reduce"] == OFF_BYTES and timed[(1, 0)] == [0]
     assert timed[(1, 1)] == [0, 1]
-    assert C._CAL_BYTES[0] < C.FLOOR and timed[(0, 2)] == [0] and th["move"] == C.FLOOR
+    assert C._CAL_BYTES[0] == C.FLOOR and timed[(0, 2)] == [0, 1]
+    assert C.FLOOR < th["move"] < C._CAL_BYTES[1]  # (the doubt held: it loses at the floor)

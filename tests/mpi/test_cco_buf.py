@@ -677,15 +677,17 @@ class BaseTestCCO(ai.GroupCase):
             ]
             for name, fn, args, kwargs, buffers in cases:
                 spy = ai.CommSpy(pg.comm)
-                pg.comm, shm_min, pers_max = spy, pg.shm_min, pg.pers_max
-                pg.shm_min = 1 << 62  # MPI's path (shared memory copies by design: shm_coll)
+                pg.comm, gates, pers_max = spy, (pg.shm_min, pg.shm_ar_min), pg.pers_max
+                # MPI's path (shared memory copies by design: shm_coll)
+                pg.shm_min = pg.shm_ar_min = 1 << 62
                 pg.pers_max = -1  # and no persistent request (copies small calls by design)
                 try:
                     work = fn(*args, group=g, **kwargs)
                     if work is not None:
                         work.wait()
                 finally:
-                    pg.comm, pg.shm_min, pg.pers_max = spy._comm, shm_min, pers_max
+                    pg.comm, pg.pers_max = spy._comm, pers_max
+                    pg.shm_min, pg.shm_ar_min = gates
                 mpi_calls = [c for c in spy.calls if c[0][0].isupper()]
                 assert mpi_calls, f"{name}: no MPI buffer call recorded ({spy.calls})"
                 passed = [a for c in mpi_calls for a in ai.arrays_in(c[1])]
@@ -781,12 +783,12 @@ def test_all_reduce_large_buffer():
     assert x.nbytes >= 64 * 2**20
     pg = ai.process_group(None)
     spy = ai.CommSpy(pg.comm)
-    pg.comm, shm_min = spy, pg.shm_min
-    pg.shm_min = 1 << 62  # MPI's path (shared memory copies by design: shm_coll)
+    pg.comm, gates = spy, (pg.shm_min, pg.shm_ar_min)
+    pg.shm_min = pg.shm_ar_min = 1 << 62  # MPI's path (shared memory copies by design: shm_coll)
     try:
         dist.all_reduce(x)
     finally:
-        pg.comm, pg.shm_min = spy._comm, shm_min
+        pg.comm, (pg.shm_min, pg.shm_ar_min) = spy._comm, gates
     assert any(np.shares_memory(x, a) for c in spy.calls for a in ai.arrays_in(c[1]))
     pattern *= n
     pattern += np.float32(n * (n - 1) // 2)

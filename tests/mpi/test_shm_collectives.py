@@ -21,7 +21,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.distributed as dist
 from mpitensor.distributed import ReduceOp
-from mpitensor.distributed.backends.mpi import cma, shm_coll
+from mpitensor.distributed.backends.mpi import cma, shm_coll, shm_tiny
 from mpitensor.distributed.backends.mpi.shm_pipe import Engine
 from mpitensor.distributed.health import faults, watchdog
 from mpitensor.errors import CollectiveMismatchError, MpiTensorError, PeerFailedError
@@ -308,6 +308,36 @@ def test_switch_off_and_small_calls_stay_on_mpi(group):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_an_all_reduce_past_the_boards_own_asks_the_engine(monkeypatch):
+    """``auto``: a group's board may keep smaller all-reduces than its other calls (a pair's:
+    ``shm_tiny.PAIR_REDUCE_CAP``). An all_gather that the board takes makes no engine; the
+    first all_reduce past the board's largest all_reduce asks for it, whatever the other
+    kinds' caps, and the sum is right on every rank whichever path the calibration picks."""
+    monkeypatch.setenv("MPITENSOR_SHM_COLLECTIVES", "auto")
+    g = dist.new_group(list(range(dist.get_world_size())))
+    me, p = dist.get_rank(), dist.get_world_size()
+    board = g.tiny
+    if board is None:
+        pytest.skip("no board (its compiled module was not built)")
+    most = board.most
+    assert g.shm_ar_min == max(shm_coll.FLOOR, most[shm_tiny.REDUCE] + 1) <= g.shm_min
+    n = g.shm_ar_min // 4 // p + 1  # each rank's part of an all_reduce just past the board's
+    if n * p * 4 <= most[shm_tiny.GATHER]:  # an all_gather of that output: the board's
+        out = np.zeros(n * p, np.float32)
+        dist.all_gather_into_tensor(out, np.full(n, me, np.float32), group=g)
+        np.testing.assert_array_equal(out, np.repeat(np.arange(p, dtype=np.float32), n))
+        assert g.shm is None
+    x = _data(me, n * p, np.float32)
+    dist.all_reduce(x, group=g)
+    assert isinstance(g.shm, Engine)
+    pieces = [_data(r, n * p, np.float32) for r in range(p)]
+    bound = (p - 1) * np.finfo(np.float32).eps * np.sum(np.abs(pieces), axis=0)
+    assert (np.abs(x - _expected(pieces, ReduceOp.SUM)) <= bound).all()
+    assert g.shm_ar_min >= g.shm.thresholds["reduce"]  # (no lower than its measured threshold)
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("where", ["threshold", "floor"])
 def test_sizes_on_both_sides_of_the_crossover_raise_a_mismatch(monkeypatch, where):
     """Rank 0 passes a size the engine takes, the others one it leaves to MPI (below its
@@ -320,7 +350,7 @@ def test_sizes_on_both_sides_of_the_crossover_raise_a_mismatch(monkeypatch, wher
     dist.all_reduce(np.ones(100, np.float32), group=g)  # the engine is made
     g.shm.thresholds = {k: 1 << 16 for k in g.shm.thresholds}
     if where == "floor":
-        g.shm_min = 1 << 16
+        g.shm_min = g.shm_ar_min = 1 << 16
     x = np.ones((1 << 15) if me == 0 else 100, np.float32)  # 128 KiB on rank 0, else 400 B
     t0 = time.monotonic()
     with pytest.raises((CollectiveMismatchError, PeerFailedError)) as info:

@@ -73,7 +73,7 @@ def all_reduce_into(g: Any, output: Any, input: Any, op: Any, async_op: bool,
     if rel == SAME:
         return g.all_reduce(output, op, async_op)
     if rel == APART and type(out) is np.ndarray and type(inp) is np.ndarray:
-        if inp.nbytes >= g.shm_min:
+        if inp.nbytes >= g.shm_ar_min:
             done = _shmc.all_reduce_into(g, output, out, inp, op, async_op)
             if done is not _shmc.PASS:
                 return done

@@ -105,8 +105,10 @@ class Collectives(_pers.SmallCalls):
     """The collectives of :class:`MPIGroup` (a mixin: ``self`` is the group)."""
 
     # node-local collectives through shared memory (shm_coll.py): calls of at least shm_min
-    # bytes ask it (OFF_BYTES: never); shm is its Engine once made (False: none, for good)
+    # bytes ask it (OFF_BYTES: never), all-reduces from shm_ar_min (lower where the board keeps
+    # fewer: shm_tiny.PAIR_REDUCE_CAP); shm is its Engine once made (False: none, for good)
     shm_min: int = OFF_BYTES
+    shm_ar_min: int = OFF_BYTES
     shm: Any = None
 
     # collectives across nodes (hierarchical.py): set when the group is made (initial): None
@@ -122,7 +124,7 @@ class Collectives(_pers.SmallCalls):
         if type(arr) is not np.ndarray:
             return self._all_reduce(tensor, op, async_op)
         nb = arr.nbytes
-        if nb >= self.shm_min:
+        if nb >= self.shm_ar_min:
             done = _shmc.all_reduce(self, tensor, arr, op, async_op)
             if done is not _shmc.PASS:
                 return done

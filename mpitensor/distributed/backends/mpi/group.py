@@ -65,6 +65,7 @@ class MPIGroup(Collectives, PointToPoint, ObjectCollectives, ProcessGroup):
         if comm is not None:
             self._equip_health(comm)
             self.shm_min = _shmc.floor(self)  # shared-memory collectives: from what size
+            self.shm_ar_min = self.shm_min  # (all_reduce's: lowered by the board, below)
             self.tiny = _tiny.make(self)  # small calls through a shared board, where it can
             self.hier = _hier.initial(self)  # may it span nodes (hierarchical.py)
 

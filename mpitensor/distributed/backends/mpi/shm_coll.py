@@ -28,10 +28,11 @@ however the job ends, even where rank 0 dies before that. Where that fails (no m
 ``/dev/shm``) every member learns it in the same reduction and the group stays on MPI for good.
 In ``auto`` the members then measure, together, the engine and MPI on an all-reduce, a
 reduce-scatter and an all-gather at four sizes (:data:`_CAL_BYTES`), in pairs whose order
-alternates; each pair counts with its slowest member's times, a size's ratio of engine to MPI is
-the median of its pairs' (a size whose pairs disagree is measured once more), and a call takes
-the engine only from the size where its kind's ratio, drawn between the sizes (past the largest,
-held), stays at most 0.9 for every larger size (never below :data:`FLOOR`). Debug mode
+alternates, each timed call after an untimed one of its own kind and a barrier; each pair
+counts with its slowest member's times, a size's ratio of engine to MPI is the median of its
+pairs' (a size whose pairs disagree is measured once more), and a call takes the engine only
+from the size where its kind's ratio, drawn between the sizes (past the largest, held), stays
+at most 0.9 for every larger size (never below :data:`FLOOR`). Debug mode
 (``MPITENSOR_DEBUG``) keeps every call on MPI, where its checks are.
 
 **Checks and faults.** Every call through the engine posts its fingerprint in the group's
@@ -79,9 +80,10 @@ from .shm_pipe import Engine, Reducer, bounds
 
 PASS = object()  # "not through shared memory": the caller takes the MPI path
 # auto: calls smaller than this stay on MPI without asking the engine (MPI's latency wins
-# there; measured, the engine pays from 1-2 MiB on 2 cores); a group whose board
-# (shm_tiny.py) takes larger calls asks it only past those (shm_tiny.make)
-FLOOR = 512 << 10
+# there; measured, 2 ranks on 2 cores, the engine's all_reduce pays from 256 KiB, its
+# reduce_scatter from 512 KiB-1 MiB); a group whose board (shm_tiny.py) takes larger calls
+# asks it only past those (shm_tiny.make)
+FLOOR = 256 << 10
 _PREFIX = "mpitensor-coll-"
 _TOKEN_AT = 7 * 8  # where rank 0 signs a new segment (a word of its control line no one uses)
 _MARGIN = 0.9  # auto: the engine's modelled time must be this fraction of MPI's, or less
@@ -133,7 +135,7 @@ def free(g: Any) -> None:
     """Unmap the group's segment (its name was removed when it was made)."""
     eng = getattr(g, "shm", None)
     g.shm = False
-    g.shm_min = OFF_BYTES
+    g.shm_min = g.shm_ar_min = OFF_BYTES
     if isinstance(eng, Engine):
         eng.close()
 
@@ -218,6 +220,7 @@ def _start(g: Any, op: str, kind: str, nbytes: int, fparr: Any, reduce: Any, roo
         # calls below every kind's threshold no longer ask (a call that asks and takes MPI's
         # path cost about 2 µs more than one that does not: 4 % of a 512 KiB all_gather)
         g.shm_min = OFF_BYTES if eng is False else max(g.shm_min, min(eng.thresholds.values()))
+        g.shm_ar_min = OFF_BYTES if eng is False else max(g.shm_ar_min, eng.thresholds["reduce"])
     if eng is False or nbytes < eng.thresholds[kind]:
         # MPI's path counts the call itself (and posts its fingerprint again where it checks
         # this size): nothing was sent for it here
@@ -752,6 +755,7 @@ def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
     the same reduced times, so the thresholds agree."""
     h = g.health
     label = f"{op} (shared-memory calibration)"
+    sync = _barrier(h, label, s)
     pairs: list = [[[] for _ in _KINDS] for _ in _CAL_BYTES]  # size, kind -> [(e, m)]
     todo = [(i, k) for i in range(len(_CAL_BYTES)) for k in range(len(_KINDS))]
     cases: dict = {}  # size -> its calls, kept for a second round (no new first touch)
@@ -761,7 +765,7 @@ def _calibrate(eng: Engine, g: Any, s: int, op: str) -> dict:
             if i not in cases:
                 cases[i] = _cases(eng, g, s, label, _CAL_BYTES[i])
             reps = _CAL_PAIRS if _CAL_BYTES[i] <= 1 << 20 else _CAL_PAIRS_LARGE
-            t.append(_pairs(cases[i][k], reps - int(again), warm=not again))  # again: 1 fewer
+            t.append(_pairs(cases[i][k], reps - int(again), sync))  # again: 1 fewer
         flat = np.concatenate(t)
         _exchange(h, flat, MPI.MAX, s, op)  # every pair: its slowest member's times
         at = 0
@@ -790,7 +794,7 @@ def _large(eng: Engine, g: Any, s: int, op: str, label: str, kinds: List[int]) -
         return {}
     h = g.health
     case = _cases(eng, g, s, label, _CAL_LARGE)
-    t = [_pairs(case[k], _CAL_PAIRS_LARGE, warm=True) for k in kinds]
+    t = [_pairs(case[k], _CAL_PAIRS_LARGE, _barrier(h, label, s)) for k in kinds]
     flat = np.concatenate(t)
     _exchange(h, flat, MPI.MAX, s, op)
     got, at = {}, 0
@@ -823,17 +827,30 @@ def _decides(pairs: list, i: int, k: int) -> bool:
     return _crossing(ratio) != win
 
 
-def _pairs(fns: tuple, reps: int, warm: bool) -> np.ndarray:
-    """``reps`` pairs of timed calls ``(engine, MPI)``, the order alternating (after one
-    untimed call of each where ``warm``), flat: ``[e0, m0, e1, m1, ...]``."""
-    if warm:
-        for fn in fns:
-            fn()  # first touch of the buffers, MPI's first use of this size
+def _pairs(fns: tuple, reps: int, sync: Callable[[], None]) -> np.ndarray:
+    """``reps`` pairs of timed calls ``(engine, MPI)``, the order alternating, flat:
+    ``[e0, m0, e1, m1, ...]``. Each timed call follows an untimed call of its own kind, then
+    ``sync`` (a barrier): it starts from the state its own kind leaves, as every call of a
+    program that repeats its calls does, with the members together.
+
+    Timed straight after the other kind's call, the engine's all-reduce of 256 KiB took
+    90 µs after MPI's and 36 after its own (2 ranks): MPI lets its members leave tens of
+    microseconds apart, and its call leaves the buffers' lines where the engine's reads and
+    writes do not find them. That ranked the engine behind MPI up to 2 MiB in the
+    calibration, where calls made back to back, or after a barrier, found it 1.4x faster
+    from 512 KiB."""
     t = np.zeros((reps, 2))
     for r in range(reps):
         for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+            fns[side]()
+            sync()
             t[r, side] = best_time(fns[side], 1)
     return t.reshape(-1)
+
+
+def _barrier(h: Any, label: str, s: int) -> Callable[[], None]:
+    """A barrier of the group's private communicator, waited for as every call is."""
+    return lambda: W.wait(h, h.diag.Ibarrier(), label, s)
 
 
 def _cases(eng: Engine, g: Any, s: int, label: str, nbytes: int) -> tuple:

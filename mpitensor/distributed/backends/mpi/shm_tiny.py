@@ -97,6 +97,11 @@ NARROW, NARROW_CAP, NARROW_SLOTS = 4, 256 << 10, 4
 #: where the group's other paths (MPI's calls, the messages of gather_p2p and scatter_p2p)
 #: ran at 0.85-1.03x raw. Past it MPI moves a large message once, the board twice
 PAIR_CAP = 512 << 10
+#: ... except an all_reduce on such a pair, which the engine (``shm_coll.py``: each member
+#: writes its reduced part into its peers' buffers) takes past this where its calibration
+#: says so. 2 ranks on 2 cores (2026-12-01), the engine's time over the board's: 0.55x back to
+#: back and 0.77x on fresh inputs at 512 KiB, 0.77x and 0.98x at 256 KiB, 1.25-1.5x at 128 KiB
+PAIR_REDUCE_CAP = 256 << 10
 #: ... and on a group of at most NARROW members whose ranks outnumber the cores, where a call
 #: that waits in MPI takes turns with its peers for the cores and a board call does not:
 #: 4 ranks on 2 cores, against raw MPI, all_gather into 1-2 MiB 1.4-2.6x (4 MiB: 0.94-2.8x),
@@ -206,6 +211,8 @@ def limits(size: int, entry: int, crowded: bool) -> dict:
     most = dict.fromkeys((GATHER, BCAST, REDUCE, REDUCE_PART, ROOTED), entry)
     if crowded and size <= NARROW:
         most[GATHER] = entry * size
+    elif size == 2:
+        most[REDUCE] = min(entry, PAIR_REDUCE_CAP)
     return most
 
 
@@ -252,6 +259,8 @@ def make(g: Any) -> Optional["Board"]:
     # calls, then the persistent requests' CEILING for those it does not compute: Cache)
     if 1 < g.shm_min <= g.pers_max:  # ("on": every call asks the engine, none comes here)
         g.shm_min = g.pers_max + 1  # the engine past the board's largest call (CROWDED_CAP)
+        # ... and an all_reduce past the board's largest all_reduce (PAIR_REDUCE_CAP)
+        g.shm_ar_min = max(g.shm_ar_min, b.most[REDUCE] + 1)
     g.comm.Barrier()  # every member wrote its pid before any call looks for it
     return b
 
