@@ -202,16 +202,44 @@ static PyObject *Board_release(Board *self, PyObject *unused)
         return NULL;                                                          \
     }
 
+/* Whether this member may write its entry for call s: every member, this one too, has read
+ * the call the entry holds. */
+static int may_post(Board *self, int64_t s)
+{
+    int64_t prev = entry(self, self->rank, s)[0];
+    if (prev > 0)
+        for (Py_ssize_t r = 0; r < self->size; r++)
+            if (LOAD(header(self, r) + 8) < prev)
+                return 0;
+    return 1;
+}
+
+/* Write this member's entry for call s (may_post said so) from src, len bytes (NULL: none). */
+static void post_raw(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, const char *src,
+                     Py_ssize_t len)
+{
+    int64_t *e = entry(self, self->rank, s);
+    STORE(e, (int64_t)-1);
+    e[1] = word;
+    e[2] = nbytes;
+    if (src != NULL) {
+        /* a broadcast's one writer and many readers: streamed from a few KiB wherever the
+         * cores sit (a 64 KiB one took 6.2 us streamed, 9.1 us plain where the cores were
+         * close, and 3x raw MPI's plain where they were not) */
+        Py_ssize_t nt = ((word >> 8) & 0xFF) == BCAST && self->nt_bcast < self->nt_min
+                        ? self->nt_bcast : self->nt_min;
+        copy_in(data(e), src, len, nt);
+    }
+    STORE(e, s);
+    STORE(header(self, self->rank), s);
+}
+
 /* Write this member's entry for call s: 1, or 0 where a member still reads what the entry
  * holds (nothing written), or -1 with an exception set. */
 static int do_post(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyObject *data_obj)
 {
-    int64_t *e = entry(self, self->rank, s);
-    int64_t prev = e[0];
-    if (prev > 0)  /* every member, this one too, has read the call the entry holds */
-        for (Py_ssize_t r = 0; r < self->size; r++)
-            if (LOAD(header(self, r) + 8) < prev)
-                return 0;
+    if (!may_post(self, s))
+        return 0;
     Py_buffer src = {0};
     if (data_obj != Py_None) {
         if (PyObject_GetBuffer(data_obj, &src, PyBUF_SIMPLE) < 0)
@@ -223,20 +251,9 @@ static int do_post(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyOb
             return -1;
         }
     }
-    STORE(e, (int64_t)-1);
-    e[1] = word;
-    e[2] = nbytes;
-    if (src.obj != NULL) {
-        /* a broadcast's one writer and many readers: streamed from a few KiB wherever the
-         * cores sit (a 64 KiB one took 6.2 us streamed, 9.1 us plain where the cores were
-         * close, and 3x raw MPI's plain where they were not) */
-        Py_ssize_t nt = ((word >> 8) & 0xFF) == BCAST && self->nt_bcast < self->nt_min
-                        ? self->nt_bcast : self->nt_min;
-        copy_in(data(e), src.buf, src.len, nt);
+    post_raw(self, s, word, nbytes, src.buf, src.len);
+    if (src.obj != NULL)
         PyBuffer_Release(&src);
-    }
-    STORE(e, s);
-    STORE(header(self, self->rank), s);
     return 1;
 }
 
@@ -258,10 +275,11 @@ static PyObject *Board_post(Board *self, PyObject *const *args, Py_ssize_t nargs
     return PyBool_FromLong(ok);
 }
 
-/* Read call s: 1 once the result is in out, 0 while a member has not posted it, -1 - r where
- * member r made it otherwise; -(size + 1) with an exception set. */
-static long do_take(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyObject *out_obj,
-                    long kind, long root, long dt, long op, long spins)
+/* Wait (spins, then yields) until every member's entry holds call s with this word and byte
+ * count: 1, 0 while a member has not posted it, -1 - r where member r made it otherwise, or
+ * -(size + 1) with an exception set. */
+static long take_wait(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, long kind,
+                      long root, long spins)
 {
     const long failed = -(long)self->size - 1;
     long spun = 0, yielded = 0;
@@ -308,15 +326,19 @@ static long do_take(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyO
         }
         __builtin_ia32_pause();
     }
-    Py_buffer out = {0};
-    if (out_obj != Py_None && PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE) < 0)
-        return failed;
-    char *dst = out.buf;
+    return 1;
+}
+
+/* The result of call s (every member posted it: take_wait) into dst, len bytes (NULL: none),
+ * in rank order; then this member's "done" word. 1, or -(size + 1) with an exception set. */
+static long take_into(Board *self, int64_t s, Py_ssize_t nbytes, char *dst, Py_ssize_t len,
+                      long kind, long root, long dt, long op)
+{
+    const long failed = -(long)self->size - 1;
     Py_ssize_t need = kind == GATHER ? nbytes * self->size
                       : kind == REDUCE_PART ? nbytes / self->size : nbytes;
-    if (out.obj != NULL && out.len != need) {
-        PyBuffer_Release(&out);
-        PyErr_Format(PyExc_ValueError, "take: the output holds %zd bytes, not %zd", out.len, need);
+    if (dst != NULL && len != need) {
+        PyErr_Format(PyExc_ValueError, "take: the output holds %zd bytes, not %zd", len, need);
         return failed;
     }
     int bad = 0;
@@ -332,7 +354,6 @@ static long do_take(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyO
             for (Py_ssize_t r = 1; r < self->size && !bad; r++)
                 bad = combine(dst, data(entry(self, r, s)) + off, need, (int)dt, (int)op);
         }
-        PyBuffer_Release(&out);
     }
     if (bad) {
         PyErr_Format(PyExc_ValueError, "take: no reduction %ld for dtype %ld", op, dt);
@@ -340,6 +361,23 @@ static long do_take(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyO
     }
     STORE(header(self, self->rank) + 8, s);
     return 1;
+}
+
+/* Read call s: 1 once the result is in out, 0 while a member has not posted it, -1 - r where
+ * member r made it otherwise; -(size + 1) with an exception set. */
+static long do_take(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, PyObject *out_obj,
+                    long kind, long root, long dt, long op, long spins)
+{
+    long r = take_wait(self, s, word, nbytes, kind, root, spins);
+    if (r != 1)
+        return r;
+    Py_buffer out = {0};
+    if (out_obj != Py_None && PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE) < 0)
+        return -(long)self->size - 1;
+    r = take_into(self, s, nbytes, out.buf, out.len, kind, root, dt, op);
+    if (out.obj != NULL)
+        PyBuffer_Release(&out);
+    return r;
 }
 
 #define TAKE_ARGS(i)                                                                          \
@@ -613,6 +651,537 @@ static PyObject *Board_set_pid(Board *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- a group's lane */
+/* A group's blocking calls on its board that took the Python fast path once before, kept by
+ * kind, byte count, root, dtype and op (shm_tiny.make_lane; Collectives' fast paths add to it
+ * and ask it first). A call on the lane does in C what the fast path does in Python for such
+ * a call, whose Python was about half of a call of a few bytes: what it must still check (the
+ * buffers' layout, writability and overlap, the dtype and op, the group's state: its slow
+ * flag, a fault notice in its shared word, an agreement check pending or due at this size, a
+ * call of this member not yet read or an entry a member still reads), the call counted in the
+ * group's history, then the post and the take. A call it cannot take, it leaves as it found
+ * it (None): the Python fast path takes it, and raises what there is to raise. */
+static PyTypeObject LaneType;
+
+#define LANE_SLOTS 64 /* a power of two; cleared where half are used */
+#define LANE_TYPES 32 /* dtypes and ops seen: codes 1 .. LANE_TYPES */
+
+typedef struct {
+    uint64_t key; /* 0: empty */
+    PyObject *call; /* the group cache's call (its "active" flag: an async call in flight) */
+    Spec *spec;
+} LaneSlot;
+
+typedef struct {
+    PyObject_HEAD
+    Board *board;
+    PyObject *health, *history, *tensor_type, *array_type, *fault_obj;
+    Py_buffer fault; /* the group's fault word, a view of fault_obj */
+    PyObject *types[LANE_TYPES];
+    Py_ssize_t ntypes;
+    PyObject *names[5]; /* by kind: the operation's name, as the history holds it */
+    PyObject *last;     /* the spec of the last call that did not end on the lane */
+    int rooted;         /* whether calls with a root may take it (group ranks = world ranks) */
+    Py_ssize_t used;
+    LaneSlot slots[LANE_SLOTS];
+} Lane;
+
+static PyObject *s_seq, *s_slow, *s_fp_tok, *s_check_bytes, *s_active, *s_data, *s_dtype,
+    *s_shape, *s_fast;
+
+static uint64_t lane_key(long kind, Py_ssize_t nbytes, long root, Py_ssize_t dt, Py_ssize_t op)
+{
+    return 1u | (uint64_t)kind << 1 | (uint64_t)dt << 4 | (uint64_t)op << 10
+           | (uint64_t)(root & 0xFFFF) << 16 | (uint64_t)nbytes << 32;
+}
+
+static LaneSlot *lane_slot(Lane *self, uint64_t key, int empty)
+{
+    size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 58) & (LANE_SLOTS - 1);
+    for (int n = 0; n < LANE_SLOTS; n++, i = (i + 1) & (LANE_SLOTS - 1)) {
+        if (self->slots[i].key == key)
+            return &self->slots[i];
+        if (self->slots[i].key == 0)
+            return empty ? &self->slots[i] : NULL;
+    }
+    return NULL;
+}
+
+/* the code of a dtype or op seen before (by identity; None: 0), or -1 */
+static Py_ssize_t lane_code(Lane *self, PyObject *o)
+{
+    if (o == Py_None)
+        return 0;
+    for (Py_ssize_t i = 0; i < self->ntypes; i++)
+        if (self->types[i] == o)
+            return i + 1;
+    return -1;
+}
+
+static void lane_empty(Lane *self)
+{
+    for (int i = 0; i < LANE_SLOTS; i++) {
+        self->slots[i].key = 0;
+        Py_CLEAR(self->slots[i].call);
+        Py_CLEAR(self->slots[i].spec);
+    }
+    self->used = 0;
+}
+
+static int Lane_traverse(Lane *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->board);
+    Py_VISIT(self->health);
+    Py_VISIT(self->history);
+    Py_VISIT(self->last);
+    for (int i = 0; i < LANE_SLOTS; i++) {
+        Py_VISIT(self->slots[i].call);
+        Py_VISIT(self->slots[i].spec);
+    }
+    return 0;
+}
+
+static int Lane_clear(Lane *self)
+{
+    lane_empty(self);
+    Py_CLEAR(self->board);
+    Py_CLEAR(self->health);
+    Py_CLEAR(self->history);
+    Py_CLEAR(self->last);
+    return 0;
+}
+
+static void Lane_dealloc(Lane *self)
+{
+    PyObject_GC_UnTrack(self);
+    Lane_clear(self);
+    if (self->fault.obj != NULL)
+        PyBuffer_Release(&self->fault);
+    Py_CLEAR(self->fault_obj);
+    Py_CLEAR(self->tensor_type);
+    Py_CLEAR(self->array_type);
+    for (Py_ssize_t i = 0; i < self->ntypes; i++)
+        Py_CLEAR(self->types[i]);
+    for (int k = 0; k < 5; k++)
+        Py_CLEAR(self->names[k]);
+    PyObject_GC_Del(self);
+}
+
+/* lane(health, history, tensor_type, array_type, fault_word, names, rooted) -> Lane */
+static PyObject *Board_lane(Board *self, PyObject *args)
+{
+    PyObject *health, *history, *tensor_type, *array_type, *fault, *names;
+    int rooted;
+    if (!PyArg_ParseTuple(args, "OO!OOOO!p", &health, &PyList_Type, &history, &tensor_type,
+                          &array_type, &fault, &PyTuple_Type, &names, &rooted))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(history);
+    if (PyTuple_GET_SIZE(names) != 5 || n < 1 || (n & (n - 1))) {
+        PyErr_SetString(PyExc_ValueError, "lane: 5 names, a history of a power of two");
+        return NULL;
+    }
+    Lane *ln = PyObject_GC_New(Lane, &LaneType);
+    if (ln == NULL)
+        return NULL;
+    memset((char *)ln + sizeof(PyObject), 0, sizeof(Lane) - sizeof(PyObject));
+    if (PyObject_GetBuffer(fault, &ln->fault, PyBUF_SIMPLE) < 0 || ln->fault.len < 8) {
+        if (ln->fault.obj != NULL)
+            PyBuffer_Release(&ln->fault);
+        else
+            PyErr_Clear();
+        Py_DECREF(ln);
+        PyErr_SetString(PyExc_ValueError, "lane: the fault word is not a buffer of 8 bytes");
+        return NULL;
+    }
+    Py_INCREF(self);
+    ln->board = self;
+    ln->health = Py_NewRef(health);
+    ln->history = Py_NewRef(history);
+    ln->tensor_type = Py_NewRef(tensor_type);
+    ln->array_type = Py_NewRef(array_type);
+    ln->fault_obj = Py_NewRef(fault);
+    for (int k = 0; k < 5; k++)
+        ln->names[k] = Py_NewRef(PyTuple_GET_ITEM(names, k));
+    ln->rooted = rooted;
+    PyObject_GC_Track(ln);
+    return (PyObject *)ln;
+}
+
+/* add(kind, nbytes, root, dtype, op or None, call): the call (its spec: call.fast) on the lane */
+static PyObject *Lane_add(Lane *self, PyObject *args)
+{
+    long kind, root;
+    Py_ssize_t nbytes;
+    PyObject *dtype, *op, *call;
+    if (!PyArg_ParseTuple(args, "lnlOOO", &kind, &nbytes, &root, &dtype, &op, &call))
+        return NULL;
+    if (kind < GATHER || kind > ROOTED || nbytes < 0 || root < 0 || root > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "add: bad kind, byte count or root");
+        return NULL;
+    }
+    PyObject *spec = PyObject_GetAttr(call, s_fast);
+    if (spec == NULL)
+        return NULL;
+    if (Py_TYPE(spec) != &SpecType || ((Spec *)spec)->board != self->board) {
+        Py_DECREF(spec);
+        PyErr_SetString(PyExc_TypeError, "add: the call's fast spec is not one of this board");
+        return NULL;
+    }
+    Py_ssize_t code[2];
+    PyObject *o[2] = {dtype, op};
+    for (int j = 0; j < 2; j++) {
+        code[j] = lane_code(self, o[j]);
+        if (code[j] < 0) {
+            if (self->ntypes == LANE_TYPES) { /* (a program of that many dtypes and ops) */
+                Py_DECREF(spec);
+                Py_RETURN_FALSE;
+            }
+            self->types[self->ntypes++] = Py_NewRef(o[j]);
+            code[j] = self->ntypes;
+        }
+    }
+    uint64_t key = lane_key(kind, nbytes, root, code[0], code[1]);
+    if (lane_slot(self, key, 0) == NULL && self->used >= LANE_SLOTS / 2)
+        lane_empty(self);
+    LaneSlot *sl = lane_slot(self, key, 1);
+    if (sl->key == 0)
+        self->used++;
+    sl->key = key;
+    Py_XSETREF(sl->call, Py_NewRef(call));
+    Py_XSETREF(sl->spec, (Spec *)spec);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Lane_empty(Lane *self, PyObject *unused)
+{
+    lane_empty(self);
+    Py_RETURN_NONE;
+}
+
+/* close(): let go of the fault word (its segment may then close) and of every call */
+static PyObject *Lane_close(Lane *self, PyObject *unused)
+{
+    if (self->fault.obj != NULL)
+        PyBuffer_Release(&self->fault);
+    Lane_clear(self);
+    Py_RETURN_NONE;
+}
+
+/* The array a tensor argument holds (a new reference), or NULL: not an exact ndarray or a
+ * Tensor holding one (no exception: the caller's path takes it). */
+static PyObject *lane_array(Lane *self, PyObject *t)
+{
+    PyObject *a;
+    if (Py_TYPE(t) == (PyTypeObject *)self->tensor_type) {
+        a = PyObject_GetAttr(t, s_data);
+        if (a == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+    } else {
+        a = Py_NewRef(t);
+    }
+    if (Py_TYPE(a) != (PyTypeObject *)self->array_type) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    return a;
+}
+
+/* a buffer of an array, C-contiguous (writable where asked), at least 1-d where asked: 1, or
+ * 0 (no exception) */
+static int lane_view(PyObject *a, Py_buffer *v, int writable, int nd)
+{
+    if (PyObject_GetBuffer(a, v, PyBUF_ND | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (nd && v->ndim < 1) {
+        PyBuffer_Release(v);
+        return 0;
+    }
+    return 1;
+}
+
+/* Whether the group lets call s of nbytes (the lane's slot sl) take the lane now: 1, 0, or -1
+ * with an exception set. */
+static int lane_open(Lane *self, LaneSlot *sl, Py_ssize_t nbytes, int64_t s)
+{
+    Board *b = self->board;
+    if (b == NULL || b->base == NULL || b->pending > 0 || self->fault.obj == NULL
+        || LOAD((int64_t *)self->fault.buf) != 0)
+        return 0;
+    PyObject *v = PyObject_GetAttr(self->health, s_slow);
+    if (v == NULL)
+        return -1;
+    int ok = v == Py_False;
+    Py_DECREF(v);
+    if (!ok)
+        return 0;
+    if ((v = PyObject_GetAttr(self->health, s_fp_tok)) == NULL)
+        return -1;
+    ok = v == Py_None;
+    Py_DECREF(v);
+    if (!ok)
+        return 0;
+    if ((v = PyObject_GetAttr(self->health, s_check_bytes)) == NULL)
+        return -1;
+    long long most = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (most == -1 && PyErr_Occurred())
+        return -1;
+    if (nbytes >= most)
+        return 0;
+    if ((v = PyObject_GetAttr(sl->call, s_active)) == NULL)
+        return -1;
+    ok = v == Py_False;
+    Py_DECREF(v);
+    return ok && may_post(b, s);
+}
+
+/* Call s on the lane: counted (the group's seq, its history's entry from dtype and the shape
+ * of hist), posted from src and taken into dst. What take answers (1: done; 0, or -1 - r,
+ * for the Python wait: Lane.last), or NULL with an exception set. */
+static PyObject *lane_run(Lane *self, PyObject *g, LaneSlot *sl, int64_t s, PyObject *hist,
+                          PyObject *dtype, const char *src, Py_ssize_t srclen, char *dst,
+                          Py_ssize_t dstlen)
+{
+    Board *b = self->board;
+    Spec *sp = sl->spec;
+    PyObject *sv = PyLong_FromLongLong(s);
+    if (sv == NULL || PyObject_SetAttr(g, s_seq, sv) < 0) {
+        Py_XDECREF(sv);
+        return NULL;
+    }
+    PyObject *shape = PyObject_GetAttr(hist, s_shape);
+    PyObject *e = shape == NULL ? NULL : PyTuple_Pack(4, sv, self->names[sp->kind], dtype, shape);
+    Py_DECREF(sv);
+    Py_XDECREF(shape);
+    if (e == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(self->history);
+    PyList_SetItem(self->history, (Py_ssize_t)(s & (n - 1)), e); /* (steals e) */
+    post_raw(b, s, sp->word, sp->nbytes, src, srclen);
+    long r = take_wait(b, s, sp->word, sp->nbytes, sp->kind, sp->root, b->spins);
+    if (r == 1)
+        r = take_into(b, s, sp->nbytes, dst, dstlen, sp->kind, sp->root, sp->dt, sp->op);
+    if (r == -(long)b->size - 1)
+        return NULL;
+    if (r != 1)
+        Py_XSETREF(self->last, Py_NewRef((PyObject *)sp));
+    return PyLong_FromLong(r);
+}
+
+/* the group's next call number (its seq + 1), or -1 with an exception set */
+static int64_t lane_next(PyObject *g)
+{
+    PyObject *v = PyObject_GetAttr(g, s_seq);
+    if (v == NULL)
+        return -1;
+    long long s = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return s == -1 && PyErr_Occurred() ? -1 : (int64_t)s + 1;
+}
+
+/* The one-buffer calls: broadcast (root, no op), all_reduce (op), reduce (root and op). */
+static PyObject *lane_one(Lane *self, PyObject *g, PyObject *t, long kind, PyObject *rootobj,
+                          PyObject *op)
+{
+    Board *b = self->board;
+    long root = 0;
+    if (b == NULL)
+        Py_RETURN_NONE;
+    if (kind != REDUCE) {
+        if (!self->rooted)
+            Py_RETURN_NONE;
+        if (rootobj != Py_None || kind == BCAST) {
+            if (!PyLong_CheckExact(rootobj))
+                Py_RETURN_NONE;
+            root = PyLong_AsLong(rootobj);
+            if (root == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
+        }
+        if (root < 0 || root >= b->size)
+            Py_RETURN_NONE;
+    }
+    Py_ssize_t opc = kind == BCAST ? 0 : lane_code(self, op);
+    if (opc < 0 || (kind != BCAST && opc == 0))
+        Py_RETURN_NONE;
+    PyObject *a = lane_array(self, t);
+    if (a == NULL)
+        Py_RETURN_NONE;
+    PyObject *res = NULL, *dtype = NULL;
+    int mine = root == b->rank, reads = kind == REDUCE || (kind == ROOTED) == mine;
+    Py_buffer v;
+    if (!lane_view(a, &v, reads, 0)) {
+        Py_DECREF(a);
+        Py_RETURN_NONE;
+    }
+    if ((dtype = PyObject_GetAttr(a, s_dtype)) == NULL)
+        goto done;
+    Py_ssize_t dtc = lane_code(self, dtype);
+    LaneSlot *sl = dtc > 0 ? lane_slot(self, lane_key(kind, v.len, root, dtc, opc), 0) : NULL;
+    int64_t s = sl == NULL ? 0 : lane_next(g);
+    if (s < 0)
+        goto done;
+    int open = sl == NULL ? 0 : lane_open(self, sl, v.len, s);
+    if (open < 0)
+        goto done;
+    if (open == 0) {
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    /* a broadcast's root posts and reads nothing, the others read; a reduce's members post
+     * and only its root reads; an all_reduce's members post and read */
+    int posts = kind != BCAST || mine;
+    res = lane_run(self, g, sl, s, a, dtype, posts ? v.buf : NULL, v.len,
+                   reads ? v.buf : NULL, v.len);
+done:
+    PyBuffer_Release(&v);
+    Py_XDECREF(dtype);
+    Py_DECREF(a);
+    return res;
+}
+
+static PyObject *Lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "broadcast(group, tensor, src)");
+        return NULL;
+    }
+    return lane_one(self, args[0], args[1], BCAST, args[2], Py_None);
+}
+
+static PyObject *Lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "all_reduce(group, tensor, op)");
+        return NULL;
+    }
+    return lane_one(self, args[0], args[1], REDUCE, Py_None, args[2]);
+}
+
+static PyObject *Lane_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "reduce(group, tensor, dst, op)");
+        return NULL;
+    }
+    return lane_one(self, args[0], args[1], ROOTED, args[2], args[3]);
+}
+
+/* The two-buffer calls: all_gather_into_tensor (no op) and reduce_scatter_tensor (op); out
+ * and inp of one dtype, at least 1-d, apart in memory, out writable. */
+static PyObject *lane_two(Lane *self, PyObject *g, PyObject *ot, PyObject *it, long kind,
+                          PyObject *op)
+{
+    Board *b = self->board;
+    Py_ssize_t opc = kind == GATHER ? 0 : lane_code(self, op);
+    if (b == NULL || opc < 0 || (kind != GATHER && opc == 0))
+        Py_RETURN_NONE;
+    PyObject *o = lane_array(self, ot), *a = lane_array(self, it);
+    PyObject *res = NULL, *dtype = NULL, *odt = NULL;
+    Py_buffer ov = {0}, av = {0};
+    if (o == NULL || a == NULL || o == a || !lane_view(o, &ov, 1, 1) || !lane_view(a, &av, 0, 1)) {
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    const char *ob = ov.buf, *ab = av.buf;
+    Py_ssize_t want = kind == GATHER ? av.len * b->size : ov.len * b->size;
+    if ((kind == GATHER ? ov.len : av.len) != want || (ob < ab + av.len && ab < ob + ov.len)) {
+        res = Py_NewRef(Py_None); /* (sizes the call does not take, or overlapping buffers) */
+        goto done;
+    }
+    if ((dtype = PyObject_GetAttr(a, s_dtype)) == NULL || (odt = PyObject_GetAttr(o, s_dtype)) == NULL)
+        goto done;
+    Py_ssize_t dtc = dtype == odt ? lane_code(self, dtype) : -1;
+    LaneSlot *sl = dtc > 0 ? lane_slot(self, lane_key(kind, av.len, 0, dtc, opc), 0) : NULL;
+    int64_t s = sl == NULL ? 0 : lane_next(g);
+    if (s < 0)
+        goto done;
+    int open = sl == NULL ? 0 : lane_open(self, sl, av.len, s);
+    if (open < 0)
+        goto done;
+    if (open == 0) {
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    res = lane_run(self, g, sl, s, a, dtype, av.buf, av.len, ov.buf, ov.len);
+done:
+    if (ov.obj != NULL)
+        PyBuffer_Release(&ov);
+    if (av.obj != NULL)
+        PyBuffer_Release(&av);
+    Py_XDECREF(dtype);
+    Py_XDECREF(odt);
+    Py_XDECREF(o);
+    Py_XDECREF(a);
+    return res;
+}
+
+static PyObject *Lane_all_gather(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "all_gather(group, output, input)");
+        return NULL;
+    }
+    return lane_two(self, args[0], args[1], args[2], GATHER, Py_None);
+}
+
+static PyObject *Lane_reduce_scatter(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "reduce_scatter(group, output, input, op)");
+        return NULL;
+    }
+    return lane_two(self, args[0], args[1], args[2], REDUCE_PART, args[3]);
+}
+
+#define LANE_CALL "; 1 done, 0 or -1 - r: posted and not ended (the spec: last), None: not taken"
+
+static PyMethodDef Lane_methods[] = {
+    {"add", (PyCFunction)Lane_add, METH_VARARGS,
+     "add(kind, nbytes, root, dtype, op or None, call): the call's spec (call.fast) on the "
+     "lane, by kind, bytes (a reduce-scatter's or all-gather's input), root, dtype and op; "
+     "False where the lane knows too many dtypes and ops already."},
+    {"empty", (PyCFunction)Lane_empty, METH_NOARGS, "Take every call off the lane."},
+    {"close", (PyCFunction)Lane_close, METH_NOARGS,
+     "Let go of the fault word and every call: the lane takes no call from now on."},
+    {"broadcast", (PyCFunction)(void (*)(void))Lane_broadcast, METH_FASTCALL,
+     "broadcast(group, tensor, src)" LANE_CALL},
+    {"all_reduce", (PyCFunction)(void (*)(void))Lane_all_reduce, METH_FASTCALL,
+     "all_reduce(group, tensor, op)" LANE_CALL},
+    {"reduce", (PyCFunction)(void (*)(void))Lane_reduce, METH_FASTCALL,
+     "reduce(group, tensor, dst, op)" LANE_CALL},
+    {"all_gather", (PyCFunction)(void (*)(void))Lane_all_gather, METH_FASTCALL,
+     "all_gather(group, output, input)" LANE_CALL},
+    {"reduce_scatter", (PyCFunction)(void (*)(void))Lane_reduce_scatter, METH_FASTCALL,
+     "reduce_scatter(group, output, input, op)" LANE_CALL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Lane_members[] = {
+    {"last", T_OBJECT, offsetof(Lane, last), READONLY,
+     "the spec of the last call that did not end on the lane"},
+    {"used", T_PYSSIZET, offsetof(Lane, used), READONLY, "calls on the lane"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpitensor.distributed.backends.mpi._tiny.Lane",
+    .tp_basicsize = sizeof(Lane),
+    .tp_dealloc = (destructor)Lane_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Lane_traverse,
+    .tp_clear = (inquiry)Lane_clear,
+    .tp_doc = "A group's blocking calls seen on its board, taken in C (Board.lane).",
+    .tp_methods = Lane_methods,
+    .tp_members = Lane_members,
+};
+
 static PyMethodDef Board_methods[] = {
     {"post", (PyCFunction)(void (*)(void))Board_post, METH_FASTCALL,
      "post(s, word, nbytes, data or None): write this member's entry for call s; False "
@@ -635,6 +1204,9 @@ static PyMethodDef Board_methods[] = {
     {"pid", (PyCFunction)Board_pid, METH_O, "pid(r): member r's process id."},
     {"set_pid", (PyCFunction)Board_set_pid, METH_O, "set_pid(pid): this member's process id."},
     {"release", (PyCFunction)Board_release, METH_NOARGS, "Let go of the segment."},
+    {"lane", (PyCFunction)Board_lane, METH_VARARGS,
+     "lane(health, history, tensor_type, array_type, fault_word, names, rooted): the group's "
+     "lane on this board (names: the operations by kind; rooted: calls with a root take it)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -751,8 +1323,16 @@ static struct PyModuleDef tiny_module = {
 
 PyMODINIT_FUNC PyInit__tiny(void)
 {
-    if (PyType_Ready(&BoardType) < 0 || PyType_Ready(&SpecType) < 0)
+    if (PyType_Ready(&BoardType) < 0 || PyType_Ready(&SpecType) < 0
+        || PyType_Ready(&LaneType) < 0)
         return NULL;
+    const char *words[] = {"seq", "slow", "fp_tok", "check_bytes", "active", "_data", "dtype",
+                           "shape", "fast"};
+    PyObject **into[] = {&s_seq, &s_slow, &s_fp_tok, &s_check_bytes, &s_active, &s_data,
+                         &s_dtype, &s_shape, &s_fast};
+    for (int i = 0; i < 9; i++)
+        if ((*into[i] = PyUnicode_InternFromString(words[i])) == NULL)
+            return NULL;
     PyObject *m = PyModule_Create(&tiny_module);
     if (m == NULL)
         return NULL;
@@ -766,5 +1346,6 @@ PyMODINIT_FUNC PyInit__tiny(void)
     PyModule_AddIntConstant(m, "ENTRY_HEAD", ENTRY_HEAD);
     PyModule_AddIntConstant(m, "NT_MIN", NT_MIN);
     PyModule_AddIntConstant(m, "NT_BCAST", NT_BCAST);
+    PyModule_AddIntConstant(m, "LANE_SLOTS", LANE_SLOTS);
     return m;
 }

@@ -35,6 +35,11 @@ from . import hierarchical_scatter as _hscatter
 from . import persistent as _pers
 from . import scatter_p2p as _sp2p
 from . import shm_coll as _shmc
+from .shm_tiny import BCAST as _BCAST
+from .shm_tiny import GATHER as _GATHER
+from .shm_tiny import REDUCE as _REDUCE
+from .shm_tiny import REDUCE_PART as _PART
+from .shm_tiny import ROOTED as _ROOTED
 
 _IN_PLACE = MPI.IN_PLACE
 _MOVE = B.MOVE_TYPES
@@ -120,6 +125,9 @@ class Collectives(_pers.SmallCalls):
     one_node: Optional[bool] = None
 
     def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Optional[Work]:
+        if (lane := self.lane) is not None and not async_op and (
+                r := lane.all_reduce(self, tensor, op)) is not None:  # (_to_lane: in C)
+            return None if r == 1 else self._lane_rest(r, "all_reduce", tensor)
         arr = tensor._data if type(tensor) is Tensor else tensor
         if type(arr) is not np.ndarray:
             return self._all_reduce(tensor, op, async_op)
@@ -149,6 +157,8 @@ class Collectives(_pers.SmallCalls):
                         c = pers.ar.get(key) or pers.all_reduce(key, nb, fast[0], fast[1])
                         if c is not None:  # (None: not the board's, past CEILING: non-blocking)
                             f = c.fast  # the board (shm_tiny.py), from and into arr
+                            if not async_op and chk is None:
+                                self._to_lane(_REDUCE, nb, 0, arr.dtype, op, c)
                             if f is not None and not (async_op or c.active) and chk is None and (
                                     (r := f.run(s, arr, arr)) == 1
                                     or f.owner.rest(r, arr, arr, "all_reduce", s)):
@@ -210,24 +220,6 @@ class Collectives(_pers.SmallCalls):
         return (type(root) is int and group_root is None and self.identity and not self.slow
                 and 0 <= root < self.size_)
 
-    @staticmethod
-    def _fast_pair(out: Any, inp: Any) -> Any:
-        """The MPI datatype when ``out`` and ``inp`` qualify together (same dtype, ``out``
-        writable, no shared memory: the in-place idioms take the general path), else None.
-        Two distinct arrays that each allocated their memory (``owndata``) cannot overlap,
-        which spares the common call ``np.may_share_memory`` (a third of this test's time)."""
-        if type(out) is not np.ndarray or type(inp) is not np.ndarray:
-            return None
-        dt = inp.dtype
-        if out.dtype != dt or not out.ndim or not inp.ndim:
-            return None
-        fo, fi = out.flags, inp.flags
-        if not (fo.c_contiguous and fo.writeable and fi.c_contiguous):
-            return None
-        if not (fo.owndata and fi.owndata and out is not inp) and np.may_share_memory(out, inp):
-            return None
-        return _MOVE.get(dt)
-
     # -- all_reduce out of place (internal: torch's is in place only; all_reduce_into.py) --
     def all_reduce_into(self, output: Any, input: Any, op: Any = _SUM,
                         async_op: bool = False) -> Optional[Work]:
@@ -259,29 +251,11 @@ class Collectives(_pers.SmallCalls):
 
     def broadcast(self, tensor: Any, src: Optional[int] = None, async_op: bool = False,
                   group_src: Optional[int] = None) -> Optional[Work]:
+        if (lane := self.lane) is not None and not async_op and group_src is None and (
+                r := lane.broadcast(self, tensor, src)) is not None:  # (_to_lane: in C)
+            return None if r == 1 else self._lane_rest(
+                r, "broadcast", None if src == self.rank_ else tensor)
         arr = tensor._data if type(tensor) is Tensor else tensor
-        lane = self.bc_lane
-        if (lane is not None and type(arr) is np.ndarray and type(src) is int and not async_op
-                and group_src is None and (by := lane.get(src)) is not None
-                and (c := by.get(arr.nbytes)) is not None):
-            # The lane (persistent.SmallCalls.bc_lane): a size and root that took the fast path
-            # onto the board before, which holds what the checks below leave out as long as
-            # the group lives (a member, ranks the world's, below shm_min, a board call). The
-            # rest are checked here, in the order of their cost; a call that fails one takes
-            # the way below. About 0.3 µs of a 1.6 µs call of a few bytes is spared.
-            h = self.health
-            if (not (h.slow or c.active) and ((heard := h.heard) is None or not heard())
-                    and arr.nbytes < h.check_bytes and (f := arr.flags).c_contiguous
-                    and (f.writeable or src == self.rank_) and arr.dtype in _MOVE):
-                s = self.seq = self.seq + 1
-                self.history[s & _MASK] = (s, "broadcast", arr.dtype, arr.shape)
-                f, mine = c.fast, src == self.rank_
-                i, o = (arr, None) if mine else (None, arr)
-                if (r := f.run(s, i, o)) == 1 or f.owner.rest(r, i, o, "broadcast", s):
-                    return None
-                b = _bytes(arr)
-                return self._persistent(c, b if mine else None, None if mine else b,
-                                        "broadcast", s, tensor, arr, False, None)
         if type(arr) is np.ndarray and arr.nbytes >= self.shm_min:
             done = _shmc.broadcast(self, tensor, arr, src, async_op, group_src)
             if done is not _shmc.PASS:
@@ -301,8 +275,8 @@ class Collectives(_pers.SmallCalls):
                     if c is not None:  # (None: not the board's, past CEILING: non-blocking)
                         mine = src == self.rank_
                         f, i, o = c.fast, (arr if mine else None), (None if mine else arr)
-                        if f is not None and self.bc_lane is not None:
-                            self._to_lane(src, nb, c)
+                        if not async_op and chk is None:
+                            self._to_lane(_BCAST, nb, src, arr.dtype, None, c)
                         if f is not None and not (async_op or c.active) and chk is None and (
                                 (r := f.run(s, i, o)) == 1
                                 or f.owner.rest(r, i, o, "broadcast", s)):
@@ -345,6 +319,10 @@ class Collectives(_pers.SmallCalls):
 
     def reduce(self, tensor: Any, dst: Optional[int] = None, op: Any = _SUM,
                async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+        if (lane := self.lane) is not None and not async_op and group_dst is None and (
+                r := lane.reduce(self, tensor, dst, op)) is not None:  # (_to_lane: in C)
+            return None if r == 1 else self._lane_rest(
+                r, "reduce", tensor if (dst or 0) == self.rank_ else None)
         arr = tensor._data if type(tensor) is Tensor else tensor
         if type(arr) is np.ndarray and arr.nbytes >= self.shm_min:
             done = _shmc.reduce(self, tensor, arr, dst, op, async_op, group_dst)
@@ -368,6 +346,8 @@ class Collectives(_pers.SmallCalls):
                     pers = self.pers or self._new_pers()
                     c = pers.rd.get(key) or pers.reduce(key, nb, fast[0], fast[1], root)
                     if c is not None:  # the board's (a reduce has no persistent request)
+                        if not async_op and chk is None:
+                            self._to_lane(_ROOTED, nb, root, arr.dtype, op, c)
                         return self._persistent(c, arr, arr if root == self.rank_ else None,
                                                 "reduce", s, tensor, arr, async_op, chk)
                 if root == self.rank_:
@@ -598,6 +578,9 @@ class Collectives(_pers.SmallCalls):
 
     def all_gather_into_tensor(self, output: Any, input: Any,
                                async_op: bool = False) -> Optional[Work]:
+        if (lane := self.lane) is not None and not async_op and (
+                r := lane.all_gather(self, output, input)) is not None:  # (_to_lane: in C)
+            return None if r == 1 else self._lane_rest(r, "all_gather_into_tensor", output)
         out = output._data if type(output) is Tensor else output
         inp = input._data if type(input) is Tensor else input
         if type(out) is np.ndarray and out.nbytes >= self.shm_min:
@@ -605,7 +588,7 @@ class Collectives(_pers.SmallCalls):
             if done is not _shmc.PASS:
                 return done
         if self.rank_ >= 0 and not self.slow:
-            mt = self._fast_pair(out, inp)
+            mt = B.move_pair(out, inp)
             if mt is not None and out.size == inp.size * self.size_:
                 if self.hier is not None and _hgather.takes(self, out):
                     self._fast_count("all_gather_into_tensor", inp)
@@ -618,6 +601,8 @@ class Collectives(_pers.SmallCalls):
                     c = pers.ag.get(nb) or pers.all_gather(nb)
                     if c is not None:  # (None: not the board's, past CEILING: non-blocking)
                         f = c.fast
+                        if not async_op and chk is None:
+                            self._to_lane(_GATHER, nb, 0, inp.dtype, None, c)
                         if f is not None and not (async_op or c.active) and chk is None and (
                                 (r := f.run(s, inp, out)) == 1
                                 or f.owner.rest(r, inp, out, "all_gather_into_tensor", s)):
@@ -756,13 +741,16 @@ class Collectives(_pers.SmallCalls):
 
     def reduce_scatter_tensor(self, output: Any, input: Any, op: Any = _SUM,
                               async_op: bool = False) -> Optional[Work]:
+        if (lane := self.lane) is not None and not async_op and (
+                r := lane.reduce_scatter(self, output, input, op)) is not None:  # (in C)
+            return None if r == 1 else self._lane_rest(r, "reduce_scatter_tensor", output)
         out = output._data if type(output) is Tensor else output
         inp = input._data if type(input) is Tensor else input
         if type(out) is np.ndarray and inp.nbytes >= self.shm_min:
             done = _shmc.reduce_scatter_tensor(self, output, out, inp, op, async_op)
             if done is not _shmc.PASS:
                 return done
-        if self.rank_ >= 0 and not self.slow and self._fast_pair(out, inp) is not None \
+        if self.rank_ >= 0 and not self.slow and B.move_pair(out, inp) is not None \
                 and inp.size == out.size * self.size_:
             fast = _fast_op(op, inp.dtype)
             if fast is not None:
@@ -779,6 +767,8 @@ class Collectives(_pers.SmallCalls):
                     c = pers.rs.get(key) or pers.reduce_scatter(key, nb, fast[0], fast[1])
                     if c is not None:  # (None: not the board's, past CEILING: non-blocking)
                         f = c.fast
+                        if not async_op and chk is None:
+                            self._to_lane(_PART, inp.nbytes, 0, inp.dtype, op, c)
                         if f is not None and not (async_op or c.active) and chk is None and (
                                 (r := f.run(s, inp, out)) == 1
                                 or f.owner.rest(r, inp, out, "reduce_scatter_tensor", s)):
@@ -879,7 +869,7 @@ class Collectives(_pers.SmallCalls):
         inp = input._data if type(input) is Tensor else input
         if (self.rank_ >= 0 and not self.slow and input_split_sizes is None
                 and output_split_sizes is None):
-            mt = self._fast_pair(out, inp)
+            mt = B.move_pair(out, inp)
             if (mt is not None and inp.shape == out.shape
                     and inp.shape[0] % self.size_ == 0):
                 s = self._fast_count("all_to_all_single", out)
@@ -892,7 +882,7 @@ class Collectives(_pers.SmallCalls):
         elif (self.rank_ >= 0 and not self.slow
               and not (_no_splits(input_split_sizes) and _no_splits(output_split_sizes))):
             # (both [] is torch's even split, as both None: MPI_Alltoall on the general path)
-            mt = self._fast_pair(out, inp)
+            mt = B.move_pair(out, inp)
             if mt is not None and inp.shape[1:] == out.shape[1:]:
                 sends = self._fast_splits(input_split_sizes, inp.shape[0])
                 recvs = self._fast_splits(output_split_sizes, out.shape[0])

@@ -174,7 +174,8 @@ class Started:
 class Cache:
     """A group's persistent requests, by kind and key (see the module docstring)."""
 
-    __slots__ = ("comm", "n", "rank", "ar", "ag", "rs", "bc", "rd", "left", "__weakref__")
+    __slots__ = ("comm", "n", "rank", "ar", "ag", "rs", "bc", "rd", "left", "lane",
+                 "__weakref__")
 
     def __init__(self, comm: Any) -> None:
         global _hooked
@@ -185,6 +186,7 @@ class Cache:
         self.bc: dict = {}
         self.rd: dict = {}  # reduces to one root: the board's only (shm_tiny.Cache.reduce)
         self.left: list = []  # evicted while a call ran on them: freed once they are done
+        self.lane: Any = None  # the group's lane (SmallCalls.lane): it holds only calls held here
         _live.add(self)
         if not _hooked:
             _hooked = True
@@ -193,6 +195,8 @@ class Cache:
     def _add(self, kinds: dict, key: tuple, make: Callable[[], Call]) -> Call:
         if len(kinds) >= CAP:  # the oldest made goes first: the same choice on every member
             old = kinds.pop(next(iter(kinds)))
+            if self.lane is not None:
+                self.lane.empty()  # (what it held is here, or was: it fills again)
             if not old.free():
                 self.left.append(old)
         c = kinds[key] = make()
@@ -272,10 +276,10 @@ class SmallCalls:
     pers: Any = None
     # the small calls' board in shared memory (shm_tiny.py), made with the group where it can
     tiny: Any = None
-    # broadcasts on the board that took the fast path, by root and byte count: their Call (a
-    # board call), which the next broadcast of that root and size takes at once
-    # (``Collectives.broadcast``); a dict while the group has a board, else None
-    bc_lane: Optional[dict] = None
+    # the blocking calls on the board that took the fast path, which the next call of that
+    # kind, size, root, dtype and op takes in C (``_tiny.Lane``: shm_tiny.Board.lane), while
+    # the group has a board; else None
+    lane: Any = None
 
     def board_most(self, name: str) -> int:
         """The largest ``name`` call ("all_gather", "reduce_scatter", ...; bytes as the fast
@@ -288,24 +292,31 @@ class SmallCalls:
     def _new_pers(self) -> Any:
         if self.tiny is not None:  # a board in shared memory takes what it computes
             self.pers = self.tiny.cache(self.comm)
-            self.bc_lane = {}
+            self.lane = self.pers.lane = self.tiny.lane()
         else:
             self.pers = Cache(self.comm)
         return self.pers
 
-    def _to_lane(self, root: int, nbytes: int, c: Call) -> None:
-        """Put the board call ``c`` on the broadcasts' lane. A board call stays valid while
-        the group's board lives, even once the cache let it go; the lane is kept as small as
-        the cache all the same."""
-        by = self.bc_lane.setdefault(root, {})
-        if nbytes not in by:
-            if len(by) >= CAP:
-                by.clear()
-            by[nbytes] = c
+    def _to_lane(self, kind: int, nbytes: int, root: int, dtype: Any, op: Any, c: Call) -> None:
+        """Put the board call ``c`` (one that ran, or would have, from a blocking fast path:
+        its ``fast`` spec) on the group's lane, by kind (shm_tiny's), bytes, root, dtype and
+        op. The lane holds only calls the cache holds (it starts over where the cache lets
+        one go), at most ``_tiny.LANE_SLOTS`` / 2."""
+        if self.lane is not None and c.fast is not None:
+            self.lane.add(kind, nbytes, root, dtype, op, c)
+
+    def _lane_rest(self, r: int, op: str, dst: Any) -> None:
+        """What is left of a blocking call the lane posted and did not end (``r``: 0, not
+        read yet; -1 - k, member k made it otherwise): the board's bounded wait reads it
+        into ``dst`` (a tensor or array; None: this member reads nothing), or raises."""
+        dst = None if dst is None else getattr(dst, "_data", dst)
+        self.lane.last.owner.rest(r, None, dst, op, self.seq)
 
     def free_persistent(self) -> None:
         """Free the group's persistent requests (when the group is destroyed)."""
-        self.bc_lane = None
+        lane, self.lane = self.lane, None
+        if lane is not None:
+            lane.close()  # (it holds the fault word's segment open)
         if self.pers is not None:
             self.pers.free()
             self.pers = None
