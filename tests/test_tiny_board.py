@@ -186,3 +186,117 @@ def test_a_guarded_write_into_a_process_and_its_refusals():
         _tiny.close(words, -1, 8)
     with pytest.raises(TypeError):
         _tiny.put(words.tobytes(), 0, 1, 8, me, dst.ctypes.data, src.ctypes.data, 8)  # read-only
+
+
+class _Health:
+    slow, fp_tok, check_bytes = False, None, 1 << 20
+
+
+class _Group:
+    seq = 0
+
+
+class _Call:
+    active = False
+
+    def __init__(self, fast):
+        self.fast = fast
+
+
+class _Wrapper:  # a tensor type: its arrays are its _data
+    def __init__(self, a):
+        self._data = a
+
+
+_NAMES = ("all_gather_into_tensor", "broadcast", "all_reduce", "reduce_scatter_tensor", "reduce")
+
+
+def lane_on_one_member():
+    """A one-member board, its lane, and what the lane reads: the group's count, its health,
+    its history, its fault word (a word of a segment, as a group's is)."""
+    mm, b = board(1)
+    fm = mmap.mmap(-1, 8)
+    fault = memoryview(fm).cast("q")
+    g, h, history = _Group(), _Health(), [None] * 16
+    lane = b.lane(h, history, _Wrapper, np.ndarray, fault, _NAMES, True)
+    return mm, b, fm, fault, g, h, history, lane
+
+
+def test_the_lane_takes_what_it_holds_and_counts_it():
+    mm, b, fm, fault, g, h, history, lane = lane_on_one_member()
+    op, f32 = object(), np.dtype(np.float32)
+    calls = {k: _Call(b.spec(None, 100 + k, 16, k, 0, 0, 0)) for k in range(5)}
+    for k, c in calls.items():
+        assert lane.add(k, 16, 0, f32, None if k in (0, 1) else op, c) is True
+    assert lane.used == 5
+    x = np.arange(4, dtype=np.float32)
+    assert lane.all_reduce(g, x, op) == 1 and g.seq == 1
+    assert history[1] == (1, "all_reduce", f32, (4,))
+    assert lane.broadcast(g, _Wrapper(x), 0) == 1 and lane.reduce(g, x, None, op) == 1
+    out = np.zeros(4, np.float32)
+    assert lane.all_gather(g, out, x) == 1 and out.tolist() == x.tolist()
+    part = np.zeros(4, np.float32)
+    assert lane.reduce_scatter(g, part, x, op) == 1 and part.tolist() == x.tolist()
+    assert g.seq == 5 and history[5] == (5, "reduce_scatter_tensor", f32, (4,))
+    assert x.tolist() == [0, 1, 2, 3]  # (one member: every reduction is its own data)
+    lane.close()
+    fault.release()  # (the lane let go of the word: its segment may close)
+    fm.close()
+    b.release()
+    mm.close()
+
+
+def test_the_lane_leaves_what_it_must_not_take_as_it_found_it():
+    """Every refusal answers None and counts nothing: the group's state, the fault word, a
+    call still to read, the buffers' layout, writability, overlap and sizes, a dtype or op
+    it has not seen, a root past the group; then an emptied lane, a closed one."""
+    mm, b, fm, fault, g, h, history, lane = lane_on_one_member()
+    op, f32 = object(), np.dtype(np.float32)
+    c = _Call(b.spec(None, 7, 16, 2, 0, 0, 0))
+    lane.add(2, 16, 0, f32, op, c)
+    gather = _Call(b.spec(None, 8, 16, 0, 0, 0, 0))
+    lane.add(0, 16, 0, f32, None, gather)
+    x = np.arange(4, dtype=np.float32)
+
+    def refused(call=lambda: lane.all_reduce(g, x, op)):
+        return call() is None and g.seq == 0
+
+    for name, bad, good in (("slow", True, False), ("fp_tok", (1,), None),
+                            ("check_bytes", 16, 1 << 20)):
+        setattr(h, name, bad)
+        assert refused(), name
+        setattr(h, name, good)
+    c.active = True
+    assert refused()
+    c.active = False
+    fault[0] = 1
+    assert refused()
+    fault[0] = 0
+    b.pending = 1
+    assert refused()
+    b.pending = 0
+    wide = np.arange(8, dtype=np.float32)
+    ro = x.copy()
+    ro.flags.writeable = False
+    for arg in (wide[::2], ro, x.astype(np.int32), [0.0] * 4, _Wrapper(wide[::2])):
+        assert refused(lambda a=arg: lane.all_reduce(g, a, op)), arg
+    assert refused(lambda: lane.all_reduce(g, x, object()))  # an op it has not seen
+    assert refused(lambda: lane.broadcast(g, x, 1))  # a root past the group
+    assert refused(lambda: lane.broadcast(g, x, True))  # a bool, not a rank
+    whole = np.zeros(4, np.float32)
+    assert refused(lambda: lane.all_gather(g, whole, whole))  # the same array
+    assert refused(lambda: lane.all_gather(g, whole, whole[:4]))  # overlapping
+    assert refused(lambda: lane.all_gather(g, np.zeros(5, np.float32), x))  # sizes
+    assert refused(lambda: lane.all_gather(g, np.zeros(4, np.int32), x))  # dtypes differ
+    assert refused(lambda: lane.all_gather(g, np.zeros((), np.float32), x[:1]))  # 0-d
+    assert lane.all_reduce(g, x, op) == 1 and g.seq == 1
+    assert lane.add(2, 16, 1 << 16, f32, op, c) is False  # a root no key holds
+    lane.empty()
+    assert lane.used == 0 and lane.all_reduce(g, x, op) is None
+    lane.add(2, 16, 0, f32, op, c)
+    lane.close()
+    assert lane.all_reduce(g, x, op) is None and lane.add(2, 16, 0, f32, op, c) is False
+    fault.release()
+    fm.close()
+    b.release()
+    mm.close()

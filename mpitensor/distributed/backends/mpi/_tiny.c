@@ -815,10 +815,10 @@ static PyObject *Lane_add(Lane *self, PyObject *args)
     PyObject *dtype, *op, *call;
     if (!PyArg_ParseTuple(args, "lnlOOO", &kind, &nbytes, &root, &dtype, &op, &call))
         return NULL;
-    if (kind < GATHER || kind > ROOTED || nbytes < 0 || root < 0 || root > 0xFFFF) {
-        PyErr_SetString(PyExc_ValueError, "add: bad kind, byte count or root");
-        return NULL;
-    }
+    if (kind < GATHER || kind > ROOTED || nbytes < 0 || root < 0)
+        return PyErr_Format(PyExc_ValueError, "add: bad kind, byte count or root");
+    if (root > 0xFFFF || nbytes > 0x7FFFFFFF || self->board == NULL)  /* (not in a key) */
+        Py_RETURN_FALSE;
     PyObject *spec = PyObject_GetAttr(call, s_fast);
     if (spec == NULL)
         return NULL;
@@ -1145,7 +1145,8 @@ static PyMethodDef Lane_methods[] = {
     {"add", (PyCFunction)Lane_add, METH_VARARGS,
      "add(kind, nbytes, root, dtype, op or None, call): the call's spec (call.fast) on the "
      "lane, by kind, bytes (a reduce-scatter's or all-gather's input), root, dtype and op; "
-     "False where the lane knows too many dtypes and ops already."},
+     "False where it cannot keep it (too many dtypes and ops already, a root or size past what "
+     "a key holds, the lane closed)."},
     {"empty", (PyCFunction)Lane_empty, METH_NOARGS, "Take every call off the lane."},
     {"close", (PyCFunction)Lane_close, METH_NOARGS,
      "Let go of the fault word and every call: the lane takes no call from now on."},
