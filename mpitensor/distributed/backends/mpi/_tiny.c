@@ -653,7 +653,7 @@ static PyObject *Board_set_pid(Board *self, PyObject *arg)
 
 /* ---------------------------------------------------------------- a group's lane */
 /* A group's blocking calls on its board that took the Python fast path once before, kept by
- * kind, byte count, root, dtype and op (shm_tiny.make_lane; Collectives' fast paths add to it
+ * kind, byte count, root, dtype and op (shm_tiny.Board.lane; Collectives' fast paths add to it
  * and ask it first). A call on the lane does in C what the fast path does in Python for such
  * a call, whose Python was about half of a call of a few bytes: what it must still check (the
  * buffers' layout, writability and overlap, the dtype and op, the group's state: its slow
