@@ -75,17 +75,22 @@ def test_the_copy_is_chosen_alike_on_every_rank_from_calls_timed_there(monkeypat
     from mpitensor.distributed.health import watchdog
     if not watchdog.may_spin():  # ranks outnumber cores: nothing timed, plain copies
         assert b.copy_times is None and b.c.nt_min == shm_tiny.NEVER
+        assert b.bcast_times is None and b.c.nt_bcast == _tiny.NT_BCAST
     else:
         plain, streamed = b.copy_times
         assert 0 < plain < 1e-3 and 0 < streamed < 1e-3  # seconds a call of 4 KiB
         assert b.c.nt_min == (2048 if streamed < 0.9 * plain else shm_tiny.NEVER)
-    everyone = MPI.COMM_WORLD.allgather((b.c.nt_min, b.copy_times))
+        plain, streamed = b.bcast_times  # a broadcast of 16 KiB
+        assert 0 < plain < 1e-3 and 0 < streamed < 1e-3
+        assert b.c.nt_bcast == (_tiny.NT_BCAST if streamed < 0.9 * plain else shm_tiny.NEVER)
+    everyone = MPI.COMM_WORLD.allgather((b.c.nt_min, b.c.nt_bcast, b.copy_times, b.bcast_times))
     assert everyone == [everyone[0]] * n
     # the same ranks again: the times of the first decide (no new timing)
     monkeypatch.setattr(shm_tiny, "_time_copies", lambda *a: pytest.fail("timed again"))
     again = board_group("choice2")
     b2 = _world._pg(again).tiny
-    assert (b2.c.nt_min, b2.copy_times) == (b.c.nt_min, b.copy_times)
+    assert (b2.c.nt_min, b2.c.nt_bcast, b2.copy_times, b2.bcast_times) == (
+        b.c.nt_min, b.c.nt_bcast, b.copy_times, b.bcast_times)
     dist.destroy_process_group(again)
     dist.destroy_process_group(g)
 

@@ -223,9 +223,10 @@ static void post_raw(Board *self, int64_t s, int64_t word, Py_ssize_t nbytes, co
     e[1] = word;
     e[2] = nbytes;
     if (src != NULL) {
-        /* a broadcast's one writer and many readers: streamed from a few KiB wherever the
-         * cores sit (a 64 KiB one took 6.2 us streamed, 9.1 us plain where the cores were
-         * close, and 3x raw MPI's plain where they were not) */
+        /* a broadcast's one writer and many readers: streamed from nt_bcast, which the
+         * group's timing sets (a 64 KiB one took 6.2 us streamed, 9.1 us plain on an EPYC
+         * where the cores were close, 3x raw MPI's plain where they were not; 9.9 streamed,
+         * 6.8 plain on a 2-core VM: shm_tiny.BCAST_TIMED) */
         Py_ssize_t nt = ((word >> 8) & 0xFF) == BCAST && self->nt_bcast < self->nt_min
                         ? self->nt_bcast : self->nt_min;
         copy_in(data(e), src, len, nt);
@@ -423,10 +424,11 @@ static PyObject *Board_run(Board *self, PyObject *const *args, Py_ssize_t nargs)
     return r == -(long)self->size - 1 ? NULL : PyLong_FromLong(r);
 }
 
-/* time_calls(first, rounds, nbytes, nt_min, limit_s) -> seconds, or -1.0 past limit_s:
- * calls first .. first + rounds - 1 as all-gathers of nbytes each, posted with nt_min, on a
- * board kept for this (shm_tiny._copy_choice: which copy_in the group's board uses). Every
- * member runs the same calls at once; each reads every entry, as a reduction does. */
+/* time_calls(first, rounds, nbytes, nt_min, limit_s[, kind]) -> seconds, or -1.0 past
+ * limit_s: calls first .. first + rounds - 1 as all-gathers (kind GATHER: each member reads
+ * every entry, as a reduction does) or broadcasts from member 0 (BCAST) of nbytes each, posted
+ * with nt_min, on a board kept for this (shm_tiny._copy_choice: which copy_in the group's
+ * board uses). Every member runs the same calls at once. */
 static double now_s(void)
 {
     struct timespec t;
@@ -440,14 +442,18 @@ static PyObject *Board_time_calls(Board *self, PyObject *args)
     long long first;
     Py_ssize_t rounds, nbytes, nt_min;
     double limit;
-    if (!PyArg_ParseTuple(args, "Lnnnd", &first, &rounds, &nbytes, &nt_min, &limit))
+    long kind = GATHER;
+    if (!PyArg_ParseTuple(args, "Lnnnd|l", &first, &rounds, &nbytes, &nt_min, &limit, &kind))
         return NULL;
-    if (first < 1 || rounds < 1 || nbytes < 1 || nbytes > self->cap) {
-        PyErr_SetString(PyExc_ValueError, "time_calls: bad call numbers or byte count");
+    if (first < 1 || rounds < 1 || nbytes < 1 || nbytes > self->cap
+        || (kind != GATHER && kind != BCAST)) {
+        PyErr_SetString(PyExc_ValueError, "time_calls: bad call numbers, byte count or kind");
         return NULL;
     }
+    /* a broadcast's: member 0 posts and reads nothing, the others post nothing and read */
+    int bc = kind == BCAST, root = self->rank == 0;
     PyObject *src = PyByteArray_FromStringAndSize(NULL, nbytes);
-    PyObject *out = PyByteArray_FromStringAndSize(NULL, nbytes * self->size);
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, bc ? nbytes : nbytes * self->size);
     if (src == NULL || out == NULL) {
         Py_XDECREF(src);
         Py_XDECREF(out);
@@ -461,10 +467,12 @@ static PyObject *Board_time_calls(Board *self, PyObject *args)
     for (; s < first + rounds; s++) {
         long r = 0;
         int ok;
-        while ((ok = do_post(self, s, 0, nbytes, src)) == 0 && now_s() - t0 < limit)
+        while ((ok = do_post(self, s, 0, nbytes, bc && !root ? Py_None : src)) == 0
+               && now_s() - t0 < limit)
             __builtin_ia32_pause();
         if (ok == 1)
-            while ((r = do_take(self, s, 0, nbytes, out, GATHER, 0, 0, 0, 1024)) == 0
+            while ((r = do_take(self, s, 0, nbytes, bc && root ? Py_None : out, kind, 0, 0, 0,
+                                1024)) == 0
                    && now_s() - t0 < limit)
                 ;
         if (ok != 1 || r != 1)
@@ -1194,8 +1202,9 @@ static PyMethodDef Board_methods[] = {
      "run(s, word, nbytes, data, out, kind, root, dtype, op, spins): post, then take; "
      "-(size + 2) where a member still reads the entry (nothing written)."},
     {"time_calls", (PyCFunction)Board_time_calls, METH_VARARGS,
-     "time_calls(first, rounds, nbytes, nt_min, limit_s): seconds that many all-gathers "
-     "took, posted with nt_min; -1.0 past limit_s (a member that is not there)."},
+     "time_calls(first, rounds, nbytes, nt_min, limit_s[, kind]): seconds that many "
+     "all-gathers (or broadcasts from member 0: kind BCAST) took, posted with nt_min; -1.0 "
+     "past limit_s (a member that is not there)."},
     {"spec", (PyCFunction)Board_spec, METH_VARARGS,
      "spec(owner, word, nbytes, kind, root, dtype, op): a kind and size of call, to run."},
     {"peek", (PyCFunction)Board_peek, METH_O,

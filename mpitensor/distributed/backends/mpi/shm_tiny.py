@@ -41,9 +41,10 @@ none and nothing changes.
   member not there yet still runs (PeerFailedError when its process is gone);
 * async calls post at once and complete in call order (``Test``, or any later call's wait).
 
-**Speed.** A post copies its data into the entry plainly, or, from ``_tiny.NT_MIN`` bytes on,
-with non-temporal stores where calls timed when the group is made found that faster
-(:func:`_copy_choice`, on a spare board in the same segment). A blocking call of a kind, size,
+**Speed.** A post copies its data into the entry plainly, or, from ``_tiny.NT_MIN`` bytes on
+(a broadcast's root from ``_tiny.NT_BCAST``), with non-temporal stores where calls timed when
+the group is made found that faster (:func:`_copy_choice`: all-gathers of 4 KiB, broadcasts
+of 16 KiB, on a spare board in the same segment). A blocking call of a kind, size,
 root, dtype and op that took the fast path here before takes the group's lane
 (:meth:`Board.lane`, ``_tiny.Lane``): the same checks, count and board call in C, where the
 fast path's Python was about half of a call of a few bytes (2 ranks: 0.84-0.92 µs a call
@@ -120,6 +121,11 @@ PAIR_REDUCE_CAP = 256 << 10
 CROWDED_CAP = 1 << 20
 #: the bytes of a call ``_copy_choice`` times
 TIMED = 4096
+#: ... and of a broadcast it times (two entries of it a member fit the spare board's room):
+#: where streamed posts won 6.2 against 9.1 µs at 64 KiB (an EPYC), plain ones won here at
+#: every size from 16 KiB (2 ranks, 2026-12-01: 64 KiB 6.8 against 9.9 µs, 512 KiB 38 against
+#: 58, back to back or on fresh inputs), so the machine decides, at a size past TIMED
+BCAST_TIMED = 16384
 #: where ranks outnumber cores, the smallest broadcast the board takes: every member of a
 #: board call waits for the others, and MPI's one-way tree was 1.2x faster to 4 KiB (4 ranks
 #: on 2 cores), where the board was 2.2-2.5x faster from 16 KiB
@@ -260,7 +266,10 @@ def make(g: Any) -> Optional["Board"]:
         return None
     b = Board(g, mm, entry, crowded)
     # where ranks outnumber cores, the reader often runs where the writer did, after it
-    b.c.nt_min = _copy_choice(g, mm, b) if W.may_spin() else NEVER
+    if W.may_spin():
+        b.c.nt_min, b.c.nt_bcast = _copy_choice(g, mm, b)
+    else:
+        b.c.nt_min = NEVER
     g.pers_max = max(g.pers_max, max(b.most.values()))  # (the fast paths' gate: the board's
     # calls, then the persistent requests' CEILING for those it does not compute: Cache)
     if 1 < g.shm_min <= g.pers_max:  # ("on": every call asks the engine, none comes here)
@@ -277,42 +286,53 @@ def make(g: Any) -> Optional["Board"]:
 _timed: dict = {}
 
 
-def _copy_choice(g: Any, mm: Any, b: "Board") -> int:
-    """Collective: the board's ``nt_min`` (``_tiny.c``'s ``copy_in``), from calls of
-    :data:`TIMED` bytes timed on the spare board with a plain copy and with non-temporal stores,
-    by turns; the slowest member's median of each decides, the same on every member. Streamed
-    posts cost about the same wherever the cores sit (0.7 µs a call of 4 KiB on two cores of
-    an EPYC); a plain copy costs 0.5 µs where the cores are close and 1.9 µs where the lines
-    cross the chip, so neither wins everywhere. A member not there within 0.5 s (or a
-    mismatch) ends the timing, and the plain copy stays. Where every member timed a group of
+def _copy_choice(g: Any, mm: Any, b: "Board") -> "tuple[int, int]":
+    """Collective: the board's ``nt_min`` and ``nt_bcast`` (``_tiny.c``'s ``copy_in``), from
+    all-gathers of :data:`TIMED` bytes and broadcasts of :data:`BCAST_TIMED` timed on the spare
+    board with a plain copy and with non-temporal stores, by turns; the slowest member's median
+    of each decides, the same on every member, streamed where it took at most 0.9x plain's
+    time. Streamed posts cost about the same wherever the cores sit (0.7 µs a call of 4 KiB on
+    two cores of an EPYC); a plain copy costs 0.5 µs where the cores are close and 1.9 µs where
+    the lines cross the chip, so neither wins everywhere. A member not there within 0.5 s (or
+    a mismatch) ends the timing, and the plain copy stays. Where every member timed a group of
     these same ranks before, their times (:data:`_timed`) decide without a new timing."""
-    known = np.array(_timed.get(g.ranks, (-1.0, -1.0)))
+    known = np.array(_timed.get(g.ranks, (-1.0,) * 4))
     g.comm.Allreduce(MPI.IN_PLACE, known, op=MPI.MIN)  # -1: a member has none
     agreed = known if known.min() > 0 else _time_copies(g, mm, b)
     b.copy_times = (float(agreed[0]), float(agreed[1]))
+    b.bcast_times = (float(agreed[2]), float(agreed[3]))
     if np.isfinite(agreed).all():  # (a timing cut short is not kept: the next group times)
-        _timed[g.ranks] = b.copy_times
-    return _tiny.NT_MIN if agreed[1] < 0.9 * agreed[0] else NEVER
+        _timed[g.ranks] = tuple(float(t) for t in agreed)
+    return (_tiny.NT_MIN if agreed[1] < 0.9 * agreed[0] else NEVER,
+            _tiny.NT_BCAST if agreed[3] < 0.9 * agreed[2] else NEVER)
 
 
 def _time_copies(g: Any, mm: Any, b: "Board") -> np.ndarray:
-    """Collective: seconds a call took with each copy (plain, streamed), the slowest
-    member's median (``inf``: a timing that did not end)."""
+    """Collective: seconds a call took with each copy, the slowest member's median (``inf``: a
+    timing that did not end): all-gathers (plain, streamed), then broadcasts (plain, streamed),
+    each on a board of its own over the spare room, zeroed between the two."""
     half = _board_bytes(g.size_, b.cap, slots(g.size_))
-    times: list = [[], []]
+    times: list = [[], [], [], []]
     with memoryview(mm) as whole, whole[half:] as spare:
-        c = _tiny.Board(spare, g.rank_, g.size_, SLOTS, TIMED)
-        try:
-            s = 1
-            for rep in range(REPS):
-                for i in ((0, 1) if rep % 2 == 0 else (1, 0)):
-                    t = c.time_calls(s, ROUNDS, TIMED, NEVER if i == 0 else 0, 0.5)
-                    s += ROUNDS
-                    times[i].append(t if t >= 0 else float("inf"))
-                if float("inf") in times[0] + times[1]:
-                    break
-        finally:
-            c.release()
+        for at, (kind, nbytes, entries) in ((0, (GATHER, TIMED, SLOTS)),
+                                           (2, (BCAST, BCAST_TIMED, 2))):
+            if at:  # (every member is done with the first board: the second starts at zero)
+                g.comm.Barrier()
+                if g.rank_ == 0:
+                    np.frombuffer(spare, np.uint8)[:] = 0
+                g.comm.Barrier()
+            c = _tiny.Board(spare, g.rank_, g.size_, entries, nbytes)
+            try:
+                s = 1
+                for rep in range(REPS):
+                    for i in ((0, 1) if rep % 2 == 0 else (1, 0)):
+                        t = c.time_calls(s, ROUNDS, nbytes, NEVER if i == 0 else 0, 0.5, kind)
+                        s += ROUNDS
+                        times[at + i].append(t if t >= 0 else float("inf"))
+                    if float("inf") in times[at] + times[at + 1]:
+                        break
+            finally:
+                c.release()
     agreed = np.array([np.median(t) / ROUNDS for t in times])
     g.comm.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MAX)
     return agreed
@@ -342,6 +362,7 @@ class Board:
         # seconds a call of TIMED bytes took on the spare board (plain copy, streamed), the
         # slowest member's: what chose ``c.nt_min`` (None: not timed, ranks outnumber cores)
         self.copy_times: Optional[tuple] = None
+        self.bcast_times: Optional[tuple] = None  # (the same, broadcasts of BCAST_TIMED bytes)
         self.posting = 0  # the call whose entry this member waits to write (_Room)
         # a call every member agreed on while making the engine (shm_coll._setup): where
         # the engine could not be made, the peers that left first may post it here
