@@ -165,6 +165,24 @@ def test_keep_alive_reports_a_host_after_the_asks_in_a_row_fail() -> None:
         pool.close()
 
 
+def test_all_answer_asks_the_latest_starts_hosts_once() -> None:
+    """What the launcher asks when a job ended in a failure: whether a host is gone (then the
+    keep-alive gets its window to name it; see mpitensor/run/supervise.py)."""
+    probe = Script()
+    pool, _ = _pool(probe, 1, 3)
+    try:
+        pool.pick(0)
+        probe.asked.clear()
+        assert pool.all_answer() is True and sorted(probe.asked) == ["n1", "n2", "n3"]
+        probe.down["n2"] = "exit code 255: no route to host"
+        assert pool.all_answer() is False
+        pool.pick(1)  # (n2 left out: the latest start's hosts are n1 and n3)
+        probe.asked.clear()
+        assert pool.all_answer() is True and sorted(probe.asked) == ["n1", "n3"]
+    finally:
+        pool.close()
+
+
 def test_bad_range_is_refused() -> None:
     with pytest.raises(ValueError):
         HostPool(HOSTS, "mpich", 3, 2, 1, Script())

@@ -230,6 +230,13 @@ class _ElasticJob:
                                           name="mpitensor-run keep-alive", daemon=True)
                 keeper.start()
             code = proc.wait()
+            if code != 0 and keeper is not None and not lost and not self._pool.all_answer():
+                # MPI may end the job itself once a host is gone (its ranks' peers see their
+                # connections reset, and MPICH aborts, at times in a segfault of its own)
+                # before the keep-alive asked often enough: a host that does not answer now
+                # gets the keep-alive's window to be found lost, and the failure is its
+                p = self._pool
+                keeper.join(p.keep_alive_interval * (p.keep_alive_max_attempt + 1))
         finally:
             stop.set()
             if keeper is not None:

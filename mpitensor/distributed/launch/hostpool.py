@@ -115,6 +115,10 @@ class HostPool:
                     lost(e, f"{misses[e.host]} keep-alive asks in a row failed, the last: {why}")
                     return
 
+    def all_answer(self) -> bool:
+        """Whether every host of the latest start answers one ask now."""
+        return all(ok for _, ok, _ in self._ask_all(self.hosts))
+
     def pick(self, attempt: int) -> Tuple[str, int]:
         """Choose the hosts for attempt ``attempt``; return (its hostfile, its rank count).
 
