@@ -52,6 +52,21 @@ def test_timed_calls_of_one_member_and_their_bad_arguments():
     mm.close()
 
 
+def test_timed_reduce_scatters_of_one_member_and_their_bad_sizes():
+    """``msg_choice`` times float32 reduce-scatters (REDUCE_PART): whole float32 elements a
+    member, at most an entry."""
+    mm, b = board(1)
+    part = shm_tiny.REDUCE_PART
+    assert 0 < b.time_calls(1, 8, shm_tiny.CAP, shm_tiny.NEVER, 5.0, part) < 5.0
+    for nbytes in (6, shm_tiny.CAP + 4):
+        with pytest.raises(ValueError, match="time_calls"):
+            b.time_calls(100, 8, nbytes, shm_tiny.NEVER, 5.0, part)
+    with pytest.raises(ValueError, match="time_calls"):
+        b.time_calls(100, 8, 64, shm_tiny.NEVER, 5.0, shm_tiny.ROOTED)
+    b.release()
+    mm.close()
+
+
 def test_a_member_that_never_comes_ends_the_timing_within_its_limit():
     mm, b = board(2)
     t0 = time.monotonic()

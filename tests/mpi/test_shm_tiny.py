@@ -524,7 +524,10 @@ def test_each_kind_at_its_largest_board_call_and_one_element_past():
     g = board_group("largest")
     pg = _world._pg(g)
     most = pg.tiny.most
-    assert pg.pers_max == max(most.values()) == most[shm_tiny.GATHER]
+    assert pg.pers_max == max(most.values())
+    # (the gathers its timing left to messages start where the board's stop: msg_choice.py)
+    lo, hi = pg.gather_msgs
+    assert most[shm_tiny.GATHER] == (pg.pers_max if hi == 0 else lo)
     assert pg.shm_min > pg.pers_max
     assert scatter_p2p.takes(pg, most[shm_tiny.REDUCE_PART] + 4 * n, np.dtype(np.float32),
                              MPI.SUM) == (most[shm_tiny.REDUCE_PART] + 4 * n >= scatter_p2p.LEAST)

@@ -426,9 +426,11 @@ static PyObject *Board_run(Board *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* time_calls(first, rounds, nbytes, nt_min, limit_s[, kind]) -> seconds, or -1.0 past
  * limit_s: calls first .. first + rounds - 1 as all-gathers (kind GATHER: each member reads
- * every entry, as a reduction does) or broadcasts from member 0 (BCAST) of nbytes each, posted
- * with nt_min, on a board kept for this (shm_tiny._copy_choice: which copy_in the group's
- * board uses). Every member runs the same calls at once. */
+ * every entry, as a reduction does), broadcasts from member 0 (BCAST) or reduce-scatters of
+ * float32 sums (REDUCE_PART: each member reduces its part of every entry) of nbytes each,
+ * posted with nt_min, on a board kept for this (shm_tiny._copy_choice: which copy_in the
+ * group's board uses; shm_tiny._msg_choice: which calls it takes). Every member runs the same
+ * calls at once. */
 static double now_s(void)
 {
     struct timespec t;
@@ -445,21 +447,25 @@ static PyObject *Board_time_calls(Board *self, PyObject *args)
     long kind = GATHER;
     if (!PyArg_ParseTuple(args, "Lnnnd|l", &first, &rounds, &nbytes, &nt_min, &limit, &kind))
         return NULL;
+    int part = kind == REDUCE_PART;
     if (first < 1 || rounds < 1 || nbytes < 1 || nbytes > self->cap
-        || (kind != GATHER && kind != BCAST)) {
+        || (kind != GATHER && kind != BCAST && !part)
+        || (part && nbytes % (4 * self->size) != 0)) {
         PyErr_SetString(PyExc_ValueError, "time_calls: bad call numbers, byte count or kind");
         return NULL;
     }
     /* a broadcast's: member 0 posts and reads nothing, the others post nothing and read */
     int bc = kind == BCAST, root = self->rank == 0;
     PyObject *src = PyByteArray_FromStringAndSize(NULL, nbytes);
-    PyObject *out = PyByteArray_FromStringAndSize(NULL, bc ? nbytes : nbytes * self->size);
+    PyObject *out = PyByteArray_FromStringAndSize(
+        NULL, bc ? nbytes : part ? nbytes / self->size : nbytes * self->size);
     if (src == NULL || out == NULL) {
         Py_XDECREF(src);
         Py_XDECREF(out);
         return NULL;
     }
-    memset(PyByteArray_AS_STRING(src), (int)self->rank + 1, nbytes);
+    /* (a reduction's floats: zeros, never subnormal numbers, which some cores add slowly) */
+    memset(PyByteArray_AS_STRING(src), part ? 0 : (int)self->rank + 1, nbytes);
     Py_ssize_t keep = self->nt_min;
     self->nt_min = nt_min;
     double t0 = now_s(), spent = -1.0;
@@ -471,8 +477,8 @@ static PyObject *Board_time_calls(Board *self, PyObject *args)
                && now_s() - t0 < limit)
             __builtin_ia32_pause();
         if (ok == 1)
-            while ((r = do_take(self, s, 0, nbytes, bc && root ? Py_None : out, kind, 0, 0, 0,
-                                1024)) == 0
+            while ((r = do_take(self, s, 0, nbytes, bc && root ? Py_None : out, kind, 0, F32,
+                                SUM, 1024)) == 0
                    && now_s() - t0 < limit)
                 ;
         if (ok != 1 || r != 1)
@@ -1203,8 +1209,8 @@ static PyMethodDef Board_methods[] = {
      "-(size + 2) where a member still reads the entry (nothing written)."},
     {"time_calls", (PyCFunction)Board_time_calls, METH_VARARGS,
      "time_calls(first, rounds, nbytes, nt_min, limit_s[, kind]): seconds that many "
-     "all-gathers (or broadcasts from member 0: kind BCAST) took, posted with nt_min; -1.0 "
-     "past limit_s (a member that is not there)."},
+     "all-gathers (or broadcasts from member 0: kind BCAST; float32 reduce-scatters: "
+     "REDUCE_PART) took, posted with nt_min; -1.0 past limit_s (a member that is not there)."},
     {"spec", (PyCFunction)Board_spec, METH_VARARGS,
      "spec(owner, word, nbytes, kind, root, dtype, op): a kind and size of call, to run."},
     {"peek", (PyCFunction)Board_peek, METH_O,

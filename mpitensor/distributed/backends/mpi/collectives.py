@@ -482,7 +482,7 @@ class Collectives(_pers.SmallCalls):
             if done is not _shmc.PASS:
                 return done
         if (type(arr) is np.ndarray and 0 < arr.nbytes * self.size_ <= self.pers_max
-                and self.rank_ >= 0 and not self.slow and arr.flags.c_contiguous
+                and arr.nbytes * self.size_ <= self.board_most("all_gather") and self.rank_ >= 0 and not self.slow and arr.flags.c_contiguous
                 and arr.dtype in _MOVE):
             dst = self._fast_list(tensor_list, arr)
             if dst is not None:  # a small call (persistent.py) the general path would take
@@ -612,7 +612,8 @@ class Collectives(_pers.SmallCalls):
                         return self._persistent(c, _bytes(inp), _bytes(out),
                                                 "all_gather_into_tensor", s, output, (out, inp),
                                                 async_op, chk)
-                req = self.comm.Iallgather([inp, mt], [out, mt])
+                req = (_gp2p.start_flat(self, inp, out, mt) if _gp2p.flat_takes(self, out.nbytes)
+                       else self.comm.Iallgather([inp, mt], [out, mt]))
                 if chk is not None:
                     req = _fp.Checked(self.health, req, *chk)
                 return self._fast_finish(req, "all_gather_into_tensor", s, [output],
@@ -778,7 +779,7 @@ class Collectives(_pers.SmallCalls):
                         return self._persistent(c, _bytes(inp), _bytes(out),
                                                 "reduce_scatter_tensor", s, output, (out, inp),
                                                 async_op, chk)
-                # (messages reduced here in rank order: scatter_p2p.py, past pers_max only)
+                # (messages reduced here in rank order: scatter_p2p.py, past the board only)
                 req = (_sp2p.start(self, inp, out, fast[0], fast[1])
                        if _sp2p.takes(self, inp.nbytes, inp.dtype, fast[1]) else
                        self.comm.Ireduce_scatter_block([inp, fast[0]], [out, fast[0]], fast[1]))

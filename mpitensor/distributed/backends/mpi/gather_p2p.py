@@ -19,13 +19,14 @@ then sends and receives the same messages, whatever its own list looks like: ent
 end to end in one buffer, arrays that are not contiguous or live on a GPU (received through a
 staging buffer each) all take them.
 
-``all_gather_into_tensor``, which copies nothing either way, stays with MPI's gather. It took
-these messages up to 4 MiB in all (2 ranks, where MPICH's gather had run at 0.94-0.98x raw and
-the messages at 1.02-1.18x): that was on unchanged inputs, where a large message's single copy
-reads lines the reader's cache kept from the last call. On inputs written just before each call,
-as a program's are (``mpitensor-bench --mode fresh``), the messages took 1.10-1.19x the time of
-MPI's ``Iallgather`` from 1 to 4 MiB (115-475 against 97-426 µs, 2 ranks, 2026-11-30), and
-about the same on unchanged ones (0.96-1.06x).
+``all_gather_into_tensor``, which copies nothing either way, takes the same messages only
+where the group's board timed them faster than its own calls and MPI's gather
+(``shm_tiny._msg_choice``, when the group is made: :func:`flat_takes`). Which wins is the
+machine's: on one 2-core machine these messages took 1.10-1.19x the time of MPI's
+``Iallgather`` from 1 to 4 MiB on inputs written just before each call (115-475 against 97-426
+µs, 2 ranks, 2026-11-30), and the board 0.62-0.82x raw MPI's at 512 KiB; on another, whose MPI
+moves a large message in one copy from the sender's memory, the messages took 0.51-0.85x the
+board's time from 128 KiB to 512 KiB and 0.66-0.73x MPI's gather at 1 MiB (2026-12-01).
 
 **Where they travel.** On the group's notice communicator (``GroupHealth.diag``), which user
 messages never reach, with the tag ``tag_base`` (the group's incarnation, never that of a
@@ -64,6 +65,15 @@ def takes(g: Any, nbytes: int) -> bool:
     p = g.size_
     return (2 <= p <= MOST and nbytes > g.board_most("all_gather") and nbytes >= LEAST
             and g.one_node is True)
+
+
+def flat_takes(g: Any, nbytes: int) -> bool:
+    """Whether an all_gather into one buffer of ``nbytes`` (``all_gather_into_tensor``, and
+    MPI's gather of the group's other paths: ``SmallCalls._iallgather``) takes these messages
+    on group ``g``: between the sizes its board timed them to win (``g.gather_msgs``, the same
+    on every member; (0, 0) where they were not timed)."""
+    lo, hi = g.gather_msgs
+    return lo < nbytes <= hi
 
 
 class Exchange:
@@ -121,6 +131,24 @@ def start(g: Any, arr: Any, bufs: list, mt: Any) -> Exchange:
     own = bufs[me]
     if own is not send:
         own[...] = send.reshape(own.shape)
+    return Exchange(reqs)
+
+
+def start_flat(g: Any, send: Any, out: Any, mt: Any) -> Exchange:
+    """Post the messages of one gather into ``out`` (contiguous: every member's part end to
+    end, ``send``'s dtype) and write this member's own part; the request that completes them.
+    The same messages as :func:`start`'s."""
+    p, me = g.size_, g.rank_
+    h = g.health
+    diag, tag = h.diag, h.tag_base
+    flat = out.reshape(-1)
+    n = flat.size // p
+    send = send.reshape(-1)
+    if _into.relation(flat, send) != _into.APART:  # (callers pass it apart: kept safe)
+        send = send.copy()
+    reqs = [diag.Irecv([flat[j * n:(j + 1) * n], mt], j, tag) for j in range(p) if j != me]
+    reqs += [diag.Isend([send, mt], (me + d) % p, tag) for d in range(1, p)]
+    flat[me * n:(me + 1) * n] = send
     return Exchange(reqs)
 
 

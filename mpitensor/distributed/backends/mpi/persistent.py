@@ -40,6 +40,7 @@ from ....tensor import Tensor
 from ...health import fingerprint as _fp
 from ...health import watchdog as W
 from ...process_group import Work
+from . import gather_p2p as _gp2p
 from . import scatter_p2p as _sp2p
 
 #: the largest buffer (bytes: all_reduce's and broadcast's tensor, all_gather's output,
@@ -280,6 +281,9 @@ class SmallCalls:
     # kind, size, root, dtype and op takes in C (``_tiny.Lane``: shm_tiny.Board.lane), while
     # the group has a board; else None
     lane: Any = None
+    # the sizes (bytes of output) of all-gathers into one buffer that take messages
+    # (gather_p2p.flat_takes): past what the board takes, where it timed them to win
+    gather_msgs: tuple = (0, 0)
 
     def board_most(self, name: str) -> int:
         """The largest ``name`` call ("all_gather", "reduce_scatter", ...; bytes as the fast
@@ -384,6 +388,8 @@ class SmallCalls:
             pers, nb = self.pers or self._new_pers(), sspec[0].nbytes
             c = pers.ag.get(nb) or pers.all_gather(nb)
         if c is None:
+            if _gp2p.flat_takes(self, rspec[0].nbytes):  # as the fast path's
+                return _gp2p.start_flat(self, sspec[0], rspec[0], sspec[1])
             return self.comm.Iallgather(sspec, rspec)
         return c.post(self.health, sspec[0], rspec[0], self.opname, self.seq)
 

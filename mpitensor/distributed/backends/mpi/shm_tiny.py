@@ -71,6 +71,7 @@ from ...health import faults as _faults
 from ...health import fingerprint as _fp
 from ...health import watchdog as W
 from ...health.state import MASK
+from . import msg_choice as _mc
 from . import persistent as _pers
 from . import shm as _shm
 from .shm_pipe import _alive
@@ -264,7 +265,14 @@ def make(g: Any) -> Optional["Board"]:
         if mm is not None:
             mm.close()
         return None
+    leave = None  # (timed before the board is laid on the segment: its calls use it first)
+    if _mc.applies(g, entry, crowded):
+        most = limits(g.size_, entry, crowded)
+        leave = _mc.choose(g, mm, entry, most[GATHER], most[REDUCE_PART], (
+            GATHER, REDUCE_PART, _board_bytes(g.size_, entry, slots(g.size_))))
     b = Board(g, mm, entry, crowded)
+    if leave is not None:
+        b.leave(*leave)
     # where ranks outnumber cores, the reader often runs where the writer did, after it
     if W.may_spin():
         b.c.nt_min, b.c.nt_bcast = _copy_choice(g, mm, b)
@@ -371,6 +379,15 @@ class Board:
         # more only: where ranks outnumber cores (set with the cache)
         self.bcast = True
         self.h.tiny = self
+
+    def leave(self, gather: int, part: int, msgs: tuple) -> None:
+        """Take all-gathers of at most ``gather`` bytes and reduce-scatters of at most ``part``,
+        leaving larger ones to messages (``msg_choice``: all-gathers into one buffer of
+        ``msgs`` = (lo, hi] bytes, ``gather_p2p.flat_takes``; the others past these limits,
+        as before)."""
+        self.most[GATHER], self.most[REDUCE_PART] = gather, part
+        self.most_by_name = {name: self.most[k] for k, name in _KIND_NAMES.items()}
+        self.g.gather_msgs = msgs
 
     def cache(self, comm: Any) -> "Cache":
         """The group's persistent requests, with this board's calls where it computes them
