@@ -429,7 +429,7 @@ static PyObject *Board_run(Board *self, PyObject *const *args, Py_ssize_t nargs)
  * every entry, as a reduction does), broadcasts from member 0 (BCAST) or reduce-scatters of
  * float32 sums (REDUCE_PART: each member reduces its part of every entry) of nbytes each,
  * posted with nt_min, on a board kept for this (shm_tiny._copy_choice: which copy_in the
- * group's board uses; shm_tiny._msg_choice: which calls it takes). Every member runs the same
+ * group's board uses; msg_choice.choose: which calls it takes). Every member runs the same
  * calls at once. */
 static double now_s(void)
 {
