@@ -481,8 +481,9 @@ class Collectives(_pers.SmallCalls):
             done = _shmc.all_gather(self, tensor_list, tensor, arr, async_op)
             if done is not _shmc.PASS:
                 return done
-        if (type(arr) is np.ndarray and 0 < arr.nbytes * self.size_ <= self.pers_max
-                and arr.nbytes * self.size_ <= self.board_most("all_gather") and self.rank_ >= 0 and not self.slow and arr.flags.c_contiguous
+        # (the board's limit: pers_max where there is none, never more where there is)
+        if (type(arr) is np.ndarray and 0 < arr.nbytes * self.size_ <= self.board_most("all_gather")
+                and self.rank_ >= 0 and not self.slow and arr.flags.c_contiguous
                 and arr.dtype in _MOVE):
             dst = self._fast_list(tensor_list, arr)
             if dst is not None:  # a small call (persistent.py) the general path would take

@@ -21,7 +21,7 @@ staging buffer each) all take them.
 
 ``all_gather_into_tensor``, which copies nothing either way, takes the same messages only
 where the group's board timed them faster than its own calls and MPI's gather
-(``shm_tiny._msg_choice``, when the group is made: :func:`flat_takes`). Which wins is the
+(``msg_choice.choose``, when the group is made: :func:`flat_takes`). Which wins is the
 machine's: on one 2-core machine these messages took 1.10-1.19x the time of MPI's
 ``Iallgather`` from 1 to 4 MiB on inputs written just before each call (115-475 against 97-426
 µs, 2 ranks, 2026-11-30), and the board 0.62-0.82x raw MPI's at 512 KiB; on another, whose MPI
